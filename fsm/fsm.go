@@ -1,0 +1,147 @@
+package fsm
+
+import (
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
+	"fmt"
+
+	"google.golang.org/protobuf/proto"
+
+	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
+)
+
+// genesisHash is the hash chain head before any entry is applied.
+var genesisHash = hex.EncodeToString(make([]byte, sha256.Size))
+
+// FSM is the replicated state and the code that changes it.
+type FSM struct {
+	applied uint64
+	hash    string
+
+	nodes        map[string]*pb.Node
+	accelerators map[string]*pb.StoredAccelerator
+	// requests maps request ids to the result of their first application.
+	requests map[string]*pb.Result
+}
+
+// New returns an empty state machine.
+func New() *FSM {
+	return &FSM{
+		hash:         genesisHash,
+		nodes:        map[string]*pb.Node{},
+		accelerators: map[string]*pb.StoredAccelerator{},
+		requests:     map[string]*pb.Result{},
+	}
+}
+
+// AppliedIndex is the log index of the last applied entry.
+func (f *FSM) AppliedIndex() uint64 { return f.applied }
+
+// Hash is the hex head of the hash chain after the last applied entry.
+func (f *FSM) Hash() string { return f.hash }
+
+// ApplyBytes applies one committed log entry holding a marshalled Envelope.
+// It never panics: an entry that cannot be decoded, or holds a command this
+// version does not know, is rejected with a Result and changes nothing but the
+// hash chain, which covers every entry.
+func (f *FSM) ApplyBytes(index uint64, data []byte) *pb.Result {
+	env := &pb.Envelope{}
+	var res *pb.Result
+	if err := proto.Unmarshal(data, env); err != nil {
+		res = reject(pb.Code_CODE_INVALID_ARGUMENT, "cannot decode log entry: %v", err)
+	} else {
+		res = f.apply(env, index, false)
+	}
+	res.Index = index
+	f.chain(index, data, res)
+	return res
+}
+
+// Apply applies one envelope as log entry index. It marshals deterministically
+// so that Apply and ApplyBytes of the same envelope reach the same hash.
+func (f *FSM) Apply(index uint64, env *pb.Envelope) *pb.Result {
+	data, err := Marshal(env)
+	if err != nil {
+		res := reject(pb.Code_CODE_INVALID_ARGUMENT, "cannot encode envelope: %v", err)
+		res.Index = index
+		return res
+	}
+	return f.ApplyBytes(index, data)
+}
+
+// DryRun reports what applying env now would do, and changes nothing.
+func (f *FSM) DryRun(env *pb.Envelope) *pb.Result {
+	return f.apply(env, 0, true)
+}
+
+// Marshal encodes an envelope deterministically, as it is stored in the log.
+func Marshal(env *pb.Envelope) ([]byte, error) {
+	return proto.MarshalOptions{Deterministic: true}.Marshal(env)
+}
+
+// chain extends the hash chain with one entry: its index, its bytes as stored
+// in the log and the result code, so that a changed entry or a different
+// decision changes every later head.
+func (f *FSM) chain(index uint64, data []byte, res *pb.Result) {
+	h := sha256.New()
+	prev, _ := hex.DecodeString(f.hash)
+	h.Write(prev)
+	var buf [binary.MaxVarintLen64 * 2]byte
+	n := binary.PutUvarint(buf[:], index)
+	n += binary.PutUvarint(buf[n:], uint64(res.GetCode()))
+	h.Write(buf[:n])
+	h.Write(data)
+	f.hash = hex.EncodeToString(h.Sum(nil))
+	f.applied = index
+}
+
+// apply dispatches one command. With dry set, handlers check everything and
+// mutate nothing.
+func (f *FSM) apply(env *pb.Envelope, index uint64, dry bool) *pb.Result {
+	if id := env.GetRequestId(); id != "" {
+		if prev, ok := f.requests[id]; ok {
+			res := proto.Clone(prev).(*pb.Result)
+			res.Duplicate = true
+			return res
+		}
+	}
+	var res *pb.Result
+	switch c := env.GetCommand().(type) {
+	case *pb.Envelope_RegisterNode:
+		res = f.registerNode(c.RegisterNode, dry)
+	case *pb.Envelope_UpdateInventory:
+		res = f.updateInventory(c.UpdateInventory, dry)
+	case *pb.Envelope_SetNodeStatus:
+		res = f.setNodeStatus(c.SetNodeStatus, dry)
+	case *pb.Envelope_DeregisterNode:
+		res = f.deregisterNode(c.DeregisterNode, dry)
+	case *pb.Envelope_CreateAccelerator:
+		res = f.createAccelerator(c.CreateAccelerator, index, dry)
+	case *pb.Envelope_DeleteAccelerator:
+		res = f.deleteAccelerator(c.DeleteAccelerator, dry)
+	case nil:
+		res = reject(pb.Code_CODE_INVALID_ARGUMENT,
+			"unknown or missing command: the entry was written by a newer gpuplane or is corrupt")
+	default:
+		res = reject(pb.Code_CODE_INVALID_ARGUMENT, "unsupported command %T", c)
+	}
+	res.Index = index
+	if !dry && env.GetRequestId() != "" {
+		f.requests[env.GetRequestId()] = proto.Clone(res).(*pb.Result)
+	}
+	return res
+}
+
+func ok(outcome pb.Outcome, format string, args ...any) *pb.Result {
+	return &pb.Result{Code: pb.Code_CODE_OK, Outcome: outcome, Message: fmt.Sprintf(format, args...)}
+}
+
+func reject(code pb.Code, format string, args ...any) *pb.Result {
+	return &pb.Result{Code: code, Message: fmt.Sprintf(format, args...)}
+}
+
+// invalid rejects a command with every violation found.
+func invalid(what string, vs []*pb.Violation) *pb.Result {
+	return &pb.Result{Code: pb.Code_CODE_INVALID_ARGUMENT, Message: "invalid " + what, Violations: vs}
+}

@@ -1,0 +1,144 @@
+package fsm_test
+
+import (
+	"fmt"
+	"iter"
+	"strconv"
+	"strings"
+	"testing"
+	"text/tabwriter"
+
+	"github.com/cockroachdb/datadriven"
+	"google.golang.org/protobuf/encoding/prototext"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/gpuplane/gpuplane/fsm"
+	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
+)
+
+// TestDataDriven runs the command streams in testdata/*.txt. Each file is a
+// sequence of directives:
+//
+//	apply          the input is an Envelope in protobuf text format; prints the result
+//	dry-run        like apply, but through DryRun; then checks nothing changed
+//	state          prints nodes, devices and accelerators as tables, and the hash head
+//	replay at=N    rebuilds the state from the entries applied so far, up to N, and prints it
+//	snapshot       round-trips the state through Snapshot/Restore and checks equality
+//
+// Regenerate expectations with: go test ./fsm -run TestDataDriven -rewrite
+func TestDataDriven(t *testing.T) {
+	datadriven.Walk(t, "testdata", func(t *testing.T, path string) {
+		f := fsm.New()
+		var log [][]byte
+		datadriven.RunTest(t, path, func(t *testing.T, d *datadriven.TestData) string {
+			switch d.Cmd {
+			case "apply", "dry-run":
+				env := &pb.Envelope{}
+				if err := prototext.Unmarshal([]byte(d.Input), env); err != nil {
+					d.Fatalf(t, "parse envelope: %v", err)
+				}
+				if d.Cmd == "dry-run" {
+					before, _ := f.Snapshot()
+					res := f.DryRun(env)
+					after, _ := f.Snapshot()
+					if string(before) != string(after) {
+						d.Fatalf(t, "dry run changed the state")
+					}
+					return formatResult(res)
+				}
+				data, err := fsm.Marshal(env)
+				if err != nil {
+					d.Fatalf(t, "marshal: %v", err)
+				}
+				log = append(log, data)
+				return formatResult(f.ApplyBytes(uint64(len(log)), data))
+			case "state":
+				return formatState(f)
+			case "replay":
+				var at int
+				d.ScanArgs(t, "at", &at)
+				return formatState(fsm.Replay(entries(log), uint64(at)))
+			case "snapshot":
+				data, err := f.Snapshot()
+				if err != nil {
+					d.Fatalf(t, "snapshot: %v", err)
+				}
+				g := fsm.New()
+				if err := g.Restore(data); err != nil {
+					d.Fatalf(t, "restore: %v", err)
+				}
+				if !proto.Equal(f.State(), g.State()) {
+					d.Fatalf(t, "restored state differs")
+				}
+				if formatState(f) != formatState(g) {
+					d.Fatalf(t, "restored views differ")
+				}
+				return "restored state equals live state at index " + strconv.FormatUint(g.AppliedIndex(), 10)
+			}
+			d.Fatalf(t, "unknown directive %q", d.Cmd)
+			return ""
+		})
+	})
+}
+
+func entries(log [][]byte) iter.Seq2[uint64, []byte] {
+	return func(yield func(uint64, []byte) bool) {
+		for i, data := range log {
+			if !yield(uint64(i+1), data) {
+				return
+			}
+		}
+	}
+}
+
+func formatResult(r *pb.Result) string {
+	var b strings.Builder
+	code := strings.ToLower(strings.TrimPrefix(r.Code.String(), "CODE_"))
+	fmt.Fprintf(&b, "%s", code)
+	if r.Outcome != pb.Outcome_OUTCOME_UNSPECIFIED {
+		fmt.Fprintf(&b, " %s", strings.ToLower(strings.TrimPrefix(r.Outcome.String(), "OUTCOME_")))
+	}
+	if r.Duplicate {
+		b.WriteString(" (duplicate)")
+	}
+	fmt.Fprintf(&b, ": %s\n", r.Message)
+	for _, v := range r.Violations {
+		fmt.Fprintf(&b, "  violation %s: %s\n", v.Field, v.Description)
+	}
+	for _, w := range r.Warnings {
+		fmt.Fprintf(&b, "  warning: %s\n", w)
+	}
+	return b.String()
+}
+
+func formatState(f *fsm.FSM) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "applied %d hash %s\n", f.AppliedIndex(), f.Hash()[:16])
+	w := tabwriter.NewWriter(&b, 0, 4, 2, ' ', 0)
+	if nodes := f.Nodes(); len(nodes) > 0 {
+		fmt.Fprintln(w, "NODE\tROLE\tSTATUS\tCARDS")
+		for _, n := range nodes {
+			var cards []string
+			for _, c := range n.Cards {
+				cards = append(cards, fmt.Sprintf("%d:%s", c.Index, c.Device))
+			}
+			fmt.Fprintf(w, "%s\t%s\t%s\t%s\n", n.Name, fsm.RoleName(n.Role), fsm.StatusName(n.Status), strings.Join(cards, ","))
+		}
+	}
+	if devs := f.Devices(); len(devs) > 0 {
+		fmt.Fprintln(w, "DEVICE\tMEMORY\tTOTAL\tFREE\tMAX/NODE")
+		for _, d := range devs {
+			fmt.Fprintf(w, "%s\t%dMi\t%d\t%d\t%d\n", d.Name, d.MemoryMib, d.Total, d.Free, d.MaxPerNode)
+		}
+	}
+	if accs := f.Accelerators(); len(accs) > 0 {
+		fmt.Fprintln(w, "ACCELERATOR\tDEVICE\tTENANCY\tCARDS/REPLICA\tMEMORY/MODEL\tIN USE\tCAN PLACE\tREADY")
+		for _, a := range accs {
+			perReplica := a.Spec.DevicesPerReplica
+			fmt.Fprintf(w, "%s\t%s\t%s\t%d\t%dMi\t%d\t%d\t%v\n", a.Name, a.Spec.Device, fsm.TenancyName(a.Spec.Tenancy),
+				perReplica, a.Status.MemoryPerModelMib, a.Status.InUse, a.Status.CanPlace, a.Status.Ready)
+		}
+	}
+	w.Flush()
+	return b.String()
+}

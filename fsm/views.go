@@ -1,0 +1,200 @@
+package fsm
+
+import (
+	"sort"
+
+	"google.golang.org/protobuf/proto"
+
+	"github.com/gpuplane/gpuplane/fsm/catalog"
+	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
+)
+
+// The views below derive what users see from the stored state. They return
+// copies: callers may keep and change them.
+
+// Nodes returns every node, sorted by name.
+func (f *FSM) Nodes() []*pb.Node {
+	out := make([]*pb.Node, 0, len(f.nodes))
+	for _, name := range sortedKeys(f.nodes) {
+		out = append(out, proto.Clone(f.nodes[name]).(*pb.Node))
+	}
+	return out
+}
+
+// Node returns one node.
+func (f *FSM) Node(name string) (*pb.Node, bool) {
+	n, ok := f.nodes[name]
+	if !ok {
+		return nil, false
+	}
+	return proto.Clone(n).(*pb.Node), true
+}
+
+// live says whether a card can host work now: its node is alive and the card
+// is healthy.
+func live(n *pb.Node, c *pb.Card) bool {
+	return n.Status == pb.NodeStatus_NODE_STATUS_ALIVE && c.Healthy
+}
+
+// cardBinding is the accelerator a card is bound to ("" when unbound) and the
+// replicas on it. Replicas, and so bindings, arrive with placements.
+type cardBinding struct {
+	accelerator string
+	replicas    []string
+	usedMiB     uint64
+}
+
+func (f *FSM) binding(node string, index uint32) cardBinding { return cardBinding{} }
+
+// deviceSummaries groups the inventory by device kind.
+func (f *FSM) deviceSummaries() map[string]*pb.Device {
+	out := map[string]*pb.Device{}
+	for _, name := range sortedKeys(f.nodes) {
+		n := f.nodes[name]
+		perNode := map[string]uint32{}
+		for _, c := range n.Cards {
+			d := out[c.Device]
+			if d == nil {
+				d = &pb.Device{Name: c.Device, Product: c.Product, MemoryMib: c.MemoryMib, Architecture: c.Architecture, Fp8: c.Fp8}
+				out[c.Device] = d
+			}
+			if c.MemoryMib < d.MemoryMib {
+				d.MemoryMib = c.MemoryMib
+			}
+			d.Total++
+			if live(n, c) && f.binding(n.Name, c.Index).accelerator == "" {
+				d.Free++
+			}
+			perNode[c.Device]++
+		}
+		for dev, k := range perNode {
+			if k > out[dev].MaxPerNode {
+				out[dev].MaxPerNode = k
+			}
+		}
+	}
+	return out
+}
+
+// Devices returns every device kind present in the inventory, sorted by name.
+func (f *FSM) Devices() []*pb.Device {
+	sum := f.deviceSummaries()
+	out := make([]*pb.Device, 0, len(sum))
+	for _, name := range sortedKeys(sum) {
+		out = append(out, sum[name])
+	}
+	return out
+}
+
+// Device returns one device kind and the status of each of its cards. A kind
+// known to the catalog but absent from the inventory is returned with no cards.
+func (f *FSM) Device(name string) (*pb.Device, []*pb.CardStatus, bool) {
+	d, ok := f.deviceSummaries()[name]
+	if !ok {
+		c, known := catalog.BySlug(name)
+		if !known {
+			return nil, nil, false
+		}
+		d = &pb.Device{Name: c.Slug, Product: c.Product, MemoryMib: c.MemoryMiB, Architecture: c.Architecture, Fp8: c.FP8}
+	}
+	var cards []*pb.CardStatus
+	for _, nodeName := range sortedKeys(f.nodes) {
+		n := f.nodes[nodeName]
+		for _, c := range n.Cards {
+			if c.Device != name {
+				continue
+			}
+			b := f.binding(n.Name, c.Index)
+			free := uint64(0)
+			if c.MemoryMib > b.usedMiB {
+				free = c.MemoryMib - b.usedMiB
+			}
+			cards = append(cards, &pb.CardStatus{
+				Node: n.Name, Index: c.Index, Uuid: c.Uuid, MemoryMib: c.MemoryMib,
+				UsedMib: b.usedMiB, FreeMib: free, Accelerator: b.accelerator,
+				Replicas: b.replicas, Healthy: c.Healthy, NodeStatus: n.Status,
+			})
+		}
+	}
+	return d, cards, true
+}
+
+// Accelerators returns every accelerator with its derived status, by name.
+func (f *FSM) Accelerators() []*pb.Accelerator {
+	sum := f.deviceSummaries()
+	out := make([]*pb.Accelerator, 0, len(f.accelerators))
+	for _, name := range sortedKeys(f.accelerators) {
+		out = append(out, f.acceleratorView(f.accelerators[name], sum))
+	}
+	return out
+}
+
+// Accelerator returns one accelerator with its derived status.
+func (f *FSM) Accelerator(name string) (*pb.Accelerator, bool) {
+	a, ok := f.accelerators[name]
+	if !ok {
+		return nil, false
+	}
+	return f.acceleratorView(a, f.deviceSummaries()), true
+}
+
+// acceleratorView computes the derived columns of SPEC §5:
+// dedicated: MEMORY/MODEL = card memory × devicesPerReplica, CAN PLACE = Σ
+// over nodes ⌊unbound live cards / devicesPerReplica⌋; shared: MEMORY/MODEL =
+// card memory ÷ maxModels, CAN PLACE = free model slots over its bound and the
+// unbound live cards. READY: at least one live card of its device.
+func (f *FSM) acceleratorView(a *pb.StoredAccelerator, sum map[string]*pb.Device) *pb.Accelerator {
+	spec := a.Spec
+	memory := uint64(0)
+	if d := sum[spec.Device]; d != nil {
+		memory = d.MemoryMib
+	} else if c, ok := catalog.BySlug(spec.Device); ok {
+		memory = c.MemoryMiB
+	}
+	st := &pb.AcceleratorStatus{}
+	if spec.Tenancy == pb.Tenancy_TENANCY_SHARED {
+		st.MemoryPerModelMib = memory / uint64(max(spec.MaxModels, 1))
+	} else {
+		st.MemoryPerModelMib = memory * uint64(spec.DevicesPerReplica)
+	}
+	for _, nodeName := range sortedKeys(f.nodes) {
+		n := f.nodes[nodeName]
+		unbound := uint32(0)
+		for _, c := range n.Cards {
+			if c.Device != spec.Device || !live(n, c) {
+				continue
+			}
+			st.Ready = true
+			b := f.binding(n.Name, c.Index)
+			if b.accelerator == a.Name {
+				st.InUse += uint32(len(b.replicas))
+			}
+			switch {
+			case spec.Tenancy == pb.Tenancy_TENANCY_SHARED && (b.accelerator == "" || b.accelerator == a.Name):
+				if used := uint32(len(b.replicas)); used < spec.MaxModels {
+					st.CanPlace += spec.MaxModels - used
+				}
+			case b.accelerator == "":
+				unbound++
+			}
+		}
+		if spec.Tenancy != pb.Tenancy_TENANCY_SHARED {
+			st.CanPlace += unbound / max(spec.DevicesPerReplica, 1)
+		}
+	}
+	return &pb.Accelerator{
+		Name:         a.Name,
+		Spec:         proto.Clone(spec).(*pb.AcceleratorSpec),
+		Status:       st,
+		CreatedIndex: a.CreatedIndex,
+	}
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return keys
+}
