@@ -33,7 +33,9 @@ var devices = []Device{
 	{Slug: "t4", Product: "Tesla T4", MemoryMiB: 15360, Architecture: "turing", aliases: []string{"NVIDIA T4"}},
 	{Slug: "a10", Product: "NVIDIA A10", MemoryMiB: 23028, Architecture: "ampere"},
 	{Slug: "a10g", Product: "NVIDIA A10G", MemoryMiB: 23028, Architecture: "ampere"},
-	{Slug: "a100-40gb", Product: "NVIDIA A100-SXM4-40GB", MemoryMiB: 40960, Architecture: "ampere", aliases: []string{"NVIDIA A100-PCIE-40GB", "NVIDIA A100 40GB PCIe"}},
+	// "Mock NVIDIA A100-SXM4-40GB" is what go-nvml's mock dgxa100 server
+	// reports; node/inventory's tests read their cards from it.
+	{Slug: "a100-40gb", Product: "NVIDIA A100-SXM4-40GB", MemoryMiB: 40960, Architecture: "ampere", aliases: []string{"NVIDIA A100-PCIE-40GB", "NVIDIA A100 40GB PCIe", "Mock NVIDIA A100-SXM4-40GB"}},
 	{Slug: "a100-80gb", Product: "NVIDIA A100-SXM4-80GB", MemoryMiB: 81920, Architecture: "ampere", aliases: []string{"NVIDIA A100 80GB PCIe", "NVIDIA A100-PCIE-80GB"}},
 	{Slug: "l4", Product: "NVIDIA L4", MemoryMiB: 23034, Architecture: "ada", FP8: true},
 	{Slug: "rtx4090", Product: "NVIDIA GeForce RTX 4090", MemoryMiB: 24564, Architecture: "ada", FP8: true},
