@@ -850,6 +850,86 @@ func (x *DeleteAcceleratorResponse) GetIndex() uint64 {
 	return 0
 }
 
+type ReadIndexRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReadIndexRequest) Reset() {
+	*x = ReadIndexRequest{}
+	mi := &file_gpuplane_v1_api_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReadIndexRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReadIndexRequest) ProtoMessage() {}
+
+func (x *ReadIndexRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_gpuplane_v1_api_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReadIndexRequest.ProtoReflect.Descriptor instead.
+func (*ReadIndexRequest) Descriptor() ([]byte, []int) {
+	return file_gpuplane_v1_api_proto_rawDescGZIP(), []int{16}
+}
+
+type ReadIndexResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Index         uint64                 `protobuf:"varint,1,opt,name=index,proto3" json:"index,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReadIndexResponse) Reset() {
+	*x = ReadIndexResponse{}
+	mi := &file_gpuplane_v1_api_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReadIndexResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReadIndexResponse) ProtoMessage() {}
+
+func (x *ReadIndexResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_gpuplane_v1_api_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReadIndexResponse.ProtoReflect.Descriptor instead.
+func (*ReadIndexResponse) Descriptor() ([]byte, []int) {
+	return file_gpuplane_v1_api_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *ReadIndexResponse) GetIndex() uint64 {
+	if x != nil {
+		return x.Index
+	}
+	return 0
+}
+
 type ApplyRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Envelope      *Envelope              `protobuf:"bytes,1,opt,name=envelope,proto3" json:"envelope,omitempty"`
@@ -860,7 +940,7 @@ type ApplyRequest struct {
 
 func (x *ApplyRequest) Reset() {
 	*x = ApplyRequest{}
-	mi := &file_gpuplane_v1_api_proto_msgTypes[16]
+	mi := &file_gpuplane_v1_api_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -872,7 +952,7 @@ func (x *ApplyRequest) String() string {
 func (*ApplyRequest) ProtoMessage() {}
 
 func (x *ApplyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuplane_v1_api_proto_msgTypes[16]
+	mi := &file_gpuplane_v1_api_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -885,7 +965,7 @@ func (x *ApplyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApplyRequest.ProtoReflect.Descriptor instead.
 func (*ApplyRequest) Descriptor() ([]byte, []int) {
-	return file_gpuplane_v1_api_proto_rawDescGZIP(), []int{16}
+	return file_gpuplane_v1_api_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ApplyRequest) GetEnvelope() *Envelope {
@@ -911,7 +991,7 @@ type ApplyResponse struct {
 
 func (x *ApplyResponse) Reset() {
 	*x = ApplyResponse{}
-	mi := &file_gpuplane_v1_api_proto_msgTypes[17]
+	mi := &file_gpuplane_v1_api_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -923,7 +1003,7 @@ func (x *ApplyResponse) String() string {
 func (*ApplyResponse) ProtoMessage() {}
 
 func (x *ApplyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuplane_v1_api_proto_msgTypes[17]
+	mi := &file_gpuplane_v1_api_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -936,7 +1016,7 @@ func (x *ApplyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApplyResponse.ProtoReflect.Descriptor instead.
 func (*ApplyResponse) Descriptor() ([]byte, []int) {
-	return file_gpuplane_v1_api_proto_rawDescGZIP(), []int{17}
+	return file_gpuplane_v1_api_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *ApplyResponse) GetResult() *Result {
@@ -954,7 +1034,7 @@ type StatusRequest struct {
 
 func (x *StatusRequest) Reset() {
 	*x = StatusRequest{}
-	mi := &file_gpuplane_v1_api_proto_msgTypes[18]
+	mi := &file_gpuplane_v1_api_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -966,7 +1046,7 @@ func (x *StatusRequest) String() string {
 func (*StatusRequest) ProtoMessage() {}
 
 func (x *StatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuplane_v1_api_proto_msgTypes[18]
+	mi := &file_gpuplane_v1_api_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -979,7 +1059,7 @@ func (x *StatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusRequest.ProtoReflect.Descriptor instead.
 func (*StatusRequest) Descriptor() ([]byte, []int) {
-	return file_gpuplane_v1_api_proto_rawDescGZIP(), []int{18}
+	return file_gpuplane_v1_api_proto_rawDescGZIP(), []int{20}
 }
 
 type ServerStatus struct {
@@ -995,7 +1075,7 @@ type ServerStatus struct {
 
 func (x *ServerStatus) Reset() {
 	*x = ServerStatus{}
-	mi := &file_gpuplane_v1_api_proto_msgTypes[19]
+	mi := &file_gpuplane_v1_api_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1007,7 +1087,7 @@ func (x *ServerStatus) String() string {
 func (*ServerStatus) ProtoMessage() {}
 
 func (x *ServerStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuplane_v1_api_proto_msgTypes[19]
+	mi := &file_gpuplane_v1_api_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1020,7 +1100,7 @@ func (x *ServerStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ServerStatus.ProtoReflect.Descriptor instead.
 func (*ServerStatus) Descriptor() ([]byte, []int) {
-	return file_gpuplane_v1_api_proto_rawDescGZIP(), []int{19}
+	return file_gpuplane_v1_api_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *ServerStatus) GetId() string {
@@ -1068,7 +1148,7 @@ type StatusResponse struct {
 
 func (x *StatusResponse) Reset() {
 	*x = StatusResponse{}
-	mi := &file_gpuplane_v1_api_proto_msgTypes[20]
+	mi := &file_gpuplane_v1_api_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1080,7 +1160,7 @@ func (x *StatusResponse) String() string {
 func (*StatusResponse) ProtoMessage() {}
 
 func (x *StatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuplane_v1_api_proto_msgTypes[20]
+	mi := &file_gpuplane_v1_api_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1093,7 +1173,7 @@ func (x *StatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusResponse.ProtoReflect.Descriptor instead.
 func (*StatusResponse) Descriptor() ([]byte, []int) {
-	return file_gpuplane_v1_api_proto_rawDescGZIP(), []int{20}
+	return file_gpuplane_v1_api_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *StatusResponse) GetNode() string {
@@ -1212,7 +1292,10 @@ const file_gpuplane_v1_api_proto_rawDesc = "" +
 	"request_id\x18\x04 \x01(\tR\trequestId\"M\n" +
 	"\x19DeleteAcceleratorResponse\x12\x1a\n" +
 	"\bwarnings\x18\x01 \x03(\tR\bwarnings\x12\x14\n" +
-	"\x05index\x18\x02 \x01(\x04R\x05index\"Z\n" +
+	"\x05index\x18\x02 \x01(\x04R\x05index\"\x12\n" +
+	"\x10ReadIndexRequest\")\n" +
+	"\x11ReadIndexResponse\x12\x14\n" +
+	"\x05index\x18\x01 \x01(\x04R\x05index\"Z\n" +
 	"\fApplyRequest\x121\n" +
 	"\benvelope\x18\x01 \x01(\v2\x15.gpuplane.v1.EnvelopeR\benvelope\x12\x17\n" +
 	"\adry_run\x18\x02 \x01(\bR\x06dryRun\"<\n" +
@@ -1246,10 +1329,11 @@ const file_gpuplane_v1_api_proto_rawDesc = "" +
 	"\x10ListAccelerators\x12$.gpuplane.v1.ListAcceleratorsRequest\x1a%.gpuplane.v1.ListAcceleratorsResponse\"\x00\x12[\n" +
 	"\x0eGetAccelerator\x12\".gpuplane.v1.GetAcceleratorRequest\x1a#.gpuplane.v1.GetAcceleratorResponse\"\x00\x12d\n" +
 	"\x11CreateAccelerator\x12%.gpuplane.v1.CreateAcceleratorRequest\x1a&.gpuplane.v1.CreateAcceleratorResponse\"\x00\x12d\n" +
-	"\x11DeleteAccelerator\x12%.gpuplane.v1.DeleteAcceleratorRequest\x1a&.gpuplane.v1.DeleteAcceleratorResponse\"\x002\x97\x01\n" +
+	"\x11DeleteAccelerator\x12%.gpuplane.v1.DeleteAcceleratorRequest\x1a&.gpuplane.v1.DeleteAcceleratorResponse\"\x002\xe5\x01\n" +
 	"\x0eClusterService\x12@\n" +
 	"\x05Apply\x12\x19.gpuplane.v1.ApplyRequest\x1a\x1a.gpuplane.v1.ApplyResponse\"\x00\x12C\n" +
-	"\x06Status\x12\x1a.gpuplane.v1.StatusRequest\x1a\x1b.gpuplane.v1.StatusResponse\"\x00B;Z9github.com/gpuplane/gpuplane/proto/gpuplane/v1;gpuplanev1b\x06proto3"
+	"\x06Status\x12\x1a.gpuplane.v1.StatusRequest\x1a\x1b.gpuplane.v1.StatusResponse\"\x00\x12L\n" +
+	"\tReadIndex\x12\x1d.gpuplane.v1.ReadIndexRequest\x1a\x1e.gpuplane.v1.ReadIndexResponse\"\x00B;Z9github.com/gpuplane/gpuplane/proto/gpuplane/v1;gpuplanev1b\x06proto3"
 
 var (
 	file_gpuplane_v1_api_proto_rawDescOnce sync.Once
@@ -1263,7 +1347,7 @@ func file_gpuplane_v1_api_proto_rawDescGZIP() []byte {
 	return file_gpuplane_v1_api_proto_rawDescData
 }
 
-var file_gpuplane_v1_api_proto_msgTypes = make([]protoimpl.MessageInfo, 21)
+var file_gpuplane_v1_api_proto_msgTypes = make([]protoimpl.MessageInfo, 23)
 var file_gpuplane_v1_api_proto_goTypes = []any{
 	(*ListDevicesRequest)(nil),        // 0: gpuplane.v1.ListDevicesRequest
 	(*ListDevicesResponse)(nil),       // 1: gpuplane.v1.ListDevicesResponse
@@ -1281,34 +1365,36 @@ var file_gpuplane_v1_api_proto_goTypes = []any{
 	(*CreateAcceleratorResponse)(nil), // 13: gpuplane.v1.CreateAcceleratorResponse
 	(*DeleteAcceleratorRequest)(nil),  // 14: gpuplane.v1.DeleteAcceleratorRequest
 	(*DeleteAcceleratorResponse)(nil), // 15: gpuplane.v1.DeleteAcceleratorResponse
-	(*ApplyRequest)(nil),              // 16: gpuplane.v1.ApplyRequest
-	(*ApplyResponse)(nil),             // 17: gpuplane.v1.ApplyResponse
-	(*StatusRequest)(nil),             // 18: gpuplane.v1.StatusRequest
-	(*ServerStatus)(nil),              // 19: gpuplane.v1.ServerStatus
-	(*StatusResponse)(nil),            // 20: gpuplane.v1.StatusResponse
-	(*Device)(nil),                    // 21: gpuplane.v1.Device
-	(*CardStatus)(nil),                // 22: gpuplane.v1.CardStatus
-	(*Node)(nil),                      // 23: gpuplane.v1.Node
-	(*Accelerator)(nil),               // 24: gpuplane.v1.Accelerator
-	(*AcceleratorSpec)(nil),           // 25: gpuplane.v1.AcceleratorSpec
-	(Outcome)(0),                      // 26: gpuplane.v1.Outcome
-	(*Envelope)(nil),                  // 27: gpuplane.v1.Envelope
-	(*Result)(nil),                    // 28: gpuplane.v1.Result
+	(*ReadIndexRequest)(nil),          // 16: gpuplane.v1.ReadIndexRequest
+	(*ReadIndexResponse)(nil),         // 17: gpuplane.v1.ReadIndexResponse
+	(*ApplyRequest)(nil),              // 18: gpuplane.v1.ApplyRequest
+	(*ApplyResponse)(nil),             // 19: gpuplane.v1.ApplyResponse
+	(*StatusRequest)(nil),             // 20: gpuplane.v1.StatusRequest
+	(*ServerStatus)(nil),              // 21: gpuplane.v1.ServerStatus
+	(*StatusResponse)(nil),            // 22: gpuplane.v1.StatusResponse
+	(*Device)(nil),                    // 23: gpuplane.v1.Device
+	(*CardStatus)(nil),                // 24: gpuplane.v1.CardStatus
+	(*Node)(nil),                      // 25: gpuplane.v1.Node
+	(*Accelerator)(nil),               // 26: gpuplane.v1.Accelerator
+	(*AcceleratorSpec)(nil),           // 27: gpuplane.v1.AcceleratorSpec
+	(Outcome)(0),                      // 28: gpuplane.v1.Outcome
+	(*Envelope)(nil),                  // 29: gpuplane.v1.Envelope
+	(*Result)(nil),                    // 30: gpuplane.v1.Result
 }
 var file_gpuplane_v1_api_proto_depIdxs = []int32{
-	21, // 0: gpuplane.v1.ListDevicesResponse.devices:type_name -> gpuplane.v1.Device
-	21, // 1: gpuplane.v1.GetDeviceResponse.device:type_name -> gpuplane.v1.Device
-	22, // 2: gpuplane.v1.GetDeviceResponse.cards:type_name -> gpuplane.v1.CardStatus
-	23, // 3: gpuplane.v1.ListNodesResponse.nodes:type_name -> gpuplane.v1.Node
-	23, // 4: gpuplane.v1.GetNodeResponse.node:type_name -> gpuplane.v1.Node
-	24, // 5: gpuplane.v1.ListAcceleratorsResponse.accelerators:type_name -> gpuplane.v1.Accelerator
-	24, // 6: gpuplane.v1.GetAcceleratorResponse.accelerator:type_name -> gpuplane.v1.Accelerator
-	25, // 7: gpuplane.v1.CreateAcceleratorRequest.spec:type_name -> gpuplane.v1.AcceleratorSpec
-	24, // 8: gpuplane.v1.CreateAcceleratorResponse.accelerator:type_name -> gpuplane.v1.Accelerator
-	26, // 9: gpuplane.v1.CreateAcceleratorResponse.outcome:type_name -> gpuplane.v1.Outcome
-	27, // 10: gpuplane.v1.ApplyRequest.envelope:type_name -> gpuplane.v1.Envelope
-	28, // 11: gpuplane.v1.ApplyResponse.result:type_name -> gpuplane.v1.Result
-	19, // 12: gpuplane.v1.StatusResponse.servers:type_name -> gpuplane.v1.ServerStatus
+	23, // 0: gpuplane.v1.ListDevicesResponse.devices:type_name -> gpuplane.v1.Device
+	23, // 1: gpuplane.v1.GetDeviceResponse.device:type_name -> gpuplane.v1.Device
+	24, // 2: gpuplane.v1.GetDeviceResponse.cards:type_name -> gpuplane.v1.CardStatus
+	25, // 3: gpuplane.v1.ListNodesResponse.nodes:type_name -> gpuplane.v1.Node
+	25, // 4: gpuplane.v1.GetNodeResponse.node:type_name -> gpuplane.v1.Node
+	26, // 5: gpuplane.v1.ListAcceleratorsResponse.accelerators:type_name -> gpuplane.v1.Accelerator
+	26, // 6: gpuplane.v1.GetAcceleratorResponse.accelerator:type_name -> gpuplane.v1.Accelerator
+	27, // 7: gpuplane.v1.CreateAcceleratorRequest.spec:type_name -> gpuplane.v1.AcceleratorSpec
+	26, // 8: gpuplane.v1.CreateAcceleratorResponse.accelerator:type_name -> gpuplane.v1.Accelerator
+	28, // 9: gpuplane.v1.CreateAcceleratorResponse.outcome:type_name -> gpuplane.v1.Outcome
+	29, // 10: gpuplane.v1.ApplyRequest.envelope:type_name -> gpuplane.v1.Envelope
+	30, // 11: gpuplane.v1.ApplyResponse.result:type_name -> gpuplane.v1.Result
+	21, // 12: gpuplane.v1.StatusResponse.servers:type_name -> gpuplane.v1.ServerStatus
 	0,  // 13: gpuplane.v1.DeviceService.ListDevices:input_type -> gpuplane.v1.ListDevicesRequest
 	2,  // 14: gpuplane.v1.DeviceService.GetDevice:input_type -> gpuplane.v1.GetDeviceRequest
 	4,  // 15: gpuplane.v1.NodeService.ListNodes:input_type -> gpuplane.v1.ListNodesRequest
@@ -1317,20 +1403,22 @@ var file_gpuplane_v1_api_proto_depIdxs = []int32{
 	10, // 18: gpuplane.v1.AcceleratorService.GetAccelerator:input_type -> gpuplane.v1.GetAcceleratorRequest
 	12, // 19: gpuplane.v1.AcceleratorService.CreateAccelerator:input_type -> gpuplane.v1.CreateAcceleratorRequest
 	14, // 20: gpuplane.v1.AcceleratorService.DeleteAccelerator:input_type -> gpuplane.v1.DeleteAcceleratorRequest
-	16, // 21: gpuplane.v1.ClusterService.Apply:input_type -> gpuplane.v1.ApplyRequest
-	18, // 22: gpuplane.v1.ClusterService.Status:input_type -> gpuplane.v1.StatusRequest
-	1,  // 23: gpuplane.v1.DeviceService.ListDevices:output_type -> gpuplane.v1.ListDevicesResponse
-	3,  // 24: gpuplane.v1.DeviceService.GetDevice:output_type -> gpuplane.v1.GetDeviceResponse
-	5,  // 25: gpuplane.v1.NodeService.ListNodes:output_type -> gpuplane.v1.ListNodesResponse
-	7,  // 26: gpuplane.v1.NodeService.GetNode:output_type -> gpuplane.v1.GetNodeResponse
-	9,  // 27: gpuplane.v1.AcceleratorService.ListAccelerators:output_type -> gpuplane.v1.ListAcceleratorsResponse
-	11, // 28: gpuplane.v1.AcceleratorService.GetAccelerator:output_type -> gpuplane.v1.GetAcceleratorResponse
-	13, // 29: gpuplane.v1.AcceleratorService.CreateAccelerator:output_type -> gpuplane.v1.CreateAcceleratorResponse
-	15, // 30: gpuplane.v1.AcceleratorService.DeleteAccelerator:output_type -> gpuplane.v1.DeleteAcceleratorResponse
-	17, // 31: gpuplane.v1.ClusterService.Apply:output_type -> gpuplane.v1.ApplyResponse
-	20, // 32: gpuplane.v1.ClusterService.Status:output_type -> gpuplane.v1.StatusResponse
-	23, // [23:33] is the sub-list for method output_type
-	13, // [13:23] is the sub-list for method input_type
+	18, // 21: gpuplane.v1.ClusterService.Apply:input_type -> gpuplane.v1.ApplyRequest
+	20, // 22: gpuplane.v1.ClusterService.Status:input_type -> gpuplane.v1.StatusRequest
+	16, // 23: gpuplane.v1.ClusterService.ReadIndex:input_type -> gpuplane.v1.ReadIndexRequest
+	1,  // 24: gpuplane.v1.DeviceService.ListDevices:output_type -> gpuplane.v1.ListDevicesResponse
+	3,  // 25: gpuplane.v1.DeviceService.GetDevice:output_type -> gpuplane.v1.GetDeviceResponse
+	5,  // 26: gpuplane.v1.NodeService.ListNodes:output_type -> gpuplane.v1.ListNodesResponse
+	7,  // 27: gpuplane.v1.NodeService.GetNode:output_type -> gpuplane.v1.GetNodeResponse
+	9,  // 28: gpuplane.v1.AcceleratorService.ListAccelerators:output_type -> gpuplane.v1.ListAcceleratorsResponse
+	11, // 29: gpuplane.v1.AcceleratorService.GetAccelerator:output_type -> gpuplane.v1.GetAcceleratorResponse
+	13, // 30: gpuplane.v1.AcceleratorService.CreateAccelerator:output_type -> gpuplane.v1.CreateAcceleratorResponse
+	15, // 31: gpuplane.v1.AcceleratorService.DeleteAccelerator:output_type -> gpuplane.v1.DeleteAcceleratorResponse
+	19, // 32: gpuplane.v1.ClusterService.Apply:output_type -> gpuplane.v1.ApplyResponse
+	22, // 33: gpuplane.v1.ClusterService.Status:output_type -> gpuplane.v1.StatusResponse
+	17, // 34: gpuplane.v1.ClusterService.ReadIndex:output_type -> gpuplane.v1.ReadIndexResponse
+	24, // [24:35] is the sub-list for method output_type
+	13, // [13:24] is the sub-list for method input_type
 	13, // [13:13] is the sub-list for extension type_name
 	13, // [13:13] is the sub-list for extension extendee
 	0,  // [0:13] is the sub-list for field type_name
@@ -1349,7 +1437,7 @@ func file_gpuplane_v1_api_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_gpuplane_v1_api_proto_rawDesc), len(file_gpuplane_v1_api_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   21,
+			NumMessages:   23,
 			NumExtensions: 0,
 			NumServices:   4,
 		},

@@ -64,6 +64,9 @@ const (
 	ClusterServiceApplyProcedure = "/gpuplane.v1.ClusterService/Apply"
 	// ClusterServiceStatusProcedure is the fully-qualified name of the ClusterService's Status RPC.
 	ClusterServiceStatusProcedure = "/gpuplane.v1.ClusterService/Status"
+	// ClusterServiceReadIndexProcedure is the fully-qualified name of the ClusterService's ReadIndex
+	// RPC.
+	ClusterServiceReadIndexProcedure = "/gpuplane.v1.ClusterService/ReadIndex"
 )
 
 // DeviceServiceClient is a client for the gpuplane.v1.DeviceService service.
@@ -411,6 +414,9 @@ type ClusterServiceClient interface {
 	// Apply proposes one log entry. Nodes forward writes to the leader with it.
 	Apply(context.Context, *connect.Request[v1.ApplyRequest]) (*connect.Response[v1.ApplyResponse], error)
 	Status(context.Context, *connect.Request[v1.StatusRequest]) (*connect.Response[v1.StatusResponse], error)
+	// ReadIndex returns the leader's commit index after confirming leadership;
+	// a follower waits to apply it before a linearizable read.
+	ReadIndex(context.Context, *connect.Request[v1.ReadIndexRequest]) (*connect.Response[v1.ReadIndexResponse], error)
 }
 
 // NewClusterServiceClient constructs a client for the gpuplane.v1.ClusterService service. By
@@ -436,13 +442,20 @@ func NewClusterServiceClient(httpClient connect.HTTPClient, baseURL string, opts
 			connect.WithSchema(clusterServiceMethods.ByName("Status")),
 			connect.WithClientOptions(opts...),
 		),
+		readIndex: connect.NewClient[v1.ReadIndexRequest, v1.ReadIndexResponse](
+			httpClient,
+			baseURL+ClusterServiceReadIndexProcedure,
+			connect.WithSchema(clusterServiceMethods.ByName("ReadIndex")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
 // clusterServiceClient implements ClusterServiceClient.
 type clusterServiceClient struct {
-	apply  *connect.Client[v1.ApplyRequest, v1.ApplyResponse]
-	status *connect.Client[v1.StatusRequest, v1.StatusResponse]
+	apply     *connect.Client[v1.ApplyRequest, v1.ApplyResponse]
+	status    *connect.Client[v1.StatusRequest, v1.StatusResponse]
+	readIndex *connect.Client[v1.ReadIndexRequest, v1.ReadIndexResponse]
 }
 
 // Apply calls gpuplane.v1.ClusterService.Apply.
@@ -455,11 +468,19 @@ func (c *clusterServiceClient) Status(ctx context.Context, req *connect.Request[
 	return c.status.CallUnary(ctx, req)
 }
 
+// ReadIndex calls gpuplane.v1.ClusterService.ReadIndex.
+func (c *clusterServiceClient) ReadIndex(ctx context.Context, req *connect.Request[v1.ReadIndexRequest]) (*connect.Response[v1.ReadIndexResponse], error) {
+	return c.readIndex.CallUnary(ctx, req)
+}
+
 // ClusterServiceHandler is an implementation of the gpuplane.v1.ClusterService service.
 type ClusterServiceHandler interface {
 	// Apply proposes one log entry. Nodes forward writes to the leader with it.
 	Apply(context.Context, *connect.Request[v1.ApplyRequest]) (*connect.Response[v1.ApplyResponse], error)
 	Status(context.Context, *connect.Request[v1.StatusRequest]) (*connect.Response[v1.StatusResponse], error)
+	// ReadIndex returns the leader's commit index after confirming leadership;
+	// a follower waits to apply it before a linearizable read.
+	ReadIndex(context.Context, *connect.Request[v1.ReadIndexRequest]) (*connect.Response[v1.ReadIndexResponse], error)
 }
 
 // NewClusterServiceHandler builds an HTTP handler from the service implementation. It returns the
@@ -481,12 +502,20 @@ func NewClusterServiceHandler(svc ClusterServiceHandler, opts ...connect.Handler
 		connect.WithSchema(clusterServiceMethods.ByName("Status")),
 		connect.WithHandlerOptions(opts...),
 	)
+	clusterServiceReadIndexHandler := connect.NewUnaryHandler(
+		ClusterServiceReadIndexProcedure,
+		svc.ReadIndex,
+		connect.WithSchema(clusterServiceMethods.ByName("ReadIndex")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/gpuplane.v1.ClusterService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case ClusterServiceApplyProcedure:
 			clusterServiceApplyHandler.ServeHTTP(w, r)
 		case ClusterServiceStatusProcedure:
 			clusterServiceStatusHandler.ServeHTTP(w, r)
+		case ClusterServiceReadIndexProcedure:
+			clusterServiceReadIndexHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -502,4 +531,8 @@ func (UnimplementedClusterServiceHandler) Apply(context.Context, *connect.Reques
 
 func (UnimplementedClusterServiceHandler) Status(context.Context, *connect.Request[v1.StatusRequest]) (*connect.Response[v1.StatusResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("gpuplane.v1.ClusterService.Status is not implemented"))
+}
+
+func (UnimplementedClusterServiceHandler) ReadIndex(context.Context, *connect.Request[v1.ReadIndexRequest]) (*connect.Response[v1.ReadIndexResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("gpuplane.v1.ClusterService.ReadIndex is not implemented"))
 }

@@ -1,0 +1,248 @@
+package cluster
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/hashicorp/raft"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/gpuplane/gpuplane/fsm"
+	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
+)
+
+// ErrNoLeader is returned when no leader was elected within the time a
+// request may wait for one (a few seconds, or less if its context ends
+// sooner); the cluster has probably lost its quorum.
+var ErrNoLeader = errors.New("no cluster leader")
+
+// ErrNotLeader is returned when a request that only the leader can serve
+// reached a node that is not, or no longer, the leader. Apply, DryRun and Read
+// retry it against the new leader; a Forwarder wraps it to ask for that.
+var ErrNotLeader = errors.New("node is not the cluster leader")
+
+// ErrShutdown is returned for requests made after Shutdown, or cut short by it.
+var ErrShutdown = errors.New("cluster is shut down")
+
+// maxLeaderWait bounds how long a request waits, in total, for a leader to be
+// elected or for one that is unreachable to be replaced. Elections on a LAN
+// take about a second.
+const maxLeaderWait = 5 * time.Second
+
+// defaultTimeout bounds a request whose context has no deadline.
+const defaultTimeout = 30 * time.Second
+
+// Forwarder sends requests to the leader. The rpc layer implements it with
+// the Connect ClusterService client, dialling the API address that node
+// leaderID registered (Cluster.APIAddress); on the leader the handlers call
+// Apply, DryRun and ReadIndex.
+//
+// Errors that wrap ErrNotLeader or ErrNoLeader are retried (bounded by the
+// request's context and by a few seconds of leader wait); the rpc layer should
+// wrap ErrNotLeader when the leader cannot be reached (Connect Unavailable)
+// or answers that it is no longer the leader. Other errors end the request.
+type Forwarder interface {
+	// Forward applies (or, with dryRun, checks) env on the leader and returns
+	// the leader's result.
+	Forward(ctx context.Context, leaderID string, env *pb.Envelope, dryRun bool) (*pb.Result, error)
+	// ReadIndex returns the leader's ReadIndex: an index such that a state
+	// that has applied it reflects every write committed before the call.
+	ReadIndex(ctx context.Context, leaderID string) (uint64, error)
+}
+
+// Apply proposes env to the replicated log and returns the state machine's
+// result, with the entry's index. It fills the request id (random) and actor
+// ("system") when empty; the leader stamps proposed_at with its clock. A
+// follower forwards the request to the leader; while there is no leader it
+// waits for one, up to a few seconds. A retry of a request id that was
+// applied before returns the first result with duplicate set, so Apply may be
+// retried safely after an error. env is not modified.
+func (c *Cluster) Apply(ctx context.Context, env *pb.Envelope) (*pb.Result, error) {
+	return c.write(ctx, env, false)
+}
+
+// DryRun checks env against the leader's current state, as Apply would, and
+// changes nothing.
+func (c *Cluster) DryRun(ctx context.Context, env *pb.Envelope) (*pb.Result, error) {
+	return c.write(ctx, env, true)
+}
+
+func (c *Cluster) write(ctx context.Context, env *pb.Envelope, dryRun bool) (*pb.Result, error) {
+	if env.GetCommand() == nil {
+		// Reject before it costs a log entry. A command unknown to this version
+		// decodes as no command at all.
+		return &pb.Result{Code: pb.Code_CODE_INVALID_ARGUMENT,
+			Message: "envelope has no command this server knows: is the client newer than the server?"}, nil
+	}
+	env = proto.Clone(env).(*pb.Envelope)
+	if env.RequestId == "" {
+		env.RequestId = NewRequestID()
+	}
+	if env.Actor == "" {
+		env.Actor = "system"
+	}
+	ctx, cancel := withDefaultTimeout(ctx)
+	defer cancel()
+	return onLeader(ctx, c,
+		func() (*pb.Result, error) {
+			if dryRun {
+				return c.dryRunLocal(ctx, env)
+			}
+			return c.applyLocal(ctx, env)
+		},
+		func(f Forwarder, leader string) (*pb.Result, error) { return f.Forward(ctx, leader, env, dryRun) })
+}
+
+// applyLocal proposes env on this node, which believes it is the leader.
+func (c *Cluster) applyLocal(ctx context.Context, env *pb.Envelope) (*pb.Result, error) {
+	env.ProposedAt = timestamppb.Now()
+	data, err := fsm.Marshal(env)
+	if err != nil {
+		return nil, fmt.Errorf("encode %s: %w", env.RequestId, err)
+	}
+	timeout := time.Until(deadline(ctx))
+	if timeout <= 0 {
+		return nil, context.DeadlineExceeded
+	}
+	f := c.raft.Apply(data, timeout)
+	if err := wait(ctx, f); err != nil {
+		return nil, c.raftError(err)
+	}
+	res, err := result(f.Response())
+	if err != nil {
+		return nil, err
+	}
+	if res.Index == 0 {
+		res.Index = f.Index()
+	}
+	return res, nil
+}
+
+// dryRunLocal checks env against the state as of now, which needs the same
+// guarantee as a linearizable read.
+func (c *Cluster) dryRunLocal(ctx context.Context, env *pb.Envelope) (*pb.Result, error) {
+	idx, err := c.ReadIndex(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if err := c.WaitApplied(ctx, idx); err != nil {
+		return nil, err
+	}
+	var res *pb.Result
+	c.View(func(f *fsm.FSM) { res = f.DryRun(env) })
+	return res, nil
+}
+
+// onLeader runs local when this node leads, or forward to the leader, and
+// retries while leadership is moving. Retrying a write is safe: its request
+// id makes a second application a no-op that returns the first result.
+func onLeader[T any](ctx context.Context, c *Cluster, local func() (T, error), forward func(Forwarder, string) (T, error)) (T, error) {
+	var zero T
+	start := time.Now()
+	backoff := 10 * time.Millisecond
+	var lastErr error
+	for {
+		var (
+			v   T
+			err error
+		)
+		leader, _ := c.Leader()
+		switch {
+		case c.raft.State() == raft.Shutdown:
+			return zero, ErrShutdown
+		case c.IsLeader():
+			v, err = local()
+		case leader == "":
+			err = ErrNoLeader
+		case c.getForwarder() == nil:
+			return zero, fmt.Errorf("%w: %s is the leader and this node has no forwarder", ErrNotLeader, leader)
+		default:
+			v, err = forward(c.getForwarder(), leader)
+			if err != nil && !retryable(err) {
+				return zero, fmt.Errorf("forward to leader %s: %w", leader, err)
+			}
+		}
+		if err == nil {
+			return v, nil
+		}
+		if !retryable(err) {
+			return zero, err
+		}
+		lastErr = err
+		if ctx.Err() != nil || time.Since(start) > maxLeaderWait {
+			return zero, noLeader(ctx, lastErr)
+		}
+		select {
+		case <-ctx.Done():
+			return zero, noLeader(ctx, lastErr)
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, 200*time.Millisecond)
+	}
+}
+
+func noLeader(ctx context.Context, last error) error {
+	if errors.Is(last, ErrNoLeader) {
+		last = nil
+	}
+	return errors.Join(fmt.Errorf("%w after waiting for one", ErrNoLeader), last, ctx.Err())
+}
+
+func retryable(err error) bool {
+	return errors.Is(err, ErrNotLeader) || errors.Is(err, ErrNoLeader)
+}
+
+// raftError maps raft's errors to this package's. Leadership errors become
+// ErrNotLeader so that onLeader retries them; ErrLeadershipLost means the
+// entry may or may not commit, which the request id makes safe to retry.
+func (c *Cluster) raftError(err error) error {
+	switch {
+	case errors.Is(err, raft.ErrNotLeader), errors.Is(err, raft.ErrLeadershipLost),
+		errors.Is(err, raft.ErrLeadershipTransferInProgress), errors.Is(err, raft.ErrAbortedByRestore):
+		return fmt.Errorf("%w: %w", ErrNotLeader, err)
+	case errors.Is(err, raft.ErrRaftShutdown):
+		return ErrShutdown
+	case errors.Is(err, raft.ErrEnqueueTimeout):
+		return fmt.Errorf("raft apply queue: %w", context.DeadlineExceeded)
+	}
+	return err
+}
+
+// wait waits for a raft future, or for ctx. Raft futures cannot be
+// cancelled: an entry proposed before ctx ended may still commit.
+func wait(ctx context.Context, f raft.Future) error {
+	done := make(chan error, 1)
+	go func() { done <- f.Error() }()
+	select {
+	case err := <-done:
+		return err
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func deadline(ctx context.Context) time.Time {
+	if d, ok := ctx.Deadline(); ok {
+		return d
+	}
+	return time.Now().Add(defaultTimeout)
+}
+
+func withDefaultTimeout(ctx context.Context) (context.Context, context.CancelFunc) {
+	if _, ok := ctx.Deadline(); ok {
+		return context.WithCancel(ctx)
+	}
+	return context.WithTimeout(ctx, defaultTimeout)
+}
+
+// NewRequestID returns a random 128-bit request id in hex.
+func NewRequestID() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails (Go 1.24+)
+	return hex.EncodeToString(b[:])
+}

@@ -1,0 +1,260 @@
+package cluster
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/hashicorp/raft"
+	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
+
+	"github.com/gpuplane/gpuplane/fsm"
+	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
+)
+
+// Cluster is this node's Raft server and the replicated state it applies.
+type Cluster struct {
+	cfg   Config
+	log   *slog.Logger
+	raft  *raft.Raft
+	fsm   *raftFSM
+	store *raftboltdb.BoltStore
+	trans *contactTransport
+
+	forwarder atomic.Pointer[forwarderBox]
+	// barrierTerm is the last term in which this node, as leader, committed a
+	// barrier; reads need one per term (see ReadIndex).
+	barrierTerm atomic.Uint64
+
+	shutdownOnce sync.Once
+	shutdownErr  error
+}
+
+type forwarderBox struct{ f Forwarder }
+
+// New opens (or creates) the node's data dir and starts its Raft server.
+// With cfg.Bootstrap and no existing Raft state it forms a new cluster.
+func New(cfg Config) (*Cluster, error) {
+	if err := cfg.validate(); err != nil {
+		return nil, fmt.Errorf("cluster config: %w", err)
+	}
+	if err := os.MkdirAll(filepath.Join(cfg.DataDir, raftDir), 0o700); err != nil {
+		return nil, fmt.Errorf("create data dir: %w", err)
+	}
+	if err := checkNodeID(cfg.DataDir, cfg.NodeName); err != nil {
+		return nil, err
+	}
+	c := &Cluster{cfg: cfg, log: cfg.Logger.With("node", cfg.NodeName), fsm: newRaftFSM()}
+	hlog := newHCLog(c.log, "raft", cfg.RaftLogLevel)
+
+	var err error
+	if c.store, err = openLogStore(cfg.DataDir); err != nil {
+		return nil, err
+	}
+	snaps, err := raft.NewFileSnapshotStoreWithLogger(filepath.Join(cfg.DataDir, raftDir), snapshotKeep, hlog.Named("snapshots"))
+	if err != nil {
+		c.store.Close()
+		return nil, fmt.Errorf("open snapshot store: %w", err)
+	}
+	if c.trans, err = newTransport(cfg.RaftBind, cfg.RaftAdvertise, hlog.Named("transport")); err != nil {
+		c.store.Close()
+		return nil, err
+	}
+	existing, err := raft.HasExistingState(c.store, c.store, snaps)
+	if err != nil {
+		c.trans.Close()
+		c.store.Close()
+		return nil, fmt.Errorf("read raft state: %w", err)
+	}
+
+	rc := raftConfig(cfg.NodeName)
+	rc.Logger = hlog
+	if c.raft, err = raft.NewRaft(rc, c.fsm, c.store, c.store, snaps, c.trans); err != nil {
+		c.trans.Close()
+		c.store.Close()
+		return nil, fmt.Errorf("start raft: %w", err)
+	}
+	if cfg.Bootstrap && !existing {
+		if err := c.bootstrap(); err != nil {
+			c.Shutdown()
+			return nil, err
+		}
+	}
+	c.log.Info("raft started", "raft_addr", cfg.RaftAdvertise, "existing_state", existing,
+		"applied_index", c.AppliedIndex(), "last_index", c.LastIndex())
+	return c, nil
+}
+
+func (c *Cluster) bootstrap() error {
+	peers := c.cfg.BootstrapPeers
+	if len(peers) == 0 {
+		peers = []Peer{{ID: c.cfg.NodeName, Address: c.cfg.RaftAdvertise}}
+	}
+	conf := raft.Configuration{}
+	self := false
+	for _, p := range peers {
+		self = self || p.ID == c.cfg.NodeName
+		conf.Servers = append(conf.Servers, raft.Server{
+			Suffrage: raft.Voter, ID: raft.ServerID(p.ID), Address: raft.ServerAddress(p.Address),
+		})
+	}
+	if !self {
+		return fmt.Errorf("bootstrap cluster: this node, %s, is not among the bootstrap peers", c.cfg.NodeName)
+	}
+	if err := c.raft.BootstrapCluster(conf).Error(); err != nil {
+		return fmt.Errorf("bootstrap cluster: %w", err)
+	}
+	c.log.Info("bootstrapped a new cluster", "servers", len(peers))
+	return nil
+}
+
+// Shutdown stops Raft and closes the data dir. It is safe to call more than
+// once; later calls return the first call's result.
+func (c *Cluster) Shutdown() error {
+	c.shutdownOnce.Do(func() {
+		// Raft's shutdown also closes the transport.
+		err := c.raft.Shutdown().Error()
+		if cerr := c.store.Close(); cerr != nil {
+			err = errors.Join(err, fmt.Errorf("close raft log: %w", cerr))
+		}
+		c.shutdownErr = err
+	})
+	return c.shutdownErr
+}
+
+// SetForwarder installs what sends writes and read-index requests to the
+// leader. Until one is set, a follower answers ErrNotLeader.
+func (c *Cluster) SetForwarder(f Forwarder) { c.forwarder.Store(&forwarderBox{f}) }
+
+func (c *Cluster) getForwarder() Forwarder {
+	if b := c.forwarder.Load(); b != nil {
+		return b.f
+	}
+	return nil
+}
+
+// NodeName is this node's name and Raft server id.
+func (c *Cluster) NodeName() string { return c.cfg.NodeName }
+
+// IsLeader reports whether this node currently believes it is the leader.
+func (c *Cluster) IsLeader() bool { return c.raft.State() == raft.Leader }
+
+// Leader returns the current leader's server id (its node name) and Raft
+// address, or empty strings when no leader is known.
+func (c *Cluster) Leader() (id, raftAddr string) {
+	addr, sid := c.raft.LeaderWithID()
+	return string(sid), string(addr)
+}
+
+// WaitForLeader blocks until a leader is known or ctx ends.
+func (c *Cluster) WaitForLeader(ctx context.Context) error {
+	t := time.NewTicker(10 * time.Millisecond)
+	defer t.Stop()
+	for {
+		if id, _ := c.Leader(); id != "" {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%w: %w", ErrNoLeader, ctx.Err())
+		case <-t.C:
+		}
+	}
+}
+
+// View calls fn with the local state under the read lock, without any
+// consistency check (a stale read). fn must not keep the *fsm.FSM or call
+// into the Cluster.
+func (c *Cluster) View(fn func(*fsm.FSM)) { c.fsm.view(fn) }
+
+// APIAddress returns the API address node id registered, which is where its
+// Connect services answer (what a Forwarder dials for the leader).
+func (c *Cluster) APIAddress(id string) (string, bool) {
+	var addr string
+	c.View(func(f *fsm.FSM) {
+		if n, ok := f.Node(id); ok {
+			addr = n.GetAddress()
+		}
+	})
+	return addr, addr != ""
+}
+
+// AppliedIndex is the index of the last entry applied to the local state.
+func (c *Cluster) AppliedIndex() uint64 {
+	applied, _ := c.fsm.progress()
+	return applied
+}
+
+// LastIndex is the index of the last entry in the local log (or snapshot).
+func (c *Cluster) LastIndex() uint64 { return c.raft.LastIndex() }
+
+// Status reports this node's view of Raft and of the replicated state. The
+// leader address is the leader's API address once it has registered, its
+// Raft address before that.
+//
+// Last contact: on the leader, each follower's is the time since it last
+// answered an AppendEntries (heartbeats go out every HeartbeatTimeout/10), -1
+// if it never has since this node became leader or started. On a follower
+// only the link to the leader is known: the leader's and this node's entries
+// carry the time since the leader was last heard from, the others -1.
+func (c *Cluster) Status() *pb.StatusResponse {
+	leaderAddr, leaderID := c.raft.LeaderWithID()
+	st := &pb.StatusResponse{
+		Node:         c.cfg.NodeName,
+		Leader:       string(leaderID),
+		Term:         c.raft.CurrentTerm(),
+		CommitIndex:  c.raft.CommitIndex(),
+		AppliedIndex: c.AppliedIndex(),
+		RaftState:    c.raft.State().String(),
+	}
+	if leaderID != "" {
+		if addr, ok := c.APIAddress(string(leaderID)); ok {
+			st.LeaderAddress = addr
+		} else {
+			st.LeaderAddress = string(leaderAddr)
+		}
+	}
+	c.View(func(f *fsm.FSM) { st.StateHash = f.Hash() })
+
+	fut := c.raft.GetConfiguration()
+	if err := fut.Error(); err != nil {
+		return st
+	}
+	isLeader := c.IsLeader()
+	sinceLeader := int64(-1)
+	if last := c.raft.LastContact(); !isLeader && !last.IsZero() {
+		sinceLeader = time.Since(last).Milliseconds()
+	}
+	for _, s := range fut.Configuration().Servers {
+		ss := &pb.ServerStatus{Id: string(s.ID), Address: string(s.Address), Suffrage: suffrage(s.Suffrage), LastContactMs: -1}
+		switch {
+		case isLeader && s.ID == raft.ServerID(c.cfg.NodeName):
+			ss.LastContactMs = 0
+		case isLeader:
+			if at, ok := c.trans.lastContact(s.ID); ok {
+				ss.LastContactMs = time.Since(at).Milliseconds()
+			}
+		case s.ID == leaderID || s.ID == raft.ServerID(c.cfg.NodeName):
+			ss.LastContactMs = sinceLeader
+		}
+		st.Servers = append(st.Servers, ss)
+	}
+	return st
+}
+
+func suffrage(s raft.ServerSuffrage) string {
+	switch s {
+	case raft.Voter:
+		return "voter"
+	case raft.Nonvoter:
+		return "nonvoter"
+	default:
+		return "staging"
+	}
+}

@@ -1,0 +1,174 @@
+package cluster
+
+import (
+	"context"
+	"iter"
+	"log/slog"
+	"net"
+	"os"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/raft"
+
+	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
+)
+
+// testLogger keeps test output readable: raft's warnings about peers that
+// the tests stop on purpose are expected.
+func testLogger() *slog.Logger {
+	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))
+}
+
+// freeAddr returns a loopback address with a port that was free a moment ago.
+func freeAddr(t testing.TB) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+type nodeOpts struct {
+	name, dir, addr string
+	bootstrap       bool
+	peers           []Peer
+}
+
+// start opens a node and shuts it down when the test ends.
+func start(t testing.TB, o nodeOpts) *Cluster {
+	t.Helper()
+	c, err := New(Config{
+		NodeName: o.name, DataDir: o.dir, RaftBind: o.addr, Server: true,
+		Bootstrap: o.bootstrap, BootstrapPeers: o.peers, Logger: testLogger(),
+		// The tests stop peers on purpose; raft logs each failed RPC to them.
+		RaftLogLevel: slog.LevelError + 4,
+	})
+	if err != nil {
+		t.Fatalf("start %s: %v", o.name, err)
+	}
+	t.Cleanup(func() { c.Shutdown() })
+	return c
+}
+
+// startDev starts a single node that bootstraps itself and waits until it leads.
+func startDev(t testing.TB) (*Cluster, nodeOpts) {
+	t.Helper()
+	o := nodeOpts{name: "n1", dir: t.TempDir(), addr: freeAddr(t), bootstrap: true}
+	c := start(t, o)
+	waitLeader(t, c)
+	return c, o
+}
+
+func waitLeader(t testing.TB, c *Cluster) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := c.WaitForLeader(ctx); err != nil {
+		t.Fatalf("%s: %v", c.NodeName(), err)
+	}
+}
+
+func testCtx(t testing.TB) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+func registerNode(name string) *pb.Envelope {
+	return &pb.Envelope{Command: &pb.Envelope_RegisterNode{RegisterNode: &pb.RegisterNode{Node: &pb.Node{
+		Name: name, Address: "127.0.0.1:7410", Role: pb.NodeRole_NODE_ROLE_SERVER,
+		Cards: []*pb.Card{{Index: 0, Uuid: "GPU-" + name, Device: "l4", MemoryMib: 23034, Healthy: true}},
+	}}}}
+}
+
+func createAccelerator(name string) *pb.Envelope {
+	return &pb.Envelope{Command: &pb.Envelope_CreateAccelerator{CreateAccelerator: &pb.CreateAccelerator{
+		Name: name, Spec: &pb.AcceleratorSpec{Device: "l4", Tenancy: pb.Tenancy_TENANCY_DEDICATED},
+	}}}
+}
+
+// mustApply applies env through c and fails the test unless the state
+// machine accepted it.
+func mustApply(t testing.TB, c *Cluster, env *pb.Envelope) *pb.Result {
+	t.Helper()
+	res, err := c.Apply(testCtx(t), env)
+	if err != nil {
+		t.Fatalf("apply on %s: %v", c.NodeName(), err)
+	}
+	if res.Code != pb.Code_CODE_OK || res.Index == 0 {
+		t.Fatalf("apply on %s: got %v", c.NodeName(), res)
+	}
+	return res
+}
+
+// commands iterates the command entries of c's log from index 1, as
+// fsm.Replay takes them.
+func commands(t testing.TB, c *Cluster) iter.Seq2[uint64, []byte] {
+	return func(yield func(uint64, []byte) bool) {
+		last, err := c.store.LastIndex()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := uint64(1); i <= last; i++ {
+			var l raft.Log
+			if err := c.store.GetLog(i, &l); err != nil {
+				t.Fatalf("log entry %d: %v", i, err)
+			}
+			if l.Type == raft.LogCommand && !yield(l.Index, l.Data) {
+				return
+			}
+		}
+	}
+}
+
+func hashOf(c *Cluster) string {
+	st := c.Status()
+	return st.StateHash
+}
+
+// localForwarder forwards between in-process nodes the way the rpc layer
+// does between agents: to the named node, which must be the leader.
+type localForwarder struct {
+	mu    sync.Mutex
+	nodes map[string]*Cluster
+}
+
+func (f *localForwarder) set(c *Cluster) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.nodes[c.NodeName()] = c
+	c.SetForwarder(f)
+}
+
+func (f *localForwarder) leader(id string) (*Cluster, error) {
+	f.mu.Lock()
+	c := f.nodes[id]
+	f.mu.Unlock()
+	if c == nil || !c.IsLeader() {
+		return nil, ErrNotLeader // unreachable or deposed, as Connect Unavailable would say
+	}
+	return c, nil
+}
+
+func (f *localForwarder) Forward(ctx context.Context, leaderID string, env *pb.Envelope, dryRun bool) (*pb.Result, error) {
+	c, err := f.leader(leaderID)
+	if err != nil {
+		return nil, err
+	}
+	if dryRun {
+		return c.DryRun(ctx, env)
+	}
+	return c.Apply(ctx, env)
+}
+
+func (f *localForwarder) ReadIndex(ctx context.Context, leaderID string) (uint64, error) {
+	c, err := f.leader(leaderID)
+	if err != nil {
+		return 0, err
+	}
+	return c.ReadIndex(ctx)
+}

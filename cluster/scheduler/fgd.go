@@ -1,0 +1,354 @@
+package scheduler
+
+import "strconv"
+
+// Fragmentation, after Weng et al., "Beware of Fragmentation: Scheduling
+// GPU-Sharing Workloads with Fragmentation Gradient Descent" (ATC'23).
+//
+// The target workload is a distribution over task types; a type is a demand
+// shape (a share of one card, or k whole cards, or host resources only, on
+// some device kinds) plus its host request. For a node and a type, the
+// fragment is the free card capacity the type cannot use:
+//
+//   - if the node lacks the host CPU or memory for the type, all free capacity;
+//   - for a share of d milli: every card that cannot take it (free < d, wrong
+//     kind, bound to another accelerator, at maxModels);
+//   - for k whole cards: when fewer than k cards are whole and free, all
+//     free capacity, else the free capacity of the other cards;
+//   - for host-only types, nothing.
+//
+// A node's fragmentation is the expected fragment over the workload (here a
+// count-weighted sum, kept in integers so decisions are exact everywhere).
+// FGD places a request where this grows least.
+//
+// Types that share a demand shape form a group: the per-card part depends
+// only on the group, the host part only on the type. A node's group
+// statistics are cached until the node or the set of groups changes.
+
+// workload is the target workload: counts per type.
+type workload struct {
+	groups []wgroup
+	types  []wtype
+	gidx   map[groupKey]int32
+	tidx   map[typeKey]int32
+	total  [numWeights]int64 // sum of all weights
+	maxCPU int64             // largest host request among the types
+	maxMem int64
+	fixed  bool
+	gen    uint64 // bumped when a group is added; invalidates node caches
+}
+
+type wgroup struct {
+	mode  mode
+	acc   int32
+	milli int32
+	k     int32
+	maxMM int32
+	kinds kindSet
+	w     [numWeights]int64 // total weight of its types
+	types []int32           // its types
+}
+
+type wtype struct {
+	g        int32
+	cpu, mem int64
+	w        [numWeights]int64
+}
+
+// Weightings of the workload's types.
+const (
+	// byCount weighs a type by how many requests have it: the paper's
+	// task-type popularity, used by PolicyFGD.
+	byCount = iota
+	// byDemand weighs a type by the card capacity its requests ask for, in
+	// milli-cards (a host-only request as one card), used by PolicyDefault.
+	byDemand
+	numWeights
+)
+
+// demandWeight is a request's weight byDemand.
+func demandWeight(q *request) int64 {
+	if q.mode == modeHost {
+		return FullCard
+	}
+	return int64(q.milli) * int64(q.k)
+}
+
+type groupKey struct {
+	mode  mode
+	acc   int32
+	milli int32
+	kinds string
+}
+
+type typeKey struct {
+	g        int32
+	cpu, mem int64
+}
+
+func (wl *workload) init() {
+	*wl = workload{gidx: map[groupKey]int32{}, tidx: map[typeKey]int32{}, gen: wl.gen + 1}
+}
+
+func kindsKey(k kindSet) string {
+	if k == nil {
+		return "*"
+	}
+	var b []byte
+	for _, w := range k {
+		b = strconv.AppendUint(b, w, 16)
+		b = append(b, '.')
+	}
+	return string(b)
+}
+
+func (wl *workload) observe(q *request, cpu, mem int64) {
+	gk := groupKey{mode: q.mode, acc: q.acc, milli: q.milli, kinds: kindsKey(q.kinds)}
+	g, ok := wl.gidx[gk]
+	if !ok {
+		g = int32(len(wl.groups))
+		wl.gidx[gk] = g
+		wl.groups = append(wl.groups, wgroup{mode: q.mode, acc: q.acc, milli: q.milli,
+			k: int32(q.k), maxMM: q.maxMM, kinds: q.kinds})
+		wl.gen++
+	}
+	tk := typeKey{g: g, cpu: cpu, mem: mem}
+	t, ok := wl.tidx[tk]
+	if !ok {
+		t = int32(len(wl.types))
+		wl.tidx[tk] = t
+		wl.types = append(wl.types, wtype{g: g, cpu: cpu, mem: mem})
+		wl.groups[g].types = append(wl.groups[g].types, t)
+	}
+	wl.maxCPU = max(wl.maxCPU, cpu)
+	wl.maxMem = max(wl.maxMem, mem)
+	for ws, w := range [numWeights]int64{1, demandWeight(q)} {
+		wl.types[t].w[ws] += w
+		wl.groups[g].w[ws] += w
+		wl.total[ws] += w
+	}
+}
+
+// SetWorkload fixes the target workload that PolicyFGD and PolicyDefault
+// pack for to the demands of reqs, as the paper does with a trace's task
+// popularity; Place and Plan then stop adding their requests to it. Without
+// it the target is every request seen so far plus the replicas the State
+// was built with.
+func (s *State) SetWorkload(reqs []Request) {
+	s.wl.init() // a new generation: node caches of the old workload are stale
+	for i := range reqs {
+		if q, reason := s.resolveDemand(&reqs[i]); reason == "" {
+			s.wl.observe(&q, reqs[i].CPUMilli, reqs[i].MemoryMiB)
+		}
+	}
+	s.wl.fixed = true
+}
+
+// fragCache holds a node's statistics for the groups that concern it: a
+// group whose device kinds the node lacks sees all its free capacity as
+// fragment whatever happens, so it only adds weight × free.
+type fragCache struct {
+	version uint64
+	gen     uint64
+	valid   bool
+	rel     []int32 // groups that concern the node
+	tot     int64   // free milli on healthy cards
+	fok     []int64 // per rel group: fragment when the host fits the type
+	e       []int32 // per rel whole group: whole free usable cards
+	nef     []int64 // per rel whole group: free milli not on those cards
+
+	// The node's fragmentation for the workload weights of total.
+	fragValid  [numWeights]bool
+	fragTotal  [numWeights]int64
+	fragBefore [numWeights]int64
+}
+
+// contribShared is a healthy card's fragment for a share group.
+func (g *wgroup) contribShared(kind, acc int32, used, count int32) int64 {
+	if (acc < 0 || acc == g.acc) && (g.maxMM == 0 || count < g.maxMM) &&
+		FullCard-used >= g.milli && g.kinds.has(kind) {
+		return 0
+	}
+	return int64(FullCard - used)
+}
+
+func (g *wgroup) wholeFree(kind int32, count int32) bool {
+	return count == 0 && g.kinds.has(kind)
+}
+
+func (s *State) nodeStats(ni int32) *fragCache {
+	n := &s.nodes[ni]
+	fc := &s.fcache[ni]
+	if fc.valid && fc.version == n.version && fc.gen == s.wl.gen {
+		return fc
+	}
+	if !fc.valid || fc.gen != s.wl.gen {
+		fc.rel = fc.rel[:0]
+		for gi := range s.wl.groups {
+			if g := &s.wl.groups[gi]; g.mode == modeHost || g.kinds.intersects(n.kinds) {
+				fc.rel = append(fc.rel, int32(gi))
+			}
+		}
+	}
+	nr := len(fc.rel)
+	fc.fok = resize64(fc.fok, nr)
+	fc.nef = resize64(fc.nef, nr)
+	if cap(fc.e) < nr {
+		fc.e = make([]int32, nr)
+	}
+	fc.e = fc.e[:nr]
+	clear(fc.fok)
+	clear(fc.nef)
+	clear(fc.e)
+	fc.tot = 0
+	for ci := n.first; ci < n.first+n.n; ci++ {
+		c := &s.cards[ci]
+		if !c.healthy {
+			continue
+		}
+		free := int64(FullCard - c.used)
+		fc.tot += free
+		for j, gi := range fc.rel {
+			g := &s.wl.groups[gi]
+			switch g.mode {
+			case modeShared:
+				fc.fok[j] += g.contribShared(c.kind, c.acc, c.used, c.count)
+			case modeWhole:
+				if g.wholeFree(c.kind, c.count) {
+					fc.e[j]++
+				} else {
+					fc.nef[j] += free
+				}
+			}
+		}
+	}
+	for j, gi := range fc.rel {
+		if g := &s.wl.groups[gi]; g.mode == modeWhole {
+			if fc.e[j] >= g.k {
+				fc.fok[j] = fc.nef[j]
+			} else {
+				fc.fok[j] = fc.tot
+			}
+		}
+	}
+	fc.version, fc.gen, fc.valid = n.version, s.wl.gen, true
+	fc.fragValid = [numWeights]bool{}
+	return fc
+}
+
+func resize64(b []int64, n int) []int64 {
+	if cap(b) < n {
+		return make([]int64, n)
+	}
+	return b[:n]
+}
+
+// feasibleWeights fills out[j] with the weight of the types of group rel[j]
+// whose host request fits cpuFree and memFree.
+func (wl *workload) feasibleWeights(out []int64, ws int, rel []int32, cpuFree, memFree int64) []int64 {
+	out = resize64(out, len(rel))
+	if cpuFree >= wl.maxCPU && memFree >= wl.maxMem {
+		for j, gi := range rel {
+			out[j] = wl.groups[gi].w[ws]
+		}
+		return out
+	}
+	for j, gi := range rel {
+		var w int64
+		for _, ti := range wl.groups[gi].types {
+			t := &wl.types[ti]
+			if t.cpu <= cpuFree && t.mem <= memFree {
+				w += t.w[ws]
+			}
+		}
+		out[j] = w
+	}
+	return out
+}
+
+// frag combines a node's statistics into its fragmentation.
+func (wl *workload) frag(fc *fragCache, ws int, feasW []int64) int64 {
+	f := wl.total[ws] * fc.tot // as if every group saw all free capacity as fragment
+	for j := range fc.rel {
+		f -= feasW[j] * (fc.tot - fc.fok[j])
+	}
+	return f
+}
+
+// fragDelta returns how much the node's fragmentation grows when the
+// request takes cards (none for host-only requests).
+func (ev *evaluator) fragDelta(cards []int32) int64 {
+	s, q, n := ev.s, ev.q, ev.n
+	wl := &s.wl
+	sc := &s.scratch
+	if !ev.fragReady {
+		ev.fc = s.nodeStats(ev.ni)
+		ws, fc := ev.ws, ev.fc
+		if !fc.fragValid[ws] || fc.fragTotal[ws] != wl.total[ws] {
+			sc.feasW = wl.feasibleWeights(sc.feasW, ws, fc.rel, n.cpuFree(), n.memFree())
+			fc.fragBefore[ws], fc.fragTotal[ws], fc.fragValid[ws] = wl.frag(fc, ws, sc.feasW), wl.total[ws], true
+		}
+		ev.fragBefore = fc.fragBefore[ws]
+		sc.feasWNew = wl.feasibleWeights(sc.feasWNew, ws, fc.rel, n.cpuFree()-q.CPUMilli, n.memFree()-q.MemoryMiB)
+		ev.fragReady = true
+	}
+	fc := ev.fc
+	tot := fc.tot - int64(q.milli)*int64(len(cards))
+	after := wl.total[ev.ws] * tot
+	for j, gi := range fc.rel {
+		fw := sc.feasWNew[j]
+		if fw == 0 {
+			continue // every type of the group sees all free capacity as fragment
+		}
+		g := &wl.groups[gi]
+		fok := fc.fok[j]
+		switch g.mode {
+		case modeShared:
+			for _, ci := range cards {
+				c := &s.cards[ci]
+				fok += g.contribShared(c.kind, q.acc, c.used+q.milli, c.count+1) -
+					g.contribShared(c.kind, c.acc, c.used, c.count)
+			}
+		case modeWhole:
+			e, nef := fc.e[j], fc.nef[j]
+			for _, ci := range cards {
+				c := &s.cards[ci]
+				if g.wholeFree(c.kind, c.count) {
+					e--
+				} else {
+					nef -= int64(FullCard - c.used)
+				}
+				nef += int64(FullCard - c.used - q.milli) // never whole free after
+			}
+			if e >= g.k {
+				fok = nef
+			} else {
+				fok = tot
+			}
+		}
+		after -= fw * (tot - fok)
+	}
+	return after - ev.fragBefore
+}
+
+// Fragmentation returns the expected share of the cluster's card capacity
+// that the target workload cannot use, over alive nodes (0..1), with the
+// paper's weighting (task counts). With an empty workload it is 0.
+func (s *State) Fragmentation() float64 {
+	total := s.wl.total[byCount]
+	if total == 0 || s.gpuCap == 0 {
+		return 0
+	}
+	var f float64
+	var w []int64
+	for ni := range s.nodes {
+		n := &s.nodes[ni]
+		if !n.alive {
+			continue
+		}
+		fc := s.nodeStats(int32(ni))
+		w = s.wl.feasibleWeights(w, byCount, fc.rel, n.cpuFree(), n.memFree())
+		f += float64(s.wl.frag(fc, byCount, w))
+	}
+	return f / float64(total) / float64(s.gpuCap)
+}

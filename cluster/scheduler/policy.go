@@ -1,0 +1,161 @@
+package scheduler
+
+import (
+	"fmt"
+	"strings"
+)
+
+// Policy names a placement policy. Every policy obeys the same rules (SPEC
+// rule 11); they differ only in which feasible choice they prefer. Among
+// equally good choices every policy prefers the node, then the card, with
+// fewer replicas of the same deployment, then the lowest node and card.
+type Policy string
+
+const (
+	// PolicyBestFit packs: the node left with the least free capacity
+	// (cards, CPU and memory, each as a share of the node), then the card
+	// left with the least free share.
+	PolicyBestFit Policy = "bestfit"
+	// PolicySpread puts a deployment's replicas on different nodes and
+	// cards first, then picks the least-loaded node and card.
+	PolicySpread Policy = "spread"
+	// PolicyFGD is fragmentation gradient descent (Weng et al., ATC'23):
+	// the choice that grows the node's expected fragmentation least.
+	PolicyFGD Policy = "fgd"
+	// PolicyDefault is gpuplane's own policy, FGD with best-fit packing to
+	// break its ties; see DESIGN.md for why and how it measures.
+	PolicyDefault Policy = "gpuplane"
+)
+
+// Policies lists the policies in the order reports show them.
+func Policies() []Policy {
+	return []Policy{PolicyDefault, PolicyFGD, PolicyBestFit, PolicySpread}
+}
+
+// ParsePolicy resolves a policy name; "default" and "" mean PolicyDefault.
+func ParsePolicy(name string) (Policy, error) {
+	switch p := Policy(strings.ToLower(name)); p {
+	case "", "default":
+		return PolicyDefault, nil
+	case PolicyDefault, PolicyFGD, PolicyBestFit, PolicySpread:
+		return p, nil
+	}
+	names := make([]string, 0, 5)
+	for _, p := range Policies() {
+		names = append(names, string(p))
+	}
+	return "", fmt.Errorf("unknown policy %q (want %s or default)", name, strings.Join(names, ", "))
+}
+
+type policyImpl uint8
+
+const (
+	implDefault policyImpl = iota
+	implFGD
+	implBestFit
+	implSpread
+)
+
+func (p Policy) impl() policyImpl {
+	switch p {
+	case PolicyFGD:
+		return implFGD
+	case PolicyBestFit:
+		return implBestFit
+	case PolicySpread:
+		return implSpread
+	}
+	return implDefault
+}
+
+// score orders candidates: lower is better, compared left to right.
+type score [4]int64
+
+func (a score) less(b score) bool {
+	for i := range a {
+		if a[i] != b[i] {
+			return a[i] < b[i]
+		}
+	}
+	return false
+}
+
+// evaluator scores the candidates on one node for one request.
+type evaluator struct {
+	s       *State
+	q       *request
+	n       *nodeState
+	ni      int32
+	pol     policyImpl
+	nodeDep int32 // replicas of the request's deployment on the node
+	ws      int   // workload weighting for fragmentation
+
+	fragReady  bool
+	fragBefore int64
+	fc         *fragCache
+}
+
+const ppm = 1_000_000
+
+// remainAfter is the node's free capacity after the placement: the free
+// share of its cards, CPU and memory, in parts per million, summed.
+func (ev *evaluator) remainAfter(cards []int32) int64 {
+	n, q := ev.n, ev.q
+	var r int64
+	if n.gpuCap > 0 {
+		r += (n.gpuCap - n.gpuUsed - int64(q.milli)*int64(len(cards))) * ppm / n.gpuCap
+	}
+	if n.cpuCap > 0 {
+		r += (n.cpuCap - n.cpuUsed - q.CPUMilli) * ppm / n.cpuCap
+	}
+	if n.memCap > 0 {
+		r += (n.memCap - n.memUsed - q.MemoryMiB) * ppm / n.memCap
+	}
+	return r
+}
+
+// cardLeft is the free share left on a shared card after the placement.
+func (ev *evaluator) cardLeft(cards []int32) int64 {
+	if ev.q.mode != modeShared || len(cards) == 0 {
+		return 0
+	}
+	return int64(FullCard - ev.s.cards[cards[0]].used - ev.q.milli)
+}
+
+// cardDep counts replicas of the request's deployment on the cards.
+func (ev *evaluator) cardDep(cards []int32) int64 {
+	if ev.nodeDep == 0 {
+		return 0
+	}
+	var k int64
+	for _, ci := range cards {
+		for _, sh := range ev.s.cards[ci].shares {
+			if sh.Deployment == ev.q.Deployment {
+				k++
+			}
+		}
+	}
+	return k
+}
+
+func (ev *evaluator) score(cards []int32) score {
+	nd := int64(ev.nodeDep)
+	switch ev.pol {
+	case implBestFit:
+		return score{ev.remainAfter(cards), ev.cardLeft(cards), nd, ev.cardDep(cards)}
+	case implSpread:
+		return score{nd, ev.cardDep(cards), -ev.remainAfter(cards), -ev.cardLeft(cards)}
+	case implFGD:
+		return score{ev.fragDelta(cards), nd, ev.cardDep(cards), 0}
+	default:
+		return score{ev.fragDelta(cards), ev.remainAfter(cards), ev.cardLeft(cards), nd*FullCard + ev.cardDep(cards)}
+	}
+}
+
+// weighting is the workload weighting a policy measures fragmentation with.
+func (p policyImpl) weighting() int {
+	if p == implDefault {
+		return byDemand
+	}
+	return byCount
+}

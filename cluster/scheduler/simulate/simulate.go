@@ -1,0 +1,205 @@
+package simulate
+
+import (
+	"bytes"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/gpuplane/gpuplane/cluster/scheduler"
+)
+
+// Scenario is a cluster and the arrivals to place into it.
+type Scenario struct {
+	Nodes        []scheduler.Node
+	Accelerators []scheduler.Accelerator
+	Arrivals     []scheduler.Request
+}
+
+// Load reads a nodes file and a workload file; each is openb CSV (.csv) or
+// gpuplane YAML (.yaml, .yml), so an openb cluster can also take a YAML
+// workload and the other way round.
+func Load(nodesPath, workloadPath string) (*Scenario, error) {
+	sc := &Scenario{}
+	data, err := os.ReadFile(nodesPath)
+	if err != nil {
+		return nil, err
+	}
+	switch ext(nodesPath) {
+	case ".csv":
+		sc.Nodes, err = ReadOpenBNodes(nodesPath, bytes.NewReader(data))
+	case ".yaml", ".yml":
+		sc.Nodes, err = ParseNodesYAML(nodesPath, data)
+	default:
+		err = fmt.Errorf("%s: %w", nodesPath, errFormat)
+	}
+	if err != nil {
+		return nil, err
+	}
+	if data, err = os.ReadFile(workloadPath); err != nil {
+		return nil, err
+	}
+	switch ext(workloadPath) {
+	case ".csv":
+		sc.Accelerators, sc.Arrivals, err = ReadOpenBTasks(workloadPath, bytes.NewReader(data))
+	case ".yaml", ".yml":
+		sc.Accelerators, sc.Arrivals, err = ParseWorkloadYAML(workloadPath, data)
+	default:
+		err = fmt.Errorf("%s: %w", workloadPath, errFormat)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return sc, nil
+}
+
+func ext(p string) string { return strings.ToLower(filepath.Ext(p)) }
+
+// Result is what one policy achieved on a scenario.
+type Result struct {
+	Policy   string `json:"policy"`
+	Arrivals int    `json:"arrivals"`
+	Placed   int    `json:"placed"`
+	Failed   int    `json:"failed"`
+	// FirstFailure is the 0-based arrival that failed first, -1 if none.
+	FirstFailure int `json:"firstFailure"`
+	// GPUAllocatedAtFirstFailure is the share of the cluster's card capacity
+	// (milli reserved over all cards / total) allocated when the first
+	// arrival could not be placed; when none failed, the share at the end.
+	GPUAllocatedAtFirstFailure float64 `json:"gpuAllocatedAtFirstFailure"`
+	// GPUAllocatedAtEnd is the share after all arrivals, failures skipped.
+	GPUAllocatedAtEnd float64 `json:"gpuAllocatedAtEnd"`
+	// FragmentationAtEnd is the expected share of card capacity that the
+	// scenario's workload cannot use at the end (see scheduler.Fragmentation).
+	FragmentationAtEnd float64 `json:"fragmentationAtEnd"`
+	// FirstFailureReason is the scheduler's reason for the first failure.
+	FirstFailureReason string `json:"firstFailureReason,omitempty"`
+	// FailedByDemand counts failures by what they asked for: "share",
+	// "1 card", "8 cards", "host only".
+	FailedByDemand map[string]int `json:"failedByDemand,omitempty"`
+	// Seconds is the wall time of the placement loop.
+	Seconds float64 `json:"seconds"`
+}
+
+// Run places the scenario's arrivals in order, with no departures, under
+// one policy. The fragmentation-aware policies pack for the whole trace's
+// demand distribution, as the FGD paper does. It fails if the final state
+// breaks rule 11 (scheduler.Check), which would be a scheduler bug.
+func Run(sc *Scenario, p scheduler.Policy) (Result, error) {
+	st, err := scheduler.NewState(sc.Nodes, sc.Accelerators)
+	if err != nil {
+		return Result{}, err
+	}
+	st.SetWorkload(sc.Arrivals)
+	res := Result{Policy: string(p), Arrivals: len(sc.Arrivals), FirstFailure: -1}
+	share := func() float64 {
+		used, capacity := st.Allocated()
+		if capacity == 0 {
+			return 0
+		}
+		return float64(used) / float64(capacity)
+	}
+	tenancy := map[string]scheduler.Accelerator{}
+	for _, a := range sc.Accelerators {
+		tenancy[a.Name] = a
+	}
+	start := time.Now()
+	for i, r := range sc.Arrivals {
+		d := st.Place(r, p)
+		if d.Placed() {
+			res.Placed++
+			continue
+		}
+		res.Failed++
+		if res.FirstFailure < 0 {
+			res.FirstFailure = i
+			res.GPUAllocatedAtFirstFailure = share()
+			res.FirstFailureReason = d.Reason
+			res.FailedByDemand = map[string]int{}
+		}
+		res.FailedByDemand[demand(r, tenancy)]++
+	}
+	res.Seconds = time.Since(start).Seconds()
+	res.GPUAllocatedAtEnd = share()
+	if res.FirstFailure < 0 {
+		res.GPUAllocatedAtFirstFailure = res.GPUAllocatedAtEnd
+	}
+	res.FragmentationAtEnd = st.Fragmentation()
+	if err := scheduler.Check(st.Nodes(), sc.Accelerators); err != nil {
+		return res, fmt.Errorf("policy %s broke rule 11: %w", p, err)
+	}
+	return res, nil
+}
+
+func demand(r scheduler.Request, accs map[string]scheduler.Accelerator) string {
+	a, ok := accs[r.Accelerator]
+	switch {
+	case r.Accelerator == "" || !ok:
+		return "host only"
+	case a.Tenancy == scheduler.Shared:
+		return "share"
+	case a.DevicesPerReplica <= 1:
+		return "1 card"
+	}
+	return fmt.Sprintf("%d cards", a.DevicesPerReplica)
+}
+
+// RunAll runs every policy (scheduler.Policies order), for --policy all.
+func RunAll(sc *Scenario) ([]Result, error) {
+	var out []Result
+	for _, p := range scheduler.Policies() {
+		r, err := Run(sc, p)
+		if err != nil {
+			return out, err
+		}
+		out = append(out, r)
+	}
+	return out, nil
+}
+
+// WriteTable writes results side by side, one column per policy.
+func WriteTable(w io.Writer, results []Result) error {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	row := func(name string, f func(r Result) string) {
+		cells := []string{name}
+		for _, r := range results {
+			cells = append(cells, f(r))
+		}
+		fmt.Fprintln(tw, strings.Join(cells, "\t"))
+	}
+	pct := func(v float64) string { return fmt.Sprintf("%.2f%%", 100*v) }
+	row("POLICY", func(r Result) string { return r.Policy })
+	row("ARRIVALS", func(r Result) string { return fmt.Sprint(r.Arrivals) })
+	row("PLACED", func(r Result) string { return fmt.Sprint(r.Placed) })
+	row("FAILED", func(r Result) string { return fmt.Sprint(r.Failed) })
+	row("FIRST FAILURE", func(r Result) string {
+		if r.FirstFailure < 0 {
+			return "none"
+		}
+		return fmt.Sprintf("#%d", r.FirstFailure)
+	})
+	row("GPU ALLOC AT FIRST FAILURE", func(r Result) string { return pct(r.GPUAllocatedAtFirstFailure) })
+	row("GPU ALLOC AT END", func(r Result) string { return pct(r.GPUAllocatedAtEnd) })
+	row("FRAGMENTATION AT END", func(r Result) string { return pct(r.FragmentationAtEnd) })
+	var kinds []string
+	seen := map[string]bool{}
+	for _, r := range results {
+		for k := range r.FailedByDemand {
+			if !seen[k] {
+				seen[k] = true
+				kinds = append(kinds, k)
+			}
+		}
+	}
+	sort.Strings(kinds)
+	for _, k := range kinds {
+		row("FAILED "+strings.ToUpper(k), func(r Result) string { return fmt.Sprint(r.FailedByDemand[k]) })
+	}
+	row("SECONDS", func(r Result) string { return fmt.Sprintf("%.3f", r.Seconds) })
+	return tw.Flush()
+}

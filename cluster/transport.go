@@ -1,0 +1,56 @@
+package cluster
+
+import (
+	"fmt"
+	"net"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/hashicorp/raft"
+)
+
+// contactTransport is raft's TCP transport that also records, per server,
+// when an AppendEntries call to it last succeeded. Only a leader sends
+// AppendEntries, and it sends one at least every HeartbeatTimeout/10 to each
+// follower, so on the leader this is each follower's last contact to within
+// that interval. Raft itself reports last contact only for the local node.
+// Embedding keeps the optional interfaces raft checks for (pre-vote, close).
+type contactTransport struct {
+	*raft.NetworkTransport
+
+	mu      sync.Mutex
+	contact map[raft.ServerID]time.Time
+}
+
+func newTransport(bind, advertise string, logger hclog.Logger) (*contactTransport, error) {
+	adv, err := net.ResolveTCPAddr("tcp", advertise)
+	if err != nil {
+		return nil, fmt.Errorf("raft advertise address %q: %w", advertise, err)
+	}
+	// Pool of 3 connections per peer, as Consul and Nomad use; 10 s I/O timeout
+	// bounds a stuck peer without cutting off a large snapshot install.
+	nt, err := raft.NewTCPTransportWithLogger(bind, adv, 3, 10*time.Second, logger)
+	if err != nil {
+		return nil, fmt.Errorf("raft transport on %s: %w", bind, err)
+	}
+	return &contactTransport{NetworkTransport: nt, contact: map[raft.ServerID]time.Time{}}, nil
+}
+
+func (t *contactTransport) AppendEntries(id raft.ServerID, target raft.ServerAddress, args *raft.AppendEntriesRequest, resp *raft.AppendEntriesResponse) error {
+	err := t.NetworkTransport.AppendEntries(id, target, args, resp)
+	if err == nil {
+		t.mu.Lock()
+		t.contact[id] = time.Now()
+		t.mu.Unlock()
+	}
+	return err
+}
+
+// lastContact returns when id last answered an AppendEntries from this node.
+func (t *contactTransport) lastContact(id raft.ServerID) (time.Time, bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	at, ok := t.contact[id]
+	return at, ok
+}

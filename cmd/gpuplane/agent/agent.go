@@ -1,0 +1,274 @@
+// Package agent wires one gpuplane node together: inventory, cluster (Raft),
+// and the API server. It is the composition root the `gpuplane agent` command
+// runs and the in-process tests start; it holds no logic of its own beyond
+// the order things start and stop in.
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"strconv"
+	"time"
+
+	"github.com/gpuplane/gpuplane/cluster"
+	"github.com/gpuplane/gpuplane/node/inventory"
+	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
+	"github.com/gpuplane/gpuplane/rpc"
+)
+
+// Config is everything `gpuplane agent` accepts.
+type Config struct {
+	Dev             bool
+	Server          bool
+	BootstrapExpect int
+	Join            []string
+	DataDir         string
+	NodeName        string
+	// Bind is the address every listener binds; Advertise is the address
+	// other nodes reach this one at (defaults to Bind, or 127.0.0.1 when Bind
+	// is a wildcard).
+	Bind       string
+	Advertise  string
+	Labels     map[string]string
+	APIPort    int
+	RaftPort   int
+	GossipPort int
+	SimGPUs    string
+	Version    string
+
+	// Out receives the few lines the agent prints for its user.
+	Out    io.Writer
+	Logger *slog.Logger
+}
+
+// Agent is a running node.
+type Agent struct {
+	cfg     Config
+	cluster *cluster.Cluster
+	api     *rpc.Server
+	self    *pb.Node
+	served  chan error
+	tempDir string
+}
+
+// Start brings a node up: it reads the inventory, opens the Raft log, serves
+// the API, waits for a leader and registers the node through the log.
+func Start(ctx context.Context, cfg Config) (*Agent, error) {
+	if cfg.Out == nil {
+		cfg.Out = io.Discard
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	a := &Agent{cfg: cfg, served: make(chan error, 1)}
+	if err := a.resolveConfig(); err != nil {
+		return nil, err
+	}
+	if err := a.createInventory(); err != nil {
+		return nil, err
+	}
+	if err := a.startCluster(); err != nil {
+		a.cleanup()
+		return nil, err
+	}
+	if err := a.startAPI(); err != nil {
+		a.cleanup()
+		return nil, err
+	}
+	if err := a.register(ctx); err != nil {
+		a.Close()
+		return nil, err
+	}
+	fmt.Fprintf(a.cfg.Out, "gpuplane agent %s: node %q serving the API at %s (raft %s, data dir %s)\n",
+		cfg.Version, a.cfg.NodeName, a.APIURL(), a.raftAddr(a.cfg.Advertise), a.cfg.DataDir)
+	return a, nil
+}
+
+func (a *Agent) resolveConfig() error {
+	c := &a.cfg
+	if c.Dev {
+		c.Server = true
+		if c.DataDir == "" {
+			dir, err := os.MkdirTemp("", "gpuplane-dev-")
+			if err != nil {
+				return fmt.Errorf("create dev data dir: %w", err)
+			}
+			c.DataDir, a.tempDir = dir, dir
+		}
+	}
+	if c.DataDir == "" {
+		return errors.New("--data-dir is required (or use --dev)")
+	}
+	if err := os.MkdirAll(c.DataDir, 0o700); err != nil {
+		return fmt.Errorf("create data dir: %w", err)
+	}
+	if c.NodeName == "" {
+		h, err := os.Hostname()
+		if err != nil || h == "" {
+			h = "gpuplane"
+		}
+		c.NodeName = h
+	}
+	if c.Bind == "" {
+		c.Bind = "127.0.0.1"
+		if !c.Dev {
+			c.Bind = "0.0.0.0"
+		}
+	}
+	if c.Advertise == "" {
+		c.Advertise = c.Bind
+		if ip := net.ParseIP(c.Bind); ip != nil && ip.IsUnspecified() {
+			c.Advertise = "127.0.0.1"
+		}
+	}
+	if !c.Server {
+		return errors.New("client agents (without --server) arrive with the cluster issue: use --server or --dev")
+	}
+	return nil
+}
+
+func (a *Agent) createInventory() error {
+	res, err := inventory.Detect(inventory.Options{NodeName: a.cfg.NodeName, SimSpec: a.cfg.SimGPUs, Dev: a.cfg.Dev})
+	if err != nil {
+		return err
+	}
+	fmt.Fprintln(a.cfg.Out, res.Message)
+	a.self = &pb.Node{
+		Name:      a.cfg.NodeName,
+		Address:   net.JoinHostPort(a.cfg.Advertise, strconv.Itoa(a.cfg.APIPort)),
+		Role:      pb.NodeRole_NODE_ROLE_SERVER,
+		Status:    pb.NodeStatus_NODE_STATUS_ALIVE,
+		Labels:    a.cfg.Labels,
+		Cards:     res.Cards,
+		Simulated: res.Simulated,
+		Version:   a.cfg.Version,
+	}
+	return nil
+}
+
+func (a *Agent) raftAddr(host string) string {
+	return net.JoinHostPort(host, strconv.Itoa(a.cfg.RaftPort))
+}
+
+func (a *Agent) startCluster() error {
+	fw := &rpc.Forwarder{HTTP: rpc.HTTPClient()}
+	c, err := cluster.New(cluster.Config{
+		NodeName:        a.cfg.NodeName,
+		DataDir:         a.cfg.DataDir,
+		RaftBind:        a.raftAddr(a.cfg.Bind),
+		RaftAdvertise:   a.raftAddr(a.cfg.Advertise),
+		Server:          a.cfg.Server,
+		Bootstrap:       a.cfg.Dev,
+		BootstrapExpect: a.cfg.BootstrapExpect,
+		Join:            a.cfg.Join,
+		Logger:          a.cfg.Logger,
+	})
+	if err != nil {
+		return fmt.Errorf("start cluster: %w", err)
+	}
+	fw.Resolve = c.APIAddress
+	c.SetForwarder(fw)
+	a.cluster = c
+	return nil
+}
+
+func (a *Agent) startAPI() error {
+	srv, err := rpc.Listen(net.JoinHostPort(a.cfg.Bind, strconv.Itoa(a.cfg.APIPort)), rpc.Config{
+		Backend: a.cluster,
+		Logger:  a.cfg.Logger,
+	})
+	if err != nil {
+		return fmt.Errorf("serve API: %w", err)
+	}
+	a.api = srv
+	if a.cfg.APIPort == 0 {
+		// Port 0 picks a free port; advertise the one we got.
+		a.cfg.APIPort = srv.Addr().(*net.TCPAddr).Port
+		a.self.Address = net.JoinHostPort(a.cfg.Advertise, strconv.Itoa(a.cfg.APIPort))
+	}
+	go func() { a.served <- srv.Serve() }()
+	return nil
+}
+
+// register records this node and its inventory in the log, unless the log
+// already says exactly that (a restart with the same cards adds no entry).
+func (a *Agent) register(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if err := a.cluster.WaitForLeader(ctx); err != nil {
+		return fmt.Errorf("wait for a leader: %w", err)
+	}
+	env := &pb.Envelope{Actor: "node/" + a.cfg.NodeName, Command: &pb.Envelope_RegisterNode{RegisterNode: &pb.RegisterNode{Node: a.self}}}
+	for {
+		res, err := a.cluster.DryRun(ctx, env)
+		if err == nil && res.GetOutcome() == pb.Outcome_OUTCOME_UNCHANGED {
+			return nil
+		}
+		if err == nil {
+			res, err = a.cluster.Apply(ctx, env)
+		}
+		if err == nil && res.GetCode() != pb.Code_CODE_OK {
+			return fmt.Errorf("register node %q: %s", a.cfg.NodeName, res.GetMessage())
+		}
+		if err == nil {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("register node %q: %w", a.cfg.NodeName, err)
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
+// APIURL is the base URL of this node's API.
+func (a *Agent) APIURL() string {
+	return "http://" + net.JoinHostPort(a.cfg.Advertise, strconv.Itoa(a.cfg.APIPort))
+}
+
+// Cluster exposes the node's cluster handle (for tests and benchmarks).
+func (a *Agent) Cluster() *cluster.Cluster { return a.cluster }
+
+// DataDir is where the node keeps its state.
+func (a *Agent) DataDir() string { return a.cfg.DataDir }
+
+// Wait blocks until ctx ends or the API server fails.
+func (a *Agent) Wait(ctx context.Context) error {
+	select {
+	case <-ctx.Done():
+		return nil
+	case err := <-a.served:
+		return err
+	}
+}
+
+// Close stops the API, then Raft. A --dev data dir created by Start is kept
+// only when it was given explicitly.
+func (a *Agent) Close() error {
+	var errs []error
+	if a.api != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		errs = append(errs, a.api.Shutdown(ctx))
+		cancel()
+	}
+	a.cleanup()
+	return errors.Join(errs...)
+}
+
+func (a *Agent) cleanup() {
+	if a.cluster != nil {
+		if err := a.cluster.Shutdown(); err != nil {
+			a.cfg.Logger.Warn("shut down cluster", "err", err)
+		}
+		a.cluster = nil
+	}
+	if a.tempDir != "" {
+		os.RemoveAll(a.tempDir)
+		a.tempDir = ""
+	}
+}
