@@ -1,0 +1,119 @@
+package cli
+
+import (
+	"fmt"
+	"log/slog"
+	"sort"
+	"strings"
+
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+
+	"github.com/gpuplane/gpuplane/cmd/gpuplane/agent"
+)
+
+// newAgentCommand is `gpuplane agent`: it runs a node until interrupted.
+func newAgentCommand(g *globals) *cobra.Command {
+	var cfg agent.Config
+	var join, labels, logLevel string
+	cmd := &cobra.Command{
+		Use:   "agent",
+		Short: "Run a gpuplane node",
+		Long: `Run a gpuplane node. --dev starts a single-node server that bootstraps itself,
+keeps its data in a fresh temporary directory (unless --data-dir) and simulates
+l4=2 cards when no NVIDIA driver is found. Every flag can also be set with
+GPUPLANE_<FLAG>, e.g. GPUPLANE_DATA_DIR.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := flagsFromEnv(cmd.Flags(), g.getenv); err != nil {
+				return usageErrorf(cmd, "%v", err)
+			}
+			var err error
+			if cfg.Labels, err = parseLabels(labels); err != nil {
+				return usageErrorf(cmd, "--labels: %v", err)
+			}
+			if join != "" {
+				cfg.Join = strings.Split(join, ",")
+			}
+			var level slog.Level
+			if err := level.UnmarshalText([]byte(logLevel)); err != nil {
+				return usageErrorf(cmd, "--log-level: %v", err)
+			}
+			cfg.Out = g.stdout
+			cfg.Logger = slog.New(slog.NewTextHandler(g.stderr, &slog.HandlerOptions{Level: level}))
+			cfg.Version = version
+			ctx := cmd.Context()
+			a, err := agent.Start(ctx, cfg)
+			if err != nil {
+				return err
+			}
+			if cfg.Dev {
+				fmt.Fprintln(g.stdout, "dev mode: single-node server, ACLs off, data removed on exit unless --data-dir was given")
+			}
+			err = a.Wait(ctx)
+			fmt.Fprintln(g.stdout, "shutting down")
+			return joinErr(err, a.Close())
+		},
+	}
+	f := cmd.Flags()
+	f.BoolVar(&cfg.Dev, "dev", false, "single-node server that bootstraps itself, with simulated cards when there is no NVIDIA driver")
+	f.BoolVar(&cfg.Server, "server", false, "vote in Raft")
+	f.IntVar(&cfg.BootstrapExpect, "bootstrap-expect", 0, "servers to wait for before forming the cluster")
+	f.StringVar(&join, "join", "", "gossip addresses to join, comma-separated")
+	f.StringVar(&cfg.DataDir, "data-dir", "", "Raft log, snapshots, node id and engine logs")
+	f.StringVar(&cfg.NodeName, "node-name", "", "node name (default: the host name)")
+	f.StringVar(&cfg.Bind, "bind", "", "address to listen on (default 127.0.0.1 with --dev, else 0.0.0.0)")
+	f.StringVar(&cfg.Advertise, "advertise", "", "address other nodes reach this one at")
+	f.StringVar(&labels, "labels", "", "node labels, k=v,...")
+	f.IntVar(&cfg.APIPort, "api-port", 7410, "port of the API (Connect RPC, /healthz)")
+	f.IntVar(&cfg.RaftPort, "raft-port", 7411, "port of Raft")
+	f.IntVar(&cfg.GossipPort, "gossip-port", 7412, "port of gossip")
+	f.StringVar(&cfg.SimGPUs, "sim-gpus", "", "simulate cards instead of NVML, e.g. l4=2,h100=1")
+	f.StringVar(&logLevel, "log-level", "warn", "log level: debug, info, warn, error")
+	return cmd
+}
+
+// flagsFromEnv sets every flag not given on the command line from
+// GPUPLANE_<FLAG> (dashes become underscores), as SPEC §2 promises.
+func flagsFromEnv(fs *pflag.FlagSet, getenv func(string) string) error {
+	var errs []string
+	fs.VisitAll(func(fl *pflag.Flag) {
+		if fl.Changed {
+			return
+		}
+		key := "GPUPLANE_" + strings.ToUpper(strings.ReplaceAll(fl.Name, "-", "_"))
+		if v := getenv(key); v != "" {
+			if err := fs.Set(fl.Name, v); err != nil {
+				errs = append(errs, fmt.Sprintf("%s=%q: %v", key, v, err))
+			}
+		}
+	})
+	if len(errs) > 0 {
+		sort.Strings(errs)
+		return fmt.Errorf("%s", strings.Join(errs, "; "))
+	}
+	return nil
+}
+
+func parseLabels(s string) (map[string]string, error) {
+	if s == "" {
+		return nil, nil
+	}
+	out := map[string]string{}
+	for _, kv := range strings.Split(s, ",") {
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok || k == "" {
+			return nil, fmt.Errorf("%q is not k=v", kv)
+		}
+		out[k] = v
+	}
+	return out, nil
+}
+
+func joinErr(a, b error) error {
+	if a != nil {
+		return a
+	}
+	return b
+}
+
