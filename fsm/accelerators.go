@@ -79,7 +79,7 @@ func (f *FSM) createAccelerator(c *pb.CreateAccelerator, index uint64, dry bool)
 		if !c.GetUpsert() {
 			return reject(pb.Code_CODE_ALREADY_EXISTS, "accelerator %q already exists", c.GetName())
 		}
-		res := ok(pb.Outcome_OUTCOME_UNCHANGED, "accelerator %q unchanged", c.GetName())
+		res := accept(pb.Outcome_OUTCOME_UNCHANGED, "accelerator %q unchanged", c.GetName())
 		if diff := specDiff(prev.GetSpec(), spec); len(diff) > 0 {
 			res.Warnings = append(res.Warnings, fmt.Sprintf(
 				"accelerator %q is immutable (rule 5): left unchanged although %s differ; delete and re-create it to change them",
@@ -106,7 +106,7 @@ func (f *FSM) createAccelerator(c *pb.CreateAccelerator, index uint64, dry bool)
 	if len(v) > 0 {
 		return invalid(fmt.Sprintf("accelerator %q", c.GetName()), v)
 	}
-	res := ok(pb.Outcome_OUTCOME_CREATED, "accelerator %q created", c.GetName())
+	res := accept(pb.Outcome_OUTCOME_CREATED, "accelerator %q created", c.GetName())
 	res.Warnings = warnings
 	if !dry {
 		f.accelerators[c.GetName()] = &pb.StoredAccelerator{Name: c.GetName(), Spec: spec, CreatedIndex: index}
@@ -156,11 +156,24 @@ func (f *FSM) knownDevices() []string {
 }
 
 func (f *FSM) deleteAccelerator(c *pb.DeleteAccelerator, dry bool) *pb.Result {
-	if _, exists := f.accelerators[c.GetName()]; !exists {
-		return reject(pb.Code_CODE_NOT_FOUND, "accelerator %q not found", c.GetName())
+	name := c.GetName()
+	if _, exists := f.accelerators[name]; !exists {
+		return reject(pb.Code_CODE_NOT_FOUND, "accelerator %q not found", name)
+	}
+	users := f.modelsOn(name)
+	if len(users) > 0 && !c.GetForce() {
+		return reject(pb.Code_CODE_FAILED_PRECONDITION,
+			"accelerator %q is used by deployments %s: delete them first, or use --force to leave them pending",
+			name, strings.Join(users, ", "))
+	}
+	res := accept(pb.Outcome_OUTCOME_DELETED, "accelerator %q deleted", name)
+	if len(users) > 0 {
+		res.Warnings = append(res.Warnings, fmt.Sprintf("deployments %s stay pending: accelerator %s was deleted", strings.Join(users, ", "), name))
 	}
 	if !dry {
-		delete(f.accelerators, c.GetName())
+		reason := fmt.Sprintf("accelerator %s was deleted", name)
+		f.unplaceWhere(func(r *pb.Replica) bool { return r.Accelerator == name }, reason)
+		delete(f.accelerators, name)
 	}
-	return ok(pb.Outcome_OUTCOME_DELETED, "accelerator %q deleted", c.GetName())
+	return res
 }

@@ -21,6 +21,10 @@ type FSM struct {
 
 	nodes        map[string]*pb.Node
 	accelerators map[string]*pb.StoredAccelerator
+	models       map[string]*pb.ModelDeployment
+	replicas     map[replicaKey]*pb.Replica
+	// cards indexes what placed replicas take from each card.
+	cards map[cardKey]*cardUse
 	// requests maps request ids to the result of their first application.
 	requests map[string]*pb.Result
 }
@@ -31,6 +35,9 @@ func New() *FSM {
 		hash:         genesisHash,
 		nodes:        map[string]*pb.Node{},
 		accelerators: map[string]*pb.StoredAccelerator{},
+		models:       map[string]*pb.ModelDeployment{},
+		replicas:     map[replicaKey]*pb.Replica{},
+		cards:        map[cardKey]*cardUse{},
 		requests:     map[string]*pb.Result{},
 	}
 }
@@ -120,6 +127,16 @@ func (f *FSM) apply(env *pb.Envelope, index uint64, dry bool) *pb.Result {
 		res = f.createAccelerator(c.CreateAccelerator, index, dry)
 	case *pb.Envelope_DeleteAccelerator:
 		res = f.deleteAccelerator(c.DeleteAccelerator, dry)
+	case *pb.Envelope_ApplyModel:
+		res = f.applyModel(c.ApplyModel, index, dry)
+	case *pb.Envelope_DeleteModel:
+		res = f.deleteModel(c.DeleteModel, dry)
+	case *pb.Envelope_PlaceReplicas:
+		res = f.placeReplicas(c.PlaceReplicas, index, dry)
+	case *pb.Envelope_UnplaceReplica:
+		res = f.unplaceReplica(c.UnplaceReplica, dry)
+	case *pb.Envelope_ReplicaStatus:
+		res = f.replicaStatus(c.ReplicaStatus, dry)
 	case nil:
 		res = reject(pb.Code_CODE_INVALID_ARGUMENT,
 			"unknown or missing command: the entry was written by a newer gpuplane or is corrupt")
@@ -133,7 +150,7 @@ func (f *FSM) apply(env *pb.Envelope, index uint64, dry bool) *pb.Result {
 	return res
 }
 
-func ok(outcome pb.Outcome, format string, args ...any) *pb.Result {
+func accept(outcome pb.Outcome, format string, args ...any) *pb.Result {
 	return &pb.Result{Code: pb.Code_CODE_OK, Outcome: outcome, Message: fmt.Sprintf(format, args...)}
 }
 

@@ -139,6 +139,17 @@ func formatState(f *fsm.FSM) string {
 				perReplica, a.Status.MemoryPerModelMib, a.Status.InUse, a.Status.CanPlace, a.Status.Ready)
 		}
 	}
+	if models := f.Models(); len(models) > 0 {
+		fmt.Fprintln(w, "MODEL\tACCELERATOR\tGEN\tREPLICAS\tMEMORY/REPLICA\tREADY\tREASON")
+		for _, m := range models {
+			fmt.Fprintf(w, "%s\t%s\t%d\t%d/%d placed\t%dMi\t%v\t%s\n", m.Name, m.Spec.Placement.Accelerator, m.Generation,
+				m.Status.Placed, m.Status.Desired, m.Status.MemoryPerReplicaMib, m.Status.Ready, m.Status.Reason)
+		}
+		fmt.Fprintln(w, "REPLICA\tNODE\tCARDS\tSHARE\tSTATE\tREASON")
+		for _, r := range f.Replicas("", "") {
+			fmt.Fprintf(w, "%s/%d\t%s\t%v\t%d‰\t%s\t%s\n", r.Model, r.Index, r.Node, r.Cards, r.ShareMilli, fsm.ReplicaStateName(r.State), r.Reason)
+		}
+	}
 	w.Flush()
 	return b.String()
 }

@@ -62,13 +62,13 @@ func (f *FSM) registerNode(c *pb.RegisterNode, dry bool) *pb.Result {
 	}
 	prev, exists := f.nodes[n.GetName()]
 	if exists && proto.Equal(prev, next) {
-		return ok(pb.Outcome_OUTCOME_UNCHANGED, "node %q unchanged", n.GetName())
+		return accept(pb.Outcome_OUTCOME_UNCHANGED, "node %q unchanged", n.GetName())
 	}
 	if dry {
-		return ok(outcomeOf(exists), "node %q would be registered", n.GetName())
+		return accept(outcomeOf(exists), "node %q would be registered", n.GetName())
 	}
 	f.nodes[n.GetName()] = next
-	return ok(outcomeOf(exists), "node %q registered with %d cards", n.GetName(), len(next.Cards))
+	return accept(outcomeOf(exists), "node %q registered with %d cards", n.GetName(), len(next.Cards))
 }
 
 func outcomeOf(existed bool) pb.Outcome {
@@ -88,12 +88,15 @@ func (f *FSM) updateInventory(c *pb.UpdateInventory, dry bool) *pb.Result {
 	}
 	cards := sortedCards(c.GetCards())
 	if slices.EqualFunc(n.Cards, cards, func(a, b *pb.Card) bool { return proto.Equal(a, b) }) {
-		return ok(pb.Outcome_OUTCOME_UNCHANGED, "inventory of node %q unchanged", c.GetNode())
+		return accept(pb.Outcome_OUTCOME_UNCHANGED, "inventory of node %q unchanged", c.GetNode())
 	}
 	if !dry {
 		n.Cards = cards
+		f.unplaceWhere(func(r *pb.Replica) bool {
+			return r.Node == n.Name && slices.ContainsFunc(r.Cards, func(idx uint32) bool { return cardOf(n, idx) == nil })
+		}, fmt.Sprintf("a card of node %s disappeared from its inventory", n.Name))
 	}
-	return ok(pb.Outcome_OUTCOME_CONFIGURED, "node %q now reports %d cards", c.GetNode(), len(cards))
+	return accept(pb.Outcome_OUTCOME_CONFIGURED, "node %q now reports %d cards", c.GetNode(), len(cards))
 }
 
 func (f *FSM) setNodeStatus(c *pb.SetNodeStatus, dry bool) *pb.Result {
@@ -105,12 +108,16 @@ func (f *FSM) setNodeStatus(c *pb.SetNodeStatus, dry bool) *pb.Result {
 		return invalid("node status", []*pb.Violation{{Field: "status", Description: "must be alive, down or left"}})
 	}
 	if n.Status == c.GetStatus() {
-		return ok(pb.Outcome_OUTCOME_UNCHANGED, "node %q already %s", c.GetNode(), StatusName(c.GetStatus()))
+		return accept(pb.Outcome_OUTCOME_UNCHANGED, "node %q already %s", c.GetNode(), StatusName(c.GetStatus()))
 	}
 	if !dry {
 		n.Status = c.GetStatus()
+		if n.Status != pb.NodeStatus_NODE_STATUS_ALIVE {
+			f.unplaceWhere(func(r *pb.Replica) bool { return r.Node == n.Name },
+				fmt.Sprintf("node %s is %s: waiting to be placed elsewhere", n.Name, StatusName(n.Status)))
+		}
 	}
-	return ok(pb.Outcome_OUTCOME_CONFIGURED, "node %q is %s", c.GetNode(), StatusName(c.GetStatus()))
+	return accept(pb.Outcome_OUTCOME_CONFIGURED, "node %q is %s", c.GetNode(), StatusName(c.GetStatus()))
 }
 
 func (f *FSM) deregisterNode(c *pb.DeregisterNode, dry bool) *pb.Result {
@@ -118,9 +125,11 @@ func (f *FSM) deregisterNode(c *pb.DeregisterNode, dry bool) *pb.Result {
 		return reject(pb.Code_CODE_NOT_FOUND, "node %q not found", c.GetNode())
 	}
 	if !dry {
+		f.unplaceWhere(func(r *pb.Replica) bool { return r.Node == c.GetNode() },
+			fmt.Sprintf("node %s left the cluster: waiting to be placed elsewhere", c.GetNode()))
 		delete(f.nodes, c.GetNode())
 	}
-	return ok(pb.Outcome_OUTCOME_DELETED, "node %q deregistered", c.GetNode())
+	return accept(pb.Outcome_OUTCOME_DELETED, "node %q deregistered", c.GetNode())
 }
 
 // StatusName is the lowercase name users see for a node status.
@@ -145,4 +154,13 @@ func RoleName(r pb.NodeRole) string {
 		return "client"
 	}
 	return "unknown"
+}
+
+func cardOf(n *pb.Node, index uint32) *pb.Card {
+	for _, c := range n.Cards {
+		if c.Index == index {
+			return c
+		}
+	}
+	return nil
 }

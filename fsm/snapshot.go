@@ -19,6 +19,12 @@ func (f *FSM) State() *pb.State {
 	for _, name := range sortedKeys(f.accelerators) {
 		st.Accelerators = append(st.Accelerators, proto.Clone(f.accelerators[name]).(*pb.StoredAccelerator))
 	}
+	for _, name := range sortedKeys(f.models) {
+		st.Models = append(st.Models, proto.Clone(f.models[name]).(*pb.ModelDeployment))
+	}
+	for _, k := range f.sortedReplicaKeys() {
+		st.Replicas = append(st.Replicas, proto.Clone(f.replicas[k]).(*pb.Replica))
+	}
 	for _, id := range sortedKeys(f.requests) {
 		st.AppliedRequests = append(st.AppliedRequests, &pb.AppliedRequest{RequestId: id, Result: proto.Clone(f.requests[id]).(*pb.Result)})
 	}
@@ -46,6 +52,15 @@ func (f *FSM) Restore(data []byte) error {
 	}
 	for _, a := range st.Accelerators {
 		next.accelerators[a.Name] = a
+	}
+	for _, m := range st.Models {
+		next.models[m.Name] = m
+	}
+	for _, r := range st.Replicas {
+		next.replicas[keyOf(r)] = r
+		if r.Node != "" {
+			next.occupy(r)
+		}
 	}
 	for _, r := range st.AppliedRequests {
 		next.requests[r.RequestId] = r.Result

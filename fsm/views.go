@@ -1,6 +1,7 @@
 package fsm
 
 import (
+	"fmt"
 	"sort"
 
 	"google.golang.org/protobuf/proto"
@@ -36,15 +37,13 @@ func live(n *pb.Node, c *pb.Card) bool {
 	return n.Status == pb.NodeStatus_NODE_STATUS_ALIVE && c.Healthy
 }
 
-// cardBinding is the accelerator a card is bound to ("" when unbound) and the
-// replicas on it. Replicas, and so bindings, arrive with placements.
+// cardBinding is the accelerator a card is bound to ("" when unbound), the
+// replicas on it and the memory they reserve.
 type cardBinding struct {
 	accelerator string
 	replicas    []string
 	usedMiB     uint64
 }
-
-func (f *FSM) binding(node string, index uint32) cardBinding { return cardBinding{} }
 
 // deviceSummaries groups the inventory by device kind.
 func (f *FSM) deviceSummaries() map[string]*pb.Device {
@@ -166,9 +165,6 @@ func (f *FSM) acceleratorView(a *pb.StoredAccelerator, sum map[string]*pb.Device
 			}
 			st.Ready = true
 			b := f.binding(n.Name, c.Index)
-			if b.accelerator == a.Name {
-				st.InUse += uint32(len(b.replicas))
-			}
 			switch {
 			case spec.Tenancy == pb.Tenancy_TENANCY_SHARED && (b.accelerator == "" || b.accelerator == a.Name):
 				if used := uint32(len(b.replicas)); used < spec.MaxModels {
@@ -180,6 +176,11 @@ func (f *FSM) acceleratorView(a *pb.StoredAccelerator, sum map[string]*pb.Device
 		}
 		if spec.Tenancy != pb.Tenancy_TENANCY_SHARED {
 			st.CanPlace += unbound / max(spec.DevicesPerReplica, 1)
+		}
+	}
+	for _, r := range f.replicas {
+		if r.Accelerator == a.Name && r.Node != "" {
+			st.InUse++
 		}
 	}
 	return &pb.Accelerator{
@@ -197,4 +198,76 @@ func sortedKeys[V any](m map[string]V) []string {
 	}
 	sort.Strings(keys)
 	return keys
+}
+
+// Models returns every deployment with its status, by name.
+func (f *FSM) Models() []*pb.ModelDeployment {
+	out := make([]*pb.ModelDeployment, 0, len(f.models))
+	for _, name := range sortedKeys(f.models) {
+		out = append(out, f.modelView(f.models[name]))
+	}
+	return out
+}
+
+// Model returns one deployment with its status and its replicas.
+func (f *FSM) Model(name string) (*pb.ModelDeployment, []*pb.Replica, bool) {
+	m, ok := f.models[name]
+	if !ok {
+		return nil, nil, false
+	}
+	return f.modelView(m), f.Replicas(name, ""), true
+}
+
+// Replicas returns replicas by deployment and ordinal, optionally only those
+// of one deployment and/or on one node.
+func (f *FSM) Replicas(model, node string) []*pb.Replica {
+	var out []*pb.Replica
+	for _, k := range f.sortedReplicaKeys() {
+		r := f.replicas[k]
+		if (model == "" || r.Model == model) && (node == "" || r.Node == node) {
+			out = append(out, proto.Clone(r).(*pb.Replica))
+		}
+	}
+	return out
+}
+
+// modelView derives a deployment's status from its replicas. Ready means every
+// desired replica is placed and none has failed; the first problem found is
+// the reason.
+func (f *FSM) modelView(m *pb.ModelDeployment) *pb.ModelDeployment {
+	out := proto.Clone(m).(*pb.ModelDeployment)
+	st := &pb.ModelStatus{Desired: m.Spec.Replicas}
+	if acc, ok := f.accelerators[m.Spec.Placement.Accelerator]; ok {
+		sh := shareOf(m.Spec, acc.Spec, f.cardMemory(acc.Spec.Device))
+		st.MemoryPerReplicaMib = sh.memoryMiB * uint64(sh.cards)
+	}
+	var pending, failed []*pb.Replica
+	for i := uint32(0); i < m.Spec.Replicas; i++ {
+		r := f.replicas[replicaKey{m.Name, i}]
+		if r == nil {
+			continue
+		}
+		switch {
+		case r.Node == "":
+			pending = append(pending, r)
+		case r.State == pb.ReplicaState_REPLICA_STATE_FAILED:
+			failed = append(failed, r)
+			st.Placed++
+		default:
+			st.Placed++
+		}
+		if r.State == pb.ReplicaState_REPLICA_STATE_RUNNING {
+			st.Running++
+		}
+	}
+	switch {
+	case len(pending) > 0:
+		st.Reason = fmt.Sprintf("%d of %d replicas pending: %s", len(pending), st.Desired, pending[0].Reason)
+	case len(failed) > 0:
+		st.Reason = fmt.Sprintf("%d of %d replicas failed: %s", len(failed), st.Desired, failed[0].Reason)
+	default:
+		st.Ready = true
+	}
+	out.Status = st
+	return out
 }

@@ -1239,6 +1239,552 @@ func (x *StatusResponse) GetServers() []*ServerStatus {
 	return nil
 }
 
+type ListModelsRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Stale         bool                   `protobuf:"varint,1,opt,name=stale,proto3" json:"stale,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListModelsRequest) Reset() {
+	*x = ListModelsRequest{}
+	mi := &file_gpuplane_v1_api_proto_msgTypes[23]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListModelsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListModelsRequest) ProtoMessage() {}
+
+func (x *ListModelsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_gpuplane_v1_api_proto_msgTypes[23]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListModelsRequest.ProtoReflect.Descriptor instead.
+func (*ListModelsRequest) Descriptor() ([]byte, []int) {
+	return file_gpuplane_v1_api_proto_rawDescGZIP(), []int{23}
+}
+
+func (x *ListModelsRequest) GetStale() bool {
+	if x != nil {
+		return x.Stale
+	}
+	return false
+}
+
+type ListModelsResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Models        []*ModelDeployment     `protobuf:"bytes,1,rep,name=models,proto3" json:"models,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListModelsResponse) Reset() {
+	*x = ListModelsResponse{}
+	mi := &file_gpuplane_v1_api_proto_msgTypes[24]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListModelsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListModelsResponse) ProtoMessage() {}
+
+func (x *ListModelsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_gpuplane_v1_api_proto_msgTypes[24]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListModelsResponse.ProtoReflect.Descriptor instead.
+func (*ListModelsResponse) Descriptor() ([]byte, []int) {
+	return file_gpuplane_v1_api_proto_rawDescGZIP(), []int{24}
+}
+
+func (x *ListModelsResponse) GetModels() []*ModelDeployment {
+	if x != nil {
+		return x.Models
+	}
+	return nil
+}
+
+type GetModelRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Stale         bool                   `protobuf:"varint,2,opt,name=stale,proto3" json:"stale,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetModelRequest) Reset() {
+	*x = GetModelRequest{}
+	mi := &file_gpuplane_v1_api_proto_msgTypes[25]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetModelRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetModelRequest) ProtoMessage() {}
+
+func (x *GetModelRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_gpuplane_v1_api_proto_msgTypes[25]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetModelRequest.ProtoReflect.Descriptor instead.
+func (*GetModelRequest) Descriptor() ([]byte, []int) {
+	return file_gpuplane_v1_api_proto_rawDescGZIP(), []int{25}
+}
+
+func (x *GetModelRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *GetModelRequest) GetStale() bool {
+	if x != nil {
+		return x.Stale
+	}
+	return false
+}
+
+type GetModelResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Model         *ModelDeployment       `protobuf:"bytes,1,opt,name=model,proto3" json:"model,omitempty"`
+	Replicas      []*Replica             `protobuf:"bytes,2,rep,name=replicas,proto3" json:"replicas,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetModelResponse) Reset() {
+	*x = GetModelResponse{}
+	mi := &file_gpuplane_v1_api_proto_msgTypes[26]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetModelResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetModelResponse) ProtoMessage() {}
+
+func (x *GetModelResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_gpuplane_v1_api_proto_msgTypes[26]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetModelResponse.ProtoReflect.Descriptor instead.
+func (*GetModelResponse) Descriptor() ([]byte, []int) {
+	return file_gpuplane_v1_api_proto_rawDescGZIP(), []int{26}
+}
+
+func (x *GetModelResponse) GetModel() *ModelDeployment {
+	if x != nil {
+		return x.Model
+	}
+	return nil
+}
+
+func (x *GetModelResponse) GetReplicas() []*Replica {
+	if x != nil {
+		return x.Replicas
+	}
+	return nil
+}
+
+type ApplyModelRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Spec          *ModelSpec             `protobuf:"bytes,2,opt,name=spec,proto3" json:"spec,omitempty"`
+	DryRun        bool                   `protobuf:"varint,3,opt,name=dry_run,json=dryRun,proto3" json:"dry_run,omitempty"`
+	RequestId     string                 `protobuf:"bytes,4,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ApplyModelRequest) Reset() {
+	*x = ApplyModelRequest{}
+	mi := &file_gpuplane_v1_api_proto_msgTypes[27]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ApplyModelRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ApplyModelRequest) ProtoMessage() {}
+
+func (x *ApplyModelRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_gpuplane_v1_api_proto_msgTypes[27]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ApplyModelRequest.ProtoReflect.Descriptor instead.
+func (*ApplyModelRequest) Descriptor() ([]byte, []int) {
+	return file_gpuplane_v1_api_proto_rawDescGZIP(), []int{27}
+}
+
+func (x *ApplyModelRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *ApplyModelRequest) GetSpec() *ModelSpec {
+	if x != nil {
+		return x.Spec
+	}
+	return nil
+}
+
+func (x *ApplyModelRequest) GetDryRun() bool {
+	if x != nil {
+		return x.DryRun
+	}
+	return false
+}
+
+func (x *ApplyModelRequest) GetRequestId() string {
+	if x != nil {
+		return x.RequestId
+	}
+	return ""
+}
+
+type ApplyModelResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Model         *ModelDeployment       `protobuf:"bytes,1,opt,name=model,proto3" json:"model,omitempty"`
+	Outcome       Outcome                `protobuf:"varint,2,opt,name=outcome,proto3,enum=gpuplane.v1.Outcome" json:"outcome,omitempty"`
+	Warnings      []string               `protobuf:"bytes,3,rep,name=warnings,proto3" json:"warnings,omitempty"`
+	Index         uint64                 `protobuf:"varint,4,opt,name=index,proto3" json:"index,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ApplyModelResponse) Reset() {
+	*x = ApplyModelResponse{}
+	mi := &file_gpuplane_v1_api_proto_msgTypes[28]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ApplyModelResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ApplyModelResponse) ProtoMessage() {}
+
+func (x *ApplyModelResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_gpuplane_v1_api_proto_msgTypes[28]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ApplyModelResponse.ProtoReflect.Descriptor instead.
+func (*ApplyModelResponse) Descriptor() ([]byte, []int) {
+	return file_gpuplane_v1_api_proto_rawDescGZIP(), []int{28}
+}
+
+func (x *ApplyModelResponse) GetModel() *ModelDeployment {
+	if x != nil {
+		return x.Model
+	}
+	return nil
+}
+
+func (x *ApplyModelResponse) GetOutcome() Outcome {
+	if x != nil {
+		return x.Outcome
+	}
+	return Outcome_OUTCOME_UNSPECIFIED
+}
+
+func (x *ApplyModelResponse) GetWarnings() []string {
+	if x != nil {
+		return x.Warnings
+	}
+	return nil
+}
+
+func (x *ApplyModelResponse) GetIndex() uint64 {
+	if x != nil {
+		return x.Index
+	}
+	return 0
+}
+
+type DeleteModelRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	DryRun        bool                   `protobuf:"varint,2,opt,name=dry_run,json=dryRun,proto3" json:"dry_run,omitempty"`
+	RequestId     string                 `protobuf:"bytes,3,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteModelRequest) Reset() {
+	*x = DeleteModelRequest{}
+	mi := &file_gpuplane_v1_api_proto_msgTypes[29]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteModelRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteModelRequest) ProtoMessage() {}
+
+func (x *DeleteModelRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_gpuplane_v1_api_proto_msgTypes[29]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteModelRequest.ProtoReflect.Descriptor instead.
+func (*DeleteModelRequest) Descriptor() ([]byte, []int) {
+	return file_gpuplane_v1_api_proto_rawDescGZIP(), []int{29}
+}
+
+func (x *DeleteModelRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *DeleteModelRequest) GetDryRun() bool {
+	if x != nil {
+		return x.DryRun
+	}
+	return false
+}
+
+func (x *DeleteModelRequest) GetRequestId() string {
+	if x != nil {
+		return x.RequestId
+	}
+	return ""
+}
+
+type DeleteModelResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Warnings      []string               `protobuf:"bytes,1,rep,name=warnings,proto3" json:"warnings,omitempty"`
+	Index         uint64                 `protobuf:"varint,2,opt,name=index,proto3" json:"index,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteModelResponse) Reset() {
+	*x = DeleteModelResponse{}
+	mi := &file_gpuplane_v1_api_proto_msgTypes[30]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteModelResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteModelResponse) ProtoMessage() {}
+
+func (x *DeleteModelResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_gpuplane_v1_api_proto_msgTypes[30]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteModelResponse.ProtoReflect.Descriptor instead.
+func (*DeleteModelResponse) Descriptor() ([]byte, []int) {
+	return file_gpuplane_v1_api_proto_rawDescGZIP(), []int{30}
+}
+
+func (x *DeleteModelResponse) GetWarnings() []string {
+	if x != nil {
+		return x.Warnings
+	}
+	return nil
+}
+
+func (x *DeleteModelResponse) GetIndex() uint64 {
+	if x != nil {
+		return x.Index
+	}
+	return 0
+}
+
+type ListReplicasRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Only this deployment's replicas, when set.
+	Model string `protobuf:"bytes,1,opt,name=model,proto3" json:"model,omitempty"`
+	// Only replicas on this node, when set.
+	Node          string `protobuf:"bytes,2,opt,name=node,proto3" json:"node,omitempty"`
+	Stale         bool   `protobuf:"varint,3,opt,name=stale,proto3" json:"stale,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListReplicasRequest) Reset() {
+	*x = ListReplicasRequest{}
+	mi := &file_gpuplane_v1_api_proto_msgTypes[31]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListReplicasRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListReplicasRequest) ProtoMessage() {}
+
+func (x *ListReplicasRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_gpuplane_v1_api_proto_msgTypes[31]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListReplicasRequest.ProtoReflect.Descriptor instead.
+func (*ListReplicasRequest) Descriptor() ([]byte, []int) {
+	return file_gpuplane_v1_api_proto_rawDescGZIP(), []int{31}
+}
+
+func (x *ListReplicasRequest) GetModel() string {
+	if x != nil {
+		return x.Model
+	}
+	return ""
+}
+
+func (x *ListReplicasRequest) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *ListReplicasRequest) GetStale() bool {
+	if x != nil {
+		return x.Stale
+	}
+	return false
+}
+
+type ListReplicasResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Replicas      []*Replica             `protobuf:"bytes,1,rep,name=replicas,proto3" json:"replicas,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListReplicasResponse) Reset() {
+	*x = ListReplicasResponse{}
+	mi := &file_gpuplane_v1_api_proto_msgTypes[32]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListReplicasResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListReplicasResponse) ProtoMessage() {}
+
+func (x *ListReplicasResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_gpuplane_v1_api_proto_msgTypes[32]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListReplicasResponse.ProtoReflect.Descriptor instead.
+func (*ListReplicasResponse) Descriptor() ([]byte, []int) {
+	return file_gpuplane_v1_api_proto_rawDescGZIP(), []int{32}
+}
+
+func (x *ListReplicasResponse) GetReplicas() []*Replica {
+	if x != nil {
+		return x.Replicas
+	}
+	return nil
+}
+
 var File_gpuplane_v1_api_proto protoreflect.FileDescriptor
 
 const file_gpuplane_v1_api_proto_rawDesc = "" +
@@ -1318,7 +1864,42 @@ const file_gpuplane_v1_api_proto_rawDesc = "" +
 	"state_hash\x18\a \x01(\tR\tstateHash\x12\x1d\n" +
 	"\n" +
 	"raft_state\x18\b \x01(\tR\traftState\x123\n" +
-	"\aservers\x18\t \x03(\v2\x19.gpuplane.v1.ServerStatusR\aservers2\xb1\x01\n" +
+	"\aservers\x18\t \x03(\v2\x19.gpuplane.v1.ServerStatusR\aservers\")\n" +
+	"\x11ListModelsRequest\x12\x14\n" +
+	"\x05stale\x18\x01 \x01(\bR\x05stale\"J\n" +
+	"\x12ListModelsResponse\x124\n" +
+	"\x06models\x18\x01 \x03(\v2\x1c.gpuplane.v1.ModelDeploymentR\x06models\";\n" +
+	"\x0fGetModelRequest\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
+	"\x05stale\x18\x02 \x01(\bR\x05stale\"x\n" +
+	"\x10GetModelResponse\x122\n" +
+	"\x05model\x18\x01 \x01(\v2\x1c.gpuplane.v1.ModelDeploymentR\x05model\x120\n" +
+	"\breplicas\x18\x02 \x03(\v2\x14.gpuplane.v1.ReplicaR\breplicas\"\x8b\x01\n" +
+	"\x11ApplyModelRequest\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12*\n" +
+	"\x04spec\x18\x02 \x01(\v2\x16.gpuplane.v1.ModelSpecR\x04spec\x12\x17\n" +
+	"\adry_run\x18\x03 \x01(\bR\x06dryRun\x12\x1d\n" +
+	"\n" +
+	"request_id\x18\x04 \x01(\tR\trequestId\"\xaa\x01\n" +
+	"\x12ApplyModelResponse\x122\n" +
+	"\x05model\x18\x01 \x01(\v2\x1c.gpuplane.v1.ModelDeploymentR\x05model\x12.\n" +
+	"\aoutcome\x18\x02 \x01(\x0e2\x14.gpuplane.v1.OutcomeR\aoutcome\x12\x1a\n" +
+	"\bwarnings\x18\x03 \x03(\tR\bwarnings\x12\x14\n" +
+	"\x05index\x18\x04 \x01(\x04R\x05index\"`\n" +
+	"\x12DeleteModelRequest\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x17\n" +
+	"\adry_run\x18\x02 \x01(\bR\x06dryRun\x12\x1d\n" +
+	"\n" +
+	"request_id\x18\x03 \x01(\tR\trequestId\"G\n" +
+	"\x13DeleteModelResponse\x12\x1a\n" +
+	"\bwarnings\x18\x01 \x03(\tR\bwarnings\x12\x14\n" +
+	"\x05index\x18\x02 \x01(\x04R\x05index\"U\n" +
+	"\x13ListReplicasRequest\x12\x14\n" +
+	"\x05model\x18\x01 \x01(\tR\x05model\x12\x12\n" +
+	"\x04node\x18\x02 \x01(\tR\x04node\x12\x14\n" +
+	"\x05stale\x18\x03 \x01(\bR\x05stale\"H\n" +
+	"\x14ListReplicasResponse\x120\n" +
+	"\breplicas\x18\x01 \x03(\v2\x14.gpuplane.v1.ReplicaR\breplicas2\xb1\x01\n" +
 	"\rDeviceService\x12R\n" +
 	"\vListDevices\x12\x1f.gpuplane.v1.ListDevicesRequest\x1a .gpuplane.v1.ListDevicesResponse\"\x00\x12L\n" +
 	"\tGetDevice\x12\x1d.gpuplane.v1.GetDeviceRequest\x1a\x1e.gpuplane.v1.GetDeviceResponse\"\x002\xa3\x01\n" +
@@ -1333,7 +1914,15 @@ const file_gpuplane_v1_api_proto_rawDesc = "" +
 	"\x0eClusterService\x12@\n" +
 	"\x05Apply\x12\x19.gpuplane.v1.ApplyRequest\x1a\x1a.gpuplane.v1.ApplyResponse\"\x00\x12C\n" +
 	"\x06Status\x12\x1a.gpuplane.v1.StatusRequest\x1a\x1b.gpuplane.v1.StatusResponse\"\x00\x12L\n" +
-	"\tReadIndex\x12\x1d.gpuplane.v1.ReadIndexRequest\x1a\x1e.gpuplane.v1.ReadIndexResponse\"\x00B;Z9github.com/gpuplane/gpuplane/proto/gpuplane/v1;gpuplanev1b\x06proto3"
+	"\tReadIndex\x12\x1d.gpuplane.v1.ReadIndexRequest\x1a\x1e.gpuplane.v1.ReadIndexResponse\"\x002\xa6\x03\n" +
+	"\fModelService\x12O\n" +
+	"\n" +
+	"ListModels\x12\x1e.gpuplane.v1.ListModelsRequest\x1a\x1f.gpuplane.v1.ListModelsResponse\"\x00\x12I\n" +
+	"\bGetModel\x12\x1c.gpuplane.v1.GetModelRequest\x1a\x1d.gpuplane.v1.GetModelResponse\"\x00\x12O\n" +
+	"\n" +
+	"ApplyModel\x12\x1e.gpuplane.v1.ApplyModelRequest\x1a\x1f.gpuplane.v1.ApplyModelResponse\"\x00\x12R\n" +
+	"\vDeleteModel\x12\x1f.gpuplane.v1.DeleteModelRequest\x1a .gpuplane.v1.DeleteModelResponse\"\x00\x12U\n" +
+	"\fListReplicas\x12 .gpuplane.v1.ListReplicasRequest\x1a!.gpuplane.v1.ListReplicasResponse\"\x00B;Z9github.com/gpuplane/gpuplane/proto/gpuplane/v1;gpuplanev1b\x06proto3"
 
 var (
 	file_gpuplane_v1_api_proto_rawDescOnce sync.Once
@@ -1347,7 +1936,7 @@ func file_gpuplane_v1_api_proto_rawDescGZIP() []byte {
 	return file_gpuplane_v1_api_proto_rawDescData
 }
 
-var file_gpuplane_v1_api_proto_msgTypes = make([]protoimpl.MessageInfo, 23)
+var file_gpuplane_v1_api_proto_msgTypes = make([]protoimpl.MessageInfo, 33)
 var file_gpuplane_v1_api_proto_goTypes = []any{
 	(*ListDevicesRequest)(nil),        // 0: gpuplane.v1.ListDevicesRequest
 	(*ListDevicesResponse)(nil),       // 1: gpuplane.v1.ListDevicesResponse
@@ -1372,56 +1961,86 @@ var file_gpuplane_v1_api_proto_goTypes = []any{
 	(*StatusRequest)(nil),             // 20: gpuplane.v1.StatusRequest
 	(*ServerStatus)(nil),              // 21: gpuplane.v1.ServerStatus
 	(*StatusResponse)(nil),            // 22: gpuplane.v1.StatusResponse
-	(*Device)(nil),                    // 23: gpuplane.v1.Device
-	(*CardStatus)(nil),                // 24: gpuplane.v1.CardStatus
-	(*Node)(nil),                      // 25: gpuplane.v1.Node
-	(*Accelerator)(nil),               // 26: gpuplane.v1.Accelerator
-	(*AcceleratorSpec)(nil),           // 27: gpuplane.v1.AcceleratorSpec
-	(Outcome)(0),                      // 28: gpuplane.v1.Outcome
-	(*Envelope)(nil),                  // 29: gpuplane.v1.Envelope
-	(*Result)(nil),                    // 30: gpuplane.v1.Result
+	(*ListModelsRequest)(nil),         // 23: gpuplane.v1.ListModelsRequest
+	(*ListModelsResponse)(nil),        // 24: gpuplane.v1.ListModelsResponse
+	(*GetModelRequest)(nil),           // 25: gpuplane.v1.GetModelRequest
+	(*GetModelResponse)(nil),          // 26: gpuplane.v1.GetModelResponse
+	(*ApplyModelRequest)(nil),         // 27: gpuplane.v1.ApplyModelRequest
+	(*ApplyModelResponse)(nil),        // 28: gpuplane.v1.ApplyModelResponse
+	(*DeleteModelRequest)(nil),        // 29: gpuplane.v1.DeleteModelRequest
+	(*DeleteModelResponse)(nil),       // 30: gpuplane.v1.DeleteModelResponse
+	(*ListReplicasRequest)(nil),       // 31: gpuplane.v1.ListReplicasRequest
+	(*ListReplicasResponse)(nil),      // 32: gpuplane.v1.ListReplicasResponse
+	(*Device)(nil),                    // 33: gpuplane.v1.Device
+	(*CardStatus)(nil),                // 34: gpuplane.v1.CardStatus
+	(*Node)(nil),                      // 35: gpuplane.v1.Node
+	(*Accelerator)(nil),               // 36: gpuplane.v1.Accelerator
+	(*AcceleratorSpec)(nil),           // 37: gpuplane.v1.AcceleratorSpec
+	(Outcome)(0),                      // 38: gpuplane.v1.Outcome
+	(*Envelope)(nil),                  // 39: gpuplane.v1.Envelope
+	(*Result)(nil),                    // 40: gpuplane.v1.Result
+	(*ModelDeployment)(nil),           // 41: gpuplane.v1.ModelDeployment
+	(*Replica)(nil),                   // 42: gpuplane.v1.Replica
+	(*ModelSpec)(nil),                 // 43: gpuplane.v1.ModelSpec
 }
 var file_gpuplane_v1_api_proto_depIdxs = []int32{
-	23, // 0: gpuplane.v1.ListDevicesResponse.devices:type_name -> gpuplane.v1.Device
-	23, // 1: gpuplane.v1.GetDeviceResponse.device:type_name -> gpuplane.v1.Device
-	24, // 2: gpuplane.v1.GetDeviceResponse.cards:type_name -> gpuplane.v1.CardStatus
-	25, // 3: gpuplane.v1.ListNodesResponse.nodes:type_name -> gpuplane.v1.Node
-	25, // 4: gpuplane.v1.GetNodeResponse.node:type_name -> gpuplane.v1.Node
-	26, // 5: gpuplane.v1.ListAcceleratorsResponse.accelerators:type_name -> gpuplane.v1.Accelerator
-	26, // 6: gpuplane.v1.GetAcceleratorResponse.accelerator:type_name -> gpuplane.v1.Accelerator
-	27, // 7: gpuplane.v1.CreateAcceleratorRequest.spec:type_name -> gpuplane.v1.AcceleratorSpec
-	26, // 8: gpuplane.v1.CreateAcceleratorResponse.accelerator:type_name -> gpuplane.v1.Accelerator
-	28, // 9: gpuplane.v1.CreateAcceleratorResponse.outcome:type_name -> gpuplane.v1.Outcome
-	29, // 10: gpuplane.v1.ApplyRequest.envelope:type_name -> gpuplane.v1.Envelope
-	30, // 11: gpuplane.v1.ApplyResponse.result:type_name -> gpuplane.v1.Result
+	33, // 0: gpuplane.v1.ListDevicesResponse.devices:type_name -> gpuplane.v1.Device
+	33, // 1: gpuplane.v1.GetDeviceResponse.device:type_name -> gpuplane.v1.Device
+	34, // 2: gpuplane.v1.GetDeviceResponse.cards:type_name -> gpuplane.v1.CardStatus
+	35, // 3: gpuplane.v1.ListNodesResponse.nodes:type_name -> gpuplane.v1.Node
+	35, // 4: gpuplane.v1.GetNodeResponse.node:type_name -> gpuplane.v1.Node
+	36, // 5: gpuplane.v1.ListAcceleratorsResponse.accelerators:type_name -> gpuplane.v1.Accelerator
+	36, // 6: gpuplane.v1.GetAcceleratorResponse.accelerator:type_name -> gpuplane.v1.Accelerator
+	37, // 7: gpuplane.v1.CreateAcceleratorRequest.spec:type_name -> gpuplane.v1.AcceleratorSpec
+	36, // 8: gpuplane.v1.CreateAcceleratorResponse.accelerator:type_name -> gpuplane.v1.Accelerator
+	38, // 9: gpuplane.v1.CreateAcceleratorResponse.outcome:type_name -> gpuplane.v1.Outcome
+	39, // 10: gpuplane.v1.ApplyRequest.envelope:type_name -> gpuplane.v1.Envelope
+	40, // 11: gpuplane.v1.ApplyResponse.result:type_name -> gpuplane.v1.Result
 	21, // 12: gpuplane.v1.StatusResponse.servers:type_name -> gpuplane.v1.ServerStatus
-	0,  // 13: gpuplane.v1.DeviceService.ListDevices:input_type -> gpuplane.v1.ListDevicesRequest
-	2,  // 14: gpuplane.v1.DeviceService.GetDevice:input_type -> gpuplane.v1.GetDeviceRequest
-	4,  // 15: gpuplane.v1.NodeService.ListNodes:input_type -> gpuplane.v1.ListNodesRequest
-	6,  // 16: gpuplane.v1.NodeService.GetNode:input_type -> gpuplane.v1.GetNodeRequest
-	8,  // 17: gpuplane.v1.AcceleratorService.ListAccelerators:input_type -> gpuplane.v1.ListAcceleratorsRequest
-	10, // 18: gpuplane.v1.AcceleratorService.GetAccelerator:input_type -> gpuplane.v1.GetAcceleratorRequest
-	12, // 19: gpuplane.v1.AcceleratorService.CreateAccelerator:input_type -> gpuplane.v1.CreateAcceleratorRequest
-	14, // 20: gpuplane.v1.AcceleratorService.DeleteAccelerator:input_type -> gpuplane.v1.DeleteAcceleratorRequest
-	18, // 21: gpuplane.v1.ClusterService.Apply:input_type -> gpuplane.v1.ApplyRequest
-	20, // 22: gpuplane.v1.ClusterService.Status:input_type -> gpuplane.v1.StatusRequest
-	16, // 23: gpuplane.v1.ClusterService.ReadIndex:input_type -> gpuplane.v1.ReadIndexRequest
-	1,  // 24: gpuplane.v1.DeviceService.ListDevices:output_type -> gpuplane.v1.ListDevicesResponse
-	3,  // 25: gpuplane.v1.DeviceService.GetDevice:output_type -> gpuplane.v1.GetDeviceResponse
-	5,  // 26: gpuplane.v1.NodeService.ListNodes:output_type -> gpuplane.v1.ListNodesResponse
-	7,  // 27: gpuplane.v1.NodeService.GetNode:output_type -> gpuplane.v1.GetNodeResponse
-	9,  // 28: gpuplane.v1.AcceleratorService.ListAccelerators:output_type -> gpuplane.v1.ListAcceleratorsResponse
-	11, // 29: gpuplane.v1.AcceleratorService.GetAccelerator:output_type -> gpuplane.v1.GetAcceleratorResponse
-	13, // 30: gpuplane.v1.AcceleratorService.CreateAccelerator:output_type -> gpuplane.v1.CreateAcceleratorResponse
-	15, // 31: gpuplane.v1.AcceleratorService.DeleteAccelerator:output_type -> gpuplane.v1.DeleteAcceleratorResponse
-	19, // 32: gpuplane.v1.ClusterService.Apply:output_type -> gpuplane.v1.ApplyResponse
-	22, // 33: gpuplane.v1.ClusterService.Status:output_type -> gpuplane.v1.StatusResponse
-	17, // 34: gpuplane.v1.ClusterService.ReadIndex:output_type -> gpuplane.v1.ReadIndexResponse
-	24, // [24:35] is the sub-list for method output_type
-	13, // [13:24] is the sub-list for method input_type
-	13, // [13:13] is the sub-list for extension type_name
-	13, // [13:13] is the sub-list for extension extendee
-	0,  // [0:13] is the sub-list for field type_name
+	41, // 13: gpuplane.v1.ListModelsResponse.models:type_name -> gpuplane.v1.ModelDeployment
+	41, // 14: gpuplane.v1.GetModelResponse.model:type_name -> gpuplane.v1.ModelDeployment
+	42, // 15: gpuplane.v1.GetModelResponse.replicas:type_name -> gpuplane.v1.Replica
+	43, // 16: gpuplane.v1.ApplyModelRequest.spec:type_name -> gpuplane.v1.ModelSpec
+	41, // 17: gpuplane.v1.ApplyModelResponse.model:type_name -> gpuplane.v1.ModelDeployment
+	38, // 18: gpuplane.v1.ApplyModelResponse.outcome:type_name -> gpuplane.v1.Outcome
+	42, // 19: gpuplane.v1.ListReplicasResponse.replicas:type_name -> gpuplane.v1.Replica
+	0,  // 20: gpuplane.v1.DeviceService.ListDevices:input_type -> gpuplane.v1.ListDevicesRequest
+	2,  // 21: gpuplane.v1.DeviceService.GetDevice:input_type -> gpuplane.v1.GetDeviceRequest
+	4,  // 22: gpuplane.v1.NodeService.ListNodes:input_type -> gpuplane.v1.ListNodesRequest
+	6,  // 23: gpuplane.v1.NodeService.GetNode:input_type -> gpuplane.v1.GetNodeRequest
+	8,  // 24: gpuplane.v1.AcceleratorService.ListAccelerators:input_type -> gpuplane.v1.ListAcceleratorsRequest
+	10, // 25: gpuplane.v1.AcceleratorService.GetAccelerator:input_type -> gpuplane.v1.GetAcceleratorRequest
+	12, // 26: gpuplane.v1.AcceleratorService.CreateAccelerator:input_type -> gpuplane.v1.CreateAcceleratorRequest
+	14, // 27: gpuplane.v1.AcceleratorService.DeleteAccelerator:input_type -> gpuplane.v1.DeleteAcceleratorRequest
+	18, // 28: gpuplane.v1.ClusterService.Apply:input_type -> gpuplane.v1.ApplyRequest
+	20, // 29: gpuplane.v1.ClusterService.Status:input_type -> gpuplane.v1.StatusRequest
+	16, // 30: gpuplane.v1.ClusterService.ReadIndex:input_type -> gpuplane.v1.ReadIndexRequest
+	23, // 31: gpuplane.v1.ModelService.ListModels:input_type -> gpuplane.v1.ListModelsRequest
+	25, // 32: gpuplane.v1.ModelService.GetModel:input_type -> gpuplane.v1.GetModelRequest
+	27, // 33: gpuplane.v1.ModelService.ApplyModel:input_type -> gpuplane.v1.ApplyModelRequest
+	29, // 34: gpuplane.v1.ModelService.DeleteModel:input_type -> gpuplane.v1.DeleteModelRequest
+	31, // 35: gpuplane.v1.ModelService.ListReplicas:input_type -> gpuplane.v1.ListReplicasRequest
+	1,  // 36: gpuplane.v1.DeviceService.ListDevices:output_type -> gpuplane.v1.ListDevicesResponse
+	3,  // 37: gpuplane.v1.DeviceService.GetDevice:output_type -> gpuplane.v1.GetDeviceResponse
+	5,  // 38: gpuplane.v1.NodeService.ListNodes:output_type -> gpuplane.v1.ListNodesResponse
+	7,  // 39: gpuplane.v1.NodeService.GetNode:output_type -> gpuplane.v1.GetNodeResponse
+	9,  // 40: gpuplane.v1.AcceleratorService.ListAccelerators:output_type -> gpuplane.v1.ListAcceleratorsResponse
+	11, // 41: gpuplane.v1.AcceleratorService.GetAccelerator:output_type -> gpuplane.v1.GetAcceleratorResponse
+	13, // 42: gpuplane.v1.AcceleratorService.CreateAccelerator:output_type -> gpuplane.v1.CreateAcceleratorResponse
+	15, // 43: gpuplane.v1.AcceleratorService.DeleteAccelerator:output_type -> gpuplane.v1.DeleteAcceleratorResponse
+	19, // 44: gpuplane.v1.ClusterService.Apply:output_type -> gpuplane.v1.ApplyResponse
+	22, // 45: gpuplane.v1.ClusterService.Status:output_type -> gpuplane.v1.StatusResponse
+	17, // 46: gpuplane.v1.ClusterService.ReadIndex:output_type -> gpuplane.v1.ReadIndexResponse
+	24, // 47: gpuplane.v1.ModelService.ListModels:output_type -> gpuplane.v1.ListModelsResponse
+	26, // 48: gpuplane.v1.ModelService.GetModel:output_type -> gpuplane.v1.GetModelResponse
+	28, // 49: gpuplane.v1.ModelService.ApplyModel:output_type -> gpuplane.v1.ApplyModelResponse
+	30, // 50: gpuplane.v1.ModelService.DeleteModel:output_type -> gpuplane.v1.DeleteModelResponse
+	32, // 51: gpuplane.v1.ModelService.ListReplicas:output_type -> gpuplane.v1.ListReplicasResponse
+	36, // [36:52] is the sub-list for method output_type
+	20, // [20:36] is the sub-list for method input_type
+	20, // [20:20] is the sub-list for extension type_name
+	20, // [20:20] is the sub-list for extension extendee
+	0,  // [0:20] is the sub-list for field type_name
 }
 
 func init() { file_gpuplane_v1_api_proto_init() }
@@ -1437,9 +2056,9 @@ func file_gpuplane_v1_api_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_gpuplane_v1_api_proto_rawDesc), len(file_gpuplane_v1_api_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   23,
+			NumMessages:   33,
 			NumExtensions: 0,
-			NumServices:   4,
+			NumServices:   5,
 		},
 		GoTypes:           file_gpuplane_v1_api_proto_goTypes,
 		DependencyIndexes: file_gpuplane_v1_api_proto_depIdxs,

@@ -158,6 +158,11 @@ type Envelope struct {
 	//	*Envelope_DeregisterNode
 	//	*Envelope_CreateAccelerator
 	//	*Envelope_DeleteAccelerator
+	//	*Envelope_ApplyModel
+	//	*Envelope_DeleteModel
+	//	*Envelope_PlaceReplicas
+	//	*Envelope_UnplaceReplica
+	//	*Envelope_ReplicaStatus
 	Command       isEnvelope_Command `protobuf_oneof:"command"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -275,6 +280,51 @@ func (x *Envelope) GetDeleteAccelerator() *DeleteAccelerator {
 	return nil
 }
 
+func (x *Envelope) GetApplyModel() *ApplyModel {
+	if x != nil {
+		if x, ok := x.Command.(*Envelope_ApplyModel); ok {
+			return x.ApplyModel
+		}
+	}
+	return nil
+}
+
+func (x *Envelope) GetDeleteModel() *DeleteModel {
+	if x != nil {
+		if x, ok := x.Command.(*Envelope_DeleteModel); ok {
+			return x.DeleteModel
+		}
+	}
+	return nil
+}
+
+func (x *Envelope) GetPlaceReplicas() *PlaceReplicas {
+	if x != nil {
+		if x, ok := x.Command.(*Envelope_PlaceReplicas); ok {
+			return x.PlaceReplicas
+		}
+	}
+	return nil
+}
+
+func (x *Envelope) GetUnplaceReplica() *UnplaceReplica {
+	if x != nil {
+		if x, ok := x.Command.(*Envelope_UnplaceReplica); ok {
+			return x.UnplaceReplica
+		}
+	}
+	return nil
+}
+
+func (x *Envelope) GetReplicaStatus() *ReplicaStatus {
+	if x != nil {
+		if x, ok := x.Command.(*Envelope_ReplicaStatus); ok {
+			return x.ReplicaStatus
+		}
+	}
+	return nil
+}
+
 type isEnvelope_Command interface {
 	isEnvelope_Command()
 }
@@ -303,6 +353,26 @@ type Envelope_DeleteAccelerator struct {
 	DeleteAccelerator *DeleteAccelerator `protobuf:"bytes,15,opt,name=delete_accelerator,json=deleteAccelerator,proto3,oneof"`
 }
 
+type Envelope_ApplyModel struct {
+	ApplyModel *ApplyModel `protobuf:"bytes,16,opt,name=apply_model,json=applyModel,proto3,oneof"`
+}
+
+type Envelope_DeleteModel struct {
+	DeleteModel *DeleteModel `protobuf:"bytes,17,opt,name=delete_model,json=deleteModel,proto3,oneof"`
+}
+
+type Envelope_PlaceReplicas struct {
+	PlaceReplicas *PlaceReplicas `protobuf:"bytes,18,opt,name=place_replicas,json=placeReplicas,proto3,oneof"`
+}
+
+type Envelope_UnplaceReplica struct {
+	UnplaceReplica *UnplaceReplica `protobuf:"bytes,19,opt,name=unplace_replica,json=unplaceReplica,proto3,oneof"`
+}
+
+type Envelope_ReplicaStatus struct {
+	ReplicaStatus *ReplicaStatus `protobuf:"bytes,20,opt,name=replica_status,json=replicaStatus,proto3,oneof"`
+}
+
 func (*Envelope_RegisterNode) isEnvelope_Command() {}
 
 func (*Envelope_UpdateInventory) isEnvelope_Command() {}
@@ -314,6 +384,16 @@ func (*Envelope_DeregisterNode) isEnvelope_Command() {}
 func (*Envelope_CreateAccelerator) isEnvelope_Command() {}
 
 func (*Envelope_DeleteAccelerator) isEnvelope_Command() {}
+
+func (*Envelope_ApplyModel) isEnvelope_Command() {}
+
+func (*Envelope_DeleteModel) isEnvelope_Command() {}
+
+func (*Envelope_PlaceReplicas) isEnvelope_Command() {}
+
+func (*Envelope_UnplaceReplica) isEnvelope_Command() {}
+
+func (*Envelope_ReplicaStatus) isEnvelope_Command() {}
 
 // RegisterNode adds a node or replaces its identity, addresses and inventory.
 type RegisterNode struct {
@@ -628,6 +708,478 @@ func (x *DeleteAccelerator) GetForce() bool {
 	return false
 }
 
+// ApplyModel creates a deployment or changes it. A change of anything but
+// the replica count starts a new generation: its replicas are released and
+// placed again.
+type ApplyModel struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Spec          *ModelSpec             `protobuf:"bytes,2,opt,name=spec,proto3" json:"spec,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ApplyModel) Reset() {
+	*x = ApplyModel{}
+	mi := &file_gpuplane_v1_log_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ApplyModel) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ApplyModel) ProtoMessage() {}
+
+func (x *ApplyModel) ProtoReflect() protoreflect.Message {
+	mi := &file_gpuplane_v1_log_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ApplyModel.ProtoReflect.Descriptor instead.
+func (*ApplyModel) Descriptor() ([]byte, []int) {
+	return file_gpuplane_v1_log_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *ApplyModel) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *ApplyModel) GetSpec() *ModelSpec {
+	if x != nil {
+		return x.Spec
+	}
+	return nil
+}
+
+// DeleteModel removes a deployment and releases its replicas' shares.
+type DeleteModel struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteModel) Reset() {
+	*x = DeleteModel{}
+	mi := &file_gpuplane_v1_log_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteModel) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteModel) ProtoMessage() {}
+
+func (x *DeleteModel) ProtoReflect() protoreflect.Message {
+	mi := &file_gpuplane_v1_log_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteModel.ProtoReflect.Descriptor instead.
+func (*DeleteModel) Descriptor() ([]byte, []int) {
+	return file_gpuplane_v1_log_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *DeleteModel) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+// Placement puts one pending replica on cards.
+type Placement struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Model   string                 `protobuf:"bytes,1,opt,name=model,proto3" json:"model,omitempty"`
+	Replica uint32                 `protobuf:"varint,2,opt,name=replica,proto3" json:"replica,omitempty"`
+	// The generation the scheduler saw; a stale one rejects the plan.
+	Generation    uint64   `protobuf:"varint,3,opt,name=generation,proto3" json:"generation,omitempty"`
+	Node          string   `protobuf:"bytes,4,opt,name=node,proto3" json:"node,omitempty"`
+	Cards         []uint32 `protobuf:"varint,5,rep,packed,name=cards,proto3" json:"cards,omitempty"`
+	ShareMilli    uint32   `protobuf:"varint,6,opt,name=share_milli,json=shareMilli,proto3" json:"share_milli,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Placement) Reset() {
+	*x = Placement{}
+	mi := &file_gpuplane_v1_log_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Placement) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Placement) ProtoMessage() {}
+
+func (x *Placement) ProtoReflect() protoreflect.Message {
+	mi := &file_gpuplane_v1_log_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Placement.ProtoReflect.Descriptor instead.
+func (*Placement) Descriptor() ([]byte, []int) {
+	return file_gpuplane_v1_log_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *Placement) GetModel() string {
+	if x != nil {
+		return x.Model
+	}
+	return ""
+}
+
+func (x *Placement) GetReplica() uint32 {
+	if x != nil {
+		return x.Replica
+	}
+	return 0
+}
+
+func (x *Placement) GetGeneration() uint64 {
+	if x != nil {
+		return x.Generation
+	}
+	return 0
+}
+
+func (x *Placement) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *Placement) GetCards() []uint32 {
+	if x != nil {
+		return x.Cards
+	}
+	return nil
+}
+
+func (x *Placement) GetShareMilli() uint32 {
+	if x != nil {
+		return x.ShareMilli
+	}
+	return 0
+}
+
+// PendingReason records why a replica is still pending.
+type PendingReason struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Model         string                 `protobuf:"bytes,1,opt,name=model,proto3" json:"model,omitempty"`
+	Replica       uint32                 `protobuf:"varint,2,opt,name=replica,proto3" json:"replica,omitempty"`
+	Reason        string                 `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PendingReason) Reset() {
+	*x = PendingReason{}
+	mi := &file_gpuplane_v1_log_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PendingReason) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PendingReason) ProtoMessage() {}
+
+func (x *PendingReason) ProtoReflect() protoreflect.Message {
+	mi := &file_gpuplane_v1_log_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PendingReason.ProtoReflect.Descriptor instead.
+func (*PendingReason) Descriptor() ([]byte, []int) {
+	return file_gpuplane_v1_log_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *PendingReason) GetModel() string {
+	if x != nil {
+		return x.Model
+	}
+	return ""
+}
+
+func (x *PendingReason) GetReplica() uint32 {
+	if x != nil {
+		return x.Replica
+	}
+	return 0
+}
+
+func (x *PendingReason) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+// PlaceReplicas is one scheduling decision, proposed by the leader. The state
+// machine re-checks every placement against the state at apply (SPEC rule 11)
+// and rejects the whole plan if any would over-commit a card.
+type PlaceReplicas struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Placements    []*Placement           `protobuf:"bytes,1,rep,name=placements,proto3" json:"placements,omitempty"`
+	Pending       []*PendingReason       `protobuf:"bytes,2,rep,name=pending,proto3" json:"pending,omitempty"`
+	Policy        string                 `protobuf:"bytes,3,opt,name=policy,proto3" json:"policy,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PlaceReplicas) Reset() {
+	*x = PlaceReplicas{}
+	mi := &file_gpuplane_v1_log_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PlaceReplicas) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PlaceReplicas) ProtoMessage() {}
+
+func (x *PlaceReplicas) ProtoReflect() protoreflect.Message {
+	mi := &file_gpuplane_v1_log_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PlaceReplicas.ProtoReflect.Descriptor instead.
+func (*PlaceReplicas) Descriptor() ([]byte, []int) {
+	return file_gpuplane_v1_log_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *PlaceReplicas) GetPlacements() []*Placement {
+	if x != nil {
+		return x.Placements
+	}
+	return nil
+}
+
+func (x *PlaceReplicas) GetPending() []*PendingReason {
+	if x != nil {
+		return x.Pending
+	}
+	return nil
+}
+
+func (x *PlaceReplicas) GetPolicy() string {
+	if x != nil {
+		return x.Policy
+	}
+	return ""
+}
+
+// UnplaceReplica returns a placed replica to pending.
+type UnplaceReplica struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Model         string                 `protobuf:"bytes,1,opt,name=model,proto3" json:"model,omitempty"`
+	Replica       uint32                 `protobuf:"varint,2,opt,name=replica,proto3" json:"replica,omitempty"`
+	Reason        string                 `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UnplaceReplica) Reset() {
+	*x = UnplaceReplica{}
+	mi := &file_gpuplane_v1_log_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UnplaceReplica) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UnplaceReplica) ProtoMessage() {}
+
+func (x *UnplaceReplica) ProtoReflect() protoreflect.Message {
+	mi := &file_gpuplane_v1_log_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UnplaceReplica.ProtoReflect.Descriptor instead.
+func (*UnplaceReplica) Descriptor() ([]byte, []int) {
+	return file_gpuplane_v1_log_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *UnplaceReplica) GetModel() string {
+	if x != nil {
+		return x.Model
+	}
+	return ""
+}
+
+func (x *UnplaceReplica) GetReplica() uint32 {
+	if x != nil {
+		return x.Replica
+	}
+	return 0
+}
+
+func (x *UnplaceReplica) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+// ReplicaStatus is a node's report of a state transition of one replica.
+type ReplicaStatus struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Model         string                 `protobuf:"bytes,1,opt,name=model,proto3" json:"model,omitempty"`
+	Replica       uint32                 `protobuf:"varint,2,opt,name=replica,proto3" json:"replica,omitempty"`
+	Generation    uint64                 `protobuf:"varint,3,opt,name=generation,proto3" json:"generation,omitempty"`
+	Node          string                 `protobuf:"bytes,4,opt,name=node,proto3" json:"node,omitempty"`
+	State         ReplicaState           `protobuf:"varint,5,opt,name=state,proto3,enum=gpuplane.v1.ReplicaState" json:"state,omitempty"`
+	Reason        string                 `protobuf:"bytes,6,opt,name=reason,proto3" json:"reason,omitempty"`
+	Restarts      uint32                 `protobuf:"varint,7,opt,name=restarts,proto3" json:"restarts,omitempty"`
+	Endpoint      string                 `protobuf:"bytes,8,opt,name=endpoint,proto3" json:"endpoint,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReplicaStatus) Reset() {
+	*x = ReplicaStatus{}
+	mi := &file_gpuplane_v1_log_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReplicaStatus) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReplicaStatus) ProtoMessage() {}
+
+func (x *ReplicaStatus) ProtoReflect() protoreflect.Message {
+	mi := &file_gpuplane_v1_log_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReplicaStatus.ProtoReflect.Descriptor instead.
+func (*ReplicaStatus) Descriptor() ([]byte, []int) {
+	return file_gpuplane_v1_log_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *ReplicaStatus) GetModel() string {
+	if x != nil {
+		return x.Model
+	}
+	return ""
+}
+
+func (x *ReplicaStatus) GetReplica() uint32 {
+	if x != nil {
+		return x.Replica
+	}
+	return 0
+}
+
+func (x *ReplicaStatus) GetGeneration() uint64 {
+	if x != nil {
+		return x.Generation
+	}
+	return 0
+}
+
+func (x *ReplicaStatus) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *ReplicaStatus) GetState() ReplicaState {
+	if x != nil {
+		return x.State
+	}
+	return ReplicaState_REPLICA_STATE_UNSPECIFIED
+}
+
+func (x *ReplicaStatus) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *ReplicaStatus) GetRestarts() uint32 {
+	if x != nil {
+		return x.Restarts
+	}
+	return 0
+}
+
+func (x *ReplicaStatus) GetEndpoint() string {
+	if x != nil {
+		return x.Endpoint
+	}
+	return ""
+}
+
 // Violation is one broken rule, with the path of the field that broke it.
 type Violation struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -639,7 +1191,7 @@ type Violation struct {
 
 func (x *Violation) Reset() {
 	*x = Violation{}
-	mi := &file_gpuplane_v1_log_proto_msgTypes[7]
+	mi := &file_gpuplane_v1_log_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -651,7 +1203,7 @@ func (x *Violation) String() string {
 func (*Violation) ProtoMessage() {}
 
 func (x *Violation) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuplane_v1_log_proto_msgTypes[7]
+	mi := &file_gpuplane_v1_log_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -664,7 +1216,7 @@ func (x *Violation) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Violation.ProtoReflect.Descriptor instead.
 func (*Violation) Descriptor() ([]byte, []int) {
-	return file_gpuplane_v1_log_proto_rawDescGZIP(), []int{7}
+	return file_gpuplane_v1_log_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *Violation) GetField() string {
@@ -691,7 +1243,7 @@ type Violations struct {
 
 func (x *Violations) Reset() {
 	*x = Violations{}
-	mi := &file_gpuplane_v1_log_proto_msgTypes[8]
+	mi := &file_gpuplane_v1_log_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -703,7 +1255,7 @@ func (x *Violations) String() string {
 func (*Violations) ProtoMessage() {}
 
 func (x *Violations) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuplane_v1_log_proto_msgTypes[8]
+	mi := &file_gpuplane_v1_log_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -716,7 +1268,7 @@ func (x *Violations) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Violations.ProtoReflect.Descriptor instead.
 func (*Violations) Descriptor() ([]byte, []int) {
-	return file_gpuplane_v1_log_proto_rawDescGZIP(), []int{8}
+	return file_gpuplane_v1_log_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *Violations) GetViolations() []*Violation {
@@ -746,7 +1298,7 @@ type Result struct {
 
 func (x *Result) Reset() {
 	*x = Result{}
-	mi := &file_gpuplane_v1_log_proto_msgTypes[9]
+	mi := &file_gpuplane_v1_log_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -758,7 +1310,7 @@ func (x *Result) String() string {
 func (*Result) ProtoMessage() {}
 
 func (x *Result) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuplane_v1_log_proto_msgTypes[9]
+	mi := &file_gpuplane_v1_log_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -771,7 +1323,7 @@ func (x *Result) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Result.ProtoReflect.Descriptor instead.
 func (*Result) Descriptor() ([]byte, []int) {
-	return file_gpuplane_v1_log_proto_rawDescGZIP(), []int{9}
+	return file_gpuplane_v1_log_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *Result) GetCode() Code {
@@ -827,7 +1379,7 @@ var File_gpuplane_v1_log_proto protoreflect.FileDescriptor
 
 const file_gpuplane_v1_log_proto_rawDesc = "" +
 	"\n" +
-	"\x15gpuplane/v1/log.proto\x12\vgpuplane.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1bgpuplane/v1/resources.proto\"\xc4\x04\n" +
+	"\x15gpuplane/v1/log.proto\x12\vgpuplane.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1bgpuplane/v1/resources.proto\"\x91\a\n" +
 	"\bEnvelope\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12\x14\n" +
@@ -840,7 +1392,13 @@ const file_gpuplane_v1_log_proto_rawDesc = "" +
 	"\x0fset_node_status\x18\f \x01(\v2\x1a.gpuplane.v1.SetNodeStatusH\x00R\rsetNodeStatus\x12F\n" +
 	"\x0fderegister_node\x18\r \x01(\v2\x1b.gpuplane.v1.DeregisterNodeH\x00R\x0ederegisterNode\x12O\n" +
 	"\x12create_accelerator\x18\x0e \x01(\v2\x1e.gpuplane.v1.CreateAcceleratorH\x00R\x11createAccelerator\x12O\n" +
-	"\x12delete_accelerator\x18\x0f \x01(\v2\x1e.gpuplane.v1.DeleteAcceleratorH\x00R\x11deleteAcceleratorB\t\n" +
+	"\x12delete_accelerator\x18\x0f \x01(\v2\x1e.gpuplane.v1.DeleteAcceleratorH\x00R\x11deleteAccelerator\x12:\n" +
+	"\vapply_model\x18\x10 \x01(\v2\x17.gpuplane.v1.ApplyModelH\x00R\n" +
+	"applyModel\x12=\n" +
+	"\fdelete_model\x18\x11 \x01(\v2\x18.gpuplane.v1.DeleteModelH\x00R\vdeleteModel\x12C\n" +
+	"\x0eplace_replicas\x18\x12 \x01(\v2\x1a.gpuplane.v1.PlaceReplicasH\x00R\rplaceReplicas\x12F\n" +
+	"\x0funplace_replica\x18\x13 \x01(\v2\x1b.gpuplane.v1.UnplaceReplicaH\x00R\x0eunplaceReplica\x12C\n" +
+	"\x0ereplica_status\x18\x14 \x01(\v2\x1a.gpuplane.v1.ReplicaStatusH\x00R\rreplicaStatusB\t\n" +
 	"\acommand\"5\n" +
 	"\fRegisterNode\x12%\n" +
 	"\x04node\x18\x01 \x01(\v2\x11.gpuplane.v1.NodeR\x04node\"N\n" +
@@ -858,7 +1416,48 @@ const file_gpuplane_v1_log_proto_rawDesc = "" +
 	"\x06upsert\x18\x03 \x01(\bR\x06upsert\"=\n" +
 	"\x11DeleteAccelerator\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
-	"\x05force\x18\x02 \x01(\bR\x05force\"C\n" +
+	"\x05force\x18\x02 \x01(\bR\x05force\"L\n" +
+	"\n" +
+	"ApplyModel\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12*\n" +
+	"\x04spec\x18\x02 \x01(\v2\x16.gpuplane.v1.ModelSpecR\x04spec\"!\n" +
+	"\vDeleteModel\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\"\xa6\x01\n" +
+	"\tPlacement\x12\x14\n" +
+	"\x05model\x18\x01 \x01(\tR\x05model\x12\x18\n" +
+	"\areplica\x18\x02 \x01(\rR\areplica\x12\x1e\n" +
+	"\n" +
+	"generation\x18\x03 \x01(\x04R\n" +
+	"generation\x12\x12\n" +
+	"\x04node\x18\x04 \x01(\tR\x04node\x12\x14\n" +
+	"\x05cards\x18\x05 \x03(\rR\x05cards\x12\x1f\n" +
+	"\vshare_milli\x18\x06 \x01(\rR\n" +
+	"shareMilli\"W\n" +
+	"\rPendingReason\x12\x14\n" +
+	"\x05model\x18\x01 \x01(\tR\x05model\x12\x18\n" +
+	"\areplica\x18\x02 \x01(\rR\areplica\x12\x16\n" +
+	"\x06reason\x18\x03 \x01(\tR\x06reason\"\x95\x01\n" +
+	"\rPlaceReplicas\x126\n" +
+	"\n" +
+	"placements\x18\x01 \x03(\v2\x16.gpuplane.v1.PlacementR\n" +
+	"placements\x124\n" +
+	"\apending\x18\x02 \x03(\v2\x1a.gpuplane.v1.PendingReasonR\apending\x12\x16\n" +
+	"\x06policy\x18\x03 \x01(\tR\x06policy\"X\n" +
+	"\x0eUnplaceReplica\x12\x14\n" +
+	"\x05model\x18\x01 \x01(\tR\x05model\x12\x18\n" +
+	"\areplica\x18\x02 \x01(\rR\areplica\x12\x16\n" +
+	"\x06reason\x18\x03 \x01(\tR\x06reason\"\xf4\x01\n" +
+	"\rReplicaStatus\x12\x14\n" +
+	"\x05model\x18\x01 \x01(\tR\x05model\x12\x18\n" +
+	"\areplica\x18\x02 \x01(\rR\areplica\x12\x1e\n" +
+	"\n" +
+	"generation\x18\x03 \x01(\x04R\n" +
+	"generation\x12\x12\n" +
+	"\x04node\x18\x04 \x01(\tR\x04node\x12/\n" +
+	"\x05state\x18\x05 \x01(\x0e2\x19.gpuplane.v1.ReplicaStateR\x05state\x12\x16\n" +
+	"\x06reason\x18\x06 \x01(\tR\x06reason\x12\x1a\n" +
+	"\brestarts\x18\a \x01(\rR\brestarts\x12\x1a\n" +
+	"\bendpoint\x18\b \x01(\tR\bendpoint\"C\n" +
 	"\tViolation\x12\x14\n" +
 	"\x05field\x18\x01 \x01(\tR\x05field\x12 \n" +
 	"\vdescription\x18\x02 \x01(\tR\vdescription\"D\n" +
@@ -905,7 +1504,7 @@ func file_gpuplane_v1_log_proto_rawDescGZIP() []byte {
 }
 
 var file_gpuplane_v1_log_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_gpuplane_v1_log_proto_msgTypes = make([]protoimpl.MessageInfo, 10)
+var file_gpuplane_v1_log_proto_msgTypes = make([]protoimpl.MessageInfo, 17)
 var file_gpuplane_v1_log_proto_goTypes = []any{
 	(Code)(0),                     // 0: gpuplane.v1.Code
 	(Outcome)(0),                  // 1: gpuplane.v1.Outcome
@@ -916,36 +1515,54 @@ var file_gpuplane_v1_log_proto_goTypes = []any{
 	(*DeregisterNode)(nil),        // 6: gpuplane.v1.DeregisterNode
 	(*CreateAccelerator)(nil),     // 7: gpuplane.v1.CreateAccelerator
 	(*DeleteAccelerator)(nil),     // 8: gpuplane.v1.DeleteAccelerator
-	(*Violation)(nil),             // 9: gpuplane.v1.Violation
-	(*Violations)(nil),            // 10: gpuplane.v1.Violations
-	(*Result)(nil),                // 11: gpuplane.v1.Result
-	(*timestamppb.Timestamp)(nil), // 12: google.protobuf.Timestamp
-	(*Node)(nil),                  // 13: gpuplane.v1.Node
-	(*Card)(nil),                  // 14: gpuplane.v1.Card
-	(NodeStatus)(0),               // 15: gpuplane.v1.NodeStatus
-	(*AcceleratorSpec)(nil),       // 16: gpuplane.v1.AcceleratorSpec
+	(*ApplyModel)(nil),            // 9: gpuplane.v1.ApplyModel
+	(*DeleteModel)(nil),           // 10: gpuplane.v1.DeleteModel
+	(*Placement)(nil),             // 11: gpuplane.v1.Placement
+	(*PendingReason)(nil),         // 12: gpuplane.v1.PendingReason
+	(*PlaceReplicas)(nil),         // 13: gpuplane.v1.PlaceReplicas
+	(*UnplaceReplica)(nil),        // 14: gpuplane.v1.UnplaceReplica
+	(*ReplicaStatus)(nil),         // 15: gpuplane.v1.ReplicaStatus
+	(*Violation)(nil),             // 16: gpuplane.v1.Violation
+	(*Violations)(nil),            // 17: gpuplane.v1.Violations
+	(*Result)(nil),                // 18: gpuplane.v1.Result
+	(*timestamppb.Timestamp)(nil), // 19: google.protobuf.Timestamp
+	(*Node)(nil),                  // 20: gpuplane.v1.Node
+	(*Card)(nil),                  // 21: gpuplane.v1.Card
+	(NodeStatus)(0),               // 22: gpuplane.v1.NodeStatus
+	(*AcceleratorSpec)(nil),       // 23: gpuplane.v1.AcceleratorSpec
+	(*ModelSpec)(nil),             // 24: gpuplane.v1.ModelSpec
+	(ReplicaState)(0),             // 25: gpuplane.v1.ReplicaState
 }
 var file_gpuplane_v1_log_proto_depIdxs = []int32{
-	12, // 0: gpuplane.v1.Envelope.proposed_at:type_name -> google.protobuf.Timestamp
+	19, // 0: gpuplane.v1.Envelope.proposed_at:type_name -> google.protobuf.Timestamp
 	3,  // 1: gpuplane.v1.Envelope.register_node:type_name -> gpuplane.v1.RegisterNode
 	4,  // 2: gpuplane.v1.Envelope.update_inventory:type_name -> gpuplane.v1.UpdateInventory
 	5,  // 3: gpuplane.v1.Envelope.set_node_status:type_name -> gpuplane.v1.SetNodeStatus
 	6,  // 4: gpuplane.v1.Envelope.deregister_node:type_name -> gpuplane.v1.DeregisterNode
 	7,  // 5: gpuplane.v1.Envelope.create_accelerator:type_name -> gpuplane.v1.CreateAccelerator
 	8,  // 6: gpuplane.v1.Envelope.delete_accelerator:type_name -> gpuplane.v1.DeleteAccelerator
-	13, // 7: gpuplane.v1.RegisterNode.node:type_name -> gpuplane.v1.Node
-	14, // 8: gpuplane.v1.UpdateInventory.cards:type_name -> gpuplane.v1.Card
-	15, // 9: gpuplane.v1.SetNodeStatus.status:type_name -> gpuplane.v1.NodeStatus
-	16, // 10: gpuplane.v1.CreateAccelerator.spec:type_name -> gpuplane.v1.AcceleratorSpec
-	9,  // 11: gpuplane.v1.Violations.violations:type_name -> gpuplane.v1.Violation
-	0,  // 12: gpuplane.v1.Result.code:type_name -> gpuplane.v1.Code
-	9,  // 13: gpuplane.v1.Result.violations:type_name -> gpuplane.v1.Violation
-	1,  // 14: gpuplane.v1.Result.outcome:type_name -> gpuplane.v1.Outcome
-	15, // [15:15] is the sub-list for method output_type
-	15, // [15:15] is the sub-list for method input_type
-	15, // [15:15] is the sub-list for extension type_name
-	15, // [15:15] is the sub-list for extension extendee
-	0,  // [0:15] is the sub-list for field type_name
+	9,  // 7: gpuplane.v1.Envelope.apply_model:type_name -> gpuplane.v1.ApplyModel
+	10, // 8: gpuplane.v1.Envelope.delete_model:type_name -> gpuplane.v1.DeleteModel
+	13, // 9: gpuplane.v1.Envelope.place_replicas:type_name -> gpuplane.v1.PlaceReplicas
+	14, // 10: gpuplane.v1.Envelope.unplace_replica:type_name -> gpuplane.v1.UnplaceReplica
+	15, // 11: gpuplane.v1.Envelope.replica_status:type_name -> gpuplane.v1.ReplicaStatus
+	20, // 12: gpuplane.v1.RegisterNode.node:type_name -> gpuplane.v1.Node
+	21, // 13: gpuplane.v1.UpdateInventory.cards:type_name -> gpuplane.v1.Card
+	22, // 14: gpuplane.v1.SetNodeStatus.status:type_name -> gpuplane.v1.NodeStatus
+	23, // 15: gpuplane.v1.CreateAccelerator.spec:type_name -> gpuplane.v1.AcceleratorSpec
+	24, // 16: gpuplane.v1.ApplyModel.spec:type_name -> gpuplane.v1.ModelSpec
+	11, // 17: gpuplane.v1.PlaceReplicas.placements:type_name -> gpuplane.v1.Placement
+	12, // 18: gpuplane.v1.PlaceReplicas.pending:type_name -> gpuplane.v1.PendingReason
+	25, // 19: gpuplane.v1.ReplicaStatus.state:type_name -> gpuplane.v1.ReplicaState
+	16, // 20: gpuplane.v1.Violations.violations:type_name -> gpuplane.v1.Violation
+	0,  // 21: gpuplane.v1.Result.code:type_name -> gpuplane.v1.Code
+	16, // 22: gpuplane.v1.Result.violations:type_name -> gpuplane.v1.Violation
+	1,  // 23: gpuplane.v1.Result.outcome:type_name -> gpuplane.v1.Outcome
+	24, // [24:24] is the sub-list for method output_type
+	24, // [24:24] is the sub-list for method input_type
+	24, // [24:24] is the sub-list for extension type_name
+	24, // [24:24] is the sub-list for extension extendee
+	0,  // [0:24] is the sub-list for field type_name
 }
 
 func init() { file_gpuplane_v1_log_proto_init() }
@@ -961,6 +1578,11 @@ func file_gpuplane_v1_log_proto_init() {
 		(*Envelope_DeregisterNode)(nil),
 		(*Envelope_CreateAccelerator)(nil),
 		(*Envelope_DeleteAccelerator)(nil),
+		(*Envelope_ApplyModel)(nil),
+		(*Envelope_DeleteModel)(nil),
+		(*Envelope_PlaceReplicas)(nil),
+		(*Envelope_UnplaceReplica)(nil),
+		(*Envelope_ReplicaStatus)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -968,7 +1590,7 @@ func file_gpuplane_v1_log_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_gpuplane_v1_log_proto_rawDesc), len(file_gpuplane_v1_log_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   10,
+			NumMessages:   17,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -176,6 +176,70 @@ func (Tenancy) EnumDescriptor() ([]byte, []int) {
 	return file_gpuplane_v1_resources_proto_rawDescGZIP(), []int{2}
 }
 
+// ReplicaState is where a replica is in its life.
+type ReplicaState int32
+
+const (
+	ReplicaState_REPLICA_STATE_UNSPECIFIED ReplicaState = 0
+	// Waiting for a placement; reason says why it has none.
+	ReplicaState_REPLICA_STATE_PENDING ReplicaState = 1
+	// Placed on cards; the node has not started it yet.
+	ReplicaState_REPLICA_STATE_PLACED   ReplicaState = 2
+	ReplicaState_REPLICA_STATE_STARTING ReplicaState = 3
+	ReplicaState_REPLICA_STATE_RUNNING  ReplicaState = 4
+	ReplicaState_REPLICA_STATE_FAILED   ReplicaState = 5
+	ReplicaState_REPLICA_STATE_STOPPED  ReplicaState = 6
+)
+
+// Enum value maps for ReplicaState.
+var (
+	ReplicaState_name = map[int32]string{
+		0: "REPLICA_STATE_UNSPECIFIED",
+		1: "REPLICA_STATE_PENDING",
+		2: "REPLICA_STATE_PLACED",
+		3: "REPLICA_STATE_STARTING",
+		4: "REPLICA_STATE_RUNNING",
+		5: "REPLICA_STATE_FAILED",
+		6: "REPLICA_STATE_STOPPED",
+	}
+	ReplicaState_value = map[string]int32{
+		"REPLICA_STATE_UNSPECIFIED": 0,
+		"REPLICA_STATE_PENDING":     1,
+		"REPLICA_STATE_PLACED":      2,
+		"REPLICA_STATE_STARTING":    3,
+		"REPLICA_STATE_RUNNING":     4,
+		"REPLICA_STATE_FAILED":      5,
+		"REPLICA_STATE_STOPPED":     6,
+	}
+)
+
+func (x ReplicaState) Enum() *ReplicaState {
+	p := new(ReplicaState)
+	*p = x
+	return p
+}
+
+func (x ReplicaState) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (ReplicaState) Descriptor() protoreflect.EnumDescriptor {
+	return file_gpuplane_v1_resources_proto_enumTypes[3].Descriptor()
+}
+
+func (ReplicaState) Type() protoreflect.EnumType {
+	return &file_gpuplane_v1_resources_proto_enumTypes[3]
+}
+
+func (x ReplicaState) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use ReplicaState.Descriptor instead.
+func (ReplicaState) EnumDescriptor() ([]byte, []int) {
+	return file_gpuplane_v1_resources_proto_rawDescGZIP(), []int{3}
+}
+
 // Card is one physical GPU as its node reported it.
 type Card struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -292,8 +356,11 @@ type Node struct {
 	RaftAddress   string            `protobuf:"bytes,7,opt,name=raft_address,json=raftAddress,proto3" json:"raft_address,omitempty"`
 	GossipAddress string            `protobuf:"bytes,8,opt,name=gossip_address,json=gossipAddress,proto3" json:"gossip_address,omitempty"`
 	// True when the cards are simulated rather than read from NVML.
-	Simulated     bool   `protobuf:"varint,9,opt,name=simulated,proto3" json:"simulated,omitempty"`
-	Version       string `protobuf:"bytes,10,opt,name=version,proto3" json:"version,omitempty"`
+	Simulated bool   `protobuf:"varint,9,opt,name=simulated,proto3" json:"simulated,omitempty"`
+	Version   string `protobuf:"bytes,10,opt,name=version,proto3" json:"version,omitempty"`
+	// Host capacity for replicas' resources requests (0 = not limited).
+	CpuMilli      uint32 `protobuf:"varint,11,opt,name=cpu_milli,json=cpuMilli,proto3" json:"cpu_milli,omitempty"`
+	MemoryMib     uint64 `protobuf:"varint,12,opt,name=memory_mib,json=memoryMib,proto3" json:"memory_mib,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -396,6 +463,20 @@ func (x *Node) GetVersion() string {
 		return x.Version
 	}
 	return ""
+}
+
+func (x *Node) GetCpuMilli() uint32 {
+	if x != nil {
+		return x.CpuMilli
+	}
+	return 0
+}
+
+func (x *Node) GetMemoryMib() uint64 {
+	if x != nil {
+		return x.MemoryMib
+	}
+	return 0
 }
 
 // Device is a derived view: one kind of card across the cluster.
@@ -829,6 +910,632 @@ func (x *Accelerator) GetCreatedIndex() uint64 {
 	return 0
 }
 
+// EngineSpec says how to run a replica and how large its share is.
+type EngineSpec struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// vllm | llamacpp | ollama | command | sim
+	Kind string `protobuf:"bytes,1,opt,name=kind,proto3" json:"kind,omitempty"`
+	// Share of one card's memory, 1..100 (0 = not set).
+	MemoryPercent uint32 `protobuf:"varint,2,opt,name=memory_percent,json=memoryPercent,proto3" json:"memory_percent,omitempty"`
+	// Absolute memory share in MiB (0 = not set); exclusive with memory_percent.
+	MemoryMib uint64 `protobuf:"varint,3,opt,name=memory_mib,json=memoryMib,proto3" json:"memory_mib,omitempty"`
+	// SM share, 1..100 (0 = not set); needs a memory share.
+	ComputePercent   uint32            `protobuf:"varint,4,opt,name=compute_percent,json=computePercent,proto3" json:"compute_percent,omitempty"`
+	MaxModelLen      uint32            `protobuf:"varint,5,opt,name=max_model_len,json=maxModelLen,proto3" json:"max_model_len,omitempty"`
+	TensorParallel   uint32            `protobuf:"varint,6,opt,name=tensor_parallel,json=tensorParallel,proto3" json:"tensor_parallel,omitempty"`
+	PipelineParallel uint32            `protobuf:"varint,7,opt,name=pipeline_parallel,json=pipelineParallel,proto3" json:"pipeline_parallel,omitempty"`
+	Args             []string          `protobuf:"bytes,8,rep,name=args,proto3" json:"args,omitempty"`
+	Env              map[string]string `protobuf:"bytes,9,rep,name=env,proto3" json:"env,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
+}
+
+func (x *EngineSpec) Reset() {
+	*x = EngineSpec{}
+	mi := &file_gpuplane_v1_resources_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EngineSpec) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EngineSpec) ProtoMessage() {}
+
+func (x *EngineSpec) ProtoReflect() protoreflect.Message {
+	mi := &file_gpuplane_v1_resources_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EngineSpec.ProtoReflect.Descriptor instead.
+func (*EngineSpec) Descriptor() ([]byte, []int) {
+	return file_gpuplane_v1_resources_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *EngineSpec) GetKind() string {
+	if x != nil {
+		return x.Kind
+	}
+	return ""
+}
+
+func (x *EngineSpec) GetMemoryPercent() uint32 {
+	if x != nil {
+		return x.MemoryPercent
+	}
+	return 0
+}
+
+func (x *EngineSpec) GetMemoryMib() uint64 {
+	if x != nil {
+		return x.MemoryMib
+	}
+	return 0
+}
+
+func (x *EngineSpec) GetComputePercent() uint32 {
+	if x != nil {
+		return x.ComputePercent
+	}
+	return 0
+}
+
+func (x *EngineSpec) GetMaxModelLen() uint32 {
+	if x != nil {
+		return x.MaxModelLen
+	}
+	return 0
+}
+
+func (x *EngineSpec) GetTensorParallel() uint32 {
+	if x != nil {
+		return x.TensorParallel
+	}
+	return 0
+}
+
+func (x *EngineSpec) GetPipelineParallel() uint32 {
+	if x != nil {
+		return x.PipelineParallel
+	}
+	return 0
+}
+
+func (x *EngineSpec) GetArgs() []string {
+	if x != nil {
+		return x.Args
+	}
+	return nil
+}
+
+func (x *EngineSpec) GetEnv() map[string]string {
+	if x != nil {
+		return x.Env
+	}
+	return nil
+}
+
+// PlacementSpec says where replicas may go.
+type PlacementSpec struct {
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	Accelerator string                 `protobuf:"bytes,1,opt,name=accelerator,proto3" json:"accelerator,omitempty"`
+	// Nodes must carry every one of these labels.
+	NodeSelector  map[string]string `protobuf:"bytes,2,rep,name=node_selector,json=nodeSelector,proto3" json:"node_selector,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PlacementSpec) Reset() {
+	*x = PlacementSpec{}
+	mi := &file_gpuplane_v1_resources_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PlacementSpec) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PlacementSpec) ProtoMessage() {}
+
+func (x *PlacementSpec) ProtoReflect() protoreflect.Message {
+	mi := &file_gpuplane_v1_resources_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PlacementSpec.ProtoReflect.Descriptor instead.
+func (*PlacementSpec) Descriptor() ([]byte, []int) {
+	return file_gpuplane_v1_resources_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *PlacementSpec) GetAccelerator() string {
+	if x != nil {
+		return x.Accelerator
+	}
+	return ""
+}
+
+func (x *PlacementSpec) GetNodeSelector() map[string]string {
+	if x != nil {
+		return x.NodeSelector
+	}
+	return nil
+}
+
+// HostResources is what a replica needs from its node besides cards.
+type HostResources struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	CpuMilli      uint32                 `protobuf:"varint,1,opt,name=cpu_milli,json=cpuMilli,proto3" json:"cpu_milli,omitempty"`
+	MemoryMib     uint64                 `protobuf:"varint,2,opt,name=memory_mib,json=memoryMib,proto3" json:"memory_mib,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *HostResources) Reset() {
+	*x = HostResources{}
+	mi := &file_gpuplane_v1_resources_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HostResources) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HostResources) ProtoMessage() {}
+
+func (x *HostResources) ProtoReflect() protoreflect.Message {
+	mi := &file_gpuplane_v1_resources_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HostResources.ProtoReflect.Descriptor instead.
+func (*HostResources) Descriptor() ([]byte, []int) {
+	return file_gpuplane_v1_resources_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *HostResources) GetCpuMilli() uint32 {
+	if x != nil {
+		return x.CpuMilli
+	}
+	return 0
+}
+
+func (x *HostResources) GetMemoryMib() uint64 {
+	if x != nil {
+		return x.MemoryMib
+	}
+	return 0
+}
+
+// ModelSpec is the mutable part of a deployment.
+type ModelSpec struct {
+	state           protoimpl.MessageState `protogen:"open.v1"`
+	Model           string                 `protobuf:"bytes,1,opt,name=model,proto3" json:"model,omitempty"`
+	ServedModelName string                 `protobuf:"bytes,2,opt,name=served_model_name,json=servedModelName,proto3" json:"served_model_name,omitempty"`
+	Replicas        uint32                 `protobuf:"varint,3,opt,name=replicas,proto3" json:"replicas,omitempty"`
+	Placement       *PlacementSpec         `protobuf:"bytes,4,opt,name=placement,proto3" json:"placement,omitempty"`
+	Engine          *EngineSpec            `protobuf:"bytes,5,opt,name=engine,proto3" json:"engine,omitempty"`
+	Resources       *HostResources         `protobuf:"bytes,6,opt,name=resources,proto3" json:"resources,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
+}
+
+func (x *ModelSpec) Reset() {
+	*x = ModelSpec{}
+	mi := &file_gpuplane_v1_resources_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ModelSpec) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ModelSpec) ProtoMessage() {}
+
+func (x *ModelSpec) ProtoReflect() protoreflect.Message {
+	mi := &file_gpuplane_v1_resources_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ModelSpec.ProtoReflect.Descriptor instead.
+func (*ModelSpec) Descriptor() ([]byte, []int) {
+	return file_gpuplane_v1_resources_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *ModelSpec) GetModel() string {
+	if x != nil {
+		return x.Model
+	}
+	return ""
+}
+
+func (x *ModelSpec) GetServedModelName() string {
+	if x != nil {
+		return x.ServedModelName
+	}
+	return ""
+}
+
+func (x *ModelSpec) GetReplicas() uint32 {
+	if x != nil {
+		return x.Replicas
+	}
+	return 0
+}
+
+func (x *ModelSpec) GetPlacement() *PlacementSpec {
+	if x != nil {
+		return x.Placement
+	}
+	return nil
+}
+
+func (x *ModelSpec) GetEngine() *EngineSpec {
+	if x != nil {
+		return x.Engine
+	}
+	return nil
+}
+
+func (x *ModelSpec) GetResources() *HostResources {
+	if x != nil {
+		return x.Resources
+	}
+	return nil
+}
+
+// ModelStatus summarises a deployment's replicas.
+type ModelStatus struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Desired uint32                 `protobuf:"varint,1,opt,name=desired,proto3" json:"desired,omitempty"`
+	// Replicas placed on cards.
+	Placed uint32 `protobuf:"varint,2,opt,name=placed,proto3" json:"placed,omitempty"`
+	// Replicas whose engine reports Running.
+	Running uint32 `protobuf:"varint,3,opt,name=running,proto3" json:"running,omitempty"`
+	// Ready: every desired replica is placed (and running, once nodes run engines).
+	Ready  bool   `protobuf:"varint,4,opt,name=ready,proto3" json:"ready,omitempty"`
+	Reason string `protobuf:"bytes,5,opt,name=reason,proto3" json:"reason,omitempty"`
+	// The share one replica reserves, in MiB.
+	MemoryPerReplicaMib uint64 `protobuf:"varint,6,opt,name=memory_per_replica_mib,json=memoryPerReplicaMib,proto3" json:"memory_per_replica_mib,omitempty"`
+	unknownFields       protoimpl.UnknownFields
+	sizeCache           protoimpl.SizeCache
+}
+
+func (x *ModelStatus) Reset() {
+	*x = ModelStatus{}
+	mi := &file_gpuplane_v1_resources_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ModelStatus) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ModelStatus) ProtoMessage() {}
+
+func (x *ModelStatus) ProtoReflect() protoreflect.Message {
+	mi := &file_gpuplane_v1_resources_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ModelStatus.ProtoReflect.Descriptor instead.
+func (*ModelStatus) Descriptor() ([]byte, []int) {
+	return file_gpuplane_v1_resources_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *ModelStatus) GetDesired() uint32 {
+	if x != nil {
+		return x.Desired
+	}
+	return 0
+}
+
+func (x *ModelStatus) GetPlaced() uint32 {
+	if x != nil {
+		return x.Placed
+	}
+	return 0
+}
+
+func (x *ModelStatus) GetRunning() uint32 {
+	if x != nil {
+		return x.Running
+	}
+	return 0
+}
+
+func (x *ModelStatus) GetReady() bool {
+	if x != nil {
+		return x.Ready
+	}
+	return false
+}
+
+func (x *ModelStatus) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *ModelStatus) GetMemoryPerReplicaMib() uint64 {
+	if x != nil {
+		return x.MemoryPerReplicaMib
+	}
+	return 0
+}
+
+// ModelDeployment is a model to serve.
+type ModelDeployment struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Name  string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Spec  *ModelSpec             `protobuf:"bytes,2,opt,name=spec,proto3" json:"spec,omitempty"`
+	// Bumped by every change of the spec other than the replica count.
+	Generation    uint64       `protobuf:"varint,3,opt,name=generation,proto3" json:"generation,omitempty"`
+	Status        *ModelStatus `protobuf:"bytes,4,opt,name=status,proto3" json:"status,omitempty"`
+	CreatedIndex  uint64       `protobuf:"varint,5,opt,name=created_index,json=createdIndex,proto3" json:"created_index,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ModelDeployment) Reset() {
+	*x = ModelDeployment{}
+	mi := &file_gpuplane_v1_resources_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ModelDeployment) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ModelDeployment) ProtoMessage() {}
+
+func (x *ModelDeployment) ProtoReflect() protoreflect.Message {
+	mi := &file_gpuplane_v1_resources_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ModelDeployment.ProtoReflect.Descriptor instead.
+func (*ModelDeployment) Descriptor() ([]byte, []int) {
+	return file_gpuplane_v1_resources_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *ModelDeployment) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *ModelDeployment) GetSpec() *ModelSpec {
+	if x != nil {
+		return x.Spec
+	}
+	return nil
+}
+
+func (x *ModelDeployment) GetGeneration() uint64 {
+	if x != nil {
+		return x.Generation
+	}
+	return 0
+}
+
+func (x *ModelDeployment) GetStatus() *ModelStatus {
+	if x != nil {
+		return x.Status
+	}
+	return nil
+}
+
+func (x *ModelDeployment) GetCreatedIndex() uint64 {
+	if x != nil {
+		return x.CreatedIndex
+	}
+	return 0
+}
+
+// Replica is one copy of a deployment.
+type Replica struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Model string                 `protobuf:"bytes,1,opt,name=model,proto3" json:"model,omitempty"`
+	// Ordinal within the deployment: 0, 1, ...
+	Index       uint32 `protobuf:"varint,2,opt,name=index,proto3" json:"index,omitempty"`
+	Generation  uint64 `protobuf:"varint,3,opt,name=generation,proto3" json:"generation,omitempty"`
+	Accelerator string `protobuf:"bytes,4,opt,name=accelerator,proto3" json:"accelerator,omitempty"`
+	Node        string `protobuf:"bytes,5,opt,name=node,proto3" json:"node,omitempty"`
+	// Card indexes on node.
+	Cards []uint32 `protobuf:"varint,6,rep,packed,name=cards,proto3" json:"cards,omitempty"`
+	// Reserved share of each card in thousandths (1000 = whole card).
+	ShareMilli uint32 `protobuf:"varint,7,opt,name=share_milli,json=shareMilli,proto3" json:"share_milli,omitempty"`
+	// Reserved memory per card in MiB.
+	MemoryMib      uint64       `protobuf:"varint,8,opt,name=memory_mib,json=memoryMib,proto3" json:"memory_mib,omitempty"`
+	ComputePercent uint32       `protobuf:"varint,9,opt,name=compute_percent,json=computePercent,proto3" json:"compute_percent,omitempty"`
+	State          ReplicaState `protobuf:"varint,10,opt,name=state,proto3,enum=gpuplane.v1.ReplicaState" json:"state,omitempty"`
+	Reason         string       `protobuf:"bytes,11,opt,name=reason,proto3" json:"reason,omitempty"`
+	Restarts       uint32       `protobuf:"varint,12,opt,name=restarts,proto3" json:"restarts,omitempty"`
+	Endpoint       string       `protobuf:"bytes,13,opt,name=endpoint,proto3" json:"endpoint,omitempty"`
+	// Log index of the entry that placed it (0 while pending).
+	PlacedIndex   uint64 `protobuf:"varint,14,opt,name=placed_index,json=placedIndex,proto3" json:"placed_index,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Replica) Reset() {
+	*x = Replica{}
+	mi := &file_gpuplane_v1_resources_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Replica) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Replica) ProtoMessage() {}
+
+func (x *Replica) ProtoReflect() protoreflect.Message {
+	mi := &file_gpuplane_v1_resources_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Replica.ProtoReflect.Descriptor instead.
+func (*Replica) Descriptor() ([]byte, []int) {
+	return file_gpuplane_v1_resources_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *Replica) GetModel() string {
+	if x != nil {
+		return x.Model
+	}
+	return ""
+}
+
+func (x *Replica) GetIndex() uint32 {
+	if x != nil {
+		return x.Index
+	}
+	return 0
+}
+
+func (x *Replica) GetGeneration() uint64 {
+	if x != nil {
+		return x.Generation
+	}
+	return 0
+}
+
+func (x *Replica) GetAccelerator() string {
+	if x != nil {
+		return x.Accelerator
+	}
+	return ""
+}
+
+func (x *Replica) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *Replica) GetCards() []uint32 {
+	if x != nil {
+		return x.Cards
+	}
+	return nil
+}
+
+func (x *Replica) GetShareMilli() uint32 {
+	if x != nil {
+		return x.ShareMilli
+	}
+	return 0
+}
+
+func (x *Replica) GetMemoryMib() uint64 {
+	if x != nil {
+		return x.MemoryMib
+	}
+	return 0
+}
+
+func (x *Replica) GetComputePercent() uint32 {
+	if x != nil {
+		return x.ComputePercent
+	}
+	return 0
+}
+
+func (x *Replica) GetState() ReplicaState {
+	if x != nil {
+		return x.State
+	}
+	return ReplicaState_REPLICA_STATE_UNSPECIFIED
+}
+
+func (x *Replica) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *Replica) GetRestarts() uint32 {
+	if x != nil {
+		return x.Restarts
+	}
+	return 0
+}
+
+func (x *Replica) GetEndpoint() string {
+	if x != nil {
+		return x.Endpoint
+	}
+	return ""
+}
+
+func (x *Replica) GetPlacedIndex() uint64 {
+	if x != nil {
+		return x.PlacedIndex
+	}
+	return 0
+}
+
 var File_gpuplane_v1_resources_proto protoreflect.FileDescriptor
 
 const file_gpuplane_v1_resources_proto_rawDesc = "" +
@@ -843,7 +1550,7 @@ const file_gpuplane_v1_resources_proto_rawDesc = "" +
 	"memory_mib\x18\x05 \x01(\x04R\tmemoryMib\x12\"\n" +
 	"\farchitecture\x18\x06 \x01(\tR\farchitecture\x12\x10\n" +
 	"\x03fp8\x18\a \x01(\bR\x03fp8\x12\x18\n" +
-	"\ahealthy\x18\b \x01(\bR\ahealthy\"\xad\x03\n" +
+	"\ahealthy\x18\b \x01(\bR\ahealthy\"\xe9\x03\n" +
 	"\x04Node\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x18\n" +
 	"\aaddress\x18\x02 \x01(\tR\aaddress\x12)\n" +
@@ -855,7 +1562,10 @@ const file_gpuplane_v1_resources_proto_rawDesc = "" +
 	"\x0egossip_address\x18\b \x01(\tR\rgossipAddress\x12\x1c\n" +
 	"\tsimulated\x18\t \x01(\bR\tsimulated\x12\x18\n" +
 	"\aversion\x18\n" +
-	" \x01(\tR\aversion\x1a9\n" +
+	" \x01(\tR\aversion\x12\x1b\n" +
+	"\tcpu_milli\x18\v \x01(\rR\bcpuMilli\x12\x1d\n" +
+	"\n" +
+	"memory_mib\x18\f \x01(\x04R\tmemoryMib\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xd7\x01\n" +
@@ -900,7 +1610,74 @@ const file_gpuplane_v1_resources_proto_rawDesc = "" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x120\n" +
 	"\x04spec\x18\x02 \x01(\v2\x1c.gpuplane.v1.AcceleratorSpecR\x04spec\x126\n" +
 	"\x06status\x18\x03 \x01(\v2\x1e.gpuplane.v1.AcceleratorStatusR\x06status\x12#\n" +
-	"\rcreated_index\x18\x04 \x01(\x04R\fcreatedIndex*Q\n" +
+	"\rcreated_index\x18\x04 \x01(\x04R\fcreatedIndex\"\x89\x03\n" +
+	"\n" +
+	"EngineSpec\x12\x12\n" +
+	"\x04kind\x18\x01 \x01(\tR\x04kind\x12%\n" +
+	"\x0ememory_percent\x18\x02 \x01(\rR\rmemoryPercent\x12\x1d\n" +
+	"\n" +
+	"memory_mib\x18\x03 \x01(\x04R\tmemoryMib\x12'\n" +
+	"\x0fcompute_percent\x18\x04 \x01(\rR\x0ecomputePercent\x12\"\n" +
+	"\rmax_model_len\x18\x05 \x01(\rR\vmaxModelLen\x12'\n" +
+	"\x0ftensor_parallel\x18\x06 \x01(\rR\x0etensorParallel\x12+\n" +
+	"\x11pipeline_parallel\x18\a \x01(\rR\x10pipelineParallel\x12\x12\n" +
+	"\x04args\x18\b \x03(\tR\x04args\x122\n" +
+	"\x03env\x18\t \x03(\v2 .gpuplane.v1.EngineSpec.EnvEntryR\x03env\x1a6\n" +
+	"\bEnvEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xc5\x01\n" +
+	"\rPlacementSpec\x12 \n" +
+	"\vaccelerator\x18\x01 \x01(\tR\vaccelerator\x12Q\n" +
+	"\rnode_selector\x18\x02 \x03(\v2,.gpuplane.v1.PlacementSpec.NodeSelectorEntryR\fnodeSelector\x1a?\n" +
+	"\x11NodeSelectorEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"K\n" +
+	"\rHostResources\x12\x1b\n" +
+	"\tcpu_milli\x18\x01 \x01(\rR\bcpuMilli\x12\x1d\n" +
+	"\n" +
+	"memory_mib\x18\x02 \x01(\x04R\tmemoryMib\"\x8e\x02\n" +
+	"\tModelSpec\x12\x14\n" +
+	"\x05model\x18\x01 \x01(\tR\x05model\x12*\n" +
+	"\x11served_model_name\x18\x02 \x01(\tR\x0fservedModelName\x12\x1a\n" +
+	"\breplicas\x18\x03 \x01(\rR\breplicas\x128\n" +
+	"\tplacement\x18\x04 \x01(\v2\x1a.gpuplane.v1.PlacementSpecR\tplacement\x12/\n" +
+	"\x06engine\x18\x05 \x01(\v2\x17.gpuplane.v1.EngineSpecR\x06engine\x128\n" +
+	"\tresources\x18\x06 \x01(\v2\x1a.gpuplane.v1.HostResourcesR\tresources\"\xbc\x01\n" +
+	"\vModelStatus\x12\x18\n" +
+	"\adesired\x18\x01 \x01(\rR\adesired\x12\x16\n" +
+	"\x06placed\x18\x02 \x01(\rR\x06placed\x12\x18\n" +
+	"\arunning\x18\x03 \x01(\rR\arunning\x12\x14\n" +
+	"\x05ready\x18\x04 \x01(\bR\x05ready\x12\x16\n" +
+	"\x06reason\x18\x05 \x01(\tR\x06reason\x123\n" +
+	"\x16memory_per_replica_mib\x18\x06 \x01(\x04R\x13memoryPerReplicaMib\"\xc8\x01\n" +
+	"\x0fModelDeployment\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12*\n" +
+	"\x04spec\x18\x02 \x01(\v2\x16.gpuplane.v1.ModelSpecR\x04spec\x12\x1e\n" +
+	"\n" +
+	"generation\x18\x03 \x01(\x04R\n" +
+	"generation\x120\n" +
+	"\x06status\x18\x04 \x01(\v2\x18.gpuplane.v1.ModelStatusR\x06status\x12#\n" +
+	"\rcreated_index\x18\x05 \x01(\x04R\fcreatedIndex\"\xae\x03\n" +
+	"\aReplica\x12\x14\n" +
+	"\x05model\x18\x01 \x01(\tR\x05model\x12\x14\n" +
+	"\x05index\x18\x02 \x01(\rR\x05index\x12\x1e\n" +
+	"\n" +
+	"generation\x18\x03 \x01(\x04R\n" +
+	"generation\x12 \n" +
+	"\vaccelerator\x18\x04 \x01(\tR\vaccelerator\x12\x12\n" +
+	"\x04node\x18\x05 \x01(\tR\x04node\x12\x14\n" +
+	"\x05cards\x18\x06 \x03(\rR\x05cards\x12\x1f\n" +
+	"\vshare_milli\x18\a \x01(\rR\n" +
+	"shareMilli\x12\x1d\n" +
+	"\n" +
+	"memory_mib\x18\b \x01(\x04R\tmemoryMib\x12'\n" +
+	"\x0fcompute_percent\x18\t \x01(\rR\x0ecomputePercent\x12/\n" +
+	"\x05state\x18\n" +
+	" \x01(\x0e2\x19.gpuplane.v1.ReplicaStateR\x05state\x12\x16\n" +
+	"\x06reason\x18\v \x01(\tR\x06reason\x12\x1a\n" +
+	"\brestarts\x18\f \x01(\rR\brestarts\x12\x1a\n" +
+	"\bendpoint\x18\r \x01(\tR\bendpoint\x12!\n" +
+	"\fplaced_index\x18\x0e \x01(\x04R\vplacedIndex*Q\n" +
 	"\bNodeRole\x12\x19\n" +
 	"\x15NODE_ROLE_UNSPECIFIED\x10\x00\x12\x14\n" +
 	"\x10NODE_ROLE_SERVER\x10\x01\x12\x14\n" +
@@ -914,7 +1691,15 @@ const file_gpuplane_v1_resources_proto_rawDesc = "" +
 	"\aTenancy\x12\x17\n" +
 	"\x13TENANCY_UNSPECIFIED\x10\x00\x12\x15\n" +
 	"\x11TENANCY_DEDICATED\x10\x01\x12\x12\n" +
-	"\x0eTENANCY_SHARED\x10\x02B;Z9github.com/gpuplane/gpuplane/proto/gpuplane/v1;gpuplanev1b\x06proto3"
+	"\x0eTENANCY_SHARED\x10\x02*\xce\x01\n" +
+	"\fReplicaState\x12\x1d\n" +
+	"\x19REPLICA_STATE_UNSPECIFIED\x10\x00\x12\x19\n" +
+	"\x15REPLICA_STATE_PENDING\x10\x01\x12\x18\n" +
+	"\x14REPLICA_STATE_PLACED\x10\x02\x12\x1a\n" +
+	"\x16REPLICA_STATE_STARTING\x10\x03\x12\x19\n" +
+	"\x15REPLICA_STATE_RUNNING\x10\x04\x12\x18\n" +
+	"\x14REPLICA_STATE_FAILED\x10\x05\x12\x19\n" +
+	"\x15REPLICA_STATE_STOPPED\x10\x06B;Z9github.com/gpuplane/gpuplane/proto/gpuplane/v1;gpuplanev1b\x06proto3"
 
 var (
 	file_gpuplane_v1_resources_proto_rawDescOnce sync.Once
@@ -928,35 +1713,53 @@ func file_gpuplane_v1_resources_proto_rawDescGZIP() []byte {
 	return file_gpuplane_v1_resources_proto_rawDescData
 }
 
-var file_gpuplane_v1_resources_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_gpuplane_v1_resources_proto_msgTypes = make([]protoimpl.MessageInfo, 8)
+var file_gpuplane_v1_resources_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
+var file_gpuplane_v1_resources_proto_msgTypes = make([]protoimpl.MessageInfo, 17)
 var file_gpuplane_v1_resources_proto_goTypes = []any{
 	(NodeRole)(0),             // 0: gpuplane.v1.NodeRole
 	(NodeStatus)(0),           // 1: gpuplane.v1.NodeStatus
 	(Tenancy)(0),              // 2: gpuplane.v1.Tenancy
-	(*Card)(nil),              // 3: gpuplane.v1.Card
-	(*Node)(nil),              // 4: gpuplane.v1.Node
-	(*Device)(nil),            // 5: gpuplane.v1.Device
-	(*CardStatus)(nil),        // 6: gpuplane.v1.CardStatus
-	(*AcceleratorSpec)(nil),   // 7: gpuplane.v1.AcceleratorSpec
-	(*AcceleratorStatus)(nil), // 8: gpuplane.v1.AcceleratorStatus
-	(*Accelerator)(nil),       // 9: gpuplane.v1.Accelerator
-	nil,                       // 10: gpuplane.v1.Node.LabelsEntry
+	(ReplicaState)(0),         // 3: gpuplane.v1.ReplicaState
+	(*Card)(nil),              // 4: gpuplane.v1.Card
+	(*Node)(nil),              // 5: gpuplane.v1.Node
+	(*Device)(nil),            // 6: gpuplane.v1.Device
+	(*CardStatus)(nil),        // 7: gpuplane.v1.CardStatus
+	(*AcceleratorSpec)(nil),   // 8: gpuplane.v1.AcceleratorSpec
+	(*AcceleratorStatus)(nil), // 9: gpuplane.v1.AcceleratorStatus
+	(*Accelerator)(nil),       // 10: gpuplane.v1.Accelerator
+	(*EngineSpec)(nil),        // 11: gpuplane.v1.EngineSpec
+	(*PlacementSpec)(nil),     // 12: gpuplane.v1.PlacementSpec
+	(*HostResources)(nil),     // 13: gpuplane.v1.HostResources
+	(*ModelSpec)(nil),         // 14: gpuplane.v1.ModelSpec
+	(*ModelStatus)(nil),       // 15: gpuplane.v1.ModelStatus
+	(*ModelDeployment)(nil),   // 16: gpuplane.v1.ModelDeployment
+	(*Replica)(nil),           // 17: gpuplane.v1.Replica
+	nil,                       // 18: gpuplane.v1.Node.LabelsEntry
+	nil,                       // 19: gpuplane.v1.EngineSpec.EnvEntry
+	nil,                       // 20: gpuplane.v1.PlacementSpec.NodeSelectorEntry
 }
 var file_gpuplane_v1_resources_proto_depIdxs = []int32{
 	0,  // 0: gpuplane.v1.Node.role:type_name -> gpuplane.v1.NodeRole
 	1,  // 1: gpuplane.v1.Node.status:type_name -> gpuplane.v1.NodeStatus
-	10, // 2: gpuplane.v1.Node.labels:type_name -> gpuplane.v1.Node.LabelsEntry
-	3,  // 3: gpuplane.v1.Node.cards:type_name -> gpuplane.v1.Card
+	18, // 2: gpuplane.v1.Node.labels:type_name -> gpuplane.v1.Node.LabelsEntry
+	4,  // 3: gpuplane.v1.Node.cards:type_name -> gpuplane.v1.Card
 	1,  // 4: gpuplane.v1.CardStatus.node_status:type_name -> gpuplane.v1.NodeStatus
 	2,  // 5: gpuplane.v1.AcceleratorSpec.tenancy:type_name -> gpuplane.v1.Tenancy
-	7,  // 6: gpuplane.v1.Accelerator.spec:type_name -> gpuplane.v1.AcceleratorSpec
-	8,  // 7: gpuplane.v1.Accelerator.status:type_name -> gpuplane.v1.AcceleratorStatus
-	8,  // [8:8] is the sub-list for method output_type
-	8,  // [8:8] is the sub-list for method input_type
-	8,  // [8:8] is the sub-list for extension type_name
-	8,  // [8:8] is the sub-list for extension extendee
-	0,  // [0:8] is the sub-list for field type_name
+	8,  // 6: gpuplane.v1.Accelerator.spec:type_name -> gpuplane.v1.AcceleratorSpec
+	9,  // 7: gpuplane.v1.Accelerator.status:type_name -> gpuplane.v1.AcceleratorStatus
+	19, // 8: gpuplane.v1.EngineSpec.env:type_name -> gpuplane.v1.EngineSpec.EnvEntry
+	20, // 9: gpuplane.v1.PlacementSpec.node_selector:type_name -> gpuplane.v1.PlacementSpec.NodeSelectorEntry
+	12, // 10: gpuplane.v1.ModelSpec.placement:type_name -> gpuplane.v1.PlacementSpec
+	11, // 11: gpuplane.v1.ModelSpec.engine:type_name -> gpuplane.v1.EngineSpec
+	13, // 12: gpuplane.v1.ModelSpec.resources:type_name -> gpuplane.v1.HostResources
+	14, // 13: gpuplane.v1.ModelDeployment.spec:type_name -> gpuplane.v1.ModelSpec
+	15, // 14: gpuplane.v1.ModelDeployment.status:type_name -> gpuplane.v1.ModelStatus
+	3,  // 15: gpuplane.v1.Replica.state:type_name -> gpuplane.v1.ReplicaState
+	16, // [16:16] is the sub-list for method output_type
+	16, // [16:16] is the sub-list for method input_type
+	16, // [16:16] is the sub-list for extension type_name
+	16, // [16:16] is the sub-list for extension extendee
+	0,  // [0:16] is the sub-list for field type_name
 }
 
 func init() { file_gpuplane_v1_resources_proto_init() }
@@ -969,8 +1772,8 @@ func file_gpuplane_v1_resources_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_gpuplane_v1_resources_proto_rawDesc), len(file_gpuplane_v1_resources_proto_rawDesc)),
-			NumEnums:      3,
-			NumMessages:   8,
+			NumEnums:      4,
+			NumMessages:   17,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -145,6 +145,8 @@ type State struct {
 	Nodes           []*Node              `protobuf:"bytes,3,rep,name=nodes,proto3" json:"nodes,omitempty"`
 	Accelerators    []*StoredAccelerator `protobuf:"bytes,4,rep,name=accelerators,proto3" json:"accelerators,omitempty"`
 	AppliedRequests []*AppliedRequest    `protobuf:"bytes,5,rep,name=applied_requests,json=appliedRequests,proto3" json:"applied_requests,omitempty"`
+	Models          []*ModelDeployment   `protobuf:"bytes,6,rep,name=models,proto3" json:"models,omitempty"`
+	Replicas        []*Replica           `protobuf:"bytes,7,rep,name=replicas,proto3" json:"replicas,omitempty"`
 	unknownFields   protoimpl.UnknownFields
 	sizeCache       protoimpl.SizeCache
 }
@@ -214,6 +216,20 @@ func (x *State) GetAppliedRequests() []*AppliedRequest {
 	return nil
 }
 
+func (x *State) GetModels() []*ModelDeployment {
+	if x != nil {
+		return x.Models
+	}
+	return nil
+}
+
+func (x *State) GetReplicas() []*Replica {
+	if x != nil {
+		return x.Replicas
+	}
+	return nil
+}
+
 var File_gpuplane_v1_state_proto protoreflect.FileDescriptor
 
 const file_gpuplane_v1_state_proto_rawDesc = "" +
@@ -226,13 +242,15 @@ const file_gpuplane_v1_state_proto_rawDesc = "" +
 	"\x0eAppliedRequest\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12+\n" +
-	"\x06result\x18\x02 \x01(\v2\x13.gpuplane.v1.ResultR\x06result\"\xf5\x01\n" +
+	"\x06result\x18\x02 \x01(\v2\x13.gpuplane.v1.ResultR\x06result\"\xdd\x02\n" +
 	"\x05State\x12#\n" +
 	"\rapplied_index\x18\x01 \x01(\x04R\fappliedIndex\x12\x12\n" +
 	"\x04hash\x18\x02 \x01(\tR\x04hash\x12'\n" +
 	"\x05nodes\x18\x03 \x03(\v2\x11.gpuplane.v1.NodeR\x05nodes\x12B\n" +
 	"\faccelerators\x18\x04 \x03(\v2\x1e.gpuplane.v1.StoredAcceleratorR\faccelerators\x12F\n" +
-	"\x10applied_requests\x18\x05 \x03(\v2\x1b.gpuplane.v1.AppliedRequestR\x0fappliedRequestsB;Z9github.com/gpuplane/gpuplane/proto/gpuplane/v1;gpuplanev1b\x06proto3"
+	"\x10applied_requests\x18\x05 \x03(\v2\x1b.gpuplane.v1.AppliedRequestR\x0fappliedRequests\x124\n" +
+	"\x06models\x18\x06 \x03(\v2\x1c.gpuplane.v1.ModelDeploymentR\x06models\x120\n" +
+	"\breplicas\x18\a \x03(\v2\x14.gpuplane.v1.ReplicaR\breplicasB;Z9github.com/gpuplane/gpuplane/proto/gpuplane/v1;gpuplanev1b\x06proto3"
 
 var (
 	file_gpuplane_v1_state_proto_rawDescOnce sync.Once
@@ -254,6 +272,8 @@ var file_gpuplane_v1_state_proto_goTypes = []any{
 	(*AcceleratorSpec)(nil),   // 3: gpuplane.v1.AcceleratorSpec
 	(*Result)(nil),            // 4: gpuplane.v1.Result
 	(*Node)(nil),              // 5: gpuplane.v1.Node
+	(*ModelDeployment)(nil),   // 6: gpuplane.v1.ModelDeployment
+	(*Replica)(nil),           // 7: gpuplane.v1.Replica
 }
 var file_gpuplane_v1_state_proto_depIdxs = []int32{
 	3, // 0: gpuplane.v1.StoredAccelerator.spec:type_name -> gpuplane.v1.AcceleratorSpec
@@ -261,11 +281,13 @@ var file_gpuplane_v1_state_proto_depIdxs = []int32{
 	5, // 2: gpuplane.v1.State.nodes:type_name -> gpuplane.v1.Node
 	0, // 3: gpuplane.v1.State.accelerators:type_name -> gpuplane.v1.StoredAccelerator
 	1, // 4: gpuplane.v1.State.applied_requests:type_name -> gpuplane.v1.AppliedRequest
-	5, // [5:5] is the sub-list for method output_type
-	5, // [5:5] is the sub-list for method input_type
-	5, // [5:5] is the sub-list for extension type_name
-	5, // [5:5] is the sub-list for extension extendee
-	0, // [0:5] is the sub-list for field type_name
+	6, // 5: gpuplane.v1.State.models:type_name -> gpuplane.v1.ModelDeployment
+	7, // 6: gpuplane.v1.State.replicas:type_name -> gpuplane.v1.Replica
+	7, // [7:7] is the sub-list for method output_type
+	7, // [7:7] is the sub-list for method input_type
+	7, // [7:7] is the sub-list for extension type_name
+	7, // [7:7] is the sub-list for extension extendee
+	0, // [0:7] is the sub-list for field type_name
 }
 
 func init() { file_gpuplane_v1_state_proto_init() }

@@ -29,6 +29,8 @@ const (
 	AcceleratorServiceName = "gpuplane.v1.AcceleratorService"
 	// ClusterServiceName is the fully-qualified name of the ClusterService service.
 	ClusterServiceName = "gpuplane.v1.ClusterService"
+	// ModelServiceName is the fully-qualified name of the ModelService service.
+	ModelServiceName = "gpuplane.v1.ModelService"
 )
 
 // These constants are the fully-qualified names of the RPCs defined in this package. They're
@@ -67,6 +69,18 @@ const (
 	// ClusterServiceReadIndexProcedure is the fully-qualified name of the ClusterService's ReadIndex
 	// RPC.
 	ClusterServiceReadIndexProcedure = "/gpuplane.v1.ClusterService/ReadIndex"
+	// ModelServiceListModelsProcedure is the fully-qualified name of the ModelService's ListModels RPC.
+	ModelServiceListModelsProcedure = "/gpuplane.v1.ModelService/ListModels"
+	// ModelServiceGetModelProcedure is the fully-qualified name of the ModelService's GetModel RPC.
+	ModelServiceGetModelProcedure = "/gpuplane.v1.ModelService/GetModel"
+	// ModelServiceApplyModelProcedure is the fully-qualified name of the ModelService's ApplyModel RPC.
+	ModelServiceApplyModelProcedure = "/gpuplane.v1.ModelService/ApplyModel"
+	// ModelServiceDeleteModelProcedure is the fully-qualified name of the ModelService's DeleteModel
+	// RPC.
+	ModelServiceDeleteModelProcedure = "/gpuplane.v1.ModelService/DeleteModel"
+	// ModelServiceListReplicasProcedure is the fully-qualified name of the ModelService's ListReplicas
+	// RPC.
+	ModelServiceListReplicasProcedure = "/gpuplane.v1.ModelService/ListReplicas"
 )
 
 // DeviceServiceClient is a client for the gpuplane.v1.DeviceService service.
@@ -535,4 +549,178 @@ func (UnimplementedClusterServiceHandler) Status(context.Context, *connect.Reque
 
 func (UnimplementedClusterServiceHandler) ReadIndex(context.Context, *connect.Request[v1.ReadIndexRequest]) (*connect.Response[v1.ReadIndexResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("gpuplane.v1.ClusterService.ReadIndex is not implemented"))
+}
+
+// ModelServiceClient is a client for the gpuplane.v1.ModelService service.
+type ModelServiceClient interface {
+	ListModels(context.Context, *connect.Request[v1.ListModelsRequest]) (*connect.Response[v1.ListModelsResponse], error)
+	GetModel(context.Context, *connect.Request[v1.GetModelRequest]) (*connect.Response[v1.GetModelResponse], error)
+	ApplyModel(context.Context, *connect.Request[v1.ApplyModelRequest]) (*connect.Response[v1.ApplyModelResponse], error)
+	DeleteModel(context.Context, *connect.Request[v1.DeleteModelRequest]) (*connect.Response[v1.DeleteModelResponse], error)
+	ListReplicas(context.Context, *connect.Request[v1.ListReplicasRequest]) (*connect.Response[v1.ListReplicasResponse], error)
+}
+
+// NewModelServiceClient constructs a client for the gpuplane.v1.ModelService service. By default,
+// it uses the Connect protocol with the binary Protobuf Codec, asks for gzipped responses, and
+// sends uncompressed requests. To use the gRPC or gRPC-Web protocols, supply the connect.WithGRPC()
+// or connect.WithGRPCWeb() options.
+//
+// The URL supplied here should be the base URL for the Connect or gRPC server (for example,
+// http://api.acme.com or https://acme.com/grpc).
+func NewModelServiceClient(httpClient connect.HTTPClient, baseURL string, opts ...connect.ClientOption) ModelServiceClient {
+	baseURL = strings.TrimRight(baseURL, "/")
+	modelServiceMethods := v1.File_gpuplane_v1_api_proto.Services().ByName("ModelService").Methods()
+	return &modelServiceClient{
+		listModels: connect.NewClient[v1.ListModelsRequest, v1.ListModelsResponse](
+			httpClient,
+			baseURL+ModelServiceListModelsProcedure,
+			connect.WithSchema(modelServiceMethods.ByName("ListModels")),
+			connect.WithClientOptions(opts...),
+		),
+		getModel: connect.NewClient[v1.GetModelRequest, v1.GetModelResponse](
+			httpClient,
+			baseURL+ModelServiceGetModelProcedure,
+			connect.WithSchema(modelServiceMethods.ByName("GetModel")),
+			connect.WithClientOptions(opts...),
+		),
+		applyModel: connect.NewClient[v1.ApplyModelRequest, v1.ApplyModelResponse](
+			httpClient,
+			baseURL+ModelServiceApplyModelProcedure,
+			connect.WithSchema(modelServiceMethods.ByName("ApplyModel")),
+			connect.WithClientOptions(opts...),
+		),
+		deleteModel: connect.NewClient[v1.DeleteModelRequest, v1.DeleteModelResponse](
+			httpClient,
+			baseURL+ModelServiceDeleteModelProcedure,
+			connect.WithSchema(modelServiceMethods.ByName("DeleteModel")),
+			connect.WithClientOptions(opts...),
+		),
+		listReplicas: connect.NewClient[v1.ListReplicasRequest, v1.ListReplicasResponse](
+			httpClient,
+			baseURL+ModelServiceListReplicasProcedure,
+			connect.WithSchema(modelServiceMethods.ByName("ListReplicas")),
+			connect.WithClientOptions(opts...),
+		),
+	}
+}
+
+// modelServiceClient implements ModelServiceClient.
+type modelServiceClient struct {
+	listModels   *connect.Client[v1.ListModelsRequest, v1.ListModelsResponse]
+	getModel     *connect.Client[v1.GetModelRequest, v1.GetModelResponse]
+	applyModel   *connect.Client[v1.ApplyModelRequest, v1.ApplyModelResponse]
+	deleteModel  *connect.Client[v1.DeleteModelRequest, v1.DeleteModelResponse]
+	listReplicas *connect.Client[v1.ListReplicasRequest, v1.ListReplicasResponse]
+}
+
+// ListModels calls gpuplane.v1.ModelService.ListModels.
+func (c *modelServiceClient) ListModels(ctx context.Context, req *connect.Request[v1.ListModelsRequest]) (*connect.Response[v1.ListModelsResponse], error) {
+	return c.listModels.CallUnary(ctx, req)
+}
+
+// GetModel calls gpuplane.v1.ModelService.GetModel.
+func (c *modelServiceClient) GetModel(ctx context.Context, req *connect.Request[v1.GetModelRequest]) (*connect.Response[v1.GetModelResponse], error) {
+	return c.getModel.CallUnary(ctx, req)
+}
+
+// ApplyModel calls gpuplane.v1.ModelService.ApplyModel.
+func (c *modelServiceClient) ApplyModel(ctx context.Context, req *connect.Request[v1.ApplyModelRequest]) (*connect.Response[v1.ApplyModelResponse], error) {
+	return c.applyModel.CallUnary(ctx, req)
+}
+
+// DeleteModel calls gpuplane.v1.ModelService.DeleteModel.
+func (c *modelServiceClient) DeleteModel(ctx context.Context, req *connect.Request[v1.DeleteModelRequest]) (*connect.Response[v1.DeleteModelResponse], error) {
+	return c.deleteModel.CallUnary(ctx, req)
+}
+
+// ListReplicas calls gpuplane.v1.ModelService.ListReplicas.
+func (c *modelServiceClient) ListReplicas(ctx context.Context, req *connect.Request[v1.ListReplicasRequest]) (*connect.Response[v1.ListReplicasResponse], error) {
+	return c.listReplicas.CallUnary(ctx, req)
+}
+
+// ModelServiceHandler is an implementation of the gpuplane.v1.ModelService service.
+type ModelServiceHandler interface {
+	ListModels(context.Context, *connect.Request[v1.ListModelsRequest]) (*connect.Response[v1.ListModelsResponse], error)
+	GetModel(context.Context, *connect.Request[v1.GetModelRequest]) (*connect.Response[v1.GetModelResponse], error)
+	ApplyModel(context.Context, *connect.Request[v1.ApplyModelRequest]) (*connect.Response[v1.ApplyModelResponse], error)
+	DeleteModel(context.Context, *connect.Request[v1.DeleteModelRequest]) (*connect.Response[v1.DeleteModelResponse], error)
+	ListReplicas(context.Context, *connect.Request[v1.ListReplicasRequest]) (*connect.Response[v1.ListReplicasResponse], error)
+}
+
+// NewModelServiceHandler builds an HTTP handler from the service implementation. It returns the
+// path on which to mount the handler and the handler itself.
+//
+// By default, handlers support the Connect, gRPC, and gRPC-Web protocols with the binary Protobuf
+// and JSON codecs. They also support gzip compression.
+func NewModelServiceHandler(svc ModelServiceHandler, opts ...connect.HandlerOption) (string, http.Handler) {
+	modelServiceMethods := v1.File_gpuplane_v1_api_proto.Services().ByName("ModelService").Methods()
+	modelServiceListModelsHandler := connect.NewUnaryHandler(
+		ModelServiceListModelsProcedure,
+		svc.ListModels,
+		connect.WithSchema(modelServiceMethods.ByName("ListModels")),
+		connect.WithHandlerOptions(opts...),
+	)
+	modelServiceGetModelHandler := connect.NewUnaryHandler(
+		ModelServiceGetModelProcedure,
+		svc.GetModel,
+		connect.WithSchema(modelServiceMethods.ByName("GetModel")),
+		connect.WithHandlerOptions(opts...),
+	)
+	modelServiceApplyModelHandler := connect.NewUnaryHandler(
+		ModelServiceApplyModelProcedure,
+		svc.ApplyModel,
+		connect.WithSchema(modelServiceMethods.ByName("ApplyModel")),
+		connect.WithHandlerOptions(opts...),
+	)
+	modelServiceDeleteModelHandler := connect.NewUnaryHandler(
+		ModelServiceDeleteModelProcedure,
+		svc.DeleteModel,
+		connect.WithSchema(modelServiceMethods.ByName("DeleteModel")),
+		connect.WithHandlerOptions(opts...),
+	)
+	modelServiceListReplicasHandler := connect.NewUnaryHandler(
+		ModelServiceListReplicasProcedure,
+		svc.ListReplicas,
+		connect.WithSchema(modelServiceMethods.ByName("ListReplicas")),
+		connect.WithHandlerOptions(opts...),
+	)
+	return "/gpuplane.v1.ModelService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case ModelServiceListModelsProcedure:
+			modelServiceListModelsHandler.ServeHTTP(w, r)
+		case ModelServiceGetModelProcedure:
+			modelServiceGetModelHandler.ServeHTTP(w, r)
+		case ModelServiceApplyModelProcedure:
+			modelServiceApplyModelHandler.ServeHTTP(w, r)
+		case ModelServiceDeleteModelProcedure:
+			modelServiceDeleteModelHandler.ServeHTTP(w, r)
+		case ModelServiceListReplicasProcedure:
+			modelServiceListReplicasHandler.ServeHTTP(w, r)
+		default:
+			http.NotFound(w, r)
+		}
+	})
+}
+
+// UnimplementedModelServiceHandler returns CodeUnimplemented from all methods.
+type UnimplementedModelServiceHandler struct{}
+
+func (UnimplementedModelServiceHandler) ListModels(context.Context, *connect.Request[v1.ListModelsRequest]) (*connect.Response[v1.ListModelsResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("gpuplane.v1.ModelService.ListModels is not implemented"))
+}
+
+func (UnimplementedModelServiceHandler) GetModel(context.Context, *connect.Request[v1.GetModelRequest]) (*connect.Response[v1.GetModelResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("gpuplane.v1.ModelService.GetModel is not implemented"))
+}
+
+func (UnimplementedModelServiceHandler) ApplyModel(context.Context, *connect.Request[v1.ApplyModelRequest]) (*connect.Response[v1.ApplyModelResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("gpuplane.v1.ModelService.ApplyModel is not implemented"))
+}
+
+func (UnimplementedModelServiceHandler) DeleteModel(context.Context, *connect.Request[v1.DeleteModelRequest]) (*connect.Response[v1.DeleteModelResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("gpuplane.v1.ModelService.DeleteModel is not implemented"))
+}
+
+func (UnimplementedModelServiceHandler) ListReplicas(context.Context, *connect.Request[v1.ListReplicasRequest]) (*connect.Response[v1.ListReplicasResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("gpuplane.v1.ModelService.ListReplicas is not implemented"))
 }

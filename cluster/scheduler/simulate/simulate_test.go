@@ -1,0 +1,259 @@
+package simulate
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/gpuplane/gpuplane/cluster/scheduler"
+)
+
+// openbStyle generates a trace in the openb CSV format: nodes of 2, 4 or 8
+// cards with host CPU and memory, and tasks that mix fractional shares,
+// whole cards and CPU-only work, as in the real trace, so that naive packing
+// strands partial cards.
+func openbStyle(seed uint64, nodes, tasks int) (nodesCSV, tasksCSV string) {
+	rng := rand.New(rand.NewPCG(seed, 11))
+	var nb, tb strings.Builder
+	nb.WriteString("sn,cpu_milli,memory_mib,gpu,model\n")
+	for i := 0; i < nodes; i++ {
+		g := []int{2, 4, 8}[rng.IntN(3)]
+		model := []string{"T4", "V100M16", "G2"}[rng.IntN(3)]
+		fmt.Fprintf(&nb, "node-%03d,%d,%d,%d,%s\n", i, g*12000, g*49152, g, model)
+	}
+	tb.WriteString("name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,creation_time,deletion_time,scheduled_time\n")
+	shares := []int{810, 470, 320, 650, 230, 460, 590}
+	for i := 0; i < tasks; i++ {
+		num, milli := 1, 1000
+		switch f := rng.IntN(100); {
+		case f < 13:
+			num, milli = 0, 0
+		case f < 55:
+			milli = shares[rng.IntN(len(shares))]
+		case f < 57:
+			num = []int{2, 4, 8}[rng.IntN(3)]
+		}
+		cpu := 1000 * (2 + rng.IntN(12))
+		if num > 1 {
+			cpu *= num / 2
+		}
+		fmt.Fprintf(&tb, "task-%04d,%d,%d,%d,%d,,LS,Running,%d,,\n", i, cpu, cpu*4, num, milli, i*10)
+	}
+	return nb.String(), tb.String()
+}
+
+func scenario(t *testing.T, nodesCSV, tasksCSV string) *Scenario {
+	t.Helper()
+	nodes, err := ReadOpenBNodes("nodes.csv", strings.NewReader(nodesCSV))
+	if err != nil {
+		t.Fatal(err)
+	}
+	accs, reqs, err := ReadOpenBTasks("tasks.csv", strings.NewReader(tasksCSV))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &Scenario{Nodes: nodes, Accelerators: accs, Arrivals: reqs}
+}
+
+func byPolicy(rs []Result) map[string]Result {
+	m := map[string]Result{}
+	for _, r := range rs {
+		m[r.Policy] = r
+	}
+	return m
+}
+
+func TestReadOpenB(t *testing.T) {
+	sc := scenario(t, "sn,cpu_milli,memory_mib,gpu,model\nn1,64000,262144,2,V100M16\nn2,32000,1024,0,\n",
+		"name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,creation_time,deletion_time,scheduled_time\n"+
+			"late,1000,100,2,1000,V100M16|V100M32,LS,Running,50,,\n"+
+			"share,6000,12288,1,460,,LS,Running,10,,\n"+
+			"cpu,4000,100,0,0,,BE,Failed,20,,\n"+
+			"whole,1000,100,1,1000,,LS,Running,20,,\n")
+	if len(sc.Nodes) != 2 || len(sc.Nodes[0].Cards) != 2 || sc.Nodes[0].Cards[1].Device != "v100m16" ||
+		sc.Nodes[0].CPUMilli != 64000 || sc.Nodes[0].MemoryMiB != 262144 {
+		t.Fatalf("nodes: %+v", sc.Nodes)
+	}
+	var got []string
+	for _, r := range sc.Arrivals {
+		got = append(got, fmt.Sprintf("%s:%s:%d:%v", r.Replica, r.Accelerator, r.Milli, r.Devices))
+	}
+	want := "share:openb-share:460:[] cpu::0:[] whole:openb-gpu-1:0:[] late:openb-gpu-2:0:[v100m16 v100m32]"
+	if strings.Join(got, " ") != want {
+		t.Fatalf("arrivals in creation order:\n got %s\nwant %s", strings.Join(got, " "), want)
+	}
+	if len(sc.Accelerators) != 3 || sc.Accelerators[2].DevicesPerReplica != 2 || sc.Accelerators[0].Tenancy != scheduler.Shared {
+		t.Fatalf("accelerators: %+v", sc.Accelerators)
+	}
+	if _, err := ReadOpenBNodes("x.csv", strings.NewReader("sn,gpu\nn1,2\n")); err == nil || !strings.Contains(err.Error(), `lacks column "cpu_milli"`) {
+		t.Fatalf("missing column error = %v", err)
+	}
+	if _, _, err := ReadOpenBTasks("t.csv", strings.NewReader("name,cpu_milli,memory_mib,num_gpu,gpu_milli,creation_time\na,x,1,1,1,0\n")); err == nil ||
+		!strings.Contains(err.Error(), "t.csv line 2: column cpu_milli") {
+		t.Fatalf("bad number error = %v", err)
+	}
+}
+
+// TestFragmentationAwarePoliciesPackBetter: on openb-style traces whose
+// demand exceeds the cluster's capacity, the default policy allocates more
+// than best-fit, and at least as much as FGD, before the first failure, on
+// average over seeds (one trace's first failure hangs on a single task).
+// The paper's count-weighted FGD trails best-fit on this metric here, as on
+// the real trace (see DESIGN.md), so it is only logged.
+func TestFragmentationAwarePoliciesPackBetter(t *testing.T) {
+	const seeds = 12
+	sum := map[string]float64{}
+	for seed := uint64(1); seed <= seeds; seed++ {
+		nodesCSV, tasksCSV := openbStyle(seed, 40, 420)
+		rs, err := RunAll(scenario(t, nodesCSV, tasksCSV))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, r := range rs {
+			if r.FirstFailure < 0 {
+				t.Fatalf("seed %d: %s never failed; the trace is too light to compare", seed, r.Policy)
+			}
+			sum[r.Policy] += r.GPUAllocatedAtFirstFailure / seeds
+		}
+	}
+	t.Logf("mean GPU allocated at first failure: %v", sum)
+	if sum["gpuplane"] <= sum["bestfit"] || sum["gpuplane"] < sum["fgd"] {
+		t.Errorf("gpuplane %.4f, fgd %.4f, bestfit %.4f: want gpuplane ahead of bestfit and not behind fgd",
+			sum["gpuplane"], sum["fgd"], sum["bestfit"])
+	}
+}
+
+// TestRealOpenBTrace checks the packing claims on the real trace when it is
+// present (about 5 s).
+func TestRealOpenBTrace(t *testing.T) {
+	if testing.Short() {
+		t.Skip("short mode")
+	}
+	dir := OpenBDir()
+	if dir == "" {
+		t.Skip("openb trace absent: set GPUPLANE_OPENB_DIR")
+	}
+	sc, err := LoadOpenB(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(sc.Nodes) != 1213 || len(sc.Arrivals) != 8152 {
+		t.Fatalf("read %d nodes and %d tasks, want 1213 and 8152", len(sc.Nodes), len(sc.Arrivals))
+	}
+	rs, err := RunAll(sc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var buf bytes.Buffer
+	WriteTable(&buf, rs)
+	t.Logf("\n%s", buf.String())
+	m := byPolicy(rs)
+	def, fgd, bf := m["gpuplane"], m["fgd"], m["bestfit"]
+	if def.GPUAllocatedAtFirstFailure < fgd.GPUAllocatedAtFirstFailure || def.GPUAllocatedAtFirstFailure <= bf.GPUAllocatedAtFirstFailure {
+		t.Errorf("default %.4f, fgd %.4f, bestfit %.4f: want default ≥ fgd and > bestfit",
+			def.GPUAllocatedAtFirstFailure, fgd.GPUAllocatedAtFirstFailure, bf.GPUAllocatedAtFirstFailure)
+	}
+	if fgd.GPUAllocatedAtEnd <= bf.GPUAllocatedAtEnd {
+		t.Errorf("fgd allocates %.4f at the end, bestfit %.4f: want fgd ahead", fgd.GPUAllocatedAtEnd, bf.GPUAllocatedAtEnd)
+	}
+}
+
+func TestYAMLScenario(t *testing.T) {
+	dir := t.TempDir()
+	nodes := `nodes:
+- name: gpu
+  count: 2
+  labels: {zone: a}
+  cards: {l4: 2}
+  cpuMilli: 16000
+- name: big
+  cards:
+  - {device: H100, memoryMiB: 81559}
+  - {device: h100, unhealthy: true}
+`
+	work := `accelerators:
+- {name: small, device: l4, tenancy: shared}
+- {name: tp, device: l4, devicesPerReplica: 2}
+- {name: one, device: h100}
+arrivals:
+- {deployment: chat, accelerator: small, replicas: 5, memoryPercent: 45}
+- {deployment: llm, accelerator: tp, replicas: 2}
+- {deployment: big, accelerator: one, replicas: 2}
+`
+	np, wp := filepath.Join(dir, "nodes.yaml"), filepath.Join(dir, "work.yml")
+	os.WriteFile(np, []byte(nodes), 0o644)
+	os.WriteFile(wp, []byte(work), 0o644)
+	sc, err := Load(np, wp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(sc.Nodes) != 3 || sc.Nodes[1].Name != "gpu-1" || sc.Nodes[2].Cards[1].Healthy {
+		t.Fatalf("nodes: %+v", sc.Nodes)
+	}
+	if sc.Accelerators[0].MaxModels != 2 || sc.Accelerators[1].Tenancy != scheduler.Dedicated {
+		t.Fatalf("defaults not applied: %+v", sc.Accelerators)
+	}
+	if len(sc.Arrivals) != 9 || sc.Arrivals[4].Replica != "chat-4" || sc.Arrivals[0].Milli != 450 {
+		t.Fatalf("arrivals: %+v", sc.Arrivals)
+	}
+	r, err := Run(sc, scheduler.PolicyDefault)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// 4 l4 cards: chat's 5 replicas take 3 (maxModels 2), so neither llm
+	// replica finds 2 free cards on one node; one h100 is unhealthy.
+	if r.Placed != 6 || r.Failed != 3 || r.FailedByDemand["2 cards"] != 2 || r.FailedByDemand["1 card"] != 1 ||
+		r.FirstFailureReason != `no node has 2 free l4 cards: 3 cards bound to "small", 1 node has at most 1 free card` {
+		t.Fatalf("result %+v", r)
+	}
+	b, _ := json.Marshal(r)
+	for _, k := range []string{`"policy":"gpuplane"`, `"arrivals":9`, `"placed":6`, `"failed":3`, `"gpuAllocatedAtFirstFailure":`, `"gpuAllocatedAtEnd":`, `"seconds":`} {
+		if !bytes.Contains(b, []byte(k)) {
+			t.Errorf("JSON %s lacks %s", b, k)
+		}
+	}
+}
+
+func TestYAMLIsStrict(t *testing.T) {
+	for _, tc := range []struct{ nodes, work, want string }{
+		{nodes: "nodes:\n- name: a\n  cards: {l4: 1}\n  gpus: 2\n", want: `unknown field "gpus"`},
+		{nodes: "nodes:\n- name: a\n  cards: [{device: l4, colour: red}]\n", want: `unknown field "colour"`},
+		{work: "accelerators:\n- {name: s, device: l4, tenancy: shared, devicesPerReplica: 2}\n", want: "a shared accelerator splits a single device"},
+		{work: "accelerators:\n- {name: d, device: l4, maxModels: 2}\n", want: "maxModels is for shared accelerators only"},
+		{work: "accelerators:\n- {name: s, device: l4, tenancy: shared}\narrivals:\n- {deployment: x, accelerator: s}\n", want: "needs memoryPercent 1..100"},
+		{work: "arrivals:\n- {deployment: x, accelerator: nope}\n", want: `unknown accelerator "nope"`},
+		{work: "arrivals:\n- {deployment: x, accelerator: s, memoryPct: 4}\n", want: `unknown field "memoryPct"`},
+	} {
+		var err error
+		if tc.nodes != "" {
+			_, err = ParseNodesYAML("n.yaml", []byte(tc.nodes))
+		} else {
+			_, _, err = ParseWorkloadYAML("w.yaml", []byte(tc.work))
+		}
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("error %v, want it to contain %q", err, tc.want)
+		}
+	}
+}
+
+func TestWriteTable(t *testing.T) {
+	var buf bytes.Buffer
+	err := WriteTable(&buf, []Result{
+		{Policy: "gpuplane", Arrivals: 10, Placed: 9, Failed: 1, FirstFailure: 7, GPUAllocatedAtFirstFailure: 0.8123, FailedByDemand: map[string]int{"share": 1}},
+		{Policy: "bestfit", Arrivals: 10, Placed: 10, FirstFailure: -1, GPUAllocatedAtFirstFailure: 0.9},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := buf.String()
+	for _, want := range []string{"POLICY                      gpuplane  bestfit", "GPU ALLOC AT FIRST FAILURE  81.23%    90.00%", "FIRST FAILURE               #7        none", "FAILED SHARE                1         0"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("table lacks %q:\n%s", want, out)
+		}
+	}
+}

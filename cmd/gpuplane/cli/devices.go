@@ -1,0 +1,102 @@
+package cli
+
+import (
+	"strings"
+
+	"connectrpc.com/connect"
+	"github.com/spf13/cobra"
+
+	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
+)
+
+// `gpuplane devices`: the kinds of card in the cluster and their cards.
+
+func newDevicesCommand(g *globals) *cobra.Command {
+	return newGroupCommand("devices", "List device kinds and their cards", []string{"device"},
+		newDevicesListCommand(g),
+		newDevicesGetCommand(g),
+	)
+}
+
+func newDevicesListCommand(g *globals) *cobra.Command {
+	var stale bool
+	c := &cobra.Command{
+		Use:   "list",
+		Short: "List device kinds: cards in total, free, and the most on one node",
+		Args:  argsNamed(),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			api, err := g.api(cmd)
+			if err != nil {
+				return err
+			}
+			resp, err := api.Devices.ListDevices(ctx(cmd), connect.NewRequest(&pb.ListDevicesRequest{Stale: stale}))
+			if err != nil {
+				return err
+			}
+			devices := resp.Msg.GetDevices()
+			return g.printList(messages(devices), deviceTable(devices))
+		},
+	}
+	addStaleFlag(c, &stale)
+	return c
+}
+
+func newDevicesGetCommand(g *globals) *cobra.Command {
+	var stale bool
+	c := &cobra.Command{
+		Use:               "get NAME",
+		Short:             "Show the cards of one device kind: who uses them and how much",
+		Args:              argsNamed("NAME"),
+		ValidArgsFunction: g.completeNames(deviceNames),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			api, err := g.api(cmd)
+			if err != nil {
+				return err
+			}
+			resp, err := api.Devices.GetDevice(ctx(cmd), connect.NewRequest(&pb.GetDeviceRequest{Name: args[0], Stale: stale}))
+			if err != nil {
+				return err
+			}
+			return g.printObject(resp.Msg, cardTable(resp.Msg.GetCards()))
+		},
+	}
+	addStaleFlag(c, &stale)
+	return c
+}
+
+func deviceTable(devices []*pb.Device) table {
+	return tableOf([]string{"NAME", "PRODUCT", "MEMORY", "ARCHITECTURE", "FP8", "TOTAL", "FREE", "MAX/NODE"}, devices,
+		func(d *pb.Device) []string {
+			fp8 := "false"
+			if d.GetFp8() {
+				fp8 = "true"
+			}
+			return []string{d.GetName(), d.GetProduct(), mib(d.GetMemoryMib()), d.GetArchitecture(), fp8,
+				itoa(d.GetTotal()), itoa(d.GetFree()), itoa(d.GetMaxPerNode())}
+		})
+}
+
+func cardTable(cards []*pb.CardStatus) table {
+	return tableOf([]string{"NODE", "INDEX", "UUID", "MEMORY", "USED", "FREE", "ACCELERATOR", "REPLICAS"}, cards,
+		func(c *pb.CardStatus) []string {
+			return []string{c.GetNode(), itoa(c.GetIndex()), c.GetUuid(), mib(c.GetMemoryMib()), mib(c.GetUsedMib()),
+				mib(c.GetFreeMib()), c.GetAccelerator(), strings.Join(c.GetReplicas(), ",")}
+		})
+}
+
+func deviceNames(cmd *cobra.Command, api *apiClients) ([]string, error) {
+	resp, err := api.Devices.ListDevices(ctx(cmd), connect.NewRequest(&pb.ListDevicesRequest{Stale: true}))
+	if err != nil {
+		return nil, err
+	}
+	var names []string
+	for _, d := range resp.Msg.GetDevices() {
+		names = append(names, d.GetName())
+	}
+	return names, nil
+}
+
+// addStaleFlag adds --stale to a read command.
+func addStaleFlag(c *cobra.Command, stale *bool) {
+	c.Flags().BoolVar(stale, "stale", false, "answer from the contacted node's state without confirming it with the leader")
+}

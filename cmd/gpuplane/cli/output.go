@@ -1,0 +1,154 @@
+package cli
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
+	sigsyaml "sigs.k8s.io/yaml"
+)
+
+// table is what a command shows in -o table: a header and rows of cells.
+type table struct {
+	header []string
+	rows   [][]string
+}
+
+// tableOf builds a table with one row per item.
+func tableOf[T any](header []string, items []T, row func(T) []string) table {
+	t := table{header: header, rows: make([][]string, 0, len(items))}
+	for _, it := range items {
+		t.rows = append(t.rows, row(it))
+	}
+	return t
+}
+
+// write prints the table aligned in columns; an empty cell prints as "-" so
+// that every row splits into the same number of fields.
+func (t table) write(w io.Writer) error {
+	tw := tabwriter.NewWriter(w, 0, 8, 3, ' ', 0)
+	fmt.Fprintln(tw, strings.Join(t.header, "\t"))
+	for _, row := range t.rows {
+		cells := make([]string, len(row))
+		for i, c := range row {
+			cells[i] = orDash(c)
+		}
+		fmt.Fprintln(tw, strings.Join(cells, "\t"))
+	}
+	return tw.Flush()
+}
+
+// printList prints a listing: the table, or the items as a JSON/YAML array.
+func (g *globals) printList(items []proto.Message, t table) error {
+	if g.output == outputTable {
+		return t.write(g.stdout)
+	}
+	parts := make([][]byte, len(items))
+	for i, m := range items {
+		b, err := marshalJSON(m)
+		if err != nil {
+			return err
+		}
+		parts[i] = b
+	}
+	return g.writeJSON(append(append([]byte("["), bytes.Join(parts, []byte(","))...), ']'))
+}
+
+// printObject prints one resource: the table, or m as a JSON/YAML object.
+func (g *globals) printObject(m proto.Message, t table) error {
+	if g.output == outputTable {
+		return t.write(g.stdout)
+	}
+	b, err := marshalJSON(m)
+	if err != nil {
+		return err
+	}
+	return g.writeJSON(b)
+}
+
+// printValue prints a plain Go value (not a proto message) for -o json/yaml,
+// or calls text for -o table.
+func (g *globals) printValue(v any, text func(io.Writer) error) error {
+	if g.output == outputTable {
+		return text(g.stdout)
+	}
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	return g.writeJSON(b)
+}
+
+// writeJSON writes compact JSON indented by two spaces, or converted to YAML.
+func (g *globals) writeJSON(compact []byte) error {
+	var buf bytes.Buffer
+	// Re-indenting also removes the random whitespace protojson inserts to
+	// keep callers from depending on its exact output: ours is stable.
+	if err := json.Indent(&buf, compact, "", "  "); err != nil {
+		return fmt.Errorf("format JSON: %w", err)
+	}
+	buf.WriteByte('\n')
+	out := buf.Bytes()
+	if g.output == outputYAML {
+		y, err := sigsyaml.JSONToYAML(out)
+		if err != nil {
+			return fmt.Errorf("format YAML: %w", err)
+		}
+		out = y
+	}
+	_, err := g.stdout.Write(out)
+	return err
+}
+
+// marshalJSON is the API's JSON form of a message: camelCase names, every
+// field present (zero values included) so scripts need no defaults.
+func marshalJSON(m proto.Message) ([]byte, error) {
+	return protojson.MarshalOptions{EmitUnpopulated: true}.Marshal(m)
+}
+
+// messages converts a typed slice for printList.
+func messages[T proto.Message](items []T) []proto.Message {
+	out := make([]proto.Message, len(items))
+	for i, it := range items {
+		out[i] = it
+	}
+	return out
+}
+
+// Cell formatting shared by the tables.
+
+// mib formats a memory size in MiB the way tables show it: "23034Mi".
+func mib(n uint64) string { return strconv.FormatUint(n, 10) + "Mi" }
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+// titleBool is the Kubernetes-condition style of READY: "True" / "False".
+func titleBool(b bool) string {
+	if b {
+		return "True"
+	}
+	return "False"
+}
+
+func itoa[T ~uint32 | ~uint64 | ~int | ~int64](n T) string { return fmt.Sprint(n) }
+
+// enumName turns TENANCY_SHARED into "shared" given the prefix "TENANCY_";
+// the unspecified value becomes "".
+func enumName(s, prefix string) string {
+	s = strings.TrimPrefix(s, prefix)
+	if s == "UNSPECIFIED" {
+		return ""
+	}
+	return strings.ToLower(s)
+}

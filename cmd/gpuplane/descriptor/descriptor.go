@@ -1,0 +1,378 @@
+package descriptor
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"reflect"
+	"strings"
+
+	yaml "go.yaml.in/yaml/v2"
+	sigsyaml "sigs.k8s.io/yaml"
+)
+
+// Kind is a resource kind as written in a document's `resource` field.
+type Kind string
+
+// The resource kinds a descriptor may hold.
+const (
+	KindAccelerator     Kind = "Accelerator"
+	KindModelDeployment Kind = "ModelDeployment"
+)
+
+// ResourceVersion is the only accepted `resourceVersion`.
+const ResourceVersion = "v1"
+
+// Lower is the kind as it appears in references: "accelerator/small".
+func (k Kind) Lower() string { return strings.ToLower(string(k)) }
+
+// Metadata identifies a resource.
+type Metadata struct {
+	Name string `json:"name"`
+}
+
+// header holds the fields every document has besides its spec.
+type header struct {
+	Resource        string   `json:"resource"`
+	ResourceVersion string   `json:"resourceVersion"`
+	Metadata        Metadata `json:"metadata"`
+}
+
+// The documents as written. Spec is a pointer so that a missing spec can be
+// told from an empty one.
+type (
+	acceleratorDocument struct {
+		header
+		Spec *AcceleratorSpec `json:"spec"`
+	}
+	modelDeploymentDocument struct {
+		header
+		Spec *ModelDeploymentSpec `json:"spec"`
+	}
+	// unknownDocument is walked when `resource` names no known kind, so
+	// that the header is still checked.
+	unknownDocument struct {
+		header
+		Spec any `json:"spec"`
+	}
+)
+
+// Resource is one parsed document.
+type Resource struct {
+	// Document is the 1-based position of the document in the file, counting
+	// empty documents, so that it matches the file's `---` separators.
+	Document int
+	Kind     Kind
+	Name     string
+	// Exactly one of the specs is set, matching Kind.
+	Accelerator     *AcceleratorSpec
+	ModelDeployment *ModelDeploymentSpec
+}
+
+// Ref is the resource's reference as the CLI prints it: "accelerator/small".
+func (r Resource) Ref() string { return r.Kind.Lower() + "/" + r.Name }
+
+// Where names the resource in a message: "document 2 (accelerator/small)".
+func (r Resource) Where() string { return fmt.Sprintf("document %d (%s)", r.Document, r.Ref()) }
+
+// File is a parsed descriptor file.
+type File struct {
+	// Resources in the order the file lists them.
+	Resources []Resource
+}
+
+// ApplyOrder lists the resources in the order `apply` creates them:
+// accelerators before the deployments that use them, file order within a kind.
+func (f *File) ApplyOrder() []Resource {
+	return f.ordered(KindAccelerator, KindModelDeployment)
+}
+
+// DeleteOrder lists the resources in the order `delete -f` removes them:
+// deployments before the accelerators they use.
+func (f *File) DeleteOrder() []Resource {
+	return f.ordered(KindModelDeployment, KindAccelerator)
+}
+
+func (f *File) ordered(kinds ...Kind) []Resource {
+	var out []Resource
+	for _, k := range kinds {
+		for _, r := range f.Resources {
+			if r.Kind == k {
+				out = append(out, r)
+			}
+		}
+	}
+	return out
+}
+
+// Problem is one thing wrong with a descriptor file.
+type Problem struct {
+	// Document is the 1-based document the problem is in; 0 for the file.
+	Document int
+	// Ref is "kind/name" (or just "kind") when the document got that far.
+	Ref string
+	// Field is the path of the offending field (spec.engine.memory), if any.
+	Field       string
+	Description string
+}
+
+func (p Problem) String() string {
+	var b strings.Builder
+	if p.Document > 0 {
+		fmt.Fprintf(&b, "document %d", p.Document)
+		if p.Ref != "" {
+			fmt.Fprintf(&b, " (%s)", p.Ref)
+		}
+		b.WriteString(": ")
+	}
+	if p.Field != "" {
+		b.WriteString(p.Field + ": ")
+	}
+	b.WriteString(p.Description)
+	return b.String()
+}
+
+// Error is returned by Parse when a file has problems. It holds all of them.
+type Error struct {
+	Problems []Problem
+}
+
+func (e *Error) Error() string {
+	lines := make([]string, len(e.Problems))
+	for i, p := range e.Problems {
+		lines[i] = p.String()
+	}
+	return strings.Join(lines, "\n")
+}
+
+// Parse parses and checks a descriptor file. On any problem it returns an
+// *Error listing every problem found; otherwise the file, with defaults
+// filled in (see AcceleratorSpec and ModelDeploymentSpec).
+func Parse(data []byte) (*File, error) {
+	p := &parser{}
+	p.parse(data)
+	if len(p.problems) > 0 {
+		return nil, &Error{Problems: p.problems}
+	}
+	return &File{Resources: p.resources}, nil
+}
+
+type parser struct {
+	resources []Resource
+	problems  []Problem
+}
+
+func (p *parser) parse(data []byte) {
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	dec.SetStrict(true) // duplicate keys are errors
+	for n := 1; ; n++ {
+		var doc rawDocument
+		err := dec.Decode(&doc)
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		var typeErr *yaml.TypeError
+		if errors.As(err, &typeErr) {
+			// The document was read to its end, so the next one can still
+			// be decoded.
+			for _, msg := range typeErr.Errors {
+				p.problems = append(p.problems, Problem{Document: n, Description: msg})
+			}
+			continue
+		}
+		if err != nil {
+			// A syntax error leaves the decoder unusable: stop here.
+			p.problems = append(p.problems, Problem{Document: n, Description: err.Error()})
+			break
+		}
+		switch {
+		case doc.notMapping != "":
+			p.problems = append(p.problems, Problem{Document: n,
+				Description: "must be a mapping with resource, resourceVersion, metadata and spec, got " + doc.notMapping})
+		case len(doc.tree) > 0:
+			p.document(n, doc.tree)
+		}
+		// Otherwise the document is empty, e.g. after a trailing "---".
+	}
+	if len(p.resources) == 0 && len(p.problems) == 0 {
+		p.problems = append(p.problems, Problem{Description: "no resources found"})
+	}
+	p.checkFile()
+}
+
+// rawDocument is one YAML document decoded with its keys in file order.
+type rawDocument struct {
+	tree yaml.MapSlice
+	// notMapping describes the document when it is not a mapping.
+	notMapping string
+}
+
+func (d *rawDocument) UnmarshalYAML(unmarshal func(any) error) error {
+	// Decoding into a plain map first has the strict decoder reject
+	// duplicate keys, which it does not check for MapSlice; it also tells a
+	// mapping from a list, which MapSlice would accept element by element.
+	var generic any
+	if err := unmarshal(&generic); err != nil {
+		return err
+	}
+	switch generic.(type) {
+	case nil:
+		return nil
+	case map[any]any:
+		return unmarshal(&d.tree)
+	default:
+		d.notMapping = describe(generic)
+		return nil
+	}
+}
+
+// document checks one document and, when it is usable, adds its resource.
+func (p *parser) document(n int, doc yaml.MapSlice) {
+	kind, _ := lookup(doc, "resource").(string)
+	name, _ := lookup(lookup(doc, "metadata"), "name").(string)
+	ref := ""
+	switch Kind(kind) {
+	case KindAccelerator, KindModelDeployment:
+		ref = Kind(kind).Lower()
+		if name != "" {
+			ref += "/" + name
+		}
+	}
+	report := func(field, format string, args ...any) {
+		p.problems = append(p.problems, Problem{Document: n, Ref: ref, Field: field, Description: fmt.Sprintf(format, args...)})
+	}
+
+	var target any
+	switch Kind(kind) {
+	case KindAccelerator:
+		target = &acceleratorDocument{}
+	case KindModelDeployment:
+		target = &modelDeploymentDocument{}
+	default:
+		target = &unknownDocument{}
+	}
+	w := &walker{}
+	pruned, _ := w.walk("", doc, reflect.TypeOf(target).Elem())
+	for _, e := range w.errs {
+		report(e.field, "%s", e.description)
+	}
+	// The pruned tree holds only values the walk accepted, so converting it
+	// cannot fail unless the schema and the walker disagree.
+	if err := convert(pruned, target); err != nil {
+		report("", "internal error: %v", err)
+		return
+	}
+
+	// check reports a semantic problem unless the field already has a
+	// structural one, which would make the second report noise.
+	check := func(field, format string, args ...any) {
+		if !w.failedAt(field) {
+			report(field, format, args...)
+		}
+	}
+	var h header
+	switch d := target.(type) {
+	case *acceleratorDocument:
+		h = d.header
+	case *modelDeploymentDocument:
+		h = d.header
+	case *unknownDocument:
+		h = d.header
+	}
+	switch {
+	case h.Resource == "":
+		check("resource", "required: %s or %s", KindAccelerator, KindModelDeployment)
+	case Kind(h.Resource) != KindAccelerator && Kind(h.Resource) != KindModelDeployment:
+		check("resource", "must be %s or %s, got %q", KindAccelerator, KindModelDeployment, h.Resource)
+	}
+	switch h.ResourceVersion {
+	case ResourceVersion:
+	case "":
+		check("resourceVersion", "required: %s", ResourceVersion)
+	default:
+		check("resourceVersion", "must be %s, got %s", ResourceVersion, h.ResourceVersion)
+	}
+	if v := CheckName("metadata.name", h.Metadata.Name); v != nil {
+		check(v.Field, "%s", v.Description)
+	}
+
+	r := Resource{Document: n, Kind: Kind(h.Resource), Name: h.Metadata.Name}
+	switch d := target.(type) {
+	case *acceleratorDocument:
+		if d.Spec == nil {
+			check("spec", "required")
+			return
+		}
+		for _, v := range d.Spec.check(w.failedAt) {
+			check(v.Field, "%s", v.Description)
+		}
+		r.Accelerator = d.Spec
+	case *modelDeploymentDocument:
+		if d.Spec == nil {
+			check("spec", "required")
+			return
+		}
+		for _, v := range d.Spec.check(w.failedAt) {
+			check(v.Field, "%s", v.Description)
+		}
+		d.Spec.setDefaults(h.Metadata.Name)
+		r.ModelDeployment = d.Spec
+	default:
+		return
+	}
+	p.resources = append(p.resources, r)
+}
+
+// checkFile applies the rules that relate documents of one file: unique
+// names per kind (rule 1), and a deployment against an accelerator that the
+// same file defines (rules 8 and 9). A deployment whose accelerator is not in
+// the file is left to the server (rule 7).
+func (p *parser) checkFile() {
+	seen := make(map[string]int)
+	accelerators := make(map[string]*AcceleratorSpec)
+	for _, r := range p.resources {
+		if first, dup := seen[r.Ref()]; dup {
+			p.problems = append(p.problems, Problem{Document: r.Document, Ref: r.Ref(), Field: "metadata.name",
+				Description: fmt.Sprintf("%s %q is already defined by document %d", r.Kind.Lower(), r.Name, first)})
+			continue
+		}
+		seen[r.Ref()] = r.Document
+		if r.Kind == KindAccelerator {
+			accelerators[r.Name] = r.Accelerator
+		}
+	}
+	for _, r := range p.resources {
+		if r.Kind != KindModelDeployment {
+			continue
+		}
+		acc, ok := accelerators[r.ModelDeployment.Placement.Accelerator]
+		if !ok {
+			continue
+		}
+		for _, v := range r.ModelDeployment.checkAgainst(r.ModelDeployment.Placement.Accelerator, acc) {
+			p.problems = append(p.problems, Problem{Document: r.Document, Ref: r.Ref(), Field: v.Field, Description: v.Description})
+		}
+	}
+}
+
+// lookup returns the value of key in a mapping, or nil.
+func lookup(v any, key string) any {
+	m, _ := v.(yaml.MapSlice)
+	for _, item := range m {
+		if k, ok := item.Key.(string); ok && k == key {
+			return item.Value
+		}
+	}
+	return nil
+}
+
+// convert turns a walked tree into the typed document with sigs.k8s.io/yaml,
+// which applies the json tags the walk checked against.
+func convert(tree, target any) error {
+	b, err := yaml.Marshal(tree)
+	if err != nil {
+		return err
+	}
+	return sigsyaml.UnmarshalStrict(b, target)
+}

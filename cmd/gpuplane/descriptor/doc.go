@@ -1,0 +1,17 @@
+// Package descriptor parses gpuplane resource descriptors: the multi-document
+// YAML files that `gpuplane apply`, `validate` and `delete -f` read (SPEC §4).
+//
+// Parsing is strict and exhaustive. Every document is decoded into a generic
+// tree first and walked against the typed Go structs' json tags, so an unknown
+// field or a value of the wrong type is reported with its full path
+// (`spec.engine.memoryPercent: must be an integer, got "45%"`), and every
+// problem in the file is reported, not only the first. The walked tree is then
+// converted into the typed structs with sigs.k8s.io/yaml and checked against
+// the rules that need nothing but the file itself (SPEC §5 rules 1, 3, 4, 8, 9
+// and 10 where the file names the accelerator).
+//
+// The package is pure: bytes in, values and problems out. It never reads
+// files, the network or the clock, so it can be fuzzed and shared by the CLI
+// and the server. Checks that need cluster state (known device kinds,
+// MAX/NODE, existing accelerators) belong to the server.
+package descriptor

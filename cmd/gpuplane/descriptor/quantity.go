@@ -1,0 +1,113 @@
+package descriptor
+
+import (
+	"encoding/json"
+	"fmt"
+	"math/big"
+	"strings"
+)
+
+// Quantity is an amount of memory written as plain bytes (21474836480) or
+// with a binary suffix (512Mi, 20Gi, 1.5Ti). gpuplane accounts memory in MiB,
+// so a quantity must come to a whole, positive number of MiB.
+type Quantity struct {
+	// MiB is the amount in mebibytes.
+	MiB uint64
+}
+
+const mib = 1 << 20
+
+// binarySuffixes are the accepted unit suffixes and their sizes in bytes.
+var binarySuffixes = map[string]int64{
+	"":   1,
+	"Ki": 1 << 10,
+	"Mi": 1 << 20,
+	"Gi": 1 << 30,
+	"Ti": 1 << 40,
+	"Pi": 1 << 50,
+}
+
+// ParseQuantity parses a memory quantity such as "20Gi" or "536870912".
+func ParseQuantity(s string) (Quantity, error) {
+	s = strings.TrimSpace(s)
+	i := strings.IndexFunc(s, func(r rune) bool { return (r < '0' || r > '9') && r != '.' })
+	if i < 0 {
+		i = len(s)
+	}
+	num, suffix := s[:i], s[i:]
+	if num == "" || strings.Count(num, ".") > 1 || strings.HasPrefix(num, ".") || strings.HasSuffix(num, ".") {
+		return Quantity{}, fmt.Errorf("invalid quantity %q: want a number of bytes or a number with a suffix Ki, Mi, Gi or Ti (e.g. 20Gi)", s)
+	}
+	unit, ok := binarySuffixes[suffix]
+	if !ok {
+		if _, decimal := map[string]bool{"k": true, "K": true, "M": true, "G": true, "T": true, "P": true, "KB": true, "MB": true, "GB": true, "TB": true}[suffix]; decimal {
+			return Quantity{}, fmt.Errorf("invalid quantity %q: use a binary suffix (%si), gpuplane counts memory in MiB", s, strings.ToUpper(suffix[:1]))
+		}
+		return Quantity{}, fmt.Errorf("invalid quantity %q: unknown suffix %q, want Ki, Mi, Gi or Ti", s, suffix)
+	}
+	r, ok := new(big.Rat).SetString(num)
+	if !ok {
+		return Quantity{}, fmt.Errorf("invalid quantity %q", s)
+	}
+	r.Mul(r, new(big.Rat).SetInt64(unit))
+	r.Quo(r, new(big.Rat).SetInt64(mib))
+	if !r.IsInt() {
+		return Quantity{}, fmt.Errorf("invalid quantity %q: must be a whole number of MiB", s)
+	}
+	if r.Sign() <= 0 {
+		return Quantity{}, fmt.Errorf("invalid quantity %q: must be more than 0", s)
+	}
+	if !r.Num().IsUint64() {
+		return Quantity{}, fmt.Errorf("invalid quantity %q: too large", s)
+	}
+	return Quantity{MiB: r.Num().Uint64()}, nil
+}
+
+// String formats q the way the CLI's tables show memory: "20480Mi".
+func (q Quantity) String() string {
+	return fmt.Sprintf("%dMi", q.MiB)
+}
+
+// checkScalar accepts a string quantity or a plain integer number of bytes.
+func (*Quantity) checkScalar(v any) string {
+	var err error
+	switch v := v.(type) {
+	case string:
+		_, err = ParseQuantity(v)
+	case int:
+		_, err = ParseQuantity(fmt.Sprint(v))
+	case int64:
+		_, err = ParseQuantity(fmt.Sprint(v))
+	case uint64:
+		_, err = ParseQuantity(fmt.Sprint(v))
+	default:
+		return fmt.Sprintf("must be a memory quantity such as 20Gi or 512Mi, got %s", describe(v))
+	}
+	if err != nil {
+		return err.Error()
+	}
+	return ""
+}
+
+// UnmarshalJSON accepts "20Gi" or a number of bytes.
+func (q *Quantity) UnmarshalJSON(b []byte) error {
+	var s string
+	if len(b) > 0 && b[0] == '"' {
+		if err := json.Unmarshal(b, &s); err != nil {
+			return err
+		}
+	} else {
+		s = string(b)
+	}
+	parsed, err := ParseQuantity(s)
+	if err != nil {
+		return err
+	}
+	*q = parsed
+	return nil
+}
+
+// MarshalJSON writes the quantity in MiB ("20480Mi").
+func (q Quantity) MarshalJSON() ([]byte, error) {
+	return json.Marshal(q.String())
+}

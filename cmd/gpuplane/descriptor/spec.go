@@ -1,0 +1,266 @@
+package descriptor
+
+import (
+	"fmt"
+	"math"
+	"regexp"
+	"slices"
+	"strings"
+
+	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
+)
+
+// AcceleratorSpec is the spec of an Accelerator document. The optional
+// numbers are pointers so that a value the user set can be told from a
+// default: setting maxModels on a dedicated accelerator is an error, leaving
+// it out is not.
+type AcceleratorSpec struct {
+	Device string `json:"device"`
+	// Tenancy is "dedicated" (the default) or "shared", in any case.
+	Tenancy string `json:"tenancy,omitempty"`
+	// MaxModels is for shared accelerators only: models per card (default 2).
+	MaxModels *int64 `json:"maxModels,omitempty"`
+	// DevicesPerReplica is whole cards per replica on one node (default 1);
+	// a shared accelerator allows only 1.
+	DevicesPerReplica *int64 `json:"devicesPerReplica,omitempty"`
+}
+
+// Defaults for accelerator fields the user left out.
+const (
+	DefaultSharedMaxModels   = 2
+	DefaultDevicesPerReplica = 1
+)
+
+// ModelDeploymentSpec is the spec of a ModelDeployment document. Parse fills
+// in ServedModelName, Replicas, Engine.Kind, Engine.TensorParallel and
+// Engine.PipelineParallel when the file leaves them out.
+type ModelDeploymentSpec struct {
+	// Model is the path or URI of the weights.
+	Model           string    `json:"model"`
+	ServedModelName string    `json:"servedModelName,omitempty"`
+	Replicas        *int64    `json:"replicas,omitempty"`
+	Placement       Placement `json:"placement"`
+	Engine          Engine    `json:"engine"`
+}
+
+// Placement says where a deployment's replicas may run.
+type Placement struct {
+	// Accelerator is required: the scheduler never picks hardware kinds.
+	Accelerator  string            `json:"accelerator"`
+	NodeSelector map[string]string `json:"nodeSelector,omitempty"`
+}
+
+// Engine describes the inference engine and the share of a card it gets.
+type Engine struct {
+	Kind string `json:"kind,omitempty"`
+	// MemoryPercent and Memory are alternative memory shares (not both).
+	MemoryPercent    *int64            `json:"memoryPercent,omitempty"`
+	Memory           *Quantity         `json:"memory,omitempty"`
+	ComputePercent   *int64            `json:"computePercent,omitempty"`
+	MaxModelLen      *int64            `json:"maxModelLen,omitempty"`
+	TensorParallel   *int64            `json:"tensorParallel,omitempty"`
+	PipelineParallel *int64            `json:"pipelineParallel,omitempty"`
+	Args             []string          `json:"args,omitempty"`
+	Env              map[string]string `json:"env,omitempty"`
+}
+
+// EngineKinds are the engines a deployment may name; the first is the default.
+var EngineKinds = []string{"vllm", "llamacpp", "ollama", "command", "sim"}
+
+// Defaults for deployment fields the user left out.
+const (
+	DefaultReplicas = 1
+	DefaultParallel = 1
+)
+
+var dnsLabel = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`)
+
+// CheckName checks that name is a DNS label (SPEC rule 1) and returns the
+// violation for field, or nil.
+func CheckName(field, name string) *pb.Violation {
+	switch {
+	case name == "":
+		return &pb.Violation{Field: field, Description: "required"}
+	case len(name) > 63 || !dnsLabel.MatchString(name):
+		return &pb.Violation{Field: field, Description: fmt.Sprintf(
+			"%q is not a DNS label: use at most 63 lowercase letters, digits and '-', starting and ending with a letter or digit", name)}
+	}
+	return nil
+}
+
+// ParseTenancy maps "dedicated" or "shared", in any case, to its enum; an
+// empty string is the default, dedicated.
+func ParseTenancy(s string) (pb.Tenancy, bool) {
+	switch strings.ToLower(strings.TrimSpace(s)) {
+	case "", "dedicated":
+		return pb.Tenancy_TENANCY_DEDICATED, true
+	case "shared":
+		return pb.Tenancy_TENANCY_SHARED, true
+	}
+	return pb.Tenancy_TENANCY_UNSPECIFIED, false
+}
+
+// Check reports the problems of an accelerator spec that need no cluster
+// state: a device is named, the tenancy is known, rule 3 (a shared
+// accelerator splits a single device) and rule 4's "maxModels is for shared
+// accelerators only and is at least 1". Whether the device kind exists and
+// devicesPerReplica fits its MAX/NODE is for the server to say.
+func (s *AcceleratorSpec) Check() []*pb.Violation {
+	return s.check(func(string) bool { return false })
+}
+
+// check is Check with knowledge of fields that failed structurally: when
+// tenancy itself could not be read, the tenancy-dependent rules are skipped
+// rather than judged against the default.
+func (s *AcceleratorSpec) check(failed func(path string) bool) []*pb.Violation {
+	var out []*pb.Violation
+	add := func(field, format string, args ...any) {
+		out = append(out, &pb.Violation{Field: field, Description: fmt.Sprintf(format, args...)})
+	}
+	if s.Device == "" {
+		add("spec.device", "required: the device kind this accelerator places on (see `gpuplane devices list`)")
+	}
+	tenancy, ok := ParseTenancy(s.Tenancy)
+	if !ok {
+		add("spec.tenancy", "must be dedicated or shared, got %q", s.Tenancy)
+	}
+	// A typo such as "tenacy: shared" leaves Tenancy empty; judging
+	// maxModels against the dedicated default would then mislead.
+	tenancyKnown := ok && (s.Tenancy != "" || !failed("spec"))
+	if s.MaxModels != nil {
+		switch n := *s.MaxModels; {
+		case tenancyKnown && tenancy == pb.Tenancy_TENANCY_DEDICATED:
+			add("spec.maxModels", "maxModels is for shared accelerators only; a dedicated replica gets whole cards")
+		case n < 1:
+			add("spec.maxModels", "must be at least 1, got %d", n)
+		case n > math.MaxUint32:
+			add("spec.maxModels", "must be at most %d, got %d", uint32(math.MaxUint32), n)
+		}
+	}
+	if s.DevicesPerReplica != nil {
+		switch n := *s.DevicesPerReplica; {
+		case n < 1:
+			add("spec.devicesPerReplica", "must be at least 1, got %d", n)
+		case tenancyKnown && tenancy == pb.Tenancy_TENANCY_SHARED && n > 1:
+			add("spec.devicesPerReplica", "a shared accelerator splits a single device: devicesPerReplica must be 1, got %d", n)
+		case n > math.MaxUint32:
+			add("spec.devicesPerReplica", "must be at most %d, got %d", uint32(math.MaxUint32), n)
+		}
+	}
+	return out
+}
+
+// Proto converts a spec that passed Check into the API's form, with defaults
+// filled in: dedicated {devicesPerReplica: N or 1, maxModels: 0} or shared
+// {maxModels: N or 2, devicesPerReplica: 1}. The CLI's `accelerators create`
+// and `apply` both go through it, so the same spec always reaches the server
+// in the same form and re-applying it is "unchanged".
+func (s *AcceleratorSpec) Proto() *pb.AcceleratorSpec {
+	tenancy, _ := ParseTenancy(s.Tenancy)
+	out := &pb.AcceleratorSpec{Device: s.Device, Tenancy: tenancy}
+	switch tenancy {
+	case pb.Tenancy_TENANCY_SHARED:
+		out.MaxModels = DefaultSharedMaxModels
+		if s.MaxModels != nil {
+			out.MaxModels = uint32(*s.MaxModels)
+		}
+		out.DevicesPerReplica = 1
+	default:
+		out.DevicesPerReplica = DefaultDevicesPerReplica
+		if s.DevicesPerReplica != nil {
+			out.DevicesPerReplica = uint32(*s.DevicesPerReplica)
+		}
+	}
+	return out
+}
+
+// check reports the problems of a deployment spec that need no other
+// document and no cluster state.
+func (s *ModelDeploymentSpec) check(failed func(path string) bool) []*pb.Violation {
+	var out []*pb.Violation
+	add := func(field, format string, args ...any) {
+		out = append(out, &pb.Violation{Field: field, Description: fmt.Sprintf(format, args...)})
+	}
+	percent := func(field string, v *int64) {
+		if v != nil && (*v < 1 || *v > 100) {
+			add(field, "must be between 1 and 100, got %d", *v)
+		}
+	}
+	atLeast := func(field string, v *int64, min int64) {
+		if v != nil && *v < min {
+			add(field, "must be at least %d, got %d", min, *v)
+		}
+	}
+	if s.Model == "" {
+		add("spec.model", "required: the path or URI of the weights")
+	}
+	atLeast("spec.replicas", s.Replicas, 0)
+	if s.Placement.Accelerator == "" {
+		add("spec.placement.accelerator", "required: the accelerator to run on (the scheduler never picks hardware kinds)")
+	} else if v := CheckName("spec.placement.accelerator", s.Placement.Accelerator); v != nil {
+		out = append(out, v)
+	}
+	for k := range s.Placement.NodeSelector {
+		if k == "" {
+			add("spec.placement.nodeSelector", "label names must not be empty")
+		}
+	}
+	e := s.Engine
+	if e.Kind != "" && !slices.Contains(EngineKinds, e.Kind) {
+		add("spec.engine.kind", "must be one of %s, got %q", strings.Join(EngineKinds, ", "), e.Kind)
+	}
+	percent("spec.engine.memoryPercent", e.MemoryPercent)
+	if e.MemoryPercent != nil && e.Memory != nil {
+		add("spec.engine.memory", "set memoryPercent or memory, not both")
+	}
+	percent("spec.engine.computePercent", e.ComputePercent)
+	hasShare := e.MemoryPercent != nil || e.Memory != nil ||
+		failed("spec.engine.memoryPercent") || failed("spec.engine.memory")
+	if e.ComputePercent != nil && !hasShare {
+		add("spec.engine.computePercent", "needs a memory share: set memoryPercent or memory as well")
+	}
+	atLeast("spec.engine.maxModelLen", e.MaxModelLen, 1)
+	atLeast("spec.engine.tensorParallel", e.TensorParallel, 1)
+	atLeast("spec.engine.pipelineParallel", e.PipelineParallel, 1)
+	return out
+}
+
+// checkAgainst applies the rules that relate a deployment to its accelerator
+// when the same file defines both: a shared accelerator needs a memory share
+// (rule 8) and tensorParallel × pipelineParallel must equal devicesPerReplica
+// (rule 9).
+func (s *ModelDeploymentSpec) checkAgainst(name string, acc *AcceleratorSpec) []*pb.Violation {
+	var out []*pb.Violation
+	spec := acc.Proto()
+	e := s.Engine
+	if spec.Tenancy == pb.Tenancy_TENANCY_SHARED && e.MemoryPercent == nil && e.Memory == nil {
+		out = append(out, &pb.Violation{Field: "spec.engine.memoryPercent", Description: fmt.Sprintf(
+			"accelerator %q is shared: set memoryPercent or memory, or the model would be sized against the whole card", name)})
+	}
+	if e.TensorParallel != nil && e.PipelineParallel != nil {
+		if got := *e.TensorParallel * *e.PipelineParallel; got != int64(spec.DevicesPerReplica) {
+			out = append(out, &pb.Violation{Field: "spec.engine.tensorParallel", Description: fmt.Sprintf(
+				"tensorParallel × pipelineParallel is %d × %d = %d, but accelerator %q gives each replica %d card(s) (devicesPerReplica)",
+				*e.TensorParallel, *e.PipelineParallel, got, name, spec.DevicesPerReplica)})
+		}
+	}
+	return out
+}
+
+func (s *ModelDeploymentSpec) setDefaults(name string) {
+	if s.ServedModelName == "" {
+		s.ServedModelName = name
+	}
+	if s.Replicas == nil {
+		s.Replicas = new(int64(DefaultReplicas))
+	}
+	if s.Engine.Kind == "" {
+		s.Engine.Kind = EngineKinds[0]
+	}
+	if s.Engine.TensorParallel == nil {
+		s.Engine.TensorParallel = new(int64(DefaultParallel))
+	}
+	if s.Engine.PipelineParallel == nil {
+		s.Engine.PipelineParallel = new(int64(DefaultParallel))
+	}
+}

@@ -1,0 +1,257 @@
+package fsm
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+
+	"google.golang.org/protobuf/proto"
+
+	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
+)
+
+// Engine kinds a deployment may name.
+var EngineKinds = []string{"vllm", "llamacpp", "ollama", "command", "sim"}
+
+// MaxReplicas bounds one deployment's replica count.
+const MaxReplicas = 1024
+
+// NormalizeModelSpec fills the defaults of SPEC §4: vllm engine, one replica,
+// tensor and pipeline parallel 1, servedModelName = the deployment's name.
+func NormalizeModelSpec(name string, spec *pb.ModelSpec) *pb.ModelSpec {
+	out := proto.Clone(spec).(*pb.ModelSpec)
+	if out == nil {
+		out = &pb.ModelSpec{}
+	}
+	if out.ServedModelName == "" {
+		out.ServedModelName = name
+	}
+	if out.Placement == nil {
+		out.Placement = &pb.PlacementSpec{}
+	}
+	if out.Engine == nil {
+		out.Engine = &pb.EngineSpec{}
+	}
+	e := out.Engine
+	if e.Kind == "" {
+		e.Kind = "vllm"
+	}
+	if e.TensorParallel == 0 {
+		e.TensorParallel = 1
+	}
+	if e.PipelineParallel == 0 {
+		e.PipelineParallel = 1
+	}
+	return out
+}
+
+// ValidateModel checks what can be known about a deployment from the
+// descriptor alone (rules 1, 10's first half, value ranges). It reports every
+// problem.
+func ValidateModel(name string, spec *pb.ModelSpec) []*pb.Violation {
+	v := violations(ValidateName("metadata.name", name))
+	if spec.GetModel() == "" {
+		v.add("spec.model", "is required: the path or URI of the weights")
+	}
+	if spec.GetReplicas() > MaxReplicas {
+		v.add("spec.replicas", "must be at most %d, got %d", MaxReplicas, spec.GetReplicas())
+	}
+	if spec.GetPlacement().GetAccelerator() == "" {
+		v.add("spec.placement.accelerator", "is required: a deployment is placed on an accelerator, never on a device")
+	}
+	e := spec.GetEngine()
+	if k := e.GetKind(); k != "" && !slices.Contains(EngineKinds, k) {
+		v.add("spec.engine.kind", "must be one of %s, got %q", strings.Join(EngineKinds, ", "), k)
+	}
+	if p := e.GetMemoryPercent(); p > 100 {
+		v.add("spec.engine.memoryPercent", "must be between 1 and 100, got %d", p)
+	}
+	if e.GetMemoryPercent() > 0 && e.GetMemoryMib() > 0 {
+		v.add("spec.engine.memory", "set memoryPercent or memory, not both")
+	}
+	if c := e.GetComputePercent(); c > 100 {
+		v.add("spec.engine.computePercent", "must be between 1 and 100, got %d", c)
+	}
+	if e.GetComputePercent() > 0 && e.GetMemoryPercent() == 0 && e.GetMemoryMib() == 0 {
+		v.add("spec.engine.computePercent", "needs a memory share: set memoryPercent or memory too (rule 10)")
+	}
+	return v
+}
+
+// share is what one replica of a deployment reserves on each of its cards.
+type share struct {
+	cards     uint32 // cards per replica
+	milli     uint32 // of each card, 1..1000
+	memoryMiB uint64 // of each card
+}
+
+// shareOf computes a replica's share for an accelerator whose cards have
+// cardMiB of memory. Dedicated replicas take whole cards whatever their
+// memory setting (which then only tunes the engine).
+func shareOf(spec *pb.ModelSpec, acc *pb.AcceleratorSpec, cardMiB uint64) share {
+	if acc.Tenancy != pb.Tenancy_TENANCY_SHARED {
+		return share{cards: max(acc.DevicesPerReplica, 1), milli: 1000, memoryMiB: cardMiB}
+	}
+	e := spec.GetEngine()
+	switch {
+	case e.GetMemoryPercent() > 0:
+		return share{cards: 1, milli: e.GetMemoryPercent() * 10, memoryMiB: cardMiB * uint64(e.GetMemoryPercent()) / 100}
+	case e.GetMemoryMib() > 0 && cardMiB > 0:
+		milli := uint32((e.GetMemoryMib()*1000 + cardMiB - 1) / cardMiB)
+		return share{cards: 1, milli: min(milli, 1000), memoryMiB: e.GetMemoryMib()}
+	}
+	return share{cards: 1, milli: 1000, memoryMiB: cardMiB}
+}
+
+// cardMemory is the memory of the accelerator's device: the smallest reported
+// card of that kind, else the catalog's.
+func (f *FSM) cardMemory(device string) uint64 {
+	if d := f.deviceSummaries()[device]; d != nil {
+		return d.MemoryMib
+	}
+	if d, _, ok := f.Device(device); ok {
+		return d.MemoryMib
+	}
+	return 0
+}
+
+// checkModel applies the rules that need the state (7, 8, 9, 10's memory cap).
+func (f *FSM) checkModel(spec *pb.ModelSpec) violations {
+	var v violations
+	accName := spec.GetPlacement().GetAccelerator()
+	acc, ok := f.accelerators[accName]
+	if !ok {
+		if accName != "" {
+			v.add("spec.placement.accelerator", "accelerator %q not found (rule 7): create it first", accName)
+		}
+		return v
+	}
+	e := spec.GetEngine()
+	if acc.Spec.Tenancy == pb.Tenancy_TENANCY_SHARED && e.GetMemoryPercent() == 0 && e.GetMemoryMib() == 0 {
+		v.add("spec.engine.memoryPercent", "accelerator %q is shared: set memoryPercent or memory, or the model would be sized against the whole card (rule 8)", accName)
+	}
+	tp, pp := max(e.GetTensorParallel(), 1), max(e.GetPipelineParallel(), 1)
+	if tp*pp != acc.Spec.DevicesPerReplica {
+		v.add("spec.engine.tensorParallel", "tensorParallel × pipelineParallel = %d × %d = %d must equal devicesPerReplica %d of accelerator %q (rule 9)",
+			tp, pp, tp*pp, acc.Spec.DevicesPerReplica, accName)
+	}
+	if mem := f.cardMemory(acc.Spec.Device); e.GetMemoryMib() > 0 && mem > 0 && e.GetMemoryMib() > mem {
+		v.add("spec.engine.memory", "%dMi exceeds the %dMi of one %s card (rule 10)", e.GetMemoryMib(), mem, acc.Spec.Device)
+	}
+	return v
+}
+
+func (f *FSM) applyModel(c *pb.ApplyModel, index uint64, dry bool) *pb.Result {
+	v := violations(ValidateModel(c.GetName(), c.GetSpec()))
+	spec := NormalizeModelSpec(c.GetName(), c.GetSpec())
+	v = append(v, f.checkModel(spec)...)
+	if len(v) > 0 {
+		return invalid(fmt.Sprintf("deployment %q", c.GetName()), v)
+	}
+	prev, exists := f.models[c.GetName()]
+	if exists && proto.Equal(prev.Spec, spec) {
+		return accept(pb.Outcome_OUTCOME_UNCHANGED, "deployment %q unchanged", c.GetName())
+	}
+	if dry {
+		return accept(outcomeOf(exists), "deployment %q would be applied", c.GetName())
+	}
+	if !exists {
+		m := &pb.ModelDeployment{Name: c.GetName(), Spec: spec, Generation: 1, CreatedIndex: index}
+		f.models[m.Name] = m
+		f.scale(m, 0)
+		return accept(pb.Outcome_OUTCOME_CREATED, "deployment %q created with %d replicas", m.Name, spec.Replicas)
+	}
+	m := prev
+	oldReplicas := m.Spec.Replicas
+	onlyScale := proto.Equal(withReplicas(m.Spec, 0), withReplicas(spec, 0))
+	m.Spec = spec
+	if !onlyScale {
+		m.Generation++
+		for i := uint32(0); i < min(oldReplicas, spec.Replicas); i++ {
+			r := f.replicas[replicaKey{m.Name, i}]
+			f.unplace(r, fmt.Sprintf("replaced by generation %d: waiting for the scheduler", m.Generation))
+			r.Generation = m.Generation
+			r.Accelerator = spec.Placement.Accelerator
+			r.ComputePercent = spec.Engine.ComputePercent
+		}
+	}
+	f.scale(m, oldReplicas)
+	return accept(pb.Outcome_OUTCOME_CONFIGURED, "deployment %q configured (generation %d, %d replicas)", m.Name, m.Generation, spec.Replicas)
+}
+
+func withReplicas(spec *pb.ModelSpec, n uint32) *pb.ModelSpec {
+	s := proto.Clone(spec).(*pb.ModelSpec)
+	s.Replicas = n
+	return s
+}
+
+// scale adds pending replicas up to the desired count, or removes the
+// highest ordinals above it, releasing their shares.
+func (f *FSM) scale(m *pb.ModelDeployment, have uint32) {
+	for i := have; i < m.Spec.Replicas; i++ {
+		f.replicas[replicaKey{m.Name, i}] = &pb.Replica{
+			Model: m.Name, Index: i, Generation: m.Generation,
+			Accelerator:    m.Spec.Placement.Accelerator,
+			ComputePercent: m.Spec.Engine.ComputePercent,
+			State:          pb.ReplicaState_REPLICA_STATE_PENDING,
+			Reason:         "waiting for the scheduler",
+		}
+	}
+	for i := m.Spec.Replicas; i < have; i++ {
+		k := replicaKey{m.Name, i}
+		if r := f.replicas[k]; r != nil && r.Node != "" {
+			f.release(r)
+		}
+		delete(f.replicas, k)
+	}
+}
+
+func (f *FSM) deleteModel(c *pb.DeleteModel, dry bool) *pb.Result {
+	m, exists := f.models[c.GetName()]
+	if !exists {
+		return reject(pb.Code_CODE_NOT_FOUND, "deployment %q not found", c.GetName())
+	}
+	if !dry {
+		f.scale(&pb.ModelDeployment{Name: m.Name, Spec: &pb.ModelSpec{}}, m.Spec.Replicas)
+		delete(f.models, m.Name)
+	}
+	return accept(pb.Outcome_OUTCOME_DELETED, "deployment %q deleted", c.GetName())
+}
+
+// modelsOn lists the deployments placed on an accelerator, by name.
+func (f *FSM) modelsOn(accelerator string) []string {
+	var out []string
+	for _, name := range sortedKeys(f.models) {
+		if f.models[name].Spec.Placement.Accelerator == accelerator {
+			out = append(out, name)
+		}
+	}
+	return out
+}
+
+// unplaceWhere returns every placed replica matching pred to pending.
+func (f *FSM) unplaceWhere(pred func(*pb.Replica) bool, reason string) int {
+	n := 0
+	for _, k := range f.sortedReplicaKeys() {
+		r := f.replicas[k]
+		if pred(r) {
+			f.unplace(r, reason)
+			n++
+		}
+	}
+	return n
+}
+
+func (f *FSM) sortedReplicaKeys() []replicaKey {
+	keys := make([]replicaKey, 0, len(f.replicas))
+	for k := range f.replicas {
+		keys = append(keys, k)
+	}
+	slices.SortFunc(keys, func(a, b replicaKey) int {
+		if c := strings.Compare(a.model, b.model); c != 0 {
+			return c
+		}
+		return int(a.index) - int(b.index)
+	})
+	return keys
+}

@@ -1,0 +1,222 @@
+package fsm
+
+import (
+	"fmt"
+	"slices"
+
+	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
+)
+
+// placeReplicas applies a scheduling decision. Every placement is checked
+// against the state as it is now, together with the placements before it in
+// the same plan (SPEC rule 11); if any fails, nothing is applied and the
+// scheduler plans again from the newer state.
+func (f *FSM) placeReplicas(c *pb.PlaceReplicas, index uint64, dry bool) *pb.Result {
+	// Work on a scratch copy of the card index so the plan is checked as a whole.
+	scratch := &FSM{nodes: f.nodes, accelerators: f.accelerators, models: f.models, replicas: f.replicas, cards: map[cardKey]*cardUse{}}
+	placed := map[replicaKey]bool{}
+	hostUse := f.hostUse()
+	for i, p := range c.GetPlacements() {
+		r, err := f.checkPlacement(p, scratch, placed, hostUse)
+		if err != nil {
+			return reject(pb.Code_CODE_CONFLICT, "placement %d (%s/%d): %v; plan rejected, nothing applied", i, p.GetModel(), p.GetReplica(), err)
+		}
+		placed[keyOf(r)] = true
+		scratch.occupy(&pb.Replica{Model: r.Model, Index: r.Index, Accelerator: r.Accelerator, Node: p.Node, Cards: p.Cards, ShareMilli: p.ShareMilli})
+	}
+	if dry {
+		return accept(pb.Outcome_OUTCOME_CONFIGURED, "would place %d replicas", len(c.GetPlacements()))
+	}
+	for _, p := range c.GetPlacements() {
+		m := f.models[p.Model]
+		r := f.replicas[replicaKey{p.Model, p.Replica}]
+		acc := f.accelerators[m.Spec.Placement.Accelerator]
+		sh := shareOf(m.Spec, acc.Spec, f.cardMemory(acc.Spec.Device))
+		r.Node, r.Cards, r.ShareMilli, r.MemoryMib = p.Node, slices.Clone(p.Cards), p.ShareMilli, sh.memoryMiB
+		r.State, r.Reason, r.PlacedIndex = pb.ReplicaState_REPLICA_STATE_PLACED, "", index
+		f.occupy(r)
+	}
+	updated := 0
+	for _, pr := range c.GetPending() {
+		r := f.replicas[replicaKey{pr.Model, pr.Replica}]
+		if r != nil && r.Node == "" && r.Reason != pr.Reason {
+			r.Reason = pr.Reason
+			updated++
+		}
+	}
+	return accept(pb.Outcome_OUTCOME_CONFIGURED, "placed %d replicas, %d pending reasons updated", len(c.GetPlacements()), updated)
+}
+
+// hostUse sums the host resources of placed replicas per node.
+func (f *FSM) hostUse() map[string]*pb.HostResources {
+	use := map[string]*pb.HostResources{}
+	for _, r := range f.replicas {
+		if r.Node == "" {
+			continue
+		}
+		res := f.models[r.Model].GetSpec().GetResources()
+		u := use[r.Node]
+		if u == nil {
+			u = &pb.HostResources{}
+			use[r.Node] = u
+		}
+		u.CpuMilli += res.GetCpuMilli()
+		u.MemoryMib += res.GetMemoryMib()
+	}
+	return use
+}
+
+// checkPlacement checks one placement against rule 11 and the deployment's
+// constraints, with scratch holding what earlier placements of the plan take.
+func (f *FSM) checkPlacement(p *pb.Placement, scratch *FSM, placed map[replicaKey]bool, hostUse map[string]*pb.HostResources) (*pb.Replica, error) {
+	m, ok := f.models[p.Model]
+	if !ok {
+		return nil, fmt.Errorf("deployment %q not found", p.Model)
+	}
+	r, ok := f.replicas[replicaKey{p.Model, p.Replica}]
+	if !ok {
+		return nil, fmt.Errorf("replica not found (deployment has %d)", m.Spec.Replicas)
+	}
+	if p.Generation != m.Generation {
+		return nil, fmt.Errorf("stale plan for generation %d, deployment is at %d", p.Generation, m.Generation)
+	}
+	if r.Node != "" || placed[keyOf(r)] {
+		return nil, fmt.Errorf("already placed on %s", r.Node)
+	}
+	acc, ok := f.accelerators[m.Spec.Placement.Accelerator]
+	if !ok {
+		return nil, fmt.Errorf("accelerator %q not found", m.Spec.Placement.Accelerator)
+	}
+	n, ok := f.nodes[p.Node]
+	if !ok {
+		return nil, fmt.Errorf("node %q not found", p.Node)
+	}
+	if n.Status != pb.NodeStatus_NODE_STATUS_ALIVE {
+		return nil, fmt.Errorf("node %q is %s", p.Node, StatusName(n.Status))
+	}
+	for k, want := range m.Spec.Placement.NodeSelector {
+		if n.Labels[k] != want {
+			return nil, fmt.Errorf("node %q lacks label %s=%s", p.Node, k, want)
+		}
+	}
+	if res := m.Spec.GetResources(); res != nil {
+		u := hostUse[n.Name]
+		if n.CpuMilli > 0 && u.GetCpuMilli()+res.CpuMilli > n.CpuMilli {
+			return nil, fmt.Errorf("node %q has %dm CPU free, replica needs %dm", n.Name, n.CpuMilli-u.GetCpuMilli(), res.CpuMilli)
+		}
+		if n.MemoryMib > 0 && u.GetMemoryMib()+res.MemoryMib > n.MemoryMib {
+			return nil, fmt.Errorf("node %q has %dMi host memory free, replica needs %dMi", n.Name, n.MemoryMib-u.GetMemoryMib(), res.MemoryMib)
+		}
+	}
+	sh := shareOf(m.Spec, acc.Spec, f.cardMemory(acc.Spec.Device))
+	if uint32(len(p.Cards)) != sh.cards {
+		return nil, fmt.Errorf("needs %d cards on one node, plan gives %d", sh.cards, len(p.Cards))
+	}
+	if p.ShareMilli != sh.milli {
+		return nil, fmt.Errorf("share %d‰ differs from the deployment's %d‰", p.ShareMilli, sh.milli)
+	}
+	seen := map[uint32]bool{}
+	for _, idx := range p.Cards {
+		if seen[idx] {
+			return nil, fmt.Errorf("card %d listed twice", idx)
+		}
+		seen[idx] = true
+		i := slices.IndexFunc(n.Cards, func(c *pb.Card) bool { return c.Index == idx })
+		if i < 0 {
+			return nil, fmt.Errorf("node %q has no card %d", n.Name, idx)
+		}
+		card := n.Cards[i]
+		if card.Device != acc.Spec.Device {
+			return nil, fmt.Errorf("card %s/%d is %s, accelerator %q needs %s", n.Name, idx, card.Device, acc.Name, acc.Spec.Device)
+		}
+		if !card.Healthy {
+			return nil, fmt.Errorf("card %s/%d is unhealthy", n.Name, idx)
+		}
+		if err := fitsCard(acc, sh, f.cards[cardKey{n.Name, idx}], scratch.cards[cardKey{n.Name, idx}]); err != nil {
+			return nil, fmt.Errorf("card %s/%d: %w", n.Name, idx, err)
+		}
+	}
+	return r, nil
+}
+
+// fitsCard is rule 11 for one card: one accelerator per card, a dedicated
+// card holds one replica, at most maxModels replicas, shares sum to ≤ 100 %.
+func fitsCard(acc *pb.StoredAccelerator, sh share, uses ...*cardUse) error {
+	var replicas int
+	var milli uint32
+	for _, u := range uses {
+		if u == nil {
+			continue
+		}
+		if u.accelerator != acc.Name {
+			return fmt.Errorf("bound to accelerator %q", u.accelerator)
+		}
+		replicas += len(u.replicas)
+		milli += u.shareMilli
+	}
+	switch {
+	case acc.Spec.Tenancy != pb.Tenancy_TENANCY_SHARED && replicas > 0:
+		return fmt.Errorf("already holds a dedicated replica")
+	case acc.Spec.Tenancy == pb.Tenancy_TENANCY_SHARED && uint32(replicas) >= acc.Spec.MaxModels:
+		return fmt.Errorf("already holds %d of %d models", replicas, acc.Spec.MaxModels)
+	case milli+sh.milli > 1000:
+		return fmt.Errorf("has %d%% free, replica needs %d%%", (1000-milli)/10, sh.milli/10)
+	}
+	return nil
+}
+
+func (f *FSM) unplaceReplica(c *pb.UnplaceReplica, dry bool) *pb.Result {
+	r, ok := f.replicas[replicaKey{c.GetModel(), c.GetReplica()}]
+	if !ok {
+		return reject(pb.Code_CODE_NOT_FOUND, "replica %s/%d not found", c.GetModel(), c.GetReplica())
+	}
+	if r.Node == "" {
+		return accept(pb.Outcome_OUTCOME_UNCHANGED, "replica %s/%d is not placed", c.GetModel(), c.GetReplica())
+	}
+	if !dry {
+		f.unplace(r, c.GetReason())
+	}
+	return accept(pb.Outcome_OUTCOME_CONFIGURED, "replica %s/%d unplaced: %s", c.GetModel(), c.GetReplica(), c.GetReason())
+}
+
+// replicaStatus records a node's report about a replica it runs. Reports for
+// another generation or node are stale and rejected: the replica has moved on.
+func (f *FSM) replicaStatus(c *pb.ReplicaStatus, dry bool) *pb.Result {
+	r, ok := f.replicas[replicaKey{c.GetModel(), c.GetReplica()}]
+	switch {
+	case !ok:
+		return reject(pb.Code_CODE_NOT_FOUND, "replica %s/%d not found", c.GetModel(), c.GetReplica())
+	case r.Node == "" || r.Node != c.GetNode() || r.Generation != c.GetGeneration():
+		return reject(pb.Code_CODE_FAILED_PRECONDITION, "stale report for replica %s/%d from node %q generation %d: it is placed on %q at generation %d",
+			c.GetModel(), c.GetReplica(), c.GetNode(), c.GetGeneration(), r.Node, r.Generation)
+	case c.GetState() == pb.ReplicaState_REPLICA_STATE_UNSPECIFIED || c.GetState() == pb.ReplicaState_REPLICA_STATE_PENDING:
+		return invalid("replica status", []*pb.Violation{{Field: "state", Description: "must be placed, starting, running, failed or stopped"}})
+	}
+	if r.State == c.GetState() && r.Reason == c.GetReason() && r.Restarts == c.GetRestarts() && r.Endpoint == c.GetEndpoint() {
+		return accept(pb.Outcome_OUTCOME_UNCHANGED, "replica %s/%d unchanged", c.GetModel(), c.GetReplica())
+	}
+	if !dry {
+		r.State, r.Reason, r.Restarts, r.Endpoint = c.GetState(), c.GetReason(), c.GetRestarts(), c.GetEndpoint()
+	}
+	return accept(pb.Outcome_OUTCOME_CONFIGURED, "replica %s/%d is %s", c.GetModel(), c.GetReplica(), ReplicaStateName(c.GetState()))
+}
+
+// ReplicaStateName is the name users see for a replica state.
+func ReplicaStateName(s pb.ReplicaState) string {
+	switch s {
+	case pb.ReplicaState_REPLICA_STATE_PENDING:
+		return "Pending"
+	case pb.ReplicaState_REPLICA_STATE_PLACED:
+		return "Placed"
+	case pb.ReplicaState_REPLICA_STATE_STARTING:
+		return "Starting"
+	case pb.ReplicaState_REPLICA_STATE_RUNNING:
+		return "Running"
+	case pb.ReplicaState_REPLICA_STATE_FAILED:
+		return "Failed"
+	case pb.ReplicaState_REPLICA_STATE_STOPPED:
+		return "Stopped"
+	}
+	return "Unknown"
+}
+
