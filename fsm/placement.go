@@ -219,4 +219,3 @@ func ReplicaStateName(s pb.ReplicaState) string {
 	}
 	return "Unknown"
 }
-

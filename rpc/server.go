@@ -20,7 +20,7 @@ var errEnvelopeRequired = errors.New("envelope: is required")
 // Limits bound what one client can make a server hold.
 const (
 	// MaxMessageBytes caps a request or response message.
-	MaxMessageBytes = 16 << 20
+	MaxMessageBytes   = 16 << 20
 	readHeaderTimeout = 10 * time.Second
 	idleTimeout       = 2 * time.Minute
 )

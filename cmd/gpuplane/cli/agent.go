@@ -116,4 +116,3 @@ func joinErr(a, b error) error {
 	}
 	return b
 }
-
