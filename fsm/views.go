@@ -271,3 +271,19 @@ func (f *FSM) modelView(m *pb.ModelDeployment) *pb.ModelDeployment {
 	out.Status = st
 	return out
 }
+
+// ReplicaShare is what one replica of a deployment takes: how many cards and
+// what share of each, in thousandths. ok is false when the deployment or its
+// accelerator does not exist.
+func (f *FSM) ReplicaShare(model string) (cards, milli uint32, ok bool) {
+	m, found := f.models[model]
+	if !found {
+		return 0, 0, false
+	}
+	acc, found := f.accelerators[m.Spec.Placement.Accelerator]
+	if !found {
+		return 0, 0, false
+	}
+	sh := shareOf(m.Spec, acc.Spec, f.cardMemory(acc.Spec.Device))
+	return sh.cards, sh.milli, true
+}

@@ -31,6 +31,7 @@ var services = []string{
 	gpuplanev1connect.NodeServiceName,
 	gpuplanev1connect.AcceleratorServiceName,
 	gpuplanev1connect.ClusterServiceName,
+	gpuplanev1connect.ModelServiceName,
 }
 
 // Config configures the API server.
@@ -55,6 +56,7 @@ func Handler(cfg Config) http.Handler {
 	mux.Handle(gpuplanev1connect.NewNodeServiceHandler(h, opts...))
 	mux.Handle(gpuplanev1connect.NewAcceleratorServiceHandler(h, opts...))
 	mux.Handle(gpuplanev1connect.NewClusterServiceHandler(h, opts...))
+	mux.Handle(gpuplanev1connect.NewModelServiceHandler(h, opts...))
 	mux.Handle(grpchealth.NewHandler(grpchealth.NewStaticChecker(services...)))
 	reflector := grpcreflect.NewStaticReflector(services...)
 	mux.Handle(grpcreflect.NewHandlerV1(reflector))
