@@ -13,9 +13,11 @@ import (
 	"net"
 	"os"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/gpuplane/gpuplane/cluster"
+	"github.com/gpuplane/gpuplane/cluster/scheduler"
 	"github.com/gpuplane/gpuplane/node/inventory"
 	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
 	"github.com/gpuplane/gpuplane/rpc"
@@ -39,6 +41,8 @@ type Config struct {
 	RaftPort   int
 	GossipPort int
 	SimGPUs    string
+	// SchedulerPolicy names the placement policy (default: the scheduler's).
+	SchedulerPolicy string
 	Version    string
 
 	// Out receives the few lines the agent prints for its user.
@@ -54,6 +58,9 @@ type Agent struct {
 	self    *pb.Node
 	served  chan error
 	tempDir string
+	// stopLoops ends the background loops (the leader's placer).
+	stopLoops context.CancelFunc
+	loops     sync.WaitGroup
 }
 
 // Start brings a node up: it reads the inventory, opens the Raft log, serves
@@ -173,6 +180,10 @@ func (a *Agent) startCluster() error {
 	}
 	fw.Resolve = c.APIAddress
 	c.SetForwarder(fw)
+	loopCtx, stop := context.WithCancel(context.Background())
+	a.stopLoops = stop
+	placer := cluster.NewPlacer(c, scheduler.Policy(a.cfg.SchedulerPolicy), a.cfg.Logger)
+	a.loops.Go(func() { placer.Run(loopCtx) })
 	a.cluster = c
 	return nil
 }
@@ -261,6 +272,11 @@ func (a *Agent) Close() error {
 }
 
 func (a *Agent) cleanup() {
+	if a.stopLoops != nil {
+		a.stopLoops()
+		a.loops.Wait()
+		a.stopLoops = nil
+	}
 	if a.cluster != nil {
 		if err := a.cluster.Shutdown(); err != nil {
 			a.cfg.Logger.Warn("shut down cluster", "err", err)
