@@ -494,13 +494,6 @@ func (c *cardState) freeWhole(q *request) bool {
 	return c.healthy && q.kinds.has(c.kind) && c.count == 0
 }
 
-// candidate is one feasible choice.
-type candidate struct {
-	node  int32
-	cards []int32
-	score score
-}
-
 type cardSig struct{ kind, acc, used, count int32 }
 
 type scratch struct {
@@ -509,9 +502,6 @@ type scratch struct {
 	best     []int32
 	feasW    []int64
 	feasWNew []int64
-	fok      []int64
-	e        []int32
-	nef      []int64
 }
 
 func (s *State) place(r *Request, p Policy) Decision {
