@@ -6,7 +6,7 @@ import (
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/dgxa100"
-	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/server"
+	mockserver "github.com/NVIDIA/go-nvml/pkg/nvml/mock/server"
 
 	"github.com/gpuplane/gpuplane/fsm/catalog"
 )
@@ -22,7 +22,7 @@ func TestFromNVMLReadsDGXA100(t *testing.T) {
 	}
 	seen := map[string]bool{}
 	for i, c := range cards {
-		want := server.Devices[i].(*server.Device).UUID
+		want := server.Devices[i].(*mockserver.Device).UUID
 		if c.GetIndex() != uint32(i) || c.GetUuid() != want {
 			t.Errorf("card %d: index %d uuid %q, want index %d uuid %q", i, c.GetIndex(), c.GetUuid(), i, want)
 		}
@@ -45,7 +45,7 @@ func TestFromNVMLReadsDGXA100(t *testing.T) {
 
 func TestFromNVMLUnknownProductAndFailedReads(t *testing.T) {
 	server := dgxa100.New()
-	dev := func(i int) *server.Device { return server.Devices[i].(*server.Device) }
+	dev := func(i int) *mockserver.Device { return server.Devices[i].(*mockserver.Device) }
 	dev(1).GetNameFunc = func() (string, nvml.Return) { return "NVIDIA B200", nvml.SUCCESS }
 	dev(1).GetArchitectureFunc = func() (nvml.DeviceArchitecture, nvml.Return) {
 		return nvml.DEVICE_ARCH_BLACKWELL, nvml.SUCCESS
@@ -90,7 +90,7 @@ func TestFromNVMLUnknownProductAndFailedReads(t *testing.T) {
 
 func TestFromNVMLFailsWithoutIdentity(t *testing.T) {
 	server := dgxa100.New()
-	server.Devices[5].(*server.Device).GetUUIDFunc = func() (string, nvml.Return) { return "", nvml.ERROR_GPU_IS_LOST }
+	server.Devices[5].(*mockserver.Device).GetUUIDFunc = func() (string, nvml.Return) { return "", nvml.ERROR_GPU_IS_LOST }
 	_, err := FromNVML(server)
 	if want := "card 5: read UUID: ERROR_GPU_IS_LOST"; err == nil || err.Error() != want {
 		t.Fatalf("error %v, want %q", err, want)
