@@ -24,7 +24,9 @@ type FSM struct {
 	models       map[string]*pb.ModelDeployment
 	replicas     map[replicaKey]*pb.Replica
 	// cards indexes what placed replicas take from each card.
-	cards map[cardKey]*cardUse
+	cards           map[cardKey]*cardUse
+	tokens          map[string]*pb.ACLToken
+	aclBootstrapped bool
 	// requests maps request ids to the result of their first application.
 	requests map[string]*pb.Result
 }
@@ -38,6 +40,7 @@ func New() *FSM {
 		models:       map[string]*pb.ModelDeployment{},
 		replicas:     map[replicaKey]*pb.Replica{},
 		cards:        map[cardKey]*cardUse{},
+		tokens:       map[string]*pb.ACLToken{},
 		requests:     map[string]*pb.Result{},
 	}
 }
@@ -137,6 +140,12 @@ func (f *FSM) apply(env *pb.Envelope, index uint64, dry bool) *pb.Result {
 		res = f.unplaceReplica(c.UnplaceReplica, dry)
 	case *pb.Envelope_ReplicaStatus:
 		res = f.replicaStatus(c.ReplicaStatus, dry)
+	case *pb.Envelope_BootstrapAcl:
+		res = f.bootstrapACL(c.BootstrapAcl, index, dry)
+	case *pb.Envelope_CreateToken:
+		res = f.createToken(c.CreateToken, index, dry)
+	case *pb.Envelope_DeleteToken:
+		res = f.deleteToken(c.DeleteToken, dry)
 	case nil:
 		res = reject(pb.Code_CODE_INVALID_ARGUMENT,
 			"unknown or missing command: the entry was written by a newer gpuplane or is corrupt")

@@ -25,6 +25,10 @@ func (f *FSM) State() *pb.State {
 	for _, k := range f.sortedReplicaKeys() {
 		st.Replicas = append(st.Replicas, proto.Clone(f.replicas[k]).(*pb.Replica))
 	}
+	for _, name := range sortedKeys(f.tokens) {
+		st.Tokens = append(st.Tokens, proto.Clone(f.tokens[name]).(*pb.ACLToken))
+	}
+	st.AclBootstrapped = f.aclBootstrapped
 	for _, id := range sortedKeys(f.requests) {
 		st.AppliedRequests = append(st.AppliedRequests, &pb.AppliedRequest{RequestId: id, Result: proto.Clone(f.requests[id]).(*pb.Result)})
 	}
@@ -62,6 +66,10 @@ func (f *FSM) Restore(data []byte) error {
 			next.occupy(r)
 		}
 	}
+	for _, t := range st.Tokens {
+		next.tokens[t.Name] = t
+	}
+	next.aclBootstrapped = st.AclBootstrapped
 	for _, r := range st.AppliedRequests {
 		next.requests[r.RequestId] = r.Result
 	}

@@ -163,6 +163,9 @@ type Envelope struct {
 	//	*Envelope_PlaceReplicas
 	//	*Envelope_UnplaceReplica
 	//	*Envelope_ReplicaStatus
+	//	*Envelope_BootstrapAcl
+	//	*Envelope_CreateToken
+	//	*Envelope_DeleteToken
 	Command       isEnvelope_Command `protobuf_oneof:"command"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -325,6 +328,33 @@ func (x *Envelope) GetReplicaStatus() *ReplicaStatus {
 	return nil
 }
 
+func (x *Envelope) GetBootstrapAcl() *BootstrapACL {
+	if x != nil {
+		if x, ok := x.Command.(*Envelope_BootstrapAcl); ok {
+			return x.BootstrapAcl
+		}
+	}
+	return nil
+}
+
+func (x *Envelope) GetCreateToken() *CreateToken {
+	if x != nil {
+		if x, ok := x.Command.(*Envelope_CreateToken); ok {
+			return x.CreateToken
+		}
+	}
+	return nil
+}
+
+func (x *Envelope) GetDeleteToken() *DeleteToken {
+	if x != nil {
+		if x, ok := x.Command.(*Envelope_DeleteToken); ok {
+			return x.DeleteToken
+		}
+	}
+	return nil
+}
+
 type isEnvelope_Command interface {
 	isEnvelope_Command()
 }
@@ -373,6 +403,18 @@ type Envelope_ReplicaStatus struct {
 	ReplicaStatus *ReplicaStatus `protobuf:"bytes,20,opt,name=replica_status,json=replicaStatus,proto3,oneof"`
 }
 
+type Envelope_BootstrapAcl struct {
+	BootstrapAcl *BootstrapACL `protobuf:"bytes,21,opt,name=bootstrap_acl,json=bootstrapAcl,proto3,oneof"`
+}
+
+type Envelope_CreateToken struct {
+	CreateToken *CreateToken `protobuf:"bytes,22,opt,name=create_token,json=createToken,proto3,oneof"`
+}
+
+type Envelope_DeleteToken struct {
+	DeleteToken *DeleteToken `protobuf:"bytes,23,opt,name=delete_token,json=deleteToken,proto3,oneof"`
+}
+
 func (*Envelope_RegisterNode) isEnvelope_Command() {}
 
 func (*Envelope_UpdateInventory) isEnvelope_Command() {}
@@ -394,6 +436,12 @@ func (*Envelope_PlaceReplicas) isEnvelope_Command() {}
 func (*Envelope_UnplaceReplica) isEnvelope_Command() {}
 
 func (*Envelope_ReplicaStatus) isEnvelope_Command() {}
+
+func (*Envelope_BootstrapAcl) isEnvelope_Command() {}
+
+func (*Envelope_CreateToken) isEnvelope_Command() {}
+
+func (*Envelope_DeleteToken) isEnvelope_Command() {}
 
 // RegisterNode adds a node or replaces its identity, addresses and inventory.
 type RegisterNode struct {
@@ -1180,6 +1228,165 @@ func (x *ReplicaStatus) GetEndpoint() string {
 	return ""
 }
 
+// BootstrapACL creates the first admin token. It succeeds once per cluster.
+type BootstrapACL struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	SecretHash    string                 `protobuf:"bytes,2,opt,name=secret_hash,json=secretHash,proto3" json:"secret_hash,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BootstrapACL) Reset() {
+	*x = BootstrapACL{}
+	mi := &file_gpuplane_v1_log_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BootstrapACL) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BootstrapACL) ProtoMessage() {}
+
+func (x *BootstrapACL) ProtoReflect() protoreflect.Message {
+	mi := &file_gpuplane_v1_log_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BootstrapACL.ProtoReflect.Descriptor instead.
+func (*BootstrapACL) Descriptor() ([]byte, []int) {
+	return file_gpuplane_v1_log_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *BootstrapACL) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *BootstrapACL) GetSecretHash() string {
+	if x != nil {
+		return x.SecretHash
+	}
+	return ""
+}
+
+// CreateToken adds a token; names are unique.
+type CreateToken struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Role          Role                   `protobuf:"varint,2,opt,name=role,proto3,enum=gpuplane.v1.Role" json:"role,omitempty"`
+	SecretHash    string                 `protobuf:"bytes,3,opt,name=secret_hash,json=secretHash,proto3" json:"secret_hash,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CreateToken) Reset() {
+	*x = CreateToken{}
+	mi := &file_gpuplane_v1_log_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CreateToken) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CreateToken) ProtoMessage() {}
+
+func (x *CreateToken) ProtoReflect() protoreflect.Message {
+	mi := &file_gpuplane_v1_log_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CreateToken.ProtoReflect.Descriptor instead.
+func (*CreateToken) Descriptor() ([]byte, []int) {
+	return file_gpuplane_v1_log_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *CreateToken) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *CreateToken) GetRole() Role {
+	if x != nil {
+		return x.Role
+	}
+	return Role_ROLE_UNSPECIFIED
+}
+
+func (x *CreateToken) GetSecretHash() string {
+	if x != nil {
+		return x.SecretHash
+	}
+	return ""
+}
+
+// DeleteToken removes a token by name.
+type DeleteToken struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteToken) Reset() {
+	*x = DeleteToken{}
+	mi := &file_gpuplane_v1_log_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteToken) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteToken) ProtoMessage() {}
+
+func (x *DeleteToken) ProtoReflect() protoreflect.Message {
+	mi := &file_gpuplane_v1_log_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteToken.ProtoReflect.Descriptor instead.
+func (*DeleteToken) Descriptor() ([]byte, []int) {
+	return file_gpuplane_v1_log_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *DeleteToken) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
 // Violation is one broken rule, with the path of the field that broke it.
 type Violation struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -1191,7 +1398,7 @@ type Violation struct {
 
 func (x *Violation) Reset() {
 	*x = Violation{}
-	mi := &file_gpuplane_v1_log_proto_msgTypes[14]
+	mi := &file_gpuplane_v1_log_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1203,7 +1410,7 @@ func (x *Violation) String() string {
 func (*Violation) ProtoMessage() {}
 
 func (x *Violation) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuplane_v1_log_proto_msgTypes[14]
+	mi := &file_gpuplane_v1_log_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1216,7 +1423,7 @@ func (x *Violation) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Violation.ProtoReflect.Descriptor instead.
 func (*Violation) Descriptor() ([]byte, []int) {
-	return file_gpuplane_v1_log_proto_rawDescGZIP(), []int{14}
+	return file_gpuplane_v1_log_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *Violation) GetField() string {
@@ -1243,7 +1450,7 @@ type Violations struct {
 
 func (x *Violations) Reset() {
 	*x = Violations{}
-	mi := &file_gpuplane_v1_log_proto_msgTypes[15]
+	mi := &file_gpuplane_v1_log_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1255,7 +1462,7 @@ func (x *Violations) String() string {
 func (*Violations) ProtoMessage() {}
 
 func (x *Violations) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuplane_v1_log_proto_msgTypes[15]
+	mi := &file_gpuplane_v1_log_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1268,7 +1475,7 @@ func (x *Violations) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Violations.ProtoReflect.Descriptor instead.
 func (*Violations) Descriptor() ([]byte, []int) {
-	return file_gpuplane_v1_log_proto_rawDescGZIP(), []int{15}
+	return file_gpuplane_v1_log_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *Violations) GetViolations() []*Violation {
@@ -1298,7 +1505,7 @@ type Result struct {
 
 func (x *Result) Reset() {
 	*x = Result{}
-	mi := &file_gpuplane_v1_log_proto_msgTypes[16]
+	mi := &file_gpuplane_v1_log_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1310,7 +1517,7 @@ func (x *Result) String() string {
 func (*Result) ProtoMessage() {}
 
 func (x *Result) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuplane_v1_log_proto_msgTypes[16]
+	mi := &file_gpuplane_v1_log_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1323,7 +1530,7 @@ func (x *Result) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Result.ProtoReflect.Descriptor instead.
 func (*Result) Descriptor() ([]byte, []int) {
-	return file_gpuplane_v1_log_proto_rawDescGZIP(), []int{16}
+	return file_gpuplane_v1_log_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *Result) GetCode() Code {
@@ -1379,7 +1586,7 @@ var File_gpuplane_v1_log_proto protoreflect.FileDescriptor
 
 const file_gpuplane_v1_log_proto_rawDesc = "" +
 	"\n" +
-	"\x15gpuplane/v1/log.proto\x12\vgpuplane.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1bgpuplane/v1/resources.proto\"\x91\a\n" +
+	"\x15gpuplane/v1/log.proto\x12\vgpuplane.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1bgpuplane/v1/resources.proto\"\xd1\b\n" +
 	"\bEnvelope\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12\x14\n" +
@@ -1398,7 +1605,10 @@ const file_gpuplane_v1_log_proto_rawDesc = "" +
 	"\fdelete_model\x18\x11 \x01(\v2\x18.gpuplane.v1.DeleteModelH\x00R\vdeleteModel\x12C\n" +
 	"\x0eplace_replicas\x18\x12 \x01(\v2\x1a.gpuplane.v1.PlaceReplicasH\x00R\rplaceReplicas\x12F\n" +
 	"\x0funplace_replica\x18\x13 \x01(\v2\x1b.gpuplane.v1.UnplaceReplicaH\x00R\x0eunplaceReplica\x12C\n" +
-	"\x0ereplica_status\x18\x14 \x01(\v2\x1a.gpuplane.v1.ReplicaStatusH\x00R\rreplicaStatusB\t\n" +
+	"\x0ereplica_status\x18\x14 \x01(\v2\x1a.gpuplane.v1.ReplicaStatusH\x00R\rreplicaStatus\x12@\n" +
+	"\rbootstrap_acl\x18\x15 \x01(\v2\x19.gpuplane.v1.BootstrapACLH\x00R\fbootstrapAcl\x12=\n" +
+	"\fcreate_token\x18\x16 \x01(\v2\x18.gpuplane.v1.CreateTokenH\x00R\vcreateToken\x12=\n" +
+	"\fdelete_token\x18\x17 \x01(\v2\x18.gpuplane.v1.DeleteTokenH\x00R\vdeleteTokenB\t\n" +
 	"\acommand\"5\n" +
 	"\fRegisterNode\x12%\n" +
 	"\x04node\x18\x01 \x01(\v2\x11.gpuplane.v1.NodeR\x04node\"N\n" +
@@ -1458,6 +1668,17 @@ const file_gpuplane_v1_log_proto_rawDesc = "" +
 	"\x06reason\x18\x06 \x01(\tR\x06reason\x12\x1a\n" +
 	"\brestarts\x18\a \x01(\rR\brestarts\x12\x1a\n" +
 	"\bendpoint\x18\b \x01(\tR\bendpoint\"C\n" +
+	"\fBootstrapACL\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1f\n" +
+	"\vsecret_hash\x18\x02 \x01(\tR\n" +
+	"secretHash\"i\n" +
+	"\vCreateToken\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12%\n" +
+	"\x04role\x18\x02 \x01(\x0e2\x11.gpuplane.v1.RoleR\x04role\x12\x1f\n" +
+	"\vsecret_hash\x18\x03 \x01(\tR\n" +
+	"secretHash\"!\n" +
+	"\vDeleteToken\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\"C\n" +
 	"\tViolation\x12\x14\n" +
 	"\x05field\x18\x01 \x01(\tR\x05field\x12 \n" +
 	"\vdescription\x18\x02 \x01(\tR\vdescription\"D\n" +
@@ -1504,7 +1725,7 @@ func file_gpuplane_v1_log_proto_rawDescGZIP() []byte {
 }
 
 var file_gpuplane_v1_log_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_gpuplane_v1_log_proto_msgTypes = make([]protoimpl.MessageInfo, 17)
+var file_gpuplane_v1_log_proto_msgTypes = make([]protoimpl.MessageInfo, 20)
 var file_gpuplane_v1_log_proto_goTypes = []any{
 	(Code)(0),                     // 0: gpuplane.v1.Code
 	(Outcome)(0),                  // 1: gpuplane.v1.Outcome
@@ -1522,19 +1743,23 @@ var file_gpuplane_v1_log_proto_goTypes = []any{
 	(*PlaceReplicas)(nil),         // 13: gpuplane.v1.PlaceReplicas
 	(*UnplaceReplica)(nil),        // 14: gpuplane.v1.UnplaceReplica
 	(*ReplicaStatus)(nil),         // 15: gpuplane.v1.ReplicaStatus
-	(*Violation)(nil),             // 16: gpuplane.v1.Violation
-	(*Violations)(nil),            // 17: gpuplane.v1.Violations
-	(*Result)(nil),                // 18: gpuplane.v1.Result
-	(*timestamppb.Timestamp)(nil), // 19: google.protobuf.Timestamp
-	(*Node)(nil),                  // 20: gpuplane.v1.Node
-	(*Card)(nil),                  // 21: gpuplane.v1.Card
-	(NodeStatus)(0),               // 22: gpuplane.v1.NodeStatus
-	(*AcceleratorSpec)(nil),       // 23: gpuplane.v1.AcceleratorSpec
-	(*ModelSpec)(nil),             // 24: gpuplane.v1.ModelSpec
-	(ReplicaState)(0),             // 25: gpuplane.v1.ReplicaState
+	(*BootstrapACL)(nil),          // 16: gpuplane.v1.BootstrapACL
+	(*CreateToken)(nil),           // 17: gpuplane.v1.CreateToken
+	(*DeleteToken)(nil),           // 18: gpuplane.v1.DeleteToken
+	(*Violation)(nil),             // 19: gpuplane.v1.Violation
+	(*Violations)(nil),            // 20: gpuplane.v1.Violations
+	(*Result)(nil),                // 21: gpuplane.v1.Result
+	(*timestamppb.Timestamp)(nil), // 22: google.protobuf.Timestamp
+	(*Node)(nil),                  // 23: gpuplane.v1.Node
+	(*Card)(nil),                  // 24: gpuplane.v1.Card
+	(NodeStatus)(0),               // 25: gpuplane.v1.NodeStatus
+	(*AcceleratorSpec)(nil),       // 26: gpuplane.v1.AcceleratorSpec
+	(*ModelSpec)(nil),             // 27: gpuplane.v1.ModelSpec
+	(ReplicaState)(0),             // 28: gpuplane.v1.ReplicaState
+	(Role)(0),                     // 29: gpuplane.v1.Role
 }
 var file_gpuplane_v1_log_proto_depIdxs = []int32{
-	19, // 0: gpuplane.v1.Envelope.proposed_at:type_name -> google.protobuf.Timestamp
+	22, // 0: gpuplane.v1.Envelope.proposed_at:type_name -> google.protobuf.Timestamp
 	3,  // 1: gpuplane.v1.Envelope.register_node:type_name -> gpuplane.v1.RegisterNode
 	4,  // 2: gpuplane.v1.Envelope.update_inventory:type_name -> gpuplane.v1.UpdateInventory
 	5,  // 3: gpuplane.v1.Envelope.set_node_status:type_name -> gpuplane.v1.SetNodeStatus
@@ -1546,23 +1771,27 @@ var file_gpuplane_v1_log_proto_depIdxs = []int32{
 	13, // 9: gpuplane.v1.Envelope.place_replicas:type_name -> gpuplane.v1.PlaceReplicas
 	14, // 10: gpuplane.v1.Envelope.unplace_replica:type_name -> gpuplane.v1.UnplaceReplica
 	15, // 11: gpuplane.v1.Envelope.replica_status:type_name -> gpuplane.v1.ReplicaStatus
-	20, // 12: gpuplane.v1.RegisterNode.node:type_name -> gpuplane.v1.Node
-	21, // 13: gpuplane.v1.UpdateInventory.cards:type_name -> gpuplane.v1.Card
-	22, // 14: gpuplane.v1.SetNodeStatus.status:type_name -> gpuplane.v1.NodeStatus
-	23, // 15: gpuplane.v1.CreateAccelerator.spec:type_name -> gpuplane.v1.AcceleratorSpec
-	24, // 16: gpuplane.v1.ApplyModel.spec:type_name -> gpuplane.v1.ModelSpec
-	11, // 17: gpuplane.v1.PlaceReplicas.placements:type_name -> gpuplane.v1.Placement
-	12, // 18: gpuplane.v1.PlaceReplicas.pending:type_name -> gpuplane.v1.PendingReason
-	25, // 19: gpuplane.v1.ReplicaStatus.state:type_name -> gpuplane.v1.ReplicaState
-	16, // 20: gpuplane.v1.Violations.violations:type_name -> gpuplane.v1.Violation
-	0,  // 21: gpuplane.v1.Result.code:type_name -> gpuplane.v1.Code
-	16, // 22: gpuplane.v1.Result.violations:type_name -> gpuplane.v1.Violation
-	1,  // 23: gpuplane.v1.Result.outcome:type_name -> gpuplane.v1.Outcome
-	24, // [24:24] is the sub-list for method output_type
-	24, // [24:24] is the sub-list for method input_type
-	24, // [24:24] is the sub-list for extension type_name
-	24, // [24:24] is the sub-list for extension extendee
-	0,  // [0:24] is the sub-list for field type_name
+	16, // 12: gpuplane.v1.Envelope.bootstrap_acl:type_name -> gpuplane.v1.BootstrapACL
+	17, // 13: gpuplane.v1.Envelope.create_token:type_name -> gpuplane.v1.CreateToken
+	18, // 14: gpuplane.v1.Envelope.delete_token:type_name -> gpuplane.v1.DeleteToken
+	23, // 15: gpuplane.v1.RegisterNode.node:type_name -> gpuplane.v1.Node
+	24, // 16: gpuplane.v1.UpdateInventory.cards:type_name -> gpuplane.v1.Card
+	25, // 17: gpuplane.v1.SetNodeStatus.status:type_name -> gpuplane.v1.NodeStatus
+	26, // 18: gpuplane.v1.CreateAccelerator.spec:type_name -> gpuplane.v1.AcceleratorSpec
+	27, // 19: gpuplane.v1.ApplyModel.spec:type_name -> gpuplane.v1.ModelSpec
+	11, // 20: gpuplane.v1.PlaceReplicas.placements:type_name -> gpuplane.v1.Placement
+	12, // 21: gpuplane.v1.PlaceReplicas.pending:type_name -> gpuplane.v1.PendingReason
+	28, // 22: gpuplane.v1.ReplicaStatus.state:type_name -> gpuplane.v1.ReplicaState
+	29, // 23: gpuplane.v1.CreateToken.role:type_name -> gpuplane.v1.Role
+	19, // 24: gpuplane.v1.Violations.violations:type_name -> gpuplane.v1.Violation
+	0,  // 25: gpuplane.v1.Result.code:type_name -> gpuplane.v1.Code
+	19, // 26: gpuplane.v1.Result.violations:type_name -> gpuplane.v1.Violation
+	1,  // 27: gpuplane.v1.Result.outcome:type_name -> gpuplane.v1.Outcome
+	28, // [28:28] is the sub-list for method output_type
+	28, // [28:28] is the sub-list for method input_type
+	28, // [28:28] is the sub-list for extension type_name
+	28, // [28:28] is the sub-list for extension extendee
+	0,  // [0:28] is the sub-list for field type_name
 }
 
 func init() { file_gpuplane_v1_log_proto_init() }
@@ -1583,6 +1812,9 @@ func file_gpuplane_v1_log_proto_init() {
 		(*Envelope_PlaceReplicas)(nil),
 		(*Envelope_UnplaceReplica)(nil),
 		(*Envelope_ReplicaStatus)(nil),
+		(*Envelope_BootstrapAcl)(nil),
+		(*Envelope_CreateToken)(nil),
+		(*Envelope_DeleteToken)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -1590,7 +1822,7 @@ func file_gpuplane_v1_log_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_gpuplane_v1_log_proto_rawDesc), len(file_gpuplane_v1_log_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   17,
+			NumMessages:   20,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -240,6 +240,62 @@ func (ReplicaState) EnumDescriptor() ([]byte, []int) {
 	return file_gpuplane_v1_resources_proto_rawDescGZIP(), []int{3}
 }
 
+// Role is what a token may do.
+type Role int32
+
+const (
+	Role_ROLE_UNSPECIFIED Role = 0
+	// Sees everything, changes nothing.
+	Role_ROLE_READ Role = 1
+	// Also manages accelerators and deployments.
+	Role_ROLE_OPERATOR Role = 2
+	// Also manages nodes, tokens and the cluster.
+	Role_ROLE_ADMIN Role = 3
+)
+
+// Enum value maps for Role.
+var (
+	Role_name = map[int32]string{
+		0: "ROLE_UNSPECIFIED",
+		1: "ROLE_READ",
+		2: "ROLE_OPERATOR",
+		3: "ROLE_ADMIN",
+	}
+	Role_value = map[string]int32{
+		"ROLE_UNSPECIFIED": 0,
+		"ROLE_READ":        1,
+		"ROLE_OPERATOR":    2,
+		"ROLE_ADMIN":       3,
+	}
+)
+
+func (x Role) Enum() *Role {
+	p := new(Role)
+	*p = x
+	return p
+}
+
+func (x Role) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (Role) Descriptor() protoreflect.EnumDescriptor {
+	return file_gpuplane_v1_resources_proto_enumTypes[4].Descriptor()
+}
+
+func (Role) Type() protoreflect.EnumType {
+	return &file_gpuplane_v1_resources_proto_enumTypes[4]
+}
+
+func (x Role) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use Role.Descriptor instead.
+func (Role) EnumDescriptor() ([]byte, []int) {
+	return file_gpuplane_v1_resources_proto_rawDescGZIP(), []int{4}
+}
+
 // Card is one physical GPU as its node reported it.
 type Card struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1536,6 +1592,77 @@ func (x *Replica) GetPlacedIndex() uint64 {
 	return 0
 }
 
+// ACLToken is an API token as the state keeps it: the secret itself is never
+// stored or logged, only its SHA-256.
+type ACLToken struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Name  string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Role  Role                   `protobuf:"varint,2,opt,name=role,proto3,enum=gpuplane.v1.Role" json:"role,omitempty"`
+	// Hex SHA-256 of the secret.
+	SecretHash    string `protobuf:"bytes,3,opt,name=secret_hash,json=secretHash,proto3" json:"secret_hash,omitempty"`
+	CreatedIndex  uint64 `protobuf:"varint,4,opt,name=created_index,json=createdIndex,proto3" json:"created_index,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ACLToken) Reset() {
+	*x = ACLToken{}
+	mi := &file_gpuplane_v1_resources_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ACLToken) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ACLToken) ProtoMessage() {}
+
+func (x *ACLToken) ProtoReflect() protoreflect.Message {
+	mi := &file_gpuplane_v1_resources_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ACLToken.ProtoReflect.Descriptor instead.
+func (*ACLToken) Descriptor() ([]byte, []int) {
+	return file_gpuplane_v1_resources_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *ACLToken) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *ACLToken) GetRole() Role {
+	if x != nil {
+		return x.Role
+	}
+	return Role_ROLE_UNSPECIFIED
+}
+
+func (x *ACLToken) GetSecretHash() string {
+	if x != nil {
+		return x.SecretHash
+	}
+	return ""
+}
+
+func (x *ACLToken) GetCreatedIndex() uint64 {
+	if x != nil {
+		return x.CreatedIndex
+	}
+	return 0
+}
+
 var File_gpuplane_v1_resources_proto protoreflect.FileDescriptor
 
 const file_gpuplane_v1_resources_proto_rawDesc = "" +
@@ -1677,7 +1804,13 @@ const file_gpuplane_v1_resources_proto_rawDesc = "" +
 	"\x06reason\x18\v \x01(\tR\x06reason\x12\x1a\n" +
 	"\brestarts\x18\f \x01(\rR\brestarts\x12\x1a\n" +
 	"\bendpoint\x18\r \x01(\tR\bendpoint\x12!\n" +
-	"\fplaced_index\x18\x0e \x01(\x04R\vplacedIndex*Q\n" +
+	"\fplaced_index\x18\x0e \x01(\x04R\vplacedIndex\"\x8b\x01\n" +
+	"\bACLToken\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12%\n" +
+	"\x04role\x18\x02 \x01(\x0e2\x11.gpuplane.v1.RoleR\x04role\x12\x1f\n" +
+	"\vsecret_hash\x18\x03 \x01(\tR\n" +
+	"secretHash\x12#\n" +
+	"\rcreated_index\x18\x04 \x01(\x04R\fcreatedIndex*Q\n" +
 	"\bNodeRole\x12\x19\n" +
 	"\x15NODE_ROLE_UNSPECIFIED\x10\x00\x12\x14\n" +
 	"\x10NODE_ROLE_SERVER\x10\x01\x12\x14\n" +
@@ -1699,7 +1832,13 @@ const file_gpuplane_v1_resources_proto_rawDesc = "" +
 	"\x16REPLICA_STATE_STARTING\x10\x03\x12\x19\n" +
 	"\x15REPLICA_STATE_RUNNING\x10\x04\x12\x18\n" +
 	"\x14REPLICA_STATE_FAILED\x10\x05\x12\x19\n" +
-	"\x15REPLICA_STATE_STOPPED\x10\x06B;Z9github.com/gpuplane/gpuplane/proto/gpuplane/v1;gpuplanev1b\x06proto3"
+	"\x15REPLICA_STATE_STOPPED\x10\x06*N\n" +
+	"\x04Role\x12\x14\n" +
+	"\x10ROLE_UNSPECIFIED\x10\x00\x12\r\n" +
+	"\tROLE_READ\x10\x01\x12\x11\n" +
+	"\rROLE_OPERATOR\x10\x02\x12\x0e\n" +
+	"\n" +
+	"ROLE_ADMIN\x10\x03B;Z9github.com/gpuplane/gpuplane/proto/gpuplane/v1;gpuplanev1b\x06proto3"
 
 var (
 	file_gpuplane_v1_resources_proto_rawDescOnce sync.Once
@@ -1713,53 +1852,56 @@ func file_gpuplane_v1_resources_proto_rawDescGZIP() []byte {
 	return file_gpuplane_v1_resources_proto_rawDescData
 }
 
-var file_gpuplane_v1_resources_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_gpuplane_v1_resources_proto_msgTypes = make([]protoimpl.MessageInfo, 17)
+var file_gpuplane_v1_resources_proto_enumTypes = make([]protoimpl.EnumInfo, 5)
+var file_gpuplane_v1_resources_proto_msgTypes = make([]protoimpl.MessageInfo, 18)
 var file_gpuplane_v1_resources_proto_goTypes = []any{
 	(NodeRole)(0),             // 0: gpuplane.v1.NodeRole
 	(NodeStatus)(0),           // 1: gpuplane.v1.NodeStatus
 	(Tenancy)(0),              // 2: gpuplane.v1.Tenancy
 	(ReplicaState)(0),         // 3: gpuplane.v1.ReplicaState
-	(*Card)(nil),              // 4: gpuplane.v1.Card
-	(*Node)(nil),              // 5: gpuplane.v1.Node
-	(*Device)(nil),            // 6: gpuplane.v1.Device
-	(*CardStatus)(nil),        // 7: gpuplane.v1.CardStatus
-	(*AcceleratorSpec)(nil),   // 8: gpuplane.v1.AcceleratorSpec
-	(*AcceleratorStatus)(nil), // 9: gpuplane.v1.AcceleratorStatus
-	(*Accelerator)(nil),       // 10: gpuplane.v1.Accelerator
-	(*EngineSpec)(nil),        // 11: gpuplane.v1.EngineSpec
-	(*PlacementSpec)(nil),     // 12: gpuplane.v1.PlacementSpec
-	(*HostResources)(nil),     // 13: gpuplane.v1.HostResources
-	(*ModelSpec)(nil),         // 14: gpuplane.v1.ModelSpec
-	(*ModelStatus)(nil),       // 15: gpuplane.v1.ModelStatus
-	(*ModelDeployment)(nil),   // 16: gpuplane.v1.ModelDeployment
-	(*Replica)(nil),           // 17: gpuplane.v1.Replica
-	nil,                       // 18: gpuplane.v1.Node.LabelsEntry
-	nil,                       // 19: gpuplane.v1.EngineSpec.EnvEntry
-	nil,                       // 20: gpuplane.v1.PlacementSpec.NodeSelectorEntry
+	(Role)(0),                 // 4: gpuplane.v1.Role
+	(*Card)(nil),              // 5: gpuplane.v1.Card
+	(*Node)(nil),              // 6: gpuplane.v1.Node
+	(*Device)(nil),            // 7: gpuplane.v1.Device
+	(*CardStatus)(nil),        // 8: gpuplane.v1.CardStatus
+	(*AcceleratorSpec)(nil),   // 9: gpuplane.v1.AcceleratorSpec
+	(*AcceleratorStatus)(nil), // 10: gpuplane.v1.AcceleratorStatus
+	(*Accelerator)(nil),       // 11: gpuplane.v1.Accelerator
+	(*EngineSpec)(nil),        // 12: gpuplane.v1.EngineSpec
+	(*PlacementSpec)(nil),     // 13: gpuplane.v1.PlacementSpec
+	(*HostResources)(nil),     // 14: gpuplane.v1.HostResources
+	(*ModelSpec)(nil),         // 15: gpuplane.v1.ModelSpec
+	(*ModelStatus)(nil),       // 16: gpuplane.v1.ModelStatus
+	(*ModelDeployment)(nil),   // 17: gpuplane.v1.ModelDeployment
+	(*Replica)(nil),           // 18: gpuplane.v1.Replica
+	(*ACLToken)(nil),          // 19: gpuplane.v1.ACLToken
+	nil,                       // 20: gpuplane.v1.Node.LabelsEntry
+	nil,                       // 21: gpuplane.v1.EngineSpec.EnvEntry
+	nil,                       // 22: gpuplane.v1.PlacementSpec.NodeSelectorEntry
 }
 var file_gpuplane_v1_resources_proto_depIdxs = []int32{
 	0,  // 0: gpuplane.v1.Node.role:type_name -> gpuplane.v1.NodeRole
 	1,  // 1: gpuplane.v1.Node.status:type_name -> gpuplane.v1.NodeStatus
-	18, // 2: gpuplane.v1.Node.labels:type_name -> gpuplane.v1.Node.LabelsEntry
-	4,  // 3: gpuplane.v1.Node.cards:type_name -> gpuplane.v1.Card
+	20, // 2: gpuplane.v1.Node.labels:type_name -> gpuplane.v1.Node.LabelsEntry
+	5,  // 3: gpuplane.v1.Node.cards:type_name -> gpuplane.v1.Card
 	1,  // 4: gpuplane.v1.CardStatus.node_status:type_name -> gpuplane.v1.NodeStatus
 	2,  // 5: gpuplane.v1.AcceleratorSpec.tenancy:type_name -> gpuplane.v1.Tenancy
-	8,  // 6: gpuplane.v1.Accelerator.spec:type_name -> gpuplane.v1.AcceleratorSpec
-	9,  // 7: gpuplane.v1.Accelerator.status:type_name -> gpuplane.v1.AcceleratorStatus
-	19, // 8: gpuplane.v1.EngineSpec.env:type_name -> gpuplane.v1.EngineSpec.EnvEntry
-	20, // 9: gpuplane.v1.PlacementSpec.node_selector:type_name -> gpuplane.v1.PlacementSpec.NodeSelectorEntry
-	12, // 10: gpuplane.v1.ModelSpec.placement:type_name -> gpuplane.v1.PlacementSpec
-	11, // 11: gpuplane.v1.ModelSpec.engine:type_name -> gpuplane.v1.EngineSpec
-	13, // 12: gpuplane.v1.ModelSpec.resources:type_name -> gpuplane.v1.HostResources
-	14, // 13: gpuplane.v1.ModelDeployment.spec:type_name -> gpuplane.v1.ModelSpec
-	15, // 14: gpuplane.v1.ModelDeployment.status:type_name -> gpuplane.v1.ModelStatus
+	9,  // 6: gpuplane.v1.Accelerator.spec:type_name -> gpuplane.v1.AcceleratorSpec
+	10, // 7: gpuplane.v1.Accelerator.status:type_name -> gpuplane.v1.AcceleratorStatus
+	21, // 8: gpuplane.v1.EngineSpec.env:type_name -> gpuplane.v1.EngineSpec.EnvEntry
+	22, // 9: gpuplane.v1.PlacementSpec.node_selector:type_name -> gpuplane.v1.PlacementSpec.NodeSelectorEntry
+	13, // 10: gpuplane.v1.ModelSpec.placement:type_name -> gpuplane.v1.PlacementSpec
+	12, // 11: gpuplane.v1.ModelSpec.engine:type_name -> gpuplane.v1.EngineSpec
+	14, // 12: gpuplane.v1.ModelSpec.resources:type_name -> gpuplane.v1.HostResources
+	15, // 13: gpuplane.v1.ModelDeployment.spec:type_name -> gpuplane.v1.ModelSpec
+	16, // 14: gpuplane.v1.ModelDeployment.status:type_name -> gpuplane.v1.ModelStatus
 	3,  // 15: gpuplane.v1.Replica.state:type_name -> gpuplane.v1.ReplicaState
-	16, // [16:16] is the sub-list for method output_type
-	16, // [16:16] is the sub-list for method input_type
-	16, // [16:16] is the sub-list for extension type_name
-	16, // [16:16] is the sub-list for extension extendee
-	0,  // [0:16] is the sub-list for field type_name
+	4,  // 16: gpuplane.v1.ACLToken.role:type_name -> gpuplane.v1.Role
+	17, // [17:17] is the sub-list for method output_type
+	17, // [17:17] is the sub-list for method input_type
+	17, // [17:17] is the sub-list for extension type_name
+	17, // [17:17] is the sub-list for extension extendee
+	0,  // [0:17] is the sub-list for field type_name
 }
 
 func init() { file_gpuplane_v1_resources_proto_init() }
@@ -1772,8 +1914,8 @@ func file_gpuplane_v1_resources_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_gpuplane_v1_resources_proto_rawDesc), len(file_gpuplane_v1_resources_proto_rawDesc)),
-			NumEnums:      4,
-			NumMessages:   17,
+			NumEnums:      5,
+			NumMessages:   18,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

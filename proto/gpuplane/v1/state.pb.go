@@ -147,6 +147,9 @@ type State struct {
 	AppliedRequests []*AppliedRequest    `protobuf:"bytes,5,rep,name=applied_requests,json=appliedRequests,proto3" json:"applied_requests,omitempty"`
 	Models          []*ModelDeployment   `protobuf:"bytes,6,rep,name=models,proto3" json:"models,omitempty"`
 	Replicas        []*Replica           `protobuf:"bytes,7,rep,name=replicas,proto3" json:"replicas,omitempty"`
+	Tokens          []*ACLToken          `protobuf:"bytes,8,rep,name=tokens,proto3" json:"tokens,omitempty"`
+	// True once BootstrapACL has been applied.
+	AclBootstrapped bool `protobuf:"varint,9,opt,name=acl_bootstrapped,json=aclBootstrapped,proto3" json:"acl_bootstrapped,omitempty"`
 	unknownFields   protoimpl.UnknownFields
 	sizeCache       protoimpl.SizeCache
 }
@@ -230,6 +233,20 @@ func (x *State) GetReplicas() []*Replica {
 	return nil
 }
 
+func (x *State) GetTokens() []*ACLToken {
+	if x != nil {
+		return x.Tokens
+	}
+	return nil
+}
+
+func (x *State) GetAclBootstrapped() bool {
+	if x != nil {
+		return x.AclBootstrapped
+	}
+	return false
+}
+
 var File_gpuplane_v1_state_proto protoreflect.FileDescriptor
 
 const file_gpuplane_v1_state_proto_rawDesc = "" +
@@ -242,7 +259,7 @@ const file_gpuplane_v1_state_proto_rawDesc = "" +
 	"\x0eAppliedRequest\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12+\n" +
-	"\x06result\x18\x02 \x01(\v2\x13.gpuplane.v1.ResultR\x06result\"\xdd\x02\n" +
+	"\x06result\x18\x02 \x01(\v2\x13.gpuplane.v1.ResultR\x06result\"\xb7\x03\n" +
 	"\x05State\x12#\n" +
 	"\rapplied_index\x18\x01 \x01(\x04R\fappliedIndex\x12\x12\n" +
 	"\x04hash\x18\x02 \x01(\tR\x04hash\x12'\n" +
@@ -250,7 +267,9 @@ const file_gpuplane_v1_state_proto_rawDesc = "" +
 	"\faccelerators\x18\x04 \x03(\v2\x1e.gpuplane.v1.StoredAcceleratorR\faccelerators\x12F\n" +
 	"\x10applied_requests\x18\x05 \x03(\v2\x1b.gpuplane.v1.AppliedRequestR\x0fappliedRequests\x124\n" +
 	"\x06models\x18\x06 \x03(\v2\x1c.gpuplane.v1.ModelDeploymentR\x06models\x120\n" +
-	"\breplicas\x18\a \x03(\v2\x14.gpuplane.v1.ReplicaR\breplicasB;Z9github.com/gpuplane/gpuplane/proto/gpuplane/v1;gpuplanev1b\x06proto3"
+	"\breplicas\x18\a \x03(\v2\x14.gpuplane.v1.ReplicaR\breplicas\x12-\n" +
+	"\x06tokens\x18\b \x03(\v2\x15.gpuplane.v1.ACLTokenR\x06tokens\x12)\n" +
+	"\x10acl_bootstrapped\x18\t \x01(\bR\x0faclBootstrappedB;Z9github.com/gpuplane/gpuplane/proto/gpuplane/v1;gpuplanev1b\x06proto3"
 
 var (
 	file_gpuplane_v1_state_proto_rawDescOnce sync.Once
@@ -274,6 +293,7 @@ var file_gpuplane_v1_state_proto_goTypes = []any{
 	(*Node)(nil),              // 5: gpuplane.v1.Node
 	(*ModelDeployment)(nil),   // 6: gpuplane.v1.ModelDeployment
 	(*Replica)(nil),           // 7: gpuplane.v1.Replica
+	(*ACLToken)(nil),          // 8: gpuplane.v1.ACLToken
 }
 var file_gpuplane_v1_state_proto_depIdxs = []int32{
 	3, // 0: gpuplane.v1.StoredAccelerator.spec:type_name -> gpuplane.v1.AcceleratorSpec
@@ -283,11 +303,12 @@ var file_gpuplane_v1_state_proto_depIdxs = []int32{
 	1, // 4: gpuplane.v1.State.applied_requests:type_name -> gpuplane.v1.AppliedRequest
 	6, // 5: gpuplane.v1.State.models:type_name -> gpuplane.v1.ModelDeployment
 	7, // 6: gpuplane.v1.State.replicas:type_name -> gpuplane.v1.Replica
-	7, // [7:7] is the sub-list for method output_type
-	7, // [7:7] is the sub-list for method input_type
-	7, // [7:7] is the sub-list for extension type_name
-	7, // [7:7] is the sub-list for extension extendee
-	0, // [0:7] is the sub-list for field type_name
+	8, // 7: gpuplane.v1.State.tokens:type_name -> gpuplane.v1.ACLToken
+	8, // [8:8] is the sub-list for method output_type
+	8, // [8:8] is the sub-list for method input_type
+	8, // [8:8] is the sub-list for extension type_name
+	8, // [8:8] is the sub-list for extension extendee
+	0, // [0:8] is the sub-list for field type_name
 }
 
 func init() { file_gpuplane_v1_state_proto_init() }
