@@ -16,7 +16,7 @@ import (
 	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
 )
 
-// TestDataDriven runs the command streams in testdata/*.txt. Each file is a
+// TestDataDriven runs the command streams in testdata/scripts/*.txt. Each file is a
 // sequence of directives:
 //
 //	apply          the input is an Envelope in protobuf text format; prints the result
@@ -27,7 +27,7 @@ import (
 //
 // Regenerate expectations with: go test ./fsm -run TestDataDriven -rewrite
 func TestDataDriven(t *testing.T) {
-	datadriven.Walk(t, "testdata", func(t *testing.T, path string) {
+	datadriven.Walk(t, "testdata/scripts", func(t *testing.T, path string) {
 		f := fsm.New()
 		var log [][]byte
 		datadriven.RunTest(t, path, func(t *testing.T, d *datadriven.TestData) string {
