@@ -45,9 +45,17 @@ lint:
 	@command -v staticcheck >/dev/null 2>&1 || GOBIN=$(GOBIN_DIR) $(GO) install honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION)
 	PATH="$(GOBIN_DIR):$$PATH" staticcheck $(PKGS)
 
-# Benchmarks: throughput and latency through the full RPC path, fsync floor.
-bench: build
-	$(GO) run ./bench/commit -bin $(BIN)
+# Benchmarks: commit throughput and p50/p99 latency through the full RPC path
+# against a real agent process, the data dir's fsync floor, then the
+# scheduler's placement benchmarks (none yet is not a failure).
+BENCH_FLAGS ?=
+
+.PHONY: bench-commit
+bench: bench-commit
+	$(GO) test -run '^$$' -bench . ./cluster/scheduler/...
+
+bench-commit: build
+	$(GO) run ./bench/commit -bin $(BIN) $(BENCH_FLAGS)
 
 clean:
 	rm -rf bin

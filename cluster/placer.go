@@ -66,7 +66,11 @@ func (p *Placer) Run(ctx context.Context) {
 func (p *Placer) Once(ctx context.Context) error {
 	var plan *pb.PlaceReplicas
 	var err error
-	p.c.View(func(f *fsm.FSM) { plan, err = Plan(f, p.policy) })
+	p.c.View(func(f *fsm.FSM) {
+		if f.HasPending() {
+			plan, err = Plan(f, p.policy)
+		}
+	})
 	if err != nil || plan == nil {
 		return err
 	}

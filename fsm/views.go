@@ -121,9 +121,10 @@ func (f *FSM) Device(name string) (*pb.Device, []*pb.CardStatus, bool) {
 // Accelerators returns every accelerator with its derived status, by name.
 func (f *FSM) Accelerators() []*pb.Accelerator {
 	sum := f.deviceSummaries()
+	inUse := f.placedPerAccelerator()
 	out := make([]*pb.Accelerator, 0, len(f.accelerators))
 	for _, name := range sortedKeys(f.accelerators) {
-		out = append(out, f.acceleratorView(f.accelerators[name], sum))
+		out = append(out, f.acceleratorView(f.accelerators[name], sum, inUse[name]))
 	}
 	return out
 }
@@ -134,7 +135,7 @@ func (f *FSM) Accelerator(name string) (*pb.Accelerator, bool) {
 	if !ok {
 		return nil, false
 	}
-	return f.acceleratorView(a, f.deviceSummaries()), true
+	return f.acceleratorView(a, f.deviceSummaries(), f.placedPerAccelerator()[name]), true
 }
 
 // acceleratorView computes the derived columns of SPEC §5:
@@ -142,7 +143,7 @@ func (f *FSM) Accelerator(name string) (*pb.Accelerator, bool) {
 // over nodes ⌊unbound live cards / devicesPerReplica⌋; shared: MEMORY/MODEL =
 // card memory ÷ maxModels, CAN PLACE = free model slots over its bound and the
 // unbound live cards. READY: at least one live card of its device.
-func (f *FSM) acceleratorView(a *pb.StoredAccelerator, sum map[string]*pb.Device) *pb.Accelerator {
+func (f *FSM) acceleratorView(a *pb.StoredAccelerator, sum map[string]*pb.Device, inUse uint32) *pb.Accelerator {
 	spec := a.Spec
 	memory := uint64(0)
 	if d := sum[spec.Device]; d != nil {
@@ -150,7 +151,7 @@ func (f *FSM) acceleratorView(a *pb.StoredAccelerator, sum map[string]*pb.Device
 	} else if c, ok := catalog.BySlug(spec.Device); ok {
 		memory = c.MemoryMiB
 	}
-	st := &pb.AcceleratorStatus{}
+	st := &pb.AcceleratorStatus{InUse: inUse}
 	if spec.Tenancy == pb.Tenancy_TENANCY_SHARED {
 		st.MemoryPerModelMib = memory / uint64(max(spec.MaxModels, 1))
 	} else {
@@ -176,11 +177,6 @@ func (f *FSM) acceleratorView(a *pb.StoredAccelerator, sum map[string]*pb.Device
 		}
 		if spec.Tenancy != pb.Tenancy_TENANCY_SHARED {
 			st.CanPlace += unbound / max(spec.DevicesPerReplica, 1)
-		}
-	}
-	for _, r := range f.replicas {
-		if r.Accelerator == a.Name && r.Node != "" {
-			st.InUse++
 		}
 	}
 	return &pb.Accelerator{
@@ -286,4 +282,28 @@ func (f *FSM) ReplicaShare(model string) (cards, milli uint32, ok bool) {
 	}
 	sh := shareOf(m.Spec, acc.Spec, f.cardMemory(acc.Spec.Device))
 	return sh.cards, sh.milli, true
+}
+
+// placedPerAccelerator counts placed replicas by accelerator (IN USE).
+func (f *FSM) placedPerAccelerator() map[string]uint32 {
+	out := map[string]uint32{}
+	for _, r := range f.replicas {
+		if r.Node != "" {
+			out[r.Accelerator]++
+		}
+	}
+	return out
+}
+
+// HasPending reports whether any replica waits for a placement on an
+// existing accelerator: the placer's cheap check before it plans.
+func (f *FSM) HasPending() bool {
+	for _, r := range f.replicas {
+		if r.Node == "" {
+			if _, ok := f.accelerators[r.Accelerator]; ok {
+				return true
+			}
+		}
+	}
+	return false
 }

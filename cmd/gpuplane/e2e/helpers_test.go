@@ -1,0 +1,295 @@
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+
+	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
+	"github.com/gpuplane/gpuplane/proto/gpuplane/v1/gpuplanev1connect"
+	"github.com/gpuplane/gpuplane/rpc"
+)
+
+// bin is the gpuplane binary TestMain built; skipReason says why there is
+// none.
+var bin, skipReason string
+
+func TestMain(m *testing.M) {
+	os.Exit(runMain(m))
+}
+
+func runMain(m *testing.M) int {
+	dir, err := os.MkdirTemp("", "gpuplane-e2e-bin-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "e2e:", err)
+		return 1
+	}
+	defer os.RemoveAll(dir)
+	if err := buildBinary(filepath.Join(dir, "gpuplane")); err != nil {
+		fmt.Fprintln(os.Stderr, "e2e:", err)
+		return 1
+	}
+	return m.Run()
+}
+
+// buildBinary builds ./cmd/gpuplane from the module root into out, or sets
+// skipReason when there is no go command to build it with.
+func buildBinary(out string) error {
+	goCmd, err := exec.LookPath("go")
+	if err != nil {
+		skipReason = "no go command on PATH to build the gpuplane binary"
+		return nil
+	}
+	_, file, _, ok := runtime.Caller(0)
+	if !ok {
+		return errors.New("cannot locate the module root")
+	}
+	root := filepath.Join(filepath.Dir(file), "..", "..", "..")
+	cmd := exec.Command(goCmd, "build", "-o", out, "./cmd/gpuplane")
+	cmd.Dir = root
+	cmd.Env = os.Environ()
+	if os.Getenv("CGO_CFLAGS") == "" {
+		cmd.Env = append(cmd.Env, "CGO_CFLAGS=-Wno-deprecated-declarations")
+	}
+	if b, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("go build ./cmd/gpuplane: %v\n%s", err, b)
+	}
+	bin = out
+	return nil
+}
+
+func requireBinary(t *testing.T) {
+	t.Helper()
+	if bin == "" {
+		t.Skip(skipReason)
+	}
+}
+
+// syncBuffer collects a process's output while it runs.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// agentProc is one `gpuplane agent --dev` process. Its flags stay the same
+// across restarts, as a user's would.
+type agentProc struct {
+	t       *testing.T
+	dataDir string
+	ports   [3]int // API, Raft, gossip
+	cmd     *exec.Cmd
+	out     *syncBuffer
+	done    chan struct{}
+}
+
+// newAgent picks free ports for an agent on dataDir; start runs it.
+func newAgent(t *testing.T, dataDir string) *agentProc {
+	t.Helper()
+	a := &agentProc{t: t, dataDir: dataDir}
+	var lns []net.Listener
+	for i := range a.ports {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatalf("find a free port: %v", err)
+		}
+		lns = append(lns, l)
+		a.ports[i] = l.Addr().(*net.TCPAddr).Port
+	}
+	for _, l := range lns {
+		l.Close()
+	}
+	t.Cleanup(a.kill)
+	return a
+}
+
+func (a *agentProc) url() string { return "http://127.0.0.1:" + strconv.Itoa(a.ports[0]) }
+
+// start runs the agent and waits until it serves /healthz and lists its own
+// node, so that it is registered.
+func (a *agentProc) start() {
+	a.t.Helper()
+	a.out = &syncBuffer{}
+	a.cmd = exec.Command(bin, "agent", "--dev", "--node-name", "e2e", "--data-dir", a.dataDir,
+		"--api-port", strconv.Itoa(a.ports[0]), "--raft-port", strconv.Itoa(a.ports[1]),
+		"--gossip-port", strconv.Itoa(a.ports[2]), "--log-level", "info")
+	a.cmd.Stdout, a.cmd.Stderr = a.out, a.out
+	if err := a.cmd.Start(); err != nil {
+		a.t.Fatalf("start agent: %v", err)
+	}
+	done := make(chan struct{})
+	a.done = done
+	go func() { _ = a.cmd.Wait(); close(done) }()
+	if err := a.waitReady(45 * time.Second); err != nil {
+		a.t.Fatalf("agent on %s: %v\noutput:\n%s", a.dataDir, err, a.out.String())
+	}
+}
+
+func (a *agentProc) waitReady(timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	httpc := &http.Client{Timeout: 2 * time.Second}
+	nodes := gpuplanev1connect.NewNodeServiceClient(rpc.HTTPClient(), a.url())
+	var last error
+	for {
+		select {
+		case <-a.done:
+			return fmt.Errorf("exited before it was ready (%v)", a.cmd.ProcessState)
+		case <-ctx.Done():
+			return fmt.Errorf("not ready after %s: %v", timeout, last)
+		case <-time.After(50 * time.Millisecond):
+		}
+		resp, err := httpc.Get(a.url() + "/healthz")
+		if err != nil {
+			last = err
+			continue
+		}
+		resp.Body.Close()
+		callCtx, callCancel := context.WithTimeout(ctx, 5*time.Second)
+		list, err := nodes.ListNodes(callCtx, connect.NewRequest(&pb.ListNodesRequest{}))
+		callCancel()
+		switch {
+		case err != nil:
+			last = err
+		case len(list.Msg.Nodes) == 0:
+			last = errors.New("no node registered yet")
+		default:
+			return nil
+		}
+	}
+}
+
+// kill sends SIGKILL and waits for the process to be gone.
+func (a *agentProc) kill() {
+	if a.cmd == nil || a.cmd.Process == nil {
+		return
+	}
+	_ = a.cmd.Process.Signal(syscall.SIGKILL)
+	<-a.done
+}
+
+// stop asks the agent to shut down cleanly (SIGTERM) and waits for it.
+func (a *agentProc) stop() {
+	a.t.Helper()
+	if err := a.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		a.t.Fatalf("SIGTERM agent: %v", err)
+	}
+	select {
+	case <-a.done:
+	case <-time.After(30 * time.Second):
+		a.t.Fatalf("agent did not exit within 30s of SIGTERM\noutput:\n%s", a.out.String())
+	}
+	if code := a.cmd.ProcessState.ExitCode(); code != 0 {
+		a.t.Fatalf("agent exited %d after SIGTERM\noutput:\n%s", code, a.out.String())
+	}
+}
+
+// cliResult is what one CLI invocation did.
+type cliResult struct {
+	stdout, stderr string
+	code           int
+}
+
+// gpuplane runs the CLI binary against the agent at addr.
+func gpuplane(t *testing.T, addr string, args ...string) cliResult {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, bin, append([]string{"--addr", addr}, args...)...)
+	cmd.Env = append(os.Environ(), "NO_COLOR=1")
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	err := cmd.Run()
+	var exit *exec.ExitError
+	if err != nil && !errors.As(err, &exit) {
+		t.Fatalf("gpuplane %s: %v", strings.Join(args, " "), err)
+	}
+	return cliResult{stdout: stdout.String(), stderr: stderr.String(), code: cmd.ProcessState.ExitCode()}
+}
+
+// mustGpuplane runs the CLI and fails the test unless it exits 0.
+func mustGpuplane(t *testing.T, addr string, args ...string) string {
+	t.Helper()
+	r := gpuplane(t, addr, args...)
+	if r.code != 0 {
+		t.Fatalf("gpuplane %s: exit %d\nstdout:\n%s\nstderr:\n%s", strings.Join(args, " "), r.code, r.stdout, r.stderr)
+	}
+	return r.stdout
+}
+
+var spaces = regexp.MustCompile(`\s+`)
+
+// normalise collapses every run of whitespace in each line to one space and
+// drops blank lines, so that tables compare without their padding.
+func normalise(s string) []string {
+	var out []string
+	for _, line := range strings.Split(s, "\n") {
+		if line = strings.TrimSpace(spaces.ReplaceAllString(line, " ")); line != "" {
+			out = append(out, line)
+		}
+	}
+	return out
+}
+
+// parseTable reads a tabwriter table into one map per row, keyed by the
+// header's column names. Columns are separated by two or more spaces in the
+// header, so names with one space ("IN USE") stay whole; a cell is the text
+// under its header's span.
+func parseTable(t *testing.T, s string) []map[string]string {
+	t.Helper()
+	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	if len(lines) == 0 || lines[0] == "" {
+		t.Fatalf("no table in %q", s)
+	}
+	header := lines[0]
+	var starts []int
+	var names []string
+	for _, loc := range regexp.MustCompile(`\S+( \S+)*`).FindAllStringIndex(header, -1) {
+		starts = append(starts, loc[0])
+		names = append(names, header[loc[0]:loc[1]])
+	}
+	var rows []map[string]string
+	for _, line := range lines[1:] {
+		row := map[string]string{}
+		for i, name := range names {
+			end := len(line)
+			if i+1 < len(starts) {
+				end = min(starts[i+1], len(line))
+			}
+			if starts[i] < end {
+				row[name] = strings.TrimSpace(line[starts[i]:end])
+			} else {
+				row[name] = ""
+			}
+		}
+		rows = append(rows, row)
+	}
+	return rows
+}
