@@ -223,17 +223,16 @@ func TestApply(t *testing.T) {
 		}
 		return &pb.CreateAcceleratorResponse{Outcome: pb.Outcome_OUTCOME_CREATED}, nil
 	}}
-	url := serve(t, f)
+	url := serveModels(t, f, &fakeModels{})
 
-	// Accelerators go first; the deployment fails until the API takes it.
+	// Accelerators go first, then the deployment that uses them.
 	r := run(t, applyFile, nil, "--addr", url, "apply", "-f", "-")
-	if r.stdout != "accelerator/small created\naccelerator/big unchanged\n" {
+	if r.stdout != "accelerator/small created\naccelerator/big unchanged\nmodeldeployment/chat created\n" {
 		t.Errorf("apply stdout:\n%s", r.stdout)
 	}
 	wantErr := `warning: accelerator "big" is immutable and was left unchanged: spec.devicesPerReplica differs (1 in the cluster, 2 in the request)
-error: document 1 (modeldeployment/chat): ModelDeployment resources are not supported by this server yet
 `
-	if r.code != exitFailure || r.stderr != wantErr {
+	if r.code != exitOK || r.stderr != wantErr {
 		t.Errorf("apply: code %d, stderr:\n%s\nwant:\n%s", r.code, r.stderr, wantErr)
 	}
 	for _, c := range f.creates {
@@ -266,15 +265,15 @@ error: document 1 (modeldeployment/chat): ModelDeployment resources are not supp
 
 func TestDeleteFile(t *testing.T) {
 	f := &fakeAPI{}
-	url := serve(t, f)
+	url := serveModels(t, f, sampleModels())
 	r := run(t, applyFile, nil, "--addr", url, "delete", "-f", "-")
-	if r.stdout != "accelerator/small deleted\naccelerator/big deleted\n" {
+	if r.stdout != "modeldeployment/chat deleted\naccelerator/small deleted\naccelerator/big deleted\n" {
 		t.Errorf("delete stdout:\n%s", r.stdout)
 	}
-	if r.code != exitFailure || r.stderr != "error: document 1 (modeldeployment/chat): ModelDeployment resources are not supported by this server yet\n" {
+	if r.code != exitOK || r.stderr != "" {
 		t.Errorf("delete: %+v", r)
 	}
-	if got := strings.Join(f.calls, ", "); got != "DeleteAccelerator small, DeleteAccelerator big" {
+	if got := strings.Join(f.calls, ", "); got != "DeleteModel chat, DeleteAccelerator small, DeleteAccelerator big" {
 		t.Errorf("calls = %s", got)
 	}
 }

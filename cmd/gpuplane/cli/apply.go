@@ -75,8 +75,20 @@ func (g *globals) applyResource(cmd *cobra.Command, api *apiClients, r descripto
 		g.printWarnings(resp.Msg.GetWarnings())
 		fmt.Fprintf(g.stdout, "%s %s%s\n", r.Ref(), outcomeWord(resp.Msg.GetOutcome()), dryRunSuffix(dryRun))
 		return nil
+	case descriptor.KindModelDeployment:
+		resp, err := api.Models.ApplyModel(ctx(cmd), connect.NewRequest(&pb.ApplyModelRequest{
+			Name:   r.Name,
+			Spec:   r.ModelDeployment.Proto(),
+			DryRun: dryRun,
+		}))
+		if err != nil {
+			return err
+		}
+		g.printWarnings(resp.Msg.GetWarnings())
+		fmt.Fprintf(g.stdout, "%s %s%s\n", r.Ref(), outcomeWord(resp.Msg.GetOutcome()), dryRunSuffix(dryRun))
+		return nil
 	default:
-		return errUnsupported(r.Kind)
+		return errUnknownKind(r.Kind)
 	}
 }
 
@@ -156,14 +168,23 @@ func (g *globals) deleteResource(cmd *cobra.Command, api *apiClients, r descript
 		g.printWarnings(resp.Msg.GetWarnings())
 		fmt.Fprintf(g.stdout, "%s deleted\n", r.Ref())
 		return nil
+	case descriptor.KindModelDeployment:
+		resp, err := api.Models.DeleteModel(ctx(cmd), connect.NewRequest(&pb.DeleteModelRequest{Name: r.Name}))
+		if err != nil {
+			return err
+		}
+		g.printWarnings(resp.Msg.GetWarnings())
+		fmt.Fprintf(g.stdout, "%s deleted\n", r.Ref())
+		return nil
 	default:
-		return errUnsupported(r.Kind)
+		return errUnknownKind(r.Kind)
 	}
 }
 
-// errUnsupported is the answer for kinds the API cannot take yet.
-func errUnsupported(k descriptor.Kind) error {
-	return fmt.Errorf("%s resources are not supported by this server yet", k)
+// errUnknownKind guards against a kind the parser accepts but this command
+// does not handle, which would be a bug.
+func errUnknownKind(k descriptor.Kind) error {
+	return fmt.Errorf("resource kind %q is not handled by this command", k)
 }
 
 func addFileFlag(c *cobra.Command, file *string) {

@@ -24,6 +24,7 @@ type apiClients struct {
 	Devices      gpuplanev1connect.DeviceServiceClient
 	Nodes        gpuplanev1connect.NodeServiceClient
 	Accelerators gpuplanev1connect.AcceleratorServiceClient
+	Models       gpuplanev1connect.ModelServiceClient
 	Cluster      gpuplanev1connect.ClusterServiceClient
 }
 
@@ -47,6 +48,7 @@ func (g *globals) api(cmd *cobra.Command) (*apiClients, error) {
 			Devices:      gpuplanev1connect.NewDeviceServiceClient(hc, base, opts...),
 			Nodes:        gpuplanev1connect.NewNodeServiceClient(hc, base, opts...),
 			Accelerators: gpuplanev1connect.NewAcceleratorServiceClient(hc, base, opts...),
+			Models:       gpuplanev1connect.NewModelServiceClient(hc, base, opts...),
 			Cluster:      gpuplanev1connect.NewClusterServiceClient(hc, base, opts...),
 		}
 	})
@@ -139,25 +141,36 @@ func (g *globals) errorLines(err error) []string {
 	if !errors.As(err, &cerr) {
 		return []string{err.Error()}
 	}
-	var lines []string
-	for _, d := range cerr.Details() {
-		v, derr := d.Value()
-		if derr != nil {
-			continue
+	if vs := violationsOf(err); len(vs) > 0 {
+		lines := make([]string, len(vs))
+		for i, v := range vs {
+			lines[i] = violationLine(v)
 		}
-		if vs, ok := v.(*pb.Violations); ok {
-			for _, v := range vs.GetViolations() {
-				lines = append(lines, violationLine(v))
-			}
-		}
-	}
-	if len(lines) > 0 {
 		return lines
 	}
 	if msg := cerr.Message(); msg != "" {
 		return []string{msg}
 	}
 	return []string{cerr.Code().String()}
+}
+
+// violationsOf returns the Violations detail of an API error, if any.
+func violationsOf(err error) []*pb.Violation {
+	var cerr *connect.Error
+	if !errors.As(err, &cerr) {
+		return nil
+	}
+	var out []*pb.Violation
+	for _, d := range cerr.Details() {
+		v, derr := d.Value()
+		if derr != nil {
+			continue
+		}
+		if vs, ok := v.(*pb.Violations); ok {
+			out = append(out, vs.GetViolations()...)
+		}
+	}
+	return out
 }
 
 func violationLine(v *pb.Violation) string {

@@ -141,9 +141,12 @@ model's memory and compute share. This command talks to any node's API
 		newDevicesCommand(g),
 		newNodesCommand(g),
 		newAcceleratorsCommand(g),
+		newModelsCommand(g),
+		newReplicasCommand(g),
 		newApplyCommand(g),
 		newValidateCommand(g),
 		newDeleteCommand(g),
+		newSimulateCommand(g),
 		newVersionCommand(g),
 		newCompletionCommand(g),
 	)

@@ -316,7 +316,7 @@ func (p *parser) document(n int, doc yaml.MapSlice) {
 		for _, v := range d.Spec.check(w.failedAt) {
 			check(v.Field, "%s", v.Description)
 		}
-		d.Spec.setDefaults(h.Metadata.Name)
+		d.Spec.SetDefaults(h.Metadata.Name)
 		r.ModelDeployment = d.Spec
 	default:
 		return

@@ -10,6 +10,10 @@
 // the rules that need nothing but the file itself (SPEC §5 rules 1, 3, 4, 8, 9
 // and 10 where the file names the accelerator).
 //
+// One field goes beyond SPEC §4: a deployment's optional
+// `resources: {cpu: 500m, memory: 8Gi}` block, the host CPU and memory each
+// replica needs besides its cards (see HostResources).
+//
 // The package is pure: bytes in, values and problems out. It never reads
 // files, the network or the clock, so it can be fuzzed and shared by the CLI
 // and the server. Checks that need cluster state (known device kinds,

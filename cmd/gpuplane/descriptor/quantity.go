@@ -3,6 +3,7 @@ package descriptor
 import (
 	"encoding/json"
 	"fmt"
+	"math"
 	"math/big"
 	"strings"
 )
@@ -110,4 +111,78 @@ func (q *Quantity) UnmarshalJSON(b []byte) error {
 // MarshalJSON writes the quantity in MiB ("20480Mi").
 func (q Quantity) MarshalJSON() ([]byte, error) {
 	return json.Marshal(q.String())
+}
+
+// CPU is an amount of host CPU written the Kubernetes way: cores (2, 0.5,
+// "1.5") or millicores ("500m"). gpuplane accounts CPU in millicores, so it
+// must come to a whole, positive number of them.
+type CPU struct {
+	// Milli is the amount in thousandths of a core.
+	Milli uint32
+}
+
+// ParseCPU parses a CPU quantity such as "500m", "2" or "0.5".
+func ParseCPU(s string) (CPU, error) {
+	s = strings.TrimSpace(s)
+	num, scale := s, int64(1000)
+	if n, ok := strings.CutSuffix(s, "m"); ok {
+		num, scale = n, 1
+	}
+	digits := strings.Trim(num, "0123456789.") == "" && strings.Count(num, ".") <= 1 &&
+		!strings.HasPrefix(num, ".") && !strings.HasSuffix(num, ".")
+	r, ok := new(big.Rat).SetString(num)
+	if num == "" || !digits || !ok {
+		return CPU{}, fmt.Errorf("invalid CPU quantity %q: want cores (2, 0.5) or millicores (500m)", s)
+	}
+	r.Mul(r, new(big.Rat).SetInt64(scale))
+	switch {
+	case r.Sign() <= 0:
+		return CPU{}, fmt.Errorf("invalid CPU quantity %q: must be more than 0", s)
+	case !r.IsInt():
+		return CPU{}, fmt.Errorf("invalid CPU quantity %q: must be a whole number of millicores", s)
+	case !r.Num().IsUint64() || r.Num().Uint64() > math.MaxUint32:
+		return CPU{}, fmt.Errorf("invalid CPU quantity %q: too large", s)
+	}
+	return CPU{Milli: uint32(r.Num().Uint64())}, nil
+}
+
+// String formats c in millicores: "500m".
+func (c CPU) String() string { return fmt.Sprintf("%dm", c.Milli) }
+
+// checkScalar accepts a string, an integer or a decimal number of cores.
+func (*CPU) checkScalar(v any) string {
+	var err error
+	switch v := v.(type) {
+	case string:
+		_, err = ParseCPU(v)
+	case int, int64, uint64, float64:
+		_, err = ParseCPU(fmt.Sprint(v))
+	default:
+		return fmt.Sprintf("must be a CPU quantity such as 2, 0.5 or 500m, got %s", describe(v))
+	}
+	if err != nil {
+		return err.Error()
+	}
+	return ""
+}
+
+// UnmarshalJSON accepts "500m", "2" or a number of cores.
+func (c *CPU) UnmarshalJSON(b []byte) error {
+	s := string(b)
+	if len(b) > 0 && b[0] == '"' {
+		if err := json.Unmarshal(b, &s); err != nil {
+			return err
+		}
+	}
+	parsed, err := ParseCPU(s)
+	if err != nil {
+		return err
+	}
+	*c = parsed
+	return nil
+}
+
+// MarshalJSON writes the quantity in millicores ("500m").
+func (c CPU) MarshalJSON() ([]byte, error) {
+	return json.Marshal(c.String())
 }

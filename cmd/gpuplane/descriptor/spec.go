@@ -41,6 +41,19 @@ type ModelDeploymentSpec struct {
 	Replicas        *int64    `json:"replicas,omitempty"`
 	Placement       Placement `json:"placement"`
 	Engine          Engine    `json:"engine"`
+	// Resources is a gpuplane extension to SPEC §4: what each replica needs
+	// from its node besides cards, so that the scheduler does not crowd a
+	// node's host CPU or memory. Optional; absent means "not tracked".
+	Resources *HostResources `json:"resources,omitempty"`
+}
+
+// HostResources is the optional `resources` block of a deployment (a
+// gpuplane extension to SPEC §4):
+//
+//	resources: {cpu: 500m, memory: 8Gi}   # cpu also as 2 or 0.5 cores
+type HostResources struct {
+	CPU    *CPU      `json:"cpu,omitempty"`
+	Memory *Quantity `json:"memory,omitempty"`
 }
 
 // Placement says where a deployment's replicas may run.
@@ -174,8 +187,17 @@ func (s *AcceleratorSpec) Proto() *pb.AcceleratorSpec {
 	return out
 }
 
-// check reports the problems of a deployment spec that need no other
-// document and no cluster state.
+// Check reports the problems of a deployment spec that need no other
+// document and no cluster state: required fields, value ranges, one memory
+// share at most and rule 10's "computePercent needs a memory share". Rules
+// that relate the deployment to its accelerator (7, 8, 9) are for the file
+// (when it defines the accelerator) or the server to check. `models deploy`
+// runs it on a spec built from flags.
+func (s *ModelDeploymentSpec) Check() []*pb.Violation {
+	return s.check(func(string) bool { return false })
+}
+
+// check is Check with knowledge of fields that failed structurally.
 func (s *ModelDeploymentSpec) check(failed func(path string) bool) []*pb.Violation {
 	var out []*pb.Violation
 	add := func(field, format string, args ...any) {
@@ -186,9 +208,14 @@ func (s *ModelDeploymentSpec) check(failed func(path string) bool) []*pb.Violati
 			add(field, "must be between 1 and 100, got %d", *v)
 		}
 	}
+	// The API carries these numbers as uint32.
 	atLeast := func(field string, v *int64, min int64) {
-		if v != nil && *v < min {
+		switch {
+		case v == nil:
+		case *v < min:
 			add(field, "must be at least %d, got %d", min, *v)
+		case *v > math.MaxUint32:
+			add(field, "must be at most %d, got %d", uint32(math.MaxUint32), *v)
 		}
 	}
 	if s.Model == "" {
@@ -247,7 +274,10 @@ func (s *ModelDeploymentSpec) checkAgainst(name string, acc *AcceleratorSpec) []
 	return out
 }
 
-func (s *ModelDeploymentSpec) setDefaults(name string) {
+// SetDefaults fills in what SPEC §4 lets a deployment named name leave out:
+// servedModelName (the name), replicas (1), engine kind (vllm), tensor and
+// pipeline parallel (1). Parse calls it; so does `models deploy`.
+func (s *ModelDeploymentSpec) SetDefaults(name string) {
 	if s.ServedModelName == "" {
 		s.ServedModelName = name
 	}
@@ -263,4 +293,50 @@ func (s *ModelDeploymentSpec) setDefaults(name string) {
 	if s.Engine.PipelineParallel == nil {
 		s.Engine.PipelineParallel = new(int64(DefaultParallel))
 	}
+}
+
+// Proto converts a spec that passed Check and SetDefaults into the API's
+// form. `apply -f` and `models deploy` both go through it, so the same
+// deployment always reaches the server in the same form and re-applying it
+// is "unchanged". The resources block is sent only when it sets something.
+func (s *ModelDeploymentSpec) Proto() *pb.ModelSpec {
+	u32 := func(v *int64) uint32 {
+		if v == nil {
+			return 0
+		}
+		return uint32(*v)
+	}
+	e := s.Engine
+	out := &pb.ModelSpec{
+		Model:           s.Model,
+		ServedModelName: s.ServedModelName,
+		Replicas:        DefaultReplicas,
+		Placement:       &pb.PlacementSpec{Accelerator: s.Placement.Accelerator, NodeSelector: s.Placement.NodeSelector},
+		Engine: &pb.EngineSpec{
+			Kind:             e.Kind,
+			MemoryPercent:    u32(e.MemoryPercent),
+			ComputePercent:   u32(e.ComputePercent),
+			MaxModelLen:      u32(e.MaxModelLen),
+			TensorParallel:   u32(e.TensorParallel),
+			PipelineParallel: u32(e.PipelineParallel),
+			Args:             e.Args,
+			Env:              e.Env,
+		},
+	}
+	if s.Replicas != nil {
+		out.Replicas = uint32(*s.Replicas)
+	}
+	if e.Memory != nil {
+		out.Engine.MemoryMib = e.Memory.MiB
+	}
+	if r := s.Resources; r != nil && (r.CPU != nil || r.Memory != nil) {
+		out.Resources = &pb.HostResources{}
+		if r.CPU != nil {
+			out.Resources.CpuMilli = r.CPU.Milli
+		}
+		if r.Memory != nil {
+			out.Resources.MemoryMib = r.Memory.MiB
+		}
+	}
+	return out
 }

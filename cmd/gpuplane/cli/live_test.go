@@ -1,0 +1,159 @@
+package cli
+
+import (
+	"bytes"
+	"context"
+	"net"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/gpuplane/gpuplane/cmd/gpuplane/agent"
+)
+
+// startDevAgent runs a real single-node agent in-process (Raft on disk,
+// simulated l4=2 cards, the API on a free port) and returns a function that
+// runs the CLI against it.
+func startDevAgent(t *testing.T) func(args ...string) (stdout, stderr string, code int) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	a, err := agent.Start(ctx, agent.Config{
+		Dev: true, DataDir: t.TempDir(), NodeName: "live", SimGPUs: "l4=2",
+		APIPort: 0, RaftPort: freePort(t), GossipPort: freePort(t),
+	})
+	if err != nil {
+		t.Fatalf("start agent: %v", err)
+	}
+	t.Cleanup(func() { a.Close() })
+	return func(args ...string) (string, string, int) {
+		var out, errb bytes.Buffer
+		code := Run(context.Background(), append([]string{"--addr", a.APIURL()}, args...), strings.NewReader(""), &out, &errb)
+		return out.String(), errb.String(), code
+	}
+}
+
+func freePort(t *testing.T) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+// fields splits a table into rows of whitespace-separated cells.
+func fields(table string) [][]string {
+	var rows [][]string
+	for _, line := range strings.Split(strings.TrimSpace(table), "\n") {
+		rows = append(rows, strings.Fields(line))
+	}
+	return rows
+}
+
+// TestLiveSharedPlacement is issue 4's first must-show against a real agent:
+// four 45% replicas fill two shared l4 cards (two models each), the fifth
+// waits with a reason naming 45%, and a dedicated accelerator created
+// afterwards is READY with nothing to place.
+func TestLiveSharedPlacement(t *testing.T) {
+	run := startDevAgent(t)
+	mustRun := func(args ...string) string {
+		t.Helper()
+		out, errOut, code := run(args...)
+		if code != 0 {
+			t.Fatalf("gpuplane %s: exit %d: %s", strings.Join(args, " "), code, errOut)
+		}
+		return out
+	}
+	mustRun("accelerators", "create", "small", "--device", "l4", "--tenancy", "shared", "--max-models", "2")
+	mustRun("models", "deploy", "chat", "--accelerator", "small", "--model", "/models/llama", "--engine", "sim", "--replicas", "5", "--memory-percent", "45")
+
+	// The leader's placer places asynchronously: wait for four placements.
+	var replicas string
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		replicas = mustRun("replicas", "list", "--model", "chat")
+		if strings.Count(replicas, "Placed") == 4 || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	rows := fields(replicas)
+	if got := strings.Count(replicas, "Placed"); got != 4 {
+		t.Fatalf("want 4 placed replicas, got %d:\n%s", got, replicas)
+	}
+	pending := rows[len(rows)-1]
+	if pending[1] != "4" || !strings.Contains(replicas, "Pending") || !strings.Contains(replicas, "no l4 card has 45% free") {
+		t.Fatalf("replica 4 should be pending with a reason naming 45%%:\n%s", replicas)
+	}
+
+	accs := fields(mustRun("accelerators", "list"))
+	if got := strings.Join(accs[1], " "); got != "small l4 Shared 1 11517Mi 4 0 True" {
+		t.Fatalf("accelerators list row = %q, want IN USE 4 and CAN PLACE 0", got)
+	}
+	mustRun("accelerators", "create", "fast", "--device", "l4")
+	accs = fields(mustRun("accelerators", "get", "fast"))
+	if got := strings.Join(accs[1], " "); got != "fast l4 Dedicated 1 23034Mi 0 0 True" {
+		t.Fatalf("accelerators get fast = %q, want READY True and CAN PLACE 0", got)
+	}
+	model := mustRun("models", "get", "chat")
+	if !strings.Contains(model, "1 of 5 replicas pending: no l4 card has 45% free") {
+		t.Fatalf("models get should explain the pending replica:\n%s", model)
+	}
+	devices := fields(mustRun("devices", "list"))
+	// PRODUCT ("NVIDIA L4") has a space: FREE is the next-to-last column.
+	if got := devices[1][len(devices[1])-2]; got != "0" {
+		t.Fatalf("devices list FREE = %s, want 0 (both cards bound to small)", got)
+	}
+}
+
+// TestLiveRulesRefuseAndChangeNothing is issue 4's second must-show: each
+// invalid deployment exits 1 naming its rule, and the state is unchanged;
+// deleting an accelerator in use is refused and lists its deployments, and
+// --force leaves them pending with the SPEC's reason.
+func TestLiveRulesRefuseAndChangeNothing(t *testing.T) {
+	run := startDevAgent(t)
+	for _, args := range [][]string{
+		{"accelerators", "create", "small", "--device", "l4", "--tenancy", "shared"},
+		{"accelerators", "create", "fast", "--device", "l4"},
+	} {
+		if _, errOut, code := run(args...); code != 0 {
+			t.Fatalf("%v: %s", args, errOut)
+		}
+	}
+	before, _, _ := run("models", "list", "-o", "json")
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"models", "deploy", "a", "--accelerator", "small", "--model", "m"}, "rule 8"},
+		{[]string{"models", "deploy", "b", "--accelerator", "fast", "--model", "m", "--tensor-parallel", "2"}, "rule 9"},
+		{[]string{"models", "deploy", "c", "--accelerator", "nope", "--model", "m"}, "rule 7"},
+		{[]string{"models", "deploy", "d", "--accelerator", "fast", "--model", "m", "--compute-percent", "50"}, "memory share"},
+		{[]string{"models", "deploy", "e", "--accelerator", "small", "--model", "m", "--memory", "30Gi"}, "rule 10"},
+	} {
+		_, errOut, code := run(tc.args...)
+		if code != 1 || !strings.Contains(errOut, tc.want) {
+			t.Errorf("%v: exit %d, stderr %q; want exit 1 naming %q", tc.args, code, errOut, tc.want)
+		}
+	}
+	if after, _, _ := run("models", "list", "-o", "json"); after != before {
+		t.Fatalf("refused deployments changed the state:\nbefore %s\nafter %s", before, after)
+	}
+
+	if _, errOut, code := run("models", "deploy", "chat", "--accelerator", "small", "--model", "m", "--memory-percent", "30"); code != 0 {
+		t.Fatal(errOut)
+	}
+	_, errOut, code := run("accelerators", "delete", "small")
+	if code != 1 || !strings.Contains(errOut, "used by deployments chat") {
+		t.Fatalf("delete in use: exit %d, %q", code, errOut)
+	}
+	if _, errOut, code := run("accelerators", "delete", "small", "--force"); code != 0 {
+		t.Fatal(errOut)
+	}
+	reps, _, _ := run("replicas", "list", "--model", "chat")
+	if !strings.Contains(reps, "accelerator small was deleted") {
+		t.Fatalf("replicas should wait with the SPEC's reason:\n%s", reps)
+	}
+}

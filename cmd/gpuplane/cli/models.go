@@ -1,0 +1,394 @@
+package cli
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+
+	"connectrpc.com/connect"
+	"github.com/spf13/cobra"
+
+	"github.com/gpuplane/gpuplane/cmd/gpuplane/descriptor"
+	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
+)
+
+// `gpuplane models`: model deployments, the mutable resource that says what
+// to serve, on which accelerator, with what share of a card.
+
+func newModelsCommand(g *globals) *cobra.Command {
+	return newGroupCommand("models", "Manage model deployments", []string{"model", "deployments"},
+		newModelsListCommand(g),
+		newModelsGetCommand(g),
+		newModelsDeployCommand(g),
+		newModelsDeleteCommand(g),
+	)
+}
+
+func newModelsListCommand(g *globals) *cobra.Command {
+	var stale bool
+	c := &cobra.Command{
+		Use:   "list",
+		Short: "List model deployments with their replicas and readiness",
+		Args:  argsNamed(),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			api, err := g.api(cmd)
+			if err != nil {
+				return err
+			}
+			resp, err := api.Models.ListModels(ctx(cmd), connect.NewRequest(&pb.ListModelsRequest{Stale: stale}))
+			if err != nil {
+				return err
+			}
+			models := resp.Msg.GetModels()
+			return g.printList(messages(models), modelTable(models))
+		},
+	}
+	addStaleFlag(c, &stale)
+	return c
+}
+
+// Polling of `models get --wait`: quick at first, when a fresh deployment is
+// usually placed within a few scheduler rounds, then at most once a second.
+const (
+	waitFirstPoll = 250 * time.Millisecond
+	waitMaxPoll   = time.Second
+)
+
+func newModelsGetCommand(g *globals) *cobra.Command {
+	var (
+		stale       bool
+		wait        bool
+		waitTimeout time.Duration
+	)
+	c := &cobra.Command{
+		Use:   "get NAME [--wait] [--wait-timeout 10m]",
+		Short: "Show one deployment, its Ready condition and its replicas",
+		Long: `Show one deployment: the columns of 'models list', then its replicas as
+'replicas list' shows them. With --wait, block until the deployment is Ready
+(every desired replica placed and none failed), printing each new reason it
+waits on to stderr; exit 1 if it is not Ready within --wait-timeout.`,
+		Example: `  gpuplane models get chat
+  gpuplane models get chat --wait --wait-timeout 2m`,
+		Args:              argsNamed("NAME"),
+		ValidArgsFunction: g.completeNames(modelNames),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if cmd.Flags().Changed("wait-timeout") && !wait {
+				return usageErrorf(cmd, "--wait-timeout needs --wait")
+			}
+			if waitTimeout <= 0 {
+				return usageErrorf(cmd, "--wait-timeout must be positive, got %s", waitTimeout)
+			}
+			api, err := g.api(cmd)
+			if err != nil {
+				return err
+			}
+			var got *pb.GetModelResponse
+			if wait {
+				got, err = g.waitReady(cmd, api, args[0], waitTimeout)
+			} else {
+				var resp *connect.Response[pb.GetModelResponse]
+				resp, err = api.Models.GetModel(ctx(cmd), connect.NewRequest(&pb.GetModelRequest{Name: args[0], Stale: stale}))
+				if resp != nil {
+					got = resp.Msg
+				}
+			}
+			if err != nil {
+				return err
+			}
+			return g.printModel(got)
+		},
+	}
+	addStaleFlag(c, &stale)
+	c.Flags().BoolVar(&wait, "wait", false, "block until the deployment is Ready")
+	c.Flags().DurationVar(&waitTimeout, "wait-timeout", 10*time.Minute, "with --wait: how long to wait before giving up (exit 1)")
+	return c
+}
+
+// printModel prints a deployment and its replicas: two tables, or the
+// GetModel answer ({"model": ..., "replicas": [...]}) as JSON or YAML.
+func (g *globals) printModel(m *pb.GetModelResponse) error {
+	if g.output != outputTable {
+		return g.printObject(m, table{})
+	}
+	if err := modelTable([]*pb.ModelDeployment{m.GetModel()}).write(g.stdout); err != nil {
+		return err
+	}
+	if len(m.GetReplicas()) == 0 {
+		return nil
+	}
+	fmt.Fprintln(g.stdout)
+	return replicaTable(m.GetReplicas()).write(g.stdout)
+}
+
+// waitReady polls GetModel until the deployment is Ready or timeout passes.
+// Each new reason it is not Ready is printed to stderr once. A server that
+// is briefly unavailable (a leader election) is polled again; any other
+// error ends the wait.
+func (g *globals) waitReady(cmd *cobra.Command, api *apiClients, name string, timeout time.Duration) (*pb.GetModelResponse, error) {
+	c, cancel := context.WithTimeout(ctx(cmd), timeout)
+	defer cancel()
+	delay := waitFirstPoll
+	reason, printed := "", ""
+	for {
+		resp, err := api.Models.GetModel(c, connect.NewRequest(&pb.GetModelRequest{Name: name}))
+		switch {
+		case err == nil:
+			st := resp.Msg.GetModel().GetStatus()
+			if st.GetReady() {
+				return resp.Msg, nil
+			}
+			reason = st.GetReason()
+			if reason != "" && reason != printed {
+				fmt.Fprintf(g.stderr, "waiting for deployment %q: %s\n", name, reason)
+				printed = reason
+			}
+		case c.Err() != nil:
+			// The deadline (or an interrupt) ended the request: reported below.
+		case connect.CodeOf(err) == connect.CodeUnavailable && !unreachable(err):
+			reason = g.errorLines(err)[0]
+		default:
+			return nil, err
+		}
+		select {
+		case <-c.Done():
+			if err := ctx(cmd).Err(); err != nil {
+				return nil, err
+			}
+			if reason == "" {
+				reason = "not ready"
+			}
+			return nil, fmt.Errorf("timed out after %s waiting for deployment %q to become ready: %s", shortDuration(timeout), name, reason)
+		case <-time.After(delay):
+		}
+		delay = min(2*delay, waitMaxPoll)
+	}
+}
+
+// shortDuration prints a duration as a user would write it: "10m", not "10m0s".
+func shortDuration(d time.Duration) string {
+	s := d.String()
+	if strings.HasSuffix(s, "m0s") {
+		s = strings.TrimSuffix(s, "0s")
+	}
+	if strings.HasSuffix(s, "h0m") {
+		s = strings.TrimSuffix(s, "0m")
+	}
+	return s
+}
+
+// modelFlags maps spec fields to the flags of `models deploy`, so that a
+// violation, found here or by the server, names what the user typed.
+var modelFlags = map[string]string{
+	"metadata.name":                "NAME",
+	"spec.model":                   "--model",
+	"spec.replicas":                "--replicas",
+	"spec.placement.accelerator":   "--accelerator",
+	"spec.engine.kind":             "--engine",
+	"spec.engine.memoryPercent":    "--memory-percent",
+	"spec.engine.memory":           "--memory",
+	"spec.engine.computePercent":   "--compute-percent",
+	"spec.engine.maxModelLen":      "--max-model-len",
+	"spec.engine.tensorParallel":   "--tensor-parallel",
+	"spec.engine.pipelineParallel": "--pipeline-parallel",
+}
+
+func newModelsDeployCommand(g *globals) *cobra.Command {
+	var (
+		spec   descriptor.ModelDeploymentSpec
+		ints   = map[string]*int64{}
+		memory quantityFlag
+		dryRun bool
+	)
+	c := &cobra.Command{
+		Use:   "deploy NAME --accelerator A --model URI [flags]",
+		Short: "Create or update a deployment from flags (a shorthand for apply)",
+		Long: `Create or update one ModelDeployment from flags, as 'apply -f' would with a
+file holding only it. The flags are the whole spec: settings a flag does not
+give are reset to their defaults, so redeploying with the same flags is
+"unchanged" and changing one flag is "configured".`,
+		Example: `  gpuplane models deploy chat --accelerator small --model /models/llama-3.1-8b --memory-percent 45 --replicas 2
+  gpuplane models deploy big --accelerator pair --model hf://org/llm --tensor-parallel 2 --max-model-len 8192`,
+		Args:              argsNamed("NAME"),
+		ValidArgsFunction: g.completeNames(modelNames),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			name := args[0]
+			for _, f := range []string{"accelerator", "model"} {
+				if !cmd.Flags().Changed(f) {
+					return usageErrorf(cmd, "required flag --%s not set", f)
+				}
+			}
+			// Only what the user set counts, as in a file: an unset
+			// --memory-percent is no memory share, not a share of 0.
+			for flag, v := range ints {
+				if !cmd.Flags().Changed(flag) {
+					continue
+				}
+				switch flag {
+				case "replicas":
+					spec.Replicas = v
+				case "memory-percent":
+					spec.Engine.MemoryPercent = v
+				case "compute-percent":
+					spec.Engine.ComputePercent = v
+				case "max-model-len":
+					spec.Engine.MaxModelLen = v
+				case "tensor-parallel":
+					spec.Engine.TensorParallel = v
+				case "pipeline-parallel":
+					spec.Engine.PipelineParallel = v
+				}
+			}
+			if memory.set {
+				spec.Engine.Memory = &memory.q
+			}
+			var problems []*pb.Violation
+			if v := descriptor.CheckName("metadata.name", name); v != nil {
+				problems = append(problems, v)
+			}
+			problems = append(problems, spec.Check()...)
+			if len(problems) > 0 {
+				return g.reportViolations(problems, modelFlags)
+			}
+			spec.SetDefaults(name)
+
+			api, err := g.api(cmd)
+			if err != nil {
+				return err
+			}
+			resp, err := api.Models.ApplyModel(ctx(cmd), connect.NewRequest(&pb.ApplyModelRequest{
+				Name: name, Spec: spec.Proto(), DryRun: dryRun,
+			}))
+			if vs := violationsOf(err); len(vs) > 0 {
+				return g.reportViolations(vs, modelFlags)
+			}
+			if err != nil {
+				return err
+			}
+			g.printWarnings(resp.Msg.GetWarnings())
+			if g.output != outputTable && resp.Msg.GetModel() != nil {
+				return g.printObject(resp.Msg.GetModel(), table{})
+			}
+			fmt.Fprintf(g.stdout, "%s %s%s\n", modelRef(name), outcomeWord(resp.Msg.GetOutcome()), dryRunSuffix(dryRun))
+			return nil
+		},
+	}
+	f := c.Flags()
+	f.StringVar(&spec.Placement.Accelerator, "accelerator", "", "accelerator to place on (see 'gpuplane accelerators list')")
+	f.StringVar(&spec.Model, "model", "", "path or URI of the weights")
+	f.StringVar(&spec.Engine.Kind, "engine", descriptor.EngineKinds[0], "engine: "+strings.Join(descriptor.EngineKinds, ", "))
+	intFlag := func(name string, def int64, usage string) {
+		ints[name] = new(int64)
+		f.Int64Var(ints[name], name, def, usage)
+	}
+	intFlag("replicas", descriptor.DefaultReplicas, "number of replicas")
+	intFlag("memory-percent", 0, "share of one card's memory, 1..100 (or --memory)")
+	f.Var(&memory, "memory", "absolute memory share per card, such as 20Gi (or --memory-percent)")
+	intFlag("compute-percent", 0, "share of a card's compute (SMs), 1..100; needs a memory share")
+	intFlag("max-model-len", 0, "the engine's maximum context length")
+	intFlag("tensor-parallel", descriptor.DefaultParallel, "tensor-parallel degree")
+	intFlag("pipeline-parallel", descriptor.DefaultParallel, "pipeline-parallel degree")
+	f.BoolVar(&dryRun, "dry-run", false, "check against the cluster and persist nothing")
+	_ = c.RegisterFlagCompletionFunc("accelerator", g.completeFrom(acceleratorNames))
+	_ = c.RegisterFlagCompletionFunc("engine", cobra.FixedCompletions(descriptor.EngineKinds, cobra.ShellCompDirectiveNoFileComp))
+	return c
+}
+
+// reportViolations prints one "error: FIELD: ..." line per violation, with
+// the spec fields a command takes as flags shown as those flags.
+func (g *globals) reportViolations(vs []*pb.Violation, flags map[string]string) error {
+	for _, v := range vs {
+		field := v.GetField()
+		if flag, ok := flags[field]; ok {
+			field = flag
+		}
+		fmt.Fprintf(g.stderr, "error: %s\n", violationLine(&pb.Violation{Field: field, Description: v.GetDescription()}))
+	}
+	return errReported
+}
+
+// quantityFlag is a memory quantity flag (--memory 20Gi); a malformed value
+// is a usage error that names the flag, as for any other flag type.
+type quantityFlag struct {
+	q   descriptor.Quantity
+	set bool
+}
+
+func (f *quantityFlag) String() string {
+	if !f.set {
+		return ""
+	}
+	return f.q.String()
+}
+
+func (f *quantityFlag) Set(s string) error {
+	q, err := descriptor.ParseQuantity(s)
+	if err != nil {
+		return err
+	}
+	f.q, f.set = q, true
+	return nil
+}
+
+func (*quantityFlag) Type() string { return "quantity" }
+
+func newModelsDeleteCommand(g *globals) *cobra.Command {
+	var dryRun bool
+	c := &cobra.Command{
+		Use:               "delete NAME",
+		Short:             "Delete a deployment: stop its replicas and release their shares",
+		Args:              argsNamed("NAME"),
+		ValidArgsFunction: g.completeNames(modelNames),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			api, err := g.api(cmd)
+			if err != nil {
+				return err
+			}
+			resp, err := api.Models.DeleteModel(ctx(cmd), connect.NewRequest(&pb.DeleteModelRequest{Name: args[0], DryRun: dryRun}))
+			if err != nil {
+				return err
+			}
+			g.printWarnings(resp.Msg.GetWarnings())
+			fmt.Fprintf(g.stdout, "%s deleted%s\n", modelRef(args[0]), dryRunSuffix(dryRun))
+			return nil
+		},
+	}
+	c.Flags().BoolVar(&dryRun, "dry-run", false, "check against the cluster and persist nothing")
+	return c
+}
+
+// modelRef is how commands name a deployment in their output, the same
+// reference apply prints: "modeldeployment/chat".
+func modelRef(name string) string {
+	return descriptor.Resource{Kind: descriptor.KindModelDeployment, Name: name}.Ref()
+}
+
+func modelTable(models []*pb.ModelDeployment) table {
+	return tableOf([]string{"NAME", "ACCELERATOR", "ENGINE", "REPLICAS", "MEMORY/REPLICA", "READY", "REASON"}, models,
+		func(m *pb.ModelDeployment) []string {
+			spec, st := m.GetSpec(), m.GetStatus()
+			return []string{m.GetName(), spec.GetPlacement().GetAccelerator(), spec.GetEngine().GetKind(),
+				fmt.Sprintf("%d/%d", st.GetRunning(), st.GetDesired()), mibOrDash(st.GetMemoryPerReplicaMib()),
+				titleBool(st.GetReady()), st.GetReason()}
+		})
+}
+
+// mibOrDash is mib for a size that may be unknown (0): "-".
+func mibOrDash(n uint64) string {
+	if n == 0 {
+		return ""
+	}
+	return mib(n)
+}
+
+func modelNames(cmd *cobra.Command, api *apiClients) ([]string, error) {
+	resp, err := api.Models.ListModels(ctx(cmd), connect.NewRequest(&pb.ListModelsRequest{Stale: true}))
+	if err != nil {
+		return nil, err
+	}
+	var names []string
+	for _, m := range resp.Msg.GetModels() {
+		names = append(names, m.GetName())
+	}
+	return names, nil
+}
