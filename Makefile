@@ -46,16 +46,27 @@ lint:
 	PATH="$(GOBIN_DIR):$$PATH" staticcheck $(PKGS)
 
 # Benchmarks: commit throughput and p50/p99 latency through the full RPC path
-# against a real agent process, the data dir's fsync floor, then the
-# scheduler's placement benchmarks (none yet is not a failure).
+# against a real agent process and the data dir's fsync floor; the three-server
+# cluster (failover, gossip convergence, throughput beside etcd when it is
+# installed); the scheduler's placement rate; replay speed of a long log.
 BENCH_FLAGS ?=
+BENCH_CLUSTER_FLAGS ?=
 
-.PHONY: bench-commit
-bench: bench-commit
-	$(GO) test -run '^$$' -bench . ./cluster/scheduler/...
+.PHONY: bench-commit bench-cluster bench-scheduler bench-replay
+bench: bench-commit bench-cluster bench-scheduler bench-replay
 
 bench-commit: build
 	$(GO) run ./bench/commit -bin $(BIN) $(BENCH_FLAGS)
+
+bench-cluster:
+	$(GO) run ./bench/cluster $(BENCH_CLUSTER_FLAGS)
+
+bench-scheduler:
+	GOMAXPROCS=2 $(GO) test -run '^$$' -bench . ./cluster/scheduler/...
+	GOMAXPROCS=2 $(GO) run ./bench/scheduler
+
+bench-replay:
+	$(GO) test -run '^$$' -bench Replay -benchtime 1x ./cluster/
 
 clean:
 	rm -rf bin

@@ -53,6 +53,16 @@ type Forwarder interface {
 	// ReadIndex returns the leader's ReadIndex: an index such that a state
 	// that has applied it reflects every write committed before the call.
 	ReadIndex(ctx context.Context, leaderID string) (uint64, error)
+	// ReadState returns server serverID's whole state (fsm snapshot bytes),
+	// read linearizably unless stale. Client nodes read this way.
+	ReadState(ctx context.Context, serverID string, stale bool) ([]byte, error)
+	// Status returns node id's Status.
+	Status(ctx context.Context, id string) (*pb.StatusResponse, error)
+	// RemovePeer asks the leader to remove server name from Raft.
+	RemovePeer(ctx context.Context, leaderID, name string) error
+	// LocalNode returns node id's description of itself, inventory included;
+	// the leader registers nodes that gossip announced with it.
+	LocalNode(ctx context.Context, id string) (*pb.Node, error)
 }
 
 // Apply proposes env to the replicated log and returns the state machine's
@@ -151,6 +161,21 @@ func onLeader[T any](ctx context.Context, c *Cluster, local func() (T, error), f
 		)
 		leader, _ := c.Leader()
 		switch {
+		case c.raft == nil && c.mem.isStopped():
+			return zero, ErrShutdown
+		case c.raft == nil:
+			// A client node runs no Raft: any server takes the request and
+			// forwards it to the leader.
+			if leader = c.pickServer(); leader == "" {
+				err = ErrNoLeader
+			} else if c.getForwarder() == nil {
+				return zero, fmt.Errorf("%w: this client node has no forwarder", ErrNotLeader)
+			} else if v, err = forward(c.getForwarder(), leader); err != nil {
+				if !retryable(err) {
+					return zero, fmt.Errorf("forward to server %s: %w", leader, err)
+				}
+				c.mem.unreachable(leader)
+			}
 		case c.raft.State() == raft.Shutdown:
 			return zero, ErrShutdown
 		case c.IsLeader():

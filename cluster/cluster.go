@@ -28,6 +28,9 @@ type Cluster struct {
 	trans *contactTransport
 
 	forwarder atomic.Pointer[forwarderBox]
+	// mem is gossip membership, the bootstrap-expect and leader loops, and
+	// (on a client node, which has no Raft) the server requests go to.
+	mem *memberState
 	// barrierTerm is the last term in which this node, as leader, committed a
 	// barrier; reads need one per term (see ReadIndex).
 	barrierTerm atomic.Uint64
@@ -50,13 +53,22 @@ func New(cfg Config) (*Cluster, error) {
 	if err := checkNodeID(cfg.DataDir, cfg.NodeName); err != nil {
 		return nil, err
 	}
-	c := &Cluster{cfg: cfg, log: cfg.Logger.With("node", cfg.NodeName), fsm: newRaftFSM()}
+	c := &Cluster{cfg: cfg, log: cfg.Logger.With("node", cfg.NodeName), fsm: newRaftFSM(), mem: newMemberState()}
+	if !cfg.Server {
+		c.log.Info("client node: no raft; requests go to the servers gossip finds")
+		return c, nil
+	}
 	hlog := newHCLog(c.log, "raft", cfg.RaftLogLevel)
 
 	var err error
 	if c.store, err = openLogStore(cfg.DataDir); err != nil {
 		return nil, err
 	}
+	if c.fsm.hashes, err = openHashLog(filepath.Join(cfg.DataDir, raftDir, hashesFile), false); err != nil {
+		c.store.Close()
+		return nil, err
+	}
+	c.fsm.hashes.log = c.log
 	snaps, err := raft.NewFileSnapshotStoreWithLogger(filepath.Join(cfg.DataDir, raftDir), snapshotKeep, hlog.Named("snapshots"))
 	if err != nil {
 		c.store.Close()
@@ -118,8 +130,15 @@ func (c *Cluster) bootstrap() error {
 // once; later calls return the first call's result.
 func (c *Cluster) Shutdown() error {
 	c.shutdownOnce.Do(func() {
+		c.stopMembership()
+		if c.raft == nil {
+			return
+		}
 		// Raft's shutdown also closes the transport.
 		err := c.raft.Shutdown().Error()
+		if herr := c.fsm.hashes.close(); herr != nil {
+			err = errors.Join(err, fmt.Errorf("close entry hashes: %w", herr))
+		}
 		if cerr := c.store.Close(); cerr != nil {
 			err = errors.Join(err, fmt.Errorf("close raft log: %w", cerr))
 		}
@@ -143,20 +162,30 @@ func (c *Cluster) getForwarder() Forwarder {
 func (c *Cluster) NodeName() string { return c.cfg.NodeName }
 
 // IsLeader reports whether this node currently believes it is the leader.
-func (c *Cluster) IsLeader() bool { return c.raft.State() == raft.Leader }
+func (c *Cluster) IsLeader() bool { return c.raft != nil && c.raft.State() == raft.Leader }
+
+// IsServer reports whether this node votes in Raft; client nodes do not.
+func (c *Cluster) IsServer() bool { return c.raft != nil }
 
 // Leader returns the current leader's server id (its node name) and Raft
 // address, or empty strings when no leader is known.
 func (c *Cluster) Leader() (id, raftAddr string) {
+	if c.raft == nil {
+		return c.mem.leaderHint()
+	}
 	addr, sid := c.raft.LeaderWithID()
 	return string(sid), string(addr)
 }
 
-// WaitForLeader blocks until a leader is known or ctx ends.
+// WaitForLeader blocks until a leader is known or ctx ends. A client node
+// asks the servers gossip has found.
 func (c *Cluster) WaitForLeader(ctx context.Context) error {
 	t := time.NewTicker(10 * time.Millisecond)
 	defer t.Stop()
 	for {
+		if c.raft == nil {
+			c.refreshLeaderHint(ctx)
+		}
 		if id, _ := c.Leader(); id != "" {
 			return nil
 		}
@@ -173,9 +202,13 @@ func (c *Cluster) WaitForLeader(ctx context.Context) error {
 // into the Cluster.
 func (c *Cluster) View(fn func(*fsm.FSM)) { c.fsm.view(fn) }
 
-// APIAddress returns the API address node id registered, which is where its
-// Connect services answer (what a Forwarder dials for the leader).
+// APIAddress returns the API address of node id, which is where its Connect
+// services answer (what a Forwarder dials): what gossip announces for it, or
+// else what it registered in the log.
 func (c *Cluster) APIAddress(id string) (string, bool) {
+	if addr := c.mem.apiAddress(id); addr != "" {
+		return addr, true
+	}
 	var addr string
 	c.View(func(f *fsm.FSM) {
 		if n, ok := f.Node(id); ok {
@@ -192,7 +225,12 @@ func (c *Cluster) AppliedIndex() uint64 {
 }
 
 // LastIndex is the index of the last entry in the local log (or snapshot).
-func (c *Cluster) LastIndex() uint64 { return c.raft.LastIndex() }
+func (c *Cluster) LastIndex() uint64 {
+	if c.raft == nil {
+		return 0
+	}
+	return c.raft.LastIndex()
+}
 
 // Status reports this node's view of Raft and of the replicated state. The
 // leader address is the leader's API address once it has registered, its
@@ -204,6 +242,10 @@ func (c *Cluster) LastIndex() uint64 { return c.raft.LastIndex() }
 // only the link to the leader is known: the leader's and this node's entries
 // carry the time since the leader was last heard from, the others -1.
 func (c *Cluster) Status() *pb.StatusResponse {
+	if c.raft == nil {
+		id, _ := c.Leader()
+		return &pb.StatusResponse{Node: c.cfg.NodeName, Leader: id, RaftState: "None"}
+	}
 	leaderAddr, leaderID := c.raft.LeaderWithID()
 	st := &pb.StatusResponse{
 		Node:         c.cfg.NodeName,

@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/hashicorp/raft"
+
+	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
 )
 
 // Config says who this node is and where it keeps its data.
@@ -22,8 +24,9 @@ type Config struct {
 	// RaftAdvertise is the host:port other servers reach this one at; it
 	// defaults to RaftBind, which must then not be a wildcard address.
 	RaftAdvertise string
-	// Server says whether this node votes in Raft. Client nodes do not run
-	// Raft (multi-node issue); New requires Server for now.
+	// Server says whether this node votes in Raft. A client node runs no
+	// Raft and keeps no replicated state: it sends writes and reads to a
+	// server that gossip found (see membership.go).
 	Server bool
 	// Bootstrap forms a new cluster from BootstrapPeers (this node alone when
 	// empty) if the data dir has no Raft state yet; on later starts it does
@@ -32,10 +35,22 @@ type Config struct {
 	// BootstrapPeers is the initial voter set used with Bootstrap. Every
 	// server bootstrapped together must be given the same set.
 	BootstrapPeers []Peer
-	// BootstrapExpect and Join are for the multi-node issue: wait for that
-	// many servers found through gossip, then bootstrap once.
+	// BootstrapExpect makes a server with no Raft state wait until gossip
+	// shows that many servers, none of them part of a cluster yet, and then
+	// form the cluster from them. A server that finds an existing cluster
+	// instead waits for its leader to add it; one with Raft state on disk
+	// just restarts. So one command line serves first start, restart and
+	// scale-up.
 	BootstrapExpect int
-	Join            []string
+	// Join lists gossip addresses (host or host:port) to join, retried with
+	// jitter until one answers.
+	Join []string
+	// GossipBind is the host:port memberlist listens on (TCP and UDP); the
+	// port may be 0 to pick a free one. GossipAdvertise defaults to it.
+	GossipBind, GossipAdvertise string
+	// Digest summarises an inventory for gossip (node/inventory.Digest); the
+	// leader compares it with the cards in the log to notice changes.
+	Digest func([]*pb.Card) string
 
 	// Logger receives the cluster's logs, raft's included; slog.Default when nil.
 	Logger *slog.Logger
@@ -58,16 +73,21 @@ func (c *Config) validate() error {
 	if c.DataDir == "" {
 		errs = append(errs, errors.New("data dir is required"))
 	}
-	if c.RaftBind == "" {
+	if c.Server && c.RaftBind == "" {
 		errs = append(errs, errors.New("raft bind address is required"))
 	}
-	if !c.Server {
-		errs = append(errs, errors.New("only server nodes run raft in this version"))
+	if c.BootstrapExpect < 0 || (c.BootstrapExpect > 0 && !c.Server) {
+		errs = append(errs, errors.New("bootstrap expect is for servers and must not be negative"))
+	}
+	if c.Digest == nil {
+		c.Digest = defaultDigest
 	}
 	if c.RaftAdvertise == "" {
 		c.RaftAdvertise = c.RaftBind
 	}
-	if host, _, err := net.SplitHostPort(c.RaftAdvertise); err != nil {
+	if !c.Server {
+		c.RaftBind, c.RaftAdvertise = "", "" // a client runs no Raft
+	} else if host, _, err := net.SplitHostPort(c.RaftAdvertise); err != nil {
 		errs = append(errs, err)
 	} else if ip := net.ParseIP(host); host == "" || (ip != nil && ip.IsUnspecified()) {
 		errs = append(errs, errors.New("raft advertise address "+c.RaftAdvertise+" is not reachable by other servers: set an advertise address"))

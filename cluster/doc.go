@@ -8,8 +8,10 @@
 // Forwarder, retries while leadership moves), linearizable and stale reads,
 // waiting for an index to be applied, and the node's Raft status.
 //
-// It must never decode or interpret log entries itself (fsm.ApplyBytes does,
-// so live apply, restore and offline replay share one code path), never
+// It must never decode or interpret log entries to change state itself
+// (fsm.ApplyBytes does, so live apply, restore, events and offline replay
+// share one code path; events.go decodes entries only to describe and filter
+// them), never
 // compact the log away (SPEC §7: every server keeps every entry from index
 // 1), never acknowledge a write before it is committed and fsynced, and never
 // let anything touch the fsm.FSM outside its lock.

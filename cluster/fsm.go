@@ -22,6 +22,9 @@ import (
 type raftFSM struct {
 	mu    sync.RWMutex // guards state; fsm.FSM is not safe for concurrent use
 	state *fsm.FSM
+	// hashes records the hash head after each applied command entry, for
+	// audit verify (audit_hashes.go); nil records nothing.
+	hashes *hashLog
 
 	// applied, guarded by amu, only grows, except on Restore. advanced is
 	// closed and replaced whenever it changes.
@@ -47,8 +50,12 @@ func (w *raftFSM) ApplyBatch(logs []*raft.Log) []any {
 	for i, l := range logs {
 		if l.Type == raft.LogCommand {
 			out[i] = w.state.ApplyBytes(l.Index, l.Data)
+			w.hashes.add(l.Index, w.state.Hash())
 		}
 	}
+	// Under the lock, so that a reader that sees the state at an index also
+	// finds its record (audit verify compares the two).
+	w.hashes.flush()
 	w.mu.Unlock()
 	w.advance(logs[len(logs)-1].Index)
 	return out

@@ -172,3 +172,46 @@ func (f *localForwarder) ReadIndex(ctx context.Context, leaderID string) (uint64
 	}
 	return c.ReadIndex(ctx)
 }
+
+func (f *localForwarder) node(id string) (*Cluster, error) {
+	f.mu.Lock()
+	c := f.nodes[id]
+	f.mu.Unlock()
+	if c == nil {
+		return nil, ErrNotLeader
+	}
+	return c, nil
+}
+
+func (f *localForwarder) ReadState(ctx context.Context, serverID string, stale bool) ([]byte, error) {
+	c, err := f.node(serverID)
+	if err != nil {
+		return nil, err
+	}
+	data, _, err := c.ReadState(ctx, stale)
+	return data, err
+}
+
+func (f *localForwarder) Status(ctx context.Context, id string) (*pb.StatusResponse, error) {
+	c, err := f.node(id)
+	if err != nil {
+		return nil, err
+	}
+	return c.ClusterStatus(ctx)
+}
+
+func (f *localForwarder) RemovePeer(ctx context.Context, leaderID, name string) error {
+	c, err := f.leader(leaderID)
+	if err != nil {
+		return err
+	}
+	return c.RemovePeer(ctx, name)
+}
+
+func (f *localForwarder) LocalNode(ctx context.Context, id string) (*pb.Node, error) {
+	c, err := f.node(id)
+	if err != nil {
+		return nil, err
+	}
+	return c.LocalNode(), nil
+}

@@ -18,6 +18,9 @@ import (
 // until its own state has applied it. fn must not keep the *fsm.FSM or call
 // into the Cluster.
 func (c *Cluster) Read(ctx context.Context, stale bool, fn func(*fsm.FSM) error) error {
+	if c.raft == nil {
+		return c.readViaServer(ctx, stale, fn)
+	}
 	if !stale {
 		ctx, cancel := withDefaultTimeout(ctx)
 		defer cancel()
@@ -68,6 +71,12 @@ func (c *Cluster) ReadIndex(ctx context.Context) (uint64, error) {
 // index, or ctx ends. Entries that do not change the state (the no-op each
 // new leader writes, barriers) count as applied once raft has passed them.
 func (c *Cluster) WaitApplied(ctx context.Context, index uint64) error {
+	if c.raft == nil {
+		// A client never applies anything; waiting out ctx keeps a caller's
+		// wait-for-the-next-entry loop from spinning.
+		<-ctx.Done()
+		return errClientNoState
+	}
 	// The state machine wakes waiters when it applies an entry; entries it
 	// never sees (no-ops, barriers) are noticed by polling.
 	poll := time.NewTicker(5 * time.Millisecond)

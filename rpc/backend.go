@@ -20,6 +20,20 @@ type Backend interface {
 	Read(ctx context.Context, stale bool, fn func(*fsm.FSM) error) error
 	// ReadIndex confirms leadership and returns the commit index (leader only).
 	ReadIndex(ctx context.Context) (uint64, error)
-	// Status reports Raft's view of the cluster from this node.
-	Status() *pb.StatusResponse
+	// ClusterStatus reports Raft's view of the cluster: this server's, or on
+	// a client node a server's.
+	ClusterStatus(ctx context.Context) (*pb.StatusResponse, error)
+	// ReadState returns the whole state as snapshot bytes and its applied
+	// index, read as Read reads (for client nodes).
+	ReadState(ctx context.Context, stale bool) ([]byte, uint64, error)
+	// Members lists the nodes gossip knows with their Raft suffrage.
+	Members(ctx context.Context) ([]*pb.Member, error)
+	// LocalNode is this node's description of itself, inventory included.
+	LocalNode() *pb.Node
+	// Join joins the gossip of the given addresses; it returns how many answered.
+	Join(ctx context.Context, addrs []string) (int, error)
+	// Leave leaves the cluster gracefully; the agent then stops.
+	Leave(ctx context.Context) error
+	// RemovePeer removes a dead server from Raft.
+	RemovePeer(ctx context.Context, name string) error
 }

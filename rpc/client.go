@@ -35,7 +35,9 @@ func BaseURL(addr string) string {
 	return "http://" + addr
 }
 
-// Forwarder sends writes from a follower to the leader's API.
+// Forwarder sends requests from one node to another's API: writes and read
+// indexes from a follower to the leader, every request from a client node to
+// a server, and the leader's fetch of a node's inventory.
 type Forwarder struct {
 	// Resolve returns the API address (host:port) of a server by Raft id.
 	Resolve func(id string) (string, bool)
@@ -67,6 +69,62 @@ func (f *Forwarder) ReadIndex(ctx context.Context, leaderID string) (uint64, err
 		return 0, leaderError(err)
 	}
 	return resp.Msg.GetIndex(), nil
+}
+
+// ReadState fetches a server's state, for a read on a client node.
+func (f *Forwarder) ReadState(ctx context.Context, serverID string, stale bool) ([]byte, error) {
+	c, err := f.client(serverID)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := c.ReadState(ctx, connect.NewRequest(&pb.ReadStateRequest{Stale: stale}))
+	if err != nil {
+		return nil, leaderError(err)
+	}
+	return resp.Msg.GetState(), nil
+}
+
+// Status fetches a node's Raft status.
+func (f *Forwarder) Status(ctx context.Context, id string) (*pb.StatusResponse, error) {
+	c, err := f.client(id)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := c.Status(ctx, connect.NewRequest(&pb.StatusRequest{}))
+	if err != nil {
+		return nil, leaderError(err)
+	}
+	return resp.Msg, nil
+}
+
+// RemovePeer asks the leader to remove a server from Raft. Only an
+// unreachable leader is retried: a refusal (the server is alive, or not a
+// server) is final.
+func (f *Forwarder) RemovePeer(ctx context.Context, leaderID, name string) error {
+	c, err := f.client(leaderID)
+	if err != nil {
+		return err
+	}
+	if _, err := c.RemovePeer(ctx, connect.NewRequest(&pb.RemovePeerRequest{Name: name})); err != nil {
+		if connect.CodeOf(err) == connect.CodeUnavailable {
+			return fmt.Errorf("%w: %w", cluster.ErrNotLeader, err)
+		}
+		return err
+	}
+	return nil
+}
+
+// LocalNode fetches a node's description of itself.
+func (f *Forwarder) LocalNode(ctx context.Context, id string) (*pb.Node, error) {
+	c, err := f.client(id)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := c.LocalNode(ctx, connect.NewRequest(&pb.LocalNodeRequest{}))
+	if err != nil {
+		return nil, err
+	}
+	return resp.Msg.GetNode(), nil
 }
 
 func (f *Forwarder) client(leaderID string) (gpuplanev1connect.ClusterServiceClient, error) {

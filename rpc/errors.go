@@ -62,6 +62,10 @@ func backendError(op string, err error) error {
 	switch {
 	case errors.As(err, &ce):
 		return err
+	case errors.Is(err, cluster.ErrPeerAlive):
+		return connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("%s: %w", op, err))
+	case errors.Is(err, cluster.ErrUnknownPeer):
+		return connect.NewError(connect.CodeNotFound, fmt.Errorf("%s: %w", op, err))
 	case errors.Is(err, cluster.ErrNoLeader), errors.Is(err, cluster.ErrNotLeader), errors.Is(err, cluster.ErrShutdown):
 		return connect.NewError(connect.CodeUnavailable, fmt.Errorf("%s: %w", op, err))
 	case errors.Is(err, context.DeadlineExceeded):

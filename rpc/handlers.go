@@ -160,36 +160,3 @@ func (h *handlers) DeleteAccelerator(ctx context.Context, req *connect.Request[p
 	}
 	return connect.NewResponse(&pb.DeleteAcceleratorResponse{Warnings: res.Warnings, Index: res.Index}), nil
 }
-
-// Apply is the write path between nodes: a follower forwards envelopes here
-// and the leader commits them (or checks them, for dry runs) as they are,
-// keeping the original actor and request id.
-func (h *handlers) Apply(ctx context.Context, req *connect.Request[pb.ApplyRequest]) (*connect.Response[pb.ApplyResponse], error) {
-	env := req.Msg.GetEnvelope()
-	if env == nil {
-		return nil, connect.NewError(connect.CodeInvalidArgument, errEnvelopeRequired)
-	}
-	var res *pb.Result
-	var err error
-	if req.Msg.DryRun {
-		res, err = h.b.DryRun(ctx, env)
-	} else {
-		res, err = h.b.Apply(ctx, env)
-	}
-	if err != nil {
-		return nil, backendError("apply", err)
-	}
-	return connect.NewResponse(&pb.ApplyResponse{Result: res}), nil
-}
-
-func (h *handlers) Status(ctx context.Context, req *connect.Request[pb.StatusRequest]) (*connect.Response[pb.StatusResponse], error) {
-	return connect.NewResponse(h.b.Status()), nil
-}
-
-func (h *handlers) ReadIndex(ctx context.Context, req *connect.Request[pb.ReadIndexRequest]) (*connect.Response[pb.ReadIndexResponse], error) {
-	idx, err := h.b.ReadIndex(ctx)
-	if err != nil {
-		return nil, backendError("read index", err)
-	}
-	return connect.NewResponse(&pb.ReadIndexResponse{Index: idx}), nil
-}

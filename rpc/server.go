@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"sync"
 	"time"
 
 	"connectrpc.com/connect"
@@ -32,6 +33,8 @@ var services = []string{
 	gpuplanev1connect.AcceleratorServiceName,
 	gpuplanev1connect.ClusterServiceName,
 	gpuplanev1connect.ModelServiceName,
+	gpuplanev1connect.EventServiceName,
+	gpuplanev1connect.AuditServiceName,
 }
 
 // Config configures the API server.
@@ -40,6 +43,10 @@ type Config struct {
 	Logger  *slog.Logger
 	// Interceptors wrap every handler (authentication, logging).
 	Interceptors []connect.Interceptor
+
+	// closing is closed when the server starts shutting down; streams that
+	// would otherwise stay open (events --follow) end then.
+	closing <-chan struct{}
 }
 
 // Handler returns the API: every service, gRPC health and reflection (v1 and
@@ -57,6 +64,10 @@ func Handler(cfg Config) http.Handler {
 	mux.Handle(gpuplanev1connect.NewAcceleratorServiceHandler(h, opts...))
 	mux.Handle(gpuplanev1connect.NewClusterServiceHandler(h, opts...))
 	mux.Handle(gpuplanev1connect.NewModelServiceHandler(h, opts...))
+	lh := &eventHandlers{closing: cfg.closing}
+	lh.b, _ = cfg.Backend.(LogBackend)
+	mux.Handle(gpuplanev1connect.NewEventServiceHandler(lh, opts...))
+	mux.Handle(gpuplanev1connect.NewAuditServiceHandler(lh, opts...))
 	mux.Handle(grpchealth.NewHandler(grpchealth.NewStaticChecker(services...)))
 	reflector := grpcreflect.NewStaticReflector(services...)
 	mux.Handle(grpcreflect.NewHandlerV1(reflector))
@@ -83,6 +94,8 @@ func Listen(addr string, cfg Config) (*Server, error) {
 	protocols := new(http.Protocols)
 	protocols.SetHTTP1(true)
 	protocols.SetUnencryptedHTTP2(true)
+	closing := make(chan struct{})
+	cfg.closing = closing
 	srv := &http.Server{
 		Handler:           Handler(cfg),
 		Protocols:         protocols,
@@ -92,6 +105,7 @@ func Listen(addr string, cfg Config) (*Server, error) {
 	if cfg.Logger != nil {
 		srv.ErrorLog = slog.NewLogLogger(cfg.Logger.Handler(), slog.LevelWarn)
 	}
+	srv.RegisterOnShutdown(sync.OnceFunc(func() { close(closing) }))
 	return &Server{srv: srv, ln: ln}, nil
 }
 

@@ -1,5 +1,5 @@
-// Package agent wires one gpuplane node together: inventory, cluster (Raft),
-// and the API server. It is the composition root the `gpuplane agent` command
+// Package agent wires one gpuplane node together: inventory, cluster (Raft on
+// servers, gossip on every node), and the API server. It is the composition root the `gpuplane agent` command
 // runs and the in-process tests start; it holds no logic of its own beyond
 // the order things start and stop in.
 package agent
@@ -15,6 +15,8 @@ import (
 	"strconv"
 	"sync"
 	"time"
+
+	"google.golang.org/protobuf/proto"
 
 	"github.com/gpuplane/gpuplane/cluster"
 	"github.com/gpuplane/gpuplane/cluster/scheduler"
@@ -43,7 +45,7 @@ type Config struct {
 	SimGPUs    string
 	// SchedulerPolicy names the placement policy (default: the scheduler's).
 	SchedulerPolicy string
-	Version    string
+	Version         string
 
 	// Out receives the few lines the agent prints for its user.
 	Out    io.Writer
@@ -55,16 +57,25 @@ type Agent struct {
 	cfg     Config
 	cluster *cluster.Cluster
 	api     *rpc.Server
-	self    *pb.Node
 	served  chan error
 	tempDir string
-	// stopLoops ends the background loops (the leader's placer).
+	// stopLoops ends the background loops (the leader's placer, the
+	// registration of a non-dev node).
 	stopLoops context.CancelFunc
+	loopCtx   context.Context
 	loops     sync.WaitGroup
+
+	selfMu sync.Mutex
+	self   *pb.Node
+	// registered is closed once the node's registration is in the log.
+	registered chan struct{}
 }
 
-// Start brings a node up: it reads the inventory, opens the Raft log, serves
-// the API, waits for a leader and registers the node through the log.
+// Start brings a node up: it reads the inventory, opens the Raft log (on a
+// server), serves the API, starts gossip (joining --join in the background)
+// and registers the node through the log. A --dev node returns once it is
+// registered; any other node registers in the background, since its cluster
+// may not have formed yet (Registered says when it is done).
 func Start(ctx context.Context, cfg Config) (*Agent, error) {
 	if cfg.Out == nil {
 		cfg.Out = io.Discard
@@ -72,7 +83,7 @@ func Start(ctx context.Context, cfg Config) (*Agent, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
-	a := &Agent{cfg: cfg, served: make(chan error, 1)}
+	a := &Agent{cfg: cfg, served: make(chan error, 1), registered: make(chan struct{})}
 	if err := a.resolveConfig(); err != nil {
 		return nil, err
 	}
@@ -87,12 +98,25 @@ func Start(ctx context.Context, cfg Config) (*Agent, error) {
 		a.cleanup()
 		return nil, err
 	}
-	if err := a.register(ctx); err != nil {
+	if err := a.startGossip(); err != nil {
 		a.Close()
 		return nil, err
 	}
-	fmt.Fprintf(a.cfg.Out, "gpuplane agent %s: node %q serving the API at %s (raft %s, data dir %s)\n",
-		cfg.Version, a.cfg.NodeName, a.APIURL(), a.raftAddr(a.cfg.Advertise), a.cfg.DataDir)
+	if cfg.Dev {
+		if err := a.register(ctx); err != nil {
+			a.Close()
+			return nil, err
+		}
+		close(a.registered)
+	} else {
+		a.loops.Go(a.registerLoop)
+	}
+	raft := "none: client node"
+	if a.cfg.Server {
+		raft = a.raftAddr(a.cfg.Advertise)
+	}
+	fmt.Fprintf(a.cfg.Out, "gpuplane agent %s: %s node %q serving the API at %s (raft %s, gossip %s, data dir %s)\n",
+		cfg.Version, a.role(), a.cfg.NodeName, a.APIURL(), raft, a.cluster.Gossip().Addr(), a.cfg.DataDir)
 	return a, nil
 }
 
@@ -133,10 +157,17 @@ func (a *Agent) resolveConfig() error {
 			c.Advertise = "127.0.0.1"
 		}
 	}
-	if !c.Server {
-		return errors.New("client agents (without --server) arrive with the cluster issue: use --server or --dev")
+	if c.BootstrapExpect > 0 && !c.Server {
+		return errors.New("--bootstrap-expect is for servers: add --server")
 	}
 	return nil
+}
+
+func (a *Agent) role() string {
+	if a.cfg.Server {
+		return cluster.RoleServer
+	}
+	return cluster.RoleClient
 }
 
 func (a *Agent) createInventory() error {
@@ -145,10 +176,14 @@ func (a *Agent) createInventory() error {
 		return err
 	}
 	fmt.Fprintln(a.cfg.Out, res.Message)
+	role := pb.NodeRole_NODE_ROLE_CLIENT
+	if a.cfg.Server {
+		role = pb.NodeRole_NODE_ROLE_SERVER
+	}
 	a.self = &pb.Node{
 		Name:      a.cfg.NodeName,
 		Address:   net.JoinHostPort(a.cfg.Advertise, strconv.Itoa(a.cfg.APIPort)),
-		Role:      pb.NodeRole_NODE_ROLE_SERVER,
+		Role:      role,
 		Status:    pb.NodeStatus_NODE_STATUS_ALIVE,
 		Labels:    a.cfg.Labels,
 		Cards:     res.Cards,
@@ -173,6 +208,9 @@ func (a *Agent) startCluster() error {
 		Bootstrap:       a.cfg.Dev,
 		BootstrapExpect: a.cfg.BootstrapExpect,
 		Join:            a.cfg.Join,
+		GossipBind:      net.JoinHostPort(a.cfg.Bind, strconv.Itoa(a.cfg.GossipPort)),
+		GossipAdvertise: net.JoinHostPort(a.cfg.Advertise, strconv.Itoa(a.cfg.GossipPort)),
+		Digest:          inventory.Digest,
 		Logger:          a.cfg.Logger,
 	})
 	if err != nil {
@@ -182,8 +220,11 @@ func (a *Agent) startCluster() error {
 	c.SetForwarder(fw)
 	loopCtx, stop := context.WithCancel(context.Background())
 	a.stopLoops = stop
-	placer := cluster.NewPlacer(c, scheduler.Policy(a.cfg.SchedulerPolicy), a.cfg.Logger)
-	a.loops.Go(func() { placer.Run(loopCtx) })
+	a.loopCtx = loopCtx
+	if a.cfg.Server {
+		placer := cluster.NewPlacer(c, scheduler.Policy(a.cfg.SchedulerPolicy), a.cfg.Logger)
+		a.loops.Go(func() { placer.Run(loopCtx) })
+	}
 	a.cluster = c
 	return nil
 }
@@ -200,11 +241,53 @@ func (a *Agent) startAPI() error {
 	if a.cfg.APIPort == 0 {
 		// Port 0 picks a free port; advertise the one we got.
 		a.cfg.APIPort = srv.Addr().(*net.TCPAddr).Port
+		a.selfMu.Lock()
 		a.self.Address = net.JoinHostPort(a.cfg.Advertise, strconv.Itoa(a.cfg.APIPort))
+		a.selfMu.Unlock()
 	}
 	go func() { a.served <- srv.Serve() }()
 	return nil
 }
+
+// startGossip starts memberlist, announcing this node, and records the
+// gossip address it got (port 0 picks one).
+func (a *Agent) startGossip() error {
+	if err := a.cluster.StartGossip(a.localNode); err != nil {
+		return fmt.Errorf("start gossip: %w", err)
+	}
+	a.selfMu.Lock()
+	a.self.GossipAddress = a.cluster.Gossip().Addr()
+	a.selfMu.Unlock()
+	return nil
+}
+
+// localNode is this node as it registers itself (a copy).
+func (a *Agent) localNode() *pb.Node {
+	a.selfMu.Lock()
+	defer a.selfMu.Unlock()
+	return proto.Clone(a.self).(*pb.Node)
+}
+
+// registerLoop registers the node, retrying until it succeeds or the agent
+// stops: on first start the cluster may still be forming.
+func (a *Agent) registerLoop() {
+	ctx := a.loopCtx
+	for ctx.Err() == nil {
+		err := a.register(ctx)
+		if err == nil {
+			close(a.registered)
+			return
+		}
+		a.cfg.Logger.Info("register node: retrying", "err", err)
+		select {
+		case <-ctx.Done():
+		case <-time.After(time.Second):
+		}
+	}
+}
+
+// Registered is closed once the node's registration is in the log.
+func (a *Agent) Registered() <-chan struct{} { return a.registered }
 
 // register records this node and its inventory in the log, unless the log
 // already says exactly that (a restart with the same cards adds no entry).
@@ -214,7 +297,7 @@ func (a *Agent) register(ctx context.Context) error {
 	if err := a.cluster.WaitForLeader(ctx); err != nil {
 		return fmt.Errorf("wait for a leader: %w", err)
 	}
-	env := &pb.Envelope{Actor: "node/" + a.cfg.NodeName, Command: &pb.Envelope_RegisterNode{RegisterNode: &pb.RegisterNode{Node: a.self}}}
+	env := &pb.Envelope{Actor: "node/" + a.cfg.NodeName, Command: &pb.Envelope_RegisterNode{RegisterNode: &pb.RegisterNode{Node: a.localNode()}}}
 	for {
 		res, err := a.cluster.DryRun(ctx, env)
 		if err == nil && res.GetOutcome() == pb.Outcome_OUTCOME_UNCHANGED {
@@ -248,15 +331,24 @@ func (a *Agent) Cluster() *cluster.Cluster { return a.cluster }
 // DataDir is where the node keeps its state.
 func (a *Agent) DataDir() string { return a.cfg.DataDir }
 
-// Wait blocks until ctx ends or the API server fails.
+// Wait blocks until ctx ends, the node has left the cluster (`cluster
+// leave`), or the API server fails.
 func (a *Agent) Wait(ctx context.Context) error {
 	select {
 	case <-ctx.Done():
+		return nil
+	case <-a.cluster.Left():
 		return nil
 	case err := <-a.served:
 		return err
 	}
 }
+
+// Name is the node's name.
+func (a *Agent) Name() string { return a.cfg.NodeName }
+
+// GossipAddr is the gossip address other nodes join.
+func (a *Agent) GossipAddr() string { return a.cluster.Gossip().Addr() }
 
 // Close stops the API, then Raft. A --dev data dir created by Start is kept
 // only when it was given explicitly.

@@ -49,15 +49,24 @@ func (g *globals) printList(items []proto.Message, t table) error {
 	if g.output == outputTable {
 		return t.write(g.stdout)
 	}
+	b, err := jsonArray(items)
+	if err != nil {
+		return err
+	}
+	return g.writeJSON(b)
+}
+
+// jsonArray is the JSON form of a listing: the messages' API JSON in an array.
+func jsonArray(items []proto.Message) ([]byte, error) {
 	parts := make([][]byte, len(items))
 	for i, m := range items {
 		b, err := marshalJSON(m)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		parts[i] = b
 	}
-	return g.writeJSON(append(append([]byte("["), bytes.Join(parts, []byte(","))...), ']'))
+	return append(append([]byte("["), bytes.Join(parts, []byte(","))...), ']'), nil
 }
 
 // printObject prints one resource: the table, or m as a JSON/YAML object.

@@ -141,14 +141,18 @@ model's memory and compute share. This command talks to any node's API
 		newDevicesCommand(g),
 		newNodesCommand(g),
 		newAcceleratorsCommand(g),
+		newClusterCommand(g),
 		newModelsCommand(g),
 		newReplicasCommand(g),
 		newApplyCommand(g),
 		newValidateCommand(g),
 		newDeleteCommand(g),
+		newEventsCommand(g),
+		newAuditCommand(g),
 		newSimulateCommand(g),
 		newVersionCommand(g),
 		newCompletionCommand(g),
+		newEngineCommand(g),
 	)
 	return root
 }

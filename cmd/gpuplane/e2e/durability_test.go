@@ -119,8 +119,9 @@ func TestCleanRestartAddsNothing(t *testing.T) {
 	a.start()
 	after := status(t, a.url())
 	if after.StateHash != before.StateHash {
-		t.Errorf("state hash moved across a clean restart with no writes:\nbefore: %s (applied %d)\nafter:  %s (applied %d)",
-			before.StateHash, before.AppliedIndex, after.StateHash, after.AppliedIndex)
+		log := gpuplane(t, a.url(), "audit", "log")
+		t.Errorf("state hash moved across a clean restart with no writes:\nbefore: %s (applied %d)\nafter:  %s (applied %d)\naudit log:\n%s%s",
+			before.StateHash, before.AppliedIndex, after.StateHash, after.AppliedIndex, log.stdout, log.stderr)
 	}
 	assertOneNode(t, a.url())
 	if !listAcceleratorNames(t, a.url())["keep"] {

@@ -850,6 +850,619 @@ func (x *DeleteAcceleratorResponse) GetIndex() uint64 {
 	return 0
 }
 
+type ReadStateRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Stale         bool                   `protobuf:"varint,1,opt,name=stale,proto3" json:"stale,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReadStateRequest) Reset() {
+	*x = ReadStateRequest{}
+	mi := &file_gpuplane_v1_api_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReadStateRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReadStateRequest) ProtoMessage() {}
+
+func (x *ReadStateRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_gpuplane_v1_api_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReadStateRequest.ProtoReflect.Descriptor instead.
+func (*ReadStateRequest) Descriptor() ([]byte, []int) {
+	return file_gpuplane_v1_api_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *ReadStateRequest) GetStale() bool {
+	if x != nil {
+		return x.Stale
+	}
+	return false
+}
+
+type ReadStateResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The state as fsm snapshot bytes.
+	State         []byte `protobuf:"bytes,1,opt,name=state,proto3" json:"state,omitempty"`
+	AppliedIndex  uint64 `protobuf:"varint,2,opt,name=applied_index,json=appliedIndex,proto3" json:"applied_index,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReadStateResponse) Reset() {
+	*x = ReadStateResponse{}
+	mi := &file_gpuplane_v1_api_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReadStateResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReadStateResponse) ProtoMessage() {}
+
+func (x *ReadStateResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_gpuplane_v1_api_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReadStateResponse.ProtoReflect.Descriptor instead.
+func (*ReadStateResponse) Descriptor() ([]byte, []int) {
+	return file_gpuplane_v1_api_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *ReadStateResponse) GetState() []byte {
+	if x != nil {
+		return x.State
+	}
+	return nil
+}
+
+func (x *ReadStateResponse) GetAppliedIndex() uint64 {
+	if x != nil {
+		return x.AppliedIndex
+	}
+	return 0
+}
+
+type MembersRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MembersRequest) Reset() {
+	*x = MembersRequest{}
+	mi := &file_gpuplane_v1_api_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MembersRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MembersRequest) ProtoMessage() {}
+
+func (x *MembersRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_gpuplane_v1_api_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MembersRequest.ProtoReflect.Descriptor instead.
+func (*MembersRequest) Descriptor() ([]byte, []int) {
+	return file_gpuplane_v1_api_proto_rawDescGZIP(), []int{18}
+}
+
+// Member is one node as gossip and Raft see it.
+type Member struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Name  string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// API address (host:port).
+	Address       string `protobuf:"bytes,2,opt,name=address,proto3" json:"address,omitempty"`
+	GossipAddress string `protobuf:"bytes,3,opt,name=gossip_address,json=gossipAddress,proto3" json:"gossip_address,omitempty"`
+	RaftAddress   string `protobuf:"bytes,4,opt,name=raft_address,json=raftAddress,proto3" json:"raft_address,omitempty"`
+	// "server" or "client".
+	Role string `protobuf:"bytes,5,opt,name=role,proto3" json:"role,omitempty"`
+	// Gossip's view: "alive", "failed" or "left" ("unknown" for a Raft server gossip has not heard of).
+	Status string `protobuf:"bytes,6,opt,name=status,proto3" json:"status,omitempty"`
+	// "voter", "nonvoter" or "none".
+	Raft   string `protobuf:"bytes,7,opt,name=raft,proto3" json:"raft,omitempty"`
+	Leader bool   `protobuf:"varint,8,opt,name=leader,proto3" json:"leader,omitempty"`
+	// Short hash of the node's inventory (node/inventory.Digest).
+	InventoryDigest string `protobuf:"bytes,9,opt,name=inventory_digest,json=inventoryDigest,proto3" json:"inventory_digest,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
+}
+
+func (x *Member) Reset() {
+	*x = Member{}
+	mi := &file_gpuplane_v1_api_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Member) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Member) ProtoMessage() {}
+
+func (x *Member) ProtoReflect() protoreflect.Message {
+	mi := &file_gpuplane_v1_api_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Member.ProtoReflect.Descriptor instead.
+func (*Member) Descriptor() ([]byte, []int) {
+	return file_gpuplane_v1_api_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *Member) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *Member) GetAddress() string {
+	if x != nil {
+		return x.Address
+	}
+	return ""
+}
+
+func (x *Member) GetGossipAddress() string {
+	if x != nil {
+		return x.GossipAddress
+	}
+	return ""
+}
+
+func (x *Member) GetRaftAddress() string {
+	if x != nil {
+		return x.RaftAddress
+	}
+	return ""
+}
+
+func (x *Member) GetRole() string {
+	if x != nil {
+		return x.Role
+	}
+	return ""
+}
+
+func (x *Member) GetStatus() string {
+	if x != nil {
+		return x.Status
+	}
+	return ""
+}
+
+func (x *Member) GetRaft() string {
+	if x != nil {
+		return x.Raft
+	}
+	return ""
+}
+
+func (x *Member) GetLeader() bool {
+	if x != nil {
+		return x.Leader
+	}
+	return false
+}
+
+func (x *Member) GetInventoryDigest() string {
+	if x != nil {
+		return x.InventoryDigest
+	}
+	return ""
+}
+
+type MembersResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Members       []*Member              `protobuf:"bytes,1,rep,name=members,proto3" json:"members,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MembersResponse) Reset() {
+	*x = MembersResponse{}
+	mi := &file_gpuplane_v1_api_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MembersResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MembersResponse) ProtoMessage() {}
+
+func (x *MembersResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_gpuplane_v1_api_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MembersResponse.ProtoReflect.Descriptor instead.
+func (*MembersResponse) Descriptor() ([]byte, []int) {
+	return file_gpuplane_v1_api_proto_rawDescGZIP(), []int{20}
+}
+
+func (x *MembersResponse) GetMembers() []*Member {
+	if x != nil {
+		return x.Members
+	}
+	return nil
+}
+
+type LocalNodeRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LocalNodeRequest) Reset() {
+	*x = LocalNodeRequest{}
+	mi := &file_gpuplane_v1_api_proto_msgTypes[21]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LocalNodeRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LocalNodeRequest) ProtoMessage() {}
+
+func (x *LocalNodeRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_gpuplane_v1_api_proto_msgTypes[21]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LocalNodeRequest.ProtoReflect.Descriptor instead.
+func (*LocalNodeRequest) Descriptor() ([]byte, []int) {
+	return file_gpuplane_v1_api_proto_rawDescGZIP(), []int{21}
+}
+
+type LocalNodeResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Node          *Node                  `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LocalNodeResponse) Reset() {
+	*x = LocalNodeResponse{}
+	mi := &file_gpuplane_v1_api_proto_msgTypes[22]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LocalNodeResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LocalNodeResponse) ProtoMessage() {}
+
+func (x *LocalNodeResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_gpuplane_v1_api_proto_msgTypes[22]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LocalNodeResponse.ProtoReflect.Descriptor instead.
+func (*LocalNodeResponse) Descriptor() ([]byte, []int) {
+	return file_gpuplane_v1_api_proto_rawDescGZIP(), []int{22}
+}
+
+func (x *LocalNodeResponse) GetNode() *Node {
+	if x != nil {
+		return x.Node
+	}
+	return nil
+}
+
+type JoinRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Gossip addresses, host or host:port (default port 7412).
+	Addresses     []string `protobuf:"bytes,1,rep,name=addresses,proto3" json:"addresses,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *JoinRequest) Reset() {
+	*x = JoinRequest{}
+	mi := &file_gpuplane_v1_api_proto_msgTypes[23]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *JoinRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*JoinRequest) ProtoMessage() {}
+
+func (x *JoinRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_gpuplane_v1_api_proto_msgTypes[23]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use JoinRequest.ProtoReflect.Descriptor instead.
+func (*JoinRequest) Descriptor() ([]byte, []int) {
+	return file_gpuplane_v1_api_proto_rawDescGZIP(), []int{23}
+}
+
+func (x *JoinRequest) GetAddresses() []string {
+	if x != nil {
+		return x.Addresses
+	}
+	return nil
+}
+
+type JoinResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// How many of the addresses answered.
+	Joined        int32 `protobuf:"varint,1,opt,name=joined,proto3" json:"joined,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *JoinResponse) Reset() {
+	*x = JoinResponse{}
+	mi := &file_gpuplane_v1_api_proto_msgTypes[24]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *JoinResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*JoinResponse) ProtoMessage() {}
+
+func (x *JoinResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_gpuplane_v1_api_proto_msgTypes[24]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use JoinResponse.ProtoReflect.Descriptor instead.
+func (*JoinResponse) Descriptor() ([]byte, []int) {
+	return file_gpuplane_v1_api_proto_rawDescGZIP(), []int{24}
+}
+
+func (x *JoinResponse) GetJoined() int32 {
+	if x != nil {
+		return x.Joined
+	}
+	return 0
+}
+
+type LeaveRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LeaveRequest) Reset() {
+	*x = LeaveRequest{}
+	mi := &file_gpuplane_v1_api_proto_msgTypes[25]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LeaveRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LeaveRequest) ProtoMessage() {}
+
+func (x *LeaveRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_gpuplane_v1_api_proto_msgTypes[25]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LeaveRequest.ProtoReflect.Descriptor instead.
+func (*LeaveRequest) Descriptor() ([]byte, []int) {
+	return file_gpuplane_v1_api_proto_rawDescGZIP(), []int{25}
+}
+
+type LeaveResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LeaveResponse) Reset() {
+	*x = LeaveResponse{}
+	mi := &file_gpuplane_v1_api_proto_msgTypes[26]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LeaveResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LeaveResponse) ProtoMessage() {}
+
+func (x *LeaveResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_gpuplane_v1_api_proto_msgTypes[26]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LeaveResponse.ProtoReflect.Descriptor instead.
+func (*LeaveResponse) Descriptor() ([]byte, []int) {
+	return file_gpuplane_v1_api_proto_rawDescGZIP(), []int{26}
+}
+
+type RemovePeerRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RemovePeerRequest) Reset() {
+	*x = RemovePeerRequest{}
+	mi := &file_gpuplane_v1_api_proto_msgTypes[27]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RemovePeerRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RemovePeerRequest) ProtoMessage() {}
+
+func (x *RemovePeerRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_gpuplane_v1_api_proto_msgTypes[27]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RemovePeerRequest.ProtoReflect.Descriptor instead.
+func (*RemovePeerRequest) Descriptor() ([]byte, []int) {
+	return file_gpuplane_v1_api_proto_rawDescGZIP(), []int{27}
+}
+
+func (x *RemovePeerRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+type RemovePeerResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RemovePeerResponse) Reset() {
+	*x = RemovePeerResponse{}
+	mi := &file_gpuplane_v1_api_proto_msgTypes[28]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RemovePeerResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RemovePeerResponse) ProtoMessage() {}
+
+func (x *RemovePeerResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_gpuplane_v1_api_proto_msgTypes[28]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RemovePeerResponse.ProtoReflect.Descriptor instead.
+func (*RemovePeerResponse) Descriptor() ([]byte, []int) {
+	return file_gpuplane_v1_api_proto_rawDescGZIP(), []int{28}
+}
+
 type ReadIndexRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -858,7 +1471,7 @@ type ReadIndexRequest struct {
 
 func (x *ReadIndexRequest) Reset() {
 	*x = ReadIndexRequest{}
-	mi := &file_gpuplane_v1_api_proto_msgTypes[16]
+	mi := &file_gpuplane_v1_api_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -870,7 +1483,7 @@ func (x *ReadIndexRequest) String() string {
 func (*ReadIndexRequest) ProtoMessage() {}
 
 func (x *ReadIndexRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuplane_v1_api_proto_msgTypes[16]
+	mi := &file_gpuplane_v1_api_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -883,7 +1496,7 @@ func (x *ReadIndexRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadIndexRequest.ProtoReflect.Descriptor instead.
 func (*ReadIndexRequest) Descriptor() ([]byte, []int) {
-	return file_gpuplane_v1_api_proto_rawDescGZIP(), []int{16}
+	return file_gpuplane_v1_api_proto_rawDescGZIP(), []int{29}
 }
 
 type ReadIndexResponse struct {
@@ -895,7 +1508,7 @@ type ReadIndexResponse struct {
 
 func (x *ReadIndexResponse) Reset() {
 	*x = ReadIndexResponse{}
-	mi := &file_gpuplane_v1_api_proto_msgTypes[17]
+	mi := &file_gpuplane_v1_api_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -907,7 +1520,7 @@ func (x *ReadIndexResponse) String() string {
 func (*ReadIndexResponse) ProtoMessage() {}
 
 func (x *ReadIndexResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuplane_v1_api_proto_msgTypes[17]
+	mi := &file_gpuplane_v1_api_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -920,7 +1533,7 @@ func (x *ReadIndexResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadIndexResponse.ProtoReflect.Descriptor instead.
 func (*ReadIndexResponse) Descriptor() ([]byte, []int) {
-	return file_gpuplane_v1_api_proto_rawDescGZIP(), []int{17}
+	return file_gpuplane_v1_api_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *ReadIndexResponse) GetIndex() uint64 {
@@ -940,7 +1553,7 @@ type ApplyRequest struct {
 
 func (x *ApplyRequest) Reset() {
 	*x = ApplyRequest{}
-	mi := &file_gpuplane_v1_api_proto_msgTypes[18]
+	mi := &file_gpuplane_v1_api_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -952,7 +1565,7 @@ func (x *ApplyRequest) String() string {
 func (*ApplyRequest) ProtoMessage() {}
 
 func (x *ApplyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuplane_v1_api_proto_msgTypes[18]
+	mi := &file_gpuplane_v1_api_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -965,7 +1578,7 @@ func (x *ApplyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApplyRequest.ProtoReflect.Descriptor instead.
 func (*ApplyRequest) Descriptor() ([]byte, []int) {
-	return file_gpuplane_v1_api_proto_rawDescGZIP(), []int{18}
+	return file_gpuplane_v1_api_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *ApplyRequest) GetEnvelope() *Envelope {
@@ -991,7 +1604,7 @@ type ApplyResponse struct {
 
 func (x *ApplyResponse) Reset() {
 	*x = ApplyResponse{}
-	mi := &file_gpuplane_v1_api_proto_msgTypes[19]
+	mi := &file_gpuplane_v1_api_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1003,7 +1616,7 @@ func (x *ApplyResponse) String() string {
 func (*ApplyResponse) ProtoMessage() {}
 
 func (x *ApplyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuplane_v1_api_proto_msgTypes[19]
+	mi := &file_gpuplane_v1_api_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1016,7 +1629,7 @@ func (x *ApplyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApplyResponse.ProtoReflect.Descriptor instead.
 func (*ApplyResponse) Descriptor() ([]byte, []int) {
-	return file_gpuplane_v1_api_proto_rawDescGZIP(), []int{19}
+	return file_gpuplane_v1_api_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *ApplyResponse) GetResult() *Result {
@@ -1034,7 +1647,7 @@ type StatusRequest struct {
 
 func (x *StatusRequest) Reset() {
 	*x = StatusRequest{}
-	mi := &file_gpuplane_v1_api_proto_msgTypes[20]
+	mi := &file_gpuplane_v1_api_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1046,7 +1659,7 @@ func (x *StatusRequest) String() string {
 func (*StatusRequest) ProtoMessage() {}
 
 func (x *StatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuplane_v1_api_proto_msgTypes[20]
+	mi := &file_gpuplane_v1_api_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1059,7 +1672,7 @@ func (x *StatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusRequest.ProtoReflect.Descriptor instead.
 func (*StatusRequest) Descriptor() ([]byte, []int) {
-	return file_gpuplane_v1_api_proto_rawDescGZIP(), []int{20}
+	return file_gpuplane_v1_api_proto_rawDescGZIP(), []int{33}
 }
 
 type ServerStatus struct {
@@ -1075,7 +1688,7 @@ type ServerStatus struct {
 
 func (x *ServerStatus) Reset() {
 	*x = ServerStatus{}
-	mi := &file_gpuplane_v1_api_proto_msgTypes[21]
+	mi := &file_gpuplane_v1_api_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1087,7 +1700,7 @@ func (x *ServerStatus) String() string {
 func (*ServerStatus) ProtoMessage() {}
 
 func (x *ServerStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuplane_v1_api_proto_msgTypes[21]
+	mi := &file_gpuplane_v1_api_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1100,7 +1713,7 @@ func (x *ServerStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ServerStatus.ProtoReflect.Descriptor instead.
 func (*ServerStatus) Descriptor() ([]byte, []int) {
-	return file_gpuplane_v1_api_proto_rawDescGZIP(), []int{21}
+	return file_gpuplane_v1_api_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *ServerStatus) GetId() string {
@@ -1148,7 +1761,7 @@ type StatusResponse struct {
 
 func (x *StatusResponse) Reset() {
 	*x = StatusResponse{}
-	mi := &file_gpuplane_v1_api_proto_msgTypes[22]
+	mi := &file_gpuplane_v1_api_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1160,7 +1773,7 @@ func (x *StatusResponse) String() string {
 func (*StatusResponse) ProtoMessage() {}
 
 func (x *StatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuplane_v1_api_proto_msgTypes[22]
+	mi := &file_gpuplane_v1_api_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1173,7 +1786,7 @@ func (x *StatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusResponse.ProtoReflect.Descriptor instead.
 func (*StatusResponse) Descriptor() ([]byte, []int) {
-	return file_gpuplane_v1_api_proto_rawDescGZIP(), []int{22}
+	return file_gpuplane_v1_api_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *StatusResponse) GetNode() string {
@@ -1248,7 +1861,7 @@ type ListModelsRequest struct {
 
 func (x *ListModelsRequest) Reset() {
 	*x = ListModelsRequest{}
-	mi := &file_gpuplane_v1_api_proto_msgTypes[23]
+	mi := &file_gpuplane_v1_api_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1260,7 +1873,7 @@ func (x *ListModelsRequest) String() string {
 func (*ListModelsRequest) ProtoMessage() {}
 
 func (x *ListModelsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuplane_v1_api_proto_msgTypes[23]
+	mi := &file_gpuplane_v1_api_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1273,7 +1886,7 @@ func (x *ListModelsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListModelsRequest.ProtoReflect.Descriptor instead.
 func (*ListModelsRequest) Descriptor() ([]byte, []int) {
-	return file_gpuplane_v1_api_proto_rawDescGZIP(), []int{23}
+	return file_gpuplane_v1_api_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *ListModelsRequest) GetStale() bool {
@@ -1292,7 +1905,7 @@ type ListModelsResponse struct {
 
 func (x *ListModelsResponse) Reset() {
 	*x = ListModelsResponse{}
-	mi := &file_gpuplane_v1_api_proto_msgTypes[24]
+	mi := &file_gpuplane_v1_api_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1304,7 +1917,7 @@ func (x *ListModelsResponse) String() string {
 func (*ListModelsResponse) ProtoMessage() {}
 
 func (x *ListModelsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuplane_v1_api_proto_msgTypes[24]
+	mi := &file_gpuplane_v1_api_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1317,7 +1930,7 @@ func (x *ListModelsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListModelsResponse.ProtoReflect.Descriptor instead.
 func (*ListModelsResponse) Descriptor() ([]byte, []int) {
-	return file_gpuplane_v1_api_proto_rawDescGZIP(), []int{24}
+	return file_gpuplane_v1_api_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *ListModelsResponse) GetModels() []*ModelDeployment {
@@ -1337,7 +1950,7 @@ type GetModelRequest struct {
 
 func (x *GetModelRequest) Reset() {
 	*x = GetModelRequest{}
-	mi := &file_gpuplane_v1_api_proto_msgTypes[25]
+	mi := &file_gpuplane_v1_api_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1349,7 +1962,7 @@ func (x *GetModelRequest) String() string {
 func (*GetModelRequest) ProtoMessage() {}
 
 func (x *GetModelRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuplane_v1_api_proto_msgTypes[25]
+	mi := &file_gpuplane_v1_api_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1362,7 +1975,7 @@ func (x *GetModelRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetModelRequest.ProtoReflect.Descriptor instead.
 func (*GetModelRequest) Descriptor() ([]byte, []int) {
-	return file_gpuplane_v1_api_proto_rawDescGZIP(), []int{25}
+	return file_gpuplane_v1_api_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *GetModelRequest) GetName() string {
@@ -1389,7 +2002,7 @@ type GetModelResponse struct {
 
 func (x *GetModelResponse) Reset() {
 	*x = GetModelResponse{}
-	mi := &file_gpuplane_v1_api_proto_msgTypes[26]
+	mi := &file_gpuplane_v1_api_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1401,7 +2014,7 @@ func (x *GetModelResponse) String() string {
 func (*GetModelResponse) ProtoMessage() {}
 
 func (x *GetModelResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuplane_v1_api_proto_msgTypes[26]
+	mi := &file_gpuplane_v1_api_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1414,7 +2027,7 @@ func (x *GetModelResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetModelResponse.ProtoReflect.Descriptor instead.
 func (*GetModelResponse) Descriptor() ([]byte, []int) {
-	return file_gpuplane_v1_api_proto_rawDescGZIP(), []int{26}
+	return file_gpuplane_v1_api_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *GetModelResponse) GetModel() *ModelDeployment {
@@ -1443,7 +2056,7 @@ type ApplyModelRequest struct {
 
 func (x *ApplyModelRequest) Reset() {
 	*x = ApplyModelRequest{}
-	mi := &file_gpuplane_v1_api_proto_msgTypes[27]
+	mi := &file_gpuplane_v1_api_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1455,7 +2068,7 @@ func (x *ApplyModelRequest) String() string {
 func (*ApplyModelRequest) ProtoMessage() {}
 
 func (x *ApplyModelRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuplane_v1_api_proto_msgTypes[27]
+	mi := &file_gpuplane_v1_api_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1468,7 +2081,7 @@ func (x *ApplyModelRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApplyModelRequest.ProtoReflect.Descriptor instead.
 func (*ApplyModelRequest) Descriptor() ([]byte, []int) {
-	return file_gpuplane_v1_api_proto_rawDescGZIP(), []int{27}
+	return file_gpuplane_v1_api_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *ApplyModelRequest) GetName() string {
@@ -1511,7 +2124,7 @@ type ApplyModelResponse struct {
 
 func (x *ApplyModelResponse) Reset() {
 	*x = ApplyModelResponse{}
-	mi := &file_gpuplane_v1_api_proto_msgTypes[28]
+	mi := &file_gpuplane_v1_api_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1523,7 +2136,7 @@ func (x *ApplyModelResponse) String() string {
 func (*ApplyModelResponse) ProtoMessage() {}
 
 func (x *ApplyModelResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuplane_v1_api_proto_msgTypes[28]
+	mi := &file_gpuplane_v1_api_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1536,7 +2149,7 @@ func (x *ApplyModelResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApplyModelResponse.ProtoReflect.Descriptor instead.
 func (*ApplyModelResponse) Descriptor() ([]byte, []int) {
-	return file_gpuplane_v1_api_proto_rawDescGZIP(), []int{28}
+	return file_gpuplane_v1_api_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *ApplyModelResponse) GetModel() *ModelDeployment {
@@ -1578,7 +2191,7 @@ type DeleteModelRequest struct {
 
 func (x *DeleteModelRequest) Reset() {
 	*x = DeleteModelRequest{}
-	mi := &file_gpuplane_v1_api_proto_msgTypes[29]
+	mi := &file_gpuplane_v1_api_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1590,7 +2203,7 @@ func (x *DeleteModelRequest) String() string {
 func (*DeleteModelRequest) ProtoMessage() {}
 
 func (x *DeleteModelRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuplane_v1_api_proto_msgTypes[29]
+	mi := &file_gpuplane_v1_api_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1603,7 +2216,7 @@ func (x *DeleteModelRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteModelRequest.ProtoReflect.Descriptor instead.
 func (*DeleteModelRequest) Descriptor() ([]byte, []int) {
-	return file_gpuplane_v1_api_proto_rawDescGZIP(), []int{29}
+	return file_gpuplane_v1_api_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *DeleteModelRequest) GetName() string {
@@ -1637,7 +2250,7 @@ type DeleteModelResponse struct {
 
 func (x *DeleteModelResponse) Reset() {
 	*x = DeleteModelResponse{}
-	mi := &file_gpuplane_v1_api_proto_msgTypes[30]
+	mi := &file_gpuplane_v1_api_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1649,7 +2262,7 @@ func (x *DeleteModelResponse) String() string {
 func (*DeleteModelResponse) ProtoMessage() {}
 
 func (x *DeleteModelResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuplane_v1_api_proto_msgTypes[30]
+	mi := &file_gpuplane_v1_api_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1662,7 +2275,7 @@ func (x *DeleteModelResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteModelResponse.ProtoReflect.Descriptor instead.
 func (*DeleteModelResponse) Descriptor() ([]byte, []int) {
-	return file_gpuplane_v1_api_proto_rawDescGZIP(), []int{30}
+	return file_gpuplane_v1_api_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *DeleteModelResponse) GetWarnings() []string {
@@ -1692,7 +2305,7 @@ type ListReplicasRequest struct {
 
 func (x *ListReplicasRequest) Reset() {
 	*x = ListReplicasRequest{}
-	mi := &file_gpuplane_v1_api_proto_msgTypes[31]
+	mi := &file_gpuplane_v1_api_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1704,7 +2317,7 @@ func (x *ListReplicasRequest) String() string {
 func (*ListReplicasRequest) ProtoMessage() {}
 
 func (x *ListReplicasRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuplane_v1_api_proto_msgTypes[31]
+	mi := &file_gpuplane_v1_api_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1717,7 +2330,7 @@ func (x *ListReplicasRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListReplicasRequest.ProtoReflect.Descriptor instead.
 func (*ListReplicasRequest) Descriptor() ([]byte, []int) {
-	return file_gpuplane_v1_api_proto_rawDescGZIP(), []int{31}
+	return file_gpuplane_v1_api_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *ListReplicasRequest) GetModel() string {
@@ -1750,7 +2363,7 @@ type ListReplicasResponse struct {
 
 func (x *ListReplicasResponse) Reset() {
 	*x = ListReplicasResponse{}
-	mi := &file_gpuplane_v1_api_proto_msgTypes[32]
+	mi := &file_gpuplane_v1_api_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1762,7 +2375,7 @@ func (x *ListReplicasResponse) String() string {
 func (*ListReplicasResponse) ProtoMessage() {}
 
 func (x *ListReplicasResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuplane_v1_api_proto_msgTypes[32]
+	mi := &file_gpuplane_v1_api_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1775,7 +2388,7 @@ func (x *ListReplicasResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListReplicasResponse.ProtoReflect.Descriptor instead.
 func (*ListReplicasResponse) Descriptor() ([]byte, []int) {
-	return file_gpuplane_v1_api_proto_rawDescGZIP(), []int{32}
+	return file_gpuplane_v1_api_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *ListReplicasResponse) GetReplicas() []*Replica {
@@ -1838,7 +2451,37 @@ const file_gpuplane_v1_api_proto_rawDesc = "" +
 	"request_id\x18\x04 \x01(\tR\trequestId\"M\n" +
 	"\x19DeleteAcceleratorResponse\x12\x1a\n" +
 	"\bwarnings\x18\x01 \x03(\tR\bwarnings\x12\x14\n" +
-	"\x05index\x18\x02 \x01(\x04R\x05index\"\x12\n" +
+	"\x05index\x18\x02 \x01(\x04R\x05index\"(\n" +
+	"\x10ReadStateRequest\x12\x14\n" +
+	"\x05stale\x18\x01 \x01(\bR\x05stale\"N\n" +
+	"\x11ReadStateResponse\x12\x14\n" +
+	"\x05state\x18\x01 \x01(\fR\x05state\x12#\n" +
+	"\rapplied_index\x18\x02 \x01(\x04R\fappliedIndex\"\x10\n" +
+	"\x0eMembersRequest\"\x83\x02\n" +
+	"\x06Member\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x18\n" +
+	"\aaddress\x18\x02 \x01(\tR\aaddress\x12%\n" +
+	"\x0egossip_address\x18\x03 \x01(\tR\rgossipAddress\x12!\n" +
+	"\fraft_address\x18\x04 \x01(\tR\vraftAddress\x12\x12\n" +
+	"\x04role\x18\x05 \x01(\tR\x04role\x12\x16\n" +
+	"\x06status\x18\x06 \x01(\tR\x06status\x12\x12\n" +
+	"\x04raft\x18\a \x01(\tR\x04raft\x12\x16\n" +
+	"\x06leader\x18\b \x01(\bR\x06leader\x12)\n" +
+	"\x10inventory_digest\x18\t \x01(\tR\x0finventoryDigest\"@\n" +
+	"\x0fMembersResponse\x12-\n" +
+	"\amembers\x18\x01 \x03(\v2\x13.gpuplane.v1.MemberR\amembers\"\x12\n" +
+	"\x10LocalNodeRequest\":\n" +
+	"\x11LocalNodeResponse\x12%\n" +
+	"\x04node\x18\x01 \x01(\v2\x11.gpuplane.v1.NodeR\x04node\"+\n" +
+	"\vJoinRequest\x12\x1c\n" +
+	"\taddresses\x18\x01 \x03(\tR\taddresses\"&\n" +
+	"\fJoinResponse\x12\x16\n" +
+	"\x06joined\x18\x01 \x01(\x05R\x06joined\"\x0e\n" +
+	"\fLeaveRequest\"\x0f\n" +
+	"\rLeaveResponse\"'\n" +
+	"\x11RemovePeerRequest\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\"\x14\n" +
+	"\x12RemovePeerResponse\"\x12\n" +
 	"\x10ReadIndexRequest\")\n" +
 	"\x11ReadIndexResponse\x12\x14\n" +
 	"\x05index\x18\x01 \x01(\x04R\x05index\"Z\n" +
@@ -1910,11 +2553,18 @@ const file_gpuplane_v1_api_proto_rawDesc = "" +
 	"\x10ListAccelerators\x12$.gpuplane.v1.ListAcceleratorsRequest\x1a%.gpuplane.v1.ListAcceleratorsResponse\"\x00\x12[\n" +
 	"\x0eGetAccelerator\x12\".gpuplane.v1.GetAcceleratorRequest\x1a#.gpuplane.v1.GetAcceleratorResponse\"\x00\x12d\n" +
 	"\x11CreateAccelerator\x12%.gpuplane.v1.CreateAcceleratorRequest\x1a&.gpuplane.v1.CreateAcceleratorResponse\"\x00\x12d\n" +
-	"\x11DeleteAccelerator\x12%.gpuplane.v1.DeleteAcceleratorRequest\x1a&.gpuplane.v1.DeleteAcceleratorResponse\"\x002\xe5\x01\n" +
+	"\x11DeleteAccelerator\x12%.gpuplane.v1.DeleteAcceleratorRequest\x1a&.gpuplane.v1.DeleteAcceleratorResponse\"\x002\x9b\x05\n" +
 	"\x0eClusterService\x12@\n" +
 	"\x05Apply\x12\x19.gpuplane.v1.ApplyRequest\x1a\x1a.gpuplane.v1.ApplyResponse\"\x00\x12C\n" +
 	"\x06Status\x12\x1a.gpuplane.v1.StatusRequest\x1a\x1b.gpuplane.v1.StatusResponse\"\x00\x12L\n" +
-	"\tReadIndex\x12\x1d.gpuplane.v1.ReadIndexRequest\x1a\x1e.gpuplane.v1.ReadIndexResponse\"\x002\xa6\x03\n" +
+	"\tReadIndex\x12\x1d.gpuplane.v1.ReadIndexRequest\x1a\x1e.gpuplane.v1.ReadIndexResponse\"\x00\x12L\n" +
+	"\tReadState\x12\x1d.gpuplane.v1.ReadStateRequest\x1a\x1e.gpuplane.v1.ReadStateResponse\"\x00\x12F\n" +
+	"\aMembers\x12\x1b.gpuplane.v1.MembersRequest\x1a\x1c.gpuplane.v1.MembersResponse\"\x00\x12L\n" +
+	"\tLocalNode\x12\x1d.gpuplane.v1.LocalNodeRequest\x1a\x1e.gpuplane.v1.LocalNodeResponse\"\x00\x12=\n" +
+	"\x04Join\x12\x18.gpuplane.v1.JoinRequest\x1a\x19.gpuplane.v1.JoinResponse\"\x00\x12@\n" +
+	"\x05Leave\x12\x19.gpuplane.v1.LeaveRequest\x1a\x1a.gpuplane.v1.LeaveResponse\"\x00\x12O\n" +
+	"\n" +
+	"RemovePeer\x12\x1e.gpuplane.v1.RemovePeerRequest\x1a\x1f.gpuplane.v1.RemovePeerResponse\"\x002\xa6\x03\n" +
 	"\fModelService\x12O\n" +
 	"\n" +
 	"ListModels\x12\x1e.gpuplane.v1.ListModelsRequest\x1a\x1f.gpuplane.v1.ListModelsResponse\"\x00\x12I\n" +
@@ -1936,7 +2586,7 @@ func file_gpuplane_v1_api_proto_rawDescGZIP() []byte {
 	return file_gpuplane_v1_api_proto_rawDescData
 }
 
-var file_gpuplane_v1_api_proto_msgTypes = make([]protoimpl.MessageInfo, 33)
+var file_gpuplane_v1_api_proto_msgTypes = make([]protoimpl.MessageInfo, 46)
 var file_gpuplane_v1_api_proto_goTypes = []any{
 	(*ListDevicesRequest)(nil),        // 0: gpuplane.v1.ListDevicesRequest
 	(*ListDevicesResponse)(nil),       // 1: gpuplane.v1.ListDevicesResponse
@@ -1954,93 +2604,120 @@ var file_gpuplane_v1_api_proto_goTypes = []any{
 	(*CreateAcceleratorResponse)(nil), // 13: gpuplane.v1.CreateAcceleratorResponse
 	(*DeleteAcceleratorRequest)(nil),  // 14: gpuplane.v1.DeleteAcceleratorRequest
 	(*DeleteAcceleratorResponse)(nil), // 15: gpuplane.v1.DeleteAcceleratorResponse
-	(*ReadIndexRequest)(nil),          // 16: gpuplane.v1.ReadIndexRequest
-	(*ReadIndexResponse)(nil),         // 17: gpuplane.v1.ReadIndexResponse
-	(*ApplyRequest)(nil),              // 18: gpuplane.v1.ApplyRequest
-	(*ApplyResponse)(nil),             // 19: gpuplane.v1.ApplyResponse
-	(*StatusRequest)(nil),             // 20: gpuplane.v1.StatusRequest
-	(*ServerStatus)(nil),              // 21: gpuplane.v1.ServerStatus
-	(*StatusResponse)(nil),            // 22: gpuplane.v1.StatusResponse
-	(*ListModelsRequest)(nil),         // 23: gpuplane.v1.ListModelsRequest
-	(*ListModelsResponse)(nil),        // 24: gpuplane.v1.ListModelsResponse
-	(*GetModelRequest)(nil),           // 25: gpuplane.v1.GetModelRequest
-	(*GetModelResponse)(nil),          // 26: gpuplane.v1.GetModelResponse
-	(*ApplyModelRequest)(nil),         // 27: gpuplane.v1.ApplyModelRequest
-	(*ApplyModelResponse)(nil),        // 28: gpuplane.v1.ApplyModelResponse
-	(*DeleteModelRequest)(nil),        // 29: gpuplane.v1.DeleteModelRequest
-	(*DeleteModelResponse)(nil),       // 30: gpuplane.v1.DeleteModelResponse
-	(*ListReplicasRequest)(nil),       // 31: gpuplane.v1.ListReplicasRequest
-	(*ListReplicasResponse)(nil),      // 32: gpuplane.v1.ListReplicasResponse
-	(*Device)(nil),                    // 33: gpuplane.v1.Device
-	(*CardStatus)(nil),                // 34: gpuplane.v1.CardStatus
-	(*Node)(nil),                      // 35: gpuplane.v1.Node
-	(*Accelerator)(nil),               // 36: gpuplane.v1.Accelerator
-	(*AcceleratorSpec)(nil),           // 37: gpuplane.v1.AcceleratorSpec
-	(Outcome)(0),                      // 38: gpuplane.v1.Outcome
-	(*Envelope)(nil),                  // 39: gpuplane.v1.Envelope
-	(*Result)(nil),                    // 40: gpuplane.v1.Result
-	(*ModelDeployment)(nil),           // 41: gpuplane.v1.ModelDeployment
-	(*Replica)(nil),                   // 42: gpuplane.v1.Replica
-	(*ModelSpec)(nil),                 // 43: gpuplane.v1.ModelSpec
+	(*ReadStateRequest)(nil),          // 16: gpuplane.v1.ReadStateRequest
+	(*ReadStateResponse)(nil),         // 17: gpuplane.v1.ReadStateResponse
+	(*MembersRequest)(nil),            // 18: gpuplane.v1.MembersRequest
+	(*Member)(nil),                    // 19: gpuplane.v1.Member
+	(*MembersResponse)(nil),           // 20: gpuplane.v1.MembersResponse
+	(*LocalNodeRequest)(nil),          // 21: gpuplane.v1.LocalNodeRequest
+	(*LocalNodeResponse)(nil),         // 22: gpuplane.v1.LocalNodeResponse
+	(*JoinRequest)(nil),               // 23: gpuplane.v1.JoinRequest
+	(*JoinResponse)(nil),              // 24: gpuplane.v1.JoinResponse
+	(*LeaveRequest)(nil),              // 25: gpuplane.v1.LeaveRequest
+	(*LeaveResponse)(nil),             // 26: gpuplane.v1.LeaveResponse
+	(*RemovePeerRequest)(nil),         // 27: gpuplane.v1.RemovePeerRequest
+	(*RemovePeerResponse)(nil),        // 28: gpuplane.v1.RemovePeerResponse
+	(*ReadIndexRequest)(nil),          // 29: gpuplane.v1.ReadIndexRequest
+	(*ReadIndexResponse)(nil),         // 30: gpuplane.v1.ReadIndexResponse
+	(*ApplyRequest)(nil),              // 31: gpuplane.v1.ApplyRequest
+	(*ApplyResponse)(nil),             // 32: gpuplane.v1.ApplyResponse
+	(*StatusRequest)(nil),             // 33: gpuplane.v1.StatusRequest
+	(*ServerStatus)(nil),              // 34: gpuplane.v1.ServerStatus
+	(*StatusResponse)(nil),            // 35: gpuplane.v1.StatusResponse
+	(*ListModelsRequest)(nil),         // 36: gpuplane.v1.ListModelsRequest
+	(*ListModelsResponse)(nil),        // 37: gpuplane.v1.ListModelsResponse
+	(*GetModelRequest)(nil),           // 38: gpuplane.v1.GetModelRequest
+	(*GetModelResponse)(nil),          // 39: gpuplane.v1.GetModelResponse
+	(*ApplyModelRequest)(nil),         // 40: gpuplane.v1.ApplyModelRequest
+	(*ApplyModelResponse)(nil),        // 41: gpuplane.v1.ApplyModelResponse
+	(*DeleteModelRequest)(nil),        // 42: gpuplane.v1.DeleteModelRequest
+	(*DeleteModelResponse)(nil),       // 43: gpuplane.v1.DeleteModelResponse
+	(*ListReplicasRequest)(nil),       // 44: gpuplane.v1.ListReplicasRequest
+	(*ListReplicasResponse)(nil),      // 45: gpuplane.v1.ListReplicasResponse
+	(*Device)(nil),                    // 46: gpuplane.v1.Device
+	(*CardStatus)(nil),                // 47: gpuplane.v1.CardStatus
+	(*Node)(nil),                      // 48: gpuplane.v1.Node
+	(*Accelerator)(nil),               // 49: gpuplane.v1.Accelerator
+	(*AcceleratorSpec)(nil),           // 50: gpuplane.v1.AcceleratorSpec
+	(Outcome)(0),                      // 51: gpuplane.v1.Outcome
+	(*Envelope)(nil),                  // 52: gpuplane.v1.Envelope
+	(*Result)(nil),                    // 53: gpuplane.v1.Result
+	(*ModelDeployment)(nil),           // 54: gpuplane.v1.ModelDeployment
+	(*Replica)(nil),                   // 55: gpuplane.v1.Replica
+	(*ModelSpec)(nil),                 // 56: gpuplane.v1.ModelSpec
 }
 var file_gpuplane_v1_api_proto_depIdxs = []int32{
-	33, // 0: gpuplane.v1.ListDevicesResponse.devices:type_name -> gpuplane.v1.Device
-	33, // 1: gpuplane.v1.GetDeviceResponse.device:type_name -> gpuplane.v1.Device
-	34, // 2: gpuplane.v1.GetDeviceResponse.cards:type_name -> gpuplane.v1.CardStatus
-	35, // 3: gpuplane.v1.ListNodesResponse.nodes:type_name -> gpuplane.v1.Node
-	35, // 4: gpuplane.v1.GetNodeResponse.node:type_name -> gpuplane.v1.Node
-	36, // 5: gpuplane.v1.ListAcceleratorsResponse.accelerators:type_name -> gpuplane.v1.Accelerator
-	36, // 6: gpuplane.v1.GetAcceleratorResponse.accelerator:type_name -> gpuplane.v1.Accelerator
-	37, // 7: gpuplane.v1.CreateAcceleratorRequest.spec:type_name -> gpuplane.v1.AcceleratorSpec
-	36, // 8: gpuplane.v1.CreateAcceleratorResponse.accelerator:type_name -> gpuplane.v1.Accelerator
-	38, // 9: gpuplane.v1.CreateAcceleratorResponse.outcome:type_name -> gpuplane.v1.Outcome
-	39, // 10: gpuplane.v1.ApplyRequest.envelope:type_name -> gpuplane.v1.Envelope
-	40, // 11: gpuplane.v1.ApplyResponse.result:type_name -> gpuplane.v1.Result
-	21, // 12: gpuplane.v1.StatusResponse.servers:type_name -> gpuplane.v1.ServerStatus
-	41, // 13: gpuplane.v1.ListModelsResponse.models:type_name -> gpuplane.v1.ModelDeployment
-	41, // 14: gpuplane.v1.GetModelResponse.model:type_name -> gpuplane.v1.ModelDeployment
-	42, // 15: gpuplane.v1.GetModelResponse.replicas:type_name -> gpuplane.v1.Replica
-	43, // 16: gpuplane.v1.ApplyModelRequest.spec:type_name -> gpuplane.v1.ModelSpec
-	41, // 17: gpuplane.v1.ApplyModelResponse.model:type_name -> gpuplane.v1.ModelDeployment
-	38, // 18: gpuplane.v1.ApplyModelResponse.outcome:type_name -> gpuplane.v1.Outcome
-	42, // 19: gpuplane.v1.ListReplicasResponse.replicas:type_name -> gpuplane.v1.Replica
-	0,  // 20: gpuplane.v1.DeviceService.ListDevices:input_type -> gpuplane.v1.ListDevicesRequest
-	2,  // 21: gpuplane.v1.DeviceService.GetDevice:input_type -> gpuplane.v1.GetDeviceRequest
-	4,  // 22: gpuplane.v1.NodeService.ListNodes:input_type -> gpuplane.v1.ListNodesRequest
-	6,  // 23: gpuplane.v1.NodeService.GetNode:input_type -> gpuplane.v1.GetNodeRequest
-	8,  // 24: gpuplane.v1.AcceleratorService.ListAccelerators:input_type -> gpuplane.v1.ListAcceleratorsRequest
-	10, // 25: gpuplane.v1.AcceleratorService.GetAccelerator:input_type -> gpuplane.v1.GetAcceleratorRequest
-	12, // 26: gpuplane.v1.AcceleratorService.CreateAccelerator:input_type -> gpuplane.v1.CreateAcceleratorRequest
-	14, // 27: gpuplane.v1.AcceleratorService.DeleteAccelerator:input_type -> gpuplane.v1.DeleteAcceleratorRequest
-	18, // 28: gpuplane.v1.ClusterService.Apply:input_type -> gpuplane.v1.ApplyRequest
-	20, // 29: gpuplane.v1.ClusterService.Status:input_type -> gpuplane.v1.StatusRequest
-	16, // 30: gpuplane.v1.ClusterService.ReadIndex:input_type -> gpuplane.v1.ReadIndexRequest
-	23, // 31: gpuplane.v1.ModelService.ListModels:input_type -> gpuplane.v1.ListModelsRequest
-	25, // 32: gpuplane.v1.ModelService.GetModel:input_type -> gpuplane.v1.GetModelRequest
-	27, // 33: gpuplane.v1.ModelService.ApplyModel:input_type -> gpuplane.v1.ApplyModelRequest
-	29, // 34: gpuplane.v1.ModelService.DeleteModel:input_type -> gpuplane.v1.DeleteModelRequest
-	31, // 35: gpuplane.v1.ModelService.ListReplicas:input_type -> gpuplane.v1.ListReplicasRequest
-	1,  // 36: gpuplane.v1.DeviceService.ListDevices:output_type -> gpuplane.v1.ListDevicesResponse
-	3,  // 37: gpuplane.v1.DeviceService.GetDevice:output_type -> gpuplane.v1.GetDeviceResponse
-	5,  // 38: gpuplane.v1.NodeService.ListNodes:output_type -> gpuplane.v1.ListNodesResponse
-	7,  // 39: gpuplane.v1.NodeService.GetNode:output_type -> gpuplane.v1.GetNodeResponse
-	9,  // 40: gpuplane.v1.AcceleratorService.ListAccelerators:output_type -> gpuplane.v1.ListAcceleratorsResponse
-	11, // 41: gpuplane.v1.AcceleratorService.GetAccelerator:output_type -> gpuplane.v1.GetAcceleratorResponse
-	13, // 42: gpuplane.v1.AcceleratorService.CreateAccelerator:output_type -> gpuplane.v1.CreateAcceleratorResponse
-	15, // 43: gpuplane.v1.AcceleratorService.DeleteAccelerator:output_type -> gpuplane.v1.DeleteAcceleratorResponse
-	19, // 44: gpuplane.v1.ClusterService.Apply:output_type -> gpuplane.v1.ApplyResponse
-	22, // 45: gpuplane.v1.ClusterService.Status:output_type -> gpuplane.v1.StatusResponse
-	17, // 46: gpuplane.v1.ClusterService.ReadIndex:output_type -> gpuplane.v1.ReadIndexResponse
-	24, // 47: gpuplane.v1.ModelService.ListModels:output_type -> gpuplane.v1.ListModelsResponse
-	26, // 48: gpuplane.v1.ModelService.GetModel:output_type -> gpuplane.v1.GetModelResponse
-	28, // 49: gpuplane.v1.ModelService.ApplyModel:output_type -> gpuplane.v1.ApplyModelResponse
-	30, // 50: gpuplane.v1.ModelService.DeleteModel:output_type -> gpuplane.v1.DeleteModelResponse
-	32, // 51: gpuplane.v1.ModelService.ListReplicas:output_type -> gpuplane.v1.ListReplicasResponse
-	36, // [36:52] is the sub-list for method output_type
-	20, // [20:36] is the sub-list for method input_type
-	20, // [20:20] is the sub-list for extension type_name
-	20, // [20:20] is the sub-list for extension extendee
-	0,  // [0:20] is the sub-list for field type_name
+	46, // 0: gpuplane.v1.ListDevicesResponse.devices:type_name -> gpuplane.v1.Device
+	46, // 1: gpuplane.v1.GetDeviceResponse.device:type_name -> gpuplane.v1.Device
+	47, // 2: gpuplane.v1.GetDeviceResponse.cards:type_name -> gpuplane.v1.CardStatus
+	48, // 3: gpuplane.v1.ListNodesResponse.nodes:type_name -> gpuplane.v1.Node
+	48, // 4: gpuplane.v1.GetNodeResponse.node:type_name -> gpuplane.v1.Node
+	49, // 5: gpuplane.v1.ListAcceleratorsResponse.accelerators:type_name -> gpuplane.v1.Accelerator
+	49, // 6: gpuplane.v1.GetAcceleratorResponse.accelerator:type_name -> gpuplane.v1.Accelerator
+	50, // 7: gpuplane.v1.CreateAcceleratorRequest.spec:type_name -> gpuplane.v1.AcceleratorSpec
+	49, // 8: gpuplane.v1.CreateAcceleratorResponse.accelerator:type_name -> gpuplane.v1.Accelerator
+	51, // 9: gpuplane.v1.CreateAcceleratorResponse.outcome:type_name -> gpuplane.v1.Outcome
+	19, // 10: gpuplane.v1.MembersResponse.members:type_name -> gpuplane.v1.Member
+	48, // 11: gpuplane.v1.LocalNodeResponse.node:type_name -> gpuplane.v1.Node
+	52, // 12: gpuplane.v1.ApplyRequest.envelope:type_name -> gpuplane.v1.Envelope
+	53, // 13: gpuplane.v1.ApplyResponse.result:type_name -> gpuplane.v1.Result
+	34, // 14: gpuplane.v1.StatusResponse.servers:type_name -> gpuplane.v1.ServerStatus
+	54, // 15: gpuplane.v1.ListModelsResponse.models:type_name -> gpuplane.v1.ModelDeployment
+	54, // 16: gpuplane.v1.GetModelResponse.model:type_name -> gpuplane.v1.ModelDeployment
+	55, // 17: gpuplane.v1.GetModelResponse.replicas:type_name -> gpuplane.v1.Replica
+	56, // 18: gpuplane.v1.ApplyModelRequest.spec:type_name -> gpuplane.v1.ModelSpec
+	54, // 19: gpuplane.v1.ApplyModelResponse.model:type_name -> gpuplane.v1.ModelDeployment
+	51, // 20: gpuplane.v1.ApplyModelResponse.outcome:type_name -> gpuplane.v1.Outcome
+	55, // 21: gpuplane.v1.ListReplicasResponse.replicas:type_name -> gpuplane.v1.Replica
+	0,  // 22: gpuplane.v1.DeviceService.ListDevices:input_type -> gpuplane.v1.ListDevicesRequest
+	2,  // 23: gpuplane.v1.DeviceService.GetDevice:input_type -> gpuplane.v1.GetDeviceRequest
+	4,  // 24: gpuplane.v1.NodeService.ListNodes:input_type -> gpuplane.v1.ListNodesRequest
+	6,  // 25: gpuplane.v1.NodeService.GetNode:input_type -> gpuplane.v1.GetNodeRequest
+	8,  // 26: gpuplane.v1.AcceleratorService.ListAccelerators:input_type -> gpuplane.v1.ListAcceleratorsRequest
+	10, // 27: gpuplane.v1.AcceleratorService.GetAccelerator:input_type -> gpuplane.v1.GetAcceleratorRequest
+	12, // 28: gpuplane.v1.AcceleratorService.CreateAccelerator:input_type -> gpuplane.v1.CreateAcceleratorRequest
+	14, // 29: gpuplane.v1.AcceleratorService.DeleteAccelerator:input_type -> gpuplane.v1.DeleteAcceleratorRequest
+	31, // 30: gpuplane.v1.ClusterService.Apply:input_type -> gpuplane.v1.ApplyRequest
+	33, // 31: gpuplane.v1.ClusterService.Status:input_type -> gpuplane.v1.StatusRequest
+	29, // 32: gpuplane.v1.ClusterService.ReadIndex:input_type -> gpuplane.v1.ReadIndexRequest
+	16, // 33: gpuplane.v1.ClusterService.ReadState:input_type -> gpuplane.v1.ReadStateRequest
+	18, // 34: gpuplane.v1.ClusterService.Members:input_type -> gpuplane.v1.MembersRequest
+	21, // 35: gpuplane.v1.ClusterService.LocalNode:input_type -> gpuplane.v1.LocalNodeRequest
+	23, // 36: gpuplane.v1.ClusterService.Join:input_type -> gpuplane.v1.JoinRequest
+	25, // 37: gpuplane.v1.ClusterService.Leave:input_type -> gpuplane.v1.LeaveRequest
+	27, // 38: gpuplane.v1.ClusterService.RemovePeer:input_type -> gpuplane.v1.RemovePeerRequest
+	36, // 39: gpuplane.v1.ModelService.ListModels:input_type -> gpuplane.v1.ListModelsRequest
+	38, // 40: gpuplane.v1.ModelService.GetModel:input_type -> gpuplane.v1.GetModelRequest
+	40, // 41: gpuplane.v1.ModelService.ApplyModel:input_type -> gpuplane.v1.ApplyModelRequest
+	42, // 42: gpuplane.v1.ModelService.DeleteModel:input_type -> gpuplane.v1.DeleteModelRequest
+	44, // 43: gpuplane.v1.ModelService.ListReplicas:input_type -> gpuplane.v1.ListReplicasRequest
+	1,  // 44: gpuplane.v1.DeviceService.ListDevices:output_type -> gpuplane.v1.ListDevicesResponse
+	3,  // 45: gpuplane.v1.DeviceService.GetDevice:output_type -> gpuplane.v1.GetDeviceResponse
+	5,  // 46: gpuplane.v1.NodeService.ListNodes:output_type -> gpuplane.v1.ListNodesResponse
+	7,  // 47: gpuplane.v1.NodeService.GetNode:output_type -> gpuplane.v1.GetNodeResponse
+	9,  // 48: gpuplane.v1.AcceleratorService.ListAccelerators:output_type -> gpuplane.v1.ListAcceleratorsResponse
+	11, // 49: gpuplane.v1.AcceleratorService.GetAccelerator:output_type -> gpuplane.v1.GetAcceleratorResponse
+	13, // 50: gpuplane.v1.AcceleratorService.CreateAccelerator:output_type -> gpuplane.v1.CreateAcceleratorResponse
+	15, // 51: gpuplane.v1.AcceleratorService.DeleteAccelerator:output_type -> gpuplane.v1.DeleteAcceleratorResponse
+	32, // 52: gpuplane.v1.ClusterService.Apply:output_type -> gpuplane.v1.ApplyResponse
+	35, // 53: gpuplane.v1.ClusterService.Status:output_type -> gpuplane.v1.StatusResponse
+	30, // 54: gpuplane.v1.ClusterService.ReadIndex:output_type -> gpuplane.v1.ReadIndexResponse
+	17, // 55: gpuplane.v1.ClusterService.ReadState:output_type -> gpuplane.v1.ReadStateResponse
+	20, // 56: gpuplane.v1.ClusterService.Members:output_type -> gpuplane.v1.MembersResponse
+	22, // 57: gpuplane.v1.ClusterService.LocalNode:output_type -> gpuplane.v1.LocalNodeResponse
+	24, // 58: gpuplane.v1.ClusterService.Join:output_type -> gpuplane.v1.JoinResponse
+	26, // 59: gpuplane.v1.ClusterService.Leave:output_type -> gpuplane.v1.LeaveResponse
+	28, // 60: gpuplane.v1.ClusterService.RemovePeer:output_type -> gpuplane.v1.RemovePeerResponse
+	37, // 61: gpuplane.v1.ModelService.ListModels:output_type -> gpuplane.v1.ListModelsResponse
+	39, // 62: gpuplane.v1.ModelService.GetModel:output_type -> gpuplane.v1.GetModelResponse
+	41, // 63: gpuplane.v1.ModelService.ApplyModel:output_type -> gpuplane.v1.ApplyModelResponse
+	43, // 64: gpuplane.v1.ModelService.DeleteModel:output_type -> gpuplane.v1.DeleteModelResponse
+	45, // 65: gpuplane.v1.ModelService.ListReplicas:output_type -> gpuplane.v1.ListReplicasResponse
+	44, // [44:66] is the sub-list for method output_type
+	22, // [22:44] is the sub-list for method input_type
+	22, // [22:22] is the sub-list for extension type_name
+	22, // [22:22] is the sub-list for extension extendee
+	0,  // [0:22] is the sub-list for field type_name
 }
 
 func init() { file_gpuplane_v1_api_proto_init() }
@@ -2056,7 +2733,7 @@ func file_gpuplane_v1_api_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_gpuplane_v1_api_proto_rawDesc), len(file_gpuplane_v1_api_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   33,
+			NumMessages:   46,
 			NumExtensions: 0,
 			NumServices:   5,
 		},

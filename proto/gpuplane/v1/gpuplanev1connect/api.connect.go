@@ -69,6 +69,21 @@ const (
 	// ClusterServiceReadIndexProcedure is the fully-qualified name of the ClusterService's ReadIndex
 	// RPC.
 	ClusterServiceReadIndexProcedure = "/gpuplane.v1.ClusterService/ReadIndex"
+	// ClusterServiceReadStateProcedure is the fully-qualified name of the ClusterService's ReadState
+	// RPC.
+	ClusterServiceReadStateProcedure = "/gpuplane.v1.ClusterService/ReadState"
+	// ClusterServiceMembersProcedure is the fully-qualified name of the ClusterService's Members RPC.
+	ClusterServiceMembersProcedure = "/gpuplane.v1.ClusterService/Members"
+	// ClusterServiceLocalNodeProcedure is the fully-qualified name of the ClusterService's LocalNode
+	// RPC.
+	ClusterServiceLocalNodeProcedure = "/gpuplane.v1.ClusterService/LocalNode"
+	// ClusterServiceJoinProcedure is the fully-qualified name of the ClusterService's Join RPC.
+	ClusterServiceJoinProcedure = "/gpuplane.v1.ClusterService/Join"
+	// ClusterServiceLeaveProcedure is the fully-qualified name of the ClusterService's Leave RPC.
+	ClusterServiceLeaveProcedure = "/gpuplane.v1.ClusterService/Leave"
+	// ClusterServiceRemovePeerProcedure is the fully-qualified name of the ClusterService's RemovePeer
+	// RPC.
+	ClusterServiceRemovePeerProcedure = "/gpuplane.v1.ClusterService/RemovePeer"
 	// ModelServiceListModelsProcedure is the fully-qualified name of the ModelService's ListModels RPC.
 	ModelServiceListModelsProcedure = "/gpuplane.v1.ModelService/ListModels"
 	// ModelServiceGetModelProcedure is the fully-qualified name of the ModelService's GetModel RPC.
@@ -431,6 +446,20 @@ type ClusterServiceClient interface {
 	// ReadIndex returns the leader's commit index after confirming leadership;
 	// a follower waits to apply it before a linearizable read.
 	ReadIndex(context.Context, *connect.Request[v1.ReadIndexRequest]) (*connect.Response[v1.ReadIndexResponse], error)
+	// ReadState returns a server's whole state, read as a linearizable (or,
+	// with stale, a local) read; client nodes, which run no Raft, read this way.
+	ReadState(context.Context, *connect.Request[v1.ReadStateRequest]) (*connect.Response[v1.ReadStateResponse], error)
+	// Members lists every node gossip knows, with its Raft suffrage.
+	Members(context.Context, *connect.Request[v1.MembersRequest]) (*connect.Response[v1.MembersResponse], error)
+	// LocalNode describes the answering node itself, inventory included; the
+	// leader fetches it to register a node gossip announced.
+	LocalNode(context.Context, *connect.Request[v1.LocalNodeRequest]) (*connect.Response[v1.LocalNodeResponse], error)
+	// Join makes the answering agent join the gossip of the given addresses.
+	Join(context.Context, *connect.Request[v1.JoinRequest]) (*connect.Response[v1.JoinResponse], error)
+	// Leave makes the answering agent leave the cluster gracefully and stop.
+	Leave(context.Context, *connect.Request[v1.LeaveRequest]) (*connect.Response[v1.LeaveResponse], error)
+	// RemovePeer removes a dead server from the Raft configuration.
+	RemovePeer(context.Context, *connect.Request[v1.RemovePeerRequest]) (*connect.Response[v1.RemovePeerResponse], error)
 }
 
 // NewClusterServiceClient constructs a client for the gpuplane.v1.ClusterService service. By
@@ -462,14 +491,56 @@ func NewClusterServiceClient(httpClient connect.HTTPClient, baseURL string, opts
 			connect.WithSchema(clusterServiceMethods.ByName("ReadIndex")),
 			connect.WithClientOptions(opts...),
 		),
+		readState: connect.NewClient[v1.ReadStateRequest, v1.ReadStateResponse](
+			httpClient,
+			baseURL+ClusterServiceReadStateProcedure,
+			connect.WithSchema(clusterServiceMethods.ByName("ReadState")),
+			connect.WithClientOptions(opts...),
+		),
+		members: connect.NewClient[v1.MembersRequest, v1.MembersResponse](
+			httpClient,
+			baseURL+ClusterServiceMembersProcedure,
+			connect.WithSchema(clusterServiceMethods.ByName("Members")),
+			connect.WithClientOptions(opts...),
+		),
+		localNode: connect.NewClient[v1.LocalNodeRequest, v1.LocalNodeResponse](
+			httpClient,
+			baseURL+ClusterServiceLocalNodeProcedure,
+			connect.WithSchema(clusterServiceMethods.ByName("LocalNode")),
+			connect.WithClientOptions(opts...),
+		),
+		join: connect.NewClient[v1.JoinRequest, v1.JoinResponse](
+			httpClient,
+			baseURL+ClusterServiceJoinProcedure,
+			connect.WithSchema(clusterServiceMethods.ByName("Join")),
+			connect.WithClientOptions(opts...),
+		),
+		leave: connect.NewClient[v1.LeaveRequest, v1.LeaveResponse](
+			httpClient,
+			baseURL+ClusterServiceLeaveProcedure,
+			connect.WithSchema(clusterServiceMethods.ByName("Leave")),
+			connect.WithClientOptions(opts...),
+		),
+		removePeer: connect.NewClient[v1.RemovePeerRequest, v1.RemovePeerResponse](
+			httpClient,
+			baseURL+ClusterServiceRemovePeerProcedure,
+			connect.WithSchema(clusterServiceMethods.ByName("RemovePeer")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
 // clusterServiceClient implements ClusterServiceClient.
 type clusterServiceClient struct {
-	apply     *connect.Client[v1.ApplyRequest, v1.ApplyResponse]
-	status    *connect.Client[v1.StatusRequest, v1.StatusResponse]
-	readIndex *connect.Client[v1.ReadIndexRequest, v1.ReadIndexResponse]
+	apply      *connect.Client[v1.ApplyRequest, v1.ApplyResponse]
+	status     *connect.Client[v1.StatusRequest, v1.StatusResponse]
+	readIndex  *connect.Client[v1.ReadIndexRequest, v1.ReadIndexResponse]
+	readState  *connect.Client[v1.ReadStateRequest, v1.ReadStateResponse]
+	members    *connect.Client[v1.MembersRequest, v1.MembersResponse]
+	localNode  *connect.Client[v1.LocalNodeRequest, v1.LocalNodeResponse]
+	join       *connect.Client[v1.JoinRequest, v1.JoinResponse]
+	leave      *connect.Client[v1.LeaveRequest, v1.LeaveResponse]
+	removePeer *connect.Client[v1.RemovePeerRequest, v1.RemovePeerResponse]
 }
 
 // Apply calls gpuplane.v1.ClusterService.Apply.
@@ -487,6 +558,36 @@ func (c *clusterServiceClient) ReadIndex(ctx context.Context, req *connect.Reque
 	return c.readIndex.CallUnary(ctx, req)
 }
 
+// ReadState calls gpuplane.v1.ClusterService.ReadState.
+func (c *clusterServiceClient) ReadState(ctx context.Context, req *connect.Request[v1.ReadStateRequest]) (*connect.Response[v1.ReadStateResponse], error) {
+	return c.readState.CallUnary(ctx, req)
+}
+
+// Members calls gpuplane.v1.ClusterService.Members.
+func (c *clusterServiceClient) Members(ctx context.Context, req *connect.Request[v1.MembersRequest]) (*connect.Response[v1.MembersResponse], error) {
+	return c.members.CallUnary(ctx, req)
+}
+
+// LocalNode calls gpuplane.v1.ClusterService.LocalNode.
+func (c *clusterServiceClient) LocalNode(ctx context.Context, req *connect.Request[v1.LocalNodeRequest]) (*connect.Response[v1.LocalNodeResponse], error) {
+	return c.localNode.CallUnary(ctx, req)
+}
+
+// Join calls gpuplane.v1.ClusterService.Join.
+func (c *clusterServiceClient) Join(ctx context.Context, req *connect.Request[v1.JoinRequest]) (*connect.Response[v1.JoinResponse], error) {
+	return c.join.CallUnary(ctx, req)
+}
+
+// Leave calls gpuplane.v1.ClusterService.Leave.
+func (c *clusterServiceClient) Leave(ctx context.Context, req *connect.Request[v1.LeaveRequest]) (*connect.Response[v1.LeaveResponse], error) {
+	return c.leave.CallUnary(ctx, req)
+}
+
+// RemovePeer calls gpuplane.v1.ClusterService.RemovePeer.
+func (c *clusterServiceClient) RemovePeer(ctx context.Context, req *connect.Request[v1.RemovePeerRequest]) (*connect.Response[v1.RemovePeerResponse], error) {
+	return c.removePeer.CallUnary(ctx, req)
+}
+
 // ClusterServiceHandler is an implementation of the gpuplane.v1.ClusterService service.
 type ClusterServiceHandler interface {
 	// Apply proposes one log entry. Nodes forward writes to the leader with it.
@@ -495,6 +596,20 @@ type ClusterServiceHandler interface {
 	// ReadIndex returns the leader's commit index after confirming leadership;
 	// a follower waits to apply it before a linearizable read.
 	ReadIndex(context.Context, *connect.Request[v1.ReadIndexRequest]) (*connect.Response[v1.ReadIndexResponse], error)
+	// ReadState returns a server's whole state, read as a linearizable (or,
+	// with stale, a local) read; client nodes, which run no Raft, read this way.
+	ReadState(context.Context, *connect.Request[v1.ReadStateRequest]) (*connect.Response[v1.ReadStateResponse], error)
+	// Members lists every node gossip knows, with its Raft suffrage.
+	Members(context.Context, *connect.Request[v1.MembersRequest]) (*connect.Response[v1.MembersResponse], error)
+	// LocalNode describes the answering node itself, inventory included; the
+	// leader fetches it to register a node gossip announced.
+	LocalNode(context.Context, *connect.Request[v1.LocalNodeRequest]) (*connect.Response[v1.LocalNodeResponse], error)
+	// Join makes the answering agent join the gossip of the given addresses.
+	Join(context.Context, *connect.Request[v1.JoinRequest]) (*connect.Response[v1.JoinResponse], error)
+	// Leave makes the answering agent leave the cluster gracefully and stop.
+	Leave(context.Context, *connect.Request[v1.LeaveRequest]) (*connect.Response[v1.LeaveResponse], error)
+	// RemovePeer removes a dead server from the Raft configuration.
+	RemovePeer(context.Context, *connect.Request[v1.RemovePeerRequest]) (*connect.Response[v1.RemovePeerResponse], error)
 }
 
 // NewClusterServiceHandler builds an HTTP handler from the service implementation. It returns the
@@ -522,6 +637,42 @@ func NewClusterServiceHandler(svc ClusterServiceHandler, opts ...connect.Handler
 		connect.WithSchema(clusterServiceMethods.ByName("ReadIndex")),
 		connect.WithHandlerOptions(opts...),
 	)
+	clusterServiceReadStateHandler := connect.NewUnaryHandler(
+		ClusterServiceReadStateProcedure,
+		svc.ReadState,
+		connect.WithSchema(clusterServiceMethods.ByName("ReadState")),
+		connect.WithHandlerOptions(opts...),
+	)
+	clusterServiceMembersHandler := connect.NewUnaryHandler(
+		ClusterServiceMembersProcedure,
+		svc.Members,
+		connect.WithSchema(clusterServiceMethods.ByName("Members")),
+		connect.WithHandlerOptions(opts...),
+	)
+	clusterServiceLocalNodeHandler := connect.NewUnaryHandler(
+		ClusterServiceLocalNodeProcedure,
+		svc.LocalNode,
+		connect.WithSchema(clusterServiceMethods.ByName("LocalNode")),
+		connect.WithHandlerOptions(opts...),
+	)
+	clusterServiceJoinHandler := connect.NewUnaryHandler(
+		ClusterServiceJoinProcedure,
+		svc.Join,
+		connect.WithSchema(clusterServiceMethods.ByName("Join")),
+		connect.WithHandlerOptions(opts...),
+	)
+	clusterServiceLeaveHandler := connect.NewUnaryHandler(
+		ClusterServiceLeaveProcedure,
+		svc.Leave,
+		connect.WithSchema(clusterServiceMethods.ByName("Leave")),
+		connect.WithHandlerOptions(opts...),
+	)
+	clusterServiceRemovePeerHandler := connect.NewUnaryHandler(
+		ClusterServiceRemovePeerProcedure,
+		svc.RemovePeer,
+		connect.WithSchema(clusterServiceMethods.ByName("RemovePeer")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/gpuplane.v1.ClusterService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case ClusterServiceApplyProcedure:
@@ -530,6 +681,18 @@ func NewClusterServiceHandler(svc ClusterServiceHandler, opts ...connect.Handler
 			clusterServiceStatusHandler.ServeHTTP(w, r)
 		case ClusterServiceReadIndexProcedure:
 			clusterServiceReadIndexHandler.ServeHTTP(w, r)
+		case ClusterServiceReadStateProcedure:
+			clusterServiceReadStateHandler.ServeHTTP(w, r)
+		case ClusterServiceMembersProcedure:
+			clusterServiceMembersHandler.ServeHTTP(w, r)
+		case ClusterServiceLocalNodeProcedure:
+			clusterServiceLocalNodeHandler.ServeHTTP(w, r)
+		case ClusterServiceJoinProcedure:
+			clusterServiceJoinHandler.ServeHTTP(w, r)
+		case ClusterServiceLeaveProcedure:
+			clusterServiceLeaveHandler.ServeHTTP(w, r)
+		case ClusterServiceRemovePeerProcedure:
+			clusterServiceRemovePeerHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -549,6 +712,30 @@ func (UnimplementedClusterServiceHandler) Status(context.Context, *connect.Reque
 
 func (UnimplementedClusterServiceHandler) ReadIndex(context.Context, *connect.Request[v1.ReadIndexRequest]) (*connect.Response[v1.ReadIndexResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("gpuplane.v1.ClusterService.ReadIndex is not implemented"))
+}
+
+func (UnimplementedClusterServiceHandler) ReadState(context.Context, *connect.Request[v1.ReadStateRequest]) (*connect.Response[v1.ReadStateResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("gpuplane.v1.ClusterService.ReadState is not implemented"))
+}
+
+func (UnimplementedClusterServiceHandler) Members(context.Context, *connect.Request[v1.MembersRequest]) (*connect.Response[v1.MembersResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("gpuplane.v1.ClusterService.Members is not implemented"))
+}
+
+func (UnimplementedClusterServiceHandler) LocalNode(context.Context, *connect.Request[v1.LocalNodeRequest]) (*connect.Response[v1.LocalNodeResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("gpuplane.v1.ClusterService.LocalNode is not implemented"))
+}
+
+func (UnimplementedClusterServiceHandler) Join(context.Context, *connect.Request[v1.JoinRequest]) (*connect.Response[v1.JoinResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("gpuplane.v1.ClusterService.Join is not implemented"))
+}
+
+func (UnimplementedClusterServiceHandler) Leave(context.Context, *connect.Request[v1.LeaveRequest]) (*connect.Response[v1.LeaveResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("gpuplane.v1.ClusterService.Leave is not implemented"))
+}
+
+func (UnimplementedClusterServiceHandler) RemovePeer(context.Context, *connect.Request[v1.RemovePeerRequest]) (*connect.Response[v1.RemovePeerResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("gpuplane.v1.ClusterService.RemovePeer is not implemented"))
 }
 
 // ModelServiceClient is a client for the gpuplane.v1.ModelService service.

@@ -1,0 +1,347 @@
+package cluster
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"slices"
+	"time"
+
+	"github.com/hashicorp/raft"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/gpuplane/gpuplane/fsm"
+	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
+)
+
+// History is a node's Raft log read for audit (SPEC §7): its events, the
+// state as of any entry, and verification of the log against what the state
+// machine recorded when it applied it. A live node's History reads its store
+// while it runs (Cluster.History); a stopped node's is OpenOffline's. Every
+// replay goes through a Cursor, so through fsm.ApplyBytes: nothing about
+// applying entries is implemented twice.
+type History struct {
+	log         LogReader
+	hashes      *hashLog
+	snapshotDir string
+}
+
+// History returns the live node's log for audit. Callers bound what they read
+// by AppliedIndex: entries after it may not be committed yet.
+func (c *Cluster) History() (*History, error) {
+	if !c.IsServer() {
+		return nil, ErrNoLog
+	}
+	return &History{log: c.store, hashes: c.fsm.hashes, snapshotDir: c.snapshotDir()}, nil
+}
+
+// Progress returns the applied index and a channel closed when it next
+// changes: what event streams wait on.
+func (c *Cluster) Progress() (uint64, <-chan struct{}) { return c.fsm.progress() }
+
+// Head returns the applied index and the hash chain head there, read together.
+func (c *Cluster) Head() (uint64, string) {
+	var (
+		index uint64
+		hash  string
+	)
+	c.View(func(f *fsm.FSM) { index, hash = f.AppliedIndex(), f.Hash() })
+	return index, hash
+}
+
+// LastIndex is the index of the last entry in the log.
+func (h *History) LastIndex() (uint64, error) { return h.log.LastIndex() }
+
+// Cursor returns a cursor over the log; see Cursor.
+func (h *History) Cursor(from uint64, filter *pb.EventFilter) *Cursor {
+	return NewCursor(h.log, from, filter)
+}
+
+// StateAt replays the log from index 1 through index and returns the state
+// as it was after that entry (index 0: the empty state).
+func (h *History) StateAt(index uint64) (*fsm.FSM, error) {
+	cur := h.Cursor(index+1, nil)
+	if err := cur.Advance(index, func(*pb.Event) error { return nil }); err != nil {
+		return nil, err
+	}
+	var f *fsm.FSM
+	cur.View(func(s *fsm.FSM) { f = s })
+	return f, nil
+}
+
+// IndexAt returns the index of the last entry, up to upTo, that precedes the
+// first entry proposed after t; 0 when the first entry already was. Leaders'
+// clocks may differ a little, so this cuts the log where time first passes t
+// rather than picking entries out of order: the state as of the result is
+// one the cluster really was in.
+func (h *History) IndexAt(t time.Time, upTo uint64) (uint64, error) {
+	at := uint64(0)
+	err := h.Cursor(1, nil).Advance(upTo, func(ev *pb.Event) error {
+		if ev.ProposedAt != nil && ev.ProposedAt.AsTime().After(t) {
+			return errStop
+		}
+		at = ev.Index
+		return nil
+	})
+	if err != nil && err != errStop {
+		return 0, err
+	}
+	return at, nil
+}
+
+var errStop = fmt.Errorf("stop")
+
+// liveHead is a running server's state as of one index, read atomically.
+type liveHead struct {
+	index uint64
+	hash  string
+	state *pb.State
+}
+
+// verifyReport collects what Verify finds.
+type verifyReport struct {
+	*pb.ServerVerification
+}
+
+func (r *verifyReport) fail(index uint64, format string, args ...any) {
+	r.Ok = false
+	r.Problems = append(r.Problems, fmt.Sprintf(format, args...))
+	if index != 0 && (r.FirstDivergence == 0 || index < r.FirstDivergence) {
+		r.FirstDivergence = index
+	}
+}
+
+// Verify replays the log from index 1 through upTo into a fresh state
+// machine and checks it against everything recorded about it:
+//
+//   - every entry's replayed hash head against the head the live state
+//     machine recorded when it applied that entry (the hashes file), which
+//     names the first entry altered after it was applied;
+//   - the hash and the whole state stored in each snapshot at its index;
+//   - with live, the running server's hash and state at live.index.
+//
+// A snapshot or live mismatch without a per-entry record to narrow it is
+// reported at the snapshot's (or live) index: the log parts from it there
+// or before.
+func (h *History) Verify(upTo uint64, live *liveHead) (*pb.ServerVerification, error) {
+	r := &verifyReport{&pb.ServerVerification{Ok: true}}
+	snaps, err := readSnapshots(h.snapshotDir)
+	if err != nil {
+		return nil, err
+	}
+	type checkpoint struct {
+		index uint64
+		what  string
+		hash  string
+		state *pb.State
+	}
+	var checks []checkpoint
+	for _, s := range snaps {
+		if s.err != nil {
+			r.fail(0, "%v", s.err)
+			continue
+		}
+		if s.state.AppliedIndex > upTo {
+			r.fail(0, "snapshot %s is at index %d, beyond the log's last entry %d: log entries are missing", s.id, s.state.AppliedIndex, upTo)
+			continue
+		}
+		checks = append(checks, checkpoint{s.state.AppliedIndex, "snapshot " + s.id, s.state.Hash, s.state})
+	}
+	if live != nil {
+		checks = append(checks, checkpoint{live.index, "the live state", live.hash, live.state})
+	}
+	slices.SortStableFunc(checks, func(a, b checkpoint) int { return int(a.index) - int(b.index) })
+
+	cur := h.Cursor(1, nil)
+	recorded := h.hashes.reader()
+	// Entries were only recorded while the node ran; a record is checked
+	// when present.
+	lastGood := uint64(0)
+	check := func(cp checkpoint) {
+		var (
+			hash  string
+			state *pb.State
+		)
+		cur.View(func(f *fsm.FSM) {
+			hash = f.Hash()
+			if cp.state != nil {
+				state = f.State()
+			}
+		})
+		switch {
+		case hash != cp.hash:
+			r.fail(cp.index, "%s at index %d has hash %s, the replay %s: an entry in %d..%d differs from what was applied",
+				cp.what, cp.index, short(cp.hash), short(hash), lastGood+1, cp.index)
+		case cp.state != nil && !proto.Equal(state, cp.state):
+			r.fail(cp.index, "%s at index %d: the replayed state differs although the hashes agree", cp.what, cp.index)
+		default:
+			lastGood = cp.index
+		}
+	}
+	perEntry := func(ev *pb.Event) error {
+		r.Entries++
+		if ev.Type != pb.EventType_EVENT_TYPE_COMMAND || r.FirstDivergence != 0 {
+			return nil
+		}
+		want, err := recorded.at(ev.Index)
+		if err != nil {
+			return err
+		}
+		if want != "" && want != ev.Hash {
+			r.fail(ev.Index, "entry %d (%s) replays to hash %s, but hashed to %s when it was applied: it was altered after it was applied",
+				ev.Index, ev.Summary, short(ev.Hash), short(want))
+		}
+		return nil
+	}
+	// Advance to each checkpoint in turn, so that it is checked against the
+	// state right after its entry.
+	for _, cp := range checks {
+		if err := cur.Advance(cp.index, perEntry); err != nil {
+			r.fail(cur.Next(), "%v", err)
+			return r.ServerVerification, nil
+		}
+		check(cp)
+	}
+	if err := cur.Advance(upTo, perEntry); err != nil {
+		r.fail(cur.Next(), "%v", err)
+		return r.ServerVerification, nil
+	}
+	cur.View(func(f *fsm.FSM) {
+		r.AppliedIndex, r.ReplayedHash = f.AppliedIndex(), f.Hash()
+		r.Hash = r.ReplayedHash
+	})
+	if live != nil {
+		r.AppliedIndex, r.Hash = live.index, live.hash
+	}
+	return r.ServerVerification, nil
+}
+
+// VerifyLocal verifies this server: it reads its applied index, hash and
+// state together, then replays its own log up to that index (see
+// History.Verify).
+func (c *Cluster) VerifyLocal(ctx context.Context) (*pb.ServerVerification, error) {
+	if !c.IsServer() {
+		return nil, ErrNoLog
+	}
+	live := &liveHead{}
+	c.View(func(f *fsm.FSM) {
+		live.index, live.hash, live.state = f.AppliedIndex(), f.Hash(), f.State()
+	})
+	h, err := c.History()
+	if err != nil {
+		return nil, err
+	}
+	v, err := h.Verify(live.index, live)
+	if err != nil {
+		return nil, err
+	}
+	v.Server = c.NodeName()
+	return v, ctx.Err()
+}
+
+// HashAt returns the hash chain head as of index: the head this server's
+// live state machine recorded after the last command entry at or before
+// index, "" when it has no record. Index 0 gives the live head.
+func (c *Cluster) HashAt(index uint64) (uint64, string, error) {
+	if !c.IsServer() {
+		return 0, "", ErrNoLog
+	}
+	if index == 0 {
+		i, h := c.Head()
+		return i, h, nil
+	}
+	if applied := c.AppliedIndex(); index > applied {
+		return 0, "", fmt.Errorf("index %d is beyond this server's applied index %d", index, applied)
+	}
+	for i := index; i > 0; i-- {
+		h, err := c.fsm.hashes.at(i)
+		if err != nil || h != "" {
+			return index, h, err
+		}
+		var l raft.Log
+		if err := c.store.GetLog(i, &l); err == nil && l.Type == raft.LogCommand {
+			return index, "", nil // a command entry without a record: unknown
+		}
+	}
+	return index, genesisHash(), nil
+}
+
+// genesisHash is the hash head of an empty state machine.
+func genesisHash() string { return fsm.New().Hash() }
+
+// ServerAddresses returns the API address of every Raft server this node
+// knows, by server id; a server that has not registered its node yet is
+// missing.
+func (c *Cluster) ServerAddresses() (map[string]string, error) {
+	if !c.IsServer() {
+		return nil, ErrNoLog
+	}
+	fut := c.raft.GetConfiguration()
+	if err := fut.Error(); err != nil {
+		return nil, c.raftError(err)
+	}
+	out := map[string]string{}
+	for _, s := range fut.Configuration().Servers {
+		if addr, ok := c.APIAddress(string(s.ID)); ok {
+			out[string(s.ID)] = addr
+		} else {
+			out[string(s.ID)] = ""
+		}
+	}
+	return out, nil
+}
+
+func (c *Cluster) snapshotDir() string { return filepath.Join(c.cfg.DataDir, raftDir, "snapshots") }
+
+func short(hash string) string {
+	if len(hash) > 12 {
+		return hash[:12]
+	}
+	if hash == "" {
+		return "(none)"
+	}
+	return hash
+}
+
+// ErrNoLog is returned by audit requests to a client node, which keeps no
+// Raft log.
+var ErrNoLog = errors.New("this node is not a server and keeps no log: ask a server")
+
+// Log calls yield with the events req selects, up to upTo (req.ToIndex when
+// lower).
+func (h *History) Log(req *pb.LogRequest, upTo uint64, yield func(*pb.Event) error) error {
+	if req.GetToIndex() != 0 {
+		upTo = min(upTo, req.GetToIndex())
+	}
+	return h.Cursor(req.GetFromIndex(), req.GetFilter()).Advance(upTo, yield)
+}
+
+// Replay rebuilds the state req asks for, as of an index or a time, from the
+// entries up to upTo (index 0 and no time: upTo itself).
+func (h *History) Replay(req *pb.ReplayRequest, upTo uint64) (*pb.ReplayResponse, error) {
+	index := req.GetIndex()
+	switch {
+	case req.GetTime() != nil:
+		var err error
+		if index, err = h.IndexAt(req.GetTime().AsTime(), upTo); err != nil {
+			return nil, err
+		}
+	case index == 0:
+		index = upTo
+	case index > upTo:
+		return nil, fmt.Errorf("%w: index %d is beyond the last applied entry, %d", ErrBeyondLog, index, upTo)
+	}
+	f, err := h.StateAt(index)
+	if err != nil {
+		return nil, err
+	}
+	return &pb.ReplayResponse{
+		Index: index, Hash: f.Hash(),
+		Nodes: f.Nodes(), Devices: f.Devices(), Accelerators: f.Accelerators(),
+		Models: f.Models(), Replicas: f.Replicas("", ""),
+	}, nil
+}
+
+// ErrBeyondLog is returned for an index after the last applied entry.
+var ErrBeyondLog = errors.New("no such entry")

@@ -1,0 +1,179 @@
+package cluster
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"log/slog"
+	"os"
+)
+
+// hashesFile, in the raft dir, records the hash chain head the live state
+// machine computed after each command entry it applied.
+const hashesFile = "hashes"
+
+const hashSize = sha256.Size
+
+// hashLog is the per-entry record that lets `audit verify` name the first
+// entry of a log that no longer hashes the way it did when it was applied
+// (a log altered on disk), offline as well as live. The hash chain alone only
+// says that some entry up to a snapshot's index changed.
+//
+// The file holds one 32-byte record per log index, at offset (index-1)*32;
+// an all-zero record means "not recorded" (no-ops, barriers, configuration
+// changes, or entries applied before the file existed). Records are written
+// once: when an entry is applied again (a restart replays the entries after
+// the latest snapshot) a different hash is reported and the first one kept,
+// so replaying an altered log cannot launder the record. The file is not
+// fsynced: it is derived data, and a record lost in a crash only means that
+// entry is checked against the chain heads instead.
+type hashLog struct {
+	f   *os.File
+	log *slog.Logger
+	// pending holds records of the batch being applied, flushed together.
+	pending []hashRecord
+}
+
+type hashRecord struct {
+	index uint64
+	hash  [hashSize]byte
+}
+
+// openHashLog opens (or, unless readOnly, creates) the record file. A
+// read-only open of a missing file gives a log that records nothing.
+func openHashLog(path string, readOnly bool) (*hashLog, error) {
+	flag := os.O_RDWR | os.O_CREATE
+	if readOnly {
+		flag = os.O_RDONLY
+	}
+	f, err := os.OpenFile(path, flag, 0o600)
+	if readOnly && errors.Is(err, fs.ErrNotExist) {
+		return &hashLog{}, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("open entry hashes: %w", err)
+	}
+	return &hashLog{f: f, log: slog.Default()}, nil
+}
+
+func (h *hashLog) close() error {
+	if h == nil || h.f == nil {
+		return nil
+	}
+	return h.f.Close()
+}
+
+// add queues the hash head after entry index; flush writes the queue.
+func (h *hashLog) add(index uint64, hexHash string) {
+	if h == nil || h.f == nil || index == 0 {
+		return
+	}
+	var r hashRecord
+	r.index = index
+	if n, err := hex.Decode(r.hash[:], []byte(hexHash)); err != nil || n != hashSize {
+		return
+	}
+	h.pending = append(h.pending, r)
+}
+
+// flush writes the queued records, one write per run of consecutive indexes.
+// A record already on file is kept; a different new one is logged, because
+// it means the entry was altered after it was first applied.
+func (h *hashLog) flush() {
+	if h == nil || h.f == nil || len(h.pending) == 0 {
+		return
+	}
+	recs := h.pending
+	h.pending = h.pending[:0]
+	for start := 0; start < len(recs); {
+		end := start + 1
+		for end < len(recs) && recs[end].index == recs[end-1].index+1 {
+			end++
+		}
+		h.writeRun(recs[start:end])
+		start = end
+	}
+}
+
+func (h *hashLog) writeRun(run []hashRecord) {
+	off := int64(run[0].index-1) * hashSize
+	buf := make([]byte, len(run)*hashSize)
+	n, err := h.f.ReadAt(buf, off)
+	if err != nil && !errors.Is(err, io.EOF) {
+		h.log.Error("read entry hashes", "index", run[0].index, "err", err)
+		return
+	}
+	clear(buf[n:])
+	var zero [hashSize]byte
+	for i, r := range run {
+		rec := buf[i*hashSize : (i+1)*hashSize]
+		switch {
+		case bytes.Equal(rec, zero[:]):
+			copy(rec, r.hash[:])
+		case !bytes.Equal(rec, r.hash[:]):
+			h.log.Error("log entry hashes differently than when it was first applied: the log was altered on disk; run 'gpuplane audit verify'",
+				"index", r.index, "first", hex.EncodeToString(rec), "now", hex.EncodeToString(r.hash[:]))
+		}
+	}
+	if _, err := h.f.WriteAt(buf, off); err != nil {
+		h.log.Error("write entry hashes", "index", run[0].index, "err", err)
+	}
+}
+
+// at returns the recorded hash head after entry index, "" when none.
+func (h *hashLog) at(index uint64) (string, error) {
+	if h == nil || h.f == nil || index == 0 {
+		return "", nil
+	}
+	var rec [hashSize]byte
+	_, err := h.f.ReadAt(rec[:], int64(index-1)*hashSize)
+	if errors.Is(err, io.EOF) {
+		return "", nil
+	}
+	if err != nil {
+		return "", fmt.Errorf("read entry hash %d: %w", index, err)
+	}
+	if rec == [hashSize]byte{} {
+		return "", nil
+	}
+	return hex.EncodeToString(rec[:]), nil
+}
+
+// hashReader reads records in index order, a chunk at a time.
+type hashReader struct {
+	h     *hashLog
+	start uint64 // index of the first record in buf
+	buf   []byte
+}
+
+const hashChunk = 8192
+
+func (h *hashLog) reader() *hashReader { return &hashReader{h: h} }
+
+// at returns the recorded hash after entry index, "" when none.
+func (r *hashReader) at(index uint64) (string, error) {
+	if r.h == nil || r.h.f == nil || index == 0 {
+		return "", nil
+	}
+	if index < r.start || index >= r.start+uint64(len(r.buf)/hashSize) || r.start == 0 {
+		buf := make([]byte, hashChunk*hashSize)
+		n, err := r.h.f.ReadAt(buf, int64(index-1)*hashSize)
+		if err != nil && !errors.Is(err, io.EOF) {
+			return "", fmt.Errorf("read entry hashes at %d: %w", index, err)
+		}
+		r.start, r.buf = index, buf[:n-n%hashSize]
+		if len(r.buf) == 0 {
+			return "", nil
+		}
+	}
+	off := (index - r.start) * hashSize
+	rec := r.buf[off : off+hashSize]
+	if bytes.Equal(rec, make([]byte, hashSize)) {
+		return "", nil
+	}
+	return hex.EncodeToString(rec), nil
+}

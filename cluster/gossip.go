@@ -1,0 +1,396 @@
+package cluster
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log"
+	"log/slog"
+	"math"
+	"math/rand/v2"
+	"net"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/memberlist"
+)
+
+// DefaultGossipPort is where a join address without a port is dialled.
+const DefaultGossipPort = 7412
+
+// Meta is what gossip says about a node: enough to reach it and to notice
+// that its inventory changed. The inventory itself travels by RPC.
+type Meta struct {
+	Role    string `json:"r"`           // "server" or "client"
+	API     string `json:"a"`           // API host:port
+	Raft    string `json:"f,omitempty"` // Raft host:port (servers)
+	Digest  string `json:"d,omitempty"` // inventory.Digest of the node's cards
+	Expect  int    `json:"e,omitempty"` // --bootstrap-expect (servers)
+	Version string `json:"v,omitempty"`
+	// Bootstrapped is set once the server has Raft state (it bootstrapped,
+	// was added by a leader, or restarted on a data dir): a server waiting on
+	// --bootstrap-expect that sees it joins that cluster instead of forming one.
+	Bootstrapped bool `json:"b,omitempty"`
+	// Leaving is announced just before a graceful leave. memberlist's leave
+	// events do not say whether a node left or failed (its Node.State is
+	// never set), so the others tell by this.
+	Leaving bool `json:"l,omitempty"`
+}
+
+// Gossip states as users see them.
+const (
+	GossipAlive  = "alive"
+	GossipFailed = "failed"
+	GossipLeft   = "left"
+)
+
+// GossipMember is one node as this node's gossip sees it.
+type GossipMember struct {
+	Name   string
+	Addr   string // gossip host:port
+	Status string // GossipAlive, GossipFailed or GossipLeft
+	Meta   Meta
+	// Since is when this node last saw the status change.
+	Since time.Time
+}
+
+// GossipConfig configures one node's memberlist.
+type GossipConfig struct {
+	Name string
+	// Bind and Advertise are host:port; port 0 picks a free port.
+	Bind, Advertise string
+	Meta            Meta
+	Logger          *slog.Logger
+	LogLevel        slog.Leveler
+	// OnChange is called (from memberlist's goroutines: it must not block)
+	// whenever a member joins, leaves, fails or updates its meta.
+	OnChange func()
+}
+
+// Gossip is a node's membership: memberlist plus the dead and left members
+// memberlist itself forgets. It is a hint about who is up; the log, written
+// by the leader, is what the cluster decided.
+type Gossip struct {
+	ml       *memberlist.Memberlist
+	onChange func()
+
+	mu      sync.Mutex
+	meta    Meta
+	members map[string]*GossipMember
+	left    bool
+}
+
+// memberlistConfig tunes memberlist for a LAN, faster than its LAN defaults
+// so that a failed node is noticed within a few seconds:
+//
+//   - ProbeInterval 500ms / ProbeTimeout 250ms: each node probes one random
+//     member every half second (with indirect probes through 3 others when
+//     the direct one times out), so some node probes a failed one within
+//     about one interval, more likely sooner in a larger cluster.
+//   - SuspicionMult 3, SuspicionMaxTimeoutMult 2: a suspected node is declared
+//     failed after 3 × max(1, log10 N) × 0.5s (1.5 s below 10 nodes, 3 s at
+//     100), or up to twice that when other members do not confirm the
+//     suspicion. A live node that was only slow refutes within that time.
+//   - GossipInterval 100ms to 4 peers: meta changes (a new inventory digest)
+//     spread in O(log N) rounds; PushPullInterval 15s repairs anything lost.
+//   - DeadNodeReclaimTime 5s: a node restarted on another address may take
+//     its name back soon after it was declared failed.
+//
+// FailureDetectionTime states the resulting promise.
+func memberlistConfig(c GossipConfig) (*memberlist.Config, error) {
+	mc := memberlist.DefaultLANConfig()
+	mc.Name = c.Name
+	host, port, err := splitHostPort(c.Bind, DefaultGossipPort)
+	if err != nil {
+		return nil, fmt.Errorf("gossip bind address: %w", err)
+	}
+	mc.BindAddr, mc.BindPort = host, port
+	if c.Advertise != "" {
+		ahost, aport, err := splitHostPort(c.Advertise, port)
+		if err != nil {
+			return nil, fmt.Errorf("gossip advertise address: %w", err)
+		}
+		mc.AdvertiseAddr, mc.AdvertisePort = ahost, aport
+	}
+	mc.ProbeInterval = 500 * time.Millisecond
+	mc.ProbeTimeout = 250 * time.Millisecond
+	mc.SuspicionMult = 3
+	mc.SuspicionMaxTimeoutMult = 2
+	mc.GossipInterval = 100 * time.Millisecond
+	mc.GossipNodes = 4
+	mc.PushPullInterval = 15 * time.Second
+	mc.DeadNodeReclaimTime = 5 * time.Second
+	mc.TCPTimeout = 2 * time.Second
+	return mc, nil
+}
+
+// FailureDetectionTime bounds how long gossip takes, in a cluster of up to n
+// nodes, to declare a node that stopped answering failed: one probe round
+// to notice (interval plus timeout, doubled to allow for probing others
+// first), plus the longest suspicion timeout.
+func FailureDetectionTime(n int) time.Duration {
+	mc, _ := memberlistConfig(GossipConfig{Bind: "127.0.0.1:0"})
+	scale := max(1, math.Log10(float64(n)))
+	suspicion := time.Duration(float64(mc.SuspicionMult) * scale * float64(mc.ProbeInterval))
+	return 2*(mc.ProbeInterval+mc.ProbeTimeout) + time.Duration(mc.SuspicionMaxTimeoutMult)*suspicion
+}
+
+// NewGossip starts memberlist on c.Bind. It joins nobody: call Join.
+func NewGossip(c GossipConfig) (*Gossip, error) {
+	mc, err := memberlistConfig(c)
+	if err != nil {
+		return nil, err
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	if c.LogLevel == nil {
+		c.LogLevel = slog.LevelWarn
+	}
+	g := &Gossip{meta: c.Meta, members: map[string]*GossipMember{}, onChange: c.OnChange}
+	if g.onChange == nil {
+		g.onChange = func() {}
+	}
+	mc.Delegate = (*gossipDelegate)(g)
+	mc.Events = (*gossipEvents)(g)
+	mc.Logger = log.New(memberlistLogWriter{c.Logger.With("component", "memberlist"), c.LogLevel}, "", 0)
+	ml, err := memberlist.Create(mc)
+	if err != nil {
+		return nil, fmt.Errorf("start gossip on %s: %w", c.Bind, err)
+	}
+	g.ml = ml
+	return g, nil
+}
+
+// Addr is the gossip address this node advertises.
+func (g *Gossip) Addr() string { return g.ml.LocalNode().Address() }
+
+// Join contacts the given gossip addresses (host or host:port) and returns
+// how many answered. Addresses that are this node's own are skipped; a list
+// holding only them succeeds with 0.
+func (g *Gossip) Join(addrs []string) (int, error) {
+	others := g.others(addrs)
+	if len(others) == 0 {
+		return 0, nil
+	}
+	n, err := g.ml.Join(others)
+	if n > 0 {
+		return n, nil
+	}
+	return 0, fmt.Errorf("join %v: %w", others, err)
+}
+
+// others drops this node's own address from addrs and adds the default port.
+func (g *Gossip) others(addrs []string) []string {
+	self := g.ml.LocalNode()
+	var out []string
+	for _, a := range addrs {
+		host, port, err := splitHostPort(a, DefaultGossipPort)
+		if err != nil {
+			out = append(out, a) // let memberlist report it
+			continue
+		}
+		if port == int(self.Port) {
+			if ips, _ := net.LookupIP(host); slices.ContainsFunc(ips, func(ip net.IP) bool {
+				return ip.Equal(self.Addr) || (ip.IsLoopback() && self.Addr.IsLoopback())
+			}) {
+				continue
+			}
+		}
+		out = append(out, net.JoinHostPort(host, strconv.Itoa(port)))
+	}
+	return out
+}
+
+// JoinRetry joins addrs until one answers or stop is closed, waiting between
+// attempts with jitter so that servers started together do not retry in
+// lockstep (1 s, growing to 10 s, each ±50 %).
+func (g *Gossip) JoinRetry(addrs []string, stop <-chan struct{}, log *slog.Logger) {
+	wait := time.Second
+	for {
+		if _, err := g.Join(addrs); err == nil {
+			return
+		} else {
+			log.Warn("join failed, retrying", "addrs", addrs, "err", err, "in", wait)
+		}
+		select {
+		case <-stop:
+			return
+		case <-time.After(time.Duration(float64(wait) * (0.5 + rand.Float64()))):
+		}
+		wait = min(2*wait, 10*time.Second)
+	}
+}
+
+// SetMeta changes what this node announces and gossips the change.
+func (g *Gossip) SetMeta(fn func(*Meta)) error {
+	g.mu.Lock()
+	before := g.meta
+	fn(&g.meta)
+	changed := g.meta != before
+	g.mu.Unlock()
+	if !changed {
+		return nil
+	}
+	return g.ml.UpdateNode(2 * time.Second)
+}
+
+// LocalMeta is what this node announces.
+func (g *Gossip) LocalMeta() Meta {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.meta
+}
+
+// Members returns every node this one has heard of, itself included, sorted
+// by name, with failed and left nodes kept (memberlist forgets them).
+func (g *Gossip) Members() []GossipMember {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	out := make([]GossipMember, 0, len(g.members))
+	for _, m := range g.members {
+		out = append(out, *m)
+	}
+	slices.SortFunc(out, func(a, b GossipMember) int { return strings.Compare(a.Name, b.Name) })
+	return out
+}
+
+// Member returns one member by name.
+func (g *Gossip) Member(name string) (GossipMember, bool) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	m, ok := g.members[name]
+	if !ok {
+		return GossipMember{}, false
+	}
+	return *m, true
+}
+
+// Leave tells the others this node is leaving, waiting up to timeout for
+// the message to go out. The node keeps answering gossip until Shutdown.
+// It first gossips its intent (Meta.Leaving) and gives it a moment to
+// spread, so that the others record a leave rather than a failure.
+func (g *Gossip) Leave(timeout time.Duration) error {
+	g.mu.Lock()
+	if g.left {
+		g.mu.Unlock()
+		return nil
+	}
+	g.left = true
+	g.mu.Unlock()
+	if err := g.SetMeta(func(m *Meta) { m.Leaving = true }); err != nil {
+		return err
+	}
+	time.Sleep(leaveSpread)
+	return g.ml.Leave(timeout)
+}
+
+// leaveSpread is how long a leaving node lets its intent spread: a few
+// gossip rounds, enough for O(log N) fan-out in clusters of hundreds.
+const leaveSpread = 500 * time.Millisecond
+
+// Shutdown stops gossip at once, without a leave message: the others will
+// see the node fail.
+func (g *Gossip) Shutdown() error { return g.ml.Shutdown() }
+
+// update records a member's state. gone says the node left or failed,
+// which only its last meta tells apart.
+func (g *Gossip) update(n *memberlist.Node, gone bool) {
+	var meta Meta
+	_ = json.Unmarshal(n.Meta, &meta) // a node with bad meta is listed without it
+	g.mu.Lock()
+	m := g.members[n.Name]
+	if m == nil {
+		m = &GossipMember{Name: n.Name}
+		g.members[n.Name] = m
+	}
+	if len(n.Meta) > 0 {
+		m.Meta = meta
+	}
+	status := GossipAlive
+	switch {
+	case gone && m.Meta.Leaving:
+		status = GossipLeft
+	case gone:
+		status = GossipFailed
+	}
+	if m.Status != status {
+		m.Since = time.Now()
+	}
+	m.Addr, m.Status = n.Address(), status
+	g.mu.Unlock()
+	g.onChange()
+}
+
+// gossipDelegate supplies this node's meta. Gossip carries nothing else: the
+// inventory travels by RPC, so no user messages or push/pull state.
+type gossipDelegate Gossip
+
+func (d *gossipDelegate) NodeMeta(limit int) []byte {
+	g := (*Gossip)(d)
+	g.mu.Lock()
+	b, _ := json.Marshal(g.meta)
+	g.mu.Unlock()
+	if len(b) > limit {
+		return nil // cannot happen with our fields; memberlist would panic
+	}
+	return b
+}
+func (*gossipDelegate) NotifyMsg([]byte)                           {}
+func (*gossipDelegate) GetBroadcasts(overhead, limit int) [][]byte { return nil }
+func (*gossipDelegate) LocalState(join bool) []byte                { return nil }
+func (*gossipDelegate) MergeRemoteState(buf []byte, join bool)     {}
+
+type gossipEvents Gossip
+
+func (e *gossipEvents) NotifyJoin(n *memberlist.Node)   { (*Gossip)(e).update(n, false) }
+func (e *gossipEvents) NotifyLeave(n *memberlist.Node)  { (*Gossip)(e).update(n, true) }
+func (e *gossipEvents) NotifyUpdate(n *memberlist.Node) { (*Gossip)(e).update(n, false) }
+
+// memberlistLogWriter sends memberlist's "[LEVEL] memberlist: msg" lines to
+// slog at the level they name.
+type memberlistLogWriter struct {
+	log   *slog.Logger
+	level slog.Leveler
+}
+
+func (w memberlistLogWriter) Write(p []byte) (int, error) {
+	for line := range bytes.Lines(p) {
+		line = bytes.TrimSpace(line)
+		level := slog.LevelInfo
+		for prefix, l := range map[string]slog.Level{"[DEBUG]": slog.LevelDebug, "[WARN]": slog.LevelWarn, "[ERR]": slog.LevelError, "[ERROR]": slog.LevelError} {
+			if bytes.HasPrefix(line, []byte(prefix)) {
+				level = l
+			}
+		}
+		if level < w.level.Level() || len(line) == 0 {
+			continue
+		}
+		w.log.Log(context.Background(), level, string(line))
+	}
+	return len(p), nil
+}
+
+var _ io.Writer = memberlistLogWriter{}
+
+// splitHostPort splits host[:port], using def when the port is missing.
+func splitHostPort(addr string, def int) (string, int, error) {
+	host, ps, err := net.SplitHostPort(addr)
+	if err != nil {
+		// No port: the whole thing is the host.
+		if _, _, err2 := net.SplitHostPort(addr + ":0"); err2 != nil {
+			return "", 0, err
+		}
+		return addr, def, nil
+	}
+	port, err := strconv.Atoi(ps)
+	if err != nil || port < 0 || port > 65535 {
+		return "", 0, fmt.Errorf("bad port in %q", addr)
+	}
+	return host, port, nil
+}

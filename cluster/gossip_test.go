@@ -1,0 +1,96 @@
+package cluster
+
+import (
+	"fmt"
+	"testing"
+	"time"
+)
+
+func startGossip(t *testing.T, name string, digest string) *Gossip {
+	t.Helper()
+	g, err := NewGossip(GossipConfig{Name: name, Bind: "127.0.0.1:0", Meta: Meta{Role: RoleClient, API: name + ":7410", Digest: digest}, Logger: testLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { g.Shutdown() })
+	return g
+}
+
+func gossipStatusOf(g *Gossip, name string) string {
+	m, ok := g.Member(name)
+	if !ok {
+		return "unknown"
+	}
+	return m.Status
+}
+
+// TestGossipMembership checks that gossip spreads meta changes, reports a
+// stopped node failed within FailureDetectionTime, a node that leaves as
+// left, and a node restarted under the same name alive again.
+func TestGossipMembership(t *testing.T) {
+	var gs []*Gossip
+	for i := range 4 {
+		gs = append(gs, startGossip(t, fmt.Sprintf("g%d", i), "d0"))
+	}
+	for _, g := range gs[1:] {
+		if n, err := g.Join([]string{gs[0].Addr()}); err != nil || n != 1 {
+			t.Fatalf("join: %d, %v", n, err)
+		}
+	}
+	waitFor(t, 5*time.Second, func() error {
+		for _, g := range gs {
+			if n := len(g.Members()); n != 4 {
+				return fmt.Errorf("%d members", n)
+			}
+		}
+		return nil
+	})
+	if err := gs[3].SetMeta(func(m *Meta) { m.Digest = "d1" }); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 5*time.Second, func() error {
+		for _, g := range gs {
+			if m, _ := g.Member("g3"); m.Meta.Digest != "d1" {
+				return fmt.Errorf("digest %q", m.Meta.Digest)
+			}
+		}
+		return nil
+	})
+
+	gs[3].Shutdown()
+	start := time.Now()
+	waitFor(t, FailureDetectionTime(4)+2*time.Second, func() error {
+		for _, g := range gs[:3] {
+			if s := gossipStatusOf(g, "g3"); s != GossipFailed {
+				return fmt.Errorf("g3 is %s", s)
+			}
+		}
+		return nil
+	})
+	t.Logf("failure detected on every node after %v (promise %v)", time.Since(start), FailureDetectionTime(4))
+
+	if err := gs[2].Leave(time.Second); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 5*time.Second, func() error {
+		for _, g := range gs[:2] {
+			if s := gossipStatusOf(g, "g2"); s != GossipLeft {
+				return fmt.Errorf("g2 is %s", s)
+			}
+		}
+		return nil
+	})
+}
+
+func waitFor(t *testing.T, within time.Duration, check func() error) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	var err error
+	for time.Now().Before(deadline) {
+		if err = check(); err == nil {
+			return
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Fatalf("not within %v: %v", within, err)
+}

@@ -1,0 +1,268 @@
+package cluster
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/hashicorp/raft"
+
+	"github.com/gpuplane/gpuplane/fsm"
+	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
+)
+
+// reconcileInterval is how often the leader reconciles membership when
+// gossip reports nothing (gossip changes wake it at once).
+const reconcileInterval = time.Second
+
+// absentGrace is how long a new leader waits before marking down a node
+// that is alive in the log but unknown to its gossip: time for push/pull to
+// tell it about every member.
+const absentGrace = 5 * time.Second
+
+// membershipActor is the actor of the entries the leader writes for gossip.
+const membershipActor = "system/membership"
+
+// leaderLoop runs on every server: it starts the leader's duties when this
+// server becomes leader and stops them when it steps down. It watches
+// leadership with a raft observer plus a short poll rather than LeaderCh,
+// which only one reader may consume.
+func (c *Cluster) leaderLoop() {
+	obs := make(chan raft.Observation, 8)
+	o := raft.NewObserver(obs, false, func(o *raft.Observation) bool {
+		_, ok := o.Data.(raft.LeaderObservation)
+		return ok
+	})
+	c.raft.RegisterObserver(o)
+	defer c.raft.DeregisterObserver(o)
+	t := time.NewTicker(250 * time.Millisecond)
+	defer t.Stop()
+
+	// run is the current term's leader duties, nil when not leading.
+	type leaderRun struct {
+		cancel context.CancelFunc
+		done   chan struct{}
+	}
+	var run *leaderRun
+	stopLeading := func() {
+		if run != nil {
+			run.cancel()
+			<-run.done
+			run = nil
+		}
+	}
+	announced := false
+	for {
+		select {
+		case <-c.mem.stop:
+			stopLeading()
+			return
+		case <-obs:
+		case <-t.C:
+		}
+		if !announced && c.hasRaftState() {
+			// Servers waiting on --bootstrap-expect must see that this one
+			// belongs to a cluster and wait to be added instead of forming
+			// another.
+			announced = c.Announce() == nil
+		}
+		switch leading := c.IsLeader(); {
+		case leading && run == nil:
+			ctx, cancel := context.WithCancel(context.Background())
+			run = &leaderRun{cancel: cancel, done: make(chan struct{})}
+			go func(done chan struct{}) {
+				defer close(done)
+				c.lead(ctx)
+			}(run.done)
+		case !leading && run != nil:
+			stopLeading()
+		}
+	}
+}
+
+// lead runs the leader's duties until ctx ends: after a barrier (so that its
+// state reflects every entry committed before it led), it reconciles gossip
+// into Raft's configuration and the log whenever gossip changes, and every
+// reconcileInterval.
+func (c *Cluster) lead(ctx context.Context) {
+	c.log.Info("leading", "term", c.raft.CurrentTerm())
+	if err := wait(ctx, c.raft.Barrier(10*time.Second)); err != nil {
+		c.log.Warn("leader barrier", "err", err)
+		return
+	}
+	since := time.Now()
+	t := time.NewTicker(reconcileInterval)
+	defer t.Stop()
+	for {
+		c.reconcile(ctx, time.Since(since))
+		select {
+		case <-ctx.Done():
+			return
+		case <-c.mem.leaderWake:
+		case <-t.C:
+		}
+	}
+}
+
+func (c *Cluster) reconcile(ctx context.Context, leading time.Duration) {
+	g := c.mem.gossip.Load()
+	if g == nil {
+		return
+	}
+	members := g.Members()
+	c.reconcileRaft(ctx, members)
+	c.reconcileNodes(ctx, members, leading)
+}
+
+// reconcileRaft adds servers gossip sees alive to Raft as voters, first
+// removing stale entries with the same id (a server back on a new address)
+// or the same address (a new server on a reused address), and removes
+// servers that left gracefully. Failed servers stay: their loss may be
+// brief, and removing one needs an operator (remove-peer).
+func (c *Cluster) reconcileRaft(ctx context.Context, members []GossipMember) {
+	f := c.raft.GetConfiguration()
+	if f.Error() != nil {
+		return
+	}
+	byID := map[raft.ServerID]raft.Server{}
+	byAddr := map[raft.ServerAddress]raft.Server{}
+	for _, s := range f.Configuration().Servers {
+		byID[s.ID], byAddr[s.Address] = s, s
+	}
+	self := raft.ServerID(c.cfg.NodeName)
+	for _, m := range members {
+		id, addr := raft.ServerID(m.Name), raft.ServerAddress(m.Meta.Raft)
+		if m.Meta.Role != RoleServer || id == self || addr == "" || ctx.Err() != nil {
+			continue
+		}
+		switch m.Status {
+		case GossipAlive:
+			if s, ok := byID[id]; ok && s.Address == addr {
+				continue
+			}
+			if _, ok := byID[id]; ok {
+				c.removeServer(ctx, id, "its address changed")
+			}
+			if s, ok := byAddr[addr]; ok && s.ID != id && s.ID != self {
+				c.removeServer(ctx, s.ID, "its address now belongs to "+m.Name)
+			}
+			if err := wait(ctx, c.raft.AddVoter(id, addr, 0, 0)); err != nil {
+				c.log.Warn("add server to raft", "server", m.Name, "err", err)
+				continue
+			}
+			c.log.Info("added server to raft", "server", m.Name, "raft_addr", addr)
+		case GossipLeft:
+			if _, ok := byID[id]; ok {
+				c.removeServer(ctx, id, "it left")
+			}
+		}
+	}
+}
+
+func (c *Cluster) removeServer(ctx context.Context, id raft.ServerID, why string) {
+	if err := wait(ctx, c.raft.RemoveServer(id, 0, 0)); err != nil {
+		c.log.Warn("remove server from raft", "server", id, "err", err)
+		return
+	}
+	c.log.Info("removed server from raft", "server", id, "reason", why)
+}
+
+// reconcileNodes writes into the log what gossip says about each node, only
+// where the log says otherwise: a node gossip sees alive that the log does
+// not know, or whose inventory digest moved, is fetched whole from its API
+// and registered; a status change (alive, down, left) becomes
+// SetNodeStatus. A node the log has alive but gossip has never heard of is
+// marked down once this leader has led long enough to know every member.
+func (c *Cluster) reconcileNodes(ctx context.Context, members []GossipMember, leading time.Duration) {
+	nodes := map[string]*pb.Node{}
+	c.View(func(f *fsm.FSM) {
+		for _, n := range f.Nodes() {
+			nodes[n.GetName()] = n
+		}
+	})
+	for _, m := range members {
+		if ctx.Err() != nil {
+			return
+		}
+		want := gossipStatus(m.Status)
+		n, known := nodes[m.Name]
+		delete(nodes, m.Name)
+		if want == pb.NodeStatus_NODE_STATUS_ALIVE && m.Meta.API != "" &&
+			(!known || c.cfg.Digest(n.GetCards()) != m.Meta.Digest) {
+			if c.registerMember(ctx, m) {
+				continue
+			}
+		}
+		if known && n.GetStatus() != want {
+			c.setStatus(ctx, m.Name, want)
+		}
+	}
+	if leading < absentGrace {
+		return
+	}
+	for name, n := range nodes {
+		if n.GetStatus() == pb.NodeStatus_NODE_STATUS_ALIVE {
+			c.setStatus(ctx, name, pb.NodeStatus_NODE_STATUS_DOWN)
+		}
+	}
+}
+
+func gossipStatus(s string) pb.NodeStatus {
+	switch s {
+	case GossipFailed:
+		return pb.NodeStatus_NODE_STATUS_DOWN
+	case GossipLeft:
+		return pb.NodeStatus_NODE_STATUS_LEFT
+	}
+	return pb.NodeStatus_NODE_STATUS_ALIVE
+}
+
+// registerMember fetches a node's description from its API and registers it.
+func (c *Cluster) registerMember(ctx context.Context, m GossipMember) bool {
+	fw := c.getForwarder()
+	if fw == nil {
+		return false
+	}
+	fctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	var node *pb.Node
+	var err error
+	if m.Name == c.cfg.NodeName {
+		node = c.LocalNode()
+	} else {
+		node, err = fw.LocalNode(fctx, m.Name)
+	}
+	if err != nil || node == nil || node.GetName() != m.Name {
+		c.log.Warn("fetch node to register", "node", m.Name, "err", err)
+		return false
+	}
+	node.Status = pb.NodeStatus_NODE_STATUS_ALIVE
+	c.leaderApply(ctx, &pb.Envelope{Command: &pb.Envelope_RegisterNode{RegisterNode: &pb.RegisterNode{Node: node}}})
+	return true
+}
+
+func (c *Cluster) setStatus(ctx context.Context, name string, s pb.NodeStatus) {
+	c.leaderApply(ctx, &pb.Envelope{Command: &pb.Envelope_SetNodeStatus{SetNodeStatus: &pb.SetNodeStatus{Node: name, Status: s}}})
+}
+
+// leaderApply commits a membership command unless the leader's own state
+// (current: it leads and has passed its barrier) says it would change nothing.
+func (c *Cluster) leaderApply(ctx context.Context, env *pb.Envelope) {
+	env.Actor, env.RequestId = membershipActor, NewRequestID()
+	var dry *pb.Result
+	c.View(func(f *fsm.FSM) { dry = f.DryRun(env) })
+	if dry.GetCode() != pb.Code_CODE_OK || dry.GetOutcome() == pb.Outcome_OUTCOME_UNCHANGED {
+		return
+	}
+	actx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	res, err := c.applyLocal(actx, env)
+	if err == nil && res.GetCode() != pb.Code_CODE_OK {
+		err = fmt.Errorf("%s: %s", res.GetCode(), res.GetMessage())
+	}
+	if err != nil {
+		c.log.Warn("membership entry", "command", dry.GetMessage(), "err", err)
+		return
+	}
+	c.log.Info("membership entry", "result", res.GetMessage(), "index", res.GetIndex())
+}

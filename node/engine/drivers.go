@@ -1,0 +1,187 @@
+package engine
+
+import (
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"text/template"
+)
+
+// vllm runs `vllm serve`. The share is vLLM's own cap: it sizes its KV cache
+// so that the process stays within --gpu-memory-utilization of each card.
+type vllm struct{}
+
+func (vllm) Kind() string { return KindVLLM }
+
+func (vllm) Command(p Params) (Command, error) {
+	e := p.Spec.GetEngine()
+	tensor, pipeline := p.parallel()
+	args := []string{"serve", p.Spec.GetModel(),
+		"--host", p.host(),
+		"--port", strconv.Itoa(p.Port),
+		"--served-model-name", p.servedName(),
+		"--tensor-parallel-size", u32(tensor),
+		"--pipeline-parallel-size", u32(pipeline),
+	}
+	// A whole card keeps vLLM's default (0.9): asking for 1.0 leaves no room
+	// for the CUDA context and fails at start.
+	if !p.wholeCard() {
+		args = append(args, "--gpu-memory-utilization", p.fraction())
+	}
+	if n := e.GetMaxModelLen(); n > 0 {
+		args = append(args, "--max-model-len", u32(n))
+	}
+	args = append(args, e.GetArgs()...)
+	return Command{Path: "vllm", Args: args, HealthPath: "/health"}, nil
+}
+
+// llamaCpp runs llama.cpp's llama-server with every layer on the GPU. It has
+// no memory-fraction knob: its footprint is the weights plus the context
+// (-c), so the share is held by the hard limits and the watchdog.
+type llamaCpp struct{}
+
+func (llamaCpp) Kind() string { return KindLlamaCpp }
+
+func (llamaCpp) Command(p Params) (Command, error) {
+	e := p.Spec.GetEngine()
+	args := []string{
+		"-m", p.Spec.GetModel(),
+		"--host", p.host(),
+		"--port", strconv.Itoa(p.Port),
+		"--alias", p.servedName(),
+		"-ngl", "999",
+	}
+	if n := e.GetMaxModelLen(); n > 0 {
+		args = append(args, "-c", u32(n))
+	}
+	if n := len(p.Cards); n > 1 {
+		// An even split over the replica's cards (CUDA's ordinals 0..n-1).
+		args = append(args, "--tensor-split", strings.TrimSuffix(strings.Repeat("1,", n), ","))
+	}
+	args = append(args, e.GetArgs()...)
+	return Command{Path: "llama-server", Args: args, HealthPath: "/health"}, nil
+}
+
+// ollama runs `ollama serve` for one model, configured through its
+// environment. OLLAMA_GPU_OVERHEAD reserves the rest of each card, so that
+// Ollama's scheduler sizes the model's offload to the share.
+type ollama struct{}
+
+func (ollama) Kind() string { return KindOllama }
+
+func (ollama) Command(p Params) (Command, error) {
+	e := p.Spec.GetEngine()
+	env := []string{
+		"OLLAMA_HOST=" + p.hostPort(),
+		"OLLAMA_MAX_LOADED_MODELS=1",
+		"OLLAMA_KEEP_ALIVE=-1",
+	}
+	if !p.wholeCard() {
+		var card uint64
+		for _, c := range p.Cards {
+			if card == 0 || c.GetMemoryMib() < card {
+				card = c.GetMemoryMib()
+			}
+		}
+		if share := p.Replica.GetMemoryMib(); card > share {
+			env = append(env, "OLLAMA_GPU_OVERHEAD="+u64((card-share)<<20))
+		}
+	}
+	if n := e.GetMaxModelLen(); n > 0 {
+		env = append(env, "OLLAMA_CONTEXT_LENGTH="+u32(n))
+	}
+	if len(p.Cards) > 1 {
+		env = append(env, "OLLAMA_SCHED_SPREAD=1")
+	}
+	args := append([]string{"serve"}, e.GetArgs()...)
+	return Command{Path: "ollama", Args: args, Env: env, HealthPath: "/api/version"}, nil
+}
+
+// command runs a user's program: spec.engine.args is the whole command line,
+// each argument a text/template over TemplateData.
+type command struct{}
+
+func (command) Kind() string { return KindCommand }
+
+// TemplateData is what a command engine's arguments may refer to, e.g.
+// `--port={{.Port}}` or `--mem={{.MemoryMiB}}`.
+type TemplateData struct {
+	Model           string
+	ServedModelName string
+	// Deployment is the deployment's name; Replica the replica's ordinal.
+	Deployment string
+	Replica    uint32
+	Host       string
+	Port       int
+	// MemoryPercent is the share of each card (0..100), MemoryFraction the
+	// same as a decimal ("0.4"), MemoryMiB the share in MiB.
+	MemoryPercent    uint32
+	MemoryFraction   string
+	MemoryMiB        uint64
+	ComputePercent   uint32
+	MaxModelLen      uint32
+	TensorParallel   uint32
+	PipelineParallel uint32
+	// CardUUIDs is comma-separated, in CUDA_VISIBLE_DEVICES order.
+	CardUUIDs string
+}
+
+func (command) Command(p Params) (Command, error) {
+	e := p.Spec.GetEngine()
+	if len(e.GetArgs()) == 0 {
+		return Command{}, errors.New("spec.engine.args must hold the command line of a command engine")
+	}
+	tensor, pipeline := p.parallel()
+	data := TemplateData{
+		Model:            p.Spec.GetModel(),
+		ServedModelName:  p.servedName(),
+		Deployment:       p.Model,
+		Replica:          p.Replica.GetIndex(),
+		Host:             p.host(),
+		Port:             p.Port,
+		MemoryPercent:    p.Replica.GetShareMilli() / 10,
+		MemoryFraction:   p.fraction(),
+		MemoryMiB:        p.Replica.GetMemoryMib(),
+		ComputePercent:   p.Replica.GetComputePercent(),
+		MaxModelLen:      e.GetMaxModelLen(),
+		TensorParallel:   tensor,
+		PipelineParallel: pipeline,
+		CardUUIDs:        strings.Join(p.uuids(), ","),
+	}
+	argv := make([]string, len(e.GetArgs()))
+	for i, a := range e.GetArgs() {
+		t, err := template.New("arg").Option("missingkey=error").Parse(a)
+		if err != nil {
+			return Command{}, fmt.Errorf("spec.engine.args[%d]: %w", i, err)
+		}
+		var b strings.Builder
+		if err := t.Execute(&b, data); err != nil {
+			return Command{}, fmt.Errorf("spec.engine.args[%d]: %w", i, err)
+		}
+		argv[i] = b.String()
+	}
+	return Command{Path: argv[0], Args: argv[1:]}, nil
+}
+
+// sim runs the built-in sim engine, `gpuplane engine sim`, sized to the
+// share; spec.engine.args pass through, so a deployment can override any
+// flag (a later flag wins).
+type sim struct{}
+
+func (sim) Kind() string { return KindSim }
+
+func (sim) Command(p Params) (Command, error) {
+	if p.Self == "" {
+		return Command{}, errors.New("the gpuplane executable is unknown")
+	}
+	args := []string{"engine", "sim",
+		"--host", p.host(),
+		"--port", strconv.Itoa(p.Port),
+		"--served-model-name", p.servedName(),
+		"--memory-mib", u64(p.Replica.GetMemoryMib()),
+		"--card-uuids", strings.Join(p.uuids(), ","),
+	}
+	args = append(args, p.Spec.GetEngine().GetArgs()...)
+	return Command{Path: p.Self, Args: args, HealthPath: "/health"}, nil
+}

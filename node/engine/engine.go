@@ -1,0 +1,194 @@
+package engine
+
+import (
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"strconv"
+	"strings"
+
+	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
+)
+
+// Engine kinds, as a deployment's spec.engine.kind names them.
+const (
+	KindVLLM     = "vllm"
+	KindLlamaCpp = "llamacpp"
+	KindOllama   = "ollama"
+	KindCommand  = "command"
+	KindSim      = "sim"
+)
+
+// Kinds lists every engine kind a node can run.
+var Kinds = []string{KindVLLM, KindLlamaCpp, KindOllama, KindCommand, KindSim}
+
+// Params is everything a driver needs to build one replica's command.
+type Params struct {
+	// Model is the deployment's name.
+	Model string
+	Spec  *pb.ModelSpec
+	// Replica is the placement: cards (indexes on this node), the share per
+	// card (share_milli, memory_mib) and the compute share.
+	Replica *pb.Replica
+	// Cards are the replica's cards as this node reports them, in the order
+	// of Replica.Cards.
+	Cards []*pb.Card
+	// Host and Port are where the engine listens.
+	Host string
+	Port int
+	// Self is the gpuplane executable that runs the sim engine.
+	Self string
+}
+
+// Command is how to run an engine.
+type Command struct {
+	// Path is the program: a file name looked up in PATH or a path.
+	Path string
+	// Args are the arguments after the program name.
+	Args []string
+	// Env holds KEY=VALUE entries added to the agent's environment; a later
+	// entry for the same key wins.
+	Env []string
+	// HealthPath is the HTTP path that answers 200 once the engine serves
+	// requests; empty means the engine has no such endpoint and a live
+	// process counts as healthy.
+	HealthPath string
+}
+
+// Driver builds the command of one engine kind.
+type Driver interface {
+	// Kind is the spec.engine.kind this driver serves.
+	Kind() string
+	// Command builds the program, arguments, engine-specific environment and
+	// health path; Build adds the card selection and hard limits.
+	Command(p Params) (Command, error)
+}
+
+// drivers holds one Driver per kind.
+var drivers = map[string]Driver{
+	KindVLLM:     vllm{},
+	KindLlamaCpp: llamaCpp{},
+	KindOllama:   ollama{},
+	KindCommand:  command{},
+	KindSim:      sim{},
+}
+
+// For returns the driver of kind, or an error naming the known kinds.
+func For(kind string) (Driver, error) {
+	if d, ok := drivers[kind]; ok {
+		return d, nil
+	}
+	return nil, fmt.Errorf("unknown engine kind %q; known kinds: %s", kind, strings.Join(Kinds, ", "))
+}
+
+// Build returns the full command of a replica: the driver's command, then the
+// deployment's spec.engine.env, then CUDA_VISIBLE_DEVICES and the hard
+// limits of enf. The last two come last so that a deployment cannot widen its
+// own cards or limits.
+func Build(p Params, enf Enforcement) (Command, error) {
+	if err := p.check(); err != nil {
+		return Command{}, err
+	}
+	d, err := For(p.Spec.GetEngine().GetKind())
+	if err != nil {
+		return Command{}, err
+	}
+	cmd, err := d.Command(p)
+	if err != nil {
+		return Command{}, fmt.Errorf("%s engine for %s: %w", d.Kind(), p.name(), err)
+	}
+	env := p.Spec.GetEngine().GetEnv()
+	for _, k := range slices.Sorted(maps.Keys(env)) {
+		cmd.Env = append(cmd.Env, k+"="+env[k])
+	}
+	cmd.Env = append(cmd.Env, "CUDA_VISIBLE_DEVICES="+strings.Join(p.uuids(), ","))
+	cmd.Env = append(cmd.Env, enf.Env(p)...)
+	return cmd, nil
+}
+
+func (p Params) check() error {
+	var errs []error
+	if p.Spec == nil || p.Spec.GetEngine() == nil {
+		errs = append(errs, errors.New("no engine spec"))
+	}
+	if p.Replica == nil {
+		errs = append(errs, errors.New("no placement"))
+	} else if len(p.Cards) == 0 || len(p.Cards) != len(p.Replica.GetCards()) {
+		errs = append(errs, fmt.Errorf("placed on cards %v, but only %d of them are cards of this node", p.Replica.GetCards(), len(p.Cards)))
+	}
+	if p.Port <= 0 {
+		errs = append(errs, fmt.Errorf("invalid port %d", p.Port))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("build engine command for %s: %w", p.name(), err)
+	}
+	return nil
+}
+
+// name is MODEL/INDEX, how users name a replica.
+func (p Params) name() string {
+	return fmt.Sprintf("%s/%d", p.Model, p.Replica.GetIndex())
+}
+
+func (p Params) uuids() []string {
+	out := make([]string, len(p.Cards))
+	for i, c := range p.Cards {
+		out[i] = c.GetUuid()
+	}
+	return out
+}
+
+// servedName is the name clients send as "model": spec.servedModelName,
+// else the deployment's name.
+func (p Params) servedName() string {
+	if n := p.Spec.GetServedModelName(); n != "" {
+		return n
+	}
+	return p.Model
+}
+
+// fraction is the replica's share of each card as a decimal fraction
+// ("0.4"), the unit of vLLM's --gpu-memory-utilization.
+func (p Params) fraction() string {
+	return strconv.FormatFloat(float64(p.Replica.GetShareMilli())/1000, 'f', -1, 64)
+}
+
+// wholeCard says the replica owns its cards (a dedicated accelerator).
+func (p Params) wholeCard() bool {
+	return p.Replica.GetShareMilli() == 0 || p.Replica.GetShareMilli() >= 1000
+}
+
+// parallel returns the tensor and pipeline parallel sizes, defaulting to one
+// card per replica.
+func (p Params) parallel() (tensor, pipeline uint32) {
+	tensor, pipeline = p.Spec.GetEngine().GetTensorParallel(), p.Spec.GetEngine().GetPipelineParallel()
+	if tensor == 0 {
+		tensor = 1
+	}
+	if pipeline == 0 {
+		pipeline = 1
+	}
+	return tensor, pipeline
+}
+
+func (p Params) hostPort() string {
+	host := p.Host
+	if host == "" {
+		host = "0.0.0.0"
+	}
+	if strings.Contains(host, ":") {
+		host = "[" + host + "]"
+	}
+	return host + ":" + strconv.Itoa(p.Port)
+}
+
+func (p Params) host() string {
+	if p.Host == "" {
+		return "0.0.0.0"
+	}
+	return p.Host
+}
+
+func u32(n uint32) string { return strconv.FormatUint(uint64(n), 10) }
+func u64(n uint64) string { return strconv.FormatUint(n, 10) }

@@ -1,0 +1,163 @@
+package engine
+
+import (
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/cockroachdb/datadriven"
+	"google.golang.org/protobuf/encoding/protojson"
+
+	"github.com/gpuplane/gpuplane/node/inventory"
+	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
+)
+
+// TestCommands pins every driver's command line and environment for
+// representative deployments. Each `build` takes the placement as arguments
+// and the deployment's spec (protojson) as input.
+//
+// Regenerate expectations with: go test ./node/engine -run TestCommands -rewrite
+func TestCommands(t *testing.T) {
+	// Two l4 and two h100 cards with stable UUIDs.
+	cards, err := inventory.Simulated("node-a", "l4=2,h100=2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	datadriven.Walk(t, "testdata", func(t *testing.T, path string) {
+		datadriven.RunTest(t, path, func(t *testing.T, d *datadriven.TestData) string {
+			if d.Cmd != "build" {
+				t.Fatalf("unknown command %q", d.Cmd)
+			}
+			spec := &pb.ModelSpec{}
+			if err := protojson.Unmarshal([]byte(d.Input), spec); err != nil {
+				t.Fatalf("spec: %v", err)
+			}
+			r := &pb.Replica{Model: "chat", Index: 1, Node: "node-a"}
+			var idx []string
+			d.ScanArgs(t, "cards", &idx)
+			var p Params
+			for _, s := range idx {
+				i, err := strconv.Atoi(s)
+				if err != nil {
+					t.Fatal(err)
+				}
+				r.Cards = append(r.Cards, uint32(i))
+				if i < len(cards) { // a card this node does not have stays unresolved
+					p.Cards = append(p.Cards, cards[i])
+				}
+			}
+			d.MaybeScanArgs(t, "share", &r.ShareMilli)
+			d.MaybeScanArgs(t, "memory", &r.MemoryMib)
+			d.MaybeScanArgs(t, "compute", &r.ComputePercent)
+			enf := Enforcement{Mode: ModeNone}
+			var mode string
+			if d.MaybeScanArgs(t, "enforce", &mode) {
+				enf = Enforcement{Mode: Mode(mode), MPSPipeDir: DefaultMPSPipeDir, HAMiLib: "/opt/hami/libvgpu.so"}
+			}
+			p.Model, p.Spec, p.Replica = "chat", spec, r
+			p.Host, p.Port, p.Self = "0.0.0.0", 8100, "/usr/local/bin/gpuplane"
+			cmd, err := Build(p, enf)
+			if err != nil {
+				return "error: " + err.Error() + "\n"
+			}
+			return render(cmd)
+		})
+	})
+}
+
+// render prints a command with each flag and its value on one line.
+func render(c Command) string {
+	var b strings.Builder
+	b.WriteString(c.Path)
+	for _, a := range c.Args {
+		if strings.HasPrefix(a, "-") {
+			b.WriteString("\n  ")
+		} else {
+			b.WriteString(" ")
+		}
+		b.WriteString(a)
+	}
+	b.WriteString("\nenv:\n")
+	for _, e := range c.Env {
+		b.WriteString("  " + e + "\n")
+	}
+	b.WriteString("health: " + c.HealthPath + "\n")
+	return b.String()
+}
+
+func TestForUnknownKind(t *testing.T) {
+	if _, err := For("tgi"); err == nil || !strings.Contains(err.Error(), "known kinds: vllm, llamacpp, ollama, command, sim") {
+		t.Fatalf("For(tgi) = %v, want an error naming the known kinds", err)
+	}
+}
+
+func TestDetect(t *testing.T) {
+	noMPS := t.TempDir()
+	env := func(dir string) func(string) string {
+		return func(k string) string {
+			if k == "CUDA_MPS_PIPE_DIRECTORY" {
+				return dir
+			}
+			return ""
+		}
+	}
+	// A directory with a listening "control" socket stands for the daemon.
+	mpsDir, err := os.MkdirTemp("", "mps")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(mpsDir) })
+	ln, err := net.Listen("unix", filepath.Join(mpsDir, "control"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	lib := filepath.Join(t.TempDir(), "libvgpu.so")
+	if err := os.WriteFile(lib, []byte("elf"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+
+	for _, tc := range []struct {
+		name     string
+		mode     Mode
+		pipeDir  string
+		lib      string
+		want     Mode
+		wantMsg  string
+		wantFail string
+	}{
+		{"auto finds MPS", ModeAuto, mpsDir, lib, ModeMPS, "found its control daemon at " + mpsDir + "/control", ""},
+		{"auto falls back to HAMi", ModeAuto, noMPS, lib, ModeHAMi, "enforcing shares with HAMi-core: " + lib, ""},
+		{"auto with neither", ModeAuto, noMPS, "", ModeNone, "no MPS control daemon at " + noMPS + "/control and no --hami-lib", ""},
+		{"auto with a missing library", ModeAuto, noMPS, "/nope/libvgpu.so", ModeNone, "no such file", ""},
+		{"mps forced without daemon", ModeMPS, noMPS, "", "", "", "no MPS control daemon at " + noMPS + "/control"},
+		{"hami forced without library", ModeHAMi, noMPS, "", "", "", "pass --hami-lib PATH"},
+		{"hami forced", ModeHAMi, mpsDir, lib, ModeHAMi, "--enforce hami", ""},
+		{"none", ModeNone, mpsDir, lib, ModeNone, "--enforce none", ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			enf, msg, err := Detect(tc.mode, DetectOptions{HAMiLib: tc.lib, Getenv: env(tc.pipeDir)})
+			if tc.wantFail != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantFail) {
+					t.Fatalf("Detect = %v, %q, %v; want error containing %q", enf, msg, err, tc.wantFail)
+				}
+				return
+			}
+			if err != nil || enf.Mode != tc.want || !strings.Contains(msg, tc.wantMsg) {
+				t.Fatalf("Detect = %+v, %q, %v; want mode %s and a message containing %q", enf, msg, err, tc.want, tc.wantMsg)
+			}
+		})
+	}
+}
+
+func TestParseMode(t *testing.T) {
+	if m, err := ParseMode("MPS"); err != nil || m != ModeMPS {
+		t.Fatalf("ParseMode(MPS) = %q, %v", m, err)
+	}
+	if _, err := ParseMode("cgroups"); err == nil {
+		t.Fatal("ParseMode(cgroups) succeeded")
+	}
+}

@@ -1,0 +1,27 @@
+// Package executor turns the replicas placed on this node into running
+// engine processes (SPEC §6) and reports what happens to them.
+//
+// The executor watches a Source for the replicas assigned to its node (full
+// snapshots, level-triggered) and keeps one supervisor per replica. A
+// supervisor starts the engine that package engine describes, with its
+// cards in CUDA_VISIBLE_DEVICES and its share as the engine's flags and
+// hard limits; it health-checks it, restarts it with capped exponential
+// backoff when it crashes or the watchdog stops it, replaces it when the
+// replica's generation or placement changes, and stops it (SIGTERM to its
+// process group, SIGKILL after a grace period) when the replica leaves the
+// node. Replicas sharing a card start one at a time: a card's start lock is
+// held from launch until the engine is healthy or has failed.
+//
+// It reports transitions only (Starting, Running, Failed with a reason,
+// Stopped), never heartbeats, through a Reporter; it never writes the log
+// itself nor reads the cluster state beyond its Source.
+//
+// Every engine lives in <data-dir>/engines/<model>/<replica>/: engine.log
+// (the process's stdout and stderr, kept across restarts and rotated) and
+// pid.json (pid, process start time, generation and placement of the running
+// engine). Engines write their log directly, not through a pipe, so that they
+// survive the agent: after a kill -9 of the agent, a new executor reads
+// pid.json, adopts each engine that is still the same process and still
+// wanted as it is, and stops every other one before starting anything, so
+// no replica ever has two processes and no engine is left orphaned.
+package executor

@@ -1,0 +1,381 @@
+package executor
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"maps"
+	"os"
+	"path/filepath"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/cenkalti/backoff/v5"
+
+	"github.com/gpuplane/gpuplane/node/engine"
+	"github.com/gpuplane/gpuplane/node/watchdog"
+	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
+)
+
+// Desired is one replica this node should run, with its deployment's spec.
+type Desired struct {
+	Replica *pb.Replica
+	Spec    *pb.ModelSpec
+}
+
+// Snapshot is every replica placed on the node as of log index Index.
+type Snapshot struct {
+	Index    uint64
+	Replicas []Desired
+}
+
+// Source tells the executor which replicas its node should run.
+type Source interface {
+	// Watch sends a full Snapshot of the replicas placed on node now, then
+	// another after every committed change that touches them (a deployment's
+	// spec or one of its replicas' placement), starting after log index from
+	// (0: from the current state). The channel closes when the stream breaks;
+	// the executor then watches again from the last index it saw.
+	Watch(ctx context.Context, node string, from uint64) (<-chan Snapshot, error)
+}
+
+// Reporter records a replica's state transition in the cluster; the agent
+// applies it as a ReplicaStatus command. A stale report (the replica moved
+// or changed generation) is rejected; the executor logs it and goes on.
+type Reporter interface {
+	Report(ctx context.Context, status *pb.ReplicaStatus) error
+}
+
+// Options configure an Executor; zero values take the defaults.
+type Options struct {
+	// Node is this node's name; only replicas placed on it run.
+	Node string
+	// DataDir holds engines/<model>/<replica>/{engine.log,pid.json}.
+	DataDir string
+	// Cards are this node's cards, by index.
+	Cards []*pb.Card
+	// BindHost is the address engines listen on (default 0.0.0.0);
+	// AdvertiseHost the host of the endpoints reported (default 127.0.0.1).
+	BindHost      string
+	AdvertiseHost string
+	// Enforcement holds engines to their shares beyond their own flags.
+	Enforcement engine.Enforcement
+	// Self is the gpuplane executable that runs sim engines (default: this
+	// process's executable).
+	Self string
+	// SimUsageDir, set on nodes with simulated cards, is passed to engines as
+	// inventory.EnvSimUsageDir so that sim engines register their memory
+	// where the simulated NVML reads it.
+	SimUsageDir string
+	// GracePeriod between SIGTERM and SIGKILL (default 10s).
+	GracePeriod time.Duration
+	// HealthInterval between health checks (default 1s).
+	HealthInterval time.Duration
+	// StartTimeout is how long an engine may take to become healthy
+	// (default 15m: large models load slowly).
+	StartTimeout time.Duration
+	// RestartDelay and MaxRestartDelay bound the exponential backoff between
+	// restarts (defaults 1s and 5m); it resets after an engine has run
+	// healthy for BackoffReset (default 10m).
+	RestartDelay    time.Duration
+	MaxRestartDelay time.Duration
+	BackoffReset    time.Duration
+	// LogMaxBytes and LogKeep rotate engine.log (defaults 10 MiB, 3 files).
+	LogMaxBytes int64
+	LogKeep     int
+	// KeepEngines leaves engines running when Run returns, for a new
+	// executor to adopt (an agent upgrade); otherwise Run stops them and
+	// reports them Stopped.
+	KeepEngines bool
+	Logger      *slog.Logger
+}
+
+func (o *Options) defaults() error {
+	if o.Node == "" || o.DataDir == "" {
+		return errors.New("executor: Node and DataDir are required")
+	}
+	if o.BindHost == "" {
+		o.BindHost = "0.0.0.0"
+	}
+	if o.AdvertiseHost == "" {
+		o.AdvertiseHost = "127.0.0.1"
+	}
+	if o.Enforcement.Mode == "" {
+		o.Enforcement.Mode = engine.ModeNone
+	}
+	if o.Self == "" {
+		self, err := os.Executable()
+		if err != nil {
+			return fmt.Errorf("executor: find the gpuplane executable: %w", err)
+		}
+		o.Self = self
+	}
+	setDefault(&o.GracePeriod, 10*time.Second)
+	setDefault(&o.HealthInterval, time.Second)
+	setDefault(&o.StartTimeout, 15*time.Minute)
+	setDefault(&o.RestartDelay, time.Second)
+	setDefault(&o.MaxRestartDelay, 5*time.Minute)
+	setDefault(&o.BackoffReset, 10*time.Minute)
+	setDefault(&o.LogMaxBytes, 10<<20)
+	setDefault(&o.LogKeep, 3)
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	return nil
+}
+
+func setDefault[T cmp.Ordered](v *T, d T) {
+	var zero T
+	if *v <= zero {
+		*v = d
+	}
+}
+
+// key names a replica on this node.
+type key struct {
+	model string
+	index uint32
+}
+
+func (k key) String() string { return fmt.Sprintf("%s/%d", k.model, k.index) }
+
+// Executor runs the replicas placed on one node.
+type Executor struct {
+	src  Source
+	rep  Reporter
+	opts Options
+	log  *slog.Logger
+
+	cards map[uint32]*pb.Card
+	// locks serialise engine starts per card: a buffered slot per card.
+	locks map[uint32]chan struct{}
+
+	mu   sync.Mutex
+	sups map[key]*supervisor
+	// retiring holds the done channels of supervisors stopping the engine
+	// of a replica that left the node.
+	retiring map[key]chan struct{}
+	// engines is what the watchdog checks: the live process of each replica.
+	engines map[key]watchdog.Engine
+}
+
+// New returns an executor; Run starts it.
+func New(src Source, rep Reporter, opts Options) (*Executor, error) {
+	if err := opts.defaults(); err != nil {
+		return nil, err
+	}
+	e := &Executor{
+		src: src, rep: rep, opts: opts, log: opts.Logger,
+		cards:    map[uint32]*pb.Card{},
+		locks:    map[uint32]chan struct{}{},
+		sups:     map[key]*supervisor{},
+		retiring: map[key]chan struct{}{},
+		engines:  map[key]watchdog.Engine{},
+	}
+	for _, c := range opts.Cards {
+		e.cards[c.GetIndex()] = c
+		e.locks[c.GetIndex()] = make(chan struct{}, 1)
+	}
+	return e, nil
+}
+
+// Run watches the Source and reconciles until ctx ends. Before it starts
+// anything it deals with the engines a previous executor left (pid.json):
+// once the first snapshot says what is wanted, it adopts the engines that
+// are still wanted as they are and stops the others. When ctx ends it stops
+// every engine (unless KeepEngines) and returns.
+func (e *Executor) Run(ctx context.Context) error {
+	if err := os.MkdirAll(e.enginesDir(), 0o755); err != nil {
+		return fmt.Errorf("executor: %w", err)
+	}
+	records := e.readRecords()
+	supCtx, stopSups := context.WithCancel(context.WithoutCancel(ctx))
+	var wg sync.WaitGroup
+	defer func() {
+		stopSups()
+		wg.Wait()
+	}()
+
+	retry := &backoff.ExponentialBackOff{InitialInterval: 200 * time.Millisecond, RandomizationFactor: 0.5,
+		Multiplier: 2, MaxInterval: 10 * time.Second}
+	var from uint64
+	first := true
+	for {
+		snaps, err := e.src.Watch(ctx, e.opts.Node, from)
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			e.log.Warn("watch the replicas of this node", "err", err)
+		}
+		for snaps != nil {
+			select {
+			case <-ctx.Done():
+				return nil
+			case snap, ok := <-snaps:
+				if !ok {
+					snaps = nil
+					break
+				}
+				retry.Reset()
+				from = max(from, snap.Index)
+				var adopt map[key]*record
+				if first {
+					adopt = e.settle(records, snap)
+					first = false
+				}
+				e.apply(supCtx, &wg, snap, adopt)
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(retry.NextBackOff()):
+		}
+	}
+}
+
+// wanted returns the replicas of snap placed on this node, by key.
+func (e *Executor) wanted(snap Snapshot) map[key]Desired {
+	out := map[key]Desired{}
+	for _, d := range snap.Replicas {
+		r := d.Replica
+		if r.GetNode() != e.opts.Node || len(r.GetCards()) == 0 || d.Spec == nil {
+			continue
+		}
+		out[key{r.GetModel(), r.GetIndex()}] = d
+	}
+	return out
+}
+
+// apply reconciles the supervisors with snap: new replicas get one, changed
+// ones are told, gone ones are stopped. A replica that comes back while its
+// old supervisor still stops its engine waits for it.
+func (e *Executor) apply(ctx context.Context, wg *sync.WaitGroup, snap Snapshot, adopt map[key]*record) {
+	want := e.wanted(snap)
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for k, s := range e.sups {
+		if _, ok := want[k]; !ok {
+			e.log.Info("replica left this node: stopping its engine", "replica", k)
+			s.remove()
+			delete(e.sups, k)
+			e.retiring[k] = s.done
+		}
+	}
+	for _, k := range slices.SortedFunc(maps.Keys(want), func(a, b key) int {
+		return cmp.Or(cmp.Compare(a.model, b.model), cmp.Compare(a.index, b.index))
+	}) {
+		d := want[k]
+		if s, ok := e.sups[k]; ok {
+			s.update(d)
+			continue
+		}
+		s := newSupervisor(ctx, e, k, d, adopt[k], e.stopping(k))
+		e.sups[k] = s
+		wg.Go(s.run)
+	}
+}
+
+// stopping returns the done channel of a supervisor of k still stopping its
+// engine, so that its successor waits; nil when there is none. Called with
+// e.mu held.
+func (e *Executor) stopping(k key) <-chan struct{} {
+	if done, ok := e.retiring[k]; ok {
+		return done
+	}
+	return nil
+}
+
+// retired forgets a supervisor that has finished.
+func (e *Executor) retired(k key, done chan struct{}) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.retiring[k] == done {
+		delete(e.retiring, k)
+	}
+}
+
+// Engines returns the live engine processes, for the watchdog.
+func (e *Executor) Engines() []watchdog.Engine {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	out := make([]watchdog.Engine, 0, len(e.engines))
+	for _, en := range e.engines {
+		out = append(out, en)
+	}
+	slices.SortFunc(out, func(a, b watchdog.Engine) int {
+		return cmp.Or(cmp.Compare(a.Model, b.Model), cmp.Compare(a.Replica, b.Replica))
+	})
+	return out
+}
+
+// Exceeded is the watchdog telling that an engine uses more than its share:
+// its supervisor stops it, reports the replica Failed with reason and
+// restarts it after its backoff.
+func (e *Executor) Exceeded(en watchdog.Engine, _ uint64, reason string) {
+	e.mu.Lock()
+	s := e.sups[key{en.Model, en.Replica}]
+	cur, live := e.engines[key{en.Model, en.Replica}]
+	e.mu.Unlock()
+	if s == nil || !live || cur.PID != en.PID {
+		return // already gone or replaced
+	}
+	select {
+	case s.exceeded <- reason:
+	default: // one is pending already
+	}
+}
+
+func (e *Executor) setEngine(k key, en *watchdog.Engine) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if en == nil {
+		delete(e.engines, k)
+		return
+	}
+	e.engines[k] = *en
+}
+
+// lockCards takes the start locks of cards in index order (no deadlock
+// between replicas sharing several cards) and returns their release.
+func (e *Executor) lockCards(ctx context.Context, cards []uint32) (func(), error) {
+	sorted := slices.Sorted(slices.Values(cards))
+	sorted = slices.Compact(sorted)
+	var held []chan struct{}
+	release := func() {
+		for _, l := range held {
+			<-l
+		}
+		held = nil
+	}
+	for _, c := range sorted {
+		l, ok := e.locks[c]
+		if !ok {
+			continue // not a card of this node: the launch fails and says so
+		}
+		select {
+		case l <- struct{}{}:
+			held = append(held, l)
+		case <-ctx.Done():
+			release()
+			return nil, ctx.Err()
+		}
+	}
+	return sync.OnceFunc(release), nil
+}
+
+func (e *Executor) enginesDir() string { return filepath.Join(e.opts.DataDir, "engines") }
+
+func (e *Executor) replicaDir(k key) string {
+	return ReplicaDir(e.opts.DataDir, k.model, k.index)
+}
+
+// ReplicaDir is where a replica's engine.log and pid.json live.
+func ReplicaDir(dataDir, model string, replica uint32) string {
+	return filepath.Join(dataDir, "engines", model, fmt.Sprint(replica))
+}

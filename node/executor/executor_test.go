@@ -1,0 +1,536 @@
+package executor
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"google.golang.org/protobuf/proto"
+
+	"github.com/gpuplane/gpuplane/node/inventory"
+	"github.com/gpuplane/gpuplane/node/procfs"
+	"github.com/gpuplane/gpuplane/node/watchdog"
+	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
+)
+
+// bin is the gpuplane binary TestMain builds: the sim engines are real
+// processes of it.
+var bin string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "executor-test-")
+	if err != nil {
+		panic(err)
+	}
+	bin = filepath.Join(dir, "gpuplane")
+	build := exec.Command("go", "build", "-o", bin, "./cmd/gpuplane")
+	build.Dir = filepath.Join("..", "..")
+	build.Env = append(os.Environ(), "CGO_CFLAGS=-Wno-deprecated-declarations")
+	if out, err := build.CombinedOutput(); err != nil {
+		fmt.Fprintf(os.Stderr, "build gpuplane: %v\n%s", err, out)
+		os.Exit(1)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+const node = "node-a"
+
+// source is the test's Source: the snapshots it is given, in order.
+type source struct{ ch chan Snapshot }
+
+func (s *source) Watch(ctx context.Context, n string, from uint64) (<-chan Snapshot, error) {
+	if n != node {
+		return nil, fmt.Errorf("watch of node %q, want %q", n, node)
+	}
+	return s.ch, nil
+}
+
+// reporter is the test's Reporter: every report, with when it came.
+type reporter struct {
+	mu      sync.Mutex
+	reports []*pb.ReplicaStatus
+	at      []time.Time
+}
+
+func (r *reporter) Report(_ context.Context, st *pb.ReplicaStatus) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.reports = append(r.reports, proto.Clone(st).(*pb.ReplicaStatus))
+	r.at = append(r.at, time.Now())
+	return nil
+}
+
+// of returns the reports about one replica.
+func (r *reporter) of(model string) []*pb.ReplicaStatus {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var out []*pb.ReplicaStatus
+	for _, st := range r.reports {
+		if st.Model == model {
+			out = append(out, st)
+		}
+	}
+	return out
+}
+
+func (r *reporter) last(model string) *pb.ReplicaStatus {
+	all := r.of(model)
+	if len(all) == 0 {
+		return nil
+	}
+	return all[len(all)-1]
+}
+
+// harness runs an executor and a watchdog over one simulated l4 card.
+type harness struct {
+	t       *testing.T
+	dataDir string
+	card    *pb.Card
+	usage   *inventory.SimUsage
+	nvml    *inventory.SimNVML
+	src     *source
+	rep     *reporter
+	exec    *Executor
+	stop    context.CancelFunc
+	done    chan struct{}
+}
+
+func newHarness(t *testing.T, dataDir string, tweak func(*Options)) *harness {
+	t.Helper()
+	cards, err := inventory.Simulated(node, "l4=1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := &harness{t: t, dataDir: dataDir, card: cards[0], src: &source{ch: make(chan Snapshot, 8)}, rep: &reporter{}}
+	usageDir := filepath.Join(dataDir, "sim-nvml")
+	h.usage = inventory.NewSimUsage(usageDir)
+	h.nvml = inventory.NewSimNVML(cards, h.usage)
+	opts := Options{
+		Node: node, DataDir: dataDir, Cards: cards, Self: bin, SimUsageDir: usageDir,
+		BindHost: "127.0.0.1", AdvertiseHost: "127.0.0.1",
+		GracePeriod: 2 * time.Second, HealthInterval: 50 * time.Millisecond,
+		RestartDelay: 300 * time.Millisecond, MaxRestartDelay: 2 * time.Second,
+		Logger: slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelDebug})),
+	}
+	if tweak != nil {
+		tweak(&opts)
+	}
+	h.exec, err = New(h.src, h.rep, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	h.stop, h.done = cancel, make(chan struct{})
+	wd := watchdog.New(h.nvml, h.exec, watchdog.Options{Interval: 100 * time.Millisecond, Logger: opts.Logger})
+	var wg sync.WaitGroup
+	wg.Go(func() { wd.Run(ctx) })
+	wg.Go(func() {
+		if err := h.exec.Run(ctx); err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	})
+	go func() { wg.Wait(); close(h.done) }()
+	t.Cleanup(h.close)
+	return h
+}
+
+// close stops the executor (and, unless it keeps them, its engines).
+func (h *harness) close() {
+	h.stop()
+	select {
+	case <-h.done:
+	case <-time.After(10 * time.Second):
+		h.t.Error("executor did not stop within 10s")
+	}
+}
+
+// want sends the replicas the node should run.
+func (h *harness) want(index uint64, ds ...Desired) {
+	h.src.ch <- Snapshot{Index: index, Replicas: ds}
+}
+
+// sim is a replica of a sim deployment named model at 40 % of card 0.
+func sim(model string, generation uint64, args ...string) Desired {
+	return Desired{
+		Replica: &pb.Replica{Model: model, Index: 0, Generation: generation, Node: node, Accelerator: "shared",
+			Cards: []uint32{0}, ShareMilli: 400, MemoryMib: 9213, PlacedIndex: 7,
+			State: pb.ReplicaState_REPLICA_STATE_PLACED},
+		Spec: &pb.ModelSpec{Model: "sim://" + model, ServedModelName: model, Replicas: 1,
+			Engine: &pb.EngineSpec{Kind: "sim", MemoryPercent: 40,
+				Args: append([]string{"--load-seconds", "0.2", "--tokens-per-second", "0"}, args...)}},
+	}
+}
+
+// eventually polls cond until it holds or timeout passes.
+func eventually(t *testing.T, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("after %s: %s", timeout, what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func (h *harness) waitState(model string, state pb.ReplicaState, timeout time.Duration) *pb.ReplicaStatus {
+	h.t.Helper()
+	var last *pb.ReplicaStatus
+	eventually(h.t, timeout, fmt.Sprintf("replica %s/0 is not %s (reports: %v)", model, state, h.rep.of(model)), func() bool {
+		last = h.rep.last(model)
+		return last != nil && last.State == state
+	})
+	return last
+}
+
+// engines returns the live sim engine processes of this test's binary that
+// serve model, found through /proc, not through the executor.
+func engines(t *testing.T, model string) []int {
+	t.Helper()
+	dirs, _ := filepath.Glob("/proc/[0-9]*")
+	var out []int
+	for _, d := range dirs {
+		pid, _ := strconv.Atoi(filepath.Base(d))
+		raw, err := os.ReadFile(filepath.Join(d, "cmdline"))
+		if err != nil || len(raw) == 0 {
+			continue
+		}
+		argv := strings.Split(strings.TrimSuffix(string(raw), "\x00"), "\x00")
+		i := slices.Index(argv, "--served-model-name")
+		if argv[0] != bin || i < 0 || i+1 >= len(argv) || argv[i+1] != model {
+			continue
+		}
+		if st, err := procfs.ReadStat(pid); err == nil && st.Alive() {
+			out = append(out, pid)
+		}
+	}
+	return out
+}
+
+func onePID(t *testing.T, model string) int {
+	t.Helper()
+	pids := engines(t, model)
+	if len(pids) != 1 {
+		t.Fatalf("%d engine processes serve %s, want exactly 1: %v", len(pids), model, pids)
+	}
+	return pids[0]
+}
+
+// environ reads a process's environment.
+func environ(t *testing.T, pid int) map[string]string {
+	t.Helper()
+	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	env := map[string]string{}
+	for kv := range strings.SplitSeq(string(raw), "\x00") {
+		if k, v, ok := strings.Cut(kv, "="); ok {
+			env[k] = v
+		}
+	}
+	return env
+}
+
+func cmdline(t *testing.T, pid int) string {
+	t.Helper()
+	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return strings.ReplaceAll(strings.TrimSuffix(string(raw), "\x00"), "\x00", " ")
+}
+
+// chat posts a chat completion to endpoint and returns the reply's text,
+// streamed or not.
+func chat(t *testing.T, endpoint, model string, stream bool) string {
+	t.Helper()
+	body := fmt.Sprintf(`{"model":%q,"stream":%t,"max_tokens":4,"messages":[{"role":"user","content":"hello"}]}`, model, stream)
+	resp, err := http.Post(endpoint+"/v1/chat/completions", "application/json", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("chat completion at %s: %s", endpoint, resp.Status)
+	}
+	if !stream {
+		var out struct {
+			Choices []struct{ Message struct{ Content string } } `json:"choices"`
+		}
+		if err := json.NewDecoder(resp.Body).Decode(&out); err != nil || len(out.Choices) != 1 {
+			t.Fatalf("chat completion at %s: %+v, %v", endpoint, out, err)
+		}
+		return out.Choices[0].Message.Content
+	}
+	var text strings.Builder
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		data, ok := strings.CutPrefix(sc.Text(), "data: ")
+		if !ok || data == "[DONE]" {
+			continue
+		}
+		var chunk struct {
+			Choices []struct{ Delta struct{ Content string } } `json:"choices"`
+		}
+		if err := json.Unmarshal([]byte(data), &chunk); err != nil {
+			t.Fatalf("stream chunk %q: %v", data, err)
+		}
+		text.WriteString(chunk.Choices[0].Delta.Content)
+	}
+	return text.String()
+}
+
+func states(reports []*pb.ReplicaStatus) []string {
+	out := make([]string, len(reports))
+	for i, r := range reports {
+		out[i] = strings.TrimPrefix(r.State.String(), "REPLICA_STATE_")
+	}
+	return out
+}
+
+// 1. Two replicas at 40 % of one card both run, one started after the
+// other, each with the card in CUDA_VISIBLE_DEVICES and its share as flags,
+// and each answers chat completions at its endpoint.
+func TestTwoReplicasShareACard(t *testing.T) {
+	h := newHarness(t, t.TempDir(), nil)
+	h.want(10, sim("alpha", 1), sim("beta", 1))
+	a := h.waitState("alpha", pb.ReplicaState_REPLICA_STATE_RUNNING, 10*time.Second)
+	b := h.waitState("beta", pb.ReplicaState_REPLICA_STATE_RUNNING, 10*time.Second)
+
+	for _, model := range []string{"alpha", "beta"} {
+		if got := states(h.rep.of(model)); !slices.Equal(got, []string{"STARTING", "RUNNING"}) {
+			t.Errorf("%s reported %v, want [STARTING RUNNING]", model, got)
+		}
+	}
+	// One at a time on a shared card: the second started once the first ran.
+	h.rep.mu.Lock()
+	var firstRunning, secondStarting int = -1, -1
+	for i, r := range h.rep.reports {
+		if r.State == pb.ReplicaState_REPLICA_STATE_RUNNING && firstRunning < 0 {
+			firstRunning = i
+		}
+		if r.State == pb.ReplicaState_REPLICA_STATE_STARTING && i > 0 && secondStarting < 0 {
+			secondStarting = i
+		}
+	}
+	h.rep.mu.Unlock()
+	if firstRunning < 0 || secondStarting < firstRunning {
+		t.Errorf("the second replica started before the first ran: %v", h.rep.reports)
+	}
+
+	for _, st := range []*pb.ReplicaStatus{a, b} {
+		if st.Node != node || st.Generation != 1 || !strings.HasPrefix(st.Endpoint, "http://127.0.0.1:") {
+			t.Errorf("report %v: want node %s, generation 1 and an endpoint", st, node)
+		}
+		pid := onePID(t, st.Model)
+		env := environ(t, pid)
+		if got := env["CUDA_VISIBLE_DEVICES"]; got != h.card.GetUuid() {
+			t.Errorf("%s: CUDA_VISIBLE_DEVICES=%q, want the card's UUID %s", st.Model, got, h.card.GetUuid())
+		}
+		if env[inventory.EnvSimUsageDir] == "" {
+			t.Errorf("%s: no %s in its environment", st.Model, inventory.EnvSimUsageDir)
+		}
+		cl := cmdline(t, pid)
+		for _, want := range []string{"engine sim", "--memory-mib 9213", "--card-uuids " + h.card.GetUuid(), "--served-model-name " + st.Model} {
+			if !strings.Contains(cl, want) {
+				t.Errorf("%s: command line %q lacks %q", st.Model, cl, want)
+			}
+		}
+		if got := chat(t, st.Endpoint, st.Model, false); len(strings.Fields(got)) != 4 {
+			t.Errorf("%s answered %q, want 4 words", st.Model, got)
+		}
+		if got := chat(t, st.Endpoint, st.Model, true); len(strings.Fields(got)) != 4 {
+			t.Errorf("%s streamed %q, want 4 words", st.Model, got)
+		}
+	}
+	// The simulated NVML sees both engines' shares on the card.
+	used, err := watchdog.ProcessMemory(h.nvml, h.card.GetUuid())
+	if err != nil || len(used) != 2 || used[onePID(t, "alpha")] != 9213 || used[onePID(t, "beta")] != 9213 {
+		t.Errorf("NVML per-process memory = %v, %v; want both engines at 9213 MiB", used, err)
+	}
+}
+
+// 2. An engine killed with SIGKILL is restarted; the restart count grows and
+// every transition is reported; its log survives the restart.
+func TestKilledEngineRestarts(t *testing.T) {
+	h := newHarness(t, t.TempDir(), nil)
+	h.want(10, sim("alpha", 1))
+	h.waitState("alpha", pb.ReplicaState_REPLICA_STATE_RUNNING, 10*time.Second)
+	old := onePID(t, "alpha")
+	if err := syscall.Kill(old, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 10*time.Second, "alpha did not run again after kill -9", func() bool {
+		st := h.rep.last("alpha")
+		return st.State == pb.ReplicaState_REPLICA_STATE_RUNNING && st.Restarts == 1
+	})
+	got := h.rep.of("alpha")
+	if s := states(got); !slices.Equal(s, []string{"STARTING", "RUNNING", "FAILED", "STARTING", "RUNNING"}) {
+		t.Fatalf("alpha reported %v", s)
+	}
+	if f := got[2]; f.Reason != "engine killed by signal killed" || f.Restarts != 1 {
+		t.Errorf("failure report %v: want reason %q and restarts 1", f, "engine killed by signal killed")
+	}
+	if got[3].Restarts != 1 || got[3].Endpoint == "" {
+		t.Errorf("restart report %v: want restarts 1 and an endpoint", got[3])
+	}
+	if now := onePID(t, "alpha"); now == old {
+		t.Errorf("the engine still has pid %d", old)
+	}
+	var logs bytes.Buffer
+	if err := ReadLogs(context.Background(), h.dataDir, "alpha", 0, false, &logs); err != nil {
+		t.Fatal(err)
+	}
+	if n := strings.Count(logs.String(), "--- gpuplane:"); n != 2 || !strings.Contains(logs.String(), "sim engine loaded") {
+		t.Errorf("engine log has %d start lines, want 2, and the engine's own lines:\n%s", n, logs.String())
+	}
+}
+
+// 3. An engine using more than its share is stopped by the watchdog and its
+// replica reported Failed; the backoff spaces its restarts; the other
+// replica on the card keeps running untouched.
+func TestWatchdogStopsAnEngineAboveItsShare(t *testing.T) {
+	h := newHarness(t, t.TempDir(), nil)
+	h.want(10, sim("alpha", 1), sim("greedy", 1, "--memory-mib", "20000"))
+	h.waitState("alpha", pb.ReplicaState_REPLICA_STATE_RUNNING, 10*time.Second)
+	alpha := onePID(t, "alpha")
+	const reason = "exceeded memory share (used 20000 MiB, share 9213 MiB)"
+	eventually(t, 10*time.Second, "greedy was not stopped twice for its memory", func() bool {
+		n := 0
+		for _, st := range h.rep.of("greedy") {
+			if st.State == pb.ReplicaState_REPLICA_STATE_FAILED && st.Reason == reason {
+				n++
+			}
+		}
+		return n >= 2
+	})
+	// No tight loop: each restart waited for its backoff (0.3 s ± 20 %, then doubling).
+	h.rep.mu.Lock()
+	var failedAt time.Time
+	for i, st := range h.rep.reports {
+		switch {
+		case st.Model != "greedy":
+		case st.State == pb.ReplicaState_REPLICA_STATE_FAILED:
+			failedAt = h.rep.at[i]
+		case st.State == pb.ReplicaState_REPLICA_STATE_STARTING && !failedAt.IsZero():
+			if d := h.rep.at[i].Sub(failedAt); d < 200*time.Millisecond {
+				t.Errorf("greedy restarted %s after failing, want at least its backoff", d)
+			}
+		}
+	}
+	h.rep.mu.Unlock()
+	if st := h.rep.last("alpha"); st.State != pb.ReplicaState_REPLICA_STATE_RUNNING || len(h.rep.of("alpha")) != 2 {
+		t.Errorf("alpha reported %v, want only Starting and Running", states(h.rep.of("alpha")))
+	}
+	if now := onePID(t, "alpha"); now != alpha {
+		t.Errorf("alpha's engine changed from pid %d to %d", alpha, now)
+	}
+}
+
+// 4. Replicas that leave the node have their engines stopped within the
+// grace period, leaving no process, record or registered memory.
+func TestRemovedReplicasStop(t *testing.T) {
+	h := newHarness(t, t.TempDir(), nil)
+	h.want(10, sim("alpha", 1), sim("beta", 1))
+	h.waitState("alpha", pb.ReplicaState_REPLICA_STATE_RUNNING, 10*time.Second)
+	h.waitState("beta", pb.ReplicaState_REPLICA_STATE_RUNNING, 10*time.Second)
+	onePID(t, "alpha")
+	onePID(t, "beta")
+	removed := time.Now()
+	h.want(11)
+	eventually(t, 2*time.Second+500*time.Millisecond, "engines still run after the grace period", func() bool {
+		return len(engines(t, "alpha"))+len(engines(t, "beta")) == 0
+	})
+	t.Logf("engines stopped %s after their replicas left", time.Since(removed).Round(time.Millisecond))
+	for _, m := range []string{"alpha", "beta"} {
+		if _, err := os.Stat(filepath.Join(ReplicaDir(h.dataDir, m, 0), pidFile)); !os.IsNotExist(err) {
+			t.Errorf("%s: pid.json remains (%v)", m, err)
+		}
+	}
+	if procs, _ := h.usage.Processes(h.card.GetUuid()); len(procs) != 0 {
+		t.Errorf("memory still registered on the card: %v", procs)
+	}
+	if len(h.exec.Engines()) != 0 {
+		t.Errorf("the watchdog still sees %v", h.exec.Engines())
+	}
+}
+
+// 5. An executor abandoned without stopping its engines (the agent killed
+// with SIGKILL) and a new one on the same data dir: the engine still wanted
+// as it was is adopted, the one whose generation changed is replaced, the
+// one no longer wanted is stopped; exactly one process per replica remains,
+// and an adopted engine that dies is restarted.
+func TestRestartedExecutorAdoptsOrReplacesEngines(t *testing.T) {
+	dataDir := t.TempDir()
+	first := newHarness(t, dataDir, func(o *Options) { o.KeepEngines = true })
+	first.want(10, sim("alpha", 1), sim("beta", 1), sim("gamma", 1))
+	for _, m := range []string{"alpha", "beta", "gamma"} {
+		first.waitState(m, pb.ReplicaState_REPLICA_STATE_RUNNING, 10*time.Second)
+	}
+	alpha, beta, gamma := onePID(t, "alpha"), onePID(t, "beta"), onePID(t, "gamma")
+	first.close()
+	for m, pid := range map[string]int{"alpha": alpha, "beta": beta, "gamma": gamma} {
+		if got := onePID(t, m); got != pid {
+			t.Fatalf("%s's engine did not outlive its executor", m)
+		}
+	}
+
+	second := newHarness(t, dataDir, nil)
+	second.want(12, sim("alpha", 1), sim("beta", 2))
+	second.waitState("alpha", pb.ReplicaState_REPLICA_STATE_RUNNING, 10*time.Second)
+	eventually(t, 10*time.Second, "beta did not run at generation 2", func() bool {
+		st := second.rep.last("beta")
+		return st != nil && st.State == pb.ReplicaState_REPLICA_STATE_RUNNING && st.Generation == 2
+	})
+	if got := onePID(t, "alpha"); got != alpha {
+		t.Errorf("alpha: pid %d, want its engine %d adopted", got, alpha)
+	}
+	if got := onePID(t, "beta"); got == beta {
+		t.Errorf("beta still runs generation 1's engine %d", beta)
+	}
+	eventually(t, 3*time.Second, "gamma, no longer wanted, still runs", func() bool { return len(engines(t, "gamma")) == 0 })
+	if s := states(second.rep.of("alpha")); !slices.Equal(s, []string{"RUNNING"}) {
+		t.Errorf("adopted alpha reported %v, want [RUNNING]", s)
+	}
+
+	// The adopted engine is not the new executor's child: it is followed
+	// through /proc, and restarted when it dies.
+	if err := syscall.Kill(alpha, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 10*time.Second, "alpha did not run again after its adopted engine died", func() bool {
+		st := second.rep.last("alpha")
+		return st.State == pb.ReplicaState_REPLICA_STATE_RUNNING && st.Restarts == 1
+	})
+	if got := onePID(t, "alpha"); got == alpha {
+		t.Errorf("alpha still reports the dead pid %d", alpha)
+	}
+	onePID(t, "beta")
+
+	second.close()
+	for _, m := range []string{"alpha", "beta", "gamma"} {
+		if pids := engines(t, m); len(pids) != 0 {
+			t.Errorf("%s: engines %v remain after the executor stopped", m, pids)
+		}
+	}
+	if st := second.rep.last("beta"); st.State != pb.ReplicaState_REPLICA_STATE_STOPPED || st.Reason != "node agent stopped" {
+		t.Errorf("beta's last report %v, want Stopped: node agent stopped", st)
+	}
+}

@@ -1,0 +1,235 @@
+package executor
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/gpuplane/gpuplane/node/procfs"
+)
+
+// pidFile is the name of a replica's process record.
+const pidFile = "pid.json"
+
+// record is pid.json: the engine process running for a replica, enough to
+// find it again (pid and start time) and to tell whether it is still what
+// the replica wants (generation and placement fingerprint).
+type record struct {
+	Model       string    `json:"model"`
+	Replica     uint32    `json:"replica"`
+	Generation  uint64    `json:"generation"`
+	Fingerprint string    `json:"fingerprint"`
+	PID         int       `json:"pid"`
+	StartTime   uint64    `json:"start_time"`
+	Port        int       `json:"port"`
+	Endpoint    string    `json:"endpoint"`
+	Restarts    uint32    `json:"restarts"`
+	Command     []string  `json:"command"`
+	StartedAt   time.Time `json:"started_at"`
+}
+
+func (r *record) key() key { return key{r.Model, r.Replica} }
+
+// writeRecord replaces dir/pid.json atomically.
+func writeRecord(dir string, r *record) error {
+	data, err := json.MarshalIndent(r, "", "  ")
+	if err != nil {
+		return err
+	}
+	tmp := filepath.Join(dir, pidFile+".tmp")
+	if err := os.WriteFile(tmp, append(data, '\n'), 0o644); err != nil {
+		return fmt.Errorf("record engine pid: %w", err)
+	}
+	if err := os.Rename(tmp, filepath.Join(dir, pidFile)); err != nil {
+		return fmt.Errorf("record engine pid: %w", err)
+	}
+	return nil
+}
+
+func removeRecord(dir string) {
+	_ = os.Remove(filepath.Join(dir, pidFile))
+}
+
+// readRecords reads every engines/<model>/<replica>/pid.json.
+func (e *Executor) readRecords() []*record {
+	paths, _ := filepath.Glob(filepath.Join(e.enginesDir(), "*", "*", pidFile))
+	var out []*record
+	for _, p := range paths {
+		data, err := os.ReadFile(p)
+		if err != nil {
+			continue
+		}
+		r := &record{}
+		if err := json.Unmarshal(data, r); err != nil || r.PID <= 0 {
+			e.log.Warn("ignore unreadable engine record", "path", p, "err", err)
+			_ = os.Remove(p)
+			continue
+		}
+		out = append(out, r)
+	}
+	return out
+}
+
+// settle deals with the engines a previous executor left: those still
+// wanted with the same generation and placement are adopted (returned);
+// every other one is stopped and its record removed, before anything new
+// starts.
+func (e *Executor) settle(records []*record, snap Snapshot) map[key]*record {
+	want := e.wanted(snap)
+	adopt := map[key]*record{}
+	var wg sync.WaitGroup
+	for _, r := range records {
+		dir := e.replicaDir(r.key())
+		p, alive := adoptProcess(r)
+		d, wanted := want[r.key()]
+		switch {
+		case !alive:
+			e.log.Info("engine of a previous agent is gone", "replica", r.key(), "pid", r.PID)
+			// Its leader is gone; any process left in its group is not.
+			killGroupIfLeaderGone(r.PID)
+			removeRecord(dir)
+		case wanted && fingerprint(d) == r.Fingerprint:
+			e.log.Info("adopting the engine of a previous agent", "replica", r.key(), "pid", r.PID)
+			adopt[r.key()] = r
+			p.stopPoll() // the supervisor polls its own
+		default:
+			why := "its replica left this node"
+			if wanted {
+				why = "its replica changed (generation or placement)"
+			}
+			e.log.Info("stopping the engine of a previous agent: "+why, "replica", r.key(), "pid", r.PID)
+			wg.Go(func() {
+				p.stop(e.opts.GracePeriod)
+				removeRecord(dir)
+			})
+		}
+	}
+	wg.Wait()
+	return adopt
+}
+
+// process is a running engine: a child of this executor, or one adopted
+// from a previous agent and followed through /proc.
+type process struct {
+	pid  int
+	done chan struct{}
+	// exit says how it ended, once done is closed.
+	exit string
+	// poll is closed to stop following an adopted process.
+	poll     chan struct{}
+	pollOnce sync.Once
+}
+
+// launch starts cmd in its own process group (so that the whole engine,
+// workers included, can be signalled) and follows it.
+func launch(cmd *exec.Cmd) (*process, error) {
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	p := &process{pid: cmd.Process.Pid, done: make(chan struct{})}
+	go func() {
+		err := cmd.Wait()
+		p.exit = "exited with status 0"
+		if err != nil {
+			p.exit = err.Error()
+			var ee *exec.ExitError
+			if errors.As(err, &ee) {
+				if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+					p.exit = "killed by signal " + ws.Signal().String()
+				} else {
+					p.exit = fmt.Sprintf("exited with status %d", ee.ExitCode())
+				}
+			}
+		}
+		close(p.done)
+	}()
+	return p, nil
+}
+
+// adoptProcess finds the process of r again: alive only if the pid still
+// names the same process (same start time), a live group leader.
+func adoptProcess(r *record) (*process, bool) {
+	st, err := procfs.ReadStat(r.PID)
+	if err != nil || !st.Alive() || st.StartTime != r.StartTime || st.PGID != r.PID {
+		return nil, false
+	}
+	p := &process{pid: r.PID, done: make(chan struct{}), poll: make(chan struct{})}
+	go func() {
+		t := time.NewTicker(250 * time.Millisecond)
+		defer t.Stop()
+		for {
+			select {
+			case <-p.poll:
+				return
+			case <-t.C:
+			}
+			st, err := procfs.ReadStat(r.PID)
+			if err != nil || !st.Alive() || st.StartTime != r.StartTime {
+				p.exit = "exited (status unknown: started by a previous agent)"
+				close(p.done)
+				return
+			}
+		}
+	}()
+	return p, true
+}
+
+func (p *process) stopPoll() {
+	if p.poll != nil {
+		p.pollOnce.Do(func() { close(p.poll) })
+	}
+}
+
+// stop sends SIGTERM to the process group, SIGKILL after grace, and waits
+// until the leader is gone; then it kills whatever is left in the group.
+func (p *process) stop(grace time.Duration) {
+	_ = syscall.Kill(-p.pid, syscall.SIGTERM)
+	t := time.NewTimer(grace)
+	defer t.Stop()
+	select {
+	case <-p.done:
+	case <-t.C:
+		_ = syscall.Kill(-p.pid, syscall.SIGKILL)
+		<-p.done
+	}
+	p.stopPoll()
+	p.killStragglers()
+}
+
+// killStragglers kills processes left in the group of an engine whose
+// leader has exited (workers it did not take down with it).
+func (p *process) killStragglers() {
+	// The group id cannot name another group while any member lives, and
+	// the leader, a zombie or reaped, no longer runs code.
+	_ = syscall.Kill(-p.pid, syscall.SIGKILL)
+}
+
+// killGroupIfLeaderGone kills the group of a recorded engine whose leader
+// pid no longer exists at all, so no new process can lead a group by that id.
+func killGroupIfLeaderGone(pid int) {
+	if _, err := procfs.ReadStat(pid); errors.Is(err, fs.ErrNotExist) {
+		_ = syscall.Kill(-pid, syscall.SIGKILL)
+	}
+}
+
+// freePort asks the kernel for a free TCP port on host.
+func freePort(host string) (int, error) {
+	ln, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
+	if err != nil {
+		return 0, fmt.Errorf("find a free port: %w", err)
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port, nil
+}
+
+func itoa(n int) string { return strconv.Itoa(n) }

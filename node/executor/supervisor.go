@@ -1,0 +1,453 @@
+package executor
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/cenkalti/backoff/v5"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/gpuplane/gpuplane/node/engine"
+	"github.com/gpuplane/gpuplane/node/inventory"
+	"github.com/gpuplane/gpuplane/node/procfs"
+	"github.com/gpuplane/gpuplane/node/watchdog"
+	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
+)
+
+// phase is where a supervisor's engine is.
+type phase int
+
+const (
+	// waiting: no process; the next start is due at nextStart.
+	waiting phase = iota
+	// starting: launched, not yet healthy (holding its cards' start locks
+	// unless adopted).
+	starting
+	// running: healthy.
+	running
+)
+
+// failuresBeforeRestart is how many health checks in a row a running
+// engine may fail before it is restarted.
+const failuresBeforeRestart = 3
+
+// supervisor owns one replica's engine: every field below the channels is
+// touched only by its run goroutine.
+type supervisor struct {
+	e      *Executor
+	k      key
+	dir    string
+	ctx    context.Context
+	cancel context.CancelFunc
+	// removed says the replica left the node (as opposed to the executor
+	// stopping): its engine stops without a report.
+	removed atomic.Bool
+	// prev is the done channel of a predecessor still stopping its engine.
+	prev <-chan struct{}
+	done chan struct{}
+
+	mu      sync.Mutex
+	desired Desired
+	changed chan struct{}
+	// exceeded carries the watchdog's reason.
+	exceeded chan string
+
+	adopt     *record
+	phase     phase
+	proc      *process
+	release   func()
+	port      int
+	cmdline   []string
+	health    string
+	nextStart time.Time
+	startedAt time.Time
+	fails     int
+	restarts  uint32
+	fp        string
+	bo        *backoff.ExponentialBackOff
+	last      *pb.ReplicaStatus
+	client    *http.Client
+}
+
+func newSupervisor(ctx context.Context, e *Executor, k key, d Desired, adopt *record, prev <-chan struct{}) *supervisor {
+	ctx, cancel := context.WithCancel(ctx)
+	return &supervisor{
+		e: e, k: k, dir: e.replicaDir(k), ctx: ctx, cancel: cancel, prev: prev,
+		done: make(chan struct{}), desired: d, changed: make(chan struct{}, 1),
+		exceeded: make(chan string, 1), adopt: adopt,
+		bo: &backoff.ExponentialBackOff{InitialInterval: e.opts.RestartDelay, RandomizationFactor: 0.2,
+			Multiplier: 2, MaxInterval: e.opts.MaxRestartDelay},
+		client: &http.Client{Timeout: 2 * time.Second},
+	}
+}
+
+// update hands the supervisor the replica's latest desired state.
+func (s *supervisor) update(d Desired) {
+	s.mu.Lock()
+	s.desired = d
+	s.mu.Unlock()
+	select {
+	case s.changed <- struct{}{}:
+	default:
+	}
+}
+
+// remove stops the supervisor because its replica left the node; called
+// with e.mu held.
+func (s *supervisor) remove() {
+	s.removed.Store(true)
+	s.cancel()
+}
+
+func (s *supervisor) current() Desired {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.desired
+}
+
+// fingerprint is what, besides the process being alive, must not change for
+// an engine to keep running: the generation (every spec change) and the
+// placement.
+func fingerprint(d Desired) string {
+	r := d.Replica
+	return fmt.Sprintf("gen=%d placed=%d cards=%v share=%d mem=%d compute=%d",
+		r.GetGeneration(), r.GetPlacedIndex(), r.GetCards(), r.GetShareMilli(), r.GetMemoryMib(), r.GetComputePercent())
+}
+
+func (s *supervisor) run() {
+	defer close(s.done)
+	defer s.e.retired(s.k, s.done)
+	if s.prev != nil {
+		select {
+		case <-s.prev:
+		case <-s.ctx.Done():
+			return
+		}
+	}
+	s.fp = fingerprint(s.current())
+	s.phase, s.nextStart = waiting, time.Now()
+	if r := s.adopt; r != nil {
+		if p, ok := adoptProcess(r); ok {
+			s.proc, s.port, s.restarts, s.cmdline = p, r.Port, r.Restarts, r.Command
+			s.health = s.healthPath(s.current())
+			s.phase, s.startedAt = starting, time.Now()
+			s.publish()
+		}
+	}
+	tick := time.NewTicker(s.e.opts.HealthInterval)
+	defer tick.Stop()
+	for {
+		if s.phase == waiting {
+			if !s.wait() {
+				s.finish()
+				return
+			}
+			s.start()
+			continue
+		}
+		select {
+		case <-s.ctx.Done():
+			s.finish()
+			return
+		case <-s.changed:
+			if fp := fingerprint(s.current()); fp != s.fp {
+				s.e.log.Info("replica changed: replacing its engine", "replica", s.k, "was", s.fp, "now", fp)
+				s.stopEngine()
+				s.fp, s.restarts, s.phase, s.nextStart = fp, 0, waiting, time.Now()
+				s.bo.Reset()
+			}
+		case reason := <-s.exceeded:
+			s.stopEngine()
+			s.fail(reason)
+		case <-s.proc.done:
+			exit := s.proc.exit
+			s.proc.killStragglers()
+			s.gone()
+			s.fail("engine " + exit)
+		case <-tick.C:
+			s.check()
+		}
+	}
+}
+
+// wait sleeps until the next start is due; false when the supervisor must
+// end instead.
+func (s *supervisor) wait() bool {
+	for {
+		d := time.Until(s.nextStart)
+		if d <= 0 {
+			return true
+		}
+		t := time.NewTimer(d)
+		select {
+		case <-s.ctx.Done():
+			t.Stop()
+			return false
+		case <-s.changed:
+			t.Stop()
+			// A new generation or placement starts at once, afresh.
+			if fp := fingerprint(s.current()); fp != s.fp {
+				s.fp, s.restarts, s.nextStart = fp, 0, time.Now()
+				s.bo.Reset()
+			}
+		case <-s.exceeded: // about an engine already stopped
+			t.Stop()
+		case <-t.C:
+		}
+	}
+}
+
+// start launches the engine once the replica's cards are free to start on.
+func (s *supervisor) start() {
+	d := s.current()
+	release, err := s.e.lockCards(s.ctx, d.Replica.GetCards())
+	if err != nil {
+		return // ending
+	}
+	// The desired state may have moved on while waiting for the cards.
+	if d2 := s.current(); fingerprint(d2) != fingerprint(d) {
+		release()
+		s.fp, s.restarts, s.nextStart = fingerprint(d2), 0, time.Now()
+		return
+	}
+	if err := s.launch(d); err != nil {
+		release()
+		s.e.log.Warn("start engine", "replica", s.k, "err", err)
+		s.fail(err.Error())
+		return
+	}
+	s.release = release
+	s.phase, s.startedAt, s.fails = starting, time.Now(), 0
+	s.report(pb.ReplicaState_REPLICA_STATE_STARTING, "")
+}
+
+// launch builds the command, opens the log and starts the process.
+func (s *supervisor) launch(d Desired) error {
+	opts := &s.e.opts
+	cards := make([]*pb.Card, 0, len(d.Replica.GetCards()))
+	for _, i := range d.Replica.GetCards() {
+		if c, ok := s.e.cards[i]; ok {
+			cards = append(cards, c)
+		}
+	}
+	port, err := freePort(listenHost(opts.BindHost))
+	if err != nil {
+		return err
+	}
+	cmd, err := engine.Build(engine.Params{
+		Model: s.k.model, Spec: d.Spec, Replica: d.Replica, Cards: cards,
+		Host: opts.BindHost, Port: port, Self: opts.Self,
+	}, opts.Enforcement)
+	if err != nil {
+		return err
+	}
+	log, err := openLog(s.dir, opts.LogMaxBytes, opts.LogKeep)
+	if err != nil {
+		return err
+	}
+	defer log.Close()
+	argv := append([]string{cmd.Path}, cmd.Args...)
+	fmt.Fprintf(log, "--- gpuplane: %s starting %s engine for %s (generation %d, restart %d): %s\n",
+		time.Now().UTC().Format(time.RFC3339), d.Spec.GetEngine().GetKind(), s.k,
+		d.Replica.GetGeneration(), s.restarts, strings.Join(argv, " "))
+	c := exec.Command(cmd.Path, cmd.Args...)
+	c.Env = append(os.Environ(), cmd.Env...)
+	if opts.SimUsageDir != "" {
+		c.Env = append(c.Env, inventory.EnvSimUsageDir+"="+opts.SimUsageDir)
+	}
+	c.Dir, c.Stdout, c.Stderr = s.dir, log, log
+	p, err := launch(c)
+	if err != nil {
+		fmt.Fprintf(log, "--- gpuplane: start failed: %v\n", err)
+		return fmt.Errorf("start %s: %w", cmd.Path, err)
+	}
+	s.proc, s.port, s.cmdline, s.health = p, port, argv, cmd.HealthPath
+	rec := &record{
+		Model: s.k.model, Replica: s.k.index, Generation: d.Replica.GetGeneration(), Fingerprint: fingerprint(d),
+		PID: p.pid, Port: port, Endpoint: s.endpoint(), Restarts: s.restarts, Command: argv, StartedAt: time.Now().UTC(),
+	}
+	if st, err := procfs.ReadStat(p.pid); err == nil {
+		rec.StartTime = st.StartTime
+	}
+	if err := writeRecord(s.dir, rec); err != nil {
+		s.e.log.Warn("record engine process", "replica", s.k, "err", err)
+	}
+	s.publish()
+	return nil
+}
+
+// healthPath is the health path of the engine kind d runs (for an adopted
+// engine, whose command was built by a previous agent).
+func (s *supervisor) healthPath(d Desired) string {
+	cmd, err := engine.Build(engine.Params{Model: s.k.model, Spec: d.Spec, Replica: d.Replica,
+		Cards: s.cardsOf(d), Host: s.e.opts.BindHost, Port: max(s.port, 1), Self: s.e.opts.Self}, s.e.opts.Enforcement)
+	if err != nil {
+		return ""
+	}
+	return cmd.HealthPath
+}
+
+func (s *supervisor) cardsOf(d Desired) []*pb.Card {
+	var out []*pb.Card
+	for _, i := range d.Replica.GetCards() {
+		if c, ok := s.e.cards[i]; ok {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+// publish tells the watchdog about the live process.
+func (s *supervisor) publish() {
+	d := s.current()
+	en := &watchdog.Engine{Model: s.k.model, Replica: s.k.index, PID: s.proc.pid, ShareMiB: d.Replica.GetMemoryMib()}
+	for _, c := range s.cardsOf(d) {
+		en.CardUUIDs = append(en.CardUUIDs, c.GetUuid())
+	}
+	s.e.setEngine(s.k, en)
+}
+
+// check runs one health check and rotates the log.
+func (s *supervisor) check() {
+	_ = rotateLog(LogPath(s.e.opts.DataDir, s.k.model, s.k.index), s.e.opts.LogMaxBytes, s.e.opts.LogKeep)
+	healthy := s.healthy()
+	switch {
+	case s.phase == starting && healthy:
+		s.phase, s.fails = running, 0
+		s.unlock()
+		s.report(pb.ReplicaState_REPLICA_STATE_RUNNING, "")
+	case s.phase == starting && time.Since(s.startedAt) > s.e.opts.StartTimeout:
+		s.stopEngine()
+		s.fail(fmt.Sprintf("engine not healthy after %s", s.e.opts.StartTimeout))
+	case s.phase == running && healthy:
+		s.fails = 0
+	case s.phase == running:
+		s.fails++
+		if s.fails >= failuresBeforeRestart {
+			s.stopEngine()
+			s.fail(fmt.Sprintf("engine failed %d health checks in a row", s.fails))
+		}
+	}
+}
+
+// healthy asks the engine's health endpoint; an engine without one is
+// healthy while its process lives.
+func (s *supervisor) healthy() bool {
+	if s.health == "" {
+		select {
+		case <-s.proc.done:
+			return false
+		default:
+			return true
+		}
+	}
+	host := listenHost(s.e.opts.BindHost)
+	if ip := net.ParseIP(host); ip != nil && ip.IsUnspecified() {
+		host = "127.0.0.1"
+	}
+	resp, err := s.client.Get("http://" + net.JoinHostPort(host, itoa(s.port)) + s.health)
+	if err != nil {
+		return false
+	}
+	resp.Body.Close()
+	return resp.StatusCode == http.StatusOK
+}
+
+// fail reports the replica Failed with reason and schedules the restart
+// after the backoff, which starts over once an engine ran long enough.
+func (s *supervisor) fail(reason string) {
+	if s.phase == running && time.Since(s.startedAt) >= s.e.opts.BackoffReset {
+		s.bo.Reset()
+	}
+	delay := s.bo.NextBackOff()
+	s.restarts++
+	s.phase, s.nextStart = waiting, time.Now().Add(delay)
+	s.e.log.Warn("engine failed", "replica", s.k, "reason", reason, "restart_in", delay, "restarts", s.restarts)
+	s.report(pb.ReplicaState_REPLICA_STATE_FAILED, reason)
+}
+
+// stopEngine stops the live process and forgets it.
+func (s *supervisor) stopEngine() {
+	if s.proc == nil {
+		return
+	}
+	s.proc.stop(s.e.opts.GracePeriod)
+	s.gone()
+}
+
+// gone forgets a process that has ended.
+func (s *supervisor) gone() {
+	s.unlock()
+	s.e.setEngine(s.k, nil)
+	removeRecord(s.dir)
+	s.proc = nil
+}
+
+func (s *supervisor) unlock() {
+	if s.release != nil {
+		s.release()
+		s.release = nil
+	}
+}
+
+// finish ends the supervisor: the engine stops unless the executor keeps
+// engines for its successor; a replica still placed here is reported
+// Stopped.
+func (s *supervisor) finish() {
+	if s.removed.Load() {
+		s.stopEngine()
+		return
+	}
+	if s.e.opts.KeepEngines {
+		if s.proc != nil {
+			s.proc.stopPoll()
+		}
+		s.unlock()
+		return
+	}
+	s.stopEngine()
+	s.report(pb.ReplicaState_REPLICA_STATE_STOPPED, "node agent stopped")
+}
+
+func (s *supervisor) endpoint() string {
+	if s.port == 0 {
+		return ""
+	}
+	return "http://" + net.JoinHostPort(s.e.opts.AdvertiseHost, itoa(s.port))
+}
+
+// report sends a transition, once: an identical report is not repeated.
+func (s *supervisor) report(state pb.ReplicaState, reason string) {
+	d := s.current()
+	st := &pb.ReplicaStatus{
+		Model: s.k.model, Replica: s.k.index, Generation: d.Replica.GetGeneration(), Node: s.e.opts.Node,
+		State: state, Reason: reason, Restarts: s.restarts,
+	}
+	if state == pb.ReplicaState_REPLICA_STATE_STARTING || state == pb.ReplicaState_REPLICA_STATE_RUNNING {
+		st.Endpoint = s.endpoint()
+	}
+	if proto.Equal(st, s.last) {
+		return
+	}
+	s.last = st
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := s.e.rep.Report(ctx, st); err != nil {
+		s.e.log.Info("report replica status", "replica", s.k, "state", st.State, "err", err)
+	}
+}
+
+func listenHost(bind string) string {
+	if bind == "" {
+		return "0.0.0.0"
+	}
+	return bind
+}

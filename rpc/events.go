@@ -1,0 +1,103 @@
+package rpc
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"connectrpc.com/connect"
+
+	"github.com/gpuplane/gpuplane/cluster"
+	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
+)
+
+// LogBackend is what the event and audit services need from a server: its
+// own log and the state machine's progress through it. *cluster.Cluster
+// implements it; a Backend that does not gets Unimplemented answers.
+type LogBackend interface {
+	NodeName() string
+	// History is the node's log for audit (an error on client nodes).
+	History() (*cluster.History, error)
+	// Progress returns the applied index and a channel closed when it changes.
+	Progress() (uint64, <-chan struct{})
+	WaitApplied(ctx context.Context, index uint64) error
+	// VerifyLocal replays the node's own log and compares it with its live state.
+	VerifyLocal(ctx context.Context) (*pb.ServerVerification, error)
+	// HashAt is the hash head the live state machine recorded as of index.
+	HashAt(index uint64) (uint64, string, error)
+	// ServerAddresses maps every Raft server's id to its API address.
+	ServerAddresses() (map[string]string, error)
+}
+
+var _ LogBackend = (*cluster.Cluster)(nil)
+
+// eventHandlers serves EventService and AuditService from one node's log.
+type eventHandlers struct {
+	b LogBackend
+	// closing is closed when the server shuts down, ending open streams so
+	// that their clients resume elsewhere.
+	closing <-chan struct{}
+}
+
+// followPoll bounds how long a follow stream waits before it looks at the
+// applied index again (it is normally woken as soon as it changes).
+const followPoll = time.Second
+
+func (h *eventHandlers) logBackend() (LogBackend, error) {
+	if h.b == nil {
+		return nil, connect.NewError(connect.CodeUnimplemented, errors.New("this server does not serve its log"))
+	}
+	return h.b, nil
+}
+
+// Watch streams events from the node's applied log: first everything from
+// from_index up to the applied index, then, with follow, each entry as it is
+// applied. A follower serves it from its own log, so a client may resume on
+// any node from the index after its last event.
+func (h *eventHandlers) Watch(ctx context.Context, req *connect.Request[pb.WatchRequest], stream *connect.ServerStream[pb.WatchResponse]) error {
+	b, err := h.logBackend()
+	if err != nil {
+		return err
+	}
+	hist, err := b.History()
+	if err != nil {
+		return backendError("watch", err)
+	}
+	cur := hist.Cursor(req.Msg.GetFromIndex(), req.Msg.GetFilter())
+	send := func(ev *pb.Event) error { return stream.Send(&pb.WatchResponse{Event: ev}) }
+	poll := time.NewTicker(followPoll)
+	defer poll.Stop()
+	for {
+		applied, advanced := b.Progress()
+		if err := cur.Advance(applied, send); err != nil {
+			return logError("watch", err)
+		}
+		if !req.Msg.GetFollow() {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-h.closing:
+			return connect.NewError(connect.CodeUnavailable, errors.New("server shutting down: resume on another node"))
+		case <-advanced:
+		case <-poll.C:
+		}
+	}
+}
+
+// logError maps errors from reading the log. A send that failed because the
+// client went away is returned as it is.
+func logError(op string, err error) error {
+	var ce *connect.Error
+	if errors.As(err, &ce) {
+		return err
+	}
+	switch {
+	case errors.Is(err, cluster.ErrBeyondLog):
+		return connect.NewError(connect.CodeOutOfRange, err)
+	case errors.Is(err, cluster.ErrNoLog):
+		return connect.NewError(connect.CodeFailedPrecondition, err)
+	}
+	return backendError(op, err)
+}
