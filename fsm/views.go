@@ -228,8 +228,8 @@ func (f *FSM) Replicas(model, node string) []*pb.Replica {
 }
 
 // modelView derives a deployment's status from its replicas. Ready means every
-// desired replica is placed and none has failed; the first problem found is
-// the reason.
+// desired replica runs (its node reported Running); otherwise the reason names
+// the first problem: pending (with why), failed, or still starting.
 func (f *FSM) modelView(m *pb.ModelDeployment) *pb.ModelDeployment {
 	out := proto.Clone(m).(*pb.ModelDeployment)
 	st := &pb.ModelStatus{Desired: m.Spec.Replicas}
@@ -237,7 +237,7 @@ func (f *FSM) modelView(m *pb.ModelDeployment) *pb.ModelDeployment {
 		sh := shareOf(m.Spec, acc.Spec, f.cardMemory(acc.Spec.Device))
 		st.MemoryPerReplicaMib = sh.memoryMiB * uint64(sh.cards)
 	}
-	var pending, failed []*pb.Replica
+	var pending, failed, starting []*pb.Replica
 	for i := uint32(0); i < m.Spec.Replicas; i++ {
 		r := f.replicas[replicaKey{m.Name, i}]
 		if r == nil {
@@ -249,11 +249,12 @@ func (f *FSM) modelView(m *pb.ModelDeployment) *pb.ModelDeployment {
 		case r.State == pb.ReplicaState_REPLICA_STATE_FAILED:
 			failed = append(failed, r)
 			st.Placed++
-		default:
+		case r.State == pb.ReplicaState_REPLICA_STATE_RUNNING:
 			st.Placed++
-		}
-		if r.State == pb.ReplicaState_REPLICA_STATE_RUNNING {
 			st.Running++
+		default:
+			starting = append(starting, r)
+			st.Placed++
 		}
 	}
 	switch {
@@ -261,6 +262,9 @@ func (f *FSM) modelView(m *pb.ModelDeployment) *pb.ModelDeployment {
 		st.Reason = fmt.Sprintf("%d of %d replicas pending: %s", len(pending), st.Desired, pending[0].Reason)
 	case len(failed) > 0:
 		st.Reason = fmt.Sprintf("%d of %d replicas failed: %s", len(failed), st.Desired, failed[0].Reason)
+	case len(starting) > 0:
+		r := starting[0]
+		st.Reason = fmt.Sprintf("%d of %d replicas not running yet: replica %d is %s on %s", len(starting), st.Desired, r.Index, ReplicaStateName(r.State), r.Node)
 	default:
 		st.Ready = true
 	}

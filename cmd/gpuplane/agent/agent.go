@@ -45,7 +45,11 @@ type Config struct {
 	SimGPUs    string
 	// SchedulerPolicy names the placement policy (default: the scheduler's).
 	SchedulerPolicy string
-	Version         string
+	// Enforce is how engines are held to their shares beyond their own
+	// flags: auto, mps, hami or none; HAMiLib is HAMi-core's libvgpu.so.
+	Enforce string
+	HAMiLib string
+	Version string
 
 	// Out receives the few lines the agent prints for its user.
 	Out    io.Writer
@@ -69,6 +73,8 @@ type Agent struct {
 	self   *pb.Node
 	// registered is closed once the node's registration is in the log.
 	registered chan struct{}
+	// stopExecutor stops the engines of this node (see executor.go).
+	stopExecutor func()
 }
 
 // Start brings a node up: it reads the inventory, opens the Raft log (on a
@@ -99,6 +105,10 @@ func Start(ctx context.Context, cfg Config) (*Agent, error) {
 		return nil, err
 	}
 	if err := a.startGossip(); err != nil {
+		a.Close()
+		return nil, err
+	}
+	if err := a.startExecutor(); err != nil {
 		a.Close()
 		return nil, err
 	}
@@ -364,6 +374,11 @@ func (a *Agent) Close() error {
 }
 
 func (a *Agent) cleanup() {
+	// Engines stop first, while the log can still record that they stopped.
+	if a.stopExecutor != nil {
+		a.stopExecutor()
+		a.stopExecutor = nil
+	}
 	if a.stopLoops != nil {
 		a.stopLoops()
 		a.loops.Wait()

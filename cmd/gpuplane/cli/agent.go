@@ -69,6 +69,8 @@ GPUPLANE_<FLAG>, e.g. GPUPLANE_DATA_DIR.`,
 	f.IntVar(&cfg.RaftPort, "raft-port", 7411, "port of Raft")
 	f.IntVar(&cfg.GossipPort, "gossip-port", 7412, "port of gossip")
 	f.StringVar(&cfg.SimGPUs, "sim-gpus", "", "simulate cards instead of NVML, e.g. l4=2,h100=1")
+	f.StringVar(&cfg.Enforce, "enforce", "auto", "hard limits on engines' shares: auto, mps, hami or none")
+	f.StringVar(&cfg.HAMiLib, "hami-lib", "", "path of HAMi-core's libvgpu.so, for --enforce hami (or auto)")
 	f.StringVar(&logLevel, "log-level", "warn", "log level: debug, info, warn, error")
 	return cmd
 }

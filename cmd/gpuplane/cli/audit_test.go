@@ -219,8 +219,10 @@ func TestAuditReplayVerifyTamper(t *testing.T) {
 		t.Fatalf("offline audit verify: exit %d\n%s%s", r.code, r.stdout, r.stderr)
 	}
 	offExport := run(t, "", nil, "audit", "export", "--data-dir", dir)
-	if offExport.stdout != liveExport.stdout || strings.Count(offExport.stdout, "\n") < 100 {
-		t.Errorf("offline export (%d lines) differs from live export (%d lines)",
+	// Shutting down may append entries (engines reported stopped), so the
+	// live export must be a prefix of the offline one.
+	if !strings.HasPrefix(offExport.stdout, liveExport.stdout) || strings.Count(offExport.stdout, "\n") < 100 {
+		t.Errorf("offline export (%d lines) does not start with the live export (%d lines)",
 			strings.Count(offExport.stdout, "\n"), strings.Count(liveExport.stdout, "\n"))
 	}
 

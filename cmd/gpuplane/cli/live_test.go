@@ -69,18 +69,28 @@ func TestLiveSharedPlacement(t *testing.T) {
 	mustRun("accelerators", "create", "small", "--device", "l4", "--tenancy", "shared", "--max-models", "2")
 	mustRun("models", "deploy", "chat", "--accelerator", "small", "--model", "/models/llama", "--engine", "sim", "--replicas", "5", "--memory-percent", "45")
 
-	// The leader's placer places asynchronously: wait for four placements.
+	// The leader's placer places asynchronously: wait for four replicas to
+	// have a node (their engines may be starting by then).
+	placed := func(table string) int {
+		n := 0
+		for _, row := range fields(table)[1:] {
+			if row[2] != "-" {
+				n++
+			}
+		}
+		return n
+	}
 	var replicas string
 	deadline := time.Now().Add(15 * time.Second)
 	for {
 		replicas = mustRun("replicas", "list", "--model", "chat")
-		if strings.Count(replicas, "Placed") == 4 || time.Now().After(deadline) {
+		if placed(replicas) == 4 || time.Now().After(deadline) {
 			break
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
 	rows := fields(replicas)
-	if got := strings.Count(replicas, "Placed"); got != 4 {
+	if got := placed(replicas); got != 4 {
 		t.Fatalf("want 4 placed replicas, got %d:\n%s", got, replicas)
 	}
 	pending := rows[len(rows)-1]

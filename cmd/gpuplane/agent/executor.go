@@ -1,0 +1,147 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"path/filepath"
+
+	"connectrpc.com/connect"
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+
+	"github.com/gpuplane/gpuplane/cluster"
+	"github.com/gpuplane/gpuplane/fsm"
+	"github.com/gpuplane/gpuplane/node/engine"
+	"github.com/gpuplane/gpuplane/node/executor"
+	"github.com/gpuplane/gpuplane/node/inventory"
+	"github.com/gpuplane/gpuplane/node/watchdog"
+	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
+	"github.com/gpuplane/gpuplane/proto/gpuplane/v1/gpuplanev1connect"
+	"github.com/gpuplane/gpuplane/rpc"
+)
+
+// startExecutor runs the node executor (engines for the replicas placed on
+// this node) and the watchdog that holds them to their memory shares.
+func (a *Agent) startExecutor() error {
+	if a.cfg.Enforce == "" {
+		a.cfg.Enforce = "auto"
+	}
+	mode, err := engine.ParseMode(a.cfg.Enforce)
+	if err != nil {
+		return fmt.Errorf("--enforce: %w", err)
+	}
+	enf, msg, err := engine.Detect(mode, engine.DetectOptions{HAMiLib: a.cfg.HAMiLib})
+	if err != nil {
+		return fmt.Errorf("--enforce %s: %w", a.cfg.Enforce, err)
+	}
+	fmt.Fprintln(a.cfg.Out, msg)
+
+	node := a.localNode()
+	opts := executor.Options{
+		Node: a.cfg.NodeName, DataDir: a.cfg.DataDir, Cards: node.Cards,
+		BindHost: a.cfg.Bind, AdvertiseHost: a.cfg.Advertise,
+		Enforcement: enf, Logger: a.cfg.Logger,
+	}
+	var lib nvml.Interface
+	if node.Simulated {
+		opts.SimUsageDir = filepath.Join(a.cfg.DataDir, "sim-nvml")
+		lib = inventory.NewSimNVML(node.Cards, inventory.NewSimUsage(opts.SimUsageDir))
+	} else {
+		lib = nvml.New()
+		if ret := lib.Init(); ret != nvml.SUCCESS {
+			return fmt.Errorf("NVML for the watchdog: %v", nvml.ErrorString(ret))
+		}
+	}
+	src := &eventSource{c: a.cluster, http: rpc.HTTPClient()}
+	ex, err := executor.New(src, &logReporter{c: a.cluster, node: a.cfg.NodeName}, opts)
+	if err != nil {
+		return fmt.Errorf("start executor: %w", err)
+	}
+	wd := watchdog.New(lib, ex, watchdog.Options{Logger: a.cfg.Logger})
+	ctx, stop := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		ex.Run(ctx)
+	}()
+	go wd.Run(ctx)
+	a.stopExecutor = func() {
+		stop()
+		<-done
+	}
+	return nil
+}
+
+// logReporter reports replica transitions as ReplicaStatus log entries.
+type logReporter struct {
+	c    *cluster.Cluster
+	node string
+}
+
+func (r *logReporter) Report(ctx context.Context, st *pb.ReplicaStatus) error {
+	res, err := r.c.Apply(ctx, &pb.Envelope{Actor: "node/" + r.node, Command: &pb.Envelope_ReplicaStatus{ReplicaStatus: st}})
+	if err != nil {
+		return err
+	}
+	if res.GetCode() != pb.Code_CODE_OK {
+		return errors.New(res.GetMessage())
+	}
+	return nil
+}
+
+// eventSource turns the servers' committed event stream, filtered to this
+// node, into snapshots of the replicas placed here: one when it connects,
+// then one after each event that concerns the node. The stream is resumable
+// by index, so a reconnect (to any server) misses nothing.
+type eventSource struct {
+	c    *cluster.Cluster
+	http *http.Client
+}
+
+func (s *eventSource) Watch(ctx context.Context, node string, from uint64) (<-chan executor.Snapshot, error) {
+	addr, ok := s.c.ServerAPI()
+	if !ok {
+		return nil, errors.New("no server known yet to watch the log")
+	}
+	snap, err := s.snapshot(ctx, node)
+	if err != nil {
+		return nil, err
+	}
+	client := gpuplanev1connect.NewEventServiceClient(s.http, rpc.BaseURL(addr))
+	stream, err := client.Watch(ctx, connect.NewRequest(&pb.WatchRequest{
+		FromIndex: snap.Index + 1, Follow: true, Filter: &pb.EventFilter{Node: node},
+	}))
+	if err != nil {
+		return nil, err
+	}
+	out := make(chan executor.Snapshot, 1)
+	out <- snap
+	go func() {
+		defer close(out)
+		defer stream.Close()
+		for stream.Receive() {
+			next, err := s.snapshot(ctx, node)
+			if err != nil {
+				return
+			}
+			select {
+			case out <- next:
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
+	return out, nil
+}
+
+// snapshot reads the replicas placed on node from the state (linearizably,
+// so a snapshot never goes back in time across servers).
+func (s *eventSource) snapshot(ctx context.Context, node string) (executor.Snapshot, error) {
+	var snap executor.Snapshot
+	err := s.c.Read(ctx, false, func(f *fsm.FSM) error {
+		snap = executor.SnapshotOf(f.AppliedIndex(), node, f)
+		return nil
+	})
+	return snap, err
+}
