@@ -70,3 +70,25 @@ bench-replay:
 
 clean:
 	rm -rf bin
+
+# Fault injection (jepsen/README.md): five real agents in network namespaces
+# under partitions, kills, pauses, packet loss, Raft delay and membership
+# changes, checked for linearizability and invariants. Needs root, ip and
+# iptables; skips otherwise. JEPSEN_FLAGS passes e.g. -jepsen.seed N.
+JEPSEN_FLAGS ?=
+
+.PHONY: jepsen jepsen-long
+jepsen:
+	$(GO) test -count=1 -timeout 10m -v ./jepsen -jepsen -jepsen.duration 2m $(JEPSEN_FLAGS)
+
+jepsen-long:
+	$(GO) test -count=1 -timeout 45m -v -run TestJepsen ./jepsen -jepsen -jepsen.duration 12m \
+		-jepsen.workers 12 -jepsen.hold 15s -jepsen.quiet 3s -jepsen.stale-plans 200ms -jepsen.lin-timeout 10m $(JEPSEN_FLAGS)
+
+# Fuzz the descriptor parser and the command decoder briefly. New inputs land
+# in $(go env GOCACHE)/fuzz; copy them into testdata/fuzz to keep them.
+FUZZTIME ?= 30s
+.PHONY: fuzz
+fuzz:
+	$(GO) test -run '^$$' -fuzz '^FuzzParse$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 2s ./cmd/gpuplane/descriptor/
+	$(GO) test -run '^$$' -fuzz '^FuzzApplyBytes$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 2s ./fsm/

@@ -74,7 +74,7 @@ func New(cfg Config) (*Cluster, error) {
 		c.store.Close()
 		return nil, fmt.Errorf("open snapshot store: %w", err)
 	}
-	if c.trans, err = newTransport(cfg.RaftBind, cfg.RaftAdvertise, hlog.Named("transport")); err != nil {
+	if c.trans, err = newTransport(cfg.RaftBind, cfg.RaftAdvertise, cfg.TLS, hlog.Named("transport")); err != nil {
 		c.store.Close()
 		return nil, err
 	}

@@ -60,27 +60,58 @@ func (c *Cursor) Advance(upTo uint64, yield func(*pb.Event) error) error {
 			return fmt.Errorf("the log starts at index %d: entries before it are gone, so it cannot be replayed", first)
 		}
 	}
+	if r, ok := c.log.(logRanger); ok && c.next <= upTo {
+		err := r.RangeLogs(c.next, upTo, func(l *raft.Log) error { return c.step(l, yield) })
+		if errors.Is(err, raft.ErrLogNotFound) {
+			return fmt.Errorf("log entry %d is missing", c.next)
+		}
+		return err
+	}
 	var l raft.Log
-	for ; c.next <= upTo; c.next++ {
+	for c.next <= upTo {
 		if err := c.log.GetLog(c.next, &l); err != nil {
 			if errors.Is(err, raft.ErrLogNotFound) {
 				return fmt.Errorf("log entry %d is missing", c.next)
 			}
 			return fmt.Errorf("read log entry %d: %w", c.next, err)
 		}
-		if l.Index != c.next {
-			return fmt.Errorf("log entry %d is stored under index %d: the log is corrupt", l.Index, c.next)
-		}
-		ev := c.apply(&l)
-		if ev == nil || c.next < c.from || !c.matches(ev) {
-			continue
-		}
-		if err := yield(ev); err != nil {
-			c.next++
+		if err := c.step(&l, yield); err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+// step applies entry c.next, yields its event if wanted, and moves on.
+func (c *Cursor) step(l *raft.Log, yield func(*pb.Event) error) error {
+	if l.Index != c.next {
+		return fmt.Errorf("log entry %d is stored under index %d: the log is corrupt", l.Index, c.next)
+	}
+	defer func() { c.next++ }()
+	if c.next < c.from {
+		// Before the first wanted event only the state matters: skip
+		// building events nobody reads (decoding the envelope a second
+		// time, describing it), a large part of a replay's cost.
+		c.skip(l)
+		return nil
+	}
+	ev := c.apply(l)
+	if ev == nil || !c.matches(ev) {
+		return nil
+	}
+	return yield(ev)
+}
+
+// skip applies one entry without building its event.
+func (c *Cursor) skip(l *raft.Log) {
+	switch l.Type {
+	case raft.LogCommand:
+		c.state.ApplyBytes(l.Index, l.Data)
+	case raft.LogConfiguration:
+		if conf, err := decodeConfiguration(l.Data); err == nil {
+			c.conf = conf
+		}
+	}
 }
 
 // apply applies one entry and returns its event, nil for entries that are
@@ -201,6 +232,14 @@ func commandEvent(l *raft.Log, res *pb.Result, hash string) *pb.Event {
 		ev.Summary = "undecodable entry"
 		return ev
 	}
+	// A token's secret hash authenticates nobody (the secret does), but
+	// events are for every reader: they show tokens as `acl token list` does.
+	if b := env.GetBootstrapAcl(); b != nil {
+		b.SecretHash = ""
+	}
+	if c := env.GetCreateToken(); c != nil {
+		c.SecretHash = ""
+	}
 	ev.Envelope = env
 	ev.ProposedAt = env.GetProposedAt()
 	ev.Actor = env.GetActor()
@@ -243,6 +282,13 @@ func describe(env *pb.Envelope) (string, []string) {
 			[]string{model(m.GetName()), acc(m.GetSpec().GetPlacement().GetAccelerator())}
 	case *pb.Envelope_DeleteModel:
 		return "DeleteModel " + c.DeleteModel.GetName(), []string{model(c.DeleteModel.GetName())}
+	case *pb.Envelope_BootstrapAcl:
+		return "BootstrapACL " + c.BootstrapAcl.GetName() + " (admin)", []string{"token/" + c.BootstrapAcl.GetName()}
+	case *pb.Envelope_CreateToken:
+		t := c.CreateToken
+		return fmt.Sprintf("CreateToken %s (%s)", t.GetName(), fsm.RoleString(t.GetRole())), []string{"token/" + t.GetName()}
+	case *pb.Envelope_DeleteToken:
+		return "DeleteToken " + c.DeleteToken.GetName(), []string{"token/" + c.DeleteToken.GetName()}
 	case *pb.Envelope_PlaceReplicas:
 		var parts, res []string
 		add := func(r string) {

@@ -67,6 +67,10 @@ type GossipConfig struct {
 	Meta            Meta
 	Logger          *slog.Logger
 	LogLevel        slog.Leveler
+	// SecretKey, when set, encrypts gossip with memberlist's keyring and
+	// drops every message not encrypted with it (16, 24 or 32 bytes: AES-128,
+	// -192 or -256).
+	SecretKey []byte
 	// OnChange is called (from memberlist's goroutines: it must not block)
 	// whenever a member joins, leaves, fails or updates its meta.
 	OnChange func()
@@ -126,6 +130,14 @@ func memberlistConfig(c GossipConfig) (*memberlist.Config, error) {
 	mc.PushPullInterval = 15 * time.Second
 	mc.DeadNodeReclaimTime = 5 * time.Second
 	mc.TCPTimeout = 2 * time.Second
+	if len(c.SecretKey) > 0 {
+		kr, err := memberlist.NewKeyring(nil, c.SecretKey)
+		if err != nil {
+			return nil, fmt.Errorf("gossip key: %w", err)
+		}
+		mc.Keyring = kr
+		mc.GossipVerifyIncoming, mc.GossipVerifyOutgoing = true, true
+	}
 	return mc, nil
 }
 

@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/hashicorp/raft"
-	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
 	"go.etcd.io/bbolt"
 	"google.golang.org/protobuf/proto"
 
@@ -33,7 +32,7 @@ type LogReader interface {
 // Close it to release the file lock.
 type Offline struct {
 	*History
-	store  *raftboltdb.BoltStore
+	store  *boltLogs
 	hashes *hashLog
 }
 
@@ -44,10 +43,10 @@ func OpenOffline(dataDir string) (*Offline, error) {
 	if _, err := os.Stat(path); err != nil {
 		return nil, fmt.Errorf("open %s: no Raft log in data dir %s: %w", path, dataDir, err)
 	}
-	store, err := raftboltdb.New(raftboltdb.Options{
-		Path:        path,
-		BoltOptions: &bbolt.Options{ReadOnly: true, Timeout: time.Second},
-	})
+	// Read with boltLogs rather than raft-boltdb's store: the same file and
+	// format, but entries are read in index order with one cursor and one
+	// decoder (see logRanger), which replay needs to be fast.
+	store, err := openBoltLogs(path, &bbolt.Options{ReadOnly: true, Timeout: time.Second})
 	if errors.Is(err, bbolt.ErrTimeout) {
 		return nil, fmt.Errorf("open %s: an agent is running on this data dir: stop it, or ask it with --addr instead of --data-dir", path)
 	}

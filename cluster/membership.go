@@ -128,10 +128,11 @@ func (c *Cluster) StartGossip(self func() *pb.Node) error {
 	c.mem.self = self
 	g, err := NewGossip(GossipConfig{
 		Name: c.cfg.NodeName, Bind: c.cfg.GossipBind, Advertise: c.cfg.GossipAdvertise,
-		Meta:     c.localMeta(),
-		Logger:   c.log,
-		LogLevel: c.cfg.RaftLogLevel,
-		OnChange: func() { poke(c.mem.leaderWake); poke(c.mem.bootWake) },
+		SecretKey: c.cfg.GossipKey,
+		Meta:      c.localMeta(),
+		Logger:    c.log,
+		LogLevel:  c.cfg.RaftLogLevel,
+		OnChange:  func() { poke(c.mem.leaderWake); poke(c.mem.bootWake) },
 	})
 	if err != nil {
 		return err

@@ -23,14 +23,25 @@ type contactTransport struct {
 	contact map[raft.ServerID]time.Time
 }
 
-func newTransport(bind, advertise string, logger hclog.Logger) (*contactTransport, error) {
+// newTransport listens for Raft on bind: over mutual TLS when t is set,
+// plain TCP otherwise.
+func newTransport(bind, advertise string, t *TLS, logger hclog.Logger) (*contactTransport, error) {
 	adv, err := net.ResolveTCPAddr("tcp", advertise)
 	if err != nil {
 		return nil, fmt.Errorf("raft advertise address %q: %w", advertise, err)
 	}
 	// Pool of 3 connections per peer, as Consul and Nomad use; 10 s I/O timeout
 	// bounds a stuck peer without cutting off a large snapshot install.
-	nt, err := raft.NewTCPTransportWithLogger(bind, adv, 3, 10*time.Second, logger)
+	const pool, timeout = 3, 10 * time.Second
+	var nt *raft.NetworkTransport
+	if t == nil {
+		nt, err = raft.NewTCPTransportWithLogger(bind, adv, pool, timeout, logger)
+	} else {
+		var stream *tlsStreamLayer
+		if stream, err = newTLSStreamLayer(bind, adv, t); err == nil {
+			nt = raft.NewNetworkTransportWithLogger(stream, pool, timeout, logger)
+		}
+	}
 	if err != nil {
 		return nil, fmt.Errorf("raft transport on %s: %w", bind, err)
 	}

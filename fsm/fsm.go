@@ -29,6 +29,9 @@ type FSM struct {
 	aclBootstrapped bool
 	// requests maps request ids to the result of their first application.
 	requests map[string]*pb.Result
+	// cardMiB memoises cardMemory while one command is applied (nil
+	// otherwise): derived, never part of the state.
+	cardMiB map[string]uint64
 }
 
 // New returns an empty state machine.

@@ -7,6 +7,8 @@ import (
 
 	"google.golang.org/protobuf/proto"
 
+	"github.com/gpuplane/gpuplane/fsm/catalog"
+
 	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
 )
 
@@ -105,12 +107,40 @@ func shareOf(spec *pb.ModelSpec, acc *pb.AcceleratorSpec, cardMiB uint64) share 
 
 // cardMemory is the memory of the accelerator's device: the smallest reported
 // card of that kind, else the catalog's.
+//
+// It scans the cards directly rather than building deviceSummaries (which
+// sorts nodes and formats every card's binding): every placement and model
+// check calls it, so it sits on the apply path that replay runs a million
+// times. The result is the same: the minimum over all nodes' cards of that
+// kind, whatever their node's status.
 func (f *FSM) cardMemory(device string) uint64 {
-	if d := f.deviceSummaries()[device]; d != nil {
-		return d.MemoryMib
+	if mib, ok := f.cardMiB[device]; ok {
+		return mib
 	}
-	if d, _, ok := f.Device(device); ok {
-		return d.MemoryMib
+	mib := f.scanCardMemory(device)
+	if f.cardMiB != nil {
+		f.cardMiB[device] = mib
+	}
+	return mib
+}
+
+func (f *FSM) scanCardMemory(device string) uint64 {
+	var (
+		least uint64
+		found bool
+	)
+	for _, n := range f.nodes {
+		for _, c := range n.Cards {
+			if c.Device == device && (!found || c.MemoryMib < least) {
+				least, found = c.MemoryMib, true
+			}
+		}
+	}
+	if found {
+		return least
+	}
+	if c, ok := catalog.BySlug(device); ok {
+		return c.MemoryMiB
 	}
 	return 0
 }

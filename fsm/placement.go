@@ -15,7 +15,15 @@ func (f *FSM) placeReplicas(c *pb.PlaceReplicas, index uint64, dry bool) *pb.Res
 	// Work on a scratch copy of the card index so the plan is checked as a whole.
 	scratch := &FSM{nodes: f.nodes, accelerators: f.accelerators, models: f.models, replicas: f.replicas, cards: map[cardKey]*cardUse{}}
 	placed := map[replicaKey]bool{}
-	hostUse := f.hostUse()
+	planNodes := map[string]bool{}
+	for _, p := range c.GetPlacements() {
+		planNodes[p.GetNode()] = true
+	}
+	hostUse := f.hostUse(planNodes)
+	// The inventory does not change while a plan is checked and applied:
+	// look each device's card memory up once (replay applies millions).
+	f.cardMiB = map[string]uint64{}
+	defer func() { f.cardMiB = nil }()
 	for i, p := range c.GetPlacements() {
 		r, err := f.checkPlacement(p, scratch, placed, hostUse)
 		if err != nil {
@@ -23,6 +31,16 @@ func (f *FSM) placeReplicas(c *pb.PlaceReplicas, index uint64, dry bool) *pb.Res
 		}
 		placed[keyOf(r)] = true
 		scratch.occupy(&pb.Replica{Model: r.Model, Index: r.Index, Accelerator: r.Accelerator, Node: p.Node, Cards: p.Cards, ShareMilli: p.ShareMilli})
+		// Earlier placements of the plan count against the node's host too.
+		if res := f.models[r.Model].GetSpec().GetResources(); res != nil {
+			u := hostUse[p.Node]
+			if u == nil {
+				u = &pb.HostResources{}
+				hostUse[p.Node] = u
+			}
+			u.CpuMilli += res.CpuMilli
+			u.MemoryMib += res.MemoryMib
+		}
 	}
 	if dry {
 		return accept(pb.Outcome_OUTCOME_CONFIGURED, "would place %d replicas", len(c.GetPlacements()))
@@ -47,11 +65,12 @@ func (f *FSM) placeReplicas(c *pb.PlaceReplicas, index uint64, dry bool) *pb.Res
 	return accept(pb.Outcome_OUTCOME_CONFIGURED, "placed %d replicas, %d pending reasons updated", len(c.GetPlacements()), updated)
 }
 
-// hostUse sums the host resources of placed replicas per node.
-func (f *FSM) hostUse() map[string]*pb.HostResources {
+// hostUse sums the host resources of placed replicas per node, for the
+// given nodes only (the model lookups are the cost).
+func (f *FSM) hostUse(nodes map[string]bool) map[string]*pb.HostResources {
 	use := map[string]*pb.HostResources{}
 	for _, r := range f.replicas {
-		if r.Node == "" {
+		if r.Node == "" || !nodes[r.Node] {
 			continue
 		}
 		res := f.models[r.Model].GetSpec().GetResources()

@@ -216,6 +216,9 @@ func verifyResponse(servers []*pb.ServerVerification) *pb.VerifyResponse {
 }
 
 func (h *eventHandlers) http() *http.Client {
+	if h.peerHTTP != nil {
+		return h.peerHTTP
+	}
 	return verifyHTTP
 }
 

@@ -3,6 +3,7 @@ package rpc
 import (
 	"context"
 	"errors"
+	"net/http"
 	"time"
 
 	"connectrpc.com/connect"
@@ -37,6 +38,8 @@ type eventHandlers struct {
 	// closing is closed when the server shuts down, ending open streams so
 	// that their clients resume elsewhere.
 	closing <-chan struct{}
+	// peerHTTP carries requests to other servers (verify); nil: verifyHTTP.
+	peerHTTP *http.Client
 }
 
 // followPoll bounds how long a follow stream waits before it looks at the

@@ -34,6 +34,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
@@ -56,7 +58,16 @@ func main() {
 	clients := flag.String("clients", "1,64,256", "concurrent writers, comma-separated")
 	duration := flag.Duration("duration", 5*time.Second, "how long each throughput run lasts")
 	etcdBin := flag.String("etcd", "etcd", "etcd binary for the comparison (skipped when not found)")
+	flag.DurationVar(&idle, "idle", 0, "first leave the three servers idle this long and count term changes (spurious elections)")
+	flag.StringVar(&cpuProfile, "cpuprofile", "", "write a CPU profile of the gpuplane throughput runs to this file")
+	procs := flag.Int("procs", 3*runtime.NumCPU(), "GOMAXPROCS of this process, which runs all three servers")
 	flag.Parse()
+	// The three gpuplane servers share this process, while etcd runs three
+	// processes with GOMAXPROCS=NumCPU each. On a loaded machine the kernel
+	// shares CPU per thread, so with the default GOMAXPROCS gpuplane would
+	// get a third of etcd's share and the comparison would measure the
+	// scheduler: give this process as many Go threads as the three etcds.
+	runtime.GOMAXPROCS(*procs)
 	var ns []int
 	for _, s := range strings.Split(*clients, ",") {
 		n, err := strconv.Atoi(strings.TrimSpace(s))
@@ -72,6 +83,11 @@ func main() {
 	}
 }
 
+var (
+	cpuProfile string
+	idle       time.Duration
+)
+
 func run(trials, gossipN int, clients []int, d time.Duration, etcdBin string) error {
 	tmp, err := os.MkdirTemp("", "gpuplane-bench-cluster-")
 	if err != nil {
@@ -79,9 +95,11 @@ func run(trials, gossipN int, clients []int, d time.Duration, etcdBin string) er
 	}
 	defer os.RemoveAll(tmp)
 
-	fmt.Printf("gossip convergence, %d memberlist nodes on loopback\n", gossipN)
-	if err := benchGossip(gossipN, 3); err != nil {
-		return err
+	if gossipN > 0 {
+		fmt.Printf("gossip convergence, %d memberlist nodes on loopback\n", gossipN)
+		if err := benchGossip(gossipN, 3); err != nil {
+			return err
+		}
 	}
 
 	servers, err := startServers(tmp)
@@ -94,13 +112,30 @@ func run(trials, gossipN int, clients []int, d time.Duration, etcdBin string) er
 		}
 	}()
 
-	fmt.Printf("\nfailover: leader stopped abruptly, time to the first successful write through a survivor\n")
-	if err := benchFailover(servers, trials); err != nil {
-		return err
+	if idle > 0 {
+		if err := benchIdle(servers, idle); err != nil {
+			return err
+		}
+	}
+
+	if trials > 0 {
+		fmt.Printf("\nfailover: leader stopped abruptly, time to the first successful write through a survivor\n")
+		if err := benchFailover(servers, trials); err != nil {
+			return err
+		}
 	}
 
 	fmt.Printf("\ncommit throughput, three servers, one entry per call, %v per run\n", d)
 	gp := map[int]float64{}
+	if cpuProfile != "" {
+		f, err := os.Create(cpuProfile)
+		if err != nil {
+			return err
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+	}
 	for _, n := range clients {
 		st, err := throughput(n, d, gpuplaneWriter(servers))
 		if err != nil {
@@ -108,6 +143,9 @@ func run(trials, gossipN int, clients []int, d time.Duration, etcdBin string) er
 		}
 		gp[n] = st.rate
 		fmt.Printf("  gpuplane  %4d clients  %8.0f writes/s  p50 %6.2fms  p99 %6.2fms  errors %d\n", n, st.rate, st.p50, st.p99, st.errors)
+	}
+	if cpuProfile != "" {
+		pprof.StopCPUProfile()
 	}
 
 	path, err := exec.LookPath(etcdBin)
@@ -327,6 +365,32 @@ func benchFailover(servers []*server, trials int) error {
 	fmt.Printf("  median %v  (trials %v)\n", median(took), took)
 	return nil
 }
+
+// benchIdle leaves the servers idle for d and reports how often the term
+// changed: with no failure, any change is a spurious election (heartbeats
+// missed because the machine is loaded).
+func benchIdle(servers []*server, d time.Duration) error {
+	term := func() (max uint64) {
+		for _, s := range servers {
+			max = mathMax(max, s.a.Cluster().Status().Term)
+		}
+		return max
+	}
+	leaders := map[string]bool{}
+	start, t0 := term(), time.Now()
+	for time.Since(t0) < d {
+		for _, s := range servers {
+			if s.a.Cluster().IsLeader() {
+				leaders[s.cfg.NodeName] = true
+			}
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	fmt.Printf("\nidle %v: term %d -> %d (%d changes), leaders seen %d\n", d, start, term(), term()-start, len(leaders))
+	return nil
+}
+
+func mathMax(a, b uint64) uint64 { return max(a, b) }
 
 func createEnv(name string) *pb.Envelope {
 	return &pb.Envelope{RequestId: cluster.NewRequestID(), Actor: "bench", Command: &pb.Envelope_CreateAccelerator{

@@ -459,6 +459,8 @@ func TestRemovedReplicasStop(t *testing.T) {
 		return len(engines(t, "alpha"))+len(engines(t, "beta")) == 0
 	})
 	t.Logf("engines stopped %s after their replicas left", time.Since(removed).Round(time.Millisecond))
+	// The supervisors clean up just after their processes are gone.
+	eventually(t, 2*time.Second, "supervisors still hold stopped engines", func() bool { return len(h.exec.Engines()) == 0 })
 	for _, m := range []string{"alpha", "beta"} {
 		if _, err := os.Stat(filepath.Join(ReplicaDir(h.dataDir, m, 0), pidFile)); !os.IsNotExist(err) {
 			t.Errorf("%s: pid.json remains (%v)", m, err)

@@ -386,8 +386,10 @@ func (s *supervisor) stopEngine() {
 // gone forgets a process that has ended.
 func (s *supervisor) gone() {
 	s.unlock()
-	s.e.setEngine(s.k, nil)
+	// The record goes first, so that once the watchdog no longer sees the
+	// engine there is nothing left of it on disk either.
 	removeRecord(s.dir)
+	s.e.setEngine(s.k, nil)
 	s.proc = nil
 }
 

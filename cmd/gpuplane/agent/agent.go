@@ -12,7 +12,9 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"runtime"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -51,6 +53,9 @@ type Config struct {
 	HAMiLib string
 	Version string
 
+	// SecurityConfig: TLS, gossip encryption and ACLs (security.go).
+	SecurityConfig
+
 	// Out receives the few lines the agent prints for its user.
 	Out    io.Writer
 	Logger *slog.Logger
@@ -73,6 +78,8 @@ type Agent struct {
 	self   *pb.Node
 	// registered is closed once the node's registration is in the log.
 	registered chan struct{}
+	// sec is the loaded SecurityConfig.
+	sec security
 	// stopExecutor stops the engines of this node (see executor.go).
 	stopExecutor func()
 }
@@ -91,6 +98,10 @@ func Start(ctx context.Context, cfg Config) (*Agent, error) {
 	}
 	a := &Agent{cfg: cfg, served: make(chan error, 1), registered: make(chan struct{})}
 	if err := a.resolveConfig(); err != nil {
+		return nil, err
+	}
+	var err error
+	if a.sec, err = loadSecurity(a.cfg.SecurityConfig, a.cfg.NodeName); err != nil {
 		return nil, err
 	}
 	if err := a.createInventory(); err != nil {
@@ -198,6 +209,9 @@ func (a *Agent) createInventory() error {
 		Labels:    a.cfg.Labels,
 		Cards:     res.Cards,
 		Simulated: res.Simulated,
+		// The host's capacity bounds replicas' resources requests.
+		CpuMilli:  uint32(runtime.NumCPU() * 1000),
+		MemoryMib: hostMemoryMiB(),
 		Version:   a.cfg.Version,
 	}
 	return nil
@@ -208,7 +222,7 @@ func (a *Agent) raftAddr(host string) string {
 }
 
 func (a *Agent) startCluster() error {
-	fw := &rpc.Forwarder{HTTP: rpc.HTTPClient()}
+	fw := &rpc.Forwarder{HTTP: a.sec.peerHTTP}
 	c, err := cluster.New(cluster.Config{
 		NodeName:        a.cfg.NodeName,
 		DataDir:         a.cfg.DataDir,
@@ -222,6 +236,8 @@ func (a *Agent) startCluster() error {
 		GossipAdvertise: net.JoinHostPort(a.cfg.Advertise, strconv.Itoa(a.cfg.GossipPort)),
 		Digest:          inventory.Digest,
 		Logger:          a.cfg.Logger,
+		TLS:             a.sec.tls,
+		GossipKey:       a.sec.gossipKey,
 	})
 	if err != nil {
 		return fmt.Errorf("start cluster: %w", err)
@@ -241,8 +257,14 @@ func (a *Agent) startCluster() error {
 
 func (a *Agent) startAPI() error {
 	srv, err := rpc.Listen(net.JoinHostPort(a.cfg.Bind, strconv.Itoa(a.cfg.APIPort)), rpc.Config{
-		Backend: a.cluster,
-		Logger:  a.cfg.Logger,
+		Backend:    a.cluster,
+		Logger:     a.cfg.Logger,
+		ACL:        a.cfg.ACL,
+		AgentToken: a.sec.agentToken,
+		TLS:        a.sec.apiTLS(),
+		PeerHTTP:   a.sec.peerHTTP,
+		NodeName:   a.cfg.NodeName,
+		ReadLogs:   a.readLogs,
 	})
 	if err != nil {
 		return fmt.Errorf("serve API: %w", err)
@@ -332,7 +354,7 @@ func (a *Agent) register(ctx context.Context) error {
 
 // APIURL is the base URL of this node's API.
 func (a *Agent) APIURL() string {
-	return "http://" + net.JoinHostPort(a.cfg.Advertise, strconv.Itoa(a.cfg.APIPort))
+	return a.sec.scheme() + "://" + net.JoinHostPort(a.cfg.Advertise, strconv.Itoa(a.cfg.APIPort))
 }
 
 // Cluster exposes the node's cluster handle (for tests and benchmarks).
@@ -394,4 +416,20 @@ func (a *Agent) cleanup() {
 		os.RemoveAll(a.tempDir)
 		a.tempDir = ""
 	}
+}
+
+// hostMemoryMiB is the machine's memory from /proc/meminfo (0, meaning not
+// limited, where it cannot be read).
+func hostMemoryMiB() uint64 {
+	b, err := os.ReadFile("/proc/meminfo")
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(line); len(f) >= 2 && f[0] == "MemTotal:" {
+			kib, _ := strconv.ParseUint(f[1], 10, 64)
+			return kib / 1024
+		}
+	}
+	return 0
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"path/filepath"
 
@@ -53,7 +54,7 @@ func (a *Agent) startExecutor() error {
 			return fmt.Errorf("NVML for the watchdog: %v", nvml.ErrorString(ret))
 		}
 	}
-	src := &eventSource{c: a.cluster, http: rpc.HTTPClient()}
+	src := &eventSource{c: a.cluster, http: a.sec.peerHTTP}
 	ex, err := executor.New(src, &logReporter{c: a.cluster, node: a.cfg.NodeName}, opts)
 	if err != nil {
 		return fmt.Errorf("start executor: %w", err)
@@ -144,4 +145,9 @@ func (s *eventSource) snapshot(ctx context.Context, node string) (executor.Snaps
 		return nil
 	})
 	return snap, err
+}
+
+// readLogs serves the engine logs kept in this node's data dir.
+func (a *Agent) readLogs(ctx context.Context, model string, replica uint32, follow bool, w io.Writer) error {
+	return executor.ReadLogs(ctx, a.cfg.DataDir, model, replica, follow, w)
 }

@@ -48,8 +48,9 @@ GPUPLANE_<FLAG>, e.g. GPUPLANE_DATA_DIR.`,
 				return err
 			}
 			if cfg.Dev {
-				fmt.Fprintln(g.stdout, "dev mode: single-node server, ACLs off, data removed on exit unless --data-dir was given")
+				fmt.Fprintln(g.stdout, "dev mode: single-node server, data removed on exit unless --data-dir was given")
 			}
+			fmt.Fprintln(g.stdout, a.SecuritySummary())
 			err = a.Wait(ctx)
 			fmt.Fprintln(g.stdout, "shutting down")
 			return joinErr(err, a.Close())
@@ -72,6 +73,12 @@ GPUPLANE_<FLAG>, e.g. GPUPLANE_DATA_DIR.`,
 	f.StringVar(&cfg.Enforce, "enforce", "auto", "hard limits on engines' shares: auto, mps, hami or none")
 	f.StringVar(&cfg.HAMiLib, "hami-lib", "", "path of HAMi-core's libvgpu.so, for --enforce hami (or auto)")
 	f.StringVar(&logLevel, "log-level", "warn", "log level: debug, info, warn, error")
+	f.StringVar(&cfg.TLSCert, "tls-cert", "", "this node's PEM certificate (gpuplane tls create-cert): TLS for the API, Raft and calls between nodes")
+	f.StringVar(&cfg.TLSKey, "tls-key", "", "the key of --tls-cert")
+	f.StringVar(&cfg.TLSCA, "tls-ca", "", "the cluster's CA certificate (gpuplane tls create-ca)")
+	f.StringVar(&cfg.Encrypt, "encrypt", "", "gossip encryption key, base64 (gpuplane keygen); the same on every node")
+	f.BoolVar(&cfg.ACL, "acl", false, "require tokens with roles on the API (gpuplane acl bootstrap)")
+	f.StringVar(&cfg.AgentToken, "agent-token", "", "secret nodes present to each other with --acl and no TLS; the same on every node")
 	return cmd
 }
 

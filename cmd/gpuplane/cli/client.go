@@ -2,6 +2,7 @@ package cli
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
@@ -13,6 +14,7 @@ import (
 	"connectrpc.com/connect"
 	"github.com/spf13/cobra"
 
+	"github.com/gpuplane/gpuplane/cluster"
 	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
 	"github.com/gpuplane/gpuplane/proto/gpuplane/v1/gpuplanev1connect"
 )
@@ -26,6 +28,7 @@ type apiClients struct {
 	Accelerators gpuplanev1connect.AcceleratorServiceClient
 	Models       gpuplanev1connect.ModelServiceClient
 	Cluster      gpuplanev1connect.ClusterServiceClient
+	ACL          gpuplanev1connect.ACLServiceClient
 }
 
 // api returns the clients for --addr, built on first use. A malformed
@@ -33,15 +36,19 @@ type apiClients struct {
 // pre-run hook because shell completion calls the API without running hooks.
 func (g *globals) api(cmd *cobra.Command) (*apiClients, error) {
 	g.apiOnce.Do(func() {
-		base, err := normalizeAddr(g.addr)
+		base, err := normalizeAddr(g.addr, g.ca != "")
 		if err != nil {
 			g.apiErr = err
 			return
 		}
-		hc := g.httpClient
-		if hc == nil {
-			hc = &http.Client{}
+		if g.httpClient == nil {
+			// Also what logClients uses.
+			if g.httpClient, err = newHTTPClient(g.ca); err != nil {
+				g.apiErr = err
+				return
+			}
 		}
+		hc := g.httpClient
 		opts := []connect.ClientOption{connect.WithInterceptors(headerInterceptor{token: g.token, userAgent: "gpuplane-cli/" + buildInfo().Version})}
 		g.apiVal = &apiClients{
 			baseURL:      base,
@@ -50,6 +57,7 @@ func (g *globals) api(cmd *cobra.Command) (*apiClients, error) {
 			Accelerators: gpuplanev1connect.NewAcceleratorServiceClient(hc, base, opts...),
 			Models:       gpuplanev1connect.NewModelServiceClient(hc, base, opts...),
 			Cluster:      gpuplanev1connect.NewClusterServiceClient(hc, base, opts...),
+			ACL:          gpuplanev1connect.NewACLServiceClient(hc, base, opts...),
 		}
 	})
 	if g.apiErr != nil {
@@ -58,12 +66,32 @@ func (g *globals) api(cmd *cobra.Command) (*apiClients, error) {
 	return g.apiVal, nil
 }
 
+// newHTTPClient returns the CLI's HTTP client: with caFile (--ca), one that
+// trusts that CA for https:// addresses (and still the system's roots' absence
+// means only servers with a certificate it signed are accepted).
+func newHTTPClient(caFile string) (*http.Client, error) {
+	if caFile == "" {
+		return &http.Client{}, nil
+	}
+	pool, err := cluster.LoadCAPool(caFile)
+	if err != nil {
+		return nil, fmt.Errorf("--ca: %w", err)
+	}
+	t := http.DefaultTransport.(*http.Transport).Clone()
+	t.TLSClientConfig = &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}
+	return &http.Client{Transport: t}, nil
+}
+
 // normalizeAddr accepts "host:port" or a URL and returns an http(s) base URL
-// without a trailing slash.
-func normalizeAddr(addr string) (string, error) {
+// without a trailing slash; "host:port" means https when a CA is given.
+func normalizeAddr(addr string, https bool) (string, error) {
 	s := strings.TrimSpace(addr)
 	if !strings.Contains(s, "://") {
-		s = "http://" + s
+		if https {
+			s = "https://" + s
+		} else {
+			s = "http://" + s
+		}
 	}
 	u, err := url.Parse(s)
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {

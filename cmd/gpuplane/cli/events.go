@@ -82,7 +82,7 @@ func (g *globals) logClients(cmd *cobra.Command, addr string) (gpuplanev1connect
 	if _, err := g.api(cmd); err != nil { // checks --addr the way every command does
 		return nil, nil, err
 	}
-	base, err := normalizeAddr(addr)
+	base, err := normalizeAddr(addr, g.ca != "")
 	if err != nil {
 		return nil, nil, &usageError{cmd: cmd, msg: err.Error()}
 	}
@@ -171,7 +171,7 @@ func (g *globals) otherServers(cmd *cobra.Command) []string {
 		if n.GetRole() != pb.NodeRole_NODE_ROLE_SERVER || n.GetAddress() == "" {
 			continue
 		}
-		if base, err := normalizeAddr(n.GetAddress()); err == nil && base != api.baseURL {
+		if base, err := normalizeAddr(n.GetAddress(), g.ca != ""); err == nil && base != api.baseURL {
 			out = append(out, base)
 		}
 	}

@@ -16,6 +16,7 @@ import (
 func newReplicasCommand(g *globals) *cobra.Command {
 	return newGroupCommand("replicas", "Inspect the replicas of model deployments", []string{"replica"},
 		newReplicasListCommand(g),
+		newReplicasLogsCommand(g),
 	)
 }
 

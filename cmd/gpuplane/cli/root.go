@@ -35,6 +35,9 @@ const (
 // GPUPLANE_ADDR says otherwise.
 const DefaultAddr = "http://127.0.0.1:7410"
 
+// DefaultTLSAddr replaces DefaultAddr when a CA is given (--ca, GPUPLANE_CACERT).
+const DefaultTLSAddr = "https://127.0.0.1:7410"
+
 // Output formats accepted by -o.
 const (
 	outputTable = "table"
@@ -54,6 +57,8 @@ type globals struct {
 	output string
 	// token is --token / GPUPLANE_TOKEN, sent as "Authorization: Bearer".
 	token string
+	// ca is --ca / GPUPLANE_CACERT: the CA that signed the agents' certificates.
+	ca string
 
 	stdin  io.Reader
 	stdout io.Writer
@@ -115,6 +120,9 @@ model's memory and compute share. This command talks to any node's API
 		SilenceErrors: true,
 		SilenceUsage:  true,
 		PersistentPreRunE: func(cmd *cobra.Command, _ []string) error {
+			if f := cmd.Flag("addr"); g.ca != "" && (f == nil || !f.Changed) && g.addr == DefaultAddr {
+				g.addr = DefaultTLSAddr
+			}
 			if !slices.Contains(outputFormats, g.output) {
 				return usageErrorf(cmd, "invalid output format %q for -o: want %s", g.output, strings.Join(outputFormats, ", "))
 			}
@@ -129,11 +137,15 @@ model's memory and compute share. This command talks to any node's API
 	addr := g.getenv("GPUPLANE_ADDR")
 	if addr == "" {
 		addr = DefaultAddr
+		if g.getenv("GPUPLANE_CACERT") != "" {
+			addr = DefaultTLSAddr
+		}
 	}
 	pf := root.PersistentFlags()
 	pf.StringVar(&g.addr, "addr", addr, "address of a gpuplane node's API (env GPUPLANE_ADDR)")
 	pf.StringVarP(&g.output, "output", "o", outputTable, "output format: "+strings.Join(outputFormats, ", "))
 	pf.StringVar(&g.token, "token", g.getenv("GPUPLANE_TOKEN"), "API token (env GPUPLANE_TOKEN)")
+	pf.StringVar(&g.ca, "ca", g.getenv("GPUPLANE_CACERT"), "CA certificate to verify the agent's TLS certificate with; the default --addr becomes https (env GPUPLANE_CACERT)")
 	_ = root.RegisterFlagCompletionFunc("output", cobra.FixedCompletions(outputFormats, cobra.ShellCompDirectiveNoFileComp))
 
 	root.AddCommand(
@@ -152,6 +164,9 @@ model's memory and compute share. This command talks to any node's API
 		newSimulateCommand(g),
 		newVersionCommand(g),
 		newCompletionCommand(g),
+		newACLCommand(g),
+		newTLSCommand(g),
+		newKeygenCommand(g),
 		newEngineCommand(g),
 	)
 	return root

@@ -177,6 +177,12 @@ func TestEnginesRunAsProcesses(t *testing.T) {
 		t.Errorf("the engine's failure is not in the log:\n%s", events)
 	}
 
+	// The engine's log is kept across its restart and served by the API.
+	logs := mustGpuplane(t, a.url(), "replicas", "logs", "chat/0")
+	if strings.Count(logs, "\n") < 2 {
+		t.Errorf("replicas logs chat/0 printed too little:\n%s", logs)
+	}
+
 	// kill -9 of the agent, restart on the same data dir: one engine per replica.
 	a.kill()
 	a.start()

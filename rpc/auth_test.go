@@ -1,0 +1,43 @@
+package rpc
+
+import (
+	"net/http"
+	"testing"
+
+	"google.golang.org/protobuf/reflect/protoreflect"
+	"google.golang.org/protobuf/reflect/protoregistry"
+
+	_ "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
+)
+
+// TestEveryProcedureHasAccess keeps the access table complete: a new RPC
+// falls back to admin, which is safe but rarely what was meant.
+func TestEveryProcedureHasAccess(t *testing.T) {
+	for _, name := range services {
+		d, err := protoregistry.GlobalFiles.FindDescriptorByName(protoreflect.FullName(name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		methods := d.(protoreflect.ServiceDescriptor).Methods()
+		for i := range methods.Len() {
+			proc := "/" + name + "/" + string(methods.Get(i).Name())
+			if _, ok := procedureAccess[proc]; !ok {
+				t.Errorf("%s is missing from procedureAccess", proc)
+			}
+		}
+	}
+	if ProcedureAccess("/gpuplane.v1.NewService/Method") != AccessAdmin {
+		t.Error("an unknown procedure must need admin")
+	}
+}
+
+func TestBearer(t *testing.T) {
+	for h, want := range map[string]string{
+		"Bearer abc": "abc", "bearer  abc ": "abc", "Basic abc": "", "Bearer": "", "": "", "Bearer ": "",
+	} {
+		got, ok := bearer(http.Header{"Authorization": {h}}.Get("Authorization"))
+		if got != want || ok != (want != "") {
+			t.Errorf("bearer(%q) = %q, %v; want %q", h, got, ok, want)
+		}
+	}
+}
