@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"net"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -165,5 +166,55 @@ func TestLiveRulesRefuseAndChangeNothing(t *testing.T) {
 	reps, _, _ := run("replicas", "list", "--model", "chat")
 	if !strings.Contains(reps, "accelerator small was deleted") {
 		t.Fatalf("replicas should wait with the SPEC's reason:\n%s", reps)
+	}
+}
+
+// TestLiveApplyAndRefusals is the core issue's third and fourth must-show
+// against a real agent: apply prints created then unchanged; re-applying with
+// another tenancy exits 0, warns that accelerators are immutable naming the
+// field, and changes nothing; each invalid request exits 1 naming its rule or
+// field and leaves the state as it was.
+func TestLiveApplyAndRefusals(t *testing.T) {
+	run := startDevAgent(t)
+	dir := t.TempDir()
+	write := func(name, body string) string {
+		path := dir + "/" + name
+		if err := os.WriteFile(path, []byte(body), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return path
+	}
+	doc := "resource: Accelerator\nresourceVersion: v1\nmetadata: {name: small}\nspec: {device: l4, tenancy: shared, maxModels: 2}\n"
+	file := write("small.yaml", doc)
+	for _, want := range []string{"accelerator/small created", "accelerator/small unchanged"} {
+		out, errOut, code := run("apply", "-f", file)
+		if code != 0 || strings.TrimSpace(out) != want {
+			t.Fatalf("apply: exit %d, stdout %q, stderr %q; want %q", code, out, errOut, want)
+		}
+	}
+	before, _, _ := run("accelerators", "list", "-o", "json")
+	changed := write("dedicated.yaml", strings.Replace(doc, "tenancy: shared, maxModels: 2", "tenancy: dedicated", 1))
+	out, errOut, code := run("apply", "-f", changed)
+	if code != 0 || !strings.Contains(out, "unchanged") || !strings.Contains(errOut, "immutable") || !strings.Contains(errOut, "spec.tenancy") {
+		t.Fatalf("re-apply with another tenancy: exit %d, stdout %q, stderr %q", code, out, errOut)
+	}
+
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"accelerators", "create", "wide", "--device", "l4", "--tenancy", "shared", "--devices-per-replica", "2"}, "a shared accelerator splits a single device"},
+		{[]string{"accelerators", "create", "odd", "--device", "tpu9"}, "rule 2"},
+		{[]string{"accelerators", "create", "small", "--device", "l4"}, "already exists"},
+		{[]string{"apply", "-f", write("typo.yaml", strings.Replace(doc, "maxModels", "maxModles", 1))}, "spec.maxModles: unknown field"},
+		{[]string{"apply", "-f", write("v2.yaml", strings.Replace(doc, "resourceVersion: v1", "resourceVersion: v2", 1))}, "resourceVersion: must be v1"},
+	} {
+		_, errOut, code := run(tc.args...)
+		if code != 1 || !strings.Contains(errOut, tc.want) {
+			t.Errorf("%v: exit %d, stderr %q; want exit 1 naming %q", tc.args, code, errOut, tc.want)
+		}
+	}
+	if after, _, _ := run("accelerators", "list", "-o", "json"); after != before {
+		t.Fatalf("refused requests changed the accelerators:\nbefore %s\nafter %s", before, after)
 	}
 }
