@@ -22,6 +22,7 @@ import (
 
 	"github.com/gpuplane/gpuplane/cluster"
 	"github.com/gpuplane/gpuplane/cluster/scheduler"
+	"github.com/gpuplane/gpuplane/fsm"
 	"github.com/gpuplane/gpuplane/node/inventory"
 	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
 	"github.com/gpuplane/gpuplane/rpc"
@@ -328,6 +329,12 @@ func (a *Agent) register(ctx context.Context) error {
 	defer cancel()
 	if err := a.cluster.WaitForLeader(ctx); err != nil {
 		return fmt.Errorf("wait for a leader: %w", err)
+	}
+	// Check against state that holds every committed entry: right after a
+	// restart the log is still being re-applied, and a check against a
+	// partial state would append a registration that changes nothing.
+	if err := a.cluster.Read(ctx, false, func(*fsm.FSM) error { return nil }); err != nil {
+		return fmt.Errorf("catch up with the log: %w", err)
 	}
 	env := &pb.Envelope{Actor: "node/" + a.cfg.NodeName, Command: &pb.Envelope_RegisterNode{RegisterNode: &pb.RegisterNode{Node: a.localNode()}}}
 	for {
