@@ -10,6 +10,7 @@ import (
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/dgxa100"
+	mockserver "github.com/NVIDIA/go-nvml/pkg/nvml/mock/server"
 )
 
 // target records what the watchdog says.
@@ -25,13 +26,13 @@ func (t *target) Exceeded(e Engine, used uint64, reason string) {
 
 // procs makes a device of the mock DGX A100 report these compute processes
 // (pid → MiB).
-func procs(t *testing.T, srv *dgxa100.Server, index int, used map[uint32]uint64) string {
+func procs(t *testing.T, srv *mockserver.Server, index int, used map[uint32]uint64) string {
 	t.Helper()
 	d, ret := srv.DeviceGetHandleByIndex(index)
 	if ret != nvml.SUCCESS {
 		t.Fatal(ret)
 	}
-	dev := d.(*dgxa100.Device)
+	dev := d.(*mockserver.Device)
 	dev.GetComputeRunningProcessesFunc = func() ([]nvml.ProcessInfo, nvml.Return) {
 		var out []nvml.ProcessInfo
 		for _, pid := range slices.Sorted(maps.Keys(used)) {
