@@ -60,6 +60,13 @@ func (c *Cursor) Advance(upTo uint64, yield func(*pb.Event) error) error {
 			return fmt.Errorf("the log starts at index %d: entries before it are gone, so it cannot be replayed", first)
 		}
 	}
+	if c.next == 1 && upTo >= 1<<12 {
+		// Nearly every command carries a request id the state machine
+		// remembers: size its map once for the whole replay.
+		if last, err := c.log.LastIndex(); err == nil {
+			c.state.ExpectEntries(int(min(upTo, last)))
+		}
+	}
 	if r, ok := c.log.(logRanger); ok && c.next <= upTo {
 		err := r.RangeLogs(c.next, upTo, func(l *raft.Log) error { return c.step(l, yield) })
 		if errors.Is(err, raft.ErrLogNotFound) {

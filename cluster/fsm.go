@@ -81,12 +81,10 @@ func (w *raftFSM) Snapshot() (raft.FSMSnapshot, error) {
 // local snapshot, or when the leader installs one on a follower.
 func (w *raftFSM) Restore(rc io.ReadCloser) error {
 	defer rc.Close()
-	data, err := io.ReadAll(rc)
-	if err != nil {
-		return fmt.Errorf("read snapshot: %w", err)
-	}
+	// Decoded as it is read: a snapshot is mostly applied requests, and
+	// reading tens of megabytes into one buffer first costs as much again.
 	next := fsm.New()
-	if err := next.Restore(data); err != nil {
+	if err := next.RestoreFrom(rc); err != nil {
 		return err
 	}
 	w.mu.Lock()

@@ -46,7 +46,7 @@ func OpenOffline(dataDir string) (*Offline, error) {
 	// Read with boltLogs rather than raft-boltdb's store: the same file and
 	// format, but entries are read in index order with one cursor and one
 	// decoder (see logRanger), which replay needs to be fast.
-	store, err := openBoltLogs(path, &bbolt.Options{ReadOnly: true, Timeout: time.Second})
+	store, err := openBoltLogs(path, &bbolt.Options{ReadOnly: true, Timeout: time.Second, MmapFlags: offlineMmapFlags})
 	if errors.Is(err, bbolt.ErrTimeout) {
 		return nil, fmt.Errorf("open %s: an agent is running on this data dir: stop it, or ask it with --addr instead of --data-dir", path)
 	}

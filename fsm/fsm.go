@@ -5,46 +5,111 @@ import (
 	"encoding/binary"
 	"encoding/hex"
 	"fmt"
+	"slices"
 
 	"google.golang.org/protobuf/proto"
 
 	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
 )
 
-// genesisHash is the hash chain head before any entry is applied.
-var genesisHash = hex.EncodeToString(make([]byte, sha256.Size))
-
 // FSM is the replicated state and the code that changes it.
 type FSM struct {
 	applied uint64
-	hash    string
+	// head is the hash chain head after applied (all zeros before any
+	// entry), kept binary: only Hash encodes it.
+	head [sha256.Size]byte
 
 	nodes        map[string]*pb.Node
 	accelerators map[string]*pb.StoredAccelerator
 	models       map[string]*pb.ModelDeployment
 	replicas     map[replicaKey]*pb.Replica
 	// cards indexes what placed replicas take from each card.
-	cards           map[cardKey]*cardUse
+	cards map[cardKey]*cardUse
+	// onNode indexes the placed replicas by node (occupy, release): derived,
+	// rebuilt on Restore.
+	onNode          map[string]map[replicaKey]*pb.Replica
 	tokens          map[string]*pb.ACLToken
 	aclBootstrapped bool
-	// requests maps request ids to the result of their first application.
-	requests map[string]*pb.Result
-	// cardMiB memoises cardMemory while one command is applied (nil
-	// otherwise): derived, never part of the state.
+	// requests maps request ids to the result of their first application,
+	// kept compact: a million of them must stay cheap to hold, scan and
+	// snapshot.
+	requests map[string]appliedRequest
+	// cardMiB is the smallest card memory per device over all nodes, for
+	// cardMemory; rebuilt by indexCardMemory whenever an inventory changes:
+	// derived, never part of the state.
 	cardMiB map[string]uint64
+}
+
+// appliedRequest is what a request id's first application returned: enough
+// to answer a duplicate with the same result. Violations and warnings are
+// rare, so they hang off a pointer that is nil in the common case.
+type appliedRequest struct {
+	index   uint64
+	code    pb.Code
+	outcome pb.Outcome
+	message string
+	detail  *requestDetail
+}
+
+type requestDetail struct {
+	violations []*pb.Violation
+	warnings   []string
+}
+
+// remember returns the compact record of res.
+func remember(res *pb.Result) appliedRequest {
+	a := appliedRequest{index: res.Index, code: res.Code, outcome: res.Outcome, message: res.Message}
+	if len(res.Violations) > 0 || len(res.Warnings) > 0 {
+		d := &requestDetail{warnings: slices.Clone(res.Warnings)}
+		for _, v := range res.Violations {
+			d.violations = append(d.violations, proto.Clone(v).(*pb.Violation))
+		}
+		a.detail = d
+	}
+	return a
+}
+
+func (a *appliedRequest) more() *requestDetail {
+	if a.detail == nil {
+		a.detail = &requestDetail{}
+	}
+	return a.detail
+}
+
+// result rebuilds the Result a remembered request returned (a fresh copy the
+// caller may change).
+func (a appliedRequest) result() *pb.Result {
+	res := &pb.Result{Index: a.index, Code: a.code, Outcome: a.outcome, Message: a.message}
+	if d := a.detail; d != nil {
+		res.Warnings = slices.Clone(d.warnings)
+		for _, v := range d.violations {
+			res.Violations = append(res.Violations, proto.Clone(v).(*pb.Violation))
+		}
+	}
+	return res
 }
 
 // New returns an empty state machine.
 func New() *FSM {
 	return &FSM{
-		hash:         genesisHash,
 		nodes:        map[string]*pb.Node{},
 		accelerators: map[string]*pb.StoredAccelerator{},
 		models:       map[string]*pb.ModelDeployment{},
 		replicas:     map[replicaKey]*pb.Replica{},
 		cards:        map[cardKey]*cardUse{},
+		onNode:       map[string]map[replicaKey]*pb.Replica{},
 		tokens:       map[string]*pb.ACLToken{},
-		requests:     map[string]*pb.Result{},
+		requests:     map[string]appliedRequest{},
+	}
+}
+
+// ExpectEntries tells a fresh state machine that about n entries are coming
+// (a replay from index 1), so that the request map is sized once rather than
+// grown entry by entry. It changes nothing observable, and nothing once any
+// request has been applied.
+func (f *FSM) ExpectEntries(n int) {
+	if len(f.requests) == 0 && n > 0 {
+		f.requests = make(map[string]appliedRequest, min(n, 1<<24))
 	}
 }
 
@@ -52,7 +117,7 @@ func New() *FSM {
 func (f *FSM) AppliedIndex() uint64 { return f.applied }
 
 // Hash is the hex head of the hash chain after the last applied entry.
-func (f *FSM) Hash() string { return f.hash }
+func (f *FSM) Hash() string { return hex.EncodeToString(f.head[:]) }
 
 // ApplyBytes applies one committed log entry holding a marshalled Envelope.
 // It never panics: an entry that cannot be decoded, or holds a command this
@@ -97,15 +162,20 @@ func Marshal(env *pb.Envelope) ([]byte, error) {
 // in the log and the result code, so that a changed entry or a different
 // decision changes every later head.
 func (f *FSM) chain(index uint64, data []byte, res *pb.Result) {
-	h := sha256.New()
-	prev, _ := hex.DecodeString(f.hash)
-	h.Write(prev)
-	var buf [binary.MaxVarintLen64 * 2]byte
-	n := binary.PutUvarint(buf[:], index)
-	n += binary.PutUvarint(buf[n:], uint64(res.GetCode()))
-	h.Write(buf[:n])
-	h.Write(data)
-	f.hash = hex.EncodeToString(h.Sum(nil))
+	// sha256(previous head ‖ uvarint(index) ‖ uvarint(code) ‖ data), in one
+	// call from a stack buffer when the entry fits (most do), else streamed.
+	var buf [1024]byte
+	b := append(buf[:0], f.head[:]...)
+	b = binary.AppendUvarint(b, index)
+	b = binary.AppendUvarint(b, uint64(res.GetCode()))
+	if len(b)+len(data) <= len(buf) {
+		f.head = sha256.Sum256(append(b, data...))
+	} else {
+		h := sha256.New()
+		h.Write(b)
+		h.Write(data)
+		h.Sum(f.head[:0])
+	}
 	f.applied = index
 }
 
@@ -114,7 +184,7 @@ func (f *FSM) chain(index uint64, data []byte, res *pb.Result) {
 func (f *FSM) apply(env *pb.Envelope, index uint64, dry bool) *pb.Result {
 	if id := env.GetRequestId(); id != "" {
 		if prev, ok := f.requests[id]; ok {
-			res := proto.Clone(prev).(*pb.Result)
+			res := prev.result()
 			res.Duplicate = true
 			return res
 		}
@@ -157,7 +227,7 @@ func (f *FSM) apply(env *pb.Envelope, index uint64, dry bool) *pb.Result {
 	}
 	res.Index = index
 	if !dry && env.GetRequestId() != "" {
-		f.requests[env.GetRequestId()] = proto.Clone(res).(*pb.Result)
+		f.requests[env.GetRequestId()] = remember(res)
 	}
 	return res
 }

@@ -1,11 +1,13 @@
 package fsm_test
 
 import (
+	"bytes"
 	"fmt"
 	"iter"
 	"strconv"
 	"strings"
 	"testing"
+	"testing/iotest"
 	"text/tabwriter"
 
 	"github.com/cockroachdb/datadriven"
@@ -72,6 +74,13 @@ func TestDataDriven(t *testing.T) {
 				}
 				if formatState(f) != formatState(g) {
 					d.Fatalf(t, "restored views differ")
+				}
+				h := fsm.New()
+				if err := h.RestoreFrom(iotest.OneByteReader(bytes.NewReader(data))); err != nil {
+					d.Fatalf(t, "restore from reader: %v", err)
+				}
+				if !proto.Equal(f.State(), h.State()) || h.Hash() != f.Hash() {
+					d.Fatalf(t, "state restored from a reader differs")
 				}
 				return "restored state equals live state at index " + strconv.FormatUint(g.AppliedIndex(), 10)
 			}

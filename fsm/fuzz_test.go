@@ -1,6 +1,7 @@
 package fsm_test
 
 import (
+	"bytes"
 	"testing"
 
 	"google.golang.org/protobuf/proto"
@@ -57,6 +58,13 @@ func FuzzApplyBytes(f *testing.F) {
 		}
 		if !proto.Equal(s.State(), g.State()) {
 			t.Fatal("snapshot does not restore the same state")
+		}
+		h := fsm.New()
+		if err := h.RestoreFrom(bytes.NewReader(snap)); err != nil {
+			t.Fatal(err)
+		}
+		if !proto.Equal(s.State(), h.State()) || h.Hash() != s.Hash() {
+			t.Fatal("snapshot read from a reader does not restore the same state")
 		}
 	})
 }

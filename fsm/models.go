@@ -106,43 +106,36 @@ func shareOf(spec *pb.ModelSpec, acc *pb.AcceleratorSpec, cardMiB uint64) share 
 }
 
 // cardMemory is the memory of the accelerator's device: the smallest reported
-// card of that kind, else the catalog's.
+// card of that kind over all nodes' cards, whatever their node's status, else
+// the catalog's.
 //
-// It scans the cards directly rather than building deviceSummaries (which
-// sorts nodes and formats every card's binding): every placement and model
-// check calls it, so it sits on the apply path that replay runs a million
-// times. The result is the same: the minimum over all nodes' cards of that
-// kind, whatever their node's status.
+// Every placement and model check calls it, so it sits on the apply path that
+// replay runs a million times: it reads f.cardMiB, which indexCardMemory
+// rebuilds whenever an inventory changes, rather than scanning every card.
+// Being read-only, it is safe under the concurrent reads of views and
+// DryRun.
 func (f *FSM) cardMemory(device string) uint64 {
 	if mib, ok := f.cardMiB[device]; ok {
 		return mib
-	}
-	mib := f.scanCardMemory(device)
-	if f.cardMiB != nil {
-		f.cardMiB[device] = mib
-	}
-	return mib
-}
-
-func (f *FSM) scanCardMemory(device string) uint64 {
-	var (
-		least uint64
-		found bool
-	)
-	for _, n := range f.nodes {
-		for _, c := range n.Cards {
-			if c.Device == device && (!found || c.MemoryMib < least) {
-				least, found = c.MemoryMib, true
-			}
-		}
-	}
-	if found {
-		return least
 	}
 	if c, ok := catalog.BySlug(device); ok {
 		return c.MemoryMiB
 	}
 	return 0
+}
+
+// indexCardMemory rebuilds f.cardMiB, the smallest card memory per device
+// over all nodes. Every change to f.nodes or a node's cards must call it.
+func (f *FSM) indexCardMemory() {
+	m := make(map[string]uint64, len(f.cardMiB))
+	for _, n := range f.nodes {
+		for _, c := range n.Cards {
+			if least, ok := m[c.Device]; !ok || c.MemoryMib < least {
+				m[c.Device] = c.MemoryMib
+			}
+		}
+	}
+	f.cardMiB = m
 }
 
 // checkModel applies the rules that need the state (7, 8, 9, 10's memory cap).
@@ -259,17 +252,21 @@ func (f *FSM) modelsOn(accelerator string) []string {
 	return out
 }
 
-// unplaceWhere returns every placed replica matching pred to pending.
+// unplaceWhere returns every placed replica matching pred to pending, in
+// replica order. Only the matches are sorted: a node's status change must not
+// sort every replica in the cluster.
 func (f *FSM) unplaceWhere(pred func(*pb.Replica) bool, reason string) int {
-	n := 0
-	for _, k := range f.sortedReplicaKeys() {
-		r := f.replicas[k]
+	var keys []replicaKey
+	for k, r := range f.replicas {
 		if pred(r) {
-			f.unplace(r, reason)
-			n++
+			keys = append(keys, k)
 		}
 	}
-	return n
+	sortReplicaKeys(keys)
+	for _, k := range keys {
+		f.unplace(f.replicas[k], reason)
+	}
+	return len(keys)
 }
 
 func (f *FSM) sortedReplicaKeys() []replicaKey {
@@ -277,11 +274,15 @@ func (f *FSM) sortedReplicaKeys() []replicaKey {
 	for k := range f.replicas {
 		keys = append(keys, k)
 	}
+	sortReplicaKeys(keys)
+	return keys
+}
+
+func sortReplicaKeys(keys []replicaKey) {
 	slices.SortFunc(keys, func(a, b replicaKey) int {
 		if c := strings.Compare(a.model, b.model); c != 0 {
 			return c
 		}
 		return int(a.index) - int(b.index)
 	})
-	return keys
 }

@@ -20,10 +20,6 @@ func (f *FSM) placeReplicas(c *pb.PlaceReplicas, index uint64, dry bool) *pb.Res
 		planNodes[p.GetNode()] = true
 	}
 	hostUse := f.hostUse(planNodes)
-	// The inventory does not change while a plan is checked and applied:
-	// look each device's card memory up once (replay applies millions).
-	f.cardMiB = map[string]uint64{}
-	defer func() { f.cardMiB = nil }()
 	for i, p := range c.GetPlacements() {
 		r, err := f.checkPlacement(p, scratch, placed, hostUse)
 		if err != nil {
@@ -66,21 +62,20 @@ func (f *FSM) placeReplicas(c *pb.PlaceReplicas, index uint64, dry bool) *pb.Res
 }
 
 // hostUse sums the host resources of placed replicas per node, for the
-// given nodes only (the model lookups are the cost).
+// given nodes only, from the replicas-by-node index.
 func (f *FSM) hostUse(nodes map[string]bool) map[string]*pb.HostResources {
 	use := map[string]*pb.HostResources{}
-	for _, r := range f.replicas {
-		if r.Node == "" || !nodes[r.Node] {
-			continue
+	for node := range nodes {
+		for _, r := range f.onNode[node] {
+			res := f.models[r.Model].GetSpec().GetResources()
+			u := use[r.Node]
+			if u == nil {
+				u = &pb.HostResources{}
+				use[r.Node] = u
+			}
+			u.CpuMilli += res.GetCpuMilli()
+			u.MemoryMib += res.GetMemoryMib()
 		}
-		res := f.models[r.Model].GetSpec().GetResources()
-		u := use[r.Node]
-		if u == nil {
-			u = &pb.HostResources{}
-			use[r.Node] = u
-		}
-		u.CpuMilli += res.GetCpuMilli()
-		u.MemoryMib += res.GetMemoryMib()
 	}
 	return use
 }

@@ -1,9 +1,17 @@
 package fsm
 
 import (
+	"bufio"
+	"encoding/binary"
+	"encoding/hex"
+	"errors"
 	"fmt"
+	"io"
 	"iter"
+	"math"
+	"unicode/utf8"
 
+	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 
 	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
@@ -12,7 +20,7 @@ import (
 // State returns the whole state as one message, with every list sorted, so
 // that equal states have equal encodings.
 func (f *FSM) State() *pb.State {
-	st := &pb.State{AppliedIndex: f.applied, Hash: f.hash}
+	st := &pb.State{AppliedIndex: f.applied, Hash: f.Hash()}
 	for _, name := range sortedKeys(f.nodes) {
 		st.Nodes = append(st.Nodes, proto.Clone(f.nodes[name]).(*pb.Node))
 	}
@@ -29,8 +37,10 @@ func (f *FSM) State() *pb.State {
 		st.Tokens = append(st.Tokens, proto.Clone(f.tokens[name]).(*pb.ACLToken))
 	}
 	st.AclBootstrapped = f.aclBootstrapped
-	for _, id := range sortedKeys(f.requests) {
-		st.AppliedRequests = append(st.AppliedRequests, &pb.AppliedRequest{RequestId: id, Result: proto.Clone(f.requests[id]).(*pb.Result)})
+	ids := sortedKeys(f.requests)
+	st.AppliedRequests = make([]*pb.AppliedRequest, 0, len(ids))
+	for _, id := range ids {
+		st.AppliedRequests = append(st.AppliedRequests, &pb.AppliedRequest{RequestId: id, Result: f.requests[id].result()})
 	}
 	return st
 }
@@ -41,19 +51,36 @@ func (f *FSM) Snapshot() ([]byte, error) {
 }
 
 // Restore replaces the state with a snapshot taken by Snapshot.
+//
+// The applied requests, which are most of a long-lived cluster's snapshot
+// (one per request id ever applied), are decoded straight from the wire into
+// their compact form; the rest of the State goes through proto.Unmarshal.
 func (f *FSM) Restore(data []byte) error {
+	rest, requests, err := splitRequests(data)
+	if err != nil {
+		return fmt.Errorf("restore snapshot: %w", err)
+	}
+	return f.restore(rest, requests)
+}
+
+// restore replaces the state with rest, a marshalled State without its
+// applied requests, and the requests decoded from it.
+func (f *FSM) restore(rest []byte, requests map[string]appliedRequest) error {
 	st := &pb.State{}
-	if err := proto.Unmarshal(data, st); err != nil {
+	if err := proto.Unmarshal(rest, st); err != nil {
 		return fmt.Errorf("restore snapshot: %w", err)
 	}
 	next := New()
 	next.applied = st.AppliedIndex
 	if st.Hash != "" {
-		next.hash = st.Hash
+		if n, err := hex.Decode(next.head[:], []byte(st.Hash)); err != nil || n != len(next.head) || len(st.Hash) != 2*len(next.head) {
+			return fmt.Errorf("restore snapshot: hash %q is not a hex sha256", st.Hash)
+		}
 	}
 	for _, n := range st.Nodes {
 		next.nodes[n.Name] = n
 	}
+	next.indexCardMemory()
 	for _, a := range st.Accelerators {
 		next.accelerators[a.Name] = a
 	}
@@ -70,10 +97,266 @@ func (f *FSM) Restore(data []byte) error {
 		next.tokens[t.Name] = t
 	}
 	next.aclBootstrapped = st.AclBootstrapped
-	for _, r := range st.AppliedRequests {
-		next.requests[r.RequestId] = r.Result
-	}
+	next.requests = requests
 	*f = *next
+	return nil
+}
+
+// stateAppliedRequests is the field number of State.applied_requests.
+const stateAppliedRequests = 5
+
+var errTruncated = errors.New("truncated or malformed protobuf")
+
+// splitRequests separates a marshalled State's applied_requests from its
+// other fields: it returns those other fields, still marshalled, and the
+// requests decoded into the request map, as proto.Unmarshal would have read
+// them (later duplicates of an id win, strings must be UTF-8, unknown fields
+// are skipped).
+func splitRequests(data []byte) ([]byte, map[string]appliedRequest, error) {
+	count := 0
+	for b := data; len(b) > 0; {
+		num, typ, n := protowire.ConsumeTag(b)
+		if n < 0 {
+			return nil, nil, errTruncated
+		}
+		m := protowire.ConsumeFieldValue(num, typ, b[n:])
+		if m < 0 {
+			return nil, nil, errTruncated
+		}
+		if num == stateAppliedRequests && typ == protowire.BytesType {
+			count++
+		}
+		b = b[n+m:]
+	}
+	requests := make(map[string]appliedRequest, count)
+	rest := make([]byte, 0, min(len(data), 1<<16))
+	for b := data; len(b) > 0; {
+		num, typ, n := protowire.ConsumeTag(b)
+		m := protowire.ConsumeFieldValue(num, typ, b[n:])
+		if num != stateAppliedRequests || typ != protowire.BytesType {
+			rest = append(rest, b[:n+m]...)
+			b = b[n+m:]
+			continue
+		}
+		v, _ := protowire.ConsumeBytes(b[n:])
+		id, a, err := decodeAppliedRequest(v)
+		if err != nil {
+			return nil, nil, fmt.Errorf("applied request: %w", err)
+		}
+		requests[id] = a
+		b = b[n+m:]
+	}
+	return rest, requests, nil
+}
+
+// RestoreFrom is Restore reading the snapshot from r, field by field: a
+// snapshot of a long-lived cluster is tens of megabytes, almost all of it
+// applied requests, which are decoded as they are read rather than after
+// reading the whole snapshot into memory.
+func (f *FSM) RestoreFrom(r io.Reader) error {
+	br, ok := r.(io.ByteReader)
+	if !ok {
+		b := bufio.NewReaderSize(r, 1<<16)
+		r, br = b, b
+	}
+	// The requests are gathered in fixed-size chunks (never copied) and put
+	// in a map sized once at the end: growing a map, or one slice, of a
+	// million entries costs more than decoding them.
+	type idRequest struct {
+		id string
+		a  appliedRequest
+	}
+	const chunk = 4096
+	var (
+		gathered  [][]idRequest
+		count     int
+		rest, buf []byte
+	)
+	for {
+		tag, err := binary.ReadUvarint(br)
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			return fmt.Errorf("restore snapshot: %w", noEOF(err))
+		}
+		num, typ := protowire.DecodeTag(tag)
+		if num <= 0 {
+			return fmt.Errorf("restore snapshot: %w", errTruncated)
+		}
+		switch typ {
+		case protowire.VarintType:
+			v, err := binary.ReadUvarint(br)
+			if err != nil {
+				return fmt.Errorf("restore snapshot: %w", noEOF(err))
+			}
+			rest = protowire.AppendVarint(protowire.AppendTag(rest, num, typ), v)
+		case protowire.Fixed32Type, protowire.Fixed64Type, protowire.BytesType:
+			n := uint64(4)
+			if typ == protowire.Fixed64Type {
+				n = 8
+			} else if typ == protowire.BytesType {
+				if n, err = binary.ReadUvarint(br); err != nil {
+					return fmt.Errorf("restore snapshot: %w", noEOF(err))
+				}
+				if n > math.MaxInt32 {
+					return fmt.Errorf("restore snapshot: %w", errTruncated)
+				}
+			}
+			if n > 1<<20 {
+				// Big fields (there are none in practice) are read as
+				// they come, so a corrupt length allocates nothing.
+				if buf, err = io.ReadAll(io.LimitReader(r, int64(n))); err != nil {
+					return fmt.Errorf("restore snapshot: %w", err)
+				}
+				if uint64(len(buf)) != n {
+					return fmt.Errorf("restore snapshot: %w", io.ErrUnexpectedEOF)
+				}
+			} else {
+				if uint64(cap(buf)) < n {
+					buf = make([]byte, n, max(n, 4096))
+				}
+				buf = buf[:n]
+				if _, err := io.ReadFull(r, buf); err != nil {
+					return fmt.Errorf("restore snapshot: %w", noEOF(err))
+				}
+			}
+			if num == stateAppliedRequests && typ == protowire.BytesType {
+				id, a, err := decodeAppliedRequest(buf)
+				if err != nil {
+					return fmt.Errorf("restore snapshot: applied request: %w", err)
+				}
+				if count%chunk == 0 {
+					gathered = append(gathered, make([]idRequest, 0, chunk))
+				}
+				last := &gathered[len(gathered)-1]
+				*last = append(*last, idRequest{id, a})
+				count++
+				continue
+			}
+			rest = protowire.AppendTag(rest, num, typ)
+			if typ == protowire.BytesType {
+				rest = protowire.AppendVarint(rest, n)
+			}
+			rest = append(rest, buf...)
+		default:
+			// Groups: never written by Snapshot.
+			return fmt.Errorf("restore snapshot: unexpected wire type %d", typ)
+		}
+	}
+	requests := make(map[string]appliedRequest, count)
+	for _, c := range gathered {
+		for _, r := range c {
+			requests[r.id] = r.a
+		}
+	}
+	return f.restore(rest, requests)
+}
+
+func noEOF(err error) error {
+	if err == io.EOF {
+		return io.ErrUnexpectedEOF
+	}
+	return err
+}
+
+// decodeAppliedRequest decodes one marshalled AppliedRequest.
+func decodeAppliedRequest(b []byte) (string, appliedRequest, error) {
+	var (
+		id string
+		a  appliedRequest
+	)
+	for len(b) > 0 {
+		num, typ, n := protowire.ConsumeTag(b)
+		if n < 0 {
+			return "", a, errTruncated
+		}
+		b = b[n:]
+		switch {
+		case num == 1 && typ == protowire.BytesType:
+			v, m := protowire.ConsumeBytes(b)
+			if m < 0 {
+				return "", a, errTruncated
+			}
+			if !utf8.Valid(v) {
+				return "", a, errors.New("request id is not valid UTF-8")
+			}
+			id, n = string(v), m
+		case num == 2 && typ == protowire.BytesType:
+			v, m := protowire.ConsumeBytes(b)
+			if m < 0 {
+				return "", a, errTruncated
+			}
+			if err := decodeResult(v, &a); err != nil {
+				return "", a, err
+			}
+			n = m
+		default:
+			n = protowire.ConsumeFieldValue(num, typ, b)
+		}
+		if n < 0 {
+			return "", a, errTruncated
+		}
+		b = b[n:]
+	}
+	return id, a, nil
+}
+
+// decodeResult merges one marshalled Result into a, as proto.Unmarshal
+// merges a message field.
+func decodeResult(b []byte, a *appliedRequest) error {
+	for len(b) > 0 {
+		num, typ, n := protowire.ConsumeTag(b)
+		if n < 0 {
+			return errTruncated
+		}
+		b = b[n:]
+		switch {
+		case (num == 1 || num == 5 || num == 7) && typ == protowire.VarintType:
+			v, m := protowire.ConsumeVarint(b)
+			if m < 0 {
+				return errTruncated
+			}
+			switch num {
+			case 1:
+				a.code = pb.Code(int32(v))
+			case 5:
+				a.outcome = pb.Outcome(int32(v))
+			case 7:
+				a.index = v
+			}
+			n = m
+		case (num == 2 || num == 3 || num == 4) && typ == protowire.BytesType:
+			v, m := protowire.ConsumeBytes(b)
+			if m < 0 {
+				return errTruncated
+			}
+			if num != 3 && !utf8.Valid(v) {
+				return errors.New("result string is not valid UTF-8")
+			}
+			switch num {
+			case 2:
+				a.message = string(v)
+			case 3:
+				viol := &pb.Violation{}
+				if err := proto.Unmarshal(v, viol); err != nil {
+					return err
+				}
+				a.more().violations = append(a.more().violations, viol)
+			case 4:
+				a.more().warnings = append(a.more().warnings, string(v))
+			}
+			n = m
+		default:
+			// duplicate (6) is never set on a remembered result; unknown
+			// fields are dropped.
+			n = protowire.ConsumeFieldValue(num, typ, b)
+		}
+		if n < 0 {
+			return errTruncated
+		}
+		b = b[n:]
+	}
 	return nil
 }
 

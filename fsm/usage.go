@@ -32,8 +32,17 @@ type cardUse struct {
 
 func keyOf(r *pb.Replica) replicaKey { return replicaKey{r.Model, r.Index} }
 
-// occupy records a placed replica's share on each of its cards.
+// occupy records a placed replica's share on each of its cards, and the
+// replica among its node's.
 func (f *FSM) occupy(r *pb.Replica) {
+	if f.onNode != nil {
+		on := f.onNode[r.Node]
+		if on == nil {
+			on = map[replicaKey]*pb.Replica{}
+			f.onNode[r.Node] = on
+		}
+		on[keyOf(r)] = r
+	}
 	for _, idx := range r.Cards {
 		k := cardKey{r.Node, idx}
 		u := f.cards[k]
@@ -49,6 +58,12 @@ func (f *FSM) occupy(r *pb.Replica) {
 
 // release undoes occupy; a card left empty is unbound.
 func (f *FSM) release(r *pb.Replica) {
+	if on := f.onNode[r.Node]; on != nil {
+		delete(on, keyOf(r))
+		if len(on) == 0 {
+			delete(f.onNode, r.Node)
+		}
+	}
 	for _, idx := range r.Cards {
 		k := cardKey{r.Node, idx}
 		u := f.cards[k]
