@@ -98,15 +98,21 @@ func (b *boltLogs) RangeLogs(from, to uint64, fn func(*raft.Log) error) error {
 		cur := bk.Cursor()
 		dec := codec.NewDecoderBytes(nil, msgpackHandle)
 		var l raft.Log
+		var slab byteSlab
 		want := from
 		for k, v := cur.Seek(key[:]); want <= to; k, v = cur.Next() {
 			if len(k) != 8 || binary.BigEndian.Uint64(k) != want {
 				return fmt.Errorf("%w: %d", raft.ErrLogNotFound, want)
 			}
+			// The hand-written decoder handles the entries raft-boltdb
+			// writes; anything else goes to the library.
 			l = raft.Log{}
-			dec.ResetBytes(v)
-			if err := dec.Decode(&l); err != nil {
-				return fmt.Errorf("decode log entry %d: %w", want, err)
+			if !decodeStoredLog(v, &l, &slab) {
+				l = raft.Log{}
+				dec.ResetBytes(v)
+				if err := dec.Decode(&l); err != nil {
+					return fmt.Errorf("decode log entry %d: %w", want, err)
+				}
 			}
 			if err := fn(&l); err != nil {
 				return err

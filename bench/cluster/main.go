@@ -1,10 +1,10 @@
 // Command cluster measures what the multi-node cluster promises:
 //
-//   - failover: a three-server cluster loses its leader (stopped abruptly,
-//     in process: no leadership transfer, no leave; the followers simply
-//     hear nothing more, as after kill -9); the time from its Raft stopping
-//     to the first write that succeeds through a surviving server, median
-//     of several trials (the old leader restarts between trials);
+//   - failover: a three-server cluster loses its leader (kill -9 of its
+//     process; with -inproc its Raft stops with no leadership transfer and
+//     no leave); the time from then to the first write that succeeds
+//     through a surviving server, median of several trials (the old leader
+//     restarts on its data dir between trials);
 //   - gossip convergence: N in-process memberlist nodes (64 by default) and
 //     a new node joining one of them; the time until all N see the new
 //     node's inventory digest, and until all see a changed digest;
@@ -16,7 +16,12 @@
 //     etcd binary is on PATH, with the ratio. Without etcd that part is
 //     skipped.
 //
-// Everything runs on loopback in one run, so the numbers compare.
+// The three gpuplane servers are three `gpuplane agent --server
+// --bootstrap-expect 3 --join ...` processes (built from ./cmd/gpuplane, or
+// -bin), as etcd's members are three processes; -inproc runs them inside
+// this process instead (the old mode). Everything runs on loopback in one
+// run, and each client count is measured on gpuplane and right after on
+// etcd, so the numbers compare under the same machine load.
 package main
 
 import (
@@ -59,14 +64,24 @@ func main() {
 	duration := flag.Duration("duration", 5*time.Second, "how long each throughput run lasts")
 	etcdBin := flag.String("etcd", "etcd", "etcd binary for the comparison (skipped when not found)")
 	flag.DurationVar(&idle, "idle", 0, "first leave the three servers idle this long and count term changes (spurious elections)")
-	flag.StringVar(&cpuProfile, "cpuprofile", "", "write a CPU profile of the gpuplane throughput runs to this file")
-	procs := flag.Int("procs", 3*runtime.NumCPU(), "GOMAXPROCS of this process, which runs all three servers")
+	flag.StringVar(&cpuProfile, "cpuprofile", "", "write a CPU profile of this process during the throughput runs (the servers too with -inproc; etcd's clients are in it as well)")
+	flag.BoolVar(&inproc, "inproc", false, "run the three gpuplane servers inside this process (the old mode) instead of as three processes")
+	flag.StringVar(&bin, "bin", "", "gpuplane binary for the server processes (default: go build ./cmd/gpuplane into a temp dir)")
+	procs := flag.Int("procs", 0, "GOMAXPROCS of this process (default: NumCPU, or 3×NumCPU with -inproc)")
 	flag.Parse()
-	// The three gpuplane servers share this process, while etcd runs three
-	// processes with GOMAXPROCS=NumCPU each. On a loaded machine the kernel
-	// shares CPU per thread, so with the default GOMAXPROCS gpuplane would
-	// get a third of etcd's share and the comparison would measure the
-	// scheduler: give this process as many Go threads as the three etcds.
+	// With -inproc the three gpuplane servers share this process, while etcd
+	// runs three processes with GOMAXPROCS=NumCPU each. On a loaded machine
+	// the kernel shares CPU per thread, so with the default GOMAXPROCS
+	// gpuplane would get a third of etcd's share and the comparison would
+	// measure the scheduler: give this process as many Go threads as the
+	// three etcds. By default the servers are three processes, like etcd's,
+	// and this process only drives the clients of both.
+	if *procs == 0 {
+		*procs = runtime.NumCPU()
+		if inproc {
+			*procs *= 3
+		}
+	}
 	runtime.GOMAXPROCS(*procs)
 	var ns []int
 	for _, s := range strings.Split(*clients, ",") {
@@ -86,6 +101,8 @@ func main() {
 var (
 	cpuProfile string
 	idle       time.Duration
+	inproc     bool
+	bin        string
 )
 
 func run(trials, gossipN int, clients []int, d time.Duration, etcdBin string) error {
@@ -102,15 +119,31 @@ func run(trials, gossipN int, clients []int, d time.Duration, etcdBin string) er
 		}
 	}
 
-	servers, err := startServers(tmp)
-	if err != nil {
-		return err
+	if !inproc && bin == "" {
+		bin = filepath.Join(tmp, "gpuplane")
+		build := exec.Command("go", "build", "-o", bin, "./cmd/gpuplane")
+		build.Stdout, build.Stderr = os.Stderr, os.Stderr
+		if err := build.Run(); err != nil {
+			return fmt.Errorf("go build ./cmd/gpuplane (run from the repository root, or pass -bin): %w", err)
+		}
 	}
+	if inproc {
+		bin = ""
+	}
+	servers, err := startServers(tmp, bin)
 	defer func() {
 		for _, s := range servers {
 			s.stop()
 		}
 	}()
+	if err != nil {
+		return err
+	}
+	mode := "three `gpuplane agent --server` processes"
+	if inproc {
+		mode = "three servers in this process (-inproc)"
+	}
+	fmt.Printf("\ngpuplane: %s\n", mode)
 
 	if idle > 0 {
 		if err := benchIdle(servers, idle); err != nil {
@@ -119,14 +152,29 @@ func run(trials, gossipN int, clients []int, d time.Duration, etcdBin string) er
 	}
 
 	if trials > 0 {
-		fmt.Printf("\nfailover: leader stopped abruptly, time to the first successful write through a survivor\n")
+		fmt.Printf("\nfailover: leader stopped abruptly (kill -9 of its process; -inproc: Raft stopped), time to the first successful write through a survivor\n")
 		if err := benchFailover(servers, trials); err != nil {
 			return err
 		}
 	}
 
-	fmt.Printf("\ncommit throughput, three servers, one entry per call, %v per run\n", d)
-	gp := map[int]float64{}
+	// etcd (when installed) runs alongside, and each client count is
+	// measured on gpuplane and then at once on etcd, so that both see the
+	// same machine load (others' jobs come and go during a run).
+	var etcd *etcdCluster
+	if path, err := exec.LookPath(etcdBin); err != nil {
+		fmt.Printf("\netcd comparison skipped: no %q on PATH (Debian: apt-get install etcd-server)\n", etcdBin)
+	} else {
+		if etcd, err = startEtcd(path, tmp); err != nil {
+			return fmt.Errorf("etcd: %w", err)
+		}
+		defer etcd.stop()
+	}
+	fmt.Printf("\ncommit throughput, three servers, one entry per call, %v per run", d)
+	if etcd != nil {
+		fmt.Printf("; each followed by the same put workload against a three-member etcd (%s, JSON gateway /v3/kv/put)", etcd.version)
+	}
+	fmt.Println()
 	if cpuProfile != "" {
 		f, err := os.Create(cpuProfile)
 		if err != nil {
@@ -141,31 +189,19 @@ func run(trials, gossipN int, clients []int, d time.Duration, etcdBin string) er
 		if err != nil {
 			return err
 		}
-		gp[n] = st.rate
 		fmt.Printf("  gpuplane  %4d clients  %8.0f writes/s  p50 %6.2fms  p99 %6.2fms  errors %d\n", n, st.rate, st.p50, st.p99, st.errors)
-	}
-	if cpuProfile != "" {
-		pprof.StopCPUProfile()
-	}
-
-	path, err := exec.LookPath(etcdBin)
-	if err != nil {
-		fmt.Printf("\netcd comparison skipped: no %q on PATH (Debian: apt-get install etcd-server)\n", etcdBin)
-		return nil
-	}
-	etcd, err := startEtcd(path, tmp)
-	if err != nil {
-		return fmt.Errorf("etcd: %w", err)
-	}
-	defer etcd.stop()
-	fmt.Printf("\nthe same workload against a three-member etcd (%s, JSON gateway /v3/kv/put)\n", etcd.version)
-	for _, n := range clients {
-		st, err := throughput(n, d, etcd.writer())
+		if etcd == nil {
+			continue
+		}
+		et, err := throughput(n, d, etcd.writer())
 		if err != nil {
 			return err
 		}
 		fmt.Printf("  etcd      %4d clients  %8.0f writes/s  p50 %6.2fms  p99 %6.2fms  errors %d   gpuplane/etcd %.2fx\n",
-			n, st.rate, st.p50, st.p99, st.errors, gp[n]/st.rate)
+			n, et.rate, et.p50, et.p99, et.errors, st.rate/et.rate)
+	}
+	if cpuProfile != "" {
+		pprof.StopCPUProfile()
 	}
 	return nil
 }
@@ -251,29 +287,94 @@ func waitAll(nodes []*cluster.Gossip, within time.Duration, ok func(*cluster.Gos
 
 // --- servers ---
 
+// server is one of the three gpuplane servers: by default a separate
+// `gpuplane agent --server` process (as etcd runs three processes), or,
+// with -inproc, an agent inside this process.
 type server struct {
-	cfg agent.Config
-	a   *agent.Agent
+	cfg  agent.Config
+	a    *agent.Agent // in process
+	bin  string       // the gpuplane binary, when a process
+	log  string       // its stdout and stderr
+	cmd  *exec.Cmd
+	done chan struct{}
 }
 
 func (s *server) url() string {
 	return "http://" + net.JoinHostPort("127.0.0.1", strconv.Itoa(s.cfg.APIPort))
 }
 
+func (s *server) running() bool { return s.a != nil || s.cmd != nil }
+
 func (s *server) start() error {
-	a, err := agent.Start(context.Background(), s.cfg)
-	s.a = a
-	return err
+	if s.bin == "" {
+		a, err := agent.Start(context.Background(), s.cfg)
+		s.a = a
+		return err
+	}
+	c := s.cfg
+	args := []string{"agent", "--server", "--bootstrap-expect", strconv.Itoa(c.BootstrapExpect), "--join", strings.Join(c.Join, ","),
+		"--data-dir", c.DataDir, "--node-name", c.NodeName, "--bind", c.Bind,
+		"--api-port", strconv.Itoa(c.APIPort), "--raft-port", strconv.Itoa(c.RaftPort), "--gossip-port", strconv.Itoa(c.GossipPort),
+		"--sim-gpus", c.SimGPUs, "--log-level", "error"}
+	f, err := os.OpenFile(s.log, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return err
+	}
+	cmd := exec.Command(s.bin, args...)
+	cmd.Stdout, cmd.Stderr = f, f
+	if p := os.Getenv("GPUPLANE_BENCH_CPUPROFILE_DIR"); p != "" {
+		// Left to the agent if it ever honours it; harmless otherwise.
+		cmd.Env = append(os.Environ(), "GPUPLANE_CPUPROFILE="+filepath.Join(p, c.NodeName+".pprof"))
+	}
+	if err := cmd.Start(); err != nil {
+		f.Close()
+		return err
+	}
+	f.Close()
+	s.cmd, s.done = cmd, make(chan struct{})
+	go func(done chan struct{}) { cmd.Wait(); close(done) }(s.done)
+	return nil
 }
 
+// stop ends the server abruptly: kill -9 for a process; for an agent in
+// process its API goes first, then its Raft, with no leave.
 func (s *server) stop() {
 	if s.a != nil {
 		s.a.Close()
 		s.a = nil
 	}
+	if s.cmd != nil {
+		s.cmd.Process.Kill()
+		<-s.done
+		s.cmd = nil
+	}
 }
 
-func startServers(tmp string) ([]*server, error) {
+var statusClient = rpc.HTTPClient()
+
+// status is the server's own view of the cluster; nil when it does not answer.
+func (s *server) status() *pb.StatusResponse {
+	if s.a != nil {
+		return s.a.Cluster().Status()
+	}
+	if s.cmd == nil {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	resp, err := gpuplanev1connect.NewClusterServiceClient(statusClient, s.url()).Status(ctx, connect.NewRequest(&pb.StatusRequest{}))
+	if err != nil {
+		return nil
+	}
+	return resp.Msg
+}
+
+func (s *server) isLeader() bool {
+	st := s.status()
+	return st != nil && st.GetLeader() == s.cfg.NodeName && st.GetRaftState() != "" && strings.EqualFold(st.GetRaftState(), "leader")
+}
+
+func startServers(tmp, bin string) ([]*server, error) {
 	var servers []*server
 	var join []string
 	for i := range 3 {
@@ -281,8 +382,9 @@ func startServers(tmp string) ([]*server, error) {
 		if err != nil {
 			return nil, err
 		}
-		s := &server{cfg: agent.Config{
-			Server: true, BootstrapExpect: 3, NodeName: fmt.Sprintf("s%d", i+1), DataDir: filepath.Join(tmp, fmt.Sprintf("s%d", i+1)),
+		name := fmt.Sprintf("s%d", i+1)
+		s := &server{bin: bin, log: filepath.Join(tmp, name+".log"), cfg: agent.Config{
+			Server: true, BootstrapExpect: 3, NodeName: name, DataDir: filepath.Join(tmp, name),
 			Bind: "127.0.0.1", APIPort: ports[0], RaftPort: ports[1], GossipPort: ports[2], SimGPUs: "l4=1",
 		}}
 		join = append(join, net.JoinHostPort("127.0.0.1", strconv.Itoa(ports[2])))
@@ -294,32 +396,55 @@ func startServers(tmp string) ([]*server, error) {
 			return nil, err
 		}
 	}
-	return servers, waitConverged(servers, 30*time.Second)
+	if err := waitConverged(servers, 60*time.Second); err != nil {
+		for _, s := range servers {
+			if b, _ := os.ReadFile(s.log); len(b) > 0 {
+				fmt.Fprintf(os.Stderr, "--- %s log ---\n%s\n", s.cfg.NodeName, b[max(0, len(b)-4000):])
+			}
+		}
+		return servers, err
+	}
+	return servers, nil
 }
 
-// waitConverged waits until every running server follows one leader and has
-// applied its commit index.
+// waitConverged waits until every running server follows one leader that
+// counts three voters, and has applied its commit index.
 func waitConverged(servers []*server, within time.Duration) error {
 	deadline := time.Now().Add(within)
 	for time.Now().Before(deadline) {
+		sts := map[*server]*pb.StatusResponse{}
 		var lead *server
 		for _, s := range servers {
-			if s.a != nil && s.a.Cluster().IsLeader() {
+			if !s.running() {
+				continue
+			}
+			st := s.status()
+			sts[s] = st
+			if st != nil && st.GetLeader() == s.cfg.NodeName && strings.EqualFold(st.GetRaftState(), "leader") {
 				lead = s
 			}
 		}
 		ok := lead != nil
+		if ok {
+			voters := 0
+			for _, v := range sts[lead].GetServers() {
+				if strings.EqualFold(v.GetSuffrage(), "voter") {
+					voters++
+				}
+			}
+			ok = voters == len(servers)
+		}
 		for _, s := range servers {
-			if s.a == nil || !ok {
+			if !s.running() || !ok {
 				continue
 			}
-			st := s.a.Cluster().Status()
-			ok = st.Leader == lead.cfg.NodeName && st.AppliedIndex >= lead.a.Cluster().Status().CommitIndex-1
+			st := sts[s]
+			ok = st != nil && st.GetLeader() == lead.cfg.NodeName && st.GetAppliedIndex() >= sts[lead].GetCommitIndex()-1
 		}
 		if ok {
 			return nil
 		}
-		time.Sleep(20 * time.Millisecond)
+		time.Sleep(50 * time.Millisecond)
 	}
 	return errors.New("servers did not converge")
 }
@@ -333,7 +458,7 @@ func benchFailover(servers []*server, trials int) error {
 		}
 		var leader, survivor *server
 		for _, s := range servers {
-			if s.a.Cluster().IsLeader() {
+			if s.isLeader() {
 				leader = s
 			} else if survivor == nil {
 				survivor = s
@@ -372,7 +497,7 @@ func benchFailover(servers []*server, trials int) error {
 func benchIdle(servers []*server, d time.Duration) error {
 	term := func() (max uint64) {
 		for _, s := range servers {
-			max = mathMax(max, s.a.Cluster().Status().Term)
+			max = mathMax(max, s.status().GetTerm())
 		}
 		return max
 	}
@@ -380,7 +505,7 @@ func benchIdle(servers []*server, d time.Duration) error {
 	start, t0 := term(), time.Now()
 	for time.Since(t0) < d {
 		for _, s := range servers {
-			if s.a.Cluster().IsLeader() {
+			if s.isLeader() {
 				leaders[s.cfg.NodeName] = true
 			}
 		}
