@@ -74,6 +74,8 @@ type Config struct {
 	// for replicas on other nodes are relayed there.
 	NodeName string
 	ReadLogs LogReader
+	// Metrics, when set, is served at /metrics (Prometheus text format).
+	Metrics http.Handler
 
 	// closing is closed when the server starts shutting down; streams that
 	// would otherwise stay open (events --follow) end then.
@@ -117,6 +119,9 @@ func Handler(cfg Config) http.Handler {
 	reflector := grpcreflect.NewStaticReflector(services...)
 	mux.Handle(grpcreflect.NewHandlerV1(reflector))
 	mux.Handle(grpcreflect.NewHandlerV1Alpha(reflector))
+	if cfg.Metrics != nil {
+		mux.Handle("/metrics", cfg.Metrics)
+	}
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/plain")
 		_, _ = w.Write([]byte("ok\n"))

@@ -266,6 +266,7 @@ func (a *Agent) startAPI() error {
 		PeerHTTP:   a.sec.peerHTTP,
 		NodeName:   a.cfg.NodeName,
 		ReadLogs:   a.readLogs,
+		Metrics:    a.metricsHandler(),
 	})
 	if err != nil {
 		return fmt.Errorf("serve API: %w", err)

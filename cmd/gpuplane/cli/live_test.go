@@ -3,7 +3,9 @@ package cli
 import (
 	"bytes"
 	"context"
+	"io"
 	"net"
+	"net/http"
 	"os"
 	"strings"
 	"testing"
@@ -216,5 +218,31 @@ func TestLiveApplyAndRefusals(t *testing.T) {
 	}
 	if after, _, _ := run("accelerators", "list", "-o", "json"); after != before {
 		t.Fatalf("refused requests changed the accelerators:\nbefore %s\nafter %s", before, after)
+	}
+}
+
+// TestLiveMetrics checks that /metrics on the API port reports the node's
+// view of the cluster in Prometheus' text format.
+func TestLiveMetrics(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	a, err := agent.Start(ctx, agent.Config{
+		Dev: true, DataDir: t.TempDir(), NodeName: "metrics", SimGPUs: "l4=2",
+		APIPort: 0, RaftPort: freePort(t), GossipPort: freePort(t),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	resp, err := http.Get(a.APIURL() + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	for _, want := range []string{`gpuplane_nodes{status="alive"} 1`, `gpuplane_cards{bound="false",device="l4"} 2`, "gpuplane_raft_leader 1", "go_goroutines"} {
+		if !strings.Contains(string(body), want) {
+			t.Errorf("/metrics lacks %q:\n%s", want, body)
+		}
 	}
 }

@@ -1,0 +1,75 @@
+package agent
+
+import (
+	"net/http"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/gpuplane/gpuplane/fsm"
+)
+
+// metricsHandler serves /metrics: the Go runtime and process, and the node's
+// view of the cluster read from its local state when scraped (no series is
+// kept up to date in the background).
+func (a *Agent) metricsHandler() http.Handler {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "gpuplane_raft_applied_index", Help: "Index of the last log entry this node's state machine applied.",
+	}, func() float64 { return float64(a.cluster.AppliedIndex()) }))
+	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "gpuplane_raft_leader", Help: "1 when this node is the Raft leader.",
+	}, func() float64 {
+		if a.cluster.IsLeader() {
+			return 1
+		}
+		return 0
+	}))
+	reg.MustRegister(&stateCollector{a: a,
+		nodes:    prometheus.NewDesc("gpuplane_nodes", "Nodes by status, as this node's state says.", []string{"status"}, nil),
+		replicas: prometheus.NewDesc("gpuplane_replicas", "Replicas by state, as this node's state says.", []string{"state"}, nil),
+		cards:    prometheus.NewDesc("gpuplane_cards", "Cards by device kind, and how many are not bound to an accelerator.", []string{"device", "bound"}, nil),
+	})
+	return promhttp.HandlerFor(reg, promhttp.HandlerOpts{})
+}
+
+// stateCollector reads counts from the local state at scrape time. Client
+// nodes hold no state and report none of these series.
+type stateCollector struct {
+	a                      *Agent
+	nodes, replicas, cards *prometheus.Desc
+}
+
+func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- c.nodes
+	ch <- c.replicas
+	ch <- c.cards
+}
+
+func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
+	if !c.a.cluster.IsServer() {
+		return
+	}
+	c.a.cluster.View(func(f *fsm.FSM) {
+		nodes := map[string]int{}
+		for _, n := range f.Nodes() {
+			nodes[fsm.StatusName(n.Status)]++
+		}
+		for status, n := range nodes {
+			ch <- prometheus.MustNewConstMetric(c.nodes, prometheus.GaugeValue, float64(n), status)
+		}
+		replicas := map[string]int{}
+		for _, r := range f.Replicas("", "") {
+			replicas[fsm.ReplicaStateName(r.State)]++
+		}
+		for state, n := range replicas {
+			ch <- prometheus.MustNewConstMetric(c.replicas, prometheus.GaugeValue, float64(n), state)
+		}
+		for _, d := range f.Devices() {
+			ch <- prometheus.MustNewConstMetric(c.cards, prometheus.GaugeValue, float64(d.Total-d.Free), d.Name, "true")
+			ch <- prometheus.MustNewConstMetric(c.cards, prometheus.GaugeValue, float64(d.Free), d.Name, "false")
+		}
+	})
+}
