@@ -221,9 +221,10 @@ func TestLiveApplyAndRefusals(t *testing.T) {
 	}
 }
 
-// TestLiveMetrics checks that /metrics on the API port reports the node's
-// view of the cluster in Prometheus' text format.
-func TestLiveMetrics(t *testing.T) {
+// TestLiveMetricsAndUI checks that /metrics on the API port reports the
+// node's view of the cluster in Prometheus' text format, and that / serves
+// the web UI.
+func TestLiveMetricsAndUI(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	a, err := agent.Start(ctx, agent.Config{
@@ -244,5 +245,25 @@ func TestLiveMetrics(t *testing.T) {
 		if !strings.Contains(string(body), want) {
 			t.Errorf("/metrics lacks %q:\n%s", want, body)
 		}
+	}
+
+	// The web UI is one page on the API port that reads the Connect JSON API;
+	// paths that are neither it nor a procedure stay 404.
+	resp, err = http.Get(a.APIURL() + "/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	page, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || !strings.Contains(resp.Header.Get("Content-Type"), "text/html") || !strings.Contains(string(page), `call("AcceleratorService", "ListAccelerators")`) {
+		t.Errorf("GET / = %d %q, want the UI page", resp.StatusCode, resp.Header.Get("Content-Type"))
+	}
+	resp, err = http.Post(a.APIURL()+"/gpuplane.v1.NoSuchService/Nothing", "application/json", strings.NewReader("{}"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 404 {
+		t.Errorf("unknown procedure = %d, want 404", resp.StatusCode)
 	}
 }
