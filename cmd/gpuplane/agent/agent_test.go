@@ -71,7 +71,14 @@ func freePort(t *testing.T) int {
 		l.Close()
 		if err == nil {
 			u.Close()
-			return port
+			// Never hand the same port out twice in one test binary.
+			portsMu.Lock()
+			seen := portsGiven[port]
+			portsGiven[port] = true
+			portsMu.Unlock()
+			if !seen {
+				return port
+			}
 		}
 	}
 	t.Fatal("no free port")
@@ -539,3 +546,8 @@ func waitDone(a *agent.Agent) <-chan struct{} {
 	}()
 	return done
 }
+
+var (
+	portsMu    sync.Mutex
+	portsGiven = map[int]bool{}
+)
