@@ -96,6 +96,16 @@ func (f *FSM) unplace(r *pb.Replica, reason string) {
 	r.Restarts = 0
 }
 
+// boundTo returns the accelerator a card is bound to ("" when unbound) and
+// how many replicas it holds, without formatting anything: the views call it
+// for every card on every listing.
+func (f *FSM) boundTo(node string, index uint32) (accelerator string, replicas int) {
+	if u := f.cards[cardKey{node, index}]; u != nil {
+		return u.accelerator, len(u.replicas)
+	}
+	return "", 0
+}
+
 func (f *FSM) binding(node string, index uint32) cardBinding {
 	u := f.cards[cardKey{node, index}]
 	if u == nil {

@@ -61,7 +61,7 @@ func (f *FSM) deviceSummaries() map[string]*pb.Device {
 				d.MemoryMib = c.MemoryMib
 			}
 			d.Total++
-			if live(n, c) && f.binding(n.Name, c.Index).accelerator == "" {
+			if acc, _ := f.boundTo(n.Name, c.Index); live(n, c) && acc == "" {
 				d.Free++
 			}
 			perNode[c.Device]++
@@ -165,13 +165,13 @@ func (f *FSM) acceleratorView(a *pb.StoredAccelerator, sum map[string]*pb.Device
 				continue
 			}
 			st.Ready = true
-			b := f.binding(n.Name, c.Index)
+			acc, replicas := f.boundTo(n.Name, c.Index)
 			switch {
-			case spec.Tenancy == pb.Tenancy_TENANCY_SHARED && (b.accelerator == "" || b.accelerator == a.Name):
-				if used := uint32(len(b.replicas)); used < spec.MaxModels {
+			case spec.Tenancy == pb.Tenancy_TENANCY_SHARED && (acc == "" || acc == a.Name):
+				if used := uint32(replicas); used < spec.MaxModels {
 					st.CanPlace += spec.MaxModels - used
 				}
-			case b.accelerator == "":
+			case acc == "":
 				unbound++
 			}
 		}
