@@ -87,6 +87,9 @@ type Gossip struct {
 	meta    Meta
 	members map[string]*GossipMember
 	left    bool
+
+	stop     chan struct{}
+	stopOnce sync.Once
 }
 
 // memberlistConfig tunes memberlist for a LAN, faster than its LAN defaults
@@ -164,7 +167,8 @@ func NewGossip(c GossipConfig) (*Gossip, error) {
 	if c.LogLevel == nil {
 		c.LogLevel = slog.LevelWarn
 	}
-	g := &Gossip{meta: c.Meta, members: map[string]*GossipMember{}, onChange: c.OnChange}
+	g := &Gossip{meta: c.Meta, members: map[string]*GossipMember{}, onChange: c.OnChange,
+		stop: make(chan struct{})}
 	if g.onChange == nil {
 		g.onChange = func() {}
 	}
@@ -176,7 +180,47 @@ func NewGossip(c GossipConfig) (*Gossip, error) {
 		return nil, fmt.Errorf("start gossip on %s: %w", c.Bind, err)
 	}
 	g.ml = ml
+	go g.reconnectLoop()
 	return g, nil
+}
+
+// reconnectInterval is how often a node tries to reach one failed member
+// again, and reconnectTimeout how long after its failure it stops trying.
+const (
+	reconnectInterval = time.Second
+	reconnectTimeout  = 72 * time.Hour
+)
+
+// reconnectLoop heals partitions. memberlist sends nothing to a member it
+// has declared dead (probes and push/pull pick live members only; gossip
+// reaches the dead only while broadcasts are pending), so once a partition
+// outlasts those broadcasts both sides hold the other dead forever. Like
+// serf, every reconnectInterval (±50 %) this node tries a push/pull with
+// one random member it holds failed (not left): if it answers, the two
+// exchange state, each refutes the other's view of it, and both turn alive
+// again. A member failed for longer than reconnectTimeout is given up on.
+func (g *Gossip) reconnectLoop() {
+	for {
+		select {
+		case <-g.stop:
+			return
+		case <-time.After(time.Duration(float64(reconnectInterval) * (0.5 + rand.Float64()))):
+		}
+		g.mu.Lock()
+		var failed []string
+		if !g.left {
+			for _, m := range g.members {
+				if m.Status == GossipFailed && m.Addr != "" && time.Since(m.Since) < reconnectTimeout {
+					failed = append(failed, m.Addr)
+				}
+			}
+		}
+		g.mu.Unlock()
+		if len(failed) == 0 {
+			continue
+		}
+		_, _ = g.ml.Join([]string{failed[rand.IntN(len(failed))]}) // failure is the common case: still partitioned
+	}
 }
 
 // Addr is the gossip address this node advertises.
@@ -308,7 +352,10 @@ const leaveSpread = 500 * time.Millisecond
 
 // Shutdown stops gossip at once, without a leave message: the others will
 // see the node fail.
-func (g *Gossip) Shutdown() error { return g.ml.Shutdown() }
+func (g *Gossip) Shutdown() error {
+	g.stopOnce.Do(func() { close(g.stop) })
+	return g.ml.Shutdown()
+}
 
 // update records a member's state. gone says the node left or failed,
 // which only its last meta tells apart.

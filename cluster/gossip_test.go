@@ -94,3 +94,51 @@ func waitFor(t *testing.T, within time.Duration, check func() error) {
 	}
 	t.Fatalf("not within %v: %v", within, err)
 }
+
+// TestGossipReconnectsFailedMember checks that a node does not give up on a
+// member it declared failed: memberlist alone never contacts a dead member
+// again, so a node that comes back on the same address without joining
+// anyone (as after a partition, where both sides hold the other dead) would
+// stay failed forever. The reconnect loop must find it.
+func TestGossipReconnectsFailedMember(t *testing.T) {
+	a := startGossip(t, "a", "d0")
+	b := startGossip(t, "b", "d0")
+	if _, err := b.Join([]string{a.Addr()}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 5*time.Second, func() error {
+		if s := gossipStatusOf(a, "b"); s != GossipAlive {
+			return fmt.Errorf("b is %s on a", s)
+		}
+		return nil
+	})
+	addr := b.Addr()
+	b.Shutdown()
+	waitFor(t, FailureDetectionTime(2)+2*time.Second, func() error {
+		if s := gossipStatusOf(a, "b"); s != GossipFailed {
+			return fmt.Errorf("b is %s on a", s)
+		}
+		return nil
+	})
+
+	// b comes back on the same address and joins nobody.
+	b2, err := NewGossip(GossipConfig{Name: "b", Bind: addr, Meta: Meta{Role: RoleClient, API: "b:7410", Digest: "d1"}, Logger: testLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b2.Shutdown() })
+	start := time.Now()
+	waitFor(t, 10*time.Second, func() error {
+		if s := gossipStatusOf(a, "b"); s != GossipAlive {
+			return fmt.Errorf("b is %s on a", s)
+		}
+		if m, _ := a.Member("b"); m.Meta.Digest != "d1" {
+			return fmt.Errorf("a sees b's old digest %q", m.Meta.Digest)
+		}
+		if s := gossipStatusOf(b2, "a"); s != GossipAlive {
+			return fmt.Errorf("a is %s on b", s)
+		}
+		return nil
+	})
+	t.Logf("reconnected after %v", time.Since(start))
+}
