@@ -133,15 +133,29 @@ func (c *Cluster) applyLocal(ctx context.Context, env *pb.Envelope) (*pb.Result,
 	return res, nil
 }
 
-// dryRunLocal checks env against the state as of now, which needs the same
-// guarantee as a linearizable read.
-// dryRunLocal checks env against the leader's applied state without a
-// leadership round trip: the check only keeps invalid requests and no-ops out
-// of the log, and every write acknowledged by this leader is already applied
-// here. A deposed leader's answer may be stale, which is harmless because the
-// state machine checks again when the entry is applied.
-func (c *Cluster) dryRunLocal(_ context.Context, env *pb.Envelope) (*pb.Result, error) {
+// dryRunLocal checks env against the leader's state. A check that passes is
+// answered from the applied state at once: the entry goes to the log next,
+// and the state machine checks it again when it is applied, so a stale
+// answer there costs nothing. A rejection or a no-op, though, is the final
+// answer the caller gets, and a stale one breaks linearizability: a new
+// leader that has not yet applied what its predecessor acknowledged would
+// answer "not found" for a deployment a client has just created (jepsen seed
+// 585091768 caught exactly that). Those answers are therefore checked again
+// on a state at least as new as a linearizable read's (ReadIndex: one
+// heartbeat round, and a barrier once per term).
+func (c *Cluster) dryRunLocal(ctx context.Context, env *pb.Envelope) (*pb.Result, error) {
 	var res *pb.Result
+	c.View(func(f *fsm.FSM) { res = f.DryRun(env) })
+	if res.GetCode() == pb.Code_CODE_OK && res.GetOutcome() != pb.Outcome_OUTCOME_UNCHANGED {
+		return res, nil
+	}
+	idx, err := c.ReadIndex(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if err := c.WaitApplied(ctx, idx); err != nil {
+		return nil, err
+	}
 	c.View(func(f *fsm.FSM) { res = f.DryRun(env) })
 	return res, nil
 }
