@@ -3,6 +3,7 @@
 package jepsen
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -236,11 +237,37 @@ func CheckLinearizable(ops []*Op, outDir string, timeout time.Duration) Verdict 
 		if err := porcupine.VisualizePath(registerModel, info, path); err != nil {
 			path = "(visualisation failed: " + err.Error() + ")"
 		}
-		return fail(name, "%d operations on %d keys are not linearizable; see %s", len(ops), len(keys), path)
+		return fail(name, "%d operations on %d keys are not linearizable (%s); see %s", len(ops), len(keys), strings.Join(illegalKeys(hist, timeout), ", "), path)
 	}
 	path := filepath.Join(outDir, "linearizability-partial.html")
 	porcupine.VisualizePath(registerModel, info, path)
 	return fail(name, "porcupine gave up after %s on %d operations (inconclusive); partial linearizations in %s", timeout, len(ops), path)
+}
+
+// illegalKeys names each key whose history alone is not linearizable, with
+// the operation at which it first fails: the shortest prefix, in call order,
+// that porcupine rejects ends with it.
+func illegalKeys(hist []porcupine.Operation, timeout time.Duration) []string {
+	var out []string
+	for _, part := range registerModel.Partition(hist) {
+		if porcupine.CheckOperationsTimeout(registerModel, part, timeout) != porcupine.Illegal {
+			continue
+		}
+		slices.SortFunc(part, func(a, b porcupine.Operation) int { return cmp.Compare(a.Call, b.Call) })
+		lo, hi := 1, len(part)
+		for lo < hi {
+			m := (lo + hi) / 2
+			if porcupine.CheckOperationsTimeout(registerModel, part[:m], timeout) == porcupine.Illegal {
+				hi = m
+			} else {
+				lo = m + 1
+			}
+		}
+		o := part[lo-1].Input.(*Op)
+		out = append(out, fmt.Sprintf("%s first fails at operation %d, %s(%s) via %s by worker %d: %s %s",
+			o.Key, o.ID, o.Kind, o.Key, o.Node, o.Worker, o.Outcome, o.Code))
+	}
+	return out
 }
 
 // CheckAckedWrites checks that every acknowledged write that reported a log

@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"syscall"
+	"strings"
 	"testing"
 	"time"
 
@@ -40,8 +41,29 @@ func TestLinearizabilityAllowsUnknownWrites(t *testing.T) {
 		t.Fatalf("a history with an indeterminate create that took effect late failed: %s", v)
 	}
 	ops[4].Value = 2
-	if v := CheckLinearizable(ops, t.TempDir(), 10*time.Second); v.Pass {
+	ops[4].ID, ops[4].Node = 7, "s2"
+	v := CheckLinearizable(ops, t.TempDir(), 10*time.Second)
+	if v.Pass {
 		t.Fatalf("a read of 2 replicas after an acknowledged put of 3 passed: %s", v)
+	}
+	// The verdict names the key and the operation where it first fails, not
+	// the key whose history is fine.
+	if !strings.Contains(v.Detail, "dep-0 first fails at operation 7, model-read(dep-0) via s2") || strings.Contains(v.Detail, "reg-0 first fails") {
+		t.Fatalf("verdict does not name the failing key and operation: %s", v.Detail)
+	}
+}
+
+// TestLinearizabilityStaleNotFound is the anomaly jepsen seed 585091768
+// found: a worker's put is acknowledged, and its next request, a delete, is
+// answered "not found" by a leader that had not applied the put yet.
+func TestLinearizabilityStaleNotFound(t *testing.T) {
+	ops := []*Op{
+		{ID: 1, Kind: OpPut, Key: "dep-1", Value: 8, Outcome: Ok, Call: 0, Return: 10, Process: 4},
+		{ID: 2, Kind: OpModelDelete, Key: "dep-1", Outcome: Fail, Code: connect.CodeNotFound.String(), Call: 11, Return: 20, Process: 4, Node: "c5"},
+	}
+	v := CheckLinearizable(ops, t.TempDir(), 10*time.Second)
+	if v.Pass || !strings.Contains(v.Detail, "dep-1 first fails at operation 2") {
+		t.Fatalf("a not-found delete right after an acknowledged put: %s", v)
 	}
 }
 
