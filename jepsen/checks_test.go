@@ -6,8 +6,8 @@ import (
 	"errors"
 	"net"
 	"os"
-	"syscall"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
