@@ -68,7 +68,7 @@ func (c *Cursor) Advance(upTo uint64, yield func(*pb.Event) error) error {
 		}
 	}
 	if r, ok := c.log.(logRanger); ok && c.next <= upTo {
-		err := r.RangeLogs(c.next, upTo, func(l *raft.Log) error { return c.step(l, yield) })
+		err := r.RangeLogs(c.next, upTo, c.state.Prefetch, func(l *raft.Log, e *fsm.Entry) error { return c.step(l, e, yield) })
 		if errors.Is(err, raft.ErrLogNotFound) {
 			return fmt.Errorf("log entry %d is missing", c.next)
 		}
@@ -82,15 +82,16 @@ func (c *Cursor) Advance(upTo uint64, yield func(*pb.Event) error) error {
 			}
 			return fmt.Errorf("read log entry %d: %w", c.next, err)
 		}
-		if err := c.step(&l, yield); err != nil {
+		if err := c.step(&l, nil, yield); err != nil {
 			return err
 		}
 	}
 	return nil
 }
 
-// step applies entry c.next, yields its event if wanted, and moves on.
-func (c *Cursor) step(l *raft.Log, yield func(*pb.Event) error) error {
+// step applies entry c.next, yields its event if wanted, and moves on. e is
+// the entry's Envelope when the reader decoded it ahead (nil: decode here).
+func (c *Cursor) step(l *raft.Log, e *fsm.Entry, yield func(*pb.Event) error) error {
 	if l.Index != c.next {
 		return fmt.Errorf("log entry %d is stored under index %d: the log is corrupt", l.Index, c.next)
 	}
@@ -99,10 +100,10 @@ func (c *Cursor) step(l *raft.Log, yield func(*pb.Event) error) error {
 		// Before the first wanted event only the state matters: skip
 		// building events nobody reads (decoding the envelope a second
 		// time, describing it), a large part of a replay's cost.
-		c.skip(l)
+		c.skip(l, e)
 		return nil
 	}
-	ev := c.apply(l)
+	ev := c.apply(l, e)
 	if ev == nil || !c.matches(ev) {
 		return nil
 	}
@@ -110,10 +111,10 @@ func (c *Cursor) step(l *raft.Log, yield func(*pb.Event) error) error {
 }
 
 // skip applies one entry without building its event.
-func (c *Cursor) skip(l *raft.Log) {
+func (c *Cursor) skip(l *raft.Log, e *fsm.Entry) {
 	switch l.Type {
 	case raft.LogCommand:
-		c.state.ApplyBytes(l.Index, l.Data)
+		c.state.ApplyEntry(l.Index, decoded(l, e))
 	case raft.LogConfiguration:
 		if conf, err := decodeConfiguration(l.Data); err == nil {
 			c.conf = conf
@@ -121,9 +122,17 @@ func (c *Cursor) skip(l *raft.Log) {
 	}
 }
 
+// decoded is e, or l's entry decoded now.
+func decoded(l *raft.Log, e *fsm.Entry) fsm.Entry {
+	if e != nil {
+		return *e
+	}
+	return fsm.DecodeEntry(l.Data)
+}
+
 // apply applies one entry and returns its event, nil for entries that are
 // not events (no-ops, barriers).
-func (c *Cursor) apply(l *raft.Log) *pb.Event {
+func (c *Cursor) apply(l *raft.Log, e *fsm.Entry) *pb.Event {
 	switch l.Type {
 	case raft.LogCommand:
 		// A node filter needs to know whether the entry changed that node's
@@ -133,7 +142,7 @@ func (c *Cursor) apply(l *raft.Log) *pb.Event {
 		if node != "" && c.next >= c.from {
 			before = c.state.Replicas("", node)
 		}
-		res := c.state.ApplyBytes(l.Index, l.Data)
+		res := c.state.ApplyEntry(l.Index, decoded(l, e))
 		ev := commandEvent(l, res, c.state.Hash())
 		if node != "" && c.next >= c.from && !slices.Contains(ev.Resources, "node/"+node) &&
 			!replicasEqual(before, c.state.Replicas("", node)) {

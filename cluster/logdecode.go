@@ -20,7 +20,8 @@ import (
 // truncated value, the new time format, an empty byte string), and the
 // caller then decodes the entry with the library, so the result is always
 // what go-msgpack would decode. l must be zeroed by the caller. Data and
-// Extensions are copied out of v (bbolt's memory) with alloc.
+// Extensions are copied out of v (bbolt's memory) with alloc, or with a nil
+// alloc alias v, for a caller done with them before v goes.
 func decodeStoredLog(v []byte, l *raft.Log, alloc *byteSlab) bool {
 	if len(v) == 0 {
 		return false
@@ -121,8 +122,8 @@ func mpUint(v []byte) (u uint64, rest []byte, ok bool) {
 }
 
 // mpBytes reads a []byte field: nil, or a non-empty raw string copied with
-// alloc. (An empty one is left to the library, whose nil-or-empty choice it
-// does not repeat.)
+// alloc (nil: aliasing v). (An empty one is left to the library, whose
+// nil-or-empty choice it does not repeat.)
 func mpBytes(v []byte, alloc *byteSlab) (b, rest []byte, ok bool) {
 	if len(v) > 0 && v[0] == 0xc0 {
 		return nil, v[1:], true
@@ -130,6 +131,9 @@ func mpBytes(v []byte, alloc *byteSlab) (b, rest []byte, ok bool) {
 	s, rest, ok := mpRaw(v)
 	if !ok || len(s) == 0 {
 		return nil, nil, false
+	}
+	if alloc == nil {
+		return s[:len(s):len(s)], rest, true
 	}
 	return alloc.copy(s), rest, true
 }

@@ -2,11 +2,14 @@ package cluster
 
 import (
 	"encoding/binary"
+	"errors"
 	"fmt"
 
 	"github.com/hashicorp/go-msgpack/v2/codec"
 	"github.com/hashicorp/raft"
 	"go.etcd.io/bbolt"
+
+	"github.com/gpuplane/gpuplane/fsm"
 )
 
 // logRanger is a LogReader that can also read a run of entries in one pass.
@@ -17,10 +20,14 @@ import (
 type logRanger interface {
 	LogReader
 	// RangeLogs calls fn with the entries from..to in index order, stopping at
-	// the first error fn returns. The *raft.Log is reused between calls; fn
-	// may keep l.Data (it is not reused) but not l. A missing index is
-	// raft.ErrLogNotFound.
-	RangeLogs(from, to uint64, fn func(l *raft.Log) error) error
+	// the first error fn returns. With a command entry comes its Envelope
+	// decoded ahead (fsm.DecodeEntry of l.Data, for fsm.ApplyEntry), nil
+	// with any other. fn may keep none of l, e or l.Data (which may be the
+	// store's memory) once it returns. A missing index is
+	// raft.ErrLogNotFound. ahead, unless nil, is called with each run of
+	// entries before fn sees them (zero for entries that are not commands),
+	// to prefetch what applying them will read.
+	RangeLogs(from, to uint64, ahead func([]fsm.Entry), fn func(l *raft.Log, e *fsm.Entry) error) error
 }
 
 // boltLogs reads raft-boltdb/v2's log bucket of a bbolt file directly: the
@@ -84,43 +91,172 @@ func (b *boltLogs) GetLog(index uint64, l *raft.Log) error {
 	})
 }
 
-func (b *boltLogs) RangeLogs(from, to uint64, fn func(*raft.Log) error) error {
+// RangeLogs reads and decodes entries on a goroutine of its own, a batch at
+// a time, while fn runs on the caller's: a replay's reading (the bbolt
+// cursor, the msgpack of each raft.Log and the protobuf of each Envelope) and
+// applying (the state machine) then take a core each. A few batches are in
+// flight at most, so memory stays flat whatever the range. Data and
+// Extensions are bbolt's memory, not copies: the read transaction stays open
+// until fn has seen the last entry.
+func (b *boltLogs) RangeLogs(from, to uint64, ahead func([]fsm.Entry), fn func(*raft.Log, *fsm.Entry) error) (err error) {
 	if from > to {
 		return nil
 	}
-	return b.db.View(func(tx *bbolt.Tx) error {
-		bk := tx.Bucket(boltLogsBucket)
-		if bk == nil {
-			return raft.ErrLogNotFound
+	apply := func(batch *logBatch) error {
+		if ahead != nil {
+			ahead(batch.entries)
 		}
-		var key [8]byte
-		binary.BigEndian.PutUint64(key[:], from)
-		cur := bk.Cursor()
-		dec := codec.NewDecoderBytes(nil, msgpackHandle)
-		var l raft.Log
-		var slab byteSlab
-		want := from
-		for k, v := cur.Seek(key[:]); want <= to; k, v = cur.Next() {
-			if len(k) != 8 || binary.BigEndian.Uint64(k) != want {
-				return fmt.Errorf("%w: %d", raft.ErrLogNotFound, want)
-			}
-			// The hand-written decoder handles the entries raft-boltdb
-			// writes; anything else goes to the library.
-			l = raft.Log{}
-			if !decodeStoredLog(v, &l, &slab) {
-				l = raft.Log{}
-				dec.ResetBytes(v)
-				if err := dec.Decode(&l); err != nil {
-					return fmt.Errorf("decode log entry %d: %w", want, err)
-				}
-			}
-			if err := fn(&l); err != nil {
+		for i := range batch.logs {
+			if err := fn(&batch.logs[i], batch.entry(i)); err != nil {
 				return err
 			}
-			want++
 		}
 		return nil
-	})
+	}
+	if to-from < rangeBatch {
+		// Too few to be worth a goroutine (an event stream's next few).
+		return b.db.View(func(tx *bbolt.Tx) error {
+			return b.readRange(tx, from, to, func(batch *logBatch) (*logBatch, error) {
+				err := apply(batch)
+				batch.reset()
+				return batch, err
+			})
+		})
+	}
+	full := make(chan *logBatch, rangeBatches)
+	free := make(chan *logBatch, rangeBatches+2)
+	stop := make(chan struct{})     // closed by the applier: read no more
+	consumed := make(chan struct{}) // closed by the applier: done with every entry
+	done := make(chan error, 1)
+	go func() {
+		done <- b.db.View(func(tx *bbolt.Tx) error {
+			err := b.readRange(tx, from, to, func(batch *logBatch) (*logBatch, error) {
+				select {
+				case full <- batch:
+				case <-stop:
+					return nil, errRangeStopped
+				}
+				select {
+				case next := <-free:
+					return next, nil
+				default:
+					return &logBatch{}, nil
+				}
+			})
+			close(full)
+			// The entries alias the transaction's memory: keep it until
+			// the applier is through with them.
+			<-consumed
+			return err
+		})
+	}()
+	defer func() {
+		// However the applier leaves (done, failed, panicked), stop the
+		// reader and release it: its open transaction would keep the
+		// database from closing.
+		close(stop)
+		for range full {
+		}
+		close(consumed)
+		if rerr := <-done; err == nil {
+			err = rerr
+		}
+	}()
+	for batch := range full {
+		if err := apply(batch); err != nil {
+			return err
+		}
+		batch.reset()
+		select {
+		case free <- batch:
+		default:
+		}
+	}
+	return nil
+}
+
+var errRangeStopped = errors.New("range stopped")
+
+// rangeBatch entries are read and decoded together, and rangeBatches such
+// batches may wait to be applied.
+const (
+	rangeBatch   = 256
+	rangeBatches = 4
+)
+
+// logBatch is a run of entries read by readRange, each command with its
+// decoded Envelope.
+type logBatch struct {
+	logs    []raft.Log
+	entries []fsm.Entry
+}
+
+func (b *logBatch) entry(i int) *fsm.Entry {
+	if b.logs[i].Type != raft.LogCommand {
+		return nil
+	}
+	return &b.entries[i]
+}
+
+func (b *logBatch) reset() {
+	clear(b.logs)
+	clear(b.entries)
+	b.logs, b.entries = b.logs[:0], b.entries[:0]
+}
+
+// readRange reads the entries from..to into batches of up to rangeBatch,
+// decoding each command's Envelope, and hands each batch to emit, which owns
+// it from then on and returns an empty one to fill next. At a missing or
+// undecodable entry it emits the entries before it, then fails.
+func (b *boltLogs) readRange(tx *bbolt.Tx, from, to uint64, emit func(*logBatch) (*logBatch, error)) error {
+	bk := tx.Bucket(boltLogsBucket)
+	if bk == nil {
+		return raft.ErrLogNotFound
+	}
+	var key [8]byte
+	binary.BigEndian.PutUint64(key[:], from)
+	cur := bk.Cursor()
+	dec := codec.NewDecoderBytes(nil, msgpackHandle)
+	batch := &logBatch{}
+	fail := func(err error) error {
+		if len(batch.logs) > 0 {
+			if _, eerr := emit(batch); eerr != nil {
+				return eerr
+			}
+		}
+		return err
+	}
+	want := from
+	for k, v := cur.Seek(key[:]); want <= to; k, v = cur.Next() {
+		if len(k) != 8 || binary.BigEndian.Uint64(k) != want {
+			return fail(fmt.Errorf("%w: %d", raft.ErrLogNotFound, want))
+		}
+		var l raft.Log
+		// The hand-written decoder handles the entries raft-boltdb
+		// writes; anything else goes to the library. Either way the
+		// entry's bytes are bbolt's, valid while tx is open.
+		if !decodeStoredLog(v, &l, nil) {
+			l = raft.Log{}
+			dec.ResetBytes(v)
+			if err := dec.Decode(&l); err != nil {
+				return fail(fmt.Errorf("decode log entry %d: %w", want, err))
+			}
+		}
+		var e fsm.Entry
+		if l.Type == raft.LogCommand {
+			e = fsm.DecodeEntry(l.Data)
+		}
+		batch.logs = append(batch.logs, l)
+		batch.entries = append(batch.entries, e)
+		if len(batch.logs) == rangeBatch || want == to {
+			var err error
+			if batch, err = emit(batch); err != nil {
+				return err
+			}
+		}
+		want++
+	}
+	return nil
 }
 
 // openBoltLogs opens a raft.db read-only for boltLogs.

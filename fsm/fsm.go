@@ -5,7 +5,6 @@ import (
 	"encoding/binary"
 	"encoding/hex"
 	"fmt"
-	"slices"
 
 	"google.golang.org/protobuf/proto"
 
@@ -31,62 +30,13 @@ type FSM struct {
 	tokens          map[string]*pb.ACLToken
 	aclBootstrapped bool
 	// requests maps request ids to the result of their first application,
-	// kept compact: a million of them must stay cheap to hold, scan and
-	// snapshot.
-	requests map[string]appliedRequest
+	// kept compact (requests.go): a million of them must stay cheap to hold,
+	// scan and snapshot.
+	requests *requestTable
 	// cardMiB is the smallest card memory per device over all nodes, for
 	// cardMemory; rebuilt by indexCardMemory whenever an inventory changes:
 	// derived, never part of the state.
 	cardMiB map[string]uint64
-}
-
-// appliedRequest is what a request id's first application returned: enough
-// to answer a duplicate with the same result. Violations and warnings are
-// rare, so they hang off a pointer that is nil in the common case.
-type appliedRequest struct {
-	index   uint64
-	code    pb.Code
-	outcome pb.Outcome
-	message string
-	detail  *requestDetail
-}
-
-type requestDetail struct {
-	violations []*pb.Violation
-	warnings   []string
-}
-
-// remember returns the compact record of res.
-func remember(res *pb.Result) appliedRequest {
-	a := appliedRequest{index: res.Index, code: res.Code, outcome: res.Outcome, message: res.Message}
-	if len(res.Violations) > 0 || len(res.Warnings) > 0 {
-		d := &requestDetail{warnings: slices.Clone(res.Warnings)}
-		for _, v := range res.Violations {
-			d.violations = append(d.violations, proto.Clone(v).(*pb.Violation))
-		}
-		a.detail = d
-	}
-	return a
-}
-
-func (a *appliedRequest) more() *requestDetail {
-	if a.detail == nil {
-		a.detail = &requestDetail{}
-	}
-	return a.detail
-}
-
-// result rebuilds the Result a remembered request returned (a fresh copy the
-// caller may change).
-func (a appliedRequest) result() *pb.Result {
-	res := &pb.Result{Index: a.index, Code: a.code, Outcome: a.outcome, Message: a.message}
-	if d := a.detail; d != nil {
-		res.Warnings = slices.Clone(d.warnings)
-		for _, v := range d.violations {
-			res.Violations = append(res.Violations, proto.Clone(v).(*pb.Violation))
-		}
-	}
-	return res
 }
 
 // New returns an empty state machine.
@@ -99,19 +49,15 @@ func New() *FSM {
 		cards:        map[cardKey]*cardUse{},
 		onNode:       map[string]map[replicaKey]*pb.Replica{},
 		tokens:       map[string]*pb.ACLToken{},
-		requests:     map[string]appliedRequest{},
+		requests:     newRequestTable(),
 	}
 }
 
 // ExpectEntries tells a fresh state machine that about n entries are coming
-// (a replay from index 1), so that the request map is sized once rather than
-// grown entry by entry. It changes nothing observable, and nothing once any
-// request has been applied.
-func (f *FSM) ExpectEntries(n int) {
-	if len(f.requests) == 0 && n > 0 {
-		f.requests = make(map[string]appliedRequest, min(n, 1<<24))
-	}
-}
+// (a replay from index 1), so that the request table's index is sized once
+// rather than grown entry by entry. It changes nothing observable, and
+// nothing once any request has been applied.
+func (f *FSM) ExpectEntries(n int) { f.requests.expect(n) }
 
 // AppliedIndex is the log index of the last applied entry.
 func (f *FSM) AppliedIndex() uint64 { return f.applied }
@@ -124,15 +70,56 @@ func (f *FSM) Hash() string { return hex.EncodeToString(f.head[:]) }
 // version does not know, is rejected with a Result and changes nothing but the
 // hash chain, which covers every entry.
 func (f *FSM) ApplyBytes(index uint64, data []byte) *pb.Result {
+	return f.ApplyEntry(index, DecodeEntry(data))
+}
+
+// Entry is a log entry's bytes with the Envelope decoded from them, made by
+// DecodeEntry ahead of applying it: decoding is a large part of applying an
+// entry, and needs no state, so a replay decodes on one goroutine while it
+// applies earlier entries on another. ApplyEntry(i, DecodeEntry(data)) is
+// ApplyBytes(i, data) exactly.
+//
+// An Entry is applied once: the state may keep parts of its Envelope.
+type Entry struct {
+	data    []byte
+	env     *pb.Envelope
+	err     error
+	request requestKey // env's request id, ready for the request table
+}
+
+// DecodeEntry decodes a log entry's Envelope for ApplyEntry. It reads
+// nothing but data, so it may run concurrently with anything.
+func DecodeEntry(data []byte) Entry {
 	env := &pb.Envelope{}
-	var res *pb.Result
 	if err := proto.Unmarshal(data, env); err != nil {
-		res = reject(pb.Code_CODE_INVALID_ARGUMENT, "cannot decode log entry: %v", err)
+		return Entry{data: data, err: err}
+	}
+	return Entry{data: data, env: env, request: requestKeyOf(env.GetRequestId())}
+}
+
+// Prefetch prepares for applying entries (the next ones, in order): it
+// loads the parts of the state their lookups start from, all together, so
+// that the loads overlap rather than each stalling its entry's apply in
+// turn. The request-id index is large and read at random, one cache miss
+// per command otherwise. It changes nothing observable; like ApplyEntry it
+// must not run concurrently with anything else on f.
+func (f *FSM) Prefetch(entries []Entry) {
+	for i := range entries {
+		f.requests.touch(&entries[i].request)
+	}
+}
+
+// ApplyEntry applies one committed log entry decoded by DecodeEntry; see
+// ApplyBytes.
+func (f *FSM) ApplyEntry(index uint64, e Entry) *pb.Result {
+	var res *pb.Result
+	if e.err != nil {
+		res = reject(pb.Code_CODE_INVALID_ARGUMENT, "cannot decode log entry: %v", e.err)
 	} else {
-		res = f.apply(env, index, false)
+		res = f.apply(e.env, e.request, index, false)
 	}
 	res.Index = index
-	f.chain(index, data, res)
+	f.chain(index, e.data, res)
 	return res
 }
 
@@ -150,7 +137,7 @@ func (f *FSM) Apply(index uint64, env *pb.Envelope) *pb.Result {
 
 // DryRun reports what applying env now would do, and changes nothing.
 func (f *FSM) DryRun(env *pb.Envelope) *pb.Result {
-	return f.apply(env, 0, true)
+	return f.apply(env, requestKeyOf(env.GetRequestId()), 0, true)
 }
 
 // Marshal encodes an envelope deterministically, as it is stored in the log.
@@ -181,10 +168,11 @@ func (f *FSM) chain(index uint64, data []byte, res *pb.Result) {
 
 // apply dispatches one command. With dry set, handlers check everything and
 // mutate nothing.
-func (f *FSM) apply(env *pb.Envelope, index uint64, dry bool) *pb.Result {
-	if id := env.GetRequestId(); id != "" {
-		if prev, ok := f.requests[id]; ok {
-			res := prev.result()
+func (f *FSM) apply(env *pb.Envelope, id requestKey, index uint64, dry bool) *pb.Result {
+	var request requestProbe
+	if id.id != "" {
+		if request = f.requests.lookup(id); request.found {
+			res := f.requests.record(request).result()
 			res.Duplicate = true
 			return res
 		}
@@ -227,7 +215,7 @@ func (f *FSM) apply(env *pb.Envelope, index uint64, dry bool) *pb.Result {
 	}
 	res.Index = index
 	if !dry && env.GetRequestId() != "" {
-		f.requests[env.GetRequestId()] = remember(res)
+		f.requests.putAt(request, remember(res))
 	}
 	return res
 }

@@ -10,6 +10,7 @@ import (
 	"iter"
 	"math"
 	"unicode/utf8"
+	"unsafe"
 
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
@@ -37,10 +38,10 @@ func (f *FSM) State() *pb.State {
 		st.Tokens = append(st.Tokens, proto.Clone(f.tokens[name]).(*pb.ACLToken))
 	}
 	st.AclBootstrapped = f.aclBootstrapped
-	ids := sortedKeys(f.requests)
-	st.AppliedRequests = make([]*pb.AppliedRequest, 0, len(ids))
-	for _, id := range ids {
-		st.AppliedRequests = append(st.AppliedRequests, &pb.AppliedRequest{RequestId: id, Result: f.requests[id].result()})
+	ids, recs := f.requests.sorted()
+	st.AppliedRequests = make([]*pb.AppliedRequest, len(ids))
+	for i, id := range ids {
+		st.AppliedRequests[i] = &pb.AppliedRequest{RequestId: id, Result: recs[i].result()}
 	}
 	return st
 }
@@ -54,7 +55,7 @@ func (f *FSM) Snapshot() ([]byte, error) {
 //
 // The applied requests, which are most of a long-lived cluster's snapshot
 // (one per request id ever applied), are decoded straight from the wire into
-// their compact form; the rest of the State goes through proto.Unmarshal.
+// the request table; the rest of the State goes through proto.Unmarshal.
 func (f *FSM) Restore(data []byte) error {
 	rest, requests, err := splitRequests(data)
 	if err != nil {
@@ -65,7 +66,7 @@ func (f *FSM) Restore(data []byte) error {
 
 // restore replaces the state with rest, a marshalled State without its
 // applied requests, and the requests decoded from it.
-func (f *FSM) restore(rest []byte, requests map[string]appliedRequest) error {
+func (f *FSM) restore(rest []byte, requests *requestTable) error {
 	st := &pb.State{}
 	if err := proto.Unmarshal(rest, st); err != nil {
 		return fmt.Errorf("restore snapshot: %w", err)
@@ -109,10 +110,10 @@ var errTruncated = errors.New("truncated or malformed protobuf")
 
 // splitRequests separates a marshalled State's applied_requests from its
 // other fields: it returns those other fields, still marshalled, and the
-// requests decoded into the request map, as proto.Unmarshal would have read
+// requests decoded into a request table, as proto.Unmarshal would have read
 // them (later duplicates of an id win, strings must be UTF-8, unknown fields
 // are skipped).
-func splitRequests(data []byte) ([]byte, map[string]appliedRequest, error) {
+func splitRequests(data []byte) ([]byte, *requestTable, error) {
 	count := 0
 	for b := data; len(b) > 0; {
 		num, typ, n := protowire.ConsumeTag(b)
@@ -128,7 +129,8 @@ func splitRequests(data []byte) ([]byte, map[string]appliedRequest, error) {
 		}
 		b = b[n+m:]
 	}
-	requests := make(map[string]appliedRequest, count)
+	requests := newRequestTable()
+	requests.expect(count)
 	rest := make([]byte, 0, min(len(data), 1<<16))
 	for b := data; len(b) > 0; {
 		num, typ, n := protowire.ConsumeTag(b)
@@ -143,7 +145,7 @@ func splitRequests(data []byte) ([]byte, map[string]appliedRequest, error) {
 		if err != nil {
 			return nil, nil, fmt.Errorf("applied request: %w", err)
 		}
-		requests[id] = a
+		requests.put(id, a)
 		b = b[n+m:]
 	}
 	return rest, requests, nil
@@ -159,19 +161,10 @@ func (f *FSM) RestoreFrom(r io.Reader) error {
 		b := bufio.NewReaderSize(r, 1<<16)
 		r, br = b, b
 	}
-	// The requests are gathered in fixed-size chunks (never copied) and put
-	// in a map sized once at the end: growing a map, or one slice, of a
-	// million entries costs more than decoding them.
-	type idRequest struct {
-		id string
-		a  appliedRequest
-	}
-	const chunk = 4096
-	var (
-		gathered  [][]idRequest
-		count     int
-		rest, buf []byte
-	)
+	// The requests go straight into the table, whose entries are never
+	// moved as it grows (only its 8-byte index slots are rehashed).
+	requests := newRequestTable()
+	var rest, buf []byte
 	for {
 		tag, err := binary.ReadUvarint(br)
 		if err == io.EOF {
@@ -226,12 +219,7 @@ func (f *FSM) RestoreFrom(r io.Reader) error {
 				if err != nil {
 					return fmt.Errorf("restore snapshot: applied request: %w", err)
 				}
-				if count%chunk == 0 {
-					gathered = append(gathered, make([]idRequest, 0, chunk))
-				}
-				last := &gathered[len(gathered)-1]
-				*last = append(*last, idRequest{id, a})
-				count++
+				requests.put(id, a) // copies what aliases buf
 				continue
 			}
 			rest = protowire.AppendTag(rest, num, typ)
@@ -244,12 +232,6 @@ func (f *FSM) RestoreFrom(r io.Reader) error {
 			return fmt.Errorf("restore snapshot: unexpected wire type %d", typ)
 		}
 	}
-	requests := make(map[string]appliedRequest, count)
-	for _, c := range gathered {
-		for _, r := range c {
-			requests[r.id] = r.a
-		}
-	}
 	return f.restore(rest, requests)
 }
 
@@ -260,7 +242,9 @@ func noEOF(err error) error {
 	return err
 }
 
-// decodeAppliedRequest decodes one marshalled AppliedRequest.
+// decodeAppliedRequest decodes one marshalled AppliedRequest. The id and the
+// message it returns alias b: they are only valid until b changes, which is
+// long enough to put them in a requestTable (which copies them).
 func decodeAppliedRequest(b []byte) (string, appliedRequest, error) {
 	var (
 		id string
@@ -281,7 +265,7 @@ func decodeAppliedRequest(b []byte) (string, appliedRequest, error) {
 			if !utf8.Valid(v) {
 				return "", a, errors.New("request id is not valid UTF-8")
 			}
-			id, n = string(v), m
+			id, n = alias(v), m
 		case num == 2 && typ == protowire.BytesType:
 			v, m := protowire.ConsumeBytes(b)
 			if m < 0 {
@@ -336,7 +320,7 @@ func decodeResult(b []byte, a *appliedRequest) error {
 			}
 			switch num {
 			case 2:
-				a.message = string(v)
+				a.message = alias(v)
 			case 3:
 				viol := &pb.Violation{}
 				if err := proto.Unmarshal(v, viol); err != nil {
@@ -358,6 +342,15 @@ func decodeResult(b []byte, a *appliedRequest) error {
 		b = b[n:]
 	}
 	return nil
+}
+
+// alias returns b's bytes as a string without copying them: b must not
+// change while the string is in use.
+func alias(b []byte) string {
+	if len(b) == 0 {
+		return ""
+	}
+	return unsafe.String(&b[0], len(b))
 }
 
 // Replay rebuilds the state by applying entries (log index, marshalled

@@ -1,0 +1,459 @@
+package fsm
+
+import (
+	"hash/maphash"
+	"slices"
+	"strings"
+	"unsafe"
+
+	"google.golang.org/protobuf/proto"
+
+	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
+)
+
+// appliedRequest is what a request id's first application returned: enough
+// to answer a duplicate with the same result. Violations and warnings are
+// rare, so they hang off a pointer that is nil in the common case. It is the
+// unpacked form of a requestTable entry.
+type appliedRequest struct {
+	index   uint64
+	code    pb.Code
+	outcome pb.Outcome
+	message string
+	detail  *requestDetail
+}
+
+type requestDetail struct {
+	violations []*pb.Violation
+	warnings   []string
+}
+
+// remember returns the compact record of res.
+func remember(res *pb.Result) appliedRequest {
+	a := appliedRequest{index: res.Index, code: res.Code, outcome: res.Outcome, message: res.Message}
+	if len(res.Violations) > 0 || len(res.Warnings) > 0 {
+		d := &requestDetail{warnings: slices.Clone(res.Warnings)}
+		for _, v := range res.Violations {
+			d.violations = append(d.violations, proto.Clone(v).(*pb.Violation))
+		}
+		a.detail = d
+	}
+	return a
+}
+
+func (a *appliedRequest) more() *requestDetail {
+	if a.detail == nil {
+		a.detail = &requestDetail{}
+	}
+	return a.detail
+}
+
+// result rebuilds the Result a remembered request returned (a fresh copy the
+// caller may change).
+func (a appliedRequest) result() *pb.Result {
+	res := &pb.Result{Index: a.index, Code: a.code, Outcome: a.outcome, Message: a.message}
+	if d := a.detail; d != nil {
+		res.Warnings = slices.Clone(d.warnings)
+		for _, v := range d.violations {
+			res.Violations = append(res.Violations, proto.Clone(v).(*pb.Violation))
+		}
+	}
+	return res
+}
+
+// requestTable maps every request id ever applied to the record of its first
+// application (appliedRequest). A long-lived cluster holds millions of them
+// and a replay builds the table from empty, one lookup and one insert per
+// command, so it is laid out for size and for the garbage collector rather
+// than with a map[string]appliedRequest:
+//
+//   - Ids in NewRequestID's form, 32 lowercase hex digits (nearly all of
+//     them), are kept as the 16 bytes they spell, in an open-addressing index
+//     of 8-byte slots over entries appended in chunks that never move. Any
+//     other id is a key of an ordinary map. Both spellings are exact: an id
+//     has one form or the other, so the table answers precisely as a map of
+//     the strings would.
+//   - Entries hold no pointers: messages are copied into an append-only text
+//     arena, the rare violations and warnings hang off a side slice. The
+//     collector therefore never scans the table, and it takes about half the
+//     memory of the map with its id and message strings: a replay's heap,
+//     and the fresh pages faulted in to hold it (costly on virtual
+//     machines), halve with it.
+//   - An id's hex parse and hash (requestKey) are computed where the entry
+//     is decoded, off the applying goroutine in a replay, and FSM.Prefetch
+//     loads a run of entries' index slots together, so that their cache
+//     misses overlap.
+//
+// Lookups only read, so concurrent readers (views, DryRun) are safe while no
+// one writes.
+type requestTable struct {
+	// slots is the index of hex ids: linear probing over a power-of-two
+	// table, each slot 0 (empty) or the top 32 bits of the id's hash and
+	// 1 + its entry number.
+	slots []uint64
+	// hexIDs counts the hex ids in slots, which grows at three quarters full.
+	hexIDs int
+	sink   uint64 // what touch loads goes here, lest the load be dropped
+
+	entries [][]requestEntry // chunks of requestChunk
+	count   int              // entries in use
+	other   map[string]uint32
+	text    textArena
+	details []*requestDetail
+}
+
+// requestEntry is one id's record, appliedRequest packed without pointers.
+type requestEntry struct {
+	id      [16]byte // a hex id's bytes; zero for another id
+	index   uint64
+	message textRef
+	code    pb.Code
+	outcome pb.Outcome
+	// detail is 1 + the index of the id's requestDetail in details (0:
+	// none), with otherID set for an id kept in other.
+	detail uint32
+}
+
+const (
+	requestChunk = 4096
+	otherID      = 1 << 31
+)
+
+func newRequestTable() *requestTable {
+	return &requestTable{other: map[string]uint32{}}
+}
+
+// Len is the number of ids in the table.
+func (t *requestTable) Len() int { return t.count }
+
+// expect sizes an empty table's index for about n ids.
+func (t *requestTable) expect(n int) {
+	if t.count == 0 && n > 0 {
+		t.slots = make([]uint64, slotsFor(min(n, 1<<26)))
+	}
+}
+
+// slotsFor is the index size that holds n hex ids below three quarters full.
+func slotsFor(n int) int {
+	size := 64
+	for size/4*3 < n {
+		size *= 2
+	}
+	return size
+}
+
+// hexID returns the 16 bytes a 32-digit lowercase hex id spells.
+func hexID(id string) (k [16]byte, ok bool) {
+	if len(id) != 32 {
+		return k, false
+	}
+	for i := range k {
+		hi, lo := unhex[id[2*i]], unhex[id[2*i+1]]
+		if hi|lo > 0x0f {
+			return k, false
+		}
+		k[i] = hi<<4 | lo
+	}
+	return k, true
+}
+
+var unhex = func() (t [256]byte) {
+	for i := range t {
+		t[i] = 0xff
+	}
+	for c := byte('0'); c <= '9'; c++ {
+		t[c] = c - '0'
+	}
+	for c := byte('a'); c <= 'f'; c++ {
+		t[c] = c - 'a' + 10
+	}
+	return t
+}()
+
+// requestSeed seeds the hash that spreads hex ids over the index. Like a Go
+// map's, it is random, so that ids cannot be chosen to collide; it decides
+// where an id sits in memory, never what the state machine does.
+var requestSeed = maphash.MakeSeed()
+
+func hashID(k *[16]byte) uint64 { return maphash.Bytes(requestSeed, k[:]) }
+
+// requestKey is a request id as the table looks it up: keyOf computes it
+// once per entry (DecodeEntry, on the decoding goroutine of a replay).
+type requestKey struct {
+	id   string
+	hex  bool
+	key  [16]byte // the id's bytes, when hex
+	hash uint64   // hashID(&key), when hex
+}
+
+func requestKeyOf(id string) requestKey {
+	k := requestKey{id: id}
+	if k.key, k.hex = hexID(id); k.hex {
+		k.hash = hashID(&k.key)
+	}
+	return k
+}
+
+// requestProbe is where a lookup found an id, or where it would go: putAt
+// reuses it rather than probing again, unless the table grew in between.
+type requestProbe struct {
+	requestKey
+	slot  int // in slots, when hex and slots had size
+	size  int
+	entry uint32
+	found bool
+}
+
+// lookup finds the id k.
+func (t *requestTable) lookup(k requestKey) requestProbe {
+	p := requestProbe{requestKey: k}
+	if p.hex {
+		if len(t.slots) > 0 {
+			p.size = len(t.slots)
+			p.slot, p.entry, p.found = t.find(&p.key, p.hash)
+		}
+		return p
+	}
+	p.entry, p.found = t.other[p.id]
+	return p
+}
+
+// touch loads the index slot where k's lookup starts, so that the lookup
+// finds it in the CPU cache: see FSM.Prefetch.
+func (t *requestTable) touch(k *requestKey) {
+	if k.hex && len(t.slots) > 0 {
+		t.sink += t.slots[int(k.hash)&(len(t.slots)-1)]
+	}
+}
+
+// find returns the slot holding k's entry, with its entry number and true,
+// or the empty slot where k would go and false. t.slots must not be empty.
+func (t *requestTable) find(k *[16]byte, h uint64) (slot int, entry uint32, ok bool) {
+	tag := h >> 32 << 32
+	mask := len(t.slots) - 1
+	for i := int(h) & mask; ; i = (i + 1) & mask {
+		s := t.slots[i]
+		if s == 0 {
+			return i, 0, false
+		}
+		if s&^0xffffffff == tag {
+			e := uint32(s) - 1
+			if t.entry(e).id == *k {
+				return i, e, true
+			}
+		}
+	}
+}
+
+func (t *requestTable) entry(e uint32) *requestEntry {
+	return &t.entries[e/requestChunk][e%requestChunk]
+}
+
+// get returns the record of id.
+func (t *requestTable) get(id string) (appliedRequest, bool) {
+	p := t.lookup(requestKeyOf(id))
+	if !p.found {
+		return appliedRequest{}, false
+	}
+	return t.record(p), true
+}
+
+// record returns the record a successful lookup found.
+func (t *requestTable) record(p requestProbe) appliedRequest {
+	return t.unpack(t.entry(p.entry))
+}
+
+func (t *requestTable) unpack(p *requestEntry) appliedRequest {
+	a := appliedRequest{index: p.index, code: p.code, outcome: p.outcome, message: t.text.get(p.message)}
+	if d := p.detail &^ otherID; d != 0 {
+		a.detail = t.details[d-1]
+	}
+	return a
+}
+
+// put records a as id's record, replacing any earlier one.
+func (t *requestTable) put(id string, a appliedRequest) { t.putAt(t.lookup(requestKeyOf(id)), a) }
+
+// putAt records a as the record of the id p looked up, replacing any
+// earlier one. Nothing may have been put since the lookup but by putAt with
+// this same p.
+func (t *requestTable) putAt(p requestProbe, a appliedRequest) {
+	if !p.hex {
+		if !p.found {
+			p.entry = t.add()
+			t.other[strings.Clone(p.id)] = p.entry
+		}
+		t.pack(t.entry(p.entry), a, otherID)
+		return
+	}
+	if !p.found {
+		if (t.hexIDs+1)*4 > len(t.slots)*3 {
+			t.grow()
+		}
+		if p.size != len(t.slots) {
+			p.slot, p.entry, p.found = t.find(&p.key, p.hash)
+		}
+	}
+	if !p.found {
+		p.entry = t.add()
+		t.slots[p.slot] = p.hash>>32<<32 | uint64(p.entry+1)
+		t.hexIDs++
+		t.entry(p.entry).id = p.key
+	}
+	t.pack(t.entry(p.entry), a, 0)
+}
+
+// add appends a zero entry and returns its number.
+func (t *requestTable) add() uint32 {
+	if t.count >= 1<<32-2 {
+		panic("fsm: more than 2^32-2 request ids")
+	}
+	if t.count%requestChunk == 0 {
+		t.entries = append(t.entries, make([]requestEntry, requestChunk))
+	}
+	t.count++
+	return uint32(t.count - 1)
+}
+
+func (t *requestTable) pack(p *requestEntry, a appliedRequest, flags uint32) {
+	p.index, p.code, p.outcome = a.index, a.code, a.outcome
+	p.message = t.text.add(a.message)
+	p.detail = flags
+	if a.detail != nil {
+		if len(t.details) >= otherID-1 {
+			panic("fsm: more than 2^31-1 request records with details")
+		}
+		t.details = append(t.details, a.detail)
+		p.detail |= uint32(len(t.details))
+	}
+}
+
+// grow doubles the index (or creates it) and reinserts every hex id.
+func (t *requestTable) grow() {
+	slots := make([]uint64, max(2*len(t.slots), slotsFor(t.hexIDs+1)))
+	mask := len(slots) - 1
+	for e := range uint32(t.count) {
+		p := t.entry(e)
+		if p.detail&otherID != 0 {
+			continue
+		}
+		h := hashID(&p.id)
+		i := int(h) & mask
+		for slots[i] != 0 {
+			i = (i + 1) & mask
+		}
+		slots[i] = h>>32<<32 | uint64(e+1)
+	}
+	t.slots = slots
+}
+
+// sorted returns every id with its record, ordered by id.
+func (t *requestTable) sorted() ([]string, []appliedRequest) {
+	type hexEntry struct {
+		hi, lo uint64 // the id's bytes, big-endian: byte order is the hex string's order
+		e      uint32
+	}
+	hexes := make([]hexEntry, 0, t.hexIDs)
+	for e := range uint32(t.count) {
+		p := t.entry(e)
+		if p.detail&otherID == 0 {
+			hexes = append(hexes, hexEntry{be64(p.id[:8]), be64(p.id[8:]), e})
+		}
+	}
+	slices.SortFunc(hexes, func(a, b hexEntry) int {
+		switch {
+		case a.hi != b.hi:
+			if a.hi < b.hi {
+				return -1
+			}
+			return 1
+		case a.lo != b.lo:
+			if a.lo < b.lo {
+				return -1
+			}
+			return 1
+		}
+		return 0
+	})
+	others := make([]string, 0, len(t.other))
+	for id := range t.other {
+		others = append(others, id)
+	}
+	slices.Sort(others)
+
+	// The hex ids' strings share one buffer, written once.
+	const digits = "0123456789abcdef"
+	buf := make([]byte, 32*len(hexes))
+	ids := make([]string, 0, t.count)
+	recs := make([]appliedRequest, 0, t.count)
+	for i, o := 0, 0; i < len(hexes) || o < len(others); {
+		var id string
+		if i < len(hexes) {
+			s := buf[32*i : 32*i+32]
+			p := t.entry(hexes[i].e)
+			for j, b := range p.id {
+				s[2*j], s[2*j+1] = digits[b>>4], digits[b&0x0f]
+			}
+			id = unsafe.String(&s[0], 32)
+		}
+		if i < len(hexes) && (o == len(others) || id < others[o]) {
+			ids = append(ids, id)
+			recs = append(recs, t.unpack(t.entry(hexes[i].e)))
+			i++
+			continue
+		}
+		ids = append(ids, others[o])
+		recs = append(recs, t.unpack(t.entry(t.other[others[o]])))
+		o++
+	}
+	return ids, recs
+}
+
+func be64(b []byte) uint64 {
+	_ = b[7]
+	return uint64(b[0])<<56 | uint64(b[1])<<48 | uint64(b[2])<<40 | uint64(b[3])<<32 |
+		uint64(b[4])<<24 | uint64(b[5])<<16 | uint64(b[6])<<8 | uint64(b[7])
+}
+
+// textArena keeps strings in shared, append-only chunks: one allocation,
+// holding no pointers, per chunk rather than one per string. Strings it
+// returns point into the chunks, whose bytes never change once written.
+type textArena struct {
+	chunks [][]byte
+	open   int // 1 + the index of the chunk being filled; 0: none
+}
+
+// textRef locates a string in a textArena; the zero textRef is "".
+type textRef struct {
+	chunk, off, n uint32
+}
+
+const textChunk = 64 << 10
+
+func (a *textArena) add(s string) textRef {
+	n := len(s)
+	if n == 0 {
+		return textRef{}
+	}
+	if uint64(n) > 1<<32-1 {
+		panic("fsm: message longer than 4 GiB")
+	}
+	if n > textChunk/8 {
+		a.chunks = append(a.chunks, []byte(s))
+		return textRef{uint32(len(a.chunks) - 1), 0, uint32(n)}
+	}
+	if a.open == 0 || cap(a.chunks[a.open-1])-len(a.chunks[a.open-1]) < n {
+		a.chunks = append(a.chunks, make([]byte, 0, textChunk))
+		a.open = len(a.chunks)
+	}
+	c := a.chunks[a.open-1]
+	a.chunks[a.open-1] = append(c, s...)
+	return textRef{uint32(a.open - 1), uint32(len(c)), uint32(n)}
+}
+
+func (a *textArena) get(r textRef) string {
+	if r.n == 0 {
+		return ""
+	}
+	return unsafe.String(&a.chunks[r.chunk][r.off], int(r.n))
+}
