@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/hashicorp/raft"
@@ -82,12 +83,15 @@ func (c *Cluster) DryRun(ctx context.Context, env *pb.Envelope) (*pb.Result, err
 	return c.write(ctx, env, true)
 }
 
-func (c *Cluster) write(ctx context.Context, env *pb.Envelope, dryRun bool) (*pb.Result, error) {
+// prepare returns the caller's envelope as it is proposed: a copy, with a
+// request id and actor; or, for an envelope that must not reach the log, the
+// result that rejects it.
+func prepare(env *pb.Envelope) (*pb.Envelope, *pb.Result) {
 	if env.GetCommand() == nil {
 		// Reject before it costs a log entry. A command unknown to this version
 		// decodes as no command at all.
-		return &pb.Result{Code: pb.Code_CODE_INVALID_ARGUMENT,
-			Message: "envelope has no command this server knows: is the client newer than the server?"}, nil
+		return nil, &pb.Result{Code: pb.Code_CODE_INVALID_ARGUMENT,
+			Message: "envelope has no command this server knows: is the client newer than the server?"}
 	}
 	env = proto.Clone(env).(*pb.Envelope)
 	if env.RequestId == "" {
@@ -96,8 +100,22 @@ func (c *Cluster) write(ctx context.Context, env *pb.Envelope, dryRun bool) (*pb
 	if env.Actor == "" {
 		env.Actor = "system"
 	}
+	return env, nil
+}
+
+func (c *Cluster) write(ctx context.Context, env *pb.Envelope, dryRun bool) (*pb.Result, error) {
+	env, rejected := prepare(env)
+	if rejected != nil {
+		return rejected, nil
+	}
 	ctx, cancel := withDefaultTimeout(ctx)
 	defer cancel()
+	return c.writePrepared(ctx, env, dryRun)
+}
+
+// writePrepared is write for an envelope prepare returned, under a context
+// with a deadline.
+func (c *Cluster) writePrepared(ctx context.Context, env *pb.Envelope, dryRun bool) (*pb.Result, error) {
 	return onLeader(ctx, c,
 		func() (*pb.Result, error) {
 			if dryRun {
@@ -110,6 +128,20 @@ func (c *Cluster) write(ctx context.Context, env *pb.Envelope, dryRun bool) (*pb
 
 // applyLocal proposes env on this node, which believes it is the leader.
 func (c *Cluster) applyLocal(ctx context.Context, env *pb.Envelope) (*pb.Result, error) {
+	f, err := c.propose(ctx, env)
+	if err != nil {
+		return nil, err
+	}
+	if err := wait(ctx, f); err != nil {
+		return nil, c.raftError(err)
+	}
+	return futureResult(f)
+}
+
+// propose stamps env with this leader's clock and hands it to Raft. Raft
+// gathers what is proposed while it writes the previous batch into one log
+// append (BatchApplyCh).
+func (c *Cluster) propose(ctx context.Context, env *pb.Envelope) (raft.ApplyFuture, error) {
 	env.ProposedAt = timestamppb.Now()
 	data, err := fsm.Marshal(env)
 	if err != nil {
@@ -119,10 +151,11 @@ func (c *Cluster) applyLocal(ctx context.Context, env *pb.Envelope) (*pb.Result,
 	if timeout <= 0 {
 		return nil, context.DeadlineExceeded
 	}
-	f := c.raft.Apply(data, timeout)
-	if err := wait(ctx, f); err != nil {
-		return nil, c.raftError(err)
-	}
+	return c.raft.Apply(data, timeout), nil
+}
+
+// futureResult is the state machine's result for a committed entry.
+func futureResult(f raft.ApplyFuture) (*pb.Result, error) {
 	res, err := result(f.Response())
 	if err != nil {
 		return nil, err
@@ -131,6 +164,90 @@ func (c *Cluster) applyLocal(ctx context.Context, env *pb.Envelope) (*pb.Result,
 		res.Index = f.Index()
 	}
 	return res, nil
+}
+
+// ApplyBatch applies each of envs as Apply would and returns, in order, a
+// result or an error for each (one of the two is set). It serves the writes
+// a follower forwards in one call: on the leader they are all proposed
+// before any is waited for, so that Raft appends them together (one fsync,
+// one AppendEntries per follower). An entry whose proposal fails for a
+// leadership change, like every entry on a node that is not the leader, goes
+// through Apply, which forwards it and retries as for a single write.
+func (c *Cluster) ApplyBatch(ctx context.Context, envs []*pb.Envelope) ([]*pb.Result, []error) {
+	results := make([]*pb.Result, len(envs))
+	errs := make([]error, len(envs))
+	ctx, cancel := withDefaultTimeout(ctx)
+	defer cancel()
+	prepared := make([]*pb.Envelope, len(envs))
+	for i, env := range envs {
+		prepared[i], results[i] = prepare(env)
+	}
+	var slow []int // entries written one by one, through onLeader
+	if c.IsLeader() {
+		futures := make([]raft.ApplyFuture, len(envs))
+		for i, env := range prepared {
+			if env == nil {
+				continue
+			}
+			if futures[i], errs[i] = c.propose(ctx, env); errs[i] != nil {
+				futures[i] = nil
+			}
+		}
+		done := waitAll(futures)
+		for range futures {
+			select {
+			case <-ctx.Done():
+				for i, f := range futures {
+					if f != nil && results[i] == nil && errs[i] == nil {
+						errs[i] = ctx.Err()
+					}
+				}
+				return results, errs
+			case i := <-done:
+				f := futures[i]
+				if f == nil {
+					continue
+				}
+				if err := f.Error(); err != nil {
+					if err = c.raftError(err); retryable(err) {
+						slow = append(slow, i)
+					} else {
+						errs[i] = err
+					}
+					continue
+				}
+				results[i], errs[i] = futureResult(f)
+			}
+		}
+	} else {
+		for i, env := range prepared {
+			if env != nil {
+				slow = append(slow, i)
+			}
+		}
+	}
+	var wg sync.WaitGroup
+	for _, i := range slow {
+		wg.Go(func() { results[i], errs[i] = c.writePrepared(ctx, prepared[i], false) })
+	}
+	wg.Wait()
+	return results, errs
+}
+
+// waitAll waits for futures (nil ones are skipped) from one goroutine, in
+// order, and sends the position of each as it completes; the channel holds
+// them all, so the goroutine never blocks on a reader that gave up.
+func waitAll(futures []raft.ApplyFuture) <-chan int {
+	done := make(chan int, len(futures))
+	go func() {
+		for i, f := range futures {
+			if f != nil {
+				_ = f.Error()
+			}
+			done <- i
+		}
+	}()
+	return done
 }
 
 // dryRunLocal checks env against the leader's state. A check that passes is

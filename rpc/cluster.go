@@ -3,6 +3,8 @@ package rpc
 import (
 	"context"
 	"errors"
+	"fmt"
+	"sync"
 
 	"connectrpc.com/connect"
 	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
@@ -30,6 +32,70 @@ func (h *handlers) Apply(ctx context.Context, req *connect.Request[pb.ApplyReque
 		return nil, backendError("apply", err)
 	}
 	return connect.NewResponse(&pb.ApplyResponse{Result: res}), nil
+}
+
+// MaxApplyBatch caps the envelopes in one ApplyBatch call.
+const MaxApplyBatch = 1024
+
+// BatchBackend is a Backend that proposes several entries together
+// (*cluster.Cluster); ApplyBatch falls back to concurrent Applies without it.
+type BatchBackend interface {
+	// ApplyBatch applies each envelope as Apply would; for each, in order,
+	// either its result or its error is set.
+	ApplyBatch(ctx context.Context, envs []*pb.Envelope) ([]*pb.Result, []error)
+}
+
+// ApplyBatch is Apply for the writes a node forwards together: each entry
+// gets its own result or error, which the forwarding node hands to the
+// caller that wrote it.
+func (h *handlers) ApplyBatch(ctx context.Context, req *connect.Request[pb.ApplyBatchRequest]) (*connect.Response[pb.ApplyBatchResponse], error) {
+	envs := req.Msg.GetEnvelopes()
+	if len(envs) > MaxApplyBatch {
+		return nil, connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("envelopes: %d in one batch, at most %d", len(envs), MaxApplyBatch))
+	}
+	out := &pb.ApplyBatchResponse{Results: make([]*pb.ApplyBatchResult, len(envs))}
+	var todo []*pb.Envelope
+	var at []int
+	for i, env := range envs {
+		if env == nil {
+			out.Results[i] = &pb.ApplyBatchResult{Error: applyError(connect.NewError(connect.CodeInvalidArgument, errEnvelopeRequired))}
+			continue
+		}
+		todo = append(todo, env)
+		at = append(at, i)
+	}
+	results, errs := applyBatch(ctx, h.b, todo)
+	for j, i := range at {
+		if errs[j] != nil {
+			out.Results[i] = &pb.ApplyBatchResult{Error: applyError(backendError("apply", errs[j]))}
+		} else {
+			out.Results[i] = &pb.ApplyBatchResult{Result: results[j]}
+		}
+	}
+	return connect.NewResponse(out), nil
+}
+
+func applyBatch(ctx context.Context, b Backend, envs []*pb.Envelope) ([]*pb.Result, []error) {
+	if bb, ok := b.(BatchBackend); ok {
+		return bb.ApplyBatch(ctx, envs)
+	}
+	results := make([]*pb.Result, len(envs))
+	errs := make([]error, len(envs))
+	var wg sync.WaitGroup
+	for i, env := range envs {
+		wg.Go(func() { results[i], errs[i] = b.Apply(ctx, env) })
+	}
+	wg.Wait()
+	return results, errs
+}
+
+// applyError carries a Connect error (as backendError makes them) in an
+// ApplyBatchResult; batchEntryError turns it back into one.
+func applyError(err error) *pb.ApplyError {
+	if ce := new(connect.Error); errors.As(err, &ce) {
+		return &pb.ApplyError{Code: uint32(ce.Code()), Message: ce.Message()}
+	}
+	return &pb.ApplyError{Code: uint32(connect.CodeUnknown), Message: err.Error()}
 }
 
 func (h *handlers) Status(ctx context.Context, req *connect.Request[pb.StatusRequest]) (*connect.Response[pb.StatusResponse], error) {

@@ -1639,6 +1639,203 @@ func (x *ApplyResponse) GetResult() *Result {
 	return nil
 }
 
+type ApplyBatchRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Envelopes     []*Envelope            `protobuf:"bytes,1,rep,name=envelopes,proto3" json:"envelopes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ApplyBatchRequest) Reset() {
+	*x = ApplyBatchRequest{}
+	mi := &file_gpuplane_v1_api_proto_msgTypes[33]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ApplyBatchRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ApplyBatchRequest) ProtoMessage() {}
+
+func (x *ApplyBatchRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_gpuplane_v1_api_proto_msgTypes[33]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ApplyBatchRequest.ProtoReflect.Descriptor instead.
+func (*ApplyBatchRequest) Descriptor() ([]byte, []int) {
+	return file_gpuplane_v1_api_proto_rawDescGZIP(), []int{33}
+}
+
+func (x *ApplyBatchRequest) GetEnvelopes() []*Envelope {
+	if x != nil {
+		return x.Envelopes
+	}
+	return nil
+}
+
+type ApplyBatchResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// One per envelope, in request order.
+	Results       []*ApplyBatchResult `protobuf:"bytes,1,rep,name=results,proto3" json:"results,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ApplyBatchResponse) Reset() {
+	*x = ApplyBatchResponse{}
+	mi := &file_gpuplane_v1_api_proto_msgTypes[34]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ApplyBatchResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ApplyBatchResponse) ProtoMessage() {}
+
+func (x *ApplyBatchResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_gpuplane_v1_api_proto_msgTypes[34]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ApplyBatchResponse.ProtoReflect.Descriptor instead.
+func (*ApplyBatchResponse) Descriptor() ([]byte, []int) {
+	return file_gpuplane_v1_api_proto_rawDescGZIP(), []int{34}
+}
+
+func (x *ApplyBatchResponse) GetResults() []*ApplyBatchResult {
+	if x != nil {
+		return x.Results
+	}
+	return nil
+}
+
+// ApplyBatchResult is one entry's outcome: the state machine's result, or
+// the error Apply would have failed with (then result is unset).
+type ApplyBatchResult struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Result        *Result                `protobuf:"bytes,1,opt,name=result,proto3" json:"result,omitempty"`
+	Error         *ApplyError            `protobuf:"bytes,2,opt,name=error,proto3" json:"error,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ApplyBatchResult) Reset() {
+	*x = ApplyBatchResult{}
+	mi := &file_gpuplane_v1_api_proto_msgTypes[35]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ApplyBatchResult) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ApplyBatchResult) ProtoMessage() {}
+
+func (x *ApplyBatchResult) ProtoReflect() protoreflect.Message {
+	mi := &file_gpuplane_v1_api_proto_msgTypes[35]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ApplyBatchResult.ProtoReflect.Descriptor instead.
+func (*ApplyBatchResult) Descriptor() ([]byte, []int) {
+	return file_gpuplane_v1_api_proto_rawDescGZIP(), []int{35}
+}
+
+func (x *ApplyBatchResult) GetResult() *Result {
+	if x != nil {
+		return x.Result
+	}
+	return nil
+}
+
+func (x *ApplyBatchResult) GetError() *ApplyError {
+	if x != nil {
+		return x.Error
+	}
+	return nil
+}
+
+// ApplyError is a Connect error: its code (connect.Code's numbering, as in
+// the gRPC status codes) and message.
+type ApplyError struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Code          uint32                 `protobuf:"varint,1,opt,name=code,proto3" json:"code,omitempty"`
+	Message       string                 `protobuf:"bytes,2,opt,name=message,proto3" json:"message,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ApplyError) Reset() {
+	*x = ApplyError{}
+	mi := &file_gpuplane_v1_api_proto_msgTypes[36]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ApplyError) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ApplyError) ProtoMessage() {}
+
+func (x *ApplyError) ProtoReflect() protoreflect.Message {
+	mi := &file_gpuplane_v1_api_proto_msgTypes[36]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ApplyError.ProtoReflect.Descriptor instead.
+func (*ApplyError) Descriptor() ([]byte, []int) {
+	return file_gpuplane_v1_api_proto_rawDescGZIP(), []int{36}
+}
+
+func (x *ApplyError) GetCode() uint32 {
+	if x != nil {
+		return x.Code
+	}
+	return 0
+}
+
+func (x *ApplyError) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
+}
+
 type StatusRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -1647,7 +1844,7 @@ type StatusRequest struct {
 
 func (x *StatusRequest) Reset() {
 	*x = StatusRequest{}
-	mi := &file_gpuplane_v1_api_proto_msgTypes[33]
+	mi := &file_gpuplane_v1_api_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1659,7 +1856,7 @@ func (x *StatusRequest) String() string {
 func (*StatusRequest) ProtoMessage() {}
 
 func (x *StatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuplane_v1_api_proto_msgTypes[33]
+	mi := &file_gpuplane_v1_api_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1672,7 +1869,7 @@ func (x *StatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusRequest.ProtoReflect.Descriptor instead.
 func (*StatusRequest) Descriptor() ([]byte, []int) {
-	return file_gpuplane_v1_api_proto_rawDescGZIP(), []int{33}
+	return file_gpuplane_v1_api_proto_rawDescGZIP(), []int{37}
 }
 
 type ServerStatus struct {
@@ -1688,7 +1885,7 @@ type ServerStatus struct {
 
 func (x *ServerStatus) Reset() {
 	*x = ServerStatus{}
-	mi := &file_gpuplane_v1_api_proto_msgTypes[34]
+	mi := &file_gpuplane_v1_api_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1700,7 +1897,7 @@ func (x *ServerStatus) String() string {
 func (*ServerStatus) ProtoMessage() {}
 
 func (x *ServerStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuplane_v1_api_proto_msgTypes[34]
+	mi := &file_gpuplane_v1_api_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1713,7 +1910,7 @@ func (x *ServerStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ServerStatus.ProtoReflect.Descriptor instead.
 func (*ServerStatus) Descriptor() ([]byte, []int) {
-	return file_gpuplane_v1_api_proto_rawDescGZIP(), []int{34}
+	return file_gpuplane_v1_api_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *ServerStatus) GetId() string {
@@ -1761,7 +1958,7 @@ type StatusResponse struct {
 
 func (x *StatusResponse) Reset() {
 	*x = StatusResponse{}
-	mi := &file_gpuplane_v1_api_proto_msgTypes[35]
+	mi := &file_gpuplane_v1_api_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1773,7 +1970,7 @@ func (x *StatusResponse) String() string {
 func (*StatusResponse) ProtoMessage() {}
 
 func (x *StatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuplane_v1_api_proto_msgTypes[35]
+	mi := &file_gpuplane_v1_api_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1786,7 +1983,7 @@ func (x *StatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusResponse.ProtoReflect.Descriptor instead.
 func (*StatusResponse) Descriptor() ([]byte, []int) {
-	return file_gpuplane_v1_api_proto_rawDescGZIP(), []int{35}
+	return file_gpuplane_v1_api_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *StatusResponse) GetNode() string {
@@ -1861,7 +2058,7 @@ type ListModelsRequest struct {
 
 func (x *ListModelsRequest) Reset() {
 	*x = ListModelsRequest{}
-	mi := &file_gpuplane_v1_api_proto_msgTypes[36]
+	mi := &file_gpuplane_v1_api_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1873,7 +2070,7 @@ func (x *ListModelsRequest) String() string {
 func (*ListModelsRequest) ProtoMessage() {}
 
 func (x *ListModelsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuplane_v1_api_proto_msgTypes[36]
+	mi := &file_gpuplane_v1_api_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1886,7 +2083,7 @@ func (x *ListModelsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListModelsRequest.ProtoReflect.Descriptor instead.
 func (*ListModelsRequest) Descriptor() ([]byte, []int) {
-	return file_gpuplane_v1_api_proto_rawDescGZIP(), []int{36}
+	return file_gpuplane_v1_api_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *ListModelsRequest) GetStale() bool {
@@ -1905,7 +2102,7 @@ type ListModelsResponse struct {
 
 func (x *ListModelsResponse) Reset() {
 	*x = ListModelsResponse{}
-	mi := &file_gpuplane_v1_api_proto_msgTypes[37]
+	mi := &file_gpuplane_v1_api_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1917,7 +2114,7 @@ func (x *ListModelsResponse) String() string {
 func (*ListModelsResponse) ProtoMessage() {}
 
 func (x *ListModelsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuplane_v1_api_proto_msgTypes[37]
+	mi := &file_gpuplane_v1_api_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1930,7 +2127,7 @@ func (x *ListModelsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListModelsResponse.ProtoReflect.Descriptor instead.
 func (*ListModelsResponse) Descriptor() ([]byte, []int) {
-	return file_gpuplane_v1_api_proto_rawDescGZIP(), []int{37}
+	return file_gpuplane_v1_api_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *ListModelsResponse) GetModels() []*ModelDeployment {
@@ -1950,7 +2147,7 @@ type GetModelRequest struct {
 
 func (x *GetModelRequest) Reset() {
 	*x = GetModelRequest{}
-	mi := &file_gpuplane_v1_api_proto_msgTypes[38]
+	mi := &file_gpuplane_v1_api_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1962,7 +2159,7 @@ func (x *GetModelRequest) String() string {
 func (*GetModelRequest) ProtoMessage() {}
 
 func (x *GetModelRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuplane_v1_api_proto_msgTypes[38]
+	mi := &file_gpuplane_v1_api_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1975,7 +2172,7 @@ func (x *GetModelRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetModelRequest.ProtoReflect.Descriptor instead.
 func (*GetModelRequest) Descriptor() ([]byte, []int) {
-	return file_gpuplane_v1_api_proto_rawDescGZIP(), []int{38}
+	return file_gpuplane_v1_api_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *GetModelRequest) GetName() string {
@@ -2002,7 +2199,7 @@ type GetModelResponse struct {
 
 func (x *GetModelResponse) Reset() {
 	*x = GetModelResponse{}
-	mi := &file_gpuplane_v1_api_proto_msgTypes[39]
+	mi := &file_gpuplane_v1_api_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2014,7 +2211,7 @@ func (x *GetModelResponse) String() string {
 func (*GetModelResponse) ProtoMessage() {}
 
 func (x *GetModelResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuplane_v1_api_proto_msgTypes[39]
+	mi := &file_gpuplane_v1_api_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2027,7 +2224,7 @@ func (x *GetModelResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetModelResponse.ProtoReflect.Descriptor instead.
 func (*GetModelResponse) Descriptor() ([]byte, []int) {
-	return file_gpuplane_v1_api_proto_rawDescGZIP(), []int{39}
+	return file_gpuplane_v1_api_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *GetModelResponse) GetModel() *ModelDeployment {
@@ -2056,7 +2253,7 @@ type ApplyModelRequest struct {
 
 func (x *ApplyModelRequest) Reset() {
 	*x = ApplyModelRequest{}
-	mi := &file_gpuplane_v1_api_proto_msgTypes[40]
+	mi := &file_gpuplane_v1_api_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2068,7 +2265,7 @@ func (x *ApplyModelRequest) String() string {
 func (*ApplyModelRequest) ProtoMessage() {}
 
 func (x *ApplyModelRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuplane_v1_api_proto_msgTypes[40]
+	mi := &file_gpuplane_v1_api_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2081,7 +2278,7 @@ func (x *ApplyModelRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApplyModelRequest.ProtoReflect.Descriptor instead.
 func (*ApplyModelRequest) Descriptor() ([]byte, []int) {
-	return file_gpuplane_v1_api_proto_rawDescGZIP(), []int{40}
+	return file_gpuplane_v1_api_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *ApplyModelRequest) GetName() string {
@@ -2124,7 +2321,7 @@ type ApplyModelResponse struct {
 
 func (x *ApplyModelResponse) Reset() {
 	*x = ApplyModelResponse{}
-	mi := &file_gpuplane_v1_api_proto_msgTypes[41]
+	mi := &file_gpuplane_v1_api_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2136,7 +2333,7 @@ func (x *ApplyModelResponse) String() string {
 func (*ApplyModelResponse) ProtoMessage() {}
 
 func (x *ApplyModelResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuplane_v1_api_proto_msgTypes[41]
+	mi := &file_gpuplane_v1_api_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2149,7 +2346,7 @@ func (x *ApplyModelResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApplyModelResponse.ProtoReflect.Descriptor instead.
 func (*ApplyModelResponse) Descriptor() ([]byte, []int) {
-	return file_gpuplane_v1_api_proto_rawDescGZIP(), []int{41}
+	return file_gpuplane_v1_api_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *ApplyModelResponse) GetModel() *ModelDeployment {
@@ -2191,7 +2388,7 @@ type DeleteModelRequest struct {
 
 func (x *DeleteModelRequest) Reset() {
 	*x = DeleteModelRequest{}
-	mi := &file_gpuplane_v1_api_proto_msgTypes[42]
+	mi := &file_gpuplane_v1_api_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2203,7 +2400,7 @@ func (x *DeleteModelRequest) String() string {
 func (*DeleteModelRequest) ProtoMessage() {}
 
 func (x *DeleteModelRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuplane_v1_api_proto_msgTypes[42]
+	mi := &file_gpuplane_v1_api_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2216,7 +2413,7 @@ func (x *DeleteModelRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteModelRequest.ProtoReflect.Descriptor instead.
 func (*DeleteModelRequest) Descriptor() ([]byte, []int) {
-	return file_gpuplane_v1_api_proto_rawDescGZIP(), []int{42}
+	return file_gpuplane_v1_api_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *DeleteModelRequest) GetName() string {
@@ -2250,7 +2447,7 @@ type DeleteModelResponse struct {
 
 func (x *DeleteModelResponse) Reset() {
 	*x = DeleteModelResponse{}
-	mi := &file_gpuplane_v1_api_proto_msgTypes[43]
+	mi := &file_gpuplane_v1_api_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2262,7 +2459,7 @@ func (x *DeleteModelResponse) String() string {
 func (*DeleteModelResponse) ProtoMessage() {}
 
 func (x *DeleteModelResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuplane_v1_api_proto_msgTypes[43]
+	mi := &file_gpuplane_v1_api_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2275,7 +2472,7 @@ func (x *DeleteModelResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteModelResponse.ProtoReflect.Descriptor instead.
 func (*DeleteModelResponse) Descriptor() ([]byte, []int) {
-	return file_gpuplane_v1_api_proto_rawDescGZIP(), []int{43}
+	return file_gpuplane_v1_api_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *DeleteModelResponse) GetWarnings() []string {
@@ -2305,7 +2502,7 @@ type ListReplicasRequest struct {
 
 func (x *ListReplicasRequest) Reset() {
 	*x = ListReplicasRequest{}
-	mi := &file_gpuplane_v1_api_proto_msgTypes[44]
+	mi := &file_gpuplane_v1_api_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2317,7 +2514,7 @@ func (x *ListReplicasRequest) String() string {
 func (*ListReplicasRequest) ProtoMessage() {}
 
 func (x *ListReplicasRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuplane_v1_api_proto_msgTypes[44]
+	mi := &file_gpuplane_v1_api_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2330,7 +2527,7 @@ func (x *ListReplicasRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListReplicasRequest.ProtoReflect.Descriptor instead.
 func (*ListReplicasRequest) Descriptor() ([]byte, []int) {
-	return file_gpuplane_v1_api_proto_rawDescGZIP(), []int{44}
+	return file_gpuplane_v1_api_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *ListReplicasRequest) GetModel() string {
@@ -2363,7 +2560,7 @@ type ListReplicasResponse struct {
 
 func (x *ListReplicasResponse) Reset() {
 	*x = ListReplicasResponse{}
-	mi := &file_gpuplane_v1_api_proto_msgTypes[45]
+	mi := &file_gpuplane_v1_api_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2375,7 +2572,7 @@ func (x *ListReplicasResponse) String() string {
 func (*ListReplicasResponse) ProtoMessage() {}
 
 func (x *ListReplicasResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuplane_v1_api_proto_msgTypes[45]
+	mi := &file_gpuplane_v1_api_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2388,7 +2585,7 @@ func (x *ListReplicasResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListReplicasResponse.ProtoReflect.Descriptor instead.
 func (*ListReplicasResponse) Descriptor() ([]byte, []int) {
-	return file_gpuplane_v1_api_proto_rawDescGZIP(), []int{45}
+	return file_gpuplane_v1_api_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *ListReplicasResponse) GetReplicas() []*Replica {
@@ -2489,7 +2686,18 @@ const file_gpuplane_v1_api_proto_rawDesc = "" +
 	"\benvelope\x18\x01 \x01(\v2\x15.gpuplane.v1.EnvelopeR\benvelope\x12\x17\n" +
 	"\adry_run\x18\x02 \x01(\bR\x06dryRun\"<\n" +
 	"\rApplyResponse\x12+\n" +
-	"\x06result\x18\x01 \x01(\v2\x13.gpuplane.v1.ResultR\x06result\"\x0f\n" +
+	"\x06result\x18\x01 \x01(\v2\x13.gpuplane.v1.ResultR\x06result\"H\n" +
+	"\x11ApplyBatchRequest\x123\n" +
+	"\tenvelopes\x18\x01 \x03(\v2\x15.gpuplane.v1.EnvelopeR\tenvelopes\"M\n" +
+	"\x12ApplyBatchResponse\x127\n" +
+	"\aresults\x18\x01 \x03(\v2\x1d.gpuplane.v1.ApplyBatchResultR\aresults\"n\n" +
+	"\x10ApplyBatchResult\x12+\n" +
+	"\x06result\x18\x01 \x01(\v2\x13.gpuplane.v1.ResultR\x06result\x12-\n" +
+	"\x05error\x18\x02 \x01(\v2\x17.gpuplane.v1.ApplyErrorR\x05error\":\n" +
+	"\n" +
+	"ApplyError\x12\x12\n" +
+	"\x04code\x18\x01 \x01(\rR\x04code\x12\x18\n" +
+	"\amessage\x18\x02 \x01(\tR\amessage\"\x0f\n" +
 	"\rStatusRequest\"|\n" +
 	"\fServerStatus\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x18\n" +
@@ -2553,9 +2761,11 @@ const file_gpuplane_v1_api_proto_rawDesc = "" +
 	"\x10ListAccelerators\x12$.gpuplane.v1.ListAcceleratorsRequest\x1a%.gpuplane.v1.ListAcceleratorsResponse\"\x00\x12[\n" +
 	"\x0eGetAccelerator\x12\".gpuplane.v1.GetAcceleratorRequest\x1a#.gpuplane.v1.GetAcceleratorResponse\"\x00\x12d\n" +
 	"\x11CreateAccelerator\x12%.gpuplane.v1.CreateAcceleratorRequest\x1a&.gpuplane.v1.CreateAcceleratorResponse\"\x00\x12d\n" +
-	"\x11DeleteAccelerator\x12%.gpuplane.v1.DeleteAcceleratorRequest\x1a&.gpuplane.v1.DeleteAcceleratorResponse\"\x002\x9b\x05\n" +
+	"\x11DeleteAccelerator\x12%.gpuplane.v1.DeleteAcceleratorRequest\x1a&.gpuplane.v1.DeleteAcceleratorResponse\"\x002\xec\x05\n" +
 	"\x0eClusterService\x12@\n" +
-	"\x05Apply\x12\x19.gpuplane.v1.ApplyRequest\x1a\x1a.gpuplane.v1.ApplyResponse\"\x00\x12C\n" +
+	"\x05Apply\x12\x19.gpuplane.v1.ApplyRequest\x1a\x1a.gpuplane.v1.ApplyResponse\"\x00\x12O\n" +
+	"\n" +
+	"ApplyBatch\x12\x1e.gpuplane.v1.ApplyBatchRequest\x1a\x1f.gpuplane.v1.ApplyBatchResponse\"\x00\x12C\n" +
 	"\x06Status\x12\x1a.gpuplane.v1.StatusRequest\x1a\x1b.gpuplane.v1.StatusResponse\"\x00\x12L\n" +
 	"\tReadIndex\x12\x1d.gpuplane.v1.ReadIndexRequest\x1a\x1e.gpuplane.v1.ReadIndexResponse\"\x00\x12L\n" +
 	"\tReadState\x12\x1d.gpuplane.v1.ReadStateRequest\x1a\x1e.gpuplane.v1.ReadStateResponse\"\x00\x12F\n" +
@@ -2586,7 +2796,7 @@ func file_gpuplane_v1_api_proto_rawDescGZIP() []byte {
 	return file_gpuplane_v1_api_proto_rawDescData
 }
 
-var file_gpuplane_v1_api_proto_msgTypes = make([]protoimpl.MessageInfo, 46)
+var file_gpuplane_v1_api_proto_msgTypes = make([]protoimpl.MessageInfo, 50)
 var file_gpuplane_v1_api_proto_goTypes = []any{
 	(*ListDevicesRequest)(nil),        // 0: gpuplane.v1.ListDevicesRequest
 	(*ListDevicesResponse)(nil),       // 1: gpuplane.v1.ListDevicesResponse
@@ -2621,103 +2831,113 @@ var file_gpuplane_v1_api_proto_goTypes = []any{
 	(*ReadIndexResponse)(nil),         // 30: gpuplane.v1.ReadIndexResponse
 	(*ApplyRequest)(nil),              // 31: gpuplane.v1.ApplyRequest
 	(*ApplyResponse)(nil),             // 32: gpuplane.v1.ApplyResponse
-	(*StatusRequest)(nil),             // 33: gpuplane.v1.StatusRequest
-	(*ServerStatus)(nil),              // 34: gpuplane.v1.ServerStatus
-	(*StatusResponse)(nil),            // 35: gpuplane.v1.StatusResponse
-	(*ListModelsRequest)(nil),         // 36: gpuplane.v1.ListModelsRequest
-	(*ListModelsResponse)(nil),        // 37: gpuplane.v1.ListModelsResponse
-	(*GetModelRequest)(nil),           // 38: gpuplane.v1.GetModelRequest
-	(*GetModelResponse)(nil),          // 39: gpuplane.v1.GetModelResponse
-	(*ApplyModelRequest)(nil),         // 40: gpuplane.v1.ApplyModelRequest
-	(*ApplyModelResponse)(nil),        // 41: gpuplane.v1.ApplyModelResponse
-	(*DeleteModelRequest)(nil),        // 42: gpuplane.v1.DeleteModelRequest
-	(*DeleteModelResponse)(nil),       // 43: gpuplane.v1.DeleteModelResponse
-	(*ListReplicasRequest)(nil),       // 44: gpuplane.v1.ListReplicasRequest
-	(*ListReplicasResponse)(nil),      // 45: gpuplane.v1.ListReplicasResponse
-	(*Device)(nil),                    // 46: gpuplane.v1.Device
-	(*CardStatus)(nil),                // 47: gpuplane.v1.CardStatus
-	(*Node)(nil),                      // 48: gpuplane.v1.Node
-	(*Accelerator)(nil),               // 49: gpuplane.v1.Accelerator
-	(*AcceleratorSpec)(nil),           // 50: gpuplane.v1.AcceleratorSpec
-	(Outcome)(0),                      // 51: gpuplane.v1.Outcome
-	(*Envelope)(nil),                  // 52: gpuplane.v1.Envelope
-	(*Result)(nil),                    // 53: gpuplane.v1.Result
-	(*ModelDeployment)(nil),           // 54: gpuplane.v1.ModelDeployment
-	(*Replica)(nil),                   // 55: gpuplane.v1.Replica
-	(*ModelSpec)(nil),                 // 56: gpuplane.v1.ModelSpec
+	(*ApplyBatchRequest)(nil),         // 33: gpuplane.v1.ApplyBatchRequest
+	(*ApplyBatchResponse)(nil),        // 34: gpuplane.v1.ApplyBatchResponse
+	(*ApplyBatchResult)(nil),          // 35: gpuplane.v1.ApplyBatchResult
+	(*ApplyError)(nil),                // 36: gpuplane.v1.ApplyError
+	(*StatusRequest)(nil),             // 37: gpuplane.v1.StatusRequest
+	(*ServerStatus)(nil),              // 38: gpuplane.v1.ServerStatus
+	(*StatusResponse)(nil),            // 39: gpuplane.v1.StatusResponse
+	(*ListModelsRequest)(nil),         // 40: gpuplane.v1.ListModelsRequest
+	(*ListModelsResponse)(nil),        // 41: gpuplane.v1.ListModelsResponse
+	(*GetModelRequest)(nil),           // 42: gpuplane.v1.GetModelRequest
+	(*GetModelResponse)(nil),          // 43: gpuplane.v1.GetModelResponse
+	(*ApplyModelRequest)(nil),         // 44: gpuplane.v1.ApplyModelRequest
+	(*ApplyModelResponse)(nil),        // 45: gpuplane.v1.ApplyModelResponse
+	(*DeleteModelRequest)(nil),        // 46: gpuplane.v1.DeleteModelRequest
+	(*DeleteModelResponse)(nil),       // 47: gpuplane.v1.DeleteModelResponse
+	(*ListReplicasRequest)(nil),       // 48: gpuplane.v1.ListReplicasRequest
+	(*ListReplicasResponse)(nil),      // 49: gpuplane.v1.ListReplicasResponse
+	(*Device)(nil),                    // 50: gpuplane.v1.Device
+	(*CardStatus)(nil),                // 51: gpuplane.v1.CardStatus
+	(*Node)(nil),                      // 52: gpuplane.v1.Node
+	(*Accelerator)(nil),               // 53: gpuplane.v1.Accelerator
+	(*AcceleratorSpec)(nil),           // 54: gpuplane.v1.AcceleratorSpec
+	(Outcome)(0),                      // 55: gpuplane.v1.Outcome
+	(*Envelope)(nil),                  // 56: gpuplane.v1.Envelope
+	(*Result)(nil),                    // 57: gpuplane.v1.Result
+	(*ModelDeployment)(nil),           // 58: gpuplane.v1.ModelDeployment
+	(*Replica)(nil),                   // 59: gpuplane.v1.Replica
+	(*ModelSpec)(nil),                 // 60: gpuplane.v1.ModelSpec
 }
 var file_gpuplane_v1_api_proto_depIdxs = []int32{
-	46, // 0: gpuplane.v1.ListDevicesResponse.devices:type_name -> gpuplane.v1.Device
-	46, // 1: gpuplane.v1.GetDeviceResponse.device:type_name -> gpuplane.v1.Device
-	47, // 2: gpuplane.v1.GetDeviceResponse.cards:type_name -> gpuplane.v1.CardStatus
-	48, // 3: gpuplane.v1.ListNodesResponse.nodes:type_name -> gpuplane.v1.Node
-	48, // 4: gpuplane.v1.GetNodeResponse.node:type_name -> gpuplane.v1.Node
-	49, // 5: gpuplane.v1.ListAcceleratorsResponse.accelerators:type_name -> gpuplane.v1.Accelerator
-	49, // 6: gpuplane.v1.GetAcceleratorResponse.accelerator:type_name -> gpuplane.v1.Accelerator
-	50, // 7: gpuplane.v1.CreateAcceleratorRequest.spec:type_name -> gpuplane.v1.AcceleratorSpec
-	49, // 8: gpuplane.v1.CreateAcceleratorResponse.accelerator:type_name -> gpuplane.v1.Accelerator
-	51, // 9: gpuplane.v1.CreateAcceleratorResponse.outcome:type_name -> gpuplane.v1.Outcome
+	50, // 0: gpuplane.v1.ListDevicesResponse.devices:type_name -> gpuplane.v1.Device
+	50, // 1: gpuplane.v1.GetDeviceResponse.device:type_name -> gpuplane.v1.Device
+	51, // 2: gpuplane.v1.GetDeviceResponse.cards:type_name -> gpuplane.v1.CardStatus
+	52, // 3: gpuplane.v1.ListNodesResponse.nodes:type_name -> gpuplane.v1.Node
+	52, // 4: gpuplane.v1.GetNodeResponse.node:type_name -> gpuplane.v1.Node
+	53, // 5: gpuplane.v1.ListAcceleratorsResponse.accelerators:type_name -> gpuplane.v1.Accelerator
+	53, // 6: gpuplane.v1.GetAcceleratorResponse.accelerator:type_name -> gpuplane.v1.Accelerator
+	54, // 7: gpuplane.v1.CreateAcceleratorRequest.spec:type_name -> gpuplane.v1.AcceleratorSpec
+	53, // 8: gpuplane.v1.CreateAcceleratorResponse.accelerator:type_name -> gpuplane.v1.Accelerator
+	55, // 9: gpuplane.v1.CreateAcceleratorResponse.outcome:type_name -> gpuplane.v1.Outcome
 	19, // 10: gpuplane.v1.MembersResponse.members:type_name -> gpuplane.v1.Member
-	48, // 11: gpuplane.v1.LocalNodeResponse.node:type_name -> gpuplane.v1.Node
-	52, // 12: gpuplane.v1.ApplyRequest.envelope:type_name -> gpuplane.v1.Envelope
-	53, // 13: gpuplane.v1.ApplyResponse.result:type_name -> gpuplane.v1.Result
-	34, // 14: gpuplane.v1.StatusResponse.servers:type_name -> gpuplane.v1.ServerStatus
-	54, // 15: gpuplane.v1.ListModelsResponse.models:type_name -> gpuplane.v1.ModelDeployment
-	54, // 16: gpuplane.v1.GetModelResponse.model:type_name -> gpuplane.v1.ModelDeployment
-	55, // 17: gpuplane.v1.GetModelResponse.replicas:type_name -> gpuplane.v1.Replica
-	56, // 18: gpuplane.v1.ApplyModelRequest.spec:type_name -> gpuplane.v1.ModelSpec
-	54, // 19: gpuplane.v1.ApplyModelResponse.model:type_name -> gpuplane.v1.ModelDeployment
-	51, // 20: gpuplane.v1.ApplyModelResponse.outcome:type_name -> gpuplane.v1.Outcome
-	55, // 21: gpuplane.v1.ListReplicasResponse.replicas:type_name -> gpuplane.v1.Replica
-	0,  // 22: gpuplane.v1.DeviceService.ListDevices:input_type -> gpuplane.v1.ListDevicesRequest
-	2,  // 23: gpuplane.v1.DeviceService.GetDevice:input_type -> gpuplane.v1.GetDeviceRequest
-	4,  // 24: gpuplane.v1.NodeService.ListNodes:input_type -> gpuplane.v1.ListNodesRequest
-	6,  // 25: gpuplane.v1.NodeService.GetNode:input_type -> gpuplane.v1.GetNodeRequest
-	8,  // 26: gpuplane.v1.AcceleratorService.ListAccelerators:input_type -> gpuplane.v1.ListAcceleratorsRequest
-	10, // 27: gpuplane.v1.AcceleratorService.GetAccelerator:input_type -> gpuplane.v1.GetAcceleratorRequest
-	12, // 28: gpuplane.v1.AcceleratorService.CreateAccelerator:input_type -> gpuplane.v1.CreateAcceleratorRequest
-	14, // 29: gpuplane.v1.AcceleratorService.DeleteAccelerator:input_type -> gpuplane.v1.DeleteAcceleratorRequest
-	31, // 30: gpuplane.v1.ClusterService.Apply:input_type -> gpuplane.v1.ApplyRequest
-	33, // 31: gpuplane.v1.ClusterService.Status:input_type -> gpuplane.v1.StatusRequest
-	29, // 32: gpuplane.v1.ClusterService.ReadIndex:input_type -> gpuplane.v1.ReadIndexRequest
-	16, // 33: gpuplane.v1.ClusterService.ReadState:input_type -> gpuplane.v1.ReadStateRequest
-	18, // 34: gpuplane.v1.ClusterService.Members:input_type -> gpuplane.v1.MembersRequest
-	21, // 35: gpuplane.v1.ClusterService.LocalNode:input_type -> gpuplane.v1.LocalNodeRequest
-	23, // 36: gpuplane.v1.ClusterService.Join:input_type -> gpuplane.v1.JoinRequest
-	25, // 37: gpuplane.v1.ClusterService.Leave:input_type -> gpuplane.v1.LeaveRequest
-	27, // 38: gpuplane.v1.ClusterService.RemovePeer:input_type -> gpuplane.v1.RemovePeerRequest
-	36, // 39: gpuplane.v1.ModelService.ListModels:input_type -> gpuplane.v1.ListModelsRequest
-	38, // 40: gpuplane.v1.ModelService.GetModel:input_type -> gpuplane.v1.GetModelRequest
-	40, // 41: gpuplane.v1.ModelService.ApplyModel:input_type -> gpuplane.v1.ApplyModelRequest
-	42, // 42: gpuplane.v1.ModelService.DeleteModel:input_type -> gpuplane.v1.DeleteModelRequest
-	44, // 43: gpuplane.v1.ModelService.ListReplicas:input_type -> gpuplane.v1.ListReplicasRequest
-	1,  // 44: gpuplane.v1.DeviceService.ListDevices:output_type -> gpuplane.v1.ListDevicesResponse
-	3,  // 45: gpuplane.v1.DeviceService.GetDevice:output_type -> gpuplane.v1.GetDeviceResponse
-	5,  // 46: gpuplane.v1.NodeService.ListNodes:output_type -> gpuplane.v1.ListNodesResponse
-	7,  // 47: gpuplane.v1.NodeService.GetNode:output_type -> gpuplane.v1.GetNodeResponse
-	9,  // 48: gpuplane.v1.AcceleratorService.ListAccelerators:output_type -> gpuplane.v1.ListAcceleratorsResponse
-	11, // 49: gpuplane.v1.AcceleratorService.GetAccelerator:output_type -> gpuplane.v1.GetAcceleratorResponse
-	13, // 50: gpuplane.v1.AcceleratorService.CreateAccelerator:output_type -> gpuplane.v1.CreateAcceleratorResponse
-	15, // 51: gpuplane.v1.AcceleratorService.DeleteAccelerator:output_type -> gpuplane.v1.DeleteAcceleratorResponse
-	32, // 52: gpuplane.v1.ClusterService.Apply:output_type -> gpuplane.v1.ApplyResponse
-	35, // 53: gpuplane.v1.ClusterService.Status:output_type -> gpuplane.v1.StatusResponse
-	30, // 54: gpuplane.v1.ClusterService.ReadIndex:output_type -> gpuplane.v1.ReadIndexResponse
-	17, // 55: gpuplane.v1.ClusterService.ReadState:output_type -> gpuplane.v1.ReadStateResponse
-	20, // 56: gpuplane.v1.ClusterService.Members:output_type -> gpuplane.v1.MembersResponse
-	22, // 57: gpuplane.v1.ClusterService.LocalNode:output_type -> gpuplane.v1.LocalNodeResponse
-	24, // 58: gpuplane.v1.ClusterService.Join:output_type -> gpuplane.v1.JoinResponse
-	26, // 59: gpuplane.v1.ClusterService.Leave:output_type -> gpuplane.v1.LeaveResponse
-	28, // 60: gpuplane.v1.ClusterService.RemovePeer:output_type -> gpuplane.v1.RemovePeerResponse
-	37, // 61: gpuplane.v1.ModelService.ListModels:output_type -> gpuplane.v1.ListModelsResponse
-	39, // 62: gpuplane.v1.ModelService.GetModel:output_type -> gpuplane.v1.GetModelResponse
-	41, // 63: gpuplane.v1.ModelService.ApplyModel:output_type -> gpuplane.v1.ApplyModelResponse
-	43, // 64: gpuplane.v1.ModelService.DeleteModel:output_type -> gpuplane.v1.DeleteModelResponse
-	45, // 65: gpuplane.v1.ModelService.ListReplicas:output_type -> gpuplane.v1.ListReplicasResponse
-	44, // [44:66] is the sub-list for method output_type
-	22, // [22:44] is the sub-list for method input_type
-	22, // [22:22] is the sub-list for extension type_name
-	22, // [22:22] is the sub-list for extension extendee
-	0,  // [0:22] is the sub-list for field type_name
+	52, // 11: gpuplane.v1.LocalNodeResponse.node:type_name -> gpuplane.v1.Node
+	56, // 12: gpuplane.v1.ApplyRequest.envelope:type_name -> gpuplane.v1.Envelope
+	57, // 13: gpuplane.v1.ApplyResponse.result:type_name -> gpuplane.v1.Result
+	56, // 14: gpuplane.v1.ApplyBatchRequest.envelopes:type_name -> gpuplane.v1.Envelope
+	35, // 15: gpuplane.v1.ApplyBatchResponse.results:type_name -> gpuplane.v1.ApplyBatchResult
+	57, // 16: gpuplane.v1.ApplyBatchResult.result:type_name -> gpuplane.v1.Result
+	36, // 17: gpuplane.v1.ApplyBatchResult.error:type_name -> gpuplane.v1.ApplyError
+	38, // 18: gpuplane.v1.StatusResponse.servers:type_name -> gpuplane.v1.ServerStatus
+	58, // 19: gpuplane.v1.ListModelsResponse.models:type_name -> gpuplane.v1.ModelDeployment
+	58, // 20: gpuplane.v1.GetModelResponse.model:type_name -> gpuplane.v1.ModelDeployment
+	59, // 21: gpuplane.v1.GetModelResponse.replicas:type_name -> gpuplane.v1.Replica
+	60, // 22: gpuplane.v1.ApplyModelRequest.spec:type_name -> gpuplane.v1.ModelSpec
+	58, // 23: gpuplane.v1.ApplyModelResponse.model:type_name -> gpuplane.v1.ModelDeployment
+	55, // 24: gpuplane.v1.ApplyModelResponse.outcome:type_name -> gpuplane.v1.Outcome
+	59, // 25: gpuplane.v1.ListReplicasResponse.replicas:type_name -> gpuplane.v1.Replica
+	0,  // 26: gpuplane.v1.DeviceService.ListDevices:input_type -> gpuplane.v1.ListDevicesRequest
+	2,  // 27: gpuplane.v1.DeviceService.GetDevice:input_type -> gpuplane.v1.GetDeviceRequest
+	4,  // 28: gpuplane.v1.NodeService.ListNodes:input_type -> gpuplane.v1.ListNodesRequest
+	6,  // 29: gpuplane.v1.NodeService.GetNode:input_type -> gpuplane.v1.GetNodeRequest
+	8,  // 30: gpuplane.v1.AcceleratorService.ListAccelerators:input_type -> gpuplane.v1.ListAcceleratorsRequest
+	10, // 31: gpuplane.v1.AcceleratorService.GetAccelerator:input_type -> gpuplane.v1.GetAcceleratorRequest
+	12, // 32: gpuplane.v1.AcceleratorService.CreateAccelerator:input_type -> gpuplane.v1.CreateAcceleratorRequest
+	14, // 33: gpuplane.v1.AcceleratorService.DeleteAccelerator:input_type -> gpuplane.v1.DeleteAcceleratorRequest
+	31, // 34: gpuplane.v1.ClusterService.Apply:input_type -> gpuplane.v1.ApplyRequest
+	33, // 35: gpuplane.v1.ClusterService.ApplyBatch:input_type -> gpuplane.v1.ApplyBatchRequest
+	37, // 36: gpuplane.v1.ClusterService.Status:input_type -> gpuplane.v1.StatusRequest
+	29, // 37: gpuplane.v1.ClusterService.ReadIndex:input_type -> gpuplane.v1.ReadIndexRequest
+	16, // 38: gpuplane.v1.ClusterService.ReadState:input_type -> gpuplane.v1.ReadStateRequest
+	18, // 39: gpuplane.v1.ClusterService.Members:input_type -> gpuplane.v1.MembersRequest
+	21, // 40: gpuplane.v1.ClusterService.LocalNode:input_type -> gpuplane.v1.LocalNodeRequest
+	23, // 41: gpuplane.v1.ClusterService.Join:input_type -> gpuplane.v1.JoinRequest
+	25, // 42: gpuplane.v1.ClusterService.Leave:input_type -> gpuplane.v1.LeaveRequest
+	27, // 43: gpuplane.v1.ClusterService.RemovePeer:input_type -> gpuplane.v1.RemovePeerRequest
+	40, // 44: gpuplane.v1.ModelService.ListModels:input_type -> gpuplane.v1.ListModelsRequest
+	42, // 45: gpuplane.v1.ModelService.GetModel:input_type -> gpuplane.v1.GetModelRequest
+	44, // 46: gpuplane.v1.ModelService.ApplyModel:input_type -> gpuplane.v1.ApplyModelRequest
+	46, // 47: gpuplane.v1.ModelService.DeleteModel:input_type -> gpuplane.v1.DeleteModelRequest
+	48, // 48: gpuplane.v1.ModelService.ListReplicas:input_type -> gpuplane.v1.ListReplicasRequest
+	1,  // 49: gpuplane.v1.DeviceService.ListDevices:output_type -> gpuplane.v1.ListDevicesResponse
+	3,  // 50: gpuplane.v1.DeviceService.GetDevice:output_type -> gpuplane.v1.GetDeviceResponse
+	5,  // 51: gpuplane.v1.NodeService.ListNodes:output_type -> gpuplane.v1.ListNodesResponse
+	7,  // 52: gpuplane.v1.NodeService.GetNode:output_type -> gpuplane.v1.GetNodeResponse
+	9,  // 53: gpuplane.v1.AcceleratorService.ListAccelerators:output_type -> gpuplane.v1.ListAcceleratorsResponse
+	11, // 54: gpuplane.v1.AcceleratorService.GetAccelerator:output_type -> gpuplane.v1.GetAcceleratorResponse
+	13, // 55: gpuplane.v1.AcceleratorService.CreateAccelerator:output_type -> gpuplane.v1.CreateAcceleratorResponse
+	15, // 56: gpuplane.v1.AcceleratorService.DeleteAccelerator:output_type -> gpuplane.v1.DeleteAcceleratorResponse
+	32, // 57: gpuplane.v1.ClusterService.Apply:output_type -> gpuplane.v1.ApplyResponse
+	34, // 58: gpuplane.v1.ClusterService.ApplyBatch:output_type -> gpuplane.v1.ApplyBatchResponse
+	39, // 59: gpuplane.v1.ClusterService.Status:output_type -> gpuplane.v1.StatusResponse
+	30, // 60: gpuplane.v1.ClusterService.ReadIndex:output_type -> gpuplane.v1.ReadIndexResponse
+	17, // 61: gpuplane.v1.ClusterService.ReadState:output_type -> gpuplane.v1.ReadStateResponse
+	20, // 62: gpuplane.v1.ClusterService.Members:output_type -> gpuplane.v1.MembersResponse
+	22, // 63: gpuplane.v1.ClusterService.LocalNode:output_type -> gpuplane.v1.LocalNodeResponse
+	24, // 64: gpuplane.v1.ClusterService.Join:output_type -> gpuplane.v1.JoinResponse
+	26, // 65: gpuplane.v1.ClusterService.Leave:output_type -> gpuplane.v1.LeaveResponse
+	28, // 66: gpuplane.v1.ClusterService.RemovePeer:output_type -> gpuplane.v1.RemovePeerResponse
+	41, // 67: gpuplane.v1.ModelService.ListModels:output_type -> gpuplane.v1.ListModelsResponse
+	43, // 68: gpuplane.v1.ModelService.GetModel:output_type -> gpuplane.v1.GetModelResponse
+	45, // 69: gpuplane.v1.ModelService.ApplyModel:output_type -> gpuplane.v1.ApplyModelResponse
+	47, // 70: gpuplane.v1.ModelService.DeleteModel:output_type -> gpuplane.v1.DeleteModelResponse
+	49, // 71: gpuplane.v1.ModelService.ListReplicas:output_type -> gpuplane.v1.ListReplicasResponse
+	49, // [49:72] is the sub-list for method output_type
+	26, // [26:49] is the sub-list for method input_type
+	26, // [26:26] is the sub-list for extension type_name
+	26, // [26:26] is the sub-list for extension extendee
+	0,  // [0:26] is the sub-list for field type_name
 }
 
 func init() { file_gpuplane_v1_api_proto_init() }
@@ -2733,7 +2953,7 @@ func file_gpuplane_v1_api_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_gpuplane_v1_api_proto_rawDesc), len(file_gpuplane_v1_api_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   46,
+			NumMessages:   50,
 			NumExtensions: 0,
 			NumServices:   5,
 		},

@@ -64,6 +64,9 @@ const (
 	AcceleratorServiceDeleteAcceleratorProcedure = "/gpuplane.v1.AcceleratorService/DeleteAccelerator"
 	// ClusterServiceApplyProcedure is the fully-qualified name of the ClusterService's Apply RPC.
 	ClusterServiceApplyProcedure = "/gpuplane.v1.ClusterService/Apply"
+	// ClusterServiceApplyBatchProcedure is the fully-qualified name of the ClusterService's ApplyBatch
+	// RPC.
+	ClusterServiceApplyBatchProcedure = "/gpuplane.v1.ClusterService/ApplyBatch"
 	// ClusterServiceStatusProcedure is the fully-qualified name of the ClusterService's Status RPC.
 	ClusterServiceStatusProcedure = "/gpuplane.v1.ClusterService/Status"
 	// ClusterServiceReadIndexProcedure is the fully-qualified name of the ClusterService's ReadIndex
@@ -442,6 +445,12 @@ func (UnimplementedAcceleratorServiceHandler) DeleteAccelerator(context.Context,
 type ClusterServiceClient interface {
 	// Apply proposes one log entry. Nodes forward writes to the leader with it.
 	Apply(context.Context, *connect.Request[v1.ApplyRequest]) (*connect.Response[v1.ApplyResponse], error)
+	// ApplyBatch proposes several log entries at once, each as Apply would,
+	// with one result or error per entry in request order. A follower gathers
+	// the writes it forwards while earlier ones are in flight and sends them
+	// to the leader in one call, which proposes them together (one log append,
+	// one fsync). Node traffic only, like Apply.
+	ApplyBatch(context.Context, *connect.Request[v1.ApplyBatchRequest]) (*connect.Response[v1.ApplyBatchResponse], error)
 	Status(context.Context, *connect.Request[v1.StatusRequest]) (*connect.Response[v1.StatusResponse], error)
 	// ReadIndex returns the leader's commit index after confirming leadership;
 	// a follower waits to apply it before a linearizable read.
@@ -477,6 +486,12 @@ func NewClusterServiceClient(httpClient connect.HTTPClient, baseURL string, opts
 			httpClient,
 			baseURL+ClusterServiceApplyProcedure,
 			connect.WithSchema(clusterServiceMethods.ByName("Apply")),
+			connect.WithClientOptions(opts...),
+		),
+		applyBatch: connect.NewClient[v1.ApplyBatchRequest, v1.ApplyBatchResponse](
+			httpClient,
+			baseURL+ClusterServiceApplyBatchProcedure,
+			connect.WithSchema(clusterServiceMethods.ByName("ApplyBatch")),
 			connect.WithClientOptions(opts...),
 		),
 		status: connect.NewClient[v1.StatusRequest, v1.StatusResponse](
@@ -533,6 +548,7 @@ func NewClusterServiceClient(httpClient connect.HTTPClient, baseURL string, opts
 // clusterServiceClient implements ClusterServiceClient.
 type clusterServiceClient struct {
 	apply      *connect.Client[v1.ApplyRequest, v1.ApplyResponse]
+	applyBatch *connect.Client[v1.ApplyBatchRequest, v1.ApplyBatchResponse]
 	status     *connect.Client[v1.StatusRequest, v1.StatusResponse]
 	readIndex  *connect.Client[v1.ReadIndexRequest, v1.ReadIndexResponse]
 	readState  *connect.Client[v1.ReadStateRequest, v1.ReadStateResponse]
@@ -546,6 +562,11 @@ type clusterServiceClient struct {
 // Apply calls gpuplane.v1.ClusterService.Apply.
 func (c *clusterServiceClient) Apply(ctx context.Context, req *connect.Request[v1.ApplyRequest]) (*connect.Response[v1.ApplyResponse], error) {
 	return c.apply.CallUnary(ctx, req)
+}
+
+// ApplyBatch calls gpuplane.v1.ClusterService.ApplyBatch.
+func (c *clusterServiceClient) ApplyBatch(ctx context.Context, req *connect.Request[v1.ApplyBatchRequest]) (*connect.Response[v1.ApplyBatchResponse], error) {
+	return c.applyBatch.CallUnary(ctx, req)
 }
 
 // Status calls gpuplane.v1.ClusterService.Status.
@@ -592,6 +613,12 @@ func (c *clusterServiceClient) RemovePeer(ctx context.Context, req *connect.Requ
 type ClusterServiceHandler interface {
 	// Apply proposes one log entry. Nodes forward writes to the leader with it.
 	Apply(context.Context, *connect.Request[v1.ApplyRequest]) (*connect.Response[v1.ApplyResponse], error)
+	// ApplyBatch proposes several log entries at once, each as Apply would,
+	// with one result or error per entry in request order. A follower gathers
+	// the writes it forwards while earlier ones are in flight and sends them
+	// to the leader in one call, which proposes them together (one log append,
+	// one fsync). Node traffic only, like Apply.
+	ApplyBatch(context.Context, *connect.Request[v1.ApplyBatchRequest]) (*connect.Response[v1.ApplyBatchResponse], error)
 	Status(context.Context, *connect.Request[v1.StatusRequest]) (*connect.Response[v1.StatusResponse], error)
 	// ReadIndex returns the leader's commit index after confirming leadership;
 	// a follower waits to apply it before a linearizable read.
@@ -623,6 +650,12 @@ func NewClusterServiceHandler(svc ClusterServiceHandler, opts ...connect.Handler
 		ClusterServiceApplyProcedure,
 		svc.Apply,
 		connect.WithSchema(clusterServiceMethods.ByName("Apply")),
+		connect.WithHandlerOptions(opts...),
+	)
+	clusterServiceApplyBatchHandler := connect.NewUnaryHandler(
+		ClusterServiceApplyBatchProcedure,
+		svc.ApplyBatch,
+		connect.WithSchema(clusterServiceMethods.ByName("ApplyBatch")),
 		connect.WithHandlerOptions(opts...),
 	)
 	clusterServiceStatusHandler := connect.NewUnaryHandler(
@@ -677,6 +710,8 @@ func NewClusterServiceHandler(svc ClusterServiceHandler, opts ...connect.Handler
 		switch r.URL.Path {
 		case ClusterServiceApplyProcedure:
 			clusterServiceApplyHandler.ServeHTTP(w, r)
+		case ClusterServiceApplyBatchProcedure:
+			clusterServiceApplyBatchHandler.ServeHTTP(w, r)
 		case ClusterServiceStatusProcedure:
 			clusterServiceStatusHandler.ServeHTTP(w, r)
 		case ClusterServiceReadIndexProcedure:
@@ -704,6 +739,10 @@ type UnimplementedClusterServiceHandler struct{}
 
 func (UnimplementedClusterServiceHandler) Apply(context.Context, *connect.Request[v1.ApplyRequest]) (*connect.Response[v1.ApplyResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("gpuplane.v1.ClusterService.Apply is not implemented"))
+}
+
+func (UnimplementedClusterServiceHandler) ApplyBatch(context.Context, *connect.Request[v1.ApplyBatchRequest]) (*connect.Response[v1.ApplyBatchResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("gpuplane.v1.ClusterService.ApplyBatch is not implemented"))
 }
 
 func (UnimplementedClusterServiceHandler) Status(context.Context, *connect.Request[v1.StatusRequest]) (*connect.Response[v1.StatusResponse], error) {

@@ -1,0 +1,355 @@
+package rpc_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+
+	"github.com/gpuplane/gpuplane/cluster"
+	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
+	"github.com/gpuplane/gpuplane/proto/gpuplane/v1/gpuplanev1connect"
+	"github.com/gpuplane/gpuplane/rpc"
+)
+
+// calls counts the procedures a server was called with.
+type calls struct {
+	mu sync.Mutex
+	n  map[string]int
+	// refuse, when set, answers ApplyBatch with Unimplemented, as a server
+	// from before ApplyBatch would.
+	refuse atomic.Bool
+}
+
+func (c *calls) get(proc string) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.n[proc]
+}
+
+func (c *calls) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
+	return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
+		proc := req.Spec().Procedure
+		c.mu.Lock()
+		c.n[proc]++
+		c.mu.Unlock()
+		if proc == gpuplanev1connect.ClusterServiceApplyBatchProcedure && c.refuse.Load() {
+			return nil, connect.NewError(connect.CodeUnimplemented, errors.New("unknown procedure"))
+		}
+		return next(ctx, req)
+	}
+}
+
+func (c *calls) WrapStreamingClient(next connect.StreamingClientFunc) connect.StreamingClientFunc {
+	return next
+}
+
+func (c *calls) WrapStreamingHandler(next connect.StreamingHandlerFunc) connect.StreamingHandlerFunc {
+	return next
+}
+
+// server is one cluster node with its API, as an agent runs them.
+type server struct {
+	name  string
+	c     *cluster.Cluster
+	api   string // host:port
+	calls *calls
+}
+
+const agentToken = "agent-secret"
+
+// startServers starts n servers bootstrapped together, each serving the API
+// (with ACLs when acl is set) and forwarding through rpc.Forwarder.
+func startServers(t *testing.T, n int, acl bool) []*server {
+	t.Helper()
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	var peers []cluster.Peer
+	var servers []*server
+	for i := range n {
+		s := &server{name: fmt.Sprintf("s%d", i+1), calls: &calls{n: map[string]int{}}}
+		peers = append(peers, cluster.Peer{ID: s.name, Address: freeAddr(t)})
+		servers = append(servers, s)
+	}
+	apis := map[string]string{}
+	var apisMu sync.Mutex
+	for i, s := range servers {
+		c, err := cluster.New(cluster.Config{NodeName: s.name, DataDir: t.TempDir(), RaftBind: peers[i].Address,
+			Server: true, Bootstrap: true, BootstrapPeers: peers, Logger: quiet})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Shutdown() })
+		s.c = c
+		srv, err := rpc.Listen("127.0.0.1:0", rpc.Config{Backend: c, Logger: quiet, ACL: acl, AgentToken: agentToken,
+			NodeName: s.name, Interceptors: []connect.Interceptor{s.calls}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		go srv.Serve()
+		t.Cleanup(func() { shutdown(srv) })
+		s.api = srv.Addr().String()
+		apisMu.Lock()
+		apis[s.name] = s.api
+		apisMu.Unlock()
+		token := ""
+		if acl {
+			token = agentToken
+		}
+		c.SetForwarder(&rpc.Forwarder{HTTP: rpc.PeerHTTPClient(nil, s.name, token), Resolve: func(id string) (string, bool) {
+			apisMu.Lock()
+			defer apisMu.Unlock()
+			a, ok := apis[id]
+			return a, ok
+		}})
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for _, s := range servers {
+		if err := s.c.WaitForLeader(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return servers
+}
+
+// shutdown stops srv, cutting off connections that clients keep open.
+func shutdown(srv *rpc.Server) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	srv.Shutdown(ctx)
+}
+
+func leaderOf(t *testing.T, servers []*server) (leader *server, followers []*server) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		leader, followers = nil, nil
+		for _, s := range servers {
+			if s.c.IsLeader() {
+				leader = s
+			} else {
+				followers = append(followers, s)
+			}
+		}
+		if leader != nil {
+			return leader, followers
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Fatal("no leader")
+	return nil, nil
+}
+
+func freeAddr(t *testing.T) string {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+func accelerator(name string) *pb.Envelope {
+	return &pb.Envelope{Command: &pb.Envelope_CreateAccelerator{CreateAccelerator: &pb.CreateAccelerator{
+		Name: name, Spec: &pb.AcceleratorSpec{Device: "l4"}}}}
+}
+
+// TestForwardBatches writes concurrently through followers: every write
+// gets its own result (its own index; a retried request id its first
+// result; a rejected command its rejection), and the followers reach the
+// leader with fewer ApplyBatch calls than writes, and no single Apply.
+func TestForwardBatches(t *testing.T) {
+	servers := startServers(t, 3, false)
+	leader, followers := leaderOf(t, servers)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+
+	const writers = 200
+	type outcome struct {
+		res *pb.Result
+		err error
+	}
+	out := make([]outcome, writers)
+	var wg sync.WaitGroup
+	for i := range writers {
+		env := accelerator(fmt.Sprintf("acc-%d", i))
+		switch {
+		case i%50 == 7:
+			env = accelerator("Not A Name!") // rejected by the state machine
+		case i%2 == 1:
+			env.RequestId = fmt.Sprintf("req-%d", i-1) // the same write as i-1: one applies, the other (its own entry) is a duplicate
+			env.GetCreateAccelerator().Name = fmt.Sprintf("acc-%d", i-1)
+		default:
+			env.RequestId = fmt.Sprintf("req-%d", i)
+		}
+		wg.Go(func() {
+			res, err := followers[i%len(followers)].c.Apply(ctx, env)
+			out[i] = outcome{res, err}
+		})
+	}
+	wg.Wait()
+
+	indexes := map[uint64]int{}
+	for i, o := range out {
+		if o.err != nil {
+			t.Fatalf("write %d: %v", i, o.err)
+		}
+		if i%50 == 7 {
+			if o.res.Code != pb.Code_CODE_INVALID_ARGUMENT {
+				t.Fatalf("write %d of an invalid name: %v", i, o.res)
+			}
+			continue
+		}
+		if o.res.Code != pb.Code_CODE_OK || o.res.Index == 0 {
+			t.Fatalf("write %d: %v", i, o.res)
+		}
+		if i%2 == 1 && out[i-1].res.GetDuplicate() == o.res.Duplicate {
+			t.Fatalf("writes %d and %d share request id: exactly one must be a duplicate (%v, %v)", i-1, i, out[i-1].res, o.res)
+		}
+		if j, ok := indexes[o.res.Index]; ok {
+			t.Fatalf("writes %d and %d both at index %d", j, i, o.res.Index)
+		}
+		indexes[o.res.Index] = i
+	}
+	batches := leader.calls.get(gpuplanev1connect.ClusterServiceApplyBatchProcedure)
+	if singles := leader.calls.get(gpuplanev1connect.ClusterServiceApplyProcedure); singles != 0 {
+		t.Errorf("leader got %d single Apply calls, want none", singles)
+	}
+	if batches == 0 || batches >= writers {
+		t.Errorf("leader got %d ApplyBatch calls for %d forwarded writes", batches, writers)
+	}
+	t.Logf("%d forwarded writes in %d ApplyBatch calls", writers, batches)
+}
+
+// TestForwardToServerWithoutBatch: a leader that answers Unimplemented to
+// ApplyBatch (a version from before it) still gets every write, one by one.
+func TestForwardToServerWithoutBatch(t *testing.T) {
+	servers := startServers(t, 3, false)
+	leader, followers := leaderOf(t, servers)
+	leader.calls.refuse.Store(true)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var wg sync.WaitGroup
+	errs := make([]error, 20)
+	for i := range errs {
+		wg.Go(func() {
+			res, err := followers[0].c.Apply(ctx, accelerator(fmt.Sprintf("old-%d", i)))
+			if err == nil && res.GetCode() != pb.Code_CODE_OK {
+				err = errors.New(res.GetMessage())
+			}
+			errs[i] = err
+		})
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		t.Fatal(err)
+	}
+	if n := leader.calls.get(gpuplanev1connect.ClusterServiceApplyProcedure); n < len(errs) {
+		t.Fatalf("leader got %d single Apply calls for %d writes", n, len(errs))
+	}
+}
+
+// TestApplyBatchNeedsNode: with ACLs on, ApplyBatch is node traffic, like
+// Apply: forwarded entries carry their original actor, which a user must
+// not be able to set.
+func TestApplyBatchNeedsNode(t *testing.T) {
+	if a, b := rpc.ProcedureAccess(gpuplanev1connect.ClusterServiceApplyBatchProcedure),
+		rpc.ProcedureAccess(gpuplanev1connect.ClusterServiceApplyProcedure); a != rpc.AccessNode || a != b {
+		t.Fatalf("ApplyBatch needs %v, Apply %v", a, b)
+	}
+	servers := startServers(t, 3, true)
+	leader, followers := leaderOf(t, servers)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	base := rpc.BaseURL(leader.api)
+
+	boot, err := gpuplanev1connect.NewACLServiceClient(rpc.HTTPClient(), base).Bootstrap(ctx, connect.NewRequest(&pb.BootstrapRequest{}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := func() *connect.Request[pb.ApplyBatchRequest] {
+		return connect.NewRequest(&pb.ApplyBatchRequest{Envelopes: []*pb.Envelope{accelerator("forged")}})
+	}
+	anon := gpuplanev1connect.NewClusterServiceClient(rpc.HTTPClient(), base)
+	if _, err := anon.ApplyBatch(ctx, req()); connect.CodeOf(err) != connect.CodeUnauthenticated {
+		t.Fatalf("without a token: %v", err)
+	}
+	admin := req()
+	admin.Header().Set("Authorization", "Bearer "+boot.Msg.GetSecret())
+	if _, err := anon.ApplyBatch(ctx, admin); connect.CodeOf(err) != connect.CodePermissionDenied {
+		t.Fatalf("with an admin token: %v", err)
+	}
+	// Nodes forward with the agent token.
+	res, err := followers[0].c.Apply(ctx, accelerator("by-node"))
+	if err != nil || res.GetCode() != pb.Code_CODE_OK {
+		t.Fatalf("forwarded write: %v, %v", res, err)
+	}
+	if leader.calls.get(gpuplanev1connect.ClusterServiceApplyBatchProcedure) == 0 {
+		t.Fatal("the forwarded write did not use ApplyBatch")
+	}
+}
+
+// stubBackend answers Apply from a function; everything else is unused.
+type stubBackend struct {
+	rpc.Backend
+	apply func(*pb.Envelope) (*pb.Result, error)
+}
+
+func (b stubBackend) Apply(_ context.Context, env *pb.Envelope) (*pb.Result, error) { return b.apply(env) }
+
+// TestApplyBatchErrors: each entry's error travels back to its own writer,
+// and a leadership error stays retryable (ErrNotLeader) as with Apply.
+func TestApplyBatchErrors(t *testing.T) {
+	srv, err := rpc.Listen("127.0.0.1:0", rpc.Config{Backend: stubBackend{apply: func(env *pb.Envelope) (*pb.Result, error) {
+		switch env.GetRequestId() {
+		case "deposed":
+			return nil, fmt.Errorf("%w: stepped down", cluster.ErrNotLeader)
+		case "slow":
+			return nil, context.DeadlineExceeded
+		}
+		return &pb.Result{Code: pb.Code_CODE_OK, Index: 7}, nil
+	}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	go srv.Serve()
+	defer shutdown(srv)
+	fw := &rpc.Forwarder{HTTP: rpc.HTTPClient(), Resolve: func(string) (string, bool) { return srv.Addr().String(), true }}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+
+	var wg sync.WaitGroup
+	ids := []string{"ok-1", "deposed", "slow", "ok-2"}
+	results := make([]*pb.Result, len(ids))
+	errs := make([]error, len(ids))
+	for i, id := range ids {
+		wg.Go(func() {
+			results[i], errs[i] = fw.Forward(ctx, "leader", &pb.Envelope{RequestId: id, Command: accelerator("x").Command}, false)
+		})
+	}
+	wg.Wait()
+	for i, id := range ids {
+		switch id {
+		case "deposed":
+			if !errors.Is(errs[i], cluster.ErrNotLeader) {
+				t.Errorf("%s: %v, want ErrNotLeader", id, errs[i])
+			}
+		case "slow":
+			if connect.CodeOf(errs[i]) != connect.CodeDeadlineExceeded || errors.Is(errs[i], cluster.ErrNotLeader) {
+				t.Errorf("%s: %v, want DeadlineExceeded", id, errs[i])
+			}
+		default:
+			if errs[i] != nil || results[i].GetIndex() != 7 {
+				t.Errorf("%s: %v, %v", id, results[i], errs[i])
+			}
+		}
+	}
+}
