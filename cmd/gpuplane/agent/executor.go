@@ -7,9 +7,12 @@ import (
 	"io"
 	"net/http"
 	"path/filepath"
+	"slices"
+	"time"
 
 	"connectrpc.com/connect"
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/gpuplane/gpuplane/cluster"
 	"github.com/gpuplane/gpuplane/fsm"
@@ -94,13 +97,17 @@ func (r *logReporter) Report(ctx context.Context, st *pb.ReplicaStatus) error {
 // eventSource turns the servers' committed event stream, filtered to this
 // node, into snapshots of the replicas placed here: one when it connects,
 // then one after each event that concerns the node. The stream is resumable
-// by index, so a reconnect (to any server) misses nothing.
+// by index, so a reconnect (to any server) misses nothing. A server follows
+// its own state machine instead (watchLocal).
 type eventSource struct {
 	c    *cluster.Cluster
 	http *http.Client
 }
 
 func (s *eventSource) Watch(ctx context.Context, node string, from uint64) (<-chan executor.Snapshot, error) {
+	if s.c.IsServer() {
+		return s.watchLocal(ctx, node)
+	}
 	addr, ok := s.c.ServerAPI()
 	if !ok {
 		return nil, errors.New("no server known yet to watch the log")
@@ -134,6 +141,66 @@ func (s *eventSource) Watch(ctx context.Context, node string, from uint64) (<-ch
 		}
 	}()
 	return out, nil
+}
+
+// localPoll bounds how long watchLocal waits before it looks at the applied
+// index again (it is normally woken as soon as it changes).
+const localPoll = time.Second
+
+// watchLocal is Watch on a server: the state machine this server applies
+// the log to already holds what the event stream would tell, so the
+// executor follows it directly. After each batch of entries the server
+// applies, the node's snapshot is rebuilt from that state and sent when it
+// differs from the last one sent. The event stream would instead replay
+// every entry of the log a second time, into a private state machine (the
+// stream's Cursor), only to find the few that concern this node: per write,
+// on every server, about as much work again as applying it.
+//
+// The first snapshot is read linearizably, like the stream's; later ones
+// come from the local state, which only moves forward.
+func (s *eventSource) watchLocal(ctx context.Context, node string) (<-chan executor.Snapshot, error) {
+	snap, err := s.snapshot(ctx, node)
+	if err != nil {
+		return nil, err
+	}
+	out := make(chan executor.Snapshot, 1)
+	out <- snap
+	go func() {
+		defer close(out)
+		last := snap
+		poll := time.NewTicker(localPoll)
+		defer poll.Stop()
+		for {
+			applied, advanced := s.c.Progress()
+			if applied > last.Index {
+				var next executor.Snapshot
+				s.c.View(func(f *fsm.FSM) { next = executor.SnapshotOf(f.AppliedIndex(), node, f) })
+				if next.Index > last.Index && !sameSnapshot(last, next) {
+					select {
+					case out <- next:
+					case <-ctx.Done():
+						return
+					}
+					last = next
+				}
+			}
+			select {
+			case <-ctx.Done():
+				return
+			case <-advanced:
+			case <-poll.C:
+			}
+		}
+	}()
+	return out, nil
+}
+
+// sameSnapshot reports whether a and b place the same replicas, in the same
+// states, with the same specs (their indexes aside).
+func sameSnapshot(a, b executor.Snapshot) bool {
+	return slices.EqualFunc(a.Replicas, b.Replicas, func(x, y executor.Desired) bool {
+		return proto.Equal(x.Replica, y.Replica) && proto.Equal(x.Spec, y.Spec)
+	})
 }
 
 // snapshot reads the replicas placed on node from the state (linearizably,
