@@ -185,20 +185,23 @@ func run(trials, gossipN int, clients []int, d time.Duration, etcdBin string) er
 		}
 	}
 	for _, n := range clients {
+		cpu0, self0 := cpuOf(serverPids(servers)), cpuOf([]int{os.Getpid()})
 		st, err := throughput(n, d, gpuplaneWriter(servers))
 		if err != nil {
 			return err
 		}
-		fmt.Printf("  gpuplane  %4d clients  %8.0f writes/s  p50 %6.2fms  p99 %6.2fms  errors %d\n", n, st.rate, st.p50, st.p99, st.errors)
+		fmt.Printf("  gpuplane  %4d clients  %8.0f writes/s  p50 %6.2fms  p99 %6.2fms  errors %d%s\n", n, st.rate, st.p50, st.p99, st.errors,
+			cpuPerWrite(cpuOf(serverPids(servers))-cpu0, cpuOf([]int{os.Getpid()})-self0, st))
 		if etcd == nil {
 			continue
 		}
+		cpu0, self0 = cpuOf(etcd.pids()), cpuOf([]int{os.Getpid()})
 		et, err := throughput(n, d, etcd.writer())
 		if err != nil {
 			return err
 		}
-		fmt.Printf("  etcd      %4d clients  %8.0f writes/s  p50 %6.2fms  p99 %6.2fms  errors %d   gpuplane/etcd %.2fx\n",
-			n, et.rate, et.p50, et.p99, et.errors, st.rate/et.rate)
+		fmt.Printf("  etcd      %4d clients  %8.0f writes/s  p50 %6.2fms  p99 %6.2fms  errors %d%s   gpuplane/etcd %.2fx\n",
+			n, et.rate, et.p50, et.p99, et.errors, cpuPerWrite(cpuOf(etcd.pids())-cpu0, cpuOf([]int{os.Getpid()})-self0, et), st.rate/et.rate)
 	}
 	if cpuProfile != "" {
 		pprof.StopCPUProfile()
@@ -546,6 +549,53 @@ func gpuplaneWriter(servers []*server) writer {
 type stats struct {
 	rate, p50, p99 float64
 	errors         int
+	writes         int
+}
+
+// serverPids are the gpuplane server processes (none with -inproc).
+func serverPids(servers []*server) []int {
+	var pids []int
+	for _, s := range servers {
+		if s.cmd != nil && s.cmd.Process != nil {
+			pids = append(pids, s.cmd.Process.Pid)
+		}
+	}
+	return pids
+}
+
+// cpuOf is the CPU time (user and system) the processes have used so far,
+// from /proc (Linux); 0 where it cannot be read.
+func cpuOf(pids []int) time.Duration {
+	var total time.Duration
+	for _, pid := range pids {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		if err != nil {
+			continue
+		}
+		// Fields after the command name, which is in parentheses: utime and
+		// stime are the 12th and 13th, in clock ticks (100 per second).
+		rest := string(b[bytes.LastIndexByte(b, ')')+1:])
+		f := strings.Fields(rest)
+		if len(f) < 13 {
+			continue
+		}
+		u, _ := strconv.ParseInt(f[11], 10, 64)
+		st, _ := strconv.ParseInt(f[12], 10, 64)
+		total += time.Duration(u+st) * 10 * time.Millisecond
+	}
+	return total
+}
+
+// cpuPerWrite is the servers' and this process's (the clients') CPU per
+// successful write: the machine's real cost of a write, which on a loaded
+// machine tells more than rates that move with others' load. With -inproc
+// the servers are in this process and counted as clients.
+func cpuPerWrite(servers, clients time.Duration, st stats) string {
+	if st.writes == 0 {
+		return ""
+	}
+	per := func(d time.Duration) float64 { return float64(d.Microseconds()) / float64(st.writes) }
+	return fmt.Sprintf("  CPU/write servers %4.0fµs clients %4.0fµs", per(servers), per(clients))
 }
 
 func throughput(clients int, d time.Duration, w writer) (stats, error) {
@@ -586,7 +636,7 @@ func throughput(clients int, d time.Duration, w writer) (stats, error) {
 	}
 	slices.Sort(lat)
 	return stats{
-		rate: float64(len(lat)) / elapsed.Seconds(),
+		rate: float64(len(lat)) / elapsed.Seconds(), writes: len(lat),
 		p50:  msOf(lat[len(lat)/2]), p99: msOf(lat[len(lat)*99/100]), errors: errs,
 	}, nil
 }
@@ -674,6 +724,16 @@ func (e *etcdCluster) writer() writer {
 	return func(ctx context.Context, client, seq int) error {
 		return e.put(ctx, e.clients[client%len(e.clients)], fmt.Sprintf("/bench/w%d-%d-%d", r, client, seq), value)
 	}
+}
+
+func (e *etcdCluster) pids() []int {
+	var pids []int
+	for _, p := range e.procs {
+		if p.Process != nil {
+			pids = append(pids, p.Process.Pid)
+		}
+	}
+	return pids
 }
 
 func (e *etcdCluster) stop() {
