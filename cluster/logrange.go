@@ -103,10 +103,16 @@ func (b *boltLogs) RangeLogs(from, to uint64, ahead func([]fsm.Entry), fn func(*
 		return nil
 	}
 	apply := func(batch *logBatch) error {
-		if ahead != nil {
-			ahead(batch.entries)
-		}
-		for i := range batch.logs {
+		n := len(batch.logs)
+		for i := range n {
+			// Prefetch a short way ahead: far enough for the loads to
+			// overlap, near enough that they are still cached when used.
+			if ahead != nil && i%prefetchAhead == 0 {
+				if i == 0 {
+					ahead(batch.entries[:min(prefetchAhead, n)])
+				}
+				ahead(batch.entries[min(i+prefetchAhead, n):min(i+2*prefetchAhead, n)])
+			}
 			if err := fn(&batch.logs[i], batch.entry(i)); err != nil {
 				return err
 			}
@@ -178,10 +184,13 @@ func (b *boltLogs) RangeLogs(from, to uint64, ahead func([]fsm.Entry), fn func(*
 var errRangeStopped = errors.New("range stopped")
 
 // rangeBatch entries are read and decoded together, and rangeBatches such
-// batches may wait to be applied.
+// batches may wait to be applied: enough to ride out the moments when one
+// side stalls (a collection, a page fault, another process on its core).
+// The applier prefetches prefetchAhead entries ahead.
 const (
-	rangeBatch   = 256
-	rangeBatches = 4
+	rangeBatch    = 256
+	rangeBatches  = 16
+	prefetchAhead = 32
 )
 
 // logBatch is a run of entries read by readRange, each command with its

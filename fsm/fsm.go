@@ -85,6 +85,7 @@ type Entry struct {
 	env     *pb.Envelope
 	err     error
 	request requestKey // env's request id, ready for the request table
+	model   *modelPrep // an ApplyModel's checks that need no state
 }
 
 // DecodeEntry decodes a log entry's Envelope for ApplyEntry. It reads
@@ -94,7 +95,11 @@ func DecodeEntry(data []byte) Entry {
 	if err := proto.Unmarshal(data, env); err != nil {
 		return Entry{data: data, err: err}
 	}
-	return Entry{data: data, env: env, request: requestKeyOf(env.GetRequestId())}
+	e := Entry{data: data, env: env, request: requestKeyOf(env.GetRequestId())}
+	if c := env.GetApplyModel(); c != nil {
+		e.model = prepareModel(c)
+	}
+	return e
 }
 
 // Prefetch prepares for applying entries (the next ones, in order): it
@@ -116,7 +121,7 @@ func (f *FSM) ApplyEntry(index uint64, e Entry) *pb.Result {
 	if e.err != nil {
 		res = reject(pb.Code_CODE_INVALID_ARGUMENT, "cannot decode log entry: %v", e.err)
 	} else {
-		res = f.apply(e.env, e.request, index, false)
+		res = f.apply(&e, index, false)
 	}
 	res.Index = index
 	f.chain(index, e.data, res)
@@ -137,7 +142,8 @@ func (f *FSM) Apply(index uint64, env *pb.Envelope) *pb.Result {
 
 // DryRun reports what applying env now would do, and changes nothing.
 func (f *FSM) DryRun(env *pb.Envelope) *pb.Result {
-	return f.apply(env, requestKeyOf(env.GetRequestId()), 0, true)
+	e := Entry{env: env, request: requestKeyOf(env.GetRequestId())}
+	return f.apply(&e, 0, true)
 }
 
 // Marshal encodes an envelope deterministically, as it is stored in the log.
@@ -168,10 +174,11 @@ func (f *FSM) chain(index uint64, data []byte, res *pb.Result) {
 
 // apply dispatches one command. With dry set, handlers check everything and
 // mutate nothing.
-func (f *FSM) apply(env *pb.Envelope, id requestKey, index uint64, dry bool) *pb.Result {
+func (f *FSM) apply(e *Entry, index uint64, dry bool) *pb.Result {
+	env := e.env
 	var request requestProbe
-	if id.id != "" {
-		if request = f.requests.lookup(id); request.found {
+	if e.request.id != "" {
+		if request = f.requests.lookup(e.request); request.found {
 			res := f.requests.record(request).result()
 			res.Duplicate = true
 			return res
@@ -192,7 +199,7 @@ func (f *FSM) apply(env *pb.Envelope, id requestKey, index uint64, dry bool) *pb
 	case *pb.Envelope_DeleteAccelerator:
 		res = f.deleteAccelerator(c.DeleteAccelerator, dry)
 	case *pb.Envelope_ApplyModel:
-		res = f.applyModel(c.ApplyModel, index, dry)
+		res = f.applyModel(c.ApplyModel, e.model, index, dry)
 	case *pb.Envelope_DeleteModel:
 		res = f.deleteModel(c.DeleteModel, dry)
 	case *pb.Envelope_PlaceReplicas:

@@ -164,9 +164,25 @@ func (f *FSM) checkModel(spec *pb.ModelSpec) violations {
 	return v
 }
 
-func (f *FSM) applyModel(c *pb.ApplyModel, index uint64, dry bool) *pb.Result {
-	v := violations(ValidateModel(c.GetName(), c.GetSpec()))
-	spec := NormalizeModelSpec(c.GetName(), c.GetSpec())
+// modelPrep is what applying an ApplyModel starts with and can know without
+// the state: the descriptor's own violations and the normalized spec.
+// DecodeEntry makes it, so that a replay does this on its decoding
+// goroutine.
+type modelPrep struct {
+	violations violations
+	spec       *pb.ModelSpec
+}
+
+func prepareModel(c *pb.ApplyModel) *modelPrep {
+	return &modelPrep{violations(ValidateModel(c.GetName(), c.GetSpec())), NormalizeModelSpec(c.GetName(), c.GetSpec())}
+}
+
+// applyModel applies c; prep is prepareModel(c), or nil to make it here.
+func (f *FSM) applyModel(c *pb.ApplyModel, prep *modelPrep, index uint64, dry bool) *pb.Result {
+	if prep == nil {
+		prep = prepareModel(c)
+	}
+	v, spec := prep.violations, prep.spec
 	v = append(v, f.checkModel(spec)...)
 	if len(v) > 0 {
 		return invalid(fmt.Sprintf("deployment %q", c.GetName()), v)
@@ -261,6 +277,23 @@ func (f *FSM) unplaceWhere(pred func(*pb.Replica) bool, reason string) int {
 		if pred(r) {
 			keys = append(keys, k)
 		}
+	}
+	sortReplicaKeys(keys)
+	for _, k := range keys {
+		f.unplace(f.replicas[k], reason)
+	}
+	return len(keys)
+}
+
+// unplaceOn is unplaceWhere of the replicas placed on node, found in the
+// by-node index rather than by scanning every replica.
+func (f *FSM) unplaceOn(node, reason string) int {
+	if node == "" { // every unplaced replica has Node ""; the index holds none
+		return f.unplaceWhere(func(r *pb.Replica) bool { return r.Node == node }, reason)
+	}
+	keys := make([]replicaKey, 0, len(f.onNode[node]))
+	for k := range f.onNode[node] {
+		keys = append(keys, k)
 	}
 	sortReplicaKeys(keys)
 	for _, k := range keys {

@@ -115,8 +115,7 @@ func (f *FSM) setNodeStatus(c *pb.SetNodeStatus, dry bool) *pb.Result {
 	if !dry {
 		n.Status = c.GetStatus()
 		if n.Status != pb.NodeStatus_NODE_STATUS_ALIVE {
-			f.unplaceWhere(func(r *pb.Replica) bool { return r.Node == n.Name },
-				fmt.Sprintf("node %s is %s: waiting to be placed elsewhere", n.Name, StatusName(n.Status)))
+			f.unplaceOn(n.Name, fmt.Sprintf("node %s is %s: waiting to be placed elsewhere", n.Name, StatusName(n.Status)))
 		}
 	}
 	return accept(pb.Outcome_OUTCOME_CONFIGURED, "node %q is %s", c.GetNode(), StatusName(c.GetStatus()))

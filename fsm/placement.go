@@ -3,6 +3,7 @@ package fsm
 import (
 	"fmt"
 	"slices"
+	"strconv"
 
 	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
 )
@@ -12,12 +13,16 @@ import (
 // the same plan (SPEC rule 11); if any fails, nothing is applied and the
 // scheduler plans again from the newer state.
 func (f *FSM) placeReplicas(c *pb.PlaceReplicas, index uint64, dry bool) *pb.Result {
-	// Work on a scratch copy of the card index so the plan is checked as a whole.
-	scratch := &FSM{nodes: f.nodes, accelerators: f.accelerators, models: f.models, replicas: f.replicas, cards: map[cardKey]*cardUse{}}
-	placed := map[replicaKey]bool{}
-	planNodes := map[string]bool{}
+	// Work on a scratch card index, holding what the plan's placements take,
+	// so the plan is checked as a whole. Plans are small: the replicas
+	// placed and the nodes they go to are short lists, not maps.
+	scratch := map[cardKey]*cardUse{}
+	var placed []replicaKey
+	var planNodes []string
 	for _, p := range c.GetPlacements() {
-		planNodes[p.GetNode()] = true
+		if !slices.Contains(planNodes, p.GetNode()) {
+			planNodes = append(planNodes, p.GetNode())
+		}
 	}
 	hostUse := f.hostUse(planNodes)
 	for i, p := range c.GetPlacements() {
@@ -25,17 +30,11 @@ func (f *FSM) placeReplicas(c *pb.PlaceReplicas, index uint64, dry bool) *pb.Res
 		if err != nil {
 			return reject(pb.Code_CODE_CONFLICT, "placement %d (%s/%d): %v; plan rejected, nothing applied", i, p.GetModel(), p.GetReplica(), err)
 		}
-		placed[keyOf(r)] = true
-		scratch.occupy(&pb.Replica{Model: r.Model, Index: r.Index, Accelerator: r.Accelerator, Node: p.Node, Cards: p.Cards, ShareMilli: p.ShareMilli})
+		placed = append(placed, keyOf(r))
+		occupyCards(scratch, keyOf(r), r.Accelerator, p.Node, p.Cards, p.ShareMilli, 0)
 		// Earlier placements of the plan count against the node's host too.
 		if res := f.models[r.Model].GetSpec().GetResources(); res != nil {
-			u := hostUse[p.Node]
-			if u == nil {
-				u = &pb.HostResources{}
-				hostUse[p.Node] = u
-			}
-			u.CpuMilli += res.CpuMilli
-			u.MemoryMib += res.MemoryMib
+			hostUse.add(p.Node, res.CpuMilli, res.MemoryMib)
 		}
 	}
 	if dry {
@@ -63,26 +62,50 @@ func (f *FSM) placeReplicas(c *pb.PlaceReplicas, index uint64, dry bool) *pb.Res
 
 // hostUse sums the host resources of placed replicas per node, for the
 // given nodes only, from the replicas-by-node index.
-func (f *FSM) hostUse(nodes map[string]bool) map[string]*pb.HostResources {
-	use := map[string]*pb.HostResources{}
-	for node := range nodes {
+func (f *FSM) hostUse(nodes []string) planUse {
+	var use planUse
+	for _, node := range nodes {
 		for _, r := range f.onNode[node] {
 			res := f.models[r.Model].GetSpec().GetResources()
-			u := use[r.Node]
-			if u == nil {
-				u = &pb.HostResources{}
-				use[r.Node] = u
-			}
-			u.CpuMilli += res.GetCpuMilli()
-			u.MemoryMib += res.GetMemoryMib()
+			use.add(r.Node, res.GetCpuMilli(), res.GetMemoryMib())
 		}
 	}
 	return use
 }
 
+// planUse is the host resources taken per node, for the few nodes of a
+// plan: a short list rather than a map.
+type planUse []nodeUse
+
+type nodeUse struct {
+	node      string
+	cpuMilli  uint32 // as pb.HostResources, so sums wrap alike
+	memoryMiB uint64
+}
+
+func (u *planUse) add(node string, cpuMilli uint32, memoryMiB uint64) {
+	for i := range *u {
+		if n := &(*u)[i]; n.node == node {
+			n.cpuMilli += cpuMilli
+			n.memoryMiB += memoryMiB
+			return
+		}
+	}
+	*u = append(*u, nodeUse{node, cpuMilli, memoryMiB})
+}
+
+func (u planUse) of(node string) (cpuMilli uint32, memoryMiB uint64) {
+	for _, n := range u {
+		if n.node == node {
+			return n.cpuMilli, n.memoryMiB
+		}
+	}
+	return 0, 0
+}
+
 // checkPlacement checks one placement against rule 11 and the deployment's
 // constraints, with scratch holding what earlier placements of the plan take.
-func (f *FSM) checkPlacement(p *pb.Placement, scratch *FSM, placed map[replicaKey]bool, hostUse map[string]*pb.HostResources) (*pb.Replica, error) {
+func (f *FSM) checkPlacement(p *pb.Placement, scratch map[cardKey]*cardUse, placed []replicaKey, hostUse planUse) (*pb.Replica, error) {
 	m, ok := f.models[p.Model]
 	if !ok {
 		return nil, fmt.Errorf("deployment %q not found", p.Model)
@@ -94,7 +117,7 @@ func (f *FSM) checkPlacement(p *pb.Placement, scratch *FSM, placed map[replicaKe
 	if p.Generation != m.Generation {
 		return nil, fmt.Errorf("stale plan for generation %d, deployment is at %d", p.Generation, m.Generation)
 	}
-	if r.Node != "" || placed[keyOf(r)] {
+	if r.Node != "" || slices.Contains(placed, keyOf(r)) {
 		return nil, fmt.Errorf("already placed on %s", r.Node)
 	}
 	acc, ok := f.accelerators[m.Spec.Placement.Accelerator]
@@ -114,12 +137,12 @@ func (f *FSM) checkPlacement(p *pb.Placement, scratch *FSM, placed map[replicaKe
 		}
 	}
 	if res := m.Spec.GetResources(); res != nil {
-		u := hostUse[n.Name]
-		if n.CpuMilli > 0 && u.GetCpuMilli()+res.CpuMilli > n.CpuMilli {
-			return nil, fmt.Errorf("node %q has %dm CPU free, replica needs %dm", n.Name, n.CpuMilli-u.GetCpuMilli(), res.CpuMilli)
+		usedCPU, usedMiB := hostUse.of(n.Name)
+		if n.CpuMilli > 0 && usedCPU+res.CpuMilli > n.CpuMilli {
+			return nil, fmt.Errorf("node %q has %dm CPU free, replica needs %dm", n.Name, n.CpuMilli-usedCPU, res.CpuMilli)
 		}
-		if n.MemoryMib > 0 && u.GetMemoryMib()+res.MemoryMib > n.MemoryMib {
-			return nil, fmt.Errorf("node %q has %dMi host memory free, replica needs %dMi", n.Name, n.MemoryMib-u.GetMemoryMib(), res.MemoryMib)
+		if n.MemoryMib > 0 && usedMiB+res.MemoryMib > n.MemoryMib {
+			return nil, fmt.Errorf("node %q has %dMi host memory free, replica needs %dMi", n.Name, n.MemoryMib-usedMiB, res.MemoryMib)
 		}
 	}
 	sh := shareOf(m.Spec, acc.Spec, f.cardMemory(acc.Spec.Device))
@@ -129,12 +152,10 @@ func (f *FSM) checkPlacement(p *pb.Placement, scratch *FSM, placed map[replicaKe
 	if p.ShareMilli != sh.milli {
 		return nil, fmt.Errorf("share %d‰ differs from the deployment's %d‰", p.ShareMilli, sh.milli)
 	}
-	seen := map[uint32]bool{}
-	for _, idx := range p.Cards {
-		if seen[idx] {
+	for j, idx := range p.Cards {
+		if slices.Contains(p.Cards[:j], idx) {
 			return nil, fmt.Errorf("card %d listed twice", idx)
 		}
-		seen[idx] = true
 		i := slices.IndexFunc(n.Cards, func(c *pb.Card) bool { return c.Index == idx })
 		if i < 0 {
 			return nil, fmt.Errorf("node %q has no card %d", n.Name, idx)
@@ -146,7 +167,7 @@ func (f *FSM) checkPlacement(p *pb.Placement, scratch *FSM, placed map[replicaKe
 		if !card.Healthy {
 			return nil, fmt.Errorf("card %s/%d is unhealthy", n.Name, idx)
 		}
-		if err := fitsCard(acc, sh, f.cards[cardKey{n.Name, idx}], scratch.cards[cardKey{n.Name, idx}]); err != nil && !skipCapacityCheck {
+		if err := fitsCard(acc, sh, f.cards[cardKey{n.Name, idx}], scratch[cardKey{n.Name, idx}]); err != nil && !skipCapacityCheck {
 			return nil, fmt.Errorf("card %s/%d: %w", n.Name, idx, err)
 		}
 	}
@@ -212,7 +233,10 @@ func (f *FSM) replicaStatus(c *pb.ReplicaStatus, dry bool) *pb.Result {
 	if !dry {
 		r.State, r.Reason, r.Restarts, r.Endpoint = c.GetState(), c.GetReason(), c.GetRestarts(), c.GetEndpoint()
 	}
-	return accept(pb.Outcome_OUTCOME_CONFIGURED, "replica %s/%d is %s", c.GetModel(), c.GetReplica(), ReplicaStateName(c.GetState()))
+	// Most log entries are status reports: their message is built without
+	// fmt (the same text as "replica %s/%d is %s").
+	return &pb.Result{Code: pb.Code_CODE_OK, Outcome: pb.Outcome_OUTCOME_CONFIGURED,
+		Message: "replica " + c.GetModel() + "/" + strconv.FormatUint(uint64(c.GetReplica()), 10) + " is " + ReplicaStateName(c.GetState())}
 }
 
 // ReplicaStateName is the name users see for a replica state.

@@ -43,16 +43,21 @@ func (f *FSM) occupy(r *pb.Replica) {
 		}
 		on[keyOf(r)] = r
 	}
-	for _, idx := range r.Cards {
-		k := cardKey{r.Node, idx}
-		u := f.cards[k]
+	occupyCards(f.cards, keyOf(r), r.Accelerator, r.Node, r.Cards, r.ShareMilli, r.MemoryMib)
+}
+
+// occupyCards records replica key's share on each of its cards in use.
+func occupyCards(use map[cardKey]*cardUse, key replicaKey, accelerator, node string, cards []uint32, shareMilli uint32, memoryMiB uint64) {
+	for _, idx := range cards {
+		k := cardKey{node, idx}
+		u := use[k]
 		if u == nil {
-			u = &cardUse{accelerator: r.Accelerator}
-			f.cards[k] = u
+			u = &cardUse{accelerator: accelerator}
+			use[k] = u
 		}
-		u.replicas = append(u.replicas, keyOf(r))
-		u.shareMilli += r.ShareMilli
-		u.memoryMiB += r.MemoryMib
+		u.replicas = append(u.replicas, key)
+		u.shareMilli += shareMilli
+		u.memoryMiB += memoryMiB
 	}
 }
 
