@@ -347,8 +347,8 @@ func (t *requestTable) grow() {
 	t.slots = slots
 }
 
-// sorted returns every id with its record, ordered by id.
-func (t *requestTable) sorted() ([]string, []appliedRequest) {
+// sorted calls yield with every id and its record, ordered by id.
+func (t *requestTable) sorted(yield func(id string, a appliedRequest)) {
 	type hexEntry struct {
 		hi, lo uint64 // the id's bytes, big-endian: byte order is the hex string's order
 		e      uint32
@@ -384,29 +384,23 @@ func (t *requestTable) sorted() ([]string, []appliedRequest) {
 	// The hex ids' strings share one buffer, written once.
 	const digits = "0123456789abcdef"
 	buf := make([]byte, 32*len(hexes))
-	ids := make([]string, 0, t.count)
-	recs := make([]appliedRequest, 0, t.count)
 	for i, o := 0, 0; i < len(hexes) || o < len(others); {
 		var id string
 		if i < len(hexes) {
 			s := buf[32*i : 32*i+32]
-			p := t.entry(hexes[i].e)
-			for j, b := range p.id {
+			for j, b := range t.entry(hexes[i].e).id {
 				s[2*j], s[2*j+1] = digits[b>>4], digits[b&0x0f]
 			}
 			id = unsafe.String(&s[0], 32)
 		}
 		if i < len(hexes) && (o == len(others) || id < others[o]) {
-			ids = append(ids, id)
-			recs = append(recs, t.unpack(t.entry(hexes[i].e)))
+			yield(id, t.unpack(t.entry(hexes[i].e)))
 			i++
 			continue
 		}
-		ids = append(ids, others[o])
-		recs = append(recs, t.unpack(t.entry(t.other[others[o]])))
+		yield(others[o], t.unpack(t.entry(t.other[others[o]])))
 		o++
 	}
-	return ids, recs
 }
 
 func be64(b []byte) uint64 {

@@ -74,15 +74,15 @@ func TestRequestTableAsMap(t *testing.T) {
 			if tab.Len() != len(want) {
 				t.Fatalf("%d ids, want %d", tab.Len(), len(want))
 			}
-			gotIDs, recs := tab.sorted()
-			wantIDs := sortedKeys(want)
-			if !slices.Equal(gotIDs, wantIDs) {
-				t.Fatalf("sorted ids differ")
-			}
-			for i, id := range gotIDs {
-				if !reflect.DeepEqual(recs[i], want[id]) {
-					t.Fatalf("sorted record of %q = %+v, want %+v", id, recs[i], want[id])
+			var gotIDs []string
+			tab.sorted(func(id string, a appliedRequest) {
+				if !reflect.DeepEqual(a, want[id]) {
+					t.Fatalf("sorted record of %q = %+v, want %+v", id, a, want[id])
 				}
+				gotIDs = append(gotIDs, id)
+			})
+			if !slices.Equal(gotIDs, sortedKeys(want)) {
+				t.Fatalf("sorted ids differ")
 			}
 		})
 	}

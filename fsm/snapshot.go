@@ -38,11 +38,10 @@ func (f *FSM) State() *pb.State {
 		st.Tokens = append(st.Tokens, proto.Clone(f.tokens[name]).(*pb.ACLToken))
 	}
 	st.AclBootstrapped = f.aclBootstrapped
-	ids, recs := f.requests.sorted()
-	st.AppliedRequests = make([]*pb.AppliedRequest, len(ids))
-	for i, id := range ids {
-		st.AppliedRequests[i] = &pb.AppliedRequest{RequestId: id, Result: recs[i].result()}
-	}
+	st.AppliedRequests = make([]*pb.AppliedRequest, 0, f.requests.Len())
+	f.requests.sorted(func(id string, a appliedRequest) {
+		st.AppliedRequests = append(st.AppliedRequests, &pb.AppliedRequest{RequestId: id, Result: a.result()})
+	})
 	return st
 }
 
