@@ -122,31 +122,33 @@ func (b *boltLogs) RangeLogs(from, to uint64, ahead func([]fsm.Entry), fn func(*
 	if to-from < rangeBatch {
 		// Too few to be worth a goroutine (an event stream's next few).
 		return b.db.View(func(tx *bbolt.Tx) error {
-			return b.readRange(tx, from, to, func(batch *logBatch) (*logBatch, error) {
+			return b.readRange(tx, from, to, &logBatch{}, func(batch *logBatch) (*logBatch, error) {
 				err := apply(batch)
 				batch.reset()
 				return batch, err
 			})
 		})
 	}
+	// rangeBatches batches circulate: filled by the reader, applied, handed
+	// back through free. The reader waits for a free one, so the applier can
+	// lag by all of them but no more.
 	full := make(chan *logBatch, rangeBatches)
-	free := make(chan *logBatch, rangeBatches+2)
+	free := make(chan *logBatch, rangeBatches)
+	for range rangeBatches - 1 {
+		free <- newLogBatch()
+	}
 	stop := make(chan struct{})     // closed by the applier: read no more
 	consumed := make(chan struct{}) // closed by the applier: done with every entry
 	done := make(chan error, 1)
 	go func() {
 		done <- b.db.View(func(tx *bbolt.Tx) error {
-			err := b.readRange(tx, from, to, func(batch *logBatch) (*logBatch, error) {
-				select {
-				case full <- batch:
-				case <-stop:
-					return nil, errRangeStopped
-				}
+			err := b.readRange(tx, from, to, newLogBatch(), func(batch *logBatch) (*logBatch, error) {
+				full <- batch // never blocks: at most rangeBatches exist
 				select {
 				case next := <-free:
 					return next, nil
-				default:
-					return &logBatch{}, nil
+				case <-stop:
+					return nil, errRangeStopped
 				}
 			})
 			close(full)
@@ -173,10 +175,7 @@ func (b *boltLogs) RangeLogs(from, to uint64, ahead func([]fsm.Entry), fn func(*
 			return err
 		}
 		batch.reset()
-		select {
-		case free <- batch:
-		default:
-		}
+		free <- batch
 	}
 	return nil
 }
@@ -200,6 +199,10 @@ type logBatch struct {
 	entries []fsm.Entry
 }
 
+func newLogBatch() *logBatch {
+	return &logBatch{logs: make([]raft.Log, 0, rangeBatch), entries: make([]fsm.Entry, 0, rangeBatch)}
+}
+
 func (b *logBatch) entry(i int) *fsm.Entry {
 	if b.logs[i].Type != raft.LogCommand {
 		return nil
@@ -214,10 +217,11 @@ func (b *logBatch) reset() {
 }
 
 // readRange reads the entries from..to into batches of up to rangeBatch,
-// decoding each command's Envelope, and hands each batch to emit, which owns
-// it from then on and returns an empty one to fill next. At a missing or
-// undecodable entry it emits the entries before it, then fails.
-func (b *boltLogs) readRange(tx *bbolt.Tx, from, to uint64, emit func(*logBatch) (*logBatch, error)) error {
+// decoding each command's Envelope, starting with batch, and hands each
+// batch to emit, which owns it from then on and returns an empty one to fill
+// next. At a missing or undecodable entry it emits the entries before it,
+// then fails.
+func (b *boltLogs) readRange(tx *bbolt.Tx, from, to uint64, batch *logBatch, emit func(*logBatch) (*logBatch, error)) error {
 	bk := tx.Bucket(boltLogsBucket)
 	if bk == nil {
 		return raft.ErrLogNotFound
@@ -226,7 +230,6 @@ func (b *boltLogs) readRange(tx *bbolt.Tx, from, to uint64, emit func(*logBatch)
 	binary.BigEndian.PutUint64(key[:], from)
 	cur := bk.Cursor()
 	dec := codec.NewDecoderBytes(nil, msgpackHandle)
-	batch := &logBatch{}
 	fail := func(err error) error {
 		if len(batch.logs) > 0 {
 			if _, eerr := emit(batch); eerr != nil {
@@ -240,14 +243,17 @@ func (b *boltLogs) readRange(tx *bbolt.Tx, from, to uint64, emit func(*logBatch)
 		if len(k) != 8 || binary.BigEndian.Uint64(k) != want {
 			return fail(fmt.Errorf("%w: %d", raft.ErrLogNotFound, want))
 		}
-		var l raft.Log
+		// Decoded in place: a raft.Log handed to the library escapes.
+		batch.logs = append(batch.logs, raft.Log{})
+		l := &batch.logs[len(batch.logs)-1]
 		// The hand-written decoder handles the entries raft-boltdb
 		// writes; anything else goes to the library. Either way the
 		// entry's bytes are bbolt's, valid while tx is open.
-		if !decodeStoredLog(v, &l, nil) {
-			l = raft.Log{}
+		if !decodeStoredLog(v, l, nil) {
+			*l = raft.Log{}
 			dec.ResetBytes(v)
-			if err := dec.Decode(&l); err != nil {
+			if err := dec.Decode(l); err != nil {
+				batch.logs = batch.logs[:len(batch.logs)-1]
 				return fail(fmt.Errorf("decode log entry %d: %w", want, err))
 			}
 		}
@@ -255,7 +261,6 @@ func (b *boltLogs) readRange(tx *bbolt.Tx, from, to uint64, emit func(*logBatch)
 		if l.Type == raft.LogCommand {
 			e = fsm.DecodeEntry(l.Data)
 		}
-		batch.logs = append(batch.logs, l)
 		batch.entries = append(batch.entries, e)
 		if len(batch.logs) == rangeBatch || want == to {
 			var err error
