@@ -4,7 +4,6 @@ import (
 	"context"
 	"iter"
 	"log/slog"
-	"net"
 	"os"
 	"sync"
 	"testing"
@@ -12,6 +11,7 @@ import (
 
 	"github.com/hashicorp/raft"
 
+	"github.com/gpuplane/gpuplane/cluster/porttest"
 	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
 )
 
@@ -21,31 +21,12 @@ func testLogger() *slog.Logger {
 	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))
 }
 
-// freeAddr returns a loopback address with a port that was free a moment ago
-// and that no earlier call in this test binary returned (the kernel may hand
-// a just-released port to the next caller).
+// freeAddr returns a loopback address no other test, in this binary or
+// another running beside it, is given (see porttest).
 func freeAddr(t testing.TB) string {
 	t.Helper()
-	addrsMu.Lock()
-	defer addrsMu.Unlock()
-	for {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		addr := l.Addr().String()
-		l.Close()
-		if !addrsGiven[addr] {
-			addrsGiven[addr] = true
-			return addr
-		}
-	}
+	return porttest.Addr(t)
 }
-
-var (
-	addrsMu    sync.Mutex
-	addrsGiven = map[string]bool{}
-)
 
 type nodeOpts struct {
 	name, dir, addr string

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/gpuplane/gpuplane/cluster"
+	"github.com/gpuplane/gpuplane/cluster/porttest"
 	"github.com/gpuplane/gpuplane/cmd/gpuplane/agent"
 	"github.com/gpuplane/gpuplane/cmd/gpuplane/cli"
 )
@@ -58,31 +59,11 @@ func (n *node) stop(t *testing.T) {
 }
 
 // freePort returns a port free for both TCP and UDP on loopback (gossip uses
-// both on one port).
+// both on one port) that no other test, in this binary or another running
+// beside it, is given (see porttest).
 func freePort(t *testing.T) int {
 	t.Helper()
-	for range 50 {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		port := l.Addr().(*net.TCPAddr).Port
-		u, err := net.ListenPacket("udp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
-		l.Close()
-		if err == nil {
-			u.Close()
-			// Never hand the same port out twice in one test binary.
-			portsMu.Lock()
-			seen := portsGiven[port]
-			portsGiven[port] = true
-			portsMu.Unlock()
-			if !seen {
-				return port
-			}
-		}
-	}
-	t.Fatal("no free port")
-	return 0
+	return porttest.Free(t)
 }
 
 func newNode(t *testing.T, name string, server bool, sim string) *node {
@@ -550,8 +531,3 @@ func waitDone(a *agent.Agent) <-chan struct{} {
 	}()
 	return done
 }
-
-var (
-	portsMu    sync.Mutex
-	portsGiven = map[int]bool{}
-)

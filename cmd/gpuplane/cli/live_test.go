@@ -4,14 +4,13 @@ import (
 	"bytes"
 	"context"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
+	"github.com/gpuplane/gpuplane/cluster/porttest"
 	"github.com/gpuplane/gpuplane/cmd/gpuplane/agent"
 )
 
@@ -37,31 +36,12 @@ func startDevAgent(t *testing.T) func(args ...string) (stdout, stderr string, co
 	}
 }
 
-// freePort returns a loopback port that was free a moment ago and that no
-// earlier call in this test binary returned: the kernel may hand a port just
-// released by one caller to the next, which would give two servers one port.
+// freePort returns a loopback port (TCP and UDP) no other test, in this
+// binary or another running beside it, is given (see porttest).
 func freePort(t *testing.T) int {
 	t.Helper()
-	portsMu.Lock()
-	defer portsMu.Unlock()
-	for {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		port := l.Addr().(*net.TCPAddr).Port
-		l.Close()
-		if !portsGiven[port] {
-			portsGiven[port] = true
-			return port
-		}
-	}
+	return porttest.Free(t)
 }
-
-var (
-	portsMu    sync.Mutex
-	portsGiven = map[int]bool{}
-)
 
 // fields splits a table into rows of whitespace-separated cells.
 func fields(table string) [][]string {

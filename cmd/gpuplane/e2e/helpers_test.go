@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -21,6 +20,7 @@ import (
 
 	"connectrpc.com/connect"
 
+	"github.com/gpuplane/gpuplane/cluster/porttest"
 	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
 	"github.com/gpuplane/gpuplane/proto/gpuplane/v1/gpuplanev1connect"
 	"github.com/gpuplane/gpuplane/rpc"
@@ -114,17 +114,8 @@ type agentProc struct {
 func newAgent(t *testing.T, dataDir string) *agentProc {
 	t.Helper()
 	a := &agentProc{t: t, dataDir: dataDir}
-	var lns []net.Listener
 	for i := range a.ports {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatalf("find a free port: %v", err)
-		}
-		lns = append(lns, l)
-		a.ports[i] = l.Addr().(*net.TCPAddr).Port
-	}
-	for _, l := range lns {
-		l.Close()
+		a.ports[i] = porttest.Free(t)
 	}
 	t.Cleanup(a.kill)
 	return a
