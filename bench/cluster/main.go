@@ -62,6 +62,7 @@ func main() {
 	gossipN := flag.Int("gossip-nodes", 64, "memberlist nodes for the convergence benchmark")
 	clients := flag.String("clients", "1,64,256", "concurrent writers, comma-separated")
 	duration := flag.Duration("duration", 5*time.Second, "how long each throughput run lasts")
+	flag.DurationVar(&slice, "slice", time.Second, "gpuplane and etcd take turns of this long until each has run -duration (0: one turn each)")
 	etcdBin := flag.String("etcd", "etcd", "etcd binary for the comparison (skipped when not found)")
 	flag.DurationVar(&idle, "idle", 0, "first leave the three servers idle this long and count term changes (spurious elections)")
 	flag.StringVar(&cpuProfile, "cpuprofile", "", "write a CPU profile of this process during the throughput runs (the servers too with -inproc; etcd's clients are in it as well)")
@@ -99,6 +100,7 @@ func main() {
 }
 
 var (
+	slice      time.Duration
 	cpuProfile string
 	idle       time.Duration
 	inproc     bool
@@ -172,7 +174,7 @@ func run(trials, gossipN int, clients []int, d time.Duration, etcdBin string) er
 	}
 	fmt.Printf("\ncommit throughput, three servers, one entry per call, %v per run", d)
 	if etcd != nil {
-		fmt.Printf("; each followed by the same put workload against a three-member etcd (%s, JSON gateway /v3/kv/put)", etcd.version)
+		fmt.Printf("; the same put workload against a three-member etcd (%s, JSON gateway /v3/kv/put), the two taking turns of %v", etcd.version, slice)
 	}
 	fmt.Println()
 	if cpuProfile != "" {
@@ -185,23 +187,21 @@ func run(trials, gossipN int, clients []int, d time.Duration, etcdBin string) er
 		}
 	}
 	for _, n := range clients {
-		cpu0, self0 := cpuOf(serverPids(servers)), cpuOf([]int{os.Getpid()})
-		st, err := throughput(n, d, gpuplaneWriter(servers))
-		if err != nil {
+		systems := []*system{{w: gpuplaneWriter(servers), pids: func() []int { return serverPids(servers) }}}
+		if etcd != nil {
+			systems = append(systems, &system{w: etcd.writer(), pids: etcd.pids})
+		}
+		if err := interleave(n, d, slice, systems); err != nil {
 			return err
 		}
-		fmt.Printf("  gpuplane  %4d clients  %8.0f writes/s  p50 %6.2fms  p99 %6.2fms  errors %d%s\n", n, st.rate, st.p50, st.p99, st.errors,
-			cpuPerWrite(cpuOf(serverPids(servers))-cpu0, cpuOf([]int{os.Getpid()})-self0, st))
+		st := systems[0].stats()
+		fmt.Printf("  gpuplane  %4d clients  %8.0f writes/s  p50 %6.2fms  p99 %6.2fms  errors %d%s\n", n, st.rate, st.p50, st.p99, st.errors, st.cpu)
 		if etcd == nil {
 			continue
 		}
-		cpu0, self0 = cpuOf(etcd.pids()), cpuOf([]int{os.Getpid()})
-		et, err := throughput(n, d, etcd.writer())
-		if err != nil {
-			return err
-		}
+		et := systems[1].stats()
 		fmt.Printf("  etcd      %4d clients  %8.0f writes/s  p50 %6.2fms  p99 %6.2fms  errors %d%s   gpuplane/etcd %.2fx\n",
-			n, et.rate, et.p50, et.p99, et.errors, cpuPerWrite(cpuOf(etcd.pids())-cpu0, cpuOf([]int{os.Getpid()})-self0, et), st.rate/et.rate)
+			n, et.rate, et.p50, et.p99, et.errors, et.cpu, st.rate/et.rate)
 	}
 	if cpuProfile != "" {
 		pprof.StopCPUProfile()
@@ -549,7 +549,92 @@ func gpuplaneWriter(servers []*server) writer {
 type stats struct {
 	rate, p50, p99 float64
 	errors         int
-	writes         int
+	cpu            string // CPU per write, servers and clients
+}
+
+// system is one side of the comparison and what its runs added up to.
+type system struct {
+	w    writer
+	pids func() []int // its server processes
+
+	lat               []time.Duration
+	seq               []int // each writer's next sequence number
+	errs, slices      int
+	firstErr          error
+	elapsed, srv, cli time.Duration
+}
+
+// interleave runs each system for d with n clients, in turns of slice
+// (the whole of d at once when slice is 0), so that every system sees the
+// machine's load as it comes and goes during the run, not one system the
+// quiet minute and the next the busy one.
+func interleave(n int, d, slice time.Duration, systems []*system) error {
+	if slice <= 0 || slice > d {
+		slice = d
+	}
+	for done := time.Duration(0); done < d; done += slice {
+		for _, s := range systems {
+			s.run(n, min(slice, d-done))
+		}
+	}
+	for _, s := range systems {
+		if len(s.lat) == 0 {
+			return fmt.Errorf("no write succeeded: %v", s.firstErr)
+		}
+	}
+	return nil
+}
+
+// run adds one turn of d with n concurrent writers, each writing one entry
+// per call until d is over (the calls in flight then finish, and count).
+func (s *system) run(clients int, d time.Duration) {
+	srv0, cli0 := cpuOf(s.pids()), cpuOf([]int{os.Getpid()})
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	defer cancel()
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	s.slices++
+	if len(s.seq) < clients {
+		s.seq = make([]int, clients)
+	}
+	start := time.Now()
+	for c := range clients {
+		wg.Go(func() {
+			var mine []time.Duration
+			for ; ctx.Err() == nil; s.seq[c]++ {
+				seq := s.seq[c]
+				t := time.Now()
+				err := s.w(context.Background(), c, seq)
+				if err != nil {
+					mu.Lock()
+					s.errs++
+					if s.firstErr == nil {
+						s.firstErr = err
+					}
+					mu.Unlock()
+					continue
+				}
+				mine = append(mine, time.Since(t))
+			}
+			mu.Lock()
+			s.lat = append(s.lat, mine...)
+			mu.Unlock()
+		})
+	}
+	wg.Wait()
+	s.elapsed += time.Since(start)
+	s.srv += cpuOf(s.pids()) - srv0
+	s.cli += cpuOf([]int{os.Getpid()}) - cli0
+}
+
+func (s *system) stats() stats {
+	slices.Sort(s.lat)
+	n := len(s.lat)
+	return stats{
+		rate: float64(n) / s.elapsed.Seconds(),
+		p50:  msOf(s.lat[n/2]), p99: msOf(s.lat[n*99/100]), errors: s.errs,
+		cpu: cpuPerWrite(s.srv, s.cli, n),
+	}
 }
 
 // serverPids are the gpuplane server processes (none with -inproc).
@@ -590,55 +675,12 @@ func cpuOf(pids []int) time.Duration {
 // successful write: the machine's real cost of a write, which on a loaded
 // machine tells more than rates that move with others' load. With -inproc
 // the servers are in this process and counted as clients.
-func cpuPerWrite(servers, clients time.Duration, st stats) string {
-	if st.writes == 0 {
+func cpuPerWrite(servers, clients time.Duration, writes int) string {
+	if writes == 0 {
 		return ""
 	}
-	per := func(d time.Duration) float64 { return float64(d.Microseconds()) / float64(st.writes) }
+	per := func(d time.Duration) float64 { return float64(d.Microseconds()) / float64(writes) }
 	return fmt.Sprintf("  CPU/write servers %4.0fµs clients %4.0fµs", per(servers), per(clients))
-}
-
-func throughput(clients int, d time.Duration, w writer) (stats, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), d)
-	defer cancel()
-	var mu sync.Mutex
-	var lat []time.Duration
-	var errs int
-	var firstErr error
-	var wg sync.WaitGroup
-	start := time.Now()
-	for c := range clients {
-		wg.Go(func() {
-			var mine []time.Duration
-			for seq := 0; ctx.Err() == nil; seq++ {
-				t := time.Now()
-				err := w(context.Background(), c, seq)
-				if err != nil {
-					mu.Lock()
-					errs++
-					if firstErr == nil {
-						firstErr = err
-					}
-					mu.Unlock()
-					continue
-				}
-				mine = append(mine, time.Since(t))
-			}
-			mu.Lock()
-			lat = append(lat, mine...)
-			mu.Unlock()
-		})
-	}
-	wg.Wait()
-	elapsed := time.Since(start)
-	if len(lat) == 0 {
-		return stats{}, fmt.Errorf("no write succeeded: %v", firstErr)
-	}
-	slices.Sort(lat)
-	return stats{
-		rate: float64(len(lat)) / elapsed.Seconds(), writes: len(lat),
-		p50:  msOf(lat[len(lat)/2]), p99: msOf(lat[len(lat)*99/100]), errors: errs,
-	}, nil
 }
 
 // --- etcd ---
