@@ -1,6 +1,7 @@
 package rpc
 
 import (
+	"bufio"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -145,6 +146,7 @@ func Listen(addr string, cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
+	ln = bufferedListener{ln}
 	protocols := new(http.Protocols)
 	protocols.SetHTTP1(true)
 	if cfg.TLS != nil {
@@ -214,4 +216,39 @@ func (unaryDeadline) WrapStreamingHandler(next connect.StreamingHandlerFunc) con
 // Shutdown stops accepting requests and waits for running ones until ctx ends.
 func (s *Server) Shutdown(ctx context.Context) error {
 	return s.srv.Shutdown(ctx)
+}
+
+// bufferedListener hands out connections that read through a buffer. Go's
+// HTTP/2 server reads every frame from the connection itself, header and
+// payload apart: two read syscalls per frame, four or more per unary call,
+// which made reads 6% of a server's CPU in the commit benchmark. Through the
+// buffer one read takes whatever the peer has sent, frames of many calls
+// included. (HTTP/1.1 and TLS buffer their own reads; this costs them a copy.)
+type bufferedListener struct{ net.Listener }
+
+// connReadBuffer is the read buffer of each API connection; reads larger
+// than it go to the connection directly.
+const connReadBuffer = 8 << 10
+
+func (l bufferedListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err != nil {
+		return nil, err
+	}
+	return &bufferedConn{Conn: c, r: bufio.NewReaderSize(c, connReadBuffer)}, nil
+}
+
+type bufferedConn struct {
+	net.Conn
+	r *bufio.Reader
+}
+
+func (c *bufferedConn) Read(p []byte) (int, error) { return c.r.Read(p) }
+
+// CloseWrite keeps the half-close the HTTP/1.1 server uses on TCP connections.
+func (c *bufferedConn) CloseWrite() error {
+	if cw, ok := c.Conn.(interface{ CloseWrite() error }); ok {
+		return cw.CloseWrite()
+	}
+	return nil
 }
