@@ -92,7 +92,7 @@ var procedureAccess = map[string]Access{
 	gpuplanev1connect.ClusterServiceLeaveProcedure:      AccessAdmin,
 	gpuplanev1connect.ClusterServiceRemovePeerProcedure: AccessAdmin,
 	gpuplanev1connect.ClusterServiceApplyProcedure:      AccessNode,
-	gpuplanev1connect.ClusterServiceApplyBatchProcedure: AccessNode,
+	gpuplanev1connect.ClusterServiceForwardProcedure:    AccessNode,
 	gpuplanev1connect.ClusterServiceReadStateProcedure:  AccessNode,
 
 	gpuplanev1connect.EventServiceWatchProcedure:  AccessRead,

@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"strings"
 	"sync"
@@ -101,13 +102,12 @@ type Forwarder struct {
 	// clients caches one Connect client per base URL: building one per
 	// forwarded request showed in the commit benchmark's profile.
 	clients sync.Map // string -> gpuplanev1connect.ClusterServiceClient
-	// batchers gathers the writes forwarded to one base URL (applyBatcher).
-	batchers sync.Map // string -> *applyBatcher
+	// streams carries the writes forwarded to each base URL (forwardStream).
+	streams sync.Map // string -> *forwardStream
 }
 
 // Forward proposes env on the leader (or checks it there, for dry runs).
-// Writes forwarded to the same node while earlier ones are in flight travel
-// together in one ApplyBatch call (see applyBatcher).
+// Writes go over a stream per node, in batches (see forwardStream).
 func (f *Forwarder) Forward(ctx context.Context, leaderID string, env *pb.Envelope, dryRun bool) (*pb.Result, error) {
 	c, base, err := f.clientURL(leaderID)
 	if err != nil {
@@ -116,11 +116,11 @@ func (f *Forwarder) Forward(ctx context.Context, leaderID string, env *pb.Envelo
 	if dryRun {
 		return forwardOne(ctx, c, env, true)
 	}
-	b, ok := f.batchers.Load(base)
+	st, ok := f.streams.Load(base)
 	if !ok {
-		b, _ = f.batchers.LoadOrStore(base, &applyBatcher{c: c})
+		st, _ = f.streams.LoadOrStore(base, &forwardStream{c: c})
 	}
-	return b.(*applyBatcher).apply(ctx, env)
+	return st.(*forwardStream).apply(ctx, env)
 }
 
 // forwardOne sends one envelope with ClusterService.Apply.
@@ -132,44 +132,52 @@ func forwardOne(ctx context.Context, c gpuplanev1connect.ClusterServiceClient, e
 	return resp.Msg.GetResult(), nil
 }
 
-// Forwarded writes are batched per destination node. The first write goes
-// out at once, alone; writes that arrive while maxBatchCalls calls are in
-// flight wait in a queue, and the next call to go out takes the whole queue
-// (up to maxBatchEntries envelopes, maxBatchBytes bytes). So a lone write
-// pays no delay, and under load the number of calls, HTTP/2 frames and
-// handler runs stays at about maxBatchCalls per commit round instead of one
-// per write, while the leader proposes each call's entries together.
-//
-// Two calls in flight let one batch be committing while the next is on its
-// way, so the leader's Raft always has entries waiting when it finishes a
-// log append.
+// Forwarded writes travel to each node over one ClusterService.Forward
+// stream (forwardStream), opened at the first write and kept while writes
+// flow. A write is sent at once unless a batch is being sent; the writes that
+// arrive meanwhile go together in the next message (up to maxBatchEntries
+// envelopes, maxBatchBytes bytes). The answers come back on the same stream
+// as each batch commits. So a forwarded write never waits for earlier ones to
+// commit before it is sent, as it would with a bounded number of calls in
+// flight, and it costs one stream message, not one call (HTTP/2 headers, a
+// handler goroutine on each side): under load the leader's Raft gets the
+// forwarded writes as soon as they come, in batches it proposes together.
 const (
-	maxBatchCalls   = 2
 	maxBatchEntries = 256
 	maxBatchBytes   = 4 << 20
+	// streamIdle closes a stream that carried nothing for this long.
+	streamIdle = 30 * time.Second
+	// unbatchedFor is how long writes to a node without Forward (an older
+	// version, during an upgrade) go one by one, as Apply calls, before a
+	// stream is tried again (it may have been upgraded meanwhile).
+	unbatchedFor = time.Minute
 )
 
-// applyBatcher gathers the writes forwarded to one node.
-type applyBatcher struct {
+// forwardStream carries the writes forwarded to one node.
+type forwardStream struct {
 	c gpuplanev1connect.ClusterServiceClient
 
-	mu    sync.Mutex
-	queue []*forwardedWrite
-	calls int // batch calls in flight, each a goroutine running send
-	// singleUntil (unix nanoseconds) is set when the node answered that it
-	// has no ApplyBatch (an older version during an upgrade): writes go one
-	// by one until then, and batching is tried again after.
+	mu      sync.Mutex
+	queue   []*forwardedWrite
+	sending bool        // a goroutine runs send
+	conn    *streamConn // nil: the next batch opens a stream
+	// singleUntil (unix nanoseconds) is set when the node has no Forward.
 	singleUntil atomic.Int64
 }
 
-// unbatchedFor is how long writes to a node without ApplyBatch go one by one
-// before a batch is tried again (it may have been upgraded meanwhile).
-const unbatchedFor = time.Minute
+// streamConn is one open Forward stream and the batches awaiting answers.
+type streamConn struct {
+	stream  *connect.BidiStreamForClient[pb.ForwardRequest, pb.ForwardResponse]
+	cancel  context.CancelFunc
+	pending map[uint64][]*forwardedWrite // guarded by forwardStream.mu
+	next    uint64                       // the next batch's number
+	idle    *time.Timer                  // closes the stream when nothing flows
+}
 
 type forwardedWrite struct {
 	ctx  context.Context
 	env  *pb.Envelope
-	done chan forwardOutcome // buffered: the sender never waits on the writer
+	done chan forwardOutcome // buffered: the stream never waits on the writer
 }
 
 type forwardOutcome struct {
@@ -177,20 +185,18 @@ type forwardOutcome struct {
 	err error
 }
 
-func (b *applyBatcher) apply(ctx context.Context, env *pb.Envelope) (*pb.Result, error) {
-	if until := b.singleUntil.Load(); until != 0 && time.Now().UnixNano() < until {
-		return forwardOne(ctx, b.c, env, false)
+func (s *forwardStream) apply(ctx context.Context, env *pb.Envelope) (*pb.Result, error) {
+	if until := s.singleUntil.Load(); until != 0 && time.Now().UnixNano() < until {
+		return forwardOne(ctx, s.c, env, false)
 	}
 	w := &forwardedWrite{ctx: ctx, env: env, done: make(chan forwardOutcome, 1)}
-	b.mu.Lock()
-	b.queue = append(b.queue, w)
-	start := b.calls < maxBatchCalls
+	s.mu.Lock()
+	s.queue = append(s.queue, w)
+	start := !s.sending
+	s.sending = true
+	s.mu.Unlock()
 	if start {
-		b.calls++
-	}
-	b.mu.Unlock()
-	if start {
-		go b.send()
+		go s.send()
 	}
 	select {
 	case o := <-w.done:
@@ -202,25 +208,49 @@ func (b *applyBatcher) apply(ctx context.Context, env *pb.Envelope) (*pb.Result,
 	}
 }
 
-// send makes batch calls until the queue is empty.
-func (b *applyBatcher) send() {
+// send sends batches until the queue is empty.
+func (s *forwardStream) send() {
 	for {
-		batch := b.take()
-		if batch == nil {
+		s.mu.Lock()
+		batch := s.take()
+		if len(batch) == 0 {
+			s.sending = false
+			s.mu.Unlock()
 			return
 		}
-		b.call(batch)
+		conn := s.conn
+		if conn == nil {
+			conn = s.open()
+		}
+		id := conn.next
+		conn.next++
+		conn.pending[id] = batch
+		conn.idle.Stop()
+		s.mu.Unlock()
+
+		req := &pb.ForwardRequest{Batch: id, Envelopes: make([]*pb.Envelope, len(batch)), TimeoutMs: timeoutMs(batch)}
+		for i, w := range batch {
+			req.Envelopes[i] = w.env
+		}
+		if err := conn.stream.Send(req); err != nil {
+			// An error that wraps io.EOF means the node answered the
+			// stream with an error, which receive reads and hands to the
+			// writers; for any other, end the stream here.
+			if !errors.Is(err, io.EOF) {
+				s.fail(conn, err)
+			} else {
+				s.detach(conn)
+			}
+		}
 	}
 }
 
 // take removes the next batch from the queue, skipping writes whose callers
-// have given up; nil (and one call fewer in flight) when the queue is empty.
-func (b *applyBatcher) take() []*forwardedWrite {
-	b.mu.Lock()
-	defer b.mu.Unlock()
+// have given up. The caller holds s.mu.
+func (s *forwardStream) take() []*forwardedWrite {
 	var batch []*forwardedWrite
 	size, n := 0, 0
-	for _, w := range b.queue {
+	for _, w := range s.queue {
 		if len(batch) == maxBatchEntries {
 			break
 		}
@@ -236,25 +266,18 @@ func (b *applyBatcher) take() []*forwardedWrite {
 		batch = append(batch, w)
 		n++
 	}
-	b.queue = b.queue[n:]
-	if len(b.queue) == 0 {
-		b.queue = nil // let the backing array go
-	}
-	if len(batch) == 0 {
-		b.calls--
-		return nil
+	s.queue = s.queue[n:]
+	if len(s.queue) == 0 {
+		s.queue = nil // let the backing array go
 	}
 	return batch
 }
 
-// call sends one batch and hands each writer its outcome. The call lasts as
-// long as the latest deadline among its writes; a writer whose own deadline
-// comes first stops waiting on its own.
-func (b *applyBatcher) call(batch []*forwardedWrite) {
+// timeoutMs is how long the node may work on a batch: until the latest
+// deadline among its writers.
+func timeoutMs(batch []*forwardedWrite) uint32 {
 	var last time.Time
-	req := &pb.ApplyBatchRequest{Envelopes: make([]*pb.Envelope, len(batch))}
-	for i, w := range batch {
-		req.Envelopes[i] = w.env
+	for _, w := range batch {
 		d, ok := w.ctx.Deadline()
 		if !ok {
 			d = time.Now().Add(MaxUnaryDuration)
@@ -263,34 +286,113 @@ func (b *applyBatcher) call(batch []*forwardedWrite) {
 			last = d
 		}
 	}
-	ctx, cancel := context.WithDeadline(context.Background(), last)
-	defer cancel()
-	resp, err := b.c.ApplyBatch(ctx, connect.NewRequest(req))
-	if connect.CodeOf(err) == connect.CodeUnimplemented {
-		b.singleUntil.Store(time.Now().Add(unbatchedFor).UnixNano())
-		for _, w := range batch {
-			go func() {
-				res, err := forwardOne(w.ctx, b.c, w.env, false)
-				w.done <- forwardOutcome{res, err}
-			}()
+	return uint32(max(time.Until(last).Milliseconds(), 1))
+}
+
+// open starts a stream and the goroutine that reads its answers. The caller
+// holds s.mu.
+func (s *forwardStream) open() *streamConn {
+	ctx, cancel := context.WithCancel(context.Background())
+	conn := &streamConn{stream: s.c.Forward(ctx), cancel: cancel, pending: map[uint64][]*forwardedWrite{}}
+	conn.idle = time.AfterFunc(streamIdle, func() { s.closeIdle(conn) })
+	conn.idle.Stop()
+	s.conn = conn
+	go s.receive(conn)
+	return conn
+}
+
+// receive hands each batch's answers to its writers until the stream ends.
+func (s *forwardStream) receive(conn *streamConn) {
+	for {
+		resp, err := conn.stream.Receive()
+		if err != nil {
+			s.fail(conn, err)
+			return
 		}
+		s.mu.Lock()
+		batch, ok := conn.pending[resp.GetBatch()]
+		delete(conn.pending, resp.GetBatch())
+		if len(conn.pending) == 0 && s.conn == conn {
+			conn.idle.Reset(streamIdle)
+		}
+		s.mu.Unlock()
+		if !ok {
+			continue
+		}
+		results := resp.GetResults()
+		for i, w := range batch {
+			if len(results) != len(batch) {
+				w.done <- forwardOutcome{err: leaderError(connect.NewError(connect.CodeInternal,
+					fmt.Errorf("forward: %d results for a batch of %d", len(results), len(batch))))}
+				continue
+			}
+			w.done <- outcomeOf(results[i])
+		}
+	}
+}
+
+func outcomeOf(r *pb.ForwardResult) forwardOutcome {
+	if e := r.GetError(); e != nil {
+		return forwardOutcome{err: leaderError(connect.NewError(connect.Code(e.GetCode()), errors.New(e.GetMessage())))}
+	}
+	return forwardOutcome{res: r.GetResult()}
+}
+
+// detach makes the next batch open a new stream.
+func (s *forwardStream) detach(conn *streamConn) {
+	s.mu.Lock()
+	if s.conn == conn {
+		s.conn = nil
+	}
+	s.mu.Unlock()
+}
+
+// fail ends a stream and answers every write still waiting on it with err,
+// which is retryable when the stream broke (the node went away or stepped
+// down: Unavailable). The writes may have committed; their retries carry the
+// same request ids. A node without Forward gets them one by one instead.
+func (s *forwardStream) fail(conn *streamConn, err error) {
+	s.mu.Lock()
+	if s.conn == conn {
+		s.conn = nil
+	}
+	pending := conn.pending
+	conn.pending = map[uint64][]*forwardedWrite{}
+	conn.idle.Stop()
+	s.mu.Unlock()
+	conn.cancel()
+	unimplemented := connect.CodeOf(err) == connect.CodeUnimplemented
+	if unimplemented {
+		s.singleUntil.Store(time.Now().Add(unbatchedFor).UnixNano())
+	}
+	if errors.Is(err, io.EOF) {
+		err = connect.NewError(connect.CodeUnavailable, errors.New("forward stream ended"))
+	}
+	for _, batch := range pending {
+		for _, w := range batch {
+			if unimplemented {
+				go func() {
+					res, err := forwardOne(w.ctx, s.c, w.env, false)
+					w.done <- forwardOutcome{res, err}
+				}()
+				continue
+			}
+			w.done <- forwardOutcome{err: leaderError(err)}
+		}
+	}
+}
+
+// closeIdle closes a stream that carried nothing for streamIdle.
+func (s *forwardStream) closeIdle(conn *streamConn) {
+	s.mu.Lock()
+	if s.conn != conn || len(conn.pending) > 0 {
+		s.mu.Unlock()
 		return
 	}
-	if err == nil && len(resp.Msg.GetResults()) != len(batch) {
-		err = connect.NewError(connect.CodeInternal, fmt.Errorf("apply batch: %d results for %d envelopes", len(resp.Msg.GetResults()), len(batch)))
-	}
-	for i, w := range batch {
-		if err != nil {
-			w.done <- forwardOutcome{err: leaderError(err)}
-			continue
-		}
-		r := resp.Msg.Results[i]
-		if e := r.GetError(); e != nil {
-			w.done <- forwardOutcome{err: leaderError(connect.NewError(connect.Code(e.GetCode()), errors.New(e.GetMessage())))}
-			continue
-		}
-		w.done <- forwardOutcome{res: r.GetResult()}
-	}
+	s.conn = nil
+	s.mu.Unlock()
+	// The node answers the close by ending the stream; receive then ends.
+	_ = conn.stream.CloseRequest()
 }
 
 // ReadIndex asks the leader for its commit index, for a linearizable read on

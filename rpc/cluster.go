@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"sync"
+	"time"
 
 	"connectrpc.com/connect"
 	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
@@ -34,31 +36,90 @@ func (h *handlers) Apply(ctx context.Context, req *connect.Request[pb.ApplyReque
 	return connect.NewResponse(&pb.ApplyResponse{Result: res}), nil
 }
 
-// MaxApplyBatch caps the envelopes in one ApplyBatch call.
-const MaxApplyBatch = 1024
+// MaxForwardBatch caps the envelopes in one Forward batch.
+const MaxForwardBatch = 1024
 
 // BatchBackend is a Backend that proposes several entries together
-// (*cluster.Cluster); ApplyBatch falls back to concurrent Applies without it.
+// (*cluster.Cluster); Forward falls back to concurrent Applies without it.
 type BatchBackend interface {
 	// ApplyBatch applies each envelope as Apply would; for each, in order,
 	// either its result or its error is set.
 	ApplyBatch(ctx context.Context, envs []*pb.Envelope) ([]*pb.Result, []error)
 }
 
-// ApplyBatch is Apply for the writes a node forwards together: each entry
-// gets its own result or error, which the forwarding node hands to the
-// caller that wrote it.
-func (h *handlers) ApplyBatch(ctx context.Context, req *connect.Request[pb.ApplyBatchRequest]) (*connect.Response[pb.ApplyBatchResponse], error) {
-	envs := req.Msg.GetEnvelopes()
-	if len(envs) > MaxApplyBatch {
-		return nil, connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("envelopes: %d in one batch, at most %d", len(envs), MaxApplyBatch))
+// Forward serves the stream of writes another node forwards here. Each batch
+// is applied as it arrives, concurrently with the next ones, and answered
+// once all its entries have a result or an error: the forwarding node hands
+// each to the caller that wrote it. The stream ends when the other node
+// closes it, or with Unavailable when this server shuts down (the other
+// node then retries the writes still unanswered, as after any leadership
+// error).
+func (h *handlers) Forward(ctx context.Context, stream *connect.BidiStream[pb.ForwardRequest, pb.ForwardResponse]) error {
+	type received struct {
+		req *pb.ForwardRequest
+		err error
 	}
-	out := &pb.ApplyBatchResponse{Results: make([]*pb.ApplyBatchResult, len(envs))}
+	in := make(chan received)
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() {
+		for {
+			req, err := stream.Receive()
+			select {
+			case in <- received{req, err}:
+			case <-ctx.Done():
+				return
+			}
+			if err != nil {
+				return
+			}
+		}
+	}()
+	var sendMu sync.Mutex // Send is not safe for concurrent use
+	var wg sync.WaitGroup
+	// No Send may follow the return: wait for every batch's answer first.
+	defer wg.Wait()
+	for {
+		var r received
+		select {
+		case r = <-in:
+		case <-h.closing:
+			return connect.NewError(connect.CodeUnavailable, errors.New("server shutting down: forward to the leader again"))
+		}
+		if errors.Is(r.err, io.EOF) {
+			return nil
+		}
+		if r.err != nil {
+			return r.err
+		}
+		if n := len(r.req.GetEnvelopes()); n > MaxForwardBatch {
+			return connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("envelopes: %d in one batch, at most %d", n, MaxForwardBatch))
+		}
+		wg.Go(func() {
+			timeout := time.Duration(r.req.GetTimeoutMs()) * time.Millisecond
+			if timeout <= 0 || timeout > MaxUnaryDuration {
+				timeout = MaxUnaryDuration
+			}
+			bctx, bcancel := context.WithTimeout(ctx, timeout)
+			resp := &pb.ForwardResponse{Batch: r.req.GetBatch(), Results: h.forwardBatch(bctx, r.req.GetEnvelopes())}
+			bcancel()
+			sendMu.Lock()
+			defer sendMu.Unlock()
+			if err := stream.Send(resp); err != nil {
+				cancel() // the other node is gone; so is the stream
+			}
+		})
+	}
+}
+
+// forwardBatch applies one forwarded batch: a result or an error for each.
+func (h *handlers) forwardBatch(ctx context.Context, envs []*pb.Envelope) []*pb.ForwardResult {
+	out := make([]*pb.ForwardResult, len(envs))
 	var todo []*pb.Envelope
 	var at []int
 	for i, env := range envs {
 		if env == nil {
-			out.Results[i] = &pb.ApplyBatchResult{Error: applyError(connect.NewError(connect.CodeInvalidArgument, errEnvelopeRequired))}
+			out[i] = &pb.ForwardResult{Error: applyError(connect.NewError(connect.CodeInvalidArgument, errEnvelopeRequired))}
 			continue
 		}
 		todo = append(todo, env)
@@ -67,12 +128,12 @@ func (h *handlers) ApplyBatch(ctx context.Context, req *connect.Request[pb.Apply
 	results, errs := applyBatch(ctx, h.b, todo)
 	for j, i := range at {
 		if errs[j] != nil {
-			out.Results[i] = &pb.ApplyBatchResult{Error: applyError(backendError("apply", errs[j]))}
+			out[i] = &pb.ForwardResult{Error: applyError(backendError("apply", errs[j]))}
 		} else {
-			out.Results[i] = &pb.ApplyBatchResult{Result: results[j]}
+			out[i] = &pb.ForwardResult{Result: results[j]}
 		}
 	}
-	return connect.NewResponse(out), nil
+	return out
 }
 
 func applyBatch(ctx context.Context, b Backend, envs []*pb.Envelope) ([]*pb.Result, []error) {
@@ -89,8 +150,8 @@ func applyBatch(ctx context.Context, b Backend, envs []*pb.Envelope) ([]*pb.Resu
 	return results, errs
 }
 
-// applyError carries a Connect error (as backendError makes them) in an
-// ApplyBatchResult; batchEntryError turns it back into one.
+// applyError carries a Connect error (as backendError makes them) in a
+// ForwardResult; the forwarding node turns it back into one.
 func applyError(err error) *pb.ApplyError {
 	if ce := new(connect.Error); errors.As(err, &ce) {
 		return &pb.ApplyError{Code: uint32(ce.Code()), Message: ce.Message()}

@@ -15,6 +15,7 @@ import (
 	"connectrpc.com/connect"
 
 	"github.com/gpuplane/gpuplane/cluster"
+	"github.com/gpuplane/gpuplane/fsm"
 	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
 	"github.com/gpuplane/gpuplane/proto/gpuplane/v1/gpuplanev1connect"
 	"github.com/gpuplane/gpuplane/rpc"
@@ -24,8 +25,8 @@ import (
 type calls struct {
 	mu sync.Mutex
 	n  map[string]int
-	// refuse, when set, answers ApplyBatch with Unimplemented, as a server
-	// from before ApplyBatch would.
+	// refuse, when set, answers Forward with Unimplemented, as a server
+	// from before Forward would.
 	refuse atomic.Bool
 }
 
@@ -41,9 +42,6 @@ func (c *calls) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
 		c.mu.Lock()
 		c.n[proc]++
 		c.mu.Unlock()
-		if proc == gpuplanev1connect.ClusterServiceApplyBatchProcedure && c.refuse.Load() {
-			return nil, connect.NewError(connect.CodeUnimplemented, errors.New("unknown procedure"))
-		}
 		return next(ctx, req)
 	}
 }
@@ -52,8 +50,35 @@ func (c *calls) WrapStreamingClient(next connect.StreamingClientFunc) connect.St
 	return next
 }
 
+// batchesProc counts the batches received on Forward streams.
+const batchesProc = "forwarded batches"
+
 func (c *calls) WrapStreamingHandler(next connect.StreamingHandlerFunc) connect.StreamingHandlerFunc {
-	return next
+	return func(ctx context.Context, conn connect.StreamingHandlerConn) error {
+		proc := conn.Spec().Procedure
+		c.mu.Lock()
+		c.n[proc]++
+		c.mu.Unlock()
+		if proc == gpuplanev1connect.ClusterServiceForwardProcedure && c.refuse.Load() {
+			return connect.NewError(connect.CodeUnimplemented, errors.New("unknown procedure"))
+		}
+		return next(ctx, countingConn{conn, c})
+	}
+}
+
+type countingConn struct {
+	connect.StreamingHandlerConn
+	c *calls
+}
+
+func (cc countingConn) Receive(msg any) error {
+	err := cc.StreamingHandlerConn.Receive(msg)
+	if err == nil {
+		cc.c.mu.Lock()
+		cc.c.n[batchesProc]++
+		cc.c.mu.Unlock()
+	}
+	return err
 }
 
 // server is one cluster node with its API, as an agent runs them.
@@ -219,18 +244,32 @@ func TestForwardBatches(t *testing.T) {
 		}
 		indexes[o.res.Index] = i
 	}
-	batches := leader.calls.get(gpuplanev1connect.ClusterServiceApplyBatchProcedure)
+	batches := leader.calls.get(batchesProc)
 	if singles := leader.calls.get(gpuplanev1connect.ClusterServiceApplyProcedure); singles != 0 {
 		t.Errorf("leader got %d single Apply calls, want none", singles)
 	}
 	if batches == 0 || batches >= writers {
-		t.Errorf("leader got %d ApplyBatch calls for %d forwarded writes", batches, writers)
+		t.Errorf("leader got %d batches for %d forwarded writes", batches, writers)
 	}
-	t.Logf("%d forwarded writes in %d ApplyBatch calls", writers, batches)
+	streams := leader.calls.get(gpuplanev1connect.ClusterServiceForwardProcedure)
+	if streams == 0 || streams > len(followers) {
+		t.Errorf("leader got %d Forward streams from %d followers", streams, len(followers))
+	}
+	t.Logf("%d forwarded writes in %d batches on %d streams", writers, batches, streams)
+
+	// A stream outlives its writes; a later write uses it, and a server
+	// shutting down ends it: the writes still waiting are retried.
+	res, err := followers[0].c.Apply(ctx, accelerator("later"))
+	if err != nil || res.GetCode() != pb.Code_CODE_OK {
+		t.Fatalf("later write: %v, %v", res, err)
+	}
+	if n := leader.calls.get(gpuplanev1connect.ClusterServiceForwardProcedure); n != streams {
+		t.Errorf("a later write opened a new stream (%d, was %d)", n, streams)
+	}
 }
 
 // TestForwardToServerWithoutBatch: a leader that answers Unimplemented to
-// ApplyBatch (a version from before it) still gets every write, one by one.
+// Forward (a version from before it) still gets every write, one by one.
 func TestForwardToServerWithoutBatch(t *testing.T) {
 	servers := startServers(t, 3, false)
 	leader, followers := leaderOf(t, servers)
@@ -257,13 +296,13 @@ func TestForwardToServerWithoutBatch(t *testing.T) {
 	}
 }
 
-// TestApplyBatchNeedsNode: with ACLs on, ApplyBatch is node traffic, like
-// Apply: forwarded entries carry their original actor, which a user must
-// not be able to set.
-func TestApplyBatchNeedsNode(t *testing.T) {
-	if a, b := rpc.ProcedureAccess(gpuplanev1connect.ClusterServiceApplyBatchProcedure),
+// TestForwardNeedsNode: with ACLs on, Forward is node traffic, like Apply:
+// forwarded entries carry their original actor, which a user must not be
+// able to set.
+func TestForwardNeedsNode(t *testing.T) {
+	if a, b := rpc.ProcedureAccess(gpuplanev1connect.ClusterServiceForwardProcedure),
 		rpc.ProcedureAccess(gpuplanev1connect.ClusterServiceApplyProcedure); a != rpc.AccessNode || a != b {
-		t.Fatalf("ApplyBatch needs %v, Apply %v", a, b)
+		t.Fatalf("Forward needs %v, Apply %v", a, b)
 	}
 	servers := startServers(t, 3, true)
 	leader, followers := leaderOf(t, servers)
@@ -275,16 +314,21 @@ func TestApplyBatchNeedsNode(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	req := func() *connect.Request[pb.ApplyBatchRequest] {
-		return connect.NewRequest(&pb.ApplyBatchRequest{Envelopes: []*pb.Envelope{accelerator("forged")}})
+	forge := func(token string) error {
+		stream := gpuplanev1connect.NewClusterServiceClient(rpc.HTTPClient(), base).Forward(ctx)
+		if token != "" {
+			stream.RequestHeader().Set("Authorization", "Bearer "+token)
+		}
+		if err := stream.Send(&pb.ForwardRequest{Batch: 1, Envelopes: []*pb.Envelope{accelerator("forged")}}); err != nil && !errors.Is(err, io.EOF) {
+			return err
+		}
+		_, err := stream.Receive()
+		return err
 	}
-	anon := gpuplanev1connect.NewClusterServiceClient(rpc.HTTPClient(), base)
-	if _, err := anon.ApplyBatch(ctx, req()); connect.CodeOf(err) != connect.CodeUnauthenticated {
+	if err := forge(""); connect.CodeOf(err) != connect.CodeUnauthenticated {
 		t.Fatalf("without a token: %v", err)
 	}
-	admin := req()
-	admin.Header().Set("Authorization", "Bearer "+boot.Msg.GetSecret())
-	if _, err := anon.ApplyBatch(ctx, admin); connect.CodeOf(err) != connect.CodePermissionDenied {
+	if err := forge(boot.Msg.GetSecret()); connect.CodeOf(err) != connect.CodePermissionDenied {
 		t.Fatalf("with an admin token: %v", err)
 	}
 	// Nodes forward with the agent token.
@@ -292,8 +336,13 @@ func TestApplyBatchNeedsNode(t *testing.T) {
 	if err != nil || res.GetCode() != pb.Code_CODE_OK {
 		t.Fatalf("forwarded write: %v, %v", res, err)
 	}
-	if leader.calls.get(gpuplanev1connect.ClusterServiceApplyBatchProcedure) == 0 {
-		t.Fatal("the forwarded write did not use ApplyBatch")
+	if leader.calls.get(batchesProc) == 0 {
+		t.Fatal("the forwarded write did not go over a Forward stream")
+	}
+	var found bool
+	leader.c.View(func(f *fsm.FSM) { _, found = f.Accelerator("forged") })
+	if found {
+		t.Fatal("a forged forward was applied")
 	}
 }
 
@@ -303,11 +352,13 @@ type stubBackend struct {
 	apply func(*pb.Envelope) (*pb.Result, error)
 }
 
-func (b stubBackend) Apply(_ context.Context, env *pb.Envelope) (*pb.Result, error) { return b.apply(env) }
+func (b stubBackend) Apply(_ context.Context, env *pb.Envelope) (*pb.Result, error) {
+	return b.apply(env)
+}
 
-// TestApplyBatchErrors: each entry's error travels back to its own writer,
+// TestForwardErrors: each entry's error travels back to its own writer,
 // and a leadership error stays retryable (ErrNotLeader) as with Apply.
-func TestApplyBatchErrors(t *testing.T) {
+func TestForwardErrors(t *testing.T) {
 	srv, err := rpc.Listen("127.0.0.1:0", rpc.Config{Backend: stubBackend{apply: func(env *pb.Envelope) (*pb.Result, error) {
 		switch env.GetRequestId() {
 		case "deposed":

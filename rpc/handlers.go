@@ -29,6 +29,8 @@ func actorFrom(ctx context.Context) string {
 // handlers implements every service over one Backend.
 type handlers struct {
 	b Backend
+	// closing is closed when the server shuts down; streams end then.
+	closing <-chan struct{}
 }
 
 // propose checks env against the current state and, unless this is a dry run

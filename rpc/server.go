@@ -86,7 +86,7 @@ type Config struct {
 // Handler returns the API: every service, gRPC health and reflection (v1 and
 // v1alpha), and /healthz, on one mux.
 func Handler(cfg Config) http.Handler {
-	h := &handlers{b: cfg.Backend}
+	h := &handlers{b: cfg.Backend, closing: cfg.closing}
 	interceptors := []connect.Interceptor{unaryDeadline{}}
 	if cfg.ACL {
 		interceptors = append(interceptors, NewAuthInterceptor(cfg.Backend, cfg.AgentToken))

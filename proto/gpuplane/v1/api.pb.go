@@ -1639,27 +1639,32 @@ func (x *ApplyResponse) GetResult() *Result {
 	return nil
 }
 
-type ApplyBatchRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Envelopes     []*Envelope            `protobuf:"bytes,1,rep,name=envelopes,proto3" json:"envelopes,omitempty"`
+type ForwardRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Names the batch on this stream; its response carries it back.
+	Batch     uint64      `protobuf:"varint,1,opt,name=batch,proto3" json:"batch,omitempty"`
+	Envelopes []*Envelope `protobuf:"bytes,2,rep,name=envelopes,proto3" json:"envelopes,omitempty"`
+	// How long the receiver may work on the batch, in milliseconds: until the
+	// latest deadline among its writers.
+	TimeoutMs     uint32 `protobuf:"varint,3,opt,name=timeout_ms,json=timeoutMs,proto3" json:"timeout_ms,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
-func (x *ApplyBatchRequest) Reset() {
-	*x = ApplyBatchRequest{}
+func (x *ForwardRequest) Reset() {
+	*x = ForwardRequest{}
 	mi := &file_gpuplane_v1_api_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
 
-func (x *ApplyBatchRequest) String() string {
+func (x *ForwardRequest) String() string {
 	return protoimpl.X.MessageStringOf(x)
 }
 
-func (*ApplyBatchRequest) ProtoMessage() {}
+func (*ForwardRequest) ProtoMessage() {}
 
-func (x *ApplyBatchRequest) ProtoReflect() protoreflect.Message {
+func (x *ForwardRequest) ProtoReflect() protoreflect.Message {
 	mi := &file_gpuplane_v1_api_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
@@ -1671,40 +1676,55 @@ func (x *ApplyBatchRequest) ProtoReflect() protoreflect.Message {
 	return mi.MessageOf(x)
 }
 
-// Deprecated: Use ApplyBatchRequest.ProtoReflect.Descriptor instead.
-func (*ApplyBatchRequest) Descriptor() ([]byte, []int) {
+// Deprecated: Use ForwardRequest.ProtoReflect.Descriptor instead.
+func (*ForwardRequest) Descriptor() ([]byte, []int) {
 	return file_gpuplane_v1_api_proto_rawDescGZIP(), []int{33}
 }
 
-func (x *ApplyBatchRequest) GetEnvelopes() []*Envelope {
+func (x *ForwardRequest) GetBatch() uint64 {
+	if x != nil {
+		return x.Batch
+	}
+	return 0
+}
+
+func (x *ForwardRequest) GetEnvelopes() []*Envelope {
 	if x != nil {
 		return x.Envelopes
 	}
 	return nil
 }
 
-type ApplyBatchResponse struct {
+func (x *ForwardRequest) GetTimeoutMs() uint32 {
+	if x != nil {
+		return x.TimeoutMs
+	}
+	return 0
+}
+
+type ForwardResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// One per envelope, in request order.
-	Results       []*ApplyBatchResult `protobuf:"bytes,1,rep,name=results,proto3" json:"results,omitempty"`
+	Batch uint64                 `protobuf:"varint,1,opt,name=batch,proto3" json:"batch,omitempty"`
+	// One per envelope of the batch, in its order.
+	Results       []*ForwardResult `protobuf:"bytes,2,rep,name=results,proto3" json:"results,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
-func (x *ApplyBatchResponse) Reset() {
-	*x = ApplyBatchResponse{}
+func (x *ForwardResponse) Reset() {
+	*x = ForwardResponse{}
 	mi := &file_gpuplane_v1_api_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
 
-func (x *ApplyBatchResponse) String() string {
+func (x *ForwardResponse) String() string {
 	return protoimpl.X.MessageStringOf(x)
 }
 
-func (*ApplyBatchResponse) ProtoMessage() {}
+func (*ForwardResponse) ProtoMessage() {}
 
-func (x *ApplyBatchResponse) ProtoReflect() protoreflect.Message {
+func (x *ForwardResponse) ProtoReflect() protoreflect.Message {
 	mi := &file_gpuplane_v1_api_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
@@ -1716,21 +1736,28 @@ func (x *ApplyBatchResponse) ProtoReflect() protoreflect.Message {
 	return mi.MessageOf(x)
 }
 
-// Deprecated: Use ApplyBatchResponse.ProtoReflect.Descriptor instead.
-func (*ApplyBatchResponse) Descriptor() ([]byte, []int) {
+// Deprecated: Use ForwardResponse.ProtoReflect.Descriptor instead.
+func (*ForwardResponse) Descriptor() ([]byte, []int) {
 	return file_gpuplane_v1_api_proto_rawDescGZIP(), []int{34}
 }
 
-func (x *ApplyBatchResponse) GetResults() []*ApplyBatchResult {
+func (x *ForwardResponse) GetBatch() uint64 {
+	if x != nil {
+		return x.Batch
+	}
+	return 0
+}
+
+func (x *ForwardResponse) GetResults() []*ForwardResult {
 	if x != nil {
 		return x.Results
 	}
 	return nil
 }
 
-// ApplyBatchResult is one entry's outcome: the state machine's result, or
-// the error Apply would have failed with (then result is unset).
-type ApplyBatchResult struct {
+// ForwardResult is one entry's outcome: the state machine's result, or the
+// error Apply would have failed with (then result is unset).
+type ForwardResult struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Result        *Result                `protobuf:"bytes,1,opt,name=result,proto3" json:"result,omitempty"`
 	Error         *ApplyError            `protobuf:"bytes,2,opt,name=error,proto3" json:"error,omitempty"`
@@ -1738,20 +1765,20 @@ type ApplyBatchResult struct {
 	sizeCache     protoimpl.SizeCache
 }
 
-func (x *ApplyBatchResult) Reset() {
-	*x = ApplyBatchResult{}
+func (x *ForwardResult) Reset() {
+	*x = ForwardResult{}
 	mi := &file_gpuplane_v1_api_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
 
-func (x *ApplyBatchResult) String() string {
+func (x *ForwardResult) String() string {
 	return protoimpl.X.MessageStringOf(x)
 }
 
-func (*ApplyBatchResult) ProtoMessage() {}
+func (*ForwardResult) ProtoMessage() {}
 
-func (x *ApplyBatchResult) ProtoReflect() protoreflect.Message {
+func (x *ForwardResult) ProtoReflect() protoreflect.Message {
 	mi := &file_gpuplane_v1_api_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
@@ -1763,19 +1790,19 @@ func (x *ApplyBatchResult) ProtoReflect() protoreflect.Message {
 	return mi.MessageOf(x)
 }
 
-// Deprecated: Use ApplyBatchResult.ProtoReflect.Descriptor instead.
-func (*ApplyBatchResult) Descriptor() ([]byte, []int) {
+// Deprecated: Use ForwardResult.ProtoReflect.Descriptor instead.
+func (*ForwardResult) Descriptor() ([]byte, []int) {
 	return file_gpuplane_v1_api_proto_rawDescGZIP(), []int{35}
 }
 
-func (x *ApplyBatchResult) GetResult() *Result {
+func (x *ForwardResult) GetResult() *Result {
 	if x != nil {
 		return x.Result
 	}
 	return nil
 }
 
-func (x *ApplyBatchResult) GetError() *ApplyError {
+func (x *ForwardResult) GetError() *ApplyError {
 	if x != nil {
 		return x.Error
 	}
@@ -2686,12 +2713,16 @@ const file_gpuplane_v1_api_proto_rawDesc = "" +
 	"\benvelope\x18\x01 \x01(\v2\x15.gpuplane.v1.EnvelopeR\benvelope\x12\x17\n" +
 	"\adry_run\x18\x02 \x01(\bR\x06dryRun\"<\n" +
 	"\rApplyResponse\x12+\n" +
-	"\x06result\x18\x01 \x01(\v2\x13.gpuplane.v1.ResultR\x06result\"H\n" +
-	"\x11ApplyBatchRequest\x123\n" +
-	"\tenvelopes\x18\x01 \x03(\v2\x15.gpuplane.v1.EnvelopeR\tenvelopes\"M\n" +
-	"\x12ApplyBatchResponse\x127\n" +
-	"\aresults\x18\x01 \x03(\v2\x1d.gpuplane.v1.ApplyBatchResultR\aresults\"n\n" +
-	"\x10ApplyBatchResult\x12+\n" +
+	"\x06result\x18\x01 \x01(\v2\x13.gpuplane.v1.ResultR\x06result\"z\n" +
+	"\x0eForwardRequest\x12\x14\n" +
+	"\x05batch\x18\x01 \x01(\x04R\x05batch\x123\n" +
+	"\tenvelopes\x18\x02 \x03(\v2\x15.gpuplane.v1.EnvelopeR\tenvelopes\x12\x1d\n" +
+	"\n" +
+	"timeout_ms\x18\x03 \x01(\rR\ttimeoutMs\"]\n" +
+	"\x0fForwardResponse\x12\x14\n" +
+	"\x05batch\x18\x01 \x01(\x04R\x05batch\x124\n" +
+	"\aresults\x18\x02 \x03(\v2\x1a.gpuplane.v1.ForwardResultR\aresults\"k\n" +
+	"\rForwardResult\x12+\n" +
 	"\x06result\x18\x01 \x01(\v2\x13.gpuplane.v1.ResultR\x06result\x12-\n" +
 	"\x05error\x18\x02 \x01(\v2\x17.gpuplane.v1.ApplyErrorR\x05error\":\n" +
 	"\n" +
@@ -2761,11 +2792,10 @@ const file_gpuplane_v1_api_proto_rawDesc = "" +
 	"\x10ListAccelerators\x12$.gpuplane.v1.ListAcceleratorsRequest\x1a%.gpuplane.v1.ListAcceleratorsResponse\"\x00\x12[\n" +
 	"\x0eGetAccelerator\x12\".gpuplane.v1.GetAcceleratorRequest\x1a#.gpuplane.v1.GetAcceleratorResponse\"\x00\x12d\n" +
 	"\x11CreateAccelerator\x12%.gpuplane.v1.CreateAcceleratorRequest\x1a&.gpuplane.v1.CreateAcceleratorResponse\"\x00\x12d\n" +
-	"\x11DeleteAccelerator\x12%.gpuplane.v1.DeleteAcceleratorRequest\x1a&.gpuplane.v1.DeleteAcceleratorResponse\"\x002\xec\x05\n" +
+	"\x11DeleteAccelerator\x12%.gpuplane.v1.DeleteAcceleratorRequest\x1a&.gpuplane.v1.DeleteAcceleratorResponse\"\x002\xe7\x05\n" +
 	"\x0eClusterService\x12@\n" +
-	"\x05Apply\x12\x19.gpuplane.v1.ApplyRequest\x1a\x1a.gpuplane.v1.ApplyResponse\"\x00\x12O\n" +
-	"\n" +
-	"ApplyBatch\x12\x1e.gpuplane.v1.ApplyBatchRequest\x1a\x1f.gpuplane.v1.ApplyBatchResponse\"\x00\x12C\n" +
+	"\x05Apply\x12\x19.gpuplane.v1.ApplyRequest\x1a\x1a.gpuplane.v1.ApplyResponse\"\x00\x12J\n" +
+	"\aForward\x12\x1b.gpuplane.v1.ForwardRequest\x1a\x1c.gpuplane.v1.ForwardResponse\"\x00(\x010\x01\x12C\n" +
 	"\x06Status\x12\x1a.gpuplane.v1.StatusRequest\x1a\x1b.gpuplane.v1.StatusResponse\"\x00\x12L\n" +
 	"\tReadIndex\x12\x1d.gpuplane.v1.ReadIndexRequest\x1a\x1e.gpuplane.v1.ReadIndexResponse\"\x00\x12L\n" +
 	"\tReadState\x12\x1d.gpuplane.v1.ReadStateRequest\x1a\x1e.gpuplane.v1.ReadStateResponse\"\x00\x12F\n" +
@@ -2831,9 +2861,9 @@ var file_gpuplane_v1_api_proto_goTypes = []any{
 	(*ReadIndexResponse)(nil),         // 30: gpuplane.v1.ReadIndexResponse
 	(*ApplyRequest)(nil),              // 31: gpuplane.v1.ApplyRequest
 	(*ApplyResponse)(nil),             // 32: gpuplane.v1.ApplyResponse
-	(*ApplyBatchRequest)(nil),         // 33: gpuplane.v1.ApplyBatchRequest
-	(*ApplyBatchResponse)(nil),        // 34: gpuplane.v1.ApplyBatchResponse
-	(*ApplyBatchResult)(nil),          // 35: gpuplane.v1.ApplyBatchResult
+	(*ForwardRequest)(nil),            // 33: gpuplane.v1.ForwardRequest
+	(*ForwardResponse)(nil),           // 34: gpuplane.v1.ForwardResponse
+	(*ForwardResult)(nil),             // 35: gpuplane.v1.ForwardResult
 	(*ApplyError)(nil),                // 36: gpuplane.v1.ApplyError
 	(*StatusRequest)(nil),             // 37: gpuplane.v1.StatusRequest
 	(*ServerStatus)(nil),              // 38: gpuplane.v1.ServerStatus
@@ -2875,10 +2905,10 @@ var file_gpuplane_v1_api_proto_depIdxs = []int32{
 	52, // 11: gpuplane.v1.LocalNodeResponse.node:type_name -> gpuplane.v1.Node
 	56, // 12: gpuplane.v1.ApplyRequest.envelope:type_name -> gpuplane.v1.Envelope
 	57, // 13: gpuplane.v1.ApplyResponse.result:type_name -> gpuplane.v1.Result
-	56, // 14: gpuplane.v1.ApplyBatchRequest.envelopes:type_name -> gpuplane.v1.Envelope
-	35, // 15: gpuplane.v1.ApplyBatchResponse.results:type_name -> gpuplane.v1.ApplyBatchResult
-	57, // 16: gpuplane.v1.ApplyBatchResult.result:type_name -> gpuplane.v1.Result
-	36, // 17: gpuplane.v1.ApplyBatchResult.error:type_name -> gpuplane.v1.ApplyError
+	56, // 14: gpuplane.v1.ForwardRequest.envelopes:type_name -> gpuplane.v1.Envelope
+	35, // 15: gpuplane.v1.ForwardResponse.results:type_name -> gpuplane.v1.ForwardResult
+	57, // 16: gpuplane.v1.ForwardResult.result:type_name -> gpuplane.v1.Result
+	36, // 17: gpuplane.v1.ForwardResult.error:type_name -> gpuplane.v1.ApplyError
 	38, // 18: gpuplane.v1.StatusResponse.servers:type_name -> gpuplane.v1.ServerStatus
 	58, // 19: gpuplane.v1.ListModelsResponse.models:type_name -> gpuplane.v1.ModelDeployment
 	58, // 20: gpuplane.v1.GetModelResponse.model:type_name -> gpuplane.v1.ModelDeployment
@@ -2896,7 +2926,7 @@ var file_gpuplane_v1_api_proto_depIdxs = []int32{
 	12, // 32: gpuplane.v1.AcceleratorService.CreateAccelerator:input_type -> gpuplane.v1.CreateAcceleratorRequest
 	14, // 33: gpuplane.v1.AcceleratorService.DeleteAccelerator:input_type -> gpuplane.v1.DeleteAcceleratorRequest
 	31, // 34: gpuplane.v1.ClusterService.Apply:input_type -> gpuplane.v1.ApplyRequest
-	33, // 35: gpuplane.v1.ClusterService.ApplyBatch:input_type -> gpuplane.v1.ApplyBatchRequest
+	33, // 35: gpuplane.v1.ClusterService.Forward:input_type -> gpuplane.v1.ForwardRequest
 	37, // 36: gpuplane.v1.ClusterService.Status:input_type -> gpuplane.v1.StatusRequest
 	29, // 37: gpuplane.v1.ClusterService.ReadIndex:input_type -> gpuplane.v1.ReadIndexRequest
 	16, // 38: gpuplane.v1.ClusterService.ReadState:input_type -> gpuplane.v1.ReadStateRequest
@@ -2919,7 +2949,7 @@ var file_gpuplane_v1_api_proto_depIdxs = []int32{
 	13, // 55: gpuplane.v1.AcceleratorService.CreateAccelerator:output_type -> gpuplane.v1.CreateAcceleratorResponse
 	15, // 56: gpuplane.v1.AcceleratorService.DeleteAccelerator:output_type -> gpuplane.v1.DeleteAcceleratorResponse
 	32, // 57: gpuplane.v1.ClusterService.Apply:output_type -> gpuplane.v1.ApplyResponse
-	34, // 58: gpuplane.v1.ClusterService.ApplyBatch:output_type -> gpuplane.v1.ApplyBatchResponse
+	34, // 58: gpuplane.v1.ClusterService.Forward:output_type -> gpuplane.v1.ForwardResponse
 	39, // 59: gpuplane.v1.ClusterService.Status:output_type -> gpuplane.v1.StatusResponse
 	30, // 60: gpuplane.v1.ClusterService.ReadIndex:output_type -> gpuplane.v1.ReadIndexResponse
 	17, // 61: gpuplane.v1.ClusterService.ReadState:output_type -> gpuplane.v1.ReadStateResponse

@@ -64,9 +64,8 @@ const (
 	AcceleratorServiceDeleteAcceleratorProcedure = "/gpuplane.v1.AcceleratorService/DeleteAccelerator"
 	// ClusterServiceApplyProcedure is the fully-qualified name of the ClusterService's Apply RPC.
 	ClusterServiceApplyProcedure = "/gpuplane.v1.ClusterService/Apply"
-	// ClusterServiceApplyBatchProcedure is the fully-qualified name of the ClusterService's ApplyBatch
-	// RPC.
-	ClusterServiceApplyBatchProcedure = "/gpuplane.v1.ClusterService/ApplyBatch"
+	// ClusterServiceForwardProcedure is the fully-qualified name of the ClusterService's Forward RPC.
+	ClusterServiceForwardProcedure = "/gpuplane.v1.ClusterService/Forward"
 	// ClusterServiceStatusProcedure is the fully-qualified name of the ClusterService's Status RPC.
 	ClusterServiceStatusProcedure = "/gpuplane.v1.ClusterService/Status"
 	// ClusterServiceReadIndexProcedure is the fully-qualified name of the ClusterService's ReadIndex
@@ -445,12 +444,14 @@ func (UnimplementedAcceleratorServiceHandler) DeleteAccelerator(context.Context,
 type ClusterServiceClient interface {
 	// Apply proposes one log entry. Nodes forward writes to the leader with it.
 	Apply(context.Context, *connect.Request[v1.ApplyRequest]) (*connect.Response[v1.ApplyResponse], error)
-	// ApplyBatch proposes several log entries at once, each as Apply would,
-	// with one result or error per entry in request order. A follower gathers
-	// the writes it forwards while earlier ones are in flight and sends them
-	// to the leader in one call, which proposes them together (one log append,
-	// one fsync). Node traffic only, like Apply.
-	ApplyBatch(context.Context, *connect.Request[v1.ApplyBatchRequest]) (*connect.Response[v1.ApplyBatchResponse], error)
+	// Forward carries the writes one node forwards to another (a follower to
+	// the leader, a client node to a server) over one long-lived stream. Each
+	// request is a batch: the writes that arrived while the previous batch
+	// was being sent. The receiver proposes a batch's envelopes together, each
+	// as Apply would, and answers with their results, in order, once all are
+	// known; batches are answered as they complete, not in order. Node
+	// traffic only, like Apply.
+	Forward(context.Context) *connect.BidiStreamForClient[v1.ForwardRequest, v1.ForwardResponse]
 	Status(context.Context, *connect.Request[v1.StatusRequest]) (*connect.Response[v1.StatusResponse], error)
 	// ReadIndex returns the leader's commit index after confirming leadership;
 	// a follower waits to apply it before a linearizable read.
@@ -488,10 +489,10 @@ func NewClusterServiceClient(httpClient connect.HTTPClient, baseURL string, opts
 			connect.WithSchema(clusterServiceMethods.ByName("Apply")),
 			connect.WithClientOptions(opts...),
 		),
-		applyBatch: connect.NewClient[v1.ApplyBatchRequest, v1.ApplyBatchResponse](
+		forward: connect.NewClient[v1.ForwardRequest, v1.ForwardResponse](
 			httpClient,
-			baseURL+ClusterServiceApplyBatchProcedure,
-			connect.WithSchema(clusterServiceMethods.ByName("ApplyBatch")),
+			baseURL+ClusterServiceForwardProcedure,
+			connect.WithSchema(clusterServiceMethods.ByName("Forward")),
 			connect.WithClientOptions(opts...),
 		),
 		status: connect.NewClient[v1.StatusRequest, v1.StatusResponse](
@@ -548,7 +549,7 @@ func NewClusterServiceClient(httpClient connect.HTTPClient, baseURL string, opts
 // clusterServiceClient implements ClusterServiceClient.
 type clusterServiceClient struct {
 	apply      *connect.Client[v1.ApplyRequest, v1.ApplyResponse]
-	applyBatch *connect.Client[v1.ApplyBatchRequest, v1.ApplyBatchResponse]
+	forward    *connect.Client[v1.ForwardRequest, v1.ForwardResponse]
 	status     *connect.Client[v1.StatusRequest, v1.StatusResponse]
 	readIndex  *connect.Client[v1.ReadIndexRequest, v1.ReadIndexResponse]
 	readState  *connect.Client[v1.ReadStateRequest, v1.ReadStateResponse]
@@ -564,9 +565,9 @@ func (c *clusterServiceClient) Apply(ctx context.Context, req *connect.Request[v
 	return c.apply.CallUnary(ctx, req)
 }
 
-// ApplyBatch calls gpuplane.v1.ClusterService.ApplyBatch.
-func (c *clusterServiceClient) ApplyBatch(ctx context.Context, req *connect.Request[v1.ApplyBatchRequest]) (*connect.Response[v1.ApplyBatchResponse], error) {
-	return c.applyBatch.CallUnary(ctx, req)
+// Forward calls gpuplane.v1.ClusterService.Forward.
+func (c *clusterServiceClient) Forward(ctx context.Context) *connect.BidiStreamForClient[v1.ForwardRequest, v1.ForwardResponse] {
+	return c.forward.CallBidiStream(ctx)
 }
 
 // Status calls gpuplane.v1.ClusterService.Status.
@@ -613,12 +614,14 @@ func (c *clusterServiceClient) RemovePeer(ctx context.Context, req *connect.Requ
 type ClusterServiceHandler interface {
 	// Apply proposes one log entry. Nodes forward writes to the leader with it.
 	Apply(context.Context, *connect.Request[v1.ApplyRequest]) (*connect.Response[v1.ApplyResponse], error)
-	// ApplyBatch proposes several log entries at once, each as Apply would,
-	// with one result or error per entry in request order. A follower gathers
-	// the writes it forwards while earlier ones are in flight and sends them
-	// to the leader in one call, which proposes them together (one log append,
-	// one fsync). Node traffic only, like Apply.
-	ApplyBatch(context.Context, *connect.Request[v1.ApplyBatchRequest]) (*connect.Response[v1.ApplyBatchResponse], error)
+	// Forward carries the writes one node forwards to another (a follower to
+	// the leader, a client node to a server) over one long-lived stream. Each
+	// request is a batch: the writes that arrived while the previous batch
+	// was being sent. The receiver proposes a batch's envelopes together, each
+	// as Apply would, and answers with their results, in order, once all are
+	// known; batches are answered as they complete, not in order. Node
+	// traffic only, like Apply.
+	Forward(context.Context, *connect.BidiStream[v1.ForwardRequest, v1.ForwardResponse]) error
 	Status(context.Context, *connect.Request[v1.StatusRequest]) (*connect.Response[v1.StatusResponse], error)
 	// ReadIndex returns the leader's commit index after confirming leadership;
 	// a follower waits to apply it before a linearizable read.
@@ -652,10 +655,10 @@ func NewClusterServiceHandler(svc ClusterServiceHandler, opts ...connect.Handler
 		connect.WithSchema(clusterServiceMethods.ByName("Apply")),
 		connect.WithHandlerOptions(opts...),
 	)
-	clusterServiceApplyBatchHandler := connect.NewUnaryHandler(
-		ClusterServiceApplyBatchProcedure,
-		svc.ApplyBatch,
-		connect.WithSchema(clusterServiceMethods.ByName("ApplyBatch")),
+	clusterServiceForwardHandler := connect.NewBidiStreamHandler(
+		ClusterServiceForwardProcedure,
+		svc.Forward,
+		connect.WithSchema(clusterServiceMethods.ByName("Forward")),
 		connect.WithHandlerOptions(opts...),
 	)
 	clusterServiceStatusHandler := connect.NewUnaryHandler(
@@ -710,8 +713,8 @@ func NewClusterServiceHandler(svc ClusterServiceHandler, opts ...connect.Handler
 		switch r.URL.Path {
 		case ClusterServiceApplyProcedure:
 			clusterServiceApplyHandler.ServeHTTP(w, r)
-		case ClusterServiceApplyBatchProcedure:
-			clusterServiceApplyBatchHandler.ServeHTTP(w, r)
+		case ClusterServiceForwardProcedure:
+			clusterServiceForwardHandler.ServeHTTP(w, r)
 		case ClusterServiceStatusProcedure:
 			clusterServiceStatusHandler.ServeHTTP(w, r)
 		case ClusterServiceReadIndexProcedure:
@@ -741,8 +744,8 @@ func (UnimplementedClusterServiceHandler) Apply(context.Context, *connect.Reques
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("gpuplane.v1.ClusterService.Apply is not implemented"))
 }
 
-func (UnimplementedClusterServiceHandler) ApplyBatch(context.Context, *connect.Request[v1.ApplyBatchRequest]) (*connect.Response[v1.ApplyBatchResponse], error) {
-	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("gpuplane.v1.ClusterService.ApplyBatch is not implemented"))
+func (UnimplementedClusterServiceHandler) Forward(context.Context, *connect.BidiStream[v1.ForwardRequest, v1.ForwardResponse]) error {
+	return connect.NewError(connect.CodeUnimplemented, errors.New("gpuplane.v1.ClusterService.Forward is not implemented"))
 }
 
 func (UnimplementedClusterServiceHandler) Status(context.Context, *connect.Request[v1.StatusRequest]) (*connect.Response[v1.StatusResponse], error) {
