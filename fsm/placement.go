@@ -2,6 +2,7 @@ package fsm
 
 import (
 	"fmt"
+	"maps"
 	"slices"
 	"strconv"
 
@@ -131,8 +132,10 @@ func (f *FSM) checkPlacement(p *pb.Placement, scratch map[cardKey]*cardUse, plac
 	if n.Status != pb.NodeStatus_NODE_STATUS_ALIVE {
 		return nil, fmt.Errorf("node %q is %s", p.Node, StatusName(n.Status))
 	}
-	for k, want := range m.Spec.Placement.NodeSelector {
-		if n.Labels[k] != want {
+	// In key order: the message is part of the result every server stores,
+	// so it must not depend on map iteration order when several labels miss.
+	for _, k := range slices.Sorted(maps.Keys(m.Spec.Placement.NodeSelector)) {
+		if want := m.Spec.Placement.NodeSelector[k]; n.Labels[k] != want {
 			return nil, fmt.Errorf("node %q lacks label %s=%s", p.Node, k, want)
 		}
 	}
