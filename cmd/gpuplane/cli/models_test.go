@@ -261,14 +261,15 @@ waiting for deployment "big": 1 of 2 replicas pending: ` + pendingReason + "\n"
 		t.Errorf("--wait polled too fast: %s for 4 polls", d)
 	}
 
-	// Never Ready: exit 1 with the last reason.
+	// Never Ready: exit 1 with the last reason. The timeout leaves room for
+	// at least two polls (at 0 and 250ms) on a loaded machine.
 	m.gets = 0
 	m.get = func(int, string) (*pb.GetModelResponse, error) {
 		return notReady("1 of 2 replicas pending: " + pendingReason), nil
 	}
-	r = run(t, "", nil, "--addr", url, "-o", "json", "models", "get", "big", "--wait", "--wait-timeout", "600ms")
+	r = run(t, "", nil, "--addr", url, "-o", "json", "models", "get", "big", "--wait", "--wait-timeout", "2s")
 	wantErr = `waiting for deployment "big": 1 of 2 replicas pending: ` + pendingReason + `
-error: timed out after 600ms waiting for deployment "big" to become ready: 1 of 2 replicas pending: ` + pendingReason + "\n"
+error: timed out after 2s waiting for deployment "big" to become ready: 1 of 2 replicas pending: ` + pendingReason + "\n"
 	if r.code != exitFailure || r.stderr != wantErr || r.stdout != "" {
 		t.Errorf("models get --wait timeout: code %d, stdout %q, stderr:\n%s\nwant:\n%s", r.code, r.stdout, r.stderr, wantErr)
 	}
