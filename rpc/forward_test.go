@@ -85,8 +85,15 @@ func (cc countingConn) Receive(msg any) error {
 type server struct {
 	name  string
 	c     *cluster.Cluster
+	srv   *rpc.Server
 	api   string // host:port
 	calls *calls
+}
+
+// stop stops the server as an agent stops: its API, then its Raft.
+func (s *server) stop() {
+	shutdown(s.srv)
+	s.c.Shutdown()
 }
 
 const agentToken = "agent-secret"
@@ -120,7 +127,7 @@ func startServers(t *testing.T, n int, acl bool) []*server {
 		}
 		go srv.Serve()
 		t.Cleanup(func() { shutdown(srv) })
-		s.api = srv.Addr().String()
+		s.srv, s.api = srv, srv.Addr().String()
 		apisMu.Lock()
 		apis[s.name] = s.api
 		apisMu.Unlock()
@@ -266,6 +273,69 @@ func TestForwardBatches(t *testing.T) {
 	if n := leader.calls.get(gpuplanev1connect.ClusterServiceForwardProcedure); n != streams {
 		t.Errorf("a later write opened a new stream (%d, was %d)", n, streams)
 	}
+}
+
+// TestForwardFailover: the leader stops (its API, then its Raft, as an agent
+// stops) while followers forward writes to it over their streams. The
+// writes waiting on a stream that ends are retried, with their request ids,
+// on the new leader: none fails, and every acknowledged one is in the new
+// leader's state.
+func TestForwardFailover(t *testing.T) {
+	servers := startServers(t, 3, false)
+	leader, followers := leaderOf(t, servers)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	var mu sync.Mutex
+	acked := map[string]bool{}
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for w := range 16 {
+		wg.Go(func() {
+			for i := 0; ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				name := fmt.Sprintf("f%d-%d", w, i)
+				res, err := followers[w%len(followers)].c.Apply(ctx, accelerator(name))
+				if err == nil && res.GetCode() != pb.Code_CODE_OK {
+					err = errors.New(res.GetMessage())
+				}
+				if err != nil {
+					t.Errorf("write %s: %v", name, err)
+					return
+				}
+				mu.Lock()
+				acked[name] = true
+				mu.Unlock()
+			}
+		})
+	}
+	time.Sleep(300 * time.Millisecond)
+	leader.stop()
+	newLeader, _ := leaderOf(t, followers)
+	time.Sleep(300 * time.Millisecond) // writes go on through the new leader
+	close(stop)
+	wg.Wait()
+	if t.Failed() {
+		return
+	}
+	var missing []string
+	if err := newLeader.c.Read(ctx, false, func(f *fsm.FSM) error {
+		for name := range acked {
+			if _, ok := f.Accelerator(name); !ok {
+				missing = append(missing, name)
+			}
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if len(missing) > 0 {
+		t.Fatalf("%d of %d acknowledged writes missing after failover, e.g. %v", len(missing), len(acked), missing[0])
+	}
+	t.Logf("%d writes acknowledged across the failover", len(acked))
 }
 
 // TestForwardToServerWithoutBatch: a leader that answers Unimplemented to
