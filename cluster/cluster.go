@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/hashicorp/raft"
-	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
 
 	"github.com/gpuplane/gpuplane/fsm"
 	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
@@ -24,7 +23,7 @@ type Cluster struct {
 	log   *slog.Logger
 	raft  *raft.Raft
 	fsm   *raftFSM
-	store *raftboltdb.BoltStore
+	store *walStore
 	trans *contactTransport
 
 	forwarder atomic.Pointer[forwarderBox]
@@ -66,9 +65,10 @@ func New(cfg Config) (*Cluster, error) {
 	hlog := newHCLog(c.log, "raft", cfg.RaftLogLevel)
 
 	var err error
-	if c.store, err = openLogStore(cfg.DataDir); err != nil {
+	if c.store, err = openWALStore(cfg.DataDir, c.log); err != nil {
 		return nil, err
 	}
+	c.fsm.flushLog = c.store.flush
 	if c.fsm.hashes, err = openHashLog(filepath.Join(cfg.DataDir, raftDir, hashesFile), false); err != nil {
 		c.store.Close()
 		return nil, err

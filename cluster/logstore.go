@@ -53,13 +53,20 @@ func OpenOffline(dataDir string) (*Offline, error) {
 	if err != nil {
 		return nil, fmt.Errorf("open %s read-only: %w", path, err)
 	}
+	// A node killed while it ran may hold its newest acknowledged entries
+	// only in its write-ahead log (walStore): read them after raft.db's.
+	log, err := openOfflineLog(store, filepath.Join(dataDir, raftDir, walDirName))
+	if err != nil {
+		store.Close()
+		return nil, err
+	}
 	hashes, err := openHashLog(filepath.Join(dataDir, raftDir, hashesFile), true)
 	if err != nil {
 		store.Close()
 		return nil, err
 	}
 	return &Offline{
-		History: &History{log: store, hashes: hashes, snapshotDir: filepath.Join(dataDir, raftDir, "snapshots")},
+		History: &History{log: log, hashes: hashes, snapshotDir: filepath.Join(dataDir, raftDir, "snapshots")},
 		store:   store, hashes: hashes,
 	}, nil
 }

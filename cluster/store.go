@@ -17,6 +17,8 @@ import (
 //
 //	<data-dir>/node-id             the node name this data dir belongs to
 //	<data-dir>/raft/raft.db        bbolt: the whole Raft log from index 1, and term/vote
+//	<data-dir>/raft/wal/           the log's newest entries, until they are moved into
+//	                               raft.db (within half a second; see walStore)
 //	<data-dir>/raft/snapshots/     state snapshots (the last two), for fast restarts
 const (
 	nodeIDFile   = "node-id"
@@ -76,11 +78,11 @@ func writeFileSync(path string, data []byte) error {
 	return dir.Sync()
 }
 
-// openLogStore opens the bbolt file that is both Raft's LogStore and its
-// StableStore.
+// openLogStore opens the bbolt file that holds Raft's log and its
+// StableStore (walStore writes the log into it).
 //
-//   - NoSync is false: an entry is fsynced before this node acknowledges it,
-//     so an acknowledged write survives power loss on a quorum.
+//   - NoSync is false: every commit is fsynced, so raft.db is consistent
+//     after a power loss (the write-ahead log holds what it lacks).
 //   - FreelistMapType (etcd's choice) keeps page allocation O(1) as the file
 //     grows; the log is never compacted, so the file only grows.
 //   - NoFreelistSync stays false, unlike etcd: because nothing is ever
