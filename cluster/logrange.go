@@ -230,6 +230,9 @@ func (b *boltLogs) readRange(tx *bbolt.Tx, from, to uint64, batch *logBatch, emi
 	binary.BigEndian.PutUint64(key[:], from)
 	cur := bk.Cursor()
 	dec := codec.NewDecoderBytes(nil, msgpackHandle)
+	// One envelope decoder for the range: it allocates messages a batch at
+	// a time and interns the names that recur (fsm.Decoder).
+	envs := &fsm.Decoder{Slab: rangeBatch}
 	fail := func(err error) error {
 		if len(batch.logs) > 0 {
 			if _, eerr := emit(batch); eerr != nil {
@@ -259,7 +262,7 @@ func (b *boltLogs) readRange(tx *bbolt.Tx, from, to uint64, batch *logBatch, emi
 		}
 		var e fsm.Entry
 		if l.Type == raft.LogCommand {
-			e = fsm.DecodeEntry(l.Data)
+			e = envs.DecodeEntry(l.Data)
 		}
 		batch.entries = append(batch.entries, e)
 		if len(batch.logs) == rangeBatch || want == to {

@@ -1,0 +1,545 @@
+package fsm
+
+import (
+	"hash/maphash"
+	"unicode/utf8"
+	"unsafe"
+
+	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
+)
+
+// Decoder decodes log entries' Envelopes (DecodeEntry) and is cheaper than
+// proto.Unmarshal when it decodes many: a replay decodes a million of them,
+// and protobuf's allocation of every message and string was the largest part
+// of its cost. A Decoder is not safe for concurrent use; its zero value is
+// ready (and allocates as proto.Unmarshal does: DecodeEntry uses one).
+//
+// What it decodes is exactly what proto.Unmarshal decodes (proto.Equal, the
+// same error text; TestDecoderMatchesProto and FuzzDecoder check it). The
+// envelope and the commands most entries hold (replica reports, plans, model
+// deletions, node status, unplacements) are read field by field here; any
+// other command's message is left to proto.Unmarshal. Anything this code
+// does not expect (an unknown or repeated field, a field of another wire
+// type, a malformed or non-UTF-8 value, a second command) sends the whole
+// entry to proto.Unmarshal, so a newer schema or a damaged entry decodes, or
+// fails, exactly as before. Strings are never aliased to data.
+//
+// What differs is where things live, never what they hold:
+//   - Messages are cut from slabs allocated a few hundred at a time, not one
+//     by one. Nothing mutable is shared: each Envelope gets messages of its
+//     own. A message the state keeps keeps its slab from being collected,
+//     which costs memory only; the commands decoded here are not kept (the
+//     state copies their strings and numbers).
+//   - Short strings are interned in a small cache (names of models, nodes,
+//     endpoints and actors recur entry after entry); request ids, unique,
+//     share byte chunks. Strings are immutable, so sharing is invisible.
+type Decoder struct {
+	// Slab is how many messages of a kind are allocated at once; 0 is 1.
+	Slab int
+
+	envs       []pb.Envelope
+	stamps     []timestamppb.Timestamp
+	statuses   []pb.ReplicaStatus
+	wStatus    []pb.Envelope_ReplicaStatus
+	places     []pb.PlaceReplicas
+	wPlace     []pb.Envelope_PlaceReplicas
+	placements []pb.Placement
+	pendings   []pb.PendingReason
+	ptrs       []*pb.Placement
+	pendPtrs   []*pb.PendingReason
+	cards      []uint32
+	deletes    []pb.DeleteModel
+	wDelete    []pb.Envelope_DeleteModel
+	nodeStats  []pb.SetNodeStatus
+	wNodeStat  []pb.Envelope_SetNodeStatus
+	unplaces   []pb.UnplaceReplica
+	wUnplace   []pb.Envelope_UnplaceReplica
+	text       []byte
+	interned   *[internSlots]string
+}
+
+// DecodeEntry decodes a log entry's Envelope for ApplyEntry, as the
+// package-level DecodeEntry does.
+func (d *Decoder) DecodeEntry(data []byte) Entry {
+	env := d.envelope(data)
+	if env == nil {
+		env = &pb.Envelope{}
+		if err := proto.Unmarshal(data, env); err != nil {
+			return Entry{data: data, err: err}
+		}
+	}
+	e := Entry{data: data, env: env, request: requestKeyOf(env.GetRequestId())}
+	if c := env.GetApplyModel(); c != nil {
+		e.model = prepareModel(c)
+	}
+	return e
+}
+
+// take returns a pointer to a zero T from *slab, refilled with n at a time.
+func take[T any](slab *[]T, n int) *T {
+	if len(*slab) == 0 {
+		*slab = make([]T, max(n, 1))
+	}
+	p := &(*slab)[0]
+	*slab = (*slab)[1:]
+	return p
+}
+
+const (
+	internSlots = 4096
+	internMax   = 64 // longer strings are not interned
+	textChunk8  = 8 << 10
+)
+
+var internSeed = maphash.MakeSeed()
+
+// str returns b as a string, or false if b is not UTF-8 (proto.Unmarshal
+// rejects such a string field).
+func (d *Decoder) str(b []byte) (string, bool) {
+	if len(b) == 0 {
+		return "", true
+	}
+	if len(b) > internMax || d.Slab <= 1 {
+		if !utf8.Valid(b) {
+			return "", false
+		}
+		return string(b), true
+	}
+	if d.interned == nil {
+		d.interned = new([internSlots]string)
+	}
+	slot := &d.interned[maphash.Bytes(internSeed, b)&(internSlots-1)]
+	if *slot == string(b) {
+		return *slot, true
+	}
+	if !utf8.Valid(b) {
+		return "", false
+	}
+	*slot = string(b)
+	return *slot, true
+}
+
+// unique returns b as a string kept in a shared chunk: for request ids,
+// which never recur. The chunk holds no pointers and is never written again
+// where a string points.
+func (d *Decoder) unique(b []byte) (string, bool) {
+	if len(b) == 0 {
+		return "", true
+	}
+	if !utf8.Valid(b) {
+		return "", false
+	}
+	if len(b) > 256 || d.Slab <= 1 {
+		return string(b), true
+	}
+	if cap(d.text)-len(d.text) < len(b) {
+		d.text = make([]byte, 0, textChunk8)
+	}
+	start := len(d.text)
+	d.text = append(d.text, b...)
+	return unsafe.String(&d.text[start], len(b)), true
+}
+
+// field reads one field's tag and value: v for a varint, b for bytes. ok is
+// false at anything else (groups, fixed-width values, malformed input).
+func field(data []byte) (num protowire.Number, typ protowire.Type, v uint64, b []byte, rest []byte, ok bool) {
+	num, typ, n := protowire.ConsumeTag(data)
+	if n < 0 {
+		return 0, 0, 0, nil, nil, false
+	}
+	data = data[n:]
+	switch typ {
+	case protowire.VarintType:
+		v, n = protowire.ConsumeVarint(data)
+	case protowire.BytesType:
+		b, n = protowire.ConsumeBytes(data)
+	default:
+		return 0, 0, 0, nil, nil, false
+	}
+	if n < 0 {
+		return 0, 0, 0, nil, nil, false
+	}
+	return num, typ, v, b, data[n:], true
+}
+
+// envelope decodes data, or returns nil for proto.Unmarshal to decode it.
+func (d *Decoder) envelope(data []byte) *pb.Envelope {
+	env := take(&d.envs, d.Slab)
+	var seen uint32 // bits of the fields read (1 << number)
+	for len(data) > 0 {
+		num, typ, _, b, rest, ok := field(data)
+		if !ok || num > 31 || seen&(1<<num) != 0 || (num >= 10 && seen&^0x3ff != 0) {
+			return nil // a repeated field, or a second command
+		}
+		data = rest
+		seen |= 1 << num
+		if typ != protowire.BytesType {
+			return nil // every field of Envelope is bytes
+		}
+		switch num {
+		case 1:
+			if env.RequestId, ok = d.unique(b); !ok {
+				return nil
+			}
+		case 2:
+			if env.Actor, ok = d.str(b); !ok {
+				return nil
+			}
+		case 3:
+			if env.ProposedAt = d.timestamp(b); env.ProposedAt == nil {
+				return nil
+			}
+		default:
+			if !d.command(env, num, b) {
+				return nil
+			}
+		}
+	}
+	return env
+}
+
+func (d *Decoder) timestamp(b []byte) *timestamppb.Timestamp {
+	t := take(&d.stamps, d.Slab)
+	var seen uint32
+	for len(b) > 0 {
+		num, typ, v, _, rest, ok := field(b)
+		if !ok || typ != protowire.VarintType || seen&(1<<(num&31)) != 0 {
+			return nil
+		}
+		b = rest
+		switch num {
+		case 1:
+			t.Seconds = int64(v)
+		case 2:
+			t.Nanos = int32(v)
+		default:
+			return nil
+		}
+		seen |= 1 << num
+	}
+	return t
+}
+
+// command decodes the command in field num of an Envelope into env.
+func (d *Decoder) command(env *pb.Envelope, num protowire.Number, b []byte) bool {
+	switch num {
+	case 20:
+		c := d.replicaStatus(b)
+		if c == nil {
+			return false
+		}
+		w := take(&d.wStatus, d.Slab)
+		w.ReplicaStatus = c
+		env.Command = w
+	case 18:
+		c := d.placeReplicas(b)
+		if c == nil {
+			return false
+		}
+		w := take(&d.wPlace, d.Slab)
+		w.PlaceReplicas = c
+		env.Command = w
+	case 17:
+		c := take(&d.deletes, d.Slab)
+		for len(b) > 0 {
+			num, typ, _, s, rest, ok := field(b)
+			if !ok || num != 1 || typ != protowire.BytesType {
+				return false
+			}
+			b = rest
+			if c.Name, ok = d.str(s); !ok {
+				return false
+			}
+		}
+		w := take(&d.wDelete, d.Slab)
+		w.DeleteModel = c
+		env.Command = w
+	case 12:
+		c := take(&d.nodeStats, d.Slab)
+		for len(b) > 0 {
+			num, typ, v, s, rest, ok := field(b)
+			if !ok {
+				return false
+			}
+			b = rest
+			switch {
+			case num == 1 && typ == protowire.BytesType:
+				if c.Node, ok = d.str(s); !ok {
+					return false
+				}
+			case num == 2 && typ == protowire.VarintType:
+				c.Status = pb.NodeStatus(int32(v))
+			default:
+				return false
+			}
+		}
+		w := take(&d.wNodeStat, d.Slab)
+		w.SetNodeStatus = c
+		env.Command = w
+	case 19:
+		c := take(&d.unplaces, d.Slab)
+		for len(b) > 0 {
+			num, typ, v, s, rest, ok := field(b)
+			if !ok {
+				return false
+			}
+			b = rest
+			switch {
+			case num == 1 && typ == protowire.BytesType:
+				c.Model, ok = d.str(s)
+			case num == 2 && typ == protowire.VarintType:
+				c.Replica = uint32(v)
+			case num == 3 && typ == protowire.BytesType:
+				c.Reason, ok = d.str(s)
+			default:
+				ok = false
+			}
+			if !ok {
+				return false
+			}
+		}
+		w := take(&d.wUnplace, d.Slab)
+		w.UnplaceReplica = c
+		env.Command = w
+	default:
+		return otherCommand(env, num, b)
+	}
+	return true
+}
+
+// otherCommand decodes a command this file does not read by hand with
+// proto.Unmarshal, as decoding the whole Envelope would.
+func otherCommand(env *pb.Envelope, num protowire.Number, b []byte) bool {
+	var m proto.Message
+	switch num {
+	case 10:
+		c := &pb.RegisterNode{}
+		m, env.Command = c, &pb.Envelope_RegisterNode{RegisterNode: c}
+	case 11:
+		c := &pb.UpdateInventory{}
+		m, env.Command = c, &pb.Envelope_UpdateInventory{UpdateInventory: c}
+	case 13:
+		c := &pb.DeregisterNode{}
+		m, env.Command = c, &pb.Envelope_DeregisterNode{DeregisterNode: c}
+	case 14:
+		c := &pb.CreateAccelerator{}
+		m, env.Command = c, &pb.Envelope_CreateAccelerator{CreateAccelerator: c}
+	case 15:
+		c := &pb.DeleteAccelerator{}
+		m, env.Command = c, &pb.Envelope_DeleteAccelerator{DeleteAccelerator: c}
+	case 16:
+		c := &pb.ApplyModel{}
+		m, env.Command = c, &pb.Envelope_ApplyModel{ApplyModel: c}
+	case 21:
+		c := &pb.BootstrapACL{}
+		m, env.Command = c, &pb.Envelope_BootstrapAcl{BootstrapAcl: c}
+	case 22:
+		c := &pb.CreateToken{}
+		m, env.Command = c, &pb.Envelope_CreateToken{CreateToken: c}
+	case 23:
+		c := &pb.DeleteToken{}
+		m, env.Command = c, &pb.Envelope_DeleteToken{DeleteToken: c}
+	default:
+		return false
+	}
+	return proto.Unmarshal(b, m) == nil
+}
+
+func (d *Decoder) replicaStatus(b []byte) *pb.ReplicaStatus {
+	c := take(&d.statuses, d.Slab)
+	for len(b) > 0 {
+		num, typ, v, s, rest, ok := field(b)
+		if !ok {
+			return nil
+		}
+		b = rest
+		switch {
+		case num == 1 && typ == protowire.BytesType:
+			c.Model, ok = d.str(s)
+		case num == 2 && typ == protowire.VarintType:
+			c.Replica = uint32(v)
+		case num == 3 && typ == protowire.VarintType:
+			c.Generation = v
+		case num == 4 && typ == protowire.BytesType:
+			c.Node, ok = d.str(s)
+		case num == 5 && typ == protowire.VarintType:
+			c.State = pb.ReplicaState(int32(v))
+		case num == 6 && typ == protowire.BytesType:
+			c.Reason, ok = d.str(s)
+		case num == 7 && typ == protowire.VarintType:
+			c.Restarts = uint32(v)
+		case num == 8 && typ == protowire.BytesType:
+			c.Endpoint, ok = d.str(s)
+		default:
+			ok = false
+		}
+		if !ok {
+			return nil
+		}
+	}
+	return c
+}
+
+func (d *Decoder) placeReplicas(b []byte) *pb.PlaceReplicas {
+	c := take(&d.places, d.Slab)
+	// Count the repeated fields first so their slices are cut to size.
+	var nPlace, nPend int
+	for r := b; len(r) > 0; {
+		num, _, _, _, rest, ok := field(r)
+		if !ok {
+			return nil
+		}
+		r = rest
+		switch num {
+		case 1:
+			nPlace++
+		case 2:
+			nPend++
+		}
+	}
+	if nPlace > 0 {
+		c.Placements = d.placementSlice(nPlace)
+	}
+	if nPend > 0 {
+		c.Pending = d.pendingSlice(nPend)
+	}
+	for len(b) > 0 {
+		num, typ, _, s, rest, ok := field(b)
+		if !ok || typ != protowire.BytesType {
+			return nil
+		}
+		b = rest
+		switch num {
+		case 1:
+			p := d.placement(s)
+			if p == nil {
+				return nil
+			}
+			c.Placements = append(c.Placements, p)
+		case 2:
+			p := d.pending(s)
+			if p == nil {
+				return nil
+			}
+			c.Pending = append(c.Pending, p)
+		case 3:
+			if c.Policy, ok = d.str(s); !ok {
+				return nil
+			}
+		default:
+			return nil
+		}
+	}
+	return c
+}
+
+// placementSlice returns an empty slice with room for n, cut from a shared
+// chunk (its capacity capped, so appending never reaches a neighbour's).
+func (d *Decoder) placementSlice(n int) []*pb.Placement {
+	if n > len(d.ptrs) {
+		d.ptrs = make([]*pb.Placement, max(n, d.Slab))
+	}
+	s := d.ptrs[:0:n]
+	d.ptrs = d.ptrs[n:]
+	return s
+}
+
+func (d *Decoder) pendingSlice(n int) []*pb.PendingReason {
+	if n > len(d.pendPtrs) {
+		d.pendPtrs = make([]*pb.PendingReason, max(n, d.Slab))
+	}
+	s := d.pendPtrs[:0:n]
+	d.pendPtrs = d.pendPtrs[n:]
+	return s
+}
+
+func (d *Decoder) placement(b []byte) *pb.Placement {
+	p := take(&d.placements, d.Slab)
+	for len(b) > 0 {
+		num, typ, v, s, rest, ok := field(b)
+		if !ok {
+			return nil
+		}
+		b = rest
+		switch {
+		case num == 1 && typ == protowire.BytesType:
+			p.Model, ok = d.str(s)
+		case num == 2 && typ == protowire.VarintType:
+			p.Replica = uint32(v)
+		case num == 3 && typ == protowire.VarintType:
+			p.Generation = v
+		case num == 4 && typ == protowire.BytesType:
+			p.Node, ok = d.str(s)
+		case num == 5 && typ == protowire.BytesType && p.Cards == nil:
+			p.Cards, ok = d.packedUint32s(s)
+		case num == 6 && typ == protowire.VarintType:
+			p.ShareMilli = uint32(v)
+		default:
+			ok = false // unpacked or split cards included: left to protobuf
+		}
+		if !ok {
+			return nil
+		}
+	}
+	return p
+}
+
+// packedUint32s decodes a packed repeated uint32 field, in a slice cut from
+// a shared chunk with its capacity capped.
+func (d *Decoder) packedUint32s(b []byte) ([]uint32, bool) {
+	n := 0
+	for _, c := range b {
+		if c < 0x80 {
+			n++
+		}
+	}
+	if n == 0 {
+		return nil, len(b) == 0
+	}
+	if n > len(d.cards) {
+		d.cards = make([]uint32, max(n, 4*d.Slab))
+	}
+	out := d.cards[:0:n]
+	for len(b) > 0 {
+		v, k := protowire.ConsumeVarint(b)
+		if k < 0 || len(out) == n {
+			return nil, false
+		}
+		out = append(out, uint32(v))
+		b = b[k:]
+	}
+	if len(out) != n {
+		return nil, false
+	}
+	d.cards = d.cards[n:]
+	return out, true
+}
+
+func (d *Decoder) pending(b []byte) *pb.PendingReason {
+	p := take(&d.pendings, d.Slab)
+	for len(b) > 0 {
+		num, typ, v, s, rest, ok := field(b)
+		if !ok {
+			return nil
+		}
+		b = rest
+		switch {
+		case num == 1 && typ == protowire.BytesType:
+			p.Model, ok = d.str(s)
+		case num == 2 && typ == protowire.VarintType:
+			p.Replica = uint32(v)
+		case num == 3 && typ == protowire.BytesType:
+			p.Reason, ok = d.str(s)
+		default:
+			ok = false
+		}
+		if !ok {
+			return nil
+		}
+	}
+	return p
+}

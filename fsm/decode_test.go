@@ -1,0 +1,245 @@
+package fsm
+
+import (
+	"math/rand/v2"
+	"strings"
+	"testing"
+
+	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
+)
+
+// decoderEnvelopes is envelopes of every command, with the values the hand
+// decoder treats specially (empty, zero, long, non-hex ids, odd enums).
+func decoderEnvelopes() []*pb.Envelope {
+	at := timestamppb.New(timestamppb.Now().AsTime())
+	envs := []*pb.Envelope{
+		{},
+		{RequestId: "0123456789abcdef0123456789abcdef", Actor: "system", ProposedAt: at,
+			Command: &pb.Envelope_ReplicaStatus{ReplicaStatus: &pb.ReplicaStatus{Model: "chat", Replica: 3, Generation: 2, Node: "n1",
+				State: pb.ReplicaState_REPLICA_STATE_RUNNING, Reason: "ok", Restarts: 7, Endpoint: "http://10.0.0.1:8000"}}},
+		{RequestId: "not-hex", Actor: "n1", ProposedAt: &timestamppb.Timestamp{},
+			Command: &pb.Envelope_ReplicaStatus{ReplicaStatus: &pb.ReplicaStatus{}}},
+		{Command: &pb.Envelope_ReplicaStatus{ReplicaStatus: &pb.ReplicaStatus{Model: strings.Repeat("m", 300), State: pb.ReplicaState(-3)}}},
+		{RequestId: "ffffffffffffffffffffffffffffffff", ProposedAt: &timestamppb.Timestamp{Seconds: -5, Nanos: -1},
+			Command: &pb.Envelope_PlaceReplicas{PlaceReplicas: &pb.PlaceReplicas{Policy: "binpack",
+				Placements: []*pb.Placement{
+					{Model: "chat", Replica: 0, Generation: 1, Node: "n1", Cards: []uint32{0, 1, 300, 1 << 31}, ShareMilli: 450},
+					{Model: "chat", Replica: 1, Generation: 1, Node: "n2"},
+				},
+				Pending: []*pb.PendingReason{{Model: "chat", Replica: 2, Reason: "no room"}, {}}}}},
+		{Command: &pb.Envelope_PlaceReplicas{PlaceReplicas: &pb.PlaceReplicas{}}},
+		{Command: &pb.Envelope_DeleteModel{DeleteModel: &pb.DeleteModel{Name: "chat"}}},
+		{Command: &pb.Envelope_DeleteModel{DeleteModel: &pb.DeleteModel{}}},
+		{Command: &pb.Envelope_SetNodeStatus{SetNodeStatus: &pb.SetNodeStatus{Node: "n1", Status: pb.NodeStatus_NODE_STATUS_DOWN}}},
+		{Command: &pb.Envelope_UnplaceReplica{UnplaceReplica: &pb.UnplaceReplica{Model: "chat", Replica: 1, Reason: "drain"}}},
+		{Command: &pb.Envelope_RegisterNode{RegisterNode: &pb.RegisterNode{Node: &pb.Node{Name: "n1", Labels: map[string]string{"a": "b"},
+			Cards: []*pb.Card{{Index: 0, Uuid: "u", Device: "l4", MemoryMib: 23034, Healthy: true}}}}}},
+		{Command: &pb.Envelope_UpdateInventory{UpdateInventory: &pb.UpdateInventory{Node: "n1", Cards: []*pb.Card{{Index: 1}}}}},
+		{Command: &pb.Envelope_DeregisterNode{DeregisterNode: &pb.DeregisterNode{Node: "n1"}}},
+		{Command: &pb.Envelope_CreateAccelerator{CreateAccelerator: &pb.CreateAccelerator{Name: "x", Spec: &pb.AcceleratorSpec{Device: "l4", Tenancy: pb.Tenancy_TENANCY_SHARED}}}},
+		{Command: &pb.Envelope_DeleteAccelerator{DeleteAccelerator: &pb.DeleteAccelerator{Name: "x", Force: true}}},
+		{RequestId: "0123456789abcdef0123456789abcdee", Actor: "system", ProposedAt: at,
+			Command: &pb.Envelope_ApplyModel{ApplyModel: &pb.ApplyModel{Name: "m", Spec: &pb.ModelSpec{Model: "w", Replicas: 2,
+				Placement: &pb.PlacementSpec{Accelerator: "small", NodeSelector: map[string]string{"zone": "a"}}, Engine: &pb.EngineSpec{MemoryPercent: 40}}}}},
+		{Command: &pb.Envelope_BootstrapAcl{BootstrapAcl: &pb.BootstrapACL{Name: "root", SecretHash: "h"}}},
+		{Command: &pb.Envelope_CreateToken{CreateToken: &pb.CreateToken{Name: "t"}}},
+		{Command: &pb.Envelope_DeleteToken{DeleteToken: &pb.DeleteToken{Name: "t"}}},
+	}
+	return envs
+}
+
+// decoderCorpus is decoderEnvelopes marshalled, and encodings Marshal never
+// writes.
+func decoderCorpus() [][]byte {
+	var out [][]byte
+	for _, env := range decoderEnvelopes() {
+		data, err := Marshal(env)
+		if err != nil {
+			panic(err)
+		}
+		out = append(out, data)
+	}
+	// Encodings Marshal never writes but proto.Unmarshal reads: repeated
+	// fields (the last scalar wins, messages merge, a second command
+	// replaces the first), unpacked cards, unknown fields, explicit zeros,
+	// a string that is not UTF-8, fixed-width values.
+	tag := func(b []byte, num protowire.Number, typ protowire.Type) []byte {
+		return protowire.AppendTag(b, num, typ)
+	}
+	str := func(b []byte, num protowire.Number, s string) []byte {
+		return protowire.AppendBytes(tag(b, num, protowire.BytesType), []byte(s))
+	}
+	msg := func(b []byte, num protowire.Number, m []byte) []byte {
+		return protowire.AppendBytes(tag(b, num, protowire.BytesType), m)
+	}
+	varint := func(b []byte, num protowire.Number, v uint64) []byte {
+		return protowire.AppendVarint(tag(b, num, protowire.VarintType), v)
+	}
+	rs := varint(str(nil, 1, "chat"), 2, 0)
+	out = append(out,
+		str(str(nil, 1, "a"), 1, "b"),
+		str(str(nil, 2, "a"), 2, "b"),
+		msg(msg(nil, 20, rs), 20, str(nil, 4, "n1")),
+		msg(msg(nil, 20, rs), 17, str(nil, 1, "x")),
+		msg(nil, 20, str(rs, 1, "again")),
+		msg(nil, 20, varint(rs, 5, 1<<40)),
+		msg(nil, 20, varint(rs, 99, 1)),
+		msg(nil, 20, str(nil, 1, "\xff\xfe")),
+		str(nil, 1, "\xff"),
+		str(nil, 2, "ok\xc3"),
+		msg(nil, 3, varint(varint(nil, 1, 5), 1, 6)),
+		msg(msg(nil, 3, varint(nil, 1, 5)), 3, varint(nil, 2, 6)),
+		msg(nil, 3, protowire.AppendFixed32(tag(nil, 1, protowire.Fixed32Type), 1)),
+		msg(nil, 3, varint(nil, 2, 1<<33)),
+		varint(nil, 1, 1),
+		varint(nil, 24, 1),
+		msg(nil, 24, nil),
+		msg(nil, 18, msg(nil, 1, varint(varint(str(nil, 1, "chat"), 5, 3), 5, 4))),
+		msg(nil, 18, msg(nil, 1, msg(msg(nil, 5, []byte{1, 2}), 5, []byte{3}))),
+		msg(nil, 18, msg(nil, 1, msg(nil, 5, nil))),
+		msg(nil, 18, msg(nil, 1, msg(nil, 5, []byte{0x80}))),
+		msg(nil, 18, msg(nil, 1, msg(nil, 5, []byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01}))),
+		msg(nil, 18, str(msg(nil, 1, nil), 3, "p")),
+		msg(nil, 18, msg(nil, 4, nil)),
+		msg(nil, 12, varint(str(nil, 1, ""), 2, 1<<35)),
+		msg(nil, 19, str(varint(nil, 2, 0), 3, "")),
+		msg(nil, 16, str(nil, 1, "\xff")),
+		msg(nil, 16, str(nil, 99, "x")),
+		[]byte{0xff, 0x01},
+		[]byte{0x0a},
+		[]byte{0x0a, 0x05, 'a'},
+	)
+	return out
+}
+
+// checkDecoder checks that d decodes data exactly as proto.Unmarshal does,
+// and that the result does not alias data.
+func checkDecoder(t *testing.T, d *Decoder, data []byte) {
+	t.Helper()
+	ref := &pb.Envelope{}
+	refErr := proto.Unmarshal(data, ref)
+	buf := append([]byte(nil), data...)
+	e := d.DecodeEntry(buf)
+	switch {
+	case (e.err == nil) != (refErr == nil):
+		t.Fatalf("%x: error %v, proto.Unmarshal's %v", data, e.err, refErr)
+	case refErr != nil:
+		if e.err.Error() != refErr.Error() {
+			t.Fatalf("%x: error %q, proto.Unmarshal's %q", data, e.err, refErr)
+		}
+		return
+	}
+	for i := range buf {
+		buf[i] = 0xee
+	}
+	if !proto.Equal(e.env, ref) {
+		t.Fatalf("%x: decoded %v, proto.Unmarshal %v", data, e.env, ref)
+	}
+	if e.request != requestKeyOf(ref.GetRequestId()) {
+		t.Fatalf("%x: request key %+v, want %+v", data, e.request, requestKeyOf(ref.GetRequestId()))
+	}
+}
+
+func TestDecoderMatchesProto(t *testing.T) {
+	shared := &Decoder{Slab: 64}
+	rng := rand.New(rand.NewPCG(1, 2))
+	for _, data := range decoderCorpus() {
+		checkDecoder(t, &Decoder{}, data)
+		checkDecoder(t, shared, data)
+		// Every truncation, and damaged copies.
+		for n := range len(data) {
+			checkDecoder(t, shared, data[:n])
+		}
+		for range 200 {
+			b := append([]byte(nil), data...)
+			if len(b) == 0 {
+				break
+			}
+			for range 1 + rng.IntN(3) {
+				b[rng.IntN(len(b))] = byte(rng.Uint32())
+			}
+			checkDecoder(t, shared, b)
+		}
+	}
+}
+
+// TestDecoderEnvelopesIndependent checks that envelopes decoded by one
+// Decoder share nothing that changing one could change in another.
+func TestDecoderEnvelopesIndependent(t *testing.T) {
+	d := &Decoder{Slab: 8}
+	corpus := decoderCorpus()
+	first := make([]Entry, len(corpus))
+	second := make([]Entry, len(corpus))
+	for i, data := range corpus {
+		first[i] = d.DecodeEntry(data)
+		second[i] = d.DecodeEntry(data)
+	}
+	for _, e := range first {
+		if e.err != nil {
+			continue
+		}
+		if p := e.env.GetPlaceReplicas(); p != nil {
+			for _, pl := range p.Placements {
+				pl.Cards = append(pl.Cards, 99)
+				for j := range pl.Cards {
+					pl.Cards[j]++
+				}
+				pl.Node = "changed"
+			}
+			p.Placements = append(p.Placements, &pb.Placement{Model: "x"})
+			p.Pending = append(p.Pending, &pb.PendingReason{Model: "x"})
+		}
+		if s := e.env.GetReplicaStatus(); s != nil {
+			s.Model = "changed"
+		}
+		if ts := e.env.GetProposedAt(); ts != nil {
+			ts.Seconds++
+		}
+		e.env.Actor = "changed"
+	}
+	for i, e := range second {
+		ref := &pb.Envelope{}
+		if err := proto.Unmarshal(corpus[i], ref); (err == nil) != (e.err == nil) || err == nil && !proto.Equal(ref, e.env) {
+			t.Fatalf("entry %x changed by another's change: %v", corpus[i], e.env)
+		}
+	}
+}
+
+func FuzzDecoder(f *testing.F) {
+	for _, data := range decoderCorpus() {
+		f.Add(data)
+	}
+	d := &Decoder{Slab: 16}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		checkDecoder(t, d, data)
+		checkDecoder(t, &Decoder{}, data)
+	})
+}
+
+// TestDecoderReadsCommonCommands checks that the envelopes Marshal writes of
+// the commands read by hand are read by hand, not left to protobuf.
+func TestDecoderReadsCommonCommands(t *testing.T) {
+	d := &Decoder{Slab: 4}
+	handled := 0
+	for _, env := range decoderEnvelopes() {
+		data, err := Marshal(env)
+		if err != nil {
+			t.Fatal(err)
+		}
+		switch env.GetCommand().(type) {
+		case *pb.Envelope_ReplicaStatus, *pb.Envelope_PlaceReplicas, *pb.Envelope_DeleteModel,
+			*pb.Envelope_SetNodeStatus, *pb.Envelope_UnplaceReplica, *pb.Envelope_ApplyModel, nil:
+			if d.envelope(data) == nil {
+				t.Errorf("%v: left to protobuf", env)
+			}
+			handled++
+		}
+	}
+	if handled < 10 {
+		t.Fatalf("only %d envelopes checked", handled)
+	}
+}
