@@ -348,7 +348,17 @@ func (s *walStore) StoreLog(l *raft.Log) error { return s.StoreLogs([]*raft.Log{
 
 // GetLog reads an entry: from the entries not yet flushed, or from raft.db.
 // An entry leaves pending only once raft.db holds it.
+//
+// An entry from pending shares its Data with the raft.Log that Raft (and
+// its LogCache) holds, so out is cleared before raft.db is read into it:
+// raft-boltdb decodes into the slices out already has when they are big
+// enough, and a caller reading entries in turn into one raft.Log (a
+// Cursor, caughtUp) would otherwise write entry i+1 over entry i's bytes
+// in Raft's own copy once a flush moved i+1 into raft.db between two reads
+// (jepsen seed 835667773: a follower catching up was sent the corrupted
+// copy and applied an undecodable entry).
 func (s *walStore) GetLog(index uint64, out *raft.Log) error {
+	*out = raft.Log{}
 	s.mu.RLock()
 	if n := len(s.pending); n > 0 && index >= s.pending[0].Index && index <= s.pending[n-1].Index {
 		*out = *s.pending[index-s.pending[0].Index]

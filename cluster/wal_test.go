@@ -397,3 +397,33 @@ func TestWALOfflineReadsTail(t *testing.T) {
 	defer s.Close()
 	checkLogs(t, s, logs)
 }
+
+// TestWALGetLogLeavesRaftsCopyAlone: reading an entry still pending, then
+// (after a flush) the next one from raft.db into the same raft.Log, as a
+// Cursor does, must not write into the entry Raft handed to StoreLogs,
+// whose Data Raft's LogCache still serves to followers.
+func TestWALGetLogLeavesRaftsCopyAlone(t *testing.T) {
+	s := openTestWAL(t, t.TempDir())
+	defer s.Close()
+	logs := walLogs(1, 10, 1)
+	for _, l := range logs {
+		l.Type, l.Extensions, l.Data = raft.LogCommand, nil, []byte(fmt.Sprintf("entry %02d", l.Index))
+	}
+	storeIn(t, s, logs, 10)
+	var l raft.Log
+	if err := s.GetLog(3, &l); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.flush(); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.GetLog(4, &l); err != nil {
+		t.Fatal(err)
+	}
+	if string(l.Data) != "entry 04" {
+		t.Fatalf("entry 4 reads %q", l.Data)
+	}
+	if string(logs[2].Data) != "entry 03" {
+		t.Fatalf("Raft's copy of entry 3 now holds %q", logs[2].Data)
+	}
+}
