@@ -22,8 +22,9 @@ type logRanger interface {
 	// RangeLogs calls fn with the entries from..to in index order, stopping at
 	// the first error fn returns. With a command entry comes its Envelope
 	// decoded ahead (fsm.DecodeEntry of l.Data, for fsm.ApplyEntry), nil
-	// with any other. fn may keep none of l, e or l.Data (which may be the
-	// store's memory) once it returns. A missing index is
+	// with any other. fn may keep none of l, e, e's messages (which may be
+	// recycled for later entries) or l.Data (which may be the store's
+	// memory) once it returns. A missing index is
 	// raft.ErrLogNotFound. ahead, unless nil, is called with each run of
 	// entries before fn sees them (zero for entries that are not commands),
 	// to prefetch what applying them will read.
@@ -122,7 +123,7 @@ func (b *boltLogs) RangeLogs(from, to uint64, ahead func([]fsm.Entry), fn func(*
 	if to-from < rangeBatch {
 		// Too few to be worth a goroutine (an event stream's next few).
 		return b.db.View(func(tx *bbolt.Tx) error {
-			return b.readRange(tx, from, to, &logBatch{}, func(batch *logBatch) (*logBatch, error) {
+			return b.readRange(tx, from, to, &logBatch{dec: &fsm.Decoder{}}, func(batch *logBatch) (*logBatch, error) {
 				err := apply(batch)
 				batch.reset()
 				return batch, err
@@ -134,15 +135,16 @@ func (b *boltLogs) RangeLogs(from, to uint64, ahead func([]fsm.Entry), fn func(*
 	// lag by all of them but no more.
 	full := make(chan *logBatch, rangeBatches)
 	free := make(chan *logBatch, rangeBatches)
+	names := &fsm.Decoder{Slab: rangeBatch} // the batches' decoders share its names
 	for range rangeBatches - 1 {
-		free <- newLogBatch()
+		free <- newLogBatch(names)
 	}
 	stop := make(chan struct{})     // closed by the applier: read no more
 	consumed := make(chan struct{}) // closed by the applier: done with every entry
 	done := make(chan error, 1)
 	go func() {
 		done <- b.db.View(func(tx *bbolt.Tx) error {
-			err := b.readRange(tx, from, to, newLogBatch(), func(batch *logBatch) (*logBatch, error) {
+			err := b.readRange(tx, from, to, newLogBatch(names), func(batch *logBatch) (*logBatch, error) {
 				full <- batch // never blocks: at most rangeBatches exist
 				select {
 				case next := <-free:
@@ -193,14 +195,18 @@ const (
 )
 
 // logBatch is a run of entries read by readRange, each command with its
-// decoded Envelope.
+// decoded Envelope. Its Decoder decodes them, and recycles their messages
+// when the batch is reset, applied (see fsm.Decoder.Reset): a replay then
+// allocates no message for most entries.
 type logBatch struct {
 	logs    []raft.Log
 	entries []fsm.Entry
+	dec     *fsm.Decoder
 }
 
-func newLogBatch() *logBatch {
-	return &logBatch{logs: make([]raft.Log, 0, rangeBatch), entries: make([]fsm.Entry, 0, rangeBatch)}
+// newLogBatch returns an empty batch whose Decoder is a sibling of names'.
+func newLogBatch(names *fsm.Decoder) *logBatch {
+	return &logBatch{logs: make([]raft.Log, 0, rangeBatch), entries: make([]fsm.Entry, 0, rangeBatch), dec: names.Sibling()}
 }
 
 func (b *logBatch) entry(i int) *fsm.Entry {
@@ -210,10 +216,12 @@ func (b *logBatch) entry(i int) *fsm.Entry {
 	return &b.entries[i]
 }
 
+// reset empties the batch once its entries have been applied.
 func (b *logBatch) reset() {
 	clear(b.logs)
 	clear(b.entries)
 	b.logs, b.entries = b.logs[:0], b.entries[:0]
+	b.dec.Reset()
 }
 
 // readRange reads the entries from..to into batches of up to rangeBatch,
@@ -230,9 +238,6 @@ func (b *boltLogs) readRange(tx *bbolt.Tx, from, to uint64, batch *logBatch, emi
 	binary.BigEndian.PutUint64(key[:], from)
 	cur := bk.Cursor()
 	dec := codec.NewDecoderBytes(nil, msgpackHandle)
-	// One envelope decoder for the range: it allocates messages a batch at
-	// a time and interns the names that recur (fsm.Decoder).
-	envs := &fsm.Decoder{Slab: rangeBatch}
 	fail := func(err error) error {
 		if len(batch.logs) > 0 {
 			if _, eerr := emit(batch); eerr != nil {
@@ -262,7 +267,7 @@ func (b *boltLogs) readRange(tx *bbolt.Tx, from, to uint64, batch *logBatch, emi
 		}
 		var e fsm.Entry
 		if l.Type == raft.LogCommand {
-			e = envs.DecodeEntry(l.Data)
+			e = batch.dec.DecodeEntry(l.Data)
 		}
 		batch.entries = append(batch.entries, e)
 		if len(batch.logs) == rangeBatch || want == to {

@@ -41,25 +41,64 @@ type Decoder struct {
 	// Slab is how many messages of a kind are allocated at once; 0 is 1.
 	Slab int
 
-	envs       []pb.Envelope
-	stamps     []timestamppb.Timestamp
-	statuses   []pb.ReplicaStatus
-	wStatus    []pb.Envelope_ReplicaStatus
-	places     []pb.PlaceReplicas
-	wPlace     []pb.Envelope_PlaceReplicas
-	placements []pb.Placement
-	pendings   []pb.PendingReason
-	ptrs       []*pb.Placement
-	pendPtrs   []*pb.PendingReason
-	cards      []uint32
-	deletes    []pb.DeleteModel
-	wDelete    []pb.Envelope_DeleteModel
-	nodeStats  []pb.SetNodeStatus
-	wNodeStat  []pb.Envelope_SetNodeStatus
-	unplaces   []pb.UnplaceReplica
-	wUnplace   []pb.Envelope_UnplaceReplica
+	envs       slab[pb.Envelope]
+	stamps     slab[timestamppb.Timestamp]
+	statuses   slab[pb.ReplicaStatus]
+	wStatus    slab[pb.Envelope_ReplicaStatus]
+	places     slab[pb.PlaceReplicas]
+	wPlace     slab[pb.Envelope_PlaceReplicas]
+	placements slab[pb.Placement]
+	pendings   slab[pb.PendingReason]
+	ptrs       slab[*pb.Placement]
+	pendPtrs   slab[*pb.PendingReason]
+	cards      slab[uint32]
+	deletes    slab[pb.DeleteModel]
+	wDelete    slab[pb.Envelope_DeleteModel]
+	nodeStats  slab[pb.SetNodeStatus]
+	wNodeStat  slab[pb.Envelope_SetNodeStatus]
+	unplaces   slab[pb.UnplaceReplica]
+	wUnplace   slab[pb.Envelope_UnplaceReplica]
 	text       []byte
-	interned   *[internSlots]string
+	names      *names
+}
+
+// Sibling returns a new Decoder with d's Slab that shares d's interned
+// names: for decoders used in turn on one goroutine (neither is safe for
+// concurrent use, nor are siblings with each other).
+func (d *Decoder) Sibling() *Decoder {
+	if d.names == nil {
+		d.names = new(names)
+	}
+	return &Decoder{Slab: d.Slab, names: d.names}
+}
+
+// Reset recycles the messages of every Envelope d has decoded since the
+// last Reset: they are zeroed and handed out again, so none may be in use
+// any more. Only what d decodes by hand is recycled, never strings (the
+// state keeps some) nor messages left to protobuf. It is for a replay's
+// reader, which resets a batch's Decoder once ApplyEntry has applied the
+// batch: ApplyEntry keeps no message of the commands decoded by hand, only
+// copies of their strings and numbers (TestDecoderResetKeepsState checks
+// it; a handler that starts keeping one must copy it). Until Reset, a
+// Decoder keeps everything it decoded.
+func (d *Decoder) Reset() {
+	d.envs.reset()
+	d.stamps.reset()
+	d.statuses.reset()
+	d.wStatus.reset()
+	d.places.reset()
+	d.wPlace.reset()
+	d.placements.reset()
+	d.pendings.reset()
+	d.ptrs.reset()
+	d.pendPtrs.reset()
+	d.cards.reset()
+	d.deletes.reset()
+	d.wDelete.reset()
+	d.nodeStats.reset()
+	d.wNodeStat.reset()
+	d.unplaces.reset()
+	d.wUnplace.reset()
 }
 
 // DecodeEntry decodes a log entry's Envelope for ApplyEntry, as the
@@ -79,15 +118,46 @@ func (d *Decoder) DecodeEntry(data []byte) Entry {
 	return e
 }
 
-// take returns a pointer to a zero T from *slab, refilled with n at a time.
-func take[T any](slab *[]T, n int) *T {
-	if len(*slab) == 0 {
-		*slab = make([]T, max(n, 1))
-	}
-	p := &(*slab)[0]
-	*slab = (*slab)[1:]
-	return p
+// slab hands out zero Ts from chunks, and recycles them on reset.
+type slab[T any] struct {
+	chunks [][]T
+	next   int // chunks[:next] are in use
+	free   []T // what is left of chunks[next-1]
 }
+
+// take returns n contiguous zero Ts (capacity n: appending reallocates),
+// from a chunk of at least size.
+func (s *slab[T]) take(n, size int) []T {
+	if len(s.free) < n {
+		if s.next < len(s.chunks) && len(s.chunks[s.next]) >= n {
+			s.free = s.chunks[s.next]
+		} else {
+			s.free = make([]T, max(n, size, 1))
+			if s.next < len(s.chunks) {
+				s.chunks[s.next] = s.free
+			} else {
+				s.chunks = append(s.chunks, s.free)
+			}
+		}
+		s.next++
+	}
+	out := s.free[:n:n]
+	s.free = s.free[n:]
+	return out
+}
+
+func (s *slab[T]) one(size int) *T { return &s.take(1, size)[0] }
+
+func (s *slab[T]) reset() {
+	for _, c := range s.chunks[:s.next] {
+		clear(c)
+	}
+	s.next, s.free = 0, nil
+}
+
+// names is an intern cache of short strings, one per slot, the slot chosen
+// by hash.
+type names [internSlots]string
 
 const (
 	internSlots = 4096
@@ -109,10 +179,10 @@ func (d *Decoder) str(b []byte) (string, bool) {
 		}
 		return string(b), true
 	}
-	if d.interned == nil {
-		d.interned = new([internSlots]string)
+	if d.names == nil {
+		d.names = new(names)
 	}
-	slot := &d.interned[maphash.Bytes(internSeed, b)&(internSlots-1)]
+	slot := &d.names[maphash.Bytes(internSeed, b)&(internSlots-1)]
 	if *slot == string(b) {
 		return *slot, true
 	}
@@ -168,7 +238,7 @@ func field(data []byte) (num protowire.Number, typ protowire.Type, v uint64, b [
 
 // envelope decodes data, or returns nil for proto.Unmarshal to decode it.
 func (d *Decoder) envelope(data []byte) *pb.Envelope {
-	env := take(&d.envs, d.Slab)
+	env := d.envs.one(d.Slab)
 	var seen uint32 // bits of the fields read (1 << number)
 	for len(data) > 0 {
 		num, typ, _, b, rest, ok := field(data)
@@ -203,7 +273,7 @@ func (d *Decoder) envelope(data []byte) *pb.Envelope {
 }
 
 func (d *Decoder) timestamp(b []byte) *timestamppb.Timestamp {
-	t := take(&d.stamps, d.Slab)
+	t := d.stamps.one(d.Slab)
 	var seen uint32
 	for len(b) > 0 {
 		num, typ, v, _, rest, ok := field(b)
@@ -232,7 +302,7 @@ func (d *Decoder) command(env *pb.Envelope, num protowire.Number, b []byte) bool
 		if c == nil {
 			return false
 		}
-		w := take(&d.wStatus, d.Slab)
+		w := d.wStatus.one(d.Slab)
 		w.ReplicaStatus = c
 		env.Command = w
 	case 18:
@@ -240,11 +310,11 @@ func (d *Decoder) command(env *pb.Envelope, num protowire.Number, b []byte) bool
 		if c == nil {
 			return false
 		}
-		w := take(&d.wPlace, d.Slab)
+		w := d.wPlace.one(d.Slab)
 		w.PlaceReplicas = c
 		env.Command = w
 	case 17:
-		c := take(&d.deletes, d.Slab)
+		c := d.deletes.one(d.Slab)
 		for len(b) > 0 {
 			num, typ, _, s, rest, ok := field(b)
 			if !ok || num != 1 || typ != protowire.BytesType {
@@ -255,11 +325,11 @@ func (d *Decoder) command(env *pb.Envelope, num protowire.Number, b []byte) bool
 				return false
 			}
 		}
-		w := take(&d.wDelete, d.Slab)
+		w := d.wDelete.one(d.Slab)
 		w.DeleteModel = c
 		env.Command = w
 	case 12:
-		c := take(&d.nodeStats, d.Slab)
+		c := d.nodeStats.one(d.Slab)
 		for len(b) > 0 {
 			num, typ, v, s, rest, ok := field(b)
 			if !ok {
@@ -277,11 +347,11 @@ func (d *Decoder) command(env *pb.Envelope, num protowire.Number, b []byte) bool
 				return false
 			}
 		}
-		w := take(&d.wNodeStat, d.Slab)
+		w := d.wNodeStat.one(d.Slab)
 		w.SetNodeStatus = c
 		env.Command = w
 	case 19:
-		c := take(&d.unplaces, d.Slab)
+		c := d.unplaces.one(d.Slab)
 		for len(b) > 0 {
 			num, typ, v, s, rest, ok := field(b)
 			if !ok {
@@ -302,7 +372,7 @@ func (d *Decoder) command(env *pb.Envelope, num protowire.Number, b []byte) bool
 				return false
 			}
 		}
-		w := take(&d.wUnplace, d.Slab)
+		w := d.wUnplace.one(d.Slab)
 		w.UnplaceReplica = c
 		env.Command = w
 	default:
@@ -350,7 +420,7 @@ func otherCommand(env *pb.Envelope, num protowire.Number, b []byte) bool {
 }
 
 func (d *Decoder) replicaStatus(b []byte) *pb.ReplicaStatus {
-	c := take(&d.statuses, d.Slab)
+	c := d.statuses.one(d.Slab)
 	for len(b) > 0 {
 		num, typ, v, s, rest, ok := field(b)
 		if !ok {
@@ -385,7 +455,7 @@ func (d *Decoder) replicaStatus(b []byte) *pb.ReplicaStatus {
 }
 
 func (d *Decoder) placeReplicas(b []byte) *pb.PlaceReplicas {
-	c := take(&d.places, d.Slab)
+	c := d.places.one(d.Slab)
 	// Count the repeated fields first so their slices are cut to size.
 	var nPlace, nPend int
 	for r := b; len(r) > 0; {
@@ -440,25 +510,15 @@ func (d *Decoder) placeReplicas(b []byte) *pb.PlaceReplicas {
 // placementSlice returns an empty slice with room for n, cut from a shared
 // chunk (its capacity capped, so appending never reaches a neighbour's).
 func (d *Decoder) placementSlice(n int) []*pb.Placement {
-	if n > len(d.ptrs) {
-		d.ptrs = make([]*pb.Placement, max(n, d.Slab))
-	}
-	s := d.ptrs[:0:n]
-	d.ptrs = d.ptrs[n:]
-	return s
+	return d.ptrs.take(n, d.Slab)[:0]
 }
 
 func (d *Decoder) pendingSlice(n int) []*pb.PendingReason {
-	if n > len(d.pendPtrs) {
-		d.pendPtrs = make([]*pb.PendingReason, max(n, d.Slab))
-	}
-	s := d.pendPtrs[:0:n]
-	d.pendPtrs = d.pendPtrs[n:]
-	return s
+	return d.pendPtrs.take(n, d.Slab)[:0]
 }
 
 func (d *Decoder) placement(b []byte) *pb.Placement {
-	p := take(&d.placements, d.Slab)
+	p := d.placements.one(d.Slab)
 	for len(b) > 0 {
 		num, typ, v, s, rest, ok := field(b)
 		if !ok {
@@ -500,10 +560,7 @@ func (d *Decoder) packedUint32s(b []byte) ([]uint32, bool) {
 	if n == 0 {
 		return nil, len(b) == 0
 	}
-	if n > len(d.cards) {
-		d.cards = make([]uint32, max(n, 4*d.Slab))
-	}
-	out := d.cards[:0:n]
+	out := d.cards.take(n, 4*d.Slab)[:0]
 	for len(b) > 0 {
 		v, k := protowire.ConsumeVarint(b)
 		if k < 0 || len(out) == n {
@@ -515,12 +572,11 @@ func (d *Decoder) packedUint32s(b []byte) ([]uint32, bool) {
 	if len(out) != n {
 		return nil, false
 	}
-	d.cards = d.cards[n:]
 	return out, true
 }
 
 func (d *Decoder) pending(b []byte) *pb.PendingReason {
-	p := take(&d.pendings, d.Slab)
+	p := d.pendings.one(d.Slab)
 	for len(b) > 0 {
 		num, typ, v, s, rest, ok := field(b)
 		if !ok {

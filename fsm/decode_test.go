@@ -2,6 +2,7 @@ package fsm
 
 import (
 	"math/rand/v2"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -241,5 +242,110 @@ func TestDecoderReadsCommonCommands(t *testing.T) {
 	}
 	if handled < 10 {
 		t.Fatalf("only %d envelopes checked", handled)
+	}
+}
+
+// resetWorkload is a log that exercises every command the Decoder reads by
+// hand, each accepted: deployments placed on varying cards, reports with
+// reasons and endpoints, unplacements, node flaps and deletions.
+func resetWorkload(t *testing.T) [][]byte {
+	var envs []*pb.Envelope
+	id := 0
+	add := func(env *pb.Envelope) {
+		id++
+		env.RequestId = strings.Repeat("0", 24) + strings.Repeat("f", 8-len(strconvItoa(id))) + strconvItoa(id)
+		env.Actor = "system"
+		env.ProposedAt = &timestamppb.Timestamp{Seconds: int64(id)}
+		envs = append(envs, env)
+	}
+	for n := range 2 {
+		node := &pb.Node{Name: "n" + strconvItoa(n), Role: pb.NodeRole_NODE_ROLE_CLIENT, Status: pb.NodeStatus_NODE_STATUS_ALIVE}
+		for c := range 8 {
+			node.Cards = append(node.Cards, &pb.Card{Index: uint32(c), Uuid: "u" + strconvItoa(10*n+c), Device: "l4", MemoryMib: 23034, Healthy: true})
+		}
+		add(&pb.Envelope{Command: &pb.Envelope_RegisterNode{RegisterNode: &pb.RegisterNode{Node: node}}})
+	}
+	add(&pb.Envelope{Command: &pb.Envelope_CreateAccelerator{CreateAccelerator: &pb.CreateAccelerator{Name: "d", Spec: &pb.AcceleratorSpec{Device: "l4", DevicesPerReplica: 1}}}})
+	for k := range 12 {
+		name := "m" + strconvItoa(k)
+		node := "n" + strconvItoa(k%2)
+		slot := uint32(k % 4 * 2) // two cards per model, a slot of the node
+		if k >= 4 {
+			add(&pb.Envelope{Command: &pb.Envelope_DeleteModel{DeleteModel: &pb.DeleteModel{Name: "m" + strconvItoa(k-4)}}})
+		}
+		add(&pb.Envelope{Command: &pb.Envelope_ApplyModel{ApplyModel: &pb.ApplyModel{Name: name, Spec: &pb.ModelSpec{Model: "w", Replicas: 3,
+			Placement: &pb.PlacementSpec{Accelerator: "d"}}}}})
+		add(&pb.Envelope{Command: &pb.Envelope_PlaceReplicas{PlaceReplicas: &pb.PlaceReplicas{Policy: "binpack",
+			Placements: []*pb.Placement{
+				{Model: name, Replica: 0, Generation: 1, Node: node, Cards: []uint32{slot}, ShareMilli: 1000},
+				{Model: name, Replica: 1, Generation: 1, Node: node, Cards: []uint32{slot + 1}, ShareMilli: 1000},
+			},
+			Pending: []*pb.PendingReason{{Model: name, Replica: 2, Reason: "no room for " + name}}}}})
+		for r := range uint32(2) {
+			add(&pb.Envelope{Command: &pb.Envelope_ReplicaStatus{ReplicaStatus: &pb.ReplicaStatus{Model: name, Replica: r, Generation: 1, Node: node,
+				State: pb.ReplicaState_REPLICA_STATE_RUNNING, Reason: "up " + name, Restarts: r + 1, Endpoint: "http://" + node + ":" + strconvItoa(k)}}})
+		}
+		add(&pb.Envelope{Command: &pb.Envelope_UnplaceReplica{UnplaceReplica: &pb.UnplaceReplica{Model: name, Replica: 1, Reason: "moved " + name}}})
+		add(&pb.Envelope{Command: &pb.Envelope_PlaceReplicas{PlaceReplicas: &pb.PlaceReplicas{
+			Placements: []*pb.Placement{{Model: name, Replica: 1, Generation: 1, Node: node, Cards: []uint32{slot + 1}, ShareMilli: 1000}}}}})
+		if k%3 == 2 {
+			other := "n" + strconvItoa((k+1)%2)
+			add(&pb.Envelope{Command: &pb.Envelope_SetNodeStatus{SetNodeStatus: &pb.SetNodeStatus{Node: other, Status: pb.NodeStatus_NODE_STATUS_DOWN}}})
+			add(&pb.Envelope{Command: &pb.Envelope_SetNodeStatus{SetNodeStatus: &pb.SetNodeStatus{Node: other, Status: pb.NodeStatus_NODE_STATUS_ALIVE}}})
+		}
+	}
+	var out [][]byte
+	for _, env := range envs {
+		data, err := Marshal(env)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, data)
+	}
+	return out
+}
+
+func strconvItoa(i int) string { return strconv.Itoa(i) }
+
+// TestDecoderResetKeepsState checks that a replay whose Decoder recycles
+// each batch's messages (Reset) reaches the state, snapshot and hash that
+// decoding every entry afresh does: that is, that applying keeps none of the
+// messages the Decoder reads by hand.
+func TestDecoderResetKeepsState(t *testing.T) {
+	log := resetWorkload(t)
+	want := New()
+	for i, data := range log {
+		if res := want.ApplyBytes(uint64(i+1), data); res.Code != pb.Code_CODE_OK {
+			t.Fatalf("entry %d: %v", i+1, res)
+		}
+	}
+	for _, batch := range []int{1, 3, 7} {
+		got := New()
+		d := (&Decoder{Slab: 4}).Sibling()
+		for i := 0; i < len(log); i += batch {
+			entries := make([]Entry, 0, batch)
+			for _, data := range log[i:min(i+batch, len(log))] {
+				entries = append(entries, d.DecodeEntry(data))
+			}
+			for j, e := range entries {
+				got.ApplyEntry(uint64(i+j+1), e)
+			}
+			d.Reset()
+		}
+		// Decoding more overwrites whatever the state might still point at.
+		for _, data := range log {
+			d.DecodeEntry(data)
+		}
+		if got.Hash() != want.Hash() || !proto.Equal(got.State(), want.State()) {
+			t.Fatalf("batches of %d: state differs from decoding afresh", batch)
+		}
+		a, err := got.Snapshot()
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := want.Snapshot()
+		if string(a) != string(b) {
+			t.Fatalf("batches of %d: snapshot differs", batch)
+		}
 	}
 }

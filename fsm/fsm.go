@@ -226,6 +226,12 @@ func accept(outcome pb.Outcome, format string, args ...any) *pb.Result {
 	return &pb.Result{Code: pb.Code_CODE_OK, Outcome: outcome, Message: fmt.Sprintf(format, args...)}
 }
 
+// accepted is accept with a message built by the caller, for the commands
+// a busy log is full of: fmt is a large part of applying them.
+func accepted(outcome pb.Outcome, message string) *pb.Result {
+	return &pb.Result{Code: pb.Code_CODE_OK, Outcome: outcome, Message: message}
+}
+
 func reject(code pb.Code, format string, args ...any) *pb.Result {
 	return &pb.Result{Code: code, Message: fmt.Sprintf(format, args...)}
 }

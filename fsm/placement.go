@@ -17,7 +17,7 @@ func (f *FSM) placeReplicas(c *pb.PlaceReplicas, index uint64, dry bool) *pb.Res
 	// Work on a scratch card index, holding what the plan's placements take,
 	// so the plan is checked as a whole. Plans are small: the replicas
 	// placed and the nodes they go to are short lists, not maps.
-	scratch := map[cardKey]*cardUse{}
+	var scratch planCards
 	var placed []replicaKey
 	var planNodes []string
 	for _, p := range c.GetPlacements() {
@@ -32,7 +32,7 @@ func (f *FSM) placeReplicas(c *pb.PlaceReplicas, index uint64, dry bool) *pb.Res
 			return reject(pb.Code_CODE_CONFLICT, "placement %d (%s/%d): %v; plan rejected, nothing applied", i, p.GetModel(), p.GetReplica(), err)
 		}
 		placed = append(placed, keyOf(r))
-		occupyCards(scratch, keyOf(r), r.Accelerator, p.Node, p.Cards, p.ShareMilli, 0)
+		scratch.occupy(keyOf(r), r.Accelerator, p.Node, p.Cards, p.ShareMilli)
 		// Earlier placements of the plan count against the node's host too.
 		if res := f.models[r.Model].GetSpec().GetResources(); res != nil {
 			hostUse.add(p.Node, res.CpuMilli, res.MemoryMib)
@@ -58,7 +58,43 @@ func (f *FSM) placeReplicas(c *pb.PlaceReplicas, index uint64, dry bool) *pb.Res
 			updated++
 		}
 	}
-	return accept(pb.Outcome_OUTCOME_CONFIGURED, "placed %d replicas, %d pending reasons updated", len(c.GetPlacements()), updated)
+	// As accept(…, "placed %d replicas, %d pending reasons updated", …),
+	// without fmt: a plan is one entry in ten of a busy log.
+	return accepted(pb.Outcome_OUTCOME_CONFIGURED,
+		"placed "+strconv.Itoa(len(c.GetPlacements()))+" replicas, "+strconv.Itoa(updated)+" pending reasons updated")
+}
+
+// planCards is what a plan's placements take from each card, for the few
+// cards of one plan: a short list rather than a map.
+type planCards []planCard
+
+type planCard struct {
+	key cardKey
+	use cardUse
+}
+
+// get returns what the plan takes from card k, nil for nothing.
+func (s planCards) get(k cardKey) *cardUse {
+	for i := range s {
+		if s[i].key == k {
+			return &s[i].use
+		}
+	}
+	return nil
+}
+
+// occupy is occupyCards for the plan (no memory: checks use none).
+func (s *planCards) occupy(key replicaKey, accelerator, node string, cards []uint32, shareMilli uint32) {
+	for _, idx := range cards {
+		k := cardKey{node, idx}
+		u := s.get(k)
+		if u == nil {
+			*s = append(*s, planCard{key: k, use: cardUse{accelerator: accelerator}})
+			u = &(*s)[len(*s)-1].use
+		}
+		u.replicas = append(u.replicas, key)
+		u.shareMilli += shareMilli
+	}
 }
 
 // hostUse sums the host resources of placed replicas per node, for the
@@ -106,7 +142,7 @@ func (u planUse) of(node string) (cpuMilli uint32, memoryMiB uint64) {
 
 // checkPlacement checks one placement against rule 11 and the deployment's
 // constraints, with scratch holding what earlier placements of the plan take.
-func (f *FSM) checkPlacement(p *pb.Placement, scratch map[cardKey]*cardUse, placed []replicaKey, hostUse planUse) (*pb.Replica, error) {
+func (f *FSM) checkPlacement(p *pb.Placement, scratch planCards, placed []replicaKey, hostUse planUse) (*pb.Replica, error) {
 	m, ok := f.models[p.Model]
 	if !ok {
 		return nil, fmt.Errorf("deployment %q not found", p.Model)
@@ -134,9 +170,11 @@ func (f *FSM) checkPlacement(p *pb.Placement, scratch map[cardKey]*cardUse, plac
 	}
 	// In key order: the message is part of the result every server stores,
 	// so it must not depend on map iteration order when several labels miss.
-	for _, k := range slices.Sorted(maps.Keys(m.Spec.Placement.NodeSelector)) {
-		if want := m.Spec.Placement.NodeSelector[k]; n.Labels[k] != want {
-			return nil, fmt.Errorf("node %q lacks label %s=%s", p.Node, k, want)
+	if sel := m.Spec.Placement.NodeSelector; len(sel) > 0 {
+		for _, k := range slices.Sorted(maps.Keys(sel)) {
+			if want := sel[k]; n.Labels[k] != want {
+				return nil, fmt.Errorf("node %q lacks label %s=%s", p.Node, k, want)
+			}
 		}
 	}
 	if res := m.Spec.GetResources(); res != nil {
@@ -170,7 +208,7 @@ func (f *FSM) checkPlacement(p *pb.Placement, scratch map[cardKey]*cardUse, plac
 		if !card.Healthy {
 			return nil, fmt.Errorf("card %s/%d is unhealthy", n.Name, idx)
 		}
-		if err := fitsCard(acc, sh, f.cards[cardKey{n.Name, idx}], scratch[cardKey{n.Name, idx}]); err != nil && !skipCapacityCheck {
+		if err := fitsCard(acc, sh, f.cards[cardKey{n.Name, idx}], scratch.get(cardKey{n.Name, idx})); err != nil && !skipCapacityCheck {
 			return nil, fmt.Errorf("card %s/%d: %w", n.Name, idx, err)
 		}
 	}
