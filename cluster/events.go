@@ -114,7 +114,7 @@ func (c *Cursor) step(l *raft.Log, e *fsm.Entry, yield func(*pb.Event) error) er
 func (c *Cursor) skip(l *raft.Log, e *fsm.Entry) {
 	switch l.Type {
 	case raft.LogCommand:
-		c.state.ApplyEntry(l.Index, decoded(l, e))
+		c.state.ReplayEntry(l.Index, decoded(l, e))
 	case raft.LogConfiguration:
 		if conf, err := decodeConfiguration(l.Data); err == nil {
 			c.conf = conf

@@ -17,25 +17,28 @@ func (f *FSM) placeReplicas(c *pb.PlaceReplicas, index uint64, dry bool) *pb.Res
 	// Work on a scratch card index, holding what the plan's placements take,
 	// so the plan is checked as a whole. Plans are small: the replicas
 	// placed and the nodes they go to are short lists, not maps.
-	var scratch planCards
-	var placed []replicaKey
-	var planNodes []string
+	// On the stack, for plans of up to 16 cards, replicas and 4 nodes.
+	var cardsBuf [16]planCard
+	var placedBuf [16]replicaKey
+	var nodesBuf [4]string
+	scratch, placed, planNodes := planCards(cardsBuf[:0]), placedBuf[:0], nodesBuf[:0]
 	for _, p := range c.GetPlacements() {
 		if !slices.Contains(planNodes, p.GetNode()) {
 			planNodes = append(planNodes, p.GetNode())
 		}
 	}
-	hostUse := f.hostUse(planNodes)
+	var useBuf [4]nodeUse
+	hostUse := f.hostUse(useBuf[:0], planNodes)
 	for i, p := range c.GetPlacements() {
 		r, err := f.checkPlacement(p, scratch, placed, hostUse)
 		if err != nil {
 			return reject(pb.Code_CODE_CONFLICT, "placement %d (%s/%d): %v; plan rejected, nothing applied", i, p.GetModel(), p.GetReplica(), err)
 		}
 		placed = append(placed, keyOf(r))
-		scratch.occupy(keyOf(r), r.Accelerator, p.Node, p.Cards, p.ShareMilli)
+		scratch = scratch.occupy(r.Accelerator, p.Node, p.Cards, p.ShareMilli)
 		// Earlier placements of the plan count against the node's host too.
 		if res := f.models[r.Model].GetSpec().GetResources(); res != nil {
-			hostUse.add(p.Node, res.CpuMilli, res.MemoryMib)
+			hostUse = hostUse.add(p.Node, res.CpuMilli, res.MemoryMib)
 		}
 	}
 	if dry {
@@ -60,7 +63,7 @@ func (f *FSM) placeReplicas(c *pb.PlaceReplicas, index uint64, dry bool) *pb.Res
 	}
 	// As accept(…, "placed %d replicas, %d pending reasons updated", …),
 	// without fmt: a plan is one entry in ten of a busy log.
-	return accepted(pb.Outcome_OUTCOME_CONFIGURED,
+	return f.accepted(pb.Outcome_OUTCOME_CONFIGURED,
 		"placed "+strconv.Itoa(len(c.GetPlacements()))+" replicas, "+strconv.Itoa(updated)+" pending reasons updated")
 }
 
@@ -68,43 +71,48 @@ func (f *FSM) placeReplicas(c *pb.PlaceReplicas, index uint64, dry bool) *pb.Res
 // cards of one plan: a short list rather than a map.
 type planCards []planCard
 
+// planCard is a cardUse for checks: the replicas counted, not listed.
 type planCard struct {
-	key cardKey
-	use cardUse
+	key         cardKey
+	accelerator string
+	replicas    int
+	shareMilli  uint32
 }
 
-// get returns what the plan takes from card k, nil for nothing.
-func (s planCards) get(k cardKey) *cardUse {
-	for i := range s {
-		if s[i].key == k {
-			return &s[i].use
+// get returns what the plan takes from card k (replicas 0: nothing).
+func (s planCards) get(k cardKey) planCard {
+	for _, c := range s {
+		if c.key == k {
+			return c
 		}
 	}
-	return nil
+	return planCard{}
 }
 
-// occupy is occupyCards for the plan (no memory: checks use none).
-func (s *planCards) occupy(key replicaKey, accelerator, node string, cards []uint32, shareMilli uint32) {
+// occupy is occupyCards for the plan (no memory: checks use none). Values,
+// not pointers, so that a plan's list can stay on the stack.
+func (s planCards) occupy(accelerator, node string, cards []uint32, shareMilli uint32) planCards {
 	for _, idx := range cards {
 		k := cardKey{node, idx}
-		u := s.get(k)
-		if u == nil {
-			*s = append(*s, planCard{key: k, use: cardUse{accelerator: accelerator}})
-			u = &(*s)[len(*s)-1].use
+		i := slices.IndexFunc(s, func(c planCard) bool { return c.key == k })
+		if i < 0 {
+			s = append(s, planCard{key: k, accelerator: accelerator})
+			i = len(s) - 1
 		}
-		u.replicas = append(u.replicas, key)
-		u.shareMilli += shareMilli
+		s[i].replicas++
+		s[i].shareMilli += shareMilli
 	}
+	return s
 }
 
 // hostUse sums the host resources of placed replicas per node, for the
 // given nodes only, from the replicas-by-node index.
-func (f *FSM) hostUse(nodes []string) planUse {
-	var use planUse
+// The sums are appended to use.
+func (f *FSM) hostUse(use planUse, nodes []string) planUse {
 	for _, node := range nodes {
 		for _, r := range f.onNode[node] {
 			res := f.models[r.Model].GetSpec().GetResources()
-			use.add(r.Node, res.GetCpuMilli(), res.GetMemoryMib())
+			use = use.add(r.Node, res.GetCpuMilli(), res.GetMemoryMib())
 		}
 	}
 	return use
@@ -120,15 +128,15 @@ type nodeUse struct {
 	memoryMiB uint64
 }
 
-func (u *planUse) add(node string, cpuMilli uint32, memoryMiB uint64) {
-	for i := range *u {
-		if n := &(*u)[i]; n.node == node {
+func (u planUse) add(node string, cpuMilli uint32, memoryMiB uint64) planUse {
+	for i := range u {
+		if n := &u[i]; n.node == node {
 			n.cpuMilli += cpuMilli
 			n.memoryMiB += memoryMiB
-			return
+			return u
 		}
 	}
-	*u = append(*u, nodeUse{node, cpuMilli, memoryMiB})
+	return append(u, nodeUse{node, cpuMilli, memoryMiB})
 }
 
 func (u planUse) of(node string) (cpuMilli uint32, memoryMiB uint64) {
@@ -217,18 +225,24 @@ func (f *FSM) checkPlacement(p *pb.Placement, scratch planCards, placed []replic
 
 // fitsCard is rule 11 for one card: one accelerator per card, a dedicated
 // card holds one replica, at most maxModels replicas, shares sum to ≤ 100 %.
-func fitsCard(acc *pb.StoredAccelerator, sh share, uses ...*cardUse) error {
+// live is what placed replicas take from the card (nil for nothing), plan
+// what the plan's earlier placements do (no replicas for nothing).
+func fitsCard(acc *pb.StoredAccelerator, sh share, live *cardUse, plan planCard) error {
 	var replicas int
 	var milli uint32
-	for _, u := range uses {
-		if u == nil {
-			continue
+	if live != nil {
+		if live.accelerator != acc.Name {
+			return fmt.Errorf("bound to accelerator %q", live.accelerator)
 		}
-		if u.accelerator != acc.Name {
-			return fmt.Errorf("bound to accelerator %q", u.accelerator)
+		replicas += len(live.replicas)
+		milli += live.shareMilli
+	}
+	if plan.replicas > 0 {
+		if plan.accelerator != acc.Name {
+			return fmt.Errorf("bound to accelerator %q", plan.accelerator)
 		}
-		replicas += len(u.replicas)
-		milli += u.shareMilli
+		replicas += plan.replicas
+		milli += plan.shareMilli
 	}
 	switch {
 	case acc.Spec.Tenancy != pb.Tenancy_TENANCY_SHARED && replicas > 0:
@@ -276,8 +290,8 @@ func (f *FSM) replicaStatus(c *pb.ReplicaStatus, dry bool) *pb.Result {
 	}
 	// Most log entries are status reports: their message is built without
 	// fmt (the same text as "replica %s/%d is %s").
-	return &pb.Result{Code: pb.Code_CODE_OK, Outcome: pb.Outcome_OUTCOME_CONFIGURED,
-		Message: "replica " + c.GetModel() + "/" + strconv.FormatUint(uint64(c.GetReplica()), 10) + " is " + ReplicaStateName(c.GetState())}
+	return f.accepted(pb.Outcome_OUTCOME_CONFIGURED,
+		"replica "+c.GetModel()+"/"+strconv.FormatUint(uint64(c.GetReplica()), 10)+" is "+ReplicaStateName(c.GetState()))
 }
 
 // ReplicaStateName is the name users see for a replica state.

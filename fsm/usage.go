@@ -43,22 +43,29 @@ func (f *FSM) occupy(r *pb.Replica) {
 		}
 		on[keyOf(r)] = r
 	}
-	occupyCards(f.cards, keyOf(r), r.Accelerator, r.Node, r.Cards, r.ShareMilli, r.MemoryMib)
+	for _, idx := range r.Cards {
+		k := cardKey{r.Node, idx}
+		u := f.cards[k]
+		if u == nil {
+			u = f.newCardUse(r.Accelerator)
+			f.cards[k] = u
+		}
+		u.replicas = append(u.replicas, keyOf(r))
+		u.shareMilli += r.ShareMilli
+		u.memoryMiB += r.MemoryMib
+	}
 }
 
-// occupyCards records replica key's share on each of its cards in use.
-func occupyCards(use map[cardKey]*cardUse, key replicaKey, accelerator, node string, cards []uint32, shareMilli uint32, memoryMiB uint64) {
-	for _, idx := range cards {
-		k := cardKey{node, idx}
-		u := use[k]
-		if u == nil {
-			u = &cardUse{accelerator: accelerator}
-			use[k] = u
-		}
-		u.replicas = append(u.replicas, key)
-		u.shareMilli += shareMilli
-		u.memoryMiB += memoryMiB
+// newCardUse returns an empty cardUse bound to accelerator, one release
+// set aside if there is one: cards are bound and unbound all the time.
+func (f *FSM) newCardUse(accelerator string) *cardUse {
+	if n := len(f.spareCards); n > 0 {
+		u := f.spareCards[n-1]
+		f.spareCards = f.spareCards[:n-1]
+		u.accelerator = accelerator
+		return u
 	}
+	return &cardUse{accelerator: accelerator}
 }
 
 // release undoes occupy; a card left empty is unbound.
@@ -85,6 +92,8 @@ func (f *FSM) release(r *pb.Replica) {
 		u.memoryMiB -= min(u.memoryMiB, r.MemoryMib)
 		if len(u.replicas) == 0 {
 			delete(f.cards, k)
+			*u = cardUse{replicas: u.replicas[:0]}
+			f.spareCards = append(f.spareCards, u)
 		}
 	}
 }
