@@ -230,17 +230,26 @@ func withReplicas(spec *pb.ModelSpec, n uint32) *pb.ModelSpec {
 // scale adds pending replicas up to the desired count, or removes the
 // highest ordinals above it, releasing their shares.
 func (f *FSM) scale(m *pb.ModelDeployment, have uint32) {
-	for i := have; i < m.Spec.Replicas; i++ {
-		f.replicas[replicaKey{m.Name, i}] = &pb.Replica{
-			Model: m.Name, Index: i, Generation: m.Generation,
-			Accelerator:    m.Spec.Placement.Accelerator,
-			ComputePercent: m.Spec.Engine.ComputePercent,
-			State:          pb.ReplicaState_REPLICA_STATE_PENDING,
-			Reason:         "waiting for the scheduler",
+	if m.Spec.Replicas > have {
+		// One allocation for the new replicas rather than one each.
+		rs := make([]pb.Replica, m.Spec.Replicas-have)
+		for j := range rs {
+			r := &rs[j]
+			r.Model, r.Index, r.Generation = m.Name, have+uint32(j), m.Generation
+			r.Accelerator = m.Spec.Placement.Accelerator
+			r.ComputePercent = m.Spec.Engine.ComputePercent
+			r.State = pb.ReplicaState_REPLICA_STATE_PENDING
+			r.Reason = "waiting for the scheduler"
+			f.replicas[replicaKey{m.Name, r.Index}] = r
 		}
 	}
-	for i := m.Spec.Replicas; i < have; i++ {
-		k := replicaKey{m.Name, i}
+	f.dropReplicas(m.Name, m.Spec.Replicas, have)
+}
+
+// dropReplicas removes model's replicas from..to-1, releasing their shares.
+func (f *FSM) dropReplicas(model string, from, to uint32) {
+	for i := from; i < to; i++ {
+		k := replicaKey{model, i}
 		if r := f.replicas[k]; r != nil && r.Node != "" {
 			f.release(r)
 		}
@@ -254,7 +263,7 @@ func (f *FSM) deleteModel(c *pb.DeleteModel, dry bool) *pb.Result {
 		return reject(pb.Code_CODE_NOT_FOUND, "deployment %q not found", c.GetName())
 	}
 	if !dry {
-		f.scale(&pb.ModelDeployment{Name: m.Name, Spec: &pb.ModelSpec{}}, m.Spec.Replicas)
+		f.dropReplicas(m.Name, 0, m.Spec.Replicas)
 		delete(f.models, m.Name)
 	}
 	return f.accepted(pb.Outcome_OUTCOME_DELETED, "deployment "+strconv.Quote(c.GetName())+" deleted") // "deployment %q deleted"
