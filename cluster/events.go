@@ -51,6 +51,38 @@ func (c *Cursor) View(fn func(*fsm.FSM)) { fn(c.state) }
 // from the log (compacted, which gpuplane never does, or not yet written) are
 // an error naming the index.
 func (c *Cursor) Advance(upTo uint64, yield func(*pb.Event) error) error {
+	return c.advance(upTo, func(l *raft.Log, e *fsm.Entry) error { return c.step(l, e, yield) })
+}
+
+// AdvanceHeads is Advance for a caller that needs no events, only each
+// entry's hash head (audit verify): fn gets every entry Advance would make
+// an event of (commands and membership changes) with its index, whether it
+// is a command, and the hash head after it; describe, valid only until fn
+// returns, gives a command's event summary, for a report. No event is
+// built: no second decode of the envelope, no description, per entry.
+func (c *Cursor) AdvanceHeads(upTo uint64, fn func(index uint64, command bool, hash string, describe func() string) error) error {
+	return c.advance(upTo, func(l *raft.Log, e *fsm.Entry) error {
+		if l.Index != c.next {
+			return fmt.Errorf("log entry %d is stored under index %d: the log is corrupt", l.Index, c.next)
+		}
+		defer func() { c.next++ }()
+		c.skip(l, e)
+		if c.next < c.from || (l.Type != raft.LogCommand && l.Type != raft.LogConfiguration) {
+			return nil
+		}
+		describe := func() string {
+			if l.Type == raft.LogCommand {
+				return commandEvent(l, nil, "").Summary
+			}
+			return "membership change"
+		}
+		return fn(l.Index, l.Type == raft.LogCommand, c.state.Hash(), describe)
+	})
+}
+
+// advance reads the entries up to upTo (see Advance), calling step with
+// each.
+func (c *Cursor) advance(upTo uint64, step func(l *raft.Log, e *fsm.Entry) error) error {
 	if c.next == 1 && upTo >= 1 {
 		first, err := c.log.FirstIndex()
 		if err != nil {
@@ -68,7 +100,7 @@ func (c *Cursor) Advance(upTo uint64, yield func(*pb.Event) error) error {
 		}
 	}
 	if r, ok := c.log.(logRanger); ok && c.next <= upTo {
-		err := r.RangeLogs(c.next, upTo, c.state.Prefetch, func(l *raft.Log, e *fsm.Entry) error { return c.step(l, e, yield) })
+		err := r.RangeLogs(c.next, upTo, c.state.Prefetch, step)
 		if errors.Is(err, raft.ErrLogNotFound) {
 			return fmt.Errorf("log entry %d is missing", c.next)
 		}
@@ -82,7 +114,7 @@ func (c *Cursor) Advance(upTo uint64, yield func(*pb.Event) error) error {
 			}
 			return fmt.Errorf("read log entry %d: %w", c.next, err)
 		}
-		if err := c.step(&l, nil, yield); err != nil {
+		if err := step(&l, nil); err != nil {
 			return err
 		}
 	}

@@ -4,11 +4,15 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 
+	"github.com/hashicorp/raft"
+	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
 	"go.etcd.io/bbolt"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/gpuplane/gpuplane/fsm"
 	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
 )
 
@@ -145,5 +149,105 @@ func TestRangeLogsMissingEntry(t *testing.T) {
 		if want := fmt.Sprintf("log entry %d is missing", hole); err == nil || err.Error() != want || cur.Next() != hole {
 			t.Fatalf("%T: Advance: %v, next %d; want %q at %d", h.log, err, cur.Next(), want, hole)
 		}
+	}
+}
+
+// TestAdvanceHeadsMatchesEvents checks AdvanceHeads, which audit verify
+// runs, against the events Advance yields: the same entries, kinds, hash
+// heads and summaries, ranged and entry by entry.
+func TestAdvanceHeadsMatchesEvents(t *testing.T) {
+	_, off := rangeLog(t, 2*rangeBatch+5)
+	last, err := off.LastIndex()
+	if err != nil {
+		t.Fatal(err)
+	}
+	type head struct {
+		index   uint64
+		command bool
+		hash    string
+		summary string
+	}
+	for _, h := range []*History{off.History, {log: entryReader{off.store}}} {
+		for _, from := range []uint64{1, rangeBatch + 3} {
+			var got, want []head
+			err := h.Cursor(from, nil).AdvanceHeads(last, func(index uint64, command bool, hash string, describe func() string) error {
+				got = append(got, head{index, command, hash, describe()})
+				return nil
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			err = h.Cursor(from, nil).Advance(last, func(ev *pb.Event) error {
+				want = append(want, head{ev.Index, ev.Type == pb.EventType_EVENT_TYPE_COMMAND, ev.Hash, ev.Summary})
+				return nil
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(got) != len(want) {
+				t.Fatalf("from %d: %d heads, %d events", from, len(got), len(want))
+			}
+			for i := range got {
+				if got[i] != want[i] && (want[i].command || got[i].index != want[i].index || got[i].hash != want[i].hash) {
+					t.Fatalf("from %d: head %+v, event %+v", from, got[i], want[i])
+				}
+			}
+		}
+	}
+}
+
+// TestVerifyNamesAlteredEntry checks that audit verify, with the per-entry
+// hash records, names the first entry altered after it was applied and
+// describes it.
+func TestVerifyNamesAlteredEntry(t *testing.T) {
+	c, o := startDev(t)
+	for _, name := range []string{"a", "b", "c"} {
+		mustApply(t, c, createAccelerator(name))
+	}
+	if err := c.Shutdown(); err != nil {
+		t.Fatal(err)
+	}
+	store, err := raftboltdb.New(raftboltdb.Options{Path: RaftDBPath(o.dir)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var altered uint64
+	for i := uint64(1); altered == 0; i++ {
+		var l raft.Log
+		if err := store.GetLog(i, &l); err != nil {
+			t.Fatal(err)
+		}
+		if l.Type == raft.LogCommand && strings.Contains(string(l.Data), "\n\x01b") {
+			if l.Data, err = fsm.Marshal(createAccelerator("x")); err != nil {
+				t.Fatal(err)
+			}
+			if err := store.StoreLog(&l); err != nil {
+				t.Fatal(err)
+			}
+			altered = i
+		}
+	}
+	store.Close()
+	off, err := OpenOffline(o.dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer off.Close()
+	last, err := off.LastIndex()
+	if err != nil {
+		t.Fatal(err)
+	}
+	v, err := off.Verify(last, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	events := 0
+	if err := off.Cursor(1, nil).Advance(last, func(*pb.Event) error { events++; return nil }); err != nil {
+		t.Fatal(err)
+	}
+	problems := strings.Join(v.Problems, "\n")
+	if v.Ok || v.FirstDivergence != altered || v.Entries != uint64(events) ||
+		!strings.Contains(problems, fmt.Sprintf("entry %d (CreateAccelerator x", altered)) || !strings.Contains(problems, "altered after it was applied") {
+		t.Fatalf("altered entry %d: ok=%v first divergence %d, %d entries of %d events, problems %q", altered, v.Ok, v.FirstDivergence, v.Entries, events, v.Problems)
 	}
 }

@@ -29,6 +29,8 @@ type FSM struct {
 	// allocated (accepted).
 	discard bool
 	spare   *pb.Result
+	// chainBuf is chain's scratch buffer.
+	chainBuf []byte
 	// spareCards are cardUse records of cards since unbound, for occupy
 	// to reuse (with their lists' room): never read as state.
 	spareCards []*cardUse
@@ -169,12 +171,15 @@ func Marshal(env *pb.Envelope) ([]byte, error) {
 // decision changes every later head.
 func (f *FSM) chain(index uint64, data []byte, res *pb.Result) {
 	// sha256(previous head ‖ uvarint(index) ‖ uvarint(code) ‖ data), in one
-	// call from a stack buffer when the entry fits (most do), else streamed.
-	var buf [1024]byte
-	b := append(buf[:0], f.head[:]...)
+	// call from a buffer of f's (not zeroed per entry, as a stack array
+	// would be) when the entry fits (most do), else streamed.
+	if f.chainBuf == nil {
+		f.chainBuf = make([]byte, 0, 1024)
+	}
+	b := append(f.chainBuf[:0], f.head[:]...)
 	b = binary.AppendUvarint(b, index)
 	b = binary.AppendUvarint(b, uint64(res.GetCode()))
-	if len(b)+len(data) <= len(buf) {
+	if len(b)+len(data) <= cap(b) {
 		f.head = sha256.Sum256(append(b, data...))
 	} else {
 		h := sha256.New()
