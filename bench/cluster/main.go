@@ -46,6 +46,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"connectrpc.com/connect"
@@ -68,6 +69,13 @@ func main() {
 	flag.StringVar(&cpuProfile, "cpuprofile", "", "write a CPU profile of this process during the throughput runs (the servers too with -inproc; etcd's clients are in it as well)")
 	flag.BoolVar(&inproc, "inproc", false, "run the three gpuplane servers inside this process (the old mode) instead of as three processes")
 	flag.StringVar(&bin, "bin", "", "gpuplane binary for the server processes (default: go build ./cmd/gpuplane into a temp dir)")
+	flag.Func("server-env", "NAME=VALUE added to the gpuplane server processes' environment (not etcd's), e.g. GOGC=200; repeatable", func(v string) error {
+		if !strings.Contains(v, "=") {
+			return fmt.Errorf("want NAME=VALUE, got %q", v)
+		}
+		serverEnv = append(serverEnv, v)
+		return nil
+	})
 	procs := flag.Int("procs", 0, "GOMAXPROCS of this process (default: NumCPU, or 3×NumCPU with -inproc)")
 	flag.Parse()
 	// With -inproc the three gpuplane servers share this process, while etcd
@@ -105,6 +113,7 @@ var (
 	idle       time.Duration
 	inproc     bool
 	bin        string
+	serverEnv  []string // -server-env
 )
 
 func run(trials, gossipN int, clients []int, d time.Duration, etcdBin string) error {
@@ -325,9 +334,10 @@ func (s *server) start() error {
 	}
 	cmd := exec.Command(s.bin, args...)
 	cmd.Stdout, cmd.Stderr = f, f
+	cmd.Env = append(os.Environ(), serverEnv...)
 	if p := os.Getenv("GPUPLANE_BENCH_CPUPROFILE_DIR"); p != "" {
-		// Left to the agent if it ever honours it; harmless otherwise.
-		cmd.Env = append(os.Environ(), "GPUPLANE_CPUPROFILE="+filepath.Join(p, c.NodeName+".pprof"))
+		// The gpuplane binary writes a CPU profile there (cmd/gpuplane).
+		cmd.Env = append(cmd.Env, "GPUPLANE_CPUPROFILE="+filepath.Join(p, c.NodeName+".pprof"))
 	}
 	if err := cmd.Start(); err != nil {
 		f.Close()
@@ -347,6 +357,14 @@ func (s *server) stop() {
 		s.a = nil
 	}
 	if s.cmd != nil {
+		if os.Getenv("GPUPLANE_BENCH_CPUPROFILE_DIR") != "" {
+			// A profiling agent writes its profile when it stops cleanly.
+			s.cmd.Process.Signal(syscall.SIGTERM)
+			select {
+			case <-s.done:
+			case <-time.After(10 * time.Second):
+			}
+		}
 		s.cmd.Process.Kill()
 		<-s.done
 		s.cmd = nil
