@@ -303,6 +303,78 @@ func (t *requestTable) putAt(p requestProbe, a appliedRequest) {
 	t.pack(t.entry(p.entry), a, 0)
 }
 
+// load adds id's record to a table being loaded in bulk (a snapshot's
+// restore), as put would, except that a hex id is not indexed yet: index,
+// called once all are loaded, builds the index at its final size instead of
+// growing it (rehashing every id loaded so far) as they come. Until then the
+// table may only be loaded.
+func (t *requestTable) load(id string, a appliedRequest) {
+	k, ok := hexID(id)
+	if !ok {
+		t.put(id, a)
+		return
+	}
+	e := t.add()
+	p := t.entry(e)
+	p.id = k
+	t.pack(p, a, 0)
+	t.hexIDs++
+}
+
+// index builds the index of the hex ids loaded by load. Snapshots hold each
+// id once; should an id have been loaded twice, the table is rebuilt with
+// put, in load order, so that the later record replaces the earlier as put
+// makes it.
+func (t *requestTable) index() {
+	if t.hexIDs == 0 {
+		return
+	}
+	slots := make([]uint64, slotsFor(t.hexIDs))
+	mask := len(slots) - 1
+	for e := range uint32(t.count) {
+		p := t.entry(e)
+		if p.detail&otherID != 0 {
+			continue
+		}
+		h := hashID(&p.id)
+		tag := h >> 32 << 32
+		i := int(h) & mask
+		for ; slots[i] != 0; i = (i + 1) & mask {
+			if slots[i]&^0xffffffff == tag && t.entry(uint32(slots[i])-1).id == p.id {
+				t.reload()
+				return
+			}
+		}
+		slots[i] = tag | uint64(e+1)
+	}
+	t.slots = slots
+}
+
+// reload rebuilds a loaded table with put, in load order (see index).
+func (t *requestTable) reload() {
+	others := make(map[uint32]string, len(t.other))
+	for id, e := range t.other {
+		others[e] = id
+	}
+	old := *t
+	*t = *newRequestTable()
+	const digits = "0123456789abcdef"
+	for e := range uint32(old.count) {
+		p := old.entry(e)
+		id, ok := others[e]
+		if p.detail&otherID == 0 {
+			var b [32]byte
+			for j, c := range p.id {
+				b[2*j], b[2*j+1] = digits[c>>4], digits[c&0x0f]
+			}
+			id, ok = string(b[:]), true
+		}
+		if ok {
+			t.put(id, old.unpack(p))
+		}
+	}
+}
+
 // add appends a zero entry and returns its number.
 func (t *requestTable) add() uint32 {
 	if t.count >= 1<<32-2 {

@@ -135,6 +135,16 @@ func TestRequestDedupAndSnapshot(t *testing.T) {
 		if !proto.Equal(g.State(), st) {
 			t.Fatal("restored state differs")
 		}
+		// The restored table answers lookups (its index is built at the end
+		// of a restore).
+		for _, id := range append(ids, "bad-request") {
+			if _, ok := g.requests.get(id); !ok {
+				t.Fatalf("restored table lacks %q", id)
+			}
+		}
+		if _, ok := g.requests.get("0123456789abcdef0123456789abcdee"); ok {
+			t.Fatal("restored table has an id never applied")
+		}
 		// A snapshot listing an id twice: the later record wins.
 		dup := proto.Clone(st).(*pb.State)
 		later := proto.Clone(dup.AppliedRequests[0]).(*pb.AppliedRequest)
@@ -155,6 +165,9 @@ func TestRequestDedupAndSnapshot(t *testing.T) {
 		slices.SortFunc(want.AppliedRequests, func(a, b *pb.AppliedRequest) int { return cmpString(a.RequestId, b.RequestId) })
 		if !proto.Equal(g.State(), want) {
 			t.Fatalf("restored %v\nwant %v", g.State().AppliedRequests, want.AppliedRequests)
+		}
+		if r, ok := g.requests.get(later.RequestId); !ok || r.message != "later" || g.requests.Len() != len(ids)+1 {
+			t.Fatalf("after a duplicate: %q %v, %d ids", r.message, ok, g.requests.Len())
 		}
 	}
 }

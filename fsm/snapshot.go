@@ -113,7 +113,7 @@ var errTruncated = errors.New("truncated or malformed protobuf")
 // them (later duplicates of an id win, strings must be UTF-8, unknown fields
 // are skipped).
 func splitRequests(data []byte) ([]byte, *requestTable, error) {
-	count := 0
+	// A first pass checks the framing, which the second trusts.
 	for b := data; len(b) > 0; {
 		num, typ, n := protowire.ConsumeTag(b)
 		if n < 0 {
@@ -123,13 +123,9 @@ func splitRequests(data []byte) ([]byte, *requestTable, error) {
 		if m < 0 {
 			return nil, nil, errTruncated
 		}
-		if num == stateAppliedRequests && typ == protowire.BytesType {
-			count++
-		}
 		b = b[n+m:]
 	}
 	requests := newRequestTable()
-	requests.expect(count)
 	rest := make([]byte, 0, min(len(data), 1<<16))
 	for b := data; len(b) > 0; {
 		num, typ, n := protowire.ConsumeTag(b)
@@ -144,9 +140,10 @@ func splitRequests(data []byte) ([]byte, *requestTable, error) {
 		if err != nil {
 			return nil, nil, fmt.Errorf("applied request: %w", err)
 		}
-		requests.put(id, a)
+		requests.load(id, a)
 		b = b[n+m:]
 	}
+	requests.index()
 	return rest, requests, nil
 }
 
@@ -218,7 +215,7 @@ func (f *FSM) RestoreFrom(r io.Reader) error {
 				if err != nil {
 					return fmt.Errorf("restore snapshot: applied request: %w", err)
 				}
-				requests.put(id, a) // copies what aliases buf
+				requests.load(id, a) // copies what aliases buf
 				continue
 			}
 			rest = protowire.AppendTag(rest, num, typ)
@@ -231,6 +228,7 @@ func (f *FSM) RestoreFrom(r io.Reader) error {
 			return fmt.Errorf("restore snapshot: unexpected wire type %d", typ)
 		}
 	}
+	requests.index()
 	return f.restore(rest, requests)
 }
 
