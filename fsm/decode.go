@@ -19,7 +19,9 @@ import (
 // ready (and allocates as proto.Unmarshal does: DecodeEntry uses one).
 //
 // What it decodes is exactly what proto.Unmarshal decodes (proto.Equal, the
-// same error text; TestDecoderMatchesProto and FuzzDecoder check it). The
+// same error text; TestDecoderMatchesProto and FuzzDecoder check it); an
+// ApplyModel's spec is then normalized in place for applying
+// (prepareDecodedModel). The
 // envelope and the commands most entries hold (replica reports, plans, model
 // deletions, node status, unplacements) are read field by field here; any
 // other command's message is left to proto.Unmarshal. Anything this code
@@ -104,18 +106,28 @@ func (d *Decoder) Reset() {
 // DecodeEntry decodes a log entry's Envelope for ApplyEntry, as the
 // package-level DecodeEntry does.
 func (d *Decoder) DecodeEntry(data []byte) Entry {
-	env := d.envelope(data)
-	if env == nil {
-		env = &pb.Envelope{}
-		if err := proto.Unmarshal(data, env); err != nil {
-			return Entry{data: data, err: err}
-		}
+	env, err := d.decode(data)
+	if err != nil {
+		return Entry{data: data, err: err}
 	}
 	e := Entry{data: data, env: env, request: requestKeyOf(env.GetRequestId())}
 	if c := env.GetApplyModel(); c != nil {
-		e.model = prepareModel(c)
+		// The entry's ApplyModel is its own: its spec is normalized in place.
+		e.model = prepareDecodedModel(c)
 	}
 	return e
+}
+
+// decode decodes data's Envelope exactly as proto.Unmarshal does.
+func (d *Decoder) decode(data []byte) (*pb.Envelope, error) {
+	if env := d.envelope(data); env != nil {
+		return env, nil
+	}
+	env := &pb.Envelope{}
+	if err := proto.Unmarshal(data, env); err != nil {
+		return nil, err
+	}
+	return env, nil
 }
 
 // slab hands out zero Ts from chunks, and recycles them on reset.

@@ -124,7 +124,12 @@ func checkDecoder(t *testing.T, d *Decoder, data []byte) {
 	ref := &pb.Envelope{}
 	refErr := proto.Unmarshal(data, ref)
 	buf := append([]byte(nil), data...)
-	e := d.DecodeEntry(buf)
+	env, err := d.decode(buf)
+	e := d.DecodeEntry(append([]byte(nil), data...))
+	if (err == nil) != (e.err == nil) || err != nil && err.Error() != e.err.Error() {
+		t.Fatalf("%x: decode error %v, DecodeEntry's %v", data, err, e.err)
+	}
+	e.env = env
 	switch {
 	case (e.err == nil) != (refErr == nil):
 		t.Fatalf("%x: error %v, proto.Unmarshal's %v", data, e.err, refErr)
@@ -175,9 +180,13 @@ func TestDecoderEnvelopesIndependent(t *testing.T) {
 	corpus := decoderCorpus()
 	first := make([]Entry, len(corpus))
 	second := make([]Entry, len(corpus))
+	decode := func(data []byte) Entry {
+		env, err := d.decode(data)
+		return Entry{env: env, err: err}
+	}
 	for i, data := range corpus {
-		first[i] = d.DecodeEntry(data)
-		second[i] = d.DecodeEntry(data)
+		first[i] = decode(data)
+		second[i] = decode(data)
 	}
 	for _, e := range first {
 		if e.err != nil {

@@ -89,7 +89,9 @@ func (f *FSM) ApplyBytes(index uint64, data []byte) *pb.Result {
 // applies earlier entries on another. ApplyEntry(i, DecodeEntry(data)) is
 // ApplyBytes(i, data) exactly.
 //
-// An Entry is applied once: the state may keep parts of its Envelope.
+// An Entry is applied once: the state may keep parts of its Envelope. env
+// is the entry's Envelope as decoded, but for an ApplyModel's spec, which is
+// normalized in place (model holds it).
 type Entry struct {
 	data    []byte
 	env     *pb.Envelope

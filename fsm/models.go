@@ -22,7 +22,12 @@ const MaxReplicas = 1024
 // NormalizeModelSpec fills the defaults of SPEC §4: vllm engine, one replica,
 // tensor and pipeline parallel 1, servedModelName = the deployment's name.
 func NormalizeModelSpec(name string, spec *pb.ModelSpec) *pb.ModelSpec {
-	out := proto.Clone(spec).(*pb.ModelSpec)
+	return normalizeModelSpec(name, proto.Clone(spec).(*pb.ModelSpec))
+}
+
+// normalizeModelSpec is NormalizeModelSpec of a spec the caller owns: it
+// fills spec's defaults in place (a new spec for nil) and returns it.
+func normalizeModelSpec(name string, out *pb.ModelSpec) *pb.ModelSpec {
 	if out == nil {
 		out = &pb.ModelSpec{}
 	}
@@ -176,6 +181,16 @@ type modelPrep struct {
 
 func prepareModel(c *pb.ApplyModel) *modelPrep {
 	return &modelPrep{violations(ValidateModel(c.GetName(), c.GetSpec())), NormalizeModelSpec(c.GetName(), c.GetSpec())}
+}
+
+// prepareDecodedModel is prepareModel of a command just decoded from a log
+// entry, which nothing else holds (DecodeEntry): its spec is normalized in
+// place, after validation, rather than cloned (a large part of an
+// ApplyModel's cost). Applying reads the command's spec only through the
+// modelPrep, and the state keeps it: a Decoder must never recycle it.
+func prepareDecodedModel(c *pb.ApplyModel) *modelPrep {
+	v := violations(ValidateModel(c.GetName(), c.GetSpec()))
+	return &modelPrep{v, normalizeModelSpec(c.GetName(), c.GetSpec())}
 }
 
 // applyModel applies c; prep is prepareModel(c), or nil to make it here.
