@@ -229,6 +229,19 @@ func (d *Decoder) unique(b []byte) (string, bool) {
 // field reads one field's tag and value: v for a varint, b for bytes. ok is
 // false at anything else (groups, fixed-width values, malformed input).
 func field(data []byte) (num protowire.Number, typ protowire.Type, v uint64, b []byte, rest []byte, ok bool) {
+	// Most tags, varints and lengths are one byte: read those here, as
+	// protowire would (a field number of 0 is left to it, to fail).
+	if len(data) >= 2 && data[0] < 0x80 && data[0] >= 8 && data[1] < 0x80 {
+		num, typ = protowire.Number(data[0]>>3), protowire.Type(data[0]&7)
+		switch typ {
+		case protowire.VarintType:
+			return num, typ, uint64(data[1]), nil, data[2:], true
+		case protowire.BytesType:
+			if n := int(data[1]); n <= len(data)-2 {
+				return num, typ, 0, data[2 : 2+n : 2+n], data[2+n:], true
+			}
+		}
+	}
 	num, typ, n := protowire.ConsumeTag(data)
 	if n < 0 {
 		return 0, 0, 0, nil, nil, false
