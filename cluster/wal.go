@@ -16,6 +16,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/raft"
@@ -55,8 +56,12 @@ type walStore struct {
 	appendMu sync.Mutex
 	mu       sync.RWMutex
 
-	seg     *os.File // the segment appends go to
-	segSeq  uint64   // its sequence number
+	seg    *os.File // the segment appends go to
+	segSeq uint64   // its sequence number
+	// lastSeq is the highest segment number created: each new segment
+	// takes the next, so that segments sort in the order appends used
+	// them even when a flush and a failed append both start one.
+	lastSeq atomic.Uint64
 	sealed  []string // older segments, deleted once their entries are in raft.db
 	pending []*raft.Log
 	// pendingBytes is the size of pending's records in the segments.
@@ -138,7 +143,7 @@ func (s *walStore) recover() error {
 		if err := os.Remove(filepath.Join(s.dir, name)); err != nil {
 			return err
 		}
-		s.segSeq = max(s.segSeq, segmentSeq(name))
+		s.lastSeq.Store(max(s.lastSeq.Load(), segmentSeq(name)))
 	}
 	return s.rotate()
 }
@@ -230,19 +235,20 @@ func segmentSeq(name string) uint64 {
 	return n
 }
 
-// createSegment creates segment seq and syncs the directory, so that the
-// appends to it cannot outlive its name in a power loss.
-func (s *walStore) createSegment(seq uint64) (*os.File, error) {
-	f, err := os.OpenFile(filepath.Join(s.dir, segmentName(seq)), os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+// createSegment creates the next segment and syncs the directory, so that
+// the appends to it cannot outlive its name in a power loss.
+func (s *walStore) createSegment() (f *os.File, seq uint64, err error) {
+	seq = s.lastSeq.Add(1)
+	f, err = os.OpenFile(filepath.Join(s.dir, segmentName(seq)), os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	if err := syncDir(s.dir); err != nil {
 		f.Close()
 		os.Remove(f.Name())
-		return nil, err
+		return nil, 0, err
 	}
-	return f, nil
+	return f, seq, nil
 }
 
 // install seals the current segment and makes f, segment seq, the one
@@ -258,11 +264,11 @@ func (s *walStore) install(f *os.File, seq uint64) {
 // rotate seals the current segment and starts the next. The caller holds
 // appendMu (or is recover).
 func (s *walStore) rotate() error {
-	f, err := s.createSegment(s.segSeq + 1)
+	f, seq, err := s.createSegment()
 	if err != nil {
 		return err
 	}
-	s.install(f, s.segSeq+1)
+	s.install(f, seq)
 	return nil
 }
 
@@ -446,18 +452,16 @@ func (s *walStore) flushLocked() error {
 	// Later appends go to a new segment, so that the ones sealed now hold
 	// only entries this flush moves. It is created before appends are held
 	// up: creating it syncs the directory.
-	s.appendMu.Lock()
-	seq := s.segSeq + 1
-	s.appendMu.Unlock()
-	next, err := s.createSegment(seq)
+	next, seq, err := s.createSegment()
 	if err != nil {
 		return fmt.Errorf("raft write-ahead log: %w", err)
 	}
 	s.appendMu.Lock()
-	if s.segSeq+1 == seq {
+	if seq > s.segSeq {
 		s.install(next, seq)
 	} else {
-		// An append that failed rotated meanwhile: start after it.
+		// An append that failed rotated meanwhile, to a later segment:
+		// start after that one.
 		next.Close()
 		os.Remove(next.Name())
 		err = s.rotate()
@@ -574,6 +578,11 @@ func decodeSegment(data []byte) (logs []*raft.Log, torn bool) {
 			return logs, true
 		}
 		n := int(binary.LittleEndian.Uint32(data[0:4]))
+		if n == 0 && binary.LittleEndian.Uint32(data[4:8]) == 0 {
+			// No record is empty: zeros are a never written remainder
+			// (a file system may show a crashed append's blocks so).
+			return logs, false
+		}
 		if n > len(data)-recordHeader || crc32.Checksum(data[recordHeader:recordHeader+n], walCRC) != binary.LittleEndian.Uint32(data[4:8]) {
 			return logs, true
 		}
