@@ -60,7 +60,7 @@ type Decoder struct {
 	wNodeStat  slab[pb.Envelope_SetNodeStatus]
 	unplaces   slab[pb.UnplaceReplica]
 	wUnplace   slab[pb.Envelope_UnplaceReplica]
-	text       []byte
+	text       slab[byte]
 	names      *names
 }
 
@@ -76,8 +76,9 @@ func (d *Decoder) Sibling() *Decoder {
 
 // Reset recycles the messages of every Envelope d has decoded since the
 // last Reset: they are zeroed and handed out again, so none may be in use
-// any more. Only what d decodes by hand is recycled, never strings (the
-// state keeps some) nor messages left to protobuf. It is for a replay's
+// any more. Only what d decodes by hand is recycled, with the request ids'
+// bytes, never other strings (the state keeps some) nor messages left to
+// protobuf. It is for a replay's
 // reader, which resets a batch's Decoder once ApplyEntry has applied the
 // batch: ApplyEntry keeps no message of the commands decoded by hand, only
 // copies of their strings and numbers (TestDecoderResetKeepsState checks
@@ -101,6 +102,7 @@ func (d *Decoder) Reset() {
 	d.wNodeStat.reset()
 	d.unplaces.reset()
 	d.wUnplace.reset()
+	d.text.reset()
 }
 
 // DecodeEntry decodes a log entry's Envelope for ApplyEntry, as the
@@ -206,8 +208,8 @@ func (d *Decoder) str(b []byte) (string, bool) {
 }
 
 // unique returns b as a string kept in a shared chunk: for request ids,
-// which never recur. The chunk holds no pointers and is never written again
-// where a string points.
+// which never recur. Reset recycles the chunk too: applying keeps no request
+// id (the request table keeps a hex id's bytes and a copy of any other).
 func (d *Decoder) unique(b []byte) (string, bool) {
 	if len(b) == 0 {
 		return "", true
@@ -218,12 +220,9 @@ func (d *Decoder) unique(b []byte) (string, bool) {
 	if len(b) > 256 || d.Slab <= 1 {
 		return string(b), true
 	}
-	if cap(d.text)-len(d.text) < len(b) {
-		d.text = make([]byte, 0, textChunk8)
-	}
-	start := len(d.text)
-	d.text = append(d.text, b...)
-	return unsafe.String(&d.text[start], len(b)), true
+	c := d.text.take(len(b), max(textChunk8, 32*d.Slab))
+	copy(c, b)
+	return unsafe.String(&c[0], len(c)), true
 }
 
 // field reads one field's tag and value: v for a varint, b for bytes. ok is

@@ -263,6 +263,9 @@ func resetWorkload(t *testing.T) [][]byte {
 	add := func(env *pb.Envelope) {
 		id++
 		env.RequestId = strings.Repeat("0", 24) + strings.Repeat("f", 8-len(strconvItoa(id))) + strconvItoa(id)
+		if id%5 == 0 {
+			env.RequestId = "req-" + strconvItoa(id) // not hex: kept as a string
+		}
 		env.Actor = "system"
 		env.ProposedAt = &timestamppb.Timestamp{Seconds: int64(id)}
 		envs = append(envs, env)
