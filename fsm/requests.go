@@ -2,6 +2,7 @@ package fsm
 
 import (
 	"hash/maphash"
+	"math/bits"
 	"slices"
 	"strings"
 	"unsafe"
@@ -95,7 +96,7 @@ type requestTable struct {
 	hexIDs int
 	sink   uint64 // what touch loads goes here, lest the load be dropped
 
-	entries [][]requestEntry // chunks of requestChunk
+	entries [][]requestEntry // chunks: requestChunk, then doubling (entry)
 	count   int              // entries in use
 	other   map[string]uint32
 	text    textArena
@@ -129,7 +130,7 @@ func (t *requestTable) Len() int { return t.count }
 // expect sizes an empty table's index for about n ids.
 func (t *requestTable) expect(n int) {
 	if t.count == 0 && n > 0 {
-		t.slots = make([]uint64, slotsFor(min(n, 1<<26)))
+		t.slots = t.makeSlots(slotsFor(min(n, 1<<26)))
 	}
 }
 
@@ -245,8 +246,15 @@ func (t *requestTable) find(k *[16]byte, h uint64) (slot int, entry uint32, ok b
 	}
 }
 
+// entry returns entry e. The first two chunks hold requestChunk entries,
+// each later one as many as all before it: a small table stays small, a
+// large one is in few large chunks, which huge pages can back (adviseHuge).
 func (t *requestTable) entry(e uint32) *requestEntry {
-	return &t.entries[e/requestChunk][e%requestChunk]
+	if e < requestChunk {
+		return &t.entries[0][e]
+	}
+	i := bits.Len32(e / requestChunk)
+	return &t.entries[i][e-requestChunk<<(i-1)]
 }
 
 // get returns the record of id.
@@ -329,7 +337,7 @@ func (t *requestTable) index() {
 	if t.hexIDs == 0 {
 		return
 	}
-	slots := make([]uint64, slotsFor(t.hexIDs))
+	slots := t.makeSlots(slotsFor(t.hexIDs))
 	mask := len(slots) - 1
 	for e := range uint32(t.count) {
 		p := t.entry(e)
@@ -375,13 +383,23 @@ func (t *requestTable) reload() {
 	}
 }
 
+// makeSlots returns an empty index of n slots.
+func (t *requestTable) makeSlots(n int) []uint64 {
+	slots := make([]uint64, n)
+	adviseHuge(unsafe.Pointer(&slots[0]), 8*n)
+	return slots
+}
+
 // add appends a zero entry and returns its number.
 func (t *requestTable) add() uint32 {
 	if t.count >= 1<<32-2 {
 		panic("fsm: more than 2^32-2 request ids")
 	}
-	if t.count%requestChunk == 0 {
-		t.entries = append(t.entries, make([]requestEntry, requestChunk))
+	if t.count == requestChunk<<max(len(t.entries)-1, 0) || len(t.entries) == 0 {
+		n := requestChunk << max(len(t.entries)-1, 0)
+		c := make([]requestEntry, n)
+		adviseHuge(unsafe.Pointer(&c[0]), n*int(unsafe.Sizeof(c[0])))
+		t.entries = append(t.entries, c)
 	}
 	t.count++
 	return uint32(t.count - 1)
@@ -402,7 +420,7 @@ func (t *requestTable) pack(p *requestEntry, a appliedRequest, flags uint32) {
 
 // grow doubles the index (or creates it) and reinserts every hex id.
 func (t *requestTable) grow() {
-	slots := make([]uint64, max(2*len(t.slots), slotsFor(t.hexIDs+1)))
+	slots := t.makeSlots(max(2*len(t.slots), slotsFor(t.hexIDs+1)))
 	mask := len(slots) - 1
 	for e := range uint32(t.count) {
 		p := t.entry(e)
@@ -487,6 +505,7 @@ func be64(b []byte) uint64 {
 type textArena struct {
 	chunks [][]byte
 	open   int // 1 + the index of the chunk being filled; 0: none
+	opened int // chunks opened for filling so far
 }
 
 // textRef locates a string in a textArena; the zero textRef is "".
@@ -494,7 +513,10 @@ type textRef struct {
 	chunk, off, n uint32
 }
 
-const textChunk = 64 << 10
+const (
+	textChunk    = 64 << 10
+	textChunkMax = 8 << 20
+)
 
 func (a *textArena) add(s string) textRef {
 	n := len(s)
@@ -509,8 +531,14 @@ func (a *textArena) add(s string) textRef {
 		return textRef{uint32(len(a.chunks) - 1), 0, uint32(n)}
 	}
 	if a.open == 0 || cap(a.chunks[a.open-1])-len(a.chunks[a.open-1]) < n {
-		a.chunks = append(a.chunks, make([]byte, 0, textChunk))
+		// Chunks grow from textChunk to textChunkMax (sixteenfold each
+		// time), so that a large arena can be backed by huge pages.
+		size := min(textChunk<<(4*a.opened), textChunkMax)
+		c := make([]byte, 0, size)
+		adviseHuge(unsafe.Pointer(unsafe.SliceData(c)), size)
+		a.chunks = append(a.chunks, c)
 		a.open = len(a.chunks)
+		a.opened++
 	}
 	c := a.chunks[a.open-1]
 	a.chunks[a.open-1] = append(c, s...)

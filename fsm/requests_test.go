@@ -29,7 +29,7 @@ func TestRequestTableAsMap(t *testing.T) {
 		return hex.EncodeToString(b[:])
 	}
 	var ids []string
-	for range 5000 {
+	for range 20000 {
 		ids = append(ids, randomHex())
 	}
 	h := randomHex()
