@@ -9,7 +9,6 @@ import (
 	"path/filepath"
 	"time"
 
-	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
 	"go.etcd.io/bbolt"
 )
 
@@ -79,7 +78,8 @@ func writeFileSync(path string, data []byte) error {
 }
 
 // openLogStore opens the bbolt file that holds Raft's log and its
-// StableStore (walStore writes the log into it).
+// StableStore (walStore writes the log into it), in raft-boltdb/v2's format
+// (boltStore).
 //
 //   - NoSync is false: every commit is fsynced, so raft.db is consistent
 //     after a power loss (the write-ahead log holds what it lacks).
@@ -91,15 +91,11 @@ func writeFileSync(path string, data []byte) error {
 //     file to rebuild it.
 //   - Timeout makes a second process on the same data dir fail at once with
 //     a clear error instead of waiting forever on the file lock.
-func openLogStore(dataDir string) (*raftboltdb.BoltStore, error) {
+func openLogStore(dataDir string) (*boltStore, error) {
 	path := RaftDBPath(dataDir)
-	store, err := raftboltdb.New(raftboltdb.Options{
-		Path: path,
-		BoltOptions: &bbolt.Options{
-			Timeout:      time.Second,
-			FreelistType: bbolt.FreelistMapType,
-		},
-		NoSync: false,
+	store, err := openBoltStore(path, &bbolt.Options{
+		Timeout:      time.Second,
+		FreelistType: bbolt.FreelistMapType,
 	})
 	if errors.Is(err, bbolt.ErrTimeout) {
 		return nil, fmt.Errorf("open %s: another gpuplane agent is using this data dir", path)

@@ -20,7 +20,6 @@ import (
 	"time"
 
 	"github.com/hashicorp/raft"
-	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
 )
 
 // walStore is Raft's LogStore and StableStore: raft-boltdb's raft.db, the
@@ -45,7 +44,7 @@ import (
 // (offlineLog, wal_offline.go), so it never misses an acknowledged entry. Entries are flushed before a snapshot is taken, so no snapshot is
 // ever ahead of raft.db. Term and vote (StableStore) go to raft.db directly.
 type walStore struct {
-	bolt *raftboltdb.BoltStore
+	bolt *boltStore
 	dir  string
 	log  *slog.Logger
 
