@@ -83,6 +83,33 @@ func (c *Cluster) DryRun(ctx context.Context, env *pb.Envelope) (*pb.Result, err
 	return c.write(ctx, env, true)
 }
 
+// Propose is how a user's or a node's change reaches the log: env is checked
+// first (DryRun: on the leader, and a refusal or a no-op on a state at least
+// as new as a linearizable read's), and only a change that passes and changes
+// something is applied. A refusal or a no-op is answered from the check with
+// Index 0, and the log gets no entry for it: a rejected request changes
+// nothing, and repeating a request that is already in effect (re-applying a
+// descriptor, a node restarting with the same cards) adds nothing. The
+// state machine checks the entry again when it is applied, so a change that
+// raced in between is still decided in log order.
+func (c *Cluster) Propose(ctx context.Context, env *pb.Envelope) (*pb.Result, error) {
+	res, err := c.DryRun(ctx, env)
+	if err != nil {
+		return nil, err
+	}
+	if !worthAnEntry(res) {
+		res.Index = 0
+		return res, nil
+	}
+	return c.Apply(ctx, env)
+}
+
+// worthAnEntry reports whether a check's result calls for a log entry: it
+// passed and it changes something.
+func worthAnEntry(check *pb.Result) bool {
+	return check.GetCode() == pb.Code_CODE_OK && check.GetOutcome() != pb.Outcome_OUTCOME_UNCHANGED
+}
+
 // prepare returns the caller's envelope as it is proposed: a copy, with a
 // request id and actor; or, for an envelope that must not reach the log, the
 // result that rejects it.
@@ -263,7 +290,7 @@ func waitAll(futures []raft.ApplyFuture) <-chan int {
 func (c *Cluster) dryRunLocal(ctx context.Context, env *pb.Envelope) (*pb.Result, error) {
 	var res *pb.Result
 	c.View(func(f *fsm.FSM) { res = f.DryRun(env) })
-	if res.GetCode() == pb.Code_CODE_OK && res.GetOutcome() != pb.Outcome_OUTCOME_UNCHANGED {
+	if worthAnEntry(res) {
 		return res, nil
 	}
 	idx, err := c.ReadIndex(ctx)

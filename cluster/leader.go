@@ -251,7 +251,10 @@ func (c *Cluster) leaderApply(ctx context.Context, env *pb.Envelope) {
 	env.Actor, env.RequestId = membershipActor, NewRequestID()
 	var dry *pb.Result
 	c.View(func(f *fsm.FSM) { dry = f.DryRun(env) })
-	if dry.GetCode() != pb.Code_CODE_OK || dry.GetOutcome() == pb.Outcome_OUTCOME_UNCHANGED {
+	// Checked on this leader's applied state only (unlike Propose): a
+	// reconciliation repeats while gossip and the log disagree, and a stale
+	// check costs at most an entry that changes nothing.
+	if !worthAnEntry(dry) {
 		return
 	}
 	actx, cancel := context.WithTimeout(ctx, 5*time.Second)

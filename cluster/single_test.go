@@ -188,3 +188,43 @@ func TestRestart(t *testing.T) {
 		t.Fatalf("second open of a data dir in use: %v", err)
 	}
 }
+
+// TestProposeAppendsOnlyChanges: Propose appends an entry for a change, and
+// answers a refusal or a no-op from its check with no entry (Index 0).
+func TestProposeAppendsOnlyChanges(t *testing.T) {
+	c, _ := startDev(t)
+	mustApply(t, c, registerNode("n1"))
+	ctx := testCtx(t)
+	upsert := func() *pb.Envelope {
+		env := createAccelerator("a1")
+		env.GetCreateAccelerator().Upsert = true
+		return env
+	}
+	res, err := c.Propose(ctx, upsert())
+	if err != nil || res.GetCode() != pb.Code_CODE_OK || res.GetOutcome() != pb.Outcome_OUTCOME_CREATED || res.GetIndex() == 0 {
+		t.Fatalf("propose a change: %v, %v", res, err)
+	}
+	res, err = c.Propose(ctx, upsert())
+	if err != nil || res.GetCode() != pb.Code_CODE_OK || res.GetOutcome() != pb.Outcome_OUTCOME_UNCHANGED || res.GetIndex() != 0 {
+		t.Fatalf("propose a no-op: %v, %v", res, err)
+	}
+	res, err = c.Propose(ctx, createAccelerator("a1")) // exists, no upsert
+	if err != nil || res.GetCode() != pb.Code_CODE_ALREADY_EXISTS || res.GetIndex() != 0 {
+		t.Fatalf("propose a refused change: %v, %v", res, err)
+	}
+	// The leader's own membership entries may come and go meanwhile: count
+	// the accelerator's.
+	n := 0
+	for _, data := range commands(t, c) {
+		var env pb.Envelope
+		if err := proto.Unmarshal(data, &env); err != nil {
+			t.Fatal(err)
+		}
+		if env.GetCreateAccelerator().GetName() == "a1" {
+			n++
+		}
+	}
+	if n != 1 {
+		t.Fatalf("the log holds %d entries creating a1, want 1 (the change; none for the no-op or the refusal)", n)
+	}
+}

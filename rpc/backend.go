@@ -15,6 +15,10 @@ type Backend interface {
 	Apply(ctx context.Context, env *pb.Envelope) (*pb.Result, error)
 	// DryRun reports what applying env would do now, changing nothing.
 	DryRun(ctx context.Context, env *pb.Envelope) (*pb.Result, error)
+	// Propose applies env unless a check finds it refused or changing
+	// nothing; then it returns the check's result (Index 0) and the log
+	// gets no entry (cluster.Cluster.Propose).
+	Propose(ctx context.Context, env *pb.Envelope) (*pb.Result, error)
 	// Read calls fn with the state; unless stale, the state reflects every
 	// write acknowledged before Read was called.
 	Read(ctx context.Context, stale bool, fn func(*fsm.FSM) error) error

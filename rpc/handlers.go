@@ -39,18 +39,18 @@ type handlers struct {
 // so a race between the two is rejected, never applied.
 func (h *handlers) propose(ctx context.Context, env *pb.Envelope, dryRun bool) (*pb.Result, error) {
 	env.Actor = actorFrom(ctx)
-	res, err := h.b.DryRun(ctx, env)
-	if err != nil {
-		return nil, backendError("check", err)
-	}
-	if err := resultError(res); err != nil {
-		return nil, err
-	}
-	if dryRun || res.GetOutcome() == pb.Outcome_OUTCOME_UNCHANGED {
+	if dryRun {
+		res, err := h.b.DryRun(ctx, env)
+		if err != nil {
+			return nil, backendError("check", err)
+		}
+		if err := resultError(res); err != nil {
+			return nil, err
+		}
 		res.Index = 0
 		return res, nil
 	}
-	res, err = h.b.Apply(ctx, env)
+	res, err := h.b.Propose(ctx, env)
 	if err != nil {
 		return nil, backendError("apply", err)
 	}

@@ -339,13 +339,7 @@ func (a *Agent) register(ctx context.Context) error {
 	}
 	env := &pb.Envelope{Actor: "node/" + a.cfg.NodeName, Command: &pb.Envelope_RegisterNode{RegisterNode: &pb.RegisterNode{Node: a.localNode()}}}
 	for {
-		res, err := a.cluster.DryRun(ctx, env)
-		if err == nil && res.GetOutcome() == pb.Outcome_OUTCOME_UNCHANGED {
-			return nil
-		}
-		if err == nil {
-			res, err = a.cluster.Apply(ctx, env)
-		}
+		res, err := a.cluster.Propose(ctx, env)
 		if err == nil && res.GetCode() != pb.Code_CODE_OK {
 			return fmt.Errorf("register node %q: %s", a.cfg.NodeName, res.GetMessage())
 		}
