@@ -34,6 +34,8 @@ type FSM struct {
 	// spareCards are cardUse records of cards since unbound, for occupy
 	// to reuse (with their lists' room): never read as state.
 	spareCards []*cardUse
+	// spareReplicas are replicas since removed, for scale to reuse.
+	spareReplicas []*pb.Replica
 	// onNode indexes the placed replicas by node (occupy, release): derived,
 	// rebuilt on Restore.
 	onNode          map[string]map[replicaKey]*pb.Replica

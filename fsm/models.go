@@ -246,10 +246,19 @@ func withReplicas(spec *pb.ModelSpec, n uint32) *pb.ModelSpec {
 // highest ordinals above it, releasing their shares.
 func (f *FSM) scale(m *pb.ModelDeployment, have uint32) {
 	if m.Spec.Replicas > have {
-		// One allocation for the new replicas rather than one each.
-		rs := make([]pb.Replica, m.Spec.Replicas-have)
-		for j := range rs {
-			r := &rs[j]
+		// Replicas of deleted deployments are reused (a busy log creates and
+		// deletes them all the time), others allocated together.
+		var rs []pb.Replica
+		if n := int(m.Spec.Replicas-have) - len(f.spareReplicas); n > 0 {
+			rs = make([]pb.Replica, n)
+		}
+		for j := range int(m.Spec.Replicas - have) {
+			var r *pb.Replica
+			if k := len(f.spareReplicas); k > 0 {
+				r, f.spareReplicas = f.spareReplicas[k-1], f.spareReplicas[:k-1]
+			} else {
+				r, rs = &rs[0], rs[1:]
+			}
 			r.Model, r.Index, r.Generation = m.Name, have+uint32(j), m.Generation
 			r.Accelerator = m.Spec.Placement.Accelerator
 			r.ComputePercent = m.Spec.Engine.ComputePercent
@@ -265,10 +274,18 @@ func (f *FSM) scale(m *pb.ModelDeployment, have uint32) {
 func (f *FSM) dropReplicas(model string, from, to uint32) {
 	for i := from; i < to; i++ {
 		k := replicaKey{model, i}
-		if r := f.replicas[k]; r != nil && r.Node != "" {
+		r := f.replicas[k]
+		if r == nil {
+			continue
+		}
+		if r.Node != "" {
 			f.release(r)
 		}
 		delete(f.replicas, k)
+		// Nothing else points at a replica (views and snapshots copy):
+		// set it aside for scale.
+		r.Reset()
+		f.spareReplicas = append(f.spareReplicas, r)
 	}
 }
 
