@@ -85,10 +85,12 @@ jepsen-long:
 	$(GO) test -count=1 -timeout 45m -v -run TestJepsen ./jepsen -jepsen -jepsen.duration 12m \
 		-jepsen.workers 12 -jepsen.hold 15s -jepsen.quiet 3s -jepsen.stale-plans 200ms -jepsen.lin-timeout 10m $(JEPSEN_FLAGS)
 
-# Fuzz the descriptor parser and the command decoder briefly. New inputs land
+# Fuzz the descriptor parser, the command decoder (FuzzApplyBytes) and the
+# hand-written envelope decoder against proto.Unmarshal (FuzzDecoder) briefly. New inputs land
 # in $(go env GOCACHE)/fuzz; copy them into testdata/fuzz to keep them.
 FUZZTIME ?= 30s
 .PHONY: fuzz
 fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzParse$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 2s ./cmd/gpuplane/descriptor/
 	$(GO) test -run '^$$' -fuzz '^FuzzApplyBytes$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 2s ./fsm/
+	$(GO) test -run '^$$' -fuzz '^FuzzDecoder$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 2s ./fsm/
