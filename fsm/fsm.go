@@ -5,6 +5,8 @@ import (
 	"encoding/binary"
 	"encoding/hex"
 	"fmt"
+	"strings"
+	"unsafe"
 
 	"google.golang.org/protobuf/proto"
 
@@ -29,6 +31,7 @@ type FSM struct {
 	// allocated (accepted).
 	discard bool
 	spare   *pb.Result
+	msgBuf  []byte // spare's message
 	// chainBuf is chain's scratch buffer.
 	chainBuf []byte
 	// spareCards are cardUse records of cards since unbound, for occupy
@@ -253,20 +256,25 @@ func accept(outcome pb.Outcome, format string, args ...any) *pb.Result {
 	return &pb.Result{Code: pb.Code_CODE_OK, Outcome: outcome, Message: fmt.Sprintf(format, args...)}
 }
 
-// accepted is accept with a message built by the caller, for the commands
-// a busy log is full of: fmt is a large part of applying them. Under
-// ReplayEntry it returns f's spare Result: nothing keeps a result (apply
-// and chain copy what they need from it).
-func (f *FSM) accepted(outcome pb.Outcome, message string) *pb.Result {
+// accepted is accept with the message the concatenation of parts, for the
+// commands a busy log is full of: fmt is a large part of applying them.
+// Under ReplayEntry it returns f's spare Result, its message in f's scratch
+// buffer: nothing keeps a result or its message (apply and chain copy what
+// they need from it) once ApplyEntry returns.
+func (f *FSM) accepted(outcome pb.Outcome, parts ...string) *pb.Result {
 	if f.discard {
 		if f.spare == nil {
 			f.spare = &pb.Result{}
 		}
 		f.spare.Reset()
-		f.spare.Code, f.spare.Outcome, f.spare.Message = pb.Code_CODE_OK, outcome, message
+		f.msgBuf = f.msgBuf[:0]
+		for _, p := range parts {
+			f.msgBuf = append(f.msgBuf, p...)
+		}
+		f.spare.Code, f.spare.Outcome, f.spare.Message = pb.Code_CODE_OK, outcome, unsafe.String(unsafe.SliceData(f.msgBuf), len(f.msgBuf))
 		return f.spare
 	}
-	return &pb.Result{Code: pb.Code_CODE_OK, Outcome: outcome, Message: message}
+	return &pb.Result{Code: pb.Code_CODE_OK, Outcome: outcome, Message: strings.Join(parts, "")}
 }
 
 func reject(code pb.Code, format string, args ...any) *pb.Result {

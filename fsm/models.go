@@ -216,7 +216,7 @@ func (f *FSM) applyModel(c *pb.ApplyModel, prep *modelPrep, index uint64, dry bo
 		f.scale(m, 0)
 		// accept(…, "deployment %q created with %d replicas", …) without
 		// fmt (strconv.Quote is %q): one entry in ten of a busy log.
-		return f.accepted(pb.Outcome_OUTCOME_CREATED, "deployment "+strconv.Quote(m.Name)+" created with "+strconv.FormatUint(uint64(spec.Replicas), 10)+" replicas")
+		return f.accepted(pb.Outcome_OUTCOME_CREATED, "deployment ", strconv.Quote(m.Name), " created with ", strconv.FormatUint(uint64(spec.Replicas), 10), " replicas")
 	}
 	m := prev
 	oldReplicas := m.Spec.Replicas
@@ -298,7 +298,7 @@ func (f *FSM) deleteModel(c *pb.DeleteModel, dry bool) *pb.Result {
 		f.dropReplicas(m.Name, 0, m.Spec.Replicas)
 		delete(f.models, m.Name)
 	}
-	return f.accepted(pb.Outcome_OUTCOME_DELETED, "deployment "+strconv.Quote(c.GetName())+" deleted") // "deployment %q deleted"
+	return f.accepted(pb.Outcome_OUTCOME_DELETED, "deployment ", strconv.Quote(c.GetName()), " deleted") // "deployment %q deleted"
 }
 
 // modelsOn lists the deployments placed on an accelerator, by name.

@@ -64,7 +64,7 @@ func (f *FSM) placeReplicas(c *pb.PlaceReplicas, index uint64, dry bool) *pb.Res
 	// As accept(…, "placed %d replicas, %d pending reasons updated", …),
 	// without fmt: a plan is one entry in ten of a busy log.
 	return f.accepted(pb.Outcome_OUTCOME_CONFIGURED,
-		"placed "+strconv.Itoa(len(c.GetPlacements()))+" replicas, "+strconv.Itoa(updated)+" pending reasons updated")
+		"placed ", strconv.Itoa(len(c.GetPlacements())), " replicas, ", strconv.Itoa(updated), " pending reasons updated")
 }
 
 // planCards is what a plan's placements take from each card, for the few
@@ -291,7 +291,7 @@ func (f *FSM) replicaStatus(c *pb.ReplicaStatus, dry bool) *pb.Result {
 	// Most log entries are status reports: their message is built without
 	// fmt (the same text as "replica %s/%d is %s").
 	return f.accepted(pb.Outcome_OUTCOME_CONFIGURED,
-		"replica "+c.GetModel()+"/"+strconv.FormatUint(uint64(c.GetReplica()), 10)+" is "+ReplicaStateName(c.GetState()))
+		"replica ", c.GetModel(), "/", strconv.FormatUint(uint64(c.GetReplica()), 10), " is ", ReplicaStateName(c.GetState()))
 }
 
 // ReplicaStateName is the name users see for a replica state.
