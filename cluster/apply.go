@@ -48,9 +48,9 @@ const defaultTimeout = 30 * time.Second
 // wrap ErrNotLeader when the leader cannot be reached (Connect Unavailable)
 // or answers that it is no longer the leader. Other errors end the request.
 type Forwarder interface {
-	// Forward applies (or, with dryRun, checks) env on the leader and returns
+	// Forward has the leader apply, check or propose env (mode) and returns
 	// the leader's result.
-	Forward(ctx context.Context, leaderID string, env *pb.Envelope, dryRun bool) (*pb.Result, error)
+	Forward(ctx context.Context, leaderID string, env *pb.Envelope, mode ForwardMode) (*pb.Result, error)
 	// ReadIndex returns the leader's ReadIndex: an index such that a state
 	// that has applied it reflects every write committed before the call.
 	ReadIndex(ctx context.Context, leaderID string) (uint64, error)
@@ -66,6 +66,19 @@ type Forwarder interface {
 	LocalNode(ctx context.Context, id string) (*pb.Node, error)
 }
 
+// ForwardMode is what the leader does with a write a node forwards to it.
+type ForwardMode int
+
+const (
+	// ForwardApply appends it (Apply).
+	ForwardApply ForwardMode = iota
+	// ForwardDryRun checks it and changes nothing (DryRun).
+	ForwardDryRun
+	// ForwardPropose checks it and appends it only when it passes and
+	// changes something (Propose).
+	ForwardPropose
+)
+
 // Apply proposes env to the replicated log and returns the state machine's
 // result, with the entry's index. It fills the request id (random) and actor
 // ("system") when empty; the leader stamps proposed_at with its clock. A
@@ -74,13 +87,13 @@ type Forwarder interface {
 // applied before returns the first result with duplicate set, so Apply may be
 // retried safely after an error. env is not modified.
 func (c *Cluster) Apply(ctx context.Context, env *pb.Envelope) (*pb.Result, error) {
-	return c.write(ctx, env, false)
+	return c.write(ctx, env, ForwardApply)
 }
 
 // DryRun checks env against the leader's current state, as Apply would, and
 // changes nothing.
 func (c *Cluster) DryRun(ctx context.Context, env *pb.Envelope) (*pb.Result, error) {
-	return c.write(ctx, env, true)
+	return c.write(ctx, env, ForwardDryRun)
 }
 
 // Propose is how a user's or a node's change reaches the log: env is checked
@@ -91,9 +104,15 @@ func (c *Cluster) DryRun(ctx context.Context, env *pb.Envelope) (*pb.Result, err
 // nothing, and repeating a request that is already in effect (re-applying a
 // descriptor, a node restarting with the same cards) adds nothing. The
 // state machine checks the entry again when it is applied, so a change that
-// raced in between is still decided in log order.
+// raced in between is still decided in log order. A follower forwards the
+// whole of it to the leader in one request (ForwardPropose).
 func (c *Cluster) Propose(ctx context.Context, env *pb.Envelope) (*pb.Result, error) {
-	res, err := c.DryRun(ctx, env)
+	return c.write(ctx, env, ForwardPropose)
+}
+
+// proposeLocal is Propose on this node, which believes it is the leader.
+func (c *Cluster) proposeLocal(ctx context.Context, env *pb.Envelope) (*pb.Result, error) {
+	res, err := c.dryRunLocal(ctx, env)
 	if err != nil {
 		return nil, err
 	}
@@ -101,7 +120,7 @@ func (c *Cluster) Propose(ctx context.Context, env *pb.Envelope) (*pb.Result, er
 		res.Index = 0
 		return res, nil
 	}
-	return c.Apply(ctx, env)
+	return c.applyLocal(ctx, env)
 }
 
 // worthAnEntry reports whether a check's result calls for a log entry: it
@@ -130,27 +149,30 @@ func prepare(env *pb.Envelope) (*pb.Envelope, *pb.Result) {
 	return env, nil
 }
 
-func (c *Cluster) write(ctx context.Context, env *pb.Envelope, dryRun bool) (*pb.Result, error) {
+func (c *Cluster) write(ctx context.Context, env *pb.Envelope, mode ForwardMode) (*pb.Result, error) {
 	env, rejected := prepare(env)
 	if rejected != nil {
 		return rejected, nil
 	}
 	ctx, cancel := withDefaultTimeout(ctx)
 	defer cancel()
-	return c.writePrepared(ctx, env, dryRun)
+	return c.writePrepared(ctx, env, mode)
 }
 
 // writePrepared is write for an envelope prepare returned, under a context
 // with a deadline.
-func (c *Cluster) writePrepared(ctx context.Context, env *pb.Envelope, dryRun bool) (*pb.Result, error) {
+func (c *Cluster) writePrepared(ctx context.Context, env *pb.Envelope, mode ForwardMode) (*pb.Result, error) {
 	return onLeader(ctx, c,
 		func() (*pb.Result, error) {
-			if dryRun {
+			switch mode {
+			case ForwardDryRun:
 				return c.dryRunLocal(ctx, env)
+			case ForwardPropose:
+				return c.proposeLocal(ctx, env)
 			}
 			return c.applyLocal(ctx, env)
 		},
-		func(f Forwarder, leader string) (*pb.Result, error) { return f.Forward(ctx, leader, env, dryRun) })
+		func(f Forwarder, leader string) (*pb.Result, error) { return f.Forward(ctx, leader, env, mode) })
 }
 
 // applyLocal proposes env on this node, which believes it is the leader.
@@ -255,7 +277,7 @@ func (c *Cluster) ApplyBatch(ctx context.Context, envs []*pb.Envelope) ([]*pb.Re
 	}
 	var wg sync.WaitGroup
 	for _, i := range slow {
-		wg.Go(func() { results[i], errs[i] = c.writePrepared(ctx, prepared[i], false) })
+		wg.Go(func() { results[i], errs[i] = c.writePrepared(ctx, prepared[i], ForwardApply) })
 	}
 	wg.Wait()
 	return results, errs

@@ -150,13 +150,16 @@ func (f *localForwarder) leader(id string) (*Cluster, error) {
 	return c, nil
 }
 
-func (f *localForwarder) Forward(ctx context.Context, leaderID string, env *pb.Envelope, dryRun bool) (*pb.Result, error) {
+func (f *localForwarder) Forward(ctx context.Context, leaderID string, env *pb.Envelope, mode ForwardMode) (*pb.Result, error) {
 	c, err := f.leader(leaderID)
 	if err != nil {
 		return nil, err
 	}
-	if dryRun {
+	switch mode {
+	case ForwardDryRun:
 		return c.DryRun(ctx, env)
+	case ForwardPropose:
+		return c.Propose(ctx, env)
 	}
 	return c.Apply(ctx, env)
 }

@@ -190,9 +190,22 @@ func TestRestart(t *testing.T) {
 }
 
 // TestProposeAppendsOnlyChanges: Propose appends an entry for a change, and
-// answers a refusal or a no-op from its check with no entry (Index 0).
+// answers a refusal or a no-op from its check with no entry (Index 0), on
+// the leader and through a follower (which forwards the whole of it).
 func TestProposeAppendsOnlyChanges(t *testing.T) {
-	c, _ := startDev(t)
+	t.Run("leader", func(t *testing.T) {
+		c, _ := startDev(t)
+		checkPropose(t, c, c)
+	})
+	t.Run("follower", func(t *testing.T) {
+		tr := startTrio(t)
+		_, lead := tr.leader()
+		_, f := tr.follower()
+		checkPropose(t, f, lead)
+	})
+}
+
+func checkPropose(t *testing.T, c, leader *Cluster) {
 	mustApply(t, c, registerNode("n1"))
 	ctx := testCtx(t)
 	upsert := func() *pb.Envelope {
@@ -215,7 +228,7 @@ func TestProposeAppendsOnlyChanges(t *testing.T) {
 	// The leader's own membership entries may come and go meanwhile: count
 	// the accelerator's.
 	n := 0
-	for _, data := range commands(t, c) {
+	for _, data := range commands(t, leader) {
 		var env pb.Envelope
 		if err := proto.Unmarshal(data, &env); err != nil {
 			t.Fatal(err)

@@ -106,15 +106,20 @@ type Forwarder struct {
 	streams sync.Map // string -> *forwardStream
 }
 
-// Forward proposes env on the leader (or checks it there, for dry runs).
-// Writes go over a stream per node, in batches (see forwardStream).
-func (f *Forwarder) Forward(ctx context.Context, leaderID string, env *pb.Envelope, dryRun bool) (*pb.Result, error) {
+// Forward has the leader apply env, check it (dry runs) or propose it
+// (check, then apply unless refused or unchanged). Writes go over a stream
+// per node, in batches (see forwardStream); checks and proposals, which
+// users make one at a time, in one ClusterService.Apply call each.
+func (f *Forwarder) Forward(ctx context.Context, leaderID string, env *pb.Envelope, mode cluster.ForwardMode) (*pb.Result, error) {
 	c, base, err := f.clientURL(leaderID)
 	if err != nil {
 		return nil, err
 	}
-	if dryRun {
-		return forwardOne(ctx, c, env, true)
+	switch mode {
+	case cluster.ForwardDryRun:
+		return forwardOne(ctx, c, &pb.ApplyRequest{Envelope: env, DryRun: true})
+	case cluster.ForwardPropose:
+		return forwardOne(ctx, c, &pb.ApplyRequest{Envelope: env, UnlessUnchanged: true})
 	}
 	st, ok := f.streams.Load(base)
 	if !ok {
@@ -124,8 +129,8 @@ func (f *Forwarder) Forward(ctx context.Context, leaderID string, env *pb.Envelo
 }
 
 // forwardOne sends one envelope with ClusterService.Apply.
-func forwardOne(ctx context.Context, c gpuplanev1connect.ClusterServiceClient, env *pb.Envelope, dryRun bool) (*pb.Result, error) {
-	resp, err := c.Apply(ctx, connect.NewRequest(&pb.ApplyRequest{Envelope: env, DryRun: dryRun}))
+func forwardOne(ctx context.Context, c gpuplanev1connect.ClusterServiceClient, req *pb.ApplyRequest) (*pb.Result, error) {
+	resp, err := c.Apply(ctx, connect.NewRequest(req))
 	if err != nil {
 		return nil, leaderError(err)
 	}
@@ -187,7 +192,7 @@ type forwardOutcome struct {
 
 func (s *forwardStream) apply(ctx context.Context, env *pb.Envelope) (*pb.Result, error) {
 	if until := s.singleUntil.Load(); until != 0 && time.Now().UnixNano() < until {
-		return forwardOne(ctx, s.c, env, false)
+		return forwardOne(ctx, s.c, &pb.ApplyRequest{Envelope: env})
 	}
 	w := &forwardedWrite{ctx: ctx, env: env, done: make(chan forwardOutcome, 1)}
 	s.mu.Lock()
@@ -372,7 +377,7 @@ func (s *forwardStream) fail(conn *streamConn, err error) {
 		for _, w := range batch {
 			if unimplemented {
 				go func() {
-					res, err := forwardOne(w.ctx, s.c, w.env, false)
+					res, err := forwardOne(w.ctx, s.c, &pb.ApplyRequest{Envelope: w.env})
 					w.done <- forwardOutcome{res, err}
 				}()
 				continue

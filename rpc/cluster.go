@@ -25,9 +25,12 @@ func (h *handlers) Apply(ctx context.Context, req *connect.Request[pb.ApplyReque
 	}
 	var res *pb.Result
 	var err error
-	if req.Msg.DryRun {
+	switch {
+	case req.Msg.DryRun:
 		res, err = h.b.DryRun(ctx, env)
-	} else {
+	case req.Msg.UnlessUnchanged:
+		res, err = h.b.Propose(ctx, env)
+	default:
 		res, err = h.b.Apply(ctx, env)
 	}
 	if err != nil {

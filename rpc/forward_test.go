@@ -452,7 +452,7 @@ func TestForwardErrors(t *testing.T) {
 	errs := make([]error, len(ids))
 	for i, id := range ids {
 		wg.Go(func() {
-			results[i], errs[i] = fw.Forward(ctx, "leader", &pb.Envelope{RequestId: id, Command: accelerator("x").Command}, false)
+			results[i], errs[i] = fw.Forward(ctx, "leader", &pb.Envelope{RequestId: id, Command: accelerator("x").Command}, cluster.ForwardApply)
 		})
 	}
 	wg.Wait()
@@ -471,5 +471,50 @@ func TestForwardErrors(t *testing.T) {
 				t.Errorf("%s: %v, %v", id, results[i], errs[i])
 			}
 		}
+	}
+}
+
+// TestForwardProposeOneHop: a user's write through a follower (check, then
+// apply unless refused or unchanged) reaches the leader as one
+// ClusterService.Apply call, not a dry run and then a write, and a repeat
+// that changes nothing appends nothing.
+func TestForwardProposeOneHop(t *testing.T) {
+	servers := startServers(t, 3, false)
+	leader, followers := leaderOf(t, servers)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	accels := gpuplanev1connect.NewAcceleratorServiceClient(rpc.HTTPClient(), "http://"+followers[0].api)
+	before := leader.calls.get(gpuplanev1connect.ClusterServiceApplyProcedure)
+	batches := leader.calls.get(batchesProc)
+	var outcomes []pb.Outcome
+	for range 2 {
+		resp, err := accels.CreateAccelerator(ctx, connect.NewRequest(&pb.CreateAcceleratorRequest{
+			Name: "one-hop", Spec: &pb.AcceleratorSpec{Device: "l4"}, Upsert: true}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		outcomes = append(outcomes, resp.Msg.GetOutcome())
+	}
+	if outcomes[0] != pb.Outcome_OUTCOME_CREATED || outcomes[1] != pb.Outcome_OUTCOME_UNCHANGED {
+		t.Fatalf("outcomes %v, want created then unchanged", outcomes)
+	}
+	if n := leader.calls.get(gpuplanev1connect.ClusterServiceApplyProcedure) - before; n != 2 {
+		t.Fatalf("the leader got %d ClusterService.Apply calls for two writes, want 2 (one each)", n)
+	}
+	if n := leader.calls.get(batchesProc) - batches; n != 0 {
+		t.Fatalf("the leader got %d Forward batches besides: the writes took two hops", n)
+	}
+	h, err := leader.c.History()
+	if err != nil {
+		t.Fatal(err)
+	}
+	entries := 0
+	err = h.Log(&pb.LogRequest{FromIndex: 1, Filter: &pb.EventFilter{Resource: "accelerator/one-hop"}}, leader.c.AppliedIndex(),
+		func(*pb.Event) error { entries++; return nil })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if entries != 1 {
+		t.Fatalf("the log holds %d entries about accelerator/one-hop, want 1 (none for the unchanged repeat)", entries)
 	}
 }

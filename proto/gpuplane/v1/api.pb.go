@@ -1544,11 +1544,15 @@ func (x *ReadIndexResponse) GetIndex() uint64 {
 }
 
 type ApplyRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Envelope      *Envelope              `protobuf:"bytes,1,opt,name=envelope,proto3" json:"envelope,omitempty"`
-	DryRun        bool                   `protobuf:"varint,2,opt,name=dry_run,json=dryRun,proto3" json:"dry_run,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Envelope *Envelope              `protobuf:"bytes,1,opt,name=envelope,proto3" json:"envelope,omitempty"`
+	DryRun   bool                   `protobuf:"varint,2,opt,name=dry_run,json=dryRun,proto3" json:"dry_run,omitempty"`
+	// Check first and append only a change that passes and changes
+	// something; otherwise answer the check (index 0) and append nothing
+	// (Cluster.Propose, in one hop from a follower). Ignored with dry_run.
+	UnlessUnchanged bool `protobuf:"varint,3,opt,name=unless_unchanged,json=unlessUnchanged,proto3" json:"unless_unchanged,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *ApplyRequest) Reset() {
@@ -1591,6 +1595,13 @@ func (x *ApplyRequest) GetEnvelope() *Envelope {
 func (x *ApplyRequest) GetDryRun() bool {
 	if x != nil {
 		return x.DryRun
+	}
+	return false
+}
+
+func (x *ApplyRequest) GetUnlessUnchanged() bool {
+	if x != nil {
+		return x.UnlessUnchanged
 	}
 	return false
 }
@@ -2708,10 +2719,11 @@ const file_gpuplane_v1_api_proto_rawDesc = "" +
 	"\x12RemovePeerResponse\"\x12\n" +
 	"\x10ReadIndexRequest\")\n" +
 	"\x11ReadIndexResponse\x12\x14\n" +
-	"\x05index\x18\x01 \x01(\x04R\x05index\"Z\n" +
+	"\x05index\x18\x01 \x01(\x04R\x05index\"\x85\x01\n" +
 	"\fApplyRequest\x121\n" +
 	"\benvelope\x18\x01 \x01(\v2\x15.gpuplane.v1.EnvelopeR\benvelope\x12\x17\n" +
-	"\adry_run\x18\x02 \x01(\bR\x06dryRun\"<\n" +
+	"\adry_run\x18\x02 \x01(\bR\x06dryRun\x12)\n" +
+	"\x10unless_unchanged\x18\x03 \x01(\bR\x0funlessUnchanged\"<\n" +
 	"\rApplyResponse\x12+\n" +
 	"\x06result\x18\x01 \x01(\v2\x13.gpuplane.v1.ResultR\x06result\"z\n" +
 	"\x0eForwardRequest\x12\x14\n" +
