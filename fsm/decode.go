@@ -21,10 +21,10 @@ import (
 // What it decodes is exactly what proto.Unmarshal decodes (proto.Equal, the
 // same error text; TestDecoderMatchesProto and FuzzDecoder check it); an
 // ApplyModel's spec is then normalized in place for applying
-// (prepareDecodedModel). The
-// envelope and the commands most entries hold (replica reports, plans, model
-// deletions, node status, unplacements) are read field by field here; any
-// other command's message is left to proto.Unmarshal. Anything this code
+// (prepareDecodedModel). The envelope and the commands most entries hold
+// (replica reports, plans, model deletions and applications, node status,
+// unplacements) are read field by field here; any other command's message,
+// or an ApplyModel with a map, is left to proto.Unmarshal. Anything this code
 // does not expect (an unknown or repeated field, a field of another wire
 // type, a malformed or non-UTF-8 value, a second command) sends the whole
 // entry to proto.Unmarshal, so a newer schema or a damaged entry decodes, or
@@ -163,7 +163,10 @@ func (s *slab[T]) take(n, size int) []T {
 func (s *slab[T]) one(size int) *T { return &s.take(1, size)[0] }
 
 func (s *slab[T]) reset() {
-	for _, c := range s.chunks[:s.next] {
+	for i, c := range s.chunks[:s.next] {
+		if i == s.next-1 {
+			c = c[:len(c)-len(s.free)] // the rest was never handed out
+		}
 		clear(c)
 	}
 	s.next, s.free = 0, nil
@@ -399,10 +402,153 @@ func (d *Decoder) command(env *pb.Envelope, num protowire.Number, b []byte) bool
 		w := d.wUnplace.one(d.Slab)
 		w.UnplaceReplica = c
 		env.Command = w
+	case 16:
+		c := d.applyModel(b)
+		if c == nil {
+			// A map or anything else unusual: protobuf decodes this
+			// command's message, as it would in the whole envelope.
+			return otherCommand(env, num, b)
+		}
+		env.Command = &pb.Envelope_ApplyModel{ApplyModel: c}
 	default:
 		return otherCommand(env, num, b)
 	}
 	return true
+}
+
+// applyModel decodes an ApplyModel. The state keeps its spec (normalized in
+// place, prepareDecodedModel): its messages are allocated one by one, never
+// from the recycled slabs. Maps (node selector, engine environment) and a
+// message field given twice (which protobuf merges) are left to protobuf.
+func (d *Decoder) applyModel(b []byte) *pb.ApplyModel {
+	c := &pb.ApplyModel{}
+	for len(b) > 0 {
+		num, typ, _, s, rest, ok := field(b)
+		if !ok || typ != protowire.BytesType {
+			return nil
+		}
+		b = rest
+		switch {
+		case num == 1:
+			c.Name, ok = d.str(s)
+		case num == 2 && c.Spec == nil:
+			c.Spec = d.modelSpec(s)
+			ok = c.Spec != nil
+		default:
+			ok = false
+		}
+		if !ok {
+			return nil
+		}
+	}
+	return c
+}
+
+func (d *Decoder) modelSpec(b []byte) *pb.ModelSpec {
+	m := &pb.ModelSpec{}
+	for len(b) > 0 {
+		num, typ, v, s, rest, ok := field(b)
+		if !ok {
+			return nil
+		}
+		b = rest
+		switch {
+		case num == 1 && typ == protowire.BytesType:
+			m.Model, ok = d.str(s)
+		case num == 2 && typ == protowire.BytesType:
+			m.ServedModelName, ok = d.str(s)
+		case num == 3 && typ == protowire.VarintType:
+			m.Replicas = uint32(v)
+		case num == 4 && typ == protowire.BytesType && m.Placement == nil:
+			m.Placement = d.placementSpec(s)
+			ok = m.Placement != nil
+		case num == 5 && typ == protowire.BytesType && m.Engine == nil:
+			m.Engine = d.engineSpec(s)
+			ok = m.Engine != nil
+		case num == 6 && typ == protowire.BytesType && m.Resources == nil:
+			m.Resources = hostResources(s)
+			ok = m.Resources != nil
+		default:
+			ok = false
+		}
+		if !ok {
+			return nil
+		}
+	}
+	return m
+}
+
+func (d *Decoder) placementSpec(b []byte) *pb.PlacementSpec {
+	p := &pb.PlacementSpec{}
+	for len(b) > 0 {
+		num, typ, _, s, rest, ok := field(b)
+		if !ok || num != 1 || typ != protowire.BytesType {
+			return nil // the node selector (a map) included
+		}
+		b = rest
+		if p.Accelerator, ok = d.str(s); !ok {
+			return nil
+		}
+	}
+	return p
+}
+
+func (d *Decoder) engineSpec(b []byte) *pb.EngineSpec {
+	e := &pb.EngineSpec{}
+	for len(b) > 0 {
+		num, typ, v, s, rest, ok := field(b)
+		if !ok {
+			return nil
+		}
+		b = rest
+		switch {
+		case num == 1 && typ == protowire.BytesType:
+			e.Kind, ok = d.str(s)
+		case num == 2 && typ == protowire.VarintType:
+			e.MemoryPercent = uint32(v)
+		case num == 3 && typ == protowire.VarintType:
+			e.MemoryMib = v
+		case num == 4 && typ == protowire.VarintType:
+			e.ComputePercent = uint32(v)
+		case num == 5 && typ == protowire.VarintType:
+			e.MaxModelLen = uint32(v)
+		case num == 6 && typ == protowire.VarintType:
+			e.TensorParallel = uint32(v)
+		case num == 7 && typ == protowire.VarintType:
+			e.PipelineParallel = uint32(v)
+		case num == 8 && typ == protowire.BytesType:
+			var a string
+			if a, ok = d.str(s); ok {
+				e.Args = append(e.Args, a)
+			}
+		default:
+			ok = false // the environment (a map) included
+		}
+		if !ok {
+			return nil
+		}
+	}
+	return e
+}
+
+func hostResources(b []byte) *pb.HostResources {
+	r := &pb.HostResources{}
+	for len(b) > 0 {
+		num, typ, v, _, rest, ok := field(b)
+		if !ok || typ != protowire.VarintType {
+			return nil
+		}
+		b = rest
+		switch num {
+		case 1:
+			r.CpuMilli = uint32(v)
+		case 2:
+			r.MemoryMib = v
+		default:
+			return nil
+		}
+	}
+	return r
 }
 
 // otherCommand decodes a command this file does not read by hand with

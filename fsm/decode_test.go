@@ -46,6 +46,13 @@ func decoderEnvelopes() []*pb.Envelope {
 		{RequestId: "0123456789abcdef0123456789abcdee", Actor: "system", ProposedAt: at,
 			Command: &pb.Envelope_ApplyModel{ApplyModel: &pb.ApplyModel{Name: "m", Spec: &pb.ModelSpec{Model: "w", Replicas: 2,
 				Placement: &pb.PlacementSpec{Accelerator: "small", NodeSelector: map[string]string{"zone": "a"}}, Engine: &pb.EngineSpec{MemoryPercent: 40}}}}},
+		{Command: &pb.Envelope_ApplyModel{ApplyModel: &pb.ApplyModel{Name: "m2", Spec: &pb.ModelSpec{Model: "/w", ServedModelName: "s", Replicas: 4,
+			Placement: &pb.PlacementSpec{Accelerator: "a"}, Resources: &pb.HostResources{CpuMilli: 4000, MemoryMib: 1 << 40},
+			Engine: &pb.EngineSpec{Kind: "vllm", MemoryPercent: 3, MemoryMib: 5, ComputePercent: 7, MaxModelLen: 8192, TensorParallel: 2, PipelineParallel: 3,
+				Args: []string{"--a", "", "b"}}}}}},
+		{Command: &pb.Envelope_ApplyModel{ApplyModel: &pb.ApplyModel{Name: "m3", Spec: &pb.ModelSpec{Engine: &pb.EngineSpec{Env: map[string]string{"A": "1"}}}}}},
+		{Command: &pb.Envelope_ApplyModel{ApplyModel: &pb.ApplyModel{Spec: &pb.ModelSpec{Placement: &pb.PlacementSpec{}, Engine: &pb.EngineSpec{}, Resources: &pb.HostResources{}}}}},
+		{Command: &pb.Envelope_ApplyModel{ApplyModel: &pb.ApplyModel{}}},
 		{Command: &pb.Envelope_BootstrapAcl{BootstrapAcl: &pb.BootstrapACL{Name: "root", SecretHash: "h"}}},
 		{Command: &pb.Envelope_CreateToken{CreateToken: &pb.CreateToken{Name: "t"}}},
 		{Command: &pb.Envelope_DeleteToken{DeleteToken: &pb.DeleteToken{Name: "t"}}},
@@ -109,6 +116,10 @@ func decoderCorpus() [][]byte {
 		msg(nil, 12, varint(str(nil, 1, ""), 2, 1<<35)),
 		msg(nil, 19, str(varint(nil, 2, 0), 3, "")),
 		msg(nil, 16, str(nil, 1, "\xff")),
+		msg(nil, 16, msg(msg(nil, 2, str(nil, 1, "w")), 2, varint(nil, 3, 2))),
+		msg(nil, 16, msg(nil, 2, msg(msg(nil, 5, str(nil, 8, "x")), 5, varint(nil, 2, 9)))),
+		msg(nil, 16, msg(nil, 2, msg(nil, 6, varint(varint(nil, 1, 1<<33), 3, 1)))),
+		msg(nil, 16, msg(nil, 2, msg(nil, 4, str(str(nil, 1, "a"), 1, "b")))),
 		msg(nil, 16, str(nil, 99, "x")),
 		[]byte{0xff, 0x01},
 		[]byte{0x0a},
@@ -153,9 +164,16 @@ func checkDecoder(t *testing.T, d *Decoder, data []byte) {
 func TestDecoderMatchesProto(t *testing.T) {
 	shared := &Decoder{Slab: 64}
 	rng := rand.New(rand.NewPCG(1, 2))
-	for _, data := range decoderCorpus() {
+	// recycling is reset every few entries: a recycled message must decode
+	// as a fresh one (nothing left of its previous use).
+	recycling := &Decoder{Slab: 3}
+	for i, data := range decoderCorpus() {
 		checkDecoder(t, &Decoder{}, data)
 		checkDecoder(t, shared, data)
+		checkDecoder(t, recycling, data)
+		if i%2 == 1 {
+			recycling.Reset()
+		}
 		// Every truncation, and damaged copies.
 		for n := range len(data) {
 			checkDecoder(t, shared, data[:n])
@@ -169,6 +187,8 @@ func TestDecoderMatchesProto(t *testing.T) {
 				b[rng.IntN(len(b))] = byte(rng.Uint32())
 			}
 			checkDecoder(t, shared, b)
+			checkDecoder(t, recycling, b)
+			recycling.Reset()
 		}
 	}
 }
@@ -387,6 +407,33 @@ func BenchmarkDecodeEntry(b *testing.B) {
 			}
 			if i++; i%256 == 0 {
 				d.Reset()
+			}
+		}
+	})
+	model, err := Marshal(&pb.Envelope{RequestId: "0123456789abcdef0123456789abcdef", Actor: "system", ProposedAt: timestamppb.Now(),
+		Command: &pb.Envelope_ApplyModel{ApplyModel: &pb.ApplyModel{Name: "model-1234", Spec: &pb.ModelSpec{
+			Model: "/models/llama-3.1-8b-instruct", ServedModelName: "model-1234", Replicas: 4,
+			Placement: &pb.PlacementSpec{Accelerator: "l4-dedicated"},
+			Engine:    &pb.EngineSpec{Kind: "vllm", MaxModelLen: 8192, Args: []string{"--enable-prefix-caching"}},
+			Resources: &pb.HostResources{CpuMilli: 4000, MemoryMib: 16384}}}}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Run("Decoder/ApplyModel", func(b *testing.B) {
+		d := &Decoder{Slab: 256}
+		b.ReportAllocs()
+		for b.Loop() {
+			if _, err := d.decode(model); err != nil {
+				b.Fatal(err)
+			}
+			d.Reset()
+		}
+	})
+	b.Run("proto.Unmarshal/ApplyModel", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			if err := proto.Unmarshal(model, &pb.Envelope{}); err != nil {
+				b.Fatal(err)
 			}
 		}
 	})
