@@ -335,8 +335,9 @@ func (c *Cluster) ClusterStatus(ctx context.Context) (*pb.StatusResponse, error)
 }
 
 // readViaServer is Read on a client node: a server reads its state (as a
-// linearizable read unless stale) and sends it whole; fn runs on a copy.
-// The state is small, and a client reads rarely (CLI requests it serves).
+// linearizable read unless stale) and sends it without the request ids
+// (ReadState); fn runs on a copy. A client reads rarely (CLI requests it
+// serves, token checks).
 func (c *Cluster) readViaServer(ctx context.Context, stale bool, fn func(*fsm.FSM) error) error {
 	ctx, cancel := withDefaultTimeout(ctx)
 	defer cancel()
@@ -354,13 +355,15 @@ func (c *Cluster) readViaServer(ctx context.Context, stale bool, fn func(*fsm.FS
 }
 
 // ReadState returns the state as snapshot bytes, read as Read reads it: what
-// a server sends a client node.
+// a server sends a client node. It leaves out the applied request ids
+// (fsm.ViewSnapshot), which no read consults and which are most of a
+// long-lived cluster's state.
 func (c *Cluster) ReadState(ctx context.Context, stale bool) ([]byte, uint64, error) {
 	var data []byte
 	var idx uint64
 	err := c.Read(ctx, stale, func(f *fsm.FSM) error {
 		var err error
-		data, err = f.Snapshot()
+		data, err = f.ViewSnapshot()
 		idx = f.AppliedIndex()
 		return err
 	})
