@@ -3,7 +3,6 @@ package cli
 import (
 	"fmt"
 	"log/slog"
-	"runtime/debug"
 	"sort"
 	"strings"
 
@@ -12,18 +11,6 @@ import (
 
 	"github.com/gpuplane/gpuplane/cmd/gpuplane/agent"
 )
-
-// agentGCPercent is the agent's GOGC unless the environment sets one. An
-// agent's live heap is small (the cluster's state and recent request ids:
-// tens of MiB for thousands of models) while a server under write load
-// allocates fast (each write is decoded, forwarded, logged, applied and
-// answered), so with Go's default of 100 it collects every few MiB:
-// in bench/cluster's commit benchmark (64 clients) background marking alone
-// took 5% of the servers' CPU, with allocation assists on top. 200 halves how often it runs for at most a third more heap
-// (3x the live heap instead of 2x). bench/cluster, 64 clients, three
-// interleaved runs each, GOGC=200 in the servers' environment against
-// none: gpuplane/etcd median 1.41x against 1.34x.
-const agentGCPercent = 200
 
 // newAgentCommand is `gpuplane agent`: it runs a node until interrupted.
 func newAgentCommand(g *globals) *cobra.Command {
@@ -55,9 +42,6 @@ GPUPLANE_<FLAG>, e.g. GPUPLANE_DATA_DIR.`,
 			cfg.Out = g.stdout
 			cfg.Logger = slog.New(slog.NewTextHandler(g.stderr, &slog.HandlerOptions{Level: level}))
 			cfg.Version = version
-			if g.getenv("GOGC") == "" {
-				debug.SetGCPercent(agentGCPercent)
-			}
 			ctx := cmd.Context()
 			a, err := agent.Start(ctx, cfg)
 			if err != nil {
