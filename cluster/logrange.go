@@ -1,6 +1,7 @@
 package cluster
 
 import (
+	"bytes"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -86,6 +87,14 @@ func (b *boltLogs) GetLog(index uint64, l *raft.Log) error {
 		val := bk.Get(key[:])
 		if val == nil {
 			return raft.ErrLogNotFound
+		}
+		*l = raft.Log{}
+		// The hand-written decoder first, as readRange does (the library
+		// decodes by reflection); its slices alias bbolt's memory, valid
+		// only in this transaction, so they are copied out.
+		if decodeStoredLog(val, l, nil) {
+			l.Data, l.Extensions = bytes.Clone(l.Data), bytes.Clone(l.Extensions)
+			return nil
 		}
 		*l = raft.Log{}
 		return codec.NewDecoderBytes(val, msgpackHandle).Decode(l)

@@ -337,25 +337,9 @@ func (t *requestTable) index() {
 	if t.hexIDs == 0 {
 		return
 	}
-	slots := t.makeSlots(slotsFor(t.hexIDs))
-	mask := len(slots) - 1
-	for e := range uint32(t.count) {
-		p := t.entry(e)
-		if p.detail&otherID != 0 {
-			continue
-		}
-		h := hashID(&p.id)
-		tag := h >> 32 << 32
-		i := int(h) & mask
-		for ; slots[i] != 0; i = (i + 1) & mask {
-			if slots[i]&^0xffffffff == tag && t.entry(uint32(slots[i])-1).id == p.id {
-				t.reload()
-				return
-			}
-		}
-		slots[i] = tag | uint64(e+1)
+	if !t.fill(slotsFor(t.hexIDs), true) {
+		t.reload()
 	}
-	t.slots = slots
 }
 
 // reload rebuilds a loaded table with put, in load order (see index).
@@ -420,7 +404,14 @@ func (t *requestTable) pack(p *requestEntry, a appliedRequest, flags uint32) {
 
 // grow doubles the index (or creates it) and reinserts every hex id.
 func (t *requestTable) grow() {
-	slots := t.makeSlots(max(2*len(t.slots), slotsFor(t.hexIDs+1)))
+	t.fill(max(2*len(t.slots), slotsFor(t.hexIDs+1)), false)
+}
+
+// fill replaces the index with one of n slots holding every hex id. With
+// dups set it stops at an id listed twice and reports false, leaving the
+// index as it was.
+func (t *requestTable) fill(n int, dups bool) bool {
+	slots := t.makeSlots(n)
 	mask := len(slots) - 1
 	for e := range uint32(t.count) {
 		p := t.entry(e)
@@ -428,13 +419,17 @@ func (t *requestTable) grow() {
 			continue
 		}
 		h := hashID(&p.id)
+		tag := h >> 32 << 32
 		i := int(h) & mask
-		for slots[i] != 0 {
-			i = (i + 1) & mask
+		for ; slots[i] != 0; i = (i + 1) & mask {
+			if dups && slots[i]&^0xffffffff == tag && t.entry(uint32(slots[i])-1).id == p.id {
+				return false
+			}
 		}
-		slots[i] = h>>32<<32 | uint64(e+1)
+		slots[i] = tag | uint64(e+1)
 	}
 	t.slots = slots
+	return true
 }
 
 // sorted calls yield with every id and its record, ordered by id.
