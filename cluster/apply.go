@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/hashicorp/raft"
-	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/gpuplane/gpuplane/fsm"
@@ -139,14 +138,17 @@ func prepare(env *pb.Envelope) (*pb.Envelope, *pb.Result) {
 		return nil, &pb.Result{Code: pb.Code_CODE_INVALID_ARGUMENT,
 			Message: "envelope has no command this server knows: is the client newer than the server?"}
 	}
-	env = proto.Clone(env).(*pb.Envelope)
-	if env.RequestId == "" {
-		env.RequestId = NewRequestID()
+	// A new envelope, since propose sets its time, that shares the command:
+	// nothing on the write path changes a command. Unknown fields are left
+	// out: this server could not say what they mean.
+	out := &pb.Envelope{RequestId: env.RequestId, Actor: env.Actor, ProposedAt: env.ProposedAt, Command: env.Command}
+	if out.RequestId == "" {
+		out.RequestId = NewRequestID()
 	}
-	if env.Actor == "" {
-		env.Actor = "system"
+	if out.Actor == "" {
+		out.Actor = "system"
 	}
-	return env, nil
+	return out, nil
 }
 
 func (c *Cluster) write(ctx context.Context, env *pb.Envelope, mode ForwardMode) (*pb.Result, error) {

@@ -36,6 +36,10 @@ type hashLog struct {
 	log *slog.Logger
 	// pending holds records of the batch being applied, flushed together.
 	pending []hashRecord
+	// size is how long the file is, as far as this process knows: records
+	// past it are all zero and need not be read before they are written
+	// (the usual case: the newest entries).
+	size int64
 }
 
 type hashRecord struct {
@@ -57,7 +61,12 @@ func openHashLog(path string, readOnly bool) (*hashLog, error) {
 	if err != nil {
 		return nil, fmt.Errorf("open entry hashes: %w", err)
 	}
-	return &hashLog{f: f, log: slog.Default()}, nil
+	st, err := f.Stat()
+	if err != nil {
+		f.Close()
+		return nil, fmt.Errorf("open entry hashes: %w", err)
+	}
+	return &hashLog{f: f, log: slog.Default(), size: st.Size()}, nil
 }
 
 func (h *hashLog) close() error {
@@ -68,16 +77,11 @@ func (h *hashLog) close() error {
 }
 
 // add queues the hash head after entry index; flush writes the queue.
-func (h *hashLog) add(index uint64, hexHash string) {
+func (h *hashLog) add(index uint64, head [hashSize]byte) {
 	if h == nil || h.f == nil || index == 0 {
 		return
 	}
-	var r hashRecord
-	r.index = index
-	if n, err := hex.Decode(r.hash[:], []byte(hexHash)); err != nil || n != hashSize {
-		return
-	}
-	h.pending = append(h.pending, r)
+	h.pending = append(h.pending, hashRecord{index, head})
 }
 
 // flush writes the queued records, one write per run of consecutive indexes.
@@ -102,12 +106,14 @@ func (h *hashLog) flush() {
 func (h *hashLog) writeRun(run []hashRecord) {
 	off := int64(run[0].index-1) * hashSize
 	buf := make([]byte, len(run)*hashSize)
-	n, err := h.f.ReadAt(buf, off)
-	if err != nil && !errors.Is(err, io.EOF) {
-		h.log.Error("read entry hashes", "index", run[0].index, "err", err)
-		return
+	if off < h.size {
+		n, err := h.f.ReadAt(buf[:min(int64(len(buf)), h.size-off)], off)
+		if err != nil && !errors.Is(err, io.EOF) {
+			h.log.Error("read entry hashes", "index", run[0].index, "err", err)
+			return
+		}
+		clear(buf[n:])
 	}
-	clear(buf[n:])
 	var zero [hashSize]byte
 	for i, r := range run {
 		rec := buf[i*hashSize : (i+1)*hashSize]
@@ -121,7 +127,9 @@ func (h *hashLog) writeRun(run []hashRecord) {
 	}
 	if _, err := h.f.WriteAt(buf, off); err != nil {
 		h.log.Error("write entry hashes", "index", run[0].index, "err", err)
+		return
 	}
+	h.size = max(h.size, off+int64(len(buf)))
 }
 
 // at returns the recorded hash head after entry index, "" when none.

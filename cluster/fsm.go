@@ -54,7 +54,7 @@ func (w *raftFSM) ApplyBatch(logs []*raft.Log) []any {
 	for i, l := range logs {
 		if l.Type == raft.LogCommand {
 			out[i] = w.state.ApplyBytes(l.Index, l.Data)
-			w.hashes.add(l.Index, w.state.Hash())
+			w.hashes.add(l.Index, w.state.Head())
 		}
 	}
 	// Under the lock, so that a reader that sees the state at an index also

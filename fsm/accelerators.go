@@ -89,12 +89,11 @@ func (f *FSM) createAccelerator(c *pb.CreateAccelerator, index uint64, dry bool)
 	}
 
 	var warnings []string
-	inv := f.deviceSummaries()[spec.Device]
-	switch {
-	case inv != nil:
-		if inv.MaxPerNode > 0 && spec.DevicesPerReplica > inv.MaxPerNode {
+	switch inv, reported := f.devices[spec.Device]; {
+	case reported:
+		if inv.maxPerNode > 0 && spec.DevicesPerReplica > inv.maxPerNode {
 			v.add("spec.devicesPerReplica", "%d exceeds MAX/NODE of %s: no node has more than %d %s cards (rule 4)",
-				spec.DevicesPerReplica, spec.Device, inv.MaxPerNode, spec.Device)
+				spec.DevicesPerReplica, spec.Device, inv.maxPerNode, spec.Device)
 		}
 	default:
 		if _, known := catalog.BySlug(spec.Device); known {

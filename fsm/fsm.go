@@ -48,10 +48,10 @@ type FSM struct {
 	// kept compact (requests.go): a million of them must stay cheap to hold,
 	// scan and snapshot.
 	requests *requestTable
-	// cardMiB is the smallest card memory per device over all nodes, for
-	// cardMemory; rebuilt by indexCardMemory whenever an inventory changes:
-	// derived, never part of the state.
-	cardMiB map[string]uint64
+	// devices indexes the inventory per device kind (models.go); rebuilt by
+	// indexDevices whenever an inventory changes: derived, never part of the
+	// state.
+	devices map[string]deviceIndex
 }
 
 // New returns an empty state machine.
@@ -79,6 +79,9 @@ func (f *FSM) AppliedIndex() uint64 { return f.applied }
 
 // Hash is the hex head of the hash chain after the last applied entry.
 func (f *FSM) Hash() string { return hex.EncodeToString(f.head[:]) }
+
+// Head is Hash's bytes.
+func (f *FSM) Head() [32]byte { return f.head }
 
 // ApplyBytes applies one committed log entry holding a marshalled Envelope.
 // It never panics: an entry that cannot be decoded, or holds a command this

@@ -116,13 +116,13 @@ func shareOf(spec *pb.ModelSpec, acc *pb.AcceleratorSpec, cardMiB uint64) share 
 // the catalog's.
 //
 // Every placement and model check calls it, so it sits on the apply path that
-// replay runs a million times: it reads f.cardMiB, which indexCardMemory
+// replay runs a million times: it reads f.devices, which indexDevices
 // rebuilds whenever an inventory changes, rather than scanning every card.
 // Being read-only, it is safe under the concurrent reads of views and
 // DryRun.
 func (f *FSM) cardMemory(device string) uint64 {
-	if mib, ok := f.cardMiB[device]; ok {
-		return mib
+	if d, ok := f.devices[device]; ok {
+		return d.leastMiB
 	}
 	if c, ok := catalog.BySlug(device); ok {
 		return c.MemoryMiB
@@ -130,18 +130,31 @@ func (f *FSM) cardMemory(device string) uint64 {
 	return 0
 }
 
-// indexCardMemory rebuilds f.cardMiB, the smallest card memory per device
-// over all nodes. Every change to f.nodes or a node's cards must call it.
-func (f *FSM) indexCardMemory() {
-	m := make(map[string]uint64, len(f.cardMiB))
+// deviceIndex is what the apply path needs to know of one device kind over
+// all nodes' cards, whatever their node's status.
+type deviceIndex struct {
+	leastMiB   uint64 // the smallest card's memory
+	maxPerNode uint32 // the most cards of the kind on one node
+}
+
+// indexDevices rebuilds f.devices from the inventory. Every change to
+// f.nodes or a node's cards must call it.
+func (f *FSM) indexDevices() {
+	m := make(map[string]deviceIndex, len(f.devices))
+	perNode := map[string]uint32{}
 	for _, n := range f.nodes {
+		clear(perNode)
 		for _, c := range n.Cards {
-			if least, ok := m[c.Device]; !ok || c.MemoryMib < least {
-				m[c.Device] = c.MemoryMib
+			d, ok := m[c.Device]
+			if !ok || c.MemoryMib < d.leastMiB {
+				d.leastMiB = c.MemoryMib
 			}
+			perNode[c.Device]++
+			d.maxPerNode = max(d.maxPerNode, perNode[c.Device])
+			m[c.Device] = d
 		}
 	}
-	f.cardMiB = m
+	f.devices = m
 }
 
 // checkModel applies the rules that need the state (7, 8, 9, 10's memory cap).

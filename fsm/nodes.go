@@ -68,7 +68,7 @@ func (f *FSM) registerNode(c *pb.RegisterNode, dry bool) *pb.Result {
 		return accept(outcomeOf(exists), "node %q would be registered", n.GetName())
 	}
 	f.nodes[n.GetName()] = next
-	f.indexCardMemory()
+	f.indexDevices()
 	return accept(outcomeOf(exists), "node %q registered with %d cards", n.GetName(), len(next.Cards))
 }
 
@@ -93,7 +93,7 @@ func (f *FSM) updateInventory(c *pb.UpdateInventory, dry bool) *pb.Result {
 	}
 	if !dry {
 		n.Cards = cards
-		f.indexCardMemory()
+		f.indexDevices()
 		f.unplaceWhere(func(r *pb.Replica) bool {
 			return r.Node == n.Name && slices.ContainsFunc(r.Cards, func(idx uint32) bool { return cardOf(n, idx) == nil })
 		}, fmt.Sprintf("a card of node %s disappeared from its inventory", n.Name))
@@ -129,7 +129,7 @@ func (f *FSM) deregisterNode(c *pb.DeregisterNode, dry bool) *pb.Result {
 		f.unplaceWhere(func(r *pb.Replica) bool { return r.Node == c.GetNode() },
 			fmt.Sprintf("node %s left the cluster: waiting to be placed elsewhere", c.GetNode()))
 		delete(f.nodes, c.GetNode())
-		f.indexCardMemory()
+		f.indexDevices()
 	}
 	return accept(pb.Outcome_OUTCOME_DELETED, "node %q deregistered", c.GetNode())
 }

@@ -97,7 +97,7 @@ func (f *FSM) restore(rest []byte, requests *requestTable) error {
 	for _, n := range st.Nodes {
 		next.nodes[n.Name] = n
 	}
-	next.indexCardMemory()
+	next.indexDevices()
 	for _, a := range st.Accelerators {
 		next.accelerators[a.Name] = a
 	}

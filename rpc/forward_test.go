@@ -62,23 +62,37 @@ func (c *calls) WrapStreamingHandler(next connect.StreamingHandlerFunc) connect.
 		if proc == gpuplanev1connect.ClusterServiceForwardProcedure && c.refuse.Load() {
 			return connect.NewError(connect.CodeUnimplemented, errors.New("unknown procedure"))
 		}
-		return next(ctx, countingConn{conn, c})
+		return next(ctx, &countingConn{StreamingHandlerConn: conn, c: c})
 	}
 }
 
+// inFlightProc is the most batches one Forward stream had received and not
+// yet answered.
+const inFlightProc = "most batches in flight"
+
 type countingConn struct {
 	connect.StreamingHandlerConn
-	c *calls
+	c        *calls
+	inFlight int // guarded by c.mu
 }
 
-func (cc countingConn) Receive(msg any) error {
+func (cc *countingConn) Receive(msg any) error {
 	err := cc.StreamingHandlerConn.Receive(msg)
 	if err == nil {
 		cc.c.mu.Lock()
 		cc.c.n[batchesProc]++
+		cc.inFlight++
+		cc.c.n[inFlightProc] = max(cc.c.n[inFlightProc], cc.inFlight)
 		cc.c.mu.Unlock()
 	}
 	return err
+}
+
+func (cc *countingConn) Send(msg any) error {
+	cc.c.mu.Lock()
+	cc.inFlight--
+	cc.c.mu.Unlock()
+	return cc.StreamingHandlerConn.Send(msg)
 }
 
 // server is one cluster node with its API, as an agent runs them.
@@ -256,6 +270,11 @@ func TestForwardBatches(t *testing.T) {
 	}
 	if batches == 0 || batches >= writers {
 		t.Errorf("leader got %d batches for %d forwarded writes", batches, writers)
+	}
+	// A follower sends a batch while fewer than two await their answers;
+	// the writes that come meanwhile wait and go together.
+	if n := leader.calls.get(inFlightProc); n < 1 || n > 2 {
+		t.Errorf("a stream had %d batches in flight at once, want 1 or 2", n)
 	}
 	streams := leader.calls.get(gpuplanev1connect.ClusterServiceForwardProcedure)
 	if streams == 0 || streams > len(followers) {
