@@ -5,7 +5,6 @@ import (
 	"sort"
 	"strings"
 
-	"google.golang.org/protobuf/proto"
 
 	"github.com/gpuplane/gpuplane/fsm/catalog"
 	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
@@ -18,9 +17,13 @@ const DefaultMaxModels = 2
 // NormalizeAcceleratorSpec returns spec with the defaults of SPEC §4 filled in:
 // dedicated tenancy, one device per replica, two models per shared card.
 func NormalizeAcceleratorSpec(spec *pb.AcceleratorSpec) *pb.AcceleratorSpec {
-	out := proto.Clone(spec).(*pb.AcceleratorSpec)
-	if out == nil {
-		out = &pb.AcceleratorSpec{}
+	// A copy (a decoded command's messages are recycled), by hand: this
+	// runs for every accelerator created, on every server.
+	// TestNormalizeAcceleratorSpecCopiesEveryField fails when the spec
+	// gains a field this misses.
+	out := &pb.AcceleratorSpec{}
+	if spec != nil {
+		out = &pb.AcceleratorSpec{Device: spec.Device, Tenancy: spec.Tenancy, MaxModels: spec.MaxModels, DevicesPerReplica: spec.DevicesPerReplica}
 	}
 	if out.Tenancy == pb.Tenancy_TENANCY_UNSPECIFIED {
 		out.Tenancy = pb.Tenancy_TENANCY_DEDICATED

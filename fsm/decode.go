@@ -60,6 +60,9 @@ type Decoder struct {
 	wNodeStat  slab[pb.Envelope_SetNodeStatus]
 	unplaces   slab[pb.UnplaceReplica]
 	wUnplace   slab[pb.Envelope_UnplaceReplica]
+	accs       slab[pb.CreateAccelerator]
+	accSpecs   slab[pb.AcceleratorSpec]
+	wAcc       slab[pb.Envelope_CreateAccelerator]
 	text       slab[byte]
 	names      *names
 }
@@ -102,6 +105,9 @@ func (d *Decoder) Reset() {
 	d.wNodeStat.reset()
 	d.unplaces.reset()
 	d.wUnplace.reset()
+	d.accs.reset()
+	d.accSpecs.reset()
+	d.wAcc.reset()
 	d.text.reset()
 }
 
@@ -402,6 +408,14 @@ func (d *Decoder) command(env *pb.Envelope, num protowire.Number, b []byte) bool
 		w := d.wUnplace.one(d.Slab)
 		w.UnplaceReplica = c
 		env.Command = w
+	case 14:
+		c := d.createAccelerator(b)
+		if c == nil {
+			return false
+		}
+		w := d.wAcc.one(d.Slab)
+		w.CreateAccelerator = c
+		env.Command = w
 	case 16:
 		c := d.applyModel(b)
 		if c == nil {
@@ -549,6 +563,61 @@ func hostResources(b []byte) *pb.HostResources {
 		}
 	}
 	return r
+}
+
+// createAccelerator decodes a CreateAccelerator, or returns nil for
+// protobuf to decode (a spec given twice is merged there).
+func (d *Decoder) createAccelerator(b []byte) *pb.CreateAccelerator {
+	c := d.accs.one(d.Slab)
+	for len(b) > 0 {
+		num, typ, v, s, rest, ok := field(b)
+		if !ok {
+			return nil
+		}
+		b = rest
+		switch {
+		case num == 1 && typ == protowire.BytesType:
+			c.Name, ok = d.str(s)
+		case num == 2 && typ == protowire.BytesType && c.Spec == nil:
+			c.Spec = d.acceleratorSpec(s)
+			ok = c.Spec != nil
+		case num == 3 && typ == protowire.VarintType:
+			c.Upsert = v != 0
+		default:
+			ok = false
+		}
+		if !ok {
+			return nil
+		}
+	}
+	return c
+}
+
+func (d *Decoder) acceleratorSpec(b []byte) *pb.AcceleratorSpec {
+	c := d.accSpecs.one(d.Slab)
+	for len(b) > 0 {
+		num, typ, v, s, rest, ok := field(b)
+		if !ok {
+			return nil
+		}
+		b = rest
+		switch {
+		case num == 1 && typ == protowire.BytesType:
+			c.Device, ok = d.str(s)
+		case num == 2 && typ == protowire.VarintType:
+			c.Tenancy = pb.Tenancy(int32(v))
+		case num == 3 && typ == protowire.VarintType:
+			c.MaxModels = uint32(v)
+		case num == 4 && typ == protowire.VarintType:
+			c.DevicesPerReplica = uint32(v)
+		default:
+			ok = false
+		}
+		if !ok {
+			return nil
+		}
+	}
+	return c
 }
 
 // otherCommand decodes a command this file does not read by hand with

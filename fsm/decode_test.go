@@ -42,6 +42,10 @@ func decoderEnvelopes() []*pb.Envelope {
 		{Command: &pb.Envelope_UpdateInventory{UpdateInventory: &pb.UpdateInventory{Node: "n1", Cards: []*pb.Card{{Index: 1}}}}},
 		{Command: &pb.Envelope_DeregisterNode{DeregisterNode: &pb.DeregisterNode{Node: "n1"}}},
 		{Command: &pb.Envelope_CreateAccelerator{CreateAccelerator: &pb.CreateAccelerator{Name: "x", Spec: &pb.AcceleratorSpec{Device: "l4", Tenancy: pb.Tenancy_TENANCY_SHARED}}}},
+		{RequestId: "0123456789abcdef0123456789abcdef", Actor: "ops", ProposedAt: at, Command: &pb.Envelope_CreateAccelerator{CreateAccelerator: &pb.CreateAccelerator{
+			Name: "y", Upsert: true, Spec: &pb.AcceleratorSpec{Device: "h100", Tenancy: pb.Tenancy(-7), MaxModels: 1 << 31, DevicesPerReplica: 8}}}},
+		{Command: &pb.Envelope_CreateAccelerator{CreateAccelerator: &pb.CreateAccelerator{Spec: &pb.AcceleratorSpec{}}}},
+		{Command: &pb.Envelope_CreateAccelerator{CreateAccelerator: &pb.CreateAccelerator{}}},
 		{Command: &pb.Envelope_DeleteAccelerator{DeleteAccelerator: &pb.DeleteAccelerator{Name: "x", Force: true}}},
 		{RequestId: "0123456789abcdef0123456789abcdee", Actor: "system", ProposedAt: at,
 			Command: &pb.Envelope_ApplyModel{ApplyModel: &pb.ApplyModel{Name: "m", Spec: &pb.ModelSpec{Model: "w", Replicas: 2,
@@ -121,6 +125,15 @@ func decoderCorpus() [][]byte {
 		msg(nil, 16, msg(nil, 2, msg(nil, 6, varint(varint(nil, 1, 1<<33), 3, 1)))),
 		msg(nil, 16, msg(nil, 2, msg(nil, 4, str(str(nil, 1, "a"), 1, "b")))),
 		msg(nil, 16, str(nil, 99, "x")),
+		// CreateAccelerator: a spec twice (merged), a name twice, fields
+		// of the spec twice, an unknown field, a wide varint.
+		msg(nil, 14, msg(msg(nil, 2, str(nil, 1, "l4")), 2, varint(nil, 3, 2))),
+		msg(nil, 14, str(str(varint(nil, 3, 1), 1, "a"), 1, "b")),
+		msg(nil, 14, msg(nil, 2, varint(varint(str(str(nil, 1, "a"), 1, "b"), 4, 1<<33), 4, 3))),
+		msg(nil, 14, msg(nil, 2, varint(nil, 2, 1<<63))),
+		msg(nil, 14, msg(nil, 2, varint(nil, 9, 1))),
+		msg(nil, 14, varint(nil, 3, 300)),
+		msg(nil, 14, str(nil, 1, "\xff")),
 		[]byte{0xff, 0x01},
 		[]byte{0x0a},
 		[]byte{0x0a, 0x05, 'a'},
@@ -262,7 +275,7 @@ func TestDecoderReadsCommonCommands(t *testing.T) {
 		}
 		switch env.GetCommand().(type) {
 		case *pb.Envelope_ReplicaStatus, *pb.Envelope_PlaceReplicas, *pb.Envelope_DeleteModel,
-			*pb.Envelope_SetNodeStatus, *pb.Envelope_UnplaceReplica, *pb.Envelope_ApplyModel, nil:
+			*pb.Envelope_SetNodeStatus, *pb.Envelope_UnplaceReplica, *pb.Envelope_ApplyModel, *pb.Envelope_CreateAccelerator, nil:
 			if d.envelope(data) == nil {
 				t.Errorf("%v: left to protobuf", env)
 			}
