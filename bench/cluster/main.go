@@ -76,8 +76,13 @@ func main() {
 		serverEnv = append(serverEnv, v)
 		return nil
 	})
+	flag.StringVar(&clientHTTP, "client-http", "both", "how gpuplane's bench clients speak to the servers: http1 (HTTP/1.1, as the gpuplane CLI and this bench's etcd clients do), h2c (HTTP/2 without TLS, as nodes do: rpc.HTTPClient) or both (each measured, in turns)")
 	procs := flag.Int("procs", 0, "GOMAXPROCS of this process (default: NumCPU, or 3×NumCPU with -inproc)")
 	flag.Parse()
+	if _, ok := clientProtocols[clientHTTP]; !ok {
+		fmt.Fprintf(os.Stderr, "bad -client-http %q: want http1, h2c or both\n", clientHTTP)
+		os.Exit(2)
+	}
 	// With -inproc the three gpuplane servers share this process, while etcd
 	// runs three processes with GOMAXPROCS=NumCPU each. On a loaded machine
 	// the kernel shares CPU per thread, so with the default GOMAXPROCS
@@ -114,6 +119,7 @@ var (
 	inproc     bool
 	bin        string
 	serverEnv  []string // -server-env
+	clientHTTP string   // -client-http
 )
 
 func run(trials, gossipN int, clients []int, d time.Duration, etcdBin string) error {
@@ -195,22 +201,33 @@ func run(trials, gossipN int, clients []int, d time.Duration, etcdBin string) er
 			return err
 		}
 	}
+	protos := clientProtocols[clientHTTP]
 	for _, n := range clients {
-		systems := []*system{{w: gpuplaneWriter(servers), pids: func() []int { return serverPids(servers) }}}
+		var systems []*system
+		for _, p := range protos {
+			systems = append(systems, &system{w: gpuplaneWriter(servers, p), pids: func() []int { return serverPids(servers) }})
+		}
 		if etcd != nil {
 			systems = append(systems, &system{w: etcd.writer(), pids: etcd.pids})
 		}
 		if err := interleave(n, d, slice, systems); err != nil {
 			return err
 		}
-		st := systems[0].stats()
-		fmt.Printf("  gpuplane  %4d clients  %8.0f writes/s  p50 %6.2fms  p99 %6.2fms  errors %d%s\n", n, st.rate, st.p50, st.p99, st.errors, st.cpu)
+		var rates []string
+		for i, p := range protos {
+			st := systems[i].stats()
+			fmt.Printf("  gpuplane %-8s  %4d clients  %8.0f writes/s  p50 %6.2fms  p99 %6.2fms  errors %d%s\n", p, n, st.rate, st.p50, st.p99, st.errors, st.cpu)
+			rates = append(rates, fmt.Sprintf("%.2fx (%s)", st.rate, p))
+		}
 		if etcd == nil {
 			continue
 		}
-		et := systems[1].stats()
-		fmt.Printf("  etcd      %4d clients  %8.0f writes/s  p50 %6.2fms  p99 %6.2fms  errors %d%s   gpuplane/etcd %.2fx\n",
-			n, et.rate, et.p50, et.p99, et.errors, et.cpu, st.rate/et.rate)
+		et := systems[len(protos)].stats()
+		for i := range rates {
+			rates[i] = fmt.Sprintf("%.2fx (%s)", systems[i].stats().rate/et.rate, protos[i])
+		}
+		fmt.Printf("  etcd               %4d clients  %8.0f writes/s  p50 %6.2fms  p99 %6.2fms  errors %d%s   gpuplane/etcd %s\n",
+			n, et.rate, et.p50, et.p99, et.errors, et.cpu, strings.Join(rates, ", "))
 	}
 	if cpuProfile != "" {
 		pprof.StopCPUProfile()
@@ -548,8 +565,18 @@ type writer func(ctx context.Context, client, seq int) error
 
 var run0 atomic.Int64
 
-func gpuplaneWriter(servers []*server) writer {
+// clientProtocols are the -client-http choices, as gpuplaneWriter takes them.
+var clientProtocols = map[string][]string{"http1": {"HTTP/1.1"}, "h2c": {"h2c"}, "both": {"HTTP/1.1", "h2c"}}
+
+// gpuplaneWriter writes through Connect clients that speak proto
+// ("HTTP/1.1" or "h2c") to the servers.
+func gpuplaneWriter(servers []*server, proto string) writer {
 	httpc := rpc.HTTPClient()
+	if proto == "HTTP/1.1" {
+		// As the CLI's client (and etcd's here): one connection per call
+		// in flight.
+		httpc = &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 512}}
+	}
 	var cs []gpuplanev1connect.ClusterServiceClient
 	for _, s := range servers {
 		cs = append(cs, gpuplanev1connect.NewClusterServiceClient(httpc, s.url()))
