@@ -172,6 +172,15 @@ func TestWALRecoversAfterCrash(t *testing.T) {
 		t.Fatal(err)
 	}
 	storeIn(t, s, logs[200:], 13)
+	// Appends write into the segment's zeroed space (walPrealloc): the
+	// file does not grow, so their fdatasyncs commit no metadata.
+	st, err := s.seg.Stat()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Size() != walPrealloc {
+		t.Fatalf("segment after appends: %d bytes, want %d, as created", st.Size(), walPrealloc)
+	}
 	crash(s)
 	if len(segmentFiles(t, dir)) == 0 {
 		t.Fatal("the crash left no segments: the test checks nothing")

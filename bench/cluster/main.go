@@ -9,8 +9,11 @@
 //     a new node joining one of them; the time until all N see the new
 //     node's inventory digest, and until all see a changed digest;
 //   - commit throughput: concurrent writers (1, 64, 256) sending one log
-//     entry per call (ClusterService.Apply over Connect/h2c, spread over the
-//     three servers, followers forwarding to the leader) for a fixed time;
+//     entry per call (ClusterService.Apply over Connect, spread over the
+//     three servers, followers forwarding to the leader) for a fixed time,
+//     once with clients over HTTP/1.1 (as the gpuplane CLI's client, and
+//     this bench's etcd clients, speak) and once over h2c (HTTP/2 without
+//     TLS, as nodes speak to each other); -client-http picks one;
 //   - the same put workload against a three-member etcd on this machine
 //     (etcd's JSON gateway, /v3/kv/put, spread over its members), when an
 //     etcd binary is on PATH, with the ratio. Without etcd that part is
