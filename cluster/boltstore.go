@@ -192,7 +192,8 @@ func appendMsgpackBytes(buf, b []byte) []byte {
 // does.
 func storedLogByLibrary(l *raft.Log) []byte {
 	var out []byte
-	h := &codec.MsgpackHandle{BasicHandle: codec.BasicHandle{TimeNotBuiltin: true}}
+	h := &codec.MsgpackHandle{}
+	h.TimeNotBuiltin = true
 	if err := codec.NewEncoderBytes(&out, h).Encode(l); err != nil {
 		panic("encode raft log entry: " + err.Error()) // raft.Log always encodes
 	}

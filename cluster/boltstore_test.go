@@ -54,7 +54,8 @@ func storedLogCases() []*raft.Log {
 // what raft-boltdb/v2 writes, and decodes (by the library and by
 // decodeStoredLog) to the same entry.
 func TestEncodeStoredLogMatchesRaftBoltDB(t *testing.T) {
-	h := &codec.MsgpackHandle{BasicHandle: codec.BasicHandle{TimeNotBuiltin: true}}
+	h := &codec.MsgpackHandle{}
+	h.TimeNotBuiltin = true
 	for i, l := range storedLogCases() {
 		var want []byte
 		if err := codec.NewEncoderBytes(&want, h).Encode(l); err != nil {

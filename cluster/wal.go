@@ -224,6 +224,9 @@ func segmentName(seq uint64) string { return fmt.Sprintf("wal-%016x.log", seq) }
 // segmentSeq is the sequence number in a segment's name, 0 for other files.
 func segmentSeq(name string) uint64 {
 	hex, ok := strings.CutPrefix(name, "wal-")
+	if !ok {
+		return 0
+	}
 	if hex, ok = strings.CutSuffix(hex, ".log"); !ok {
 		return 0
 	}

@@ -464,3 +464,21 @@ func BenchmarkWALStoreLogs(b *testing.B) {
 	}
 	b.ReportMetric(float64((cpuTime()-cpu0).Microseconds())/float64(b.N), "cpu-us/op")
 }
+
+// TestSegmentSeq: only wal-<hex>.log names are segments; anything else in
+// the dir (an operator's copy, "123.log") is never read or deleted as one.
+func TestSegmentSeq(t *testing.T) {
+	for name, want := range map[string]uint64{
+		segmentName(1):           1,
+		segmentName(0xabc):       0xabc,
+		"123.log":                0,
+		"wal-xyz.log":            0,
+		"wal-0000000000000001":   0,
+		"x-wal-00000001.log":     0,
+		"wal-0000000000000001.l": 0,
+	} {
+		if got := segmentSeq(name); got != want {
+			t.Errorf("segmentSeq(%q) = %d, want %d", name, got, want)
+		}
+	}
+}
