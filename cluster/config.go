@@ -58,6 +58,12 @@ type Config struct {
 	// Digest summarises an inventory for gossip (node/inventory.Digest); the
 	// leader compares it with the cards in the log to notice changes.
 	Digest func([]*pb.Card) string
+	// ReapLeftAfter is how long a node stays in the state as left (a
+	// graceful leave, or remove-peer) before the leader deregisters it
+	// (DeregisterNode): 0 means DefaultReapLeftAfter, a negative value never.
+	// A node that comes back meanwhile is alive again; one that comes back
+	// later registers anew.
+	ReapLeftAfter time.Duration
 
 	// Logger receives the cluster's logs, raft's included; slog.Default when nil.
 	Logger *slog.Logger
@@ -65,6 +71,10 @@ type Config struct {
 	// every state change at info.
 	RaftLogLevel slog.Leveler
 }
+
+// DefaultReapLeftAfter is Config.ReapLeftAfter's default: a day, as serf
+// (Consul) keeps a left member's tombstone.
+const DefaultReapLeftAfter = 24 * time.Hour
 
 // Peer is one Raft server: its node name and Raft address.
 type Peer struct {
@@ -91,6 +101,9 @@ func (c *Config) validate() error {
 	}
 	if c.Digest == nil {
 		c.Digest = defaultDigest
+	}
+	if c.ReapLeftAfter == 0 {
+		c.ReapLeftAfter = DefaultReapLeftAfter
 	}
 	if c.RaftAdvertise == "" {
 		c.RaftAdvertise = c.RaftBind

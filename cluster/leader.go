@@ -93,8 +93,10 @@ func (c *Cluster) lead(ctx context.Context) {
 	since := time.Now()
 	t := time.NewTicker(reconcileInterval)
 	defer t.Stop()
+	leftSince := map[string]time.Time{}
 	for {
 		c.reconcile(ctx, time.Since(since))
+		c.reapLeft(ctx, leftSince)
 		select {
 		case <-ctx.Done():
 			return
@@ -204,6 +206,57 @@ func (c *Cluster) reconcileNodes(ctx context.Context, members []GossipMember, le
 		if n.GetStatus() == pb.NodeStatus_NODE_STATUS_ALIVE {
 			c.setStatus(ctx, name, pb.NodeStatus_NODE_STATUS_DOWN)
 		}
+	}
+}
+
+// reapLeft deregisters the nodes that have been left for
+// Config.ReapLeftAfter, as this leader has seen them: leftSince holds when
+// it first saw each left node, so a new leader waits the whole time again
+// (it never reaps early). A server still in Raft's configuration is kept.
+func (c *Cluster) reapLeft(ctx context.Context, leftSince map[string]time.Time) {
+	if c.cfg.ReapLeftAfter < 0 {
+		return
+	}
+	left := map[string]bool{}
+	c.View(func(f *fsm.FSM) {
+		for _, n := range f.Nodes() {
+			if n.GetStatus() == pb.NodeStatus_NODE_STATUS_LEFT {
+				left[n.GetName()] = true
+			}
+		}
+	})
+	now := time.Now()
+	for name := range leftSince {
+		if !left[name] {
+			delete(leftSince, name) // back, or gone
+		}
+	}
+	var due []string
+	for name := range left {
+		first, ok := leftSince[name]
+		if !ok {
+			leftSince[name] = now
+		} else if now.Sub(first) >= c.cfg.ReapLeftAfter {
+			due = append(due, name)
+		}
+	}
+	if len(due) == 0 {
+		return
+	}
+	f := c.raft.GetConfiguration()
+	if f.Error() != nil {
+		return
+	}
+	voters := map[string]bool{}
+	for _, s := range f.Configuration().Servers {
+		voters[string(s.ID)] = true
+	}
+	for _, name := range due {
+		if voters[name] || ctx.Err() != nil {
+			continue
+		}
+		c.log.Info("deregistering node", "node", name, "left_for", now.Sub(leftSince[name]).Round(time.Second))
+		c.leaderApply(ctx, &pb.Envelope{Command: &pb.Envelope_DeregisterNode{DeregisterNode: &pb.DeregisterNode{Node: name}}})
 	}
 }
 
