@@ -466,9 +466,13 @@ func deadline(ctx context.Context) time.Time {
 	return time.Now().Add(defaultTimeout)
 }
 
+// withDefaultTimeout bounds ctx by defaultTimeout unless it has a deadline
+// already: then it is returned as it is (every caller waits for what it
+// starts, so there is nothing to cancel; a derived context would cost every
+// API write an allocation and a registration with its parent).
 func withDefaultTimeout(ctx context.Context) (context.Context, context.CancelFunc) {
 	if _, ok := ctx.Deadline(); ok {
-		return context.WithCancel(ctx)
+		return ctx, func() {}
 	}
 	return context.WithTimeout(ctx, defaultTimeout)
 }

@@ -91,11 +91,15 @@ func writeFileSync(path string, data []byte) error {
 //     file to rebuild it.
 //   - Timeout makes a second process on the same data dir fail at once with
 //     a clear error instead of waiting forever on the file lock.
+//   - InitialMmapSize 1 GiB (address space, not memory; etcd reserves 10
+//     GiB): bbolt otherwise remaps the file, blocking readers, each time
+//     it doubles on its way there.
 func openLogStore(dataDir string) (*boltStore, error) {
 	path := RaftDBPath(dataDir)
 	store, err := openBoltStore(path, &bbolt.Options{
-		Timeout:      time.Second,
-		FreelistType: bbolt.FreelistMapType,
+		Timeout:         time.Second,
+		FreelistType:    bbolt.FreelistMapType,
+		InitialMmapSize: 1 << 30,
 	})
 	if errors.Is(err, bbolt.ErrTimeout) {
 		return nil, fmt.Errorf("open %s: another gpuplane agent is using this data dir", path)
