@@ -5,7 +5,6 @@ import (
 	"sort"
 	"strings"
 
-
 	"github.com/gpuplane/gpuplane/fsm/catalog"
 	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
 )
