@@ -36,19 +36,8 @@ func TestVerifyOfflineAgainstSnapshot(t *testing.T) {
 
 	verify := func() *pb.ServerVerification {
 		t.Helper()
-		off, err := OpenOffline(o.dir)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer off.Close()
-		last, err := off.LastIndex()
-		if err != nil {
-			t.Fatal(err)
-		}
-		v, err := off.Verify(last, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
+		off, _, v := verifyOffline(t, o.dir)
+		off.Close()
 		return v
 	}
 	if v := verify(); !v.Ok || len(v.Problems) > 0 {

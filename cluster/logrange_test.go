@@ -228,19 +228,8 @@ func TestVerifyNamesAlteredEntry(t *testing.T) {
 		}
 	}
 	store.Close()
-	off, err := OpenOffline(o.dir)
-	if err != nil {
-		t.Fatal(err)
-	}
+	off, last, v := verifyOffline(t, o.dir)
 	defer off.Close()
-	last, err := off.LastIndex()
-	if err != nil {
-		t.Fatal(err)
-	}
-	v, err := off.Verify(last, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
 	events := 0
 	if err := off.Cursor(1, nil).Advance(last, func(*pb.Event) error { events++; return nil }); err != nil {
 		t.Fatal(err)

@@ -210,8 +210,7 @@ func (s *forwardStream) apply(ctx context.Context, env *pb.Envelope) (*pb.Result
 	w := &forwardedWrite{ctx: ctx, env: env, done: make(chan forwardOutcome, 1)}
 	s.mu.Lock()
 	s.queue = append(s.queue, w)
-	start := !s.sending
-	s.sending = true
+	start := s.startSendLocked()
 	s.mu.Unlock()
 	if start {
 		go s.send()
@@ -226,7 +225,19 @@ func (s *forwardStream) apply(ctx context.Context, env *pb.Envelope) (*pb.Result
 	}
 }
 
-// send sends batches until the queue is empty.
+// startSendLocked reports whether the caller must start send: writes wait
+// and no send runs (it stopped at an empty queue or at maxInFlight). It
+// marks one as running. The caller holds s.mu.
+func (s *forwardStream) startSendLocked() bool {
+	if len(s.queue) == 0 || s.sending {
+		return false
+	}
+	s.sending = true
+	return true
+}
+
+// send sends batches until the queue is empty or maxInFlight batches await
+// their answers.
 func (s *forwardStream) send() {
 	for {
 		s.mu.Lock()
@@ -338,12 +349,9 @@ func (s *forwardStream) receive(conn *streamConn) {
 		if len(conn.pending) == 0 && s.conn == conn {
 			conn.idle.Reset(streamIdle)
 		}
-		kick := len(s.queue) > 0 && !s.sending
-		if kick {
-			s.sending = true
-		}
+		start := s.startSendLocked()
 		s.mu.Unlock()
-		if kick {
+		if start {
 			go s.send()
 		}
 		if !ok {
@@ -389,12 +397,9 @@ func (s *forwardStream) fail(conn *streamConn, err error) {
 	pending := conn.pending
 	conn.pending = map[uint64][]*forwardedWrite{}
 	conn.idle.Stop()
-	kick := len(s.queue) > 0 && !s.sending
-	if kick {
-		s.sending = true
-	}
+	start := s.startSendLocked()
 	s.mu.Unlock()
-	if kick {
+	if start {
 		go s.send()
 	}
 	conn.cancel()

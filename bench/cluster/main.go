@@ -216,21 +216,22 @@ func run(trials, gossipN int, clients []int, d time.Duration, etcdBin string) er
 		if err := interleave(n, d, slice, systems); err != nil {
 			return err
 		}
-		var rates []string
+		var rates []float64
 		for i, p := range protos {
 			st := systems[i].stats()
 			fmt.Printf("  gpuplane %-8s  %4d clients  %8.0f writes/s  p50 %6.2fms  p99 %6.2fms  errors %d%s\n", p, n, st.rate, st.p50, st.p99, st.errors, st.cpu)
-			rates = append(rates, fmt.Sprintf("%.2fx (%s)", st.rate, p))
+			rates = append(rates, st.rate)
 		}
 		if etcd == nil {
 			continue
 		}
 		et := systems[len(protos)].stats()
-		for i := range rates {
-			rates[i] = fmt.Sprintf("%.2fx (%s)", systems[i].stats().rate/et.rate, protos[i])
+		ratios := make([]string, len(protos))
+		for i, p := range protos {
+			ratios[i] = fmt.Sprintf("%.2fx (%s)", rates[i]/et.rate, p)
 		}
 		fmt.Printf("  etcd               %4d clients  %8.0f writes/s  p50 %6.2fms  p99 %6.2fms  errors %d%s   gpuplane/etcd %s\n",
-			n, et.rate, et.p50, et.p99, et.errors, et.cpu, strings.Join(rates, ", "))
+			n, et.rate, et.p50, et.p99, et.errors, et.cpu, strings.Join(ratios, ", "))
 	}
 	if cpuProfile != "" {
 		pprof.StopCPUProfile()
