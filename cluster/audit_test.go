@@ -7,9 +7,7 @@ import (
 	"testing"
 
 	"github.com/hashicorp/raft"
-	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
 
-	"github.com/gpuplane/gpuplane/fsm"
 	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
 )
 
@@ -45,28 +43,7 @@ func TestVerifyOfflineAgainstSnapshot(t *testing.T) {
 	}
 
 	// Rename accelerator "b" in its entry.
-	store, err := raftboltdb.New(raftboltdb.Options{Path: RaftDBPath(o.dir)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var altered uint64
-	for i := uint64(1); altered == 0; i++ {
-		var l raft.Log
-		if err := store.GetLog(i, &l); err != nil {
-			t.Fatal(err)
-		}
-		if l.Type == raft.LogCommand && strings.Contains(string(l.Data), "\n\x01b") {
-			env := createAccelerator("x")
-			if l.Data, err = fsm.Marshal(env); err != nil {
-				t.Fatal(err)
-			}
-			if err := store.StoreLog(&l); err != nil {
-				t.Fatal(err)
-			}
-			altered = i
-		}
-	}
-	store.Close()
+	altered := renameInLog(t, o.dir, "b", "x")
 
 	v := verify()
 	if v.Ok || v.FirstDivergence != snapAt {

@@ -5,13 +5,16 @@ import (
 	"iter"
 	"log/slog"
 	"os"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/hashicorp/raft"
+	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
 
 	"github.com/gpuplane/gpuplane/cluster/porttest"
+	"github.com/gpuplane/gpuplane/fsm"
 	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
 )
 
@@ -234,4 +237,31 @@ func verifyOffline(t testing.TB, dir string) (*Offline, uint64, *pb.ServerVerifi
 		t.Fatal(err)
 	}
 	return off, last, v
+}
+
+// renameInLog alters a stopped node's raft.db behind its back: the entry
+// that creates accelerator from (a one-letter name) is rewritten to create
+// to instead. It returns the entry's index.
+func renameInLog(t testing.TB, dir, from, to string) uint64 {
+	t.Helper()
+	store, err := raftboltdb.New(raftboltdb.Options{Path: RaftDBPath(dir)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer store.Close()
+	for i := uint64(1); ; i++ {
+		var l raft.Log
+		if err := store.GetLog(i, &l); err != nil {
+			t.Fatal(err)
+		}
+		if l.Type == raft.LogCommand && strings.Contains(string(l.Data), "\n\x01"+from) {
+			if l.Data, err = fsm.Marshal(createAccelerator(to)); err != nil {
+				t.Fatal(err)
+			}
+			if err := store.StoreLog(&l); err != nil {
+				t.Fatal(err)
+			}
+			return i
+		}
+	}
 }

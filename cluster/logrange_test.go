@@ -7,12 +7,9 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/hashicorp/raft"
-	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
 	"go.etcd.io/bbolt"
 	"google.golang.org/protobuf/proto"
 
-	"github.com/gpuplane/gpuplane/fsm"
 	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
 )
 
@@ -207,27 +204,7 @@ func TestVerifyNamesAlteredEntry(t *testing.T) {
 	if err := c.Shutdown(); err != nil {
 		t.Fatal(err)
 	}
-	store, err := raftboltdb.New(raftboltdb.Options{Path: RaftDBPath(o.dir)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var altered uint64
-	for i := uint64(1); altered == 0; i++ {
-		var l raft.Log
-		if err := store.GetLog(i, &l); err != nil {
-			t.Fatal(err)
-		}
-		if l.Type == raft.LogCommand && strings.Contains(string(l.Data), "\n\x01b") {
-			if l.Data, err = fsm.Marshal(createAccelerator("x")); err != nil {
-				t.Fatal(err)
-			}
-			if err := store.StoreLog(&l); err != nil {
-				t.Fatal(err)
-			}
-			altered = i
-		}
-	}
-	store.Close()
+	altered := renameInLog(t, o.dir, "b", "x")
 	off, last, v := verifyOffline(t, o.dir)
 	defer off.Close()
 	events := 0
