@@ -283,7 +283,7 @@ give are reset to their defaults, so redeploying with the same flags is
 	}
 	intFlag("replicas", descriptor.DefaultReplicas, "number of replicas")
 	intFlag("memory-percent", 0, "share of one card's memory, 1..100 (or --memory)")
-	f.Var(&memory, "memory", "absolute memory share per card, such as 20Gi (or --memory-percent)")
+	f.Var(&memory, "memory", "absolute memory share per card, such as 20Gi (2³⁰ bytes a G) or 20G (10⁹ bytes a G, rounded up to a whole MiB) (or --memory-percent)")
 	intFlag("compute-percent", 0, "share of a card's compute (SMs), 1..100; needs a memory share")
 	intFlag("max-model-len", 0, "the engine's maximum context length")
 	intFlag("tensor-parallel", descriptor.DefaultParallel, "tensor-parallel degree")

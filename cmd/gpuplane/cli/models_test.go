@@ -344,6 +344,12 @@ spec:
 		got.GetSpec().GetEngine().GetTensorParallel() != 2 || got.GetSpec().GetEngine().GetKind() != "sim" || got.GetSpec().GetReplicas() != 1 {
 		t.Errorf("deploy sent %v", got)
 	}
+	// A decimal quantity is 10⁹ bytes a G, sent in MiB rounded up.
+	r = run(t, "", nil, "--addr", url, "models", "deploy", "big", "--accelerator", "pair", "--model", "hf://org/big",
+		"--engine", "sim", "--memory", "20G", "--dry-run")
+	if got := m.applies[len(m.applies)-1]; r.code != exitOK || got.GetSpec().GetEngine().GetMemoryMib() != 19074 {
+		t.Errorf("deploy --memory 20G: %+v, sent %v", r, got)
+	}
 
 	// -o json prints the deployment the server returns.
 	m.apply = nil
@@ -392,8 +398,8 @@ func TestModelsDeployFlagErrors(t *testing.T) {
 		{[]string{"--replicas", "-1"}, exitFailure, "error: --replicas: must be at least 0, got -1"},
 		{[]string{"--tensor-parallel", "0"}, exitFailure, "error: --tensor-parallel: must be at least 1, got 0"},
 		{[]string{"--max-model-len", "0"}, exitFailure, "error: --max-model-len: must be at least 1, got 0"},
-		{[]string{"--memory", "20GB"}, exitUsage, `error: invalid argument "20GB" for "--memory" flag: invalid quantity "20GB": use a binary suffix (Gi), gpuplane counts memory in MiB`},
-		{[]string{"--memory", "1000"}, exitUsage, `error: invalid argument "1000" for "--memory" flag: invalid quantity "1000": must be a whole number of MiB`},
+		{[]string{"--memory", "20GB"}, exitUsage, `error: invalid argument "20GB" for "--memory" flag: invalid quantity "20GB": unknown suffix "GB", write 20G (decimal) or 20Gi (binary)`},
+		{[]string{"--memory", "0G"}, exitUsage, `error: invalid argument "0G" for "--memory" flag: invalid quantity "0G": must be more than 0`},
 		{[]string{"--replicas", "two"}, exitUsage, `error: invalid argument "two" for "--replicas" flag: strconv.ParseInt: parsing "two": invalid syntax`},
 	}
 	for _, tt := range tests {

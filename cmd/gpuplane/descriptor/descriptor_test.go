@@ -374,14 +374,28 @@ func TestParseQuantity(t *testing.T) {
 		{in: "1.5Gi", wantMiB: 1536},
 		{in: "2048Ki", wantMiB: 2},
 		{in: "1073741824", wantMiB: 1024},
-		{in: "20GB", wantErr: `invalid quantity "20GB": use a binary suffix (Gi), gpuplane counts memory in MiB`},
-		{in: "20G", wantErr: `invalid quantity "20G": use a binary suffix (Gi), gpuplane counts memory in MiB`},
-		{in: "20Xi", wantErr: `invalid quantity "20Xi": unknown suffix "Xi", want Ki, Mi, Gi or Ti`},
-		{in: "1000", wantErr: `invalid quantity "1000": must be a whole number of MiB`},
+		// Decimal suffixes are powers of 1000, rounded up to a whole MiB:
+		// 20G = 20×10⁹ bytes = 19073.49 MiB.
+		{in: "20G", wantMiB: 19074},
+		{in: "1G", wantMiB: 954},
+		{in: "500M", wantMiB: 477},
+		{in: "1.5T", wantMiB: 1430512},
+		{in: "2000k", wantMiB: 2},
+		{in: "1P", wantMiB: 953674317},
+		{in: "1048576000", wantMiB: 1000},
+		// Bytes that are not a whole MiB round up too.
+		{in: "1000", wantMiB: 1},
+		{in: "1048577", wantMiB: 2},
+		{in: "0.5Ki", wantMiB: 1},
+		{in: "20GB", wantErr: `invalid quantity "20GB": unknown suffix "GB", write 20G (decimal) or 20Gi (binary)`},
+		{in: "20K", wantErr: `invalid quantity "20K": unknown suffix "K", write 20k (decimal) or 20Ki (binary)`},
+		{in: "20Xi", wantErr: `invalid quantity "20Xi": unknown suffix "Xi", want bytes, or a number with a decimal suffix k, M, G, T, P (20G = 20×10⁹ bytes) or a binary one Ki, Mi, Gi, Ti, Pi (20Gi = 20×2³⁰ bytes)`},
 		{in: "0Gi", wantErr: `invalid quantity "0Gi": must be more than 0`},
-		{in: "-1Gi", wantErr: `invalid quantity "-1Gi": want a number of bytes or a number with a suffix Ki, Mi, Gi or Ti (e.g. 20Gi)`},
-		{in: "Gi", wantErr: `invalid quantity "Gi": want a number of bytes or a number with a suffix Ki, Mi, Gi or Ti (e.g. 20Gi)`},
-		{in: "1..5Gi", wantErr: `invalid quantity "1..5Gi": want a number of bytes or a number with a suffix Ki, Mi, Gi or Ti (e.g. 20Gi)`},
+		{in: "0G", wantErr: `invalid quantity "0G": must be more than 0`},
+		{in: "-1Gi", wantErr: `invalid quantity "-1Gi": want bytes, or a number with a decimal suffix k, M, G, T, P (20G = 20×10⁹ bytes) or a binary one Ki, Mi, Gi, Ti, Pi (20Gi = 20×2³⁰ bytes)`},
+		{in: "Gi", wantErr: `invalid quantity "Gi": want bytes, or a number with a decimal suffix k, M, G, T, P (20G = 20×10⁹ bytes) or a binary one Ki, Mi, Gi, Ti, Pi (20Gi = 20×2³⁰ bytes)`},
+		{in: "1..5Gi", wantErr: `invalid quantity "1..5Gi": want bytes, or a number with a decimal suffix k, M, G, T, P (20G = 20×10⁹ bytes) or a binary one Ki, Mi, Gi, Ti, Pi (20Gi = 20×2³⁰ bytes)`},
+		{in: "99999999999E", wantErr: `invalid quantity "99999999999E": too large`},
 	}
 	for _, tt := range tests {
 		q, err := ParseQuantity(tt.in)
@@ -400,7 +414,7 @@ func TestMemoryQuantityInDocument(t *testing.T) {
 	doc := func(memory string) string {
 		return "resource: ModelDeployment\nresourceVersion: v1\nmetadata: {name: m}\nspec:\n  model: /m\n  placement: {accelerator: a}\n  engine: {memory: " + memory + "}\n"
 	}
-	for in, want := range map[string]uint64{"20Gi": 20480, "512Mi": 512, "1Ti": 1 << 20, "21474836480": 20480, `"1Gi"`: 1024} {
+	for in, want := range map[string]uint64{"20Gi": 20480, "512Mi": 512, "1Ti": 1 << 20, "21474836480": 20480, `"1Gi"`: 1024, "20G": 19074, `"80G"`: 76294} {
 		f, err := Parse([]byte(doc(in)))
 		if err != nil {
 			t.Errorf("memory %s: %v", in, err)
@@ -411,8 +425,8 @@ func TestMemoryQuantityInDocument(t *testing.T) {
 		}
 	}
 	for in, want := range map[string]string{
-		"20GB":  `document 1 (modeldeployment/m): spec.engine.memory: invalid quantity "20GB": use a binary suffix (Gi), gpuplane counts memory in MiB`,
-		"1000":  `document 1 (modeldeployment/m): spec.engine.memory: invalid quantity "1000": must be a whole number of MiB`,
+		"20GB":  `document 1 (modeldeployment/m): spec.engine.memory: invalid quantity "20GB": unknown suffix "GB", write 20G (decimal) or 20Gi (binary)`,
+		"0G":    `document 1 (modeldeployment/m): spec.engine.memory: invalid quantity "0G": must be more than 0`,
 		"true":  `document 1 (modeldeployment/m): spec.engine.memory: must be a memory quantity such as 20Gi or 512Mi, got true`,
 		"[1Gi]": `document 1 (modeldeployment/m): spec.engine.memory: must be a memory quantity such as 20Gi or 512Mi, got a list`,
 	} {

@@ -106,7 +106,7 @@ func TestResourcesInDocument(t *testing.T) {
 	for res, want := range map[string][]string{
 		"{cpu: 0}":          {`document 1 (modeldeployment/m): spec.resources.cpu: invalid CPU quantity "0": must be more than 0`},
 		"{cpu: [1]}":        {`document 1 (modeldeployment/m): spec.resources.cpu: must be a CPU quantity such as 2, 0.5 or 500m, got a list`},
-		"{memory: 8GB}":     {`document 1 (modeldeployment/m): spec.resources.memory: invalid quantity "8GB": use a binary suffix (Gi), gpuplane counts memory in MiB`},
+		"{memory: 8GB}":     {`document 1 (modeldeployment/m): spec.resources.memory: invalid quantity "8GB": unknown suffix "GB", write 8G (decimal) or 8Gi (binary)`},
 		"{gpu: 1, cpu: 1x}": {`document 1 (modeldeployment/m): spec.resources.gpu: unknown field`, `document 1 (modeldeployment/m): spec.resources.cpu: invalid CPU quantity "1x": want cores (2, 0.5) or millicores (500m)`},
 		"2":                 {`document 1 (modeldeployment/m): spec.resources: must be a mapping, got 2`},
 	} {

@@ -8,9 +8,12 @@ import (
 	"strings"
 )
 
-// Quantity is an amount of memory written as plain bytes (21474836480) or
-// with a binary suffix (512Mi, 20Gi, 1.5Ti). gpuplane accounts memory in MiB,
-// so a quantity must come to a whole, positive number of MiB.
+// Quantity is an amount of memory written the Kubernetes way: plain bytes
+// (21474836480), with a binary suffix (512Mi, 20Gi, 1.5Ti: powers of 1024)
+// or with a decimal one (20G = 20×10⁹ bytes, 500M, 1.5T: powers of 1000).
+// gpuplane accounts memory in MiB, so a quantity is converted to MiB and
+// rounded up to a whole MiB: a memory promise is never smaller than what
+// was written (20G = 19073.49 MiB becomes 19074Mi).
 type Quantity struct {
 	// MiB is the amount in mebibytes.
 	MiB uint64
@@ -18,17 +21,28 @@ type Quantity struct {
 
 const mib = 1 << 20
 
-// binarySuffixes are the accepted unit suffixes and their sizes in bytes.
-var binarySuffixes = map[string]int64{
-	"":   1,
-	"Ki": 1 << 10,
-	"Mi": 1 << 20,
-	"Gi": 1 << 30,
-	"Ti": 1 << 40,
-	"Pi": 1 << 50,
+// quantitySuffixes are the accepted unit suffixes and their sizes in bytes:
+// Kubernetes' binary (Ki … Ei) and decimal (k … E) suffixes.
+var quantitySuffixes = map[string]*big.Int{
+	"":   big.NewInt(1),
+	"Ki": new(big.Int).Lsh(big.NewInt(1), 10),
+	"Mi": new(big.Int).Lsh(big.NewInt(1), 20),
+	"Gi": new(big.Int).Lsh(big.NewInt(1), 30),
+	"Ti": new(big.Int).Lsh(big.NewInt(1), 40),
+	"Pi": new(big.Int).Lsh(big.NewInt(1), 50),
+	"Ei": new(big.Int).Lsh(big.NewInt(1), 60),
+	"k":  new(big.Int).Exp(big.NewInt(10), big.NewInt(3), nil),
+	"M":  new(big.Int).Exp(big.NewInt(10), big.NewInt(6), nil),
+	"G":  new(big.Int).Exp(big.NewInt(10), big.NewInt(9), nil),
+	"T":  new(big.Int).Exp(big.NewInt(10), big.NewInt(12), nil),
+	"P":  new(big.Int).Exp(big.NewInt(10), big.NewInt(15), nil),
+	"E":  new(big.Int).Exp(big.NewInt(10), big.NewInt(18), nil),
 }
 
-// ParseQuantity parses a memory quantity such as "20Gi" or "536870912".
+const quantityForms = "want bytes, or a number with a decimal suffix k, M, G, T, P (20G = 20×10⁹ bytes) or a binary one Ki, Mi, Gi, Ti, Pi (20Gi = 20×2³⁰ bytes)"
+
+// ParseQuantity parses a memory quantity such as "20Gi", "20G" or
+// "536870912", rounding it up to a whole MiB.
 func ParseQuantity(s string) (Quantity, error) {
 	s = strings.TrimSpace(s)
 	i := strings.IndexFunc(s, func(r rune) bool { return (r < '0' || r > '9') && r != '.' })
@@ -37,31 +51,36 @@ func ParseQuantity(s string) (Quantity, error) {
 	}
 	num, suffix := s[:i], s[i:]
 	if num == "" || strings.Count(num, ".") > 1 || strings.HasPrefix(num, ".") || strings.HasSuffix(num, ".") {
-		return Quantity{}, fmt.Errorf("invalid quantity %q: want a number of bytes or a number with a suffix Ki, Mi, Gi or Ti (e.g. 20Gi)", s)
+		return Quantity{}, fmt.Errorf("invalid quantity %q: %s", s, quantityForms)
 	}
-	unit, ok := binarySuffixes[suffix]
+	unit, ok := quantitySuffixes[suffix]
 	if !ok {
-		if _, decimal := map[string]bool{"k": true, "K": true, "M": true, "G": true, "T": true, "P": true, "KB": true, "MB": true, "GB": true, "TB": true}[suffix]; decimal {
-			return Quantity{}, fmt.Errorf("invalid quantity %q: use a binary suffix (%si), gpuplane counts memory in MiB", s, strings.ToUpper(suffix[:1]))
+		// Common spellings that are not Kubernetes quantities get the one
+		// they most likely mean.
+		if short, ok := strings.CutSuffix(suffix, "B"); ok && quantitySuffixes[short] != nil && short != "" {
+			return Quantity{}, fmt.Errorf("invalid quantity %q: unknown suffix %q, write %s%s (decimal) or %s%si (binary)", s, suffix, num, short, num, strings.ToUpper(short[:1]))
 		}
-		return Quantity{}, fmt.Errorf("invalid quantity %q: unknown suffix %q, want Ki, Mi, Gi or Ti", s, suffix)
+		if suffix == "K" {
+			return Quantity{}, fmt.Errorf("invalid quantity %q: unknown suffix \"K\", write %sk (decimal) or %sKi (binary)", s, num, num)
+		}
+		return Quantity{}, fmt.Errorf("invalid quantity %q: unknown suffix %q, %s", s, suffix, quantityForms)
 	}
 	r, ok := new(big.Rat).SetString(num)
 	if !ok {
 		return Quantity{}, fmt.Errorf("invalid quantity %q", s)
 	}
-	r.Mul(r, new(big.Rat).SetInt64(unit))
-	r.Quo(r, new(big.Rat).SetInt64(mib))
-	if !r.IsInt() {
-		return Quantity{}, fmt.Errorf("invalid quantity %q: must be a whole number of MiB", s)
-	}
 	if r.Sign() <= 0 {
 		return Quantity{}, fmt.Errorf("invalid quantity %q: must be more than 0", s)
 	}
-	if !r.Num().IsUint64() {
+	r.Mul(r, new(big.Rat).SetInt(unit))
+	r.Quo(r, new(big.Rat).SetInt64(mib))
+	// Round up: ceil(num/den) for a positive fraction.
+	n := new(big.Int).Add(r.Num(), new(big.Int).Sub(r.Denom(), big.NewInt(1)))
+	n.Quo(n, r.Denom())
+	if !n.IsUint64() {
 		return Quantity{}, fmt.Errorf("invalid quantity %q: too large", s)
 	}
-	return Quantity{MiB: r.Num().Uint64()}, nil
+	return Quantity{MiB: n.Uint64()}, nil
 }
 
 // String formats q the way the CLI's tables show memory: "20480Mi".
