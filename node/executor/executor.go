@@ -84,9 +84,15 @@ type Options struct {
 	RestartDelay    time.Duration
 	MaxRestartDelay time.Duration
 	BackoffReset    time.Duration
-	// LogMaxBytes and LogKeep rotate engine.log (defaults 10 MiB, 3 files).
+	// LogMaxBytes caps an engine's log on disk, all its files together
+	// (default 10 MiB), whatever the engine writes; LogKeep is how many
+	// rotated files are kept besides engine.log (default 3), so each holds
+	// at most LogMaxBytes/(LogKeep+1).
 	LogMaxBytes int64
 	LogKeep     int
+	// Containment is ContainAuto (default: a cgroup per engine where the
+	// node allows it) or ContainProcessGroup (the fallback without cgroups).
+	Containment string
 	// KeepEngines leaves engines running when Run returns, for a new
 	// executor to adopt (an agent upgrade); otherwise Run stops them and
 	// reports them Stopped.
@@ -122,6 +128,13 @@ func (o *Options) defaults() error {
 	setDefault(&o.BackoffReset, 10*time.Minute)
 	setDefault(&o.LogMaxBytes, 10<<20)
 	setDefault(&o.LogKeep, 3)
+	switch o.Containment {
+	case "":
+		o.Containment = ContainAuto
+	case ContainAuto, ContainProcessGroup:
+	default:
+		return fmt.Errorf("executor: Containment must be %q or %q, got %q", ContainAuto, ContainProcessGroup, o.Containment)
+	}
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
@@ -150,6 +163,9 @@ type Executor struct {
 	opts Options
 	log  *slog.Logger
 
+	// contain keeps each engine and its descendants together.
+	contain *containment
+
 	cards map[uint32]*pb.Card
 	// locks serialise engine starts per card: a buffered slot per card.
 	locks map[uint32]chan struct{}
@@ -168,8 +184,13 @@ func New(src Source, rep Reporter, opts Options) (*Executor, error) {
 	if err := opts.defaults(); err != nil {
 		return nil, err
 	}
+	contain, err := newContainment(opts.Node, opts.Containment)
+	if err != nil {
+		return nil, err
+	}
+	opts.Logger.Info("engines are contained by " + contain.describe())
 	e := &Executor{
-		src: src, rep: rep, opts: opts, log: opts.Logger,
+		src: src, rep: rep, opts: opts, log: opts.Logger, contain: contain,
 		cards:    map[uint32]*pb.Card{},
 		locks:    map[uint32]chan struct{}{},
 		sups:     map[key]*supervisor{},
@@ -367,6 +388,30 @@ func (e *Executor) lockCards(ctx context.Context, cards []uint32) (func(), error
 		}
 	}
 	return sync.OnceFunc(release), nil
+}
+
+// HostMemory is the host memory, in bytes, that the engine of a replica on
+// this node uses now, all its processes together, read from its memory
+// cgroup (see containment): what SPEC §8 counts for an engine that keeps
+// its weights in host RAM. It is an error where the engine has no memory
+// cgroup (no engine running, or none on this node).
+func (e *Executor) HostMemory(model string, replica uint32) (uint64, error) {
+	k := key{model, replica}
+	e.mu.Lock()
+	_, live := e.engines[k]
+	e.mu.Unlock()
+	if !live {
+		return 0, fmt.Errorf("replica %s has no engine running on this node", k)
+	}
+	leaf := filepath.Join(model, fmt.Sprint(replica))
+	b := &box{v1: map[string]string{}}
+	if e.contain.v2 != "" {
+		b.v2 = filepath.Join(e.contain.v2, leaf)
+	}
+	if d := e.contain.v1["memory"]; d != "" {
+		b.v1["memory"] = filepath.Join(d, leaf)
+	}
+	return b.hostMemory()
 }
 
 func (e *Executor) enginesDir() string { return filepath.Join(e.opts.DataDir, "engines") }

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"net"
 	"os"
@@ -35,6 +36,10 @@ type record struct {
 	Restarts    uint32    `json:"restarts"`
 	Command     []string  `json:"command"`
 	StartedAt   time.Time `json:"started_at"`
+	// EngineID marks the engine's processes (see envEngineID); Cgroups are
+	// its cgroups ("cgroup2" and v1 controllers to directories).
+	EngineID string            `json:"engine_id,omitempty"`
+	Cgroups  map[string]string `json:"cgroups,omitempty"`
 }
 
 func (r *record) key() key { return key{r.Model, r.Replica} }
@@ -94,8 +99,10 @@ func (e *Executor) settle(records []*record, snap Snapshot) map[key]*record {
 		switch {
 		case !alive:
 			e.log.Info("engine of a previous agent is gone", "replica", r.key(), "pid", r.PID)
-			// Its leader is gone; any process left in its group is not.
+			// Its leader is gone; any process left in its group or its
+			// cgroups is not.
 			killGroupIfLeaderGone(r.PID)
+			boxOf(r).remove(0)
 			removeRecord(dir)
 		case wanted && fingerprint(d) == r.Fingerprint:
 			e.log.Info("adopting the engine of a previous agent", "replica", r.key(), "pid", r.PID)
@@ -127,16 +134,76 @@ type process struct {
 	// poll is closed to stop following an adopted process.
 	poll     chan struct{}
 	pollOnce sync.Once
+	// box holds the engine and every process it starts.
+	box *box
+	// logDone is closed once the engine's log writer has written the last
+	// of its output and exited; nil for an adopted engine, whose writer is
+	// not this agent's child.
+	logDone chan struct{}
+}
+
+// startEngine starts c as the engine of replica k: in its own process group
+// and its box, its stdout and stderr a pipe to a log writer of its own
+// (`gpuplane engine log`, see WriteLog) that keeps the replica's log within
+// LogMaxBytes on disk. header is the log's first line for this start.
+// Neither the engine nor its log writer depends on the agent, so both
+// survive an agent restart.
+func (e *Executor) startEngine(k key, c *exec.Cmd, header string) (*process, error) {
+	dir := e.replicaDir(k)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, fmt.Errorf("engine directory: %w", err)
+	}
+	r, w, err := os.Pipe()
+	if err != nil {
+		return nil, fmt.Errorf("engine log pipe: %w", err)
+	}
+	defer w.Close()
+	lw := exec.Command(e.opts.Self, "engine", "log", "--dir", dir,
+		"--max-bytes", strconv.FormatInt(e.opts.LogMaxBytes, 10), "--keep", itoa(e.opts.LogKeep))
+	lw.Stdin = r
+	// A group of its own: a signal to the engine's group does not cut the
+	// engine's last words short; it ends when the pipe does.
+	lw.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	err = lw.Start()
+	r.Close()
+	if err != nil {
+		return nil, fmt.Errorf("start the engine's log writer: %w", err)
+	}
+	logDone := make(chan struct{})
+	go func() {
+		_ = lw.Wait()
+		close(logDone)
+	}()
+	_, _ = io.WriteString(w, header)
+	c.Stdout, c.Stderr = w, w
+	b := e.contain.newBox(k)
+	p, err := launch(c, b)
+	if err != nil {
+		fmt.Fprintf(w, "--- gpuplane: start failed: %v\n", err)
+		b.remove(0)
+		return nil, err
+	}
+	p.logDone = logDone
+	return p, nil
 }
 
 // launch starts cmd in its own process group (so that the whole engine,
-// workers included, can be signalled) and follows it.
-func launch(cmd *exec.Cmd) (*process, error) {
+// workers included, can be signalled) and in box, and follows it.
+func launch(cmd *exec.Cmd, b *box) (*process, error) {
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if err := cmd.Start(); err != nil {
+	closeFD := b.prepare(cmd)
+	err := cmd.Start()
+	if err != nil && cmd.SysProcAttr.UseCgroupFD {
+		// A kernel without clone3 into a cgroup: start it, then move it.
+		cmd.SysProcAttr.UseCgroupFD = false
+		err = cmd.Start()
+	}
+	closeFD()
+	if err != nil {
 		return nil, err
 	}
-	p := &process{pid: cmd.Process.Pid, done: make(chan struct{})}
+	b.attach(cmd.Process.Pid)
+	p := &process{pid: cmd.Process.Pid, done: make(chan struct{}), box: b}
 	go func() {
 		err := cmd.Wait()
 		p.exit = "exited with status 0"
@@ -163,7 +230,7 @@ func adoptProcess(r *record) (*process, bool) {
 	if err != nil || !st.Alive() || st.StartTime != r.StartTime || st.PGID != r.PID {
 		return nil, false
 	}
-	p := &process{pid: r.PID, done: make(chan struct{}), poll: make(chan struct{})}
+	p := &process{pid: r.PID, done: make(chan struct{}), poll: make(chan struct{}), box: boxOf(r)}
 	go func() {
 		t := time.NewTicker(250 * time.Millisecond)
 		defer t.Stop()
@@ -191,7 +258,7 @@ func (p *process) stopPoll() {
 }
 
 // stop sends SIGTERM to the process group, SIGKILL after grace, and waits
-// until the leader is gone; then it kills whatever is left in the group.
+// until the leader is gone; then it kills whatever is left of the engine.
 func (p *process) stop(grace time.Duration) {
 	_ = syscall.Kill(-p.pid, syscall.SIGTERM)
 	t := time.NewTimer(grace)
@@ -200,18 +267,29 @@ func (p *process) stop(grace time.Duration) {
 	case <-p.done:
 	case <-t.C:
 		_ = syscall.Kill(-p.pid, syscall.SIGKILL)
+		p.box.kill(p.pid)
 		<-p.done
 	}
 	p.stopPoll()
 	p.killStragglers()
+	if p.logDone != nil {
+		// The log has the engine's last words once its writer is done;
+		// with every process of the engine gone, that is at once.
+		select {
+		case <-p.logDone:
+		case <-time.After(5 * time.Second):
+		}
+	}
 }
 
-// killStragglers kills processes left in the group of an engine whose
-// leader has exited (workers it did not take down with it).
+// killStragglers kills the processes left of an engine whose leader has
+// exited (workers it did not take down with it, descendants that left its
+// group) and removes its cgroups.
 func (p *process) killStragglers() {
 	// The group id cannot name another group while any member lives, and
 	// the leader, a zombie or reaped, no longer runs code.
 	_ = syscall.Kill(-p.pid, syscall.SIGKILL)
+	p.box.remove(p.pid)
 }
 
 // killGroupIfLeaderGone kills the group of a recorded engine whose leader

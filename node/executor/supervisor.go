@@ -249,13 +249,8 @@ func (s *supervisor) launch(d Desired) error {
 	if err != nil {
 		return err
 	}
-	log, err := openLog(s.dir, opts.LogMaxBytes, opts.LogKeep)
-	if err != nil {
-		return err
-	}
-	defer log.Close()
 	argv := append([]string{cmd.Path}, cmd.Args...)
-	fmt.Fprintf(log, "--- gpuplane: %s starting %s engine for %s (generation %d, restart %d): %s\n",
+	header := fmt.Sprintf("--- gpuplane: %s starting %s engine for %s (generation %d, restart %d): %s\n",
 		time.Now().UTC().Format(time.RFC3339), d.Spec.GetEngine().GetKind(), s.k,
 		d.Replica.GetGeneration(), s.restarts, strings.Join(argv, " "))
 	c := exec.Command(cmd.Path, cmd.Args...)
@@ -263,16 +258,16 @@ func (s *supervisor) launch(d Desired) error {
 	if opts.SimUsageDir != "" {
 		c.Env = append(c.Env, inventory.EnvSimUsageDir+"="+opts.SimUsageDir)
 	}
-	c.Dir, c.Stdout, c.Stderr = s.dir, log, log
-	p, err := launch(c)
+	c.Dir = s.dir
+	p, err := s.e.startEngine(s.k, c, header)
 	if err != nil {
-		fmt.Fprintf(log, "--- gpuplane: start failed: %v\n", err)
 		return fmt.Errorf("start %s: %w", cmd.Path, err)
 	}
 	s.proc, s.port, s.cmdline, s.health = p, port, argv, cmd.HealthPath
 	rec := &record{
 		Model: s.k.model, Replica: s.k.index, Generation: d.Replica.GetGeneration(), Fingerprint: fingerprint(d),
 		PID: p.pid, Port: port, Endpoint: s.endpoint(), Restarts: s.restarts, Command: argv, StartedAt: time.Now().UTC(),
+		EngineID: p.box.id, Cgroups: p.box.cgroupsRecord(),
 	}
 	if st, err := procfs.ReadStat(p.pid); err == nil {
 		rec.StartTime = st.StartTime
@@ -315,9 +310,8 @@ func (s *supervisor) publish() {
 	s.e.setEngine(s.k, en)
 }
 
-// check runs one health check and rotates the log.
+// check runs one health check.
 func (s *supervisor) check() {
-	_ = rotateLog(LogPath(s.e.opts.DataDir, s.k.model, s.k.index), s.e.opts.LogMaxBytes, s.e.opts.LogKeep)
 	healthy := s.healthy()
 	switch {
 	case s.phase == starting && healthy:

@@ -16,7 +16,8 @@ type Stat struct {
 	PID int
 	// State is R, S, D, Z (zombie), T, ...
 	State byte
-	// PGID is the process group.
+	// PPID is the parent; PGID the process group.
+	PPID int
 	PGID int
 	// StartTime is when the process started, in clock ticks after boot:
 	// with the pid it names one process, even after the pid is reused.
@@ -37,16 +38,17 @@ func ReadStat(pid int) (Stat, error) {
 		return Stat{}, fmt.Errorf("parse /proc/%d/stat: no command name", pid)
 	}
 	f := strings.Fields(s[i+1:])
-	// f[0] is field 3 (state); field 5 (pgrp) is f[2]; field 22 (starttime) is f[19].
+	// f[0] is field 3 (state); field 4 (ppid) is f[1], 5 (pgrp) f[2]; field 22 (starttime) is f[19].
 	if len(f) < 20 || len(f[0]) != 1 {
 		return Stat{}, fmt.Errorf("parse /proc/%d/stat: %d fields", pid, len(f)+2)
 	}
+	ppid, err0 := strconv.Atoi(f[1])
 	pgid, err1 := strconv.Atoi(f[2])
 	start, err2 := strconv.ParseUint(f[19], 10, 64)
-	if err1 != nil || err2 != nil {
-		return Stat{}, fmt.Errorf("parse /proc/%d/stat: bad pgrp %q or starttime %q", pid, f[2], f[19])
+	if err0 != nil || err1 != nil || err2 != nil {
+		return Stat{}, fmt.Errorf("parse /proc/%d/stat: bad ppid %q, pgrp %q or starttime %q", pid, f[1], f[2], f[19])
 	}
-	return Stat{PID: pid, State: f[0][0], PGID: pgid, StartTime: start}, nil
+	return Stat{PID: pid, State: f[0][0], PPID: ppid, PGID: pgid, StartTime: start}, nil
 }
 
 // Alive says the process exists and is not a zombie.

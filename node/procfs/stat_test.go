@@ -13,8 +13,8 @@ func TestReadStat(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !me.Alive() || me.PGID != syscall.Getpgrp() || me.StartTime == 0 {
-		t.Fatalf("ReadStat(self) = %+v; want alive, pgid %d, a start time", me, syscall.Getpgrp())
+	if !me.Alive() || me.PGID != syscall.Getpgrp() || me.PPID != os.Getppid() || me.StartTime == 0 {
+		t.Fatalf("ReadStat(self) = %+v; want alive, ppid %d, pgid %d, a start time", me, os.Getppid(), syscall.Getpgrp())
 	}
 	// A child in its own group that exits and is not yet reaped: a zombie.
 	cmd := exec.Command("true")

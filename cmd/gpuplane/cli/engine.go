@@ -8,13 +8,14 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/gpuplane/gpuplane/node/engine/sim"
+	"github.com/gpuplane/gpuplane/node/executor"
 	"github.com/gpuplane/gpuplane/node/inventory"
 )
 
 // newEngineCommand is `gpuplane engine`, the engines built into the binary.
 // The executor runs them; people rarely do, so the group is hidden.
 func newEngineCommand(g *globals) *cobra.Command {
-	c := newGroupCommand("engine", "Run an engine built into gpuplane", nil, newEngineSimCommand(g))
+	c := newGroupCommand("engine", "Run an engine built into gpuplane", nil, newEngineSimCommand(g), newEngineLogCommand(g))
 	c.Hidden = true
 	return c
 }
@@ -61,5 +62,30 @@ engine kind sim, sized to their share.`,
 	f.Uint64Var(&cfg.MemoryMiB, "memory-mib", 0, "GPU memory to register on each card once loaded (the executor passes the share)")
 	f.Float64Var(&cfg.TokensPerSecond, "tokens-per-second", 50, "generation speed; 0 answers at once")
 	f.StringVar(&cards, "card-uuids", "", "cards to register the memory on, comma-separated UUIDs")
+	return cmd
+}
+
+// newEngineLogCommand is `gpuplane engine log`: the executor runs one next to
+// every engine, its stdin the engine's stdout and stderr, to write the
+// engine's log with a cap on its size on disk (see executor.WriteLog).
+func newEngineLogCommand(g *globals) *cobra.Command {
+	var dir string
+	var maxBytes int64
+	var keep int
+	cmd := &cobra.Command{
+		Use:   "log",
+		Short: "Write an engine's output (stdin) to its size-capped, rotated log",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if dir == "" || maxBytes <= 0 || keep < 0 {
+				return usageErrorf(cmd, "--dir is required, --max-bytes must be more than 0 and --keep at least 0")
+			}
+			return executor.WriteLog(g.stdin, dir, maxBytes, keep)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&dir, "dir", "", "the replica's directory, where engine.log is written")
+	f.Int64Var(&maxBytes, "max-bytes", 10<<20, "the most bytes of log kept on disk, all files together")
+	f.IntVar(&keep, "keep", 3, "rotated files kept besides engine.log")
 	return cmd
 }
