@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -103,6 +104,23 @@ func newContainment(node, mode string) (*containment, error) {
 		}
 	}
 	return c, nil
+}
+
+// close removes the node's base cgroups if no engine is left in them (the
+// engines a successor adopts keep theirs).
+func (c *containment) close() {
+	for _, base := range append([]string{c.v2}, slices.Collect(maps.Values(c.v1))...) {
+		if base == "" {
+			continue
+		}
+		models, _ := os.ReadDir(base)
+		for _, m := range models {
+			if m.IsDir() {
+				_ = syscall.Rmdir(filepath.Join(base, m.Name()))
+			}
+		}
+		_ = syscall.Rmdir(base)
+	}
 }
 
 // cgroups says whether engines are contained by cgroups (else the fallback).
@@ -374,11 +392,28 @@ func (b *box) kill(leader int) {
 		_ = syscall.Kill(pid, syscall.SIGKILL)
 		victims = append(victims, pid)
 	}
-	self := os.Getpid()
 	for _, pid := range victims {
-		if st, err := procfs.ReadStat(pid); pid != leader && err == nil && st.PPID == self {
-			go func() { _, _ = syscall.Wait4(pid, nil, 0, nil) }()
+		if pid != leader {
+			go reap(pid)
 		}
+	}
+}
+
+// reap waits for a killed process that is, or becomes, a child of the agent
+// (its parent died with it and the agent is their subreaper), so that no
+// zombie is left; it gives up once the process is gone or after a while.
+func reap(pid int) {
+	self := os.Getpid()
+	for range 100 {
+		st, err := procfs.ReadStat(pid)
+		if err != nil {
+			return
+		}
+		if st.PPID == self {
+			_, _ = syscall.Wait4(pid, nil, 0, nil)
+			return
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 }
 
@@ -442,7 +477,26 @@ func (b *box) hostMemory() (uint64, error) {
 		}
 		return workingSet(usage, filepath.Join(d, "memory.stat"), "total_inactive_file"), nil
 	}
+	if b.v2 != "" && isDir(b.v2) {
+		// No memory controller here (a pure cgroup v2 host where the
+		// agent's cgroup cannot hand it down): the resident memory of the
+		// cgroup's processes, shared pages counted in each.
+		var sum uint64
+		for _, pid := range b.procs() {
+			raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/statm", pid))
+			if f := strings.Fields(string(raw)); err == nil && len(f) > 1 {
+				pages, _ := strconv.ParseUint(f[1], 10, 64)
+				sum += pages * uint64(os.Getpagesize())
+			}
+		}
+		return sum, nil
+	}
 	return 0, errors.New("engine host memory: no memory cgroup on this node")
+}
+
+func isDir(path string) bool {
+	fi, err := os.Stat(path)
+	return err == nil && fi.IsDir()
 }
 
 func workingSet(usage uint64, statFile, inactiveKey string) uint64 {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -182,4 +183,74 @@ func vmRSS(t *testing.T, pid int) uint64 {
 	}
 	t.Fatalf("no VmRSS for %d", pid)
 	return 0
+}
+
+// On a cgroup v1 host (no cgroup2 hierarchy) the freezer cgroup alone stops
+// an engine's every process, even one that left its group and dropped its
+// engine id.
+func TestCgroupV1FreezerStopsEveryProcess(t *testing.T) {
+	c, err := newContainment(node, ContainAuto)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.v1["freezer"] == "" {
+		t.Skip("no writable cgroup v1 freezer hierarchy on this host")
+	}
+	k := key{"freezer-only", 0}
+	b := c.newBox(k)
+	v2 := b.v2
+	b.v2, b.id = "", "" // only the v1 cgroups
+	escaped := uniqueSleep(997)
+	cmd := exec.Command("sh", "-c", "sleep 0.2; env -i setsid sleep "+escaped+" & exec sleep 1000")
+	p, err := launch(cmd, b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 10*time.Second, "sleep "+escaped+" did not start", func() bool { return len(sleepers(t, escaped)) == 1 })
+	b.remove(p.pid)
+	<-p.done
+	eventually(t, 10*time.Second, "a process of the engine remains", func() bool { return len(sleepers(t, escaped)) == 0 })
+	for _, d := range b.dirs() {
+		if _, err := os.Stat(d); !os.IsNotExist(err) {
+			t.Errorf("cgroup %s remains (%v)", d, err)
+		}
+	}
+	if v2 != "" {
+		_ = os.Remove(v2)
+		_ = os.Remove(filepath.Dir(v2))
+	}
+}
+
+// Where the engine's cgroup2 cgroup has no memory controller and there is
+// no v1 memory cgroup, host memory is the resident memory of the cgroup's
+// processes.
+func TestHostMemoryWithoutAMemoryController(t *testing.T) {
+	c, err := newContainment(node, ContainAuto)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.v2 == "" {
+		t.Skip("no writable cgroup2 hierarchy on this host")
+	}
+	b := c.newBox(key{"rss", 0})
+	delete(b.v1, "memory")
+	if _, err := os.Stat(filepath.Join(b.v2, "memory.current")); err == nil {
+		b.remove(0)
+		t.Skip("the cgroup2 hierarchy has the memory controller here")
+	}
+	const held = 32_000_000
+	loaded := filepath.Join(t.TempDir(), "loaded")
+	p, err := launch(exec.Command("sh", "-c", fmt.Sprintf("x=$(head -c %d /dev/zero | tr '\\0' a); touch %s; sleep 1000", held, loaded)), b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		b.remove(p.pid)
+		<-p.done
+	}()
+	eventually(t, 30*time.Second, "the engine did not load", func() bool { _, err := os.Stat(loaded); return err == nil })
+	got, err := b.hostMemory()
+	if err != nil || got < held {
+		t.Errorf("hostMemory = %d, %v; want at least the %d bytes the process holds", got, err, held)
+	}
 }

@@ -8,20 +8,33 @@
 // hard limits; it health-checks it, restarts it with capped exponential
 // backoff when it crashes or the watchdog stops it, replaces it when the
 // replica's generation or placement changes, and stops it (SIGTERM to its
-// process group, SIGKILL after a grace period) when the replica leaves the
-// node. Replicas sharing a card start one at a time: a card's start lock is
-// held from launch until the engine is healthy or has failed.
+// process group, SIGKILL after a grace period, then every process left of
+// it) when the replica leaves the node. Replicas sharing a card start one at
+// a time: a card's start lock is held from launch until the engine is
+// healthy or has failed.
+//
+// Each engine and all its descendants are contained (contain.go): a cgroup
+// per engine where the node lets the agent make cgroups (cloned straight
+// into its cgroup2 cgroup; cgroup v1 freezer, memory and pids on v1 hosts),
+// else its process group, its engine id in the environment of every
+// descendant, and the agent as child subreaper. A child that calls setsid
+// is stopped with its engine, and HostMemory reads an engine's host memory
+// from its memory cgroup.
 //
 // It reports transitions only (Starting, Running, Failed with a reason,
 // Stopped), never heartbeats, through a Reporter; it never writes the log
 // itself nor reads the cluster state beyond its Source.
 //
 // Every engine lives in <data-dir>/engines/<model>/<replica>/: engine.log
-// (the process's stdout and stderr, kept across restarts and rotated) and
-// pid.json (pid, process start time, generation and placement of the running
-// engine). Engines write their log directly, not through a pipe, so that they
-// survive the agent: after a kill -9 of the agent, a new executor reads
-// pid.json, adopts each engine that is still the same process and still
-// wanted as it is, and stops every other one before starting anything, so
-// no replica ever has two processes and no engine is left orphaned.
+// and its rotated files engine.log.1 … (the process's stdout and stderr,
+// kept across restarts) and pid.json (pid, process start time, engine id,
+// cgroups, generation and placement of the running engine). An engine's
+// output goes through a pipe to a log writer process of its own (`gpuplane
+// engine log`, WriteLog) that rotates at write time, so the log never takes
+// more than Options.LogMaxBytes on disk however fast the engine writes.
+// Neither the engine nor its log writer needs the agent, so both survive
+// it: after a kill -9 of the agent, a new executor reads pid.json, adopts
+// each engine that is still the same process and still wanted as it is, and
+// stops every other one (cgroup and all) before starting anything, so no
+// replica ever has two processes and no engine is left orphaned.
 package executor

@@ -219,6 +219,7 @@ func (e *Executor) Run(ctx context.Context) error {
 	defer func() {
 		stopSups()
 		wg.Wait()
+		e.contain.close()
 	}()
 
 	retry := &backoff.ExponentialBackOff{InitialInterval: 200 * time.Millisecond, RandomizationFactor: 0.5,

@@ -138,8 +138,9 @@ type process struct {
 	box *box
 	// logDone is closed once the engine's log writer has written the last
 	// of its output and exited; nil for an adopted engine, whose writer is
-	// not this agent's child.
+	// not this agent's child. logPID is the writer's pid and group.
 	logDone chan struct{}
+	logPID  int
 }
 
 // startEngine starts c as the engine of replica k: in its own process group
@@ -180,10 +181,12 @@ func (e *Executor) startEngine(k key, c *exec.Cmd, header string) (*process, err
 	p, err := launch(c, b)
 	if err != nil {
 		fmt.Fprintf(w, "--- gpuplane: start failed: %v\n", err)
+		w.Close()
 		b.remove(0)
+		(&process{logDone: logDone, logPID: lw.Process.Pid}).endLog()
 		return nil, err
 	}
-	p.logDone = logDone
+	p.logDone, p.logPID = logDone, lw.Process.Pid
 	return p, nil
 }
 
@@ -272,14 +275,6 @@ func (p *process) stop(grace time.Duration) {
 	}
 	p.stopPoll()
 	p.killStragglers()
-	if p.logDone != nil {
-		// The log has the engine's last words once its writer is done;
-		// with every process of the engine gone, that is at once.
-		select {
-		case <-p.logDone:
-		case <-time.After(5 * time.Second):
-		}
-	}
 }
 
 // killStragglers kills the processes left of an engine whose leader has
@@ -290,6 +285,25 @@ func (p *process) killStragglers() {
 	// the leader, a zombie or reaped, no longer runs code.
 	_ = syscall.Kill(-p.pid, syscall.SIGKILL)
 	p.box.remove(p.pid)
+	p.endLog()
+}
+
+// endLog waits until the engine's log writer has written the engine's last
+// words and exited, which it does as soon as every process of the engine is
+// gone. One that does not (it is not reading: Self is not a gpuplane that
+// knows `engine log`) is killed, so that it never outlives its engine.
+func (p *process) endLog() {
+	if p.logDone == nil {
+		return
+	}
+	t := time.NewTimer(2 * time.Second)
+	defer t.Stop()
+	select {
+	case <-p.logDone:
+	case <-t.C:
+		_ = syscall.Kill(-p.logPID, syscall.SIGKILL)
+		<-p.logDone
+	}
 }
 
 // killGroupIfLeaderGone kills the group of a recorded engine whose leader
