@@ -59,6 +59,7 @@ func TestDeleteStopsEveryDescendant(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
+			t.Cleanup(c.close)
 			if mode == ContainAuto && !c.cgroups() {
 				t.Skip("no writable cgroup hierarchy on this host: " + c.describe())
 			}
@@ -138,6 +139,7 @@ func TestHostMemoryOfAnEngine(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(c.close)
 	probe := c.newBox(key{"probe", 0})
 	_, err = probe.hostMemory()
 	probe.remove(0)
@@ -193,6 +195,7 @@ func TestCgroupV1FreezerStopsEveryProcess(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(c.close)
 	if c.v1["freezer"] == "" {
 		t.Skip("no writable cgroup v1 freezer hierarchy on this host")
 	}
@@ -229,11 +232,15 @@ func TestHostMemoryWithoutAMemoryController(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(c.close)
 	if c.v2 == "" {
 		t.Skip("no writable cgroup2 hierarchy on this host")
 	}
 	b := c.newBox(key{"rss", 0})
-	delete(b.v1, "memory")
+	if mem := b.v1["memory"]; mem != "" {
+		delete(b.v1, "memory")
+		t.Cleanup(func() { os.Remove(mem) })
+	}
 	if _, err := os.Stat(filepath.Join(b.v2, "memory.current")); err == nil {
 		b.remove(0)
 		t.Skip("the cgroup2 hierarchy has the memory controller here")
