@@ -3,6 +3,8 @@ package executor
 import (
 	"bufio"
 	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -42,7 +44,7 @@ const envEngineID = "GPUPLANE_ENGINE_ID"
 // its host memory can be read.
 //
 // With cgroups, each engine gets one cgroup per hierarchy, named
-// gpuplane-<node>/<model>/<replica> under the agent's own cgroup: in the
+// gpuplane-<node>-<hash>/<model>/<replica> under the agent's own cgroup: in the
 // cgroup2 hierarchy (pure v2, or the unified mount of a hybrid host) the
 // engine is cloned straight into it (CLONE_INTO_CGROUP), so no descendant
 // can be forked outside it, and cgroup.kill stops them all; on a cgroup v1
@@ -73,10 +75,10 @@ var v1Controllers = []string{"freezer", "memory", "pids"}
 // newContainment finds this host's cgroup hierarchies and makes the node's
 // base cgroups; mode ContainProcessGroup, or no usable hierarchy, leaves
 // the fallback, for which the agent becomes a child subreaper.
-func newContainment(node, mode string) (*containment, error) {
+func newContainment(node, dataDir, mode string) (*containment, error) {
 	c := &containment{v1: map[string]string{}}
 	if mode != ContainProcessGroup {
-		name := "gpuplane-" + strings.NewReplacer("/", "_", ".", "_").Replace(node)
+		name := baseName(node, dataDir)
 		own := ownCgroups()
 		for _, m := range cgroupMounts() {
 			if m.v2 && c.v2 == "" {
@@ -121,6 +123,18 @@ func (c *containment) close() {
 		}
 		_ = syscall.Rmdir(base)
 	}
+}
+
+// baseName names the node's base cgroups: gpuplane-<node>-<data dir hash>,
+// so that agents sharing a host (a dev cluster, tests) never share engine
+// cgroups even under one node name, while a restarted agent, on the same
+// data dir, finds its engines' again.
+func baseName(node, dataDir string) string {
+	if abs, err := filepath.Abs(dataDir); err == nil {
+		dataDir = abs
+	}
+	sum := sha256.Sum256([]byte(dataDir))
+	return "gpuplane-" + strings.NewReplacer("/", "_", ".", "_").Replace(node) + "-" + hex.EncodeToString(sum[:4])
 }
 
 // cgroups says whether engines are contained by cgroups (else the fallback).

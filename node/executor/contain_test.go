@@ -55,7 +55,8 @@ func oneEngine(t *testing.T, ex *Executor) watchdog.Engine {
 func TestDeleteStopsEveryDescendant(t *testing.T) {
 	for _, mode := range []string{ContainAuto, ContainProcessGroup} {
 		t.Run(mode, func(t *testing.T) {
-			c, err := newContainment(node, mode)
+			dataDir := t.TempDir()
+			c, err := newContainment(node, dataDir, mode)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -70,7 +71,6 @@ func TestDeleteStopsEveryDescendant(t *testing.T) {
 				// environment (and so the engine id).
 				script = "env -i setsid sleep " + wiped + " & " + script
 			}
-			dataDir := t.TempDir()
 			keep := func(o *Options) { o.Containment, o.KeepEngines = mode, true }
 			first := newHarness(t, dataDir, keep)
 			d := command("contained", script)
@@ -90,7 +90,7 @@ func TestDeleteStopsEveryDescendant(t *testing.T) {
 			if mode == ContainAuto {
 				eventually(t, 10*time.Second, "sleep "+wiped+" did not start", func() bool { return len(sleepers(t, wiped)) == 1 })
 				raw, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", child))
-				if !strings.Contains(string(raw), "/gpuplane-"+node+"/contained/0\n") {
+				if !strings.Contains(string(raw), "/"+baseName(node, dataDir)+"/contained/0\n") {
 					t.Errorf("sleep %s is not in the engine's cgroup:\n%s", escaped, raw)
 				}
 			}
@@ -135,7 +135,7 @@ func (c *containment) dirsOf(k key) []string {
 // HostMemory reads an engine's host memory from its memory cgroup: a real
 // number for a real process holding 64 MB.
 func TestHostMemoryOfAnEngine(t *testing.T) {
-	c, err := newContainment(node, ContainAuto)
+	c, err := newContainment(node, t.TempDir(), ContainAuto)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -191,7 +191,7 @@ func vmRSS(t *testing.T, pid int) uint64 {
 // an engine's every process, even one that left its group and dropped its
 // engine id.
 func TestCgroupV1FreezerStopsEveryProcess(t *testing.T) {
-	c, err := newContainment(node, ContainAuto)
+	c, err := newContainment(node, t.TempDir(), ContainAuto)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -228,7 +228,7 @@ func TestCgroupV1FreezerStopsEveryProcess(t *testing.T) {
 // no v1 memory cgroup, host memory is the resident memory of the cgroup's
 // processes.
 func TestHostMemoryWithoutAMemoryController(t *testing.T) {
-	c, err := newContainment(node, ContainAuto)
+	c, err := newContainment(node, t.TempDir(), ContainAuto)
 	if err != nil {
 		t.Fatal(err)
 	}

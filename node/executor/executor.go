@@ -184,7 +184,7 @@ func New(src Source, rep Reporter, opts Options) (*Executor, error) {
 	if err := opts.defaults(); err != nil {
 		return nil, err
 	}
-	contain, err := newContainment(opts.Node, opts.Containment)
+	contain, err := newContainment(opts.Node, opts.DataDir, opts.Containment)
 	if err != nil {
 		return nil, err
 	}
