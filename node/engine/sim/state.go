@@ -582,4 +582,3 @@ func (s *server) rate() float64 {
 	batch := 1 + s.cfg.BatchSlowdown*float64(max(s.st.inflight-1, 0))
 	return s.cfg.TokensPerSecond * s.st.computeFrac / batch
 }
-
