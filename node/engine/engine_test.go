@@ -52,6 +52,7 @@ func TestCommands(t *testing.T) {
 			d.MaybeScanArgs(t, "share", &r.ShareMilli)
 			d.MaybeScanArgs(t, "memory", &r.MemoryMib)
 			d.MaybeScanArgs(t, "compute", &r.ComputePercent)
+			p.MaySleep = d.HasArg("maysleep")
 			enf := Enforcement{Mode: ModeNone}
 			var mode string
 			if d.MaybeScanArgs(t, "enforce", &mode) {
