@@ -34,6 +34,10 @@ const (
 // re-reports its memory; it also bounds how late a rate change is noticed.
 const tick = 20 * time.Millisecond
 
+// idleEvery is how many ticks an idle engine lets pass between reads of
+// its card.
+const idleEvery = 10
+
 // errAborted is the cause given to requests cut off by a sleep or unload.
 var errAborted = errors.New("request aborted: the engine was put to sleep or unloaded")
 
@@ -217,14 +221,22 @@ func (s *server) refreshShares() {
 func (s *server) watch(ctx context.Context) {
 	t := time.NewTicker(tick)
 	defer t.Stop()
-	for {
+	for n := 0; ; {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
 		}
-		s.refreshShares()
-		s.report()
+		// An idle engine's shares do not matter and its memory does not
+		// change, so it reads the card less often; admit and copyWeights
+		// refresh at once when that changes.
+		s.mu.Lock()
+		active := s.st.inflight > 0 || s.st.copying
+		s.mu.Unlock()
+		if n++; active || n%idleEvery == 0 {
+			s.refreshShares()
+			s.report()
+		}
 		s.mu.Lock()
 		expired := !s.st.expire.IsZero() && time.Now().After(s.st.expire) && s.st.inflight == 0 && s.st.phase == phAwake
 		unload := s.st.expireUnload
@@ -257,6 +269,7 @@ func (s *server) copyWeights(ctx context.Context, seconds float64) error {
 	s.st.progress, s.st.copying = 0, true
 	s.mu.Unlock()
 	s.report()
+	s.refreshShares()
 	defer func() {
 		s.mu.Lock()
 		s.st.copying = false
@@ -522,6 +535,7 @@ func (s *server) admit(ctx context.Context, promptTokens int) (*request, error) 
 			s.mu.Unlock()
 			if first {
 				s.report()
+				s.refreshShares()
 			}
 			return r, nil
 		case !s.loadedOnce:
