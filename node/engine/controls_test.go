@@ -559,3 +559,82 @@ func TestConcurrentLoadsOnACardAreSlower(t *testing.T) {
 		}
 	}
 }
+
+// execProcess runs a sim engine as the executor would: the start/stop
+// fallback's Process, over a real process.
+type execProcess struct {
+	t    *testing.T
+	card *card
+	args []string
+	mu   sync.Mutex
+	cmd  *exec.Cmd
+	pid  int
+}
+
+func (e *execProcess) Start(ctx context.Context) error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	cmd := exec.CommandContext(ctx, gpuplaneBin(e.t), append([]string{"engine", "sim", "--port", "0",
+		"--served-model-name", "job", "--card-uuids", e.card.uuid}, e.args...)...)
+	cmd.Env = append(os.Environ(), inventory.EnvSimUsageDir+"="+e.card.dir)
+	if err := cmd.Start(); err != nil {
+		return err
+	}
+	e.cmd, e.pid = cmd, cmd.Process.Pid
+	return nil
+}
+
+func (e *execProcess) Stop(context.Context) error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.cmd == nil {
+		return nil
+	}
+	_ = e.cmd.Process.Signal(syscall.SIGTERM)
+	_ = e.cmd.Wait()
+	e.cmd = nil
+	return nil
+}
+
+func (e *execProcess) Running() bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.cmd != nil
+}
+
+// TestStartStopControls: an engine without controls (command) sleeps by
+// stopping its process, which frees the card, and wakes by starting it.
+func TestStartStopControls(t *testing.T) {
+	c := newCard(t)
+	proc := &execProcess{t: t, card: c, args: []string{"--memory-mib", "1500", "--load-seconds", "0"}}
+	t.Cleanup(func() { _ = proc.Stop(context.Background()) })
+	ctx := context.Background()
+	if _, err := ControlsFor(KindCommand, Target{}); err == nil {
+		t.Fatal("start/stop controls without a process were accepted")
+	}
+	ctl, err := ControlsFor(KindCommand, Target{Process: proc})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ctl.Wake(ctx); err != nil {
+		t.Fatal(err)
+	}
+	c.waitUsed(t, proc.pid, 1500, "started")
+	pid := proc.pid
+	if err := ctl.Sleep(ctx, SleepDiscard); err != nil {
+		t.Fatal(err)
+	}
+	if used := c.usedMiB(t, pid); used != 0 {
+		t.Fatalf("stopped engine still uses %d MiB", used)
+	}
+	if asleep, err := ctl.IsSleeping(ctx); err != nil || !asleep {
+		t.Fatalf("IsSleeping of a stopped engine = %t, %v", asleep, err)
+	}
+	if err := ctl.Wake(ctx); err != nil {
+		t.Fatal(err)
+	}
+	c.waitUsed(t, proc.pid, 1500, "started again")
+	if err := ctl.Sleep(ctx, SleepOffload); err == nil {
+		t.Fatal("Sleep(1) succeeded on an engine without controls")
+	}
+}
