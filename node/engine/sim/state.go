@@ -85,7 +85,9 @@ func (s *server) footprintMiB() uint64 {
 	case phStarting:
 		return c.OverheadMiB
 	case phLoading:
-		return c.OverheadMiB + uint64(float64(s.weightsMiB)*st.progress)
+		// The weights count once loaded, as the sim always reported them:
+		// the watchdog then judges an engine by what it holds when serving.
+		return c.OverheadMiB
 	case phAwake:
 		return c.OverheadMiB + s.weightsMiB + s.kvMiB()
 	case phAsleep:
@@ -94,7 +96,7 @@ func (s *server) footprintMiB() uint64 {
 		}
 		return c.ResidualMiB
 	case phWaking:
-		return c.ResidualMiB + uint64(float64(s.weightsMiB)*st.progress)
+		return c.ResidualMiB
 	}
 	return 0
 }
