@@ -287,6 +287,7 @@ type Status struct {
 	HostMiB       uint64  `json:"host_mib"`
 	KVTokens      int     `json:"kv_tokens"`
 	InFlight      int     `json:"in_flight"`
+	Waiting       int     `json:"waiting"`
 	ComputeShare  float64 `json:"compute_share"`
 	CopyShare     float64 `json:"copy_share"`
 	LastLoadSecs  float64 `json:"last_load_seconds"`
@@ -305,7 +306,7 @@ func (s *server) snapshot() Status {
 	batch := 1 + s.cfg.BatchSlowdown*float64(max(st.inflight-1, 0))
 	return Status{
 		State: string(st.phase), Level: st.level, MemoryMiB: s.footprintMiB(), HostMiB: s.hostMiB(),
-		KVTokens: st.tokens, InFlight: st.inflight, ComputeShare: st.computeFrac, CopyShare: st.copyFrac,
+		KVTokens: st.tokens, InFlight: st.inflight, Waiting: st.waiting, ComputeShare: st.computeFrac, CopyShare: st.copyFrac,
 		LastLoadSecs: st.lastLoad.Seconds(), LastWakeSecs: st.lastWake.Seconds(),
 		TokensPerSecs: s.cfg.TokensPerSecond * st.computeFrac / batch,
 	}

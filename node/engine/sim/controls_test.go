@@ -268,3 +268,42 @@ func TestConfigValidate(t *testing.T) {
 		}
 	}
 }
+
+// Continuous batching within the KV pool: a request whose prompt does not
+// fit beside the one in flight waits until it ends, then is served.
+func TestRequestsQueueForKVRoom(t *testing.T) {
+	// A pool of 10 tokens (1 MiB each).
+	base, _ := startEngine(t, Config{ServedModelName: "chat", MemoryMiB: 1000, KVPoolMiB: 10, KVKiBPerToken: 1024, TokensPerSecond: 100})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"/v1/completions", strings.NewReader(`{"prompt":"first","max_tokens":1000000,"stream":true}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	first, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer first.Body.Close()
+	status := func() Status {
+		var st Status
+		getJSON(t, base+"/sim/status", &st)
+		return st
+	}
+	waitFor(t, "the first request filling the pool", func() bool { return status().KVTokens >= 10 })
+	second := make(chan int, 1)
+	go func() {
+		code, _ := call(t, http.MethodPost, base+"/v1/completions", `{"prompt":"second","max_tokens":1}`)
+		second <- code
+	}()
+	waitFor(t, "the second request queued", func() bool { st := status(); return st.Waiting == 1 && st.InFlight == 1 })
+	select {
+	case code := <-second:
+		t.Fatalf("the second request ended (%d) while the first filled the pool", code)
+	default:
+	}
+	cancel()
+	if code := <-second; code != http.StatusOK {
+		t.Fatalf("the queued request answered %d once the pool had room, want 200", code)
+	}
+}

@@ -56,6 +56,8 @@ type state struct {
 	progress float64
 	copying  bool
 	inflight int
+	// waiting counts requests queued for room in the KV pool.
+	waiting int
 	// tokens is the KV cache held by requests in flight: their prompts and
 	// what they generated so far.
 	tokens int
@@ -377,6 +379,8 @@ func (s *server) sleep(ctx context.Context, level int, mode string, auto bool) e
 	}
 	s.st.phase, s.st.level, s.st.weightsOn, s.st.kvOn, s.st.auto = phAsleep, level, false, false, auto
 	s.st.expire = time.Time{}
+	// Requests queued for KV room learn that the engine sleeps.
+	s.cond.Broadcast()
 	s.mu.Unlock()
 	s.report()
 	s.cfg.Logger.Info("sim engine asleep", "level", level, "residual_mib", s.cfg.ResidualMiB)
@@ -385,19 +389,39 @@ func (s *server) sleep(ctx context.Context, level int, mode string, auto bool) e
 
 // waitIdle waits, holding s.mu, until no request is in flight.
 func (s *server) waitIdle(ctx context.Context) error {
+	for s.st.inflight > 0 {
+		if err := s.waitCtx(ctx); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// waitCtx waits, holding s.mu, for the next change of the engine's state
+// (a request ending, a wake) or for ctx to end.
+func (s *server) waitCtx(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
 	stop := context.AfterFunc(ctx, func() {
 		s.mu.Lock()
 		s.cond.Broadcast()
 		s.mu.Unlock()
 	})
 	defer stop()
-	for s.st.inflight > 0 {
-		if err := ctx.Err(); err != nil {
-			return err
-		}
-		s.cond.Wait()
+	s.cond.Wait()
+	return ctx.Err()
+}
+
+// fits says a request with this prompt can start now: the KV pool has room
+// for its prompt beside the requests in flight. A request alone always
+// starts; its KV stops growing at the pool. Callers hold s.mu.
+func (s *server) fits(promptTokens int) bool {
+	if s.cfg.KVKiBPerToken == 0 || s.st.inflight == 0 {
+		return true
 	}
-	return nil
+	capacity := int(s.cfg.KVPoolMiB * 1024 / s.cfg.KVKiBPerToken)
+	return s.st.tokens+promptTokens <= capacity
 }
 
 // wake restores the weights and/or the KV cache of a sleeping engine:
@@ -485,6 +509,7 @@ func (s *server) unload(ctx context.Context, abort bool) {
 	}
 	s.st.phase, s.st.level, s.st.weightsOn, s.st.kvOn, s.st.auto = phUnloaded, 0, false, false, true
 	s.st.expire = time.Time{}
+	s.cond.Broadcast()
 	s.mu.Unlock()
 	s.report()
 	s.cfg.Logger.Info("sim engine unloaded")
@@ -526,6 +551,17 @@ func (s *server) admit(ctx context.Context, promptTokens int) (*request, error) 
 		s.mu.Lock()
 		st := &s.st
 		switch {
+		case st.phase == phAwake && !s.fits(promptTokens):
+			// Continuous batching within the KV pool: a request whose
+			// prompt does not fit waits for others to finish.
+			st.waiting++
+			err := s.waitCtx(ctx)
+			st.waiting--
+			s.mu.Unlock()
+			if err != nil {
+				return nil, err
+			}
+			continue
 		case st.phase == phAwake:
 			r := &request{id: s.nextReq, held: promptTokens}
 			s.nextReq++
