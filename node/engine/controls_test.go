@@ -124,6 +124,13 @@ var addrRE = regexp.MustCompile(`addr=(127\.0\.0\.1:\d+)`)
 // card) and returns once it listens; it is stopped with SIGTERM at cleanup.
 func startSim(t *testing.T, c *card, name string, args ...string) *simProc {
 	t.Helper()
+	return launchSim(t, c, name, args...)()
+}
+
+// launchSim starts the process and returns a function that waits until it
+// listens, so that several engines can start together.
+func launchSim(t *testing.T, c *card, name string, args ...string) func() *simProc {
+	t.Helper()
 	cmd := exec.Command(gpuplaneBin(t), append([]string{"engine", "sim", "--port", "0",
 		"--served-model-name", name, "--card-uuids", c.uuid}, args...)...)
 	cmd.Env = append(os.Environ(), inventory.EnvSimUsageDir+"="+c.dir)
@@ -152,12 +159,14 @@ func startSim(t *testing.T, c *card, name string, args ...string) *simProc {
 		_ = cmd.Process.Signal(syscall.SIGTERM)
 		_ = cmd.Wait()
 	})
-	a, ok := <-addr
-	if !ok {
-		_ = cmd.Wait()
-		t.Fatalf("sim engine %s exited before listening", name)
+	return func() *simProc {
+		t.Helper()
+		a, ok := <-addr
+		if !ok {
+			t.Fatalf("sim engine %s exited before listening", name)
+		}
+		return &simProc{base: "http://" + a, pid: cmd.Process.Pid}
 	}
-	return &simProc{base: "http://" + a, pid: cmd.Process.Pid}
 }
 
 // waitHealthy polls /health until 200.
@@ -546,10 +555,11 @@ func TestConcurrentLoadsOnACardAreSlower(t *testing.T) {
 	solo.waitHealthy(t)
 	alone := solo.status(t).LastLoadSecs
 
-	// Started one after the other, they overlap for all but the moments
-	// between two process starts.
+	// Started together, they overlap for all but the moments between two
+	// process starts.
 	c2 := newCard(t)
-	procs := []*simProc{startSim(t, c2, "m0", args...), startSim(t, c2, "m1", args...)}
+	wait0, wait1 := launchSim(t, c2, "m0", args...), launchSim(t, c2, "m1", args...)
+	procs := []*simProc{wait0(), wait1()}
 	for i, p := range procs {
 		p.waitHealthy(t)
 		took := p.status(t).LastLoadSecs

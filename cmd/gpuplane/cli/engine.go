@@ -37,7 +37,7 @@ registers its memory on each of --card-uuids with the simulated NVML (the
 directory in $` + inventory.EnvSimUsageDir + `), so that the node's watchdog
 sees it: the overhead, the weights (--memory-mib less the overhead and the
 KV pool) and a KV cache growing by --kv-kib-per-token per token in flight up
-to --kv-pool-mib.
+to --kv-pool-mib; a request whose prompt does not fit in the pool waits.
 
 It answers the residency controls of vLLM (POST /sleep?level=1|2, POST
 /wake_up, GET /is_sleeping; asleep it holds --sleep-residual-mib and refuses

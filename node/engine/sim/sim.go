@@ -9,8 +9,9 @@
 //
 // It models a start as separate phases (process start before the port
 // opens, runtime initialisation, weight load), memory as overhead + weights
-// + a KV cache that grows with the tokens in flight, and sleep as a
-// residual. It reports that memory through the simulated NVML
+// + a KV cache that grows with the tokens in flight (a request whose prompt
+// does not fit in the pool waits, as continuous batching does), and sleep
+// as a residual. It reports that memory through the simulated NVML
 // (inventory.SimUsage), so the node's watchdog sees it as it would see a
 // real engine on a real card.
 //
