@@ -11,7 +11,6 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"strings"
 	"sync"
 	"time"
 
@@ -358,11 +357,15 @@ type starter struct {
 	timeout time.Duration
 }
 
-// waitingFor says whom a replica waiting for card waits for.
-func (l *cardLock) waitingFor(card uint32) string {
+func (l *cardLock) current() *starter {
 	l.mu.Lock()
-	h := l.holder
-	l.mu.Unlock()
+	defer l.mu.Unlock()
+	return l.holder
+}
+
+// waitingFor says whom a replica waiting for card waits for: h, or one
+// about to be recorded (nil).
+func waitingFor(card uint32, h *starter) string {
 	if h == nil {
 		return fmt.Sprintf("waiting for card %d: another replica is starting", card)
 	}
@@ -408,14 +411,13 @@ func (e *Executor) lockCards(ctx context.Context, k key, timeout time.Duration, 
 			continue
 		default:
 		}
-		var said string
+		var said *starter
 		poll := time.NewTicker(lockWait)
-		for acquired := false; !acquired; {
-			// The holder's name, not its elapsed time, decides whether
-			// the reason is worth another report.
-			if reason := l.waitingFor(c); holderPart(reason) != holderPart(said) {
-				said = reason
-				waiting(reason)
+		for told, acquired := false, false; !acquired; {
+			// A new holder, not the time passing, is worth a report.
+			if h := l.current(); !told || h != said {
+				told, said = true, h
+				waiting(waitingFor(c, h))
 			}
 			select {
 			case l.slot <- struct{}{}:
@@ -431,12 +433,6 @@ func (e *Executor) lockCards(ctx context.Context, k key, timeout time.Duration, 
 		poll.Stop()
 	}
 	return sync.OnceFunc(release), nil
-}
-
-// holderPart is a waiting reason without the holder's elapsed time.
-func holderPart(reason string) string {
-	before, _, _ := strings.Cut(reason, " (")
-	return before
 }
 
 func (e *Executor) enginesDir() string { return filepath.Join(e.opts.DataDir, "engines") }
