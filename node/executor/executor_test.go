@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -66,9 +67,18 @@ type reporter struct {
 	mu      sync.Mutex
 	reports []*pb.ReplicaStatus
 	at      []time.Time
+	// hook, when set, sees each report as it is made, before it is
+	// recorded and before the executor goes on.
+	hook func(*pb.ReplicaStatus)
 }
 
 func (r *reporter) Report(_ context.Context, st *pb.ReplicaStatus) error {
+	r.mu.Lock()
+	hook := r.hook
+	r.mu.Unlock()
+	if hook != nil {
+		hook(st)
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.reports = append(r.reports, proto.Clone(st).(*pb.ReplicaStatus))
@@ -647,24 +657,26 @@ func TestCommandEngineRunsOnlyOnceItListens(t *testing.T) {
 	}
 
 	// The sim engine's binary stands for a user's server that takes a
-	// second before it listens.
-	h.want(11, command("listener", "sh", "-c", "sleep 1; exec "+bin+
-		" engine sim --host {{.Host}} --port {{.Port}} --served-model-name {{.ServedModelName}} --load-seconds 0 --tokens-per-second 0"))
-	running := h.waitState("listener", pb.ReplicaState_REPLICA_STATE_RUNNING, 20*time.Second)
-	starting := h.rep.reportsWith("listener", pb.ReplicaState_REPLICA_STATE_STARTING)
+	// second before it listens. When it is reported Running, its endpoint
+	// accepts connections.
+	var refused error
 	h.rep.mu.Lock()
-	var startedAt, runningAt time.Time
-	for i, r := range h.rep.reports {
-		if r.Model == "listener" && r.State == pb.ReplicaState_REPLICA_STATE_STARTING {
-			startedAt = h.rep.at[i]
-		}
-		if r.Model == "listener" && r.State == pb.ReplicaState_REPLICA_STATE_RUNNING {
-			runningAt = h.rep.at[i]
+	h.rep.hook = func(st *pb.ReplicaStatus) {
+		if st.Model == "listener" && st.State == pb.ReplicaState_REPLICA_STATE_RUNNING {
+			conn, err := net.Dial("tcp", strings.TrimPrefix(st.Endpoint, "http://"))
+			if err != nil {
+				refused = err
+				return
+			}
+			conn.Close()
 		}
 	}
 	h.rep.mu.Unlock()
-	if len(starting) != 1 || runningAt.Sub(startedAt) < time.Second {
-		t.Errorf("listener ran %s after it started (%v), want after its 1s before listening", runningAt.Sub(startedAt), states(h.rep.of("listener")))
+	h.want(11, command("listener", "sh", "-c", "sleep 1; exec "+bin+
+		" engine sim --host {{.Host}} --port {{.Port}} --served-model-name {{.ServedModelName}} --load-seconds 0 --tokens-per-second 0"))
+	running := h.waitState("listener", pb.ReplicaState_REPLICA_STATE_RUNNING, 20*time.Second)
+	if s := states(h.rep.of("listener")); !slices.Equal(s, []string{"STARTING", "RUNNING"}) || refused != nil {
+		t.Errorf("listener reported %v; its endpoint refused connections when it was reported Running: %v", s, refused)
 	}
 	if got := chat(t, running.Endpoint, "listener", false); len(strings.Fields(got)) != 4 {
 		t.Errorf("listener answered %q", got)
