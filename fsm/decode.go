@@ -535,6 +535,8 @@ func (d *Decoder) engineSpec(b []byte) *pb.EngineSpec {
 			if a, ok = d.str(s); ok {
 				e.Args = append(e.Args, a)
 			}
+		case num == 10 && typ == protowire.VarintType:
+			e.StartTimeoutSeconds = uint32(v)
 		default:
 			ok = false // the environment (a map) included
 		}

@@ -8,6 +8,7 @@ import (
 
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
@@ -53,7 +54,7 @@ func decoderEnvelopes() []*pb.Envelope {
 		{Command: &pb.Envelope_ApplyModel{ApplyModel: &pb.ApplyModel{Name: "m2", Spec: &pb.ModelSpec{Model: "/w", ServedModelName: "s", Replicas: 4,
 			Placement: &pb.PlacementSpec{Accelerator: "a"}, Resources: &pb.HostResources{CpuMilli: 4000, MemoryMib: 1 << 40},
 			Engine: &pb.EngineSpec{Kind: "vllm", MemoryPercent: 3, MemoryMib: 5, ComputePercent: 7, MaxModelLen: 8192, TensorParallel: 2, PipelineParallel: 3,
-				Args: []string{"--a", "", "b"}}}}}},
+				Args: []string{"--a", "", "b"}, StartTimeoutSeconds: 600}}}}},
 		{Command: &pb.Envelope_ApplyModel{ApplyModel: &pb.ApplyModel{Name: "m3", Spec: &pb.ModelSpec{Engine: &pb.EngineSpec{Env: map[string]string{"A": "1"}}}}}},
 		{Command: &pb.Envelope_ApplyModel{ApplyModel: &pb.ApplyModel{Spec: &pb.ModelSpec{Placement: &pb.PlacementSpec{}, Engine: &pb.EngineSpec{}, Resources: &pb.HostResources{}}}}},
 		{Command: &pb.Envelope_ApplyModel{ApplyModel: &pb.ApplyModel{}}},
@@ -460,4 +461,50 @@ func BenchmarkDecodeEntry(b *testing.B) {
 			_ = requestKeyOf(env.GetRequestId())
 		}
 	})
+}
+
+// TestDecoderReadsEveryModelSpecField sets every field of a deployment's
+// spec but the maps (which protobuf decodes) and checks that the hand
+// decoder reads the ApplyModel itself, equal to proto.Unmarshal's. A field
+// added to ModelSpec or one of its messages that applyModel does not know
+// would send every deployment through protobuf: still correct, but the
+// replay of a long log slows down without a test noticing.
+func TestDecoderReadsEveryModelSpecField(t *testing.T) {
+	var fill func(m protoreflect.Message)
+	fill = func(m protoreflect.Message) {
+		fields := m.Descriptor().Fields()
+		for i := range fields.Len() {
+			fd := fields.Get(i)
+			switch {
+			case fd.IsMap():
+				continue
+			case fd.IsList() && fd.Kind() == protoreflect.StringKind:
+				m.Mutable(fd).List().Append(protoreflect.ValueOfString("x" + string(fd.Name())))
+			case fd.Kind() == protoreflect.MessageKind:
+				fill(m.Mutable(fd).Message())
+			case fd.Kind() == protoreflect.StringKind:
+				m.Set(fd, protoreflect.ValueOfString("x"+string(fd.Name())))
+			case fd.Kind() == protoreflect.Uint32Kind:
+				m.Set(fd, protoreflect.ValueOfUint32(uint32(7+i)))
+			case fd.Kind() == protoreflect.Uint64Kind:
+				m.Set(fd, protoreflect.ValueOfUint64(uint64(1<<40+i)))
+			default:
+				t.Fatalf("field %s of kind %s: teach this test (and the Decoder) about it", fd.FullName(), fd.Kind())
+			}
+		}
+	}
+	spec := &pb.ModelSpec{}
+	fill(spec.ProtoReflect())
+	c := &pb.ApplyModel{Name: "m", Spec: spec}
+	b, err := proto.Marshal(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := (&Decoder{}).applyModel(b)
+	if got == nil {
+		t.Fatalf("ApplyModel %v is left to protobuf: a field of its spec is not read by hand", c)
+	}
+	if !proto.Equal(got, c) {
+		t.Fatalf("decoded %v, want %v", got, c)
+	}
 }

@@ -73,7 +73,7 @@ func TestDeleteStopsEveryDescendant(t *testing.T) {
 			}
 			keep := func(o *Options) { o.Containment, o.KeepEngines = mode, true }
 			first := newHarness(t, dataDir, keep)
-			d := command("contained", script)
+			d := shell("contained", script)
 			first.want(10, d)
 			leader := oneEngine(t, first.exec).PID
 			var child int
@@ -151,7 +151,7 @@ func TestHostMemoryOfAnEngine(t *testing.T) {
 		t.Error("HostMemory of a replica with no engine is not an error")
 	}
 	const held = 64_000_000
-	h.want(10, command("mem", fmt.Sprintf("x=$(head -c %d /dev/zero | tr '\\0' a); echo loaded; sleep 1000", held)))
+	h.want(10, shell("mem", fmt.Sprintf("x=$(head -c %d /dev/zero | tr '\\0' a); echo loaded; sleep 1000", held)))
 	leader := oneEngine(t, h.exec).PID
 	eventually(t, 30*time.Second, "the engine did not load its 64 MB", func() bool {
 		raw, _ := os.ReadFile(LogPath(h.dataDir, "mem", 0))

@@ -12,8 +12,6 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
-
-	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
 )
 
 // syncBuffer is a bytes.Buffer safe for a writer and a reader goroutine.
@@ -34,13 +32,10 @@ func (s *syncBuffer) String() string {
 	return s.b.String()
 }
 
-// command is a replica of a command engine deployment named model that runs
-// sh -c script, at 40 % of card 0.
-func command(model, script string) Desired {
-	d := sim(model, 1)
-	d.Spec.Model = "/models/" + model
-	d.Spec.Engine = &pb.EngineSpec{Kind: "command", MemoryPercent: 40, Args: []string{"sh", "-c", script}}
-	return d
+// shell is a replica of a command engine deployment named model that runs
+// sh -c script.
+func shell(model, script string) Desired {
+	return command(model, "sh", "-c", script)
 }
 
 // logBytes is the size of every engine.log file of a replica on disk.
@@ -182,7 +177,7 @@ func TestEngineLogCapHoldsUnderYes(t *testing.T) {
 	dir := ReplicaDir(h.dataDir, "yes", 0)
 	stop := make(chan struct{})
 	peak := watchLogBytes(dir, stop)
-	h.want(10, command("yes", "exec yes"))
+	h.want(10, shell("yes", "exec yes"))
 	eventually(t, 10*time.Second, "yes never filled its log", func() bool { return logBytes(dir) >= capBytes/2 })
 	deadline := time.After(30 * time.Second)
 	tick := time.NewTicker(100 * time.Millisecond)
@@ -226,7 +221,7 @@ func TestEngineLogCapHoldsUnderABurst(t *testing.T) {
 	stop := make(chan struct{})
 	peak := watchLogBytes(dir, stop)
 	var over atomic.Int64
-	h.want(10, command("burst", "head -c 1000000000 /dev/zero; echo; echo burst-done; exec sleep 1000"))
+	h.want(10, shell("burst", "head -c 1000000000 /dev/zero; echo; echo burst-done; exec sleep 1000"))
 	eventually(t, 5*time.Minute, "the burst did not reach the log", func() bool {
 		if n := logBytes(dir); n > capBytes+logSlack {
 			over.Store(n)
@@ -265,7 +260,7 @@ func tail(t *testing.T, path string) string {
 // first, each start headed by the executor's line.
 func TestEngineLogAcrossRestarts(t *testing.T) {
 	h := newHarness(t, t.TempDir(), nil)
-	h.want(10, command("flaky", "echo hello from $$; exit 3"))
+	h.want(10, shell("flaky", "echo hello from $$; exit 3"))
 	eventually(t, 20*time.Second, "flaky did not restart twice", func() bool {
 		st := h.rep.last("flaky")
 		return st != nil && st.Restarts >= 3

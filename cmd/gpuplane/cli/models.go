@@ -191,14 +191,16 @@ var modelFlags = map[string]string{
 	"spec.engine.maxModelLen":      "--max-model-len",
 	"spec.engine.tensorParallel":   "--tensor-parallel",
 	"spec.engine.pipelineParallel": "--pipeline-parallel",
+	"spec.engine.startTimeout":     "--start-timeout",
 }
 
 func newModelsDeployCommand(g *globals) *cobra.Command {
 	var (
-		spec   descriptor.ModelDeploymentSpec
-		ints   = map[string]*int64{}
-		memory quantityFlag
-		dryRun bool
+		spec         descriptor.ModelDeploymentSpec
+		ints         = map[string]*int64{}
+		memory       quantityFlag
+		startTimeout time.Duration
+		dryRun       bool
 	)
 	c := &cobra.Command{
 		Use:   "deploy NAME --accelerator A --model URI [flags]",
@@ -241,6 +243,9 @@ give are reset to their defaults, so redeploying with the same flags is
 			}
 			if memory.set {
 				spec.Engine.Memory = &memory.q
+			}
+			if cmd.Flags().Changed("start-timeout") {
+				spec.Engine.StartTimeout = &descriptor.Duration{Duration: startTimeout}
 			}
 			var problems []*pb.Violation
 			if v := descriptor.CheckName("metadata.name", name); v != nil {
@@ -288,6 +293,7 @@ give are reset to their defaults, so redeploying with the same flags is
 	intFlag("max-model-len", 0, "the engine's maximum context length")
 	intFlag("tensor-parallel", descriptor.DefaultParallel, "tensor-parallel degree")
 	intFlag("pipeline-parallel", descriptor.DefaultParallel, "pipeline-parallel degree")
+	f.DurationVar(&startTimeout, "start-timeout", 0, "how long one start of the engine may take to become ready before the replica is Failed, such as 10m (default: the engine kind's)")
 	f.BoolVar(&dryRun, "dry-run", false, "check against the cluster and persist nothing")
 	_ = c.RegisterFlagCompletionFunc("accelerator", g.completeFrom(acceleratorNames))
 	_ = c.RegisterFlagCompletionFunc("engine", cobra.FixedCompletions(descriptor.EngineKinds, cobra.ShellCompDirectiveNoFileComp))
