@@ -178,7 +178,7 @@ func TestEngineLogCapHoldsUnderYes(t *testing.T) {
 	stop := make(chan struct{})
 	peak := watchLogBytes(dir, stop)
 	h.want(10, shell("yes", "exec yes"))
-	eventually(t, 10*time.Second, "yes never filled its log", func() bool { return logBytes(dir) >= capBytes/2 })
+	eventually(t, 30*time.Second, "yes never filled its log", func() bool { return logBytes(dir) >= capBytes/2 })
 	deadline := time.After(30 * time.Second)
 	tick := time.NewTicker(100 * time.Millisecond)
 	defer tick.Stop()
@@ -196,7 +196,7 @@ wait:
 		}
 	}
 	h.want(11)
-	eventually(t, 10*time.Second, "yes still runs", func() bool { return len(h.exec.Engines()) == 0 })
+	eventually(t, 30*time.Second, "yes still runs", func() bool { return len(h.exec.Engines()) == 0 })
 	close(stop)
 	if most := <-peak; most > capBytes+logSlack {
 		t.Errorf("up to %d bytes of engine log on disk, more than the cap %d and a buffer", most, capBytes)
@@ -266,7 +266,7 @@ func TestEngineLogAcrossRestarts(t *testing.T) {
 		return st != nil && st.Restarts >= 3
 	})
 	h.want(11)
-	eventually(t, 10*time.Second, "flaky still runs", func() bool { return len(h.exec.Engines()) == 0 })
+	eventually(t, 30*time.Second, "flaky still runs", func() bool { return len(h.exec.Engines()) == 0 })
 	var out bytes.Buffer
 	if err := ReadLogs(context.Background(), h.dataDir, "flaky", 0, false, &out); err != nil {
 		t.Fatal(err)
