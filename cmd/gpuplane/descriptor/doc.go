@@ -17,6 +17,11 @@
 // become ready (a whole number of seconds, at most MaxStartTimeout; left
 // out, the engine kind's default from package engine applies).
 //
+// Memory quantities (`engine.memory`, `resources.memory`) are written the
+// Kubernetes way: bytes, a binary suffix (20Gi = 20×2³⁰ bytes) or a decimal
+// one (20G = 20×10⁹ bytes); they are kept in MiB, rounded up to a whole MiB
+// so that a memory promise is never less than what was written (Quantity).
+//
 // The package is pure: bytes in, values and problems out. It never reads
 // files, the network or the clock, so it can be fuzzed and shared by the CLI
 // and the server. Checks that need cluster state (known device kinds,
