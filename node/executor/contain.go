@@ -56,10 +56,11 @@ const envEngineID = "GPUPLANE_ENGINE_ID"
 // every process carrying its engine id, so an engine is contained even
 // where its cgroup could not be made.
 //
-// It does not use github.com/containerd/cgroups: that library has no
-// CLONE_INTO_CGROUP start (it moves a started process, racing with its first
-// forks) and would bring dbus, systemd and eBPF dependencies for the few
-// files read and written here.
+// It does not use github.com/containerd/cgroups (v3): its managers place a
+// process once it runs (AddProc, Add), which races with the engine's first
+// forks, while the start into the cgroup here is Go's own
+// SysProcAttr.UseCgroupFD; the rest is a few cgroupfs files, not worth its
+// dbus, systemd and eBPF dependencies.
 type containment struct {
 	// v2 is the directory in the cgroup2 hierarchy under which engine
 	// cgroups are made; "" when there is none or it is not writable.
