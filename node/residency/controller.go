@@ -124,6 +124,9 @@ type replica struct {
 	// rejected is true once waiting requests were rejected, until the next
 	// arrival.
 	rejected bool
+	// wasLent is true from a warm model's sleep until it loads or wakes
+	// again: a crash or unload while asleep leaves its share lent.
+	wasLent bool
 	// prewarm is true while a forecast, not a request, holds the model.
 	prewarm  bool
 	failures int
@@ -271,8 +274,13 @@ func (c *Controller) setState(r *replica, s State, now time.Time) {
 	r.state = s
 	r.since = now
 	r.measured = 0
-	if s == Sleeping || s == Cold || s == Failed {
+	switch s {
+	case Sleeping:
+		r.prewarm, r.wasLent = false, true
+	case Cold, Failed:
 		r.prewarm = false
+	default:
+		r.wasLent = false
 	}
 	if s == Resident {
 		r.resident = now

@@ -96,11 +96,19 @@ func (c *Controller) committedCost(r *replica) int64 {
 
 // lent reports whether a warm model's share is lent to others: only while
 // it sleeps (or, committed, is being put to sleep) and nobody asks for it.
+// An engine that crashed or was unloaded while asleep keeps its share lent
+// until it is asked for.
 func lent(r *replica, committed bool) bool {
 	if r.active > 0 || r.prewarm {
 		return false
 	}
-	return r.state == Sleeping || committed && r.pending == ActSleep
+	switch r.state {
+	case Sleeping:
+		return true
+	case Cold, Failed:
+		return r.wasLent
+	}
+	return committed && r.pending == ActSleep
 }
 
 // claim is what r keeps others from using: a pinned model its share (or
@@ -288,13 +296,20 @@ func (c *Controller) check(before []replica, acts []Action, now time.Time) []Vio
 		if skipI3 || b.active == 0 || b.state == Sleeping {
 			continue
 		}
-		// I3: active work on an engine (requests waiting for a sleeping one
-		// wait at the gateway).
+		// I3: active work. Requests run on a resident or draining engine;
+		// those waiting for a sleeping, loading or waking one wait at the
+		// gateway, and only an owner or a higher priority may make them
+		// wait longer by cancelling that load.
+		serving := b.state == Resident || b.state == Draining
+		entitled := d.Trigger == TriggerOperator && b.removed || d.Trigger == TriggerRequest && c.outranks(d.For, b)
 		switch {
-		case stops && (b.pending == 0 || now.Before(b.drainBy)):
+		case stops && serving && (b.pending == 0 || now.Before(b.drainBy)):
 			add("I3", "%s of %s with %d requests active and no expired drain", a.Kind, a.Model, b.active)
-		case a.Kind == ActDrain && d.Trigger != TriggerOperator && (d.Trigger != TriggerRequest || !c.outranks(d.For, b)):
-			add("I3", "drain of %s (%s, %d requests active) by %s for %s, which does not outrank it",
+		case stops && !serving && !entitled:
+			add("I3", "%s cancels the %s of %s, which %d requests wait for, by %s for %q, which does not outrank it",
+				a.Kind, strings.ToLower(b.state.String()), a.Model, b.active, d.Trigger, d.For)
+		case a.Kind == ActDrain && !entitled:
+			add("I3", "drain of %s (%s, %d requests active) by %s for %q, which does not outrank it",
 				a.Model, b.dep.Priority, b.active, d.Trigger, d.For)
 		}
 	}

@@ -40,10 +40,10 @@ func (c *Controller) stop(r *replica, op ActionKind, trig Trigger, forM ModelID,
 	r.pending, r.drainFor, r.drainTrig = op, forM, trig
 	r.drainBy = now.Add(c.cfg.DrainDeadline)
 	switch {
-	case r.state == Loading || r.state == Waking:
-		r.issued = false
-		c.emit(ActDrain, r, "", trig, forM, in, now, "%s after its load; "+format, append([]any{op}, args...)...)
-	case r.state == Sleeping:
+	case r.state == Loading || r.state == Waking || r.state == Sleeping:
+		// Nothing runs on the engine: a load or wake in progress is
+		// cancelled; requests waiting for it wait at the gateway for the
+		// next load.
 		r.issued = true
 		c.emit(op, r, "", trig, forM, in, now, format, args...)
 	case r.active > 0 && !skipI3:
@@ -106,38 +106,42 @@ func (c *Controller) drains(now time.Time) {
 	}
 }
 
-// wants reports whether r should be brought onto the card now, and why.
-func (c *Controller) wants(r *replica, now time.Time) (Trigger, bool) {
+// wants reports whether r should be brought onto the card now, and why;
+// hold is true when it must first wait out a retry backoff (a reserved
+// owner asked for still has its share returned meanwhile).
+func (c *Controller) wants(r *replica, now time.Time) (trig Trigger, want, hold bool) {
 	if r.removed || r.pending != 0 {
-		return 0, false
+		return 0, false, false
 	}
 	switch r.state {
 	case Failed:
 		if now.Before(r.retryAt) {
-			return 0, false
+			asked := r.active > 0 && r.dep.Residency == Warm
+			return TriggerRequest, asked, asked
 		}
 		fallthrough
 	case Cold:
 		if r.active > 0 {
-			return TriggerRequest, true
+			return TriggerRequest, true, false
 		}
-		return TriggerOperator, r.dep.Residency.reserved()
+		return TriggerOperator, r.dep.Residency.reserved(), false
 	case Sleeping:
 		if r.active > 0 {
-			return TriggerRequest, true
+			return TriggerRequest, true, false
 		}
-		return TriggerOperator, r.dep.Residency == Pinned || c.pinnedOnly && r.dep.Residency == Warm
+		return TriggerOperator, r.dep.Residency == Pinned || c.pinnedOnly && r.dep.Residency == Warm, false
 	}
-	return 0, false
+	return 0, false, false
 }
 
 // demand brings waiting and reserved models onto the card, most important
-// first: priority, then reserved before onDemand, then the longest waiting.
+// first: reserved owners (their shares are promised), then priority, then
+// the longest waiting.
 func (c *Controller) demand(now time.Time) {
 	var want []int
 	for i := range c.reps {
 		r := &c.reps[i]
-		if _, ok := c.wants(r, now); !ok {
+		if _, ok, _ := c.wants(r, now); !ok {
 			continue
 		}
 		if c.pinnedOnly && r.dep.Residency == OnDemand {
@@ -152,15 +156,15 @@ func (c *Controller) demand(now time.Time) {
 	}
 	slices.SortFunc(want, func(a, b int) int {
 		x, y := &c.reps[a], &c.reps[b]
-		return cmp.Or(-cmp.Compare(x.dep.Priority, y.dep.Priority),
-			cmp.Compare(x.dep.Residency, y.dep.Residency),
+		return cmp.Or(cmp.Compare(x.dep.Residency, y.dep.Residency),
+			-cmp.Compare(x.dep.Priority, y.dep.Priority),
 			x.lastUse.Compare(y.lastUse),
 			cmp.Compare(x.dep.Model, y.dep.Model))
 	})
 	for _, i := range want {
 		r := &c.reps[i]
-		trig, _ := c.wants(r, now)
-		c.admit(r, trig, now)
+		trig, _, hold := c.wants(r, now)
+		c.admit(r, trig, !hold, now)
 	}
 }
 
@@ -204,12 +208,15 @@ func (c *Controller) value(r *replica, reload time.Duration, bytes int64, now ti
 // admit starts r's load or wake if it fits, or frees memory for it, or
 // rejects it if it can never fit. trig is TriggerForecast for a prewarm.
 // It reports whether the load or wake started.
-func (c *Controller) admit(r *replica, trig Trigger, now time.Time) bool {
+func (c *Controller) admit(r *replica, trig Trigger, start bool, now time.Time) bool {
 	op, cost, claim := c.target(r)
 	othersNow, othersCommitted := c.others(r)
 	free := c.usable - othersNow - c.earmark
 	myValue := c.value(r, c.reload(r), claim, now)
-	if claim <= free {
+	// What r's target adds to what it already claims (a warm owner asked
+	// for already claims its share): memory later beneficiaries must leave.
+	extra := claim - c.claim(r, false)
+	if start && claim <= free {
 		in := Inputs{Bytes: cost, Free: free, Value: myValue, Reload: c.reload(r)}
 		switch {
 		case op == ActWake:
@@ -232,10 +239,15 @@ func (c *Controller) admit(r *replica, trig Trigger, now time.Time) bool {
 		}
 		return true
 	}
+	if r.wasLent && r.active == 0 {
+		// A warm model that crashed while its share was lent comes back
+		// into free memory only, until someone asks for it.
+		return false
+	}
 	need := othersCommitted + c.earmark + claim - c.usable
 	if need <= 0 {
 		// Enough is already being freed; wait for it.
-		c.earmark += claim
+		c.earmark += extra
 		return false
 	}
 	chosen, ok := c.victims(r, trig, need, myValue, now)
@@ -254,7 +266,7 @@ func (c *Controller) admit(r *replica, trig Trigger, now time.Time) bool {
 				c.serializeIfThrashing(r, v, now)
 			}
 		}
-		c.earmark += claim
+		c.earmark += extra
 		return false
 	}
 	if trig == TriggerForecast || r.rejected || r.active == 0 {
@@ -467,7 +479,7 @@ func (c *Controller) prewarms(now time.Time) {
 		if now.Before(at.Add(-lead)) || now.After(at.Add(tol)) {
 			continue
 		}
-		c.admit(r, TriggerForecast, now)
+		c.admit(r, TriggerForecast, true, now)
 	}
 }
 

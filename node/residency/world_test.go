@@ -20,6 +20,8 @@ import (
 
 const gi = int64(1) << 30
 
+var debugModel = ""
+
 var epoch = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 
 // truth is what an engine really does; the controller learns it only from
@@ -62,6 +64,8 @@ type engine struct {
 	drainAt  time.Time
 	drainOK  bool
 	removed  bool
+	// lent is true from a warm engine's sleep until it loads or wakes.
+	lent bool
 	// wantedAt is when a request found this warm engine asleep.
 	wantedAt time.Time
 	// epoch invalidates timers of an operation that a crash cut short.
@@ -145,11 +149,14 @@ func (w *world) request(m residency.ModelID, service time.Duration) {
 	if e.removed {
 		return
 	}
-	w.send(residency.RequestArrived{Model: m})
 	if e.dep.Residency == residency.Warm && (e.state == asleep || e.state == goingToSleep) && len(e.queued) == 0 && len(e.inflight) == 0 {
 		e.wantedAt = w.now()
 	}
 	e.queued = append(e.queued, service)
+	// The node's loop tells the controller before it dispatches, so an
+	// eviction decided earlier never races a request onto the engine.
+	w.send(residency.RequestArrived{Model: m})
+	w.flush()
 	w.dispatch(m)
 }
 
@@ -201,6 +208,13 @@ func (w *world) flush() {
 		ev := w.queue[0]
 		w.queue = w.queue[1:]
 		out := w.c.Handle(ev)
+		if debugModel != "" {
+			if fmt.Sprint(ev) != "{}" && strings.Contains(fmt.Sprintf("%+v", ev), debugModel) {
+				st, _ := w.c.Replica(residency.ModelID(debugModel))
+				e := w.eng[residency.ModelID(debugModel)]
+				w.t.Logf("%v %T %+v -> ctrl %s active %d; world %s inflight %d queued %d", w.now().Sub(epoch), ev, ev, st.State, st.Active, e.state, len(e.inflight), len(e.queued))
+			}
+		}
 		w.ctrlViolations = append(w.ctrlViolations, out.Violations...)
 		for _, a := range out.Actions {
 			w.acts = append(w.acts, a)
@@ -272,8 +286,13 @@ func (w *world) exec(a residency.Action) {
 	if d.Reason == "" || d.Card != w.cfg.Card || !d.Time.Equal(w.now()) {
 		w.violate("%s %s: incomplete decision %+v", a.Kind, a.Model, d)
 	}
-	busy := len(e.inflight) > 0 || (e.state == up || e.state == loading || e.state == waking) && len(e.queued) > 0
+	// Requests run on an engine that is up; those queued for a loading or
+	// waking one wait for it, and only an owner or a higher priority may
+	// cancel that load.
+	busy := len(e.inflight) > 0 || e.state == up && len(e.queued) > 0
+	waited := (e.state == loading || e.state == waking) && len(e.queued) > 0
 	operator := d.Trigger == residency.TriggerOperator && e.removed
+	entitled := operator || d.Trigger == residency.TriggerRequest && w.outranks(d.For, e)
 	switch a.Kind {
 	case residency.ActSleep, residency.ActEvict, residency.ActUnload, residency.ActDrain:
 		// I2: pinned never demoted; warm never sent cold by others.
@@ -291,7 +310,7 @@ func (w *world) exec(a residency.Action) {
 			return
 		}
 		w.admitCheck(a.Model, e, e.tr.peak)
-		e.state, e.mem = loading, e.tr.peak
+		e.state, e.mem, e.lent = loading, e.tr.peak, false
 		e.epoch++
 		ep := e.epoch
 		w.after(e.tr.load, func() {
@@ -315,7 +334,7 @@ func (w *world) exec(a residency.Action) {
 			return
 		}
 		w.admitCheck(a.Model, e, e.tr.foot)
-		e.state, e.mem = waking, e.tr.foot
+		e.state, e.mem, e.lent = waking, e.tr.foot, false
 		e.epoch++
 		ep := e.epoch
 		w.after(e.tr.wake, func() {
@@ -328,13 +347,16 @@ func (w *world) exec(a residency.Action) {
 			w.dispatch(a.Model)
 		})
 	case residency.ActDrain:
-		if busy && !operator && !(d.Trigger == residency.TriggerRequest && w.outranks(d.For, e)) {
+		if busy && !entitled {
 			w.violate("I3: drain of busy %s (%s) for %s by %s", a.Model, e.dep.Priority, d.For, d.Trigger)
 		}
 		e.draining, e.drainAt, e.drainOK = true, w.now(), true
 	case residency.ActSleep, residency.ActEvict, residency.ActUnload:
 		if busy && !operator && !(e.draining && e.drainOK && w.now().Sub(e.drainAt) >= w.drainDeadline()) {
 			w.violate("I3: %s of %s with %d in flight, %d queued, without an expired drain", a.Kind, a.Model, len(e.inflight), len(e.queued))
+		}
+		if waited && !entitled {
+			w.violate("I3: %s cancels the %s of %s, %d requests waiting, for %q by %s", a.Kind, e.state, a.Model, len(e.queued), d.For, d.Trigger)
 		}
 		w.cutOff(a.Model)
 		e.draining = false
@@ -350,13 +372,13 @@ func (w *world) exec(a residency.Action) {
 				if e.epoch != ep {
 					return
 				}
-				e.state, e.mem = asleep, e.tr.residual
+				e.state, e.mem, e.lent = asleep, e.tr.residual, true
 				w.send(residency.SleepDone{Model: a.Model})
 				w.send(residency.MemorySample{Model: a.Model, Bytes: e.mem})
 			})
 			return
 		}
-		if e.state != up && e.state != asleep {
+		if e.state != up && e.state != asleep && e.state != loading && e.state != waking {
 			w.violate("%s of %s in state %s", a.Kind, a.Model, e.state)
 			return
 		}
@@ -400,7 +422,7 @@ func (w *world) claims() (claims, mem int64) {
 			claims += e.mem
 		case e.dep.Residency == residency.Pinned:
 			claims += max(e.dep.Share, e.mem)
-		case e.dep.Residency == residency.Warm && e.state == asleep && len(e.queued) == 0 && len(e.inflight) == 0:
+		case e.dep.Residency == residency.Warm && (e.state == asleep || e.state == off && e.lent) && len(e.queued) == 0 && len(e.inflight) == 0:
 			claims += e.mem
 		case e.dep.Residency == residency.Warm:
 			claims += max(e.dep.Share, e.mem)
