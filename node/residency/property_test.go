@@ -100,6 +100,9 @@ func (w *world) crash(m residency.ModelID) {
 }
 
 func TestRandomEventsKeepInvariants(t *testing.T) {
+	if plantedBug {
+		t.Skip("the residency_plantbug tag breaks I3 on purpose; see TestPlantedBugIsCaught")
+	}
 	seeds := 6
 	if testing.Short() {
 		seeds = 2
