@@ -16,11 +16,18 @@ func TestCheckCatchesWhatThePolicyMustNotDo(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	busy := replica{dep: Deployment{Model: "busy", Residency: OnDemand, Priority: Interactive, Share: 8 << 30}, state: Resident, active: 2}
-	pinned := replica{dep: Deployment{Model: "pin", Residency: Pinned, Share: 8 << 30}, state: Resident}
-	low := replica{dep: Deployment{Model: "low", Residency: OnDemand, Priority: Background, Share: 4 << 30}, state: Cold, active: 1}
-	c.reps = []replica{busy, pinned, low}
-	c.index = map[ModelID]int{"busy": 0, "pin": 1, "low": 2}
+	for _, d := range []Deployment{
+		{Model: "busy", Residency: OnDemand, Priority: Interactive, Share: 8 << 30},
+		{Model: "pin", Residency: Pinned, Share: 8 << 30},
+		{Model: "low", Residency: OnDemand, Priority: Background, Share: 4 << 30},
+	} {
+		if err := c.upsert(d, clk.Now()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c.reps[0].state, c.reps[0].active = Resident, 2
+	c.reps[1].state = Resident
+	c.reps[2].active = 1
 	before := append([]replica(nil), c.reps...)
 	act := func(k ActionKind, m, forM ModelID, trig Trigger) Action {
 		return Action{Kind: k, Model: m, Decision: Decision{Action: k, Model: m, For: forM, Trigger: trig}}

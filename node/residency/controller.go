@@ -101,7 +101,10 @@ func (c Config) withDefaults() (Config, error) {
 // value so a step can be tried on a copy (advise mode, Plan, the fallback
 // after a violation).
 type replica struct {
-	dep   Deployment
+	dep Deployment
+	// prof is what the profiler learned for dep's key (shared, not part of
+	// a step's trial copy).
+	prof  *Profile
 	state State
 	// since is when the replica entered its state; resident when it last
 	// became resident; opStart when the running load or wake began.
@@ -187,11 +190,14 @@ type Controller struct {
 	// records a decision when it changes, not on every tick.
 	advised map[ModelID]ActionKind
 
-	// step scratch
-	out      []Action
-	earmark  int64
-	cands    []candidate
-	snapshot []replica
+	// step scratch; sumNow and sumCommitted are Σ claims, valid while
+	// sumsOK
+	sumNow, sumCommitted int64
+	sumsOK               bool
+	out                  []Action
+	earmark              int64
+	cands                []candidate
+	snapshot             []replica
 }
 
 // New returns a controller for one card.
@@ -373,24 +379,29 @@ func (c *Controller) observe(ev Event, now time.Time) error {
 				r.active--
 			}
 			r.lastUse = now
-			c.prof.tokens(r.dep.profileKey(), e.Tokens, e.Elapsed)
+			r.prof.tokens(e.Tokens, e.Elapsed)
 		}
 	case RequestsActive:
 		if r := c.rep(e.Model); r != nil && e.Active >= 0 {
 			r.active = e.Active
 		}
 	case LoadDone:
-		if r := c.rep(e.Model); r != nil && (r.state == Loading || r.state == Waking) {
-			if r.state == Loading {
-				c.prof.loaded(r.dep.profileKey(), now.Sub(r.opStart))
-			} else {
-				c.prof.woke(r.dep.profileKey(), now.Sub(r.opStart))
-			}
+		r := c.rep(e.Model)
+		switch {
+		case r == nil:
+		case r.state == Loading:
+			r.prof.loaded(now.Sub(r.opStart))
+			c.becameResident(r, now)
+		case r.state == Waking:
+			r.prof.woke(now.Sub(r.opStart))
+			c.becameResident(r, now)
+		case c.cfg.Mode == Advise && (r.state == Cold || r.state == Failed):
+			// In advise mode the node loads replicas as it always did.
 			c.becameResident(r, now)
 		}
 	case WakeDone:
 		if r := c.rep(e.Model); r != nil && r.state == Waking {
-			c.prof.woke(r.dep.profileKey(), now.Sub(r.opStart))
+			r.prof.woke(now.Sub(r.opStart))
 			c.becameResident(r, now)
 		}
 	case LoadFailed:
@@ -417,7 +428,7 @@ func (c *Controller) observe(ev Event, now time.Time) error {
 	case MemorySample:
 		if r := c.rep(e.Model); r != nil && e.Bytes >= 0 && r.state != Cold && r.state != Failed {
 			r.measured = e.Bytes
-			c.prof.memory(r.dep.profileKey(), r.state, e.Bytes)
+			r.prof.memory(r.state, e.Bytes)
 		}
 	case DeploymentAdded:
 		return c.upsert(e.Deployment, now)
@@ -451,7 +462,7 @@ func (c *Controller) becameResident(r *replica, now time.Time) {
 }
 
 func (c *Controller) fail(r *replica, now time.Time) {
-	c.prof.failed(r.dep.profileKey())
+	r.prof.Failures++
 	r.failures++
 	back := c.cfg.RetryBackoff << min(r.failures-1, 20)
 	if back > c.cfg.MaxBackoff || back <= 0 {
@@ -471,11 +482,12 @@ func (c *Controller) upsert(d Deployment, now time.Time) error {
 	}
 	if r := c.rep(d.Model); r != nil {
 		r.dep = d
+		r.prof = c.prof.get(d.profileKey())
 		r.removed = false
 		return nil
 	}
 	c.index[d.Model] = len(c.reps)
-	c.reps = append(c.reps, replica{dep: d, state: Cold, since: now})
+	c.reps = append(c.reps, replica{dep: d, prof: c.prof.get(d.profileKey()), state: Cold, since: now})
 	return nil
 }
 

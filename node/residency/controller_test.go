@@ -275,6 +275,16 @@ func TestAdviseModeExecutesNothing(t *testing.T) {
 	if len(plan) != 2 || plan[0].Model != "a" || plan[0].Action != residency.ActLoad || plan[0].Tier != "disk" || plan[0].Rate <= 0 {
 		t.Fatalf("plan %+v, want a with a load, on disk, with a rate", plan)
 	}
+	// The node loads the pinned model as it always did; the controller
+	// follows what it reports.
+	w.send(residency.LoadDone{Model: "pinned"})
+	w.flush()
+	if w.state("pinned") != residency.Resident || len(w.acts) != 0 {
+		t.Fatalf("after the node's own load: pinned %s, actions %v", w.state("pinned"), kinds(w.acts))
+	}
+	if p := w.c.Plan(); p[1].Model != "pinned" || p[1].Action != 0 || p[1].Tier != "gpu" {
+		t.Fatalf("plan for the resident pinned model %+v, want nothing to do", p[1])
+	}
 }
 
 func TestRejectWhatCanNeverFit(t *testing.T) {

@@ -10,8 +10,8 @@ import (
 // there is one, the deployment's prior before.
 
 func (c *Controller) footprint(r *replica) int64 {
-	if p := c.prof.peek(r.dep.profileKey()); p != nil && p.Footprint > 0 {
-		return p.Footprint
+	if r.prof.Footprint > 0 {
+		return r.prof.Footprint
 	}
 	if r.dep.Footprint > 0 {
 		return r.dep.Footprint
@@ -21,23 +21,19 @@ func (c *Controller) footprint(r *replica) int64 {
 
 // peak is the cost of a load in progress: never below the footprint.
 func (c *Controller) peak(r *replica) int64 {
-	pk := max(r.dep.Peak, c.footprint(r))
-	if p := c.prof.peek(r.dep.profileKey()); p != nil {
-		pk = max(pk, p.Peak)
-	}
-	return pk
+	return max(r.dep.Peak, c.footprint(r), r.prof.Peak)
 }
 
 func (c *Controller) residual(r *replica) int64 {
-	if p := c.prof.peek(r.dep.profileKey()); p != nil && p.Residual > 0 {
-		return p.Residual
+	if r.prof.Residual > 0 {
+		return r.prof.Residual
 	}
 	return r.dep.Residual
 }
 
 func (c *Controller) loadTime(r *replica) time.Duration {
-	if p := c.prof.peek(r.dep.profileKey()); p != nil && p.Loads > 0 {
-		return p.LoadTime
+	if r.prof.Loads > 0 {
+		return r.prof.LoadTime
 	}
 	return r.dep.LoadTime
 }
@@ -46,8 +42,8 @@ func (c *Controller) wakeTime(r *replica) time.Duration {
 	if !r.dep.CanSleep {
 		return c.loadTime(r)
 	}
-	if p := c.prof.peek(r.dep.profileKey()); p != nil && p.Wakes > 0 {
-		return p.WakeTime
+	if r.prof.Wakes > 0 {
+		return r.prof.WakeTime
 	}
 	return r.dep.WakeTime
 }
@@ -260,14 +256,11 @@ func (c *Controller) check(before []replica, acts []Action, now time.Time) []Vio
 	if committed > c.usable {
 		add("I2", "claims after pending operations %s exceed usable %s: a reserved share is used by others", gib(committed), gib(c.usable))
 	}
-	prev := make(map[ModelID]*replica, len(before))
-	for i := range before {
-		prev[before[i].dep.Model] = &before[i]
-	}
+	// A step neither adds nor removes replicas: before[i] is c.reps[i]
+	// before the step.
 	for i := range c.reps {
-		r := &c.reps[i]
-		b := prev[r.dep.Model]
-		if b == nil || r.dep.Residency.reserved() {
+		r, b := &c.reps[i], &before[i]
+		if r.dep.Residency.reserved() {
 			continue
 		}
 		started := (r.state == Loading || r.state == Waking) && b.state != Loading && b.state != Waking
@@ -277,10 +270,11 @@ func (c *Controller) check(before []replica, acts []Action, now time.Time) []Vio
 		}
 	}
 	for _, a := range acts {
-		b := prev[a.Model]
-		if b == nil {
+		i, ok := c.index[a.Model]
+		if !ok || i >= len(before) {
 			continue
 		}
+		b := &before[i]
 		d := a.Decision
 		stops := a.Kind == ActSleep || a.Kind == ActEvict || a.Kind == ActUnload
 		switch {

@@ -15,6 +15,7 @@ import (
 func (c *Controller) step(now time.Time) []Action {
 	c.out = c.out[:0]
 	c.earmark = 0
+	c.sumsOK = false
 	c.removals(now)
 	c.drains(now)
 	c.demand(now)
@@ -28,6 +29,8 @@ func (c *Controller) step(now time.Time) []Action {
 func (c *Controller) emit(kind ActionKind, r *replica, peer ModelID, trig Trigger, forM ModelID, in Inputs, now time.Time, format string, args ...any) {
 	in.Rate = r.fc.rate(now, c.cfg.RateHalfLife)
 	in.Active = r.active
+	// Every change to a replica in a step comes with an action.
+	c.sumsOK = false
 	c.out = append(c.out, Action{Kind: kind, Model: r.dep.Model, Peer: peer, Decision: Decision{
 		Time: now, Card: c.cfg.Card, Action: kind, Model: r.dep.Model, Trigger: trig, For: forM,
 		Inputs: in, Reason: fmt.Sprintf(format, args...), Advised: c.cfg.Mode == Advise,
@@ -73,6 +76,7 @@ func (c *Controller) removals(now time.Time) {
 			// yet issued becomes the unload.
 			if !r.issued {
 				r.pending, r.drainTrig = ActUnload, TriggerOperator
+				c.sumsOK = false
 			}
 		}
 	}
@@ -182,17 +186,19 @@ func (c *Controller) target(r *replica) (op ActionKind, cost, claim int64) {
 }
 
 // others sums the claims of every replica but r, now and once pending
-// operations complete.
+// operations complete. The totals are kept until the next action changes a
+// replica: most attempts in a step change nothing.
 func (c *Controller) others(r *replica) (now, committed int64) {
-	for i := range c.reps {
-		x := &c.reps[i]
-		if x == r {
-			continue
+	if !c.sumsOK {
+		c.sumNow, c.sumCommitted = 0, 0
+		for i := range c.reps {
+			x := &c.reps[i]
+			c.sumNow += c.claim(x, false)
+			c.sumCommitted += c.claim(x, true)
 		}
-		now += c.claim(x, false)
-		committed += c.claim(x, true)
+		c.sumsOK = true
 	}
-	return now, committed
+	return c.sumNow - c.claim(r, false), c.sumCommitted - c.claim(r, true)
 }
 
 // value is what keeping r costs per GiB it holds: class weight × arrival

@@ -52,22 +52,17 @@ func (p *profiler) get(k ProfileKey) *Profile {
 	return pr
 }
 
-func (p *profiler) peek(k ProfileKey) *Profile { return p.m[k] }
-
-func (p *profiler) loaded(k ProfileKey, d time.Duration) {
-	pr := p.get(k)
+func (pr *Profile) loaded(d time.Duration) {
 	pr.LoadTime = ewmaDuration(pr.LoadTime, pr.Loads, d)
 	pr.Loads++
 }
 
-func (p *profiler) woke(k ProfileKey, d time.Duration) {
-	pr := p.get(k)
+func (pr *Profile) woke(d time.Duration) {
 	pr.WakeTime = ewmaDuration(pr.WakeTime, pr.Wakes, d)
 	pr.Wakes++
 }
 
-func (p *profiler) memory(k ProfileKey, s State, bytes int64) {
-	pr := p.get(k)
+func (pr *Profile) memory(s State, bytes int64) {
 	switch s {
 	case Resident, Draining:
 		pr.Footprint = max(pr.Footprint, bytes)
@@ -78,11 +73,10 @@ func (p *profiler) memory(k ProfileKey, s State, bytes int64) {
 	}
 }
 
-func (p *profiler) tokens(k ProfileKey, tokens int64, elapsed time.Duration) {
+func (pr *Profile) tokens(tokens int64, elapsed time.Duration) {
 	if tokens <= 0 || elapsed <= 0 {
 		return
 	}
-	pr := p.get(k)
 	tps := float64(tokens) / elapsed.Seconds()
 	if pr.TokensPerSecond == 0 {
 		pr.TokensPerSecond = tps
@@ -90,8 +84,6 @@ func (p *profiler) tokens(k ProfileKey, tokens int64, elapsed time.Duration) {
 		pr.TokensPerSecond = (1-profileAlpha)*pr.TokensPerSecond + profileAlpha*tps
 	}
 }
-
-func (p *profiler) failed(k ProfileKey) { p.get(k).Failures++ }
 
 // all returns copies of every profile, ordered by key.
 func (p *profiler) all() []Profile {

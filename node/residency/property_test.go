@@ -138,4 +138,3 @@ func TestSameSeedSameDecisions(t *testing.T) {
 		t.Fatal("seeds 7 and 8 gave the same decisions: the generator ignores its seed")
 	}
 }
-
