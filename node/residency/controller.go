@@ -115,6 +115,8 @@ type replica struct {
 	active  int
 	lastUse time.Time
 	fc      forecast
+	// rate is fc's rate at the start of the current step.
+	rate float64
 	// measured is the last memory sample in the current state (0: none).
 	measured int64
 	// pending is the Sleep or Evict/Unload that follows a drain or a load

@@ -37,6 +37,9 @@ func (c *Controller) Plan() []PlanEntry {
 	c.snapshot = append(c.snapshot[:0], c.reps...)
 	acts := c.step(now)
 	c.reps = append(c.reps[:0], c.snapshot...)
+	for i := range c.reps {
+		c.reps[i].rate = c.reps[i].fc.rate(now, c.cfg.RateHalfLife)
+	}
 	first := make(map[ModelID]Action, len(acts))
 	for _, a := range acts {
 		if _, ok := first[a.Model]; !ok {
@@ -55,7 +58,7 @@ func (c *Controller) Plan() []PlanEntry {
 			bytes = c.footprint(r)
 		}
 		e := PlanEntry{Model: r.dep.Model, Residency: r.dep.Residency, Priority: r.dep.Priority, State: r.state,
-			Tier: r.state.Tier(), Rate: r.fc.rate(now, c.cfg.RateHalfLife), Value: c.value(r, reload, bytes, now), Cost: c.cost(r)}
+			Tier: r.state.Tier(), Rate: r.fc.rate(now, c.cfg.RateHalfLife), Value: c.value(r, reload, bytes), Cost: c.cost(r)}
 		e.NextRequest, _, _ = r.fc.next()
 		if a, ok := first[r.dep.Model]; ok {
 			e.Action, e.Trigger, e.Reason = a.Kind, a.Decision.Trigger, a.Decision.Reason

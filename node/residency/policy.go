@@ -16,6 +16,9 @@ func (c *Controller) step(now time.Time) []Action {
 	c.out = c.out[:0]
 	c.earmark = 0
 	c.sumsOK = false
+	for i := range c.reps {
+		c.reps[i].rate = c.reps[i].fc.rate(now, c.cfg.RateHalfLife)
+	}
 	c.removals(now)
 	c.drains(now)
 	c.demand(now)
@@ -27,7 +30,7 @@ func (c *Controller) step(now time.Time) []Action {
 }
 
 func (c *Controller) emit(kind ActionKind, r *replica, peer ModelID, trig Trigger, forM ModelID, in Inputs, now time.Time, format string, args ...any) {
-	in.Rate = r.fc.rate(now, c.cfg.RateHalfLife)
+	in.Rate = r.rate
 	in.Active = r.active
 	// Every change to a replica in a step comes with an action.
 	c.sumsOK = false
@@ -204,11 +207,11 @@ func (c *Controller) others(r *replica) (now, committed int64) {
 // value is what keeping r costs per GiB it holds: class weight × arrival
 // rate (per minute) × seconds to bring it back from where the action leaves
 // it, divided by the GiB the action frees. Low value goes first.
-func (c *Controller) value(r *replica, reload time.Duration, bytes int64, now time.Time) float64 {
+func (c *Controller) value(r *replica, reload time.Duration, bytes int64) float64 {
 	if bytes <= 0 {
 		return 0
 	}
-	return r.dep.Priority.weight() * r.fc.rate(now, c.cfg.RateHalfLife) * reload.Seconds() / (float64(bytes) / (1 << 30))
+	return r.dep.Priority.weight() * r.rate * reload.Seconds() / (float64(bytes) / (1 << 30))
 }
 
 // admit starts r's load or wake if it fits, or frees memory for it, or
@@ -218,7 +221,7 @@ func (c *Controller) admit(r *replica, trig Trigger, start bool, now time.Time) 
 	op, cost, claim := c.target(r)
 	othersNow, othersCommitted := c.others(r)
 	free := c.usable - othersNow - c.earmark
-	myValue := c.value(r, c.reload(r), claim, now)
+	myValue := c.value(r, c.reload(r), claim)
 	// What r's target adds to what it already claims (a warm owner asked
 	// for already claims its share): memory later beneficiaries must leave.
 	extra := claim - c.claim(r, false)
@@ -232,7 +235,7 @@ func (c *Controller) admit(r *replica, trig Trigger, start bool, now time.Time) 
 		case trig == TriggerForecast:
 			at, _, _ := r.fc.next()
 			c.emit(ActPrewarm, r, "", trig, "", in, now, "prewarm %s: next request predicted in %v (rate %.2f/min); load takes %v; needs %s, %s free",
-				r.dep.Model, at.Sub(now).Round(time.Second), r.fc.rate(now, c.cfg.RateHalfLife), c.loadTime(r), gib(claim), gib(free))
+				r.dep.Model, at.Sub(now).Round(time.Second), r.rate, c.loadTime(r), gib(claim), gib(free))
 			c.setState(r, Loading, now)
 		default:
 			c.emit(ActLoad, r, "", trig, "", in, now, "load %s: %s; needs %s, %s free", r.dep.Model, why(trig, r), gib(claim), gib(free))
@@ -334,6 +337,9 @@ type candidate struct {
 // time), or a time slot when x and b are serialized.
 func (c *Controller) protection(x, b *replica) time.Duration {
 	p := max(c.cfg.MinResidency, 2*c.loadTime(x))
+	if len(c.serialized) == 0 {
+		return p
+	}
 	if _, ok := c.serialized[pairOf(x.dep.Model, b.dep.Model)]; ok {
 		p = max(p, c.slot(x))
 	}
@@ -368,7 +374,10 @@ func (c *Controller) hostUsed() int64 {
 func (c *Controller) victims(b *replica, trig Trigger, need int64, bValue float64, now time.Time) ([]int, bool) {
 	c.cands = c.cands[:0]
 	reclaim := b.dep.Residency.reserved() && !b.removed
-	host := c.hostUsed()
+	var host int64
+	if c.cfg.HostMemory > 0 {
+		host = c.hostUsed()
+	}
 	for i := range c.reps {
 		x := &c.reps[i]
 		if x == b || x.removed || x.pending != 0 || x.state == Cold || x.state == Failed || x.state == Draining {
@@ -413,7 +422,7 @@ func (c *Controller) victims(b *replica, trig Trigger, need int64, bValue float6
 		if cand.freed <= 0 {
 			continue
 		}
-		cand.value = c.value(x, cand.reload, cand.freed, now)
+		cand.value = c.value(x, cand.reload, cand.freed)
 		if trig == TriggerForecast && cand.value >= bValue {
 			continue
 		}
