@@ -192,6 +192,9 @@ type Controller struct {
 	// records a decision when it changes, not on every tick.
 	advised map[ModelID]ActionKind
 
+	// stepEvictions are the step's evictions for requests, remembered for
+	// anti-thrash once the step is kept.
+	stepEvictions []eviction
 	// step scratch; sumNow and sumCommitted are Σ claims, valid while
 	// sumsOK
 	sumNow, sumCommitted int64
@@ -483,6 +486,12 @@ func (c *Controller) upsert(d Deployment, now time.Time) error {
 		return err
 	}
 	if r := c.rep(d.Model); r != nil {
+		if d.Residency.reserved() && !r.dep.Residency.reserved() && !r.issued &&
+			(r.pending == ActEvict || r.pending == ActUnload) && d.CanSleep {
+			// Now warm or pinned: a demotion decided before goes to host RAM,
+			// so the model wakes rather than cold-loads.
+			r.pending = ActSleep
+		}
 		r.dep = d
 		r.prof = c.prof.get(d.profileKey())
 		r.removed = false
@@ -509,11 +518,8 @@ func (c *Controller) remove(m ModelID) {
 }
 
 func (c *Controller) recordThrash(acts []Action, now time.Time) {
+	c.evictions = append(c.evictions, c.stepEvictions...)
 	for _, a := range acts {
-		if (a.Kind == ActEvict || a.Kind == ActSleep || a.Kind == ActDrain) && a.Decision.For != "" &&
-			a.Decision.Trigger == TriggerRequest {
-			c.evictions = append(c.evictions, eviction{victim: a.Model, by: a.Decision.For, at: now})
-		}
 		if a.Kind == ActSerialize {
 			c.serialized[pairOf(a.Model, a.Peer)] = now.Add(c.cfg.SerializeFor)
 		}

@@ -295,7 +295,8 @@ func (c *Controller) check(before []replica, acts []Action, now time.Time) []Vio
 		// gateway, and only an owner or a higher priority may make them
 		// wait longer by cancelling that load.
 		serving := b.state == Resident || b.state == Draining
-		entitled := d.Trigger == TriggerOperator && b.removed || d.Trigger == TriggerRequest && c.outranks(d.For, b)
+		entitled := d.Trigger == TriggerOperator && (b.removed || c.owner(d.For)) ||
+			d.Trigger == TriggerRequest && c.outranks(d.For, b)
 		switch {
 		case stops && serving && (b.pending == 0 || now.Before(b.drainBy)):
 			add("I3", "%s of %s with %d requests active and no expired drain", a.Kind, a.Model, b.active)
@@ -311,6 +312,12 @@ func (c *Controller) check(before []replica, acts []Action, now time.Time) []Vio
 		vs[i].Ledger = c.ledger(c.reps)
 	}
 	return vs
+}
+
+// owner reports whether m holds a reserved share the operator placed.
+func (c *Controller) owner(m ModelID) bool {
+	r := c.rep(m)
+	return r != nil && r.dep.Residency.reserved() && !r.removed
 }
 
 // outranks reports whether demand for m may drain the busy engine x: a

@@ -14,6 +14,7 @@ import (
 // node reports them done) and returns the actions in order.
 func (c *Controller) step(now time.Time) []Action {
 	c.out = c.out[:0]
+	c.stepEvictions = c.stepEvictions[:0]
 	c.earmark = 0
 	c.sumsOK = false
 	for i := range c.reps {
@@ -21,6 +22,7 @@ func (c *Controller) step(now time.Time) []Action {
 	}
 	c.removals(now)
 	c.drains(now)
+	c.keepPromises(now)
 	c.demand(now)
 	if !c.pinnedOnly {
 		c.prewarms(now)
@@ -40,9 +42,13 @@ func (c *Controller) emit(kind ActionKind, r *replica, peer ModelID, trig Trigge
 	}})
 }
 
-// stop starts taking r off the card (or to sleep) with op: at once when it
-// is idle, after a drain when it is busy, after its load when it is loading.
+// stop starts taking r off the card (or to sleep) with op: at once when
+// nothing runs on it (a load or wake in progress is cancelled), after a
+// drain when requests run on it.
 func (c *Controller) stop(r *replica, op ActionKind, trig Trigger, forM ModelID, in Inputs, now time.Time, format string, args ...any) {
+	if forM != "" && trig == TriggerRequest {
+		c.stepEvictions = append(c.stepEvictions, eviction{victim: r.dep.Model, by: forM, at: now})
+	}
 	r.pending, r.drainFor, r.drainTrig = op, forM, trig
 	r.drainBy = now.Add(c.cfg.DrainDeadline)
 	switch {
@@ -55,8 +61,8 @@ func (c *Controller) stop(r *replica, op ActionKind, trig Trigger, forM ModelID,
 	case r.active > 0 && !skipI3:
 		r.issued = false
 		c.setState(r, Draining, now)
-		c.emit(ActDrain, r, "", trig, forM, in, now, "%s after %d active requests finish or %v; "+format,
-			append([]any{op, r.active, c.cfg.DrainDeadline}, args...)...)
+		c.emit(ActDrain, r, "", trig, forM, in, now, "drain %s, then %s once its %d active requests finish or after %v: "+format,
+			append([]any{r.dep.Model, op, r.active, c.cfg.DrainDeadline}, args...)...)
 	default:
 		r.issued = true
 		c.setState(r, Draining, now)
@@ -110,6 +116,46 @@ func (c *Controller) drains(now time.Time) {
 				"%s %s: drain deadline %v passed, %d requests are cut off with an error; frees %s",
 				r.pending, r.dep.Model, c.cfg.DrainDeadline, r.active, gib(in.Bytes))
 		}
+	}
+}
+
+// keepPromises returns shares that onDemand models hold when a promise
+// grows under them: a model placed or changed to pinned or warm while
+// borrowers fill the card, or a resident model whose reserved share
+// exceeds what it holds.
+func (c *Controller) keepPromises(now time.Time) {
+	var committed int64
+	for i := range c.reps {
+		committed += c.claim(&c.reps[i], true)
+	}
+	deficit := committed - c.usable
+	if deficit <= 0 {
+		return
+	}
+	// The owner whose share is least covered by what it holds.
+	var owner *replica
+	var gap int64 = -1
+	for i := range c.reps {
+		r := &c.reps[i]
+		if !r.dep.Residency.reserved() || r.removed || lent(r, true) {
+			continue
+		}
+		if g := r.dep.Share - c.committedCost(r); g > gap {
+			owner, gap = r, g
+		}
+	}
+	if owner == nil {
+		return
+	}
+	chosen, ok := c.victims(owner, TriggerOperator, deficit, 0, now)
+	if !ok {
+		return
+	}
+	for _, k := range chosen {
+		x := &c.cands[k]
+		v := &c.reps[x.idx]
+		c.stop(v, x.op, TriggerOperator, owner.dep.Model, Inputs{Bytes: x.freed, Value: x.value, Need: deficit, Reload: x.reload}, now,
+			"%s %s: returns %s of %s's reserved share; frees %s", x.op, v.dep.Model, gib(deficit), owner.dep.Model, gib(x.freed))
 	}
 }
 
@@ -297,7 +343,7 @@ func why(trig Trigger, r *replica) string {
 	case TriggerForecast:
 		return "arrival predicted"
 	}
-	return fmt.Sprintf("%s model placed on the card", r.dep.Residency)
+	return fmt.Sprintf("%s model is kept on the card", r.dep.Residency)
 }
 
 // mostFree is the most memory that could ever be made free for r: usable
@@ -386,7 +432,10 @@ func (c *Controller) victims(b *replica, trig Trigger, need int64, bValue float6
 		// Requests waiting for a sleeping engine wait at the gateway, not on
 		// the engine: only a reserved owner taking its share back evicts it.
 		busy := x.active > 0 && !skipI3
-		if busy && (x.state == Sleeping && !reclaim || trig != TriggerRequest) {
+		// A request, or a reserved model placed by the operator, may drain;
+		// a forecast never.
+		entitled := trig == TriggerRequest || reclaim && trig == TriggerOperator
+		if busy && (x.state == Sleeping && !reclaim || !entitled) {
 			continue
 		}
 		outranked := b.dep.Priority > x.dep.Priority

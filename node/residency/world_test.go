@@ -291,7 +291,8 @@ func (w *world) exec(a residency.Action) {
 	// cancel that load.
 	busy := len(e.inflight) > 0 || e.state == up && len(e.queued) > 0
 	waited := (e.state == loading || e.state == waking) && len(e.queued) > 0
-	operator := d.Trigger == residency.TriggerOperator && e.removed
+	forOwner := w.eng[d.For] != nil && w.eng[d.For].dep.Residency != residency.OnDemand && !w.eng[d.For].removed
+	operator := d.Trigger == residency.TriggerOperator && (e.removed || forOwner)
 	entitled := operator || d.Trigger == residency.TriggerRequest && w.outranks(d.For, e)
 	switch a.Kind {
 	case residency.ActSleep, residency.ActEvict, residency.ActUnload, residency.ActDrain:
