@@ -225,8 +225,17 @@ func TestPrewarmBeforePredictedArrival(t *testing.T) {
 	w.run(time.Minute)
 	for i := 0; i < 3; i++ {
 		w.request("report", 5*time.Second)
-		w.run(10 * time.Minute)
+		if i < 2 {
+			w.run(10 * time.Minute)
+		}
 	}
+	w.run(9 * time.Minute)
+	// Before the prewarm window the plan predicts the next request and
+	// has nothing to do yet.
+	if p := w.c.Plan(); p[0].NextRequest.Sub(epoch) != 31*time.Minute || p[0].Action != 0 || p[0].Tier != "disk" {
+		t.Fatalf("plan at %v: %+v, want next request at 31m, nothing to do, on disk", w.now().Sub(epoch), p[0])
+	}
+	w.run(time.Minute - time.Second)
 	// Two gaps seen: the next request is due at 31m; a 20s load is started
 	// early enough that it finds the model resident.
 	if s := w.state("report"); s != residency.Resident {
