@@ -69,9 +69,8 @@ type engine struct {
 	// wantedAt is when a request found this warm engine asleep.
 	wantedAt time.Time
 	// epoch invalidates timers of an operation that a crash cut short.
-	epoch   int
-	served  int
-	maxWait time.Duration
+	epoch  int
+	served int
 }
 
 type timer struct {
