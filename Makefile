@@ -70,7 +70,7 @@ bench-replay:
 	$(GO) test -run '^$$' -bench Replay -benchtime 1x ./cluster/
 
 # 64 models on one card after an hour of virtual traffic: p50/p99/max of one
-# Handle call, and the heap kept per managed model.
+# Handle call (wall and thread CPU time), and the heap kept per managed model.
 bench-residency:
 	GOMAXPROCS=2 $(GO) test -run '^$$' -bench Decision64Models -benchtime 20000x ./node/residency/
 	GOMAXPROCS=2 $(GO) test -run '^$$' -bench MemoryPerModel -benchtime 1x ./node/residency/
