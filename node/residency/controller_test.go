@@ -437,3 +437,31 @@ func kinds(acts []residency.Action) []string {
 	}
 	return out
 }
+
+func TestPromiseGrowingUnderABorrowerTakesItsShareBack(t *testing.T) {
+	w := newWorld(t, card)
+	m, tr := onDemand("m", 10*gi)
+	tr.foot, tr.peak = 6*gi, 6*gi // measured: it holds less than its share
+	w.add(m, tr)
+	w.add(onDemand("a", 14*gi))
+	w.request("m", time.Second)
+	w.request("a", 5*time.Minute)
+	w.run(time.Minute)
+	if w.state("m") != residency.Resident || w.state("a") != residency.Resident {
+		t.Fatalf("m %s, a %s: both should fit (6 + 14 GiB)\n%s", w.state("m"), w.state("a"), w.dump())
+	}
+	// m becomes warm: its 10 GiB share is now promised, 1.2 GiB more than
+	// a leaves. a is busy, so it is drained for m, then put to sleep.
+	m.Residency = residency.Warm
+	w.change(m)
+	w.run(time.Minute)
+	w.assertClean()
+	drains := w.actions("a", residency.ActDrain)
+	if len(drains) != 1 || drains[0].Decision.For != "m" || drains[0].Decision.Trigger != residency.TriggerOperator ||
+		!strings.Contains(drains[0].Decision.Reason, "returns 1.2Gi of m's reserved share") {
+		t.Fatalf("want a drained for m's share by the operator's change, got %v\n%s", kinds(w.actions("a")), w.dump())
+	}
+	if s := w.state("a"); s != residency.Sleeping {
+		t.Fatalf("a is %s after the drain deadline, want Sleeping\n%s", s, w.dump())
+	}
+}
