@@ -150,7 +150,9 @@ func BenchmarkDecision64Models(b *testing.B) {
 	b.StopTimer()
 	slices.Sort(n.lat)
 	slices.Sort(n.cpu)
-	q := func(d []time.Duration, f float64) float64 { return float64(d[int(f*float64(len(d)-1))].Nanoseconds()) / 1e3 }
+	q := func(d []time.Duration, f float64) float64 {
+		return float64(d[int(f*float64(len(d)-1))].Nanoseconds()) / 1e3
+	}
 	b.ReportMetric(q(n.lat, 0.50), "p50-µs")
 	b.ReportMetric(q(n.lat, 0.99), "p99-µs")
 	b.ReportMetric(q(n.lat, 1), "max-µs")
