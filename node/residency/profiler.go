@@ -91,9 +91,11 @@ func (p *profiler) all() []Profile {
 	for _, pr := range p.m {
 		out = append(out, *pr)
 	}
-	slices.SortFunc(out, func(a, b Profile) int {
-		return cmp.Or(cmp.Compare(a.Key.Model, b.Key.Model), cmp.Compare(a.Key.Quantization, b.Key.Quantization),
-			cmp.Compare(a.Key.Engine, b.Key.Engine), cmp.Compare(a.Key.Device, b.Key.Device))
-	})
+	slices.SortFunc(out, func(a, b Profile) int { return compareKeys(a.Key, b.Key) })
 	return out
+}
+
+func compareKeys(a, b ProfileKey) int {
+	return cmp.Or(cmp.Compare(a.Model, b.Model), cmp.Compare(a.Quantization, b.Quantization),
+		cmp.Compare(a.Engine, b.Engine), cmp.Compare(a.Device, b.Device))
 }
