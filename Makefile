@@ -48,12 +48,13 @@ lint:
 # Benchmarks: commit throughput and p50/p99 latency through the full RPC path
 # against a real agent process and the data dir's fsync floor; the three-server
 # cluster (failover, gossip convergence, throughput beside etcd when it is
-# installed); the scheduler's placement rate; replay speed of a long log.
+# installed); the scheduler's placement rate; replay speed of a long log; the
+# residency controller's decision latency and memory per model.
 BENCH_FLAGS ?=
 BENCH_CLUSTER_FLAGS ?=
 
-.PHONY: bench-commit bench-cluster bench-scheduler bench-replay
-bench: bench-commit bench-cluster bench-scheduler bench-replay
+.PHONY: bench-commit bench-cluster bench-scheduler bench-replay bench-residency
+bench: bench-commit bench-cluster bench-scheduler bench-replay bench-residency
 
 bench-commit: build
 	$(GO) run ./bench/commit -bin $(BIN) $(BENCH_FLAGS)
@@ -67,6 +68,12 @@ bench-scheduler:
 
 bench-replay:
 	$(GO) test -run '^$$' -bench Replay -benchtime 1x ./cluster/
+
+# 64 models on one card after an hour of virtual traffic: p50/p99/max of one
+# Handle call (wall and thread CPU time), and the heap kept per managed model.
+bench-residency:
+	GOMAXPROCS=2 $(GO) test -run '^$$' -bench Decision64Models -benchtime 20000x ./node/residency/
+	GOMAXPROCS=2 $(GO) test -run '^$$' -bench MemoryPerModel -benchtime 1x ./node/residency/
 
 clean:
 	rm -rf bin

@@ -1,0 +1,70 @@
+package residency
+
+import (
+	"cmp"
+	"slices"
+	"time"
+)
+
+// PlanEntry is one model in the controller's plan.
+type PlanEntry struct {
+	Model     ModelID
+	Residency Residency
+	Priority  Priority
+	State     State
+	// Tier is gpu, host (asleep) or disk (cold).
+	Tier string
+	// Rate is the decayed arrival rate, requests per minute.
+	Rate float64
+	// NextRequest is the predicted time of the next request (zero until
+	// two inter-arrival gaps were seen).
+	NextRequest time.Time
+	// Value is what keeping the model costs per GiB if it left the card
+	// now (see DESIGN.md); Cost what it holds.
+	Value float64
+	Cost  int64
+	// Action is what the controller would do now (ActionKind 0: nothing),
+	// with its trigger and reason.
+	Action  ActionKind
+	Trigger Trigger
+	Reason  string
+}
+
+// Plan returns, per model, the controller's estimates and the action it
+// would take now. It changes nothing, and works in advise mode.
+func (c *Controller) Plan() []PlanEntry {
+	now := c.clock.Now()
+	c.snapshot = append(c.snapshot[:0], c.reps...)
+	acts := c.step(now)
+	c.reps = append(c.reps[:0], c.snapshot...)
+	for i := range c.reps {
+		c.reps[i].rate = c.reps[i].fc.rate(now, c.cfg.RateHalfLife)
+	}
+	first := make(map[ModelID]Action, len(acts))
+	for _, a := range acts {
+		if _, ok := first[a.Model]; !ok {
+			first[a.Model] = a
+		}
+	}
+	out := make([]PlanEntry, 0, len(c.reps))
+	for i := range c.reps {
+		r := &c.reps[i]
+		reload := c.loadTime(r)
+		if r.dep.CanSleep && r.state != Cold && r.state != Failed {
+			reload = c.wakeTime(r)
+		}
+		bytes := c.cost(r)
+		if bytes == 0 {
+			bytes = c.footprint(r)
+		}
+		e := PlanEntry{Model: r.dep.Model, Residency: r.dep.Residency, Priority: r.dep.Priority, State: r.state,
+			Tier: r.state.Tier(), Rate: r.fc.rate(now, c.cfg.RateHalfLife), Value: c.value(r, reload, bytes), Cost: c.cost(r)}
+		e.NextRequest, _, _ = r.fc.next()
+		if a, ok := first[r.dep.Model]; ok {
+			e.Action, e.Trigger, e.Reason = a.Kind, a.Decision.Trigger, a.Decision.Reason
+		}
+		out = append(out, e)
+	}
+	slices.SortFunc(out, func(a, b PlanEntry) int { return cmp.Compare(a.Model, b.Model) })
+	return out
+}

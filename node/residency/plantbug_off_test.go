@@ -1,0 +1,5 @@
+//go:build !residency_plantbug
+
+package residency_test
+
+const plantedBug = false

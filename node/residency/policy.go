@@ -1,0 +1,595 @@
+package residency
+
+import (
+	"cmp"
+	"fmt"
+	"slices"
+	"time"
+)
+
+// step runs the policy once at now: operator removals, drains that are
+// done, demand (waiting requests and reserved models not yet loaded),
+// prewarm from forecasts, idle demotion. It changes the replicas as if its
+// actions were executed at once (costs of pending operations stay until the
+// node reports them done) and returns the actions in order.
+func (c *Controller) step(now time.Time) []Action {
+	c.out = c.out[:0]
+	c.stepEvictions = c.stepEvictions[:0]
+	c.earmark = 0
+	c.sumsOK = false
+	for i := range c.reps {
+		c.reps[i].rate = c.reps[i].fc.rate(now, c.cfg.RateHalfLife)
+	}
+	c.removals(now)
+	c.drains(now)
+	c.keepPromises(now)
+	c.demand(now)
+	if !c.pinnedOnly {
+		c.prewarms(now)
+	}
+	c.idle(now)
+	return c.out
+}
+
+func (c *Controller) emit(kind ActionKind, r *replica, peer ModelID, trig Trigger, forM ModelID, in Inputs, now time.Time, format string, args ...any) {
+	in.Rate = r.rate
+	in.Active = r.active
+	// Every change to a replica in a step comes with an action.
+	c.sumsOK = false
+	c.out = append(c.out, Action{Kind: kind, Model: r.dep.Model, Peer: peer, Decision: Decision{
+		Time: now, Card: c.cfg.Card, Action: kind, Model: r.dep.Model, Trigger: trig, For: forM,
+		Inputs: in, Reason: fmt.Sprintf(format, args...), Advised: c.cfg.Mode == Advise,
+	}})
+}
+
+// stop starts taking r off the card (or to sleep) with op: at once when
+// nothing runs on it (a load or wake in progress is cancelled), after a
+// drain when requests run on it.
+func (c *Controller) stop(r *replica, op ActionKind, trig Trigger, forM ModelID, in Inputs, now time.Time, format string, args ...any) {
+	if forM != "" && trig == TriggerRequest {
+		c.stepEvictions = append(c.stepEvictions, eviction{victim: r.dep.Model, by: forM, at: now})
+	}
+	r.pending, r.drainFor, r.drainTrig = op, forM, trig
+	r.drainBy = now.Add(c.cfg.DrainDeadline)
+	switch {
+	case r.state == Loading || r.state == Waking || r.state == Sleeping:
+		// Nothing runs on the engine: a load or wake in progress is
+		// cancelled; requests waiting for it wait at the gateway for the
+		// next load.
+		r.issued = true
+		c.emit(op, r, "", trig, forM, in, now, format, args...)
+	case r.active > 0 && !skipI3:
+		r.issued = false
+		c.setState(r, Draining, now)
+		c.emit(ActDrain, r, "", trig, forM, in, now, "drain %s, then %s once its %d active requests finish or after %v: "+format,
+			append([]any{r.dep.Model, op, r.active, c.cfg.DrainDeadline}, args...)...)
+	default:
+		r.issued = true
+		c.setState(r, Draining, now)
+		c.emit(op, r, "", trig, forM, in, now, format, args...)
+	}
+}
+
+func (c *Controller) removals(now time.Time) {
+	for i := range c.reps {
+		r := &c.reps[i]
+		if !r.removed || r.pending == ActUnload || r.pending == ActEvict {
+			continue
+		}
+		switch r.state {
+		case Resident, Sleeping, Loading, Waking:
+			c.stop(r, ActUnload, TriggerOperator, "", Inputs{Bytes: c.cost(r)}, now,
+				"unload %s: deployment removed from card %s; frees %s", r.dep.Model, c.cfg.Card, gib(c.cost(r)))
+		case Draining:
+			// A sleep in progress becomes an unload once it is asleep; one not
+			// yet issued becomes the unload.
+			if !r.issued {
+				r.pending, r.drainTrig = ActUnload, TriggerOperator
+				c.sumsOK = false
+			}
+		}
+	}
+	for i := range c.reps {
+		r := &c.reps[i]
+		if r.removed && r.state == Sleeping && r.pending == 0 {
+			c.stop(r, ActUnload, TriggerOperator, "", Inputs{Bytes: c.cost(r)}, now,
+				"unload %s: deployment removed from card %s; frees %s", r.dep.Model, c.cfg.Card, gib(c.cost(r)))
+		}
+	}
+}
+
+// drains issues the operation a drained engine waits for once its requests
+// are done or its deadline passed.
+func (c *Controller) drains(now time.Time) {
+	for i := range c.reps {
+		r := &c.reps[i]
+		if r.state != Draining || r.pending == 0 || r.issued || r.active > 0 && now.Before(r.drainBy) {
+			continue
+		}
+		in := Inputs{Bytes: c.cost(r) - c.committedCost(r)}
+		r.issued = true
+		if r.active == 0 {
+			c.emit(r.pending, r, "", r.drainTrig, r.drainFor, in, now, "%s %s: drained, no requests active; frees %s",
+				r.pending, r.dep.Model, gib(in.Bytes))
+		} else {
+			c.emit(r.pending, r, "", r.drainTrig, r.drainFor, in, now,
+				"%s %s: drain deadline %v passed, %d requests are cut off with an error; frees %s",
+				r.pending, r.dep.Model, c.cfg.DrainDeadline, r.active, gib(in.Bytes))
+		}
+	}
+}
+
+// keepPromises returns shares that onDemand models hold when a promise
+// grows under them: a model placed or changed to pinned or warm while
+// borrowers fill the card, or a resident model whose reserved share
+// exceeds what it holds.
+func (c *Controller) keepPromises(now time.Time) {
+	var committed int64
+	for i := range c.reps {
+		committed += c.claim(&c.reps[i], true)
+	}
+	deficit := committed - c.usable
+	if deficit <= 0 {
+		return
+	}
+	// The owner whose share is least covered by what it holds.
+	var owner *replica
+	var gap int64 = -1
+	for i := range c.reps {
+		r := &c.reps[i]
+		if !r.dep.Residency.reserved() || r.removed || lent(r, true) {
+			continue
+		}
+		if g := r.dep.Share - c.committedCost(r); g > gap {
+			owner, gap = r, g
+		}
+	}
+	if owner == nil {
+		return
+	}
+	chosen, ok := c.victims(owner, TriggerOperator, deficit, 0, now)
+	if !ok {
+		return
+	}
+	for _, k := range chosen {
+		x := &c.cands[k]
+		v := &c.reps[x.idx]
+		c.stop(v, x.op, TriggerOperator, owner.dep.Model, Inputs{Bytes: x.freed, Value: x.value, Need: deficit, Reload: x.reload}, now,
+			"%s %s: returns %s of %s's reserved share; frees %s", x.op, v.dep.Model, gib(deficit), owner.dep.Model, gib(x.freed))
+	}
+}
+
+// wants reports whether r should be brought onto the card now, and why;
+// hold is true when it must first wait out a retry backoff (a reserved
+// owner asked for still has its share returned meanwhile).
+func (c *Controller) wants(r *replica, now time.Time) (trig Trigger, want, hold bool) {
+	if r.removed || r.pending != 0 {
+		return 0, false, false
+	}
+	switch r.state {
+	case Failed:
+		if now.Before(r.retryAt) {
+			asked := r.active > 0 && r.dep.Residency == Warm
+			return TriggerRequest, asked, asked
+		}
+		fallthrough
+	case Cold:
+		if r.active > 0 {
+			return TriggerRequest, true, false
+		}
+		return TriggerOperator, r.dep.Residency.reserved(), false
+	case Sleeping:
+		if r.active > 0 {
+			return TriggerRequest, true, false
+		}
+		return TriggerOperator, r.dep.Residency == Pinned || c.pinnedOnly && r.dep.Residency == Warm, false
+	}
+	return 0, false, false
+}
+
+// demand brings waiting and reserved models onto the card, most important
+// first: reserved owners (their shares are promised), then priority, then
+// the longest waiting.
+func (c *Controller) demand(now time.Time) {
+	var want []int
+	for i := range c.reps {
+		r := &c.reps[i]
+		if _, ok, _ := c.wants(r, now); !ok {
+			continue
+		}
+		if c.pinnedOnly && r.dep.Residency == OnDemand {
+			if !r.rejected {
+				r.rejected = true
+				c.emit(ActReject, r, "", TriggerRequest, "", Inputs{}, now,
+					"reject %s: card %s is pinned-only after a ledger violation until the operator clears it", r.dep.Model, c.cfg.Card)
+			}
+			continue
+		}
+		want = append(want, i)
+	}
+	slices.SortFunc(want, func(a, b int) int {
+		x, y := &c.reps[a], &c.reps[b]
+		return cmp.Or(cmp.Compare(x.dep.Residency, y.dep.Residency),
+			-cmp.Compare(x.dep.Priority, y.dep.Priority),
+			x.lastUse.Compare(y.lastUse),
+			cmp.Compare(x.dep.Model, y.dep.Model))
+	})
+	for _, i := range want {
+		r := &c.reps[i]
+		trig, _, hold := c.wants(r, now)
+		c.admit(r, trig, !hold, now)
+	}
+}
+
+// target is what r will hold once loaded or woken and what it will claim.
+func (c *Controller) target(r *replica) (op ActionKind, cost, claim int64) {
+	op, cost = ActLoad, c.peak(r)
+	if r.state == Sleeping {
+		op, cost = ActWake, c.footprint(r)
+	}
+	claim = cost
+	if r.dep.Residency.reserved() && !r.removed {
+		claim = max(r.dep.Share, cost)
+	}
+	return op, cost, claim
+}
+
+// others sums the claims of every replica but r, now and once pending
+// operations complete. The totals are kept until the next action changes a
+// replica: most attempts in a step change nothing.
+func (c *Controller) others(r *replica) (now, committed int64) {
+	if !c.sumsOK {
+		c.sumNow, c.sumCommitted = 0, 0
+		for i := range c.reps {
+			x := &c.reps[i]
+			c.sumNow += c.claim(x, false)
+			c.sumCommitted += c.claim(x, true)
+		}
+		c.sumsOK = true
+	}
+	return c.sumNow - c.claim(r, false), c.sumCommitted - c.claim(r, true)
+}
+
+// value is what keeping r costs per GiB it holds: class weight × arrival
+// rate (per minute) × seconds to bring it back from where the action leaves
+// it, divided by the GiB the action frees. Low value goes first.
+func (c *Controller) value(r *replica, reload time.Duration, bytes int64) float64 {
+	if bytes <= 0 {
+		return 0
+	}
+	return r.dep.Priority.weight() * r.rate * reload.Seconds() / (float64(bytes) / (1 << 30))
+}
+
+// admit starts r's load or wake if it fits, or frees memory for it, or
+// rejects it if it can never fit. trig is TriggerForecast for a prewarm.
+// It reports whether the load or wake started.
+func (c *Controller) admit(r *replica, trig Trigger, start bool, now time.Time) bool {
+	op, cost, claim := c.target(r)
+	othersNow, othersCommitted := c.others(r)
+	free := c.usable - othersNow - c.earmark
+	myValue := c.value(r, c.reload(r), claim)
+	// What r's target adds to what it already claims (a warm owner asked
+	// for already claims its share): memory later beneficiaries must leave.
+	extra := claim - c.claim(r, false)
+	if start && claim <= free {
+		in := Inputs{Bytes: cost, Free: free, Value: myValue, Reload: c.reload(r)}
+		switch {
+		case op == ActWake:
+			c.emit(ActWake, r, "", trig, "", in, now, "wake %s: %s; wake %v instead of a cold load of %v; needs %s, %s free",
+				r.dep.Model, why(trig, r), c.wakeTime(r), c.loadTime(r), gib(claim), gib(free))
+			c.setState(r, Waking, now)
+		case trig == TriggerForecast:
+			at, _, _ := r.fc.next()
+			c.emit(ActPrewarm, r, "", trig, "", in, now, "prewarm %s: next request predicted in %v (rate %.2f/min); load takes %v; needs %s, %s free",
+				r.dep.Model, at.Sub(now).Round(time.Second), r.rate, c.loadTime(r), gib(claim), gib(free))
+			c.setState(r, Loading, now)
+		default:
+			c.emit(ActLoad, r, "", trig, "", in, now, "load %s: %s; needs %s, %s free", r.dep.Model, why(trig, r), gib(claim), gib(free))
+			c.setState(r, Loading, now)
+		}
+		r.opStart = now
+		r.rejected = false
+		if trig == TriggerForecast {
+			r.prewarm = true
+		}
+		return true
+	}
+	if r.wasLent && r.active == 0 {
+		// A warm model that crashed while its share was lent comes back
+		// into free memory only, until someone asks for it.
+		return false
+	}
+	need := othersCommitted + c.earmark + claim - c.usable
+	if need <= 0 {
+		// Enough is already being freed; wait for it.
+		c.earmark += extra
+		return false
+	}
+	chosen, ok := c.victims(r, trig, need, myValue, now)
+	if ok {
+		for _, k := range chosen {
+			x := &c.cands[k]
+			v := &c.reps[x.idx]
+			in := Inputs{Bytes: x.freed, Value: x.value, ForValue: myValue, Need: need, Free: free, Reload: x.reload}
+			verb := "evict"
+			if x.op == ActSleep {
+				verb = "sleep"
+			}
+			c.stop(v, x.op, trig, r.dep.Model, in, now, "%s %s: value %.2f < %s %.2f; frees %s, %s needs %s (%s short)",
+				verb, v.dep.Model, x.value, r.dep.Model, myValue, gib(x.freed), r.dep.Model, gib(claim), gib(need))
+			if trig == TriggerRequest {
+				c.serializeIfThrashing(r, v, now)
+			}
+		}
+		c.earmark += extra
+		return false
+	}
+	if trig == TriggerForecast || r.rejected || r.active == 0 {
+		return false
+	}
+	if most := c.mostFree(r); claim > most {
+		r.rejected = true
+		c.emit(ActReject, r, "", trig, "", Inputs{Bytes: claim, Free: most}, now,
+			"reject %s: needs %s, at most %s of card %s can be made free for it (usable %s)",
+			r.dep.Model, gib(claim), gib(most), c.cfg.Card, gib(c.usable))
+	}
+	return false
+}
+
+func why(trig Trigger, r *replica) string {
+	switch trig {
+	case TriggerRequest:
+		return fmt.Sprintf("%d requests waiting", r.active)
+	case TriggerForecast:
+		return "arrival predicted"
+	}
+	return fmt.Sprintf("%s model is kept on the card", r.dep.Residency)
+}
+
+// mostFree is the most memory that could ever be made free for r: usable
+// minus what others keep whatever happens (pinned shares, warm shares for an
+// owner, warm residuals for a borrower).
+func (c *Controller) mostFree(r *replica) int64 {
+	var keep int64
+	for i := range c.reps {
+		x := &c.reps[i]
+		if x == r || x.removed {
+			continue
+		}
+		switch x.dep.Residency {
+		case Pinned:
+			keep += max(x.dep.Share, c.cost(x))
+		case Warm:
+			if r.dep.Residency == OnDemand && x.dep.CanSleep {
+				keep += c.residual(x)
+			} else {
+				keep += max(x.dep.Share, c.cost(x))
+			}
+		}
+	}
+	return c.usable - keep
+}
+
+type candidate struct {
+	idx    int
+	op     ActionKind
+	freed  int64
+	reload time.Duration
+	value  float64
+}
+
+// protection is how long a newly resident x is kept from equal or lower
+// priority demand by b: the minimum residency (at least twice its load
+// time), or a time slot when x and b are serialized.
+func (c *Controller) protection(x, b *replica) time.Duration {
+	p := max(c.cfg.MinResidency, 2*c.loadTime(x))
+	if len(c.serialized) == 0 {
+		return p
+	}
+	if _, ok := c.serialized[pairOf(x.dep.Model, b.dep.Model)]; ok {
+		p = max(p, c.slot(x))
+	}
+	return p
+}
+
+// slot is a serialized model's turn on the card: SlotFactor swaps, where a
+// swap brings it back from where it is sent (asleep or cold).
+func (c *Controller) slot(x *replica) time.Duration {
+	return time.Duration(c.cfg.SlotFactor * float64(c.wakeTime(x)))
+}
+
+func (c *Controller) hostUsed() int64 {
+	var used int64
+	for i := range c.reps {
+		r := &c.reps[i]
+		if r.state == Sleeping || r.pending == ActSleep {
+			used += c.hostBytes(r)
+		}
+	}
+	return used
+}
+
+// victims picks what to sleep or evict to free need bytes for b, lowest
+// value per GiB first: onDemand models (asleep before unloaded, where the
+// engine sleeps and host RAM allows), idle warm models put to sleep to lend
+// their share (for an onDemand b), and, for a reserved owner taking its
+// share back, every borrower. Busy engines are drained only for a request
+// that outranks them (I3); a prewarm takes only idle models of lower value.
+// It returns the chosen candidates (indices into c.cands) when they free
+// enough, and nothing otherwise.
+func (c *Controller) victims(b *replica, trig Trigger, need int64, bValue float64, now time.Time) ([]int, bool) {
+	c.cands = c.cands[:0]
+	reclaim := b.dep.Residency.reserved() && !b.removed
+	var host int64
+	if c.cfg.HostMemory > 0 {
+		host = c.hostUsed()
+	}
+	for i := range c.reps {
+		x := &c.reps[i]
+		if x == b || x.removed || x.pending != 0 || x.state == Cold || x.state == Failed || x.state == Draining {
+			continue
+		}
+		// Requests waiting for a sleeping engine wait at the gateway, not on
+		// the engine: only a reserved owner taking its share back evicts it.
+		busy := x.active > 0 && !skipI3
+		// A request, or a reserved model placed by the operator, may drain;
+		// a forecast never.
+		entitled := trig == TriggerRequest || reclaim && trig == TriggerOperator
+		if busy && (x.state == Sleeping && !reclaim || !entitled) {
+			continue
+		}
+		outranked := b.dep.Priority > x.dep.Priority
+		switch x.dep.Residency {
+		case Pinned:
+			continue
+		case Warm:
+			if reclaim || c.pinnedOnly || x.state != Resident || !x.dep.CanSleep || x.active > 0 {
+				continue
+			}
+		case OnDemand:
+			if (x.state == Loading || x.state == Waking) && !reclaim {
+				continue
+			}
+		}
+		if busy && !outranked && !reclaim {
+			continue
+		}
+		if x.state == Resident && now.Sub(x.resident) < c.protection(x, b) && !outranked && !reclaim {
+			continue
+		}
+		cand := candidate{idx: i}
+		switch {
+		case x.state == Sleeping:
+			cand.op, cand.freed, cand.reload = ActEvict, c.cost(x), c.loadTime(x)
+		case x.dep.Residency == Warm:
+			cand.op, cand.freed, cand.reload = ActSleep, c.claim(x, false)-c.residual(x), c.wakeTime(x)
+		case x.state == Resident && x.dep.CanSleep && (c.cfg.HostMemory == 0 || host+c.hostBytes(x) <= c.cfg.HostMemory):
+			cand.op, cand.freed, cand.reload = ActSleep, c.cost(x)-c.residual(x), c.wakeTime(x)
+		default:
+			cand.op, cand.freed, cand.reload = ActEvict, c.cost(x), c.loadTime(x)
+		}
+		if cand.freed <= 0 {
+			continue
+		}
+		cand.value = c.value(x, cand.reload, cand.freed)
+		if trig == TriggerForecast && cand.value >= bValue {
+			continue
+		}
+		c.cands = append(c.cands, cand)
+	}
+	order := make([]int, len(c.cands))
+	for i := range order {
+		order[i] = i
+	}
+	slices.SortFunc(order, func(p, q int) int {
+		x, y := &c.cands[p], &c.cands[q]
+		return cmp.Or(cmp.Compare(x.value, y.value),
+			c.reps[x.idx].lastUse.Compare(c.reps[y.idx].lastUse),
+			cmp.Compare(c.reps[x.idx].dep.Model, c.reps[y.idx].dep.Model))
+	})
+	var freed int64
+	for n, k := range order {
+		freed += c.cands[k].freed
+		if freed >= need {
+			return order[:n+1], true
+		}
+	}
+	return nil, false
+}
+
+// serializeIfThrashing records a Serialize decision when b and x have
+// evicted each other ThrashCount times within the window: from then on each
+// keeps the card for a time slot (see protection).
+func (c *Controller) serializeIfThrashing(b, x *replica, now time.Time) {
+	key := pairOf(b.dep.Model, x.dep.Model)
+	if _, ok := c.serialized[key]; ok {
+		return
+	}
+	// This eviction (x for b) plus those in the window, in both directions.
+	n, back := 1, 0
+	for _, e := range c.evictions {
+		if pairOf(e.victim, e.by) == key && now.Sub(e.at) <= c.cfg.ThrashWindow {
+			n++
+			if e.victim == b.dep.Model {
+				back++
+			}
+		}
+	}
+	if n < c.cfg.ThrashCount || back == 0 {
+		return
+	}
+	slot := max(c.slot(x), c.cfg.MinResidency)
+	c.emit(ActSerialize, b, x.dep.Model, TriggerPressure, x.dep.Model, Inputs{}, now,
+		"serialize %s and %s: evicted each other %d times in %v; each keeps the card at least %v per turn",
+		b.dep.Model, x.dep.Model, n, c.cfg.ThrashWindow, slot)
+}
+
+// prewarms loads or wakes models whose next request is predicted within
+// their reload time, into free memory or memory of lower value.
+func (c *Controller) prewarms(now time.Time) {
+	for i := range c.reps {
+		r := &c.reps[i]
+		if r.removed || r.pending != 0 || r.active > 0 || r.dep.Residency == Pinned {
+			continue
+		}
+		if r.state != Cold && r.state != Sleeping {
+			continue
+		}
+		at, tol, ok := r.fc.next()
+		if !ok {
+			continue
+		}
+		lead := c.reload(r) + c.cfg.PrewarmMargin
+		if now.Before(at.Add(-lead)) || now.After(at.Add(tol)) {
+			continue
+		}
+		c.admit(r, TriggerForecast, true, now)
+	}
+}
+
+// idle demotes models nobody used for a while: an onDemand or warm model to
+// sleep (or an onDemand one unloaded where its engine cannot sleep), an
+// onDemand model asleep too long unloaded. A model predicted back soon
+// stays. On a pinned-only card, idle onDemand models leave.
+func (c *Controller) idle(now time.Time) {
+	for i := range c.reps {
+		r := &c.reps[i]
+		if r.removed || r.pending != 0 || r.active > 0 || r.dep.Residency == Pinned {
+			continue
+		}
+		if c.pinnedOnly {
+			if r.dep.Residency == OnDemand && (r.state == Resident || r.state == Sleeping) {
+				c.stop(r, ActEvict, TriggerPressure, "", Inputs{Bytes: c.cost(r)}, now,
+					"evict %s: card %s is pinned-only after a ledger violation; frees %s", r.dep.Model, c.cfg.Card, gib(c.cost(r)))
+			}
+			continue
+		}
+		since := r.lastUse
+		switch r.state {
+		case Resident:
+			if r.resident.After(since) {
+				since = r.resident
+			}
+			if now.Sub(since) < c.cfg.IdleSleep || now.Sub(r.resident) < max(c.cfg.MinResidency, 2*c.loadTime(r)) ||
+				r.fc.expectedWithin(now, c.cfg.IdleSleep) {
+				continue
+			}
+			idle := now.Sub(since).Round(time.Second)
+			switch {
+			case r.dep.CanSleep && (c.cfg.HostMemory == 0 || c.hostUsed()+c.hostBytes(r) <= c.cfg.HostMemory):
+				freed := c.claim(r, false) - c.residual(r)
+				c.stop(r, ActSleep, TriggerIdle, "", Inputs{Bytes: freed, Reload: c.wakeTime(r)}, now,
+					"sleep %s: idle %v ≥ %v; frees %s, wake takes %v", r.dep.Model, idle, c.cfg.IdleSleep, gib(freed), c.wakeTime(r))
+			case r.dep.Residency == OnDemand:
+				c.stop(r, ActUnload, TriggerIdle, "", Inputs{Bytes: c.cost(r), Reload: c.loadTime(r)}, now,
+					"unload %s: idle %v ≥ %v and its engine cannot sleep; frees %s", r.dep.Model, idle, c.cfg.IdleSleep, gib(c.cost(r)))
+			}
+		case Sleeping:
+			if r.dep.Residency != OnDemand || now.Sub(r.since) < c.cfg.IdleUnload || r.fc.expectedWithin(now, c.cfg.IdleUnload) {
+				continue
+			}
+			c.stop(r, ActUnload, TriggerIdle, "", Inputs{Bytes: c.cost(r), Reload: c.loadTime(r)}, now,
+				"unload %s: asleep %v ≥ %v; frees %s", r.dep.Model, now.Sub(r.since).Round(time.Second), c.cfg.IdleUnload, gib(c.cost(r)))
+		}
+	}
+}

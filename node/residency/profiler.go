@@ -1,0 +1,101 @@
+package residency
+
+import (
+	"cmp"
+	"slices"
+	"time"
+)
+
+// Profile is what the controller has learned about a (model, quantization,
+// engine, device).
+type Profile struct {
+	Key ProfileKey
+	// LoadTime and WakeTime are EWMAs of observed cold loads and wakes.
+	LoadTime time.Duration
+	WakeTime time.Duration
+	// Footprint is the most memory seen while resident; Peak the most seen
+	// while loading; Residual the last seen while asleep.
+	Footprint int64
+	Peak      int64
+	Residual  int64
+	// TokensPerSecond is an EWMA over finished requests.
+	TokensPerSecond float64
+	Loads, Wakes    int
+	Failures        int
+}
+
+// profileAlpha weighs the newest observation of a time.
+const profileAlpha = 0.3
+
+func ewmaDuration(old time.Duration, n int, obs time.Duration) time.Duration {
+	if n == 0 {
+		return obs
+	}
+	return time.Duration((1-profileAlpha)*float64(old) + profileAlpha*float64(obs))
+}
+
+// profiler learns per ProfileKey. It outlives replicas: a model unloaded and
+// placed again keeps what was learned.
+type profiler struct {
+	m map[ProfileKey]*Profile
+}
+
+func (p *profiler) get(k ProfileKey) *Profile {
+	if p.m == nil {
+		p.m = make(map[ProfileKey]*Profile)
+	}
+	pr := p.m[k]
+	if pr == nil {
+		pr = &Profile{Key: k}
+		p.m[k] = pr
+	}
+	return pr
+}
+
+func (pr *Profile) loaded(d time.Duration) {
+	pr.LoadTime = ewmaDuration(pr.LoadTime, pr.Loads, d)
+	pr.Loads++
+}
+
+func (pr *Profile) woke(d time.Duration) {
+	pr.WakeTime = ewmaDuration(pr.WakeTime, pr.Wakes, d)
+	pr.Wakes++
+}
+
+func (pr *Profile) memory(s State, bytes int64) {
+	switch s {
+	case Resident, Draining:
+		pr.Footprint = max(pr.Footprint, bytes)
+	case Loading, Waking:
+		pr.Peak = max(pr.Peak, bytes)
+	case Sleeping:
+		pr.Residual = bytes
+	}
+}
+
+func (pr *Profile) tokens(tokens int64, elapsed time.Duration) {
+	if tokens <= 0 || elapsed <= 0 {
+		return
+	}
+	tps := float64(tokens) / elapsed.Seconds()
+	if pr.TokensPerSecond == 0 {
+		pr.TokensPerSecond = tps
+	} else {
+		pr.TokensPerSecond = (1-profileAlpha)*pr.TokensPerSecond + profileAlpha*tps
+	}
+}
+
+// all returns copies of every profile, ordered by key.
+func (p *profiler) all() []Profile {
+	out := make([]Profile, 0, len(p.m))
+	for _, pr := range p.m {
+		out = append(out, *pr)
+	}
+	slices.SortFunc(out, func(a, b Profile) int { return compareKeys(a.Key, b.Key) })
+	return out
+}
+
+func compareKeys(a, b ProfileKey) int {
+	return cmp.Or(cmp.Compare(a.Model, b.Model), cmp.Compare(a.Quantization, b.Quantization),
+		cmp.Compare(a.Engine, b.Engine), cmp.Compare(a.Device, b.Device))
+}

@@ -1,0 +1,314 @@
+package residency
+
+import (
+	"fmt"
+	"time"
+)
+
+// ModelID names one deployment's replica on a card. Models that differ in
+// base weights or quantization are separate residents, so the integrator
+// maps a (deployment, replica) to one ModelID.
+type ModelID string
+
+// Residency is how the card keeps a model (SPEC §8.1).
+type Residency uint8
+
+const (
+	// Pinned is loaded when placed and never unloaded by the controller; its
+	// share is reserved.
+	Pinned Residency = iota
+	// Warm has its share reserved, may sleep while idle and lend that memory
+	// to onDemand models, and takes it back when requested.
+	Warm
+	// OnDemand has no reservation: loaded on demand or forecast into memory
+	// nobody reserved (or a sleeping warm model lent), put to sleep or
+	// unloaded when idle or when memory is needed.
+	OnDemand
+)
+
+func (r Residency) String() string {
+	switch r {
+	case Pinned:
+		return "pinned"
+	case Warm:
+		return "warm"
+	case OnDemand:
+		return "onDemand"
+	}
+	return fmt.Sprintf("Residency(%d)", uint8(r))
+}
+
+// reserved reports whether the residency holds a reserved share.
+func (r Residency) reserved() bool { return r == Pinned || r == Warm }
+
+// Priority is a deployment's class; a higher value outranks a lower one.
+type Priority uint8
+
+const (
+	Background Priority = iota
+	Standard
+	Interactive
+)
+
+func (p Priority) String() string {
+	switch p {
+	case Background:
+		return "background"
+	case Standard:
+		return "standard"
+	case Interactive:
+		return "interactive"
+	}
+	return fmt.Sprintf("Priority(%d)", uint8(p))
+}
+
+// weight is the class weight in a model's value: an interactive model's
+// reload hurts four times what a background one's does.
+func (p Priority) weight() float64 {
+	switch p {
+	case Interactive:
+		return 4
+	case Standard:
+		return 2
+	}
+	return 1
+}
+
+// State is a replica's residency state (SPEC §8.3):
+// Cold → Loading → Resident ⇄ Draining → Sleeping | Cold,
+// Sleeping → Waking → Resident, any state → Failed.
+type State uint8
+
+const (
+	Cold State = iota
+	Loading
+	Resident
+	Draining
+	Sleeping
+	Waking
+	Failed
+)
+
+func (s State) String() string {
+	switch s {
+	case Cold:
+		return "Cold"
+	case Loading:
+		return "Loading"
+	case Resident:
+		return "Resident"
+	case Draining:
+		return "Draining"
+	case Sleeping:
+		return "Sleeping"
+	case Waking:
+		return "Waking"
+	case Failed:
+		return "Failed"
+	}
+	return fmt.Sprintf("State(%d)", uint8(s))
+}
+
+// Tier is where a model's weights are: on the card, in host RAM (asleep) or
+// on disk (cold). Reload cost depends on it.
+func (s State) Tier() string {
+	switch s {
+	case Loading, Resident, Draining, Waking:
+		return "gpu"
+	case Sleeping:
+		return "host"
+	}
+	return "disk"
+}
+
+// Deployment is what the controller knows about one model on this card. The
+// integrator fills it from the replicated deployment and the engine driver's
+// capabilities; the byte and time figures are priors the profiler replaces
+// once it has measured them.
+type Deployment struct {
+	Model     ModelID
+	Residency Residency
+	Priority  Priority
+	// Share is the bytes reserved on this card for a pinned or warm model;
+	// for an onDemand model, the most it is expected to use.
+	Share int64
+	// Footprint is the expected resident cost (weights + KV pool +
+	// overhead); 0 means Share.
+	Footprint int64
+	// Peak is the expected cost while loading; 0 means Footprint.
+	Peak int64
+	// Residual is the expected cost while asleep.
+	Residual int64
+	// CanSleep is true when the engine supports sleep/wake (vLLM sleep
+	// mode, the sim engine); without it, demotion is an unload.
+	CanSleep bool
+	// LoadTime and WakeTime are priors for a cold load and a wake.
+	LoadTime time.Duration
+	WakeTime time.Duration
+	// Quantization, Engine and Device complete the profiler's key.
+	Quantization string
+	Engine       string
+	Device       string
+}
+
+func (d Deployment) validate() error {
+	switch {
+	case d.Model == "":
+		return fmt.Errorf("deployment: model: must not be empty")
+	case d.Residency > OnDemand:
+		return fmt.Errorf("deployment %s: residency: unknown value %d", d.Model, d.Residency)
+	case d.Priority > Interactive:
+		return fmt.Errorf("deployment %s: priority: unknown value %d", d.Model, d.Priority)
+	case d.Share <= 0:
+		return fmt.Errorf("deployment %s: share: must be > 0 bytes, got %d", d.Model, d.Share)
+	case d.Footprint < 0 || d.Peak < 0 || d.Residual < 0:
+		return fmt.Errorf("deployment %s: footprint, peak and residual must be ≥ 0", d.Model)
+	case d.LoadTime < 0 || d.WakeTime < 0:
+		return fmt.Errorf("deployment %s: loadTime and wakeTime must be ≥ 0", d.Model)
+	}
+	return nil
+}
+
+// ActionKind is what the controller asks the node to do.
+type ActionKind uint8
+
+const (
+	// ActLoad starts the engine or loads the model (cold load) for waiting
+	// requests or a reserved model.
+	ActLoad ActionKind = iota + 1
+	// ActPrewarm is a cold load for a forecast arrival; the engine does the
+	// same as for ActLoad.
+	ActPrewarm
+	// ActSleep demotes the engine to host RAM (vLLM /sleep level 1).
+	ActSleep
+	// ActWake wakes a sleeping engine (vLLM /wake_up).
+	ActWake
+	// ActEvict stops the engine (or unloads the model) to free memory for
+	// another model.
+	ActEvict
+	// ActUnload stops the engine because it is idle or its deployment left.
+	ActUnload
+	// ActDrain stops dispatching new requests to the engine; the controller
+	// follows with ActSleep or ActEvict once in-flight requests finish or the
+	// drain deadline passes (then the node cuts them off with an error).
+	ActDrain
+	// ActSerialize records that Model and Peer run one at a time, each
+	// keeping the card for a time slot. No engine operation.
+	ActSerialize
+	// ActReject fails the requests waiting for Model with the Reason.
+	ActReject
+)
+
+func (k ActionKind) String() string {
+	switch k {
+	case 0:
+		return "none"
+	case ActLoad:
+		return "load"
+	case ActPrewarm:
+		return "prewarm"
+	case ActSleep:
+		return "sleep"
+	case ActWake:
+		return "wake"
+	case ActEvict:
+		return "evict"
+	case ActUnload:
+		return "unload"
+	case ActDrain:
+		return "drain"
+	case ActSerialize:
+		return "serialize"
+	case ActReject:
+		return "reject"
+	}
+	return fmt.Sprintf("ActionKind(%d)", uint8(k))
+}
+
+// Trigger is why a decision was taken.
+type Trigger uint8
+
+const (
+	TriggerRequest Trigger = iota
+	TriggerForecast
+	TriggerPressure
+	TriggerIdle
+	TriggerOperator
+)
+
+func (t Trigger) String() string {
+	switch t {
+	case TriggerRequest:
+		return "request"
+	case TriggerForecast:
+		return "forecast"
+	case TriggerPressure:
+		return "pressure"
+	case TriggerIdle:
+		return "idle"
+	case TriggerOperator:
+		return "operator"
+	}
+	return fmt.Sprintf("Trigger(%d)", uint8(t))
+}
+
+// Action is one thing the node should do, with the decision behind it.
+type Action struct {
+	Kind  ActionKind
+	Model ModelID
+	// Peer is the other model of an ActSerialize.
+	Peer     ModelID
+	Decision Decision
+}
+
+// Decision records one controller decision: when, where, what, why and the
+// numbers that decided it.
+type Decision struct {
+	Time    time.Time
+	Card    string
+	Action  ActionKind
+	Model   ModelID
+	Trigger Trigger
+	// For is the model an eviction, sleep or drain makes room for.
+	For    ModelID
+	Inputs Inputs
+	Reason string
+	// Advised is true when the controller runs in advise mode: recorded,
+	// not executed.
+	Advised bool
+}
+
+// Inputs are the numbers behind a decision.
+type Inputs struct {
+	// Rate is Model's decayed arrival rate, requests per minute.
+	Rate float64
+	// Value is Model's value per GiB (see DESIGN.md); ForValue is the
+	// beneficiary's.
+	Value    float64
+	ForValue float64
+	// Bytes is what the action frees (evict, sleep, drain) or takes (load,
+	// wake, prewarm).
+	Bytes int64
+	// Need is the bytes the beneficiary lacks; Free is what the ledger had
+	// for it before the action.
+	Need int64
+	Free int64
+	// Reload is what bringing Model back costs from its tier after the
+	// action (wake or cold load time).
+	Reload time.Duration
+	// Active is Model's requests queued or in flight.
+	Active int
+}
+
+// ProfileKey identifies what the profiler learns about: the same model with
+// another quantization, engine or device is profiled apart.
+type ProfileKey struct {
+	Model        ModelID
+	Quantization string
+	Engine       string
+	Device       string
+}
+
+func (d Deployment) profileKey() ProfileKey {
+	return ProfileKey{Model: d.Model, Quantization: d.Quantization, Engine: d.Engine, Device: d.Device}
+}
