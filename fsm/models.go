@@ -19,8 +19,9 @@ var EngineKinds = []string{"vllm", "llamacpp", "ollama", "command", "sim"}
 // MaxReplicas bounds one deployment's replica count.
 const MaxReplicas = 1024
 
-// NormalizeModelSpec fills the defaults of SPEC §4: vllm engine, one replica,
-// tensor and pipeline parallel 1, servedModelName = the deployment's name.
+// NormalizeModelSpec fills the defaults of SPEC §4 and §8.1: vllm engine,
+// tensor and pipeline parallel 1, servedModelName = the deployment's name,
+// residency pinned, priority standard.
 func NormalizeModelSpec(name string, spec *pb.ModelSpec) *pb.ModelSpec {
 	return normalizeModelSpec(name, proto.Clone(spec).(*pb.ModelSpec))
 }
@@ -36,6 +37,12 @@ func normalizeModelSpec(name string, out *pb.ModelSpec) *pb.ModelSpec {
 	}
 	if out.Placement == nil {
 		out.Placement = &pb.PlacementSpec{}
+	}
+	if out.Residency == pb.Residency_RESIDENCY_UNSPECIFIED {
+		out.Residency = pb.Residency_RESIDENCY_PINNED
+	}
+	if out.Priority == pb.Priority_PRIORITY_UNSPECIFIED {
+		out.Priority = pb.Priority_PRIORITY_STANDARD
 	}
 	if out.Engine == nil {
 		out.Engine = &pb.EngineSpec{}
@@ -83,6 +90,7 @@ func ValidateModel(name string, spec *pb.ModelSpec) []*pb.Violation {
 	if e.GetComputePercent() > 0 && e.GetMemoryPercent() == 0 && e.GetMemoryMib() == 0 {
 		v.add("spec.engine.computePercent", "needs a memory share: set memoryPercent or memory too (rule 10)")
 	}
+	validateResidencyFields(&v, spec)
 	return v
 }
 
@@ -168,6 +176,7 @@ func (f *FSM) checkModel(spec *pb.ModelSpec) violations {
 		}
 		return v
 	}
+	checkResidencyTenancy(&v, spec, acc)
 	e := spec.GetEngine()
 	if acc.Spec.Tenancy == pb.Tenancy_TENANCY_SHARED && e.GetMemoryPercent() == 0 && e.GetMemoryMib() == 0 {
 		v.add("spec.engine.memoryPercent", "accelerator %q is shared: set memoryPercent or memory, or the model would be sized against the whole card (rule 8)", accName)
@@ -233,9 +242,12 @@ func (f *FSM) applyModel(c *pb.ApplyModel, prep *modelPrep, index uint64, dry bo
 	}
 	m := prev
 	oldReplicas := m.Spec.Replicas
-	onlyScale := proto.Equal(withReplicas(m.Spec, 0), withReplicas(spec, 0))
+	regenerate := !sameIdentity(m.Spec, spec)
+	if residencyOf(m.Spec) != residencyOf(spec) {
+		f.changeResidency(m, spec)
+	}
 	m.Spec = spec
-	if !onlyScale {
+	if regenerate {
 		m.Generation++
 		for i := uint32(0); i < min(oldReplicas, spec.Replicas); i++ {
 			r := f.replicas[replicaKey{m.Name, i}]
@@ -247,6 +259,20 @@ func (f *FSM) applyModel(c *pb.ApplyModel, prep *modelPrep, index uint64, dry bo
 	}
 	f.scale(m, oldReplicas)
 	return accept(pb.Outcome_OUTCOME_CONFIGURED, "deployment %q configured (generation %d, %d replicas)", m.Name, m.Generation, spec.Replicas)
+}
+
+// sameIdentity says whether two specs run the same replicas: they differ
+// at most in what changes without re-placing anything — the replica count,
+// and the residency, priority and SLO the node's controller adapts to (SPEC
+// §8.1; a residency change re-checks the reservations, changeResidency).
+func sameIdentity(a, b *pb.ModelSpec) bool {
+	return proto.Equal(withoutMutable(a), withoutMutable(b))
+}
+
+func withoutMutable(spec *pb.ModelSpec) *pb.ModelSpec {
+	s := withReplicas(spec, 0)
+	s.Residency, s.Priority, s.Slo = pb.Residency_RESIDENCY_UNSPECIFIED, pb.Priority_PRIORITY_UNSPECIFIED, nil
+	return s
 }
 
 func withReplicas(spec *pb.ModelSpec, n uint32) *pb.ModelSpec {
