@@ -186,7 +186,7 @@ func buildView(f *fsm.FSM) view {
 			v.requests = append(v.requests, scheduler.Request{
 				Replica: replicaID(r), Deployment: r.Model, Accelerator: r.Accelerator, Milli: int(milli),
 				Residency: residency(m.GetSpec().GetResidency()),
-				CPUMilli: int64(res.GetCpuMilli()), MemoryMiB: int64(res.GetMemoryMib()),
+				CPUMilli:  int64(res.GetCpuMilli()), MemoryMiB: int64(res.GetMemoryMib()),
 				Selector: m.GetSpec().GetPlacement().GetNodeSelector(),
 			})
 			v.pending = append(v.pending, r)
