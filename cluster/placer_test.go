@@ -73,7 +73,7 @@ func checkRule11(f *fsm.FSM) error {
 				u.odMax = max(u.odMax, r.ShareMilli)
 			case pb.Residency_RESIDENCY_WARM:
 				u.milli += r.ShareMilli
-			case pb.Residency_RESIDENCY_PINNED:
+			case pb.Residency_RESIDENCY_UNSPECIFIED: // pinned, the default
 				u.milli += r.ShareMilli
 				u.pinned += r.ShareMilli
 			default:
@@ -86,7 +86,7 @@ func checkRule11(f *fsm.FSM) error {
 				return fmt.Errorf("card %s over-committed: %d‰ reserved", k, u.milli)
 			case u.pinned+u.odMax > 1000:
 				return fmt.Errorf("card %s: an onDemand share of %d‰ beside %d‰ pinned", k, u.odMax, u.pinned)
-			case acc.Tenancy != pb.Tenancy_TENANCY_SHARED && residency[r.Model] != pb.Residency_RESIDENCY_PINNED:
+			case acc.Tenancy != pb.Tenancy_TENANCY_SHARED && residency[r.Model] != pb.Residency_RESIDENCY_UNSPECIFIED:
 				return fmt.Errorf("dedicated card %s holds a %v replica", k, residency[r.Model])
 			case len(u.accs) > 1:
 				return fmt.Errorf("card %s bound to %d accelerators", k, len(u.accs))

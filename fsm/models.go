@@ -19,9 +19,10 @@ var EngineKinds = []string{"vllm", "llamacpp", "ollama", "command", "sim"}
 // MaxReplicas bounds one deployment's replica count.
 const MaxReplicas = 1024
 
-// NormalizeModelSpec fills the defaults of SPEC §4 and §8.1: vllm engine,
-// tensor and pipeline parallel 1, servedModelName = the deployment's name,
-// residency pinned, priority standard.
+// NormalizeModelSpec fills the defaults of SPEC §4: vllm engine, one replica,
+// tensor and pipeline parallel 1, servedModelName = the deployment's name;
+// residency pinned and priority standard (SPEC §8.1) are stored as
+// unspecified.
 func NormalizeModelSpec(name string, spec *pb.ModelSpec) *pb.ModelSpec {
 	return normalizeModelSpec(name, proto.Clone(spec).(*pb.ModelSpec))
 }
@@ -38,11 +39,14 @@ func normalizeModelSpec(name string, out *pb.ModelSpec) *pb.ModelSpec {
 	if out.Placement == nil {
 		out.Placement = &pb.PlacementSpec{}
 	}
-	if out.Residency == pb.Residency_RESIDENCY_UNSPECIFIED {
-		out.Residency = pb.Residency_RESIDENCY_PINNED
+	// The default residency and priority are stored as unspecified, so
+	// that a spec naming them equals one from before they existed: a replay
+	// of an old log then rebuilds the very state its snapshots hold.
+	if out.Residency == pb.Residency_RESIDENCY_PINNED {
+		out.Residency = pb.Residency_RESIDENCY_UNSPECIFIED
 	}
-	if out.Priority == pb.Priority_PRIORITY_UNSPECIFIED {
-		out.Priority = pb.Priority_PRIORITY_STANDARD
+	if out.Priority == pb.Priority_PRIORITY_STANDARD {
+		out.Priority = pb.Priority_PRIORITY_UNSPECIFIED
 	}
 	if out.Engine == nil {
 		out.Engine = &pb.EngineSpec{}

@@ -51,7 +51,6 @@ func (f *FSM) placeReplicas(c *pb.PlaceReplicas, index uint64, dry bool) *pb.Res
 		sh := shareOf(m.Spec, acc.Spec, f.cardMemory(acc.Spec.Device))
 		r.Node, r.Cards, r.ShareMilli, r.MemoryMib = p.Node, slices.Clone(p.Cards), p.ShareMilli, sh.memoryMiB
 		r.State, r.Reason, r.PlacedIndex = pb.ReplicaState_REPLICA_STATE_PLACED, "", index
-		r.Residency, r.ResidencyReason = pb.ReplicaResidency_REPLICA_RESIDENCY_COLD, ""
 		f.occupy(r)
 	}
 	updated := 0

@@ -56,7 +56,8 @@ func PriorityName(p pb.Priority) string {
 
 // ReplicaResidencyName is the name users see for where a replica's weights
 // are (SPEC §8.3): Cold, Loading, Resident, Draining, Sleeping, Waking; ""
-// for a replica that is not placed.
+// for unspecified (a replica that is not placed; the views show a placed
+// one its node has not reported on as Cold).
 func ReplicaResidencyName(r pb.ReplicaResidency) string {
 	switch r {
 	case pb.ReplicaResidency_REPLICA_RESIDENCY_UNSPECIFIED:

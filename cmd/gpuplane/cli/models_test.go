@@ -314,7 +314,6 @@ func TestModelsDeploy(t *testing.T) {
 		Placement: &pb.PlacementSpec{Accelerator: "small"},
 		Engine: &pb.EngineSpec{Kind: "vllm", MemoryPercent: 45, ComputePercent: 50, MaxModelLen: 8192,
 			TensorParallel: 1, PipelineParallel: 1},
-		Residency: pb.Residency_RESIDENCY_PINNED, Priority: pb.Priority_PRIORITY_STANDARD,
 	}}
 	if !proto.Equal(m.applies[0], want) {
 		t.Errorf("deploy sent %v\nwant %v", m.applies[0], want)
@@ -556,7 +555,6 @@ func TestApplyAndDeleteModelDeployment(t *testing.T) {
 		Model: "/m", ServedModelName: "chat", Replicas: 1, Placement: &pb.PlacementSpec{Accelerator: "small"},
 		Engine:    &pb.EngineSpec{Kind: "vllm", MemoryPercent: 40, TensorParallel: 1, PipelineParallel: 1},
 		Resources: &pb.HostResources{CpuMilli: 500, MemoryMib: 8192},
-		Residency: pb.Residency_RESIDENCY_PINNED, Priority: pb.Priority_PRIORITY_STANDARD,
 	}}
 	if !proto.Equal(m.applies[0], want) {
 		t.Errorf("apply sent %v\nwant %v", m.applies[0], want)

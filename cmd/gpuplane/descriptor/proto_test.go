@@ -23,7 +23,6 @@ func TestModelDeploymentProto(t *testing.T) {
 		Placement:       &pb.PlacementSpec{Accelerator: "small"},
 		Engine: &pb.EngineSpec{Kind: "vllm", MemoryPercent: 45, ComputePercent: 50, MaxModelLen: 8192,
 			TensorParallel: 1, PipelineParallel: 1, Args: []string{}, Env: map[string]string{}},
-		Residency: pb.Residency_RESIDENCY_PINNED, Priority: pb.Priority_PRIORITY_STANDARD,
 	}
 	if got := f.Resources[1].ModelDeployment.Proto(); !proto.Equal(got, want) {
 		t.Errorf("Proto() = %v\nwant %v", got, want)
@@ -51,7 +50,6 @@ spec:
 		Engine: &pb.EngineSpec{Kind: "vllm", MemoryMib: 20480, TensorParallel: 1, PipelineParallel: 1,
 			Args: []string{"--foo"}, Env: map[string]string{"A": "b"}},
 		Resources: &pb.HostResources{CpuMilli: 500, MemoryMib: 8192},
-		Residency: pb.Residency_RESIDENCY_PINNED, Priority: pb.Priority_PRIORITY_STANDARD,
 	}
 	if got := f.Resources[0].ModelDeployment.Proto(); !proto.Equal(got, want) {
 		t.Errorf("Proto() = %v\nwant %v", got, want)

@@ -389,8 +389,14 @@ func (s *ModelDeploymentSpec) Proto() *pb.ModelSpec {
 			Quantization:     e.Quantization,
 		},
 	}
-	out.Residency, _ = ParseResidency(s.Residency)
-	out.Priority, _ = ParsePriority(s.Priority)
+	// The defaults (pinned, standard) are sent as unspecified, the form the
+	// state machine stores them in.
+	if r, _ := ParseResidency(s.Residency); r != pb.Residency_RESIDENCY_PINNED {
+		out.Residency = r
+	}
+	if p, _ := ParsePriority(s.Priority); p != pb.Priority_PRIORITY_STANDARD {
+		out.Priority = p
+	}
 	if s.SLO != nil && s.SLO.TTFTMs != nil {
 		out.Slo = &pb.SLO{TtftMs: uint32(*s.SLO.TTFTMs)}
 	}

@@ -181,7 +181,7 @@ func (Tenancy) EnumDescriptor() ([]byte, []int) {
 type Residency int32
 
 const (
-	// Read as pinned; the state machine stores pinned.
+	// Pinned, the default: the state machine stores pinned as unspecified.
 	Residency_RESIDENCY_UNSPECIFIED Residency = 0
 	// Loaded when placed, never unloaded by the controller; its share is
 	// reserved.
@@ -239,7 +239,8 @@ func (Residency) EnumDescriptor() ([]byte, []int) {
 type Priority int32
 
 const (
-	// Read as standard; the state machine stores standard.
+	// Standard, the default: the state machine stores standard as
+	// unspecified.
 	Priority_PRIORITY_UNSPECIFIED Priority = 0
 	Priority_PRIORITY_INTERACTIVE Priority = 1
 	Priority_PRIORITY_STANDARD    Priority = 2
@@ -354,8 +355,8 @@ func (ReplicaState) EnumDescriptor() ([]byte, []int) {
 }
 
 // ReplicaResidency is where a placed replica's weights are (SPEC §8.3).
-// The node reports it; the state machine resets it to cold when the replica
-// is placed and to unspecified when it is unplaced.
+// The node reports it; the state machine clears it when the replica is
+// placed or unplaced, and listings show a placed replica with none as cold.
 type ReplicaResidency int32
 
 const (
