@@ -207,6 +207,15 @@ big     1         -      -       -         -         Pending    -           -   
 		t.Errorf("models get: code %d, stderr %q, stdout:\n%s\nwant:\n%s", r.code, r.stderr, r.stdout, want)
 	}
 
+	// SPEC §8.1's fields: where the weights are, and the deployment's
+	// target and quantization.
+	r = run(t, "", nil, "--addr", url, "models", "get", "chat")
+	if rows := strings.Split(r.stdout, "\n"); r.code != exitOK || len(rows) < 6 ||
+		!strings.HasPrefix(rows[1], "chat   small         vllm     1/2        10365Mi          onDemand    interactive   800ms      fp8            True    -") ||
+		!strings.Contains(rows[4], "Running   Resident") {
+		t.Errorf("models get chat: %+v", r)
+	}
+
 	// A deployment without replicas prints no empty replica table.
 	r = run(t, "", nil, "--addr", url, "models", "get", "orphan")
 	if r.code != exitOK || strings.Count(r.stdout, "\n") != 2 {
