@@ -247,8 +247,9 @@ func (f *FSM) applyModel(c *pb.ApplyModel, prep *modelPrep, index uint64, dry bo
 	m := prev
 	oldReplicas := m.Spec.Replicas
 	regenerate := !sameIdentity(m.Spec, spec)
+	var warnings []string
 	if residencyOf(m.Spec) != residencyOf(spec) {
-		f.changeResidency(m, spec)
+		warnings = f.changeResidency(m, spec)
 	}
 	m.Spec = spec
 	if regenerate {
@@ -262,7 +263,9 @@ func (f *FSM) applyModel(c *pb.ApplyModel, prep *modelPrep, index uint64, dry bo
 		}
 	}
 	f.scale(m, oldReplicas)
-	return accept(pb.Outcome_OUTCOME_CONFIGURED, "deployment %q configured (generation %d, %d replicas)", m.Name, m.Generation, spec.Replicas)
+	res := accept(pb.Outcome_OUTCOME_CONFIGURED, "deployment %q configured (generation %d, %d replicas)", m.Name, m.Generation, spec.Replicas)
+	res.Warnings = warnings
+	return res
 }
 
 // sameIdentity says whether two specs run the same replicas: they differ

@@ -192,8 +192,9 @@ func (f *FSM) load(k cardKey) cardLoad {
 // leaves its cards under the old residency and takes them again under the
 // new one where rule 11 allows; one that no longer fits (onDemand becoming
 // reserved on a full card) returns to pending with the numbers, for the
-// scheduler to place again. Nothing else is re-placed. m.Spec becomes spec.
-func (f *FSM) changeResidency(m *pb.ModelDeployment, spec *pb.ModelSpec) {
+// scheduler to place again, and is named in the warnings returned. Nothing
+// else is re-placed. m.Spec becomes spec.
+func (f *FSM) changeResidency(m *pb.ModelDeployment, spec *pb.ModelSpec) (warnings []string) {
 	var placed []*pb.Replica
 	for i := uint32(0); i < m.Spec.Replicas; i++ {
 		if r := f.replicas[replicaKey{m.Name, i}]; r != nil && r.Node != "" {
@@ -205,11 +206,14 @@ func (f *FSM) changeResidency(m *pb.ModelDeployment, spec *pb.ModelSpec) {
 	res := residencyOf(spec)
 	for _, r := range placed {
 		if err := f.refits(r, res); err != nil {
-			f.clearPlacement(r, fmt.Sprintf("residency changed to %s: %v; waiting for the scheduler", ResidencyName(res), err))
+			reason := fmt.Sprintf("residency changed to %s: %v", ResidencyName(res), err)
+			warnings = append(warnings, fmt.Sprintf("replica %s/%d returns to pending to be placed again: %s", r.Model, r.Index, reason))
+			f.clearPlacement(r, reason+"; waiting for the scheduler")
 			continue
 		}
 		f.occupy(r)
 	}
+	return warnings
 }
 
 // refits checks that a replica taken off its cards fits them again with
