@@ -542,6 +542,8 @@ func (d *Decoder) engineSpec(b []byte) *pb.EngineSpec {
 			if a, ok = d.str(s); ok {
 				e.Args = append(e.Args, a)
 			}
+		case num == 10 && typ == protowire.VarintType:
+			e.StartTimeoutSeconds = uint32(v)
 		case num == 11 && typ == protowire.BytesType:
 			e.Quantization, ok = d.str(s)
 		default:

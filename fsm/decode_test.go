@@ -54,7 +54,7 @@ func decoderEnvelopes() []*pb.Envelope {
 		{Command: &pb.Envelope_ApplyModel{ApplyModel: &pb.ApplyModel{Name: "m2", Spec: &pb.ModelSpec{Model: "/w", ServedModelName: "s", Replicas: 4,
 			Placement: &pb.PlacementSpec{Accelerator: "a"}, Resources: &pb.HostResources{CpuMilli: 4000, MemoryMib: 1 << 40},
 			Engine: &pb.EngineSpec{Kind: "vllm", MemoryPercent: 3, MemoryMib: 5, ComputePercent: 7, MaxModelLen: 8192, TensorParallel: 2, PipelineParallel: 3,
-				Args: []string{"--a", "", "b"}}}}}},
+				Args: []string{"--a", "", "b"}, StartTimeoutSeconds: 600}}}}},
 		{Command: &pb.Envelope_ApplyModel{ApplyModel: &pb.ApplyModel{Name: "od", Spec: &pb.ModelSpec{Model: "/w", Placement: &pb.PlacementSpec{Accelerator: "a"},
 			Residency: pb.Residency_RESIDENCY_ON_DEMAND, Priority: pb.Priority_PRIORITY_BACKGROUND, Slo: &pb.SLO{TtftMs: 800},
 			Engine: &pb.EngineSpec{Kind: "sim", MemoryPercent: 60, Quantization: "q4_k_m"}}}}},

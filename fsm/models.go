@@ -19,6 +19,10 @@ var EngineKinds = []string{"vllm", "llamacpp", "ollama", "command", "sim"}
 // MaxReplicas bounds one deployment's replica count.
 const MaxReplicas = 1024
 
+// MaxStartTimeoutSeconds bounds spec.engine.startTimeout (a day), as
+// descriptor.MaxStartTimeout does for files and flags.
+const MaxStartTimeoutSeconds = 24 * 60 * 60
+
 // NormalizeModelSpec fills the defaults of SPEC §4: vllm engine, one replica,
 // tensor and pipeline parallel 1, servedModelName = the deployment's name;
 // residency pinned and priority standard (SPEC §8.1) are stored as
@@ -93,6 +97,9 @@ func ValidateModel(name string, spec *pb.ModelSpec) []*pb.Violation {
 	}
 	if e.GetComputePercent() > 0 && e.GetMemoryPercent() == 0 && e.GetMemoryMib() == 0 {
 		v.add("spec.engine.computePercent", "needs a memory share: set memoryPercent or memory too (rule 10)")
+	}
+	if s := e.GetStartTimeoutSeconds(); s > MaxStartTimeoutSeconds {
+		v.add("spec.engine.startTimeout", "must be at most 24h0m0s, got %ds", s)
 	}
 	validateResidencyFields(&v, spec)
 	return v

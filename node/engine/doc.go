@@ -3,8 +3,8 @@
 // per engine kind (vllm, llamacpp, ollama, command, sim), plus the hard-limit
 // environment of the node's Enforcement (CUDA MPS or HAMi-core).
 //
-// It only builds commands: it never starts, watches or stops a process (the
-// executor does) and never talks to the cluster. Build is a pure function of
+// Its drivers only build commands: they never start, watch or stop a process
+// (the executor does) and never talk to the cluster. Build is a pure function of
 // its Params, so golden tests (testdata/*.txt, regenerated with
 // `go test ./node/engine -rewrite`) pin every driver's command line.
 //
@@ -14,5 +14,16 @@
 // CUDA reads per device (MPS's pinned memory limit) therefore use the
 // ordinals the engine sees, 0..n-1 in the order of CUDA_VISIBLE_DEVICES.
 //
-// The sim subpackage is the built-in engine `gpuplane engine sim`.
+// Controls (controls.go) drive a running engine's residency for the node's
+// residency controller (SPEC §8.5): Sleep(level), Wake, IsSleeping and
+// Capabilities, over vLLM's sleep mode (/sleep, /wake_up, /is_sleeping; a
+// level-2 wake reloads the weights before the KV cache comes back),
+// llama.cpp's router (/models/load, /models/unload, GET /models), Ollama's
+// keep_alive (/api/generate, /api/ps), and a start/stop fallback over the
+// executor's Process for engines without controls. They are the only code
+// here that talks to an engine; they hold no policy.
+//
+// The sim subpackage is the built-in engine `gpuplane engine sim`. It
+// answers all three control APIs, so every driver is tested against a real
+// sim engine process.
 package engine

@@ -32,8 +32,14 @@ func (vllm) Command(p Params) (Command, error) {
 	if n := e.GetMaxModelLen(); n > 0 {
 		args = append(args, "--max-model-len", u32(n))
 	}
+	var env []string
+	if p.MaySleep {
+		// The sleep endpoints exist only in development mode.
+		args = append(args, "--enable-sleep-mode")
+		env = append(env, "VLLM_SERVER_DEV_MODE=1")
+	}
 	args = append(args, e.GetArgs()...)
-	return Command{Path: "vllm", Args: args, HealthPath: "/health"}, nil
+	return Command{Path: "vllm", Args: args, Env: env, HealthPath: "/health"}, nil
 }
 
 // llamaCpp runs llama.cpp's llama-server with every layer on the GPU. It has
@@ -181,6 +187,10 @@ func (sim) Command(p Params) (Command, error) {
 		"--served-model-name", p.servedName(),
 		"--memory-mib", u64(p.Replica.GetMemoryMib()),
 		"--card-uuids", strings.Join(p.uuids(), ","),
+	}
+	if c := p.Replica.GetComputePercent(); c > 0 {
+		// Busy sim engines on a card split its compute by this weight.
+		args = append(args, "--compute-percent", u32(c))
 	}
 	args = append(args, p.Spec.GetEngine().GetArgs()...)
 	return Command{Path: p.Self, Args: args, HealthPath: "/health"}, nil

@@ -39,6 +39,10 @@ type Params struct {
 	Port int
 	// Self is the gpuplane executable that runs the sim engine.
 	Self string
+	// MaySleep says the node's residency controller may sleep or unload
+	// this replica (a warm or onDemand deployment), so the engine starts
+	// with its controls enabled (vLLM's sleep mode).
+	MaySleep bool
 }
 
 // Command is how to run an engine.

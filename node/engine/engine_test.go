@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/cockroachdb/datadriven"
 	"google.golang.org/protobuf/encoding/protojson"
@@ -52,6 +53,7 @@ func TestCommands(t *testing.T) {
 			d.MaybeScanArgs(t, "share", &r.ShareMilli)
 			d.MaybeScanArgs(t, "memory", &r.MemoryMib)
 			d.MaybeScanArgs(t, "compute", &r.ComputePercent)
+			p.MaySleep = d.HasArg("maysleep")
 			enf := Enforcement{Mode: ModeNone}
 			var mode string
 			if d.MaybeScanArgs(t, "enforce", &mode) {
@@ -159,5 +161,22 @@ func TestParseMode(t *testing.T) {
 	}
 	if _, err := ParseMode("cgroups"); err == nil {
 		t.Fatal("ParseMode(cgroups) succeeded")
+	}
+}
+
+// TestStartTimeout checks that a deployment's startTimeout wins over its
+// kind's default, and that every kind has a default shorter for the sim and
+// command engines than for vLLM.
+func TestStartTimeout(t *testing.T) {
+	for _, kind := range Kinds {
+		if _, ok := DefaultStartTimeouts[kind]; !ok {
+			t.Errorf("kind %s has no default start timeout", kind)
+		}
+	}
+	if sim, vllm := StartTimeout(&pb.EngineSpec{Kind: KindSim}), StartTimeout(&pb.EngineSpec{Kind: KindVLLM}); sim != 2*time.Minute || vllm != 30*time.Minute {
+		t.Errorf("default start timeouts: sim %s, vllm %s; want 2m0s and 30m0s", sim, vllm)
+	}
+	if got := StartTimeout(&pb.EngineSpec{Kind: KindVLLM, StartTimeoutSeconds: 90}); got != 90*time.Second {
+		t.Errorf("startTimeout 90s gives %s", got)
 	}
 }

@@ -9,15 +9,27 @@
 // backoff when it crashes or the watchdog stops it, replaces it when the
 // replica's generation or placement changes, and stops it (SIGTERM to its
 // process group, SIGKILL after a grace period) when the replica leaves the
-// node. Replicas sharing a card start one at a time: a card's start lock is
-// held from launch until the engine is healthy or has failed.
+// node.
 //
-// It reports transitions only (Starting, Running, Failed with a reason,
-// Stopped), never heartbeats, through a Reporter; it never writes the log
-// itself nor reads the cluster state beyond its Source. Each report carries
-// the residency it implies (Loading, Resident, Cold); a residency controller
-// reports its own transitions (sleep, wake, evict, load) with their reasons
-// through Executor.ReportResidency (residency.go).
+// An engine is Running once it is ready: its health path answers 200, or,
+// for a kind without one (a command engine), its port accepts a TCP
+// connection; never while its process has exited, whatever answers on its
+// port. It has its start timeout to get there (spec.engine.startTimeout,
+// else its kind's default, engine.StartTimeout); past it the engine is
+// stopped and the replica Failed with a reason that says what the last
+// probe found. Replicas sharing a card start one at a time: a card's start
+// lock is held from launch until the engine is ready or has failed, so the
+// start timeout also bounds how long one engine can hold up the others. A
+// replica waiting for a card is reported Placed with a reason naming the
+// replica it waits for.
+//
+// It reports transitions only (Placed while waiting, Starting, Running,
+// Failed with a reason, Stopped), never heartbeats, through a Reporter; it
+// never writes the log itself nor reads the cluster state beyond its Source.
+// A replica's restart count goes on from the one the cluster recorded.
+// Each report carries the residency it implies (Loading, Resident, Cold);
+// a residency controller reports its own transitions (sleep, wake, evict,
+// load) with their reasons through Executor.ReportResidency (residency.go).
 //
 // Every engine lives in <data-dir>/engines/<model>/<replica>/: engine.log
 // (the process's stdout and stderr, kept across restarts and rotated) and
@@ -26,5 +38,7 @@
 // survive the agent: after a kill -9 of the agent, a new executor reads
 // pid.json, adopts each engine that is still the same process and still
 // wanted as it is, and stops every other one before starting anything, so
-// no replica ever has two processes and no engine is left orphaned.
+// no replica ever has two processes and no engine is left orphaned. A
+// replica whose engine died while no agent ran is reported Failed (the
+// cluster may still say Running) before it is started again.
 package executor

@@ -73,11 +73,9 @@ type Options struct {
 	SimUsageDir string
 	// GracePeriod between SIGTERM and SIGKILL (default 10s).
 	GracePeriod time.Duration
-	// HealthInterval between health checks (default 1s).
+	// HealthInterval between health checks (default 1s). How long one
+	// start may take is the deployment's (engine.StartTimeout).
 	HealthInterval time.Duration
-	// StartTimeout is how long an engine may take to become healthy
-	// (default 15m: large models load slowly).
-	StartTimeout time.Duration
 	// RestartDelay and MaxRestartDelay bound the exponential backoff between
 	// restarts (defaults 1s and 5m); it resets after an engine has run
 	// healthy for BackoffReset (default 10m).
@@ -116,7 +114,6 @@ func (o *Options) defaults() error {
 	}
 	setDefault(&o.GracePeriod, 10*time.Second)
 	setDefault(&o.HealthInterval, time.Second)
-	setDefault(&o.StartTimeout, 15*time.Minute)
 	setDefault(&o.RestartDelay, time.Second)
 	setDefault(&o.MaxRestartDelay, 5*time.Minute)
 	setDefault(&o.BackoffReset, 10*time.Minute)
@@ -151,8 +148,8 @@ type Executor struct {
 	log  *slog.Logger
 
 	cards map[uint32]*pb.Card
-	// locks serialise engine starts per card: a buffered slot per card.
-	locks map[uint32]chan struct{}
+	// locks serialise engine starts per card.
+	locks map[uint32]*cardLock
 
 	mu   sync.Mutex
 	sups map[key]*supervisor
@@ -171,14 +168,14 @@ func New(src Source, rep Reporter, opts Options) (*Executor, error) {
 	e := &Executor{
 		src: src, rep: rep, opts: opts, log: opts.Logger,
 		cards:    map[uint32]*pb.Card{},
-		locks:    map[uint32]chan struct{}{},
+		locks:    map[uint32]*cardLock{},
 		sups:     map[key]*supervisor{},
 		retiring: map[key]chan struct{}{},
 		engines:  map[key]watchdog.Engine{},
 	}
 	for _, c := range opts.Cards {
 		e.cards[c.GetIndex()] = c
-		e.locks[c.GetIndex()] = make(chan struct{}, 1)
+		e.locks[c.GetIndex()] = &cardLock{slot: make(chan struct{}, 1)}
 	}
 	return e, nil
 }
@@ -223,12 +220,12 @@ func (e *Executor) Run(ctx context.Context) error {
 				}
 				retry.Reset()
 				from = max(from, snap.Index)
-				var adopt map[key]*record
+				var left map[key]leftEngine
 				if first {
-					adopt = e.settle(records, snap)
+					left = e.settle(records, snap)
 					first = false
 				}
-				e.apply(supCtx, &wg, snap, adopt)
+				e.apply(supCtx, &wg, snap, left)
 			}
 		}
 		select {
@@ -254,8 +251,9 @@ func (e *Executor) wanted(snap Snapshot) map[key]Desired {
 
 // apply reconciles the supervisors with snap: new replicas get one, changed
 // ones are told, gone ones are stopped. A replica that comes back while its
-// old supervisor still stops its engine waits for it.
-func (e *Executor) apply(ctx context.Context, wg *sync.WaitGroup, snap Snapshot, adopt map[key]*record) {
+// old supervisor still stops its engine waits for it. left is what a
+// previous executor left of the replicas' engines (the first snapshot only).
+func (e *Executor) apply(ctx context.Context, wg *sync.WaitGroup, snap Snapshot, left map[key]leftEngine) {
 	want := e.wanted(snap)
 	e.mu.Lock()
 	defer e.mu.Unlock()
@@ -275,7 +273,7 @@ func (e *Executor) apply(ctx context.Context, wg *sync.WaitGroup, snap Snapshot,
 			s.update(d)
 			continue
 		}
-		s := newSupervisor(ctx, e, k, d, adopt[k], e.stopping(k))
+		s := newSupervisor(ctx, e, k, d, left[k], e.stopping(k))
 		e.sups[k] = s
 		wg.Go(s.run)
 	}
@@ -341,17 +339,66 @@ func (e *Executor) setEngine(k key, en *watchdog.Engine) {
 	e.engines[k] = *en
 }
 
+// cardLock serialises engine starts on one card: slot holds a token from
+// the launch of an engine until it is ready or has failed; holder says
+// whose, for the replicas that wait.
+type cardLock struct {
+	slot chan struct{}
+
+	mu     sync.Mutex
+	holder *starter
+}
+
+// starter is a replica starting an engine on a card.
+type starter struct {
+	k key
+	// since is when it took the card; timeout its start deadline.
+	since   time.Time
+	timeout time.Duration
+}
+
+func (l *cardLock) current() *starter {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.holder
+}
+
+// waitingFor says whom a replica waiting for card waits for: h, or one
+// about to be recorded (nil).
+func waitingFor(card uint32, h *starter) string {
+	if h == nil {
+		return fmt.Sprintf("waiting for card %d: another replica is starting", card)
+	}
+	return fmt.Sprintf("waiting for card %d: %s is starting (%s of %s)", card, h.k,
+		time.Since(h.since).Round(time.Second), h.timeout)
+}
+
+// lockWait is how often a replica waiting for a card looks whether another
+// replica now holds it, to say so.
+const lockWait = time.Second
+
 // lockCards takes the start locks of cards in index order (no deadlock
-// between replicas sharing several cards) and returns their release.
-func (e *Executor) lockCards(ctx context.Context, cards []uint32) (func(), error) {
+// between replicas sharing several cards) for k, whose start may take
+// timeout, and returns their release. While a card is busy, waiting is
+// told whom k waits for: once, and again when that changes.
+func (e *Executor) lockCards(ctx context.Context, k key, timeout time.Duration, cards []uint32, waiting func(reason string)) (func(), error) {
 	sorted := slices.Sorted(slices.Values(cards))
 	sorted = slices.Compact(sorted)
-	var held []chan struct{}
+	var held []*cardLock
 	release := func() {
 		for _, l := range held {
-			<-l
+			l.mu.Lock()
+			l.holder = nil
+			l.mu.Unlock()
+			<-l.slot
 		}
 		held = nil
+	}
+	take := func(l *cardLock) {
+		l.mu.Lock()
+		l.holder = &starter{k: k, since: time.Now(), timeout: timeout}
+		l.mu.Unlock()
+		held = append(held, l)
 	}
 	for _, c := range sorted {
 		l, ok := e.locks[c]
@@ -359,12 +406,31 @@ func (e *Executor) lockCards(ctx context.Context, cards []uint32) (func(), error
 			continue // not a card of this node: the launch fails and says so
 		}
 		select {
-		case l <- struct{}{}:
-			held = append(held, l)
-		case <-ctx.Done():
-			release()
-			return nil, ctx.Err()
+		case l.slot <- struct{}{}:
+			take(l)
+			continue
+		default:
 		}
+		var said *starter
+		poll := time.NewTicker(lockWait)
+		for told, acquired := false, false; !acquired; {
+			// A new holder, not the time passing, is worth a report.
+			if h := l.current(); !told || h != said {
+				told, said = true, h
+				waiting(waitingFor(c, h))
+			}
+			select {
+			case l.slot <- struct{}{}:
+				take(l)
+				acquired = true
+			case <-ctx.Done():
+				poll.Stop()
+				release()
+				return nil, ctx.Err()
+			case <-poll.C:
+			}
+		}
+		poll.Stop()
 	}
 	return sync.OnceFunc(release), nil
 }

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -66,9 +67,18 @@ type reporter struct {
 	mu      sync.Mutex
 	reports []*pb.ReplicaStatus
 	at      []time.Time
+	// hook, when set, sees each report as it is made, before it is
+	// recorded and before the executor goes on.
+	hook func(*pb.ReplicaStatus)
 }
 
 func (r *reporter) Report(_ context.Context, st *pb.ReplicaStatus) error {
+	r.mu.Lock()
+	hook := r.hook
+	r.mu.Unlock()
+	if hook != nil {
+		hook(st)
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.reports = append(r.reports, proto.Clone(st).(*pb.ReplicaStatus))
@@ -306,27 +316,46 @@ func states(reports []*pb.ReplicaStatus) []string {
 }
 
 // 1. Two replicas at 40 % of one card both run, one started after the
-// other, each with the card in CUDA_VISIBLE_DEVICES and its share as flags,
-// and each answers chat completions at its endpoint.
+// other (which, while it waits, says for whom), each with the card in
+// CUDA_VISIBLE_DEVICES and its share as flags, and each answers chat
+// completions at its endpoint.
 func TestTwoReplicasShareACard(t *testing.T) {
 	h := newHarness(t, t.TempDir(), nil)
 	h.want(10, sim("alpha", 1), sim("beta", 1))
 	a := h.waitState("alpha", pb.ReplicaState_REPLICA_STATE_RUNNING, 10*time.Second)
 	b := h.waitState("beta", pb.ReplicaState_REPLICA_STATE_RUNNING, 10*time.Second)
 
-	for _, model := range []string{"alpha", "beta"} {
-		if got := states(h.rep.of(model)); !slices.Equal(got, []string{"STARTING", "RUNNING"}) {
-			t.Errorf("%s reported %v, want [STARTING RUNNING]", model, got)
+	// One at a time on a shared card: the second started once the first
+	// ran; if it had to wait (it normally does), it said for whom.
+	first, second := "alpha", "beta"
+	h.rep.mu.Lock()
+	for _, r := range h.rep.reports {
+		if r.State == pb.ReplicaState_REPLICA_STATE_STARTING {
+			if r.Model == "beta" {
+				first, second = "beta", "alpha"
+			}
+			break
 		}
 	}
-	// One at a time on a shared card: the second started once the first ran.
+	h.rep.mu.Unlock()
+	if got := states(h.rep.of(first)); !slices.Equal(got, []string{"STARTING", "RUNNING"}) {
+		t.Errorf("%s reported %v, want [STARTING RUNNING]", first, got)
+	}
+	got := h.rep.of(second)
+	if s := states(got); !slices.Equal(s, []string{"PLACED", "STARTING", "RUNNING"}) && !slices.Equal(s, []string{"STARTING", "RUNNING"}) {
+		t.Fatalf("%s reported %v, want [PLACED STARTING RUNNING]", second, s)
+	}
+	if want := "waiting for card 0: " + first + "/0 is starting ("; got[0].State == pb.ReplicaState_REPLICA_STATE_PLACED &&
+		(!strings.HasPrefix(got[0].Reason, want) || !strings.HasSuffix(got[0].Reason, " of 2m0s)")) {
+		t.Errorf("%s waited with reason %q, want %q…of 2m0s)", second, got[0].Reason, want)
+	}
 	h.rep.mu.Lock()
-	var firstRunning, secondStarting int = -1, -1
+	firstRunning, secondStarting := -1, -1
 	for i, r := range h.rep.reports {
-		if r.State == pb.ReplicaState_REPLICA_STATE_RUNNING && firstRunning < 0 {
+		if r.Model == first && r.State == pb.ReplicaState_REPLICA_STATE_RUNNING {
 			firstRunning = i
 		}
-		if r.State == pb.ReplicaState_REPLICA_STATE_STARTING && i > 0 && secondStarting < 0 {
+		if r.Model == second && r.State == pb.ReplicaState_REPLICA_STATE_STARTING {
 			secondStarting = i
 		}
 	}
@@ -436,8 +465,8 @@ func TestWatchdogStopsAnEngineAboveItsShare(t *testing.T) {
 		}
 	}
 	h.rep.mu.Unlock()
-	if st := h.rep.last("alpha"); st.State != pb.ReplicaState_REPLICA_STATE_RUNNING || len(h.rep.of("alpha")) != 2 {
-		t.Errorf("alpha reported %v, want only Starting and Running", states(h.rep.of("alpha")))
+	if s := states(h.rep.of("alpha")); !slices.Equal(s, []string{"STARTING", "RUNNING"}) && !slices.Equal(s, []string{"PLACED", "STARTING", "RUNNING"}) {
+		t.Errorf("alpha reported %v, want only Starting and Running (after waiting for the card)", s)
 	}
 	if now := onePID(t, "alpha"); now != alpha {
 		t.Errorf("alpha's engine changed from pid %d to %d", alpha, now)
@@ -535,4 +564,188 @@ func TestRestartedExecutorAdoptsOrReplacesEngines(t *testing.T) {
 	if st := second.rep.last("beta"); st.State != pb.ReplicaState_REPLICA_STATE_STOPPED || st.Reason != "node agent stopped" {
 		t.Errorf("beta's last report %v, want Stopped: node agent stopped", st)
 	}
+}
+
+// withStartTimeout sets a deployment's spec.engine.startTimeout.
+func withStartTimeout(d Desired, seconds uint32) Desired {
+	d.Spec.Engine.StartTimeoutSeconds = seconds
+	return d
+}
+
+// command is a replica of a command engine deployment named model at 40 %
+// of card 0, running argv (templates allowed, e.g. {{.Port}}).
+func command(model string, argv ...string) Desired {
+	d := sim(model, 1)
+	d.Spec.Model = "/models/" + model
+	d.Spec.Engine = &pb.EngineSpec{Kind: "command", MemoryPercent: 40, Args: argv}
+	return d
+}
+
+// reportsWith returns the reports about model in state.
+func (r *reporter) reportsWith(model string, state pb.ReplicaState) []*pb.ReplicaStatus {
+	var out []*pb.ReplicaStatus
+	for _, st := range r.of(model) {
+		if st.State == state {
+			out = append(out, st)
+		}
+	}
+	return out
+}
+
+// 6. (issue 23, item 2) An engine that never becomes ready does not block
+// the card: the replica waiting for it says whom it waits for, the stuck one
+// is Failed at its start deadline with a reason that says so, and the
+// waiting one then starts and runs.
+func TestStartDeadlineFreesTheCard(t *testing.T) {
+	// A long backoff keeps the stuck replica Failed once it has failed.
+	h := newHarness(t, t.TempDir(), func(o *Options) { o.RestartDelay, o.MaxRestartDelay = time.Minute, time.Minute })
+	stuck := withStartTimeout(sim("stuck", 1, "--load-seconds", "100000"), 3)
+	h.want(10, stuck)
+	st := h.waitState("stuck", pb.ReplicaState_REPLICA_STATE_STARTING, 10*time.Second)
+	h.want(11, stuck, sim("chat", 1))
+
+	waited := h.waitState("chat", pb.ReplicaState_REPLICA_STATE_PLACED, 10*time.Second)
+	if !strings.HasPrefix(waited.Reason, "waiting for card 0: stuck/0 is starting (") || !strings.HasSuffix(waited.Reason, " of 3s)") {
+		t.Errorf("chat waits with reason %q, want it to name stuck/0 and its 3s deadline", waited.Reason)
+	}
+	h.waitState("chat", pb.ReplicaState_REPLICA_STATE_RUNNING, 30*time.Second)
+
+	failed := h.rep.reportsWith("stuck", pb.ReplicaState_REPLICA_STATE_FAILED)
+	port := strings.TrimPrefix(st.Endpoint, "http://127.0.0.1:")
+	want := "engine not ready within its start timeout of 3s (spec.engine.startTimeout): GET /health on port " + port + " answered 503 Service Unavailable"
+	if len(failed) != 1 || failed[0].Reason != want {
+		t.Fatalf("stuck reported failures %v, want one: %q", failed, want)
+	}
+	if last := h.rep.last("stuck"); last.State != pb.ReplicaState_REPLICA_STATE_FAILED {
+		t.Errorf("stuck is %v, want Failed until its backoff ends", last)
+	}
+	if pids := engines(t, "stuck"); len(pids) != 0 {
+		t.Errorf("the stuck engine still runs: %v", pids)
+	}
+	// chat started only once stuck had failed and freed the card.
+	h.rep.mu.Lock()
+	defer h.rep.mu.Unlock()
+	failedAt, startedAt := -1, -1
+	for i, r := range h.rep.reports {
+		switch {
+		case r.Model == "stuck" && r.State == pb.ReplicaState_REPLICA_STATE_FAILED:
+			failedAt = i
+		case r.Model == "chat" && r.State == pb.ReplicaState_REPLICA_STATE_STARTING:
+			startedAt = i
+		}
+	}
+	if startedAt < failedAt {
+		t.Errorf("chat started before stuck failed: %v", h.rep.reports)
+	}
+}
+
+// 7. (issue 23, item 3) A command engine is Running only once it listens:
+// one that never listens fails at its start deadline with a reason saying
+// nothing listened on its port; one that listens after a second runs, and
+// not before it listens.
+func TestCommandEngineRunsOnlyOnceItListens(t *testing.T) {
+	h := newHarness(t, t.TempDir(), func(o *Options) { o.RestartDelay, o.MaxRestartDelay = time.Minute, time.Minute })
+	h.want(10, withStartTimeout(command("sleeper", "sh", "-c", "exec sleep 1000"), 2))
+	st := h.waitState("sleeper", pb.ReplicaState_REPLICA_STATE_STARTING, 10*time.Second)
+	failed := h.waitState("sleeper", pb.ReplicaState_REPLICA_STATE_FAILED, 20*time.Second)
+	port := strings.TrimPrefix(st.Endpoint, "http://127.0.0.1:")
+	if want := "engine not ready within its start timeout of 2s (spec.engine.startTimeout): nothing listened on port " + port; failed.Reason != want {
+		t.Errorf("sleeper failed with %q, want %q", failed.Reason, want)
+	}
+	if s := states(h.rep.of("sleeper")); slices.Contains(s, "RUNNING") {
+		t.Errorf("sleeper reported %v: Running while nothing listened", s)
+	}
+
+	// The sim engine's binary stands for a user's server that takes a
+	// second before it listens. When it is reported Running, its endpoint
+	// accepts connections.
+	var refused error
+	h.rep.mu.Lock()
+	h.rep.hook = func(st *pb.ReplicaStatus) {
+		if st.Model == "listener" && st.State == pb.ReplicaState_REPLICA_STATE_RUNNING {
+			conn, err := net.Dial("tcp", strings.TrimPrefix(st.Endpoint, "http://"))
+			if err != nil {
+				refused = err
+				return
+			}
+			conn.Close()
+		}
+	}
+	h.rep.mu.Unlock()
+	h.want(11, command("listener", "sh", "-c", "sleep 1; exec "+bin+
+		" engine sim --host {{.Host}} --port {{.Port}} --served-model-name {{.ServedModelName}} --load-seconds 0 --tokens-per-second 0"))
+	running := h.waitState("listener", pb.ReplicaState_REPLICA_STATE_RUNNING, 20*time.Second)
+	if s := states(h.rep.of("listener")); !slices.Equal(s, []string{"STARTING", "RUNNING"}) || refused != nil {
+		t.Errorf("listener reported %v; its endpoint refused connections when it was reported Running: %v", s, refused)
+	}
+	if got := chat(t, running.Endpoint, "listener", false); len(strings.Fields(got)) != 4 {
+		t.Errorf("listener answered %q", got)
+	}
+}
+
+// 8. (issue 23, item 5) An engine that exits at once is never recorded
+// Running, however its exit and the health checks interleave: checks far
+// more frequent than the restarts leave a tick waiting at every launch.
+func TestEngineThatExitsAtOnceIsNeverRunning(t *testing.T) {
+	h := newHarness(t, t.TempDir(), func(o *Options) {
+		o.HealthInterval, o.RestartDelay, o.MaxRestartDelay = 5*time.Millisecond, 30*time.Millisecond, 60*time.Millisecond
+	})
+	h.want(10, command("crasher", "sh", "-c", "exit 3"))
+	eventually(t, 30*time.Second, "crasher did not crash 10 times", func() bool {
+		return len(h.rep.reportsWith("crasher", pb.ReplicaState_REPLICA_STATE_FAILED)) >= 10
+	})
+	for _, st := range h.rep.of("crasher") {
+		switch st.State {
+		case pb.ReplicaState_REPLICA_STATE_RUNNING:
+			t.Errorf("crasher recorded Running (restart %d): %v", st.Restarts, states(h.rep.of("crasher")))
+		case pb.ReplicaState_REPLICA_STATE_FAILED:
+			if st.Reason != "engine exited with status 3" {
+				t.Errorf("crasher failed with %q, want %q", st.Reason, "engine exited with status 3")
+			}
+		}
+	}
+}
+
+// 9. (issue 23, item 5) After an agent restart, a replica whose engine died
+// while no executor watched it is first reported Failed, with its restart
+// count carried on from the cluster's record, then started again; a replica
+// stopped with the previous agent keeps its count too.
+func TestEngineDiedWhileTheAgentWasDown(t *testing.T) {
+	dataDir := t.TempDir()
+	first := newHarness(t, dataDir, func(o *Options) { o.KeepEngines = true })
+	first.want(10, sim("alpha", 1))
+	first.waitState("alpha", pb.ReplicaState_REPLICA_STATE_RUNNING, 10*time.Second)
+	pid := onePID(t, "alpha")
+	first.close()
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 10*time.Second, "alpha's engine outlived SIGKILL", func() bool { return len(engines(t, "alpha")) == 0 })
+
+	// The cluster still says what the previous agent reported: Running,
+	// after two restarts; beta Stopped with the agent, after four.
+	alpha, beta := sim("alpha", 1), sim("beta", 1)
+	alpha.Replica.State, alpha.Replica.Restarts = pb.ReplicaState_REPLICA_STATE_RUNNING, 2
+	beta.Replica.State, beta.Replica.Restarts, beta.Replica.Reason = pb.ReplicaState_REPLICA_STATE_STOPPED, 4, "node agent stopped"
+	beta.Replica.Cards = []uint32{0}
+	second := newHarness(t, dataDir, nil)
+	second.want(12, alpha, beta)
+	second.waitState("alpha", pb.ReplicaState_REPLICA_STATE_RUNNING, 20*time.Second)
+	second.waitState("beta", pb.ReplicaState_REPLICA_STATE_RUNNING, 20*time.Second)
+
+	got := second.rep.of("alpha")
+	if got[0].State != pb.ReplicaState_REPLICA_STATE_FAILED || got[0].Reason != "engine exited while the node agent was down" || got[0].Restarts != 3 {
+		t.Errorf("alpha's first report after the restart is %v, want Failed: engine exited while the node agent was down, restarts 3", got[0])
+	}
+	for _, st := range got {
+		if st.Restarts != 3 {
+			t.Errorf("alpha reported %v, want restarts 3 throughout", st)
+		}
+	}
+	for _, st := range second.rep.of("beta") {
+		if st.Restarts != 4 || st.State == pb.ReplicaState_REPLICA_STATE_FAILED {
+			t.Errorf("beta reported %v, want restarts 4 and no failure", st)
+		}
+	}
+	onePID(t, "alpha")
 }

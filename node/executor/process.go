@@ -79,13 +79,22 @@ func (e *Executor) readRecords() []*record {
 	return out
 }
 
+// leftEngine is the engine a previous executor left for a replica still
+// wanted as it was: alive, to adopt, or dead, having exited while no
+// executor watched it.
+type leftEngine struct {
+	rec   *record
+	alive bool
+}
+
 // settle deals with the engines a previous executor left: those still
-// wanted with the same generation and placement are adopted (returned);
-// every other one is stopped and its record removed, before anything new
-// starts.
-func (e *Executor) settle(records []*record, snap Snapshot) map[key]*record {
+// wanted with the same generation and placement are adopted; every other
+// one is stopped and its record removed, before anything new starts. It
+// returns the engines of the replicas still wanted as they were, alive or
+// not.
+func (e *Executor) settle(records []*record, snap Snapshot) map[key]leftEngine {
 	want := e.wanted(snap)
-	adopt := map[key]*record{}
+	left := map[key]leftEngine{}
 	var wg sync.WaitGroup
 	for _, r := range records {
 		dir := e.replicaDir(r.key())
@@ -97,9 +106,12 @@ func (e *Executor) settle(records []*record, snap Snapshot) map[key]*record {
 			// Its leader is gone; any process left in its group is not.
 			killGroupIfLeaderGone(r.PID)
 			removeRecord(dir)
+			if wanted && fingerprint(d) == r.Fingerprint {
+				left[r.key()] = leftEngine{rec: r}
+			}
 		case wanted && fingerprint(d) == r.Fingerprint:
 			e.log.Info("adopting the engine of a previous agent", "replica", r.key(), "pid", r.PID)
-			adopt[r.key()] = r
+			left[r.key()] = leftEngine{rec: r, alive: true}
 			p.stopPoll() // the supervisor polls its own
 		default:
 			why := "its replica left this node"
@@ -114,7 +126,7 @@ func (e *Executor) settle(records []*record, snap Snapshot) map[key]*record {
 		}
 	}
 	wg.Wait()
-	return adopt
+	return left
 }
 
 // process is a running engine: a child of this executor, or one adopted

@@ -65,7 +65,7 @@ type supervisor struct {
 	// exceeded carries the watchdog's reason.
 	exceeded chan string
 
-	adopt     *record
+	left      leftEngine
 	phase     phase
 	proc      *process
 	release   func()
@@ -74,20 +74,24 @@ type supervisor struct {
 	health    string
 	nextStart time.Time
 	startedAt time.Time
-	fails     int
-	restarts  uint32
-	fp        string
-	bo        *backoff.ExponentialBackOff
-	last      *pb.ReplicaStatus
-	client    *http.Client
+	// timeout is the start deadline of the engine, from startedAt.
+	timeout time.Duration
+	// probed is what the last failed probe found.
+	probed   string
+	fails    int
+	restarts uint32
+	fp       string
+	bo       *backoff.ExponentialBackOff
+	last     *pb.ReplicaStatus
+	client   *http.Client
 }
 
-func newSupervisor(ctx context.Context, e *Executor, k key, d Desired, adopt *record, prev <-chan struct{}) *supervisor {
+func newSupervisor(ctx context.Context, e *Executor, k key, d Desired, left leftEngine, prev <-chan struct{}) *supervisor {
 	ctx, cancel := context.WithCancel(ctx)
 	return &supervisor{
 		e: e, k: k, dir: e.replicaDir(k), ctx: ctx, cancel: cancel, prev: prev,
 		done: make(chan struct{}), desired: d, changed: make(chan struct{}, 1),
-		exceeded: make(chan string, 1), adopt: adopt,
+		exceeded: make(chan string, 1), left: left,
 		bo: &backoff.ExponentialBackOff{InitialInterval: e.opts.RestartDelay, RandomizationFactor: 0.2,
 			Multiplier: 2, MaxInterval: e.opts.MaxRestartDelay},
 		client: &http.Client{Timeout: 2 * time.Second},
@@ -137,14 +141,26 @@ func (s *supervisor) run() {
 			return
 		}
 	}
-	s.fp = fingerprint(s.current())
+	d := s.current()
+	s.fp = fingerprint(d)
 	s.phase, s.nextStart = waiting, time.Now()
-	if r := s.adopt; r != nil {
-		if p, ok := adoptProcess(r); ok {
-			s.proc, s.port, s.restarts, s.cmdline = p, r.Port, r.Restarts, r.Command
-			s.health = s.healthPath(s.current())
-			s.phase, s.startedAt = starting, time.Now()
+	// The count goes on from what the cluster recorded, not from 0: a new
+	// agent is no new start of the replica.
+	s.restarts = d.Replica.GetRestarts()
+	if r := s.left.rec; r != nil {
+		s.restarts = max(s.restarts, r.Restarts)
+		if p, ok := adoptProcess(r); s.left.alive && ok {
+			s.proc, s.port, s.cmdline = p, r.Port, r.Command
+			s.health = s.healthPath(d)
+			s.phase, s.startedAt, s.timeout = starting, time.Now(), engine.StartTimeout(d.Spec.GetEngine())
 			s.publish()
+		} else {
+			// It died while no executor watched it: the cluster may
+			// still say Running, so say first that it failed.
+			killGroupIfLeaderGone(r.PID)
+			removeRecord(s.dir)
+			s.restarts++
+			s.report(pb.ReplicaState_REPLICA_STATE_FAILED, "engine exited while the node agent was down")
 		}
 	}
 	tick := time.NewTicker(s.e.opts.HealthInterval)
@@ -156,6 +172,9 @@ func (s *supervisor) run() {
 				return
 			}
 			s.start()
+			// A tick that came while waiting is stale: the first check
+			// of a new engine is one interval after its launch.
+			tick.Reset(s.e.opts.HealthInterval)
 			continue
 		}
 		select {
@@ -210,10 +229,15 @@ func (s *supervisor) wait() bool {
 	}
 }
 
-// start launches the engine once the replica's cards are free to start on.
+// start launches the engine once the replica's cards are free to start on;
+// while another replica starts on one of them, the replica is reported
+// Placed with a reason that names it.
 func (s *supervisor) start() {
 	d := s.current()
-	release, err := s.e.lockCards(s.ctx, d.Replica.GetCards())
+	timeout := engine.StartTimeout(d.Spec.GetEngine())
+	release, err := s.e.lockCards(s.ctx, s.k, timeout, d.Replica.GetCards(), func(reason string) {
+		s.report(pb.ReplicaState_REPLICA_STATE_PLACED, reason)
+	})
 	if err != nil {
 		return // ending
 	}
@@ -230,7 +254,7 @@ func (s *supervisor) start() {
 		return
 	}
 	s.release = release
-	s.phase, s.startedAt, s.fails = starting, time.Now(), 0
+	s.phase, s.startedAt, s.timeout, s.fails, s.probed = starting, time.Now(), timeout, 0, ""
 	s.report(pb.ReplicaState_REPLICA_STATE_STARTING, "")
 }
 
@@ -320,50 +344,38 @@ func (s *supervisor) publish() {
 	s.e.setEngine(s.k, en)
 }
 
-// check runs one health check and rotates the log.
+// check runs one health check and rotates the log. An engine whose
+// process has exited is left to the run loop, which reports how it ended:
+// whatever answers on its port, it is not Running.
 func (s *supervisor) check() {
 	_ = rotateLog(LogPath(s.e.opts.DataDir, s.k.model, s.k.index), s.e.opts.LogMaxBytes, s.e.opts.LogKeep)
-	healthy := s.healthy()
+	if s.proc.exited() {
+		return
+	}
+	found := s.probe()
+	if found == "" && s.proc.exited() {
+		return
+	}
+	if found != "" {
+		s.probed = found
+	}
 	switch {
-	case s.phase == starting && healthy:
+	case s.phase == starting && found == "":
 		s.phase, s.fails = running, 0
 		s.unlock()
 		s.report(pb.ReplicaState_REPLICA_STATE_RUNNING, "")
-	case s.phase == starting && time.Since(s.startedAt) > s.e.opts.StartTimeout:
+	case s.phase == starting && time.Since(s.startedAt) > s.timeout:
 		s.stopEngine()
-		s.fail(fmt.Sprintf("engine not healthy after %s", s.e.opts.StartTimeout))
-	case s.phase == running && healthy:
+		s.fail(fmt.Sprintf("engine not ready within its start timeout of %s (spec.engine.startTimeout): %s", s.timeout, s.probed))
+	case s.phase == running && found == "":
 		s.fails = 0
 	case s.phase == running:
 		s.fails++
 		if s.fails >= failuresBeforeRestart {
 			s.stopEngine()
-			s.fail(fmt.Sprintf("engine failed %d health checks in a row", s.fails))
+			s.fail(fmt.Sprintf("engine failed %d health checks in a row: %s", s.fails, s.probed))
 		}
 	}
-}
-
-// healthy asks the engine's health endpoint; an engine without one is
-// healthy while its process lives.
-func (s *supervisor) healthy() bool {
-	if s.health == "" {
-		select {
-		case <-s.proc.done:
-			return false
-		default:
-			return true
-		}
-	}
-	host := listenHost(s.e.opts.BindHost)
-	if ip := net.ParseIP(host); ip != nil && ip.IsUnspecified() {
-		host = "127.0.0.1"
-	}
-	resp, err := s.client.Get("http://" + net.JoinHostPort(host, itoa(s.port)) + s.health)
-	if err != nil {
-		return false
-	}
-	resp.Body.Close()
-	return resp.StatusCode == http.StatusOK
 }
 
 // fail reports the replica Failed with reason and schedules the restart

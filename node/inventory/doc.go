@@ -14,7 +14,10 @@
 // SimNVML is an nvml.Interface over simulated cards, so that the executor's
 // watchdog reads GPU memory per process the same way on simulated and real
 // cards. Engines on simulated cards report their usage through SimUsage, a
-// directory of small files that separate processes can write.
+// directory of small files that separate processes can write. Sim engines
+// also keep a record each there (SimEngine: busy, copying, compute share,
+// host RAM), through which separate engine processes on one card share its
+// compute and copy bandwidth.
 //
 // Card indexes are NVML's (PCI bus order), which may differ from CUDA's
 // default enumeration; consumers should address cards by UUID.

@@ -2,6 +2,7 @@ package inventory
 
 import (
 	"cmp"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -238,4 +239,130 @@ func (u *SimUsage) cardDir(cardUUID string) (string, error) {
 func alive(pid int) bool {
 	err := syscall.Kill(pid, 0)
 	return err == nil || errors.Is(err, syscall.EPERM)
+}
+
+// engineDir is where, inside a card's directory, sim engines keep their
+// records. Its name is not a pid, so Processes skips it.
+const engineDir = ".engines"
+
+// SimEngine is what one sim engine process tells the other sim engines on
+// the same simulated card, so that separate processes can share the card's
+// compute and copy bandwidth as they would on a real card.
+type SimEngine struct {
+	PID   int    `json:"pid"`
+	Model string `json:"model"`
+	// ComputeWeight is the engine's compute share in percent; busy engines
+	// split the card's compute in proportion to it.
+	ComputeWeight uint32 `json:"computeWeight"`
+	// Busy says the engine has requests in flight.
+	Busy bool `json:"busy"`
+	// Copying says the engine is moving weights onto the card (a load or a
+	// wake): copies in progress split the card's copy bandwidth.
+	Copying bool `json:"copying"`
+	// State is the engine's residency state (loading, awake, asleep, ...).
+	State string `json:"state"`
+	// HostMiB is host RAM holding this engine's weights while it sleeps.
+	HostMiB uint64 `json:"hostMiB"`
+}
+
+// SetEngine records e as the state of engine e.PID on card cardUUID,
+// replacing its previous record. Each engine writes only its own record and
+// readers never see a partly written one, so no lock is needed.
+func (u *SimUsage) SetEngine(cardUUID string, e SimEngine) error {
+	dir, err := u.cardDir(cardUUID)
+	if err != nil {
+		return err
+	}
+	if e.PID <= 0 {
+		return fmt.Errorf("record sim engine on %s: invalid pid %d", cardUUID, e.PID)
+	}
+	data, err := json.Marshal(e)
+	if err != nil {
+		return err
+	}
+	if err := writeAtomic(filepath.Join(dir, engineDir), strconv.Itoa(e.PID)+".json", data); err != nil {
+		return fmt.Errorf("record sim engine %d on %s: %w", e.PID, cardUUID, err)
+	}
+	return nil
+}
+
+// RemoveEngine forgets engine pid's record on card cardUUID.
+func (u *SimUsage) RemoveEngine(cardUUID string, pid int) error {
+	dir, err := u.cardDir(cardUUID)
+	if err != nil {
+		return err
+	}
+	err = os.Remove(filepath.Join(dir, engineDir, strconv.Itoa(pid)+".json"))
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("forget sim engine %d on %s: %w", pid, cardUUID, err)
+	}
+	return nil
+}
+
+// Engines returns the records of the live sim engines on card cardUUID, by
+// pid; records of processes that are gone are removed.
+func (u *SimUsage) Engines(cardUUID string) ([]SimEngine, error) {
+	dir, err := u.cardDir(cardUUID)
+	if err != nil {
+		return nil, err
+	}
+	dir = filepath.Join(dir, engineDir)
+	entries, err := os.ReadDir(dir)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read sim engines of %s: %w", cardUUID, err)
+	}
+	var out []SimEngine
+	for _, e := range entries {
+		name, ok := strings.CutSuffix(e.Name(), ".json")
+		pid, err := strconv.Atoi(name)
+		if !ok || err != nil || pid <= 0 {
+			continue // a temporary file being written
+		}
+		path := filepath.Join(dir, e.Name())
+		if !alive(pid) {
+			_ = os.Remove(path)
+			continue
+		}
+		data, err := os.ReadFile(path)
+		if errors.Is(err, fs.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			return nil, fmt.Errorf("read sim engines of %s: %w", cardUUID, err)
+		}
+		var rec SimEngine
+		if err := json.Unmarshal(data, &rec); err != nil {
+			return nil, fmt.Errorf("read sim engine %d of %s: %w", pid, cardUUID, err)
+		}
+		rec.PID = pid
+		out = append(out, rec)
+	}
+	slices.SortFunc(out, func(a, b SimEngine) int { return cmp.Compare(a.PID, b.PID) })
+	return out, nil
+}
+
+// writeAtomic writes data to dir/name through a temporary file and a
+// rename, creating dir.
+func writeAtomic(dir, name string, data []byte) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	tmp, err := os.CreateTemp(dir, ".tmp-*")
+	if err != nil {
+		return err
+	}
+	_, err = tmp.Write(data)
+	if cerr := tmp.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(tmp.Name(), filepath.Join(dir, name))
+	}
+	if err != nil {
+		_ = os.Remove(tmp.Name())
+	}
+	return err
 }

@@ -158,3 +158,41 @@ func TestSimUsageRefusesPathsOutsideItsDir(t *testing.T) {
 		t.Errorf("Register with pid 0: error = %v", err)
 	}
 }
+
+// Sim engines on a card see each other's records; a dead engine's record
+// is dropped, and the records do not show up as GPU processes.
+func TestSimEngineRecords(t *testing.T) {
+	usage := NewSimUsage(t.TempDir())
+	me, dead := os.Getpid(), deadPID(t)
+	if err := usage.Register("GPU-a", me, 1000); err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range []SimEngine{
+		{PID: me, Model: "chat", ComputeWeight: 60, Busy: true, State: "awake"},
+		{PID: dead, Model: "gone", Copying: true},
+	} {
+		if err := usage.SetEngine("GPU-a", e); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := usage.SetEngine("GPU-a", SimEngine{PID: me, Model: "chat", ComputeWeight: 60, Copying: true, State: "waking", HostMiB: 900}); err != nil {
+		t.Fatal(err)
+	}
+	got, err := usage.Engines("GPU-a")
+	want := []SimEngine{{PID: me, Model: "chat", ComputeWeight: 60, Copying: true, State: "waking", HostMiB: 900}}
+	if err != nil || !slices.Equal(got, want) {
+		t.Fatalf("Engines = %+v, %v; want %+v", got, err, want)
+	}
+	if procs, err := usage.Processes("GPU-a"); err != nil || len(procs) != 1 || procs[0].UsedMiB != 1000 {
+		t.Fatalf("Processes = %v, %v; want only this process's 1000 MiB", procs, err)
+	}
+	if err := usage.RemoveEngine("GPU-a", me); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := usage.Engines("GPU-a"); err != nil || len(got) != 0 {
+		t.Fatalf("Engines after RemoveEngine = %+v, %v", got, err)
+	}
+	if err := usage.SetEngine("../x", SimEngine{PID: me}); err == nil {
+		t.Fatal("SetEngine accepted a card UUID that escapes the directory")
+	}
+}

@@ -23,28 +23,59 @@ func newEngineCommand(g *globals) *cobra.Command {
 // engine of SPEC §6. It serves until SIGTERM or interrupt.
 func newEngineSimCommand(g *globals) *cobra.Command {
 	var cfg sim.Config
-	var loadSeconds float64
+	var startSeconds, initSeconds, loadSeconds, wakeSeconds, idleSeconds float64
 	var cards string
 	cmd := &cobra.Command{
 		Use:   "sim",
 		Short: "Serve a simulated OpenAI-compatible model",
 		Long: `Serve a simulated model over an OpenAI-compatible API (/v1/models,
-/v1/completions, /v1/chat/completions, /health). /health answers 503 for
---load-seconds, then 200; once loaded the engine registers --memory-mib on each
-of --card-uuids with the simulated NVML (the directory in $` + inventory.EnvSimUsageDir + `),
-so that the node's watchdog sees it. The executor starts it for deployments of
-engine kind sim, sized to their share.`,
+/v1/completions, /v1/chat/completions, /health). A start has three phases:
+--start-seconds before the port opens, --init-seconds of runtime
+initialisation (--overhead-mib on the card), and --load-seconds of weight
+load; /health answers 503 until all have passed, then 200. The engine
+registers its memory on each of --card-uuids with the simulated NVML (the
+directory in $` + inventory.EnvSimUsageDir + `), so that the node's watchdog
+sees it: the overhead, the weights (--memory-mib less the overhead and the
+KV pool) and a KV cache growing by --kv-kib-per-token per token in flight up
+to --kv-pool-mib; a request whose prompt does not fit in the pool waits.
+
+It answers the residency controls of vLLM (POST /sleep?level=1|2, POST
+/wake_up, GET /is_sleeping; asleep it holds --sleep-residual-mib and refuses
+requests; a level-1 wake takes --wake-seconds, a level-2 wake reloads),
+llama.cpp's router (GET /models, POST /models/load, /models/unload, GET
+/props, --sleep-idle-seconds) and Ollama (POST /api/generate with
+keep_alive, GET /api/ps).
+
+Sim engines on one card share it: busy engines split its compute by
+--compute-percent, loads and wakes split its copy bandwidth. The executor
+starts it for deployments of engine kind sim, sized to their share.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if cfg.ServedModelName == "" {
 				return usageErrorf(cmd, "--served-model-name is required")
 			}
-			if loadSeconds < 0 || cfg.TokensPerSecond < 0 {
-				return usageErrorf(cmd, "--load-seconds and --tokens-per-second must not be negative")
+			for name, v := range map[string]float64{"--start-seconds": startSeconds, "--init-seconds": initSeconds,
+				"--load-seconds": loadSeconds, "--wake-seconds": wakeSeconds} {
+				if v < 0 {
+					return usageErrorf(cmd, "%s must not be negative", name)
+				}
 			}
-			cfg.LoadTime = time.Duration(loadSeconds * float64(time.Second))
+			if cfg.TokensPerSecond < 0 || cfg.BatchSlowdown < 0 {
+				return usageErrorf(cmd, "--tokens-per-second and --batch-slowdown must not be negative")
+			}
+			seconds := func(v float64) time.Duration { return time.Duration(v * float64(time.Second)) }
+			cfg.StartTime, cfg.InitTime, cfg.LoadTime, cfg.WakeTime = seconds(startSeconds), seconds(initSeconds), seconds(loadSeconds), seconds(wakeSeconds)
+			if idleSeconds > 0 {
+				cfg.SleepIdle = seconds(idleSeconds)
+			}
+			if !cmd.Flags().Changed("sleep-residual-mib") {
+				cfg.ResidualMiB = cfg.OverheadMiB
+			}
 			if cards != "" {
 				cfg.CardUUIDs = strings.Split(cards, ",")
+			}
+			if err := cfg.Validate(); err != nil {
+				return usageErrorf(cmd, "%s", strings.TrimPrefix(err.Error(), "sim engine: "))
 			}
 			if dir := g.getenv(inventory.EnvSimUsageDir); dir != "" {
 				cfg.Usage = inventory.NewSimUsage(dir)
@@ -57,9 +88,19 @@ engine kind sim, sized to their share.`,
 	f.StringVar(&cfg.Host, "host", "127.0.0.1", "address to listen on")
 	f.IntVar(&cfg.Port, "port", 8000, "port to listen on")
 	f.StringVar(&cfg.ServedModelName, "served-model-name", "", "the model name clients send")
-	f.Float64Var(&loadSeconds, "load-seconds", 1, "seconds before /health answers 200")
-	f.Uint64Var(&cfg.MemoryMiB, "memory-mib", 0, "GPU memory to register on each card once loaded (the executor passes the share)")
-	f.Float64Var(&cfg.TokensPerSecond, "tokens-per-second", 50, "generation speed; 0 answers at once")
+	f.Float64Var(&startSeconds, "start-seconds", 0, "seconds of process start before the port opens")
+	f.Float64Var(&initSeconds, "init-seconds", 0, "seconds of runtime initialisation after the port opens (the overhead is on the card)")
+	f.Float64Var(&loadSeconds, "load-seconds", 1, "seconds of weight load with the card's copy bandwidth to itself")
+	f.Float64Var(&wakeSeconds, "wake-seconds", 0.5, "seconds to copy the weights back after a level-1 sleep, with the copy bandwidth to itself")
+	f.Uint64Var(&cfg.MemoryMiB, "memory-mib", 0, "peak GPU memory on each card: overhead, weights and KV pool (the executor passes the share)")
+	f.Uint64Var(&cfg.OverheadMiB, "overhead-mib", 0, "GPU memory of the runtime (CUDA context), held from initialisation on")
+	f.Uint64Var(&cfg.KVPoolMiB, "kv-pool-mib", 0, "part of --memory-mib that the KV cache grows into")
+	f.Uint64Var(&cfg.KVKiBPerToken, "kv-kib-per-token", 0, "KV cache per token in flight, in KiB (0: no KV growth)")
+	f.Uint64Var(&cfg.ResidualMiB, "sleep-residual-mib", 0, "GPU memory held while asleep (default: --overhead-mib)")
+	f.Float64Var(&cfg.TokensPerSecond, "tokens-per-second", 50, "generation speed of one stream with the card to itself; 0 answers at once")
+	f.Uint32Var(&cfg.ComputePercent, "compute-percent", 0, "compute share: busy engines on a card split its compute in proportion (0 counts as 100)")
+	f.Float64Var(&cfg.BatchSlowdown, "batch-slowdown", 0, "α: with C requests in flight each stream runs at speed/(1+α(C-1))")
+	f.Float64Var(&idleSeconds, "sleep-idle-seconds", -1, "sleep after this many idle seconds, waking on the next request, as llama.cpp (negative: never)")
 	f.StringVar(&cards, "card-uuids", "", "cards to register the memory on, comma-separated UUIDs")
 	return cmd
 }

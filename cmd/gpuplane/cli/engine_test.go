@@ -84,3 +84,25 @@ func TestEngineSimNeedsAServedName(t *testing.T) {
 		t.Fatalf("engine sim without a name: exit %d, %q", r.code, r.stderr)
 	}
 }
+
+// Flags that cannot describe an engine are refused before it listens,
+// naming the flags and the rule.
+func TestEngineSimRefusesBadFlags(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--memory-mib", "500", "--overhead-mib", "400", "--kv-pool-mib", "200"}, "--overhead-mib (400) + --kv-pool-mib (200) must not exceed --memory-mib (500)"},
+		{[]string{"--memory-mib", "500", "--overhead-mib", "600"}, "--overhead-mib (600)"},
+		{[]string{"--memory-mib", "500", "--kv-kib-per-token", "64"}, "--kv-kib-per-token needs a --kv-pool-mib"},
+		{[]string{"--memory-mib", "500", "--compute-percent", "150"}, "--compute-percent 150 is not from 0 to 100"},
+		{[]string{"--wake-seconds", "-1"}, "--wake-seconds must not be negative"},
+		{[]string{"--init-seconds", "-0.5"}, "--init-seconds must not be negative"},
+	} {
+		args := append([]string{"engine", "sim", "--port", "0", "--served-model-name", "chat"}, tc.args...)
+		r := run(t, "", nil, args...)
+		if r.code != exitUsage || !strings.Contains(r.stderr, tc.want) {
+			t.Errorf("engine sim %v: exit %d, %q; want a usage error containing %q", tc.args, r.code, r.stderr, tc.want)
+		}
+	}
+}

@@ -193,6 +193,7 @@ var modelFlags = map[string]string{
 	"spec.engine.maxModelLen":      "--max-model-len",
 	"spec.engine.tensorParallel":   "--tensor-parallel",
 	"spec.engine.pipelineParallel": "--pipeline-parallel",
+	"spec.engine.startTimeout":     "--start-timeout",
 	"spec.engine.quantization":     "--quantization",
 	"spec.residency":               "--residency",
 	"spec.priority":                "--priority",
@@ -201,10 +202,11 @@ var modelFlags = map[string]string{
 
 func newModelsDeployCommand(g *globals) *cobra.Command {
 	var (
-		spec   descriptor.ModelDeploymentSpec
-		ints   = map[string]*int64{}
-		memory quantityFlag
-		dryRun bool
+		spec         descriptor.ModelDeploymentSpec
+		ints         = map[string]*int64{}
+		memory       quantityFlag
+		startTimeout time.Duration
+		dryRun       bool
 	)
 	c := &cobra.Command{
 		Use:   "deploy NAME --accelerator A --model URI [flags]",
@@ -250,6 +252,9 @@ give are reset to their defaults, so redeploying with the same flags is
 			}
 			if memory.set {
 				spec.Engine.Memory = &memory.q
+			}
+			if cmd.Flags().Changed("start-timeout") {
+				spec.Engine.StartTimeout = &descriptor.Duration{Duration: startTimeout}
 			}
 			var problems []*pb.Violation
 			if v := descriptor.CheckName("metadata.name", name); v != nil {
@@ -297,6 +302,7 @@ give are reset to their defaults, so redeploying with the same flags is
 	intFlag("max-model-len", 0, "the engine's maximum context length")
 	intFlag("tensor-parallel", descriptor.DefaultParallel, "tensor-parallel degree")
 	intFlag("pipeline-parallel", descriptor.DefaultParallel, "pipeline-parallel degree")
+	f.DurationVar(&startTimeout, "start-timeout", 0, "how long one start of the engine may take to become ready before the replica is Failed, such as 10m (default: the engine kind's)")
 	f.StringVar(&spec.Residency, "residency", "pinned", "pinned (loaded, share reserved), warm (share reserved, may sleep) or onDemand (loaded on demand, no reservation); warm and onDemand need a shared accelerator")
 	f.StringVar(&spec.Priority, "priority", "standard", "request class: interactive, standard or background")
 	intFlag("slo-ttft-ms", 0, "p95 time-to-first-token target in milliseconds (default: none)")

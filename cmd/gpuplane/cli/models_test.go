@@ -548,6 +548,43 @@ metadata: {name: small}
 spec: {device: l4, tenancy: shared}
 `
 
+// TestModelsDeployStartTimeout: --start-timeout sends whole seconds, as
+// spec.engine.startTimeout in a file does; a bad value names the flag and
+// sends nothing.
+func TestModelsDeployStartTimeout(t *testing.T) {
+	f := &fakeAPI{}
+	m := sampleModels()
+	url := serveModels(t, f, m)
+	base := []string{"--addr", url, "models", "deploy", "chat", "--accelerator", "small", "--model", "/m", "--engine", "sim"}
+	r := run(t, "", nil, append(slices.Clone(base), "--start-timeout", "90s")...)
+	if r.code != exitOK || len(m.applies) != 1 || m.applies[0].GetSpec().GetEngine().GetStartTimeoutSeconds() != 90 {
+		t.Fatalf("deploy --start-timeout 90s: %+v, sent %v", r, m.applies)
+	}
+	file := "resource: ModelDeployment\nresourceVersion: v1\nmetadata: {name: chat}\nspec: {model: /m, placement: {accelerator: small}, engine: {kind: sim, startTimeout: 1m30s}}\n"
+	if r := run(t, file, nil, "--addr", url, "apply", "-f", "-"); r.code != exitOK || !proto.Equal(m.applies[1], m.applies[0]) {
+		t.Errorf("apply of the same deployment: %+v, sent %v, want %v", r, m.applies[1], m.applies[0])
+	}
+	for _, tt := range []struct {
+		arg  string
+		code int
+		err  string
+	}{
+		{"0s", exitFailure, "error: --start-timeout: must be more than 0, got 0s"},
+		{"-1m", exitFailure, "error: --start-timeout: must be more than 0, got -1m0s"},
+		{"1.5s", exitFailure, "error: --start-timeout: must be a whole number of seconds, got 1.5s"},
+		{"48h", exitFailure, "error: --start-timeout: must be at most 24h0m0s, got 48h0m0s"},
+		{"10", exitUsage, `error: invalid argument "10" for "--start-timeout" flag: time: missing unit in duration "10"`},
+	} {
+		r := run(t, "", nil, append(slices.Clone(base), "--start-timeout", tt.arg)...)
+		if r.code != tt.code || strings.Split(r.stderr, "\n")[0] != tt.err {
+			t.Errorf("--start-timeout %s: code %d, stderr:\n%s\nwant %d and %q", tt.arg, r.code, r.stderr, tt.code, tt.err)
+		}
+	}
+	if len(m.applies) != 2 {
+		t.Errorf("refused values reached the server: %v", m.applies[2:])
+	}
+}
+
 func TestApplyAndDeleteModelDeployment(t *testing.T) {
 	f := &fakeAPI{}
 	m := sampleModels()

@@ -10,9 +10,12 @@
 // the rules that need nothing but the file itself (SPEC §5 rules 1, 3, 4, 8, 9
 // and 10 where the file names the accelerator).
 //
-// One field goes beyond SPEC §4: a deployment's optional
+// Two fields go beyond SPEC §4: a deployment's optional
 // `resources: {cpu: 500m, memory: 8Gi}` block, the host CPU and memory each
-// replica needs besides its cards (see HostResources).
+// replica needs besides its cards (see HostResources), and
+// `engine.startTimeout: 10m`, how long one start of its engine may take to
+// become ready (a whole number of seconds, at most MaxStartTimeout; left
+// out, the engine kind's default from package engine applies).
 //
 // The package is pure: bytes in, values and problems out. It never reads
 // files, the network or the clock, so it can be fuzzed and shared by the CLI

@@ -6,6 +6,7 @@ import (
 	"regexp"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/gpuplane/gpuplane/fsm"
 	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
@@ -89,6 +90,9 @@ type Engine struct {
 	PipelineParallel *int64            `json:"pipelineParallel,omitempty"`
 	Args             []string          `json:"args,omitempty"`
 	Env              map[string]string `json:"env,omitempty"`
+	// StartTimeout is how long one start of the engine may take to become
+	// ready before the replica is Failed (default: the engine kind's).
+	StartTimeout *Duration `json:"startTimeout,omitempty"`
 	// Quantization is the weights' numeric format (bf16, fp8, awq, q4_k_m),
 	// one word; part of the model's identity.
 	Quantization string `json:"quantization,omitempty"`
@@ -102,6 +106,11 @@ const (
 	DefaultReplicas = 1
 	DefaultParallel = 1
 )
+
+// MaxStartTimeout bounds spec.engine.startTimeout: a day is more than any
+// engine needs to load, and the API carries whole seconds as uint32. The
+// server holds deployments to the same bound (fsm.MaxStartTimeoutSeconds).
+const MaxStartTimeout = 24 * time.Hour
 
 var dnsLabel = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`)
 
@@ -294,6 +303,16 @@ func (s *ModelDeploymentSpec) check(failed func(path string) bool) []*pb.Violati
 	atLeast("spec.engine.maxModelLen", e.MaxModelLen, 1)
 	atLeast("spec.engine.tensorParallel", e.TensorParallel, 1)
 	atLeast("spec.engine.pipelineParallel", e.PipelineParallel, 1)
+	if d := e.StartTimeout; d != nil {
+		switch {
+		case d.Duration <= 0:
+			add("spec.engine.startTimeout", "must be more than 0, got %s", d)
+		case d.Duration%time.Second != 0:
+			add("spec.engine.startTimeout", "must be a whole number of seconds, got %s", d)
+		case d.Duration > MaxStartTimeout:
+			add("spec.engine.startTimeout", "must be at most %s, got %s", MaxStartTimeout, d)
+		}
+	}
 	if msg := fsm.CheckQuantization(e.Quantization); msg != "" {
 		add("spec.engine.quantization", "%s", msg)
 	}
@@ -405,6 +424,9 @@ func (s *ModelDeploymentSpec) Proto() *pb.ModelSpec {
 	}
 	if e.Memory != nil {
 		out.Engine.MemoryMib = e.Memory.MiB
+	}
+	if e.StartTimeout != nil {
+		out.Engine.StartTimeoutSeconds = uint32(e.StartTimeout.Duration / time.Second)
 	}
 	if r := s.Resources; r != nil && (r.CPU != nil || r.Memory != nil) {
 		out.Resources = &pb.HostResources{}

@@ -105,9 +105,11 @@ type agentProc struct {
 	t       *testing.T
 	dataDir string
 	ports   [3]int // API, Raft, gossip
-	cmd     *exec.Cmd
-	out     *syncBuffer
-	done    chan struct{}
+	// flags are added to every start, such as --sim-gpus.
+	flags []string
+	cmd   *exec.Cmd
+	out   *syncBuffer
+	done  chan struct{}
 }
 
 // newAgent picks free ports for an agent on dataDir; start runs it.
@@ -131,6 +133,7 @@ func (a *agentProc) start() {
 	a.cmd = exec.Command(bin, "agent", "--dev", "--node-name", "e2e", "--data-dir", a.dataDir,
 		"--api-port", strconv.Itoa(a.ports[0]), "--raft-port", strconv.Itoa(a.ports[1]),
 		"--gossip-port", strconv.Itoa(a.ports[2]), "--log-level", "info")
+	a.cmd.Args = append(a.cmd.Args, a.flags...)
 	a.cmd.Stdout, a.cmd.Stderr = a.out, a.out
 	if err := a.cmd.Start(); err != nil {
 		a.t.Fatalf("start agent: %v", err)

@@ -1,10 +1,26 @@
 // Package sim is the built-in simulated inference engine that
-// `gpuplane engine sim` runs (SPEC §6): a real process serving an
+// `gpuplane engine sim` runs (SPEC §6, §8.5): a real process serving an
 // OpenAI-compatible API (/v1/models, /v1/completions, /v1/chat/completions
-// with SSE streaming, /health) with a configurable load time, memory
-// footprint and per-token latency. Once loaded it registers its memory with
-// the simulated NVML (inventory.SimUsage), so that the node's watchdog sees
-// it exactly as it would see a real engine on a real card.
+// with SSE streaming, /health) and the residency controls of the engines it
+// stands for: vLLM's sleep mode (/sleep, /wake_up, /is_sleeping,
+// /collective_rpc), llama.cpp's router (/models, /models/load,
+// /models/unload, /props, --sleep-idle-seconds) and Ollama's keep_alive
+// (/api/generate, /api/ps).
+//
+// It models a start as separate phases (process start before the port
+// opens, runtime initialisation, weight load), memory as overhead + weights
+// + a KV cache that grows with the tokens in flight (a request whose prompt
+// does not fit in the pool waits, as continuous batching does), and sleep
+// as a residual. It reports that memory through the simulated NVML
+// (inventory.SimUsage), so the node's watchdog sees it as it would see a
+// real engine on a real card.
+//
+// Sim engines on one simulated card are separate processes that share the
+// card: each publishes a record (busy, copying, compute share) next to its
+// memory, and reads its neighbours' every tick. Busy engines split the
+// card's compute in proportion to their compute shares; weight copies
+// (loads, wakes) split its copy bandwidth equally. So busy neighbours slow
+// each other and concurrent loads take longer, as on a real card.
 //
 // It holds no model: replies are generated words. It must never pretend to
 // be healthy before its load time has passed.
@@ -22,6 +38,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -33,18 +50,77 @@ type Config struct {
 	Host            string
 	Port            int
 	ServedModelName string
-	// LoadTime is how long /health answers 503 before the model is "loaded".
-	LoadTime time.Duration
-	// MemoryMiB is registered on each card once loaded.
-	MemoryMiB uint64
-	// TokensPerSecond paces generation; 0 means no delay.
+	// StartTime passes before the port opens (interpreter and library
+	// start-up); InitTime is runtime initialisation after it opens, with
+	// the overhead already on the card; LoadTime is the weight load at the
+	// card's full copy bandwidth. /health answers 503 until all three have
+	// passed.
+	StartTime, InitTime, LoadTime time.Duration
+	// WakeTime copies the weights back from host RAM after a level-1 sleep
+	// at full copy bandwidth; a level-2 wake reloads them (LoadTime).
+	WakeTime time.Duration
+	// MemoryMiB is the engine's peak on each card: OverheadMiB (the CUDA
+	// context) + the weights + KVPoolMiB. Awake and idle it holds all but
+	// the KV pool; KV grows by KVKiBPerToken per token in flight (prompt
+	// and generated), up to the pool.
+	MemoryMiB     uint64
+	OverheadMiB   uint64
+	KVPoolMiB     uint64
+	KVKiBPerToken uint64
+	// ResidualMiB stays on each card while asleep.
+	ResidualMiB uint64
+	// TokensPerSecond paces each stream when the engine has the card to
+	// itself; 0 means no delay.
 	TokensPerSecond float64
-	CardUUIDs       []string
+	// ComputePercent is the engine's compute share of its cards, the weight
+	// by which busy engines on a card split its compute; 0 counts as 100.
+	ComputePercent uint32
+	// BatchSlowdown is α in a stream's speed r/(1+α(C−1)) with C requests in
+	// flight: continuous batching shares the engine's own step.
+	BatchSlowdown float64
+	// SleepIdle, when positive, puts the engine to sleep after that long
+	// without requests, as llama.cpp's --sleep-idle-seconds; the next
+	// request wakes it.
+	SleepIdle time.Duration
+	CardUUIDs []string
 	// Usage records the memory for the simulated NVML; nil registers nothing.
 	Usage  *inventory.SimUsage
 	Logger *slog.Logger
 	// Ready, when set, receives the listening address once the port is open.
 	Ready func(addr net.Addr)
+}
+
+// Validate checks the memory arithmetic, naming the flags.
+func (c Config) Validate() error {
+	if c.ServedModelName == "" {
+		return errors.New("sim engine: --served-model-name is required")
+	}
+	var errs []error
+	if c.OverheadMiB+c.KVPoolMiB > c.MemoryMiB {
+		errs = append(errs, fmt.Errorf("--overhead-mib (%d) + --kv-pool-mib (%d) must not exceed --memory-mib (%d)", c.OverheadMiB, c.KVPoolMiB, c.MemoryMiB))
+	}
+	if c.ResidualMiB > c.MemoryMiB {
+		errs = append(errs, fmt.Errorf("--sleep-residual-mib (%d) must not exceed --memory-mib (%d)", c.ResidualMiB, c.MemoryMiB))
+	}
+	if c.KVKiBPerToken > 0 && c.KVPoolMiB == 0 {
+		errs = append(errs, errors.New("--kv-kib-per-token needs a --kv-pool-mib to grow into"))
+	}
+	if c.ComputePercent > 100 {
+		errs = append(errs, fmt.Errorf("--compute-percent %d is not from 0 to 100", c.ComputePercent))
+	}
+	for name, d := range map[string]time.Duration{"--start-seconds": c.StartTime, "--init-seconds": c.InitTime,
+		"--load-seconds": c.LoadTime, "--wake-seconds": c.WakeTime} {
+		if d < 0 {
+			errs = append(errs, fmt.Errorf("%s must not be negative", name))
+		}
+	}
+	if c.TokensPerSecond < 0 || c.BatchSlowdown < 0 {
+		errs = append(errs, errors.New("--tokens-per-second and --batch-slowdown must not be negative"))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("sim engine: %w", err)
+	}
+	return nil
 }
 
 // Run serves until ctx ends (the command cancels it on SIGTERM), then
@@ -53,14 +129,19 @@ func Run(ctx context.Context, cfg Config) error {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
-	if cfg.ServedModelName == "" {
-		return errors.New("sim engine: --served-model-name is required")
+	if err := cfg.Validate(); err != nil {
+		return err
+	}
+	if err := sleepFor(ctx, cfg.StartTime); err != nil {
+		return nil
 	}
 	ln, err := net.Listen("tcp", net.JoinHostPort(cfg.Host, strconv.Itoa(cfg.Port)))
 	if err != nil {
 		return fmt.Errorf("sim engine: %w", err)
 	}
-	s := &server{cfg: cfg}
+	life, stop := context.WithCancel(ctx)
+	defer stop()
+	s := newServer(cfg, life)
 	srv := &http.Server{Handler: s.routes(), ReadHeaderTimeout: 10 * time.Second}
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(ln) }()
@@ -69,47 +150,74 @@ func Run(ctx context.Context, cfg Config) error {
 	if cfg.Ready != nil {
 		cfg.Ready(ln.Addr())
 	}
+	defer s.unreport()
+	go s.watch(life)
 
-	pid := os.Getpid()
-	registered := 0
-	defer func() {
-		for _, uuid := range cfg.CardUUIDs[:registered] {
-			if err := cfg.Usage.Unregister(uuid, pid); err != nil {
-				cfg.Logger.Warn("unregister GPU memory", "card", uuid, "err", err)
-			}
+	loaded := make(chan error, 1)
+	go func() {
+		s.ctl.Lock()
+		defer s.ctl.Unlock()
+		err := s.load(life)
+		if err == nil {
+			s.mu.Lock()
+			s.loadedOnce = true
+			s.mu.Unlock()
 		}
+		loaded <- err
 	}()
-	select {
-	case <-ctx.Done():
-	case err := <-served:
-		return fmt.Errorf("sim engine: %w", err)
-	case <-time.After(cfg.LoadTime):
-		if cfg.Usage != nil {
-			for _, uuid := range cfg.CardUUIDs {
-				if err := cfg.Usage.Register(uuid, pid, cfg.MemoryMiB); err != nil {
-					return fmt.Errorf("sim engine: %w", err)
-				}
-				registered++
-			}
-		}
-		s.loaded.Store(true)
-		cfg.Logger.Info("sim engine loaded", "model", cfg.ServedModelName, "memory_mib", cfg.MemoryMiB)
+	for running := true; running; {
 		select {
 		case <-ctx.Done():
+			running = false
 		case err := <-served:
 			return fmt.Errorf("sim engine: %w", err)
+		case err := <-loaded:
+			loaded, running = nil, err == nil
 		}
 	}
 	cfg.Logger.Info("sim engine stopping")
+	stop()
 	shutdown, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	return srv.Shutdown(shutdown)
 }
 
 type server struct {
-	cfg    Config
-	loaded atomic.Bool
+	cfg        Config
+	weightsMiB uint64
+	pid        int
+	// life ends when the engine stops; loads run under it rather than
+	// under the request that asked for them.
+	life   context.Context
 	nextID atomic.Uint64
+
+	// ctl serializes transitions (load, sleep, wake, unload).
+	ctl sync.Mutex
+	// mu guards st and what follows it; cond signals when requests end or
+	// the engine wakes.
+	mu         sync.Mutex
+	cond       *sync.Cond
+	st         state
+	loadedOnce bool
+	nextReq    uint64
+	cancels    map[uint64]context.CancelCauseFunc
+
+	// pubMu orders writes to the simulated card; last* is what was written.
+	pubMu    sync.Mutex
+	reported bool
+	lastMiB  uint64
+	lastRec  inventory.SimEngine
+}
+
+func newServer(cfg Config, life context.Context) *server {
+	s := &server{
+		cfg: cfg, life: life, pid: os.Getpid(),
+		weightsMiB: cfg.MemoryMiB - cfg.OverheadMiB - cfg.KVPoolMiB,
+		cancels:    map[uint64]context.CancelCauseFunc{},
+	}
+	s.cond = sync.NewCond(&s.mu)
+	s.st.phase, s.st.computeFrac, s.st.copyFrac = phStarting, 1, 1
+	return s
 }
 
 func (s *server) routes() http.Handler {
@@ -118,11 +226,18 @@ func (s *server) routes() http.Handler {
 	mux.HandleFunc("GET /v1/models", s.models)
 	mux.HandleFunc("POST /v1/completions", s.completions)
 	mux.HandleFunc("POST /v1/chat/completions", s.chat)
+	s.controlRoutes(mux)
 	return mux
 }
 
+// health answers 200 once the first load is done, also while asleep or
+// unloaded: like vLLM's and llama.cpp's /health it reports the process, not
+// the residency, so the executor does not restart a sleeping engine.
 func (s *server) health(w http.ResponseWriter, _ *http.Request) {
-	if !s.loaded.Load() {
+	s.mu.Lock()
+	loaded := s.loadedOnce
+	s.mu.Unlock()
+	if !loaded {
 		http.Error(w, "loading", http.StatusServiceUnavailable)
 		return
 	}
@@ -138,8 +253,9 @@ func (s *server) models(w http.ResponseWriter, _ *http.Request) {
 	})
 }
 
-// request holds the fields of both completion requests that the sim reads.
-type request struct {
+// completionRequest holds the fields of both completion requests that the
+// sim reads.
+type completionRequest struct {
 	Model     string    `json:"model"`
 	Prompt    any       `json:"prompt"`
 	Messages  []message `json:"messages"`
@@ -163,11 +279,14 @@ func (s *server) chat(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *server) complete(w http.ResponseWriter, r *http.Request, chat bool) {
-	if !s.loaded.Load() {
-		apiError(w, http.StatusServiceUnavailable, "model "+s.cfg.ServedModelName+" is still loading", "server_error")
+	s.mu.Lock()
+	loaded := s.loadedOnce
+	s.mu.Unlock()
+	if !loaded {
+		s.refuse(w, errLoading)
 		return
 	}
-	var req request
+	var req completionRequest
 	if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, 4<<20)).Decode(&req); err != nil {
 		apiError(w, http.StatusBadRequest, "invalid request body: "+err.Error(), "invalid_request_error")
 		return
@@ -184,15 +303,24 @@ func (s *server) complete(w http.ResponseWriter, r *http.Request, chat bool) {
 	if n <= 0 {
 		n = defaultMaxTokens
 	}
+	promptTokens := s.promptTokens(req)
+	rq, err := s.admit(r.Context(), promptTokens)
+	if err != nil {
+		s.refuse(w, err)
+		return
+	}
+	defer s.release(rq)
 	tokens := s.reply(n)
 	id := fmt.Sprintf("sim-%d", s.nextID.Add(1))
 	created := time.Now().Unix()
-	promptTokens := s.promptTokens(req)
 	if req.Stream {
-		s.stream(w, r, chat, id, created, tokens)
+		s.stream(w, rq, chat, id, created, tokens)
 		return
 	}
-	if err := s.pace(r.Context(), len(tokens)); err != nil {
+	if err := s.generate(rq, len(tokens), nil); err != nil {
+		if errors.Is(err, errAborted) {
+			apiError(w, http.StatusServiceUnavailable, err.Error(), "server_error")
+		}
 		return
 	}
 	text := strings.Join(tokens, "")
@@ -211,9 +339,18 @@ func (s *server) complete(w http.ResponseWriter, r *http.Request, chat bool) {
 	})
 }
 
+// refuse answers a request the engine cannot take now with 503 in OpenAI's
+// error shape. For a sleeping engine this is what vLLM's proposed fix does
+// (vllm-project/vllm#15483, #30186); released vLLM versions crash instead,
+// which no controller should rely on.
+func (s *server) refuse(w http.ResponseWriter, err error) {
+	apiError(w, http.StatusServiceUnavailable, "model "+s.cfg.ServedModelName+" "+err.Error(), "server_error")
+}
+
 // stream sends one server-sent event per token, then [DONE], as OpenAI's
-// streaming API does.
-func (s *server) stream(w http.ResponseWriter, r *http.Request, chat bool, id string, created int64, tokens []string) {
+// streaming API does. A stream cut off by a sleep ends with finish_reason
+// "abort", as vLLM ends aborted requests.
+func (s *server) stream(w http.ResponseWriter, rq *request, chat bool, id string, created int64, tokens []string) {
 	flusher, _ := w.(http.Flusher)
 	w.Header().Set("Content-Type", "text/event-stream")
 	w.Header().Set("Cache-Control", "no-cache")
@@ -231,23 +368,26 @@ func (s *server) stream(w http.ResponseWriter, r *http.Request, chat bool, id st
 			flusher.Flush()
 		}
 	}
-	for i, tok := range tokens {
-		if err := s.pace(r.Context(), 1); err != nil {
-			return
-		}
+	err := s.generate(rq, len(tokens), func(i int) {
 		choice := map[string]any{"index": 0, "finish_reason": nil}
 		if chat {
-			delta := map[string]any{"content": tok}
+			delta := map[string]any{"content": tokens[i]}
 			if i == 0 {
 				delta["role"] = "assistant"
 			}
 			choice["delta"] = delta
 		} else {
-			choice["text"] = tok
+			choice["text"] = tokens[i]
 		}
 		send(choice)
-	}
+	})
 	final := map[string]any{"index": 0, "finish_reason": "length"}
+	switch {
+	case errors.Is(err, errAborted):
+		final["finish_reason"] = "abort"
+	case err != nil:
+		return // the client went away
+	}
 	if chat {
 		final["delta"] = map[string]any{}
 	} else {
@@ -260,19 +400,44 @@ func (s *server) stream(w http.ResponseWriter, r *http.Request, chat bool, id st
 	}
 }
 
-// pace waits as long as generating n tokens takes.
-func (s *server) pace(ctx context.Context, n int) error {
-	if s.cfg.TokensPerSecond <= 0 || n == 0 {
-		return nil
+// generate produces n tokens for rq at the stream's current rate (see
+// rate), calling emit after each. It integrates the rate over time, so a
+// late timer on a busy machine is caught up rather than slowing the stream,
+// and a neighbour turning busy or idle changes the pace within a tick.
+func (s *server) generate(rq *request, n int, emit func(i int)) error {
+	credit, last := 0.0, time.Now()
+	for i := 0; i < n; {
+		rate := s.rate()
+		if s.cfg.TokensPerSecond <= 0 {
+			credit = float64(n - i)
+		} else if credit < 1 {
+			wait := tick
+			if rate > 0 {
+				wait = min(tick, time.Duration((1-credit)/rate*float64(time.Second)))
+			}
+			t := time.NewTimer(wait)
+			select {
+			case <-rq.ctx.Done():
+				t.Stop()
+				return context.Cause(rq.ctx)
+			case <-t.C:
+			}
+			now := time.Now()
+			credit += now.Sub(last).Seconds() * rate
+			last = now
+		}
+		for ; credit >= 1 && i < n; i++ {
+			credit--
+			s.hold(rq, 1)
+			if emit != nil {
+				emit(i)
+			}
+		}
+		if i < n && rq.ctx.Err() != nil {
+			return context.Cause(rq.ctx)
+		}
 	}
-	t := time.NewTimer(time.Duration(float64(n) / s.cfg.TokensPerSecond * float64(time.Second)))
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-t.C:
-		return nil
-	}
+	return nil
 }
 
 var words = strings.Fields("this is a simulated reply from the gpuplane sim engine which holds no weights and answers every prompt with the same words")
@@ -291,7 +456,7 @@ func (s *server) reply(n int) []string {
 }
 
 // promptTokens counts words, the sim's notion of a token.
-func (s *server) promptTokens(req request) int {
+func (s *server) promptTokens(req completionRequest) int {
 	n := 0
 	count := func(v any) {
 		if str, ok := v.(string); ok {

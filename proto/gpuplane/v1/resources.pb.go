@@ -1188,6 +1188,9 @@ type EngineSpec struct {
 	PipelineParallel uint32            `protobuf:"varint,7,opt,name=pipeline_parallel,json=pipelineParallel,proto3" json:"pipeline_parallel,omitempty"`
 	Args             []string          `protobuf:"bytes,8,rep,name=args,proto3" json:"args,omitempty"`
 	Env              map[string]string `protobuf:"bytes,9,rep,name=env,proto3" json:"env,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// How long one start of the engine may take to become ready, in seconds
+	// (0 = the engine kind's default); past it the replica is Failed.
+	StartTimeoutSeconds uint32 `protobuf:"varint,10,opt,name=start_timeout_seconds,json=startTimeoutSeconds,proto3" json:"start_timeout_seconds,omitempty"`
 	// Numeric format of the weights (bf16, fp8, awq, q4_k_m, ...); part of
 	// the model's identity: variants that differ in it are separate residents.
 	Quantization  string `protobuf:"bytes,11,opt,name=quantization,proto3" json:"quantization,omitempty"`
@@ -1286,6 +1289,13 @@ func (x *EngineSpec) GetEnv() map[string]string {
 		return x.Env
 	}
 	return nil
+}
+
+func (x *EngineSpec) GetStartTimeoutSeconds() uint32 {
+	if x != nil {
+		return x.StartTimeoutSeconds
+	}
+	return 0
 }
 
 func (x *EngineSpec) GetQuantization() string {
@@ -2044,7 +2054,7 @@ const file_gpuplane_v1_resources_proto_rawDesc = "" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x120\n" +
 	"\x04spec\x18\x02 \x01(\v2\x1c.gpuplane.v1.AcceleratorSpecR\x04spec\x126\n" +
 	"\x06status\x18\x03 \x01(\v2\x1e.gpuplane.v1.AcceleratorStatusR\x06status\x12#\n" +
-	"\rcreated_index\x18\x04 \x01(\x04R\fcreatedIndex\"\xad\x03\n" +
+	"\rcreated_index\x18\x04 \x01(\x04R\fcreatedIndex\"\xe1\x03\n" +
 	"\n" +
 	"EngineSpec\x12\x12\n" +
 	"\x04kind\x18\x01 \x01(\tR\x04kind\x12%\n" +
@@ -2056,7 +2066,9 @@ const file_gpuplane_v1_resources_proto_rawDesc = "" +
 	"\x0ftensor_parallel\x18\x06 \x01(\rR\x0etensorParallel\x12+\n" +
 	"\x11pipeline_parallel\x18\a \x01(\rR\x10pipelineParallel\x12\x12\n" +
 	"\x04args\x18\b \x03(\tR\x04args\x122\n" +
-	"\x03env\x18\t \x03(\v2 .gpuplane.v1.EngineSpec.EnvEntryR\x03env\x12\"\n" +
+	"\x03env\x18\t \x03(\v2 .gpuplane.v1.EngineSpec.EnvEntryR\x03env\x122\n" +
+	"\x15start_timeout_seconds\x18\n" +
+	" \x01(\rR\x13startTimeoutSeconds\x12\"\n" +
 	"\fquantization\x18\v \x01(\tR\fquantization\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +

@@ -1,0 +1,414 @@
+package engine
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+)
+
+// Sleep levels, as vLLM numbers them.
+const (
+	// SleepOffload keeps the weights in host RAM: a wake copies them back.
+	SleepOffload = 1
+	// SleepDiscard drops the weights: a wake reloads them.
+	SleepDiscard = 2
+)
+
+// Controls drives the residency of one running engine (SPEC §8.5): the
+// residency controller sleeps and wakes replicas through it, whatever the
+// engine kind. Every call is synchronous: Sleep returns once the memory is
+// released, Wake once the engine serves again.
+type Controls interface {
+	// Caps says what the engine can do.
+	Caps() Capabilities
+	// Sleep releases the engine's card memory at level, one of Caps().Levels.
+	// Requests in flight are cut off (vLLM's default mode=abort): the
+	// controller drains first (SPEC §8.2 I3).
+	Sleep(ctx context.Context, level int) error
+	// Wake brings a sleeping engine back; waking an awake engine does
+	// nothing.
+	Wake(ctx context.Context) error
+	// IsSleeping asks the engine whether it is asleep (or unloaded).
+	IsSleeping(ctx context.Context) (bool, error)
+}
+
+// Capabilities are what an engine's controls can do.
+type Capabilities struct {
+	// Levels are the sleep levels Sleep accepts, lightest first.
+	Levels []int
+	// KeepsProcess says the engine's process and runtime survive a sleep,
+	// so a wake skips process start and runtime initialisation.
+	KeepsProcess bool
+}
+
+// Process starts and stops a replica's engine process: the executor's side
+// of the start/stop fallback for engines without controls.
+type Process interface {
+	Start(ctx context.Context) error
+	Stop(ctx context.Context) error
+	Running() bool
+}
+
+// Target is the running engine that controls drive.
+type Target struct {
+	// BaseURL is the engine's address, e.g. "http://127.0.0.1:8100".
+	BaseURL string
+	// Model is the name the engine's model controls take (ControlModel).
+	Model string
+	// Client makes the calls; nil uses a client without a timeout, so the
+	// calls' contexts bound them.
+	Client *http.Client
+	// Process is needed only by the start/stop fallback.
+	Process Process
+}
+
+// ControlModel is the name an engine's controls know the replica's model
+// by: Ollama's model name, else the served name.
+func (p Params) ControlModel() string {
+	if p.Spec.GetEngine().GetKind() == KindOllama {
+		return p.Spec.GetModel()
+	}
+	return p.servedName()
+}
+
+// ControlsFor returns the controls of an engine of kind: vLLM's sleep mode
+// (also for the sim engine, which speaks it), llama.cpp's router
+// load/unload, Ollama's keep_alive, and start/stop for command engines.
+func ControlsFor(kind string, t Target) (Controls, error) {
+	switch kind {
+	case KindVLLM, KindSim:
+		return NewVLLMControls(t), nil
+	case KindLlamaCpp:
+		return NewLlamaCppControls(t), nil
+	case KindOllama:
+		return NewOllamaControls(t), nil
+	case KindCommand:
+		return NewStartStopControls(t.Process)
+	}
+	return nil, fmt.Errorf("unknown engine kind %q; known kinds: %s", kind, strings.Join(Kinds, ", "))
+}
+
+// checkLevel refuses a level the engine does not have, naming the ones it has.
+func checkLevel(c Capabilities, level int) error {
+	if !slices.Contains(c.Levels, level) {
+		return fmt.Errorf("sleep level %d: this engine supports %v", level, c.Levels)
+	}
+	return nil
+}
+
+// caller makes the HTTP calls of one engine's controls.
+type caller struct{ t Target }
+
+func (c caller) client() *http.Client {
+	if c.t.Client != nil {
+		return c.t.Client
+	}
+	return http.DefaultClient
+}
+
+// call sends method path (with a JSON body unless nil) and decodes a JSON
+// answer into out unless nil; anything but 2xx is an error with the body.
+func (c caller) call(ctx context.Context, method, path string, body, out any) error {
+	var rd io.Reader
+	if body != nil {
+		data, err := json.Marshal(body)
+		if err != nil {
+			return err
+		}
+		rd = bytes.NewReader(data)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, strings.TrimSuffix(c.t.BaseURL, "/")+path, rd)
+	if err != nil {
+		return err
+	}
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	resp, err := c.client().Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	data, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	if err != nil {
+		return fmt.Errorf("%s %s: %w", method, path, err)
+	}
+	if resp.StatusCode/100 != 2 {
+		return fmt.Errorf("%s %s: %s: %s", method, path, resp.Status, strings.TrimSpace(string(data)))
+	}
+	if out != nil {
+		if err := json.Unmarshal(data, out); err != nil {
+			return fmt.Errorf("%s %s: unexpected answer %q: %w", method, path, data, err)
+		}
+	}
+	return nil
+}
+
+// vllmControls drive vLLM's sleep mode (VLLM_SERVER_DEV_MODE=1 and
+// --enable-sleep-mode, see the vllm driver).
+type vllmControls struct {
+	caller
+	mu sync.Mutex
+	// level is the level this driver put the engine to sleep at; 0 when
+	// unknown (say, after an agent restart).
+	level int
+}
+
+// NewVLLMControls drives vLLM's /sleep, /wake_up and /is_sleeping.
+func NewVLLMControls(t Target) Controls { return &vllmControls{caller: caller{t}} }
+
+func (*vllmControls) Caps() Capabilities {
+	return Capabilities{Levels: []int{SleepOffload, SleepDiscard}, KeepsProcess: true}
+}
+
+func (v *vllmControls) Sleep(ctx context.Context, level int) error {
+	if err := checkLevel(v.Caps(), level); err != nil {
+		return err
+	}
+	if err := v.call(ctx, http.MethodPost, "/sleep?level="+strconv.Itoa(level), nil, nil); err != nil {
+		return fmt.Errorf("vllm sleep: %w", err)
+	}
+	v.mu.Lock()
+	v.level = level
+	v.mu.Unlock()
+	return nil
+}
+
+// Wake wakes from level 1 with one /wake_up. From level 2 the weights must
+// be reloaded before the KV cache comes back (docs/features/sleep_mode.md):
+// wake the weights, reload_weights, reset the prefix cache, then wake the
+// KV cache. A sleep this driver did not see is woken the level-2 way,
+// which is right for both levels.
+func (v *vllmControls) Wake(ctx context.Context) error {
+	sleeping, err := v.IsSleeping(ctx)
+	if err != nil || !sleeping {
+		return err
+	}
+	v.mu.Lock()
+	level := v.level
+	v.mu.Unlock()
+	steps := []struct {
+		path string
+		body any
+	}{{"/wake_up", nil}}
+	if level != SleepOffload {
+		steps = []struct {
+			path string
+			body any
+		}{
+			{"/wake_up?tags=weights", nil},
+			{"/collective_rpc", map[string]string{"method": "reload_weights"}},
+			{"/reset_prefix_cache", nil},
+			{"/wake_up?tags=kv_cache", nil},
+		}
+	}
+	for _, s := range steps {
+		if err := v.call(ctx, http.MethodPost, s.path, s.body, nil); err != nil {
+			return fmt.Errorf("vllm wake: %w", err)
+		}
+	}
+	v.mu.Lock()
+	v.level = 0
+	v.mu.Unlock()
+	return nil
+}
+
+func (v *vllmControls) IsSleeping(ctx context.Context) (bool, error) {
+	var out struct {
+		IsSleeping *bool `json:"is_sleeping"`
+	}
+	if err := v.call(ctx, http.MethodGet, "/is_sleeping", nil, &out); err != nil {
+		return false, fmt.Errorf("vllm is_sleeping: %w", err)
+	}
+	if out.IsSleeping == nil {
+		return false, errors.New("vllm is_sleeping: the answer has no is_sleeping")
+	}
+	return *out.IsSleeping, nil
+}
+
+// pollInterval is how often a wake that returns before the engine serves
+// (llama.cpp's router load) asks again.
+const pollInterval = 50 * time.Millisecond
+
+// llamaCppControls drive llama-server's router mode: unloading a model
+// stops its process, loading starts it again (tools/server/README.md).
+type llamaCppControls struct{ caller }
+
+// NewLlamaCppControls drives llama.cpp's POST /models/load, /models/unload
+// and GET /models.
+func NewLlamaCppControls(t Target) Controls { return &llamaCppControls{caller{t}} }
+
+func (*llamaCppControls) Caps() Capabilities { return Capabilities{Levels: []int{SleepDiscard}} }
+
+func (l *llamaCppControls) Sleep(ctx context.Context, level int) error {
+	if err := checkLevel(l.Caps(), level); err != nil {
+		return err
+	}
+	if err := l.call(ctx, http.MethodPost, "/models/unload", map[string]string{"model": l.t.Model}, nil); err != nil {
+		return fmt.Errorf("llama.cpp unload: %w", err)
+	}
+	return nil
+}
+
+// Wake asks the router to load the model, which it does in the background,
+// and waits until GET /models says it is loaded.
+func (l *llamaCppControls) Wake(ctx context.Context) error {
+	status, err := l.status(ctx)
+	if err != nil {
+		return err
+	}
+	if status == "loaded" {
+		return nil
+	}
+	if status != "loading" {
+		if err := l.call(ctx, http.MethodPost, "/models/load", map[string]string{"model": l.t.Model}, nil); err != nil {
+			return fmt.Errorf("llama.cpp load: %w", err)
+		}
+	}
+	t := time.NewTicker(pollInterval)
+	defer t.Stop()
+	for {
+		status, err := l.status(ctx)
+		switch {
+		case err != nil:
+			return err
+		case status == "loaded":
+			return nil
+		case status == "unloaded":
+			return fmt.Errorf("llama.cpp load of %s failed: the router lists it unloaded", l.t.Model)
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("llama.cpp load of %s: %w (last status %s)", l.t.Model, ctx.Err(), status)
+		case <-t.C:
+		}
+	}
+}
+
+func (l *llamaCppControls) IsSleeping(ctx context.Context) (bool, error) {
+	status, err := l.status(ctx)
+	return status != "loaded", err
+}
+
+// status is the model's status value in the router's GET /models.
+func (l *llamaCppControls) status(ctx context.Context) (string, error) {
+	var out struct {
+		Data []struct {
+			ID     string `json:"id"`
+			Status struct {
+				Value string `json:"value"`
+			} `json:"status"`
+		} `json:"data"`
+	}
+	if err := l.call(ctx, http.MethodGet, "/models", nil, &out); err != nil {
+		return "", fmt.Errorf("llama.cpp models: %w", err)
+	}
+	for _, m := range out.Data {
+		if m.ID == l.t.Model {
+			return m.Status.Value, nil
+		}
+	}
+	return "", fmt.Errorf("llama.cpp models: the router does not list %q", l.t.Model)
+}
+
+// ollamaControls load and unload through keep_alive on /api/generate
+// (docs/api.md): an empty prompt loads, keep_alive 0 unloads.
+type ollamaControls struct{ caller }
+
+// NewOllamaControls drives Ollama's keep_alive and GET /api/ps.
+func NewOllamaControls(t Target) Controls { return &ollamaControls{caller{t}} }
+
+func (*ollamaControls) Caps() Capabilities { return Capabilities{Levels: []int{SleepDiscard}} }
+
+func (o *ollamaControls) Sleep(ctx context.Context, level int) error {
+	if err := checkLevel(o.Caps(), level); err != nil {
+		return err
+	}
+	if err := o.generate(ctx, 0, "unload"); err != nil {
+		return fmt.Errorf("ollama unload: %w", err)
+	}
+	return nil
+}
+
+// Wake loads the model and keeps it loaded (keep_alive -1): unloading is
+// the controller's decision, not a timer's.
+func (o *ollamaControls) Wake(ctx context.Context) error {
+	if err := o.generate(ctx, -1, "load"); err != nil {
+		return fmt.Errorf("ollama load: %w", err)
+	}
+	return nil
+}
+
+func (o *ollamaControls) generate(ctx context.Context, keepAlive int, want string) error {
+	var out struct {
+		Done       bool   `json:"done"`
+		DoneReason string `json:"done_reason"`
+	}
+	body := map[string]any{"model": o.t.Model, "keep_alive": keepAlive}
+	if err := o.call(ctx, http.MethodPost, "/api/generate", body, &out); err != nil {
+		return err
+	}
+	if !out.Done || out.DoneReason != want {
+		return fmt.Errorf("answered done=%t done_reason=%q, want %q", out.Done, out.DoneReason, want)
+	}
+	return nil
+}
+
+func (o *ollamaControls) IsSleeping(ctx context.Context) (bool, error) {
+	var out struct {
+		Models []struct {
+			Name  string `json:"name"`
+			Model string `json:"model"`
+		} `json:"models"`
+	}
+	if err := o.call(ctx, http.MethodGet, "/api/ps", nil, &out); err != nil {
+		return false, fmt.Errorf("ollama ps: %w", err)
+	}
+	for _, m := range out.Models {
+		// Ollama lists an untagged name with its default tag.
+		if m.Name == o.t.Model || m.Model == o.t.Model || m.Name == o.t.Model+":latest" {
+			return false, nil
+		}
+	}
+	return true, nil
+}
+
+// startStop is the fallback for engines without controls: sleeping stops
+// the process, waking starts it again (a cold load).
+type startStop struct{ p Process }
+
+// NewStartStopControls sleeps and wakes an engine by stopping and starting
+// its process.
+func NewStartStopControls(p Process) (Controls, error) {
+	if p == nil {
+		return nil, errors.New("start/stop controls need the engine's process")
+	}
+	return startStop{p}, nil
+}
+
+func (startStop) Caps() Capabilities { return Capabilities{Levels: []int{SleepDiscard}} }
+
+func (s startStop) Sleep(ctx context.Context, level int) error {
+	if err := checkLevel(s.Caps(), level); err != nil {
+		return err
+	}
+	return s.p.Stop(ctx)
+}
+
+func (s startStop) Wake(ctx context.Context) error {
+	if s.p.Running() {
+		return nil
+	}
+	return s.p.Start(ctx)
+}
+
+func (s startStop) IsSleeping(context.Context) (bool, error) { return !s.p.Running(), nil }

@@ -1,0 +1,43 @@
+package engine
+
+import (
+	"time"
+
+	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
+)
+
+// DefaultStartTimeouts is how long one start of an engine of each kind may
+// take to become ready when its deployment sets no spec.engine.startTimeout.
+// A start that takes longer has failed: the executor stops the engine,
+// reports the replica Failed and frees its cards for the next replica.
+var DefaultStartTimeouts = map[string]time.Duration{
+	// vLLM reads the weights (from network storage, for a large model),
+	// then profiles memory and captures CUDA graphs for each batch size.
+	KindVLLM: 30 * time.Minute,
+	// llama-server maps a GGUF file and copies its layers to the card.
+	KindLlamaCpp: 10 * time.Minute,
+	// `ollama serve` answers /api/version before it loads any model (it
+	// loads on the first request, under its own OLLAMA_LOAD_TIMEOUT).
+	KindOllama: 2 * time.Minute,
+	// A user's program: long enough for a small model, short enough that
+	// one that never listens does not hold its cards for long.
+	KindCommand: 5 * time.Minute,
+	// The sim engine is ready after its --load-seconds (1 s by default).
+	KindSim: 2 * time.Minute,
+}
+
+// fallbackStartTimeout bounds the start of a kind with no default (one this
+// node does not know, whose command cannot be built anyway).
+const fallbackStartTimeout = 15 * time.Minute
+
+// StartTimeout is how long one start of the engine e describes may take to
+// become ready: spec.engine.startTimeout when set, else its kind's default.
+func StartTimeout(e *pb.EngineSpec) time.Duration {
+	if s := e.GetStartTimeoutSeconds(); s > 0 {
+		return time.Duration(s) * time.Second
+	}
+	if d, ok := DefaultStartTimeouts[e.GetKind()]; ok {
+		return d
+	}
+	return fallbackStartTimeout
+}
