@@ -361,8 +361,15 @@ func describe(env *pb.Envelope) (string, []string) {
 		return fmt.Sprintf("UnplaceReplica %s/%d (%s)", u.GetModel(), u.GetReplica(), u.GetReason()), []string{model(u.GetModel())}
 	case *pb.Envelope_ReplicaStatus:
 		s := c.ReplicaStatus
-		return fmt.Sprintf("ReplicaStatus %s/%d on %s %s", s.GetModel(), s.GetReplica(), s.GetNode(), enumWord(s.GetState().String(), "REPLICA_STATE_")),
-			[]string{model(s.GetModel()), node(s.GetNode())}
+		text := fmt.Sprintf("ReplicaStatus %s/%d on %s %s", s.GetModel(), s.GetReplica(), s.GetNode(), enumWord(s.GetState().String(), "REPLICA_STATE_"))
+		if r := s.GetResidency(); r != pb.ReplicaResidency_REPLICA_RESIDENCY_UNSPECIFIED {
+			// A residency transition, with why (SPEC §8.3).
+			text += ", " + enumWord(r.String(), "REPLICA_RESIDENCY_")
+			if why := s.GetResidencyReason(); why != "" {
+				text += " (" + why + ")"
+			}
+		}
+		return text, []string{model(s.GetModel()), node(s.GetNode())}
 	}
 	return "unknown command", nil
 }

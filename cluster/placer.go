@@ -135,6 +135,17 @@ type view struct {
 	pending      []*pb.Replica // parallel to requests
 }
 
+// residency is the scheduler's name for a deployment's residency.
+func residency(r pb.Residency) scheduler.Residency {
+	switch r {
+	case pb.Residency_RESIDENCY_WARM:
+		return scheduler.Warm
+	case pb.Residency_RESIDENCY_ON_DEMAND:
+		return scheduler.OnDemand
+	}
+	return scheduler.Pinned
+}
+
 func replicaID(r *pb.Replica) string { return fmt.Sprintf("%s/%d", r.Model, r.Index) }
 
 func buildView(f *fsm.FSM) view {
@@ -174,7 +185,8 @@ func buildView(f *fsm.FSM) view {
 			res := m.GetSpec().GetResources()
 			v.requests = append(v.requests, scheduler.Request{
 				Replica: replicaID(r), Deployment: r.Model, Accelerator: r.Accelerator, Milli: int(milli),
-				CPUMilli: int64(res.GetCpuMilli()), MemoryMiB: int64(res.GetMemoryMib()),
+				Residency: residency(m.GetSpec().GetResidency()),
+				CPUMilli:  int64(res.GetCpuMilli()), MemoryMiB: int64(res.GetMemoryMib()),
 				Selector: m.GetSpec().GetPlacement().GetNodeSelector(),
 			})
 			v.pending = append(v.pending, r)
@@ -182,7 +194,8 @@ func buildView(f *fsm.FSM) view {
 		}
 		for _, idx := range r.Cards {
 			k := cardKey{r.Node, idx}
-			shares[k] = append(shares[k], scheduler.Share{Replica: replicaID(r), Deployment: r.Model, Accelerator: r.Accelerator, Milli: int(r.ShareMilli)})
+			shares[k] = append(shares[k], scheduler.Share{Replica: replicaID(r), Deployment: r.Model, Accelerator: r.Accelerator,
+				Milli: int(r.ShareMilli), Residency: residency(models[r.Model].GetSpec().GetResidency())})
 		}
 		res := models[r.Model].GetSpec().GetResources()
 		hostCPU[r.Node] += int64(res.GetCpuMilli())

@@ -10,15 +10,23 @@ import (
 	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
 )
 
-// checkRule11 is an independent check of SPEC rule 11 over the state
-// machine's replicas: on each card the shares sum to ≤ 100 %, at most
-// maxModels replicas, one accelerator per card, a dedicated card holds one
-// replica, and every placed replica sits on live cards of its device.
+// checkRule11 is an independent check of SPEC rule 11 (as §8.1 restates it)
+// over the state machine's replicas: on each card the reserved shares
+// (pinned and warm) sum to ≤ 100 %, each onDemand share fits in the card
+// minus its pinned shares, at most maxModels replicas, one accelerator per
+// card, a dedicated card holds one pinned replica, and every placed replica
+// sits on live cards of its device.
 func checkRule11(f *fsm.FSM) error {
 	type use struct {
-		milli    uint32
+		milli    uint32 // reserved
+		pinned   uint32
+		odMax    uint32
 		replicas int
 		accs     map[string]bool
+	}
+	residency := map[string]pb.Residency{}
+	for _, m := range f.Models() {
+		residency[m.Name] = m.Spec.GetResidency()
 	}
 	nodes := map[string]*pb.Node{}
 	for _, n := range f.Nodes() {
@@ -60,12 +68,26 @@ func checkRule11(f *fsm.FSM) error {
 				u = &use{accs: map[string]bool{}}
 				cards[k] = u
 			}
-			u.milli += r.ShareMilli
+			switch res := residency[r.Model]; res {
+			case pb.Residency_RESIDENCY_ON_DEMAND:
+				u.odMax = max(u.odMax, r.ShareMilli)
+			case pb.Residency_RESIDENCY_WARM:
+				u.milli += r.ShareMilli
+			case pb.Residency_RESIDENCY_UNSPECIFIED: // pinned, the default
+				u.milli += r.ShareMilli
+				u.pinned += r.ShareMilli
+			default:
+				return fmt.Errorf("replica %s/%d of a deployment with residency %v", r.Model, r.Index, res)
+			}
 			u.replicas++
 			u.accs[r.Accelerator] = true
 			switch {
 			case u.milli > 1000:
-				return fmt.Errorf("card %s over-committed: %d‰", k, u.milli)
+				return fmt.Errorf("card %s over-committed: %d‰ reserved", k, u.milli)
+			case u.pinned+u.odMax > 1000:
+				return fmt.Errorf("card %s: an onDemand share of %d‰ beside %d‰ pinned", k, u.odMax, u.pinned)
+			case acc.Tenancy != pb.Tenancy_TENANCY_SHARED && residency[r.Model] != pb.Residency_RESIDENCY_UNSPECIFIED:
+				return fmt.Errorf("dedicated card %s holds a %v replica", k, residency[r.Model])
 			case len(u.accs) > 1:
 				return fmt.Errorf("card %s bound to %d accelerators", k, len(u.accs))
 			case acc.Tenancy == pb.Tenancy_TENANCY_SHARED && uint32(u.replicas) > acc.MaxModels:
@@ -133,6 +155,15 @@ func TestRule11UnderRandomInterleavings(t *testing.T) {
 		var stale []*pb.PlaceReplicas
 		for step := 0; step < 150; step++ {
 			switch op := rng.IntN(10); {
+			case op < 3 && rng.IntN(3) == 0: // change only a shared deployment's residency: nothing re-placed unless rule 11 requires it
+				name := fmt.Sprintf("d%d", rng.IntN(6))
+				m, _, ok := f.Model(name)
+				if !ok || m.Spec.Engine.GetMemoryPercent() == 0 {
+					continue
+				}
+				spec := m.Spec
+				spec.Residency = pb.Residency(1 + rng.IntN(3))
+				apply(&pb.Envelope{Command: &pb.Envelope_ApplyModel{ApplyModel: &pb.ApplyModel{Name: name, Spec: spec}}})
 			case op < 3: // deploy or change a deployment
 				accs := []string{"shared-l4", "dedicated-l4", "pair-h100", "shared-h100"}
 				acc := accs[rng.IntN(len(accs))]
@@ -143,6 +174,9 @@ func TestRule11UnderRandomInterleavings(t *testing.T) {
 				}
 				if acc == "shared-l4" || acc == "shared-h100" {
 					spec.Engine.MemoryPercent = uint32(10 + rng.IntN(60))
+					// Residency changes apply without re-placing unless
+					// the reservations require it.
+					spec.Residency = pb.Residency(rng.IntN(4))
 				}
 				apply(&pb.Envelope{Command: &pb.Envelope_ApplyModel{ApplyModel: &pb.ApplyModel{Name: fmt.Sprintf("d%d", rng.IntN(6)), Spec: spec}}})
 			case op == 3:

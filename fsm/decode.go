@@ -482,6 +482,13 @@ func (d *Decoder) modelSpec(b []byte) *pb.ModelSpec {
 		case num == 6 && typ == protowire.BytesType && m.Resources == nil:
 			m.Resources = hostResources(s)
 			ok = m.Resources != nil
+		case num == 7 && typ == protowire.VarintType:
+			m.Residency = pb.Residency(int32(v))
+		case num == 8 && typ == protowire.VarintType:
+			m.Priority = pb.Priority(int32(v))
+		case num == 9 && typ == protowire.BytesType && m.Slo == nil:
+			m.Slo = slo(s)
+			ok = m.Slo != nil
 		default:
 			ok = false
 		}
@@ -537,6 +544,8 @@ func (d *Decoder) engineSpec(b []byte) *pb.EngineSpec {
 			}
 		case num == 10 && typ == protowire.VarintType:
 			e.StartTimeoutSeconds = uint32(v)
+		case num == 11 && typ == protowire.BytesType:
+			e.Quantization, ok = d.str(s)
 		default:
 			ok = false // the environment (a map) included
 		}
@@ -565,6 +574,19 @@ func hostResources(b []byte) *pb.HostResources {
 		}
 	}
 	return r
+}
+
+func slo(b []byte) *pb.SLO {
+	o := &pb.SLO{}
+	for len(b) > 0 {
+		num, typ, v, _, rest, ok := field(b)
+		if !ok || num != 1 || typ != protowire.VarintType {
+			return nil
+		}
+		b = rest
+		o.TtftMs = uint32(v)
+	}
+	return o
 }
 
 // createAccelerator decodes a CreateAccelerator, or returns nil for
@@ -685,6 +707,10 @@ func (d *Decoder) replicaStatus(b []byte) *pb.ReplicaStatus {
 			c.Restarts = uint32(v)
 		case num == 8 && typ == protowire.BytesType:
 			c.Endpoint, ok = d.str(s)
+		case num == 9 && typ == protowire.VarintType:
+			c.Residency = pb.ReplicaResidency(int32(v))
+		case num == 10 && typ == protowire.BytesType:
+			c.ResidencyReason, ok = d.str(s)
 		default:
 			ok = false
 		}

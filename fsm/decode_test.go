@@ -55,6 +55,12 @@ func decoderEnvelopes() []*pb.Envelope {
 			Placement: &pb.PlacementSpec{Accelerator: "a"}, Resources: &pb.HostResources{CpuMilli: 4000, MemoryMib: 1 << 40},
 			Engine: &pb.EngineSpec{Kind: "vllm", MemoryPercent: 3, MemoryMib: 5, ComputePercent: 7, MaxModelLen: 8192, TensorParallel: 2, PipelineParallel: 3,
 				Args: []string{"--a", "", "b"}, StartTimeoutSeconds: 600}}}}},
+		{Command: &pb.Envelope_ApplyModel{ApplyModel: &pb.ApplyModel{Name: "od", Spec: &pb.ModelSpec{Model: "/w", Placement: &pb.PlacementSpec{Accelerator: "a"},
+			Residency: pb.Residency_RESIDENCY_ON_DEMAND, Priority: pb.Priority_PRIORITY_BACKGROUND, Slo: &pb.SLO{TtftMs: 800},
+			Engine: &pb.EngineSpec{Kind: "sim", MemoryPercent: 60, Quantization: "q4_k_m"}}}}},
+		{Command: &pb.Envelope_ApplyModel{ApplyModel: &pb.ApplyModel{Name: "odd", Spec: &pb.ModelSpec{Residency: pb.Residency(-2), Priority: pb.Priority(99), Slo: &pb.SLO{}}}}},
+		{Command: &pb.Envelope_ReplicaStatus{ReplicaStatus: &pb.ReplicaStatus{Model: "chat", Replica: 1, Generation: 1, Node: "n1",
+			State: pb.ReplicaState_REPLICA_STATE_RUNNING, Residency: pb.ReplicaResidency_REPLICA_RESIDENCY_SLEEPING, ResidencyReason: "idle 300s"}}},
 		{Command: &pb.Envelope_ApplyModel{ApplyModel: &pb.ApplyModel{Name: "m3", Spec: &pb.ModelSpec{Engine: &pb.EngineSpec{Env: map[string]string{"A": "1"}}}}}},
 		{Command: &pb.Envelope_ApplyModel{ApplyModel: &pb.ApplyModel{Spec: &pb.ModelSpec{Placement: &pb.PlacementSpec{}, Engine: &pb.EngineSpec{}, Resources: &pb.HostResources{}}}}},
 		{Command: &pb.Envelope_ApplyModel{ApplyModel: &pb.ApplyModel{}}},
@@ -126,6 +132,13 @@ func decoderCorpus() [][]byte {
 		msg(nil, 16, msg(nil, 2, msg(nil, 6, varint(varint(nil, 1, 1<<33), 3, 1)))),
 		msg(nil, 16, msg(nil, 2, msg(nil, 4, str(str(nil, 1, "a"), 1, "b")))),
 		msg(nil, 16, str(nil, 99, "x")),
+		// SLO twice (merged), a field of it twice, a quantization twice.
+		msg(nil, 16, msg(nil, 2, msg(msg(nil, 9, varint(nil, 1, 5)), 9, varint(nil, 1, 6)))),
+		msg(nil, 16, msg(nil, 2, msg(nil, 9, varint(varint(nil, 1, 5), 1, 1<<40)))),
+		msg(nil, 16, msg(nil, 2, msg(nil, 9, str(nil, 1, "x")))),
+		msg(nil, 16, msg(nil, 2, msg(nil, 5, str(str(nil, 11, "fp8"), 11, "awq")))),
+		msg(nil, 16, msg(nil, 2, varint(varint(nil, 7, 3), 8, 1<<63))),
+		msg(nil, 20, str(varint(rs, 9, 5), 10, "\xff")),
 		// CreateAccelerator: a spec twice (merged), a name twice, fields
 		// of the spec twice, an unknown field, a wide varint.
 		msg(nil, 14, msg(msg(nil, 2, str(nil, 1, "l4")), 2, varint(nil, 3, 2))),
@@ -463,48 +476,101 @@ func BenchmarkDecodeEntry(b *testing.B) {
 	})
 }
 
-// TestDecoderReadsEveryModelSpecField sets every field of a deployment's
-// spec but the maps (which protobuf decodes) and checks that the hand
-// decoder reads the ApplyModel itself, equal to proto.Unmarshal's. A field
-// added to ModelSpec or one of its messages that applyModel does not know
-// would send every deployment through protobuf: still correct, but the
-// replay of a long log slows down without a test noticing.
-func TestDecoderReadsEveryModelSpecField(t *testing.T) {
-	var fill func(m protoreflect.Message)
-	fill = func(m protoreflect.Message) {
-		fields := m.Descriptor().Fields()
-		for i := range fields.Len() {
-			fd := fields.Get(i)
-			switch {
-			case fd.IsMap():
+// fillAll sets every field of m that the hand decoder reads to a value
+// other than its zero (maps, which are left to protobuf, excepted), through
+// protobuf reflection, so that a field added to a command it reads by hand
+// is filled too.
+func fillAll(t *testing.T, m protoreflect.Message) {
+	fields := m.Descriptor().Fields()
+	for i := range fields.Len() {
+		fd := fields.Get(i)
+		if fd.IsMap() {
+			continue
+		}
+		var v protoreflect.Value
+		switch fd.Kind() {
+		case protoreflect.StringKind:
+			v = protoreflect.ValueOfString("x" + string(fd.Name()))
+		case protoreflect.EnumKind:
+			v = protoreflect.ValueOfEnum(2)
+		case protoreflect.Uint32Kind:
+			v = protoreflect.ValueOfUint32(uint32(7 + i))
+		case protoreflect.Uint64Kind:
+			v = protoreflect.ValueOfUint64(uint64(1<<40 + i))
+		case protoreflect.BoolKind:
+			v = protoreflect.ValueOfBool(true)
+		case protoreflect.Int64Kind:
+			v = protoreflect.ValueOfInt64(int64(-3 - i))
+		case protoreflect.Int32Kind:
+			v = protoreflect.ValueOfInt32(int32(5 + i))
+		case protoreflect.MessageKind:
+			if fd.IsList() {
+				l := m.Mutable(fd).List()
+				e := l.NewElement()
+				fillAll(t, e.Message())
+				l.Append(e)
 				continue
-			case fd.IsList() && fd.Kind() == protoreflect.StringKind:
-				m.Mutable(fd).List().Append(protoreflect.ValueOfString("x" + string(fd.Name())))
-			case fd.Kind() == protoreflect.MessageKind:
-				fill(m.Mutable(fd).Message())
-			case fd.Kind() == protoreflect.StringKind:
-				m.Set(fd, protoreflect.ValueOfString("x"+string(fd.Name())))
-			case fd.Kind() == protoreflect.Uint32Kind:
-				m.Set(fd, protoreflect.ValueOfUint32(uint32(7+i)))
-			case fd.Kind() == protoreflect.Uint64Kind:
-				m.Set(fd, protoreflect.ValueOfUint64(uint64(1<<40+i)))
-			default:
-				t.Fatalf("field %s of kind %s: teach this test (and the Decoder) about it", fd.FullName(), fd.Kind())
+			}
+			fillAll(t, m.Mutable(fd).Message())
+			continue
+		default:
+			t.Fatalf("field %s of kind %s: teach fillAll about it", fd.FullName(), fd.Kind())
+		}
+		if fd.IsList() {
+			l := m.Mutable(fd).List()
+			l.Append(v)
+			l.Append(v)
+			continue
+		}
+		m.Set(fd, v)
+	}
+}
+
+// TestDecoderReadsEveryField: the hand decoder reads a command field by
+// field and leaves anything it does not know to protobuf, which is correct
+// but slow; a field added to a command it reads (a deployment's residency,
+// a status report's residency) would silently send every such entry of a
+// replay down the slow path. Every field set, each command must still be
+// read by hand and match protobuf.
+func TestDecoderReadsEveryField(t *testing.T) {
+	envs := []*pb.Envelope{
+		{Command: &pb.Envelope_ApplyModel{ApplyModel: &pb.ApplyModel{}}},
+		{Command: &pb.Envelope_ReplicaStatus{ReplicaStatus: &pb.ReplicaStatus{}}},
+		{Command: &pb.Envelope_PlaceReplicas{PlaceReplicas: &pb.PlaceReplicas{}}},
+		{Command: &pb.Envelope_UnplaceReplica{UnplaceReplica: &pb.UnplaceReplica{}}},
+		{Command: &pb.Envelope_DeleteModel{DeleteModel: &pb.DeleteModel{}}},
+		{Command: &pb.Envelope_SetNodeStatus{SetNodeStatus: &pb.SetNodeStatus{}}},
+		{Command: &pb.Envelope_CreateAccelerator{CreateAccelerator: &pb.CreateAccelerator{}}},
+	}
+	d := &Decoder{Slab: 4}
+	// What reads each command by hand: nil means it was left to protobuf.
+	byHand := map[protoreflect.Name]func([]byte) bool{
+		"apply_model":        func(b []byte) bool { return d.applyModel(b) != nil },
+		"replica_status":     func(b []byte) bool { return d.replicaStatus(b) != nil },
+		"place_replicas":     func(b []byte) bool { return d.placeReplicas(b) != nil },
+		"create_accelerator": func(b []byte) bool { return d.createAccelerator(b) != nil },
+	}
+	for _, env := range envs {
+		env.RequestId, env.Actor, env.ProposedAt = "0123456789abcdef0123456789abcdef", "ops", &timestamppb.Timestamp{Seconds: 5, Nanos: 6}
+		m := env.ProtoReflect()
+		cmd := m.WhichOneof(m.Descriptor().Oneofs().ByName("command"))
+		fillAll(t, m.Mutable(cmd).Message())
+		data, err := Marshal(env)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d.envelope(data) == nil {
+			t.Errorf("%s with every field set is left to protobuf: read the new field in decode.go", cmd.Name())
+		}
+		if read := byHand[cmd.Name()]; read != nil {
+			b, err := proto.MarshalOptions{Deterministic: true}.Marshal(m.Get(cmd).Message().Interface())
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !read(b) {
+				t.Errorf("%s with every field set is left to protobuf: read the new field in decode.go", cmd.Name())
 			}
 		}
-	}
-	spec := &pb.ModelSpec{}
-	fill(spec.ProtoReflect())
-	c := &pb.ApplyModel{Name: "m", Spec: spec}
-	b, err := proto.Marshal(c)
-	if err != nil {
-		t.Fatal(err)
-	}
-	got := (&Decoder{}).applyModel(b)
-	if got == nil {
-		t.Fatalf("ApplyModel %v is left to protobuf: a field of its spec is not read by hand", c)
-	}
-	if !proto.Equal(got, c) {
-		t.Fatalf("decoded %v, want %v", got, c)
+		checkDecoder(t, d, data)
 	}
 }

@@ -24,6 +24,7 @@ import (
 //	apply          the input is an Envelope in protobuf text format; prints the result
 //	dry-run        like apply, but through DryRun; then checks nothing changed
 //	state          prints nodes, devices and accelerators as tables, and the hash head
+//	cards          prints each card's memory by residency (devices get) and each replica's residency
 //	replay at=N    rebuilds the state from the entries applied so far, up to N, and prints it
 //	snapshot       round-trips the state through Snapshot/Restore and checks equality
 //
@@ -56,6 +57,8 @@ func TestDataDriven(t *testing.T) {
 				return formatResult(f.ApplyBytes(uint64(len(log)), data))
 			case "state":
 				return formatState(f)
+			case "cards":
+				return formatCards(f)
 			case "replay":
 				var at int
 				d.ScanArgs(t, "at", &at)
@@ -158,6 +161,33 @@ func formatState(f *fsm.FSM) string {
 		for _, r := range f.Replicas("", "") {
 			fmt.Fprintf(w, "%s/%d\t%s\t%v\t%d‰\t%s\t%s\n", r.Model, r.Index, r.Node, r.Cards, r.ShareMilli, fsm.ReplicaStateName(r.State), r.Reason)
 		}
+	}
+	w.Flush()
+	return b.String()
+}
+
+// formatCards prints what `devices get` shows of each card's memory, and each
+// placed replica's deployment residency and where its weights are.
+func formatCards(f *fsm.FSM) string {
+	var b strings.Builder
+	w := tabwriter.NewWriter(&b, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(w, "CARD\tACCELERATOR\tRESERVED\tRESIDENT\tSLEEPING\tUSED\tFREE\tREPLICAS")
+	for _, d := range f.Devices() {
+		_, cards, _ := f.Device(d.Name)
+		for _, c := range cards {
+			fmt.Fprintf(w, "%s/%d\t%s\t%dMi\t%dMi\t%dMi\t%dMi\t%dMi\t%s\n", c.Node, c.Index, c.Accelerator,
+				c.ReservedMib, c.ResidentMib, c.SleepingMib, c.UsedMib, c.FreeMib, strings.Join(c.Replicas, ","))
+		}
+	}
+	models := map[string]*pb.ModelDeployment{}
+	for _, m := range f.Models() {
+		models[m.Name] = m
+	}
+	fmt.Fprintln(w, "REPLICA\tMODE\tPRIORITY\tRESIDENCY\tWHY")
+	for _, r := range f.Replicas("", "") {
+		spec := models[r.Model].GetSpec()
+		fmt.Fprintf(w, "%s/%d\t%s\t%s\t%s\t%s\n", r.Model, r.Index, fsm.ResidencyName(spec.GetResidency()),
+			fsm.PriorityName(spec.GetPriority()), fsm.ReplicaResidencyName(r.Residency), r.ResidencyReason)
 	}
 	w.Flush()
 	return b.String()

@@ -24,7 +24,9 @@ const MaxReplicas = 1024
 const MaxStartTimeoutSeconds = 24 * 60 * 60
 
 // NormalizeModelSpec fills the defaults of SPEC §4: vllm engine, one replica,
-// tensor and pipeline parallel 1, servedModelName = the deployment's name.
+// tensor and pipeline parallel 1, servedModelName = the deployment's name;
+// residency pinned and priority standard (SPEC §8.1) are stored as
+// unspecified.
 func NormalizeModelSpec(name string, spec *pb.ModelSpec) *pb.ModelSpec {
 	return normalizeModelSpec(name, proto.Clone(spec).(*pb.ModelSpec))
 }
@@ -40,6 +42,15 @@ func normalizeModelSpec(name string, out *pb.ModelSpec) *pb.ModelSpec {
 	}
 	if out.Placement == nil {
 		out.Placement = &pb.PlacementSpec{}
+	}
+	// The default residency and priority are stored as unspecified, so
+	// that a spec naming them equals one from before they existed: a replay
+	// of an old log then rebuilds the very state its snapshots hold.
+	if out.Residency == pb.Residency_RESIDENCY_PINNED {
+		out.Residency = pb.Residency_RESIDENCY_UNSPECIFIED
+	}
+	if out.Priority == pb.Priority_PRIORITY_STANDARD {
+		out.Priority = pb.Priority_PRIORITY_UNSPECIFIED
 	}
 	if out.Engine == nil {
 		out.Engine = &pb.EngineSpec{}
@@ -90,6 +101,7 @@ func ValidateModel(name string, spec *pb.ModelSpec) []*pb.Violation {
 	if s := e.GetStartTimeoutSeconds(); s > MaxStartTimeoutSeconds {
 		v.add("spec.engine.startTimeout", "must be at most 24h0m0s, got %ds", s)
 	}
+	validateResidencyFields(&v, spec)
 	return v
 }
 
@@ -175,6 +187,7 @@ func (f *FSM) checkModel(spec *pb.ModelSpec) violations {
 		}
 		return v
 	}
+	checkResidencyTenancy(&v, spec, acc)
 	e := spec.GetEngine()
 	if acc.Spec.Tenancy == pb.Tenancy_TENANCY_SHARED && e.GetMemoryPercent() == 0 && e.GetMemoryMib() == 0 {
 		v.add("spec.engine.memoryPercent", "accelerator %q is shared: set memoryPercent or memory, or the model would be sized against the whole card (rule 8)", accName)
@@ -240,9 +253,13 @@ func (f *FSM) applyModel(c *pb.ApplyModel, prep *modelPrep, index uint64, dry bo
 	}
 	m := prev
 	oldReplicas := m.Spec.Replicas
-	onlyScale := proto.Equal(withReplicas(m.Spec, 0), withReplicas(spec, 0))
+	regenerate := !sameIdentity(m.Spec, spec)
+	var warnings []string
+	if residencyOf(m.Spec) != residencyOf(spec) {
+		warnings = f.changeResidency(m, spec)
+	}
 	m.Spec = spec
-	if !onlyScale {
+	if regenerate {
 		m.Generation++
 		for i := uint32(0); i < min(oldReplicas, spec.Replicas); i++ {
 			r := f.replicas[replicaKey{m.Name, i}]
@@ -253,7 +270,23 @@ func (f *FSM) applyModel(c *pb.ApplyModel, prep *modelPrep, index uint64, dry bo
 		}
 	}
 	f.scale(m, oldReplicas)
-	return accept(pb.Outcome_OUTCOME_CONFIGURED, "deployment %q configured (generation %d, %d replicas)", m.Name, m.Generation, spec.Replicas)
+	res := accept(pb.Outcome_OUTCOME_CONFIGURED, "deployment %q configured (generation %d, %d replicas)", m.Name, m.Generation, spec.Replicas)
+	res.Warnings = warnings
+	return res
+}
+
+// sameIdentity says whether two specs run the same replicas: they differ
+// at most in what changes without re-placing anything — the replica count,
+// and the residency, priority and SLO the node's controller adapts to (SPEC
+// §8.1; a residency change re-checks the reservations, changeResidency).
+func sameIdentity(a, b *pb.ModelSpec) bool {
+	return proto.Equal(withoutMutable(a), withoutMutable(b))
+}
+
+func withoutMutable(spec *pb.ModelSpec) *pb.ModelSpec {
+	s := withReplicas(spec, 0)
+	s.Residency, s.Priority, s.Slo = pb.Residency_RESIDENCY_UNSPECIFIED, pb.Priority_PRIORITY_UNSPECIFIED, nil
+	return s
 }
 
 func withReplicas(spec *pb.ModelSpec, n uint32) *pb.ModelSpec {

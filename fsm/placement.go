@@ -35,7 +35,7 @@ func (f *FSM) placeReplicas(c *pb.PlaceReplicas, index uint64, dry bool) *pb.Res
 			return reject(pb.Code_CODE_CONFLICT, "placement %d (%s/%d): %v; plan rejected, nothing applied", i, p.GetModel(), p.GetReplica(), err)
 		}
 		placed = append(placed, keyOf(r))
-		scratch = scratch.occupy(r.Accelerator, p.Node, p.Cards, p.ShareMilli)
+		scratch = scratch.occupy(r.Accelerator, p.Node, p.Cards, p.ShareMilli, residencyOf(f.models[r.Model].GetSpec()))
 		// Earlier placements of the plan count against the node's host too.
 		if res := f.models[r.Model].GetSpec().GetResources(); res != nil {
 			hostUse = hostUse.add(p.Node, res.CpuMilli, res.MemoryMib)
@@ -75,8 +75,7 @@ type planCards []planCard
 type planCard struct {
 	key         cardKey
 	accelerator string
-	replicas    int
-	shareMilli  uint32
+	load        cardLoad
 }
 
 // get returns what the plan takes from card k (replicas 0: nothing).
@@ -91,7 +90,7 @@ func (s planCards) get(k cardKey) planCard {
 
 // occupy is occupyCards for the plan (no memory: checks use none). Values,
 // not pointers, so that a plan's list can stay on the stack.
-func (s planCards) occupy(accelerator, node string, cards []uint32, shareMilli uint32) planCards {
+func (s planCards) occupy(accelerator, node string, cards []uint32, shareMilli uint32, res pb.Residency) planCards {
 	for _, idx := range cards {
 		k := cardKey{node, idx}
 		i := slices.IndexFunc(s, func(c planCard) bool { return c.key == k })
@@ -99,8 +98,7 @@ func (s planCards) occupy(accelerator, node string, cards []uint32, shareMilli u
 			s = append(s, planCard{key: k, accelerator: accelerator})
 			i = len(s) - 1
 		}
-		s[i].replicas++
-		s[i].shareMilli += shareMilli
+		s[i].load = s[i].load.add(res, shareMilli)
 	}
 	return s
 }
@@ -216,7 +214,8 @@ func (f *FSM) checkPlacement(p *pb.Placement, scratch planCards, placed []replic
 		if !card.Healthy {
 			return nil, fmt.Errorf("card %s/%d is unhealthy", n.Name, idx)
 		}
-		if err := fitsCard(acc, sh, f.cards[cardKey{n.Name, idx}], scratch.get(cardKey{n.Name, idx})); err != nil && !skipCapacityCheck {
+		k := cardKey{n.Name, idx}
+		if err := fitsCard(acc, sh, residencyOf(m.Spec), f.cards[k], f.load(k), scratch.get(k)); err != nil && !skipCapacityCheck {
 			return nil, fmt.Errorf("card %s/%d: %w", n.Name, idx, err)
 		}
 	}
@@ -224,35 +223,28 @@ func (f *FSM) checkPlacement(p *pb.Placement, scratch planCards, placed []replic
 }
 
 // fitsCard is rule 11 for one card: one accelerator per card, a dedicated
-// card holds one replica, at most maxModels replicas, shares sum to ≤ 100 %.
-// live is what placed replicas take from the card (nil for nothing), plan
-// what the plan's earlier placements do (no replicas for nothing).
-func fitsCard(acc *pb.StoredAccelerator, sh share, live *cardUse, plan planCard) error {
-	var replicas int
-	var milli uint32
-	if live != nil {
-		if live.accelerator != acc.Name {
-			return fmt.Errorf("bound to accelerator %q", live.accelerator)
-		}
-		replicas += len(live.replicas)
-		milli += live.shareMilli
+// card holds one replica, at most maxModels replicas, reserved shares sum
+// to ≤ 100 % and each onDemand share fits in the card minus its pinned
+// shares (SPEC §8.1). live is what placed replicas take from the card (nil
+// for nothing) and l their load, plan what the plan's earlier placements
+// take (no replicas for nothing).
+func fitsCard(acc *pb.StoredAccelerator, sh share, res pb.Residency, live *cardUse, l cardLoad, plan planCard) error {
+	if live != nil && live.accelerator != acc.Name {
+		return fmt.Errorf("bound to accelerator %q", live.accelerator)
 	}
-	if plan.replicas > 0 {
+	if plan.load.replicas > 0 {
 		if plan.accelerator != acc.Name {
 			return fmt.Errorf("bound to accelerator %q", plan.accelerator)
 		}
-		replicas += plan.replicas
-		milli += plan.shareMilli
+		l = l.merge(plan.load)
 	}
-	switch {
-	case acc.Spec.Tenancy != pb.Tenancy_TENANCY_SHARED && replicas > 0:
-		return fmt.Errorf("already holds a dedicated replica")
-	case acc.Spec.Tenancy == pb.Tenancy_TENANCY_SHARED && uint32(replicas) >= acc.Spec.MaxModels:
-		return fmt.Errorf("already holds %d of %d models", replicas, acc.Spec.MaxModels)
-	case milli+sh.milli > 1000:
-		return fmt.Errorf("has %d%% free, replica needs %d%%", (1000-milli)/10, sh.milli/10)
+	if acc.Spec.Tenancy != pb.Tenancy_TENANCY_SHARED {
+		if l.replicas > 0 {
+			return fmt.Errorf("already holds a dedicated replica")
+		}
+		return nil
 	}
-	return nil
+	return l.fits(res, sh.milli, acc.Spec.MaxModels)
 }
 
 func (f *FSM) unplaceReplica(c *pb.UnplaceReplica, dry bool) *pb.Result {
@@ -281,15 +273,35 @@ func (f *FSM) replicaStatus(c *pb.ReplicaStatus, dry bool) *pb.Result {
 			c.GetModel(), c.GetReplica(), c.GetNode(), c.GetGeneration(), r.Node, r.Generation)
 	case c.GetState() == pb.ReplicaState_REPLICA_STATE_UNSPECIFIED || c.GetState() == pb.ReplicaState_REPLICA_STATE_PENDING:
 		return invalid("replica status", []*pb.Violation{{Field: "state", Description: "must be placed, starting, running, failed or stopped"}})
+	case c.GetResidency() < pb.ReplicaResidency_REPLICA_RESIDENCY_UNSPECIFIED || c.GetResidency() > pb.ReplicaResidency_REPLICA_RESIDENCY_WAKING:
+		return invalid("replica status", []*pb.Violation{{Field: "residency", Description: "must be cold, loading, resident, draining, sleeping or waking"}})
 	}
-	if r.State == c.GetState() && r.Reason == c.GetReason() && r.Restarts == c.GetRestarts() && r.Endpoint == c.GetEndpoint() {
+	// An unspecified residency leaves the replica's as it is: a report of
+	// the engine's state alone says nothing about where its weights are.
+	residency, residencyReason := r.Residency, r.ResidencyReason
+	if c.GetResidency() != pb.ReplicaResidency_REPLICA_RESIDENCY_UNSPECIFIED {
+		residency, residencyReason = c.GetResidency(), c.GetResidencyReason()
+	}
+	if r.State == c.GetState() && r.Reason == c.GetReason() && r.Restarts == c.GetRestarts() && r.Endpoint == c.GetEndpoint() &&
+		r.Residency == residency && r.ResidencyReason == residencyReason {
 		return accept(pb.Outcome_OUTCOME_UNCHANGED, "replica %s/%d unchanged", c.GetModel(), c.GetReplica())
 	}
+	moved := r.Residency != residency
 	if !dry {
 		r.State, r.Reason, r.Restarts, r.Endpoint = c.GetState(), c.GetReason(), c.GetRestarts(), c.GetEndpoint()
+		r.Residency, r.ResidencyReason = residency, residencyReason
 	}
 	// Most log entries are status reports: their message is built without
-	// fmt (the same text as "replica %s/%d is %s").
+	// fmt (the same text as "replica %s/%d is %s"). A residency transition
+	// is named with its reason, so that the audit log shows why.
+	if moved {
+		msg := ", " + ReplicaResidencyName(residency)
+		if residencyReason != "" {
+			msg += ": " + residencyReason
+		}
+		return f.accepted(pb.Outcome_OUTCOME_CONFIGURED,
+			"replica ", c.GetModel(), "/", strconv.FormatUint(uint64(c.GetReplica()), 10), " is ", ReplicaStateName(c.GetState()), msg)
+	}
 	return f.accepted(pb.Outcome_OUTCOME_CONFIGURED,
 		"replica ", c.GetModel(), "/", strconv.FormatUint(uint64(c.GetReplica()), 10), " is ", ReplicaStateName(c.GetState()))
 }

@@ -26,15 +26,43 @@ func (k replicaKey) String() string { return fmt.Sprintf("%s/%d", k.model, k.ind
 type cardUse struct {
 	accelerator string
 	replicas    []replicaKey
+	// shareMilli and memoryMiB are the reserved shares (pinned and warm
+	// replicas), pinnedMilli the pinned ones alone; onDemand counts the
+	// onDemand replicas, which are assigned without a reservation.
 	shareMilli  uint32
+	pinnedMilli uint32
 	memoryMiB   uint64
+	onDemand    int
+}
+
+// add records (sign +1) or removes (-1) a share of residency res.
+func (u *cardUse) add(res pb.Residency, shareMilli uint32, memoryMiB uint64, sign int) {
+	switch {
+	case res == pb.Residency_RESIDENCY_ON_DEMAND:
+		u.onDemand += sign
+	case sign > 0:
+		u.shareMilli += shareMilli
+		u.memoryMiB += memoryMiB
+		if res == pb.Residency_RESIDENCY_PINNED {
+			u.pinnedMilli += shareMilli
+		}
+	default:
+		u.shareMilli -= min(u.shareMilli, shareMilli)
+		u.memoryMiB -= min(u.memoryMiB, memoryMiB)
+		if res == pb.Residency_RESIDENCY_PINNED {
+			u.pinnedMilli -= min(u.pinnedMilli, shareMilli)
+		}
+	}
 }
 
 func keyOf(r *pb.Replica) replicaKey { return replicaKey{r.Model, r.Index} }
 
-// occupy records a placed replica's share on each of its cards, and the
-// replica among its node's.
+// occupy records a placed replica's share on each of its cards, as its
+// deployment's residency counts it, and the replica among its node's. The
+// residency a replica was occupied with must be the one it is released
+// with: changeResidency releases and occupies again around a change.
 func (f *FSM) occupy(r *pb.Replica) {
+	res := residencyOf(f.models[r.Model].GetSpec())
 	if f.onNode != nil {
 		on := f.onNode[r.Node]
 		if on == nil {
@@ -51,8 +79,7 @@ func (f *FSM) occupy(r *pb.Replica) {
 			f.cards[k] = u
 		}
 		u.replicas = append(u.replicas, keyOf(r))
-		u.shareMilli += r.ShareMilli
-		u.memoryMiB += r.MemoryMib
+		u.add(res, r.ShareMilli, r.MemoryMib, 1)
 	}
 }
 
@@ -70,6 +97,7 @@ func (f *FSM) newCardUse(accelerator string) *cardUse {
 
 // release undoes occupy; a card left empty is unbound.
 func (f *FSM) release(r *pb.Replica) {
+	res := residencyOf(f.models[r.Model].GetSpec())
 	if on := f.onNode[r.Node]; on != nil {
 		delete(on, keyOf(r))
 		if len(on) == 0 {
@@ -88,8 +116,7 @@ func (f *FSM) release(r *pb.Replica) {
 				break
 			}
 		}
-		u.shareMilli -= min(u.shareMilli, r.ShareMilli)
-		u.memoryMiB -= min(u.memoryMiB, r.MemoryMib)
+		u.add(res, r.ShareMilli, r.MemoryMib, -1)
 		if len(u.replicas) == 0 {
 			delete(f.cards, k)
 			*u = cardUse{replicas: u.replicas[:0]}
@@ -103,6 +130,12 @@ func (f *FSM) unplace(r *pb.Replica, reason string) {
 	if r.Node != "" {
 		f.release(r)
 	}
+	f.clearPlacement(r, reason)
+}
+
+// clearPlacement is unplace of a replica already released from its cards.
+func (f *FSM) clearPlacement(r *pb.Replica, reason string) {
+	r.Residency, r.ResidencyReason = pb.ReplicaResidency_REPLICA_RESIDENCY_UNSPECIFIED, ""
 	r.Node, r.Cards, r.ShareMilli, r.MemoryMib, r.PlacedIndex = "", nil, 0, 0, 0
 	r.State = pb.ReplicaState_REPLICA_STATE_PENDING
 	r.Reason = reason
@@ -125,9 +158,27 @@ func (f *FSM) binding(node string, index uint32) cardBinding {
 	if u == nil {
 		return cardBinding{}
 	}
-	names := make([]string, len(u.replicas))
+	b := cardBinding{accelerator: u.accelerator, replicas: make([]string, len(u.replicas)), reservedMiB: u.memoryMiB}
 	for i, k := range u.replicas {
-		names[i] = k.String()
+		b.replicas[i] = k.String()
+		r := f.replicas[k]
+		if r == nil {
+			continue
+		}
+		loaded := false
+		switch r.Residency {
+		case pb.ReplicaResidency_REPLICA_RESIDENCY_LOADING, pb.ReplicaResidency_REPLICA_RESIDENCY_RESIDENT,
+			pb.ReplicaResidency_REPLICA_RESIDENCY_WAKING, pb.ReplicaResidency_REPLICA_RESIDENCY_DRAINING:
+			b.residentMiB += r.MemoryMib
+			loaded = true
+		case pb.ReplicaResidency_REPLICA_RESIDENCY_SLEEPING:
+			b.sleepingMiB += r.MemoryMib
+		}
+		// A reserved share is used whether or not it is loaded; an
+		// onDemand share only while it is.
+		if loaded || reserves(residencyOf(f.models[r.Model].GetSpec())) {
+			b.usedMiB += r.MemoryMib
+		}
 	}
-	return cardBinding{accelerator: u.accelerator, replicas: names, usedMiB: u.memoryMiB}
+	return b
 }

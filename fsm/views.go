@@ -38,10 +38,15 @@ func live(n *pb.Node, c *pb.Card) bool {
 }
 
 // cardBinding is the accelerator a card is bound to ("" when unbound), the
-// replicas on it and the memory they reserve.
+// replicas on it, the memory they reserve (pinned and warm shares), the
+// shares loaded now and asleep, and what they use: the reserved shares and
+// the loaded onDemand ones (SPEC §8.3).
 type cardBinding struct {
 	accelerator string
 	replicas    []string
+	reservedMiB uint64
+	residentMiB uint64
+	sleepingMiB uint64
 	usedMiB     uint64
 }
 
@@ -112,6 +117,7 @@ func (f *FSM) Device(name string) (*pb.Device, []*pb.CardStatus, bool) {
 				Node: n.Name, Index: c.Index, Uuid: c.Uuid, MemoryMib: c.MemoryMib,
 				UsedMib: b.usedMiB, FreeMib: free, Accelerator: b.accelerator,
 				Replicas: b.replicas, Healthy: c.Healthy, NodeStatus: n.Status,
+				ReservedMib: b.reservedMiB, ResidentMib: b.residentMiB, SleepingMib: b.sleepingMiB,
 			})
 		}
 	}
@@ -221,7 +227,15 @@ func (f *FSM) Replicas(model, node string) []*pb.Replica {
 	for _, k := range f.sortedReplicaKeys() {
 		r := f.replicas[k]
 		if (model == "" || r.Model == model) && (node == "" || r.Node == node) {
-			out = append(out, proto.Clone(r).(*pb.Replica))
+			c := proto.Clone(r).(*pb.Replica)
+			// A placed replica its node has said nothing about yet holds
+			// nothing on its cards. Cold is derived, not stored, so that
+			// a replay of a log from before residency rebuilds the state
+			// its snapshots hold.
+			if c.Node != "" && c.Residency == pb.ReplicaResidency_REPLICA_RESIDENCY_UNSPECIFIED {
+				c.Residency = pb.ReplicaResidency_REPLICA_RESIDENCY_COLD
+			}
+			out = append(out, c)
 		}
 	}
 	return out

@@ -7,7 +7,9 @@ import (
 )
 
 // Check verifies SPEC rule 11 over a whole cluster view, independently of how
-// the placements were chosen: on each card the shares sum to at most 100 %,
+// the placements were chosen: on each card the reserved shares (pinned and
+// warm) sum to at most 100 % and each onDemand share fits in the card minus
+// its pinned shares (SPEC §8.1),
 // a shared card holds at most maxModels replicas, every share on a card
 // belongs to the accelerator the card is bound to, a dedicated card holds
 // exactly one whole-card replica, a dedicated replica holds
@@ -58,7 +60,7 @@ func Check(nodes []Node, accelerators []Accelerator) error {
 			if c.Accelerator == "" {
 				bad("%s holds %d replicas but is bound to no accelerator", where, len(c.Shares))
 			}
-			sum := 0
+			sum, pinned, odMax := 0, 0, 0
 			for _, s := range c.Shares {
 				if s.Milli < 1 || s.Milli > FullCard {
 					bad("%s: replica %s has share %d milli, outside 1..%d", where, s.Replica, s.Milli, FullCard)
@@ -66,7 +68,15 @@ func Check(nodes []Node, accelerators []Accelerator) error {
 				if s.Accelerator != c.Accelerator {
 					bad("%s is bound to %q but holds replica %s of accelerator %q", where, c.Accelerator, s.Replica, s.Accelerator)
 				}
-				sum += s.Milli
+				switch s.Residency {
+				case OnDemand:
+					odMax = max(odMax, s.Milli)
+				case Pinned:
+					pinned += s.Milli
+					sum += s.Milli
+				default:
+					sum += s.Milli
+				}
 				h := replicas[s.Replica]
 				if h == nil {
 					h = &holding{node: n.Name, acc: s.Accelerator, milli: s.Milli}
@@ -80,6 +90,9 @@ func Check(nodes []Node, accelerators []Accelerator) error {
 			if sum > FullCard {
 				bad("%s: shares sum to %s, over 100%%", where, Percent(sum))
 			}
+			if pinned+odMax > FullCard {
+				bad("%s: an onDemand share of %s does not fit beside %s pinned", where, Percent(odMax), Percent(pinned))
+			}
 			a, ok := accs[c.Accelerator]
 			switch {
 			case c.Accelerator == "":
@@ -90,7 +103,7 @@ func Check(nodes []Node, accelerators []Accelerator) error {
 					bad("%s holds %d replicas of %q, over maxModels %d", where, len(c.Shares), a.Name, a.MaxModels)
 				}
 			default:
-				if len(c.Shares) != 1 || c.Shares[0].Milli != FullCard {
+				if len(c.Shares) != 1 || c.Shares[0].Milli != FullCard || c.Shares[0].Residency != Pinned {
 					bad("%s is dedicated to %q but holds %d replicas using %s", where, a.Name, len(c.Shares), Percent(sum))
 				}
 			}

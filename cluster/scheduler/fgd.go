@@ -40,6 +40,7 @@ type workload struct {
 
 type wgroup struct {
 	mode  mode
+	res   Residency
 	acc   int32
 	milli int32
 	k     int32
@@ -76,6 +77,7 @@ func demandWeight(q *request) int64 {
 
 type groupKey struct {
 	mode  mode
+	res   Residency
 	acc   int32
 	milli int32
 	kinds string
@@ -103,12 +105,12 @@ func kindsKey(k kindSet) string {
 }
 
 func (wl *workload) observe(q *request, cpu, mem int64) {
-	gk := groupKey{mode: q.mode, acc: q.acc, milli: q.milli, kinds: kindsKey(q.kinds)}
+	gk := groupKey{mode: q.mode, res: q.res, acc: q.acc, milli: q.milli, kinds: kindsKey(q.kinds)}
 	g, ok := wl.gidx[gk]
 	if !ok {
 		g = int32(len(wl.groups))
 		wl.gidx[gk] = g
-		wl.groups = append(wl.groups, wgroup{mode: q.mode, acc: q.acc, milli: q.milli,
+		wl.groups = append(wl.groups, wgroup{mode: q.mode, res: q.res, acc: q.acc, milli: q.milli,
 			k: int32(q.k), maxMM: q.maxMM, kinds: q.kinds})
 		wl.gen++
 	}
@@ -163,13 +165,15 @@ type fragCache struct {
 	fragBefore [numWeights]int64
 }
 
-// contribShared is a healthy card's fragment for a share group.
-func (g *wgroup) contribShared(kind, acc int32, used, count int32) int64 {
-	if (acc < 0 || acc == g.acc) && (g.maxMM == 0 || count < g.maxMM) &&
-		FullCard-used >= g.milli && g.kinds.has(kind) {
+// contribShared is a healthy card's fragment for a share group: its
+// unreserved capacity, unless the group's shares fit there (SPEC §8.1's
+// rules for the group's residency).
+func (g *wgroup) contribShared(c *cardState) int64 {
+	if (c.acc < 0 || c.acc == g.acc) && (g.maxMM == 0 || c.count < g.maxMM) &&
+		c.room(g.res) >= g.milli && g.kinds.has(c.kind) {
 		return 0
 	}
-	return int64(FullCard - used)
+	return int64(FullCard - c.used)
 }
 
 func (g *wgroup) wholeFree(kind int32, count int32) bool {
@@ -212,7 +216,7 @@ func (s *State) nodeStats(ni int32) *fragCache {
 			g := &s.wl.groups[gi]
 			switch g.mode {
 			case modeShared:
-				fc.fok[j] += g.contribShared(c.kind, c.acc, c.used, c.count)
+				fc.fok[j] += g.contribShared(c)
 			case modeWhole:
 				if g.wholeFree(c.kind, c.count) {
 					fc.e[j]++
@@ -293,7 +297,7 @@ func (ev *evaluator) fragDelta(cards []int32) int64 {
 		ev.fragReady = true
 	}
 	fc := ev.fc
-	tot := fc.tot - int64(q.milli)*int64(len(cards))
+	tot := fc.tot - int64(q.reserve)*int64(len(cards))
 	after := wl.total[ev.ws] * tot
 	for j, gi := range fc.rel {
 		fw := sc.feasWNew[j]
@@ -306,8 +310,10 @@ func (ev *evaluator) fragDelta(cards []int32) int64 {
 		case modeShared:
 			for _, ci := range cards {
 				c := &s.cards[ci]
-				fok += g.contribShared(c.kind, q.acc, c.used+q.milli, c.count+1) -
-					g.contribShared(c.kind, c.acc, c.used, c.count)
+				after := *c
+				after.acc = q.acc
+				after.take(q.res, q.milli)
+				fok += g.contribShared(&after) - g.contribShared(c)
 			}
 		case modeWhole:
 			e, nef := fc.e[j], fc.nef[j]
@@ -318,7 +324,7 @@ func (ev *evaluator) fragDelta(cards []int32) int64 {
 				} else {
 					nef -= int64(FullCard - c.used)
 				}
-				nef += int64(FullCard - c.used - q.milli) // never whole free after
+				nef += int64(FullCard - c.used - q.reserve) // never whole free after
 			}
 			if e >= g.k {
 				fok = nef

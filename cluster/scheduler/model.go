@@ -50,14 +50,44 @@ func (a Accelerator) cardsPerReplica() int {
 	return a.DevicesPerReplica
 }
 
-// Share is one replica's reservation on one card.
+// Residency says how a replica holds its share of a card (SPEC §8.1).
+type Residency uint8
+
+const (
+	// Pinned (the zero value) reserves the share; it is never unloaded.
+	Pinned Residency = iota
+	// Warm reserves the share, which it may lend while it sleeps.
+	Warm
+	// OnDemand reserves nothing: the replica is assigned to the card (it
+	// counts against maxModels) and loaded on demand into memory nobody
+	// pinned, so its share must fit in the card minus the pinned shares.
+	OnDemand
+)
+
+// String returns the descriptor spelling: pinned, warm or onDemand.
+func (r Residency) String() string {
+	switch r {
+	case Warm:
+		return "warm"
+	case OnDemand:
+		return "onDemand"
+	}
+	return "pinned"
+}
+
+// reserves says whether a share of this residency is reserved.
+func (r Residency) reserves() bool { return r != OnDemand }
+
+// Share is one replica's share of one card: reserved, or assigned for an
+// onDemand replica.
 type Share struct {
 	Replica     string
 	Deployment  string
 	Accelerator string
 	// Milli is the share of the card in 1/1000 (1..1000); a dedicated
 	// replica holds 1000 on each of its cards.
-	Milli int
+	Milli     int
+	Residency Residency
 }
 
 // Card is one physical GPU and what is placed on it.
@@ -75,11 +105,14 @@ type Card struct {
 	Shares      []Share
 }
 
-// Used returns the milli-cards reserved on the card.
+// Used returns the milli-cards reserved on the card (onDemand shares are
+// assigned, not reserved).
 func (c Card) Used() int {
 	u := 0
 	for _, s := range c.Shares {
-		u += s.Milli
+		if s.Residency.reserves() {
+			u += s.Milli
+		}
 	}
 	return u
 }
@@ -111,6 +144,9 @@ type Request struct {
 	// Milli is the share of one card for a shared accelerator (1..1000).
 	// Dedicated replicas always take whole cards and ignore it.
 	Milli int
+	// Residency of the replica; OnDemand and Warm need a shared
+	// accelerator.
+	Residency Residency
 	// Optional host resources the replica reserves on its node.
 	CPUMilli  int64
 	MemoryMiB int64

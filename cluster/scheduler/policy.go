@@ -103,7 +103,7 @@ func (ev *evaluator) remainAfter(cards []int32) int64 {
 	n, q := ev.n, ev.q
 	var r int64
 	if n.gpuCap > 0 {
-		r += (n.gpuCap - n.gpuUsed - int64(q.milli)*int64(len(cards))) * ppm / n.gpuCap
+		r += (n.gpuCap - n.gpuUsed - int64(q.reserve)*int64(len(cards))) * ppm / n.gpuCap
 	}
 	if n.cpuCap > 0 {
 		r += (n.cpuCap - n.cpuUsed - q.CPUMilli) * ppm / n.cpuCap
@@ -119,7 +119,7 @@ func (ev *evaluator) cardLeft(cards []int32) int64 {
 	if ev.q.mode != modeShared || len(cards) == 0 {
 		return 0
 	}
-	return int64(FullCard - ev.s.cards[cards[0]].used - ev.q.milli)
+	return int64(FullCard - ev.s.cards[cards[0]].used - ev.q.reserve)
 }
 
 // cardDep counts replicas of the request's deployment on the cards.
@@ -140,6 +140,9 @@ func (ev *evaluator) cardDep(cards []int32) int64 {
 
 func (ev *evaluator) score(cards []int32) score {
 	nd := int64(ev.nodeDep)
+	if ev.q.res == OnDemand && len(cards) == 1 {
+		return ev.scoreOnDemand(cards[0])
+	}
 	switch ev.pol {
 	case implBestFit:
 		return score{ev.remainAfter(cards), ev.cardLeft(cards), nd, ev.cardDep(cards)}
@@ -150,6 +153,30 @@ func (ev *evaluator) score(cards []int32) score {
 	default:
 		return score{ev.fragDelta(cards), ev.remainAfter(cards), ev.cardLeft(cards), nd*FullCard + ev.cardDep(cards)}
 	}
+}
+
+// scoreOnDemand orders the cards an onDemand replica may be assigned to.
+// It reserves nothing, so reserved capacity cannot tell cards apart; what
+// differs is whether the card must be bound for it. Every policy but spread
+// packs: a card already bound to the accelerator first (binding an empty
+// card for a replica that reserves nothing takes the card from every other
+// accelerator, and onDemand models are meant to take turns on one card,
+// SPEC §8), then the card with the most room not pinned (where the model
+// can stay loaded longest). Spread puts the deployment's replicas apart
+// first, then prefers the card with the fewest replicas. maxModels bounds
+// how many share a card either way.
+func (ev *evaluator) scoreOnDemand(ci int32) score {
+	c := &ev.s.cards[ci]
+	binds := int64(0)
+	if c.acc < 0 {
+		binds = 1
+	}
+	room := int64(c.room(OnDemand))
+	dep := int64(ev.nodeDep)*FullCard + ev.cardDep([]int32{ci})
+	if ev.pol == implSpread {
+		return score{int64(ev.nodeDep), ev.cardDep([]int32{ci}), int64(c.count), -room}
+	}
+	return score{binds, -room, dep, 0}
 }
 
 // weighting is the workload weighting a policy measures fragmentation with.

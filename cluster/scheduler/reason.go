@@ -75,9 +75,9 @@ func (s *State) reason(q *request) string {
 				wholeFree++
 			case q.maxMM > 0 && c.count >= q.maxMM:
 				atMax++
-			case c.used+q.milli > FullCard:
+			case q.milli > c.room(q.res):
 				lowFree++
-				maxLow = max(maxLow, int(FullCard-c.used))
+				maxLow = max(maxLow, int(c.room(q.res)))
 			}
 		}
 		if q.mode == modeWhole && wholeFree > 0 && wholeFree < q.k {
@@ -99,6 +99,9 @@ func (s *State) reason(q *request) string {
 		}
 	case modeShared:
 		head = fmt.Sprintf("no %scard has %s free", kind, Percent(int(q.milli)))
+		if q.res == OnDemand {
+			head = fmt.Sprintf("no %scard has %s not pinned for an onDemand replica", kind, Percent(int(q.milli)))
+		}
 	default:
 		if q.k == 1 {
 			head = fmt.Sprintf("no free %scard", kind)
@@ -146,8 +149,12 @@ func (s *State) reason(q *request) string {
 			pick(atMax, "holds", "hold"), q.maxMM))
 	}
 	if lowFree > 0 {
-		parts = append(parts, fmt.Sprintf("%s %s at most %s free", plural(lowFree, "card"),
-			pick(lowFree, "has", "have"), Percent(maxLow)))
+		free := "free"
+		if q.res == OnDemand {
+			free = "not pinned"
+		}
+		parts = append(parts, fmt.Sprintf("%s %s at most %s %s", plural(lowFree, "card"),
+			pick(lowFree, "has", "have"), Percent(maxLow), free))
 	}
 	if fewNodes > 0 {
 		parts = append(parts, fmt.Sprintf("%s %s at most %s", plural(fewNodes, "node"),

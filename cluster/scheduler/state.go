@@ -43,9 +43,40 @@ type cardState struct {
 	healthy bool
 	memMiB  int64
 	acc     int32 // bound accelerator, -1 when unbound
-	used    int32 // milli reserved
+	used    int32 // milli reserved (pinned and warm shares)
+	pinned  int32 // milli of pinned shares
+	odMax   int32 // largest onDemand share
 	count   int32 // replicas
 	shares  []Share
+}
+
+// take records a share on the card.
+func (c *cardState) take(r Residency, milli int32) {
+	c.count++
+	switch r {
+	case OnDemand:
+		c.odMax = max(c.odMax, milli)
+	case Pinned:
+		c.pinned += milli
+		c.used += milli
+	default:
+		c.used += milli
+	}
+}
+
+// room is the largest share of residency r the card can take by the
+// reservation rules of SPEC §8.1 (maxModels and binding aside): reserved
+// shares stay within the card, an onDemand share within the card minus the
+// pinned shares, and a pinned share leaves the largest onDemand share that
+// room.
+func (c *cardState) room(r Residency) int32 {
+	switch r {
+	case OnDemand:
+		return FullCard - c.pinned
+	case Pinned:
+		return min(FullCard-c.used, FullCard-c.pinned-c.odMax)
+	}
+	return FullCard - c.used
 }
 
 type nodeState struct {
@@ -80,6 +111,7 @@ type placement struct {
 	node       int32
 	cards      []int32 // indices into State.cards
 	milli      int32
+	res        Residency
 	acc        int32 // -1 for host-only
 	deployment string
 	cpu, mem   int64
@@ -191,14 +223,13 @@ func NewState(nodes []Node, accelerators []Accelerator) (*State, error) {
 				cs.acc = s.accIdx[c.Accelerator] // known: Check passed
 			}
 			for _, sh := range c.Shares {
-				cs.used += int32(sh.Milli)
-				cs.count++
+				cs.take(sh.Residency, int32(sh.Milli))
 				p := s.replicas[sh.Replica]
 				if p == nil {
-					p = &placement{node: ni, milli: int32(sh.Milli), acc: cs.acc, deployment: sh.Deployment}
+					p = &placement{node: ni, milli: int32(sh.Milli), res: sh.Residency, acc: cs.acc, deployment: sh.Deployment}
 					s.replicas[sh.Replica] = p
 					s.noteDeployment(sh.Deployment, ni, 1)
-					q := s.shapeOf(cs.acc, sh.Milli)
+					q := s.shapeOf(cs.acc, sh.Milli, sh.Residency)
 					s.wl.observe(&q, 0, 0)
 				}
 				p.cards = append(p.cards, ci)
@@ -345,14 +376,19 @@ func (s *State) Remove(replica string) bool {
 				break
 			}
 		}
-		c.used -= p.milli
-		c.count--
+		// Recount from the shares: the largest onDemand share cannot be
+		// undone by subtraction.
+		c.used, c.pinned, c.odMax, c.count = 0, 0, 0, 0
+		for _, sh := range c.shares {
+			c.take(sh.Residency, int32(sh.Milli))
+		}
 		if c.count == 0 {
 			c.acc = -1
 		}
-		s.gpuUsed -= int64(p.milli)
+		reserve := p.reserve()
+		s.gpuUsed -= reserve
 		if c.healthy {
-			n.gpuUsed -= int64(p.milli)
+			n.gpuUsed -= reserve
 		}
 	}
 	n.cpuUsed -= p.cpu
@@ -362,15 +398,25 @@ func (s *State) Remove(replica string) bool {
 	return true
 }
 
+// reserve is the milli-cards a placement reserves on each of its cards.
+func (p *placement) reserve() int64 {
+	if p.res.reserves() {
+		return int64(p.milli)
+	}
+	return 0
+}
+
 // request is a Request resolved against the state.
 type request struct {
 	*Request
-	mode  mode
-	acc   int32 // -1 for host-only
-	maxMM int32 // maxModels, 0 unbounded
-	milli int32 // per card
-	k     int   // cards
-	kinds kindSet
+	mode    mode
+	acc     int32 // -1 for host-only
+	maxMM   int32 // maxModels, 0 unbounded
+	milli   int32 // per card
+	reserve int32 // per card: milli, or 0 for an onDemand share
+	res     Residency
+	k       int // cards
+	kinds   kindSet
 }
 
 func (q *request) singleKind() int32 { return q.kinds.single() }
@@ -420,8 +466,16 @@ func (s *State) resolveDemand(r *Request) (request, string) {
 		if a.spec.MaxModels > 0 {
 			q.maxMM = int32(a.spec.MaxModels)
 		}
+		q.res = r.Residency
 	} else {
+		if r.Residency != Pinned {
+			return q, fmt.Sprintf("an onDemand or warm replica needs a shared accelerator: %q is dedicated", r.Accelerator)
+		}
 		q.mode, q.milli, q.k = modeWhole, FullCard, a.spec.cardsPerReplica()
+	}
+	q.reserve = q.milli
+	if !q.res.reserves() {
+		q.reserve = 0
 	}
 	q.kinds = s.kindsFor(a.kind, r.Devices)
 	return q, ""
@@ -446,16 +500,20 @@ func (s *State) kindsFor(accKind int32, devices []string) kindSet {
 }
 
 // shapeOf resolves the workload shape of an existing share.
-func (s *State) shapeOf(acc int32, milli int) request {
+func (s *State) shapeOf(acc int32, milli int, res Residency) request {
 	a := s.accs[acc]
 	q := request{acc: acc, kinds: s.kindsFor(a.kind, nil)}
 	if a.spec.Tenancy == Shared {
-		q.mode, q.milli, q.k = modeShared, int32(milli), 1
+		q.mode, q.milli, q.k, q.res = modeShared, int32(milli), 1, res
 		if a.spec.MaxModels > 0 {
 			q.maxMM = int32(a.spec.MaxModels)
 		}
 	} else {
 		q.mode, q.milli, q.k = modeWhole, FullCard, a.spec.cardsPerReplica()
+	}
+	q.reserve = q.milli
+	if !q.res.reserves() {
+		q.reserve = 0
 	}
 	return q
 }
@@ -486,7 +544,7 @@ func (c *cardState) fitsShared(q *request) bool {
 	return c.healthy && q.kinds.has(c.kind) &&
 		(c.acc < 0 || c.acc == q.acc) &&
 		(q.maxMM == 0 || c.count < q.maxMM) &&
-		c.used+q.milli <= FullCard
+		q.milli <= c.room(q.res)
 }
 
 // freeWhole reports whether a card is a whole free card for the request.
@@ -494,7 +552,7 @@ func (c *cardState) freeWhole(q *request) bool {
 	return c.healthy && q.kinds.has(c.kind) && c.count == 0
 }
 
-type cardSig struct{ kind, acc, used, count int32 }
+type cardSig struct{ kind, acc, used, pinned, odMax, count int32 }
 
 type scratch struct {
 	seen     []cardSig
@@ -555,11 +613,11 @@ func (s *State) place(r *Request, p Policy) Decision {
 					// A card just like one already scored scores the same
 					// and loses the tie to it.
 					for _, o := range sc.seen {
-						if o.kind == c.kind && o.acc == c.acc && o.used == c.used && o.count == c.count {
+						if o == (cardSig{c.kind, c.acc, c.used, c.pinned, c.odMax, c.count}) {
 							continue cards
 						}
 					}
-					sc.seen = append(sc.seen, cardSig{c.kind, c.acc, c.used, c.count})
+					sc.seen = append(sc.seen, cardSig{c.kind, c.acc, c.used, c.pinned, c.odMax, c.count})
 				}
 				sc.cards = append(sc.cards[:0], ci)
 				sco := ev.score(sc.cards)
@@ -604,7 +662,7 @@ func (s *State) failed(r *Request, reason string) Decision {
 
 func (s *State) commit(q *request, ni int32, cards []int32) Decision {
 	n := &s.nodes[ni]
-	p := &placement{node: ni, cards: append([]int32(nil), cards...), milli: q.milli, acc: q.acc,
+	p := &placement{node: ni, cards: append([]int32(nil), cards...), milli: q.milli, res: q.res, acc: q.acc,
 		deployment: q.Deployment, cpu: q.CPUMilli, mem: q.MemoryMiB}
 	d := Decision{Replica: q.Replica, Deployment: q.Deployment, Accelerator: q.Accelerator,
 		Node: n.name, CPUMilli: q.CPUMilli, MemoryMiB: q.MemoryMiB}
@@ -614,12 +672,11 @@ func (s *State) commit(q *request, ni int32, cards []int32) Decision {
 		for i, ci := range cards {
 			c := &s.cards[ci]
 			c.acc = q.acc
-			c.used += q.milli
-			c.count++
+			c.take(q.res, q.milli)
 			c.shares = append(c.shares, Share{Replica: q.Replica, Deployment: q.Deployment,
-				Accelerator: q.Accelerator, Milli: int(q.milli)})
-			s.gpuUsed += int64(q.milli)
-			n.gpuUsed += int64(q.milli) // candidates are healthy
+				Accelerator: q.Accelerator, Milli: int(q.milli), Residency: q.res})
+			s.gpuUsed += int64(q.reserve)
+			n.gpuUsed += int64(q.reserve) // candidates are healthy
 			d.Cards[i] = c.index
 		}
 	}

@@ -35,6 +35,9 @@
 // Failed with a reason, Stopped), never heartbeats, through a Reporter; it
 // never writes the log itself nor reads the cluster state beyond its Source.
 // A replica's restart count goes on from the one the cluster recorded.
+// Each report carries the residency it implies (Loading, Resident, Cold);
+// a residency controller reports its own transitions (sleep, wake, evict,
+// load) with their reasons through Executor.ReportResidency (residency.go).
 //
 // Every engine lives in <data-dir>/engines/<model>/<replica>/: engine.log
 // and its rotated files engine.log.1 … (the process's stdout and stderr,

@@ -54,6 +54,11 @@ type supervisor struct {
 	prev <-chan struct{}
 	done chan struct{}
 
+	// reportMu guards last: the run goroutine reports the engine's
+	// transitions, a residency controller residency transitions
+	// (ReportResidency).
+	reportMu sync.Mutex
+
 	mu      sync.Mutex
 	desired Desired
 	changed chan struct{}
@@ -434,12 +439,16 @@ func (s *supervisor) endpoint() string {
 }
 
 // report sends a transition, once: an identical report is not repeated.
+// It carries the residency the transition implies (residency.go).
 func (s *supervisor) report(state pb.ReplicaState, reason string) {
+	s.reportMu.Lock()
+	defer s.reportMu.Unlock()
 	d := s.current()
 	st := &pb.ReplicaStatus{
 		Model: s.k.model, Replica: s.k.index, Generation: d.Replica.GetGeneration(), Node: s.e.opts.Node,
 		State: state, Reason: reason, Restarts: s.restarts,
 	}
+	st.Residency, st.ResidencyReason = engineResidency(state, reason)
 	if state == pb.ReplicaState_REPLICA_STATE_STARTING || state == pb.ReplicaState_REPLICA_STATE_RUNNING {
 		st.Endpoint = s.endpoint()
 	}

@@ -219,6 +219,32 @@ arrivals:
 	}
 }
 
+// TestYAMLOnDemand: onDemand arrivals are assigned without a reservation, so
+// shares summing to more than a card's all place on one card (SPEC §8.1).
+func TestYAMLOnDemand(t *testing.T) {
+	nodes, err := ParseNodesYAML("n.yaml", []byte("nodes:\n- name: home\n  cards: {l4: 2}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	accs, reqs, err := ParseWorkloadYAML("w.yaml", []byte(`accelerators:
+- {name: home, device: l4, tenancy: shared, maxModels: 3}
+arrivals:
+- {deployment: chat, accelerator: home, memoryPercent: 60, residency: onDemand}
+- {deployment: embed, accelerator: home, memoryPercent: 55, residency: onDemand}
+- {deployment: asr, accelerator: home, memoryPercent: 45, residency: onDemand}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := Run(&Scenario{Nodes: nodes, Accelerators: accs, Arrivals: reqs}, scheduler.PolicyDefault)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Placed != 3 || r.Failed != 0 {
+		t.Fatalf("result %+v, want the 3 onDemand arrivals placed", r)
+	}
+}
+
 func TestYAMLIsStrict(t *testing.T) {
 	for _, tc := range []struct{ nodes, work, want string }{
 		{nodes: "nodes:\n- name: a\n  cards: {l4: 1}\n  gpus: 2\n", want: `unknown field "gpus"`},
@@ -228,6 +254,10 @@ func TestYAMLIsStrict(t *testing.T) {
 		{work: "accelerators:\n- {name: s, device: l4, tenancy: shared}\narrivals:\n- {deployment: x, accelerator: s}\n", want: "needs memoryPercent 1..100"},
 		{work: "arrivals:\n- {deployment: x, accelerator: nope}\n", want: `unknown accelerator "nope"`},
 		{work: "arrivals:\n- {deployment: x, accelerator: s, memoryPct: 4}\n", want: `unknown field "memoryPct"`},
+		{work: "accelerators:\n- {name: s, device: l4, tenancy: shared}\narrivals:\n- {deployment: x, accelerator: s, memoryPercent: 5, residency: lazy}\n",
+			want: `residency must be pinned, warm or onDemand, got "lazy"`},
+		{work: "accelerators:\n- {name: d, device: l4}\narrivals:\n- {deployment: x, accelerator: d, residency: onDemand}\n",
+			want: "an onDemand or warm deployment needs a shared accelerator"},
 	} {
 		var err error
 		if tc.nodes != "" {

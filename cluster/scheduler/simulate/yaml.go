@@ -34,6 +34,10 @@ import (
 //	arrivals:              # placed in this order, replicas one by one
 //	- {deployment: chat, accelerator: small, replicas: 3, memoryPercent: 45}
 //	- {deployment: llm, accelerator: big, replicas: 1, cpuMilli: 8000, selector: {zone: a}}
+//	- {deployment: asr, accelerator: small, memoryPercent: 60, residency: onDemand}
+//
+// residency is pinned (default), warm or onDemand (SPEC §8.1; warm and
+// onDemand need a shared accelerator).
 //
 // Replica ids are the deployment name and a counter: chat-0, chat-1, ...
 
@@ -155,6 +159,7 @@ type arrivalSpec struct {
 	CPUMilli      int64             `json:"cpuMilli,omitempty"`
 	MemoryMiB     int64             `json:"memoryMiB,omitempty"`
 	Selector      map[string]string `json:"selector,omitempty"`
+	Residency     string            `json:"residency,omitempty"`
 }
 
 // ParseWorkloadYAML parses a workload file into accelerators and arrivals,
@@ -199,6 +204,19 @@ func ParseWorkloadYAML(name string, data []byte) ([]scheduler.Accelerator, []sch
 		if ar.CPUMilli < 0 || ar.MemoryMiB < 0 {
 			return nil, nil, fmt.Errorf("%s: deployment %s: negative host request", where, ar.Deployment)
 		}
+		var res scheduler.Residency
+		switch ar.Residency {
+		case "", "pinned":
+		case "warm":
+			res = scheduler.Warm
+		case "onDemand":
+			res = scheduler.OnDemand
+		default:
+			return nil, nil, fmt.Errorf("%s: deployment %s: residency must be pinned, warm or onDemand, got %q", where, ar.Deployment, ar.Residency)
+		}
+		if res != scheduler.Pinned && a.Tenancy != scheduler.Shared {
+			return nil, nil, fmt.Errorf("%s: deployment %s: an onDemand or warm deployment needs a shared accelerator, %s is dedicated", where, ar.Deployment, a.Name)
+		}
 		milli := 0
 		if a.Tenancy == scheduler.Shared {
 			if ar.MemoryPercent < 1 || ar.MemoryPercent > 100 {
@@ -211,7 +229,7 @@ func ParseWorkloadYAML(name string, data []byte) ([]scheduler.Accelerator, []sch
 			reqs = append(reqs, scheduler.Request{
 				Replica:    fmt.Sprintf("%s-%d", ar.Deployment, next[ar.Deployment]),
 				Deployment: ar.Deployment, Accelerator: a.Name, Milli: milli,
-				CPUMilli: ar.CPUMilli, MemoryMiB: ar.MemoryMiB, Selector: ar.Selector,
+				CPUMilli: ar.CPUMilli, MemoryMiB: ar.MemoryMiB, Selector: ar.Selector, Residency: res,
 			})
 			next[ar.Deployment]++
 		}

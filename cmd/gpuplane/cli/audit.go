@@ -273,7 +273,7 @@ func (g *globals) printReplay(st *pb.ReplayResponse) error {
 		{"nodes", messages(st.GetNodes()), nodeTable(st.GetNodes())},
 		{"devices", messages(st.GetDevices()), deviceTable(st.GetDevices())},
 		{"accelerators", messages(st.GetAccelerators()), acceleratorTable(st.GetAccelerators())},
-		{"models", messages(st.GetModels()), modelTable(st.GetModels())},
+		{"models", messages(st.GetModels()), modelTable(st.GetModels(), false)},
 		{"replicas", messages(st.GetReplicas()), replicaTable(st.GetReplicas())},
 	}
 	if g.output == outputTable {

@@ -76,10 +76,15 @@ func deviceTable(devices []*pb.Device) table {
 		})
 }
 
+// cardTable is the table of `devices get` (SPEC §8.3): USED is what the
+// replicas hold (reserved shares and loaded onDemand ones), RESERVED the
+// pinned and warm shares, RESIDENT the shares loaded now, SLEEPING those
+// asleep in host memory, FREE what is left.
 func cardTable(cards []*pb.CardStatus) table {
-	return tableOf([]string{"NODE", "INDEX", "UUID", "MEMORY", "USED", "FREE", "ACCELERATOR", "REPLICAS"}, cards,
+	return tableOf([]string{"NODE", "INDEX", "UUID", "MEMORY", "USED", "RESERVED", "RESIDENT", "SLEEPING", "FREE", "ACCELERATOR", "REPLICAS"}, cards,
 		func(c *pb.CardStatus) []string {
 			return []string{c.GetNode(), itoa(c.GetIndex()), c.GetUuid(), mib(c.GetMemoryMib()), mib(c.GetUsedMib()),
+				mib(c.GetReservedMib()), mib(c.GetResidentMib()), mib(c.GetSleepingMib()),
 				mib(c.GetFreeMib()), c.GetAccelerator(), strings.Join(c.GetReplicas(), ",")}
 		})
 }

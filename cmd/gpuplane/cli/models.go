@@ -3,6 +3,7 @@ package cli
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -10,6 +11,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/gpuplane/gpuplane/cmd/gpuplane/descriptor"
+	"github.com/gpuplane/gpuplane/fsm"
 	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
 )
 
@@ -41,7 +43,7 @@ func newModelsListCommand(g *globals) *cobra.Command {
 				return err
 			}
 			models := resp.Msg.GetModels()
-			return g.printList(messages(models), modelTable(models))
+			return g.printList(messages(models), modelTable(models, false))
 		},
 	}
 	addStaleFlag(c, &stale)
@@ -111,7 +113,7 @@ func (g *globals) printModel(m *pb.GetModelResponse) error {
 	if g.output != outputTable {
 		return g.printObject(m, table{})
 	}
-	if err := modelTable([]*pb.ModelDeployment{m.GetModel()}).write(g.stdout); err != nil {
+	if err := modelTable([]*pb.ModelDeployment{m.GetModel()}, true).write(g.stdout); err != nil {
 		return err
 	}
 	if len(m.GetReplicas()) == 0 {
@@ -192,6 +194,10 @@ var modelFlags = map[string]string{
 	"spec.engine.tensorParallel":   "--tensor-parallel",
 	"spec.engine.pipelineParallel": "--pipeline-parallel",
 	"spec.engine.startTimeout":     "--start-timeout",
+	"spec.engine.quantization":     "--quantization",
+	"spec.residency":               "--residency",
+	"spec.priority":                "--priority",
+	"spec.slo.ttftMs":              "--slo-ttft-ms",
 }
 
 func newModelsDeployCommand(g *globals) *cobra.Command {
@@ -210,6 +216,7 @@ file holding only it. The flags are the whole spec: settings a flag does not
 give are reset to their defaults, so redeploying with the same flags is
 "unchanged" and changing one flag is "configured".`,
 		Example: `  gpuplane models deploy chat --accelerator small --model /models/llama-3.1-8b --memory-percent 45 --replicas 2
+  gpuplane models deploy coder --accelerator home --model /models/coder --memory-percent 60 --residency onDemand --priority background
   gpuplane models deploy big --accelerator pair --model hf://org/llm --tensor-parallel 2 --max-model-len 8192`,
 		Args:              argsNamed("NAME"),
 		ValidArgsFunction: g.completeNames(modelNames),
@@ -239,6 +246,8 @@ give are reset to their defaults, so redeploying with the same flags is
 					spec.Engine.TensorParallel = v
 				case "pipeline-parallel":
 					spec.Engine.PipelineParallel = v
+				case "slo-ttft-ms":
+					spec.SLO = &descriptor.SLO{TTFTMs: v}
 				}
 			}
 			if memory.set {
@@ -294,9 +303,15 @@ give are reset to their defaults, so redeploying with the same flags is
 	intFlag("tensor-parallel", descriptor.DefaultParallel, "tensor-parallel degree")
 	intFlag("pipeline-parallel", descriptor.DefaultParallel, "pipeline-parallel degree")
 	f.DurationVar(&startTimeout, "start-timeout", 0, "how long one start of the engine may take to become ready before the replica is Failed, such as 10m (default: the engine kind's)")
+	f.StringVar(&spec.Residency, "residency", "pinned", "pinned (loaded, share reserved), warm (share reserved, may sleep) or onDemand (loaded on demand, no reservation); warm and onDemand need a shared accelerator")
+	f.StringVar(&spec.Priority, "priority", "standard", "request class: interactive, standard or background")
+	intFlag("slo-ttft-ms", 0, "p95 time-to-first-token target in milliseconds (default: none)")
+	f.StringVar(&spec.Engine.Quantization, "quantization", "", "numeric format of the weights (bf16, fp8, awq, q4_k_m); part of the model's identity")
 	f.BoolVar(&dryRun, "dry-run", false, "check against the cluster and persist nothing")
 	_ = c.RegisterFlagCompletionFunc("accelerator", g.completeFrom(acceleratorNames))
 	_ = c.RegisterFlagCompletionFunc("engine", cobra.FixedCompletions(descriptor.EngineKinds, cobra.ShellCompDirectiveNoFileComp))
+	_ = c.RegisterFlagCompletionFunc("residency", cobra.FixedCompletions([]string{"pinned", "warm", "onDemand"}, cobra.ShellCompDirectiveNoFileComp))
+	_ = c.RegisterFlagCompletionFunc("priority", cobra.FixedCompletions([]string{"interactive", "standard", "background"}, cobra.ShellCompDirectiveNoFileComp))
 	return c
 }
 
@@ -369,13 +384,28 @@ func modelRef(name string) string {
 	return descriptor.Resource{Kind: descriptor.KindModelDeployment, Name: name}.Ref()
 }
 
-func modelTable(models []*pb.ModelDeployment) table {
-	return tableOf([]string{"NAME", "ACCELERATOR", "ENGINE", "REPLICAS", "MEMORY/REPLICA", "READY", "REASON"}, models,
+// modelTable is the table of `models list`; wide (`models get`) adds the
+// deployment's TTFT target and quantization.
+func modelTable(models []*pb.ModelDeployment, wide bool) table {
+	header := []string{"NAME", "ACCELERATOR", "ENGINE", "REPLICAS", "MEMORY/REPLICA", "RESIDENCY", "PRIORITY", "READY", "REASON"}
+	if wide {
+		header = slices.Insert(header, 7, "TTFT SLO", "QUANTIZATION")
+	}
+	return tableOf(header, models,
 		func(m *pb.ModelDeployment) []string {
 			spec, st := m.GetSpec(), m.GetStatus()
-			return []string{m.GetName(), spec.GetPlacement().GetAccelerator(), spec.GetEngine().GetKind(),
+			row := []string{m.GetName(), spec.GetPlacement().GetAccelerator(), spec.GetEngine().GetKind(),
 				fmt.Sprintf("%d/%d", st.GetRunning(), st.GetDesired()), mibOrDash(st.GetMemoryPerReplicaMib()),
+				fsm.ResidencyName(spec.GetResidency()), fsm.PriorityName(spec.GetPriority()),
 				titleBool(st.GetReady()), st.GetReason()}
+			if wide {
+				slo := ""
+				if ms := spec.GetSlo().GetTtftMs(); ms > 0 {
+					slo = itoa(ms) + "ms"
+				}
+				row = slices.Insert(row, 7, slo, spec.GetEngine().GetQuantization())
+			}
+			return row
 		})
 }
 

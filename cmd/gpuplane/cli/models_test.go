@@ -132,7 +132,8 @@ func sampleModels() *fakeModels {
 			{
 				Name: "chat",
 				Spec: &pb.ModelSpec{Model: "/models/llama", Replicas: 2, Placement: &pb.PlacementSpec{Accelerator: "small"},
-					Engine: &pb.EngineSpec{Kind: "vllm", MemoryPercent: 45, ComputePercent: 50}},
+					Engine:    &pb.EngineSpec{Kind: "vllm", MemoryPercent: 45, ComputePercent: 50, Quantization: "fp8"},
+					Residency: pb.Residency_RESIDENCY_ON_DEMAND, Priority: pb.Priority_PRIORITY_INTERACTIVE, Slo: &pb.SLO{TtftMs: 800}},
 				Status: &pb.ModelStatus{Desired: 2, Placed: 2, Running: 1, Ready: true, MemoryPerReplicaMib: 10365},
 			},
 			{
@@ -148,9 +149,10 @@ func sampleModels() *fakeModels {
 		},
 		replicas: []*pb.Replica{
 			{Model: "chat", Index: 0, Node: "n1", Cards: []uint32{0}, ShareMilli: 450, MemoryMib: 10365, ComputePercent: 50,
-				State: pb.ReplicaState_REPLICA_STATE_RUNNING, Endpoint: "http://10.0.0.1:8000"},
+				State: pb.ReplicaState_REPLICA_STATE_RUNNING, Endpoint: "http://10.0.0.1:8000",
+				Residency: pb.ReplicaResidency_REPLICA_RESIDENCY_RESIDENT, ResidencyReason: "load chat: request arrived"},
 			{Model: "chat", Index: 1, Node: "n2", Cards: []uint32{1}, ShareMilli: 450, MemoryMib: 10365, ComputePercent: 50,
-				State: pb.ReplicaState_REPLICA_STATE_PLACED},
+				State: pb.ReplicaState_REPLICA_STATE_PLACED, Residency: pb.ReplicaResidency_REPLICA_RESIDENCY_COLD},
 			{Model: "big", Index: 0, Node: "n1", Cards: []uint32{2, 3}, ShareMilli: 1000, MemoryMib: 81559,
 				State: pb.ReplicaState_REPLICA_STATE_STARTING},
 			{Model: "big", Index: 1, State: pb.ReplicaState_REPLICA_STATE_PENDING, Reason: pendingReason},
@@ -163,10 +165,10 @@ func TestModelsList(t *testing.T) {
 	url := serveModels(t, &fakeAPI{}, m)
 
 	r := run(t, "", nil, "--addr", url, "models", "list")
-	want := `NAME     ACCELERATOR   ENGINE   REPLICAS   MEMORY/REPLICA   READY   REASON
-chat     small         vllm     1/2        10365Mi          True    -
-big      pair          sim      0/2        163118Mi         False   1 of 2 replicas pending: ` + pendingReason + `
-orphan   gone          vllm     0/0        -                True    -
+	want := `NAME     ACCELERATOR   ENGINE   REPLICAS   MEMORY/REPLICA   RESIDENCY   PRIORITY      READY   REASON
+chat     small         vllm     1/2        10365Mi          onDemand    interactive   True    -
+big      pair          sim      0/2        163118Mi         pinned      standard      False   1 of 2 replicas pending: ` + pendingReason + `
+orphan   gone          vllm     0/0        -                pinned      standard      True    -
 `
 	if r.code != exitOK || r.stdout != want || r.stderr != "" {
 		t.Errorf("models list: code %d, stderr %q, stdout:\n%s\nwant:\n%s", r.code, r.stderr, r.stdout, want)
@@ -177,6 +179,7 @@ orphan   gone          vllm     0/0        -                True    -
 		t.Fatalf("models list -o json: %+v", r)
 	}
 	for _, s := range []string{`"running": 1`, `"desired": 2`, `"memoryPerReplicaMib": "10365"`, `"ready": false`,
+		`"residency": "RESIDENCY_ON_DEMAND"`, `"priority": "PRIORITY_INTERACTIVE"`, `"ttftMs": 800`, `"quantization": "fp8"`,
 		`"reason": "1 of 2 replicas pending: no node has 2 free h100 cards`} {
 		if !strings.Contains(r.stdout, s) {
 			t.Errorf("models list -o json lacks %s:\n%s", s, r.stdout)
@@ -193,15 +196,24 @@ func TestModelsGet(t *testing.T) {
 	url := serveModels(t, &fakeAPI{}, m)
 
 	r := run(t, "", nil, "--addr", url, "models", "get", "big")
-	want := `NAME   ACCELERATOR   ENGINE   REPLICAS   MEMORY/REPLICA   READY   REASON
-big    pair          sim      0/2        163118Mi         False   1 of 2 replicas pending: ` + pendingReason + `
+	want := `NAME   ACCELERATOR   ENGINE   REPLICAS   MEMORY/REPLICA   RESIDENCY   PRIORITY   TTFT SLO   QUANTIZATION   READY   REASON
+big    pair          sim      0/2        163118Mi         pinned      standard   -          -              False   1 of 2 replicas pending: ` + pendingReason + `
 
-MODEL   REPLICA   NODE   CARDS   MEMORY    COMPUTE   STATE      ENDPOINT   REASON
-big     0         n1     2,3     81559Mi   -         Starting   -          -
-big     1         -      -       -         -         Pending    -          ` + pendingReason + `
+MODEL   REPLICA   NODE   CARDS   MEMORY    COMPUTE   STATE      RESIDENCY   ENDPOINT   REASON
+big     0         n1     2,3     81559Mi   -         Starting   -           -          -
+big     1         -      -       -         -         Pending    -           -          ` + pendingReason + `
 `
 	if r.code != exitOK || r.stdout != want || r.stderr != "" {
 		t.Errorf("models get: code %d, stderr %q, stdout:\n%s\nwant:\n%s", r.code, r.stderr, r.stdout, want)
+	}
+
+	// SPEC §8.1's fields: where the weights are, and the deployment's
+	// target and quantization.
+	r = run(t, "", nil, "--addr", url, "models", "get", "chat")
+	if rows := strings.Split(r.stdout, "\n"); r.code != exitOK || len(rows) < 6 ||
+		!strings.HasPrefix(rows[1], "chat   small         vllm     1/2        10365Mi          onDemand    interactive   800ms      fp8            True    -") ||
+		!strings.Contains(rows[4], "Running   Resident") {
+		t.Errorf("models get chat: %+v", r)
 	}
 
 	// A deployment without replicas prints no empty replica table.
@@ -250,7 +262,7 @@ func TestModelsGetWait(t *testing.T) {
 	r := run(t, "", nil, "--addr", url, "models", "get", "big", "--wait")
 	wantErr := `waiting for deployment "big": 2 of 2 replicas pending: waiting for the scheduler
 waiting for deployment "big": 1 of 2 replicas pending: ` + pendingReason + "\n"
-	if r.code != exitOK || r.stderr != wantErr || !strings.Contains(r.stdout, "big    pair          sim      2/2        -                True    -") {
+	if r.code != exitOK || r.stderr != wantErr || !strings.Contains(r.stdout, "big    pair          sim      2/2        -                pinned      standard   -          -              True    -") {
 		t.Errorf("models get --wait: code %d, stdout:\n%s\nstderr:\n%s\nwant stderr:\n%s", r.code, r.stdout, r.stderr, wantErr)
 	}
 	if m.gets != 4 {
@@ -351,6 +363,24 @@ spec:
 		t.Errorf("deploy --memory 20G: %+v, sent %v", r, got)
 	}
 
+	// The fields of SPEC §8.1, in any case, reach the server as enums.
+	m.apply = nil
+	r = run(t, "", nil, "--addr", url, "models", "deploy", "coder", "--accelerator", "small", "--model", "/m", "--memory-percent", "60",
+		"--residency", "ondemand", "--priority", "background", "--slo-ttft-ms", "800", "--quantization", "q4_k_m")
+	if got := m.applies[len(m.applies)-1].GetSpec(); r.code != exitOK || got.GetResidency() != pb.Residency_RESIDENCY_ON_DEMAND ||
+		got.GetPriority() != pb.Priority_PRIORITY_BACKGROUND || got.GetSlo().GetTtftMs() != 800 || got.GetEngine().GetQuantization() != "q4_k_m" {
+		t.Errorf("deploy --residency --priority --slo-ttft-ms --quantization: %+v, sent %v", r, got)
+	}
+	// The server's rule for dedicated accelerators names the flag.
+	m.apply = func(*pb.ApplyModelRequest) (*pb.ApplyModelResponse, error) {
+		return nil, violationsError(connect.CodeInvalidArgument, "invalid deployment",
+			&pb.Violation{Field: "spec.residency", Description: `an onDemand or warm deployment needs a shared accelerator: "fast" is dedicated (residency warm)`})
+	}
+	r = run(t, "", nil, "--addr", url, "models", "deploy", "w", "--accelerator", "fast", "--model", "/m", "--residency", "warm")
+	if r.code != exitFailure || r.stderr != "error: --residency: an onDemand or warm deployment needs a shared accelerator: \"fast\" is dedicated (residency warm)\n" {
+		t.Errorf("warm on a dedicated accelerator: %+v", r)
+	}
+
 	// -o json prints the deployment the server returns.
 	m.apply = nil
 	r = run(t, "", nil, "--addr", url, "-o", "json", "models", "deploy", "x", "--accelerator", "small", "--model", "/m", "--memory-percent", "10")
@@ -401,6 +431,11 @@ func TestModelsDeployFlagErrors(t *testing.T) {
 		{[]string{"--memory", "20GB"}, exitUsage, `error: invalid argument "20GB" for "--memory" flag: invalid quantity "20GB": unknown suffix "GB", write 20G (decimal) or 20Gi (binary)`},
 		{[]string{"--memory", "0G"}, exitUsage, `error: invalid argument "0G" for "--memory" flag: invalid quantity "0G": must be more than 0`},
 		{[]string{"--replicas", "two"}, exitUsage, `error: invalid argument "two" for "--replicas" flag: strconv.ParseInt: parsing "two": invalid syntax`},
+		{[]string{"--residency", "lazy"}, exitFailure, `error: --residency: must be pinned, warm or onDemand, got "lazy"`},
+		{[]string{"--priority", "urgent"}, exitFailure, `error: --priority: must be interactive, standard or background, got "urgent"`},
+		{[]string{"--slo-ttft-ms", "0"}, exitFailure, "error: --slo-ttft-ms: must be at least 1, got 0"},
+		{[]string{"--slo-ttft-ms", "-20"}, exitFailure, "error: --slo-ttft-ms: must be at least 1, got -20"},
+		{[]string{"--quantization", "q4 k m"}, exitFailure, `error: --quantization: "q4 k m" must be one word without spaces (e.g. bf16, fp8, awq, q4_k_m)`},
 	}
 	for _, tt := range tests {
 		t.Run(strings.Join(tt.args, " "), func(t *testing.T) {
@@ -455,11 +490,11 @@ func TestReplicasList(t *testing.T) {
 	url := serveModels(t, &fakeAPI{}, m)
 
 	r := run(t, "", nil, "--addr", url, "replicas", "list")
-	want := `MODEL   REPLICA   NODE   CARDS   MEMORY    COMPUTE   STATE      ENDPOINT               REASON
-chat    0         n1     0       10365Mi   50%       Running    http://10.0.0.1:8000   -
-chat    1         n2     1       10365Mi   50%       Placed     -                      -
-big     0         n1     2,3     81559Mi   -         Starting   -                      -
-big     1         -      -       -         -         Pending    -                      ` + pendingReason + `
+	want := `MODEL   REPLICA   NODE   CARDS   MEMORY    COMPUTE   STATE      RESIDENCY   ENDPOINT               REASON
+chat    0         n1     0       10365Mi   50%       Running    Resident    http://10.0.0.1:8000   -
+chat    1         n2     1       10365Mi   50%       Placed     Cold        -                      -
+big     0         n1     2,3     81559Mi   -         Starting   -           -                      -
+big     1         -      -       -         -         Pending    -           -                      ` + pendingReason + `
 `
 	if r.code != exitOK || r.stdout != want || r.stderr != "" {
 		t.Errorf("replicas list: code %d, stderr %q, stdout:\n%s\nwant:\n%s", r.code, r.stderr, r.stdout, want)
@@ -491,7 +526,9 @@ big     1         -      -       -         -         Pending    -               
     "reason": "",
     "restarts": 0,
     "endpoint": "",
-    "placedIndex": "0"
+    "placedIndex": "0",
+    "residency": "REPLICA_RESIDENCY_COLD",
+    "residencyReason": ""
   }
 ]
 `

@@ -73,14 +73,15 @@ t4     Tesla T4    15360Mi   -              false   1       1      1
 	resp := &pb.GetDeviceResponse{
 		Device: devices[0],
 		Cards: []*pb.CardStatus{
-			{Node: "n1", Index: 0, Uuid: "GPU-0", MemoryMib: 23034, UsedMib: 10240, FreeMib: 12794, Accelerator: "small", Replicas: []string{"chat/0", "code/1"}},
+			{Node: "n1", Index: 0, Uuid: "GPU-0", MemoryMib: 23034, UsedMib: 10240, FreeMib: 12794, Accelerator: "small", Replicas: []string{"chat/0", "code/1"},
+				ReservedMib: 4096, ResidentMib: 10240, SleepingMib: 2048},
 			{Node: "n1", Index: 1, Uuid: "GPU-1", MemoryMib: 23034, FreeMib: 23034},
 		},
 	}
 	got = printed(t, outputTable, func(g *globals) error { return g.printObject(resp, cardTable(resp.GetCards())) })
-	want = `NODE   INDEX   UUID    MEMORY    USED      FREE      ACCELERATOR   REPLICAS
-n1     0       GPU-0   23034Mi   10240Mi   12794Mi   small         chat/0,code/1
-n1     1       GPU-1   23034Mi   0Mi       23034Mi   -             -
+	want = `NODE   INDEX   UUID    MEMORY    USED      RESERVED   RESIDENT   SLEEPING   FREE      ACCELERATOR   REPLICAS
+n1     0       GPU-0   23034Mi   10240Mi   4096Mi     10240Mi    2048Mi     12794Mi   small         chat/0,code/1
+n1     1       GPU-1   23034Mi   0Mi       0Mi        0Mi        0Mi        23034Mi   -             -
 `
 	if got != want {
 		t.Errorf("cards table:\n%s\nwant:\n%s", got, want)

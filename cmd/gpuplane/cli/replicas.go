@@ -53,9 +53,10 @@ func newReplicasListCommand(g *globals) *cobra.Command {
 }
 
 // replicaTable is the table of `replicas list`, also shown by `models get`.
-// MEMORY is the share reserved on each of the replica's cards.
+// MEMORY is the share on each of the replica's cards (reserved, unless the
+// deployment is onDemand); RESIDENCY where its weights are (SPEC §8.3).
 func replicaTable(rs []*pb.Replica) table {
-	return tableOf([]string{"MODEL", "REPLICA", "NODE", "CARDS", "MEMORY", "COMPUTE", "STATE", "ENDPOINT", "REASON"}, rs,
+	return tableOf([]string{"MODEL", "REPLICA", "NODE", "CARDS", "MEMORY", "COMPUTE", "STATE", "RESIDENCY", "ENDPOINT", "REASON"}, rs,
 		func(r *pb.Replica) []string {
 			cards := make([]string, len(r.GetCards()))
 			for i, c := range r.GetCards() {
@@ -66,6 +67,7 @@ func replicaTable(rs []*pb.Replica) table {
 				compute = fmt.Sprintf("%d%%", p)
 			}
 			return []string{r.GetModel(), itoa(r.GetIndex()), r.GetNode(), strings.Join(cards, ","),
-				mibOrDash(r.GetMemoryMib()), compute, fsm.ReplicaStateName(r.GetState()), r.GetEndpoint(), r.GetReason()}
+				mibOrDash(r.GetMemoryMib()), compute, fsm.ReplicaStateName(r.GetState()), fsm.ReplicaResidencyName(r.GetResidency()),
+				r.GetEndpoint(), r.GetReason()}
 		})
 }

@@ -135,3 +135,67 @@ func TestModelDeploymentCheck(t *testing.T) {
 		t.Errorf("Check() = %v", got)
 	}
 }
+
+// TestResidencyFields: SPEC §8.1's deployment fields reach the API, and bad
+// values are named with their field and rule.
+func TestResidencyFields(t *testing.T) {
+	const accs = `resource: Accelerator
+resourceVersion: v1
+metadata: {name: home}
+spec: {device: l4, tenancy: shared, maxModels: 3}
+---
+resource: Accelerator
+resourceVersion: v1
+metadata: {name: fast}
+spec: {device: l4}
+---
+`
+	f, err := Parse([]byte(accs + `resource: ModelDeployment
+resourceVersion: v1
+metadata: {name: chat}
+spec:
+  model: /models/chat
+  placement: {accelerator: home}
+  residency: onDemand
+  priority: interactive
+  slo: {ttftMs: 800}
+  engine: {kind: sim, memoryPercent: 60, quantization: fp8}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := f.Resources[2].ModelDeployment.Proto()
+	if got.Residency != pb.Residency_RESIDENCY_ON_DEMAND || got.Priority != pb.Priority_PRIORITY_INTERACTIVE ||
+		got.GetSlo().GetTtftMs() != 800 || got.Engine.Quantization != "fp8" {
+		t.Fatalf("Proto() = %v", got)
+	}
+	for _, tc := range []struct{ spec, want string }{
+		{"residency: lazy", `spec.residency: must be pinned, warm or onDemand, got "lazy"`},
+		{"priority: urgent", `spec.priority: must be interactive, standard or background, got "urgent"`},
+		{"slo: {ttftMs: 0}", `spec.slo.ttftMs: must be at least 1, got 0`},
+		{"slo: {ttftMs: -5}", `spec.slo.ttftMs: must be at least 1, got -5`},
+		{"slo: {}", `spec.slo.ttftMs: required: the p95 time to first token in milliseconds (leave slo out for no target)`},
+		{"slo: {ttftMs: fast}", `spec.slo.ttftMs: must be an integer, got "fast"`},
+		{"slo: {ttft: 800}", `spec.slo.ttft: unknown field`},
+		{"engine: {kind: sim, memoryPercent: 60, quantization: q4 k m}", `spec.engine.quantization: "q4 k m" must be one word without spaces (e.g. bf16, fp8, awq, q4_k_m)`},
+	} {
+		doc := accs + "resource: ModelDeployment\nresourceVersion: v1\nmetadata: {name: m}\nspec:\n  model: /m\n  placement: {accelerator: home}\n  " + tc.spec + "\n"
+		_, err := Parse([]byte(doc))
+		var perr *Error
+		if !errors.As(err, &perr) {
+			t.Errorf("%s: error %v, want problems", tc.spec, err)
+			continue
+		}
+		var all []string
+		for _, p := range perr.Problems {
+			all = append(all, p.String())
+		}
+		if !slices.Contains(all, "document 3 (modeldeployment/m): "+tc.want) {
+			t.Errorf("%s: problems %q, want %q", tc.spec, all, tc.want)
+		}
+	}
+	_, err = Parse([]byte(accs + "resource: ModelDeployment\nresourceVersion: v1\nmetadata: {name: m}\nspec: {model: /m, placement: {accelerator: fast}, residency: warm}\n"))
+	if err == nil || !strings.Contains(err.Error(), `spec.residency: an onDemand or warm deployment needs a shared accelerator: "fast" is dedicated`) {
+		t.Errorf("warm on a dedicated accelerator: %v", err)
+	}
+}

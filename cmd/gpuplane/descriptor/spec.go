@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/gpuplane/gpuplane/fsm"
 	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
 )
 
@@ -46,6 +47,19 @@ type ModelDeploymentSpec struct {
 	// from its node besides cards, so that the scheduler does not crowd a
 	// node's host CPU or memory. Optional; absent means "not tracked".
 	Resources *HostResources `json:"resources,omitempty"`
+	// Residency is pinned (the default), warm or onDemand (SPEC §8.1), in
+	// any case; warm and onDemand need a shared accelerator.
+	Residency string `json:"residency,omitempty"`
+	// Priority is interactive, standard (the default) or background.
+	Priority string `json:"priority,omitempty"`
+	// SLO is an optional latency target.
+	SLO *SLO `json:"slo,omitempty"`
+}
+
+// SLO is a deployment's latency target: `slo: {ttftMs: 800}`.
+type SLO struct {
+	// TTFTMs is the p95 time to first token in milliseconds, > 0.
+	TTFTMs *int64 `json:"ttftMs"`
 }
 
 // HostResources is the optional `resources` block of a deployment (a
@@ -79,6 +93,9 @@ type Engine struct {
 	// StartTimeout is how long one start of the engine may take to become
 	// ready before the replica is Failed (default: the engine kind's).
 	StartTimeout *Duration `json:"startTimeout,omitempty"`
+	// Quantization is the weights' numeric format (bf16, fp8, awq, q4_k_m),
+	// one word; part of the model's identity.
+	Quantization string `json:"quantization,omitempty"`
 }
 
 // EngineKinds are the engines a deployment may name; the first is the default.
@@ -120,6 +137,34 @@ func ParseTenancy(s string) (pb.Tenancy, bool) {
 		return pb.Tenancy_TENANCY_SHARED, true
 	}
 	return pb.Tenancy_TENANCY_UNSPECIFIED, false
+}
+
+// ParseResidency maps pinned, warm or onDemand, in any case, to its enum;
+// an empty string is the default, pinned.
+func ParseResidency(s string) (pb.Residency, bool) {
+	switch strings.ToLower(strings.TrimSpace(s)) {
+	case "", "pinned":
+		return pb.Residency_RESIDENCY_PINNED, true
+	case "warm":
+		return pb.Residency_RESIDENCY_WARM, true
+	case "ondemand":
+		return pb.Residency_RESIDENCY_ON_DEMAND, true
+	}
+	return pb.Residency_RESIDENCY_UNSPECIFIED, false
+}
+
+// ParsePriority maps interactive, standard or background, in any case, to
+// its enum; an empty string is the default, standard.
+func ParsePriority(s string) (pb.Priority, bool) {
+	switch strings.ToLower(strings.TrimSpace(s)) {
+	case "interactive":
+		return pb.Priority_PRIORITY_INTERACTIVE, true
+	case "", "standard":
+		return pb.Priority_PRIORITY_STANDARD, true
+	case "background":
+		return pb.Priority_PRIORITY_BACKGROUND, true
+	}
+	return pb.Priority_PRIORITY_UNSPECIFIED, false
 }
 
 // Check reports the problems of an accelerator spec that need no cluster
@@ -268,6 +313,22 @@ func (s *ModelDeploymentSpec) check(failed func(path string) bool) []*pb.Violati
 			add("spec.engine.startTimeout", "must be at most %s, got %s", MaxStartTimeout, d)
 		}
 	}
+	if msg := fsm.CheckQuantization(e.Quantization); msg != "" {
+		add("spec.engine.quantization", "%s", msg)
+	}
+	if _, ok := ParseResidency(s.Residency); !ok {
+		add("spec.residency", "must be pinned, warm or onDemand, got %q", s.Residency)
+	}
+	if _, ok := ParsePriority(s.Priority); !ok {
+		add("spec.priority", "must be interactive, standard or background, got %q", s.Priority)
+	}
+	if s.SLO != nil && !failed("spec.slo") {
+		if s.SLO.TTFTMs == nil {
+			add("spec.slo.ttftMs", "required: the p95 time to first token in milliseconds (leave slo out for no target)")
+		} else {
+			atLeast("spec.slo.ttftMs", s.SLO.TTFTMs, 1)
+		}
+	}
 	return out
 }
 
@@ -282,6 +343,10 @@ func (s *ModelDeploymentSpec) checkAgainst(name string, acc *AcceleratorSpec) []
 	if spec.Tenancy == pb.Tenancy_TENANCY_SHARED && e.MemoryPercent == nil && e.Memory == nil {
 		out = append(out, &pb.Violation{Field: "spec.engine.memoryPercent", Description: fmt.Sprintf(
 			"accelerator %q is shared: set memoryPercent or memory, or the model would be sized against the whole card", name)})
+	}
+	if res, ok := ParseResidency(s.Residency); ok && res != pb.Residency_RESIDENCY_PINNED && spec.Tenancy != pb.Tenancy_TENANCY_SHARED {
+		out = append(out, &pb.Violation{Field: "spec.residency", Description: fmt.Sprintf(
+			"an onDemand or warm deployment needs a shared accelerator: %q is dedicated", name)})
 	}
 	if e.TensorParallel != nil && e.PipelineParallel != nil {
 		if got := *e.TensorParallel * *e.PipelineParallel; got != int64(spec.DevicesPerReplica) {
@@ -340,7 +405,19 @@ func (s *ModelDeploymentSpec) Proto() *pb.ModelSpec {
 			PipelineParallel: u32(e.PipelineParallel),
 			Args:             e.Args,
 			Env:              e.Env,
+			Quantization:     e.Quantization,
 		},
+	}
+	// The defaults (pinned, standard) are sent as unspecified, the form the
+	// state machine stores them in.
+	if r, _ := ParseResidency(s.Residency); r != pb.Residency_RESIDENCY_PINNED {
+		out.Residency = r
+	}
+	if p, _ := ParsePriority(s.Priority); p != pb.Priority_PRIORITY_STANDARD {
+		out.Priority = p
+	}
+	if s.SLO != nil && s.SLO.TTFTMs != nil {
+		out.Slo = &pb.SLO{TtftMs: uint32(*s.SLO.TTFTMs)}
 	}
 	if s.Replicas != nil {
 		out.Replicas = uint32(*s.Replicas)

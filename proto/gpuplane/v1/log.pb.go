@@ -1129,17 +1129,21 @@ func (x *UnplaceReplica) GetReason() string {
 
 // ReplicaStatus is a node's report of a state transition of one replica.
 type ReplicaStatus struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Model         string                 `protobuf:"bytes,1,opt,name=model,proto3" json:"model,omitempty"`
-	Replica       uint32                 `protobuf:"varint,2,opt,name=replica,proto3" json:"replica,omitempty"`
-	Generation    uint64                 `protobuf:"varint,3,opt,name=generation,proto3" json:"generation,omitempty"`
-	Node          string                 `protobuf:"bytes,4,opt,name=node,proto3" json:"node,omitempty"`
-	State         ReplicaState           `protobuf:"varint,5,opt,name=state,proto3,enum=gpuplane.v1.ReplicaState" json:"state,omitempty"`
-	Reason        string                 `protobuf:"bytes,6,opt,name=reason,proto3" json:"reason,omitempty"`
-	Restarts      uint32                 `protobuf:"varint,7,opt,name=restarts,proto3" json:"restarts,omitempty"`
-	Endpoint      string                 `protobuf:"bytes,8,opt,name=endpoint,proto3" json:"endpoint,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	Model      string                 `protobuf:"bytes,1,opt,name=model,proto3" json:"model,omitempty"`
+	Replica    uint32                 `protobuf:"varint,2,opt,name=replica,proto3" json:"replica,omitempty"`
+	Generation uint64                 `protobuf:"varint,3,opt,name=generation,proto3" json:"generation,omitempty"`
+	Node       string                 `protobuf:"bytes,4,opt,name=node,proto3" json:"node,omitempty"`
+	State      ReplicaState           `protobuf:"varint,5,opt,name=state,proto3,enum=gpuplane.v1.ReplicaState" json:"state,omitempty"`
+	Reason     string                 `protobuf:"bytes,6,opt,name=reason,proto3" json:"reason,omitempty"`
+	Restarts   uint32                 `protobuf:"varint,7,opt,name=restarts,proto3" json:"restarts,omitempty"`
+	Endpoint   string                 `protobuf:"bytes,8,opt,name=endpoint,proto3" json:"endpoint,omitempty"`
+	// A residency transition, with why it happened (the decision's trigger
+	// and numbers); unspecified leaves the replica's residency as it is.
+	Residency       ReplicaResidency `protobuf:"varint,9,opt,name=residency,proto3,enum=gpuplane.v1.ReplicaResidency" json:"residency,omitempty"`
+	ResidencyReason string           `protobuf:"bytes,10,opt,name=residency_reason,json=residencyReason,proto3" json:"residency_reason,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *ReplicaStatus) Reset() {
@@ -1224,6 +1228,20 @@ func (x *ReplicaStatus) GetRestarts() uint32 {
 func (x *ReplicaStatus) GetEndpoint() string {
 	if x != nil {
 		return x.Endpoint
+	}
+	return ""
+}
+
+func (x *ReplicaStatus) GetResidency() ReplicaResidency {
+	if x != nil {
+		return x.Residency
+	}
+	return ReplicaResidency_REPLICA_RESIDENCY_UNSPECIFIED
+}
+
+func (x *ReplicaStatus) GetResidencyReason() string {
+	if x != nil {
+		return x.ResidencyReason
 	}
 	return ""
 }
@@ -1656,7 +1674,7 @@ const file_gpuplane_v1_log_proto_rawDesc = "" +
 	"\x0eUnplaceReplica\x12\x14\n" +
 	"\x05model\x18\x01 \x01(\tR\x05model\x12\x18\n" +
 	"\areplica\x18\x02 \x01(\rR\areplica\x12\x16\n" +
-	"\x06reason\x18\x03 \x01(\tR\x06reason\"\xf4\x01\n" +
+	"\x06reason\x18\x03 \x01(\tR\x06reason\"\xdc\x02\n" +
 	"\rReplicaStatus\x12\x14\n" +
 	"\x05model\x18\x01 \x01(\tR\x05model\x12\x18\n" +
 	"\areplica\x18\x02 \x01(\rR\areplica\x12\x1e\n" +
@@ -1667,7 +1685,10 @@ const file_gpuplane_v1_log_proto_rawDesc = "" +
 	"\x05state\x18\x05 \x01(\x0e2\x19.gpuplane.v1.ReplicaStateR\x05state\x12\x16\n" +
 	"\x06reason\x18\x06 \x01(\tR\x06reason\x12\x1a\n" +
 	"\brestarts\x18\a \x01(\rR\brestarts\x12\x1a\n" +
-	"\bendpoint\x18\b \x01(\tR\bendpoint\"C\n" +
+	"\bendpoint\x18\b \x01(\tR\bendpoint\x12;\n" +
+	"\tresidency\x18\t \x01(\x0e2\x1d.gpuplane.v1.ReplicaResidencyR\tresidency\x12)\n" +
+	"\x10residency_reason\x18\n" +
+	" \x01(\tR\x0fresidencyReason\"C\n" +
 	"\fBootstrapACL\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1f\n" +
 	"\vsecret_hash\x18\x02 \x01(\tR\n" +
@@ -1756,7 +1777,8 @@ var file_gpuplane_v1_log_proto_goTypes = []any{
 	(*AcceleratorSpec)(nil),       // 26: gpuplane.v1.AcceleratorSpec
 	(*ModelSpec)(nil),             // 27: gpuplane.v1.ModelSpec
 	(ReplicaState)(0),             // 28: gpuplane.v1.ReplicaState
-	(Role)(0),                     // 29: gpuplane.v1.Role
+	(ReplicaResidency)(0),         // 29: gpuplane.v1.ReplicaResidency
+	(Role)(0),                     // 30: gpuplane.v1.Role
 }
 var file_gpuplane_v1_log_proto_depIdxs = []int32{
 	22, // 0: gpuplane.v1.Envelope.proposed_at:type_name -> google.protobuf.Timestamp
@@ -1782,16 +1804,17 @@ var file_gpuplane_v1_log_proto_depIdxs = []int32{
 	11, // 20: gpuplane.v1.PlaceReplicas.placements:type_name -> gpuplane.v1.Placement
 	12, // 21: gpuplane.v1.PlaceReplicas.pending:type_name -> gpuplane.v1.PendingReason
 	28, // 22: gpuplane.v1.ReplicaStatus.state:type_name -> gpuplane.v1.ReplicaState
-	29, // 23: gpuplane.v1.CreateToken.role:type_name -> gpuplane.v1.Role
-	19, // 24: gpuplane.v1.Violations.violations:type_name -> gpuplane.v1.Violation
-	0,  // 25: gpuplane.v1.Result.code:type_name -> gpuplane.v1.Code
-	19, // 26: gpuplane.v1.Result.violations:type_name -> gpuplane.v1.Violation
-	1,  // 27: gpuplane.v1.Result.outcome:type_name -> gpuplane.v1.Outcome
-	28, // [28:28] is the sub-list for method output_type
-	28, // [28:28] is the sub-list for method input_type
-	28, // [28:28] is the sub-list for extension type_name
-	28, // [28:28] is the sub-list for extension extendee
-	0,  // [0:28] is the sub-list for field type_name
+	29, // 23: gpuplane.v1.ReplicaStatus.residency:type_name -> gpuplane.v1.ReplicaResidency
+	30, // 24: gpuplane.v1.CreateToken.role:type_name -> gpuplane.v1.Role
+	19, // 25: gpuplane.v1.Violations.violations:type_name -> gpuplane.v1.Violation
+	0,  // 26: gpuplane.v1.Result.code:type_name -> gpuplane.v1.Code
+	19, // 27: gpuplane.v1.Result.violations:type_name -> gpuplane.v1.Violation
+	1,  // 28: gpuplane.v1.Result.outcome:type_name -> gpuplane.v1.Outcome
+	29, // [29:29] is the sub-list for method output_type
+	29, // [29:29] is the sub-list for method input_type
+	29, // [29:29] is the sub-list for extension type_name
+	29, // [29:29] is the sub-list for extension extendee
+	0,  // [0:29] is the sub-list for field type_name
 }
 
 func init() { file_gpuplane_v1_log_proto_init() }

@@ -176,6 +176,120 @@ func (Tenancy) EnumDescriptor() ([]byte, []int) {
 	return file_gpuplane_v1_resources_proto_rawDescGZIP(), []int{2}
 }
 
+// Residency says how a deployment's replicas hold their card's memory
+// (SPEC §8.1).
+type Residency int32
+
+const (
+	// Pinned, the default: the state machine stores pinned as unspecified.
+	Residency_RESIDENCY_UNSPECIFIED Residency = 0
+	// Loaded when placed, never unloaded by the controller; its share is
+	// reserved.
+	Residency_RESIDENCY_PINNED Residency = 1
+	// Its share is reserved, but while idle it may sleep and lend it.
+	Residency_RESIDENCY_WARM Residency = 2
+	// No reservation: assigned to a card and loaded on demand.
+	Residency_RESIDENCY_ON_DEMAND Residency = 3
+)
+
+// Enum value maps for Residency.
+var (
+	Residency_name = map[int32]string{
+		0: "RESIDENCY_UNSPECIFIED",
+		1: "RESIDENCY_PINNED",
+		2: "RESIDENCY_WARM",
+		3: "RESIDENCY_ON_DEMAND",
+	}
+	Residency_value = map[string]int32{
+		"RESIDENCY_UNSPECIFIED": 0,
+		"RESIDENCY_PINNED":      1,
+		"RESIDENCY_WARM":        2,
+		"RESIDENCY_ON_DEMAND":   3,
+	}
+)
+
+func (x Residency) Enum() *Residency {
+	p := new(Residency)
+	*p = x
+	return p
+}
+
+func (x Residency) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (Residency) Descriptor() protoreflect.EnumDescriptor {
+	return file_gpuplane_v1_resources_proto_enumTypes[3].Descriptor()
+}
+
+func (Residency) Type() protoreflect.EnumType {
+	return &file_gpuplane_v1_resources_proto_enumTypes[3]
+}
+
+func (x Residency) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use Residency.Descriptor instead.
+func (Residency) EnumDescriptor() ([]byte, []int) {
+	return file_gpuplane_v1_resources_proto_rawDescGZIP(), []int{3}
+}
+
+// Priority is a deployment's request class (SPEC §8.1, §8.4).
+type Priority int32
+
+const (
+	// Standard, the default: the state machine stores standard as
+	// unspecified.
+	Priority_PRIORITY_UNSPECIFIED Priority = 0
+	Priority_PRIORITY_INTERACTIVE Priority = 1
+	Priority_PRIORITY_STANDARD    Priority = 2
+	Priority_PRIORITY_BACKGROUND  Priority = 3
+)
+
+// Enum value maps for Priority.
+var (
+	Priority_name = map[int32]string{
+		0: "PRIORITY_UNSPECIFIED",
+		1: "PRIORITY_INTERACTIVE",
+		2: "PRIORITY_STANDARD",
+		3: "PRIORITY_BACKGROUND",
+	}
+	Priority_value = map[string]int32{
+		"PRIORITY_UNSPECIFIED": 0,
+		"PRIORITY_INTERACTIVE": 1,
+		"PRIORITY_STANDARD":    2,
+		"PRIORITY_BACKGROUND":  3,
+	}
+)
+
+func (x Priority) Enum() *Priority {
+	p := new(Priority)
+	*p = x
+	return p
+}
+
+func (x Priority) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (Priority) Descriptor() protoreflect.EnumDescriptor {
+	return file_gpuplane_v1_resources_proto_enumTypes[4].Descriptor()
+}
+
+func (Priority) Type() protoreflect.EnumType {
+	return &file_gpuplane_v1_resources_proto_enumTypes[4]
+}
+
+func (x Priority) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use Priority.Descriptor instead.
+func (Priority) EnumDescriptor() ([]byte, []int) {
+	return file_gpuplane_v1_resources_proto_rawDescGZIP(), []int{4}
+}
+
 // ReplicaState is where a replica is in its life.
 type ReplicaState int32
 
@@ -224,11 +338,11 @@ func (x ReplicaState) String() string {
 }
 
 func (ReplicaState) Descriptor() protoreflect.EnumDescriptor {
-	return file_gpuplane_v1_resources_proto_enumTypes[3].Descriptor()
+	return file_gpuplane_v1_resources_proto_enumTypes[5].Descriptor()
 }
 
 func (ReplicaState) Type() protoreflect.EnumType {
-	return &file_gpuplane_v1_resources_proto_enumTypes[3]
+	return &file_gpuplane_v1_resources_proto_enumTypes[5]
 }
 
 func (x ReplicaState) Number() protoreflect.EnumNumber {
@@ -237,7 +351,71 @@ func (x ReplicaState) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use ReplicaState.Descriptor instead.
 func (ReplicaState) EnumDescriptor() ([]byte, []int) {
-	return file_gpuplane_v1_resources_proto_rawDescGZIP(), []int{3}
+	return file_gpuplane_v1_resources_proto_rawDescGZIP(), []int{5}
+}
+
+// ReplicaResidency is where a placed replica's weights are (SPEC §8.3).
+// The node reports it; the state machine clears it when the replica is
+// placed or unplaced, and listings show a placed replica with none as cold.
+type ReplicaResidency int32
+
+const (
+	ReplicaResidency_REPLICA_RESIDENCY_UNSPECIFIED ReplicaResidency = 0
+	ReplicaResidency_REPLICA_RESIDENCY_COLD        ReplicaResidency = 1
+	ReplicaResidency_REPLICA_RESIDENCY_LOADING     ReplicaResidency = 2
+	ReplicaResidency_REPLICA_RESIDENCY_RESIDENT    ReplicaResidency = 3
+	ReplicaResidency_REPLICA_RESIDENCY_DRAINING    ReplicaResidency = 4
+	ReplicaResidency_REPLICA_RESIDENCY_SLEEPING    ReplicaResidency = 5
+	ReplicaResidency_REPLICA_RESIDENCY_WAKING      ReplicaResidency = 6
+)
+
+// Enum value maps for ReplicaResidency.
+var (
+	ReplicaResidency_name = map[int32]string{
+		0: "REPLICA_RESIDENCY_UNSPECIFIED",
+		1: "REPLICA_RESIDENCY_COLD",
+		2: "REPLICA_RESIDENCY_LOADING",
+		3: "REPLICA_RESIDENCY_RESIDENT",
+		4: "REPLICA_RESIDENCY_DRAINING",
+		5: "REPLICA_RESIDENCY_SLEEPING",
+		6: "REPLICA_RESIDENCY_WAKING",
+	}
+	ReplicaResidency_value = map[string]int32{
+		"REPLICA_RESIDENCY_UNSPECIFIED": 0,
+		"REPLICA_RESIDENCY_COLD":        1,
+		"REPLICA_RESIDENCY_LOADING":     2,
+		"REPLICA_RESIDENCY_RESIDENT":    3,
+		"REPLICA_RESIDENCY_DRAINING":    4,
+		"REPLICA_RESIDENCY_SLEEPING":    5,
+		"REPLICA_RESIDENCY_WAKING":      6,
+	}
+)
+
+func (x ReplicaResidency) Enum() *ReplicaResidency {
+	p := new(ReplicaResidency)
+	*p = x
+	return p
+}
+
+func (x ReplicaResidency) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (ReplicaResidency) Descriptor() protoreflect.EnumDescriptor {
+	return file_gpuplane_v1_resources_proto_enumTypes[6].Descriptor()
+}
+
+func (ReplicaResidency) Type() protoreflect.EnumType {
+	return &file_gpuplane_v1_resources_proto_enumTypes[6]
+}
+
+func (x ReplicaResidency) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use ReplicaResidency.Descriptor instead.
+func (ReplicaResidency) EnumDescriptor() ([]byte, []int) {
+	return file_gpuplane_v1_resources_proto_rawDescGZIP(), []int{6}
 }
 
 // Role is what a token may do.
@@ -280,11 +458,11 @@ func (x Role) String() string {
 }
 
 func (Role) Descriptor() protoreflect.EnumDescriptor {
-	return file_gpuplane_v1_resources_proto_enumTypes[4].Descriptor()
+	return file_gpuplane_v1_resources_proto_enumTypes[7].Descriptor()
 }
 
 func (Role) Type() protoreflect.EnumType {
-	return &file_gpuplane_v1_resources_proto_enumTypes[4]
+	return &file_gpuplane_v1_resources_proto_enumTypes[7]
 }
 
 func (x Role) Number() protoreflect.EnumNumber {
@@ -293,7 +471,7 @@ func (x Role) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use Role.Descriptor instead.
 func (Role) EnumDescriptor() ([]byte, []int) {
-	return file_gpuplane_v1_resources_proto_rawDescGZIP(), []int{4}
+	return file_gpuplane_v1_resources_proto_rawDescGZIP(), []int{7}
 }
 
 // Card is one physical GPU as its node reported it.
@@ -648,10 +826,17 @@ type CardStatus struct {
 	UsedMib   uint64                 `protobuf:"varint,5,opt,name=used_mib,json=usedMib,proto3" json:"used_mib,omitempty"`
 	FreeMib   uint64                 `protobuf:"varint,6,opt,name=free_mib,json=freeMib,proto3" json:"free_mib,omitempty"`
 	// The accelerator the card is bound to, empty when unbound.
-	Accelerator   string     `protobuf:"bytes,7,opt,name=accelerator,proto3" json:"accelerator,omitempty"`
-	Replicas      []string   `protobuf:"bytes,8,rep,name=replicas,proto3" json:"replicas,omitempty"`
-	Healthy       bool       `protobuf:"varint,9,opt,name=healthy,proto3" json:"healthy,omitempty"`
-	NodeStatus    NodeStatus `protobuf:"varint,10,opt,name=node_status,json=nodeStatus,proto3,enum=gpuplane.v1.NodeStatus" json:"node_status,omitempty"`
+	Accelerator string     `protobuf:"bytes,7,opt,name=accelerator,proto3" json:"accelerator,omitempty"`
+	Replicas    []string   `protobuf:"bytes,8,rep,name=replicas,proto3" json:"replicas,omitempty"`
+	Healthy     bool       `protobuf:"varint,9,opt,name=healthy,proto3" json:"healthy,omitempty"`
+	NodeStatus  NodeStatus `protobuf:"varint,10,opt,name=node_status,json=nodeStatus,proto3,enum=gpuplane.v1.NodeStatus" json:"node_status,omitempty"`
+	// Memory promised to pinned and warm replicas (SPEC §8.1).
+	ReservedMib uint64 `protobuf:"varint,11,opt,name=reserved_mib,json=reservedMib,proto3" json:"reserved_mib,omitempty"`
+	// Memory shares of replicas loaded on the card now (loading, resident,
+	// waking or draining).
+	ResidentMib uint64 `protobuf:"varint,12,opt,name=resident_mib,json=residentMib,proto3" json:"resident_mib,omitempty"`
+	// Memory shares of replicas asleep in host memory.
+	SleepingMib   uint64 `protobuf:"varint,13,opt,name=sleeping_mib,json=sleepingMib,proto3" json:"sleeping_mib,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -754,6 +939,27 @@ func (x *CardStatus) GetNodeStatus() NodeStatus {
 		return x.NodeStatus
 	}
 	return NodeStatus_NODE_STATUS_UNSPECIFIED
+}
+
+func (x *CardStatus) GetReservedMib() uint64 {
+	if x != nil {
+		return x.ReservedMib
+	}
+	return 0
+}
+
+func (x *CardStatus) GetResidentMib() uint64 {
+	if x != nil {
+		return x.ResidentMib
+	}
+	return 0
+}
+
+func (x *CardStatus) GetSleepingMib() uint64 {
+	if x != nil {
+		return x.SleepingMib
+	}
+	return 0
 }
 
 // AcceleratorSpec is the immutable placement class of an accelerator.
@@ -985,8 +1191,11 @@ type EngineSpec struct {
 	// How long one start of the engine may take to become ready, in seconds
 	// (0 = the engine kind's default); past it the replica is Failed.
 	StartTimeoutSeconds uint32 `protobuf:"varint,10,opt,name=start_timeout_seconds,json=startTimeoutSeconds,proto3" json:"start_timeout_seconds,omitempty"`
-	unknownFields       protoimpl.UnknownFields
-	sizeCache           protoimpl.SizeCache
+	// Numeric format of the weights (bf16, fp8, awq, q4_k_m, ...); part of
+	// the model's identity: variants that differ in it are separate residents.
+	Quantization  string `protobuf:"bytes,11,opt,name=quantization,proto3" json:"quantization,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *EngineSpec) Reset() {
@@ -1087,6 +1296,13 @@ func (x *EngineSpec) GetStartTimeoutSeconds() uint32 {
 		return x.StartTimeoutSeconds
 	}
 	return 0
+}
+
+func (x *EngineSpec) GetQuantization() string {
+	if x != nil {
+		return x.Quantization
+	}
+	return ""
 }
 
 // PlacementSpec says where replicas may go.
@@ -1196,6 +1412,52 @@ func (x *HostResources) GetMemoryMib() uint64 {
 	return 0
 }
 
+// SLO is a deployment's latency target.
+type SLO struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// p95 time to first token, in milliseconds (0 = no target).
+	TtftMs        uint32 `protobuf:"varint,1,opt,name=ttft_ms,json=ttftMs,proto3" json:"ttft_ms,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SLO) Reset() {
+	*x = SLO{}
+	mi := &file_gpuplane_v1_resources_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SLO) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SLO) ProtoMessage() {}
+
+func (x *SLO) ProtoReflect() protoreflect.Message {
+	mi := &file_gpuplane_v1_resources_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SLO.ProtoReflect.Descriptor instead.
+func (*SLO) Descriptor() ([]byte, []int) {
+	return file_gpuplane_v1_resources_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *SLO) GetTtftMs() uint32 {
+	if x != nil {
+		return x.TtftMs
+	}
+	return 0
+}
+
 // ModelSpec is the mutable part of a deployment.
 type ModelSpec struct {
 	state           protoimpl.MessageState `protogen:"open.v1"`
@@ -1205,13 +1467,16 @@ type ModelSpec struct {
 	Placement       *PlacementSpec         `protobuf:"bytes,4,opt,name=placement,proto3" json:"placement,omitempty"`
 	Engine          *EngineSpec            `protobuf:"bytes,5,opt,name=engine,proto3" json:"engine,omitempty"`
 	Resources       *HostResources         `protobuf:"bytes,6,opt,name=resources,proto3" json:"resources,omitempty"`
+	Residency       Residency              `protobuf:"varint,7,opt,name=residency,proto3,enum=gpuplane.v1.Residency" json:"residency,omitempty"`
+	Priority        Priority               `protobuf:"varint,8,opt,name=priority,proto3,enum=gpuplane.v1.Priority" json:"priority,omitempty"`
+	Slo             *SLO                   `protobuf:"bytes,9,opt,name=slo,proto3" json:"slo,omitempty"`
 	unknownFields   protoimpl.UnknownFields
 	sizeCache       protoimpl.SizeCache
 }
 
 func (x *ModelSpec) Reset() {
 	*x = ModelSpec{}
-	mi := &file_gpuplane_v1_resources_proto_msgTypes[10]
+	mi := &file_gpuplane_v1_resources_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1223,7 +1488,7 @@ func (x *ModelSpec) String() string {
 func (*ModelSpec) ProtoMessage() {}
 
 func (x *ModelSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuplane_v1_resources_proto_msgTypes[10]
+	mi := &file_gpuplane_v1_resources_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1236,7 +1501,7 @@ func (x *ModelSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ModelSpec.ProtoReflect.Descriptor instead.
 func (*ModelSpec) Descriptor() ([]byte, []int) {
-	return file_gpuplane_v1_resources_proto_rawDescGZIP(), []int{10}
+	return file_gpuplane_v1_resources_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *ModelSpec) GetModel() string {
@@ -1281,6 +1546,27 @@ func (x *ModelSpec) GetResources() *HostResources {
 	return nil
 }
 
+func (x *ModelSpec) GetResidency() Residency {
+	if x != nil {
+		return x.Residency
+	}
+	return Residency_RESIDENCY_UNSPECIFIED
+}
+
+func (x *ModelSpec) GetPriority() Priority {
+	if x != nil {
+		return x.Priority
+	}
+	return Priority_PRIORITY_UNSPECIFIED
+}
+
+func (x *ModelSpec) GetSlo() *SLO {
+	if x != nil {
+		return x.Slo
+	}
+	return nil
+}
+
 // ModelStatus summarises a deployment's replicas.
 type ModelStatus struct {
 	state   protoimpl.MessageState `protogen:"open.v1"`
@@ -1300,7 +1586,7 @@ type ModelStatus struct {
 
 func (x *ModelStatus) Reset() {
 	*x = ModelStatus{}
-	mi := &file_gpuplane_v1_resources_proto_msgTypes[11]
+	mi := &file_gpuplane_v1_resources_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1312,7 +1598,7 @@ func (x *ModelStatus) String() string {
 func (*ModelStatus) ProtoMessage() {}
 
 func (x *ModelStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuplane_v1_resources_proto_msgTypes[11]
+	mi := &file_gpuplane_v1_resources_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1325,7 +1611,7 @@ func (x *ModelStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ModelStatus.ProtoReflect.Descriptor instead.
 func (*ModelStatus) Descriptor() ([]byte, []int) {
-	return file_gpuplane_v1_resources_proto_rawDescGZIP(), []int{11}
+	return file_gpuplane_v1_resources_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *ModelStatus) GetDesired() uint32 {
@@ -1385,7 +1671,7 @@ type ModelDeployment struct {
 
 func (x *ModelDeployment) Reset() {
 	*x = ModelDeployment{}
-	mi := &file_gpuplane_v1_resources_proto_msgTypes[12]
+	mi := &file_gpuplane_v1_resources_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1397,7 +1683,7 @@ func (x *ModelDeployment) String() string {
 func (*ModelDeployment) ProtoMessage() {}
 
 func (x *ModelDeployment) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuplane_v1_resources_proto_msgTypes[12]
+	mi := &file_gpuplane_v1_resources_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1410,7 +1696,7 @@ func (x *ModelDeployment) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ModelDeployment.ProtoReflect.Descriptor instead.
 func (*ModelDeployment) Descriptor() ([]byte, []int) {
-	return file_gpuplane_v1_resources_proto_rawDescGZIP(), []int{12}
+	return file_gpuplane_v1_resources_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ModelDeployment) GetName() string {
@@ -1459,9 +1745,10 @@ type Replica struct {
 	Node        string `protobuf:"bytes,5,opt,name=node,proto3" json:"node,omitempty"`
 	// Card indexes on node.
 	Cards []uint32 `protobuf:"varint,6,rep,packed,name=cards,proto3" json:"cards,omitempty"`
-	// Reserved share of each card in thousandths (1000 = whole card).
+	// Share of each card in thousandths (1000 = whole card): reserved,
+	// unless the deployment is onDemand (then assigned, not reserved).
 	ShareMilli uint32 `protobuf:"varint,7,opt,name=share_milli,json=shareMilli,proto3" json:"share_milli,omitempty"`
-	// Reserved memory per card in MiB.
+	// The share's memory per card in MiB.
 	MemoryMib      uint64       `protobuf:"varint,8,opt,name=memory_mib,json=memoryMib,proto3" json:"memory_mib,omitempty"`
 	ComputePercent uint32       `protobuf:"varint,9,opt,name=compute_percent,json=computePercent,proto3" json:"compute_percent,omitempty"`
 	State          ReplicaState `protobuf:"varint,10,opt,name=state,proto3,enum=gpuplane.v1.ReplicaState" json:"state,omitempty"`
@@ -1469,14 +1756,17 @@ type Replica struct {
 	Restarts       uint32       `protobuf:"varint,12,opt,name=restarts,proto3" json:"restarts,omitempty"`
 	Endpoint       string       `protobuf:"bytes,13,opt,name=endpoint,proto3" json:"endpoint,omitempty"`
 	// Log index of the entry that placed it (0 while pending).
-	PlacedIndex   uint64 `protobuf:"varint,14,opt,name=placed_index,json=placedIndex,proto3" json:"placed_index,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	PlacedIndex uint64           `protobuf:"varint,14,opt,name=placed_index,json=placedIndex,proto3" json:"placed_index,omitempty"`
+	Residency   ReplicaResidency `protobuf:"varint,15,opt,name=residency,proto3,enum=gpuplane.v1.ReplicaResidency" json:"residency,omitempty"`
+	// Why it last changed residency, as the node reported it.
+	ResidencyReason string `protobuf:"bytes,16,opt,name=residency_reason,json=residencyReason,proto3" json:"residency_reason,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *Replica) Reset() {
 	*x = Replica{}
-	mi := &file_gpuplane_v1_resources_proto_msgTypes[13]
+	mi := &file_gpuplane_v1_resources_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1488,7 +1778,7 @@ func (x *Replica) String() string {
 func (*Replica) ProtoMessage() {}
 
 func (x *Replica) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuplane_v1_resources_proto_msgTypes[13]
+	mi := &file_gpuplane_v1_resources_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1501,7 +1791,7 @@ func (x *Replica) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Replica.ProtoReflect.Descriptor instead.
 func (*Replica) Descriptor() ([]byte, []int) {
-	return file_gpuplane_v1_resources_proto_rawDescGZIP(), []int{13}
+	return file_gpuplane_v1_resources_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *Replica) GetModel() string {
@@ -1602,6 +1892,20 @@ func (x *Replica) GetPlacedIndex() uint64 {
 	return 0
 }
 
+func (x *Replica) GetResidency() ReplicaResidency {
+	if x != nil {
+		return x.Residency
+	}
+	return ReplicaResidency_REPLICA_RESIDENCY_UNSPECIFIED
+}
+
+func (x *Replica) GetResidencyReason() string {
+	if x != nil {
+		return x.ResidencyReason
+	}
+	return ""
+}
+
 // ACLToken is an API token as the state keeps it: the secret itself is never
 // stored or logged, only its SHA-256.
 type ACLToken struct {
@@ -1617,7 +1921,7 @@ type ACLToken struct {
 
 func (x *ACLToken) Reset() {
 	*x = ACLToken{}
-	mi := &file_gpuplane_v1_resources_proto_msgTypes[14]
+	mi := &file_gpuplane_v1_resources_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1629,7 +1933,7 @@ func (x *ACLToken) String() string {
 func (*ACLToken) ProtoMessage() {}
 
 func (x *ACLToken) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuplane_v1_resources_proto_msgTypes[14]
+	mi := &file_gpuplane_v1_resources_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1642,7 +1946,7 @@ func (x *ACLToken) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ACLToken.ProtoReflect.Descriptor instead.
 func (*ACLToken) Descriptor() ([]byte, []int) {
-	return file_gpuplane_v1_resources_proto_rawDescGZIP(), []int{14}
+	return file_gpuplane_v1_resources_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *ACLToken) GetName() string {
@@ -1716,7 +2020,7 @@ const file_gpuplane_v1_resources_proto_rawDesc = "" +
 	"\x05total\x18\x06 \x01(\rR\x05total\x12\x12\n" +
 	"\x04free\x18\a \x01(\rR\x04free\x12 \n" +
 	"\fmax_per_node\x18\b \x01(\rR\n" +
-	"maxPerNode\"\xb1\x02\n" +
+	"maxPerNode\"\x9a\x03\n" +
 	"\n" +
 	"CardStatus\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x14\n" +
@@ -1731,7 +2035,10 @@ const file_gpuplane_v1_resources_proto_rawDesc = "" +
 	"\ahealthy\x18\t \x01(\bR\ahealthy\x128\n" +
 	"\vnode_status\x18\n" +
 	" \x01(\x0e2\x17.gpuplane.v1.NodeStatusR\n" +
-	"nodeStatus\"\xa8\x01\n" +
+	"nodeStatus\x12!\n" +
+	"\freserved_mib\x18\v \x01(\x04R\vreservedMib\x12!\n" +
+	"\fresident_mib\x18\f \x01(\x04R\vresidentMib\x12!\n" +
+	"\fsleeping_mib\x18\r \x01(\x04R\vsleepingMib\"\xa8\x01\n" +
 	"\x0fAcceleratorSpec\x12\x16\n" +
 	"\x06device\x18\x01 \x01(\tR\x06device\x12.\n" +
 	"\atenancy\x18\x02 \x01(\x0e2\x14.gpuplane.v1.TenancyR\atenancy\x12\x1d\n" +
@@ -1747,7 +2054,7 @@ const file_gpuplane_v1_resources_proto_rawDesc = "" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x120\n" +
 	"\x04spec\x18\x02 \x01(\v2\x1c.gpuplane.v1.AcceleratorSpecR\x04spec\x126\n" +
 	"\x06status\x18\x03 \x01(\v2\x1e.gpuplane.v1.AcceleratorStatusR\x06status\x12#\n" +
-	"\rcreated_index\x18\x04 \x01(\x04R\fcreatedIndex\"\xbd\x03\n" +
+	"\rcreated_index\x18\x04 \x01(\x04R\fcreatedIndex\"\xe1\x03\n" +
 	"\n" +
 	"EngineSpec\x12\x12\n" +
 	"\x04kind\x18\x01 \x01(\tR\x04kind\x12%\n" +
@@ -1761,7 +2068,8 @@ const file_gpuplane_v1_resources_proto_rawDesc = "" +
 	"\x04args\x18\b \x03(\tR\x04args\x122\n" +
 	"\x03env\x18\t \x03(\v2 .gpuplane.v1.EngineSpec.EnvEntryR\x03env\x122\n" +
 	"\x15start_timeout_seconds\x18\n" +
-	" \x01(\rR\x13startTimeoutSeconds\x1a6\n" +
+	" \x01(\rR\x13startTimeoutSeconds\x12\"\n" +
+	"\fquantization\x18\v \x01(\tR\fquantization\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xc5\x01\n" +
@@ -1774,14 +2082,19 @@ const file_gpuplane_v1_resources_proto_rawDesc = "" +
 	"\rHostResources\x12\x1b\n" +
 	"\tcpu_milli\x18\x01 \x01(\rR\bcpuMilli\x12\x1d\n" +
 	"\n" +
-	"memory_mib\x18\x02 \x01(\x04R\tmemoryMib\"\x8e\x02\n" +
+	"memory_mib\x18\x02 \x01(\x04R\tmemoryMib\"\x1e\n" +
+	"\x03SLO\x12\x17\n" +
+	"\attft_ms\x18\x01 \x01(\rR\x06ttftMs\"\x9b\x03\n" +
 	"\tModelSpec\x12\x14\n" +
 	"\x05model\x18\x01 \x01(\tR\x05model\x12*\n" +
 	"\x11served_model_name\x18\x02 \x01(\tR\x0fservedModelName\x12\x1a\n" +
 	"\breplicas\x18\x03 \x01(\rR\breplicas\x128\n" +
 	"\tplacement\x18\x04 \x01(\v2\x1a.gpuplane.v1.PlacementSpecR\tplacement\x12/\n" +
 	"\x06engine\x18\x05 \x01(\v2\x17.gpuplane.v1.EngineSpecR\x06engine\x128\n" +
-	"\tresources\x18\x06 \x01(\v2\x1a.gpuplane.v1.HostResourcesR\tresources\"\xbc\x01\n" +
+	"\tresources\x18\x06 \x01(\v2\x1a.gpuplane.v1.HostResourcesR\tresources\x124\n" +
+	"\tresidency\x18\a \x01(\x0e2\x16.gpuplane.v1.ResidencyR\tresidency\x121\n" +
+	"\bpriority\x18\b \x01(\x0e2\x15.gpuplane.v1.PriorityR\bpriority\x12\"\n" +
+	"\x03slo\x18\t \x01(\v2\x10.gpuplane.v1.SLOR\x03slo\"\xbc\x01\n" +
 	"\vModelStatus\x12\x18\n" +
 	"\adesired\x18\x01 \x01(\rR\adesired\x12\x16\n" +
 	"\x06placed\x18\x02 \x01(\rR\x06placed\x12\x18\n" +
@@ -1796,7 +2109,7 @@ const file_gpuplane_v1_resources_proto_rawDesc = "" +
 	"generation\x18\x03 \x01(\x04R\n" +
 	"generation\x120\n" +
 	"\x06status\x18\x04 \x01(\v2\x18.gpuplane.v1.ModelStatusR\x06status\x12#\n" +
-	"\rcreated_index\x18\x05 \x01(\x04R\fcreatedIndex\"\xae\x03\n" +
+	"\rcreated_index\x18\x05 \x01(\x04R\fcreatedIndex\"\x96\x04\n" +
 	"\aReplica\x12\x14\n" +
 	"\x05model\x18\x01 \x01(\tR\x05model\x12\x14\n" +
 	"\x05index\x18\x02 \x01(\rR\x05index\x12\x1e\n" +
@@ -1816,7 +2129,9 @@ const file_gpuplane_v1_resources_proto_rawDesc = "" +
 	"\x06reason\x18\v \x01(\tR\x06reason\x12\x1a\n" +
 	"\brestarts\x18\f \x01(\rR\brestarts\x12\x1a\n" +
 	"\bendpoint\x18\r \x01(\tR\bendpoint\x12!\n" +
-	"\fplaced_index\x18\x0e \x01(\x04R\vplacedIndex\"\x8b\x01\n" +
+	"\fplaced_index\x18\x0e \x01(\x04R\vplacedIndex\x12;\n" +
+	"\tresidency\x18\x0f \x01(\x0e2\x1d.gpuplane.v1.ReplicaResidencyR\tresidency\x12)\n" +
+	"\x10residency_reason\x18\x10 \x01(\tR\x0fresidencyReason\"\x8b\x01\n" +
 	"\bACLToken\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12%\n" +
 	"\x04role\x18\x02 \x01(\x0e2\x11.gpuplane.v1.RoleR\x04role\x12\x1f\n" +
@@ -1836,7 +2151,17 @@ const file_gpuplane_v1_resources_proto_rawDesc = "" +
 	"\aTenancy\x12\x17\n" +
 	"\x13TENANCY_UNSPECIFIED\x10\x00\x12\x15\n" +
 	"\x11TENANCY_DEDICATED\x10\x01\x12\x12\n" +
-	"\x0eTENANCY_SHARED\x10\x02*\xce\x01\n" +
+	"\x0eTENANCY_SHARED\x10\x02*i\n" +
+	"\tResidency\x12\x19\n" +
+	"\x15RESIDENCY_UNSPECIFIED\x10\x00\x12\x14\n" +
+	"\x10RESIDENCY_PINNED\x10\x01\x12\x12\n" +
+	"\x0eRESIDENCY_WARM\x10\x02\x12\x17\n" +
+	"\x13RESIDENCY_ON_DEMAND\x10\x03*n\n" +
+	"\bPriority\x12\x18\n" +
+	"\x14PRIORITY_UNSPECIFIED\x10\x00\x12\x18\n" +
+	"\x14PRIORITY_INTERACTIVE\x10\x01\x12\x15\n" +
+	"\x11PRIORITY_STANDARD\x10\x02\x12\x17\n" +
+	"\x13PRIORITY_BACKGROUND\x10\x03*\xce\x01\n" +
 	"\fReplicaState\x12\x1d\n" +
 	"\x19REPLICA_STATE_UNSPECIFIED\x10\x00\x12\x19\n" +
 	"\x15REPLICA_STATE_PENDING\x10\x01\x12\x18\n" +
@@ -1844,7 +2169,15 @@ const file_gpuplane_v1_resources_proto_rawDesc = "" +
 	"\x16REPLICA_STATE_STARTING\x10\x03\x12\x19\n" +
 	"\x15REPLICA_STATE_RUNNING\x10\x04\x12\x18\n" +
 	"\x14REPLICA_STATE_FAILED\x10\x05\x12\x19\n" +
-	"\x15REPLICA_STATE_STOPPED\x10\x06*N\n" +
+	"\x15REPLICA_STATE_STOPPED\x10\x06*\xee\x01\n" +
+	"\x10ReplicaResidency\x12!\n" +
+	"\x1dREPLICA_RESIDENCY_UNSPECIFIED\x10\x00\x12\x1a\n" +
+	"\x16REPLICA_RESIDENCY_COLD\x10\x01\x12\x1d\n" +
+	"\x19REPLICA_RESIDENCY_LOADING\x10\x02\x12\x1e\n" +
+	"\x1aREPLICA_RESIDENCY_RESIDENT\x10\x03\x12\x1e\n" +
+	"\x1aREPLICA_RESIDENCY_DRAINING\x10\x04\x12\x1e\n" +
+	"\x1aREPLICA_RESIDENCY_SLEEPING\x10\x05\x12\x1c\n" +
+	"\x18REPLICA_RESIDENCY_WAKING\x10\x06*N\n" +
 	"\x04Role\x12\x14\n" +
 	"\x10ROLE_UNSPECIFIED\x10\x00\x12\r\n" +
 	"\tROLE_READ\x10\x01\x12\x11\n" +
@@ -1864,56 +2197,64 @@ func file_gpuplane_v1_resources_proto_rawDescGZIP() []byte {
 	return file_gpuplane_v1_resources_proto_rawDescData
 }
 
-var file_gpuplane_v1_resources_proto_enumTypes = make([]protoimpl.EnumInfo, 5)
-var file_gpuplane_v1_resources_proto_msgTypes = make([]protoimpl.MessageInfo, 18)
+var file_gpuplane_v1_resources_proto_enumTypes = make([]protoimpl.EnumInfo, 8)
+var file_gpuplane_v1_resources_proto_msgTypes = make([]protoimpl.MessageInfo, 19)
 var file_gpuplane_v1_resources_proto_goTypes = []any{
 	(NodeRole)(0),             // 0: gpuplane.v1.NodeRole
 	(NodeStatus)(0),           // 1: gpuplane.v1.NodeStatus
 	(Tenancy)(0),              // 2: gpuplane.v1.Tenancy
-	(ReplicaState)(0),         // 3: gpuplane.v1.ReplicaState
-	(Role)(0),                 // 4: gpuplane.v1.Role
-	(*Card)(nil),              // 5: gpuplane.v1.Card
-	(*Node)(nil),              // 6: gpuplane.v1.Node
-	(*Device)(nil),            // 7: gpuplane.v1.Device
-	(*CardStatus)(nil),        // 8: gpuplane.v1.CardStatus
-	(*AcceleratorSpec)(nil),   // 9: gpuplane.v1.AcceleratorSpec
-	(*AcceleratorStatus)(nil), // 10: gpuplane.v1.AcceleratorStatus
-	(*Accelerator)(nil),       // 11: gpuplane.v1.Accelerator
-	(*EngineSpec)(nil),        // 12: gpuplane.v1.EngineSpec
-	(*PlacementSpec)(nil),     // 13: gpuplane.v1.PlacementSpec
-	(*HostResources)(nil),     // 14: gpuplane.v1.HostResources
-	(*ModelSpec)(nil),         // 15: gpuplane.v1.ModelSpec
-	(*ModelStatus)(nil),       // 16: gpuplane.v1.ModelStatus
-	(*ModelDeployment)(nil),   // 17: gpuplane.v1.ModelDeployment
-	(*Replica)(nil),           // 18: gpuplane.v1.Replica
-	(*ACLToken)(nil),          // 19: gpuplane.v1.ACLToken
-	nil,                       // 20: gpuplane.v1.Node.LabelsEntry
-	nil,                       // 21: gpuplane.v1.EngineSpec.EnvEntry
-	nil,                       // 22: gpuplane.v1.PlacementSpec.NodeSelectorEntry
+	(Residency)(0),            // 3: gpuplane.v1.Residency
+	(Priority)(0),             // 4: gpuplane.v1.Priority
+	(ReplicaState)(0),         // 5: gpuplane.v1.ReplicaState
+	(ReplicaResidency)(0),     // 6: gpuplane.v1.ReplicaResidency
+	(Role)(0),                 // 7: gpuplane.v1.Role
+	(*Card)(nil),              // 8: gpuplane.v1.Card
+	(*Node)(nil),              // 9: gpuplane.v1.Node
+	(*Device)(nil),            // 10: gpuplane.v1.Device
+	(*CardStatus)(nil),        // 11: gpuplane.v1.CardStatus
+	(*AcceleratorSpec)(nil),   // 12: gpuplane.v1.AcceleratorSpec
+	(*AcceleratorStatus)(nil), // 13: gpuplane.v1.AcceleratorStatus
+	(*Accelerator)(nil),       // 14: gpuplane.v1.Accelerator
+	(*EngineSpec)(nil),        // 15: gpuplane.v1.EngineSpec
+	(*PlacementSpec)(nil),     // 16: gpuplane.v1.PlacementSpec
+	(*HostResources)(nil),     // 17: gpuplane.v1.HostResources
+	(*SLO)(nil),               // 18: gpuplane.v1.SLO
+	(*ModelSpec)(nil),         // 19: gpuplane.v1.ModelSpec
+	(*ModelStatus)(nil),       // 20: gpuplane.v1.ModelStatus
+	(*ModelDeployment)(nil),   // 21: gpuplane.v1.ModelDeployment
+	(*Replica)(nil),           // 22: gpuplane.v1.Replica
+	(*ACLToken)(nil),          // 23: gpuplane.v1.ACLToken
+	nil,                       // 24: gpuplane.v1.Node.LabelsEntry
+	nil,                       // 25: gpuplane.v1.EngineSpec.EnvEntry
+	nil,                       // 26: gpuplane.v1.PlacementSpec.NodeSelectorEntry
 }
 var file_gpuplane_v1_resources_proto_depIdxs = []int32{
 	0,  // 0: gpuplane.v1.Node.role:type_name -> gpuplane.v1.NodeRole
 	1,  // 1: gpuplane.v1.Node.status:type_name -> gpuplane.v1.NodeStatus
-	20, // 2: gpuplane.v1.Node.labels:type_name -> gpuplane.v1.Node.LabelsEntry
-	5,  // 3: gpuplane.v1.Node.cards:type_name -> gpuplane.v1.Card
+	24, // 2: gpuplane.v1.Node.labels:type_name -> gpuplane.v1.Node.LabelsEntry
+	8,  // 3: gpuplane.v1.Node.cards:type_name -> gpuplane.v1.Card
 	1,  // 4: gpuplane.v1.CardStatus.node_status:type_name -> gpuplane.v1.NodeStatus
 	2,  // 5: gpuplane.v1.AcceleratorSpec.tenancy:type_name -> gpuplane.v1.Tenancy
-	9,  // 6: gpuplane.v1.Accelerator.spec:type_name -> gpuplane.v1.AcceleratorSpec
-	10, // 7: gpuplane.v1.Accelerator.status:type_name -> gpuplane.v1.AcceleratorStatus
-	21, // 8: gpuplane.v1.EngineSpec.env:type_name -> gpuplane.v1.EngineSpec.EnvEntry
-	22, // 9: gpuplane.v1.PlacementSpec.node_selector:type_name -> gpuplane.v1.PlacementSpec.NodeSelectorEntry
-	13, // 10: gpuplane.v1.ModelSpec.placement:type_name -> gpuplane.v1.PlacementSpec
-	12, // 11: gpuplane.v1.ModelSpec.engine:type_name -> gpuplane.v1.EngineSpec
-	14, // 12: gpuplane.v1.ModelSpec.resources:type_name -> gpuplane.v1.HostResources
-	15, // 13: gpuplane.v1.ModelDeployment.spec:type_name -> gpuplane.v1.ModelSpec
-	16, // 14: gpuplane.v1.ModelDeployment.status:type_name -> gpuplane.v1.ModelStatus
-	3,  // 15: gpuplane.v1.Replica.state:type_name -> gpuplane.v1.ReplicaState
-	4,  // 16: gpuplane.v1.ACLToken.role:type_name -> gpuplane.v1.Role
-	17, // [17:17] is the sub-list for method output_type
-	17, // [17:17] is the sub-list for method input_type
-	17, // [17:17] is the sub-list for extension type_name
-	17, // [17:17] is the sub-list for extension extendee
-	0,  // [0:17] is the sub-list for field type_name
+	12, // 6: gpuplane.v1.Accelerator.spec:type_name -> gpuplane.v1.AcceleratorSpec
+	13, // 7: gpuplane.v1.Accelerator.status:type_name -> gpuplane.v1.AcceleratorStatus
+	25, // 8: gpuplane.v1.EngineSpec.env:type_name -> gpuplane.v1.EngineSpec.EnvEntry
+	26, // 9: gpuplane.v1.PlacementSpec.node_selector:type_name -> gpuplane.v1.PlacementSpec.NodeSelectorEntry
+	16, // 10: gpuplane.v1.ModelSpec.placement:type_name -> gpuplane.v1.PlacementSpec
+	15, // 11: gpuplane.v1.ModelSpec.engine:type_name -> gpuplane.v1.EngineSpec
+	17, // 12: gpuplane.v1.ModelSpec.resources:type_name -> gpuplane.v1.HostResources
+	3,  // 13: gpuplane.v1.ModelSpec.residency:type_name -> gpuplane.v1.Residency
+	4,  // 14: gpuplane.v1.ModelSpec.priority:type_name -> gpuplane.v1.Priority
+	18, // 15: gpuplane.v1.ModelSpec.slo:type_name -> gpuplane.v1.SLO
+	19, // 16: gpuplane.v1.ModelDeployment.spec:type_name -> gpuplane.v1.ModelSpec
+	20, // 17: gpuplane.v1.ModelDeployment.status:type_name -> gpuplane.v1.ModelStatus
+	5,  // 18: gpuplane.v1.Replica.state:type_name -> gpuplane.v1.ReplicaState
+	6,  // 19: gpuplane.v1.Replica.residency:type_name -> gpuplane.v1.ReplicaResidency
+	7,  // 20: gpuplane.v1.ACLToken.role:type_name -> gpuplane.v1.Role
+	21, // [21:21] is the sub-list for method output_type
+	21, // [21:21] is the sub-list for method input_type
+	21, // [21:21] is the sub-list for extension type_name
+	21, // [21:21] is the sub-list for extension extendee
+	0,  // [0:21] is the sub-list for field type_name
 }
 
 func init() { file_gpuplane_v1_resources_proto_init() }
@@ -1926,8 +2267,8 @@ func file_gpuplane_v1_resources_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_gpuplane_v1_resources_proto_rawDesc), len(file_gpuplane_v1_resources_proto_rawDesc)),
-			NumEnums:      5,
-			NumMessages:   18,
+			NumEnums:      8,
+			NumMessages:   19,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

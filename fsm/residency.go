@@ -1,0 +1,232 @@
+package fsm
+
+import (
+	"fmt"
+	"strings"
+	"unicode"
+
+	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
+)
+
+// Residency modes (SPEC §8.1) decide what a replica takes from its card:
+// pinned and warm replicas reserve their share (rule 11: reserved shares sum
+// to ≤ 100 %), onDemand replicas are assigned to the card (they count
+// against maxModels) without a reservation, and each onDemand share must fit
+// in the card minus its pinned shares, so that it can always be loaded by
+// evicting or sleeping what is not pinned.
+
+// residencyOf is a spec's residency, the default (pinned) for unspecified.
+func residencyOf(spec *pb.ModelSpec) pb.Residency {
+	if r := spec.GetResidency(); r != pb.Residency_RESIDENCY_UNSPECIFIED {
+		return r
+	}
+	return pb.Residency_RESIDENCY_PINNED
+}
+
+// reserves says whether a replica of that residency reserves its share.
+func reserves(r pb.Residency) bool { return r != pb.Residency_RESIDENCY_ON_DEMAND }
+
+// ResidencyName is the descriptor spelling of a residency: pinned, warm or
+// onDemand (unspecified reads as pinned).
+func ResidencyName(r pb.Residency) string {
+	switch r {
+	case pb.Residency_RESIDENCY_UNSPECIFIED, pb.Residency_RESIDENCY_PINNED:
+		return "pinned"
+	case pb.Residency_RESIDENCY_WARM:
+		return "warm"
+	case pb.Residency_RESIDENCY_ON_DEMAND:
+		return "onDemand"
+	}
+	return fmt.Sprintf("unknown(%d)", int32(r))
+}
+
+// PriorityName is the descriptor spelling of a priority: interactive,
+// standard or background (unspecified reads as standard).
+func PriorityName(p pb.Priority) string {
+	switch p {
+	case pb.Priority_PRIORITY_INTERACTIVE:
+		return "interactive"
+	case pb.Priority_PRIORITY_UNSPECIFIED, pb.Priority_PRIORITY_STANDARD:
+		return "standard"
+	case pb.Priority_PRIORITY_BACKGROUND:
+		return "background"
+	}
+	return fmt.Sprintf("unknown(%d)", int32(p))
+}
+
+// ReplicaResidencyName is the name users see for where a replica's weights
+// are (SPEC §8.3): Cold, Loading, Resident, Draining, Sleeping, Waking; ""
+// for unspecified (a replica that is not placed; the views show a placed
+// one its node has not reported on as Cold).
+func ReplicaResidencyName(r pb.ReplicaResidency) string {
+	switch r {
+	case pb.ReplicaResidency_REPLICA_RESIDENCY_UNSPECIFIED:
+		return ""
+	case pb.ReplicaResidency_REPLICA_RESIDENCY_COLD:
+		return "Cold"
+	case pb.ReplicaResidency_REPLICA_RESIDENCY_LOADING:
+		return "Loading"
+	case pb.ReplicaResidency_REPLICA_RESIDENCY_RESIDENT:
+		return "Resident"
+	case pb.ReplicaResidency_REPLICA_RESIDENCY_DRAINING:
+		return "Draining"
+	case pb.ReplicaResidency_REPLICA_RESIDENCY_SLEEPING:
+		return "Sleeping"
+	case pb.ReplicaResidency_REPLICA_RESIDENCY_WAKING:
+		return "Waking"
+	}
+	return "Unknown"
+}
+
+// MaxQuantizationLen bounds engine.quantization.
+const MaxQuantizationLen = 64
+
+// validateResidencyFields checks the fields of SPEC §8.1 that need no state.
+func validateResidencyFields(v *violations, spec *pb.ModelSpec) {
+	if r := spec.GetResidency(); r < pb.Residency_RESIDENCY_UNSPECIFIED || r > pb.Residency_RESIDENCY_ON_DEMAND {
+		v.add("spec.residency", "must be pinned, warm or onDemand, got %d", int32(r))
+	}
+	if p := spec.GetPriority(); p < pb.Priority_PRIORITY_UNSPECIFIED || p > pb.Priority_PRIORITY_BACKGROUND {
+		v.add("spec.priority", "must be interactive, standard or background, got %d", int32(p))
+	}
+	if spec.GetSlo() != nil && spec.GetSlo().GetTtftMs() == 0 {
+		v.add("spec.slo.ttftMs", "must be more than 0 milliseconds (leave slo out for no target)")
+	}
+	if q := spec.GetEngine().GetQuantization(); q != "" {
+		if msg := CheckQuantization(q); msg != "" {
+			v.add("spec.engine.quantization", "%s", msg)
+		}
+	}
+}
+
+// CheckQuantization says why q is not an acceptable engine.quantization
+// (a single word such as bf16, fp8, awq or q4_k_m), or "".
+func CheckQuantization(q string) string {
+	switch {
+	case strings.IndexFunc(q, unicode.IsSpace) >= 0:
+		return fmt.Sprintf("%q must be one word without spaces (e.g. bf16, fp8, awq, q4_k_m)", q)
+	case len(q) > MaxQuantizationLen:
+		return fmt.Sprintf("must be at most %d characters, got %d", MaxQuantizationLen, len(q))
+	}
+	return ""
+}
+
+// checkResidencyTenancy is the rule of SPEC §8.1 that needs the accelerator:
+// an onDemand or warm deployment needs a shared accelerator.
+func checkResidencyTenancy(v *violations, spec *pb.ModelSpec, acc *pb.StoredAccelerator) {
+	if r := residencyOf(spec); r != pb.Residency_RESIDENCY_PINNED && acc.Spec.Tenancy != pb.Tenancy_TENANCY_SHARED {
+		v.add("spec.residency", "an onDemand or warm deployment needs a shared accelerator: %q is dedicated (residency %s)", acc.Name, ResidencyName(r))
+	}
+}
+
+// cardLoad is what one card holds, as rule 11 counts it: replicas
+// (maxModels), reserved shares (pinned and warm), pinned shares alone, and
+// the largest onDemand share.
+type cardLoad struct {
+	replicas int
+	reserved uint32
+	pinned   uint32
+	odMax    uint32
+}
+
+// add is a card's load with one more share of residency r.
+func (l cardLoad) add(r pb.Residency, milli uint32) cardLoad {
+	l.replicas++
+	switch r {
+	case pb.Residency_RESIDENCY_ON_DEMAND:
+		l.odMax = max(l.odMax, milli)
+	case pb.Residency_RESIDENCY_WARM:
+		l.reserved += milli
+	default:
+		l.reserved += milli
+		l.pinned += milli
+	}
+	return l
+}
+
+// merge is the load of two sets of replicas on one card.
+func (l cardLoad) merge(o cardLoad) cardLoad {
+	return cardLoad{replicas: l.replicas + o.replicas, reserved: l.reserved + o.reserved,
+		pinned: l.pinned + o.pinned, odMax: max(l.odMax, o.odMax)}
+}
+
+// fits is rule 11 (SPEC §8.1) for one more share of residency r on a card of
+// a shared accelerator holding l: at most maxModels replicas, reserved shares
+// ≤ 100 %, every onDemand share within the card minus the pinned shares.
+func (l cardLoad) fits(r pb.Residency, milli, maxModels uint32) error {
+	switch {
+	case uint32(l.replicas) >= maxModels:
+		return fmt.Errorf("already holds %d of %d models", l.replicas, maxModels)
+	case r == pb.Residency_RESIDENCY_ON_DEMAND:
+		if milli+l.pinned > 1000 {
+			return fmt.Errorf("has %d%% not pinned, onDemand replica needs %d%%", (1000-l.pinned)/10, milli/10)
+		}
+	case l.reserved+milli > 1000:
+		return fmt.Errorf("has %d%% free, replica needs %d%%", (1000-l.reserved)/10, milli/10)
+	case r == pb.Residency_RESIDENCY_PINNED && l.pinned+milli+l.odMax > 1000:
+		return fmt.Errorf("pinning %d%% would leave %d%% for an onDemand replica there that needs %d%%", milli/10, (1000-l.pinned-milli)/10, l.odMax/10)
+	}
+	return nil
+}
+
+// load is what the placed replicas take from card k, by their deployments'
+// residency.
+func (f *FSM) load(k cardKey) cardLoad {
+	u := f.cards[k]
+	if u == nil {
+		return cardLoad{}
+	}
+	l := cardLoad{replicas: len(u.replicas), reserved: u.shareMilli, pinned: u.pinnedMilli}
+	if u.onDemand > 0 {
+		for _, rk := range u.replicas {
+			r := f.replicas[rk]
+			if r != nil && residencyOf(f.models[r.Model].GetSpec()) == pb.Residency_RESIDENCY_ON_DEMAND {
+				l.odMax = max(l.odMax, r.ShareMilli)
+			}
+		}
+	}
+	return l
+}
+
+// changeResidency moves m's placed replicas to the residency of spec: each
+// leaves its cards under the old residency and takes them again under the
+// new one where rule 11 allows; one that no longer fits (onDemand becoming
+// reserved on a full card) returns to pending with the numbers, for the
+// scheduler to place again, and is named in the warnings returned. Nothing
+// else is re-placed. m.Spec becomes spec.
+func (f *FSM) changeResidency(m *pb.ModelDeployment, spec *pb.ModelSpec) (warnings []string) {
+	var placed []*pb.Replica
+	for i := uint32(0); i < m.Spec.Replicas; i++ {
+		if r := f.replicas[replicaKey{m.Name, i}]; r != nil && r.Node != "" {
+			f.release(r)
+			placed = append(placed, r)
+		}
+	}
+	m.Spec = spec
+	res := residencyOf(spec)
+	for _, r := range placed {
+		if err := f.refits(r, res); err != nil {
+			reason := fmt.Sprintf("residency changed to %s: %v", ResidencyName(res), err)
+			warnings = append(warnings, fmt.Sprintf("replica %s/%d returns to pending to be placed again: %s", r.Model, r.Index, reason))
+			f.clearPlacement(r, reason+"; waiting for the scheduler")
+			continue
+		}
+		f.occupy(r)
+	}
+	return warnings
+}
+
+// refits checks that a replica taken off its cards fits them again with
+// residency res.
+func (f *FSM) refits(r *pb.Replica, res pb.Residency) error {
+	acc, ok := f.accelerators[r.Accelerator]
+	if !ok || acc.Spec.Tenancy != pb.Tenancy_TENANCY_SHARED {
+		return nil // dedicated replicas are pinned: nothing changes
+	}
+	for _, idx := range r.Cards {
+		if err := f.load(cardKey{r.Node, idx}).fits(res, r.ShareMilli, acc.Spec.MaxModels); err != nil {
+			return fmt.Errorf("card %s/%d %w", r.Node, idx, err)
+		}
+	}
+	return nil
+}
