@@ -160,7 +160,9 @@ type process struct {
 // (`gpuplane engine log`, see WriteLog) that keeps the replica's log within
 // LogMaxBytes on disk. header is the log's first line for this start.
 // Neither the engine nor its log writer depends on the agent, so both
-// survive an agent restart.
+// survive an agent restart. An engine whose log writer died gets EPIPE or
+// SIGPIPE on its next write, like any program whose output is gone, and is
+// restarted with a new one.
 func (e *Executor) startEngine(k key, c *exec.Cmd, header string) (*process, error) {
 	dir := e.replicaDir(k)
 	if err := os.MkdirAll(dir, 0o755); err != nil {
