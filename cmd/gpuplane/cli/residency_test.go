@@ -121,7 +121,10 @@ func startResidencyAgent(t *testing.T, cfg agent.Config) (*agent.Agent, func(arg
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	cfg.DataDir, cfg.APIPort, cfg.RaftPort, cfg.GossipPort = t.TempDir(), 0, freePort(t), freePort(t)
+	cfg.DataDir, cfg.APIPort, cfg.RaftPort = t.TempDir(), 0, freePort(t)
+	if cfg.GossipPort == 0 {
+		cfg.GossipPort = freePort(t)
+	}
 	if cfg.SimGPUs == "" {
 		cfg.SimGPUs = "l4=1"
 	}
@@ -359,5 +362,88 @@ func TestLiveResidencyACL(t *testing.T) {
 		if code != 0 || !strings.Contains(out, " chat ") {
 			t.Errorf("%v with a read token: exit %d, %s%s", cmd, code, out, errOut)
 		}
+	}
+}
+
+// TestLiveResidencyTwoNodes: a dev server and a client node that joined it;
+// any node answers for both, --node narrows to one, and --follow on one node
+// receives the other node's new decisions.
+func TestLiveResidencyTwoNodes(t *testing.T) {
+	gossip := freePort(t)
+	a1, run1 := startResidencyAgent(t, agent.Config{Dev: true, NodeName: "n1", GossipPort: gossip})
+	a2, run2 := startResidencyAgent(t, agent.Config{NodeName: "n2", Bind: "127.0.0.1",
+		Join: []string{fmt.Sprintf("127.0.0.1:%d", gossip)}})
+	select {
+	case <-a2.Registered():
+	case <-time.After(60 * time.Second):
+		t.Fatal("n2 did not register with n1")
+	}
+	waitFor(t, "n1 to know n2's address", func() bool {
+		out, _, _ := run1("nodes", "list")
+		_, ok := lineWith(out, "n2 ")
+		return ok
+	})
+
+	d1 := newCardDriver(t, a1.ResidencyJournal(), "gpu0", residency.Act)
+	d1.deploy("chat", 10*gi)
+	d1.serve("chat")
+	d2 := newCardDriver(t, a2.ResidencyJournal(), "gpu0", residency.Act)
+	d2.deploy("coder", 10*gi)
+	d2.serve("coder")
+	chat, coder := d1.decision(residency.ActLoad, "chat"), d2.decision(residency.ActLoad, "coder")
+
+	for name, run := range map[string]func(...string) (string, string, int){"n1": run1, "n2": run2} {
+		out, errOut, code := run("residency", "decisions")
+		if code != 0 {
+			t.Fatalf("decisions on %s: exit %d, %s", name, code, errOut)
+		}
+		if _, ok := lineWith(out, " n1 ", " chat ", chat.Reason); !ok {
+			t.Errorf("decisions on %s lack n1's load of chat:\n%s", name, out)
+		}
+		if _, ok := lineWith(out, " n2 ", " coder ", coder.Reason); !ok {
+			t.Errorf("decisions on %s lack n2's load of coder:\n%s", name, out)
+		}
+		out, _, _ = run("residency", "profiles")
+		if _, ok := lineWith(out, "n1 ", " chat "); !ok {
+			t.Errorf("profiles on %s lack n1's chat:\n%s", name, out)
+		}
+		if _, ok := lineWith(out, "n2 ", " coder "); !ok {
+			t.Errorf("profiles on %s lack n2's coder:\n%s", name, out)
+		}
+	}
+
+	// --node asks only that node, through whichever node the CLI reached.
+	out, _, _ := run1("residency", "decisions", "--node", "n2")
+	if _, ok := lineWith(out, " n2 ", " coder "); !ok || strings.Contains(out, " chat ") {
+		t.Errorf("decisions --node n2 on n1: want coder only:\n%s", out)
+	}
+	out, _, _ = run1("residency", "plan", "--node", "n2")
+	if _, ok := lineWith(out, "n2 ", " coder ", " Resident "); !ok || strings.Contains(out, " chat ") {
+		t.Errorf("plan --node n2 on n1: want coder only:\n%s", out)
+	}
+	out, _, _ = run2("residency", "plan")
+	if _, ok := lineWith(out, "n1 ", " chat ", " Resident "); !ok {
+		t.Errorf("plan on n2 lacks n1's chat:\n%s", out)
+	}
+	if _, errOut, code := run1("residency", "plan", "--node", "nosuch"); code != 1 || !strings.Contains(errOut, `node "nosuch" not found`) {
+		t.Errorf("plan --node nosuch: exit %d, %s", code, errOut)
+	}
+
+	// Following on n1 receives a decision n2 takes afterwards.
+	follow, stop := followDecisions(a1.APIURL())
+	waitFor(t, "the follower to print both nodes' loads", func() bool {
+		_, ok1 := lineWith(follow.String(), " chat ")
+		_, ok2 := lineWith(follow.String(), " coder ")
+		return ok1 && ok2
+	})
+	d2.deploy("embed", 10*gi)
+	d2.serve("embed")
+	embed := d2.decision(residency.ActLoad, "embed")
+	waitFor(t, "the follower to print n2's load of embed", func() bool {
+		_, ok := lineWith(follow.String(), " n2 ", " embed ", embed.Reason)
+		return ok
+	})
+	if code := stop(); code != 0 {
+		t.Errorf("decisions --follow exit %d: %s", code, follow.String())
 	}
 }
