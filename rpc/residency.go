@@ -39,6 +39,18 @@ const decisionBatch = 512
 // gives up.
 const residencyPeerTimeout = 15 * time.Second
 
+// residencyRelayHeader marks a request one node relays to another for its
+// own answer; the receiver answers for itself or refuses, never relays again
+// (a node whose registered name is not its own would otherwise ask itself
+// forever).
+const residencyRelayHeader = "Gpuplane-Residency-Relayed"
+
+// relayed makes req a relayed request.
+func relayed[T any](req *connect.Request[T]) *connect.Request[T] {
+	req.Header().Set(residencyRelayHeader, "1")
+	return req
+}
+
 // residencyTarget is a node a request is answered for.
 type residencyTarget struct {
 	name, addr string
@@ -48,9 +60,13 @@ type residencyTarget struct {
 // targets are the nodes a request for node (empty: all) is answered for.
 // Nodes the cluster knows to be down or gone are left out of "all": they
 // cannot answer, and their controllers are not running.
-func (h *residencyHandlers) targets(ctx context.Context, node string) ([]residencyTarget, error) {
+func (h *residencyHandlers) targets(ctx context.Context, node string, header http.Header) ([]residencyTarget, error) {
 	if node != "" && node == h.node {
 		return []residencyTarget{{name: h.node, self: true}}, nil
+	}
+	if header.Get(residencyRelayHeader) != "" {
+		return nil, connect.NewError(connect.CodeFailedPrecondition,
+			fmt.Errorf("node %s was asked for node %q's residency: the cluster's record of node addresses does not match", h.node, node))
 	}
 	var nodes []*pb.Node
 	err := h.b.Read(ctx, true, func(f *fsm.FSM) error {
@@ -114,7 +130,7 @@ func eachTarget(ctx context.Context, ts []residencyTarget, ask func(ctx context.
 }
 
 func (h *residencyHandlers) GetPlan(ctx context.Context, req *connect.Request[pb.GetPlanRequest]) (*connect.Response[pb.GetPlanResponse], error) {
-	ts, err := h.targets(ctx, req.Msg.GetNode())
+	ts, err := h.targets(ctx, req.Msg.GetNode(), req.Header())
 	if err != nil {
 		return nil, err
 	}
@@ -124,7 +140,7 @@ func (h *residencyHandlers) GetPlan(ctx context.Context, req *connect.Request[pb
 			answers[i] = h.localPlan()
 			return nil
 		}
-		resp, err := h.client(t).GetPlan(ctx, connect.NewRequest(&pb.GetPlanRequest{Node: t.name}))
+		resp, err := h.client(t).GetPlan(ctx, relayed(connect.NewRequest(&pb.GetPlanRequest{Node: t.name})))
 		if err != nil {
 			return peerError(t, err)
 		}
@@ -138,7 +154,7 @@ func (h *residencyHandlers) GetPlan(ctx context.Context, req *connect.Request[pb
 }
 
 func (h *residencyHandlers) ListProfiles(ctx context.Context, req *connect.Request[pb.ListProfilesRequest]) (*connect.Response[pb.ListProfilesResponse], error) {
-	ts, err := h.targets(ctx, req.Msg.GetNode())
+	ts, err := h.targets(ctx, req.Msg.GetNode(), req.Header())
 	if err != nil {
 		return nil, err
 	}
@@ -148,7 +164,7 @@ func (h *residencyHandlers) ListProfiles(ctx context.Context, req *connect.Reque
 			answers[i] = h.localProfiles()
 			return nil
 		}
-		resp, err := h.client(t).ListProfiles(ctx, connect.NewRequest(&pb.ListProfilesRequest{Node: t.name}))
+		resp, err := h.client(t).ListProfiles(ctx, relayed(connect.NewRequest(&pb.ListProfilesRequest{Node: t.name})))
 		if err != nil {
 			return peerError(t, err)
 		}
@@ -166,7 +182,7 @@ func (h *residencyHandlers) ListProfiles(ctx context.Context, req *connect.Reque
 // they arrive (in order per node) until the client goes away.
 func (h *residencyHandlers) ListDecisions(ctx context.Context, req *connect.Request[pb.ListDecisionsRequest], stream *connect.ServerStream[pb.ListDecisionsResponse]) error {
 	m := req.Msg
-	ts, err := h.targets(ctx, m.GetNode())
+	ts, err := h.targets(ctx, m.GetNode(), req.Header())
 	if err != nil {
 		return err
 	}
@@ -234,9 +250,9 @@ func (h *residencyHandlers) ListDecisions(ctx context.Context, req *connect.Requ
 // follow it keeps passing new ones until ctx ends.
 func (h *residencyHandlers) decisionsOf(ctx context.Context, t residencyTarget, m *pb.ListDecisionsRequest, send func([]*pb.ResidencyDecision) error) error {
 	if !t.self {
-		up, err := h.client(t).ListDecisions(ctx, connect.NewRequest(&pb.ListDecisionsRequest{
+		up, err := h.client(t).ListDecisions(ctx, relayed(connect.NewRequest(&pb.ListDecisionsRequest{
 			Node: t.name, Model: m.GetModel(), Follow: m.GetFollow(), After: m.GetAfter(),
-		}))
+		})))
 		if err != nil {
 			return peerError(t, err)
 		}
