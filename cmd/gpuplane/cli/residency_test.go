@@ -429,6 +429,12 @@ func TestLiveResidencyTwoNodes(t *testing.T) {
 		t.Errorf("plan --node nosuch: exit %d, %s", code, errOut)
 	}
 
+	// --node completes with the cluster's nodes, as on other commands.
+	out, _, _ = run1("__complete", "residency", "decisions", "--node", "")
+	if !strings.Contains(out, "n1\n") || !strings.Contains(out, "n2\n") {
+		t.Errorf("--node completion lacks n1 and n2:\n%s", out)
+	}
+
 	// Following on n1 receives a decision n2 takes afterwards.
 	follow, stop := followDecisions(a1.APIURL())
 	waitFor(t, "the follower to print both nodes' loads", func() bool {
