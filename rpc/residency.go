@@ -104,8 +104,13 @@ func (h *residencyHandlers) client(t residencyTarget) gpuplanev1connect.Residenc
 	return gpuplanev1connect.NewResidencyServiceClient(h.peers, BaseURL(t.addr), connect.WithReadMaxBytes(MaxMessageBytes))
 }
 
-// peerError names the node that could not answer.
+// peerError names the node that could not answer. A node that does not
+// know ResidencyService (an older version, during a rolling upgrade) runs no
+// residency controller: it has nothing to show, which is not an error.
 func peerError(t residencyTarget, err error) error {
+	if connect.CodeOf(err) == connect.CodeUnimplemented {
+		return nil
+	}
 	code := connect.CodeUnavailable
 	if ce := new(connect.Error); errors.As(err, &ce) {
 		code = ce.Code()

@@ -40,7 +40,7 @@ executed; its ACTION reads e.g. "load (advised)". Each node keeps its last
 
 --model keeps the decisions about a model or made to make room for it;
 --follow keeps printing decisions as they are taken (one per line; with
--o json one JSON object per line).`,
+-o json one JSON object per line) by the nodes alive when it started.`,
 		Args: argsNamed(),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			api, err := g.api(cmd)
