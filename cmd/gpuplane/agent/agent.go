@@ -84,8 +84,8 @@ type Agent struct {
 	sec security
 	// stopExecutor stops the engines of this node (see executor.go).
 	stopExecutor func()
-	// residencyJournal is what this node's residency manager publishes
-	// (decisions, per-card plans, profiles); the API serves it.
+	// residencyJournal is what the node's residency manager publishes for
+	// the API: decisions, plans and profiles.
 	residencyJournal *residency.Journal
 }
 
