@@ -67,7 +67,12 @@ func accessOfRole(r pb.Role) Access {
 // needs admin, so a new RPC is closed until someone decides otherwise
 // (TestEveryProcedureHasAccess lists the ones missing).
 var procedureAccess = map[string]Access{
-	gpuplanev1connect.LogServiceReplicaLogsProcedure:    AccessRead,
+	gpuplanev1connect.LogServiceReplicaLogsProcedure: AccessRead,
+
+	gpuplanev1connect.ResidencyServiceListDecisionsProcedure: AccessRead,
+	gpuplanev1connect.ResidencyServiceGetPlanProcedure:       AccessRead,
+	gpuplanev1connect.ResidencyServiceListProfilesProcedure:  AccessRead,
+
 	gpuplanev1connect.DeviceServiceListDevicesProcedure: AccessRead,
 	gpuplanev1connect.DeviceServiceGetDeviceProcedure:   AccessRead,
 	gpuplanev1connect.NodeServiceListNodesProcedure:     AccessRead,

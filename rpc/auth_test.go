@@ -8,6 +8,7 @@ import (
 	"google.golang.org/protobuf/reflect/protoregistry"
 
 	_ "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
+	"github.com/gpuplane/gpuplane/proto/gpuplane/v1/gpuplanev1connect"
 )
 
 // TestEveryProcedureHasAccess keeps the access table complete: a new RPC
@@ -38,6 +39,20 @@ func TestBearer(t *testing.T) {
 		got, ok := bearer(http.Header{"Authorization": {h}}.Get("Authorization"))
 		if got != want || ok != (want != "") {
 			t.Errorf("bearer(%q) = %q, %v; want %q", h, got, ok, want)
+		}
+	}
+}
+
+// Residency decisions, plans and profiles are reads: any token may see them
+// (they name models and cards, no secrets), as the rest of the cluster's state.
+func TestResidencyNeedsRead(t *testing.T) {
+	for _, proc := range []string{
+		gpuplanev1connect.ResidencyServiceListDecisionsProcedure,
+		gpuplanev1connect.ResidencyServiceGetPlanProcedure,
+		gpuplanev1connect.ResidencyServiceListProfilesProcedure,
+	} {
+		if got := ProcedureAccess(proc); got != AccessRead {
+			t.Errorf("%s needs %s, want read", proc, got)
 		}
 	}
 }

@@ -1,8 +1,9 @@
 // Package rpc serves gpuplane's API: Connect handlers (Connect, gRPC and
 // gRPC-Web on one port; HTTP/1.1 and h2c, or HTTPS with TLS) that turn
 // requests into log commands and state reads, the event and audit streams,
-// engine logs relayed from the node that runs them, gRPC health and
-// reflection, and /healthz.
+// engine logs relayed from the node that runs them, each node's residency
+// decisions, plans and profiles (residency.go: any node answers for every
+// node by asking the others), gRPC health and reflection, and /healthz.
 //
 // It owns the mapping from state-machine results to Connect error codes, the
 // forwarding of writes from any node to the leader, request limits, and, with

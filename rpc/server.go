@@ -15,6 +15,7 @@ import (
 	"connectrpc.com/grpchealth"
 	"connectrpc.com/grpcreflect"
 
+	"github.com/gpuplane/gpuplane/node/residency"
 	"github.com/gpuplane/gpuplane/proto/gpuplane/v1/gpuplanev1connect"
 )
 
@@ -49,6 +50,7 @@ var services = []string{
 	gpuplanev1connect.AuditServiceName,
 	gpuplanev1connect.ACLServiceName,
 	gpuplanev1connect.LogServiceName,
+	gpuplanev1connect.ResidencyServiceName,
 }
 
 // Config configures the API server.
@@ -75,6 +77,10 @@ type Config struct {
 	// for replicas on other nodes are relayed there.
 	NodeName string
 	ReadLogs LogReader
+	// Residency is this node's residency journal, served by
+	// ResidencyService (nil: residency does not run here, and the node
+	// answers with nothing for itself).
+	Residency *residency.Journal
 	// Metrics, when set, is served at /metrics (Prometheus text format).
 	Metrics http.Handler
 
@@ -116,6 +122,9 @@ func Handler(cfg Config) http.Handler {
 		peers = HTTPClient()
 	}
 	mux.Handle(gpuplanev1connect.NewLogServiceHandler(&logHandlers{b: cfg.Backend, node: cfg.NodeName, read: cfg.ReadLogs, peers: peers}, opts...))
+	mux.Handle(gpuplanev1connect.NewResidencyServiceHandler(&residencyHandlers{
+		b: cfg.Backend, node: cfg.NodeName, journal: cfg.Residency, peers: peers, closing: cfg.closing,
+	}, opts...))
 	mux.Handle(grpchealth.NewHandler(grpchealth.NewStaticChecker(services...)))
 	reflector := grpcreflect.NewStaticReflector(services...)
 	mux.Handle(grpcreflect.NewHandlerV1(reflector))

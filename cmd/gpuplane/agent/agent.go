@@ -24,6 +24,7 @@ import (
 	"github.com/gpuplane/gpuplane/cluster/scheduler"
 	"github.com/gpuplane/gpuplane/fsm"
 	"github.com/gpuplane/gpuplane/node/inventory"
+	"github.com/gpuplane/gpuplane/node/residency"
 	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
 	"github.com/gpuplane/gpuplane/rpc"
 )
@@ -83,6 +84,9 @@ type Agent struct {
 	sec security
 	// stopExecutor stops the engines of this node (see executor.go).
 	stopExecutor func()
+	// residencyJournal is what the node's residency manager publishes for
+	// the API: decisions, plans and profiles.
+	residencyJournal *residency.Journal
 }
 
 // Start brings a node up: it reads the inventory, opens the Raft log (on a
@@ -101,6 +105,7 @@ func Start(ctx context.Context, cfg Config) (*Agent, error) {
 	if err := a.resolveConfig(); err != nil {
 		return nil, err
 	}
+	a.residencyJournal = residency.NewJournal(a.cfg.NodeName, 0)
 	var err error
 	if a.sec, err = loadSecurity(a.cfg.SecurityConfig, a.cfg.NodeName); err != nil {
 		return nil, err
@@ -266,6 +271,7 @@ func (a *Agent) startAPI() error {
 		PeerHTTP:   a.sec.peerHTTP,
 		NodeName:   a.cfg.NodeName,
 		ReadLogs:   a.readLogs,
+		Residency:  a.residencyJournal,
 		Metrics:    a.metricsHandler(),
 	})
 	if err != nil {
@@ -380,6 +386,10 @@ func (a *Agent) Wait(ctx context.Context) error {
 
 // Name is the node's name.
 func (a *Agent) Name() string { return a.cfg.NodeName }
+
+// ResidencyJournal is what this node's residency manager publishes and the
+// API serves (ResidencyService).
+func (a *Agent) ResidencyJournal() *residency.Journal { return a.residencyJournal }
 
 // GossipAddr is the gossip address other nodes join.
 func (a *Agent) GossipAddr() string { return a.cluster.Gossip().Addr() }

@@ -29,6 +29,7 @@ type apiClients struct {
 	Models       gpuplanev1connect.ModelServiceClient
 	Cluster      gpuplanev1connect.ClusterServiceClient
 	ACL          gpuplanev1connect.ACLServiceClient
+	Residency    gpuplanev1connect.ResidencyServiceClient
 }
 
 // api returns the clients for --addr, built on first use. A malformed
@@ -58,6 +59,7 @@ func (g *globals) api(cmd *cobra.Command) (*apiClients, error) {
 			Models:       gpuplanev1connect.NewModelServiceClient(hc, base, opts...),
 			Cluster:      gpuplanev1connect.NewClusterServiceClient(hc, base, opts...),
 			ACL:          gpuplanev1connect.NewACLServiceClient(hc, base, opts...),
+			Residency:    gpuplanev1connect.NewResidencyServiceClient(hc, base, opts...),
 		}
 	})
 	if g.apiErr != nil {

@@ -12,6 +12,7 @@ import (
 
 	"connectrpc.com/connect"
 	"github.com/spf13/cobra"
+	"google.golang.org/protobuf/proto"
 
 	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
 	"github.com/gpuplane/gpuplane/proto/gpuplane/v1/gpuplanev1connect"
@@ -206,7 +207,7 @@ func (g *globals) eventWriter() func(*pb.Event) error {
 }
 
 // writeJSONLine writes m as one line of compact JSON (JSON lines).
-func writeJSONLine(w interface{ Write([]byte) (int, error) }, m *pb.Event) error {
+func writeJSONLine(w interface{ Write([]byte) (int, error) }, m proto.Message) error {
 	b, err := marshalJSON(m)
 	if err != nil {
 		return err

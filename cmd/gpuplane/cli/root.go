@@ -156,6 +156,7 @@ model's memory and compute share. This command talks to any node's API
 		newClusterCommand(g),
 		newModelsCommand(g),
 		newReplicasCommand(g),
+		newResidencyCommand(g),
 		newApplyCommand(g),
 		newValidateCommand(g),
 		newDeleteCommand(g),

@@ -1,0 +1,376 @@
+package rpc
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"slices"
+	"sync"
+	"time"
+
+	"connectrpc.com/connect"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/gpuplane/gpuplane/fsm"
+	"github.com/gpuplane/gpuplane/node/residency"
+	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
+	"github.com/gpuplane/gpuplane/proto/gpuplane/v1/gpuplanev1connect"
+)
+
+// residencyHandlers serve what each node's residency manager published in
+// its journal. The journal lives on its node, so a request for every node
+// (or for another node) asks the others over the peer client, as engine logs
+// are relayed; a request naming this node is answered from its journal.
+type residencyHandlers struct {
+	b       Backend
+	node    string
+	journal *residency.Journal // nil: residency does not run on this node
+	peers   *http.Client
+	closing <-chan struct{}
+}
+
+// decisionBatch bounds the decisions sent in one stream message.
+const decisionBatch = 512
+
+// residencyPeerTimeout bounds a unary question to another node, so that one
+// node that hangs does not hold a listing of every node until the client
+// gives up.
+const residencyPeerTimeout = 15 * time.Second
+
+// residencyRelayHeader marks a request one node relays to another for its
+// own answer; the receiver answers for itself or refuses, never relays again
+// (a node whose registered name is not its own would otherwise ask itself
+// forever).
+const residencyRelayHeader = "Gpuplane-Residency-Relayed"
+
+// relayed makes req a relayed request.
+func relayed[T any](req *connect.Request[T]) *connect.Request[T] {
+	req.Header().Set(residencyRelayHeader, "1")
+	return req
+}
+
+// residencyTarget is a node a request is answered for.
+type residencyTarget struct {
+	name, addr string
+	self       bool
+}
+
+// targets are the nodes a request for node (empty: all) is answered for.
+// Nodes the cluster knows to be down or gone are left out of "all": they
+// cannot answer, and their controllers are not running.
+func (h *residencyHandlers) targets(ctx context.Context, node string, header http.Header) ([]residencyTarget, error) {
+	if node != "" && node == h.node {
+		return []residencyTarget{{name: h.node, self: true}}, nil
+	}
+	if header.Get(residencyRelayHeader) != "" {
+		return nil, connect.NewError(connect.CodeFailedPrecondition,
+			fmt.Errorf("node %s was asked for node %q's residency: the cluster's record of node addresses does not match", h.node, node))
+	}
+	var nodes []*pb.Node
+	err := h.b.Read(ctx, true, func(f *fsm.FSM) error {
+		nodes = f.Nodes()
+		return nil
+	})
+	if err != nil {
+		return nil, backendError("residency", err)
+	}
+	if node != "" {
+		for _, n := range nodes {
+			if n.GetName() != node {
+				continue
+			}
+			if n.GetAddress() == "" {
+				return nil, connect.NewError(connect.CodeUnavailable, fmt.Errorf("node %s has not registered its API address: it cannot be asked", node))
+			}
+			return []residencyTarget{{name: node, addr: n.GetAddress()}}, nil
+		}
+		return nil, notFound("node %q not found", node)
+	}
+	out := []residencyTarget{{name: h.node, self: true}}
+	for _, n := range nodes {
+		if n.GetName() == h.node || n.GetAddress() == "" ||
+			n.GetStatus() == pb.NodeStatus_NODE_STATUS_DOWN || n.GetStatus() == pb.NodeStatus_NODE_STATUS_LEFT {
+			continue
+		}
+		out = append(out, residencyTarget{name: n.GetName(), addr: n.GetAddress()})
+	}
+	slices.SortFunc(out, func(a, b residencyTarget) int { return cmp.Compare(a.name, b.name) })
+	return out, nil
+}
+
+func (h *residencyHandlers) client(t residencyTarget) gpuplanev1connect.ResidencyServiceClient {
+	return gpuplanev1connect.NewResidencyServiceClient(h.peers, BaseURL(t.addr), connect.WithReadMaxBytes(MaxMessageBytes))
+}
+
+// peerError names the node that could not answer. A node that does not
+// know ResidencyService (an older version, during a rolling upgrade) runs no
+// residency controller: it has nothing to show, which is not an error.
+func peerError(t residencyTarget, err error) error {
+	if connect.CodeOf(err) == connect.CodeUnimplemented {
+		return nil
+	}
+	code := connect.CodeUnavailable
+	if ce := new(connect.Error); errors.As(err, &ce) {
+		code = ce.Code()
+	}
+	return connect.NewError(code, fmt.Errorf("node %s at %s: %w", t.name, t.addr, err))
+}
+
+// eachTarget calls ask for every target at once and returns the first
+// error; a target's answer goes to index i of the caller's slice.
+func eachTarget(ctx context.Context, ts []residencyTarget, ask func(ctx context.Context, i int, t residencyTarget) error) error {
+	errs := make([]error, len(ts))
+	var wg sync.WaitGroup
+	for i, t := range ts {
+		wg.Go(func() {
+			c, cancel := context.WithTimeout(ctx, residencyPeerTimeout)
+			defer cancel()
+			errs[i] = ask(c, i, t)
+		})
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
+
+func (h *residencyHandlers) GetPlan(ctx context.Context, req *connect.Request[pb.GetPlanRequest]) (*connect.Response[pb.GetPlanResponse], error) {
+	ts, err := h.targets(ctx, req.Msg.GetNode(), req.Header())
+	if err != nil {
+		return nil, err
+	}
+	answers := make([][]*pb.ResidencyCardPlan, len(ts))
+	err = eachTarget(ctx, ts, func(ctx context.Context, i int, t residencyTarget) error {
+		if t.self {
+			answers[i] = h.localPlan()
+			return nil
+		}
+		resp, err := h.client(t).GetPlan(ctx, relayed(connect.NewRequest(&pb.GetPlanRequest{Node: t.name})))
+		if err != nil {
+			return peerError(t, err)
+		}
+		answers[i] = resp.Msg.GetCards()
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&pb.GetPlanResponse{Cards: slices.Concat(answers...)}), nil
+}
+
+func (h *residencyHandlers) ListProfiles(ctx context.Context, req *connect.Request[pb.ListProfilesRequest]) (*connect.Response[pb.ListProfilesResponse], error) {
+	ts, err := h.targets(ctx, req.Msg.GetNode(), req.Header())
+	if err != nil {
+		return nil, err
+	}
+	answers := make([][]*pb.ResidencyProfile, len(ts))
+	err = eachTarget(ctx, ts, func(ctx context.Context, i int, t residencyTarget) error {
+		if t.self {
+			answers[i] = h.localProfiles()
+			return nil
+		}
+		resp, err := h.client(t).ListProfiles(ctx, relayed(connect.NewRequest(&pb.ListProfilesRequest{Node: t.name})))
+		if err != nil {
+			return peerError(t, err)
+		}
+		answers[i] = resp.Msg.GetProfiles()
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&pb.ListProfilesResponse{Profiles: slices.Concat(answers...)}), nil
+}
+
+// ListDecisions sends the decisions of the nodes asked. Without follow they
+// are merged in time order; with follow each node's decisions are sent as
+// they arrive (in order per node) until the client goes away.
+func (h *residencyHandlers) ListDecisions(ctx context.Context, req *connect.Request[pb.ListDecisionsRequest], stream *connect.ServerStream[pb.ListDecisionsResponse]) error {
+	m := req.Msg
+	ts, err := h.targets(ctx, m.GetNode(), req.Header())
+	if err != nil {
+		return err
+	}
+	if !m.GetFollow() {
+		answers := make([][]*pb.ResidencyDecision, len(ts))
+		err := eachTarget(ctx, ts, func(ctx context.Context, i int, t residencyTarget) error {
+			return h.decisionsOf(ctx, t, m, func(ds []*pb.ResidencyDecision) error {
+				answers[i] = append(answers[i], ds...)
+				return nil
+			})
+		})
+		if err != nil {
+			return err
+		}
+		all := slices.Concat(answers...)
+		slices.SortStableFunc(all, func(a, b *pb.ResidencyDecision) int {
+			return cmp.Or(a.GetTime().AsTime().Compare(b.GetTime().AsTime()), cmp.Compare(a.GetNode(), b.GetNode()), cmp.Compare(a.GetSeq(), b.GetSeq()))
+		})
+		for chunk := range slices.Chunk(all, decisionBatch) {
+			if err := stream.Send(&pb.ListDecisionsResponse{Decisions: chunk}); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	// Following: one goroutine per node; this one alone sends on the stream.
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	batches := make(chan []*pb.ResidencyDecision)
+	errs := make(chan error, len(ts))
+	for _, t := range ts {
+		go func() {
+			errs <- h.decisionsOf(ctx, t, m, func(ds []*pb.ResidencyDecision) error {
+				select {
+				case batches <- ds:
+					return nil
+				case <-ctx.Done():
+					return ctx.Err()
+				}
+			})
+		}()
+	}
+	for running := len(ts); ; {
+		select {
+		case ds := <-batches:
+			if err := stream.Send(&pb.ListDecisionsResponse{Decisions: ds}); err != nil {
+				return err
+			}
+		case err := <-errs:
+			if err != nil && ctx.Err() == nil {
+				return err
+			}
+			if running--; running == 0 {
+				return nil
+			}
+		case <-h.closing:
+			return nil
+		case <-ctx.Done():
+			return nil
+		}
+	}
+}
+
+// decisionsOf passes t's decisions matching m to send, in batches; with
+// follow it keeps passing new ones until ctx ends.
+func (h *residencyHandlers) decisionsOf(ctx context.Context, t residencyTarget, m *pb.ListDecisionsRequest, send func([]*pb.ResidencyDecision) error) error {
+	if !t.self {
+		up, err := h.client(t).ListDecisions(ctx, relayed(connect.NewRequest(&pb.ListDecisionsRequest{
+			Node: t.name, Model: m.GetModel(), Follow: m.GetFollow(), After: m.GetAfter(),
+		})))
+		if err != nil {
+			return peerError(t, err)
+		}
+		defer up.Close()
+		for up.Receive() {
+			if err := send(up.Msg().GetDecisions()); err != nil {
+				return err
+			}
+		}
+		if err := up.Err(); err != nil && ctx.Err() == nil {
+			return peerError(t, err)
+		}
+		return nil
+	}
+	if h.journal == nil {
+		if m.GetFollow() {
+			// Nothing will ever be recorded here; keep the stream as the
+			// client asked, like a node whose controllers are quiet.
+			select {
+			case <-ctx.Done():
+			case <-h.closing:
+			}
+		}
+		return nil
+	}
+	after := m.GetAfter()
+	for {
+		ds, changed := h.journal.Decisions(after)
+		var out []*pb.ResidencyDecision
+		for _, d := range ds {
+			after = d.Seq
+			if m.GetModel() == "" || string(d.Model) == m.GetModel() || string(d.For) == m.GetModel() {
+				out = append(out, decisionToProto(d))
+			}
+		}
+		for chunk := range slices.Chunk(out, decisionBatch) {
+			if err := send(chunk); err != nil {
+				return err
+			}
+		}
+		if !m.GetFollow() {
+			return nil
+		}
+		select {
+		case <-changed:
+		case <-ctx.Done():
+			return nil
+		case <-h.closing:
+			return nil
+		}
+	}
+}
+
+func (h *residencyHandlers) localPlan() []*pb.ResidencyCardPlan {
+	if h.journal == nil {
+		return nil
+	}
+	now := timestamppb.Now()
+	var out []*pb.ResidencyCardPlan
+	for _, v := range h.journal.Cards() {
+		c := &pb.ResidencyCardPlan{
+			Node: v.Node, Card: v.Card, Mode: v.Mode, PinnedOnly: v.PinnedOnly, Violations: int64(v.Violations),
+			UsableBytes: v.Usable, ReservedBytes: v.Ledger.Reserved, ResidentBytes: v.Ledger.Resident,
+			SleepingBytes: v.Ledger.Sleeping, FreeBytes: v.Ledger.Free, ObservedAt: now,
+		}
+		if c.UsableBytes == 0 {
+			c.UsableBytes = v.Ledger.Usable
+		}
+		for _, e := range v.Plan {
+			pe := &pb.ResidencyPlanEntry{
+				Model: string(e.Model), Residency: e.Residency.String(), Priority: e.Priority.String(),
+				State: e.State.String(), Tier: e.Tier, RatePerMinute: e.Rate, Value: e.Value, CostBytes: e.Cost,
+			}
+			if !e.NextRequest.IsZero() {
+				pe.NextRequest = timestamppb.New(e.NextRequest)
+			}
+			if e.Action != 0 {
+				pe.Action, pe.Trigger, pe.Reason = e.Action.String(), e.Trigger.String(), e.Reason
+			}
+			c.Entries = append(c.Entries, pe)
+		}
+		out = append(out, c)
+	}
+	return out
+}
+
+func (h *residencyHandlers) localProfiles() []*pb.ResidencyProfile {
+	if h.journal == nil {
+		return nil
+	}
+	var out []*pb.ResidencyProfile
+	for _, p := range h.journal.Profiles() {
+		out = append(out, &pb.ResidencyProfile{
+			Node: h.journal.Node(), Model: string(p.Key.Model), Quantization: p.Key.Quantization,
+			Engine: p.Key.Engine, Device: p.Key.Device,
+			LoadMs: p.LoadTime.Milliseconds(), WakeMs: p.WakeTime.Milliseconds(),
+			FootprintBytes: p.Footprint, PeakBytes: p.Peak, ResidualBytes: p.Residual,
+			TokensPerSecond: p.TokensPerSecond,
+			Loads:           int64(p.Loads), Wakes: int64(p.Wakes), Failures: int64(p.Failures),
+		})
+	}
+	return out
+}
+
+func decisionToProto(d residency.NodeDecision) *pb.ResidencyDecision {
+	in := d.Inputs
+	return &pb.ResidencyDecision{
+		Seq: d.Seq, Time: timestamppb.New(d.Time), Node: d.Node, Card: d.Card,
+		Action: d.Action.String(), Model: string(d.Model), Trigger: d.Trigger.String(),
+		ForModel: string(d.For), Reason: d.Reason, Advised: d.Advised,
+		Inputs: &pb.ResidencyInputs{
+			RatePerMinute: in.Rate, Value: in.Value, ForValue: in.ForValue, Bytes: in.Bytes,
+			NeedBytes: in.Need, FreeBytes: in.Free, ReloadMs: in.Reload.Milliseconds(), Active: int64(in.Active),
+		},
+	}
+}
