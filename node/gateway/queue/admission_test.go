@@ -157,3 +157,61 @@ func TestBadInput(t *testing.T) {
 		t.Errorf("cancel of an unknown request: %v, want ErrUnknownRequest", err)
 	}
 }
+
+// TestFullQueueShedsLowerClass: a full queue of background work does not
+// turn an interactive request away: the newest request of the background
+// tenant with the most service is rejected (429) in its place.
+func TestFullQueueShedsLowerClass(t *testing.T) {
+	e := newEngine(t, queue.Config{}, queue.Deployment{Name: "m", MaxInFlight: 1, QueueLimit: 3, Ready: true})
+	bg := func(tenant string) queue.ID {
+		return e.enqueue(queue.Request{Deployment: "m", Tenant: tenant, Class: queue.Background, PromptTokens: 10, MaxTokens: 10}, 10)
+	}
+	bg("heavy") // in flight
+	bg("heavy")
+	newest := bg("heavy")
+	light := bg("light") // lifted to heavy's counter
+	for range 3 {
+		e.step(stepDT) // heavy's request in flight: heavy pulls ahead
+	}
+	id := e.enqueue(queue.Request{Deployment: "m", Tenant: "chat", Class: queue.Interactive, PromptTokens: 1, MaxTokens: 1}, 1)
+	if got := e.ended[newest]; got.Outcome != queue.Rejected || got.Status != 429 {
+		t.Fatalf("heavy's newest queued request ended %+v, want rejected 429 to make room", got)
+	}
+	if _, ok := e.ended[id]; ok {
+		t.Fatalf("the interactive request was turned away from a queue full of background work: %+v", e.ended[id])
+	}
+	if _, ok := e.ended[light]; ok {
+		t.Fatal("light's request was shed although heavy has had more service")
+	}
+	// A background request meets the full queue and is the one rejected.
+	late := bg("light")
+	if got := e.ended[late]; got.Outcome != queue.Rejected || got.Status != 429 {
+		t.Fatalf("a background request at a full queue ended %+v, want rejected 429", got)
+	}
+}
+
+// TestRemoveDeployment: an engine leaving the card ends its queued
+// requests as Rejected (503: another replica may take them) and its
+// in-flight ones as Cancelled.
+func TestRemoveDeployment(t *testing.T) {
+	e := newEngine(t, queue.Config{}, queue.Deployment{Name: "m", MaxInFlight: 1, QueueLimit: 3, Ready: true})
+	r := queue.Request{Deployment: "m", Tenant: "t", Class: queue.Standard, PromptTokens: 1, MaxTokens: 1}
+	running, waiting := e.enqueue(r, 1), e.enqueue(r, 1)
+	o, err := e.s.RemoveDeployment("m", e.now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.apply(o)
+	if got := e.ended[waiting]; got.Outcome != queue.Rejected || got.Status != 503 {
+		t.Fatalf("the queued request ended %+v, want rejected 503", got)
+	}
+	if got := e.ended[running]; got.Outcome != queue.Cancelled || !got.WasInFlight {
+		t.Fatalf("the in-flight request ended %+v, want cancelled in flight", got)
+	}
+	if e.s.Len() != 0 {
+		t.Fatalf("%d requests held after the deployment left", e.s.Len())
+	}
+	if _, _, err := e.s.Enqueue(r, e.now); err == nil || !strings.Contains(err.Error(), `"m" is not on this card`) {
+		t.Fatalf("enqueue to a removed deployment: %v, want an error naming it", err)
+	}
+}

@@ -22,16 +22,27 @@ import (
 // end, with every engine ready and the traffic drained, every ID handed
 // out has ended exactly once and the scheduler holds nothing.
 func TestConservationAndPreemption(t *testing.T) {
+	outcomes := map[queue.Outcome]int{}
+	preemptions := 0
 	for _, floors := range []bool{false, true} {
 		for seed := uint64(1); seed <= 8; seed++ {
 			t.Run(fmt.Sprintf("floors %v seed %d", floors, seed), func(t *testing.T) {
-				chaos(t, seed, floors)
+				preemptions += chaos(t, seed, floors, outcomes)
 			})
 		}
 	}
+	t.Logf("outcomes %v, preemptions %d", outcomes, preemptions)
+	for _, o := range []queue.Outcome{queue.Finished, queue.Rejected, queue.Expired, queue.Cancelled, queue.Preempted} {
+		if outcomes[o] == 0 {
+			t.Fatalf("no request ended %v (%v): the traffic does not exercise every exit", o, outcomes)
+		}
+	}
+	if preemptions < 20 {
+		t.Fatalf("only %d preemptions in the runs: the traffic does not exercise them", preemptions)
+	}
 }
 
-func chaos(t *testing.T, seed uint64, floors bool) {
+func chaos(t *testing.T, seed uint64, floors bool, outcomes map[queue.Outcome]int) (preemptions int) {
 	cfg := queue.Config{ColdWait: time.Second, BackgroundFloor: -1, StandardFloor: -1}
 	deps := []queue.Deployment{
 		{Name: "a", MaxInFlight: 2, QueueLimit: 6, Ready: true},
@@ -46,11 +57,11 @@ func chaos(t *testing.T, seed uint64, floors bool) {
 	g := rnd(seed)
 	ready := map[string]bool{"a": true, "b": true}
 	var maxID queue.ID
-	preemptions := 0
+	preemptions = 0
 	for range 3000 {
 		switch x := g.IntN(100); {
-		case x < 45:
-			out := 1 + g.IntN(maxOutput)
+		case x < 30:
+			out := 1 + g.IntN(16)
 			r := queue.Request{Deployment: deps[g.IntN(3)].Name, Tenant: fmt.Sprint("t", g.IntN(5)),
 				Class: queue.Class(g.IntN(3)), PromptTokens: g.IntN(maxPrompt + 1), MaxTokens: out, Streamed: g.IntN(3) == 0}
 			if g.IntN(5) == 0 {
@@ -60,18 +71,18 @@ func chaos(t *testing.T, seed uint64, floors bool) {
 				r.MaxTokens = 200 - r.PromptTokens
 			}
 			maxID = e.enqueue(r, out)
-		case x < 55:
+		case x < 35:
 			if len(e.reqs) > 0 {
 				ids := slices.Sorted(maps.Keys(e.reqs))
 				e.cancel(ids[g.IntN(len(ids))])
 			}
-		case x < 59:
+		case x < 38:
 			d := deps[g.IntN(3)].Name
 			if err := e.s.SetCold(d, e.now.Add(time.Duration(g.IntN(3000))*time.Millisecond), e.now); err != nil {
 				t.Fatal(err)
 			}
 			ready[d] = false
-		case x < 65:
+		case x < 43:
 			d := deps[g.IntN(3)].Name
 			o, err := e.s.SetReady(d, e.now)
 			if err != nil {
@@ -109,19 +120,10 @@ func chaos(t *testing.T, seed uint64, floors bool) {
 	if _, ok := e.s.NextDeadline(); ok {
 		t.Fatal("a deadline is pending with no request held")
 	}
-	outcomes := map[queue.Outcome]int{}
 	for _, x := range e.ended {
 		outcomes[x.Outcome]++
 	}
-	for _, o := range []queue.Outcome{queue.Finished, queue.Rejected, queue.Expired, queue.Cancelled} {
-		if outcomes[o] == 0 {
-			t.Fatalf("no request ended %v (%v): the traffic does not exercise every exit", o, outcomes)
-		}
-	}
-	t.Logf("outcomes %v, preemptions %d", outcomes, preemptions)
-	if preemptions == 0 {
-		t.Fatalf("no preemption in the run (%v): the traffic does not exercise it", outcomes)
-	}
+	return preemptions
 }
 
 func noInteractiveBehindBackground(t *testing.T, e *engine, ready map[string]bool) {

@@ -192,8 +192,13 @@ func (s *Scheduler) Enqueue(r Request, now time.Time) (ID, Output, error) {
 	s.nextID++
 	id := s.nextID
 	if d.queued >= d.d.QueueLimit {
-		s.out.Ended = append(s.out.Ended, End{ID: id, Outcome: Rejected, Status: 429, RetryAfter: s.drainEstimate(d, now)})
-		return id, s.out, nil
+		victim := s.shedFor(d, r.Class)
+		if victim == nil {
+			s.out.Ended = append(s.out.Ended, End{ID: id, Outcome: Rejected, Status: 429, RetryAfter: s.drainEstimate(d, now)})
+			return id, s.out, nil
+		}
+		s.dequeue(victim)
+		s.end(victim, End{Outcome: Rejected, Status: 429, RetryAfter: s.drainEstimate(d, now)})
 	}
 	q := s.newReq()
 	q.id, q.r, q.dep, q.cost, q.state = id, r, d, r.PromptTokens+r.MaxTokens, stQueued
@@ -213,6 +218,28 @@ func (s *Scheduler) Enqueue(r Request, now time.Time) (ID, Output, error) {
 	s.dl.set(q)
 	s.pump(d, now)
 	return id, s.out, nil
+}
+
+// shedFor picks the queued request that a request of class c displaces
+// from d's full queue: the newest request of the tenant with the largest
+// counter in the lowest class below c, or nil if no class below c waits.
+// A full queue of background work thus never turns interactive requests
+// away.
+func (s *Scheduler) shedFor(d *dep, c Class) *req {
+	for k := Background; k < c; k++ {
+		cq := &d.classes[k]
+		if cq.queued == 0 {
+			continue
+		}
+		worst := cq.heap[0]
+		for _, f := range cq.heap[1:] {
+			if flowLess(worst, f) {
+				worst = f
+			}
+		}
+		return worst.q.tail
+	}
+	return nil
 }
 
 func (s *Scheduler) newReq() *req {
@@ -271,6 +298,9 @@ func (s *Scheduler) dequeue(q *req) {
 	f.q.remove(q)
 	cq.queued--
 	d.queued--
+	if cq.queued == 0 {
+		cq.owed = 0 // a floor is owed only while the class waits
+	}
 	if f.q.n == 0 {
 		cq.removeAt(f.hidx)
 		if len(cq.heap) == 0 {

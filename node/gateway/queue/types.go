@@ -61,7 +61,8 @@ type Deployment struct {
 	// requests of PromptTokens+MaxTokens stays within it. Zero: no token cap.
 	MaxTokens int
 	// QueueLimit bounds the requests waiting for this deployment; past it a
-	// request is rejected with 429 (required).
+	// request is rejected with 429, unless it outranks a waiting one, which
+	// is rejected in its place (required).
 	QueueLimit int
 	// Ready says the engine is resident and accepts requests. Requests for
 	// a deployment that is not ready wait up to Config.ColdWait.
