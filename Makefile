@@ -77,8 +77,8 @@ bench-residency:
 	GOMAXPROCS=2 $(GO) test -run '^$$' -bench MemoryPerModel -benchtime 1x ./node/residency/
 
 # The gateway's queueing core on a busy card (64 deployments, 1,000 tenants,
-# about 200 requests held per deployment): p50/p99 and allocations of one
-# request's Enqueue plus one Finish that dispatches the next.
+# about 160 requests held per deployment): p50/p99 (wall and thread CPU) and
+# allocations of one request's Enqueue plus one Finish that dispatches the next.
 bench-gateway:
 	GOMAXPROCS=2 $(GO) test -run '^$$' -bench EnqueueDispatch -benchtime 200000x ./node/gateway/queue/
 
