@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -27,7 +28,8 @@ func TestConservationAndPreemption(t *testing.T) {
 	for _, floors := range []bool{false, true} {
 		for seed := uint64(1); seed <= 8; seed++ {
 			t.Run(fmt.Sprintf("floors %v seed %d", floors, seed), func(t *testing.T) {
-				preemptions += chaos(t, seed, floors, outcomes)
+				n, _ := chaos(t, seed, floors, outcomes)
+				preemptions += n
 			})
 		}
 	}
@@ -42,7 +44,7 @@ func TestConservationAndPreemption(t *testing.T) {
 	}
 }
 
-func chaos(t *testing.T, seed uint64, floors bool, outcomes map[queue.Outcome]int) (preemptions int) {
+func chaos(t *testing.T, seed uint64, floors bool, outcomes map[queue.Outcome]int) (preemptions int, trace string) {
 	cfg := queue.Config{ColdWait: time.Second, BackgroundFloor: -1, StandardFloor: -1}
 	deps := []queue.Deployment{
 		{Name: "a", MaxInFlight: 2, QueueLimit: 6, Ready: true},
@@ -54,6 +56,7 @@ func chaos(t *testing.T, seed uint64, floors bool, outcomes map[queue.Outcome]in
 		deps[1].MaxTokens = 200
 	}
 	e := newEngine(t, cfg, deps...)
+	e.trace = &strings.Builder{}
 	g := rnd(seed)
 	ready := map[string]bool{"a": true, "b": true}
 	var maxID queue.ID
@@ -123,7 +126,20 @@ func chaos(t *testing.T, seed uint64, floors bool, outcomes map[queue.Outcome]in
 	for _, x := range e.ended {
 		outcomes[x.Outcome]++
 	}
-	return preemptions
+	return preemptions, e.trace.String()
+}
+
+// TestDeterministic: the same calls at the same times give the same
+// outputs, which is what lets the serving simulator replay the gateway.
+func TestDeterministic(t *testing.T) {
+	_, a := chaos(t, 5, true, map[queue.Outcome]int{})
+	_, b := chaos(t, 5, true, map[queue.Outcome]int{})
+	if a != b {
+		t.Fatal("two runs of the same calls gave different outputs")
+	}
+	if strings.Count(a, "\n") < 1000 {
+		t.Fatalf("the run produced only %d outputs", strings.Count(a, "\n"))
+	}
 }
 
 func noInteractiveBehindBackground(t *testing.T, e *engine, ready map[string]bool) {

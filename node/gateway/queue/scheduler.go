@@ -168,9 +168,10 @@ func (s *Scheduler) eachQueued(d *dep, fn func(*req)) {
 
 // Enqueue admits a request. It returns the request's ID and what to do:
 // the request may be dispatched at once (possibly after preempting
-// background work), or end at once as Rejected (429) when its
-// deployment's queue is full. An error means bad input (it names the
-// field); nothing was queued and no ID was used.
+// background work); when its deployment's queue is full it ends at once
+// as Rejected (429), unless it outranks a waiting request, which is then
+// rejected in its place. An error means bad input (it names the field);
+// nothing was queued and no ID was used.
 func (s *Scheduler) Enqueue(r Request, now time.Time) (ID, Output, error) {
 	s.out.reset()
 	d, ok := s.deps[r.Deployment]
@@ -479,11 +480,17 @@ func (s *Scheduler) Progress(id ID, generated int) error {
 	if err != nil {
 		return err
 	}
+	s.chargeOutput(q, generated)
+	return nil
+}
+
+// chargeOutput charges q's tenant for the output generated since the last
+// report.
+func (s *Scheduler) chargeOutput(q *req, generated int) {
 	if delta := generated - q.outCharged; delta > 0 {
 		q.outCharged = generated
 		s.charge(q, delta, s.cfg.OutputPrice)
 	}
-	return nil
 }
 
 func (s *Scheduler) inFlight(id ID, generated int) (*req, error) {
@@ -507,10 +514,7 @@ func (s *Scheduler) Finish(id ID, generated int, now time.Time) (Output, error) 
 	if err != nil {
 		return s.out, err
 	}
-	if delta := generated - q.outCharged; delta > 0 {
-		q.outCharged = generated
-		s.charge(q, delta, s.cfg.OutputPrice)
-	}
+	s.chargeOutput(q, generated)
 	d := q.dep
 	s.leaveEngine(q)
 	s.end(q, End{Outcome: Finished, WasInFlight: true})

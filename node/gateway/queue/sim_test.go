@@ -1,8 +1,10 @@
 package queue_test
 
 import (
+	"fmt"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -36,6 +38,8 @@ type engine struct {
 	dispatchedTokens [3]float64
 	preemptions      int
 	queued           map[tenantClass]int
+	// trace, when set, records every output in order.
+	trace *strings.Builder
 }
 
 type tenantClass struct {
@@ -103,6 +107,9 @@ func (e *engine) enqueue(r queue.Request, out int) queue.ID {
 
 func (e *engine) apply(o queue.Output) {
 	e.t.Helper()
+	if e.trace != nil {
+		fmt.Fprintf(e.trace, "%v %+v\n", e.now.Sub(epoch), o)
+	}
 	for _, p := range o.Preempted {
 		q := e.reqs[p.ID]
 		if q == nil || q.state != "inflight" {
