@@ -1,0 +1,684 @@
+package queue
+
+import (
+	"cmp"
+	"errors"
+	"fmt"
+	"math"
+	"slices"
+	"time"
+)
+
+// ErrUnknownRequest is returned for an ID that the scheduler does not hold:
+// never admitted, or already ended.
+var ErrUnknownRequest = errors.New("unknown request")
+
+// drainWindow is how many recent dispatches the drain-rate estimate uses.
+const drainWindow = 32
+
+// dep is one deployment (engine) on the card.
+type dep struct {
+	d       Deployment
+	classes [numClasses]classQ
+	queued  int
+	// in flight on the engine: count and KV tokens reserved
+	inFlight       int
+	inFlightTokens int
+	// bgInFlight lists background requests in flight, oldest first, as
+	// preemption candidates (newest are cut first: least work lost).
+	bgInFlight reqList
+	// readyBy is the expected end of a load in progress (zero: unknown).
+	readyBy time.Time
+	// recent dispatch times, a ring, for the drain-rate estimate
+	drains  [drainWindow]time.Time
+	nDrains int
+	dirty   bool
+}
+
+func (d *dep) fits(r *req) bool {
+	if d.inFlight >= d.d.MaxInFlight {
+		return false
+	}
+	return d.d.MaxTokens == 0 || d.inFlightTokens+r.cost <= d.d.MaxTokens
+}
+
+// Scheduler is the gateway's queueing core for one card: the queues of the
+// card's deployments, admission, dispatch and preemption. It is not safe
+// for concurrent use: the gateway calls it from one goroutine (or under one
+// lock), passing the time of each event.
+type Scheduler struct {
+	cfg     Config
+	floors  [numClasses]float64
+	deps    map[string]*dep
+	tenants map[string]*tenant
+	reqs    map[ID]*req
+	nextID  ID
+	seq     uint64
+	dl      deadlineHeap
+	free    []*req
+	out     Output
+	dirty   []*dep
+}
+
+// New returns a scheduler with cfg's rules, or an error naming the field
+// that is out of range.
+func New(cfg Config) (*Scheduler, error) {
+	cfg, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	s := &Scheduler{
+		cfg:     cfg,
+		deps:    map[string]*dep{},
+		tenants: map[string]*tenant{},
+		reqs:    map[ID]*req{},
+	}
+	s.floors[Background] = cfg.BackgroundFloor
+	s.floors[Standard] = cfg.StandardFloor
+	return s, nil
+}
+
+// AddDeployment adds an engine to the card, or changes the limits of one
+// already there (its queue and in-flight work are kept; Ready is then
+// ignored: use SetReady and SetCold).
+func (s *Scheduler) AddDeployment(d Deployment, now time.Time) (Output, error) {
+	s.out.reset()
+	if err := d.validate(); err != nil {
+		return s.out, err
+	}
+	if x, ok := s.deps[d.Name]; ok {
+		x.d.MaxInFlight, x.d.MaxTokens, x.d.QueueLimit = d.MaxInFlight, d.MaxTokens, d.QueueLimit
+		s.pump(x, now)
+		return s.out, nil
+	}
+	x := &dep{d: d}
+	for c := range x.classes {
+		x.classes[c].flows = map[*tenant]*flow{}
+	}
+	s.deps[d.Name] = x
+	return s.out, nil
+}
+
+// SetTenant sets a tenant's weight (1 for tenants never set). A weight
+// change applies to service charged from now on.
+func (s *Scheduler) SetTenant(name string, weight float64) error {
+	if name == "" {
+		return fmt.Errorf("queue tenant: name is empty")
+	}
+	if !(weight > 0) || math.IsInf(weight, 0) {
+		return fmt.Errorf("queue tenant %q: weight is %g: it must be a positive number", name, weight)
+	}
+	s.tenant(name).weight = weight
+	return nil
+}
+
+func (s *Scheduler) tenant(name string) *tenant {
+	t, ok := s.tenants[name]
+	if !ok {
+		t = &tenant{name: name, weight: 1}
+		s.tenants[name] = t
+	}
+	return t
+}
+
+// SetReady marks a deployment's engine resident: requests waiting for its
+// load stop counting down ColdWait and are dispatched.
+func (s *Scheduler) SetReady(name string, now time.Time) (Output, error) {
+	s.out.reset()
+	d, ok := s.deps[name]
+	if !ok {
+		return s.out, fmt.Errorf("queue: deployment %q is not on this card", name)
+	}
+	if !d.d.Ready {
+		d.d.Ready = true
+		d.readyBy = time.Time{}
+		s.eachQueued(d, func(r *req) { r.coldBy = time.Time{}; s.dl.set(r) })
+	}
+	s.pump(d, now)
+	return s.out, nil
+}
+
+// SetCold marks a deployment's engine not resident (evicted, asleep or
+// loading). readyBy is when its load is expected to finish (zero if
+// unknown); it sets the Retry-After of requests that give up waiting.
+// Requests already queued start waiting ColdWait from now.
+func (s *Scheduler) SetCold(name string, readyBy, now time.Time) error {
+	d, ok := s.deps[name]
+	if !ok {
+		return fmt.Errorf("queue: deployment %q is not on this card", name)
+	}
+	d.readyBy = readyBy
+	if d.d.Ready {
+		d.d.Ready = false
+		by := now.Add(s.cfg.ColdWait)
+		s.eachQueued(d, func(r *req) { r.coldBy = by; s.dl.set(r) })
+	}
+	return nil
+}
+
+func (s *Scheduler) eachQueued(d *dep, fn func(*req)) {
+	for c := range d.classes {
+		for _, f := range d.classes[c].heap {
+			for r := f.q.head; r != nil; r = r.next {
+				fn(r)
+			}
+		}
+	}
+}
+
+// Enqueue admits a request. It returns the request's ID and what to do:
+// the request may be dispatched at once (possibly after preempting
+// background work); when its deployment's queue is full it ends at once
+// as Rejected (429), unless it outranks a waiting request, which is then
+// rejected in its place. An error means bad input (it names the field);
+// nothing was queued and no ID was used.
+func (s *Scheduler) Enqueue(r Request, now time.Time) (ID, Output, error) {
+	s.out.reset()
+	d, ok := s.deps[r.Deployment]
+	switch {
+	case !ok:
+		return 0, s.out, fmt.Errorf("queue request: Deployment %q is not on this card", r.Deployment)
+	case r.Tenant == "":
+		return 0, s.out, fmt.Errorf("queue request: Tenant is empty")
+	case r.Class >= numClasses:
+		return 0, s.out, fmt.Errorf("queue request: Class %d is not background, standard or interactive", r.Class)
+	case r.PromptTokens < 0:
+		return 0, s.out, fmt.Errorf("queue request: PromptTokens is %d: it must not be negative", r.PromptTokens)
+	case r.MaxTokens < 0:
+		return 0, s.out, fmt.Errorf("queue request: MaxTokens is %d: it must not be negative", r.MaxTokens)
+	case d.d.MaxTokens > 0 && r.PromptTokens+r.MaxTokens > d.d.MaxTokens:
+		return 0, s.out, fmt.Errorf("queue request: PromptTokens+MaxTokens is %d: deployment %q holds at most %d tokens in flight",
+			r.PromptTokens+r.MaxTokens, d.d.Name, d.d.MaxTokens)
+	}
+	s.nextID++
+	id := s.nextID
+	if d.queued >= d.d.QueueLimit {
+		victim := s.shedFor(d, r.Class)
+		if victim == nil {
+			s.out.Ended = append(s.out.Ended, End{ID: id, Outcome: Rejected, Status: 429, RetryAfter: s.drainEstimate(d, now)})
+			return id, s.out, nil
+		}
+		s.dequeue(victim)
+		s.end(victim, End{Outcome: Rejected, Status: 429, RetryAfter: s.drainEstimate(d, now)})
+	}
+	q := s.newReq()
+	q.id, q.r, q.dep, q.cost, q.state = id, r, d, r.PromptTokens+r.MaxTokens, stQueued
+	cq := &d.classes[r.Class]
+	t := s.tenant(r.Tenant)
+	f, ok := cq.flows[t]
+	if !ok {
+		f = &flow{t: t, hidx: -1}
+		cq.flows[t] = f
+	}
+	q.fl = f
+	if !d.d.Ready {
+		q.coldBy = now.Add(s.cfg.ColdWait)
+	}
+	s.reqs[id] = q
+	s.enqueue(q, false)
+	s.dl.set(q)
+	s.pump(d, now)
+	return id, s.out, nil
+}
+
+// shedFor picks the queued request that a request of class c displaces
+// from d's full queue: the newest request of the tenant with the largest
+// counter in the lowest class below c, or nil if no class below c waits.
+// A full queue of background work thus never turns interactive requests
+// away.
+func (s *Scheduler) shedFor(d *dep, c Class) *req {
+	for k := Background; k < c; k++ {
+		cq := &d.classes[k]
+		if cq.queued == 0 {
+			continue
+		}
+		worst := cq.heap[0]
+		for _, f := range cq.heap[1:] {
+			if flowLess(worst, f) {
+				worst = f
+			}
+		}
+		return worst.q.tail
+	}
+	return nil
+}
+
+func (s *Scheduler) newReq() *req {
+	if n := len(s.free); n > 0 {
+		q := s.free[n-1]
+		s.free = s.free[:n-1]
+		return q
+	}
+	return &req{dlIdx: -1}
+}
+
+func (s *Scheduler) release(q *req) {
+	delete(s.reqs, q.id)
+	*q = req{dlIdx: -1}
+	s.free = append(s.free, q)
+}
+
+// enqueue puts q on its flow's queue: at the back when new, at the front
+// when a preempted request is re-queued. A flow that becomes backlogged
+// with new work is lifted to the smallest counter among the backlogged
+// flows (or the last to leave, when none is), so that it cannot spend
+// service it did not claim while idle. A re-queued request is work the
+// flow was already granted, so its flow is not lifted.
+func (s *Scheduler) enqueue(q *req, front bool) {
+	f, d := q.fl, q.dep
+	cq := &d.classes[q.r.Class]
+	if f.hidx < 0 {
+		if !front {
+			lift := math.Inf(-1)
+			switch {
+			case len(cq.heap) > 0:
+				lift = cq.heap[0].counter
+			case cq.lastLeft != nil:
+				lift = cq.lastLeft.counter
+			}
+			f.counter = max(f.counter, lift)
+		}
+		s.seq++
+		f.seq = s.seq
+		cq.push(f)
+	}
+	if front {
+		f.q.pushFront(q)
+	} else {
+		f.q.pushBack(q)
+	}
+	cq.queued++
+	d.queued++
+	q.state = stQueued
+}
+
+// dequeue takes a queued q off its flow's queue.
+func (s *Scheduler) dequeue(q *req) {
+	f, d := q.fl, q.dep
+	cq := &d.classes[q.r.Class]
+	f.q.remove(q)
+	cq.queued--
+	d.queued--
+	if cq.queued == 0 {
+		cq.owed = 0 // a floor is owed only while the class waits
+	}
+	if f.q.n == 0 {
+		cq.removeAt(f.hidx)
+		if len(cq.heap) == 0 {
+			cq.lastLeft = f
+		}
+	}
+	s.dl.remove(q)
+	q.coldBy = time.Time{}
+}
+
+// charge adds cost tokens at price to q's flow.
+func (s *Scheduler) charge(q *req, tokens int, price float64) {
+	f := q.fl
+	f.counter += float64(tokens) * price / f.t.weight
+	q.dep.classes[q.r.Class].fix(f)
+}
+
+// pickClass chooses the class to serve next on d: a class whose floor
+// account covers its head request (the lowest such first), else the
+// highest backlogged. byFloor says the floor chose it.
+func (s *Scheduler) pickClass(d *dep) (c Class, byFloor, ok bool) {
+	top := Class(numClasses)
+	for c := Interactive; ; c-- {
+		if d.classes[c].queued > 0 {
+			top = c
+			break
+		}
+		if c == Background {
+			return 0, false, false
+		}
+	}
+	for c := Background; c < top; c++ {
+		cq := &d.classes[c]
+		if cq.queued > 0 && cq.owed > 0 && cq.owed >= (1-s.floors[c])*float64(cq.heap[0].q.head.cost) {
+			return c, true, true
+		}
+	}
+	return top, false, true
+}
+
+// account updates the floors' accounts for a dispatch of cost tokens in
+// class k (called before the request leaves the queue).
+func (s *Scheduler) account(d *dep, k Class, cost int) {
+	higher := false // some class above c is backlogged
+	for c := Interactive; ; c-- {
+		cq := &d.classes[c]
+		if s.floors[c] > 0 {
+			switch {
+			case cq.queued == 0 || !higher:
+				cq.owed = 0
+			case k > c:
+				cq.owed += s.floors[c] * float64(cost)
+			case k == c:
+				cq.owed -= (1 - s.floors[c]) * float64(cost)
+			}
+		}
+		if cq.queued > 0 {
+			higher = true
+		}
+		if c == Background {
+			return
+		}
+	}
+}
+
+// pump dispatches from d's queues while its engine has room, preempting
+// background work for interactive requests that do not fit.
+func (s *Scheduler) pump(d *dep, now time.Time) {
+	for d.d.Ready {
+		c, byFloor, ok := s.pickClass(d)
+		if !ok {
+			return
+		}
+		cq := &d.classes[c]
+		f := cq.heap[0]
+		q := f.q.head
+		// An interactive head that does not fit takes the room of
+		// background work, and is dispatched into it at once.
+		if !d.fits(q) && (c != Interactive || s.cfg.NoPreemption || !s.preemptFor(d, q)) {
+			return
+		}
+		s.account(d, c, q.cost)
+		s.dequeue(q)
+		q.state = stInFlight
+		q.protected = byFloor
+		d.inFlight++
+		d.inFlightTokens += q.cost
+		f.inFlight++
+		if c == Background {
+			d.bgInFlight.pushBack(q)
+		}
+		if !q.inputCharged {
+			q.inputCharged = true
+			s.charge(q, q.r.PromptTokens, s.cfg.InputPrice)
+		}
+		d.drains[d.nDrains%drainWindow] = now
+		d.nDrains++
+		s.out.Dispatched = append(s.out.Dispatched, q.id)
+	}
+}
+
+// preemptFor cuts off the newest unprotected background requests in
+// flight on d until q fits. It preempts nothing, and reports false, if
+// even all of them would not make room.
+func (s *Scheduler) preemptFor(d *dep, q *req) bool {
+	n, tokens := d.inFlight, d.inFlightTokens
+	var last *req
+	for r := d.bgInFlight.tail; r != nil; r = r.prev {
+		if r.protected {
+			continue
+		}
+		n--
+		tokens -= r.cost
+		if n < d.d.MaxInFlight && (d.d.MaxTokens == 0 || tokens+q.cost <= d.d.MaxTokens) {
+			last = r
+			break
+		}
+	}
+	if last == nil {
+		return false
+	}
+	for r := d.bgInFlight.tail; ; {
+		prev := r.prev
+		if !r.protected {
+			s.preempt(r)
+		}
+		if r == last {
+			return true
+		}
+		r = prev
+	}
+}
+
+// preempt takes a background request off its engine. A streamed one ends:
+// its client received what was generated, so that stays charged. Any other
+// goes back to the front of its tenant's queue, refunded the output of the
+// cut run (the re-run generates it again); its prompt stays charged and is
+// not charged again.
+func (s *Scheduler) preempt(q *req) {
+	s.leaveEngine(q)
+	if q.r.Streamed {
+		s.out.Preempted = append(s.out.Preempted, Preemption{ID: q.id})
+		s.end(q, End{Outcome: Preempted, WasInFlight: true})
+		return
+	}
+	q.fl.counter -= float64(q.outCharged) * s.cfg.OutputPrice / q.fl.t.weight
+	q.dep.classes[q.r.Class].fix(q.fl)
+	q.outCharged = 0
+	s.out.Preempted = append(s.out.Preempted, Preemption{ID: q.id, Requeued: true})
+	s.enqueue(q, true)
+	s.dl.set(q)
+}
+
+func (s *Scheduler) leaveEngine(q *req) {
+	d := q.dep
+	d.inFlight--
+	d.inFlightTokens -= q.cost
+	q.fl.inFlight--
+	if q.r.Class == Background {
+		d.bgInFlight.remove(q)
+	}
+	q.protected = false
+}
+
+func (s *Scheduler) end(q *req, e End) {
+	e.ID = q.id
+	s.out.Ended = append(s.out.Ended, e)
+	s.release(q)
+}
+
+// Progress reports that an in-flight request has generated `generated`
+// tokens so far; the new ones are charged to its tenant now, so fairness
+// follows service as it is delivered.
+func (s *Scheduler) Progress(id ID, generated int) error {
+	q, err := s.inFlight(id, generated)
+	if err != nil {
+		return err
+	}
+	s.chargeOutput(q, generated)
+	return nil
+}
+
+// chargeOutput charges q's tenant for the output generated since the last
+// report.
+func (s *Scheduler) chargeOutput(q *req, generated int) {
+	if delta := generated - q.outCharged; delta > 0 {
+		q.outCharged = generated
+		s.charge(q, delta, s.cfg.OutputPrice)
+	}
+}
+
+func (s *Scheduler) inFlight(id ID, generated int) (*req, error) {
+	q, ok := s.reqs[id]
+	switch {
+	case !ok:
+		return nil, fmt.Errorf("queue: request %d: %w", id, ErrUnknownRequest)
+	case q.state != stInFlight:
+		return nil, fmt.Errorf("queue: request %d is queued, not in flight", id)
+	case generated < 0:
+		return nil, fmt.Errorf("queue: request %d: generated is %d: it must not be negative", id, generated)
+	}
+	return q, nil
+}
+
+// Finish reports that an in-flight request completed with `generated`
+// output tokens in all; its engine slot goes to the next request.
+func (s *Scheduler) Finish(id ID, generated int, now time.Time) (Output, error) {
+	s.out.reset()
+	q, err := s.inFlight(id, generated)
+	if err != nil {
+		return s.out, err
+	}
+	s.chargeOutput(q, generated)
+	d := q.dep
+	s.leaveEngine(q)
+	s.end(q, End{Outcome: Finished, WasInFlight: true})
+	s.pump(d, now)
+	return s.out, nil
+}
+
+// Cancel reports that a request's client went away. A queued request
+// leaves the queue; one in flight frees its slot (the gateway aborts it on
+// the engine) and keeps what it was charged: the engine did that work.
+func (s *Scheduler) Cancel(id ID, now time.Time) (Output, error) {
+	s.out.reset()
+	q, ok := s.reqs[id]
+	if !ok {
+		return s.out, fmt.Errorf("queue: request %d: %w", id, ErrUnknownRequest)
+	}
+	d := q.dep
+	inFlight := q.state == stInFlight
+	if inFlight {
+		s.leaveEngine(q)
+	} else {
+		s.dequeue(q)
+	}
+	s.end(q, End{Outcome: Cancelled, WasInFlight: inFlight})
+	s.pump(d, now)
+	return s.out, nil
+}
+
+// NextDeadline is when Tick next has something to do: the earliest queued
+// request's deadline or cold wait.
+func (s *Scheduler) NextDeadline() (time.Time, bool) {
+	if len(s.dl) == 0 {
+		return time.Time{}, false
+	}
+	return s.dl[0].deadline(), true
+}
+
+// Tick ends the queued requests whose time is up: those waiting for a
+// deployment that did not become ready within ColdWait are Rejected
+// (503), those past their own Deadline Expired.
+func (s *Scheduler) Tick(now time.Time) Output {
+	s.out.reset()
+	for len(s.dl) > 0 {
+		q := s.dl[0]
+		if q.deadline().After(now) {
+			break
+		}
+		d := q.dep
+		e := End{Outcome: Expired}
+		if !q.coldBy.IsZero() && !q.coldBy.After(now) {
+			e = End{Outcome: Rejected, Status: 503, RetryAfter: s.coldEstimate(d, now)}
+		}
+		s.dequeue(q)
+		s.end(q, e)
+		if !d.dirty {
+			d.dirty = true
+			s.dirty = append(s.dirty, d)
+		}
+	}
+	// A head that did not fit may have left, so what is behind it may fit.
+	for _, d := range s.dirty {
+		d.dirty = false
+		s.pump(d, now)
+	}
+	s.dirty = s.dirty[:0]
+	return s.out
+}
+
+func (s *Scheduler) clampRetry(d time.Duration) time.Duration {
+	d = d.Round(time.Second)
+	return min(max(d, minRetryAfter), s.cfg.MaxRetryAfter)
+}
+
+// drainEstimate is how long the requests queued on d take to drain at the
+// rate d dispatched its recent requests: the Retry-After of a 429.
+func (s *Scheduler) drainEstimate(d *dep, now time.Time) time.Duration {
+	if !d.d.Ready {
+		return s.coldEstimate(d, now)
+	}
+	n := min(d.nDrains, drainWindow)
+	if n == 0 {
+		return minRetryAfter
+	}
+	oldest := d.drains[(d.nDrains-n)%drainWindow]
+	span := now.Sub(oldest)
+	if span <= 0 {
+		return minRetryAfter
+	}
+	perReq := span / time.Duration(n)
+	return s.clampRetry(perReq * time.Duration(d.queued))
+}
+
+// coldEstimate is the Retry-After for a deployment that is not ready: the
+// rest of its load, or ColdWait when that is unknown.
+func (s *Scheduler) coldEstimate(d *dep, now time.Time) time.Duration {
+	if d.readyBy.After(now) {
+		return s.clampRetry(d.readyBy.Sub(now))
+	}
+	return s.clampRetry(s.cfg.ColdWait)
+}
+
+// RemoveDeployment takes an engine off the card. Its queued requests are
+// Rejected (503: another replica may serve them) and those in flight end as
+// Cancelled (the engine is gone).
+func (s *Scheduler) RemoveDeployment(name string, now time.Time) (Output, error) {
+	s.out.reset()
+	d, ok := s.deps[name]
+	if !ok {
+		return s.out, fmt.Errorf("queue: deployment %q is not on this card", name)
+	}
+	var doomed []*req
+	s.eachQueued(d, func(r *req) { doomed = append(doomed, r) })
+	for _, q := range doomed {
+		s.dequeue(q)
+		s.end(q, End{Outcome: Rejected, Status: 503, RetryAfter: minRetryAfter})
+	}
+	doomed = doomed[:0]
+	for _, q := range s.reqs {
+		if q.dep == d {
+			doomed = append(doomed, q)
+		}
+	}
+	slices.SortFunc(doomed, func(a, b *req) int { return cmp.Compare(a.id, b.id) })
+	for _, q := range doomed {
+		s.leaveEngine(q)
+		s.end(q, End{Outcome: Cancelled, WasInFlight: true})
+	}
+	delete(s.deps, name)
+	return s.out, nil
+}
+
+// Queued is the number of requests waiting for the deployment.
+func (s *Scheduler) Queued(deployment string) int {
+	if d, ok := s.deps[deployment]; ok {
+		return d.queued
+	}
+	return 0
+}
+
+// InFlight is the number of requests the deployment's engine holds.
+func (s *Scheduler) InFlight(deployment string) int {
+	if d, ok := s.deps[deployment]; ok {
+		return d.inFlight
+	}
+	return 0
+}
+
+// Len is the number of requests the scheduler holds, queued or in flight.
+func (s *Scheduler) Len() int { return len(s.reqs) }
+
+// Counter is a tenant's virtual token counter in one class of a
+// deployment: the service charged to it divided by its weight, as lifted.
+// It is for metrics and tests; zero if the tenant never queued there.
+func (s *Scheduler) Counter(deployment string, c Class, tenant string) float64 {
+	d, ok := s.deps[deployment]
+	if !ok || c >= numClasses {
+		return 0
+	}
+	t, ok := s.tenants[tenant]
+	if !ok {
+		return 0
+	}
+	if f, ok := d.classes[c].flows[t]; ok {
+		return f.counter
+	}
+	return 0
+}
