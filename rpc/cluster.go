@@ -23,6 +23,9 @@ func (h *handlers) Apply(ctx context.Context, req *connect.Request[pb.ApplyReque
 	if env == nil {
 		return nil, connect.NewError(connect.CodeInvalidArgument, errEnvelopeRequired)
 	}
+	if err := checkRequestID(env.GetRequestId()); err != nil {
+		return nil, err
+	}
 	var res *pb.Result
 	var err error
 	switch {
@@ -123,6 +126,10 @@ func (h *handlers) forwardBatch(ctx context.Context, envs []*pb.Envelope) []*pb.
 	for i, env := range envs {
 		if env == nil {
 			out[i] = &pb.ForwardResult{Error: applyError(connect.NewError(connect.CodeInvalidArgument, errEnvelopeRequired))}
+			continue
+		}
+		if err := checkRequestID(env.GetRequestId()); err != nil {
+			out[i] = &pb.ForwardResult{Error: applyError(err)}
 			continue
 		}
 		todo = append(todo, env)

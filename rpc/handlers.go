@@ -38,6 +38,9 @@ type handlers struct {
 // requests and no-ops out of the log; the state machine checks again at apply,
 // so a race between the two is rejected, never applied.
 func (h *handlers) propose(ctx context.Context, env *pb.Envelope, dryRun bool) (*pb.Result, error) {
+	if err := checkRequestID(env.GetRequestId()); err != nil {
+		return nil, err
+	}
 	env.Actor = actorFrom(ctx)
 	if dryRun {
 		res, err := h.b.DryRun(ctx, env)

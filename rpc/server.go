@@ -97,6 +97,7 @@ func Handler(cfg Config) http.Handler {
 	if cfg.ACL {
 		interceptors = append(interceptors, NewAuthInterceptor(cfg.Backend, cfg.AgentToken))
 	}
+	interceptors = append(interceptors, definedEnums{})
 	opts := []connect.HandlerOption{
 		connect.WithInterceptors(append(interceptors, cfg.Interceptors...)...),
 		connect.WithReadMaxBytes(MaxMessageBytes),
@@ -105,6 +106,8 @@ func Handler(cfg Config) http.Handler {
 		// every reply, a few hundred bytes included, which cost 7% of the
 		// CPU of a 3-server commit benchmark (forwarded writes pay twice).
 		connect.WithCompressMinBytes(4 << 10),
+		connect.WithCodec(strictJSON{"json"}),
+		connect.WithCodec(strictJSON{"json; charset=utf-8"}),
 	}
 	mux := http.NewServeMux()
 	mux.Handle(gpuplanev1connect.NewDeviceServiceHandler(h, opts...))
