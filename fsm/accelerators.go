@@ -13,6 +13,10 @@ import (
 // not say.
 const DefaultMaxModels = 2
 
+// MaxMaxModels bounds a shared accelerator's models per card: past it each
+// model's share of a card (MEMORY/MODEL) is too small to hold any weights.
+const MaxMaxModels = 64
+
 // NormalizeAcceleratorSpec returns spec with the defaults of SPEC §4 filled in:
 // dedicated tenancy, one device per replica, two models per shared card.
 func NormalizeAcceleratorSpec(spec *pb.AcceleratorSpec) *pb.AcceleratorSpec {
@@ -52,6 +56,9 @@ func ValidateAccelerator(name string, spec *pb.AcceleratorSpec) []*pb.Violation 
 	case pb.Tenancy_TENANCY_SHARED:
 		if spec.GetDevicesPerReplica() > 1 {
 			v.add("spec.devicesPerReplica", "a shared accelerator splits a single device: must be 1, got %d (rule 3)", spec.GetDevicesPerReplica())
+		}
+		if m := spec.GetMaxModels(); m > MaxMaxModels {
+			v.add("spec.maxModels", "must be between 1 and %d models per card, got %d (rule 4)", MaxMaxModels, m)
 		}
 	default:
 		v.add("spec.tenancy", "must be dedicated or shared")

@@ -2,6 +2,7 @@ package fsm
 
 import (
 	"fmt"
+	"maps"
 	"slices"
 	"strconv"
 	"strings"
@@ -22,6 +23,13 @@ const MaxReplicas = 1024
 // MaxStartTimeoutSeconds bounds spec.engine.startTimeout (a day), as
 // descriptor.MaxStartTimeout does for files and flags.
 const MaxStartTimeoutSeconds = 24 * 60 * 60
+
+// Bounds of spec.resources: more than any node has (a thousand cores, 64
+// TiB), so that a typo is refused instead of waiting forever for a node.
+const (
+	MaxCPUMilli  = 1000 * 1000
+	MaxMemoryMiB = 64 << 20
+)
 
 // NormalizeModelSpec fills the defaults of SPEC §4: vllm engine, one replica,
 // tensor and pipeline parallel 1, servedModelName = the deployment's name;
@@ -101,8 +109,53 @@ func ValidateModel(name string, spec *pb.ModelSpec) []*pb.Violation {
 	if s := e.GetStartTimeoutSeconds(); s > MaxStartTimeoutSeconds {
 		v.add("spec.engine.startTimeout", "must be at most 24h0m0s, got %ds", s)
 	}
+	if m := e.GetMemoryMib(); m > MaxMemoryMiB {
+		v.add("spec.engine.memory", "must be at most %dMi (64Ti), got %dMi", MaxMemoryMiB, m)
+	}
+	validateStrings(&v, spec)
+	if c := spec.GetResources().GetCpuMilli(); c > MaxCPUMilli {
+		v.add("spec.resources.cpuMilli", "must be at most %d (1000 cores), got %d", MaxCPUMilli, c)
+	}
+	if m := spec.GetResources().GetMemoryMib(); m > MaxMemoryMiB {
+		v.add("spec.resources.memoryMib", "must be at most %d (64Ti), got %d", MaxMemoryMiB, m)
+	}
 	validateResidencyFields(&v, spec)
 	return v
+}
+
+// validateStrings checks what an engine's process is given: environment
+// variable names that execve can pass (not empty, no '=' or NUL), values
+// and arguments without NUL, and node-selector labels without NUL.
+func validateStrings(v *violations, spec *pb.ModelSpec) {
+	e := spec.GetEngine()
+	for _, k := range slices.Sorted(maps.Keys(e.GetEnv())) {
+		switch {
+		case k == "":
+			v.add("spec.engine.env", "a variable name must not be empty")
+		case strings.ContainsAny(k, "=\x00"):
+			v.add("spec.engine.env", "variable name %q must not contain '=' or NUL", k)
+		}
+		if strings.ContainsRune(e.GetEnv()[k], 0) {
+			v.add("spec.engine.env."+k, "the value must not contain NUL")
+		}
+	}
+	for i, a := range e.GetArgs() {
+		if strings.ContainsRune(a, 0) {
+			v.add(fmt.Sprintf("spec.engine.args[%d]", i), "must not contain NUL")
+		}
+	}
+	sel := spec.GetPlacement().GetNodeSelector()
+	for _, k := range slices.Sorted(maps.Keys(sel)) {
+		switch {
+		case k == "":
+			v.add("spec.placement.nodeSelector", "a label name must not be empty")
+		case strings.ContainsRune(k, 0):
+			v.add("spec.placement.nodeSelector", "label name %q must not contain NUL", k)
+		}
+		if strings.ContainsRune(sel[k], 0) {
+			v.add("spec.placement.nodeSelector."+strings.ReplaceAll(k, "\x00", "\\0"), "the value must not contain NUL")
+		}
+	}
 }
 
 // share is what one replica of a deployment reserves on each of its cards.
