@@ -110,28 +110,29 @@ func Handler(cfg Config) http.Handler {
 		connect.WithCodec(strictJSON{"json; charset=utf-8"}),
 	}
 	mux := http.NewServeMux()
-	mux.Handle(gpuplanev1connect.NewDeviceServiceHandler(h, opts...))
-	mux.Handle(gpuplanev1connect.NewNodeServiceHandler(h, opts...))
-	mux.Handle(gpuplanev1connect.NewAcceleratorServiceHandler(h, opts...))
-	mux.Handle(gpuplanev1connect.NewClusterServiceHandler(h, opts...))
-	mux.Handle(gpuplanev1connect.NewModelServiceHandler(h, opts...))
-	mux.Handle(gpuplanev1connect.NewACLServiceHandler(&aclHandlers{handlers: h, enabled: cfg.ACL}, opts...))
+	mux.Handle(rpcErrors(gpuplanev1connect.NewDeviceServiceHandler(h, opts...)))
+	mux.Handle(rpcErrors(gpuplanev1connect.NewNodeServiceHandler(h, opts...)))
+	mux.Handle(rpcErrors(gpuplanev1connect.NewAcceleratorServiceHandler(h, opts...)))
+	mux.Handle(rpcErrors(gpuplanev1connect.NewClusterServiceHandler(h, opts...)))
+	mux.Handle(rpcErrors(gpuplanev1connect.NewModelServiceHandler(h, opts...)))
+	mux.Handle(rpcErrors(gpuplanev1connect.NewACLServiceHandler(&aclHandlers{handlers: h, enabled: cfg.ACL}, opts...)))
 	lh := &eventHandlers{closing: cfg.closing, peerHTTP: cfg.PeerHTTP}
 	lh.b, _ = cfg.Backend.(LogBackend)
-	mux.Handle(gpuplanev1connect.NewEventServiceHandler(lh, opts...))
-	mux.Handle(gpuplanev1connect.NewAuditServiceHandler(lh, opts...))
+	mux.Handle(rpcErrors(gpuplanev1connect.NewEventServiceHandler(lh, opts...)))
+	mux.Handle(rpcErrors(gpuplanev1connect.NewAuditServiceHandler(lh, opts...)))
 	peers := cfg.PeerHTTP
 	if peers == nil {
 		peers = HTTPClient()
 	}
-	mux.Handle(gpuplanev1connect.NewLogServiceHandler(&logHandlers{b: cfg.Backend, node: cfg.NodeName, read: cfg.ReadLogs, peers: peers}, opts...))
-	mux.Handle(gpuplanev1connect.NewResidencyServiceHandler(&residencyHandlers{
+	mux.Handle(rpcErrors(gpuplanev1connect.NewLogServiceHandler(&logHandlers{b: cfg.Backend, node: cfg.NodeName, read: cfg.ReadLogs, peers: peers}, opts...)))
+	mux.Handle(rpcErrors(gpuplanev1connect.NewResidencyServiceHandler(&residencyHandlers{
 		b: cfg.Backend, node: cfg.NodeName, journal: cfg.Residency, peers: peers, closing: cfg.closing,
-	}, opts...))
+	}, opts...)))
 	mux.Handle(grpchealth.NewHandler(grpchealth.NewStaticChecker(services...)))
 	reflector := grpcreflect.NewStaticReflector(services...)
 	mux.Handle(grpcreflect.NewHandlerV1(reflector))
 	mux.Handle(grpcreflect.NewHandlerV1Alpha(reflector))
+	mux.HandleFunc("/", unknownProcedure)
 	mux.HandleFunc("GET /{$}", serveUI)
 	mux.HandleFunc("GET /ui", serveUI)
 	if cfg.Metrics != nil {
