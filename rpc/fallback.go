@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"strings"
+	"time"
 
 	"connectrpc.com/connect"
 )
@@ -75,13 +76,17 @@ func unknownProcedure(w http.ResponseWriter, r *http.Request) {
 	writeRPCError(w, r, connect.CodeUnimplemented, 0, fmt.Sprintf("%s is not a procedure this server serves: unknown service or method", r.URL.Path))
 }
 
-// rpcErrors wraps a service's handler so that its bare refusals (415 for a
-// content type connect does not speak, 405 for an HTTP method, 404 for an
-// unknown method) carry an error in the RPC's protocol.
-func rpcErrors(path string, h http.Handler) (string, http.Handler) {
-	return path, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		h.ServeHTTP(&refusalWriter{ResponseWriter: w, r: r}, r)
-	})
+// wrapService wraps a service's handler so that its bare refusals (415 for
+// a content type connect does not speak, 405 for an HTTP method, 404 for an
+// unknown method) carry an error in the RPC's protocol, and so that a
+// request body must arrive within bodyTimeout (see bodyDeadline).
+func wrapService(bodyTimeout time.Duration) func(string, http.Handler) (string, http.Handler) {
+	return func(path string, h http.Handler) (string, http.Handler) {
+		return path, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			bodyDeadline(w, r, bodyTimeout)
+			h.ServeHTTP(&refusalWriter{ResponseWriter: w, r: r}, r)
+		})
+	}
 }
 
 // refusalWriter turns those refusals into RPC errors and passes

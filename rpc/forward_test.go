@@ -113,8 +113,9 @@ func (s *server) stop() {
 const agentToken = "agent-secret"
 
 // startServers starts n servers bootstrapped together, each serving the API
-// (with ACLs when acl is set) and forwarding through rpc.Forwarder.
-func startServers(t *testing.T, n int, acl bool) []*server {
+// (with ACLs when acl is set) and forwarding through rpc.Forwarder; each
+// of configure may change the API's configuration.
+func startServers(t *testing.T, n int, acl bool, configure ...func(*rpc.Config)) []*server {
 	t.Helper()
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
 	var peers []cluster.Peer
@@ -134,8 +135,12 @@ func startServers(t *testing.T, n int, acl bool) []*server {
 		}
 		t.Cleanup(func() { c.Shutdown() })
 		s.c = c
-		srv, err := rpc.Listen("127.0.0.1:0", rpc.Config{Backend: c, Logger: quiet, ACL: acl, AgentToken: agentToken,
-			NodeName: s.name, Interceptors: []connect.Interceptor{s.calls}})
+		cfg := rpc.Config{Backend: c, Logger: quiet, ACL: acl, AgentToken: agentToken,
+			NodeName: s.name, Interceptors: []connect.Interceptor{s.calls}}
+		for _, f := range configure {
+			f(&cfg)
+		}
+		srv, err := rpc.Listen("127.0.0.1:0", cfg)
 		if err != nil {
 			t.Fatal(err)
 		}

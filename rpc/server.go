@@ -33,8 +33,12 @@ const (
 	MaxConcurrentStreams = 128
 	// readHeaderTimeout also bounds the TLS handshake.
 	readHeaderTimeout = 10 * time.Second
-	idleTimeout       = 2 * time.Minute
-	maxHeaderBytes    = 64 << 10
+	// bodyReadTimeout bounds how long a unary or server-streaming call's
+	// request body may take to arrive (a MaxMessageBytes body needs about
+	// 560 kB/s); client streams (Forward) have none.
+	bodyReadTimeout = 30 * time.Second
+	idleTimeout     = 2 * time.Minute
+	maxHeaderBytes  = 64 << 10
 	// writeByteTimeout closes an HTTP/2 connection whose client stops reading.
 	writeByteTimeout = 30 * time.Second
 )
@@ -83,6 +87,9 @@ type Config struct {
 	Residency *residency.Journal
 	// Metrics, when set, is served at /metrics (Prometheus text format).
 	Metrics http.Handler
+	// BodyReadTimeout bounds how long a request body (of a call whose
+	// client does not stream) may take to arrive; 0 is 30 seconds.
+	BodyReadTimeout time.Duration
 
 	// closing is closed when the server starts shutting down; streams that
 	// would otherwise stay open (events --follow) end then.
@@ -109,23 +116,28 @@ func Handler(cfg Config) http.Handler {
 		connect.WithCodec(strictJSON{"json"}),
 		connect.WithCodec(strictJSON{"json; charset=utf-8"}),
 	}
+	bodyTimeout := cfg.BodyReadTimeout
+	if bodyTimeout == 0 {
+		bodyTimeout = bodyReadTimeout
+	}
+	wrap := wrapService(bodyTimeout)
 	mux := http.NewServeMux()
-	mux.Handle(rpcErrors(gpuplanev1connect.NewDeviceServiceHandler(h, opts...)))
-	mux.Handle(rpcErrors(gpuplanev1connect.NewNodeServiceHandler(h, opts...)))
-	mux.Handle(rpcErrors(gpuplanev1connect.NewAcceleratorServiceHandler(h, opts...)))
-	mux.Handle(rpcErrors(gpuplanev1connect.NewClusterServiceHandler(h, opts...)))
-	mux.Handle(rpcErrors(gpuplanev1connect.NewModelServiceHandler(h, opts...)))
-	mux.Handle(rpcErrors(gpuplanev1connect.NewACLServiceHandler(&aclHandlers{handlers: h, enabled: cfg.ACL}, opts...)))
+	mux.Handle(wrap(gpuplanev1connect.NewDeviceServiceHandler(h, opts...)))
+	mux.Handle(wrap(gpuplanev1connect.NewNodeServiceHandler(h, opts...)))
+	mux.Handle(wrap(gpuplanev1connect.NewAcceleratorServiceHandler(h, opts...)))
+	mux.Handle(wrap(gpuplanev1connect.NewClusterServiceHandler(h, opts...)))
+	mux.Handle(wrap(gpuplanev1connect.NewModelServiceHandler(h, opts...)))
+	mux.Handle(wrap(gpuplanev1connect.NewACLServiceHandler(&aclHandlers{handlers: h, enabled: cfg.ACL}, opts...)))
 	lh := &eventHandlers{closing: cfg.closing, peerHTTP: cfg.PeerHTTP}
 	lh.b, _ = cfg.Backend.(LogBackend)
-	mux.Handle(rpcErrors(gpuplanev1connect.NewEventServiceHandler(lh, opts...)))
-	mux.Handle(rpcErrors(gpuplanev1connect.NewAuditServiceHandler(lh, opts...)))
+	mux.Handle(wrap(gpuplanev1connect.NewEventServiceHandler(lh, opts...)))
+	mux.Handle(wrap(gpuplanev1connect.NewAuditServiceHandler(lh, opts...)))
 	peers := cfg.PeerHTTP
 	if peers == nil {
 		peers = HTTPClient()
 	}
-	mux.Handle(rpcErrors(gpuplanev1connect.NewLogServiceHandler(&logHandlers{b: cfg.Backend, node: cfg.NodeName, read: cfg.ReadLogs, peers: peers}, opts...)))
-	mux.Handle(rpcErrors(gpuplanev1connect.NewResidencyServiceHandler(&residencyHandlers{
+	mux.Handle(wrap(gpuplanev1connect.NewLogServiceHandler(&logHandlers{b: cfg.Backend, node: cfg.NodeName, read: cfg.ReadLogs, peers: peers}, opts...)))
+	mux.Handle(wrap(gpuplanev1connect.NewResidencyServiceHandler(&residencyHandlers{
 		b: cfg.Backend, node: cfg.NodeName, journal: cfg.Residency, peers: peers, closing: cfg.closing,
 	}, opts...)))
 	mux.Handle(grpchealth.NewHandler(grpchealth.NewStaticChecker(services...)))
