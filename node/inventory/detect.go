@@ -20,6 +20,10 @@ type Options struct {
 	// Dev simulates DefaultSimSpec when no NVIDIA driver or card is found
 	// (--dev).
 	Dev bool
+	// Server runs with no cards when there is no NVIDIA driver (SPEC §2:
+	// control-plane servers usually have no GPUs); a client node, which
+	// exists to run engines, fails instead. Dev wins over it.
+	Server bool
 	// Lib is the NVML to read; nil means the system's, nvml.New().
 	Lib nvml.Interface
 }
@@ -38,7 +42,8 @@ type Result struct {
 
 // Detect finds this node's cards: simulated when opts.SimSpec is set, else
 // read from NVML. Without an NVIDIA driver it simulates DefaultSimSpec in dev
-// mode and fails otherwise, naming the --sim-gpus flag.
+// mode, finds no cards on a server, and fails on a client node, naming the
+// --sim-gpus flag.
 func Detect(opts Options) (Result, error) {
 	if opts.SimSpec != "" {
 		return simulate(opts.NodeName, opts.SimSpec, "simulating %s (--sim-gpus): %s")
@@ -60,6 +65,8 @@ func Detect(opts Options) (Result, error) {
 	switch {
 	case noDriver != "" && opts.Dev:
 		return simulate(opts.NodeName, DefaultSimSpec, noDriver+": simulating %s: %s")
+	case noDriver != "" && opts.Server:
+		return Result{Message: noDriver + ": running as a server with no cards (--sim-gpus simulates some)"}, nil
 	case noDriver != "":
 		return Result{}, fmt.Errorf("%s; pass --sim-gpus to simulate cards, e.g. --sim-gpus %s", noDriver, DefaultSimSpec)
 	case len(cards) == 0 && opts.Dev:

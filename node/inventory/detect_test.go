@@ -52,9 +52,23 @@ func TestDetect(t *testing.T) {
 		simulated: true,
 		message:   "NVML found no NVIDIA cards: simulating 2 cards: l4=2",
 	}, {
-		name: "no driver outside dev is an error",
+		name: "a client node without a driver is an error",
 		opts: Options{NodeName: "n1", Lib: failingInit(nvml.ERROR_LIBRARY_NOT_FOUND)},
 		err:  "no NVIDIA driver found (libnvidia-ml.so.1); pass --sim-gpus to simulate cards, e.g. --sim-gpus l4=2",
+	}, {
+		name:    "a server without a driver runs with no cards",
+		opts:    Options{NodeName: "n1", Server: true, Lib: failingInit(nvml.ERROR_LIBRARY_NOT_FOUND)},
+		message: "no NVIDIA driver found (libnvidia-ml.so.1): running as a server with no cards (--sim-gpus simulates some)",
+	}, {
+		name:    "a server with the driver library but no kernel module runs with no cards",
+		opts:    Options{NodeName: "n1", Server: true, Lib: failingInit(nvml.ERROR_DRIVER_NOT_LOADED)},
+		message: "no NVIDIA driver loaded (libnvidia-ml.so.1 is installed, the kernel module is not): running as a server with no cards (--sim-gpus simulates some)",
+	}, {
+		name:      "a dev server without a driver still simulates l4=2",
+		opts:      Options{NodeName: "n1", Dev: true, Server: true, Lib: failingInit(nvml.ERROR_LIBRARY_NOT_FOUND)},
+		cards:     2,
+		simulated: true,
+		message:   "no NVIDIA driver found (libnvidia-ml.so.1): simulating 2 cards: l4=2",
 	}, {
 		name: "other NVML failures are errors, even in dev",
 		opts: Options{NodeName: "n1", Dev: true, Lib: failingInit(nvml.ERROR_NO_PERMISSION)},

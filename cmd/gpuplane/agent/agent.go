@@ -198,7 +198,7 @@ func (a *Agent) role() string {
 }
 
 func (a *Agent) createInventory() error {
-	res, err := inventory.Detect(inventory.Options{NodeName: a.cfg.NodeName, SimSpec: a.cfg.SimGPUs, Dev: a.cfg.Dev})
+	res, err := inventory.Detect(inventory.Options{NodeName: a.cfg.NodeName, SimSpec: a.cfg.SimGPUs, Dev: a.cfg.Dev, Server: a.cfg.Server})
 	if err != nil {
 		return err
 	}

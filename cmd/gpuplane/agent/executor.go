@@ -48,10 +48,14 @@ func (a *Agent) startExecutor() error {
 		Enforcement: enf, Logger: a.cfg.Logger,
 	}
 	var lib nvml.Interface
-	if node.Simulated {
+	switch {
+	case node.Simulated:
 		opts.SimUsageDir = filepath.Join(a.cfg.DataDir, "sim-nvml")
 		lib = inventory.NewSimNVML(node.Cards, inventory.NewSimUsage(opts.SimUsageDir))
-	} else {
+	case len(node.Cards) == 0:
+		// A server without an NVIDIA driver (SPEC §2): no cards, so no
+		// watchdog, and no NVML to start one with.
+	default:
 		lib = nvml.New()
 		if ret := lib.Init(); ret != nvml.SUCCESS {
 			return fmt.Errorf("NVML for the watchdog: %v", nvml.ErrorString(ret))
@@ -62,14 +66,15 @@ func (a *Agent) startExecutor() error {
 	if err != nil {
 		return fmt.Errorf("start executor: %w", err)
 	}
-	wd := watchdog.New(lib, ex, watchdog.Options{Logger: a.cfg.Logger})
 	ctx, stop := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
 		ex.Run(ctx)
 	}()
-	go wd.Run(ctx)
+	if lib != nil {
+		go watchdog.New(lib, ex, watchdog.Options{Logger: a.cfg.Logger}).Run(ctx)
+	}
 	a.stopExecutor = func() {
 		stop()
 		<-done

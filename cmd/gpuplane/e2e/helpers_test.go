@@ -107,9 +107,11 @@ type agentProc struct {
 	ports   [3]int // API, Raft, gossip
 	// flags are added to every start, such as --sim-gpus.
 	flags []string
-	cmd   *exec.Cmd
-	out   *syncBuffer
-	done  chan struct{}
+	// mode replaces --dev when set, e.g. --server --bootstrap-expect 1.
+	mode []string
+	cmd  *exec.Cmd
+	out  *syncBuffer
+	done chan struct{}
 }
 
 // newAgent picks free ports for an agent on dataDir; start runs it.
@@ -130,10 +132,14 @@ func (a *agentProc) url() string { return "http://127.0.0.1:" + strconv.Itoa(a.p
 func (a *agentProc) start() {
 	a.t.Helper()
 	a.out = &syncBuffer{}
-	a.cmd = exec.Command(bin, "agent", "--dev", "--node-name", "e2e", "--data-dir", a.dataDir,
+	mode := a.mode
+	if mode == nil {
+		mode = []string{"--dev"}
+	}
+	a.cmd = exec.Command(bin, "agent", "--node-name", "e2e", "--data-dir", a.dataDir,
 		"--api-port", strconv.Itoa(a.ports[0]), "--raft-port", strconv.Itoa(a.ports[1]),
 		"--gossip-port", strconv.Itoa(a.ports[2]), "--log-level", "info")
-	a.cmd.Args = append(a.cmd.Args, a.flags...)
+	a.cmd.Args = append(append(a.cmd.Args, mode...), a.flags...)
 	a.cmd.Stdout, a.cmd.Stderr = a.out, a.out
 	if err := a.cmd.Start(); err != nil {
 		a.t.Fatalf("start agent: %v", err)
