@@ -16,8 +16,7 @@ import (
 
 // writeRPCError answers r with code and msg: as a gRPC status for gRPC
 // and gRPC-Web requests (HTTP 200, the status in the headers: a
-// trailers-only response), else as Connect error JSON with the HTTP status
-// Connect gives the code, or httpStatus when not 0.
+// trailers-only response), else as Connect error JSON with httpStatus.
 func writeRPCError(w http.ResponseWriter, r *http.Request, code connect.Code, httpStatus int, msg string) {
 	ct := r.Header.Get("Content-Type")
 	if strings.HasPrefix(ct, "application/grpc") {
@@ -27,25 +26,10 @@ func writeRPCError(w http.ResponseWriter, r *http.Request, code connect.Code, ht
 		w.WriteHeader(http.StatusOK)
 		return
 	}
-	if httpStatus == 0 {
-		httpStatus = connectHTTPStatus(code)
-	}
 	body, _ := json.Marshal(map[string]string{"code": code.String(), "message": msg})
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(httpStatus)
 	_, _ = w.Write(body)
-}
-
-// connectHTTPStatus is the HTTP status of the Connect protocol for the
-// codes answered here.
-func connectHTTPStatus(code connect.Code) int {
-	switch code {
-	case connect.CodeInvalidArgument:
-		return http.StatusBadRequest
-	case connect.CodeUnimplemented:
-		return http.StatusNotImplemented
-	}
-	return http.StatusInternalServerError
 }
 
 // grpcPercentEncode encodes a grpc-message as the gRPC spec asks: bytes
@@ -65,7 +49,8 @@ func grpcPercentEncode(s string) string {
 
 // unknownProcedure answers what no service serves: a POST or an RPC-shaped
 // path (/package.Service/Method) is an unknown service or method, answered
-// as unimplemented; anything else (a browser's GET) is a plain 404.
+// as unimplemented with the 404 routers give (and Connect clients read as
+// unimplemented too); anything else (a browser's GET) is a plain 404.
 func unknownProcedure(w http.ResponseWriter, r *http.Request) {
 	service, method, ok := strings.Cut(strings.TrimPrefix(r.URL.Path, "/"), "/")
 	rpcShaped := ok && strings.Contains(service, ".") && method != "" && !strings.Contains(method, "/")
@@ -73,7 +58,7 @@ func unknownProcedure(w http.ResponseWriter, r *http.Request) {
 		http.NotFound(w, r)
 		return
 	}
-	writeRPCError(w, r, connect.CodeUnimplemented, 0, fmt.Sprintf("%s is not a procedure this server serves: unknown service or method", r.URL.Path))
+	writeRPCError(w, r, connect.CodeUnimplemented, http.StatusNotFound, fmt.Sprintf("%s is not a procedure this server serves: unknown service or method", r.URL.Path))
 }
 
 // wrapService wraps a service's handler so that its bare refusals (415 for
@@ -117,7 +102,7 @@ func (w *refusalWriter) WriteHeader(status int) {
 			return
 		}
 		w.replaced = true
-		writeRPCError(w.ResponseWriter, w.r, connect.CodeUnimplemented, 0,
+		writeRPCError(w.ResponseWriter, w.r, connect.CodeUnimplemented, http.StatusNotFound,
 			fmt.Sprintf("%s is not a procedure this server serves: unknown method", w.r.URL.Path))
 	case http.StatusMethodNotAllowed:
 		w.replaced = true

@@ -38,17 +38,20 @@ func TestUnknownProcedureAndContentType(t *testing.T) {
 		}
 		return resp, ce
 	}
-	for _, c := range []struct{ path, contentType, body, code string }{
-		{"/gpuplane.v1.NoSuchService/Get", "application/json", `{}`, "unimplemented"},
-		{"/gpuplane.v1.AcceleratorService/NoSuchMethod", "application/json", `{}`, "unimplemented"},
-		{"/gpuplane.v1.AcceleratorService/ListAccelerators", "text/plain", `{}`, "invalid_argument"},
-		{"/gpuplane.v1.AcceleratorService/ListAccelerators", "", `{}`, "invalid_argument"},
+	for _, c := range []struct {
+		path, contentType, body, code string
+		status                        int
+	}{
+		{"/gpuplane.v1.NoSuchService/Get", "application/json", `{}`, "unimplemented", 404},
+		{"/gpuplane.v1.AcceleratorService/NoSuchMethod", "application/json", `{}`, "unimplemented", 404},
+		{"/gpuplane.v1.AcceleratorService/ListAccelerators", "text/plain", `{}`, "invalid_argument", 415},
+		{"/gpuplane.v1.AcceleratorService/ListAccelerators", "", `{}`, "invalid_argument", 415},
 		// connect's own errors pass as they were.
-		{"/gpuplane.v1.AcceleratorService/GetAccelerator", "application/json", `{"name":"none"}`, "not_found"},
+		{"/gpuplane.v1.AcceleratorService/GetAccelerator", "application/json", `{"name":"none"}`, "not_found", 404},
 	} {
 		resp, ce := send(http.MethodPost, c.path, c.contentType, c.body)
-		if ce.Code != c.code || ce.Message == "" {
-			t.Errorf("POST %s (%s): status %d, %+v; want %s with a message", c.path, c.contentType, resp.StatusCode, ce, c.code)
+		if ce.Code != c.code || ce.Message == "" || resp.StatusCode != c.status {
+			t.Errorf("POST %s (%s): status %d, %+v; want %d, %s with a message", c.path, c.contentType, resp.StatusCode, ce, c.status, c.code)
 		}
 	}
 	// A gRPC call of an unknown method gets gRPC's status 12, unimplemented.
