@@ -3,6 +3,7 @@ package cluster
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"io"
 	"log"
 	"log/slog"
@@ -61,9 +62,18 @@ func toHCLevel(level slog.Level) hclog.Level {
 
 func (h *slogHCLog) enabled(level slog.Level) bool { return level >= h.level.Level() }
 
+// raftElection is what raft warns when a follower hears from no leader.
+const raftElection = "heartbeat timeout reached, starting election"
+
 func (h *slogHCLog) Log(level hclog.Level, msg string, args ...any) {
 	if level == hclog.Off {
 		return
+	}
+	if level == hclog.Warn && msg == raftElection && argString(args, "last-leader-id") == "" {
+		// No leader was ever known: the first election of a node that
+		// starts (a dev agent's every start), which is normal. Losing a
+		// known leader stays a warning.
+		level = hclog.Info
 	}
 	lv := toSlogLevel(level)
 	if !h.enabled(lv) {
@@ -137,3 +147,14 @@ func (h *slogHCLog) StandardWriter(opts *hclog.StandardLoggerOptions) io.Writer 
 type writerFunc func(p []byte) (int, error)
 
 func (f writerFunc) Write(p []byte) (int, error) { return f(p) }
+
+// argString is the value of key in hclog's key-value args as a string, ""
+// when absent.
+func argString(args []any, key string) string {
+	for i := 0; i+1 < len(args); i += 2 {
+		if k, ok := args[i].(string); ok && k == key {
+			return fmt.Sprint(args[i+1])
+		}
+	}
+	return ""
+}

@@ -106,8 +106,47 @@ func (g *globals) streamEvents(cmd *cobra.Command, req *pb.WatchRequest) error {
 	if req.Follow {
 		addrs = append(addrs, g.otherServers(cmd)...)
 	}
-	w := g.eventWriter()
 	next := max(req.FromIndex, 1)
+	// With --follow the events already in the log are read first, without
+	// following, so that the table starts aligned on them; the stream goes
+	// on from there.
+	var backlog []*pb.Event
+	if req.Follow && g.output == outputTable {
+		if events, _, err := g.logClients(cmd, g.addr); err == nil {
+			r := &pb.WatchRequest{FromIndex: next, Filter: req.Filter}
+			if stream, err := events.Watch(ctx(cmd), connect.NewRequest(r)); err == nil {
+				for stream.Receive() {
+					if ev := stream.Msg().GetEvent(); ev.GetIndex() >= next {
+						backlog = append(backlog, ev)
+						next = ev.GetIndex() + 1
+					}
+				}
+				stream.Close()
+			}
+		}
+	}
+	w, err := g.eventWriter(backlog)
+	if err != nil {
+		return err
+	}
+	// Without --follow the stream ends: its table is printed whole,
+	// aligned as every other table.
+	var got []*pb.Event
+	finish := func(err error) error { return err }
+	if !req.Follow && g.output == outputTable {
+		w = func(ev *pb.Event) error {
+			got = append(got, ev)
+			return nil
+		}
+		finish = func(err error) error {
+			if len(got) > 0 {
+				if perr := tableOf(eventHeader, got, eventRow).write(g.stdout); err == nil {
+					err = perr
+				}
+			}
+			return err
+		}
+	}
 	retry := followFirstRetry
 	for attempt := 0; ; attempt++ {
 		addr := addrs[attempt%len(addrs)]
@@ -134,10 +173,10 @@ func (g *globals) streamEvents(cmd *cobra.Command, req *pb.WatchRequest) error {
 			stream.Close()
 		}
 		if ctx(cmd).Err() != nil {
-			return nil // interrupted: the stream was what the user asked for
+			return finish(nil) // interrupted: the stream was what the user asked for
 		}
 		if !req.Follow {
-			return err
+			return finish(err)
 		}
 		reason := "the stream ended"
 		if err != nil {
@@ -180,23 +219,45 @@ func (g *globals) otherServers(cmd *cobra.Command) []string {
 }
 
 // eventWriter prints events one at a time as they arrive: a line of the
-// audit log table (without alignment across lines, which a stream cannot
-// have), one JSON object per line for -o json, a YAML document for -o yaml.
-func (g *globals) eventWriter() func(*pb.Event) error {
+// audit log table, one JSON object per line for -o json, a YAML document
+// for -o yaml. A stream cannot align its lines on the widest cell as a
+// table does: the table's columns (but the last) take the width of the
+// widest cell of backlog, the events already in the log, which it prints
+// first, or a width that holds a typical cell, and grow, for the lines
+// after, when a cell does not fit.
+func (g *globals) eventWriter(backlog []*pb.Event) (func(*pb.Event) error, error) {
 	header := false
-	return func(ev *pb.Event) error {
+	widths := slices.Clone(eventMinWidths)
+	for _, ev := range backlog {
+		for i, c := range eventRow(ev)[:len(widths)-1] {
+			widths[i] = max(widths[i], len(orDash(c)))
+		}
+	}
+	line := func(cells []string) error {
+		var b strings.Builder
+		for i, c := range cells {
+			c = orDash(c)
+			if i == len(cells)-1 {
+				b.WriteString(c)
+				break
+			}
+			widths[i] = max(widths[i], len(c))
+			b.WriteString(c)
+			b.WriteString(strings.Repeat(" ", widths[i]-len(c)+3))
+		}
+		_, err := fmt.Fprintln(g.stdout, b.String())
+		return err
+	}
+	write := func(ev *pb.Event) error {
 		switch g.output {
 		case outputTable:
 			if !header {
-				fmt.Fprintln(g.stdout, strings.Join(eventHeader, "  "))
+				if err := line(eventHeader); err != nil {
+					return err
+				}
 				header = true
 			}
-			cells := eventRow(ev)
-			for i, c := range cells {
-				cells[i] = orDash(c)
-			}
-			_, err := fmt.Fprintln(g.stdout, strings.Join(cells, "  "))
-			return err
+			return line(eventRow(ev))
 		case outputJSON:
 			return writeJSONLine(g.stdout, ev)
 		default:
@@ -204,7 +265,18 @@ func (g *globals) eventWriter() func(*pb.Event) error {
 			return g.printObject(ev, table{})
 		}
 	}
+	for _, ev := range backlog {
+		if err := write(ev); err != nil {
+			return nil, err
+		}
+	}
+	return write, nil
 }
+
+// eventMinWidths are the widths a streamed event line starts with, per
+// column of eventHeader: indexes up to a million, a millisecond time, the
+// default actor names, an 8-character request id, most summaries.
+var eventMinWidths = []int{5, 4, len(eventTimeFormat), len("anonymous"), 8, 40, 0}
 
 // writeJSONLine writes m as one line of compact JSON (JSON lines).
 func writeJSONLine(w interface{ Write([]byte) (int, error) }, m proto.Message) error {
@@ -223,11 +295,15 @@ func writeJSONLine(w interface{ Write([]byte) (int, error) }, m proto.Message) e
 
 var eventHeader = []string{"INDEX", "TERM", "TIME", "ACTOR", "REQUEST", "COMMAND", "RESULT"}
 
+// eventTimeFormat is RFC 3339 with milliseconds, always three digits so
+// that the column keeps its width: nanoseconds made lines ~170 wide.
+const eventTimeFormat = "2006-01-02T15:04:05.000Z07:00"
+
 // eventRow is one entry as the audit log shows it.
 func eventRow(ev *pb.Event) []string {
 	at := ""
 	if ev.GetProposedAt() != nil {
-		at = ev.GetProposedAt().AsTime().UTC().Format(time.RFC3339Nano)
+		at = ev.GetProposedAt().AsTime().UTC().Format(eventTimeFormat)
 	}
 	req := ev.GetRequestId()
 	if len(req) > 8 {

@@ -43,3 +43,24 @@ func TestServerWithoutDriver(t *testing.T) {
 		t.Errorf("a client node without a driver: %v, output:\n%s\nwant an error naming --sim-gpus", err, out)
 	}
 }
+
+// TestDevStartPrintsNoWarning: a dev agent's normal start, first or again
+// on its data dir, prints no warning at the default log level (raft's
+// first election used to warn "heartbeat timeout reached").
+func TestDevStartPrintsNoWarning(t *testing.T) {
+	requireBinary(t)
+	a := newAgent(t, t.TempDir())
+	a.flags = []string{"--log-level", "warn"}
+	for _, start := range []string{"first start", "restart"} {
+		a.start()
+		// The start is over once the agent has printed its last line.
+		deadline := time.Now().Add(60 * time.Second)
+		for !strings.Contains(a.out.String(), "security:") && time.Now().Before(deadline) {
+			time.Sleep(50 * time.Millisecond)
+		}
+		a.stop()
+		if out := a.out.String(); strings.Contains(out, "WARN") {
+			t.Errorf("%s printed a warning:\n%s", start, out)
+		}
+	}
+}
