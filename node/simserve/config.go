@@ -66,10 +66,10 @@ type ModelConfig struct {
 	// PrefillTokensPerSecond the prompt rate (0: prefill is free, as in
 	// the sim engine); BatchSlowdown is α in r/(1+α(C−1)) (default 0.03);
 	// ComputePercent weighs busy engines' split of the card (default 100).
-	TokensPerSecond        float64 `json:"tokensPerSecond"`
-	PrefillTokensPerSecond float64 `json:"prefillTokensPerSecond"`
+	TokensPerSecond        float64  `json:"tokensPerSecond"`
+	PrefillTokensPerSecond float64  `json:"prefillTokensPerSecond"`
 	BatchSlowdown          *float64 `json:"batchSlowdown"`
-	ComputePercent         float64 `json:"computePercent"`
+	ComputePercent         float64  `json:"computePercent"`
 	// MaxInFlight is the engine's batch (max_num_seqs, default 16);
 	// KVTokens the KV pool in tokens (0: unbounded).
 	MaxInFlight int `json:"maxInFlight"`

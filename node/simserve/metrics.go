@@ -73,22 +73,22 @@ type modelMet struct {
 const fairWindow = 60
 
 type metrics struct {
-	cfg                 *Config
-	models              []modelMet
-	coldLoads, wakes    int
-	evictions           int
-	ctrlViolations      int
-	memoryViolations    int
-	rejectedByStatus    map[int]int
-	tenantIdx           map[string]int
-	weights             []float64
-	backlogged          [][]int     // [model][tenant] requests waiting
-	service             [][]float64 // [model][tenant] tokens this window
-	allWindow           [][]bool    // [model][tenant] backlogged every tick so far
-	ticks               int
-	gapSum, maxSum      float64
-	duration            float64
-	bgTokens            int64
+	cfg              *Config
+	models           []modelMet
+	coldLoads, wakes int
+	evictions        int
+	ctrlViolations   int
+	memoryViolations int
+	rejectedByStatus map[int]int
+	tenantIdx        map[string]int
+	weights          []float64
+	backlogged       [][]int     // [model][tenant] requests waiting
+	service          [][]float64 // [model][tenant] tokens this window
+	allWindow        [][]bool    // [model][tenant] backlogged every tick so far
+	ticks            int
+	gapSum, maxSum   float64
+	duration         float64
+	bgTokens         int64
 }
 
 func newMetrics(cfg *Config) *metrics {
