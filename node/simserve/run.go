@@ -53,7 +53,12 @@ func NewWorkload(cfg *Config, traces []string, seed uint64) (*Workload, error) {
 
 // Run replays the workload under one policy and returns its result.
 func Run(cfg *Config, w *Workload, policy string, seed uint64) (Result, error) {
+	return run(cfg, w, policy, seed, nil)
+}
+
+func run(cfg *Config, w *Workload, policy string, seed uint64, observe func(*sim)) (Result, error) {
 	s := newSim(cfg, seed, w.End)
+	s.observe = observe
 	switch policy {
 	case "gpuplane":
 		p, err := newGpuplane(s)

@@ -158,6 +158,8 @@ type sim struct {
 	closedRng   []*rand.Rand
 	usable      int64
 	overMemory  bool
+	// observe, when set, runs after every step (tests).
+	observe func(*sim)
 }
 
 // drainAfter is how long the run continues after the last arrival for the
@@ -549,6 +551,9 @@ func (s *sim) run(arrivals []Arrival) {
 			nextTick++
 		}
 		s.checkMemory()
+		if s.observe != nil {
+			s.observe(s)
+		}
 	}
 	s.met.finish(s)
 }
