@@ -406,9 +406,9 @@ func (s *sim) admit(e *engine) {
 		}
 		e.waiting = e.waiting[1:]
 		r.started, r.done, r.firstAt = s.now, 0, -1
-		e.running = append(e.running, r)
-		s.setWaiting(r, false)
 		s.met.serve(r, float64(r.a.PromptTokens))
+		s.setWaiting(r, false)
+		e.running = append(e.running, r)
 		if held >= 0 {
 			held += r.a.PromptTokens
 		}
@@ -441,6 +441,10 @@ func (s *sim) arrive(r *request) {
 
 func (s *sim) setWaiting(r *request, w bool) {
 	if r.waiting != w {
+		// Service so far was served under the backlog before this change.
+		for _, x := range s.engines[r.a.Model].running {
+			s.charge(x)
+		}
 		r.waiting = w
 		s.met.backlog(r, w)
 	}

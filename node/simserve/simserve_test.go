@@ -312,3 +312,32 @@ func TestBadInput(t *testing.T) {
 		})
 	}
 }
+
+func TestGpuplaneFairBetweenBackloggedTenants(t *testing.T) {
+	// Model a serves about one request a second; t1 asks for five a second
+	// and t2 for one: both stay backlogged. VTC gives them equal service;
+	// a FIFO (static) gives t1 five times t2's.
+	yaml := smallCard + `durationSeconds: 600
+synthetic:
+  - {model: a, tenants: [t1], ratePerSecond: 5, promptTokens: 100, outputTokens: 100}
+  - {model: a, tenants: [t2], ratePerSecond: 1, promptTokens: 100, outputTokens: 100}
+`
+	yaml = strings.Replace(yaml, "tokensPerSecond: 50, maxInFlight: 8", "tokensPerSecond: 50, maxInFlight: 2", 1)
+	cfg, err := ParseConfig("cfg.yaml", []byte(yaml))
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := NewWorkload(cfg, nil, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gp := mustRun(t, cfg, w, "gpuplane", nil)
+	st := mustRun(t, cfg, w, "static", nil)
+	t.Logf("fairness gap: gpuplane %.1f%%, static %.1f%%", gp.FairnessGapPercent, st.FairnessGapPercent)
+	if gp.FairnessGapPercent > 10 {
+		t.Errorf("gpuplane: fairness gap %.1f%%, want ≤ 10%%", gp.FairnessGapPercent)
+	}
+	if st.FairnessGapPercent < 30 {
+		t.Errorf("static (FIFO): fairness gap %.1f%%, want a large one (the measure must see unfairness)", st.FairnessGapPercent)
+	}
+}

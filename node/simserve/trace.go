@@ -54,17 +54,34 @@ const azureTime = "2006-01-02 15:04:05.999999999"
 // from the seed, and returns the arrivals sorted by time. Errors name the
 // file, the line and the field.
 func ReadTraces(cfg *Config, paths []string, seed uint64) ([]Arrival, error) {
-	var all []Arrival
+	var (
+		all []Arrival
+		// Azure files of one day share a clock: each is shifted by its
+		// start's distance from the earliest start, so conv and code
+		// requests keep their real interleaving.
+		azureStart []time.Time
+		azureFirst = -1
+		scales     []span
+	)
 	for fi, p := range paths {
 		mp, err := cfg.mapping(p)
 		if err != nil {
 			return nil, err
 		}
 		rng := rand.New(rand.NewPCG(seed, uint64(fi)+1))
-		var arr []Arrival
+		var (
+			arr   []Arrival
+			start time.Time
+		)
 		switch {
 		case strings.HasSuffix(p, ".csv"):
-			arr, err = readAzure(cfg, p, mp, rng)
+			arr, start, err = readAzure(cfg, p, mp, rng)
+			if len(arr) > 0 {
+				azureStart = append(azureStart, start)
+				if azureFirst < 0 || start.Before(azureStart[azureFirst]) {
+					azureFirst = len(azureStart) - 1
+				}
+			}
 		case strings.HasSuffix(p, ".jsonl"):
 			arr, err = readJSONL(cfg, p, mp, rng)
 		default:
@@ -74,10 +91,19 @@ func ReadTraces(cfg *Config, paths []string, seed uint64) ([]Arrival, error) {
 			return nil, err
 		}
 		for i := range arr {
-			arr[i].Time = arr[i].Time*mp.TimeScale + mp.OffsetSeconds
 			arr[i].order = fi<<32 | i
 		}
 		all = append(all, arr...)
+		scales = append(scales, span{len(all) - len(arr), len(all), mp, start})
+	}
+	for _, sp := range scales {
+		shift := 0.0
+		if !sp.start.IsZero() {
+			shift = sp.start.Sub(azureStart[azureFirst]).Seconds()
+		}
+		for i := sp.from; i < sp.to; i++ {
+			all[i].Time = (all[i].Time+shift)*sp.mp.TimeScale + sp.mp.OffsetSeconds
+		}
 	}
 	sortArrivals(all)
 	return all, nil
@@ -94,6 +120,13 @@ func sortArrivals(a []Arrival) {
 		}
 		return x.order - y.order
 	})
+}
+
+// span is one file's arrivals in the combined list.
+type span struct {
+	from, to int
+	mp       TraceMapping
+	start    time.Time
 }
 
 // mapping finds the traces entry for a file; JSONL files need none.
@@ -117,72 +150,70 @@ func pickTenant(c *Config, ts []string, rng *rand.Rand) string {
 	return ts[rng.IntN(len(ts))]
 }
 
-func readAzure(cfg *Config, path string, mp TraceMapping, rng *rand.Rand) ([]Arrival, error) {
+// readAzure reads an Azure LLM trace; times are seconds from its first
+// row, whose time it also returns.
+func readAzure(cfg *Config, path string, mp TraceMapping, rng *rand.Rand) (out []Arrival, start time.Time, err error) {
 	if mp.Model == "" {
-		return nil, fmt.Errorf("trace %s: the traces entry %q has no model (the Azure trace names none)", path, mp.File)
+		return nil, start, fmt.Errorf("trace %s: the traces entry %q has no model (the Azure trace names none)", path, mp.File)
 	}
 	model := cfg.model(mp.Model)
 	f, err := os.Open(path)
 	if err != nil {
-		return nil, err
+		return nil, start, err
 	}
 	defer f.Close()
 	r := csv.NewReader(bufio.NewReaderSize(f, 1<<16))
 	r.ReuseRecord = true
 	head, err := r.Read()
 	if err != nil {
-		return nil, fmt.Errorf("trace %s: line 1: header: %w", path, err)
+		return nil, start, fmt.Errorf("trace %s: line 1: header: %w", path, err)
 	}
 	if len(head) > 0 {
 		head[0] = strings.TrimPrefix(head[0], "\ufeff")
 	}
 	for i, h := range head {
 		if i >= len(azureColumns) || h != azureColumns[i] {
-			return nil, fmt.Errorf("trace %s: line 1: column %d %q: unknown column, want %s", path, i+1, h, strings.Join(azureColumns, ","))
+			return nil, start, fmt.Errorf("trace %s: line 1: column %d %q: unknown column, want %s", path, i+1, h, strings.Join(azureColumns, ","))
 		}
 	}
 	if len(head) != len(azureColumns) {
-		return nil, fmt.Errorf("trace %s: line 1: header has %d columns, want %s", path, len(head), strings.Join(azureColumns, ","))
+		return nil, start, fmt.Errorf("trace %s: line 1: header has %d columns, want %s", path, len(head), strings.Join(azureColumns, ","))
 	}
-	var (
-		out   []Arrival
-		start time.Time
-		prev  float64
-	)
+	var prev float64
 	for line := 2; ; line++ {
 		rec, err := r.Read()
 		if errors.Is(err, io.EOF) {
 			break
 		}
 		if err != nil {
-			return nil, fmt.Errorf("trace %s: line %d: %w", path, line, err)
+			return nil, start, fmt.Errorf("trace %s: line %d: %w", path, line, err)
 		}
 		ts, err := time.Parse(azureTime, strings.TrimSpace(rec[0]))
 		if err != nil {
-			return nil, fmt.Errorf("trace %s: line %d: TIMESTAMP: %w", path, line, err)
+			return nil, start, fmt.Errorf("trace %s: line %d: TIMESTAMP: %w", path, line, err)
 		}
 		if line == 2 {
 			start = ts
 		}
 		t := ts.Sub(start).Seconds()
 		if t < 0 || t < prev {
-			return nil, fmt.Errorf("trace %s: line %d: TIMESTAMP: %s is before the previous row's: the trace must be sorted by time", path, line, rec[0])
+			return nil, start, fmt.Errorf("trace %s: line %d: TIMESTAMP: %s is before the previous row's: the trace must be sorted by time", path, line, rec[0])
 		}
 		prev = t
 		in, err := strconv.Atoi(strings.TrimSpace(rec[1]))
 		if err != nil || in < 0 {
-			return nil, fmt.Errorf("trace %s: line %d: ContextTokens: want a non-negative integer, got %q", path, line, rec[1])
+			return nil, start, fmt.Errorf("trace %s: line %d: ContextTokens: want a non-negative integer, got %q", path, line, rec[1])
 		}
 		outTok, err := strconv.Atoi(strings.TrimSpace(rec[2]))
 		if err != nil || outTok < 0 {
-			return nil, fmt.Errorf("trace %s: line %d: GeneratedTokens: want a non-negative integer, got %q", path, line, rec[2])
+			return nil, start, fmt.Errorf("trace %s: line %d: GeneratedTokens: want a non-negative integer, got %q", path, line, rec[2])
 		}
 		if mp.MaxOutputTokens > 0 {
 			outTok = min(outTok, mp.MaxOutputTokens)
 		}
 		out = append(out, Arrival{Time: t, Model: model, Tenant: pickTenant(cfg, mp.Tenants, rng), PromptTokens: in, OutputTokens: outTok})
 	}
-	return out, nil
+	return out, start, nil
 }
 
 func readJSONL(cfg *Config, path string, mp TraceMapping, rng *rand.Rand) ([]Arrival, error) {
