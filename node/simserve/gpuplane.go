@@ -189,12 +189,22 @@ func (p *gpuplane) cold(e *engine, readyIn float64) {
 // cutOff ends the requests a sleep or stop cut off the engine.
 func (p *gpuplane) cutOff(rs []*request) {
 	for _, r := range rs {
+		p.progress(r)
 		if _, err := p.q.Cancel(r.qid, p.at()); err != nil {
 			p.anomaly("cancel %d: %v", r.qid, err)
 		}
 		delete(p.reqs, r.qid)
 		p.s.endRequest(r, outcomeFailed, 0)
 		p.send(residency.RequestFinished{Model: residency.ModelID(p.s.cfg.Models[r.a.Model].Name)})
+	}
+}
+
+// progress reports r's generated tokens to the scheduler.
+func (p *gpuplane) progress(r *request) {
+	if g := r.generated(&p.s.cfg.Models[r.a.Model]); g > 0 {
+		if err := p.q.Progress(r.qid, g); err != nil {
+			p.anomaly("progress %d: %v", r.qid, err)
+		}
 	}
 }
 
@@ -303,6 +313,13 @@ func (p *gpuplane) settled(e *engine) {
 }
 
 func (p *gpuplane) tick() {
+	// The gateway reports tokens as they stream back, so the tenants'
+	// counters follow the work in flight.
+	for _, e := range p.s.engines {
+		for _, r := range e.running {
+			p.progress(r)
+		}
+	}
 	p.send(residency.Tick{})
 	p.flush()
 	if next, ok := p.q.NextDeadline(); ok && !next.After(p.at()) {

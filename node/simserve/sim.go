@@ -156,6 +156,7 @@ type sim struct {
 	// outstanding counts requests arrived and not ended.
 	outstanding int
 	closedRng   []*rand.Rand
+	closedFails []int
 	usable      int64
 	overMemory  bool
 	// observe, when set, runs after every step (tests).
@@ -174,6 +175,7 @@ func newSim(cfg *Config, seed uint64, end float64) *sim {
 	s.met = newMetrics(cfg)
 	for i := range cfg.Synthetic {
 		s.closedRng = append(s.closedRng, rand.New(rand.NewPCG(seed, 0xc105ed00+uint64(i))))
+		s.closedFails = append(s.closedFails, 0)
 	}
 	return s
 }
@@ -477,10 +479,14 @@ func (s *sim) endRequest(r *request, o outcome, status int) {
 	s.outstanding--
 	s.met.end(r, o, status, s.now)
 	if r.stream > 0 && s.now < s.end {
+		// A batch client resends at once after an answer and backs off
+		// after a failure: 1 s, doubling to a minute.
 		delay := 0.0
-		if o != outcomeDone {
-			// A batch client backs off a second before retrying.
-			delay = 1
+		if o == outcomeDone {
+			s.closedFails[r.stream-1] = 0
+		} else {
+			delay = min(60, math.Pow(2, float64(s.closedFails[r.stream-1])))
+			s.closedFails[r.stream-1]++
 		}
 		st := r.stream
 		s.after(delay, func() { s.closedSend(st - 1) })
