@@ -109,6 +109,15 @@ type TraceMapping struct {
 	OffsetSeconds float64 `json:"offsetSeconds"`
 	// MaxOutputTokens caps the output of each request (0: no cap).
 	MaxOutputTokens int `json:"maxOutputTokens"`
+	// For GenTD26 request traces: Models maps a checkpoint_model_version_id
+	// to a model; rows of other checkpoints go to OtherModel, or are
+	// skipped when it is empty. A request's prompt is prompt_length +
+	// negative_prompt_length tokens and its output num_images_per_prompt ×
+	// num_inference_steps × TokensPerImageStep (default 1) tokens; its
+	// groupId is hashed onto Tenants.
+	Models             map[string]string `json:"models"`
+	OtherModel         string            `json:"otherModel"`
+	TokensPerImageStep float64           `json:"tokensPerImageStep"`
 }
 
 // SyntheticStream generates requests for a model from the seed: Poisson
@@ -331,6 +340,20 @@ func (c *Config) validate() error {
 		}
 		if t.TimeScale == 0 {
 			t.TimeScale = 1
+		}
+		if t.TokensPerImageStep == 0 {
+			t.TokensPerImageStep = 1
+		}
+		if t.TokensPerImageStep < 0 {
+			return fmt.Errorf("%s.tokensPerImageStep: must be > 0, got %g", f, t.TokensPerImageStep)
+		}
+		if t.OtherModel != "" && !seen[t.OtherModel] {
+			return fmt.Errorf("%s.otherModel: model %q is not in models", f, t.OtherModel)
+		}
+		for ck, m := range t.Models {
+			if !seen[m] {
+				return fmt.Errorf("%s.models[%s]: model %q is not in models", f, ck, m)
+			}
 		}
 		if t.TimeScale < 0 || t.OffsetSeconds < 0 || t.MaxOutputTokens < 0 {
 			return fmt.Errorf("%s: timeScale, offsetSeconds and maxOutputTokens must be ≥ 0", f)

@@ -341,3 +341,30 @@ synthetic:
 		t.Errorf("static (FIFO): fairness gap %.1f%%, want a large one (the measure must see unfairness)", st.FairnessGapPercent)
 	}
 }
+
+func TestGenTD26Trace(t *testing.T) {
+	dir := t.TempDir()
+	p := filepath.Join(dir, "lora_request_trace_x.csv")
+	os.WriteFile(p, []byte(`gmt_create,predict_type,predict_status,exec_time_seconds,groupId,prompt_length,negative_prompt_length,num_images_per_prompt,num_inference_steps,checkpoint_model_version_id,num_lora
+2024-11-15 16:57:50,TXT_2_IMG,SUCCEED,32.0,G0000,63.0,26.0,1.0,30.0,M0000,0
+2024-11-15 16:58:50,TXT_2_IMG,SUCCEED,32.0,G0001,10.0,,2.0,20.0,M0001,1
+2024-11-15 16:59:00,TXT_2_IMG,PENDING,0.0,G0002,,,,,,0
+2024-11-15 17:00:50,TXT_2_IMG,SUCCEED,32.0,G0001,10.0,,2.0,20.0,M0077,1
+`), 0o600)
+	cfg, err := ParseConfig("cfg.yaml", []byte(smallCard+"  - {file: \"lora_request_trace_*.csv\", models: {M0000: a, M0001: b}, tenants: [t1, t2], tokensPerImageStep: 2}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	arr, err := ReadTraces(cfg, []string{p}, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(arr) != 2 || arr[0].Model != 0 || arr[0].PromptTokens != 89 || arr[0].OutputTokens != 60 ||
+		arr[1].Model != 1 || arr[1].Time != 60 || arr[1].OutputTokens != 80 {
+		t.Fatalf("arrivals %+v", arr)
+	}
+	os.WriteFile(p, []byte("gmt_create,predict_type,colour\n"), 0o600)
+	if _, err := ReadTraces(cfg, []string{p}, 1); err == nil || !strings.Contains(err.Error(), `line 1: column 3 "colour": unknown column`) {
+		t.Fatalf("unknown column: %v", err)
+	}
+}

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"io"
 	"math"
 	"math/rand/v2"
@@ -74,6 +75,8 @@ func ReadTraces(cfg *Config, paths []string, seed uint64) ([]Arrival, error) {
 			start time.Time
 		)
 		switch {
+		case strings.HasSuffix(p, ".csv") && isGenTD(p):
+			arr, err = readGenTD(cfg, p, mp)
 		case strings.HasSuffix(p, ".csv"):
 			arr, start, err = readAzure(cfg, p, mp, rng)
 			if len(arr) > 0 {
@@ -85,7 +88,7 @@ func ReadTraces(cfg *Config, paths []string, seed uint64) ([]Arrival, error) {
 		case strings.HasSuffix(p, ".jsonl"):
 			arr, err = readJSONL(cfg, p, mp, rng)
 		default:
-			err = fmt.Errorf("trace %s: unknown format: want .csv (Azure LLM trace) or .jsonl (gpuplane)", p)
+			err = fmt.Errorf("trace %s: unknown format: want .csv (Azure LLM or GenTD26 request trace) or .jsonl (gpuplane)", p)
 		}
 		if err != nil {
 			return nil, err
@@ -311,4 +314,118 @@ func around(rng *rand.Rand, mean int) int {
 		return mean
 	}
 	return mean/2 + rng.IntN(mean+1)
+}
+
+// genTDColumns is the GenTD26 request trace's header
+// (lora_request_trace_*.csv).
+var genTDColumns = []string{"gmt_create", "predict_type", "predict_status", "exec_time_seconds", "groupId", "prompt_length",
+	"negative_prompt_length", "num_images_per_prompt", "num_inference_steps", "checkpoint_model_version_id", "num_lora"}
+
+// isGenTD reports whether a CSV file's header starts like GenTD26's.
+func isGenTD(path string) bool {
+	f, err := os.Open(path)
+	if err != nil {
+		return false
+	}
+	defer f.Close()
+	b := make([]byte, 64)
+	n, _ := io.ReadFull(f, b)
+	return strings.HasPrefix(strings.TrimPrefix(string(b[:n]), "\ufeff"), "gmt_create,")
+}
+
+// readGenTD reads a GenTD26 request trace. Rows without a checkpoint or
+// lengths (requests still pending when the trace was cut) are skipped.
+func readGenTD(cfg *Config, path string, mp TraceMapping) ([]Arrival, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	r := csv.NewReader(bufio.NewReaderSize(f, 1<<16))
+	r.ReuseRecord = true
+	head, err := r.Read()
+	if err != nil {
+		return nil, fmt.Errorf("trace %s: line 1: header: %w", path, err)
+	}
+	head[0] = strings.TrimPrefix(head[0], "\ufeff")
+	for i, h := range head {
+		if i >= len(genTDColumns) || h != genTDColumns[i] {
+			return nil, fmt.Errorf("trace %s: line 1: column %d %q: unknown column, want %s", path, i+1, h, strings.Join(genTDColumns, ","))
+		}
+	}
+	if len(head) != len(genTDColumns) {
+		return nil, fmt.Errorf("trace %s: line 1: header has %d columns, want %s", path, len(head), strings.Join(genTDColumns, ","))
+	}
+	tenants := mp.Tenants
+	if len(tenants) == 0 {
+		for _, t := range cfg.Tenants {
+			tenants = append(tenants, t.Name)
+		}
+	}
+	num := func(line int, rec []string, col int) (float64, bool, error) {
+		v := strings.TrimSpace(rec[col])
+		if v == "" {
+			return 0, false, nil
+		}
+		x, err := strconv.ParseFloat(v, 64)
+		if err != nil || x < 0 || math.IsNaN(x) {
+			return 0, false, fmt.Errorf("trace %s: line %d: %s: want a non-negative number, got %q", path, line, genTDColumns[col], v)
+		}
+		return x, true, nil
+	}
+	var (
+		out   []Arrival
+		start time.Time
+		prev  float64
+	)
+	for line := 2; ; line++ {
+		rec, err := r.Read()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			return nil, fmt.Errorf("trace %s: line %d: %w", path, line, err)
+		}
+		ts, err := time.Parse(time.DateTime, strings.TrimSpace(rec[0]))
+		if err != nil {
+			return nil, fmt.Errorf("trace %s: line %d: gmt_create: %w", path, line, err)
+		}
+		if start.IsZero() {
+			start = ts
+		}
+		t := ts.Sub(start).Seconds()
+		if t < prev {
+			return nil, fmt.Errorf("trace %s: line %d: gmt_create: %s is before the previous row's: the trace must be sorted by time", path, line, rec[0])
+		}
+		prev = t
+		ck := strings.TrimSpace(rec[9])
+		model, ok := mp.Models[ck]
+		if !ok {
+			model = mp.OtherModel
+		}
+		if ck == "" || model == "" {
+			continue
+		}
+		var v [4]float64
+		complete := true
+		for i, col := range []int{5, 6, 7, 8} {
+			x, ok, err := num(line, rec, col)
+			if err != nil {
+				return nil, err
+			}
+			v[i] = x
+			complete = complete && (ok || col == 6)
+		}
+		if !complete {
+			continue
+		}
+		h := fnv.New32a()
+		h.Write([]byte(rec[4]))
+		out = append(out, Arrival{Time: t, Model: cfg.model(model), Tenant: tenants[int(h.Sum32()%uint32(len(tenants)))],
+			PromptTokens: int(v[0] + v[1]), OutputTokens: int(v[2] * v[3] * mp.TokensPerImageStep)})
+		if mp.MaxOutputTokens > 0 {
+			out[len(out)-1].OutputTokens = min(out[len(out)-1].OutputTokens, mp.MaxOutputTokens)
+		}
+	}
+	return out, nil
 }

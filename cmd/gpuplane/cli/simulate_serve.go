@@ -33,7 +33,8 @@ const serveConfigHelp = `Config (YAML; unknown fields are errors; see examples/s
   traces:     list of {file (base-name pattern), path (read when no --trace
               is given, relative to the config; skipped when absent), model,
               tenants (drawn per request from the seed), timeScale (×times,
-              default 1), offsetSeconds, maxOutputTokens}
+              default 1), offsetSeconds, maxOutputTokens; for GenTD26:
+              models {checkpoint: model}, otherModel, tokensPerImageStep}
   synthetic:  list of {model, tenants, ratePerSecond (Poisson, open loop) or
               concurrency (closed loop: a batch job), promptTokens,
               outputTokens (uniform ±50%), onSeconds/offSeconds (bursts)}
@@ -42,7 +43,10 @@ const serveConfigHelp = `Config (YAML; unknown fields are errors; see examples/s
   llamaswap:  {concurrencyLimit (10)}
 
 Traces: the Azure LLM inference trace CSV (TIMESTAMP,ContextTokens,
-GeneratedTokens; a traces entry names its model) and gpuplane's JSONL, one
+GeneratedTokens; a traces entry names its model), the GenTD26 request CSV
+(lora_request_trace_*.csv; prompt = prompt_length + negative_prompt_length,
+output = images × steps × tokensPerImageStep, groupId hashed onto the
+entry's tenants) and gpuplane's JSONL, one
 request a line: {"time": s, "model": m, "tenant": t, "prompt_tokens": n,
 "output_tokens": n} with times non-decreasing.
 
@@ -132,7 +136,7 @@ result objects.
 	}
 	f := c.Flags()
 	f.StringVar(&configPath, "config", "", "card, models, tenants and trace mapping (YAML)")
-	f.StringArrayVar(&traces, "trace", nil, "trace file: Azure LLM CSV (.csv) or gpuplane JSONL (.jsonl); repeatable (default: the config's traces paths)")
+	f.StringArrayVar(&traces, "trace", nil, "trace file: Azure LLM or GenTD26 CSV (.csv) or gpuplane JSONL (.jsonl); repeatable (default: the config's traces paths)")
 	f.StringVar(&policy, "policy", "gpuplane", "policy: "+strings.Join(simserve.Policies, ", ")+" or "+policyAll)
 	f.Uint64Var(&seed, "seed", 1, "seed for tenants and synthetic streams")
 	f.Float64Var(&timeScale, "time-scale", 0, "override every traces entry's timeScale (1 = the trace's own rate)")
