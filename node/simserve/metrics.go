@@ -221,7 +221,7 @@ func round(x float64, places int) float64 {
 	return math.Round(x*p) / p
 }
 
-func (m *metrics) result(policy string, outstandingLost int) Result {
+func (m *metrics) result(policy string) Result {
 	r := Result{Policy: policy, Card: m.cfg.Card.Name, DurationSeconds: m.duration, SLOAttainment: map[string]float64{}}
 	hours := m.duration / 3600
 	classReq, classMet := map[string]int{}, map[string]int{}

@@ -77,5 +77,5 @@ func run(cfg *Config, w *Workload, policy string, seed uint64, observe func(*sim
 		return Result{}, err
 	}
 	s.run(w.Arrivals)
-	return s.met.result(policy, 0), nil
+	return s.met.result(policy), nil
 }
