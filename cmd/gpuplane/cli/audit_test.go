@@ -11,10 +11,10 @@ import (
 	"time"
 
 	"github.com/hashicorp/raft"
-	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/gpuplane/gpuplane/cluster"
+	"github.com/gpuplane/gpuplane/cluster/raftstore"
 	"github.com/gpuplane/gpuplane/cmd/gpuplane/agent"
 	"github.com/gpuplane/gpuplane/fsm"
 	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
@@ -244,36 +244,44 @@ func TestAuditReplayVerifyTamper(t *testing.T) {
 	}
 }
 
-// tamper rewrites the data of the first command entry that change alters, in
-// the stopped node's raft.db, and returns its index.
+// tamper rewrites the data of the first command entry that change alters,
+// in the stopped node's log, and returns its index. It writes through the
+// store (raft-wal keeps its checksums right), as someone with write access
+// to the data dir could: only the hash chain can tell.
 func tamper(t *testing.T, dir string, change func(*pb.Envelope) bool) uint64 {
 	t.Helper()
-	store, err := raftboltdb.New(raftboltdb.Options{Path: cluster.RaftDBPath(dir)})
+	store, err := raftstore.Open(cluster.LogDir(dir), raftstore.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer store.Close()
-	last, err := store.LastIndex()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for i := uint64(1); i <= last; i++ {
-		var l raft.Log
-		if err := store.GetLog(i, &l); err != nil {
+	first, _ := store.FirstIndex()
+	last, _ := store.LastIndex()
+	var logs []*raft.Log
+	altered := uint64(0)
+	for i := first; i <= last; i++ {
+		l := &raft.Log{}
+		if err := store.GetLog(i, l); err != nil {
 			t.Fatal(err)
 		}
+		logs = append(logs, l)
 		env := &pb.Envelope{}
-		if l.Type != raft.LogCommand || proto.Unmarshal(l.Data, env) != nil || !change(env) {
+		if altered > 0 || l.Type != raft.LogCommand || proto.Unmarshal(l.Data, env) != nil || !change(env) {
 			continue
 		}
 		if l.Data, err = fsm.Marshal(env); err != nil {
 			t.Fatal(err)
 		}
-		if err := store.StoreLog(&l); err != nil {
-			t.Fatal(err)
-		}
-		return i
+		altered = i
 	}
-	t.Fatal("no entry to alter")
-	return 0
+	if altered == 0 {
+		t.Fatal("no entry to alter")
+	}
+	if err := store.DeleteRange(first, last); err != nil {
+		t.Fatal(err)
+	}
+	if err := store.StoreLogs(logs); err != nil {
+		t.Fatal(err)
+	}
+	return altered
 }
