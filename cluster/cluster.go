@@ -66,7 +66,7 @@ func New(cfg Config) (*Cluster, error) {
 	hlog := newHCLog(c.log, "raft", cfg.RaftLogLevel)
 
 	var err error
-	if c.store, err = openLogStore(cfg.DataDir, hlog.Named("log")); err != nil {
+	if c.store, err = openLogStore(cfg.DataDir, hlog.Named("log"), cfg.logSegmentSize); err != nil {
 		return nil, err
 	}
 	if c.fsm.hashes, err = openHashLog(filepath.Join(cfg.DataDir, raftDir, hashesFile), false); err != nil {

@@ -70,6 +70,10 @@ type Config struct {
 	// RaftLogLevel filters raft's own logs; warn when nil, because raft logs
 	// every state change at info.
 	RaftLogLevel slog.Leveler
+
+	// logSegmentSize overrides the log's segment size (raftstore): tests
+	// fill small disks with small segments.
+	logSegmentSize int
 }
 
 // DefaultReapLeftAfter is Config.ReapLeftAfter's default: a day, as serf

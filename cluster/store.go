@@ -81,8 +81,8 @@ func writeFileSync(path string, data []byte) error {
 
 // openLogStore opens the data dir's Raft log and stable store, converting a
 // log of an earlier version (raft/raft.db) first.
-func openLogStore(dataDir string, logger hclog.Logger) (*raftstore.Store, error) {
-	opts := raftstore.Options{Logger: logger}
+func openLogStore(dataDir string, logger hclog.Logger, segmentSize int) (*raftstore.Store, error) {
+	opts := raftstore.Options{Logger: logger, SegmentSize: segmentSize}
 	if err := raftstore.MigrateLegacy(filepath.Join(dataDir, raftDir), LogDir(dataDir), opts); err != nil {
 		return nil, err
 	}

@@ -17,6 +17,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/raft"
 	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
 	"github.com/hashicorp/raft-wal/migrate"
@@ -58,6 +59,9 @@ func MigrateLegacy(raftDir, logDir string, opts Options) error {
 		return removeLegacy(raftDir)
 	}
 	log := opts.Logger
+	if log == nil {
+		log = hclog.NewNullLogger()
+	}
 	if err := checkBolt(dbPath, false, func(*bbolt.Tx) error { return nil }); err != nil {
 		return fmt.Errorf("convert the raft log of an earlier version: %w", err)
 	}
@@ -92,7 +96,7 @@ func MigrateLegacy(raftDir, logDir string, opts Options) error {
 		dst.Close()
 		return fmt.Errorf("convert the raft log of an earlier version: %w", err)
 	}
-	if err := migrate.CopyStable(ctx, dst, old, nil, nil, nil); err != nil {
+	if err := copyStable(dst, old); err != nil {
 		dst.Close()
 		return fmt.Errorf("convert the raft log of an earlier version: stable store: %w", err)
 	}
@@ -109,6 +113,32 @@ func MigrateLegacy(raftDir, logDir string, opts Options) error {
 	}
 	log.Info("raft log: converted the log of an earlier version (raft.db) to raft-wal", "dir", logDir, "first_index", first, "last_index", newLast, "entries_from_wal", len(tail))
 	return removeLegacy(raftDir)
+}
+
+// copyStable copies the keys hashicorp/raft keeps in its stable store (as
+// migrate.CopyStable does, which fails on a key never set: a server that
+// never voted has no LastVoteTerm).
+func copyStable(dst *Store, src *raftboltdb.BoltStore) error {
+	for _, k := range []string{"CurrentTerm", "LastVoteTerm"} {
+		v, err := src.GetUint64([]byte(k))
+		if errors.Is(err, raftboltdb.ErrKeyNotFound) {
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("%s: %w", k, err)
+		}
+		if err := dst.SetUint64([]byte(k), v); err != nil {
+			return err
+		}
+	}
+	v, err := src.Get([]byte("LastVoteCand"))
+	if errors.Is(err, raftboltdb.ErrKeyNotFound) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("LastVoteCand: %w", err)
+	}
+	return dst.Set([]byte("LastVoteCand"), v)
 }
 
 func removeLegacy(raftDir string) error {

@@ -1,6 +1,7 @@
 package raftstore
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"os"
@@ -47,6 +48,10 @@ type Store struct {
 	// exclusively, so no call sees a closed WAL.
 	mu sync.RWMutex
 	w  *wal.WAL
+	// meta is wal-meta.db opened alone while the log could not be reopened
+	// after a failed write: Raft's term and vote stay readable and
+	// writable (hashicorp/raft panics when it cannot save its term).
+	meta *metadb.BoltMetaDB
 	// verified are the sealed segments read through already: they never
 	// change, so reopening does not read them again.
 	verified map[uint64]bool
@@ -150,7 +155,7 @@ func (s *Store) open() (*wal.WAL, error) {
 // preallocation the log opens as it is, for reading; writes are refused
 // until there is room and a write reopens it.
 func (s *Store) finishRotation(tail *segScan) error {
-	if free, err := freeBytes(s.dir); err == nil && free < uint64(s.opts.SegmentSize)+1<<20 {
+	if free, err := freeBytes(s.dir); err == nil && free < s.roomNeeded() {
 		s.log.Warn("raft log: the newest segment is full and the disk has no room for the next; writes are refused until space is freed",
 			"dir", s.dir, "free_bytes", free, "segment_size", s.opts.SegmentSize)
 		return nil
@@ -181,6 +186,11 @@ func (s *Store) finishRotation(tail *segScan) error {
 	s.log.Info("raft log: finished a segment rotation an earlier stop or a full disk interrupted", "segment", tail.path, "last_index", last)
 	return nil
 }
+
+// roomNeeded is the free space the log wants before it starts a segment:
+// the segment's preallocation and as much again, so that a segment is not
+// started only to leave the disk full for everything else.
+func (s *Store) roomNeeded() uint64 { return 2 * uint64(s.opts.SegmentSize) }
 
 func freeBytes(dir string) (uint64, error) {
 	var st syscall.Statfs_t
@@ -310,7 +320,7 @@ func (s *Store) recoverWrites() error {
 	}
 	s.nextRetry = time.Now().Add(reopenEvery)
 	s.fmu.Unlock()
-	if free, err := freeBytes(s.dir); err == nil && free < uint64(s.opts.SegmentSize)+1<<20 {
+	if free, err := freeBytes(s.dir); err == nil && free < s.roomNeeded() {
 		// Still full: reopening would find no room for the next segment.
 		return failed
 	}
@@ -322,11 +332,20 @@ func (s *Store) recoverWrites() error {
 		}
 		s.w = nil
 	}
+	if s.meta != nil {
+		s.meta.Close()
+		s.meta = nil
+	}
 	w, err := s.open()
 	s.fmu.Lock()
 	defer s.fmu.Unlock()
 	if err != nil {
 		s.failed = fmt.Errorf("raft log %s: reopen after a failed write: %w", s.dir, err)
+		s.log.Error("raft log: cannot reopen; the log refuses writes and reads, term and vote stay in wal-meta.db", "error", s.failed)
+		m := &metadb.BoltMetaDB{}
+		if _, err := m.Load(s.dir); err == nil {
+			s.meta = m
+		}
 		return s.failed
 	}
 	s.w, s.failed = w, nil
@@ -348,44 +367,74 @@ func (s *Store) DeleteRange(min, max uint64) error {
 // Raft must empty the log before it installs a snapshot.
 func (s *Store) IsMonotonic() bool { return true }
 
+// stable runs fn on the stable store: raft-wal's, or wal-meta.db opened
+// alone while the log cannot be reopened.
+func (s *Store) stable(fn func(st interface {
+	SetStable(k, v []byte) error
+	GetStable(k []byte) ([]byte, error)
+}) error) error {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	switch {
+	case s.w != nil:
+		return fn(walStable{s.w})
+	case s.meta != nil:
+		return fn(s.meta)
+	}
+	s.fmu.Lock()
+	defer s.fmu.Unlock()
+	if s.failed != nil {
+		return s.failed
+	}
+	return ErrClosed
+}
+
+// walStable is raft-wal's StableStore under metadb's method names.
+type walStable struct{ w *wal.WAL }
+
+func (w walStable) SetStable(k, v []byte) error        { return w.w.Set(k, v) }
+func (w walStable) GetStable(k []byte) ([]byte, error) { return w.w.Get(k) }
+
 // Set implements raft.StableStore.
 func (s *Store) Set(k, v []byte) error {
-	w, done, err := s.current()
-	if err != nil {
-		return err
-	}
-	defer done()
-	return w.Set(k, v)
+	return s.stable(func(st interface {
+		SetStable(k, v []byte) error
+		GetStable(k []byte) ([]byte, error)
+	}) error {
+		return st.SetStable(k, v)
+	})
 }
 
 // Get implements raft.StableStore.
-func (s *Store) Get(k []byte) ([]byte, error) {
-	w, done, err := s.current()
-	if err != nil {
-		return nil, err
-	}
-	defer done()
-	return w.Get(k)
+func (s *Store) Get(k []byte) (v []byte, err error) {
+	err = s.stable(func(st interface {
+		SetStable(k, v []byte) error
+		GetStable(k []byte) ([]byte, error)
+	}) error {
+		v, err = st.GetStable(k)
+		return err
+	})
+	return v, err
 }
 
-// SetUint64 implements raft.StableStore.
+// SetUint64 implements raft.StableStore, in raft-wal's encoding (8 bytes,
+// little-endian).
 func (s *Store) SetUint64(k []byte, v uint64) error {
-	w, done, err := s.current()
-	if err != nil {
-		return err
-	}
-	defer done()
-	return w.SetUint64(k, v)
+	return s.Set(k, binary.LittleEndian.AppendUint64(nil, v))
 }
 
 // GetUint64 implements raft.StableStore.
 func (s *Store) GetUint64(k []byte) (uint64, error) {
-	w, done, err := s.current()
-	if err != nil {
+	v, err := s.Get(k)
+	switch {
+	case err != nil:
 		return 0, err
+	case len(v) == 0:
+		return 0, nil
+	case len(v) != 8:
+		return 0, fmt.Errorf("stable store key %q: %d bytes, not a uint64", k, len(v))
 	}
-	defer done()
-	return w.GetUint64(k)
+	return binary.LittleEndian.Uint64(v), nil
 }
 
 // Close closes the log and releases the dir.
@@ -396,6 +445,10 @@ func (s *Store) Close() error {
 	if s.w != nil {
 		err = s.w.Close()
 		s.w = nil
+	}
+	if s.meta != nil {
+		err = errors.Join(err, s.meta.Close())
+		s.meta = nil
 	}
 	s.unlock()
 	return err

@@ -96,6 +96,7 @@ func scanSegment(path string, data []byte, info types.SegmentInfo, sealed bool) 
 		stopAt     int64 = -1
 		stop       string
 		atZeros    bool       // the walk stopped at an all-zero frame header
+		atEOF      bool       // the walk stopped at a frame running past the end of the file
 		lastFrame  int64 = -1 // the last frame header read after the last commit
 	)
 walk:
@@ -119,8 +120,12 @@ walk:
 		case frameEntry, frameIndex:
 			n := int64(word)
 			end := off + frameHeaderLen + n + int64(padLen(n))
-			if n > segment.MaxEntrySize || end > size {
-				stopAt, stop = off, fmt.Sprintf("frame length %d runs past the end of the file (%d bytes)", n, size)
+			if n > segment.MaxEntrySize {
+				stopAt, stop = off, fmt.Sprintf("frame length %d is larger than any entry", n)
+				break walk
+			}
+			if end > size {
+				stopAt, stop, atEOF = off, fmt.Sprintf("frame length %d runs past the end of the file (%d bytes)", n, size), true
 				break walk
 			}
 			if typ == frameEntry {
@@ -188,7 +193,7 @@ walk:
 	if last < 0 {
 		return s, nil // nothing after the last commit
 	}
-	if unfinishedWrite(data, s.good, last, stopAt, atZeros, lastFrame) {
+	if unfinishedWrite(data, s.good, last, stopAt, atZeros, atEOF, lastFrame) {
 		s.tornEnd = last + 1
 		return s, nil
 	}
@@ -202,29 +207,37 @@ walk:
 // valid commit (last is the last non-zero byte) are a write the node never
 // finished, so never acknowledged, rather than damage to one it did.
 // raft-wal writes each batch with one write, then one fsync, into space
-// preallocated with zeros; a power loss during that write loses whole
-// sectors of it, which read as zeros. So, as etcd's WAL decides for its
-// torn entries:
+// preallocated with zeros (a batch may run past it, growing the file); a
+// power loss during that write loses whole sectors of it, which read as
+// zeros, and a full disk cuts a write that grows the file at its end. So,
+// much as etcd's WAL decides for its torn entries:
 //
-//   - When the walk from `from` stopped at an all-zero frame header at stop
-//     beyond last (the write's frames, then nothing), the write was cut
-//     short: the bytes of stop's sector before it must be unwritten too,
-//     and the last non-zero byte must not be a commit frame's (a batch
-//     whose commit frame is on disk was written to its end, and a frame
-//     length reaching past it is damage).
+//   - When the walk from `from` stopped at an all-zero frame header beyond
+//     last (the write's frames, then nothing), the write was cut short: the
+//     bytes of that header's sector before it must be unwritten too.
+//   - When it stopped at a frame running past the end of the file, the
+//     write was cut at the file's end.
+//   - In both, the last byte written must not be a commit frame's (a batch
+//     whose commit frame is on disk was written to its end; a frame length
+//     reaching past it is damage), unless it is the header of the frame
+//     that was cut.
 //   - Otherwise (an unreadable frame, a checksum mismatch, zeros with
 //     written bytes after them) some sector inside [from, last] must be
 //     unwritten: a batch written in full that does not check out was
 //     damaged after it was synced.
-func unfinishedWrite(data []byte, from, last, stop int64, atZeros bool, lastFrame int64) bool {
-	if atZeros && stop > last {
-		if !allZero(data[max(from, stop&^(sectorSize-1)):stop]) {
+func unfinishedWrite(data []byte, from, last, stop int64, atZeros, atEOF bool, lastFrame int64) bool {
+	size := int64(len(data))
+	if atZeros && stop > last || atEOF {
+		if atZeros && !allZero(data[max(from, stop&^(sectorSize-1)):stop]) {
 			return false
 		}
 		slot := last &^ (frameHeaderLen - 1)
+		if slot == lastFrame {
+			return atZeros || last >= size-frameHeaderLen
+		}
 		h := data[slot:]
 		commitLike := len(h) >= frameHeaderLen && h[0] == frameCommit && h[1]|h[2]|h[3] == 0
-		return !commitLike || slot == lastFrame
+		return !commitLike
 	}
 	for sec := from &^ (sectorSize - 1); sec <= last; sec += sectorSize {
 		lo, hi := max(sec, from), min(sec+sectorSize, last+1)
