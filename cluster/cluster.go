@@ -65,9 +65,23 @@ func New(cfg Config) (*Cluster, error) {
 	}
 	hlog := newHCLog(c.log, "raft", cfg.RaftLogLevel)
 
-	var err error
+	var (
+		err    error
+		stable map[string][]byte
+	)
+	if cfg.Recover {
+		if stable, err = setAsideRaftData(cfg.DataDir, c.log); err != nil {
+			return nil, err
+		}
+	}
 	if c.store, err = openLogStore(cfg.DataDir, hlog.Named("log"), cfg.logSegmentSize); err != nil {
 		return nil, err
+	}
+	for k, v := range stable {
+		if err := c.store.Set([]byte(k), v); err != nil {
+			c.store.Close()
+			return nil, fmt.Errorf("recover: keep %s: %w", k, err)
+		}
 	}
 	if c.fsm.hashes, err = openHashLog(filepath.Join(cfg.DataDir, raftDir, hashesFile), false); err != nil {
 		c.store.Close()
@@ -115,7 +129,7 @@ func New(cfg Config) (*Cluster, error) {
 		c.store.Close()
 		return nil, fmt.Errorf("start raft: %w", err)
 	}
-	if cfg.Bootstrap && !existing {
+	if cfg.Bootstrap && !existing && !cfg.Recover {
 		if err := c.bootstrap(); err != nil {
 			c.Shutdown()
 			return nil, err

@@ -35,6 +35,7 @@ type nodeOpts struct {
 	name, dir, addr string
 	bootstrap       bool
 	peers           []Peer
+	recover         bool
 }
 
 // start opens a node and shuts it down when the test ends.
@@ -42,7 +43,7 @@ func start(t testing.TB, o nodeOpts) *Cluster {
 	t.Helper()
 	c, err := New(Config{
 		NodeName: o.name, DataDir: o.dir, RaftBind: o.addr, Server: true,
-		Bootstrap: o.bootstrap, BootstrapPeers: o.peers, Logger: testLogger(),
+		Bootstrap: o.bootstrap, BootstrapPeers: o.peers, Recover: o.recover, Logger: testLogger(),
 		// The tests stop peers on purpose; raft logs each failed RPC to them.
 		RaftLogLevel: slog.LevelError + 4,
 	})

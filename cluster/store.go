@@ -5,8 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"log/slog"
 	"os"
 	"path/filepath"
+	"time"
 
 	"github.com/hashicorp/go-hclog"
 
@@ -97,3 +99,29 @@ func openLogStore(dataDir string, logger hclog.Logger, segmentSize int) (*raftst
 const damagedHint = "This server's log is damaged; it will not start on it, since it may lack entries it acknowledged. " +
 	"If the other servers are healthy, start it with --recover: it sets the damaged Raft data aside (raft.damaged-<time>) " +
 	"and rejoins, receiving the whole log from the leader. See the README, section 'A damaged log'."
+
+// setAsideRaftData moves a server's Raft data (log, snapshots, hash
+// records) to <data-dir>/raft.damaged-<time> for --recover, and returns the
+// stable store's keys (term and vote) read from the old log when its
+// wal-meta.db is readable: a server that forgot whom it voted for could
+// vote twice in one term.
+func setAsideRaftData(dataDir string, log *slog.Logger) (map[string][]byte, error) {
+	from := filepath.Join(dataDir, raftDir)
+	if _, err := os.Stat(from); errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	stable, err := raftstore.ReadStable(LogDir(dataDir))
+	if err != nil {
+		log.Warn("recover: the term and vote of the old log are unreadable; starting without them", "error", err)
+	}
+	to := filepath.Join(dataDir, "raft.damaged-"+time.Now().UTC().Format("20060102T150405Z"))
+	if err := os.Rename(from, to); err != nil {
+		return nil, fmt.Errorf("recover: set the Raft data aside: %w", err)
+	}
+	if err := os.MkdirAll(from, 0o700); err != nil {
+		return nil, err
+	}
+	log.Warn("recover: Raft data set aside; this server rejoins with an empty log and receives the whole log from the leader",
+		"moved_to", to, "kept_term_and_vote", len(stable) > 0)
+	return stable, nil
+}

@@ -1,6 +1,7 @@
 package raftstore
 
 import (
+	"bytes"
 	"encoding/binary"
 	"encoding/json"
 	"errors"
@@ -172,4 +173,29 @@ func segmentFiles(dir string) ([]string, error) {
 		}
 	}
 	return out, nil
+}
+
+// stableKeys are the keys hashicorp/raft keeps in its stable store.
+var stableKeys = []string{"CurrentTerm", "LastVoteTerm", "LastVoteCand"}
+
+// ReadStable reads the stable store's keys (Raft's term and vote) from a
+// log dir's wal-meta.db, read-only, for a server that sets its log aside.
+func ReadStable(dir string) (map[string][]byte, error) {
+	out := map[string][]byte{}
+	if _, err := os.Stat(metaPath(dir)); errors.Is(err, fs.ErrNotExist) {
+		return out, nil
+	}
+	err := checkBolt(metaPath(dir), false, func(tx *bbolt.Tx) error {
+		b := tx.Bucket([]byte(metadb.StableBucket))
+		if b == nil {
+			return nil
+		}
+		for _, k := range stableKeys {
+			if v := b.Get([]byte(k)); v != nil {
+				out[k] = bytes.Clone(v)
+			}
+		}
+		return nil
+	})
+	return out, err
 }
