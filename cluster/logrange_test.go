@@ -140,7 +140,7 @@ func TestOfflineDamagedEntry(t *testing.T) {
 		t.Fatal(err)
 	}
 	at := bytes.Index(data, raw)
-	if at < 0 || bytes.Index(data[at+1:], raw) >= 0 {
+	if at < 0 || bytes.Contains(data[at+1:], raw) {
 		t.Fatalf("entry %d's data not found once in %s", target, segs[0])
 	}
 	at += len(raw) / 2

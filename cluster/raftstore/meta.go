@@ -17,6 +17,7 @@ import (
 	"github.com/hashicorp/raft-wal/metadb"
 	"github.com/hashicorp/raft-wal/types"
 	"go.etcd.io/bbolt"
+	berrors "go.etcd.io/bbolt/errors"
 )
 
 // metaPath is raft-wal's metadata file in a log dir.
@@ -78,7 +79,7 @@ func checkBolt(path string, writable bool, fn func(*bbolt.Tx) error) error {
 		}()
 		db, err := bbolt.Open(path, 0o600, &bbolt.Options{ReadOnly: !writable, Timeout: time.Second})
 		if err != nil {
-			if errors.Is(err, bbolt.ErrTimeout) {
+			if errors.Is(err, berrors.ErrTimeout) {
 				done <- fmt.Errorf("open %s: in use by another process", path)
 				return
 			}
