@@ -192,14 +192,6 @@ func (s *Store) finishRotation(tail *segScan) error {
 // started only to leave the disk full for everything else.
 func (s *Store) roomNeeded() uint64 { return 2 * uint64(s.opts.SegmentSize) }
 
-func freeBytes(dir string) (uint64, error) {
-	var st syscall.Statfs_t
-	if err := syscall.Statfs(dir, &st); err != nil {
-		return 0, err
-	}
-	return st.Bavail * uint64(st.Bsize), nil
-}
-
 // zeroRange writes zeros over [from, to) of a file and syncs it.
 func zeroRange(path string, from, to int64) error {
 	f, err := os.OpenFile(path, os.O_WRONLY, 0)
