@@ -60,8 +60,9 @@ bench: bench-commit bench-cluster bench-scheduler bench-replay bench-residency b
 bench-commit: build
 	$(GO) run ./bench/commit -bin $(BIN) $(BENCH_FLAGS)
 
-bench-cluster:
-	$(GO) run ./bench/cluster $(BENCH_CLUSTER_FLAGS)
+# bench/cluster is a module of its own (etcd's client stays out of go.mod).
+bench-cluster: build
+	cd bench/cluster && $(GO) run . -bin $(CURDIR)/$(BIN) $(BENCH_CLUSTER_FLAGS)
 
 bench-scheduler:
 	GOMAXPROCS=2 $(GO) test -run '^$$' -bench . ./cluster/scheduler/...

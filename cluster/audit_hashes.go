@@ -69,6 +69,15 @@ func openHashLog(path string, readOnly bool) (*hashLog, error) {
 	return &hashLog{f: f, log: slog.Default(), size: st.Size()}, nil
 }
 
+// lastRecorded is the highest entry index the file may hold a record for
+// (its length in records).
+func (h *hashLog) lastRecorded() uint64 {
+	if h == nil || h.f == nil {
+		return 0
+	}
+	return uint64(h.size / hashSize)
+}
+
 func (h *hashLog) close() error {
 	if h == nil || h.f == nil {
 		return nil

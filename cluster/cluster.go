@@ -13,6 +13,7 @@ import (
 
 	"github.com/hashicorp/raft"
 
+	"github.com/gpuplane/gpuplane/cluster/raftstore"
 	"github.com/gpuplane/gpuplane/fsm"
 	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
 )
@@ -23,7 +24,7 @@ type Cluster struct {
 	log   *slog.Logger
 	raft  *raft.Raft
 	fsm   *raftFSM
-	store *walStore
+	store *raftstore.Store
 	trans *contactTransport
 
 	forwarder atomic.Pointer[forwarderBox]
@@ -64,16 +65,34 @@ func New(cfg Config) (*Cluster, error) {
 	}
 	hlog := newHCLog(c.log, "raft", cfg.RaftLogLevel)
 
-	var err error
-	if c.store, err = openWALStore(cfg.DataDir, c.log); err != nil {
+	var (
+		err    error
+		stable map[string][]byte
+	)
+	if cfg.Recover {
+		if stable, err = setAsideRaftData(cfg.DataDir, c.log); err != nil {
+			return nil, err
+		}
+	}
+	if c.store, err = openLogStore(cfg.DataDir, hlog.Named("log"), cfg.logSegmentSize); err != nil {
 		return nil, err
 	}
-	c.fsm.flushLog = c.store.flush
+	for k, v := range stable {
+		if err := c.store.Set([]byte(k), v); err != nil {
+			c.store.Close()
+			return nil, fmt.Errorf("recover: keep %s: %w", k, err)
+		}
+	}
 	if c.fsm.hashes, err = openHashLog(filepath.Join(cfg.DataDir, raftDir, hashesFile), false); err != nil {
 		c.store.Close()
 		return nil, err
 	}
 	c.fsm.hashes.log = c.log
+	if err := checkLogLength(c.store, c.fsm.hashes); err != nil {
+		c.fsm.hashes.close()
+		c.store.Close()
+		return nil, err
+	}
 	snaps, err := raft.NewFileSnapshotStoreWithLogger(filepath.Join(cfg.DataDir, raftDir), snapshotKeep, hlog.Named("snapshots"))
 	if err != nil {
 		c.store.Close()
@@ -110,7 +129,7 @@ func New(cfg Config) (*Cluster, error) {
 		c.store.Close()
 		return nil, fmt.Errorf("start raft: %w", err)
 	}
-	if cfg.Bootstrap && !existing {
+	if cfg.Bootstrap && !existing && !cfg.Recover {
 		if err := c.bootstrap(); err != nil {
 			c.Shutdown()
 			return nil, err
@@ -119,6 +138,24 @@ func New(cfg Config) (*Cluster, error) {
 	c.log.Info("raft started", "raft_addr", cfg.RaftAdvertise, "existing_state", existing,
 		"applied_index", c.AppliedIndex(), "last_index", c.LastIndex())
 	return c, nil
+}
+
+// checkLogLength refuses a log that ends before an entry this server has
+// applied: the hash records (raft/hashes) are written only after an entry
+// is in the log, on disk, and committed, so a log shorter than they are lost
+// entries it had acknowledged. The log store detects damage inside its
+// files; this catches what it cannot tell from a crash, its newest segment
+// file emptied or removed.
+func checkLogLength(store *raftstore.Store, hashes *hashLog) error {
+	last, err := store.LastIndex()
+	if err != nil {
+		return err
+	}
+	if applied := hashes.lastRecorded(); applied > last {
+		return fmt.Errorf("%w: %s: the log ends at entry index %d but this server applied entries up to %d (raft/hashes): entries it held are lost\n%s",
+			raftstore.ErrDamaged, store.Dir(), last, applied, damagedHint)
+	}
+	return nil
 }
 
 func (c *Cluster) bootstrap() error {

@@ -70,6 +70,18 @@ type Config struct {
 	// RaftLogLevel filters raft's own logs; warn when nil, because raft logs
 	// every state change at info.
 	RaftLogLevel slog.Leveler
+
+	// Recover sets this server's Raft data (log, snapshots, hash records)
+	// aside, under <data-dir>/raft.damaged-<time>, and starts with none: it
+	// rejoins as the server it was and receives the whole log from the
+	// leader. For a server whose log is damaged, while the other servers
+	// hold the log; it keeps the term and vote it had when they are
+	// readable, and never bootstraps.
+	Recover bool
+
+	// logSegmentSize overrides the log's segment size (raftstore): tests
+	// fill small disks with small segments.
+	logSegmentSize int
 }
 
 // DefaultReapLeftAfter is Config.ReapLeftAfter's default: a day, as serf

@@ -25,10 +25,6 @@ type raftFSM struct {
 	// hashes records the hash head after each applied command entry, for
 	// audit verify (audit_hashes.go); nil records nothing.
 	hashes *hashLog
-	// flushLog, when set, moves the log's entries into raft.db (walStore):
-	// a snapshot must never be ahead of the log a stopped node's raft.db
-	// holds.
-	flushLog func() error
 
 	// applied, guarded by amu, only grows, except on Restore. advanced is
 	// closed and replaced whenever it changes.
@@ -72,11 +68,6 @@ func (w *raftFSM) Apply(l *raft.Log) any { return w.ApplyBatch([]*raft.Log{l})[0
 // (nodes, accelerators, placements), so encoding it here is cheaper than the
 // copy-on-write bookkeeping needed to encode it later in Persist.
 func (w *raftFSM) Snapshot() (raft.FSMSnapshot, error) {
-	if w.flushLog != nil {
-		if err := w.flushLog(); err != nil {
-			return nil, fmt.Errorf("snapshot: move the log into raft.db first: %w", err)
-		}
-	}
 	w.mu.RLock()
 	defer w.mu.RUnlock()
 	data, err := w.state.Snapshot()

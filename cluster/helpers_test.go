@@ -11,9 +11,9 @@ import (
 	"time"
 
 	"github.com/hashicorp/raft"
-	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
 
 	"github.com/gpuplane/gpuplane/cluster/porttest"
+	"github.com/gpuplane/gpuplane/cluster/raftstore"
 	"github.com/gpuplane/gpuplane/fsm"
 	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
 )
@@ -35,6 +35,7 @@ type nodeOpts struct {
 	name, dir, addr string
 	bootstrap       bool
 	peers           []Peer
+	recover         bool
 }
 
 // start opens a node and shuts it down when the test ends.
@@ -42,7 +43,7 @@ func start(t testing.TB, o nodeOpts) *Cluster {
 	t.Helper()
 	c, err := New(Config{
 		NodeName: o.name, DataDir: o.dir, RaftBind: o.addr, Server: true,
-		Bootstrap: o.bootstrap, BootstrapPeers: o.peers, Logger: testLogger(),
+		Bootstrap: o.bootstrap, BootstrapPeers: o.peers, Recover: o.recover, Logger: testLogger(),
 		// The tests stop peers on purpose; raft logs each failed RPC to them.
 		RaftLogLevel: slog.LevelError + 4,
 	})
@@ -239,29 +240,57 @@ func verifyOffline(t testing.TB, dir string) (*Offline, uint64, *pb.ServerVerifi
 	return off, last, v
 }
 
-// renameInLog alters a stopped node's raft.db behind its back: the entry
-// that creates accelerator from (a one-letter name) is rewritten to create
-// to instead. It returns the entry's index.
+// renameInLog alters a stopped node's log behind its back: the entry that
+// creates accelerator from (a one-letter name) is rewritten to create to
+// instead. It returns the entry's index.
 func renameInLog(t testing.TB, dir, from, to string) uint64 {
 	t.Helper()
-	store, err := raftboltdb.New(raftboltdb.Options{Path: RaftDBPath(dir)})
+	return rewriteLog(t, dir, func(l *raft.Log) bool {
+		if l.Type != raft.LogCommand || !strings.Contains(string(l.Data), "\n\x01"+from) {
+			return false
+		}
+		var err error
+		if l.Data, err = fsm.Marshal(createAccelerator(to)); err != nil {
+			t.Fatal(err)
+		}
+		return true
+	})
+}
+
+// rewriteLog rewrites a stopped node's log through the store, as someone
+// with write access to the data dir could: every entry is read, the first
+// that change alters is replaced, and the log is written again (raft-wal
+// keeps its checksums right, so only the hash chain can tell). It returns
+// the altered entry's index.
+func rewriteLog(t testing.TB, dir string, change func(*raft.Log) bool) uint64 {
+	t.Helper()
+	store, err := raftstore.Open(LogDir(dir), raftstore.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer store.Close()
-	for i := uint64(1); ; i++ {
-		var l raft.Log
-		if err := store.GetLog(i, &l); err != nil {
+	first, _ := store.FirstIndex()
+	last, _ := store.LastIndex()
+	var logs []*raft.Log
+	altered := uint64(0)
+	for i := first; i <= last; i++ {
+		l := &raft.Log{}
+		if err := store.GetLog(i, l); err != nil {
 			t.Fatal(err)
 		}
-		if l.Type == raft.LogCommand && strings.Contains(string(l.Data), "\n\x01"+from) {
-			if l.Data, err = fsm.Marshal(createAccelerator(to)); err != nil {
-				t.Fatal(err)
-			}
-			if err := store.StoreLog(&l); err != nil {
-				t.Fatal(err)
-			}
-			return i
+		if altered == 0 && change(l) {
+			altered = i
 		}
+		logs = append(logs, l)
 	}
+	if altered == 0 {
+		t.Fatal("no entry to alter")
+	}
+	if err := store.DeleteRange(first, last); err != nil {
+		t.Fatal(err)
+	}
+	if err := store.StoreLogs(logs); err != nil {
+		t.Fatal(err)
+	}
+	return altered
 }

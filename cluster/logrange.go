@@ -1,15 +1,11 @@
 package cluster
 
 import (
-	"bytes"
-	"encoding/binary"
 	"errors"
-	"fmt"
 
-	"github.com/hashicorp/go-msgpack/v2/codec"
 	"github.com/hashicorp/raft"
-	"go.etcd.io/bbolt"
 
+	"github.com/gpuplane/gpuplane/cluster/raftstore"
 	"github.com/gpuplane/gpuplane/fsm"
 )
 
@@ -32,83 +28,21 @@ type logRanger interface {
 	RangeLogs(from, to uint64, ahead func([]fsm.Entry), fn func(l *raft.Log, e *fsm.Entry) error) error
 }
 
-// boltLogs reads raft-boltdb/v2's log bucket of a bbolt file directly: the
-// offline reader (OpenOffline), which owns the file read-only, so the store's
-// own code never runs on it. The format is raft-boltdb's: key the index as
-// 8 big-endian bytes, value the raft.Log in msgpack, decoded here with the
-// same codec and default handle raft-boltdb uses.
-type boltLogs struct {
-	db *bbolt.DB
+// offlineLog is a stopped node's log read through raftstore's read-only
+// Reader (OpenOffline), with ranges read and decoded ahead of the applier.
+type offlineLog struct {
+	*raftstore.Reader
 }
 
-var (
-	boltLogsBucket = []byte("logs") // raft-boltdb's dbLogs
-	// msgpackHandle is shared by every decoder: a handle caches per-type
-	// decoding plans, so reusing one (it is safe for concurrent use once
-	// configured) is what makes decoding cheap. raft-boltdb builds a new one
-	// per GetLog; decoding is the same, its options being the defaults.
-	msgpackHandle = &codec.MsgpackHandle{}
-)
-
-var _ logRanger = (*boltLogs)(nil)
-
-func (b *boltLogs) FirstIndex() (uint64, error) { return b.edge(true) }
-func (b *boltLogs) LastIndex() (uint64, error)  { return b.edge(false) }
-
-func (b *boltLogs) edge(first bool) (uint64, error) {
-	var idx uint64
-	err := b.db.View(func(tx *bbolt.Tx) error {
-		bk := tx.Bucket(boltLogsBucket)
-		if bk == nil {
-			return nil
-		}
-		var k []byte
-		if first {
-			k, _ = bk.Cursor().First()
-		} else {
-			k, _ = bk.Cursor().Last()
-		}
-		if len(k) == 8 {
-			idx = binary.BigEndian.Uint64(k)
-		}
-		return nil
-	})
-	return idx, err
-}
-
-func (b *boltLogs) GetLog(index uint64, l *raft.Log) error {
-	return b.db.View(func(tx *bbolt.Tx) error {
-		bk := tx.Bucket(boltLogsBucket)
-		if bk == nil {
-			return raft.ErrLogNotFound
-		}
-		var key [8]byte
-		binary.BigEndian.PutUint64(key[:], index)
-		val := bk.Get(key[:])
-		if val == nil {
-			return raft.ErrLogNotFound
-		}
-		*l = raft.Log{}
-		// The hand-written decoder first, as readRange does (the library
-		// decodes by reflection); its slices alias bbolt's memory, valid
-		// only in this transaction, so they are copied out.
-		if decodeStoredLog(val, l, nil) {
-			l.Data, l.Extensions = bytes.Clone(l.Data), bytes.Clone(l.Extensions)
-			return nil
-		}
-		*l = raft.Log{}
-		return codec.NewDecoderBytes(val, msgpackHandle).Decode(l)
-	})
-}
+var _ logRanger = (*offlineLog)(nil)
 
 // RangeLogs reads and decodes entries on a goroutine of its own, a batch at
-// a time, while fn runs on the caller's: a replay's reading (the bbolt
-// cursor, the msgpack of each raft.Log and the protobuf of each Envelope) and
-// applying (the state machine) then take a core each. A few batches are in
-// flight at most, so memory stays flat whatever the range. Data and
-// Extensions are bbolt's memory, not copies: the read transaction stays open
-// until fn has seen the last entry.
-func (b *boltLogs) RangeLogs(from, to uint64, ahead func([]fsm.Entry), fn func(*raft.Log, *fsm.Entry) error) (err error) {
+// a time, while fn runs on the caller's: a replay's reading (the segments,
+// each raft.Log and the protobuf of each Envelope) and applying (the state
+// machine) then take a core each. A few batches are in flight at most, so
+// memory stays flat whatever the range. Data and Extensions are the mapped
+// segment files, not copies, valid until the Reader closes.
+func (b *offlineLog) RangeLogs(from, to uint64, ahead func([]fsm.Entry), fn func(*raft.Log, *fsm.Entry) error) (err error) {
 	if from > to {
 		return nil
 	}
@@ -131,12 +65,10 @@ func (b *boltLogs) RangeLogs(from, to uint64, ahead func([]fsm.Entry), fn func(*
 	}
 	if to-from < rangeBatch {
 		// Too few to be worth a goroutine (an event stream's next few).
-		return b.db.View(func(tx *bbolt.Tx) error {
-			return b.readRange(tx, from, to, &logBatch{dec: &fsm.Decoder{}}, func(batch *logBatch) (*logBatch, error) {
-				err := apply(batch)
-				batch.reset()
-				return batch, err
-			})
+		return b.readRange(from, to, &logBatch{dec: &fsm.Decoder{}}, func(batch *logBatch) (*logBatch, error) {
+			err := apply(batch)
+			batch.reset()
+			return batch, err
 		})
 	}
 	// rangeBatches batches circulate: filled by the reader, applied, handed
@@ -148,36 +80,28 @@ func (b *boltLogs) RangeLogs(from, to uint64, ahead func([]fsm.Entry), fn func(*
 	for range rangeBatches - 1 {
 		free <- newLogBatch(names)
 	}
-	stop := make(chan struct{})     // closed by the applier: read no more
-	consumed := make(chan struct{}) // closed by the applier: done with every entry
+	stop := make(chan struct{}) // closed by the applier: read no more
 	done := make(chan error, 1)
 	go func() {
-		done <- b.db.View(func(tx *bbolt.Tx) error {
-			err := b.readRange(tx, from, to, newLogBatch(names), func(batch *logBatch) (*logBatch, error) {
-				full <- batch // never blocks: at most rangeBatches exist
-				select {
-				case next := <-free:
-					return next, nil
-				case <-stop:
-					return nil, errRangeStopped
-				}
-			})
-			close(full)
-			// The entries alias the transaction's memory: keep it until
-			// the applier is through with them.
-			<-consumed
-			return err
+		err := b.readRange(from, to, newLogBatch(names), func(batch *logBatch) (*logBatch, error) {
+			full <- batch // never blocks: at most rangeBatches exist
+			select {
+			case next := <-free:
+				return next, nil
+			case <-stop:
+				return nil, errRangeStopped
+			}
 		})
+		close(full)
+		done <- err
 	}()
 	defer func() {
 		// However the applier leaves (done, failed, panicked), stop the
-		// reader and release it: its open transaction would keep the
-		// database from closing.
+		// reader and wait for it.
 		close(stop)
 		for range full {
 		}
-		close(consumed)
-		if rerr := <-done; err == nil {
+		if rerr := <-done; err == nil && !errors.Is(rerr, errRangeStopped) {
 			err = rerr
 		}
 	}()
@@ -238,65 +162,25 @@ func (b *logBatch) reset() {
 // batch to emit, which owns it from then on and returns an empty one to fill
 // next. At a missing or undecodable entry it emits the entries before it,
 // then fails.
-func (b *boltLogs) readRange(tx *bbolt.Tx, from, to uint64, batch *logBatch, emit func(*logBatch) (*logBatch, error)) error {
-	bk := tx.Bucket(boltLogsBucket)
-	if bk == nil {
-		return raft.ErrLogNotFound
-	}
-	var key [8]byte
-	binary.BigEndian.PutUint64(key[:], from)
-	cur := bk.Cursor()
-	dec := codec.NewDecoderBytes(nil, msgpackHandle)
-	fail := func(err error) error {
-		if len(batch.logs) > 0 {
-			if _, eerr := emit(batch); eerr != nil {
-				return eerr
-			}
-		}
-		return err
-	}
-	want := from
-	for k, v := cur.Seek(key[:]); want <= to; k, v = cur.Next() {
-		if len(k) != 8 || binary.BigEndian.Uint64(k) != want {
-			return fail(fmt.Errorf("%w: %d", raft.ErrLogNotFound, want))
-		}
-		// Decoded in place: a raft.Log handed to the library escapes.
-		batch.logs = append(batch.logs, raft.Log{})
-		l := &batch.logs[len(batch.logs)-1]
-		// The hand-written decoder handles the entries raft-boltdb
-		// writes; anything else goes to the library. Either way the
-		// entry's bytes are bbolt's, valid while tx is open.
-		if !decodeStoredLog(v, l, nil) {
-			*l = raft.Log{}
-			dec.ResetBytes(v)
-			if err := dec.Decode(l); err != nil {
-				batch.logs = batch.logs[:len(batch.logs)-1]
-				return fail(fmt.Errorf("decode log entry %d: %w", want, err))
-			}
-		}
+func (b *offlineLog) readRange(from, to uint64, batch *logBatch, emit func(*logBatch) (*logBatch, error)) error {
+	var emitErr error
+	err := b.Range(from, to, func(l *raft.Log) error {
+		batch.logs = append(batch.logs, *l)
 		var e fsm.Entry
 		if l.Type == raft.LogCommand {
 			e = batch.dec.DecodeEntry(l.Data)
 		}
 		batch.entries = append(batch.entries, e)
-		if len(batch.logs) == rangeBatch || want == to {
-			var err error
-			if batch, err = emit(batch); err != nil {
-				return err
-			}
+		if len(batch.logs) == rangeBatch || l.Index == to {
+			batch, emitErr = emit(batch)
+			return emitErr
 		}
-		want++
+		return nil
+	})
+	if err != nil && emitErr == nil && len(batch.logs) > 0 {
+		if _, eerr := emit(batch); eerr != nil {
+			return eerr
+		}
 	}
-	return nil
+	return err
 }
-
-// openBoltLogs opens a raft.db read-only for boltLogs.
-func openBoltLogs(path string, opts *bbolt.Options) (*boltLogs, error) {
-	db, err := bbolt.Open(path, 0o600, opts)
-	if err != nil {
-		return nil, err
-	}
-	return &boltLogs{db: db}, nil
-}
-
-func (b *boltLogs) Close() error { return b.db.Close() }

@@ -10,12 +10,11 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
-	"time"
 
 	"github.com/hashicorp/raft"
-	"go.etcd.io/bbolt"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/gpuplane/gpuplane/cluster/raftstore"
 	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
 )
 
@@ -29,45 +28,37 @@ type LogReader interface {
 
 // Offline is a stopped node's data dir opened read-only for audit: its Raft
 // log, the per-entry hashes its state machine recorded, and its snapshots.
-// Close it to release the file lock.
+// Close it to release the data dir.
 type Offline struct {
 	*History
-	store  *boltLogs
+	store  *offlineLog
 	hashes *hashLog
 }
 
 // OpenOffline opens a stopped node's data dir read-only. It fails at once,
-// naming the cause, when an agent is running on the dir (bbolt's file lock).
+// naming the cause, when an agent is running on the dir, and with an error
+// naming the file, offset and entry index when the log is damaged.
 func OpenOffline(dataDir string) (*Offline, error) {
-	path := RaftDBPath(dataDir)
-	if _, err := os.Stat(path); err != nil {
-		return nil, fmt.Errorf("open %s: no Raft log in data dir %s: %w", path, dataDir, err)
+	dir := LogDir(dataDir)
+	r, err := raftstore.OpenReadOnly(dir)
+	if errors.Is(err, raftstore.ErrNoLog) && raftstore.HasLegacy(filepath.Join(dataDir, raftDir)) {
+		return nil, fmt.Errorf("data dir %s holds a Raft log in the layout of an earlier gpuplane (raft/raft.db): start this version's agent on it once (it converts the log), then stop it and run audit again", dataDir)
 	}
-	// Read with boltLogs rather than raft-boltdb's store: the same file and
-	// format, but entries are read in index order with one cursor and one
-	// decoder (see logRanger), which replay needs to be fast.
-	store, err := openBoltLogs(path, &bbolt.Options{ReadOnly: true, Timeout: time.Second, MmapFlags: offlineMmapFlags})
-	if errors.Is(err, bbolt.ErrTimeout) {
-		return nil, fmt.Errorf("open %s: an agent is running on this data dir: stop it, or ask it with --addr instead of --data-dir", path)
+	if errors.Is(err, raftstore.ErrNoLog) {
+		return nil, fmt.Errorf("open %s: no Raft log in data dir %s: %w", dir, dataDir, err)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("open %s read-only: %w", path, err)
+		return nil, fmt.Errorf("open the Raft log read-only: %w", err)
 	}
-	// A node killed while it ran may hold its newest acknowledged entries
-	// only in its write-ahead log (walStore): read them after raft.db's.
-	log, err := openOfflineLog(store, filepath.Join(dataDir, raftDir, walDirName))
-	if err != nil {
-		store.Close()
-		return nil, err
-	}
+	log := &offlineLog{r}
 	hashes, err := openHashLog(filepath.Join(dataDir, raftDir, hashesFile), true)
 	if err != nil {
-		store.Close()
+		r.Close()
 		return nil, err
 	}
 	return &Offline{
 		History: &History{log: log, hashes: hashes, snapshotDir: filepath.Join(dataDir, raftDir, "snapshots")},
-		store:   store, hashes: hashes,
+		store:   log, hashes: hashes,
 	}, nil
 }
 

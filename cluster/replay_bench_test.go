@@ -2,7 +2,6 @@ package cluster
 
 import (
 	"bytes"
-	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -12,10 +11,9 @@ import (
 	"time"
 
 	"github.com/hashicorp/raft"
-	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
-	"go.etcd.io/bbolt"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/gpuplane/gpuplane/cluster/raftstore"
 	"github.com/gpuplane/gpuplane/fsm"
 	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
 )
@@ -25,16 +23,16 @@ import (
 // for quick runs.
 const replayEntries = 1_000_000
 
-// BenchmarkReplay measures audit replay from disk: a data dir whose raft.db
+// BenchmarkReplay measures audit replay from disk: a data dir whose log
 // holds a million realistic entries is opened read-only (OpenOffline, as
 // `audit replay --data-dir` does) and History.StateAt replays the whole log
 // through the Cursor into a fresh state machine (LogReader, then
 // fsm.ApplyBytes), reporting entries per second. It then snapshots the
 // resulting state and times raftFSM.Restore of it (what a restart does).
 //
-// The log is built once, written straight into raft-boltdb with StoreLogs in
+// The log is built once, written straight into the store with StoreLogs in
 // big batches, and cached under the system temp dir
-// (gpuplane-replay-bench-<n>), so only the first run pays for it (about a
+// (gpuplane-replay-bench-wal-<n>), so only the first run pays for it (about a
 // minute). Run with `make bench-replay`.
 func BenchmarkReplay(b *testing.B) {
 	n := uint64(replayEntries)
@@ -43,7 +41,7 @@ func BenchmarkReplay(b *testing.B) {
 			b.Fatalf("GPUPLANE_REPLAY_ENTRIES=%q: %v", s, err)
 		}
 	}
-	dir := filepath.Join(os.TempDir(), fmt.Sprintf("gpuplane-replay-bench-%d", n))
+	dir := filepath.Join(os.TempDir(), fmt.Sprintf("gpuplane-replay-bench-wal-%d", n))
 	if err := buildReplayLog(dir, n); err != nil {
 		b.Fatal(err)
 	}
@@ -128,14 +126,7 @@ func buildReplayLog(dir string, n uint64) error {
 	if err := os.RemoveAll(dir); err != nil {
 		return err
 	}
-	if err := os.MkdirAll(filepath.Join(dir, raftDir), 0o700); err != nil {
-		return err
-	}
-	store, err := raftboltdb.New(raftboltdb.Options{
-		Path:        RaftDBPath(dir),
-		BoltOptions: &bbolt.Options{FreelistType: bbolt.FreelistMapType},
-		NoSync:      true, // a benchmark fixture: synced once at the end
-	})
+	store, err := raftstore.Open(LogDir(dir), raftstore.Options{})
 	if err != nil {
 		return err
 	}
@@ -152,7 +143,7 @@ func buildReplayLog(dir string, n uint64) error {
 			logs = logs[:0]
 		}
 	}
-	if err := errors.Join(store.Sync(), store.Close()); err != nil {
+	if err := store.Close(); err != nil {
 		return err
 	}
 	if gen.rejected*100 > gen.commands {

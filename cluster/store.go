@@ -5,29 +5,33 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"time"
 
-	"go.etcd.io/bbolt"
+	"github.com/hashicorp/go-hclog"
+
+	"github.com/gpuplane/gpuplane/cluster/raftstore"
 )
 
 // Data dir layout (see DESIGN.md):
 //
 //	<data-dir>/node-id             the node name this data dir belongs to
-//	<data-dir>/raft/raft.db        bbolt: the whole Raft log from index 1, and term/vote
-//	<data-dir>/raft/wal/           the log's newest entries, until they are moved into
-//	                               raft.db (within half a second; see walStore)
+//	<data-dir>/raft/log/           the Raft log and stable store (term, vote):
+//	                               hashicorp/raft-wal's segments (*.wal) and
+//	                               wal-meta.db (see package raftstore)
 //	<data-dir>/raft/snapshots/     state snapshots (the last two), for fast restarts
+//	<data-dir>/raft/hashes         hash chain head after each applied entry (audit)
 const (
 	nodeIDFile   = "node-id"
 	raftDir      = "raft"
-	raftDBFile   = "raft.db"
+	logDirName   = "log"
 	snapshotKeep = 2
 )
 
-// RaftDBPath is where the Raft log of a data dir lives.
-func RaftDBPath(dataDir string) string { return filepath.Join(dataDir, raftDir, raftDBFile) }
+// LogDir is where the Raft log of a data dir lives.
+func LogDir(dataDir string) string { return filepath.Join(dataDir, raftDir, logDirName) }
 
 // checkNodeID binds a data dir to one node name. Raft's server id is the node
 // name, so reusing a data dir under another name would present one log under
@@ -77,35 +81,47 @@ func writeFileSync(path string, data []byte) error {
 	return dir.Sync()
 }
 
-// openLogStore opens the bbolt file that holds Raft's log and its
-// StableStore (walStore writes the log into it), in raft-boltdb/v2's format
-// (boltStore).
-//
-//   - NoSync is false: every commit is fsynced, so raft.db is consistent
-//     after a power loss (the write-ahead log holds what it lacks).
-//   - FreelistMapType (etcd's choice) keeps page allocation O(1) as the file
-//     grows; the log is never compacted, so the file only grows.
-//   - NoFreelistSync stays false, unlike etcd: because nothing is ever
-//     deleted, the freelist holds only copy-on-write pages and is cheap to
-//     write, whereas skipping it makes every open scan the whole, ever-growing
-//     file to rebuild it.
-//   - Timeout makes a second process on the same data dir fail at once with
-//     a clear error instead of waiting forever on the file lock.
-//   - InitialMmapSize 1 GiB (address space, not memory; etcd reserves 10
-//     GiB): bbolt otherwise remaps the file, blocking readers, each time
-//     it doubles on its way there.
-func openLogStore(dataDir string) (*boltStore, error) {
-	path := RaftDBPath(dataDir)
-	store, err := openBoltStore(path, &bbolt.Options{
-		Timeout:         time.Second,
-		FreelistType:    bbolt.FreelistMapType,
-		InitialMmapSize: 1 << 30,
-	})
-	if errors.Is(err, bbolt.ErrTimeout) {
-		return nil, fmt.Errorf("open %s: another gpuplane agent is using this data dir", path)
+// openLogStore opens the data dir's Raft log and stable store, converting a
+// log of an earlier version (raft/raft.db) first.
+func openLogStore(dataDir string, logger hclog.Logger, segmentSize int) (*raftstore.Store, error) {
+	opts := raftstore.Options{Logger: logger, SegmentSize: segmentSize}
+	if err := raftstore.MigrateLegacy(filepath.Join(dataDir, raftDir), LogDir(dataDir), opts); err != nil {
+		return nil, err
 	}
+	store, err := raftstore.Open(LogDir(dataDir), opts)
+	if errors.Is(err, raftstore.ErrDamaged) {
+		return nil, fmt.Errorf("%w\n%s", err, damagedHint)
+	}
+	return store, err
+}
+
+// damagedHint tells an operator what to do about a damaged log.
+const damagedHint = "This server's log is damaged; it will not start on it, since it may lack entries it acknowledged. " +
+	"If the other servers are healthy, start it with --recover: it sets the damaged Raft data aside (raft.damaged-<time>) " +
+	"and rejoins, receiving the whole log from the leader. See the README, section 'A damaged log'."
+
+// setAsideRaftData moves a server's Raft data (log, snapshots, hash
+// records) to <data-dir>/raft.damaged-<time> for --recover, and returns the
+// stable store's keys (term and vote) read from the old log when its
+// wal-meta.db is readable: a server that forgot whom it voted for could
+// vote twice in one term.
+func setAsideRaftData(dataDir string, log *slog.Logger) (map[string][]byte, error) {
+	from := filepath.Join(dataDir, raftDir)
+	if _, err := os.Stat(from); errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	stable, err := raftstore.ReadStable(LogDir(dataDir))
 	if err != nil {
-		return nil, fmt.Errorf("open %s: %w", path, err)
+		log.Warn("recover: the term and vote of the old log are unreadable; starting without them", "error", err)
 	}
-	return store, nil
+	to := filepath.Join(dataDir, "raft.damaged-"+time.Now().UTC().Format("20060102T150405Z"))
+	if err := os.Rename(from, to); err != nil {
+		return nil, fmt.Errorf("recover: set the Raft data aside: %w", err)
+	}
+	if err := os.MkdirAll(from, 0o700); err != nil {
+		return nil, err
+	}
+	log.Warn("recover: Raft data set aside; this server rejoins with an empty log and receives the whole log from the leader",
+		"moved_to", to, "kept_term_and_vote", len(stable) > 0)
+	return stable, nil
 }

@@ -61,6 +61,10 @@ type Config struct {
 	// Out receives the few lines the agent prints for its user.
 	Out    io.Writer
 	Logger *slog.Logger
+
+	// Recover sets a server's damaged Raft data aside and rejoins with an
+	// empty log (cluster.Config.Recover).
+	Recover bool
 }
 
 // Agent is a running node.
@@ -187,6 +191,9 @@ func (a *Agent) resolveConfig() error {
 	if c.BootstrapExpect > 0 && !c.Server {
 		return errors.New("--bootstrap-expect is for servers: add --server")
 	}
+	if c.Recover && (!c.Server || c.Dev) {
+		return errors.New("--recover is for a server of a cluster whose other servers hold the log (not --dev, not a client): add --server, or drop --recover")
+	}
 	return nil
 }
 
@@ -237,6 +244,7 @@ func (a *Agent) startCluster() error {
 		Server:          a.cfg.Server,
 		Bootstrap:       a.cfg.Dev,
 		BootstrapExpect: a.cfg.BootstrapExpect,
+		Recover:         a.cfg.Recover,
 		Join:            a.cfg.Join,
 		GossipBind:      net.JoinHostPort(a.cfg.Bind, strconv.Itoa(a.cfg.GossipPort)),
 		GossipAdvertise: net.JoinHostPort(a.cfg.Advertise, strconv.Itoa(a.cfg.GossipPort)),

@@ -60,6 +60,7 @@ GPUPLANE_<FLAG>, e.g. GPUPLANE_DATA_DIR.`,
 	f.BoolVar(&cfg.Dev, "dev", false, "single-node server that bootstraps itself, with simulated cards when there is no NVIDIA driver")
 	f.BoolVar(&cfg.Server, "server", false, "vote in Raft")
 	f.IntVar(&cfg.BootstrapExpect, "bootstrap-expect", 0, "servers to wait for before forming the cluster")
+	f.BoolVar(&cfg.Recover, "recover", false, "set this server's damaged Raft log aside (raft.damaged-<time> in the data dir) and rejoin, receiving the log from the other servers")
 	f.StringVar(&join, "join", "", "gossip addresses to join, comma-separated")
 	f.StringVar(&cfg.DataDir, "data-dir", "", "Raft log, snapshots, node id and engine logs")
 	f.StringVar(&cfg.NodeName, "node-name", "", "node name (default: the host name)")

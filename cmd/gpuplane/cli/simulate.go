@@ -87,6 +87,7 @@ the result object (an array of them for all).`,
 			return g.printValue(results, write)
 		},
 	}
+	c.AddCommand(newSimulateServeCommand(g))
 	f := c.Flags()
 	f.StringVar(&nodesPath, "nodes", "", "nodes file: openb node list (.csv) or gpuplane YAML")
 	f.StringVar(&workloadPath, "workload", "", "arrivals: openb pod list (.csv) or gpuplane YAML")

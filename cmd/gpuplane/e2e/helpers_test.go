@@ -121,8 +121,30 @@ func newAgent(t *testing.T, dataDir string) *agentProc {
 	for i := range a.ports {
 		a.ports[i] = porttest.Free(t)
 	}
-	t.Cleanup(a.kill)
+	t.Cleanup(func() {
+		a.kill()
+		killLeftovers(dataDir)
+	})
 	return a
+}
+
+// killLeftovers kills every process started for dataDir's agent (engines and
+// their log writers carry the data dir in their environment or arguments): engines
+// outlive a killed agent by design, so that a restarted one adopts them, and
+// a test that ends with its agent killed must not leave them running.
+func killLeftovers(dataDir string) {
+	entries, _ := os.ReadDir("/proc")
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || pid == os.Getpid() {
+			continue
+		}
+		env, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "environ"))
+		args, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		if strings.Contains(string(env), dataDir) || strings.Contains(string(args), dataDir) {
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+		}
+	}
 }
 
 func (a *agentProc) url() string { return "http://127.0.0.1:" + strconv.Itoa(a.ports[0]) }

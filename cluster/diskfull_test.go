@@ -1,0 +1,159 @@
+package cluster
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/gpuplane/gpuplane/fsm"
+	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
+)
+
+// smallDisk mounts a tmpfs of size bytes on a fresh dir and unmounts it
+// when the test ends. It skips the test without root (or without mount).
+func smallDisk(t *testing.T, size int) string {
+	t.Helper()
+	if runtime.GOOS != "linux" || os.Geteuid() != 0 {
+		t.Skip("needs root on Linux to mount a small tmpfs")
+	}
+	dir := t.TempDir()
+	if out, err := exec.Command("mount", "-t", "tmpfs", "-o", fmt.Sprintf("size=%d", size), "tmpfs", dir).CombinedOutput(); err != nil {
+		t.Skipf("mount tmpfs: %v: %s", err, out)
+	}
+	t.Cleanup(func() {
+		if out, err := exec.Command("umount", dir).CombinedOutput(); err != nil {
+			t.Errorf("umount %s: %v: %s", dir, err, out)
+		}
+	})
+	return dir
+}
+
+// fill writes a file until the disk is full and returns its path.
+func fill(t *testing.T, dir string) string {
+	t.Helper()
+	path := filepath.Join(dir, "filler")
+	f, err := os.Create(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	chunk := make([]byte, 4096)
+	for {
+		if _, err := f.Write(chunk); err != nil {
+			if !errors.Is(err, syscall.ENOSPC) {
+				t.Fatal(err)
+			}
+			return path
+		}
+	}
+}
+
+// TestDiskFullRecovers runs a single dev node on a small disk, fills the
+// disk, and checks what its user sees: writes are refused with an error
+// that says the disk is full; once space is freed, writes are accepted again
+// by the same process, without a restart; a restart while the disk is full
+// needs no space (the node starts and serves reads); and every write it
+// acknowledged is in the log afterwards.
+func TestDiskFullRecovers(t *testing.T) {
+	disk := smallDisk(t, 2<<20)
+	dataDir := filepath.Join(disk, "data")
+	addr := freeAddr(t)
+	cfg := Config{NodeName: "n1", DataDir: dataDir, RaftBind: addr, Server: true, Bootstrap: true,
+		Logger: testLogger(), logSegmentSize: 64 << 10}
+	c, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { c.Shutdown() }()
+	waitLeader(t, c)
+
+	acked := map[string]bool{}
+	write := func(name string) error {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		res, err := c.Apply(ctx, registerNode(name))
+		if err == nil && res.Code == pb.Code_CODE_OK {
+			acked[name] = true
+		}
+		return err
+	}
+	// writeUntilRefused writes until a write fails, and returns its error.
+	n := 0
+	writeUntilRefused := func() error {
+		for range 20000 {
+			n++
+			if err := write(fmt.Sprintf("w%d", n)); err != nil {
+				return err
+			}
+		}
+		t.Fatal("20000 writes on a full disk all succeeded")
+		return nil
+	}
+
+	for i := range 50 {
+		if err := write(fmt.Sprintf("before%d", i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	filler := fill(t, disk)
+	err = writeUntilRefused()
+	if !strings.Contains(err.Error(), "write refused") || !strings.Contains(err.Error(), "disk is full") {
+		t.Fatalf("a write on a full disk failed with %q; want it to say the write was refused because the disk is full", err)
+	}
+	t.Logf("refused after %d writes: %v", n, err)
+
+	// Space comes back: the same process takes writes again.
+	if err := os.Remove(filler); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(time.Minute)
+	for {
+		n++
+		err := write(fmt.Sprintf("w%d", n))
+		if err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("a minute after space was freed, writes still fail: %v", err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+
+	// Full again, then a restart on the full disk.
+	filler = fill(t, disk)
+	writeUntilRefused()
+	if err := c.Shutdown(); err != nil {
+		t.Logf("shutdown on a full disk: %v", err)
+	}
+	if c, err = New(cfg); err != nil {
+		t.Fatalf("restart on a full disk: %v", err)
+	}
+	os.Remove(filler)
+	waitLeader(t, c)
+	n++
+	if err := write(fmt.Sprintf("w%d", n)); err != nil {
+		t.Fatalf("write after a restart on a full disk, space freed: %v", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	err = c.Read(ctx, false, func(f *fsm.FSM) error {
+		for name := range acked {
+			if _, ok := f.Node(name); !ok {
+				return fmt.Errorf("acknowledged write %s is missing", name)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("%d acknowledged writes all present", len(acked))
+}

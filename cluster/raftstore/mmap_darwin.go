@@ -1,0 +1,3 @@
+package raftstore
+
+const mapPopulate = 0

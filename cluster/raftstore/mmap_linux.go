@@ -1,0 +1,5 @@
+package raftstore
+
+import "syscall"
+
+const mapPopulate = syscall.MAP_POPULATE

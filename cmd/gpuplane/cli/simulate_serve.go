@@ -1,0 +1,147 @@
+package cli
+
+import (
+	"fmt"
+	"io"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/gpuplane/gpuplane/node/simserve"
+)
+
+// `gpuplane simulate serve`: the residency controller and the gateway's
+// queues in virtual time over request traces on a simulated card, beside
+// the baselines people use today (SPEC §8.6).
+
+const serveConfigHelp = `Config (YAML; unknown fields are errors; see examples/serve/home.yaml):
+
+  card:       {name, memoryGiB, headroomPercent (default 5)}
+  models:     list of
+    name, class (interactive|standard|background),
+    residency (pinned|warm|onDemand: gpuplane's; static pins what fits),
+    memoryGiB (resident: overhead+weights+KV pool), peakGiB (while loading,
+    default memoryGiB), residualGiB (asleep, default 5%), canSleep (true),
+    loadSeconds, wakeSeconds (default load/10), sleepSeconds, stopSeconds (1),
+    tokensPerSecond (one stream alone on the card), prefillTokensPerSecond
+    (0: prefill is free), batchSlowdown (α, 0.03), computePercent (100),
+    maxInFlight (16), kvTokens (KV pool in tokens, 0: unbounded),
+    keepAliveSeconds (ollama's keep_alive, 300),
+    sloTTFTSeconds, sloTPOTSeconds (targets; 0: none)
+  tenants:    list of {name, weight (1)}
+  traces:     list of {file (base-name pattern), path (read when no --trace
+              is given, relative to the config; skipped when absent), model,
+              tenants (drawn per request from the seed), timeScale (×times,
+              default 1), offsetSeconds, maxOutputTokens; for GenTD26:
+              models {checkpoint: model}, otherModel, tokensPerImageStep}
+  synthetic:  list of {model, tenants, ratePerSecond (Poisson, open loop) or
+              concurrency (closed loop: a batch job), promptTokens,
+              outputTokens (uniform ±50%), onSeconds/offSeconds (bursts)}
+  durationSeconds: when arrivals stop (default: the last trace arrival, or 1h)
+  ollama:     {maxLoaded (3), numParallel (1), maxQueue (512)}
+  llamaswap:  {concurrencyLimit (10)}
+
+Traces: the Azure LLM inference trace CSV (TIMESTAMP,ContextTokens,
+GeneratedTokens; a traces entry names its model), the GenTD26 request CSV
+(lora_request_trace_*.csv; prompt = prompt_length + negative_prompt_length,
+output = images × steps × tokensPerImageStep, groupId hashed onto the
+entry's tenants) and gpuplane's JSONL, one
+request a line: {"time": s, "model": m, "tenant": t, "prompt_tokens": n,
+"output_tokens": n} with times non-decreasing.
+
+Policies: gpuplane (node/residency + node/gateway/queue, the agent's code),
+ollama (≤3 loaded, keep_alive 5m, evicts the idle model with the shortest
+keep_alive, one load at a time, FIFO, queue 512 then 503), llamaswap (one
+model at a time, FIFO, 10 in flight per model then 429), static (the models
+that fit at once, pinned; the rest rejected).`
+
+func newSimulateServeCommand(g *globals) *cobra.Command {
+	var (
+		configPath, policy string
+		traces             []string
+		seed               uint64
+		timeScale          float64
+	)
+	c := &cobra.Command{
+		Use:   "serve --config FILE [--trace FILE]... [--policy P|all] [--seed N]",
+		Short: "Replay request traces on a simulated card under gpuplane and the baselines",
+		Long: `Replay request traces in virtual time on one simulated card, with the same
+residency controller and gateway queue code the agents run and the sim
+engine's model of loads, wakes, decode rate, continuous batching, KV growth
+and compute sharing. Hours of trace take seconds; the same config, traces
+and seed always give the same output.
+
+It prints, per policy: models hosted, requests, SLO attainment per class,
+TTFT p50/p95/p99 per model, TPOT p95, cold loads and wakes per hour,
+evictions, rejections, background tokens/s, the tenant fairness gap and
+ledger violations; --policy all prints them side by side, -o json the
+result objects.
+
+` + serveConfigHelp,
+		Example: `  gpuplane simulate serve --config examples/serve/home.yaml --policy all
+  gpuplane simulate serve --config home.yaml --trace AzureLLMInferenceTrace_conv.csv --trace extra.jsonl -o json`,
+		Args: argsNamed(),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if configPath == "" {
+				return usageErrorf(cmd, "required flag --config not set")
+			}
+			policies := simserve.Policies
+			if !strings.EqualFold(policy, policyAll) {
+				p, err := simserve.ParsePolicy(policy)
+				if err != nil {
+					return usageErrorf(cmd, "invalid --policy %q: want %s or %s", policy, strings.Join(simserve.Policies, ", "), policyAll)
+				}
+				policies = []string{p}
+			}
+			if timeScale < 0 {
+				return usageErrorf(cmd, "invalid --time-scale %g: must be > 0", timeScale)
+			}
+			cfg, err := simserve.LoadConfig(configPath)
+			if err != nil {
+				return fmt.Errorf("simulate serve: %w", err)
+			}
+			if timeScale > 0 {
+				for i := range cfg.Traces {
+					cfg.Traces[i].TimeScale = timeScale
+				}
+			}
+			if len(traces) == 0 {
+				found, missing := cfg.DefaultTraces()
+				for _, m := range missing {
+					fmt.Fprintf(g.stderr, "simulate serve: trace %s not found: skipped\n", m)
+				}
+				traces = found
+			}
+			w, err := simserve.NewWorkload(cfg, traces, seed)
+			if err != nil {
+				return fmt.Errorf("simulate serve: %w", err)
+			}
+			var results []simserve.Result
+			for _, p := range policies {
+				start := time.Now()
+				r, err := simserve.Run(cfg, w, p, seed)
+				if err != nil {
+					return fmt.Errorf("simulate serve: %w", err)
+				}
+				fmt.Fprintf(g.stderr, "simulate serve: %s: %d requests, %.0f s of trace in %.2f s\n", p, r.Requests, r.DurationSeconds, time.Since(start).Seconds())
+				results = append(results, r)
+			}
+			write := func(w io.Writer) error { return simserve.WriteTable(w, results) }
+			if len(results) == 1 {
+				return g.printValue(results[0], write)
+			}
+			return g.printValue(results, write)
+		},
+	}
+	f := c.Flags()
+	f.StringVar(&configPath, "config", "", "card, models, tenants and trace mapping (YAML)")
+	f.StringArrayVar(&traces, "trace", nil, "trace file: Azure LLM or GenTD26 CSV (.csv) or gpuplane JSONL (.jsonl); repeatable (default: the config's traces paths)")
+	f.StringVar(&policy, "policy", "gpuplane", "policy: "+strings.Join(simserve.Policies, ", ")+" or "+policyAll)
+	f.Uint64Var(&seed, "seed", 1, "seed for tenants and synthetic streams")
+	f.Float64Var(&timeScale, "time-scale", 0, "override every traces entry's timeScale (1 = the trace's own rate)")
+	_ = c.MarkFlagFilename("config", "yaml", "yml")
+	_ = c.MarkFlagFilename("trace", "csv", "jsonl")
+	_ = c.RegisterFlagCompletionFunc("policy", cobra.FixedCompletions(append(append([]string(nil), simserve.Policies...), policyAll), cobra.ShellCompDirectiveNoFileComp))
+	return c
+}

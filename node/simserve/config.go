@@ -1,0 +1,437 @@
+package simserve
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"sigs.k8s.io/yaml"
+
+	"github.com/gpuplane/gpuplane/node/gateway/queue"
+	"github.com/gpuplane/gpuplane/node/residency"
+)
+
+const gib = float64(1 << 30)
+
+// Config is the serving simulator's input besides the traces: one card, the
+// models on it with their engine figures, the tenants, how trace files map
+// onto models and tenants, synthetic streams, and the baselines' knobs.
+// EXAMPLE: examples/serve/home.yaml; the format is documented in `gpuplane
+// simulate serve --help` (configHelp).
+type Config struct {
+	Card      CardConfig        `json:"card"`
+	Models    []ModelConfig     `json:"models"`
+	Tenants   []TenantConfig    `json:"tenants"`
+	Traces    []TraceMapping    `json:"traces"`
+	Synthetic []SyntheticStream `json:"synthetic"`
+	// DurationSeconds ends arrivals; 0 means the last trace arrival, or one
+	// hour when there is no trace.
+	DurationSeconds float64         `json:"durationSeconds"`
+	Ollama          OllamaConfig    `json:"ollama"`
+	LlamaSwap       LlamaSwapConfig `json:"llamaswap"`
+
+	path string
+}
+
+// CardConfig is the simulated card.
+type CardConfig struct {
+	Name            string  `json:"name"`
+	MemoryGiB       float64 `json:"memoryGiB"`
+	HeadroomPercent float64 `json:"headroomPercent"`
+}
+
+// ModelConfig is one model: its class and residency for gpuplane, its
+// memory and timing figures (the sim engine's parameters, SPEC §8.5), its
+// batching limits and its targets.
+type ModelConfig struct {
+	Name      string `json:"name"`
+	Class     string `json:"class"`
+	Residency string `json:"residency"`
+	// MemoryGiB is the resident footprint (overhead + weights + KV pool);
+	// PeakGiB what a load holds (default MemoryGiB); ResidualGiB what it
+	// holds asleep (default 5% of MemoryGiB).
+	MemoryGiB   float64 `json:"memoryGiB"`
+	PeakGiB     float64 `json:"peakGiB"`
+	ResidualGiB float64 `json:"residualGiB"`
+	CanSleep    *bool   `json:"canSleep"`
+	// LoadSeconds, WakeSeconds are at the card's full copy bandwidth;
+	// concurrent copies split it. SleepSeconds and StopSeconds default 1.
+	LoadSeconds  float64 `json:"loadSeconds"`
+	WakeSeconds  float64 `json:"wakeSeconds"`
+	SleepSeconds float64 `json:"sleepSeconds"`
+	StopSeconds  float64 `json:"stopSeconds"`
+	// TokensPerSecond is one stream's decode rate alone on the card;
+	// PrefillTokensPerSecond the prompt rate (0: prefill is free, as in
+	// the sim engine); BatchSlowdown is α in r/(1+α(C−1)) (default 0.03);
+	// ComputePercent weighs busy engines' split of the card (default 100).
+	TokensPerSecond        float64  `json:"tokensPerSecond"`
+	PrefillTokensPerSecond float64  `json:"prefillTokensPerSecond"`
+	BatchSlowdown          *float64 `json:"batchSlowdown"`
+	ComputePercent         float64  `json:"computePercent"`
+	// MaxInFlight is the engine's batch (max_num_seqs, default 16);
+	// KVTokens the KV pool in tokens (0: unbounded).
+	MaxInFlight int `json:"maxInFlight"`
+	KVTokens    int `json:"kvTokens"`
+	// KeepAliveSeconds is Ollama's keep_alive for this model (default 300).
+	KeepAliveSeconds float64 `json:"keepAliveSeconds"`
+	// SLOTTFTSeconds and SLOTPOTSeconds are the targets; 0 means none.
+	SLOTTFTSeconds float64 `json:"sloTTFTSeconds"`
+	SLOTPOTSeconds float64 `json:"sloTPOTSeconds"`
+
+	class     queue.Class
+	residency residency.Residency
+}
+
+// TenantConfig is a tenant and its fair-share weight (default 1).
+type TenantConfig struct {
+	Name   string  `json:"name"`
+	Weight float64 `json:"weight"`
+}
+
+// TraceMapping says how a trace file given with --trace maps onto the card.
+type TraceMapping struct {
+	// File matches a trace's base name (a filepath.Match pattern).
+	File string `json:"file"`
+	// Path, relative to the config file, is read when no --trace is given
+	// (skipped when absent).
+	Path string `json:"path"`
+	// Model receives the file's requests (required for Azure CSV; for JSONL
+	// it replaces the file's model when set).
+	Model string `json:"model"`
+	// Tenants are drawn uniformly from the seed for each request that has
+	// none (default: the first tenant).
+	Tenants []string `json:"tenants"`
+	// TimeScale multiplies the trace's times (0.5 = twice the rate;
+	// default 1). OffsetSeconds shifts them.
+	TimeScale     float64 `json:"timeScale"`
+	OffsetSeconds float64 `json:"offsetSeconds"`
+	// MaxOutputTokens caps the output of each request (0: no cap).
+	MaxOutputTokens int `json:"maxOutputTokens"`
+	// For GenTD26 request traces: Models maps a checkpoint_model_version_id
+	// to a model; rows of other checkpoints go to OtherModel, or are
+	// skipped when it is empty. A request's prompt is prompt_length +
+	// negative_prompt_length tokens and its output num_images_per_prompt ×
+	// num_inference_steps × TokensPerImageStep (default 1) tokens; its
+	// groupId is hashed onto Tenants.
+	Models             map[string]string `json:"models"`
+	OtherModel         string            `json:"otherModel"`
+	TokensPerImageStep float64           `json:"tokensPerImageStep"`
+}
+
+// SyntheticStream generates requests for a model from the seed: Poisson
+// arrivals at RatePerSecond (open loop), or Concurrency requests always
+// outstanding (closed loop, a batch job); token lengths uniform in ±50% of
+// the means.
+type SyntheticStream struct {
+	Model         string   `json:"model"`
+	Tenants       []string `json:"tenants"`
+	RatePerSecond float64  `json:"ratePerSecond"`
+	Concurrency   int      `json:"concurrency"`
+	PromptTokens  int      `json:"promptTokens"`
+	OutputTokens  int      `json:"outputTokens"`
+	// OnSeconds/OffSeconds make the open-loop stream bursty: it sends only
+	// during OnSeconds of every OnSeconds+OffSeconds.
+	OnSeconds  float64 `json:"onSeconds"`
+	OffSeconds float64 `json:"offSeconds"`
+}
+
+// OllamaConfig sets the ollama baseline (defaults from ollama's
+// envconfig: OLLAMA_MAX_LOADED_MODELS 3 per GPU, OLLAMA_NUM_PARALLEL 1,
+// OLLAMA_MAX_QUEUE 512).
+type OllamaConfig struct {
+	MaxLoaded   int `json:"maxLoaded"`
+	NumParallel int `json:"numParallel"`
+	MaxQueue    int `json:"maxQueue"`
+}
+
+// LlamaSwapConfig sets the llama-swap baseline (concurrencyLimit default 10).
+type LlamaSwapConfig struct {
+	ConcurrencyLimit int `json:"concurrencyLimit"`
+}
+
+// LoadConfig reads and checks a config file.
+func LoadConfig(path string) (*Config, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	return ParseConfig(path, b)
+}
+
+// ParseConfig checks a config; path names it in errors.
+func ParseConfig(path string, b []byte) (*Config, error) {
+	var c Config
+	if err := yaml.UnmarshalStrict(b, &c); err != nil {
+		return nil, fmt.Errorf("config %s: %w", path, err)
+	}
+	c.path = path
+	if err := c.validate(); err != nil {
+		return nil, fmt.Errorf("config %s: %w", path, err)
+	}
+	return &c, nil
+}
+
+func (c *Config) validate() error {
+	if c.Card.Name == "" {
+		c.Card.Name = "gpu0"
+	}
+	if c.Card.MemoryGiB <= 0 {
+		return fmt.Errorf("card.memoryGiB: must be > 0, got %g", c.Card.MemoryGiB)
+	}
+	if c.Card.HeadroomPercent == 0 {
+		c.Card.HeadroomPercent = 5
+	}
+	if c.Card.HeadroomPercent < 0 || c.Card.HeadroomPercent >= 100 {
+		return fmt.Errorf("card.headroomPercent: must be in [0, 100), got %g", c.Card.HeadroomPercent)
+	}
+	if len(c.Models) == 0 {
+		return fmt.Errorf("models: at least one model is required")
+	}
+	if c.DurationSeconds < 0 {
+		return fmt.Errorf("durationSeconds: must be ≥ 0, got %g", c.DurationSeconds)
+	}
+	seen := map[string]bool{}
+	var pinned float64
+	for i := range c.Models {
+		m := &c.Models[i]
+		f := fmt.Sprintf("models[%d]", i)
+		if m.Name == "" {
+			return fmt.Errorf("%s.name: must not be empty", f)
+		}
+		f = fmt.Sprintf("models[%d] (%s)", i, m.Name)
+		if seen[m.Name] {
+			return fmt.Errorf("%s.name: duplicate model", f)
+		}
+		seen[m.Name] = true
+		switch strings.ToLower(m.Class) {
+		case "", "interactive":
+			m.class = queue.Interactive
+		case "standard":
+			m.class = queue.Standard
+		case "background":
+			m.class = queue.Background
+		default:
+			return fmt.Errorf("%s.class: want interactive, standard or background, got %q", f, m.Class)
+		}
+		switch strings.ToLower(m.Residency) {
+		case "", "ondemand":
+			m.residency = residency.OnDemand
+		case "warm":
+			m.residency = residency.Warm
+		case "pinned":
+			m.residency = residency.Pinned
+		default:
+			return fmt.Errorf("%s.residency: want pinned, warm or onDemand, got %q", f, m.Residency)
+		}
+		if m.MemoryGiB <= 0 {
+			return fmt.Errorf("%s.memoryGiB: must be > 0, got %g", f, m.MemoryGiB)
+		}
+		if m.PeakGiB == 0 {
+			m.PeakGiB = m.MemoryGiB
+		}
+		if m.PeakGiB < m.MemoryGiB {
+			return fmt.Errorf("%s.peakGiB: must be ≥ memoryGiB (%g), got %g", f, m.MemoryGiB, m.PeakGiB)
+		}
+		if m.ResidualGiB == 0 {
+			m.ResidualGiB = m.MemoryGiB * 0.05
+		}
+		if m.ResidualGiB < 0 || m.ResidualGiB > m.MemoryGiB {
+			return fmt.Errorf("%s.residualGiB: must be in [0, memoryGiB], got %g", f, m.ResidualGiB)
+		}
+		if m.CanSleep == nil {
+			t := true
+			m.CanSleep = &t
+		}
+		for name, v := range map[string]float64{"loadSeconds": m.LoadSeconds, "wakeSeconds": m.WakeSeconds,
+			"sleepSeconds": m.SleepSeconds, "stopSeconds": m.StopSeconds, "prefillTokensPerSecond": m.PrefillTokensPerSecond,
+			"keepAliveSeconds": m.KeepAliveSeconds, "sloTTFTSeconds": m.SLOTTFTSeconds, "sloTPOTSeconds": m.SLOTPOTSeconds,
+			"computePercent": m.ComputePercent} {
+			if v < 0 {
+				return fmt.Errorf("%s.%s: must be ≥ 0, got %g", f, name, v)
+			}
+		}
+		if m.TokensPerSecond <= 0 {
+			return fmt.Errorf("%s.tokensPerSecond: must be > 0, got %g", f, m.TokensPerSecond)
+		}
+		if m.LoadSeconds == 0 {
+			return fmt.Errorf("%s.loadSeconds: must be > 0", f)
+		}
+		if m.WakeSeconds == 0 {
+			m.WakeSeconds = m.LoadSeconds / 10
+		}
+		if m.SleepSeconds == 0 {
+			m.SleepSeconds = 1
+		}
+		if m.StopSeconds == 0 {
+			m.StopSeconds = 1
+		}
+		if m.BatchSlowdown == nil {
+			a := 0.03
+			m.BatchSlowdown = &a
+		}
+		if *m.BatchSlowdown < 0 {
+			return fmt.Errorf("%s.batchSlowdown: must be ≥ 0, got %g", f, *m.BatchSlowdown)
+		}
+		if m.ComputePercent == 0 {
+			m.ComputePercent = 100
+		}
+		if m.MaxInFlight == 0 {
+			m.MaxInFlight = 16
+		}
+		if m.MaxInFlight < 0 || m.KVTokens < 0 {
+			return fmt.Errorf("%s: maxInFlight and kvTokens must be ≥ 0", f)
+		}
+		if m.KeepAliveSeconds == 0 {
+			m.KeepAliveSeconds = 300
+		}
+		if m.residency == residency.Pinned {
+			pinned += m.MemoryGiB
+		}
+		if m.PeakGiB > c.usableGiB() {
+			return fmt.Errorf("%s.peakGiB: %g GiB does not fit the card's usable %.2f GiB", f, m.PeakGiB, c.usableGiB())
+		}
+	}
+	if pinned > c.usableGiB() {
+		return fmt.Errorf("models: the pinned models need %.2f GiB, more than the card's usable %.2f GiB (memoryGiB %g less %g%% headroom)",
+			pinned, c.usableGiB(), c.Card.MemoryGiB, c.Card.HeadroomPercent)
+	}
+	tenants := map[string]bool{}
+	for i := range c.Tenants {
+		t := &c.Tenants[i]
+		if t.Name == "" {
+			return fmt.Errorf("tenants[%d].name: must not be empty", i)
+		}
+		if tenants[t.Name] {
+			return fmt.Errorf("tenants[%d].name: duplicate tenant %q", i, t.Name)
+		}
+		tenants[t.Name] = true
+		if t.Weight == 0 {
+			t.Weight = 1
+		}
+		if t.Weight < 0 {
+			return fmt.Errorf("tenants[%d] (%s).weight: must be > 0, got %g", i, t.Name, t.Weight)
+		}
+	}
+	if len(c.Tenants) == 0 {
+		c.Tenants = []TenantConfig{{Name: "default", Weight: 1}}
+		tenants["default"] = true
+	}
+	checkTenants := func(f string, ts []string) error {
+		for j, t := range ts {
+			if !tenants[t] {
+				return fmt.Errorf("%s.tenants[%d]: tenant %q is not in tenants", f, j, t)
+			}
+		}
+		return nil
+	}
+	for i := range c.Traces {
+		t := &c.Traces[i]
+		f := fmt.Sprintf("traces[%d]", i)
+		if t.File == "" {
+			return fmt.Errorf("%s.file: must not be empty", f)
+		}
+		if _, err := filepath.Match(t.File, ""); err != nil {
+			return fmt.Errorf("%s.file: bad pattern %q: %w", f, t.File, err)
+		}
+		if t.Model != "" && !seen[t.Model] {
+			return fmt.Errorf("%s.model: model %q is not in models", f, t.Model)
+		}
+		if t.TimeScale == 0 {
+			t.TimeScale = 1
+		}
+		if t.TokensPerImageStep == 0 {
+			t.TokensPerImageStep = 1
+		}
+		if t.TokensPerImageStep < 0 {
+			return fmt.Errorf("%s.tokensPerImageStep: must be > 0, got %g", f, t.TokensPerImageStep)
+		}
+		if t.OtherModel != "" && !seen[t.OtherModel] {
+			return fmt.Errorf("%s.otherModel: model %q is not in models", f, t.OtherModel)
+		}
+		for ck, m := range t.Models {
+			if !seen[m] {
+				return fmt.Errorf("%s.models[%s]: model %q is not in models", f, ck, m)
+			}
+		}
+		if t.TimeScale < 0 || t.OffsetSeconds < 0 || t.MaxOutputTokens < 0 {
+			return fmt.Errorf("%s: timeScale, offsetSeconds and maxOutputTokens must be ≥ 0", f)
+		}
+		if err := checkTenants(f, t.Tenants); err != nil {
+			return err
+		}
+	}
+	for i := range c.Synthetic {
+		s := &c.Synthetic[i]
+		f := fmt.Sprintf("synthetic[%d]", i)
+		if !seen[s.Model] {
+			return fmt.Errorf("%s.model: model %q is not in models", f, s.Model)
+		}
+		if (s.RatePerSecond > 0) == (s.Concurrency > 0) {
+			return fmt.Errorf("%s: set exactly one of ratePerSecond (open loop) and concurrency (closed loop)", f)
+		}
+		if s.RatePerSecond < 0 || s.Concurrency < 0 || s.PromptTokens < 0 || s.OutputTokens < 0 || s.OnSeconds < 0 || s.OffSeconds < 0 {
+			return fmt.Errorf("%s: rates, token counts and on/off seconds must be ≥ 0", f)
+		}
+		if (s.OnSeconds > 0) != (s.OffSeconds > 0) {
+			return fmt.Errorf("%s: onSeconds and offSeconds go together", f)
+		}
+		if err := checkTenants(f, s.Tenants); err != nil {
+			return err
+		}
+	}
+	if c.Ollama.MaxLoaded == 0 {
+		c.Ollama.MaxLoaded = 3
+	}
+	if c.Ollama.NumParallel == 0 {
+		c.Ollama.NumParallel = 1
+	}
+	if c.Ollama.MaxQueue == 0 {
+		c.Ollama.MaxQueue = 512
+	}
+	if c.LlamaSwap.ConcurrencyLimit == 0 {
+		c.LlamaSwap.ConcurrencyLimit = 10
+	}
+	if c.Ollama.MaxLoaded < 0 || c.Ollama.NumParallel < 0 || c.Ollama.MaxQueue < 0 || c.LlamaSwap.ConcurrencyLimit < 0 {
+		return fmt.Errorf("ollama and llamaswap settings must be ≥ 0")
+	}
+	return nil
+}
+
+// DefaultTraces returns the traces entries' paths (relative to the config
+// file) that exist, and those that do not.
+func (c *Config) DefaultTraces() (found, missing []string) {
+	for _, t := range c.Traces {
+		if t.Path == "" {
+			continue
+		}
+		p := t.Path
+		if !filepath.IsAbs(p) {
+			p = filepath.Join(filepath.Dir(c.path), p)
+		}
+		if _, err := os.Stat(p); err == nil {
+			found = append(found, p)
+		} else {
+			missing = append(missing, p)
+		}
+	}
+	return found, missing
+}
+
+func (c *Config) usableGiB() float64 { return c.Card.MemoryGiB * (1 - c.Card.HeadroomPercent/100) }
+
+func (c *Config) usableBytes() int64 { return int64(c.usableGiB() * gib) }
+
+func (c *Config) model(name string) int {
+	for i := range c.Models {
+		if c.Models[i].Name == name {
+			return i
+		}
+	}
+	return -1
+}
+
+func bytesOf(g float64) int64 { return int64(g * gib) }
+
+func secs(s float64) time.Duration { return time.Duration(s * float64(time.Second)) }

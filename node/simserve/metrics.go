@@ -1,0 +1,328 @@
+package simserve
+
+import (
+	"fmt"
+	"io"
+	"math"
+	"slices"
+	"strings"
+	"text/tabwriter"
+)
+
+// Result is one policy's run: what a user compares between policies.
+type Result struct {
+	Policy          string  `json:"policy"`
+	Card            string  `json:"card"`
+	DurationSeconds float64 `json:"durationSeconds"`
+	// ModelsHosted counts the models that completed at least one request.
+	ModelsHosted int `json:"modelsHosted"`
+	Requests     int `json:"requests"`
+	Completed    int `json:"completed"`
+	// Rejected were turned away (429, 503, or no engine for the model);
+	// Failed were cut off, preempted or never finished.
+	Rejected int `json:"rejected"`
+	Failed   int `json:"failed"`
+	// SLOAttainment per class: the share of its requests that completed
+	// within their model's TTFT (and TPOT) targets; a rejected or failed
+	// request misses.
+	SLOAttainment map[string]float64 `json:"sloAttainment"`
+	// InteractiveTTFTP95 is over every completed interactive request, in
+	// seconds.
+	InteractiveTTFTP95 float64      `json:"interactiveTTFTP95"`
+	TPOTP95            float64      `json:"tpotP95"`
+	Models             []ModelStats `json:"models"`
+	ColdLoads          int          `json:"coldLoads"`
+	Wakes              int          `json:"wakes"`
+	ColdLoadsPerHour   float64      `json:"coldLoadsPerHour"`
+	WakesPerHour       float64      `json:"wakesPerHour"`
+	// Evictions: engines stopped or put to sleep to make room for another.
+	Evictions                 int     `json:"evictions"`
+	BackgroundTokensPerSecond float64 `json:"backgroundTokensPerSecond"`
+	// FairnessGapPercent: the largest gap in weight-normalised service
+	// (prompt and generated tokens) between two equal-weight tenants of one
+	// model, counted while both had requests waiting, as a share of the
+	// larger (see metrics.fairnessGap).
+	FairnessGapPercent float64 `json:"fairnessGapPercent"`
+	// LedgerViolations: the residency controller's reported violations
+	// (gpuplane) plus the simulator's own count of times the engines held
+	// more than the card's usable memory (every policy).
+	LedgerViolations int `json:"ledgerViolations"`
+}
+
+// ModelStats is one model's latency and outcome.
+type ModelStats struct {
+	Model     string  `json:"model"`
+	Class     string  `json:"class"`
+	Requests  int     `json:"requests"`
+	Completed int     `json:"completed"`
+	Rejected  int     `json:"rejected"`
+	Failed    int     `json:"failed"`
+	SLO       float64 `json:"sloAttainment"`
+	TTFTP50   float64 `json:"ttftP50"`
+	TTFTP95   float64 `json:"ttftP95"`
+	TTFTP99   float64 `json:"ttftP99"`
+	TPOTP95   float64 `json:"tpotP95"`
+}
+
+type modelMet struct {
+	requests, completed, rejected, failed, met int
+	ttft, tpot                                 []float64
+	outTokens                                  int64
+}
+
+type metrics struct {
+	cfg              *Config
+	models           []modelMet
+	coldLoads, wakes int
+	evictions        int
+	ctrlViolations   int
+	memoryViolations int
+	rejectedByStatus map[int]int
+	tenantIdx        map[string]int
+	weights          []float64
+	backlogged       [][]int       // [model][tenant] requests waiting
+	pair             [][][]float64 // [model][a][b]: a's service while a and b were backlogged
+	largest          []int         // [model] largest request (prompt+output)
+	duration         float64
+	bgTokens         int64
+}
+
+func newMetrics(cfg *Config) *metrics {
+	m := &metrics{cfg: cfg, models: make([]modelMet, len(cfg.Models)), rejectedByStatus: map[int]int{}, tenantIdx: map[string]int{}}
+	for i, t := range cfg.Tenants {
+		m.tenantIdx[t.Name] = i
+		m.weights = append(m.weights, t.Weight)
+	}
+	for range cfg.Models {
+		m.backlogged = append(m.backlogged, make([]int, len(cfg.Tenants)))
+		p := make([][]float64, len(cfg.Tenants))
+		for i := range p {
+			p[i] = make([]float64, len(cfg.Tenants))
+		}
+		m.pair = append(m.pair, p)
+	}
+	m.largest = make([]int, len(cfg.Models))
+	return m
+}
+
+func (m *metrics) arrive(r *request) {
+	m.models[r.a.Model].requests++
+	m.largest[r.a.Model] = max(m.largest[r.a.Model], r.a.PromptTokens+r.a.OutputTokens)
+}
+
+func (m *metrics) backlog(r *request, waiting bool) {
+	d := 1
+	if !waiting {
+		d = -1
+	}
+	m.backlogged[r.a.Model][m.tenantIdx[r.a.Tenant]] += d
+}
+
+// serve counts tokens of service to r's tenant towards every pair of
+// equal-weight tenants of the same model that are both backlogged (requests
+// waiting) now: VTC's bound is on exactly that, the service difference
+// while both are backlogged. The simulator charges service before any
+// backlog changes, so each token is counted under the backlog it was
+// served in.
+func (m *metrics) serve(r *request, tokens float64) {
+	mi, a := r.a.Model, m.tenantIdx[r.a.Tenant]
+	bl := m.backlogged[mi]
+	if bl[a] == 0 {
+		return
+	}
+	for b := range bl {
+		if b != a && bl[b] > 0 && m.weights[a] == m.weights[b] {
+			m.pair[mi][a][b] += tokens / m.weights[a]
+		}
+	}
+}
+
+func (m *metrics) end(r *request, o outcome, status int, now float64) {
+	mm := &m.models[r.a.Model]
+	cfg := &m.cfg.Models[r.a.Model]
+	switch o {
+	case outcomeRejected:
+		mm.rejected++
+		m.rejectedByStatus[status]++
+	case outcomeFailed:
+		mm.failed++
+	case outcomeDone:
+		mm.completed++
+		ttft := r.firstAt - r.a.Time
+		mm.ttft = append(mm.ttft, ttft)
+		ok := cfg.SLOTTFTSeconds == 0 || ttft <= cfg.SLOTTFTSeconds
+		if r.a.OutputTokens > 1 {
+			tpot := (now - r.firstAt) / float64(r.a.OutputTokens-1)
+			mm.tpot = append(mm.tpot, tpot)
+			ok = ok && (cfg.SLOTPOTSeconds == 0 || tpot <= cfg.SLOTPOTSeconds)
+		}
+		if ok {
+			mm.met++
+		}
+		mm.outTokens += int64(r.a.OutputTokens)
+	}
+}
+
+// sample runs every tick: it brings the running requests' service up to
+// date.
+func (m *metrics) sample(s *sim) {
+	for _, e := range s.engines {
+		for _, r := range e.running {
+			s.charge(r)
+		}
+	}
+}
+
+// fairnessGap is the largest gap, over pairs of equal-weight tenants of one
+// model, between their normalized service while both were backlogged, as a
+// share of the larger. Pairs are counted once they were served at least 20
+// times the model's largest request together: below that, one request is
+// a large share of the total and VTC itself only promises 2 requests' worth.
+func (m *metrics) fairnessGap() float64 {
+	gap := 0.0
+	for mi := range m.pair {
+		for a := range m.pair[mi] {
+			for b := a + 1; b < len(m.pair[mi]); b++ {
+				sa, sb := m.pair[mi][a][b], m.pair[mi][b][a]
+				hi := max(sa, sb)
+				if sa+sb < 20*float64(m.largest[mi]) || hi == 0 {
+					continue
+				}
+				gap = max(gap, (hi-min(sa, sb))/hi)
+			}
+		}
+	}
+	return gap
+}
+
+func (m *metrics) finish(s *sim) {
+	m.duration = s.end
+	// What never ended by the hard end failed.
+	for _, e := range s.engines {
+		for _, r := range append(append([]*request(nil), e.running...), e.waiting...) {
+			r.ended = true
+			m.models[r.a.Model].failed++
+		}
+	}
+}
+
+func percentile(xs []float64, p float64) float64 {
+	if len(xs) == 0 {
+		return 0
+	}
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	i := int(math.Ceil(p/100*float64(len(s)))) - 1
+	return s[max(0, min(i, len(s)-1))]
+}
+
+func round(x float64, places int) float64 {
+	p := math.Pow(10, float64(places))
+	return math.Round(x*p) / p
+}
+
+func (m *metrics) result(policy string) Result {
+	r := Result{Policy: policy, Card: m.cfg.Card.Name, DurationSeconds: m.duration, SLOAttainment: map[string]float64{}}
+	hours := m.duration / 3600
+	classReq, classMet := map[string]int{}, map[string]int{}
+	var inter, tpot []float64
+	for i, mm := range m.models {
+		cfg := &m.cfg.Models[i]
+		class := cfg.class.String()
+		failed := mm.failed
+		if mm.completed > 0 {
+			r.ModelsHosted++
+		}
+		r.Requests += mm.requests
+		r.Completed += mm.completed
+		r.Rejected += mm.rejected
+		// Requests neither completed, rejected nor failed were lost in the
+		// drain: count them failed.
+		lost := mm.requests - mm.completed - mm.rejected - failed
+		failed += lost
+		r.Failed += failed
+		classReq[class] += mm.requests
+		classMet[class] += mm.met
+		if cfg.class.String() == "interactive" {
+			inter = append(inter, mm.ttft...)
+		}
+		tpot = append(tpot, mm.tpot...)
+		slo := 0.0
+		if mm.requests > 0 {
+			slo = round(100*float64(mm.met)/float64(mm.requests), 2)
+		}
+		r.Models = append(r.Models, ModelStats{Model: cfg.Name, Class: class, Requests: mm.requests, Completed: mm.completed,
+			Rejected: mm.rejected, Failed: failed, SLO: slo,
+			TTFTP50: round(percentile(mm.ttft, 50), 3), TTFTP95: round(percentile(mm.ttft, 95), 3), TTFTP99: round(percentile(mm.ttft, 99), 3),
+			TPOTP95: round(percentile(mm.tpot, 95), 4)})
+		if cfg.class.String() == "background" {
+			m.bgTokens += mm.outTokens
+		}
+	}
+	for c, n := range classReq {
+		if n > 0 {
+			r.SLOAttainment[c] = round(100*float64(classMet[c])/float64(n), 2)
+		}
+	}
+	r.InteractiveTTFTP95 = round(percentile(inter, 95), 3)
+	r.TPOTP95 = round(percentile(tpot, 95), 4)
+	r.ColdLoads, r.Wakes, r.Evictions = m.coldLoads, m.wakes, m.evictions
+	if hours > 0 {
+		r.ColdLoadsPerHour = round(float64(m.coldLoads)/hours, 1)
+		r.WakesPerHour = round(float64(m.wakes)/hours, 1)
+	}
+	if m.duration > 0 {
+		r.BackgroundTokensPerSecond = round(float64(m.bgTokens)/m.duration, 1)
+	}
+	r.FairnessGapPercent = round(100*m.fairnessGap(), 2)
+	r.LedgerViolations = m.ctrlViolations + m.memoryViolations
+	return r
+}
+
+// WriteTable prints results side by side: one column per policy.
+func WriteTable(w io.Writer, rs []Result) error {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	row := func(name string, f func(Result) string) {
+		cells := []string{name}
+		for _, r := range rs {
+			cells = append(cells, f(r))
+		}
+		fmt.Fprintln(tw, strings.Join(cells, "\t")+"\t")
+	}
+	num := func(v float64) string { return fmt.Sprintf("%g", v) }
+	row("policy", func(r Result) string { return r.Policy })
+	row("models hosted", func(r Result) string { return fmt.Sprint(r.ModelsHosted) })
+	row("requests", func(r Result) string { return fmt.Sprint(r.Requests) })
+	row("completed", func(r Result) string { return fmt.Sprint(r.Completed) })
+	row("rejected", func(r Result) string { return fmt.Sprint(r.Rejected) })
+	row("failed", func(r Result) string { return fmt.Sprint(r.Failed) })
+	for _, c := range []string{"interactive", "standard", "background"} {
+		if _, ok := rs[0].SLOAttainment[c]; !ok {
+			continue
+		}
+		row("SLO % "+c, func(r Result) string { return num(r.SLOAttainment[c]) })
+	}
+	row("interactive TTFT p95 s", func(r Result) string { return num(r.InteractiveTTFTP95) })
+	row("TPOT p95 s", func(r Result) string { return num(r.TPOTP95) })
+	for i := range rs[0].Models {
+		name := rs[0].Models[i].Model
+		row(name+" TTFT p50/p95/p99 s", func(r Result) string {
+			m := r.Models[i]
+			if m.Completed == 0 {
+				return "-"
+			}
+			return fmt.Sprintf("%g/%g/%g", m.TTFTP50, m.TTFTP95, m.TTFTP99)
+		})
+		row(name+" done/rej/fail", func(r Result) string {
+			m := r.Models[i]
+			return fmt.Sprintf("%d/%d/%d", m.Completed, m.Rejected, m.Failed)
+		})
+	}
+	row("cold loads /h", func(r Result) string { return num(r.ColdLoadsPerHour) })
+	row("wakes /h", func(r Result) string { return num(r.WakesPerHour) })
+	row("evictions", func(r Result) string { return fmt.Sprint(r.Evictions) })
+	row("background tok/s", func(r Result) string { return num(r.BackgroundTokensPerSecond) })
+	row("fairness gap %", func(r Result) string { return num(r.FairnessGapPercent) })
+	row("ledger violations", func(r Result) string { return fmt.Sprint(r.LedgerViolations) })
+	return tw.Flush()
+}
