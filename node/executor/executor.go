@@ -71,6 +71,9 @@ type Options struct {
 	// inventory.EnvSimUsageDir so that sim engines register their memory
 	// where the simulated NVML reads it.
 	SimUsageDir string
+	// PortFirst..PortLast is the range engines' ports come from (default
+	// DefaultPortFirst..DefaultPortLast).
+	PortFirst, PortLast int
 	// GracePeriod between SIGTERM and SIGKILL (default 10s).
 	GracePeriod time.Duration
 	// HealthInterval between health checks (default 1s). How long one
@@ -119,6 +122,12 @@ func (o *Options) defaults() error {
 		o.Self = self
 	}
 	setDefault(&o.GracePeriod, 10*time.Second)
+	if o.PortFirst == 0 && o.PortLast == 0 {
+		o.PortFirst, o.PortLast = DefaultPortFirst, DefaultPortLast
+	}
+	if o.PortFirst < 1 || o.PortLast > 65535 || o.PortFirst > o.PortLast {
+		return fmt.Errorf("executor: engine ports %d-%d: want 1 <= first <= last <= 65535", o.PortFirst, o.PortLast)
+	}
 	setDefault(&o.HealthInterval, time.Second)
 	setDefault(&o.RestartDelay, time.Second)
 	setDefault(&o.MaxRestartDelay, 5*time.Minute)
@@ -174,6 +183,8 @@ type Executor struct {
 	retiring map[key]chan struct{}
 	// engines is what the watchdog checks: the live process of each replica.
 	engines map[key]watchdog.Engine
+	// ports hands out the engines' ports.
+	ports *portRange
 }
 
 // New returns an executor; Run starts it.
@@ -193,6 +204,7 @@ func New(src Source, rep Reporter, opts Options) (*Executor, error) {
 		sups:     map[key]*supervisor{},
 		retiring: map[key]chan struct{}{},
 		engines:  map[key]watchdog.Engine{},
+		ports:    newPortRange(opts.PortFirst, opts.PortLast),
 	}
 	for _, c := range opts.Cards {
 		e.cards[c.GetIndex()] = c

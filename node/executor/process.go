@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -326,16 +325,6 @@ func killGroupIfLeaderGone(pid int) {
 	if _, err := procfs.ReadStat(pid); errors.Is(err, fs.ErrNotExist) {
 		_ = syscall.Kill(-pid, syscall.SIGKILL)
 	}
-}
-
-// freePort asks the kernel for a free TCP port on host.
-func freePort(host string) (int, error) {
-	ln, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
-	if err != nil {
-		return 0, fmt.Errorf("find a free port: %w", err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port, nil
 }
 
 func itoa(n int) string { return strconv.Itoa(n) }

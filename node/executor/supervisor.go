@@ -134,6 +134,7 @@ func fingerprint(d Desired) string {
 func (s *supervisor) run() {
 	defer close(s.done)
 	defer s.e.retired(s.k, s.done)
+	defer s.e.ports.release(s.k)
 	if s.prev != nil {
 		select {
 		case <-s.prev:
@@ -151,6 +152,7 @@ func (s *supervisor) run() {
 		s.restarts = max(s.restarts, r.Restarts)
 		if p, ok := adoptProcess(r); s.left.alive && ok {
 			s.proc, s.port, s.cmdline = p, r.Port, r.Command
+			s.e.ports.hold(s.k, r.Port)
 			s.health = s.healthPath(d)
 			s.phase, s.startedAt, s.timeout = starting, time.Now(), engine.StartTimeout(d.Spec.GetEngine())
 			s.publish()
@@ -268,7 +270,7 @@ func (s *supervisor) launch(d Desired) error {
 			cards = append(cards, c)
 		}
 	}
-	port, err := freePort(listenHost(opts.BindHost))
+	port, err := s.e.ports.take(s.k, listenHost(opts.BindHost))
 	if err != nil {
 		return err
 	}
