@@ -24,6 +24,7 @@ import (
 	"github.com/gpuplane/gpuplane/cluster/scheduler"
 	"github.com/gpuplane/gpuplane/fsm"
 	"github.com/gpuplane/gpuplane/node/inventory"
+	"github.com/gpuplane/gpuplane/node/residency"
 	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
 	"github.com/gpuplane/gpuplane/rpc"
 )
@@ -52,7 +53,10 @@ type Config struct {
 	// flags: auto, mps, hami or none; HAMiLib is HAMi-core's libvgpu.so.
 	Enforce string
 	HAMiLib string
-	Version string
+	// Residency is the node's residency controller mode: auto (default) or
+	// advise (SPEC §2).
+	Residency string
+	Version   string
 
 	// SecurityConfig: TLS, gossip encryption and ACLs (security.go).
 	SecurityConfig
@@ -83,6 +87,9 @@ type Agent struct {
 	sec security
 	// stopExecutor stops the engines of this node (see executor.go).
 	stopExecutor func()
+	// residencyJournal is what the node's residency manager publishes for
+	// the API: decisions, plans and profiles.
+	residencyJournal *residency.Journal
 }
 
 // Start brings a node up: it reads the inventory, opens the Raft log (on a
