@@ -24,7 +24,9 @@ import (
 // call back into the executor synchronously.
 type Gate interface {
 	// Hold reports whether d's engine waits for StartEngine, and the
-	// endpoint to report for it instead of the engine's own.
+	// endpoint to report for it instead of the engine's own (empty: the
+	// engine's). An endpoint without hold is reported while the engine
+	// starts or runs, which starts as usual.
 	Hold(d Desired) (endpoint string, hold bool)
 	// Placed is told every replica placed on this node, before the executor
 	// acts on each snapshot.

@@ -533,6 +533,8 @@ func (s *supervisor) report(state pb.ReplicaState, reason string) {
 	if s.held {
 		st.Residency, st.ResidencyReason = heldResidency(state, reason)
 		st.Endpoint = s.frontURL
+	} else if s.frontURL != "" && st.Endpoint != "" {
+		st.Endpoint = s.frontURL
 	}
 	if proto.Equal(st, s.last) {
 		return

@@ -23,7 +23,8 @@
 // until its controller holds the model Resident (loading or waking it),
 // up to Options.Wait, then goes to the engine.
 //
-// In advise mode the Manager holds nothing and serves no front: every
-// replica starts as it always did, and the controllers only record what
-// they would do.
+// In advise mode the Manager holds nothing: every replica starts as it
+// always did, its front passes requests straight to the engine, and the
+// controllers only record what they would do (the journal, the agent's
+// log at info level).
 package resident

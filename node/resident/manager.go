@@ -109,6 +109,9 @@ type rep struct {
 	kind string
 	// reported is the last residency state the manager reported.
 	reported residency.State
+	// advisedLoad is set in advise mode once the controller would have
+	// loaded the model (advise.go).
+	advisedLoad bool
 }
 
 type report struct {
@@ -152,6 +155,9 @@ func (m *Manager) Mode() string {
 	return "auto"
 }
 
+// whyRunning is the transition an engine reaching Running causes.
+const whyRunning = "engine running"
+
 // wallClock is the agent's residency.Clock.
 type wallClock struct{}
 
@@ -173,15 +179,19 @@ func onDemandOrWarm(spec *pb.ModelSpec) bool {
 	return r == pb.Residency_RESIDENCY_WARM || r == pb.Residency_RESIDENCY_ON_DEMAND
 }
 
-// manages reports whether the Manager holds d's engine.
-func (m *Manager) manages(d executor.Desired) bool {
+// fronted reports whether d's replica is served at a front: a warm or
+// onDemand replica on one card. The Manager holds its engine unless it
+// only advises.
+func fronted(d executor.Desired) bool {
 	_, one := controlled(d)
-	return !m.opts.Advise && one && onDemandOrWarm(d.Spec)
+	return one && onDemandOrWarm(d.Spec)
 }
 
-// Hold is executor.Gate's: a managed replica is served at its front.
+// Hold is executor.Gate's: a warm or onDemand replica is served at its
+// front, and its engine held unless the Manager only advises (then the
+// front passes requests straight on, so that the controller sees them).
 func (m *Manager) Hold(d executor.Desired) (string, bool) {
-	if !m.manages(d) {
+	if !fronted(d) {
 		return "", false
 	}
 	k := rkey{d.Replica.GetModel(), d.Replica.GetIndex()}
@@ -192,7 +202,7 @@ func (m *Manager) Hold(d executor.Desired) (string, bool) {
 		m.log.Warn("residency: serve a front; the replica is loaded when placed", "replica", k.id(), "err", err)
 		return "", false
 	}
-	return f.url, true
+	return f.url, !m.opts.Advise
 }
 
 // Placed is executor.Gate's.
@@ -314,7 +324,7 @@ func (m *Manager) placed(ds []executor.Desired) {
 	}
 	m.mu.Lock()
 	for k, f := range m.fronts {
-		if _, ok := want[k]; !ok || !m.manages(want[k]) {
+		if d, ok := want[k]; !ok || !fronted(d) {
 			f.close()
 			delete(m.fronts, k)
 		}
@@ -358,8 +368,8 @@ func (m *Manager) placed(ds []executor.Desired) {
 		m.handle(c, residency.DeploymentAdded{Deployment: dep}, "")
 		// An engine already running (a pinned one, or any in advise
 		// mode) holds its memory: the controller starts from that.
-		if e := m.engines[k]; e.state == pb.ReplicaState_REPLICA_STATE_RUNNING {
-			m.handle(c, residency.LoadDone{Model: k.id()}, "engine running")
+		if e := m.engines[k]; e.state == pb.ReplicaState_REPLICA_STATE_RUNNING && m.follows(m.reps[k]) {
+			m.handle(c, residency.LoadDone{Model: k.id()}, whyRunning)
 		}
 	}
 	for c, cc := range m.ctrls {
@@ -395,8 +405,8 @@ func (m *Manager) engine(k rkey, state pb.ReplicaState, url string) {
 	st, _ := c.ctrl.Replica(k.id())
 	switch state {
 	case pb.ReplicaState_REPLICA_STATE_RUNNING:
-		if st.State == residency.Loading || st.State == residency.Cold || st.State == residency.Failed {
-			m.handle(c, residency.LoadDone{Model: k.id()}, "engine running")
+		if m.follows(r) && (st.State == residency.Loading || st.State == residency.Cold || st.State == residency.Failed) {
+			m.handle(c, residency.LoadDone{Model: k.id()}, whyRunning)
 		}
 	case pb.ReplicaState_REPLICA_STATE_FAILED:
 		if st.State == residency.Loading {
@@ -423,7 +433,16 @@ func (m *Manager) handle(c *cardCtrl, ev residency.Event, why string) {
 		m.log.Error("residency: ledger invariant violated; card is pinned-only until cleared", "card", c.index, "violation", fmt.Sprintf("%+v", v))
 	}
 	if j := m.opts.Journal; j != nil {
+		prev := c.seen
 		c.seen = j.Sync(c.ctrl, c.seen)
+		ds := c.ctrl.Decisions()
+		for _, d := range ds[max(0, len(ds)-(c.seen-prev)):] {
+			m.log.Info("residency decision", "card", d.Card, "action", d.Action, "model", d.Model,
+				"trigger", d.Trigger, "advised", d.Advised, "reason", d.Reason)
+			if d.Advised {
+				m.advised(c, d)
+			}
+		}
 	}
 	reasons := map[residency.ModelID]string{}
 	for _, a := range out.Actions {
@@ -440,6 +459,11 @@ func (m *Manager) handle(c *cardCtrl, ev residency.Event, why string) {
 			continue
 		}
 		r.reported = st.State
+		if m.opts.Advise || (why == whyRunning && reasons[k.id()] == "") {
+			// Advised decisions change nothing; the executor reports
+			// an engine's start itself.
+			continue
+		}
 		reason := reasons[k.id()]
 		if reason == "" {
 			reason = why
@@ -507,7 +531,7 @@ func (m *Manager) act(c *cardCtrl, a residency.Action) {
 	switch a.Kind {
 	case residency.ActLoad, residency.ActPrewarm:
 		if e := m.engines[k]; e.state == pb.ReplicaState_REPLICA_STATE_RUNNING {
-			m.post(func() { m.handle(m.ctrls[c.index], residency.LoadDone{Model: a.Model}, "engine running") })
+			m.post(func() { m.handle(m.ctrls[c.index], residency.LoadDone{Model: a.Model}, whyRunning) })
 			return
 		}
 		go func() {
@@ -579,7 +603,8 @@ func (m *Manager) publishFronts(c *cardCtrl) {
 		}
 		st, _ := c.ctrl.Replica(k.id())
 		e := m.engines[k]
-		ready := st.State == residency.Resident && e.state == pb.ReplicaState_REPLICA_STATE_RUNNING && e.url != ""
+		running := e.state == pb.ReplicaState_REPLICA_STATE_RUNNING && e.url != ""
+		ready := running && (st.State == residency.Resident || m.opts.Advise)
 		f.set(ready, e.url)
 	}
 }
@@ -621,7 +646,7 @@ func (m *Manager) sample() {
 			}
 		}
 		for _, k := range sortedKeys(used) {
-			if r := m.reps[k]; r != nil && r.card == c.index {
+			if r := m.reps[k]; r != nil && r.card == c.index && m.follows(r) {
 				m.handle(c, residency.MemorySample{Model: k.id(), Bytes: used[k]}, "")
 			}
 		}
