@@ -17,7 +17,8 @@ import (
 // stays placed (reported Placed, residency Cold) and its endpoint is the
 // one Hold returned (the manager's front, which loads it on demand). A held
 // engine that fails is not restarted by the executor: the manager decides
-// whether to load it again.
+// whether to load it again, as it does when a held replica's generation or
+// placement changes: its engine stops and it is reported Placed.
 //
 // The executor calls a Gate from its own goroutines, sometimes with a
 // replica's report lock held: its methods must return quickly and must not

@@ -208,6 +208,11 @@ func (s *supervisor) run() {
 				s.stopEngine()
 				s.fp, s.restarts, s.phase, s.nextStart = fp, 0, waiting, time.Now()
 				s.bo.Reset()
+				if s.held {
+					// The Gate loads the new engine when it wants it.
+					s.want = false
+					s.report(pb.ReplicaState_REPLICA_STATE_PLACED, "replica changed: its engine stopped; it loads again on demand")
+				}
 				s.hold(s.current())
 			}
 		case reason := <-s.exceeded:

@@ -89,7 +89,20 @@ func (m *Manager) closeFronts() {
 	}
 }
 
-func (f *front) close() { _ = f.srv.Close() }
+// close stops the front because its replica left the node (or the node
+// stops): requests waiting for the model are refused with a 503, requests
+// being answered get their answer or the proxy's error, then the port
+// closes.
+func (f *front) close() {
+	f.reject("the replica left this node")
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if err := f.srv.Shutdown(ctx); err != nil {
+			_ = f.srv.Close()
+		}
+	}()
+}
 
 // set says whether the model may be dispatched to, and where.
 func (f *front) set(ready bool, engineURL string) {

@@ -109,6 +109,8 @@ type rep struct {
 	kind string
 	// reported is the last residency state the manager reported.
 	reported residency.State
+	// stopping is set while an engine stop the Manager asked for runs.
+	stopping bool
 	// advisedLoad is set in advise mode once the controller would have
 	// loaded the model (advise.go).
 	advisedLoad bool
@@ -408,7 +410,15 @@ func (m *Manager) engine(k rkey, state pb.ReplicaState, url string) {
 		if m.follows(r) && (st.State == residency.Loading || st.State == residency.Cold || st.State == residency.Failed) {
 			m.handle(c, residency.LoadDone{Model: k.id()}, whyRunning)
 		}
-	case pb.ReplicaState_REPLICA_STATE_FAILED:
+	case pb.ReplicaState_REPLICA_STATE_FAILED, pb.ReplicaState_REPLICA_STATE_PLACED, pb.ReplicaState_REPLICA_STATE_STOPPED:
+		// Placed or Stopped without a stop of ours: the executor
+		// replaced or stopped the engine (its spec changed).
+		if r.stopping && state != pb.ReplicaState_REPLICA_STATE_FAILED {
+			break
+		}
+		if !m.follows(r) {
+			break
+		}
 		if st.State == residency.Loading {
 			m.handle(c, residency.LoadFailed{Model: k.id(), Err: "engine failed"}, "engine failed to load")
 		} else if st.State != residency.Cold && st.State != residency.Failed {
@@ -562,20 +572,24 @@ func (m *Manager) act(c *cardCtrl, a residency.Action) {
 				// An engine that cannot sleep or wake is stopped: its
 				// memory is free whatever state it was in.
 				m.log.Warn("residency: engine control failed; stopping the engine", "replica", a.Model, "action", a.Kind, "err", err)
-				_ = m.ex.StopEngine(ctx, k.model, k.index, fmt.Sprintf("%s failed: %v", a.Kind, err))
 				m.post(func() {
-					m.handle(m.ctrls[c.index], residency.Unloaded{Model: a.Model}, "stopped after a failed "+a.Kind.String())
+					if r := m.reps[k]; r != nil {
+						r.stopping = true
+					}
 				})
+				_ = m.ex.StopEngine(ctx, k.model, k.index, fmt.Sprintf("%s failed: %v", a.Kind, err))
+				m.post(func() { m.unloaded(k, "stopped after a failed "+a.Kind.String()) })
 			}
 		}()
 	case residency.ActEvict, residency.ActUnload:
+		r.stopping = true
 		go func() {
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 			defer cancel()
 			if err := m.ex.StopEngine(ctx, k.model, k.index, reason); err != nil {
 				m.log.Warn("residency: stop engine", "replica", a.Model, "err", err)
 			}
-			m.post(func() { m.handle(m.ctrls[c.index], residency.Unloaded{Model: a.Model}, "unloaded") })
+			m.post(func() { m.unloaded(k, "unloaded") })
 		}()
 	case residency.ActReject:
 		m.mu.Lock()
@@ -651,4 +665,14 @@ func (m *Manager) sample() {
 			}
 		}
 	}
+}
+
+// unloaded reports that a stop the Manager asked for is done.
+func (m *Manager) unloaded(k rkey, why string) {
+	r := m.reps[k]
+	if r == nil {
+		return
+	}
+	r.stopping = false
+	m.handle(m.ctrls[r.card], residency.Unloaded{Model: k.id()}, why)
 }
