@@ -198,11 +198,14 @@ func TestChaosKeepsTheLedgerInvariants(t *testing.T) {
 		var v string
 		switch {
 		case total > usable:
-			v = fmt.Sprintf("I1: engines hold %d MiB, usable %d MiB: %+v", total>>20, usable>>20, procs)
+			v = fmt.Sprintf("%s I1: engines hold %d MiB, usable %d MiB: %+v by %v", time.Now().Format("15:04:05.000"), total>>20, usable>>20, procs, byPID)
 		case others > usable-pinnedShare:
-			v = fmt.Sprintf("I2: non-pinned engines hold %d MiB, more than usable %d MiB minus the pinned share %d MiB", others>>20, usable>>20, pinnedShare>>20)
+			v = fmt.Sprintf(time.Now().Format("15:04:05.000")+" I2: non-pinned engines hold %d MiB, more than usable %d MiB minus the pinned share %d MiB", others>>20, usable>>20, pinnedShare>>20)
 		}
 		if v != "" {
+			for _, cv := range journal.Cards() {
+				v += fmt.Sprintf("\n\tthe controller's ledger then: %+v", cv.Ledger)
+			}
 			violations++
 			if firstViolation == "" {
 				firstViolation = v
@@ -279,6 +282,7 @@ func TestChaosKeepsTheLedgerInvariants(t *testing.T) {
 			if len(engines) > 0 {
 				e := engines[rng.IntN(len(engines))]
 				_ = syscall.Kill(e.PID, syscall.SIGKILL)
+				logger.Info("chaos: kill -9", "replica", e.Model, "pid", e.PID)
 				kills++
 			}
 		default:
@@ -290,6 +294,7 @@ func TestChaosKeepsTheLedgerInvariants(t *testing.T) {
 				generation["a"]++
 			}
 			publish()
+			logger.Info("chaos: deployments changed", "c", present["c"], "generations", fmt.Sprint(generation))
 			changes++
 		}
 	}

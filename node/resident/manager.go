@@ -63,6 +63,8 @@ type Manager struct {
 	cards map[uint32]*pb.Card
 
 	ex Engines
+	// ctx is Run's.
+	ctx context.Context
 
 	mu     sync.Mutex
 	fronts map[rkey]*front
@@ -99,6 +101,11 @@ type cardCtrl struct {
 	ctrl  *residency.Controller
 	// seen is how many decisions the journal has of ctrl.
 	seen int
+	// work executes the card's engine operations one after the other, in
+	// the order the controller gave them: a load it issued after a sleep
+	// must not start before the sleep has freed the memory.
+	work     *serial
+	stopWork context.CancelFunc
 }
 
 // rep is a replica in a controller.
@@ -231,7 +238,7 @@ func (m *Manager) post(f func()) {
 
 // Run drives the controllers until ctx ends; ex runs the engines.
 func (m *Manager) Run(ctx context.Context, ex Engines) {
-	m.ex = ex
+	m.ex, m.ctx = ex, ctx
 	go m.reporter(ctx)
 	tick := time.NewTicker(m.opts.Tick)
 	defer tick.Stop()
@@ -323,6 +330,9 @@ func (m *Manager) placed(ds []executor.Desired) {
 		}
 		m.handle(m.ctrls[r.card], residency.DeploymentRemoved{Model: k.id()}, "")
 		delete(m.reps, k)
+		// Its engine stops with its supervisor; a replica placed here
+		// again starts from nothing.
+		delete(m.engines, k)
 	}
 	m.mu.Lock()
 	for k, f := range m.fronts {
@@ -350,7 +360,10 @@ func (m *Manager) placed(ds []executor.Desired) {
 			m.log.Warn("residency: controller", "card", c, "err", err)
 			continue
 		}
-		m.ctrls[c] = &cardCtrl{index: c, uuid: card.GetUuid(), ctrl: ctrl}
+		wctx, stop := context.WithCancel(m.ctx)
+		cc := &cardCtrl{index: c, uuid: card.GetUuid(), ctrl: ctrl, work: newSerial(), stopWork: stop}
+		go cc.work.run(wctx)
+		m.ctrls[c] = cc
 	}
 	for _, k := range sortedKeys(want) {
 		d := want[k]
@@ -376,6 +389,7 @@ func (m *Manager) placed(ds []executor.Desired) {
 	}
 	for c, cc := range m.ctrls {
 		if !cardsWanted[c] {
+			cc.stopWork()
 			delete(m.ctrls, c)
 			if j := m.opts.Journal; j != nil {
 				j.RemoveCard(cc.ctrl.Ledger().Card)
@@ -398,7 +412,9 @@ func sortedKeys[V any](mp map[rkey]V) []rkey {
 
 // engine turns an engine's transition into the controller's event.
 func (m *Manager) engine(k rkey, state pb.ReplicaState, url string) {
+	prev := m.engines[k].state
 	m.engines[k] = engineSeen{state: state, url: url}
+	hadEngine := prev == pb.ReplicaState_REPLICA_STATE_STARTING || prev == pb.ReplicaState_REPLICA_STATE_RUNNING
 	r := m.reps[k]
 	if r == nil {
 		return
@@ -411,9 +427,11 @@ func (m *Manager) engine(k rkey, state pb.ReplicaState, url string) {
 			m.handle(c, residency.LoadDone{Model: k.id()}, whyRunning)
 		}
 	case pb.ReplicaState_REPLICA_STATE_FAILED, pb.ReplicaState_REPLICA_STATE_PLACED, pb.ReplicaState_REPLICA_STATE_STOPPED:
-		// Placed or Stopped without a stop of ours: the executor
-		// replaced or stopped the engine (its spec changed).
-		if r.stopping && state != pb.ReplicaState_REPLICA_STATE_FAILED {
+		// Placed or Stopped without a stop of ours, after an engine
+		// started: the executor replaced or stopped it (its spec
+		// changed). Placed otherwise is a replica waiting (for demand,
+		// or for its card while another engine starts).
+		if state != pb.ReplicaState_REPLICA_STATE_FAILED && (r.stopping || !hadEngine) {
 			break
 		}
 		if !m.follows(r) {
@@ -544,16 +562,16 @@ func (m *Manager) act(c *cardCtrl, a residency.Action) {
 			m.post(func() { m.handle(m.ctrls[c.index], residency.LoadDone{Model: a.Model}, whyRunning) })
 			return
 		}
-		go func() {
+		c.work.do(func() {
 			if err := m.ex.StartEngine(k.model, k.index, reason); err != nil {
 				m.post(func() {
 					m.handle(m.ctrls[c.index], residency.LoadFailed{Model: a.Model, Err: err.Error()}, "load failed: "+err.Error())
 				})
 			}
-		}()
+		})
 	case residency.ActSleep, residency.ActWake:
 		ctl, err := engine.ControlsFor(r.kind, engine.Target{BaseURL: m.engines[k].url})
-		go func() {
+		c.work.do(func() {
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 			defer cancel()
 			if err == nil {
@@ -580,17 +598,17 @@ func (m *Manager) act(c *cardCtrl, a residency.Action) {
 				_ = m.ex.StopEngine(ctx, k.model, k.index, fmt.Sprintf("%s failed: %v", a.Kind, err))
 				m.post(func() { m.unloaded(k, "stopped after a failed "+a.Kind.String()) })
 			}
-		}()
+		})
 	case residency.ActEvict, residency.ActUnload:
 		r.stopping = true
-		go func() {
+		c.work.do(func() {
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 			defer cancel()
 			if err := m.ex.StopEngine(ctx, k.model, k.index, reason); err != nil {
 				m.log.Warn("residency: stop engine", "replica", a.Model, "err", err)
 			}
 			m.post(func() { m.unloaded(k, "unloaded") })
-		}()
+		})
 	case residency.ActReject:
 		m.mu.Lock()
 		f := m.fronts[k]
@@ -675,4 +693,45 @@ func (m *Manager) unloaded(k rkey, why string) {
 	}
 	r.stopping = false
 	m.handle(m.ctrls[r.card], residency.Unloaded{Model: k.id()}, why)
+}
+
+// serial runs functions one after the other, in the order given; do never
+// blocks.
+type serial struct {
+	mu   sync.Mutex
+	q    []func()
+	wake chan struct{}
+}
+
+func newSerial() *serial { return &serial{wake: make(chan struct{}, 1)} }
+
+func (s *serial) do(f func()) {
+	s.mu.Lock()
+	s.q = append(s.q, f)
+	s.mu.Unlock()
+	select {
+	case s.wake <- struct{}{}:
+	default:
+	}
+}
+
+func (s *serial) run(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-s.wake:
+		}
+		for {
+			s.mu.Lock()
+			if len(s.q) == 0 {
+				s.mu.Unlock()
+				break
+			}
+			f := s.q[0]
+			s.q = s.q[1:]
+			s.mu.Unlock()
+			f()
+		}
+	}
 }
