@@ -423,6 +423,24 @@ func (m *Manager) engine(k rkey, state pb.ReplicaState, url string) {
 	st, _ := c.ctrl.Replica(k.id())
 	switch state {
 	case pb.ReplicaState_REPLICA_STATE_RUNNING:
+		held := !m.opts.Advise && r.dep.Residency != residency.Pinned
+		if held && !r.stopping && (st.State == residency.Cold || st.State == residency.Failed) {
+			// An engine its controller did not load: one a restarted
+			// agent adopted, or a load the controller gave up on. It
+			// holds memory the ledger does not count: stop it.
+			r.stopping = true
+			c.work.do(func() {
+				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+				defer cancel()
+				_ = m.ex.StopEngine(ctx, k.model, k.index, "not loaded by its node's residency controller (an earlier agent started it): stopped; it loads again on demand")
+				m.post(func() {
+					if r := m.reps[k]; r != nil {
+						r.stopping = false
+					}
+				})
+			})
+			break
+		}
 		if m.follows(r) && (st.State == residency.Loading || st.State == residency.Cold || st.State == residency.Failed) {
 			m.handle(c, residency.LoadDone{Model: k.id()}, whyRunning)
 		}

@@ -108,6 +108,7 @@ func Start(ctx context.Context, cfg Config) (*Agent, error) {
 	if err := a.resolveConfig(); err != nil {
 		return nil, err
 	}
+	a.residencyJournal = residency.NewJournal(a.cfg.NodeName, 0)
 	var err error
 	if a.sec, err = loadSecurity(a.cfg.SecurityConfig, a.cfg.NodeName); err != nil {
 		return nil, err

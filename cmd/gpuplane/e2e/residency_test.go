@@ -154,6 +154,16 @@ func TestOnDemandModelsShareOneCard(t *testing.T) {
 	if !strings.Contains(log, "running, waking (wake chat/0:") {
 		t.Errorf("audit log --resource model/chat lacks the wake:\n%s", log)
 	}
+	// The controller's own ledger check found nothing either.
+	resp, err := http.Get(a.url() + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	metrics, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if !strings.Contains(string(metrics), "\ngpuplane_residency_violations 0\n") {
+		t.Errorf("/metrics: want gpuplane_residency_violations 0:\n%s", metrics)
+	}
 }
 
 // mib parses a `devices get` memory column ("12668Mi").
