@@ -9,10 +9,14 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"net/url"
+	"os"
+	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
+	"github.com/gpuplane/gpuplane/node/executor"
 	"github.com/gpuplane/gpuplane/node/residency"
 )
 
@@ -51,7 +55,7 @@ func (m *Manager) front(k rkey) (*front, error) {
 	if f := m.fronts[k]; f != nil {
 		return f, nil
 	}
-	ln, err := net.Listen("tcp", net.JoinHostPort(m.opts.BindHost, "0"))
+	ln, err := m.listen(k)
 	if err != nil {
 		return nil, err
 	}
@@ -196,4 +200,37 @@ func writeError(w http.ResponseWriter, status int, typ, msg string) {
 	_ = json.NewEncoder(w).Encode(map[string]any{"error": map[string]any{
 		"message": msg, "type": typ, "param": nil, "code": status,
 	}})
+}
+
+// portFile keeps a front's port in its replica's directory, so that the
+// replica keeps its endpoint across agent restarts.
+const portFile = "front.port"
+
+// listen opens k's front on the port it had before (a restarted agent),
+// else on a free one, and records it.
+func (m *Manager) listen(k rkey) (net.Listener, error) {
+	if m.opts.DataDir == "" {
+		return net.Listen("tcp", net.JoinHostPort(m.opts.BindHost, "0"))
+	}
+	dir := executor.ReplicaDir(m.opts.DataDir, k.model, k.index)
+	path := filepath.Join(dir, portFile)
+	if data, err := os.ReadFile(path); err == nil {
+		if port, err := strconv.Atoi(strings.TrimSpace(string(data))); err == nil && port > 0 {
+			if ln, err := net.Listen("tcp", net.JoinHostPort(m.opts.BindHost, strconv.Itoa(port))); err == nil {
+				return ln, nil
+			}
+		}
+	}
+	ln, err := net.Listen("tcp", net.JoinHostPort(m.opts.BindHost, "0"))
+	if err != nil {
+		return nil, err
+	}
+	port := ln.Addr().(*net.TCPAddr).Port
+	if err := os.MkdirAll(dir, 0o755); err == nil {
+		err = os.WriteFile(path, []byte(strconv.Itoa(port)+"\n"), 0o644)
+		if err != nil {
+			m.log.Warn("residency: record the front's port", "replica", k.id(), "err", err)
+		}
+	}
+	return ln, nil
 }

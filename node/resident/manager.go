@@ -40,6 +40,10 @@ type Options struct {
 	NVML nvml.Interface
 	// Journal receives every decision and each card's plan; nil keeps none.
 	Journal *residency.Journal
+	// DataDir, when set, keeps each front's port in its replica's
+	// directory (executor.ReplicaDir), so that a restarted agent serves the
+	// replica at the same endpoint.
+	DataDir string
 	// BindHost is the address fronts listen on (default 0.0.0.0);
 	// AdvertiseHost the host of their endpoints (default 127.0.0.1).
 	BindHost      string

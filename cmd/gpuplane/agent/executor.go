@@ -71,7 +71,7 @@ func (a *Agent) startExecutor() error {
 		a.residencyJournal = residency.NewJournal(a.cfg.NodeName, 0)
 	}
 	res := resident.New(resident.Options{
-		Node: a.cfg.NodeName, Cards: node.Cards, Advise: advise, NVML: lib, Journal: a.residencyJournal,
+		Node: a.cfg.NodeName, Cards: node.Cards, Advise: advise, NVML: lib, Journal: a.residencyJournal, DataDir: a.cfg.DataDir,
 		BindHost: a.cfg.Bind, AdvertiseHost: a.cfg.Advertise, Logger: a.cfg.Logger,
 	})
 	opts.Gate = res

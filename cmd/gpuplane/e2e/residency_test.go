@@ -271,3 +271,39 @@ func TestResidencyAdvise(t *testing.T) {
 		t.Errorf("advise reported a transition it only advised:\n%s", log)
 	}
 }
+
+// TestOnDemandEndpointSurvivesAgentRestart: after a kill -9 of the agent,
+// an onDemand replica keeps its endpoint, a request there is answered, and
+// the replica never has two engines.
+func TestOnDemandEndpointSurvivesAgentRestart(t *testing.T) {
+	a := residencyAgent(t, []string{"chat"})
+	mustGpuplane(t, a.url(), "accelerators", "create", "home", "--device", "l4", "--tenancy", "shared", "--max-models", "3")
+	mustGpuplane(t, a.url(), "models", "deploy", "chat", "--accelerator", "home", "--model", "/models/chat", "--engine", "sim",
+		"--memory-percent", "60", "--residency", "onDemand")
+	var before map[string]string
+	waitFor(t, "chat Cold with an endpoint", 90*time.Second, func() bool {
+		before = replicaRows(t, a)["chat"]
+		return before["RESIDENCY"] == "Cold" && strings.HasPrefix(before["ENDPOINT"], "http://")
+	})
+	ask(t, before["ENDPOINT"], "chat")
+
+	a.kill()
+	a.start()
+	// The node serves the endpoint again once its executor has caught up.
+	waitFor(t, "the endpoint to be served again", 60*time.Second, func() bool {
+		resp, err := http.Get(before["ENDPOINT"] + "/health")
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusOK
+	})
+	ask(t, before["ENDPOINT"], "chat")
+	after := replicaRows(t, a)["chat"]
+	if after["ENDPOINT"] != before["ENDPOINT"] || after["RESIDENCY"] != "Resident" {
+		t.Errorf("after the agent restarted, chat is %v; want Resident at %s", after, before["ENDPOINT"])
+	}
+	if pids := enginePIDs(t, a.dataDir, "chat"); len(pids) != 1 {
+		t.Errorf("chat has engines %v, want exactly one", pids)
+	}
+}
