@@ -101,7 +101,7 @@ func desired(m model, card *pb.Card, generation uint64) executor.Desired {
 // explicit OpenAI-shaped error (503 refused, 502 cut off by a crash), never
 // a dropped connection; the controller reports no violation.
 func TestChaosKeepsTheLedgerInvariants(t *testing.T) {
-	duration := 30 * time.Second
+	duration := 20 * time.Second
 	if testing.Short() {
 		duration = 10 * time.Second
 	}
