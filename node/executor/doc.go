@@ -39,6 +39,12 @@
 // a residency controller reports its own transitions (sleep, wake, evict,
 // load) with their reasons through Executor.ReportResidency (residency.go).
 //
+// A Gate (gate.go), the node's residency manager, may hold a replica: its
+// engine starts only on StartEngine and stops on StopEngine (the replica
+// stays placed, Cold), a crash is left to the Gate to retry, and the
+// endpoint reported is the Gate's front rather than the engine's port.
+// Replicas it does not hold (pinned ones) run exactly as described above.
+//
 // Every engine lives in <data-dir>/engines/<model>/<replica>/: engine.log
 // and its rotated files engine.log.1 … (the process's stdout and stderr,
 // kept across restarts) and pid.json (pid, process start time, engine id,

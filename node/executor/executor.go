@@ -98,7 +98,10 @@ type Options struct {
 	// executor to adopt (an agent upgrade); otherwise Run stops them and
 	// reports them Stopped.
 	KeepEngines bool
-	Logger      *slog.Logger
+	// Gate, when set, holds the engines of the replicas a residency
+	// manager loads on demand (gate.go).
+	Gate   Gate
+	Logger *slog.Logger
 }
 
 func (o *Options) defaults() error {
@@ -258,6 +261,9 @@ func (e *Executor) Run(ctx context.Context) error {
 				if first {
 					left = e.settle(records, snap)
 					first = false
+				}
+				if g := e.opts.Gate; g != nil {
+					g.Placed(slices.Collect(maps.Values(e.wanted(snap))))
 				}
 				e.apply(supCtx, &wg, snap, left)
 			}

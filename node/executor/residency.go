@@ -84,3 +84,15 @@ func engineResidency(state pb.ReplicaState, reason string) (pb.ReplicaResidency,
 	}
 	return pb.ReplicaResidency_REPLICA_RESIDENCY_UNSPECIFIED, ""
 }
+
+// heldResidency is engineResidency for a replica a Gate holds: loaded on
+// demand, and Cold while it waits for demand.
+func heldResidency(state pb.ReplicaState, reason string) (pb.ReplicaResidency, string) {
+	switch state {
+	case pb.ReplicaState_REPLICA_STATE_PLACED:
+		return pb.ReplicaResidency_REPLICA_RESIDENCY_COLD, reason
+	case pb.ReplicaState_REPLICA_STATE_RUNNING:
+		return pb.ReplicaResidency_REPLICA_RESIDENCY_RESIDENT, "engine running: loaded on demand"
+	}
+	return engineResidency(state, reason)
+}

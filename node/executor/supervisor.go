@@ -64,6 +64,15 @@ type supervisor struct {
 	changed chan struct{}
 	// exceeded carries the watchdog's reason.
 	exceeded chan string
+	// ctl carries a Gate's StartEngine and StopEngine (gate.go).
+	ctl chan control
+
+	// held says a Gate holds the replica: its engine runs only while want
+	// (StartEngine until StopEngine or a failure); frontURL is the endpoint
+	// the Gate serves it at.
+	held     bool
+	want     bool
+	frontURL string
 
 	left      leftEngine
 	phase     phase
@@ -91,7 +100,7 @@ func newSupervisor(ctx context.Context, e *Executor, k key, d Desired, left left
 	return &supervisor{
 		e: e, k: k, dir: e.replicaDir(k), ctx: ctx, cancel: cancel, prev: prev,
 		done: make(chan struct{}), desired: d, changed: make(chan struct{}, 1),
-		exceeded: make(chan string, 1), left: left,
+		exceeded: make(chan string, 1), ctl: make(chan control), left: left,
 		bo: &backoff.ExponentialBackOff{InitialInterval: e.opts.RestartDelay, RandomizationFactor: 0.2,
 			Multiplier: 2, MaxInterval: e.opts.MaxRestartDelay},
 		client: &http.Client{Timeout: 2 * time.Second},
@@ -144,6 +153,7 @@ func (s *supervisor) run() {
 	}
 	d := s.current()
 	s.fp = fingerprint(d)
+	s.hold(d)
 	s.phase, s.nextStart = waiting, time.Now()
 	// The count goes on from what the cluster recorded, not from 0: a new
 	// agent is no new start of the replica.
@@ -153,6 +163,7 @@ func (s *supervisor) run() {
 		if p, ok := adoptProcess(r); s.left.alive && ok {
 			s.proc, s.port, s.cmdline = p, r.Port, r.Command
 			s.e.ports.hold(s.k, r.Port)
+			s.want = true
 			s.health = s.healthPath(d)
 			s.phase, s.startedAt, s.timeout = starting, time.Now(), engine.StartTimeout(d.Spec.GetEngine())
 			s.publish()
@@ -168,7 +179,17 @@ func (s *supervisor) run() {
 	}
 	tick := time.NewTicker(s.e.opts.HealthInterval)
 	defer tick.Stop()
+	if s.held && s.proc == nil {
+		s.report(pb.ReplicaState_REPLICA_STATE_PLACED, "not loaded: its node loads it on demand")
+	}
 	for {
+		if s.phase == waiting && s.held && !s.want {
+			if !s.idle() {
+				s.finish()
+				return
+			}
+			continue
+		}
 		if s.phase == waiting {
 			if !s.wait() {
 				s.finish()
@@ -190,10 +211,23 @@ func (s *supervisor) run() {
 				s.stopEngine()
 				s.fp, s.restarts, s.phase, s.nextStart = fp, 0, waiting, time.Now()
 				s.bo.Reset()
+				if s.held {
+					// The Gate loads the new engine when it wants it.
+					s.want = false
+					s.report(pb.ReplicaState_REPLICA_STATE_PLACED, "replica changed: its engine stopped; it loads again on demand")
+				}
+				s.hold(s.current())
 			}
 		case reason := <-s.exceeded:
 			s.stopEngine()
 			s.fail(reason)
+		case c := <-s.ctl:
+			if !c.start && s.held {
+				s.stopEngine()
+				s.want, s.phase = false, waiting
+				s.report(pb.ReplicaState_REPLICA_STATE_PLACED, c.reason)
+			}
+			close(c.done)
 		case <-s.proc.done:
 			exit := s.proc.exit
 			s.proc.killStragglers()
@@ -227,9 +261,43 @@ func (s *supervisor) wait() bool {
 			}
 		case <-s.exceeded: // about an engine already stopped
 			t.Stop()
+		case c := <-s.ctl: // no engine to stop; a start is due anyway
+			close(c.done)
 		case <-t.C:
 		}
 	}
+}
+
+// hold asks the Gate whether it holds d's replica.
+func (s *supervisor) hold(d Desired) {
+	s.held, s.frontURL = false, ""
+	if g := s.e.opts.Gate; g != nil {
+		s.frontURL, s.held = g.Hold(d)
+	}
+}
+
+// idle waits, without an engine, for a held replica's StartEngine; false
+// when the supervisor must end instead.
+func (s *supervisor) idle() bool {
+	select {
+	case <-s.ctx.Done():
+		return false
+	case <-s.changed:
+		if fp := fingerprint(s.current()); fp != s.fp {
+			s.fp, s.restarts = fp, 0
+			s.bo.Reset()
+		}
+		if s.hold(s.current()); !s.held {
+			s.nextStart = time.Now()
+		}
+	case <-s.exceeded: // about an engine already stopped
+	case c := <-s.ctl:
+		if c.start {
+			s.want, s.nextStart = true, time.Now()
+		}
+		close(c.done)
+	}
+	return true
 }
 
 // start launches the engine once the replica's cards are free to start on;
@@ -276,7 +344,7 @@ func (s *supervisor) launch(d Desired) error {
 	}
 	cmd, err := engine.Build(engine.Params{
 		Model: s.k.model, Spec: d.Spec, Replica: d.Replica, Cards: cards,
-		Host: opts.BindHost, Port: port, Self: opts.Self,
+		Host: opts.BindHost, Port: port, Self: opts.Self, MaySleep: s.held,
 	}, opts.Enforcement)
 	if err != nil {
 		return err
@@ -378,6 +446,14 @@ func (s *supervisor) check() {
 // fail reports the replica Failed with reason and schedules the restart
 // after the backoff, which starts over once an engine ran long enough.
 func (s *supervisor) fail(reason string) {
+	if s.held {
+		// The Gate decides whether and when to load it again.
+		s.restarts++
+		s.want, s.phase = false, waiting
+		s.e.log.Warn("engine failed", "replica", s.k, "reason", reason, "restarts", s.restarts)
+		s.report(pb.ReplicaState_REPLICA_STATE_FAILED, reason)
+		return
+	}
 	if s.phase == running && time.Since(s.startedAt) >= s.e.opts.BackoffReset {
 		s.bo.Reset()
 	}
@@ -451,13 +527,24 @@ func (s *supervisor) report(state pb.ReplicaState, reason string) {
 		State: state, Reason: reason, Restarts: s.restarts,
 	}
 	st.Residency, st.ResidencyReason = engineResidency(state, reason)
+	engineURL := ""
 	if state == pb.ReplicaState_REPLICA_STATE_STARTING || state == pb.ReplicaState_REPLICA_STATE_RUNNING {
-		st.Endpoint = s.endpoint()
+		engineURL = s.endpoint()
+		st.Endpoint = engineURL
+	}
+	if s.held {
+		st.Residency, st.ResidencyReason = heldResidency(state, reason)
+		st.Endpoint = s.frontURL
+	} else if s.frontURL != "" && st.Endpoint != "" {
+		st.Endpoint = s.frontURL
 	}
 	if proto.Equal(st, s.last) {
 		return
 	}
 	s.last = st
+	if g := s.e.opts.Gate; g != nil {
+		g.Engine(s.k.model, s.k.index, state, engineURL)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if err := s.e.rep.Report(ctx, st); err != nil {

@@ -53,7 +53,10 @@ type Config struct {
 	// flags: auto, mps, hami or none; HAMiLib is HAMi-core's libvgpu.so.
 	Enforce string
 	HAMiLib string
-	Version string
+	// Residency is the node's residency controller mode: auto (default) or
+	// advise (SPEC §2).
+	Residency string
+	Version   string
 
 	// SecurityConfig: TLS, gossip encryption and ACLs (security.go).
 	SecurityConfig

@@ -19,6 +19,8 @@ import (
 	"github.com/gpuplane/gpuplane/node/engine"
 	"github.com/gpuplane/gpuplane/node/executor"
 	"github.com/gpuplane/gpuplane/node/inventory"
+	"github.com/gpuplane/gpuplane/node/residency"
+	"github.com/gpuplane/gpuplane/node/resident"
 	"github.com/gpuplane/gpuplane/node/watchdog"
 	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
 	"github.com/gpuplane/gpuplane/proto/gpuplane/v1/gpuplanev1connect"
@@ -40,6 +42,14 @@ func (a *Agent) startExecutor() error {
 		return fmt.Errorf("--enforce %s: %w", a.cfg.Enforce, err)
 	}
 	fmt.Fprintln(a.cfg.Out, msg)
+	var advise bool
+	switch a.cfg.Residency {
+	case "", "auto":
+	case "advise":
+		advise = true
+	default:
+		return fmt.Errorf("--residency: must be auto or advise, got %q", a.cfg.Residency)
+	}
 
 	node := a.localNode()
 	opts := executor.Options{
@@ -61,6 +71,14 @@ func (a *Agent) startExecutor() error {
 			return fmt.Errorf("NVML for the watchdog: %v", nvml.ErrorString(ret))
 		}
 	}
+	if a.residencyJournal == nil {
+		a.residencyJournal = residency.NewJournal(a.cfg.NodeName, 0)
+	}
+	res := resident.New(resident.Options{
+		Node: a.cfg.NodeName, Cards: node.Cards, Advise: advise, NVML: lib, Journal: a.residencyJournal, DataDir: a.cfg.DataDir,
+		BindHost: a.cfg.Bind, AdvertiseHost: a.cfg.Advertise, Logger: a.cfg.Logger,
+	})
+	opts.Gate = res
 	src := &eventSource{c: a.cluster, http: a.sec.peerHTTP}
 	ex, err := executor.New(src, &logReporter{c: a.cluster, node: a.cfg.NodeName}, opts)
 	if err != nil {
@@ -75,9 +93,15 @@ func (a *Agent) startExecutor() error {
 	if lib != nil {
 		go watchdog.New(lib, ex, watchdog.Options{Logger: a.cfg.Logger}).Run(ctx)
 	}
+	resDone := make(chan struct{})
+	go func() {
+		defer close(resDone)
+		res.Run(ctx, ex)
+	}()
 	a.stopExecutor = func() {
 		stop()
 		<-done
+		<-resDone
 	}
 	return nil
 }

@@ -27,6 +27,16 @@ func (a *Agent) metricsHandler() http.Handler {
 		}
 		return 0
 	}))
+	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "gpuplane_residency_violations",
+		Help: "Memory ledger invariant violations (SPEC §8.2) the residency controllers of this node's cards found; each drops its card to pinned-only.",
+	}, func() float64 {
+		n := 0
+		for _, c := range a.residencyJournal.Cards() {
+			n += c.Violations
+		}
+		return float64(n)
+	}))
 	reg.MustRegister(&stateCollector{a: a,
 		nodes:    prometheus.NewDesc("gpuplane_nodes", "Nodes by status, as this node's state says.", []string{"status"}, nil),
 		replicas: prometheus.NewDesc("gpuplane_replicas", "Replicas by state, as this node's state says.", []string{"state"}, nil),

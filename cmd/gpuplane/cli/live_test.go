@@ -238,7 +238,7 @@ func TestLiveMetricsAndUI(t *testing.T) {
 	}
 	body, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
-	for _, want := range []string{`gpuplane_nodes{status="alive"} 1`, `gpuplane_cards{bound="false",device="l4"} 2`, "gpuplane_raft_leader 1", "go_goroutines"} {
+	for _, want := range []string{`gpuplane_nodes{status="alive"} 1`, `gpuplane_cards{bound="false",device="l4"} 2`, "gpuplane_raft_leader 1", "gpuplane_residency_violations 0", "go_goroutines"} {
 		if !strings.Contains(string(body), want) {
 			t.Errorf("/metrics lacks %q:\n%s", want, body)
 		}

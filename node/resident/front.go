@@ -1,0 +1,236 @@
+package resident
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/gpuplane/gpuplane/node/executor"
+	"github.com/gpuplane/gpuplane/node/residency"
+)
+
+// retryAfter is what a request that waited too long is told (seconds).
+const retryAfter = 5
+
+// front serves one managed replica's endpoint: it reports each request to
+// the replica's controller, waits for the model to be resident and proxies
+// the request to the engine. Its port stays the replica's for as long as
+// the replica is placed here, whatever the engine's port.
+type front struct {
+	m   *Manager
+	k   rkey
+	url string
+	srv *http.Server
+
+	mu     sync.Mutex
+	ready  bool
+	target *url.URL
+	// changed is closed (and replaced) whenever ready, target or rejected
+	// change.
+	changed chan struct{}
+	// rejected counts rejections; reason is the last one's.
+	rejected int
+	reason   string
+
+	proxy *httputil.ReverseProxy
+}
+
+type targetKey struct{}
+
+// front returns k's front, serving it first if needed.
+func (m *Manager) front(k rkey) (*front, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if f := m.fronts[k]; f != nil {
+		return f, nil
+	}
+	ln, err := m.listen(k)
+	if err != nil {
+		return nil, err
+	}
+	port := ln.Addr().(*net.TCPAddr).Port
+	f := &front{m: m, k: k, url: "http://" + net.JoinHostPort(m.opts.AdvertiseHost, strconv.Itoa(port)),
+		changed: make(chan struct{})}
+	f.proxy = &httputil.ReverseProxy{
+		Rewrite: func(pr *httputil.ProxyRequest) {
+			pr.SetURL(pr.In.Context().Value(targetKey{}).(*url.URL))
+			pr.Out.Host = pr.In.Host
+		},
+		// Streamed (SSE) answers go out as the engine writes them.
+		FlushInterval: -1,
+		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
+			writeError(w, http.StatusBadGateway, "bad_gateway", fmt.Sprintf("model %s: engine: %v", k.model, err))
+		},
+	}
+	f.srv = &http.Server{Handler: f, ReadHeaderTimeout: 30 * time.Second}
+	go func() {
+		if err := f.srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			m.log.Warn("residency: front stopped", "replica", k.id(), "err", err)
+		}
+	}()
+	m.fronts[k] = f
+	return f, nil
+}
+
+// closeFronts stops every front (the manager ends).
+func (m *Manager) closeFronts() {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for k, f := range m.fronts {
+		f.close()
+		delete(m.fronts, k)
+	}
+}
+
+// close stops the front because its replica left the node (or the node
+// stops): requests waiting for the model are refused with a 503, requests
+// being answered get their answer or the proxy's error, then the port
+// closes.
+func (f *front) close() {
+	f.reject("the replica left this node")
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if err := f.srv.Shutdown(ctx); err != nil {
+			_ = f.srv.Close()
+		}
+	}()
+}
+
+// set says whether the model may be dispatched to, and where.
+func (f *front) set(ready bool, engineURL string) {
+	var target *url.URL
+	if ready {
+		u, err := url.Parse(engineURL)
+		if err != nil {
+			ready = false
+		}
+		target = u
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.ready == ready && (target == nil) == (f.target == nil) && (target == nil || *target == *f.target) {
+		return
+	}
+	f.ready, f.target = ready, target
+	close(f.changed)
+	f.changed = make(chan struct{})
+}
+
+// reject fails the requests waiting now.
+func (f *front) reject(reason string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.rejected++
+	f.reason = reason
+	close(f.changed)
+	f.changed = make(chan struct{})
+}
+
+func (f *front) state() (bool, *url.URL, int, string, <-chan struct{}) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.ready, f.target, f.rejected, f.reason, f.changed
+}
+
+// ServeHTTP answers the front's own health check and the model list at
+// once; any other request is a request for the model.
+func (f *front) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.Method == http.MethodGet && r.URL.Path == "/health" {
+		w.WriteHeader(http.StatusOK)
+		return
+	}
+	id := f.k.id()
+	f.m.post(func() { f.m.request(f.k, residency.RequestArrived{Model: id}) })
+	start := time.Now()
+	defer func() {
+		f.m.post(func() {
+			f.m.request(f.k, residency.RequestFinished{Model: id, Elapsed: time.Since(start)})
+		})
+	}()
+	_, _, rejected0, _, _ := f.state()
+	deadline := time.NewTimer(f.m.opts.Wait)
+	defer deadline.Stop()
+	for {
+		ready, target, rejected, reason, changed := f.state()
+		if ready {
+			f.proxy.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), targetKey{}, target)))
+			return
+		}
+		if rejected != rejected0 {
+			w.Header().Set("Retry-After", strconv.Itoa(retryAfter))
+			writeError(w, http.StatusServiceUnavailable, "model_not_loaded", fmt.Sprintf("model %s cannot be loaded now: %s", f.k.model, reason))
+			return
+		}
+		select {
+		case <-changed:
+		case <-r.Context().Done():
+			return
+		case <-deadline.C:
+			w.Header().Set("Retry-After", strconv.Itoa(retryAfter))
+			writeError(w, http.StatusServiceUnavailable, "model_not_loaded",
+				fmt.Sprintf("model %s was not loaded within %s; retry later", f.k.model, f.m.opts.Wait))
+			return
+		}
+	}
+}
+
+// request hands a front's request event to the replica's controller.
+func (m *Manager) request(k rkey, ev residency.Event) {
+	if r := m.reps[k]; r != nil {
+		m.handle(m.ctrls[r.card], ev, "")
+	}
+}
+
+// writeError answers with an OpenAI-shaped error.
+func writeError(w http.ResponseWriter, status int, typ, msg string) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(map[string]any{"error": map[string]any{
+		"message": msg, "type": typ, "param": nil, "code": status,
+	}})
+}
+
+// portFile keeps a front's port in its replica's directory, so that the
+// replica keeps its endpoint across agent restarts.
+const portFile = "front.port"
+
+// listen opens k's front on the port it had before (a restarted agent),
+// else on a free one, and records it.
+func (m *Manager) listen(k rkey) (net.Listener, error) {
+	if m.opts.DataDir == "" {
+		return net.Listen("tcp", net.JoinHostPort(m.opts.BindHost, "0"))
+	}
+	dir := executor.ReplicaDir(m.opts.DataDir, k.model, k.index)
+	path := filepath.Join(dir, portFile)
+	if data, err := os.ReadFile(path); err == nil {
+		if port, err := strconv.Atoi(strings.TrimSpace(string(data))); err == nil && port > 0 {
+			if ln, err := net.Listen("tcp", net.JoinHostPort(m.opts.BindHost, strconv.Itoa(port))); err == nil {
+				return ln, nil
+			}
+		}
+	}
+	ln, err := net.Listen("tcp", net.JoinHostPort(m.opts.BindHost, "0"))
+	if err != nil {
+		return nil, err
+	}
+	port := ln.Addr().(*net.TCPAddr).Port
+	if err := os.MkdirAll(dir, 0o755); err == nil {
+		err = os.WriteFile(path, []byte(strconv.Itoa(port)+"\n"), 0o644)
+		if err != nil {
+			m.log.Warn("residency: record the front's port", "replica", k.id(), "err", err)
+		}
+	}
+	return ln, nil
+}

@@ -1,0 +1,759 @@
+package resident
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"slices"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+
+	"github.com/gpuplane/gpuplane/node/engine"
+	"github.com/gpuplane/gpuplane/node/executor"
+	"github.com/gpuplane/gpuplane/node/residency"
+	"github.com/gpuplane/gpuplane/node/watchdog"
+	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
+)
+
+// Engines is what the Manager needs of the executor.
+type Engines interface {
+	StartEngine(model string, replica uint32, reason string) error
+	StopEngine(ctx context.Context, model string, replica uint32, reason string) error
+	ReportResidency(ctx context.Context, model string, replica uint32, residency pb.ReplicaResidency, reason string) error
+	Engines() []watchdog.Engine
+}
+
+// Options configure a Manager; zero values take the defaults.
+type Options struct {
+	Node  string
+	Cards []*pb.Card
+	// Advise records decisions and acts on nothing (--residency advise).
+	Advise bool
+	// NVML reads the engines' memory on each card (the simulated NVML in
+	// dev); nil sends no memory samples.
+	NVML nvml.Interface
+	// Journal receives every decision and each card's plan; nil keeps none.
+	Journal *residency.Journal
+	// DataDir, when set, keeps each front's port in its replica's
+	// directory (executor.ReplicaDir), so that a restarted agent serves the
+	// replica at the same endpoint.
+	DataDir string
+	// BindHost is the address fronts listen on (default 0.0.0.0);
+	// AdvertiseHost the host of their endpoints (default 127.0.0.1).
+	BindHost      string
+	AdvertiseHost string
+	// Wait bounds how long a request waits at a front for its model to be
+	// resident (default 2m); then it gets a 503 with Retry-After.
+	Wait time.Duration
+	// Tick is the period of the controllers' ticks and memory samples
+	// (default 1s).
+	Tick time.Duration
+	// Config is every card's controller configuration; Card, Memory and
+	// Mode are set per card.
+	Config residency.Config
+	Logger *slog.Logger
+}
+
+// Manager runs the node's residency controllers; it is an executor.Gate.
+type Manager struct {
+	opts  Options
+	log   *slog.Logger
+	cards map[uint32]*pb.Card
+
+	ex Engines
+	// ctx is Run's.
+	ctx context.Context
+
+	mu     sync.Mutex
+	fronts map[rkey]*front
+	queue  []func()
+	wake   chan struct{}
+
+	// Owned by the loop.
+	ctrls   map[uint32]*cardCtrl
+	reps    map[rkey]*rep
+	engines map[rkey]engineSeen
+	reports chan report
+}
+
+// rkey names a replica on this node.
+type rkey struct {
+	model string
+	index uint32
+}
+
+func (k rkey) id() residency.ModelID {
+	return residency.ModelID(k.model + "/" + strconv.FormatUint(uint64(k.index), 10))
+}
+
+// engineSeen is a replica engine's last reported state and address.
+type engineSeen struct {
+	state pb.ReplicaState
+	url   string
+}
+
+// cardCtrl is one card's controller.
+type cardCtrl struct {
+	index uint32
+	uuid  string
+	ctrl  *residency.Controller
+	// seen is how many decisions the journal has of ctrl.
+	seen int
+	// work executes the card's engine operations one after the other, in
+	// the order the controller gave them: a load it issued after a sleep
+	// must not start before the sleep has freed the memory.
+	work     *serial
+	stopWork context.CancelFunc
+}
+
+// rep is a replica in a controller.
+type rep struct {
+	k    rkey
+	card uint32
+	dep  residency.Deployment
+	kind string
+	// reported is the last residency state the manager reported.
+	reported residency.State
+	// stopping is set while an engine stop the Manager asked for runs.
+	stopping bool
+	// advisedLoad is set in advise mode once the controller would have
+	// loaded the model (advise.go).
+	advisedLoad bool
+}
+
+type report struct {
+	k      rkey
+	res    pb.ReplicaResidency
+	reason string
+}
+
+// New returns a Manager; Run starts it.
+func New(opts Options) *Manager {
+	if opts.BindHost == "" {
+		opts.BindHost = "0.0.0.0"
+	}
+	if opts.AdvertiseHost == "" {
+		opts.AdvertiseHost = "127.0.0.1"
+	}
+	if opts.Wait <= 0 {
+		opts.Wait = 2 * time.Minute
+	}
+	if opts.Tick <= 0 {
+		opts.Tick = time.Second
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	m := &Manager{opts: opts, log: opts.Logger, cards: map[uint32]*pb.Card{},
+		fronts: map[rkey]*front{}, wake: make(chan struct{}, 1),
+		ctrls: map[uint32]*cardCtrl{}, reps: map[rkey]*rep{}, engines: map[rkey]engineSeen{},
+		reports: make(chan report, 4096)}
+	for _, c := range opts.Cards {
+		m.cards[c.GetIndex()] = c
+	}
+	return m
+}
+
+// Mode is "auto" or "advise".
+func (m *Manager) Mode() string {
+	if m.opts.Advise {
+		return "advise"
+	}
+	return "auto"
+}
+
+// whyRunning is the transition an engine reaching Running causes.
+const whyRunning = "engine running"
+
+// wallClock is the agent's residency.Clock.
+type wallClock struct{}
+
+func (wallClock) Now() time.Time { return time.Now() }
+
+// controlled reports whether d's replica belongs in a card's controller:
+// warm and onDemand replicas on one card; pinned ones join the controller
+// of a card that has such a replica (controlled with its card's index).
+func controlled(d executor.Desired) (uint32, bool) {
+	cards := d.Replica.GetCards()
+	if len(cards) != 1 {
+		return 0, false
+	}
+	return cards[0], true
+}
+
+func onDemandOrWarm(spec *pb.ModelSpec) bool {
+	r := spec.GetResidency()
+	return r == pb.Residency_RESIDENCY_WARM || r == pb.Residency_RESIDENCY_ON_DEMAND
+}
+
+// fronted reports whether d's replica is served at a front: a warm or
+// onDemand replica on one card. The Manager holds its engine unless it
+// only advises.
+func fronted(d executor.Desired) bool {
+	_, one := controlled(d)
+	return one && onDemandOrWarm(d.Spec)
+}
+
+// Hold is executor.Gate's: a warm or onDemand replica is served at its
+// front, and its engine held unless the Manager only advises (then the
+// front passes requests straight on, so that the controller sees them).
+func (m *Manager) Hold(d executor.Desired) (string, bool) {
+	if !fronted(d) {
+		return "", false
+	}
+	k := rkey{d.Replica.GetModel(), d.Replica.GetIndex()}
+	f, err := m.front(k)
+	if err != nil {
+		// Without a front the replica could not be reached while cold:
+		// it runs as a pinned one would.
+		m.log.Warn("residency: serve a front; the replica is loaded when placed", "replica", k.id(), "err", err)
+		return "", false
+	}
+	return f.url, !m.opts.Advise
+}
+
+// Placed is executor.Gate's.
+func (m *Manager) Placed(ds []executor.Desired) {
+	ds = slices.Clone(ds)
+	m.post(func() { m.placed(ds) })
+}
+
+// Engine is executor.Gate's.
+func (m *Manager) Engine(model string, replica uint32, state pb.ReplicaState, engineURL string) {
+	m.post(func() { m.engine(rkey{model, replica}, state, engineURL) })
+}
+
+// post queues f for the loop; it never blocks.
+func (m *Manager) post(f func()) {
+	m.mu.Lock()
+	m.queue = append(m.queue, f)
+	m.mu.Unlock()
+	select {
+	case m.wake <- struct{}{}:
+	default:
+	}
+}
+
+// Run drives the controllers until ctx ends; ex runs the engines.
+func (m *Manager) Run(ctx context.Context, ex Engines) {
+	m.ex, m.ctx = ex, ctx
+	go m.reporter(ctx)
+	tick := time.NewTicker(m.opts.Tick)
+	defer tick.Stop()
+	defer m.closeFronts()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-m.wake:
+			m.mu.Lock()
+			q := m.queue
+			m.queue = nil
+			m.mu.Unlock()
+			for _, f := range q {
+				f()
+			}
+		case <-tick.C:
+			m.sample()
+			for _, c := range m.sortedCards() {
+				m.handle(c, residency.Tick{}, "")
+				m.publishCard(c)
+			}
+		}
+	}
+}
+
+func (m *Manager) sortedCards() []*cardCtrl {
+	out := make([]*cardCtrl, 0, len(m.ctrls))
+	for _, c := range m.ctrls {
+		out = append(out, c)
+	}
+	slices.SortFunc(out, func(a, b *cardCtrl) int { return cmp.Compare(a.index, b.index) })
+	return out
+}
+
+// deployment maps a placed replica onto the controller's Deployment.
+func (m *Manager) deployment(k rkey, d executor.Desired) residency.Deployment {
+	spec := d.Spec
+	dep := residency.Deployment{
+		Model: k.id(), Share: int64(d.Replica.GetMemoryMib()) << 20,
+		Quantization: spec.GetEngine().GetQuantization(), Engine: spec.GetEngine().GetKind(),
+	}
+	switch spec.GetResidency() {
+	case pb.Residency_RESIDENCY_WARM:
+		dep.Residency = residency.Warm
+	case pb.Residency_RESIDENCY_ON_DEMAND:
+		dep.Residency = residency.OnDemand
+	default:
+		dep.Residency = residency.Pinned
+	}
+	switch spec.GetPriority() {
+	case pb.Priority_PRIORITY_INTERACTIVE:
+		dep.Priority = residency.Interactive
+	case pb.Priority_PRIORITY_BACKGROUND:
+		dep.Priority = residency.Background
+	default:
+		dep.Priority = residency.Standard
+	}
+	if c := m.cards[d.Replica.GetCards()[0]]; c != nil {
+		dep.Device = c.GetDevice()
+	}
+	if ctl, err := engine.ControlsFor(dep.Engine, engine.Target{}); err == nil {
+		dep.CanSleep = slices.Contains(ctl.Caps().Levels, engine.SleepOffload)
+	}
+	return dep
+}
+
+// placed reconciles the controllers with the replicas placed on the node.
+func (m *Manager) placed(ds []executor.Desired) {
+	// Cards with a warm or onDemand replica get a controller; every
+	// single-card replica on them joins it.
+	want := map[rkey]executor.Desired{}
+	cardsWanted := map[uint32]bool{}
+	for _, d := range ds {
+		if c, ok := controlled(d); ok && onDemandOrWarm(d.Spec) {
+			cardsWanted[c] = true
+		}
+	}
+	for _, d := range ds {
+		if c, ok := controlled(d); ok && cardsWanted[c] {
+			want[rkey{d.Replica.GetModel(), d.Replica.GetIndex()}] = d
+		}
+	}
+	for _, k := range sortedKeys(m.reps) {
+		r := m.reps[k]
+		d, ok := want[k]
+		if ok && d.Replica.GetCards()[0] == r.card {
+			continue
+		}
+		m.handle(m.ctrls[r.card], residency.DeploymentRemoved{Model: k.id()}, "")
+		delete(m.reps, k)
+		// Its engine stops with its supervisor; a replica placed here
+		// again starts from nothing.
+		delete(m.engines, k)
+	}
+	m.mu.Lock()
+	for k, f := range m.fronts {
+		if d, ok := want[k]; !ok || !fronted(d) {
+			f.close()
+			delete(m.fronts, k)
+		}
+	}
+	m.mu.Unlock()
+	for c := range cardsWanted {
+		if m.ctrls[c] != nil {
+			continue
+		}
+		card := m.cards[c]
+		if card == nil {
+			continue
+		}
+		cfg := m.opts.Config
+		cfg.Card, cfg.Memory = strconv.FormatUint(uint64(c), 10), int64(card.GetMemoryMib())<<20
+		if m.opts.Advise {
+			cfg.Mode = residency.Advise
+		}
+		ctrl, err := residency.New(cfg, wallClock{})
+		if err != nil {
+			m.log.Warn("residency: controller", "card", c, "err", err)
+			continue
+		}
+		wctx, stop := context.WithCancel(m.ctx)
+		cc := &cardCtrl{index: c, uuid: card.GetUuid(), ctrl: ctrl, work: newSerial(), stopWork: stop}
+		go cc.work.run(wctx)
+		m.ctrls[c] = cc
+	}
+	for _, k := range sortedKeys(want) {
+		d := want[k]
+		c := m.ctrls[d.Replica.GetCards()[0]]
+		if c == nil {
+			continue
+		}
+		dep := m.deployment(k, d)
+		if r, ok := m.reps[k]; ok {
+			if r.dep != dep {
+				r.dep = dep
+				m.handle(c, residency.DeploymentChanged{Deployment: dep}, "")
+			}
+			continue
+		}
+		m.reps[k] = &rep{k: k, card: c.index, dep: dep, kind: dep.Engine}
+		m.handle(c, residency.DeploymentAdded{Deployment: dep}, "")
+		// An engine already running (a pinned one, or any in advise
+		// mode) holds its memory: the controller starts from that.
+		if e := m.engines[k]; e.state == pb.ReplicaState_REPLICA_STATE_RUNNING && m.follows(m.reps[k]) {
+			m.handle(c, residency.LoadDone{Model: k.id()}, whyRunning)
+		}
+	}
+	for c, cc := range m.ctrls {
+		if !cardsWanted[c] {
+			cc.stopWork()
+			delete(m.ctrls, c)
+			if j := m.opts.Journal; j != nil {
+				j.RemoveCard(cc.ctrl.Ledger().Card)
+			}
+		}
+	}
+	for _, c := range m.sortedCards() {
+		m.publishCard(c)
+	}
+}
+
+func sortedKeys[V any](mp map[rkey]V) []rkey {
+	out := make([]rkey, 0, len(mp))
+	for k := range mp {
+		out = append(out, k)
+	}
+	slices.SortFunc(out, func(a, b rkey) int { return cmp.Or(cmp.Compare(a.model, b.model), cmp.Compare(a.index, b.index)) })
+	return out
+}
+
+// engine turns an engine's transition into the controller's event.
+func (m *Manager) engine(k rkey, state pb.ReplicaState, url string) {
+	prev := m.engines[k].state
+	m.engines[k] = engineSeen{state: state, url: url}
+	hadEngine := prev == pb.ReplicaState_REPLICA_STATE_STARTING || prev == pb.ReplicaState_REPLICA_STATE_RUNNING
+	r := m.reps[k]
+	if r == nil {
+		return
+	}
+	c := m.ctrls[r.card]
+	st, _ := c.ctrl.Replica(k.id())
+	switch state {
+	case pb.ReplicaState_REPLICA_STATE_RUNNING:
+		held := !m.opts.Advise && r.dep.Residency != residency.Pinned
+		if held && !r.stopping && (st.State == residency.Cold || st.State == residency.Failed) {
+			// An engine its controller did not load: one a restarted
+			// agent adopted, or a load the controller gave up on. It
+			// holds memory the ledger does not count: stop it.
+			r.stopping = true
+			c.work.do(func() {
+				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+				defer cancel()
+				_ = m.ex.StopEngine(ctx, k.model, k.index, "not loaded by its node's residency controller (an earlier agent started it): stopped; it loads again on demand")
+				m.post(func() {
+					if r := m.reps[k]; r != nil {
+						r.stopping = false
+					}
+				})
+			})
+			break
+		}
+		if m.follows(r) && (st.State == residency.Loading || st.State == residency.Cold || st.State == residency.Failed) {
+			m.handle(c, residency.LoadDone{Model: k.id()}, whyRunning)
+		}
+	case pb.ReplicaState_REPLICA_STATE_FAILED, pb.ReplicaState_REPLICA_STATE_PLACED, pb.ReplicaState_REPLICA_STATE_STOPPED:
+		// Placed or Stopped without a stop of ours, after an engine
+		// started: the executor replaced or stopped it (its spec
+		// changed). Placed otherwise is a replica waiting (for demand,
+		// or for its card while another engine starts).
+		if state != pb.ReplicaState_REPLICA_STATE_FAILED && (r.stopping || !hadEngine) {
+			break
+		}
+		if !m.follows(r) {
+			break
+		}
+		if st.State == residency.Loading {
+			m.handle(c, residency.LoadFailed{Model: k.id(), Err: "engine failed"}, "engine failed to load")
+		} else if st.State != residency.Cold && st.State != residency.Failed {
+			m.handle(c, residency.EngineCrashed{Model: k.id()}, "engine crashed")
+		}
+	}
+	m.publishFronts(c)
+}
+
+// handle gives ev to c's controller, executes the actions, reports the
+// residency transitions and records the decisions. why is the reason given
+// for a transition no decision explains.
+func (m *Manager) handle(c *cardCtrl, ev residency.Event, why string) {
+	if c == nil {
+		return
+	}
+	out := c.ctrl.Handle(ev)
+	if out.Err != nil {
+		m.log.Warn("residency: event refused", "card", c.index, "event", fmt.Sprintf("%T", ev), "err", out.Err)
+	}
+	for _, v := range out.Violations {
+		m.log.Error("residency: ledger invariant violated; card is pinned-only until cleared", "card", c.index, "violation", fmt.Sprintf("%+v", v))
+	}
+	if j := m.opts.Journal; j != nil {
+		prev := c.seen
+		c.seen = j.Sync(c.ctrl, c.seen)
+		ds := c.ctrl.Decisions()
+		for _, d := range ds[max(0, len(ds)-(c.seen-prev)):] {
+			m.log.Info("residency decision", "card", d.Card, "action", d.Action, "model", d.Model,
+				"trigger", d.Trigger, "advised", d.Advised, "reason", d.Reason)
+			if d.Advised {
+				m.advised(c, d)
+			}
+		}
+	}
+	reasons := map[residency.ModelID]string{}
+	for _, a := range out.Actions {
+		reasons[a.Model] = a.Decision.Reason
+		m.act(c, a)
+	}
+	for _, k := range sortedKeys(m.reps) {
+		r := m.reps[k]
+		if r.card != c.index || r.dep.Residency == residency.Pinned {
+			continue
+		}
+		st, ok := c.ctrl.Replica(k.id())
+		if !ok || st.State == r.reported {
+			continue
+		}
+		r.reported = st.State
+		if m.opts.Advise || (why == whyRunning && reasons[k.id()] == "") {
+			// Advised decisions change nothing; the executor reports
+			// an engine's start itself.
+			continue
+		}
+		reason := reasons[k.id()]
+		if reason == "" {
+			reason = why
+		}
+		if reason == "" {
+			reason = st.State.String()
+		}
+		select {
+		case m.reports <- report{k: k, res: pbResidency(st.State), reason: reason}:
+		default:
+			m.log.Warn("residency: report queue full; transition not reported", "replica", k.id())
+		}
+	}
+	m.publishFronts(c)
+}
+
+func pbResidency(s residency.State) pb.ReplicaResidency {
+	switch s {
+	case residency.Loading:
+		return pb.ReplicaResidency_REPLICA_RESIDENCY_LOADING
+	case residency.Resident:
+		return pb.ReplicaResidency_REPLICA_RESIDENCY_RESIDENT
+	case residency.Draining:
+		return pb.ReplicaResidency_REPLICA_RESIDENCY_DRAINING
+	case residency.Sleeping:
+		return pb.ReplicaResidency_REPLICA_RESIDENCY_SLEEPING
+	case residency.Waking:
+		return pb.ReplicaResidency_REPLICA_RESIDENCY_WAKING
+	}
+	return pb.ReplicaResidency_REPLICA_RESIDENCY_COLD
+}
+
+// reporter commits residency transitions in order, off the loop.
+func (m *Manager) reporter(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case r := <-m.reports:
+			rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			if err := m.ex.ReportResidency(rctx, r.k.model, r.k.index, r.res, r.reason); err != nil && !errors.Is(err, executor.ErrNotRunning) {
+				m.log.Info("residency: report transition", "replica", r.k.id(), "err", err)
+			}
+			cancel()
+		}
+	}
+}
+
+// act executes one action; what takes time runs off the loop and reports
+// back as an event.
+func (m *Manager) act(c *cardCtrl, a residency.Action) {
+	var k rkey
+	var r *rep
+	for key, rr := range m.reps {
+		if key.id() == a.Model {
+			k, r = key, rr
+		}
+	}
+	if r == nil || r.dep.Residency == residency.Pinned {
+		// A pinned engine runs as the executor keeps it; a replica gone
+		// from the node is stopped by the executor.
+		return
+	}
+	reason := a.Decision.Reason
+	switch a.Kind {
+	case residency.ActLoad, residency.ActPrewarm:
+		if e := m.engines[k]; e.state == pb.ReplicaState_REPLICA_STATE_RUNNING {
+			m.post(func() { m.handle(m.ctrls[c.index], residency.LoadDone{Model: a.Model}, whyRunning) })
+			return
+		}
+		c.work.do(func() {
+			if err := m.ex.StartEngine(k.model, k.index, reason); err != nil {
+				m.post(func() {
+					m.handle(m.ctrls[c.index], residency.LoadFailed{Model: a.Model, Err: err.Error()}, "load failed: "+err.Error())
+				})
+			}
+		})
+	case residency.ActSleep, residency.ActWake:
+		ctl, err := engine.ControlsFor(r.kind, engine.Target{BaseURL: m.engines[k].url})
+		c.work.do(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+			defer cancel()
+			if err == nil {
+				if a.Kind == residency.ActSleep {
+					err = ctl.Sleep(ctx, engine.SleepOffload)
+				} else {
+					err = ctl.Wake(ctx)
+				}
+			}
+			switch {
+			case err == nil && a.Kind == residency.ActSleep:
+				m.post(func() { m.handle(m.ctrls[c.index], residency.SleepDone{Model: a.Model}, "asleep") })
+			case err == nil:
+				m.post(func() { m.handle(m.ctrls[c.index], residency.WakeDone{Model: a.Model}, "awake") })
+			default:
+				// An engine that cannot sleep or wake is stopped: its
+				// memory is free whatever state it was in.
+				m.log.Warn("residency: engine control failed; stopping the engine", "replica", a.Model, "action", a.Kind, "err", err)
+				m.post(func() {
+					if r := m.reps[k]; r != nil {
+						r.stopping = true
+					}
+				})
+				_ = m.ex.StopEngine(ctx, k.model, k.index, fmt.Sprintf("%s failed: %v", a.Kind, err))
+				m.post(func() { m.unloaded(k, "stopped after a failed "+a.Kind.String()) })
+			}
+		})
+	case residency.ActEvict, residency.ActUnload:
+		r.stopping = true
+		c.work.do(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+			defer cancel()
+			if err := m.ex.StopEngine(ctx, k.model, k.index, reason); err != nil {
+				m.log.Warn("residency: stop engine", "replica", a.Model, "err", err)
+			}
+			m.post(func() { m.unloaded(k, "unloaded") })
+		})
+	case residency.ActReject:
+		m.mu.Lock()
+		f := m.fronts[k]
+		m.mu.Unlock()
+		if f != nil {
+			f.reject(reason)
+		}
+	}
+	// ActDrain needs nothing more: a front dispatches only to a Resident
+	// model. ActSerialize is a recorded decision.
+}
+
+// publishFronts tells c's fronts which models they may dispatch to.
+func (m *Manager) publishFronts(c *cardCtrl) {
+	if c == nil {
+		return
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for k, f := range m.fronts {
+		r := m.reps[k]
+		if r == nil || r.card != c.index {
+			continue
+		}
+		st, _ := c.ctrl.Replica(k.id())
+		e := m.engines[k]
+		running := e.state == pb.ReplicaState_REPLICA_STATE_RUNNING && e.url != ""
+		ready := running && (st.State == residency.Resident || m.opts.Advise)
+		f.set(ready, e.url)
+	}
+}
+
+// publishCard refreshes the journal's view of c.
+func (m *Manager) publishCard(c *cardCtrl) {
+	j := m.opts.Journal
+	if j == nil {
+		return
+	}
+	l := c.ctrl.Ledger()
+	j.SetCard(residency.CardView{Card: l.Card, Mode: m.Mode(), PinnedOnly: c.ctrl.PinnedOnly(),
+		Violations: c.ctrl.ViolationCount(), Usable: c.ctrl.Usable(), Plan: c.ctrl.Plan(), Ledger: l}, c.ctrl.Profiles())
+}
+
+// sample sends each controller the memory its engines hold, as NVML
+// reports it per process.
+func (m *Manager) sample() {
+	if m.opts.NVML == nil || m.ex == nil || len(m.ctrls) == 0 {
+		return
+	}
+	byPID := map[uint32]rkey{}
+	for _, e := range m.ex.Engines() {
+		byPID[uint32(e.PID)] = rkey{e.Model, e.Replica}
+	}
+	for _, c := range m.sortedCards() {
+		dev, ret := m.opts.NVML.DeviceGetHandleByUUID(c.uuid)
+		if ret != nvml.SUCCESS {
+			continue
+		}
+		procs, ret := dev.GetComputeRunningProcesses()
+		if ret != nvml.SUCCESS {
+			continue
+		}
+		used := map[rkey]int64{}
+		for _, p := range procs {
+			if k, ok := byPID[p.Pid]; ok {
+				used[k] += int64(p.UsedGpuMemory)
+			}
+		}
+		for _, k := range sortedKeys(used) {
+			if r := m.reps[k]; r != nil && r.card == c.index && m.follows(r) {
+				m.handle(c, residency.MemorySample{Model: k.id(), Bytes: used[k]}, "")
+			}
+		}
+	}
+}
+
+// unloaded reports that a stop the Manager asked for is done.
+func (m *Manager) unloaded(k rkey, why string) {
+	r := m.reps[k]
+	if r == nil {
+		return
+	}
+	r.stopping = false
+	m.handle(m.ctrls[r.card], residency.Unloaded{Model: k.id()}, why)
+}
+
+// serial runs functions one after the other, in the order given; do never
+// blocks.
+type serial struct {
+	mu   sync.Mutex
+	q    []func()
+	wake chan struct{}
+}
+
+func newSerial() *serial { return &serial{wake: make(chan struct{}, 1)} }
+
+func (s *serial) do(f func()) {
+	s.mu.Lock()
+	s.q = append(s.q, f)
+	s.mu.Unlock()
+	select {
+	case s.wake <- struct{}{}:
+	default:
+	}
+}
+
+func (s *serial) run(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-s.wake:
+		}
+		for {
+			s.mu.Lock()
+			if len(s.q) == 0 {
+				s.mu.Unlock()
+				break
+			}
+			f := s.q[0]
+			s.q = s.q[1:]
+			s.mu.Unlock()
+			f()
+		}
+	}
+}
