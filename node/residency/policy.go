@@ -315,8 +315,14 @@ func (c *Controller) admit(r *replica, trig Trigger, start bool, now time.Time) 
 			if x.op == ActSleep {
 				verb = "sleep"
 			}
-			c.stop(v, x.op, trig, r.dep.Model, in, now, "%s %s: value %.2f < %s %.2f; frees %s, %s needs %s (%s short)",
-				verb, v.dep.Model, x.value, r.dep.Model, myValue, gib(x.freed), r.dep.Model, gib(claim), gib(need))
+			// A request may displace a model worth more than it when nothing
+			// worth less is left; the reason says so instead of a false "<".
+			why := fmt.Sprintf("value %.2f < %s %.2f", x.value, r.dep.Model, myValue)
+			if x.value >= myValue {
+				why = fmt.Sprintf("lowest value left on the card %.2f (%s %.2f has a request waiting)", x.value, r.dep.Model, myValue)
+			}
+			c.stop(v, x.op, trig, r.dep.Model, in, now, "%s %s: %s; frees %s, %s needs %s (%s short)",
+				verb, v.dep.Model, why, gib(x.freed), r.dep.Model, gib(claim), gib(need))
 			if trig == TriggerRequest {
 				c.serializeIfThrashing(r, v, now)
 			}

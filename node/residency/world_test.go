@@ -285,6 +285,10 @@ func (w *world) exec(a residency.Action) {
 	if d.Reason == "" || d.Card != w.cfg.Card || !d.Time.Equal(w.now()) {
 		w.violate("%s %s: incomplete decision %+v", a.Kind, a.Model, d)
 	}
+	// A reason tells the truth about the numbers it compares.
+	if strings.Contains(d.Reason, fmt.Sprintf(": value %.2f < ", d.Inputs.Value)) && d.Inputs.Value >= d.Inputs.ForValue {
+		w.violate("%s %s: reason %q states value %.2f < %.2f", a.Kind, a.Model, d.Reason, d.Inputs.Value, d.Inputs.ForValue)
+	}
 	// Requests run on an engine that is up; those queued for a loading or
 	// waking one wait for it, and only an owner or a higher priority may
 	// cancel that load.
