@@ -339,10 +339,18 @@ func chaos(t *testing.T, seed uint64, duration time.Duration) chaosRun {
 		evMu.Unlock()
 	}
 	managed := []string{"warm", "a", "b", "c"}
-	deadline := time.Now().Add(duration)
+	began := time.Now()
+	deadline := began.Add(duration)
+	// The agent is killed at least once, somewhere in the middle of the
+	// run, and now and then besides.
+	agentKillAt := began.Add(time.Duration(float64(duration) * (0.3 + 0.4*rng.Float64())))
 	for time.Now().Before(deadline) {
 		time.Sleep(time.Duration(50+rng.IntN(250)) * time.Millisecond)
-		switch p := rng.IntN(100); {
+		p := rng.IntN(100)
+		if time.Now().After(agentKillAt) {
+			p, agentKillAt = 88, deadline.Add(time.Hour)
+		}
+		switch {
 		case p < 80:
 			name := managed[rng.IntN(len(managed))]
 			// Long answers (up to 1.5 s at 200 tokens/s) keep engines busy
@@ -351,7 +359,7 @@ func chaos(t *testing.T, seed uint64, duration time.Duration) chaosRun {
 			if url := frontOf(name); url != "" {
 				reqs.Go(func() { request(name, url, tokens) })
 			}
-		case p < 88:
+		case p < 87:
 			engines := live().ex.Engines()
 			if len(engines) > 0 {
 				e := engines[rng.IntN(len(engines))]
@@ -362,15 +370,17 @@ func chaos(t *testing.T, seed uint64, duration time.Duration) chaosRun {
 				logger.Info("chaos: kill -9", "replica", e.Model, "pid", e.PID)
 				run.kills++
 			}
-		case p < 90:
+		case p < 89:
 			down := time.Now()
 			a := live()
 			a.cancel()
 			a.loops.Wait()
 			logger.Info("chaos: agent kill -9; a new one starts on the same data dir")
 			start()
-			// Its loops may take a moment to serve the fronts again; a
+			// The new agent learns its replicas from the control plane
+			// again, adopts their engines and serves their fronts; a
 			// request refused meanwhile is the agent's death, not a drop.
+			publish()
 			for _, name := range managed {
 				if present[name] {
 					for frontOf(name) == "" && time.Since(down) < 30*time.Second {
@@ -378,7 +388,6 @@ func chaos(t *testing.T, seed uint64, duration time.Duration) chaosRun {
 					}
 				}
 			}
-			publish()
 			evMu.Lock()
 			agentDown = append(agentDown, [2]time.Time{down, time.Now()})
 			evMu.Unlock()
