@@ -13,6 +13,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -91,24 +92,64 @@ func desired(m model, card *pb.Card, generation uint64) executor.Desired {
 	}
 }
 
-// TestChaosKeepsTheLedgerInvariants drives a card shared by a pinned, a
-// warm and three onDemand models, with real sim engines, through random
-// requests at the fronts, engine crashes (SIGKILL) and deployment changes
-// for a bounded time, and checks at every sample, from the simulated
-// NVML's numbers and not from the controller's books, that the card never
-// holds more than its usable memory (I1) and that the non-pinned engines
-// never hold the pinned share (I2). Every request gets an answer or an
-// explicit OpenAI-shaped error (503 refused, 502 cut off by a crash), never
-// a dropped connection; the controller reports no violation.
-func TestChaosKeepsTheLedgerInvariants(t *testing.T) {
-	duration := 20 * time.Second
-	if testing.Short() {
-		duration = 10 * time.Second
-	}
-	seed := uint64(time.Now().UnixNano())
-	if s := os.Getenv("GPUPLANE_CHAOS_SEED"); s != "" {
-		seed, _ = strconv.ParseUint(s, 10, 64)
-	}
+// agent is one life of the node agent's residency side: the Manager and
+// the executor it gates, run in this process. A kill -9 of the agent is
+// modelled as the executor's adoption tests do: the loops stop without
+// stopping the engines (KeepEngines) and without any word to them, and a
+// new Manager and executor start on the same data dir with a fresh journal
+// (the killed agent's memory is gone).
+type agent struct {
+	mgr     *Manager
+	ex      *executor.Executor
+	journal *residency.Journal
+	cancel  context.CancelFunc
+	loops   sync.WaitGroup
+}
+
+// drainDeadline is how long the chaos test's controllers let a drained
+// engine finish its requests.
+const drainDeadline = 5 * time.Second
+
+// crashNoticed bounds how long before a request an engine kill may still
+// cut it off: until the node notices the crash (a child's exit at once, an
+// adopted engine's through /proc polling), the front may dispatch to it.
+const crashNoticed = 2 * time.Second
+
+// chaosRun is what one chaos run saw.
+type chaosRun struct {
+	checks, kills, agentKills, changes int
+	answered                           map[string]int
+	// violations are I1/I2 breaches seen in the simulated NVML; i3 are
+	// requests cut off by the engine being stopped or slept under them
+	// with no cause the test made (a kill or a deployment change).
+	violations, i3 []string
+	// bad are requests neither answered nor refused with an explicit error.
+	bad []string
+	// ctrlViolations sums the controllers' own counts over every life.
+	ctrlViolations int
+	swaps          int
+}
+
+// reqRecord is one request the test sent, as the test saw it.
+type reqRecord struct {
+	model      string
+	start, end time.Time
+	outcome    string // ok, refused, cutoff, down
+	detail     string
+}
+
+// chaos drives a card shared by a pinned, a warm and three onDemand models
+// (all of one priority), with real sim engines, for duration: random
+// requests at the fronts, engine kill -9, agent kill -9 (restart on the
+// same data dir) and deployment changes. Every 50 ms it samples the
+// simulated NVML and attributes each process to its model by the process's
+// own command line (not by the executor's or controller's books), checking
+// I1 and I2. I3 is checked from the requests the test sent: a request cut
+// off (the proxy's 502 because its engine went away, or the sim engine's
+// own "aborted: put to sleep or unloaded" answer) is an I3 violation unless
+// the test itself killed that model's engine, killed the agent, or changed
+// that model's deployment while the request was out.
+func chaos(t *testing.T, seed uint64, duration time.Duration) chaosRun {
 	t.Logf("seed %d (GPUPLANE_CHAOS_SEED reruns it)", seed)
 	rng := rand.New(rand.NewPCG(seed, 0))
 
@@ -121,27 +162,39 @@ func TestChaosKeepsTheLedgerInvariants(t *testing.T) {
 	usageDir := filepath.Join(dataDir, "sim-nvml")
 	lib := inventory.NewSimNVML(cards, inventory.NewSimUsage(usageDir))
 	logger := slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelInfo}))
-	journal := residency.NewJournal(node, 0)
-	mgr := New(Options{Node: node, Cards: cards, NVML: lib, Journal: journal, BindHost: "127.0.0.1",
-		Wait: 20 * time.Second, Tick: 200 * time.Millisecond, Logger: logger,
-		Config: residency.Config{MinResidency: time.Second, IdleSleep: 3 * time.Second, IdleUnload: 6 * time.Second,
-			DrainDeadline: 5 * time.Second, RetryBackoff: 200 * time.Millisecond, MaxBackoff: 2 * time.Second}})
 	src := &source{ch: make(chan executor.Snapshot, 16)}
 	rep := &reporter{transitions: map[string][]string{}}
-	ex, err := executor.New(src, rep, executor.Options{Node: node, DataDir: dataDir, Cards: cards, Self: bin,
-		SimUsageDir: usageDir, BindHost: "127.0.0.1", AdvertiseHost: "127.0.0.1", GracePeriod: 2 * time.Second,
-		HealthInterval: 50 * time.Millisecond, Gate: mgr, Logger: logger})
-	if err != nil {
-		t.Fatal(err)
+
+	var agentMu sync.Mutex
+	var cur *agent
+	var journals []*residency.Journal
+	start := func() {
+		a := &agent{journal: residency.NewJournal(node, 0)}
+		a.mgr = New(Options{Node: node, Cards: cards, NVML: lib, Journal: a.journal, BindHost: "127.0.0.1",
+			DataDir: dataDir, Wait: 20 * time.Second, Tick: 200 * time.Millisecond, Logger: logger,
+			Config: residency.Config{MinResidency: time.Second, IdleSleep: 3 * time.Second, IdleUnload: 6 * time.Second,
+				DrainDeadline: drainDeadline, RetryBackoff: 200 * time.Millisecond, MaxBackoff: 2 * time.Second}})
+		a.ex, err = executor.New(src, rep, executor.Options{Node: node, DataDir: dataDir, Cards: cards, Self: bin,
+			SimUsageDir: usageDir, BindHost: "127.0.0.1", AdvertiseHost: "127.0.0.1", GracePeriod: 2 * time.Second,
+			HealthInterval: 50 * time.Millisecond, Gate: a.mgr, Logger: logger, KeepEngines: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		a.cancel = cancel
+		a.loops.Go(func() { _ = a.ex.Run(ctx) })
+		a.loops.Go(func() { a.mgr.Run(ctx, a.ex) })
+		agentMu.Lock()
+		cur = a
+		journals = append(journals, a.journal)
+		agentMu.Unlock()
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	var loops sync.WaitGroup
-	loops.Go(func() { _ = ex.Run(ctx) })
-	loops.Go(func() { mgr.Run(ctx, ex) })
-	defer func() {
-		cancel()
-		loops.Wait()
-	}()
+	live := func() *agent {
+		agentMu.Lock()
+		defer agentMu.Unlock()
+		return cur
+	}
+	start()
 
 	models := []model{
 		{"base", pb.Residency_RESIDENCY_PINNED, 20},
@@ -170,46 +223,66 @@ func TestChaosKeepsTheLedgerInvariants(t *testing.T) {
 	}
 	publish()
 
-	// The checker samples the simulated NVML, attributing each process to
-	// its replica by the executor's engine list (its pid).
-	var checks, violations int
-	var firstViolation string
-	checkOnce := func() {
-		byPID := map[uint32]string{}
-		for _, e := range ex.Engines() {
-			byPID[uint32(e.PID)] = e.Model
+	// The test's own record of what it did, for the I3 check.
+	var evMu sync.Mutex
+	engineKills := map[string][]time.Time{} // model → when its engine was killed
+	changed := map[string][]time.Time{}     // model → when its deployment changed
+	var agentDown [][2]time.Time            // agent kill → its successor serving
+	var records []reqRecord
+
+	// modelOf attributes a process to its model by its command line, as
+	// the engine was started (--served-model-name), cached by pid so that a
+	// process that just died is still known.
+	pidModel := map[uint32]string{}
+	modelOf := func(pid uint32) string {
+		if m, ok := pidModel[pid]; ok {
+			return m
 		}
+		data, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+		if err != nil {
+			return ""
+		}
+		args := strings.Split(string(data), "\x00")
+		for i, a := range args {
+			if a == "--served-model-name" && i+1 < len(args) {
+				pidModel[pid] = args[i+1]
+				return args[i+1]
+			}
+		}
+		return ""
+	}
+	var run chaosRun
+	checkOnce := func() {
 		dev, ret := lib.DeviceGetHandleByUUID(card.GetUuid())
 		if ret != nvml.SUCCESS {
-			t.Fatalf("simulated NVML: %v", ret)
+			t.Errorf("simulated NVML: %v", ret)
+			return
 		}
 		procs, ret := dev.GetComputeRunningProcesses()
 		if ret != nvml.SUCCESS {
-			t.Fatalf("simulated NVML: %v", ret)
+			t.Errorf("simulated NVML: %v", ret)
+			return
 		}
 		var total, others int64
 		for _, p := range procs {
 			total += int64(p.UsedGpuMemory)
-			if byPID[p.Pid] != "base" {
+			if modelOf(p.Pid) != "base" {
 				others += int64(p.UsedGpuMemory)
 			}
 		}
-		checks++
+		run.checks++
 		var v string
 		switch {
 		case total > usable:
-			v = fmt.Sprintf("%s I1: engines hold %d MiB, usable %d MiB: %+v by %v", time.Now().Format("15:04:05.000"), total>>20, usable>>20, procs, byPID)
+			v = fmt.Sprintf("%s I1: engines hold %d MiB, usable %d MiB: %+v", time.Now().Format("15:04:05.000"), total>>20, usable>>20, procs)
 		case others > usable-pinnedShare:
 			v = fmt.Sprintf(time.Now().Format("15:04:05.000")+" I2: non-pinned engines hold %d MiB, more than usable %d MiB minus the pinned share %d MiB", others>>20, usable>>20, pinnedShare>>20)
 		}
 		if v != "" {
-			for _, cv := range journal.Cards() {
+			for _, cv := range live().journal.Cards() {
 				v += fmt.Sprintf("\n\tthe controller's ledger then: %+v", cv.Ledger)
 			}
-			violations++
-			if firstViolation == "" {
-				firstViolation = v
-			}
+			run.violations = append(run.violations, v)
 		}
 	}
 	checkDone := make(chan struct{})
@@ -227,100 +300,264 @@ func TestChaosKeepsTheLedgerInvariants(t *testing.T) {
 		}
 	})
 
-	// Fronts: every model but the pinned one is served at its own.
+	// Fronts: every model but the pinned one is served at its own; the
+	// port is kept in the data dir, so a restarted agent serves it again
+	// at the same address.
 	frontOf := func(name string) string {
-		mgr.mu.Lock()
-		defer mgr.mu.Unlock()
-		if f := mgr.fronts[rkey{name, 0}]; f != nil {
+		a := live()
+		a.mgr.mu.Lock()
+		defer a.mgr.mu.Unlock()
+		if f := a.mgr.fronts[rkey{name, 0}]; f != nil {
 			return f.url
 		}
 		return ""
 	}
 	var reqs sync.WaitGroup
-	var resMu sync.Mutex
-	answered := map[string]int{}
-	var bad []string
 	client := &http.Client{Timeout: time.Minute}
-	request := func(name, url string) {
-		body := `{"model":"` + name + `","messages":[{"role":"user","content":"hi"}],"max_tokens":8}`
+	request := func(name, url string, tokens int) {
+		body := fmt.Sprintf(`{"model":%q,"messages":[{"role":"user","content":"hi"}],"max_tokens":%d}`, name, tokens)
+		rec := reqRecord{model: name, start: time.Now()}
 		resp, err := client.Post(url+"/v1/chat/completions", "application/json", bytes.NewBufferString(body))
-		resMu.Lock()
-		defer resMu.Unlock()
-		if err != nil {
-			bad = append(bad, fmt.Sprintf("%s: %v", name, err))
-			return
+		var data []byte
+		if err == nil {
+			data, err = io.ReadAll(resp.Body)
+			resp.Body.Close()
 		}
-		data, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
+		rec.end = time.Now()
 		var e struct {
 			Error struct{ Message string } `json:"error"`
 		}
 		switch {
+		case err != nil:
+			// Only an agent kill may drop a connection; judged below.
+			rec.outcome, rec.detail = "down", err.Error()
 		case resp.StatusCode == http.StatusOK:
-			answered[name]++
-		case (resp.StatusCode == http.StatusServiceUnavailable || resp.StatusCode == http.StatusBadGateway) &&
-			json.Unmarshal(data, &e) == nil && e.Error.Message != "":
-			// Refused (not loaded in time, the replica left) or cut
-			// off by a crash, with an explicit error.
+			rec.outcome = "ok"
+		case json.Unmarshal(data, &e) != nil || e.Error.Message == "":
+			rec.outcome, rec.detail = "bad", resp.Status+" "+string(data)
+		case resp.StatusCode == http.StatusBadGateway || strings.Contains(e.Error.Message, "aborted"):
+			// The engine went away or was slept under the request.
+			rec.outcome, rec.detail = "cutoff", resp.Status+" "+e.Error.Message
+		case resp.StatusCode == http.StatusServiceUnavailable:
+			rec.outcome, rec.detail = "refused", e.Error.Message
 		default:
-			bad = append(bad, fmt.Sprintf("%s: %s %s", name, resp.Status, data))
+			rec.outcome, rec.detail = "bad", resp.Status+" "+string(data)
 		}
+		evMu.Lock()
+		records = append(records, rec)
+		evMu.Unlock()
 	}
 	managed := []string{"warm", "a", "b", "c"}
-	deadline := time.Now().Add(duration)
-	kills, changes := 0, 0
+	began := time.Now()
+	deadline := began.Add(duration)
+	// The agent is killed at least once, somewhere in the middle of the
+	// run, and now and then besides.
+	agentKillAt := began.Add(time.Duration(float64(duration) * (0.3 + 0.4*rng.Float64())))
 	for time.Now().Before(deadline) {
 		time.Sleep(time.Duration(50+rng.IntN(250)) * time.Millisecond)
-		switch p := rng.IntN(100); {
+		p := rng.IntN(100)
+		if time.Now().After(agentKillAt) {
+			p, agentKillAt = 88, deadline.Add(time.Hour)
+		}
+		switch {
 		case p < 80:
 			name := managed[rng.IntN(len(managed))]
+			// Long answers (up to 1.5 s at 200 tokens/s) keep engines busy
+			// while others are loaded, which is when I3 matters.
+			tokens := 8 + rng.IntN(300)
 			if url := frontOf(name); url != "" {
-				reqs.Go(func() { request(name, url) })
+				reqs.Go(func() { request(name, url, tokens) })
 			}
-		case p < 90:
-			engines := ex.Engines()
+		case p < 87:
+			engines := live().ex.Engines()
 			if len(engines) > 0 {
 				e := engines[rng.IntN(len(engines))]
+				evMu.Lock()
+				engineKills[e.Model] = append(engineKills[e.Model], time.Now())
+				evMu.Unlock()
 				_ = syscall.Kill(e.PID, syscall.SIGKILL)
 				logger.Info("chaos: kill -9", "replica", e.Model, "pid", e.PID)
-				kills++
+				run.kills++
 			}
+		case p < 89:
+			down := time.Now()
+			a := live()
+			a.cancel()
+			a.loops.Wait()
+			logger.Info("chaos: agent kill -9; a new one starts on the same data dir")
+			start()
+			// The new agent learns its replicas from the control plane
+			// again, adopts their engines and serves their fronts; a
+			// request refused meanwhile is the agent's death, not a drop.
+			publish()
+			for _, name := range managed {
+				if present[name] {
+					for frontOf(name) == "" && time.Since(down) < 30*time.Second {
+						time.Sleep(20 * time.Millisecond)
+					}
+				}
+			}
+			evMu.Lock()
+			agentDown = append(agentDown, [2]time.Time{down, time.Now()})
+			evMu.Unlock()
+			run.agentKills++
 		default:
 			// c leaves the node or comes back; a's spec changes.
+			name := "a"
 			if rng.IntN(2) == 0 {
+				name = "c"
 				present["c"] = !present["c"]
 				generation["c"]++
 			} else {
 				generation["a"]++
 			}
+			evMu.Lock()
+			changed[name] = append(changed[name], time.Now())
+			evMu.Unlock()
 			publish()
 			logger.Info("chaos: deployments changed", "c", present["c"], "generations", fmt.Sprint(generation))
-			changes++
+			run.changes++
 		}
 	}
 	reqs.Wait()
 	close(checkDone)
 	checker.Wait()
-	t.Logf("%d samples, %d kills, %d deployment changes, answered %v", checks, kills, changes, answered)
-	if violations > 0 {
-		t.Errorf("%d of %d samples broke an invariant; first: %s", violations, checks, firstViolation)
+
+	// Clean up as an operator would: every replica leaves, the executor
+	// stops their engines (the agents all keep engines when they end).
+	clear(present)
+	publish()
+	last := live()
+	for end := time.Now().Add(30 * time.Second); len(last.ex.Engines()) > 0 && time.Now().Before(end); {
+		time.Sleep(50 * time.Millisecond)
 	}
-	for _, b := range bad {
-		t.Errorf("request neither answered nor refused with 503: %s", b)
+	last.cancel()
+	last.loops.Wait()
+
+	within := func(ts []time.Time, from, to time.Time) bool {
+		for _, x := range ts {
+			if !x.Before(from) && !x.After(to) {
+				return true
+			}
+		}
+		return false
 	}
-	for _, v := range journal.Cards() {
-		if v.Violations > 0 {
-			t.Errorf("controller of card %s found %d violations", v.Card, v.Violations)
+	warmWaiting := func(at time.Time) bool {
+		for _, r := range records {
+			if r.model == "warm" && !r.start.After(at) && !r.end.Before(at) {
+				return true
+			}
+		}
+		return false
+	}
+	run.answered = map[string]int{}
+	for _, r := range records {
+		agentDied := false
+		for _, d := range agentDown {
+			if !d[0].After(r.end) && !d[1].Before(r.start) {
+				agentDied = true
+			}
+		}
+		// A deployment change replaces or stops the engine up to the grace
+		// period after it is published.
+		deployed := within(changed[r.model], r.start.Add(-5*time.Second), r.end)
+		switch r.outcome {
+		case "ok":
+			run.answered[r.model]++
+		case "refused":
+		case "down":
+			if !agentDied {
+				run.bad = append(run.bad, fmt.Sprintf("%s: %s", r.model, r.detail))
+			}
+		case "cutoff":
+			// SPEC §8.1: a warm owner's request takes its lent share back;
+			// a borrower busy beyond the drain deadline is then cut off.
+			// That is no prewarm or onDemand load, so not I3's concern.
+			reclaimed := r.model != "warm" && r.end.Sub(r.start) >= drainDeadline && warmWaiting(r.end)
+			if !agentDied && !deployed && !reclaimed && !within(engineKills[r.model], r.start.Add(-crashNoticed), r.end) {
+				run.i3 = append(run.i3, fmt.Sprintf("I3: a request to %s in flight %s–%s was cut off with no kill or deployment change: %s",
+					r.model, r.start.Format("15:04:05.000"), r.end.Format("15:04:05.000"), r.detail))
+			}
+		default:
+			run.bad = append(run.bad, fmt.Sprintf("%s: %s", r.model, r.detail))
 		}
 	}
-	swaps := 0
-	ds, _ := journal.Decisions(0)
-	for _, d := range ds {
-		if d.Action == residency.ActSleep || d.Action == residency.ActEvict {
-			swaps++
+	for _, j := range journals {
+		for _, v := range j.Cards() {
+			run.ctrlViolations += v.Violations
+		}
+		ds, _ := j.Decisions(0)
+		for _, d := range ds {
+			if d.Action == residency.ActSleep || d.Action == residency.ActEvict {
+				run.swaps++
+			}
 		}
 	}
-	if swaps == 0 || len(answered) < 2 {
-		t.Errorf("the run exercised too little: %d sleeps or evictions, answered %v", swaps, answered)
+	t.Logf("%d samples, %d engine kills, %d agent kills, %d deployment changes, %d requests, answered %v, %d sleeps or evictions",
+		run.checks, run.kills, run.agentKills, run.changes, len(records), run.answered, run.swaps)
+	return run
+}
+
+func chaosSeed() uint64 {
+	seed := uint64(time.Now().UnixNano())
+	if s := os.Getenv("GPUPLANE_CHAOS_SEED"); s != "" {
+		seed, _ = strconv.ParseUint(s, 10, 64)
 	}
+	return seed
+}
+
+// TestChaosKeepsTheLedgerInvariants runs the chaos (see chaos) for a
+// bounded time and asserts what a user would notice: the card never held
+// more than its usable memory (I1), non-pinned engines never used the
+// pinned share (I2), no request was cut off by a load or prewarm of a
+// model of the same priority (I3), every request got an answer or an
+// explicit OpenAI-shaped error (only an agent kill may drop a connection),
+// and the controllers report no violation of their own.
+func TestChaosKeepsTheLedgerInvariants(t *testing.T) {
+	if plantedBug {
+		t.Skip("built with residency_plantbug: TestChaosCatchesThePlantedBug runs instead")
+	}
+	duration := 20 * time.Second
+	if testing.Short() {
+		duration = 10 * time.Second
+	}
+	run := chaos(t, chaosSeed(), duration)
+	if len(run.violations) > 0 {
+		t.Errorf("%d of %d samples broke an invariant; first: %s", len(run.violations), run.checks, run.violations[0])
+	}
+	for _, v := range run.i3 {
+		t.Error(v)
+	}
+	for _, b := range run.bad {
+		t.Errorf("request neither answered nor refused with an explicit error: %s", b)
+	}
+	if run.ctrlViolations > 0 {
+		t.Errorf("the controllers found %d violations", run.ctrlViolations)
+	}
+	if run.swaps == 0 || len(run.answered) < 2 {
+		t.Errorf("the run exercised too little: %d sleeps or evictions, answered %v", run.swaps, run.answered)
+	}
+}
+
+// TestChaosCatchesThePlantedBug runs only with the residency_plantbug build
+// tag, which removes the controller's I3 guard and its own I3 check: the
+// chaos test's independent I3 check must see busy engines cut off.
+//
+//	go test -tags residency_plantbug -count=1 -run TestChaosCatchesThePlantedBug ./node/resident/
+func TestChaosCatchesThePlantedBug(t *testing.T) {
+	if !plantedBug {
+		t.Skip("needs -tags residency_plantbug")
+	}
+	seed := chaosSeed()
+	for try := uint64(0); try < 3; try++ {
+		run := chaos(t, seed+try, 20*time.Second)
+		for _, v := range run.i3 {
+			t.Log("caught: " + v)
+		}
+		if len(run.i3) > 0 {
+			t.Logf("the independent check saw %d I3 violations; the controllers reported %d of their own", len(run.i3), run.ctrlViolations)
+			return
+		}
+	}
+	t.Fatal("3 runs with the I3 guard removed and no request was cut off: the check is blind")
 }

@@ -27,4 +27,12 @@
 // always did, its front passes requests straight to the engine, and the
 // controllers only record what they would do (the journal, the agent's
 // log at info level).
+//
+// The chaos test (chaos_test.go) runs the Manager and executor against real
+// sim engines with random requests, engine and agent kill -9 (a new Manager
+// and executor on the same data dir) and deployment changes, checking I1/I2
+// from the simulated NVML and I3 from its own requests' outcomes. Built with
+// the residency_plantbug tag (no I3 guard), it must see I3 violations:
+//
+//	go test -tags residency_plantbug -count=1 -run TestChaosCatchesThePlantedBug ./node/resident/
 package resident

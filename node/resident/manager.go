@@ -445,7 +445,7 @@ func (m *Manager) engine(k rkey, state pb.ReplicaState, url string) {
 			})
 			break
 		}
-		if m.follows(r) && (st.State == residency.Loading || st.State == residency.Cold || st.State == residency.Failed) {
+		if m.follows(r) && !r.stopping && (st.State == residency.Loading || st.State == residency.Cold || st.State == residency.Failed) {
 			m.handle(c, residency.LoadDone{Model: k.id()}, whyRunning)
 		}
 	case pb.ReplicaState_REPLICA_STATE_FAILED, pb.ReplicaState_REPLICA_STATE_PLACED, pb.ReplicaState_REPLICA_STATE_STOPPED:
@@ -580,7 +580,10 @@ func (m *Manager) act(c *cardCtrl, a residency.Action) {
 	reason := a.Decision.Reason
 	switch a.Kind {
 	case residency.ActLoad, residency.ActPrewarm:
-		if e := m.engines[k]; e.state == pb.ReplicaState_REPLICA_STATE_RUNNING {
+		// An engine being stopped (one a restarted agent adopted, or one
+		// whose control failed) is not loaded: the start queues behind
+		// the stop on the card's serial worker.
+		if e := m.engines[k]; e.state == pb.ReplicaState_REPLICA_STATE_RUNNING && !r.stopping {
 			m.post(func() { m.handle(m.ctrls[c.index], residency.LoadDone{Model: a.Model}, whyRunning) })
 			return
 		}

@@ -1,0 +1,5 @@
+//go:build !residency_plantbug
+
+package resident
+
+const plantedBug = false
