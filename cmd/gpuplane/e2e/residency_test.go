@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"syscall"
@@ -139,10 +140,14 @@ func TestOnDemandModelsShareOneCard(t *testing.T) {
 	log := mustGpuplane(t, a.url(), "audit", "log", "--resource", "model/chat")
 	for _, want := range []string{"ApplyModel chat", "placed, cold (not loaded: its node loads it on demand)",
 		"placed, loading (load chat/0: 1 requests waiting;", "running, resident (engine running: loaded on demand)",
-		"running, draining (sleep chat/0: value", "running, sleeping"} {
+		"running, draining (sleep chat/0: ", "running, sleeping"} {
 		if !strings.Contains(log, want) {
 			t.Errorf("audit log --resource model/chat lacks %q:\n%s", want, log)
 		}
+	}
+	// The sleep's reason gives the numbers that decided it.
+	if re := regexp.MustCompile(`draining \(sleep chat/0: [^;]*value[^;]*[0-9]+\.[0-9]{2}[^;]*; frees [0-9.]+Gi, embed/0 needs [0-9.]+Gi`); !re.MatchString(log) {
+		t.Errorf("audit log --resource model/chat: the sleep's reason lacks its numbers (%s):\n%s", re, log)
 	}
 	if strings.Contains(log, "embed") && !strings.Contains(log, "embed/0 needs") {
 		t.Errorf("audit log --resource model/chat shows another model's entries:\n%s", log)
