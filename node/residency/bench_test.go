@@ -3,6 +3,7 @@ package residency_test
 import (
 	"container/heap"
 	"fmt"
+	"github.com/gpuplane/gpuplane/internal/cputime"
 	"math/rand/v2"
 	"runtime"
 	"slices"
@@ -80,13 +81,13 @@ func newBenchNode(tb testing.TB, seed uint64) *benchNode {
 func (n *benchNode) handle(ev residency.Event) {
 	var c0 time.Duration
 	if n.lat != nil {
-		c0 = threadCPU()
+		c0 = cputime.Thread()
 	}
 	t := time.Now()
 	out := n.c.Handle(ev)
 	if n.lat != nil {
 		n.lat = append(n.lat, time.Since(t))
-		n.cpu = append(n.cpu, threadCPU()-c0)
+		n.cpu = append(n.cpu, cputime.Thread()-c0)
 	}
 	n.handled++
 	for _, a := range out.Actions {

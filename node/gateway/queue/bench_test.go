@@ -2,6 +2,7 @@ package queue_test
 
 import (
 	"fmt"
+	"github.com/gpuplane/gpuplane/internal/cputime"
 	"runtime"
 	"slices"
 	"testing"
@@ -124,11 +125,11 @@ func BenchmarkEnqueueDispatch(b *testing.B) {
 	b.ReportAllocs()
 	b.ResetTimer()
 	for i := range b.N {
-		c0 := threadCPU()
+		c0 := cputime.Thread()
 		t0 := time.Now()
 		op()
 		lat[i] = time.Since(t0)
-		cpu[i] = threadCPU() - c0
+		cpu[i] = cputime.Thread() - c0
 	}
 	b.StopTimer()
 	slices.Sort(lat)

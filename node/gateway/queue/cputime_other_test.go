@@ -1,8 +1,0 @@
-//go:build !linux
-
-package queue_test
-
-import "time"
-
-// threadCPU is not measured off Linux.
-func threadCPU() time.Duration { return 0 }
