@@ -5,7 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"fmt"
+	"github.com/gpuplane/gpuplane/internal/testbin"
 	"net/http"
 	"os"
 	"os/exec"
@@ -38,18 +38,7 @@ var (
 func gpuplaneBin(t *testing.T) string {
 	t.Helper()
 	buildOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "engine-test-")
-		if err != nil {
-			buildErr = err
-			return
-		}
-		binPath = filepath.Join(dir, "gpuplane")
-		build := exec.Command("go", "build", "-o", binPath, "./cmd/gpuplane")
-		build.Dir = filepath.Join("..", "..")
-		build.Env = append(os.Environ(), "CGO_CFLAGS=-Wno-deprecated-declarations")
-		if out, err := build.CombinedOutput(); err != nil {
-			buildErr = fmt.Errorf("build gpuplane: %v\n%s", err, out)
-		}
+		binPath, _, buildErr = testbin.Build(filepath.Join("..", ".."), "engine-test-")
 	})
 	if buildErr != nil {
 		t.Fatal(buildErr)

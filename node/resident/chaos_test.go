@@ -5,12 +5,12 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"github.com/gpuplane/gpuplane/internal/testbin"
 	"io"
 	"log/slog"
 	"math/rand/v2"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -32,20 +32,14 @@ import (
 var bin string
 
 func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "resident-test-")
+	b, remove, err := testbin.Build(filepath.Join("..", ".."), "resident-test-")
 	if err != nil {
-		panic(err)
-	}
-	bin = filepath.Join(dir, "gpuplane")
-	build := exec.Command("go", "build", "-o", bin, "./cmd/gpuplane")
-	build.Dir = filepath.Join("..", "..")
-	build.Env = append(os.Environ(), "CGO_CFLAGS=-Wno-deprecated-declarations")
-	if out, err := build.CombinedOutput(); err != nil {
-		fmt.Fprintf(os.Stderr, "build gpuplane: %v\n%s", err, out)
+		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
+	bin = b
 	code := m.Run()
-	os.RemoveAll(dir)
+	remove()
 	os.Exit(code)
 }
 
