@@ -120,6 +120,7 @@ func ValidateModel(name string, spec *pb.ModelSpec) []*pb.Violation {
 		v.add("spec.resources.memoryMib", "must be at most %d (64Ti), got %d", MaxMemoryMiB, m)
 	}
 	validateResidencyFields(&v, spec)
+	validateAdapters(&v, name, spec)
 	return v
 }
 
@@ -330,8 +331,9 @@ func (f *FSM) applyModel(c *pb.ApplyModel, prep *modelPrep, index uint64, dry bo
 
 // sameIdentity says whether two specs run the same replicas: they differ
 // at most in what changes without re-placing anything — the replica count,
-// and the residency, priority and SLO the node's controller adapts to (SPEC
-// §8.1; a residency change re-checks the reservations, changeResidency).
+// the residency, priority and SLO the node's controller adapts to (SPEC
+// §8.1; a residency change re-checks the reservations, changeResidency),
+// and the adapters, which the node loads into the running base.
 func sameIdentity(a, b *pb.ModelSpec) bool {
 	return proto.Equal(withoutMutable(a), withoutMutable(b))
 }
@@ -339,6 +341,7 @@ func sameIdentity(a, b *pb.ModelSpec) bool {
 func withoutMutable(spec *pb.ModelSpec) *pb.ModelSpec {
 	s := withReplicas(spec, 0)
 	s.Residency, s.Priority, s.Slo = pb.Residency_RESIDENCY_UNSPECIFIED, pb.Priority_PRIORITY_UNSPECIFIED, nil
+	s.Adapters = nil
 	return s
 }
 

@@ -54,6 +54,17 @@ type ModelDeploymentSpec struct {
 	Priority string `json:"priority,omitempty"`
 	// SLO is an optional latency target.
 	SLO *SLO `json:"slo,omitempty"`
+	// Adapters are LoRA adapters on this base model (SPEC §8.1).
+	Adapters []Adapter `json:"adapters,omitempty"`
+}
+
+// Adapter is one LoRA adapter: `{name: sql, source: /adapters/sql, rank: 16}`,
+// with `tenants: [acme]` to keep it private to those tenants.
+type Adapter struct {
+	Name    string   `json:"name"`
+	Source  string   `json:"source"`
+	Rank    *int64   `json:"rank"`
+	Tenants []string `json:"tenants,omitempty"`
 }
 
 // SLO is a deployment's latency target: `slo: {ttftMs: 800}`.
@@ -96,6 +107,9 @@ type Engine struct {
 	// Quantization is the weights' numeric format (bf16, fp8, awq, q4_k_m),
 	// one word; part of the model's identity.
 	Quantization string `json:"quantization,omitempty"`
+	// MaxAdapters is how many adapters the engine keeps on the card at
+	// once (default 4; vLLM --max-loras).
+	MaxAdapters *int64 `json:"maxAdapters,omitempty"`
 }
 
 // EngineKinds are the engines a deployment may name; the first is the default.
@@ -329,6 +343,36 @@ func (s *ModelDeploymentSpec) check(failed func(path string) bool) []*pb.Violati
 			atLeast("spec.slo.ttftMs", s.SLO.TTFTMs, 1)
 		}
 	}
+	if n := e.MaxAdapters; n != nil && (*n < 1 || *n > fsm.MaxAdaptersOnCard) {
+		add("spec.engine.maxAdapters", "must be between 1 and %d, got %d", fsm.MaxAdaptersOnCard, *n)
+	}
+	for i, a := range s.Adapters {
+		if a.Rank == nil && !failed(fmt.Sprintf("spec.adapters[%d].rank", i)) {
+			add(fmt.Sprintf("spec.adapters[%d].rank", i), "required: the adapter's LoRA rank, 1..%d", fsm.MaxAdapterRank)
+		}
+	}
+	kind := e.Kind
+	if kind == "" {
+		kind = EngineKinds[0]
+	}
+	out = append(out, fsm.ValidateAdapters(s.ServedModelName, &pb.EngineSpec{Kind: kind}, s.adapters())...)
+	return out
+}
+
+// adapters is the API's form of the adapters; a missing rank is sent as 1
+// (Check names it), one beyond uint32 as the largest uint32.
+func (s *ModelDeploymentSpec) adapters() []*pb.Adapter {
+	if len(s.Adapters) == 0 {
+		return nil
+	}
+	out := make([]*pb.Adapter, len(s.Adapters))
+	for i, a := range s.Adapters {
+		rank := uint32(1)
+		if a.Rank != nil {
+			rank = uint32(min(max(*a.Rank, 0), math.MaxUint32))
+		}
+		out[i] = &pb.Adapter{Name: a.Name, Source: a.Source, Rank: rank, Tenants: a.Tenants}
+	}
 	return out
 }
 
@@ -418,6 +462,10 @@ func (s *ModelDeploymentSpec) Proto() *pb.ModelSpec {
 	}
 	if s.SLO != nil && s.SLO.TTFTMs != nil {
 		out.Slo = &pb.SLO{TtftMs: uint32(*s.SLO.TTFTMs)}
+	}
+	out.Adapters = s.adapters()
+	if e.MaxAdapters != nil {
+		out.Engine.MaxAdapters = uint32(*e.MaxAdapters)
 	}
 	if s.Replicas != nil {
 		out.Replicas = uint32(*s.Replicas)
