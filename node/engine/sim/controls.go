@@ -3,6 +3,8 @@ package sim
 import (
 	"encoding/json"
 	"fmt"
+	"maps"
+	"slices"
 	"net/http"
 	"strconv"
 	"time"
@@ -293,6 +295,8 @@ type Status struct {
 	LastLoadSecs  float64 `json:"last_load_seconds"`
 	LastWakeSecs  float64 `json:"last_wake_seconds"`
 	TokensPerSecs float64 `json:"tokens_per_second"`
+	// Adapters are the LoRA adapters loaded (or loading) on the card.
+	Adapters []string `json:"adapters,omitempty"`
 }
 
 func (s *server) status(w http.ResponseWriter, _ *http.Request) {
@@ -309,5 +313,6 @@ func (s *server) snapshot() Status {
 		KVTokens: st.tokens, InFlight: st.inflight, Waiting: st.waiting, ComputeShare: st.computeFrac, CopyShare: st.copyFrac,
 		LastLoadSecs: st.lastLoad.Seconds(), LastWakeSecs: st.lastWake.Seconds(),
 		TokensPerSecs: s.cfg.TokensPerSecond * st.computeFrac / batch,
+		Adapters:      slices.Sorted(maps.Keys(s.lora.loaded)),
 	}
 }
