@@ -4,8 +4,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"maps"
-	"slices"
 	"net/http"
+	"slices"
 	"strconv"
 	"time"
 )
