@@ -42,6 +42,8 @@ type front struct {
 	// rejected counts rejections; reason is the last one's.
 	rejected int
 	reason   string
+	// adapters are the adapters on the card, served now.
+	adapters map[string]bool
 
 	proxy *httputil.ReverseProxy
 }
@@ -128,6 +130,34 @@ func (f *front) set(ready bool, engineURL string) {
 	f.changed = make(chan struct{})
 }
 
+// setAdapters says which adapters the engine serves now.
+func (f *front) setAdapters(names []string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if len(names) == len(f.adapters) {
+		same := true
+		for _, n := range names {
+			same = same && f.adapters[n]
+		}
+		if same {
+			return
+		}
+	}
+	f.adapters = make(map[string]bool, len(names))
+	for _, n := range names {
+		f.adapters[n] = true
+	}
+	close(f.changed)
+	f.changed = make(chan struct{})
+}
+
+// serves reports whether the engine serves adapter a now ("" is the base).
+func (f *front) serves(a string) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return a == "" || f.adapters[a]
+}
+
 // reject fails the requests waiting now.
 func (f *front) reject(reason string) {
 	f.mu.Lock()
@@ -151,11 +181,31 @@ func (f *front) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(http.StatusOK)
 		return
 	}
+	// A request for an adapter (or for a model this node does not serve
+	// to this tenant) is resolved before anything is loaded for it.
+	ar, status, msg := f.resolve(r)
+	if status != 0 {
+		typ := "invalid_request_error"
+		if status == http.StatusNotFound {
+			typ = "model_not_found"
+		}
+		writeError(w, status, typ, msg)
+		return
+	}
+	r = withBody(r, ar.body)
 	id := f.k.id()
-	f.m.post(func() { f.m.request(f.k, residency.RequestArrived{Model: id}) })
+	f.m.post(func() {
+		f.m.request(f.k, residency.RequestArrived{Model: id})
+		if ar.adapter != "" {
+			f.m.request(f.k, residency.AdapterRequested{Model: id, Adapter: ar.adapter})
+		}
+	})
 	start := time.Now()
 	defer func() {
 		f.m.post(func() {
+			if ar.adapter != "" {
+				f.m.request(f.k, residency.AdapterFinished{Model: id, Adapter: ar.adapter})
+			}
 			f.m.request(f.k, residency.RequestFinished{Model: id, Elapsed: time.Since(start)})
 		})
 	}()
@@ -164,7 +214,7 @@ func (f *front) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	defer deadline.Stop()
 	for {
 		ready, target, rejected, reason, changed := f.state()
-		if ready {
+		if ready && f.serves(ar.adapter) {
 			f.proxy.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), targetKey{}, target)))
 			return
 		}
