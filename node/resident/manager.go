@@ -80,7 +80,7 @@ type Manager struct {
 	// fronts (adapters.go).
 	adapterSpecs map[rkey]*adapterSpec
 	queue        []func()
-	wake   chan struct{}
+	wake         chan struct{}
 
 	// Owned by the loop.
 	ctrls   map[uint32]*cardCtrl
