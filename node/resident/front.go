@@ -194,12 +194,23 @@ func (f *front) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	r = withBody(r, ar.body)
 	id := f.k.id()
+	told := make(chan struct{})
 	f.m.post(func() {
+		defer close(told)
 		f.m.request(f.k, residency.RequestArrived{Model: id})
 		if ar.adapter != "" {
 			f.m.request(f.k, residency.AdapterRequested{Model: id, Adapter: ar.adapter})
 		}
 	})
+	if ar.adapter != "" {
+		// The controller must count the request before it is dispatched:
+		// otherwise it could take the adapter for idle and unload it
+		// under the request (I3).
+		select {
+		case <-told:
+		case <-r.Context().Done():
+		}
+	}
 	start := time.Now()
 	defer func() {
 		f.m.post(func() {
