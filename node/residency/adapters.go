@@ -114,6 +114,7 @@ func (AdapterUnloaded) isEvent()   {}
 
 // adapterState is one adapter of a base.
 type adapterState struct {
+	set     *adapterSet
 	spec    Adapter
 	tier    AdapterTier
 	active  int
@@ -133,6 +134,14 @@ type adapterState struct {
 type adapterSet struct {
 	maxOnCard, maxInHost int
 	byName               map[string]*adapterState
+	// list is byName's values sorted by name: steps visit adapters in one
+	// order, without a map lookup each.
+	list []*adapterState
+	// onCard and cardBytes count the adapters loading, loaded or
+	// unloading; loadedBytes those loaded (AdapterCard) alone. setTier
+	// keeps them, so that a cost is O(1) whatever the adapter count.
+	onCard                 int
+	cardBytes, loadedBytes int64
 	// loadDisk and loadHost are EWMAs of measured load times from each
 	// tier (0 until one was measured).
 	loadDisk, loadHost time.Duration
@@ -180,17 +189,10 @@ func (c *Controller) adapterBytes(r *replica) int64 {
 	if r.state != Resident && r.state != Draining {
 		return 0
 	}
-	set := c.adapters[r.dep.Model]
-	if set == nil {
-		return 0
+	if set := c.adapters[r.dep.Model]; set != nil {
+		return set.cardBytes
 	}
-	var n int64
-	for _, a := range set.byName {
-		if a.tier.onCard() {
-			n += a.spec.Bytes
-		}
-	}
-	return n
+	return 0
 }
 
 // loadedAdapterBytes is what r's adapters confirmed loaded hold.
@@ -198,15 +200,10 @@ func (c *Controller) loadedAdapterBytes(r *replica) int64 {
 	if r.state != Resident && r.state != Draining {
 		return 0
 	}
-	var n int64
 	if set := c.adapters[r.dep.Model]; set != nil {
-		for _, a := range set.byName {
-			if a.tier == AdapterCard {
-				n += a.spec.Bytes
-			}
-		}
+		return set.loadedBytes
 	}
-	return n
+	return 0
 }
 
 // observeAdapter applies an adapter event; handled is false for other
@@ -276,7 +273,32 @@ func (c *Controller) adapter(m ModelID, name string) *adapterState {
 }
 
 func (c *Controller) setTier(a *adapterState, t AdapterTier, now time.Time) {
+	a.set.count(a, -1)
 	a.tier, a.since = t, now
+	a.set.count(a, 1)
+}
+
+// count adds (sign 1) or removes (sign −1) a's share of the set's
+// counters.
+func (set *adapterSet) count(a *adapterState, sign int) {
+	if a.tier.onCard() {
+		set.onCard += sign
+		set.cardBytes += int64(sign) * a.spec.Bytes
+	}
+	if a.tier == AdapterCard {
+		set.loadedBytes += int64(sign) * a.spec.Bytes
+	}
+}
+
+// forget removes a from its set.
+func (set *adapterSet) forget(name string) {
+	if a := set.byName[name]; a != nil {
+		set.count(a, -1)
+		delete(set.byName, name)
+		if i, ok := slices.BinarySearchFunc(set.list, name, func(x *adapterState, n string) int { return strings.Compare(x.spec.Name, n) }); ok {
+			set.list = slices.Delete(set.list, i, i+1)
+		}
+	}
 }
 
 func (c *Controller) setAdapters(e AdaptersChanged, now time.Time) error {
@@ -307,6 +329,7 @@ func (c *Controller) setAdapters(e AdaptersChanged, now time.Time) error {
 	if set.maxInHost <= 0 {
 		set.maxInHost = 8 * e.MaxOnCard
 	}
+	added := false
 	for _, spec := range e.Adapters {
 		if a := set.byName[spec.Name]; a != nil {
 			if a.tier.onCard() && spec.Bytes != a.spec.Bytes {
@@ -314,10 +337,18 @@ func (c *Controller) setAdapters(e AdaptersChanged, now time.Time) error {
 				// counts from its next load.
 				spec.Bytes = max(spec.Bytes, a.spec.Bytes)
 			}
+			set.count(a, -1)
 			a.spec, a.removed = spec, false
+			set.count(a, 1)
 			continue
 		}
-		set.byName[spec.Name] = &adapterState{spec: spec, since: now}
+		a := &adapterState{set: set, spec: spec, since: now}
+		set.byName[spec.Name] = a
+		set.list = append(set.list, a)
+		added = true
+	}
+	if added {
+		slices.SortFunc(set.list, func(x, y *adapterState) int { return strings.Compare(x.spec.Name, y.spec.Name) })
 	}
 	for name, a := range set.byName {
 		if !seen[name] {
@@ -383,17 +414,12 @@ func (c *Controller) adapterAction(out []Action, kind ActionKind, r *replica, a 
 }
 
 func (c *Controller) pageAdapters(out []Action, r *replica, set *adapterSet, now time.Time) []Action {
-	names := make([]string, 0, len(set.byName))
-	for name := range set.byName {
-		names = append(names, name)
-	}
-	slices.Sort(names)
+	names := set.list
 	// The base left the card: its engine dropped the adapters. Asleep it
 	// keeps them in host RAM; stopped, nothing is left.
 	serving := r.state == Resident || r.state == Draining
 	if !serving {
-		for _, name := range names {
-			a := set.byName[name]
+		for _, a := range names {
 			switch {
 			case r.state == Cold || r.state == Failed || r.state == Loading:
 				if a.tier != AdapterDisk {
@@ -406,14 +432,14 @@ func (c *Controller) pageAdapters(out []Action, r *replica, set *adapterSet, now
 	}
 	// Removed adapters: forgotten when idle and off the card; unloaded
 	// when idle on it.
-	for _, name := range names {
-		a := set.byName[name]
+	var gone []string
+	for _, a := range names {
 		if !a.removed || a.active > 0 {
 			continue
 		}
 		switch a.tier {
 		case AdapterDisk, AdapterHost:
-			delete(set.byName, name)
+			gone = append(gone, a.spec.Name)
 		case AdapterCard:
 			if serving {
 				c.setTier(a, AdapterUnloading, now)
@@ -422,6 +448,10 @@ func (c *Controller) pageAdapters(out []Action, r *replica, set *adapterSet, now
 			}
 		}
 	}
+	for _, name := range gone {
+		set.forget(name)
+	}
+	names = set.list
 	if r.state != Resident || c.pinnedOnly && r.dep.Residency == OnDemand {
 		return c.trimHost(out, r, set, names, now)
 	}
@@ -431,11 +461,7 @@ func (c *Controller) pageAdapters(out []Action, r *replica, set *adapterSet, now
 	// unload in progress or starts one.
 	var want []*adapterState
 	used, unloading := 0, 0
-	for _, name := range names {
-		a := set.byName[name]
-		if a == nil {
-			continue
-		}
+	for _, a := range names {
 		if a.tier.onCard() {
 			used++
 		}
@@ -491,12 +517,11 @@ func (c *Controller) pageAdapters(out []Action, r *replica, set *adapterSet, now
 }
 
 // adapterVictim is the idle adapter on the card worth least, or nil.
-func (c *Controller) adapterVictim(r *replica, set *adapterSet, names []string, now time.Time) *adapterState {
+func (c *Controller) adapterVictim(r *replica, set *adapterSet, names []*adapterState, now time.Time) *adapterState {
 	var best *adapterState
 	var bestV float64
-	for _, name := range names {
-		a := set.byName[name]
-		if a == nil || a.tier != AdapterCard || a.active > 0 {
+	for _, a := range names {
+		if a.tier != AdapterCard || a.active > 0 {
 			continue
 		}
 		v := c.adapterValue(r, set, a, now)
@@ -528,10 +553,10 @@ func (c *Controller) adapterRoom(r *replica) int64 {
 // trimHost sends the least valuable adapters in host RAM beyond its bound
 // to disk (no engine operation: their cache entries are the engine's to
 // drop).
-func (c *Controller) trimHost(out []Action, r *replica, set *adapterSet, names []string, now time.Time) []Action {
+func (c *Controller) trimHost(out []Action, r *replica, set *adapterSet, names []*adapterState, now time.Time) []Action {
 	var host []*adapterState
-	for _, name := range names {
-		if a := set.byName[name]; a != nil && a.tier == AdapterHost && a.active == 0 {
+	for _, a := range names {
+		if a.tier == AdapterHost && a.active == 0 {
 			host = append(host, a)
 		}
 	}
@@ -570,14 +595,8 @@ func (c *Controller) checkAdapters(acts []Action, active map[string]int, now tim
 		add("I2", "claims with adapters %s exceed usable %s", gib(committed), gib(c.usable))
 	}
 	for m, set := range c.adapters {
-		n := 0
-		for _, a := range set.byName {
-			if a.tier.onCard() {
-				n++
-			}
-		}
-		if n > set.maxOnCard {
-			add("I1", "%s holds %d adapters on the card, more than its %d", m, n, set.maxOnCard)
+		if set.onCard > set.maxOnCard {
+			add("I1", "%s holds %d adapters on the card, more than its %d", m, set.onCard, set.maxOnCard)
 		}
 	}
 	for _, a := range acts {
