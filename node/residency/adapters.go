@@ -164,12 +164,27 @@ func (c *Controller) Adapters(m ModelID) []AdapterStatus {
 		return nil
 	}
 	now := c.clock.Now()
-	out := make([]AdapterStatus, 0, len(set.byName))
-	for name, a := range set.byName {
-		out = append(out, AdapterStatus{Name: name, Tier: a.tier, Active: a.active,
+	out := make([]AdapterStatus, 0, len(set.list))
+	for _, a := range set.list {
+		out = append(out, AdapterStatus{Name: a.spec.Name, Tier: a.tier, Active: a.active,
 			Rate: a.fc.rate(now, c.cfg.RateHalfLife), Bytes: a.spec.Bytes})
 	}
-	slices.SortFunc(out, func(a, b AdapterStatus) int { return cmp.Compare(a.Name, b.Name) })
+	return out
+}
+
+// AdaptersServed lists Model's adapters loaded on the card (those a
+// request may be dispatched for), sorted.
+func (c *Controller) AdaptersServed(m ModelID) []string {
+	set := c.adapters[m]
+	if set == nil {
+		return nil
+	}
+	out := make([]string, 0, set.onCard)
+	for _, a := range set.list {
+		if a.tier == AdapterCard {
+			out = append(out, a.spec.Name)
+		}
+	}
 	return out
 }
 

@@ -695,13 +695,7 @@ func (m *Manager) publishFronts(c *cardCtrl) {
 		ready := running && (st.State == residency.Resident || m.opts.Advise)
 		f.set(ready, e.url)
 		if r.adapters != nil {
-			var on []string
-			for _, a := range c.ctrl.Adapters(k.id()) {
-				if a.Tier == residency.AdapterCard {
-					on = append(on, a.Name)
-				}
-			}
-			f.setAdapters(on)
+			f.setAdapters(c.ctrl.AdaptersServed(k.id()))
 		}
 	}
 }
