@@ -22,6 +22,11 @@
 // (loads, wakes) split its copy bandwidth equally. So busy neighbours slow
 // each other and concurrent loads take longer, as on a real card.
 //
+// A prefix cache keyed by the request's cache_salt (prefix.go) saves the
+// prefill of the prompt blocks it holds and reports them in
+// usage.prompt_tokens_details.cached_tokens, so tenant isolation (SPEC §8.4)
+// is observable: a tenant never hits another's prompt.
+//
 // It holds no model: replies are generated words. It must never pretend to
 // be healthy before its load time has passed.
 package sim
