@@ -276,3 +276,43 @@ func TestLiveMetricsAndUI(t *testing.T) {
 		t.Errorf("unknown procedure = %d, want 404", resp.StatusCode)
 	}
 }
+
+// TestLivePprofNeedsAdmin: Go's profiles are served on the API port; with
+// ACLs on, no token is 401 and a read token 403, an admin token gets them.
+func TestLivePprofNeedsAdmin(t *testing.T) {
+	a, run := startResidencyAgent(t, agent.Config{Dev: true, NodeName: "pprof", SecurityConfig: agent.SecurityConfig{ACL: true}})
+	bootOut, errOut, code := run("acl", "bootstrap", "--name", "root")
+	if code != 0 {
+		t.Fatalf("bootstrap: %s%s", bootOut, errOut)
+	}
+	secret := func(out string) string {
+		return strings.TrimSpace(strings.SplitN(strings.SplitN(out, "secret: ", 2)[1], "\n", 2)[0])
+	}
+	root := secret(bootOut)
+	readOut, errOut, code := run("--token", root, "acl", "token", "create", "--name", "viewer", "--role", "read")
+	if code != 0 {
+		t.Fatalf("create read token: %s%s", readOut, errOut)
+	}
+	get := func(token string) (int, string) {
+		req, _ := http.NewRequest("GET", a.APIURL()+"/debug/pprof/goroutine?debug=1", nil)
+		if token != "" {
+			req.Header.Set("Authorization", "Bearer "+token)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(body)
+	}
+	if code, body := get(""); code != 401 || !strings.Contains(body, "ACLs on") {
+		t.Errorf("no token: %d %q, want 401 asking for a token", code, body)
+	}
+	if code, body := get(secret(readOut)); code != 403 || !strings.Contains(body, "needs the admin role") {
+		t.Errorf("read token: %d %q, want 403 naming the admin role", code, body)
+	}
+	if code, body := get(root); code != 200 || !strings.Contains(body, "goroutine profile:") {
+		t.Errorf("admin token: %d, want the goroutine profile; got %.200q", code, body)
+	}
+}
