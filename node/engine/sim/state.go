@@ -126,6 +126,12 @@ func (s *server) report() {
 	if s.cfg.Usage == nil {
 		return
 	}
+	// The state is read under pubMu, so that two reports (the watch's and
+	// a transition's) write in the order they read: otherwise a report
+	// that read the state before a load finished could write after the
+	// load's own report and unregister the loaded weights.
+	s.pubMu.Lock()
+	defer s.pubMu.Unlock()
 	s.mu.Lock()
 	mib := s.footprintMiB()
 	rec := inventory.SimEngine{
@@ -134,8 +140,6 @@ func (s *server) report() {
 	}
 	s.mu.Unlock()
 
-	s.pubMu.Lock()
-	defer s.pubMu.Unlock()
 	for _, card := range s.cfg.CardUUIDs {
 		if mib != s.lastMiB || !s.reported {
 			var err error
