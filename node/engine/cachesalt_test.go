@@ -26,6 +26,7 @@ type saltedAnswer struct {
 	code                 int
 	message              string
 	prompt, cached       int
+	completion           int
 	elapsed              time.Duration
 	usageChunks, nullUse int // streamed: chunks with a usage, with a null one
 }
@@ -50,6 +51,7 @@ func ask(t *testing.T, p *simProc, salt *string, prompt string, stream bool) sal
 	defer resp.Body.Close()
 	type usage struct {
 		PromptTokens        int `json:"prompt_tokens"`
+		CompletionTokens    int `json:"completion_tokens"`
 		PromptTokensDetails struct {
 			CachedTokens int `json:"cached_tokens"`
 		} `json:"prompt_tokens_details"`
@@ -65,6 +67,7 @@ func ask(t *testing.T, p *simProc, salt *string, prompt string, stream bool) sal
 		}
 		a.elapsed = time.Since(start)
 		a.prompt, a.cached, a.message = out.Usage.PromptTokens, out.Usage.PromptTokensDetails.CachedTokens, out.Error.Message
+		a.completion = out.Usage.CompletionTokens
 		return a
 	}
 	sc := bufio.NewScanner(resp.Body)
@@ -90,6 +93,7 @@ func ask(t *testing.T, p *simProc, salt *string, prompt string, stream bool) sal
 				t.Fatalf("the usage chunk has choices: %s", line)
 			}
 			a.prompt, a.cached = chunk.Usage.PromptTokens, chunk.Usage.PromptTokensDetails.CachedTokens
+			a.completion = chunk.Usage.CompletionTokens
 		}
 	}
 	a.elapsed = time.Since(start)
@@ -134,8 +138,8 @@ func TestSimCacheIsolation(t *testing.T) {
 		{"B resends", &saltB, false, 48, 156, 0},
 	} {
 		a := ask(t, p, s.salt, prompt, s.stream)
-		if a.code != http.StatusOK || a.prompt != 50 || a.cached != s.cached {
-			t.Fatalf("%s: status %d, prompt_tokens %d, cached_tokens %d; want 200, 50, %d", s.who, a.code, a.prompt, a.cached, s.cached)
+		if a.code != http.StatusOK || a.prompt != 50 || a.cached != s.cached || a.completion != 2 {
+			t.Fatalf("%s: status %d, prompt_tokens %d, cached_tokens %d, completion_tokens %d; want 200, 50, %d, 2", s.who, a.code, a.prompt, a.cached, a.completion, s.cached)
 		}
 		if s.stream && (a.usageChunks != 1 || a.nullUse < 3) {
 			t.Fatalf("%s: %d usage chunks and %d chunks with usage null; want 1 and one per token and the final chunk", s.who, a.usageChunks, a.nullUse)

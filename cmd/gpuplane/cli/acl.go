@@ -19,7 +19,7 @@ var roleNames = []string{"read", "operator", "admin"}
 func newACLCommand(g *globals) *cobra.Command {
 	return newGroupCommand("acl", "Manage API tokens and roles (agents started with --acl)", nil,
 		newACLBootstrapCommand(g),
-		newGroupCommand("token", "Create, list and delete tokens", []string{"tokens"},
+		newGroupCommand("token", "Create, list, show and delete tokens", []string{"tokens"},
 			newTokenCreateCommand(g),
 			newTokenListCommand(g),
 			newTokenGetCommand(g),

@@ -355,9 +355,9 @@ func (s *server) complete(w http.ResponseWriter, r *http.Request, chat bool) {
 	id := fmt.Sprintf("sim-%d", s.nextID.Add(1))
 	created := time.Now().Unix()
 	if req.Stream && err == nil {
-		var use map[string]any
+		var use func(completion int) map[string]any
 		if req.StreamOptions != nil && req.StreamOptions.IncludeUsage {
-			use = usage(promptTokens, len(tokens), cached)
+			use = func(completion int) map[string]any { return usage(promptTokens, completion, cached) }
 		}
 		s.stream(w, rq, chat, id, created, tokens, use)
 		return
@@ -408,8 +408,8 @@ func (s *server) refuse(w http.ResponseWriter, err error) {
 // streaming API does. A stream cut off by a sleep ends with finish_reason
 // "abort", as vLLM ends aborted requests. With use (stream_options
 // include_usage) every chunk has "usage": null and a last chunk without
-// choices carries use, as OpenAI sends it.
-func (s *server) stream(w http.ResponseWriter, rq *request, chat bool, id string, created int64, tokens []string, use map[string]any) {
+// choices carries the usage of the tokens sent, as OpenAI sends it.
+func (s *server) stream(w http.ResponseWriter, rq *request, chat bool, id string, created int64, tokens []string, use func(completion int) map[string]any) {
 	flusher, _ := w.(http.Flusher)
 	w.Header().Set("Content-Type", "text/event-stream")
 	w.Header().Set("Cache-Control", "no-cache")
@@ -418,6 +418,7 @@ func (s *server) stream(w http.ResponseWriter, rq *request, chat bool, id string
 	if chat {
 		object = "chat.completion.chunk"
 	}
+	sent := 0
 	send := func(choice map[string]any) {
 		chunk := map[string]any{
 			"id": id, "object": object, "created": created, "model": s.cfg.ServedModelName, "choices": []any{choice},
@@ -425,7 +426,7 @@ func (s *server) stream(w http.ResponseWriter, rq *request, chat bool, id string
 		if use != nil {
 			chunk["usage"] = nil
 			if choice == nil {
-				chunk["choices"], chunk["usage"] = []any{}, use
+				chunk["choices"], chunk["usage"] = []any{}, use(sent)
 			}
 		}
 		data, _ := json.Marshal(chunk)
@@ -446,6 +447,7 @@ func (s *server) stream(w http.ResponseWriter, rq *request, chat bool, id string
 			choice["text"] = tokens[i]
 		}
 		send(choice)
+		sent++
 	})
 	final := map[string]any{"index": 0, "finish_reason": "length"}
 	switch {
