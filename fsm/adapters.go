@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"regexp"
 	"strings"
-	"unicode"
 
 	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
 )
@@ -25,7 +24,6 @@ const (
 	// DefaultMaxAdapters is engine.maxAdapters when unset.
 	DefaultMaxAdapters = 4
 	maxAdapterNameLen  = 128
-	maxTenantNameLen   = 128
 	maxAdapterSource   = 4096
 )
 
@@ -117,14 +115,10 @@ func ValidateAdapters(served string, e *pb.EngineSpec, ads []*pb.Adapter) []*pb.
 		tseen := map[string]bool{}
 		for j, t := range a.GetTenants() {
 			tf := fmt.Sprintf("%s.tenants[%d]", f, j)
-			switch {
-			case t == "":
-				v.add(tf, "must not be empty")
-			case len(t) > maxTenantNameLen:
-				v.add(tf, "must be at most %d characters, got %d", maxTenantNameLen, len(t))
-			case strings.IndexFunc(t, func(r rune) bool { return unicode.IsSpace(r) || !unicode.IsPrint(r) }) >= 0:
-				v.add(tf, "%q must be printable, without spaces", t)
-			case tseen[t]:
+			// Tenants are named as tokens' tenants are (ValidateTenant).
+			if bad := ValidateName(tf, t); len(bad) > 0 {
+				v = append(v, bad...)
+			} else if tseen[t] {
 				v.add(tf, "%q is listed twice", t)
 			}
 			tseen[t] = true
