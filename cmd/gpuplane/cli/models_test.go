@@ -528,7 +528,8 @@ big     1         -      -       -         -         Pending    -           -   
     "endpoint": "",
     "placedIndex": "0",
     "residency": "REPLICA_RESIDENCY_COLD",
-    "residencyReason": ""
+    "residencyReason": "",
+    "adapters": []
   }
 ]
 `
