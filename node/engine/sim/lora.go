@@ -169,10 +169,10 @@ func (s *server) loadAdapter(ctx context.Context, name, path string) (time.Durat
 	switch {
 	case name == s.cfg.ServedModelName:
 		s.mu.Unlock()
-		return 0, fmt.Errorf("The lora adapter name '%s' is the base model's name.", name)
+		return 0, fmt.Errorf("the LoRA adapter name '%s' is the base model's name", name)
 	case s.lora.loaded[name] != nil:
 		s.mu.Unlock()
-		return 0, fmt.Errorf("The lora adapter '%s' has already been loaded.", name)
+		return 0, fmt.Errorf("the LoRA adapter '%s' has already been loaded", name)
 	case s.st.phase != phAwake:
 		ph := s.st.phase
 		s.mu.Unlock()
