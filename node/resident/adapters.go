@@ -144,6 +144,14 @@ func (m *Manager) actAdapter(c *cardCtrl, k rkey, r *rep, a residency.Action) {
 				m.log.Warn("residency: load adapter", "replica", a.Model, "adapter", a.Adapter, "err", err)
 				m.post(func() {
 					m.handle(m.ctrls[card], residency.AdapterLoadFailed{Model: a.Model, Adapter: a.Adapter, Err: err.Error()}, "")
+					// The requests waiting for it are told why, rather than
+					// waiting out the front's deadline for a retry.
+					m.mu.Lock()
+					f := m.fronts[k]
+					m.mu.Unlock()
+					if f != nil {
+						f.adapterFailed(a.Adapter, err.Error())
+					}
 				})
 				return
 			}

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"net/http"
+	"os"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -314,9 +315,19 @@ func TestPrivateAdaptersAndApply(t *testing.T) {
 	n := newAdapterNode(t)
 	ads := adapterList(3, 16)
 	ads = append(ads, &pb.Adapter{Name: "secret", Source: "/adapters/secret", Rank: 16, Tenants: []string{"acme"}})
+	// An adapter whose config cannot be read fails to load: its request
+	// is told so, not left to wait out the front's deadline.
+	broken := t.TempDir()
+	if err := os.WriteFile(filepath.Join(broken, "adapter_config.json"), []byte("{not json"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	ads = append(ads, &pb.Adapter{Name: "broken", Source: broken, Rank: 16})
 	d := n.deployment(pb.Residency_RESIDENCY_UNSPECIFIED, 2, ads)
 	n.publish(d)
 	url := n.front()
+	if code, _, msg := ask(t, url, "broken", ""); code != http.StatusServiceUnavailable || !strings.Contains(msg, "adapter broken of model chat could not be loaded") {
+		t.Fatalf("adapter that fails to load: %d %q, want 503 saying why", code, msg)
+	}
 	for _, tenant := range []string{"", "beta", "acmex"} {
 		for _, model := range []string{"secret", "chat:secret"} {
 			code, _, msg := ask(t, url, model, tenant)

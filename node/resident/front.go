@@ -42,8 +42,10 @@ type front struct {
 	// rejected counts rejections; reason is the last one's.
 	rejected int
 	reason   string
-	// adapters are the adapters on the card, served now.
+	// adapters are the adapters on the card, served now; failed counts
+	// each adapter's failed loads, with the last error.
 	adapters map[string]bool
+	failed   map[string]adapterFailure
 
 	proxy *httputil.ReverseProxy
 }
@@ -151,6 +153,29 @@ func (f *front) setAdapters(names []string) {
 	f.changed = make(chan struct{})
 }
 
+type adapterFailure struct {
+	n   int
+	err string
+}
+
+// adapterFailed fails the requests waiting for adapter a now.
+func (f *front) adapterFailed(a, err string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.failed == nil {
+		f.failed = map[string]adapterFailure{}
+	}
+	f.failed[a] = adapterFailure{n: f.failed[a].n + 1, err: err}
+	close(f.changed)
+	f.changed = make(chan struct{})
+}
+
+func (f *front) failure(a string) adapterFailure {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.failed[a]
+}
+
 // serves reports whether the engine serves adapter a now ("" is the base).
 func (f *front) serves(a string) bool {
 	f.mu.Lock()
@@ -221,12 +246,18 @@ func (f *front) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		})
 	}()
 	_, _, rejected0, _, _ := f.state()
+	failed0 := f.failure(ar.adapter)
 	deadline := time.NewTimer(f.m.opts.Wait)
 	defer deadline.Stop()
 	for {
 		ready, target, rejected, reason, changed := f.state()
 		if ready && f.serves(ar.adapter) {
 			f.proxy.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), targetKey{}, target)))
+			return
+		}
+		if fl := f.failure(ar.adapter); ar.adapter != "" && fl.n != failed0.n {
+			w.Header().Set("Retry-After", strconv.Itoa(retryAfter))
+			writeError(w, http.StatusServiceUnavailable, "adapter_not_loaded", fmt.Sprintf("adapter %s of model %s could not be loaded: %s", ar.adapter, f.k.model, fl.err))
 			return
 		}
 		if rejected != rejected0 {

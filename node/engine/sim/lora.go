@@ -3,7 +3,9 @@ package sim
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io/fs"
 	"math"
 	"math/rand/v2"
 	"net/http"
@@ -116,19 +118,26 @@ func (s *server) loraMiB() uint64 {
 
 // adapterRank reads the rank ("r") from a PEFT adapter_config.json in the
 // adapter's directory, as vLLM does; without one the sim assumes
-// DefaultLoRARank (its adapters are usually made-up paths).
-func adapterRank(path string) int {
+// DefaultLoRARank (its adapters are usually made-up paths). A config that
+// is there but unreadable fails the load, as it fails vLLM's.
+func adapterRank(path string) (int, error) {
 	data, err := os.ReadFile(filepath.Join(path, "adapter_config.json"))
+	if errors.Is(err, fs.ErrNotExist) {
+		return DefaultLoRARank, nil
+	}
 	if err != nil {
-		return DefaultLoRARank
+		return 0, err
 	}
 	var c struct {
 		R int `json:"r"`
 	}
-	if json.Unmarshal(data, &c) != nil || c.R <= 0 {
-		return DefaultLoRARank
+	if err := json.Unmarshal(data, &c); err != nil {
+		return 0, fmt.Errorf("%s: %w", filepath.Join(path, "adapter_config.json"), err)
 	}
-	return c.R
+	if c.R <= 0 {
+		return 0, fmt.Errorf("%s: r must be a positive rank, got %d", filepath.Join(path, "adapter_config.json"), c.R)
+	}
+	return c.R, nil
 }
 
 func (s *server) loraRoutes(mux *http.ServeMux) {
@@ -160,7 +169,10 @@ func (s *server) loadLoRA(w http.ResponseWriter, r *http.Request) {
 // loadAdapter loads one adapter, taking a load time drawn from the
 // configured distribution (a tenth of it for one loaded before).
 func (s *server) loadAdapter(ctx context.Context, name, path string) (time.Duration, error) {
-	rank := adapterRank(path)
+	rank, err := adapterRank(path)
+	if err != nil {
+		return 0, fmt.Errorf("cannot load LoRA adapter '%s': %w", name, err)
+	}
 	perRank := s.cfg.LoRAMiBPerRank
 	if perRank == 0 {
 		perRank = DefaultLoRAMiBPerRank
@@ -190,7 +202,7 @@ func (s *server) loadAdapter(ctx context.Context, name, path string) (time.Durat
 	s.lora.loaded[name] = a
 	s.mu.Unlock()
 	s.report()
-	err := sleepFor(ctx, took)
+	err = sleepFor(ctx, took)
 	s.mu.Lock()
 	if err != nil || s.lora.loaded[name] != a {
 		if s.lora.loaded[name] == a {
