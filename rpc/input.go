@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
 
 	"connectrpc.com/connect"
 	"google.golang.org/protobuf/encoding/protojson"
@@ -106,10 +107,112 @@ func checkEnums(msg any) error {
 	if !ok {
 		return nil
 	}
-	if vs := undefinedEnums(m.ProtoReflect(), "", nil); len(vs) > 0 {
+	r := m.ProtoReflect()
+	if !hasUndefinedEnum(r) {
+		return nil
+	}
+	if vs := undefinedEnums(r, "", nil); len(vs) > 0 {
 		return invalidArgument(vs...)
 	}
 	return nil
+}
+
+// hasUndefinedEnum reports whether undefinedEnums would find anything,
+// visiting only the fields through which an enum can be reached and
+// building no paths: every API request passes through here, and walking
+// every field of it by reflection with a path string per field cost about
+// 3% of a server's CPU in the commit benchmark.
+func hasUndefinedEnum(m protoreflect.Message) bool {
+	for _, fd := range enumFieldsOf(m.Descriptor()) {
+		if !m.Has(fd) {
+			continue
+		}
+		v := m.Get(fd)
+		switch {
+		case fd.IsList():
+			l := v.List()
+			for i := 0; i < l.Len(); i++ {
+				if undefinedValue(fd, l.Get(i)) {
+					return true
+				}
+			}
+		case fd.IsMap():
+			found := false
+			v.Map().Range(func(_ protoreflect.MapKey, mv protoreflect.Value) bool {
+				found = undefinedValue(fd.MapValue(), mv)
+				return !found
+			})
+			if found {
+				return true
+			}
+		default:
+			if undefinedValue(fd, v) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+func undefinedValue(fd protoreflect.FieldDescriptor, v protoreflect.Value) bool {
+	if fd.Kind() == protoreflect.EnumKind {
+		return fd.Enum().Values().ByNumber(v.Enum()) == nil
+	}
+	return hasUndefinedEnum(v.Message())
+}
+
+// enumFields maps a message type's full name to its fields that are enums
+// or lead to one (messages, lists and maps of either, at any depth).
+var enumFields sync.Map // protoreflect.FullName -> []protoreflect.FieldDescriptor
+
+func enumFieldsOf(md protoreflect.MessageDescriptor) []protoreflect.FieldDescriptor {
+	if fs, ok := enumFields.Load(md.FullName()); ok {
+		return fs.([]protoreflect.FieldDescriptor)
+	}
+	var fs []protoreflect.FieldDescriptor
+	all := md.Fields()
+	for i := 0; i < all.Len(); i++ {
+		fd := all.Get(i)
+		v := fd
+		if fd.IsMap() {
+			v = fd.MapValue()
+		}
+		if reachesEnum(v, map[protoreflect.FullName]bool{md.FullName(): true}) {
+			fs = append(fs, fd)
+		}
+	}
+	enumFields.Store(md.FullName(), fs)
+	return fs
+}
+
+// reachesEnum reports whether fd is an enum or a message with an enum
+// field at some depth. A message type already being looked at (a
+// recursive type) counts as reaching one, so that it is walked.
+func reachesEnum(fd protoreflect.FieldDescriptor, visiting map[protoreflect.FullName]bool) bool {
+	switch fd.Kind() {
+	case protoreflect.EnumKind:
+		return true
+	case protoreflect.MessageKind, protoreflect.GroupKind:
+	default:
+		return false
+	}
+	md := fd.Message()
+	if visiting[md.FullName()] {
+		return true
+	}
+	visiting[md.FullName()] = true
+	defer delete(visiting, md.FullName())
+	all := md.Fields()
+	for i := 0; i < all.Len(); i++ {
+		f := all.Get(i)
+		if f.IsMap() {
+			f = f.MapValue()
+		}
+		if reachesEnum(f, visiting) {
+			return true
+		}
+	}
+	return false
 }
 
 // definedEnums is the interceptor that applies checkEnums to every request
