@@ -123,33 +123,40 @@ func checkEnums(msg any) error {
 // every field of it by reflection with a path string per field cost about
 // 3% of a server's CPU in the commit benchmark.
 func hasUndefinedEnum(m protoreflect.Message) bool {
-	for _, fd := range enumFieldsOf(m.Descriptor()) {
-		if !m.Has(fd) {
-			continue
+	p := enumPlanOf(m.Descriptor())
+	for _, fd := range p.fields {
+		if m.Has(fd) && undefinedIn(fd, m.Get(fd)) {
+			return true
 		}
-		v := m.Get(fd)
-		switch {
-		case fd.IsList():
-			l := v.List()
-			for i := 0; i < l.Len(); i++ {
-				if undefinedValue(fd, l.Get(i)) {
-					return true
-				}
-			}
-		case fd.IsMap():
-			found := false
-			v.Map().Range(func(_ protoreflect.MapKey, mv protoreflect.Value) bool {
-				found = undefinedValue(fd.MapValue(), mv)
-				return !found
-			})
-			if found {
-				return true
-			}
-		default:
-			if undefinedValue(fd, v) {
+	}
+	for _, od := range p.oneofs {
+		if fd := m.WhichOneof(od); fd != nil && p.inOneof[fd] && undefinedIn(fd, m.Get(fd)) {
+			return true
+		}
+	}
+	return false
+}
+
+// undefinedIn reports whether field fd's value v holds an undefined enum
+// number, at any depth.
+func undefinedIn(fd protoreflect.FieldDescriptor, v protoreflect.Value) bool {
+	switch {
+	case fd.IsList():
+		l := v.List()
+		for i := 0; i < l.Len(); i++ {
+			if undefinedValue(fd, l.Get(i)) {
 				return true
 			}
 		}
+	case fd.IsMap():
+		found := false
+		v.Map().Range(func(_ protoreflect.MapKey, mv protoreflect.Value) bool {
+			found = undefinedValue(fd.MapValue(), mv)
+			return !found
+		})
+		return found
+	default:
+		return undefinedValue(fd, v)
 	}
 	return false
 }
@@ -161,15 +168,23 @@ func undefinedValue(fd protoreflect.FieldDescriptor, v protoreflect.Value) bool 
 	return hasUndefinedEnum(v.Message())
 }
 
-// enumFields maps a message type's full name to its fields that are enums
-// or lead to one (messages, lists and maps of either, at any depth).
-var enumFields sync.Map // protoreflect.FullName -> []protoreflect.FieldDescriptor
+// enumPlan is what hasUndefinedEnum visits in a message type: the fields
+// that are enums or lead to one (messages, lists and maps of either, at
+// any depth); a oneof is looked at through the member that is set, since
+// asking each member of a large oneof whether it is set costs more.
+type enumPlan struct {
+	fields  []protoreflect.FieldDescriptor // outside oneofs
+	oneofs  []protoreflect.OneofDescriptor
+	inOneof map[protoreflect.FieldDescriptor]bool
+}
 
-func enumFieldsOf(md protoreflect.MessageDescriptor) []protoreflect.FieldDescriptor {
-	if fs, ok := enumFields.Load(md.FullName()); ok {
-		return fs.([]protoreflect.FieldDescriptor)
+var enumPlans sync.Map // protoreflect.MessageDescriptor -> *enumPlan
+
+func enumPlanOf(md protoreflect.MessageDescriptor) *enumPlan {
+	if p, ok := enumPlans.Load(md); ok {
+		return p.(*enumPlan)
 	}
-	var fs []protoreflect.FieldDescriptor
+	p := &enumPlan{inOneof: map[protoreflect.FieldDescriptor]bool{}}
 	all := md.Fields()
 	for i := 0; i < all.Len(); i++ {
 		fd := all.Get(i)
@@ -177,12 +192,20 @@ func enumFieldsOf(md protoreflect.MessageDescriptor) []protoreflect.FieldDescrip
 		if fd.IsMap() {
 			v = fd.MapValue()
 		}
-		if reachesEnum(v, map[protoreflect.FullName]bool{md.FullName(): true}) {
-			fs = append(fs, fd)
+		if !reachesEnum(v, map[protoreflect.FullName]bool{md.FullName(): true}) {
+			continue
 		}
+		if od := fd.ContainingOneof(); od != nil {
+			if !slices.Contains(p.oneofs, od) {
+				p.oneofs = append(p.oneofs, od)
+			}
+			p.inOneof[fd] = true
+			continue
+		}
+		p.fields = append(p.fields, fd)
 	}
-	enumFields.Store(md.FullName(), fs)
-	return fs
+	enumPlans.Store(md, p)
+	return p
 }
 
 // reachesEnum reports whether fd is an enum or a message with an enum
