@@ -36,7 +36,9 @@ type Result struct {
 	ColdLoadsPerHour   float64      `json:"coldLoadsPerHour"`
 	WakesPerHour       float64      `json:"wakesPerHour"`
 	// Evictions: engines stopped or put to sleep to make room for another.
-	Evictions                 int     `json:"evictions"`
+	Evictions int `json:"evictions"`
+	// AdapterLoadsPerHour: LoRA adapters loaded onto running engines.
+	AdapterLoadsPerHour       float64 `json:"adapterLoadsPerHour"`
 	BackgroundTokensPerSecond float64 `json:"backgroundTokensPerSecond"`
 	// FairnessGapPercent: the largest gap in weight-normalised service
 	// (prompt and generated tokens) between two equal-weight tenants of one
@@ -75,6 +77,11 @@ type metrics struct {
 	models           []modelMet
 	coldLoads, wakes int
 	evictions        int
+	adapterLoads     int
+	// measuring is set once the warm-up is over: the engine events counted
+	// before it are taken off (atWarmup).
+	measuring        bool
+	atWarmup         [4]int
 	ctrlViolations   int
 	memoryViolations int
 	rejectedByStatus map[int]int
@@ -102,15 +109,22 @@ func newMetrics(cfg *Config) *metrics {
 		m.pair = append(m.pair, p)
 	}
 	m.largest = make([]int, len(cfg.Models))
+	m.measuring = cfg.WarmupSeconds == 0
 	return m
 }
 
 func (m *metrics) arrive(r *request) {
+	if r.warmup {
+		return
+	}
 	m.models[r.a.Model].requests++
 	m.largest[r.a.Model] = max(m.largest[r.a.Model], r.a.PromptTokens+r.a.OutputTokens)
 }
 
 func (m *metrics) backlog(r *request, waiting bool) {
+	if r.warmup {
+		return
+	}
 	d := 1
 	if !waiting {
 		d = -1
@@ -125,6 +139,9 @@ func (m *metrics) backlog(r *request, waiting bool) {
 // backlog changes, so each token is counted under the backlog it was
 // served in.
 func (m *metrics) serve(r *request, tokens float64) {
+	if r.warmup {
+		return
+	}
 	mi, a := r.a.Model, m.tenantIdx[r.a.Tenant]
 	bl := m.backlogged[mi]
 	if bl[a] == 0 {
@@ -138,6 +155,9 @@ func (m *metrics) serve(r *request, tokens float64) {
 }
 
 func (m *metrics) end(r *request, o outcome, status int, now float64) {
+	if r.warmup {
+		return
+	}
 	mm := &m.models[r.a.Model]
 	cfg := &m.cfg.Models[r.a.Model]
 	switch o {
@@ -163,9 +183,18 @@ func (m *metrics) end(r *request, o outcome, status int, now float64) {
 	}
 }
 
+// startMeasuring ends the warm-up: engine events so far are not counted.
+func (m *metrics) startMeasuring() {
+	m.measuring = true
+	m.atWarmup = [4]int{m.coldLoads, m.wakes, m.evictions, m.adapterLoads}
+}
+
 // sample runs every tick: it brings the running requests' service up to
 // date.
 func (m *metrics) sample(s *sim) {
+	if !m.measuring && s.now >= m.cfg.WarmupSeconds {
+		m.startMeasuring()
+	}
 	for _, e := range s.engines {
 		for _, r := range e.running {
 			s.charge(r)
@@ -196,7 +225,10 @@ func (m *metrics) fairnessGap() float64 {
 }
 
 func (m *metrics) finish(s *sim) {
-	m.duration = s.end
+	m.duration = s.end - m.cfg.WarmupSeconds
+	if !m.measuring {
+		m.startMeasuring()
+	}
 	// What never ended by the hard end failed.
 	for _, e := range s.engines {
 		for _, r := range append(append([]*request(nil), e.running...), e.waiting...) {
@@ -266,10 +298,12 @@ func (m *metrics) result(policy string) Result {
 	}
 	r.InteractiveTTFTP95 = round(percentile(inter, 95), 3)
 	r.TPOTP95 = round(percentile(tpot, 95), 4)
-	r.ColdLoads, r.Wakes, r.Evictions = m.coldLoads, m.wakes, m.evictions
+	r.ColdLoads, r.Wakes, r.Evictions = m.coldLoads-m.atWarmup[0], m.wakes-m.atWarmup[1], m.evictions-m.atWarmup[2]
+	adapterLoads := m.adapterLoads - m.atWarmup[3]
 	if hours > 0 {
-		r.ColdLoadsPerHour = round(float64(m.coldLoads)/hours, 1)
-		r.WakesPerHour = round(float64(m.wakes)/hours, 1)
+		r.ColdLoadsPerHour = round(float64(r.ColdLoads)/hours, 1)
+		r.WakesPerHour = round(float64(r.Wakes)/hours, 1)
+		r.AdapterLoadsPerHour = round(float64(adapterLoads)/hours, 1)
 	}
 	if m.duration > 0 {
 		r.BackgroundTokensPerSecond = round(float64(m.bgTokens)/m.duration, 1)
@@ -321,6 +355,7 @@ func WriteTable(w io.Writer, rs []Result) error {
 	row("cold loads /h", func(r Result) string { return num(r.ColdLoadsPerHour) })
 	row("wakes /h", func(r Result) string { return num(r.WakesPerHour) })
 	row("evictions", func(r Result) string { return fmt.Sprint(r.Evictions) })
+	row("adapter loads /h", func(r Result) string { return num(r.AdapterLoadsPerHour) })
 	row("background tok/s", func(r Result) string { return num(r.BackgroundTokensPerSecond) })
 	row("fairness gap %", func(r Result) string { return num(r.FairnessGapPercent) })
 	row("ledger violations", func(r Result) string { return fmt.Sprint(r.LedgerViolations) })
