@@ -335,6 +335,9 @@ synthetic:
 	gp := mustRun(t, cfg, w, "gpuplane", nil)
 	st := mustRun(t, cfg, w, "static", nil)
 	t.Logf("fairness gap: gpuplane %.1f%%, static %.1f%%", gp.FairnessGapPercent, st.FairnessGapPercent)
+	if gp.FairnessWindows == 0 || st.FairnessWindows == 0 {
+		t.Errorf("windows judged: gpuplane %d, static %d; both tenants stay backlogged, so there must be some", gp.FairnessWindows, st.FairnessWindows)
+	}
 	if gp.FairnessGapPercent > 10 {
 		t.Errorf("gpuplane: fairness gap %.1f%%, want ≤ 10%%", gp.FairnessGapPercent)
 	}
