@@ -394,7 +394,14 @@ func WriteTable(w io.Writer, rs []Result) error {
 		}
 		row("SLO % "+c, func(r Result) string { return num(r.SLOAttainment[c]) })
 	}
-	row("interactive TTFT p95 s", func(r Result) string { return num(r.InteractiveTTFTP95) })
+	row("interactive TTFT p95 s", func(r Result) string {
+		for _, m := range r.Models {
+			if m.Class == "interactive" && m.Completed > 0 {
+				return num(r.InteractiveTTFTP95)
+			}
+		}
+		return "-"
+	})
 	row("TPOT p95 s", func(r Result) string { return num(r.TPOTP95) })
 	for i := range rs[0].Models {
 		name := rs[0].Models[i].Model
