@@ -181,12 +181,18 @@ func LoadConfig(path string) (*Config, error) {
 // ParseConfig checks a config; path names it in errors.
 func ParseConfig(path string, b []byte) (*Config, error) {
 	var c Config
+	at := func(err error) error {
+		if line := lineOf(b, err.Error()); line > 0 {
+			return fmt.Errorf("config %s: line %d: %w", path, line, err)
+		}
+		return fmt.Errorf("config %s: %w", path, err)
+	}
 	if err := yaml.UnmarshalStrict(b, &c); err != nil {
-		return nil, fmt.Errorf("config %s: %w", path, err)
+		return nil, at(err)
 	}
 	c.path = path
 	if err := c.validate(); err != nil {
-		return nil, fmt.Errorf("config %s: %w", path, err)
+		return nil, at(err)
 	}
 	return &c, nil
 }

@@ -294,11 +294,12 @@ func TestBadInput(t *testing.T) {
 		want      []string
 	}{
 		{"pinned exceed card", strings.ReplaceAll(strings.Replace(smallCard, "residency: warm, ", "", 1), "memoryGiB: 5,", "residency: pinned, memoryGiB: 5,"),
-			[]string{"cfg.yaml", "pinned models need 25.00 GiB", "usable 15.20 GiB"}},
-		{"unknown field", smallCard + "colour: red\n", []string{"cfg.yaml", "colour"}},
-		{"bad class", strings.Replace(smallCard, "class: background", "class: batchy", 1), []string{"cfg.yaml", "models[4] (e).class", "batchy"}},
-		{"model too big", strings.Replace(smallCard, "memoryGiB: 5, loadSeconds", "memoryGiB: 50, loadSeconds", 1), []string{"models[0] (a).peakGiB", "does not fit"}},
-		{"synthetic unknown model", smallCard + "synthetic: [{model: zz, ratePerSecond: 1}]\n", []string{"synthetic[0].model", "zz"}},
+			[]string{"cfg.yaml", "line 3:", "pinned models need 25.00 GiB", "usable 15.20 GiB"}},
+		{"unknown field", smallCard + "colour: red\n", []string{"cfg.yaml", "line 12:", "colour"}},
+		{"bad class", strings.Replace(smallCard, "class: background", "class: batchy", 1), []string{"cfg.yaml", "line 8:", "models[4] (e).class", "batchy"}},
+		{"model too big", strings.Replace(smallCard, "memoryGiB: 5, loadSeconds", "memoryGiB: 50, loadSeconds", 1), []string{"line 4:", "models[0] (a).peakGiB", "does not fit"}},
+		{"synthetic unknown model", smallCard + "synthetic: [{model: zz, ratePerSecond: 1}]\n", []string{"line 12:", "synthetic[0].model", "zz"}},
+		{"bad card", strings.Replace(smallCard, "memoryGiB: 16", "memoryGiB: -1", 1), []string{"line 2:", "card.memoryGiB", "must be > 0"}},
 	} {
 		t.Run("config "+tc.name, func(t *testing.T) {
 			_, err := ParseConfig("cfg.yaml", []byte(tc.cfg))
