@@ -169,7 +169,7 @@ func TestAcceleratorsCreateAndDelete(t *testing.T) {
 
 	// Rule 3 is checked before anything is sent.
 	r = run(t, "", nil, "--addr", url, "accelerators", "create", "s2", "--device", "l4", "--tenancy", "shared", "--devices-per-replica", "2")
-	if r.code != exitFailure || r.stderr != "error: --devices-per-replica: a shared accelerator splits a single device: devicesPerReplica must be 1, got 2\n" {
+	if r.code != exitFailure || r.stderr != "error: spec.devicesPerReplica: a shared accelerator splits a single device: must be 1, got 2 (rule 3)\n" {
 		t.Errorf("create shared with 2 devices: %+v", r)
 	}
 	if len(f.creates) != 1 {

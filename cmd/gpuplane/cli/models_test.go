@@ -422,7 +422,7 @@ func TestModelsDeployFlagErrors(t *testing.T) {
 	}{
 		{[]string{"--memory-percent", "0"}, exitFailure, "error: --memory-percent: must be between 1 and 100, got 0"},
 		{[]string{"--memory-percent", "101"}, exitFailure, "error: --memory-percent: must be between 1 and 100, got 101"},
-		{[]string{"--compute-percent", "50"}, exitFailure, "error: --compute-percent: needs a memory share: set memoryPercent or memory as well"},
+		{[]string{"--compute-percent", "50"}, exitFailure, "error: --compute-percent: needs a memory share: set memoryPercent or memory too (rule 10)"},
 		{[]string{"--memory-percent", "40", "--memory", "1Gi"}, exitFailure, "error: --memory: set memoryPercent or memory, not both"},
 		{[]string{"--engine", "tgi"}, exitFailure, `error: --engine: must be one of vllm, llamacpp, ollama, command, sim, got "tgi"`},
 		{[]string{"--replicas", "-1"}, exitFailure, "error: --replicas: must be at least 0, got -1"},
@@ -447,7 +447,7 @@ func TestModelsDeployFlagErrors(t *testing.T) {
 	}
 	// Several problems are all reported, and a bad name too.
 	r := run(t, "", nil, "--addr", url, "models", "deploy", "Chat", "--accelerator", "small", "--model", "/m", "--memory-percent", "0", "--compute-percent", "101")
-	want := `error: NAME: "Chat" is not a DNS label: use at most 63 lowercase letters, digits and '-', starting and ending with a letter or digit
+	want := `error: NAME: "Chat" must be a DNS label: at most 63 lowercase letters, digits or '-', starting and ending with a letter or digit
 error: --memory-percent: must be between 1 and 100, got 0
 error: --compute-percent: must be between 1 and 100, got 101
 `
