@@ -137,7 +137,7 @@ func TestListAndGetAgainstServer(t *testing.T) {
 
 	// The address may come from the environment, without a scheme.
 	r = run(t, "", map[string]string{"GPUPLANE_ADDR": strings.TrimPrefix(url, "http://")}, "-o", "json", "nodes", "get", "n1")
-	if r.code != exitOK || !strings.HasPrefix(r.stdout, "{\n  \"name\": \"n1\",") || !strings.Contains(r.stdout, `"role": "NODE_ROLE_SERVER"`) {
+	if r.code != exitOK || !strings.HasPrefix(r.stdout, "{\n  \"name\": \"n1\",") || !strings.Contains(r.stdout, `"role": "server"`) {
 		t.Errorf("nodes get -o json: %+v", r)
 	}
 
