@@ -35,7 +35,7 @@ workload) or gpuplane's YAML (.yaml, .yml). With neither --nodes nor
 to the working directory or one of its parents, or in $GPUPLANE_OPENB_DIR;
 without one, the example in examples/simulate (built in).
 
-The YAML files (examples/simulate/README.md has them in full):
+The YAML files (docs/simulate.md has them in full):
 
   # nodes.yaml
   nodes:
