@@ -62,12 +62,20 @@ func CheckAdapterName(name string) string {
 }
 
 // validateAdapters checks spec.adapters and spec.engine.maxAdapters.
-func validateAdapters(v *violations, name string, spec *pb.ModelSpec) {
-	served := spec.GetServedModelName()
-	if served == "" {
-		served = name
+func validateAdapters(v *violations, spec *pb.ModelSpec) {
+	*v = append(*v, ValidateAdapters(spec.GetServedModelName(), spec.GetEngine(), spec.GetAdapters())...)
+}
+
+// servedNameClash refuses an adapter named as the model it is served on:
+// requests could not tell the base from the adapter.
+func servedNameClash(served string, ads []*pb.Adapter) []*pb.Violation {
+	var v violations
+	for i, a := range ads {
+		if a.GetName() != "" && a.GetName() == served {
+			v.add(fmt.Sprintf("spec.adapters[%d].name", i), "%q is the deployment's served model name: requests could not tell the base from the adapter", a.GetName())
+		}
 	}
-	*v = append(*v, ValidateAdapters(served, spec.GetEngine(), spec.GetAdapters())...)
+	return v
 }
 
 // ValidateAdapters checks a deployment's adapters and engine.maxAdapters
@@ -88,6 +96,9 @@ func ValidateAdapters(served string, e *pb.EngineSpec, ads []*pb.Adapter) []*pb.
 		v.add("spec.adapters", "must list at most %d adapters, got %d", MaxAdaptersPerDeployment, len(ads))
 		return v
 	}
+	if served != "" {
+		v = append(v, servedNameClash(served, ads)...)
+	}
 	seen := make(map[string]int, len(ads))
 	for i, a := range ads {
 		f := fmt.Sprintf("spec.adapters[%d]", i)
@@ -97,9 +108,6 @@ func ValidateAdapters(served string, e *pb.EngineSpec, ads []*pb.Adapter) []*pb.
 			v.add(f+".name", "%q is already the name of spec.adapters[%d]: adapter names are unique per deployment", a.GetName(), j)
 		} else {
 			seen[a.GetName()] = i
-		}
-		if a.GetName() != "" && a.GetName() == served {
-			v.add(f+".name", "%q is the deployment's served model name: requests could not tell the base from the adapter", a.GetName())
 		}
 		switch src := a.GetSource(); {
 		case src == "":
