@@ -80,7 +80,12 @@ func normalizeModelSpec(name string, out *pb.ModelSpec) *pb.ModelSpec {
 // descriptor alone (rules 1, 10's first half, value ranges). It reports every
 // problem.
 func ValidateModel(name string, spec *pb.ModelSpec) []*pb.Violation {
-	return append(ValidateName("metadata.name", name), ValidateModelSpec(spec)...)
+	v := append(ValidateName("metadata.name", name), ValidateModelSpec(spec)...)
+	if spec.GetServedModelName() == "" {
+		// The deployment is served by its name (the default).
+		v = append(v, servedNameClash(name, spec.GetAdapters())...)
+	}
+	return v
 }
 
 // ValidateModelSpec is ValidateModel without the name. The CLI's offline
@@ -127,6 +132,7 @@ func ValidateModelSpec(spec *pb.ModelSpec) []*pb.Violation {
 		v.add("spec.resources.memoryMib", "must be at most %d (64Ti), got %d", MaxMemoryMiB, m)
 	}
 	validateResidencyFields(&v, spec)
+	validateAdapters(&v, spec)
 	return v
 }
 
@@ -355,8 +361,9 @@ func (f *FSM) applyModel(c *pb.ApplyModel, prep *modelPrep, index uint64, dry bo
 
 // sameIdentity says whether two specs run the same replicas: they differ
 // at most in what changes without re-placing anything — the replica count,
-// and the residency, priority and SLO the node's controller adapts to (SPEC
-// §8.1; a residency change re-checks the reservations, changeResidency).
+// the residency, priority and SLO the node's controller adapts to (SPEC
+// §8.1; a residency change re-checks the reservations, changeResidency),
+// and the adapters, which the node loads into the running base.
 func sameIdentity(a, b *pb.ModelSpec) bool {
 	return proto.Equal(withoutMutable(a), withoutMutable(b))
 }
@@ -364,6 +371,7 @@ func sameIdentity(a, b *pb.ModelSpec) bool {
 func withoutMutable(spec *pb.ModelSpec) *pb.ModelSpec {
 	s := withReplicas(spec, 0)
 	s.Residency, s.Priority, s.Slo = pb.Residency_RESIDENCY_UNSPECIFIED, pb.Priority_PRIORITY_UNSPECIFIED, nil
+	s.Adapters = nil
 	return s
 }
 

@@ -23,7 +23,7 @@ func newEngineCommand(g *globals) *cobra.Command {
 // newEngineSimCommand is `gpuplane engine sim`: the simulated inference
 // engine of SPEC §6. It serves until SIGTERM or interrupt.
 func newEngineSimCommand(g *globals) *cobra.Command {
-	var cfg sim.Config
+	cfg := sim.Config{LoRALoad: sim.DefaultLoRALoad}
 	var startSeconds, initSeconds, loadSeconds, wakeSeconds, idleSeconds float64
 	var cards string
 	cmd := &cobra.Command{
@@ -112,6 +112,10 @@ starts it for deployments of engine kind sim, sized to their share.`,
 	f.Float64Var(&cfg.BatchSlowdown, "batch-slowdown", 0, "α: with C requests in flight each stream runs at speed/(1+α(C-1))")
 	f.Float64Var(&idleSeconds, "sleep-idle-seconds", -1, "sleep after this many idle seconds, waking on the next request, as llama.cpp (negative: never)")
 	f.StringVar(&cards, "card-uuids", "", "cards to register the memory on, comma-separated UUIDs")
+	f.IntVar(&cfg.MaxLoRAs, "max-loras", sim.DefaultMaxLoRAs, "LoRA adapters loaded at once, as vLLM's --max-loras (POST /v1/load_lora_adapter)")
+	f.Uint64Var(&cfg.LoRAMiBPerRank, "lora-mib-per-rank", sim.DefaultLoRAMiBPerRank, "GPU memory of a loaded adapter per unit of its rank (adapter_config.json's r, else 16)")
+	f.Float64Var(&cfg.LoRALoad.Scale, "lora-load-scale", 1, "multiplies every adapter load time (drawn from GenTD26's measured LoRA loads: median about 4.4s)")
+	f.DurationVar(&cfg.LoRALoad.Fixed, "lora-load-time", 0, "a fixed adapter load time instead of the drawn one (0: draw)")
 	return cmd
 }
 

@@ -135,11 +135,17 @@ func (g *globals) printModel(m *pb.GetModelResponse) error {
 	if err := modelTable([]*pb.ModelDeployment{m.GetModel()}, true).write(g.stdout); err != nil {
 		return err
 	}
-	if len(m.GetReplicas()) == 0 {
+	if len(m.GetReplicas()) > 0 {
+		fmt.Fprintln(g.stdout)
+		if err := replicaTable(m.GetReplicas()).write(g.stdout); err != nil {
+			return err
+		}
+	}
+	if len(m.GetModel().GetSpec().GetAdapters()) == 0 {
 		return nil
 	}
 	fmt.Fprintln(g.stdout)
-	return replicaTable(m.GetReplicas()).write(g.stdout)
+	return adapterTable(m.GetModel().GetSpec(), m.GetReplicas()).write(g.stdout)
 }
 
 // waitReady polls GetModel until the deployment is Ready or timeout passes.

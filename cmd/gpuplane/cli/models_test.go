@@ -528,7 +528,8 @@ big     1         -      -       -         -         Pending    -           -   
     "endpoint": "",
     "placedIndex": 0,
     "residency": "cold",
-    "residencyReason": ""
+    "residencyReason": "",
+    "adapters": []
   }
 ]
 `

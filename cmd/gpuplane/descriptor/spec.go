@@ -54,6 +54,17 @@ type ModelDeploymentSpec struct {
 	Priority string `json:"priority,omitempty"`
 	// SLO is an optional latency target.
 	SLO *SLO `json:"slo,omitempty"`
+	// Adapters are LoRA adapters on this base model (SPEC §8.1).
+	Adapters []Adapter `json:"adapters,omitempty"`
+}
+
+// Adapter is one LoRA adapter: `{name: sql, source: /adapters/sql, rank: 16}`,
+// with `tenants: [acme]` to keep it private to those tenants.
+type Adapter struct {
+	Name    string   `json:"name"`
+	Source  string   `json:"source"`
+	Rank    *int64   `json:"rank"`
+	Tenants []string `json:"tenants,omitempty"`
 }
 
 // SLO is a deployment's latency target: `slo: {ttftMs: 800}`.
@@ -96,6 +107,9 @@ type Engine struct {
 	// Quantization is the weights' numeric format (bf16, fp8, awq, q4_k_m),
 	// one word; part of the model's identity.
 	Quantization string `json:"quantization,omitempty"`
+	// MaxAdapters is how many adapters the engine keeps on the card at
+	// once (default 4; vLLM --max-loras).
+	MaxAdapters *int64 `json:"maxAdapters,omitempty"`
 }
 
 // EngineKinds are the engines a deployment may name; the first is the default.
@@ -331,6 +345,14 @@ func (s *ModelDeploymentSpec) check(failed func(path string) bool) []*pb.Violati
 			atLeast("spec.slo.ttftMs", s.SLO.TTFTMs, 1)
 		}
 	}
+	if n := e.MaxAdapters; n != nil && (*n < 1 || *n > fsm.MaxAdaptersOnCard) {
+		add("spec.engine.maxAdapters", "must be between 1 and %d, got %d", fsm.MaxAdaptersOnCard, *n)
+	}
+	for i, a := range s.Adapters {
+		if a.Rank == nil && !failed(fmt.Sprintf("spec.adapters[%d].rank", i)) {
+			add(fmt.Sprintf("spec.adapters[%d].rank", i), "required: the adapter's LoRA rank, 1..%d", fsm.MaxAdapterRank)
+		}
+	}
 	// A share that failed to parse still counts as one: rule 10 would
 	// otherwise ask for what the user did write.
 	shareFailed := failed("spec.engine.memoryPercent") || failed("spec.engine.memory")
@@ -346,6 +368,23 @@ func (s *ModelDeploymentSpec) check(failed func(path string) bool) []*pb.Violati
 		out = append(out, v)
 	}
 	return inSchemaOrder(out)
+}
+
+// adapters is the API's form of the adapters; a missing rank is sent as 1
+// (Check names it), one beyond uint32 as the largest uint32.
+func (s *ModelDeploymentSpec) adapters() []*pb.Adapter {
+	if len(s.Adapters) == 0 {
+		return nil
+	}
+	out := make([]*pb.Adapter, len(s.Adapters))
+	for i, a := range s.Adapters {
+		rank := uint32(1)
+		if a.Rank != nil {
+			rank = uint32(min(max(*a.Rank, 0), math.MaxUint32))
+		}
+		out[i] = &pb.Adapter{Name: a.Name, Source: a.Source, Rank: rank, Tenants: a.Tenants}
+	}
+	return out
 }
 
 // checkAgainst applies the rules that relate a deployment to its accelerator
@@ -366,8 +405,8 @@ var schemaOrder = []string{
 	"spec.model", "spec.servedModelName", "spec.replicas", "spec.placement.accelerator", "spec.placement.nodeSelector",
 	"spec.engine.kind", "spec.engine.memoryPercent", "spec.engine.memory", "spec.engine.computePercent",
 	"spec.engine.maxModelLen", "spec.engine.tensorParallel", "spec.engine.pipelineParallel",
-	"spec.engine.args", "spec.engine.env", "spec.engine.startTimeout", "spec.engine.quantization",
-	"spec.resources", "spec.residency", "spec.priority", "spec.slo",
+	"spec.engine.args", "spec.engine.env", "spec.engine.startTimeout", "spec.engine.quantization", "spec.engine.maxAdapters",
+	"spec.resources", "spec.residency", "spec.priority", "spec.slo", "spec.adapters",
 }
 
 // inSchemaOrder sorts violations, found here and by the server's rules, by
@@ -446,6 +485,10 @@ func (s *ModelDeploymentSpec) Proto() *pb.ModelSpec {
 	}
 	if s.SLO != nil && s.SLO.TTFTMs != nil {
 		out.Slo = &pb.SLO{TtftMs: uint32(*s.SLO.TTFTMs)}
+	}
+	out.Adapters = s.adapters()
+	if e.MaxAdapters != nil {
+		out.Engine.MaxAdapters = uint32(*e.MaxAdapters)
 	}
 	if s.Replicas != nil {
 		out.Replicas = uint32(*s.Replicas)
