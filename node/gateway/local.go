@@ -375,9 +375,14 @@ func (g *Gateway) answerEnd(w http.ResponseWriter, m *Model, req *request, e que
 		aerr = errorf(http.StatusServiceUnavailable, "server_error", "expired", "model %q: the request waited past its deadline", m.Served)
 		aerr.retryAfter = time.Second
 	case queue.Preempted:
-		aerr = errorf(http.StatusServiceUnavailable, "server_error", "preempted",
-			"model %q: the request was preempted by interactive work; retry later", m.Served)
-		aerr.retryAfter = time.Second
+		// Only streams end preempted; one cut before the engine answered
+		// ends as any cut stream does, with an error event.
+		g.metrics.rejected(m.Served, http.StatusServiceUnavailable)
+		w.Header().Set("Content-Type", "text/event-stream")
+		w.Header().Set("Cache-Control", "no-cache")
+		w.WriteHeader(http.StatusOK)
+		writePreempted(w, m, 0)
+		return
 	default:
 		aerr = errorf(http.StatusServiceUnavailable, "server_error", "cancelled", "model %q: the request was cut off: its replica left this node", m.Served)
 		aerr.retryAfter = time.Second
@@ -567,16 +572,22 @@ func (g *Gateway) relayStream(ctx context.Context, w http.ResponseWriter, resp *
 	}
 	c.mu.Unlock()
 	if cut && readErr != nil {
-		b, _ := json.Marshal(map[string]any{"error": map[string]any{
-			"message": fmt.Sprintf("model %q: the stream was preempted by interactive work after %d tokens; retry later", m.Served, generated),
-			"type":    "server_error", "param": nil, "code": "preempted",
-		}})
-		_, _ = fmt.Fprintf(w, "data: %s\n\n", b)
-		if fl != nil {
-			fl.Flush()
-		}
+		writePreempted(w, m, generated)
 	}
 	return result{done: true, generated: generated}
+}
+
+// writePreempted ends a stream with an error event saying it was
+// preempted.
+func writePreempted(w http.ResponseWriter, m *Model, generated int) {
+	b, _ := json.Marshal(map[string]any{"error": map[string]any{
+		"message": fmt.Sprintf("model %q: the stream was preempted by interactive work after %d tokens; retry later", m.Served, generated),
+		"type":    "server_error", "param": nil, "code": "preempted",
+	}})
+	_, _ = fmt.Fprintf(w, "data: %s\n\n", b)
+	if fl, ok := w.(http.Flusher); ok {
+		fl.Flush()
+	}
 }
 
 // tokensIn counts the generated tokens an SSE line carries: one per
