@@ -99,7 +99,13 @@ func (a *Agent) startGateway(res *resident.Manager) error {
 	if err != nil {
 		return err
 	}
-	srv := &http.Server{Handler: gw, ReadHeaderTimeout: 30 * time.Second, TLSConfig: a.sec.apiTLS()}
+	// HTTP/1.1 for clients; HTTP/2 for nodes forwarding (the peer client
+	// speaks it, over TLS or in clear).
+	protocols := new(http.Protocols)
+	protocols.SetHTTP1(true)
+	protocols.SetHTTP2(true)
+	protocols.SetUnencryptedHTTP2(true)
+	srv := &http.Server{Handler: gw, ReadHeaderTimeout: 30 * time.Second, TLSConfig: a.sec.apiTLS(), Protocols: protocols}
 	ctx, stop := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() {
