@@ -535,7 +535,9 @@ func (g *Gateway) relayStream(ctx context.Context, w http.ResponseWriter, resp *
 				}
 				c.mu.Unlock()
 			}
-			if len(bytes.TrimSpace(line)) == 0 && fl != nil {
+			// An event goes out when it ends, unless the next one is
+			// already here: then they go out together, at once.
+			if fl != nil && br.Buffered() == 0 && len(bytes.TrimSpace(line)) == 0 {
 				fl.Flush()
 			}
 		}
@@ -591,31 +593,29 @@ func writePreempted(w http.ResponseWriter, m *Model, generated int) {
 }
 
 // tokensIn counts the generated tokens an SSE line carries: one per
-// choice with text or content (an engine streams about a token per event).
+// non-empty "text" or "content" string (an engine streams about a token
+// per event). It scans bytes rather than decoding JSON: it runs per token.
 func tokensIn(line []byte) int {
 	data, ok := bytes.CutPrefix(line, []byte("data:"))
 	if !ok {
 		return 0
 	}
-	data = bytes.TrimSpace(data)
-	if len(data) == 0 || data[0] != '{' {
-		return 0
-	}
-	var ev struct {
-		Choices []struct {
-			Text  string `json:"text"`
-			Delta struct {
-				Content string `json:"content"`
-			} `json:"delta"`
-		} `json:"choices"`
-	}
-	if json.Unmarshal(data, &ev) != nil {
-		return 0
-	}
 	n := 0
-	for _, ch := range ev.Choices {
-		if ch.Text != "" || ch.Delta.Content != "" {
-			n++
+	for _, key := range [][]byte{[]byte(`"text"`), []byte(`"content"`)} {
+		rest := data
+		for {
+			i := bytes.Index(rest, key)
+			if i < 0 {
+				break
+			}
+			rest = bytes.TrimLeft(rest[i+len(key):], " \t")
+			if len(rest) == 0 || rest[0] != ':' {
+				continue
+			}
+			rest = bytes.TrimLeft(rest[1:], " \t")
+			if len(rest) >= 2 && rest[0] == '"' && rest[1] != '"' {
+				n++
+			}
 		}
 	}
 	return n

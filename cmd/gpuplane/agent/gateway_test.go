@@ -22,6 +22,7 @@ import (
 	"github.com/openai/openai-go/v3/option"
 
 	"github.com/gpuplane/gpuplane/cmd/gpuplane/agent"
+	"github.com/gpuplane/gpuplane/node/gateway/queue"
 )
 
 // devNode starts a --dev agent with one simulated L4 and gateway tuning gw.
@@ -569,4 +570,81 @@ func TestGatewayPriority(t *testing.T) {
 	if metric(t, n, "gpuplane_gateway_preemptions_total") == 0 {
 		t.Error("no preemption counted on /metrics")
 	}
+}
+
+// TestGatewayAdmission: past a deployment's bounded queue a request gets
+// 429 with Retry-After; a cold onDemand model is loaded for the requests
+// that wait for it, and one whose load does not finish within the wait
+// gets 503 with Retry-After. Each is an OpenAI error.
+func TestGatewayAdmission(t *testing.T) {
+	n := devNode(t, "adm", agent.GatewayConfig{MaxInFlight: 1, QueueLimit: 1, Queue: queue.Config{ColdWait: 3 * time.Second}})
+	deploySim(t, n, "slow", "pinned", "--tokens-per-second", "5")
+	waitServed(t, n.a.GatewayURL(), "slow")
+	c := openaiClient(n)
+
+	// One request on the engine (two seconds), one queued: a third is
+	// turned away.
+	var wg sync.WaitGroup
+	for range 2 {
+		wg.Go(func() {
+			if _, err := c.Completions.New(context.Background(), openai.CompletionNewParams{Model: "slow",
+				Prompt: openai.CompletionNewParamsPromptUnion{OfString: openai.String("x")}, MaxTokens: openai.Int(10)}); err != nil {
+				t.Errorf("an admitted request failed: %v", err)
+			}
+		})
+	}
+	eventually(t, 30*time.Second, "one request in flight and one queued", func() error {
+		q, f := metric(t, n, "gpuplane_gateway_queue_depth", `replica="slow/0"`), metric(t, n, "gpuplane_gateway_in_flight", `replica="slow/0"`)
+		if q != 1 || f != 1 {
+			return fmt.Errorf("queued %v, in flight %v", q, f)
+		}
+		return nil
+	})
+	_, err := c.Completions.New(context.Background(), openai.CompletionNewParams{Model: "slow",
+		Prompt: openai.CompletionNewParamsPromptUnion{OfString: openai.String("x")}, MaxTokens: openai.Int(10)})
+	var e *openai.Error
+	if !errors.As(err, &e) || e.StatusCode != http.StatusTooManyRequests || e.Code != "queue_full" || !strings.Contains(e.Message, "slow") {
+		t.Fatalf("a request past the queue: %v, want 429 queue_full naming slow", err)
+	}
+	if ra, err := strconv.Atoi(e.Response.Header.Get("Retry-After")); err != nil || ra < 1 {
+		t.Fatalf("429 without a Retry-After in seconds: %q", e.Response.Header.Get("Retry-After"))
+	}
+	wg.Wait()
+
+	// A cold onDemand model loads for the request that waits for it.
+	deploySim(t, n, "lazy", "onDemand", "--tokens-per-second", "0", "--load-seconds", "1")
+	waitCold(t, n, "lazy")
+	if _, err := c.Completions.New(context.Background(), openai.CompletionNewParams{Model: "lazy",
+		Prompt: openai.CompletionNewParamsPromptUnion{OfString: openai.String("x")}, MaxTokens: openai.Int(2)}); err != nil {
+		t.Fatalf("a request for a cold onDemand model: %v", err)
+	}
+
+	// One that never finishes loading: 503 with Retry-After after the wait.
+	deploySim(t, n, "stuck", "onDemand", "--tokens-per-second", "0", "--load-seconds", "86400")
+	waitCold(t, n, "stuck")
+	_, err = c.Completions.New(context.Background(), openai.CompletionNewParams{Model: "stuck",
+		Prompt: openai.CompletionNewParamsPromptUnion{OfString: openai.String("x")}, MaxTokens: openai.Int(2)})
+	if !errors.As(err, &e) || e.StatusCode != http.StatusServiceUnavailable || !strings.Contains(e.Message, "stuck") {
+		t.Fatalf("a request for a model that does not load: %v, want 503 naming stuck", err)
+	}
+	if ra, err := strconv.Atoi(e.Response.Header.Get("Retry-After")); err != nil || ra < 1 {
+		t.Fatalf("503 without a Retry-After in seconds: %q", e.Response.Header.Get("Retry-After"))
+	}
+}
+
+// waitCold waits until model's replica is placed and cold.
+func waitCold(t *testing.T, n *node, model string) {
+	t.Helper()
+	eventually(t, 60*time.Second, model+" placed, cold", func() error {
+		out, err := tryCLI(n, "replicas", "list")
+		if err != nil {
+			return err
+		}
+		for line := range strings.SplitSeq(out, "\n") {
+			if strings.HasPrefix(line, model+" ") && strings.Contains(line, "Cold") {
+				return nil
+			}
+		}
+		return fmt.Errorf("replicas:\n%s", out)
+	})
 }
