@@ -85,8 +85,8 @@ bench-gateway:
 
 # The HTTP gateway on loopback against a sim engine and a plain reverse
 # proxy (bench/RESULTS.md, Gateway HTTP).
-bench-gateway-http:
-	GOMAXPROCS=2 $(GO) run ./bench/gateway $(BENCH_GATEWAY_FLAGS)
+bench-gateway-http: build
+	GOMAXPROCS=2 $(GO) run ./bench/gateway -bin $(BIN) $(BENCH_GATEWAY_FLAGS)
 
 clean:
 	rm -rf bin

@@ -26,6 +26,7 @@ import (
 	"net/http/httputil"
 	"net/url"
 	"os"
+	"os/exec"
 	"runtime"
 	"runtime/debug"
 	"runtime/pprof"
@@ -82,6 +83,10 @@ func serve(h http.Handler) string {
 
 // startGateway serves a gateway in front of the engine at engineURL.
 func startGateway(ctx context.Context, model, engineURL string) string {
+	return startGatewayOn(ctx, model, engineURL, serve)
+}
+
+func startGatewayOn(ctx context.Context, model, engineURL string, serve func(http.Handler) string) string {
 	g, err := gateway.New(gateway.Options{Node: "bench", MaxInFlight: 1 << 20, QueueLimit: 1 << 20,
 		Queue: queue.Config{ColdWait: time.Minute},
 		Cluster: fixed{[]gateway.Model{{Served: model, Deployment: model, Class: queue.Standard,
@@ -109,6 +114,54 @@ func client(conns int) *http.Client {
 	return &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: conns, MaxConnsPerHost: 0, IdleConnTimeout: time.Minute}}
 }
 
+// h2cClient speaks HTTP/2 in clear: many streams on few connections.
+func h2cClient() *http.Client {
+	p := new(http.Protocols)
+	p.SetUnencryptedHTTP2(true)
+	return &http.Client{Transport: &http.Transport{Protocols: p}}
+}
+
+// serveH2C serves h with HTTP/1.1 and HTTP/2 in clear.
+func serveH2C(h http.Handler) string {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		log.Fatal(err)
+	}
+	p := new(http.Protocols)
+	p.SetHTTP1(true)
+	p.SetUnencryptedHTTP2(true)
+	go func() { _ = (&http.Server{Handler: h, Protocols: p}).Serve(ln) }()
+	return "http://" + ln.Addr().String()
+}
+
+// engineProcess runs `gpuplane engine sim` as its own process (its
+// sockets count against its own open-file limit) and returns its URL.
+func engineProcess(bin, name string, tps float64) (string, func()) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		log.Fatal(err)
+	}
+	port := ln.Addr().(*net.TCPAddr).Port
+	ln.Close()
+	cmd := exec.Command(bin, "engine", "sim", "--host", "127.0.0.1", "--port", strconv.Itoa(port), "--served-model-name", name,
+		"--memory-mib", "1024", "--load-seconds", "0", "--tokens-per-second", strconv.FormatFloat(tps, 'g', -1, 64))
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		log.Fatal(err)
+	}
+	u := "http://127.0.0.1:" + strconv.Itoa(port)
+	for {
+		resp, err := http.Get(u + "/health")
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return u, func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }
+			}
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
 // stream sends one streamed completion and reads it to [DONE].
 func stream(c *http.Client, base, model string, tokens int) error {
 	body := fmt.Sprintf(`{"model":%q,"prompt":"a short prompt","max_tokens":%d,"stream":true}`, model, tokens)
@@ -124,6 +177,8 @@ func stream(c *http.Client, base, model string, tokens int) error {
 	sc := bufio.NewScanner(resp.Body)
 	for sc.Scan() {
 		if sc.Text() == "data: [DONE]" {
+			// Read to the end, so that the connection is reused.
+			_, _ = io.Copy(io.Discard, resp.Body)
 			return nil
 		}
 	}
@@ -146,6 +201,9 @@ func latencies(c *http.Client, base, model string, conc, n, tokens int) ([]time.
 				mu.Lock()
 				if err != nil {
 					errs++
+					if errs <= 3 {
+						log.Printf("stream %d failed: %v", errs, err)
+					}
 				} else {
 					ds = append(ds, d)
 				}
@@ -173,9 +231,9 @@ func raiseFDs(want uint64) {
 	if l.Cur >= want {
 		return
 	}
-	l.Cur, l.Max = want, max(l.Max, want)
+	l.Cur = min(want, l.Max)
 	if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &l); err != nil {
-		log.Printf("raise the open-file limit to %d: %v (the 10,000-stream run may fail for it)", want, err)
+		log.Printf("raise the open-file limit to %d: %v", l.Cur, err)
 	}
 }
 
@@ -219,6 +277,7 @@ func idle(base, model string, n int) (int64, func()) {
 func main() {
 	requests := flag.Int("requests", 2000, "streams per point (per target and concurrency)")
 	tokens := flag.Int("tokens", 16, "tokens per stream")
+	bin := flag.String("bin", "bin/gpuplane", "the gpuplane binary, for the engine of the many-streams run")
 	many := flag.Int("many", 10000, "concurrent streams of the error-count run")
 	idleN := flag.Int("idle", 2000, "idle streams of the memory run")
 	conc := flag.String("concurrency", "1,64,512", "concurrent streams of the overhead points")
@@ -234,7 +293,7 @@ func main() {
 		}
 	}
 	debug.SetGCPercent(100)
-	raiseFDs(uint64(*many)*5 + 1000)
+	raiseFDs(uint64(*many)*2 + 1000)
 	ctx := context.Background()
 
 	// 1. Overhead: an engine that answers at once, so the path is what is
@@ -248,7 +307,7 @@ func main() {
 	fmt.Printf("GOMAXPROCS=%d, %d streams of %d tokens per point\n\n", runtime.GOMAXPROCS(0), *requests, *tokens)
 	fmt.Println("| concurrent streams | direct p50 | proxy p50 | gateway p50 | proxy added p50 | gateway added p50 | gateway/proxy added | direct p99 | proxy p99 | gateway p99 | errors |")
 	fmt.Println("|---|---|---|---|---|---|---|---|---|---|---|")
-	for _, cs := range strings.Split(*conc, ",") {
+	for _, cs := range strings.FieldsFunc(*conc, func(r rune) bool { return r == ',' }) {
 		conc, err := strconv.Atoi(strings.TrimSpace(cs))
 		if err != nil || conc <= 0 {
 			log.Fatalf("-concurrency: %q is not a positive number", cs)
@@ -287,15 +346,22 @@ func main() {
 		return
 	}
 
-	// 2. Many concurrent streams: a slow engine keeps each open ~3 s.
-	slow := engine(ctx, "slow", 1)
-	gwSlow := startGateway(ctx, "slow", slow)
-	c := client(*many)
+	// 2. Many concurrent streams: a slow engine, in a process of its own,
+	// keeps each open ~3 s; the clients speak HTTP/2 to the gateway, so
+	// that this process holds one socket per stream (to the engine), not
+	// three.
+	slow, stopSlow := engineProcess(*bin, "slow", 1)
+	gwSlow := startGatewayOn(ctx, "slow", slow, serveH2C)
+	c := h2cClient()
 	start := time.Now()
 	_, errs := latencies(c, gwSlow, "slow", *many, *many, 3)
 	fmt.Printf("\n%d concurrent streams of 3 tokens at 1 token/s through the gateway: %d errors, %v for all\n", *many, errs, time.Since(start).Round(time.Millisecond))
 	c.CloseIdleConnections()
+	stopSlow()
 
+	if *idleN == 0 {
+		return
+	}
 	// 3. Idle streams: the engine's first token is 100 s away.
 	idleEngine := engine(ctx, "idle", 0.01)
 	gwIdle := startGateway(ctx, "idle", idleEngine)

@@ -157,9 +157,11 @@ type Gateway struct {
 	metrics *metrics
 
 	table atomic.Pointer[table]
-	// refreshed is closed and replaced after each refresh.
-	refreshMu sync.Mutex
-	refreshed chan struct{}
+	// refreshing is set while a refresh runs; refreshed is closed and
+	// replaced after each.
+	refreshing atomic.Bool
+	refreshMu  sync.Mutex
+	refreshed  chan struct{}
 
 	mu     sync.Mutex
 	cards  map[uint32]*card
@@ -250,9 +252,20 @@ func (g *Gateway) Run(ctx context.Context) {
 	}
 }
 
-// Refresh reads the cluster's view now (tests, and a request for a model
-// not known yet).
+// refresh reads the cluster's view now, or waits for the refresh already
+// running: requests for a model not known yet share one read.
 func (g *Gateway) refresh(ctx context.Context) {
+	g.refreshMu.Lock()
+	done := g.refreshed
+	g.refreshMu.Unlock()
+	if !g.refreshing.CompareAndSwap(false, true) {
+		select {
+		case <-done:
+		case <-ctx.Done():
+		}
+		return
+	}
+	defer g.refreshing.Store(false)
 	rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	ms, err := g.opts.Cluster.Models(rctx)
 	cancel()

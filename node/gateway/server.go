@@ -312,7 +312,10 @@ func (g *Gateway) choose(m *Model, forwarded bool) (target, *apiError) {
 				continue
 			}
 			t.local = l
-			load = l.load()
+			var ready bool
+			load, ready = l.load()
+			// This node knows its own replicas' residency first hand.
+			rp.Running, rp.Resident = rp.Running || ready, ready
 		} else {
 			if forwarded {
 				continue

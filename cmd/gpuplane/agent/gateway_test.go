@@ -40,8 +40,14 @@ func devNode(t *testing.T, name string, gw agent.GatewayConfig) *node {
 // for it through n.
 func deploySim(t *testing.T, n *node, name, residency string, args ...string) {
 	t.Helper()
-	if _, err := tryCLI(n, "accelerators", "get", "shared"); err != nil {
-		gpuplane(t, n, "accelerators", "create", "shared", "--device", "l4", "--tenancy", "shared", "--max-models", "4")
+	deploySimAs(t, n, nil, name, residency, args...)
+}
+
+// deploySimAs is deploySim with global CLI flags (a --token).
+func deploySimAs(t *testing.T, n *node, global []string, name, residency string, args ...string) {
+	t.Helper()
+	if _, err := tryCLI(n, append(global, "accelerators", "get", "shared")...); err != nil {
+		gpuplane(t, n, append(global, "accelerators", "create", "shared", "--device", "l4", "--tenancy", "shared", "--max-models", "4")...)
 	}
 	quoted := make([]string, len(args))
 	for i, a := range args {
@@ -60,7 +66,7 @@ spec:
 	if err := os.WriteFile(path, []byte(spec), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	gpuplane(t, n, "apply", "-f", path)
+	gpuplane(t, n, append(global, "apply", "-f", path)...)
 }
 
 // waitServed waits until gateway base answers a completion for model.
@@ -624,8 +630,8 @@ func TestGatewayAdmission(t *testing.T) {
 	waitCold(t, n, "stuck")
 	_, err = c.Completions.New(context.Background(), openai.CompletionNewParams{Model: "stuck",
 		Prompt: openai.CompletionNewParamsPromptUnion{OfString: openai.String("x")}, MaxTokens: openai.Int(2)})
-	if !errors.As(err, &e) || e.StatusCode != http.StatusServiceUnavailable || !strings.Contains(e.Message, "stuck") {
-		t.Fatalf("a request for a model that does not load: %v, want 503 naming stuck", err)
+	if !errors.As(err, &e) || e.StatusCode != http.StatusServiceUnavailable || e.Code != "model_not_loaded" || !strings.Contains(e.Message, "stuck") {
+		t.Fatalf("a request for a model that does not load: %v, want 503 model_not_loaded naming stuck", err)
 	}
 	if ra, err := strconv.Atoi(e.Response.Header.Get("Retry-After")); err != nil || ra < 1 {
 		t.Fatalf("503 without a Retry-After in seconds: %q", e.Response.Header.Get("Retry-After"))
@@ -647,4 +653,44 @@ func waitCold(t *testing.T, n *node, model string) {
 		}
 		return fmt.Errorf("replicas:\n%s", out)
 	})
+}
+
+// TestGatewayACL: with ACLs on, the gateway wants a token (the OpenAI
+// client's API key) and takes the tenant from it, whatever the
+// X-Gpuplane-Tenant header says.
+func TestGatewayACL(t *testing.T) {
+	n := newNode(t, "aclgw", true, "l4=1")
+	n.cfg.Dev, n.cfg.BootstrapExpect, n.cfg.ACL = true, 0, true
+	n.start(t)
+	secret := func(out string) string {
+		return strings.TrimSpace(strings.SplitN(strings.SplitN(out, "secret: ", 2)[1], "\n", 2)[0])
+	}
+	root := secret(gpuplane(t, n, "acl", "bootstrap", "--name", "root"))
+	acme := secret(gpuplane(t, n, "--token", root, "acl", "token", "create", "--name", "acme", "--role", "read"))
+	deploySimAs(t, n, []string{"--token", root}, "chat", "pinned", "--tokens-per-second", "0")
+
+	ask := func(c openai.Client, opts ...option.RequestOption) error {
+		_, err := c.Completions.New(context.Background(), openai.CompletionNewParams{Model: "chat",
+			Prompt: openai.CompletionNewParamsPromptUnion{OfString: openai.String("x")}, MaxTokens: openai.Int(2)}, opts...)
+		return err
+	}
+	eventually(t, 90*time.Second, "chat served to acme", func() error {
+		return ask(openaiClient(n, option.WithAPIKey(acme)))
+	})
+	var e *openai.Error
+	for key, want := range map[string]string{"": "invalid_api_key", "not-a-token": "invalid_api_key"} {
+		err := ask(openai.NewClient(option.WithBaseURL(n.a.GatewayURL()+"/v1/"), option.WithAPIKey(key), option.WithMaxRetries(0)))
+		if !errors.As(err, &e) || e.StatusCode != http.StatusUnauthorized || e.Code != want {
+			t.Fatalf("key %q: %v, want 401 %s", key, err, want)
+		}
+	}
+	if err := ask(openaiClient(n, option.WithAPIKey(acme)), option.WithHeader("X-Gpuplane-Tenant", "someone-else")); err != nil {
+		t.Fatal(err)
+	}
+	if got := metric(t, n, "gpuplane_gateway_queue_seconds_count", `tenant="someone-else"`); got != 0 {
+		t.Fatalf("a client with a token named its own tenant: %v requests queued as someone-else", got)
+	}
+	if got := metric(t, n, "gpuplane_gateway_queue_seconds_count", `tenant="acme"`); got < 2 {
+		t.Fatalf("%v requests queued as acme, want the token's tenant on each", got)
+	}
 }
