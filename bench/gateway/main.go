@@ -111,7 +111,7 @@ func startGatewayOn(ctx context.Context, model, engineURL string, serve func(htt
 }
 
 func client(conns int) *http.Client {
-	return &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: conns, MaxConnsPerHost: 0, IdleConnTimeout: time.Minute}}
+	return &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: conns, IdleConnTimeout: 4 * time.Second}}
 }
 
 // h2cClient speaks HTTP/2 in clear: many streams on few connections.

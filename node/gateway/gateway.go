@@ -226,7 +226,10 @@ func New(opts Options) (*Gateway, error) {
 		opts.Engines = &http.Client{Transport: &http.Transport{
 			DialContext:         (&net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
 			MaxIdleConnsPerHost: 1024,
-			IdleConnTimeout:     90 * time.Second,
+			// Below the engines' own keep-alive timeouts (uvicorn's, vLLM's
+			// server, is 5 s): a connection the engine closes while idle is
+			// never reused, which would fail a POST with EOF.
+			IdleConnTimeout: 4 * time.Second,
 		}}
 	}
 	g := &Gateway{opts: opts, log: opts.Logger, refreshed: make(chan struct{}),

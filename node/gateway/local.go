@@ -13,6 +13,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/gpuplane/gpuplane/node/engine"
 	"github.com/gpuplane/gpuplane/node/gateway/queue"
 )
 
@@ -409,7 +410,7 @@ func (g *Gateway) attempt(ctx context.Context, w http.ResponseWriter, req *reque
 	if req.adapter != "" {
 		fields["model"] = req.adapter
 	}
-	if kind == "vllm" || kind == "sim" {
+	if engine.AcceptsCacheSalt(kind) {
 		if s := g.saltFor(req.who.tenant, m.Served); s != "" {
 			fields["cache_salt"] = s
 		}

@@ -13,7 +13,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/gpuplane/gpuplane/cluster"
@@ -23,7 +22,6 @@ import (
 	"github.com/gpuplane/gpuplane/node/gateway/queue"
 	"github.com/gpuplane/gpuplane/node/resident"
 	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
-	"github.com/gpuplane/gpuplane/rpc"
 )
 
 // GatewayConfig tunes the gateway beyond its port; the zero value takes the
@@ -39,8 +37,8 @@ type GatewayConfig struct {
 	Weights map[string]float64
 	// Queue is the cards' scheduler configuration.
 	Queue queue.Config
-	// Tenants resolves ACL tokens when ACLs are on (default: the token's
-	// name, weight 1).
+	// Tenants resolves ACL tokens when ACLs are on (default: the
+	// cluster's token table, cluster.TenantFor).
 	Tenants gateway.TenantSource
 }
 
@@ -92,7 +90,7 @@ func (a *Agent) startGateway(res *resident.Manager) error {
 	if a.cfg.ACL {
 		opts.Tenants = gc.Tenants
 		if opts.Tenants == nil {
-			opts.Tenants = &tokenTenants{c: a.cluster, cache: map[string]tokenEntry{}}
+			opts.Tenants = a.cluster
 		}
 	}
 	gw, err := gateway.New(opts)
@@ -236,52 +234,4 @@ func classOf(p pb.Priority) queue.Class {
 		return queue.Background
 	}
 	return queue.Standard
-}
-
-// tokenTenants is the default TenantSource with ACLs on: a token's tenant
-// is its name, with weight 1. Lookups are kept for a few seconds, since a
-// client node reads the state through a server.
-type tokenTenants struct {
-	c     *cluster.Cluster
-	mu    sync.Mutex
-	cache map[string]tokenEntry
-}
-
-type tokenEntry struct {
-	tenant string
-	ok     bool
-	at     time.Time
-}
-
-// tokenCacheFor bounds how long a deleted token still passes the gateway.
-const tokenCacheFor = 5 * time.Second
-
-func (t *tokenTenants) TenantFor(secret string) (string, float64, bool) {
-	h := rpc.TokenHash(secret)
-	t.mu.Lock()
-	e, hit := t.cache[h]
-	t.mu.Unlock()
-	if hit && time.Since(e.at) < tokenCacheFor {
-		return e.tenant, 1, e.ok
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	var tok *pb.ACLToken
-	if err := t.c.Read(ctx, true, func(f *fsm.FSM) error {
-		tok, _ = f.TokenBySecretHash(h)
-		return nil
-	}); err != nil {
-		return "", 0, false
-	}
-	e = tokenEntry{ok: tok != nil, at: time.Now()}
-	if tok != nil {
-		e.tenant = tok.GetName()
-	}
-	t.mu.Lock()
-	if len(t.cache) > 4096 {
-		clear(t.cache)
-	}
-	t.cache[h] = e
-	t.mu.Unlock()
-	return e.tenant, 1, e.ok
 }

@@ -189,6 +189,24 @@ func TestGatewayOpenAIClient(t *testing.T) {
 		t.Fatalf("embeddings: %+v, %v", emb, err)
 	}
 
+	// Isolation: the gateway salts each tenant's requests, so tenant B
+	// sending tenant A's exact prompt gets no cached tokens; A resending
+	// gets a hit.
+	prompt := strings.TrimSpace(strings.Repeat("summarise the quarterly report for the board ", 7)) + " please"
+	cached := func(tenant string) int64 {
+		t.Helper()
+		r, err := c.Completions.New(ctx, openai.CompletionNewParams{Model: "chat",
+			Prompt: openai.CompletionNewParamsPromptUnion{OfString: openai.String(prompt)}, MaxTokens: openai.Int(2)},
+			option.WithHeader("X-Gpuplane-Tenant", tenant))
+		if err != nil {
+			t.Fatalf("completion for %s: %v", tenant, err)
+		}
+		return r.Usage.PromptTokensDetails.CachedTokens
+	}
+	if a1, b1, a2 := cached("acme"), cached("globex"), cached("acme"); a1 != 0 || b1 != 0 || a2 == 0 {
+		t.Fatalf("cached tokens: acme first %d, globex with acme's prompt %d, acme again %d; want 0, 0, more than 0", a1, b1, a2)
+	}
+
 	queued := metric(t, n, "gpuplane_gateway_queue_seconds_count")
 	if queued == 0 {
 		t.Fatal("no queue time recorded for the requests served")
