@@ -202,7 +202,7 @@ func latencies(c *http.Client, base, model string, conc, n, tokens int) ([]time.
 				if err != nil {
 					errs++
 					if errs <= 3 {
-						log.Printf("stream %d failed: %v", errs, err)
+						log.Printf("stream %d to %s failed: %v", errs, base, err)
 					}
 				} else {
 					ds = append(ds, d)
@@ -304,7 +304,7 @@ func main() {
 	// The proxy gets the gateway's engine transport: same pooling.
 	proxy := serve(&httputil.ReverseProxy{Rewrite: func(pr *httputil.ProxyRequest) { pr.SetURL(target) }, FlushInterval: -1,
 		Transport: &http.Transport{MaxIdleConnsPerHost: 1024, IdleConnTimeout: 90 * time.Second}})
-	fmt.Printf("GOMAXPROCS=%d, %d streams of %d tokens per point\n\n", runtime.GOMAXPROCS(0), *requests, *tokens)
+	fmt.Printf("GOMAXPROCS=%d, %d streams of %d tokens per point; engine %s, proxy %s, gateway %s\n\n", runtime.GOMAXPROCS(0), *requests, *tokens, fast, proxy, gw)
 	fmt.Println("| concurrent streams | direct p50 | proxy p50 | gateway p50 | proxy added p50 | gateway added p50 | gateway/proxy added | direct p99 | proxy p99 | gateway p99 | errors |")
 	fmt.Println("|---|---|---|---|---|---|---|---|---|---|---|")
 	for _, cs := range strings.FieldsFunc(*conc, func(r rune) bool { return r == ',' }) {
