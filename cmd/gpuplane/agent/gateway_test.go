@@ -529,6 +529,8 @@ func TestGatewayPriority(t *testing.T) {
 			}
 		})
 	}
+	// On a failure, the loops stop before the agent does.
+	t.Cleanup(func() { cancel(); wg.Wait() })
 	eventually(t, 30*time.Second, "background fills the engine", func() error {
 		if q := metric(t, n, "gpuplane_gateway_in_flight", `replica="chat/0"`); q < 4 {
 			return fmt.Errorf("%v in flight", q)
@@ -560,6 +562,7 @@ func TestGatewayPriority(t *testing.T) {
 			}
 		})
 	}
+	t.Cleanup(func() { icancel(); iwg.Wait() })
 	// Once interactive work holds the engine (the background work that was
 	// on it is cut or done), background answers come only from its floor.
 	var before int
