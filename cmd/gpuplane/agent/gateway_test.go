@@ -3,6 +3,7 @@ package agent_test
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -21,6 +22,7 @@ import (
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
 
+	"github.com/gpuplane/gpuplane/cluster"
 	"github.com/gpuplane/gpuplane/cmd/gpuplane/agent"
 	"github.com/gpuplane/gpuplane/node/gateway/queue"
 )
@@ -713,5 +715,103 @@ func TestGatewayACL(t *testing.T) {
 	}
 	if got := metric(t, n, "gpuplane_gateway_queue_seconds_count", `tenant="acme"`); got < 2 {
 		t.Fatalf("%v requests queued as acme, want the token's tenant on each", got)
+	}
+}
+
+// TestGatewaySecureForwarding: in a cluster with TLS and ACLs, a request at
+// the node without the replica reaches it over TLS, authenticated as a node,
+// and is served there as the tenant of the client's token.
+func TestGatewaySecureForwarding(t *testing.T) {
+	dir := t.TempDir()
+	if _, err := cluster.CreateCA(dir); err != nil {
+		t.Fatal(err)
+	}
+	s1, s2 := secureNode(t, dir, "s1", true, ""), secureNode(t, dir, "s2", true, "")
+	join := []string{s1.gossip(), s2.gossip()}
+	s1.cfg.Join, s2.cfg.Join = join, join
+	s1.start(t)
+	s2.start(t)
+	ca := []string{"--ca", dir + "/" + cluster.CACertFile}
+	var boot struct{ Secret string }
+	eventually(t, 30*time.Second, "acl bootstrap", func() error {
+		out, errOut, code := secureCLI(s1, ca, "acl", "bootstrap", "-o", "json")
+		if code != 0 {
+			return errors.New(errOut)
+		}
+		return json.Unmarshal([]byte(out), &boot)
+	})
+	admin := append([]string{"--token", boot.Secret}, ca...)
+	run := func(args ...string) string {
+		t.Helper()
+		out, errOut, code := secureCLI(s1, admin, args...)
+		if code != 0 {
+			t.Fatalf("%v: %s", args, errOut)
+		}
+		return out
+	}
+	app := strings.TrimSpace(strings.SplitN(strings.SplitN(run("acl", "token", "create", "--name", "app", "--role", "read", "--tenant", "acme"), "secret: ", 2)[1], "\n", 2)[0])
+	run("accelerators", "create", "shared", "--device", "l4", "--tenancy", "shared", "--max-models", "2")
+	run("models", "deploy", "chat", "--accelerator", "shared", "--model", "/models/chat", "--engine", "sim", "--memory-percent", "20")
+	var holder string
+	eventually(t, 60*time.Second, "chat placed", func() error {
+		var rs []struct{ Node string }
+		if err := json.Unmarshal([]byte(run("replicas", "list", "-o", "json")), &rs); err != nil {
+			return err
+		}
+		if len(rs) != 1 || rs[0].Node == "" {
+			return fmt.Errorf("replicas: %+v", rs)
+		}
+		holder = rs[0].Node
+		return nil
+	})
+	other, held := s1, s2
+	if holder == "s1" {
+		other, held = s2, s1
+	}
+	pool, err := cluster.LoadCAPool(dir + "/" + cluster.CACertFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hc := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}}
+	if !strings.HasPrefix(other.a.GatewayURL(), "https://") {
+		t.Fatalf("gateway URL %s: want https with TLS on", other.a.GatewayURL())
+	}
+	c := openaiClient(other, option.WithHTTPClient(hc), option.WithAPIKey(app))
+	eventually(t, 90*time.Second, "chat served through "+other.cfg.NodeName, func() error {
+		_, err := c.Completions.New(context.Background(), openai.CompletionNewParams{Model: "chat",
+			Prompt: openai.CompletionNewParamsPromptUnion{OfString: openai.String("x")}, MaxTokens: openai.Int(2)})
+		return err
+	})
+	metricTLS := func(n *node, name string, match ...string) float64 {
+		t.Helper()
+		req, _ := http.NewRequest(http.MethodGet, n.httpsURL()+"/metrics", nil)
+		req.Header.Set("Authorization", "Bearer "+boot.Secret)
+		resp, err := hc.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		sum := 0.0
+		for line := range strings.SplitSeq(string(b), "\n") {
+			if !strings.HasPrefix(line, name) {
+				continue
+			}
+			all := true
+			for _, m := range match {
+				all = all && strings.Contains(line, m)
+			}
+			if f := strings.Fields(line); all && len(f) == 2 {
+				v, _ := strconv.ParseFloat(f[1], 64)
+				sum += v
+			}
+		}
+		return sum
+	}
+	if got := metricTLS(other, "gpuplane_gateway_forwarded_total", `node="`+held.cfg.NodeName+`"`); got == 0 {
+		t.Fatalf("%s forwarded nothing to %s", other.cfg.NodeName, held.cfg.NodeName)
+	}
+	if got := metricTLS(held, "gpuplane_gateway_queue_seconds_count", `tenant="acme"`); got == 0 {
+		t.Fatalf("%s served nothing as the token's tenant acme", held.cfg.NodeName)
 	}
 }
