@@ -59,8 +59,8 @@ lint:
 BENCH_FLAGS ?=
 BENCH_CLUSTER_FLAGS ?=
 
-.PHONY: bench-commit bench-cluster bench-scheduler bench-replay bench-residency bench-gateway bench-adapters
-bench: bench-commit bench-cluster bench-scheduler bench-replay bench-residency bench-gateway bench-adapters
+.PHONY: bench-commit bench-cluster bench-scheduler bench-replay bench-residency bench-gateway bench-gateway-http bench-adapters
+bench: bench-commit bench-cluster bench-scheduler bench-replay bench-residency bench-gateway bench-gateway-http bench-adapters
 
 bench-commit: build
 	$(GO) run ./bench/commit -bin $(BIN) $(BENCH_FLAGS)
@@ -93,6 +93,11 @@ bench-adapters:
 # allocations of one request's Enqueue plus one Finish that dispatches the next.
 bench-gateway:
 	GOMAXPROCS=2 $(GO) test -run '^$$' -bench EnqueueDispatch -benchtime 200000x ./node/gateway/queue/
+
+# The HTTP gateway on loopback against a sim engine and a plain reverse
+# proxy (bench/RESULTS.md, Gateway HTTP).
+bench-gateway-http: build
+	GOMAXPROCS=2 $(GO) run ./bench/gateway -bin $(BIN) $(BENCH_GATEWAY_FLAGS)
 
 clean:
 	rm -rf bin

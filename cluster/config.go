@@ -49,6 +49,10 @@ type Config struct {
 	// GossipBind is the host:port memberlist listens on (TCP and UDP); the
 	// port may be 0 to pick a free one. GossipAdvertise defaults to it.
 	GossipBind, GossipAdvertise string
+	// Gateway is the host:port of this node's OpenAI-compatible gateway
+	// (SPEC §8.4), gossiped so that any node can forward requests to it;
+	// empty when it serves none.
+	Gateway string
 	// TLS, when set, runs Raft over mutual TLS: servers accept and dial only
 	// peers whose certificates chain to its CA.
 	TLS *TLS

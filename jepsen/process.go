@@ -51,7 +51,7 @@ func (a *Agent) args() []string {
 	args := []string{"netns", "exec", netnsName(a.Name), a.bin, "agent",
 		"--node-name", a.Name, "--data-dir", a.DataDir,
 		"--bind", a.IP(), "--advertise", a.IP(),
-		"--api-port", strconv.Itoa(apiPort), "--raft-port", strconv.Itoa(raftPort), "--gossip-port", strconv.Itoa(gossipPort),
+		"--api-port", strconv.Itoa(apiPort), "--raft-port", strconv.Itoa(raftPort), "--gossip-port", strconv.Itoa(gossipPort), "--gateway-port", "0",
 		"--join", strings.Join(a.join, ","),
 		"--sim-gpus", "l4=2", "--log-level", "info",
 	}

@@ -15,6 +15,7 @@ import (
 // metrics (raftmetrics.go).
 func (a *Agent) metricsHandler() http.Handler {
 	reg := prometheus.NewRegistry()
+	a.metricsReg = reg
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "gpuplane_raft_applied_index", Help: "Index of the last log entry this node's state machine applied.",

@@ -71,6 +71,7 @@ GPUPLANE_<FLAG>, e.g. GPUPLANE_DATA_DIR.`,
 	f.IntVar(&cfg.APIPort, "api-port", 7410, "port of the API (Connect RPC, /healthz)")
 	f.IntVar(&cfg.RaftPort, "raft-port", 7411, "port of Raft")
 	f.IntVar(&cfg.GossipPort, "gossip-port", 7412, "port of gossip")
+	f.IntVar(&cfg.GatewayPort, "gateway-port", 7420, "port of the OpenAI-compatible gateway (/v1/chat/completions, /v1/completions, /v1/embeddings, /v1/models), on --bind")
 	f.StringVar(&cfg.SimGPUs, "sim-gpus", "", "simulate cards instead of NVML, e.g. l4=2,h100=1")
 	f.StringVar(&cfg.Enforce, "enforce", "auto", "hard limits on engines' shares: auto, mps, hami or none")
 	f.StringVar(&cfg.Residency, "residency", "auto", "the node's residency controller: auto (it loads, sleeps and evicts warm and onDemand models) or advise (it records what it would do and changes nothing)")

@@ -160,7 +160,7 @@ func (a *agentProc) start() {
 	}
 	a.cmd = exec.Command(bin, "agent", "--node-name", "e2e", "--data-dir", a.dataDir,
 		"--api-port", strconv.Itoa(a.ports[0]), "--raft-port", strconv.Itoa(a.ports[1]),
-		"--gossip-port", strconv.Itoa(a.ports[2]), "--log-level", "info")
+		"--gossip-port", strconv.Itoa(a.ports[2]), "--gateway-port", "0", "--log-level", "info")
 	a.cmd.Args = append(append(a.cmd.Args, mode...), a.flags...)
 	a.cmd.Stdout, a.cmd.Stderr = a.out, a.out
 	if err := a.cmd.Start(); err != nil {
