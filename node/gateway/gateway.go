@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -53,6 +54,9 @@ type Model struct {
 	Class    queue.Class
 	Created  int64
 	Replicas []Replica
+	// Adapters are the deployment's LoRA adapters, each with the tenants
+	// it is private to (none: every tenant may use it).
+	Adapters map[string][]string
 }
 
 // Cluster is the gateway's view of the cluster.
@@ -83,11 +87,6 @@ type TenantSource interface {
 	TenantFor(secret string) (tenant string, weight float64, ok bool)
 }
 
-// AdapterSource says whether a deployment serves a named adapter.
-type AdapterSource interface {
-	HasAdapter(deployment, adapter string) bool
-}
-
 // Options configure a Gateway; zero values take the defaults named.
 type Options struct {
 	// Node is this node's name.
@@ -99,8 +98,6 @@ type Options struct {
 	// Tenants resolves ACL tokens; nil means ACLs are off and the tenant
 	// comes from the X-Gpuplane-Tenant header.
 	Tenants TenantSource
-	// Adapters knows the adapters of deployments; nil knows none.
-	Adapters AdapterSource
 	// Salter derives the per-tenant cache salt sent to vLLM and sim
 	// engines; nil sends none.
 	Salter *isolation.Salter
@@ -290,7 +287,8 @@ func (g *Gateway) refresh(ctx context.Context) {
 }
 
 // resolve finds the model a request names: a served name, or NAME:ADAPTER.
-func (g *Gateway) resolve(name string) (m *Model, adapter string, err *apiError) {
+// An adapter private to other tenants reads exactly like an unknown one.
+func (g *Gateway) resolve(name, tenant string) (m *Model, adapter string, err *apiError) {
 	t := g.table.Load()
 	if m := t.byName[name]; m != nil {
 		return m, "", nil
@@ -298,7 +296,8 @@ func (g *Gateway) resolve(name string) (m *Model, adapter string, err *apiError)
 	if i := strings.LastIndexByte(name, ':'); i > 0 {
 		base, ad := name[:i], name[i+1:]
 		if m := t.byName[base]; m != nil {
-			if ad == "" || g.opts.Adapters == nil || !g.opts.Adapters.HasAdapter(m.Deployment, ad) {
+			tenants, ok := m.Adapters[ad]
+			if ad == "" || !ok || (len(tenants) > 0 && !slices.Contains(tenants, tenant)) {
 				return nil, "", errorf(http.StatusNotFound, "invalid_request_error", "adapter_not_found",
 					"model %q has no adapter %q", base, ad)
 			}

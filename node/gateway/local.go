@@ -333,6 +333,12 @@ func (g *Gateway) serveLocal(w http.ResponseWriter, r *http.Request, req *reques
 			}
 		}
 		url, kind := l.url, l.rep.Kind
+		if req.adapter != "" && l.rep.Endpoint != "" {
+			// The replica's front pages the adapter onto the card (and
+			// refuses it to tenants it is private from); its engine alone
+			// would answer 404 for an adapter not loaded yet.
+			url = l.rep.Endpoint
+		}
 		c.mu.Unlock()
 		if run {
 			res := g.attempt(ctx, w, req, url, kind, m, labels, pd, c)
@@ -421,6 +427,7 @@ func (g *Gateway) attempt(ctx context.Context, w http.ResponseWriter, req *reque
 		return g.finishWith(w, c, pd, ctx, req, m, errorf(http.StatusBadGateway, "server_error", "engine_error", "model %q: %v", m.Served, err))
 	}
 	out.Header.Set("Content-Type", "application/json")
+	out.Header.Set(TenantHeader, req.who.tenant)
 	if req.stream {
 		out.Header.Set("Accept", "text/event-stream")
 	}

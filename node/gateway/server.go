@@ -237,7 +237,7 @@ func (g *Gateway) serveInference(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	req.who = x
-	m, adapter, aerr := g.resolveFresh(r.Context(), req.model)
+	m, adapter, aerr := g.resolveFresh(r.Context(), req.model, x.tenant)
 	if aerr != nil {
 		aerr.write(w)
 		return
@@ -280,13 +280,13 @@ func parseClass(s string) (queue.Class, bool) {
 
 // resolveFresh resolves name, reading the cluster again once if it is not
 // known (a model deployed a moment ago).
-func (g *Gateway) resolveFresh(ctx context.Context, name string) (*Model, string, *apiError) {
-	m, ad, aerr := g.resolve(name)
+func (g *Gateway) resolveFresh(ctx context.Context, name, tenant string) (*Model, string, *apiError) {
+	m, ad, aerr := g.resolve(name, tenant)
 	if aerr == nil || time.Since(g.table.Load().created) < 100*time.Millisecond {
 		return m, ad, aerr
 	}
 	g.refresh(ctx)
-	return g.resolve(name)
+	return g.resolve(name, tenant)
 }
 
 // target is where a request goes: a local replica, or another node.

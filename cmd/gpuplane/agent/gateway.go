@@ -202,6 +202,12 @@ func modelsOf(f *fsm.FSM) []gateway.Model {
 	for _, d := range f.Models() {
 		spec := d.GetSpec()
 		m := gateway.Model{Deployment: d.GetName(), Served: spec.GetServedModelName(), Class: classOf(spec.GetPriority())}
+		if ads := spec.GetAdapters(); len(ads) > 0 {
+			m.Adapters = make(map[string][]string, len(ads))
+			for _, a := range ads {
+				m.Adapters[a.GetName()] = a.GetTenants()
+			}
+		}
 		if m.Served == "" {
 			m.Served = d.GetName()
 		}

@@ -815,3 +815,78 @@ func TestGatewaySecureForwarding(t *testing.T) {
 		t.Fatalf("%s served nothing as the token's tenant acme", held.cfg.NodeName)
 	}
 }
+
+// TestGatewayServesAdapters: `NAME:ADAPTER` through the gateway reaches
+// the replica's front, which pages the adapter onto the card; an adapter
+// private to another tenant, or one the deployment lacks, is a 404 naming
+// it, and nothing is loaded for it.
+func TestGatewayServesAdapters(t *testing.T) {
+	n := devNode(t, "adapters", agent.GatewayConfig{})
+	gpuplane(t, n, "accelerators", "create", "shared", "--device", "l4", "--tenancy", "shared", "--max-models", "4")
+	spec := `resource: ModelDeployment
+resourceVersion: v1
+metadata: {name: chat}
+spec:
+  model: /models/chat
+  placement: {accelerator: shared}
+  adapters:
+    - {name: sql, source: /adapters/sql, rank: 8}
+    - {name: law, source: /adapters/law, rank: 8, tenants: [acme]}
+  engine: {kind: sim, memoryPercent: 30, maxAdapters: 2, args: ["--load-seconds", "0.2"]}
+`
+	path := filepath.Join(t.TempDir(), "chat.yaml")
+	if err := os.WriteFile(path, []byte(spec), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	gpuplane(t, n, "apply", "-f", path)
+	base := n.a.GatewayURL()
+	waitServed(t, base, "chat")
+
+	ask := func(model, tenant string) (int, string) {
+		req, _ := http.NewRequest("POST", base+"/v1/chat/completions", strings.NewReader(fmt.Sprintf(
+			`{"model":%q,"messages":[{"role":"user","content":"hello"}],"max_tokens":4}`, model)))
+		req.Header.Set("Content-Type", "application/json")
+		if tenant != "" {
+			req.Header.Set("X-Gpuplane-Tenant", tenant)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	if code, body := ask("chat:sql", "bob"); code != 200 {
+		t.Errorf("chat:sql for bob = %d %s, want 200", code, body)
+	}
+	if code, body := ask("chat:law", "bob"); code != 404 || !strings.Contains(body, `"code":"adapter_not_found"`) || !strings.Contains(body, `adapter \"law\"`) {
+		t.Errorf("chat:law for bob = %d %s, want 404 adapter_not_found naming law", code, body)
+	}
+	if code, body := ask("chat:nope", "acme"); code != 404 || !strings.Contains(body, `adapter \"nope\"`) {
+		t.Errorf("chat:nope = %d %s, want 404 naming nope", code, body)
+	}
+	if code, body := ask("chat:law", "acme"); code != 200 {
+		t.Errorf("chat:law for acme = %d %s, want 200", code, body)
+	}
+	// Both adapters the tenants could use are on the card now, and the
+	// refused ones were never loaded.
+	eventually(t, 30*time.Second, "adapter tiers in models get", func() error {
+		out, err := tryCLI(n, "models", "get", "chat")
+		if err != nil {
+			return err
+		}
+		for _, a := range []string{"sql", "law"} {
+			line := ""
+			for l := range strings.SplitSeq(out, "\n") {
+				if f := strings.Fields(l); len(f) > 0 && f[0] == a {
+					line = l
+				}
+			}
+			if !strings.Contains(strings.ToLower(line), "card") {
+				return fmt.Errorf("adapter %s not on the card:\n%s", a, out)
+			}
+		}
+		return nil
+	})
+}
