@@ -90,11 +90,14 @@ clean:
 # under partitions, kills, pauses, packet loss, Raft delay and membership
 # changes, checked for linearizability and invariants. Needs root, ip and
 # iptables; skips otherwise. JEPSEN_FLAGS passes e.g. -jepsen.seed N.
+# JEPSEN_REQUEST_WINDOW is the servers' --request-window: short enough that
+# request ids expire during the run (the request-window check requires it).
 JEPSEN_FLAGS ?=
+JEPSEN_REQUEST_WINDOW ?= 20s
 
 .PHONY: jepsen jepsen-long
 jepsen:
-	$(GO) test -count=1 -timeout 10m -v ./jepsen -jepsen -jepsen.duration 2m $(JEPSEN_FLAGS)
+	$(GO) test -count=1 -timeout 10m -v ./jepsen -jepsen -jepsen.duration 2m -jepsen.request-window $(JEPSEN_REQUEST_WINDOW) $(JEPSEN_FLAGS)
 
 jepsen-long:
 	$(GO) test -count=1 -timeout 45m -v -run TestJepsen ./jepsen -jepsen -jepsen.duration 12m \

@@ -35,7 +35,7 @@ func (c *Cluster) Resources() *pb.ServerResources {
 	}
 	c.View(func(f *fsm.FSM) {
 		st := f.RequestStats()
-		r.RequestEntries, r.RequestBytes = uint64(st.Entries), uint64(st.Bytes)
+		r.RequestEntries, r.RequestLive, r.RequestBytes = uint64(st.Entries), uint64(st.Live), uint64(st.Bytes)
 		r.RequestWindow = durationpb.New(f.RequestWindow())
 		if t := f.LogTime(); !t.IsZero() {
 			r.LogTime = timestamppb.New(t)

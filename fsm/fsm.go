@@ -104,12 +104,13 @@ func (f *FSM) LogTime() time.Time {
 // yet compacted away included) and about how many bytes it takes.
 type RequestStats struct {
 	Entries int
+	Live    int // of Entries, the ids still within the window
 	Bytes   int64
 }
 
-// RequestStats returns the request table's figures.
+// RequestStats returns the request table's figures. It reads every entry.
 func (f *FSM) RequestStats() RequestStats {
-	return RequestStats{Entries: f.requests.Len(), Bytes: f.requests.Bytes()}
+	return RequestStats{Entries: f.requests.Len(), Live: f.requests.live(), Bytes: f.requests.Bytes()}
 }
 
 // ExpectEntries tells a fresh state machine that about n entries are coming

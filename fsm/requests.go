@@ -150,6 +150,17 @@ func (t *requestTable) Len() int { return t.count }
 // expired reports whether entry p's id is forgotten at the current log time.
 func (t *requestTable) expired(p *requestEntry) bool { return p.at <= t.now-t.window }
 
+// live counts the ids not expired.
+func (t *requestTable) live() int {
+	n := 0
+	for e := range uint32(t.count) {
+		if !t.expired(t.entry(e)) {
+			n++
+		}
+	}
+	return n
+}
+
 // Bytes is about how much memory the table holds: its index, entries,
 // messages and the map of other ids.
 func (t *requestTable) Bytes() int64 {

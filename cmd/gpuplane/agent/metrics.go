@@ -42,6 +42,7 @@ func (a *Agent) metricsHandler() http.Handler {
 		firstIndex: prometheus.NewDesc("gpuplane_raft_log_first_index", "Oldest log index this server holds (above 1 once the log was compacted after an archive).", nil, nil),
 		snapBytes:  prometheus.NewDesc("gpuplane_raft_snapshot_bytes", "Bytes of this server's latest snapshot.", nil, nil),
 		reqEntries: prometheus.NewDesc("gpuplane_request_ids", "Request ids the state machine holds for deduplication (expired ones not yet compacted away included).", nil, nil),
+		reqLive:    prometheus.NewDesc("gpuplane_request_ids_live", "Request ids within the window: those a retry is deduplicated against.", nil, nil),
 		reqBytes:   prometheus.NewDesc("gpuplane_request_table_bytes", "Memory the request-id table takes, about.", nil, nil),
 	})
 	reg.MustRegister(&stateCollector{a: a,
@@ -55,12 +56,12 @@ func (a *Agent) metricsHandler() http.Handler {
 // resourceCollector reports cluster.Resources at scrape time; client nodes
 // hold none and report none of these series.
 type resourceCollector struct {
-	a                                                     *Agent
-	logBytes, firstIndex, snapBytes, reqEntries, reqBytes *prometheus.Desc
+	a                                                              *Agent
+	logBytes, firstIndex, snapBytes, reqEntries, reqLive, reqBytes *prometheus.Desc
 }
 
 func (c *resourceCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.logBytes, c.firstIndex, c.snapBytes, c.reqEntries, c.reqBytes} {
+	for _, d := range []*prometheus.Desc{c.logBytes, c.firstIndex, c.snapBytes, c.reqEntries, c.reqLive, c.reqBytes} {
 		ch <- d
 	}
 }
@@ -71,7 +72,7 @@ func (c *resourceCollector) Collect(ch chan<- prometheus.Metric) {
 		return
 	}
 	for d, v := range map[*prometheus.Desc]uint64{c.logBytes: r.GetLogBytes(), c.firstIndex: r.GetFirstIndex(),
-		c.snapBytes: r.GetSnapshotBytes(), c.reqEntries: r.GetRequestEntries(), c.reqBytes: r.GetRequestBytes()} {
+		c.snapBytes: r.GetSnapshotBytes(), c.reqEntries: r.GetRequestEntries(), c.reqLive: r.GetRequestLive(), c.reqBytes: r.GetRequestBytes()} {
 		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, float64(v))
 	}
 }

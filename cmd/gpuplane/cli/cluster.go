@@ -123,7 +123,7 @@ func writeStatus(w io.Writer, st *pb.StatusResponse) error {
 		if r.GetLogTime() != nil {
 			logTime = r.GetLogTime().AsTime().UTC().Format(time.RFC3339)
 		}
-		fmt.Fprintf(w, "Request ids:   %d held, %s, window %s, log time %s\n", r.GetRequestEntries(), byteSize(r.GetRequestBytes()),
+		fmt.Fprintf(w, "Request ids:   %d held (%d within the window), %s, window %s, log time %s\n", r.GetRequestEntries(), r.GetRequestLive(), byteSize(r.GetRequestBytes()),
 			r.GetRequestWindow().AsDuration(), logTime)
 	}
 	fmt.Fprintln(w)

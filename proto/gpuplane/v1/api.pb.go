@@ -2118,6 +2118,9 @@ type ServerResources struct {
 	// The request-id window in force and the log time ids expire by.
 	RequestWindow *durationpb.Duration   `protobuf:"bytes,8,opt,name=request_window,json=requestWindow,proto3" json:"request_window,omitempty"`
 	LogTime       *timestamppb.Timestamp `protobuf:"bytes,9,opt,name=log_time,json=logTime,proto3" json:"log_time,omitempty"`
+	// Of request_entries, the ids still within the window (what a snapshot
+	// lists).
+	RequestLive   uint64 `protobuf:"varint,10,opt,name=request_live,json=requestLive,proto3" json:"request_live,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2213,6 +2216,13 @@ func (x *ServerResources) GetLogTime() *timestamppb.Timestamp {
 		return x.LogTime
 	}
 	return nil
+}
+
+func (x *ServerResources) GetRequestLive() uint64 {
+	if x != nil {
+		return x.RequestLive
+	}
+	return 0
 }
 
 type ListModelsRequest struct {
@@ -2888,7 +2898,7 @@ const file_gpuplane_v1_api_proto_rawDesc = "" +
 	"raft_state\x18\b \x01(\tR\traftState\x123\n" +
 	"\aservers\x18\t \x03(\v2\x19.gpuplane.v1.ServerStatusR\aservers\x12:\n" +
 	"\tresources\x18\n" +
-	" \x01(\v2\x1c.gpuplane.v1.ServerResourcesR\tresources\"\x83\x03\n" +
+	" \x01(\v2\x1c.gpuplane.v1.ServerResourcesR\tresources\"\xa6\x03\n" +
 	"\x0fServerResources\x12\x1b\n" +
 	"\tlog_bytes\x18\x01 \x01(\x04R\blogBytes\x12\x1f\n" +
 	"\vfirst_index\x18\x02 \x01(\x04R\n" +
@@ -2900,7 +2910,9 @@ const file_gpuplane_v1_api_proto_rawDesc = "" +
 	"\x0frequest_entries\x18\x06 \x01(\x04R\x0erequestEntries\x12#\n" +
 	"\rrequest_bytes\x18\a \x01(\x04R\frequestBytes\x12@\n" +
 	"\x0erequest_window\x18\b \x01(\v2\x19.google.protobuf.DurationR\rrequestWindow\x125\n" +
-	"\blog_time\x18\t \x01(\v2\x1a.google.protobuf.TimestampR\alogTime\")\n" +
+	"\blog_time\x18\t \x01(\v2\x1a.google.protobuf.TimestampR\alogTime\x12!\n" +
+	"\frequest_live\x18\n" +
+	" \x01(\x04R\vrequestLive\")\n" +
 	"\x11ListModelsRequest\x12\x14\n" +
 	"\x05stale\x18\x01 \x01(\bR\x05stale\"J\n" +
 	"\x12ListModelsResponse\x124\n" +
