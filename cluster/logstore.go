@@ -57,7 +57,8 @@ func OpenOffline(dataDir string) (*Offline, error) {
 		return nil, err
 	}
 	return &Offline{
-		History: &History{log: log, hashes: hashes, snapshotDir: filepath.Join(dataDir, raftDir, "snapshots")},
+		History: &History{log: log, hashes: hashes, snapshotDir: filepath.Join(dataDir, raftDir, "snapshots"),
+			basePath: filepath.Join(dataDir, raftDir, auditBaseFile)},
 		store:   log, hashes: hashes,
 	}, nil
 }
