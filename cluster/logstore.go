@@ -59,7 +59,7 @@ func OpenOffline(dataDir string) (*Offline, error) {
 	return &Offline{
 		History: &History{log: log, hashes: hashes, snapshotDir: filepath.Join(dataDir, raftDir, "snapshots"),
 			basePath: filepath.Join(dataDir, raftDir, auditBaseFile)},
-		store:   log, hashes: hashes,
+		store: log, hashes: hashes,
 	}, nil
 }
 
