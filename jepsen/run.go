@@ -41,7 +41,7 @@ type Config struct {
 	// day). Shorter than the run, request ids expire during it, and the
 	// request-window check requires that they did.
 	RequestWindow time.Duration
-	Logf         func(format string, args ...any)
+	Logf          func(format string, args ...any)
 }
 
 // Report is what a run measured.
