@@ -54,7 +54,7 @@ lint:
 BENCH_FLAGS ?=
 BENCH_CLUSTER_FLAGS ?=
 
-.PHONY: bench-commit bench-cluster bench-scheduler bench-replay bench-residency bench-gateway
+.PHONY: bench-commit bench-cluster bench-scheduler bench-replay bench-soak bench-residency bench-gateway
 bench: bench-commit bench-cluster bench-scheduler bench-replay bench-residency bench-gateway
 
 bench-commit: build
@@ -70,6 +70,15 @@ bench-scheduler:
 
 bench-replay:
 	$(GO) test -run '^$$' -bench Replay -benchtime 1x ./cluster/
+
+# Ten million entries through the state machine and its hash records with
+# request ids expiring after 5 minutes of log time: request table, RSS and
+# snapshot size per sample, and their slopes per million entries before the
+# window fills and after. SOAK_ENTRIES runs fewer (it takes a while on a
+# loaded machine).
+SOAK_ENTRIES ?= 10000000
+bench-soak:
+	GOMAXPROCS=2 GPUPLANE_SOAK_ENTRIES=$(SOAK_ENTRIES) $(GO) test -run '^$$' -bench Soak -benchtime 1x -timeout 120m ./cluster/
 
 # 64 models on one card after an hour of virtual traffic: p50/p99/max of one
 # Handle call (wall and thread CPU time), and the heap kept per managed model.
