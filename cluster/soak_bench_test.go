@@ -116,10 +116,10 @@ func BenchmarkSoak(b *testing.B) {
 		hashes.close()
 		debug.FreeOSMemory()
 
-		b.Logf("%d entries applied in %v (%.0f/s), window %v of log time (%d entries)", n, elapsed.Round(time.Second), float64(n)/elapsed.Seconds(), soakWindow, windowEntries)
-		b.Logf("%12s %10s %10s %12s %10s %10s %12s %10s", "ENTRIES", "IDS HELD", "IDS LIVE", "TABLE", "RSS", "HEAP", "SNAPSHOT", "OBJECTS")
+		fmt.Printf("%d entries applied in %v (%.0f/s), window %v of log time (%d entries)\n", n, elapsed.Round(time.Second), float64(n)/elapsed.Seconds(), soakWindow, windowEntries)
+		fmt.Printf("%12s %10s %10s %12s %10s %10s %12s %10s\n", "ENTRIES", "IDS HELD", "IDS LIVE", "TABLE", "RSS", "HEAP", "SNAPSHOT", "OBJECTS")
 		for _, s := range samples {
-			b.Logf("%12d %10d %10d %12s %10s %10s %12s %10d", s.index, s.held, s.live, mib(s.tableBytes), mib(s.rss), mib(s.heap), mib(s.snapshot), s.objects)
+			fmt.Printf("%12d %10d %10d %12s %10s %10s %12s %10d\n", s.index, s.held, s.live, mib(s.tableBytes), mib(s.rss), mib(s.heap), mib(s.snapshot), s.objects)
 		}
 		// Slopes per million entries: from the first sample to the window
 		// (growth while nothing can expire), and over the last half.
@@ -152,10 +152,10 @@ func BenchmarkSoak(b *testing.B) {
 			{"Go heap in use", func(s sample) int64 { return s.heap }, 1 << 20, " MiB"},
 			{"snapshot", func(s sample) int64 { return s.snapshot }, 1 << 20, " MiB"},
 		} {
-			b.Logf("%-17s per million entries: %+.1f%s before the window fills (0..%d), %+.2f%s over the last half (%d..%d)",
+			fmt.Printf("%-17s per million entries: %+.1f%s before the window fills (0..%d), %+.2f%s over the last half (%d..%d)\n",
 				f.name, slope(before, atWindow, f.v)/f.unit, f.u, atWindow.index, slope(mid, last, f.v)/f.unit, f.u, mid.index, last.index)
 		}
-		b.Logf("snapshot at the end: %s for %d live objects (%d live request ids), %.0f bytes per object",
+		fmt.Printf("snapshot at the end: %s for %d live objects (%d live request ids), %.0f bytes per object\n",
 			mib(last.snapshot), last.objects, last.live, float64(last.snapshot)/float64(max(last.objects, 1)))
 		b.ReportMetric(float64(last.held), "ids-held")
 		b.ReportMetric(float64(last.rss)/(1<<20), "MiB-rss")
