@@ -301,7 +301,13 @@ func (h *eventHandlers) Compact(ctx context.Context, req *connect.Request[pb.Com
 				continue
 			}
 			client := gpuplanev1connect.NewAuditServiceClient(h.http(), BaseURL(addrs[id]), connect.WithReadMaxBytes(MaxMessageBytes))
-			resp, err := client.Compact(ctx, connect.NewRequest(&pb.CompactRequest{BeforeIndex: req.Msg.GetBeforeIndex(), Hash: req.Msg.GetHash(), Local: true}))
+			preq := connect.NewRequest(&pb.CompactRequest{BeforeIndex: req.Msg.GetBeforeIndex(), Hash: req.Msg.GetHash(), Local: true})
+			// Each server decides as the operator's token allows: the
+			// token travels with the request to every peer.
+			if auth := req.Header().Get("Authorization"); auth != "" {
+				preq.Header().Set("Authorization", auth)
+			}
+			resp, err := client.Compact(ctx, preq)
 			switch {
 			case err != nil:
 				sc.Problem = fmt.Sprintf("server %s at %s: %v", id, addrs[id], err)
