@@ -12,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"time"
 
 	"github.com/hashicorp/raft"
 	"google.golang.org/protobuf/encoding/protodelim"
@@ -399,6 +400,31 @@ func (a *Archive) StateAt(index uint64) (*fsm.FSM, error) {
 		}
 	}
 	return state, nil
+}
+
+// IndexAt is History.IndexAt over the archive: the last archived entry
+// before the first one proposed after t (0: none).
+func (a *Archive) IndexAt(t time.Time) (uint64, error) {
+	at := uint64(0)
+	for i := range a.Segments {
+		err := a.readSegment(i, func(e *pb.ArchivedEntry) error {
+			if raft.LogType(e.GetType()) == raft.LogCommand {
+				env := &pb.Envelope{}
+				if proto.Unmarshal(e.GetData(), env) == nil && env.GetProposedAt() != nil && env.GetProposedAt().AsTime().After(t) {
+					return errStop
+				}
+			}
+			at = e.GetIndex()
+			return nil
+		})
+		if err == errStop {
+			break
+		}
+		if err != nil {
+			return 0, err
+		}
+	}
+	return at, nil
 }
 
 // Replay is History.Replay over the archive (index only).

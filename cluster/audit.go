@@ -79,9 +79,19 @@ func (h *History) StateAt(index uint64) (*fsm.FSM, error) {
 // clocks may differ a little, so this cuts the log where time first passes t
 // rather than picking entries out of order: the state as of the result is
 // one the cluster really was in.
+//
+// On a log compacted after an archive the search starts at the audit base;
+// a time before the first entry after it is ErrCompacted: the archive has
+// the answer (Archive.IndexAt).
 func (h *History) IndexAt(t time.Time, upTo uint64) (uint64, error) {
-	at := uint64(0)
-	err := h.Cursor(1, nil).Advance(upTo, func(ev *pb.Event) error {
+	cur := h.Cursor(1, nil)
+	if err := cur.start(); err != nil {
+		return 0, err
+	}
+	base := cur.Next() - 1
+	cur.from = cur.Next()
+	at := base
+	err := cur.Advance(upTo, func(ev *pb.Event) error {
 		if ev.ProposedAt != nil && ev.ProposedAt.AsTime().After(t) {
 			return errStop
 		}
@@ -90,6 +100,9 @@ func (h *History) IndexAt(t time.Time, upTo uint64) (uint64, error) {
 	})
 	if err != nil && err != errStop {
 		return 0, err
+	}
+	if base > 0 && at == base {
+		return 0, fmt.Errorf("%w: %s is before the first entry this server holds after its compaction at %d: replay it from the archive (--archive DIR)", ErrCompacted, t.Format(time.RFC3339), base)
 	}
 	return at, nil
 }

@@ -59,7 +59,7 @@ func (c *Cursor) Advance(upTo uint64, yield func(*pb.Event) error) error {
 			return err
 		}
 		if c.from < c.next {
-			return fmt.Errorf("%w: entries 1..%d were archived and compacted away on this server: read them from the archive (--archive DIR)", ErrCompacted, c.next-1)
+			return fmt.Errorf("%w: entries 1..%d were archived and compacted away on this server: read them from the archive ('audit replay --archive DIR')", ErrCompacted, c.next-1)
 		}
 	}
 	return c.advance(upTo, func(l *raft.Log, e *fsm.Entry) error { return c.step(l, e, yield) })

@@ -229,12 +229,22 @@ fields hold what the live 'list -o json' commands print.`,
 			if err != nil {
 				return err
 			}
-			if archive != "" && req.GetIndex() != 0 {
+			if archive != "" {
 				a, err := cluster.OpenArchive(archive, false)
 				if err != nil {
 					return err
 				}
-				if req.GetIndex() <= a.Cut {
+				if req.GetTime() != nil {
+					// The archive answers for a time before the live log.
+					idx, err := a.IndexAt(req.GetTime().AsTime())
+					if err != nil {
+						return err
+					}
+					if idx < a.Cut {
+						req = &pb.ReplayRequest{Index: idx}
+					}
+				}
+				if i := req.GetIndex(); i != 0 && i <= a.Cut {
 					st, err := a.Replay(req.GetIndex())
 					if err != nil {
 						return err
