@@ -183,3 +183,59 @@ func tamper(t *testing.T, a *Archive, i int, change func(*pb.ArchivedEntry) bool
 		t.Fatal(err)
 	}
 }
+
+// TestCompactedClusterCatchesUp compacts all three servers' logs behind an
+// archive, then wipes a follower: the leader can no longer send it the old
+// entries and sends a snapshot instead. The new follower holds neither the
+// early entries nor an audit base of its own, yet verifies its log from the
+// snapshot it was sent.
+func TestCompactedClusterCatchesUp(t *testing.T) {
+	tr := startTrio(t)
+	_, l := tr.leader()
+	for i := range 120 {
+		mustApply(t, l, createAccelerator(fmt.Sprintf("a%d", i)))
+	}
+	tr.converge()
+	h, err := l.History()
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := OpenArchive(t.TempDir(), true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.Extend(h.Entries, l.AppliedIndex(), 50); err != nil {
+		t.Fatal(err)
+	}
+	ctx := testCtx(t)
+	for _, c := range tr.nodes {
+		if _, err := c.Compact(ctx, a.Cut+1, a.Snapshot.Hash); err != nil {
+			t.Fatalf("compact %s: %v", c.NodeName(), err)
+		}
+	}
+	i, _ := tr.follower()
+	tr.stop(i)
+	if err := os.RemoveAll(tr.opts[i].dir); err != nil {
+		t.Fatal(err)
+	}
+	tr.opts[i].bootstrap = false
+	// Restarted, the others no longer hold the old entries in Raft's
+	// in-memory log cache either.
+	for j := range tr.nodes {
+		if j != i {
+			tr.stop(j)
+			tr.restart(j)
+		}
+	}
+	tr.restart(i)
+	_, l = tr.leader()
+	mustApply(t, l, createAccelerator("after"))
+	tr.converge()
+	v, err := tr.nodes[i].VerifyLocal(ctx)
+	if err != nil || !v.Ok {
+		t.Fatalf("verify on the server that was sent a snapshot: %v %v", err, v.GetProblems())
+	}
+	if v.BaseIndex <= a.Cut-1 {
+		t.Errorf("the new server replayed from index %d, want from the snapshot it was sent (at or after %d)", v.BaseIndex, a.Cut)
+	}
+}

@@ -58,7 +58,7 @@ func (h *History) LastIndex() (uint64, error) { return h.log.LastIndex() }
 // Cursor returns a cursor over the log; see Cursor.
 func (h *History) Cursor(from uint64, filter *pb.EventFilter) *Cursor {
 	c := NewCursor(h.log, from, filter)
-	c.basePath = h.basePath
+	c.basePath, c.snapshotDir = h.basePath, h.snapshotDir
 	return c
 }
 

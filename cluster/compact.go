@@ -42,6 +42,45 @@ func readAuditBase(path string) (*fsm.FSM, error) {
 	return f, nil
 }
 
+// findAuditBase returns the state a log whose first entry is first is
+// replayed from: the audit base Compact wrote, or else the oldest Raft
+// snapshot in snapshotDir at or after first-1. A server that joined (or
+// fell behind) after the others compacted their logs is sent a snapshot
+// and keeps no older entries, and no audit base of its own: the snapshot
+// is where its log begins. nil when there is neither.
+func findAuditBase(basePath, snapshotDir string, first uint64) (*fsm.FSM, error) {
+	base, err := readAuditBase(basePath)
+	if err != nil || (base != nil && base.AppliedIndex()+1 >= first) {
+		return base, err
+	}
+	entries, err := os.ReadDir(snapshotDir)
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return nil, fmt.Errorf("read snapshots: %w", err)
+	}
+	best, bestIndex := "", uint64(0)
+	for _, e := range entries {
+		if !e.IsDir() {
+			continue
+		}
+		meta, err := readSnapshotMeta(filepath.Join(snapshotDir, e.Name()))
+		if err == nil && meta.Index+1 >= first && (best == "" || meta.Index < bestIndex) {
+			best, bestIndex = e.Name(), meta.Index
+		}
+	}
+	if best == "" {
+		return nil, nil
+	}
+	data, err := readSnapshotBytes(filepath.Join(snapshotDir, best))
+	if err != nil {
+		return nil, err
+	}
+	f := fsm.New()
+	if err := f.Restore(data); err != nil {
+		return nil, fmt.Errorf("snapshot %s: %w", best, err)
+	}
+	return f, nil
+}
+
 func (c *Cluster) auditBasePath() string { return filepath.Join(c.cfg.DataDir, raftDir, auditBaseFile) }
 
 // Compact drops this server's log entries before index before, which an

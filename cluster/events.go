@@ -33,8 +33,8 @@ type Cursor struct {
 	state *fsm.FSM
 	conf  raft.Configuration
 	// basePath is the log's audit base (compact.go), where a compacted
-	// log's replay starts; "" or a missing file: none.
-	basePath string
+	// log's replay starts, and snapshotDir its snapshots (findAuditBase).
+	basePath, snapshotDir string
 }
 
 // NewCursor returns a cursor over log that yields the events with index >=
@@ -75,7 +75,7 @@ func (c *Cursor) start() error {
 	if first <= 1 {
 		return nil
 	}
-	base, err := readAuditBase(c.basePath)
+	base, err := findAuditBase(c.basePath, c.snapshotDir, first)
 	if err != nil {
 		return err
 	}
