@@ -65,7 +65,7 @@ func BenchmarkSoak(b *testing.B) {
 			index                     uint64
 			held, live                int
 			tableBytes, rss, heap     int64
-			snapshot, objects, elapse int64
+			snapshot, objects         int64
 		}
 		var samples []sample
 		take := func(index uint64) {
