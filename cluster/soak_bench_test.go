@@ -62,10 +62,10 @@ func BenchmarkSoak(b *testing.B) {
 		windowEntries := uint64(soakWindow / (10 * time.Millisecond))
 
 		type sample struct {
-			index                     uint64
-			held, live                int
-			tableBytes, rss, heap     int64
-			snapshot, objects         int64
+			index                 uint64
+			held, live            int
+			tableBytes, rss, heap int64
+			snapshot, objects     int64
 		}
 		var samples []sample
 		take := func(index uint64) {
