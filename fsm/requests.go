@@ -116,6 +116,10 @@ type requestTable struct {
 	now, window int64
 	// compactAt is the count at which compact next runs.
 	compactAt int
+	// oldest is at most the smallest at of any entry (set once seen):
+	// while it is not expired, nothing is, and compact need not run.
+	oldest int64
+	seen   bool
 }
 
 // requestEntry is one id's record, appliedRequest packed without pointers.
@@ -181,7 +185,13 @@ func (t *requestTable) Bytes() int64 {
 // at the last compaction. It must run between entries, never between a
 // lookup and its putAt (it renumbers entries).
 func (t *requestTable) maybeCompact() {
-	if t.count >= t.compactAt {
+	switch {
+	case t.count < t.compactAt:
+	case t.seen && t.oldest > t.now-t.window:
+		// Nothing has expired yet (a replay of a log shorter than the
+		// window): copying the table would free nothing.
+		t.compactAt = 2 * t.count
+	default:
 		t.compact()
 	}
 }
@@ -493,6 +503,9 @@ func (t *requestTable) add() uint32 {
 
 func (t *requestTable) pack(p *requestEntry, a appliedRequest, flags uint32) {
 	p.index, p.at, p.code, p.outcome = a.index, a.at, a.code, a.outcome
+	if !t.seen || a.at < t.oldest {
+		t.oldest, t.seen = a.at, true
+	}
 	p.message = t.text.add(a.message)
 	p.detail = flags
 	if a.detail != nil {
