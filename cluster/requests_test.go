@@ -1,6 +1,7 @@
 package cluster
 
 import (
+	"strings"
 	"testing"
 	"time"
 
@@ -83,4 +84,14 @@ func TestRequestWindowThroughRaft(t *testing.T) {
 			t.Errorf("after the new leader's entry the window is %v, want its %v", f.RequestWindow(), fsm.DefaultRequestWindow)
 		}
 	})
+}
+
+// TestRequestWindowTooShort: a window shorter than a retry could take is
+// refused with the rule and the value, before anything starts.
+func TestRequestWindowTooShort(t *testing.T) {
+	cfg := Config{NodeName: "n1", DataDir: t.TempDir(), RaftBind: "127.0.0.1:7000", Server: true, RequestWindow: 10 * time.Millisecond}
+	err := cfg.validate()
+	if err == nil || !strings.Contains(err.Error(), "request window must be at least 1s") || !strings.Contains(err.Error(), "10ms") {
+		t.Fatalf("validate with a 10ms window: %v", err)
+	}
 }
