@@ -38,6 +38,8 @@ type Cluster struct {
 	// windowTerm is the last term in which this node, as leader, proposed
 	// an entry carrying its request window (see propose).
 	windowTerm atomic.Uint64
+	// tenants is a client node's copy of the token table (TenantFor).
+	tenants tenantTable
 
 	shutdownOnce sync.Once
 	shutdownErr  error
