@@ -88,6 +88,7 @@ func BenchmarkSoak(b *testing.B) {
 			})
 			samples = append(samples, s)
 		}
+		take(0) // the baseline: the process before any entry
 		every := max(n/40, 1)
 		start := time.Now()
 		const batch = 64 // raft's MaxAppendEntries
@@ -121,7 +122,7 @@ func BenchmarkSoak(b *testing.B) {
 		for _, s := range samples {
 			fmt.Printf("%12d %10d %10d %12s %10s %10s %12s %10d\n", s.index, s.held, s.live, mib(s.tableBytes), mib(s.rss), mib(s.heap), mib(s.snapshot), s.objects)
 		}
-		// Slopes per million entries: from the first sample to the window
+		// Slopes per million entries: from the baseline to the window
 		// (growth while nothing can expire), and over the last half.
 		slope := func(a, z sample, v func(sample) int64) float64 {
 			if z.index == a.index {
@@ -139,7 +140,7 @@ func BenchmarkSoak(b *testing.B) {
 		if atWindow.index == 0 {
 			atWindow = samples[0]
 		}
-		before := sample{}
+		before := samples[0]
 		for _, f := range []struct {
 			name string
 			v    func(sample) int64
