@@ -88,6 +88,7 @@ the result object (an array of them for all).`,
 		},
 	}
 	c.AddCommand(newSimulateServeCommand(g))
+	c.AddCommand(newSimulateInterferenceCommand(g))
 	f := c.Flags()
 	f.StringVar(&nodesPath, "nodes", "", "nodes file: openb node list (.csv) or gpuplane YAML")
 	f.StringVar(&workloadPath, "workload", "", "arrivals: openb pod list (.csv) or gpuplane YAML")
