@@ -152,9 +152,10 @@ type Envelope struct {
 	// state machine copies it into state but never compares it with a clock.
 	ProposedAt *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=proposed_at,json=proposedAt,proto3" json:"proposed_at,omitempty"`
 	// The request-id deduplication window from this entry on (fsm/requests.go):
-	// set by a leader whose configured window (--request-window) differs from
-	// the one the state machine holds, unset otherwise. Carried in the log, so
-	// every server and every replay uses the same window at the same entry.
+	// a leader sets it to its --request-window on its first proposal of a
+	// term and whenever the state machine holds another, leaves it unset
+	// otherwise. Carried in the log, so every server and every replay uses
+	// the same window at the same entry.
 	RequestWindow *durationpb.Duration `protobuf:"bytes,4,opt,name=request_window,json=requestWindow,proto3" json:"request_window,omitempty"`
 	// Types that are valid to be assigned to Command:
 	//
@@ -1155,8 +1156,11 @@ type ReplicaStatus struct {
 	// and numbers); unspecified leaves the replica's residency as it is.
 	Residency       ReplicaResidency `protobuf:"varint,9,opt,name=residency,proto3,enum=gpuplane.v1.ReplicaResidency" json:"residency,omitempty"`
 	ResidencyReason string           `protobuf:"bytes,10,opt,name=residency_reason,json=residencyReason,proto3" json:"residency_reason,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// When set, the replica's adapters not on disk (replacing what it
+	// reported before); unset leaves them as they are.
+	Adapters      *ReplicaAdapters `protobuf:"bytes,11,opt,name=adapters,proto3" json:"adapters,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ReplicaStatus) Reset() {
@@ -1259,6 +1263,59 @@ func (x *ReplicaStatus) GetResidencyReason() string {
 	return ""
 }
 
+func (x *ReplicaStatus) GetAdapters() *ReplicaAdapters {
+	if x != nil {
+		return x.Adapters
+	}
+	return nil
+}
+
+// ReplicaAdapters is a replica's adapters in host RAM, loading or on the
+// card.
+type ReplicaAdapters struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Adapters      []*AdapterStatus       `protobuf:"bytes,1,rep,name=adapters,proto3" json:"adapters,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReplicaAdapters) Reset() {
+	*x = ReplicaAdapters{}
+	mi := &file_gpuplane_v1_log_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReplicaAdapters) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReplicaAdapters) ProtoMessage() {}
+
+func (x *ReplicaAdapters) ProtoReflect() protoreflect.Message {
+	mi := &file_gpuplane_v1_log_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReplicaAdapters.ProtoReflect.Descriptor instead.
+func (*ReplicaAdapters) Descriptor() ([]byte, []int) {
+	return file_gpuplane_v1_log_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *ReplicaAdapters) GetAdapters() []*AdapterStatus {
+	if x != nil {
+		return x.Adapters
+	}
+	return nil
+}
+
 // BootstrapACL creates the first admin token. It succeeds once per cluster.
 type BootstrapACL struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -1270,7 +1327,7 @@ type BootstrapACL struct {
 
 func (x *BootstrapACL) Reset() {
 	*x = BootstrapACL{}
-	mi := &file_gpuplane_v1_log_proto_msgTypes[14]
+	mi := &file_gpuplane_v1_log_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1282,7 +1339,7 @@ func (x *BootstrapACL) String() string {
 func (*BootstrapACL) ProtoMessage() {}
 
 func (x *BootstrapACL) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuplane_v1_log_proto_msgTypes[14]
+	mi := &file_gpuplane_v1_log_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1295,7 +1352,7 @@ func (x *BootstrapACL) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BootstrapACL.ProtoReflect.Descriptor instead.
 func (*BootstrapACL) Descriptor() ([]byte, []int) {
-	return file_gpuplane_v1_log_proto_rawDescGZIP(), []int{14}
+	return file_gpuplane_v1_log_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *BootstrapACL) GetName() string {
@@ -1328,7 +1385,7 @@ type CreateToken struct {
 
 func (x *CreateToken) Reset() {
 	*x = CreateToken{}
-	mi := &file_gpuplane_v1_log_proto_msgTypes[15]
+	mi := &file_gpuplane_v1_log_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1340,7 +1397,7 @@ func (x *CreateToken) String() string {
 func (*CreateToken) ProtoMessage() {}
 
 func (x *CreateToken) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuplane_v1_log_proto_msgTypes[15]
+	mi := &file_gpuplane_v1_log_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1353,7 +1410,7 @@ func (x *CreateToken) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateToken.ProtoReflect.Descriptor instead.
 func (*CreateToken) Descriptor() ([]byte, []int) {
-	return file_gpuplane_v1_log_proto_rawDescGZIP(), []int{15}
+	return file_gpuplane_v1_log_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *CreateToken) GetName() string {
@@ -1401,7 +1458,7 @@ type DeleteToken struct {
 
 func (x *DeleteToken) Reset() {
 	*x = DeleteToken{}
-	mi := &file_gpuplane_v1_log_proto_msgTypes[16]
+	mi := &file_gpuplane_v1_log_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1413,7 +1470,7 @@ func (x *DeleteToken) String() string {
 func (*DeleteToken) ProtoMessage() {}
 
 func (x *DeleteToken) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuplane_v1_log_proto_msgTypes[16]
+	mi := &file_gpuplane_v1_log_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1426,7 +1483,7 @@ func (x *DeleteToken) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteToken.ProtoReflect.Descriptor instead.
 func (*DeleteToken) Descriptor() ([]byte, []int) {
-	return file_gpuplane_v1_log_proto_rawDescGZIP(), []int{16}
+	return file_gpuplane_v1_log_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *DeleteToken) GetName() string {
@@ -1447,7 +1504,7 @@ type Violation struct {
 
 func (x *Violation) Reset() {
 	*x = Violation{}
-	mi := &file_gpuplane_v1_log_proto_msgTypes[17]
+	mi := &file_gpuplane_v1_log_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1459,7 +1516,7 @@ func (x *Violation) String() string {
 func (*Violation) ProtoMessage() {}
 
 func (x *Violation) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuplane_v1_log_proto_msgTypes[17]
+	mi := &file_gpuplane_v1_log_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1472,7 +1529,7 @@ func (x *Violation) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Violation.ProtoReflect.Descriptor instead.
 func (*Violation) Descriptor() ([]byte, []int) {
-	return file_gpuplane_v1_log_proto_rawDescGZIP(), []int{17}
+	return file_gpuplane_v1_log_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *Violation) GetField() string {
@@ -1499,7 +1556,7 @@ type Violations struct {
 
 func (x *Violations) Reset() {
 	*x = Violations{}
-	mi := &file_gpuplane_v1_log_proto_msgTypes[18]
+	mi := &file_gpuplane_v1_log_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1511,7 +1568,7 @@ func (x *Violations) String() string {
 func (*Violations) ProtoMessage() {}
 
 func (x *Violations) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuplane_v1_log_proto_msgTypes[18]
+	mi := &file_gpuplane_v1_log_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1524,7 +1581,7 @@ func (x *Violations) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Violations.ProtoReflect.Descriptor instead.
 func (*Violations) Descriptor() ([]byte, []int) {
-	return file_gpuplane_v1_log_proto_rawDescGZIP(), []int{18}
+	return file_gpuplane_v1_log_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *Violations) GetViolations() []*Violation {
@@ -1554,7 +1611,7 @@ type Result struct {
 
 func (x *Result) Reset() {
 	*x = Result{}
-	mi := &file_gpuplane_v1_log_proto_msgTypes[19]
+	mi := &file_gpuplane_v1_log_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1566,7 +1623,7 @@ func (x *Result) String() string {
 func (*Result) ProtoMessage() {}
 
 func (x *Result) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuplane_v1_log_proto_msgTypes[19]
+	mi := &file_gpuplane_v1_log_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1579,7 +1636,7 @@ func (x *Result) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Result.ProtoReflect.Descriptor instead.
 func (*Result) Descriptor() ([]byte, []int) {
-	return file_gpuplane_v1_log_proto_rawDescGZIP(), []int{19}
+	return file_gpuplane_v1_log_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *Result) GetCode() Code {
@@ -1706,7 +1763,7 @@ const file_gpuplane_v1_log_proto_rawDesc = "" +
 	"\x0eUnplaceReplica\x12\x14\n" +
 	"\x05model\x18\x01 \x01(\tR\x05model\x12\x18\n" +
 	"\areplica\x18\x02 \x01(\rR\areplica\x12\x16\n" +
-	"\x06reason\x18\x03 \x01(\tR\x06reason\"\xdc\x02\n" +
+	"\x06reason\x18\x03 \x01(\tR\x06reason\"\x96\x03\n" +
 	"\rReplicaStatus\x12\x14\n" +
 	"\x05model\x18\x01 \x01(\tR\x05model\x12\x18\n" +
 	"\areplica\x18\x02 \x01(\rR\areplica\x12\x1e\n" +
@@ -1720,7 +1777,10 @@ const file_gpuplane_v1_log_proto_rawDesc = "" +
 	"\bendpoint\x18\b \x01(\tR\bendpoint\x12;\n" +
 	"\tresidency\x18\t \x01(\x0e2\x1d.gpuplane.v1.ReplicaResidencyR\tresidency\x12)\n" +
 	"\x10residency_reason\x18\n" +
-	" \x01(\tR\x0fresidencyReason\"C\n" +
+	" \x01(\tR\x0fresidencyReason\x128\n" +
+	"\badapters\x18\v \x01(\v2\x1c.gpuplane.v1.ReplicaAdaptersR\badapters\"I\n" +
+	"\x0fReplicaAdapters\x126\n" +
+	"\badapters\x18\x01 \x03(\v2\x1a.gpuplane.v1.AdapterStatusR\badapters\"C\n" +
 	"\fBootstrapACL\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1f\n" +
 	"\vsecret_hash\x18\x02 \x01(\tR\n" +
@@ -1781,7 +1841,7 @@ func file_gpuplane_v1_log_proto_rawDescGZIP() []byte {
 }
 
 var file_gpuplane_v1_log_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_gpuplane_v1_log_proto_msgTypes = make([]protoimpl.MessageInfo, 20)
+var file_gpuplane_v1_log_proto_msgTypes = make([]protoimpl.MessageInfo, 21)
 var file_gpuplane_v1_log_proto_goTypes = []any{
 	(Code)(0),                     // 0: gpuplane.v1.Code
 	(Outcome)(0),                  // 1: gpuplane.v1.Outcome
@@ -1799,26 +1859,28 @@ var file_gpuplane_v1_log_proto_goTypes = []any{
 	(*PlaceReplicas)(nil),         // 13: gpuplane.v1.PlaceReplicas
 	(*UnplaceReplica)(nil),        // 14: gpuplane.v1.UnplaceReplica
 	(*ReplicaStatus)(nil),         // 15: gpuplane.v1.ReplicaStatus
-	(*BootstrapACL)(nil),          // 16: gpuplane.v1.BootstrapACL
-	(*CreateToken)(nil),           // 17: gpuplane.v1.CreateToken
-	(*DeleteToken)(nil),           // 18: gpuplane.v1.DeleteToken
-	(*Violation)(nil),             // 19: gpuplane.v1.Violation
-	(*Violations)(nil),            // 20: gpuplane.v1.Violations
-	(*Result)(nil),                // 21: gpuplane.v1.Result
-	(*timestamppb.Timestamp)(nil), // 22: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),   // 23: google.protobuf.Duration
-	(*Node)(nil),                  // 24: gpuplane.v1.Node
-	(*Card)(nil),                  // 25: gpuplane.v1.Card
-	(NodeStatus)(0),               // 26: gpuplane.v1.NodeStatus
-	(*AcceleratorSpec)(nil),       // 27: gpuplane.v1.AcceleratorSpec
-	(*ModelSpec)(nil),             // 28: gpuplane.v1.ModelSpec
-	(ReplicaState)(0),             // 29: gpuplane.v1.ReplicaState
-	(ReplicaResidency)(0),         // 30: gpuplane.v1.ReplicaResidency
-	(Role)(0),                     // 31: gpuplane.v1.Role
+	(*ReplicaAdapters)(nil),       // 16: gpuplane.v1.ReplicaAdapters
+	(*BootstrapACL)(nil),          // 17: gpuplane.v1.BootstrapACL
+	(*CreateToken)(nil),           // 18: gpuplane.v1.CreateToken
+	(*DeleteToken)(nil),           // 19: gpuplane.v1.DeleteToken
+	(*Violation)(nil),             // 20: gpuplane.v1.Violation
+	(*Violations)(nil),            // 21: gpuplane.v1.Violations
+	(*Result)(nil),                // 22: gpuplane.v1.Result
+	(*timestamppb.Timestamp)(nil), // 23: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),   // 24: google.protobuf.Duration
+	(*Node)(nil),                  // 25: gpuplane.v1.Node
+	(*Card)(nil),                  // 26: gpuplane.v1.Card
+	(NodeStatus)(0),               // 27: gpuplane.v1.NodeStatus
+	(*AcceleratorSpec)(nil),       // 28: gpuplane.v1.AcceleratorSpec
+	(*ModelSpec)(nil),             // 29: gpuplane.v1.ModelSpec
+	(ReplicaState)(0),             // 30: gpuplane.v1.ReplicaState
+	(ReplicaResidency)(0),         // 31: gpuplane.v1.ReplicaResidency
+	(*AdapterStatus)(nil),         // 32: gpuplane.v1.AdapterStatus
+	(Role)(0),                     // 33: gpuplane.v1.Role
 }
 var file_gpuplane_v1_log_proto_depIdxs = []int32{
-	22, // 0: gpuplane.v1.Envelope.proposed_at:type_name -> google.protobuf.Timestamp
-	23, // 1: gpuplane.v1.Envelope.request_window:type_name -> google.protobuf.Duration
+	23, // 0: gpuplane.v1.Envelope.proposed_at:type_name -> google.protobuf.Timestamp
+	24, // 1: gpuplane.v1.Envelope.request_window:type_name -> google.protobuf.Duration
 	3,  // 2: gpuplane.v1.Envelope.register_node:type_name -> gpuplane.v1.RegisterNode
 	4,  // 3: gpuplane.v1.Envelope.update_inventory:type_name -> gpuplane.v1.UpdateInventory
 	5,  // 4: gpuplane.v1.Envelope.set_node_status:type_name -> gpuplane.v1.SetNodeStatus
@@ -1830,28 +1892,30 @@ var file_gpuplane_v1_log_proto_depIdxs = []int32{
 	13, // 10: gpuplane.v1.Envelope.place_replicas:type_name -> gpuplane.v1.PlaceReplicas
 	14, // 11: gpuplane.v1.Envelope.unplace_replica:type_name -> gpuplane.v1.UnplaceReplica
 	15, // 12: gpuplane.v1.Envelope.replica_status:type_name -> gpuplane.v1.ReplicaStatus
-	16, // 13: gpuplane.v1.Envelope.bootstrap_acl:type_name -> gpuplane.v1.BootstrapACL
-	17, // 14: gpuplane.v1.Envelope.create_token:type_name -> gpuplane.v1.CreateToken
-	18, // 15: gpuplane.v1.Envelope.delete_token:type_name -> gpuplane.v1.DeleteToken
-	24, // 16: gpuplane.v1.RegisterNode.node:type_name -> gpuplane.v1.Node
-	25, // 17: gpuplane.v1.UpdateInventory.cards:type_name -> gpuplane.v1.Card
-	26, // 18: gpuplane.v1.SetNodeStatus.status:type_name -> gpuplane.v1.NodeStatus
-	27, // 19: gpuplane.v1.CreateAccelerator.spec:type_name -> gpuplane.v1.AcceleratorSpec
-	28, // 20: gpuplane.v1.ApplyModel.spec:type_name -> gpuplane.v1.ModelSpec
+	17, // 13: gpuplane.v1.Envelope.bootstrap_acl:type_name -> gpuplane.v1.BootstrapACL
+	18, // 14: gpuplane.v1.Envelope.create_token:type_name -> gpuplane.v1.CreateToken
+	19, // 15: gpuplane.v1.Envelope.delete_token:type_name -> gpuplane.v1.DeleteToken
+	25, // 16: gpuplane.v1.RegisterNode.node:type_name -> gpuplane.v1.Node
+	26, // 17: gpuplane.v1.UpdateInventory.cards:type_name -> gpuplane.v1.Card
+	27, // 18: gpuplane.v1.SetNodeStatus.status:type_name -> gpuplane.v1.NodeStatus
+	28, // 19: gpuplane.v1.CreateAccelerator.spec:type_name -> gpuplane.v1.AcceleratorSpec
+	29, // 20: gpuplane.v1.ApplyModel.spec:type_name -> gpuplane.v1.ModelSpec
 	11, // 21: gpuplane.v1.PlaceReplicas.placements:type_name -> gpuplane.v1.Placement
 	12, // 22: gpuplane.v1.PlaceReplicas.pending:type_name -> gpuplane.v1.PendingReason
-	29, // 23: gpuplane.v1.ReplicaStatus.state:type_name -> gpuplane.v1.ReplicaState
-	30, // 24: gpuplane.v1.ReplicaStatus.residency:type_name -> gpuplane.v1.ReplicaResidency
-	31, // 25: gpuplane.v1.CreateToken.role:type_name -> gpuplane.v1.Role
-	19, // 26: gpuplane.v1.Violations.violations:type_name -> gpuplane.v1.Violation
-	0,  // 27: gpuplane.v1.Result.code:type_name -> gpuplane.v1.Code
-	19, // 28: gpuplane.v1.Result.violations:type_name -> gpuplane.v1.Violation
-	1,  // 29: gpuplane.v1.Result.outcome:type_name -> gpuplane.v1.Outcome
-	30, // [30:30] is the sub-list for method output_type
-	30, // [30:30] is the sub-list for method input_type
-	30, // [30:30] is the sub-list for extension type_name
-	30, // [30:30] is the sub-list for extension extendee
-	0,  // [0:30] is the sub-list for field type_name
+	30, // 23: gpuplane.v1.ReplicaStatus.state:type_name -> gpuplane.v1.ReplicaState
+	31, // 24: gpuplane.v1.ReplicaStatus.residency:type_name -> gpuplane.v1.ReplicaResidency
+	16, // 25: gpuplane.v1.ReplicaStatus.adapters:type_name -> gpuplane.v1.ReplicaAdapters
+	32, // 26: gpuplane.v1.ReplicaAdapters.adapters:type_name -> gpuplane.v1.AdapterStatus
+	33, // 27: gpuplane.v1.CreateToken.role:type_name -> gpuplane.v1.Role
+	20, // 28: gpuplane.v1.Violations.violations:type_name -> gpuplane.v1.Violation
+	0,  // 29: gpuplane.v1.Result.code:type_name -> gpuplane.v1.Code
+	20, // 30: gpuplane.v1.Result.violations:type_name -> gpuplane.v1.Violation
+	1,  // 31: gpuplane.v1.Result.outcome:type_name -> gpuplane.v1.Outcome
+	32, // [32:32] is the sub-list for method output_type
+	32, // [32:32] is the sub-list for method input_type
+	32, // [32:32] is the sub-list for extension type_name
+	32, // [32:32] is the sub-list for extension extendee
+	0,  // [0:32] is the sub-list for field type_name
 }
 
 func init() { file_gpuplane_v1_log_proto_init() }
@@ -1876,14 +1940,14 @@ func file_gpuplane_v1_log_proto_init() {
 		(*Envelope_CreateToken)(nil),
 		(*Envelope_DeleteToken)(nil),
 	}
-	file_gpuplane_v1_log_proto_msgTypes[15].OneofWrappers = []any{}
+	file_gpuplane_v1_log_proto_msgTypes[16].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_gpuplane_v1_log_proto_rawDesc), len(file_gpuplane_v1_log_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   20,
+			NumMessages:   21,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
