@@ -33,6 +33,8 @@ type Agent struct {
 
 	bin  string
 	join []string
+	// extra are more flags for every agent (Config.RequestWindow's).
+	extra []string
 
 	mu     sync.Mutex
 	cmd    *exec.Cmd
@@ -58,7 +60,7 @@ func (a *Agent) args() []string {
 	if a.Server {
 		args = append(args, "--server", "--bootstrap-expect", "3")
 	}
-	return args
+	return append(args, a.extra...)
 }
 
 // Start starts the agent (again, after Kill) with the same data dir. `ip

@@ -77,6 +77,10 @@ type Config struct {
 	// Recover sets a server's damaged Raft data aside and rejoins with an
 	// empty log (cluster.Config.Recover).
 	Recover bool
+
+	// RequestWindow is how long, in log time, request ids are remembered
+	// (cluster.Config.RequestWindow); 0: a day.
+	RequestWindow time.Duration
 }
 
 // Agent is a running node.
@@ -274,6 +278,7 @@ func (a *Agent) startCluster() error {
 		Bootstrap:       a.cfg.Dev,
 		BootstrapExpect: a.cfg.BootstrapExpect,
 		Recover:         a.cfg.Recover,
+		RequestWindow:   a.cfg.RequestWindow,
 		Join:            a.cfg.Join,
 		GossipBind:      net.JoinHostPort(a.cfg.Bind, strconv.Itoa(a.cfg.GossipPort)),
 		GossipAdvertise: net.JoinHostPort(a.cfg.Advertise, strconv.Itoa(a.cfg.GossipPort)),

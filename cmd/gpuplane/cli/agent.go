@@ -10,6 +10,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/gpuplane/gpuplane/cmd/gpuplane/agent"
+	"github.com/gpuplane/gpuplane/fsm"
 	"github.com/gpuplane/gpuplane/node/executor"
 )
 
@@ -62,6 +63,7 @@ GPUPLANE_<FLAG>, e.g. GPUPLANE_DATA_DIR.`,
 	f.BoolVar(&cfg.Server, "server", false, "vote in Raft")
 	f.IntVar(&cfg.BootstrapExpect, "bootstrap-expect", 0, "servers to wait for before forming the cluster")
 	f.BoolVar(&cfg.Recover, "recover", false, "set this server's damaged Raft log aside (raft.damaged-<time> in the data dir) and rejoin, receiving the log from the other servers")
+	f.DurationVar(&cfg.RequestWindow, "request-window", fsm.DefaultRequestWindow, "how long, in log time, a request id is remembered so that a retry is not applied twice (servers; recorded in the log: give every server the same value)")
 	f.StringVar(&join, "join", "", "gossip addresses to join, comma-separated")
 	f.StringVar(&cfg.DataDir, "data-dir", "", "Raft log, snapshots, node id and engine logs")
 	f.StringVar(&cfg.NodeName, "node-name", "", "node name (default: the host name)")
