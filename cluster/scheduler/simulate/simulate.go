@@ -46,7 +46,7 @@ func Load(nodesPath, workloadPath string) (*Scenario, error) {
 	}
 	switch ext(workloadPath) {
 	case ".csv":
-		sc.Accelerators, sc.Arrivals, err = ReadOpenBTasks(workloadPath, bytes.NewReader(data))
+		sc.Accelerators, sc.Arrivals, err = readOpenBTasks(workloadPath, bytes.NewReader(data), factsOf(sc.Nodes))
 	case ".yaml", ".yml":
 		sc.Accelerators, sc.Arrivals, err = ParseWorkloadYAML(workloadPath, data)
 	default:
@@ -66,6 +66,11 @@ type Result struct {
 	Arrivals int    `json:"arrivals"`
 	Placed   int    `json:"placed"`
 	Failed   int    `json:"failed"`
+	// NeverPlaceable counts arrivals that no node of the cluster could hold
+	// even empty (too many cards, CPU or memory, or GPU types it lacks).
+	// They are skipped: they say nothing about packing, so they are neither
+	// failures nor fragmentation.
+	NeverPlaceable int `json:"neverPlaceable"`
 	// FirstFailure is the 0-based arrival that failed first, -1 if none.
 	FirstFailure int `json:"firstFailure"`
 	// GPUAllocatedAtFirstFailure is the share of the cluster's card capacity
@@ -108,8 +113,13 @@ func Run(sc *Scenario, p scheduler.Policy) (Result, error) {
 	for _, a := range sc.Accelerators {
 		tenancy[a.Name] = a
 	}
+	hold := newHoldability(sc)
 	start := time.Now()
 	for i, r := range sc.Arrivals {
+		if !hold.ok(r) {
+			res.NeverPlaceable++
+			continue
+		}
 		d := st.Place(r, p)
 		if d.Placed() {
 			res.Placed++
@@ -186,6 +196,7 @@ func WriteTable(w io.Writer, results []Result) error {
 	row("GPU ALLOC AT FIRST FAILURE", func(r Result) string { return pct(r.GPUAllocatedAtFirstFailure) })
 	row("GPU ALLOC AT END", func(r Result) string { return pct(r.GPUAllocatedAtEnd) })
 	row("FRAGMENTATION AT END", func(r Result) string { return pct(r.FragmentationAtEnd) })
+	row("NEVER PLACEABLE", func(r Result) string { return fmt.Sprint(r.NeverPlaceable) })
 	var kinds []string
 	seen := map[string]bool{}
 	for _, r := range results {
