@@ -1,6 +1,9 @@
 package scheduler
 
-import "strconv"
+import (
+	"slices"
+	"strconv"
+)
 
 // Fragmentation, after Weng et al., "Beware of Fragmentation: Scheduling
 // GPU-Sharing Workloads with Fragmentation Gradient Descent" (ATC'23).
@@ -36,6 +39,21 @@ type workload struct {
 	maxMem int64
 	fixed  bool
 	gen    uint64 // bumped when a group is added; invalidates node caches
+
+	// Feasibility by host room: a type fits a node's free CPU and memory
+	// when its request is at most that, so what fits depends only on how
+	// many of the types' distinct CPU and memory requests the free room
+	// reaches. feas caches, per weighting and that pair of ranks, the
+	// weight of every group's fitting types; it is rebuilt when a type is
+	// added or a weight changes.
+	cpuVals, memVals []int64 // distinct type requests, ascending
+	feas             map[feasKey][]int64
+	feasDirty        bool
+}
+
+type feasKey struct {
+	ws     int8
+	rc, rm int32
 }
 
 type wgroup struct {
@@ -51,9 +69,10 @@ type wgroup struct {
 }
 
 type wtype struct {
-	g        int32
-	cpu, mem int64
-	w        [numWeights]int64
+	g          int32
+	cpu, mem   int64
+	w          [numWeights]int64
+	rcpu, rmem int32 // ranks of cpu and mem in cpuVals and memVals
 }
 
 // Weightings of the workload's types.
@@ -64,6 +83,12 @@ const (
 	// byDemand weighs a type by the card capacity its requests ask for, in
 	// milli-cards (a host-only request as one card), used by PolicyDefault.
 	byDemand
+	// byCountPaper is byCount as the paper's FGD scores decisions: a
+	// host-only type can use no card, so all free card capacity is its
+	// fragment whether or not its host request fits (its share of the
+	// measure then moves alike for every choice of a request, and host
+	// room never steers PolicyFGD).
+	byCountPaper
 	numWeights
 )
 
@@ -89,7 +114,45 @@ type typeKey struct {
 }
 
 func (wl *workload) init() {
-	*wl = workload{gidx: map[groupKey]int32{}, tidx: map[typeKey]int32{}, gen: wl.gen + 1}
+	*wl = workload{gidx: map[groupKey]int32{}, tidx: map[typeKey]int32{}, gen: wl.gen + 1, feasDirty: true}
+}
+
+// refreshFeas rebuilds the request ranks and empties the cache after the
+// workload changed.
+func (wl *workload) refreshFeas() {
+	if !wl.feasDirty {
+		return
+	}
+	wl.feasDirty = false
+	wl.cpuVals, wl.memVals = wl.cpuVals[:0], wl.memVals[:0]
+	for i := range wl.types {
+		wl.cpuVals = append(wl.cpuVals, wl.types[i].cpu)
+		wl.memVals = append(wl.memVals, wl.types[i].mem)
+	}
+	wl.cpuVals, wl.memVals = sortedUnique(wl.cpuVals), sortedUnique(wl.memVals)
+	for i := range wl.types {
+		t := &wl.types[i]
+		t.rcpu, t.rmem = int32(rankOf(wl.cpuVals, t.cpu)), int32(rankOf(wl.memVals, t.mem))
+	}
+	if wl.feas == nil {
+		wl.feas = map[feasKey][]int64{}
+	} else {
+		clear(wl.feas)
+	}
+}
+
+func sortedUnique(v []int64) []int64 {
+	slices.Sort(v)
+	return slices.Compact(v)
+}
+
+// rankOf is the number of values in the ascending vals that are at most x.
+func rankOf(vals []int64, x int64) int {
+	i, found := slices.BinarySearch(vals, x)
+	if found {
+		i++
+	}
+	return i
 }
 
 func kindsKey(k kindSet) string {
@@ -124,7 +187,8 @@ func (wl *workload) observe(q *request, cpu, mem int64) {
 	}
 	wl.maxCPU = max(wl.maxCPU, cpu)
 	wl.maxMem = max(wl.maxMem, mem)
-	for ws, w := range [numWeights]int64{1, demandWeight(q)} {
+	wl.feasDirty = true
+	for ws, w := range [numWeights]int64{1, demandWeight(q), 1} {
 		wl.types[t].w[ws] += w
 		wl.groups[g].w[ws] += w
 		wl.total[ws] += w
@@ -247,34 +311,31 @@ func resize64(b []int64, n int) []int64 {
 	return b[:n]
 }
 
-// feasibleWeights fills out[j] with the weight of the types of group rel[j]
-// whose host request fits cpuFree and memFree.
-func (wl *workload) feasibleWeights(out []int64, ws int, rel []int32, cpuFree, memFree int64) []int64 {
-	out = resize64(out, len(rel))
-	if cpuFree >= wl.maxCPU && memFree >= wl.maxMem {
-		for j, gi := range rel {
-			out[j] = wl.groups[gi].w[ws]
-		}
-		return out
+// feasibleWeights returns, per group of the workload, the weight of its
+// types whose host request fits cpuFree and memFree. The slice is shared
+// and valid until the workload changes.
+func (wl *workload) feasibleWeights(ws int, cpuFree, memFree int64) []int64 {
+	wl.refreshFeas()
+	k := feasKey{ws: int8(ws), rc: int32(rankOf(wl.cpuVals, cpuFree)), rm: int32(rankOf(wl.memVals, memFree))}
+	if v, ok := wl.feas[k]; ok {
+		return v
 	}
-	for j, gi := range rel {
-		var w int64
-		for _, ti := range wl.groups[gi].types {
-			t := &wl.types[ti]
-			if t.cpu <= cpuFree && t.mem <= memFree {
-				w += t.w[ws]
-			}
+	v := make([]int64, len(wl.groups))
+	for i := range wl.types {
+		t := &wl.types[i]
+		if t.rcpu <= k.rc && t.rmem <= k.rm && (ws != byCountPaper || wl.groups[t.g].mode != modeHost) {
+			v[t.g] += t.w[ws]
 		}
-		out[j] = w
 	}
-	return out
+	wl.feas[k] = v
+	return v
 }
 
 // frag combines a node's statistics into its fragmentation.
 func (wl *workload) frag(fc *fragCache, ws int, feasW []int64) int64 {
 	f := wl.total[ws] * fc.tot // as if every group saw all free capacity as fragment
-	for j := range fc.rel {
-		f -= feasW[j] * (fc.tot - fc.fok[j])
+	for j, gi := range fc.rel {
+		f -= feasW[gi] * (fc.tot - fc.fok[j])
 	}
 	return f
 }
@@ -284,23 +345,22 @@ func (wl *workload) frag(fc *fragCache, ws int, feasW []int64) int64 {
 func (ev *evaluator) fragDelta(cards []int32) int64 {
 	s, q, n := ev.s, ev.q, ev.n
 	wl := &s.wl
-	sc := &s.scratch
 	if !ev.fragReady {
 		ev.fc = s.nodeStats(ev.ni)
 		ws, fc := ev.ws, ev.fc
 		if !fc.fragValid[ws] || fc.fragTotal[ws] != wl.total[ws] {
-			sc.feasW = wl.feasibleWeights(sc.feasW, ws, fc.rel, n.cpuFree(), n.memFree())
-			fc.fragBefore[ws], fc.fragTotal[ws], fc.fragValid[ws] = wl.frag(fc, ws, sc.feasW), wl.total[ws], true
+			feasW := wl.feasibleWeights(ws, n.cpuFree(), n.memFree())
+			fc.fragBefore[ws], fc.fragTotal[ws], fc.fragValid[ws] = wl.frag(fc, ws, feasW), wl.total[ws], true
 		}
 		ev.fragBefore = fc.fragBefore[ws]
-		sc.feasWNew = wl.feasibleWeights(sc.feasWNew, ws, fc.rel, n.cpuFree()-q.CPUMilli, n.memFree()-q.MemoryMiB)
+		ev.feasWNew = wl.feasibleWeights(ws, n.cpuFree()-q.CPUMilli, n.memFree()-q.MemoryMiB)
 		ev.fragReady = true
 	}
 	fc := ev.fc
 	tot := fc.tot - int64(q.reserve)*int64(len(cards))
 	after := wl.total[ev.ws] * tot
 	for j, gi := range fc.rel {
-		fw := sc.feasWNew[j]
+		fw := ev.feasWNew[gi]
 		if fw == 0 {
 			continue // every type of the group sees all free capacity as fragment
 		}
@@ -346,14 +406,13 @@ func (s *State) Fragmentation() float64 {
 		return 0
 	}
 	var f float64
-	var w []int64
 	for ni := range s.nodes {
 		n := &s.nodes[ni]
 		if !n.alive {
 			continue
 		}
 		fc := s.nodeStats(int32(ni))
-		w = s.wl.feasibleWeights(w, byCount, fc.rel, n.cpuFree(), n.memFree())
+		w := s.wl.feasibleWeights(byCount, n.cpuFree(), n.memFree())
 		f += float64(s.wl.frag(fc, byCount, w))
 	}
 	return f / float64(total) / float64(s.gpuCap)

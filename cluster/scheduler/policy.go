@@ -93,6 +93,7 @@ type evaluator struct {
 	fragReady  bool
 	fragBefore int64
 	fc         *fragCache
+	feasWNew   []int64 // per workload group, after the placement
 }
 
 const ppm = 1_000_000
@@ -181,8 +182,11 @@ func (ev *evaluator) scoreOnDemand(ci int32) score {
 
 // weighting is the workload weighting a policy measures fragmentation with.
 func (p policyImpl) weighting() int {
-	if p == implDefault {
+	switch p {
+	case implDefault:
 		return byDemand
+	case implFGD:
+		return byCountPaper
 	}
 	return byCount
 }
