@@ -252,4 +252,3 @@ func (x *nodeIndex) heapify() {
 		x.down(i)
 	}
 }
-
