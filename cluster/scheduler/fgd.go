@@ -1,6 +1,8 @@
 package scheduler
 
 import (
+	"math"
+	"math/bits"
 	"slices"
 	"strconv"
 )
@@ -78,21 +80,27 @@ type wtype struct {
 // Weightings of the workload's types.
 const (
 	// byCount weighs a type by how many requests have it: the paper's
-	// task-type popularity, used by PolicyFGD.
+	// task-type popularity. Fragmentation reports use it.
 	byCount = iota
-	// byDemand weighs a type by the card capacity its requests ask for, in
-	// milli-cards (a host-only request as one card), used by PolicyDefault.
-	byDemand
-	// byCountPaper is byCount as the paper's FGD scores decisions: a
-	// host-only type can use no card, so all free card capacity is its
-	// fragment whether or not its host request fits (its share of the
-	// measure then moves alike for every choice of a request, and host
-	// room never steers PolicyFGD).
+	// byCountPaper is byCount as the paper's FGD scores decisions, used by
+	// PolicyFGD: a host-only type can use no card, so all free card
+	// capacity is its fragment whether or not its host request fits (its
+	// share of the measure then moves alike for every choice of a request,
+	// and host room never steers PolicyFGD).
 	byCountPaper
+	// byScarcity weighs a type by the card capacity its requests ask for,
+	// in milli-cards (a host-only request as one card), times how scarce
+	// the card kinds it may use are: the cluster's healthy cards over
+	// those of its kinds. Used by PolicyDefault; see DESIGN.md.
+	byScarcity
 	numWeights
 )
 
-// demandWeight is a request's weight byDemand.
+// scarcityScale is the fixed point of the byScarcity multiplier.
+const scarcityScale = 16
+
+// demandWeight is the card capacity a request asks for, in milli-cards, a
+// host-only request counting as one card.
 func demandWeight(q *request) int64 {
 	if q.mode == modeHost {
 		return FullCard
@@ -167,7 +175,7 @@ func kindsKey(k kindSet) string {
 	return string(b)
 }
 
-func (wl *workload) observe(q *request, cpu, mem int64) {
+func (wl *workload) observe(q *request, cpu, mem int64, scarcity int64) {
 	gk := groupKey{mode: q.mode, res: q.res, acc: q.acc, milli: q.milli, kinds: kindsKey(q.kinds)}
 	g, ok := wl.gidx[gk]
 	if !ok {
@@ -188,7 +196,7 @@ func (wl *workload) observe(q *request, cpu, mem int64) {
 	wl.maxCPU = max(wl.maxCPU, cpu)
 	wl.maxMem = max(wl.maxMem, mem)
 	wl.feasDirty = true
-	for ws, w := range [numWeights]int64{1, demandWeight(q), 1} {
+	for ws, w := range [numWeights]int64{1, 1, demandWeight(q) * scarcity / scarcityScale} {
 		wl.types[t].w[ws] += w
 		wl.groups[g].w[ws] += w
 		wl.total[ws] += w
@@ -204,7 +212,7 @@ func (s *State) SetWorkload(reqs []Request) {
 	s.wl.init() // a new generation: node caches of the old workload are stale
 	for i := range reqs {
 		if q, reason := s.resolveDemand(&reqs[i]); reason == "" {
-			s.wl.observe(&q, reqs[i].CPUMilli, reqs[i].MemoryMiB)
+			s.wl.observe(&q, reqs[i].CPUMilli, reqs[i].MemoryMiB, s.scarcity(q.kinds))
 		}
 	}
 	s.wl.fixed = true
@@ -342,25 +350,30 @@ func (wl *workload) frag(fc *fragCache, ws int, feasW []int64) int64 {
 
 // fragDelta returns how much the node's fragmentation grows when the
 // request takes cards (none for host-only requests).
-func (ev *evaluator) fragDelta(cards []int32) int64 {
+func (ev *evaluator) fragDelta(cards []int32) int64 { return ev.fragDeltaBy(cards, ev.ws) }
+
+// fragDeltaBy is fragDelta with the workload weighted by ws.
+func (ev *evaluator) fragDeltaBy(cards []int32, ws int) int64 {
 	s, q, n := ev.s, ev.q, ev.n
 	wl := &s.wl
-	if !ev.fragReady {
+	if ev.fc == nil {
 		ev.fc = s.nodeStats(ev.ni)
-		ws, fc := ev.ws, ev.fc
+	}
+	if !ev.fragReady[ws] {
+		fc := ev.fc
 		if !fc.fragValid[ws] || fc.fragTotal[ws] != wl.total[ws] {
 			feasW := wl.feasibleWeights(ws, n.cpuFree(), n.memFree())
 			fc.fragBefore[ws], fc.fragTotal[ws], fc.fragValid[ws] = wl.frag(fc, ws, feasW), wl.total[ws], true
 		}
-		ev.fragBefore = fc.fragBefore[ws]
-		ev.feasWNew = wl.feasibleWeights(ws, n.cpuFree()-q.CPUMilli, n.memFree()-q.MemoryMiB)
-		ev.fragReady = true
+		ev.fragBefore[ws] = fc.fragBefore[ws]
+		ev.feasWNew[ws] = wl.feasibleWeights(ws, n.cpuFree()-q.CPUMilli, n.memFree()-q.MemoryMiB)
+		ev.fragReady[ws] = true
 	}
 	fc := ev.fc
 	tot := fc.tot - int64(q.reserve)*int64(len(cards))
-	after := wl.total[ev.ws] * tot
+	after := wl.total[ws] * tot
 	for j, gi := range fc.rel {
-		fw := ev.feasWNew[gi]
+		fw := ev.feasWNew[ws][gi]
 		if fw == 0 {
 			continue // every type of the group sees all free capacity as fragment
 		}
@@ -394,7 +407,7 @@ func (ev *evaluator) fragDelta(cards []int32) int64 {
 		}
 		after -= fw * (tot - fok)
 	}
-	return after - ev.fragBefore
+	return after - ev.fragBefore[ws]
 }
 
 // Fragmentation returns the expected share of the cluster's card capacity
@@ -416,4 +429,76 @@ func (s *State) Fragmentation() float64 {
 		f += float64(s.wl.frag(fc, byCount, w))
 	}
 	return f / float64(total) / float64(s.gpuCap)
+}
+
+// scarcity is the byScarcity multiplier of a kind set, in 1/scarcityScale:
+// the cluster's healthy cards over those of the kinds (at least 1).
+func (s *State) scarcity(k kindSet) int64 {
+	if k == nil || s.healthyCards == 0 {
+		return scarcityScale
+	}
+	key := kindsKey(k)
+	if v, ok := s.scarce[key]; ok {
+		return v
+	}
+	var n int64
+	for ci := range s.cards {
+		if s.cards[ci].healthy && k.has(s.cards[ci].kind) {
+			n++
+		}
+	}
+	v := int64(scarcityScale)
+	if n > 0 {
+		v = max(v, scarcityScale*s.healthyCards/n)
+	}
+	if s.scarce == nil {
+		s.scarce = map[string]int64{}
+	}
+	s.scarce[key] = v
+	return v
+}
+
+// paperShare is how much the paper's count-weighted measure counts in the
+// default policy's blend against the scarcity-weighted one (see DESIGN.md).
+const paperShare = 3
+
+// blendUnit is the fixed point of a blended fragmentation growth: the
+// growth of each measure per unit of its workload weight, in milli-cards
+// × 2^-24.
+const blendUnit = 1 << 24
+
+// blendDelta is the default policy's fragmentation growth: the expected
+// growth for a task drawn by count, as the paper measures it (weighted
+// paperShare), plus that for a unit of card demand drawn with the
+// scarcity of its card kinds.
+func (ev *evaluator) blendDelta(cards []int32) int64 {
+	wl := &ev.s.wl
+	return perUnit(ev.fragDeltaBy(cards, byScarcity), wl.total[byScarcity]) +
+		paperShare*perUnit(ev.fragDeltaBy(cards, byCountPaper), wl.total[byCountPaper])
+}
+
+// perUnit is delta × blendUnit / total, rounded toward zero, with a 128-bit
+// intermediate so that large workloads cannot overflow it.
+func perUnit(delta, total int64) int64 {
+	if total <= 0 {
+		return 0
+	}
+	neg := delta < 0
+	if neg {
+		delta = -delta
+	}
+	hi, lo := bits.Mul64(uint64(delta), blendUnit)
+	if hi >= uint64(total) {
+		// Cannot happen: a node's growth per unit of weight is at most its
+		// free card capacity. Saturate rather than wrap.
+		if neg {
+			return math.MinInt64 / 2
+		}
+		return math.MaxInt64 / 2
+	}
+	q, _ := bits.Div64(hi, lo, uint64(total))
+	if neg {
+		return -int64(q)
+	}
+	return int64(q)
 }

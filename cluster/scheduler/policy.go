@@ -90,10 +90,10 @@ type evaluator struct {
 	nodeDep int32 // replicas of the request's deployment on the node
 	ws      int   // workload weighting for fragmentation
 
-	fragReady  bool
-	fragBefore int64
 	fc         *fragCache
-	feasWNew   []int64 // per workload group, after the placement
+	fragReady  [numWeights]bool
+	fragBefore [numWeights]int64
+	feasWNew   [numWeights][]int64 // per workload group, after the placement
 }
 
 const ppm = 1_000_000
@@ -152,7 +152,7 @@ func (ev *evaluator) score(cards []int32) score {
 	case implFGD:
 		return score{ev.fragDelta(cards), nd, ev.cardDep(cards), 0}
 	default:
-		return score{ev.fragDelta(cards), ev.remainAfter(cards), ev.cardLeft(cards), nd*FullCard + ev.cardDep(cards)}
+		return score{ev.blendDelta(cards), ev.remainAfter(cards), ev.cardLeft(cards), nd*FullCard + ev.cardDep(cards)}
 	}
 }
 
@@ -184,9 +184,10 @@ func (ev *evaluator) scoreOnDemand(ci int32) score {
 func (p policyImpl) weighting() int {
 	switch p {
 	case implDefault:
-		return byDemand
+		return byScarcity
 	case implFGD:
 		return byCountPaper
 	}
 	return byCount
 }
+

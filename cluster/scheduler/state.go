@@ -37,6 +37,9 @@ type State struct {
 	indexes  map[shapeKey]*nodeIndex
 	planning bool
 	scanOnly bool // tests: score every node on every decision
+
+	healthyCards int64
+	scarce       map[string]int64 // kindsKey → scarcity, see fgd.go
 }
 
 type accInfo struct {
@@ -205,6 +208,7 @@ func NewState(nodes []Node, accelerators []Accelerator) (*State, error) {
 	for _, n := range nodes {
 		ncards += len(n.Cards)
 	}
+	var pendingShapes []request // existing replicas join the workload once all cards are known
 	s.nodes = make([]nodeState, 0, len(nodes))
 	s.cards = make([]cardState, 0, ncards)
 	for _, n := range nodes {
@@ -237,7 +241,7 @@ func NewState(nodes []Node, accelerators []Accelerator) (*State, error) {
 					s.replicas[sh.Replica] = p
 					s.noteDeployment(sh.Deployment, ni, 1)
 					q := s.shapeOf(cs.acc, sh.Milli, sh.Residency)
-					s.wl.observe(&q, 0, 0)
+					pendingShapes = append(pendingShapes, q)
 				}
 				p.cards = append(p.cards, ci)
 			}
@@ -250,6 +254,14 @@ func NewState(nodes []Node, accelerators []Accelerator) (*State, error) {
 			s.cards = append(s.cards, cs)
 		}
 		s.nodes = append(s.nodes, ns)
+	}
+	for ci := range s.cards {
+		if s.cards[ci].healthy {
+			s.healthyCards++
+		}
+	}
+	for i := range pendingShapes {
+		s.wl.observe(&pendingShapes[i], 0, 0, s.scarcity(pendingShapes[i].kinds))
 	}
 	s.fcache = make([]fragCache, len(s.nodes))
 	s.kindNodes = make([][]int32, len(s.kindNames))
@@ -533,7 +545,7 @@ func (s *State) observe(r *Request) {
 	if reason != "" {
 		return
 	}
-	s.wl.observe(&q, r.CPUMilli, r.MemoryMiB)
+	s.wl.observe(&q, r.CPUMilli, r.MemoryMiB, s.scarcity(q.kinds))
 }
 
 func selectorMatches(sel, labels map[string]string) bool {
