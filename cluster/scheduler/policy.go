@@ -190,4 +190,3 @@ func (p policyImpl) weighting() int {
 	}
 	return byCount
 }
-
