@@ -20,10 +20,13 @@ const (
 	// cards first, then picks the least-loaded node and card.
 	PolicySpread Policy = "spread"
 	// PolicyFGD is fragmentation gradient descent (Weng et al., ATC'23):
-	// the choice that grows the node's expected fragmentation least.
+	// the choice that grows the node's expected fragmentation least, task
+	// types weighted by popularity.
 	PolicyFGD Policy = "fgd"
-	// PolicyDefault is gpuplane's own policy, FGD with best-fit packing to
-	// break its ties; see DESIGN.md for why and how it measures.
+	// PolicyDefault is gpuplane's own policy: fragmentation gradient descent
+	// over a blend of the paper's measure and one weighted by card demand
+	// and GPU-type scarcity, with best-fit packing to break its ties; see
+	// DESIGN.md for why.
 	PolicyDefault Policy = "gpuplane"
 )
 
