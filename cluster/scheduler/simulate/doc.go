@@ -9,8 +9,9 @@
 // tasks drawn from the pod list with replacement, seeded, until the arrived
 // GPU requests reach a share of capacity (130 %), over several seeds, with
 // the unallocated share at 100 % arrived as the headline. Tasks that no node
-// could hold even empty are counted apart, never as failures. The CLI's `gpuplane simulate` is a thin layer
-// over Load, Run, RunAll, RunInflated and the two table writers.
+// could hold even empty are counted apart, never as failures. The CLI's
+// `gpuplane simulate` is a thin layer over Load, Run, RunAll, RunInflated
+// and the two table writers.
 //
 // It never changes the scheduler's decisions and never talks to a cluster;
 // the only clock it reads is for the wall time of a run.
