@@ -12,7 +12,7 @@ PROTOC_GEN_GO_VERSION  := v1.36.12
 CONNECT_GO_VERSION     := v1.21.1
 STATICCHECK_VERSION    := v0.8.2
 
-.PHONY: all build test test-short generate check-generate tools lint bench clean
+.PHONY: all build test test-short generate check-generate tools lint bench clean docs
 
 all: build
 
@@ -26,6 +26,11 @@ test:
 
 test-race:
 	$(GO) test -race -count=1 -timeout 30m $(PKGS)
+
+# Regenerates docs/cli, the CLI reference, from the commands' own help;
+# TestCLIReferenceIsCurrent fails when it is stale.
+docs:
+	$(GO) test -count=1 -run TestCLIReferenceIsCurrent ./cmd/gpuplane/cli/ -args -update-docs
 
 tools:
 	GOBIN=$(GOBIN_DIR) $(GO) install github.com/bufbuild/buf/cmd/buf@$(BUF_VERSION)

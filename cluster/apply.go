@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/raft"
@@ -244,31 +245,34 @@ func (c *Cluster) ApplyBatch(ctx context.Context, envs []*pb.Envelope) ([]*pb.Re
 				futures[i] = nil
 			}
 		}
-		done := waitAll(futures)
-		for range futures {
-			select {
-			case <-ctx.Done():
-				for i, f := range futures {
-					if f != nil && results[i] == nil && errs[i] == nil {
-						errs[i] = ctx.Err()
-					}
-				}
-				return results, errs
-			case i := <-done:
-				f := futures[i]
-				if f == nil {
-					continue
-				}
-				if err := f.Error(); err != nil {
-					if err = c.raftError(err); retryable(err) {
-						slow = append(slow, i)
-					} else {
-						errs[i] = err
-					}
-					continue
-				}
-				results[i], errs[i] = futureResult(f)
+		n := len(futures)
+		w := waitAll(futures)
+		select {
+		case <-w.done:
+		case <-ctx.Done():
+			n = w.resolved()
+		}
+		for i, f := range futures[:n] {
+			if f == nil {
+				continue
 			}
+			if err := f.Error(); err != nil {
+				if err = c.raftError(err); retryable(err) {
+					slow = append(slow, i)
+				} else {
+					errs[i] = err
+				}
+				continue
+			}
+			results[i], errs[i] = futureResult(f)
+		}
+		if n < len(futures) {
+			for i, f := range futures {
+				if f != nil && results[i] == nil && errs[i] == nil {
+					errs[i] = ctx.Err()
+				}
+			}
+			return results, errs
 		}
 	} else {
 		for i, env := range prepared {
@@ -285,20 +289,31 @@ func (c *Cluster) ApplyBatch(ctx context.Context, envs []*pb.Envelope) ([]*pb.Re
 	return results, errs
 }
 
+// futuresWait is waitAll's progress.
+type futuresWait struct {
+	done chan struct{} // closed once every future is resolved
+	n    atomic.Int64  // the futures before this position are resolved
+}
+
+// resolved returns how many futures, from the first, are resolved.
+func (w *futuresWait) resolved() int { return int(w.n.Load()) }
+
 // waitAll waits for futures (nil ones are skipped) from one goroutine, in
-// order, and sends the position of each as it completes; the channel holds
-// them all, so the goroutine never blocks on a reader that gave up.
-func waitAll(futures []raft.ApplyFuture) <-chan int {
-	done := make(chan int, len(futures))
+// order, and wakes the caller once, when all are resolved: raft resolves
+// a batch's futures one by one as it applies them, and handing each to the
+// caller as it came woke the two goroutines in turn once per entry.
+func waitAll(futures []raft.ApplyFuture) *futuresWait {
+	w := &futuresWait{done: make(chan struct{})}
 	go func() {
 		for i, f := range futures {
 			if f != nil {
 				_ = f.Error()
 			}
-			done <- i
+			w.n.Store(int64(i + 1))
 		}
+		close(w.done)
 	}()
-	return done
+	return w
 }
 
 // dryRunLocal checks env against the leader's state. A check that passes is

@@ -34,6 +34,8 @@ type Cluster struct {
 	// barrierTerm is the last term in which this node, as leader, committed a
 	// barrier; reads need one per term (see ReadIndex).
 	barrierTerm atomic.Uint64
+	// tenants is a client node's copy of the token table (TenantFor).
+	tenants tenantTable
 
 	shutdownOnce sync.Once
 	shutdownErr  error

@@ -334,7 +334,14 @@ func describe(env *pb.Envelope) (string, []string) {
 		return "BootstrapACL " + c.BootstrapAcl.GetName() + " (admin)", []string{"token/" + c.BootstrapAcl.GetName()}
 	case *pb.Envelope_CreateToken:
 		t := c.CreateToken
-		return fmt.Sprintf("CreateToken %s (%s)", t.GetName(), fsm.RoleString(t.GetRole())), []string{"token/" + t.GetName()}
+		s := fmt.Sprintf("CreateToken %s (%s", t.GetName(), fsm.RoleString(t.GetRole()))
+		if t.GetTenant() != "" {
+			s += ", tenant " + t.GetTenant()
+		}
+		if t.Weight != nil {
+			s += ", weight " + fsm.FormatWeight(t.GetWeight())
+		}
+		return s + ")", []string{"token/" + t.GetName()}
 	case *pb.Envelope_DeleteToken:
 		return "DeleteToken " + c.DeleteToken.GetName(), []string{"token/" + c.DeleteToken.GetName()}
 	case *pb.Envelope_PlaceReplicas:

@@ -1,13 +1,23 @@
 package fsm
 
 import (
+	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"math"
+	"strconv"
 
 	"google.golang.org/protobuf/proto"
 
 	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
 )
+
+// SecretHash is how a token's secret is kept in the log and the state: its
+// hex SHA-256.
+func SecretHash(secret string) string {
+	sum := sha256.Sum256([]byte(secret))
+	return hex.EncodeToString(sum[:])
+}
 
 // validHash accepts a hex SHA-256: secrets never enter the log, only hashes.
 func validHash(field, h string) []*pb.Violation {
@@ -16,6 +26,49 @@ func validHash(field, h string) []*pb.Violation {
 		v.add(field, "must be the hex SHA-256 of the secret")
 	}
 	return v
+}
+
+// Token weights (SPEC §8.4): a tenant's share in the gateway's fair queues
+// relative to the others'. MaxTokenWeight bounds the ratio between two
+// tenants, so one weight cannot make another's service round to nothing.
+const (
+	DefaultTokenWeight = 1.0
+	MaxTokenWeight     = 1000.0
+)
+
+// ValidateTenant checks a token's tenant: empty (the token's name is its
+// tenant) or a DNS label, as every name in the cluster.
+func ValidateTenant(field, tenant string) []*pb.Violation {
+	if tenant == "" {
+		return nil
+	}
+	return ValidateName(field, tenant)
+}
+
+// ValidateWeight checks a weight given explicitly: a finite number above 0
+// and at most MaxTokenWeight.
+func ValidateWeight(field string, w float64) []*pb.Violation {
+	var v violations
+	if math.IsNaN(w) || math.IsInf(w, 0) || w <= 0 || w > MaxTokenWeight {
+		v.add(field, "%s must be a number above 0 and at most %s", FormatWeight(w), FormatWeight(MaxTokenWeight))
+	}
+	return v
+}
+
+// FormatWeight writes a weight as users type it (2, 0.5, 1e-05).
+func FormatWeight(w float64) string { return strconv.FormatFloat(w, 'g', -1, 64) }
+
+// TokenTenant is who the gateway serves t's requests as: its tenant, else
+// its name, with its weight, else DefaultTokenWeight.
+func TokenTenant(t *pb.ACLToken) (tenant string, weight float64) {
+	tenant, weight = t.GetTenant(), t.GetWeight()
+	if tenant == "" {
+		tenant = t.GetName()
+	}
+	if weight == 0 {
+		weight = DefaultTokenWeight
+	}
+	return tenant, weight
 }
 
 func (f *FSM) bootstrapACL(c *pb.BootstrapACL, index uint64, dry bool) *pb.Result {
@@ -40,6 +93,10 @@ func (f *FSM) createToken(c *pb.CreateToken, index uint64, dry bool) *pb.Result 
 		v.add("role", "must be read, operator or admin")
 	}
 	v = append(v, validHash("secretHash", c.GetSecretHash())...)
+	v = append(v, ValidateTenant("tenant", c.GetTenant())...)
+	if c.Weight != nil {
+		v = append(v, ValidateWeight("weight", c.GetWeight())...)
+	}
 	if len(v) > 0 {
 		return invalid(fmt.Sprintf("token %q", c.GetName()), v)
 	}
@@ -51,10 +108,17 @@ func (f *FSM) createToken(c *pb.CreateToken, index uint64, dry bool) *pb.Result 
 			return reject(pb.Code_CODE_ALREADY_EXISTS, "a token with this secret already exists")
 		}
 	}
+	tok := &pb.ACLToken{Name: c.GetName(), Role: c.GetRole(), SecretHash: c.GetSecretHash(), CreatedIndex: index,
+		Tenant: c.GetTenant(), Weight: c.GetWeight()}
 	if !dry {
-		f.tokens[c.GetName()] = &pb.ACLToken{Name: c.GetName(), Role: c.GetRole(), SecretHash: c.GetSecretHash(), CreatedIndex: index}
+		f.tokens[c.GetName()] = tok
 	}
-	return accept(pb.Outcome_OUTCOME_CREATED, "token %q created with role %s", c.GetName(), RoleString(c.GetRole()))
+	msg := fmt.Sprintf("token %q created with role %s", c.GetName(), RoleString(c.GetRole()))
+	if c.GetTenant() != "" || c.Weight != nil {
+		tenant, weight := TokenTenant(tok)
+		msg += fmt.Sprintf(", tenant %s, weight %s", tenant, FormatWeight(weight))
+	}
+	return accept(pb.Outcome_OUTCOME_CREATED, "%s", msg)
 }
 
 func (f *FSM) deleteToken(c *pb.DeleteToken, dry bool) *pb.Result {
@@ -70,12 +134,14 @@ func (f *FSM) deleteToken(c *pb.DeleteToken, dry bool) *pb.Result {
 // ACLBootstrapped reports whether the first admin token was created.
 func (f *FSM) ACLBootstrapped() bool { return f.aclBootstrapped }
 
-// Tokens lists tokens by name, without their secret hashes.
+// Tokens lists tokens by name, without their secret hashes, each with the
+// tenant and weight the gateway serves it as (TokenTenant).
 func (f *FSM) Tokens() []*pb.ACLToken {
 	out := make([]*pb.ACLToken, 0, len(f.tokens))
 	for _, name := range sortedKeys(f.tokens) {
 		t := proto.Clone(f.tokens[name]).(*pb.ACLToken)
 		t.SecretHash = ""
+		t.Tenant, t.Weight = TokenTenant(t)
 		out = append(out, t)
 	}
 	return out
@@ -89,6 +155,36 @@ func (f *FSM) TokenBySecretHash(h string) (*pb.ACLToken, bool) {
 		}
 	}
 	return nil, false
+}
+
+// TenantBySecretHash is the tenant and weight (TokenTenant) of the token
+// whose secret hashes to h. It copies nothing: the gateway asks it for
+// every request.
+func (f *FSM) TenantBySecretHash(h string) (tenant string, weight float64, ok bool) {
+	for _, t := range f.tokens {
+		if t.SecretHash == h {
+			tenant, weight = TokenTenant(t)
+			return tenant, weight, true
+		}
+	}
+	return "", 0, false
+}
+
+// Tenant is a token's tenant and weight, as TokenTenant resolves them.
+type Tenant struct {
+	Name   string
+	Weight float64
+}
+
+// TenantsBySecretHash maps every token's secret hash to its tenant: what a
+// client node, which has no state of its own, keeps of a server's.
+func (f *FSM) TenantsBySecretHash() map[string]Tenant {
+	out := make(map[string]Tenant, len(f.tokens))
+	for _, t := range f.tokens {
+		name, weight := TokenTenant(t)
+		out[t.SecretHash] = Tenant{Name: name, Weight: weight}
+	}
+	return out
 }
 
 // RoleString is the lowercase name users see for a role.

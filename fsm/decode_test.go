@@ -503,6 +503,8 @@ func fillAll(t *testing.T, m protoreflect.Message) {
 			v = protoreflect.ValueOfInt64(int64(-3 - i))
 		case protoreflect.Int32Kind:
 			v = protoreflect.ValueOfInt32(int32(5 + i))
+		case protoreflect.DoubleKind:
+			v = protoreflect.ValueOfFloat64(1.5 + float64(i))
 		case protoreflect.MessageKind:
 			if fd.IsList() {
 				l := m.Mutable(fd).List()
@@ -541,6 +543,9 @@ func TestDecoderReadsEveryField(t *testing.T) {
 		{Command: &pb.Envelope_DeleteModel{DeleteModel: &pb.DeleteModel{}}},
 		{Command: &pb.Envelope_SetNodeStatus{SetNodeStatus: &pb.SetNodeStatus{}}},
 		{Command: &pb.Envelope_CreateAccelerator{CreateAccelerator: &pb.CreateAccelerator{}}},
+		// Left to protobuf by design (rare), but decoded the same, tenant
+		// and weight included.
+		{Command: &pb.Envelope_CreateToken{CreateToken: &pb.CreateToken{}}},
 	}
 	d := &Decoder{Slab: 4}
 	// What reads each command by hand: nil means it was left to protobuf.

@@ -67,20 +67,29 @@ func (h *aclHandlers) CreateToken(ctx context.Context, req *connect.Request[pb.C
 	if err := h.requireEnabled(); err != nil {
 		return nil, err
 	}
+	m := req.Msg
+	// The state machine checks these too; checked here, a bad tenant or
+	// weight is refused before a secret is made or anything is proposed.
+	vs := fsm.ValidateTenant("tenant", m.GetTenant())
+	if m.Weight != nil {
+		vs = append(vs, fsm.ValidateWeight("weight", m.GetWeight())...)
+	}
+	if len(vs) > 0 {
+		return nil, invalidArgument(vs...)
+	}
 	secret, err := newSecret()
 	if err != nil {
 		return nil, connect.NewError(connect.CodeInternal, err)
 	}
-	m := req.Msg
 	env := &pb.Envelope{RequestId: m.GetRequestId(), Command: &pb.Envelope_CreateToken{
-		CreateToken: &pb.CreateToken{Name: m.GetName(), Role: m.GetRole(), SecretHash: TokenHash(secret)},
+		CreateToken: &pb.CreateToken{Name: m.GetName(), Role: m.GetRole(), SecretHash: TokenHash(secret), Tenant: m.GetTenant(), Weight: m.Weight},
 	}}
 	res, err := h.propose(ctx, env, false)
 	if err != nil {
 		return nil, err
 	}
 	return connect.NewResponse(&pb.CreateTokenResponse{
-		Token:  &pb.ACLToken{Name: m.GetName(), Role: m.GetRole(), CreatedIndex: res.GetIndex()},
+		Token:  &pb.ACLToken{Name: m.GetName(), Role: m.GetRole(), CreatedIndex: res.GetIndex(), Tenant: m.GetTenant(), Weight: m.GetWeight()},
 		Secret: secret, Index: res.GetIndex(),
 	}), nil
 }

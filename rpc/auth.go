@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/sha256"
 	"crypto/subtle"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"net/http"
@@ -159,10 +158,7 @@ func PeerNode(ctx context.Context) (string, bool) {
 }
 
 // TokenHash is how a token's secret is kept in the log: its hex SHA-256.
-func TokenHash(secret string) string {
-	sum := sha256.Sum256([]byte(secret))
-	return hex.EncodeToString(sum[:])
-}
+func TokenHash(secret string) string { return fsm.SecretHash(secret) }
 
 // authInterceptor checks every request, unary and streaming alike, when ACLs
 // are on: it finds the caller (a node by its certificate, a user by the

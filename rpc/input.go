@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
 
 	"connectrpc.com/connect"
 	"google.golang.org/protobuf/encoding/protojson"
@@ -106,10 +107,135 @@ func checkEnums(msg any) error {
 	if !ok {
 		return nil
 	}
-	if vs := undefinedEnums(m.ProtoReflect(), "", nil); len(vs) > 0 {
+	r := m.ProtoReflect()
+	if !hasUndefinedEnum(r) {
+		return nil
+	}
+	if vs := undefinedEnums(r, "", nil); len(vs) > 0 {
 		return invalidArgument(vs...)
 	}
 	return nil
+}
+
+// hasUndefinedEnum reports whether undefinedEnums would find anything,
+// visiting only the fields through which an enum can be reached and
+// building no paths: every API request and every forwarded write passes
+// through here, and walking every field by reflection with a path string
+// per field showed up in a server's CPU per write (bench/RESULTS.md).
+func hasUndefinedEnum(m protoreflect.Message) bool {
+	p := enumPlanOf(m.Descriptor())
+	for _, fd := range p.fields {
+		if m.Has(fd) && undefinedIn(fd, m.Get(fd)) {
+			return true
+		}
+	}
+	for _, od := range p.oneofs {
+		if fd := m.WhichOneof(od); fd != nil && p.inOneof[fd] && undefinedIn(fd, m.Get(fd)) {
+			return true
+		}
+	}
+	return false
+}
+
+// undefinedIn reports whether field fd's value v holds an undefined enum
+// number, at any depth.
+func undefinedIn(fd protoreflect.FieldDescriptor, v protoreflect.Value) bool {
+	switch {
+	case fd.IsList():
+		l := v.List()
+		for i := 0; i < l.Len(); i++ {
+			if undefinedValue(fd, l.Get(i)) {
+				return true
+			}
+		}
+	case fd.IsMap():
+		found := false
+		v.Map().Range(func(_ protoreflect.MapKey, mv protoreflect.Value) bool {
+			found = undefinedValue(fd.MapValue(), mv)
+			return !found
+		})
+		return found
+	default:
+		return undefinedValue(fd, v)
+	}
+	return false
+}
+
+func undefinedValue(fd protoreflect.FieldDescriptor, v protoreflect.Value) bool {
+	if fd.Kind() == protoreflect.EnumKind {
+		return fd.Enum().Values().ByNumber(v.Enum()) == nil
+	}
+	return hasUndefinedEnum(v.Message())
+}
+
+// enumPlan is what hasUndefinedEnum visits in a message type: the fields
+// that are enums or lead to one (messages, lists and maps of either, at
+// any depth); a oneof is looked at through the member that is set, since
+// asking each member of a large oneof whether it is set costs more.
+type enumPlan struct {
+	fields  []protoreflect.FieldDescriptor // outside oneofs
+	oneofs  []protoreflect.OneofDescriptor
+	inOneof map[protoreflect.FieldDescriptor]bool
+}
+
+var enumPlans sync.Map // protoreflect.MessageDescriptor -> *enumPlan
+
+func enumPlanOf(md protoreflect.MessageDescriptor) *enumPlan {
+	if p, ok := enumPlans.Load(md); ok {
+		return p.(*enumPlan)
+	}
+	p := &enumPlan{inOneof: map[protoreflect.FieldDescriptor]bool{}}
+	all := md.Fields()
+	for i := 0; i < all.Len(); i++ {
+		fd := all.Get(i)
+		v := fd
+		if fd.IsMap() {
+			v = fd.MapValue()
+		}
+		if !reachesEnum(v, map[protoreflect.FullName]bool{md.FullName(): true}) {
+			continue
+		}
+		if od := fd.ContainingOneof(); od != nil {
+			if !slices.Contains(p.oneofs, od) {
+				p.oneofs = append(p.oneofs, od)
+			}
+			p.inOneof[fd] = true
+			continue
+		}
+		p.fields = append(p.fields, fd)
+	}
+	enumPlans.Store(md, p)
+	return p
+}
+
+// reachesEnum reports whether fd is an enum or a message with an enum
+// field at some depth. A message type already being looked at (a
+// recursive type) counts as reaching one, so that it is walked.
+func reachesEnum(fd protoreflect.FieldDescriptor, visiting map[protoreflect.FullName]bool) bool {
+	switch fd.Kind() {
+	case protoreflect.EnumKind:
+		return true
+	case protoreflect.MessageKind, protoreflect.GroupKind:
+	default:
+		return false
+	}
+	md := fd.Message()
+	if visiting[md.FullName()] {
+		return true
+	}
+	visiting[md.FullName()] = true
+	defer delete(visiting, md.FullName())
+	all := md.Fields()
+	for i := 0; i < all.Len(); i++ {
+		f := all.Get(i)
+		if f.IsMap() {
+			f = f.MapValue()
+		}
+		if reachesEnum(f, visiting) {
+			return true
+		}
+	}
+	return false
 }
 
 // definedEnums is the interceptor that applies checkEnums to every request

@@ -150,6 +150,7 @@ func Handler(cfg Config) http.Handler {
 	if cfg.Metrics != nil {
 		mux.Handle("/metrics", cfg.Metrics)
 	}
+	mux.Handle("/debug/pprof/", debugHandler(cfg.ACL, cfg.Backend, cfg.AgentToken))
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/plain")
 		_, _ = w.Write([]byte("ok\n"))

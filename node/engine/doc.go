@@ -23,6 +23,9 @@
 // executor's Process for engines without controls. They are the only code
 // here that talks to an engine; they hold no policy.
 //
+// AcceptsCacheSalt tells the gateway which engine kinds take a per-tenant
+// `cache_salt` (vLLM, sim).
+//
 // The sim subpackage is the built-in engine `gpuplane engine sim`. It
 // answers all three control APIs, so every driver is tested against a real
 // sim engine process.

@@ -18,6 +18,8 @@ type forecast struct {
 	gap  float64
 	dev  float64
 	gaps int
+	// hist is the same gaps' distribution (gaps.go).
+	hist gapHist
 }
 
 // gapAlpha weighs the newest gap: a few arrivals move the estimate, one
@@ -36,6 +38,7 @@ func (f *forecast) observe(now time.Time, halfLife time.Duration) {
 	f.at = now
 	if !f.last.IsZero() {
 		g := now.Sub(f.last).Seconds()
+		f.hist.add(g)
 		if f.gaps == 0 {
 			f.gap, f.dev = g, g/2
 		} else {
@@ -75,4 +78,17 @@ func (f *forecast) expectedWithin(now time.Time, h time.Duration) bool {
 		return false
 	}
 	return !now.After(at.Add(tol)) && !at.After(now.Add(h))
+}
+
+// backWithin is the probability that the model's next request comes
+// within h from now: from the idle-time histogram once it has seen enough
+// gaps, else from the decayed rate as a Poisson process (1 − e^(−λh)).
+func (f *forecast) backWithin(now time.Time, h time.Duration, rate float64) float64 {
+	if f.last.IsZero() {
+		return 0
+	}
+	if p, ok := f.hist.within(now.Sub(f.last), h); ok {
+		return p
+	}
+	return 1 - math.Exp(-rate*h.Minutes())
 }

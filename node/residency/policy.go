@@ -50,7 +50,8 @@ func (c *Controller) stop(r *replica, op ActionKind, trig Trigger, forM ModelID,
 		c.stepEvictions = append(c.stepEvictions, eviction{victim: r.dep.Model, by: forM, at: now})
 	}
 	r.pending, r.drainFor, r.drainTrig = op, forM, trig
-	r.drainBy = now.Add(c.cfg.DrainDeadline)
+	deadline := c.drainDeadline(r, forM)
+	r.drainBy = now.Add(deadline)
 	switch {
 	case r.state == Loading || r.state == Waking || r.state == Sleeping:
 		// Nothing runs on the engine: a load or wake in progress is
@@ -61,8 +62,13 @@ func (c *Controller) stop(r *replica, op ActionKind, trig Trigger, forM ModelID,
 	case r.active > 0 && !skipI3:
 		r.issued = false
 		c.setState(r, Draining, now)
+		if deadline == 0 {
+			c.emit(ActDrain, r, "", trig, forM, in, now, "drain %s, then %s at once: interactive %s does not wait behind its %d active background requests, which are cut off: "+format,
+				append([]any{r.dep.Model, op, forM, r.active}, args...)...)
+			break
+		}
 		c.emit(ActDrain, r, "", trig, forM, in, now, "drain %s, then %s once its %d active requests finish or after %v: "+format,
-			append([]any{r.dep.Model, op, r.active, c.cfg.DrainDeadline}, args...)...)
+			append([]any{r.dep.Model, op, r.active, deadline}, args...)...)
 	default:
 		r.issued = true
 		c.setState(r, Draining, now)
@@ -111,10 +117,14 @@ func (c *Controller) drains(now time.Time) {
 		if r.active == 0 {
 			c.emit(r.pending, r, "", r.drainTrig, r.drainFor, in, now, "%s %s: drained, no requests active; frees %s",
 				r.pending, r.dep.Model, gib(in.Bytes))
+		} else if d := c.drainDeadline(r, r.drainFor); d == 0 {
+			c.emit(r.pending, r, "", r.drainTrig, r.drainFor, in, now,
+				"%s %s: interactive %s does not wait behind background work, %d requests are cut off with an error; frees %s",
+				r.pending, r.dep.Model, r.drainFor, r.active, gib(in.Bytes))
 		} else {
 			c.emit(r.pending, r, "", r.drainTrig, r.drainFor, in, now,
 				"%s %s: drain deadline %v passed, %d requests are cut off with an error; frees %s",
-				r.pending, r.dep.Model, c.cfg.DrainDeadline, r.active, gib(in.Bytes))
+				r.pending, r.dep.Model, d, r.active, gib(in.Bytes))
 		}
 	}
 }
@@ -477,6 +487,11 @@ func (c *Controller) victims(b *replica, trig Trigger, need int64, bValue float6
 		if cand.freed <= 0 {
 			continue
 		}
+		// Lower-class demand takes a higher class's memory only when x is
+		// not expected back during its turn (lend.go).
+		if b.dep.Priority < x.dep.Priority && !reclaim && !c.mayDisplace(b, x, cand.reload, now) {
+			continue
+		}
 		cand.value = c.value(x, cand.reload, cand.freed)
 		if trig == TriggerForecast && cand.value >= bValue {
 			continue
@@ -497,10 +512,24 @@ func (c *Controller) victims(b *replica, trig Trigger, need int64, bValue float6
 	for n, k := range order {
 		freed += c.cands[k].freed
 		if freed >= need {
-			return order[:n+1], true
+			return c.trim(order[:n+1], freed, need), true
 		}
 	}
 	return nil, false
+}
+
+// trim drops from a chosen set the candidates it does not need: the last
+// one chosen made it enough, which can leave cheaper ones taken before it
+// unnecessary (a small sleep taken, then a large one that alone frees
+// enough). The most valuable of those go back first.
+func (c *Controller) trim(chosen []int, freed, need int64) []int {
+	for i := len(chosen) - 2; i >= 0; i-- {
+		if f := c.cands[chosen[i]].freed; freed-f >= need {
+			freed -= f
+			chosen = append(chosen[:i], chosen[i+1:]...)
+		}
+	}
+	return chosen
 }
 
 // serializeIfThrashing records a Serialize decision when b and x have

@@ -63,6 +63,10 @@ type engine struct {
 	draining bool
 	drainAt  time.Time
 	drainOK  bool
+	// drainFor is how long the drain lets requests run: the deadline, or
+	// nothing when background work gives way to interactive demand (SPEC
+	// §8.4: an interactive request never waits behind background work).
+	drainFor time.Duration
 	removed  bool
 	// lent is true from a warm engine's sleep until it loads or wakes.
 	lent bool
@@ -354,9 +358,12 @@ func (w *world) exec(a residency.Action) {
 		if busy && !entitled {
 			w.violate("I3: drain of busy %s (%s) for %s by %s", a.Model, e.dep.Priority, d.For, d.Trigger)
 		}
-		e.draining, e.drainAt, e.drainOK = true, w.now(), true
+		e.draining, e.drainAt, e.drainOK, e.drainFor = true, w.now(), true, w.drainDeadline()
+		if f := w.eng[d.For]; f != nil && f.dep.Priority == residency.Interactive && e.dep.Priority == residency.Background {
+			e.drainFor = 0
+		}
 	case residency.ActSleep, residency.ActEvict, residency.ActUnload:
-		if busy && !operator && !(e.draining && e.drainOK && w.now().Sub(e.drainAt) >= w.drainDeadline()) {
+		if busy && !operator && !(e.draining && e.drainOK && w.now().Sub(e.drainAt) >= e.drainFor) {
 			w.violate("I3: %s of %s with %d in flight, %d queued, without an expired drain", a.Kind, a.Model, len(e.inflight), len(e.queued))
 		}
 		if waited && !entitled {

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -28,9 +29,14 @@ type Config struct {
 	Synthetic []SyntheticStream `json:"synthetic"`
 	// DurationSeconds ends arrivals; 0 means the last trace arrival, or one
 	// hour when there is no trace.
-	DurationSeconds float64         `json:"durationSeconds"`
-	Ollama          OllamaConfig    `json:"ollama"`
-	LlamaSwap       LlamaSwapConfig `json:"llamaswap"`
+	DurationSeconds float64 `json:"durationSeconds"`
+	// WarmupSeconds: requests arriving before it run but are not measured,
+	// nor are the loads, wakes and evictions before it (the benchmark
+	// protocol's warm-up, CONTROLLER-NOTES.md §6(c)): every policy starts
+	// with a cold card.
+	WarmupSeconds float64         `json:"warmupSeconds"`
+	Ollama        OllamaConfig    `json:"ollama"`
+	LlamaSwap     LlamaSwapConfig `json:"llamaswap"`
 
 	path string
 }
@@ -79,6 +85,13 @@ type ModelConfig struct {
 	// SLOTTFTSeconds and SLOTPOTSeconds are the targets; 0 means none.
 	SLOTTFTSeconds float64 `json:"sloTTFTSeconds"`
 	SLOTPOTSeconds float64 `json:"sloTPOTSeconds"`
+	// Adapters are LoRA adapters on this base model, asked for as
+	// "model:adapter" (SPEC §8.4). The engine keeps MaxAdapters (default
+	// 4) loaded and loads another in AdapterLoadSeconds (default 0.2 s,
+	// within the 80–370 ms of CONTROLLER-NOTES §4).
+	Adapters           []string `json:"adapters"`
+	AdapterLoadSeconds float64  `json:"adapterLoadSeconds"`
+	MaxAdapters        int      `json:"maxAdapters"`
 
 	class     queue.Class
 	residency residency.Residency
@@ -109,6 +122,11 @@ type TraceMapping struct {
 	OffsetSeconds float64 `json:"offsetSeconds"`
 	// MaxOutputTokens caps the output of each request (0: no cap).
 	MaxOutputTokens int `json:"maxOutputTokens"`
+	// Adapters: for traces that name none (Azure), AdapterPercent of the
+	// requests (default 100) ask for one of these adapters of the model,
+	// drawn uniformly from the seed.
+	Adapters       []string `json:"adapters"`
+	AdapterPercent float64  `json:"adapterPercent"`
 	// For GenTD26 request traces: Models maps a checkpoint_model_version_id
 	// to a model; rows of other checkpoints go to OtherModel, or are
 	// skipped when it is empty. A request's prompt is prompt_length +
@@ -163,12 +181,18 @@ func LoadConfig(path string) (*Config, error) {
 // ParseConfig checks a config; path names it in errors.
 func ParseConfig(path string, b []byte) (*Config, error) {
 	var c Config
+	at := func(err error) error {
+		if line := lineOf(b, err.Error()); line > 0 {
+			return fmt.Errorf("config %s: line %d: %w", path, line, err)
+		}
+		return fmt.Errorf("config %s: %w", path, err)
+	}
 	if err := yaml.UnmarshalStrict(b, &c); err != nil {
-		return nil, fmt.Errorf("config %s: %w", path, err)
+		return nil, at(err)
 	}
 	c.path = path
 	if err := c.validate(); err != nil {
-		return nil, fmt.Errorf("config %s: %w", path, err)
+		return nil, at(err)
 	}
 	return &c, nil
 }
@@ -191,6 +215,9 @@ func (c *Config) validate() error {
 	}
 	if c.DurationSeconds < 0 {
 		return fmt.Errorf("durationSeconds: must be ≥ 0, got %g", c.DurationSeconds)
+	}
+	if c.WarmupSeconds < 0 || c.DurationSeconds > 0 && c.WarmupSeconds >= c.DurationSeconds {
+		return fmt.Errorf("warmupSeconds: must be ≥ 0 and less than durationSeconds, got %g", c.WarmupSeconds)
 	}
 	seen := map[string]bool{}
 	var pinned float64
@@ -286,6 +313,25 @@ func (c *Config) validate() error {
 		if m.KeepAliveSeconds == 0 {
 			m.KeepAliveSeconds = 300
 		}
+		names := map[string]bool{}
+		for j, a := range m.Adapters {
+			if a == "" || strings.Contains(a, ":") {
+				return fmt.Errorf("%s.adapters[%d]: want a non-empty name without ':', got %q", f, j, a)
+			}
+			if names[a] {
+				return fmt.Errorf("%s.adapters[%d]: duplicate adapter %q", f, j, a)
+			}
+			names[a] = true
+		}
+		if m.AdapterLoadSeconds < 0 || m.MaxAdapters < 0 {
+			return fmt.Errorf("%s: adapterLoadSeconds and maxAdapters must be ≥ 0", f)
+		}
+		if m.AdapterLoadSeconds == 0 {
+			m.AdapterLoadSeconds = 0.2
+		}
+		if m.MaxAdapters == 0 {
+			m.MaxAdapters = 4
+		}
 		if m.residency == residency.Pinned {
 			pinned += m.MemoryGiB
 		}
@@ -354,6 +400,17 @@ func (c *Config) validate() error {
 			if !seen[m] {
 				return fmt.Errorf("%s.models[%s]: model %q is not in models", f, ck, m)
 			}
+		}
+		for j, a := range t.Adapters {
+			if t.Model == "" || !slices.Contains(c.Models[c.model(t.Model)].Adapters, a) {
+				return fmt.Errorf("%s.adapters[%d]: adapter %q is not in the adapters of the entry's model %q", f, j, a, t.Model)
+			}
+		}
+		if t.AdapterPercent < 0 || t.AdapterPercent > 100 {
+			return fmt.Errorf("%s.adapterPercent: must be in [0, 100], got %g", f, t.AdapterPercent)
+		}
+		if t.AdapterPercent == 0 {
+			t.AdapterPercent = 100
 		}
 		if t.TimeScale < 0 || t.OffsetSeconds < 0 || t.MaxOutputTokens < 0 {
 			return fmt.Errorf("%s: timeScale, offsetSeconds and maxOutputTokens must be ≥ 0", f)
@@ -430,6 +487,24 @@ func (c *Config) model(name string) int {
 		}
 	}
 	return -1
+}
+
+// modelRef resolves "model" or "model:adapter" (SPEC §8.4) to the model's
+// index and the adapter's number (its index + 1; 0 for the base model).
+func (c *Config) modelRef(ref string) (model, adapter int, err error) {
+	name, ad, hasAdapter := strings.Cut(ref, ":")
+	model = c.model(name)
+	if model < 0 {
+		return -1, 0, fmt.Errorf("%q is not in config %s", name, c.path)
+	}
+	if !hasAdapter {
+		return model, 0, nil
+	}
+	i := slices.Index(c.Models[model].Adapters, ad)
+	if i < 0 {
+		return -1, 0, fmt.Errorf("adapter %q is not in config %s's models[%d] (%s).adapters", ad, c.path, model, name)
+	}
+	return model, i + 1, nil
 }
 
 func bytesOf(g float64) int64 { return int64(g * gib) }

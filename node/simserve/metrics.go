@@ -36,13 +36,18 @@ type Result struct {
 	ColdLoadsPerHour   float64      `json:"coldLoadsPerHour"`
 	WakesPerHour       float64      `json:"wakesPerHour"`
 	// Evictions: engines stopped or put to sleep to make room for another.
-	Evictions                 int     `json:"evictions"`
+	Evictions int `json:"evictions"`
+	// AdapterLoadsPerHour: LoRA adapters loaded onto running engines.
+	AdapterLoadsPerHour       float64 `json:"adapterLoadsPerHour"`
 	BackgroundTokensPerSecond float64 `json:"backgroundTokensPerSecond"`
 	// FairnessGapPercent: the largest gap in weight-normalised service
 	// (prompt and generated tokens) between two equal-weight tenants of one
-	// model, counted while both had requests waiting, as a share of the
-	// larger (see metrics.fairnessGap).
+	// model over a window in which both had requests waiting throughout,
+	// as a share of the larger (see metrics.fairnessGap).
 	FairnessGapPercent float64 `json:"fairnessGapPercent"`
+	// FairnessWindows counts the windows judged (both tenants backlogged
+	// throughout, served at least 40 times the largest request in it).
+	FairnessWindows int `json:"fairnessWindows"`
 	// LedgerViolations: the residency controller's reported violations
 	// (gpuplane) plus the simulator's own count of times the engines held
 	// more than the card's usable memory (every policy).
@@ -75,16 +80,25 @@ type metrics struct {
 	models           []modelMet
 	coldLoads, wakes int
 	evictions        int
+	adapterLoads     int
+	// measuring is set once the warm-up is over: the engine events counted
+	// before it are taken off (atWarmup).
+	measuring        bool
+	atWarmup         [4]int
 	ctrlViolations   int
 	memoryViolations int
 	rejectedByStatus map[int]int
 	tenantIdx        map[string]int
 	weights          []float64
-	backlogged       [][]int       // [model][tenant] requests waiting
-	pair             [][][]float64 // [model][a][b]: a's service while a and b were backlogged
-	largest          []int         // [model] largest request (prompt+output)
-	duration         float64
-	bgTokens         int64
+	backlogged       [][]int // [model][tenant] requests waiting
+	// windows[model][a][b] (a < b) is the pair's current window; fairGap
+	// the largest gap of a window closed so far, over fairWindows windows.
+	windows     [][][]fairWindow
+	fairGap     float64
+	fairWindows int
+	largest     []int // [model] largest request (prompt+output)
+	duration    float64
+	bgTokens    int64
 }
 
 func newMetrics(cfg *Config) *metrics {
@@ -95,49 +109,115 @@ func newMetrics(cfg *Config) *metrics {
 	}
 	for range cfg.Models {
 		m.backlogged = append(m.backlogged, make([]int, len(cfg.Tenants)))
-		p := make([][]float64, len(cfg.Tenants))
-		for i := range p {
-			p[i] = make([]float64, len(cfg.Tenants))
+		w := make([][]fairWindow, len(cfg.Tenants))
+		for i := range w {
+			w[i] = make([]fairWindow, len(cfg.Tenants))
 		}
-		m.pair = append(m.pair, p)
+		m.windows = append(m.windows, w)
 	}
 	m.largest = make([]int, len(cfg.Models))
+	m.measuring = cfg.WarmupSeconds == 0
 	return m
 }
 
 func (m *metrics) arrive(r *request) {
+	if r.warmup {
+		return
+	}
 	m.models[r.a.Model].requests++
 	m.largest[r.a.Model] = max(m.largest[r.a.Model], r.a.PromptTokens+r.a.OutputTokens)
 }
 
 func (m *metrics) backlog(r *request, waiting bool) {
-	d := 1
-	if !waiting {
-		d = -1
-	}
-	m.backlogged[r.a.Model][m.tenantIdx[r.a.Tenant]] += d
-}
-
-// serve counts tokens of service to r's tenant towards every pair of
-// equal-weight tenants of the same model that are both backlogged (requests
-// waiting) now: VTC's bound is on exactly that, the service difference
-// while both are backlogged. The simulator charges service before any
-// backlog changes, so each token is counted under the backlog it was
-// served in.
-func (m *metrics) serve(r *request, tokens float64) {
-	mi, a := r.a.Model, m.tenantIdx[r.a.Tenant]
-	bl := m.backlogged[mi]
-	if bl[a] == 0 {
+	if r.warmup {
 		return
 	}
-	for b := range bl {
-		if b != a && bl[b] > 0 && m.weights[a] == m.weights[b] {
-			m.pair[mi][a][b] += tokens / m.weights[a]
+	mi, a := r.a.Model, m.tenantIdx[r.a.Tenant]
+	bl := m.backlogged[mi]
+	was := bl[a] > 0
+	if waiting {
+		bl[a]++
+	} else {
+		bl[a]--
+	}
+	if is := bl[a] > 0; is != was {
+		// Windows of a's pairs with backlogged tenants open or close.
+		for b := range bl {
+			if w := m.window(mi, a, b); w != nil && bl[b] > 0 {
+				if is {
+					w.open = true
+				} else {
+					m.closeWindow(mi, w)
+				}
+			}
 		}
 	}
 }
 
+// serve counts tokens of service to r's tenant in every open window of a
+// pair of equal-weight tenants of its model (see backlog). The simulator
+// charges service before any backlog changes, so each token is counted
+// under the backlog it was served in.
+func (m *metrics) serve(r *request, tokens float64) {
+	if r.warmup {
+		return
+	}
+	mi, a := r.a.Model, m.tenantIdx[r.a.Tenant]
+	for b := range m.backlogged[mi] {
+		if w := m.window(mi, a, b); w != nil && w.open {
+			w.service[side(a, b)] += tokens / m.weights[a]
+			w.largest = max(w.largest, r.a.PromptTokens+r.a.OutputTokens)
+		}
+	}
+}
+
+// fairWindow is one pair's current window: a stretch of time in which both
+// tenants were backlogged, and the service each got in it.
+type fairWindow struct {
+	open    bool
+	service [2]float64
+	// largest is the largest request (prompt + output) served in it.
+	largest int
+}
+
+// window is the window of the pair {a, b} of model mi, or nil when a and b
+// are the same tenant or differ in weight.
+func (m *metrics) window(mi, a, b int) *fairWindow {
+	if a == b || m.weights[a] != m.weights[b] {
+		return nil
+	}
+	return &m.windows[mi][min(a, b)][max(a, b)]
+}
+
+// side is a's index in the service of the pair {a, b}.
+func side(a, b int) int {
+	if a < b {
+		return 0
+	}
+	return 1
+}
+
+// closeWindow ends a pair's window and scores it.
+func (m *metrics) closeWindow(mi int, w *fairWindow) {
+	w.open = false
+	sa, sb, u := w.service[0], w.service[1], w.largest
+	w.service, w.largest = [2]float64{}, 0
+	// VTC promises at most two requests' worth (2U, U the largest
+	// request served in the window) of difference over such a window,
+	// which is at most 4U/S of the larger share when the pair was served S
+	// together. Only windows with S ≥ 40U, where a fair scheduler is held
+	// to a 10% gap, are judged; in shorter ones a single request decides.
+	if u == 0 || sa+sb < 40*float64(u) {
+		return
+	}
+	m.fairWindows++
+	m.fairGap = max(m.fairGap, (max(sa, sb)-min(sa, sb))/max(sa, sb))
+}
+
 func (m *metrics) end(r *request, o outcome, status int, now float64) {
+	if r.warmup {
+		return
+	}
 	mm := &m.models[r.a.Model]
 	cfg := &m.cfg.Models[r.a.Model]
 	switch o {
@@ -163,9 +243,18 @@ func (m *metrics) end(r *request, o outcome, status int, now float64) {
 	}
 }
 
+// startMeasuring ends the warm-up: engine events so far are not counted.
+func (m *metrics) startMeasuring() {
+	m.measuring = true
+	m.atWarmup = [4]int{m.coldLoads, m.wakes, m.evictions, m.adapterLoads}
+}
+
 // sample runs every tick: it brings the running requests' service up to
 // date.
 func (m *metrics) sample(s *sim) {
+	if !m.measuring && s.now >= m.cfg.WarmupSeconds {
+		m.startMeasuring()
+	}
 	for _, e := range s.engines {
 		for _, r := range e.running {
 			s.charge(r)
@@ -173,30 +262,30 @@ func (m *metrics) sample(s *sim) {
 	}
 }
 
-// fairnessGap is the largest gap, over pairs of equal-weight tenants of one
-// model, between their normalized service while both were backlogged, as a
-// share of the larger. Pairs are counted once they were served at least 20
-// times the model's largest request together: below that, one request is
-// a large share of the total and VTC itself only promises 2 requests' worth.
+// fairnessGap is the largest gap in weight-normalised service between two
+// equal-weight tenants of one model over a window in which both were
+// backlogged throughout, as a share of the larger: VTC's bound (and what a
+// user sees) is about such windows. Across windows the scheduler rightly
+// forgives: a tenant that stops sending is not owed the service it did
+// not ask for. Windows still open at the end are scored then.
 func (m *metrics) fairnessGap() float64 {
-	gap := 0.0
-	for mi := range m.pair {
-		for a := range m.pair[mi] {
-			for b := a + 1; b < len(m.pair[mi]); b++ {
-				sa, sb := m.pair[mi][a][b], m.pair[mi][b][a]
-				hi := max(sa, sb)
-				if sa+sb < 20*float64(m.largest[mi]) || hi == 0 {
-					continue
+	for mi := range m.windows {
+		for a := range m.windows[mi] {
+			for b := a + 1; b < len(m.windows[mi]); b++ {
+				if w := &m.windows[mi][a][b]; w.open {
+					m.closeWindow(mi, w)
 				}
-				gap = max(gap, (hi-min(sa, sb))/hi)
 			}
 		}
 	}
-	return gap
+	return m.fairGap
 }
 
 func (m *metrics) finish(s *sim) {
-	m.duration = s.end
+	m.duration = s.end - m.cfg.WarmupSeconds
+	if !m.measuring {
+		m.startMeasuring()
+	}
 	// What never ended by the hard end failed.
 	for _, e := range s.engines {
 		for _, r := range append(append([]*request(nil), e.running...), e.waiting...) {
@@ -266,15 +355,18 @@ func (m *metrics) result(policy string) Result {
 	}
 	r.InteractiveTTFTP95 = round(percentile(inter, 95), 3)
 	r.TPOTP95 = round(percentile(tpot, 95), 4)
-	r.ColdLoads, r.Wakes, r.Evictions = m.coldLoads, m.wakes, m.evictions
+	r.ColdLoads, r.Wakes, r.Evictions = m.coldLoads-m.atWarmup[0], m.wakes-m.atWarmup[1], m.evictions-m.atWarmup[2]
+	adapterLoads := m.adapterLoads - m.atWarmup[3]
 	if hours > 0 {
-		r.ColdLoadsPerHour = round(float64(m.coldLoads)/hours, 1)
-		r.WakesPerHour = round(float64(m.wakes)/hours, 1)
+		r.ColdLoadsPerHour = round(float64(r.ColdLoads)/hours, 1)
+		r.WakesPerHour = round(float64(r.Wakes)/hours, 1)
+		r.AdapterLoadsPerHour = round(float64(adapterLoads)/hours, 1)
 	}
 	if m.duration > 0 {
 		r.BackgroundTokensPerSecond = round(float64(m.bgTokens)/m.duration, 1)
 	}
 	r.FairnessGapPercent = round(100*m.fairnessGap(), 2)
+	r.FairnessWindows = m.fairWindows
 	r.LedgerViolations = m.ctrlViolations + m.memoryViolations
 	return r
 }
@@ -302,7 +394,14 @@ func WriteTable(w io.Writer, rs []Result) error {
 		}
 		row("SLO % "+c, func(r Result) string { return num(r.SLOAttainment[c]) })
 	}
-	row("interactive TTFT p95 s", func(r Result) string { return num(r.InteractiveTTFTP95) })
+	row("interactive TTFT p95 s", func(r Result) string {
+		for _, m := range r.Models {
+			if m.Class == "interactive" && m.Completed > 0 {
+				return num(r.InteractiveTTFTP95)
+			}
+		}
+		return "-"
+	})
 	row("TPOT p95 s", func(r Result) string { return num(r.TPOTP95) })
 	for i := range rs[0].Models {
 		name := rs[0].Models[i].Model
@@ -321,8 +420,11 @@ func WriteTable(w io.Writer, rs []Result) error {
 	row("cold loads /h", func(r Result) string { return num(r.ColdLoadsPerHour) })
 	row("wakes /h", func(r Result) string { return num(r.WakesPerHour) })
 	row("evictions", func(r Result) string { return fmt.Sprint(r.Evictions) })
+	row("adapter loads /h", func(r Result) string { return num(r.AdapterLoadsPerHour) })
 	row("background tok/s", func(r Result) string { return num(r.BackgroundTokensPerSecond) })
-	row("fairness gap %", func(r Result) string { return num(r.FairnessGapPercent) })
+	row("fairness gap % (windows)", func(r Result) string {
+		return fmt.Sprintf("%g (%d)", r.FairnessGapPercent, r.FairnessWindows)
+	})
 	row("ledger violations", func(r Result) string { return fmt.Sprint(r.LedgerViolations) })
 	return tw.Flush()
 }

@@ -51,15 +51,21 @@ type request struct {
 	// prefill, first and total are solo-seconds of work: the prompt done,
 	// the first token out, the last token out.
 	prefill, first, total float64
-	done                  float64
-	started               float64
-	firstAt               float64
+	// adapterWork is the adapter load included in them (0: none needed at
+	// its last start).
+	adapterWork float64
+	done        float64
+	started     float64
+	firstAt     float64
 	// charged is the output tokens counted for fairness so far.
 	charged int
 	waiting bool
 	ended   bool
 	// stream is the closed-loop stream (index+1) that sent it, or 0.
 	stream int
+	// warmup is true for a request that arrived during the warm-up: it
+	// runs but is not measured.
+	warmup bool
 }
 
 // generated is the output tokens produced so far.
@@ -87,6 +93,9 @@ type engine struct {
 	draining    bool
 	// lastUse is when the engine last finished a request or loaded.
 	lastUse float64
+	// adapters are the LoRA adapters loaded on the engine (Arrival.Adapter
+	// numbers), least recently used first.
+	adapters []int
 }
 
 func (e *engine) busy() bool { return len(e.running) > 0 }
@@ -357,6 +366,8 @@ func (s *sim) cutOff(e *engine) []*request {
 		s.charge(r)
 	}
 	e.running, e.waiting, e.draining = e.running[:0], e.waiting[:0], false
+	// Asleep or stopped, the engine keeps no adapter on the card.
+	e.adapters = e.adapters[:0]
 	for _, r := range cut {
 		r.eng = nil
 	}
@@ -408,6 +419,7 @@ func (s *sim) admit(e *engine) {
 		}
 		e.waiting = e.waiting[1:]
 		r.started, r.done, r.firstAt = s.now, 0, -1
+		s.useAdapter(e, r)
 		s.met.serve(r, float64(r.a.PromptTokens))
 		s.setWaiting(r, false)
 		e.running = append(e.running, r)
@@ -417,11 +429,35 @@ func (s *sim) admit(e *engine) {
 	}
 }
 
+// useAdapter makes r's adapter resident on e as r starts: an adapter not
+// loaded costs the model's AdapterLoadSeconds of the request's time before
+// its prefill (the engine loads it while the batch runs on, as vLLM's
+// runtime LoRA loading does), and the least recently used one leaves when
+// more than MaxAdapters would be loaded. Adapters share the base model's
+// weights; their memory is neglected.
+func (s *sim) useAdapter(e *engine, r *request) {
+	need := 0.0
+	if a := r.a.Adapter; a > 0 {
+		if i := slices.Index(e.adapters, a); i >= 0 {
+			e.adapters = append(slices.Delete(e.adapters, i, i+1), a)
+		} else {
+			need = e.m.AdapterLoadSeconds
+			s.met.adapterLoads++
+			e.adapters = append(e.adapters, a)
+			if len(e.adapters) > e.m.MaxAdapters {
+				e.adapters = slices.Delete(e.adapters, 0, 1)
+			}
+		}
+	}
+	d := need - r.adapterWork
+	r.prefill, r.first, r.total, r.adapterWork = r.prefill+d, r.first+d, r.total+d, need
+}
+
 // newRequest makes the request of an arrival; its work follows the model.
 func (s *sim) newRequest(a Arrival) *request {
 	m := &s.cfg.Models[a.Model]
 	s.nreq++
-	r := &request{a: a, seq: s.nreq, class: m.class, firstAt: -1}
+	r := &request{a: a, seq: s.nreq, class: m.class, firstAt: -1, warmup: a.Time < s.cfg.WarmupSeconds}
 	if m.PrefillTokensPerSecond > 0 {
 		r.prefill = float64(a.PromptTokens) / m.PrefillTokensPerSecond
 	}

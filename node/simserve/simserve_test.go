@@ -2,6 +2,7 @@ package simserve
 
 import (
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -293,11 +294,12 @@ func TestBadInput(t *testing.T) {
 		want      []string
 	}{
 		{"pinned exceed card", strings.ReplaceAll(strings.Replace(smallCard, "residency: warm, ", "", 1), "memoryGiB: 5,", "residency: pinned, memoryGiB: 5,"),
-			[]string{"cfg.yaml", "pinned models need 25.00 GiB", "usable 15.20 GiB"}},
-		{"unknown field", smallCard + "colour: red\n", []string{"cfg.yaml", "colour"}},
-		{"bad class", strings.Replace(smallCard, "class: background", "class: batchy", 1), []string{"cfg.yaml", "models[4] (e).class", "batchy"}},
-		{"model too big", strings.Replace(smallCard, "memoryGiB: 5, loadSeconds", "memoryGiB: 50, loadSeconds", 1), []string{"models[0] (a).peakGiB", "does not fit"}},
-		{"synthetic unknown model", smallCard + "synthetic: [{model: zz, ratePerSecond: 1}]\n", []string{"synthetic[0].model", "zz"}},
+			[]string{"cfg.yaml", "line 3:", "pinned models need 25.00 GiB", "usable 15.20 GiB"}},
+		{"unknown field", smallCard + "colour: red\n", []string{"cfg.yaml", "line 12:", "colour"}},
+		{"bad class", strings.Replace(smallCard, "class: background", "class: batchy", 1), []string{"cfg.yaml", "line 8:", "models[4] (e).class", "batchy"}},
+		{"model too big", strings.Replace(smallCard, "memoryGiB: 5, loadSeconds", "memoryGiB: 50, loadSeconds", 1), []string{"line 4:", "models[0] (a).peakGiB", "does not fit"}},
+		{"synthetic unknown model", smallCard + "synthetic: [{model: zz, ratePerSecond: 1}]\n", []string{"line 12:", "synthetic[0].model", "zz"}},
+		{"bad card", strings.Replace(smallCard, "memoryGiB: 16", "memoryGiB: -1", 1), []string{"line 2:", "card.memoryGiB", "must be > 0"}},
 	} {
 		t.Run("config "+tc.name, func(t *testing.T) {
 			_, err := ParseConfig("cfg.yaml", []byte(tc.cfg))
@@ -334,6 +336,9 @@ synthetic:
 	gp := mustRun(t, cfg, w, "gpuplane", nil)
 	st := mustRun(t, cfg, w, "static", nil)
 	t.Logf("fairness gap: gpuplane %.1f%%, static %.1f%%", gp.FairnessGapPercent, st.FairnessGapPercent)
+	if gp.FairnessWindows == 0 || st.FairnessWindows == 0 {
+		t.Errorf("windows judged: gpuplane %d, static %d; both tenants stay backlogged, so there must be some", gp.FairnessWindows, st.FairnessWindows)
+	}
 	if gp.FairnessGapPercent > 10 {
 		t.Errorf("gpuplane: fairness gap %.1f%%, want ≤ 10%%", gp.FairnessGapPercent)
 	}
@@ -366,5 +371,116 @@ func TestGenTD26Trace(t *testing.T) {
 	os.WriteFile(p, []byte("gmt_create,predict_type,colour\n"), 0o600)
 	if _, err := ReadTraces(cfg, []string{p}, 1); err == nil || !strings.Contains(err.Error(), `line 1: column 3 "colour": unknown column`) {
 		t.Fatalf("unknown column: %v", err)
+	}
+}
+
+// Requests for adapters run on their base model's engine; an adapter not
+// loaded costs its load time, and the engine keeps maxAdapters of them.
+func TestAdaptersShareTheBaseEngine(t *testing.T) {
+	const cfgYAML = `
+card: {name: test, memoryGiB: 16}
+models:
+  - {name: a, residency: pinned, memoryGiB: 5, loadSeconds: 1, tokensPerSecond: 100, adapters: [x, z], adapterLoadSeconds: 2, maxAdapters: 1}
+tenants: [{name: t1}]
+traces:
+  - {file: "*.jsonl"}
+`
+	for _, tc := range []struct {
+		name    string
+		models  []string
+		slowest float64 // TTFT p99 bound: only a load makes a request slow
+		min     float64
+	}{
+		{"same adapter", []string{"a:x", "a:x", "a:x", "a", "a:x"}, 2.5, 0},
+		{"alternating past maxAdapters", []string{"a:x", "a:z", "a:x", "a:z", "a:x"}, 2.5, 2},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			cfg, err := ParseConfig(filepath.Join(dir, "cfg.yaml"), []byte(cfgYAML))
+			if err != nil {
+				t.Fatal(err)
+			}
+			var b strings.Builder
+			for i, m := range tc.models {
+				fmt.Fprintf(&b, `{"time": %d, "model": %q, "prompt_tokens": 10, "output_tokens": 10}`+"\n", 10+10*i, m)
+			}
+			p := filepath.Join(dir, "t.jsonl")
+			if err := os.WriteFile(p, []byte(b.String()), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			w, err := NewWorkload(cfg, []string{p}, 1)
+			if err != nil {
+				t.Fatal(err)
+			}
+			r := mustRun(t, cfg, w, "gpuplane", nil)
+			m := r.Models[0]
+			if m.Completed != len(tc.models) {
+				t.Fatalf("completed %d of %d", m.Completed, len(tc.models))
+			}
+			loads := map[string]float64{"same adapter": 1, "alternating past maxAdapters": 5}[tc.name]
+			if got := r.AdapterLoadsPerHour * r.DurationSeconds / 3600; math.Abs(got-loads) > 0.1 {
+				t.Errorf("adapter loads %.1f, want %g", got, loads)
+			}
+			if m.TTFTP50 < tc.min || m.TTFTP99 > tc.slowest {
+				t.Errorf("TTFT p50 %g p99 %g, want p50 ≥ %g, p99 ≤ %g", m.TTFTP50, m.TTFTP99, tc.min, tc.slowest)
+			}
+		})
+	}
+	dir := t.TempDir()
+	cfg, err := ParseConfig(filepath.Join(dir, "cfg.yaml"), []byte(cfgYAML))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := filepath.Join(dir, "bad.jsonl")
+	if err := os.WriteFile(p, []byte(`{"time": 1, "model": "a:x", "prompt_tokens": 1, "output_tokens": 1}`+"\n"+`{"time": 2, "model": "a:zz", "prompt_tokens": 1, "output_tokens": 1}`+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	_, err = NewWorkload(cfg, []string{p}, 1)
+	for _, want := range []string{"bad.jsonl", "line 2", "model", `adapter "zz"`, "(a).adapters"} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("error %v does not say %q", err, want)
+		}
+	}
+}
+
+// Requests that arrive during the warm-up run but are not measured.
+func TestWarmupIsNotMeasured(t *testing.T) {
+	cfg, w := setup(t, smallCard+"warmupSeconds: 300\n", 400, 1)
+	before := 0
+	for _, a := range w.Arrivals {
+		if a.Time < 300 {
+			before++
+		}
+	}
+	if before == 0 || before == len(w.Arrivals) {
+		t.Fatalf("%d of %d arrivals in the warm-up: the trace does not straddle it", before, len(w.Arrivals))
+	}
+	for _, p := range Policies {
+		r := mustRun(t, cfg, w, p, nil)
+		if r.Requests != len(w.Arrivals)-before || r.DurationSeconds != w.End-300 {
+			t.Errorf("%s: %d requests over %gs measured, want %d over %gs", p, r.Requests, r.DurationSeconds, len(w.Arrivals)-before, w.End-300)
+		}
+	}
+}
+
+// The example configs parse and run (synthetic traffic only, ten minutes)
+// without a ledger violation.
+func TestExampleConfigsRun(t *testing.T) {
+	for _, name := range []string{"home.yaml", "team.yaml"} {
+		t.Run(name, func(t *testing.T) {
+			cfg, err := LoadConfig(filepath.Join("..", "..", "examples", "serve", name))
+			if err != nil {
+				t.Fatal(err)
+			}
+			cfg.DurationSeconds = 900
+			w, err := NewWorkload(cfg, nil, 1)
+			if err != nil {
+				t.Fatal(err)
+			}
+			r := mustRun(t, cfg, w, "gpuplane", nil)
+			if r.LedgerViolations != 0 || r.Completed == 0 {
+				t.Fatalf("%d violations, %d completed", r.LedgerViolations, r.Completed)
+			}
+		})
 	}
 }

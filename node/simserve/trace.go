@@ -27,6 +27,9 @@ type Arrival struct {
 	Tenant       string
 	PromptTokens int
 	OutputTokens int
+	// Adapter is the LoRA adapter asked for: its index in the model's
+	// adapters + 1, or 0 for the base model.
+	Adapter int
 	// order breaks ties between equal times: file, then line.
 	order int
 }
@@ -34,9 +37,12 @@ type Arrival struct {
 // jsonlRecord is gpuplane's trace format, one JSON object a line:
 //
 //	{"time": 1.25, "model": "chat", "tenant": "alice", "prompt_tokens": 812, "output_tokens": 256}
+//	{"time": 1.5, "model": "chat:sql", "prompt_tokens": 90, "output_tokens": 40}
 //
-// time is seconds from the trace's start, non-decreasing; tenant is
-// optional (drawn from the mapping's tenants when absent).
+// time is seconds from the trace's start, non-decreasing; model is a
+// model of the config, or "model:adapter" for one of its adapters; tenant
+// is optional (drawn from the mapping's tenants when absent). Unknown
+// fields are errors.
 type jsonlRecord struct {
 	Time         *float64 `json:"time"`
 	Model        string   `json:"model"`
@@ -214,7 +220,11 @@ func readAzure(cfg *Config, path string, mp TraceMapping, rng *rand.Rand) (out [
 		if mp.MaxOutputTokens > 0 {
 			outTok = min(outTok, mp.MaxOutputTokens)
 		}
-		out = append(out, Arrival{Time: t, Model: model, Tenant: pickTenant(cfg, mp.Tenants, rng), PromptTokens: in, OutputTokens: outTok})
+		a := Arrival{Time: t, Model: model, Tenant: pickTenant(cfg, mp.Tenants, rng), PromptTokens: in, OutputTokens: outTok}
+		if len(mp.Adapters) > 0 && rng.Float64()*100 < mp.AdapterPercent {
+			a.Adapter = 1 + slices.Index(cfg.Models[model].Adapters, mp.Adapters[rng.IntN(len(mp.Adapters))])
+		}
+		out = append(out, a)
 	}
 	return out, start, nil
 }
@@ -263,9 +273,9 @@ func readJSONL(cfg *Config, path string, mp TraceMapping, rng *rand.Rand) ([]Arr
 		if mp.Model != "" {
 			name = mp.Model
 		}
-		m := cfg.model(name)
-		if m < 0 {
-			return nil, fmt.Errorf("trace %s: line %d: model: %q is not in config %s", path, line, name, cfg.path)
+		m, adapter, err := cfg.modelRef(name)
+		if err != nil {
+			return nil, fmt.Errorf("trace %s: line %d: model: %w", path, line, err)
 		}
 		tenant := rec.Tenant
 		if tenant == "" {
@@ -277,7 +287,7 @@ func readJSONL(cfg *Config, path string, mp TraceMapping, rng *rand.Rand) ([]Arr
 		if mp.MaxOutputTokens > 0 {
 			o = min(o, mp.MaxOutputTokens)
 		}
-		out = append(out, Arrival{Time: *rec.Time, Model: m, Tenant: tenant, PromptTokens: *rec.PromptTokens, OutputTokens: o})
+		out = append(out, Arrival{Time: *rec.Time, Model: m, Adapter: adapter, Tenant: tenant, PromptTokens: *rec.PromptTokens, OutputTokens: o})
 	}
 	if err := sc.Err(); err != nil {
 		return nil, fmt.Errorf("trace %s: %w", path, err)
@@ -419,9 +429,21 @@ func readGenTD(cfg *Config, path string, mp TraceMapping) ([]Arrival, error) {
 		if !complete {
 			continue
 		}
+		loras, _, err := num(line, rec, 10)
+		if err != nil {
+			return nil, err
+		}
 		h := fnv.New32a()
 		h.Write([]byte(rec[4]))
-		out = append(out, Arrival{Time: t, Model: cfg.model(model), Tenant: tenants[int(h.Sum32()%uint32(len(tenants)))],
+		group := h.Sum32()
+		mi := cfg.model(model)
+		// A request with LoRAs uses its tenant's adapter of the model: the
+		// trace does not say which, so a group keeps to one.
+		adapter := 0
+		if n := len(cfg.Models[mi].Adapters); loras > 0 && n > 0 {
+			adapter = 1 + int(group/7%uint32(n))
+		}
+		out = append(out, Arrival{Time: t, Model: mi, Adapter: adapter, Tenant: tenants[int(group%uint32(len(tenants)))],
 			PromptTokens: int(v[0] + v[1]), OutputTokens: int(v[2] * v[3] * mp.TokensPerImageStep)})
 		if mp.MaxOutputTokens > 0 {
 			out[len(out)-1].OutputTokens = min(out[len(out)-1].OutputTokens, mp.MaxOutputTokens)

@@ -238,6 +238,7 @@ func (a *Agent) raftAddr(host string) string {
 }
 
 func (a *Agent) startCluster() error {
+	libraryMetrics() // before Raft starts, so that its first measurements count
 	fw := &rpc.Forwarder{HTTP: a.sec.peerHTTP}
 	c, err := cluster.New(cluster.Config{
 		NodeName:        a.cfg.NodeName,

@@ -10,9 +10,9 @@ import (
 	"github.com/gpuplane/gpuplane/fsm"
 )
 
-// metricsHandler serves /metrics: the Go runtime and process, and the node's
-// view of the cluster read from its local state when scraped (no series is
-// kept up to date in the background).
+// metricsHandler serves /metrics: the Go runtime and process, the node's
+// view of the cluster read from its local state when scraped, and Raft's own
+// metrics (raftmetrics.go).
 func (a *Agent) metricsHandler() http.Handler {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
@@ -42,6 +42,9 @@ func (a *Agent) metricsHandler() http.Handler {
 		replicas: prometheus.NewDesc("gpuplane_replicas", "Replicas by state, as this node's state says.", []string{"state"}, nil),
 		cards:    prometheus.NewDesc("gpuplane_cards", "Cards by device kind, and how many are not bound to an accelerator.", []string{"device", "bound"}, nil),
 	})
+	if lib := libraryMetrics(); lib != nil {
+		reg.MustRegister(lib)
+	}
 	return promhttp.HandlerFor(reg, promhttp.HandlerOpts{})
 }
 

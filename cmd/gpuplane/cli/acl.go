@@ -19,9 +19,10 @@ var roleNames = []string{"read", "operator", "admin"}
 func newACLCommand(g *globals) *cobra.Command {
 	return newGroupCommand("acl", "Manage API tokens and roles (agents started with --acl)", nil,
 		newACLBootstrapCommand(g),
-		newGroupCommand("token", "Create, list and delete tokens", []string{"tokens"},
+		newGroupCommand("token", "Create, list, show and delete tokens", []string{"tokens"},
 			newTokenCreateCommand(g),
 			newTokenListCommand(g),
+			newTokenGetCommand(g),
 			newTokenDeleteCommand(g),
 		),
 		newWhoAmICommand(g),
@@ -51,9 +52,10 @@ func newACLBootstrapCommand(g *globals) *cobra.Command {
 }
 
 func newTokenCreateCommand(g *globals) *cobra.Command {
-	var name, role string
+	var name, role, tenant string
+	var weight float64
 	c := &cobra.Command{
-		Use:   "create --name NAME --role read|operator|admin",
+		Use:   "create --name NAME --role read|operator|admin [--tenant T] [--weight W]",
 		Short: "Create a token; prints its secret, which is never shown again",
 		Args:  argsNamed(),
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -68,7 +70,13 @@ func newTokenCreateCommand(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			resp, err := api.ACL.CreateToken(ctx(cmd), connect.NewRequest(&pb.CreateTokenRequest{Name: name, Role: r}))
+			req := &pb.CreateTokenRequest{Name: name, Role: r, Tenant: tenant}
+			// Sent only when given, so the server checks an explicit
+			// --weight 0 rather than taking it for the default.
+			if cmd.Flags().Changed("weight") {
+				req.Weight = &weight
+			}
+			resp, err := api.ACL.CreateToken(ctx(cmd), connect.NewRequest(req))
 			if err != nil {
 				return err
 			}
@@ -77,6 +85,8 @@ func newTokenCreateCommand(g *globals) *cobra.Command {
 	}
 	c.Flags().StringVar(&name, "name", "", "token name: the actor its changes are logged under")
 	c.Flags().StringVar(&role, "role", "", "read (sees everything, changes nothing), operator (also accelerators and deployments) or admin (also nodes, tokens and the cluster)")
+	c.Flags().StringVar(&tenant, "tenant", "", "the gateway tenant its requests are served as (default: the token's name)")
+	c.Flags().Float64Var(&weight, "weight", fsm.DefaultTokenWeight, fmt.Sprintf("the tenant's weight in the gateway's fair queues, above 0 and at most %s", fsm.FormatWeight(fsm.MaxTokenWeight)))
 	_ = c.RegisterFlagCompletionFunc("role", cobra.FixedCompletions(roleNames, cobra.ShellCompDirectiveNoFileComp))
 	return c
 }
@@ -85,7 +95,7 @@ func newTokenListCommand(g *globals) *cobra.Command {
 	var stale bool
 	c := &cobra.Command{
 		Use:   "list",
-		Short: "List tokens by name and role (never their secrets)",
+		Short: "List tokens by name, role and tenant (never their secrets)",
 		Args:  argsNamed(),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			api, err := g.api(cmd)
@@ -97,13 +107,47 @@ func newTokenListCommand(g *globals) *cobra.Command {
 				return err
 			}
 			toks := resp.Msg.GetTokens()
-			return g.printList(messages(toks), tableOf([]string{"NAME", "ROLE", "CREATED"}, toks, func(t *pb.ACLToken) []string {
-				return []string{t.GetName(), fsm.RoleString(t.GetRole()), itoa(t.GetCreatedIndex())}
-			}))
+			return g.printList(messages(toks), tokenTable(toks))
 		},
 	}
 	addStaleFlag(c, &stale)
 	return c
+}
+
+func newTokenGetCommand(g *globals) *cobra.Command {
+	var stale bool
+	c := &cobra.Command{
+		Use:   "get NAME",
+		Short: "Show one token's role and tenant (never its secret)",
+		Args:  argsNamed("NAME"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			api, err := g.api(cmd)
+			if err != nil {
+				return err
+			}
+			resp, err := api.ACL.ListTokens(ctx(cmd), connect.NewRequest(&pb.ListTokensRequest{Stale: stale}))
+			if err != nil {
+				return err
+			}
+			for _, t := range resp.Msg.GetTokens() {
+				if t.GetName() == args[0] {
+					return g.printObject(t, tokenTable([]*pb.ACLToken{t}))
+				}
+			}
+			return fmt.Errorf("token %q not found", args[0])
+		},
+	}
+	addStaleFlag(c, &stale)
+	return c
+}
+
+// tokenTable shows tokens with the tenant and weight the gateway serves
+// them as (the server fills in the defaults).
+func tokenTable(toks []*pb.ACLToken) table {
+	return tableOf([]string{"NAME", "ROLE", "TENANT", "WEIGHT", "CREATED"}, toks, func(t *pb.ACLToken) []string {
+		tenant, weight := fsm.TokenTenant(t)
+		return []string{t.GetName(), fsm.RoleString(t.GetRole()), tenant, fsm.FormatWeight(weight), itoa(t.GetCreatedIndex())}
+	})
 }
 
 func newTokenDeleteCommand(g *globals) *cobra.Command {
@@ -150,9 +194,11 @@ func newWhoAmICommand(g *globals) *cobra.Command {
 // printSecret prints a new token with its secret, which the server never
 // shows again.
 func (g *globals) printSecret(tok *pb.ACLToken, secret string) error {
-	return g.printValue(map[string]any{"name": tok.GetName(), "role": fsm.RoleString(tok.GetRole()), "secret": secret, "index": tok.GetCreatedIndex()},
+	tenant, weight := fsm.TokenTenant(tok)
+	return g.printValue(map[string]any{"name": tok.GetName(), "role": fsm.RoleString(tok.GetRole()), "tenant": tenant, "weight": weight,
+		"secret": secret, "index": tok.GetCreatedIndex()},
 		func(w io.Writer) error {
-			fmt.Fprintf(w, "token/%s created with role %s\n", tok.GetName(), fsm.RoleString(tok.GetRole()))
+			fmt.Fprintf(w, "token/%s created with role %s, tenant %s, weight %s\n", tok.GetName(), fsm.RoleString(tok.GetRole()), tenant, fsm.FormatWeight(weight))
 			fmt.Fprintf(w, "secret: %s\n", secret)
 			fmt.Fprintln(w, "Save the secret now: it is not shown again. Use it with --token or GPUPLANE_TOKEN.")
 			return nil

@@ -47,6 +47,11 @@ llama.cpp's router (GET /models, POST /models/load, /models/unload, GET
 /props, --sleep-idle-seconds) and Ollama (POST /api/generate with
 keep_alive, GET /api/ps).
 
+A prefix cache keyed by the request's cache_salt (vLLM's field; no salt is
+a namespace of its own) and bounded by the KV pool saves the prefill
+(--prefill-tokens-per-second) of the prompt blocks it holds and reports
+them as usage.prompt_tokens_details.cached_tokens.
+
 Sim engines on one card share it: busy engines split its compute by
 --compute-percent, loads and wakes split its copy bandwidth. The executor
 starts it for deployments of engine kind sim, sized to their share.`,
@@ -63,6 +68,9 @@ starts it for deployments of engine kind sim, sized to their share.`,
 			}
 			if cfg.TokensPerSecond < 0 || cfg.BatchSlowdown < 0 {
 				return usageErrorf(cmd, "--tokens-per-second and --batch-slowdown must not be negative")
+			}
+			if cfg.PrefillTokensPerSecond < 0 {
+				return usageErrorf(cmd, "--prefill-tokens-per-second must not be negative")
 			}
 			seconds := func(v float64) time.Duration { return time.Duration(v * float64(time.Second)) }
 			cfg.StartTime, cfg.InitTime, cfg.LoadTime, cfg.WakeTime = seconds(startSeconds), seconds(initSeconds), seconds(loadSeconds), seconds(wakeSeconds)
@@ -99,6 +107,7 @@ starts it for deployments of engine kind sim, sized to their share.`,
 	f.Uint64Var(&cfg.KVKiBPerToken, "kv-kib-per-token", 0, "KV cache per token in flight, in KiB (0: no KV growth)")
 	f.Uint64Var(&cfg.ResidualMiB, "sleep-residual-mib", 0, "GPU memory held while asleep (default: --overhead-mib)")
 	f.Float64Var(&cfg.TokensPerSecond, "tokens-per-second", 50, "generation speed of one stream with the card to itself; 0 answers at once")
+	f.Float64Var(&cfg.PrefillTokensPerSecond, "prefill-tokens-per-second", 0, "prompt tokens per second before the first token, of those the prefix cache (keyed by the request's cache_salt) does not hold; 0: prefill is free")
 	f.Uint32Var(&cfg.ComputePercent, "compute-percent", 0, "compute share: busy engines on a card split its compute in proportion (0 counts as 100)")
 	f.Float64Var(&cfg.BatchSlowdown, "batch-slowdown", 0, "α: with C requests in flight each stream runs at speed/(1+α(C-1))")
 	f.Float64Var(&idleSeconds, "sleep-idle-seconds", -1, "sleep after this many idle seconds, waking on the next request, as llama.cpp (negative: never)")

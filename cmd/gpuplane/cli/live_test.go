@@ -232,13 +232,25 @@ func TestLiveMetricsAndUI(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer a.Close()
-	resp, err := http.Get(a.APIURL() + "/metrics")
+	// A write, so that Raft's own metrics have a commit to report.
+	resp, err := http.Post(a.APIURL()+"/gpuplane.v1.AcceleratorService/CreateAccelerator", "application/json",
+		strings.NewReader(`{"name":"m","spec":{"device":"l4"}}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 200 {
+		t.Fatalf("CreateAccelerator = %d", resp.StatusCode)
+	}
+	resp, err = http.Get(a.APIURL() + "/metrics")
 	if err != nil {
 		t.Fatal(err)
 	}
 	body, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
-	for _, want := range []string{`gpuplane_nodes{status="alive"} 1`, `gpuplane_cards{bound="false",device="l4"} 2`, "gpuplane_raft_leader 1", "gpuplane_residency_violations 0", "go_goroutines"} {
+	for _, want := range []string{`gpuplane_nodes{status="alive"} 1`, `gpuplane_cards{bound="false",device="l4"} 2`, "gpuplane_raft_leader 1", "gpuplane_residency_violations 0", "go_goroutines",
+		// Raft's own, through go-metrics, in snake case.
+		"gpuplane_raft_commit_time{quantile=", "gpuplane_raft_fsm_apply_batch{quantile=", "gpuplane_memberlist_gossip{quantile=", "gpuplane_raft_state_leader"} {
 		if !strings.Contains(string(body), want) {
 			t.Errorf("/metrics lacks %q:\n%s", want, body)
 		}
@@ -262,5 +274,45 @@ func TestLiveMetricsAndUI(t *testing.T) {
 	resp.Body.Close()
 	if resp.StatusCode != 404 {
 		t.Errorf("unknown procedure = %d, want 404", resp.StatusCode)
+	}
+}
+
+// TestLivePprofNeedsAdmin: Go's profiles are served on the API port; with
+// ACLs on, no token is 401 and a read token 403, an admin token gets them.
+func TestLivePprofNeedsAdmin(t *testing.T) {
+	a, run := startResidencyAgent(t, agent.Config{Dev: true, NodeName: "pprof", SecurityConfig: agent.SecurityConfig{ACL: true}})
+	bootOut, errOut, code := run("acl", "bootstrap", "--name", "root")
+	if code != 0 {
+		t.Fatalf("bootstrap: %s%s", bootOut, errOut)
+	}
+	secret := func(out string) string {
+		return strings.TrimSpace(strings.SplitN(strings.SplitN(out, "secret: ", 2)[1], "\n", 2)[0])
+	}
+	root := secret(bootOut)
+	readOut, errOut, code := run("--token", root, "acl", "token", "create", "--name", "viewer", "--role", "read")
+	if code != 0 {
+		t.Fatalf("create read token: %s%s", readOut, errOut)
+	}
+	get := func(token string) (int, string) {
+		req, _ := http.NewRequest("GET", a.APIURL()+"/debug/pprof/goroutine?debug=1", nil)
+		if token != "" {
+			req.Header.Set("Authorization", "Bearer "+token)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(body)
+	}
+	if code, body := get(""); code != 401 || !strings.Contains(body, "ACLs on") {
+		t.Errorf("no token: %d %q, want 401 asking for a token", code, body)
+	}
+	if code, body := get(secret(readOut)); code != 403 || !strings.Contains(body, "needs the admin role") {
+		t.Errorf("read token: %d %q, want 403 naming the admin role", code, body)
+	}
+	if code, body := get(root); code != 200 || !strings.Contains(body, "goroutine profile:") {
+		t.Errorf("admin token: %d, want the goroutine profile; got %.200q", code, body)
 	}
 }

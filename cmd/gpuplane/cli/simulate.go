@@ -113,6 +113,7 @@ Tasks that no node could hold even empty are never drawn (NEVER PLACEABLE).`,
 		},
 	}
 	c.AddCommand(newSimulateServeCommand(g))
+	c.AddCommand(newSimulateInterferenceCommand(g))
 	f := c.Flags()
 	f.StringVar(&nodesPath, "nodes", "", "nodes file: openb node list (.csv) or gpuplane YAML")
 	f.StringVar(&workloadPath, "workload", "", "arrivals: openb pod list (.csv) or gpuplane YAML")

@@ -28,17 +28,22 @@ const serveConfigHelp = `Config (YAML; unknown fields are errors; see examples/s
     (0: prefill is free), batchSlowdown (α, 0.03), computePercent (100),
     maxInFlight (16), kvTokens (KV pool in tokens, 0: unbounded),
     keepAliveSeconds (ollama's keep_alive, 300),
-    sloTTFTSeconds, sloTPOTSeconds (targets; 0: none)
+    sloTTFTSeconds, sloTPOTSeconds (targets; 0: none),
+    adapters (LoRA names, asked for as "model:adapter"), maxAdapters (4
+    loaded at once), adapterLoadSeconds (0.2)
   tenants:    list of {name, weight (1)}
   traces:     list of {file (base-name pattern), path (read when no --trace
               is given, relative to the config; skipped when absent), model,
               tenants (drawn per request from the seed), timeScale (×times,
-              default 1), offsetSeconds, maxOutputTokens; for GenTD26:
-              models {checkpoint: model}, otherModel, tokensPerImageStep}
+              default 1), offsetSeconds, maxOutputTokens, adapters and
+              adapterPercent (share of requests asking for one of these
+              adapters, default 100); for GenTD26: models {checkpoint:
+              model}, otherModel, tokensPerImageStep}
   synthetic:  list of {model, tenants, ratePerSecond (Poisson, open loop) or
               concurrency (closed loop: a batch job), promptTokens,
               outputTokens (uniform ±50%), onSeconds/offSeconds (bursts)}
   durationSeconds: when arrivals stop (default: the last trace arrival, or 1h)
+  warmupSeconds: requests before it run but are not measured (0)
   ollama:     {maxLoaded (3), numParallel (1), maxQueue (512)}
   llamaswap:  {concurrencyLimit (10)}
 
@@ -46,9 +51,11 @@ Traces: the Azure LLM inference trace CSV (TIMESTAMP,ContextTokens,
 GeneratedTokens; a traces entry names its model), the GenTD26 request CSV
 (lora_request_trace_*.csv; prompt = prompt_length + negative_prompt_length,
 output = images × steps × tokensPerImageStep, groupId hashed onto the
-entry's tenants) and gpuplane's JSONL, one
-request a line: {"time": s, "model": m, "tenant": t, "prompt_tokens": n,
-"output_tokens": n} with times non-decreasing.
+entry's tenants, a row with num_lora > 0 asks for its group's adapter of
+the model) and gpuplane's JSONL, one request a line: {"time": s, "model":
+m or "m:adapter", "tenant": t (optional), "prompt_tokens": n,
+"output_tokens": n}, times in seconds, non-decreasing, unknown fields
+rejected.
 
 Policies: gpuplane (node/residency + node/gateway/queue, the agent's code),
 ollama (≤3 loaded, keep_alive 5m, evicts the idle model with the shortest

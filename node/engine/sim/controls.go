@@ -293,6 +293,11 @@ type Status struct {
 	LastLoadSecs  float64 `json:"last_load_seconds"`
 	LastWakeSecs  float64 `json:"last_wake_seconds"`
 	TokensPerSecs float64 `json:"tokens_per_second"`
+	// PrefixCacheTokens is what the prefix cache holds, in tokens;
+	// PrefillTokens counts the prompt tokens computed since the start,
+	// those the cache did not hold.
+	PrefixCacheTokens int   `json:"prefix_cache_tokens"`
+	PrefillTokens     int64 `json:"prefill_tokens"`
 }
 
 func (s *server) status(w http.ResponseWriter, _ *http.Request) {
@@ -308,6 +313,8 @@ func (s *server) snapshot() Status {
 		State: string(st.phase), Level: st.level, MemoryMiB: s.footprintMiB(), HostMiB: s.hostMiB(),
 		KVTokens: st.tokens, InFlight: st.inflight, Waiting: st.waiting, ComputeShare: st.computeFrac, CopyShare: st.copyFrac,
 		LastLoadSecs: st.lastLoad.Seconds(), LastWakeSecs: st.lastWake.Seconds(),
-		TokensPerSecs: s.cfg.TokensPerSecond * st.computeFrac / batch,
+		TokensPerSecs:     s.cfg.TokensPerSecond * st.computeFrac / batch,
+		PrefixCacheTokens: s.cache.tokens(),
+		PrefillTokens:     s.prefilled.Load(),
 	}
 }

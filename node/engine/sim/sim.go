@@ -22,6 +22,11 @@
 // (loads, wakes) split its copy bandwidth equally. So busy neighbours slow
 // each other and concurrent loads take longer, as on a real card.
 //
+// A prefix cache keyed by the request's cache_salt (prefix.go) saves the
+// prefill of the prompt blocks it holds and reports them in
+// usage.prompt_tokens_details.cached_tokens, so tenant isolation (SPEC §8.4)
+// is observable: a tenant never hits another's prompt.
+//
 // It holds no model: replies are generated words. It must never pretend to
 // be healthy before its load time has passed.
 package sim
@@ -72,6 +77,10 @@ type Config struct {
 	// TokensPerSecond paces each stream when the engine has the card to
 	// itself; 0 means no delay.
 	TokensPerSecond float64
+	// PrefillTokensPerSecond paces a prompt's prefill, of the tokens the
+	// prefix cache does not hold, before the first token; 0 means no
+	// delay.
+	PrefillTokensPerSecond float64
 	// ComputePercent is the engine's compute share of its cards, the weight
 	// by which busy engines on a card split its compute; 0 counts as 100.
 	ComputePercent uint32
@@ -116,6 +125,9 @@ func (c Config) Validate() error {
 	}
 	if c.TokensPerSecond < 0 || c.BatchSlowdown < 0 {
 		errs = append(errs, errors.New("--tokens-per-second and --batch-slowdown must not be negative"))
+	}
+	if c.PrefillTokensPerSecond < 0 {
+		errs = append(errs, fmt.Errorf("--prefill-tokens-per-second %g must not be negative", c.PrefillTokensPerSecond))
 	}
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("sim engine: %w", err)
@@ -190,6 +202,10 @@ type server struct {
 	// under the request that asked for them.
 	life   context.Context
 	nextID atomic.Uint64
+	// cache is the prefix cache, keyed by cache_salt (prefix.go);
+	// prefilled counts the prompt tokens computed, those it did not hold.
+	cache     *prefixCache
+	prefilled atomic.Int64
 
 	// ctl serializes transitions (load, sleep, wake, unload).
 	ctl sync.Mutex
@@ -214,6 +230,7 @@ func newServer(cfg Config, life context.Context) *server {
 		cfg: cfg, life: life, pid: os.Getpid(),
 		weightsMiB: cfg.MemoryMiB - cfg.OverheadMiB - cfg.KVPoolMiB,
 		cancels:    map[uint64]context.CancelCauseFunc{},
+		cache:      newPrefixCache(prefixCacheTokens(cfg)),
 	}
 	s.cond = sync.NewCond(&s.mu)
 	s.st.phase, s.st.computeFrac, s.st.copyFrac = phStarting, 1, 1
@@ -261,6 +278,14 @@ type completionRequest struct {
 	Messages  []message `json:"messages"`
 	MaxTokens int       `json:"max_tokens"`
 	Stream    bool      `json:"stream"`
+	// StreamOptions.IncludeUsage adds a last chunk with the usage, as
+	// OpenAI and vLLM do.
+	StreamOptions *struct {
+		IncludeUsage bool `json:"include_usage"`
+	} `json:"stream_options"`
+	// CacheSalt, vLLM's field, is the prefix cache's namespace: absent is
+	// a namespace of its own.
+	CacheSalt *string `json:"cache_salt"`
 }
 
 type message struct {
@@ -299,25 +324,48 @@ func (s *server) complete(w http.ResponseWriter, r *http.Request, chat bool) {
 		apiError(w, http.StatusBadRequest, "messages must not be empty", "invalid_request_error")
 		return
 	}
+	// vLLM's and OpenAI's rules for these two fields.
+	if req.CacheSalt != nil && *req.CacheSalt == "" {
+		apiError(w, http.StatusBadRequest, "cache_salt must be a non-empty string if provided", "invalid_request_error")
+		return
+	}
+	if req.StreamOptions != nil && !req.Stream {
+		apiError(w, http.StatusBadRequest, "stream_options is only allowed when stream is true", "invalid_request_error")
+		return
+	}
 	n := req.MaxTokens
 	if n <= 0 {
 		n = defaultMaxTokens
 	}
-	promptTokens := s.promptTokens(req)
+	prompt := promptWords(req)
+	promptTokens := len(prompt)
 	rq, err := s.admit(r.Context(), promptTokens)
 	if err != nil {
 		s.refuse(w, err)
 		return
 	}
 	defer s.release(rq)
+	blocks := blockHashes(req.CacheSalt, prompt)
+	cached := s.cache.lookup(blocks, promptTokens)
+	err = s.prefill(rq, promptTokens-cached)
+	if err == nil {
+		s.cache.insert(blocks)
+	}
 	tokens := s.reply(n)
 	id := fmt.Sprintf("sim-%d", s.nextID.Add(1))
 	created := time.Now().Unix()
-	if req.Stream {
-		s.stream(w, rq, chat, id, created, tokens)
+	if req.Stream && err == nil {
+		var use func(completion int) map[string]any
+		if req.StreamOptions != nil && req.StreamOptions.IncludeUsage {
+			use = func(completion int) map[string]any { return usage(promptTokens, completion, cached) }
+		}
+		s.stream(w, rq, chat, id, created, tokens, use)
 		return
 	}
-	if err := s.generate(rq, len(tokens), nil); err != nil {
+	if err == nil {
+		err = s.generate(rq, len(tokens), nil)
+	}
+	if err != nil {
 		if errors.Is(err, errAborted) {
 			apiError(w, http.StatusServiceUnavailable, err.Error(), "server_error")
 		}
@@ -335,8 +383,17 @@ func (s *server) complete(w http.ResponseWriter, r *http.Request, chat bool) {
 	writeJSON(w, http.StatusOK, map[string]any{
 		"id": id, "object": object, "created": created, "model": s.cfg.ServedModelName,
 		"choices": []any{choice},
-		"usage":   map[string]int{"prompt_tokens": promptTokens, "completion_tokens": len(tokens), "total_tokens": promptTokens + len(tokens)},
+		"usage":   usage(promptTokens, len(tokens), cached),
 	})
+}
+
+// usage is OpenAI's usage object, with the prompt tokens the prefix cache
+// held.
+func usage(prompt, completion, cached int) map[string]any {
+	return map[string]any{
+		"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+		"prompt_tokens_details": map[string]int{"cached_tokens": cached},
+	}
 }
 
 // refuse answers a request the engine cannot take now with 503 in OpenAI's
@@ -349,8 +406,10 @@ func (s *server) refuse(w http.ResponseWriter, err error) {
 
 // stream sends one server-sent event per token, then [DONE], as OpenAI's
 // streaming API does. A stream cut off by a sleep ends with finish_reason
-// "abort", as vLLM ends aborted requests.
-func (s *server) stream(w http.ResponseWriter, rq *request, chat bool, id string, created int64, tokens []string) {
+// "abort", as vLLM ends aborted requests. With use (stream_options
+// include_usage) every chunk has "usage": null and a last chunk without
+// choices carries the usage of the tokens sent, as OpenAI sends it.
+func (s *server) stream(w http.ResponseWriter, rq *request, chat bool, id string, created int64, tokens []string, use func(completion int) map[string]any) {
 	flusher, _ := w.(http.Flusher)
 	w.Header().Set("Content-Type", "text/event-stream")
 	w.Header().Set("Cache-Control", "no-cache")
@@ -359,10 +418,18 @@ func (s *server) stream(w http.ResponseWriter, rq *request, chat bool, id string
 	if chat {
 		object = "chat.completion.chunk"
 	}
+	sent := 0
 	send := func(choice map[string]any) {
-		data, _ := json.Marshal(map[string]any{
+		chunk := map[string]any{
 			"id": id, "object": object, "created": created, "model": s.cfg.ServedModelName, "choices": []any{choice},
-		})
+		}
+		if use != nil {
+			chunk["usage"] = nil
+			if choice == nil {
+				chunk["choices"], chunk["usage"] = []any{}, use(sent)
+			}
+		}
+		data, _ := json.Marshal(chunk)
 		fmt.Fprintf(w, "data: %s\n\n", data)
 		if flusher != nil {
 			flusher.Flush()
@@ -380,6 +447,7 @@ func (s *server) stream(w http.ResponseWriter, rq *request, chat bool, id string
 			choice["text"] = tokens[i]
 		}
 		send(choice)
+		sent++
 	})
 	final := map[string]any{"index": 0, "finish_reason": "length"}
 	switch {
@@ -394,10 +462,42 @@ func (s *server) stream(w http.ResponseWriter, rq *request, chat bool, id string
 		final["text"] = ""
 	}
 	send(final)
+	if use != nil {
+		send(nil)
+	}
 	fmt.Fprint(w, "data: [DONE]\n\n")
 	if flusher != nil {
 		flusher.Flush()
 	}
+}
+
+// prefill computes a prompt's tokens that the prefix cache did not hold,
+// at PrefillTokensPerSecond slowed as decoding is (rate): a cache hit
+// shortens it in proportion to the tokens it covers.
+func (s *server) prefill(rq *request, tokens int) error {
+	s.prefilled.Add(int64(tokens))
+	if tokens <= 0 || s.cfg.PrefillTokensPerSecond <= 0 {
+		return nil
+	}
+	work, last := float64(tokens), time.Now()
+	for work > 0 {
+		rate := s.cfg.PrefillTokensPerSecond * s.speed()
+		wait := tick
+		if rate > 0 {
+			wait = min(tick, time.Duration(work/rate*float64(time.Second)))
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-rq.ctx.Done():
+			t.Stop()
+			return context.Cause(rq.ctx)
+		case <-t.C:
+		}
+		now := time.Now()
+		work -= now.Sub(last).Seconds() * rate
+		last = now
+	}
+	return nil
 }
 
 // generate produces n tokens for rq at the stream's current rate (see
@@ -453,21 +553,6 @@ func (s *server) reply(n int) []string {
 		out[i] = w
 	}
 	return out
-}
-
-// promptTokens counts words, the sim's notion of a token.
-func (s *server) promptTokens(req completionRequest) int {
-	n := 0
-	count := func(v any) {
-		if str, ok := v.(string); ok {
-			n += len(strings.Fields(str))
-		}
-	}
-	count(req.Prompt)
-	for _, m := range req.Messages {
-		count(m.Content)
-	}
-	return n
 }
 
 func writeJSON(w http.ResponseWriter, code int, v any) {

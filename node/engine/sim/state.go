@@ -126,6 +126,12 @@ func (s *server) report() {
 	if s.cfg.Usage == nil {
 		return
 	}
+	// The state is read under pubMu, so that two reports (the watch's and
+	// a transition's) write in the order they read: otherwise a report
+	// that read the state before a load finished could write after the
+	// load's own report and unregister the loaded weights.
+	s.pubMu.Lock()
+	defer s.pubMu.Unlock()
 	s.mu.Lock()
 	mib := s.footprintMiB()
 	rec := inventory.SimEngine{
@@ -134,8 +140,6 @@ func (s *server) report() {
 	}
 	s.mu.Unlock()
 
-	s.pubMu.Lock()
-	defer s.pubMu.Unlock()
 	for _, card := range s.cfg.CardUUIDs {
 		if mib != s.lastMiB || !s.reported {
 			var err error
@@ -379,6 +383,7 @@ func (s *server) sleep(ctx context.Context, level int, mode string, auto bool) e
 	}
 	s.st.phase, s.st.level, s.st.weightsOn, s.st.kvOn, s.st.auto = phAsleep, level, false, false, auto
 	s.st.expire = time.Time{}
+	s.cache.clear() // the KV cache is freed
 	// Requests queued for KV room learn that the engine sleeps.
 	s.cond.Broadcast()
 	s.mu.Unlock()
@@ -509,6 +514,7 @@ func (s *server) unload(ctx context.Context, abort bool) {
 	}
 	s.st.phase, s.st.level, s.st.weightsOn, s.st.kvOn, s.st.auto = phUnloaded, 0, false, false, true
 	s.st.expire = time.Time{}
+	s.cache.clear()
 	s.cond.Broadcast()
 	s.mu.Unlock()
 	s.report()
@@ -626,11 +632,15 @@ func (s *server) hold(r *request, n int) {
 	s.mu.Unlock()
 }
 
-// rate is the tokens per second of one stream now: the solo speed times the
+// rate is the tokens per second of one stream now: the solo speed times
+// speed().
+func (s *server) rate() float64 { return s.cfg.TokensPerSecond * s.speed() }
+
+// speed is the fraction of its solo speed a stream runs at now: the
 // engine's share of the card's compute, slowed by its own batch.
-func (s *server) rate() float64 {
+func (s *server) speed() float64 {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	batch := 1 + s.cfg.BatchSlowdown*float64(max(s.st.inflight-1, 0))
-	return s.cfg.TokensPerSecond * s.st.computeFrac / batch
+	return s.st.computeFrac / batch
 }

@@ -136,10 +136,16 @@ func (x *BootstrapResponse) GetIndex() uint64 {
 }
 
 type CreateTokenRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
-	Role          Role                   `protobuf:"varint,2,opt,name=role,proto3,enum=gpuplane.v1.Role" json:"role,omitempty"`
-	RequestId     string                 `protobuf:"bytes,3,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Name      string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Role      Role                   `protobuf:"varint,2,opt,name=role,proto3,enum=gpuplane.v1.Role" json:"role,omitempty"`
+	RequestId string                 `protobuf:"bytes,3,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	// The gateway tenant its requests are served as (a DNS label); empty
+	// means the token's name.
+	Tenant string `protobuf:"bytes,4,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	// The tenant's weight in the gateway's fair queues, above 0 and at most
+	// 1000; absent means 1.
+	Weight        *float64 `protobuf:"fixed64,5,opt,name=weight,proto3,oneof" json:"weight,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -193,6 +199,20 @@ func (x *CreateTokenRequest) GetRequestId() string {
 		return x.RequestId
 	}
 	return ""
+}
+
+func (x *CreateTokenRequest) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+func (x *CreateTokenRequest) GetWeight() float64 {
+	if x != nil && x.Weight != nil {
+		return *x.Weight
+	}
+	return 0
 }
 
 type CreateTokenResponse struct {
@@ -551,12 +571,15 @@ const file_gpuplane_v1_acl_proto_rawDesc = "" +
 	"\x11BootstrapResponse\x12+\n" +
 	"\x05token\x18\x01 \x01(\v2\x15.gpuplane.v1.ACLTokenR\x05token\x12\x16\n" +
 	"\x06secret\x18\x02 \x01(\tR\x06secret\x12\x14\n" +
-	"\x05index\x18\x03 \x01(\x04R\x05index\"n\n" +
+	"\x05index\x18\x03 \x01(\x04R\x05index\"\xae\x01\n" +
 	"\x12CreateTokenRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12%\n" +
 	"\x04role\x18\x02 \x01(\x0e2\x11.gpuplane.v1.RoleR\x04role\x12\x1d\n" +
 	"\n" +
-	"request_id\x18\x03 \x01(\tR\trequestId\"p\n" +
+	"request_id\x18\x03 \x01(\tR\trequestId\x12\x16\n" +
+	"\x06tenant\x18\x04 \x01(\tR\x06tenant\x12\x1b\n" +
+	"\x06weight\x18\x05 \x01(\x01H\x00R\x06weight\x88\x01\x01B\t\n" +
+	"\a_weight\"p\n" +
 	"\x13CreateTokenResponse\x12+\n" +
 	"\x05token\x18\x01 \x01(\v2\x15.gpuplane.v1.ACLTokenR\x05token\x12\x16\n" +
 	"\x06secret\x18\x02 \x01(\tR\x06secret\x12\x14\n" +
@@ -642,6 +665,7 @@ func file_gpuplane_v1_acl_proto_init() {
 		return
 	}
 	file_gpuplane_v1_resources_proto_init()
+	file_gpuplane_v1_acl_proto_msgTypes[2].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{

@@ -1301,10 +1301,14 @@ func (x *BootstrapACL) GetSecretHash() string {
 
 // CreateToken adds a token; names are unique.
 type CreateToken struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
-	Role          Role                   `protobuf:"varint,2,opt,name=role,proto3,enum=gpuplane.v1.Role" json:"role,omitempty"`
-	SecretHash    string                 `protobuf:"bytes,3,opt,name=secret_hash,json=secretHash,proto3" json:"secret_hash,omitempty"`
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	Name       string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Role       Role                   `protobuf:"varint,2,opt,name=role,proto3,enum=gpuplane.v1.Role" json:"role,omitempty"`
+	SecretHash string                 `protobuf:"bytes,3,opt,name=secret_hash,json=secretHash,proto3" json:"secret_hash,omitempty"`
+	// The gateway tenant (a DNS label); empty means the token's name.
+	Tenant string `protobuf:"bytes,4,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	// The tenant's weight, above 0 and at most 1000; absent means 1.
+	Weight        *float64 `protobuf:"fixed64,5,opt,name=weight,proto3,oneof" json:"weight,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1358,6 +1362,20 @@ func (x *CreateToken) GetSecretHash() string {
 		return x.SecretHash
 	}
 	return ""
+}
+
+func (x *CreateToken) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+func (x *CreateToken) GetWeight() float64 {
+	if x != nil && x.Weight != nil {
+		return *x.Weight
+	}
+	return 0
 }
 
 // DeleteToken removes a token by name.
@@ -1692,12 +1710,15 @@ const file_gpuplane_v1_log_proto_rawDesc = "" +
 	"\fBootstrapACL\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1f\n" +
 	"\vsecret_hash\x18\x02 \x01(\tR\n" +
-	"secretHash\"i\n" +
+	"secretHash\"\xa9\x01\n" +
 	"\vCreateToken\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12%\n" +
 	"\x04role\x18\x02 \x01(\x0e2\x11.gpuplane.v1.RoleR\x04role\x12\x1f\n" +
 	"\vsecret_hash\x18\x03 \x01(\tR\n" +
-	"secretHash\"!\n" +
+	"secretHash\x12\x16\n" +
+	"\x06tenant\x18\x04 \x01(\tR\x06tenant\x12\x1b\n" +
+	"\x06weight\x18\x05 \x01(\x01H\x00R\x06weight\x88\x01\x01B\t\n" +
+	"\a_weight\"!\n" +
 	"\vDeleteToken\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\"C\n" +
 	"\tViolation\x12\x14\n" +
@@ -1839,6 +1860,7 @@ func file_gpuplane_v1_log_proto_init() {
 		(*Envelope_CreateToken)(nil),
 		(*Envelope_DeleteToken)(nil),
 	}
+	file_gpuplane_v1_log_proto_msgTypes[15].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{

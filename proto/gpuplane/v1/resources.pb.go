@@ -1913,8 +1913,13 @@ type ACLToken struct {
 	Name  string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
 	Role  Role                   `protobuf:"varint,2,opt,name=role,proto3,enum=gpuplane.v1.Role" json:"role,omitempty"`
 	// Hex SHA-256 of the secret.
-	SecretHash    string `protobuf:"bytes,3,opt,name=secret_hash,json=secretHash,proto3" json:"secret_hash,omitempty"`
-	CreatedIndex  uint64 `protobuf:"varint,4,opt,name=created_index,json=createdIndex,proto3" json:"created_index,omitempty"`
+	SecretHash   string `protobuf:"bytes,3,opt,name=secret_hash,json=secretHash,proto3" json:"secret_hash,omitempty"`
+	CreatedIndex uint64 `protobuf:"varint,4,opt,name=created_index,json=createdIndex,proto3" json:"created_index,omitempty"`
+	// The gateway tenant its requests are served as (SPEC §8.4); empty means
+	// the token's name.
+	Tenant string `protobuf:"bytes,5,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	// The tenant's weight in the gateway's fair queues; 0 (unset) means 1.
+	Weight        float64 `protobuf:"fixed64,6,opt,name=weight,proto3" json:"weight,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1973,6 +1978,20 @@ func (x *ACLToken) GetSecretHash() string {
 func (x *ACLToken) GetCreatedIndex() uint64 {
 	if x != nil {
 		return x.CreatedIndex
+	}
+	return 0
+}
+
+func (x *ACLToken) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+func (x *ACLToken) GetWeight() float64 {
+	if x != nil {
+		return x.Weight
 	}
 	return 0
 }
@@ -2131,13 +2150,15 @@ const file_gpuplane_v1_resources_proto_rawDesc = "" +
 	"\bendpoint\x18\r \x01(\tR\bendpoint\x12!\n" +
 	"\fplaced_index\x18\x0e \x01(\x04R\vplacedIndex\x12;\n" +
 	"\tresidency\x18\x0f \x01(\x0e2\x1d.gpuplane.v1.ReplicaResidencyR\tresidency\x12)\n" +
-	"\x10residency_reason\x18\x10 \x01(\tR\x0fresidencyReason\"\x8b\x01\n" +
+	"\x10residency_reason\x18\x10 \x01(\tR\x0fresidencyReason\"\xbb\x01\n" +
 	"\bACLToken\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12%\n" +
 	"\x04role\x18\x02 \x01(\x0e2\x11.gpuplane.v1.RoleR\x04role\x12\x1f\n" +
 	"\vsecret_hash\x18\x03 \x01(\tR\n" +
 	"secretHash\x12#\n" +
-	"\rcreated_index\x18\x04 \x01(\x04R\fcreatedIndex*Q\n" +
+	"\rcreated_index\x18\x04 \x01(\x04R\fcreatedIndex\x12\x16\n" +
+	"\x06tenant\x18\x05 \x01(\tR\x06tenant\x12\x16\n" +
+	"\x06weight\x18\x06 \x01(\x01R\x06weight*Q\n" +
 	"\bNodeRole\x12\x19\n" +
 	"\x15NODE_ROLE_UNSPECIFIED\x10\x00\x12\x14\n" +
 	"\x10NODE_ROLE_SERVER\x10\x01\x12\x14\n" +

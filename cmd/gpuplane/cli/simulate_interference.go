@@ -1,0 +1,74 @@
+package cli
+
+import (
+	"fmt"
+	"io"
+	"os"
+
+	"github.com/spf13/cobra"
+
+	"github.com/gpuplane/gpuplane/node/simserve"
+)
+
+// `gpuplane simulate interference`: the interference matrix of SPEC §8.6
+// in virtual time, with the simulate serve engine model and gpuplane's
+// policy. The live matrix (`bench interference`, real agents and sim
+// engine processes) is not built yet; this is its simulated half.
+func newSimulateInterferenceCommand(g *globals) *cobra.Command {
+	var (
+		configPath, htmlPath string
+		seed                 uint64
+		seconds              float64
+	)
+	c := &cobra.Command{
+		Use:   "interference --config FILE [--seconds S] [--html FILE] [--seed N]",
+		Short: "Run the interference matrix (alone, pairs, full set × request mixes) in virtual time",
+		Long: `Run each model of a simulate serve config alone, every pair, then the whole
+set, under short, long, bursty and background request mixes, with the
+residency controller and gateway queue the agents run, in virtual time.
+It prints each model's p95 time to first token with each partner (and with
+the full set) relative to running alone, under the mix where that is worst,
+and flags each pair that breaks a model's target (sloTTFTSeconds) or forces
+repeated reloads, with the remedy. -o json prints every cell; --html writes
+a report with the heatmap.`,
+		Example: `  gpuplane simulate interference --config examples/serve/home.yaml --html matrix.html`,
+		Args:    argsNamed(),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if configPath == "" {
+				return usageErrorf(cmd, "required flag --config not set")
+			}
+			if seconds <= 0 {
+				return usageErrorf(cmd, "invalid --seconds %g: must be > 0", seconds)
+			}
+			cfg, err := simserve.LoadConfig(configPath)
+			if err != nil {
+				return fmt.Errorf("simulate interference: %w", err)
+			}
+			res, err := simserve.Matrix(cfg, seed, seconds)
+			if err != nil {
+				return fmt.Errorf("simulate interference: %w", err)
+			}
+			if htmlPath != "" {
+				f, err := os.Create(htmlPath)
+				if err != nil {
+					return fmt.Errorf("simulate interference: %w", err)
+				}
+				if err := simserve.WriteMatrixHTML(f, res); err != nil {
+					f.Close()
+					return fmt.Errorf("simulate interference: %s: %w", htmlPath, err)
+				}
+				if err := f.Close(); err != nil {
+					return fmt.Errorf("simulate interference: %s: %w", htmlPath, err)
+				}
+			}
+			return g.printValue(res, func(w io.Writer) error { return simserve.WriteMatrix(w, res) })
+		},
+	}
+	f := c.Flags()
+	f.StringVar(&configPath, "config", "", "card and models (a simulate serve config, YAML)")
+	f.StringVar(&htmlPath, "html", "", "also write an HTML report with the heatmap to this file")
+	f.Uint64Var(&seed, "seed", 1, "seed for the request streams")
+	f.Float64Var(&seconds, "seconds", 600, "virtual seconds measured per cell (after a warm-up of a fifth of it)")
+	_ = c.MarkFlagFilename("config", "yaml", "yml")
+	return c
+}
