@@ -350,43 +350,76 @@ func (wl *workload) frag(fc *fragCache, ws int, feasW []int64) int64 {
 
 // fragDelta returns how much the node's fragmentation grows when the
 // request takes cards (none for host-only requests).
-func (ev *evaluator) fragDelta(cards []int32) int64 { return ev.fragDeltaBy(cards, ev.ws) }
+func (ev *evaluator) fragDelta(cards []int32) int64 {
+	d, _ := ev.fragDeltas(cards, ev.ws, -1)
+	return d
+}
 
-// fragDeltaBy is fragDelta with the workload weighted by ws.
-func (ev *evaluator) fragDeltaBy(cards []int32, ws int) int64 {
+// prepare readies the node's fragmentation before the placement and the
+// weights of the types that still fit its host after it, for weighting ws.
+func (ev *evaluator) prepare(ws int) {
+	if ev.fragReady[ws] {
+		return
+	}
 	s, q, n := ev.s, ev.q, ev.n
 	wl := &s.wl
 	if ev.fc == nil {
 		ev.fc = s.nodeStats(ev.ni)
 	}
-	if !ev.fragReady[ws] {
-		fc := ev.fc
-		if !fc.fragValid[ws] || fc.fragTotal[ws] != wl.total[ws] {
-			feasW := wl.feasibleWeights(ws, n.cpuFree(), n.memFree())
-			fc.fragBefore[ws], fc.fragTotal[ws], fc.fragValid[ws] = wl.frag(fc, ws, feasW), wl.total[ws], true
-		}
-		ev.fragBefore[ws] = fc.fragBefore[ws]
-		ev.feasWNew[ws] = wl.feasibleWeights(ws, n.cpuFree()-q.CPUMilli, n.memFree()-q.MemoryMiB)
-		ev.fragReady[ws] = true
+	fc := ev.fc
+	if !fc.fragValid[ws] || fc.fragTotal[ws] != wl.total[ws] {
+		feasW := wl.feasibleWeights(ws, n.cpuFree(), n.memFree())
+		fc.fragBefore[ws], fc.fragTotal[ws], fc.fragValid[ws] = wl.frag(fc, ws, feasW), wl.total[ws], true
 	}
+	ev.fragBefore[ws] = fc.fragBefore[ws]
+	ev.feasWNew[ws] = wl.feasibleWeights(ws, n.cpuFree()-q.CPUMilli, n.memFree()-q.MemoryMiB)
+	ev.fragReady[ws] = true
+}
+
+// fragDeltas returns how much the node's fragmentation grows when the
+// request takes cards (none for host-only requests), weighted by wa and,
+// unless it is -1, by wb: the fragment each group sees after the placement
+// does not depend on the weighting, so one pass serves both.
+func (ev *evaluator) fragDeltas(cards []int32, wa, wb int) (da, db int64) {
+	s, q := ev.s, ev.q
+	wl := &s.wl
+	ev.prepare(wa)
+	fa, fb := ev.feasWNew[wa], []int64(nil)
+	if wb >= 0 {
+		ev.prepare(wb)
+		fb = ev.feasWNew[wb]
+	}
+	// The cards as they would be after the placement.
+	cs := s.scratch.after[:0]
+	for _, ci := range cards {
+		c := s.cards[ci]
+		c.acc = q.acc
+		c.take(q.res, q.milli)
+		cs = append(cs, c)
+	}
+	s.scratch.after = cs
 	fc := ev.fc
 	tot := fc.tot - int64(q.reserve)*int64(len(cards))
-	after := wl.total[ws] * tot
+	afterA := wl.total[wa] * tot
+	var afterB int64
+	if wb >= 0 {
+		afterB = wl.total[wb] * tot
+	}
 	for j, gi := range fc.rel {
-		fw := ev.feasWNew[ws][gi]
-		if fw == 0 {
+		wA := fa[gi]
+		var wB int64
+		if fb != nil {
+			wB = fb[gi]
+		}
+		if wA == 0 && wB == 0 {
 			continue // every type of the group sees all free capacity as fragment
 		}
 		g := &wl.groups[gi]
 		fok := fc.fok[j]
 		switch g.mode {
 		case modeShared:
-			for _, ci := range cards {
-				c := &s.cards[ci]
-				after := *c
-				after.acc = q.acc
-				after.take(q.res, q.milli)
-				fok += g.contribShared(&after) - g.contribShared(c)
+			for i, ci := range cards {
+				fok += g.contribShared(&cs[i]) - g.contribShared(&s.cards[ci])
 			}
 		case modeWhole:
 			e, nef := fc.e[j], fc.nef[j]
@@ -405,9 +438,14 @@ func (ev *evaluator) fragDeltaBy(cards []int32, ws int) int64 {
 				fok = tot
 			}
 		}
-		after -= fw * (tot - fok)
+		afterA -= wA * (tot - fok)
+		afterB -= wB * (tot - fok)
 	}
-	return after - ev.fragBefore[ws]
+	da = afterA - ev.fragBefore[wa]
+	if wb >= 0 {
+		db = afterB - ev.fragBefore[wb]
+	}
+	return da, db
 }
 
 // Fragmentation returns the expected share of the cluster's card capacity
@@ -473,8 +511,8 @@ const blendUnit = 1 << 24
 // scarcity of its card kinds.
 func (ev *evaluator) blendDelta(cards []int32) int64 {
 	wl := &ev.s.wl
-	return perUnit(ev.fragDeltaBy(cards, byScarcity), wl.total[byScarcity]) +
-		paperShare*perUnit(ev.fragDeltaBy(cards, byCountPaper), wl.total[byCountPaper])
+	ds, dp := ev.fragDeltas(cards, byScarcity, byCountPaper)
+	return perUnit(ds, wl.total[byScarcity]) + paperShare*perUnit(dp, wl.total[byCountPaper])
 }
 
 // perUnit is delta × blendUnit / total, rounded toward zero, with a 128-bit

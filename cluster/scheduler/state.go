@@ -580,6 +580,7 @@ type scratch struct {
 	seen  []cardSig
 	cards []int32
 	cand  []int32 // evalNode's choice
+	after []cardState
 	best  []int32
 }
 
