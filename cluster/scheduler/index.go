@@ -252,3 +252,37 @@ func (x *nodeIndex) heapify() {
 		x.down(i)
 	}
 }
+
+// reasonMemo is a failure's explanation and how much of State.changed it
+// had seen.
+type reasonMemo struct {
+	seen int
+	text string
+}
+
+// reasonMemo is reason, reused while no node with cards the request could
+// use has changed: past the cluster's capacity the same shapes fail again
+// and again, and explaining a failure scans every node.
+func (s *State) reasonMemo(q *request) string {
+	k := shapeKey{acc: q.acc, milli: q.milli, res: q.res, cpu: q.CPUMilli, mem: q.MemoryMiB,
+		kinds: kindsKey(q.kinds), sel: selectorKey(q.Selector)}
+	if m, ok := s.reasons[k]; ok {
+		valid := true
+		for _, ni := range s.changed[m.seen:] {
+			if q.mode == modeHost || q.kinds.intersects(s.nodes[ni].kinds) {
+				valid = false
+				break
+			}
+		}
+		if valid {
+			s.reasons[k] = reasonMemo{seen: len(s.changed), text: m.text}
+			return m.text
+		}
+	}
+	if s.reasons == nil || len(s.reasons) >= maxIndexes {
+		s.reasons = map[shapeKey]reasonMemo{}
+	}
+	text := s.reason(q)
+	s.reasons[k] = reasonMemo{seen: len(s.changed), text: text}
+	return text
+}

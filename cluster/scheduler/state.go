@@ -35,6 +35,7 @@ type State struct {
 	// in the order their state changed, which each index replays.
 	changed  []int32
 	indexes  map[shapeKey]*nodeIndex
+	reasons  map[shapeKey]reasonMemo
 	planning bool
 	scanOnly bool // tests: score every node on every decision
 
@@ -603,7 +604,7 @@ func (s *State) place(r *Request, p Policy) Decision {
 			s.evalNode(&q, ni, pol, dn)
 			return s.commit(&q, ni, s.scratch.cand)
 		}
-		return s.failed(r, s.reason(&q))
+		return s.failed(r, s.reasonMemo(&q))
 	}
 	sc := &s.scratch
 	bestNode := int32(-1)
