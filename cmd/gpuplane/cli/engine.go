@@ -122,6 +122,7 @@ func newEngineLogCommand(g *globals) *cobra.Command {
 	var dir string
 	var maxBytes int64
 	var keep int
+	var watch executor.OrphanWatch
 	cmd := &cobra.Command{
 		Use:   "log",
 		Short: "Write an engine's output (stdin) to its size-capped, rotated log",
@@ -130,12 +131,18 @@ func newEngineLogCommand(g *globals) *cobra.Command {
 			if dir == "" || maxBytes <= 0 || keep < 0 {
 				return usageErrorf(cmd, "--dir is required, --max-bytes must be more than 0 and --keep at least 0")
 			}
-			return executor.WriteLog(g.stdin, dir, maxBytes, keep)
+			if watch.AgentFile != "" && (watch.Grace <= 0 || watch.StopGrace <= 0) {
+				return usageErrorf(cmd, "--agent-file needs --orphan-grace and --stop-grace more than 0")
+			}
+			return executor.WriteLog(g.stdin, dir, maxBytes, keep, watch)
 		},
 	}
 	f := cmd.Flags()
 	f.StringVar(&dir, "dir", "", "the replica's directory, where engine.log is written")
 	f.Int64Var(&maxBytes, "max-bytes", 10<<20, "the most bytes of log kept on disk, all files together")
 	f.IntVar(&keep, "keep", 3, "rotated files kept besides engine.log")
+	f.StringVar(&watch.AgentFile, "agent-file", "", "the agent's mark (pid and start time): stop the engine once no agent has run for --orphan-grace")
+	f.DurationVar(&watch.Grace, "orphan-grace", executor.DefaultOrphanGrace, "with --agent-file: how long the engine outlives its agent")
+	f.DurationVar(&watch.StopGrace, "stop-grace", 10*time.Second, "with --agent-file: between SIGTERM and SIGKILL when stopping the engine")
 	return cmd
 }
