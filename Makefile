@@ -70,7 +70,7 @@ bench-cluster: build
 	cd bench/cluster && $(GO) run . -bin $(CURDIR)/$(BIN) $(BENCH_CLUSTER_FLAGS)
 
 bench-scheduler:
-	GOMAXPROCS=2 $(GO) test -run '^$$' -bench . ./cluster/scheduler/...
+	GOMAXPROCS=2 $(GO) test -run '^$$' -bench . -benchtime 20000x ./cluster/scheduler/...
 	GOMAXPROCS=2 $(GO) run ./bench/scheduler
 
 bench-replay:
