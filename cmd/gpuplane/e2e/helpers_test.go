@@ -268,18 +268,6 @@ func mustGpuplane(t *testing.T, addr string, args ...string) string {
 
 var spaces = regexp.MustCompile(`\s+`)
 
-// normalise collapses every run of whitespace in each line to one space and
-// drops blank lines, so that tables compare without their padding.
-func normalise(s string) []string {
-	var out []string
-	for _, line := range strings.Split(s, "\n") {
-		if line = strings.TrimSpace(spaces.ReplaceAllString(line, " ")); line != "" {
-			out = append(out, line)
-		}
-	}
-	return out
-}
-
 // parseTable reads a tabwriter table into one map per row, keyed by the
 // header's column names. Columns are separated by two or more spaces in the
 // header, so names with one space ("IN USE") stay whole; a cell is the text
