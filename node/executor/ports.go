@@ -2,6 +2,7 @@ package executor
 
 import (
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"sync"
 )
@@ -26,8 +27,13 @@ type portRange struct {
 	held        map[int]key
 }
 
+// newPortRange starts handing out ports at a random place in the range:
+// several agents on one host (tests, hollow nodes) each track only their
+// own engines, and starting all of them at first would make them probe and
+// hand out the same few ports, so one agent's readiness check could reach
+// another's engine.
 func newPortRange(first, last int) *portRange {
-	return &portRange{first: first, last: last, next: first, held: map[int]key{}}
+	return &portRange{first: first, last: last, next: first + rand.IntN(last-first+1), held: map[int]key{}}
 }
 
 // take gives k a port for an engine listening on host, releasing the one k

@@ -320,6 +320,7 @@ func TestGatewayForwardsAcrossNodes(t *testing.T) {
 		return nil
 	})
 	for _, n := range all {
+		t.Logf("through %s (%s); chat is on %s", n.cfg.NodeName, n.a.GatewayURL(), holder)
 		waitServed(t, n.a.GatewayURL(), "chat")
 		c := openaiClient(n)
 		s := c.Chat.Completions.NewStreaming(context.Background(), openai.ChatCompletionNewParams{Model: "chat",
