@@ -318,9 +318,11 @@ type bench struct {
 	api  *apiClients
 	http *http.Client
 
-	mu                 sync.Mutex
-	requests, answered int
-	decisions          uint64
+	mu sync.Mutex
+	// sent numbers every request, warm-ups included; requests and
+	// answered count the measured ones.
+	sent, requests, answered int
+	decisions                uint64
 }
 
 // runSet deploys the set's models, warms each with one request, runs each
@@ -347,9 +349,7 @@ func (b *bench) runSet(ctx context.Context, accel string, set []int, mixes []sim
 	warm := make([]error, len(set))
 	for k, i := range set {
 		wg.Go(func() {
-			if s := b.send(ctx, endpoints[k], b.cfg.Models[i].Name, 16, 4); s.err != nil {
-				warm[k] = fmt.Errorf("warm-up request to %s: %w", b.cfg.Models[i].Name, s.err)
-			}
+			warm[k] = b.warm(ctx, endpoints[k], b.cfg.Models[i].Name)
 		})
 	}
 	wg.Wait()
@@ -384,6 +384,23 @@ func (b *bench) runSet(ctx context.Context, accel string, set []int, mixes []sim
 		cells = append(cells, cell)
 	}
 	return cells, nil
+}
+
+// warm sends one request to the model until it is answered: a pinned
+// model's engine answers 503 while it loads, where a front would hold the
+// request. The warm-up's requests are not counted.
+func (b *bench) warm(ctx context.Context, endpoint, model string) error {
+	deadline := time.Now().Add(3 * time.Minute)
+	for {
+		s := b.send(ctx, endpoint, model, 16, 4)
+		if s.err == nil {
+			return nil
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			return fmt.Errorf("warm-up request to %s: %w", model, s.err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 }
 
 // endpoints waits until each model's replica is placed with an endpoint.
@@ -501,6 +518,12 @@ func (b *bench) drive(ctx context.Context, endpoint string, m *simserve.ModelCon
 		mu.Lock()
 		out = append(out, s)
 		mu.Unlock()
+		b.mu.Lock()
+		b.requests++
+		if s.err == nil {
+			b.answered++
+		}
+		b.mu.Unlock()
 	}
 	if st.Concurrency > 0 {
 		var lmu sync.Mutex
@@ -539,8 +562,8 @@ func (b *bench) drive(ctx context.Context, endpoint string, m *simserve.ModelCon
 // its first token and the tokens after it.
 func (b *bench) send(ctx context.Context, endpoint, model string, in, out int) sample {
 	b.mu.Lock()
-	b.requests++
-	id := b.requests
+	b.sent++
+	id := b.sent
 	b.mu.Unlock()
 	// A prompt of its own, so that no request finds another's prefix in
 	// the engine's cache (simulate serve has no prefix cache).
@@ -597,9 +620,6 @@ func (b *bench) send(ctx context.Context, endpoint, model string, in, out int) s
 	if tokens > 1 {
 		s.tpot = last.Sub(first).Seconds() / float64(tokens-1)
 	}
-	b.mu.Lock()
-	b.answered++
-	b.mu.Unlock()
 	return s
 }
 
