@@ -96,7 +96,7 @@ node's own timers (minimum residency, idle sleep) are not scaled.
 			if err != nil {
 				return fmt.Errorf("bench interference: %w", err)
 			}
-			res, err := runBench(ctx(cmd), cfg, mixes, o, func(url string) (*apiClients, error) {
+			res, err := runBench(ctx(cmd), cfg, mixes, o, g.stderr, func(url string) (*apiClients, error) {
 				g.addr = url
 				return g.api(cmd)
 			})
@@ -232,7 +232,7 @@ func benchFreePort() (int, error) {
 
 // runBench starts the agent, runs every set and mix on it and reports;
 // connectTo returns the API clients of the agent at a URL.
-func runBench(ctx context.Context, cfg *simserve.Config, mixes []simserve.Mix, o benchOptions, connectTo func(url string) (*apiClients, error)) (*benchResult, error) {
+func runBench(ctx context.Context, cfg *simserve.Config, mixes []simserve.Mix, o benchOptions, progress io.Writer, connectTo func(url string) (*apiClients, error)) (*benchResult, error) {
 	dev, err := benchDevice(cfg)
 	if err != nil {
 		return nil, err
@@ -278,12 +278,15 @@ func runBench(ctx context.Context, cfg *simserve.Config, mixes []simserve.Mix, o
 	for _, m := range cfg.Models {
 		res.Models = append(res.Models, m.Name)
 	}
-	for _, set := range simserve.Sets(len(cfg.Models)) {
+	sets := simserve.Sets(len(cfg.Models))
+	for k, set := range sets {
+		began := time.Now()
 		cells, err := b.runSet(ctx, accel, set, mixes)
 		if err != nil {
 			return nil, err
 		}
 		res.Cells = append(res.Cells, cells...)
+		fmt.Fprintf(progress, "set %d/%d (%s): %d mixes in %s\n", k+1, len(sets), strings.Join(cells[0].Models, "+"), len(cells), time.Since(began).Round(100*time.Millisecond))
 	}
 	simserve.Summarize(cfg, res.MatrixResult)
 	for _, c := range res.Cells {
