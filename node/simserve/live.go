@@ -102,7 +102,9 @@ func Summarize(cfg *Config, res *MatrixResult) {
 					m := &cfg.Models[slices.IndexFunc(cfg.Models, func(c ModelConfig) bool { return c.Name == res.Models[x] })]
 					alone, ok1 := stats[key{m.Name, mix.Name}][m.Name]
 					shared, ok2 := stats[key{pk, mix.Name}][m.Name]
-					if m.SLOTTFTSeconds == 0 || !ok1 || !ok2 || alone.TTFTP95 > m.SLOTTFTSeconds {
+					// A model sent nothing in the cell (a short live run of a
+					// sparse mix) has nothing to judge.
+					if m.SLOTTFTSeconds == 0 || !ok1 || !ok2 || alone.TTFTP95 > m.SLOTTFTSeconds || alone.Requests == 0 || shared.Requests == 0 {
 						continue
 					}
 					if shared.Completed == 0 || shared.TTFTP95 > m.SLOTTFTSeconds {

@@ -262,7 +262,9 @@ func runBench(ctx context.Context, cfg *simserve.Config, mixes []simserve.Mix, o
 		return nil, fmt.Errorf("start the agent: %w", err)
 	}
 	defer a.Close()
-	b := &bench{cfg: cfg, o: o, http: &http.Client{}}
+	// A request waits at a front for at most the node's wait for a load
+	// (2 minutes); this only bounds a request that is never answered.
+	b := &bench{cfg: cfg, o: o, http: &http.Client{Timeout: 10 * time.Minute}}
 	if b.api, err = connectTo(a.APIURL()); err != nil {
 		return nil, err
 	}
@@ -367,6 +369,7 @@ func (b *bench) runSet(ctx context.Context, accel string, set []int, mixes []sim
 		}
 		cell := simserve.Cell{Models: names, Mix: mix.Name}
 		per := make([][]sample, len(set))
+		began := time.Now()
 		for k, i := range set {
 			wg.Go(func() {
 				per[k] = b.drive(ctx, endpoints[k], &b.cfg.Models[i], mix.Stream(&b.cfg.Models[i]), b.o.seed<<16|uint64(i))
@@ -377,7 +380,7 @@ func (b *bench) runSet(ctx context.Context, accel string, set []int, mixes []sim
 		if err != nil {
 			return nil, err
 		}
-		hours := b.o.duration.Hours() * b.o.timeScale
+		hours := time.Since(began).Hours() * b.o.timeScale
 		cell.ColdLoadsPerHour = simserve.Round(float64(loads)/hours, 1)
 		cell.WakesPerHour = simserve.Round(float64(wakes)/hours, 1)
 		cell.Evictions = evictions
@@ -494,6 +497,10 @@ func (b *bench) decisionsSince(ctx context.Context, seq uint64) (loads, wakes, e
 	return loads, wakes, evictions, err
 }
 
+// minArrivals is the fewest requests an open-loop mix is expected to send
+// per model in a cell.
+const minArrivals = 3
+
 // sample is one request's outcome, in wall seconds.
 type sample struct {
 	ttft, tpot float64
@@ -545,7 +552,9 @@ func (b *bench) drive(ctx context.Context, endpoint string, m *simserve.ModelCon
 	}
 	// Open loop: arrivals in the stream's virtual time, sent at its
 	// scaled wall time.
-	horizon := b.o.duration.Seconds() * scale
+	// A sparse mix (long: one request in 20 s) runs long enough to expect
+	// minArrivals requests, or its p95 would rest on none.
+	horizon := max(b.o.duration.Seconds()*scale, minArrivals/st.RatePerSecond)
 	for t := rng.ExpFloat64() / st.RatePerSecond; t < horizon; t += rng.ExpFloat64() / st.RatePerSecond {
 		if period := st.OnSeconds + st.OffSeconds; st.OnSeconds > 0 && math.Mod(t, period) >= st.OnSeconds {
 			continue
