@@ -59,8 +59,8 @@ lint:
 BENCH_FLAGS ?=
 BENCH_CLUSTER_FLAGS ?=
 
-.PHONY: bench-commit bench-cluster bench-scheduler bench-replay bench-residency bench-gateway
-bench: bench-commit bench-cluster bench-scheduler bench-replay bench-residency bench-gateway
+.PHONY: bench-commit bench-cluster bench-scheduler bench-replay bench-residency bench-gateway bench-adapters
+bench: bench-commit bench-cluster bench-scheduler bench-replay bench-residency bench-gateway bench-adapters
 
 bench-commit: build
 	$(GO) run ./bench/commit -bin $(BIN) $(BENCH_FLAGS)
@@ -81,6 +81,12 @@ bench-replay:
 bench-residency:
 	GOMAXPROCS=2 $(GO) test -run '^$$' -bench Decision64Models -benchtime 20000x ./node/residency/
 	GOMAXPROCS=2 $(GO) test -run '^$$' -bench MemoryPerModel -benchtime 1x ./node/residency/
+
+# Adapters hosted on one card at the interactive SLO (p95 TTFT <= 800 ms) on
+# one base, against one replica per fine-tune, in virtual time with the real
+# controller (issue 15).
+bench-adapters:
+	$(GO) test -run '^$$' -bench AdaptersPerCard -benchtime 1x -v ./node/residency/
 
 # The gateway's queueing core on a busy card (64 deployments, 1,000 tenants,
 # about 160 requests held per deployment): p50/p99 (wall and thread CPU) and

@@ -376,6 +376,23 @@ func describe(env *pb.Envelope) (string, []string) {
 				text += " (" + why + ")"
 			}
 		}
+		if ra := s.GetAdapters(); ra != nil {
+			// Where its adapters are now: those not named are on disk.
+			by := map[pb.AdapterTier][]string{}
+			for _, a := range ra.GetAdapters() {
+				by[a.GetTier()] = append(by[a.GetTier()], a.GetName())
+			}
+			var tiers []string
+			for _, t := range []pb.AdapterTier{pb.AdapterTier_ADAPTER_TIER_CARD, pb.AdapterTier_ADAPTER_TIER_LOADING, pb.AdapterTier_ADAPTER_TIER_HOST} {
+				if len(by[t]) > 0 {
+					tiers = append(tiers, enumWord(t.String(), "ADAPTER_TIER_")+" "+strings.Join(by[t], ","))
+				}
+			}
+			if len(tiers) == 0 {
+				tiers = append(tiers, "all on disk")
+			}
+			text += "; adapters " + strings.Join(tiers, "; ")
+		}
 		return text, []string{model(s.GetModel()), node(s.GetNode())}
 	}
 	return "unknown command", nil

@@ -44,9 +44,16 @@ func NormalizeAcceleratorSpec(spec *pb.AcceleratorSpec) *pb.AcceleratorSpec {
 // the cluster's state: its name and the rules of SPEC §5 that concern the
 // spec alone (1, 3, 4's maxModels part). It reports every problem.
 func ValidateAccelerator(name string, spec *pb.AcceleratorSpec) []*pb.Violation {
-	v := violations(ValidateName("metadata.name", name))
+	return append(ValidateName("metadata.name", name), ValidateAcceleratorSpec(spec)...)
+}
+
+// ValidateAcceleratorSpec is ValidateAccelerator without the name. The CLI's
+// offline checks (cmd/gpuplane/descriptor) call it too, so that a rule reads
+// the same whether the CLI or the server refuses.
+func ValidateAcceleratorSpec(spec *pb.AcceleratorSpec) []*pb.Violation {
+	var v violations
 	if spec.GetDevice() == "" {
-		v.add("spec.device", "is required")
+		v.add("spec.device", "is required: the device kind this accelerator places on (see `gpuplane devices list`)")
 	}
 	switch spec.GetTenancy() {
 	case pb.Tenancy_TENANCY_UNSPECIFIED, pb.Tenancy_TENANCY_DEDICATED:
@@ -58,12 +65,17 @@ func ValidateAccelerator(name string, spec *pb.AcceleratorSpec) []*pb.Violation 
 			v.add("spec.devicesPerReplica", "a shared accelerator splits a single device: must be 1, got %d (rule 3)", spec.GetDevicesPerReplica())
 		}
 		if m := spec.GetMaxModels(); m > MaxMaxModels {
-			v.add("spec.maxModels", "must be between 1 and %d models per card, got %d (rule 4)", MaxMaxModels, m)
+			v.add("spec.maxModels", "%s", MaxModelsRange(int64(m)))
 		}
 	default:
 		v.add("spec.tenancy", "must be dedicated or shared")
 	}
 	return v
+}
+
+// MaxModelsRange is rule 4's bound on maxModels, refusing got.
+func MaxModelsRange(got int64) string {
+	return fmt.Sprintf("must be between 1 and %d models per card, got %d (rule 4)", MaxMaxModels, got)
 }
 
 // TenancyName is the capitalised tenancy users see (Dedicated, Shared).

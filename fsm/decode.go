@@ -489,6 +489,12 @@ func (d *Decoder) modelSpec(b []byte) *pb.ModelSpec {
 		case num == 9 && typ == protowire.BytesType && m.Slo == nil:
 			m.Slo = slo(s)
 			ok = m.Slo != nil
+		case num == 10 && typ == protowire.BytesType:
+			var a *pb.Adapter
+			if a = d.adapter(s); a != nil {
+				m.Adapters = append(m.Adapters, a)
+			}
+			ok = a != nil
 		default:
 			ok = false
 		}
@@ -546,6 +552,8 @@ func (d *Decoder) engineSpec(b []byte) *pb.EngineSpec {
 			e.StartTimeoutSeconds = uint32(v)
 		case num == 11 && typ == protowire.BytesType:
 			e.Quantization, ok = d.str(s)
+		case num == 12 && typ == protowire.VarintType:
+			e.MaxAdapters = uint32(v)
 		default:
 			ok = false // the environment (a map) included
 		}
@@ -574,6 +582,67 @@ func hostResources(b []byte) *pb.HostResources {
 		}
 	}
 	return r
+}
+
+func (d *Decoder) adapter(b []byte) *pb.Adapter {
+	a := &pb.Adapter{}
+	for len(b) > 0 {
+		num, typ, v, s, rest, ok := field(b)
+		if !ok {
+			return nil
+		}
+		b = rest
+		switch {
+		case num == 1 && typ == protowire.BytesType:
+			a.Name, ok = d.str(s)
+		case num == 2 && typ == protowire.BytesType:
+			a.Source, ok = d.str(s)
+		case num == 3 && typ == protowire.VarintType:
+			a.Rank = uint32(v)
+		case num == 4 && typ == protowire.BytesType:
+			var t string
+			if t, ok = d.str(s); ok {
+				a.Tenants = append(a.Tenants, t)
+			}
+		default:
+			ok = false
+		}
+		if !ok {
+			return nil
+		}
+	}
+	return a
+}
+
+func (d *Decoder) replicaAdapters(b []byte) *pb.ReplicaAdapters {
+	ra := &pb.ReplicaAdapters{}
+	for len(b) > 0 {
+		num, typ, _, s, rest, ok := field(b)
+		if !ok || num != 1 || typ != protowire.BytesType {
+			return nil
+		}
+		b = rest
+		a := &pb.AdapterStatus{}
+		for len(s) > 0 {
+			n, t, v, str, r, ok := field(s)
+			if !ok {
+				return nil
+			}
+			s = r
+			switch {
+			case n == 1 && t == protowire.BytesType:
+				if a.Name, ok = d.str(str); !ok {
+					return nil
+				}
+			case n == 2 && t == protowire.VarintType:
+				a.Tier = pb.AdapterTier(int32(v))
+			default:
+				return nil
+			}
+		}
+		ra.Adapters = append(ra.Adapters, a)
+	}
+	return ra
 }
 
 func slo(b []byte) *pb.SLO {
@@ -711,6 +780,9 @@ func (d *Decoder) replicaStatus(b []byte) *pb.ReplicaStatus {
 			c.Residency = pb.ReplicaResidency(int32(v))
 		case num == 10 && typ == protowire.BytesType:
 			c.ResidencyReason, ok = d.str(s)
+		case num == 11 && typ == protowire.BytesType && c.Adapters == nil:
+			c.Adapters = d.replicaAdapters(s)
+			ok = c.Adapters != nil
 		default:
 			ok = false
 		}

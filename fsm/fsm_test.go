@@ -59,6 +59,8 @@ func TestDataDriven(t *testing.T) {
 				return formatState(f)
 			case "cards":
 				return formatCards(f)
+			case "adapters":
+				return formatAdapters(f)
 			case "replay":
 				var at int
 				d.ScanArgs(t, "at", &at)
@@ -190,5 +192,26 @@ func formatCards(f *fsm.FSM) string {
 			fsm.PriorityName(spec.GetPriority()), fsm.ReplicaResidencyName(r.Residency), r.ResidencyReason)
 	}
 	w.Flush()
+	return b.String()
+}
+
+// formatAdapters prints each deployment's adapters and each replica's
+// report of their tiers.
+func formatAdapters(f *fsm.FSM) string {
+	var b strings.Builder
+	for _, m := range f.Models() {
+		fmt.Fprintf(&b, "%s gen %d maxAdapters %d:", m.Name, m.Generation, fsm.MaxAdaptersOf(m.Spec.GetEngine()))
+		for _, a := range m.Spec.GetAdapters() {
+			fmt.Fprintf(&b, " %s(rank %d%s)", a.Name, a.Rank, strings.Join(append([]string{""}, a.Tenants...), " "))
+		}
+		b.WriteString("\n")
+	}
+	for _, r := range f.Replicas("", "") {
+		fmt.Fprintf(&b, "%s/%d:", r.Model, r.Index)
+		for _, a := range r.Adapters {
+			fmt.Fprintf(&b, " %s=%s", a.Name, fsm.AdapterTierName(a.Tier))
+		}
+		b.WriteString("\n")
+	}
 	return b.String()
 }

@@ -80,7 +80,19 @@ func normalizeModelSpec(name string, out *pb.ModelSpec) *pb.ModelSpec {
 // descriptor alone (rules 1, 10's first half, value ranges). It reports every
 // problem.
 func ValidateModel(name string, spec *pb.ModelSpec) []*pb.Violation {
-	v := violations(ValidateName("metadata.name", name))
+	v := append(ValidateName("metadata.name", name), ValidateModelSpec(spec)...)
+	if spec.GetServedModelName() == "" {
+		// The deployment is served by its name (the default).
+		v = append(v, servedNameClash(name, spec.GetAdapters())...)
+	}
+	return v
+}
+
+// ValidateModelSpec is ValidateModel without the name. The CLI's offline
+// checks (cmd/gpuplane/descriptor) call it too, so that a rule reads the
+// same whether the CLI or the server refuses.
+func ValidateModelSpec(spec *pb.ModelSpec) []*pb.Violation {
+	var v violations
 	if spec.GetModel() == "" {
 		v.add("spec.model", "is required: the path or URI of the weights")
 	}
@@ -95,13 +107,13 @@ func ValidateModel(name string, spec *pb.ModelSpec) []*pb.Violation {
 		v.add("spec.engine.kind", "must be one of %s, got %q", strings.Join(EngineKinds, ", "), k)
 	}
 	if p := e.GetMemoryPercent(); p > 100 {
-		v.add("spec.engine.memoryPercent", "must be between 1 and 100, got %d", p)
+		v.add("spec.engine.memoryPercent", "%s", PercentRange(int64(p)))
 	}
 	if e.GetMemoryPercent() > 0 && e.GetMemoryMib() > 0 {
-		v.add("spec.engine.memory", "set memoryPercent or memory, not both")
+		v.add("spec.engine.memory", "%s", BothMemoryShares)
 	}
 	if c := e.GetComputePercent(); c > 100 {
-		v.add("spec.engine.computePercent", "must be between 1 and 100, got %d", c)
+		v.add("spec.engine.computePercent", "%s", PercentRange(int64(c)))
 	}
 	if e.GetComputePercent() > 0 && e.GetMemoryPercent() == 0 && e.GetMemoryMib() == 0 {
 		v.add("spec.engine.computePercent", "needs a memory share: set memoryPercent or memory too (rule 10)")
@@ -120,6 +132,7 @@ func ValidateModel(name string, spec *pb.ModelSpec) []*pb.Violation {
 		v.add("spec.resources.memoryMib", "must be at most %d (64Ti), got %d", MaxMemoryMiB, m)
 	}
 	validateResidencyFields(&v, spec)
+	validateAdapters(&v, spec)
 	return v
 }
 
@@ -229,29 +242,47 @@ func (f *FSM) indexDevices() {
 	f.devices = m
 }
 
+// BothMemoryShares refuses a deployment that sets both memory shares.
+const BothMemoryShares = "set memoryPercent or memory, not both"
+
+// PercentRange is the bound on a share in percent, refusing got.
+func PercentRange(got int64) string {
+	return fmt.Sprintf("must be between 1 and 100, got %d", got)
+}
+
 // checkModel applies the rules that need the state (7, 8, 9, 10's memory cap).
 func (f *FSM) checkModel(spec *pb.ModelSpec) violations {
-	var v violations
 	accName := spec.GetPlacement().GetAccelerator()
 	acc, ok := f.accelerators[accName]
 	if !ok {
+		var v violations
 		if accName != "" {
 			v.add("spec.placement.accelerator", "accelerator %q not found (rule 7): create it first", accName)
 		}
 		return v
 	}
-	checkResidencyTenancy(&v, spec, acc)
+	return CheckModelAgainst(spec, accName, acc.Spec, f.cardMemory(acc.Spec.Device))
+}
+
+// CheckModelAgainst applies the rules that relate a deployment to its
+// accelerator named accName, whose spec is normalized
+// (NormalizeAcceleratorSpec): rules 8, 9, 10's memory cap with cardMiB (0
+// for unknown) and residency's need for a shared accelerator. The CLI's
+// offline checks call it when a file defines both.
+func CheckModelAgainst(spec *pb.ModelSpec, accName string, acc *pb.AcceleratorSpec, cardMiB uint64) []*pb.Violation {
+	var v violations
+	checkResidencyTenancy(&v, spec, accName, acc)
 	e := spec.GetEngine()
-	if acc.Spec.Tenancy == pb.Tenancy_TENANCY_SHARED && e.GetMemoryPercent() == 0 && e.GetMemoryMib() == 0 {
+	if acc.Tenancy == pb.Tenancy_TENANCY_SHARED && e.GetMemoryPercent() == 0 && e.GetMemoryMib() == 0 {
 		v.add("spec.engine.memoryPercent", "accelerator %q is shared: set memoryPercent or memory, or the model would be sized against the whole card (rule 8)", accName)
 	}
 	tp, pp := max(e.GetTensorParallel(), 1), max(e.GetPipelineParallel(), 1)
-	if tp*pp != acc.Spec.DevicesPerReplica {
+	if tp*pp != acc.DevicesPerReplica {
 		v.add("spec.engine.tensorParallel", "tensorParallel × pipelineParallel = %d × %d = %d must equal devicesPerReplica %d of accelerator %q (rule 9)",
-			tp, pp, tp*pp, acc.Spec.DevicesPerReplica, accName)
+			tp, pp, tp*pp, acc.DevicesPerReplica, accName)
 	}
-	if mem := f.cardMemory(acc.Spec.Device); e.GetMemoryMib() > 0 && mem > 0 && e.GetMemoryMib() > mem {
-		v.add("spec.engine.memory", "%dMi exceeds the %dMi of one %s card (rule 10)", e.GetMemoryMib(), mem, acc.Spec.Device)
+	if e.GetMemoryMib() > 0 && cardMiB > 0 && e.GetMemoryMib() > cardMiB {
+		v.add("spec.engine.memory", "%dMi exceeds the %dMi of one %s card (rule 10)", e.GetMemoryMib(), cardMiB, acc.Device)
 	}
 	return v
 }
@@ -330,8 +361,9 @@ func (f *FSM) applyModel(c *pb.ApplyModel, prep *modelPrep, index uint64, dry bo
 
 // sameIdentity says whether two specs run the same replicas: they differ
 // at most in what changes without re-placing anything — the replica count,
-// and the residency, priority and SLO the node's controller adapts to (SPEC
-// §8.1; a residency change re-checks the reservations, changeResidency).
+// the residency, priority and SLO the node's controller adapts to (SPEC
+// §8.1; a residency change re-checks the reservations, changeResidency),
+// and the adapters, which the node loads into the running base.
 func sameIdentity(a, b *pb.ModelSpec) bool {
 	return proto.Equal(withoutMutable(a), withoutMutable(b))
 }
@@ -339,6 +371,7 @@ func sameIdentity(a, b *pb.ModelSpec) bool {
 func withoutMutable(spec *pb.ModelSpec) *pb.ModelSpec {
 	s := withReplicas(spec, 0)
 	s.Residency, s.Priority, s.Slo = pb.Residency_RESIDENCY_UNSPECIFIED, pb.Priority_PRIORITY_UNSPECIFIED, nil
+	s.Adapters = nil
 	return s
 }
 

@@ -276,20 +276,30 @@ func (f *FSM) replicaStatus(c *pb.ReplicaStatus, dry bool) *pb.Result {
 	case c.GetResidency() < pb.ReplicaResidency_REPLICA_RESIDENCY_UNSPECIFIED || c.GetResidency() > pb.ReplicaResidency_REPLICA_RESIDENCY_WAKING:
 		return invalid("replica status", []*pb.Violation{{Field: "residency", Description: "must be cold, loading, resident, draining, sleeping or waking"}})
 	}
+	if c.Adapters != nil {
+		if v := checkReplicaAdapters(c.Adapters); len(v) > 0 {
+			return invalid("replica status", v)
+		}
+	}
 	// An unspecified residency leaves the replica's as it is: a report of
 	// the engine's state alone says nothing about where its weights are.
+	// So does a report without adapters about theirs.
 	residency, residencyReason := r.Residency, r.ResidencyReason
 	if c.GetResidency() != pb.ReplicaResidency_REPLICA_RESIDENCY_UNSPECIFIED {
 		residency, residencyReason = c.GetResidency(), c.GetResidencyReason()
 	}
+	adapters := c.Adapters != nil && !sameAdapters(r.Adapters, c.Adapters.GetAdapters())
 	if r.State == c.GetState() && r.Reason == c.GetReason() && r.Restarts == c.GetRestarts() && r.Endpoint == c.GetEndpoint() &&
-		r.Residency == residency && r.ResidencyReason == residencyReason {
+		r.Residency == residency && r.ResidencyReason == residencyReason && !adapters {
 		return accept(pb.Outcome_OUTCOME_UNCHANGED, "replica %s/%d unchanged", c.GetModel(), c.GetReplica())
 	}
 	moved := r.Residency != residency
 	if !dry {
 		r.State, r.Reason, r.Restarts, r.Endpoint = c.GetState(), c.GetReason(), c.GetRestarts(), c.GetEndpoint()
 		r.Residency, r.ResidencyReason = residency, residencyReason
+		if adapters {
+			r.Adapters = cloneAdapters(c.Adapters.GetAdapters())
+		}
 	}
 	// Most log entries are status reports: their message is built without
 	// fmt (the same text as "replica %s/%d is %s"). A residency transition

@@ -113,9 +113,9 @@ func CheckQuantization(q string) string {
 
 // checkResidencyTenancy is the rule of SPEC §8.1 that needs the accelerator:
 // an onDemand or warm deployment needs a shared accelerator.
-func checkResidencyTenancy(v *violations, spec *pb.ModelSpec, acc *pb.StoredAccelerator) {
-	if r := residencyOf(spec); r != pb.Residency_RESIDENCY_PINNED && acc.Spec.Tenancy != pb.Tenancy_TENANCY_SHARED {
-		v.add("spec.residency", "an onDemand or warm deployment needs a shared accelerator: %q is dedicated (residency %s)", acc.Name, ResidencyName(r))
+func checkResidencyTenancy(v *violations, spec *pb.ModelSpec, accName string, acc *pb.AcceleratorSpec) {
+	if r := residencyOf(spec); r != pb.Residency_RESIDENCY_PINNED && acc.Tenancy != pb.Tenancy_TENANCY_SHARED {
+		v.add("spec.residency", "an onDemand or warm deployment needs a shared accelerator: %q is dedicated (residency %s)", accName, ResidencyName(r))
 	}
 }
 

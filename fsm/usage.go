@@ -136,6 +136,7 @@ func (f *FSM) unplace(r *pb.Replica, reason string) {
 // clearPlacement is unplace of a replica already released from its cards.
 func (f *FSM) clearPlacement(r *pb.Replica, reason string) {
 	r.Residency, r.ResidencyReason = pb.ReplicaResidency_REPLICA_RESIDENCY_UNSPECIFIED, ""
+	r.Adapters = nil
 	r.Node, r.Cards, r.ShareMilli, r.MemoryMib, r.PlacedIndex = "", nil, 0, 0, 0
 	r.State = pb.ReplicaState_REPLICA_STATE_PENDING
 	r.Reason = reason

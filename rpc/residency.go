@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/http"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -289,7 +290,7 @@ func (h *residencyHandlers) decisionsOf(ctx context.Context, t residencyTarget, 
 		var out []*pb.ResidencyDecision
 		for _, d := range ds {
 			after = d.Seq
-			if m.GetModel() == "" || string(d.Model) == m.GetModel() || string(d.For) == m.GetModel() {
+			if want := m.GetModel(); want == "" || aboutModel(d.Model, want) || aboutModel(d.For, want) {
 				out = append(out, decisionToProto(d))
 			}
 		}
@@ -373,4 +374,12 @@ func decisionToProto(d residency.NodeDecision) *pb.ResidencyDecision {
 			NeedBytes: in.Need, FreeBytes: in.Free, ReloadMs: in.Reload.Milliseconds(), Active: int64(in.Active),
 		},
 	}
+}
+
+// aboutModel reports whether the controller's model id (a replica,
+// "chat/0") is want: the replica itself or any replica of the deployment
+// want names.
+func aboutModel(id residency.ModelID, want string) bool {
+	name, _, _ := strings.Cut(string(id), "/")
+	return string(id) == want || name == want
 }

@@ -6,6 +6,8 @@ import (
 	"strconv"
 	"strings"
 	"text/template"
+
+	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
 )
 
 // vllm runs `vllm serve`. The share is vLLM's own cap: it sizes its KV cache
@@ -33,6 +35,12 @@ func (vllm) Command(p Params) (Command, error) {
 		args = append(args, "--max-model-len", u32(n))
 	}
 	var env []string
+	if len(p.Spec.GetAdapters()) > 0 {
+		// Adapters are loaded and unloaded at run time (runtime LoRA API);
+		// the largest rank sizes the LoRA buffers.
+		args = append(args, "--enable-lora", "--max-loras", u32(maxAdapters(e)), "--max-lora-rank", u32(maxRank(p.Spec)))
+		env = append(env, "VLLM_ALLOW_RUNTIME_LORA_UPDATING=True")
+	}
 	if p.MaySleep {
 		// The sleep endpoints exist only in development mode.
 		args = append(args, "--enable-sleep-mode")
@@ -192,6 +200,32 @@ func (sim) Command(p Params) (Command, error) {
 		// Busy sim engines on a card split its compute by this weight.
 		args = append(args, "--compute-percent", u32(c))
 	}
+	if len(p.Spec.GetAdapters()) > 0 || p.Spec.GetEngine().GetMaxAdapters() > 0 {
+		args = append(args, "--max-loras", u32(maxAdapters(p.Spec.GetEngine())))
+	}
 	args = append(args, p.Spec.GetEngine().GetArgs()...)
 	return Command{Path: p.Self, Args: args, HealthPath: "/health"}, nil
+}
+
+// maxAdapters is engine.maxAdapters, 4 when unset (SPEC §8.1).
+func maxAdapters(e *pb.EngineSpec) uint32 {
+	if n := e.GetMaxAdapters(); n > 0 {
+		return n
+	}
+	return 4
+}
+
+// maxRank is the largest rank of spec's adapters: vLLM's --max-lora-rank
+// takes 8, 16, 32, 64, 128, 256, 320 or 512, so it is rounded up to one.
+func maxRank(spec *pb.ModelSpec) uint32 {
+	var r uint32
+	for _, a := range spec.GetAdapters() {
+		r = max(r, a.GetRank())
+	}
+	for _, v := range []uint32{8, 16, 32, 64, 128, 256, 320, 512} {
+		if r <= v {
+			return v
+		}
+	}
+	return 512
 }

@@ -53,8 +53,13 @@
 // engine log`, WriteLog) that rotates at write time, so the log never takes
 // more than Options.LogMaxBytes on disk however fast the engine writes.
 // Neither the engine nor its log writer needs the agent, so both survive
-// it: after a kill -9 of the agent, a new executor reads pid.json, adopts
-// each engine that is still the same process and still wanted as it is, and
+// it, for Options.OrphanGrace (a minute by default, the agent's
+// --orphan-grace): the log writer watches the agent's mark (engines/
+// agent.json: its pid and process start time) and stops its engine once no
+// agent has run for that long (orphan.go). After a kill -9 of the agent, a
+// new executor marks itself the agent before anything else, reads pid.json,
+// adopts each engine that is still the same process and still wanted as it
+// is, and
 // stops every other one (cgroup and all) before starting anything, so no
 // replica ever has two processes and no engine is left orphaned. A
 // replica whose engine died while no agent ran is reported Failed (the

@@ -94,6 +94,11 @@ type Options struct {
 	// Containment is ContainAuto (default: a cgroup per engine where the
 	// node allows it) or ContainProcessGroup (the fallback without cgroups).
 	Containment string
+	// OrphanGrace is how long an engine outlives its agent: past it with
+	// no agent running (a kill -9, a crash), the engine's log writer stops
+	// it; an agent restarted sooner adopts it. 0 means DefaultOrphanGrace,
+	// a negative value never.
+	OrphanGrace time.Duration
 	// KeepEngines leaves engines running when Run returns, for a new
 	// executor to adopt (an agent upgrade); otherwise Run stops them and
 	// reports them Stopped.
@@ -135,6 +140,7 @@ func (o *Options) defaults() error {
 	setDefault(&o.RestartDelay, time.Second)
 	setDefault(&o.MaxRestartDelay, 5*time.Minute)
 	setDefault(&o.BackoffReset, 10*time.Minute)
+	setDefault(&o.OrphanGrace, DefaultOrphanGrace)
 	setDefault(&o.LogMaxBytes, 10<<20)
 	setDefault(&o.LogKeep, 3)
 	switch o.Containment {
@@ -223,6 +229,11 @@ func New(src Source, rep Reporter, opts Options) (*Executor, error) {
 // every engine (unless KeepEngines) and returns.
 func (e *Executor) Run(ctx context.Context) error {
 	if err := os.MkdirAll(e.enginesDir(), 0o755); err != nil {
+		return fmt.Errorf("executor: %w", err)
+	}
+	// Before anything else: the engines a previous agent left see an agent
+	// again and wait to be adopted (orphan.go).
+	if err := markAgent(e.enginesDir()); err != nil {
 		return fmt.Errorf("executor: %w", err)
 	}
 	records := e.readRecords()

@@ -8,6 +8,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"sync"
 	"syscall"
 	"time"
 )
@@ -151,7 +152,10 @@ func (w *logWriter) Close() error {
 //
 // It keeps reading when the disk refuses a write, so that an engine never
 // blocks on its output: what cannot be written is dropped.
-func WriteLog(r io.Reader, dir string, maxBytes int64, keep int) error {
+//
+// With watch.AgentFile set, it also stops the engine once no agent has run
+// for watch.Grace (orphan.go).
+func WriteLog(r io.Reader, dir string, maxBytes int64, keep int, watch OrphanWatch) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return fmt.Errorf("engine log: %w", err)
 	}
@@ -171,14 +175,32 @@ func WriteLog(r io.Reader, dir string, maxBytes int64, keep int) error {
 		return err
 	}
 	defer w.Close()
+	var mu sync.Mutex // w, written by the copy and the orphan watch
+	write := func(b []byte) {
+		mu.Lock()
+		defer mu.Unlock()
+		if _, err := w.Write(b); err != nil {
+			// Dropped; the next write tries a fresh engine.log.
+			w.Close()
+		}
+	}
+	if watch.AgentFile != "" {
+		done, watched := make(chan struct{}), make(chan struct{})
+		go func() {
+			defer close(watched)
+			watchOrphan(watch, dir, done, func(msg string) { write([]byte(msg)) })
+		}()
+		// Before the log closes: a watch stopping the engine finishes.
+		defer func() {
+			close(done)
+			<-watched
+		}()
+	}
 	buf := make([]byte, 64<<10)
 	for {
 		n, rerr := r.Read(buf)
 		if n > 0 {
-			if _, err := w.Write(buf[:n]); err != nil {
-				// Dropped; the next write tries a fresh engine.log.
-				w.Close()
-			}
+			write(buf[:n])
 		}
 		if rerr != nil {
 			if errors.Is(rerr, io.EOF) {

@@ -174,6 +174,12 @@ func (e *Executor) startEngine(k key, c *exec.Cmd, header string) (*process, err
 	defer w.Close()
 	lw := exec.Command(e.opts.Self, "engine", "log", "--dir", dir,
 		"--max-bytes", strconv.FormatInt(e.opts.LogMaxBytes, 10), "--keep", itoa(e.opts.LogKeep))
+	if e.opts.OrphanGrace > 0 {
+		// The writer stops the engine once the agent has been gone for
+		// the grace (orphan.go).
+		lw.Args = append(lw.Args, "--agent-file", filepath.Join(e.enginesDir(), agentFile),
+			"--orphan-grace", e.opts.OrphanGrace.String(), "--stop-grace", e.opts.GracePeriod.String())
+	}
 	lw.Stdin = r
 	// A group of its own: a signal to the engine's group does not cut the
 	// engine's last words short; it ends when the pipe does.

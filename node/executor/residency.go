@@ -96,3 +96,31 @@ func heldResidency(state pb.ReplicaState, reason string) (pb.ReplicaResidency, s
 	}
 	return engineResidency(state, reason)
 }
+
+// ReportAdapters commits where a replica's adapters are (their tiers, those
+// on disk left out), as a ReplicaStatus carrying the engine's last reported
+// state, so that `models get` shows them. A list equal to the last one
+// reported is not reported again. Errors as ReportResidency.
+func (e *Executor) ReportAdapters(ctx context.Context, model string, replica uint32, adapters []*pb.AdapterStatus) error {
+	e.mu.Lock()
+	s := e.sups[key{model, replica}]
+	e.mu.Unlock()
+	if s == nil {
+		return fmt.Errorf("report adapters of %s/%d: %w", model, replica, ErrNotRunning)
+	}
+	s.reportMu.Lock()
+	defer s.reportMu.Unlock()
+	if s.last == nil {
+		return fmt.Errorf("report adapters of %s: %w", s.k, ErrNotRunning)
+	}
+	st := proto.Clone(s.last).(*pb.ReplicaStatus)
+	st.Adapters = &pb.ReplicaAdapters{Adapters: adapters}
+	if proto.Equal(st, s.last) {
+		return nil
+	}
+	if err := s.e.rep.Report(ctx, st); err != nil {
+		return fmt.Errorf("report adapters of %s: %w", s.k, err)
+	}
+	s.last = st
+	return nil
+}

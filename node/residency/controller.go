@@ -188,6 +188,10 @@ type Controller struct {
 	pinnedOnly     bool
 	lastBroken     string
 
+	// adapters are the LoRA adapters of the bases on the card
+	// (adapters.go), kept outside the replicas' trial copies.
+	adapters map[ModelID]*adapterSet
+
 	// advised remembers the last advised action per model so advise mode
 	// records a decision when it changes, not on every tick.
 	advised map[ModelID]ActionKind
@@ -222,6 +226,7 @@ func New(cfg Config, clock Clock) (*Controller, error) {
 		index:      make(map[ModelID]int),
 		serialized: make(map[pairKey]time.Time),
 		advised:    make(map[ModelID]ActionKind),
+		adapters:   make(map[ModelID]*adapterSet),
 	}, nil
 }
 
@@ -305,12 +310,18 @@ func (c *Controller) setState(r *replica, s State, now time.Time) {
 func (c *Controller) Handle(ev Event) Output {
 	now := c.clock.Now()
 	var out Output
-	if err := c.observe(ev, now); err != nil {
+	if handled, err := c.observeAdapter(ev, now); err != nil {
 		out.Err = err
 		return out
+	} else if !handled {
+		if err := c.observe(ev, now); err != nil {
+			out.Err = err
+			return out
+		}
 	}
 	if c.cfg.Mode == Advise {
 		c.advise(now)
+		c.pageAllAdapters(&out, now)
 		return out
 	}
 	c.snapshot = append(c.snapshot[:0], c.reps...)
@@ -329,7 +340,27 @@ func (c *Controller) Handle(ev Event) Output {
 		c.record(acts[i].Decision)
 	}
 	out.Actions = append(out.Actions, acts...)
+	c.pageAllAdapters(&out, now)
 	return out
+}
+
+// pageAllAdapters runs the adapter step after the models' step and checks
+// what it did. Adapters are paged in advise mode too: without a load no
+// adapter is served at all.
+func (c *Controller) pageAllAdapters(out *Output, now time.Time) {
+	if len(c.adapters) == 0 {
+		return
+	}
+	active := c.adapterActive()
+	acts := c.adapterStep(now)
+	if vs := c.checkAdapters(acts, active, now); len(vs) > 0 {
+		out.Violations = append(out.Violations, c.violated(vs, now)...)
+		c.pinnedOnly = true
+	}
+	for i := range acts {
+		c.record(acts[i].Decision)
+	}
+	out.Actions = append(out.Actions, acts...)
 }
 
 // advise runs the policy on a copy and records changed advice.
@@ -433,7 +464,11 @@ func (c *Controller) observe(ev Event, now time.Time) error {
 	case MemorySample:
 		if r := c.rep(e.Model); r != nil && e.Bytes >= 0 && r.state != Cold && r.state != Failed {
 			r.measured = e.Bytes
-			r.prof.memory(r.state, e.Bytes)
+			// The profile learns the base alone: its adapters come and go.
+			// Only adapters confirmed loaded are surely in the sample; one
+			// loading or unloading may or may not be, and counting it in
+			// the base errs on the safe side.
+			r.prof.memory(r.state, e.Bytes-c.loadedAdapterBytes(r))
 		}
 	case DeploymentAdded:
 		return c.upsert(e.Deployment, now)

@@ -72,7 +72,7 @@ func (c *Controller) cost(r *replica) int64 {
 	case Loading:
 		v = c.peak(r)
 	case Resident, Draining, Waking:
-		v = c.footprint(r)
+		v = c.footprint(r) + c.adapterBytes(r)
 	case Sleeping:
 		v = c.residual(r)
 	}

@@ -109,6 +109,7 @@ func (w *world) crash(m residency.ModelID) {
 	e := w.eng[m]
 	e.epoch++
 	e.state, e.mem, e.draining = off, 0, false
+	w.dropAdapters(e)
 	w.send(residency.EngineCrashed{Model: m})
 	w.cutOff(m)
 	w.flush()

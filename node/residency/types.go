@@ -197,6 +197,15 @@ const (
 	ActSerialize
 	// ActReject fails the requests waiting for Model with the Reason.
 	ActReject
+	// ActLoadAdapter loads Adapter into Model's engine (vLLM's
+	// /v1/load_lora_adapter); AdapterLoaded or AdapterLoadFailed follows.
+	ActLoadAdapter
+	// ActUnloadAdapter unloads Adapter from Model's engine to host RAM
+	// (/v1/unload_lora_adapter); AdapterUnloaded follows.
+	ActUnloadAdapter
+	// ActDropAdapter records that Adapter left host RAM for disk. No
+	// engine operation.
+	ActDropAdapter
 )
 
 func (k ActionKind) String() string {
@@ -221,6 +230,12 @@ func (k ActionKind) String() string {
 		return "serialize"
 	case ActReject:
 		return "reject"
+	case ActLoadAdapter:
+		return "load-adapter"
+	case ActUnloadAdapter:
+		return "unload-adapter"
+	case ActDropAdapter:
+		return "drop-adapter"
 	}
 	return fmt.Sprintf("ActionKind(%d)", uint8(k))
 }
@@ -257,7 +272,10 @@ type Action struct {
 	Kind  ActionKind
 	Model ModelID
 	// Peer is the other model of an ActSerialize.
-	Peer     ModelID
+	Peer ModelID
+	// Adapter is the adapter of an ActLoadAdapter, ActUnloadAdapter or
+	// ActDropAdapter (adapters.go).
+	Adapter  string
 	Decision Decision
 }
 

@@ -51,6 +51,8 @@ func (s engState) String() string { return engStateNames[s] }
 type request struct {
 	id   int
 	done time.Time
+	// adapter is the adapter it uses ("" for the base).
+	adapter string
 }
 
 type engine struct {
@@ -75,6 +77,9 @@ type engine struct {
 	// epoch invalidates timers of an operation that a crash cut short.
 	epoch  int
 	served int
+	// ads are the engine's adapters (world_adapters_test.go); nil for a
+	// model without any.
+	ads *engAdapters
 }
 
 type timer struct {
@@ -189,6 +194,7 @@ func (w *world) dispatch(m residency.ModelID) {
 	}
 	e.queued = e.queued[:0]
 	e.wantedAt = time.Time{}
+	w.dispatchAdapters(m)
 }
 
 func (w *world) send(ev residency.Event) { w.queue = append(w.queue, ev) }
@@ -260,10 +266,14 @@ func (w *world) run(d time.Duration) {
 
 func (w *world) cutOff(m residency.ModelID) {
 	e := w.eng[m]
-	for range e.inflight {
+	for _, r := range e.inflight {
+		if r.adapter != "" {
+			w.send(residency.AdapterFinished{Model: m, Adapter: r.adapter})
+		}
 		w.send(residency.RequestFinished{Model: m})
 	}
 	e.inflight = nil
+	w.dropAdapters(e)
 }
 
 // outranks is the world's own reading of who may drain a busy engine.
@@ -333,7 +343,7 @@ func (w *world) exec(a residency.Action) {
 			}
 			e.state, e.mem = up, e.tr.foot
 			w.send(residency.LoadDone{Model: a.Model})
-			w.send(residency.MemorySample{Model: a.Model, Bytes: e.mem})
+			w.send(residency.MemorySample{Model: a.Model, Bytes: e.mem + e.adMem()})
 			w.dispatch(a.Model)
 		})
 	case residency.ActWake:
@@ -351,7 +361,7 @@ func (w *world) exec(a residency.Action) {
 			}
 			e.state = up
 			w.send(residency.WakeDone{Model: a.Model})
-			w.send(residency.MemorySample{Model: a.Model, Bytes: e.mem})
+			w.send(residency.MemorySample{Model: a.Model, Bytes: e.mem + e.adMem()})
 			w.dispatch(a.Model)
 		})
 	case residency.ActDrain:
@@ -385,7 +395,7 @@ func (w *world) exec(a residency.Action) {
 				}
 				e.state, e.mem, e.lent = asleep, e.tr.residual, true
 				w.send(residency.SleepDone{Model: a.Model})
-				w.send(residency.MemorySample{Model: a.Model, Bytes: e.mem})
+				w.send(residency.MemorySample{Model: a.Model, Bytes: e.mem + e.adMem()})
 			})
 			return
 		}
@@ -411,6 +421,8 @@ func (w *world) exec(a residency.Action) {
 		if a.Peer == "" || w.eng[a.Peer] == nil {
 			w.violate("serialize %s with unknown peer %q", a.Model, a.Peer)
 		}
+	case residency.ActLoadAdapter, residency.ActUnloadAdapter, residency.ActDropAdapter:
+		w.execAdapter(a, e)
 	}
 }
 
@@ -427,18 +439,20 @@ func (w *world) drainDeadline() time.Duration {
 func (w *world) claims() (claims, mem int64) {
 	for _, m := range w.names {
 		e := w.eng[m]
-		mem += e.mem
+		// An engine holds its adapters on the card beside its weights.
+		em := e.mem + e.adMem()
+		mem += em
 		switch {
 		case e.removed:
-			claims += e.mem
+			claims += em
 		case e.dep.Residency == residency.Pinned:
-			claims += max(e.dep.Share, e.mem)
+			claims += max(e.dep.Share, em)
 		case e.dep.Residency == residency.Warm && (e.state == asleep || e.state == off && e.lent) && len(e.queued) == 0 && len(e.inflight) == 0:
-			claims += e.mem
+			claims += em
 		case e.dep.Residency == residency.Warm:
-			claims += max(e.dep.Share, e.mem)
+			claims += max(e.dep.Share, em)
 		default:
-			claims += e.mem
+			claims += em
 		}
 	}
 	return claims, mem

@@ -42,6 +42,10 @@ type front struct {
 	// rejected counts rejections; reason is the last one's.
 	rejected int
 	reason   string
+	// adapters are the adapters on the card, served now; failed counts
+	// each adapter's failed loads, with the last error.
+	adapters map[string]bool
+	failed   map[string]adapterFailure
 
 	proxy *httputil.ReverseProxy
 }
@@ -128,6 +132,57 @@ func (f *front) set(ready bool, engineURL string) {
 	f.changed = make(chan struct{})
 }
 
+// setAdapters says which adapters the engine serves now.
+func (f *front) setAdapters(names []string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if len(names) == len(f.adapters) {
+		same := true
+		for _, n := range names {
+			same = same && f.adapters[n]
+		}
+		if same {
+			return
+		}
+	}
+	f.adapters = make(map[string]bool, len(names))
+	for _, n := range names {
+		f.adapters[n] = true
+	}
+	close(f.changed)
+	f.changed = make(chan struct{})
+}
+
+type adapterFailure struct {
+	n   int
+	err string
+}
+
+// adapterFailed fails the requests waiting for adapter a now.
+func (f *front) adapterFailed(a, err string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.failed == nil {
+		f.failed = map[string]adapterFailure{}
+	}
+	f.failed[a] = adapterFailure{n: f.failed[a].n + 1, err: err}
+	close(f.changed)
+	f.changed = make(chan struct{})
+}
+
+func (f *front) failure(a string) adapterFailure {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.failed[a]
+}
+
+// serves reports whether the engine serves adapter a now ("" is the base).
+func (f *front) serves(a string) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return a == "" || f.adapters[a]
+}
+
 // reject fails the requests waiting now.
 func (f *front) reject(reason string) {
 	f.mu.Lock()
@@ -151,21 +206,58 @@ func (f *front) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(http.StatusOK)
 		return
 	}
+	// A request for an adapter (or for a model this node does not serve
+	// to this tenant) is resolved before anything is loaded for it.
+	ar, status, msg := f.resolve(r)
+	if status != 0 {
+		typ := "invalid_request_error"
+		if status == http.StatusNotFound {
+			typ = "model_not_found"
+		}
+		writeError(w, status, typ, msg)
+		return
+	}
+	r = withBody(r, ar.body)
 	id := f.k.id()
-	f.m.post(func() { f.m.request(f.k, residency.RequestArrived{Model: id}) })
+	told := make(chan struct{})
+	f.m.post(func() {
+		defer close(told)
+		f.m.request(f.k, residency.RequestArrived{Model: id})
+		if ar.adapter != "" {
+			f.m.request(f.k, residency.AdapterRequested{Model: id, Adapter: ar.adapter})
+		}
+	})
+	if ar.adapter != "" {
+		// The controller must count the request before it is dispatched:
+		// otherwise it could take the adapter for idle and unload it
+		// under the request (I3).
+		select {
+		case <-told:
+		case <-r.Context().Done():
+		}
+	}
 	start := time.Now()
 	defer func() {
 		f.m.post(func() {
+			if ar.adapter != "" {
+				f.m.request(f.k, residency.AdapterFinished{Model: id, Adapter: ar.adapter})
+			}
 			f.m.request(f.k, residency.RequestFinished{Model: id, Elapsed: time.Since(start)})
 		})
 	}()
 	_, _, rejected0, _, _ := f.state()
+	failed0 := f.failure(ar.adapter)
 	deadline := time.NewTimer(f.m.opts.Wait)
 	defer deadline.Stop()
 	for {
 		ready, target, rejected, reason, changed := f.state()
-		if ready {
+		if ready && f.serves(ar.adapter) {
 			f.proxy.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), targetKey{}, target)))
+			return
+		}
+		if fl := f.failure(ar.adapter); ar.adapter != "" && fl.n != failed0.n {
+			w.Header().Set("Retry-After", strconv.Itoa(retryAfter))
+			writeError(w, http.StatusServiceUnavailable, "adapter_not_loaded", fmt.Sprintf("adapter %s of model %s could not be loaded: %s", ar.adapter, f.k.model, fl.err))
 			return
 		}
 		if rejected != rejected0 {

@@ -26,6 +26,7 @@ type Engines interface {
 	StartEngine(model string, replica uint32, reason string) error
 	StopEngine(ctx context.Context, model string, replica uint32, reason string) error
 	ReportResidency(ctx context.Context, model string, replica uint32, residency pb.ReplicaResidency, reason string) error
+	ReportAdapters(ctx context.Context, model string, replica uint32, adapters []*pb.AdapterStatus) error
 	Engines() []watchdog.Engine
 }
 
@@ -54,6 +55,9 @@ type Options struct {
 	// Tick is the period of the controllers' ticks and memory samples
 	// (default 1s).
 	Tick time.Duration
+	// AdapterReport is how often the adapters' tiers are committed, at
+	// most (default 5s): adapters page far more often than models.
+	AdapterReport time.Duration
 	// Config is every card's controller configuration; Card, Memory and
 	// Mode are set per card.
 	Config residency.Config
@@ -72,8 +76,11 @@ type Manager struct {
 
 	mu     sync.Mutex
 	fronts map[rkey]*front
-	queue  []func()
-	wake   chan struct{}
+	// adapterSpecs are the adapters of each replica that has any, for the
+	// fronts (adapters.go).
+	adapterSpecs map[rkey]*adapterSpec
+	queue        []func()
+	wake         chan struct{}
 
 	// Owned by the loop.
 	ctrls   map[uint32]*cardCtrl
@@ -125,6 +132,11 @@ type rep struct {
 	// advisedLoad is set in advise mode once the controller would have
 	// loaded the model (advise.go).
 	advisedLoad bool
+	// adapters are its deployment's adapters (nil: none); tiersSent the
+	// tiers last committed, tiersReported whether that report went through.
+	adapters      *adapterSpec
+	tiersSent     string
+	tiersReported bool
 }
 
 type report struct {
@@ -147,11 +159,14 @@ func New(opts Options) *Manager {
 	if opts.Tick <= 0 {
 		opts.Tick = time.Second
 	}
+	if opts.AdapterReport <= 0 {
+		opts.AdapterReport = 5 * time.Second
+	}
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
 	m := &Manager{opts: opts, log: opts.Logger, cards: map[uint32]*pb.Card{},
-		fronts: map[rkey]*front{}, wake: make(chan struct{}, 1),
+		fronts: map[rkey]*front{}, adapterSpecs: map[rkey]*adapterSpec{}, wake: make(chan struct{}, 1),
 		ctrls: map[uint32]*cardCtrl{}, reps: map[rkey]*rep{}, engines: map[rkey]engineSeen{},
 		reports: make(chan report, 4096)}
 	for _, c := range opts.Cards {
@@ -193,11 +208,12 @@ func onDemandOrWarm(spec *pb.ModelSpec) bool {
 }
 
 // fronted reports whether d's replica is served at a front: a warm or
-// onDemand replica on one card. The Manager holds its engine unless it
-// only advises.
+// onDemand replica on one card, whose engine the Manager holds unless it
+// only advises, or one with adapters (any residency), whose requests for
+// adapters the front resolves and pages in.
 func fronted(d executor.Desired) bool {
 	_, one := controlled(d)
-	return one && onDemandOrWarm(d.Spec)
+	return one && (onDemandOrWarm(d.Spec) || len(d.Spec.GetAdapters()) > 0)
 }
 
 // Hold is executor.Gate's: a warm or onDemand replica is served at its
@@ -215,7 +231,7 @@ func (m *Manager) Hold(d executor.Desired) (string, bool) {
 		m.log.Warn("residency: serve a front; the replica is loaded when placed", "replica", k.id(), "err", err)
 		return "", false
 	}
-	return f.url, !m.opts.Advise
+	return f.url, !m.opts.Advise && onDemandOrWarm(d.Spec)
 }
 
 // Placed is executor.Gate's.
@@ -246,6 +262,8 @@ func (m *Manager) Run(ctx context.Context, ex Engines) {
 	go m.reporter(ctx)
 	tick := time.NewTicker(m.opts.Tick)
 	defer tick.Stop()
+	adapterTick := time.NewTicker(m.opts.AdapterReport)
+	defer adapterTick.Stop()
 	defer m.closeFronts()
 	for {
 		select {
@@ -259,6 +277,8 @@ func (m *Manager) Run(ctx context.Context, ex Engines) {
 			for _, f := range q {
 				f()
 			}
+		case <-adapterTick.C:
+			m.reportAdapters()
 		case <-tick.C:
 			m.sample()
 			for _, c := range m.sortedCards() {
@@ -317,7 +337,7 @@ func (m *Manager) placed(ds []executor.Desired) {
 	want := map[rkey]executor.Desired{}
 	cardsWanted := map[uint32]bool{}
 	for _, d := range ds {
-		if c, ok := controlled(d); ok && onDemandOrWarm(d.Spec) {
+		if c, ok := controlled(d); ok && fronted(d) {
 			cardsWanted[c] = true
 		}
 	}
@@ -334,6 +354,9 @@ func (m *Manager) placed(ds []executor.Desired) {
 		}
 		m.handle(m.ctrls[r.card], residency.DeploymentRemoved{Model: k.id()}, "")
 		delete(m.reps, k)
+		m.mu.Lock()
+		delete(m.adapterSpecs, k)
+		m.mu.Unlock()
 		// Its engine stops with its supervisor; a replica placed here
 		// again starts from nothing.
 		delete(m.engines, k)
@@ -381,10 +404,12 @@ func (m *Manager) placed(ds []executor.Desired) {
 				r.dep = dep
 				m.handle(c, residency.DeploymentChanged{Deployment: dep}, "")
 			}
+			m.syncAdapters(c, r, d.Spec)
 			continue
 		}
 		m.reps[k] = &rep{k: k, card: c.index, dep: dep, kind: dep.Engine}
 		m.handle(c, residency.DeploymentAdded{Deployment: dep}, "")
+		m.syncAdapters(c, m.reps[k], d.Spec)
 		// An engine already running (a pinned one, or any in advise
 		// mode) holds its memory: the controller starts from that.
 		if e := m.engines[k]; e.state == pb.ReplicaState_REPLICA_STATE_RUNNING && m.follows(m.reps[k]) {
@@ -496,7 +521,9 @@ func (m *Manager) handle(c *cardCtrl, ev residency.Event, why string) {
 	}
 	reasons := map[residency.ModelID]string{}
 	for _, a := range out.Actions {
-		reasons[a.Model] = a.Decision.Reason
+		if a.Adapter == "" {
+			reasons[a.Model] = a.Decision.Reason
+		}
 		m.act(c, a)
 	}
 	for _, k := range sortedKeys(m.reps) {
@@ -571,6 +598,10 @@ func (m *Manager) act(c *cardCtrl, a residency.Action) {
 		if key.id() == a.Model {
 			k, r = key, rr
 		}
+	}
+	if r != nil && a.Adapter != "" {
+		m.actAdapter(c, k, r, a)
+		return
 	}
 	if r == nil || r.dep.Residency == residency.Pinned {
 		// A pinned engine runs as the executor keeps it; a replica gone
@@ -663,6 +694,9 @@ func (m *Manager) publishFronts(c *cardCtrl) {
 		running := e.state == pb.ReplicaState_REPLICA_STATE_RUNNING && e.url != ""
 		ready := running && (st.State == residency.Resident || m.opts.Advise)
 		f.set(ready, e.url)
+		if r.adapters != nil {
+			f.setAdapters(c.ctrl.AdaptersServed(k.id()))
+		}
 	}
 }
 

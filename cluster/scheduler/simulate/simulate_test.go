@@ -247,13 +247,13 @@ arrivals:
 
 func TestYAMLIsStrict(t *testing.T) {
 	for _, tc := range []struct{ nodes, work, want string }{
-		{nodes: "nodes:\n- name: a\n  cards: {l4: 1}\n  gpus: 2\n", want: `unknown field "gpus"`},
-		{nodes: "nodes:\n- name: a\n  cards: [{device: l4, colour: red}]\n", want: `unknown field "colour"`},
+		{nodes: "nodes:\n- name: a\n  cards: {l4: 1}\n  gpus: 2\n", want: `n.yaml: line 4: nodes[0].gpus: unknown field (known: name, count, labels, cards, cpuMilli, memoryMiB, down)`},
+		{nodes: "nodes:\n- name: a\n  cards: [{device: l4, colour: red}]\n", want: `n.yaml: line 3: nodes[0].cards[0].colour: unknown field`},
 		{work: "accelerators:\n- {name: s, device: l4, tenancy: shared, devicesPerReplica: 2}\n", want: "a shared accelerator splits a single device"},
 		{work: "accelerators:\n- {name: d, device: l4, maxModels: 2}\n", want: "maxModels is for shared accelerators only"},
 		{work: "accelerators:\n- {name: s, device: l4, tenancy: shared}\narrivals:\n- {deployment: x, accelerator: s}\n", want: "needs memoryPercent 1..100"},
 		{work: "arrivals:\n- {deployment: x, accelerator: nope}\n", want: `unknown accelerator "nope"`},
-		{work: "arrivals:\n- {deployment: x, accelerator: s, memoryPct: 4}\n", want: `unknown field "memoryPct"`},
+		{work: "arrivals:\n- {deployment: x, accelerator: s, memoryPct: 4}\n", want: `w.yaml: line 2: arrivals[0].memoryPct: unknown field`},
 		{work: "accelerators:\n- {name: s, device: l4, tenancy: shared}\narrivals:\n- {deployment: x, accelerator: s, memoryPercent: 5, residency: lazy}\n",
 			want: `residency must be pinned, warm or onDemand, got "lazy"`},
 		{work: "accelerators:\n- {name: d, device: l4}\narrivals:\n- {deployment: x, accelerator: d, residency: onDemand}\n",
@@ -267,6 +267,36 @@ func TestYAMLIsStrict(t *testing.T) {
 		}
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("error %v, want it to contain %q", err, tc.want)
+		}
+	}
+}
+
+// TestYAMLErrorsSpeakYAML checks that a malformed file is reported with its
+// line and the field's path in the file, never as the JSON decoding that
+// sigs.k8s.io/yaml does underneath (issue 19, item 11).
+func TestYAMLErrorsSpeakYAML(t *testing.T) {
+	for _, tc := range []struct{ nodes, work, want string }{
+		{nodes: "nodes:\n- name: a\n  count: two\n  cards: {l4: 1}\n", want: `n.yaml: line 3: nodes[0].count: must be an integer, got "two"`},
+		{nodes: "nodes:\n- name: a\n  cards: {l4: many}\n", want: `n.yaml: line 3: nodes[0].cards.l4: must be an integer, got "many"`},
+		{nodes: "nodes:\n- name: a\n  cards: l4\n", want: `n.yaml: line 3: nodes[0].cards: must be a map of device kind to count ({l4: 2}) or a list of cards, got "l4"`},
+		{nodes: "nodes: {name: a}\n", want: `n.yaml: line 1: nodes: must be a list, got a mapping`},
+		{nodes: "nodes:\n- name: 7\n  cards: {l4: 1}\n", want: `n.yaml: line 2: nodes[0].name: must be a string, got 7 (quote it)`},
+		{nodes: "nodes:\n- name: a\n  down: maybe\n", want: `n.yaml: line 3: nodes[0].down: must be true or false, got "maybe"`},
+		{nodes: "nodes:\n- name: a\n  cards: {l4: 1\n", want: `n.yaml: line 2: did not find expected ',' or '}'`},
+		{work: "accelerators:\n- name: s\n  device: l4\n  maxModels: 2.5\n", want: `w.yaml: line 4: accelerators[0].maxModels: must be an integer, got 2.5`},
+		{work: "arrivals:\n- {deployment: x, accelerator: s, selector: [a]}\n", want: `w.yaml: line 2: arrivals[0].selector: must be a mapping, got a list`},
+	} {
+		var err error
+		if tc.nodes != "" {
+			_, err = ParseNodesYAML("n.yaml", []byte(tc.nodes))
+		} else {
+			_, _, err = ParseWorkloadYAML("w.yaml", []byte(tc.work))
+		}
+		if err == nil || err.Error() != tc.want {
+			t.Errorf("error %v, want %s", err, tc.want)
+		}
+		if err != nil && strings.Contains(strings.ToLower(err.Error()), "json") {
+			t.Errorf("error %q speaks of JSON", err)
 		}
 	}
 }

@@ -7,8 +7,6 @@ import (
 	"sort"
 	"strings"
 
-	"sigs.k8s.io/yaml"
-
 	"github.com/gpuplane/gpuplane/cluster/scheduler"
 )
 
@@ -99,8 +97,8 @@ func (c *cardsSpec) UnmarshalJSON(b []byte) error {
 // ParseNodesYAML parses a nodes file.
 func ParseNodesYAML(name string, data []byte) ([]scheduler.Node, error) {
 	var f nodesFile
-	if err := yaml.UnmarshalStrict(data, &f); err != nil {
-		return nil, fmt.Errorf("%s: %w", name, err)
+	if err := decodeYAML(name, data, &f); err != nil {
+		return nil, err
 	}
 	var nodes []scheduler.Node
 	seen := map[string]bool{}
@@ -167,8 +165,8 @@ type arrivalSpec struct {
 // devicesPerReplica 1) and rules 3, 4 and 8.
 func ParseWorkloadYAML(name string, data []byte) ([]scheduler.Accelerator, []scheduler.Request, error) {
 	var f workloadFile
-	if err := yaml.UnmarshalStrict(data, &f); err != nil {
-		return nil, nil, fmt.Errorf("%s: %w", name, err)
+	if err := decodeYAML(name, data, &f); err != nil {
+		return nil, nil, err
 	}
 	accs := make([]scheduler.Accelerator, 0, len(f.Accelerators))
 	byName := map[string]scheduler.Accelerator{}

@@ -56,7 +56,10 @@ type Config struct {
 	// Residency is the node's residency controller mode: auto (default) or
 	// advise (SPEC §2).
 	Residency string
-	Version   string
+	// OrphanGrace is how long engines outlive the agent when it dies
+	// without stopping them (default executor.DefaultOrphanGrace).
+	OrphanGrace time.Duration
+	Version     string
 
 	// SecurityConfig: TLS, gossip encryption and ACLs (security.go).
 	SecurityConfig

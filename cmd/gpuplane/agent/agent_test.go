@@ -198,8 +198,8 @@ func device(n *node, name string) (deviceJSON, error) {
 type statusJSON struct {
 	Leader       string
 	StateHash    string
-	AppliedIndex string
-	CommitIndex  string
+	AppliedIndex uint64
+	CommitIndex  uint64
 }
 
 func status(n *node) (statusJSON, error) {
@@ -330,7 +330,7 @@ func TestCluster(t *testing.T) {
 				want = st
 			}
 			if st.StateHash == "" || st.StateHash != want.StateHash || st.AppliedIndex != want.AppliedIndex {
-				return fmt.Errorf("%s: hash %s applied %s; %s: hash %s applied %s", s.cfg.NodeName, st.StateHash,
+				return fmt.Errorf("%s: hash %s applied %d; %s: hash %s applied %d", s.cfg.NodeName, st.StateHash,
 					st.AppliedIndex, servers[0].cfg.NodeName, want.StateHash, want.AppliedIndex)
 			}
 		}
@@ -397,7 +397,7 @@ func statusOnServer(n *node) (statusJSON, error) {
 		return st, err
 	}
 	if st.AppliedIndex != st.CommitIndex {
-		return st, fmt.Errorf("%s applied %s of %s", n.cfg.NodeName, st.AppliedIndex, st.CommitIndex)
+		return st, fmt.Errorf("%s applied %d of %d", n.cfg.NodeName, st.AppliedIndex, st.CommitIndex)
 	}
 	return st, nil
 }

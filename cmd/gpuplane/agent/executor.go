@@ -55,7 +55,10 @@ func (a *Agent) startExecutor() error {
 	opts := executor.Options{
 		Node: a.cfg.NodeName, DataDir: a.cfg.DataDir, Cards: node.Cards,
 		BindHost: a.cfg.Bind, AdvertiseHost: a.cfg.Advertise,
-		Enforcement: enf, Logger: a.cfg.Logger,
+		Enforcement: enf, Logger: a.cfg.Logger, OrphanGrace: a.cfg.OrphanGrace,
+	}
+	if a.cfg.OrphanGrace < 0 {
+		return fmt.Errorf("--orphan-grace must not be negative, got %s", a.cfg.OrphanGrace)
 	}
 	var lib nvml.Interface
 	switch {

@@ -69,15 +69,6 @@ func newAcceleratorsGetCommand(g *globals) *cobra.Command {
 	return c
 }
 
-// acceleratorFlags maps spec fields to the flags of `accelerators create`,
-// so that a violation names what the user typed.
-var acceleratorFlags = map[string]string{
-	"spec.device":            "--device",
-	"spec.tenancy":           "--tenancy",
-	"spec.maxModels":         "--max-models",
-	"spec.devicesPerReplica": "--devices-per-replica",
-}
-
 func newAcceleratorsCreateCommand(g *globals) *cobra.Command {
 	var (
 		spec              descriptor.AcceleratorSpec
@@ -109,12 +100,10 @@ func newAcceleratorsCreateCommand(g *globals) *cobra.Command {
 			if v := descriptor.CheckName("NAME", name); v != nil {
 				problems = append(problems, v)
 			}
-			for _, v := range spec.Check() {
-				if flag, ok := acceleratorFlags[v.GetField()]; ok {
-					v.Field = flag
-				}
-				problems = append(problems, v)
-			}
+			// The spec's rules are the server's own (descriptor delegates
+			// to fsm), printed with their field paths as the server's
+			// refusal would be: one wording whichever finds the problem.
+			problems = append(problems, spec.Check()...)
 			if len(problems) > 0 {
 				for _, v := range problems {
 					fmt.Fprintf(g.stderr, "error: %s\n", violationLine(v))

@@ -137,7 +137,7 @@ func TestListAndGetAgainstServer(t *testing.T) {
 
 	// The address may come from the environment, without a scheme.
 	r = run(t, "", map[string]string{"GPUPLANE_ADDR": strings.TrimPrefix(url, "http://")}, "-o", "json", "nodes", "get", "n1")
-	if r.code != exitOK || !strings.HasPrefix(r.stdout, "{\n  \"name\": \"n1\",") || !strings.Contains(r.stdout, `"role": "NODE_ROLE_SERVER"`) {
+	if r.code != exitOK || !strings.HasPrefix(r.stdout, "{\n  \"name\": \"n1\",") || !strings.Contains(r.stdout, `"role": "server"`) {
 		t.Errorf("nodes get -o json: %+v", r)
 	}
 
@@ -169,7 +169,7 @@ func TestAcceleratorsCreateAndDelete(t *testing.T) {
 
 	// Rule 3 is checked before anything is sent.
 	r = run(t, "", nil, "--addr", url, "accelerators", "create", "s2", "--device", "l4", "--tenancy", "shared", "--devices-per-replica", "2")
-	if r.code != exitFailure || r.stderr != "error: --devices-per-replica: a shared accelerator splits a single device: devicesPerReplica must be 1, got 2\n" {
+	if r.code != exitFailure || r.stderr != "error: spec.devicesPerReplica: a shared accelerator splits a single device: must be 1, got 2 (rule 3)\n" {
 		t.Errorf("create shared with 2 devices: %+v", r)
 	}
 	if len(f.creates) != 1 {

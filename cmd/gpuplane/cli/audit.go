@@ -201,7 +201,9 @@ func newAuditExportCommand(g *globals) *cobra.Command {
 			}
 			defer src.close()
 			return src.log(&pb.LogRequest{FromIndex: from, ToIndex: to}, func(ev *pb.Event) error {
-				return writeJSONLine(g.stdout, ev)
+				// An archive keeps the API's protojson, which any
+				// protobuf library reads back.
+				return writeAPIJSONLine(g.stdout, ev)
 			})
 		},
 	}

@@ -23,7 +23,7 @@ func newEngineCommand(g *globals) *cobra.Command {
 // newEngineSimCommand is `gpuplane engine sim`: the simulated inference
 // engine of SPEC §6. It serves until SIGTERM or interrupt.
 func newEngineSimCommand(g *globals) *cobra.Command {
-	var cfg sim.Config
+	cfg := sim.Config{LoRALoad: sim.DefaultLoRALoad}
 	var startSeconds, initSeconds, loadSeconds, wakeSeconds, idleSeconds float64
 	var cards string
 	cmd := &cobra.Command{
@@ -112,6 +112,10 @@ starts it for deployments of engine kind sim, sized to their share.`,
 	f.Float64Var(&cfg.BatchSlowdown, "batch-slowdown", 0, "α: with C requests in flight each stream runs at speed/(1+α(C-1))")
 	f.Float64Var(&idleSeconds, "sleep-idle-seconds", -1, "sleep after this many idle seconds, waking on the next request, as llama.cpp (negative: never)")
 	f.StringVar(&cards, "card-uuids", "", "cards to register the memory on, comma-separated UUIDs")
+	f.IntVar(&cfg.MaxLoRAs, "max-loras", sim.DefaultMaxLoRAs, "LoRA adapters loaded at once, as vLLM's --max-loras (POST /v1/load_lora_adapter)")
+	f.Uint64Var(&cfg.LoRAMiBPerRank, "lora-mib-per-rank", sim.DefaultLoRAMiBPerRank, "GPU memory of a loaded adapter per unit of its rank (adapter_config.json's r, else 16)")
+	f.Float64Var(&cfg.LoRALoad.Scale, "lora-load-scale", 1, "multiplies every adapter load time (drawn from GenTD26's measured LoRA loads: median about 4.4s)")
+	f.DurationVar(&cfg.LoRALoad.Fixed, "lora-load-time", 0, "a fixed adapter load time instead of the drawn one (0: draw)")
 	return cmd
 }
 
@@ -122,6 +126,7 @@ func newEngineLogCommand(g *globals) *cobra.Command {
 	var dir string
 	var maxBytes int64
 	var keep int
+	var watch executor.OrphanWatch
 	cmd := &cobra.Command{
 		Use:   "log",
 		Short: "Write an engine's output (stdin) to its size-capped, rotated log",
@@ -130,12 +135,18 @@ func newEngineLogCommand(g *globals) *cobra.Command {
 			if dir == "" || maxBytes <= 0 || keep < 0 {
 				return usageErrorf(cmd, "--dir is required, --max-bytes must be more than 0 and --keep at least 0")
 			}
-			return executor.WriteLog(g.stdin, dir, maxBytes, keep)
+			if watch.AgentFile != "" && (watch.Grace <= 0 || watch.StopGrace <= 0) {
+				return usageErrorf(cmd, "--agent-file needs --orphan-grace and --stop-grace more than 0")
+			}
+			return executor.WriteLog(g.stdin, dir, maxBytes, keep, watch)
 		},
 	}
 	f := cmd.Flags()
 	f.StringVar(&dir, "dir", "", "the replica's directory, where engine.log is written")
 	f.Int64Var(&maxBytes, "max-bytes", 10<<20, "the most bytes of log kept on disk, all files together")
 	f.IntVar(&keep, "keep", 3, "rotated files kept besides engine.log")
+	f.StringVar(&watch.AgentFile, "agent-file", "", "the agent's mark (pid and start time): stop the engine once no agent has run for --orphan-grace")
+	f.DurationVar(&watch.Grace, "orphan-grace", executor.DefaultOrphanGrace, "with --agent-file: how long the engine outlives its agent")
+	f.DurationVar(&watch.StopGrace, "stop-grace", 10*time.Second, "with --agent-file: between SIGTERM and SIGKILL when stopping the engine")
 	return cmd
 }

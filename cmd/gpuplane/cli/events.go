@@ -278,18 +278,32 @@ func (g *globals) eventWriter(backlog []*pb.Event) (func(*pb.Event) error, error
 // default actor names, an 8-character request id, most summaries.
 var eventMinWidths = []int{5, 4, len(eventTimeFormat), len("anonymous"), 8, 40, 0}
 
-// writeJSONLine writes m as one line of compact JSON (JSON lines).
+// writeJSONLine writes m as one line of compact JSON (JSON lines), in the
+// CLI's plain form.
 func writeJSONLine(w interface{ Write([]byte) (int, error) }, m proto.Message) error {
+	b, err := plainJSON(m)
+	if err != nil {
+		return err
+	}
+	return writeLine(w, b)
+}
+
+// writeAPIJSONLine is writeJSONLine in the API's protojson form.
+func writeAPIJSONLine(w interface{ Write([]byte) (int, error) }, m proto.Message) error {
 	b, err := marshalJSON(m)
 	if err != nil {
 		return err
 	}
+	return writeLine(w, b)
+}
+
+func writeLine(w interface{ Write([]byte) (int, error) }, b []byte) error {
 	var buf bytes.Buffer
 	if err := json.Compact(&buf, b); err != nil {
 		return err
 	}
 	buf.WriteByte('\n')
-	_, err = w.Write(buf.Bytes())
+	_, err := w.Write(buf.Bytes())
 	return err
 }
 

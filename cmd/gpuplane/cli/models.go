@@ -108,19 +108,44 @@ waits on to stderr; exit 1 if it is not Ready within --wait-timeout.`,
 }
 
 // printModel prints a deployment and its replicas: two tables, or the
-// GetModel answer ({"model": ..., "replicas": [...]}) as JSON or YAML.
+// deployment's descriptor document as JSON or YAML, its replicas under
+// status.replicas, so that what it prints can be applied back.
 func (g *globals) printModel(m *pb.GetModelResponse) error {
 	if g.output != outputTable {
-		return g.printObject(m, table{})
+		doc, err := modelDocument(m.GetModel())
+		if err != nil {
+			return err
+		}
+		var replicas []any
+		for _, r := range m.GetReplicas() {
+			o, err := plainMessage(r.ProtoReflect())
+			if err != nil {
+				return err
+			}
+			replicas = append(replicas, o)
+		}
+		status := doc[len(doc)-1].value.(object)
+		doc[len(doc)-1].value = append(status, member{"replicas", append([]any{}, replicas...)})
+		b, err := marshalPlain(doc)
+		if err != nil {
+			return err
+		}
+		return g.writeJSON(b)
 	}
 	if err := modelTable([]*pb.ModelDeployment{m.GetModel()}, true).write(g.stdout); err != nil {
 		return err
 	}
-	if len(m.GetReplicas()) == 0 {
+	if len(m.GetReplicas()) > 0 {
+		fmt.Fprintln(g.stdout)
+		if err := replicaTable(m.GetReplicas()).write(g.stdout); err != nil {
+			return err
+		}
+	}
+	if len(m.GetModel().GetSpec().GetAdapters()) == 0 {
 		return nil
 	}
 	fmt.Fprintln(g.stdout)
-	return replicaTable(m.GetReplicas()).write(g.stdout)
+	return adapterTable(m.GetModel().GetSpec(), m.GetReplicas()).write(g.stdout)
 }
 
 // waitReady polls GetModel until the deployment is Ready or timeout passes.

@@ -175,18 +175,18 @@ orphan   gone          vllm     0/0        -                pinned      standard
 	}
 
 	r = run(t, "", nil, "--addr", url, "-o", "json", "models", "list")
-	if r.code != exitOK || !strings.HasPrefix(r.stdout, "[\n  {\n    \"name\": \"chat\",") {
+	if r.code != exitOK || !strings.HasPrefix(r.stdout, "[\n  {\n    \"resource\": \"ModelDeployment\",\n    \"resourceVersion\": \"v1\",\n    \"metadata\": {\n      \"name\": \"chat\"") {
 		t.Fatalf("models list -o json: %+v", r)
 	}
-	for _, s := range []string{`"running": 1`, `"desired": 2`, `"memoryPerReplicaMib": "10365"`, `"ready": false`,
-		`"residency": "RESIDENCY_ON_DEMAND"`, `"priority": "PRIORITY_INTERACTIVE"`, `"ttftMs": 800`, `"quantization": "fp8"`,
+	for _, s := range []string{`"running": 1`, `"desired": 2`, `"memoryPerReplicaMib": 10365`, `"ready": false`,
+		`"residency": "onDemand"`, `"priority": "interactive"`, `"ttftMs": 800`, `"quantization": "fp8"`,
 		`"reason": "1 of 2 replicas pending: no node has 2 free h100 cards`} {
 		if !strings.Contains(r.stdout, s) {
 			t.Errorf("models list -o json lacks %s:\n%s", s, r.stdout)
 		}
 	}
 	r = run(t, "", nil, "--addr", url, "-o", "yaml", "models", "list")
-	if r.code != exitOK || !strings.HasPrefix(r.stdout, "- createdIndex: \"0\"\n  generation: \"0\"\n  name: chat\n") {
+	if r.code != exitOK || !strings.HasPrefix(r.stdout, "- resource: ModelDeployment\n  resourceVersion: v1\n  metadata:\n    name: chat\n") {
 		t.Errorf("models list -o yaml: %+v", r)
 	}
 }
@@ -223,10 +223,10 @@ big     1         -      -       -         -         Pending    -           -   
 	}
 
 	r = run(t, "", nil, "--addr", url, "-o", "json", "models", "get", "chat")
-	if r.code != exitOK || !strings.HasPrefix(r.stdout, "{\n  \"model\": {\n    \"name\": \"chat\",") {
+	if r.code != exitOK || !strings.HasPrefix(r.stdout, "{\n  \"resource\": \"ModelDeployment\",\n  \"resourceVersion\": \"v1\",\n  \"metadata\": {\n    \"name\": \"chat\"") {
 		t.Fatalf("models get -o json: %+v", r)
 	}
-	for _, s := range []string{`"replicas": [`, `"endpoint": "http://10.0.0.1:8000"`, `"endpoint": ""`, `"state": "REPLICA_STATE_PLACED"`, `"computePercent": 50`} {
+	for _, s := range []string{`"replicas": [`, `"endpoint": "http://10.0.0.1:8000"`, `"endpoint": ""`, `"state": "placed"`, `"computePercent": 50`} {
 		if !strings.Contains(r.stdout, s) {
 			t.Errorf("models get -o json lacks %s:\n%s", s, r.stdout)
 		}
@@ -384,7 +384,7 @@ spec:
 	// -o json prints the deployment the server returns.
 	m.apply = nil
 	r = run(t, "", nil, "--addr", url, "-o", "json", "models", "deploy", "x", "--accelerator", "small", "--model", "/m", "--memory-percent", "10")
-	if r.code != exitOK || !strings.HasPrefix(r.stdout, "{\n  \"name\": \"x\",") || !strings.Contains(r.stdout, `"memoryPercent": 10`) {
+	if r.code != exitOK || !strings.Contains(r.stdout, "\"metadata\": {\n    \"name\": \"x\"") || !strings.Contains(r.stdout, `"memoryPercent": 10`) {
 		t.Errorf("deploy -o json: %+v", r)
 	}
 
@@ -422,7 +422,7 @@ func TestModelsDeployFlagErrors(t *testing.T) {
 	}{
 		{[]string{"--memory-percent", "0"}, exitFailure, "error: --memory-percent: must be between 1 and 100, got 0"},
 		{[]string{"--memory-percent", "101"}, exitFailure, "error: --memory-percent: must be between 1 and 100, got 101"},
-		{[]string{"--compute-percent", "50"}, exitFailure, "error: --compute-percent: needs a memory share: set memoryPercent or memory as well"},
+		{[]string{"--compute-percent", "50"}, exitFailure, "error: --compute-percent: needs a memory share: set memoryPercent or memory too (rule 10)"},
 		{[]string{"--memory-percent", "40", "--memory", "1Gi"}, exitFailure, "error: --memory: set memoryPercent or memory, not both"},
 		{[]string{"--engine", "tgi"}, exitFailure, `error: --engine: must be one of vllm, llamacpp, ollama, command, sim, got "tgi"`},
 		{[]string{"--replicas", "-1"}, exitFailure, "error: --replicas: must be at least 0, got -1"},
@@ -447,7 +447,7 @@ func TestModelsDeployFlagErrors(t *testing.T) {
 	}
 	// Several problems are all reported, and a bad name too.
 	r := run(t, "", nil, "--addr", url, "models", "deploy", "Chat", "--accelerator", "small", "--model", "/m", "--memory-percent", "0", "--compute-percent", "101")
-	want := `error: NAME: "Chat" is not a DNS label: use at most 63 lowercase letters, digits and '-', starting and ending with a letter or digit
+	want := `error: NAME: "Chat" must be a DNS label: at most 63 lowercase letters, digits or '-', starting and ending with a letter or digit
 error: --memory-percent: must be between 1 and 100, got 0
 error: --compute-percent: must be between 1 and 100, got 101
 `
@@ -513,22 +513,23 @@ big     1         -      -       -         -         Pending    -           -   
   {
     "model": "chat",
     "index": 1,
-    "generation": "0",
+    "generation": 0,
     "accelerator": "",
     "node": "n2",
     "cards": [
       1
     ],
     "shareMilli": 450,
-    "memoryMib": "10365",
+    "memoryMib": 10365,
     "computePercent": 50,
-    "state": "REPLICA_STATE_PLACED",
+    "state": "placed",
     "reason": "",
     "restarts": 0,
     "endpoint": "",
-    "placedIndex": "0",
-    "residency": "REPLICA_RESIDENCY_COLD",
-    "residencyReason": ""
+    "placedIndex": 0,
+    "residency": "cold",
+    "residencyReason": "",
+    "adapters": []
   }
 ]
 `

@@ -9,9 +9,9 @@ import (
 	"strings"
 	"text/tabwriter"
 
+	yaml "go.yaml.in/yaml/v2"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
-	sigsyaml "sigs.k8s.io/yaml"
 )
 
 // table is what a command shows in -o table: a header and rows of cells.
@@ -56,11 +56,12 @@ func (g *globals) printList(items []proto.Message, t table) error {
 	return g.writeJSON(b)
 }
 
-// jsonArray is the JSON form of a listing: the messages' API JSON in an array.
+// jsonArray is the JSON form of a listing: the messages' plain JSON in an
+// array.
 func jsonArray(items []proto.Message) ([]byte, error) {
 	parts := make([][]byte, len(items))
 	for i, m := range items {
-		b, err := marshalJSON(m)
+		b, err := plainJSON(m)
 		if err != nil {
 			return nil, err
 		}
@@ -74,7 +75,7 @@ func (g *globals) printObject(m proto.Message, t table) error {
 	if g.output == outputTable {
 		return t.write(g.stdout)
 	}
-	b, err := marshalJSON(m)
+	b, err := plainJSON(m)
 	if err != nil {
 		return err
 	}
@@ -105,7 +106,7 @@ func (g *globals) writeJSON(compact []byte) error {
 	buf.WriteByte('\n')
 	out := buf.Bytes()
 	if g.output == outputYAML {
-		y, err := sigsyaml.JSONToYAML(out)
+		y, err := jsonToYAML(out)
 		if err != nil {
 			return fmt.Errorf("format YAML: %w", err)
 		}
@@ -115,8 +116,25 @@ func (g *globals) writeJSON(compact []byte) error {
 	return err
 }
 
-// marshalJSON is the API's JSON form of a message: camelCase names, every
-// field present (zero values included) so scripts need no defaults.
+// jsonToYAML converts JSON to YAML keeping every object's keys in their
+// order (a descriptor reads resource, resourceVersion, metadata, spec,
+// status, as it is written), which a conversion through Go maps would sort.
+func jsonToYAML(j []byte) ([]byte, error) {
+	// JSON is YAML; decoding into a MapSlice keeps the order of every
+	// mapping below it too. The wrapper lets a list or a scalar through.
+	var wrapped yaml.MapSlice
+	if err := yaml.Unmarshal(append(append([]byte(`{"v": `), j...), '}'), &wrapped); err != nil {
+		return nil, err
+	}
+	if len(wrapped) != 1 {
+		return nil, fmt.Errorf("unexpected YAML conversion of %d values", len(wrapped))
+	}
+	return yaml.Marshal(wrapped[0].Value)
+}
+
+// marshalJSON is the API's JSON form of a message (protojson): camelCase
+// names, every field present (zero values included). Only archives use it
+// (audit export), so that they read back with any protobuf library.
 func marshalJSON(m proto.Message) ([]byte, error) {
 	return protojson.MarshalOptions{EmitUnpopulated: true}.Marshal(m)
 }

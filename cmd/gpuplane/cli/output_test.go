@@ -110,25 +110,29 @@ n2     10.0.0.2:7410   client   left     -             -
 func TestJSONAndYAML(t *testing.T) {
 	accs := sampleAccelerators()[:1]
 	list := func(g *globals) error { return g.printList(messages(accs), acceleratorTable(accs)) }
-	wantJSON := `[
-  {
-    "name": "standard",
-    "spec": {
-      "device": "l4",
-      "tenancy": "TENANCY_DEDICATED",
-      "maxModels": 0,
-      "devicesPerReplica": 1
-    },
-    "status": {
-      "memoryPerModelMib": "23034",
-      "inUse": 0,
-      "canPlace": 1,
-      "ready": true
-    },
-    "createdIndex": "0"
+	// The descriptor's vocabulary, not protojson's: an accelerator is the
+	// document apply reads, tenancy a word, 64-bit numbers numbers.
+	wantObject := `{
+  "resource": "Accelerator",
+  "resourceVersion": "v1",
+  "metadata": {
+    "name": "standard"
+  },
+  "spec": {
+    "device": "l4",
+    "tenancy": "dedicated",
+    "devicesPerReplica": 1
+  },
+  "status": {
+    "memoryPerModelMib": 23034,
+    "inUse": 0,
+    "canPlace": 1,
+    "ready": true,
+    "createdIndex": 0
   }
-]
+}
 `
+	wantJSON := "[\n" + indent(wantObject, "  ") + "]\n"
 	// protojson varies its whitespace between runs; the CLI's must not.
 	for range 3 {
 		if got := printed(t, outputJSON, list); got != wantJSON {
@@ -137,39 +141,25 @@ func TestJSONAndYAML(t *testing.T) {
 	}
 
 	get := func(g *globals) error { return g.printObject(accs[0], acceleratorTable(accs)) }
-	wantObject := `{
-  "name": "standard",
-  "spec": {
-    "device": "l4",
-    "tenancy": "TENANCY_DEDICATED",
-    "maxModels": 0,
-    "devicesPerReplica": 1
-  },
-  "status": {
-    "memoryPerModelMib": "23034",
-    "inUse": 0,
-    "canPlace": 1,
-    "ready": true
-  },
-  "createdIndex": "0"
-}
-`
 	if got, want := printed(t, outputJSON, get), wantObject; got != want {
 		t.Errorf("-o json get:\n%s\nwant:\n%s", got, want)
 	}
 
-	wantYAML := `- createdIndex: "0"
-  name: standard
+	// YAML keeps the document's order.
+	wantYAML := `- resource: Accelerator
+  resourceVersion: v1
+  metadata:
+    name: standard
   spec:
     device: l4
+    tenancy: dedicated
     devicesPerReplica: 1
-    maxModels: 0
-    tenancy: TENANCY_DEDICATED
   status:
-    canPlace: 1
+    memoryPerModelMib: 23034
     inUse: 0
-    memoryPerModelMib: "23034"
+    canPlace: 1
     ready: true
+    createdIndex: 0
 `
 	if got := printed(t, outputYAML, list); got != wantYAML {
 		t.Errorf("-o yaml list:\n%s\nwant:\n%s", got, wantYAML)
@@ -182,4 +172,15 @@ func TestJSONAndYAML(t *testing.T) {
 	if got := printed(t, outputTable, func(g *globals) error { return g.printList(messages(none), acceleratorTable(none)) }); !strings.HasPrefix(got, "NAME ") || strings.Count(got, "\n") != 1 {
 		t.Errorf("table of an empty list = %q, want the header only", got)
 	}
+}
+
+// indent puts prefix before every line of s.
+func indent(s, prefix string) string {
+	lines := strings.SplitAfter(s, "\n")
+	for i, l := range lines {
+		if l != "" {
+			lines[i] = prefix + l
+		}
+	}
+	return strings.Join(lines, "")
 }

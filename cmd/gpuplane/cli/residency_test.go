@@ -252,8 +252,9 @@ func TestLiveResidencyCommands(t *testing.T) {
 	// -o json carries the inputs.
 	out, _, _ = run("residency", "decisions", "--model", "embed", "-o", "json")
 	var ds []struct {
-		Seq, Node, Action, Model, Trigger, ForModel, Reason string
-		Inputs                                              struct{ Bytes, NeedBytes string }
+		Seq                                            uint64
+		Node, Action, Model, Trigger, ForModel, Reason string
+		Inputs                                         struct{ Bytes, NeedBytes int64 }
 	}
 	if err := json.Unmarshal([]byte(out), &ds); err != nil {
 		t.Fatalf("decisions -o json: %v\n%s", err, out)
@@ -262,7 +263,7 @@ func TestLiveResidencyCommands(t *testing.T) {
 	for _, x := range ds {
 		if x.ForModel == "embed" && x.Reason == room.Reason {
 			found = true
-			if x.Inputs.Bytes != fmt.Sprint(room.Inputs.Bytes) || x.Inputs.Bytes == "0" || x.Node != "live" || x.Seq == "0" {
+			if x.Inputs.Bytes != room.Inputs.Bytes || x.Inputs.Bytes == 0 || x.Node != "live" || x.Seq == 0 {
 				t.Errorf("json decision %+v: want bytes %d on node live", x, room.Inputs.Bytes)
 			}
 		}

@@ -9,6 +9,7 @@ import (
 
 	"github.com/gpuplane/gpuplane/cluster/scheduler"
 	"github.com/gpuplane/gpuplane/cluster/scheduler/simulate"
+	example "github.com/gpuplane/gpuplane/examples/simulate"
 )
 
 // `gpuplane simulate`: the real scheduler over a synthetic cluster, in
@@ -31,12 +32,39 @@ be placed and at the end.
 Each file is an Alibaba openb CSV (.csv: the node list, or the pod list as the
 workload) or gpuplane's YAML (.yaml, .yml). With neither --nodes nor
 --workload, the openb trace is used when it is found in shared/data/openb next
-to the working directory or one of its parents, or in $GPUPLANE_OPENB_DIR.
+to the working directory or one of its parents, or in $GPUPLANE_OPENB_DIR;
+without one, the example in examples/simulate (built in).
+
+The YAML files (docs/simulate.md has them in full):
+
+  # nodes.yaml
+  nodes:
+  - name: gpu              # with count, the nodes are gpu-0, gpu-1, ...
+    count: 4               # default 1
+    cards: {l4: 2}         # device kind: number of cards, or a list such as
+                           # [{device: l4, memoryMiB: 23034}, {device: t4, unhealthy: true}]
+    labels: {zone: a}      # optional, for selectors
+    cpuMilli: 32000        # optional host capacity (0: not tracked)
+    memoryMiB: 131072      # optional
+    down: false            # optional: a node that is not alive
+
+  # workload.yaml
+  accelerators:            # as in a descriptor's spec (SPEC §4)
+  - {name: small, device: l4, tenancy: shared, maxModels: 2}
+  - {name: pair, device: a100, devicesPerReplica: 2}
+  arrivals:                # placed in order, replica by replica; none leave
+  - {deployment: chat, accelerator: small, replicas: 3, memoryPercent: 45}
+  - {deployment: llm, accelerator: pair, cpuMilli: 8000, memoryMiB: 65536, selector: {zone: a}}
+  - {deployment: asr, accelerator: small, memoryPercent: 60, residency: onDemand}
+
+A shared accelerator's arrivals need memoryPercent (1..100); residency is
+pinned (default), warm or onDemand. Unknown fields are errors, reported with
+their line.
 
 --policy all runs every policy and prints them side by side; -o json prints
 the result object (an array of them for all).`,
-		Example: `  gpuplane simulate --nodes nodes.yaml --workload workload.yaml
-  gpuplane simulate --policy all
+		Example: `  gpuplane simulate --policy all     # openb when found, else examples/simulate
+  gpuplane simulate --nodes examples/simulate/nodes.yaml --workload examples/simulate/workload.yaml
   gpuplane simulate --nodes openb_node_list_gpu_node.csv --workload openb_pod_list_default.csv --policy fgd -o json`,
 		Args: argsNamed(),
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -58,7 +86,10 @@ the result object (an array of them for all).`,
 			case nodesPath == "" && workloadPath == "":
 				dir := simulate.OpenBDir()
 				if dir == "" {
-					return usageErrorf(cmd, "required flags --nodes and --workload not set (and no openb trace found in shared/data/openb or $GPUPLANE_OPENB_DIR)")
+					fmt.Fprintf(g.stderr, "simulate: no --nodes or --workload given and no openb trace found (shared/data/openb, $GPUPLANE_OPENB_DIR): using the example in %s and %s\n",
+						example.NodesFile, example.WorkloadFile)
+					sc, err = exampleScenario()
+					break
 				}
 				fmt.Fprintf(g.stderr, "simulate: no --nodes or --workload given: using the openb trace in %s\n", dir)
 				sc, err = simulate.LoadOpenB(dir)
@@ -97,6 +128,20 @@ the result object (an array of them for all).`,
 	_ = c.MarkFlagFilename("workload", "csv", "yaml", "yml")
 	_ = c.RegisterFlagCompletionFunc("policy", cobra.FixedCompletions(append(policyNames(), policyAll), cobra.ShellCompDirectiveNoFileComp))
 	return c
+}
+
+// exampleScenario is the example cluster and workload built into the
+// binary (examples/simulate).
+func exampleScenario() (*simulate.Scenario, error) {
+	sc := &simulate.Scenario{}
+	var err error
+	if sc.Nodes, err = simulate.ParseNodesYAML(example.NodesFile, example.Nodes); err != nil {
+		return nil, err
+	}
+	if sc.Accelerators, sc.Arrivals, err = simulate.ParseWorkloadYAML(example.WorkloadFile, example.Workload); err != nil {
+		return nil, err
+	}
+	return sc, nil
 }
 
 func policyNames() []string {

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 )
@@ -138,10 +139,65 @@ func TestSimulateDefaultsToOpenB(t *testing.T) {
 		t.Errorf("result %+v", one)
 	}
 
+}
+
+// TestSimulateRunsTheExampleFromAFreshClone is issue 19's item 11: with no
+// files and no openb trace, `simulate --policy all` runs the example the
+// repository ships (examples/simulate, built into the binary) and says so;
+// the files on disk give the same result when named, and the format the
+// help shows parses.
+func TestSimulateRunsTheExampleFromAFreshClone(t *testing.T) {
 	t.Setenv("GPUPLANE_OPENB_DIR", t.TempDir()) // no trace there
-	r = run(t, "", nil, "simulate")
-	if r.code != exitUsage || !strings.HasPrefix(r.stderr, "error: required flags --nodes and --workload not set") {
-		t.Errorf("simulate without files or trace: %+v", r)
+	r := run(t, "", nil, "-o", "json", "simulate", "--policy", "all")
+	var builtIn []simResult
+	if err := json.Unmarshal([]byte(r.stdout), &builtIn); err != nil || r.code != exitOK {
+		t.Fatalf("simulate --policy all without files or trace: %v, %+v", err, r)
+	}
+	if want := "using the example in examples/simulate/nodes.yaml and examples/simulate/workload.yaml"; !strings.Contains(r.stderr, want) {
+		t.Errorf("stderr %q, want it to say %q", r.stderr, want)
+	}
+	if len(builtIn) != len(policyNames()) || builtIn[0].Arrivals < 10 || builtIn[0].Placed == 0 || builtIn[0].Failed == 0 {
+		t.Errorf("the example's results %+v: want every policy, some arrivals placed and some not", builtIn)
+	}
+	r = run(t, "", nil, "-o", "json", "simulate", "--policy", "all",
+		"--nodes", "../../../examples/simulate/nodes.yaml", "--workload", "../../../examples/simulate/workload.yaml")
+	var onDisk []simResult
+	if err := json.Unmarshal([]byte(r.stdout), &onDisk); err != nil || r.code != exitOK {
+		t.Fatalf("simulate with the example's files: %v, %+v", err, r)
+	}
+	for i := range onDisk {
+		onDisk[i].Seconds, builtIn[i].Seconds = nil, nil
+	}
+	if !reflect.DeepEqual(onDisk, builtIn) {
+		t.Errorf("the files on disk give %+v, the built-in example %+v", onDisk, builtIn)
+	}
+
+	// The YAML the help shows is a working pair of files.
+	help := run(t, "", nil, "simulate", "--help").stdout
+	block := func(title string) string {
+		_, after, ok := strings.Cut(help, "  # "+title+"\n")
+		if !ok {
+			t.Fatalf("simulate --help has no %s block:\n%s", title, help)
+		}
+		var lines []string
+		for _, l := range strings.Split(after, "\n") {
+			if !strings.HasPrefix(l, "  ") || strings.HasPrefix(l, "  # ") {
+				break
+			}
+			lines = append(lines, strings.TrimPrefix(l, "  "))
+		}
+		return strings.Join(lines, "\n") + "\n"
+	}
+	nodes := filepath.Join(t.TempDir(), "nodes.yaml")
+	workload := filepath.Join(t.TempDir(), "workload.yaml")
+	if err := os.WriteFile(nodes, []byte(block("nodes.yaml")), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(workload, []byte(block("workload.yaml")), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if r := run(t, "", nil, "simulate", "--nodes", nodes, "--workload", workload); r.code != exitOK {
+		t.Errorf("the help's example files do not run: %+v\n%s\n%s", r, block("nodes.yaml"), block("workload.yaml"))
 	}
 }
 

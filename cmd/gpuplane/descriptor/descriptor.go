@@ -37,6 +37,10 @@ type header struct {
 	Resource        string   `json:"resource"`
 	ResourceVersion string   `json:"resourceVersion"`
 	Metadata        Metadata `json:"metadata"`
+	// Status is what `get -o yaml` prints beside the spec. It is output
+	// only: a file may carry it, so that what get prints can be applied
+	// back (as kubectl allows), and apply ignores it.
+	Status any `json:"status,omitempty"`
 }
 
 // The documents as written. Spec is a pointer so that a missing spec can be

@@ -175,7 +175,7 @@ spec:
 			want: []string{
 				"document 1: resource: required: Accelerator or ModelDeployment",
 				"document 1: resourceVersion: required: v1",
-				"document 1: metadata.name: required",
+				"document 1: metadata.name: is required",
 			},
 		},
 		{
@@ -187,9 +187,9 @@ spec:
 			name: "bad names",
 			file: accel("Small_1", "device: l4") + "---\n" + accel("-a", "device: l4") + "---\n" + accel(strings.Repeat("a", 64), "device: l4"),
 			want: []string{
-				`document 1 (accelerator/Small_1): metadata.name: "Small_1" is not a DNS label: use at most 63 lowercase letters, digits and '-', starting and ending with a letter or digit`,
-				`document 2 (accelerator/-a): metadata.name: "-a" is not a DNS label: use at most 63 lowercase letters, digits and '-', starting and ending with a letter or digit`,
-				`document 3 (accelerator/` + strings.Repeat("a", 64) + `): metadata.name: "` + strings.Repeat("a", 64) + `" is not a DNS label: use at most 63 lowercase letters, digits and '-', starting and ending with a letter or digit`,
+				`document 1 (accelerator/Small_1): metadata.name: "Small_1" must be a DNS label: at most 63 lowercase letters, digits or '-', starting and ending with a letter or digit`,
+				`document 2 (accelerator/-a): metadata.name: "-a" must be a DNS label: at most 63 lowercase letters, digits or '-', starting and ending with a letter or digit`,
+				`document 3 (accelerator/` + strings.Repeat("a", 64) + `): metadata.name: "` + strings.Repeat("a", 64) + `" must be a DNS label: at most 63 lowercase letters, digits or '-', starting and ending with a letter or digit`,
 			},
 		},
 		{
@@ -200,18 +200,18 @@ spec:
 		{
 			name: "shared with devicesPerReplica 2 (rule 3)",
 			file: accel("small", "device: l4", "tenancy: shared", "devicesPerReplica: 2"),
-			want: []string{"document 1 (accelerator/small): spec.devicesPerReplica: a shared accelerator splits a single device: devicesPerReplica must be 1, got 2"},
+			want: []string{"document 1 (accelerator/small): spec.devicesPerReplica: a shared accelerator splits a single device: must be 1, got 2 (rule 3)"},
 		},
 		{
 			name: "maxModels on dedicated (rule 4)",
 			file: accel("big", "device: h100", "maxModels: 3"),
-			want: []string{"document 1 (accelerator/big): spec.maxModels: maxModels is for shared accelerators only; a dedicated replica gets whole cards"},
+			want: []string{"document 1 (accelerator/big): spec.maxModels: is for shared accelerators only (rule 4); a dedicated replica gets whole cards"},
 		},
 		{
 			name: "maxModels and devicesPerReplica below 1 (rule 4)",
 			file: accel("a", "device: l4", "tenancy: shared", "maxModels: 0") + "---\n" + accel("b", "device: l4", "devicesPerReplica: -1"),
 			want: []string{
-				"document 1 (accelerator/a): spec.maxModels: must be at least 1, got 0",
+				"document 1 (accelerator/a): spec.maxModels: must be between 1 and 64 models per card, got 0 (rule 4)",
 				"document 2 (accelerator/b): spec.devicesPerReplica: must be at least 1, got -1",
 			},
 		},
@@ -219,7 +219,7 @@ spec:
 			name: "bad tenancy and missing device",
 			file: accel("a", "tenancy: exclusive"),
 			want: []string{
-				"document 1 (accelerator/a): spec.device: required: the device kind this accelerator places on (see `gpuplane devices list`)",
+				"document 1 (accelerator/a): spec.device: is required: the device kind this accelerator places on (see `gpuplane devices list`)",
 				`document 1 (accelerator/a): spec.tenancy: must be dedicated or shared, got "exclusive"`,
 			},
 		},
@@ -297,17 +297,17 @@ spec:
   engine: {computePercent: 50}
 `,
 			want: []string{
-				"document 1 (modeldeployment/chat): spec.model: required: the path or URI of the weights",
+				"document 1 (modeldeployment/chat): spec.model: is required: the path or URI of the weights",
 				"document 1 (modeldeployment/chat): spec.replicas: must be at least 0, got -1",
-				"document 1 (modeldeployment/chat): spec.placement.accelerator: required: the accelerator to run on (the scheduler never picks hardware kinds)",
+				"document 1 (modeldeployment/chat): spec.placement.accelerator: is required: a deployment is placed on an accelerator, never on a device",
 				`document 1 (modeldeployment/chat): spec.engine.kind: must be one of vllm, llamacpp, ollama, command, sim, got "tgi"`,
 				"document 1 (modeldeployment/chat): spec.engine.memoryPercent: must be between 1 and 100, got 0",
 				"document 1 (modeldeployment/chat): spec.engine.memory: set memoryPercent or memory, not both",
 				"document 1 (modeldeployment/chat): spec.engine.computePercent: must be between 1 and 100, got 101",
 				"document 1 (modeldeployment/chat): spec.engine.maxModelLen: must be at least 1, got 0",
 				"document 1 (modeldeployment/chat): spec.engine.tensorParallel: must be at least 1, got 0",
-				`document 2 (modeldeployment/solo): spec.placement.accelerator: "Fast" is not a DNS label: use at most 63 lowercase letters, digits and '-', starting and ending with a letter or digit`,
-				"document 2 (modeldeployment/solo): spec.engine.computePercent: needs a memory share: set memoryPercent or memory as well",
+				`document 2 (modeldeployment/solo): spec.placement.accelerator: "Fast" must be a DNS label: at most 63 lowercase letters, digits or '-', starting and ending with a letter or digit`,
+				"document 2 (modeldeployment/solo): spec.engine.computePercent: needs a memory share: set memoryPercent or memory too (rule 10)",
 			},
 		},
 		{
@@ -324,8 +324,8 @@ metadata: {name: b}
 spec: {model: /m, placement: {accelerator: pair}, engine: {tensorParallel: 1}}
 `,
 			want: []string{
-				`document 3 (modeldeployment/a): spec.engine.memoryPercent: accelerator "shared" is shared: set memoryPercent or memory, or the model would be sized against the whole card`,
-				`document 4 (modeldeployment/b): spec.engine.tensorParallel: tensorParallel × pipelineParallel is 1 × 1 = 1, but accelerator "pair" gives each replica 2 card(s) (devicesPerReplica)`,
+				`document 3 (modeldeployment/a): spec.engine.memoryPercent: accelerator "shared" is shared: set memoryPercent or memory, or the model would be sized against the whole card (rule 8)`,
+				`document 4 (modeldeployment/b): spec.engine.tensorParallel: tensorParallel × pipelineParallel = 1 × 1 = 1 must equal devicesPerReplica 2 of accelerator "pair" (rule 9)`,
 			},
 		},
 		{
@@ -335,8 +335,8 @@ spec: {model: /m, placement: {accelerator: pair}, engine: {tensorParallel: 1}}
 			want: []string{
 				"document 1 (accelerator/A): spec.extra: unknown field",
 				"document 1 (accelerator/A): resourceVersion: must be v1, got v3",
-				`document 1 (accelerator/A): metadata.name: "A" is not a DNS label: use at most 63 lowercase letters, digits and '-', starting and ending with a letter or digit`,
-				"document 1 (accelerator/A): spec.devicesPerReplica: a shared accelerator splits a single device: devicesPerReplica must be 1, got 2",
+				`document 1 (accelerator/A): metadata.name: "A" must be a DNS label: at most 63 lowercase letters, digits or '-', starting and ending with a letter or digit`,
+				"document 1 (accelerator/A): spec.devicesPerReplica: a shared accelerator splits a single device: must be 1, got 2 (rule 3)",
 				`document 2 (accelerator/b): spec.maxModels: must be an integer, got "3"`,
 			},
 		},

@@ -10,6 +10,11 @@
 // the rules that need nothing but the file itself (SPEC §5 rules 1, 3, 4, 8, 9
 // and 10 where the file names the accelerator).
 //
+// A document may also carry `status`, as `gpuplane get -o yaml` prints it
+// (AcceleratorSpecFromProto, ModelDeploymentSpecFromProto give the spec
+// beside it): output only, ignored by apply, so that what get prints can be
+// applied back as kubectl allows.
+//
 // Two fields go beyond SPEC §4: a deployment's optional
 // `resources: {cpu: 500m, memory: 8Gi}` block, the host CPU and memory each
 // replica needs besides its cards (see HostResources), and

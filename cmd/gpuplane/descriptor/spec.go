@@ -54,6 +54,17 @@ type ModelDeploymentSpec struct {
 	Priority string `json:"priority,omitempty"`
 	// SLO is an optional latency target.
 	SLO *SLO `json:"slo,omitempty"`
+	// Adapters are LoRA adapters on this base model (SPEC §8.1).
+	Adapters []Adapter `json:"adapters,omitempty"`
+}
+
+// Adapter is one LoRA adapter: `{name: sql, source: /adapters/sql, rank: 16}`,
+// with `tenants: [acme]` to keep it private to those tenants.
+type Adapter struct {
+	Name    string   `json:"name"`
+	Source  string   `json:"source"`
+	Rank    *int64   `json:"rank"`
+	Tenants []string `json:"tenants,omitempty"`
 }
 
 // SLO is a deployment's latency target: `slo: {ttftMs: 800}`.
@@ -96,6 +107,9 @@ type Engine struct {
 	// Quantization is the weights' numeric format (bf16, fp8, awq, q4_k_m),
 	// one word; part of the model's identity.
 	Quantization string `json:"quantization,omitempty"`
+	// MaxAdapters is how many adapters the engine keeps on the card at
+	// once (default 4; vLLM --max-loras).
+	MaxAdapters *int64 `json:"maxAdapters,omitempty"`
 }
 
 // EngineKinds are the engines a deployment may name; the first is the default.
@@ -115,14 +129,10 @@ const MaxStartTimeout = 24 * time.Hour
 var dnsLabel = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`)
 
 // CheckName checks that name is a DNS label (SPEC rule 1) and returns the
-// violation for field, or nil.
+// violation for field, or nil. The wording is the server's (fsm.ValidateName).
 func CheckName(field, name string) *pb.Violation {
-	switch {
-	case name == "":
-		return &pb.Violation{Field: field, Description: "required"}
-	case len(name) > 63 || !dnsLabel.MatchString(name):
-		return &pb.Violation{Field: field, Description: fmt.Sprintf(
-			"%q is not a DNS label: use at most 63 lowercase letters, digits and '-', starting and ending with a letter or digit", name)}
+	if v := fsm.ValidateName(field, name); len(v) > 0 {
+		return v[0]
 	}
 	return nil
 }
@@ -170,8 +180,8 @@ func ParsePriority(s string) (pb.Priority, bool) {
 // Check reports the problems of an accelerator spec that need no cluster
 // state: a device is named, the tenancy is known, rule 3 (a shared
 // accelerator splits a single device) and rule 4's "maxModels is for shared
-// accelerators only and is at least 1". Whether the device kind exists and
-// devicesPerReplica fits its MAX/NODE is for the server to say.
+// accelerators only and is between 1 and 64". Whether the device kind exists
+// and devicesPerReplica fits its MAX/NODE is for the server to say.
 func (s *AcceleratorSpec) Check() []*pb.Violation {
 	return s.check(func(string) bool { return false })
 }
@@ -179,13 +189,17 @@ func (s *AcceleratorSpec) Check() []*pb.Violation {
 // check is Check with knowledge of fields that failed structurally: when
 // tenancy itself could not be read, the tenancy-dependent rules are skipped
 // rather than judged against the default.
+//
+// The rules themselves are the server's (fsm.ValidateAcceleratorSpec), run
+// on the spec as written, so that the CLI and the server word them the same;
+// only what the API's numbers cannot carry (an explicit 0, a negative number,
+// an unknown tenancy word) is judged here.
 func (s *AcceleratorSpec) check(failed func(path string) bool) []*pb.Violation {
 	var out []*pb.Violation
+	local := map[string]bool{}
 	add := func(field, format string, args ...any) {
+		local[field] = true
 		out = append(out, &pb.Violation{Field: field, Description: fmt.Sprintf(format, args...)})
-	}
-	if s.Device == "" {
-		add("spec.device", "required: the device kind this accelerator places on (see `gpuplane devices list`)")
 	}
 	tenancy, ok := ParseTenancy(s.Tenancy)
 	if !ok {
@@ -194,27 +208,39 @@ func (s *AcceleratorSpec) check(failed func(path string) bool) []*pb.Violation {
 	// A typo such as "tenacy: shared" leaves Tenancy empty; judging
 	// maxModels against the dedicated default would then mislead.
 	tenancyKnown := ok && (s.Tenancy != "" || !failed("spec"))
-	if s.MaxModels != nil {
-		switch n := *s.MaxModels; {
-		case tenancyKnown && tenancy == pb.Tenancy_TENANCY_DEDICATED:
-			add("spec.maxModels", "maxModels is for shared accelerators only; a dedicated replica gets whole cards")
-		case n < 1:
-			add("spec.maxModels", "must be at least 1, got %d", n)
-		case n > math.MaxUint32:
-			add("spec.maxModels", "must be at most %d, got %d", uint32(math.MaxUint32), n)
+	raw := &pb.AcceleratorSpec{Device: s.Device, Tenancy: tenancy}
+	if n := s.MaxModels; n != nil {
+		switch {
+		case *n < 1 || *n > math.MaxUint32:
+			if !tenancyKnown || tenancy == pb.Tenancy_TENANCY_SHARED {
+				add("spec.maxModels", "%s", fsm.MaxModelsRange(*n))
+				break
+			}
+			// On a dedicated accelerator the server's rule 4 says more
+			// than the range would.
+			raw.MaxModels = 1
+		default:
+			raw.MaxModels = uint32(*n)
 		}
 	}
-	if s.DevicesPerReplica != nil {
-		switch n := *s.DevicesPerReplica; {
-		case n < 1:
-			add("spec.devicesPerReplica", "must be at least 1, got %d", n)
-		case tenancyKnown && tenancy == pb.Tenancy_TENANCY_SHARED && n > 1:
-			add("spec.devicesPerReplica", "a shared accelerator splits a single device: devicesPerReplica must be 1, got %d", n)
-		case n > math.MaxUint32:
-			add("spec.devicesPerReplica", "must be at most %d, got %d", uint32(math.MaxUint32), n)
+	if n := s.DevicesPerReplica; n != nil {
+		switch {
+		case *n < 1:
+			add("spec.devicesPerReplica", "must be at least 1, got %d", *n)
+		case *n > math.MaxUint32:
+			add("spec.devicesPerReplica", "must be at most %d, got %d", uint32(math.MaxUint32), *n)
+		default:
+			raw.DevicesPerReplica = uint32(*n)
 		}
 	}
-	return out
+	for _, v := range fsm.ValidateAcceleratorSpec(raw) {
+		dependsOnTenancy := v.Field == "spec.maxModels" || v.Field == "spec.devicesPerReplica"
+		if local[v.Field] || (dependsOnTenancy && !tenancyKnown) {
+			continue
+		}
+		out = append(out, v)
+	}
+	return inSchemaOrder(out)
 }
 
 // Proto converts a spec that passed Check into the API's form, with defaults
@@ -252,14 +278,22 @@ func (s *ModelDeploymentSpec) Check() []*pb.Violation {
 }
 
 // check is Check with knowledge of fields that failed structurally.
+//
+// The rules are the server's (fsm.ValidateModelSpec), run on the spec as the
+// API would carry it, so that the CLI and the server word them the same;
+// only what the API cannot carry (0 where 0 means "not set", negative or
+// too large numbers, unknown words, durations that are not whole seconds)
+// is judged here, in the server's words where it has them.
 func (s *ModelDeploymentSpec) check(failed func(path string) bool) []*pb.Violation {
 	var out []*pb.Violation
+	local := map[string]bool{}
 	add := func(field, format string, args ...any) {
+		local[field] = true
 		out = append(out, &pb.Violation{Field: field, Description: fmt.Sprintf(format, args...)})
 	}
 	percent := func(field string, v *int64) {
 		if v != nil && (*v < 1 || *v > 100) {
-			add(field, "must be between 1 and 100, got %d", *v)
+			add(field, "%s", fsm.PercentRange(*v))
 		}
 	}
 	// The API carries these numbers as uint32.
@@ -272,34 +306,19 @@ func (s *ModelDeploymentSpec) check(failed func(path string) bool) []*pb.Violati
 			add(field, "must be at most %d, got %d", uint32(math.MaxUint32), *v)
 		}
 	}
-	if s.Model == "" {
-		add("spec.model", "required: the path or URI of the weights")
-	}
 	atLeast("spec.replicas", s.Replicas, 0)
-	if s.Placement.Accelerator == "" {
-		add("spec.placement.accelerator", "required: the accelerator to run on (the scheduler never picks hardware kinds)")
-	} else if v := CheckName("spec.placement.accelerator", s.Placement.Accelerator); v != nil {
-		out = append(out, v)
-	}
-	for k := range s.Placement.NodeSelector {
-		if k == "" {
-			add("spec.placement.nodeSelector", "label names must not be empty")
+	if a := s.Placement.Accelerator; a != "" {
+		if v := CheckName("spec.placement.accelerator", a); v != nil {
+			local[v.Field] = true
+			out = append(out, v)
 		}
 	}
 	e := s.Engine
-	if e.Kind != "" && !slices.Contains(EngineKinds, e.Kind) {
-		add("spec.engine.kind", "must be one of %s, got %q", strings.Join(EngineKinds, ", "), e.Kind)
-	}
 	percent("spec.engine.memoryPercent", e.MemoryPercent)
 	if e.MemoryPercent != nil && e.Memory != nil {
-		add("spec.engine.memory", "set memoryPercent or memory, not both")
+		add("spec.engine.memory", "%s", fsm.BothMemoryShares)
 	}
 	percent("spec.engine.computePercent", e.ComputePercent)
-	hasShare := e.MemoryPercent != nil || e.Memory != nil ||
-		failed("spec.engine.memoryPercent") || failed("spec.engine.memory")
-	if e.ComputePercent != nil && !hasShare {
-		add("spec.engine.computePercent", "needs a memory share: set memoryPercent or memory as well")
-	}
 	atLeast("spec.engine.maxModelLen", e.MaxModelLen, 1)
 	atLeast("spec.engine.tensorParallel", e.TensorParallel, 1)
 	atLeast("spec.engine.pipelineParallel", e.PipelineParallel, 1)
@@ -312,9 +331,6 @@ func (s *ModelDeploymentSpec) check(failed func(path string) bool) []*pb.Violati
 		case d.Duration > MaxStartTimeout:
 			add("spec.engine.startTimeout", "must be at most %s, got %s", MaxStartTimeout, d)
 		}
-	}
-	if msg := fsm.CheckQuantization(e.Quantization); msg != "" {
-		add("spec.engine.quantization", "%s", msg)
 	}
 	if _, ok := ParseResidency(s.Residency); !ok {
 		add("spec.residency", "must be pinned, warm or onDemand, got %q", s.Residency)
@@ -329,33 +345,84 @@ func (s *ModelDeploymentSpec) check(failed func(path string) bool) []*pb.Violati
 			atLeast("spec.slo.ttftMs", s.SLO.TTFTMs, 1)
 		}
 	}
+	if n := e.MaxAdapters; n != nil && (*n < 1 || *n > fsm.MaxAdaptersOnCard) {
+		add("spec.engine.maxAdapters", "must be between 1 and %d, got %d", fsm.MaxAdaptersOnCard, *n)
+	}
+	for i, a := range s.Adapters {
+		if a.Rank == nil && !failed(fmt.Sprintf("spec.adapters[%d].rank", i)) {
+			add(fmt.Sprintf("spec.adapters[%d].rank", i), "required: the adapter's LoRA rank, 1..%d", fsm.MaxAdapterRank)
+		}
+	}
+	// A share that failed to parse still counts as one: rule 10 would
+	// otherwise ask for what the user did write.
+	shareFailed := failed("spec.engine.memoryPercent") || failed("spec.engine.memory")
+	for _, v := range fsm.ValidateModelSpec(s.Proto()) {
+		if local[v.Field] || (shareFailed && v.Field == "spec.engine.computePercent") {
+			continue
+		}
+		// A memory share the file set out of range is still a share:
+		// its range is the problem, said above, not rule 10.
+		if v.Field == "spec.engine.computePercent" && e.ComputePercent != nil && (e.MemoryPercent != nil || e.Memory != nil) {
+			continue
+		}
+		out = append(out, v)
+	}
+	return inSchemaOrder(out)
+}
+
+// adapters is the API's form of the adapters; a missing rank is sent as 1
+// (Check names it), one beyond uint32 as the largest uint32.
+func (s *ModelDeploymentSpec) adapters() []*pb.Adapter {
+	if len(s.Adapters) == 0 {
+		return nil
+	}
+	out := make([]*pb.Adapter, len(s.Adapters))
+	for i, a := range s.Adapters {
+		rank := uint32(1)
+		if a.Rank != nil {
+			rank = uint32(min(max(*a.Rank, 0), math.MaxUint32))
+		}
+		out[i] = &pb.Adapter{Name: a.Name, Source: a.Source, Rank: rank, Tenants: a.Tenants}
+	}
 	return out
 }
 
 // checkAgainst applies the rules that relate a deployment to its accelerator
-// when the same file defines both: a shared accelerator needs a memory share
-// (rule 8) and tensorParallel × pipelineParallel must equal devicesPerReplica
-// (rule 9).
+// when the same file defines both: the server's (fsm.CheckModelAgainst), so
+// that they read the same.
 func (s *ModelDeploymentSpec) checkAgainst(name string, acc *AcceleratorSpec) []*pb.Violation {
-	var out []*pb.Violation
-	spec := acc.Proto()
-	e := s.Engine
-	if spec.Tenancy == pb.Tenancy_TENANCY_SHARED && e.MemoryPercent == nil && e.Memory == nil {
-		out = append(out, &pb.Violation{Field: "spec.engine.memoryPercent", Description: fmt.Sprintf(
-			"accelerator %q is shared: set memoryPercent or memory, or the model would be sized against the whole card", name)})
+	spec := s.Proto()
+	if spec.Engine.TensorParallel == 0 || spec.Engine.PipelineParallel == 0 {
+		// Judge rule 9 by the defaults the deployment will get.
+		spec.Engine.TensorParallel, spec.Engine.PipelineParallel = max(spec.Engine.TensorParallel, 1), max(spec.Engine.PipelineParallel, 1)
 	}
-	if res, ok := ParseResidency(s.Residency); ok && res != pb.Residency_RESIDENCY_PINNED && spec.Tenancy != pb.Tenancy_TENANCY_SHARED {
-		out = append(out, &pb.Violation{Field: "spec.residency", Description: fmt.Sprintf(
-			"an onDemand or warm deployment needs a shared accelerator: %q is dedicated", name)})
-	}
-	if e.TensorParallel != nil && e.PipelineParallel != nil {
-		if got := *e.TensorParallel * *e.PipelineParallel; got != int64(spec.DevicesPerReplica) {
-			out = append(out, &pb.Violation{Field: "spec.engine.tensorParallel", Description: fmt.Sprintf(
-				"tensorParallel × pipelineParallel is %d × %d = %d, but accelerator %q gives each replica %d card(s) (devicesPerReplica)",
-				*e.TensorParallel, *e.PipelineParallel, got, name, spec.DevicesPerReplica)})
+	return fsm.CheckModelAgainst(spec, name, fsm.NormalizeAcceleratorSpec(acc.Proto()), 0)
+}
+
+// schemaOrder lists the spec's fields in the order a descriptor writes them.
+var schemaOrder = []string{
+	"spec.device", "spec.tenancy", "spec.maxModels", "spec.devicesPerReplica",
+	"spec.model", "spec.servedModelName", "spec.replicas", "spec.placement.accelerator", "spec.placement.nodeSelector",
+	"spec.engine.kind", "spec.engine.memoryPercent", "spec.engine.memory", "spec.engine.computePercent",
+	"spec.engine.maxModelLen", "spec.engine.tensorParallel", "spec.engine.pipelineParallel",
+	"spec.engine.args", "spec.engine.env", "spec.engine.startTimeout", "spec.engine.quantization", "spec.engine.maxAdapters",
+	"spec.resources", "spec.residency", "spec.priority", "spec.slo", "spec.adapters",
+}
+
+// inSchemaOrder sorts violations, found here and by the server's rules, by
+// their field's place in the descriptor, so that a file's problems read top
+// to bottom.
+func inSchemaOrder(vs []*pb.Violation) []*pb.Violation {
+	rank := func(field string) int {
+		for i, f := range schemaOrder {
+			if field == f || strings.HasPrefix(field, f+".") || strings.HasPrefix(field, f+"[") {
+				return i
+			}
 		}
+		return len(schemaOrder)
 	}
-	return out
+	slices.SortStableFunc(vs, func(a, b *pb.Violation) int { return rank(a.Field) - rank(b.Field) })
+	return vs
 }
 
 // SetDefaults fills in what SPEC §4 lets a deployment named name leave out:
@@ -418,6 +485,10 @@ func (s *ModelDeploymentSpec) Proto() *pb.ModelSpec {
 	}
 	if s.SLO != nil && s.SLO.TTFTMs != nil {
 		out.Slo = &pb.SLO{TtftMs: uint32(*s.SLO.TTFTMs)}
+	}
+	out.Adapters = s.adapters()
+	if e.MaxAdapters != nil {
+		out.Engine.MaxAdapters = uint32(*e.MaxAdapters)
 	}
 	if s.Replicas != nil {
 		out.Replicas = uint32(*s.Replicas)

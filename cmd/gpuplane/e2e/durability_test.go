@@ -103,7 +103,9 @@ func TestAcknowledgedWritesSurviveKill9(t *testing.T) {
 		"--at", time.Now().Add(time.Minute).UTC().Format(time.RFC3339), "-o", "json")
 	var replayed struct {
 		Accelerators []struct {
-			Name string `json:"name"`
+			Metadata struct {
+				Name string `json:"name"`
+			} `json:"metadata"`
 		} `json:"accelerators"`
 	}
 	if err := json.Unmarshal([]byte(out), &replayed); err != nil {
@@ -111,7 +113,7 @@ func TestAcknowledgedWritesSurviveKill9(t *testing.T) {
 	}
 	offline := map[string]bool{}
 	for _, acc := range replayed.Accelerators {
-		offline[acc.Name] = true
+		offline[acc.Metadata.Name] = true
 	}
 	for _, name := range acked {
 		if !offline[name] {
@@ -191,14 +193,16 @@ func listAcceleratorNames(t *testing.T, url string) map[string]bool {
 	t.Helper()
 	out := mustGpuplane(t, url, "accelerators", "list", "-o", "json")
 	var list []struct {
-		Name string `json:"name"`
+		Metadata struct {
+			Name string `json:"name"`
+		} `json:"metadata"`
 	}
 	if err := json.Unmarshal([]byte(out), &list); err != nil {
 		t.Fatalf("accelerators list -o json: %v\n%s", err, out)
 	}
 	names := map[string]bool{}
 	for _, a := range list {
-		names[a.Name] = true
+		names[a.Metadata.Name] = true
 	}
 	return names
 }

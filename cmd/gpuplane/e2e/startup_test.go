@@ -64,20 +64,20 @@ spec:
 		t.Fatal(err)
 	}
 	mustGpuplane(t, a.url(), "apply", "-f", path)
-	waitFor(t, "stuck/0 to start", 60*time.Second, func() bool { return replica(t, a.url(), "stuck").State == "REPLICA_STATE_STARTING" })
+	waitFor(t, "stuck/0 to start", 60*time.Second, func() bool { return replica(t, a.url(), "stuck").State == "starting" })
 	mustGpuplane(t, a.url(), "models", "deploy", "chat", "--accelerator", "shared", "--model", "/models/chat",
 		"--engine", "sim", "--memory-percent", "40", "--start-timeout", "2m")
 
 	var waiting, failed string
 	waitFor(t, "chat/0 to run", 90*time.Second, func() bool {
 		c, s := replica(t, a.url(), "chat"), replica(t, a.url(), "stuck")
-		if c.State == "REPLICA_STATE_PLACED" && strings.HasPrefix(c.Reason, "waiting for card") && waiting == "" {
+		if c.State == "placed" && strings.HasPrefix(c.Reason, "waiting for card") && waiting == "" {
 			waiting = c.Reason
 		}
-		if s.State == "REPLICA_STATE_FAILED" && failed == "" {
+		if s.State == "failed" && failed == "" {
 			failed = s.Reason
 		}
-		return c.State == "REPLICA_STATE_RUNNING"
+		return c.State == "running"
 	})
 	if !strings.HasPrefix(waiting, "waiting for card 0: stuck/0 is starting (") || !strings.HasSuffix(waiting, " of 5s)") {
 		t.Errorf("chat/0 waited with reason %q, want it to name stuck/0 and its 5s start timeout", waiting)
@@ -120,7 +120,7 @@ func TestEngineDiedWhileTheAgentWasDown(t *testing.T) {
 	}
 	waitFor(t, "chat/0 to run again", 60*time.Second, func() bool {
 		r := replica(t, a.url(), "chat")
-		return r.State == "REPLICA_STATE_RUNNING" && r.Restarts == 1
+		return r.State == "running" && r.Restarts == 1
 	})
 	second, ok := readRecord(t, dataDir, "chat", 0)
 	if !ok || second.PID == first.PID {
@@ -145,7 +145,7 @@ func TestEngineDiedWhileTheAgentWasDown(t *testing.T) {
 			reset = &r
 		}
 		third, ok := readRecord(t, dataDir, "chat", 0)
-		return r.State == "REPLICA_STATE_RUNNING" && ok && third.PID != second.PID && alive(third.PID)
+		return r.State == "running" && ok && third.PID != second.PID && alive(third.PID)
 	})
 	t.Logf("states listed after the restart: %v", seen)
 	if reset != nil {
@@ -159,15 +159,15 @@ func TestEngineDiedWhileTheAgentWasDown(t *testing.T) {
 	reports := statusReports(t, a.url(), "chat")
 	last := -1
 	for i, r := range reports {
-		if r.State == "REPLICA_STATE_RUNNING" && r.Restarts == 1 {
+		if r.State == "running" && r.Restarts == 1 {
 			last = i
 		}
 	}
 	var after []string
 	for _, r := range reports[last+1:] {
-		after = append(after, fmt.Sprintf("%s %q restarts %d", strings.TrimPrefix(r.State, "REPLICA_STATE_"), r.Reason, r.Restarts))
+		after = append(after, fmt.Sprintf("%s %q restarts %d", r.State, r.Reason, r.Restarts))
 	}
-	want := []string{`FAILED "engine exited while the node agent was down" restarts 2`, `STARTING "" restarts 2`, `RUNNING "" restarts 2`}
+	want := []string{`failed "engine exited while the node agent was down" restarts 2`, `starting "" restarts 2`, `running "" restarts 2`}
 	if last < 0 || !slices.Equal(after, want) {
 		t.Errorf("after the agent's restart chat/0 was reported\n%s\nwant\n%s\n(all reports: %+v)", strings.Join(after, "\n"), strings.Join(want, "\n"), reports)
 	}

@@ -3,7 +3,9 @@ package sim
 import (
 	"encoding/json"
 	"fmt"
+	"maps"
 	"net/http"
+	"slices"
 	"strconv"
 	"time"
 )
@@ -298,6 +300,8 @@ type Status struct {
 	// those the cache did not hold.
 	PrefixCacheTokens int   `json:"prefix_cache_tokens"`
 	PrefillTokens     int64 `json:"prefill_tokens"`
+	// Adapters are the LoRA adapters loaded (or loading) on the card.
+	Adapters []string `json:"adapters,omitempty"`
 }
 
 func (s *server) status(w http.ResponseWriter, _ *http.Request) {
@@ -316,5 +320,6 @@ func (s *server) snapshot() Status {
 		TokensPerSecs:     s.cfg.TokensPerSecond * st.computeFrac / batch,
 		PrefixCacheTokens: s.cache.tokens(),
 		PrefillTokens:     s.prefilled.Load(),
+		Adapters:          slices.Sorted(maps.Keys(s.lora.loaded)),
 	}
 }

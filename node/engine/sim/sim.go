@@ -38,6 +38,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"os"
@@ -92,6 +93,13 @@ type Config struct {
 	// request wakes it.
 	SleepIdle time.Duration
 	CardUUIDs []string
+	// MaxLoRAs is how many LoRA adapters may be loaded at once (vLLM's
+	// --max-loras; 0: DefaultMaxLoRAs); each holds rank × LoRAMiBPerRank
+	// (0: DefaultLoRAMiBPerRank) and takes a load time drawn from LoRALoad
+	// (lora.go).
+	MaxLoRAs       int
+	LoRAMiBPerRank uint64
+	LoRALoad       LoadDist
 	// Usage records the memory for the simulated NVML; nil registers nothing.
 	Usage  *inventory.SimUsage
 	Logger *slog.Logger
@@ -122,6 +130,9 @@ func (c Config) Validate() error {
 		if d < 0 {
 			errs = append(errs, fmt.Errorf("%s must not be negative", name))
 		}
+	}
+	if c.MaxLoRAs < 0 || c.LoRALoad.Scale < 0 || c.LoRALoad.Fixed < 0 {
+		errs = append(errs, errors.New("--max-loras, --lora-load-scale and --lora-load-seconds must not be negative"))
 	}
 	if c.TokensPerSecond < 0 || c.BatchSlowdown < 0 {
 		errs = append(errs, errors.New("--tokens-per-second and --batch-slowdown must not be negative"))
@@ -217,6 +228,7 @@ type server struct {
 	loadedOnce bool
 	nextReq    uint64
 	cancels    map[uint64]context.CancelCauseFunc
+	lora       loraState
 
 	// pubMu orders writes to the simulated card; last* is what was written.
 	pubMu    sync.Mutex
@@ -232,6 +244,8 @@ func newServer(cfg Config, life context.Context) *server {
 		cancels:    map[uint64]context.CancelCauseFunc{},
 		cache:      newPrefixCache(prefixCacheTokens(cfg)),
 	}
+	s.lora = loraState{loaded: map[string]*adapter{}, cached: map[string]bool{},
+		rng: rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), uint64(s.pid)))}
 	s.cond = sync.NewCond(&s.mu)
 	s.st.phase, s.st.computeFrac, s.st.copyFrac = phStarting, 1, 1
 	return s
@@ -244,6 +258,7 @@ func (s *server) routes() http.Handler {
 	mux.HandleFunc("POST /v1/completions", s.completions)
 	mux.HandleFunc("POST /v1/chat/completions", s.chat)
 	s.controlRoutes(mux)
+	s.loraRoutes(mux)
 	return mux
 }
 
@@ -261,13 +276,17 @@ func (s *server) health(w http.ResponseWriter, _ *http.Request) {
 	w.WriteHeader(http.StatusOK)
 }
 
+// models lists the base model and, as vLLM does, each loaded adapter with
+// the base as its parent.
 func (s *server) models(w http.ResponseWriter, _ *http.Request) {
-	writeJSON(w, http.StatusOK, map[string]any{
-		"object": "list",
-		"data": []any{map[string]any{
-			"id": s.cfg.ServedModelName, "object": "model", "created": 0, "owned_by": "gpuplane-sim",
-		}},
-	})
+	data := []any{map[string]any{
+		"id": s.cfg.ServedModelName, "object": "model", "created": 0, "owned_by": "gpuplane-sim",
+	}}
+	for _, name := range s.loadedAdapters() {
+		data = append(data, map[string]any{"id": name, "object": "model", "created": 0, "owned_by": "gpuplane-sim",
+			"root": name, "parent": s.cfg.ServedModelName})
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"object": "list", "data": data})
 }
 
 // completionRequest holds the fields of both completion requests that the
@@ -316,9 +335,24 @@ func (s *server) complete(w http.ResponseWriter, r *http.Request, chat bool) {
 		apiError(w, http.StatusBadRequest, "invalid request body: "+err.Error(), "invalid_request_error")
 		return
 	}
+	model := s.cfg.ServedModelName
 	if req.Model != "" && req.Model != s.cfg.ServedModelName {
-		apiError(w, http.StatusNotFound, fmt.Sprintf("the model %q does not exist; this server serves %q", req.Model, s.cfg.ServedModelName), "invalid_request_error")
-		return
+		// An adapter is served only while loaded; vLLM answers any other
+		// name with a 404.
+		s.mu.Lock()
+		ok := s.useAdapter(req.Model)
+		s.mu.Unlock()
+		if !ok {
+			apiError(w, http.StatusNotFound, fmt.Sprintf("The model `%s` does not exist.", req.Model), "NotFoundError")
+			return
+		}
+		model = req.Model
+		defer func() {
+			s.mu.Lock()
+			s.doneAdapter(model)
+			s.cond.Broadcast()
+			s.mu.Unlock()
+		}()
 	}
 	if chat && len(req.Messages) == 0 {
 		apiError(w, http.StatusBadRequest, "messages must not be empty", "invalid_request_error")
@@ -359,7 +393,7 @@ func (s *server) complete(w http.ResponseWriter, r *http.Request, chat bool) {
 		if req.StreamOptions != nil && req.StreamOptions.IncludeUsage {
 			use = func(completion int) map[string]any { return usage(promptTokens, completion, cached) }
 		}
-		s.stream(w, rq, chat, id, created, tokens, use)
+		s.stream(w, rq, chat, id, created, model, tokens, use)
 		return
 	}
 	if err == nil {
@@ -381,7 +415,7 @@ func (s *server) complete(w http.ResponseWriter, r *http.Request, chat bool) {
 		choice["text"] = text
 	}
 	writeJSON(w, http.StatusOK, map[string]any{
-		"id": id, "object": object, "created": created, "model": s.cfg.ServedModelName,
+		"id": id, "object": object, "created": created, "model": model,
 		"choices": []any{choice},
 		"usage":   usage(promptTokens, len(tokens), cached),
 	})
@@ -409,7 +443,7 @@ func (s *server) refuse(w http.ResponseWriter, err error) {
 // "abort", as vLLM ends aborted requests. With use (stream_options
 // include_usage) every chunk has "usage": null and a last chunk without
 // choices carries the usage of the tokens sent, as OpenAI sends it.
-func (s *server) stream(w http.ResponseWriter, rq *request, chat bool, id string, created int64, tokens []string, use func(completion int) map[string]any) {
+func (s *server) stream(w http.ResponseWriter, rq *request, chat bool, id string, created int64, model string, tokens []string, use func(completion int) map[string]any) {
 	flusher, _ := w.(http.Flusher)
 	w.Header().Set("Content-Type", "text/event-stream")
 	w.Header().Set("Cache-Control", "no-cache")
@@ -421,7 +455,7 @@ func (s *server) stream(w http.ResponseWriter, rq *request, chat bool, id string
 	sent := 0
 	send := func(choice map[string]any) {
 		chunk := map[string]any{
-			"id": id, "object": object, "created": created, "model": s.cfg.ServedModelName, "choices": []any{choice},
+			"id": id, "object": object, "created": created, "model": model, "choices": []any{choice},
 		}
 		if use != nil {
 			chunk["usage"] = nil

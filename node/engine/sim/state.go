@@ -91,7 +91,7 @@ func (s *server) footprintMiB() uint64 {
 		// the watchdog then judges an engine by what it holds when serving.
 		return c.OverheadMiB
 	case phAwake:
-		return c.OverheadMiB + s.weightsMiB + s.kvMiB()
+		return c.OverheadMiB + s.weightsMiB + s.kvMiB() + s.loraMiB()
 	case phAsleep:
 		if st.weightsOn {
 			return c.ResidualMiB + s.weightsMiB
@@ -382,6 +382,7 @@ func (s *server) sleep(ctx context.Context, level int, mode string, auto bool) e
 		return err
 	}
 	s.st.phase, s.st.level, s.st.weightsOn, s.st.kvOn, s.st.auto = phAsleep, level, false, false, auto
+	s.dropAdapters()
 	s.st.expire = time.Time{}
 	s.cache.clear() // the KV cache is freed
 	// Requests queued for KV room learn that the engine sleeps.
@@ -513,6 +514,7 @@ func (s *server) unload(ctx context.Context, abort bool) {
 		return
 	}
 	s.st.phase, s.st.level, s.st.weightsOn, s.st.kvOn, s.st.auto = phUnloaded, 0, false, false, true
+	s.dropAdapters()
 	s.st.expire = time.Time{}
 	s.cache.clear()
 	s.cond.Broadcast()

@@ -1142,8 +1142,11 @@ type ReplicaStatus struct {
 	// and numbers); unspecified leaves the replica's residency as it is.
 	Residency       ReplicaResidency `protobuf:"varint,9,opt,name=residency,proto3,enum=gpuplane.v1.ReplicaResidency" json:"residency,omitempty"`
 	ResidencyReason string           `protobuf:"bytes,10,opt,name=residency_reason,json=residencyReason,proto3" json:"residency_reason,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// When set, the replica's adapters not on disk (replacing what it
+	// reported before); unset leaves them as they are.
+	Adapters      *ReplicaAdapters `protobuf:"bytes,11,opt,name=adapters,proto3" json:"adapters,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ReplicaStatus) Reset() {
@@ -1246,6 +1249,59 @@ func (x *ReplicaStatus) GetResidencyReason() string {
 	return ""
 }
 
+func (x *ReplicaStatus) GetAdapters() *ReplicaAdapters {
+	if x != nil {
+		return x.Adapters
+	}
+	return nil
+}
+
+// ReplicaAdapters is a replica's adapters in host RAM, loading or on the
+// card.
+type ReplicaAdapters struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Adapters      []*AdapterStatus       `protobuf:"bytes,1,rep,name=adapters,proto3" json:"adapters,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReplicaAdapters) Reset() {
+	*x = ReplicaAdapters{}
+	mi := &file_gpuplane_v1_log_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReplicaAdapters) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReplicaAdapters) ProtoMessage() {}
+
+func (x *ReplicaAdapters) ProtoReflect() protoreflect.Message {
+	mi := &file_gpuplane_v1_log_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReplicaAdapters.ProtoReflect.Descriptor instead.
+func (*ReplicaAdapters) Descriptor() ([]byte, []int) {
+	return file_gpuplane_v1_log_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *ReplicaAdapters) GetAdapters() []*AdapterStatus {
+	if x != nil {
+		return x.Adapters
+	}
+	return nil
+}
+
 // BootstrapACL creates the first admin token. It succeeds once per cluster.
 type BootstrapACL struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -1257,7 +1313,7 @@ type BootstrapACL struct {
 
 func (x *BootstrapACL) Reset() {
 	*x = BootstrapACL{}
-	mi := &file_gpuplane_v1_log_proto_msgTypes[14]
+	mi := &file_gpuplane_v1_log_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1269,7 +1325,7 @@ func (x *BootstrapACL) String() string {
 func (*BootstrapACL) ProtoMessage() {}
 
 func (x *BootstrapACL) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuplane_v1_log_proto_msgTypes[14]
+	mi := &file_gpuplane_v1_log_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1282,7 +1338,7 @@ func (x *BootstrapACL) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BootstrapACL.ProtoReflect.Descriptor instead.
 func (*BootstrapACL) Descriptor() ([]byte, []int) {
-	return file_gpuplane_v1_log_proto_rawDescGZIP(), []int{14}
+	return file_gpuplane_v1_log_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *BootstrapACL) GetName() string {
@@ -1315,7 +1371,7 @@ type CreateToken struct {
 
 func (x *CreateToken) Reset() {
 	*x = CreateToken{}
-	mi := &file_gpuplane_v1_log_proto_msgTypes[15]
+	mi := &file_gpuplane_v1_log_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1327,7 +1383,7 @@ func (x *CreateToken) String() string {
 func (*CreateToken) ProtoMessage() {}
 
 func (x *CreateToken) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuplane_v1_log_proto_msgTypes[15]
+	mi := &file_gpuplane_v1_log_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1340,7 +1396,7 @@ func (x *CreateToken) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateToken.ProtoReflect.Descriptor instead.
 func (*CreateToken) Descriptor() ([]byte, []int) {
-	return file_gpuplane_v1_log_proto_rawDescGZIP(), []int{15}
+	return file_gpuplane_v1_log_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *CreateToken) GetName() string {
@@ -1388,7 +1444,7 @@ type DeleteToken struct {
 
 func (x *DeleteToken) Reset() {
 	*x = DeleteToken{}
-	mi := &file_gpuplane_v1_log_proto_msgTypes[16]
+	mi := &file_gpuplane_v1_log_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1400,7 +1456,7 @@ func (x *DeleteToken) String() string {
 func (*DeleteToken) ProtoMessage() {}
 
 func (x *DeleteToken) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuplane_v1_log_proto_msgTypes[16]
+	mi := &file_gpuplane_v1_log_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1413,7 +1469,7 @@ func (x *DeleteToken) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteToken.ProtoReflect.Descriptor instead.
 func (*DeleteToken) Descriptor() ([]byte, []int) {
-	return file_gpuplane_v1_log_proto_rawDescGZIP(), []int{16}
+	return file_gpuplane_v1_log_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *DeleteToken) GetName() string {
@@ -1434,7 +1490,7 @@ type Violation struct {
 
 func (x *Violation) Reset() {
 	*x = Violation{}
-	mi := &file_gpuplane_v1_log_proto_msgTypes[17]
+	mi := &file_gpuplane_v1_log_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1446,7 +1502,7 @@ func (x *Violation) String() string {
 func (*Violation) ProtoMessage() {}
 
 func (x *Violation) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuplane_v1_log_proto_msgTypes[17]
+	mi := &file_gpuplane_v1_log_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1459,7 +1515,7 @@ func (x *Violation) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Violation.ProtoReflect.Descriptor instead.
 func (*Violation) Descriptor() ([]byte, []int) {
-	return file_gpuplane_v1_log_proto_rawDescGZIP(), []int{17}
+	return file_gpuplane_v1_log_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *Violation) GetField() string {
@@ -1486,7 +1542,7 @@ type Violations struct {
 
 func (x *Violations) Reset() {
 	*x = Violations{}
-	mi := &file_gpuplane_v1_log_proto_msgTypes[18]
+	mi := &file_gpuplane_v1_log_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1498,7 +1554,7 @@ func (x *Violations) String() string {
 func (*Violations) ProtoMessage() {}
 
 func (x *Violations) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuplane_v1_log_proto_msgTypes[18]
+	mi := &file_gpuplane_v1_log_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1511,7 +1567,7 @@ func (x *Violations) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Violations.ProtoReflect.Descriptor instead.
 func (*Violations) Descriptor() ([]byte, []int) {
-	return file_gpuplane_v1_log_proto_rawDescGZIP(), []int{18}
+	return file_gpuplane_v1_log_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *Violations) GetViolations() []*Violation {
@@ -1541,7 +1597,7 @@ type Result struct {
 
 func (x *Result) Reset() {
 	*x = Result{}
-	mi := &file_gpuplane_v1_log_proto_msgTypes[19]
+	mi := &file_gpuplane_v1_log_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1553,7 +1609,7 @@ func (x *Result) String() string {
 func (*Result) ProtoMessage() {}
 
 func (x *Result) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuplane_v1_log_proto_msgTypes[19]
+	mi := &file_gpuplane_v1_log_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1566,7 +1622,7 @@ func (x *Result) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Result.ProtoReflect.Descriptor instead.
 func (*Result) Descriptor() ([]byte, []int) {
-	return file_gpuplane_v1_log_proto_rawDescGZIP(), []int{19}
+	return file_gpuplane_v1_log_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *Result) GetCode() Code {
@@ -1692,7 +1748,7 @@ const file_gpuplane_v1_log_proto_rawDesc = "" +
 	"\x0eUnplaceReplica\x12\x14\n" +
 	"\x05model\x18\x01 \x01(\tR\x05model\x12\x18\n" +
 	"\areplica\x18\x02 \x01(\rR\areplica\x12\x16\n" +
-	"\x06reason\x18\x03 \x01(\tR\x06reason\"\xdc\x02\n" +
+	"\x06reason\x18\x03 \x01(\tR\x06reason\"\x96\x03\n" +
 	"\rReplicaStatus\x12\x14\n" +
 	"\x05model\x18\x01 \x01(\tR\x05model\x12\x18\n" +
 	"\areplica\x18\x02 \x01(\rR\areplica\x12\x1e\n" +
@@ -1706,7 +1762,10 @@ const file_gpuplane_v1_log_proto_rawDesc = "" +
 	"\bendpoint\x18\b \x01(\tR\bendpoint\x12;\n" +
 	"\tresidency\x18\t \x01(\x0e2\x1d.gpuplane.v1.ReplicaResidencyR\tresidency\x12)\n" +
 	"\x10residency_reason\x18\n" +
-	" \x01(\tR\x0fresidencyReason\"C\n" +
+	" \x01(\tR\x0fresidencyReason\x128\n" +
+	"\badapters\x18\v \x01(\v2\x1c.gpuplane.v1.ReplicaAdaptersR\badapters\"I\n" +
+	"\x0fReplicaAdapters\x126\n" +
+	"\badapters\x18\x01 \x03(\v2\x1a.gpuplane.v1.AdapterStatusR\badapters\"C\n" +
 	"\fBootstrapACL\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1f\n" +
 	"\vsecret_hash\x18\x02 \x01(\tR\n" +
@@ -1767,7 +1826,7 @@ func file_gpuplane_v1_log_proto_rawDescGZIP() []byte {
 }
 
 var file_gpuplane_v1_log_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_gpuplane_v1_log_proto_msgTypes = make([]protoimpl.MessageInfo, 20)
+var file_gpuplane_v1_log_proto_msgTypes = make([]protoimpl.MessageInfo, 21)
 var file_gpuplane_v1_log_proto_goTypes = []any{
 	(Code)(0),                     // 0: gpuplane.v1.Code
 	(Outcome)(0),                  // 1: gpuplane.v1.Outcome
@@ -1785,24 +1844,26 @@ var file_gpuplane_v1_log_proto_goTypes = []any{
 	(*PlaceReplicas)(nil),         // 13: gpuplane.v1.PlaceReplicas
 	(*UnplaceReplica)(nil),        // 14: gpuplane.v1.UnplaceReplica
 	(*ReplicaStatus)(nil),         // 15: gpuplane.v1.ReplicaStatus
-	(*BootstrapACL)(nil),          // 16: gpuplane.v1.BootstrapACL
-	(*CreateToken)(nil),           // 17: gpuplane.v1.CreateToken
-	(*DeleteToken)(nil),           // 18: gpuplane.v1.DeleteToken
-	(*Violation)(nil),             // 19: gpuplane.v1.Violation
-	(*Violations)(nil),            // 20: gpuplane.v1.Violations
-	(*Result)(nil),                // 21: gpuplane.v1.Result
-	(*timestamppb.Timestamp)(nil), // 22: google.protobuf.Timestamp
-	(*Node)(nil),                  // 23: gpuplane.v1.Node
-	(*Card)(nil),                  // 24: gpuplane.v1.Card
-	(NodeStatus)(0),               // 25: gpuplane.v1.NodeStatus
-	(*AcceleratorSpec)(nil),       // 26: gpuplane.v1.AcceleratorSpec
-	(*ModelSpec)(nil),             // 27: gpuplane.v1.ModelSpec
-	(ReplicaState)(0),             // 28: gpuplane.v1.ReplicaState
-	(ReplicaResidency)(0),         // 29: gpuplane.v1.ReplicaResidency
-	(Role)(0),                     // 30: gpuplane.v1.Role
+	(*ReplicaAdapters)(nil),       // 16: gpuplane.v1.ReplicaAdapters
+	(*BootstrapACL)(nil),          // 17: gpuplane.v1.BootstrapACL
+	(*CreateToken)(nil),           // 18: gpuplane.v1.CreateToken
+	(*DeleteToken)(nil),           // 19: gpuplane.v1.DeleteToken
+	(*Violation)(nil),             // 20: gpuplane.v1.Violation
+	(*Violations)(nil),            // 21: gpuplane.v1.Violations
+	(*Result)(nil),                // 22: gpuplane.v1.Result
+	(*timestamppb.Timestamp)(nil), // 23: google.protobuf.Timestamp
+	(*Node)(nil),                  // 24: gpuplane.v1.Node
+	(*Card)(nil),                  // 25: gpuplane.v1.Card
+	(NodeStatus)(0),               // 26: gpuplane.v1.NodeStatus
+	(*AcceleratorSpec)(nil),       // 27: gpuplane.v1.AcceleratorSpec
+	(*ModelSpec)(nil),             // 28: gpuplane.v1.ModelSpec
+	(ReplicaState)(0),             // 29: gpuplane.v1.ReplicaState
+	(ReplicaResidency)(0),         // 30: gpuplane.v1.ReplicaResidency
+	(*AdapterStatus)(nil),         // 31: gpuplane.v1.AdapterStatus
+	(Role)(0),                     // 32: gpuplane.v1.Role
 }
 var file_gpuplane_v1_log_proto_depIdxs = []int32{
-	22, // 0: gpuplane.v1.Envelope.proposed_at:type_name -> google.protobuf.Timestamp
+	23, // 0: gpuplane.v1.Envelope.proposed_at:type_name -> google.protobuf.Timestamp
 	3,  // 1: gpuplane.v1.Envelope.register_node:type_name -> gpuplane.v1.RegisterNode
 	4,  // 2: gpuplane.v1.Envelope.update_inventory:type_name -> gpuplane.v1.UpdateInventory
 	5,  // 3: gpuplane.v1.Envelope.set_node_status:type_name -> gpuplane.v1.SetNodeStatus
@@ -1814,28 +1875,30 @@ var file_gpuplane_v1_log_proto_depIdxs = []int32{
 	13, // 9: gpuplane.v1.Envelope.place_replicas:type_name -> gpuplane.v1.PlaceReplicas
 	14, // 10: gpuplane.v1.Envelope.unplace_replica:type_name -> gpuplane.v1.UnplaceReplica
 	15, // 11: gpuplane.v1.Envelope.replica_status:type_name -> gpuplane.v1.ReplicaStatus
-	16, // 12: gpuplane.v1.Envelope.bootstrap_acl:type_name -> gpuplane.v1.BootstrapACL
-	17, // 13: gpuplane.v1.Envelope.create_token:type_name -> gpuplane.v1.CreateToken
-	18, // 14: gpuplane.v1.Envelope.delete_token:type_name -> gpuplane.v1.DeleteToken
-	23, // 15: gpuplane.v1.RegisterNode.node:type_name -> gpuplane.v1.Node
-	24, // 16: gpuplane.v1.UpdateInventory.cards:type_name -> gpuplane.v1.Card
-	25, // 17: gpuplane.v1.SetNodeStatus.status:type_name -> gpuplane.v1.NodeStatus
-	26, // 18: gpuplane.v1.CreateAccelerator.spec:type_name -> gpuplane.v1.AcceleratorSpec
-	27, // 19: gpuplane.v1.ApplyModel.spec:type_name -> gpuplane.v1.ModelSpec
+	17, // 12: gpuplane.v1.Envelope.bootstrap_acl:type_name -> gpuplane.v1.BootstrapACL
+	18, // 13: gpuplane.v1.Envelope.create_token:type_name -> gpuplane.v1.CreateToken
+	19, // 14: gpuplane.v1.Envelope.delete_token:type_name -> gpuplane.v1.DeleteToken
+	24, // 15: gpuplane.v1.RegisterNode.node:type_name -> gpuplane.v1.Node
+	25, // 16: gpuplane.v1.UpdateInventory.cards:type_name -> gpuplane.v1.Card
+	26, // 17: gpuplane.v1.SetNodeStatus.status:type_name -> gpuplane.v1.NodeStatus
+	27, // 18: gpuplane.v1.CreateAccelerator.spec:type_name -> gpuplane.v1.AcceleratorSpec
+	28, // 19: gpuplane.v1.ApplyModel.spec:type_name -> gpuplane.v1.ModelSpec
 	11, // 20: gpuplane.v1.PlaceReplicas.placements:type_name -> gpuplane.v1.Placement
 	12, // 21: gpuplane.v1.PlaceReplicas.pending:type_name -> gpuplane.v1.PendingReason
-	28, // 22: gpuplane.v1.ReplicaStatus.state:type_name -> gpuplane.v1.ReplicaState
-	29, // 23: gpuplane.v1.ReplicaStatus.residency:type_name -> gpuplane.v1.ReplicaResidency
-	30, // 24: gpuplane.v1.CreateToken.role:type_name -> gpuplane.v1.Role
-	19, // 25: gpuplane.v1.Violations.violations:type_name -> gpuplane.v1.Violation
-	0,  // 26: gpuplane.v1.Result.code:type_name -> gpuplane.v1.Code
-	19, // 27: gpuplane.v1.Result.violations:type_name -> gpuplane.v1.Violation
-	1,  // 28: gpuplane.v1.Result.outcome:type_name -> gpuplane.v1.Outcome
-	29, // [29:29] is the sub-list for method output_type
-	29, // [29:29] is the sub-list for method input_type
-	29, // [29:29] is the sub-list for extension type_name
-	29, // [29:29] is the sub-list for extension extendee
-	0,  // [0:29] is the sub-list for field type_name
+	29, // 22: gpuplane.v1.ReplicaStatus.state:type_name -> gpuplane.v1.ReplicaState
+	30, // 23: gpuplane.v1.ReplicaStatus.residency:type_name -> gpuplane.v1.ReplicaResidency
+	16, // 24: gpuplane.v1.ReplicaStatus.adapters:type_name -> gpuplane.v1.ReplicaAdapters
+	31, // 25: gpuplane.v1.ReplicaAdapters.adapters:type_name -> gpuplane.v1.AdapterStatus
+	32, // 26: gpuplane.v1.CreateToken.role:type_name -> gpuplane.v1.Role
+	20, // 27: gpuplane.v1.Violations.violations:type_name -> gpuplane.v1.Violation
+	0,  // 28: gpuplane.v1.Result.code:type_name -> gpuplane.v1.Code
+	20, // 29: gpuplane.v1.Result.violations:type_name -> gpuplane.v1.Violation
+	1,  // 30: gpuplane.v1.Result.outcome:type_name -> gpuplane.v1.Outcome
+	31, // [31:31] is the sub-list for method output_type
+	31, // [31:31] is the sub-list for method input_type
+	31, // [31:31] is the sub-list for extension type_name
+	31, // [31:31] is the sub-list for extension extendee
+	0,  // [0:31] is the sub-list for field type_name
 }
 
 func init() { file_gpuplane_v1_log_proto_init() }
@@ -1860,14 +1923,14 @@ func file_gpuplane_v1_log_proto_init() {
 		(*Envelope_CreateToken)(nil),
 		(*Envelope_DeleteToken)(nil),
 	}
-	file_gpuplane_v1_log_proto_msgTypes[15].OneofWrappers = []any{}
+	file_gpuplane_v1_log_proto_msgTypes[16].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_gpuplane_v1_log_proto_rawDesc), len(file_gpuplane_v1_log_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   20,
+			NumMessages:   21,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

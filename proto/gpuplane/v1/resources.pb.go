@@ -290,6 +290,66 @@ func (Priority) EnumDescriptor() ([]byte, []int) {
 	return file_gpuplane_v1_resources_proto_rawDescGZIP(), []int{4}
 }
 
+// AdapterTier is where an adapter's weights are on a replica's node.
+type AdapterTier int32
+
+const (
+	// On disk: the default for an adapter a replica has not reported.
+	AdapterTier_ADAPTER_TIER_UNSPECIFIED AdapterTier = 0
+	AdapterTier_ADAPTER_TIER_DISK        AdapterTier = 1
+	// Cached in host RAM: loads onto the card faster than from disk.
+	AdapterTier_ADAPTER_TIER_HOST AdapterTier = 2
+	// Being loaded onto the card.
+	AdapterTier_ADAPTER_TIER_LOADING AdapterTier = 3
+	// Loaded in the engine, on the card.
+	AdapterTier_ADAPTER_TIER_CARD AdapterTier = 4
+)
+
+// Enum value maps for AdapterTier.
+var (
+	AdapterTier_name = map[int32]string{
+		0: "ADAPTER_TIER_UNSPECIFIED",
+		1: "ADAPTER_TIER_DISK",
+		2: "ADAPTER_TIER_HOST",
+		3: "ADAPTER_TIER_LOADING",
+		4: "ADAPTER_TIER_CARD",
+	}
+	AdapterTier_value = map[string]int32{
+		"ADAPTER_TIER_UNSPECIFIED": 0,
+		"ADAPTER_TIER_DISK":        1,
+		"ADAPTER_TIER_HOST":        2,
+		"ADAPTER_TIER_LOADING":     3,
+		"ADAPTER_TIER_CARD":        4,
+	}
+)
+
+func (x AdapterTier) Enum() *AdapterTier {
+	p := new(AdapterTier)
+	*p = x
+	return p
+}
+
+func (x AdapterTier) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (AdapterTier) Descriptor() protoreflect.EnumDescriptor {
+	return file_gpuplane_v1_resources_proto_enumTypes[5].Descriptor()
+}
+
+func (AdapterTier) Type() protoreflect.EnumType {
+	return &file_gpuplane_v1_resources_proto_enumTypes[5]
+}
+
+func (x AdapterTier) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use AdapterTier.Descriptor instead.
+func (AdapterTier) EnumDescriptor() ([]byte, []int) {
+	return file_gpuplane_v1_resources_proto_rawDescGZIP(), []int{5}
+}
+
 // ReplicaState is where a replica is in its life.
 type ReplicaState int32
 
@@ -338,11 +398,11 @@ func (x ReplicaState) String() string {
 }
 
 func (ReplicaState) Descriptor() protoreflect.EnumDescriptor {
-	return file_gpuplane_v1_resources_proto_enumTypes[5].Descriptor()
+	return file_gpuplane_v1_resources_proto_enumTypes[6].Descriptor()
 }
 
 func (ReplicaState) Type() protoreflect.EnumType {
-	return &file_gpuplane_v1_resources_proto_enumTypes[5]
+	return &file_gpuplane_v1_resources_proto_enumTypes[6]
 }
 
 func (x ReplicaState) Number() protoreflect.EnumNumber {
@@ -351,7 +411,7 @@ func (x ReplicaState) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use ReplicaState.Descriptor instead.
 func (ReplicaState) EnumDescriptor() ([]byte, []int) {
-	return file_gpuplane_v1_resources_proto_rawDescGZIP(), []int{5}
+	return file_gpuplane_v1_resources_proto_rawDescGZIP(), []int{6}
 }
 
 // ReplicaResidency is where a placed replica's weights are (SPEC §8.3).
@@ -402,11 +462,11 @@ func (x ReplicaResidency) String() string {
 }
 
 func (ReplicaResidency) Descriptor() protoreflect.EnumDescriptor {
-	return file_gpuplane_v1_resources_proto_enumTypes[6].Descriptor()
+	return file_gpuplane_v1_resources_proto_enumTypes[7].Descriptor()
 }
 
 func (ReplicaResidency) Type() protoreflect.EnumType {
-	return &file_gpuplane_v1_resources_proto_enumTypes[6]
+	return &file_gpuplane_v1_resources_proto_enumTypes[7]
 }
 
 func (x ReplicaResidency) Number() protoreflect.EnumNumber {
@@ -415,7 +475,7 @@ func (x ReplicaResidency) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use ReplicaResidency.Descriptor instead.
 func (ReplicaResidency) EnumDescriptor() ([]byte, []int) {
-	return file_gpuplane_v1_resources_proto_rawDescGZIP(), []int{6}
+	return file_gpuplane_v1_resources_proto_rawDescGZIP(), []int{7}
 }
 
 // Role is what a token may do.
@@ -458,11 +518,11 @@ func (x Role) String() string {
 }
 
 func (Role) Descriptor() protoreflect.EnumDescriptor {
-	return file_gpuplane_v1_resources_proto_enumTypes[7].Descriptor()
+	return file_gpuplane_v1_resources_proto_enumTypes[8].Descriptor()
 }
 
 func (Role) Type() protoreflect.EnumType {
-	return &file_gpuplane_v1_resources_proto_enumTypes[7]
+	return &file_gpuplane_v1_resources_proto_enumTypes[8]
 }
 
 func (x Role) Number() protoreflect.EnumNumber {
@@ -471,7 +531,7 @@ func (x Role) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use Role.Descriptor instead.
 func (Role) EnumDescriptor() ([]byte, []int) {
-	return file_gpuplane_v1_resources_proto_rawDescGZIP(), []int{7}
+	return file_gpuplane_v1_resources_proto_rawDescGZIP(), []int{8}
 }
 
 // Card is one physical GPU as its node reported it.
@@ -1193,7 +1253,10 @@ type EngineSpec struct {
 	StartTimeoutSeconds uint32 `protobuf:"varint,10,opt,name=start_timeout_seconds,json=startTimeoutSeconds,proto3" json:"start_timeout_seconds,omitempty"`
 	// Numeric format of the weights (bf16, fp8, awq, q4_k_m, ...); part of
 	// the model's identity: variants that differ in it are separate residents.
-	Quantization  string `protobuf:"bytes,11,opt,name=quantization,proto3" json:"quantization,omitempty"`
+	Quantization string `protobuf:"bytes,11,opt,name=quantization,proto3" json:"quantization,omitempty"`
+	// Adapters the engine keeps on the card at once (vLLM --max-loras;
+	// 0 = the default, 4). The rest wait in host RAM or on disk.
+	MaxAdapters   uint32 `protobuf:"varint,12,opt,name=max_adapters,json=maxAdapters,proto3" json:"max_adapters,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1303,6 +1366,13 @@ func (x *EngineSpec) GetQuantization() string {
 		return x.Quantization
 	}
 	return ""
+}
+
+func (x *EngineSpec) GetMaxAdapters() uint32 {
+	if x != nil {
+		return x.MaxAdapters
+	}
+	return 0
 }
 
 // PlacementSpec says where replicas may go.
@@ -1470,8 +1540,11 @@ type ModelSpec struct {
 	Residency       Residency              `protobuf:"varint,7,opt,name=residency,proto3,enum=gpuplane.v1.Residency" json:"residency,omitempty"`
 	Priority        Priority               `protobuf:"varint,8,opt,name=priority,proto3,enum=gpuplane.v1.Priority" json:"priority,omitempty"`
 	Slo             *SLO                   `protobuf:"bytes,9,opt,name=slo,proto3" json:"slo,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// LoRA adapters on this base model (SPEC §8.1); adding or removing one
+	// does not restart the base.
+	Adapters      []*Adapter `protobuf:"bytes,10,rep,name=adapters,proto3" json:"adapters,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ModelSpec) Reset() {
@@ -1567,6 +1640,141 @@ func (x *ModelSpec) GetSlo() *SLO {
 	return nil
 }
 
+func (x *ModelSpec) GetAdapters() []*Adapter {
+	if x != nil {
+		return x.Adapters
+	}
+	return nil
+}
+
+// Adapter is a LoRA adapter served on a deployment's base model.
+type Adapter struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Unique in the deployment; requests name it as model NAME:ADAPTER or
+	// ADAPTER.
+	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// Path or URI of the adapter's weights.
+	Source string `protobuf:"bytes,2,opt,name=source,proto3" json:"source,omitempty"`
+	// LoRA rank, 1..512.
+	Rank uint32 `protobuf:"varint,3,opt,name=rank,proto3" json:"rank,omitempty"`
+	// When set, only these tenants may use it; others are told it does not
+	// exist.
+	Tenants       []string `protobuf:"bytes,4,rep,name=tenants,proto3" json:"tenants,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Adapter) Reset() {
+	*x = Adapter{}
+	mi := &file_gpuplane_v1_resources_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Adapter) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Adapter) ProtoMessage() {}
+
+func (x *Adapter) ProtoReflect() protoreflect.Message {
+	mi := &file_gpuplane_v1_resources_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Adapter.ProtoReflect.Descriptor instead.
+func (*Adapter) Descriptor() ([]byte, []int) {
+	return file_gpuplane_v1_resources_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *Adapter) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *Adapter) GetSource() string {
+	if x != nil {
+		return x.Source
+	}
+	return ""
+}
+
+func (x *Adapter) GetRank() uint32 {
+	if x != nil {
+		return x.Rank
+	}
+	return 0
+}
+
+func (x *Adapter) GetTenants() []string {
+	if x != nil {
+		return x.Tenants
+	}
+	return nil
+}
+
+// AdapterStatus is one adapter's tier on a replica.
+type AdapterStatus struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Tier          AdapterTier            `protobuf:"varint,2,opt,name=tier,proto3,enum=gpuplane.v1.AdapterTier" json:"tier,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AdapterStatus) Reset() {
+	*x = AdapterStatus{}
+	mi := &file_gpuplane_v1_resources_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AdapterStatus) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AdapterStatus) ProtoMessage() {}
+
+func (x *AdapterStatus) ProtoReflect() protoreflect.Message {
+	mi := &file_gpuplane_v1_resources_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AdapterStatus.ProtoReflect.Descriptor instead.
+func (*AdapterStatus) Descriptor() ([]byte, []int) {
+	return file_gpuplane_v1_resources_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *AdapterStatus) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *AdapterStatus) GetTier() AdapterTier {
+	if x != nil {
+		return x.Tier
+	}
+	return AdapterTier_ADAPTER_TIER_UNSPECIFIED
+}
+
 // ModelStatus summarises a deployment's replicas.
 type ModelStatus struct {
 	state   protoimpl.MessageState `protogen:"open.v1"`
@@ -1586,7 +1794,7 @@ type ModelStatus struct {
 
 func (x *ModelStatus) Reset() {
 	*x = ModelStatus{}
-	mi := &file_gpuplane_v1_resources_proto_msgTypes[12]
+	mi := &file_gpuplane_v1_resources_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1598,7 +1806,7 @@ func (x *ModelStatus) String() string {
 func (*ModelStatus) ProtoMessage() {}
 
 func (x *ModelStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuplane_v1_resources_proto_msgTypes[12]
+	mi := &file_gpuplane_v1_resources_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1611,7 +1819,7 @@ func (x *ModelStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ModelStatus.ProtoReflect.Descriptor instead.
 func (*ModelStatus) Descriptor() ([]byte, []int) {
-	return file_gpuplane_v1_resources_proto_rawDescGZIP(), []int{12}
+	return file_gpuplane_v1_resources_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *ModelStatus) GetDesired() uint32 {
@@ -1671,7 +1879,7 @@ type ModelDeployment struct {
 
 func (x *ModelDeployment) Reset() {
 	*x = ModelDeployment{}
-	mi := &file_gpuplane_v1_resources_proto_msgTypes[13]
+	mi := &file_gpuplane_v1_resources_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1683,7 +1891,7 @@ func (x *ModelDeployment) String() string {
 func (*ModelDeployment) ProtoMessage() {}
 
 func (x *ModelDeployment) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuplane_v1_resources_proto_msgTypes[13]
+	mi := &file_gpuplane_v1_resources_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1696,7 +1904,7 @@ func (x *ModelDeployment) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ModelDeployment.ProtoReflect.Descriptor instead.
 func (*ModelDeployment) Descriptor() ([]byte, []int) {
-	return file_gpuplane_v1_resources_proto_rawDescGZIP(), []int{13}
+	return file_gpuplane_v1_resources_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *ModelDeployment) GetName() string {
@@ -1760,13 +1968,16 @@ type Replica struct {
 	Residency   ReplicaResidency `protobuf:"varint,15,opt,name=residency,proto3,enum=gpuplane.v1.ReplicaResidency" json:"residency,omitempty"`
 	// Why it last changed residency, as the node reported it.
 	ResidencyReason string `protobuf:"bytes,16,opt,name=residency_reason,json=residencyReason,proto3" json:"residency_reason,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// Adapters in host RAM, loading or on the card, as the node last
+	// reported them; the deployment's other adapters are on disk.
+	Adapters      []*AdapterStatus `protobuf:"bytes,17,rep,name=adapters,proto3" json:"adapters,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Replica) Reset() {
 	*x = Replica{}
-	mi := &file_gpuplane_v1_resources_proto_msgTypes[14]
+	mi := &file_gpuplane_v1_resources_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1778,7 +1989,7 @@ func (x *Replica) String() string {
 func (*Replica) ProtoMessage() {}
 
 func (x *Replica) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuplane_v1_resources_proto_msgTypes[14]
+	mi := &file_gpuplane_v1_resources_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1791,7 +2002,7 @@ func (x *Replica) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Replica.ProtoReflect.Descriptor instead.
 func (*Replica) Descriptor() ([]byte, []int) {
-	return file_gpuplane_v1_resources_proto_rawDescGZIP(), []int{14}
+	return file_gpuplane_v1_resources_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *Replica) GetModel() string {
@@ -1906,6 +2117,13 @@ func (x *Replica) GetResidencyReason() string {
 	return ""
 }
 
+func (x *Replica) GetAdapters() []*AdapterStatus {
+	if x != nil {
+		return x.Adapters
+	}
+	return nil
+}
+
 // ACLToken is an API token as the state keeps it: the secret itself is never
 // stored or logged, only its SHA-256.
 type ACLToken struct {
@@ -1926,7 +2144,7 @@ type ACLToken struct {
 
 func (x *ACLToken) Reset() {
 	*x = ACLToken{}
-	mi := &file_gpuplane_v1_resources_proto_msgTypes[15]
+	mi := &file_gpuplane_v1_resources_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1938,7 +2156,7 @@ func (x *ACLToken) String() string {
 func (*ACLToken) ProtoMessage() {}
 
 func (x *ACLToken) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuplane_v1_resources_proto_msgTypes[15]
+	mi := &file_gpuplane_v1_resources_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1951,7 +2169,7 @@ func (x *ACLToken) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ACLToken.ProtoReflect.Descriptor instead.
 func (*ACLToken) Descriptor() ([]byte, []int) {
-	return file_gpuplane_v1_resources_proto_rawDescGZIP(), []int{15}
+	return file_gpuplane_v1_resources_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ACLToken) GetName() string {
@@ -2073,7 +2291,7 @@ const file_gpuplane_v1_resources_proto_rawDesc = "" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x120\n" +
 	"\x04spec\x18\x02 \x01(\v2\x1c.gpuplane.v1.AcceleratorSpecR\x04spec\x126\n" +
 	"\x06status\x18\x03 \x01(\v2\x1e.gpuplane.v1.AcceleratorStatusR\x06status\x12#\n" +
-	"\rcreated_index\x18\x04 \x01(\x04R\fcreatedIndex\"\xe1\x03\n" +
+	"\rcreated_index\x18\x04 \x01(\x04R\fcreatedIndex\"\x84\x04\n" +
 	"\n" +
 	"EngineSpec\x12\x12\n" +
 	"\x04kind\x18\x01 \x01(\tR\x04kind\x12%\n" +
@@ -2088,7 +2306,8 @@ const file_gpuplane_v1_resources_proto_rawDesc = "" +
 	"\x03env\x18\t \x03(\v2 .gpuplane.v1.EngineSpec.EnvEntryR\x03env\x122\n" +
 	"\x15start_timeout_seconds\x18\n" +
 	" \x01(\rR\x13startTimeoutSeconds\x12\"\n" +
-	"\fquantization\x18\v \x01(\tR\fquantization\x1a6\n" +
+	"\fquantization\x18\v \x01(\tR\fquantization\x12!\n" +
+	"\fmax_adapters\x18\f \x01(\rR\vmaxAdapters\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xc5\x01\n" +
@@ -2103,7 +2322,7 @@ const file_gpuplane_v1_resources_proto_rawDesc = "" +
 	"\n" +
 	"memory_mib\x18\x02 \x01(\x04R\tmemoryMib\"\x1e\n" +
 	"\x03SLO\x12\x17\n" +
-	"\attft_ms\x18\x01 \x01(\rR\x06ttftMs\"\x9b\x03\n" +
+	"\attft_ms\x18\x01 \x01(\rR\x06ttftMs\"\xcd\x03\n" +
 	"\tModelSpec\x12\x14\n" +
 	"\x05model\x18\x01 \x01(\tR\x05model\x12*\n" +
 	"\x11served_model_name\x18\x02 \x01(\tR\x0fservedModelName\x12\x1a\n" +
@@ -2113,7 +2332,17 @@ const file_gpuplane_v1_resources_proto_rawDesc = "" +
 	"\tresources\x18\x06 \x01(\v2\x1a.gpuplane.v1.HostResourcesR\tresources\x124\n" +
 	"\tresidency\x18\a \x01(\x0e2\x16.gpuplane.v1.ResidencyR\tresidency\x121\n" +
 	"\bpriority\x18\b \x01(\x0e2\x15.gpuplane.v1.PriorityR\bpriority\x12\"\n" +
-	"\x03slo\x18\t \x01(\v2\x10.gpuplane.v1.SLOR\x03slo\"\xbc\x01\n" +
+	"\x03slo\x18\t \x01(\v2\x10.gpuplane.v1.SLOR\x03slo\x120\n" +
+	"\badapters\x18\n" +
+	" \x03(\v2\x14.gpuplane.v1.AdapterR\badapters\"c\n" +
+	"\aAdapter\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x16\n" +
+	"\x06source\x18\x02 \x01(\tR\x06source\x12\x12\n" +
+	"\x04rank\x18\x03 \x01(\rR\x04rank\x12\x18\n" +
+	"\atenants\x18\x04 \x03(\tR\atenants\"Q\n" +
+	"\rAdapterStatus\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12,\n" +
+	"\x04tier\x18\x02 \x01(\x0e2\x18.gpuplane.v1.AdapterTierR\x04tier\"\xbc\x01\n" +
 	"\vModelStatus\x12\x18\n" +
 	"\adesired\x18\x01 \x01(\rR\adesired\x12\x16\n" +
 	"\x06placed\x18\x02 \x01(\rR\x06placed\x12\x18\n" +
@@ -2128,7 +2357,7 @@ const file_gpuplane_v1_resources_proto_rawDesc = "" +
 	"generation\x18\x03 \x01(\x04R\n" +
 	"generation\x120\n" +
 	"\x06status\x18\x04 \x01(\v2\x18.gpuplane.v1.ModelStatusR\x06status\x12#\n" +
-	"\rcreated_index\x18\x05 \x01(\x04R\fcreatedIndex\"\x96\x04\n" +
+	"\rcreated_index\x18\x05 \x01(\x04R\fcreatedIndex\"\xce\x04\n" +
 	"\aReplica\x12\x14\n" +
 	"\x05model\x18\x01 \x01(\tR\x05model\x12\x14\n" +
 	"\x05index\x18\x02 \x01(\rR\x05index\x12\x1e\n" +
@@ -2150,7 +2379,8 @@ const file_gpuplane_v1_resources_proto_rawDesc = "" +
 	"\bendpoint\x18\r \x01(\tR\bendpoint\x12!\n" +
 	"\fplaced_index\x18\x0e \x01(\x04R\vplacedIndex\x12;\n" +
 	"\tresidency\x18\x0f \x01(\x0e2\x1d.gpuplane.v1.ReplicaResidencyR\tresidency\x12)\n" +
-	"\x10residency_reason\x18\x10 \x01(\tR\x0fresidencyReason\"\xbb\x01\n" +
+	"\x10residency_reason\x18\x10 \x01(\tR\x0fresidencyReason\x126\n" +
+	"\badapters\x18\x11 \x03(\v2\x1a.gpuplane.v1.AdapterStatusR\badapters\"\xbb\x01\n" +
 	"\bACLToken\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12%\n" +
 	"\x04role\x18\x02 \x01(\x0e2\x11.gpuplane.v1.RoleR\x04role\x12\x1f\n" +
@@ -2182,7 +2412,13 @@ const file_gpuplane_v1_resources_proto_rawDesc = "" +
 	"\x14PRIORITY_UNSPECIFIED\x10\x00\x12\x18\n" +
 	"\x14PRIORITY_INTERACTIVE\x10\x01\x12\x15\n" +
 	"\x11PRIORITY_STANDARD\x10\x02\x12\x17\n" +
-	"\x13PRIORITY_BACKGROUND\x10\x03*\xce\x01\n" +
+	"\x13PRIORITY_BACKGROUND\x10\x03*\x8a\x01\n" +
+	"\vAdapterTier\x12\x1c\n" +
+	"\x18ADAPTER_TIER_UNSPECIFIED\x10\x00\x12\x15\n" +
+	"\x11ADAPTER_TIER_DISK\x10\x01\x12\x15\n" +
+	"\x11ADAPTER_TIER_HOST\x10\x02\x12\x18\n" +
+	"\x14ADAPTER_TIER_LOADING\x10\x03\x12\x15\n" +
+	"\x11ADAPTER_TIER_CARD\x10\x04*\xce\x01\n" +
 	"\fReplicaState\x12\x1d\n" +
 	"\x19REPLICA_STATE_UNSPECIFIED\x10\x00\x12\x19\n" +
 	"\x15REPLICA_STATE_PENDING\x10\x01\x12\x18\n" +
@@ -2218,64 +2454,70 @@ func file_gpuplane_v1_resources_proto_rawDescGZIP() []byte {
 	return file_gpuplane_v1_resources_proto_rawDescData
 }
 
-var file_gpuplane_v1_resources_proto_enumTypes = make([]protoimpl.EnumInfo, 8)
-var file_gpuplane_v1_resources_proto_msgTypes = make([]protoimpl.MessageInfo, 19)
+var file_gpuplane_v1_resources_proto_enumTypes = make([]protoimpl.EnumInfo, 9)
+var file_gpuplane_v1_resources_proto_msgTypes = make([]protoimpl.MessageInfo, 21)
 var file_gpuplane_v1_resources_proto_goTypes = []any{
 	(NodeRole)(0),             // 0: gpuplane.v1.NodeRole
 	(NodeStatus)(0),           // 1: gpuplane.v1.NodeStatus
 	(Tenancy)(0),              // 2: gpuplane.v1.Tenancy
 	(Residency)(0),            // 3: gpuplane.v1.Residency
 	(Priority)(0),             // 4: gpuplane.v1.Priority
-	(ReplicaState)(0),         // 5: gpuplane.v1.ReplicaState
-	(ReplicaResidency)(0),     // 6: gpuplane.v1.ReplicaResidency
-	(Role)(0),                 // 7: gpuplane.v1.Role
-	(*Card)(nil),              // 8: gpuplane.v1.Card
-	(*Node)(nil),              // 9: gpuplane.v1.Node
-	(*Device)(nil),            // 10: gpuplane.v1.Device
-	(*CardStatus)(nil),        // 11: gpuplane.v1.CardStatus
-	(*AcceleratorSpec)(nil),   // 12: gpuplane.v1.AcceleratorSpec
-	(*AcceleratorStatus)(nil), // 13: gpuplane.v1.AcceleratorStatus
-	(*Accelerator)(nil),       // 14: gpuplane.v1.Accelerator
-	(*EngineSpec)(nil),        // 15: gpuplane.v1.EngineSpec
-	(*PlacementSpec)(nil),     // 16: gpuplane.v1.PlacementSpec
-	(*HostResources)(nil),     // 17: gpuplane.v1.HostResources
-	(*SLO)(nil),               // 18: gpuplane.v1.SLO
-	(*ModelSpec)(nil),         // 19: gpuplane.v1.ModelSpec
-	(*ModelStatus)(nil),       // 20: gpuplane.v1.ModelStatus
-	(*ModelDeployment)(nil),   // 21: gpuplane.v1.ModelDeployment
-	(*Replica)(nil),           // 22: gpuplane.v1.Replica
-	(*ACLToken)(nil),          // 23: gpuplane.v1.ACLToken
-	nil,                       // 24: gpuplane.v1.Node.LabelsEntry
-	nil,                       // 25: gpuplane.v1.EngineSpec.EnvEntry
-	nil,                       // 26: gpuplane.v1.PlacementSpec.NodeSelectorEntry
+	(AdapterTier)(0),          // 5: gpuplane.v1.AdapterTier
+	(ReplicaState)(0),         // 6: gpuplane.v1.ReplicaState
+	(ReplicaResidency)(0),     // 7: gpuplane.v1.ReplicaResidency
+	(Role)(0),                 // 8: gpuplane.v1.Role
+	(*Card)(nil),              // 9: gpuplane.v1.Card
+	(*Node)(nil),              // 10: gpuplane.v1.Node
+	(*Device)(nil),            // 11: gpuplane.v1.Device
+	(*CardStatus)(nil),        // 12: gpuplane.v1.CardStatus
+	(*AcceleratorSpec)(nil),   // 13: gpuplane.v1.AcceleratorSpec
+	(*AcceleratorStatus)(nil), // 14: gpuplane.v1.AcceleratorStatus
+	(*Accelerator)(nil),       // 15: gpuplane.v1.Accelerator
+	(*EngineSpec)(nil),        // 16: gpuplane.v1.EngineSpec
+	(*PlacementSpec)(nil),     // 17: gpuplane.v1.PlacementSpec
+	(*HostResources)(nil),     // 18: gpuplane.v1.HostResources
+	(*SLO)(nil),               // 19: gpuplane.v1.SLO
+	(*ModelSpec)(nil),         // 20: gpuplane.v1.ModelSpec
+	(*Adapter)(nil),           // 21: gpuplane.v1.Adapter
+	(*AdapterStatus)(nil),     // 22: gpuplane.v1.AdapterStatus
+	(*ModelStatus)(nil),       // 23: gpuplane.v1.ModelStatus
+	(*ModelDeployment)(nil),   // 24: gpuplane.v1.ModelDeployment
+	(*Replica)(nil),           // 25: gpuplane.v1.Replica
+	(*ACLToken)(nil),          // 26: gpuplane.v1.ACLToken
+	nil,                       // 27: gpuplane.v1.Node.LabelsEntry
+	nil,                       // 28: gpuplane.v1.EngineSpec.EnvEntry
+	nil,                       // 29: gpuplane.v1.PlacementSpec.NodeSelectorEntry
 }
 var file_gpuplane_v1_resources_proto_depIdxs = []int32{
 	0,  // 0: gpuplane.v1.Node.role:type_name -> gpuplane.v1.NodeRole
 	1,  // 1: gpuplane.v1.Node.status:type_name -> gpuplane.v1.NodeStatus
-	24, // 2: gpuplane.v1.Node.labels:type_name -> gpuplane.v1.Node.LabelsEntry
-	8,  // 3: gpuplane.v1.Node.cards:type_name -> gpuplane.v1.Card
+	27, // 2: gpuplane.v1.Node.labels:type_name -> gpuplane.v1.Node.LabelsEntry
+	9,  // 3: gpuplane.v1.Node.cards:type_name -> gpuplane.v1.Card
 	1,  // 4: gpuplane.v1.CardStatus.node_status:type_name -> gpuplane.v1.NodeStatus
 	2,  // 5: gpuplane.v1.AcceleratorSpec.tenancy:type_name -> gpuplane.v1.Tenancy
-	12, // 6: gpuplane.v1.Accelerator.spec:type_name -> gpuplane.v1.AcceleratorSpec
-	13, // 7: gpuplane.v1.Accelerator.status:type_name -> gpuplane.v1.AcceleratorStatus
-	25, // 8: gpuplane.v1.EngineSpec.env:type_name -> gpuplane.v1.EngineSpec.EnvEntry
-	26, // 9: gpuplane.v1.PlacementSpec.node_selector:type_name -> gpuplane.v1.PlacementSpec.NodeSelectorEntry
-	16, // 10: gpuplane.v1.ModelSpec.placement:type_name -> gpuplane.v1.PlacementSpec
-	15, // 11: gpuplane.v1.ModelSpec.engine:type_name -> gpuplane.v1.EngineSpec
-	17, // 12: gpuplane.v1.ModelSpec.resources:type_name -> gpuplane.v1.HostResources
+	13, // 6: gpuplane.v1.Accelerator.spec:type_name -> gpuplane.v1.AcceleratorSpec
+	14, // 7: gpuplane.v1.Accelerator.status:type_name -> gpuplane.v1.AcceleratorStatus
+	28, // 8: gpuplane.v1.EngineSpec.env:type_name -> gpuplane.v1.EngineSpec.EnvEntry
+	29, // 9: gpuplane.v1.PlacementSpec.node_selector:type_name -> gpuplane.v1.PlacementSpec.NodeSelectorEntry
+	17, // 10: gpuplane.v1.ModelSpec.placement:type_name -> gpuplane.v1.PlacementSpec
+	16, // 11: gpuplane.v1.ModelSpec.engine:type_name -> gpuplane.v1.EngineSpec
+	18, // 12: gpuplane.v1.ModelSpec.resources:type_name -> gpuplane.v1.HostResources
 	3,  // 13: gpuplane.v1.ModelSpec.residency:type_name -> gpuplane.v1.Residency
 	4,  // 14: gpuplane.v1.ModelSpec.priority:type_name -> gpuplane.v1.Priority
-	18, // 15: gpuplane.v1.ModelSpec.slo:type_name -> gpuplane.v1.SLO
-	19, // 16: gpuplane.v1.ModelDeployment.spec:type_name -> gpuplane.v1.ModelSpec
-	20, // 17: gpuplane.v1.ModelDeployment.status:type_name -> gpuplane.v1.ModelStatus
-	5,  // 18: gpuplane.v1.Replica.state:type_name -> gpuplane.v1.ReplicaState
-	6,  // 19: gpuplane.v1.Replica.residency:type_name -> gpuplane.v1.ReplicaResidency
-	7,  // 20: gpuplane.v1.ACLToken.role:type_name -> gpuplane.v1.Role
-	21, // [21:21] is the sub-list for method output_type
-	21, // [21:21] is the sub-list for method input_type
-	21, // [21:21] is the sub-list for extension type_name
-	21, // [21:21] is the sub-list for extension extendee
-	0,  // [0:21] is the sub-list for field type_name
+	19, // 15: gpuplane.v1.ModelSpec.slo:type_name -> gpuplane.v1.SLO
+	21, // 16: gpuplane.v1.ModelSpec.adapters:type_name -> gpuplane.v1.Adapter
+	5,  // 17: gpuplane.v1.AdapterStatus.tier:type_name -> gpuplane.v1.AdapterTier
+	20, // 18: gpuplane.v1.ModelDeployment.spec:type_name -> gpuplane.v1.ModelSpec
+	23, // 19: gpuplane.v1.ModelDeployment.status:type_name -> gpuplane.v1.ModelStatus
+	6,  // 20: gpuplane.v1.Replica.state:type_name -> gpuplane.v1.ReplicaState
+	7,  // 21: gpuplane.v1.Replica.residency:type_name -> gpuplane.v1.ReplicaResidency
+	22, // 22: gpuplane.v1.Replica.adapters:type_name -> gpuplane.v1.AdapterStatus
+	8,  // 23: gpuplane.v1.ACLToken.role:type_name -> gpuplane.v1.Role
+	24, // [24:24] is the sub-list for method output_type
+	24, // [24:24] is the sub-list for method input_type
+	24, // [24:24] is the sub-list for extension type_name
+	24, // [24:24] is the sub-list for extension extendee
+	0,  // [0:24] is the sub-list for field type_name
 }
 
 func init() { file_gpuplane_v1_resources_proto_init() }
@@ -2288,8 +2530,8 @@ func file_gpuplane_v1_resources_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_gpuplane_v1_resources_proto_rawDesc), len(file_gpuplane_v1_resources_proto_rawDesc)),
-			NumEnums:      8,
-			NumMessages:   19,
+			NumEnums:      9,
+			NumMessages:   21,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -1,0 +1,390 @@
+package resident
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+
+	"github.com/gpuplane/gpuplane/node/executor"
+	"github.com/gpuplane/gpuplane/node/inventory"
+	"github.com/gpuplane/gpuplane/node/residency"
+	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
+)
+
+// tierReporter keeps every adapter-tier report and every residency
+// transition.
+type tierReporter struct {
+	mu      sync.Mutex
+	reports [][]*pb.AdapterStatus
+	last    *pb.ReplicaStatus
+}
+
+func (r *tierReporter) Report(_ context.Context, st *pb.ReplicaStatus) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if st.Adapters != nil {
+		r.reports = append(r.reports, st.Adapters.GetAdapters())
+	}
+	r.last = st
+	return nil
+}
+
+// adapterNode is a node with one simulated card, its executor and
+// residency manager, running real sim engines.
+type adapterNode struct {
+	t       *testing.T
+	card    *pb.Card
+	lib     nvml.Interface
+	mgr     *Manager
+	ex      *executor.Executor
+	journal *residency.Journal
+	src     *source
+	rep     *tierReporter
+	index   uint64
+}
+
+func newAdapterNode(t *testing.T) *adapterNode {
+	dataDir := t.TempDir()
+	cards, err := inventory.Simulated(node, "l4=1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	usageDir := filepath.Join(dataDir, "sim-nvml")
+	n := &adapterNode{t: t, card: cards[0], lib: inventory.NewSimNVML(cards, inventory.NewSimUsage(usageDir)),
+		journal: residency.NewJournal(node, 0), src: &source{ch: make(chan executor.Snapshot, 16)}, rep: &tierReporter{}}
+	logger := slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn}))
+	n.mgr = New(Options{Node: node, Cards: cards, NVML: n.lib, Journal: n.journal, BindHost: "127.0.0.1",
+		DataDir: dataDir, Wait: time.Minute, Tick: 200 * time.Millisecond, AdapterReport: 300 * time.Millisecond, Logger: logger,
+		Config: residency.Config{MinResidency: time.Second, RetryBackoff: 200 * time.Millisecond, MaxBackoff: 2 * time.Second}})
+	n.ex, err = executor.New(n.src, n.rep, executor.Options{Node: node, DataDir: dataDir, Cards: cards, Self: bin,
+		SimUsageDir: usageDir, BindHost: "127.0.0.1", AdvertiseHost: "127.0.0.1", GracePeriod: 2 * time.Second,
+		HealthInterval: 50 * time.Millisecond, Gate: n.mgr, Logger: logger})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	var loops sync.WaitGroup
+	loops.Go(func() { _ = n.ex.Run(ctx) })
+	loops.Go(func() { n.mgr.Run(ctx, n.ex) })
+	t.Cleanup(func() {
+		// Every replica leaves: the executor stops the engines.
+		n.publish()
+		deadline := time.Now().Add(30 * time.Second)
+		for len(n.ex.Engines()) > 0 && time.Now().Before(deadline) {
+			time.Sleep(50 * time.Millisecond)
+		}
+		cancel()
+		loops.Wait()
+	})
+	return n
+}
+
+func (n *adapterNode) publish(ds ...executor.Desired) {
+	n.index++
+	n.src.ch <- executor.Snapshot{Index: n.index, Replicas: ds}
+}
+
+// deployment is chat on 40 % of the card with adapters, at most maxOnCard
+// of them loaded; the sim draws adapter load times from GenTD26's
+// distribution scaled to a fiftieth (median about 90 ms).
+func (n *adapterNode) deployment(res pb.Residency, maxOnCard uint32, adapters []*pb.Adapter) executor.Desired {
+	mib := n.card.GetMemoryMib() * 40 / 100
+	return executor.Desired{
+		Replica: &pb.Replica{Model: "chat", Generation: 1, Node: node, Accelerator: "shared",
+			Cards: []uint32{0}, ShareMilli: 400, MemoryMib: mib, PlacedIndex: 1, State: pb.ReplicaState_REPLICA_STATE_PLACED},
+		Spec: &pb.ModelSpec{Model: "sim://chat", ServedModelName: "chat", Replicas: 1, Residency: res, Adapters: adapters,
+			Engine: &pb.EngineSpec{Kind: "sim", MemoryPercent: 40, MaxAdapters: maxOnCard,
+				Args: []string{"--load-seconds", "0.3", "--tokens-per-second", "400", "--lora-load-scale", "0.02"}}},
+	}
+}
+
+func (n *adapterNode) front() string {
+	deadline := time.Now().Add(30 * time.Second)
+	for time.Now().Before(deadline) {
+		n.mgr.mu.Lock()
+		f := n.mgr.fronts[rkey{"chat", 0}]
+		n.mgr.mu.Unlock()
+		if f != nil {
+			return f.url
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	n.t.Fatal("chat's front never served")
+	return ""
+}
+
+// ask sends one chat request for model as tenant ("" sends no tenant) and
+// returns the status, the answer's model and its error message.
+func ask(t *testing.T, url, model, tenant string) (int, string, string) {
+	body := fmt.Sprintf(`{"model":%q,"messages":[{"role":"user","content":"hi"}],"max_tokens":4}`, model)
+	req, err := http.NewRequest("POST", url+"/v1/chat/completions", bytes.NewBufferString(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	if tenant != "" {
+		req.Header.Set(TenantHeader, tenant)
+	}
+	resp, err := (&http.Client{Timeout: 2 * time.Minute}).Do(req)
+	if err != nil {
+		t.Errorf("request for %s: %v", model, err)
+		return 0, "", ""
+	}
+	defer resp.Body.Close()
+	data, _ := io.ReadAll(resp.Body)
+	var out struct {
+		Model string
+		Error struct{ Message string }
+	}
+	_ = json.Unmarshal(data, &out)
+	return resp.StatusCode, out.Model, out.Error.Message
+}
+
+func adapterList(n int, rank uint32) []*pb.Adapter {
+	out := make([]*pb.Adapter, n)
+	for i := range out {
+		name := fmt.Sprintf("a%03d", i)
+		out[i] = &pb.Adapter{Name: name, Source: "/adapters/" + name, Rank: rank}
+	}
+	return out
+}
+
+// simAdapters is what the engine itself says it has loaded.
+func simAdapters(t *testing.T, n *adapterNode) []string {
+	done := make(chan string, 1)
+	n.mgr.post(func() { done <- n.mgr.engines[rkey{"chat", 0}].url })
+	var url string
+	select {
+	case url = <-done:
+	case <-time.After(10 * time.Second):
+		return nil
+	}
+	if url == "" {
+		return nil
+	}
+	resp, err := http.Get(url + "/sim/status")
+	if err != nil {
+		return nil // the engine is starting or stopping
+	}
+	defer resp.Body.Close()
+	var st struct{ Adapters []string }
+	_ = json.NewDecoder(resp.Body).Decode(&st)
+	return st.Adapters
+}
+
+// TestManyAdaptersOnOneBase: one onDemand sim base with 200 adapters, at
+// most 4 on the card; 300 requests whose adapter follows a Zipf
+// popularity, 16 at a time, half naming chat:ADAPTER and half ADAPTER, are
+// all answered by their adapter; the engine never holds more than 4, the
+// card never more than usable; the tiers reported to the cluster change
+// (card, host RAM); the decisions explain the loads and the unloads.
+func TestManyAdaptersOnOneBase(t *testing.T) {
+	n := newAdapterNode(t)
+	n.publish(n.deployment(pb.Residency_RESIDENCY_ON_DEMAND, 4, adapterList(200, 8)))
+	url := n.front()
+
+	usable := int64(n.card.GetMemoryMib()) << 20 * 95 / 100
+	var maxUsed int64
+	maxLoaded := 0
+	stop := make(chan struct{})
+	var sampler sync.WaitGroup
+	sampler.Go(func() {
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(50 * time.Millisecond):
+			}
+			dev, _ := n.lib.DeviceGetHandleByUUID(n.card.GetUuid())
+			procs, _ := dev.GetComputeRunningProcesses()
+			var used int64
+			for _, p := range procs {
+				used += int64(p.UsedGpuMemory)
+			}
+			maxUsed = max(maxUsed, used)
+			maxLoaded = max(maxLoaded, len(simAdapters(t, n)))
+		}
+	})
+
+	rng := rand.New(rand.NewPCG(15, 0))
+	zipf := rand.NewZipf(rng, 1.1, 1, 199)
+	sem := make(chan struct{}, 16)
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	answered := 0
+	var failures []string
+	for i := range 300 {
+		name := fmt.Sprintf("a%03d", zipf.Uint64())
+		model := name
+		if i%2 == 0 {
+			model = "chat:" + name
+		}
+		sem <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			code, got, msg := ask(t, url, model, "tenant-"+fmt.Sprint(i%5))
+			mu.Lock()
+			defer mu.Unlock()
+			if code == http.StatusOK && got == name {
+				answered++
+			} else {
+				failures = append(failures, fmt.Sprintf("%s: %d %q %s", model, code, got, msg))
+			}
+		})
+	}
+	wg.Wait()
+	close(stop)
+	sampler.Wait()
+	if answered != 300 {
+		t.Fatalf("%d of 300 adapter requests answered by their adapter; first failures: %v", answered, failures[:min(5, len(failures))])
+	}
+	if maxLoaded > 4 {
+		t.Errorf("the engine held %d adapters at once, more than maxAdapters 4", maxLoaded)
+	}
+	if maxUsed > usable {
+		t.Errorf("the card held %d MiB, more than usable %d MiB", maxUsed>>20, usable>>20)
+	}
+
+	// Tiers as the cluster saw them: some adapter on the card, some moved
+	// to host RAM, never more than 4 on the card in one report.
+	time.Sleep(time.Second)
+	n.rep.mu.Lock()
+	seen := map[pb.AdapterTier]bool{}
+	for _, r := range n.rep.reports {
+		onCard := 0
+		for _, a := range r {
+			seen[a.GetTier()] = true
+			if a.GetTier() == pb.AdapterTier_ADAPTER_TIER_CARD || a.GetTier() == pb.AdapterTier_ADAPTER_TIER_LOADING {
+				onCard++
+			}
+		}
+		if onCard > 4 {
+			t.Errorf("a report has %d adapters on the card: %v", onCard, r)
+		}
+	}
+	reports := len(n.rep.reports)
+	n.rep.mu.Unlock()
+	if !seen[pb.AdapterTier_ADAPTER_TIER_CARD] || !seen[pb.AdapterTier_ADAPTER_TIER_HOST] {
+		t.Errorf("tiers reported in %d reports: %v; want card and host", reports, seen)
+	}
+
+	// The decisions explain loads and evictions with their numbers.
+	ds, _ := n.journal.Decisions(0)
+	var loads, unloads int
+	for _, d := range ds {
+		switch d.Action {
+		case residency.ActLoadAdapter:
+			loads++
+			if !strings.HasPrefix(d.Reason, "load adapter a") || !strings.Contains(d.Reason, "requests waiting; slot") {
+				t.Errorf("load decision %q", d.Reason)
+			}
+		case residency.ActUnloadAdapter:
+			unloads++
+			if !strings.Contains(d.Reason, "to host RAM: value") || !strings.Contains(d.Reason, "slots used") {
+				t.Errorf("unload decision %q", d.Reason)
+			}
+		}
+	}
+	if loads < 5 || unloads == 0 {
+		t.Fatalf("%d adapter loads and %d unloads decided; want paging", loads, unloads)
+	}
+	t.Logf("300 requests over %d adapters: %d loads, %d unloads, %d tier reports, peak card %d MiB", 200, loads, unloads, reports, maxUsed>>20)
+}
+
+// TestPrivateAdaptersAndApply: an adapter private to a tenant is refused
+// to every other tenant (and to requests without one) with the same 404 as
+// an adapter that does not exist, and is never loaded for them; its tenant
+// is served. An apply that adds and removes adapters does not restart the
+// base (a pinned one here, which gets a front because it has adapters):
+// the removed adapter is refused, the added one served, the engine is the
+// same process.
+func TestPrivateAdaptersAndApply(t *testing.T) {
+	n := newAdapterNode(t)
+	ads := adapterList(3, 16)
+	ads = append(ads, &pb.Adapter{Name: "secret", Source: "/adapters/secret", Rank: 16, Tenants: []string{"acme"}})
+	// An adapter whose config cannot be read fails to load: its request
+	// is told so, not left to wait out the front's deadline.
+	broken := t.TempDir()
+	if err := os.WriteFile(filepath.Join(broken, "adapter_config.json"), []byte("{not json"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	ads = append(ads, &pb.Adapter{Name: "broken", Source: broken, Rank: 16})
+	d := n.deployment(pb.Residency_RESIDENCY_UNSPECIFIED, 2, ads)
+	n.publish(d)
+	url := n.front()
+	if code, _, msg := ask(t, url, "broken", ""); code != http.StatusServiceUnavailable || !strings.Contains(msg, "adapter broken of model chat could not be loaded") {
+		t.Fatalf("adapter that fails to load: %d %q, want 503 saying why", code, msg)
+	}
+	for _, tenant := range []string{"", "beta", "acmex"} {
+		for _, model := range []string{"secret", "chat:secret"} {
+			code, _, msg := ask(t, url, model, tenant)
+			if code != http.StatusNotFound || msg != fmt.Sprintf("The model `%s` does not exist.", model) {
+				t.Fatalf("tenant %q asking for %s: %d %q, want 404 like an unknown adapter", tenant, model, code, msg)
+			}
+		}
+	}
+	if code, _, msg := ask(t, url, "nosuch", "beta"); code != http.StatusNotFound || msg != "The model `nosuch` does not exist." {
+		t.Fatalf("unknown adapter: %d %q", code, msg)
+	}
+	if code, _, _ := ask(t, url, "other:a001", ""); code != http.StatusNotFound {
+		t.Fatalf("another base's name with an adapter: %d, want 404", code)
+	}
+	for _, d := range func() []residency.NodeDecision { ds, _ := n.journal.Decisions(0); return ds }() {
+		if d.Action == residency.ActLoadAdapter && strings.Contains(d.Reason, "secret") {
+			t.Fatalf("secret was loaded for a tenant that may not use it: %s", d.Reason)
+		}
+	}
+	if code, got, msg := ask(t, url, "chat:secret", "acme"); code != http.StatusOK || got != "secret" {
+		t.Fatalf("acme asking for its adapter: %d %q %s", code, got, msg)
+	}
+	// Loaded now, still refused to others.
+	if code, _, _ := ask(t, url, "secret", "beta"); code != http.StatusNotFound {
+		t.Fatalf("beta asking for acme's loaded adapter: %d, want 404", code)
+	}
+	if code, got, _ := ask(t, url, "a001", "beta"); code != http.StatusOK || got != "a001" {
+		t.Fatalf("public adapter: %d %q", code, got)
+	}
+	pid := 0
+	for _, e := range n.ex.Engines() {
+		pid = e.PID
+	}
+
+	// apply: a001 leaves, a009 arrives; same generation.
+	d.Spec.Adapters = append([]*pb.Adapter{ads[0], ads[2], ads[3]}, &pb.Adapter{Name: "a009", Source: "/adapters/a009", Rank: 16})
+	n.publish(d)
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		code, _, _ := ask(t, url, "a001", "beta")
+		if code == http.StatusNotFound {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("a001 still answered %d after it was removed", code)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if code, got, msg := ask(t, url, "chat:a009", "beta"); code != http.StatusOK || got != "a009" {
+		t.Fatalf("added adapter: %d %q %s", code, got, msg)
+	}
+	for _, e := range n.ex.Engines() {
+		if e.PID != pid {
+			t.Fatalf("the base's engine changed from pid %d to %d: adding adapters restarted it", pid, e.PID)
+		}
+	}
+	if code, got, _ := ask(t, url, "chat", ""); code != http.StatusOK || got != "chat" {
+		t.Fatalf("the base itself: %d %q", code, got)
+	}
+}
