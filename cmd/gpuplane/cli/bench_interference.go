@@ -308,7 +308,9 @@ func runBench(ctx context.Context, cfg *simserve.Config, mixes []simserve.Mix, o
 				}
 			}
 			if cmp.SimP95 > 0 && ms.Completed > 0 {
-				cmp.Ratio = simserve.Round(cmp.LiveP95/cmp.SimP95, 2)
+				// Three significant digits: a ratio far below 1 must not round
+				// to 0, which reads as "not compared".
+				cmp.Ratio, _ = strconv.ParseFloat(strconv.FormatFloat(cmp.LiveP95/cmp.SimP95, 'g', 3, 64), 64)
 			}
 			res.Compare = append(res.Compare, cmp)
 		}
