@@ -59,8 +59,8 @@ lint:
 BENCH_FLAGS ?=
 BENCH_CLUSTER_FLAGS ?=
 
-.PHONY: bench-commit bench-cluster bench-scheduler bench-replay bench-residency bench-gateway bench-adapters
-bench: bench-commit bench-cluster bench-scheduler bench-replay bench-residency bench-gateway bench-adapters
+.PHONY: bench-commit bench-cluster bench-scheduler bench-replay bench-soak bench-archive bench-residency bench-gateway bench-gateway-http bench-adapters
+bench: bench-commit bench-cluster bench-scheduler bench-replay bench-residency bench-gateway bench-gateway-http bench-adapters
 
 bench-commit: build
 	$(GO) run ./bench/commit -bin $(BIN) $(BENCH_FLAGS)
@@ -70,11 +70,27 @@ bench-cluster: build
 	cd bench/cluster && $(GO) run . -bin $(CURDIR)/$(BIN) $(BENCH_CLUSTER_FLAGS)
 
 bench-scheduler:
-	GOMAXPROCS=2 $(GO) test -run '^$$' -bench . ./cluster/scheduler/...
+	GOMAXPROCS=2 $(GO) test -run '^$$' -bench . -benchtime 20000x ./cluster/scheduler/...
 	GOMAXPROCS=2 $(GO) run ./bench/scheduler
 
 bench-replay:
 	$(GO) test -run '^$$' -bench Replay -benchtime 1x ./cluster/
+
+# Ten million entries through the state machine and its hash records with
+# request ids expiring after 5 minutes of log time: request table, RSS and
+# snapshot size per sample, and their slopes per million entries before the
+# window fills and after. SOAK_ENTRIES runs fewer (it takes a while on a
+# loaded machine).
+SOAK_ENTRIES ?= 10000000
+bench-soak:
+	GOMAXPROCS=2 GPUPLANE_SOAK_ENTRIES=$(SOAK_ENTRIES) $(GO) test -run '^$$' -bench Soak -benchtime 1x -timeout 120m ./cluster/
+
+# A server applies a million-entry log through Raft; the log is archived,
+# compacted behind the archive, verified across both, replayed at an
+# archived index, and an altered archived segment is named.
+ARCHIVE_ENTRIES ?= 1000000
+bench-archive:
+	GOMAXPROCS=2 GPUPLANE_ARCHIVE_ENTRIES=$(ARCHIVE_ENTRIES) $(GO) test -run '^$$' -bench ArchiveCompact -benchtime 1x -timeout 60m ./cluster/
 
 # 64 models on one card after an hour of virtual traffic: p50/p99/max of one
 # Handle call (wall and thread CPU time), and the heap kept per managed model.
@@ -94,6 +110,11 @@ bench-adapters:
 bench-gateway:
 	GOMAXPROCS=2 $(GO) test -run '^$$' -bench EnqueueDispatch -benchtime 200000x ./node/gateway/queue/
 
+# The HTTP gateway on loopback against a sim engine and a plain reverse
+# proxy (bench/RESULTS.md, Gateway HTTP).
+bench-gateway-http: build
+	GOMAXPROCS=2 $(GO) run ./bench/gateway -bin $(BIN) $(BENCH_GATEWAY_FLAGS)
+
 clean:
 	rm -rf bin
 
@@ -101,11 +122,14 @@ clean:
 # under partitions, kills, pauses, packet loss, Raft delay and membership
 # changes, checked for linearizability and invariants. Needs root, ip and
 # iptables; skips otherwise. JEPSEN_FLAGS passes e.g. -jepsen.seed N.
+# JEPSEN_REQUEST_WINDOW is the servers' --request-window: short enough that
+# request ids expire during the run (the request-window check requires it).
 JEPSEN_FLAGS ?=
+JEPSEN_REQUEST_WINDOW ?= 20s
 
 .PHONY: jepsen jepsen-long
 jepsen:
-	$(GO) test -count=1 -timeout 10m -v ./jepsen -jepsen -jepsen.duration 2m $(JEPSEN_FLAGS)
+	$(GO) test -count=1 -timeout 10m -v ./jepsen -jepsen -jepsen.duration 2m -jepsen.request-window $(JEPSEN_REQUEST_WINDOW) $(JEPSEN_FLAGS)
 
 jepsen-long:
 	$(GO) test -count=1 -timeout 45m -v -run TestJepsen ./jepsen -jepsen -jepsen.duration 12m \

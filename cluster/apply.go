@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/raft"
+	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/gpuplane/gpuplane/fsm"
@@ -195,6 +196,17 @@ func (c *Cluster) applyLocal(ctx context.Context, env *pb.Envelope) (*pb.Result,
 // append (BatchApplyCh).
 func (c *Cluster) propose(ctx context.Context, env *pb.Envelope) (raft.ApplyFuture, error) {
 	env.ProposedAt = timestamppb.Now()
+	// The window this server is configured with reaches the state machine
+	// through the log (Config.RequestWindow): on its first proposal of a
+	// term (a new leader's state machine may not have applied the entries
+	// before it yet, so the window it holds says nothing), and whenever the
+	// state machine's differs. The entries in flight until one is applied
+	// all carry it, which is harmless.
+	env.RequestWindow = nil
+	w := c.cfg.RequestWindow
+	if term := c.raft.CurrentTerm(); c.windowTerm.Swap(term) != term || w != c.fsm.requestWindow() {
+		env.RequestWindow = durationpb.New(w)
+	}
 	data, err := fsm.Marshal(env)
 	if err != nil {
 		return nil, fmt.Errorf("encode %s: %w", env.RequestId, err)

@@ -25,6 +25,8 @@ type History struct {
 	log         LogReader
 	hashes      *hashLog
 	snapshotDir string
+	// basePath is the audit base of a compacted log (compact.go).
+	basePath string
 }
 
 // History returns the live node's log for audit. Callers bound what they read
@@ -33,7 +35,7 @@ func (c *Cluster) History() (*History, error) {
 	if !c.IsServer() {
 		return nil, ErrNoLog
 	}
-	return &History{log: c.store, hashes: c.fsm.hashes, snapshotDir: c.snapshotDir()}, nil
+	return &History{log: c.store, hashes: c.fsm.hashes, snapshotDir: c.snapshotDir(), basePath: c.auditBasePath()}, nil
 }
 
 // Progress returns the applied index and a channel closed when it next
@@ -55,7 +57,9 @@ func (h *History) LastIndex() (uint64, error) { return h.log.LastIndex() }
 
 // Cursor returns a cursor over the log; see Cursor.
 func (h *History) Cursor(from uint64, filter *pb.EventFilter) *Cursor {
-	return NewCursor(h.log, from, filter)
+	c := NewCursor(h.log, from, filter)
+	c.basePath, c.snapshotDir = h.basePath, h.snapshotDir
+	return c
 }
 
 // StateAt replays the log from index 1 through index and returns the state
@@ -75,9 +79,19 @@ func (h *History) StateAt(index uint64) (*fsm.FSM, error) {
 // clocks may differ a little, so this cuts the log where time first passes t
 // rather than picking entries out of order: the state as of the result is
 // one the cluster really was in.
+//
+// On a log compacted after an archive the search starts at the audit base;
+// a time before the first entry after it is ErrCompacted: the archive has
+// the answer (Archive.IndexAt).
 func (h *History) IndexAt(t time.Time, upTo uint64) (uint64, error) {
-	at := uint64(0)
-	err := h.Cursor(1, nil).Advance(upTo, func(ev *pb.Event) error {
+	cur := h.Cursor(1, nil)
+	if err := cur.start(); err != nil {
+		return 0, err
+	}
+	base := cur.Next() - 1
+	cur.from = cur.Next()
+	at := base
+	err := cur.Advance(upTo, func(ev *pb.Event) error {
 		if ev.ProposedAt != nil && ev.ProposedAt.AsTime().After(t) {
 			return errStop
 		}
@@ -86,6 +100,9 @@ func (h *History) IndexAt(t time.Time, upTo uint64) (uint64, error) {
 	})
 	if err != nil && err != errStop {
 		return 0, err
+	}
+	if base > 0 && at == base {
+		return 0, fmt.Errorf("%w: %s is before the first entry this server holds after its compaction at %d: replay it from the archive (--archive DIR)", ErrCompacted, t.Format(time.RFC3339), base)
 	}
 	return at, nil
 }
@@ -158,6 +175,24 @@ func (h *History) Verify(upTo uint64, live *liveHead) (*pb.ServerVerification, e
 	// Entries were only recorded while the node ran; a record is checked
 	// when present.
 	lastGood := uint64(0)
+	// A log compacted after an archive replays from its audit base, which
+	// must hash as the entry it follows did when it was applied; what
+	// precedes it is the archive's to verify (audit verify --archive).
+	if err := cur.start(); err != nil {
+		r.fail(1, "%v", err)
+		return r.ServerVerification, nil
+	}
+	if base := cur.Next() - 1; base > 0 {
+		var got string
+		cur.View(func(f *fsm.FSM) { got = f.Hash() })
+		if want, err := h.hashes.at(base); err == nil && want != "" && want != got {
+			r.fail(base, "the audit base at index %d has hash %s, but entry %d hashed to %s when it was applied: the base was altered", base, short(got), base, short(want))
+			return r.ServerVerification, nil
+		}
+		r.BaseIndex = base
+		lastGood = base
+		checks = slices.DeleteFunc(checks, func(cp checkpoint) bool { return cp.index < base })
+	}
 	check := func(cp checkpoint) {
 		var (
 			hash  string
@@ -338,11 +373,16 @@ func (h *History) Replay(req *pb.ReplayRequest, upTo uint64) (*pb.ReplayResponse
 	if err != nil {
 		return nil, err
 	}
+	return replayResponse(index, f), nil
+}
+
+// replayResponse is state f, as of index, in the shapes of the listings.
+func replayResponse(index uint64, f *fsm.FSM) *pb.ReplayResponse {
 	return &pb.ReplayResponse{
 		Index: index, Hash: f.Hash(),
 		Nodes: f.Nodes(), Devices: f.Devices(), Accelerators: f.Accelerators(),
 		Models: f.Models(), Replicas: f.Replicas("", ""),
-	}, nil
+	}
 }
 
 // ErrBeyondLog is returned for an index after the last applied entry.

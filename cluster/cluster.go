@@ -25,6 +25,7 @@ type Cluster struct {
 	raft  *raft.Raft
 	fsm   *raftFSM
 	store *raftstore.Store
+	snaps *raft.FileSnapshotStore
 	trans *contactTransport
 
 	forwarder atomic.Pointer[forwarderBox]
@@ -34,6 +35,9 @@ type Cluster struct {
 	// barrierTerm is the last term in which this node, as leader, committed a
 	// barrier; reads need one per term (see ReadIndex).
 	barrierTerm atomic.Uint64
+	// windowTerm is the last term in which this node, as leader, proposed
+	// an entry carrying its request window (see propose).
+	windowTerm atomic.Uint64
 	// tenants is a client node's copy of the token table (TenantFor).
 	tenants tenantTable
 
@@ -100,6 +104,7 @@ func New(cfg Config) (*Cluster, error) {
 		c.store.Close()
 		return nil, fmt.Errorf("open snapshot store: %w", err)
 	}
+	c.snaps = snaps
 	if c.trans, err = newTransport(cfg.RaftBind, cfg.RaftAdvertise, cfg.TLS, hlog.Named("transport")); err != nil {
 		c.store.Close()
 		return nil, err
@@ -320,6 +325,7 @@ func (c *Cluster) Status() *pb.StatusResponse {
 		}
 	}
 	c.View(func(f *fsm.FSM) { st.StateHash = f.Hash() })
+	st.Resources = c.Resources()
 
 	fut := c.raft.GetConfiguration()
 	if err := fut.Error(); err != nil {

@@ -10,6 +10,7 @@ import (
 
 	"github.com/hashicorp/raft"
 
+	"github.com/gpuplane/gpuplane/fsm"
 	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
 )
 
@@ -49,6 +50,10 @@ type Config struct {
 	// GossipBind is the host:port memberlist listens on (TCP and UDP); the
 	// port may be 0 to pick a free one. GossipAdvertise defaults to it.
 	GossipBind, GossipAdvertise string
+	// Gateway is the host:port of this node's OpenAI-compatible gateway
+	// (SPEC §8.4), gossiped so that any node can forward requests to it;
+	// empty when it serves none.
+	Gateway string
 	// TLS, when set, runs Raft over mutual TLS: servers accept and dial only
 	// peers whose certificates chain to its CA.
 	TLS *TLS
@@ -64,6 +69,14 @@ type Config struct {
 	// A node that comes back meanwhile is alive again; one that comes back
 	// later registers anew.
 	ReapLeftAfter time.Duration
+	// RequestWindow is how long, in log time, the state machine remembers a
+	// request id (fsm.DefaultRequestWindow when 0). It takes effect through
+	// the log: a leader whose window differs from the state machine's
+	// stamps it on the entries it proposes until one is applied, so every
+	// server and every replay applies the same window at the same entry,
+	// whatever their own settings. Give every server the same value, or the
+	// window changes with the leader.
+	RequestWindow time.Duration
 
 	// Logger receives the cluster's logs, raft's included; slog.Default when nil.
 	Logger *slog.Logger
@@ -87,6 +100,11 @@ type Config struct {
 // DefaultReapLeftAfter is Config.ReapLeftAfter's default: a day, as serf
 // (Consul) keeps a left member's tombstone.
 const DefaultReapLeftAfter = 24 * time.Hour
+
+// MinRequestWindow is the shortest request window a server accepts: clients
+// retry a request for up to about half a minute (a request's default
+// timeout), and a retry must find its id.
+const MinRequestWindow = time.Second
 
 // Peer is one Raft server: its node name and Raft address.
 type Peer struct {
@@ -116,6 +134,12 @@ func (c *Config) validate() error {
 	}
 	if c.ReapLeftAfter == 0 {
 		c.ReapLeftAfter = DefaultReapLeftAfter
+	}
+	switch {
+	case c.RequestWindow == 0:
+		c.RequestWindow = fsm.DefaultRequestWindow
+	case c.RequestWindow < MinRequestWindow:
+		errs = append(errs, fmt.Errorf("request window must be at least %s (longer than any client retries a request), got %s", MinRequestWindow, c.RequestWindow))
 	}
 	if c.RaftAdvertise == "" {
 		c.RaftAdvertise = c.RaftBind

@@ -32,6 +32,9 @@ type Cursor struct {
 	next  uint64 // next index to read
 	state *fsm.FSM
 	conf  raft.Configuration
+	// basePath is the log's audit base (compact.go), where a compacted
+	// log's replay starts, and snapshotDir its snapshots (findAuditBase).
+	basePath, snapshotDir string
 }
 
 // NewCursor returns a cursor over log that yields the events with index >=
@@ -51,7 +54,36 @@ func (c *Cursor) View(fn func(*fsm.FSM)) { fn(c.state) }
 // from the log (compacted, which gpuplane never does, or not yet written) are
 // an error naming the index.
 func (c *Cursor) Advance(upTo uint64, yield func(*pb.Event) error) error {
+	if c.next == 1 && upTo >= 1 {
+		if err := c.start(); err != nil {
+			return err
+		}
+		if c.from < c.next {
+			return fmt.Errorf("%w: entries 1..%d were archived and compacted away on this server: read them from the archive ('audit replay --archive DIR')", ErrCompacted, c.next-1)
+		}
+	}
 	return c.advance(upTo, func(l *raft.Log, e *fsm.Entry) error { return c.step(l, e, yield) })
+}
+
+// start places a cursor that has read nothing: at index 1, or, on a log
+// compacted after an archive, just after its audit base, from that state.
+func (c *Cursor) start() error {
+	first, err := c.log.FirstIndex()
+	if err != nil {
+		return fmt.Errorf("read log: %w", err)
+	}
+	if first <= 1 {
+		return nil
+	}
+	base, err := findAuditBase(c.basePath, c.snapshotDir, first)
+	if err != nil {
+		return err
+	}
+	if base == nil || base.AppliedIndex()+1 < first {
+		return fmt.Errorf("the log starts at index %d: entries before it are gone, so it cannot be replayed", first)
+	}
+	c.state, c.next = base, base.AppliedIndex()+1
+	return nil
 }
 
 // AdvanceHeads is Advance for a caller that needs no events, only each
@@ -84,12 +116,8 @@ func (c *Cursor) AdvanceHeads(upTo uint64, fn func(index uint64, command bool, h
 // each.
 func (c *Cursor) advance(upTo uint64, step func(l *raft.Log, e *fsm.Entry) error) error {
 	if c.next == 1 && upTo >= 1 {
-		first, err := c.log.FirstIndex()
-		if err != nil {
-			return fmt.Errorf("read log: %w", err)
-		}
-		if first > 1 {
-			return fmt.Errorf("the log starts at index %d: entries before it are gone, so it cannot be replayed", first)
+		if err := c.start(); err != nil {
+			return err
 		}
 	}
 	if c.next == 1 && upTo >= 1<<12 {

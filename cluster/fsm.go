@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"io"
 	"sync"
+	"sync/atomic"
+	"time"
 
 	"github.com/hashicorp/raft"
 
@@ -25,6 +27,9 @@ type raftFSM struct {
 	// hashes records the hash head after each applied command entry, for
 	// audit verify (audit_hashes.go); nil records nothing.
 	hashes *hashLog
+	// window is the state machine's request window after the last batch,
+	// read without the lock by the leader when it proposes (propose).
+	window atomic.Int64
 
 	// applied, guarded by amu, only grows, except on Restore. advanced is
 	// closed and replaced whenever it changes.
@@ -36,8 +41,13 @@ type raftFSM struct {
 var _ raft.BatchingFSM = (*raftFSM)(nil)
 
 func newRaftFSM() *raftFSM {
-	return &raftFSM{state: fsm.New(), advanced: make(chan struct{})}
+	w := &raftFSM{state: fsm.New(), advanced: make(chan struct{})}
+	w.window.Store(int64(fsm.DefaultRequestWindow))
+	return w
 }
+
+// requestWindow is the state machine's request window as of the last batch.
+func (w *raftFSM) requestWindow() time.Duration { return time.Duration(w.window.Load()) }
 
 // ApplyBatch applies a batch of committed entries under one write lock; raft
 // hands it up to MaxAppendEntries entries at a time.
@@ -56,6 +66,7 @@ func (w *raftFSM) ApplyBatch(logs []*raft.Log) []any {
 	// Under the lock, so that a reader that sees the state at an index also
 	// finds its record (audit verify compares the two).
 	w.hashes.flush()
+	w.window.Store(int64(w.state.RequestWindow()))
 	w.mu.Unlock()
 	w.advance(logs[len(logs)-1].Index)
 	return out
@@ -89,6 +100,7 @@ func (w *raftFSM) Restore(rc io.ReadCloser) error {
 	}
 	w.mu.Lock()
 	w.state = next
+	w.window.Store(int64(next.RequestWindow()))
 	w.mu.Unlock()
 	w.set(next.AppliedIndex())
 	return nil

@@ -36,6 +36,7 @@ type nodeOpts struct {
 	bootstrap       bool
 	peers           []Peer
 	recover         bool
+	requestWindow   time.Duration
 }
 
 // start opens a node and shuts it down when the test ends.
@@ -44,6 +45,7 @@ func start(t testing.TB, o nodeOpts) *Cluster {
 	c, err := New(Config{
 		NodeName: o.name, DataDir: o.dir, RaftBind: o.addr, Server: true,
 		Bootstrap: o.bootstrap, BootstrapPeers: o.peers, Recover: o.recover, Logger: testLogger(),
+		RequestWindow: o.requestWindow,
 		// The tests stop peers on purpose; raft logs each failed RPC to them.
 		RaftLogLevel: slog.LevelError + 4,
 	})

@@ -57,14 +57,52 @@ func OpenOffline(dataDir string) (*Offline, error) {
 		return nil, err
 	}
 	return &Offline{
-		History: &History{log: log, hashes: hashes, snapshotDir: filepath.Join(dataDir, raftDir, "snapshots")},
-		store:   log, hashes: hashes,
+		History: &History{log: log, hashes: hashes, snapshotDir: filepath.Join(dataDir, raftDir, "snapshots"),
+			basePath: filepath.Join(dataDir, raftDir, auditBaseFile)},
+		store: log, hashes: hashes,
 	}, nil
 }
 
 // Close releases the data dir.
 func (o *Offline) Close() error {
 	return errors.Join(o.hashes.close(), o.store.Close())
+}
+
+// snapshotMeta is what audit reads of a snapshot's meta.json.
+type snapshotMeta struct {
+	Index uint64
+	CRC   []byte
+}
+
+func readSnapshotMeta(dir string) (snapshotMeta, error) {
+	var meta snapshotMeta
+	metaBytes, err := os.ReadFile(filepath.Join(dir, "meta.json"))
+	if err != nil {
+		return meta, fmt.Errorf("snapshot %s: %w", filepath.Base(dir), err)
+	}
+	if err := json.Unmarshal(metaBytes, &meta); err != nil {
+		return meta, fmt.Errorf("snapshot %s: meta.json: %w", filepath.Base(dir), err)
+	}
+	return meta, nil
+}
+
+// readSnapshotBytes reads a snapshot's state.bin, checked against the CRC
+// its meta.json records.
+func readSnapshotBytes(dir string) ([]byte, error) {
+	meta, err := readSnapshotMeta(dir)
+	if err != nil {
+		return nil, err
+	}
+	data, err := os.ReadFile(filepath.Join(dir, "state.bin"))
+	if err != nil {
+		return nil, fmt.Errorf("snapshot %s: %w", filepath.Base(dir), err)
+	}
+	h := crc64.New(crc64.MakeTable(crc64.ECMA))
+	h.Write(data)
+	if len(meta.CRC) > 0 && string(h.Sum(nil)) != string(meta.CRC) {
+		return nil, fmt.Errorf("snapshot %s: state.bin does not match the CRC in meta.json: altered or corrupt", filepath.Base(dir))
+	}
+	return data, nil
 }
 
 // snapshotState is one state snapshot found in a data dir.
@@ -104,22 +142,9 @@ func readSnapshots(dir string) ([]snapshotState, error) {
 }
 
 func readSnapshot(dir string) (*pb.State, error) {
-	metaBytes, err := os.ReadFile(filepath.Join(dir, "meta.json"))
+	data, err := readSnapshotBytes(dir)
 	if err != nil {
-		return nil, fmt.Errorf("snapshot %s: %w", filepath.Base(dir), err)
-	}
-	var meta struct{ CRC []byte }
-	if err := json.Unmarshal(metaBytes, &meta); err != nil {
-		return nil, fmt.Errorf("snapshot %s: meta.json: %w", filepath.Base(dir), err)
-	}
-	data, err := os.ReadFile(filepath.Join(dir, "state.bin"))
-	if err != nil {
-		return nil, fmt.Errorf("snapshot %s: %w", filepath.Base(dir), err)
-	}
-	h := crc64.New(crc64.MakeTable(crc64.ECMA))
-	h.Write(data)
-	if len(meta.CRC) > 0 && string(h.Sum(nil)) != string(meta.CRC) {
-		return nil, fmt.Errorf("snapshot %s: state.bin does not match the CRC in meta.json: altered or corrupt", filepath.Base(dir))
+		return nil, err
 	}
 	st := &pb.State{}
 	if err := proto.Unmarshal(data, st); err != nil {

@@ -166,6 +166,7 @@ func (c *Cluster) localMeta() Meta {
 	return Meta{
 		Role: c.role(), API: n.GetAddress(), Raft: c.cfg.RaftAdvertise, Digest: c.cfg.Digest(n.GetCards()),
 		Expect: c.cfg.BootstrapExpect, Version: n.GetVersion(), Bootstrapped: c.hasRaftState(),
+		Gateway: c.cfg.Gateway,
 	}
 }
 

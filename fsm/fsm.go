@@ -5,7 +5,9 @@ import (
 	"encoding/binary"
 	"encoding/hex"
 	"fmt"
+	"math"
 	"strings"
+	"time"
 	"unsafe"
 
 	"google.golang.org/protobuf/proto"
@@ -48,6 +50,13 @@ type FSM struct {
 	// kept compact (requests.go): a million of them must stay cheap to hold,
 	// scan and snapshot.
 	requests *requestTable
+	// logTime is the latest proposed_at of any applied entry, in Unix
+	// nanoseconds: the clock request ids expire by. It never goes back,
+	// though leaders' clocks may.
+	logTime int64
+	// window is the request-id window an entry last set (0: never, the
+	// default).
+	window time.Duration
 	// devices indexes the inventory per device kind (models.go); rebuilt by
 	// indexDevices whenever an inventory changes: derived, never part of the
 	// state.
@@ -66,6 +75,42 @@ func New() *FSM {
 		tokens:       map[string]*pb.ACLToken{},
 		requests:     newRequestTable(),
 	}
+}
+
+// DefaultRequestWindow is how long, in log time, a request id is remembered
+// when no entry has set another window: a day, as SPEC §7 says.
+const DefaultRequestWindow = 24 * time.Hour
+
+// RequestWindow is the request-id window in force: a retry within it of an
+// id applied before is answered with the first result; after it, the id is
+// forgotten and the retry is applied to the state as it is then.
+func (f *FSM) RequestWindow() time.Duration {
+	if f.window == 0 {
+		return DefaultRequestWindow
+	}
+	return f.window
+}
+
+// LogTime is the latest proposed_at of the entries applied (zero before
+// any): the time request ids expire by.
+func (f *FSM) LogTime() time.Time {
+	if f.logTime == 0 {
+		return time.Time{}
+	}
+	return time.Unix(0, f.logTime).UTC()
+}
+
+// RequestStats describes the request-id table: ids held (expired ones not
+// yet compacted away included) and about how many bytes it takes.
+type RequestStats struct {
+	Entries int
+	Live    int // of Entries, the ids still within the window
+	Bytes   int64
+}
+
+// RequestStats returns the request table's figures. It reads every entry.
+func (f *FSM) RequestStats() RequestStats {
+	return RequestStats{Entries: f.requests.Len(), Live: f.requests.live(), Bytes: f.requests.Bytes()}
 }
 
 // ExpectEntries tells a fresh state machine that about n entries are coming
@@ -146,11 +191,47 @@ func (f *FSM) ApplyEntry(index uint64, e Entry) *pb.Result {
 	if e.err != nil {
 		res = reject(pb.Code_CODE_INVALID_ARGUMENT, "cannot decode log entry: %v", e.err)
 	} else {
+		f.advanceLogTime(e.env)
 		res = f.apply(&e, index, false)
 	}
 	res.Index = index
 	f.chain(index, e.data, res)
 	return res
+}
+
+// advanceLogTime moves the log time to env's proposed_at when that is later,
+// takes the request window env sets, and lets the request table forget what
+// expired: before the entry's own lookup, so that its id is judged at its
+// own log time.
+func (f *FSM) advanceLogTime(env *pb.Envelope) {
+	if ts := env.GetProposedAt(); ts != nil {
+		f.logTime = max(f.logTime, unixNanos(ts.GetSeconds(), ts.GetNanos()))
+	}
+	if w := env.GetRequestWindow(); w != nil {
+		if d := time.Duration(unixNanos(w.GetSeconds(), w.GetNanos())); d > 0 {
+			f.window = d
+		}
+	}
+	f.syncRequests()
+	f.requests.maybeCompact()
+}
+
+// syncRequests gives the request table the log time and window.
+func (f *FSM) syncRequests() {
+	f.requests.now, f.requests.window = f.logTime, int64(f.RequestWindow())
+}
+
+// unixNanos is seconds and nanos as nanoseconds, saturated to int64's range
+// (a corrupt or absurd timestamp must not wrap around).
+func unixNanos(sec int64, nanos int32) int64 {
+	const limit = math.MaxInt64/1_000_000_000 - 1
+	switch {
+	case sec > limit:
+		return math.MaxInt64
+	case sec < -limit:
+		return math.MinInt64
+	}
+	return sec*1_000_000_000 + int64(nanos)
 }
 
 // Apply applies one envelope as log entry index. It marshals deterministically
@@ -250,7 +331,9 @@ func (f *FSM) apply(e *Entry, index uint64, dry bool) *pb.Result {
 	}
 	res.Index = index
 	if !dry && env.GetRequestId() != "" {
-		f.requests.putAt(request, remember(res))
+		a := remember(res)
+		a.at = f.logTime
+		f.requests.putAt(request, a)
 	}
 	return res
 }

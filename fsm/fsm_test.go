@@ -9,6 +9,7 @@ import (
 	"testing"
 	"testing/iotest"
 	"text/tabwriter"
+	"time"
 
 	"github.com/cockroachdb/datadriven"
 	"google.golang.org/protobuf/encoding/prototext"
@@ -27,6 +28,8 @@ import (
 //	cards          prints each card's memory by residency (devices get) and each replica's residency
 //	replay at=N    rebuilds the state from the entries applied so far, up to N, and prints it
 //	snapshot       round-trips the state through Snapshot/Restore and checks equality
+//	requests       prints the log time, the request window and the ids remembered
+//	               (as a snapshot lists them); checks that a replay of the log agrees
 //
 // Regenerate expectations with: go test ./fsm -run TestDataDriven -rewrite
 func TestDataDriven(t *testing.T) {
@@ -65,6 +68,12 @@ func TestDataDriven(t *testing.T) {
 				var at int
 				d.ScanArgs(t, "at", &at)
 				return formatState(fsm.Replay(entries(log), uint64(at)))
+			case "requests":
+				out := formatRequests(f)
+				if replayed := formatRequests(fsm.Replay(entries(log), 0)); replayed != out {
+					d.Fatalf(t, "a replay of the log remembers other ids:\n%s\nlive:\n%s", replayed, out)
+				}
+				return out
 			case "snapshot":
 				data, err := f.Snapshot()
 				if err != nil {
@@ -93,6 +102,23 @@ func TestDataDriven(t *testing.T) {
 			return ""
 		})
 	})
+}
+
+// formatRequests lists what the state machine remembers of request ids: the
+// log time and window they expire by, and each id still remembered with the
+// index and log time of its first application.
+func formatRequests(f *fsm.FSM) string {
+	var b strings.Builder
+	st := f.State()
+	at := "none"
+	if !f.LogTime().IsZero() {
+		at = f.LogTime().Format(time.RFC3339)
+	}
+	fmt.Fprintf(&b, "log time %s window %s\n", at, f.RequestWindow())
+	for _, r := range st.AppliedRequests {
+		fmt.Fprintf(&b, "%s index %d at %s\n", r.RequestId, r.Result.GetIndex(), r.AppliedAt.AsTime().Format(time.RFC3339))
+	}
+	return b.String()
 }
 
 func entries(log [][]byte) iter.Seq2[uint64, []byte] {

@@ -18,6 +18,7 @@ import (
 // unpacked form of a requestTable entry.
 type appliedRequest struct {
 	index   uint64
+	at      int64 // the log time of the first application (FSM.logTime)
 	code    pb.Code
 	outcome pb.Outcome
 	message string
@@ -62,11 +63,18 @@ func (a appliedRequest) result() *pb.Result {
 	return res
 }
 
-// requestTable maps every request id ever applied to the record of its first
-// application (appliedRequest). A long-lived cluster holds millions of them
-// and a replay builds the table from empty, one lookup and one insert per
-// command, so it is laid out for size and for the garbage collector rather
-// than with a map[string]appliedRequest:
+// requestTable maps the request ids applied within the window to the record
+// of their first application (appliedRequest). An id is remembered while
+// the log time (now) is less than its first application's log time plus the
+// window, and forgotten after: a lookup no longer finds it, Snapshot leaves
+// it out, and compact, run between entries once the table has doubled
+// since the last compaction, drops it, so the table holds about the ids of
+// two windows at most. Only log time (the leaders' proposed_at, the same on
+// every server) decides what is remembered; when compact runs changes
+// nothing a lookup or a snapshot shows. A busy cluster still holds millions
+// of ids, and a replay builds the table from empty, one lookup and one
+// insert per command, so it is laid out for size and for the garbage
+// collector rather than with a map[string]appliedRequest:
 //
 //   - Ids in NewRequestID's form, 32 lowercase hex digits (nearly all of
 //     them), are kept as the 16 bytes they spell, in an open-addressing index
@@ -101,12 +109,24 @@ type requestTable struct {
 	other   map[string]uint32
 	text    textArena
 	details []*requestDetail
+
+	// now and window (both in nanoseconds) decide which entries are
+	// expired: those with at <= now-window. The FSM sets them before each
+	// entry.
+	now, window int64
+	// compactAt is the count at which compact next runs.
+	compactAt int
+	// oldest is at most the smallest at of any entry (set once seen):
+	// while it is not expired, nothing is, and compact need not run.
+	oldest int64
+	seen   bool
 }
 
 // requestEntry is one id's record, appliedRequest packed without pointers.
 type requestEntry struct {
 	id      [16]byte // a hex id's bytes; zero for another id
 	index   uint64
+	at      int64
 	message textRef
 	code    pb.Code
 	outcome pb.Outcome
@@ -120,12 +140,96 @@ const (
 	otherID      = 1 << 31
 )
 
+// compactMin is the fewest entries a table holds before compact first runs.
+const compactMin = 2 * requestChunk
+
 func newRequestTable() *requestTable {
-	return &requestTable{other: map[string]uint32{}}
+	return &requestTable{other: map[string]uint32{}, window: int64(DefaultRequestWindow), compactAt: compactMin}
 }
 
-// Len is the number of ids in the table.
+// Len is the number of ids in the table, expired ones not yet compacted
+// away included.
 func (t *requestTable) Len() int { return t.count }
+
+// expired reports whether entry p's id is forgotten at the current log time.
+func (t *requestTable) expired(p *requestEntry) bool { return p.at <= t.now-t.window }
+
+// live counts the ids not expired.
+func (t *requestTable) live() int {
+	n := 0
+	for e := range uint32(t.count) {
+		if !t.expired(t.entry(e)) {
+			n++
+		}
+	}
+	return n
+}
+
+// Bytes is about how much memory the table holds: its index, entries,
+// messages and the map of other ids.
+func (t *requestTable) Bytes() int64 {
+	n := int64(8 * cap(t.slots))
+	for _, c := range t.entries {
+		n += int64(cap(c)) * int64(unsafe.Sizeof(requestEntry{}))
+	}
+	for _, c := range t.text.chunks {
+		n += int64(cap(c))
+	}
+	for id := range t.other {
+		n += int64(len(id)) + 48 // key, header and value, roughly
+	}
+	return n + int64(8*cap(t.details))
+}
+
+// maybeCompact compacts the table once it holds twice the entries it kept
+// at the last compaction. It must run between entries, never between a
+// lookup and its putAt (it renumbers entries).
+func (t *requestTable) maybeCompact() {
+	switch {
+	case t.count < t.compactAt:
+	case t.seen && t.oldest > t.now-t.window:
+		// Nothing has expired yet (a replay of a log shorter than the
+		// window): copying the table would free nothing.
+		t.compactAt = 2 * t.count
+	default:
+		t.compact()
+	}
+}
+
+// compact rebuilds the table with only the ids not expired, in the same
+// order, their messages copied into a fresh arena: what expired is freed.
+// A full rebuild every doubling costs O(1) per id applied.
+func (t *requestTable) compact() {
+	others := make(map[uint32]string, len(t.other))
+	for id, e := range t.other {
+		others[e] = id
+	}
+	next := newRequestTable()
+	next.now, next.window = t.now, t.window
+	for e := range uint32(t.count) {
+		p := t.entry(e)
+		if t.expired(p) {
+			continue
+		}
+		a := t.unpack(p)
+		if p.detail&otherID != 0 {
+			n := next.add()
+			next.other[others[e]] = n
+			next.pack(next.entry(n), a, otherID)
+			continue
+		}
+		n := next.add()
+		q := next.entry(n)
+		q.id = p.id
+		next.pack(q, a, 0)
+		next.hexIDs++
+	}
+	if next.hexIDs > 0 {
+		next.fill(slotsFor(next.hexIDs), false)
+	}
+	next.compactAt = max(2*next.count, compactMin)
+	*t = *next
+}
 
 // expect sizes an empty table's index for about n ids.
 func (t *requestTable) expect(n int) {
@@ -203,9 +307,12 @@ type requestProbe struct {
 	size  int
 	entry uint32
 	found bool
+	// expired is set, and found not, when the id has an entry that is
+	// expired: putAt reuses it.
+	expired bool
 }
 
-// lookup finds the id k.
+// lookup finds the id k among the ids not expired.
 func (t *requestTable) lookup(k requestKey) requestProbe {
 	p := requestProbe{requestKey: k}
 	if p.hex {
@@ -213,9 +320,12 @@ func (t *requestTable) lookup(k requestKey) requestProbe {
 			p.size = len(t.slots)
 			p.slot, p.entry, p.found = t.find(&p.key, p.hash)
 		}
-		return p
+	} else {
+		p.entry, p.found = t.other[p.id]
 	}
-	p.entry, p.found = t.other[p.id]
+	if p.found && t.expired(t.entry(p.entry)) {
+		p.found, p.expired = false, true
+	}
 	return p
 }
 
@@ -272,7 +382,7 @@ func (t *requestTable) record(p requestProbe) appliedRequest {
 }
 
 func (t *requestTable) unpack(p *requestEntry) appliedRequest {
-	a := appliedRequest{index: p.index, code: p.code, outcome: p.outcome, message: t.text.get(p.message)}
+	a := appliedRequest{index: p.index, at: p.at, code: p.code, outcome: p.outcome, message: t.text.get(p.message)}
 	if d := p.detail &^ otherID; d != 0 {
 		a.detail = t.details[d-1]
 	}
@@ -286,6 +396,7 @@ func (t *requestTable) put(id string, a appliedRequest) { t.putAt(t.lookup(reque
 // earlier one. Nothing may have been put since the lookup but by putAt with
 // this same p.
 func (t *requestTable) putAt(p requestProbe, a appliedRequest) {
+	p.found = p.found || p.expired
 	if !p.hex {
 		if !p.found {
 			p.entry = t.add()
@@ -340,6 +451,7 @@ func (t *requestTable) index() {
 	if !t.fill(slotsFor(t.hexIDs), true) {
 		t.reload()
 	}
+	t.compactAt = max(2*t.count, compactMin)
 }
 
 // reload rebuilds a loaded table with put, in load order (see index).
@@ -390,7 +502,10 @@ func (t *requestTable) add() uint32 {
 }
 
 func (t *requestTable) pack(p *requestEntry, a appliedRequest, flags uint32) {
-	p.index, p.code, p.outcome = a.index, a.code, a.outcome
+	p.index, p.at, p.code, p.outcome = a.index, a.at, a.code, a.outcome
+	if !t.seen || a.at < t.oldest {
+		t.oldest, t.seen = a.at, true
+	}
 	p.message = t.text.add(a.message)
 	p.detail = flags
 	if a.detail != nil {
@@ -432,7 +547,7 @@ func (t *requestTable) fill(n int, dups bool) bool {
 	return true
 }
 
-// sorted calls yield with every id and its record, ordered by id.
+// sorted calls yield with every id not expired and its record, ordered by id.
 func (t *requestTable) sorted(yield func(id string, a appliedRequest)) {
 	type hexEntry struct {
 		hi, lo uint64 // the id's bytes, big-endian: byte order is the hex string's order
@@ -441,7 +556,7 @@ func (t *requestTable) sorted(yield func(id string, a appliedRequest)) {
 	hexes := make([]hexEntry, 0, t.hexIDs)
 	for e := range uint32(t.count) {
 		p := t.entry(e)
-		if p.detail&otherID == 0 {
+		if p.detail&otherID == 0 && !t.expired(p) {
 			hexes = append(hexes, hexEntry{be64(p.id[:8]), be64(p.id[8:]), e})
 		}
 	}
@@ -461,8 +576,10 @@ func (t *requestTable) sorted(yield func(id string, a appliedRequest)) {
 		return 0
 	})
 	others := make([]string, 0, len(t.other))
-	for id := range t.other {
-		others = append(others, id)
+	for id, e := range t.other {
+		if !t.expired(t.entry(e)) {
+			others = append(others, id)
+		}
 	}
 	slices.Sort(others)
 

@@ -10,6 +10,8 @@ import (
 	"testing"
 
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
 )
@@ -180,4 +182,78 @@ func cmpString(a, b string) int {
 		return 1
 	}
 	return 0
+}
+
+// TestRequestWindowBounded applies a long stream of commands, one second of
+// log time apart, under a 1000-second window: the table never holds much
+// more than two windows of ids, a snapshot lists exactly the ids of the
+// last window, a retry is a duplicate inside the window and applied again
+// after it, and when the table compacts changes nothing a snapshot shows
+// (a state machine compacting far more often ends byte-identical).
+func TestRequestWindowBounded(t *testing.T) {
+	const (
+		n      = 60000
+		window = 1000
+	)
+	live, eager := New(), New()
+	idOf := func(i int) string {
+		if i%7 == 0 {
+			return fmt.Sprintf("req-%d", i) // not NewRequestID's form: kept in the map
+		}
+		return fmt.Sprintf("%032x", i)
+	}
+	envAt := func(i int, id string) *pb.Envelope {
+		env := &pb.Envelope{RequestId: id, ProposedAt: &timestamppb.Timestamp{Seconds: 1767225600 + int64(i)},
+			Command: &pb.Envelope_DeleteAccelerator{DeleteAccelerator: &pb.DeleteAccelerator{Name: "none"}}}
+		if i == 0 {
+			env.RequestWindow = &durationpb.Duration{Seconds: window}
+		}
+		return env
+	}
+	most := 0
+	for i := range n {
+		env := envAt(i, idOf(i))
+		r1 := live.Apply(uint64(i+1), env)
+		r2 := eager.Apply(uint64(i+1), env)
+		if i%97 == 0 {
+			eager.requests.compact()
+		}
+		if r1.Duplicate || r2.Duplicate {
+			t.Fatalf("entry %d: a new id answered as a duplicate", i+1)
+		}
+		most = max(most, live.requests.Len())
+	}
+	if most > 2*window+compactMin {
+		t.Errorf("the table held %d ids at most, want at most %d (two windows and the first compaction's threshold)", most, 2*window+compactMin)
+	}
+	st := live.State()
+	if len(st.AppliedRequests) != window {
+		t.Errorf("snapshot lists %d ids, want the %d of the last window", len(st.AppliedRequests), window)
+	}
+	a, _ := live.Snapshot()
+	b, _ := eager.Snapshot()
+	if !bytes.Equal(a, b) {
+		t.Errorf("compacting at other moments changed the snapshot")
+	}
+	// The id applied window-1 seconds ago is still remembered; the one
+	// applied window seconds ago is not.
+	inside, outside := idOf(n-window+1), idOf(n-window)
+	if res := live.Apply(n+1, envAt(n, inside)); !res.Duplicate {
+		t.Errorf("retry inside the window: %v %q, want the first result as a duplicate", res.Code, res.Message)
+	}
+	if res := live.Apply(n+2, envAt(n, outside)); res.Duplicate || res.Code != pb.Code_CODE_NOT_FOUND {
+		t.Errorf("retry after the window: duplicate %v, %v %q; want it applied to the current state (not found)", res.Duplicate, res.Code, res.Message)
+	}
+	// A restored state forgets and remembers exactly as the live one.
+	restored := New()
+	if err := restored.Restore(a); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []*FSM{restored} {
+		f.Apply(n+1, envAt(n, inside))
+		f.Apply(n+2, envAt(n, outside))
+	}
+	if !proto.Equal(restored.State(), live.State()) {
+		t.Errorf("a restored state machine remembers other ids than the live one")
+	}
 }

@@ -9,11 +9,14 @@ import (
 	"io"
 	"iter"
 	"math"
+	"time"
 	"unicode/utf8"
 	"unsafe"
 
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
 )
@@ -41,12 +44,22 @@ func (f *FSM) state(requests bool) *pb.State {
 		st.Tokens = append(st.Tokens, proto.Clone(f.tokens[name]).(*pb.ACLToken))
 	}
 	st.AclBootstrapped = f.aclBootstrapped
+	if f.logTime != 0 {
+		st.LogTime = timestamppb.New(time.Unix(0, f.logTime))
+	}
+	if f.window != 0 {
+		st.RequestWindow = durationpb.New(f.window)
+	}
 	if !requests {
 		return st
 	}
 	st.AppliedRequests = make([]*pb.AppliedRequest, 0, f.requests.Len())
 	f.requests.sorted(func(id string, a appliedRequest) {
-		st.AppliedRequests = append(st.AppliedRequests, &pb.AppliedRequest{RequestId: id, Result: a.result()})
+		r := &pb.AppliedRequest{RequestId: id, Result: a.result()}
+		if a.at != 0 {
+			r.AppliedAt = timestamppb.New(time.Unix(0, a.at))
+		}
+		st.AppliedRequests = append(st.AppliedRequests, r)
 	})
 	return st
 }
@@ -114,7 +127,14 @@ func (f *FSM) restore(rest []byte, requests *requestTable) error {
 		next.tokens[t.Name] = t
 	}
 	next.aclBootstrapped = st.AclBootstrapped
+	if t := st.GetLogTime(); t != nil {
+		next.logTime = unixNanos(t.GetSeconds(), t.GetNanos())
+	}
+	if w := st.GetRequestWindow(); w != nil {
+		next.window = max(time.Duration(unixNanos(w.GetSeconds(), w.GetNanos())), 0)
+	}
 	next.requests = requests
+	next.syncRequests()
 	*f = *next
 	return nil
 }
@@ -288,6 +308,17 @@ func decodeAppliedRequest(b []byte) (string, appliedRequest, error) {
 			if err := decodeResult(v, &a); err != nil {
 				return "", a, err
 			}
+			n = m
+		case num == 3 && typ == protowire.BytesType:
+			v, m := protowire.ConsumeBytes(b)
+			if m < 0 {
+				return "", a, errTruncated
+			}
+			ts := &timestamppb.Timestamp{}
+			if err := proto.Unmarshal(v, ts); err != nil {
+				return "", a, err
+			}
+			a.at = unixNanos(ts.GetSeconds(), ts.GetNanos())
 			n = m
 		default:
 			n = protowire.ConsumeFieldValue(num, typ, b)

@@ -651,3 +651,49 @@ func (w *EventWatcher) Check(log []*pb.Event) Verdict {
 	// Events past the log's end were committed after it was fetched.
 	return pass(name, "%d events in log order with no gap or repeat across %d stream (re)starts", len(log), w.resumes+1)
 }
+
+// CheckRequestWindow checks that request ids expired during the run when the
+// servers' window is shorter than it: the state machine (cluster status on
+// the leader) holds fewer ids than the log has distinct ones, and the window
+// in force is the one the servers were given. Whether a retry was ever
+// applied twice is the linearizability and acked-writes checks' business;
+// this one proves that expiry happened while they ran.
+func CheckRequestWindow(ctx context.Context, cl *Clients, log []*pb.Event, window time.Duration) Verdict {
+	const name = "request-window"
+	if window == 0 {
+		return skipped(name, "the servers keep their default window (a day): no id expires in a run")
+	}
+	ids := map[string]bool{}
+	var first, last time.Time
+	for _, e := range log {
+		if id := e.GetRequestId(); id != "" {
+			ids[id] = true
+		}
+		if t := e.GetProposedAt(); t != nil {
+			if first.IsZero() {
+				first = t.AsTime()
+			}
+			last = t.AsTime()
+		}
+	}
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	st, err := cl.Cluster.Status(ctx, connect.NewRequest(&pb.StatusRequest{}))
+	if err != nil {
+		return fail(name, "cluster status: %v", err)
+	}
+	r := st.Msg.GetResources()
+	switch {
+	case r == nil:
+		return fail(name, "cluster status reports no resources: the binary does not report its request table")
+	case r.GetRequestWindow().AsDuration() != window:
+		return fail(name, "the window in force is %s, the servers were given %s", r.GetRequestWindow().AsDuration(), window)
+	case last.Sub(first) <= window:
+		return fail(name, "the log spans %s of log time, not more than the %s window: nothing could expire", last.Sub(first).Round(time.Second), window)
+	case r.GetRequestLive() >= uint64(len(ids)):
+		return fail(name, "the state machine remembers %d request ids of the log's %d over %s of log time: none expired under a %s window",
+			r.GetRequestLive(), len(ids), last.Sub(first).Round(time.Second), window)
+	}
+	return pass(name, "%d of the log's %d request ids remembered (%d held) after %s of log time under a %s window",
+		r.GetRequestLive(), len(ids), r.GetRequestEntries(), last.Sub(first).Round(time.Second), window)
+}

@@ -80,7 +80,7 @@ func (c *Cluster) Client(name string) *Clients { return c.clients[name] }
 // StartCluster builds the network, the Raft delay proxies and the agents,
 // and waits until the three servers agree on a leader and every node is
 // registered. On error everything created is removed.
-func StartCluster(ctx context.Context, dir, bin string) (*Cluster, error) {
+func StartCluster(ctx context.Context, dir, bin string, agentArgs ...string) (*Cluster, error) {
 	names := []string{"s1", "s2", "s3", "c4", "c5"}
 	netw, err := NewNetwork(names)
 	if err != nil {
@@ -93,6 +93,7 @@ func StartCluster(ctx context.Context, dir, bin string) (*Cluster, error) {
 	}
 	for i, name := range names {
 		a := newAgent(bin, dir, i+1, name, strings.HasPrefix(name, "s"), join)
+		a.extra = agentArgs
 		c.Agents = append(c.Agents, a)
 		c.clients[name] = newClients(c.http, a.APIURL())
 	}

@@ -27,6 +27,7 @@ var (
 	outFlag    = flag.String("jepsen.out", "", "output directory (default jepsen/out/<time>-<seed>)")
 	binFlag    = flag.String("jepsen.bin", "", "gpuplane binary to test (default: build ./cmd/gpuplane)")
 	linTimeout = flag.Duration("jepsen.lin-timeout", 2*time.Minute, "porcupine's time limit")
+	reqWindow  = flag.Duration("jepsen.request-window", 0, "the servers' --request-window (0: their default, a day); shorter than the run, request ids expire during it")
 	rule11Max  = flag.Int("jepsen.rule11-states", 1500, "most states replayed for the rule-11 check (0: every one)")
 )
 
@@ -100,6 +101,7 @@ func TestJepsen(t *testing.T) {
 	rep, err := Run(context.Background(), Config{
 		Bin: bin, OutDir: dir, Seed: s, Duration: *duration, Faults: faults, Workers: *workers,
 		StalePlans: *stalePlans, Hold: *hold, Quiet: *quiet, LinearizabilityTimeout: *linTimeout, Rule11States: *rule11Max, Logf: t.Logf,
+		RequestWindow: *reqWindow,
 	})
 	if err != nil {
 		t.Fatalf("seed %d: %v (agent logs in %s)", s, err, dir)

@@ -33,6 +33,8 @@ type Agent struct {
 
 	bin  string
 	join []string
+	// extra are more flags for every agent (Config.RequestWindow's).
+	extra []string
 
 	mu     sync.Mutex
 	cmd    *exec.Cmd
@@ -51,14 +53,14 @@ func (a *Agent) args() []string {
 	args := []string{"netns", "exec", netnsName(a.Name), a.bin, "agent",
 		"--node-name", a.Name, "--data-dir", a.DataDir,
 		"--bind", a.IP(), "--advertise", a.IP(),
-		"--api-port", strconv.Itoa(apiPort), "--raft-port", strconv.Itoa(raftPort), "--gossip-port", strconv.Itoa(gossipPort),
+		"--api-port", strconv.Itoa(apiPort), "--raft-port", strconv.Itoa(raftPort), "--gossip-port", strconv.Itoa(gossipPort), "--gateway-port", "0",
 		"--join", strings.Join(a.join, ","),
 		"--sim-gpus", "l4=2", "--log-level", "info",
 	}
 	if a.Server {
 		args = append(args, "--server", "--bootstrap-expect", "3")
 	}
-	return args
+	return append(args, a.extra...)
 }
 
 // Start starts the agent (again, after Kill) with the same data dir. `ip

@@ -37,7 +37,11 @@ type Config struct {
 	LinearizabilityTimeout time.Duration
 	// Rule11States bounds the states replayed for rule 11 (0: all).
 	Rule11States int
-	Logf         func(format string, args ...any)
+	// RequestWindow is the servers' --request-window (0: their default, a
+	// day). Shorter than the run, request ids expire during it, and the
+	// request-window check requires that they did.
+	RequestWindow time.Duration
+	Logf          func(format string, args ...any)
 }
 
 // Report is what a run measured.
@@ -157,7 +161,11 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	}()
 
 	logf("jepsen: seed %d, faults %v, %s, out %s", cfg.Seed, cfg.Faults, cfg.Duration, cfg.OutDir)
-	c, err := StartCluster(ctx, cfg.OutDir, cfg.Bin)
+	var agentArgs []string
+	if cfg.RequestWindow > 0 {
+		agentArgs = append(agentArgs, "--request-window", cfg.RequestWindow.String())
+	}
+	c, err := StartCluster(ctx, cfg.OutDir, cfg.Bin, agentArgs...)
 	if err != nil {
 		return nil, err
 	}
@@ -251,6 +259,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		CheckRule11(ctx, c.Client(leader), ref, cfg.Rule11States),
 		CheckLogsAgree(serverLogs),
 		CheckVerify(ctx, c.Client(leader)),
+		CheckRequestWindow(ctx, c.Client(leader), ref, cfg.RequestWindow),
 		watcher.Check(ref),
 	)
 

@@ -9,6 +9,7 @@ import (
 
 	"connectrpc.com/connect"
 
+	"github.com/gpuplane/gpuplane/cluster"
 	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
 	"github.com/gpuplane/gpuplane/proto/gpuplane/v1/gpuplanev1connect"
 )
@@ -224,3 +225,102 @@ func (h *eventHandlers) http() *http.Client {
 
 // verifyHTTP carries the verifier's requests to its peers.
 var verifyHTTP = HTTPClient()
+
+// entriesBatch is how many entries one EntriesResponse carries.
+const entriesBatch = 256
+
+// Entries streams the node's log entries as stored, for `audit archive`.
+func (h *eventHandlers) Entries(ctx context.Context, req *connect.Request[pb.EntriesRequest], stream *connect.ServerStream[pb.EntriesResponse]) error {
+	b, err := h.logBackend()
+	if err != nil {
+		return err
+	}
+	hist, err := b.History()
+	if err != nil {
+		return logError("audit entries", err)
+	}
+	applied, _ := b.Progress()
+	from, to := max(req.Msg.GetFromIndex(), 1), applied
+	if t := req.Msg.GetToIndex(); t != 0 {
+		if t > applied {
+			return logError("audit entries", fmt.Errorf("%w: index %d is beyond the last applied entry, %d", cluster.ErrBeyondLog, t, applied))
+		}
+		to = t
+	}
+	batch := &pb.EntriesResponse{}
+	err = hist.Entries(from, to, func(e *pb.ArchivedEntry) error {
+		batch.Entries = append(batch.Entries, e)
+		if len(batch.Entries) < entriesBatch {
+			return nil
+		}
+		err := stream.Send(batch)
+		batch.Entries = batch.Entries[:0]
+		return err
+	})
+	if err == nil && len(batch.Entries) > 0 {
+		err = stream.Send(batch)
+	}
+	return logError("audit entries", err)
+}
+
+// Compact drops the entries before req.before_index from every server's log
+// (or, with local, this server's): each checks the archive's hash head
+// against its own record first (cluster.Cluster.Compact).
+func (h *eventHandlers) Compact(ctx context.Context, req *connect.Request[pb.CompactRequest]) (*connect.Response[pb.CompactResponse], error) {
+	b, err := h.logBackend()
+	if err != nil {
+		return nil, err
+	}
+	local := func() *pb.ServerCompaction {
+		sc := &pb.ServerCompaction{Server: b.NodeName()}
+		first, err := b.Compact(ctx, req.Msg.GetBeforeIndex(), req.Msg.GetHash())
+		sc.FirstIndex, sc.Ok = first, err == nil
+		if err != nil {
+			sc.Problem = err.Error()
+		}
+		return sc
+	}
+	all := []*pb.ServerCompaction{local()}
+	if !req.Msg.GetLocal() {
+		addrs, err := b.ServerAddresses()
+		if err != nil {
+			return nil, logError("compact", err)
+		}
+		ids := make([]string, 0, len(addrs))
+		for id := range addrs {
+			if id != b.NodeName() {
+				ids = append(ids, id)
+			}
+		}
+		slices.Sort(ids)
+		for _, id := range ids {
+			sc := &pb.ServerCompaction{Server: id}
+			all = append(all, sc)
+			if addrs[id] == "" {
+				sc.Problem = "server " + id + " has not registered its API address: it cannot be asked"
+				continue
+			}
+			client := gpuplanev1connect.NewAuditServiceClient(h.http(), BaseURL(addrs[id]), connect.WithReadMaxBytes(MaxMessageBytes))
+			preq := connect.NewRequest(&pb.CompactRequest{BeforeIndex: req.Msg.GetBeforeIndex(), Hash: req.Msg.GetHash(), Local: true})
+			// Each server decides as the operator's token allows: the
+			// token travels with the request to every peer.
+			if auth := req.Header().Get("Authorization"); auth != "" {
+				preq.Header().Set("Authorization", auth)
+			}
+			resp, err := client.Compact(ctx, preq)
+			switch {
+			case err != nil:
+				sc.Problem = fmt.Sprintf("server %s at %s: %v", id, addrs[id], err)
+			case len(resp.Msg.GetServers()) != 1:
+				sc.Problem = fmt.Sprintf("server %s answered %d compactions, want 1", id, len(resp.Msg.GetServers()))
+			default:
+				all[len(all)-1] = resp.Msg.GetServers()[0]
+			}
+		}
+	}
+	out := &pb.CompactResponse{Ok: true, Servers: all}
+	for _, sc := range all {
+		out.Ok = out.Ok && sc.GetOk()
+	}
+	return connect.NewResponse(out), nil
+}

@@ -104,6 +104,10 @@ var procedureAccess = map[string]Access{
 	gpuplanev1connect.AuditServiceReplayProcedure: AccessRead,
 	gpuplanev1connect.AuditServiceVerifyProcedure: AccessRead,
 	gpuplanev1connect.AuditServiceHashAtProcedure: AccessRead,
+	// The whole log, as stored: as much as audit log shows.
+	gpuplanev1connect.AuditServiceEntriesProcedure: AccessRead,
+	// Drops history from the servers' logs: the operator's decision.
+	gpuplanev1connect.AuditServiceCompactProcedure: AccessAdmin,
 
 	gpuplanev1connect.ACLServiceBootstrapProcedure:   AccessPublic,
 	gpuplanev1connect.ACLServiceWhoAmIProcedure:      AccessPublic,

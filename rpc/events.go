@@ -28,6 +28,9 @@ type LogBackend interface {
 	HashAt(index uint64) (uint64, string, error)
 	// ServerAddresses maps every Raft server's id to its API address.
 	ServerAddresses() (map[string]string, error)
+	// Compact drops the log's entries before an index that an archive
+	// holds, checking the archive's hash head there.
+	Compact(ctx context.Context, before uint64, hash string) (uint64, error)
 }
 
 var _ LogBackend = (*cluster.Cluster)(nil)

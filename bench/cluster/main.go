@@ -352,7 +352,7 @@ func (s *server) start() error {
 	c := s.cfg
 	args := []string{"agent", "--server", "--bootstrap-expect", strconv.Itoa(c.BootstrapExpect), "--join", strings.Join(c.Join, ","),
 		"--data-dir", c.DataDir, "--node-name", c.NodeName, "--bind", c.Bind,
-		"--api-port", strconv.Itoa(c.APIPort), "--raft-port", strconv.Itoa(c.RaftPort), "--gossip-port", strconv.Itoa(c.GossipPort),
+		"--api-port", strconv.Itoa(c.APIPort), "--raft-port", strconv.Itoa(c.RaftPort), "--gossip-port", strconv.Itoa(c.GossipPort), "--gateway-port", "0",
 		"--sim-gpus", c.SimGPUs, "--log-level", "error"}
 	f, err := os.OpenFile(s.log, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {

@@ -338,7 +338,7 @@ func startAgent(bin, dataDir, logPath string) (*agentProc, error) {
 	defer logf.Close()
 	cmd := exec.Command(bin, "agent", "--dev", "--data-dir", dataDir,
 		"--api-port", strconv.Itoa(ports[0]), "--raft-port", strconv.Itoa(ports[1]),
-		"--gossip-port", strconv.Itoa(ports[2]))
+		"--gossip-port", strconv.Itoa(ports[2]), "--gateway-port", "0")
 	cmd.Stdout, cmd.Stderr = logf, logf
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("start agent: %w", err)

@@ -22,6 +22,7 @@
 //		}
 //	}
 //
-// Policies (see DESIGN.md for the measurements behind the default):
-// PolicyBestFit, PolicySpread, PolicyFGD and PolicyDefault ("gpuplane").
+// Policies (see DESIGN.md for why the default is what it is, and
+// bench/RESULTS.md for how it packs the openb pod lists): PolicyBestFit,
+// PolicySpread, PolicyFGD and PolicyDefault ("gpuplane").
 package scheduler

@@ -1,6 +1,11 @@
 package scheduler
 
-import "strconv"
+import (
+	"math"
+	"math/bits"
+	"slices"
+	"strconv"
+)
 
 // Fragmentation, after Weng et al., "Beware of Fragmentation: Scheduling
 // GPU-Sharing Workloads with Fragmentation Gradient Descent" (ATC'23).
@@ -36,6 +41,21 @@ type workload struct {
 	maxMem int64
 	fixed  bool
 	gen    uint64 // bumped when a group is added; invalidates node caches
+
+	// Feasibility by host room: a type fits a node's free CPU and memory
+	// when its request is at most that, so what fits depends only on how
+	// many of the types' distinct CPU and memory requests the free room
+	// reaches. feas caches, per weighting and that pair of ranks, the
+	// weight of every group's fitting types; it is rebuilt when a type is
+	// added or a weight changes.
+	cpuVals, memVals []int64 // distinct type requests, ascending
+	feas             map[feasKey][]int64
+	feasDirty        bool
+}
+
+type feasKey struct {
+	ws     int8
+	rc, rm int32
 }
 
 type wgroup struct {
@@ -51,23 +71,36 @@ type wgroup struct {
 }
 
 type wtype struct {
-	g        int32
-	cpu, mem int64
-	w        [numWeights]int64
+	g          int32
+	cpu, mem   int64
+	w          [numWeights]int64
+	rcpu, rmem int32 // ranks of cpu and mem in cpuVals and memVals
 }
 
 // Weightings of the workload's types.
 const (
 	// byCount weighs a type by how many requests have it: the paper's
-	// task-type popularity, used by PolicyFGD.
+	// task-type popularity. Fragmentation reports use it.
 	byCount = iota
-	// byDemand weighs a type by the card capacity its requests ask for, in
-	// milli-cards (a host-only request as one card), used by PolicyDefault.
-	byDemand
+	// byCountPaper is byCount as the paper's FGD scores decisions, used by
+	// PolicyFGD: a host-only type can use no card, so all free card
+	// capacity is its fragment whether or not its host request fits (its
+	// share of the measure then moves alike for every choice of a request,
+	// and host room never steers PolicyFGD).
+	byCountPaper
+	// byScarcity weighs a type by the card capacity its requests ask for,
+	// in milli-cards (a host-only request as one card), times how scarce
+	// the card kinds it may use are: the cluster's healthy cards over
+	// those of its kinds. Used by PolicyDefault; see DESIGN.md.
+	byScarcity
 	numWeights
 )
 
-// demandWeight is a request's weight byDemand.
+// scarcityScale is the fixed point of the byScarcity multiplier.
+const scarcityScale = 16
+
+// demandWeight is the card capacity a request asks for, in milli-cards, a
+// host-only request counting as one card.
 func demandWeight(q *request) int64 {
 	if q.mode == modeHost {
 		return FullCard
@@ -89,7 +122,45 @@ type typeKey struct {
 }
 
 func (wl *workload) init() {
-	*wl = workload{gidx: map[groupKey]int32{}, tidx: map[typeKey]int32{}, gen: wl.gen + 1}
+	*wl = workload{gidx: map[groupKey]int32{}, tidx: map[typeKey]int32{}, gen: wl.gen + 1, feasDirty: true}
+}
+
+// refreshFeas rebuilds the request ranks and empties the cache after the
+// workload changed.
+func (wl *workload) refreshFeas() {
+	if !wl.feasDirty {
+		return
+	}
+	wl.feasDirty = false
+	wl.cpuVals, wl.memVals = wl.cpuVals[:0], wl.memVals[:0]
+	for i := range wl.types {
+		wl.cpuVals = append(wl.cpuVals, wl.types[i].cpu)
+		wl.memVals = append(wl.memVals, wl.types[i].mem)
+	}
+	wl.cpuVals, wl.memVals = sortedUnique(wl.cpuVals), sortedUnique(wl.memVals)
+	for i := range wl.types {
+		t := &wl.types[i]
+		t.rcpu, t.rmem = int32(rankOf(wl.cpuVals, t.cpu)), int32(rankOf(wl.memVals, t.mem))
+	}
+	if wl.feas == nil {
+		wl.feas = map[feasKey][]int64{}
+	} else {
+		clear(wl.feas)
+	}
+}
+
+func sortedUnique(v []int64) []int64 {
+	slices.Sort(v)
+	return slices.Compact(v)
+}
+
+// rankOf is the number of values in the ascending vals that are at most x.
+func rankOf(vals []int64, x int64) int {
+	i, found := slices.BinarySearch(vals, x)
+	if found {
+		i++
+	}
+	return i
 }
 
 func kindsKey(k kindSet) string {
@@ -104,7 +175,7 @@ func kindsKey(k kindSet) string {
 	return string(b)
 }
 
-func (wl *workload) observe(q *request, cpu, mem int64) {
+func (wl *workload) observe(q *request, cpu, mem int64, scarcity int64) {
 	gk := groupKey{mode: q.mode, res: q.res, acc: q.acc, milli: q.milli, kinds: kindsKey(q.kinds)}
 	g, ok := wl.gidx[gk]
 	if !ok {
@@ -124,7 +195,8 @@ func (wl *workload) observe(q *request, cpu, mem int64) {
 	}
 	wl.maxCPU = max(wl.maxCPU, cpu)
 	wl.maxMem = max(wl.maxMem, mem)
-	for ws, w := range [numWeights]int64{1, demandWeight(q)} {
+	wl.feasDirty = true
+	for ws, w := range [numWeights]int64{1, 1, demandWeight(q) * scarcity / scarcityScale} {
 		wl.types[t].w[ws] += w
 		wl.groups[g].w[ws] += w
 		wl.total[ws] += w
@@ -140,7 +212,7 @@ func (s *State) SetWorkload(reqs []Request) {
 	s.wl.init() // a new generation: node caches of the old workload are stale
 	for i := range reqs {
 		if q, reason := s.resolveDemand(&reqs[i]); reason == "" {
-			s.wl.observe(&q, reqs[i].CPUMilli, reqs[i].MemoryMiB)
+			s.wl.observe(&q, reqs[i].CPUMilli, reqs[i].MemoryMiB, s.scarcity(q.kinds))
 		}
 	}
 	s.wl.fixed = true
@@ -247,34 +319,31 @@ func resize64(b []int64, n int) []int64 {
 	return b[:n]
 }
 
-// feasibleWeights fills out[j] with the weight of the types of group rel[j]
-// whose host request fits cpuFree and memFree.
-func (wl *workload) feasibleWeights(out []int64, ws int, rel []int32, cpuFree, memFree int64) []int64 {
-	out = resize64(out, len(rel))
-	if cpuFree >= wl.maxCPU && memFree >= wl.maxMem {
-		for j, gi := range rel {
-			out[j] = wl.groups[gi].w[ws]
-		}
-		return out
+// feasibleWeights returns, per group of the workload, the weight of its
+// types whose host request fits cpuFree and memFree. The slice is shared
+// and valid until the workload changes.
+func (wl *workload) feasibleWeights(ws int, cpuFree, memFree int64) []int64 {
+	wl.refreshFeas()
+	k := feasKey{ws: int8(ws), rc: int32(rankOf(wl.cpuVals, cpuFree)), rm: int32(rankOf(wl.memVals, memFree))}
+	if v, ok := wl.feas[k]; ok {
+		return v
 	}
-	for j, gi := range rel {
-		var w int64
-		for _, ti := range wl.groups[gi].types {
-			t := &wl.types[ti]
-			if t.cpu <= cpuFree && t.mem <= memFree {
-				w += t.w[ws]
-			}
+	v := make([]int64, len(wl.groups))
+	for i := range wl.types {
+		t := &wl.types[i]
+		if t.rcpu <= k.rc && t.rmem <= k.rm && (ws != byCountPaper || wl.groups[t.g].mode != modeHost) {
+			v[t.g] += t.w[ws]
 		}
-		out[j] = w
 	}
-	return out
+	wl.feas[k] = v
+	return v
 }
 
 // frag combines a node's statistics into its fragmentation.
 func (wl *workload) frag(fc *fragCache, ws int, feasW []int64) int64 {
 	f := wl.total[ws] * fc.tot // as if every group saw all free capacity as fragment
-	for j := range fc.rel {
-		f -= feasW[j] * (fc.tot - fc.fok[j])
+	for j, gi := range fc.rel {
+		f -= feasW[gi] * (fc.tot - fc.fok[j])
 	}
 	return f
 }
@@ -282,38 +351,75 @@ func (wl *workload) frag(fc *fragCache, ws int, feasW []int64) int64 {
 // fragDelta returns how much the node's fragmentation grows when the
 // request takes cards (none for host-only requests).
 func (ev *evaluator) fragDelta(cards []int32) int64 {
+	d, _ := ev.fragDeltas(cards, ev.ws, -1)
+	return d
+}
+
+// prepare readies the node's fragmentation before the placement and the
+// weights of the types that still fit its host after it, for weighting ws.
+func (ev *evaluator) prepare(ws int) {
+	if ev.fragReady[ws] {
+		return
+	}
 	s, q, n := ev.s, ev.q, ev.n
 	wl := &s.wl
-	sc := &s.scratch
-	if !ev.fragReady {
+	if ev.fc == nil {
 		ev.fc = s.nodeStats(ev.ni)
-		ws, fc := ev.ws, ev.fc
-		if !fc.fragValid[ws] || fc.fragTotal[ws] != wl.total[ws] {
-			sc.feasW = wl.feasibleWeights(sc.feasW, ws, fc.rel, n.cpuFree(), n.memFree())
-			fc.fragBefore[ws], fc.fragTotal[ws], fc.fragValid[ws] = wl.frag(fc, ws, sc.feasW), wl.total[ws], true
-		}
-		ev.fragBefore = fc.fragBefore[ws]
-		sc.feasWNew = wl.feasibleWeights(sc.feasWNew, ws, fc.rel, n.cpuFree()-q.CPUMilli, n.memFree()-q.MemoryMiB)
-		ev.fragReady = true
 	}
 	fc := ev.fc
+	if !fc.fragValid[ws] || fc.fragTotal[ws] != wl.total[ws] {
+		feasW := wl.feasibleWeights(ws, n.cpuFree(), n.memFree())
+		fc.fragBefore[ws], fc.fragTotal[ws], fc.fragValid[ws] = wl.frag(fc, ws, feasW), wl.total[ws], true
+	}
+	ev.fragBefore[ws] = fc.fragBefore[ws]
+	ev.feasWNew[ws] = wl.feasibleWeights(ws, n.cpuFree()-q.CPUMilli, n.memFree()-q.MemoryMiB)
+	ev.fragReady[ws] = true
+}
+
+// fragDeltas returns how much the node's fragmentation grows when the
+// request takes cards (none for host-only requests), weighted by wa and,
+// unless it is -1, by wb: the fragment each group sees after the placement
+// does not depend on the weighting, so one pass serves both.
+func (ev *evaluator) fragDeltas(cards []int32, wa, wb int) (da, db int64) {
+	s, q := ev.s, ev.q
+	wl := &s.wl
+	ev.prepare(wa)
+	fa, fb := ev.feasWNew[wa], []int64(nil)
+	if wb >= 0 {
+		ev.prepare(wb)
+		fb = ev.feasWNew[wb]
+	}
+	// The cards as they would be after the placement.
+	cs := s.scratch.after[:0]
+	for _, ci := range cards {
+		c := s.cards[ci]
+		c.acc = q.acc
+		c.take(q.res, q.milli)
+		cs = append(cs, c)
+	}
+	s.scratch.after = cs
+	fc := ev.fc
 	tot := fc.tot - int64(q.reserve)*int64(len(cards))
-	after := wl.total[ev.ws] * tot
+	afterA := wl.total[wa] * tot
+	var afterB int64
+	if wb >= 0 {
+		afterB = wl.total[wb] * tot
+	}
 	for j, gi := range fc.rel {
-		fw := sc.feasWNew[j]
-		if fw == 0 {
+		wA := fa[gi]
+		var wB int64
+		if fb != nil {
+			wB = fb[gi]
+		}
+		if wA == 0 && wB == 0 {
 			continue // every type of the group sees all free capacity as fragment
 		}
 		g := &wl.groups[gi]
 		fok := fc.fok[j]
 		switch g.mode {
 		case modeShared:
-			for _, ci := range cards {
-				c := &s.cards[ci]
-				after := *c
-				after.acc = q.acc
-				after.take(q.res, q.milli)
-				fok += g.contribShared(&after) - g.contribShared(c)
+			for i, ci := range cards {
+				fok += g.contribShared(&cs[i]) - g.contribShared(&s.cards[ci])
 			}
 		case modeWhole:
 			e, nef := fc.e[j], fc.nef[j]
@@ -332,9 +438,14 @@ func (ev *evaluator) fragDelta(cards []int32) int64 {
 				fok = tot
 			}
 		}
-		after -= fw * (tot - fok)
+		afterA -= wA * (tot - fok)
+		afterB -= wB * (tot - fok)
 	}
-	return after - ev.fragBefore
+	da = afterA - ev.fragBefore[wa]
+	if wb >= 0 {
+		db = afterB - ev.fragBefore[wb]
+	}
+	return da, db
 }
 
 // Fragmentation returns the expected share of the cluster's card capacity
@@ -346,15 +457,86 @@ func (s *State) Fragmentation() float64 {
 		return 0
 	}
 	var f float64
-	var w []int64
 	for ni := range s.nodes {
 		n := &s.nodes[ni]
 		if !n.alive {
 			continue
 		}
 		fc := s.nodeStats(int32(ni))
-		w = s.wl.feasibleWeights(w, byCount, fc.rel, n.cpuFree(), n.memFree())
+		w := s.wl.feasibleWeights(byCount, n.cpuFree(), n.memFree())
 		f += float64(s.wl.frag(fc, byCount, w))
 	}
 	return f / float64(total) / float64(s.gpuCap)
+}
+
+// scarcity is the byScarcity multiplier of a kind set, in 1/scarcityScale:
+// the cluster's healthy cards over those of the kinds (at least 1).
+func (s *State) scarcity(k kindSet) int64 {
+	if k == nil || s.healthyCards == 0 {
+		return scarcityScale
+	}
+	key := kindsKey(k)
+	if v, ok := s.scarce[key]; ok {
+		return v
+	}
+	var n int64
+	for ci := range s.cards {
+		if s.cards[ci].healthy && k.has(s.cards[ci].kind) {
+			n++
+		}
+	}
+	v := int64(scarcityScale)
+	if n > 0 {
+		v = max(v, scarcityScale*s.healthyCards/n)
+	}
+	if s.scarce == nil {
+		s.scarce = map[string]int64{}
+	}
+	s.scarce[key] = v
+	return v
+}
+
+// paperShare is how much the paper's count-weighted measure counts in the
+// default policy's blend against the scarcity-weighted one (see DESIGN.md).
+const paperShare = 3
+
+// blendUnit is the fixed point of a blended fragmentation growth: the
+// growth of each measure per unit of its workload weight, in milli-cards
+// × 2^-24.
+const blendUnit = 1 << 24
+
+// blendDelta is the default policy's fragmentation growth: the expected
+// growth for a task drawn by count, as the paper measures it (weighted
+// paperShare), plus that for a unit of card demand drawn with the
+// scarcity of its card kinds.
+func (ev *evaluator) blendDelta(cards []int32) int64 {
+	wl := &ev.s.wl
+	ds, dp := ev.fragDeltas(cards, byScarcity, byCountPaper)
+	return perUnit(ds, wl.total[byScarcity]) + paperShare*perUnit(dp, wl.total[byCountPaper])
+}
+
+// perUnit is delta × blendUnit / total, rounded toward zero, with a 128-bit
+// intermediate so that large workloads cannot overflow it.
+func perUnit(delta, total int64) int64 {
+	if total <= 0 {
+		return 0
+	}
+	neg := delta < 0
+	if neg {
+		delta = -delta
+	}
+	hi, lo := bits.Mul64(uint64(delta), blendUnit)
+	if hi >= uint64(total) {
+		// Cannot happen: a node's growth per unit of weight is at most its
+		// free card capacity. Saturate rather than wrap.
+		if neg {
+			return math.MinInt64 / 2
+		}
+		return math.MaxInt64 / 2
+	}
+	q, _ := bits.Div64(hi, lo, uint64(total))
+	if neg {
+		return -int64(q)
+	}
+	return int64(q)
 }

@@ -20,10 +20,13 @@ const (
 	// cards first, then picks the least-loaded node and card.
 	PolicySpread Policy = "spread"
 	// PolicyFGD is fragmentation gradient descent (Weng et al., ATC'23):
-	// the choice that grows the node's expected fragmentation least.
+	// the choice that grows the node's expected fragmentation least, task
+	// types weighted by popularity.
 	PolicyFGD Policy = "fgd"
-	// PolicyDefault is gpuplane's own policy, FGD with best-fit packing to
-	// break its ties; see DESIGN.md for why and how it measures.
+	// PolicyDefault is gpuplane's own policy: fragmentation gradient descent
+	// over a blend of the paper's measure and one weighted by card demand
+	// and GPU-type scarcity, with best-fit packing to break its ties; see
+	// DESIGN.md for why.
 	PolicyDefault Policy = "gpuplane"
 )
 
@@ -90,9 +93,10 @@ type evaluator struct {
 	nodeDep int32 // replicas of the request's deployment on the node
 	ws      int   // workload weighting for fragmentation
 
-	fragReady  bool
-	fragBefore int64
 	fc         *fragCache
+	fragReady  [numWeights]bool
+	fragBefore [numWeights]int64
+	feasWNew   [numWeights][]int64 // per workload group, after the placement
 }
 
 const ppm = 1_000_000
@@ -151,7 +155,7 @@ func (ev *evaluator) score(cards []int32) score {
 	case implFGD:
 		return score{ev.fragDelta(cards), nd, ev.cardDep(cards), 0}
 	default:
-		return score{ev.fragDelta(cards), ev.remainAfter(cards), ev.cardLeft(cards), nd*FullCard + ev.cardDep(cards)}
+		return score{ev.blendDelta(cards), ev.remainAfter(cards), ev.cardLeft(cards), nd*FullCard + ev.cardDep(cards)}
 	}
 }
 
@@ -181,8 +185,11 @@ func (ev *evaluator) scoreOnDemand(ci int32) score {
 
 // weighting is the workload weighting a policy measures fragmentation with.
 func (p policyImpl) weighting() int {
-	if p == implDefault {
-		return byDemand
+	switch p {
+	case implDefault:
+		return byScarcity
+	case implFGD:
+		return byCountPaper
 	}
 	return byCount
 }

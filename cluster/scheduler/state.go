@@ -30,6 +30,17 @@ type State struct {
 	fcache    []fragCache // per node, see fgd.go
 	kindNodes [][]int32   // kind → nodes with cards of it
 	scratch   scratch
+
+	// Per-request-shape node indexes (index.go): changed lists the nodes
+	// in the order their state changed, which each index replays.
+	changed  []int32
+	indexes  map[shapeKey]*nodeIndex
+	reasons  map[shapeKey]reasonMemo
+	planning bool
+	scanOnly bool // tests: score every node on every decision
+
+	healthyCards int64
+	scarce       map[string]int64 // kindsKey → scarcity, see fgd.go
 }
 
 type accInfo struct {
@@ -198,6 +209,7 @@ func NewState(nodes []Node, accelerators []Accelerator) (*State, error) {
 	for _, n := range nodes {
 		ncards += len(n.Cards)
 	}
+	var pendingShapes []request // existing replicas join the workload once all cards are known
 	s.nodes = make([]nodeState, 0, len(nodes))
 	s.cards = make([]cardState, 0, ncards)
 	for _, n := range nodes {
@@ -230,7 +242,7 @@ func NewState(nodes []Node, accelerators []Accelerator) (*State, error) {
 					s.replicas[sh.Replica] = p
 					s.noteDeployment(sh.Deployment, ni, 1)
 					q := s.shapeOf(cs.acc, sh.Milli, sh.Residency)
-					s.wl.observe(&q, 0, 0)
+					pendingShapes = append(pendingShapes, q)
 				}
 				p.cards = append(p.cards, ci)
 			}
@@ -243,6 +255,14 @@ func NewState(nodes []Node, accelerators []Accelerator) (*State, error) {
 			s.cards = append(s.cards, cs)
 		}
 		s.nodes = append(s.nodes, ns)
+	}
+	for ci := range s.cards {
+		if s.cards[ci].healthy {
+			s.healthyCards++
+		}
+	}
+	for i := range pendingShapes {
+		s.wl.observe(&pendingShapes[i], 0, 0, s.scarcity(pendingShapes[i].kinds))
 	}
 	s.fcache = make([]fragCache, len(s.nodes))
 	s.kindNodes = make([][]int32, len(s.kindNames))
@@ -333,6 +353,8 @@ func (s *State) Plan(reqs []Request, p Policy) []Decision {
 		}
 	}
 	out := make([]Decision, len(reqs))
+	s.planning = true // the workload stays as it is until the plan ends
+	defer func() { s.planning = false }()
 	for i := range reqs {
 		out[i] = s.place(&reqs[i], p)
 	}
@@ -394,6 +416,7 @@ func (s *State) Remove(replica string) bool {
 	n.cpuUsed -= p.cpu
 	n.memUsed -= p.mem
 	n.version++
+	s.changed = append(s.changed, p.node)
 	s.noteDeployment(p.deployment, p.node, -1)
 	return true
 }
@@ -523,7 +546,7 @@ func (s *State) observe(r *Request) {
 	if reason != "" {
 		return
 	}
-	s.wl.observe(&q, r.CPUMilli, r.MemoryMiB)
+	s.wl.observe(&q, r.CPUMilli, r.MemoryMiB, s.scarcity(q.kinds))
 }
 
 func selectorMatches(sel, labels map[string]string) bool {
@@ -555,11 +578,11 @@ func (c *cardState) freeWhole(q *request) bool {
 type cardSig struct{ kind, acc, used, pinned, odMax, count int32 }
 
 type scratch struct {
-	seen     []cardSig
-	cards    []int32
-	best     []int32
-	feasW    []int64
-	feasWNew []int64
+	seen  []cardSig
+	cards []int32
+	cand  []int32 // evalNode's choice
+	after []cardState
+	best  []int32
 }
 
 func (s *State) place(r *Request, p Policy) Decision {
@@ -568,11 +591,6 @@ func (s *State) place(r *Request, p Policy) Decision {
 		return s.failed(r, reason)
 	}
 	pol := p.impl()
-	dn := s.deployNodes[r.Deployment]
-	sc := &s.scratch
-	bestNode := int32(-1)
-	var best score
-	sc.best = sc.best[:0]
 	var only []int32 // the nodes that have the one kind the request allows
 	if k := q.singleKind(); k >= 0 && q.mode != modeHost {
 		if int(k) >= len(s.kindNodes) || len(s.kindNodes[k]) == 0 {
@@ -580,79 +598,104 @@ func (s *State) place(r *Request, p Policy) Decision {
 		}
 		only = s.kindNodes[k]
 	}
+	dn := s.deployNodes[r.Deployment]
+	if s.indexed(pol) {
+		if ni := s.bestIndexed(&q, pol, dn, only); ni >= 0 {
+			s.evalNode(&q, ni, pol, dn)
+			return s.commit(&q, ni, s.scratch.cand)
+		}
+		return s.failed(r, s.reasonMemo(&q))
+	}
+	sc := &s.scratch
+	bestNode := int32(-1)
+	var best score
 	count := len(s.nodes)
 	if only != nil {
 		count = len(only)
 	}
 	for i := 0; i < count; i++ {
-		ni := i
+		ni := int32(i)
 		if only != nil {
-			ni = int(only[i])
+			ni = only[i]
 		}
-		n := &s.nodes[ni]
-		if !n.alive || !n.hostFits(r.CPUMilli, r.MemoryMiB) {
-			continue
-		}
-		if q.mode != modeHost && (n.n == 0 || !q.kinds.intersects(n.kinds)) {
-			continue
-		}
-		if len(r.Selector) > 0 && !selectorMatches(r.Selector, n.labels) {
-			continue
-		}
-		ev := evaluator{s: s, q: &q, n: n, ni: int32(ni), pol: pol, nodeDep: dn[int32(ni)], ws: pol.weighting()}
-		switch q.mode {
-		case modeShared:
-			sc.seen = sc.seen[:0]
-		cards:
-			for ci := n.first; ci < n.first+n.n; ci++ {
-				c := &s.cards[ci]
-				if !c.fitsShared(&q) {
-					continue
-				}
-				if ev.nodeDep == 0 {
-					// A card just like one already scored scores the same
-					// and loses the tie to it.
-					for _, o := range sc.seen {
-						if o == (cardSig{c.kind, c.acc, c.used, c.pinned, c.odMax, c.count}) {
-							continue cards
-						}
-					}
-					sc.seen = append(sc.seen, cardSig{c.kind, c.acc, c.used, c.pinned, c.odMax, c.count})
-				}
-				sc.cards = append(sc.cards[:0], ci)
-				sco := ev.score(sc.cards)
-				if bestNode < 0 || sco.less(best) {
-					bestNode, best = int32(ni), sco
-					sc.best = append(sc.best[:0], ci)
-				}
-			}
-		case modeWhole:
-			sc.cards = sc.cards[:0]
-			for ci := n.first; ci < n.first+n.n && len(sc.cards) < q.k; ci++ {
-				if s.cards[ci].freeWhole(&q) {
-					sc.cards = append(sc.cards, ci)
-				}
-			}
-			if len(sc.cards) < q.k {
-				continue
-			}
-			sco := ev.score(sc.cards)
-			if bestNode < 0 || sco.less(best) {
-				bestNode, best = int32(ni), sco
-				sc.best = append(sc.best[:0], sc.cards...)
-			}
-		case modeHost:
-			sco := ev.score(nil)
-			if bestNode < 0 || sco.less(best) {
-				bestNode, best = int32(ni), sco
-				sc.best = sc.best[:0]
-			}
+		sco, ok := s.evalNode(&q, ni, pol, dn)
+		if ok && (bestNode < 0 || sco.less(best)) {
+			bestNode, best = ni, sco
+			sc.best = append(sc.best[:0], sc.cand...)
 		}
 	}
 	if bestNode < 0 {
 		return s.failed(r, s.reason(&q))
 	}
 	return s.commit(&q, bestNode, sc.best)
+}
+
+// fitsStatic reports whether the node could ever take the request: what
+// never changes in a State (alive, device kinds, labels).
+func (s *State) fitsStatic(q *request, ni int32) bool {
+	n := &s.nodes[ni]
+	if !n.alive {
+		return false
+	}
+	if q.mode != modeHost && (n.n == 0 || !q.kinds.intersects(n.kinds)) {
+		return false
+	}
+	return len(q.Selector) == 0 || selectorMatches(q.Selector, n.labels)
+}
+
+// evalNode scores the best choice for the request on one node and leaves
+// its cards in s.scratch.cand; ok is false when the node cannot take it.
+func (s *State) evalNode(q *request, ni int32, pol policyImpl, dn map[int32]int32) (best score, ok bool) {
+	n := &s.nodes[ni]
+	if !s.fitsStatic(q, ni) || !n.hostFits(q.CPUMilli, q.MemoryMiB) {
+		return best, false
+	}
+	sc := &s.scratch
+	ev := evaluator{s: s, q: q, n: n, ni: ni, pol: pol, nodeDep: dn[ni], ws: pol.weighting()}
+	switch q.mode {
+	case modeShared:
+		sc.seen = sc.seen[:0]
+	cards:
+		for ci := n.first; ci < n.first+n.n; ci++ {
+			c := &s.cards[ci]
+			if !c.fitsShared(q) {
+				continue
+			}
+			if ev.nodeDep == 0 {
+				// A card just like one already scored scores the same
+				// and loses the tie to it.
+				sig := cardSig{c.kind, c.acc, c.used, c.pinned, c.odMax, c.count}
+				for _, o := range sc.seen {
+					if o == sig {
+						continue cards
+					}
+				}
+				sc.seen = append(sc.seen, sig)
+			}
+			sc.cards = append(sc.cards[:0], ci)
+			sco := ev.score(sc.cards)
+			if !ok || sco.less(best) {
+				best, ok = sco, true
+				sc.cand = append(sc.cand[:0], ci)
+			}
+		}
+	case modeWhole:
+		sc.cards = sc.cards[:0]
+		for ci := n.first; ci < n.first+n.n && len(sc.cards) < q.k; ci++ {
+			if s.cards[ci].freeWhole(q) {
+				sc.cards = append(sc.cards, ci)
+			}
+		}
+		if len(sc.cards) < q.k {
+			return best, false
+		}
+		best, ok = ev.score(sc.cards), true
+		sc.cand = append(sc.cand[:0], sc.cards...)
+	case modeHost:
+		best, ok = ev.score(nil), true
+		sc.cand = sc.cand[:0]
+	}
+	return best, ok
 }
 
 func (s *State) failed(r *Request, reason string) Decision {
@@ -683,6 +726,7 @@ func (s *State) commit(q *request, ni int32, cards []int32) Decision {
 	n.cpuUsed += q.CPUMilli
 	n.memUsed += q.MemoryMiB
 	n.version++
+	s.changed = append(s.changed, ni)
 	s.replicas[q.Replica] = p
 	s.noteDeployment(q.Deployment, ni, 1)
 	return d

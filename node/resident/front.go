@@ -326,3 +326,39 @@ func (m *Manager) listen(k rkey) (net.Listener, error) {
 	}
 	return ln, nil
 }
+
+// Serving is how the gateway reaches a warm or onDemand replica this
+// Manager fronts: whether its model is resident (its front dispatches),
+// its engine's URL, and a channel closed when either changes. ok is false
+// for a replica without a front here.
+func (m *Manager) Serving(model string, index uint32) (ready bool, engineURL string, changed <-chan struct{}, ok bool) {
+	m.mu.Lock()
+	f := m.fronts[rkey{model, index}]
+	m.mu.Unlock()
+	if f == nil {
+		return false, "", nil, false
+	}
+	ready, target, _, _, ch := f.state()
+	if target != nil {
+		engineURL = target.String()
+	}
+	return ready, engineURL, ch, true
+}
+
+// Demand reports a request for the replica that waits at the gateway, as
+// a request at its front is reported: the controller loads a cold model
+// for it and does not unload the model while it is active. done reports
+// that the request ended, with its output tokens and time.
+func (m *Manager) Demand(model string, index uint32) (done func(tokens int64, elapsed time.Duration)) {
+	k := rkey{model, index}
+	id := k.id()
+	m.post(func() { m.request(k, residency.RequestArrived{Model: id}) })
+	var once sync.Once
+	return func(tokens int64, elapsed time.Duration) {
+		once.Do(func() {
+			m.post(func() {
+				m.request(k, residency.RequestFinished{Model: id, Tokens: tokens, Elapsed: elapsed})
+			})
+		})
+	}
+}

@@ -152,38 +152,149 @@ func ReadOpenBNodes(name string, r io.Reader) ([]scheduler.Node, error) {
 	return nodes, nil
 }
 
-// ReadOpenBTasks reads the openb tasks CSV and returns its arrivals in
-// creation_time order (file order among equals) with the accelerators they
-// use. A task with num_gpu 1 and gpu_milli below 1000 asks for that share
-// of one card (OpenBShared); one with num_gpu ≥ 1 otherwise asks for
-// num_gpu whole cards on one node; one with num_gpu 0 asks only for host
-// CPU and memory. gpu_spec ("V100M16|V100M32") restricts device kinds.
+// The openb pod list schemas: the full header of most lists, and the
+// short one of the multigpu* lists (no GPU-type restriction and no times,
+// so arrival order is file order).
+var (
+	openbTasksLong  = []string{"name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli", "gpu_spec", "qos", "pod_phase", "creation_time", "deletion_time", "scheduled_time"}
+	openbTasksShort = []string{"name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli"}
+)
+
+// clusterFacts is what a pod list is checked against: the most cards on
+// one node and the device kinds present. nil skips those checks.
+type clusterFacts struct {
+	maxCards int
+	kinds    map[string]bool
+}
+
+func factsOf(nodes []scheduler.Node) *clusterFacts {
+	f := &clusterFacts{kinds: map[string]bool{}}
+	for _, n := range nodes {
+		f.maxCards = max(f.maxCards, len(n.Cards))
+		for _, c := range n.Cards {
+			f.kinds[strings.ToLower(c.Device)] = true
+		}
+	}
+	return f
+}
+
+// ReadOpenBTasks reads an openb pod list (either schema) and returns its
+// arrivals in creation_time order (file order among equals, and file order
+// for the short schema) with the accelerators they use. A task with num_gpu
+// 1 and gpu_milli below 1000 asks for that share of one card (OpenBShared);
+// one with num_gpu ≥ 1 otherwise asks for num_gpu whole cards on one node;
+// one with num_gpu 0 asks only for host CPU and memory. gpu_spec
+// ("V100M16|V100M32") restricts device kinds. The first bad value is an
+// error that names the file, line and column.
 func ReadOpenBTasks(name string, r io.Reader) ([]scheduler.Accelerator, []scheduler.Request, error) {
-	t, err := readCSV(name, r, "name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli", "creation_time")
+	return readOpenBTasks(name, r, nil)
+}
+
+// cell is one field of a pod list with its place in the file.
+type cell struct {
+	name      string // file
+	line, col int    // 1-based; col counts fields
+	column    string // header name
+}
+
+func (c cell) errorf(format string, args ...any) error {
+	return fmt.Errorf("%s line %d column %d (%s): %s", c.name, c.line, c.col, c.column, fmt.Sprintf(format, args...))
+}
+
+func sameHeader(got, want []string) bool {
+	if len(got) != len(want) {
+		return false
+	}
+	for i := range got {
+		if strings.TrimSpace(got[i]) != want[i] {
+			return false
+		}
+	}
+	return true
+}
+
+func readOpenBTasks(name string, r io.Reader, facts *clusterFacts) ([]scheduler.Accelerator, []scheduler.Request, error) {
+	cr := csv.NewReader(r)
+	cr.FieldsPerRecord = -1
+	header, err := cr.Read()
+	if err == io.EOF {
+		return nil, nil, fmt.Errorf("%s: empty file, want an openb pod list header (%s)", name, strings.Join(openbTasksShort, ","))
+	}
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, fmt.Errorf("%s: %w", name, err)
+	}
+	if len(header) > 0 {
+		header[0] = strings.TrimPrefix(header[0], "\ufeff")
+	}
+	var long bool
+	switch {
+	case sameHeader(header, openbTasksLong):
+		long = true
+	case sameHeader(header, openbTasksShort):
+	default:
+		return nil, nil, fmt.Errorf("%s line 1: header %q is not an openb pod list: want %q or %q",
+			name, strings.Join(header, ","), strings.Join(openbTasksLong, ","), strings.Join(openbTasksShort, ","))
+	}
+	cols := openbTasksShort
+	if long {
+		cols = openbTasksLong
 	}
 	type task struct {
 		req     scheduler.Request
 		created int64
 	}
-	tasks := make([]task, 0, len(t.rows))
+	var tasks []task
 	whole := map[int]bool{}
 	shared := false
-	for i := range t.rows {
+	for {
+		rec, err := cr.Read()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			return nil, nil, fmt.Errorf("%s: %w", name, err)
+		}
+		line, _ := cr.FieldPos(0)
+		at := func(i int) cell { return cell{name: name, line: line, col: i + 1, column: cols[i]} }
+		if len(rec) != len(cols) {
+			return nil, nil, fmt.Errorf("%s line %d: %d fields, want %d (%s)", name, line, len(rec), len(cols), strings.Join(cols, ","))
+		}
+		num := func(i int) (int64, error) {
+			s := strings.TrimSpace(rec[i])
+			if s == "" {
+				return 0, nil
+			}
+			v, err := strconv.ParseInt(s, 10, 64)
+			if err != nil {
+				return 0, at(i).errorf("%q is not a whole number", s)
+			}
+			if v < 0 {
+				return 0, at(i).errorf("%d is negative", v)
+			}
+			return v, nil
+		}
 		var v [5]int64
-		for j, c := range []string{"cpu_milli", "memory_mib", "num_gpu", "gpu_milli", "creation_time"} {
-			if v[j], err = t.int(i, c); err != nil {
+		for j, i := range []int{1, 2, 3, 4} {
+			if v[j], err = num(i); err != nil {
 				return nil, nil, err
 			}
 		}
-		id := t.str(i, "name")
+		if long {
+			if v[4], err = num(8); err != nil {
+				return nil, nil, err
+			}
+		}
+		id := strings.TrimSpace(rec[0])
 		if id == "" {
-			return nil, nil, fmt.Errorf("%s line %d: empty name", name, i+2)
+			return nil, nil, at(0).errorf("empty task name")
 		}
 		req := scheduler.Request{Replica: id, Deployment: id, CPUMilli: v[0], MemoryMiB: v[1]}
 		numGPU, milli := v[2], v[3]
 		switch {
+		case milli > scheduler.FullCard:
+			return nil, nil, at(4).errorf("%d milli is more than one card (1000); a task asks for num_gpu cards of at most 1000 milli each", milli)
+		case facts != nil && numGPU > int64(facts.maxCards):
+			return nil, nil, at(3).errorf("%d cards on one node, but no node has more than %d", numGPU, facts.maxCards)
 		case numGPU == 0:
 		case numGPU == 1 && milli > 0 && milli < scheduler.FullCard:
 			req.Accelerator, req.Milli = OpenBShared, int(milli)
@@ -192,9 +303,20 @@ func ReadOpenBTasks(name string, r io.Reader) ([]scheduler.Accelerator, []schedu
 			req.Accelerator = OpenBWholePrefix + strconv.FormatInt(numGPU, 10)
 			whole[int(numGPU)] = true
 		}
-		if spec := t.str(i, "gpu_spec"); spec != "" && numGPU > 0 {
-			for _, d := range strings.Split(spec, "|") {
-				if d = strings.ToLower(strings.TrimSpace(d)); d != "" {
+		if long {
+			spec := strings.TrimSpace(rec[5])
+			if strings.EqualFold(spec, "nan") {
+				spec = "" // pandas' rendering of "no restriction"
+			}
+			if spec != "" && numGPU > 0 {
+				for _, d := range strings.Split(spec, "|") {
+					d = strings.ToLower(strings.TrimSpace(d))
+					if d == "" {
+						continue
+					}
+					if facts != nil && !facts.kinds[d] {
+						return nil, nil, at(5).errorf("GPU type %q is not a model of any node (have %s)", d, strings.Join(sortedKeys(facts.kinds), ", "))
+					}
 					req.Devices = append(req.Devices, d)
 				}
 			}
@@ -220,6 +342,15 @@ func ReadOpenBTasks(name string, r io.Reader) ([]scheduler.Accelerator, []schedu
 			Tenancy: scheduler.Dedicated, DevicesPerReplica: k})
 	}
 	return accs, reqs, nil
+}
+
+func sortedKeys(m map[string]bool) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
 }
 
 var errFormat = errors.New("unknown file format: want .csv (openb) or .yaml/.yml")

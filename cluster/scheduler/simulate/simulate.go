@@ -46,7 +46,7 @@ func Load(nodesPath, workloadPath string) (*Scenario, error) {
 	}
 	switch ext(workloadPath) {
 	case ".csv":
-		sc.Accelerators, sc.Arrivals, err = ReadOpenBTasks(workloadPath, bytes.NewReader(data))
+		sc.Accelerators, sc.Arrivals, err = readOpenBTasks(workloadPath, bytes.NewReader(data), factsOf(sc.Nodes))
 	case ".yaml", ".yml":
 		sc.Accelerators, sc.Arrivals, err = ParseWorkloadYAML(workloadPath, data)
 	default:
@@ -66,6 +66,11 @@ type Result struct {
 	Arrivals int    `json:"arrivals"`
 	Placed   int    `json:"placed"`
 	Failed   int    `json:"failed"`
+	// NeverPlaceable counts arrivals that no node of the cluster could hold
+	// even empty (too many cards, CPU or memory, or GPU types it lacks).
+	// They are skipped: they say nothing about packing, so they are neither
+	// failures nor fragmentation.
+	NeverPlaceable int `json:"neverPlaceable"`
 	// FirstFailure is the 0-based arrival that failed first, -1 if none.
 	FirstFailure int `json:"firstFailure"`
 	// GPUAllocatedAtFirstFailure is the share of the cluster's card capacity
@@ -82,6 +87,15 @@ type Result struct {
 	// FailedByDemand counts failures by what they asked for: "share",
 	// "1 card", "8 cards", "host only".
 	FailedByDemand map[string]int `json:"failedByDemand,omitempty"`
+	// GPUArrived is the card capacity the arrivals asked for, as a share of
+	// the cluster's (never-placeable arrivals aside).
+	GPUArrived float64 `json:"gpuArrived"`
+	// Reached100 says whether the arrivals asked for the whole cluster's
+	// card capacity; GPUAllocatedAt100 and FragmentationAt100 are the
+	// shares when they first did (the FGD paper's headline point).
+	Reached100         bool    `json:"reached100"`
+	GPUAllocatedAt100  float64 `json:"gpuAllocatedAt100,omitempty"`
+	FragmentationAt100 float64 `json:"fragmentationAt100,omitempty"`
 	// Seconds is the wall time of the placement loop.
 	Seconds float64 `json:"seconds"`
 }
@@ -91,12 +105,18 @@ type Result struct {
 // demand distribution, as the FGD paper does. It fails if the final state
 // breaks rule 11 (scheduler.Check), which would be a scheduler bug.
 func Run(sc *Scenario, p scheduler.Policy) (Result, error) {
+	return run(sc, sc.Arrivals, sc.Arrivals, p, newHoldability(sc))
+}
+
+// run places arrivals on the scenario's cluster, packing for workload.
+func run(sc *Scenario, arrivals, workload []scheduler.Request, p scheduler.Policy, hold *holdability) (Result, error) {
 	st, err := scheduler.NewState(sc.Nodes, sc.Accelerators)
 	if err != nil {
 		return Result{}, err
 	}
-	st.SetWorkload(sc.Arrivals)
-	res := Result{Policy: string(p), Arrivals: len(sc.Arrivals), FirstFailure: -1}
+	st.SetWorkload(workload)
+	res := Result{Policy: string(p), Arrivals: len(arrivals), FirstFailure: -1}
+	_, capacity := st.Allocated()
 	share := func() float64 {
 		used, capacity := st.Allocated()
 		if capacity == 0 {
@@ -104,27 +124,41 @@ func Run(sc *Scenario, p scheduler.Policy) (Result, error) {
 		}
 		return float64(used) / float64(capacity)
 	}
-	tenancy := map[string]scheduler.Accelerator{}
+	accs := map[string]scheduler.Accelerator{}
 	for _, a := range sc.Accelerators {
-		tenancy[a.Name] = a
+		accs[a.Name] = a
 	}
+	var arrived int64
 	start := time.Now()
-	for i, r := range sc.Arrivals {
-		d := st.Place(r, p)
-		if d.Placed() {
-			res.Placed++
+	for i, r := range arrivals {
+		if !hold.ok(r) {
+			res.NeverPlaceable++
 			continue
 		}
-		res.Failed++
-		if res.FirstFailure < 0 {
-			res.FirstFailure = i
-			res.GPUAllocatedAtFirstFailure = share()
-			res.FirstFailureReason = d.Reason
-			res.FailedByDemand = map[string]int{}
+		d := st.Place(r, p)
+		arrived += gpuDemand(r, accs)
+		if d.Placed() {
+			res.Placed++
+		} else {
+			res.Failed++
+			if res.FirstFailure < 0 {
+				res.FirstFailure = i
+				res.GPUAllocatedAtFirstFailure = share()
+				res.FirstFailureReason = d.Reason
+				res.FailedByDemand = map[string]int{}
+			}
+			res.FailedByDemand[demand(r, accs)]++
 		}
-		res.FailedByDemand[demand(r, tenancy)]++
+		if !res.Reached100 && capacity > 0 && arrived >= capacity {
+			res.Reached100 = true
+			res.GPUAllocatedAt100 = share()
+			res.FragmentationAt100 = st.Fragmentation()
+		}
 	}
 	res.Seconds = time.Since(start).Seconds()
+	if capacity > 0 {
+		res.GPUArrived = float64(arrived) / float64(capacity)
+	}
 	res.GPUAllocatedAtEnd = share()
 	if res.FirstFailure < 0 {
 		res.GPUAllocatedAtFirstFailure = res.GPUAllocatedAtEnd
@@ -134,6 +168,18 @@ func Run(sc *Scenario, p scheduler.Policy) (Result, error) {
 		return res, fmt.Errorf("policy %s broke rule 11: %w", p, err)
 	}
 	return res, nil
+}
+
+// gpuDemand is the card capacity a request asks for, in milli-cards.
+func gpuDemand(r scheduler.Request, accs map[string]scheduler.Accelerator) int64 {
+	a, ok := accs[r.Accelerator]
+	switch {
+	case r.Accelerator == "" || !ok:
+		return 0
+	case a.Tenancy == scheduler.Shared:
+		return int64(r.Milli)
+	}
+	return scheduler.FullCard * int64(max(a.DevicesPerReplica, 1))
 }
 
 func demand(r scheduler.Request, accs map[string]scheduler.Accelerator) string {
@@ -186,6 +232,7 @@ func WriteTable(w io.Writer, results []Result) error {
 	row("GPU ALLOC AT FIRST FAILURE", func(r Result) string { return pct(r.GPUAllocatedAtFirstFailure) })
 	row("GPU ALLOC AT END", func(r Result) string { return pct(r.GPUAllocatedAtEnd) })
 	row("FRAGMENTATION AT END", func(r Result) string { return pct(r.FragmentationAtEnd) })
+	row("NEVER PLACEABLE", func(r Result) string { return fmt.Sprint(r.NeverPlaceable) })
 	var kinds []string
 	seen := map[string]bool{}
 	for _, r := range results {

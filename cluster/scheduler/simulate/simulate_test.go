@@ -93,9 +93,68 @@ func TestReadOpenB(t *testing.T) {
 	if _, err := ReadOpenBNodes("x.csv", strings.NewReader("sn,gpu\nn1,2\n")); err == nil || !strings.Contains(err.Error(), `lacks column "cpu_milli"`) {
 		t.Fatalf("missing column error = %v", err)
 	}
-	if _, _, err := ReadOpenBTasks("t.csv", strings.NewReader("name,cpu_milli,memory_mib,num_gpu,gpu_milli,creation_time\na,x,1,1,1,0\n")); err == nil ||
-		!strings.Contains(err.Error(), "t.csv line 2: column cpu_milli") {
+	if _, _, err := ReadOpenBTasks("t.csv", strings.NewReader("name,cpu_milli,memory_mib,num_gpu,gpu_milli\na,x,1,1,1\n")); err == nil ||
+		err.Error() != `t.csv line 2 column 2 (cpu_milli): "x" is not a whole number` {
 		t.Fatalf("bad number error = %v", err)
+	}
+}
+
+// TestOpenBShortSchema: the multigpu* lists have the short header and no
+// times; their arrivals keep file order.
+func TestOpenBShortSchema(t *testing.T) {
+	accs, reqs, err := ReadOpenBTasks("m.csv", strings.NewReader("name,cpu_milli,memory_mib,num_gpu,gpu_milli\n"+
+		"b,8000,100,4,1000\na,1000,100,1,300\nc,500,10,0,0\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, r := range reqs {
+		got = append(got, fmt.Sprintf("%s:%s:%d", r.Replica, r.Accelerator, r.Milli))
+	}
+	if strings.Join(got, " ") != "b:openb-gpu-4:0 a:openb-share:300 c::0" || len(accs) != 2 {
+		t.Fatalf("arrivals %v, accelerators %+v", got, accs)
+	}
+}
+
+// TestOpenBPodListErrors: bad input in a pod list is an error naming the
+// file, line and column of the first bad value, checked against the node
+// list where the rule depends on it.
+func TestOpenBPodListErrors(t *testing.T) {
+	dir := t.TempDir()
+	nodes := filepath.Join(dir, "nodes.csv")
+	os.WriteFile(nodes, []byte("sn,cpu_milli,memory_mib,gpu,model\nn0,96000,393216,8,V100M32\nn1,64000,262144,2,T4\n"), 0o644)
+	long := "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,creation_time,deletion_time,scheduled_time\n" +
+		"ok,1000,100,1,500,,LS,Running,1,,\n"
+	for _, tc := range []struct{ pods, want string }{
+		{long + "neg,-1000,100,1,500,,LS,Running,2,,\n", "pods.csv line 3 column 2 (cpu_milli): -1000 is negative"},
+		{long + "big,1000,100,1,1500,,LS,Running,2,,\n", "pods.csv line 3 column 5 (gpu_milli): 1500 milli is more than one card (1000)"},
+		{long + "nine,1000,100,9,1000,,LS,Running,2,,\n", "pods.csv line 3 column 4 (num_gpu): 9 cards on one node, but no node has more than 8"},
+		{long + "spec,1000,100,1,1000,T4|A100,LS,Running,2,,\n", `pods.csv line 3 column 6 (gpu_spec): GPU type "a100" is not a model of any node (have t4, v100m32)`},
+		{"name,cpu,memory_mib,num_gpu,gpu_milli\nx,1,1,1,1\n", `pods.csv line 1: header "name,cpu,memory_mib,num_gpu,gpu_milli" is not an openb pod list: want`},
+		{"name,cpu_milli,memory_mib,num_gpu,gpu_milli\nx,1,1,1\n", "pods.csv line 2: 4 fields, want 5"},
+		{"", "pods.csv: empty file"},
+	} {
+		pods := filepath.Join(dir, "pods.csv")
+		os.WriteFile(pods, []byte(tc.pods), 0o644)
+		_, err := Load(nodes, pods)
+		if err == nil || !strings.HasPrefix(err.Error(), filepath.Join(dir, tc.want)) {
+			t.Errorf("error %v\nwant it to start with %s", err, filepath.Join(dir, tc.want))
+		}
+	}
+}
+
+// TestNeverPlaceableCountedApart: a task no node can hold even empty is
+// counted on its own and is not the first failure.
+func TestNeverPlaceableCountedApart(t *testing.T) {
+	sc := scenario(t, "sn,cpu_milli,memory_mib,gpu,model\nn0,32000,131072,2,T4\n",
+		"name,cpu_milli,memory_mib,num_gpu,gpu_milli\n"+
+			"a,1000,100,1,500\nhuge,64000,100,1,500\nthree,1000,100,3,1000\nb,1000,100,1,500\nc,1000,100,1,1000\nd,1000,100,1,600\n")
+	r, err := Run(sc, scheduler.PolicyDefault)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.NeverPlaceable != 2 || r.Placed != 3 || r.Failed != 1 || r.FirstFailure != 5 || r.GPUAllocatedAtFirstFailure != 1 {
+		t.Fatalf("result %+v: want 2 never placeable, 3 placed, first failure #5 at 100%%", r)
 	}
 }
 

@@ -18,6 +18,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/gpuplane/gpuplane/cluster"
@@ -25,6 +26,7 @@ import (
 	"github.com/gpuplane/gpuplane/fsm"
 	"github.com/gpuplane/gpuplane/node/inventory"
 	"github.com/gpuplane/gpuplane/node/residency"
+	"github.com/gpuplane/gpuplane/node/resident"
 	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
 	"github.com/gpuplane/gpuplane/rpc"
 )
@@ -46,7 +48,11 @@ type Config struct {
 	APIPort    int
 	RaftPort   int
 	GossipPort int
-	SimGPUs    string
+	// GatewayPort serves the OpenAI-compatible gateway (SPEC §8.4) on
+	// Bind; 0 picks a free port. Gateway tunes it.
+	GatewayPort int
+	Gateway     GatewayConfig
+	SimGPUs     string
 	// SchedulerPolicy names the placement policy (default: the scheduler's).
 	SchedulerPolicy string
 	// Enforce is how engines are held to their shares beyond their own
@@ -71,6 +77,10 @@ type Config struct {
 	// Recover sets a server's damaged Raft data aside and rejoins with an
 	// empty log (cluster.Config.Recover).
 	Recover bool
+
+	// RequestWindow is how long, in log time, request ids are remembered
+	// (cluster.Config.RequestWindow); 0: a day.
+	RequestWindow time.Duration
 }
 
 // Agent is a running node.
@@ -97,6 +107,15 @@ type Agent struct {
 	// residencyJournal is what the node's residency manager publishes for
 	// the API: decisions, plans and profiles.
 	residencyJournal *residency.Journal
+	// resident is the node's residency manager (nil before the executor
+	// starts).
+	resident *resident.Manager
+	// metricsReg is /metrics' registry.
+	metricsReg *prometheus.Registry
+	// gatewayLn is the gateway's port, opened before the cluster starts;
+	// stopGateway stops the gateway.
+	gatewayLn   net.Listener
+	stopGateway func()
 }
 
 // Start brings a node up: it reads the inventory, opens the Raft log (on a
@@ -123,6 +142,9 @@ func Start(ctx context.Context, cfg Config) (*Agent, error) {
 	if err := a.createInventory(); err != nil {
 		return nil, err
 	}
+	if err := a.listenGateway(); err != nil {
+		return nil, err
+	}
 	if err := a.startCluster(); err != nil {
 		a.cleanup()
 		return nil, err
@@ -139,6 +161,10 @@ func Start(ctx context.Context, cfg Config) (*Agent, error) {
 		a.Close()
 		return nil, err
 	}
+	if err := a.startGateway(a.resident); err != nil {
+		a.Close()
+		return nil, err
+	}
 	if cfg.Dev {
 		if err := a.register(ctx); err != nil {
 			a.Close()
@@ -152,8 +178,8 @@ func Start(ctx context.Context, cfg Config) (*Agent, error) {
 	if a.cfg.Server {
 		raft = a.raftAddr(a.cfg.Advertise)
 	}
-	fmt.Fprintf(a.cfg.Out, "gpuplane agent %s: %s node %q serving the API at %s (raft %s, gossip %s, data dir %s)\n",
-		cfg.Version, a.role(), a.cfg.NodeName, a.APIURL(), raft, a.cluster.Gossip().Addr(), a.cfg.DataDir)
+	fmt.Fprintf(a.cfg.Out, "gpuplane agent %s: %s node %q serving the API at %s and the OpenAI-compatible gateway at %s/v1 (raft %s, gossip %s, data dir %s)\n",
+		cfg.Version, a.role(), a.cfg.NodeName, a.APIURL(), a.GatewayURL(), raft, a.cluster.Gossip().Addr(), a.cfg.DataDir)
 	return a, nil
 }
 
@@ -252,9 +278,11 @@ func (a *Agent) startCluster() error {
 		Bootstrap:       a.cfg.Dev,
 		BootstrapExpect: a.cfg.BootstrapExpect,
 		Recover:         a.cfg.Recover,
+		RequestWindow:   a.cfg.RequestWindow,
 		Join:            a.cfg.Join,
 		GossipBind:      net.JoinHostPort(a.cfg.Bind, strconv.Itoa(a.cfg.GossipPort)),
 		GossipAdvertise: net.JoinHostPort(a.cfg.Advertise, strconv.Itoa(a.cfg.GossipPort)),
+		Gateway:         a.gatewayAddr(),
 		Digest:          inventory.Digest,
 		Logger:          a.cfg.Logger,
 		TLS:             a.sec.tls,
@@ -423,6 +451,13 @@ func (a *Agent) Close() error {
 }
 
 func (a *Agent) cleanup() {
+	if a.stopGateway != nil {
+		a.stopGateway()
+		a.stopGateway = nil
+	} else if a.gatewayLn != nil {
+		_ = a.gatewayLn.Close()
+	}
+	a.gatewayLn = nil
 	// Engines stop first, while the log can still record that they stopped.
 	if a.stopExecutor != nil {
 		a.stopExecutor()

@@ -82,6 +82,7 @@ func (a *Agent) startExecutor() error {
 		BindHost: a.cfg.Bind, AdvertiseHost: a.cfg.Advertise, Logger: a.cfg.Logger,
 	})
 	opts.Gate = res
+	a.resident = res
 	src := &eventSource{c: a.cluster, http: a.sec.peerHTTP}
 	ex, err := executor.New(src, &logReporter{c: a.cluster, node: a.cfg.NodeName}, opts)
 	if err != nil {

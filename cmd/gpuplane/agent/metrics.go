@@ -15,6 +15,7 @@ import (
 // metrics (raftmetrics.go).
 func (a *Agent) metricsHandler() http.Handler {
 	reg := prometheus.NewRegistry()
+	a.metricsReg = reg
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "gpuplane_raft_applied_index", Help: "Index of the last log entry this node's state machine applied.",
@@ -37,6 +38,14 @@ func (a *Agent) metricsHandler() http.Handler {
 		}
 		return float64(n)
 	}))
+	reg.MustRegister(&resourceCollector{a: a,
+		logBytes:   prometheus.NewDesc("gpuplane_raft_log_bytes", "Bytes of this server's Raft log files.", nil, nil),
+		firstIndex: prometheus.NewDesc("gpuplane_raft_log_first_index", "Oldest log index this server holds (above 1 once the log was compacted after an archive).", nil, nil),
+		snapBytes:  prometheus.NewDesc("gpuplane_raft_snapshot_bytes", "Bytes of this server's latest snapshot.", nil, nil),
+		reqEntries: prometheus.NewDesc("gpuplane_request_ids", "Request ids the state machine holds for deduplication (expired ones not yet compacted away included).", nil, nil),
+		reqLive:    prometheus.NewDesc("gpuplane_request_ids_live", "Request ids within the window: those a retry is deduplicated against.", nil, nil),
+		reqBytes:   prometheus.NewDesc("gpuplane_request_table_bytes", "Memory the request-id table takes, about.", nil, nil),
+	})
 	reg.MustRegister(&stateCollector{a: a,
 		nodes:    prometheus.NewDesc("gpuplane_nodes", "Nodes by status, as this node's state says.", []string{"status"}, nil),
 		replicas: prometheus.NewDesc("gpuplane_replicas", "Replicas by state, as this node's state says.", []string{"state"}, nil),
@@ -46,6 +55,30 @@ func (a *Agent) metricsHandler() http.Handler {
 		reg.MustRegister(lib)
 	}
 	return promhttp.HandlerFor(reg, promhttp.HandlerOpts{})
+}
+
+// resourceCollector reports cluster.Resources at scrape time; client nodes
+// hold none and report none of these series.
+type resourceCollector struct {
+	a                                                              *Agent
+	logBytes, firstIndex, snapBytes, reqEntries, reqLive, reqBytes *prometheus.Desc
+}
+
+func (c *resourceCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{c.logBytes, c.firstIndex, c.snapBytes, c.reqEntries, c.reqLive, c.reqBytes} {
+		ch <- d
+	}
+}
+
+func (c *resourceCollector) Collect(ch chan<- prometheus.Metric) {
+	r := c.a.cluster.Resources()
+	if r == nil {
+		return
+	}
+	for d, v := range map[*prometheus.Desc]uint64{c.logBytes: r.GetLogBytes(), c.firstIndex: r.GetFirstIndex(),
+		c.snapBytes: r.GetSnapshotBytes(), c.reqEntries: r.GetRequestEntries(), c.reqLive: r.GetRequestLive(), c.reqBytes: r.GetRequestBytes()} {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, float64(v))
+	}
 }
 
 // stateCollector reads counts from the local state at scrape time. Client

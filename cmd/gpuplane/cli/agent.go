@@ -10,6 +10,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/gpuplane/gpuplane/cmd/gpuplane/agent"
+	"github.com/gpuplane/gpuplane/fsm"
 	"github.com/gpuplane/gpuplane/node/executor"
 )
 
@@ -62,6 +63,7 @@ GPUPLANE_<FLAG>, e.g. GPUPLANE_DATA_DIR.`,
 	f.BoolVar(&cfg.Server, "server", false, "vote in Raft")
 	f.IntVar(&cfg.BootstrapExpect, "bootstrap-expect", 0, "servers to wait for before forming the cluster")
 	f.BoolVar(&cfg.Recover, "recover", false, "set this server's damaged Raft log aside (raft.damaged-<time> in the data dir) and rejoin, receiving the log from the other servers")
+	f.DurationVar(&cfg.RequestWindow, "request-window", fsm.DefaultRequestWindow, "how long, in log time, a request id is remembered so that a retry is not applied twice (servers; recorded in the log: give every server the same value)")
 	f.StringVar(&join, "join", "", "gossip addresses to join, comma-separated")
 	f.StringVar(&cfg.DataDir, "data-dir", "", "Raft log, snapshots, node id and engine logs")
 	f.StringVar(&cfg.NodeName, "node-name", "", "node name (default: the host name)")
@@ -71,6 +73,7 @@ GPUPLANE_<FLAG>, e.g. GPUPLANE_DATA_DIR.`,
 	f.IntVar(&cfg.APIPort, "api-port", 7410, "port of the API (Connect RPC, /healthz)")
 	f.IntVar(&cfg.RaftPort, "raft-port", 7411, "port of Raft")
 	f.IntVar(&cfg.GossipPort, "gossip-port", 7412, "port of gossip")
+	f.IntVar(&cfg.GatewayPort, "gateway-port", 7420, "port of the OpenAI-compatible gateway (/v1/chat/completions, /v1/completions, /v1/embeddings, /v1/models), on --bind")
 	f.StringVar(&cfg.SimGPUs, "sim-gpus", "", "simulate cards instead of NVML, e.g. l4=2,h100=1")
 	f.StringVar(&cfg.Enforce, "enforce", "auto", "hard limits on engines' shares: auto, mps, hami or none")
 	f.StringVar(&cfg.Residency, "residency", "auto", "the node's residency controller: auto (it loads, sleeps and evicts warm and onDemand models) or advise (it records what it would do and changes nothing)")

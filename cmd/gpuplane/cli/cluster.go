@@ -111,7 +111,22 @@ func writeStatus(w io.Writer, st *pb.StatusResponse) error {
 	fmt.Fprintf(w, "Term:          %d\n", st.GetTerm())
 	fmt.Fprintf(w, "Commit index:  %d\n", st.GetCommitIndex())
 	fmt.Fprintf(w, "Applied index: %d\n", st.GetAppliedIndex())
-	fmt.Fprintf(w, "State hash:    %s\n\n", orDash(st.GetStateHash()))
+	fmt.Fprintf(w, "State hash:    %s\n", orDash(st.GetStateHash()))
+	if r := st.GetResources(); r != nil {
+		fmt.Fprintf(w, "Log:           %s, entries %d..%d\n", byteSize(r.GetLogBytes()), r.GetFirstIndex(), r.GetLastIndex())
+		snap := "none yet"
+		if r.GetSnapshotIndex() != 0 {
+			snap = fmt.Sprintf("%s at index %d", byteSize(r.GetSnapshotBytes()), r.GetSnapshotIndex())
+		}
+		fmt.Fprintf(w, "Snapshot:      %s\n", snap)
+		logTime := "-"
+		if r.GetLogTime() != nil {
+			logTime = r.GetLogTime().AsTime().UTC().Format(time.RFC3339)
+		}
+		fmt.Fprintf(w, "Request ids:   %d held (%d within the window), %s, window %s, log time %s\n", r.GetRequestEntries(), r.GetRequestLive(), byteSize(r.GetRequestBytes()),
+			r.GetRequestWindow().AsDuration(), logTime)
+	}
+	fmt.Fprintln(w)
 	return tableOf([]string{"SERVER", "ADDRESS", "RAFT", "LEADER", "LAST CONTACT"}, st.GetServers(),
 		func(s *pb.ServerStatus) []string {
 			contact := "unknown"
@@ -120,6 +135,21 @@ func writeStatus(w io.Writer, st *pb.StatusResponse) error {
 			}
 			return []string{s.GetId(), s.GetAddress(), s.GetSuffrage(), strconv.FormatBool(s.GetId() == st.GetLeader()), contact}
 		}).write(w)
+}
+
+// byteSize is n bytes for people: 512B, 3.4KiB, 78.9MiB.
+func byteSize(n uint64) string {
+	const unit = 1024
+	if n < unit {
+		return fmt.Sprintf("%dB", n)
+	}
+	v, suffix := float64(n), []string{"KiB", "MiB", "GiB", "TiB"}
+	i := -1
+	for v >= unit && i < len(suffix)-1 {
+		v /= unit
+		i++
+	}
+	return fmt.Sprintf("%.1f%s", v, suffix[i])
 }
 
 func newClusterLeaveCommand(g *globals) *cobra.Command {

@@ -3,6 +3,7 @@ package cli
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"io"
 	"net/http"
 	"os"
@@ -274,6 +275,60 @@ func TestLiveMetricsAndUI(t *testing.T) {
 	resp.Body.Close()
 	if resp.StatusCode != 404 {
 		t.Errorf("unknown procedure = %d, want 404", resp.StatusCode)
+	}
+}
+
+// TestLiveResourceFigures checks that `cluster status` and /metrics show
+// what grows with the cluster's history (issue 24): the log's size and
+// oldest index, the snapshot, and the request-id table, which holds an id
+// per applied request.
+func TestLiveResourceFigures(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	a, err := agent.Start(ctx, agent.Config{
+		Dev: true, DataDir: t.TempDir(), NodeName: "figures", SimGPUs: "l4=2",
+		APIPort: 0, RaftPort: freePort(t), GossipPort: freePort(t), RequestWindow: time.Hour,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	run := func(args ...string) string {
+		var out, errb bytes.Buffer
+		if code := Run(context.Background(), append([]string{"--addr", a.APIURL()}, args...), strings.NewReader(""), &out, &errb); code != 0 {
+			t.Fatalf("%v: exit %d: %s", args, code, errb.String())
+		}
+		return out.String()
+	}
+	run("accelerators", "create", "small", "--device", "l4")
+	out := run("cluster", "status")
+	for _, want := range []string{"Log:", "entries 1..", "Snapshot:", "window 1h0m0s"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("cluster status lacks %q:\n%s", want, out)
+		}
+	}
+	var held int
+	for _, line := range strings.Split(out, "\n") {
+		if rest, ok := strings.CutPrefix(line, "Request ids:"); ok {
+			fmt.Sscanf(strings.TrimSpace(rest), "%d held", &held)
+		}
+	}
+	if held < 1 {
+		t.Errorf("cluster status shows %d request ids held after a create, want at least 1:\n%s", held, out)
+	}
+	resp, err := http.Get(a.APIURL() + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	for _, want := range []string{"gpuplane_raft_log_first_index 1", "gpuplane_raft_log_bytes ", "gpuplane_raft_snapshot_bytes ", "gpuplane_request_table_bytes "} {
+		if !strings.Contains(string(body), want) {
+			t.Errorf("/metrics lacks %q", want)
+		}
+	}
+	if !strings.Contains(string(body), "gpuplane_request_ids ") || strings.Contains(string(body), "gpuplane_request_ids 0\n") {
+		t.Errorf("/metrics lacks a non-zero gpuplane_request_ids:\n%s", body)
 	}
 }
 

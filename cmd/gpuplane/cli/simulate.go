@@ -20,8 +20,10 @@ const policyAll = "all"
 
 func newSimulateCommand(g *globals) *cobra.Command {
 	var nodesPath, workloadPath, policy string
+	var inflate float64
+	var seeds int
 	c := &cobra.Command{
-		Use:   "simulate --nodes FILE --workload FILE [--policy P|all]",
+		Use:   "simulate --nodes FILE --workload FILE [--policy P|all] [--inflate P] [--seeds N]",
 		Short: "Run the scheduler over a synthetic cluster and an arrival trace",
 		Long: `Place a trace of arrivals, in order and with no departures, on a synthetic
 cluster with the real scheduler, in process (no agent, no Raft, no network),
@@ -62,10 +64,19 @@ pinned (default), warm or onDemand. Unknown fields are errors, reported with
 their line.
 
 --policy all runs every policy and prints them side by side; -o json prints
-the result object (an array of them for all).`,
+the result object (an array of them for all).
+
+--inflate P and --seeds N (either one turns it on) measure as the FGD paper
+does: tasks are drawn from the workload with replacement, seeded, until the
+arrived GPU requests reach P% of the cluster's capacity (default 130), once
+per seed 1..N (default 10); the table gives the share of GPU capacity left
+unallocated when 100% had arrived, the allocation at the first failure and
+at the end, and the fragmentation, as mean ± standard deviation over seeds.
+Tasks that no node could hold even empty are never drawn (NEVER PLACEABLE).`,
 		Example: `  gpuplane simulate --policy all     # openb when found, else examples/simulate
   gpuplane simulate --nodes examples/simulate/nodes.yaml --workload examples/simulate/workload.yaml
-  gpuplane simulate --nodes openb_node_list_gpu_node.csv --workload openb_pod_list_default.csv --policy fgd -o json`,
+  gpuplane simulate --nodes openb_node_list_gpu_node.csv --workload openb_pod_list_default.csv --policy fgd -o json
+  gpuplane simulate --nodes openb_node_list_gpu_node.csv --workload openb_pod_list_gpuspec25.csv --policy all --inflate 130 --seeds 10`,
 		Args: argsNamed(),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			var policies []scheduler.Policy
@@ -103,6 +114,21 @@ the result object (an array of them for all).`,
 			if err != nil {
 				return fmt.Errorf("simulate: %w", err)
 			}
+			if cmd.Flags().Changed("inflate") || cmd.Flags().Changed("seeds") {
+				var sums []simulate.Summary
+				for _, p := range policies {
+					s, err := simulate.RunInflated(sc, p, inflate, seeds)
+					if err != nil {
+						return fmt.Errorf("simulate: %w", err)
+					}
+					sums = append(sums, s)
+				}
+				write := func(w io.Writer) error { return simulate.WriteSummaryTable(w, sums) }
+				if len(sums) == 1 {
+					return g.printValue(sums[0], write)
+				}
+				return g.printValue(sums, write)
+			}
 			var results []simulate.Result
 			for _, p := range policies {
 				r, err := simulate.Run(sc, p)
@@ -124,6 +150,8 @@ the result object (an array of them for all).`,
 	f.StringVar(&nodesPath, "nodes", "", "nodes file: openb node list (.csv) or gpuplane YAML")
 	f.StringVar(&workloadPath, "workload", "", "arrivals: openb pod list (.csv) or gpuplane YAML")
 	f.StringVar(&policy, "policy", string(scheduler.PolicyDefault), "placement policy: "+policyChoices())
+	f.Float64Var(&inflate, "inflate", simulate.DefaultInflatePercent, "draw tasks until arrived GPU requests reach this % of capacity (the FGD paper's method)")
+	f.IntVar(&seeds, "seeds", 10, "inflated runs, seeds 1..N, summarised as mean ± standard deviation")
 	_ = c.MarkFlagFilename("nodes", "csv", "yaml", "yml")
 	_ = c.MarkFlagFilename("workload", "csv", "yaml", "yml")
 	_ = c.RegisterFlagCompletionFunc("policy", cobra.FixedCompletions(append(policyNames(), policyAll), cobra.ShellCompDirectiveNoFileComp))

@@ -225,3 +225,41 @@ func TestSimulateErrors(t *testing.T) {
 		})
 	}
 }
+
+func TestSimulateInflated(t *testing.T) {
+	dir := openbFiles(t)
+	args := []string{"simulate", "--policy", "all", "--inflate", "150", "--seeds", "3",
+		"--nodes", filepath.Join(dir, "openb_node_list_gpu_node.csv"), "--workload", filepath.Join(dir, "openb_pod_list_default.csv")}
+	r := run(t, "", nil, args...)
+	if r.code != exitOK || r.stderr != "" {
+		t.Fatalf("simulate --inflate: %+v", r)
+	}
+	lines := strings.Split(r.stdout, "\n")
+	if !strings.HasPrefix(lines[0], "inflated to 150% of GPU capacity, 3 seeds") ||
+		strings.Join(strings.Fields(lines[1]), " ") != "POLICY gpuplane fgd bestfit spread" ||
+		!strings.Contains(r.stdout, "GPU UNALLOCATED AT 100% ARRIVED") {
+		t.Errorf("table:\n%s", r.stdout)
+	}
+	r = run(t, "", nil, append([]string{"-o", "json"}, args...)...)
+	var sums []struct {
+		Policy         string  `json:"policy"`
+		Seeds          int     `json:"seeds"`
+		InflatePercent float64 `json:"inflatePercent"`
+		Runs           []struct {
+			Reached100 bool `json:"reached100"`
+		} `json:"runs"`
+	}
+	if err := json.Unmarshal([]byte(r.stdout), &sums); err != nil || r.code != exitOK || len(sums) != 4 {
+		t.Fatalf("-o json: %v, %+v", err, r)
+	}
+	for _, s := range sums {
+		if s.Seeds != 3 || s.InflatePercent != 150 || len(s.Runs) != 3 || !s.Runs[0].Reached100 {
+			t.Errorf("summary %+v", s)
+		}
+	}
+	r = run(t, "", nil, "simulate", "--seeds", "0", "--nodes", filepath.Join(dir, "openb_node_list_gpu_node.csv"),
+		"--workload", filepath.Join(dir, "openb_pod_list_default.csv"))
+	if r.code != exitFailure || !strings.Contains(r.stderr, "seeds 0: want at least 1") {
+		t.Errorf("--seeds 0: %+v", r)
+	}
+}

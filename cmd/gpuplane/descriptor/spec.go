@@ -3,7 +3,6 @@ package descriptor
 import (
 	"fmt"
 	"math"
-	"regexp"
 	"slices"
 	"strings"
 	"time"
@@ -125,8 +124,6 @@ const (
 // engine needs to load, and the API carries whole seconds as uint32. The
 // server holds deployments to the same bound (fsm.MaxStartTimeoutSeconds).
 const MaxStartTimeout = 24 * time.Hour
-
-var dnsLabel = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`)
 
 // CheckName checks that name is a DNS label (SPEC rule 1) and returns the
 // violation for field, or nil. The wording is the server's (fsm.ValidateName).

@@ -37,7 +37,7 @@ func TestServerWithoutDriver(t *testing.T) {
 	defer cancel()
 	cmd := exec.CommandContext(ctx, bin, "agent", "--node-name", "c1", "--data-dir", t.TempDir(), "--bind", "127.0.0.1",
 		"--api-port", strconv.Itoa(porttest.Free(t)), "--raft-port", strconv.Itoa(porttest.Free(t)),
-		"--gossip-port", strconv.Itoa(porttest.Free(t)), "--join", "127.0.0.1:"+strconv.Itoa(a.ports[2]))
+		"--gossip-port", strconv.Itoa(porttest.Free(t)), "--gateway-port", "0", "--join", "127.0.0.1:"+strconv.Itoa(a.ports[2]))
 	out, err := cmd.CombinedOutput()
 	if err == nil || ctx.Err() != nil || !strings.Contains(string(out), "--sim-gpus") {
 		t.Errorf("a client node without a driver: %v, output:\n%s\nwant an error naming --sim-gpus", err, out)

@@ -160,7 +160,7 @@ func (a *agentProc) start() {
 	}
 	a.cmd = exec.Command(bin, "agent", "--node-name", "e2e", "--data-dir", a.dataDir,
 		"--api-port", strconv.Itoa(a.ports[0]), "--raft-port", strconv.Itoa(a.ports[1]),
-		"--gossip-port", strconv.Itoa(a.ports[2]), "--log-level", "info")
+		"--gossip-port", strconv.Itoa(a.ports[2]), "--gateway-port", "0", "--log-level", "info")
 	a.cmd.Args = append(append(a.cmd.Args, mode...), a.flags...)
 	a.cmd.Stdout, a.cmd.Stderr = a.out, a.out
 	if err := a.cmd.Start(); err != nil {
@@ -267,18 +267,6 @@ func mustGpuplane(t *testing.T, addr string, args ...string) string {
 }
 
 var spaces = regexp.MustCompile(`\s+`)
-
-// normalise collapses every run of whitespace in each line to one space and
-// drops blank lines, so that tables compare without their padding.
-func normalise(s string) []string {
-	var out []string
-	for _, line := range strings.Split(s, "\n") {
-		if line = strings.TrimSpace(spaces.ReplaceAllString(line, " ")); line != "" {
-			out = append(out, line)
-		}
-	}
-	return out
-}
 
 // parseTable reads a tabwriter table into one map per row, keyed by the
 // header's column names. Columns are separated by two or more spaces in the

@@ -257,6 +257,7 @@ func (s *server) routes() http.Handler {
 	mux.HandleFunc("GET /v1/models", s.models)
 	mux.HandleFunc("POST /v1/completions", s.completions)
 	mux.HandleFunc("POST /v1/chat/completions", s.chat)
+	mux.HandleFunc("POST /v1/embeddings", s.embeddings)
 	s.controlRoutes(mux)
 	s.loraRoutes(mux)
 	return mux

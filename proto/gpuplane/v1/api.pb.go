@@ -9,6 +9,8 @@ package gpuplanev1
 import (
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
+	durationpb "google.golang.org/protobuf/types/known/durationpb"
+	timestamppb "google.golang.org/protobuf/types/known/timestamppb"
 	reflect "reflect"
 	sync "sync"
 	unsafe "unsafe"
@@ -1990,6 +1992,8 @@ type StatusResponse struct {
 	StateHash     string                 `protobuf:"bytes,7,opt,name=state_hash,json=stateHash,proto3" json:"state_hash,omitempty"`
 	RaftState     string                 `protobuf:"bytes,8,opt,name=raft_state,json=raftState,proto3" json:"raft_state,omitempty"`
 	Servers       []*ServerStatus        `protobuf:"bytes,9,rep,name=servers,proto3" json:"servers,omitempty"`
+	// What this server holds (absent on a client node).
+	Resources     *ServerResources `protobuf:"bytes,10,opt,name=resources,proto3" json:"resources,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2087,6 +2091,140 @@ func (x *StatusResponse) GetServers() []*ServerStatus {
 	return nil
 }
 
+func (x *StatusResponse) GetResources() *ServerResources {
+	if x != nil {
+		return x.Resources
+	}
+	return nil
+}
+
+// ServerResources are the figures that grow with a cluster's history, for one
+// server: the log on disk, the latest snapshot, the request-id table.
+type ServerResources struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Bytes of the Raft log's files (segments and metadata).
+	LogBytes uint64 `protobuf:"varint,1,opt,name=log_bytes,json=logBytes,proto3" json:"log_bytes,omitempty"`
+	// The oldest log index this server still holds (1 until the log is
+	// compacted after an archive) and the newest.
+	FirstIndex uint64 `protobuf:"varint,2,opt,name=first_index,json=firstIndex,proto3" json:"first_index,omitempty"`
+	LastIndex  uint64 `protobuf:"varint,3,opt,name=last_index,json=lastIndex,proto3" json:"last_index,omitempty"`
+	// Bytes of the latest snapshot (0: none yet) and its index.
+	SnapshotBytes uint64 `protobuf:"varint,4,opt,name=snapshot_bytes,json=snapshotBytes,proto3" json:"snapshot_bytes,omitempty"`
+	SnapshotIndex uint64 `protobuf:"varint,5,opt,name=snapshot_index,json=snapshotIndex,proto3" json:"snapshot_index,omitempty"`
+	// Request ids the state machine holds (expired ones not yet compacted
+	// away included) and about how much memory they take.
+	RequestEntries uint64 `protobuf:"varint,6,opt,name=request_entries,json=requestEntries,proto3" json:"request_entries,omitempty"`
+	RequestBytes   uint64 `protobuf:"varint,7,opt,name=request_bytes,json=requestBytes,proto3" json:"request_bytes,omitempty"`
+	// The request-id window in force and the log time ids expire by.
+	RequestWindow *durationpb.Duration   `protobuf:"bytes,8,opt,name=request_window,json=requestWindow,proto3" json:"request_window,omitempty"`
+	LogTime       *timestamppb.Timestamp `protobuf:"bytes,9,opt,name=log_time,json=logTime,proto3" json:"log_time,omitempty"`
+	// Of request_entries, the ids still within the window (what a snapshot
+	// lists).
+	RequestLive   uint64 `protobuf:"varint,10,opt,name=request_live,json=requestLive,proto3" json:"request_live,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ServerResources) Reset() {
+	*x = ServerResources{}
+	mi := &file_gpuplane_v1_api_proto_msgTypes[40]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ServerResources) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ServerResources) ProtoMessage() {}
+
+func (x *ServerResources) ProtoReflect() protoreflect.Message {
+	mi := &file_gpuplane_v1_api_proto_msgTypes[40]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ServerResources.ProtoReflect.Descriptor instead.
+func (*ServerResources) Descriptor() ([]byte, []int) {
+	return file_gpuplane_v1_api_proto_rawDescGZIP(), []int{40}
+}
+
+func (x *ServerResources) GetLogBytes() uint64 {
+	if x != nil {
+		return x.LogBytes
+	}
+	return 0
+}
+
+func (x *ServerResources) GetFirstIndex() uint64 {
+	if x != nil {
+		return x.FirstIndex
+	}
+	return 0
+}
+
+func (x *ServerResources) GetLastIndex() uint64 {
+	if x != nil {
+		return x.LastIndex
+	}
+	return 0
+}
+
+func (x *ServerResources) GetSnapshotBytes() uint64 {
+	if x != nil {
+		return x.SnapshotBytes
+	}
+	return 0
+}
+
+func (x *ServerResources) GetSnapshotIndex() uint64 {
+	if x != nil {
+		return x.SnapshotIndex
+	}
+	return 0
+}
+
+func (x *ServerResources) GetRequestEntries() uint64 {
+	if x != nil {
+		return x.RequestEntries
+	}
+	return 0
+}
+
+func (x *ServerResources) GetRequestBytes() uint64 {
+	if x != nil {
+		return x.RequestBytes
+	}
+	return 0
+}
+
+func (x *ServerResources) GetRequestWindow() *durationpb.Duration {
+	if x != nil {
+		return x.RequestWindow
+	}
+	return nil
+}
+
+func (x *ServerResources) GetLogTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.LogTime
+	}
+	return nil
+}
+
+func (x *ServerResources) GetRequestLive() uint64 {
+	if x != nil {
+		return x.RequestLive
+	}
+	return 0
+}
+
 type ListModelsRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Stale         bool                   `protobuf:"varint,1,opt,name=stale,proto3" json:"stale,omitempty"`
@@ -2096,7 +2234,7 @@ type ListModelsRequest struct {
 
 func (x *ListModelsRequest) Reset() {
 	*x = ListModelsRequest{}
-	mi := &file_gpuplane_v1_api_proto_msgTypes[40]
+	mi := &file_gpuplane_v1_api_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2108,7 +2246,7 @@ func (x *ListModelsRequest) String() string {
 func (*ListModelsRequest) ProtoMessage() {}
 
 func (x *ListModelsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuplane_v1_api_proto_msgTypes[40]
+	mi := &file_gpuplane_v1_api_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2121,7 +2259,7 @@ func (x *ListModelsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListModelsRequest.ProtoReflect.Descriptor instead.
 func (*ListModelsRequest) Descriptor() ([]byte, []int) {
-	return file_gpuplane_v1_api_proto_rawDescGZIP(), []int{40}
+	return file_gpuplane_v1_api_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *ListModelsRequest) GetStale() bool {
@@ -2140,7 +2278,7 @@ type ListModelsResponse struct {
 
 func (x *ListModelsResponse) Reset() {
 	*x = ListModelsResponse{}
-	mi := &file_gpuplane_v1_api_proto_msgTypes[41]
+	mi := &file_gpuplane_v1_api_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2152,7 +2290,7 @@ func (x *ListModelsResponse) String() string {
 func (*ListModelsResponse) ProtoMessage() {}
 
 func (x *ListModelsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuplane_v1_api_proto_msgTypes[41]
+	mi := &file_gpuplane_v1_api_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2165,7 +2303,7 @@ func (x *ListModelsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListModelsResponse.ProtoReflect.Descriptor instead.
 func (*ListModelsResponse) Descriptor() ([]byte, []int) {
-	return file_gpuplane_v1_api_proto_rawDescGZIP(), []int{41}
+	return file_gpuplane_v1_api_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *ListModelsResponse) GetModels() []*ModelDeployment {
@@ -2185,7 +2323,7 @@ type GetModelRequest struct {
 
 func (x *GetModelRequest) Reset() {
 	*x = GetModelRequest{}
-	mi := &file_gpuplane_v1_api_proto_msgTypes[42]
+	mi := &file_gpuplane_v1_api_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2197,7 +2335,7 @@ func (x *GetModelRequest) String() string {
 func (*GetModelRequest) ProtoMessage() {}
 
 func (x *GetModelRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuplane_v1_api_proto_msgTypes[42]
+	mi := &file_gpuplane_v1_api_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2210,7 +2348,7 @@ func (x *GetModelRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetModelRequest.ProtoReflect.Descriptor instead.
 func (*GetModelRequest) Descriptor() ([]byte, []int) {
-	return file_gpuplane_v1_api_proto_rawDescGZIP(), []int{42}
+	return file_gpuplane_v1_api_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *GetModelRequest) GetName() string {
@@ -2237,7 +2375,7 @@ type GetModelResponse struct {
 
 func (x *GetModelResponse) Reset() {
 	*x = GetModelResponse{}
-	mi := &file_gpuplane_v1_api_proto_msgTypes[43]
+	mi := &file_gpuplane_v1_api_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2249,7 +2387,7 @@ func (x *GetModelResponse) String() string {
 func (*GetModelResponse) ProtoMessage() {}
 
 func (x *GetModelResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuplane_v1_api_proto_msgTypes[43]
+	mi := &file_gpuplane_v1_api_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2262,7 +2400,7 @@ func (x *GetModelResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetModelResponse.ProtoReflect.Descriptor instead.
 func (*GetModelResponse) Descriptor() ([]byte, []int) {
-	return file_gpuplane_v1_api_proto_rawDescGZIP(), []int{43}
+	return file_gpuplane_v1_api_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *GetModelResponse) GetModel() *ModelDeployment {
@@ -2291,7 +2429,7 @@ type ApplyModelRequest struct {
 
 func (x *ApplyModelRequest) Reset() {
 	*x = ApplyModelRequest{}
-	mi := &file_gpuplane_v1_api_proto_msgTypes[44]
+	mi := &file_gpuplane_v1_api_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2303,7 +2441,7 @@ func (x *ApplyModelRequest) String() string {
 func (*ApplyModelRequest) ProtoMessage() {}
 
 func (x *ApplyModelRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuplane_v1_api_proto_msgTypes[44]
+	mi := &file_gpuplane_v1_api_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2316,7 +2454,7 @@ func (x *ApplyModelRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApplyModelRequest.ProtoReflect.Descriptor instead.
 func (*ApplyModelRequest) Descriptor() ([]byte, []int) {
-	return file_gpuplane_v1_api_proto_rawDescGZIP(), []int{44}
+	return file_gpuplane_v1_api_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *ApplyModelRequest) GetName() string {
@@ -2359,7 +2497,7 @@ type ApplyModelResponse struct {
 
 func (x *ApplyModelResponse) Reset() {
 	*x = ApplyModelResponse{}
-	mi := &file_gpuplane_v1_api_proto_msgTypes[45]
+	mi := &file_gpuplane_v1_api_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2371,7 +2509,7 @@ func (x *ApplyModelResponse) String() string {
 func (*ApplyModelResponse) ProtoMessage() {}
 
 func (x *ApplyModelResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuplane_v1_api_proto_msgTypes[45]
+	mi := &file_gpuplane_v1_api_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2384,7 +2522,7 @@ func (x *ApplyModelResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApplyModelResponse.ProtoReflect.Descriptor instead.
 func (*ApplyModelResponse) Descriptor() ([]byte, []int) {
-	return file_gpuplane_v1_api_proto_rawDescGZIP(), []int{45}
+	return file_gpuplane_v1_api_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *ApplyModelResponse) GetModel() *ModelDeployment {
@@ -2426,7 +2564,7 @@ type DeleteModelRequest struct {
 
 func (x *DeleteModelRequest) Reset() {
 	*x = DeleteModelRequest{}
-	mi := &file_gpuplane_v1_api_proto_msgTypes[46]
+	mi := &file_gpuplane_v1_api_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2438,7 +2576,7 @@ func (x *DeleteModelRequest) String() string {
 func (*DeleteModelRequest) ProtoMessage() {}
 
 func (x *DeleteModelRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuplane_v1_api_proto_msgTypes[46]
+	mi := &file_gpuplane_v1_api_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2451,7 +2589,7 @@ func (x *DeleteModelRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteModelRequest.ProtoReflect.Descriptor instead.
 func (*DeleteModelRequest) Descriptor() ([]byte, []int) {
-	return file_gpuplane_v1_api_proto_rawDescGZIP(), []int{46}
+	return file_gpuplane_v1_api_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *DeleteModelRequest) GetName() string {
@@ -2485,7 +2623,7 @@ type DeleteModelResponse struct {
 
 func (x *DeleteModelResponse) Reset() {
 	*x = DeleteModelResponse{}
-	mi := &file_gpuplane_v1_api_proto_msgTypes[47]
+	mi := &file_gpuplane_v1_api_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2497,7 +2635,7 @@ func (x *DeleteModelResponse) String() string {
 func (*DeleteModelResponse) ProtoMessage() {}
 
 func (x *DeleteModelResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuplane_v1_api_proto_msgTypes[47]
+	mi := &file_gpuplane_v1_api_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2510,7 +2648,7 @@ func (x *DeleteModelResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteModelResponse.ProtoReflect.Descriptor instead.
 func (*DeleteModelResponse) Descriptor() ([]byte, []int) {
-	return file_gpuplane_v1_api_proto_rawDescGZIP(), []int{47}
+	return file_gpuplane_v1_api_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *DeleteModelResponse) GetWarnings() []string {
@@ -2540,7 +2678,7 @@ type ListReplicasRequest struct {
 
 func (x *ListReplicasRequest) Reset() {
 	*x = ListReplicasRequest{}
-	mi := &file_gpuplane_v1_api_proto_msgTypes[48]
+	mi := &file_gpuplane_v1_api_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2552,7 +2690,7 @@ func (x *ListReplicasRequest) String() string {
 func (*ListReplicasRequest) ProtoMessage() {}
 
 func (x *ListReplicasRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuplane_v1_api_proto_msgTypes[48]
+	mi := &file_gpuplane_v1_api_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2565,7 +2703,7 @@ func (x *ListReplicasRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListReplicasRequest.ProtoReflect.Descriptor instead.
 func (*ListReplicasRequest) Descriptor() ([]byte, []int) {
-	return file_gpuplane_v1_api_proto_rawDescGZIP(), []int{48}
+	return file_gpuplane_v1_api_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *ListReplicasRequest) GetModel() string {
@@ -2598,7 +2736,7 @@ type ListReplicasResponse struct {
 
 func (x *ListReplicasResponse) Reset() {
 	*x = ListReplicasResponse{}
-	mi := &file_gpuplane_v1_api_proto_msgTypes[49]
+	mi := &file_gpuplane_v1_api_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2610,7 +2748,7 @@ func (x *ListReplicasResponse) String() string {
 func (*ListReplicasResponse) ProtoMessage() {}
 
 func (x *ListReplicasResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuplane_v1_api_proto_msgTypes[49]
+	mi := &file_gpuplane_v1_api_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2623,7 +2761,7 @@ func (x *ListReplicasResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListReplicasResponse.ProtoReflect.Descriptor instead.
 func (*ListReplicasResponse) Descriptor() ([]byte, []int) {
-	return file_gpuplane_v1_api_proto_rawDescGZIP(), []int{49}
+	return file_gpuplane_v1_api_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *ListReplicasResponse) GetReplicas() []*Replica {
@@ -2637,7 +2775,7 @@ var File_gpuplane_v1_api_proto protoreflect.FileDescriptor
 
 const file_gpuplane_v1_api_proto_rawDesc = "" +
 	"\n" +
-	"\x15gpuplane/v1/api.proto\x12\vgpuplane.v1\x1a\x15gpuplane/v1/log.proto\x1a\x1bgpuplane/v1/resources.proto\"*\n" +
+	"\x15gpuplane/v1/api.proto\x12\vgpuplane.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x15gpuplane/v1/log.proto\x1a\x1bgpuplane/v1/resources.proto\"*\n" +
 	"\x12ListDevicesRequest\x12\x14\n" +
 	"\x05stale\x18\x01 \x01(\bR\x05stale\"D\n" +
 	"\x13ListDevicesResponse\x12-\n" +
@@ -2746,7 +2884,7 @@ const file_gpuplane_v1_api_proto_rawDesc = "" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x18\n" +
 	"\aaddress\x18\x02 \x01(\tR\aaddress\x12\x1a\n" +
 	"\bsuffrage\x18\x03 \x01(\tR\bsuffrage\x12&\n" +
-	"\x0flast_contact_ms\x18\x04 \x01(\x03R\rlastContactMs\"\xb2\x02\n" +
+	"\x0flast_contact_ms\x18\x04 \x01(\x03R\rlastContactMs\"\xee\x02\n" +
 	"\x0eStatusResponse\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x16\n" +
 	"\x06leader\x18\x02 \x01(\tR\x06leader\x12%\n" +
@@ -2758,7 +2896,23 @@ const file_gpuplane_v1_api_proto_rawDesc = "" +
 	"state_hash\x18\a \x01(\tR\tstateHash\x12\x1d\n" +
 	"\n" +
 	"raft_state\x18\b \x01(\tR\traftState\x123\n" +
-	"\aservers\x18\t \x03(\v2\x19.gpuplane.v1.ServerStatusR\aservers\")\n" +
+	"\aservers\x18\t \x03(\v2\x19.gpuplane.v1.ServerStatusR\aservers\x12:\n" +
+	"\tresources\x18\n" +
+	" \x01(\v2\x1c.gpuplane.v1.ServerResourcesR\tresources\"\xa6\x03\n" +
+	"\x0fServerResources\x12\x1b\n" +
+	"\tlog_bytes\x18\x01 \x01(\x04R\blogBytes\x12\x1f\n" +
+	"\vfirst_index\x18\x02 \x01(\x04R\n" +
+	"firstIndex\x12\x1d\n" +
+	"\n" +
+	"last_index\x18\x03 \x01(\x04R\tlastIndex\x12%\n" +
+	"\x0esnapshot_bytes\x18\x04 \x01(\x04R\rsnapshotBytes\x12%\n" +
+	"\x0esnapshot_index\x18\x05 \x01(\x04R\rsnapshotIndex\x12'\n" +
+	"\x0frequest_entries\x18\x06 \x01(\x04R\x0erequestEntries\x12#\n" +
+	"\rrequest_bytes\x18\a \x01(\x04R\frequestBytes\x12@\n" +
+	"\x0erequest_window\x18\b \x01(\v2\x19.google.protobuf.DurationR\rrequestWindow\x125\n" +
+	"\blog_time\x18\t \x01(\v2\x1a.google.protobuf.TimestampR\alogTime\x12!\n" +
+	"\frequest_live\x18\n" +
+	" \x01(\x04R\vrequestLive\")\n" +
 	"\x11ListModelsRequest\x12\x14\n" +
 	"\x05stale\x18\x01 \x01(\bR\x05stale\"J\n" +
 	"\x12ListModelsResponse\x124\n" +
@@ -2838,7 +2992,7 @@ func file_gpuplane_v1_api_proto_rawDescGZIP() []byte {
 	return file_gpuplane_v1_api_proto_rawDescData
 }
 
-var file_gpuplane_v1_api_proto_msgTypes = make([]protoimpl.MessageInfo, 50)
+var file_gpuplane_v1_api_proto_msgTypes = make([]protoimpl.MessageInfo, 51)
 var file_gpuplane_v1_api_proto_goTypes = []any{
 	(*ListDevicesRequest)(nil),        // 0: gpuplane.v1.ListDevicesRequest
 	(*ListDevicesResponse)(nil),       // 1: gpuplane.v1.ListDevicesResponse
@@ -2880,106 +3034,112 @@ var file_gpuplane_v1_api_proto_goTypes = []any{
 	(*StatusRequest)(nil),             // 37: gpuplane.v1.StatusRequest
 	(*ServerStatus)(nil),              // 38: gpuplane.v1.ServerStatus
 	(*StatusResponse)(nil),            // 39: gpuplane.v1.StatusResponse
-	(*ListModelsRequest)(nil),         // 40: gpuplane.v1.ListModelsRequest
-	(*ListModelsResponse)(nil),        // 41: gpuplane.v1.ListModelsResponse
-	(*GetModelRequest)(nil),           // 42: gpuplane.v1.GetModelRequest
-	(*GetModelResponse)(nil),          // 43: gpuplane.v1.GetModelResponse
-	(*ApplyModelRequest)(nil),         // 44: gpuplane.v1.ApplyModelRequest
-	(*ApplyModelResponse)(nil),        // 45: gpuplane.v1.ApplyModelResponse
-	(*DeleteModelRequest)(nil),        // 46: gpuplane.v1.DeleteModelRequest
-	(*DeleteModelResponse)(nil),       // 47: gpuplane.v1.DeleteModelResponse
-	(*ListReplicasRequest)(nil),       // 48: gpuplane.v1.ListReplicasRequest
-	(*ListReplicasResponse)(nil),      // 49: gpuplane.v1.ListReplicasResponse
-	(*Device)(nil),                    // 50: gpuplane.v1.Device
-	(*CardStatus)(nil),                // 51: gpuplane.v1.CardStatus
-	(*Node)(nil),                      // 52: gpuplane.v1.Node
-	(*Accelerator)(nil),               // 53: gpuplane.v1.Accelerator
-	(*AcceleratorSpec)(nil),           // 54: gpuplane.v1.AcceleratorSpec
-	(Outcome)(0),                      // 55: gpuplane.v1.Outcome
-	(*Envelope)(nil),                  // 56: gpuplane.v1.Envelope
-	(*Result)(nil),                    // 57: gpuplane.v1.Result
-	(*ModelDeployment)(nil),           // 58: gpuplane.v1.ModelDeployment
-	(*Replica)(nil),                   // 59: gpuplane.v1.Replica
-	(*ModelSpec)(nil),                 // 60: gpuplane.v1.ModelSpec
+	(*ServerResources)(nil),           // 40: gpuplane.v1.ServerResources
+	(*ListModelsRequest)(nil),         // 41: gpuplane.v1.ListModelsRequest
+	(*ListModelsResponse)(nil),        // 42: gpuplane.v1.ListModelsResponse
+	(*GetModelRequest)(nil),           // 43: gpuplane.v1.GetModelRequest
+	(*GetModelResponse)(nil),          // 44: gpuplane.v1.GetModelResponse
+	(*ApplyModelRequest)(nil),         // 45: gpuplane.v1.ApplyModelRequest
+	(*ApplyModelResponse)(nil),        // 46: gpuplane.v1.ApplyModelResponse
+	(*DeleteModelRequest)(nil),        // 47: gpuplane.v1.DeleteModelRequest
+	(*DeleteModelResponse)(nil),       // 48: gpuplane.v1.DeleteModelResponse
+	(*ListReplicasRequest)(nil),       // 49: gpuplane.v1.ListReplicasRequest
+	(*ListReplicasResponse)(nil),      // 50: gpuplane.v1.ListReplicasResponse
+	(*Device)(nil),                    // 51: gpuplane.v1.Device
+	(*CardStatus)(nil),                // 52: gpuplane.v1.CardStatus
+	(*Node)(nil),                      // 53: gpuplane.v1.Node
+	(*Accelerator)(nil),               // 54: gpuplane.v1.Accelerator
+	(*AcceleratorSpec)(nil),           // 55: gpuplane.v1.AcceleratorSpec
+	(Outcome)(0),                      // 56: gpuplane.v1.Outcome
+	(*Envelope)(nil),                  // 57: gpuplane.v1.Envelope
+	(*Result)(nil),                    // 58: gpuplane.v1.Result
+	(*durationpb.Duration)(nil),       // 59: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil),     // 60: google.protobuf.Timestamp
+	(*ModelDeployment)(nil),           // 61: gpuplane.v1.ModelDeployment
+	(*Replica)(nil),                   // 62: gpuplane.v1.Replica
+	(*ModelSpec)(nil),                 // 63: gpuplane.v1.ModelSpec
 }
 var file_gpuplane_v1_api_proto_depIdxs = []int32{
-	50, // 0: gpuplane.v1.ListDevicesResponse.devices:type_name -> gpuplane.v1.Device
-	50, // 1: gpuplane.v1.GetDeviceResponse.device:type_name -> gpuplane.v1.Device
-	51, // 2: gpuplane.v1.GetDeviceResponse.cards:type_name -> gpuplane.v1.CardStatus
-	52, // 3: gpuplane.v1.ListNodesResponse.nodes:type_name -> gpuplane.v1.Node
-	52, // 4: gpuplane.v1.GetNodeResponse.node:type_name -> gpuplane.v1.Node
-	53, // 5: gpuplane.v1.ListAcceleratorsResponse.accelerators:type_name -> gpuplane.v1.Accelerator
-	53, // 6: gpuplane.v1.GetAcceleratorResponse.accelerator:type_name -> gpuplane.v1.Accelerator
-	54, // 7: gpuplane.v1.CreateAcceleratorRequest.spec:type_name -> gpuplane.v1.AcceleratorSpec
-	53, // 8: gpuplane.v1.CreateAcceleratorResponse.accelerator:type_name -> gpuplane.v1.Accelerator
-	55, // 9: gpuplane.v1.CreateAcceleratorResponse.outcome:type_name -> gpuplane.v1.Outcome
+	51, // 0: gpuplane.v1.ListDevicesResponse.devices:type_name -> gpuplane.v1.Device
+	51, // 1: gpuplane.v1.GetDeviceResponse.device:type_name -> gpuplane.v1.Device
+	52, // 2: gpuplane.v1.GetDeviceResponse.cards:type_name -> gpuplane.v1.CardStatus
+	53, // 3: gpuplane.v1.ListNodesResponse.nodes:type_name -> gpuplane.v1.Node
+	53, // 4: gpuplane.v1.GetNodeResponse.node:type_name -> gpuplane.v1.Node
+	54, // 5: gpuplane.v1.ListAcceleratorsResponse.accelerators:type_name -> gpuplane.v1.Accelerator
+	54, // 6: gpuplane.v1.GetAcceleratorResponse.accelerator:type_name -> gpuplane.v1.Accelerator
+	55, // 7: gpuplane.v1.CreateAcceleratorRequest.spec:type_name -> gpuplane.v1.AcceleratorSpec
+	54, // 8: gpuplane.v1.CreateAcceleratorResponse.accelerator:type_name -> gpuplane.v1.Accelerator
+	56, // 9: gpuplane.v1.CreateAcceleratorResponse.outcome:type_name -> gpuplane.v1.Outcome
 	19, // 10: gpuplane.v1.MembersResponse.members:type_name -> gpuplane.v1.Member
-	52, // 11: gpuplane.v1.LocalNodeResponse.node:type_name -> gpuplane.v1.Node
-	56, // 12: gpuplane.v1.ApplyRequest.envelope:type_name -> gpuplane.v1.Envelope
-	57, // 13: gpuplane.v1.ApplyResponse.result:type_name -> gpuplane.v1.Result
-	56, // 14: gpuplane.v1.ForwardRequest.envelopes:type_name -> gpuplane.v1.Envelope
+	53, // 11: gpuplane.v1.LocalNodeResponse.node:type_name -> gpuplane.v1.Node
+	57, // 12: gpuplane.v1.ApplyRequest.envelope:type_name -> gpuplane.v1.Envelope
+	58, // 13: gpuplane.v1.ApplyResponse.result:type_name -> gpuplane.v1.Result
+	57, // 14: gpuplane.v1.ForwardRequest.envelopes:type_name -> gpuplane.v1.Envelope
 	35, // 15: gpuplane.v1.ForwardResponse.results:type_name -> gpuplane.v1.ForwardResult
-	57, // 16: gpuplane.v1.ForwardResult.result:type_name -> gpuplane.v1.Result
+	58, // 16: gpuplane.v1.ForwardResult.result:type_name -> gpuplane.v1.Result
 	36, // 17: gpuplane.v1.ForwardResult.error:type_name -> gpuplane.v1.ApplyError
 	38, // 18: gpuplane.v1.StatusResponse.servers:type_name -> gpuplane.v1.ServerStatus
-	58, // 19: gpuplane.v1.ListModelsResponse.models:type_name -> gpuplane.v1.ModelDeployment
-	58, // 20: gpuplane.v1.GetModelResponse.model:type_name -> gpuplane.v1.ModelDeployment
-	59, // 21: gpuplane.v1.GetModelResponse.replicas:type_name -> gpuplane.v1.Replica
-	60, // 22: gpuplane.v1.ApplyModelRequest.spec:type_name -> gpuplane.v1.ModelSpec
-	58, // 23: gpuplane.v1.ApplyModelResponse.model:type_name -> gpuplane.v1.ModelDeployment
-	55, // 24: gpuplane.v1.ApplyModelResponse.outcome:type_name -> gpuplane.v1.Outcome
-	59, // 25: gpuplane.v1.ListReplicasResponse.replicas:type_name -> gpuplane.v1.Replica
-	0,  // 26: gpuplane.v1.DeviceService.ListDevices:input_type -> gpuplane.v1.ListDevicesRequest
-	2,  // 27: gpuplane.v1.DeviceService.GetDevice:input_type -> gpuplane.v1.GetDeviceRequest
-	4,  // 28: gpuplane.v1.NodeService.ListNodes:input_type -> gpuplane.v1.ListNodesRequest
-	6,  // 29: gpuplane.v1.NodeService.GetNode:input_type -> gpuplane.v1.GetNodeRequest
-	8,  // 30: gpuplane.v1.AcceleratorService.ListAccelerators:input_type -> gpuplane.v1.ListAcceleratorsRequest
-	10, // 31: gpuplane.v1.AcceleratorService.GetAccelerator:input_type -> gpuplane.v1.GetAcceleratorRequest
-	12, // 32: gpuplane.v1.AcceleratorService.CreateAccelerator:input_type -> gpuplane.v1.CreateAcceleratorRequest
-	14, // 33: gpuplane.v1.AcceleratorService.DeleteAccelerator:input_type -> gpuplane.v1.DeleteAcceleratorRequest
-	31, // 34: gpuplane.v1.ClusterService.Apply:input_type -> gpuplane.v1.ApplyRequest
-	33, // 35: gpuplane.v1.ClusterService.Forward:input_type -> gpuplane.v1.ForwardRequest
-	37, // 36: gpuplane.v1.ClusterService.Status:input_type -> gpuplane.v1.StatusRequest
-	29, // 37: gpuplane.v1.ClusterService.ReadIndex:input_type -> gpuplane.v1.ReadIndexRequest
-	16, // 38: gpuplane.v1.ClusterService.ReadState:input_type -> gpuplane.v1.ReadStateRequest
-	18, // 39: gpuplane.v1.ClusterService.Members:input_type -> gpuplane.v1.MembersRequest
-	21, // 40: gpuplane.v1.ClusterService.LocalNode:input_type -> gpuplane.v1.LocalNodeRequest
-	23, // 41: gpuplane.v1.ClusterService.Join:input_type -> gpuplane.v1.JoinRequest
-	25, // 42: gpuplane.v1.ClusterService.Leave:input_type -> gpuplane.v1.LeaveRequest
-	27, // 43: gpuplane.v1.ClusterService.RemovePeer:input_type -> gpuplane.v1.RemovePeerRequest
-	40, // 44: gpuplane.v1.ModelService.ListModels:input_type -> gpuplane.v1.ListModelsRequest
-	42, // 45: gpuplane.v1.ModelService.GetModel:input_type -> gpuplane.v1.GetModelRequest
-	44, // 46: gpuplane.v1.ModelService.ApplyModel:input_type -> gpuplane.v1.ApplyModelRequest
-	46, // 47: gpuplane.v1.ModelService.DeleteModel:input_type -> gpuplane.v1.DeleteModelRequest
-	48, // 48: gpuplane.v1.ModelService.ListReplicas:input_type -> gpuplane.v1.ListReplicasRequest
-	1,  // 49: gpuplane.v1.DeviceService.ListDevices:output_type -> gpuplane.v1.ListDevicesResponse
-	3,  // 50: gpuplane.v1.DeviceService.GetDevice:output_type -> gpuplane.v1.GetDeviceResponse
-	5,  // 51: gpuplane.v1.NodeService.ListNodes:output_type -> gpuplane.v1.ListNodesResponse
-	7,  // 52: gpuplane.v1.NodeService.GetNode:output_type -> gpuplane.v1.GetNodeResponse
-	9,  // 53: gpuplane.v1.AcceleratorService.ListAccelerators:output_type -> gpuplane.v1.ListAcceleratorsResponse
-	11, // 54: gpuplane.v1.AcceleratorService.GetAccelerator:output_type -> gpuplane.v1.GetAcceleratorResponse
-	13, // 55: gpuplane.v1.AcceleratorService.CreateAccelerator:output_type -> gpuplane.v1.CreateAcceleratorResponse
-	15, // 56: gpuplane.v1.AcceleratorService.DeleteAccelerator:output_type -> gpuplane.v1.DeleteAcceleratorResponse
-	32, // 57: gpuplane.v1.ClusterService.Apply:output_type -> gpuplane.v1.ApplyResponse
-	34, // 58: gpuplane.v1.ClusterService.Forward:output_type -> gpuplane.v1.ForwardResponse
-	39, // 59: gpuplane.v1.ClusterService.Status:output_type -> gpuplane.v1.StatusResponse
-	30, // 60: gpuplane.v1.ClusterService.ReadIndex:output_type -> gpuplane.v1.ReadIndexResponse
-	17, // 61: gpuplane.v1.ClusterService.ReadState:output_type -> gpuplane.v1.ReadStateResponse
-	20, // 62: gpuplane.v1.ClusterService.Members:output_type -> gpuplane.v1.MembersResponse
-	22, // 63: gpuplane.v1.ClusterService.LocalNode:output_type -> gpuplane.v1.LocalNodeResponse
-	24, // 64: gpuplane.v1.ClusterService.Join:output_type -> gpuplane.v1.JoinResponse
-	26, // 65: gpuplane.v1.ClusterService.Leave:output_type -> gpuplane.v1.LeaveResponse
-	28, // 66: gpuplane.v1.ClusterService.RemovePeer:output_type -> gpuplane.v1.RemovePeerResponse
-	41, // 67: gpuplane.v1.ModelService.ListModels:output_type -> gpuplane.v1.ListModelsResponse
-	43, // 68: gpuplane.v1.ModelService.GetModel:output_type -> gpuplane.v1.GetModelResponse
-	45, // 69: gpuplane.v1.ModelService.ApplyModel:output_type -> gpuplane.v1.ApplyModelResponse
-	47, // 70: gpuplane.v1.ModelService.DeleteModel:output_type -> gpuplane.v1.DeleteModelResponse
-	49, // 71: gpuplane.v1.ModelService.ListReplicas:output_type -> gpuplane.v1.ListReplicasResponse
-	49, // [49:72] is the sub-list for method output_type
-	26, // [26:49] is the sub-list for method input_type
-	26, // [26:26] is the sub-list for extension type_name
-	26, // [26:26] is the sub-list for extension extendee
-	0,  // [0:26] is the sub-list for field type_name
+	40, // 19: gpuplane.v1.StatusResponse.resources:type_name -> gpuplane.v1.ServerResources
+	59, // 20: gpuplane.v1.ServerResources.request_window:type_name -> google.protobuf.Duration
+	60, // 21: gpuplane.v1.ServerResources.log_time:type_name -> google.protobuf.Timestamp
+	61, // 22: gpuplane.v1.ListModelsResponse.models:type_name -> gpuplane.v1.ModelDeployment
+	61, // 23: gpuplane.v1.GetModelResponse.model:type_name -> gpuplane.v1.ModelDeployment
+	62, // 24: gpuplane.v1.GetModelResponse.replicas:type_name -> gpuplane.v1.Replica
+	63, // 25: gpuplane.v1.ApplyModelRequest.spec:type_name -> gpuplane.v1.ModelSpec
+	61, // 26: gpuplane.v1.ApplyModelResponse.model:type_name -> gpuplane.v1.ModelDeployment
+	56, // 27: gpuplane.v1.ApplyModelResponse.outcome:type_name -> gpuplane.v1.Outcome
+	62, // 28: gpuplane.v1.ListReplicasResponse.replicas:type_name -> gpuplane.v1.Replica
+	0,  // 29: gpuplane.v1.DeviceService.ListDevices:input_type -> gpuplane.v1.ListDevicesRequest
+	2,  // 30: gpuplane.v1.DeviceService.GetDevice:input_type -> gpuplane.v1.GetDeviceRequest
+	4,  // 31: gpuplane.v1.NodeService.ListNodes:input_type -> gpuplane.v1.ListNodesRequest
+	6,  // 32: gpuplane.v1.NodeService.GetNode:input_type -> gpuplane.v1.GetNodeRequest
+	8,  // 33: gpuplane.v1.AcceleratorService.ListAccelerators:input_type -> gpuplane.v1.ListAcceleratorsRequest
+	10, // 34: gpuplane.v1.AcceleratorService.GetAccelerator:input_type -> gpuplane.v1.GetAcceleratorRequest
+	12, // 35: gpuplane.v1.AcceleratorService.CreateAccelerator:input_type -> gpuplane.v1.CreateAcceleratorRequest
+	14, // 36: gpuplane.v1.AcceleratorService.DeleteAccelerator:input_type -> gpuplane.v1.DeleteAcceleratorRequest
+	31, // 37: gpuplane.v1.ClusterService.Apply:input_type -> gpuplane.v1.ApplyRequest
+	33, // 38: gpuplane.v1.ClusterService.Forward:input_type -> gpuplane.v1.ForwardRequest
+	37, // 39: gpuplane.v1.ClusterService.Status:input_type -> gpuplane.v1.StatusRequest
+	29, // 40: gpuplane.v1.ClusterService.ReadIndex:input_type -> gpuplane.v1.ReadIndexRequest
+	16, // 41: gpuplane.v1.ClusterService.ReadState:input_type -> gpuplane.v1.ReadStateRequest
+	18, // 42: gpuplane.v1.ClusterService.Members:input_type -> gpuplane.v1.MembersRequest
+	21, // 43: gpuplane.v1.ClusterService.LocalNode:input_type -> gpuplane.v1.LocalNodeRequest
+	23, // 44: gpuplane.v1.ClusterService.Join:input_type -> gpuplane.v1.JoinRequest
+	25, // 45: gpuplane.v1.ClusterService.Leave:input_type -> gpuplane.v1.LeaveRequest
+	27, // 46: gpuplane.v1.ClusterService.RemovePeer:input_type -> gpuplane.v1.RemovePeerRequest
+	41, // 47: gpuplane.v1.ModelService.ListModels:input_type -> gpuplane.v1.ListModelsRequest
+	43, // 48: gpuplane.v1.ModelService.GetModel:input_type -> gpuplane.v1.GetModelRequest
+	45, // 49: gpuplane.v1.ModelService.ApplyModel:input_type -> gpuplane.v1.ApplyModelRequest
+	47, // 50: gpuplane.v1.ModelService.DeleteModel:input_type -> gpuplane.v1.DeleteModelRequest
+	49, // 51: gpuplane.v1.ModelService.ListReplicas:input_type -> gpuplane.v1.ListReplicasRequest
+	1,  // 52: gpuplane.v1.DeviceService.ListDevices:output_type -> gpuplane.v1.ListDevicesResponse
+	3,  // 53: gpuplane.v1.DeviceService.GetDevice:output_type -> gpuplane.v1.GetDeviceResponse
+	5,  // 54: gpuplane.v1.NodeService.ListNodes:output_type -> gpuplane.v1.ListNodesResponse
+	7,  // 55: gpuplane.v1.NodeService.GetNode:output_type -> gpuplane.v1.GetNodeResponse
+	9,  // 56: gpuplane.v1.AcceleratorService.ListAccelerators:output_type -> gpuplane.v1.ListAcceleratorsResponse
+	11, // 57: gpuplane.v1.AcceleratorService.GetAccelerator:output_type -> gpuplane.v1.GetAcceleratorResponse
+	13, // 58: gpuplane.v1.AcceleratorService.CreateAccelerator:output_type -> gpuplane.v1.CreateAcceleratorResponse
+	15, // 59: gpuplane.v1.AcceleratorService.DeleteAccelerator:output_type -> gpuplane.v1.DeleteAcceleratorResponse
+	32, // 60: gpuplane.v1.ClusterService.Apply:output_type -> gpuplane.v1.ApplyResponse
+	34, // 61: gpuplane.v1.ClusterService.Forward:output_type -> gpuplane.v1.ForwardResponse
+	39, // 62: gpuplane.v1.ClusterService.Status:output_type -> gpuplane.v1.StatusResponse
+	30, // 63: gpuplane.v1.ClusterService.ReadIndex:output_type -> gpuplane.v1.ReadIndexResponse
+	17, // 64: gpuplane.v1.ClusterService.ReadState:output_type -> gpuplane.v1.ReadStateResponse
+	20, // 65: gpuplane.v1.ClusterService.Members:output_type -> gpuplane.v1.MembersResponse
+	22, // 66: gpuplane.v1.ClusterService.LocalNode:output_type -> gpuplane.v1.LocalNodeResponse
+	24, // 67: gpuplane.v1.ClusterService.Join:output_type -> gpuplane.v1.JoinResponse
+	26, // 68: gpuplane.v1.ClusterService.Leave:output_type -> gpuplane.v1.LeaveResponse
+	28, // 69: gpuplane.v1.ClusterService.RemovePeer:output_type -> gpuplane.v1.RemovePeerResponse
+	42, // 70: gpuplane.v1.ModelService.ListModels:output_type -> gpuplane.v1.ListModelsResponse
+	44, // 71: gpuplane.v1.ModelService.GetModel:output_type -> gpuplane.v1.GetModelResponse
+	46, // 72: gpuplane.v1.ModelService.ApplyModel:output_type -> gpuplane.v1.ApplyModelResponse
+	48, // 73: gpuplane.v1.ModelService.DeleteModel:output_type -> gpuplane.v1.DeleteModelResponse
+	50, // 74: gpuplane.v1.ModelService.ListReplicas:output_type -> gpuplane.v1.ListReplicasResponse
+	52, // [52:75] is the sub-list for method output_type
+	29, // [29:52] is the sub-list for method input_type
+	29, // [29:29] is the sub-list for extension type_name
+	29, // [29:29] is the sub-list for extension extendee
+	0,  // [0:29] is the sub-list for field type_name
 }
 
 func init() { file_gpuplane_v1_api_proto_init() }
@@ -2995,7 +3155,7 @@ func file_gpuplane_v1_api_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_gpuplane_v1_api_proto_rawDesc), len(file_gpuplane_v1_api_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   50,
+			NumMessages:   51,
 			NumExtensions: 0,
 			NumServices:   5,
 		},

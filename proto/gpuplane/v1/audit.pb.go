@@ -507,6 +507,365 @@ func (x *RaftServer) GetSuffrage() string {
 	return ""
 }
 
+// ArchivedEntry is one log entry as an archive stores it (docs/archive.md):
+// as the server stored it, so that the hash chain over it can be checked.
+type ArchivedEntry struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Index uint64                 `protobuf:"varint,1,opt,name=index,proto3" json:"index,omitempty"`
+	Term  uint64                 `protobuf:"varint,2,opt,name=term,proto3" json:"term,omitempty"`
+	// hashicorp/raft's LogType: 0 command, 1 no-op, 3 barrier, 5 configuration.
+	Type          uint32                 `protobuf:"varint,3,opt,name=type,proto3" json:"type,omitempty"`
+	Data          []byte                 `protobuf:"bytes,4,opt,name=data,proto3" json:"data,omitempty"`
+	AppendedAt    *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=appended_at,json=appendedAt,proto3" json:"appended_at,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ArchivedEntry) Reset() {
+	*x = ArchivedEntry{}
+	mi := &file_gpuplane_v1_audit_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ArchivedEntry) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ArchivedEntry) ProtoMessage() {}
+
+func (x *ArchivedEntry) ProtoReflect() protoreflect.Message {
+	mi := &file_gpuplane_v1_audit_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ArchivedEntry.ProtoReflect.Descriptor instead.
+func (*ArchivedEntry) Descriptor() ([]byte, []int) {
+	return file_gpuplane_v1_audit_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *ArchivedEntry) GetIndex() uint64 {
+	if x != nil {
+		return x.Index
+	}
+	return 0
+}
+
+func (x *ArchivedEntry) GetTerm() uint64 {
+	if x != nil {
+		return x.Term
+	}
+	return 0
+}
+
+func (x *ArchivedEntry) GetType() uint32 {
+	if x != nil {
+		return x.Type
+	}
+	return 0
+}
+
+func (x *ArchivedEntry) GetData() []byte {
+	if x != nil {
+		return x.Data
+	}
+	return nil
+}
+
+func (x *ArchivedEntry) GetAppendedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.AppendedAt
+	}
+	return nil
+}
+
+type EntriesRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	FromIndex     uint64                 `protobuf:"varint,1,opt,name=from_index,json=fromIndex,proto3" json:"from_index,omitempty"`
+	ToIndex       uint64                 `protobuf:"varint,2,opt,name=to_index,json=toIndex,proto3" json:"to_index,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EntriesRequest) Reset() {
+	*x = EntriesRequest{}
+	mi := &file_gpuplane_v1_audit_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EntriesRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EntriesRequest) ProtoMessage() {}
+
+func (x *EntriesRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_gpuplane_v1_audit_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EntriesRequest.ProtoReflect.Descriptor instead.
+func (*EntriesRequest) Descriptor() ([]byte, []int) {
+	return file_gpuplane_v1_audit_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *EntriesRequest) GetFromIndex() uint64 {
+	if x != nil {
+		return x.FromIndex
+	}
+	return 0
+}
+
+func (x *EntriesRequest) GetToIndex() uint64 {
+	if x != nil {
+		return x.ToIndex
+	}
+	return 0
+}
+
+type EntriesResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Entries       []*ArchivedEntry       `protobuf:"bytes,1,rep,name=entries,proto3" json:"entries,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EntriesResponse) Reset() {
+	*x = EntriesResponse{}
+	mi := &file_gpuplane_v1_audit_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EntriesResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EntriesResponse) ProtoMessage() {}
+
+func (x *EntriesResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_gpuplane_v1_audit_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EntriesResponse.ProtoReflect.Descriptor instead.
+func (*EntriesResponse) Descriptor() ([]byte, []int) {
+	return file_gpuplane_v1_audit_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *EntriesResponse) GetEntries() []*ArchivedEntry {
+	if x != nil {
+		return x.Entries
+	}
+	return nil
+}
+
+type CompactRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The first index to keep: entries 1..before_index-1 may be dropped.
+	BeforeIndex uint64 `protobuf:"varint,1,opt,name=before_index,json=beforeIndex,proto3" json:"before_index,omitempty"`
+	// The archive's hash chain head after entry before_index-1.
+	Hash string `protobuf:"bytes,2,opt,name=hash,proto3" json:"hash,omitempty"`
+	// Compact only the server that answers (what a server asks each peer).
+	Local         bool `protobuf:"varint,3,opt,name=local,proto3" json:"local,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CompactRequest) Reset() {
+	*x = CompactRequest{}
+	mi := &file_gpuplane_v1_audit_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CompactRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CompactRequest) ProtoMessage() {}
+
+func (x *CompactRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_gpuplane_v1_audit_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CompactRequest.ProtoReflect.Descriptor instead.
+func (*CompactRequest) Descriptor() ([]byte, []int) {
+	return file_gpuplane_v1_audit_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *CompactRequest) GetBeforeIndex() uint64 {
+	if x != nil {
+		return x.BeforeIndex
+	}
+	return 0
+}
+
+func (x *CompactRequest) GetHash() string {
+	if x != nil {
+		return x.Hash
+	}
+	return ""
+}
+
+func (x *CompactRequest) GetLocal() bool {
+	if x != nil {
+		return x.Local
+	}
+	return false
+}
+
+type ServerCompaction struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Server string                 `protobuf:"bytes,1,opt,name=server,proto3" json:"server,omitempty"`
+	// The oldest index the server's log holds afterwards.
+	FirstIndex    uint64 `protobuf:"varint,2,opt,name=first_index,json=firstIndex,proto3" json:"first_index,omitempty"`
+	Ok            bool   `protobuf:"varint,3,opt,name=ok,proto3" json:"ok,omitempty"`
+	Problem       string `protobuf:"bytes,4,opt,name=problem,proto3" json:"problem,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ServerCompaction) Reset() {
+	*x = ServerCompaction{}
+	mi := &file_gpuplane_v1_audit_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ServerCompaction) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ServerCompaction) ProtoMessage() {}
+
+func (x *ServerCompaction) ProtoReflect() protoreflect.Message {
+	mi := &file_gpuplane_v1_audit_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ServerCompaction.ProtoReflect.Descriptor instead.
+func (*ServerCompaction) Descriptor() ([]byte, []int) {
+	return file_gpuplane_v1_audit_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *ServerCompaction) GetServer() string {
+	if x != nil {
+		return x.Server
+	}
+	return ""
+}
+
+func (x *ServerCompaction) GetFirstIndex() uint64 {
+	if x != nil {
+		return x.FirstIndex
+	}
+	return 0
+}
+
+func (x *ServerCompaction) GetOk() bool {
+	if x != nil {
+		return x.Ok
+	}
+	return false
+}
+
+func (x *ServerCompaction) GetProblem() string {
+	if x != nil {
+		return x.Problem
+	}
+	return ""
+}
+
+type CompactResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Ok            bool                   `protobuf:"varint,1,opt,name=ok,proto3" json:"ok,omitempty"`
+	Servers       []*ServerCompaction    `protobuf:"bytes,2,rep,name=servers,proto3" json:"servers,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CompactResponse) Reset() {
+	*x = CompactResponse{}
+	mi := &file_gpuplane_v1_audit_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CompactResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CompactResponse) ProtoMessage() {}
+
+func (x *CompactResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_gpuplane_v1_audit_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CompactResponse.ProtoReflect.Descriptor instead.
+func (*CompactResponse) Descriptor() ([]byte, []int) {
+	return file_gpuplane_v1_audit_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *CompactResponse) GetOk() bool {
+	if x != nil {
+		return x.Ok
+	}
+	return false
+}
+
+func (x *CompactResponse) GetServers() []*ServerCompaction {
+	if x != nil {
+		return x.Servers
+	}
+	return nil
+}
+
 type LogRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	FromIndex     uint64                 `protobuf:"varint,1,opt,name=from_index,json=fromIndex,proto3" json:"from_index,omitempty"`
@@ -518,7 +877,7 @@ type LogRequest struct {
 
 func (x *LogRequest) Reset() {
 	*x = LogRequest{}
-	mi := &file_gpuplane_v1_audit_proto_msgTypes[6]
+	mi := &file_gpuplane_v1_audit_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -530,7 +889,7 @@ func (x *LogRequest) String() string {
 func (*LogRequest) ProtoMessage() {}
 
 func (x *LogRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuplane_v1_audit_proto_msgTypes[6]
+	mi := &file_gpuplane_v1_audit_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -543,7 +902,7 @@ func (x *LogRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LogRequest.ProtoReflect.Descriptor instead.
 func (*LogRequest) Descriptor() ([]byte, []int) {
-	return file_gpuplane_v1_audit_proto_rawDescGZIP(), []int{6}
+	return file_gpuplane_v1_audit_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *LogRequest) GetFromIndex() uint64 {
@@ -576,7 +935,7 @@ type LogResponse struct {
 
 func (x *LogResponse) Reset() {
 	*x = LogResponse{}
-	mi := &file_gpuplane_v1_audit_proto_msgTypes[7]
+	mi := &file_gpuplane_v1_audit_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -588,7 +947,7 @@ func (x *LogResponse) String() string {
 func (*LogResponse) ProtoMessage() {}
 
 func (x *LogResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuplane_v1_audit_proto_msgTypes[7]
+	mi := &file_gpuplane_v1_audit_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -601,7 +960,7 @@ func (x *LogResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LogResponse.ProtoReflect.Descriptor instead.
 func (*LogResponse) Descriptor() ([]byte, []int) {
-	return file_gpuplane_v1_audit_proto_rawDescGZIP(), []int{7}
+	return file_gpuplane_v1_audit_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *LogResponse) GetEvent() *Event {
@@ -623,7 +982,7 @@ type ReplayRequest struct {
 
 func (x *ReplayRequest) Reset() {
 	*x = ReplayRequest{}
-	mi := &file_gpuplane_v1_audit_proto_msgTypes[8]
+	mi := &file_gpuplane_v1_audit_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -635,7 +994,7 @@ func (x *ReplayRequest) String() string {
 func (*ReplayRequest) ProtoMessage() {}
 
 func (x *ReplayRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuplane_v1_audit_proto_msgTypes[8]
+	mi := &file_gpuplane_v1_audit_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -648,7 +1007,7 @@ func (x *ReplayRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplayRequest.ProtoReflect.Descriptor instead.
 func (*ReplayRequest) Descriptor() ([]byte, []int) {
-	return file_gpuplane_v1_audit_proto_rawDescGZIP(), []int{8}
+	return file_gpuplane_v1_audit_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *ReplayRequest) GetIndex() uint64 {
@@ -682,7 +1041,7 @@ type ReplayResponse struct {
 
 func (x *ReplayResponse) Reset() {
 	*x = ReplayResponse{}
-	mi := &file_gpuplane_v1_audit_proto_msgTypes[9]
+	mi := &file_gpuplane_v1_audit_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -694,7 +1053,7 @@ func (x *ReplayResponse) String() string {
 func (*ReplayResponse) ProtoMessage() {}
 
 func (x *ReplayResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuplane_v1_audit_proto_msgTypes[9]
+	mi := &file_gpuplane_v1_audit_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -707,7 +1066,7 @@ func (x *ReplayResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplayResponse.ProtoReflect.Descriptor instead.
 func (*ReplayResponse) Descriptor() ([]byte, []int) {
-	return file_gpuplane_v1_audit_proto_rawDescGZIP(), []int{9}
+	return file_gpuplane_v1_audit_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *ReplayResponse) GetIndex() uint64 {
@@ -770,7 +1129,7 @@ type VerifyRequest struct {
 
 func (x *VerifyRequest) Reset() {
 	*x = VerifyRequest{}
-	mi := &file_gpuplane_v1_audit_proto_msgTypes[10]
+	mi := &file_gpuplane_v1_audit_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -782,7 +1141,7 @@ func (x *VerifyRequest) String() string {
 func (*VerifyRequest) ProtoMessage() {}
 
 func (x *VerifyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuplane_v1_audit_proto_msgTypes[10]
+	mi := &file_gpuplane_v1_audit_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -795,7 +1154,7 @@ func (x *VerifyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VerifyRequest.ProtoReflect.Descriptor instead.
 func (*VerifyRequest) Descriptor() ([]byte, []int) {
-	return file_gpuplane_v1_audit_proto_rawDescGZIP(), []int{10}
+	return file_gpuplane_v1_audit_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *VerifyRequest) GetLocal() bool {
@@ -824,14 +1183,17 @@ type ServerVerification struct {
 	// Every problem found, one per line.
 	Problems []string `protobuf:"bytes,7,rep,name=problems,proto3" json:"problems,omitempty"`
 	// Entries replayed (commands and membership changes).
-	Entries       uint64 `protobuf:"varint,8,opt,name=entries,proto3" json:"entries,omitempty"`
+	Entries uint64 `protobuf:"varint,8,opt,name=entries,proto3" json:"entries,omitempty"`
+	// Where the replay started on a log compacted after an archive: the
+	// index of its audit base (0: index 1, nothing compacted).
+	BaseIndex     uint64 `protobuf:"varint,9,opt,name=base_index,json=baseIndex,proto3" json:"base_index,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ServerVerification) Reset() {
 	*x = ServerVerification{}
-	mi := &file_gpuplane_v1_audit_proto_msgTypes[11]
+	mi := &file_gpuplane_v1_audit_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -843,7 +1205,7 @@ func (x *ServerVerification) String() string {
 func (*ServerVerification) ProtoMessage() {}
 
 func (x *ServerVerification) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuplane_v1_audit_proto_msgTypes[11]
+	mi := &file_gpuplane_v1_audit_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -856,7 +1218,7 @@ func (x *ServerVerification) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ServerVerification.ProtoReflect.Descriptor instead.
 func (*ServerVerification) Descriptor() ([]byte, []int) {
-	return file_gpuplane_v1_audit_proto_rawDescGZIP(), []int{11}
+	return file_gpuplane_v1_audit_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ServerVerification) GetServer() string {
@@ -915,6 +1277,13 @@ func (x *ServerVerification) GetEntries() uint64 {
 	return 0
 }
 
+func (x *ServerVerification) GetBaseIndex() uint64 {
+	if x != nil {
+		return x.BaseIndex
+	}
+	return 0
+}
+
 type VerifyResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// True when every server agrees with the replay.
@@ -928,7 +1297,7 @@ type VerifyResponse struct {
 
 func (x *VerifyResponse) Reset() {
 	*x = VerifyResponse{}
-	mi := &file_gpuplane_v1_audit_proto_msgTypes[12]
+	mi := &file_gpuplane_v1_audit_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -940,7 +1309,7 @@ func (x *VerifyResponse) String() string {
 func (*VerifyResponse) ProtoMessage() {}
 
 func (x *VerifyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuplane_v1_audit_proto_msgTypes[12]
+	mi := &file_gpuplane_v1_audit_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -953,7 +1322,7 @@ func (x *VerifyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VerifyResponse.ProtoReflect.Descriptor instead.
 func (*VerifyResponse) Descriptor() ([]byte, []int) {
-	return file_gpuplane_v1_audit_proto_rawDescGZIP(), []int{12}
+	return file_gpuplane_v1_audit_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *VerifyResponse) GetOk() bool {
@@ -987,7 +1356,7 @@ type HashAtRequest struct {
 
 func (x *HashAtRequest) Reset() {
 	*x = HashAtRequest{}
-	mi := &file_gpuplane_v1_audit_proto_msgTypes[13]
+	mi := &file_gpuplane_v1_audit_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -999,7 +1368,7 @@ func (x *HashAtRequest) String() string {
 func (*HashAtRequest) ProtoMessage() {}
 
 func (x *HashAtRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuplane_v1_audit_proto_msgTypes[13]
+	mi := &file_gpuplane_v1_audit_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1012,7 +1381,7 @@ func (x *HashAtRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HashAtRequest.ProtoReflect.Descriptor instead.
 func (*HashAtRequest) Descriptor() ([]byte, []int) {
-	return file_gpuplane_v1_audit_proto_rawDescGZIP(), []int{13}
+	return file_gpuplane_v1_audit_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *HashAtRequest) GetIndex() uint64 {
@@ -1033,7 +1402,7 @@ type HashAtResponse struct {
 
 func (x *HashAtResponse) Reset() {
 	*x = HashAtResponse{}
-	mi := &file_gpuplane_v1_audit_proto_msgTypes[14]
+	mi := &file_gpuplane_v1_audit_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1045,7 +1414,7 @@ func (x *HashAtResponse) String() string {
 func (*HashAtResponse) ProtoMessage() {}
 
 func (x *HashAtResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuplane_v1_audit_proto_msgTypes[14]
+	mi := &file_gpuplane_v1_audit_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1058,7 +1427,7 @@ func (x *HashAtResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HashAtResponse.ProtoReflect.Descriptor instead.
 func (*HashAtResponse) Descriptor() ([]byte, []int) {
-	return file_gpuplane_v1_audit_proto_rawDescGZIP(), []int{14}
+	return file_gpuplane_v1_audit_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *HashAtResponse) GetIndex() uint64 {
@@ -1117,7 +1486,33 @@ const file_gpuplane_v1_audit_proto_rawDesc = "" +
 	"RaftServer\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x18\n" +
 	"\aaddress\x18\x02 \x01(\tR\aaddress\x12\x1a\n" +
-	"\bsuffrage\x18\x03 \x01(\tR\bsuffrage\"x\n" +
+	"\bsuffrage\x18\x03 \x01(\tR\bsuffrage\"\x9e\x01\n" +
+	"\rArchivedEntry\x12\x14\n" +
+	"\x05index\x18\x01 \x01(\x04R\x05index\x12\x12\n" +
+	"\x04term\x18\x02 \x01(\x04R\x04term\x12\x12\n" +
+	"\x04type\x18\x03 \x01(\rR\x04type\x12\x12\n" +
+	"\x04data\x18\x04 \x01(\fR\x04data\x12;\n" +
+	"\vappended_at\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
+	"appendedAt\"J\n" +
+	"\x0eEntriesRequest\x12\x1d\n" +
+	"\n" +
+	"from_index\x18\x01 \x01(\x04R\tfromIndex\x12\x19\n" +
+	"\bto_index\x18\x02 \x01(\x04R\atoIndex\"G\n" +
+	"\x0fEntriesResponse\x124\n" +
+	"\aentries\x18\x01 \x03(\v2\x1a.gpuplane.v1.ArchivedEntryR\aentries\"]\n" +
+	"\x0eCompactRequest\x12!\n" +
+	"\fbefore_index\x18\x01 \x01(\x04R\vbeforeIndex\x12\x12\n" +
+	"\x04hash\x18\x02 \x01(\tR\x04hash\x12\x14\n" +
+	"\x05local\x18\x03 \x01(\bR\x05local\"u\n" +
+	"\x10ServerCompaction\x12\x16\n" +
+	"\x06server\x18\x01 \x01(\tR\x06server\x12\x1f\n" +
+	"\vfirst_index\x18\x02 \x01(\x04R\n" +
+	"firstIndex\x12\x0e\n" +
+	"\x02ok\x18\x03 \x01(\bR\x02ok\x12\x18\n" +
+	"\aproblem\x18\x04 \x01(\tR\aproblem\"Z\n" +
+	"\x0fCompactResponse\x12\x0e\n" +
+	"\x02ok\x18\x01 \x01(\bR\x02ok\x127\n" +
+	"\aservers\x18\x02 \x03(\v2\x1d.gpuplane.v1.ServerCompactionR\aservers\"x\n" +
 	"\n" +
 	"LogRequest\x12\x1d\n" +
 	"\n" +
@@ -1138,7 +1533,7 @@ const file_gpuplane_v1_audit_proto_rawDesc = "" +
 	"\x06models\x18\x06 \x03(\v2\x1c.gpuplane.v1.ModelDeploymentR\x06models\x120\n" +
 	"\breplicas\x18\a \x03(\v2\x14.gpuplane.v1.ReplicaR\breplicas\"%\n" +
 	"\rVerifyRequest\x12\x14\n" +
-	"\x05local\x18\x01 \x01(\bR\x05local\"\xfb\x01\n" +
+	"\x05local\x18\x01 \x01(\bR\x05local\"\x9a\x02\n" +
 	"\x12ServerVerification\x12\x16\n" +
 	"\x06server\x18\x01 \x01(\tR\x06server\x12#\n" +
 	"\rapplied_index\x18\x02 \x01(\x04R\fappliedIndex\x12\x12\n" +
@@ -1147,7 +1542,9 @@ const file_gpuplane_v1_audit_proto_rawDesc = "" +
 	"\x10first_divergence\x18\x05 \x01(\x04R\x0ffirstDivergence\x12\x0e\n" +
 	"\x02ok\x18\x06 \x01(\bR\x02ok\x12\x1a\n" +
 	"\bproblems\x18\a \x03(\tR\bproblems\x12\x18\n" +
-	"\aentries\x18\b \x01(\x04R\aentries\"\x86\x01\n" +
+	"\aentries\x18\b \x01(\x04R\aentries\x12\x1d\n" +
+	"\n" +
+	"base_index\x18\t \x01(\x04R\tbaseIndex\"\x86\x01\n" +
 	"\x0eVerifyResponse\x12\x0e\n" +
 	"\x02ok\x18\x01 \x01(\bR\x02ok\x12)\n" +
 	"\x10first_divergence\x18\x02 \x01(\x04R\x0ffirstDivergence\x129\n" +
@@ -1162,12 +1559,14 @@ const file_gpuplane_v1_audit_proto_rawDesc = "" +
 	"\x12EVENT_TYPE_COMMAND\x10\x01\x12\x19\n" +
 	"\x15EVENT_TYPE_MEMBERSHIP\x10\x022R\n" +
 	"\fEventService\x12B\n" +
-	"\x05Watch\x12\x19.gpuplane.v1.WatchRequest\x1a\x1a.gpuplane.v1.WatchResponse\"\x000\x012\x9b\x02\n" +
+	"\x05Watch\x12\x19.gpuplane.v1.WatchRequest\x1a\x1a.gpuplane.v1.WatchResponse\"\x000\x012\xad\x03\n" +
 	"\fAuditService\x12<\n" +
 	"\x03Log\x12\x17.gpuplane.v1.LogRequest\x1a\x18.gpuplane.v1.LogResponse\"\x000\x01\x12C\n" +
 	"\x06Replay\x12\x1a.gpuplane.v1.ReplayRequest\x1a\x1b.gpuplane.v1.ReplayResponse\"\x00\x12C\n" +
 	"\x06Verify\x12\x1a.gpuplane.v1.VerifyRequest\x1a\x1b.gpuplane.v1.VerifyResponse\"\x00\x12C\n" +
-	"\x06HashAt\x12\x1a.gpuplane.v1.HashAtRequest\x1a\x1b.gpuplane.v1.HashAtResponse\"\x00B;Z9github.com/gpuplane/gpuplane/proto/gpuplane/v1;gpuplanev1b\x06proto3"
+	"\x06HashAt\x12\x1a.gpuplane.v1.HashAtRequest\x1a\x1b.gpuplane.v1.HashAtResponse\"\x00\x12H\n" +
+	"\aEntries\x12\x1b.gpuplane.v1.EntriesRequest\x1a\x1c.gpuplane.v1.EntriesResponse\"\x000\x01\x12F\n" +
+	"\aCompact\x12\x1b.gpuplane.v1.CompactRequest\x1a\x1c.gpuplane.v1.CompactResponse\"\x00B;Z9github.com/gpuplane/gpuplane/proto/gpuplane/v1;gpuplanev1b\x06proto3"
 
 var (
 	file_gpuplane_v1_audit_proto_rawDescOnce sync.Once
@@ -1182,7 +1581,7 @@ func file_gpuplane_v1_audit_proto_rawDescGZIP() []byte {
 }
 
 var file_gpuplane_v1_audit_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_gpuplane_v1_audit_proto_msgTypes = make([]protoimpl.MessageInfo, 15)
+var file_gpuplane_v1_audit_proto_msgTypes = make([]protoimpl.MessageInfo, 21)
 var file_gpuplane_v1_audit_proto_goTypes = []any{
 	(EventType)(0),                // 0: gpuplane.v1.EventType
 	(*EventFilter)(nil),           // 1: gpuplane.v1.EventFilter
@@ -1191,57 +1590,70 @@ var file_gpuplane_v1_audit_proto_goTypes = []any{
 	(*Event)(nil),                 // 4: gpuplane.v1.Event
 	(*Membership)(nil),            // 5: gpuplane.v1.Membership
 	(*RaftServer)(nil),            // 6: gpuplane.v1.RaftServer
-	(*LogRequest)(nil),            // 7: gpuplane.v1.LogRequest
-	(*LogResponse)(nil),           // 8: gpuplane.v1.LogResponse
-	(*ReplayRequest)(nil),         // 9: gpuplane.v1.ReplayRequest
-	(*ReplayResponse)(nil),        // 10: gpuplane.v1.ReplayResponse
-	(*VerifyRequest)(nil),         // 11: gpuplane.v1.VerifyRequest
-	(*ServerVerification)(nil),    // 12: gpuplane.v1.ServerVerification
-	(*VerifyResponse)(nil),        // 13: gpuplane.v1.VerifyResponse
-	(*HashAtRequest)(nil),         // 14: gpuplane.v1.HashAtRequest
-	(*HashAtResponse)(nil),        // 15: gpuplane.v1.HashAtResponse
-	(*timestamppb.Timestamp)(nil), // 16: google.protobuf.Timestamp
-	(*Envelope)(nil),              // 17: gpuplane.v1.Envelope
-	(*Result)(nil),                // 18: gpuplane.v1.Result
-	(*Node)(nil),                  // 19: gpuplane.v1.Node
-	(*Device)(nil),                // 20: gpuplane.v1.Device
-	(*Accelerator)(nil),           // 21: gpuplane.v1.Accelerator
-	(*ModelDeployment)(nil),       // 22: gpuplane.v1.ModelDeployment
-	(*Replica)(nil),               // 23: gpuplane.v1.Replica
+	(*ArchivedEntry)(nil),         // 7: gpuplane.v1.ArchivedEntry
+	(*EntriesRequest)(nil),        // 8: gpuplane.v1.EntriesRequest
+	(*EntriesResponse)(nil),       // 9: gpuplane.v1.EntriesResponse
+	(*CompactRequest)(nil),        // 10: gpuplane.v1.CompactRequest
+	(*ServerCompaction)(nil),      // 11: gpuplane.v1.ServerCompaction
+	(*CompactResponse)(nil),       // 12: gpuplane.v1.CompactResponse
+	(*LogRequest)(nil),            // 13: gpuplane.v1.LogRequest
+	(*LogResponse)(nil),           // 14: gpuplane.v1.LogResponse
+	(*ReplayRequest)(nil),         // 15: gpuplane.v1.ReplayRequest
+	(*ReplayResponse)(nil),        // 16: gpuplane.v1.ReplayResponse
+	(*VerifyRequest)(nil),         // 17: gpuplane.v1.VerifyRequest
+	(*ServerVerification)(nil),    // 18: gpuplane.v1.ServerVerification
+	(*VerifyResponse)(nil),        // 19: gpuplane.v1.VerifyResponse
+	(*HashAtRequest)(nil),         // 20: gpuplane.v1.HashAtRequest
+	(*HashAtResponse)(nil),        // 21: gpuplane.v1.HashAtResponse
+	(*timestamppb.Timestamp)(nil), // 22: google.protobuf.Timestamp
+	(*Envelope)(nil),              // 23: gpuplane.v1.Envelope
+	(*Result)(nil),                // 24: gpuplane.v1.Result
+	(*Node)(nil),                  // 25: gpuplane.v1.Node
+	(*Device)(nil),                // 26: gpuplane.v1.Device
+	(*Accelerator)(nil),           // 27: gpuplane.v1.Accelerator
+	(*ModelDeployment)(nil),       // 28: gpuplane.v1.ModelDeployment
+	(*Replica)(nil),               // 29: gpuplane.v1.Replica
 }
 var file_gpuplane_v1_audit_proto_depIdxs = []int32{
 	1,  // 0: gpuplane.v1.WatchRequest.filter:type_name -> gpuplane.v1.EventFilter
 	4,  // 1: gpuplane.v1.WatchResponse.event:type_name -> gpuplane.v1.Event
 	0,  // 2: gpuplane.v1.Event.type:type_name -> gpuplane.v1.EventType
-	16, // 3: gpuplane.v1.Event.proposed_at:type_name -> google.protobuf.Timestamp
-	17, // 4: gpuplane.v1.Event.envelope:type_name -> gpuplane.v1.Envelope
-	18, // 5: gpuplane.v1.Event.result:type_name -> gpuplane.v1.Result
+	22, // 3: gpuplane.v1.Event.proposed_at:type_name -> google.protobuf.Timestamp
+	23, // 4: gpuplane.v1.Event.envelope:type_name -> gpuplane.v1.Envelope
+	24, // 5: gpuplane.v1.Event.result:type_name -> gpuplane.v1.Result
 	5,  // 6: gpuplane.v1.Event.membership:type_name -> gpuplane.v1.Membership
 	6,  // 7: gpuplane.v1.Membership.servers:type_name -> gpuplane.v1.RaftServer
-	1,  // 8: gpuplane.v1.LogRequest.filter:type_name -> gpuplane.v1.EventFilter
-	4,  // 9: gpuplane.v1.LogResponse.event:type_name -> gpuplane.v1.Event
-	16, // 10: gpuplane.v1.ReplayRequest.time:type_name -> google.protobuf.Timestamp
-	19, // 11: gpuplane.v1.ReplayResponse.nodes:type_name -> gpuplane.v1.Node
-	20, // 12: gpuplane.v1.ReplayResponse.devices:type_name -> gpuplane.v1.Device
-	21, // 13: gpuplane.v1.ReplayResponse.accelerators:type_name -> gpuplane.v1.Accelerator
-	22, // 14: gpuplane.v1.ReplayResponse.models:type_name -> gpuplane.v1.ModelDeployment
-	23, // 15: gpuplane.v1.ReplayResponse.replicas:type_name -> gpuplane.v1.Replica
-	12, // 16: gpuplane.v1.VerifyResponse.servers:type_name -> gpuplane.v1.ServerVerification
-	2,  // 17: gpuplane.v1.EventService.Watch:input_type -> gpuplane.v1.WatchRequest
-	7,  // 18: gpuplane.v1.AuditService.Log:input_type -> gpuplane.v1.LogRequest
-	9,  // 19: gpuplane.v1.AuditService.Replay:input_type -> gpuplane.v1.ReplayRequest
-	11, // 20: gpuplane.v1.AuditService.Verify:input_type -> gpuplane.v1.VerifyRequest
-	14, // 21: gpuplane.v1.AuditService.HashAt:input_type -> gpuplane.v1.HashAtRequest
-	3,  // 22: gpuplane.v1.EventService.Watch:output_type -> gpuplane.v1.WatchResponse
-	8,  // 23: gpuplane.v1.AuditService.Log:output_type -> gpuplane.v1.LogResponse
-	10, // 24: gpuplane.v1.AuditService.Replay:output_type -> gpuplane.v1.ReplayResponse
-	13, // 25: gpuplane.v1.AuditService.Verify:output_type -> gpuplane.v1.VerifyResponse
-	15, // 26: gpuplane.v1.AuditService.HashAt:output_type -> gpuplane.v1.HashAtResponse
-	22, // [22:27] is the sub-list for method output_type
-	17, // [17:22] is the sub-list for method input_type
-	17, // [17:17] is the sub-list for extension type_name
-	17, // [17:17] is the sub-list for extension extendee
-	0,  // [0:17] is the sub-list for field type_name
+	22, // 8: gpuplane.v1.ArchivedEntry.appended_at:type_name -> google.protobuf.Timestamp
+	7,  // 9: gpuplane.v1.EntriesResponse.entries:type_name -> gpuplane.v1.ArchivedEntry
+	11, // 10: gpuplane.v1.CompactResponse.servers:type_name -> gpuplane.v1.ServerCompaction
+	1,  // 11: gpuplane.v1.LogRequest.filter:type_name -> gpuplane.v1.EventFilter
+	4,  // 12: gpuplane.v1.LogResponse.event:type_name -> gpuplane.v1.Event
+	22, // 13: gpuplane.v1.ReplayRequest.time:type_name -> google.protobuf.Timestamp
+	25, // 14: gpuplane.v1.ReplayResponse.nodes:type_name -> gpuplane.v1.Node
+	26, // 15: gpuplane.v1.ReplayResponse.devices:type_name -> gpuplane.v1.Device
+	27, // 16: gpuplane.v1.ReplayResponse.accelerators:type_name -> gpuplane.v1.Accelerator
+	28, // 17: gpuplane.v1.ReplayResponse.models:type_name -> gpuplane.v1.ModelDeployment
+	29, // 18: gpuplane.v1.ReplayResponse.replicas:type_name -> gpuplane.v1.Replica
+	18, // 19: gpuplane.v1.VerifyResponse.servers:type_name -> gpuplane.v1.ServerVerification
+	2,  // 20: gpuplane.v1.EventService.Watch:input_type -> gpuplane.v1.WatchRequest
+	13, // 21: gpuplane.v1.AuditService.Log:input_type -> gpuplane.v1.LogRequest
+	15, // 22: gpuplane.v1.AuditService.Replay:input_type -> gpuplane.v1.ReplayRequest
+	17, // 23: gpuplane.v1.AuditService.Verify:input_type -> gpuplane.v1.VerifyRequest
+	20, // 24: gpuplane.v1.AuditService.HashAt:input_type -> gpuplane.v1.HashAtRequest
+	8,  // 25: gpuplane.v1.AuditService.Entries:input_type -> gpuplane.v1.EntriesRequest
+	10, // 26: gpuplane.v1.AuditService.Compact:input_type -> gpuplane.v1.CompactRequest
+	3,  // 27: gpuplane.v1.EventService.Watch:output_type -> gpuplane.v1.WatchResponse
+	14, // 28: gpuplane.v1.AuditService.Log:output_type -> gpuplane.v1.LogResponse
+	16, // 29: gpuplane.v1.AuditService.Replay:output_type -> gpuplane.v1.ReplayResponse
+	19, // 30: gpuplane.v1.AuditService.Verify:output_type -> gpuplane.v1.VerifyResponse
+	21, // 31: gpuplane.v1.AuditService.HashAt:output_type -> gpuplane.v1.HashAtResponse
+	9,  // 32: gpuplane.v1.AuditService.Entries:output_type -> gpuplane.v1.EntriesResponse
+	12, // 33: gpuplane.v1.AuditService.Compact:output_type -> gpuplane.v1.CompactResponse
+	27, // [27:34] is the sub-list for method output_type
+	20, // [20:27] is the sub-list for method input_type
+	20, // [20:20] is the sub-list for extension type_name
+	20, // [20:20] is the sub-list for extension extendee
+	0,  // [0:20] is the sub-list for field type_name
 }
 
 func init() { file_gpuplane_v1_audit_proto_init() }
@@ -1257,7 +1669,7 @@ func file_gpuplane_v1_audit_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_gpuplane_v1_audit_proto_rawDesc), len(file_gpuplane_v1_audit_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   15,
+			NumMessages:   21,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

@@ -9,6 +9,7 @@ package gpuplanev1
 import (
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
+	durationpb "google.golang.org/protobuf/types/known/durationpb"
 	timestamppb "google.golang.org/protobuf/types/known/timestamppb"
 	reflect "reflect"
 	sync "sync"
@@ -150,6 +151,12 @@ type Envelope struct {
 	// The leader's wall clock when it proposed the entry. Informational: the
 	// state machine copies it into state but never compares it with a clock.
 	ProposedAt *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=proposed_at,json=proposedAt,proto3" json:"proposed_at,omitempty"`
+	// The request-id deduplication window from this entry on (fsm/requests.go):
+	// a leader sets it to its --request-window on its first proposal of a
+	// term and whenever the state machine holds another, leaves it unset
+	// otherwise. Carried in the log, so every server and every replay uses
+	// the same window at the same entry.
+	RequestWindow *durationpb.Duration `protobuf:"bytes,4,opt,name=request_window,json=requestWindow,proto3" json:"request_window,omitempty"`
 	// Types that are valid to be assigned to Command:
 	//
 	//	*Envelope_RegisterNode
@@ -218,6 +225,13 @@ func (x *Envelope) GetActor() string {
 func (x *Envelope) GetProposedAt() *timestamppb.Timestamp {
 	if x != nil {
 		return x.ProposedAt
+	}
+	return nil
+}
+
+func (x *Envelope) GetRequestWindow() *durationpb.Duration {
+	if x != nil {
+		return x.RequestWindow
 	}
 	return nil
 }
@@ -1678,13 +1692,14 @@ var File_gpuplane_v1_log_proto protoreflect.FileDescriptor
 
 const file_gpuplane_v1_log_proto_rawDesc = "" +
 	"\n" +
-	"\x15gpuplane/v1/log.proto\x12\vgpuplane.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1bgpuplane/v1/resources.proto\"\xd1\b\n" +
+	"\x15gpuplane/v1/log.proto\x12\vgpuplane.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1bgpuplane/v1/resources.proto\"\x93\t\n" +
 	"\bEnvelope\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12\x14\n" +
 	"\x05actor\x18\x02 \x01(\tR\x05actor\x12;\n" +
 	"\vproposed_at\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
 	"proposedAt\x12@\n" +
+	"\x0erequest_window\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\rrequestWindow\x12@\n" +
 	"\rregister_node\x18\n" +
 	" \x01(\v2\x19.gpuplane.v1.RegisterNodeH\x00R\fregisterNode\x12I\n" +
 	"\x10update_inventory\x18\v \x01(\v2\x1c.gpuplane.v1.UpdateInventoryH\x00R\x0fupdateInventory\x12D\n" +
@@ -1852,53 +1867,55 @@ var file_gpuplane_v1_log_proto_goTypes = []any{
 	(*Violations)(nil),            // 21: gpuplane.v1.Violations
 	(*Result)(nil),                // 22: gpuplane.v1.Result
 	(*timestamppb.Timestamp)(nil), // 23: google.protobuf.Timestamp
-	(*Node)(nil),                  // 24: gpuplane.v1.Node
-	(*Card)(nil),                  // 25: gpuplane.v1.Card
-	(NodeStatus)(0),               // 26: gpuplane.v1.NodeStatus
-	(*AcceleratorSpec)(nil),       // 27: gpuplane.v1.AcceleratorSpec
-	(*ModelSpec)(nil),             // 28: gpuplane.v1.ModelSpec
-	(ReplicaState)(0),             // 29: gpuplane.v1.ReplicaState
-	(ReplicaResidency)(0),         // 30: gpuplane.v1.ReplicaResidency
-	(*AdapterStatus)(nil),         // 31: gpuplane.v1.AdapterStatus
-	(Role)(0),                     // 32: gpuplane.v1.Role
+	(*durationpb.Duration)(nil),   // 24: google.protobuf.Duration
+	(*Node)(nil),                  // 25: gpuplane.v1.Node
+	(*Card)(nil),                  // 26: gpuplane.v1.Card
+	(NodeStatus)(0),               // 27: gpuplane.v1.NodeStatus
+	(*AcceleratorSpec)(nil),       // 28: gpuplane.v1.AcceleratorSpec
+	(*ModelSpec)(nil),             // 29: gpuplane.v1.ModelSpec
+	(ReplicaState)(0),             // 30: gpuplane.v1.ReplicaState
+	(ReplicaResidency)(0),         // 31: gpuplane.v1.ReplicaResidency
+	(*AdapterStatus)(nil),         // 32: gpuplane.v1.AdapterStatus
+	(Role)(0),                     // 33: gpuplane.v1.Role
 }
 var file_gpuplane_v1_log_proto_depIdxs = []int32{
 	23, // 0: gpuplane.v1.Envelope.proposed_at:type_name -> google.protobuf.Timestamp
-	3,  // 1: gpuplane.v1.Envelope.register_node:type_name -> gpuplane.v1.RegisterNode
-	4,  // 2: gpuplane.v1.Envelope.update_inventory:type_name -> gpuplane.v1.UpdateInventory
-	5,  // 3: gpuplane.v1.Envelope.set_node_status:type_name -> gpuplane.v1.SetNodeStatus
-	6,  // 4: gpuplane.v1.Envelope.deregister_node:type_name -> gpuplane.v1.DeregisterNode
-	7,  // 5: gpuplane.v1.Envelope.create_accelerator:type_name -> gpuplane.v1.CreateAccelerator
-	8,  // 6: gpuplane.v1.Envelope.delete_accelerator:type_name -> gpuplane.v1.DeleteAccelerator
-	9,  // 7: gpuplane.v1.Envelope.apply_model:type_name -> gpuplane.v1.ApplyModel
-	10, // 8: gpuplane.v1.Envelope.delete_model:type_name -> gpuplane.v1.DeleteModel
-	13, // 9: gpuplane.v1.Envelope.place_replicas:type_name -> gpuplane.v1.PlaceReplicas
-	14, // 10: gpuplane.v1.Envelope.unplace_replica:type_name -> gpuplane.v1.UnplaceReplica
-	15, // 11: gpuplane.v1.Envelope.replica_status:type_name -> gpuplane.v1.ReplicaStatus
-	17, // 12: gpuplane.v1.Envelope.bootstrap_acl:type_name -> gpuplane.v1.BootstrapACL
-	18, // 13: gpuplane.v1.Envelope.create_token:type_name -> gpuplane.v1.CreateToken
-	19, // 14: gpuplane.v1.Envelope.delete_token:type_name -> gpuplane.v1.DeleteToken
-	24, // 15: gpuplane.v1.RegisterNode.node:type_name -> gpuplane.v1.Node
-	25, // 16: gpuplane.v1.UpdateInventory.cards:type_name -> gpuplane.v1.Card
-	26, // 17: gpuplane.v1.SetNodeStatus.status:type_name -> gpuplane.v1.NodeStatus
-	27, // 18: gpuplane.v1.CreateAccelerator.spec:type_name -> gpuplane.v1.AcceleratorSpec
-	28, // 19: gpuplane.v1.ApplyModel.spec:type_name -> gpuplane.v1.ModelSpec
-	11, // 20: gpuplane.v1.PlaceReplicas.placements:type_name -> gpuplane.v1.Placement
-	12, // 21: gpuplane.v1.PlaceReplicas.pending:type_name -> gpuplane.v1.PendingReason
-	29, // 22: gpuplane.v1.ReplicaStatus.state:type_name -> gpuplane.v1.ReplicaState
-	30, // 23: gpuplane.v1.ReplicaStatus.residency:type_name -> gpuplane.v1.ReplicaResidency
-	16, // 24: gpuplane.v1.ReplicaStatus.adapters:type_name -> gpuplane.v1.ReplicaAdapters
-	31, // 25: gpuplane.v1.ReplicaAdapters.adapters:type_name -> gpuplane.v1.AdapterStatus
-	32, // 26: gpuplane.v1.CreateToken.role:type_name -> gpuplane.v1.Role
-	20, // 27: gpuplane.v1.Violations.violations:type_name -> gpuplane.v1.Violation
-	0,  // 28: gpuplane.v1.Result.code:type_name -> gpuplane.v1.Code
-	20, // 29: gpuplane.v1.Result.violations:type_name -> gpuplane.v1.Violation
-	1,  // 30: gpuplane.v1.Result.outcome:type_name -> gpuplane.v1.Outcome
-	31, // [31:31] is the sub-list for method output_type
-	31, // [31:31] is the sub-list for method input_type
-	31, // [31:31] is the sub-list for extension type_name
-	31, // [31:31] is the sub-list for extension extendee
-	0,  // [0:31] is the sub-list for field type_name
+	24, // 1: gpuplane.v1.Envelope.request_window:type_name -> google.protobuf.Duration
+	3,  // 2: gpuplane.v1.Envelope.register_node:type_name -> gpuplane.v1.RegisterNode
+	4,  // 3: gpuplane.v1.Envelope.update_inventory:type_name -> gpuplane.v1.UpdateInventory
+	5,  // 4: gpuplane.v1.Envelope.set_node_status:type_name -> gpuplane.v1.SetNodeStatus
+	6,  // 5: gpuplane.v1.Envelope.deregister_node:type_name -> gpuplane.v1.DeregisterNode
+	7,  // 6: gpuplane.v1.Envelope.create_accelerator:type_name -> gpuplane.v1.CreateAccelerator
+	8,  // 7: gpuplane.v1.Envelope.delete_accelerator:type_name -> gpuplane.v1.DeleteAccelerator
+	9,  // 8: gpuplane.v1.Envelope.apply_model:type_name -> gpuplane.v1.ApplyModel
+	10, // 9: gpuplane.v1.Envelope.delete_model:type_name -> gpuplane.v1.DeleteModel
+	13, // 10: gpuplane.v1.Envelope.place_replicas:type_name -> gpuplane.v1.PlaceReplicas
+	14, // 11: gpuplane.v1.Envelope.unplace_replica:type_name -> gpuplane.v1.UnplaceReplica
+	15, // 12: gpuplane.v1.Envelope.replica_status:type_name -> gpuplane.v1.ReplicaStatus
+	17, // 13: gpuplane.v1.Envelope.bootstrap_acl:type_name -> gpuplane.v1.BootstrapACL
+	18, // 14: gpuplane.v1.Envelope.create_token:type_name -> gpuplane.v1.CreateToken
+	19, // 15: gpuplane.v1.Envelope.delete_token:type_name -> gpuplane.v1.DeleteToken
+	25, // 16: gpuplane.v1.RegisterNode.node:type_name -> gpuplane.v1.Node
+	26, // 17: gpuplane.v1.UpdateInventory.cards:type_name -> gpuplane.v1.Card
+	27, // 18: gpuplane.v1.SetNodeStatus.status:type_name -> gpuplane.v1.NodeStatus
+	28, // 19: gpuplane.v1.CreateAccelerator.spec:type_name -> gpuplane.v1.AcceleratorSpec
+	29, // 20: gpuplane.v1.ApplyModel.spec:type_name -> gpuplane.v1.ModelSpec
+	11, // 21: gpuplane.v1.PlaceReplicas.placements:type_name -> gpuplane.v1.Placement
+	12, // 22: gpuplane.v1.PlaceReplicas.pending:type_name -> gpuplane.v1.PendingReason
+	30, // 23: gpuplane.v1.ReplicaStatus.state:type_name -> gpuplane.v1.ReplicaState
+	31, // 24: gpuplane.v1.ReplicaStatus.residency:type_name -> gpuplane.v1.ReplicaResidency
+	16, // 25: gpuplane.v1.ReplicaStatus.adapters:type_name -> gpuplane.v1.ReplicaAdapters
+	32, // 26: gpuplane.v1.ReplicaAdapters.adapters:type_name -> gpuplane.v1.AdapterStatus
+	33, // 27: gpuplane.v1.CreateToken.role:type_name -> gpuplane.v1.Role
+	20, // 28: gpuplane.v1.Violations.violations:type_name -> gpuplane.v1.Violation
+	0,  // 29: gpuplane.v1.Result.code:type_name -> gpuplane.v1.Code
+	20, // 30: gpuplane.v1.Result.violations:type_name -> gpuplane.v1.Violation
+	1,  // 31: gpuplane.v1.Result.outcome:type_name -> gpuplane.v1.Outcome
+	32, // [32:32] is the sub-list for method output_type
+	32, // [32:32] is the sub-list for method input_type
+	32, // [32:32] is the sub-list for extension type_name
+	32, // [32:32] is the sub-list for extension extendee
+	0,  // [0:32] is the sub-list for field type_name
 }
 
 func init() { file_gpuplane_v1_log_proto_init() }

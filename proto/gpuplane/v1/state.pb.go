@@ -9,6 +9,8 @@ package gpuplanev1
 import (
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
+	durationpb "google.golang.org/protobuf/types/known/durationpb"
+	timestamppb "google.golang.org/protobuf/types/known/timestamppb"
 	reflect "reflect"
 	sync "sync"
 	unsafe "unsafe"
@@ -84,9 +86,12 @@ func (x *StoredAccelerator) GetCreatedIndex() uint64 {
 
 // AppliedRequest remembers the result of a request id for deduplication.
 type AppliedRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	RequestId     string                 `protobuf:"bytes,1,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
-	Result        *Result                `protobuf:"bytes,2,opt,name=result,proto3" json:"result,omitempty"`
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	RequestId string                 `protobuf:"bytes,1,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	Result    *Result                `protobuf:"bytes,2,opt,name=result,proto3" json:"result,omitempty"`
+	// The log time (State.log_time) when the id was first applied: it is
+	// forgotten once the log time reaches applied_at + the request window.
+	AppliedAt     *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=applied_at,json=appliedAt,proto3" json:"applied_at,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -135,23 +140,37 @@ func (x *AppliedRequest) GetResult() *Result {
 	return nil
 }
 
+func (x *AppliedRequest) GetAppliedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.AppliedAt
+	}
+	return nil
+}
+
 // State is the whole state machine, as written to snapshots. Lists are sorted
 // by name so that equal states encode to equal bytes.
 type State struct {
 	state        protoimpl.MessageState `protogen:"open.v1"`
 	AppliedIndex uint64                 `protobuf:"varint,1,opt,name=applied_index,json=appliedIndex,proto3" json:"applied_index,omitempty"`
 	// Hash chain head after applied_index (hex sha256).
-	Hash            string               `protobuf:"bytes,2,opt,name=hash,proto3" json:"hash,omitempty"`
-	Nodes           []*Node              `protobuf:"bytes,3,rep,name=nodes,proto3" json:"nodes,omitempty"`
-	Accelerators    []*StoredAccelerator `protobuf:"bytes,4,rep,name=accelerators,proto3" json:"accelerators,omitempty"`
-	AppliedRequests []*AppliedRequest    `protobuf:"bytes,5,rep,name=applied_requests,json=appliedRequests,proto3" json:"applied_requests,omitempty"`
-	Models          []*ModelDeployment   `protobuf:"bytes,6,rep,name=models,proto3" json:"models,omitempty"`
-	Replicas        []*Replica           `protobuf:"bytes,7,rep,name=replicas,proto3" json:"replicas,omitempty"`
-	Tokens          []*ACLToken          `protobuf:"bytes,8,rep,name=tokens,proto3" json:"tokens,omitempty"`
+	Hash         string               `protobuf:"bytes,2,opt,name=hash,proto3" json:"hash,omitempty"`
+	Nodes        []*Node              `protobuf:"bytes,3,rep,name=nodes,proto3" json:"nodes,omitempty"`
+	Accelerators []*StoredAccelerator `protobuf:"bytes,4,rep,name=accelerators,proto3" json:"accelerators,omitempty"`
+	// The request ids still within the window, sorted by id.
+	AppliedRequests []*AppliedRequest  `protobuf:"bytes,5,rep,name=applied_requests,json=appliedRequests,proto3" json:"applied_requests,omitempty"`
+	Models          []*ModelDeployment `protobuf:"bytes,6,rep,name=models,proto3" json:"models,omitempty"`
+	Replicas        []*Replica         `protobuf:"bytes,7,rep,name=replicas,proto3" json:"replicas,omitempty"`
+	Tokens          []*ACLToken        `protobuf:"bytes,8,rep,name=tokens,proto3" json:"tokens,omitempty"`
 	// True once BootstrapACL has been applied.
 	AclBootstrapped bool `protobuf:"varint,9,opt,name=acl_bootstrapped,json=aclBootstrapped,proto3" json:"acl_bootstrapped,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// The log time: the latest proposed_at of any applied entry (never the
+	// local clock), by which request ids expire.
+	LogTime *timestamppb.Timestamp `protobuf:"bytes,10,opt,name=log_time,json=logTime,proto3" json:"log_time,omitempty"`
+	// The request-id deduplication window last set by an entry; unset: the
+	// default, 24 hours.
+	RequestWindow *durationpb.Duration `protobuf:"bytes,11,opt,name=request_window,json=requestWindow,proto3" json:"request_window,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *State) Reset() {
@@ -247,19 +266,35 @@ func (x *State) GetAclBootstrapped() bool {
 	return false
 }
 
+func (x *State) GetLogTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.LogTime
+	}
+	return nil
+}
+
+func (x *State) GetRequestWindow() *durationpb.Duration {
+	if x != nil {
+		return x.RequestWindow
+	}
+	return nil
+}
+
 var File_gpuplane_v1_state_proto protoreflect.FileDescriptor
 
 const file_gpuplane_v1_state_proto_rawDesc = "" +
 	"\n" +
-	"\x17gpuplane/v1/state.proto\x12\vgpuplane.v1\x1a\x15gpuplane/v1/log.proto\x1a\x1bgpuplane/v1/resources.proto\"~\n" +
+	"\x17gpuplane/v1/state.proto\x12\vgpuplane.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x15gpuplane/v1/log.proto\x1a\x1bgpuplane/v1/resources.proto\"~\n" +
 	"\x11StoredAccelerator\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x120\n" +
 	"\x04spec\x18\x02 \x01(\v2\x1c.gpuplane.v1.AcceleratorSpecR\x04spec\x12#\n" +
-	"\rcreated_index\x18\x03 \x01(\x04R\fcreatedIndex\"\\\n" +
+	"\rcreated_index\x18\x03 \x01(\x04R\fcreatedIndex\"\x97\x01\n" +
 	"\x0eAppliedRequest\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12+\n" +
-	"\x06result\x18\x02 \x01(\v2\x13.gpuplane.v1.ResultR\x06result\"\xb7\x03\n" +
+	"\x06result\x18\x02 \x01(\v2\x13.gpuplane.v1.ResultR\x06result\x129\n" +
+	"\n" +
+	"applied_at\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\tappliedAt\"\xb0\x04\n" +
 	"\x05State\x12#\n" +
 	"\rapplied_index\x18\x01 \x01(\x04R\fappliedIndex\x12\x12\n" +
 	"\x04hash\x18\x02 \x01(\tR\x04hash\x12'\n" +
@@ -269,7 +304,10 @@ const file_gpuplane_v1_state_proto_rawDesc = "" +
 	"\x06models\x18\x06 \x03(\v2\x1c.gpuplane.v1.ModelDeploymentR\x06models\x120\n" +
 	"\breplicas\x18\a \x03(\v2\x14.gpuplane.v1.ReplicaR\breplicas\x12-\n" +
 	"\x06tokens\x18\b \x03(\v2\x15.gpuplane.v1.ACLTokenR\x06tokens\x12)\n" +
-	"\x10acl_bootstrapped\x18\t \x01(\bR\x0faclBootstrappedB;Z9github.com/gpuplane/gpuplane/proto/gpuplane/v1;gpuplanev1b\x06proto3"
+	"\x10acl_bootstrapped\x18\t \x01(\bR\x0faclBootstrapped\x125\n" +
+	"\blog_time\x18\n" +
+	" \x01(\v2\x1a.google.protobuf.TimestampR\alogTime\x12@\n" +
+	"\x0erequest_window\x18\v \x01(\v2\x19.google.protobuf.DurationR\rrequestWindowB;Z9github.com/gpuplane/gpuplane/proto/gpuplane/v1;gpuplanev1b\x06proto3"
 
 var (
 	file_gpuplane_v1_state_proto_rawDescOnce sync.Once
@@ -285,30 +323,35 @@ func file_gpuplane_v1_state_proto_rawDescGZIP() []byte {
 
 var file_gpuplane_v1_state_proto_msgTypes = make([]protoimpl.MessageInfo, 3)
 var file_gpuplane_v1_state_proto_goTypes = []any{
-	(*StoredAccelerator)(nil), // 0: gpuplane.v1.StoredAccelerator
-	(*AppliedRequest)(nil),    // 1: gpuplane.v1.AppliedRequest
-	(*State)(nil),             // 2: gpuplane.v1.State
-	(*AcceleratorSpec)(nil),   // 3: gpuplane.v1.AcceleratorSpec
-	(*Result)(nil),            // 4: gpuplane.v1.Result
-	(*Node)(nil),              // 5: gpuplane.v1.Node
-	(*ModelDeployment)(nil),   // 6: gpuplane.v1.ModelDeployment
-	(*Replica)(nil),           // 7: gpuplane.v1.Replica
-	(*ACLToken)(nil),          // 8: gpuplane.v1.ACLToken
+	(*StoredAccelerator)(nil),     // 0: gpuplane.v1.StoredAccelerator
+	(*AppliedRequest)(nil),        // 1: gpuplane.v1.AppliedRequest
+	(*State)(nil),                 // 2: gpuplane.v1.State
+	(*AcceleratorSpec)(nil),       // 3: gpuplane.v1.AcceleratorSpec
+	(*Result)(nil),                // 4: gpuplane.v1.Result
+	(*timestamppb.Timestamp)(nil), // 5: google.protobuf.Timestamp
+	(*Node)(nil),                  // 6: gpuplane.v1.Node
+	(*ModelDeployment)(nil),       // 7: gpuplane.v1.ModelDeployment
+	(*Replica)(nil),               // 8: gpuplane.v1.Replica
+	(*ACLToken)(nil),              // 9: gpuplane.v1.ACLToken
+	(*durationpb.Duration)(nil),   // 10: google.protobuf.Duration
 }
 var file_gpuplane_v1_state_proto_depIdxs = []int32{
-	3, // 0: gpuplane.v1.StoredAccelerator.spec:type_name -> gpuplane.v1.AcceleratorSpec
-	4, // 1: gpuplane.v1.AppliedRequest.result:type_name -> gpuplane.v1.Result
-	5, // 2: gpuplane.v1.State.nodes:type_name -> gpuplane.v1.Node
-	0, // 3: gpuplane.v1.State.accelerators:type_name -> gpuplane.v1.StoredAccelerator
-	1, // 4: gpuplane.v1.State.applied_requests:type_name -> gpuplane.v1.AppliedRequest
-	6, // 5: gpuplane.v1.State.models:type_name -> gpuplane.v1.ModelDeployment
-	7, // 6: gpuplane.v1.State.replicas:type_name -> gpuplane.v1.Replica
-	8, // 7: gpuplane.v1.State.tokens:type_name -> gpuplane.v1.ACLToken
-	8, // [8:8] is the sub-list for method output_type
-	8, // [8:8] is the sub-list for method input_type
-	8, // [8:8] is the sub-list for extension type_name
-	8, // [8:8] is the sub-list for extension extendee
-	0, // [0:8] is the sub-list for field type_name
+	3,  // 0: gpuplane.v1.StoredAccelerator.spec:type_name -> gpuplane.v1.AcceleratorSpec
+	4,  // 1: gpuplane.v1.AppliedRequest.result:type_name -> gpuplane.v1.Result
+	5,  // 2: gpuplane.v1.AppliedRequest.applied_at:type_name -> google.protobuf.Timestamp
+	6,  // 3: gpuplane.v1.State.nodes:type_name -> gpuplane.v1.Node
+	0,  // 4: gpuplane.v1.State.accelerators:type_name -> gpuplane.v1.StoredAccelerator
+	1,  // 5: gpuplane.v1.State.applied_requests:type_name -> gpuplane.v1.AppliedRequest
+	7,  // 6: gpuplane.v1.State.models:type_name -> gpuplane.v1.ModelDeployment
+	8,  // 7: gpuplane.v1.State.replicas:type_name -> gpuplane.v1.Replica
+	9,  // 8: gpuplane.v1.State.tokens:type_name -> gpuplane.v1.ACLToken
+	5,  // 9: gpuplane.v1.State.log_time:type_name -> google.protobuf.Timestamp
+	10, // 10: gpuplane.v1.State.request_window:type_name -> google.protobuf.Duration
+	11, // [11:11] is the sub-list for method output_type
+	11, // [11:11] is the sub-list for method input_type
+	11, // [11:11] is the sub-list for extension type_name
+	11, // [11:11] is the sub-list for extension extendee
+	0,  // [0:11] is the sub-list for field type_name
 }
 
 func init() { file_gpuplane_v1_state_proto_init() }

@@ -45,6 +45,10 @@ const (
 	AuditServiceVerifyProcedure = "/gpuplane.v1.AuditService/Verify"
 	// AuditServiceHashAtProcedure is the fully-qualified name of the AuditService's HashAt RPC.
 	AuditServiceHashAtProcedure = "/gpuplane.v1.AuditService/HashAt"
+	// AuditServiceEntriesProcedure is the fully-qualified name of the AuditService's Entries RPC.
+	AuditServiceEntriesProcedure = "/gpuplane.v1.AuditService/Entries"
+	// AuditServiceCompactProcedure is the fully-qualified name of the AuditService's Compact RPC.
+	AuditServiceCompactProcedure = "/gpuplane.v1.AuditService/Compact"
 )
 
 // EventServiceClient is a client for the gpuplane.v1.EventService service.
@@ -135,6 +139,15 @@ type AuditServiceClient interface {
 	// HashAt returns the hash chain head this server's live state machine
 	// computed after one entry (or after its last applied entry).
 	HashAt(context.Context, *connect.Request[v1.HashAtRequest]) (*connect.Response[v1.HashAtResponse], error)
+	// Entries sends this server's log entries from_index..to_index as stored
+	// (to_index 0: up to its applied index), for `audit archive`.
+	Entries(context.Context, *connect.Request[v1.EntriesRequest]) (*connect.ServerStreamForClient[v1.EntriesResponse], error)
+	// Compact drops the entries before before_index from the log of every
+	// server (or, with local, of this one), once an archive holds them: each
+	// server checks that the archive's hash head at before_index-1 is the one
+	// it recorded there, snapshots, keeps the state at the cut for audit and
+	// deletes the entries. Off unless asked: `audit compact`.
+	Compact(context.Context, *connect.Request[v1.CompactRequest]) (*connect.Response[v1.CompactResponse], error)
 }
 
 // NewAuditServiceClient constructs a client for the gpuplane.v1.AuditService service. By default,
@@ -172,15 +185,29 @@ func NewAuditServiceClient(httpClient connect.HTTPClient, baseURL string, opts .
 			connect.WithSchema(auditServiceMethods.ByName("HashAt")),
 			connect.WithClientOptions(opts...),
 		),
+		entries: connect.NewClient[v1.EntriesRequest, v1.EntriesResponse](
+			httpClient,
+			baseURL+AuditServiceEntriesProcedure,
+			connect.WithSchema(auditServiceMethods.ByName("Entries")),
+			connect.WithClientOptions(opts...),
+		),
+		compact: connect.NewClient[v1.CompactRequest, v1.CompactResponse](
+			httpClient,
+			baseURL+AuditServiceCompactProcedure,
+			connect.WithSchema(auditServiceMethods.ByName("Compact")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
 // auditServiceClient implements AuditServiceClient.
 type auditServiceClient struct {
-	log    *connect.Client[v1.LogRequest, v1.LogResponse]
-	replay *connect.Client[v1.ReplayRequest, v1.ReplayResponse]
-	verify *connect.Client[v1.VerifyRequest, v1.VerifyResponse]
-	hashAt *connect.Client[v1.HashAtRequest, v1.HashAtResponse]
+	log     *connect.Client[v1.LogRequest, v1.LogResponse]
+	replay  *connect.Client[v1.ReplayRequest, v1.ReplayResponse]
+	verify  *connect.Client[v1.VerifyRequest, v1.VerifyResponse]
+	hashAt  *connect.Client[v1.HashAtRequest, v1.HashAtResponse]
+	entries *connect.Client[v1.EntriesRequest, v1.EntriesResponse]
+	compact *connect.Client[v1.CompactRequest, v1.CompactResponse]
 }
 
 // Log calls gpuplane.v1.AuditService.Log.
@@ -203,6 +230,16 @@ func (c *auditServiceClient) HashAt(ctx context.Context, req *connect.Request[v1
 	return c.hashAt.CallUnary(ctx, req)
 }
 
+// Entries calls gpuplane.v1.AuditService.Entries.
+func (c *auditServiceClient) Entries(ctx context.Context, req *connect.Request[v1.EntriesRequest]) (*connect.ServerStreamForClient[v1.EntriesResponse], error) {
+	return c.entries.CallServerStream(ctx, req)
+}
+
+// Compact calls gpuplane.v1.AuditService.Compact.
+func (c *auditServiceClient) Compact(ctx context.Context, req *connect.Request[v1.CompactRequest]) (*connect.Response[v1.CompactResponse], error) {
+	return c.compact.CallUnary(ctx, req)
+}
+
 // AuditServiceHandler is an implementation of the gpuplane.v1.AuditService service.
 type AuditServiceHandler interface {
 	// Log sends the events with from_index <= index <= to_index that match the
@@ -217,6 +254,15 @@ type AuditServiceHandler interface {
 	// HashAt returns the hash chain head this server's live state machine
 	// computed after one entry (or after its last applied entry).
 	HashAt(context.Context, *connect.Request[v1.HashAtRequest]) (*connect.Response[v1.HashAtResponse], error)
+	// Entries sends this server's log entries from_index..to_index as stored
+	// (to_index 0: up to its applied index), for `audit archive`.
+	Entries(context.Context, *connect.Request[v1.EntriesRequest], *connect.ServerStream[v1.EntriesResponse]) error
+	// Compact drops the entries before before_index from the log of every
+	// server (or, with local, of this one), once an archive holds them: each
+	// server checks that the archive's hash head at before_index-1 is the one
+	// it recorded there, snapshots, keeps the state at the cut for audit and
+	// deletes the entries. Off unless asked: `audit compact`.
+	Compact(context.Context, *connect.Request[v1.CompactRequest]) (*connect.Response[v1.CompactResponse], error)
 }
 
 // NewAuditServiceHandler builds an HTTP handler from the service implementation. It returns the
@@ -250,6 +296,18 @@ func NewAuditServiceHandler(svc AuditServiceHandler, opts ...connect.HandlerOpti
 		connect.WithSchema(auditServiceMethods.ByName("HashAt")),
 		connect.WithHandlerOptions(opts...),
 	)
+	auditServiceEntriesHandler := connect.NewServerStreamHandler(
+		AuditServiceEntriesProcedure,
+		svc.Entries,
+		connect.WithSchema(auditServiceMethods.ByName("Entries")),
+		connect.WithHandlerOptions(opts...),
+	)
+	auditServiceCompactHandler := connect.NewUnaryHandler(
+		AuditServiceCompactProcedure,
+		svc.Compact,
+		connect.WithSchema(auditServiceMethods.ByName("Compact")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/gpuplane.v1.AuditService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case AuditServiceLogProcedure:
@@ -260,6 +318,10 @@ func NewAuditServiceHandler(svc AuditServiceHandler, opts ...connect.HandlerOpti
 			auditServiceVerifyHandler.ServeHTTP(w, r)
 		case AuditServiceHashAtProcedure:
 			auditServiceHashAtHandler.ServeHTTP(w, r)
+		case AuditServiceEntriesProcedure:
+			auditServiceEntriesHandler.ServeHTTP(w, r)
+		case AuditServiceCompactProcedure:
+			auditServiceCompactHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -283,4 +345,12 @@ func (UnimplementedAuditServiceHandler) Verify(context.Context, *connect.Request
 
 func (UnimplementedAuditServiceHandler) HashAt(context.Context, *connect.Request[v1.HashAtRequest]) (*connect.Response[v1.HashAtResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("gpuplane.v1.AuditService.HashAt is not implemented"))
+}
+
+func (UnimplementedAuditServiceHandler) Entries(context.Context, *connect.Request[v1.EntriesRequest], *connect.ServerStream[v1.EntriesResponse]) error {
+	return connect.NewError(connect.CodeUnimplemented, errors.New("gpuplane.v1.AuditService.Entries is not implemented"))
+}
+
+func (UnimplementedAuditServiceHandler) Compact(context.Context, *connect.Request[v1.CompactRequest]) (*connect.Response[v1.CompactResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("gpuplane.v1.AuditService.Compact is not implemented"))
 }

@@ -1,0 +1,243 @@
+package agent
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"crypto/subtle"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/gpuplane/gpuplane/cluster"
+	"github.com/gpuplane/gpuplane/fsm"
+	"github.com/gpuplane/gpuplane/node/gateway"
+	"github.com/gpuplane/gpuplane/node/gateway/isolation"
+	"github.com/gpuplane/gpuplane/node/gateway/queue"
+	"github.com/gpuplane/gpuplane/node/resident"
+	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
+)
+
+// GatewayConfig tunes the gateway beyond its port; the zero value takes the
+// gateway's defaults. It has no flags: in-process tests and benchmarks set
+// it.
+type GatewayConfig struct {
+	// MaxInFlight caps each engine's requests in flight; QueueLimit bounds
+	// each engine's queue.
+	MaxInFlight int
+	QueueLimit  int
+	// Weights are tenants' weights by configuration (without ACL tokens
+	// that carry one).
+	Weights map[string]float64
+	// Queue is the cards' scheduler configuration.
+	Queue queue.Config
+	// Tenants resolves ACL tokens when ACLs are on (default: the
+	// cluster's token table, cluster.TenantFor).
+	Tenants gateway.TenantSource
+}
+
+// listenGateway opens the gateway's port before the cluster starts, so
+// that gossip announces the port it got (port 0 picks one).
+func (a *Agent) listenGateway() error {
+	ln, err := net.Listen("tcp", net.JoinHostPort(a.cfg.Bind, strconv.Itoa(a.cfg.GatewayPort)))
+	if err != nil {
+		return fmt.Errorf("--gateway-port: %w", err)
+	}
+	a.gatewayLn = ln
+	a.cfg.GatewayPort = ln.Addr().(*net.TCPAddr).Port
+	return nil
+}
+
+// gatewayAddr is the host:port other nodes reach this node's gateway at.
+func (a *Agent) gatewayAddr() string {
+	return net.JoinHostPort(a.cfg.Advertise, strconv.Itoa(a.cfg.GatewayPort))
+}
+
+// GatewayURL is the base URL of this node's OpenAI-compatible gateway.
+func (a *Agent) GatewayURL() string {
+	return a.sec.scheme() + "://" + a.gatewayAddr()
+}
+
+// startGateway serves the gateway on the port listenGateway opened.
+func (a *Agent) startGateway(res *resident.Manager) error {
+	secret, err := gatewaySecret(a.cfg.DataDir)
+	if err != nil {
+		return err
+	}
+	salter, err := isolation.NewSalter(secret)
+	if err != nil {
+		return err
+	}
+	gc := a.cfg.Gateway
+	opts := gateway.Options{
+		Node: a.cfg.NodeName, Cluster: &gatewayView{a: a}, Salter: salter, Peers: a.sec.peerHTTP,
+		IsPeer: a.isPeer, Queue: gc.Queue, MaxInFlight: gc.MaxInFlight, QueueLimit: gc.QueueLimit,
+		Weights: gc.Weights, Registerer: a.metricsReg, Logger: a.cfg.Logger,
+	}
+	if res != nil {
+		opts.Residency = res
+	}
+	if !a.cfg.Server {
+		// A client reads the state through a server: less often.
+		opts.Refresh = time.Second
+	}
+	if a.cfg.ACL {
+		opts.Tenants = gc.Tenants
+		if opts.Tenants == nil {
+			opts.Tenants = a.cluster
+		}
+	}
+	gw, err := gateway.New(opts)
+	if err != nil {
+		return err
+	}
+	// HTTP/1.1 for clients; HTTP/2 for nodes forwarding (the peer client
+	// speaks it, over TLS or in clear).
+	protocols := new(http.Protocols)
+	protocols.SetHTTP1(true)
+	protocols.SetHTTP2(true)
+	protocols.SetUnencryptedHTTP2(true)
+	srv := &http.Server{Handler: gw, ReadHeaderTimeout: 30 * time.Second, TLSConfig: a.sec.apiTLS(), Protocols: protocols}
+	ctx, stop := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		gw.Run(ctx)
+	}()
+	ln := a.gatewayLn
+	go func() {
+		var err error
+		if srv.TLSConfig != nil {
+			err = srv.ServeTLS(ln, "", "")
+		} else {
+			err = srv.Serve(ln)
+		}
+		if err != nil && !errors.Is(err, http.ErrServerClosed) {
+			a.cfg.Logger.Warn("gateway stopped", "err", err)
+		}
+	}()
+	a.stopGateway = func() {
+		sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		if srv.Shutdown(sctx) != nil {
+			_ = srv.Close()
+		}
+		cancel()
+		stop()
+		<-done
+	}
+	return nil
+}
+
+// isPeer reports whether r comes from another node: a certificate signed
+// by the cluster CA, or the agent token.
+func (a *Agent) isPeer(r *http.Request) bool {
+	if r.TLS != nil && len(r.TLS.VerifiedChains) > 0 {
+		return true
+	}
+	scheme, secret, ok := strings.Cut(r.Header.Get("Authorization"), " ")
+	if !ok || !strings.EqualFold(scheme, "Bearer") {
+		return false
+	}
+	x, y := sha256.Sum256([]byte(strings.TrimSpace(secret))), sha256.Sum256([]byte(a.sec.agentToken))
+	return subtle.ConstantTimeCompare(x[:], y[:]) == 1
+}
+
+// gatewaySecret is the node's secret for cache salts, made once and kept in
+// the data dir. Salts need agree only on one node: a request is salted by
+// the node that runs it on its engine.
+func gatewaySecret(dir string) ([]byte, error) {
+	path := filepath.Join(dir, "gateway-secret")
+	if b, err := os.ReadFile(path); err == nil && len(b) >= isolation.MinSecretLen {
+		return b, nil
+	}
+	b := make([]byte, 32)
+	if _, err := rand.Read(b); err != nil {
+		return nil, err
+	}
+	if err := os.WriteFile(path, b, 0o600); err != nil {
+		return nil, fmt.Errorf("gateway: keep its secret: %w", err)
+	}
+	return b, nil
+}
+
+// gatewayView is the gateway's view of the cluster: the state's
+// deployments and replicas, and gossip's gateway addresses.
+type gatewayView struct{ a *Agent }
+
+func (v *gatewayView) Models(ctx context.Context) ([]gateway.Model, error) {
+	var out []gateway.Model
+	read := func(f *fsm.FSM) error {
+		out = modelsOf(f)
+		return nil
+	}
+	c := v.a.cluster
+	if c.IsServer() {
+		c.View(func(f *fsm.FSM) { _ = read(f) })
+		return out, nil
+	}
+	return out, c.Read(ctx, true, read)
+}
+
+func (v *gatewayView) Gateway(node string) (string, bool) {
+	g := v.a.cluster.Gossip()
+	if g == nil {
+		return "", false
+	}
+	m, ok := g.Member(node)
+	if !ok || m.Meta.Gateway == "" || m.Status != cluster.GossipAlive {
+		return "", false
+	}
+	return v.a.sec.scheme() + "://" + m.Meta.Gateway, true
+}
+
+// modelsOf lists the deployments and replicas of a state.
+func modelsOf(f *fsm.FSM) []gateway.Model {
+	var out []gateway.Model
+	for _, d := range f.Models() {
+		spec := d.GetSpec()
+		m := gateway.Model{Deployment: d.GetName(), Served: spec.GetServedModelName(), Class: classOf(spec.GetPriority())}
+		if ads := spec.GetAdapters(); len(ads) > 0 {
+			m.Adapters = make(map[string][]string, len(ads))
+			for _, a := range ads {
+				m.Adapters[a.GetName()] = a.GetTenants()
+			}
+		}
+		if m.Served == "" {
+			m.Served = d.GetName()
+		}
+		res := spec.GetResidency()
+		fronted := res == pb.Residency_RESIDENCY_WARM || res == pb.Residency_RESIDENCY_ON_DEMAND
+		for _, r := range f.Replicas(d.GetName(), "") {
+			if r.GetNode() == "" || len(r.GetCards()) == 0 {
+				continue
+			}
+			running := r.GetState() == pb.ReplicaState_REPLICA_STATE_RUNNING
+			rp := gateway.Replica{Deployment: d.GetName(), Index: r.GetIndex(), Node: r.GetNode(), Card: r.GetCards()[0],
+				Endpoint: r.GetEndpoint(), Kind: spec.GetEngine().GetKind(), Running: running,
+				Fronted: fronted && len(r.GetCards()) == 1}
+			rp.Resident = running
+			if rp.Fronted {
+				rp.Resident = r.GetResidency() == pb.ReplicaResidency_REPLICA_RESIDENCY_RESIDENT
+			}
+			m.Replicas = append(m.Replicas, rp)
+		}
+		out = append(out, m)
+	}
+	return out
+}
+
+func classOf(p pb.Priority) queue.Class {
+	switch p {
+	case pb.Priority_PRIORITY_INTERACTIVE:
+		return queue.Interactive
+	case pb.Priority_PRIORITY_BACKGROUND:
+		return queue.Background
+	}
+	return queue.Standard
+}

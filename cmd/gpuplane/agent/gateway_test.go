@@ -1,0 +1,892 @@
+package agent_test
+
+import (
+	"bytes"
+	"context"
+	"crypto/tls"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/openai/openai-go/v3"
+	"github.com/openai/openai-go/v3/option"
+
+	"github.com/gpuplane/gpuplane/cluster"
+	"github.com/gpuplane/gpuplane/cmd/gpuplane/agent"
+	"github.com/gpuplane/gpuplane/node/gateway/queue"
+)
+
+// devNode starts a --dev agent with one simulated L4 and gateway tuning gw.
+func devNode(t *testing.T, name string, gw agent.GatewayConfig) *node {
+	t.Helper()
+	n := newNode(t, name, true, "l4=1")
+	n.cfg.Dev, n.cfg.BootstrapExpect = true, 0
+	n.cfg.Gateway = gw
+	n.start(t)
+	return n
+}
+
+// deploySim applies a sim deployment on a shared L4 accelerator (made if
+// missing) with extra engine args, and waits for the gateway to answer
+// for it through n.
+func deploySim(t *testing.T, n *node, name, residency string, args ...string) {
+	t.Helper()
+	deploySimAs(t, n, nil, name, residency, args...)
+}
+
+// deploySimAs is deploySim with global CLI flags (a --token).
+func deploySimAs(t *testing.T, n *node, global []string, name, residency string, args ...string) {
+	t.Helper()
+	if _, err := tryCLI(n, append(global, "accelerators", "get", "shared")...); err != nil {
+		gpuplane(t, n, append(global, "accelerators", "create", "shared", "--device", "l4", "--tenancy", "shared", "--max-models", "4")...)
+	}
+	quoted := make([]string, len(args))
+	for i, a := range args {
+		quoted[i] = strconv.Quote(a)
+	}
+	spec := fmt.Sprintf(`resource: ModelDeployment
+resourceVersion: v1
+metadata: {name: %s}
+spec:
+  model: /models/%s
+  residency: %s
+  placement: {accelerator: shared}
+  engine: {kind: sim, memoryPercent: 20, args: [%s]}
+`, name, name, residency, strings.Join(quoted, ", "))
+	path := filepath.Join(t.TempDir(), name+".yaml")
+	if err := os.WriteFile(path, []byte(spec), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	gpuplane(t, n, append(global, "apply", "-f", path)...)
+}
+
+// waitServed waits until gateway base answers a completion for model.
+func waitServed(t *testing.T, base, model string) {
+	t.Helper()
+	eventually(t, 90*time.Second, model+" served through "+base, func() error {
+		resp, err := http.Post(base+"/v1/completions", "application/json",
+			strings.NewReader(fmt.Sprintf(`{"model":%q,"prompt":"ping","max_tokens":1}`, model)))
+		if err != nil {
+			return err
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		if resp.StatusCode != http.StatusOK {
+			return fmt.Errorf("%d: %s", resp.StatusCode, b)
+		}
+		return nil
+	})
+}
+
+func openaiClient(n *node, opts ...option.RequestOption) openai.Client {
+	return openai.NewClient(append([]option.RequestOption{option.WithBaseURL(n.a.GatewayURL() + "/v1/"),
+		option.WithAPIKey("unused"), option.WithMaxRetries(0)}, opts...)...)
+}
+
+// metric sums the samples of a series on n's /metrics whose labels contain
+// every one of match.
+func metric(t *testing.T, n *node, name string, match ...string) float64 {
+	t.Helper()
+	resp, err := http.Get(n.url() + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	sum := 0.0
+	re := regexp.MustCompile(`^` + regexp.QuoteMeta(name) + `(\{[^}]*\})? (\S+)$`)
+	for line := range strings.SplitSeq(string(b), "\n") {
+		m := re.FindStringSubmatch(line)
+		if m == nil {
+			continue
+		}
+		all := true
+		for _, s := range match {
+			all = all && strings.Contains(m[1], s)
+		}
+		if all {
+			v, _ := strconv.ParseFloat(m[2], 64)
+			sum += v
+		}
+	}
+	return sum
+}
+
+// TestGatewayOpenAIClient: the official OpenAI Go client against a --dev
+// agent's gateway: models, chat, completions (streamed and not),
+// embeddings; every refusal is an OpenAI error naming what is wrong, and
+// none reaches a queue.
+func TestGatewayOpenAIClient(t *testing.T) {
+	n := devNode(t, "gw", agent.GatewayConfig{})
+	deploySim(t, n, "chat", "pinned", "--tokens-per-second", "0")
+	waitServed(t, n.a.GatewayURL(), "chat")
+	ctx := context.Background()
+	c := openaiClient(n)
+
+	page, err := c.Models.List(ctx)
+	if err != nil {
+		t.Fatalf("list models: %v", err)
+	}
+	if len(page.Data) != 1 || page.Data[0].ID != "chat" {
+		t.Fatalf("models: %+v, want chat only", page.Data)
+	}
+
+	chat, err := c.Chat.Completions.New(ctx, openai.ChatCompletionNewParams{Model: "chat",
+		Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage("hello there")}, MaxTokens: openai.Int(5)})
+	if err != nil {
+		t.Fatalf("chat: %v", err)
+	}
+	if len(chat.Choices) != 1 || len(strings.Fields(chat.Choices[0].Message.Content)) != 5 || chat.Usage.CompletionTokens != 5 {
+		t.Fatalf("chat answer: %+v", chat)
+	}
+
+	stream := c.Chat.Completions.NewStreaming(ctx, openai.ChatCompletionNewParams{Model: "chat",
+		Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage("stream please")}, MaxTokens: openai.Int(7)})
+	var text strings.Builder
+	chunks := 0
+	for stream.Next() {
+		chunks++
+		if ch := stream.Current().Choices; len(ch) > 0 {
+			text.WriteString(ch[0].Delta.Content)
+		}
+	}
+	if err := stream.Err(); err != nil {
+		t.Fatalf("chat stream: %v", err)
+	}
+	if chunks < 7 || len(strings.Fields(text.String())) != 7 {
+		t.Fatalf("chat stream: %d chunks, text %q; want 7 tokens, one chunk each", chunks, text.String())
+	}
+
+	comp, err := c.Completions.New(ctx, openai.CompletionNewParams{Model: "chat",
+		Prompt: openai.CompletionNewParamsPromptUnion{OfString: openai.String("once upon")}, MaxTokens: openai.Int(3)})
+	if err != nil || len(comp.Choices) != 1 || len(strings.Fields(comp.Choices[0].Text)) != 3 {
+		t.Fatalf("completion: %+v, %v", comp, err)
+	}
+	cs := c.Completions.NewStreaming(ctx, openai.CompletionNewParams{Model: "chat",
+		Prompt: openai.CompletionNewParamsPromptUnion{OfString: openai.String("once upon")}, MaxTokens: openai.Int(4)})
+	text.Reset()
+	for cs.Next() {
+		if ch := cs.Current().Choices; len(ch) > 0 {
+			text.WriteString(ch[0].Text)
+		}
+	}
+	if err := cs.Err(); err != nil || len(strings.Fields(text.String())) != 4 {
+		t.Fatalf("completion stream: %q, %v", text.String(), err)
+	}
+
+	emb, err := c.Embeddings.New(ctx, openai.EmbeddingNewParams{Model: "chat",
+		Input: openai.EmbeddingNewParamsInputUnion{OfArrayOfStrings: []string{"a b", "c"}}})
+	if err != nil || len(emb.Data) != 2 || len(emb.Data[0].Embedding) == 0 {
+		t.Fatalf("embeddings: %+v, %v", emb, err)
+	}
+
+	// Isolation: the gateway salts each tenant's requests, so tenant B
+	// sending tenant A's exact prompt gets no cached tokens; A resending
+	// gets a hit.
+	prompt := strings.TrimSpace(strings.Repeat("summarise the quarterly report for the board ", 7)) + " please"
+	cached := func(tenant string) int64 {
+		t.Helper()
+		r, err := c.Completions.New(ctx, openai.CompletionNewParams{Model: "chat",
+			Prompt: openai.CompletionNewParamsPromptUnion{OfString: openai.String(prompt)}, MaxTokens: openai.Int(2)},
+			option.WithHeader("X-Gpuplane-Tenant", tenant))
+		if err != nil {
+			t.Fatalf("completion for %s: %v", tenant, err)
+		}
+		return r.Usage.PromptTokensDetails.CachedTokens
+	}
+	if a1, b1, a2 := cached("acme"), cached("globex"), cached("acme"); a1 != 0 || b1 != 0 || a2 == 0 {
+		t.Fatalf("cached tokens: acme first %d, globex with acme's prompt %d, acme again %d; want 0, 0, more than 0", a1, b1, a2)
+	}
+
+	queued := metric(t, n, "gpuplane_gateway_queue_seconds_count")
+	if queued == 0 {
+		t.Fatal("no queue time recorded for the requests served")
+	}
+
+	// Refusals through the client: OpenAI errors with status and code.
+	apiErr := func(err error, status int, code, names string) {
+		t.Helper()
+		var e *openai.Error
+		if !errors.As(err, &e) {
+			t.Fatalf("want an OpenAI error %d %s, got %v", status, code, err)
+		}
+		if e.StatusCode != status || e.Code != code || !strings.Contains(e.Message, names) || e.Type == "" {
+			t.Fatalf("error %d %q %q %q, want %d %s naming %q", e.StatusCode, e.Type, e.Code, e.Message, status, code, names)
+		}
+	}
+	_, err = c.Chat.Completions.New(ctx, openai.ChatCompletionNewParams{Model: "no-such-model",
+		Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage("x")}})
+	apiErr(err, 404, "model_not_found", "no-such-model")
+	_, err = c.Completions.New(ctx, openai.CompletionNewParams{Model: "chat:no-such-adapter",
+		Prompt: openai.CompletionNewParamsPromptUnion{OfString: openai.String("x")}})
+	apiErr(err, 404, "adapter_not_found", "no-such-adapter")
+	_, err = c.Chat.Completions.New(ctx, openai.ChatCompletionNewParams{Model: "chat",
+		Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage("x")}, MaxTokens: openai.Int(-1)})
+	apiErr(err, 400, "invalid_value", "max_tokens")
+	_, err = c.Chat.Completions.New(ctx, openai.ChatCompletionNewParams{Model: "chat",
+		Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage("x")}},
+		option.WithHeader("X-Gpuplane-Tenant", "evil\ttenant"))
+	apiErr(err, 400, "invalid_tenant", "X-Gpuplane-Tenant")
+
+	// Refusals the client cannot send: raw HTTP, the same error shape.
+	raw := func(body []byte, status int, code string) {
+		t.Helper()
+		resp, err := http.Post(n.a.GatewayURL()+"/v1/chat/completions", "application/json", bytes.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var e struct {
+			Error struct{ Message, Type, Code string } `json:"error"`
+		}
+		if err := json.NewDecoder(resp.Body).Decode(&e); err != nil || resp.StatusCode != status || e.Error.Code != code || e.Error.Message == "" || e.Error.Type == "" {
+			t.Fatalf("raw request: %d %+v (%v), want %d %s", resp.StatusCode, e, err, status, code)
+		}
+	}
+	raw([]byte(`{"model": "chat", "messages": [`), 400, "invalid_json")
+	raw(append([]byte(`{"model":"chat","messages":[{"role":"user","content":"`), append(bytes.Repeat([]byte("a"), 5<<20), `"}]}`...)...), 413, "request_too_large")
+	if got := metric(t, n, "gpuplane_gateway_queue_seconds_count"); got != queued {
+		t.Fatalf("refused requests were queued: queue time count %v, was %v", got, queued)
+	}
+}
+
+// TestGatewayForwardsAcrossNodes: three servers without cards and two
+// client nodes, one replica on one client: a request to any node's gateway
+// reaches it (forwarded once, by the nodes that do not hold it).
+func TestGatewayForwardsAcrossNodes(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts five agents")
+	}
+	servers := []*node{newNode(t, "s1", true, ""), newNode(t, "s2", true, ""), newNode(t, "s3", true, "")}
+	clients := []*node{newNode(t, "c1", false, "l4=1"), newNode(t, "c2", false, "l4=1")}
+	var join []string
+	for _, s := range servers {
+		join = append(join, s.gossip())
+	}
+	all := append(append([]*node{}, servers...), clients...)
+	var wg sync.WaitGroup
+	errs := make(chan error, len(all))
+	for _, n := range all {
+		n.cfg.Join = join
+		wg.Go(func() {
+			a, err := agent.Start(context.Background(), n.cfg)
+			n.a = a
+			errs <- err
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	eventually(t, 60*time.Second, "cluster forms with both clients' cards", func() error {
+		d, err := device(servers[0], "l4")
+		if err != nil {
+			return err
+		}
+		if d.Total != 2 {
+			return fmt.Errorf("l4 total %d, want 2", d.Total)
+		}
+		return nil
+	})
+	deploySim(t, servers[0], "chat", "pinned", "--tokens-per-second", "0")
+	var holder string
+	eventually(t, 60*time.Second, "chat placed", func() error {
+		out, err := tryCLI(servers[0], "replicas", "list", "-o", "json")
+		if err != nil {
+			return err
+		}
+		var rs []struct{ Model, Node string }
+		if err := json.Unmarshal([]byte(out), &rs); err != nil {
+			return err
+		}
+		if len(rs) != 1 || rs[0].Node == "" {
+			return fmt.Errorf("replicas: %s", out)
+		}
+		holder = rs[0].Node
+		return nil
+	})
+	for _, n := range all {
+		waitServed(t, n.a.GatewayURL(), "chat")
+		c := openaiClient(n)
+		s := c.Chat.Completions.NewStreaming(context.Background(), openai.ChatCompletionNewParams{Model: "chat",
+			Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage("hi")}, MaxTokens: openai.Int(3)})
+		var text strings.Builder
+		for s.Next() {
+			if ch := s.Current().Choices; len(ch) > 0 {
+				text.WriteString(ch[0].Delta.Content)
+			}
+		}
+		if err := s.Err(); err != nil || len(strings.Fields(text.String())) != 3 {
+			t.Fatalf("stream through %s: %q, %v", n.cfg.NodeName, text.String(), err)
+		}
+		fwd := metric(t, n, "gpuplane_gateway_forwarded_total", `node="`+holder+`"`)
+		if n.cfg.NodeName == holder && fwd != 0 || n.cfg.NodeName != holder && fwd == 0 {
+			t.Fatalf("%s forwarded %v requests to %s, the holder", n.cfg.NodeName, fwd, holder)
+		}
+	}
+	// A forwarded request is served where it lands or refused: never
+	// forwarded again.
+	req, _ := http.NewRequest(http.MethodPost, servers[1].a.GatewayURL()+"/v1/completions",
+		strings.NewReader(`{"model":"chat","prompt":"x","max_tokens":1}`))
+	req.Header.Set("X-Gpuplane-Forwarded-By", "s2")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusServiceUnavailable || !strings.Contains(string(b), "no_replica") {
+		t.Fatalf("a forwarded request at a node without a replica: %d %s, want 503 no_replica", resp.StatusCode, b)
+	}
+}
+
+// served is one answered request: whose, and how many tokens.
+type served struct {
+	tenant string
+	tokens int
+}
+
+// backlog runs loops concurrent request loops per tenant (non-streamed
+// completions of maxTokens) against n's gateway until stop is closed,
+// reporting each answer to out.
+func backlog(ctx context.Context, t *testing.T, n *node, model string, loops map[string]int, maxTokens int, out chan<- served) *sync.WaitGroup {
+	var wg sync.WaitGroup
+	body := fmt.Sprintf(`{"model":%q,"prompt":"the same prompt for everyone","max_tokens":%d}`, model, maxTokens)
+	for tenant, k := range loops {
+		for range k {
+			wg.Go(func() {
+				for ctx.Err() == nil {
+					req, _ := http.NewRequestWithContext(ctx, http.MethodPost, n.a.GatewayURL()+"/v1/completions", strings.NewReader(body))
+					req.Header.Set("X-Gpuplane-Tenant", tenant)
+					resp, err := http.DefaultClient.Do(req)
+					if err != nil {
+						continue
+					}
+					var r struct {
+						Usage struct {
+							CompletionTokens int `json:"completion_tokens"`
+						} `json:"usage"`
+					}
+					err = json.NewDecoder(resp.Body).Decode(&r)
+					resp.Body.Close()
+					if err == nil && resp.StatusCode == http.StatusOK {
+						select {
+						case out <- served{tenant, r.Usage.CompletionTokens}:
+						case <-ctx.Done():
+						}
+					}
+				}
+			})
+		}
+	}
+	return &wg
+}
+
+// shareWhileBacklogged collects answers until want have arrived and returns
+// the tokens each tenant was served after the first skip answers (while
+// every tenant's loops keep it backlogged).
+func shareWhileBacklogged(out <-chan served, skip, want int) map[string]int {
+	got := map[string]int{}
+	for i := 0; i < skip+want; i++ {
+		s := <-out
+		if i >= skip {
+			got[s.tenant] += s.tokens
+		}
+	}
+	return got
+}
+
+// TestGatewayFairness: with real sim engines behind a gateway that lets two
+// requests at a time on the engine, two backlogged tenants of equal weight
+// are served within 10% of each other although one sends ten times the
+// other's load; weights 2:1 give 2:1 within 10%.
+func TestGatewayFairness(t *testing.T) {
+	n := devNode(t, "fair", agent.GatewayConfig{MaxInFlight: 2, Weights: map[string]float64{"gold": 2, "bronze": 1}})
+	deploySim(t, n, "chat", "pinned", "--tokens-per-second", "400")
+	waitServed(t, n.a.GatewayURL(), "chat")
+
+	check := func(loops map[string]int, a, b string, ratio float64) {
+		t.Helper()
+		ctx, cancel := context.WithCancel(context.Background())
+		out := make(chan served)
+		wg := backlog(ctx, t, n, "chat", loops, 20, out)
+		got := shareWhileBacklogged(out, 20, 120)
+		cancel()
+		wg.Wait()
+		r := float64(got[a]) / float64(got[b])
+		t.Logf("loops %v: served tokens %v, %s/%s = %.3f (want %.1f)", loops, got, a, b, r, ratio)
+		if r < ratio*0.9 || r > ratio*1.1 {
+			t.Errorf("loops %v: served tokens %v: %s/%s = %.3f, want %.1f ± 10%%", loops, got, a, b, r, ratio)
+		}
+	}
+	// Equal weights, ten times the load: equal service.
+	check(map[string]int{"flood": 30, "steady": 3}, "flood", "steady", 1)
+	// Weights 2:1, equal load: twice the service.
+	check(map[string]int{"gold": 8, "bronze": 8}, "gold", "bronze", 2)
+}
+
+// ttft is the time to the first streamed token of one chat request.
+func ttft(t *testing.T, c openai.Client, class string) (time.Duration, error) {
+	start := time.Now()
+	s := c.Chat.Completions.NewStreaming(context.Background(), openai.ChatCompletionNewParams{Model: "chat",
+		Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage("quick question")}, MaxTokens: openai.Int(2)},
+		option.WithHeader("X-Gpuplane-Priority", class))
+	defer s.Close()
+	var first time.Duration
+	for s.Next() {
+		if ch := s.Current().Choices; first == 0 && len(ch) > 0 && ch[0].Delta.Content != "" {
+			first = time.Since(start)
+		}
+	}
+	return first, s.Err()
+}
+
+func p95(ds []time.Duration) time.Duration {
+	sort.Slice(ds, func(i, j int) bool { return ds[i] < ds[j] })
+	return ds[(len(ds)*95+99)/100-1]
+}
+
+// TestGatewayPriority: on an engine saturated by background requests,
+// interactive requests' p95 time to first token stays within 1.5× of
+// interactive alone (the gateway cuts background work for them); the cut
+// non-streamed background requests re-run and succeed, cut streams end
+// with an OpenAI error event; and background is not starved while
+// interactive requests saturate the engine (its floor).
+func TestGatewayPriority(t *testing.T) {
+	n := devNode(t, "prio", agent.GatewayConfig{MaxInFlight: 4})
+	// 10 tokens/s: a first token takes 100 ms, so the comparison is of the
+	// engine's time, not of scheduling noise.
+	deploySim(t, n, "chat", "pinned", "--tokens-per-second", "10")
+	waitServed(t, n.a.GatewayURL(), "chat")
+	c := openaiClient(n)
+
+	measure := func() []time.Duration {
+		var ds []time.Duration
+		for range 20 {
+			d, err := ttft(t, c, "interactive")
+			if err != nil {
+				t.Fatalf("interactive request: %v", err)
+			}
+			ds = append(ds, d)
+		}
+		return ds
+	}
+	alone := p95(measure())
+
+	// Saturate the engine with background work: non-streamed requests and
+	// streams, more than its four slots.
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var bgOK, bgFailed, streamsCut, streamsOK int
+	for i := range 8 {
+		wg.Go(func() {
+			for ctx.Err() == nil {
+				if i%2 == 0 {
+					_, err := c.Completions.New(ctx, openai.CompletionNewParams{Model: "chat",
+						Prompt: openai.CompletionNewParamsPromptUnion{OfString: openai.String("batch job")}, MaxTokens: openai.Int(20)},
+						option.WithHeader("X-Gpuplane-Priority", "background"))
+					mu.Lock()
+					switch {
+					case err == nil:
+						bgOK++
+					case ctx.Err() == nil:
+						bgFailed++
+						t.Errorf("a non-streamed background request failed: %v", err)
+					}
+					mu.Unlock()
+					continue
+				}
+				s := c.Completions.NewStreaming(ctx, openai.CompletionNewParams{Model: "chat",
+					Prompt: openai.CompletionNewParamsPromptUnion{OfString: openai.String("batch stream")}, MaxTokens: openai.Int(20)},
+					option.WithHeader("X-Gpuplane-Priority", "background"))
+				for s.Next() {
+				}
+				err := s.Err()
+				s.Close()
+				mu.Lock()
+				switch {
+				case err == nil:
+					streamsOK++
+				case strings.Contains(err.Error(), "preempted"):
+					streamsCut++
+				case ctx.Err() == nil:
+					t.Errorf("a background stream failed other than by preemption: %v", err)
+				}
+				mu.Unlock()
+			}
+		})
+	}
+	// On a failure, the loops stop before the agent does.
+	t.Cleanup(func() { cancel(); wg.Wait() })
+	eventually(t, 30*time.Second, "background fills the engine", func() error {
+		if q := metric(t, n, "gpuplane_gateway_in_flight", `replica="chat/0"`); q < 4 {
+			return fmt.Errorf("%v in flight", q)
+		}
+		return nil
+	})
+	loaded := p95(measure())
+	t.Logf("interactive p95 TTFT: alone %v, with the engine saturated by background %v", alone, loaded)
+	if loaded > alone*3/2 {
+		t.Errorf("interactive p95 TTFT with background load %v is over 1.5× alone (%v)", loaded, alone)
+	}
+
+	// Interactive saturation: background still gets its floor (5% of the
+	// tokens dispatched, so about one background request in twenty).
+	ictx, icancel := context.WithCancel(context.Background())
+	var iwg sync.WaitGroup
+	var interactiveDone int
+	for range 8 {
+		iwg.Go(func() {
+			for ictx.Err() == nil {
+				_, err := c.Completions.New(ictx, openai.CompletionNewParams{Model: "chat",
+					Prompt: openai.CompletionNewParamsPromptUnion{OfString: openai.String("urgent")}, MaxTokens: openai.Int(20)},
+					option.WithHeader("X-Gpuplane-Priority", "interactive"))
+				if err == nil {
+					mu.Lock()
+					interactiveDone++
+					mu.Unlock()
+				}
+			}
+		})
+	}
+	t.Cleanup(func() { icancel(); iwg.Wait() })
+	// Once interactive work holds the engine (the background work that was
+	// on it is cut or done), background answers come only from its floor.
+	var before int
+	eventually(t, 120*time.Second, "interactive work saturates the engine", func() error {
+		mu.Lock()
+		defer mu.Unlock()
+		before = bgOK + streamsOK
+		if interactiveDone < 8 {
+			return fmt.Errorf("%d interactive answered", interactiveDone)
+		}
+		return nil
+	})
+	eventually(t, 120*time.Second, "background answers while interactive saturates the engine", func() error {
+		mu.Lock()
+		defer mu.Unlock()
+		if bg := bgOK + streamsOK - before; bg < 1 {
+			return fmt.Errorf("%d background and %d interactive answered", bg, interactiveDone)
+		}
+		return nil
+	})
+	icancel()
+	iwg.Wait()
+	cancel()
+	wg.Wait()
+	mu.Lock()
+	defer mu.Unlock()
+	t.Logf("background: %d non-streamed answered (%d failed), %d streams whole, %d streams cut; %d interactive under saturation",
+		bgOK, bgFailed, streamsOK, streamsCut, interactiveDone)
+	if streamsCut == 0 {
+		t.Error("no background stream was cut for interactive work")
+	}
+	if metric(t, n, "gpuplane_gateway_preemptions_total") == 0 {
+		t.Error("no preemption counted on /metrics")
+	}
+}
+
+// TestGatewayAdmission: past a deployment's bounded queue a request gets
+// 429 with Retry-After; a cold onDemand model is loaded for the requests
+// that wait for it, and one whose load does not finish within the wait
+// gets 503 with Retry-After. Each is an OpenAI error.
+func TestGatewayAdmission(t *testing.T) {
+	n := devNode(t, "adm", agent.GatewayConfig{MaxInFlight: 1, QueueLimit: 1, Queue: queue.Config{ColdWait: 3 * time.Second}})
+	deploySim(t, n, "slow", "pinned", "--tokens-per-second", "5")
+	waitServed(t, n.a.GatewayURL(), "slow")
+	c := openaiClient(n)
+
+	// One request on the engine (two seconds), one queued: a third is
+	// turned away.
+	var wg sync.WaitGroup
+	for range 2 {
+		wg.Go(func() {
+			if _, err := c.Completions.New(context.Background(), openai.CompletionNewParams{Model: "slow",
+				Prompt: openai.CompletionNewParamsPromptUnion{OfString: openai.String("x")}, MaxTokens: openai.Int(10)}); err != nil {
+				t.Errorf("an admitted request failed: %v", err)
+			}
+		})
+	}
+	eventually(t, 30*time.Second, "one request in flight and one queued", func() error {
+		q, f := metric(t, n, "gpuplane_gateway_queue_depth", `replica="slow/0"`), metric(t, n, "gpuplane_gateway_in_flight", `replica="slow/0"`)
+		if q != 1 || f != 1 {
+			return fmt.Errorf("queued %v, in flight %v", q, f)
+		}
+		return nil
+	})
+	_, err := c.Completions.New(context.Background(), openai.CompletionNewParams{Model: "slow",
+		Prompt: openai.CompletionNewParamsPromptUnion{OfString: openai.String("x")}, MaxTokens: openai.Int(10)})
+	var e *openai.Error
+	if !errors.As(err, &e) || e.StatusCode != http.StatusTooManyRequests || e.Code != "queue_full" || !strings.Contains(e.Message, "slow") {
+		t.Fatalf("a request past the queue: %v, want 429 queue_full naming slow", err)
+	}
+	if ra, err := strconv.Atoi(e.Response.Header.Get("Retry-After")); err != nil || ra < 1 {
+		t.Fatalf("429 without a Retry-After in seconds: %q", e.Response.Header.Get("Retry-After"))
+	}
+	wg.Wait()
+
+	// A cold onDemand model loads for the request that waits for it.
+	deploySim(t, n, "lazy", "onDemand", "--tokens-per-second", "0", "--load-seconds", "1")
+	waitCold(t, n, "lazy")
+	if _, err := c.Completions.New(context.Background(), openai.CompletionNewParams{Model: "lazy",
+		Prompt: openai.CompletionNewParamsPromptUnion{OfString: openai.String("x")}, MaxTokens: openai.Int(2)}); err != nil {
+		t.Fatalf("a request for a cold onDemand model: %v", err)
+	}
+
+	// One that never finishes loading: 503 with Retry-After after the wait.
+	deploySim(t, n, "stuck", "onDemand", "--tokens-per-second", "0", "--load-seconds", "86400")
+	waitCold(t, n, "stuck")
+	_, err = c.Completions.New(context.Background(), openai.CompletionNewParams{Model: "stuck",
+		Prompt: openai.CompletionNewParamsPromptUnion{OfString: openai.String("x")}, MaxTokens: openai.Int(2)})
+	if !errors.As(err, &e) || e.StatusCode != http.StatusServiceUnavailable || e.Code != "model_not_loaded" || !strings.Contains(e.Message, "stuck") {
+		t.Fatalf("a request for a model that does not load: %v, want 503 model_not_loaded naming stuck", err)
+	}
+	if ra, err := strconv.Atoi(e.Response.Header.Get("Retry-After")); err != nil || ra < 1 {
+		t.Fatalf("503 without a Retry-After in seconds: %q", e.Response.Header.Get("Retry-After"))
+	}
+}
+
+// waitCold waits until model's replica is placed and cold.
+func waitCold(t *testing.T, n *node, model string) {
+	t.Helper()
+	eventually(t, 60*time.Second, model+" placed, cold", func() error {
+		out, err := tryCLI(n, "replicas", "list")
+		if err != nil {
+			return err
+		}
+		for line := range strings.SplitSeq(out, "\n") {
+			if strings.HasPrefix(line, model+" ") && strings.Contains(line, "Cold") {
+				return nil
+			}
+		}
+		return fmt.Errorf("replicas:\n%s", out)
+	})
+}
+
+// TestGatewayACL: with ACLs on, the gateway wants a token (the OpenAI
+// client's API key) and takes the tenant from it, whatever the
+// X-Gpuplane-Tenant header says.
+func TestGatewayACL(t *testing.T) {
+	n := newNode(t, "aclgw", true, "l4=1")
+	n.cfg.Dev, n.cfg.BootstrapExpect, n.cfg.ACL = true, 0, true
+	n.start(t)
+	secret := func(out string) string {
+		return strings.TrimSpace(strings.SplitN(strings.SplitN(out, "secret: ", 2)[1], "\n", 2)[0])
+	}
+	root := secret(gpuplane(t, n, "acl", "bootstrap", "--name", "root"))
+	acme := secret(gpuplane(t, n, "--token", root, "acl", "token", "create", "--name", "acme", "--role", "read"))
+	deploySimAs(t, n, []string{"--token", root}, "chat", "pinned", "--tokens-per-second", "0")
+
+	ask := func(c openai.Client, opts ...option.RequestOption) error {
+		_, err := c.Completions.New(context.Background(), openai.CompletionNewParams{Model: "chat",
+			Prompt: openai.CompletionNewParamsPromptUnion{OfString: openai.String("x")}, MaxTokens: openai.Int(2)}, opts...)
+		return err
+	}
+	eventually(t, 90*time.Second, "chat served to acme", func() error {
+		return ask(openaiClient(n, option.WithAPIKey(acme)))
+	})
+	var e *openai.Error
+	for key, want := range map[string]string{"": "invalid_api_key", "not-a-token": "invalid_api_key"} {
+		err := ask(openai.NewClient(option.WithBaseURL(n.a.GatewayURL()+"/v1/"), option.WithAPIKey(key), option.WithMaxRetries(0)))
+		if !errors.As(err, &e) || e.StatusCode != http.StatusUnauthorized || e.Code != want {
+			t.Fatalf("key %q: %v, want 401 %s", key, err, want)
+		}
+	}
+	if err := ask(openaiClient(n, option.WithAPIKey(acme)), option.WithHeader("X-Gpuplane-Tenant", "someone-else")); err != nil {
+		t.Fatal(err)
+	}
+	if got := metric(t, n, "gpuplane_gateway_queue_seconds_count", `tenant="someone-else"`); got != 0 {
+		t.Fatalf("a client with a token named its own tenant: %v requests queued as someone-else", got)
+	}
+	if got := metric(t, n, "gpuplane_gateway_queue_seconds_count", `tenant="acme"`); got < 2 {
+		t.Fatalf("%v requests queued as acme, want the token's tenant on each", got)
+	}
+}
+
+// TestGatewaySecureForwarding: in a cluster with TLS and ACLs, a request at
+// the node without the replica reaches it over TLS, authenticated as a node,
+// and is served there as the tenant of the client's token.
+func TestGatewaySecureForwarding(t *testing.T) {
+	dir := t.TempDir()
+	if _, err := cluster.CreateCA(dir); err != nil {
+		t.Fatal(err)
+	}
+	s1, s2 := secureNode(t, dir, "s1", true, ""), secureNode(t, dir, "s2", true, "")
+	join := []string{s1.gossip(), s2.gossip()}
+	s1.cfg.Join, s2.cfg.Join = join, join
+	s1.start(t)
+	s2.start(t)
+	ca := []string{"--ca", dir + "/" + cluster.CACertFile}
+	var boot struct{ Secret string }
+	eventually(t, 30*time.Second, "acl bootstrap", func() error {
+		out, errOut, code := secureCLI(s1, ca, "acl", "bootstrap", "-o", "json")
+		if code != 0 {
+			return errors.New(errOut)
+		}
+		return json.Unmarshal([]byte(out), &boot)
+	})
+	admin := append([]string{"--token", boot.Secret}, ca...)
+	run := func(args ...string) string {
+		t.Helper()
+		out, errOut, code := secureCLI(s1, admin, args...)
+		if code != 0 {
+			t.Fatalf("%v: %s", args, errOut)
+		}
+		return out
+	}
+	app := strings.TrimSpace(strings.SplitN(strings.SplitN(run("acl", "token", "create", "--name", "app", "--role", "read", "--tenant", "acme"), "secret: ", 2)[1], "\n", 2)[0])
+	run("accelerators", "create", "shared", "--device", "l4", "--tenancy", "shared", "--max-models", "2")
+	run("models", "deploy", "chat", "--accelerator", "shared", "--model", "/models/chat", "--engine", "sim", "--memory-percent", "20")
+	var holder string
+	eventually(t, 60*time.Second, "chat placed", func() error {
+		var rs []struct{ Node string }
+		if err := json.Unmarshal([]byte(run("replicas", "list", "-o", "json")), &rs); err != nil {
+			return err
+		}
+		if len(rs) != 1 || rs[0].Node == "" {
+			return fmt.Errorf("replicas: %+v", rs)
+		}
+		holder = rs[0].Node
+		return nil
+	})
+	other, held := s1, s2
+	if holder == "s1" {
+		other, held = s2, s1
+	}
+	pool, err := cluster.LoadCAPool(dir + "/" + cluster.CACertFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hc := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}}
+	if !strings.HasPrefix(other.a.GatewayURL(), "https://") {
+		t.Fatalf("gateway URL %s: want https with TLS on", other.a.GatewayURL())
+	}
+	c := openaiClient(other, option.WithHTTPClient(hc), option.WithAPIKey(app))
+	eventually(t, 90*time.Second, "chat served through "+other.cfg.NodeName, func() error {
+		_, err := c.Completions.New(context.Background(), openai.CompletionNewParams{Model: "chat",
+			Prompt: openai.CompletionNewParamsPromptUnion{OfString: openai.String("x")}, MaxTokens: openai.Int(2)})
+		return err
+	})
+	metricTLS := func(n *node, name string, match ...string) float64 {
+		t.Helper()
+		req, _ := http.NewRequest(http.MethodGet, n.httpsURL()+"/metrics", nil)
+		req.Header.Set("Authorization", "Bearer "+boot.Secret)
+		resp, err := hc.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		sum := 0.0
+		for line := range strings.SplitSeq(string(b), "\n") {
+			if !strings.HasPrefix(line, name) {
+				continue
+			}
+			all := true
+			for _, m := range match {
+				all = all && strings.Contains(line, m)
+			}
+			if f := strings.Fields(line); all && len(f) == 2 {
+				v, _ := strconv.ParseFloat(f[1], 64)
+				sum += v
+			}
+		}
+		return sum
+	}
+	if got := metricTLS(other, "gpuplane_gateway_forwarded_total", `node="`+held.cfg.NodeName+`"`); got == 0 {
+		t.Fatalf("%s forwarded nothing to %s", other.cfg.NodeName, held.cfg.NodeName)
+	}
+	if got := metricTLS(held, "gpuplane_gateway_queue_seconds_count", `tenant="acme"`); got == 0 {
+		t.Fatalf("%s served nothing as the token's tenant acme", held.cfg.NodeName)
+	}
+}
+
+// TestGatewayServesAdapters: `NAME:ADAPTER` through the gateway reaches
+// the replica's front, which pages the adapter onto the card; an adapter
+// private to another tenant, or one the deployment lacks, is a 404 naming
+// it, and nothing is loaded for it.
+func TestGatewayServesAdapters(t *testing.T) {
+	n := devNode(t, "adapters", agent.GatewayConfig{})
+	gpuplane(t, n, "accelerators", "create", "shared", "--device", "l4", "--tenancy", "shared", "--max-models", "4")
+	spec := `resource: ModelDeployment
+resourceVersion: v1
+metadata: {name: chat}
+spec:
+  model: /models/chat
+  placement: {accelerator: shared}
+  adapters:
+    - {name: sql, source: /adapters/sql, rank: 8}
+    - {name: law, source: /adapters/law, rank: 8, tenants: [acme]}
+  engine: {kind: sim, memoryPercent: 30, maxAdapters: 2, args: ["--load-seconds", "0.2"]}
+`
+	path := filepath.Join(t.TempDir(), "chat.yaml")
+	if err := os.WriteFile(path, []byte(spec), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	gpuplane(t, n, "apply", "-f", path)
+	base := n.a.GatewayURL()
+	waitServed(t, base, "chat")
+
+	ask := func(model, tenant string) (int, string) {
+		req, _ := http.NewRequest("POST", base+"/v1/chat/completions", strings.NewReader(fmt.Sprintf(
+			`{"model":%q,"messages":[{"role":"user","content":"hello"}],"max_tokens":4}`, model)))
+		req.Header.Set("Content-Type", "application/json")
+		if tenant != "" {
+			req.Header.Set("X-Gpuplane-Tenant", tenant)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	if code, body := ask("chat:sql", "bob"); code != 200 {
+		t.Errorf("chat:sql for bob = %d %s, want 200", code, body)
+	}
+	if code, body := ask("chat:law", "bob"); code != 404 || !strings.Contains(body, `"code":"adapter_not_found"`) || !strings.Contains(body, `adapter \"law\"`) {
+		t.Errorf("chat:law for bob = %d %s, want 404 adapter_not_found naming law", code, body)
+	}
+	if code, body := ask("chat:nope", "acme"); code != 404 || !strings.Contains(body, `adapter \"nope\"`) {
+		t.Errorf("chat:nope = %d %s, want 404 naming nope", code, body)
+	}
+	if code, body := ask("chat:law", "acme"); code != 200 {
+		t.Errorf("chat:law for acme = %d %s, want 200", code, body)
+	}
+	// Both adapters the tenants could use are on the card now, and the
+	// refused ones were never loaded.
+	eventually(t, 30*time.Second, "adapter tiers in models get", func() error {
+		out, err := tryCLI(n, "models", "get", "chat")
+		if err != nil {
+			return err
+		}
+		for _, a := range []string{"sql", "law"} {
+			line := ""
+			for l := range strings.SplitSeq(out, "\n") {
+				if f := strings.Fields(l); len(f) > 0 && f[0] == a {
+					line = l
+				}
+			}
+			if !strings.Contains(strings.ToLower(line), "card") {
+				return fmt.Errorf("adapter %s not on the card:\n%s", a, out)
+			}
+		}
+		return nil
+	})
+}

@@ -1,0 +1,309 @@
+package gateway
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"slices"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/gpuplane/gpuplane/node/gateway/isolation"
+	"github.com/gpuplane/gpuplane/node/gateway/queue"
+)
+
+// Replica is one placed replica as the gateway routes to it.
+type Replica struct {
+	// Deployment is the deployment's name, Index the replica's ordinal.
+	Deployment string
+	Index      uint32
+	Node       string
+	// Card is the first card the replica is placed on (its queue's card).
+	Card uint32
+	// Endpoint is the replica's reported address (its engine's, or its
+	// residency front's).
+	Endpoint string
+	// Kind is the engine kind (vllm, llamacpp, ollama, command, sim).
+	Kind string
+	// Running: the replica's engine (or front) answers.
+	Running bool
+	// Resident: its weights are loaded (a pinned replica that runs, or a
+	// warm or onDemand one its node reports resident).
+	Resident bool
+	// Fronted: warm or onDemand, so its node's residency controller loads
+	// it on demand.
+	Fronted bool
+}
+
+// Model is one deployment as the gateway serves it.
+type Model struct {
+	// Served is the name clients use (`model`); Deployment the
+	// deployment's own name.
+	Served     string
+	Deployment string
+	// Class is the request class of the deployment's priority.
+	Class    queue.Class
+	Created  int64
+	Replicas []Replica
+	// Adapters are the deployment's LoRA adapters, each with the tenants
+	// it is private to (none: every tenant may use it).
+	Adapters map[string][]string
+}
+
+// Cluster is the gateway's view of the cluster.
+type Cluster interface {
+	// Models lists every deployment and its placed replicas. The gateway
+	// calls it every Options.Refresh, not per request.
+	Models(ctx context.Context) ([]Model, error)
+	// Gateway is the base URL (http://host:port) of node's gateway, if
+	// known.
+	Gateway(node string) (string, bool)
+}
+
+// Residency is what the gateway needs of the node's residency controllers
+// for the warm and onDemand replicas placed here (resident.Manager).
+type Residency interface {
+	// Serving reports whether the replica's model is resident, its
+	// engine's URL, and a channel closed when either changes; ok is false
+	// for a replica the controllers do not hold.
+	Serving(model string, index uint32) (ready bool, engineURL string, changed <-chan struct{}, ok bool)
+	// Demand tells the replica's controller that a request for it waits
+	// (loading the model if it is cold); done reports that it ended.
+	Demand(model string, index uint32) (done func(tokens int64, elapsed time.Duration))
+}
+
+// TenantSource finds the tenant of an ACL token: its tenant (its name
+// unless set) and weight. The gateway uses it when ACLs are on.
+type TenantSource interface {
+	TenantFor(secret string) (tenant string, weight float64, ok bool)
+}
+
+// Options configure a Gateway; zero values take the defaults named.
+type Options struct {
+	// Node is this node's name.
+	Node    string
+	Cluster Cluster
+	// Residency holds the warm and onDemand replicas of this node; nil:
+	// every local replica is served as a pinned one.
+	Residency Residency
+	// Tenants resolves ACL tokens; nil means ACLs are off and the tenant
+	// comes from the X-Gpuplane-Tenant header.
+	Tenants TenantSource
+	// Salter derives the per-tenant cache salt sent to vLLM and sim
+	// engines; nil sends none.
+	Salter *isolation.Salter
+	// Peers carries forwarded requests to other nodes' gateways (TLS and
+	// the agent's credentials when the cluster has them).
+	Peers *http.Client
+	// IsPeer says whether a request comes from another node of the
+	// cluster (its certificate or the agent token): only then are its
+	// forwarding and tenant headers believed when ACLs are on.
+	IsPeer func(*http.Request) bool
+	// Engines carries requests to this node's engines (default: a
+	// keep-alive client without timeouts: streams last).
+	Engines *http.Client
+	// Queue is every card's scheduler configuration.
+	Queue queue.Config
+	// MaxInFlight caps the requests each engine holds at once (default
+	// 64); QueueLimit bounds the requests waiting for each (default 512).
+	MaxInFlight int
+	QueueLimit  int
+	// MaxBodyBytes bounds a request body (default 4 MiB); past it, 413.
+	MaxBodyBytes int64
+	// DefaultMaxTokens is the output a request without max_tokens is
+	// assumed to reserve (default 256).
+	DefaultMaxTokens int
+	// Weights are tenants' weights set by configuration (a tenant a token
+	// gives a weight to takes the token's).
+	Weights map[string]float64
+	// Refresh is how often the cluster's view is read again (default
+	// 500ms).
+	Refresh time.Duration
+	// Registerer receives the gateway's metrics; nil registers none.
+	Registerer prometheus.Registerer
+	Logger     *slog.Logger
+}
+
+// Headers the gateway reads.
+const (
+	// TenantHeader names the tenant without ACLs (and between nodes).
+	TenantHeader = "X-Gpuplane-Tenant"
+	// WeightHeader passes a tenant's weight between nodes.
+	WeightHeader = "X-Gpuplane-Tenant-Weight"
+	// ClassHeader sets a request's class (interactive, standard,
+	// background) instead of its deployment's priority.
+	ClassHeader = "X-Gpuplane-Priority"
+	// ForwardedHeader marks a request another node's gateway forwarded:
+	// it is served here or refused, never forwarded again.
+	ForwardedHeader = "X-Gpuplane-Forwarded-By"
+)
+
+// Gateway serves the OpenAI-compatible API of one node.
+type Gateway struct {
+	opts    Options
+	log     *slog.Logger
+	metrics *metrics
+
+	table atomic.Pointer[table]
+	// refreshing is set while a refresh runs; refreshed is closed and
+	// replaced after each.
+	refreshing atomic.Bool
+	refreshMu  sync.Mutex
+	refreshed  chan struct{}
+
+	mu     sync.Mutex
+	cards  map[uint32]*card
+	locals map[string]*local // by replica key (deployment/index)
+
+	// forwarded counts requests in flight to each node, the queue length
+	// this node sees of replicas elsewhere.
+	fwdMu     sync.Mutex
+	forwarded map[string]int
+}
+
+// table is one refresh's view of the cluster.
+type table struct {
+	models  []Model
+	byName  map[string]*Model
+	created time.Time
+}
+
+// New returns a Gateway; Run keeps its view of the cluster fresh.
+func New(opts Options) (*Gateway, error) {
+	if opts.Cluster == nil {
+		return nil, errors.New("gateway: Options.Cluster is required")
+	}
+	if opts.MaxInFlight == 0 {
+		opts.MaxInFlight = 64
+	}
+	if opts.QueueLimit == 0 {
+		opts.QueueLimit = 512
+	}
+	if opts.MaxBodyBytes == 0 {
+		opts.MaxBodyBytes = 4 << 20
+	}
+	if opts.DefaultMaxTokens == 0 {
+		opts.DefaultMaxTokens = 256
+	}
+	if opts.Refresh == 0 {
+		opts.Refresh = 500 * time.Millisecond
+	}
+	switch {
+	case opts.MaxInFlight < 0:
+		return nil, fmt.Errorf("gateway: MaxInFlight is %d: it must be positive", opts.MaxInFlight)
+	case opts.QueueLimit < 0:
+		return nil, fmt.Errorf("gateway: QueueLimit is %d: it must be positive", opts.QueueLimit)
+	case opts.MaxBodyBytes < 0:
+		return nil, fmt.Errorf("gateway: MaxBodyBytes is %d: it must be positive", opts.MaxBodyBytes)
+	}
+	for t, w := range opts.Weights {
+		if t == "" || !(w > 0) {
+			return nil, fmt.Errorf("gateway: weight of tenant %q is %g: tenants need a name and a positive weight", t, w)
+		}
+	}
+	if _, err := queue.New(opts.Queue); err != nil {
+		return nil, fmt.Errorf("gateway: %w", err)
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	if opts.Peers == nil {
+		opts.Peers = &http.Client{}
+	}
+	if opts.Engines == nil {
+		opts.Engines = &http.Client{Transport: &http.Transport{
+			DialContext:         (&net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+			MaxIdleConnsPerHost: 1024,
+			// Below the engines' own keep-alive timeouts (uvicorn's, vLLM's
+			// server, is 5 s): a connection the engine closes while idle is
+			// never reused, which would fail a POST with EOF.
+			IdleConnTimeout: 4 * time.Second,
+		}}
+	}
+	g := &Gateway{opts: opts, log: opts.Logger, refreshed: make(chan struct{}),
+		cards: map[uint32]*card{}, locals: map[string]*local{}, forwarded: map[string]int{}}
+	g.metrics = newMetrics(g, opts.Registerer)
+	g.table.Store(&table{byName: map[string]*Model{}})
+	return g, nil
+}
+
+// Run reads the cluster's view every Options.Refresh until ctx ends, and
+// keeps the local cards' queues in step with the replicas placed here.
+func (g *Gateway) Run(ctx context.Context) {
+	t := time.NewTicker(g.opts.Refresh)
+	defer t.Stop()
+	defer g.closeLocals()
+	for {
+		g.refresh(ctx)
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// refresh reads the cluster's view now, or waits for the refresh already
+// running: requests for a model not known yet share one read.
+func (g *Gateway) refresh(ctx context.Context) {
+	g.refreshMu.Lock()
+	done := g.refreshed
+	g.refreshMu.Unlock()
+	if !g.refreshing.CompareAndSwap(false, true) {
+		select {
+		case <-done:
+		case <-ctx.Done():
+		}
+		return
+	}
+	defer g.refreshing.Store(false)
+	rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	ms, err := g.opts.Cluster.Models(rctx)
+	cancel()
+	if err != nil {
+		g.log.Debug("gateway: read the cluster's models", "err", err)
+		return
+	}
+	sort.Slice(ms, func(i, j int) bool { return ms[i].Served < ms[j].Served })
+	t := &table{models: ms, byName: map[string]*Model{}, created: time.Now()}
+	for i := range ms {
+		t.byName[ms[i].Served] = &ms[i]
+	}
+	g.table.Store(t)
+	g.syncLocals(t)
+	g.refreshMu.Lock()
+	close(g.refreshed)
+	g.refreshed = make(chan struct{})
+	g.refreshMu.Unlock()
+}
+
+// resolve finds the model a request names: a served name, or NAME:ADAPTER.
+// An adapter private to other tenants reads exactly like an unknown one.
+func (g *Gateway) resolve(name, tenant string) (m *Model, adapter string, err *apiError) {
+	t := g.table.Load()
+	if m := t.byName[name]; m != nil {
+		return m, "", nil
+	}
+	if i := strings.LastIndexByte(name, ':'); i > 0 {
+		base, ad := name[:i], name[i+1:]
+		if m := t.byName[base]; m != nil {
+			tenants, ok := m.Adapters[ad]
+			if ad == "" || !ok || (len(tenants) > 0 && !slices.Contains(tenants, tenant)) {
+				return nil, "", errorf(http.StatusNotFound, "invalid_request_error", "adapter_not_found",
+					"model %q has no adapter %q", base, ad)
+			}
+			return m, ad, nil
+		}
+	}
+	return nil, "", errorf(http.StatusNotFound, "invalid_request_error", "model_not_found",
+		"the model %q does not exist: no deployment serves it (GET /v1/models lists them)", name)
+}

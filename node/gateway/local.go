@@ -1,0 +1,639 @@
+package gateway
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/gpuplane/gpuplane/node/engine"
+	"github.com/gpuplane/gpuplane/node/gateway/queue"
+)
+
+// progressEvery is how many streamed tokens are reported to the scheduler
+// at a time.
+const progressEvery = 4
+
+// errPreempted is the cause an engine request is aborted with when the
+// scheduler cuts it for interactive work.
+var errPreempted = errors.New("preempted by interactive work")
+
+// card is one local card: its scheduler, driven under mu with the wall
+// clock, and the requests it holds.
+type card struct {
+	index uint32
+	g     *Gateway
+
+	mu    sync.Mutex
+	s     *queue.Scheduler
+	reqs  map[queue.ID]*pending
+	timer *time.Timer
+	// weights are the tenants' weights set on s.
+	weights map[string]float64
+}
+
+// local is a replica on this node, a deployment of its card's scheduler.
+type local struct {
+	key  string // deployment/index: its name in the scheduler
+	card *card
+	stop chan struct{}
+
+	// watched: its readiness follows Residency (watchResidency), not the
+	// cluster's view.
+	watched bool
+
+	// Guarded by card.mu.
+	rep   Replica
+	url   string
+	ready bool
+}
+
+// pending is a request held by a card's scheduler; guarded by card.mu.
+type pending struct {
+	id    queue.ID
+	model string
+	// dispatches counts the scheduler's dispatches of it; attempt is the
+	// one being run; cut is the dispatch that was preempted.
+	dispatches, attempt, cut int
+	cancel                   context.CancelCauseFunc
+	end                      *queue.End
+	firstDispatch            time.Time
+	notify                   chan struct{}
+}
+
+func (p *pending) signal() {
+	select {
+	case p.notify <- struct{}{}:
+	default:
+	}
+}
+
+func (g *Gateway) card(index uint32) *card {
+	c := g.cards[index]
+	if c == nil {
+		s, _ := queue.New(g.opts.Queue) // checked in New
+		c = &card{index: index, g: g, s: s, reqs: map[queue.ID]*pending{}, weights: map[string]float64{}}
+		for t, w := range g.opts.Weights {
+			_ = s.SetTenant(t, w)
+			c.weights[t] = w
+		}
+		g.cards[index] = c
+	}
+	return c
+}
+
+func replicaKey(deployment string, index uint32) string {
+	return deployment + "/" + strconv.FormatUint(uint64(index), 10)
+}
+
+// localFor is the local record of rp, nil if the gateway does not serve it
+// (yet).
+func (g *Gateway) localFor(rp Replica) *local {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.locals[replicaKey(rp.Deployment, rp.Index)]
+}
+
+// load is the local replica's queue and in-flight count, and whether its
+// engine takes requests now.
+func (l *local) load() (int, bool) {
+	c := l.card
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.s.Queued(l.key) + c.s.InFlight(l.key), l.ready
+}
+
+// syncLocals adds the replicas placed on this node to their cards'
+// schedulers, updates them, and removes those gone.
+func (g *Gateway) syncLocals(t *table) {
+	want := map[string]Replica{}
+	for _, m := range t.models {
+		for _, rp := range m.Replicas {
+			if rp.Node == g.opts.Node {
+				want[replicaKey(rp.Deployment, rp.Index)] = rp
+			}
+		}
+	}
+	now := time.Now()
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	for key, l := range g.locals {
+		if rp, ok := want[key]; ok && rp.Card == l.rep.Card {
+			continue
+		}
+		g.removeLocal(l, now)
+	}
+	for key, rp := range want {
+		l := g.locals[key]
+		if l == nil {
+			c := g.card(rp.Card)
+			l = &local{key: key, card: c, rep: rp, stop: make(chan struct{})}
+			c.mu.Lock()
+			_, err := c.s.AddDeployment(queue.Deployment{Name: key, MaxInFlight: g.opts.MaxInFlight, QueueLimit: g.opts.QueueLimit}, now)
+			c.mu.Unlock()
+			if err != nil {
+				g.log.Warn("gateway: add replica", "replica", key, "err", err)
+				continue
+			}
+			g.locals[key] = l
+			if rp.Fronted && g.opts.Residency != nil {
+				if _, _, _, ok := g.opts.Residency.Serving(rp.Deployment, rp.Index); ok {
+					l.watched = true
+					go g.watchResidency(l)
+					continue
+				}
+			}
+		}
+		c := l.card
+		c.mu.Lock()
+		l.rep = rp
+		c.mu.Unlock()
+		if !l.watched {
+			g.setReady(l, rp.Running && rp.Resident && rp.Endpoint != "", rp.Endpoint)
+		}
+	}
+}
+
+// watchResidency follows a warm or onDemand replica's residency: its queue
+// is ready while its controller holds the model resident.
+func (g *Gateway) watchResidency(l *local) {
+	for {
+		ready, url, changed, ok := g.opts.Residency.Serving(l.rep.Deployment, l.rep.Index)
+		if !ok {
+			return
+		}
+		g.setReady(l, ready && url != "", url)
+		select {
+		case <-changed:
+		case <-l.stop:
+			return
+		}
+	}
+}
+
+// setReady tells l's scheduler whether its engine takes requests, and at
+// which URL.
+func (g *Gateway) setReady(l *local, ready bool, url string) {
+	c := l.card
+	now := time.Now()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	l.url = url
+	if ready == l.ready {
+		return
+	}
+	l.ready = ready
+	if ready {
+		out, err := c.s.SetReady(l.key, now)
+		if err == nil {
+			c.apply(out, now)
+		}
+		return
+	}
+	_ = c.s.SetCold(l.key, time.Time{}, now)
+	c.rearm(now)
+}
+
+// removeLocal takes a replica that left this node off its card: its
+// queued requests are refused (503) and those in flight cut.
+func (g *Gateway) removeLocal(l *local, now time.Time) {
+	close(l.stop)
+	delete(g.locals, l.key)
+	c := l.card
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if out, err := c.s.RemoveDeployment(l.key, now); err == nil {
+		c.apply(out, now)
+	}
+}
+
+func (g *Gateway) closeLocals() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	now := time.Now()
+	for _, l := range g.locals {
+		g.removeLocal(l, now)
+	}
+}
+
+// apply carries out a scheduler's output (under c.mu): abort the preempted
+// requests' engine calls, wake the dispatched and the ended.
+func (c *card) apply(out queue.Output, now time.Time) {
+	for _, p := range out.Preempted {
+		pd := c.reqs[p.ID]
+		if pd == nil {
+			continue
+		}
+		c.g.metrics.preempted(pd)
+		pd.cut = pd.dispatches
+		if pd.cancel != nil && pd.attempt == pd.dispatches {
+			pd.cancel(errPreempted)
+		}
+		pd.signal()
+	}
+	for _, id := range out.Dispatched {
+		pd := c.reqs[id]
+		if pd == nil {
+			continue
+		}
+		pd.dispatches++
+		if pd.firstDispatch.IsZero() {
+			pd.firstDispatch = now
+		}
+		pd.signal()
+	}
+	for _, e := range out.Ended {
+		pd := c.reqs[e.ID]
+		if pd == nil {
+			continue
+		}
+		delete(c.reqs, e.ID)
+		e := e
+		pd.end = &e
+		if e.Outcome == queue.Cancelled && e.WasInFlight && pd.cancel != nil {
+			// The engine left the card: its requests are cut.
+			pd.cancel(errors.New("the replica left this node"))
+		}
+		pd.signal()
+	}
+	c.rearm(now)
+}
+
+// rearm sets the timer for the scheduler's next deadline (under c.mu).
+func (c *card) rearm(now time.Time) {
+	next, ok := c.s.NextDeadline()
+	if !ok {
+		return
+	}
+	d := max(next.Sub(now), time.Millisecond)
+	if c.timer == nil {
+		c.timer = time.AfterFunc(d, c.tick)
+		return
+	}
+	c.timer.Reset(d)
+}
+
+func (c *card) tick() {
+	now := time.Now()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.apply(c.s.Tick(now), now)
+}
+
+// serveLocal runs a request through its card's scheduler and the replica's
+// engine.
+func (g *Gateway) serveLocal(w http.ResponseWriter, r *http.Request, req *request, m *Model, l *local) {
+	c := l.card
+	pd := &pending{model: m.Served, notify: make(chan struct{}, 1)}
+	now := time.Now()
+	c.mu.Lock()
+	if wt := req.who.weight; wt > 0 && c.weights[req.who.tenant] != wt {
+		if c.s.SetTenant(req.who.tenant, wt) == nil {
+			c.weights[req.who.tenant] = wt
+		}
+	}
+	id, out, err := c.s.Enqueue(queue.Request{Deployment: l.key, Tenant: req.who.tenant, Class: req.class,
+		PromptTokens: req.promptTokens, MaxTokens: req.maxTokens, Streamed: req.stream}, now)
+	if err != nil {
+		c.mu.Unlock()
+		errorf(http.StatusBadRequest, "invalid_request_error", "invalid_request", "%v", err).write(w)
+		return
+	}
+	pd.id = id
+	c.reqs[id] = pd
+	c.apply(out, now)
+	rep := l.rep
+	c.mu.Unlock()
+
+	labels := g.metrics.labels(m.Served, req.class, req.who.tenant)
+	var generated int
+	if rep.Fronted && g.opts.Residency != nil {
+		done := g.opts.Residency.Demand(rep.Deployment, rep.Index)
+		defer func() { done(int64(generated), time.Since(req.arrived)) }()
+	}
+	for {
+		c.mu.Lock()
+		end := pd.end
+		run := pd.dispatches > pd.attempt && pd.cut < pd.dispatches
+		var ctx context.Context
+		if run {
+			pd.attempt = pd.dispatches
+			var cancel context.CancelCauseFunc
+			ctx, cancel = context.WithCancelCause(r.Context())
+			pd.cancel = cancel
+			if pd.attempt == 1 {
+				g.metrics.queued(labels, pd.firstDispatch.Sub(req.arrived))
+			}
+		}
+		url, kind := l.url, l.rep.Kind
+		if req.adapter != "" && l.rep.Endpoint != "" {
+			// The replica's front pages the adapter onto the card (and
+			// refuses it to tenants it is private from); its engine alone
+			// would answer 404 for an adapter not loaded yet.
+			url = l.rep.Endpoint
+		}
+		c.mu.Unlock()
+		if run {
+			res := g.attempt(ctx, w, req, url, kind, m, labels, pd, c)
+			generated = res.generated
+			if res.done {
+				return
+			}
+			continue
+		}
+		if end != nil {
+			g.answerEnd(w, m, req, *end)
+			return
+		}
+		select {
+		case <-pd.notify:
+		case <-r.Context().Done():
+			c.mu.Lock()
+			if pd.end == nil {
+				now := time.Now()
+				if out, err := c.s.Cancel(pd.id, now); err == nil {
+					c.apply(out, now)
+				}
+			}
+			c.mu.Unlock()
+			return
+		}
+	}
+}
+
+// answerEnd answers a request the scheduler ended without an engine's
+// answer.
+func (g *Gateway) answerEnd(w http.ResponseWriter, m *Model, req *request, e queue.End) {
+	var aerr *apiError
+	switch e.Outcome {
+	case queue.Rejected:
+		if e.Status == http.StatusTooManyRequests {
+			aerr = errorf(e.Status, "rate_limit_error", "queue_full",
+				"model %q: its queue is full; retry after %s", m.Served, e.RetryAfter)
+		} else {
+			aerr = errorf(e.Status, "server_error", "model_not_loaded",
+				"model %q could not be loaded in time (it is cold, loading, or its card is full); retry after %s", m.Served, e.RetryAfter)
+		}
+		aerr.retryAfter = e.RetryAfter
+	case queue.Expired:
+		aerr = errorf(http.StatusServiceUnavailable, "server_error", "expired", "model %q: the request waited past its deadline", m.Served)
+		aerr.retryAfter = time.Second
+	case queue.Preempted:
+		// Only streams end preempted; one cut before the engine answered
+		// ends as any cut stream does, with an error event.
+		g.metrics.rejected(m.Served, http.StatusServiceUnavailable)
+		w.Header().Set("Content-Type", "text/event-stream")
+		w.Header().Set("Cache-Control", "no-cache")
+		w.WriteHeader(http.StatusOK)
+		writePreempted(w, m, 0)
+		return
+	default:
+		aerr = errorf(http.StatusServiceUnavailable, "server_error", "cancelled", "model %q: the request was cut off: its replica left this node", m.Served)
+		aerr.retryAfter = time.Second
+	}
+	g.metrics.rejected(m.Served, aerr.status)
+	aerr.write(w)
+}
+
+// result is how one engine attempt went.
+type result struct {
+	// done: the client has its answer (or left); otherwise the request was
+	// preempted and re-queued, and waits to run again.
+	done      bool
+	generated int
+}
+
+// attempt sends the request to its engine once.
+func (g *Gateway) attempt(ctx context.Context, w http.ResponseWriter, req *request, url, kind string, m *Model, labels []string, pd *pending, c *card) result {
+	fields := map[string]string{}
+	if req.adapter != "" {
+		fields["model"] = req.adapter
+	}
+	if engine.AcceptsCacheSalt(kind) {
+		if s := g.saltFor(req.who.tenant, m.Served); s != "" {
+			fields["cache_salt"] = s
+		}
+	}
+	body := withFields(req.body, fields)
+	out, err := http.NewRequestWithContext(ctx, http.MethodPost, url+req.path, bytes.NewReader(body))
+	if err != nil {
+		return g.finishWith(w, c, pd, ctx, req, m, errorf(http.StatusBadGateway, "server_error", "engine_error", "model %q: %v", m.Served, err))
+	}
+	out.Header.Set("Content-Type", "application/json")
+	out.Header.Set(TenantHeader, req.who.tenant)
+	if req.stream {
+		out.Header.Set("Accept", "text/event-stream")
+	}
+	resp, err := g.opts.Engines.Do(out)
+	if err != nil {
+		return g.finishWith(w, c, pd, ctx, req, m, errorf(http.StatusBadGateway, "server_error", "engine_error", "model %q: engine: %v", m.Served, err))
+	}
+	defer resp.Body.Close()
+	if req.stream && resp.StatusCode == http.StatusOK {
+		return g.relayStream(ctx, w, resp, req, m, labels, pd, c)
+	}
+	data, err := io.ReadAll(io.LimitReader(resp.Body, 256<<20))
+	if err != nil {
+		return g.finishWith(w, c, pd, ctx, req, m, errorf(http.StatusBadGateway, "server_error", "engine_error", "model %q: engine: %v", m.Served, err))
+	}
+	var u struct {
+		Usage struct {
+			CompletionTokens int `json:"completion_tokens"`
+		} `json:"usage"`
+	}
+	_ = json.Unmarshal(data, &u)
+	generated := u.Usage.CompletionTokens
+	now := time.Now()
+	c.mu.Lock()
+	cut := pd.cut == pd.attempt
+	if cut {
+		// Cut after the engine answered in full: the answer stands, and
+		// the re-queued run is not needed.
+		if pd.end == nil {
+			if out, err := c.s.Cancel(pd.id, now); err == nil {
+				c.apply(out, now)
+			}
+		}
+	} else if pd.end == nil {
+		if out, err := c.s.Finish(pd.id, generated, now); err == nil {
+			c.apply(out, now)
+		}
+	}
+	c.mu.Unlock()
+	for _, h := range []string{"Content-Type", "Retry-After"} {
+		if v := resp.Header.Get(h); v != "" {
+			w.Header().Set(h, v)
+		}
+	}
+	w.WriteHeader(resp.StatusCode)
+	_, _ = w.Write(data)
+	if resp.StatusCode == http.StatusOK {
+		g.metrics.firstToken(labels, now.Sub(req.arrived))
+	}
+	return result{done: true, generated: generated}
+}
+
+// finishWith ends an attempt that got no answer from the engine: a
+// preempted non-streamed request waits to run again; a client that left
+// is cancelled; otherwise the error is the answer.
+func (g *Gateway) finishWith(w http.ResponseWriter, c *card, pd *pending, ctx context.Context, req *request, m *Model, aerr *apiError) result {
+	now := time.Now()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if pd.cut == pd.attempt {
+		if pd.end == nil {
+			return result{} // re-queued: it runs again
+		}
+		c.mu.Unlock()
+		g.answerEnd(w, m, req, *pd.end)
+		c.mu.Lock()
+		return result{done: true}
+	}
+	if pd.end == nil {
+		var out queue.Output
+		var err error
+		if ctx.Err() != nil {
+			out, err = c.s.Cancel(pd.id, now)
+		} else {
+			out, err = c.s.Finish(pd.id, 0, now)
+		}
+		if err == nil {
+			c.apply(out, now)
+		}
+	}
+	if ctx.Err() == nil {
+		aerr.retryAfter = time.Second
+		aerr.write(w)
+	}
+	return result{done: true}
+}
+
+// relayStream copies an engine's event stream to the client, flushing each
+// event, reporting the tokens to the scheduler as they come. A preempted
+// stream ends with an error event.
+func (g *Gateway) relayStream(ctx context.Context, w http.ResponseWriter, resp *http.Response, req *request, m *Model, labels []string, pd *pending, c *card) result {
+	fl, _ := w.(http.Flusher)
+	w.Header().Set("Content-Type", "text/event-stream")
+	w.Header().Set("Cache-Control", "no-cache")
+	w.WriteHeader(http.StatusOK)
+	br := bufio.NewReaderSize(resp.Body, 8<<10)
+	generated, reported := 0, 0
+	var first time.Time
+	var readErr error
+	for {
+		line, err := br.ReadSlice('\n')
+		if len(line) > 0 {
+			if _, werr := w.Write(line); werr != nil {
+				readErr = werr
+				break
+			}
+			if n := tokensIn(line); n > 0 {
+				generated += n
+				if first.IsZero() {
+					first = time.Now()
+					g.metrics.firstToken(labels, first.Sub(req.arrived))
+				}
+				// Tokens are charged every few: the counters lag by at
+				// most progressEvery tokens per stream, and the card's
+				// lock is taken a quarter as often.
+				if generated-reported >= progressEvery {
+					reported = generated
+					c.mu.Lock()
+					if pd.end == nil && pd.cut != pd.attempt {
+						_ = c.s.Progress(pd.id, generated)
+					}
+					c.mu.Unlock()
+				}
+			}
+			// An event goes out when it ends, unless the next one is
+			// already here: then they go out together, at once.
+			if fl != nil && br.Buffered() == 0 && len(bytes.TrimSpace(line)) == 0 {
+				fl.Flush()
+			}
+		}
+		if errors.Is(err, bufio.ErrBufferFull) {
+			continue
+		}
+		if err != nil {
+			if !errors.Is(err, io.EOF) {
+				readErr = err
+			}
+			break
+		}
+	}
+	if fl != nil {
+		fl.Flush()
+	}
+	now := time.Now()
+	if generated > 1 {
+		g.metrics.perToken(labels, now.Sub(first)/time.Duration(generated-1))
+	}
+	c.mu.Lock()
+	cut := pd.cut == pd.attempt
+	if pd.end == nil && !cut {
+		var out queue.Output
+		var err error
+		if readErr != nil && ctx.Err() != nil {
+			out, err = c.s.Cancel(pd.id, now)
+		} else {
+			out, err = c.s.Finish(pd.id, generated, now)
+		}
+		if err == nil {
+			c.apply(out, now)
+		}
+	}
+	c.mu.Unlock()
+	if cut && readErr != nil {
+		writePreempted(w, m, generated)
+	}
+	return result{done: true, generated: generated}
+}
+
+// writePreempted ends a stream with an error event saying it was
+// preempted.
+func writePreempted(w http.ResponseWriter, m *Model, generated int) {
+	b, _ := json.Marshal(map[string]any{"error": map[string]any{
+		"message": fmt.Sprintf("model %q: the stream was preempted by interactive work after %d tokens; retry later", m.Served, generated),
+		"type":    "server_error", "param": nil, "code": "preempted",
+	}})
+	_, _ = fmt.Fprintf(w, "data: %s\n\n", b)
+	if fl, ok := w.(http.Flusher); ok {
+		fl.Flush()
+	}
+}
+
+// tokensIn counts the generated tokens an SSE line carries: one per
+// non-empty "text" or "content" string (an engine streams about a token
+// per event). It scans bytes rather than decoding JSON: it runs per token.
+func tokensIn(line []byte) int {
+	data, ok := bytes.CutPrefix(line, []byte("data:"))
+	if !ok {
+		return 0
+	}
+	n := 0
+	for _, key := range [][]byte{[]byte(`"text"`), []byte(`"content"`)} {
+		rest := data
+		for {
+			i := bytes.Index(rest, key)
+			if i < 0 {
+				break
+			}
+			rest = bytes.TrimLeft(rest[i+len(key):], " \t")
+			if len(rest) == 0 || rest[0] != ':' {
+				continue
+			}
+			rest = bytes.TrimLeft(rest[1:], " \t")
+			if len(rest) >= 2 && rest[0] == '"' && rest[1] != '"' {
+				n++
+			}
+		}
+	}
+	return n
+}

@@ -1,0 +1,462 @@
+package gateway
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+	"unicode"
+
+	"github.com/gpuplane/gpuplane/node/gateway/queue"
+)
+
+// apiError is an answer in OpenAI's error shape.
+type apiError struct {
+	status     int
+	typ, code  string
+	msg        string
+	retryAfter time.Duration
+}
+
+func errorf(status int, typ, code, format string, args ...any) *apiError {
+	return &apiError{status: status, typ: typ, code: code, msg: fmt.Sprintf(format, args...)}
+}
+
+func (e *apiError) body() []byte {
+	b, _ := json.Marshal(map[string]any{"error": map[string]any{
+		"message": e.msg, "type": e.typ, "param": nil, "code": e.code,
+	}})
+	return b
+}
+
+func (e *apiError) write(w http.ResponseWriter) {
+	if e.retryAfter > 0 {
+		w.Header().Set("Retry-After", strconv.Itoa(int((e.retryAfter+time.Second-1)/time.Second)))
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(e.status)
+	_, _ = w.Write(append(e.body(), '\n'))
+}
+
+// ServeHTTP is the gateway's API.
+func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	switch r.URL.Path {
+	case "/v1/models":
+		if r.Method != http.MethodGet {
+			errorf(http.StatusMethodNotAllowed, "invalid_request_error", "method_not_allowed", "%s /v1/models: use GET", r.Method).write(w)
+			return
+		}
+		g.listModels(w, r)
+	case "/v1/chat/completions", "/v1/completions", "/v1/embeddings":
+		if r.Method != http.MethodPost {
+			errorf(http.StatusMethodNotAllowed, "invalid_request_error", "method_not_allowed", "%s %s: use POST", r.Method, r.URL.Path).write(w)
+			return
+		}
+		g.serveInference(w, r)
+	case "/health", "/healthz":
+		w.WriteHeader(http.StatusOK)
+	default:
+		errorf(http.StatusNotFound, "invalid_request_error", "unknown_url",
+			"unknown path %s: the gateway serves GET /v1/models and POST /v1/chat/completions, /v1/completions, /v1/embeddings", r.URL.Path).write(w)
+	}
+}
+
+func (g *Gateway) listModels(w http.ResponseWriter, r *http.Request) {
+	if _, aerr := g.tenant(r); aerr != nil {
+		aerr.write(w)
+		return
+	}
+	t := g.table.Load()
+	data := make([]map[string]any, 0, len(t.models))
+	for _, m := range t.models {
+		data = append(data, map[string]any{"id": m.Served, "object": "model", "created": m.Created, "owned_by": "gpuplane"})
+	}
+	w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(w).Encode(map[string]any{"object": "list", "data": data})
+}
+
+// who is a request's tenant.
+type who struct {
+	tenant string
+	weight float64 // 0: not given
+	// forwarded: another node sent it; it is served here or refused.
+	forwarded bool
+}
+
+// tenant finds who sends r: from a peer node, the tenant it resolved; with
+// ACLs, the token's; else the header's, or "default".
+func (g *Gateway) tenant(r *http.Request) (who, *apiError) {
+	peer := g.opts.IsPeer != nil && g.opts.IsPeer(r)
+	fwd := r.Header.Get(ForwardedHeader) != ""
+	if fwd && g.opts.Tenants != nil && !peer {
+		return who{}, errorf(http.StatusForbidden, "invalid_request_error", "forbidden",
+			"%s is set by nodes of the cluster only", ForwardedHeader)
+	}
+	if g.opts.Tenants != nil && !peer {
+		secret, ok := bearer(r.Header.Get("Authorization"))
+		if !ok {
+			return who{}, errorf(http.StatusUnauthorized, "invalid_request_error", "invalid_api_key",
+				"this cluster runs with ACLs on: pass a token as 'Authorization: Bearer TOKEN' (the OpenAI client's API key)")
+		}
+		t, w, ok := g.opts.Tenants.TenantFor(secret)
+		if !ok {
+			return who{}, errorf(http.StatusUnauthorized, "invalid_request_error", "invalid_api_key", "unknown token: it was deleted or never existed")
+		}
+		return who{tenant: t, weight: w}, nil
+	}
+	h := r.Header.Get(TenantHeader)
+	if h == "" {
+		return who{tenant: "default", forwarded: fwd}, nil
+	}
+	if err := checkTenant(h); err != nil {
+		return who{}, err
+	}
+	x := who{tenant: h, forwarded: fwd}
+	if fwd {
+		if v := r.Header.Get(WeightHeader); v != "" {
+			if f, err := strconv.ParseFloat(v, 64); err == nil && f > 0 {
+				x.weight = f
+			}
+		}
+	}
+	return x, nil
+}
+
+func checkTenant(t string) *apiError {
+	if len(t) > 128 {
+		return errorf(http.StatusBadRequest, "invalid_request_error", "invalid_tenant",
+			"header %s is %d bytes: a tenant name has at most 128", TenantHeader, len(t))
+	}
+	for _, c := range t {
+		if unicode.IsControl(c) || c == unicode.ReplacementChar {
+			return errorf(http.StatusBadRequest, "invalid_request_error", "invalid_tenant",
+				"header %s holds the control character %q: a tenant name is printable text", TenantHeader, c)
+		}
+	}
+	return nil
+}
+
+func bearer(h string) (string, bool) {
+	scheme, secret, ok := strings.Cut(strings.TrimSpace(h), " ")
+	secret = strings.TrimSpace(secret)
+	if !ok || !strings.EqualFold(scheme, "Bearer") || secret == "" {
+		return "", false
+	}
+	return secret, true
+}
+
+// request is what the gateway reads of a body.
+type request struct {
+	path    string
+	body    []byte
+	model   string
+	adapter string
+	stream  bool
+	// maxTokens is the output the request reserves; promptTokens an
+	// estimate of its input.
+	maxTokens    int
+	promptTokens int
+	class        queue.Class
+	who          who
+	arrived      time.Time
+}
+
+// parse reads and checks r's body: a JSON object with a model, max_tokens
+// not negative, a size within the limit.
+func (g *Gateway) parse(w http.ResponseWriter, r *http.Request) (*request, *apiError) {
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, g.opts.MaxBodyBytes))
+	if err != nil {
+		var tooBig *http.MaxBytesError
+		if errors.As(err, &tooBig) {
+			return nil, errorf(http.StatusRequestEntityTooLarge, "invalid_request_error", "request_too_large",
+				"the request body is over the gateway's limit of %d bytes", g.opts.MaxBodyBytes)
+		}
+		return nil, errorf(http.StatusBadRequest, "invalid_request_error", "invalid_body", "reading the request body: %v", err)
+	}
+	var f struct {
+		Model               *string         `json:"model"`
+		Stream              *bool           `json:"stream"`
+		MaxTokens           *int            `json:"max_tokens"`
+		MaxCompletionTokens *int            `json:"max_completion_tokens"`
+		Prompt              json.RawMessage `json:"prompt"`
+		Messages            json.RawMessage `json:"messages"`
+		Input               json.RawMessage `json:"input"`
+	}
+	if err := json.Unmarshal(body, &f); err != nil {
+		return nil, errorf(http.StatusBadRequest, "invalid_request_error", "invalid_json",
+			"the request body is not a valid JSON object: %v", err)
+	}
+	if f.Model == nil || *f.Model == "" {
+		return nil, errorf(http.StatusBadRequest, "invalid_request_error", "missing_model",
+			"the request body has no \"model\": name a served model (GET /v1/models lists them)")
+	}
+	req := &request{path: r.URL.Path, body: body, model: *f.Model, maxTokens: g.opts.DefaultMaxTokens, arrived: time.Now()}
+	if f.Stream != nil {
+		req.stream = *f.Stream
+	}
+	for _, mt := range []struct {
+		name string
+		v    *int
+	}{{"max_tokens", f.MaxTokens}, {"max_completion_tokens", f.MaxCompletionTokens}} {
+		if mt.v == nil {
+			continue
+		}
+		if *mt.v < 0 {
+			return nil, errorf(http.StatusBadRequest, "invalid_request_error", "invalid_value",
+				"%s is %d: it must not be negative", mt.name, *mt.v)
+		}
+		req.maxTokens = *mt.v
+	}
+	if req.path == "/v1/embeddings" {
+		req.maxTokens = 0
+		req.stream = false
+	}
+	// A token is about four bytes of text: close enough to charge the
+	// prompt at dispatch; the counters take what the engine reports.
+	req.promptTokens = (len(f.Prompt) + len(f.Messages) + len(f.Input)) / 4
+	return req, nil
+}
+
+// serveInference answers a completion, chat or embeddings request: here if
+// a replica is on this node and best, else on the node that holds one.
+func (g *Gateway) serveInference(w http.ResponseWriter, r *http.Request) {
+	x, aerr := g.tenant(r)
+	if aerr != nil {
+		aerr.write(w)
+		return
+	}
+	req, aerr := g.parse(w, r)
+	if aerr != nil {
+		aerr.write(w)
+		return
+	}
+	req.who = x
+	m, adapter, aerr := g.resolveFresh(r.Context(), req.model, x.tenant)
+	if aerr != nil {
+		aerr.write(w)
+		return
+	}
+	req.adapter = adapter
+	req.class = m.Class
+	if h := r.Header.Get(ClassHeader); h != "" {
+		c, ok := parseClass(h)
+		if !ok {
+			errorf(http.StatusBadRequest, "invalid_request_error", "invalid_priority",
+				"header %s is %q: it must be interactive, standard or background", ClassHeader, h).write(w)
+			return
+		}
+		req.class = c
+	}
+	target, aerr := g.choose(m, x.forwarded)
+	if aerr != nil {
+		g.metrics.rejected(m.Served, aerr.status)
+		aerr.write(w)
+		return
+	}
+	if target.local != nil {
+		g.serveLocal(w, r, req, m, target.local)
+		return
+	}
+	g.forward(w, r, req, m, target.node, target.url)
+}
+
+func parseClass(s string) (queue.Class, bool) {
+	switch strings.ToLower(strings.TrimSpace(s)) {
+	case "interactive":
+		return queue.Interactive, true
+	case "standard":
+		return queue.Standard, true
+	case "background":
+		return queue.Background, true
+	}
+	return 0, false
+}
+
+// resolveFresh resolves name, reading the cluster again once if it is not
+// known (a model deployed a moment ago).
+func (g *Gateway) resolveFresh(ctx context.Context, name, tenant string) (*Model, string, *apiError) {
+	m, ad, aerr := g.resolve(name, tenant)
+	if aerr == nil || time.Since(g.table.Load().created) < 100*time.Millisecond {
+		return m, ad, aerr
+	}
+	g.refresh(ctx)
+	return g.resolve(name, tenant)
+}
+
+// target is where a request goes: a local replica, or another node.
+type target struct {
+	local *local
+	node  string
+	url   string
+}
+
+// choose picks the replica for a request to m: a resident replica first,
+// then the shortest queue (here: the scheduler's; elsewhere: the requests
+// this node has in flight there); a replica here wins a tie. A forwarded
+// request is served by a replica here or refused.
+func (g *Gateway) choose(m *Model, forwarded bool) (target, *apiError) {
+	var best target
+	bestScore := -1
+	for _, rp := range m.Replicas {
+		var t target
+		var load int
+		if rp.Node == g.opts.Node {
+			l := g.localFor(rp)
+			if l == nil {
+				continue
+			}
+			t.local = l
+			var ready bool
+			load, ready = l.load()
+			// This node knows its own replicas' residency first hand.
+			rp.Running, rp.Resident = rp.Running || ready, ready
+		} else {
+			if forwarded {
+				continue
+			}
+			u, ok := g.opts.Cluster.Gateway(rp.Node)
+			if !ok {
+				continue
+			}
+			t.node, t.url = rp.Node, u
+			g.fwdMu.Lock()
+			load = g.forwarded[rp.Node]
+			g.fwdMu.Unlock()
+		}
+		// Lower is better: resident first, then running, then load; a
+		// local replica wins a tie.
+		score := load * 2
+		if t.local == nil {
+			score++
+		}
+		if !rp.Running {
+			score += 1 << 40
+		}
+		if !rp.Resident {
+			score += 1 << 41
+		}
+		if bestScore < 0 || score < bestScore {
+			best, bestScore = t, score
+		}
+	}
+	if bestScore < 0 {
+		where := "no node"
+		if forwarded {
+			where = "this node (the request was forwarded here)"
+		}
+		e := errorf(http.StatusServiceUnavailable, "server_error", "no_replica",
+			"model %q has no replica that %s can reach; retry later", m.Served, where)
+		e.retryAfter = 5 * time.Second
+		return target{}, e
+	}
+	return best, nil
+}
+
+// forward sends the request to node's gateway and copies its answer back
+// as it comes (streams flushed per read).
+func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, req *request, m *Model, node, base string) {
+	g.fwdMu.Lock()
+	g.forwarded[node]++
+	g.fwdMu.Unlock()
+	defer func() {
+		g.fwdMu.Lock()
+		g.forwarded[node]--
+		g.fwdMu.Unlock()
+	}()
+	out, err := http.NewRequestWithContext(r.Context(), http.MethodPost, strings.TrimSuffix(base, "/")+req.path, bytes.NewReader(req.body))
+	if err != nil {
+		errorf(http.StatusBadGateway, "server_error", "forward_failed", "forward to node %s: %v", node, err).write(w)
+		return
+	}
+	out.Header.Set("Content-Type", "application/json")
+	if a := r.Header.Get("Accept"); a != "" {
+		out.Header.Set("Accept", a)
+	}
+	if c := r.Header.Get(ClassHeader); c != "" {
+		out.Header.Set(ClassHeader, c)
+	}
+	out.Header.Set(TenantHeader, req.who.tenant)
+	if req.who.weight > 0 {
+		out.Header.Set(WeightHeader, strconv.FormatFloat(req.who.weight, 'g', -1, 64))
+	}
+	out.Header.Set(ForwardedHeader, g.opts.Node)
+	g.metrics.forwardedTo(node)
+	resp, err := g.opts.Peers.Do(out)
+	if err != nil {
+		if r.Context().Err() != nil {
+			return
+		}
+		e := errorf(http.StatusBadGateway, "server_error", "forward_failed", "model %q: forward to node %s: %v", m.Served, node, err)
+		e.retryAfter = time.Second
+		e.write(w)
+		return
+	}
+	defer resp.Body.Close()
+	for _, h := range []string{"Content-Type", "Retry-After", "Cache-Control"} {
+		if v := resp.Header.Get(h); v != "" {
+			w.Header().Set(h, v)
+		}
+	}
+	w.WriteHeader(resp.StatusCode)
+	copyFlushing(w, resp.Body)
+}
+
+// copyFlushing copies src to w, flushing after every read, so that a
+// stream's events go out as they arrive.
+func copyFlushing(w http.ResponseWriter, src io.Reader) {
+	fl, _ := w.(http.Flusher)
+	buf := make([]byte, 16<<10)
+	for {
+		n, err := src.Read(buf)
+		if n > 0 {
+			if _, werr := w.Write(buf[:n]); werr != nil {
+				return
+			}
+			if fl != nil {
+				fl.Flush()
+			}
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+// saltFor is the cache salt of a tenant on a model (empty without a
+// Salter).
+func (g *Gateway) saltFor(tenant, model string) string {
+	if g.opts.Salter == nil {
+		return ""
+	}
+	return g.opts.Salter.CacheSalt(tenant, model)
+}
+
+// withFields returns body (a JSON object) with fields set, overriding any
+// the client sent: they are appended, and JSON decoders keep the last of
+// duplicate keys.
+func withFields(body []byte, fields map[string]string) []byte {
+	if len(fields) == 0 {
+		return body
+	}
+	end := bytes.LastIndexByte(body, '}')
+	if end < 0 {
+		return body
+	}
+	out := make([]byte, 0, len(body)+64)
+	out = append(out, body[:end]...)
+	for k, v := range fields {
+		kb, _ := json.Marshal(k)
+		vb, _ := json.Marshal(v)
+		out = append(out, ',')
+		out = append(out, kb...)
+		out = append(out, ':')
+		out = append(out, vb...)
+	}
+	return append(out, body[end:]...)
+}
