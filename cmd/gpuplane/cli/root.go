@@ -163,6 +163,7 @@ model's memory and compute share. This command talks to any node's API
 		newEventsCommand(g),
 		newAuditCommand(g),
 		newSimulateCommand(g),
+		newBenchCommand(g),
 		newVersionCommand(g),
 		newCompletionCommand(g),
 		newACLCommand(g),

@@ -12,8 +12,8 @@ import (
 
 // `gpuplane simulate interference`: the interference matrix of SPEC §8.6
 // in virtual time, with the simulate serve engine model and gpuplane's
-// policy. The live matrix (`bench interference`, real agents and sim
-// engine processes) is not built yet; this is its simulated half.
+// policy: the simulated half of `bench interference` (real agents and
+// sim engine processes, bench_interference.go).
 func newSimulateInterferenceCommand(g *globals) *cobra.Command {
 	var (
 		configPath, htmlPath string

@@ -1,0 +1,707 @@
+package cli
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"html"
+	"io"
+	"math"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"text/tabwriter"
+	"time"
+
+	"connectrpc.com/connect"
+	"github.com/spf13/cobra"
+
+	"github.com/gpuplane/gpuplane/cmd/gpuplane/agent"
+	"github.com/gpuplane/gpuplane/cmd/gpuplane/descriptor"
+	"github.com/gpuplane/gpuplane/fsm/catalog"
+	"github.com/gpuplane/gpuplane/node/simserve"
+	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
+)
+
+// `gpuplane bench interference`: the interference matrix of SPEC §8.6 on
+// a real dev agent (in process) and real sim engine processes on one
+// simulated card, the live counterpart of `simulate interference`. Both
+// use the same mixes, sets and summary (simserve.Sets, Mix.Stream,
+// simserve.Summarize), so the reports read the same; this one adds, per
+// cell and model, the simulated p95 TTFT of the same cell.
+//
+// Time runs --time-scale times faster than the config's figures: the sim
+// engines load, wake, prefill and decode that much faster and the mixes
+// send that much faster, and every time measured is multiplied back, so
+// the numbers are in the config's seconds. The node's own timers (minimum
+// residency, idle sleep) are not scaled: they run on the wall clock.
+
+func newBenchCommand(g *globals) *cobra.Command {
+	return newGroupCommand("bench", "Measure gpuplane on a real agent and engines", nil, newBenchInterferenceCommand(g))
+}
+
+type benchOptions struct {
+	configPath, htmlPath, mixes string
+	duration                    time.Duration
+	timeScale, simSeconds       float64
+	seed                        uint64
+}
+
+func newBenchInterferenceCommand(g *globals) *cobra.Command {
+	var o benchOptions
+	c := &cobra.Command{
+		Use:   "interference --config FILE [--mix short,long,bursty,background] [--duration D] [--html FILE]",
+		Short: "Run the interference matrix on a real agent and sim engine processes",
+		Long: `Start a dev agent in this process with one simulated card of the config's
+size, deploy the config's models on it as sim engines (their residency,
+class, memory, load and wake times, prefill and decode rates mapped to the
+sim engine's flags), and run each model alone, every pair, then the whole
+set, under the request mixes of ` + "`simulate interference`" + `, each for --duration of
+wall time after a warm-up request per model. It records TTFT p50/p95/p99
+and TPOT p95 per model, and cold loads, wakes and evictions from the
+node's residency decisions, and prints the same matrix and flags as
+` + "`simulate interference`" + `, plus each cell's live p95 TTFT next to the simulated
+one (--sim-seconds of virtual time per cell). Times run --time-scale times
+faster than the config says and are reported in the config's seconds; the
+node's own timers (minimum residency, idle sleep) are not scaled.
+-o json prints every cell; --html writes the report with the heatmap.`,
+		Example: `  gpuplane bench interference --config examples/serve/home.yaml --html live.html`,
+		Args:    argsNamed(),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if o.configPath == "" {
+				return usageErrorf(cmd, "required flag --config not set")
+			}
+			if o.duration <= 0 {
+				return usageErrorf(cmd, "invalid --duration %s: must be > 0", o.duration)
+			}
+			if o.timeScale < 1 {
+				return usageErrorf(cmd, "invalid --time-scale %g: must be ≥ 1", o.timeScale)
+			}
+			if o.simSeconds <= 0 {
+				return usageErrorf(cmd, "invalid --sim-seconds %g: must be > 0", o.simSeconds)
+			}
+			mixes, err := benchMixes(o.mixes)
+			if err != nil {
+				return usageErrorf(cmd, "%v", err)
+			}
+			cfg, err := simserve.LoadConfig(o.configPath)
+			if err != nil {
+				return fmt.Errorf("bench interference: %w", err)
+			}
+			res, err := runBench(ctx(cmd), cfg, mixes, o, g.stderr, func(url string) (*apiClients, error) {
+				g.addr = url
+				return g.api(cmd)
+			})
+			if err != nil {
+				return fmt.Errorf("bench interference: %w", err)
+			}
+			if o.htmlPath != "" {
+				if err := writeBenchHTML(o.htmlPath, res); err != nil {
+					return fmt.Errorf("bench interference: %w", err)
+				}
+			}
+			return g.printValue(res, func(w io.Writer) error { return writeBench(w, res) })
+		},
+	}
+	f := c.Flags()
+	f.StringVar(&o.configPath, "config", "", "card and models (a simulate serve config, YAML)")
+	f.StringVar(&o.mixes, "mix", "short,long,bursty,background", "request mixes to run, comma-separated")
+	f.DurationVar(&o.duration, "duration", 3*time.Second, "wall time each cell sends requests for, after its warm-up")
+	f.Float64Var(&o.timeScale, "time-scale", 10, "how many times faster than the config the engines and mixes run")
+	f.Float64Var(&o.simSeconds, "sim-seconds", 600, "virtual seconds per cell of the simulated matrix the live p95 is compared with")
+	f.StringVar(&o.htmlPath, "html", "", "also write an HTML report with the heatmap to this file")
+	f.Uint64Var(&o.seed, "seed", 1, "seed for the request streams")
+	_ = c.MarkFlagFilename("config", "yaml", "yml")
+	return c
+}
+
+// benchResult is simulate interference's report of the live cells, with
+// the comparison with the simulated matrix.
+type benchResult struct {
+	*simserve.MatrixResult
+	Device    string  `json:"device"`
+	TimeScale float64 `json:"timeScale"`
+	// Compare is each model's live p95 TTFT in each cell next to the
+	// simulated one's; Ratio is live over simulated (0 where either
+	// answered nothing).
+	Compare []benchCompare `json:"compare"`
+	// Requests and Answered count every request sent and every one
+	// answered 200 with its first token.
+	Requests int `json:"requests"`
+	Answered int `json:"answered"`
+}
+
+type benchCompare struct {
+	Models   []string `json:"models"`
+	Mix      string   `json:"mix"`
+	Model    string   `json:"model"`
+	LiveP95  float64  `json:"liveTtftP95"`
+	SimP95   float64  `json:"simTtftP95"`
+	Ratio    float64  `json:"ratio"`
+	Answered int      `json:"answered"`
+}
+
+func benchMixes(list string) ([]simserve.Mix, error) {
+	var out []simserve.Mix
+	for name := range strings.SplitSeq(list, ",") {
+		name = strings.TrimSpace(name)
+		i := slices.IndexFunc(simserve.Mixes, func(m simserve.Mix) bool { return m.Name == name })
+		if i < 0 {
+			var known []string
+			for _, m := range simserve.Mixes {
+				known = append(known, m.Name)
+			}
+			return nil, fmt.Errorf("invalid --mix %q: want a comma-separated list of %s", name, strings.Join(known, ", "))
+		}
+		if !slices.ContainsFunc(out, func(m simserve.Mix) bool { return m.Name == name }) {
+			out = append(out, simserve.Mixes[i])
+		}
+	}
+	return out, nil
+}
+
+// benchDevice is the catalog kind whose memory is closest to the card's,
+// within 10%.
+func benchDevice(cfg *simserve.Config) (catalog.Device, error) {
+	want := cfg.Card.MemoryGiB * 1024
+	var best catalog.Device
+	for _, slug := range catalog.Slugs() {
+		d, _ := catalog.BySlug(slug)
+		if best.Slug == "" || math.Abs(float64(d.MemoryMiB)-want) < math.Abs(float64(best.MemoryMiB)-want) {
+			best = d
+		}
+	}
+	if math.Abs(float64(best.MemoryMiB)-want) > want/10 {
+		return best, fmt.Errorf("card.memoryGiB %g: no simulated device kind within 10%% (closest: %s, %d MiB)", cfg.Card.MemoryGiB, best.Slug, best.MemoryMiB)
+	}
+	return best, nil
+}
+
+// benchSpec is model m's deployment: the sim engine with the config's
+// figures, time-scaled.
+func benchSpec(m *simserve.ModelConfig, accel string, scale float64) *descriptor.ModelDeploymentSpec {
+	mib := int64(math.Ceil(m.MemoryGiB * 1024))
+	mem, _ := descriptor.ParseQuantity(strconv.FormatInt(mib, 10) + "Mi")
+	f := func(x float64) string { return strconv.FormatFloat(x, 'g', 6, 64) }
+	args := []string{
+		"--load-seconds", f(m.LoadSeconds / scale),
+		"--wake-seconds", f(m.WakeSeconds / scale),
+		"--tokens-per-second", f(m.TokensPerSecond * scale),
+		"--prefill-tokens-per-second", f(m.PrefillTokensPerSecond * scale),
+		"--batch-slowdown", f(*m.BatchSlowdown),
+		"--compute-percent", strconv.Itoa(int(m.ComputePercent)),
+		"--sleep-residual-mib", strconv.FormatInt(int64(m.ResidualGiB*1024), 10),
+	}
+	if m.KVTokens > 0 {
+		// A quarter of the footprint is the KV pool, holding KVTokens.
+		pool := mib / 4
+		args = append(args, "--kv-pool-mib", strconv.FormatInt(pool, 10),
+			"--kv-kib-per-token", strconv.FormatInt(max(1, pool*1024/int64(m.KVTokens)), 10))
+	}
+	spec := &descriptor.ModelDeploymentSpec{
+		Model:     "/models/" + m.Name,
+		Placement: descriptor.Placement{Accelerator: accel},
+		Engine:    descriptor.Engine{Kind: "sim", Memory: &mem, Args: args},
+		Residency: m.Residency,
+		Priority:  m.Class,
+	}
+	if m.SLOTTFTSeconds > 0 {
+		ms := max(1, int64(m.SLOTTFTSeconds*1000/scale))
+		spec.SLO = &descriptor.SLO{TTFTMs: &ms}
+	}
+	spec.SetDefaults(m.Name)
+	return spec
+}
+
+func benchFreePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+// runBench starts the agent, runs every set and mix on it and reports;
+// connectTo returns the API clients of the agent at a URL.
+func runBench(ctx context.Context, cfg *simserve.Config, mixes []simserve.Mix, o benchOptions, progress io.Writer, connectTo func(url string) (*apiClients, error)) (*benchResult, error) {
+	dev, err := benchDevice(cfg)
+	if err != nil {
+		return nil, err
+	}
+	sim, err := simserve.Matrix(cfg, o.seed, o.simSeconds)
+	if err != nil {
+		return nil, err
+	}
+	dir, err := os.MkdirTemp("", "gpuplane-bench-")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(dir)
+	raft, err := benchFreePort()
+	if err != nil {
+		return nil, err
+	}
+	gossip, err := benchFreePort()
+	if err != nil {
+		return nil, err
+	}
+	startCtx, cancel := context.WithTimeout(ctx, time.Minute)
+	a, err := agent.Start(startCtx, agent.Config{Dev: true, NodeName: "bench", DataDir: dir, RaftPort: raft, GossipPort: gossip,
+		SimGPUs: dev.Slug + "=1", Enforce: "none"})
+	cancel()
+	if err != nil {
+		return nil, fmt.Errorf("start the agent: %w", err)
+	}
+	defer a.Close()
+	// A request waits at a front for at most the node's wait for a load
+	// (2 minutes); this only bounds a request that is never answered.
+	b := &bench{cfg: cfg, o: o, http: &http.Client{Timeout: 10 * time.Minute}}
+	if b.api, err = connectTo(a.APIURL()); err != nil {
+		return nil, err
+	}
+
+	const accel = "bench"
+	maxModels := int64(max(2, len(cfg.Models)))
+	if _, err := b.api.Accelerators.CreateAccelerator(ctx, connect.NewRequest(&pb.CreateAcceleratorRequest{Name: accel,
+		Spec: (&descriptor.AcceleratorSpec{Device: dev.Slug, Tenancy: "shared", MaxModels: &maxModels}).Proto()})); err != nil {
+		return nil, fmt.Errorf("create the accelerator: %w", err)
+	}
+	res := &benchResult{MatrixResult: &simserve.MatrixResult{Card: cfg.Card.Name, Seconds: o.duration.Seconds() * o.timeScale, Thrashing: sim.Thrashing},
+		Device: dev.Slug, TimeScale: o.timeScale}
+	for _, m := range cfg.Models {
+		res.Models = append(res.Models, m.Name)
+	}
+	sets := simserve.Sets(len(cfg.Models))
+	for k, set := range sets {
+		began := time.Now()
+		cells, err := b.runSet(ctx, accel, set, mixes)
+		if err != nil {
+			return nil, err
+		}
+		res.Cells = append(res.Cells, cells...)
+		fmt.Fprintf(progress, "set %d/%d (%s): %d mixes in %s\n", k+1, len(sets), strings.Join(cells[0].Models, "+"), len(cells), time.Since(began).Round(100*time.Millisecond))
+	}
+	simserve.Summarize(cfg, res.MatrixResult)
+	for _, c := range res.Cells {
+		var simCell *simserve.Cell
+		for i := range sim.Cells {
+			if sim.Cells[i].Mix == c.Mix && slices.Equal(sim.Cells[i].Models, c.Models) {
+				simCell = &sim.Cells[i]
+			}
+		}
+		for _, ms := range c.PerModel {
+			cmp := benchCompare{Models: c.Models, Mix: c.Mix, Model: ms.Model, LiveP95: ms.TTFTP95, Answered: ms.Completed}
+			if simCell != nil {
+				for _, s := range simCell.PerModel {
+					if s.Model == ms.Model {
+						cmp.SimP95 = s.TTFTP95
+					}
+				}
+			}
+			if cmp.SimP95 > 0 && ms.Completed > 0 {
+				// Three significant digits: a ratio far below 1 must not round
+				// to 0, which reads as "not compared".
+				cmp.Ratio, _ = strconv.ParseFloat(strconv.FormatFloat(cmp.LiveP95/cmp.SimP95, 'g', 3, 64), 64)
+			}
+			res.Compare = append(res.Compare, cmp)
+		}
+	}
+	res.Requests, res.Answered = b.requests, b.answered
+	return res, nil
+}
+
+type bench struct {
+	cfg  *simserve.Config
+	o    benchOptions
+	api  *apiClients
+	http *http.Client
+
+	mu sync.Mutex
+	// sent numbers every request, warm-ups included; requests and
+	// answered count the measured ones.
+	sent, requests, answered int
+	decisions                uint64
+}
+
+// runSet deploys the set's models, warms each with one request, runs each
+// mix and deletes the models again.
+func (b *bench) runSet(ctx context.Context, accel string, set []int, mixes []simserve.Mix) ([]simserve.Cell, error) {
+	var names []string
+	for _, i := range set {
+		m := &b.cfg.Models[i]
+		names = append(names, m.Name)
+		spec := benchSpec(m, accel, b.o.timeScale)
+		if _, err := b.api.Models.ApplyModel(ctx, connect.NewRequest(&pb.ApplyModelRequest{Name: m.Name, Spec: spec.Proto()})); err != nil {
+			return nil, fmt.Errorf("deploy %s: %w", m.Name, err)
+		}
+	}
+	defer b.remove(names)
+	endpoints, err := b.endpoints(ctx, names)
+	if err != nil {
+		return nil, err
+	}
+	// The warm-up: one request per model, so that each cell measures a
+	// card that has loaded its models once (simulate interference's
+	// warm-up does the same in virtual time).
+	var wg sync.WaitGroup
+	warm := make([]error, len(set))
+	for k, i := range set {
+		wg.Go(func() {
+			warm[k] = b.warm(ctx, endpoints[k], b.cfg.Models[i].Name)
+		})
+	}
+	wg.Wait()
+	if err := errors.Join(warm...); err != nil {
+		return nil, err
+	}
+	var cells []simserve.Cell
+	for _, mix := range mixes {
+		seq, err := b.lastDecision(ctx)
+		if err != nil {
+			return nil, err
+		}
+		cell := simserve.Cell{Models: names, Mix: mix.Name}
+		per := make([][]sample, len(set))
+		began := time.Now()
+		for k, i := range set {
+			wg.Go(func() {
+				per[k] = b.drive(ctx, endpoints[k], &b.cfg.Models[i], mix.Stream(&b.cfg.Models[i]), b.o.seed<<16|uint64(i))
+			})
+		}
+		wg.Wait()
+		loads, wakes, evictions, err := b.decisionsSince(ctx, seq)
+		if err != nil {
+			return nil, err
+		}
+		hours := time.Since(began).Hours() * b.o.timeScale
+		cell.ColdLoadsPerHour = simserve.Round(float64(loads)/hours, 1)
+		cell.WakesPerHour = simserve.Round(float64(wakes)/hours, 1)
+		cell.Evictions = evictions
+		for k, i := range set {
+			cell.PerModel = append(cell.PerModel, b.stats(&b.cfg.Models[i], per[k]))
+		}
+		cells = append(cells, cell)
+	}
+	return cells, nil
+}
+
+// warm sends one request to the model until it is answered: a pinned
+// model's engine answers 503 while it loads, where a front would hold the
+// request. The warm-up's requests are not counted.
+func (b *bench) warm(ctx context.Context, endpoint, model string) error {
+	deadline := time.Now().Add(3 * time.Minute)
+	for {
+		s := b.send(ctx, endpoint, model, 16, 4)
+		if s.err == nil {
+			return nil
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			return fmt.Errorf("warm-up request to %s: %w", model, s.err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// endpoints waits until each model's replica is placed with an endpoint.
+func (b *bench) endpoints(ctx context.Context, names []string) ([]string, error) {
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		resp, err := b.api.Models.ListReplicas(ctx, connect.NewRequest(&pb.ListReplicasRequest{}))
+		if err != nil {
+			return nil, err
+		}
+		eps := make([]string, len(names))
+		n := 0
+		for _, r := range resp.Msg.GetReplicas() {
+			if i := slices.Index(names, r.GetModel()); i >= 0 && r.GetEndpoint() != "" && eps[i] == "" {
+				eps[i] = r.GetEndpoint()
+				n++
+			}
+		}
+		if n == len(names) {
+			return eps, nil
+		}
+		if time.Now().After(deadline) {
+			return nil, fmt.Errorf("replicas of %s not placed with endpoints after 2m: %v", strings.Join(names, ", "), resp.Msg.GetReplicas())
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+// remove deletes the models and waits until their replicas are gone, so
+// that the next set starts on an empty card.
+func (b *bench) remove(names []string) {
+	ctx := context.Background()
+	for _, n := range names {
+		_, _ = b.api.Models.DeleteModel(ctx, connect.NewRequest(&pb.DeleteModelRequest{Name: n}))
+	}
+	deadline := time.Now().Add(time.Minute)
+	for time.Now().Before(deadline) {
+		resp, err := b.api.Models.ListReplicas(ctx, connect.NewRequest(&pb.ListReplicasRequest{}))
+		if err == nil && len(resp.Msg.GetReplicas()) == 0 {
+			return
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+func (b *bench) allDecisions(ctx context.Context) ([]*pb.ResidencyDecision, error) {
+	stream, err := b.api.Residency.ListDecisions(ctx, connect.NewRequest(&pb.ListDecisionsRequest{}))
+	if err != nil {
+		return nil, err
+	}
+	defer stream.Close()
+	var all []*pb.ResidencyDecision
+	for stream.Receive() {
+		all = append(all, stream.Msg().GetDecisions()...)
+	}
+	return all, stream.Err()
+}
+
+func (b *bench) lastDecision(ctx context.Context) (uint64, error) {
+	all, err := b.allDecisions(ctx)
+	var seq uint64
+	for _, d := range all {
+		seq = max(seq, d.GetSeq())
+	}
+	return seq, err
+}
+
+// decisionsSince counts the node's loads, wakes and evictions after seq.
+func (b *bench) decisionsSince(ctx context.Context, seq uint64) (loads, wakes, evictions int, err error) {
+	all, err := b.allDecisions(ctx)
+	for _, d := range all {
+		if d.GetSeq() <= seq || d.GetAdvised() {
+			continue
+		}
+		switch d.GetAction() {
+		case "load":
+			loads++
+		case "wake":
+			wakes++
+		case "evict":
+			evictions++
+		}
+	}
+	return loads, wakes, evictions, err
+}
+
+// minArrivals is the fewest requests an open-loop mix is expected to send
+// per model in a cell.
+const minArrivals = 3
+
+// sample is one request's outcome, in wall seconds.
+type sample struct {
+	ttft, tpot float64
+	err        error
+}
+
+// drive sends the stream's requests to endpoint for the duration: open
+// loop (Poisson arrivals, bursty when the stream has on/off periods) or
+// closed loop (Concurrency always outstanding), then waits for every
+// request it sent.
+func (b *bench) drive(ctx context.Context, endpoint string, m *simserve.ModelConfig, st simserve.SyntheticStream, seed uint64) []sample {
+	rng := rand.New(rand.NewPCG(seed, 0x5eed))
+	scale := b.o.timeScale
+	start := time.Now()
+	end := start.Add(b.o.duration)
+	var mu sync.Mutex
+	var out []sample
+	var wg sync.WaitGroup
+	lengths := func() (int, int) {
+		in := int(float64(st.PromptTokens) * (0.5 + rng.Float64()))
+		return max(1, in), max(1, int(float64(st.OutputTokens)*(0.5+rng.Float64())))
+	}
+	one := func(in, outTokens int) {
+		s := b.send(ctx, endpoint, m.Name, in, outTokens)
+		mu.Lock()
+		out = append(out, s)
+		mu.Unlock()
+		b.mu.Lock()
+		b.requests++
+		if s.err == nil {
+			b.answered++
+		}
+		b.mu.Unlock()
+	}
+	if st.Concurrency > 0 {
+		var lmu sync.Mutex
+		for range st.Concurrency {
+			wg.Go(func() {
+				for time.Now().Before(end) && ctx.Err() == nil {
+					lmu.Lock()
+					in, o := lengths()
+					lmu.Unlock()
+					one(in, o)
+				}
+			})
+		}
+		wg.Wait()
+		return out
+	}
+	// Open loop: arrivals in the stream's virtual time, sent at its
+	// scaled wall time.
+	// A sparse mix (long: one request in 20 s) runs long enough to expect
+	// minArrivals requests, or its p95 would rest on none.
+	horizon := max(b.o.duration.Seconds()*scale, minArrivals/st.RatePerSecond)
+	for t := rng.ExpFloat64() / st.RatePerSecond; t < horizon; t += rng.ExpFloat64() / st.RatePerSecond {
+		if period := st.OnSeconds + st.OffSeconds; st.OnSeconds > 0 && math.Mod(t, period) >= st.OnSeconds {
+			continue
+		}
+		in, o := lengths()
+		select {
+		case <-ctx.Done():
+		case <-time.After(time.Until(start.Add(time.Duration(t / scale * float64(time.Second))))):
+		}
+		wg.Go(func() { one(in, o) })
+	}
+	wg.Wait()
+	return out
+}
+
+// send streams one completion of in prompt words and out tokens and times
+// its first token and the tokens after it.
+func (b *bench) send(ctx context.Context, endpoint, model string, in, out int) sample {
+	b.mu.Lock()
+	b.sent++
+	id := b.sent
+	b.mu.Unlock()
+	// A prompt of its own, so that no request finds another's prefix in
+	// the engine's cache (simulate serve has no prefix cache).
+	words := make([]string, in)
+	for i := range words {
+		words[i] = "w" + strconv.Itoa((id*7919+i)%100000)
+	}
+	body, _ := json.Marshal(map[string]any{"model": model, "prompt": strings.Join(words, " "), "max_tokens": out, "stream": true})
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, endpoint+"/v1/completions", bytes.NewReader(body))
+	if err != nil {
+		return sample{err: err}
+	}
+	req.Header.Set("Content-Type", "application/json")
+	t0 := time.Now()
+	resp, err := b.http.Do(req)
+	if err != nil {
+		return sample{err: err}
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
+		return sample{err: fmt.Errorf("%s: %s", resp.Status, bytes.TrimSpace(msg))}
+	}
+	var first, last time.Time
+	tokens := 0
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 64<<10), 4<<20)
+	for sc.Scan() {
+		line, ok := strings.CutPrefix(sc.Text(), "data: ")
+		if !ok || line == "[DONE]" {
+			continue
+		}
+		var chunk struct {
+			Choices []struct {
+				Text string `json:"text"`
+			} `json:"choices"`
+		}
+		if json.Unmarshal([]byte(line), &chunk) != nil || len(chunk.Choices) == 0 || chunk.Choices[0].Text == "" {
+			continue
+		}
+		last = time.Now()
+		if first.IsZero() {
+			first = last
+		}
+		tokens++
+	}
+	if err := sc.Err(); err != nil {
+		return sample{err: err}
+	}
+	if first.IsZero() {
+		return sample{err: errors.New("the stream ended without a token")}
+	}
+	s := sample{ttft: first.Sub(t0).Seconds()}
+	if tokens > 1 {
+		s.tpot = last.Sub(first).Seconds() / float64(tokens-1)
+	}
+	return s
+}
+
+// stats are a model's measures in the cell, in the config's seconds.
+func (b *bench) stats(m *simserve.ModelConfig, samples []sample) simserve.ModelStats {
+	ms := simserve.ModelStats{Model: m.Name, Class: m.Class, Requests: len(samples)}
+	var ttft, tpot []float64
+	met := 0
+	for _, s := range samples {
+		if s.err != nil {
+			ms.Failed++
+			continue
+		}
+		ms.Completed++
+		t := s.ttft * b.o.timeScale
+		ttft = append(ttft, t)
+		if s.tpot > 0 {
+			tpot = append(tpot, s.tpot*b.o.timeScale)
+		}
+		if m.SLOTTFTSeconds == 0 || t <= m.SLOTTFTSeconds {
+			met++
+		}
+	}
+	if ms.Completed > 0 {
+		ms.SLO = simserve.Round(float64(met)/float64(ms.Completed), 3)
+	}
+	ms.TTFTP50 = simserve.Round(simserve.Percentile(ttft, 50), 3)
+	ms.TTFTP95 = simserve.Round(simserve.Percentile(ttft, 95), 3)
+	ms.TTFTP99 = simserve.Round(simserve.Percentile(ttft, 99), 3)
+	ms.TPOTP95 = simserve.Round(simserve.Percentile(tpot, 95), 4)
+	return ms
+}
+
+// writeBench prints the matrix and flags as simulate interference does,
+// then each cell's live p95 TTFT against the simulated one.
+func writeBench(w io.Writer, res *benchResult) error {
+	fmt.Fprintf(w, "live on one simulated %s (%s), time ×%g, %g config-seconds per cell; %d of %d requests answered\n\n",
+		res.Device, res.Card, res.TimeScale, res.Seconds, res.Answered, res.Requests)
+	if err := simserve.WriteMatrix(w, res.MatrixResult); err != nil {
+		return err
+	}
+	fmt.Fprintln(w)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "CELL\tMIX\tMODEL\tANSWERED\tLIVE P95 TTFT\tSIM P95 TTFT\tLIVE/SIM")
+	for _, c := range res.Compare {
+		ratio := "n/a"
+		if c.Ratio > 0 {
+			ratio = fmt.Sprintf("%g", c.Ratio)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%gs\t%gs\t%s\n", strings.Join(c.Models, "+"), c.Mix, c.Model, c.Answered, c.LiveP95, c.SimP95, ratio)
+	}
+	return tw.Flush()
+}
+
+// writeBenchHTML writes simulate interference's report with the heatmap,
+// with the live/simulated comparison added before its end.
+func writeBenchHTML(path string, res *benchResult) error {
+	var page bytes.Buffer
+	if err := simserve.WriteMatrixHTML(&page, res.MatrixResult); err != nil {
+		return err
+	}
+	var table bytes.Buffer
+	table.WriteString("<h2>Live p95 TTFT against simulate interference</h2>\n<table><tr><th>cell</th><th>mix</th><th>model</th><th>answered</th><th>live p95</th><th>sim p95</th><th>live/sim</th></tr>\n")
+	for _, c := range res.Compare {
+		fmt.Fprintf(&table, "<tr><td>%s</td><td>%s</td><td>%s</td><td>%d</td><td>%gs</td><td>%gs</td><td>%g</td></tr>\n",
+			html.EscapeString(strings.Join(c.Models, "+")), html.EscapeString(c.Mix), html.EscapeString(c.Model), c.Answered, c.LiveP95, c.SimP95, c.Ratio)
+	}
+	table.WriteString("</table>\n</body>")
+	out := strings.Replace(page.String(), "</body>", table.String(), 1)
+	return os.WriteFile(path, []byte(out), 0o644)
+}
