@@ -329,7 +329,6 @@ type bench struct {
 	// sent numbers every request, warm-ups included; requests and
 	// answered count the measured ones.
 	sent, requests, answered int
-	decisions                uint64
 }
 
 // runSet deploys the set's models, warms each with one request, runs each
