@@ -86,3 +86,43 @@ trickle:
 		cancel()
 	}
 }
+
+// TestWatchAnswersBeforeTheFirstEvent: a following watch whose filter
+// matches nothing yet is answered at once (the call returns, the stream is
+// open), and an event applied later still arrives. A client node's executor
+// waits for this answer before it acts on the replicas already placed on it.
+func TestWatchAnswersBeforeTheFirstEvent(t *testing.T) {
+	api := startServers(t, 1, false)[0].api
+	for _, c := range []struct {
+		name string
+		http *http.Client
+	}{{"HTTP/1.1", &http.Client{}}, {"h2c", rpc.HTTPClient()}} {
+		events := gpuplanev1connect.NewEventServiceClient(c.http, "http://"+api)
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		name := "later-" + map[string]string{"HTTP/1.1": "h1", "h2c": "h2"}[c.name]
+		opened := make(chan error, 1)
+		var stream *connect.ServerStreamForClient[pb.WatchResponse]
+		go func() {
+			var err error
+			stream, err = events.Watch(ctx, connect.NewRequest(&pb.WatchRequest{Follow: true, Filter: &pb.EventFilter{Resource: "accelerator/" + name}}))
+			opened <- err
+		}()
+		select {
+		case err := <-opened:
+			if err != nil {
+				t.Fatalf("%s: watch: %v", c.name, err)
+			}
+		case <-time.After(20 * time.Second):
+			t.Fatalf("%s: a watch with nothing to send yet was not answered in 20s", c.name)
+		}
+		accs := gpuplanev1connect.NewAcceleratorServiceClient(rpc.HTTPClient(), "http://"+api)
+		if _, err := accs.CreateAccelerator(ctx, connect.NewRequest(&pb.CreateAcceleratorRequest{Name: name, Spec: &pb.AcceleratorSpec{Device: "l4"}})); err != nil {
+			t.Fatal(err)
+		}
+		if !stream.Receive() || !strings.Contains(stream.Msg().GetEvent().String(), name) {
+			t.Errorf("%s: the event applied after the watch opened: %v, %v", c.name, stream.Msg(), stream.Err())
+		}
+		stream.Close()
+		cancel()
+	}
+}

@@ -71,6 +71,17 @@ func (h *eventHandlers) Watch(ctx context.Context, req *connect.Request[pb.Watch
 	}
 	cur := hist.Cursor(req.Msg.GetFromIndex(), req.Msg.GetFilter())
 	send := func(ev *pb.Event) error { return stream.Send(&pb.WatchResponse{Event: ev}) }
+	if req.Msg.GetFollow() {
+		// Answer the call now: a client waits for the response headers
+		// before it reads, and a filtered stream may have nothing to send
+		// for a long time. A client node's executor takes its first
+		// snapshot, then opens the stream, and acts on neither until the
+		// call returns: without this, replicas placed on it before it
+		// connected stayed unstarted until the next event about the node.
+		if err := stream.Send(nil); err != nil {
+			return err
+		}
+	}
 	poll := time.NewTicker(followPoll)
 	defer poll.Stop()
 	for {

@@ -214,7 +214,12 @@ func (h *residencyHandlers) ListDecisions(ctx context.Context, req *connect.Requ
 		}
 		return nil
 	}
-	// Following: one goroutine per node; this one alone sends on the stream.
+	// Following: answer the call now (the client waits for the headers,
+	// and quiet nodes may send nothing for long), then one goroutine per
+	// node; this one alone sends on the stream.
+	if err := stream.Send(nil); err != nil {
+		return err
+	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	batches := make(chan []*pb.ResidencyDecision)
