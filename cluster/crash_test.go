@@ -118,7 +118,7 @@ func TestCrash(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	if got := fsm.Replay(commands(t, c), 0).Hash(); got != live {
+	if got := replayHash(t, c); got != live {
 		t.Fatalf("replay of the log: hash %s, live %s", got, live)
 	}
 	t.Logf("%d acknowledged writes survived SIGKILL (last index %d)", len(acked), maxIndex)

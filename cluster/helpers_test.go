@@ -107,8 +107,17 @@ func mustApply(t testing.TB, c *Cluster, env *pb.Envelope) *pb.Result {
 	return res
 }
 
-// commands iterates the command entries of c's log from index 1, as
-// fsm.Replay takes them.
+// replayHash is the hash of the state c's log gives applied from index 1 to
+// an empty state machine.
+func replayHash(t testing.TB, c *Cluster) string {
+	f := fsm.New()
+	for index, data := range commands(t, c) {
+		f.ApplyBytes(index, data)
+	}
+	return f.Hash()
+}
+
+// commands iterates the command entries of c's log from index 1.
 func commands(t testing.TB, c *Cluster) iter.Seq2[uint64, []byte] {
 	return func(yield func(uint64, []byte) bool) {
 		last, err := c.store.LastIndex()

@@ -181,7 +181,7 @@ func TestThreeNodes(t *testing.T) {
 	tr.restart(lead)
 	hash := tr.converge()
 	for i, c := range tr.nodes {
-		if got := fsm.Replay(commands(t, c), 0).Hash(); got != hash {
+		if got := replayHash(t, c); got != hash {
 			t.Fatalf("%s: replay of its log gives %s, live %s", tr.opts[i].name, got, hash)
 		}
 	}

@@ -176,7 +176,7 @@ func TestRestart(t *testing.T) {
 	if first, _ := c.store.FirstIndex(); first != 1 {
 		t.Fatalf("first log index %d after a snapshot, want 1", first)
 	}
-	if got := fsm.Replay(commands(t, c), 0).Hash(); got != hashOf(c) {
+	if got := replayHash(t, c); got != hashOf(c) {
 		t.Fatalf("replay of the log from index 1: hash %s, live %s", got, hashOf(c))
 	}
 

@@ -3,7 +3,6 @@ package fsm_test
 import (
 	"bytes"
 	"fmt"
-	"iter"
 	"strconv"
 	"strings"
 	"testing"
@@ -67,10 +66,10 @@ func TestDataDriven(t *testing.T) {
 			case "replay":
 				var at int
 				d.ScanArgs(t, "at", &at)
-				return formatState(fsm.Replay(entries(log), uint64(at)))
+				return formatState(replay(log, at))
 			case "requests":
 				out := formatRequests(f)
-				if replayed := formatRequests(fsm.Replay(entries(log), 0)); replayed != out {
+				if replayed := formatRequests(replay(log, 0)); replayed != out {
 					d.Fatalf(t, "a replay of the log remembers other ids:\n%s\nlive:\n%s", replayed, out)
 				}
 				return out
@@ -121,14 +120,17 @@ func formatRequests(f *fsm.FSM) string {
 	return b.String()
 }
 
-func entries(log [][]byte) iter.Seq2[uint64, []byte] {
-	return func(yield func(uint64, []byte) bool) {
-		for i, data := range log {
-			if !yield(uint64(i+1), data) {
-				return
-			}
+// replay applies the log's first upTo entries (0: all) to an empty state, as
+// a server restarting without a snapshot does.
+func replay(log [][]byte, upTo int) *fsm.FSM {
+	f := fsm.New()
+	for i, data := range log {
+		if upTo != 0 && i+1 > upTo {
+			break
 		}
+		f.ApplyBytes(uint64(i+1), data)
 	}
+	return f
 }
 
 func formatResult(r *pb.Result) string {
@@ -162,7 +164,7 @@ func formatState(f *fsm.FSM) string {
 			for _, c := range n.Cards {
 				cards = append(cards, fmt.Sprintf("%d:%s", c.Index, c.Device))
 			}
-			fmt.Fprintf(w, "%s\t%s\t%s\t%s\n", n.Name, fsm.RoleName(n.Role), fsm.StatusName(n.Status), strings.Join(cards, ","))
+			fmt.Fprintf(w, "%s\t%s\t%s\t%s\n", n.Name, strings.ToLower(strings.TrimPrefix(n.Role.String(), "NODE_ROLE_")), fsm.StatusName(n.Status), strings.Join(cards, ","))
 		}
 	}
 	if devs := f.Devices(); len(devs) > 0 {

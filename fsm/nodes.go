@@ -147,17 +147,6 @@ func StatusName(s pb.NodeStatus) string {
 	return "unknown"
 }
 
-// RoleName is the lowercase name users see for a node role.
-func RoleName(r pb.NodeRole) string {
-	switch r {
-	case pb.NodeRole_NODE_ROLE_SERVER:
-		return "server"
-	case pb.NodeRole_NODE_ROLE_CLIENT:
-		return "client"
-	}
-	return "unknown"
-}
-
 func cardOf(n *pb.Node, index uint32) *pb.Card {
 	for _, c := range n.Cards {
 		if c.Index == index {

@@ -367,15 +367,6 @@ func (t *requestTable) entry(e uint32) *requestEntry {
 	return &t.entries[i][e-requestChunk<<(i-1)]
 }
 
-// get returns the record of id.
-func (t *requestTable) get(id string) (appliedRequest, bool) {
-	p := t.lookup(requestKeyOf(id))
-	if !p.found {
-		return appliedRequest{}, false
-	}
-	return t.record(p), true
-}
-
 // record returns the record a successful lookup found.
 func (t *requestTable) record(p requestProbe) appliedRequest {
 	return t.unpack(t.entry(p.entry))

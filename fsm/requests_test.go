@@ -63,12 +63,12 @@ func TestRequestTableAsMap(t *testing.T) {
 					want[id] = a
 					tab.put(id, a)
 				}
-				if got, ok := tab.get(id); !ok || !reflect.DeepEqual(got, want[id]) {
+				if got, ok := lookupID(tab, id); !ok || !reflect.DeepEqual(got, want[id]) {
 					t.Fatalf("get(%q) = %+v, %v; want %+v", id, got, ok, want[id])
 				}
 			}
 			for _, id := range ids {
-				got, ok := tab.get(id)
+				got, ok := lookupID(tab, id)
 				if w, wok := want[id]; ok != wok || !reflect.DeepEqual(got, w) {
 					t.Fatalf("get(%q) = %+v, %v; want %+v, %v", id, got, ok, w, wok)
 				}
@@ -140,11 +140,11 @@ func TestRequestDedupAndSnapshot(t *testing.T) {
 		// The restored table answers lookups (its index is built at the end
 		// of a restore).
 		for _, id := range append(ids, "bad-request") {
-			if _, ok := g.requests.get(id); !ok {
+			if _, ok := lookupID(g.requests, id); !ok {
 				t.Fatalf("restored table lacks %q", id)
 			}
 		}
-		if _, ok := g.requests.get("0123456789abcdef0123456789abcdee"); ok {
+		if _, ok := lookupID(g.requests, "0123456789abcdef0123456789abcdee"); ok {
 			t.Fatal("restored table has an id never applied")
 		}
 		// A snapshot listing an id twice: the later record wins.
@@ -168,7 +168,7 @@ func TestRequestDedupAndSnapshot(t *testing.T) {
 		if !proto.Equal(g.State(), want) {
 			t.Fatalf("restored %v\nwant %v", g.State().AppliedRequests, want.AppliedRequests)
 		}
-		if r, ok := g.requests.get(later.RequestId); !ok || r.message != "later" || g.requests.Len() != len(ids)+1 {
+		if r, ok := lookupID(g.requests, later.RequestId); !ok || r.message != "later" || g.requests.Len() != len(ids)+1 {
 			t.Fatalf("after a duplicate: %q %v, %d ids", r.message, ok, g.requests.Len())
 		}
 	}
@@ -256,4 +256,13 @@ func TestRequestWindowBounded(t *testing.T) {
 	if !proto.Equal(restored.State(), live.State()) {
 		t.Errorf("a restored state machine remembers other ids than the live one")
 	}
+}
+
+// lookupID is how apply finds an id's record: a lookup, then the record.
+func lookupID(t *requestTable, id string) (appliedRequest, bool) {
+	p := t.lookup(requestKeyOf(id))
+	if !p.found {
+		return appliedRequest{}, false
+	}
+	return t.record(p), true
 }

@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"iter"
 	"math"
 	"time"
 	"unicode/utf8"
@@ -396,18 +395,4 @@ func alias(b []byte) string {
 		return ""
 	}
 	return unsafe.String(&b[0], len(b))
-}
-
-// Replay rebuilds the state by applying entries (log index, marshalled
-// envelope) in order from an empty state, stopping after index upTo (0: all).
-// It is the same apply code the live cluster runs.
-func Replay(entries iter.Seq2[uint64, []byte], upTo uint64) *FSM {
-	f := New()
-	for index, data := range entries {
-		if upTo != 0 && index > upTo {
-			break
-		}
-		f.ApplyBytes(index, data)
-	}
-	return f
 }

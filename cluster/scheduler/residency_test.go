@@ -21,7 +21,6 @@ func withResidency(r Request, res Residency) Request {
 // accelerator with maxModels 3 (nothing is reserved), leaving the node's
 // other card unbound for other accelerators; spread puts them apart.
 func TestOnDemandPacksOnOneCard(t *testing.T) {
-	home := Accelerator{Name: "home", Device: "l4", Tenancy: Shared, MaxModels: 3}
 	for _, p := range []Policy{PolicyDefault, PolicyBestFit, PolicyFGD} {
 		s, err := NewState(cluster(1, 2, "l4"), []Accelerator{home})
 		if err != nil {
@@ -56,7 +55,6 @@ func TestOnDemandPacksOnOneCard(t *testing.T) {
 // share fits in the card minus its pinned shares, a pinned share leaves the
 // largest onDemand share its room, and maxModels counts every replica.
 func TestReservationsVersusAssignments(t *testing.T) {
-	one := Accelerator{Name: "one", Device: "l4", Tenancy: Shared, MaxModels: 4}
 	s, err := NewState(cluster(1, 1, "l4"), []Accelerator{one, whole})
 	if err != nil {
 		t.Fatal(err)

@@ -26,6 +26,12 @@ var (
 	whole = Accelerator{Name: "whole", Device: "l4", Tenancy: Dedicated, DevicesPerReplica: 1}
 	pair  = Accelerator{Name: "pair", Device: "l4", Tenancy: Dedicated, DevicesPerReplica: 2}
 	accs  = []Accelerator{small, fast, whole, pair}
+
+	home    = Accelerator{Name: "home", Device: "l4", Tenancy: Shared, MaxModels: 3}
+	one     = Accelerator{Name: "one", Device: "l4", Tenancy: Shared, MaxModels: 4}
+	anyKind = Accelerator{Name: "any", Tenancy: Shared}
+	// every accelerator the tests build states with, for Check in mustPlace
+	checked = append(append([]Accelerator(nil), accs...), home, one, anyKind)
 )
 
 func newState(t *testing.T, nodes []Node) *State {
@@ -47,7 +53,7 @@ func mustPlace(t *testing.T, s *State, r Request, p Policy) Decision {
 	if !d.Placed() {
 		t.Fatalf("place %s: %s", r.Replica, d.Reason)
 	}
-	if err := Check(s.Nodes(), s.Accelerators()); err != nil {
+	if err := Check(s.Nodes(), checked); err != nil {
 		t.Fatalf("after placing %s: %v", r.Replica, err)
 	}
 	return d
@@ -216,8 +222,7 @@ func TestRequestErrors(t *testing.T) {
 func TestDeviceSet(t *testing.T) {
 	nodes := append(cluster(1, 1, "v100m16"), cluster(1, 1, "p100")...)
 	nodes[1].Name = "p"
-	any := Accelerator{Name: "any", Tenancy: Shared}
-	s, err := NewState(nodes, []Accelerator{any})
+	s, err := NewState(nodes, []Accelerator{anyKind})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -281,18 +286,15 @@ func TestFGDAvoidsBreakingWholeCards(t *testing.T) {
 	}
 }
 
-func TestPlanAndScheduleAreDeterministic(t *testing.T) {
+func TestPlanIsDeterministic(t *testing.T) {
 	nodes := cluster(4, 4, "l4")
 	var reqs []Request
 	for i := 0; i < 30; i++ {
 		reqs = append(reqs, share(fmt.Sprintf("d%d-%d", i%5, i), []string{"fast", "small"}[i%2], 100+(i*137)%600))
 	}
 	for _, p := range Policies() {
-		a, err := Schedule(nodes, accs, reqs, p)
-		if err != nil {
-			t.Fatal(err)
-		}
-		b, _ := Schedule(nodes, accs, reqs, p)
+		a := newState(t, nodes).Plan(reqs, p)
+		b := newState(t, nodes).Plan(reqs, p)
 		if fmt.Sprint(a) != fmt.Sprint(b) {
 			t.Fatalf("%s: two runs differ", p)
 		}

@@ -330,15 +330,6 @@ func (s *State) Nodes() []Node {
 	return out
 }
 
-// Accelerators returns the accelerators the state was built with.
-func (s *State) Accelerators() []Accelerator {
-	out := make([]Accelerator, len(s.accs))
-	for i, a := range s.accs {
-		out[i] = a.spec
-	}
-	return out
-}
-
 // Allocated returns the milli-cards reserved and the total over all cards.
 func (s *State) Allocated() (used, capacity int64) { return s.gpuUsed, s.gpuCap }
 
@@ -368,16 +359,6 @@ func (s *State) Place(r Request, p Policy) Decision {
 		s.observe(&r)
 	}
 	return s.place(&r, p)
-}
-
-// Schedule is the pure entry point: it builds a State from the view, plans
-// the pending requests in order and returns the decisions.
-func Schedule(nodes []Node, accelerators []Accelerator, pending []Request, p Policy) ([]Decision, error) {
-	s, err := NewState(nodes, accelerators)
-	if err != nil {
-		return nil, err
-	}
-	return s.Plan(pending, p), nil
 }
 
 // Remove takes a placed replica off its cards and frees its host

@@ -71,13 +71,6 @@ func Lookup(product string) (Device, bool) {
 	return d, ok
 }
 
-// All returns every device kind, sorted by slug.
-func All() []Device {
-	out := append([]Device(nil), devices...)
-	sort.Slice(out, func(i, j int) bool { return out[i].Slug < out[j].Slug })
-	return out
-}
-
 // Slugs returns every slug, sorted.
 func Slugs() []string {
 	out := make([]string, 0, len(devices))

@@ -2,7 +2,6 @@ package inventory
 
 import (
 	"fmt"
-	"log/slog"
 	"strings"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
@@ -29,20 +28,11 @@ var architectures = map[nvml.DeviceArchitecture]string{
 	nvml.DEVICE_ARCH_BLACKWELL: "blackwell",
 }
 
-// FromNVML reads every card lib reports. It initialises lib and shuts it down
-// before returning. A product missing from the catalog gets a slug derived
-// from its name and a logged warning; a card whose memory cannot be read is
-// reported unhealthy.
-func FromNVML(lib nvml.Interface) ([]*pb.Card, error) {
-	cards, warnings, err := readNVML(lib)
-	for _, w := range warnings {
-		slog.Warn(w)
-	}
-	return cards, err
-}
-
-// readNVML is FromNVML returning its warnings instead of logging them, so that
-// Detect can hand them to the agent.
+// readNVML reads every card lib reports. It initialises lib and shuts it
+// down before returning. A product missing from the catalog gets a slug
+// derived from its name and a warning; a card whose memory cannot be read is
+// reported unhealthy. The warnings are returned, not logged, so that Detect
+// can hand them to the agent.
 func readNVML(lib nvml.Interface) ([]*pb.Card, []string, error) {
 	if ret := lib.Init(); ret != nvml.SUCCESS {
 		return nil, nil, fmt.Errorf("initialise NVML: %w", ret)

@@ -11,12 +11,13 @@ import (
 	"github.com/gpuplane/gpuplane/fsm/catalog"
 )
 
-func TestFromNVMLReadsDGXA100(t *testing.T) {
+func TestDetectReadsDGXA100(t *testing.T) {
 	server := dgxa100.New()
-	cards, err := FromNVML(server)
+	res, err := Detect(Options{NodeName: "n1", Lib: server})
 	if err != nil {
 		t.Fatal(err)
 	}
+	cards := res.Cards
 	if len(cards) != 8 {
 		t.Fatalf("got %d cards, want 8", len(cards))
 	}
@@ -43,7 +44,7 @@ func TestFromNVMLReadsDGXA100(t *testing.T) {
 	}
 }
 
-func TestFromNVMLUnknownProductAndFailedReads(t *testing.T) {
+func TestDetectUnknownProductAndFailedReads(t *testing.T) {
 	server := dgxa100.New()
 	dev := func(i int) *mockserver.Device { return server.Devices[i].(*mockserver.Device) }
 	dev(1).GetNameFunc = func() (string, nvml.Return) { return "NVIDIA B200", nvml.SUCCESS }
@@ -88,11 +89,11 @@ func TestFromNVMLUnknownProductAndFailedReads(t *testing.T) {
 	}
 }
 
-func TestFromNVMLFailsWithoutIdentity(t *testing.T) {
+func TestDetectFailsWithoutIdentity(t *testing.T) {
 	server := dgxa100.New()
 	server.Devices[5].(*mockserver.Device).GetUUIDFunc = func() (string, nvml.Return) { return "", nvml.ERROR_GPU_IS_LOST }
-	_, err := FromNVML(server)
-	if want := "card 5: read UUID: ERROR_GPU_IS_LOST"; err == nil || err.Error() != want {
+	_, err := Detect(Options{NodeName: "n1", Lib: server})
+	if want := "read cards through NVML: card 5: read UUID: ERROR_GPU_IS_LOST"; err == nil || err.Error() != want {
 		t.Fatalf("error %v, want %q", err, want)
 	}
 	if n := len(server.ShutdownCalls()); n != 1 {

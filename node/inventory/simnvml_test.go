@@ -138,12 +138,12 @@ func TestSimNVMLReadsBackAsTheSameCards(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	got, err := FromNVML(NewSimNVML(cards, nil))
+	res, err := Detect(Options{NodeName: "n1", Lib: NewSimNVML(cards, nil)})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !slices.EqualFunc(got, cards, func(a, b *pb.Card) bool { return proto.Equal(a, b) }) {
-		t.Errorf("FromNVML(NewSimNVML(cards)) = %v, want %v", got, cards)
+	if !slices.EqualFunc(res.Cards, cards, func(a, b *pb.Card) bool { return proto.Equal(a, b) }) {
+		t.Errorf("Detect(NewSimNVML(cards)) = %v, want %v", res.Cards, cards)
 	}
 }
 
