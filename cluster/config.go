@@ -168,14 +168,12 @@ func (c *Config) validate() error {
 //     leader has been silent for HB; a survivor's pre-vote is refused by the
 //     other survivor until that one has timed out too (it still "has a
 //     leader"), so an election completes at about the later of the two
-//     followers' wake-ups: HB..3HB after the kill, ≈2.2×HB on average.
-//     Measured with bench/cluster (5 trials, 2 loaded cores, loopback): HB
-//     500ms gave a 1.36 s median failover, HB 250ms gives the figures in
-//     DESIGN.md (well under 1 s; etcd 3.4's 100ms/1000ms defaults take
-//     ≈1.1 s). The leader heartbeats every HB/10 = 25ms, from a goroutine of
-//     its own, so a follower times out only after ten missed heartbeats; a
-//     three-server cluster left idle for 60 s on the loaded machine changed
-//     term 0 times. Pre-vote (on by default) keeps a flapping follower from
+//     followers' wake-ups: HB..3HB after the kill, ≈2.2×HB on average, so
+//     HB bounds failover; 250ms keeps it under a second on a LAN
+//     (bench/RESULTS.md, "Settings", has the failover times of both HBs
+//     tried). The leader heartbeats every HB/10 = 25ms, from a goroutine of
+//     its own, so a follower times out only after ten missed heartbeats,
+//     which a loaded machine does not cause by itself. Pre-vote (on by default) keeps a flapping follower from
 //     deposing a healthy leader. ElectionTimeout is the wait before a
 //     candidate whose round failed tries again; raft requires it >= HB.
 //   - LeaderLeaseTimeout 250ms (raft requires <= HB): a leader cut off from

@@ -34,15 +34,12 @@ func newTransport(bind, advertise string, t *TLS, logger hclog.Logger) (*contact
 	// bounds a stuck peer without cutting off a large snapshot install.
 	//
 	// MaxRPCsInFlight 1: no pipelining. A follower syncs its log once per
-	// AppendEntries it gets, and an fdatasync costs ~100 µs of CPU here
-	// whatever it carries; with one request in flight the entries that
-	// arrive during a round trip go out together in the next one, so under
-	// load there are fewer, larger appends (and syncs) on each follower. With
-	// one client it changes nothing (each write is its own round trip
-	// anyway). Measured with bench/cluster, 64 clients, two interleaved
-	// sittings against etcd: 1.64×/1.64× (pipelined, 2 in flight, raft's
-	// default) → 1.68×/1.73× over HTTP/1.1 clients, 1.50×/1.49× → 1.58×/1.58×
-	// over h2c.
+	// AppendEntries it gets, and an fdatasync costs CPU whatever it carries;
+	// with one request in flight the entries that arrive during a round trip
+	// go out together in the next one, so under load there are fewer, larger
+	// appends (and syncs) on each follower. With one client it changes
+	// nothing (each write is its own round trip anyway). bench/RESULTS.md
+	// ("Settings") has the measurement.
 	const pool, timeout = 3, 10 * time.Second
 	cfg := &raft.NetworkTransportConfig{MaxPool: pool, Timeout: timeout, Logger: logger, MaxRPCsInFlight: 1}
 	var nt *raft.NetworkTransport

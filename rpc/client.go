@@ -153,10 +153,9 @@ func forwardOne(ctx context.Context, c gpuplanev1connect.ClusterServiceClient, r
 // nearly one message per write (sending takes microseconds, a commit
 // milliseconds); two in flight keep the leader's pipeline fed (one batch
 // commits while the next is proposed) and let the writes that arrive
-// during a commit go as one message. Measured with bench/cluster (64
-// clients, three servers, this repository's DESIGN.md): ~10% less server
-// CPU per write and ~10% more writes per second than unbounded. A single
-// write never waits: with nothing in flight it is sent at once.
+// during a commit go as one message, so each node spends less CPU per write
+// (bench/RESULTS.md, "Settings"). A single write never waits: with nothing
+// in flight it is sent at once.
 const (
 	// maxInFlight is the most batches a stream has sent and not yet had
 	// answered.

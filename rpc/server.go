@@ -110,8 +110,9 @@ func Handler(cfg Config) http.Handler {
 		connect.WithReadMaxBytes(MaxMessageBytes),
 		connect.WithSendMaxBytes(MaxMessageBytes),
 		// Compress only responses worth it: connect's default (0) gzips
-		// every reply, a few hundred bytes included, which cost 7% of the
-		// CPU of a 3-server commit benchmark (forwarded writes pay twice).
+		// every reply, a few hundred bytes included, where gzip's CPU buys
+		// next to nothing on a LAN (forwarded writes would pay twice;
+		// bench/RESULTS.md, "Settings").
 		connect.WithCompressMinBytes(4 << 10),
 		connect.WithCodec(strictJSON{"json"}),
 		connect.WithCodec(strictJSON{"json; charset=utf-8"}),
@@ -247,7 +248,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 // bufferedListener hands out connections that read through a buffer. Go's
 // HTTP/2 server reads every frame from the connection itself, header and
 // payload apart: two read syscalls per frame, four or more per unary call,
-// which made reads 6% of a server's CPU in the commit benchmark. Through the
+// a visible share of a busy server's CPU (bench/RESULTS.md, "Settings"). Through the
 // buffer one read takes whatever the peer has sent, frames of many calls
 // included. (HTTP/1.1 and TLS buffer their own reads; this costs them a copy.)
 type bufferedListener struct{ net.Listener }

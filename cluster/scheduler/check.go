@@ -9,16 +9,18 @@ import (
 // Check verifies SPEC rule 11 over a whole cluster view, independently of how
 // the placements were chosen: on each card the reserved shares (pinned and
 // warm) sum to at most 100 % and each onDemand share fits in the card minus
-// its pinned shares (SPEC §8.1),
-// a shared card holds at most maxModels replicas, every share on a card
+// its pinned shares (SPEC §8.1), a shared card holds at most maxModels replicas, every share on a card
 // belongs to the accelerator the card is bound to, a dedicated card holds
 // exactly one whole-card replica, a dedicated replica holds
 // devicesPerReplica cards of one node, a shared replica holds one card, and
 // host reservations stay within capacity. It returns every violation found,
 // joined, in a deterministic order, or nil.
 //
-// The state machine runs it when it applies a plan, so a stale decision is
-// rejected rather than applied.
+// It is the oracle of the simulator and of the scheduler's tests: it shares
+// no code with the placement it checks, so a policy bug shows up as a
+// violation. The state machine does not run it (the fsm imports nothing from
+// this package); it enforces rule 11 with its own per-card arithmetic when it
+// applies a placement (fsm/placement.go).
 func Check(nodes []Node, accelerators []Accelerator) error {
 	accs := make(map[string]Accelerator, len(accelerators))
 	for _, a := range accelerators {

@@ -3,14 +3,16 @@
 // It owns placement: given a view of the cluster (nodes, their cards and what
 // is already on them, the accelerators) and replicas to place, it returns a
 // Decision per replica — a node and cards, or a reason that names the numbers
-// (SPEC rule 12). It also owns Check, the independent test of SPEC rule 11
-// that the state machine re-runs when it applies a placement.
+// (SPEC rule 12). It also owns Check, an independent test of SPEC rule 11 over
+// a whole view, which the simulator and the tests run after every plan (the
+// state machine enforces the rule on its own when it applies a placement).
 //
 // The package is pure and must stay so: it never reads the clock, never uses
 // the network, never starts goroutines, never draws random numbers and never
 // imports other gpuplane packages. The same inputs always give the same
-// decisions, so a plan can be replayed and tested. The fsm adapts its state to
-// the plain types defined here (Node, Card, Accelerator, Request).
+// decisions, so a plan can be replayed and tested. The cluster's placer
+// (cluster/placer.go) adapts the fsm's state to the plain types defined here
+// (Node, Card, Accelerator, Request).
 //
 // Usage:
 //
