@@ -171,7 +171,7 @@ func chaos(t *testing.T, seed uint64, duration time.Duration) chaosRun {
 		a.ex, err = executor.New(src, rep, executor.Options{Node: node, DataDir: dataDir, Cards: cards, Self: bin,
 			SimUsageDir: usageDir, BindHost: "127.0.0.1", AdvertiseHost: "127.0.0.1", GracePeriod: 2 * time.Second,
 			HealthInterval: 50 * time.Millisecond, Gate: a.mgr, Logger: logger, KeepEngines: true,
-			// Known bug (issue 19 item 12, stop 14's note): with the log
+			// Known bug (issue 19 item 12): with the log
 			// writers' orphan watch on, this test under -race
 			// (GPUPLANE_CHAOS_SEED=1796141724625853535) sees an engine the
 			// controller counts Cold still holding memory (I1). Off here

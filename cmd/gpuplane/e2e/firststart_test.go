@@ -46,7 +46,7 @@ func TestServerWithoutDriver(t *testing.T) {
 
 // TestDevStartPrintsNoWarning: a dev agent's normal start, first or again
 // on its data dir, prints no warning at the default log level (raft's
-// first election used to warn "heartbeat timeout reached").
+// first election would warn "heartbeat timeout reached").
 func TestDevStartPrintsNoWarning(t *testing.T) {
 	requireBinary(t)
 	a := newAgent(t, t.TempDir())
