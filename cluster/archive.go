@@ -25,7 +25,7 @@ import (
 
 // An archive holds sealed stretches of a Raft log outside the servers, so
 // that they may drop those entries (Cluster.Compact) while `audit verify`
-// and `audit replay` keep working over the whole history (SPEC §7). Its
+// and `audit replay` keep working over the whole history (docs/audit.md). Its
 // format is docs/archive.md:
 //
 //	DIR/MANIFEST.json                  what the archive holds (archiveManifest)

@@ -15,7 +15,7 @@ import (
 	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
 )
 
-// History is a node's Raft log read for audit (SPEC §7): its events, the
+// History is a node's Raft log read for audit (docs/audit.md): its events, the
 // state as of any entry, and verification of the log against what the state
 // machine recorded when it applied it. A live node's History reads its store
 // while it runs (Cluster.History); a stopped node's is OpenOffline's. Every

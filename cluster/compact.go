@@ -84,7 +84,7 @@ func findAuditBase(basePath, snapshotDir string, first uint64) (*fsm.FSM, error)
 func (c *Cluster) auditBasePath() string { return filepath.Join(c.cfg.DataDir, raftDir, auditBaseFile) }
 
 // Compact drops this server's log entries before index before, which an
-// archive holds (SPEC §7: an operator's decision, never automatic). hash is
+// archive holds (docs/audit.md: an operator's decision, never automatic). hash is
 // the archive's hash chain head after entry before-1; unless it is the head
 // this server recorded when it applied that entry, nothing changes: the
 // archive is not of this log. The server first takes a snapshot at or after

@@ -51,7 +51,7 @@ type Config struct {
 	// port may be 0 to pick a free one. GossipAdvertise defaults to it.
 	GossipBind, GossipAdvertise string
 	// Gateway is the host:port of this node's OpenAI-compatible gateway
-	// (SPEC §8.4), gossiped so that any node can forward requests to it;
+	// (docs/gateway.md), gossiped so that any node can forward requests to it;
 	// empty when it serves none.
 	Gateway string
 	// TLS, when set, runs Raft over mutual TLS: servers accept and dial only
@@ -185,7 +185,7 @@ func (c *Config) validate() error {
 //   - BatchApplyCh with MaxAppendEntries 256: concurrent Applies are gathered
 //     into one log append, one fsync and one AppendEntries per follower (group
 //     commit); the FSM then applies them as a batch.
-//   - TrailingLogs = MaxUint64: the log is never compacted (SPEC §7, audit).
+//   - TrailingLogs = MaxUint64: the log is never compacted (docs/audit.md).
 //     Snapshots are still taken (SnapshotThreshold entries) so that a restart
 //     restores the latest snapshot and replays only the entries after it; and
 //     because every server keeps every entry, a lagging or new follower is

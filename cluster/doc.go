@@ -14,7 +14,7 @@
 // It must never decode or interpret log entries to change state itself
 // (fsm.ApplyBytes does, so live apply, restore, events and offline replay
 // share one code path; events.go decodes entries only to describe and filter
-// them), never compact the log away (SPEC §7: every server keeps every entry from index
+// them), never compact the log away (docs/audit.md: every server keeps every entry from index
 // 1), never acknowledge a write before it is committed and fsynced, and never
 // let anything touch the fsm.FSM outside its lock.
 //

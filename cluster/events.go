@@ -398,7 +398,7 @@ func describe(env *pb.Envelope) (string, []string) {
 		s := c.ReplicaStatus
 		text := fmt.Sprintf("ReplicaStatus %s/%d on %s %s", s.GetModel(), s.GetReplica(), s.GetNode(), enumWord(s.GetState().String(), "REPLICA_STATE_"))
 		if r := s.GetResidency(); r != pb.ReplicaResidency_REPLICA_RESIDENCY_UNSPECIFIED {
-			// A residency transition, with why (SPEC §8.3).
+			// A residency transition, with why (docs/residency.md).
 			text += ", " + enumWord(r.String(), "REPLICA_RESIDENCY_")
 			if why := s.GetResidencyReason(); why != "" {
 				text += " (" + why + ")"

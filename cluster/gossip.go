@@ -32,7 +32,7 @@ type Meta struct {
 	Digest  string `json:"d,omitempty"` // inventory.Digest of the node's cards
 	Expect  int    `json:"e,omitempty"` // --bootstrap-expect (servers)
 	Version string `json:"v,omitempty"`
-	Gateway string `json:"g,omitempty"` // gateway host:port (SPEC §8.4)
+	Gateway string `json:"g,omitempty"` // gateway host:port (docs/gateway.md)
 	// Bootstrapped is set once the server has Raft state (it bootstrapped,
 	// was added by a leader, or restarted on a data dir): a server waiting on
 	// --bootstrap-expect that sees it joins that cluster instead of forming one.

@@ -10,7 +10,7 @@ import (
 	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
 )
 
-// checkRule11 is an independent check of SPEC rule 11 (as §8.1 restates it)
+// checkRule11 is an independent check of docs/descriptors.md rule 11 (as docs/residency.md restates it)
 // over the state machine's replicas: on each card the reserved shares
 // (pinned and warm) sum to ≤ 100 %, each onDemand share fits in the card
 // minus its pinned shares, at most maxModels replicas, one accelerator per

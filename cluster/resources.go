@@ -12,7 +12,7 @@ import (
 )
 
 // Resources reports what this server holds that grows with the cluster's
-// history (SPEC §7): the log's files and its oldest and newest index, the
+// history (docs/audit.md): the log's files and its oldest and newest index, the
 // latest snapshot, and the state machine's request-id table. A client node
 // holds none of it: nil.
 func (c *Cluster) Resources() *pb.ServerResources {

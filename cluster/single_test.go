@@ -172,7 +172,7 @@ func TestRestart(t *testing.T) {
 	}
 	mustApply(t, c, createAccelerator("after-restart"))
 
-	// Snapshots never compact the log (SPEC §7).
+	// Snapshots never compact the log (docs/audit.md).
 	if first, _ := c.store.FirstIndex(); first != 1 {
 		t.Fatalf("first log index %d after a snapshot, want 1", first)
 	}

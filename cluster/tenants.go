@@ -22,7 +22,7 @@ const (
 )
 
 // TenantFor resolves the bearer secret of a gateway request to the tenant
-// and weight its token is served as (SPEC §8.4: the token's tenant, else
+// and weight its token is served as (docs/gateway.md: the token's tenant, else
 // its name; its weight, else 1). ok is false when no token has that secret
 // (deleted or never created). It reads this node's applied state, never
 // Raft; on a client node see tenantTableMaxAge.

@@ -17,7 +17,7 @@ const DefaultMaxModels = 2
 // model's share of a card (MEMORY/MODEL) is too small to hold any weights.
 const MaxMaxModels = 64
 
-// NormalizeAcceleratorSpec returns spec with the defaults of SPEC §4 filled in:
+// NormalizeAcceleratorSpec returns spec with the defaults of docs/descriptors.md filled in:
 // dedicated tenancy, one device per replica, two models per shared card.
 func NormalizeAcceleratorSpec(spec *pb.AcceleratorSpec) *pb.AcceleratorSpec {
 	// A copy (a decoded command's messages are recycled), by hand: this
@@ -41,7 +41,7 @@ func NormalizeAcceleratorSpec(spec *pb.AcceleratorSpec) *pb.AcceleratorSpec {
 }
 
 // ValidateAccelerator checks what can be known about an accelerator without
-// the cluster's state: its name and the rules of SPEC §5 that concern the
+// the cluster's state: its name and the rules of docs/descriptors.md that concern the
 // spec alone (1, 3, 4's maxModels part). It reports every problem.
 func ValidateAccelerator(name string, spec *pb.AcceleratorSpec) []*pb.Violation {
 	return append(ValidateName("metadata.name", name), ValidateAcceleratorSpec(spec)...)

@@ -28,7 +28,7 @@ func validHash(field, h string) []*pb.Violation {
 	return v
 }
 
-// Token weights (SPEC §8.4): a tenant's share in the gateway's fair queues
+// Token weights (docs/gateway.md): a tenant's share in the gateway's fair queues
 // relative to the others'. MaxTokenWeight bounds the ratio between two
 // tenants, so one weight cannot make another's service round to nothing.
 const (

@@ -12,7 +12,7 @@ import (
 )
 
 // TestTokenTenants: a token created with a tenant and weight is served as
-// them; one without is served as its own name with weight 1 (SPEC §8.4);
+// them; one without is served as its own name with weight 1 (docs/gateway.md);
 // the lookup by secret finds both and nothing else, and a snapshot keeps
 // them.
 func TestTokenTenants(t *testing.T) {

@@ -8,7 +8,7 @@ import (
 	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
 )
 
-// LoRA adapters on a base model (SPEC §8.1): the node pages them between
+// LoRA adapters on a base model (docs/residency.md): the node pages them between
 // disk, host RAM and the card; the deployment only names them.
 
 // Bounds of spec.adapters and spec.engine.maxAdapters.

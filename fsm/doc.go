@@ -5,7 +5,12 @@
 // The package owns the state (nodes, their cards, accelerators), one apply
 // function per command, validation that reports every problem at once, typed
 // results, deduplication by request id, a hash chain over applied entries,
-// snapshots, and Replay, which rebuilds the state as of any log index.
+// and snapshots; applying the log from index 1 to New() rebuilds the state as
+// of any log index.
+//
+// The rules it enforces are the numbered rules of docs/descriptors.md, which
+// comments and error messages cite as "rule N"; the residency fields follow
+// docs/residency.md.
 //
 // It must never read the clock, touch the network or the disk, use randomness
 // or start goroutines: the same code serves live apply, snapshot restore,

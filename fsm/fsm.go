@@ -78,7 +78,7 @@ func New() *FSM {
 }
 
 // DefaultRequestWindow is how long, in log time, a request id is remembered
-// when no entry has set another window: a day, as SPEC §7 says.
+// when no entry has set another window: a day, as docs/audit.md says.
 const DefaultRequestWindow = 24 * time.Hour
 
 // RequestWindow is the request-id window in force: a retry within it of an

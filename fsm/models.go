@@ -31,9 +31,9 @@ const (
 	MaxMemoryMiB = 64 << 20
 )
 
-// NormalizeModelSpec fills the defaults of SPEC §4: vllm engine, one replica,
+// NormalizeModelSpec fills the defaults of docs/descriptors.md: vllm engine, one replica,
 // tensor and pipeline parallel 1, servedModelName = the deployment's name;
-// residency pinned and priority standard (SPEC §8.1) are stored as
+// residency pinned and priority standard (docs/residency.md) are stored as
 // unspecified.
 func NormalizeModelSpec(name string, spec *pb.ModelSpec) *pb.ModelSpec {
 	return normalizeModelSpec(name, proto.Clone(spec).(*pb.ModelSpec))
@@ -361,8 +361,7 @@ func (f *FSM) applyModel(c *pb.ApplyModel, prep *modelPrep, index uint64, dry bo
 
 // sameIdentity says whether two specs run the same replicas: they differ
 // at most in what changes without re-placing anything — the replica count,
-// the residency, priority and SLO the node's controller adapts to (SPEC
-// §8.1; a residency change re-checks the reservations, changeResidency),
+// the residency, priority and SLO the node's controller adapts to (docs/residency.md; a residency change re-checks the reservations, changeResidency),
 // and the adapters, which the node loads into the running base.
 func sameIdentity(a, b *pb.ModelSpec) bool {
 	return proto.Equal(withoutMutable(a), withoutMutable(b))

@@ -11,7 +11,7 @@ import (
 
 // placeReplicas applies a scheduling decision. Every placement is checked
 // against the state as it is now, together with the placements before it in
-// the same plan (SPEC rule 11); if any fails, nothing is applied and the
+// the same plan (docs/descriptors.md rule 11); if any fails, nothing is applied and the
 // scheduler plans again from the newer state.
 func (f *FSM) placeReplicas(c *pb.PlaceReplicas, index uint64, dry bool) *pb.Result {
 	// Work on a scratch card index, holding what the plan's placements take,
@@ -225,7 +225,7 @@ func (f *FSM) checkPlacement(p *pb.Placement, scratch planCards, placed []replic
 // fitsCard is rule 11 for one card: one accelerator per card, a dedicated
 // card holds one replica, at most maxModels replicas, reserved shares sum
 // to ≤ 100 % and each onDemand share fits in the card minus its pinned
-// shares (SPEC §8.1). live is what placed replicas take from the card (nil
+// shares (docs/residency.md). live is what placed replicas take from the card (nil
 // for nothing) and l their load, plan what the plan's earlier placements
 // take (no replicas for nothing).
 func fitsCard(acc *pb.StoredAccelerator, sh share, res pb.Residency, live *cardUse, l cardLoad, plan planCard) error {

@@ -8,7 +8,7 @@ import (
 	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
 )
 
-// Residency modes (SPEC §8.1) decide what a replica takes from its card:
+// Residency modes (docs/residency.md) decide what a replica takes from its card:
 // pinned and warm replicas reserve their share (rule 11: reserved shares sum
 // to ≤ 100 %), onDemand replicas are assigned to the card (they count
 // against maxModels) without a reservation, and each onDemand share must fit
@@ -55,7 +55,7 @@ func PriorityName(p pb.Priority) string {
 }
 
 // ReplicaResidencyName is the name users see for where a replica's weights
-// are (SPEC §8.3): Cold, Loading, Resident, Draining, Sleeping, Waking; ""
+// are (docs/residency.md): Cold, Loading, Resident, Draining, Sleeping, Waking; ""
 // for unspecified (a replica that is not placed; the views show a placed
 // one its node has not reported on as Cold).
 func ReplicaResidencyName(r pb.ReplicaResidency) string {
@@ -81,7 +81,7 @@ func ReplicaResidencyName(r pb.ReplicaResidency) string {
 // MaxQuantizationLen bounds engine.quantization.
 const MaxQuantizationLen = 64
 
-// validateResidencyFields checks the fields of SPEC §8.1 that need no state.
+// validateResidencyFields checks the fields of docs/residency.md that need no state.
 func validateResidencyFields(v *violations, spec *pb.ModelSpec) {
 	if r := spec.GetResidency(); r < pb.Residency_RESIDENCY_UNSPECIFIED || r > pb.Residency_RESIDENCY_ON_DEMAND {
 		v.add("spec.residency", "must be pinned, warm or onDemand, got %d", int32(r))
@@ -111,7 +111,7 @@ func CheckQuantization(q string) string {
 	return ""
 }
 
-// checkResidencyTenancy is the rule of SPEC §8.1 that needs the accelerator:
+// checkResidencyTenancy is the rule of docs/residency.md that needs the accelerator:
 // an onDemand or warm deployment needs a shared accelerator.
 func checkResidencyTenancy(v *violations, spec *pb.ModelSpec, accName string, acc *pb.AcceleratorSpec) {
 	if r := residencyOf(spec); r != pb.Residency_RESIDENCY_PINNED && acc.Tenancy != pb.Tenancy_TENANCY_SHARED {
@@ -150,7 +150,7 @@ func (l cardLoad) merge(o cardLoad) cardLoad {
 		pinned: l.pinned + o.pinned, odMax: max(l.odMax, o.odMax)}
 }
 
-// fits is rule 11 (SPEC §8.1) for one more share of residency r on a card of
+// fits is rule 11 (docs/residency.md) for one more share of residency r on a card of
 // a shared accelerator holding l: at most maxModels replicas, reserved shares
 // ≤ 100 %, every onDemand share within the card minus the pinned shares.
 func (l cardLoad) fits(r pb.Residency, milli, maxModels uint32) error {

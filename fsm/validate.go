@@ -16,7 +16,7 @@ func (v *violations) add(field, format string, args ...any) {
 	*v = append(*v, &pb.Violation{Field: field, Description: fmt.Sprintf(format, args...)})
 }
 
-// ValidateName checks SPEC rule 1: names are DNS labels.
+// ValidateName checks docs/descriptors.md rule 1: names are DNS labels.
 func ValidateName(field, name string) []*pb.Violation {
 	var v violations
 	switch {

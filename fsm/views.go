@@ -40,7 +40,7 @@ func live(n *pb.Node, c *pb.Card) bool {
 // cardBinding is the accelerator a card is bound to ("" when unbound), the
 // replicas on it, the memory they reserve (pinned and warm shares), the
 // shares loaded now and asleep, and what they use: the reserved shares and
-// the loaded onDemand ones (SPEC §8.3).
+// the loaded onDemand ones (docs/residency.md).
 type cardBinding struct {
 	accelerator string
 	replicas    []string
@@ -144,7 +144,7 @@ func (f *FSM) Accelerator(name string) (*pb.Accelerator, bool) {
 	return f.acceleratorView(a, f.deviceSummaries(), f.placedPerAccelerator()[name]), true
 }
 
-// acceleratorView computes the derived columns of SPEC §5:
+// acceleratorView computes the derived columns of `accelerators list` (docs/cli.md, Columns):
 // dedicated: MEMORY/MODEL = card memory × devicesPerReplica, CAN PLACE = Σ
 // over nodes ⌊unbound live cards / devicesPerReplica⌋; shared: MEMORY/MODEL =
 // card memory ÷ maxModels, CAN PLACE = free model slots over its bound and the

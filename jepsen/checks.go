@@ -377,7 +377,7 @@ func CheckRule11(ctx context.Context, cl *Clients, log []*pb.Event, maxStates in
 	return pass(name, "held in %s (replayed in %s)", what, time.Since(start).Round(time.Second))
 }
 
-// rule11 checks SPEC rule 11 on one replayed state: on each card the
+// rule11 checks docs/descriptors.md rule 11 on one replayed state: on each card the
 // shares sum to ≤ 100 %, at most maxModels replicas, one accelerator per
 // card, a dedicated card holds one replica, and every card is of the
 // accelerator's device. It mirrors cluster/placer_test.go's checkRule11 on

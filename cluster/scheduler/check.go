@@ -6,10 +6,10 @@ import (
 	"sort"
 )
 
-// Check verifies SPEC rule 11 over a whole cluster view, independently of how
+// Check verifies docs/descriptors.md rule 11 over a whole cluster view, independently of how
 // the placements were chosen: on each card the reserved shares (pinned and
 // warm) sum to at most 100 % and each onDemand share fits in the card minus
-// its pinned shares (SPEC §8.1), a shared card holds at most maxModels replicas, every share on a card
+// its pinned shares (docs/residency.md), a shared card holds at most maxModels replicas, every share on a card
 // belongs to the accelerator the card is bound to, a dedicated card holds
 // exactly one whole-card replica, a dedicated replica holds
 // devicesPerReplica cards of one node, a shared replica holds one card, and

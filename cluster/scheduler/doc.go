@@ -3,7 +3,7 @@
 // It owns placement: given a view of the cluster (nodes, their cards and what
 // is already on them, the accelerators) and replicas to place, it returns a
 // Decision per replica — a node and cards, or a reason that names the numbers
-// (SPEC rule 12). It also owns Check, an independent test of SPEC rule 11 over
+// (docs/descriptors.md rule 12). It also owns Check, an independent test of docs/descriptors.md rule 11 over
 // a whole view, which the simulator and the tests run after every plan (the
 // state machine enforces the rule on its own when it applies a placement).
 //

@@ -238,7 +238,7 @@ type fragCache struct {
 }
 
 // contribShared is a healthy card's fragment for a share group: its
-// unreserved capacity, unless the group's shares fit there (SPEC §8.1's
+// unreserved capacity, unless the group's shares fit there (docs/residency.md's
 // rules for the group's residency).
 func (g *wgroup) contribShared(c *cardState) int64 {
 	if (c.acc < 0 || c.acc == g.acc) && (g.maxMM == 0 || c.count < g.maxMM) &&

@@ -28,7 +28,7 @@ func (t Tenancy) String() string {
 	return "dedicated"
 }
 
-// Accelerator is a placement class over one device kind (SPEC §1).
+// Accelerator is a placement class over one device kind (docs/concepts.md).
 type Accelerator struct {
 	Name string
 	// Device is the device kind slug ("l4"). Empty means any kind; only the
@@ -36,7 +36,7 @@ type Accelerator struct {
 	Device  string
 	Tenancy Tenancy
 	// MaxModels bounds the replicas per card of a shared accelerator; 0 means
-	// no bound (the fsm fills in SPEC's default of 2 before calling).
+	// no bound (the fsm fills in the default of 2, docs/descriptors.md, before calling).
 	MaxModels int
 	// DevicesPerReplica is the number of whole cards a dedicated replica
 	// takes, all on one node; 0 is read as 1.
@@ -50,7 +50,7 @@ func (a Accelerator) cardsPerReplica() int {
 	return a.DevicesPerReplica
 }
 
-// Residency says how a replica holds its share of a card (SPEC §8.1).
+// Residency says how a replica holds its share of a card (docs/residency.md).
 type Residency uint8
 
 const (

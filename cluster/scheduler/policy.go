@@ -5,8 +5,7 @@ import (
 	"strings"
 )
 
-// Policy names a placement policy. Every policy obeys the same rules (SPEC
-// rule 11); they differ only in which feasible choice they prefer. Among
+// Policy names a placement policy. Every policy obeys the same rules (docs/descriptors.md rule 11); they differ only in which feasible choice they prefer. Among
 // equally good choices every policy prefers the node, then the card, with
 // fewer replicas of the same deployment, then the lowest node and card.
 type Policy string
@@ -165,7 +164,7 @@ func (ev *evaluator) score(cards []int32) score {
 // packs: a card already bound to the accelerator first (binding an empty
 // card for a replica that reserves nothing takes the card from every other
 // accelerator, and onDemand models are meant to take turns on one card,
-// SPEC §8), then the card with the most room not pinned (where the model
+// docs/residency.md), then the card with the most room not pinned (where the model
 // can stay loaded longest). Spread puts the deployment's replicas apart
 // first, then prefers the card with the fewest replicas. maxModels bounds
 // how many share a card either way.

@@ -6,8 +6,7 @@ import (
 	"strings"
 )
 
-// reason explains, with numbers, why no node can take the request (SPEC
-// rule 12), e.g.
+// reason explains, with numbers, why no node can take the request (docs/descriptors.md rule 12), e.g.
 //
 //	no l4 card has 45% free: 2 cards bound to "fast", 2 cards have at most 30% free
 //

@@ -16,7 +16,7 @@ func withResidency(r Request, res Residency) Request {
 	return r
 }
 
-// TestOnDemandPacksOnOneCard is SPEC §8's home GPU: three onDemand models
+// TestOnDemandPacksOnOneCard is docs/residency.md's home GPU: three onDemand models
 // whose shares sum to 160 % of a card are assigned to one card of a shared
 // accelerator with maxModels 3 (nothing is reserved), leaving the node's
 // other card unbound for other accelerators; spread puts them apart.
@@ -50,7 +50,7 @@ func TestOnDemandPacksOnOneCard(t *testing.T) {
 	}
 }
 
-// TestReservationsVersusAssignments is rule 11 as SPEC §8.1 restates it:
+// TestReservationsVersusAssignments is rule 11 as docs/residency.md restates it:
 // reserved shares (pinned and warm) sum to ≤ 100 % per card, an onDemand
 // share fits in the card minus its pinned shares, a pinned share leaves the
 // largest onDemand share its room, and maxModels counts every replica.

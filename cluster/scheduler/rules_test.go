@@ -112,7 +112,7 @@ func TestCardBindingReason(t *testing.T) {
 	for i := 0; i < 2; i++ {
 		mustPlace(t, s, share(fmt.Sprintf("s-%d", i), "small", 700), PolicySpread)
 	}
-	// SPEC rule 12's own example.
+	// docs/descriptors.md rule 12's own example.
 	mustFail(t, s, share("x-0", "small", 450), PolicyDefault,
 		`no l4 card has 45% free: 2 cards bound to "fast", 2 cards have at most 30% free`)
 	// Removing a replica unbinds its card once it is empty.

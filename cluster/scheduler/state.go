@@ -76,7 +76,7 @@ func (c *cardState) take(r Residency, milli int32) {
 }
 
 // room is the largest share of residency r the card can take by the
-// reservation rules of SPEC §8.1 (maxModels and binding aside): reserved
+// reservation rules of docs/residency.md (maxModels and binding aside): reserved
 // shares stay within the card, an onDemand share within the card minus the
 // pinned shares, and a pinned share leaves the largest onDemand share that
 // room.

@@ -4,7 +4,7 @@
 //
 // It is plain data: it never reads hardware. The node inventory maps NVML
 // product names through it; the state machine uses it to accept device kinds
-// that no node has reported yet (SPEC §5 rule 2).
+// that no node has reported yet (docs/descriptors.md rule 2).
 package catalog
 
 import (

@@ -5,8 +5,7 @@ import (
 	"fmt"
 )
 
-// AdapterControls load and unload LoRA adapters in a running engine (SPEC
-// §8.5): vLLM's runtime LoRA API (--enable-lora with
+// AdapterControls load and unload LoRA adapters in a running engine (docs/engines.md): vLLM's runtime LoRA API (--enable-lora with
 // VLLM_ALLOW_RUNTIME_LORA_UPDATING=True, see the vllm driver), which the
 // sim engine speaks too. Both calls are synchronous: LoadAdapter returns
 // once the engine serves the adapter under name, UnloadAdapter once it no

@@ -1,7 +1,7 @@
 package engine
 
 // AcceptsCacheSalt says whether an engine of kind keys its prefix cache by
-// the request body's `cache_salt` (SPEC §8.4 Isolation), so the gateway
+// the request body's `cache_salt` (docs/gateway.md, Isolation), so the gateway
 // sends each tenant its own salt: vLLM and the sim engine do. llama.cpp
 // keeps tenants apart by slots instead, Ollama has no such field, and a
 // command engine is unknown, so they get no salt (an engine that does not

@@ -23,7 +23,7 @@ const (
 	SleepDiscard = 2
 )
 
-// Controls drives the residency of one running engine (SPEC §8.5): the
+// Controls drives the residency of one running engine (docs/engines.md): the
 // residency controller sleeps and wakes replicas through it, whatever the
 // engine kind. Every call is synchronous: Sleep returns once the memory is
 // released, Wake once the engine serves again.
@@ -32,7 +32,7 @@ type Controls interface {
 	Caps() Capabilities
 	// Sleep releases the engine's card memory at level, one of Caps().Levels.
 	// Requests in flight are cut off (vLLM's default mode=abort): the
-	// controller drains first (SPEC §8.2 I3).
+	// controller drains first (docs/residency.md I3).
 	Sleep(ctx context.Context, level int) error
 	// Wake brings a sleeping engine back; waking an awake engine does
 	// nothing.

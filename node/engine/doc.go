@@ -1,5 +1,5 @@
 // Package engine turns a replica's deployment and placement into the command
-// line and environment of an inference engine process (SPEC §6): one Driver
+// line and environment of an inference engine process (docs/engines.md): one Driver
 // per engine kind (vllm, llamacpp, ollama, command, sim), plus the hard-limit
 // environment of the node's Enforcement (CUDA MPS or HAMi-core).
 //
@@ -15,7 +15,7 @@
 // ordinals the engine sees, 0..n-1 in the order of CUDA_VISIBLE_DEVICES.
 //
 // Controls (controls.go) drive a running engine's residency for the node's
-// residency controller (SPEC §8.5): Sleep(level), Wake, IsSleeping and
+// residency controller (docs/engines.md): Sleep(level), Wake, IsSleeping and
 // Capabilities, over vLLM's sleep mode (/sleep, /wake_up, /is_sleeping; a
 // level-2 wake reloads the weights before the KV cache comes back),
 // llama.cpp's router (/models/load, /models/unload, GET /models), Ollama's

@@ -207,7 +207,7 @@ func (sim) Command(p Params) (Command, error) {
 	return Command{Path: p.Self, Args: args, HealthPath: "/health"}, nil
 }
 
-// maxAdapters is engine.maxAdapters, 4 when unset (SPEC §8.1).
+// maxAdapters is engine.maxAdapters, 4 when unset (docs/residency.md).
 func maxAdapters(e *pb.EngineSpec) uint32 {
 	if n := e.GetMaxAdapters(); n > 0 {
 		return n

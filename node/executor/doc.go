@@ -1,5 +1,5 @@
 // Package executor turns the replicas placed on this node into running
-// engine processes (SPEC §6) and reports what happens to them.
+// engine processes (docs/engines.md) and reports what happens to them.
 //
 // The executor watches a Source for the replicas assigned to its node (full
 // snapshots, level-triggered) and keeps one supervisor per replica. A

@@ -488,7 +488,7 @@ func (e *Executor) lockCards(ctx context.Context, k key, timeout time.Duration, 
 
 // HostMemory is the host memory, in bytes, that the engine of a replica on
 // this node uses now, all its processes together, read from its memory
-// cgroup (see containment): what SPEC §8 counts for an engine that keeps
+// cgroup (see containment): what docs/residency.md counts for an engine that keeps
 // its weights in host RAM. It is an error where the engine has no memory
 // cgroup (no engine running, or none on this node).
 func (e *Executor) HostMemory(model string, replica uint32) (uint64, error) {

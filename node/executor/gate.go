@@ -7,7 +7,7 @@ import (
 	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
 )
 
-// Gate lets a node's residency manager (SPEC §8.3) decide when the engines
+// Gate lets a node's residency manager (docs/residency.md) decide when the engines
 // of the replicas it manages run. Without a Gate, or for a replica it does
 // not hold, the executor starts every placed replica's engine at once and
 // keeps it running, as it always did (pinned behaviour).

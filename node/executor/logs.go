@@ -214,7 +214,7 @@ func WriteLog(r io.Reader, dir string, maxBytes int64, keep int, watch OrphanWat
 // ReadLogs writes a replica's engine log to w, oldest rotated file first.
 // With follow it then keeps writing what the engine appends, across
 // restarts and rotations, until ctx ends (the `replicas logs --follow` of
-// SPEC §3); an engine that fills more than one file between two polls
+// docs/cli.md); an engine that fills more than one file between two polls
 // (200 ms) has the files in between left out of the follow, not off disk.
 // A replica with no log yet is an error naming it.
 func ReadLogs(ctx context.Context, dataDir, model string, replica uint32, follow bool, w io.Writer) error {

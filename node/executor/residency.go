@@ -10,7 +10,7 @@ import (
 	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
 )
 
-// Residency (SPEC §8.3) is where a replica's weights are: Cold, Loading,
+// Residency (docs/residency.md) is where a replica's weights are: Cold, Loading,
 // Resident, Draining, Sleeping or Waking. It travels in the ReplicaStatus
 // the executor reports, so every transition is committed to the Raft log
 // with its reason: `replicas list` shows it, `audit log --resource

@@ -1,4 +1,4 @@
-// Package gateway is the node's OpenAI-compatible front door (SPEC §8.4):
+// Package gateway is the node's OpenAI-compatible front door (docs/gateway.md):
 // the HTTP server on --gateway-port that every agent runs.
 //
 // It owns: parsing and checking requests (`GET /v1/models`, `POST

@@ -9,7 +9,7 @@ import (
 	"github.com/gpuplane/gpuplane/node/gateway/queue"
 )
 
-// metrics are the gateway's Prometheus series (SPEC §8.4 Measurement).
+// metrics are the gateway's Prometheus series (docs/gateway.md, Metrics).
 type metrics struct {
 	ttft, tpot, queue *prometheus.HistogramVec
 	rejections        *prometheus.CounterVec

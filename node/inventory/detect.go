@@ -20,7 +20,7 @@ type Options struct {
 	// Dev simulates DefaultSimSpec when no NVIDIA driver or card is found
 	// (--dev).
 	Dev bool
-	// Server runs with no cards when there is no NVIDIA driver (SPEC §2:
+	// Server runs with no cards when there is no NVIDIA driver (docs/operations.md:
 	// control-plane servers usually have no GPUs); a client node, which
 	// exists to run engines, fails instead. Dev wins over it.
 	Server bool

@@ -1,6 +1,6 @@
 // Package inventory reads the local machine's cards: from NVML through
 // go-nvml when an NVIDIA driver is present, or simulated from a spec such as
-// "l4=2,h100=1" when there is none (SPEC §2, --sim-gpus and --dev).
+// "l4=2,h100=1" when there is none (docs/operations.md, --sim-gpus and --dev).
 //
 // It owns what this node has, never what the cluster knows: it never writes to
 // the cluster. The agent calls Detect once at start, prints Result.Message and

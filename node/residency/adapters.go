@@ -8,7 +8,7 @@ import (
 	"time"
 )
 
-// LoRA adapters on a resident base model (SPEC §8.1, §8.3). Adapters share
+// LoRA adapters on a resident base model (docs/residency.md). Adapters share
 // their base's weights; each engine holds at most MaxOnCard of them on the
 // card (vLLM's --max-loras), the rest wait in host RAM (the engine's CPU
 // adapter cache: a reload copies them to the card) or on disk. The

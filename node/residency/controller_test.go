@@ -139,7 +139,7 @@ func TestBusyEngineIsNotEvictedForEqualPriority(t *testing.T) {
 
 // A busy engine is drained only for higher-priority demand: standard
 // demand lets background requests run up to the drain deadline; interactive
-// demand cuts them off at once (SPEC §8.4: an interactive request never
+// demand cuts them off at once (docs/gateway.md: an interactive request never
 // waits behind background work on the same card).
 func TestHigherPriorityDrainsBusyEngine(t *testing.T) {
 	for _, tc := range []struct {

@@ -1,4 +1,4 @@
-// Package residency decides which models stay on one card (SPEC §8.2–§8.3).
+// Package residency decides which models stay on one card (docs/residency.md).
 //
 // It owns, per card: the memory ledger and its invariants (I1 physical, I2
 // promises, I3 active work), checked after every step; the per-replica state

@@ -61,7 +61,7 @@ func (c *Controller) hostBytes(r *replica) int64 {
 	return max(c.footprint(r)-c.residual(r), 0)
 }
 
-// cost is what r holds on the card now (SPEC §8.2): a load in progress its
+// cost is what r holds on the card now (docs/residency.md): a load in progress its
 // peak, a resident (or draining, or waking) engine its footprint, a sleeping
 // one its residual, and never less than the last measured sample.
 func (c *Controller) cost(r *replica) int64 {
@@ -233,7 +233,7 @@ func (c *Controller) violated(vs []Violation, now time.Time) []Violation {
 	return vs
 }
 
-// check verifies the invariants of SPEC §8.2 after a step: I1 and I2 on the
+// check verifies the invariants of docs/residency.md after a step: I1 and I2 on the
 // ledger the step leaves, I2 and I3 on the actions it took from the state
 // before it.
 func (c *Controller) check(before []replica, acts []Action, now time.Time) []Violation {

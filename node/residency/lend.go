@@ -6,8 +6,7 @@ import "time"
 // model of another class holds (DESIGN.md, "Across classes").
 
 // drainDeadline is how long r's requests may run once r is drained for
-// forM. Interactive demand does not wait behind background work (SPEC
-// §8.4): a background engine whose memory an interactive model needs is cut
+// forM. Interactive demand does not wait behind background work (docs/gateway.md): a background engine whose memory an interactive model needs is cut
 // off at once, its requests ending with an error the gateway returns or
 // re-queues. Any other drain lets requests finish for up to DrainDeadline.
 func (c *Controller) drainDeadline(r *replica, forM ModelID) time.Duration {

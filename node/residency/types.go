@@ -10,7 +10,7 @@ import (
 // maps a (deployment, replica) to one ModelID.
 type ModelID string
 
-// Residency is how the card keeps a model (SPEC §8.1).
+// Residency is how the card keeps a model (docs/residency.md).
 type Residency uint8
 
 const (
@@ -74,7 +74,7 @@ func (p Priority) weight() float64 {
 	return 1
 }
 
-// State is a replica's residency state (SPEC §8.3):
+// State is a replica's residency state (docs/residency.md):
 // Cold → Loading → Resident ⇄ Draining → Sleeping | Cold,
 // Sleeping → Waking → Resident, any state → Failed.
 type State uint8

@@ -15,7 +15,7 @@ import (
 // engines that take time to load, wake, sleep and stop, hold memory, and run
 // requests. It executes the controller's actions and reports their outcomes
 // as events, like the agent will. It keeps its own account of memory and
-// requests, and checks SPEC §8.2's invariants from that account alone,
+// requests, and checks docs/residency.md's invariants from that account alone,
 // independently of the controller's bookkeeping.
 
 const gi = int64(1) << 30
@@ -66,8 +66,7 @@ type engine struct {
 	drainAt  time.Time
 	drainOK  bool
 	// drainFor is how long the drain lets requests run: the deadline, or
-	// nothing when background work gives way to interactive demand (SPEC
-	// §8.4: an interactive request never waits behind background work).
+	// nothing when background work gives way to interactive demand (docs/gateway.md: an interactive request never waits behind background work).
 	drainFor time.Duration
 	removed  bool
 	// lent is true from a warm engine's sleep until it loads or wakes.

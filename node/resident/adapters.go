@@ -16,7 +16,7 @@ import (
 	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
 )
 
-// LoRA adapters (SPEC §8.1, §8.4): a replica whose deployment lists
+// LoRA adapters (docs/residency.md, docs/gateway.md): a replica whose deployment lists
 // adapters is served at a front whatever its residency, so that every
 // request for an adapter passes the node: the front resolves `model:
 // NAME:ADAPTER` or `model: ADAPTER`, refuses an adapter private to other
@@ -28,7 +28,7 @@ import (
 // adapter is (card, host RAM, disk) is committed to the Raft log at most
 // every Options.AdapterReport, so `models get` shows the tiers.
 
-// TenantHeader names the tenant of a request without ACLs (SPEC §8.4); the
+// TenantHeader names the tenant of a request without ACLs (docs/gateway.md); the
 // gateway passes the tenant of its token the same way.
 const TenantHeader = "X-Gpuplane-Tenant"
 

@@ -470,7 +470,7 @@ func chaos(t *testing.T, seed uint64, duration time.Duration) chaosRun {
 				run.bad = append(run.bad, fmt.Sprintf("%s: %s", r.model, r.detail))
 			}
 		case "cutoff":
-			// SPEC §8.1: a warm owner's request takes its lent share back;
+			// docs/residency.md: a warm owner's request takes its lent share back;
 			// a borrower busy beyond the drain deadline is then cut off.
 			// That is no prewarm or onDemand load, so not I3's concern.
 			reclaimed := r.model != "warm" && r.end.Sub(r.start) >= drainDeadline && warmWaiting(r.end)

@@ -1,4 +1,4 @@
-// Package resident runs the residency controllers of one node (SPEC §8.3):
+// Package resident runs the residency controllers of one node (docs/residency.md):
 // it is the impure side of package residency, whose controller decides and
 // never acts.
 //

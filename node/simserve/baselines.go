@@ -7,7 +7,7 @@ import (
 
 // The baselines run on the same engines and trace as gpuplane. Each
 // follows the tool's documented behaviour (CONTROLLER-NOTES.md §1–§2,
-// SPEC §8.6); what a tool leaves to chance is made deterministic and said.
+// docs/simulate.md); what a tool leaves to chance is made deterministic and said.
 
 // ollama follows ollama/ollama server/sched.go and envconfig/config.go:
 //   - one global FIFO of pending requests, at most OLLAMA_MAX_QUEUE (512)

@@ -49,7 +49,7 @@ type CardConfig struct {
 }
 
 // ModelConfig is one model: its class and residency for gpuplane, its
-// memory and timing figures (the sim engine's parameters, SPEC §8.5), its
+// memory and timing figures (the sim engine's parameters, docs/engines.md), its
 // batching limits and its targets.
 type ModelConfig struct {
 	Name      string `json:"name"`
@@ -86,7 +86,7 @@ type ModelConfig struct {
 	SLOTTFTSeconds float64 `json:"sloTTFTSeconds"`
 	SLOTPOTSeconds float64 `json:"sloTPOTSeconds"`
 	// Adapters are LoRA adapters on this base model, asked for as
-	// "model:adapter" (SPEC §8.4). The engine keeps MaxAdapters (default
+	// "model:adapter" (docs/gateway.md). The engine keeps MaxAdapters (default
 	// 4) loaded and loads another in AdapterLoadSeconds (default 0.2 s,
 	// within the 80–370 ms of CONTROLLER-NOTES §4).
 	Adapters           []string `json:"adapters"`
@@ -489,7 +489,7 @@ func (c *Config) model(name string) int {
 	return -1
 }
 
-// modelRef resolves "model" or "model:adapter" (SPEC §8.4) to the model's
+// modelRef resolves "model" or "model:adapter" (docs/gateway.md) to the model's
 // index and the adapter's number (its index + 1; 0 for the base model).
 func (c *Config) modelRef(ref string) (model, adapter int, err error) {
 	name, ad, hasAdapter := strings.Cut(ref, ":")

@@ -1,4 +1,4 @@
-// Package simserve is `gpuplane simulate serve` (SPEC §8.6): request
+// Package simserve is `gpuplane simulate serve` (docs/simulate.md): request
 // traces replayed in virtual time on one simulated card, under gpuplane's
 // policy and the baselines people use today, on the same engines and the
 // same requests.

@@ -10,7 +10,7 @@ import (
 	"text/tabwriter"
 )
 
-// The interference matrix of SPEC §8.6 in virtual time: each model alone,
+// The interference matrix of docs/simulate.md in virtual time: each model alone,
 // every pair, then the whole set, under short, long, bursty and background
 // request mixes (CONTROLLER-NOTES.md §6(c)), under gpuplane's policy. It is
 // the simulated half of `gpuplane bench interference` (which runs the same

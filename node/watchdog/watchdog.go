@@ -1,4 +1,4 @@
-// Package watchdog holds engines to their GPU memory share (SPEC §6). Every
+// Package watchdog holds engines to their GPU memory share (docs/engines.md). Every
 // interval it reads each card's compute processes from NVML
 // (DeviceGetHandleByUUID, GetComputeRunningProcesses; the simulated NVML on
 // machines without a driver), adds up what each engine's process group uses

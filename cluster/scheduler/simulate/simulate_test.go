@@ -279,7 +279,7 @@ arrivals:
 }
 
 // TestYAMLOnDemand: onDemand arrivals are assigned without a reservation, so
-// shares summing to more than a card's all place on one card (SPEC §8.1).
+// shares summing to more than a card's all place on one card (docs/residency.md).
 func TestYAMLOnDemand(t *testing.T) {
 	nodes, err := ParseNodesYAML("n.yaml", []byte("nodes:\n- name: home\n  cards: {l4: 2}\n"))
 	if err != nil {

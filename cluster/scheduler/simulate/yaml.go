@@ -24,7 +24,7 @@ import (
 //	  memoryMiB: 262144    # optional
 //	  down: false          # optional: the node is not alive
 //
-// Workload file (accelerator fields as in SPEC §4):
+// Workload file (accelerator fields as in docs/descriptors.md):
 //
 //	accelerators:
 //	- {name: small, device: l4, tenancy: shared, maxModels: 2}
@@ -34,7 +34,7 @@ import (
 //	- {deployment: llm, accelerator: big, replicas: 1, cpuMilli: 8000, selector: {zone: a}}
 //	- {deployment: asr, accelerator: small, memoryPercent: 60, residency: onDemand}
 //
-// residency is pinned (default), warm or onDemand (SPEC §8.1; warm and
+// residency is pinned (default), warm or onDemand (docs/residency.md; warm and
 // onDemand need a shared accelerator).
 //
 // Replica ids are the deployment name and a counter: chat-0, chat-1, ...
@@ -161,7 +161,7 @@ type arrivalSpec struct {
 }
 
 // ParseWorkloadYAML parses a workload file into accelerators and arrivals,
-// applying SPEC's defaults (tenancy dedicated, maxModels 2,
+// applying docs/descriptors.md's defaults (tenancy dedicated, maxModels 2,
 // devicesPerReplica 1) and rules 3, 4 and 8.
 func ParseWorkloadYAML(name string, data []byte) ([]scheduler.Accelerator, []scheduler.Request, error) {
 	var f workloadFile

@@ -48,7 +48,7 @@ type Config struct {
 	APIPort    int
 	RaftPort   int
 	GossipPort int
-	// GatewayPort serves the OpenAI-compatible gateway (SPEC §8.4) on
+	// GatewayPort serves the OpenAI-compatible gateway (docs/gateway.md) on
 	// Bind; 0 picks a free port. Gateway tunes it.
 	GatewayPort int
 	Gateway     GatewayConfig
@@ -60,7 +60,7 @@ type Config struct {
 	Enforce string
 	HAMiLib string
 	// Residency is the node's residency controller mode: auto (default) or
-	// advise (SPEC §2).
+	// advise (docs/operations.md).
 	Residency string
 	// OrphanGrace is how long engines outlive the agent when it dies
 	// without stopping them (default executor.DefaultOrphanGrace).

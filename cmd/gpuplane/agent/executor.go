@@ -66,7 +66,7 @@ func (a *Agent) startExecutor() error {
 		opts.SimUsageDir = filepath.Join(a.cfg.DataDir, "sim-nvml")
 		lib = inventory.NewSimNVML(node.Cards, inventory.NewSimUsage(opts.SimUsageDir))
 	case len(node.Cards) == 0:
-		// A server without an NVIDIA driver (SPEC §2): no cards, so no
+		// A server without an NVIDIA driver (docs/operations.md): no cards, so no
 		// watchdog, and no NVML to start one with.
 	default:
 		lib = nvml.New()

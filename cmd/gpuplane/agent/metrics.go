@@ -30,7 +30,7 @@ func (a *Agent) metricsHandler() http.Handler {
 	}))
 	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "gpuplane_residency_violations",
-		Help: "Memory ledger invariant violations (SPEC §8.2) the residency controllers of this node's cards found; each drops its card to pinned-only.",
+		Help: "Memory ledger invariant violations (docs/residency.md) the residency controllers of this node's cards found; each drops its card to pinned-only.",
 	}, func() float64 {
 		n := 0
 		for _, c := range a.residencyJournal.Cards() {

@@ -90,7 +90,7 @@ GPUPLANE_<FLAG>, e.g. GPUPLANE_DATA_DIR.`,
 }
 
 // flagsFromEnv sets every flag not given on the command line from
-// GPUPLANE_<FLAG> (dashes become underscores), as SPEC §2 promises.
+// GPUPLANE_<FLAG> (dashes become underscores), as docs/operations.md promises.
 func flagsFromEnv(fs *pflag.FlagSet, getenv func(string) string) error {
 	var errs []string
 	fs.VisitAll(func(fl *pflag.Flag) {

@@ -14,7 +14,7 @@ import (
 	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
 )
 
-// `gpuplane apply|validate|delete -f FILE`: descriptor files (SPEC §4).
+// `gpuplane apply|validate|delete -f FILE`: descriptor files (docs/descriptors.md).
 //
 // A file that does not parse is rejected as a whole, with every problem,
 // before anything is sent. Once it parses, each resource is sent on its own

@@ -20,7 +20,7 @@ import (
 )
 
 // `gpuplane audit`: the log's history, the state as of any entry, and proof
-// that the live state is what the log says (SPEC §7). Every subcommand asks
+// that the live state is what the log says (docs/audit.md). Every subcommand asks
 // a node (--addr) or reads a stopped node's data dir (--data-dir).
 
 func newAuditCommand(g *globals) *cobra.Command {

@@ -31,7 +31,7 @@ import (
 	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
 )
 
-// `gpuplane bench interference`: the interference matrix of SPEC §8.6 on
+// `gpuplane bench interference`: the interference matrix of docs/simulate.md on
 // a real dev agent (in process) and real sim engine processes on one
 // simulated card, the live counterpart of `simulate interference`. Both
 // use the same mixes, sets and summary (simserve.Sets, Mix.Stream,

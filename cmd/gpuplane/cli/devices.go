@@ -76,7 +76,7 @@ func deviceTable(devices []*pb.Device) table {
 		})
 }
 
-// cardTable is the table of `devices get` (SPEC §8.3): USED is what the
+// cardTable is the table of `devices get` (docs/residency.md): USED is what the
 // replicas hold (reserved shares and loaded onDemand ones), RESERVED the
 // pinned and warm shares, RESIDENT the shares loaded now, SLEEPING those
 // asleep in host memory, FREE what is left.

@@ -21,7 +21,7 @@ func newEngineCommand(g *globals) *cobra.Command {
 }
 
 // newEngineSimCommand is `gpuplane engine sim`: the simulated inference
-// engine of SPEC §6. It serves until SIGTERM or interrupt.
+// engine of docs/engines.md. It serves until SIGTERM or interrupt.
 func newEngineSimCommand(g *globals) *cobra.Command {
 	cfg := sim.Config{LoRALoad: sim.DefaultLoRALoad}
 	var startSeconds, initSeconds, loadSeconds, wakeSeconds, idleSeconds float64

@@ -122,7 +122,7 @@ func TestLiveSharedPlacement(t *testing.T) {
 // TestLiveRulesRefuseAndChangeNothing is issue 4's second must-show: each
 // invalid deployment exits 1 naming its rule, and the state is unchanged;
 // deleting an accelerator in use is refused and lists its deployments, and
-// --force leaves them pending with the SPEC's reason.
+// --force leaves them pending with the reason docs/descriptors.md rule 12 gives.
 func TestLiveRulesRefuseAndChangeNothing(t *testing.T) {
 	run := startDevAgent(t)
 	for _, args := range [][]string{
@@ -165,7 +165,7 @@ func TestLiveRulesRefuseAndChangeNothing(t *testing.T) {
 	}
 	reps, _, _ := run("replicas", "list", "--model", "chat")
 	if !strings.Contains(reps, "accelerator small was deleted") {
-		t.Fatalf("replicas should wait with the SPEC's reason:\n%s", reps)
+		t.Fatalf("replicas should wait with the rule 12 reason:\n%s", reps)
 	}
 }
 

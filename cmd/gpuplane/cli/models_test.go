@@ -207,7 +207,7 @@ big     1         -      -       -         -         Pending    -           -   
 		t.Errorf("models get: code %d, stderr %q, stdout:\n%s\nwant:\n%s", r.code, r.stderr, r.stdout, want)
 	}
 
-	// SPEC §8.1's fields: where the weights are, and the deployment's
+	// docs/residency.md's fields: where the weights are, and the deployment's
 	// target and quantization.
 	r = run(t, "", nil, "--addr", url, "models", "get", "chat")
 	if rows := strings.Split(r.stdout, "\n"); r.code != exitOK || len(rows) < 6 ||
@@ -363,7 +363,7 @@ spec:
 		t.Errorf("deploy --memory 20G: %+v, sent %v", r, got)
 	}
 
-	// The fields of SPEC §8.1, in any case, reach the server as enums.
+	// The fields of docs/residency.md, in any case, reach the server as enums.
 	m.apply = nil
 	r = run(t, "", nil, "--addr", url, "models", "deploy", "coder", "--accelerator", "small", "--model", "/m", "--memory-percent", "60",
 		"--residency", "ondemand", "--priority", "background", "--slo-ttft-ms", "800", "--quantization", "q4_k_m")

@@ -50,7 +50,7 @@ pair       h100     Dedicated   2               163840Mi       0        0       
 	if got != want {
 		t.Errorf("table:\n%s\nwant:\n%s", got, want)
 	}
-	// SPEC §3's example row, split into fields.
+	// docs/cli.md's example row, split into fields.
 	if row := strings.Fields(strings.Split(got, "\n")[1]); strings.Join(row, " ") != "standard l4 Dedicated 1 23034Mi 0 1 True" {
 		t.Errorf("row = %q", row)
 	}

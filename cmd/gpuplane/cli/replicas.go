@@ -54,7 +54,7 @@ func newReplicasListCommand(g *globals) *cobra.Command {
 
 // replicaTable is the table of `replicas list`, also shown by `models get`.
 // MEMORY is the share on each of the replica's cards (reserved, unless the
-// deployment is onDemand); RESIDENCY where its weights are (SPEC §8.3).
+// deployment is onDemand); RESIDENCY where its weights are (docs/residency.md).
 func replicaTable(rs []*pb.Replica) table {
 	return tableOf([]string{"MODEL", "REPLICA", "NODE", "CARDS", "MEMORY", "COMPUTE", "STATE", "RESIDENCY", "ENDPOINT", "REASON"}, rs,
 		func(r *pb.Replica) []string {

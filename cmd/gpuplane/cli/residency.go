@@ -12,7 +12,7 @@ import (
 )
 
 // `gpuplane residency`: what each node's residency controllers decided,
-// plan and learned (SPEC §8.3). Every node answers for the whole cluster;
+// plan and learned (docs/residency.md). Every node answers for the whole cluster;
 // --node narrows to one node.
 
 func newResidencyCommand(g *globals) *cobra.Command {

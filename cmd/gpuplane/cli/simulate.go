@@ -51,7 +51,7 @@ The YAML files (docs/simulate.md has them in full):
     down: false            # optional: a node that is not alive
 
   # workload.yaml
-  accelerators:            # as in a descriptor's spec (SPEC §4)
+  accelerators:            # as in a descriptor's spec (docs/descriptors.md)
   - {name: small, device: l4, tenancy: shared, maxModels: 2}
   - {name: pair, device: a100, devicesPerReplica: 2}
   arrivals:                # placed in order, replica by replica; none leave

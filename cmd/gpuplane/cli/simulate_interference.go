@@ -10,7 +10,7 @@ import (
 	"github.com/gpuplane/gpuplane/node/simserve"
 )
 
-// `gpuplane simulate interference`: the interference matrix of SPEC §8.6
+// `gpuplane simulate interference`: the interference matrix of docs/simulate.md
 // in virtual time, with the simulate serve engine model and gpuplane's
 // policy: the simulated half of `bench interference` (real agents and
 // sim engine processes, bench_interference.go).

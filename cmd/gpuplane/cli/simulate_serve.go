@@ -13,7 +13,7 @@ import (
 
 // `gpuplane simulate serve`: the residency controller and the gateway's
 // queues in virtual time over request traces on a simulated card, beside
-// the baselines people use today (SPEC §8.6).
+// the baselines people use today (docs/simulate.md).
 
 const serveConfigHelp = `Config (YAML; unknown fields are errors; see examples/serve/home.yaml):
 

@@ -11,7 +11,7 @@ import (
 	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
 )
 
-// The example of SPEC §4, verbatim.
+// The example of docs/descriptors.md, verbatim.
 const specExample = `
 resource: Accelerator
 resourceVersion: v1

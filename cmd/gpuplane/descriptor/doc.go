@@ -1,5 +1,5 @@
 // Package descriptor parses gpuplane resource descriptors: the multi-document
-// YAML files that `gpuplane apply`, `validate` and `delete -f` read (SPEC §4).
+// YAML files that `gpuplane apply`, `validate` and `delete -f` read (docs/descriptors.md).
 //
 // Parsing is strict and exhaustive. Every document is decoded into a generic
 // tree first and walked against the typed Go structs' json tags, so an unknown
@@ -7,7 +7,7 @@
 // (`spec.engine.memoryPercent: must be an integer, got "45%"`), and every
 // problem in the file is reported, not only the first. The walked tree is then
 // converted into the typed structs with sigs.k8s.io/yaml and checked against
-// the rules that need nothing but the file itself (SPEC §5 rules 1, 3, 4, 8, 9
+// the rules that need nothing but the file itself (docs/descriptors.md rules 1, 3, 4, 8, 9
 // and 10 where the file names the accelerator).
 //
 // A document may also carry `status`, as `gpuplane get -o yaml` prints it
@@ -15,7 +15,7 @@
 // beside it): output only, ignored by apply, so that what get prints can be
 // applied back as kubectl allows.
 //
-// Two fields go beyond SPEC §4: a deployment's optional
+// Two fields go beyond docs/descriptors.md: a deployment's optional
 // `resources: {cpu: 500m, memory: 8Gi}` block, the host CPU and memory each
 // replica needs besides its cards (see HostResources), and
 // `engine.startTimeout: 10m`, how long one start of its engine may take to

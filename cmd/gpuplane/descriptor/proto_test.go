@@ -136,7 +136,7 @@ func TestModelDeploymentCheck(t *testing.T) {
 	}
 }
 
-// TestResidencyFields: SPEC §8.1's deployment fields reach the API, and bad
+// TestResidencyFields: docs/residency.md's deployment fields reach the API, and bad
 // values are named with their field and rule.
 func TestResidencyFields(t *testing.T) {
 	const accs = `resource: Accelerator

@@ -42,18 +42,18 @@ type ModelDeploymentSpec struct {
 	Replicas        *int64    `json:"replicas,omitempty"`
 	Placement       Placement `json:"placement"`
 	Engine          Engine    `json:"engine"`
-	// Resources is a gpuplane extension to SPEC §4: what each replica needs
+	// Resources is a gpuplane extension to docs/descriptors.md: what each replica needs
 	// from its node besides cards, so that the scheduler does not crowd a
 	// node's host CPU or memory. Optional; absent means "not tracked".
 	Resources *HostResources `json:"resources,omitempty"`
-	// Residency is pinned (the default), warm or onDemand (SPEC §8.1), in
+	// Residency is pinned (the default), warm or onDemand (docs/residency.md), in
 	// any case; warm and onDemand need a shared accelerator.
 	Residency string `json:"residency,omitempty"`
 	// Priority is interactive, standard (the default) or background.
 	Priority string `json:"priority,omitempty"`
 	// SLO is an optional latency target.
 	SLO *SLO `json:"slo,omitempty"`
-	// Adapters are LoRA adapters on this base model (SPEC §8.1).
+	// Adapters are LoRA adapters on this base model (docs/residency.md).
 	Adapters []Adapter `json:"adapters,omitempty"`
 }
 
@@ -73,7 +73,7 @@ type SLO struct {
 }
 
 // HostResources is the optional `resources` block of a deployment (a
-// gpuplane extension to SPEC §4):
+// gpuplane extension to docs/descriptors.md):
 //
 //	resources: {cpu: 500m, memory: 8Gi}   # cpu also as 2 or 0.5 cores
 type HostResources struct {
@@ -125,7 +125,7 @@ const (
 // server holds deployments to the same bound (fsm.MaxStartTimeoutSeconds).
 const MaxStartTimeout = 24 * time.Hour
 
-// CheckName checks that name is a DNS label (SPEC rule 1) and returns the
+// CheckName checks that name is a DNS label (docs/descriptors.md rule 1) and returns the
 // violation for field, or nil. The wording is the server's (fsm.ValidateName).
 func CheckName(field, name string) *pb.Violation {
 	if v := fsm.ValidateName(field, name); len(v) > 0 {
@@ -422,7 +422,7 @@ func inSchemaOrder(vs []*pb.Violation) []*pb.Violation {
 	return vs
 }
 
-// SetDefaults fills in what SPEC §4 lets a deployment named name leave out:
+// SetDefaults fills in what docs/descriptors.md lets a deployment named name leave out:
 // servedModelName (the name), replicas (1), engine kind (vllm), tensor and
 // pipeline parallel (1). Parse calls it; so does `models deploy`.
 func (s *ModelDeploymentSpec) SetDefaults(name string) {

@@ -15,7 +15,7 @@ import (
 // TestServerWithoutDriver: as the README's cluster commands run them, a
 // server on a host without an NVIDIA driver (and without --sim-gpus) runs
 // with no cards and says so; a client node there is an error naming
-// --sim-gpus (SPEC §2).
+// --sim-gpus (docs/operations.md).
 func TestServerWithoutDriver(t *testing.T) {
 	requireBinary(t)
 	if _, err := inventory.Detect(inventory.Options{}); err == nil {

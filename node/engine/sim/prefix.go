@@ -9,7 +9,7 @@ import (
 	"sync"
 )
 
-// The prefix cache (SPEC §8.5) works as vLLM's automatic prefix caching:
+// The prefix cache (docs/engines.md) works as vLLM's automatic prefix caching:
 // a prompt's tokens (the sim's words) are cut into blocks of prefixBlock;
 // each full block is known by a hash of the block's tokens and its parent's
 // hash, so a hash names a whole prefix. The first block's hash also covers

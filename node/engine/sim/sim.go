@@ -1,5 +1,5 @@
 // Package sim is the built-in simulated inference engine that
-// `gpuplane engine sim` runs (SPEC §6, §8.5): a real process serving an
+// `gpuplane engine sim` runs (docs/engines.md): a real process serving an
 // OpenAI-compatible API (/v1/models, /v1/completions, /v1/chat/completions
 // with SSE streaming, /health) and the residency controls of the engines it
 // stands for: vLLM's sleep mode (/sleep, /wake_up, /is_sleeping,
@@ -24,7 +24,7 @@
 //
 // A prefix cache keyed by the request's cache_salt (prefix.go) saves the
 // prefill of the prompt blocks it holds and reports them in
-// usage.prompt_tokens_details.cached_tokens, so tenant isolation (SPEC §8.4)
+// usage.prompt_tokens_details.cached_tokens, so tenant isolation (docs/gateway.md)
 // is observable: a tenant never hits another's prompt.
 //
 // It holds no model: replies are generated words. It must never pretend to

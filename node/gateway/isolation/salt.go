@@ -1,5 +1,5 @@
 // Package isolation derives the keys that keep tenants' engine state apart
-// (SPEC §8.4 Isolation): the per-tenant cache salt the gateway sends vLLM as
+// (docs/gateway.md, Isolation): the per-tenant cache salt the gateway sends vLLM as
 // `cache_salt` and the sim engine keys its prefix cache by.
 //
 // It owns only the derivation; it never stores secrets, reads files or the

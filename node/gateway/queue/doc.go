@@ -1,4 +1,4 @@
-// Package queue is the gateway's scheduling core for one card (SPEC §8.4
+// Package queue is the gateway's scheduling core for one card (docs/gateway.md
 // Queues, Admission, Preemption): which waiting request each engine on the
 // card runs next, which requests are turned away, and which background
 // requests give way to interactive ones.

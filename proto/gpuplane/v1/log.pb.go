@@ -1018,7 +1018,7 @@ func (x *PendingReason) GetReason() string {
 }
 
 // PlaceReplicas is one scheduling decision, proposed by the leader. The state
-// machine re-checks every placement against the state at apply (SPEC rule 11)
+// machine re-checks every placement against the state at apply (docs/descriptors.md rule 11)
 // and rejects the whole plan if any would over-commit a card.
 type PlaceReplicas struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`

@@ -177,7 +177,7 @@ func (Tenancy) EnumDescriptor() ([]byte, []int) {
 }
 
 // Residency says how a deployment's replicas hold their card's memory
-// (SPEC §8.1).
+// (docs/residency.md).
 type Residency int32
 
 const (
@@ -235,7 +235,7 @@ func (Residency) EnumDescriptor() ([]byte, []int) {
 	return file_gpuplane_v1_resources_proto_rawDescGZIP(), []int{3}
 }
 
-// Priority is a deployment's request class (SPEC §8.1, §8.4).
+// Priority is a deployment's request class (docs/residency.md, docs/gateway.md).
 type Priority int32
 
 const (
@@ -414,7 +414,7 @@ func (ReplicaState) EnumDescriptor() ([]byte, []int) {
 	return file_gpuplane_v1_resources_proto_rawDescGZIP(), []int{6}
 }
 
-// ReplicaResidency is where a placed replica's weights are (SPEC §8.3).
+// ReplicaResidency is where a placed replica's weights are (docs/residency.md).
 // The node reports it; the state machine clears it when the replica is
 // placed or unplaced, and listings show a placed replica with none as cold.
 type ReplicaResidency int32
@@ -890,7 +890,7 @@ type CardStatus struct {
 	Replicas    []string   `protobuf:"bytes,8,rep,name=replicas,proto3" json:"replicas,omitempty"`
 	Healthy     bool       `protobuf:"varint,9,opt,name=healthy,proto3" json:"healthy,omitempty"`
 	NodeStatus  NodeStatus `protobuf:"varint,10,opt,name=node_status,json=nodeStatus,proto3,enum=gpuplane.v1.NodeStatus" json:"node_status,omitempty"`
-	// Memory promised to pinned and warm replicas (SPEC §8.1).
+	// Memory promised to pinned and warm replicas (docs/residency.md).
 	ReservedMib uint64 `protobuf:"varint,11,opt,name=reserved_mib,json=reservedMib,proto3" json:"reserved_mib,omitempty"`
 	// Memory shares of replicas loaded on the card now (loading, resident,
 	// waking or draining).
@@ -1093,7 +1093,7 @@ func (x *AcceleratorSpec) GetDevicesPerReplica() uint32 {
 	return 0
 }
 
-// AcceleratorStatus holds the derived columns of SPEC §5.
+// AcceleratorStatus holds the derived columns of `accelerators list` (docs/cli.md, Columns).
 type AcceleratorStatus struct {
 	state             protoimpl.MessageState `protogen:"open.v1"`
 	MemoryPerModelMib uint64                 `protobuf:"varint,1,opt,name=memory_per_model_mib,json=memoryPerModelMib,proto3" json:"memory_per_model_mib,omitempty"`
@@ -1540,7 +1540,7 @@ type ModelSpec struct {
 	Residency       Residency              `protobuf:"varint,7,opt,name=residency,proto3,enum=gpuplane.v1.Residency" json:"residency,omitempty"`
 	Priority        Priority               `protobuf:"varint,8,opt,name=priority,proto3,enum=gpuplane.v1.Priority" json:"priority,omitempty"`
 	Slo             *SLO                   `protobuf:"bytes,9,opt,name=slo,proto3" json:"slo,omitempty"`
-	// LoRA adapters on this base model (SPEC §8.1); adding or removing one
+	// LoRA adapters on this base model (docs/residency.md); adding or removing one
 	// does not restart the base.
 	Adapters      []*Adapter `protobuf:"bytes,10,rep,name=adapters,proto3" json:"adapters,omitempty"`
 	unknownFields protoimpl.UnknownFields
@@ -2133,7 +2133,7 @@ type ACLToken struct {
 	// Hex SHA-256 of the secret.
 	SecretHash   string `protobuf:"bytes,3,opt,name=secret_hash,json=secretHash,proto3" json:"secret_hash,omitempty"`
 	CreatedIndex uint64 `protobuf:"varint,4,opt,name=created_index,json=createdIndex,proto3" json:"created_index,omitempty"`
-	// The gateway tenant its requests are served as (SPEC §8.4); empty means
+	// The gateway tenant its requests are served as (docs/gateway.md); empty means
 	// the token's name.
 	Tenant string `protobuf:"bytes,5,opt,name=tenant,proto3" json:"tenant,omitempty"`
 	// The tenant's weight in the gateway's fair queues; 0 (unset) means 1.
