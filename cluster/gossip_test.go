@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"testing"
 	"time"
+
+	"github.com/gpuplane/gpuplane/internal/testutil"
 )
 
 func startGossip(t *testing.T, name string, digest string) *Gossip {
@@ -37,7 +39,7 @@ func TestGossipMembership(t *testing.T) {
 			t.Fatalf("join: %d, %v", n, err)
 		}
 	}
-	waitFor(t, 5*time.Second, func() error {
+	testutil.Eventually(t, 5*time.Second, "", func() error {
 		for _, g := range gs {
 			if n := len(g.Members()); n != 4 {
 				return fmt.Errorf("%d members", n)
@@ -48,7 +50,7 @@ func TestGossipMembership(t *testing.T) {
 	if err := gs[3].SetMeta(func(m *Meta) { m.Digest = "d1" }); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 5*time.Second, func() error {
+	testutil.Eventually(t, 5*time.Second, "", func() error {
 		for _, g := range gs {
 			if m, _ := g.Member("g3"); m.Meta.Digest != "d1" {
 				return fmt.Errorf("digest %q", m.Meta.Digest)
@@ -59,7 +61,7 @@ func TestGossipMembership(t *testing.T) {
 
 	gs[3].Shutdown()
 	start := time.Now()
-	waitFor(t, FailureDetectionTime(4)+2*time.Second, func() error {
+	testutil.Eventually(t, FailureDetectionTime(4)+2*time.Second, "", func() error {
 		for _, g := range gs[:3] {
 			if s := gossipStatusOf(g, "g3"); s != GossipFailed {
 				return fmt.Errorf("g3 is %s", s)
@@ -72,7 +74,7 @@ func TestGossipMembership(t *testing.T) {
 	if err := gs[2].Leave(time.Second); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 5*time.Second, func() error {
+	testutil.Eventually(t, 5*time.Second, "", func() error {
 		for _, g := range gs[:2] {
 			if s := gossipStatusOf(g, "g2"); s != GossipLeft {
 				return fmt.Errorf("g2 is %s", s)
@@ -80,19 +82,6 @@ func TestGossipMembership(t *testing.T) {
 		}
 		return nil
 	})
-}
-
-func waitFor(t *testing.T, within time.Duration, check func() error) {
-	t.Helper()
-	deadline := time.Now().Add(within)
-	var err error
-	for time.Now().Before(deadline) {
-		if err = check(); err == nil {
-			return
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	t.Fatalf("not within %v: %v", within, err)
 }
 
 // TestGossipReconnectsFailedMember checks that a node does not give up on a
@@ -106,7 +95,7 @@ func TestGossipReconnectsFailedMember(t *testing.T) {
 	if _, err := b.Join([]string{a.Addr()}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 5*time.Second, func() error {
+	testutil.Eventually(t, 5*time.Second, "", func() error {
 		if s := gossipStatusOf(a, "b"); s != GossipAlive {
 			return fmt.Errorf("b is %s on a", s)
 		}
@@ -114,7 +103,7 @@ func TestGossipReconnectsFailedMember(t *testing.T) {
 	})
 	addr := b.Addr()
 	b.Shutdown()
-	waitFor(t, FailureDetectionTime(2)+2*time.Second, func() error {
+	testutil.Eventually(t, FailureDetectionTime(2)+2*time.Second, "", func() error {
 		if s := gossipStatusOf(a, "b"); s != GossipFailed {
 			return fmt.Errorf("b is %s on a", s)
 		}
@@ -128,7 +117,7 @@ func TestGossipReconnectsFailedMember(t *testing.T) {
 	}
 	t.Cleanup(func() { b2.Shutdown() })
 	start := time.Now()
-	waitFor(t, 10*time.Second, func() error {
+	testutil.Eventually(t, 10*time.Second, "", func() error {
 		if s := gossipStatusOf(a, "b"); s != GossipAlive {
 			return fmt.Errorf("b is %s on a", s)
 		}

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gpuplane/gpuplane/internal/testutil"
 	"github.com/gpuplane/gpuplane/node/procfs"
 	"github.com/gpuplane/gpuplane/node/watchdog"
 )
@@ -42,7 +43,7 @@ func uniqueSleep(base int) string {
 func oneEngine(t *testing.T, ex *Executor) watchdog.Engine {
 	t.Helper()
 	var en []watchdog.Engine
-	eventually(t, 30*time.Second, "the executor has no engine", func() bool {
+	testutil.Until(t, 30*time.Second, "the executor has no engine", func() bool {
 		en = ex.Engines()
 		return len(en) == 1
 	})
@@ -77,7 +78,7 @@ func TestDeleteStopsEveryDescendant(t *testing.T) {
 			first.want(10, d)
 			leader := oneEngine(t, first.exec).PID
 			var child int
-			eventually(t, 30*time.Second, "sleep "+escaped+" did not start", func() bool {
+			testutil.Until(t, 30*time.Second, "sleep "+escaped+" did not start", func() bool {
 				pids := sleepers(t, escaped)
 				if len(pids) == 1 {
 					child = pids[0]
@@ -88,7 +89,7 @@ func TestDeleteStopsEveryDescendant(t *testing.T) {
 				t.Fatalf("sleep %s: %+v, %v; want it out of the engine's group %d", escaped, st, err, leader)
 			}
 			if mode == ContainAuto {
-				eventually(t, 30*time.Second, "sleep "+wiped+" did not start", func() bool { return len(sleepers(t, wiped)) == 1 })
+				testutil.Until(t, 30*time.Second, "sleep "+wiped+" did not start", func() bool { return len(sleepers(t, wiped)) == 1 })
 				raw, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", child))
 				if !strings.Contains(string(raw), "/"+baseName(node, dataDir)+"/contained/0\n") {
 					t.Errorf("sleep %s is not in the engine's cgroup:\n%s", escaped, raw)
@@ -103,8 +104,8 @@ func TestDeleteStopsEveryDescendant(t *testing.T) {
 				t.Fatalf("the new executor runs engine %d, want %d adopted", got, leader)
 			}
 			second.want(12)
-			eventually(t, 30*time.Second, "the engine still runs after delete", func() bool { return len(second.exec.Engines()) == 0 })
-			eventually(t, 30*time.Second, "a process of the deleted engine remains", func() bool {
+			testutil.Until(t, 30*time.Second, "the engine still runs after delete", func() bool { return len(second.exec.Engines()) == 0 })
+			testutil.Until(t, 30*time.Second, "a process of the deleted engine remains", func() bool {
 				return len(sleepers(t, escaped))+len(sleepers(t, wiped)) == 0
 			})
 			if _, err := procfs.ReadStat(leader); err == nil {
@@ -153,7 +154,7 @@ func TestHostMemoryOfAnEngine(t *testing.T) {
 	const held = 64_000_000
 	h.want(10, shell("mem", fmt.Sprintf("x=$(head -c %d /dev/zero | tr '\\0' a); echo loaded; sleep 1000", held)))
 	leader := oneEngine(t, h.exec).PID
-	eventually(t, 30*time.Second, "the engine did not load its 64 MB", func() bool {
+	testutil.Until(t, 30*time.Second, "the engine did not load its 64 MB", func() bool {
 		raw, _ := os.ReadFile(LogPath(h.dataDir, "mem", 0))
 		return bytes.Contains(raw, []byte("loaded\n"))
 	})
@@ -164,7 +165,7 @@ func TestHostMemoryOfAnEngine(t *testing.T) {
 		t.Errorf("HostMemory = %d, %v; want about the %d bytes the engine holds (VmRSS %d)", got, err, held, rss)
 	}
 	h.want(11)
-	eventually(t, 30*time.Second, "the engine still runs after delete", func() bool { return len(h.exec.Engines()) == 0 })
+	testutil.Until(t, 30*time.Second, "the engine still runs after delete", func() bool { return len(h.exec.Engines()) == 0 })
 	if _, err := h.exec.HostMemory("mem", 0); err == nil {
 		t.Error("HostMemory of a deleted replica is not an error")
 	}
@@ -209,10 +210,10 @@ func TestCgroupV1FreezerStopsEveryProcess(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 30*time.Second, "sleep "+escaped+" did not start", func() bool { return len(sleepers(t, escaped)) == 1 })
+	testutil.Until(t, 30*time.Second, "sleep "+escaped+" did not start", func() bool { return len(sleepers(t, escaped)) == 1 })
 	b.remove(p.pid)
 	<-p.done
-	eventually(t, 30*time.Second, "a process of the engine remains", func() bool { return len(sleepers(t, escaped)) == 0 })
+	testutil.Until(t, 30*time.Second, "a process of the engine remains", func() bool { return len(sleepers(t, escaped)) == 0 })
 	for _, d := range b.dirs() {
 		if _, err := os.Stat(d); !os.IsNotExist(err) {
 			t.Errorf("cgroup %s remains (%v)", d, err)
@@ -255,7 +256,7 @@ func TestHostMemoryWithoutAMemoryController(t *testing.T) {
 		b.remove(p.pid)
 		<-p.done
 	}()
-	eventually(t, 30*time.Second, "the engine did not load", func() bool { _, err := os.Stat(loaded); return err == nil })
+	testutil.Until(t, 30*time.Second, "the engine did not load", func() bool { _, err := os.Stat(loaded); return err == nil })
 	got, err := b.hostMemory()
 	if err != nil || got < held {
 		t.Errorf("hostMemory = %d, %v; want at least the %d bytes the process holds", got, err, held)

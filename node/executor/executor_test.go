@@ -22,6 +22,7 @@ import (
 
 	"google.golang.org/protobuf/proto"
 
+	"github.com/gpuplane/gpuplane/internal/testutil"
 	"github.com/gpuplane/gpuplane/node/inventory"
 	"github.com/gpuplane/gpuplane/node/procfs"
 	"github.com/gpuplane/gpuplane/node/watchdog"
@@ -181,22 +182,10 @@ func sim(model string, generation uint64, args ...string) Desired {
 	}
 }
 
-// eventually polls cond until it holds or timeout passes.
-func eventually(t *testing.T, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("after %s: %s", timeout, what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
 func (h *harness) waitState(model string, state pb.ReplicaState, timeout time.Duration) *pb.ReplicaStatus {
 	h.t.Helper()
 	var last *pb.ReplicaStatus
-	eventually(h.t, timeout, fmt.Sprintf("replica %s/0 is not %s (reports: %v)", model, state, h.rep.of(model)), func() bool {
+	testutil.Until(h.t, timeout, fmt.Sprintf("replica %s/0 is not %s (reports: %v)", model, state, h.rep.of(model)), func() bool {
 		last = h.rep.last(model)
 		return last != nil && last.State == state
 	})
@@ -400,7 +389,7 @@ func TestKilledEngineRestarts(t *testing.T) {
 	if err := syscall.Kill(old, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 10*time.Second, "alpha did not run again after kill -9", func() bool {
+	testutil.Until(t, 10*time.Second, "alpha did not run again after kill -9", func() bool {
 		st := h.rep.last("alpha")
 		return st.State == pb.ReplicaState_REPLICA_STATE_RUNNING && st.Restarts == 1
 	})
@@ -435,7 +424,7 @@ func TestWatchdogStopsAnEngineAboveItsShare(t *testing.T) {
 	h.waitState("alpha", pb.ReplicaState_REPLICA_STATE_RUNNING, 10*time.Second)
 	alpha := onePID(t, "alpha")
 	const reason = "exceeded memory share (used 20000 MiB, share 9213 MiB)"
-	eventually(t, 10*time.Second, "greedy was not stopped twice for its memory", func() bool {
+	testutil.Until(t, 10*time.Second, "greedy was not stopped twice for its memory", func() bool {
 		n := 0
 		for _, st := range h.rep.of("greedy") {
 			if st.State == pb.ReplicaState_REPLICA_STATE_FAILED && st.Reason == reason {
@@ -478,12 +467,12 @@ func TestRemovedReplicasStop(t *testing.T) {
 	onePID(t, "beta")
 	removed := time.Now()
 	h.want(11)
-	eventually(t, 2*time.Second+500*time.Millisecond, "engines still run after the grace period", func() bool {
+	testutil.Until(t, 2*time.Second+500*time.Millisecond, "engines still run after the grace period", func() bool {
 		return len(engines(t, "alpha"))+len(engines(t, "beta")) == 0
 	})
 	t.Logf("engines stopped %s after their replicas left", time.Since(removed).Round(time.Millisecond))
 	// The supervisors clean up just after their processes are gone.
-	eventually(t, 2*time.Second, "supervisors still hold stopped engines", func() bool { return len(h.exec.Engines()) == 0 })
+	testutil.Until(t, 2*time.Second, "supervisors still hold stopped engines", func() bool { return len(h.exec.Engines()) == 0 })
 	for _, m := range []string{"alpha", "beta"} {
 		if _, err := os.Stat(filepath.Join(ReplicaDir(h.dataDir, m, 0), pidFile)); !os.IsNotExist(err) {
 			t.Errorf("%s: pid.json remains (%v)", m, err)
@@ -520,7 +509,7 @@ func TestRestartedExecutorAdoptsOrReplacesEngines(t *testing.T) {
 	second := newHarness(t, dataDir, nil)
 	second.want(12, sim("alpha", 1), sim("beta", 2))
 	second.waitState("alpha", pb.ReplicaState_REPLICA_STATE_RUNNING, 10*time.Second)
-	eventually(t, 10*time.Second, "beta did not run at generation 2", func() bool {
+	testutil.Until(t, 10*time.Second, "beta did not run at generation 2", func() bool {
 		st := second.rep.last("beta")
 		return st != nil && st.State == pb.ReplicaState_REPLICA_STATE_RUNNING && st.Generation == 2
 	})
@@ -530,7 +519,7 @@ func TestRestartedExecutorAdoptsOrReplacesEngines(t *testing.T) {
 	if got := onePID(t, "beta"); got == beta {
 		t.Errorf("beta still runs generation 1's engine %d", beta)
 	}
-	eventually(t, 3*time.Second, "gamma, no longer wanted, still runs", func() bool { return len(engines(t, "gamma")) == 0 })
+	testutil.Until(t, 3*time.Second, "gamma, no longer wanted, still runs", func() bool { return len(engines(t, "gamma")) == 0 })
 	if s := states(second.rep.of("alpha")); !slices.Equal(s, []string{"RUNNING"}) {
 		t.Errorf("adopted alpha reported %v, want [RUNNING]", s)
 	}
@@ -540,7 +529,7 @@ func TestRestartedExecutorAdoptsOrReplacesEngines(t *testing.T) {
 	if err := syscall.Kill(alpha, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 10*time.Second, "alpha did not run again after its adopted engine died", func() bool {
+	testutil.Until(t, 10*time.Second, "alpha did not run again after its adopted engine died", func() bool {
 		st := second.rep.last("alpha")
 		return st.State == pb.ReplicaState_REPLICA_STATE_RUNNING && st.Restarts == 1
 	})
@@ -685,7 +674,7 @@ func TestEngineThatExitsAtOnceIsNeverRunning(t *testing.T) {
 		o.HealthInterval, o.RestartDelay, o.MaxRestartDelay = 5*time.Millisecond, 30*time.Millisecond, 60*time.Millisecond
 	})
 	h.want(10, command("crasher", "sh", "-c", "exit 3"))
-	eventually(t, 30*time.Second, "crasher did not crash 10 times", func() bool {
+	testutil.Until(t, 30*time.Second, "crasher did not crash 10 times", func() bool {
 		return len(h.rep.reportsWith("crasher", pb.ReplicaState_REPLICA_STATE_FAILED)) >= 10
 	})
 	for _, st := range h.rep.of("crasher") {
@@ -714,7 +703,7 @@ func TestEngineDiedWhileTheAgentWasDown(t *testing.T) {
 	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 10*time.Second, "alpha's engine outlived SIGKILL", func() bool { return len(engines(t, "alpha")) == 0 })
+	testutil.Until(t, 10*time.Second, "alpha's engine outlived SIGKILL", func() bool { return len(engines(t, "alpha")) == 0 })
 
 	// The cluster still says what the previous agent reported: Running,
 	// after two restarts; beta Stopped with the agent, after four.

@@ -12,6 +12,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/gpuplane/gpuplane/internal/testutil"
 )
 
 // syncBuffer is a bytes.Buffer safe for a writer and a reader goroutine.
@@ -131,12 +133,12 @@ func TestReadLogsFollowsAcrossRotations(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- ReadLogs(ctx, dataDir, "chat", 0, true, &out) }()
 	want := "first\n"
-	eventually(t, 5*time.Second, "follow did not show the log", func() bool { return out.String() == want })
+	testutil.Until(t, 5*time.Second, "follow did not show the log", func() bool { return out.String() == want })
 	// Each step crosses at least one rotation (10-byte files).
 	for _, s := range []string{"second line\n", "third\n", "the fourth line\n", "5\n"} {
 		w.Write([]byte(s))
 		want += s
-		eventually(t, 5*time.Second, fmt.Sprintf("follow shows %q, want %q", out.String(), want), func() bool { return out.String() == want })
+		testutil.Until(t, 5*time.Second, fmt.Sprintf("follow shows %q, want %q", out.String(), want), func() bool { return out.String() == want })
 	}
 	cancel()
 	if err := <-done; err != nil {
@@ -178,7 +180,7 @@ func TestEngineLogCapHoldsUnderYes(t *testing.T) {
 	stop := make(chan struct{})
 	peak := watchLogBytes(dir, stop)
 	h.want(10, shell("yes", "exec yes"))
-	eventually(t, 30*time.Second, "yes never filled its log", func() bool { return logBytes(dir) >= capBytes/2 })
+	testutil.Until(t, 30*time.Second, "yes never filled its log", func() bool { return logBytes(dir) >= capBytes/2 })
 	deadline := time.After(30 * time.Second)
 	tick := time.NewTicker(100 * time.Millisecond)
 	defer tick.Stop()
@@ -196,7 +198,7 @@ wait:
 		}
 	}
 	h.want(11)
-	eventually(t, 30*time.Second, "yes still runs", func() bool { return len(h.exec.Engines()) == 0 })
+	testutil.Until(t, 30*time.Second, "yes still runs", func() bool { return len(h.exec.Engines()) == 0 })
 	close(stop)
 	if most := <-peak; most > capBytes+logSlack {
 		t.Errorf("up to %d bytes of engine log on disk, more than the cap %d and a buffer", most, capBytes)
@@ -222,7 +224,7 @@ func TestEngineLogCapHoldsUnderABurst(t *testing.T) {
 	peak := watchLogBytes(dir, stop)
 	var over atomic.Int64
 	h.want(10, shell("burst", "head -c 1000000000 /dev/zero; echo; echo burst-done; exec sleep 1000"))
-	eventually(t, 5*time.Minute, "the burst did not reach the log", func() bool {
+	testutil.Until(t, 5*time.Minute, "the burst did not reach the log", func() bool {
 		if n := logBytes(dir); n > capBytes+logSlack {
 			over.Store(n)
 			return true
@@ -261,12 +263,12 @@ func tail(t *testing.T, path string) string {
 func TestEngineLogAcrossRestarts(t *testing.T) {
 	h := newHarness(t, t.TempDir(), nil)
 	h.want(10, shell("flaky", "echo hello from $$; exit 3"))
-	eventually(t, 20*time.Second, "flaky did not restart twice", func() bool {
+	testutil.Until(t, 20*time.Second, "flaky did not restart twice", func() bool {
 		st := h.rep.last("flaky")
 		return st != nil && st.Restarts >= 3
 	})
 	h.want(11)
-	eventually(t, 30*time.Second, "flaky still runs", func() bool { return len(h.exec.Engines()) == 0 })
+	testutil.Until(t, 30*time.Second, "flaky still runs", func() bool { return len(h.exec.Engines()) == 0 })
 	var out bytes.Buffer
 	if err := ReadLogs(context.Background(), h.dataDir, "flaky", 0, false, &out); err != nil {
 		t.Fatal(err)

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gpuplane/gpuplane/internal/testutil"
 	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
 )
 
@@ -52,7 +53,7 @@ func TestResidencyReports(t *testing.T) {
 		t.Fatal(err)
 	}
 	var failed *pb.ReplicaStatus
-	eventually(t, 10*time.Second, "alpha not reported failed", func() bool {
+	testutil.Until(t, 10*time.Second, "alpha not reported failed", func() bool {
 		for _, st := range h.rep.of("alpha") {
 			if st.State == pb.ReplicaState_REPLICA_STATE_FAILED {
 				failed = st

@@ -8,7 +8,6 @@ import (
 	"log/slog"
 	"net"
 	"os"
-	"runtime/pprof"
 	"strconv"
 	"strings"
 	"sync"
@@ -19,6 +18,7 @@ import (
 	"github.com/gpuplane/gpuplane/cluster/porttest"
 	"github.com/gpuplane/gpuplane/cmd/gpuplane/agent"
 	"github.com/gpuplane/gpuplane/cmd/gpuplane/cli"
+	"github.com/gpuplane/gpuplane/internal/testutil"
 )
 
 // node is one in-process agent with fixed ports and data dir, so that it
@@ -101,24 +101,6 @@ func tryCLI(n *node, args ...string) (string, error) {
 		return stdout.String(), fmt.Errorf("exit %d: %s", code, strings.TrimSpace(stderr.String()))
 	}
 	return stdout.String(), nil
-}
-
-// eventually retries check until it returns nil or the deadline passes.
-func eventually(t *testing.T, within time.Duration, what string, check func() error) time.Duration {
-	t.Helper()
-	start := time.Now()
-	var err error
-	for time.Since(start) < within {
-		if err = check(); err == nil {
-			return time.Since(start)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	if os.Getenv("GPUPLANE_TEST_LOG") != "" {
-		_ = pprof.Lookup("goroutine").WriteTo(os.Stderr, 1)
-	}
-	t.Fatalf("%s: not within %v: %v", what, within, err)
-	return 0
 }
 
 type member struct {
@@ -250,7 +232,7 @@ func TestCluster(t *testing.T) {
 
 	// 1. One cluster: five alive members, three voters and one leader on any
 	// node, and every node counts the clients' cards.
-	formed := eventually(t, 20*time.Second, "cluster forms", func() error {
+	formed := testutil.Eventually(t, 20*time.Second, "cluster forms", func() error {
 		for _, n := range all {
 			if err := checkMembers(n, 5); err != nil {
 				return err
@@ -259,7 +241,7 @@ func TestCluster(t *testing.T) {
 		return nil
 	})
 	t.Logf("five nodes formed one cluster in %v", formed)
-	eventually(t, 10*time.Second, "clients' cards counted", func() error {
+	testutil.Eventually(t, 10*time.Second, "clients' cards counted", func() error {
 		for _, n := range all {
 			d, err := device(n, "h100")
 			if err != nil {
@@ -304,7 +286,7 @@ func TestCluster(t *testing.T) {
 			survivors = append(survivors, n)
 		}
 	}
-	firstWrite := eventually(t, 10*time.Second, "write after leader loss", func() error {
+	firstWrite := testutil.Eventually(t, 10*time.Second, "write after leader loss", func() error {
 		_, err := tryCLI(survivors[0], "accelerators", "create", "after-failover", "--device", "h100")
 		return err
 	})
@@ -319,7 +301,7 @@ func TestCluster(t *testing.T) {
 	// The old leader, restarted on its data dir, rejoins, catches up and
 	// reports the same state hash as the others.
 	leader.start(t)
-	eventually(t, 15*time.Second, "old leader catches up", func() error {
+	testutil.Eventually(t, 15*time.Second, "old leader catches up", func() error {
 		var want statusJSON
 		for i, s := range servers {
 			st, err := statusOnServer(s)
@@ -344,7 +326,7 @@ func TestCluster(t *testing.T) {
 	c := clients[1]
 	c.stop(t)
 	promise := cluster.FailureDetectionTime(5) + 2*time.Second
-	took := eventually(t, promise+5*time.Second, "stopped client is down everywhere", func() error {
+	took := testutil.Eventually(t, promise+5*time.Second, "stopped client is down everywhere", func() error {
 		for _, n := range all {
 			if n.a == nil {
 				continue
@@ -369,7 +351,7 @@ func TestCluster(t *testing.T) {
 
 	// Restarted, it is alive again everywhere, with no duplicate entry.
 	c.start(t)
-	eventually(t, 15*time.Second, "restarted client alive", func() error {
+	testutil.Eventually(t, 15*time.Second, "restarted client alive", func() error {
 		for _, n := range all {
 			if err := nodeStatus(n, c.cfg.NodeName, "alive"); err != nil {
 				return err
@@ -444,7 +426,7 @@ func TestLeaveAndRemovePeer(t *testing.T) {
 	for _, n := range all {
 		n.start(t)
 	}
-	eventually(t, 20*time.Second, "cluster forms", func() error {
+	testutil.Eventually(t, 20*time.Second, "cluster forms", func() error {
 		for _, n := range all {
 			if err := checkMembers(n, 4); err != nil {
 				return err
@@ -463,14 +445,14 @@ func TestLeaveAndRemovePeer(t *testing.T) {
 		t.Fatal("client agent still running after leave")
 	}
 	client.stop(t)
-	eventually(t, 10*time.Second, "client left", func() error { return nodeStatus(servers[0], "c1", "left") })
+	testutil.Eventually(t, 10*time.Second, "client left", func() error { return nodeStatus(servers[0], "c1", "left") })
 
 	// A dead server stays a voter until remove-peer; an alive one is refused.
 	servers[2].stop(t)
 	// Both survivors must see it: remove-peer runs on s2, whose gossip view
 	// may trail s1's by a probe round.
 	for _, survivor := range servers[:2] {
-		eventually(t, 10*time.Second, "s3 failed", func() error {
+		testutil.Eventually(t, 10*time.Second, "s3 failed", func() error {
 			ms, err := members(survivor)
 			if err != nil {
 				return err
@@ -501,7 +483,7 @@ func TestLeaveAndRemovePeer(t *testing.T) {
 	leaving, staying := servers[0], servers[1]
 	gpuplane(t, leaving, "cluster", "leave")
 	leaving.stop(t)
-	eventually(t, 10*time.Second, "one voter left", func() error {
+	testutil.Eventually(t, 10*time.Second, "one voter left", func() error {
 		ms, err := members(staying)
 		if err != nil {
 			return err

@@ -24,6 +24,7 @@ import (
 
 	"github.com/gpuplane/gpuplane/cluster"
 	"github.com/gpuplane/gpuplane/cmd/gpuplane/agent"
+	"github.com/gpuplane/gpuplane/internal/testutil"
 	"github.com/gpuplane/gpuplane/node/gateway/queue"
 )
 
@@ -74,7 +75,7 @@ spec:
 // waitServed waits until gateway base answers a completion for model.
 func waitServed(t *testing.T, base, model string) {
 	t.Helper()
-	eventually(t, 90*time.Second, model+" served through "+base, func() error {
+	testutil.Eventually(t, 90*time.Second, model+" served through "+base, func() error {
 		resp, err := http.Post(base+"/v1/completions", "application/json",
 			strings.NewReader(fmt.Sprintf(`{"model":%q,"prompt":"ping","max_tokens":1}`, model)))
 		if err != nil {
@@ -292,7 +293,7 @@ func TestGatewayForwardsAcrossNodes(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	eventually(t, 60*time.Second, "cluster forms with both clients' cards", func() error {
+	testutil.Eventually(t, 60*time.Second, "cluster forms with both clients' cards", func() error {
 		d, err := device(servers[0], "l4")
 		if err != nil {
 			return err
@@ -304,7 +305,7 @@ func TestGatewayForwardsAcrossNodes(t *testing.T) {
 	})
 	deploySim(t, servers[0], "chat", "pinned", "--tokens-per-second", "0")
 	var holder string
-	eventually(t, 60*time.Second, "chat placed", func() error {
+	testutil.Eventually(t, 60*time.Second, "chat placed", func() error {
 		out, err := tryCLI(servers[0], "replicas", "list", "-o", "json")
 		if err != nil {
 			return err
@@ -534,7 +535,7 @@ func TestGatewayPriority(t *testing.T) {
 	}
 	// On a failure, the loops stop before the agent does.
 	t.Cleanup(func() { cancel(); wg.Wait() })
-	eventually(t, 30*time.Second, "background fills the engine", func() error {
+	testutil.Eventually(t, 30*time.Second, "background fills the engine", func() error {
 		if q := metric(t, n, "gpuplane_gateway_in_flight", `replica="chat/0"`); q < 4 {
 			return fmt.Errorf("%v in flight", q)
 		}
@@ -569,7 +570,7 @@ func TestGatewayPriority(t *testing.T) {
 	// Once interactive work holds the engine (the background work that was
 	// on it is cut or done), background answers come only from its floor.
 	var before int
-	eventually(t, 120*time.Second, "interactive work saturates the engine", func() error {
+	testutil.Eventually(t, 120*time.Second, "interactive work saturates the engine", func() error {
 		mu.Lock()
 		defer mu.Unlock()
 		before = bgOK + streamsOK
@@ -578,7 +579,7 @@ func TestGatewayPriority(t *testing.T) {
 		}
 		return nil
 	})
-	eventually(t, 120*time.Second, "background answers while interactive saturates the engine", func() error {
+	testutil.Eventually(t, 120*time.Second, "background answers while interactive saturates the engine", func() error {
 		mu.Lock()
 		defer mu.Unlock()
 		if bg := bgOK + streamsOK - before; bg < 1 {
@@ -623,7 +624,7 @@ func TestGatewayAdmission(t *testing.T) {
 			}
 		})
 	}
-	eventually(t, 30*time.Second, "one request in flight and one queued", func() error {
+	testutil.Eventually(t, 30*time.Second, "one request in flight and one queued", func() error {
 		q, f := metric(t, n, "gpuplane_gateway_queue_depth", `replica="slow/0"`), metric(t, n, "gpuplane_gateway_in_flight", `replica="slow/0"`)
 		if q != 1 || f != 1 {
 			return fmt.Errorf("queued %v, in flight %v", q, f)
@@ -665,7 +666,7 @@ func TestGatewayAdmission(t *testing.T) {
 // waitCold waits until model's replica is placed and cold.
 func waitCold(t *testing.T, n *node, model string) {
 	t.Helper()
-	eventually(t, 60*time.Second, model+" placed, cold", func() error {
+	testutil.Eventually(t, 60*time.Second, model+" placed, cold", func() error {
 		out, err := tryCLI(n, "replicas", "list")
 		if err != nil {
 			return err
@@ -698,7 +699,7 @@ func TestGatewayACL(t *testing.T) {
 			Prompt: openai.CompletionNewParamsPromptUnion{OfString: openai.String("x")}, MaxTokens: openai.Int(2)}, opts...)
 		return err
 	}
-	eventually(t, 90*time.Second, "chat served to acme", func() error {
+	testutil.Eventually(t, 90*time.Second, "chat served to acme", func() error {
 		return ask(openaiClient(n, option.WithAPIKey(acme)))
 	})
 	var e *openai.Error
@@ -734,7 +735,7 @@ func TestGatewaySecureForwarding(t *testing.T) {
 	s2.start(t)
 	ca := []string{"--ca", dir + "/" + cluster.CACertFile}
 	var boot struct{ Secret string }
-	eventually(t, 30*time.Second, "acl bootstrap", func() error {
+	testutil.Eventually(t, 30*time.Second, "acl bootstrap", func() error {
 		out, errOut, code := secureCLI(s1, ca, "acl", "bootstrap", "-o", "json")
 		if code != 0 {
 			return errors.New(errOut)
@@ -754,7 +755,7 @@ func TestGatewaySecureForwarding(t *testing.T) {
 	run("accelerators", "create", "shared", "--device", "l4", "--tenancy", "shared", "--max-models", "2")
 	run("models", "deploy", "chat", "--accelerator", "shared", "--model", "/models/chat", "--engine", "sim", "--memory-percent", "20")
 	var holder string
-	eventually(t, 60*time.Second, "chat placed", func() error {
+	testutil.Eventually(t, 60*time.Second, "chat placed", func() error {
 		var rs []struct{ Node string }
 		if err := json.Unmarshal([]byte(run("replicas", "list", "-o", "json")), &rs); err != nil {
 			return err
@@ -778,7 +779,7 @@ func TestGatewaySecureForwarding(t *testing.T) {
 		t.Fatalf("gateway URL %s: want https with TLS on", other.a.GatewayURL())
 	}
 	c := openaiClient(other, option.WithHTTPClient(hc), option.WithAPIKey(app))
-	eventually(t, 90*time.Second, "chat served through "+other.cfg.NodeName, func() error {
+	testutil.Eventually(t, 90*time.Second, "chat served through "+other.cfg.NodeName, func() error {
 		_, err := c.Completions.New(context.Background(), openai.CompletionNewParams{Model: "chat",
 			Prompt: openai.CompletionNewParamsPromptUnion{OfString: openai.String("x")}, MaxTokens: openai.Int(2)})
 		return err
@@ -872,7 +873,7 @@ spec:
 	}
 	// Both adapters the tenants could use are on the card now, and the
 	// refused ones were never loaded.
-	eventually(t, 30*time.Second, "adapter tiers in models get", func() error {
+	testutil.Eventually(t, 30*time.Second, "adapter tiers in models get", func() error {
 		out, err := tryCLI(n, "models", "get", "chat")
 		if err != nil {
 			return err

@@ -17,6 +17,7 @@ import (
 	"github.com/gpuplane/gpuplane/cluster"
 	"github.com/gpuplane/gpuplane/cmd/gpuplane/agent"
 	"github.com/gpuplane/gpuplane/cmd/gpuplane/cli"
+	"github.com/gpuplane/gpuplane/internal/testutil"
 	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
 	"github.com/gpuplane/gpuplane/proto/gpuplane/v1/gpuplanev1connect"
 )
@@ -79,7 +80,7 @@ func TestSecureCluster(t *testing.T) {
 
 	// Bootstrap once the two servers have formed the cluster.
 	var boot struct{ Name, Role, Secret string }
-	eventually(t, 30*time.Second, "acl bootstrap", func() error {
+	testutil.Eventually(t, 30*time.Second, "acl bootstrap", func() error {
 		out, errOut, code := secureCLI(s1, ca, "acl", "bootstrap", "-o", "json")
 		if code != 0 {
 			return errors.New(errOut)
@@ -200,7 +201,7 @@ func TestSecureCluster(t *testing.T) {
 
 	// The audit log names each change's token; --actor filters on it.
 	// (A node serves the log as far as it has applied it.)
-	eventually(t, 5*time.Second, "audit log --actor ops", func() error {
+	testutil.Eventually(t, 5*time.Second, "audit log --actor ops", func() error {
 		logOut, errOut, code := secureCLI(s2, viewer, "audit", "log", "--actor", "ops")
 		if code != 0 || strings.Count(logOut, "CreateAccelerator") != 2 || strings.Count(logOut, "DeleteAccelerator") != 1 || strings.Contains(logOut, "Token") {
 			return fmt.Errorf("exit %d, %s\n%s", code, errOut, logOut)
@@ -225,7 +226,7 @@ func TestSecureCluster(t *testing.T) {
 	friend := secureNode(t, dir, "friend", false, key)
 	friend.cfg.Join = []string{s1.gossip()}
 	friend.start(t)
-	eventually(t, 20*time.Second, "friend registers", func() error {
+	testutil.Eventually(t, 20*time.Second, "friend registers", func() error {
 		out, errOut, code := secureCLI(s2, viewer, "nodes", "list")
 		if code != 0 || !strings.Contains(out, "friend") {
 			return fmt.Errorf("exit %d %s\n%s", code, errOut, out)

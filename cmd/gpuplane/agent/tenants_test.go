@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/gpuplane/gpuplane/cmd/gpuplane/cli"
+	"github.com/gpuplane/gpuplane/internal/testutil"
 )
 
 // TestTokenTenants: tokens made with `acl token create --tenant --weight`
@@ -40,7 +41,7 @@ func TestTokenTenants(t *testing.T) {
 		return stdout.String(), stderr.String(), code
 	}
 	var boot struct{ Secret string }
-	eventually(t, 30*time.Second, "acl bootstrap", func() error {
+	testutil.Eventually(t, 30*time.Second, "acl bootstrap", func() error {
 		out, errOut, code := run(s, "acl", "bootstrap", "-o", "json")
 		if code != 0 {
 			return errors.New(errOut)
@@ -54,7 +55,7 @@ func TestTokenTenants(t *testing.T) {
 		t.Helper()
 		var out string
 		// The client node answers once it has joined.
-		eventually(t, 30*time.Second, "create "+strings.Join(args, " "), func() error {
+		testutil.Eventually(t, 30*time.Second, "create "+strings.Join(args, " "), func() error {
 			o, errOut, code := admin(n, append([]string{"acl", "token", "create", "--role", "read"}, args...)...)
 			if code != 0 {
 				return errors.New(errOut)
@@ -93,7 +94,7 @@ func TestTokenTenants(t *testing.T) {
 		return nil
 	}
 	for _, n := range []*node{s, c} {
-		eventually(t, 30*time.Second, "token list on "+n.cfg.NodeName, func() error { return listed(n) })
+		testutil.Eventually(t, 30*time.Second, "token list on "+n.cfg.NodeName, func() error { return listed(n) })
 	}
 	out, errOut, code := admin(c, "acl", "token", "get", "alice", "-o", "json")
 	var got struct {
@@ -130,7 +131,7 @@ func TestTokenTenants(t *testing.T) {
 			secret, tenant string
 			weight         float64
 		}{{alice, "acme", 2}, {carol, "acme", 0.5}, {bob, "bob", 1}} {
-			eventually(t, 30*time.Second, "TenantFor on "+n.cfg.NodeName, func() error {
+			testutil.Eventually(t, 30*time.Second, "TenantFor on "+n.cfg.NodeName, func() error {
 				tenant, weight, ok := n.a.Cluster().TenantFor(w.secret)
 				if tenant != w.tenant || weight != w.weight || !ok {
 					return fmt.Errorf("got (%q, %v, %v), want (%q, %v, true)", tenant, weight, ok, w.tenant, w.weight)
@@ -148,7 +149,7 @@ func TestTokenTenants(t *testing.T) {
 	if _, _, ok := s.a.Cluster().TenantFor(bob); ok {
 		t.Fatal("the server still resolves a deleted token")
 	}
-	eventually(t, 30*time.Second, "the client node forgets a deleted token", func() error {
+	testutil.Eventually(t, 30*time.Second, "the client node forgets a deleted token", func() error {
 		if tenant, _, ok := c.a.Cluster().TenantFor(bob); ok {
 			return fmt.Errorf("still resolves to %q", tenant)
 		}

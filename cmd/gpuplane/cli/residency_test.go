@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/gpuplane/gpuplane/cmd/gpuplane/agent"
+	"github.com/gpuplane/gpuplane/internal/testutil"
 	"github.com/gpuplane/gpuplane/node/residency"
 )
 
@@ -154,18 +155,6 @@ func lineWith(out string, parts ...string) (string, bool) {
 	return "", false
 }
 
-// waitFor polls cond until it holds or a generous deadline passes.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
 // followDecisions starts `residency decisions --follow` with args and
 // returns its output and a function that stops it and returns its exit code.
 func followDecisions(url string, args ...string) (*lockedBuffer, func() int) {
@@ -301,7 +290,7 @@ func TestLiveResidencyCommands(t *testing.T) {
 
 	// --follow prints what is there, then a decision taken after it started.
 	follow, stop := followDecisions(a.APIURL(), "--model", "coder")
-	waitFor(t, "the follower to print coder's load", func() bool {
+	testutil.Until(t, 30*time.Second, "the follower to print coder's load", func() bool {
 		_, ok := lineWith(follow.String(), " load ", " coder ")
 		return ok
 	})
@@ -312,7 +301,7 @@ func TestLiveResidencyCommands(t *testing.T) {
 		t.Fatal("the controller decided nothing for coder's new request")
 	}
 	latest := d.c.Decisions()[len(d.c.Decisions())-1]
-	waitFor(t, "the follower to print "+latest.Reason, func() bool {
+	testutil.Until(t, 30*time.Second, "the follower to print "+latest.Reason, func() bool {
 		return strings.Contains(follow.String(), latest.Reason)
 	})
 	if code := stop(); code != 0 {
@@ -379,7 +368,7 @@ func TestLiveResidencyTwoNodes(t *testing.T) {
 	case <-time.After(60 * time.Second):
 		t.Fatal("n2 did not register with n1")
 	}
-	waitFor(t, "n1 to know n2's address", func() bool {
+	testutil.Until(t, 30*time.Second, "n1 to know n2's address", func() bool {
 		out, _, _ := run1("nodes", "list")
 		_, ok := lineWith(out, "n2 ")
 		return ok
@@ -438,7 +427,7 @@ func TestLiveResidencyTwoNodes(t *testing.T) {
 
 	// Following on n1 receives a decision n2 takes afterwards.
 	follow, stop := followDecisions(a1.APIURL())
-	waitFor(t, "the follower to print both nodes' loads", func() bool {
+	testutil.Until(t, 30*time.Second, "the follower to print both nodes' loads", func() bool {
 		_, ok1 := lineWith(follow.String(), " chat ")
 		_, ok2 := lineWith(follow.String(), " coder ")
 		return ok1 && ok2
@@ -446,7 +435,7 @@ func TestLiveResidencyTwoNodes(t *testing.T) {
 	d2.deploy("embed", 10*gi)
 	d2.serve("embed")
 	embed := d2.decision(residency.ActLoad, "embed")
-	waitFor(t, "the follower to print n2's load of embed", func() bool {
+	testutil.Until(t, 30*time.Second, "the follower to print n2's load of embed", func() bool {
 		_, ok := lineWith(follow.String(), " n2 ", " embed ", embed.Reason)
 		return ok
 	})

@@ -12,6 +12,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/gpuplane/gpuplane/internal/testutil"
 )
 
 // engineRecord is the part of the executor's pid.json the tests read.
@@ -75,17 +77,6 @@ func environ(t *testing.T, pid int) map[string]string {
 		}
 	}
 	return env
-}
-
-func waitFor(t *testing.T, what string, timeout time.Duration, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s", timeout, what)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
 }
 
 // TestEnginesRunAsProcesses is issue 5 through the real binary: a dev agent
@@ -154,7 +145,7 @@ func TestEnginesRunAsProcesses(t *testing.T) {
 	if err := syscall.Kill(first.PID, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "chat/0 to restart", 60*time.Second, func() bool {
+	testutil.Until(t, 60*time.Second, "chat/0 to restart", func() bool {
 		r, ok := readRecord(t, dataDir, "chat", 0)
 		if !ok || r.PID == first.PID || !alive(r.PID) {
 			return false
@@ -193,5 +184,5 @@ func TestEnginesRunAsProcesses(t *testing.T) {
 
 	// models delete stops every engine within the grace period.
 	mustGpuplane(t, a.url(), "models", "delete", "chat")
-	waitFor(t, "the engines to stop", 20*time.Second, func() bool { return len(enginePIDs(t, dataDir, "chat")) == 0 })
+	testutil.Until(t, 20*time.Second, "the engines to stop", func() bool { return len(enginePIDs(t, dataDir, "chat")) == 0 })
 }

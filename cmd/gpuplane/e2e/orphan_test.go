@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gpuplane/gpuplane/internal/testutil"
 	"github.com/gpuplane/gpuplane/node/procfs"
 )
 
@@ -64,7 +65,7 @@ func TestEnginesDoNotOutliveTheirAgent(t *testing.T) {
 		t.Fatal("the engine died with its agent: it must wait the orphan grace for an agent to adopt it")
 	}
 	a.start()
-	waitFor(t, "chat/0 to be running under the new agent", 60*time.Second, func() bool { return replica(t, a.url(), "chat").State == "running" })
+	testutil.Until(t, 60*time.Second, "chat/0 to be running under the new agent", func() bool { return replica(t, a.url(), "chat").State == "running" })
 	if now, _ := readRecord(t, dataDir, "chat", 0); now.PID != first.PID {
 		t.Fatalf("the restarted agent runs engine %d for chat/0, not the one it should have adopted (%d)", now.PID, first.PID)
 	}
@@ -79,8 +80,8 @@ func TestEnginesDoNotOutliveTheirAgent(t *testing.T) {
 	if !running(first.PID) {
 		t.Fatal("the engine died with its agent: it must wait the orphan grace")
 	}
-	waitFor(t, "the orphaned engine to stop", grace+90*time.Second, func() bool { return !running(first.PID) })
-	waitFor(t, "the orphaned engine's log writer to exit", 60*time.Second, func() bool { return len(logWriters(dataDir)) == 0 })
+	testutil.Until(t, grace+90*time.Second, "the orphaned engine to stop", func() bool { return !running(first.PID) })
+	testutil.Until(t, 60*time.Second, "the orphaned engine's log writer to exit", func() bool { return len(logWriters(dataDir)) == 0 })
 	if pids := enginePIDs(t, dataDir, "chat"); len(pids) > 0 {
 		t.Errorf("sim engines %v of chat still run after the grace", pids)
 	}

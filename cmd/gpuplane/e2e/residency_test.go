@@ -12,6 +12,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/gpuplane/gpuplane/internal/testutil"
 )
 
 // residencyAgent starts a dev agent (l4=2) with flags on a fresh data dir,
@@ -89,7 +91,7 @@ func TestOnDemandModelsShareOneCard(t *testing.T) {
 	// Placed, Cold, each with an endpoint (the node's front): nothing is
 	// loaded before it is requested.
 	var rows map[string]map[string]string
-	waitFor(t, "three Cold replicas with endpoints", 90*time.Second, func() bool {
+	testutil.Until(t, 90*time.Second, "three Cold replicas with endpoints", func() bool {
 		rows = replicaRows(t, a)
 		n := 0
 		for _, r := range rows {
@@ -196,7 +198,7 @@ func TestPinnedModelIsNeverUnloaded(t *testing.T) {
 			"--memory-percent", "45", "--residency", "onDemand")
 	}
 	var rows map[string]map[string]string
-	waitFor(t, "base Resident, left and right Cold", 90*time.Second, func() bool {
+	testutil.Until(t, 90*time.Second, "base Resident, left and right Cold", func() bool {
 		rows = replicaRows(t, a)
 		return rows["base"]["RESIDENCY"] == "Resident" && rows["left"]["RESIDENCY"] == "Cold" && rows["right"]["RESIDENCY"] == "Cold"
 	})
@@ -253,7 +255,7 @@ func TestResidencyAdvise(t *testing.T) {
 		}
 		return n == 3
 	}
-	waitFor(t, "three Resident replicas", 90*time.Second, allResident)
+	testutil.Until(t, 90*time.Second, "three Resident replicas", allResident)
 	pids := map[string][]int{}
 	for _, m := range names {
 		pids[m] = enginePIDs(t, a.dataDir, m)
@@ -269,7 +271,7 @@ func TestResidencyAdvise(t *testing.T) {
 			t.Errorf("%s engine was %v, now %v", m, pids[m], now)
 		}
 	}
-	waitFor(t, "an advised load in the agent's log", 30*time.Second, func() bool {
+	testutil.Until(t, 30*time.Second, "an advised load in the agent's log", func() bool {
 		return strings.Contains(a.out.String(), `msg="residency decision" card=0 action=load model=chat/0 trigger=request advised=true`)
 	})
 	if log := mustGpuplane(t, a.url(), "audit", "log", "--resource", "model/chat"); strings.Contains(log, "sleeping") || strings.Contains(log, "load chat/0") {
@@ -286,7 +288,7 @@ func TestOnDemandEndpointSurvivesAgentRestart(t *testing.T) {
 	mustGpuplane(t, a.url(), "models", "deploy", "chat", "--accelerator", "home", "--model", "/models/chat", "--engine", "sim",
 		"--memory-percent", "60", "--residency", "onDemand")
 	var before map[string]string
-	waitFor(t, "chat Cold with an endpoint", 90*time.Second, func() bool {
+	testutil.Until(t, 90*time.Second, "chat Cold with an endpoint", func() bool {
 		before = replicaRows(t, a)["chat"]
 		return before["RESIDENCY"] == "Cold" && strings.HasPrefix(before["ENDPOINT"], "http://")
 	})
@@ -295,7 +297,7 @@ func TestOnDemandEndpointSurvivesAgentRestart(t *testing.T) {
 	a.kill()
 	a.start()
 	// The node serves the endpoint again once its executor has caught up.
-	waitFor(t, "the endpoint to be served again", 60*time.Second, func() bool {
+	testutil.Until(t, 60*time.Second, "the endpoint to be served again", func() bool {
 		resp, err := http.Get(before["ENDPOINT"] + "/health")
 		if err != nil {
 			return false

@@ -10,6 +10,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/gpuplane/gpuplane/internal/testutil"
 )
 
 // replicaJSON is the part of `replicas list -o json` these tests read.
@@ -64,12 +66,12 @@ spec:
 		t.Fatal(err)
 	}
 	mustGpuplane(t, a.url(), "apply", "-f", path)
-	waitFor(t, "stuck/0 to start", 60*time.Second, func() bool { return replica(t, a.url(), "stuck").State == "starting" })
+	testutil.Until(t, 60*time.Second, "stuck/0 to start", func() bool { return replica(t, a.url(), "stuck").State == "starting" })
 	mustGpuplane(t, a.url(), "models", "deploy", "chat", "--accelerator", "shared", "--model", "/models/chat",
 		"--engine", "sim", "--memory-percent", "40", "--start-timeout", "2m")
 
 	var waiting, failed string
-	waitFor(t, "chat/0 to run", 90*time.Second, func() bool {
+	testutil.Until(t, 90*time.Second, "chat/0 to run", func() bool {
 		c, s := replica(t, a.url(), "chat"), replica(t, a.url(), "stuck")
 		if c.State == "placed" && strings.HasPrefix(c.Reason, "waiting for card") && waiting == "" {
 			waiting = c.Reason
@@ -118,7 +120,7 @@ func TestEngineDiedWhileTheAgentWasDown(t *testing.T) {
 	if err := syscall.Kill(first.PID, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "chat/0 to run again", 60*time.Second, func() bool {
+	testutil.Until(t, 60*time.Second, "chat/0 to run again", func() bool {
 		r := replica(t, a.url(), "chat")
 		return r.State == "running" && r.Restarts == 1
 	})
@@ -132,11 +134,11 @@ func TestEngineDiedWhileTheAgentWasDown(t *testing.T) {
 	if err := syscall.Kill(second.PID, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the engine to die", 10*time.Second, func() bool { return !alive(second.PID) })
+	testutil.Until(t, 10*time.Second, "the engine to die", func() bool { return !alive(second.PID) })
 	a.start()
 	var seen []string
 	var reset *replicaJSON
-	waitFor(t, "chat/0 to run after the agent's restart", 60*time.Second, func() bool {
+	testutil.Until(t, 60*time.Second, "chat/0 to run after the agent's restart", func() bool {
 		r := replica(t, a.url(), "chat")
 		if len(seen) == 0 || seen[len(seen)-1] != r.State {
 			seen = append(seen, r.State)

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gpuplane/gpuplane/internal/testutil"
 	"github.com/gpuplane/gpuplane/node/inventory"
 )
 
@@ -37,19 +38,8 @@ func startEngine(t *testing.T, cfg Config) (string, *inventory.SimUsage) {
 	case err := <-done:
 		t.Fatalf("Run: %v", err)
 	}
-	waitFor(t, "healthy", func() bool { return get(t, base+"/health") == http.StatusOK })
+	testutil.Until(t, 20*time.Second, "healthy", func() bool { return get(t, base+"/health") == http.StatusOK })
 	return base, usage
-}
-
-func waitFor(t *testing.T, what string, ok func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for !ok() {
-		if time.Now().After(deadline) {
-			t.Fatalf("never %s", what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
 }
 
 func usedMiB(t *testing.T, usage *inventory.SimUsage) uint64 {
@@ -136,7 +126,7 @@ func TestSleepWaitLetsRequestsFinish(t *testing.T) {
 		code, body := call(t, http.MethodPost, base+"/v1/completions", `{"prompt":"x","max_tokens":20}`)
 		got <- answer{code, body}
 	}()
-	waitFor(t, "busy", func() bool {
+	testutil.Until(t, 20*time.Second, "busy", func() bool {
 		var st Status
 		getJSON(t, base+"/sim/status", &st)
 		return st.InFlight == 1
@@ -222,7 +212,7 @@ func TestBadControlInput(t *testing.T) {
 func TestIdleSleepWakesOnRequest(t *testing.T) {
 	base, usage := startEngine(t, Config{ServedModelName: "chat", MemoryMiB: 1000, OverheadMiB: 100, ResidualMiB: 100,
 		SleepIdle: 200 * time.Millisecond, LoadTime: 50 * time.Millisecond})
-	waitFor(t, "asleep after idling", func() bool {
+	testutil.Until(t, 20*time.Second, "asleep after idling", func() bool {
 		var props struct {
 			IsSleeping bool `json:"is_sleeping"`
 		}
@@ -230,7 +220,7 @@ func TestIdleSleepWakesOnRequest(t *testing.T) {
 		return props.IsSleeping
 	})
 	// The engine reports its memory just after it says it sleeps.
-	waitFor(t, "idle-asleep with the 100 MiB residual", func() bool { return usedMiB(t, usage) == 100 })
+	testutil.Until(t, 20*time.Second, "idle-asleep with the 100 MiB residual", func() bool { return usedMiB(t, usage) == 100 })
 	if code, body := call(t, http.MethodPost, base+"/v1/completions", `{"prompt":"x","max_tokens":2}`); code != http.StatusOK {
 		t.Fatalf("request to an idle-asleep engine = %d %s; want it woken and served", code, body)
 	}
@@ -249,7 +239,7 @@ func TestOllamaKeepAliveExpires(t *testing.T) {
 	if len(ps.Models) != 1 || ps.Models[0].Name != "qwen3" {
 		t.Fatalf("/api/ps while loaded = %+v", ps)
 	}
-	waitFor(t, "unloaded after keep_alive", func() bool { return usedMiB(t, usage) == 0 })
+	testutil.Until(t, 20*time.Second, "unloaded after keep_alive", func() bool { return usedMiB(t, usage) == 0 })
 	getJSON(t, base+"/api/ps", &ps)
 	if len(ps.Models) != 0 {
 		t.Fatalf("/api/ps after keep_alive = %+v, want none", ps)
@@ -295,13 +285,13 @@ func TestRequestsQueueForKVRoom(t *testing.T) {
 		getJSON(t, base+"/sim/status", &st)
 		return st
 	}
-	waitFor(t, "the first request filling the pool", func() bool { return status().KVTokens >= 10 })
+	testutil.Until(t, 20*time.Second, "the first request filling the pool", func() bool { return status().KVTokens >= 10 })
 	second := make(chan int, 1)
 	go func() {
 		code, _ := call(t, http.MethodPost, base+"/v1/completions", `{"prompt":"second","max_tokens":1}`)
 		second <- code
 	}()
-	waitFor(t, "the second request queued", func() bool { st := status(); return st.Waiting == 1 && st.InFlight == 1 })
+	testutil.Until(t, 20*time.Second, "the second request queued", func() bool { st := status(); return st.Waiting == 1 && st.InFlight == 1 })
 	select {
 	case code := <-second:
 		t.Fatalf("the second request ended (%d) while the first filled the pool", code)

@@ -12,6 +12,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/gpuplane/gpuplane/internal/testutil"
 )
 
 // TestLoRAAdapters: the sim speaks vLLM's runtime LoRA API: an adapter is
@@ -43,7 +45,7 @@ func TestLoRAAdapters(t *testing.T) {
 		t.Fatalf("load code: %d %s", code, body)
 	}
 	// rank 64 × 1 MiB + the default rank 16 × 1 MiB.
-	waitFor(t, "adapter memory on the card", func() bool { return usedMiB(t, usage) == before+64+16 })
+	testutil.Until(t, 20*time.Second, "adapter memory on the card", func() bool { return usedMiB(t, usage) == before+64+16 })
 	if code, body := call(t, "POST", base+"/v1/load_lora_adapter", `{"lora_name":"law","lora_path":"/nowhere/law"}`); code != http.StatusBadRequest || !strings.Contains(body, "--max-loras 2") {
 		t.Fatalf("a third adapter with --max-loras 2: %d %s, want 400", code, body)
 	}
@@ -71,7 +73,7 @@ func TestLoRAAdapters(t *testing.T) {
 	if code, _ := call(t, "POST", base+"/v1/unload_lora_adapter", `{"lora_name":"code"}`); code != http.StatusNotFound {
 		t.Fatalf("unload code twice: %d, want 404", code)
 	}
-	waitFor(t, "code's memory freed", func() bool { return usedMiB(t, usage) == before+64 })
+	testutil.Until(t, 20*time.Second, "code's memory freed", func() bool { return usedMiB(t, usage) == before+64 })
 	if code, _ := chat("code"); code != http.StatusNotFound {
 		t.Fatalf("request for unloaded code: %d, want 404", code)
 	}
@@ -103,7 +105,7 @@ func TestLoRAAdaptersShareTheBatch(t *testing.T) {
 		})
 	}
 	// Both requests are in flight together at some point: one batch.
-	waitFor(t, "both adapters' requests in one batch", func() bool { return getStatus(t, base).InFlight == 2 })
+	testutil.Until(t, 20*time.Second, "both adapters' requests in one batch", func() bool { return getStatus(t, base).InFlight == 2 })
 	wg.Wait()
 }
 
