@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/cenkalti/backoff/v5"
 	"github.com/hashicorp/raft"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -361,7 +362,10 @@ func (c *Cluster) dryRunLocal(ctx context.Context, env *pb.Envelope) (*pb.Result
 func onLeader[T any](ctx context.Context, c *Cluster, local func() (T, error), forward func(Forwarder, string) (T, error)) (T, error) {
 	var zero T
 	start := time.Now()
-	backoff := 10 * time.Millisecond
+	// Not backoff.Retry: the wait between attempts ends early when the
+	// leader changes (waitLeaderChange), which a timer-driven retry cannot do.
+	wait := &backoff.ExponentialBackOff{InitialInterval: 10 * time.Millisecond, Multiplier: 2, MaxInterval: 200 * time.Millisecond}
+	wait.Reset()
 	var lastErr error
 	for {
 		var (
@@ -409,10 +413,9 @@ func onLeader[T any](ctx context.Context, c *Cluster, local func() (T, error), f
 		if ctx.Err() != nil || time.Since(start) > maxLeaderWait {
 			return zero, noLeader(ctx, lastErr)
 		}
-		if !waitLeaderChange(ctx, c, leader, backoff) {
+		if !waitLeaderChange(ctx, c, leader, wait.NextBackOff()) {
 			return zero, noLeader(ctx, lastErr)
 		}
-		backoff = min(2*backoff, 200*time.Millisecond)
 	}
 }
 

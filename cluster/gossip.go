@@ -17,6 +17,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/cenkalti/backoff/v5"
 	"github.com/hashicorp/memberlist"
 )
 
@@ -268,20 +269,22 @@ func (g *Gossip) others(addrs []string) []string {
 // attempts with jitter so that servers started together do not retry in
 // lockstep (1 s, growing to 10 s, each ±50 %).
 func (g *Gossip) JoinRetry(addrs []string, stop <-chan struct{}, log *slog.Logger) {
-	wait := time.Second
-	for {
-		if _, err := g.Join(addrs); err == nil {
-			return
-		} else {
-			log.Warn("join failed, retrying", "addrs", addrs, "err", err, "in", wait)
-		}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() {
 		select {
 		case <-stop:
-			return
-		case <-time.After(time.Duration(float64(wait) * (0.5 + rand.Float64()))):
+			cancel()
+		case <-ctx.Done():
 		}
-		wait = min(2*wait, 10*time.Second)
-	}
+	}()
+	b := &backoff.ExponentialBackOff{InitialInterval: time.Second, RandomizationFactor: 0.5, Multiplier: 2, MaxInterval: 10 * time.Second}
+	// Only stop ends the retries, hence no elapsed-time limit.
+	_, _ = backoff.Retry(ctx, func() (int, error) { return g.Join(addrs) },
+		backoff.WithBackOff(b), backoff.WithMaxElapsedTime(0),
+		backoff.WithNotify(func(err error, wait time.Duration) {
+			log.Warn("join failed, retrying", "addrs", addrs, "err", err, "in", wait)
+		}))
 }
 
 // SetMeta changes what this node announces and gossips the change.

@@ -18,6 +18,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/cenkalti/backoff/v5"
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/protobuf/proto"
 
@@ -354,18 +355,13 @@ func (a *Agent) localNode() *pb.Node {
 // registerLoop registers the node, retrying until it succeeds or the agent
 // stops: on first start the cluster may still be forming.
 func (a *Agent) registerLoop() {
-	ctx := a.loopCtx
-	for ctx.Err() == nil {
-		err := a.register(ctx)
-		if err == nil {
-			close(a.registered)
-			return
-		}
-		a.cfg.Logger.Info("register node: retrying", "err", err)
-		select {
-		case <-ctx.Done():
-		case <-time.After(time.Second):
-		}
+	// Each attempt already waits up to 30 s for a leader, so a constant
+	// second between attempts is enough; only the agent's stop ends them.
+	_, err := backoff.Retry(a.loopCtx, func() (struct{}, error) { return struct{}{}, a.register(a.loopCtx) },
+		backoff.WithBackOff(backoff.NewConstantBackOff(time.Second)), backoff.WithMaxElapsedTime(0),
+		backoff.WithNotify(func(err error, _ time.Duration) { a.cfg.Logger.Info("register node: retrying", "err", err) }))
+	if err == nil {
+		close(a.registered)
 	}
 }
 

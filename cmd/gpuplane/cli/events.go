@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+	"github.com/cenkalti/backoff/v5"
 	"github.com/spf13/cobra"
 	"google.golang.org/protobuf/proto"
 
@@ -147,7 +148,8 @@ func (g *globals) streamEvents(cmd *cobra.Command, req *pb.WatchRequest) error {
 			return err
 		}
 	}
-	retry := followFirstRetry
+	retry := &backoff.ExponentialBackOff{InitialInterval: followFirstRetry, Multiplier: 2, MaxInterval: followMaxRetry}
+	retry.Reset()
 	for attempt := 0; ; attempt++ {
 		addr := addrs[attempt%len(addrs)]
 		events, _, err := g.logClients(cmd, addr)
@@ -167,7 +169,7 @@ func (g *globals) streamEvents(cmd *cobra.Command, req *pb.WatchRequest) error {
 					return err
 				}
 				next = ev.GetIndex() + 1
-				retry = followFirstRetry
+				retry.Reset()
 			}
 			err = stream.Err()
 			stream.Close()
@@ -186,9 +188,8 @@ func (g *globals) streamEvents(cmd *cobra.Command, req *pb.WatchRequest) error {
 		select {
 		case <-ctx(cmd).Done():
 			return nil
-		case <-time.After(retry):
+		case <-time.After(retry.NextBackOff()):
 		}
-		retry = min(2*retry, followMaxRetry)
 	}
 }
 
