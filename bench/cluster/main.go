@@ -52,7 +52,6 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"connectrpc.com/connect"
@@ -75,6 +74,7 @@ func main() {
 	etcdBin := flag.String("etcd", "etcd", "etcd binary for the comparison (skipped when not found)")
 	flag.DurationVar(&idle, "idle", 0, "first leave the three servers idle this long and count term changes (spurious elections)")
 	flag.StringVar(&cpuProfile, "cpuprofile", "", "write a CPU profile of this process during the throughput runs (the servers too with -inproc; etcd's clients are in it as well)")
+	flag.StringVar(&serverProfiles, "server-cpuprofile", "", "directory for CPU profiles of the three server processes, one per server and client count, fetched from their /debug/pprof/profile during each throughput run")
 	flag.BoolVar(&inproc, "inproc", false, "run the three gpuplane servers inside this process (the old mode) instead of as three processes")
 	flag.StringVar(&bin, "bin", "", "gpuplane binary for the server processes (default: go build ./cmd/gpuplane into a temp dir)")
 	flag.Func("server-env", "NAME=VALUE added to the gpuplane server processes' environment (not etcd's), e.g. GOGC=200; repeatable", func(v string) error {
@@ -123,6 +123,8 @@ func main() {
 var (
 	slice      time.Duration
 	cpuProfile string
+	// serverProfiles is -server-cpuprofile.
+	serverProfiles string
 	idle       time.Duration
 	inproc     bool
 	bin        string
@@ -218,7 +220,11 @@ func run(trials, gossipN int, clients []int, d time.Duration, etcdBin string) er
 		if etcd != nil {
 			systems = append(systems, &system{w: etcd.writer(), pids: etcd.pids})
 		}
+		profiled := profileServers(servers, n, time.Duration(len(systems))*d)
 		if err := interleave(n, d, slice, systems); err != nil {
+			return err
+		}
+		if err := profiled(); err != nil {
 			return err
 		}
 		var rates []float64
@@ -341,6 +347,50 @@ func (s *server) url() string {
 	return "http://" + net.JoinHostPort("127.0.0.1", strconv.Itoa(s.cfg.APIPort))
 }
 
+// profileServers fetches a CPU profile of length d from each server process's
+// /debug/pprof/profile (the servers run without ACLs) into
+// -server-cpuprofile, named after the server and the client count; the
+// function it returns waits for them. Without the flag, or with -inproc
+// (whose servers are in -cpuprofile), it does nothing.
+func profileServers(servers []*server, clients int, d time.Duration) func() error {
+	if serverProfiles == "" || inproc {
+		return func() error { return nil }
+	}
+	errs := make(chan error, len(servers))
+	for _, s := range servers {
+		path := filepath.Join(serverProfiles, fmt.Sprintf("%s-%dclients.pprof", s.cfg.NodeName, clients))
+		url := fmt.Sprintf("%s/debug/pprof/profile?seconds=%d", s.url(), int(d.Round(time.Second)/time.Second))
+		go func() { errs <- fetchTo(url, path) }()
+	}
+	return func() error {
+		var all []error
+		for range servers {
+			all = append(all, <-errs)
+		}
+		return errors.Join(all...)
+	}
+}
+
+func fetchTo(url, path string) error {
+	resp, err := http.Get(url)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("%s: %s", url, resp.Status)
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(f, resp.Body); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
+}
+
 func (s *server) running() bool { return s.a != nil || s.cmd != nil }
 
 func (s *server) start() error {
@@ -361,10 +411,6 @@ func (s *server) start() error {
 	cmd := exec.Command(s.bin, args...)
 	cmd.Stdout, cmd.Stderr = f, f
 	cmd.Env = append(os.Environ(), serverEnv...)
-	if p := os.Getenv("GPUPLANE_BENCH_CPUPROFILE_DIR"); p != "" {
-		// The gpuplane binary writes a CPU profile there (cmd/gpuplane).
-		cmd.Env = append(cmd.Env, "GPUPLANE_CPUPROFILE="+filepath.Join(p, c.NodeName+".pprof"))
-	}
 	if err := cmd.Start(); err != nil {
 		f.Close()
 		return err
@@ -383,14 +429,6 @@ func (s *server) stop() {
 		s.a = nil
 	}
 	if s.cmd != nil {
-		if os.Getenv("GPUPLANE_BENCH_CPUPROFILE_DIR") != "" {
-			// A profiling agent writes its profile when it stops cleanly.
-			s.cmd.Process.Signal(syscall.SIGTERM)
-			select {
-			case <-s.done:
-			case <-time.After(10 * time.Second):
-			}
-		}
 		s.cmd.Process.Kill()
 		<-s.done
 		s.cmd = nil
