@@ -12,9 +12,9 @@ import (
 
 	"github.com/hashicorp/raft"
 
-	"github.com/gpuplane/gpuplane/cluster/porttest"
 	"github.com/gpuplane/gpuplane/cluster/raftstore"
 	"github.com/gpuplane/gpuplane/fsm"
+	"github.com/gpuplane/gpuplane/internal/porttest"
 	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
 )
 

@@ -14,8 +14,8 @@ import (
 	"connectrpc.com/connect"
 
 	"github.com/gpuplane/gpuplane/cluster"
-	"github.com/gpuplane/gpuplane/cluster/porttest"
 	"github.com/gpuplane/gpuplane/fsm"
+	"github.com/gpuplane/gpuplane/internal/porttest"
 	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
 	"github.com/gpuplane/gpuplane/proto/gpuplane/v1/gpuplanev1connect"
 	"github.com/gpuplane/gpuplane/rpc"

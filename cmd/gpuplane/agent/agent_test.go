@@ -15,9 +15,9 @@ import (
 	"time"
 
 	"github.com/gpuplane/gpuplane/cluster"
-	"github.com/gpuplane/gpuplane/cluster/porttest"
 	"github.com/gpuplane/gpuplane/cmd/gpuplane/agent"
 	"github.com/gpuplane/gpuplane/cmd/gpuplane/cli"
+	"github.com/gpuplane/gpuplane/internal/porttest"
 	"github.com/gpuplane/gpuplane/internal/testutil"
 )
 

@@ -11,8 +11,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/gpuplane/gpuplane/cluster/porttest"
 	"github.com/gpuplane/gpuplane/cmd/gpuplane/agent"
+	"github.com/gpuplane/gpuplane/internal/porttest"
 )
 
 // startDevAgent runs a real single-node agent in-process (Raft on disk,

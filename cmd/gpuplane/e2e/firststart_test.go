@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/gpuplane/gpuplane/cluster/porttest"
+	"github.com/gpuplane/gpuplane/internal/porttest"
 	"github.com/gpuplane/gpuplane/node/inventory"
 )
 

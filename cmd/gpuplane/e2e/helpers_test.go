@@ -20,7 +20,7 @@ import (
 
 	"connectrpc.com/connect"
 
-	"github.com/gpuplane/gpuplane/cluster/porttest"
+	"github.com/gpuplane/gpuplane/internal/porttest"
 	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
 	"github.com/gpuplane/gpuplane/proto/gpuplane/v1/gpuplanev1connect"
 	"github.com/gpuplane/gpuplane/rpc"
