@@ -123,13 +123,13 @@ func main() {
 var (
 	slice      time.Duration
 	cpuProfile string
-	// serverProfiles is -server-cpuprofile.
-	serverProfiles string
 	idle       time.Duration
 	inproc     bool
 	bin        string
 	serverEnv  []string // -server-env
 	clientHTTP string   // -client-http
+
+	serverProfiles string // -server-cpuprofile
 )
 
 func run(trials, gossipN int, clients []int, d time.Duration, etcdBin string) error {
