@@ -10,6 +10,7 @@ import (
 
 	"github.com/hashicorp/raft"
 
+	"github.com/gpuplane/gpuplane/cluster/tlsutil"
 	"github.com/gpuplane/gpuplane/fsm"
 	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
 )
@@ -56,7 +57,7 @@ type Config struct {
 	Gateway string
 	// TLS, when set, runs Raft over mutual TLS: servers accept and dial only
 	// peers whose certificates chain to its CA.
-	TLS *TLS
+	TLS *tlsutil.TLS
 	// GossipKey, when set, encrypts and authenticates gossip (memberlist's
 	// keyring, AES-GCM); a node without the same key cannot join.
 	GossipKey []byte

@@ -8,6 +8,8 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/raft"
+
+	"github.com/gpuplane/gpuplane/cluster/tlsutil"
 )
 
 // contactTransport is raft's TCP transport that also records, per server,
@@ -25,7 +27,7 @@ type contactTransport struct {
 
 // newTransport listens for Raft on bind: over mutual TLS when t is set,
 // plain TCP otherwise.
-func newTransport(bind, advertise string, t *TLS, logger hclog.Logger) (*contactTransport, error) {
+func newTransport(bind, advertise string, t *tlsutil.TLS, logger hclog.Logger) (*contactTransport, error) {
 	adv, err := net.ResolveTCPAddr("tcp", advertise)
 	if err != nil {
 		return nil, fmt.Errorf("raft advertise address %q: %w", advertise, err)
@@ -46,8 +48,8 @@ func newTransport(bind, advertise string, t *TLS, logger hclog.Logger) (*contact
 	if t == nil {
 		nt, err = raft.NewTCPTransportWithConfig(bind, adv, cfg)
 	} else {
-		var stream *tlsStreamLayer
-		if stream, err = newTLSStreamLayer(bind, adv, t); err == nil {
+		var stream *tlsutil.StreamLayer
+		if stream, err = tlsutil.NewStreamLayer(bind, adv, t); err == nil {
 			cfg.Stream = stream
 			nt = raft.NewNetworkTransportWithConfig(cfg)
 		}

@@ -34,7 +34,7 @@ func HTTPClient() *http.Client {
 }
 
 // PeerHTTPClient returns the client a node uses to call other nodes (and
-// its own API). With tlsConf (cluster.TLS.PeerClientConfig: this node's
+// its own API). With tlsConf (tlsutil.TLS.PeerClientConfig: this node's
 // certificate, the cluster's CA) it speaks HTTP/2 over TLS and sends every
 // request over TLS, even one built with an http:// URL (BaseURL's), so that
 // no path between nodes can fall back to plaintext. With agentToken it

@@ -22,7 +22,7 @@ import (
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
 
-	"github.com/gpuplane/gpuplane/cluster"
+	"github.com/gpuplane/gpuplane/cluster/tlsutil"
 	"github.com/gpuplane/gpuplane/cmd/gpuplane/agent"
 	"github.com/gpuplane/gpuplane/internal/testutil"
 	"github.com/gpuplane/gpuplane/node/gateway/queue"
@@ -725,7 +725,7 @@ func TestGatewayACL(t *testing.T) {
 // and is served there as the tenant of the client's token.
 func TestGatewaySecureForwarding(t *testing.T) {
 	dir := t.TempDir()
-	if _, err := cluster.CreateCA(dir); err != nil {
+	if _, err := tlsutil.CreateCA(dir); err != nil {
 		t.Fatal(err)
 	}
 	s1, s2 := secureNode(t, dir, "s1", true, ""), secureNode(t, dir, "s2", true, "")
@@ -733,7 +733,7 @@ func TestGatewaySecureForwarding(t *testing.T) {
 	s1.cfg.Join, s2.cfg.Join = join, join
 	s1.start(t)
 	s2.start(t)
-	ca := []string{"--ca", dir + "/" + cluster.CACertFile}
+	ca := []string{"--ca", dir + "/" + tlsutil.CACertFile}
 	var boot struct{ Secret string }
 	testutil.Eventually(t, 30*time.Second, "acl bootstrap", func() error {
 		out, errOut, code := secureCLI(s1, ca, "acl", "bootstrap", "-o", "json")
@@ -770,7 +770,7 @@ func TestGatewaySecureForwarding(t *testing.T) {
 	if holder == "s1" {
 		other, held = s2, s1
 	}
-	pool, err := cluster.LoadCAPool(dir + "/" + cluster.CACertFile)
+	pool, err := tlsutil.LoadCAPool(dir + "/" + tlsutil.CACertFile)
 	if err != nil {
 		t.Fatal(err)
 	}

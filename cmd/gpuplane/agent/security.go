@@ -8,7 +8,7 @@ import (
 	"net/http"
 	"strings"
 
-	"github.com/gpuplane/gpuplane/cluster"
+	"github.com/gpuplane/gpuplane/cluster/tlsutil"
 	"github.com/gpuplane/gpuplane/rpc"
 )
 
@@ -32,7 +32,7 @@ type SecurityConfig struct {
 
 // security is the loaded SecurityConfig.
 type security struct {
-	tls       *cluster.TLS // nil: plaintext
+	tls       *tlsutil.TLS // nil: plaintext
 	gossipKey []byte
 	// agentToken is SecurityConfig.AgentToken or a random one.
 	agentToken string
@@ -52,7 +52,7 @@ func loadSecurity(c SecurityConfig, node string) (security, error) {
 		s.agentToken = base64.RawURLEncoding.EncodeToString(b)
 	}
 	if c.TLSCert != "" || c.TLSKey != "" || c.TLSCA != "" {
-		t, err := cluster.LoadTLS(c.TLSCert, c.TLSKey, c.TLSCA)
+		t, err := tlsutil.LoadTLS(c.TLSCert, c.TLSKey, c.TLSCA)
 		if err != nil {
 			return s, err
 		}

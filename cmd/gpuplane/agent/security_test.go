@@ -14,7 +14,7 @@ import (
 
 	"connectrpc.com/connect"
 
-	"github.com/gpuplane/gpuplane/cluster"
+	"github.com/gpuplane/gpuplane/cluster/tlsutil"
 	"github.com/gpuplane/gpuplane/cmd/gpuplane/agent"
 	"github.com/gpuplane/gpuplane/cmd/gpuplane/cli"
 	"github.com/gpuplane/gpuplane/internal/testutil"
@@ -29,12 +29,12 @@ func secureNode(t *testing.T, certDir, name string, server bool, key string) *no
 	if server {
 		n.cfg.BootstrapExpect = 2
 	}
-	cert, keyFile := cluster.NodeCertFiles(certDir, name)
-	if _, _, err := cluster.CreateCert(certDir, cluster.CertRequest{Node: name}); err != nil {
+	cert, keyFile := tlsutil.NodeCertFiles(certDir, name)
+	if _, _, err := tlsutil.CreateCert(certDir, tlsutil.CertRequest{Node: name}); err != nil {
 		t.Fatal(err)
 	}
 	n.cfg.SecurityConfig = agent.SecurityConfig{
-		TLSCert: cert, TLSKey: keyFile, TLSCA: certDir + "/" + cluster.CACertFile, Encrypt: key, ACL: true,
+		TLSCert: cert, TLSKey: keyFile, TLSCA: certDir + "/" + tlsutil.CACertFile, Encrypt: key, ACL: true,
 	}
 	return n
 }
@@ -60,7 +60,7 @@ func secureCLI(n *node, flags []string, args ...string) (string, string, int) {
 // audit log names each change's token.
 func TestSecureCluster(t *testing.T) {
 	dir := t.TempDir()
-	if _, err := cluster.CreateCA(dir); err != nil {
+	if _, err := tlsutil.CreateCA(dir); err != nil {
 		t.Fatal(err)
 	}
 	keyOut, _, code := secureCLI(&node{}, nil, "keygen")
@@ -76,7 +76,7 @@ func TestSecureCluster(t *testing.T) {
 	s1.cfg.Join, s2.cfg.Join = join, join
 	s1.start(t)
 	s2.start(t)
-	ca := []string{"--ca", dir + "/" + cluster.CACertFile}
+	ca := []string{"--ca", dir + "/" + tlsutil.CACertFile}
 
 	// Bootstrap once the two servers have formed the cluster.
 	var boot struct{ Name, Role, Secret string }
@@ -111,7 +111,7 @@ func TestSecureCluster(t *testing.T) {
 	if code != 1 || !strings.Contains(errOut, "ACLs on") {
 		t.Fatalf("no token: exit %d, %s", code, errOut)
 	}
-	caPool, err := cluster.LoadCAPool(dir + "/" + cluster.CACertFile)
+	caPool, err := tlsutil.LoadCAPool(dir + "/" + tlsutil.CACertFile)
 	if err != nil {
 		t.Fatal(err)
 	}

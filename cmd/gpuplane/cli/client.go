@@ -14,7 +14,7 @@ import (
 	"connectrpc.com/connect"
 	"github.com/spf13/cobra"
 
-	"github.com/gpuplane/gpuplane/cluster"
+	"github.com/gpuplane/gpuplane/cluster/tlsutil"
 	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
 	"github.com/gpuplane/gpuplane/proto/gpuplane/v1/gpuplanev1connect"
 )
@@ -75,7 +75,7 @@ func newHTTPClient(caFile string) (*http.Client, error) {
 	if caFile == "" {
 		return &http.Client{}, nil
 	}
-	pool, err := cluster.LoadCAPool(caFile)
+	pool, err := tlsutil.LoadCAPool(caFile)
 	if err != nil {
 		return nil, fmt.Errorf("--ca: %w", err)
 	}

@@ -6,7 +6,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/gpuplane/gpuplane/cluster"
+	"github.com/gpuplane/gpuplane/cluster/tlsutil"
 )
 
 // `gpuplane tls`: a development CA and node certificates, made with Go's
@@ -23,15 +23,15 @@ func newTLSCreateCACommand(g *globals) *cobra.Command {
 	var dir string
 	c := &cobra.Command{
 		Use:   "create-ca",
-		Short: "Create the cluster's CA (" + cluster.CACertFile + " and its key) in --dir",
+		Short: "Create the cluster's CA (" + tlsutil.CACertFile + " and its key) in --dir",
 		Args:  argsNamed(),
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			path, err := cluster.CreateCA(dir)
+			path, err := tlsutil.CreateCA(dir)
 			if err != nil {
 				return err
 			}
 			fmt.Fprintf(g.stdout, "created %s (give it to every agent as --tls-ca and to the CLI as --ca)\n", path)
-			fmt.Fprintf(g.stdout, "created %s (keep it private: it signs node certificates)\n", cluster.CAKeyFile)
+			fmt.Fprintf(g.stdout, "created %s (keep it private: it signs node certificates)\n", tlsutil.CAKeyFile)
 			return nil
 		},
 	}
@@ -54,7 +54,7 @@ is valid for the node name, localhost, 127.0.0.1 and ::1, plus every --ip and
 			if node == "" {
 				return usageErrorf(cmd, "--node is required")
 			}
-			req := cluster.CertRequest{Node: node, DNS: dns}
+			req := tlsutil.CertRequest{Node: node, DNS: dns}
 			for _, s := range ips {
 				ip := net.ParseIP(s)
 				if ip == nil {
@@ -62,7 +62,7 @@ is valid for the node name, localhost, 127.0.0.1 and ::1, plus every --ip and
 				}
 				req.IPs = append(req.IPs, ip)
 			}
-			cert, key, err := cluster.CreateCert(dir, req)
+			cert, key, err := tlsutil.CreateCert(dir, req)
 			if err != nil {
 				return err
 			}

@@ -1,4 +1,4 @@
-package cluster
+package tlsutil
 
 import (
 	"crypto/ecdsa"

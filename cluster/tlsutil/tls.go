@@ -1,4 +1,4 @@
-package cluster
+package tlsutil
 
 import (
 	"crypto/tls"
@@ -116,27 +116,30 @@ func verifyChain(certs []*x509.Certificate, roots *x509.CertPool, usage x509.Ext
 	return nil
 }
 
-// tlsStreamLayer carries Raft over mutual TLS: raft's NetworkTransport on
+// StreamLayer carries Raft over mutual TLS: raft's NetworkTransport on
 // top of it is the same as over plain TCP.
-type tlsStreamLayer struct {
+type StreamLayer struct {
 	net.Listener
 	advertise net.Addr
 	client    *tls.Config
 }
 
-func newTLSStreamLayer(bind string, advertise net.Addr, t *TLS) (*tlsStreamLayer, error) {
+// NewStreamLayer listens on bind for Raft peers presenting a certificate of
+// t's CA, and dials them with t's certificate.
+func NewStreamLayer(bind string, advertise net.Addr, t *TLS) (*StreamLayer, error) {
 	ln, err := net.Listen("tcp", bind)
 	if err != nil {
 		return nil, err
 	}
 	// The handshake runs on the connection's first read, in raft's
 	// per-connection goroutine, so a slow peer does not hold up Accept.
-	return &tlsStreamLayer{Listener: tls.NewListener(ln, t.PeerServerConfig()), advertise: advertise, client: t.PeerClientConfig()}, nil
+	return &StreamLayer{Listener: tls.NewListener(ln, t.PeerServerConfig()), advertise: advertise, client: t.PeerClientConfig()}, nil
 }
 
 // Addr is the address other servers dial, not the bind address.
-func (l *tlsStreamLayer) Addr() net.Addr { return l.advertise }
+func (l *StreamLayer) Addr() net.Addr { return l.advertise }
 
-func (l *tlsStreamLayer) Dial(address raft.ServerAddress, timeout time.Duration) (net.Conn, error) {
+// Dial connects to a Raft peer over mutual TLS.
+func (l *StreamLayer) Dial(address raft.ServerAddress, timeout time.Duration) (net.Conn, error) {
 	return tls.DialWithDialer(&net.Dialer{Timeout: timeout}, "tcp", string(address), l.client)
 }
