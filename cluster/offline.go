@@ -19,7 +19,7 @@ import (
 )
 
 // LogReader is what the audit and event code reads a Raft log through: the
-// live node's store, or a stopped node's raft.db opened read-only.
+// live node's store, or a stopped node's log opened read-only (OpenOffline).
 type LogReader interface {
 	FirstIndex() (uint64, error)
 	LastIndex() (uint64, error)
