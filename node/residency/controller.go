@@ -58,6 +58,9 @@ type Config struct {
 	MaxBackoff   time.Duration
 	// MaxDecisions bounds the decision log kept in memory (default 1024).
 	MaxDecisions int
+	// Profiler, when set, is shared with the node's other controllers;
+	// nil gives the controller one of its own.
+	Profiler *Profiler
 }
 
 func (c Config) withDefaults() (Config, error) {
@@ -174,7 +177,7 @@ type Controller struct {
 	usable int64
 	reps   []replica
 	index  map[ModelID]int
-	prof   profiler
+	prof   *profiler
 
 	evictions  []eviction
 	serialized map[pairKey]time.Time
@@ -219,7 +222,11 @@ func New(cfg Config, clock Clock) (*Controller, error) {
 		return nil, fmt.Errorf("residency: clock: must not be nil")
 	}
 	usable := cfg.Memory - int64(float64(cfg.Memory)*cfg.HeadroomPercent/100)
+	if cfg.Profiler == nil {
+		cfg.Profiler = NewProfiler()
+	}
 	return &Controller{
+		prof:       &cfg.Profiler.p,
 		cfg:        cfg,
 		clock:      clock,
 		usable:     usable,
@@ -243,7 +250,8 @@ func (c *Controller) ViolationCount() int { return c.violationCount }
 // Violations returns the most recent violations (up to 16), oldest first.
 func (c *Controller) Violations() []Violation { return append([]Violation(nil), c.violations...) }
 
-// Profiles returns what the profiler learned, ordered by key.
+// Profiles returns what the profiler learned, ordered by key (with a shared
+// Profiler, what every controller sharing it learned).
 func (c *Controller) Profiles() []Profile { return c.prof.all() }
 
 // Decisions returns the decision log kept in memory, oldest first.
@@ -468,7 +476,7 @@ func (c *Controller) observe(ev Event, now time.Time) error {
 			// Only adapters confirmed loaded are surely in the sample; one
 			// loading or unloading may or may not be, and counting it in
 			// the base errs on the safe side.
-			r.prof.memory(r.state, e.Bytes-c.loadedAdapterBytes(r))
+			r.prof.memory(r.state, e.Bytes-c.loadedAdapterBytes(r), r.dep.Share)
 		}
 	case DeploymentAdded:
 		return c.upsert(e.Deployment, now)

@@ -7,11 +7,22 @@ import (
 )
 
 // Figures the controller uses for a replica: the profiler's measurement once
-// there is one, the deployment's prior before.
+// there is one, the deployment's prior before. Memory learned from a replica
+// of the variant with another share counts up to this replica's share: an
+// engine sizes its KV pool by its share, so a larger one's footprint would
+// make a smaller one claim more than was ever promised to it. The last
+// sample of the replica itself still counts in full (cost).
+
+func (c *Controller) learned(r *replica, v int64) int64 {
+	if r.prof.share != r.dep.Share {
+		return min(v, r.dep.Share)
+	}
+	return v
+}
 
 func (c *Controller) footprint(r *replica) int64 {
 	if r.prof.Footprint > 0 {
-		return r.prof.Footprint
+		return c.learned(r, r.prof.Footprint)
 	}
 	if r.dep.Footprint > 0 {
 		return r.dep.Footprint
@@ -21,12 +32,12 @@ func (c *Controller) footprint(r *replica) int64 {
 
 // peak is the cost of a load in progress: never below the footprint.
 func (c *Controller) peak(r *replica) int64 {
-	return max(r.dep.Peak, c.footprint(r), r.prof.Peak)
+	return max(r.dep.Peak, c.footprint(r), c.learned(r, r.prof.Peak))
 }
 
 func (c *Controller) residual(r *replica) int64 {
 	if r.prof.Residual > 0 {
-		return r.prof.Residual
+		return c.learned(r, r.prof.Residual)
 	}
 	return r.dep.Residual
 }

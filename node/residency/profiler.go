@@ -22,6 +22,10 @@ type Profile struct {
 	TokensPerSecond float64
 	Loads, Wakes    int
 	Failures        int
+	// share is the share of the replica whose sample set the memory
+	// figures: a replica of the variant with another share (its KV pool
+	// sized apart) takes them only up to its own share (ledger.go).
+	share int64
 }
 
 // profileAlpha weighs the newest observation of a time.
@@ -39,6 +43,19 @@ func ewmaDuration(old time.Duration, n int, obs time.Duration) time.Duration {
 type profiler struct {
 	m map[ProfileKey]*Profile
 }
+
+// Profiler keeps what controllers learn, per variant. A node gives one to
+// all of its cards' controllers (Config.Profiler), so that what one card
+// learned about a variant serves a replica of it on another card and
+// outlives the card's controller. Like a Controller it is not safe for
+// concurrent use: the controllers sharing it run from one loop.
+type Profiler struct{ p profiler }
+
+// NewProfiler returns an empty Profiler.
+func NewProfiler() *Profiler { return &Profiler{} }
+
+// Profiles returns copies of every profile, ordered by key.
+func (p *Profiler) Profiles() []Profile { return p.p.all() }
 
 func (p *profiler) get(k ProfileKey) *Profile {
 	if p.m == nil {
@@ -62,7 +79,10 @@ func (pr *Profile) woke(d time.Duration) {
 	pr.Wakes++
 }
 
-func (pr *Profile) memory(s State, bytes int64) {
+func (pr *Profile) memory(s State, bytes, share int64) {
+	if s != Cold && s != Failed {
+		pr.share = share
+	}
 	switch s {
 	case Resident, Draining:
 		pr.Footprint = max(pr.Footprint, bytes)
