@@ -413,8 +413,12 @@ type result struct {
 // attempt sends the request to its engine once.
 func (g *Gateway) attempt(ctx context.Context, w http.ResponseWriter, req *request, url, kind string, m *Model, labels []string, pd *pending, c *card) result {
 	fields := map[string]string{}
-	if req.adapter != "" {
+	switch {
+	case req.adapter != "":
 		fields["model"] = req.adapter
+	case req.model != m.Served:
+		// An alias: the engine knows the deployment by its served name.
+		fields["model"] = m.Served
 	}
 	if engine.AcceptsCacheSalt(kind) {
 		if s := g.saltFor(req.who.tenant, m.Served); s != "" {

@@ -1,8 +1,11 @@
 package cli
 
 import (
+	"slices"
 	"strings"
 	"testing"
+
+	"google.golang.org/protobuf/proto"
 
 	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
 )
@@ -39,5 +42,74 @@ func TestModelsGetShowsAdapterTiers(t *testing.T) {
 	}
 	if strings.Join(rows, "\n") != strings.Join(want, "\n") {
 		t.Fatalf("adapters:\n%s\nwant\n%s", strings.Join(rows, "\n"), strings.Join(want, "\n"))
+	}
+}
+
+// TestModelsDeployAdapterFlags: --adapter, --max-adapters and --alias reach
+// the server as the same spec a file would send; every bad one is refused
+// naming the flag as typed, and nothing is sent.
+func TestModelsDeployAdapterFlags(t *testing.T) {
+	f := &fakeAPI{}
+	m := sampleModels()
+	url := serveModels(t, f, m)
+	base := []string{"--addr", url, "models", "deploy", "chat", "--accelerator", "small", "--model", "/m", "--memory-percent", "40", "--engine", "sim"}
+	r := run(t, "", nil, append(slices.Clone(base), "--max-adapters", "8", "--adapter", "sql=/a/sql,rank=16",
+		"--adapter", "legal=hf://org/legal,rank=64,tenants=acme|beta", "--alias", "helpdesk", "--alias", "support")...)
+	if r.code != exitOK || r.stderr != "" {
+		t.Fatalf("deploy: %+v", r)
+	}
+	file := `resource: ModelDeployment
+resourceVersion: v1
+metadata: {name: chat}
+spec:
+  model: /m
+  placement: {accelerator: small}
+  engine: {kind: sim, memoryPercent: 40, maxAdapters: 8}
+  adapters:
+    - {name: sql, source: /a/sql, rank: 16}
+    - {name: legal, source: "hf://org/legal", rank: 64, tenants: [acme, beta]}
+  aliases: [helpdesk, support]
+`
+	if r := run(t, file, nil, "--addr", url, "apply", "-f", "-"); r.code != exitOK || !proto.Equal(m.applies[0], m.applies[1]) {
+		t.Fatalf("deploy sent %v\nthe same file sent %v (%+v)", m.applies[0], m.applies[1], r)
+	}
+	if got := m.applies[0].GetSpec(); len(got.GetAdapters()) != 2 || got.GetEngine().GetMaxAdapters() != 8 || len(got.GetAliases()) != 2 {
+		t.Fatalf("deploy sent %v", got)
+	}
+
+	tests := []struct {
+		args []string
+		code int
+		err  string // the first line of stderr
+	}{
+		{[]string{"--adapter", "sql=/a,rank=8", "--adapter", "sql=/b,rank=8"}, exitFailure,
+			`error: --adapter "sql=/b,rank=8": name: "sql" is already the name of spec.adapters[0]: adapter names are unique per deployment`},
+		{[]string{"--adapter", "sql=/a,rank=0"}, exitFailure, `error: --adapter "sql=/a,rank=0": rank: must be between 1 and 512, got 0`},
+		{[]string{"--adapter", "sql=/a,rank=513"}, exitFailure, `error: --adapter "sql=/a,rank=513": rank: must be between 1 and 512, got 513`},
+		{[]string{"--adapter", "sql=/a"}, exitFailure, `error: --adapter "sql=/a": rank: required: the adapter's LoRA rank, 1..512`},
+		{[]string{"--engine", "ollama", "--adapter", "sql=/a,rank=8"}, exitFailure,
+			"error: --adapter: engine ollama cannot load LoRA adapters at run time (an adapter is a separate Ollama model): use kind vllm or sim, or deploy the adapter as its own model"},
+		{[]string{"--max-adapters", "0"}, exitFailure, "error: --max-adapters: must be between 1 and 256, got 0"},
+		{[]string{"--max-adapters", "300"}, exitFailure, "error: --max-adapters: must be between 1 and 256, got 300"},
+		{[]string{"--adapter", "sql=/a,rank=8,tenants=Acme"}, exitFailure, `error: --adapter "sql=/a,rank=8,tenants=Acme": tenants[0]: "Acme" must be a DNS label: at most 63 lowercase letters, digits or '-', starting and ending with a letter or digit`},
+		{[]string{"--alias", "sql", "--adapter", "sql=/a,rank=8"}, exitFailure,
+			`error: --alias "sql": "sql" is the name of one of the deployment's adapters: requests could not tell the alias from the adapter`},
+		{[]string{"--alias", "a:b"}, exitFailure,
+			`error: --alias "a:b": "a:b" must be letters, digits, '.', '_' or '-', starting with a letter or digit (requests name it as model ALIAS or ALIAS:ADAPTER)`},
+		{[]string{"--adapter", "sql"}, exitUsage, `error: invalid argument "sql" for "--adapter" flag: want NAME=SOURCE first (such as sql=/adapters/sql,rank=16), got "sql"`},
+		{[]string{"--adapter", "sql=/a,rank=x"}, exitUsage, `error: invalid argument "sql=/a,rank=x" for "--adapter" flag: rank: want a whole number, got "x"`},
+		{[]string{"--adapter", "sql=/a,size=8"}, exitUsage, `error: invalid argument "sql=/a,size=8" for "--adapter" flag: unknown key "size": want rank=N or tenants=A|B after NAME=SOURCE`},
+	}
+	sent := len(m.applies)
+	for _, tt := range tests {
+		t.Run(strings.Join(tt.args, " "), func(t *testing.T) {
+			r := run(t, "", nil, append(slices.Clone(base), tt.args...)...)
+			if r.code != tt.code || strings.Split(r.stderr, "\n")[0] != tt.err || r.stdout != "" {
+				t.Errorf("code %d, stderr:\n%s\nwant %d and %q", r.code, r.stderr, tt.code, tt.err)
+			}
+		})
+	}
+	if len(m.applies) != sent {
+		t.Errorf("invalid deployments were sent: %v", m.applies[sent:])
 	}
 }
