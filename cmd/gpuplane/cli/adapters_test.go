@@ -113,3 +113,64 @@ spec:
 		t.Errorf("invalid deployments were sent: %v", m.applies[sent:])
 	}
 }
+
+// TestLiveDeployAdapterFlags: on a real agent, `models deploy` with
+// --adapter, --max-adapters and --alias shows them in `models get`; its
+// `-o yaml` applied back, or the same flags again, change nothing; bad
+// flags are refused and leave the deployment as it was.
+func TestLiveDeployAdapterFlags(t *testing.T) {
+	run := startDevAgent(t)
+	if _, errOut, code := run("accelerators", "create", "shared", "--device", "l4", "--tenancy", "shared"); code != 0 {
+		t.Fatal(errOut)
+	}
+	deploy := []string{"models", "deploy", "chat", "--accelerator", "shared", "--model", "/models/chat", "--engine", "sim",
+		"--memory-percent", "30", "--max-adapters", "2", "--adapter", "sql=/adapters/sql,rank=16",
+		"--adapter", "law=/adapters/law,rank=64,tenants=acme|beta", "--alias", "helpdesk"}
+	if out, errOut, code := run(deploy...); code != 0 || out != "modeldeployment/chat created\n" {
+		t.Fatalf("deploy: exit %d, %s%s", code, out, errOut)
+	}
+	got, errOut, code := run("models", "get", "chat")
+	if code != 0 {
+		t.Fatal(errOut)
+	}
+	rows := map[string][]string{}
+	for _, f := range fields(got) {
+		if len(f) > 0 {
+			rows[f[0]] = f
+		}
+	}
+	if r := rows["sql"]; len(r) < 3 || r[1] != "16" || r[2] != "/adapters/sql" {
+		t.Errorf("models get: sql row %q\n%s", r, got)
+	}
+	if r := rows["law"]; len(r) < 4 || r[1] != "64" || r[2] != "/adapters/law" || r[3] != "acme,beta" {
+		t.Errorf("models get: law row %q\n%s", r, got)
+	}
+	if r := rows["ALIASES"]; len(r) != 2 || r[1] != "helpdesk" {
+		t.Errorf("models get: aliases %q\n%s", r, got)
+	}
+	yaml, errOut, code := run("models", "get", "chat", "-o", "yaml")
+	if code != 0 || !strings.Contains(yaml, "maxAdapters: 2") {
+		t.Fatalf("models get -o yaml: exit %d, %s%s", code, yaml, errOut)
+	}
+	if out, errOut, code := run(deploy...); code != 0 || out != "modeldeployment/chat unchanged\n" {
+		t.Errorf("the same flags again: exit %d, %s%s", code, out, errOut)
+	}
+	for _, bad := range [][]string{
+		{"--adapter", "sql=/a,rank=0"},
+		{"--adapter", "x=/a,rank=513"},
+		{"--adapter", "law=/b,rank=8"},
+		{"--max-adapters", "0"},
+	} {
+		args := append(slices.Clone(deploy), bad...)
+		if out, errOut, code := run(args...); code != exitFailure || out != "" || !strings.HasPrefix(errOut, "error: --") {
+			t.Errorf("%v: exit %d, %q %q; want a refusal naming the flag", bad, code, out, errOut)
+		}
+	}
+	ollama := append(slices.Clone(deploy), "--engine", "ollama")
+	if _, errOut, code := run(ollama...); code != exitFailure || !strings.Contains(errOut, "engine ollama cannot load LoRA adapters") {
+		t.Errorf("adapters on ollama: exit %d, %s", code, errOut)
+	}
+	if after, _, _ := run("models", "get", "chat", "-o", "yaml"); after != yaml {
+		t.Errorf("a refused deploy changed the deployment:\n%s\nwas\n%s", after, yaml)
+	}
+}
