@@ -105,9 +105,10 @@ func (c Config) withDefaults() (Config, error) {
 // after a violation).
 type replica struct {
 	dep Deployment
-	// prof is what the profiler learned for dep's key (shared, not part of
-	// a step's trial copy).
+	// prof is what the profiler learned for dep's key, mem its memory
+	// figures at dep's share (shared, not part of a step's trial copy).
 	prof  *Profile
+	mem   *memFigures
 	state State
 	// since is when the replica entered its state; resident when it last
 	// became resident; opStart when the running load or wake began.
@@ -476,7 +477,7 @@ func (c *Controller) observe(ev Event, now time.Time) error {
 			// Only adapters confirmed loaded are surely in the sample; one
 			// loading or unloading may or may not be, and counting it in
 			// the base errs on the safe side.
-			r.prof.memory(r.state, e.Bytes-c.loadedAdapterBytes(r), r.dep.Share)
+			r.prof.memory(r.state, e.Bytes-c.loadedAdapterBytes(r), r.mem)
 		}
 	case DeploymentAdded:
 		return c.upsert(e.Deployment, now)
@@ -537,11 +538,13 @@ func (c *Controller) upsert(d Deployment, now time.Time) error {
 		}
 		r.dep = d
 		r.prof = c.prof.get(d.profileKey())
+		r.mem = r.prof.memAt(d.Share)
 		r.removed = false
 		return nil
 	}
 	c.index[d.Model] = len(c.reps)
-	c.reps = append(c.reps, replica{dep: d, prof: c.prof.get(d.profileKey()), state: Cold, since: now})
+	prof := c.prof.get(d.profileKey())
+	c.reps = append(c.reps, replica{dep: d, prof: prof, mem: prof.memAt(d.Share), state: Cold, since: now})
 	return nil
 }
 

@@ -535,3 +535,28 @@ func TestVariantsAreProfiledApart(t *testing.T) {
 		}
 	}
 }
+
+// TestVariantSharesBoundLearnedMemory: two pinned deployments of one
+// variant with shares that fill the card share a profile; the larger one's
+// learned footprint must not make the smaller one claim more than its
+// share, which would break I2 with promises that sum to the card.
+func TestVariantSharesBoundLearnedMemory(t *testing.T) {
+	w := newWorld(t, card)
+	small, trS := reserved("small/0", residency.Pinned, 8*gi)
+	big, trB := reserved("big/0", residency.Pinned, 14*gi)
+	small.Weights, big.Weights = "/models/llama", "/models/llama"
+	w.add(big, trB)
+	w.run(time.Minute)
+	w.add(small, trS)
+	w.run(time.Minute)
+	w.request("small/0", time.Second)
+	w.request("big/0", time.Second)
+	w.run(time.Minute)
+	w.assertClean()
+	if ps := w.c.Profiles(); len(ps) != 1 || ps[0].Footprint != 14*gi {
+		t.Fatalf("profiles %+v, want one for the variant, footprint 14Gi", ps)
+	}
+	if st, _ := w.c.Replica("small/0"); st.State != residency.Resident || st.Cost != 8*gi {
+		t.Errorf("small: %+v, want resident at its 8Gi", st)
+	}
+}

@@ -7,22 +7,15 @@ import (
 )
 
 // Figures the controller uses for a replica: the profiler's measurement once
-// there is one, the deployment's prior before. Memory learned from a replica
-// of the variant with another share counts up to this replica's share: an
-// engine sizes its KV pool by its share, so a larger one's footprint would
-// make a smaller one claim more than was ever promised to it. The last
-// sample of the replica itself still counts in full (cost).
-
-func (c *Controller) learned(r *replica, v int64) int64 {
-	if r.prof.share != r.dep.Share {
-		return min(v, r.dep.Share)
-	}
-	return v
-}
+// there is one, the deployment's prior before. Times are learned per
+// variant; memory per variant and share, since an engine sizes its KV pool
+// by its share: a larger replica's footprint must not make a smaller one
+// claim more than was promised to it, nor a smaller one's understate a
+// larger one's.
 
 func (c *Controller) footprint(r *replica) int64 {
-	if r.prof.Footprint > 0 {
-		return c.learned(r, r.prof.Footprint)
+	if f := r.mem.footprint; f > 0 {
+		return f
 	}
 	if r.dep.Footprint > 0 {
 		return r.dep.Footprint
@@ -32,12 +25,12 @@ func (c *Controller) footprint(r *replica) int64 {
 
 // peak is the cost of a load in progress: never below the footprint.
 func (c *Controller) peak(r *replica) int64 {
-	return max(r.dep.Peak, c.footprint(r), c.learned(r, r.prof.Peak))
+	return max(r.dep.Peak, c.footprint(r), r.mem.peak)
 }
 
 func (c *Controller) residual(r *replica) int64 {
-	if r.prof.Residual > 0 {
-		return c.learned(r, r.prof.Residual)
+	if v := r.mem.residual; v > 0 {
+		return v
 	}
 	return r.dep.Residual
 }

@@ -22,11 +22,15 @@ type Profile struct {
 	TokensPerSecond float64
 	Loads, Wakes    int
 	Failures        int
-	// share is the share of the replica whose sample set the memory
-	// figures: a replica of the variant with another share (its KV pool
-	// sized apart) takes them only up to its own share (ledger.go).
-	share int64
+	// mem are the same memory figures per replica share: an engine sizes
+	// its KV pool by its share, so only a replica of the same share takes
+	// them for its own (ledger.go). Read and written from the controllers'
+	// loop only.
+	mem map[int64]*memFigures
 }
+
+// memFigures are the memory figures learned at one share.
+type memFigures struct{ footprint, peak, residual int64 }
 
 // profileAlpha weighs the newest observation of a time.
 const profileAlpha = 0.3
@@ -79,17 +83,32 @@ func (pr *Profile) woke(d time.Duration) {
 	pr.Wakes++
 }
 
-func (pr *Profile) memory(s State, bytes, share int64) {
-	if s != Cold && s != Failed {
-		pr.share = share
+// memAt returns the figures learned at share, made empty if none.
+func (pr *Profile) memAt(share int64) *memFigures {
+	if pr.mem == nil {
+		pr.mem = make(map[int64]*memFigures)
 	}
+	m := pr.mem[share]
+	if m == nil {
+		m = &memFigures{}
+		pr.mem[share] = m
+	}
+	return m
+}
+
+// memory learns a sample in state s of a replica whose share's figures are
+// m (memAt).
+func (pr *Profile) memory(s State, bytes int64, m *memFigures) {
 	switch s {
 	case Resident, Draining:
 		pr.Footprint = max(pr.Footprint, bytes)
+		m.footprint = max(m.footprint, bytes)
 	case Loading, Waking:
 		pr.Peak = max(pr.Peak, bytes)
+		m.peak = max(m.peak, bytes)
 	case Sleeping:
 		pr.Residual = bytes
+		m.residual = bytes
 	}
 }
 
