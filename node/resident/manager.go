@@ -87,9 +87,9 @@ type Manager struct {
 	ctrls   map[uint32]*cardCtrl
 	reps    map[rkey]*rep
 	engines map[rkey]engineSeen
-	// departed are the replicas that left a controlled card (to its
-	// index) while the executor may still be stopping their engines.
-	departed map[rkey]uint32
+	// departed are the replicas that left a controlled card while the
+	// executor may still be stopping their engines.
+	departed map[rkey]bool
 	reports  chan report
 }
 
@@ -172,7 +172,7 @@ func New(opts Options) *Manager {
 	m := &Manager{opts: opts, log: opts.Logger, cards: map[uint32]*pb.Card{},
 		fronts: map[rkey]*front{}, adapterSpecs: map[rkey]*adapterSpec{}, wake: make(chan struct{}, 1),
 		ctrls: map[uint32]*cardCtrl{}, reps: map[rkey]*rep{}, engines: map[rkey]engineSeen{},
-		departed: map[rkey]uint32{}, reports: make(chan report, 4096)}
+		departed: map[rkey]bool{}, reports: make(chan report, 4096)}
 	for _, c := range opts.Cards {
 		m.cards[c.GetIndex()] = c
 	}
@@ -358,7 +358,7 @@ func (m *Manager) placed(ds []executor.Desired) {
 		}
 		m.handle(m.ctrls[r.card], residency.DeploymentRemoved{Model: k.id()}, "")
 		delete(m.reps, k)
-		m.departed[k] = r.card
+		m.departed[k] = true
 		m.mu.Lock()
 		delete(m.adapterSpecs, k)
 		m.mu.Unlock()
@@ -824,7 +824,7 @@ func (m *Manager) uncounted(c *cardCtrl, k rkey) []string {
 			continue
 		}
 		r := m.reps[ek]
-		if _, left := m.departed[ek]; r == nil && !left {
+		if r == nil && !m.departed[ek] {
 			continue
 		}
 		if r != nil && r.card == c.index {
