@@ -15,7 +15,7 @@ const SHOWN_DECISIONS = 300;
 
 // stats is read by the browser tests and the benchmark: when the first
 // render finished, how long each refresh took, and how many there were.
-const stats = window.gpuplaneStats = {firstRenderMs: 0, lastRefreshMs: 0, refreshes: 0, decisions: 0};
+const stats = window.gpuplaneStats = {firstRenderMs: 0, lastRefreshMs: 0, fetchMs: 0, renderMs: 0, refreshes: 0, decisions: 0};
 
 const tokenInput = $("token");
 tokenInput.value = localStorage.getItem("gpuplane-token") || "";
@@ -56,7 +56,7 @@ const rfc3339 = t => t ? new Date(t).toISOString().replace(/\.\d+Z$/, "Z") : "";
 // set replaces el's content when html differs from what it holds, then
 // sizes the elements that carry a width in data-w (percent): the page's
 // content security policy forbids style attributes in markup.
-const shown = new Map();
+const shown = new WeakMap();
 function set(el, html) {
   if (shown.get(el) === html) return false;
   shown.set(el, html);
@@ -65,12 +65,13 @@ function set(el, html) {
   return true;
 }
 
-function table(header, rows, rowAttrs) {
-  let h = "<thead><tr>" + header.map(x => `<th scope="col">${esc(x)}</th>`).join("") + "</tr></thead><tbody>";
-  rows.forEach((r, i) => {
-    h += `<tr${rowAttrs ? rowAttrs(i) : ""}>` + r.map(c => (typeof c === "object" && c !== null) ? `<td${c.attrs || ""}>${c.html}</td>` : `<td>${esc(c === undefined || c === "" ? "-" : c)}</td>`).join("") + "</tr>";
-  });
-  return h + "</tbody>";
+// cells is a row's cells: text, or {html, attrs} for markup.
+const cells = r => r.map(c => (typeof c === "object" && c !== null) ? `<td${c.attrs || ""}>${c.html}</td>`
+  : `<td>${esc(c === undefined || c === "" ? "-" : c)}</td>`).join("");
+
+function table(header, rows) {
+  return "<thead><tr>" + header.map(x => `<th scope="col">${esc(x)}</th>`).join("") + "</tr></thead><tbody>" +
+    rows.map(r => `<tr>${cells(r)}</tr>`).join("") + "</tbody>";
 }
 
 // ---- residency vocabulary
@@ -96,30 +97,62 @@ const KIND_TEXT = {resident: "resident", lent: "asleep in host RAM; its reserved
 // ---- metrics from /metrics (this node's gateway)
 
 const samples = [];
-const opened = Date.now();
 
+// label reads one label's value from a series' label text (the part
+// between the braces); Prometheus escapes only backslash, quote and newline.
+function label(ls, name) {
+  const i = ls.indexOf(name + '="');
+  if (i < 0 || (i > 0 && ls[i - 1] !== ",")) return i < 0 ? "" : label(ls.slice(i + 1), name);
+  let v = "";
+  for (let j = i + name.length + 2; j < ls.length; j++) {
+    const c = ls[j];
+    if (c === "\\") { v += ls[++j] === "n" ? "\n" : ls[j]; continue; }
+    if (c === '"') break;
+    v += c;
+  }
+  return v;
+}
+
+// parseMetrics reads the gateway's series from /metrics text. It looks at
+// each line's name before anything else: a node's /metrics holds
+// thousands of lines, most of them buckets.
 function parseMetrics(text, t) {
   const s = {t, ttft: {}, count: {}, tokens: {}, tenantTokens: {}, queue: {}, weights: {}};
-  for (const line of text.split("\n")) {
-    if (!line.startsWith("gpuplane_gateway_")) continue;
-    const m = /^([a-zA-Z_:][\w:]*)(?:\{(.*)\})? (\S+)/.exec(line);
-    if (!m) continue;
-    const l = {};
-    if (m[2]) for (const lm of m[2].matchAll(/(\w+)="((?:[^"\\]|\\.)*)"/g)) l[lm[1]] = lm[2].replace(/\\(.)/g, "$1");
-    const v = Number(m[3]);
-    switch (m[1]) {
+  let at = 0;
+  for (;;) {
+    const i = text.indexOf("\ngpuplane_gateway_", at);
+    if (i < 0) break;
+    const end = text.indexOf("\n", i + 1);
+    const line = text.slice(i + 1, end < 0 ? text.length : end);
+    at = end < 0 ? text.length : end;
+    const open = line.indexOf("{"), close = line.lastIndexOf("}");
+    const name = open < 0 ? line.slice(0, line.indexOf(" ")) : line.slice(0, open);
+    const ls = open < 0 ? "" : line.slice(open + 1, close);
+    const v = Number(line.slice((close < 0 ? line.indexOf(" ") : close + 1)).trim().split(" ")[0]);
+    switch (name) {
       case "gpuplane_gateway_ttft_seconds_bucket": {
-        const b = s.ttft[l.model] ||= {};
-        b[l.le] = (b[l.le] || 0) + v;
+        const model = label(ls, "model"), le = label(ls, "le");
+        const b = s.ttft[model] ||= {};
+        b[le] = (b[le] || 0) + v;
         break;
       }
-      case "gpuplane_gateway_ttft_seconds_count": s.count[l.model] = (s.count[l.model] || 0) + v; break;
-      case "gpuplane_gateway_tokens_total":
-        s.tokens[l.model] = (s.tokens[l.model] || 0) + v;
-        s.tenantTokens[l.tenant] = (s.tenantTokens[l.tenant] || 0) + v;
+      case "gpuplane_gateway_ttft_seconds_count": {
+        const model = label(ls, "model");
+        s.count[model] = (s.count[model] || 0) + v;
         break;
-      case "gpuplane_gateway_queue_depth": s.queue[l.replica] = (s.queue[l.replica] || 0) + v; break;
-      case "gpuplane_gateway_tenant_weight": s.weights[l.tenant] = v; break;
+      }
+      case "gpuplane_gateway_tokens_total": {
+        const model = label(ls, "model"), tenant = label(ls, "tenant");
+        s.tokens[model] = (s.tokens[model] || 0) + v;
+        s.tenantTokens[tenant] = (s.tenantTokens[tenant] || 0) + v;
+        break;
+      }
+      case "gpuplane_gateway_queue_depth": {
+        const r = label(ls, "replica");
+        s.queue[r] = (s.queue[r] || 0) + v;
+        break;
+      }
+      case "gpuplane_gateway_tenant_weight": s.weights[label(ls, "tenant")] = v; break;
     }
   }
   return s;
@@ -130,10 +163,12 @@ function addSample(s) {
   while (samples.length > 2 && s.t - samples[1].t > P95_WINDOW_S * 1000) samples.shift();
 }
 
-// p95Base is the sample the p95 counts from: none (since the node started)
-// until the page has been open for the window, then the oldest kept.
+// p95Base is the sample the p95 and the tenants' shares count from: the
+// oldest kept (about 5 minutes old once the page has been open that long);
+// on the first refresh none, so the page opens on the figures since the
+// node started.
 function p95Base() {
-  return Date.now() - opened >= P95_WINDOW_S * 1000 ? samples[0] : null;
+  return samples.length > 1 ? samples[0] : null;
 }
 function rateBase(now) {
   for (const s of samples) if (s !== now && now.t - s.t <= RATE_WINDOW_S * 1000) return s;
@@ -174,10 +209,11 @@ function addDecisions(ds) {
     const k = `${d.node}#${d.seq}`;
     if (decisionKeys.has(k)) continue;
     decisionKeys.add(k);
+    d.at = Date.parse(d.time);
     decisions.push(d);
   }
   if (decisions.length > MAX_DECISIONS) {
-    decisions.sort((a, b) => Date.parse(a.time) - Date.parse(b.time));
+    decisions.sort((a, b) => a.at - b.at);
     for (const d of decisions.splice(0, decisions.length - MAX_DECISIONS)) decisionKeys.delete(`${d.node}#${d.seq}`);
   }
   stats.decisions = decisions.length;
@@ -274,14 +310,14 @@ function timeline(name, reps, byReplica, now) {
   let svg = "";
   rows.forEach((r, i) => {
     const id = `${name}/${r.index || 0}`;
-    const evs = (byReplica.get(id) || []).filter(d => !d.advised && Date.parse(d.time) >= from);
+    const evs = (byReplica.get(id) || []).filter(d => !d.advised && d.at >= from);
     let t = from, state = evs.length ? (ACTION_BEFORE[evs[0].action] || stateOf(r)) : stateOf(r);
     const y = (i * h).toFixed(2);
     const rect = (a, b, s) => {
       if (b > a) svg += `<rect class="tl-${s}" x="${((a - from) / 1000).toFixed(0)}" y="${y}" width="${((b - a) / 1000).toFixed(0)}" height="${h.toFixed(2)}"></rect>`;
     };
     for (const d of evs) {
-      const at = Date.parse(d.time);
+      const at = d.at;
       const next = ACTION_AFTER[d.action];
       if (!next) continue;
       rect(t, at, state);
@@ -334,6 +370,7 @@ async function refresh() {
 }
 
 async function load() {
+  const started = performance.now();
   const [nodes, devs, models, reps, plan, st, members, metricsText] = await Promise.all([
     call("NodeService", "ListNodes"), call("DeviceService", "ListDevices"),
     call("ModelService", "ListModels"), call("ModelService", "ListReplicas"),
@@ -342,9 +379,14 @@ async function load() {
     call("ClusterService", "Members").catch(e => ({error: e.message})),
     fetch("/metrics").then(r => (r.ok ? r.text() : "")).catch(() => "")]);
   const devices = await Promise.all((devs.devices || []).map(d => call("DeviceService", "GetDevice", {name: d.name})));
+  const fetched = performance.now();
   const now = Date.now();
+  const phase = {};
+  let mark = performance.now();
+  const lap = name => { const t = performance.now(); phase[name] = t - mark; mark = t; };
   const sample = parseMetrics(metricsText, now);
   addSample(sample);
+  lap("metrics");
 
   const specs = new Map((models.models || []).map(m => [m.name, m.spec || {}]));
   const modelStatus = new Map((models.models || []).map(m => [m.name, m.status || {}]));
@@ -355,10 +397,18 @@ async function load() {
     if (!byModel.has(r.model)) byModel.set(r.model, []);
     byModel.get(r.model).push(r);
   }
+  lap("index");
   renderHealth(nodes, st, members, now);
+  lap("health");
   renderCards(devices, replicas, specs, plan);
+  lap("cards");
   renderModels(models.models || [], byModel, specs, modelStatus, sample, plan, now);
+  lap("models");
   renderTenants(sample);
+  lap("tenants");
+  stats.phases = phase;
+  stats.fetchMs = fetched - started;
+  stats.renderMs = performance.now() - fetched;
 }
 
 function renderHealth(nodes, st, members, now) {
@@ -399,7 +449,7 @@ function renderCards(devices, replicas, specs, plan) {
       nodes.get(c.node).push({c, dev: dev.device || {}});
     }
   }
-  let h = "";
+  const parts = [];
   for (const [node, cards] of [...nodes].sort((a, b) => a[0].localeCompare(b[0]))) {
     cards.sort((a, b) => num(a.c.index) - num(b.c.index));
     let body = "";
@@ -408,9 +458,25 @@ function renderCards(devices, replicas, specs, plan) {
       if (f && !node.toLowerCase().includes(f) && !names.some(n => n.toLowerCase().includes(f))) continue;
       body += cardBar(node, c, dev, names, replicas, specs, plans.get(`${node}/${num(c.index)}`) || plans.get(`${node}/${c.uuid}`));
     }
-    if (body) h += `<div class="node"><h3>${esc(node)} <span>${cards.length} card${cards.length === 1 ? "" : "s"}</span></h3>${body}</div>`;
+    if (body) parts.push([node, `<h3>${esc(node)} <span>${cards.length} card${cards.length === 1 ? "" : "s"}</span></h3>${body}`]);
   }
-  set($("cards"), h || `<p class="note">no cards${f ? " match" : ""}</p>`);
+  // One box per node, each redrawn only when its own cards changed: a
+  // change on one card of a large cluster redraws one node.
+  const box = $("cards");
+  const keys = parts.map(p => p[0]).join("\n");
+  if (box.dataset.nodes !== keys || !parts.length) {
+    shown.delete(box);
+    box.replaceChildren();
+    box.dataset.nodes = keys;
+    for (const [node] of parts) {
+      const d = document.createElement("div");
+      d.className = "node";
+      d.dataset.node = node;
+      box.appendChild(d);
+    }
+    if (!parts.length) set(box, `<p class="note">no cards${f ? " match" : ""}</p>`);
+  }
+  parts.forEach(([, html], i) => set(box.children[i], html));
 }
 
 function cardBar(node, c, dev, names, replicas, specs, plan) {
@@ -426,7 +492,7 @@ function cardBar(node, c, dev, names, replicas, specs, plan) {
     if (kind in sums) sums[kind] += m;
     const state = replicaResidency(r.residency) || cap(word(r.state, "REPLICA_STATE_"));
     const tip = `${id} (${residencyName(spec?.residency)}): ${KIND_TEXT[kind]}, ${mib(m)} (${m} MiB) on ${node} card ${num(c.index)}; ${state}${r.residencyReason ? " — " + r.residencyReason : ""}`;
-    const data = `data-replica="${esc(id)}" data-kind="${kind}" data-mib="${m}" data-node="${esc(node)}" data-card="${num(c.index)}" data-state="${esc(state)}" title="${esc(tip)}" aria-label="${esc(tip)}"`;
+    const data = `data-replica="${esc(id)}" data-kind="${kind}" data-mib="${m}" data-state="${esc(state)}" title="${esc(tip)}"`;
     if (kind === "host" || kind === "cold") off += `<button type="button" class="chip ${kind}" ${data}>${esc(id)}</button>`;
     else segs += `<button type="button" class="seg ${kind}" data-w="${pct(m)}" ${data}>${esc(id)} ${mib(m)}</button>`;
   }
@@ -435,7 +501,7 @@ function cardBar(node, c, dev, names, replicas, specs, plan) {
   if (plan) headroom = Math.min(free, Math.max(0, memory - Math.round(num(plan.usableBytes) / 1048576)));
   const seg = (kind, m, text) => {
     const tip = `${KIND_TEXT[kind]}: ${mib(m)} (${m} MiB) on ${node} card ${num(c.index)}`;
-    return `<button type="button" class="seg ${kind}" data-kind="${kind}" data-mib="${m}" data-node="${esc(node)}" data-card="${num(c.index)}" data-w="${pct(m)}" title="${esc(tip)}" aria-label="${esc(tip)}">${text}</button>`;
+    return `<button type="button" class="seg ${kind}" data-kind="${kind}" data-mib="${m}" data-w="${pct(m)}" title="${esc(tip)}"${text ? "" : ` aria-label="${esc(tip)}"`}>${text}</button>`;
   };
   if (headroom > 0) segs += seg("headroom", headroom, "");
   segs += seg("free", free - headroom, `free ${mib(free - headroom)}`);
@@ -471,12 +537,12 @@ function renderModels(models, byModel, specs, modelStatus, sample, plan, now) {
     if (!byReplica.has(d.model)) byReplica.set(d.model, []);
     byReplica.get(d.model).push(d);
   }
-  for (const evs of byReplica.values()) evs.sort((a, b) => Date.parse(a.time) - Date.parse(b.time));
+  for (const evs of byReplica.values()) evs.sort((a, b) => a.at - b.at);
   const rows = [];
   const names = [];
   for (const m of [...models].sort((a, b) => a.name.localeCompare(b.name))) {
     const spec = m.spec || {};
-    const served = spec.engine?.servedModelName || m.name;
+    const served = spec.servedModelName || m.name;
     const reps = (byModel.get(m.name) || []).sort((a, b) => num(a.index) - num(b.index));
     const states = {};
     for (const r of reps) {
@@ -499,17 +565,31 @@ function renderModels(models, byModel, specs, modelStatus, sample, plan, now) {
       {html: `<b>${esc(m.name)}</b>${served !== m.name ? ` <span class="note">${esc(served)}</span>` : ""}`},
       `${residencyName(spec.residency)} · ${word(spec.priority, "PRIORITY_").replace("unspecified", "") || "standard"}`,
       {html: esc(state), attrs: ` class="state-${esc(main)}" data-state="${esc(state)}"`},
-      {html: timeline(m.name, reps, byReplica, now)},
+      {html: timeline(m.name, reps, byReplica, Math.floor(now / 10000) * 10000)},
       {html: isNaN(rate) ? (pr !== undefined ? `${(pr / 60).toFixed(2)} <span class="note">est.</span>` : "-") : rate.toFixed(2), attrs: ' class="num"'},
       {html: String(queue), attrs: ' class="num"'},
       {html: `${ttftText}${target ? ` / ${target} ms` : ""}`, attrs: ` class="num ttft${missed ? " miss" : target && !isNaN(p95) ? " ok" : ""}" data-missed="${missed}" aria-label="${esc(ttftLabel)}" title="${esc(ttftLabel)}"`},
       {html: isNaN(tps) ? "-" : tps.toFixed(1), attrs: ' class="num"'},
-      {html: esc(modelStatus.get(m.name)?.reason || ""), attrs: ' class="note hide-narrow"'},
+      {html: esc(modelStatus.get(m.name)?.reason || ""), attrs: ' class="note"'},
     ]);
     names.push(m.name);
   }
-  set($("modeltable"), table(["MODEL", "RESIDENCY", "STATE", "LAST HOUR", "REQ/S", "QUEUE", "P95 TTFT / TARGET", "TOKENS/S", "REASON"], rows,
-    i => ` data-model="${esc(names[i])}"`));
+  keyedRows($("modeltable"), ["MODEL", "RESIDENCY", "STATE", "LAST HOUR", "REQ/S", "QUEUE", "P95 TTFT (5 MIN) / TARGET", "TOKENS/S", "REASON"],
+    names, rows, "model");
+}
+
+// keyedRows draws a table with one row per key, each row redrawn only when
+// its own cells changed (most models are idle between two refreshes).
+function keyedRows(tbl, header, keys, rows, attr) {
+  if (!tbl.tBodies.length) set(tbl, table(header, []));
+  const body = tbl.tBodies[0];
+  const k = keys.join("\n");
+  if (body.dataset.keys !== k) {
+    body.replaceChildren();
+    body.dataset.keys = k;
+    for (const key of keys) body.insertRow().dataset[attr] = key;
+  }
+  rows.forEach((r, i) => set(body.rows[i], cells(r)));
 }
 
 function renderTenants(sample) {

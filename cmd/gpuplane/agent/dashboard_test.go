@@ -247,9 +247,9 @@ func TestDashboardInBrowser(t *testing.T) {
 	n.start(t)
 	root := strings.TrimSpace(strings.SplitN(strings.SplitN(gpuplane(t, n, "acl", "bootstrap", "--name", "root"), "secret: ", 2)[1], "\n", 2)[0])
 	gpuplane(t, n, "--token", root, "accelerators", "create", "shared", "--device", "l4", "--tenancy", "shared", "--max-models", "4")
-	// chat answers a 4-token completion in about 200 ms: past its 50 ms
+	// chat answers an 8-token completion in about 400 ms: past its 100 ms
 	// target; the onDemand models have all the time they want.
-	deployDashboardModel(t, n, root, "chat", "pinned", 50, "--tokens-per-second", "20")
+	deployDashboardModel(t, n, root, "chat", "pinned", 100, "--tokens-per-second", "20")
 	for _, m := range []string{"embed", "vision", "speech"} {
 		deployDashboardModel(t, n, root, m, "onDemand", 60000, "--tokens-per-second", "0", "--load-seconds", "0.3")
 	}
@@ -331,9 +331,18 @@ func TestDashboardInBrowser(t *testing.T) {
 	eventually(t, 20*time.Second, "the memory map matches devices get after the load", func() error { return memoryMapMatches(ctx, n, root) })
 	screenshot(t, ctx, dir, "2-residency-change.png")
 
-	// chat misses its target: red. embed meets its own: not red.
+	// chat misses its target: red. embed meets its own: not red. (The
+	// page counts the p95 over the time it has been open: chat's first
+	// answers, which waited for its engine to start, are behind it.)
+	eventually(t, 20*time.Second, "chat's TTFT not red while it has no requests", func() error {
+		c, err := modelCell(ctx, "chat", "ttft")
+		if err != nil || strings.Contains(c.Class, "miss") {
+			return fmt.Errorf("chat's TTFT cell: %+v %v", c, err)
+		}
+		return nil
+	})
 	for range 3 {
-		if err := complete(n, root, "chat", 4); err != nil {
+		if err := complete(n, root, "chat", 8); err != nil {
 			t.Fatal(err)
 		}
 	}
