@@ -3,6 +3,7 @@ package agent_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"math"
@@ -16,6 +17,8 @@ import (
 	"time"
 
 	"github.com/chromedp/chromedp"
+
+	"github.com/gpuplane/gpuplane/cluster"
 )
 
 // chromium finds a Chromium or Chrome binary for the browser tests
@@ -36,11 +39,12 @@ func chromium(t testing.TB) string {
 
 // browser starts headless Chromium with a window of w×h and returns a
 // context for chromedp actions in one tab.
-func browser(t testing.TB, w, h int) context.Context {
+func browser(t testing.TB, w, h int, extra ...chromedp.ExecAllocatorOption) context.Context {
 	t.Helper()
 	opts := append(slices.Clone(chromedp.DefaultExecAllocatorOptions[:]),
 		chromedp.ExecPath(chromium(t)), chromedp.NoSandbox, chromedp.WindowSize(w, h),
 		chromedp.Flag("disable-dev-shm-usage", true))
+	opts = append(opts, extra...)
 	actx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
 	ctx, cancel := chromedp.NewContext(actx)
 	t.Cleanup(func() { cancel(); cancelAlloc() })
@@ -384,4 +388,46 @@ func TestDashboardInBrowser(t *testing.T) {
 		return nil
 	})
 	screenshot(t, ctx, dir, "4-phone.png")
+}
+
+// TestDashboardOverTLS: the dashboard of an agent serving its API over TLS
+// with ACLs on loads its script and style sheet and reads the API from the
+// same origin, over HTTPS, with the token typed into its box.
+func TestDashboardOverTLS(t *testing.T) {
+	ctx := browser(t, 1280, 800, chromedp.Flag("ignore-certificate-errors", true))
+	dir := t.TempDir()
+	if _, err := cluster.CreateCA(dir); err != nil {
+		t.Fatal(err)
+	}
+	n := secureNode(t, dir, "tls", true, "")
+	n.cfg.BootstrapExpect = 1
+	n.start(t)
+	ca := []string{"--ca", dir + "/" + cluster.CACertFile}
+	var boot struct{ Secret string }
+	eventually(t, 30*time.Second, "acl bootstrap", func() error {
+		out, errOut, code := secureCLI(n, ca, "acl", "bootstrap", "-o", "json")
+		if code != 0 {
+			return errors.New(errOut)
+		}
+		return json.Unmarshal([]byte(out), &boot)
+	})
+	if err := chromedp.Do(ctx, chromedp.Navigate(n.httpsURL()), chromedp.WaitVisible("#token"),
+		chromedp.SendKeys("#token", boot.Secret), chromedp.Click("#tokenform button")); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 30*time.Second, "the page over HTTPS shows the cluster and the node's card", func() error {
+		var st struct {
+			Leader, Status string
+			Bars           int
+		}
+		if err := evaluate(ctx, `({leader: (document.getElementById("h-leader") || {}).textContent || "", status: document.getElementById("status").textContent,
+		  bars: document.querySelectorAll('#cards .card[data-node="tls"]').length})`, &st); err != nil {
+			return err
+		}
+		if st.Leader != "tls" || st.Bars != 1 {
+			return fmt.Errorf("page shows %+v", st)
+		}
+		return nil
+	})
+	screenshot(t, ctx, shots(t), "tls.png")
 }
