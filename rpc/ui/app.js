@@ -12,6 +12,10 @@ const P95_WINDOW_S = 300;
 const RATE_WINDOW_S = 30;
 const MAX_DECISIONS = 5000;
 const SHOWN_DECISIONS = 300;
+// The page reads the answering node's state without confirming it with the
+// leader (--stale): a view that refreshes every 2 s needs no linearizable
+// read, and a follower answers it without a round trip to the leader.
+const STALE = {stale: true};
 
 // stats is read by the browser tests and the benchmark: when the first
 // render finished, how long each refresh took, and how many there were.
@@ -372,13 +376,13 @@ async function refresh() {
 async function load() {
   const started = performance.now();
   const [nodes, devs, models, reps, plan, st, members, metricsText] = await Promise.all([
-    call("NodeService", "ListNodes"), call("DeviceService", "ListDevices"),
-    call("ModelService", "ListModels"), call("ModelService", "ListReplicas"),
+    call("NodeService", "ListNodes", STALE), call("DeviceService", "ListDevices", STALE),
+    call("ModelService", "ListModels", STALE), call("ModelService", "ListReplicas", STALE),
     call("ResidencyService", "GetPlan").catch(e => ({error: e.message})),
     call("ClusterService", "Status").catch(e => ({error: e.message})),
     call("ClusterService", "Members").catch(e => ({error: e.message})),
     fetch("/metrics").then(r => (r.ok ? r.text() : "")).catch(() => "")]);
-  const devices = await Promise.all((devs.devices || []).map(d => call("DeviceService", "GetDevice", {name: d.name})));
+  const devices = await Promise.all((devs.devices || []).map(d => call("DeviceService", "GetDevice", {name: d.name, stale: true})));
   const fetched = performance.now();
   const now = Date.now();
   const phase = {};
@@ -538,6 +542,14 @@ function renderModels(models, byModel, specs, modelStatus, sample, plan, now) {
     byReplica.get(d.model).push(d);
   }
   for (const evs of byReplica.values()) evs.sort((a, b) => a.at - b.at);
+  const queues = new Map();
+  for (const [k, v] of Object.entries(sample.queue)) {
+    const name = k.slice(0, k.lastIndexOf("/"));
+    queues.set(name, (queues.get(name) || 0) + v);
+  }
+  // The timelines end at the next whole minute: they are redrawn once a
+  // minute, or when a decision changes them, rather than at every refresh.
+  const end = Math.ceil(now / 60000) * 60000;
   const rows = [];
   const names = [];
   for (const m of [...models].sort((a, b) => a.name.localeCompare(b.name))) {
@@ -551,8 +563,7 @@ function renderModels(models, byModel, specs, modelStatus, sample, plan, now) {
     }
     const state = Object.entries(states).map(([s, n]) => (reps.length > 1 ? `${s}×${n}` : s)).join(" ") || "-";
     const main = Object.keys(states)[0] || "";
-    let queue = 0;
-    for (const [k, v] of Object.entries(sample.queue)) if (k.split("/")[0] === m.name) queue += v;
+    const queue = queues.get(m.name) || 0;
     const p95 = quantile(0.95, sample.ttft[served], base?.ttft[served]) * 1000;
     const target = num(spec.slo?.ttftMs);
     const missed = target > 0 && p95 > target;
@@ -565,7 +576,7 @@ function renderModels(models, byModel, specs, modelStatus, sample, plan, now) {
       {html: `<b>${esc(m.name)}</b>${served !== m.name ? ` <span class="note">${esc(served)}</span>` : ""}`},
       `${residencyName(spec.residency)} · ${word(spec.priority, "PRIORITY_").replace("unspecified", "") || "standard"}`,
       {html: esc(state), attrs: ` class="state-${esc(main)}" data-state="${esc(state)}"`},
-      {html: timeline(m.name, reps, byReplica, Math.floor(now / 10000) * 10000)},
+      {html: timeline(m.name, reps, byReplica, end)},
       {html: isNaN(rate) ? (pr !== undefined ? `${(pr / 60).toFixed(2)} <span class="note">est.</span>` : "-") : rate.toFixed(2), attrs: ' class="num"'},
       {html: String(queue), attrs: ' class="num"'},
       {html: `${ttftText}${target ? ` / ${target} ms` : ""}`, attrs: ` class="num ttft${missed ? " miss" : target && !isNaN(p95) ? " ok" : ""}" data-missed="${missed}" aria-label="${esc(ttftLabel)}" title="${esc(ttftLabel)}"`},
