@@ -480,6 +480,7 @@ func (g *Gateway) attempt(ctx context.Context, w http.ResponseWriter, req *reque
 	_, _ = w.Write(data)
 	if resp.StatusCode == http.StatusOK {
 		g.metrics.firstToken(labels, now.Sub(req.arrived))
+		g.metrics.servedTokens(labels, req.promptTokens, generated)
 	}
 	return result{done: true, generated: generated}
 }
@@ -579,6 +580,7 @@ func (g *Gateway) relayStream(ctx context.Context, w http.ResponseWriter, resp *
 	if generated > 1 {
 		g.metrics.perToken(labels, now.Sub(first)/time.Duration(generated-1))
 	}
+	g.metrics.servedTokens(labels, req.promptTokens, generated)
 	c.mu.Lock()
 	cut := pd.cut == pd.attempt
 	if pd.end == nil && !cut {

@@ -551,6 +551,9 @@ func (m *Manager) handle(c *cardCtrl, ev residency.Event, why string) {
 		if !ok || st.State == r.reported {
 			continue
 		}
+		if j := m.opts.Journal; j != nil && !m.opts.Advise {
+			j.Transitioned(r.reported, st.State)
+		}
 		r.reported = st.State
 		if m.opts.Advise || (why == whyRunning && reasons[k.id()] == "") {
 			// Advised decisions change nothing; the executor reports
