@@ -89,7 +89,9 @@ func (c *coalescingConn) flush() {
 		c.changed.Broadcast()
 	}
 	c.active = false
-	c.pending = nil
+	if c.err != nil {
+		c.pending = nil // never to be sent
+	}
 	c.changed.Broadcast()
 	closed := c.closed
 	c.mu.Unlock()
