@@ -13,10 +13,9 @@ import (
 // writes: a unary call's headers, then its body, each a write to the socket
 // (and, on loopback, the kernel's delivery to the peer inside that call),
 // while gRPC's transport queues frames and writes whatever has accumulated.
-// In the commit benchmark the client's writes were most of its CPU, and each
-// one also woke the server's reader; through this connection a call's
-// headers and body leave in one write, and under load the frames of many
-// calls do.
+// Each write is a system call here and a wakeup of the server's reader;
+// through this connection a call's headers and body leave in one write, and
+// under load the frames of many calls do (bench/RESULTS.md, issue 17).
 //
 // Write copies p and returns at once; a write error is returned by the next
 // Write (the HTTP/2 client then fails the connection's calls, as it does on

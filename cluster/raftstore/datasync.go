@@ -17,10 +17,10 @@ import (
 // existence durable. After that an append changes the file's data only:
 // fdatasync writes the data and whatever metadata is needed to read it back
 // (on ext4 and XFS the conversion of preallocated blocks to written ones),
-// and skips only timestamps. fsync also forced a journal commit for the
-// modification time on every sync; on this project's test VM that made a
-// sync about 1.2 ms against 0.3 ms, on the leader's write path and then
-// again on each follower's (see bench/RESULTS.md).
+// and skips only timestamps. fsync also forces a journal commit for the
+// modification time on every sync, a wait on the leader's write path and
+// then again on each follower's (hashicorp/raft stores on the leader
+// before it replicates); see bench/RESULTS.md, issue 17.
 type datasyncFS struct{ *fs.FS }
 
 func newDatasyncFS() datasyncFS { return datasyncFS{fs.New()} }

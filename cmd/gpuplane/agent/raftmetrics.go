@@ -54,9 +54,9 @@ func libraryMetrics() prometheus.Collector {
 type snakeSink struct{ next gometrics.MetricSink }
 
 // snakeKeys remembers each key's snake-case form: raft reports several
-// samples per write (commit time, dispatch, append entries, FSM apply), and
-// renaming them afresh each time cost about 2% of a server's CPU in the
-// commit benchmark. The keys are a few dozen fixed names.
+// samples per batch and one per committed entry (commit time, dispatch,
+// append entries, FSM apply), and renaming a key allocates. The keys are a
+// few dozen fixed names.
 var snakeKeys struct {
 	sync.RWMutex
 	m map[string][]string // parts joined by NUL -> snake-case parts
