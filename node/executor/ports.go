@@ -10,7 +10,7 @@ import (
 // Engine ports come from a range the executor tracks, above Linux's
 // default ephemeral range (32768-60999), so that the kernel does not hand
 // one out as another connection's local port, and above the ports tests
-// reserve (cluster/porttest, 20000-32767). Asking the kernel for a free
+// reserve (internal/porttest, 20000-32767). Asking the kernel for a free
 // port and closing it raced: engines starting together could be told the
 // same port before any of them listened on it.
 const (
