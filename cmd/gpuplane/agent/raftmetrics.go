@@ -62,9 +62,17 @@ var snakeKeys struct {
 	m map[string][]string // parts joined by NUL -> snake-case parts
 }
 
-func snakeKey(key []string) []string {
+func snakeKey(key []string) []string { return snakeKeyOf(key, false) }
+
+// snakeKeyOf is snakeKey, with the "_total" suffix Prometheus expects of
+// counters (promtool check metrics) when counter is set. The two forms are
+// cached apart: a cached slice is shared and never changed.
+func snakeKeyOf(key []string, counter bool) []string {
 	var buf [128]byte
 	b := buf[:0]
+	if counter {
+		b = append(b, 0)
+	}
 	for _, part := range key {
 		b = append(b, part...)
 		b = append(b, 0)
@@ -78,6 +86,9 @@ func snakeKey(key []string) []string {
 	out = make([]string, len(key))
 	for i, part := range key {
 		out[i] = snakeCase(part)
+	}
+	if counter && len(out) > 0 {
+		out[len(out)-1] += "_total"
 	}
 	snakeKeys.Lock()
 	if snakeKeys.m == nil {
@@ -108,24 +119,30 @@ func snakeCase(s string) string {
 
 func (s snakeSink) SetGauge(key []string, val float32) { s.next.SetGauge(snakeKey(key), val) }
 func (s snakeSink) SetGaugeWithLabels(key []string, val float32, labels []gometrics.Label) {
-	s.next.SetGaugeWithLabels(snakeKey(key), val, labels)
+	s.next.SetGaugeWithLabels(snakeKey(key), val, snakeLabels(labels))
 }
 func (s snakeSink) EmitKey(key []string, val float32)     { s.next.EmitKey(snakeKey(key), val) }
 func (s snakeSink) IncrCounter(key []string, val float32) { s.next.IncrCounter(counterKey(key), val) }
 func (s snakeSink) IncrCounterWithLabels(key []string, val float32, labels []gometrics.Label) {
-	s.next.IncrCounterWithLabels(counterKey(key), val, labels)
+	s.next.IncrCounterWithLabels(counterKey(key), val, snakeLabels(labels))
 }
 
-// counterKey is a counter's key in snake case with the "_total" suffix
-// Prometheus expects of counters (promtool check metrics).
-func counterKey(key []string) []string {
-	out := snakeKey(key)
-	if len(out) > 0 {
-		out[len(out)-1] += "_total"
+// counterKey is a counter's key in snake case with the "_total" suffix.
+func counterKey(key []string) []string { return snakeKeyOf(key, true) }
+
+// snakeLabels renames label names to snake case too (raft labels its RPC
+// samples "rpcType").
+func snakeLabels(labels []gometrics.Label) []gometrics.Label {
+	if len(labels) == 0 {
+		return labels
+	}
+	out := make([]gometrics.Label, len(labels))
+	for i, l := range labels {
+		out[i] = gometrics.Label{Name: snakeKey([]string{l.Name})[0], Value: l.Value}
 	}
 	return out
 }
 func (s snakeSink) AddSample(key []string, val float32) { s.next.AddSample(snakeKey(key), val) }
 func (s snakeSink) AddSampleWithLabels(key []string, val float32, labels []gometrics.Label) {
-	s.next.AddSampleWithLabels(snakeKey(key), val, labels)
+	s.next.AddSampleWithLabels(snakeKey(key), val, snakeLabels(labels))
 }
