@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
 	"slices"
 	"sort"
@@ -108,8 +107,9 @@ type Options struct {
 	// cluster (its certificate or the agent token): only then are its
 	// forwarding and tenant headers believed when ACLs are on.
 	IsPeer func(*http.Request) bool
-	// Engines carries requests to this node's engines (default: a
-	// keep-alive client without timeouts: streams last).
+	// Engines carries requests to this node's engines; nil: the gateway's
+	// own lean keep-alive HTTP/1.1 client (engineTransport), without
+	// timeouts (streams last), so that an idle stream costs little.
 	Engines *http.Client
 	// Queue is every card's scheduler configuration.
 	Queue queue.Config
@@ -152,6 +152,9 @@ type Gateway struct {
 	opts    Options
 	log     *slog.Logger
 	metrics *metrics
+	// engines carries requests to this node's engines unless
+	// Options.Engines is set.
+	engines *engineTransport
 
 	table atomic.Pointer[table]
 	// refreshing is set while a refresh runs; refreshed is closed and
@@ -219,17 +222,7 @@ func New(opts Options) (*Gateway, error) {
 	if opts.Peers == nil {
 		opts.Peers = &http.Client{}
 	}
-	if opts.Engines == nil {
-		opts.Engines = &http.Client{Transport: &http.Transport{
-			DialContext:         (&net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
-			MaxIdleConnsPerHost: 1024,
-			// Below the engines' own keep-alive timeouts (uvicorn's, vLLM's
-			// server, is 5 s): a connection the engine closes while idle is
-			// never reused, which would fail a POST with EOF.
-			IdleConnTimeout: 4 * time.Second,
-		}}
-	}
-	g := &Gateway{opts: opts, log: opts.Logger, refreshed: make(chan struct{}),
+	g := &Gateway{opts: opts, log: opts.Logger, engines: newEngineTransport(), refreshed: make(chan struct{}),
 		cards: map[uint32]*card{}, locals: map[string]*local{}, forwarded: map[string]int{}}
 	g.metrics = newMetrics(g, opts.Registerer)
 	g.table.Store(&table{byName: map[string]*Model{}})
@@ -242,6 +235,7 @@ func (g *Gateway) Run(ctx context.Context) {
 	t := time.NewTicker(g.opts.Refresh)
 	defer t.Stop()
 	defer g.closeLocals()
+	defer g.engines.closeIdle()
 	for {
 		g.refresh(ctx)
 		select {

@@ -421,17 +421,7 @@ func (g *Gateway) attempt(ctx context.Context, w http.ResponseWriter, req *reque
 			fields["cache_salt"] = s
 		}
 	}
-	body := withFields(req.body, fields)
-	out, err := http.NewRequestWithContext(ctx, http.MethodPost, url+req.path, bytes.NewReader(body))
-	if err != nil {
-		return g.finishWith(w, c, pd, ctx, req, m, errorf(http.StatusBadGateway, "server_error", "engine_error", "model %q: %v", m.Served, err))
-	}
-	out.Header.Set("Content-Type", "application/json")
-	out.Header.Set(TenantHeader, req.who.tenant)
-	if req.stream {
-		out.Header.Set("Accept", "text/event-stream")
-	}
-	resp, err := g.opts.Engines.Do(out)
+	resp, err := g.send(ctx, url, req, withFields(req.body, fields))
 	if err != nil {
 		return g.finishWith(w, c, pd, ctx, req, m, errorf(http.StatusBadGateway, "server_error", "engine_error", "model %q: engine: %v", m.Served, err))
 	}
@@ -478,6 +468,25 @@ func (g *Gateway) attempt(ctx context.Context, w http.ResponseWriter, req *reque
 		g.metrics.firstToken(labels, now.Sub(req.arrived))
 	}
 	return result{done: true, generated: generated}
+}
+
+// send posts a request's body to its engine at url.
+func (g *Gateway) send(ctx context.Context, url string, req *request, body []byte) (*http.Response, error) {
+	accept := "application/json"
+	if req.stream {
+		accept = "text/event-stream"
+	}
+	if g.opts.Engines == nil {
+		return g.engines.post(ctx, url, req.path, body, "Content-Type", "application/json", "Accept", accept, TenantHeader, req.who.tenant)
+	}
+	out, err := http.NewRequestWithContext(ctx, http.MethodPost, url+req.path, bytes.NewReader(body))
+	if err != nil {
+		return nil, err
+	}
+	out.Header.Set("Content-Type", "application/json")
+	out.Header.Set("Accept", accept)
+	out.Header.Set(TenantHeader, req.who.tenant)
+	return g.opts.Engines.Do(out)
 }
 
 // finishWith ends an attempt that got no answer from the engine: a
