@@ -41,6 +41,11 @@ type Replica struct {
 	// Fronted: warm or onDemand, so its node's residency controller loads
 	// it on demand.
 	Fronted bool
+	// KVTokens is the engine's KV budget in tokens, where its deployment
+	// says it (0: unknown). The replica's in-flight cap is then sized from
+	// it: its requests in flight hold at most KVTokens of prompt plus
+	// max_tokens (at least one request; MaxInFlight stays the upper bound).
+	KVTokens int
 }
 
 // Model is one deployment as the gateway serves it.
@@ -114,7 +119,8 @@ type Options struct {
 	// Queue is every card's scheduler configuration.
 	Queue queue.Config
 	// MaxInFlight caps the requests each engine holds at once (default
-	// 64); QueueLimit bounds the requests waiting for each (default 512).
+	// 64; a replica with a KV budget, Replica.KVTokens, may hold fewer);
+	// QueueLimit bounds the requests waiting for each (default 512).
 	MaxInFlight int
 	QueueLimit  int
 	// MaxBodyBytes bounds a request body (default 4 MiB); past it, 413.

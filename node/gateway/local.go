@@ -136,7 +136,7 @@ func (g *Gateway) syncLocals(t *table) {
 			c := g.card(rp.Card)
 			l = &local{key: key, card: c, rep: rp, stop: make(chan struct{})}
 			c.mu.Lock()
-			_, err := c.s.AddDeployment(queue.Deployment{Name: key, MaxInFlight: g.opts.MaxInFlight, QueueLimit: g.opts.QueueLimit}, now)
+			_, err := c.s.AddDeployment(g.queueDeployment(key, rp), now)
 			c.mu.Unlock()
 			if err != nil {
 				g.log.Warn("gateway: add replica", "replica", key, "err", err)
@@ -153,12 +153,23 @@ func (g *Gateway) syncLocals(t *table) {
 		}
 		c := l.card
 		c.mu.Lock()
+		if rp.KVTokens != l.rep.KVTokens {
+			if out, err := c.s.AddDeployment(g.queueDeployment(key, rp), now); err == nil {
+				c.apply(out, now)
+			}
+		}
 		l.rep = rp
 		c.mu.Unlock()
 		if !l.watched {
 			g.setReady(l, rp.Running && rp.Resident && rp.Endpoint != "", rp.Endpoint)
 		}
 	}
+}
+
+// queueDeployment is a local replica's deployment in its card's
+// scheduler: its in-flight cap, and its KV budget where known.
+func (g *Gateway) queueDeployment(key string, rp Replica) queue.Deployment {
+	return queue.Deployment{Name: key, MaxInFlight: g.opts.MaxInFlight, MaxTokens: max(rp.KVTokens, 0), QueueLimit: g.opts.QueueLimit}
 }
 
 // watchResidency follows a warm or onDemand replica's residency: its queue
@@ -299,8 +310,15 @@ func (g *Gateway) serveLocal(w http.ResponseWriter, r *http.Request, req *reques
 			c.weights[req.who.tenant] = wt
 		}
 	}
+	prompt, maxTokens := req.promptTokens, req.maxTokens
+	if kv := l.rep.KVTokens; kv > 0 && prompt+maxTokens > kv {
+		// Larger than the engine's whole KV budget: it runs alone (the
+		// engine cuts or refuses it), never waits for room that cannot be.
+		prompt = min(prompt, kv)
+		maxTokens = kv - prompt
+	}
 	id, out, err := c.s.Enqueue(queue.Request{Deployment: l.key, Tenant: req.who.tenant, Class: req.class,
-		PromptTokens: req.promptTokens, MaxTokens: req.maxTokens, Streamed: req.stream}, now)
+		PromptTokens: prompt, MaxTokens: maxTokens, Streamed: req.stream}, now)
 	if err != nil {
 		c.mu.Unlock()
 		errorf(http.StatusBadRequest, "invalid_request_error", "invalid_request", "%v", err).write(w)

@@ -220,7 +220,7 @@ func modelsOf(f *fsm.FSM) []gateway.Model {
 			running := r.GetState() == pb.ReplicaState_REPLICA_STATE_RUNNING
 			rp := gateway.Replica{Deployment: d.GetName(), Index: r.GetIndex(), Node: r.GetNode(), Card: r.GetCards()[0],
 				Endpoint: r.GetEndpoint(), Kind: spec.GetEngine().GetKind(), Running: running,
-				Fronted: fronted && len(r.GetCards()) == 1}
+				Fronted: fronted && len(r.GetCards()) == 1, KVTokens: kvTokensOf(spec.GetEngine())}
 			rp.Resident = running
 			if rp.Fronted {
 				rp.Resident = r.GetResidency() == pb.ReplicaResidency_REPLICA_RESIDENCY_RESIDENT
@@ -230,6 +230,37 @@ func modelsOf(f *fsm.FSM) []gateway.Model {
 		out = append(out, m)
 	}
 	return out
+}
+
+// kvTokensOf is an engine's KV budget in tokens where its arguments say it:
+// a sim engine's --kv-pool-mib over its --kv-kib-per-token. Other engines
+// size their pool from the model, which gpuplane does not read: 0
+// (unknown), and the gateway's flat in-flight cap alone holds.
+func kvTokensOf(e *pb.EngineSpec) int {
+	if e.GetKind() != "sim" {
+		return 0
+	}
+	pool, perToken := argUint(e.GetArgs(), "--kv-pool-mib"), argUint(e.GetArgs(), "--kv-kib-per-token")
+	if pool == 0 || perToken == 0 {
+		return 0
+	}
+	return int(min(pool*1024/perToken, 1<<30))
+}
+
+// argUint is the value of flag in args (--flag N or --flag=N), 0 if absent
+// or not a number.
+func argUint(args []string, flag string) uint64 {
+	for i, a := range args {
+		v, ok := strings.CutPrefix(a, flag+"=")
+		if !ok && a == flag && i+1 < len(args) {
+			v, ok = args[i+1], true
+		}
+		if ok {
+			n, _ := strconv.ParseUint(v, 10, 64)
+			return n
+		}
+	}
+	return 0
 }
 
 func classOf(p pb.Priority) queue.Class {
