@@ -251,6 +251,16 @@ func (g *Gateway) serveInference(w http.ResponseWriter, r *http.Request) {
 				"header %s is %q: it must be interactive, standard or background", ClassHeader, h).write(w)
 			return
 		}
+		if c > req.class && g.opts.Tenants != nil && !x.forwarded {
+			// With ACLs a client may lower its request's class, never raise
+			// it above its deployment's priority: that would take service
+			// from other tenants' interactive work. A peer's header was
+			// checked on the node the client called.
+			errorf(http.StatusForbidden, "permission_error", "priority_not_allowed",
+				"header %s asks for %s, above model %q's priority %s: with ACLs on, a request may only lower its class",
+				ClassHeader, c, m.Served, req.class).write(w)
+			return
+		}
 		req.class = c
 	}
 	target, aerr := g.choose(m, x.forwarded)
@@ -378,9 +388,8 @@ func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, req *request, 
 	if a := r.Header.Get("Accept"); a != "" {
 		out.Header.Set("Accept", a)
 	}
-	if c := r.Header.Get(ClassHeader); c != "" {
-		out.Header.Set(ClassHeader, c)
-	}
+	// The class this node allowed, not the client's header.
+	out.Header.Set(ClassHeader, req.class.String())
 	out.Header.Set(TenantHeader, req.who.tenant)
 	if req.who.weight > 0 {
 		out.Header.Set(WeightHeader, strconv.FormatFloat(req.who.weight, 'g', -1, 64))
