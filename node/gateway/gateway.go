@@ -46,6 +46,11 @@ type Replica struct {
 	// it: its requests in flight hold at most KVTokens of prompt plus
 	// max_tokens (at least one request; MaxInFlight stays the upper bound).
 	KVTokens int
+	// PriorityScheduling: the engine orders requests by a `priority`
+	// field (vLLM, or sim, started with --scheduling-policy priority): the
+	// gateway passes each request's class in it (interactive 0, standard
+	// 1, background 2). Its own preemption still applies (it is per card).
+	PriorityScheduling bool
 }
 
 // Model is one deployment as the gateway serves it.

@@ -26,13 +26,20 @@ func (f fixedView) Gateway(string) (string, bool)           { return "", false }
 // simEngine serves a real sim engine in this process until the test ends.
 func simEngine(t *testing.T, name string, tps float64) string {
 	t.Helper()
+	return simEngineWith(t, sim.Config{ServedModelName: name, TokensPerSecond: tps})
+}
+
+// simEngineWith serves a sim engine of cfg (host and memory set here).
+func simEngineWith(t *testing.T, cfg sim.Config) string {
+	t.Helper()
+	name := cfg.ServedModelName
 	ctx, cancel := context.WithCancel(context.Background())
 	addr := make(chan net.Addr, 1)
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		if err := sim.Run(ctx, sim.Config{Host: "127.0.0.1", ServedModelName: name, MemoryMiB: 1024,
-			TokensPerSecond: tps, Ready: func(a net.Addr) { addr <- a }}); err != nil && ctx.Err() == nil {
+		cfg.Host, cfg.MemoryMiB, cfg.Ready = "127.0.0.1", 1024, func(a net.Addr) { addr <- a }
+		if err := sim.Run(ctx, cfg); err != nil && ctx.Err() == nil {
 			t.Errorf("sim engine %s: %v", name, err)
 		}
 	}()

@@ -350,7 +350,7 @@ func (g *Gateway) serveLocal(w http.ResponseWriter, r *http.Request, req *reques
 				g.metrics.queued(labels, pd.firstDispatch.Sub(req.arrived))
 			}
 		}
-		url, kind := l.url, l.rep.Kind
+		url, kind, prioritized := l.url, l.rep.Kind, l.rep.PriorityScheduling
 		if req.adapter != "" && l.rep.Endpoint != "" {
 			// The replica's front pages the adapter onto the card (and
 			// refuses it to tenants it is private from); its engine alone
@@ -359,7 +359,7 @@ func (g *Gateway) serveLocal(w http.ResponseWriter, r *http.Request, req *reques
 		}
 		c.mu.Unlock()
 		if run {
-			res := g.attempt(ctx, w, req, url, kind, m, labels, pd, c)
+			res := g.attempt(ctx, w, req, url, kind, prioritized, m, labels, pd, c)
 			generated = res.generated
 			if res.done {
 				return
@@ -429,8 +429,12 @@ type result struct {
 }
 
 // attempt sends the request to its engine once.
-func (g *Gateway) attempt(ctx context.Context, w http.ResponseWriter, req *request, url, kind string, m *Model, labels []string, pd *pending, c *card) result {
-	fields := map[string]string{}
+func (g *Gateway) attempt(ctx context.Context, w http.ResponseWriter, req *request, url, kind string, prioritized bool, m *Model, labels []string, pd *pending, c *card) result {
+	fields := map[string]any{}
+	if prioritized {
+		// vLLM's order: lower is handled earlier, 0 the default.
+		fields["priority"] = int(queue.Interactive - req.class)
+	}
 	if req.adapter != "" {
 		fields["model"] = req.adapter
 	}

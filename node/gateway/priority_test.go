@@ -11,6 +11,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/gpuplane/gpuplane/node/engine/sim"
 	"github.com/gpuplane/gpuplane/node/gateway/queue"
 )
 
@@ -113,6 +114,58 @@ func TestGatewayPriorityHeaderTrust(t *testing.T) {
 		}
 		if acls && got["interactive"] != 0 {
 			t.Errorf("ACLs on: a refused raise was served as interactive: %v", got)
+		}
+		srv.Close()
+		cancel()
+	}
+}
+
+// TestGatewayPassesPriorityToEngines: to an engine that schedules by
+// priority (a sim started as vLLM with --scheduling-policy priority) the
+// gateway sends each request's class as `priority`; to one that does not,
+// none (vLLM, and the sim, refuse a non-zero priority then: the last case
+// shows that the field really goes out).
+func TestGatewayPassesPriorityToEngines(t *testing.T) {
+	for _, c := range []struct {
+		policy      string
+		replicaSays bool
+		want        int
+	}{
+		{"priority", true, http.StatusOK},
+		{"fcfs", false, http.StatusOK},
+		{"fcfs", true, http.StatusBadRequest},
+	} {
+		engine := simEngineWith(t, sim.Config{ServedModelName: "chat", SchedulingPolicy: c.policy})
+		g, err := New(Options{Node: "n1", Cluster: fixedView{[]Model{{Served: "chat", Deployment: "chat", Class: queue.Standard,
+			Replicas: []Replica{{Deployment: "chat", Node: "n1", Endpoint: engine, Kind: "sim", Running: true, Resident: true,
+				PriorityScheduling: c.replicaSays}}}}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		go g.Run(ctx)
+		srv := httptest.NewServer(g)
+		code, body := 0, ""
+		for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+			req, _ := http.NewRequest(http.MethodPost, srv.URL+"/v1/completions", strings.NewReader(`{"model":"chat","prompt":"hi","max_tokens":2}`))
+			req.Header.Set(ClassHeader, "background")
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			code, body = resp.StatusCode, string(b)
+			if code != http.StatusServiceUnavailable { // placed
+				break
+			}
+		}
+		if code != c.want {
+			t.Errorf("engine --scheduling-policy %s, replica PriorityScheduling %v: a background request got %d %s; want %d",
+				c.policy, c.replicaSays, code, body, c.want)
+		}
+		if c.want == http.StatusBadRequest && !strings.Contains(body, "Priority scheduling is not enabled") {
+			t.Errorf("the engine's refusal does not say why: %s", body)
 		}
 		srv.Close()
 		cancel()

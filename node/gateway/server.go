@@ -449,7 +449,7 @@ func (g *Gateway) saltFor(tenant, model string) string {
 // withFields returns body (a JSON object) with fields set, overriding any
 // the client sent: they are appended, and JSON decoders keep the last of
 // duplicate keys.
-func withFields(body []byte, fields map[string]string) []byte {
+func withFields(body []byte, fields map[string]any) []byte {
 	if len(fields) == 0 {
 		return body
 	}

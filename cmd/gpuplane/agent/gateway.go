@@ -220,7 +220,8 @@ func modelsOf(f *fsm.FSM) []gateway.Model {
 			running := r.GetState() == pb.ReplicaState_REPLICA_STATE_RUNNING
 			rp := gateway.Replica{Deployment: d.GetName(), Index: r.GetIndex(), Node: r.GetNode(), Card: r.GetCards()[0],
 				Endpoint: r.GetEndpoint(), Kind: spec.GetEngine().GetKind(), Running: running,
-				Fronted: fronted && len(r.GetCards()) == 1, KVTokens: kvTokensOf(spec.GetEngine())}
+				Fronted: fronted && len(r.GetCards()) == 1, KVTokens: kvTokensOf(spec.GetEngine()),
+				PriorityScheduling: priorityScheduling(spec.GetEngine())}
 			rp.Resident = running
 			if rp.Fronted {
 				rp.Resident = r.GetResidency() == pb.ReplicaResidency_REPLICA_RESIDENCY_RESIDENT
@@ -247,20 +248,35 @@ func kvTokensOf(e *pb.EngineSpec) int {
 	return int(min(pool*1024/perToken, 1<<30))
 }
 
+// priorityScheduling: the engine orders requests by their `priority` field
+// (vLLM, or sim, started with --scheduling-policy priority); without the
+// flag vLLM refuses a non-zero priority, so the gateway sends none.
+func priorityScheduling(e *pb.EngineSpec) bool {
+	if k := e.GetKind(); k != "vllm" && k != "sim" {
+		return false
+	}
+	return argValue(e.GetArgs(), "--scheduling-policy") == "priority"
+}
+
 // argUint is the value of flag in args (--flag N or --flag=N), 0 if absent
 // or not a number.
 func argUint(args []string, flag string) uint64 {
+	n, _ := strconv.ParseUint(argValue(args, flag), 10, 64)
+	return n
+}
+
+// argValue is the value of flag in args (--flag V or --flag=V), "" if
+// absent.
+func argValue(args []string, flag string) string {
 	for i, a := range args {
-		v, ok := strings.CutPrefix(a, flag+"=")
-		if !ok && a == flag && i+1 < len(args) {
-			v, ok = args[i+1], true
+		if v, ok := strings.CutPrefix(a, flag+"="); ok {
+			return v
 		}
-		if ok {
-			n, _ := strconv.ParseUint(v, 10, 64)
-			return n
+		if a == flag && i+1 < len(args) {
+			return args[i+1]
 		}
 	}
-	return 0
+	return ""
 }
 
 func classOf(p pb.Priority) queue.Class {
