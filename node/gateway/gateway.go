@@ -147,7 +147,7 @@ type Options struct {
 // Headers the gateway reads.
 const (
 	// TenantHeader names the tenant without ACLs (and between nodes).
-	TenantHeader = "X-Gpuplane-Tenant"
+	TenantHeader = isolation.TenantHeader
 	// WeightHeader passes a tenant's weight between nodes.
 	WeightHeader = "X-Gpuplane-Tenant-Weight"
 	// ClassHeader sets a request's class (interactive, standard,

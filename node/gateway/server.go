@@ -13,6 +13,7 @@ import (
 	"time"
 	"unicode"
 
+	"github.com/gpuplane/gpuplane/node/gateway/isolation"
 	"github.com/gpuplane/gpuplane/node/gateway/queue"
 )
 
@@ -112,7 +113,7 @@ func (g *Gateway) tenant(r *http.Request) (who, *apiError) {
 	}
 	h := r.Header.Get(TenantHeader)
 	if h == "" {
-		return who{tenant: "default", forwarded: fwd}, nil
+		return who{tenant: isolation.DefaultTenant, forwarded: fwd}, nil
 	}
 	if err := checkTenant(h); err != nil {
 		return who{}, err
@@ -245,7 +246,7 @@ func (g *Gateway) serveInference(w http.ResponseWriter, r *http.Request) {
 	req.adapter = adapter
 	req.class = m.Class
 	if h := r.Header.Get(ClassHeader); h != "" {
-		c, ok := parseClass(h)
+		c, ok := queue.ParseClass(h)
 		if !ok {
 			errorf(http.StatusBadRequest, "invalid_request_error", "invalid_priority",
 				"header %s is %q: it must be interactive, standard or background", ClassHeader, h).write(w)
@@ -276,17 +277,6 @@ func (g *Gateway) serveInference(w http.ResponseWriter, r *http.Request) {
 	g.forward(w, r, req, m, target.node, target.url)
 }
 
-func parseClass(s string) (queue.Class, bool) {
-	switch strings.ToLower(strings.TrimSpace(s)) {
-	case "interactive":
-		return queue.Interactive, true
-	case "standard":
-		return queue.Standard, true
-	case "background":
-		return queue.Background, true
-	}
-	return 0, false
-}
 
 // resolveFresh resolves name, reading the cluster again once if it is not
 // known (a model deployed a moment ago).

@@ -40,7 +40,7 @@ func (c *Controller) mayDisplace(b, x *replica, reload time.Duration, now time.T
 	t := c.turn(b)
 	p := x.fc.backWithin(now, t, x.rate)
 	rl := reload.Seconds()
-	cost := x.dep.Priority.weight() * p * rl * (1 + x.rate/60*rl)
-	gain := b.dep.Priority.weight() * (1 - p) * t.Seconds()
+	cost := priorityWeight(x.dep.Priority) * p * rl * (1 + x.rate/60*rl)
+	gain := priorityWeight(b.dep.Priority) * (1 - p) * t.Seconds()
 	return cost <= gain
 }

@@ -267,7 +267,7 @@ func (c *Controller) value(r *replica, reload time.Duration, bytes int64) float6
 	if bytes <= 0 {
 		return 0
 	}
-	return r.dep.Priority.weight() * r.rate * reload.Seconds() / (float64(bytes) / (1 << 30))
+	return priorityWeight(r.dep.Priority) * r.rate * reload.Seconds() / (float64(bytes) / (1 << 30))
 }
 
 // admit starts r's load or wake if it fits, or frees memory for it, or

@@ -3,6 +3,8 @@ package residency
 import (
 	"fmt"
 	"time"
+
+	"github.com/gpuplane/gpuplane/node/gateway/queue"
 )
 
 // ModelID names one deployment's replica on a card. Models that differ in
@@ -42,29 +44,18 @@ func (r Residency) String() string {
 func (r Residency) reserved() bool { return r == Pinned || r == Warm }
 
 // Priority is a deployment's class; a higher value outranks a lower one.
-type Priority uint8
+// It is the gateway's request class: one vocabulary for both.
+type Priority = queue.Class
 
 const (
-	Background Priority = iota
-	Standard
-	Interactive
+	Background  = queue.Background
+	Standard    = queue.Standard
+	Interactive = queue.Interactive
 )
 
-func (p Priority) String() string {
-	switch p {
-	case Background:
-		return "background"
-	case Standard:
-		return "standard"
-	case Interactive:
-		return "interactive"
-	}
-	return fmt.Sprintf("Priority(%d)", uint8(p))
-}
-
-// weight is the class weight in a model's value: an interactive model's
-// reload hurts four times what a background one's does.
-func (p Priority) weight() float64 {
+// priorityWeight is the class weight in a model's value: an interactive
+// model's reload hurts four times what a background one's does.
+func priorityWeight(p Priority) float64 {
 	switch p {
 	case Interactive:
 		return 4

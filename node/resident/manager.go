@@ -16,6 +16,7 @@ import (
 
 	"github.com/gpuplane/gpuplane/node/engine"
 	"github.com/gpuplane/gpuplane/node/executor"
+	"github.com/gpuplane/gpuplane/node/gateway/queue"
 	"github.com/gpuplane/gpuplane/node/residency"
 	"github.com/gpuplane/gpuplane/node/watchdog"
 	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
@@ -313,14 +314,7 @@ func (m *Manager) deployment(k rkey, d executor.Desired) residency.Deployment {
 	default:
 		dep.Residency = residency.Pinned
 	}
-	switch spec.GetPriority() {
-	case pb.Priority_PRIORITY_INTERACTIVE:
-		dep.Priority = residency.Interactive
-	case pb.Priority_PRIORITY_BACKGROUND:
-		dep.Priority = residency.Background
-	default:
-		dep.Priority = residency.Standard
-	}
+	dep.Priority = queue.ClassOf(spec.GetPriority())
 	if c := m.cards[d.Replica.GetCards()[0]]; c != nil {
 		dep.Device = c.GetDevice()
 	}

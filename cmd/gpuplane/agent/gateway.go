@@ -201,7 +201,7 @@ func modelsOf(f *fsm.FSM) []gateway.Model {
 	var out []gateway.Model
 	for _, d := range f.Models() {
 		spec := d.GetSpec()
-		m := gateway.Model{Deployment: d.GetName(), Served: spec.GetServedModelName(), Class: classOf(spec.GetPriority())}
+		m := gateway.Model{Deployment: d.GetName(), Served: spec.GetServedModelName(), Class: queue.ClassOf(spec.GetPriority())}
 		if ads := spec.GetAdapters(); len(ads) > 0 {
 			m.Adapters = make(map[string][]string, len(ads))
 			for _, a := range ads {
@@ -279,12 +279,3 @@ func argValue(args []string, flag string) string {
 	return ""
 }
 
-func classOf(p pb.Priority) queue.Class {
-	switch p {
-	case pb.Priority_PRIORITY_INTERACTIVE:
-		return queue.Interactive
-	case pb.Priority_PRIORITY_BACKGROUND:
-		return queue.Background
-	}
-	return queue.Standard
-}
