@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"strconv"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/gpuplane/gpuplane/node/engine"
@@ -359,7 +360,7 @@ func (g *Gateway) serveLocal(w http.ResponseWriter, r *http.Request, req *reques
 		}
 		c.mu.Unlock()
 		if run {
-			res := g.attempt(ctx, w, req, url, kind, prioritized, m, labels, pd, c)
+			res := g.attempt(ctx, w, req, l, url, kind, prioritized, m, labels, pd, c)
 			generated = res.generated
 			if res.done {
 				return
@@ -429,7 +430,7 @@ type result struct {
 }
 
 // attempt sends the request to its engine once.
-func (g *Gateway) attempt(ctx context.Context, w http.ResponseWriter, req *request, url, kind string, prioritized bool, m *Model, labels []string, pd *pending, c *card) result {
+func (g *Gateway) attempt(ctx context.Context, w http.ResponseWriter, req *request, l *local, url, kind string, prioritized bool, m *Model, labels []string, pd *pending, c *card) result {
 	fields := map[string]any{}
 	if prioritized {
 		// vLLM's order: lower is handled earlier, 0 the default.
@@ -443,7 +444,17 @@ func (g *Gateway) attempt(ctx context.Context, w http.ResponseWriter, req *reque
 			fields["cache_salt"] = s
 		}
 	}
-	resp, err := g.send(ctx, url, req, withFields(req.body, fields))
+	body := withFields(req.body, fields)
+	resp, err := g.send(ctx, url, req, body)
+	if err != nil && errors.Is(err, syscall.ECONNREFUSED) && ctx.Err() == nil {
+		// Nothing listens at the replica's address any more (its engine
+		// was restarted on another port, as after an onDemand reload):
+		// nothing was sent, so the request goes once more to the address
+		// read afresh.
+		if fresh := g.freshURL(ctx, l, req.adapter != ""); fresh != "" && fresh != url {
+			resp, err = g.send(ctx, fresh, req, body)
+		}
+	}
 	if err != nil {
 		return g.finishWith(w, c, pd, ctx, req, m, errorf(http.StatusBadGateway, "server_error", "engine_error", "model %q: engine: %v", m.Served, err))
 	}
@@ -490,6 +501,25 @@ func (g *Gateway) attempt(ctx context.Context, w http.ResponseWriter, req *reque
 		g.metrics.firstToken(labels, now.Sub(req.arrived))
 	}
 	return result{done: true, generated: generated}
+}
+
+// freshURL reads a local replica's engine address again (its residency
+// controller's, and the cluster's view), for a request that found nothing
+// listening at the old one.
+func (g *Gateway) freshURL(ctx context.Context, l *local, adapter bool) string {
+	if l.watched {
+		if ready, u, _, ok := g.opts.Residency.Serving(l.rep.Deployment, l.rep.Index); ok {
+			g.setReady(l, ready && u != "", u)
+		}
+	}
+	g.refresh(ctx)
+	c := l.card
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if adapter && l.rep.Endpoint != "" {
+		return l.rep.Endpoint
+	}
+	return l.url
 }
 
 // send posts a request's body to its engine at url.
