@@ -84,9 +84,19 @@ func (s snakeSink) SetGaugeWithLabels(key []string, val float32, labels []gometr
 	s.next.SetGaugeWithLabels(snakeKey(key), val, labels)
 }
 func (s snakeSink) EmitKey(key []string, val float32)     { s.next.EmitKey(snakeKey(key), val) }
-func (s snakeSink) IncrCounter(key []string, val float32) { s.next.IncrCounter(snakeKey(key), val) }
+func (s snakeSink) IncrCounter(key []string, val float32) { s.next.IncrCounter(counterKey(key), val) }
 func (s snakeSink) IncrCounterWithLabels(key []string, val float32, labels []gometrics.Label) {
-	s.next.IncrCounterWithLabels(snakeKey(key), val, labels)
+	s.next.IncrCounterWithLabels(counterKey(key), val, labels)
+}
+
+// counterKey is a counter's key in snake case with the "_total" suffix
+// Prometheus expects of counters (promtool check metrics).
+func counterKey(key []string) []string {
+	out := snakeKey(key)
+	if len(out) > 0 {
+		out[len(out)-1] += "_total"
+	}
+	return out
 }
 func (s snakeSink) AddSample(key []string, val float32) { s.next.AddSample(snakeKey(key), val) }
 func (s snakeSink) AddSampleWithLabels(key []string, val float32, labels []gometrics.Label) {
