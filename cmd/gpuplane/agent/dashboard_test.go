@@ -117,8 +117,8 @@ spec:
 	gpuplane(t, n, "--token", token, "apply", "-f", path)
 }
 
-// complete sends one completion through n's gateway as the token's tenant.
-func complete(n *node, token, model string, maxTokens int) error {
+// completeAs sends one completion through n's gateway as the token's tenant.
+func completeAs(n *node, token, model string, maxTokens int) error {
 	req, err := http.NewRequest(http.MethodPost, n.a.GatewayURL()+"/v1/completions",
 		strings.NewReader(fmt.Sprintf(`{"model":%q,"prompt":"hello dashboard","max_tokens":%d}`, model, maxTokens)))
 	if err != nil {
@@ -257,7 +257,7 @@ func TestDashboardInBrowser(t *testing.T) {
 	for _, m := range []string{"embed", "vision", "speech"} {
 		deployDashboardModel(t, n, root, m, "onDemand", 60000, "--tokens-per-second", "0", "--load-seconds", "0.3")
 	}
-	eventually(t, 90*time.Second, "chat served", func() error { return complete(n, root, "chat", 1) })
+	eventually(t, 90*time.Second, "chat served", func() error { return completeAs(n, root, "chat", 1) })
 
 	// The token box: without a token the API refuses the page.
 	if err := chromedp.Do(ctx, chromedp.Navigate(n.url()), chromedp.WaitVisible("#token")); err != nil {
@@ -303,7 +303,7 @@ func TestDashboardInBrowser(t *testing.T) {
 	// A request loads embed; the page shows it resident, the controller's
 	// load decision with the reason `residency decisions` prints, and the
 	// memory map still matches.
-	if err := complete(n, root, "embed", 2); err != nil {
+	if err := completeAs(n, root, "embed", 2); err != nil {
 		t.Fatal(err)
 	}
 	answered := time.Now()
@@ -346,7 +346,7 @@ func TestDashboardInBrowser(t *testing.T) {
 		return nil
 	})
 	for range 3 {
-		if err := complete(n, root, "chat", 8); err != nil {
+		if err := completeAs(n, root, "chat", 8); err != nil {
 			t.Fatal(err)
 		}
 	}

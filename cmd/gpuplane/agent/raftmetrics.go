@@ -53,11 +53,38 @@ func libraryMetrics() prometheus.Collector {
 // to the Prometheus sink (raft's "commitTime" becomes "commit_time").
 type snakeSink struct{ next gometrics.MetricSink }
 
+// snakeKeys remembers each key's snake-case form: raft reports several
+// samples per batch and one per committed entry (commit time, dispatch,
+// append entries, FSM apply), and renaming a key allocates. The keys are a
+// few dozen fixed names.
+var snakeKeys struct {
+	sync.RWMutex
+	m map[string][]string // parts joined by NUL -> snake-case parts
+}
+
 func snakeKey(key []string) []string {
-	out := make([]string, len(key))
+	var buf [128]byte
+	b := buf[:0]
+	for _, part := range key {
+		b = append(b, part...)
+		b = append(b, 0)
+	}
+	snakeKeys.RLock()
+	out, ok := snakeKeys.m[string(b)] // no allocation for the lookup
+	snakeKeys.RUnlock()
+	if ok {
+		return out
+	}
+	out = make([]string, len(key))
 	for i, part := range key {
 		out[i] = snakeCase(part)
 	}
+	snakeKeys.Lock()
+	if snakeKeys.m == nil {
+		snakeKeys.m = map[string][]string{}
+	}
+	snakeKeys.m[string(b)] = out
+	snakeKeys.Unlock()
 	return out
 }
 
