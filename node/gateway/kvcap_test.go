@@ -44,12 +44,24 @@ func simEngineWith(t *testing.T, cfg sim.Config) string {
 		}
 	}()
 	t.Cleanup(func() { cancel(); <-done })
+	var u string
 	select {
 	case a := <-addr:
-		return "http://" + a.String()
+		u = "http://" + a.String()
 	case <-time.After(20 * time.Second):
 		t.Fatalf("sim engine %s did not start", name)
-		return ""
+	}
+	// Ready once its model is loaded.
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		if resp, err := http.Get(u + "/health"); err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return u
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("sim engine %s never loaded its model", name)
+		}
 	}
 }
 
