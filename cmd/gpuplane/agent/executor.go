@@ -30,6 +30,9 @@ import (
 // startExecutor runs the node executor (engines for the replicas placed on
 // this node) and the watchdog that holds them to their memory shares.
 func (a *Agent) startExecutor() error {
+	if a.cfg.Hollow {
+		return a.startHollowExecutor()
+	}
 	if a.cfg.Enforce == "" {
 		a.cfg.Enforce = "auto"
 	}
@@ -106,6 +109,24 @@ func (a *Agent) startExecutor() error {
 		stop()
 		<-done
 		<-resDone
+	}
+	return nil
+}
+
+// startHollowExecutor runs executor.Hollow on the node's real event source
+// and reporter: no engines, watchdog or residency manager.
+func (a *Agent) startHollowExecutor() error {
+	src := &eventSource{c: a.cluster, http: a.sec.peerHTTP}
+	ex := executor.NewHollow(src, &logReporter{c: a.cluster, node: a.cfg.NodeName}, a.cfg.NodeName, a.cfg.Advertise, a.cfg.Logger)
+	ctx, stop := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		ex.Run(ctx)
+	}()
+	a.stopExecutor = func() {
+		stop()
+		<-done
 	}
 	return nil
 }
