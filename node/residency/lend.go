@@ -44,3 +44,64 @@ func (c *Controller) mayDisplace(b, x *replica, reload time.Duration, now time.T
 	gain := b.dep.Priority.weight() * (1 - p) * t.Seconds()
 	return cost <= gain
 }
+
+// protectIfReturning runs when r is loaded or woken for a request. If a
+// lower class's demand displaced r within ThrashWindow and r has not come
+// back since, r is returning: mayDisplace guessed that r would stay quiet
+// and it did not, and r's requests paid the reload. When r has returned
+// ThrashCount times within the window after displacements by the same
+// lower-class model b, the controller protects r from b for SerializeFor:
+// b no longer takes r's memory (victims), whatever the guess says. This is
+// the interference matrix's remedy for a pair where background work breaks
+// an interactive target by swapping it out (give the interactive model its
+// memory), applied where it is observed. A recorded decision, no engine
+// operation.
+func (c *Controller) protectIfReturning(r *replica, now time.Time) {
+	var by *replica
+	var at time.Time
+	for i := len(c.evictions) - 1; i >= 0; i-- {
+		e := c.evictions[i]
+		if e.victim != r.dep.Model || now.Sub(e.at) > c.cfg.ThrashWindow {
+			continue
+		}
+		if b := c.rep(e.by); b != nil && b.dep.Priority < r.dep.Priority {
+			by, at = b, e.at
+		}
+		break
+	}
+	if by == nil {
+		return
+	}
+	n := 1
+	for _, e := range c.returns {
+		if e.victim != r.dep.Model || now.Sub(e.at) > c.cfg.ThrashWindow {
+			continue
+		}
+		if !e.at.Before(at) {
+			// r already came back since that displacement.
+			return
+		}
+		if e.by == by.dep.Model {
+			n++
+		}
+	}
+	c.stepReturns = append(c.stepReturns, eviction{victim: r.dep.Model, by: by.dep.Model, at: now})
+	key := eviction{victim: r.dep.Model, by: by.dep.Model}
+	if _, ok := c.protected[key]; ok || n < c.cfg.ThrashCount {
+		return
+	}
+	c.emit(ActProtect, r, by.dep.Model, TriggerPressure, by.dep.Model, Inputs{Reload: c.reload(r)}, now,
+		"protect %s from %s: %s's demand displaced %s and %s was asked for again %d times in %v (reload %v each); %s %s no longer takes %s %s's memory for %v",
+		r.dep.Model, by.dep.Model, by.dep.Model, r.dep.Model, r.dep.Model, n, c.cfg.ThrashWindow, c.reload(r).Round(time.Millisecond),
+		by.dep.Priority, by.dep.Model, r.dep.Priority, r.dep.Model, c.cfg.SerializeFor)
+}
+
+// isProtected reports whether x is protected from b's demand (see
+// protectIfReturning).
+func (c *Controller) isProtected(x, b *replica) bool {
+	if len(c.protected) == 0 {
+		return false
+	}
+	_, ok := c.protected[eviction{victim: x.dep.Model, by: b.dep.Model}]
+	return ok
+}

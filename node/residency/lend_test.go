@@ -1,6 +1,7 @@
 package residency_test
 
 import (
+	"strings"
 	"testing"
 	"time"
 
@@ -77,5 +78,55 @@ func TestOnlyTheVictimsNeededAreTaken(t *testing.T) {
 	}
 	if w.eng["new"].served != 1 {
 		t.Fatalf("new served %d, want 1\n%s", w.eng["new"].served, w.dump())
+	}
+}
+
+// A background job that keeps putting an interactive service to sleep in
+// what look like its quiet spells, only for the service to be asked for
+// again each time, gets the service's memory no more: after ThrashCount
+// such returns in the window the controller records a protect decision and
+// the service stays on the card, where it would otherwise have been woken
+// again every cycle.
+func TestInteractiveProtectedFromBackgroundThatKeepsDisplacingIt(t *testing.T) {
+	w := newWorld(t, card)
+	chat, tr := reserved("chat", residency.Warm, 12*gi)
+	chat.Priority = residency.Interactive
+	w.add(chat, tr)
+	batch, tr := onDemand("batch", 14*gi) // fits only in memory chat lends
+	batch.Priority = residency.Background
+	w.add(batch, tr)
+	w.run(time.Minute)
+	// A chat request every 2 minutes for 20 minutes; batch always has work.
+	for range 10 {
+		w.request("chat", time.Second)
+		w.request("batch", 40*time.Second)
+		w.run(2 * time.Minute)
+	}
+	w.assertClean()
+	prot := w.actions("chat", residency.ActProtect)
+	if len(prot) != 1 {
+		t.Fatalf("%d protect decisions for chat, want 1\n%s", len(prot), w.dump())
+	}
+	d := prot[0].Decision
+	if prot[0].Peer != "batch" || d.For != "batch" || !strings.Contains(d.Reason, "protect chat from batch") ||
+		!strings.Contains(d.Reason, "asked for again 3 times") {
+		t.Fatalf("protect decision: peer %q, for %q, reason %q", prot[0].Peer, d.For, d.Reason)
+	}
+	var before, after int
+	for _, a := range w.actions("chat", residency.ActSleep) {
+		if a.Decision.For != "batch" {
+			continue
+		}
+		if a.Decision.Time.Before(d.Time) {
+			before++
+		} else {
+			after++
+		}
+	}
+	if before < 3 || after != 0 {
+		t.Fatalf("chat put to sleep for batch %d times before the protect decision and %d after, want ≥ 3 and 0\n%s", before, after, w.dump())
+	}
+	if w.eng["chat"].served != 10 || w.eng["batch"].served == 0 {
+		t.Fatalf("served chat=%d batch=%d, want 10 and some\n%s", w.eng["chat"].served, w.eng["batch"].served, w.dump())
 	}
 }

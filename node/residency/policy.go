@@ -15,6 +15,7 @@ import (
 func (c *Controller) step(now time.Time) []Action {
 	c.out = c.out[:0]
 	c.stepEvictions = c.stepEvictions[:0]
+	c.stepReturns = c.stepReturns[:0]
 	c.earmark = 0
 	c.sumsOK = false
 	for i := range c.reps {
@@ -302,6 +303,9 @@ func (c *Controller) admit(r *replica, trig Trigger, start bool, now time.Time) 
 		if trig == TriggerForecast {
 			r.prewarm = true
 		}
+		if trig == TriggerRequest {
+			c.protectIfReturning(r, now)
+		}
 		return true
 	}
 	if r.wasLent && r.active == 0 {
@@ -488,8 +492,9 @@ func (c *Controller) victims(b *replica, trig Trigger, need int64, bValue float6
 			continue
 		}
 		// Lower-class demand takes a higher class's memory only when x is
-		// not expected back during its turn (lend.go).
-		if b.dep.Priority < x.dep.Priority && !reclaim && !c.mayDisplace(b, x, cand.reload, now) {
+		// not expected back during its turn, and not at all while x is
+		// protected from b (lend.go).
+		if b.dep.Priority < x.dep.Priority && !reclaim && (c.isProtected(x, b) || !c.mayDisplace(b, x, cand.reload, now)) {
 			continue
 		}
 		cand.value = c.value(x, cand.reload, cand.freed)

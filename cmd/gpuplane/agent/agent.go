@@ -81,6 +81,14 @@ type Config struct {
 	// RequestWindow is how long, in log time, request ids are remembered
 	// (cluster.Config.RequestWindow); 0: a day.
 	RequestWindow time.Duration
+
+	// ResidencyTimeScale, for dev agents only, runs the residency
+	// controllers' clock and ticks this many times faster than the wall
+	// clock (resident.Options.TimeScale): `gpuplane bench interference`
+	// sets it to its --time-scale, so that the controllers' windows scale
+	// with its engines' figures. 0 or 1: the wall clock. The decision
+	// times a scaled agent records run ahead of the wall clock.
+	ResidencyTimeScale float64
 }
 
 // Agent is a running node.

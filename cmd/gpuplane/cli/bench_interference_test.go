@@ -105,7 +105,7 @@ func TestLiveBenchInterferenceTinyMatrix(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"<th>chat</th>", "<th>embed</th>", "Live p95 TTFT against simulate interference", "</html>"} {
+	for _, want := range []string{"<th>chat</th>", "<th>embed</th>", "Live p95 TTFT against the simulated replay", "</html>"} {
 		if !strings.Contains(string(page), want) {
 			t.Errorf("HTML report lacks %q", want)
 		}
