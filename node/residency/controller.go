@@ -144,6 +144,9 @@ type replica struct {
 type eviction struct {
 	victim, by ModelID
 	at         time.Time
+	// gap is, for an eviction, how long the victim had been idle; for a
+	// return (lend.go), the idle spell it came back after.
+	gap time.Duration
 }
 
 type pairKey struct{ a, b ModelID }
@@ -183,7 +186,7 @@ type Controller struct {
 	// demand), within ThrashWindow; protected maps (model, lower-class
 	// peer) to when the peer may take the model's memory again (lend.go).
 	returns   []eviction
-	protected map[eviction]time.Time
+	protected map[protectKey]protection
 
 	decisions []Decision
 	decNext   int
@@ -206,6 +209,8 @@ type Controller struct {
 	// returns, remembered for anti-thrash once the step is kept.
 	stepEvictions []eviction
 	stepReturns   []eviction
+	stepProtects  []protectKey
+	stepKeep      []protection
 	// step scratch; sumNow and sumCommitted are Σ claims, valid while
 	// sumsOK
 	sumNow, sumCommitted int64
@@ -232,7 +237,7 @@ func New(cfg Config, clock Clock) (*Controller, error) {
 		usable:     usable,
 		index:      make(map[ModelID]int),
 		serialized: make(map[pairKey]time.Time),
-		protected:  make(map[eviction]time.Time),
+		protected:  make(map[protectKey]protection),
 		advised:    make(map[ModelID]ActionKind),
 		adapters:   make(map[ModelID]*adapterSet),
 	}, nil
@@ -567,9 +572,10 @@ func (c *Controller) recordThrash(acts []Action, now time.Time) {
 		switch a.Kind {
 		case ActSerialize:
 			c.serialized[pairOf(a.Model, a.Peer)] = now.Add(c.cfg.SerializeFor)
-		case ActProtect:
-			c.protected[eviction{victim: a.Model, by: a.Peer}] = now.Add(c.cfg.SerializeFor)
 		}
+	}
+	for i, k := range c.stepProtects {
+		c.protected[k] = c.stepKeep[i]
 	}
 	// Forget what fell out of the window.
 	c.evictions = c.evictions[:copy(c.evictions, c.evictions[inWindow(c.evictions, now, c.cfg.ThrashWindow):])]
@@ -579,8 +585,8 @@ func (c *Controller) recordThrash(acts []Action, now time.Time) {
 			delete(c.serialized, k)
 		}
 	}
-	for k, until := range c.protected {
-		if now.After(until) {
+	for k, p := range c.protected {
+		if now.After(p.until) {
 			delete(c.protected, k)
 		}
 	}

@@ -81,39 +81,40 @@ func TestOnlyTheVictimsNeededAreTaken(t *testing.T) {
 	}
 }
 
-// A background job that keeps putting an interactive service to sleep in
-// what look like its quiet spells, only for the service to be asked for
-// again each time, gets the service's memory no more: after ThrashCount
-// such returns in the window the controller records a protect decision and
-// the service stays on the card, where it would otherwise have been woken
-// again every cycle.
-func TestInteractiveProtectedFromBackgroundThatKeepsDisplacingIt(t *testing.T) {
+// A background job that keeps evicting an interactive assistant in what
+// look like its quiet spells, only for the assistant to be asked for again
+// each time and pay a cold load, evicts it no more: after ThrashCount such
+// returns in the window the controller records a protect decision, and the
+// assistant stays on the card, where it would otherwise have been evicted
+// and cold-loaded again every cycle.
+func TestInteractiveProtectedFromBackgroundThatKeepsEvictingIt(t *testing.T) {
 	w := newWorld(t, card)
-	chat, tr := reserved("chat", residency.Warm, 12*gi)
-	chat.Priority = residency.Interactive
-	w.add(chat, tr)
-	batch, tr := onDemand("batch", 14*gi) // fits only in memory chat lends
-	batch.Priority = residency.Background
+	asst, tr := onDemand("assistant", 12*gi)
+	asst.Priority, asst.CanSleep = residency.Interactive, false
+	w.add(asst, tr)
+	batch, tr := onDemand("batch", 14*gi) // never fits beside the assistant
+	batch.Priority, batch.CanSleep = residency.Background, false
 	w.add(batch, tr)
 	w.run(time.Minute)
-	// A chat request every 2 minutes for 20 minutes; batch always has work.
+	// An assistant request every 2 minutes for 20 minutes; batch always
+	// has work.
 	for range 10 {
-		w.request("chat", time.Second)
-		w.request("batch", 40*time.Second)
+		w.request("assistant", time.Second)
+		w.request("batch", 20*time.Second)
 		w.run(2 * time.Minute)
 	}
 	w.assertClean()
-	prot := w.actions("chat", residency.ActProtect)
+	prot := w.actions("assistant", residency.ActProtect)
 	if len(prot) != 1 {
-		t.Fatalf("%d protect decisions for chat, want 1\n%s", len(prot), w.dump())
+		t.Fatalf("%d protect decisions for the assistant, want 1\n%s", len(prot), w.dump())
 	}
 	d := prot[0].Decision
-	if prot[0].Peer != "batch" || d.For != "batch" || !strings.Contains(d.Reason, "protect chat from batch") ||
+	if prot[0].Peer != "batch" || d.For != "batch" || !strings.Contains(d.Reason, "protect assistant from batch") ||
 		!strings.Contains(d.Reason, "asked for again 3 times") {
 		t.Fatalf("protect decision: peer %q, for %q, reason %q", prot[0].Peer, d.For, d.Reason)
 	}
 	var before, after int
-	for _, a := range w.actions("chat", residency.ActSleep) {
+	for _, a := range w.actions("assistant", residency.ActEvict) {
 		if a.Decision.For != "batch" {
 			continue
 		}
@@ -124,9 +125,9 @@ func TestInteractiveProtectedFromBackgroundThatKeepsDisplacingIt(t *testing.T) {
 		}
 	}
 	if before < 3 || after != 0 {
-		t.Fatalf("chat put to sleep for batch %d times before the protect decision and %d after, want ≥ 3 and 0\n%s", before, after, w.dump())
+		t.Fatalf("assistant evicted for batch %d times before the protect decision and %d after, want ≥ 3 and 0\n%s", before, after, w.dump())
 	}
-	if w.eng["chat"].served != 10 || w.eng["batch"].served == 0 {
-		t.Fatalf("served chat=%d batch=%d, want 10 and some\n%s", w.eng["chat"].served, w.eng["batch"].served, w.dump())
+	if w.eng["assistant"].served != 10 || w.eng["batch"].served == 0 {
+		t.Fatalf("served assistant=%d batch=%d, want 10 and some\n%s", w.eng["assistant"].served, w.eng["batch"].served, w.dump())
 	}
 }
