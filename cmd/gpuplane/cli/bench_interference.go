@@ -362,6 +362,9 @@ type bench struct {
 // again and replays the set's timeline in the simulator.
 func (b *bench) runSet(ctx context.Context, accel string, set []int, mixes []simserve.Mix) ([]simserve.Cell, []benchCompare, error) {
 	var names []string
+	// The set's timeline starts as its models are deployed: pinned and
+	// warm ones load when placed, in the replay as live.
+	b.setStart = time.Now()
 	for _, i := range set {
 		m := &b.cfg.Models[i]
 		names = append(names, m.Name)
@@ -376,7 +379,6 @@ func (b *bench) runSet(ctx context.Context, accel string, set []int, mixes []sim
 		return nil, nil, err
 	}
 	scale := b.o.timeScale
-	b.setStart = time.Now()
 	// The warm-up: one request per model, so that each cell measures a
 	// card that has loaded its models once (simulate interference's
 	// warm-up does the same in virtual time).
@@ -385,7 +387,7 @@ func (b *bench) runSet(ctx context.Context, accel string, set []int, mixes []sim
 	var warmReqs []simserve.LiveRequest
 	for k, i := range set {
 		name := b.cfg.Models[i].Name
-		warmReqs = append(warmReqs, simserve.LiveRequest{Time: 0, Model: name, PromptTokens: 16, OutputTokens: 4})
+		warmReqs = append(warmReqs, simserve.LiveRequest{Time: time.Since(b.setStart).Seconds() * scale, Model: name, PromptTokens: 16, OutputTokens: 4})
 		wg.Go(func() {
 			warm[k] = b.warm(ctx, endpoints[k], name)
 		})
