@@ -272,6 +272,15 @@ func (e *Executor) Run(ctx context.Context) error {
 				if first {
 					left = e.settle(records, snap)
 					first = false
+					// The engines adopted are among Engines() before the
+					// Gate hears of any replica, so that it never takes
+					// the memory they hold for free.
+					want := e.wanted(snap)
+					for k, l := range left {
+						if l.alive {
+							e.setEngine(k, e.engineOf(k, want[k], l.rec.PID))
+						}
+					}
 				}
 				if g := e.opts.Gate; g != nil {
 					g.Placed(slices.Collect(maps.Values(e.wanted(snap))))
@@ -378,6 +387,18 @@ func (e *Executor) Exceeded(en watchdog.Engine, _ uint64, reason string) {
 	case s.exceeded <- reason:
 	default: // one is pending already
 	}
+}
+
+// engineOf is the watchdog's view of the engine pid of replica k, placed
+// as d.
+func (e *Executor) engineOf(k key, d Desired, pid int) *watchdog.Engine {
+	en := &watchdog.Engine{Model: k.model, Replica: k.index, PID: pid, ShareMiB: d.Replica.GetMemoryMib()}
+	for _, i := range d.Replica.GetCards() {
+		if c, ok := e.cards[i]; ok {
+			en.CardUUIDs = append(en.CardUUIDs, c.GetUuid())
+		}
+	}
+	return en
 }
 
 func (e *Executor) setEngine(k key, en *watchdog.Engine) {

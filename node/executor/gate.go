@@ -54,7 +54,8 @@ func (e *Executor) StartEngine(model string, replica uint32, reason string) erro
 
 // StopEngine stops the engine of a held replica (an eviction or unload) and
 // returns once it has stopped; the replica stays placed, reported Placed
-// with reason.
+// with reason. For a replica that has just left the node it returns once
+// the executor has stopped its engine.
 func (e *Executor) StopEngine(ctx context.Context, model string, replica uint32, reason string) error {
 	return e.control(ctx, model, replica, control{reason: reason})
 }
@@ -62,7 +63,19 @@ func (e *Executor) StopEngine(ctx context.Context, model string, replica uint32,
 func (e *Executor) control(ctx context.Context, model string, replica uint32, c control) error {
 	e.mu.Lock()
 	s := e.sups[key{model, replica}]
+	retiring := e.retiring[key{model, replica}]
 	e.mu.Unlock()
+	if s == nil && !c.start && retiring != nil {
+		// The replica left the node and its supervisor is stopping its
+		// engine: the stop is done once that is, not before (the caller
+		// counts the engine's memory as free from then on).
+		select {
+		case <-retiring:
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
 	if s == nil {
 		return fmt.Errorf("replica %s/%d: %w", model, replica, ErrNotRunning)
 	}

@@ -18,7 +18,6 @@ import (
 	"github.com/gpuplane/gpuplane/node/engine"
 	"github.com/gpuplane/gpuplane/node/inventory"
 	"github.com/gpuplane/gpuplane/node/procfs"
-	"github.com/gpuplane/gpuplane/node/watchdog"
 	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
 )
 
@@ -170,6 +169,7 @@ func (s *supervisor) run() {
 		} else {
 			// It died while no executor watched it: the cluster may
 			// still say Running, so say first that it failed.
+			s.e.setEngine(s.k, nil) // Run listed it if it was alive then
 			killGroupIfLeaderGone(r.PID)
 			boxOf(r).remove(0)
 			removeRecord(s.dir)
@@ -402,12 +402,7 @@ func (s *supervisor) cardsOf(d Desired) []*pb.Card {
 
 // publish tells the watchdog about the live process.
 func (s *supervisor) publish() {
-	d := s.current()
-	en := &watchdog.Engine{Model: s.k.model, Replica: s.k.index, PID: s.proc.pid, ShareMiB: d.Replica.GetMemoryMib()}
-	for _, c := range s.cardsOf(d) {
-		en.CardUUIDs = append(en.CardUUIDs, c.GetUuid())
-	}
-	s.e.setEngine(s.k, en)
+	s.e.setEngine(s.k, s.e.engineOf(s.k, s.current(), s.proc.pid))
 }
 
 // check runs one health check. An engine whose

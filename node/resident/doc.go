@@ -17,6 +17,13 @@
 // with the reason of the decision behind it (Executor.ReportResidency), and
 // every decision goes to the node's residency.Journal.
 //
+// A controller's ledger counts only the engines it loaded. An engine that
+// holds memory behind its back (one a restarted agent adopted and the
+// Manager stops, one of a replica that left the card while the executor
+// stops it) is gone only once its process is: until then every load,
+// prewarm or wake on its card waits (awaitCounted), so that what the
+// controller decided from its ledger never meets memory still held (I1).
+//
 // Each managed replica is served at a front (front.go): a reverse proxy on a
 // port of its own for as long as the replica is placed here, reported as the
 // replica's endpoint. A request at the front is a RequestArrived; it waits

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -95,7 +96,10 @@ type Manager struct {
 	ctrls   map[uint32]*cardCtrl
 	reps    map[rkey]*rep
 	engines map[rkey]engineSeen
-	reports chan report
+	// departed are the replicas that left a controlled card while the
+	// executor may still be stopping their engines.
+	departed map[rkey]bool
+	reports  chan report
 }
 
 // rkey names a replica on this node.
@@ -180,7 +184,7 @@ func New(opts Options) *Manager {
 	m := &Manager{opts: opts, log: opts.Logger, cards: map[uint32]*pb.Card{}, clock: newClock(opts.TimeScale),
 		fronts: map[rkey]*front{}, adapterSpecs: map[rkey]*adapterSpec{}, wake: make(chan struct{}, 1),
 		ctrls: map[uint32]*cardCtrl{}, reps: map[rkey]*rep{}, engines: map[rkey]engineSeen{},
-		reports: make(chan report, 4096)}
+		departed: map[rkey]bool{}, reports: make(chan report, 4096)}
 	for _, c := range opts.Cards {
 		m.cards[c.GetIndex()] = c
 	}
@@ -384,6 +388,7 @@ func (m *Manager) placed(ds []executor.Desired) {
 		}
 		m.handle(m.ctrls[r.card], residency.DeploymentRemoved{Model: k.id()}, "")
 		delete(m.reps, k)
+		m.departed[k] = true
 		m.mu.Lock()
 		delete(m.adapterSpecs, k)
 		m.mu.Unlock()
@@ -438,6 +443,7 @@ func (m *Manager) placed(ds []executor.Desired) {
 			continue
 		}
 		m.reps[k] = &rep{k: k, card: c.index, dep: dep, kind: dep.Engine}
+		delete(m.departed, k)
 		m.handle(c, residency.DeploymentAdded{Deployment: dep}, "")
 		m.syncAdapters(c, m.reps[k], d.Spec)
 		// An engine already running (a pinned one, or any in advise
@@ -486,9 +492,11 @@ func (m *Manager) engine(k rkey, state pb.ReplicaState, url string) {
 		if held && !r.stopping && (st.State == residency.Cold || st.State == residency.Failed) {
 			// An engine its controller did not load: one a restarted
 			// agent adopted, or a load the controller gave up on. It
-			// holds memory the ledger does not count: stop it.
+			// holds memory the ledger does not count: stop it. Not on
+			// the card's worker: the loads waiting there for this
+			// memory (awaitCounted) must not hold up its stop.
 			r.stopping = true
-			c.work.do(func() {
+			go func() {
 				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 				defer cancel()
 				_ = m.ex.StopEngine(ctx, k.model, k.index, "not loaded by its node's residency controller (an earlier agent started it): stopped; it loads again on demand")
@@ -497,7 +505,7 @@ func (m *Manager) engine(k rkey, state pb.ReplicaState, url string) {
 						r.stopping = false
 					}
 				})
-			})
+			}()
 			break
 		}
 		if m.follows(r) && !r.stopping && (st.State == residency.Loading || st.State == residency.Cold || st.State == residency.Failed) {
@@ -642,14 +650,18 @@ func (m *Manager) act(c *cardCtrl, a residency.Action) {
 	switch a.Kind {
 	case residency.ActLoad, residency.ActPrewarm:
 		// An engine being stopped (one a restarted agent adopted, or one
-		// whose control failed) is not loaded: the start queues behind
-		// the stop on the card's serial worker.
+		// whose control failed) is not loaded: the start waits for the
+		// stop (awaitCounted).
 		if e := m.engines[k]; e.state == pb.ReplicaState_REPLICA_STATE_RUNNING && !r.stopping {
 			m.post(func() { m.handle(m.ctrls[c.index], residency.LoadDone{Model: a.Model}, whyRunning) })
 			return
 		}
 		c.work.do(func() {
-			if err := m.ex.StartEngine(k.model, k.index, reason); err != nil {
+			err := m.awaitCounted(c, k)
+			if err == nil {
+				err = m.ex.StartEngine(k.model, k.index, reason)
+			}
+			if err != nil {
 				m.post(func() {
 					m.handle(m.ctrls[c.index], residency.LoadFailed{Model: a.Model, Err: err.Error()}, "load failed: "+err.Error())
 				})
@@ -660,6 +672,9 @@ func (m *Manager) act(c *cardCtrl, a residency.Action) {
 		c.work.do(func() {
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 			defer cancel()
+			if err == nil && a.Kind == residency.ActWake {
+				err = m.awaitCounted(c, k)
+			}
 			if err == nil {
 				if a.Kind == residency.ActSleep {
 					err = ctl.Sleep(ctx, engine.SleepOffload)
@@ -772,6 +787,89 @@ func (m *Manager) sample() {
 			}
 		}
 	}
+}
+
+// uncountedWait bounds how long a load, prewarm or wake waits for the
+// memory its card's ledger does not count to be freed (awaitCounted).
+const uncountedWait = 5 * time.Minute
+
+// awaitCounted waits, on c's worker, until no engine on c holds memory
+// that c's ledger does not count (uncounted), so that a load, prewarm or
+// wake of k finds free the memory its controller counted on. Such memory
+// is held while an engine stops behind the ledger's back: the engine a
+// restarted agent adopted and the Manager stops, or that of a replica that
+// left the card while the executor stops it. The ledger frees neither's
+// memory until the engine is gone, but a load it decides meanwhile would
+// put both on the card at once (I1).
+func (m *Manager) awaitCounted(c *cardCtrl, k rkey) error {
+	deadline := time.Now().Add(uncountedWait)
+	poll := time.NewTicker(50 * time.Millisecond)
+	defer poll.Stop()
+	for said := false; ; said = true {
+		ans := make(chan []string, 1)
+		m.post(func() { ans <- m.uncounted(c, k) })
+		var left []string
+		select {
+		case left = <-ans:
+		case <-m.ctx.Done():
+			return m.ctx.Err()
+		}
+		if len(left) == 0 {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("card %d still holds memory its ledger does not count after %s: %s",
+				c.index, uncountedWait, strings.Join(left, ", "))
+		}
+		if !said {
+			m.log.Info("residency: waiting for engines the ledger does not count to stop", "replica", k.id(),
+				"card", c.index, "engines", strings.Join(left, ", "))
+		}
+		select {
+		case <-poll.C:
+		case <-m.ctx.Done():
+			return m.ctx.Err()
+		}
+	}
+}
+
+// uncounted names what a load, prewarm or wake of k on card c waits for
+// (awaitCounted): a stop of k's own engine in progress, and the live
+// engines on c whose memory c's ledger does not count: those of replicas
+// it holds Cold or Failed, and of replicas that left the card. Engines of
+// replicas no controller follows (several cards) are not its to count.
+func (m *Manager) uncounted(c *cardCtrl, k rkey) []string {
+	if m.ctrls[c.index] != c {
+		return nil // the card's controller is gone, and its work with it
+	}
+	var out []string
+	if r := m.reps[k]; r != nil && r.stopping {
+		out = append(out, string(k.id())+" (stopping)")
+	}
+	live := map[rkey]bool{}
+	for _, en := range m.ex.Engines() {
+		ek := rkey{en.Model, en.Replica}
+		live[ek] = true
+		if ek == k || !slices.Contains(en.CardUUIDs, c.uuid) {
+			continue
+		}
+		r := m.reps[ek]
+		if r == nil && !m.departed[ek] {
+			continue
+		}
+		if r != nil && r.card == c.index {
+			if st, ok := c.ctrl.Replica(ek.id()); ok && st.State != residency.Cold && st.State != residency.Failed {
+				continue
+			}
+		}
+		out = append(out, fmt.Sprintf("%s (pid %d)", ek.id(), en.PID))
+	}
+	for dk := range m.departed {
+		if !live[dk] {
+			delete(m.departed, dk)
+		}
+	}
+	return out
 }
 
 // unloaded reports that a stop the Manager asked for is done.
