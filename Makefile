@@ -59,7 +59,7 @@ lint:
 BENCH_FLAGS ?=
 BENCH_CLUSTER_FLAGS ?=
 
-.PHONY: bench-commit bench-cluster bench-scheduler bench-replay bench-soak bench-archive bench-residency bench-gateway bench-gateway-http bench-adapters
+.PHONY: bench-commit bench-cluster bench-scheduler bench-replay bench-soak bench-archive bench-residency bench-gateway bench-gateway-http bench-adapters bench-dashboard
 bench: bench-commit bench-cluster bench-scheduler bench-replay bench-residency bench-gateway bench-gateway-http bench-adapters
 
 bench-commit: build
@@ -109,6 +109,12 @@ bench-adapters:
 # allocations of one request's Enqueue plus one Finish that dispatches the next.
 bench-gateway:
 	GOMAXPROCS=2 $(GO) test -run '^$$' -bench EnqueueDispatch -benchtime 200000x ./node/gateway/queue/
+
+# The dashboard in headless Chromium over a simulated cluster of 1,000
+# replicas on 100 nodes: first render and refresh times (issue 20). Needs a
+# chromium binary (Debian's chromium package); skips without one.
+bench-dashboard:
+	$(GO) test -run '^$$' -bench Dashboard -benchtime 1x -v ./rpc/
 
 # The HTTP gateway on loopback against a sim engine and a plain reverse
 # proxy (bench/RESULTS.md, Gateway HTTP).

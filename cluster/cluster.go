@@ -181,7 +181,15 @@ func (c *Cluster) bootstrap() error {
 	if !self {
 		return fmt.Errorf("bootstrap cluster: this node, %s, is not among the bootstrap peers", c.cfg.NodeName)
 	}
-	if err := c.raft.BootstrapCluster(conf).Error(); err != nil {
+	if err := c.raft.BootstrapCluster(conf).Error(); errors.Is(err, raft.ErrCantBootstrap) {
+		// Raft listens from NewRaft on: peers that bootstrapped first may
+		// have elected a leader that reached this server (or a candidate
+		// that made it store a term) before it got here. It is then part
+		// of the cluster it was to bootstrap, and learns the configuration
+		// from the leader. (TestNoLeader hit this on a loaded machine.)
+		c.log.Info("a peer reached this server before it bootstrapped; joining its cluster")
+		return nil
+	} else if err != nil {
 		return fmt.Errorf("bootstrap cluster: %w", err)
 	}
 	c.log.Info("bootstrapped a new cluster", "servers", len(peers))

@@ -39,27 +39,54 @@ func NewPlacer(c *Cluster, policy scheduler.Policy, log *slog.Logger) *Placer {
 }
 
 // Run schedules until ctx ends.
+//
+// A follower plans nothing, so it only polls its leadership
+// (leaderPollInterval) instead of waking on every applied entry, which
+// under a write load was work on every server for every batch. The leader
+// wakes on every batch the state machine applies (only commands can change
+// what is pending), or now and then, and plans at once when it becomes
+// leader.
 func (p *Placer) Run(ctx context.Context) {
+	// One timer for every wait (Go 1.23 timers: Reset leaves no stale tick).
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
+	sleep := func(d time.Duration, wake <-chan struct{}) {
+		timer.Reset(d)
+		select {
+		case <-ctx.Done():
+		case <-wake:
+		case <-timer.C:
+		}
+	}
 	var seen uint64
+	leading := false
 	for ctx.Err() == nil {
-		// Wake on the next applied entry, or now and then to notice a
-		// leadership change that applied nothing.
-		wait, cancel := context.WithTimeout(ctx, time.Second)
-		_ = p.c.WaitApplied(wait, seen+1)
-		cancel()
+		if !p.c.IsLeader() {
+			leading = false
+			sleep(leaderPollInterval, nil)
+			continue
+		}
+		if leading {
+			// Wait for the state machine to apply past what the last round saw.
+			if applied, advanced := p.c.fsm.progress(); applied <= seen {
+				sleep(time.Second, advanced)
+			}
+		}
+		leading = true
 		seen = p.c.AppliedIndex()
 		if !p.c.IsLeader() {
 			continue
 		}
 		if err := p.Once(ctx); err != nil && ctx.Err() == nil {
 			p.log.Warn("scheduling round failed", "err", err)
-			select {
-			case <-ctx.Done():
-			case <-time.After(200 * time.Millisecond):
-			}
+			sleep(200*time.Millisecond, nil)
 		}
 	}
 }
+
+// leaderPollInterval is how often a follower's Placer checks whether it has
+// become the leader: small beside an election (a heartbeat timeout, 250 ms).
+const leaderPollInterval = 50 * time.Millisecond
 
 // Once runs one scheduling round: it proposes a plan when there is something
 // to place or a pending reason changed, and reports whether it applied.

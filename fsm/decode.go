@@ -495,6 +495,11 @@ func (d *Decoder) modelSpec(b []byte) *pb.ModelSpec {
 				m.Adapters = append(m.Adapters, a)
 			}
 			ok = a != nil
+		case num == 11 && typ == protowire.BytesType:
+			var a string
+			if a, ok = d.str(s); ok {
+				m.Aliases = append(m.Aliases, a)
+			}
 		default:
 			ok = false
 		}

@@ -84,6 +84,12 @@ func ValidateModel(name string, spec *pb.ModelSpec) []*pb.Violation {
 	if spec.GetServedModelName() == "" {
 		// The deployment is served by its name (the default).
 		v = append(v, servedNameClash(name, spec.GetAdapters())...)
+		for i, a := range spec.GetAliases() {
+			if a == name {
+				v = append(v, &pb.Violation{Field: fmt.Sprintf("spec.aliases[%d]", i),
+					Description: fmt.Sprintf("%q is the deployment's served model name already", a)})
+			}
+		}
 	}
 	return v
 }
@@ -133,6 +139,9 @@ func ValidateModelSpec(spec *pb.ModelSpec) []*pb.Violation {
 	}
 	validateResidencyFields(&v, spec)
 	validateAdapters(&v, spec)
+	if len(spec.GetAliases()) > 0 {
+		v = append(v, ValidateAliases(spec.GetServedModelName(), spec.GetAliases(), spec.GetAdapters())...)
+	}
 	return v
 }
 
@@ -363,7 +372,8 @@ func (f *FSM) applyModel(c *pb.ApplyModel, prep *modelPrep, index uint64, dry bo
 // at most in what changes without re-placing anything — the replica count,
 // the residency, priority and SLO the node's controller adapts to (SPEC
 // §8.1; a residency change re-checks the reservations, changeResidency),
-// and the adapters, which the node loads into the running base.
+// the adapters, which the node loads into the running base, and the
+// aliases, names the gateway resolves to the same replicas.
 func sameIdentity(a, b *pb.ModelSpec) bool {
 	return proto.Equal(withoutMutable(a), withoutMutable(b))
 }
@@ -371,7 +381,7 @@ func sameIdentity(a, b *pb.ModelSpec) bool {
 func withoutMutable(spec *pb.ModelSpec) *pb.ModelSpec {
 	s := withReplicas(spec, 0)
 	s.Residency, s.Priority, s.Slo = pb.Residency_RESIDENCY_UNSPECIFIED, pb.Priority_PRIORITY_UNSPECIFIED, nil
-	s.Adapters = nil
+	s.Adapters, s.Aliases = nil, nil
 	return s
 }
 

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"slices"
 	"sync"
 	"time"
 
@@ -64,6 +65,9 @@ type Config struct {
 	// Interceptors wrap every handler (logging, say), inside the deadline
 	// and, with ACL, the token check.
 	Interceptors []connect.Interceptor
+	// Outer wrap every handler outside the token check, so that they see
+	// refused calls too (the API's call metrics).
+	Outer []connect.Interceptor
 	// ACL turns on tokens and roles (agent --acl): every request is checked
 	// by NewAuthInterceptor and ACLService accepts changes.
 	ACL bool
@@ -100,7 +104,7 @@ type Config struct {
 // v1alpha), and /healthz, on one mux.
 func Handler(cfg Config) http.Handler {
 	h := &handlers{b: cfg.Backend, closing: cfg.closing}
-	interceptors := []connect.Interceptor{unaryDeadline{}}
+	interceptors := append(slices.Clip(cfg.Outer), unaryDeadline{})
 	if cfg.ACL {
 		interceptors = append(interceptors, NewAuthInterceptor(cfg.Backend, cfg.AgentToken))
 	}
@@ -147,6 +151,7 @@ func Handler(cfg Config) http.Handler {
 	mux.HandleFunc("/", unknownProcedure)
 	mux.HandleFunc("GET /{$}", serveUI)
 	mux.HandleFunc("GET /ui", serveUI)
+	mux.HandleFunc("GET /ui/{file}", serveUIAsset)
 	if cfg.Metrics != nil {
 		mux.Handle("/metrics", cfg.Metrics)
 	}

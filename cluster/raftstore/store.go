@@ -135,13 +135,12 @@ func (s *Store) open() (*wal.WAL, error) {
 			}
 		}
 	}
-	var w *wal.WAL
+	var vfs types.VFS = newDatasyncFS()
 	if s.opts.VFS != nil {
-		w, err = wal.Open(s.dir, wal.WithLogger(s.log.Named("wal")), wal.WithSegmentSize(s.opts.SegmentSize),
-			wal.WithSegmentFiler(segment.NewFiler(s.dir, s.opts.VFS)))
-	} else {
-		w, err = wal.Open(s.dir, wal.WithLogger(s.log.Named("wal")), wal.WithSegmentSize(s.opts.SegmentSize))
+		vfs = s.opts.VFS
 	}
+	w, err := wal.Open(s.dir, wal.WithLogger(s.log.Named("wal")), wal.WithSegmentSize(s.opts.SegmentSize),
+		wal.WithSegmentFiler(segment.NewFiler(s.dir, vfs)))
 	if err != nil {
 		return nil, fmt.Errorf("open raft log %s: %w", s.dir, err)
 	}

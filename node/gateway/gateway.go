@@ -57,6 +57,9 @@ type Model struct {
 	// Adapters are the deployment's LoRA adapters, each with the tenants
 	// it is private to (none: every tenant may use it).
 	Adapters map[string][]string
+	// Aliases are other names clients may use for the same replicas; the
+	// engine is sent the served name.
+	Aliases []string
 }
 
 // Cluster is the gateway's view of the cluster.
@@ -275,6 +278,12 @@ func (g *Gateway) refresh(ctx context.Context) {
 	}
 	sort.Slice(ms, func(i, j int) bool { return ms[i].Served < ms[j].Served })
 	t := &table{models: ms, byName: map[string]*Model{}, created: time.Now()}
+	// Aliases first: a deployment's served name wins over another's alias.
+	for i := range ms {
+		for _, a := range ms[i].Aliases {
+			t.byName[a] = &ms[i]
+		}
+	}
 	for i := range ms {
 		t.byName[ms[i].Served] = &ms[i]
 	}
@@ -286,7 +295,8 @@ func (g *Gateway) refresh(ctx context.Context) {
 	g.refreshMu.Unlock()
 }
 
-// resolve finds the model a request names: a served name, or NAME:ADAPTER.
+// resolve finds the model a request names: a served name or an alias, or
+// NAME:ADAPTER with either.
 // An adapter private to other tenants reads exactly like an unknown one.
 func (g *Gateway) resolve(name, tenant string) (m *Model, adapter string, err *apiError) {
 	t := g.table.Load()

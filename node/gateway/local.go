@@ -413,8 +413,12 @@ type result struct {
 // attempt sends the request to its engine once.
 func (g *Gateway) attempt(ctx context.Context, w http.ResponseWriter, req *request, url, kind string, m *Model, labels []string, pd *pending, c *card) result {
 	fields := map[string]string{}
-	if req.adapter != "" {
+	switch {
+	case req.adapter != "":
 		fields["model"] = req.adapter
+	case req.model != m.Served:
+		// An alias: the engine knows the deployment by its served name.
+		fields["model"] = m.Served
 	}
 	if engine.AcceptsCacheSalt(kind) {
 		if s := g.saltFor(req.who.tenant, m.Served); s != "" {
@@ -476,6 +480,7 @@ func (g *Gateway) attempt(ctx context.Context, w http.ResponseWriter, req *reque
 	_, _ = w.Write(data)
 	if resp.StatusCode == http.StatusOK {
 		g.metrics.firstToken(labels, now.Sub(req.arrived))
+		g.metrics.servedTokens(labels, req.promptTokens, generated)
 	}
 	return result{done: true, generated: generated}
 }
@@ -575,6 +580,7 @@ func (g *Gateway) relayStream(ctx context.Context, w http.ResponseWriter, resp *
 	if generated > 1 {
 		g.metrics.perToken(labels, now.Sub(first)/time.Duration(generated-1))
 	}
+	g.metrics.servedTokens(labels, req.promptTokens, generated)
 	c.mu.Lock()
 	cut := pd.cut == pd.attempt
 	if pd.end == nil && !cut {

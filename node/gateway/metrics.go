@@ -15,6 +15,7 @@ type metrics struct {
 	rejections        *prometheus.CounterVec
 	preemptions       *prometheus.CounterVec
 	forwarded         *prometheus.CounterVec
+	tokens            *prometheus.CounterVec
 }
 
 // latencyBuckets span 1 ms to about 65 s.
@@ -35,13 +36,18 @@ func newMetrics(g *Gateway, reg prometheus.Registerer) *metrics {
 			Help: "Background requests cut off their engine for interactive work."}, []string{"model"}),
 		forwarded: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "gpuplane_gateway_forwarded_total",
 			Help: "Requests forwarded to another node's gateway, by node."}, []string{"node"}),
+		tokens: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "gpuplane_gateway_tokens_total",
+			Help: "Tokens served on this node's engines, as the fair queues count them: the prompt (estimated, bytes/4) and the generated tokens."},
+			[]string{"model", "class", "tenant", "kind"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.ttft, m.tpot, m.queue, m.rejections, m.preemptions, m.forwarded, &depthCollector{g: g,
+		reg.MustRegister(m.ttft, m.tpot, m.queue, m.rejections, m.preemptions, m.forwarded, m.tokens, &depthCollector{g: g,
 			queued: prometheus.NewDesc("gpuplane_gateway_queue_depth", "Requests waiting in the gateway for a replica on this node.",
 				[]string{"replica", "card"}, nil),
 			inFlight: prometheus.NewDesc("gpuplane_gateway_in_flight", "Requests the gateway has on a replica's engine on this node.",
 				[]string{"replica", "card"}, nil),
+			weight: prometheus.NewDesc("gpuplane_gateway_tenant_weight", "Weight of each tenant the gateway's queues know (configured or from its token; others weigh 1).",
+				[]string{"tenant"}, nil),
 		})
 	}
 	return m
@@ -63,18 +69,23 @@ func (m *metrics) queued(l []string, d time.Duration) {
 func (m *metrics) rejected(model string, status int) {
 	m.rejections.WithLabelValues(model, strconv.Itoa(status)).Inc()
 }
+func (m *metrics) servedTokens(l []string, prompt, generated int) {
+	m.tokens.WithLabelValues(append(l, "prompt")...).Add(float64(prompt))
+	m.tokens.WithLabelValues(append(l, "generated")...).Add(float64(generated))
+}
 func (m *metrics) preempted(p *pending)    { m.preemptions.WithLabelValues(p.model).Inc() }
 func (m *metrics) forwardedTo(node string) { m.forwarded.WithLabelValues(node).Inc() }
 
 // depthCollector reads the queues when scraped.
 type depthCollector struct {
-	g                *Gateway
-	queued, inFlight *prometheus.Desc
+	g                        *Gateway
+	queued, inFlight, weight *prometheus.Desc
 }
 
 func (d *depthCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- d.queued
 	ch <- d.inFlight
+	ch <- d.weight
 }
 
 func (d *depthCollector) Collect(ch chan<- prometheus.Metric) {
@@ -84,13 +95,23 @@ func (d *depthCollector) Collect(ch chan<- prometheus.Metric) {
 		ls = append(ls, l)
 	}
 	d.g.mu.Unlock()
+	weights := map[string]float64{}
+	for t, w := range d.g.opts.Weights {
+		weights[t] = w
+	}
 	for _, l := range ls {
 		c := l.card
 		c.mu.Lock()
 		q, f := c.s.Queued(l.key), c.s.InFlight(l.key)
+		for t, w := range c.weights {
+			weights[t] = w
+		}
 		c.mu.Unlock()
 		card := strconv.FormatUint(uint64(c.index), 10)
 		ch <- prometheus.MustNewConstMetric(d.queued, prometheus.GaugeValue, float64(q), l.key, card)
 		ch <- prometheus.MustNewConstMetric(d.inFlight, prometheus.GaugeValue, float64(f), l.key, card)
+	}
+	for t, w := range weights {
+		ch <- prometheus.MustNewConstMetric(d.weight, prometheus.GaugeValue, w, t)
 	}
 }

@@ -74,8 +74,15 @@ func (g *Gateway) listModels(w http.ResponseWriter, r *http.Request) {
 	}
 	t := g.table.Load()
 	data := make([]map[string]any, 0, len(t.models))
-	for _, m := range t.models {
+	for i := range t.models {
+		m := &t.models[i]
 		data = append(data, map[string]any{"id": m.Served, "object": "model", "created": m.Created, "owned_by": "gpuplane"})
+		for _, a := range m.Aliases {
+			// Listed where it leads (a served name wins over an alias).
+			if t.byName[a] == m {
+				data = append(data, map[string]any{"id": a, "object": "model", "created": m.Created, "owned_by": "gpuplane", "root": m.Served})
+			}
+		}
 	}
 	w.Header().Set("Content-Type", "application/json")
 	_ = json.NewEncoder(w).Encode(map[string]any{"object": "list", "data": data})

@@ -58,6 +58,9 @@ type Config struct {
 	MaxBackoff   time.Duration
 	// MaxDecisions bounds the decision log kept in memory (default 1024).
 	MaxDecisions int
+	// Profiler, when set, is shared with the node's other controllers;
+	// nil gives the controller one of its own.
+	Profiler *Profiler
 }
 
 func (c Config) withDefaults() (Config, error) {
@@ -102,9 +105,10 @@ func (c Config) withDefaults() (Config, error) {
 // after a violation).
 type replica struct {
 	dep Deployment
-	// prof is what the profiler learned for dep's key (shared, not part of
-	// a step's trial copy).
+	// prof is what the profiler learned for dep's key, mem its memory
+	// figures at dep's share (shared, not part of a step's trial copy).
 	prof  *Profile
+	mem   *memFigures
 	state State
 	// since is when the replica entered its state; resident when it last
 	// became resident; opStart when the running load or wake began.
@@ -177,7 +181,7 @@ type Controller struct {
 	usable int64
 	reps   []replica
 	index  map[ModelID]int
-	prof   profiler
+	prof   *profiler
 
 	evictions  []eviction
 	serialized map[pairKey]time.Time
@@ -231,7 +235,11 @@ func New(cfg Config, clock Clock) (*Controller, error) {
 		return nil, fmt.Errorf("residency: clock: must not be nil")
 	}
 	usable := cfg.Memory - int64(float64(cfg.Memory)*cfg.HeadroomPercent/100)
+	if cfg.Profiler == nil {
+		cfg.Profiler = NewProfiler()
+	}
 	return &Controller{
+		prof:       &cfg.Profiler.p,
 		cfg:        cfg,
 		clock:      clock,
 		usable:     usable,
@@ -256,7 +264,8 @@ func (c *Controller) ViolationCount() int { return c.violationCount }
 // Violations returns the most recent violations (up to 16), oldest first.
 func (c *Controller) Violations() []Violation { return append([]Violation(nil), c.violations...) }
 
-// Profiles returns what the profiler learned, ordered by key.
+// Profiles returns what the profiler learned, ordered by key (with a shared
+// Profiler, what every controller sharing it learned).
 func (c *Controller) Profiles() []Profile { return c.prof.all() }
 
 // Decisions returns the decision log kept in memory, oldest first.
@@ -481,7 +490,7 @@ func (c *Controller) observe(ev Event, now time.Time) error {
 			// Only adapters confirmed loaded are surely in the sample; one
 			// loading or unloading may or may not be, and counting it in
 			// the base errs on the safe side.
-			r.prof.memory(r.state, e.Bytes-c.loadedAdapterBytes(r))
+			r.prof.memory(r.state, e.Bytes-c.loadedAdapterBytes(r), r.mem)
 		}
 	case DeploymentAdded:
 		return c.upsert(e.Deployment, now)
@@ -542,11 +551,13 @@ func (c *Controller) upsert(d Deployment, now time.Time) error {
 		}
 		r.dep = d
 		r.prof = c.prof.get(d.profileKey())
+		r.mem = r.prof.memAt(d.Share)
 		r.removed = false
 		return nil
 	}
 	c.index[d.Model] = len(c.reps)
-	c.reps = append(c.reps, replica{dep: d, prof: c.prof.get(d.profileKey()), state: Cold, since: now})
+	prof := c.prof.get(d.profileKey())
+	c.reps = append(c.reps, replica{dep: d, prof: prof, mem: prof.memAt(d.Share), state: Cold, since: now})
 	return nil
 }
 

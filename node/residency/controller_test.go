@@ -479,3 +479,84 @@ func TestPromiseGrowingUnderABorrowerTakesItsShareBack(t *testing.T) {
 		t.Fatalf("a is %s after the drain deadline, want Sleeping\n%s", s, w.dump())
 	}
 }
+
+// TestVariantsAreProfiledApart: two deployments of the same weights in
+// different quantizations learn apart (each its own footprint and load
+// time); a third replica of one of them shares that variant's profile and
+// starts from what it learned.
+func TestVariantsAreProfiledApart(t *testing.T) {
+	w := newWorld(t, card)
+	fp8, tr8 := onDemand("chat-fp8/0", 8*gi)
+	fp8.Weights, fp8.Quantization = "/models/llama", "fp8"
+	tr8.foot, tr8.peak, tr8.load = 6*gi, 6*gi, 11*time.Second
+	bf16, tr16 := onDemand("chat-bf16/0", 16*gi)
+	bf16.Weights, bf16.Quantization = "/models/llama", "bf16"
+	tr16.foot, tr16.peak, tr16.load = 14*gi, 14*gi, 23*time.Second
+	w.add(fp8, tr8)
+	w.add(bf16, tr16)
+	w.request("chat-fp8/0", time.Second)
+	w.request("chat-bf16/0", time.Second)
+	w.run(2 * time.Minute)
+	w.assertClean()
+	ps := w.c.Profiles()
+	if len(ps) != 2 {
+		t.Fatalf("%d profiles, want one per variant: %+v", len(ps), ps)
+	}
+	want := map[string]struct {
+		foot int64
+		load time.Duration
+	}{"bf16": {14 * gi, 23 * time.Second}, "fp8": {6 * gi, 11 * time.Second}}
+	for _, p := range ps {
+		wp := want[p.Key.Quantization]
+		if p.Key.Model != "/models/llama" || p.Footprint != wp.foot || p.LoadTime != wp.load || p.Loads != 1 {
+			t.Errorf("profile %+v, want weights /models/llama, footprint %d, load %s, 1 load", p, wp.foot, wp.load)
+		}
+	}
+
+	// Another replica of the fp8 variant shares its profile: its load takes
+	// the learned 6Gi, not its declared 8Gi.
+	again, trA := onDemand("chat-fp8/1", 8*gi)
+	again.Weights, again.Quantization = "/models/llama", "fp8"
+	trA.foot, trA.peak, trA.load = 6*gi, 6*gi, 11*time.Second
+	w.add(again, trA)
+	w.request("chat-fp8/1", time.Second)
+	w.run(2 * time.Minute)
+	w.assertClean()
+	loads := w.actions("chat-fp8/1", residency.ActLoad)
+	if len(loads) == 0 || loads[0].Decision.Inputs.Bytes != 6*gi {
+		t.Errorf("the second fp8 replica's load: %+v, want it to take the variant's learned 6Gi", loads)
+	}
+	if ps := w.c.Profiles(); len(ps) != 2 {
+		t.Fatalf("%d profiles after a second replica of a variant, want 2: %+v", len(ps), ps)
+	}
+	for _, p := range w.c.Profiles() {
+		if p.Key.Quantization == "fp8" && p.Loads != 2 {
+			t.Errorf("fp8 variant: %d loads, want both replicas' 2", p.Loads)
+		}
+	}
+}
+
+// TestVariantSharesBoundLearnedMemory: two pinned deployments of one
+// variant with shares that fill the card share a profile; the larger one's
+// learned footprint must not make the smaller one claim more than its
+// share, which would break I2 with promises that sum to the card.
+func TestVariantSharesBoundLearnedMemory(t *testing.T) {
+	w := newWorld(t, card)
+	small, trS := reserved("small/0", residency.Pinned, 8*gi)
+	big, trB := reserved("big/0", residency.Pinned, 14*gi)
+	small.Weights, big.Weights = "/models/llama", "/models/llama"
+	w.add(big, trB)
+	w.run(time.Minute)
+	w.add(small, trS)
+	w.run(time.Minute)
+	w.request("small/0", time.Second)
+	w.request("big/0", time.Second)
+	w.run(time.Minute)
+	w.assertClean()
+	if ps := w.c.Profiles(); len(ps) != 1 || ps[0].Footprint != 14*gi {
+		t.Fatalf("profiles %+v, want one for the variant, footprint 14Gi", ps)
+	}
+	if st, _ := w.c.Replica("small/0"); st.State != residency.Resident || st.Cost != 8*gi {
+		t.Errorf("small: %+v, want resident at its 8Gi", st)
+	}
+}

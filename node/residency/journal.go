@@ -41,7 +41,21 @@ type Journal struct {
 	changed  chan struct{}
 	cards    map[string]CardView
 	profiles map[ProfileKey]Profile
+	// counts are every decision and transition recorded since the
+	// journal was made, for the node's metrics: the ring forgets, these
+	// only grow.
+	decided     map[DecisionCount]uint64
+	transitions map[Transition]uint64
 }
+
+// DecisionCount keys the count of decisions by action and trigger.
+type DecisionCount struct {
+	Action, Trigger string
+	Advised         bool
+}
+
+// Transition is a replica's residency moving from one state to another.
+type Transition struct{ From, To State }
 
 // NewJournal keeps the last capacity decisions (default 4096) of node.
 func NewJournal(node string, capacity int) *Journal {
@@ -49,7 +63,8 @@ func NewJournal(node string, capacity int) *Journal {
 		capacity = 4096
 	}
 	return &Journal{node: node, cap: capacity, changed: make(chan struct{}),
-		cards: map[string]CardView{}, profiles: map[ProfileKey]Profile{}}
+		cards: map[string]CardView{}, profiles: map[ProfileKey]Profile{},
+		decided: map[DecisionCount]uint64{}, transitions: map[Transition]uint64{}}
 }
 
 // Node is the node whose decisions the journal holds.
@@ -64,6 +79,7 @@ func (j *Journal) Record(ds ...Decision) {
 	defer j.mu.Unlock()
 	for _, d := range ds {
 		j.seq++
+		j.decided[DecisionCount{Action: d.Action.String(), Trigger: d.Trigger.String(), Advised: d.Advised}]++
 		nd := NodeDecision{Seq: j.seq, Node: j.node, Decision: d}
 		if len(j.buf) < j.cap {
 			j.buf = append(j.buf, nd)
@@ -144,4 +160,28 @@ func (j *Journal) Profiles() []Profile {
 	}
 	slices.SortFunc(out, func(a, b Profile) int { return compareKeys(a.Key, b.Key) })
 	return out
+}
+
+// Transitioned counts a replica's residency moving from one state to
+// another, as the node's manager reports it.
+func (j *Journal) Transitioned(from, to State) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	j.transitions[Transition{from, to}]++
+}
+
+// Counts returns how many decisions (by action and trigger) and residency
+// transitions the journal has recorded since it was made.
+func (j *Journal) Counts() (map[DecisionCount]uint64, map[Transition]uint64) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	d := make(map[DecisionCount]uint64, len(j.decided))
+	for k, v := range j.decided {
+		d[k] = v
+	}
+	t := make(map[Transition]uint64, len(j.transitions))
+	for k, v := range j.transitions {
+		t[k] = v
+	}
+	return d, t
 }

@@ -7,11 +7,15 @@ import (
 )
 
 // Figures the controller uses for a replica: the profiler's measurement once
-// there is one, the deployment's prior before.
+// there is one, the deployment's prior before. Times are learned per
+// variant; memory per variant and share, since an engine sizes its KV pool
+// by its share: a larger replica's footprint must not make a smaller one
+// claim more than was promised to it, nor a smaller one's understate a
+// larger one's.
 
 func (c *Controller) footprint(r *replica) int64 {
-	if r.prof.Footprint > 0 {
-		return r.prof.Footprint
+	if f := r.mem.footprint; f > 0 {
+		return f
 	}
 	if r.dep.Footprint > 0 {
 		return r.dep.Footprint
@@ -21,12 +25,12 @@ func (c *Controller) footprint(r *replica) int64 {
 
 // peak is the cost of a load in progress: never below the footprint.
 func (c *Controller) peak(r *replica) int64 {
-	return max(r.dep.Peak, c.footprint(r), r.prof.Peak)
+	return max(r.dep.Peak, c.footprint(r), r.mem.peak)
 }
 
 func (c *Controller) residual(r *replica) int64 {
-	if r.prof.Residual > 0 {
-		return r.prof.Residual
+	if v := r.mem.residual; v > 0 {
+		return v
 	}
 	return r.dep.Residual
 }

@@ -22,7 +22,15 @@ type Profile struct {
 	TokensPerSecond float64
 	Loads, Wakes    int
 	Failures        int
+	// mem are the same memory figures per replica share: an engine sizes
+	// its KV pool by its share, so only a replica of the same share takes
+	// them for its own (ledger.go). Read and written from the controllers'
+	// loop only.
+	mem map[int64]*memFigures
 }
+
+// memFigures are the memory figures learned at one share.
+type memFigures struct{ footprint, peak, residual int64 }
 
 // profileAlpha weighs the newest observation of a time.
 const profileAlpha = 0.3
@@ -39,6 +47,19 @@ func ewmaDuration(old time.Duration, n int, obs time.Duration) time.Duration {
 type profiler struct {
 	m map[ProfileKey]*Profile
 }
+
+// Profiler keeps what controllers learn, per variant. A node gives one to
+// all of its cards' controllers (Config.Profiler), so that what one card
+// learned about a variant serves a replica of it on another card and
+// outlives the card's controller. Like a Controller it is not safe for
+// concurrent use: the controllers sharing it run from one loop.
+type Profiler struct{ p profiler }
+
+// NewProfiler returns an empty Profiler.
+func NewProfiler() *Profiler { return &Profiler{} }
+
+// Profiles returns copies of every profile, ordered by key.
+func (p *Profiler) Profiles() []Profile { return p.p.all() }
 
 func (p *profiler) get(k ProfileKey) *Profile {
 	if p.m == nil {
@@ -62,14 +83,32 @@ func (pr *Profile) woke(d time.Duration) {
 	pr.Wakes++
 }
 
-func (pr *Profile) memory(s State, bytes int64) {
+// memAt returns the figures learned at share, made empty if none.
+func (pr *Profile) memAt(share int64) *memFigures {
+	if pr.mem == nil {
+		pr.mem = make(map[int64]*memFigures)
+	}
+	m := pr.mem[share]
+	if m == nil {
+		m = &memFigures{}
+		pr.mem[share] = m
+	}
+	return m
+}
+
+// memory learns a sample in state s of a replica whose share's figures are
+// m (memAt).
+func (pr *Profile) memory(s State, bytes int64, m *memFigures) {
 	switch s {
 	case Resident, Draining:
 		pr.Footprint = max(pr.Footprint, bytes)
+		m.footprint = max(m.footprint, bytes)
 	case Loading, Waking:
 		pr.Peak = max(pr.Peak, bytes)
+		m.peak = max(m.peak, bytes)
 	case Sleeping:
 		pr.Residual = bytes
+		m.residual = bytes
 	}
 }
 

@@ -5,9 +5,10 @@ import (
 	"time"
 )
 
-// ModelID names one deployment's replica on a card. Models that differ in
-// base weights or quantization are separate residents, so the integrator
-// maps a (deployment, replica) to one ModelID.
+// ModelID names one deployment's replica on a card: each is a resident of
+// its own (its engine, its cost in the ledger). What the controller learns
+// is kept per variant instead (ProfileKey): replicas of the same base
+// weights, quantization, engine and device share one profile.
 type ModelID string
 
 // Residency is how the card keeps a model (SPEC §8.1).
@@ -145,6 +146,11 @@ type Deployment struct {
 	// LoadTime and WakeTime are priors for a cold load and a wake.
 	LoadTime time.Duration
 	WakeTime time.Duration
+	// Weights names the base weights (a deployment's spec.model); with
+	// Quantization, Engine and Device it is the variant the profiler
+	// learns about, shared by every replica of it. Empty: Model, so that a
+	// caller that names no weights profiles each replica apart.
+	Weights string
 	// Quantization, Engine and Device complete the profiler's key.
 	Quantization string
 	Engine       string
@@ -324,9 +330,12 @@ type Inputs struct {
 	Active int
 }
 
-// ProfileKey identifies what the profiler learns about: the same model with
-// another quantization, engine or device is profiled apart.
+// ProfileKey identifies what the profiler learns about: a variant. The same
+// weights with another quantization, engine or device are profiled apart;
+// replicas of one variant (of one deployment or of several) share one
+// profile.
 type ProfileKey struct {
+	// Model is the base weights (Deployment.Weights, else its Model).
 	Model        ModelID
 	Quantization string
 	Engine       string
@@ -334,5 +343,9 @@ type ProfileKey struct {
 }
 
 func (d Deployment) profileKey() ProfileKey {
-	return ProfileKey{Model: d.Model, Quantization: d.Quantization, Engine: d.Engine, Device: d.Device}
+	m := d.Model
+	if d.Weights != "" {
+		m = ModelID(d.Weights)
+	}
+	return ProfileKey{Model: m, Quantization: d.Quantization, Engine: d.Engine, Device: d.Device}
 }

@@ -181,6 +181,11 @@ func New(opts Options) *Manager {
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
+	if opts.Config.Profiler == nil {
+		// One per node: a variant's profile serves its replicas on every
+		// card and outlives a card's controller.
+		opts.Config.Profiler = residency.NewProfiler()
+	}
 	m := &Manager{opts: opts, log: opts.Logger, cards: map[uint32]*pb.Card{}, clock: newClock(opts.TimeScale),
 		fronts: map[rkey]*front{}, adapterSpecs: map[rkey]*adapterSpec{}, wake: make(chan struct{}, 1),
 		ctrls: map[uint32]*cardCtrl{}, reps: map[rkey]*rep{}, engines: map[rkey]engineSeen{},
@@ -337,6 +342,9 @@ func (m *Manager) deployment(k rkey, d executor.Desired) residency.Deployment {
 	spec := d.Spec
 	dep := residency.Deployment{
 		Model: k.id(), Share: int64(d.Replica.GetMemoryMib()) << 20,
+		// The variant: replicas of the same weights and quantization (of
+		// one deployment or several) learn one profile.
+		Weights:      spec.GetModel(),
 		Quantization: spec.GetEngine().GetQuantization(), Engine: spec.GetEngine().GetKind(),
 	}
 	switch spec.GetResidency() {
@@ -572,6 +580,9 @@ func (m *Manager) handle(c *cardCtrl, ev residency.Event, why string) {
 		st, ok := c.ctrl.Replica(k.id())
 		if !ok || st.State == r.reported {
 			continue
+		}
+		if j := m.opts.Journal; j != nil && !m.opts.Advise {
+			j.Transitioned(r.reported, st.State)
 		}
 		r.reported = st.State
 		if m.opts.Advise || (why == whyRunning && reasons[k.id()] == "") {

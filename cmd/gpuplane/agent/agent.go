@@ -18,6 +18,7 @@ import (
 	"sync"
 	"time"
 
+	"connectrpc.com/connect"
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/protobuf/proto"
 
@@ -313,6 +314,7 @@ func (a *Agent) startCluster() error {
 }
 
 func (a *Agent) startAPI() error {
+	metrics := a.metricsHandler() // makes a.metricsReg
 	srv, err := rpc.Listen(net.JoinHostPort(a.cfg.Bind, strconv.Itoa(a.cfg.APIPort)), rpc.Config{
 		Backend:    a.cluster,
 		Logger:     a.cfg.Logger,
@@ -323,7 +325,8 @@ func (a *Agent) startAPI() error {
 		NodeName:   a.cfg.NodeName,
 		ReadLogs:   a.readLogs,
 		Residency:  a.residencyJournal,
-		Metrics:    a.metricsHandler(),
+		Metrics:    metrics,
+		Outer:      []connect.Interceptor{newAPIMetrics(a.metricsReg)},
 	})
 	if err != nil {
 		return fmt.Errorf("serve API: %w", err)

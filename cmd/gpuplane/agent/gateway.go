@@ -201,7 +201,8 @@ func modelsOf(f *fsm.FSM) []gateway.Model {
 	var out []gateway.Model
 	for _, d := range f.Models() {
 		spec := d.GetSpec()
-		m := gateway.Model{Deployment: d.GetName(), Served: spec.GetServedModelName(), Class: classOf(spec.GetPriority())}
+		m := gateway.Model{Deployment: d.GetName(), Served: spec.GetServedModelName(), Class: classOf(spec.GetPriority()),
+			Aliases: spec.GetAliases()}
 		if ads := spec.GetAdapters(); len(ads) > 0 {
 			m.Adapters = make(map[string][]string, len(ads))
 			for _, a := range ads {

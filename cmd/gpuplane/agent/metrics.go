@@ -1,7 +1,12 @@
 package agent
 
 import (
+	"context"
 	"net/http"
+	"strconv"
+	"time"
+
+	"connectrpc.com/connect"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -50,6 +55,17 @@ func (a *Agent) metricsHandler() http.Handler {
 		nodes:    prometheus.NewDesc("gpuplane_nodes", "Nodes by status, as this node's state says.", []string{"status"}, nil),
 		replicas: prometheus.NewDesc("gpuplane_replicas", "Replicas by state, as this node's state says.", []string{"state"}, nil),
 		cards:    prometheus.NewDesc("gpuplane_cards", "Cards by device kind, and how many are not bound to an accelerator.", []string{"device", "bound"}, nil),
+	})
+	reg.MustRegister(&residencyCollector{a: a,
+		memory: prometheus.NewDesc("gpuplane_card_memory_bytes",
+			"Memory of each card this node's residency controllers manage, by state: total, usable (total less headroom), reserved (pinned and warm shares), resident, sleeping (residual of engines asleep), free (usable less what engines cost).",
+			[]string{"card", "state"}, nil),
+		decisions: prometheus.NewDesc("gpuplane_residency_decisions_total",
+			"Decisions this node's residency controllers recorded, by action and trigger; advised ones (advise mode) are not executed.",
+			[]string{"action", "trigger", "advised"}, nil),
+		transitions: prometheus.NewDesc("gpuplane_residency_transitions_total",
+			"Residency transitions of this node's replicas (Cold, Loading, Resident, Draining, Sleeping, Waking, Failed).",
+			[]string{"from", "to"}, nil),
 	})
 	if lib := libraryMetrics(); lib != nil {
 		reg.MustRegister(lib)
@@ -118,4 +134,93 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(c.cards, prometheus.GaugeValue, float64(d.Free), d.Name, "false")
 		}
 	})
+}
+
+// residencyCollector reads this node's residency journal at scrape time.
+type residencyCollector struct {
+	a                              *Agent
+	memory, decisions, transitions *prometheus.Desc
+}
+
+func (c *residencyCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- c.memory
+	ch <- c.decisions
+	ch <- c.transitions
+}
+
+func (c *residencyCollector) Collect(ch chan<- prometheus.Metric) {
+	j := c.a.residencyJournal
+	if j == nil {
+		return
+	}
+	for _, v := range j.Cards() {
+		l := v.Ledger
+		usable := v.Usable
+		if usable == 0 {
+			usable = l.Usable
+		}
+		for _, s := range []struct {
+			state string
+			bytes int64
+		}{{"total", l.Memory}, {"usable", usable}, {"reserved", l.Reserved}, {"resident", l.Resident}, {"sleeping", l.Sleeping}, {"free", l.Free}} {
+			ch <- prometheus.MustNewConstMetric(c.memory, prometheus.GaugeValue, float64(s.bytes), v.Card, s.state)
+		}
+	}
+	decided, moved := j.Counts()
+	for k, n := range decided {
+		ch <- prometheus.MustNewConstMetric(c.decisions, prometheus.CounterValue, float64(n), k.Action, k.Trigger, strconv.FormatBool(k.Advised))
+	}
+	for k, n := range moved {
+		ch <- prometheus.MustNewConstMetric(c.transitions, prometheus.CounterValue, float64(n), k.From.String(), k.To.String())
+	}
+}
+
+// apiMetrics counts the API's calls by procedure and code and times them;
+// it wraps the handlers outside the token check, so refused calls count.
+type apiMetrics struct {
+	calls   *prometheus.CounterVec
+	latency *prometheus.HistogramVec
+}
+
+func newAPIMetrics(reg prometheus.Registerer) *apiMetrics {
+	m := &apiMetrics{
+		calls: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "gpuplane_api_calls_total",
+			Help: "API calls this node answered, by procedure and Connect code (ok when none)."}, []string{"procedure", "code"}),
+		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "gpuplane_api_call_seconds",
+			Help:    "Time this node took to answer an API call (a stream: until it ended), by procedure and code.",
+			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 18)}, []string{"procedure", "code"}),
+	}
+	reg.MustRegister(m.calls, m.latency)
+	return m
+}
+
+func (m *apiMetrics) observe(procedure string, start time.Time, err error) {
+	code := "ok"
+	if err != nil {
+		code = connect.CodeOf(err).String()
+	}
+	m.calls.WithLabelValues(procedure, code).Inc()
+	m.latency.WithLabelValues(procedure, code).Observe(time.Since(start).Seconds())
+}
+
+func (m *apiMetrics) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
+	return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
+		start := time.Now()
+		resp, err := next(ctx, req)
+		m.observe(req.Spec().Procedure, start, err)
+		return resp, err
+	}
+}
+
+func (m *apiMetrics) WrapStreamingClient(next connect.StreamingClientFunc) connect.StreamingClientFunc {
+	return next
+}
+
+func (m *apiMetrics) WrapStreamingHandler(next connect.StreamingHandlerFunc) connect.StreamingHandlerFunc {
+	return func(ctx context.Context, conn connect.StreamingHandlerConn) error {
+		start := time.Now()
+		err := next(ctx, conn)
+		m.observe(conn.Spec().Procedure, start, err)
+		return err
+	}
 }

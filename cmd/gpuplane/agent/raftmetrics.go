@@ -53,11 +53,38 @@ func libraryMetrics() prometheus.Collector {
 // to the Prometheus sink (raft's "commitTime" becomes "commit_time").
 type snakeSink struct{ next gometrics.MetricSink }
 
+// snakeKeys remembers each key's snake-case form: raft reports several
+// samples per batch and one per committed entry (commit time, dispatch,
+// append entries, FSM apply), and renaming a key allocates. The keys are a
+// few dozen fixed names.
+var snakeKeys struct {
+	sync.RWMutex
+	m map[string][]string // parts joined by NUL -> snake-case parts
+}
+
 func snakeKey(key []string) []string {
-	out := make([]string, len(key))
+	var buf [128]byte
+	b := buf[:0]
+	for _, part := range key {
+		b = append(b, part...)
+		b = append(b, 0)
+	}
+	snakeKeys.RLock()
+	out, ok := snakeKeys.m[string(b)] // no allocation for the lookup
+	snakeKeys.RUnlock()
+	if ok {
+		return out
+	}
+	out = make([]string, len(key))
 	for i, part := range key {
 		out[i] = snakeCase(part)
 	}
+	snakeKeys.Lock()
+	if snakeKeys.m == nil {
+		snakeKeys.m = map[string][]string{}
+	}
+	snakeKeys.m[string(b)] = out
+	snakeKeys.Unlock()
 	return out
 }
 
@@ -84,9 +111,19 @@ func (s snakeSink) SetGaugeWithLabels(key []string, val float32, labels []gometr
 	s.next.SetGaugeWithLabels(snakeKey(key), val, labels)
 }
 func (s snakeSink) EmitKey(key []string, val float32)     { s.next.EmitKey(snakeKey(key), val) }
-func (s snakeSink) IncrCounter(key []string, val float32) { s.next.IncrCounter(snakeKey(key), val) }
+func (s snakeSink) IncrCounter(key []string, val float32) { s.next.IncrCounter(counterKey(key), val) }
 func (s snakeSink) IncrCounterWithLabels(key []string, val float32, labels []gometrics.Label) {
-	s.next.IncrCounterWithLabels(snakeKey(key), val, labels)
+	s.next.IncrCounterWithLabels(counterKey(key), val, labels)
+}
+
+// counterKey is a counter's key in snake case with the "_total" suffix
+// Prometheus expects of counters (promtool check metrics).
+func counterKey(key []string) []string {
+	out := snakeKey(key)
+	if len(out) > 0 {
+		out[len(out)-1] += "_total"
+	}
+	return out
 }
 func (s snakeSink) AddSample(key []string, val float32) { s.next.AddSample(snakeKey(key), val) }
 func (s snakeSink) AddSampleWithLabels(key []string, val float32, labels []gometrics.Label) {

@@ -3,9 +3,12 @@ package cli
 import (
 	"cmp"
 	"fmt"
+	"maps"
 	"slices"
+	"strconv"
 	"strings"
 
+	"github.com/gpuplane/gpuplane/cmd/gpuplane/descriptor"
 	"github.com/gpuplane/gpuplane/fsm"
 	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
 )
@@ -60,4 +63,73 @@ func adapterTable(spec *pb.ModelSpec, replicas []*pb.Replica) table {
 		}
 		return []string{r.a.GetName(), itoa(r.a.GetRank()), r.a.GetSource(), tenants, tier}
 	})
+}
+
+// adapterFlag is `models deploy --adapter NAME=SOURCE,rank=N[,tenants=A|B]`,
+// repeatable: one entry of spec.adapters per use. What the flag's syntax
+// cannot say (no '=', an unknown key, a rank that is no number) is a usage
+// error naming the flag; the adapter rules themselves (unique names, rank
+// 1..512, an engine that can load adapters) are the descriptor's, checked
+// on the whole spec.
+type adapterFlag struct {
+	ads []descriptor.Adapter
+	// raw is each use as typed, to name it in a violation.
+	raw []string
+}
+
+func (f *adapterFlag) String() string { return strings.Join(f.raw, " ") }
+
+func (*adapterFlag) Type() string { return "NAME=SOURCE,rank=N[,tenants=A|B]" }
+
+func (f *adapterFlag) Set(s string) error {
+	parts := strings.Split(s, ",")
+	name, source, ok := strings.Cut(parts[0], "=")
+	if !ok || name == "" || source == "" {
+		return fmt.Errorf("want NAME=SOURCE first (such as sql=/adapters/sql,rank=16), got %q", parts[0])
+	}
+	a := descriptor.Adapter{Name: name, Source: source}
+	for _, p := range parts[1:] {
+		k, v, _ := strings.Cut(p, "=")
+		switch k {
+		case "rank":
+			n, err := strconv.ParseInt(v, 10, 64)
+			if err != nil {
+				return fmt.Errorf("rank: want a whole number, got %q", v)
+			}
+			a.Rank = &n
+		case "tenants":
+			if v == "" {
+				return fmt.Errorf("tenants: want one or more tenants separated by '|', got nothing")
+			}
+			a.Tenants = strings.Split(v, "|")
+		default:
+			return fmt.Errorf("unknown key %q: want rank=N or tenants=A|B after NAME=SOURCE", k)
+		}
+	}
+	f.ads = append(f.ads, a)
+	f.raw = append(f.raw, s)
+	return nil
+}
+
+// deployFlags is modelFlags with each --adapter and --alias given named as
+// typed, so that `error: --adapter "sql=/a,rank=600": rank: must be between
+// 1 and 512, got 600` says which one.
+func deployFlags(ads *adapterFlag, aliases []string) map[string]string {
+	out := make(map[string]string, len(modelFlags)+4*len(ads.raw)+len(aliases))
+	maps.Copy(out, modelFlags)
+	for i, raw := range ads.raw {
+		f := fmt.Sprintf("spec.adapters[%d]", i)
+		use := fmt.Sprintf("--adapter %q", raw)
+		out[f] = use
+		for _, field := range []string{"name", "source", "rank"} {
+			out[f+"."+field] = use + ": " + field
+		}
+		for j := range ads.ads[i].Tenants {
+			out[fmt.Sprintf("%s.tenants[%d]", f, j)] = fmt.Sprintf("%s: tenants[%d]", use, j)
+		}
+	}
+	for i, a := range aliases {
+		out[fmt.Sprintf("spec.aliases[%d]", i)] = fmt.Sprintf("--alias %q", a)
+	}
+	return out
 }

@@ -257,16 +257,26 @@ func TestLiveMetricsAndUI(t *testing.T) {
 		}
 	}
 
-	// The web UI is one page on the API port that reads the Connect JSON API;
-	// paths that are neither it nor a procedure stay 404.
+	// The web UI is one page on the API port, with its script and style
+	// sheet, that reads the Connect JSON API; paths that are neither it nor
+	// a procedure stay 404.
 	resp, err = http.Get(a.APIURL() + "/")
 	if err != nil {
 		t.Fatal(err)
 	}
 	page, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
-	if resp.StatusCode != 200 || !strings.Contains(resp.Header.Get("Content-Type"), "text/html") || !strings.Contains(string(page), `call("AcceleratorService", "ListAccelerators")`) {
+	if resp.StatusCode != 200 || !strings.Contains(resp.Header.Get("Content-Type"), "text/html") || !strings.Contains(string(page), `<script src="/ui/app.js">`) {
 		t.Errorf("GET / = %d %q, want the UI page", resp.StatusCode, resp.Header.Get("Content-Type"))
+	}
+	resp, err = http.Get(a.APIURL() + "/ui/app.js")
+	if err != nil {
+		t.Fatal(err)
+	}
+	script, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || !strings.Contains(resp.Header.Get("Content-Type"), "javascript") || !strings.Contains(string(script), `call("ModelService", "ListReplicas"`) {
+		t.Errorf("GET /ui/app.js = %d %q, want the UI's script", resp.StatusCode, resp.Header.Get("Content-Type"))
 	}
 	resp, err = http.Post(a.APIURL()+"/gpuplane.v1.NoSuchService/Nothing", "application/json", strings.NewReader("{}"))
 	if err != nil {

@@ -141,6 +141,10 @@ func (g *globals) printModel(m *pb.GetModelResponse) error {
 			return err
 		}
 	}
+	if as := m.GetModel().GetSpec().GetAliases(); len(as) > 0 {
+		// Endpoints on the same replicas: one resident copy serves them.
+		fmt.Fprintf(g.stdout, "\nALIASES  %s\n", strings.Join(as, ", "))
+	}
 	if len(m.GetModel().GetSpec().GetAdapters()) == 0 {
 		return nil
 	}
@@ -223,6 +227,9 @@ var modelFlags = map[string]string{
 	"spec.residency":               "--residency",
 	"spec.priority":                "--priority",
 	"spec.slo.ttftMs":              "--slo-ttft-ms",
+	"spec.engine.maxAdapters":      "--max-adapters",
+	"spec.adapters":                "--adapter",
+	"spec.aliases":                 "--alias",
 }
 
 func newModelsDeployCommand(g *globals) *cobra.Command {
@@ -232,6 +239,7 @@ func newModelsDeployCommand(g *globals) *cobra.Command {
 		memory       quantityFlag
 		startTimeout time.Duration
 		dryRun       bool
+		adapters     adapterFlag
 	)
 	c := &cobra.Command{
 		Use:   "deploy NAME --accelerator A --model URI [flags]",
@@ -242,7 +250,9 @@ give are reset to their defaults, so redeploying with the same flags is
 "unchanged" and changing one flag is "configured".`,
 		Example: `  gpuplane models deploy chat --accelerator small --model /models/llama-3.1-8b --memory-percent 45 --replicas 2
   gpuplane models deploy coder --accelerator home --model /models/coder --memory-percent 60 --residency onDemand --priority background
-  gpuplane models deploy big --accelerator pair --model hf://org/llm --tensor-parallel 2 --max-model-len 8192`,
+  gpuplane models deploy big --accelerator pair --model hf://org/llm --tensor-parallel 2 --max-model-len 8192
+  gpuplane models deploy chat --accelerator small --model /models/llama --memory-percent 45 --max-adapters 8 \
+    --adapter sql=/adapters/sql,rank=16 --adapter legal=/adapters/legal,rank=64,tenants=acme --alias helpdesk`,
 		Args:              argsNamed("NAME"),
 		ValidArgsFunction: g.completeNames(modelNames),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -273,6 +283,8 @@ give are reset to their defaults, so redeploying with the same flags is
 					spec.Engine.PipelineParallel = v
 				case "slo-ttft-ms":
 					spec.SLO = &descriptor.SLO{TTFTMs: v}
+				case "max-adapters":
+					spec.Engine.MaxAdapters = v
 				}
 			}
 			if memory.set {
@@ -281,13 +293,15 @@ give are reset to their defaults, so redeploying with the same flags is
 			if cmd.Flags().Changed("start-timeout") {
 				spec.Engine.StartTimeout = &descriptor.Duration{Duration: startTimeout}
 			}
+			spec.Adapters = adapters.ads
+			flags := deployFlags(&adapters, spec.Aliases)
 			var problems []*pb.Violation
 			if v := descriptor.CheckName("metadata.name", name); v != nil {
 				problems = append(problems, v)
 			}
 			problems = append(problems, spec.Check()...)
 			if len(problems) > 0 {
-				return g.reportViolations(problems, modelFlags)
+				return g.reportViolations(problems, flags)
 			}
 			spec.SetDefaults(name)
 
@@ -299,7 +313,7 @@ give are reset to their defaults, so redeploying with the same flags is
 				Name: name, Spec: spec.Proto(), DryRun: dryRun,
 			}))
 			if vs := violationsOf(err); len(vs) > 0 {
-				return g.reportViolations(vs, modelFlags)
+				return g.reportViolations(vs, flags)
 			}
 			if err != nil {
 				return err
@@ -332,6 +346,9 @@ give are reset to their defaults, so redeploying with the same flags is
 	f.StringVar(&spec.Priority, "priority", "standard", "request class: interactive, standard or background")
 	intFlag("slo-ttft-ms", 0, "p95 time-to-first-token target in milliseconds (default: none)")
 	f.StringVar(&spec.Engine.Quantization, "quantization", "", "numeric format of the weights (bf16, fp8, awq, q4_k_m); part of the model's identity")
+	f.Var(&adapters, "adapter", "a LoRA adapter on the model, such as sql=/adapters/sql,rank=16 or legal=/adapters/legal,rank=64,tenants=acme|beta (private to those tenants); repeat for more")
+	intFlag("max-adapters", 0, "adapters each engine keeps on the card at once, 1..256 (default 4)")
+	f.StringArrayVar(&spec.Aliases, "alias", nil, "another name the gateway serves the deployment under, on the same replicas (one resident copy); repeat for more")
 	f.BoolVar(&dryRun, "dry-run", false, "check against the cluster and persist nothing")
 	_ = c.RegisterFlagCompletionFunc("accelerator", g.completeFrom(acceleratorNames))
 	_ = c.RegisterFlagCompletionFunc("engine", cobra.FixedCompletions(descriptor.EngineKinds, cobra.ShellCompDirectiveNoFileComp))

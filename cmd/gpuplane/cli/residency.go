@@ -211,8 +211,11 @@ func newResidencyProfilesCommand(g *globals) *cobra.Command {
 	c := &cobra.Command{
 		Use:   "profiles [--node N]",
 		Short: "Show learned load time, wake time, footprint and tokens/s per (model, quantization, engine, device)",
-		Long: `Show what each node's residency controllers learned per (model,
-quantization, engine, device): the load and wake times (moving averages of
+		Long: `Show what each node's residency controllers learned per variant (model,
+quantization, engine, device), one row each: MODEL is the deployments'
+spec.model, so two quantizations of one model are two rows, and replicas
+of one variant (of one deployment or several) share a row. The load and
+wake times (moving averages of
 those observed), the most memory seen while resident (FOOTPRINT), tokens per
 second over finished requests, and how many loads and wakes were measured.
 -o json/yaml also gives the peak while loading, the residual while asleep and

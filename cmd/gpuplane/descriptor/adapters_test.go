@@ -73,3 +73,51 @@ spec:
 		t.Errorf("problems:\n%q\nwant\n%q", got, want)
 	}
 }
+
+// TestParseAliases: spec.aliases reach the API's form as written; an alias
+// that could not tell the deployment's endpoints apart is refused with its
+// path and rule.
+func TestParseAliases(t *testing.T) {
+	f, err := Parse([]byte(`resource: ModelDeployment
+resourceVersion: v1
+metadata: {name: chat}
+spec:
+  model: /m
+  placement: {accelerator: home}
+  engine: {kind: sim, memoryPercent: 50}
+  aliases: [helpdesk, support]
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := f.Resources[0].ModelDeployment.Proto().GetAliases(); !slices.Equal(got, []string{"helpdesk", "support"}) {
+		t.Errorf("aliases = %q, want [helpdesk support]", got)
+	}
+	_, err = Parse([]byte(`resource: ModelDeployment
+resourceVersion: v1
+metadata: {name: chat}
+spec:
+  model: /m
+  placement: {accelerator: home}
+  engine: {kind: sim, memoryPercent: 50}
+  adapters: [{name: sql, source: /a/sql, rank: 8}]
+  aliases: [chat, help, help, sql, "a:b"]
+`))
+	var perr *Error
+	if !errors.As(err, &perr) {
+		t.Fatalf("Parse = %v, want problems", err)
+	}
+	var got []string
+	for _, p := range perr.Problems {
+		got = append(got, p.String())
+	}
+	want := []string{
+		`document 1 (modeldeployment/chat): spec.aliases[2]: "help" is already spec.aliases[1]: aliases are unique per deployment`,
+		`document 1 (modeldeployment/chat): spec.aliases[3]: "sql" is the name of one of the deployment's adapters: requests could not tell the alias from the adapter`,
+		`document 1 (modeldeployment/chat): spec.aliases[4]: "a:b" must be letters, digits, '.', '_' or '-', starting with a letter or digit (requests name it as model ALIAS or ALIAS:ADAPTER)`,
+		`document 1 (modeldeployment/chat): spec.aliases[0]: "chat" is the deployment's served model name already`,
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("problems:\n%q\nwant\n%q", got, want)
+	}
+}

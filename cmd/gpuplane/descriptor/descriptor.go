@@ -320,6 +320,14 @@ func (p *parser) document(n int, doc yaml.MapSlice) {
 		for _, v := range d.Spec.check(w.failedAt) {
 			check(v.Field, "%s", v.Description)
 		}
+		if d.Spec.ServedModelName == "" {
+			// Served by its name: the server's rule, said before it is asked.
+			for i, a := range d.Spec.Aliases {
+				if a == h.Metadata.Name {
+					check(fmt.Sprintf("spec.aliases[%d]", i), "%q is the deployment's served model name already", a)
+				}
+			}
+		}
 		d.Spec.SetDefaults(h.Metadata.Name)
 		r.ModelDeployment = d.Spec
 	default:

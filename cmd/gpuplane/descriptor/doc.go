@@ -15,7 +15,9 @@
 // beside it): output only, ignored by apply, so that what get prints can be
 // applied back as kubectl allows.
 //
-// Two fields go beyond SPEC §4: a deployment's optional
+// Three fields go beyond SPEC §4 and §8.1: a deployment's optional
+// `aliases: [helpdesk]`, other names for the same replicas (one resident
+// copy of the weights, descriptors.md rule 17), its optional
 // `resources: {cpu: 500m, memory: 8Gi}` block, the host CPU and memory each
 // replica needs besides its cards (see HostResources), and
 // `engine.startTimeout: 10m`, how long one start of its engine may take to

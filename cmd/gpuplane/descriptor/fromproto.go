@@ -75,5 +75,10 @@ func ModelDeploymentSpecFromProto(p *pb.ModelSpec) ModelDeploymentSpec {
 	if t := p.GetSlo().GetTtftMs(); t > 0 {
 		s.SLO = &SLO{TTFTMs: new(int64(t))}
 	}
+	s.Engine.MaxAdapters = opt(e.GetMaxAdapters())
+	for _, a := range p.GetAdapters() {
+		s.Adapters = append(s.Adapters, Adapter{Name: a.GetName(), Source: a.GetSource(), Rank: new(int64(a.GetRank())), Tenants: a.GetTenants()})
+	}
+	s.Aliases = p.GetAliases()
 	return s
 }

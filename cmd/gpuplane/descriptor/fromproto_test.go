@@ -32,6 +32,10 @@ func TestFromProtoRoundTrips(t *testing.T) {
 				Env: map[string]string{"A": "1"}, StartTimeoutSeconds: 90, Quantization: "fp8"},
 			Resources: &pb.HostResources{CpuMilli: 500, MemoryMib: 1024}, Residency: pb.Residency_RESIDENCY_ON_DEMAND,
 			Priority: pb.Priority_PRIORITY_BACKGROUND, Slo: &pb.SLO{TtftMs: 800}},
+		{Model: "/m", Replicas: 1, Placement: &pb.PlacementSpec{Accelerator: "small"},
+			Engine:   &pb.EngineSpec{Kind: "sim", MemoryPercent: 40, MaxAdapters: 8},
+			Adapters: []*pb.Adapter{{Name: "sql", Source: "/a/sql", Rank: 16}, {Name: "law", Source: "/a/law", Rank: 8, Tenants: []string{"acme"}}},
+			Aliases:  []string{"helpdesk", "support"}},
 	} {
 		stored := fsm.NormalizeModelSpec("chat", spec)
 		s := ModelDeploymentSpecFromProto(stored)

@@ -55,6 +55,10 @@ type ModelDeploymentSpec struct {
 	SLO *SLO `json:"slo,omitempty"`
 	// Adapters are LoRA adapters on this base model (SPEC §8.1).
 	Adapters []Adapter `json:"adapters,omitempty"`
+	// Aliases are other names the gateway serves the deployment under:
+	// endpoints on the same replicas, so on the same resident copy of the
+	// weights (a gpuplane extension to SPEC §8.1's variants).
+	Aliases []string `json:"aliases,omitempty"`
 }
 
 // Adapter is one LoRA adapter: `{name: sql, source: /adapters/sql, rank: 16}`,
@@ -403,7 +407,7 @@ var schemaOrder = []string{
 	"spec.engine.kind", "spec.engine.memoryPercent", "spec.engine.memory", "spec.engine.computePercent",
 	"spec.engine.maxModelLen", "spec.engine.tensorParallel", "spec.engine.pipelineParallel",
 	"spec.engine.args", "spec.engine.env", "spec.engine.startTimeout", "spec.engine.quantization", "spec.engine.maxAdapters",
-	"spec.resources", "spec.residency", "spec.priority", "spec.slo", "spec.adapters",
+	"spec.resources", "spec.residency", "spec.priority", "spec.slo", "spec.adapters", "spec.aliases",
 }
 
 // inSchemaOrder sorts violations, found here and by the server's rules, by
@@ -484,6 +488,7 @@ func (s *ModelDeploymentSpec) Proto() *pb.ModelSpec {
 		out.Slo = &pb.SLO{TtftMs: uint32(*s.SLO.TTFTMs)}
 	}
 	out.Adapters = s.adapters()
+	out.Aliases = s.Aliases
 	if e.MaxAdapters != nil {
 		out.Engine.MaxAdapters = uint32(*e.MaxAdapters)
 	}

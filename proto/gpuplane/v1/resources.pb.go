@@ -1542,7 +1542,11 @@ type ModelSpec struct {
 	Slo             *SLO                   `protobuf:"bytes,9,opt,name=slo,proto3" json:"slo,omitempty"`
 	// LoRA adapters on this base model (SPEC §8.1); adding or removing one
 	// does not restart the base.
-	Adapters      []*Adapter `protobuf:"bytes,10,rep,name=adapters,proto3" json:"adapters,omitempty"`
+	Adapters []*Adapter `protobuf:"bytes,10,rep,name=adapters,proto3" json:"adapters,omitempty"`
+	// Other names the gateway serves this deployment under: each is an
+	// endpoint on the same replicas (one engine, one resident copy of the
+	// weights per replica). Changing them does not restart anything.
+	Aliases       []string `protobuf:"bytes,11,rep,name=aliases,proto3" json:"aliases,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1643,6 +1647,13 @@ func (x *ModelSpec) GetSlo() *SLO {
 func (x *ModelSpec) GetAdapters() []*Adapter {
 	if x != nil {
 		return x.Adapters
+	}
+	return nil
+}
+
+func (x *ModelSpec) GetAliases() []string {
+	if x != nil {
+		return x.Aliases
 	}
 	return nil
 }
@@ -2322,7 +2333,7 @@ const file_gpuplane_v1_resources_proto_rawDesc = "" +
 	"\n" +
 	"memory_mib\x18\x02 \x01(\x04R\tmemoryMib\"\x1e\n" +
 	"\x03SLO\x12\x17\n" +
-	"\attft_ms\x18\x01 \x01(\rR\x06ttftMs\"\xcd\x03\n" +
+	"\attft_ms\x18\x01 \x01(\rR\x06ttftMs\"\xe7\x03\n" +
 	"\tModelSpec\x12\x14\n" +
 	"\x05model\x18\x01 \x01(\tR\x05model\x12*\n" +
 	"\x11served_model_name\x18\x02 \x01(\tR\x0fservedModelName\x12\x1a\n" +
@@ -2334,7 +2345,8 @@ const file_gpuplane_v1_resources_proto_rawDesc = "" +
 	"\bpriority\x18\b \x01(\x0e2\x15.gpuplane.v1.PriorityR\bpriority\x12\"\n" +
 	"\x03slo\x18\t \x01(\v2\x10.gpuplane.v1.SLOR\x03slo\x120\n" +
 	"\badapters\x18\n" +
-	" \x03(\v2\x14.gpuplane.v1.AdapterR\badapters\"c\n" +
+	" \x03(\v2\x14.gpuplane.v1.AdapterR\badapters\x12\x18\n" +
+	"\aaliases\x18\v \x03(\tR\aaliases\"c\n" +
 	"\aAdapter\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x16\n" +
 	"\x06source\x18\x02 \x01(\tR\x06source\x12\x12\n" +
