@@ -89,6 +89,14 @@ type Config struct {
 	// many client nodes against real servers (`gpuplane agent --hollow N`,
 	// bench/fleet). Its gossip, event stream, reports and API are real.
 	Hollow bool
+
+	// ResidencyTimeScale, for dev agents only, runs the residency
+	// controllers' clock and ticks this many times faster than the wall
+	// clock (resident.Options.TimeScale): `gpuplane bench interference`
+	// sets it to its --time-scale, so that the controllers' windows scale
+	// with its engines' figures. 0 or 1: the wall clock. The decision
+	// times a scaled agent records run ahead of the wall clock.
+	ResidencyTimeScale float64
 }
 
 // Agent is a running node.

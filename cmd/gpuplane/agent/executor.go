@@ -53,6 +53,9 @@ func (a *Agent) startExecutor() error {
 	default:
 		return fmt.Errorf("--residency: must be auto or advise, got %q", a.cfg.Residency)
 	}
+	if ts := a.cfg.ResidencyTimeScale; ts < 0 || ts > 1 && !a.cfg.Dev {
+		return fmt.Errorf("residency time scale: must be ≥ 0, and above 1 only on a dev agent, got %g", ts)
+	}
 
 	node := a.localNode()
 	opts := executor.Options{
@@ -82,7 +85,7 @@ func (a *Agent) startExecutor() error {
 	}
 	res := resident.New(resident.Options{
 		Node: a.cfg.NodeName, Cards: node.Cards, Advise: advise, NVML: lib, Journal: a.residencyJournal, DataDir: a.cfg.DataDir,
-		BindHost: a.cfg.Bind, AdvertiseHost: a.cfg.Advertise, Logger: a.cfg.Logger,
+		BindHost: a.cfg.Bind, AdvertiseHost: a.cfg.Advertise, Logger: a.cfg.Logger, TimeScale: a.cfg.ResidencyTimeScale,
 	})
 	opts.Gate = res
 	a.resident = res
