@@ -21,13 +21,11 @@ import (
 )
 
 // HTTPClient returns an HTTP client that speaks h2c to gpuplane servers, so
-// that many concurrent requests share one connection, whose writes leave
-// together (coalescingConn).
+// that many concurrent requests share one connection.
 func HTTPClient() *http.Client {
 	protocols := new(http.Protocols)
 	protocols.SetUnencryptedHTTP2(true)
 	return &http.Client{Transport: &http.Transport{
-		DialContext:         coalescingDialer(),
 		Protocols:           protocols,
 		MaxIdleConnsPerHost: 64,
 		IdleConnTimeout:     90 * time.Second,

@@ -203,6 +203,10 @@ const (
 	// ActDropAdapter records that Adapter left host RAM for disk. No
 	// engine operation.
 	ActDropAdapter
+	// ActProtect records that Peer, of a lower class, no longer takes
+	// Model's memory for a while: Peer's demand displaced Model, and Model
+	// was asked for again, too often (lend.go). No engine operation.
+	ActProtect
 )
 
 func (k ActionKind) String() string {
@@ -233,6 +237,8 @@ func (k ActionKind) String() string {
 		return "unload-adapter"
 	case ActDropAdapter:
 		return "drop-adapter"
+	case ActProtect:
+		return "protect"
 	}
 	return fmt.Sprintf("ActionKind(%d)", uint8(k))
 }
@@ -268,7 +274,7 @@ func (t Trigger) String() string {
 type Action struct {
 	Kind  ActionKind
 	Model ModelID
-	// Peer is the other model of an ActSerialize.
+	// Peer is the other model of an ActSerialize or ActProtect.
 	Peer ModelID
 	// Adapter is the adapter of an ActLoadAdapter, ActUnloadAdapter or
 	// ActDropAdapter (adapters.go).

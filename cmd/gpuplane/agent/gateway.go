@@ -56,6 +56,9 @@ func (a *Agent) listenGateway() error {
 
 // gatewayAddr is the host:port other nodes reach this node's gateway at.
 func (a *Agent) gatewayAddr() string {
+	if a.cfg.Hollow {
+		return "" // a hollow node serves no gateway
+	}
 	return net.JoinHostPort(a.cfg.Advertise, strconv.Itoa(a.cfg.GatewayPort))
 }
 
