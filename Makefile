@@ -121,6 +121,13 @@ bench-dashboard:
 bench-gateway-http: build
 	GOMAXPROCS=2 $(GO) run ./bench/gateway -bin $(BIN) $(BENCH_GATEWAY_FLAGS)
 
+# Three servers and 1,000 hollow client nodes (issue 21; bench/RESULTS.md,
+# Fleet). Heavy: BENCH_FLEET_FLAGS=-nodes 100 for a smaller run.
+.PHONY: bench-fleet
+BENCH_FLEET_FLAGS ?=
+bench-fleet: build
+	$(GO) run ./bench/fleet -bin $(BIN) $(BENCH_FLEET_FLAGS)
+
 clean:
 	rm -rf bin
 

@@ -95,8 +95,10 @@ func (c *Cluster) lead(ctx context.Context) {
 	defer t.Stop()
 	leftSince := map[string]time.Time{}
 	for {
+		began := time.Now()
 		c.reconcile(ctx, time.Since(since))
 		c.reapLeft(ctx, leftSince)
+		c.recordReconcile(time.Since(began))
 		select {
 		case <-ctx.Done():
 			return
@@ -104,6 +106,25 @@ func (c *Cluster) lead(ctx context.Context) {
 		case <-t.C:
 		}
 	}
+}
+
+func (c *Cluster) recordReconcile(d time.Duration) {
+	m := c.mem
+	m.reconciles.Add(1)
+	m.reconcileLast.Store(int64(d))
+	for {
+		old := m.reconcileMax.Load()
+		if int64(d) <= old || m.reconcileMax.CompareAndSwap(old, int64(d)) {
+			return
+		}
+	}
+}
+
+// ReconcileStats is how many reconcile rounds this server ran as leader,
+// and how long the last and the longest took (the writes they made
+// included): what bench/fleet reports per round.
+func (c *Cluster) ReconcileStats() (rounds int64, last, longest time.Duration) {
+	return c.mem.reconciles.Load(), time.Duration(c.mem.reconcileLast.Load()), time.Duration(c.mem.reconcileMax.Load())
 }
 
 func (c *Cluster) reconcile(ctx context.Context, leading time.Duration) {

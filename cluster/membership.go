@@ -38,7 +38,11 @@ const (
 // memberState is the gossip side of a Cluster.
 type memberState struct {
 	gossip atomic.Pointer[Gossip]
-	self   func() *pb.Node
+
+	// reconciles counts the leader's reconcile rounds on this server;
+	// reconcileLast and reconcileMax are their durations in nanoseconds.
+	reconciles, reconcileLast, reconcileMax atomic.Int64
+	self                                    func() *pb.Node
 
 	hint atomic.Pointer[[2]string] // client: last leader (id, raft address) a server named
 

@@ -98,7 +98,9 @@ func startGatewayOn(ctx context.Context, model, engineURL string, serve func(htt
 	go g.Run(ctx)
 	u := serve(g)
 	for { // the first refresh has placed the replica
-		resp, err := http.Post(u+"/v1/completions", "application/json", strings.NewReader(`{"model":"`+model+`","prompt":"x","max_tokens":1}`))
+		// An embedding: answered at once, however slowly the engine
+		// generates.
+		resp, err := http.Post(u+"/v1/embeddings", "application/json", strings.NewReader(`{"model":"`+model+`","input":"x"}`))
 		if err == nil {
 			_, _ = io.Copy(io.Discard, resp.Body)
 			resp.Body.Close()
@@ -237,22 +239,31 @@ func raiseFDs(want uint64) {
 	}
 }
 
-// heap is the Go heap and stacks in use after a collection.
-func heap() uint64 {
+// mem is the Go heap and stacks in use after a collection, and the
+// goroutines.
+type mem struct{ heap, stacks, goroutines int64 }
+
+func memNow() mem {
+	// Twice: buffers in sync.Pools survive one collection.
+	runtime.GC()
 	runtime.GC()
 	var m runtime.MemStats
 	runtime.ReadMemStats(&m)
-	return m.HeapInuse + m.StackInuse
+	return mem{int64(m.HeapAlloc), int64(m.StackInuse), int64(runtime.NumGoroutine())}
+}
+
+func (m mem) minus(o mem) mem {
+	return mem{m.heap - o.heap, m.stacks - o.stacks, m.goroutines - o.goroutines}
 }
 
 // idle opens n streams on base whose first token is far off, and returns
 // the memory they hold once open (the engine has not sent even its
 // headers, so "open" is after a pause); stop ends them.
-func idle(base, model string, n int) (int64, func()) {
+func idle(base, model string, n int) (mem, func()) {
 	ctx, cancel := context.WithCancel(context.Background())
 	c := client(n)
 	var done sync.WaitGroup
-	before := heap()
+	before := memNow()
 	for range n {
 		done.Go(func() {
 			body := fmt.Sprintf(`{"model":%q,"prompt":"x","max_tokens":2,"stream":true}`, model)
@@ -266,7 +277,7 @@ func idle(base, model string, n int) (int64, func()) {
 		})
 	}
 	time.Sleep(3*time.Second + time.Duration(n)*time.Millisecond)
-	held := int64(heap()) - int64(before)
+	held := memNow().minus(before)
 	return held, func() {
 		cancel()
 		done.Wait()
@@ -282,7 +293,11 @@ func main() {
 	idleN := flag.Int("idle", 2000, "idle streams of the memory run")
 	conc := flag.String("concurrency", "1,64,512", "concurrent streams of the overhead points")
 	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the overhead points here")
+	memprofile := flag.String("memprofile", "", "write a heap profile here while the idle streams are open through the gateway")
 	flag.Parse()
+	if *memprofile != "" {
+		runtime.MemProfileRate = 1024
+	}
 	if *cpuprofile != "" {
 		f, err := os.Create(*cpuprofile)
 		if err != nil {
@@ -342,37 +357,84 @@ func main() {
 	}
 
 	pprof.StopCPUProfile()
-	if *many == 0 {
+	if *many > 0 {
+		manyStreams(ctx, *bin, *many)
+	}
+	if *idleN == 0 {
 		return
 	}
+	// 3. Idle streams: the engine's first token is 100 s away. The engine
+	// runs in its own process, so that this one holds the clients (and,
+	// through the gateway, the gateway): the difference is the gateway's.
+	idleEngine, stopIdle := engineProcess(*bin, "idle", 0.01)
+	defer stopIdle()
+	gwIdle := startGateway(ctx, "idle", idleEngine)
+	directHeld, stop := idle(idleEngine, "idle", *idleN)
+	stop()
+	if *memprofile != "" {
+		runtime.GC()
+		f, err := os.Create(*memprofile + ".base")
+		if err != nil {
+			log.Fatal(err)
+		}
+		if err := pprof.Lookup("heap").WriteTo(f, 0); err != nil {
+			log.Fatal(err)
+		}
+		f.Close()
+	}
+	gwHeld, stop := idle(gwIdle, "idle", *idleN)
+	if *memprofile != "" {
+		runtime.GC()
+		f, err := os.Create(*memprofile)
+		if err != nil {
+			log.Fatal(err)
+		}
+		if err := pprof.Lookup("heap").WriteTo(f, 0); err != nil {
+			log.Fatal(err)
+		}
+		f.Close()
+	}
+	stop()
+	stopIdle()
+	// What net/http's server alone holds per connection: a handler that
+	// reads the body and waits.
+	release := make(chan struct{})
+	bare := serve(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		select {
+		case <-release:
+		case <-r.Context().Done():
+		}
+	}))
+	bareHeld, stop := idle(bare, "idle", *idleN)
+	close(release)
+	stop()
+	b := bareHeld.minus(directHeld)
+	fmt.Printf("\n%d requests waiting in a bare net/http handler: %.1f KiB per connection (heap %.1f KiB, stacks %.1f KiB, %.2f goroutines)",
+		*idleN, float64(b.heap+b.stacks)/float64(*idleN)/1024, float64(b.heap)/float64(*idleN)/1024, float64(b.stacks)/float64(*idleN)/1024, float64(b.goroutines)/float64(*idleN))
+	d := gwHeld.minus(directHeld)
+	n := float64(*idleN)
+	fmt.Printf("\n%d idle streams: heap+stacks %.1f MiB opened directly, %.1f MiB through the gateway: %.1f KiB per stream in the gateway (heap %.1f KiB, stacks %.1f KiB, %.2f goroutines)\n",
+		*idleN, float64(directHeld.heap+directHeld.stacks)/(1<<20), float64(gwHeld.heap+gwHeld.stacks)/(1<<20),
+		float64(d.heap+d.stacks)/n/1024, float64(d.heap)/n/1024, float64(d.stacks)/n/1024, float64(d.goroutines)/n)
+	os.Exit(0)
+}
 
+// manyStreams runs many concurrent streams through a gateway and counts
+// the errors.
+func manyStreams(ctx context.Context, bin string, many int) {
 	// 2. Many concurrent streams: a slow engine, in a process of its own,
 	// keeps each open ~3 s; the clients speak HTTP/2 to the gateway, so
 	// that this process holds one socket per stream (to the engine), not
 	// three.
-	slow, stopSlow := engineProcess(*bin, "slow", 1)
+	slow, stopSlow := engineProcess(bin, "slow", 1)
 	gwSlow := startGatewayOn(ctx, "slow", slow, serveH2C)
 	c := h2cClient()
 	start := time.Now()
-	_, errs := latencies(c, gwSlow, "slow", *many, *many, 3)
-	fmt.Printf("\n%d concurrent streams of 3 tokens at 1 token/s through the gateway: %d errors, %v for all\n", *many, errs, time.Since(start).Round(time.Millisecond))
+	_, errs := latencies(c, gwSlow, "slow", many, many, 3)
+	fmt.Printf("\n%d concurrent streams of 3 tokens at 1 token/s through the gateway: %d errors, %v for all\n", many, errs, time.Since(start).Round(time.Millisecond))
 	c.CloseIdleConnections()
 	stopSlow()
-
-	if *idleN == 0 {
-		return
-	}
-	// 3. Idle streams: the engine's first token is 100 s away.
-	idleEngine := engine(ctx, "idle", 0.01)
-	gwIdle := startGateway(ctx, "idle", idleEngine)
-	directHeld, stop := idle(idleEngine, "idle", *idleN)
-	stop()
-	gwHeld, stop := idle(gwIdle, "idle", *idleN)
-	stop()
-	per := (float64(gwHeld) - float64(directHeld)) / float64(*idleN)
-	fmt.Printf("\n%d idle streams: heap+stacks %.1f MiB opened directly, %.1f MiB through the gateway: %.1f KiB per stream in the gateway\n",
-		*idleN, float64(directHeld)/(1<<20), float64(gwHeld)/(1<<20), per/1024)
-	os.Exit(0)
 }
 
 func r(d time.Duration) time.Duration {

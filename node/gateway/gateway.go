@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
 	"slices"
 	"sort"
@@ -42,6 +41,16 @@ type Replica struct {
 	// Fronted: warm or onDemand, so its node's residency controller loads
 	// it on demand.
 	Fronted bool
+	// KVTokens is the engine's KV budget in tokens, where its deployment
+	// says it (0: unknown). The replica's in-flight cap is then sized from
+	// it: its requests in flight hold at most KVTokens of prompt plus
+	// max_tokens (at least one request; MaxInFlight stays the upper bound).
+	KVTokens int
+	// PriorityScheduling: the engine orders requests by a `priority`
+	// field (vLLM, or sim, started with --scheduling-policy priority): the
+	// gateway passes each request's class in it (interactive 0, standard
+	// 1, background 2). Its own preemption still applies (it is per card).
+	PriorityScheduling bool
 }
 
 // Model is one deployment as the gateway serves it.
@@ -111,13 +120,15 @@ type Options struct {
 	// cluster (its certificate or the agent token): only then are its
 	// forwarding and tenant headers believed when ACLs are on.
 	IsPeer func(*http.Request) bool
-	// Engines carries requests to this node's engines (default: a
-	// keep-alive client without timeouts: streams last).
+	// Engines carries requests to this node's engines; nil: the gateway's
+	// own lean keep-alive HTTP/1.1 client (engineTransport), without
+	// timeouts (streams last), so that an idle stream costs little.
 	Engines *http.Client
 	// Queue is every card's scheduler configuration.
 	Queue queue.Config
 	// MaxInFlight caps the requests each engine holds at once (default
-	// 64); QueueLimit bounds the requests waiting for each (default 512).
+	// 64; a replica with a KV budget, Replica.KVTokens, may hold fewer);
+	// QueueLimit bounds the requests waiting for each (default 512).
 	MaxInFlight int
 	QueueLimit  int
 	// MaxBodyBytes bounds a request body (default 4 MiB); past it, 413.
@@ -139,7 +150,7 @@ type Options struct {
 // Headers the gateway reads.
 const (
 	// TenantHeader names the tenant without ACLs (and between nodes).
-	TenantHeader = "X-Gpuplane-Tenant"
+	TenantHeader = isolation.TenantHeader
 	// WeightHeader passes a tenant's weight between nodes.
 	WeightHeader = "X-Gpuplane-Tenant-Weight"
 	// ClassHeader sets a request's class (interactive, standard,
@@ -155,6 +166,9 @@ type Gateway struct {
 	opts    Options
 	log     *slog.Logger
 	metrics *metrics
+	// engines carries requests to this node's engines unless
+	// Options.Engines is set.
+	engines *engineTransport
 
 	table atomic.Pointer[table]
 	// refreshing is set while a refresh runs; refreshed is closed and
@@ -222,17 +236,7 @@ func New(opts Options) (*Gateway, error) {
 	if opts.Peers == nil {
 		opts.Peers = &http.Client{}
 	}
-	if opts.Engines == nil {
-		opts.Engines = &http.Client{Transport: &http.Transport{
-			DialContext:         (&net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
-			MaxIdleConnsPerHost: 1024,
-			// Below the engines' own keep-alive timeouts (uvicorn's, vLLM's
-			// server, is 5 s): a connection the engine closes while idle is
-			// never reused, which would fail a POST with EOF.
-			IdleConnTimeout: 4 * time.Second,
-		}}
-	}
-	g := &Gateway{opts: opts, log: opts.Logger, refreshed: make(chan struct{}),
+	g := &Gateway{opts: opts, log: opts.Logger, engines: newEngineTransport(), refreshed: make(chan struct{}),
 		cards: map[uint32]*card{}, locals: map[string]*local{}, forwarded: map[string]int{}}
 	g.metrics = newMetrics(g, opts.Registerer)
 	g.table.Store(&table{byName: map[string]*Model{}})
@@ -245,6 +249,7 @@ func (g *Gateway) Run(ctx context.Context) {
 	t := time.NewTicker(g.opts.Refresh)
 	defer t.Stop()
 	defer g.closeLocals()
+	defer g.engines.closeIdle()
 	for {
 		g.refresh(ctx)
 		select {

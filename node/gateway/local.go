@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"strconv"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/gpuplane/gpuplane/node/engine"
@@ -136,7 +137,7 @@ func (g *Gateway) syncLocals(t *table) {
 			c := g.card(rp.Card)
 			l = &local{key: key, card: c, rep: rp, stop: make(chan struct{})}
 			c.mu.Lock()
-			_, err := c.s.AddDeployment(queue.Deployment{Name: key, MaxInFlight: g.opts.MaxInFlight, QueueLimit: g.opts.QueueLimit}, now)
+			_, err := c.s.AddDeployment(g.queueDeployment(key, rp), now)
 			c.mu.Unlock()
 			if err != nil {
 				g.log.Warn("gateway: add replica", "replica", key, "err", err)
@@ -153,12 +154,23 @@ func (g *Gateway) syncLocals(t *table) {
 		}
 		c := l.card
 		c.mu.Lock()
+		if rp.KVTokens != l.rep.KVTokens {
+			if out, err := c.s.AddDeployment(g.queueDeployment(key, rp), now); err == nil {
+				c.apply(out, now)
+			}
+		}
 		l.rep = rp
 		c.mu.Unlock()
 		if !l.watched {
 			g.setReady(l, rp.Running && rp.Resident && rp.Endpoint != "", rp.Endpoint)
 		}
 	}
+}
+
+// queueDeployment is a local replica's deployment in its card's
+// scheduler: its in-flight cap, and its KV budget where known.
+func (g *Gateway) queueDeployment(key string, rp Replica) queue.Deployment {
+	return queue.Deployment{Name: key, MaxInFlight: g.opts.MaxInFlight, MaxTokens: max(rp.KVTokens, 0), QueueLimit: g.opts.QueueLimit}
 }
 
 // watchResidency follows a warm or onDemand replica's residency: its queue
@@ -299,8 +311,15 @@ func (g *Gateway) serveLocal(w http.ResponseWriter, r *http.Request, req *reques
 			c.weights[req.who.tenant] = wt
 		}
 	}
+	prompt, maxTokens := req.promptTokens, req.maxTokens
+	if kv := l.rep.KVTokens; kv > 0 && prompt+maxTokens > kv {
+		// Larger than the engine's whole KV budget: it runs alone (the
+		// engine cuts or refuses it), never waits for room that cannot be.
+		prompt = min(prompt, kv)
+		maxTokens = kv - prompt
+	}
 	id, out, err := c.s.Enqueue(queue.Request{Deployment: l.key, Tenant: req.who.tenant, Class: req.class,
-		PromptTokens: req.promptTokens, MaxTokens: req.maxTokens, Streamed: req.stream}, now)
+		PromptTokens: prompt, MaxTokens: maxTokens, Streamed: req.stream}, now)
 	if err != nil {
 		c.mu.Unlock()
 		errorf(http.StatusBadRequest, "invalid_request_error", "invalid_request", "%v", err).write(w)
@@ -332,7 +351,7 @@ func (g *Gateway) serveLocal(w http.ResponseWriter, r *http.Request, req *reques
 				g.metrics.queued(labels, pd.firstDispatch.Sub(req.arrived))
 			}
 		}
-		url, kind := l.url, l.rep.Kind
+		url, kind, prioritized := l.url, l.rep.Kind, l.rep.PriorityScheduling
 		if req.adapter != "" && l.rep.Endpoint != "" {
 			// The replica's front pages the adapter onto the card (and
 			// refuses it to tenants it is private from); its engine alone
@@ -341,7 +360,7 @@ func (g *Gateway) serveLocal(w http.ResponseWriter, r *http.Request, req *reques
 		}
 		c.mu.Unlock()
 		if run {
-			res := g.attempt(ctx, w, req, url, kind, m, labels, pd, c)
+			res := g.attempt(ctx, w, req, l, url, kind, prioritized, m, labels, pd, c)
 			generated = res.generated
 			if res.done {
 				return
@@ -411,8 +430,12 @@ type result struct {
 }
 
 // attempt sends the request to its engine once.
-func (g *Gateway) attempt(ctx context.Context, w http.ResponseWriter, req *request, url, kind string, m *Model, labels []string, pd *pending, c *card) result {
-	fields := map[string]string{}
+func (g *Gateway) attempt(ctx context.Context, w http.ResponseWriter, req *request, l *local, url, kind string, prioritized bool, m *Model, labels []string, pd *pending, c *card) result {
+	fields := map[string]any{}
+	if prioritized {
+		// vLLM's order: lower is handled earlier, 0 the default.
+		fields["priority"] = int(queue.Interactive - req.class)
+	}
 	switch {
 	case req.adapter != "":
 		fields["model"] = req.adapter
@@ -426,16 +449,16 @@ func (g *Gateway) attempt(ctx context.Context, w http.ResponseWriter, req *reque
 		}
 	}
 	body := withFields(req.body, fields)
-	out, err := http.NewRequestWithContext(ctx, http.MethodPost, url+req.path, bytes.NewReader(body))
-	if err != nil {
-		return g.finishWith(w, c, pd, ctx, req, m, errorf(http.StatusBadGateway, "server_error", "engine_error", "model %q: %v", m.Served, err))
+	resp, err := g.send(ctx, url, req, body)
+	if err != nil && errors.Is(err, syscall.ECONNREFUSED) && ctx.Err() == nil {
+		// Nothing listens at the replica's address any more (its engine
+		// was restarted on another port, as after an onDemand reload):
+		// nothing was sent, so the request goes once more to the address
+		// read afresh.
+		if fresh := g.freshURL(ctx, l, req.adapter != ""); fresh != "" && fresh != url {
+			resp, err = g.send(ctx, fresh, req, body)
+		}
 	}
-	out.Header.Set("Content-Type", "application/json")
-	out.Header.Set(TenantHeader, req.who.tenant)
-	if req.stream {
-		out.Header.Set("Accept", "text/event-stream")
-	}
-	resp, err := g.opts.Engines.Do(out)
 	if err != nil {
 		return g.finishWith(w, c, pd, ctx, req, m, errorf(http.StatusBadGateway, "server_error", "engine_error", "model %q: engine: %v", m.Served, err))
 	}
@@ -483,6 +506,44 @@ func (g *Gateway) attempt(ctx context.Context, w http.ResponseWriter, req *reque
 		g.metrics.servedTokens(labels, req.promptTokens, generated)
 	}
 	return result{done: true, generated: generated}
+}
+
+// freshURL reads a local replica's engine address again (its residency
+// controller's, and the cluster's view), for a request that found nothing
+// listening at the old one.
+func (g *Gateway) freshURL(ctx context.Context, l *local, adapter bool) string {
+	if l.watched {
+		if ready, u, _, ok := g.opts.Residency.Serving(l.rep.Deployment, l.rep.Index); ok {
+			g.setReady(l, ready && u != "", u)
+		}
+	}
+	g.refresh(ctx)
+	c := l.card
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if adapter && l.rep.Endpoint != "" {
+		return l.rep.Endpoint
+	}
+	return l.url
+}
+
+// send posts a request's body to its engine at url.
+func (g *Gateway) send(ctx context.Context, url string, req *request, body []byte) (*http.Response, error) {
+	accept := "application/json"
+	if req.stream {
+		accept = "text/event-stream"
+	}
+	if g.opts.Engines == nil {
+		return g.engines.post(ctx, url, req.path, body, "Content-Type", "application/json", "Accept", accept, TenantHeader, req.who.tenant)
+	}
+	out, err := http.NewRequestWithContext(ctx, http.MethodPost, url+req.path, bytes.NewReader(body))
+	if err != nil {
+		return nil, err
+	}
+	out.Header.Set("Content-Type", "application/json")
+	out.Header.Set("Accept", accept)
+	out.Header.Set(TenantHeader, req.who.tenant)
+	return g.opts.Engines.Do(out)
 }
 
 // finishWith ends an attempt that got no answer from the engine: a

@@ -13,6 +13,7 @@ import (
 	"time"
 	"unicode"
 
+	"github.com/gpuplane/gpuplane/node/gateway/isolation"
 	"github.com/gpuplane/gpuplane/node/gateway/queue"
 )
 
@@ -119,7 +120,7 @@ func (g *Gateway) tenant(r *http.Request) (who, *apiError) {
 	}
 	h := r.Header.Get(TenantHeader)
 	if h == "" {
-		return who{tenant: "default", forwarded: fwd}, nil
+		return who{tenant: isolation.DefaultTenant, forwarded: fwd}, nil
 	}
 	if err := checkTenant(h); err != nil {
 		return who{}, err
@@ -252,10 +253,20 @@ func (g *Gateway) serveInference(w http.ResponseWriter, r *http.Request) {
 	req.adapter = adapter
 	req.class = m.Class
 	if h := r.Header.Get(ClassHeader); h != "" {
-		c, ok := parseClass(h)
+		c, ok := queue.ParseClass(h)
 		if !ok {
 			errorf(http.StatusBadRequest, "invalid_request_error", "invalid_priority",
 				"header %s is %q: it must be interactive, standard or background", ClassHeader, h).write(w)
+			return
+		}
+		if c > req.class && g.opts.Tenants != nil && !x.forwarded {
+			// With ACLs a client may lower its request's class, never raise
+			// it above its deployment's priority: that would take service
+			// from other tenants' interactive work. A peer's header was
+			// checked on the node the client called.
+			errorf(http.StatusForbidden, "permission_error", "priority_not_allowed",
+				"header %s asks for %s, above model %q's priority %s: with ACLs on, a request may only lower its class",
+				ClassHeader, c, m.Served, req.class).write(w)
 			return
 		}
 		req.class = c
@@ -271,18 +282,6 @@ func (g *Gateway) serveInference(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	g.forward(w, r, req, m, target.node, target.url)
-}
-
-func parseClass(s string) (queue.Class, bool) {
-	switch strings.ToLower(strings.TrimSpace(s)) {
-	case "interactive":
-		return queue.Interactive, true
-	case "standard":
-		return queue.Standard, true
-	case "background":
-		return queue.Background, true
-	}
-	return 0, false
 }
 
 // resolveFresh resolves name, reading the cluster again once if it is not
@@ -385,9 +384,8 @@ func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, req *request, 
 	if a := r.Header.Get("Accept"); a != "" {
 		out.Header.Set("Accept", a)
 	}
-	if c := r.Header.Get(ClassHeader); c != "" {
-		out.Header.Set(ClassHeader, c)
-	}
+	// The class this node allowed, not the client's header.
+	out.Header.Set(ClassHeader, req.class.String())
 	out.Header.Set(TenantHeader, req.who.tenant)
 	if req.who.weight > 0 {
 		out.Header.Set(WeightHeader, strconv.FormatFloat(req.who.weight, 'g', -1, 64))
@@ -447,7 +445,7 @@ func (g *Gateway) saltFor(tenant, model string) string {
 // withFields returns body (a JSON object) with fields set, overriding any
 // the client sent: they are appended, and JSON decoders keep the last of
 // duplicate keys.
-func withFields(body []byte, fields map[string]string) []byte {
+func withFields(body []byte, fields map[string]any) []byte {
 	if len(fields) == 0 {
 		return body
 	}

@@ -392,7 +392,7 @@ func (set *adapterSet) loadTime(a *adapterState, fromHost bool) time.Duration {
 // cost from host RAM, per GiB it holds.
 func (c *Controller) adapterValue(r *replica, set *adapterSet, a *adapterState, now time.Time) float64 {
 	bytes := max(a.spec.Bytes, 1<<20)
-	return r.dep.Priority.weight() * a.fc.rate(now, c.cfg.RateHalfLife) * set.loadTime(a, true).Seconds() / (float64(bytes) / (1 << 30))
+	return priorityWeight(r.dep.Priority) * a.fc.rate(now, c.cfg.RateHalfLife) * set.loadTime(a, true).Seconds() / (float64(bytes) / (1 << 30))
 }
 
 // adapterStep pages the adapters of every base on the card: forgets or

@@ -148,6 +148,9 @@ type replica struct {
 type eviction struct {
 	victim, by ModelID
 	at         time.Time
+	// gap is, for an eviction, how long the victim had been idle; for a
+	// return (lend.go), the idle spell it came back after.
+	gap time.Duration
 }
 
 type pairKey struct{ a, b ModelID }
@@ -182,6 +185,12 @@ type Controller struct {
 
 	evictions  []eviction
 	serialized map[pairKey]time.Time
+	// returns are the request-driven loads and wakes of a model that a
+	// lower class's demand had displaced (victim: the model, by: that
+	// demand), within ThrashWindow; protected maps (model, lower-class
+	// peer) to when the peer may take the model's memory again (lend.go).
+	returns   []eviction
+	protected map[protectKey]protection
 
 	decisions []Decision
 	decNext   int
@@ -200,9 +209,12 @@ type Controller struct {
 	// records a decision when it changes, not on every tick.
 	advised map[ModelID]ActionKind
 
-	// stepEvictions are the step's evictions for requests, remembered for
-	// anti-thrash once the step is kept.
+	// stepEvictions are the step's evictions for requests, stepReturns its
+	// returns, remembered for anti-thrash once the step is kept.
 	stepEvictions []eviction
+	stepReturns   []eviction
+	stepProtects  []protectKey
+	stepKeep      []protection
 	// step scratch; sumNow and sumCommitted are Σ claims, valid while
 	// sumsOK
 	sumNow, sumCommitted int64
@@ -233,6 +245,7 @@ func New(cfg Config, clock Clock) (*Controller, error) {
 		usable:     usable,
 		index:      make(map[ModelID]int),
 		serialized: make(map[pairKey]time.Time),
+		protected:  make(map[protectKey]protection),
 		advised:    make(map[ModelID]ActionKind),
 		adapters:   make(map[ModelID]*adapterSet),
 	}, nil
@@ -565,22 +578,37 @@ func (c *Controller) remove(m ModelID) {
 
 func (c *Controller) recordThrash(acts []Action, now time.Time) {
 	c.evictions = append(c.evictions, c.stepEvictions...)
+	c.returns = append(c.returns, c.stepReturns...)
 	for _, a := range acts {
-		if a.Kind == ActSerialize {
+		switch a.Kind {
+		case ActSerialize:
 			c.serialized[pairOf(a.Model, a.Peer)] = now.Add(c.cfg.SerializeFor)
 		}
 	}
+	for i, k := range c.stepProtects {
+		c.protected[k] = c.stepKeep[i]
+	}
 	// Forget what fell out of the window.
-	cut := 0
-	for cut < len(c.evictions) && now.Sub(c.evictions[cut].at) > c.cfg.ThrashWindow {
-		cut++
-	}
-	if cut > 0 {
-		c.evictions = append(c.evictions[:0], c.evictions[cut:]...)
-	}
+	c.evictions = c.evictions[:copy(c.evictions, c.evictions[inWindow(c.evictions, now, c.cfg.ThrashWindow):])]
+	c.returns = c.returns[:copy(c.returns, c.returns[inWindow(c.returns, now, c.cfg.ThrashWindow):])]
 	for k, until := range c.serialized {
 		if now.After(until) {
 			delete(c.serialized, k)
 		}
 	}
+	for k, p := range c.protected {
+		if now.After(p.until) {
+			delete(c.protected, k)
+		}
+	}
+}
+
+// inWindow is the index of the first of es (oldest first) within window of
+// now.
+func inWindow(es []eviction, now time.Time, window time.Duration) int {
+	cut := 0
+	for cut < len(es) && now.Sub(es[cut].at) > window {
+		cut++
+	}
+	return cut
 }

@@ -5,7 +5,8 @@
 // machine (Cold, Loading, Resident, Draining, Sleeping, Waking, Failed); the
 // policy — demand loads, eviction by value, sleep before unload, lending a
 // sleeping warm model's share, prewarm from an arrival forecast, minimum
-// residency and serializing pairs that keep evicting each other; the
+// residency, serializing pairs that keep evicting each other and
+// protecting a model from a lower class that keeps displacing it; the
 // profiler of load time, wake time, footprint and tokens/s per (model,
 // quantization, engine, device); the decision log; and the plan.
 //

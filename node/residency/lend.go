@@ -39,7 +39,89 @@ func (c *Controller) mayDisplace(b, x *replica, reload time.Duration, now time.T
 	t := c.turn(b)
 	p := x.fc.backWithin(now, t, x.rate)
 	rl := reload.Seconds()
-	cost := x.dep.Priority.weight() * p * rl * (1 + x.rate/60*rl)
-	gain := b.dep.Priority.weight() * (1 - p) * t.Seconds()
+	cost := priorityWeight(x.dep.Priority) * p * rl * (1 + x.rate/60*rl)
+	gain := priorityWeight(b.dep.Priority) * (1 - p) * t.Seconds()
 	return cost <= gain
+}
+
+// protectKey names a model protected from a lower-class peer's demand.
+type protectKey struct{ victim, by ModelID }
+
+// protection is the keep-alive a protected model gets from its peer: the
+// peer takes its memory only after it has been idle that long, until then.
+type protection struct {
+	idle  time.Duration
+	until time.Time
+}
+
+// protectIfReturning runs when r is cold-loaded for a request. If a lower
+// class's demand displaced r within ThrashWindow and r has not come back
+// since, r is returning: mayDisplace guessed that r would stay quiet and
+// it did not, and r's requests paid a cold load. When r has returned
+// ThrashCount times within the window after displacements by the same
+// lower-class model b, the controller raises r's keep-alive against b for
+// SerializeFor: b no longer sends r cold (evicts it, or the residual of
+// its sleep) until r has been idle twice the longest idle spell r came
+// back after, whatever the guess says; b may still put r to sleep, which costs
+// r a wake, not a load. This is the interference matrix's remedy for a
+// pair where background work breaks an interactive target by forcing its
+// reloads (raise the keep-alive, stop evicting the interactive model for
+// background), applied where it is observed, and b still runs in r's
+// memory when r sleeps and in r's longer quiet spells. A recorded
+// decision, no engine operation; a later return after a longer spell
+// raises it again.
+func (c *Controller) protectIfReturning(r *replica, now time.Time) {
+	var disp eviction
+	var by *replica
+	for i := len(c.evictions) - 1; i >= 0; i-- {
+		e := c.evictions[i]
+		if e.victim != r.dep.Model || now.Sub(e.at) > c.cfg.ThrashWindow {
+			continue
+		}
+		if b := c.rep(e.by); b != nil && b.dep.Priority < r.dep.Priority {
+			disp, by = e, b
+		}
+		break
+	}
+	if by == nil {
+		return
+	}
+	gap := now.Sub(disp.at) + disp.gap
+	n, longest := 1, gap
+	for _, e := range c.returns {
+		if e.victim != r.dep.Model || now.Sub(e.at) > c.cfg.ThrashWindow {
+			continue
+		}
+		if !e.at.Before(disp.at) {
+			// r already came back since that displacement.
+			return
+		}
+		if e.by == by.dep.Model {
+			n++
+			longest = max(longest, e.gap)
+		}
+	}
+	c.stepReturns = append(c.stepReturns, eviction{victim: r.dep.Model, by: by.dep.Model, at: now, gap: gap})
+	key := protectKey{victim: r.dep.Model, by: by.dep.Model}
+	keep := 2 * longest.Round(time.Second)
+	if p, ok := c.protected[key]; ok && p.idle >= keep || n < c.cfg.ThrashCount {
+		return
+	}
+	c.stepProtects = append(c.stepProtects, key)
+	c.stepKeep = append(c.stepKeep, protection{idle: keep, until: now.Add(c.cfg.SerializeFor)})
+	c.emit(ActProtect, r, by.dep.Model, TriggerPressure, by.dep.Model, Inputs{Reload: c.reload(r)}, now,
+		"protect %s from %s: %s's demand displaced %s and %s was asked for again %d times in %v, after idle spells up to %v (a cold load of %v each); %s %s evicts %s %s only after %v idle, for %v",
+		r.dep.Model, by.dep.Model, by.dep.Model, r.dep.Model, r.dep.Model, n, c.cfg.ThrashWindow, longest.Round(time.Second), c.reload(r).Round(time.Millisecond),
+		by.dep.Priority, by.dep.Model, r.dep.Priority, r.dep.Model, keep, c.cfg.SerializeFor)
+}
+
+// isProtected reports whether x is protected from b's demand now: b
+// sends x cold only after x has been idle the raised keep-alive (see
+// protectIfReturning).
+func (c *Controller) isProtected(x, b *replica, now time.Time) bool {
+	if len(c.protected) == 0 {
+		return false
+	}
+	p, ok := c.protected[protectKey{victim: x.dep.Model, by: b.dep.Model}]
+	return ok && now.Sub(x.lastUse) < p.idle
 }

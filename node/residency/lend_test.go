@@ -1,6 +1,7 @@
 package residency_test
 
 import (
+	"strings"
 	"testing"
 	"time"
 
@@ -77,5 +78,56 @@ func TestOnlyTheVictimsNeededAreTaken(t *testing.T) {
 	}
 	if w.eng["new"].served != 1 {
 		t.Fatalf("new served %d, want 1\n%s", w.eng["new"].served, w.dump())
+	}
+}
+
+// A background job that keeps evicting an interactive assistant in what
+// look like its quiet spells, only for the assistant to be asked for again
+// each time and pay a cold load, evicts it no more: after ThrashCount such
+// returns in the window the controller records a protect decision, and the
+// assistant stays on the card, where it would otherwise have been evicted
+// and cold-loaded again every cycle.
+func TestInteractiveProtectedFromBackgroundThatKeepsEvictingIt(t *testing.T) {
+	w := newWorld(t, card)
+	asst, tr := onDemand("assistant", 12*gi)
+	asst.Priority, asst.CanSleep = residency.Interactive, false
+	w.add(asst, tr)
+	batch, tr := onDemand("batch", 14*gi) // never fits beside the assistant
+	batch.Priority, batch.CanSleep = residency.Background, false
+	w.add(batch, tr)
+	w.run(time.Minute)
+	// An assistant request every 2 minutes for 20 minutes; batch always
+	// has work.
+	for range 10 {
+		w.request("assistant", time.Second)
+		w.request("batch", 20*time.Second)
+		w.run(2 * time.Minute)
+	}
+	w.assertClean()
+	prot := w.actions("assistant", residency.ActProtect)
+	if len(prot) != 1 {
+		t.Fatalf("%d protect decisions for the assistant, want 1\n%s", len(prot), w.dump())
+	}
+	d := prot[0].Decision
+	if prot[0].Peer != "batch" || d.For != "batch" || !strings.Contains(d.Reason, "protect assistant from batch") ||
+		!strings.Contains(d.Reason, "asked for again 3 times") {
+		t.Fatalf("protect decision: peer %q, for %q, reason %q", prot[0].Peer, d.For, d.Reason)
+	}
+	var before, after int
+	for _, a := range w.actions("assistant", residency.ActEvict) {
+		if a.Decision.For != "batch" {
+			continue
+		}
+		if a.Decision.Time.Before(d.Time) {
+			before++
+		} else {
+			after++
+		}
+	}
+	if before < 3 || after != 0 {
+		t.Fatalf("assistant evicted for batch %d times before the protect decision and %d after, want ≥ 3 and 0\n%s", before, after, w.dump())
+	}
+	if w.eng["assistant"].served != 10 || w.eng["batch"].served == 0 {
+		t.Fatalf("served assistant=%d batch=%d, want 10 and some\n%s", w.eng["assistant"].served, w.eng["batch"].served, w.dump())
 	}
 }

@@ -15,6 +15,8 @@ import (
 func (c *Controller) step(now time.Time) []Action {
 	c.out = c.out[:0]
 	c.stepEvictions = c.stepEvictions[:0]
+	c.stepReturns = c.stepReturns[:0]
+	c.stepProtects, c.stepKeep = c.stepProtects[:0], c.stepKeep[:0]
 	c.earmark = 0
 	c.sumsOK = false
 	for i := range c.reps {
@@ -47,7 +49,7 @@ func (c *Controller) emit(kind ActionKind, r *replica, peer ModelID, trig Trigge
 // drain when requests run on it.
 func (c *Controller) stop(r *replica, op ActionKind, trig Trigger, forM ModelID, in Inputs, now time.Time, format string, args ...any) {
 	if forM != "" && trig == TriggerRequest {
-		c.stepEvictions = append(c.stepEvictions, eviction{victim: r.dep.Model, by: forM, at: now})
+		c.stepEvictions = append(c.stepEvictions, eviction{victim: r.dep.Model, by: forM, at: now, gap: now.Sub(r.lastUse)})
 	}
 	r.pending, r.drainFor, r.drainTrig = op, forM, trig
 	deadline := c.drainDeadline(r, forM)
@@ -267,7 +269,7 @@ func (c *Controller) value(r *replica, reload time.Duration, bytes int64) float6
 	if bytes <= 0 {
 		return 0
 	}
-	return r.dep.Priority.weight() * r.rate * reload.Seconds() / (float64(bytes) / (1 << 30))
+	return priorityWeight(r.dep.Priority) * r.rate * reload.Seconds() / (float64(bytes) / (1 << 30))
 }
 
 // admit starts r's load or wake if it fits, or frees memory for it, or
@@ -301,6 +303,9 @@ func (c *Controller) admit(r *replica, trig Trigger, start bool, now time.Time) 
 		r.rejected = false
 		if trig == TriggerForecast {
 			r.prewarm = true
+		}
+		if trig == TriggerRequest && op == ActLoad {
+			c.protectIfReturning(r, now)
 		}
 		return true
 	}
@@ -488,8 +493,10 @@ func (c *Controller) victims(b *replica, trig Trigger, need int64, bValue float6
 			continue
 		}
 		// Lower-class demand takes a higher class's memory only when x is
-		// not expected back during its turn (lend.go).
-		if b.dep.Priority < x.dep.Priority && !reclaim && !c.mayDisplace(b, x, cand.reload, now) {
+		// not expected back during its turn, and does not send x cold while
+		// x is protected from b (lend.go).
+		if b.dep.Priority < x.dep.Priority && !reclaim &&
+			(cand.op == ActEvict && c.isProtected(x, b, now) || !c.mayDisplace(b, x, cand.reload, now)) {
 			continue
 		}
 		cand.value = c.value(x, cand.reload, cand.freed)

@@ -3,6 +3,8 @@ package residency
 import (
 	"fmt"
 	"time"
+
+	"github.com/gpuplane/gpuplane/node/gateway/queue"
 )
 
 // ModelID names one deployment's replica on a card: each is a resident of
@@ -43,29 +45,18 @@ func (r Residency) String() string {
 func (r Residency) reserved() bool { return r == Pinned || r == Warm }
 
 // Priority is a deployment's class; a higher value outranks a lower one.
-type Priority uint8
+// It is the gateway's request class: one vocabulary for both.
+type Priority = queue.Class
 
 const (
-	Background Priority = iota
-	Standard
-	Interactive
+	Background  = queue.Background
+	Standard    = queue.Standard
+	Interactive = queue.Interactive
 )
 
-func (p Priority) String() string {
-	switch p {
-	case Background:
-		return "background"
-	case Standard:
-		return "standard"
-	case Interactive:
-		return "interactive"
-	}
-	return fmt.Sprintf("Priority(%d)", uint8(p))
-}
-
-// weight is the class weight in a model's value: an interactive model's
-// reload hurts four times what a background one's does.
-func (p Priority) weight() float64 {
+// priorityWeight is the class weight in a model's value: an interactive
+// model's reload hurts four times what a background one's does.
+func priorityWeight(p Priority) float64 {
 	switch p {
 	case Interactive:
 		return 4
@@ -212,6 +203,10 @@ const (
 	// ActDropAdapter records that Adapter left host RAM for disk. No
 	// engine operation.
 	ActDropAdapter
+	// ActProtect records that Peer, of a lower class, no longer takes
+	// Model's memory for a while: Peer's demand displaced Model, and Model
+	// was asked for again, too often (lend.go). No engine operation.
+	ActProtect
 )
 
 func (k ActionKind) String() string {
@@ -242,6 +237,8 @@ func (k ActionKind) String() string {
 		return "unload-adapter"
 	case ActDropAdapter:
 		return "drop-adapter"
+	case ActProtect:
+		return "protect"
 	}
 	return fmt.Sprintf("ActionKind(%d)", uint8(k))
 }
@@ -277,7 +274,7 @@ func (t Trigger) String() string {
 type Action struct {
 	Kind  ActionKind
 	Model ModelID
-	// Peer is the other model of an ActSerialize.
+	// Peer is the other model of an ActSerialize or ActProtect.
 	Peer ModelID
 	// Adapter is the adapter of an ActLoadAdapter, ActUnloadAdapter or
 	// ActDropAdapter (adapters.go).

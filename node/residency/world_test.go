@@ -416,9 +416,9 @@ func (w *world) exec(a residency.Action) {
 		}
 		e.queued = nil
 		e.wantedAt = time.Time{}
-	case residency.ActSerialize:
+	case residency.ActSerialize, residency.ActProtect:
 		if a.Peer == "" || w.eng[a.Peer] == nil {
-			w.violate("serialize %s with unknown peer %q", a.Model, a.Peer)
+			w.violate("%s %s with unknown peer %q", a.Kind, a.Model, a.Peer)
 		}
 	case residency.ActLoadAdapter, residency.ActUnloadAdapter, residency.ActDropAdapter:
 		w.execAdapter(a, e)

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/gpuplane/gpuplane/node/engine"
+	"github.com/gpuplane/gpuplane/node/gateway/isolation"
 	"github.com/gpuplane/gpuplane/node/residency"
 	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
 )
@@ -28,12 +29,12 @@ import (
 // adapter is (card, host RAM, disk) is committed to the Raft log at most
 // every Options.AdapterReport, so `models get` shows the tiers.
 
-// TenantHeader names the tenant of a request without ACLs (docs/gateway.md); the
-// gateway passes the tenant of its token the same way.
-const TenantHeader = "X-Gpuplane-Tenant"
-
-// DefaultTenant is the tenant of a request that names none.
-const DefaultTenant = "default"
+// TenantHeader and DefaultTenant are the gateway's (isolation): the tenant
+// a request names, and the tenant of one that names none.
+const (
+	TenantHeader  = isolation.TenantHeader
+	DefaultTenant = isolation.DefaultTenant
+)
 
 // Adapter priors, until the controller measured loads: a rank costs 2 MiB
 // of card memory (the sim engine's default; a rank-16 adapter of an 8B

@@ -17,6 +17,7 @@ import (
 
 	"github.com/gpuplane/gpuplane/node/engine"
 	"github.com/gpuplane/gpuplane/node/executor"
+	"github.com/gpuplane/gpuplane/node/gateway/queue"
 	"github.com/gpuplane/gpuplane/node/residency"
 	"github.com/gpuplane/gpuplane/node/watchdog"
 	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
@@ -62,13 +63,22 @@ type Options struct {
 	// Config is every card's controller configuration; Card, Memory and
 	// Mode are set per card.
 	Config residency.Config
-	Logger *slog.Logger
+	// TimeScale, a dev and benchmark option (agent.Config's
+	// ResidencyTimeScale), runs the controllers' clock and ticks TimeScale
+	// times faster than the wall clock, so that a benchmark whose engines
+	// load, wake and serve that much faster (`gpuplane bench interference
+	// --time-scale`) also sees the controllers' windows (minimum residency,
+	// idle sleep, drain deadlines, rates, learned load times) in its own
+	// time. 0 or 1: the wall clock.
+	TimeScale float64
+	Logger    *slog.Logger
 }
 
 // Manager runs the node's residency controllers; it is an executor.Gate.
 type Manager struct {
 	opts  Options
 	log   *slog.Logger
+	clock residency.Clock
 	cards map[uint32]*pb.Card
 
 	ex Engines
@@ -163,6 +173,9 @@ func New(opts Options) *Manager {
 	if opts.Tick <= 0 {
 		opts.Tick = time.Second
 	}
+	if opts.TimeScale > 1 {
+		opts.Tick = time.Duration(float64(opts.Tick) / opts.TimeScale)
+	}
 	if opts.AdapterReport <= 0 {
 		opts.AdapterReport = 5 * time.Second
 	}
@@ -174,7 +187,7 @@ func New(opts Options) *Manager {
 		// card and outlives a card's controller.
 		opts.Config.Profiler = residency.NewProfiler()
 	}
-	m := &Manager{opts: opts, log: opts.Logger, cards: map[uint32]*pb.Card{},
+	m := &Manager{opts: opts, log: opts.Logger, cards: map[uint32]*pb.Card{}, clock: newClock(opts.TimeScale),
 		fronts: map[rkey]*front{}, adapterSpecs: map[rkey]*adapterSpec{}, wake: make(chan struct{}, 1),
 		ctrls: map[uint32]*cardCtrl{}, reps: map[rkey]*rep{}, engines: map[rkey]engineSeen{},
 		departed: map[rkey]bool{}, reports: make(chan report, 4096)}
@@ -199,6 +212,24 @@ const whyRunning = "engine running"
 type wallClock struct{}
 
 func (wallClock) Now() time.Time { return time.Now() }
+
+// scaledClock runs scale times faster than the wall clock from origin
+// (Options.TimeScale).
+type scaledClock struct {
+	origin time.Time
+	scale  float64
+}
+
+func (c scaledClock) Now() time.Time {
+	return c.origin.Add(time.Duration(float64(time.Since(c.origin)) * c.scale))
+}
+
+func newClock(scale float64) residency.Clock {
+	if scale > 1 {
+		return scaledClock{origin: time.Now(), scale: scale}
+	}
+	return wallClock{}
+}
 
 // controlled reports whether d's replica belongs in a card's controller:
 // warm and onDemand replicas on one card; pinned ones join the controller
@@ -325,14 +356,7 @@ func (m *Manager) deployment(k rkey, d executor.Desired) residency.Deployment {
 	default:
 		dep.Residency = residency.Pinned
 	}
-	switch spec.GetPriority() {
-	case pb.Priority_PRIORITY_INTERACTIVE:
-		dep.Priority = residency.Interactive
-	case pb.Priority_PRIORITY_BACKGROUND:
-		dep.Priority = residency.Background
-	default:
-		dep.Priority = residency.Standard
-	}
+	dep.Priority = queue.ClassOf(spec.GetPriority())
 	if c := m.cards[d.Replica.GetCards()[0]]; c != nil {
 		dep.Device = c.GetDevice()
 	}
@@ -395,7 +419,7 @@ func (m *Manager) placed(ds []executor.Desired) {
 		if m.opts.Advise {
 			cfg.Mode = residency.Advise
 		}
-		ctrl, err := residency.New(cfg, wallClock{})
+		ctrl, err := residency.New(cfg, m.clock)
 		if err != nil {
 			m.log.Warn("residency: controller", "card", c, "err", err)
 			continue

@@ -153,6 +153,10 @@ type SyntheticStream struct {
 	// during OnSeconds of every OnSeconds+OffSeconds.
 	OnSeconds  float64 `json:"onSeconds"`
 	OffSeconds float64 `json:"offSeconds"`
+
+	// from and until bound when a closed-loop stream sends (until 0: the
+	// run's end); a replay of a live run (replay.go) sets them per mix.
+	from, until float64
 }
 
 // OllamaConfig sets the ollama baseline (defaults from ollama's

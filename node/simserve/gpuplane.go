@@ -86,11 +86,18 @@ func (p *gpuplane) anomaly(format string, args ...any) {
 func (p *gpuplane) start() {
 	for _, e := range p.s.engines {
 		m := e.m
-		p.send(residency.DeploymentAdded{Deployment: residency.Deployment{
+		d := residency.Deployment{
 			Model: residency.ModelID(m.Name), Residency: m.residency, Priority: residency.Priority(m.class),
 			Share: bytesOf(m.MemoryGiB), Footprint: bytesOf(m.MemoryGiB), Peak: bytesOf(m.PeakGiB), Residual: bytesOf(m.ResidualGiB),
 			CanSleep: *m.CanSleep, LoadTime: secs(m.LoadSeconds), WakeTime: secs(m.WakeSeconds), Engine: "sim",
-		}})
+		}
+		if p.s.agentPriors {
+			// What the agent's residency manager tells the controller
+			// (node/resident): the share, no priors; the profiler learns
+			// the rest from the first load, wake and memory samples.
+			d.Footprint, d.Peak, d.Residual, d.LoadTime, d.WakeTime = 0, 0, 0, 0, 0
+		}
+		p.send(residency.DeploymentAdded{Deployment: d})
 	}
 	p.flush()
 }
@@ -170,7 +177,8 @@ func (p *gpuplane) exec(a residency.Action) {
 			s.endRequest(r, outcomeRejected, 503)
 			p.send(residency.RequestFinished{Model: a.Model})
 		}
-	case residency.ActSerialize:
+	case residency.ActSerialize, residency.ActProtect:
+		// Recorded decisions; no engine operation.
 	}
 }
 

@@ -12,6 +12,10 @@ import (
 // model sets, the percentile and the summary (relative p95 and flags) a
 // MatrixResult gets from its cells, so that both report the same way.
 
+// MatrixThrash is the reloads per hour of a pair, beyond what its models
+// cost alone, that the matrix flags as thrashing.
+const MatrixThrash = matrixThrash
+
 // Stream is the synthetic stream the mix gives model m.
 func (x Mix) Stream(m *ModelConfig) SyntheticStream { return x.stream(m) }
 

@@ -3,6 +3,7 @@ package simserve
 import (
 	"path/filepath"
 	"reflect"
+	"strings"
 	"testing"
 )
 
@@ -31,5 +32,52 @@ func TestSummarizeAgreesWithMatrix(t *testing.T) {
 	}
 	if got, want := len(Sets(len(cfg.Models))), len(res.Cells)/len(Mixes); got != want {
 		t.Fatalf("Sets: %d sets, Matrix ran %d", got, want)
+	}
+}
+
+// A replay runs a live set's timeline: only the set's models, the warm-up
+// unmeasured, each phase's requests measured in their phase, the closed
+// loop only within its window, and the measured overhead added to every
+// request's TTFT from its send.
+func TestReplaySetRunsTheLiveTimeline(t *testing.T) {
+	cfg, err := LoadConfig(filepath.Join("..", "..", "examples", "serve", "home.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	models := []string{"chat", "batch"}
+	warm := []LiveRequest{{Time: 0, Model: "chat", PromptTokens: 16, OutputTokens: 4}, {Time: 0, Model: "batch", PromptTokens: 16, OutputTokens: 4}}
+	var open []LiveRequest
+	for k := range 10 {
+		open = append(open, LiveRequest{Time: 100 + 3*float64(k), Model: "chat", PromptTokens: 256, OutputTokens: 128})
+	}
+	phases := []LivePhase{
+		{Mix: "short", Start: 100, End: 130, Open: open},
+		{Mix: "background", Start: 200, End: 230, Closed: []LiveClosed{{Model: "batch", Concurrency: 4, PromptTokens: 2000, OutputTokens: 200}}},
+	}
+	bare, err := ReplaySet(cfg, models, warm, phases, ReplayOptions{Seed: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const ov = 0.25
+	with, err := ReplaySet(cfg, models, warm, phases, ReplayOptions{Seed: 1, Overhead: map[string][]float64{"chat": {ov}, "batch": {ov}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(bare) != 2 || len(bare[0]) != 2 || bare[0][0].Model != "chat" || bare[0][1].Model != "batch" {
+		t.Fatalf("stats %+v: want two phases of chat and batch", bare)
+	}
+	if c := bare[0][0]; c.Requests != 10 || c.Completed != 10 || bare[0][1].Requests != 0 {
+		t.Fatalf("short phase: chat %+v, batch %+v: want chat's 10 requests answered and none of batch", c, bare[0][1])
+	}
+	if b := bare[1][1]; b.Requests < 4 || b.Completed != b.Requests || bare[1][0].Requests != 0 {
+		t.Fatalf("background phase: batch %+v, chat %+v: want batch's closed loop answered and nothing of chat", b, bare[1][0])
+	}
+	// Alone on a warm card, chat's requests do not queue: each TTFT is the
+	// bare one plus the overhead.
+	if d := with[0][0].TTFTP95 - bare[0][0].TTFTP95; d < ov-0.002 || d > ov+0.002 {
+		t.Fatalf("chat p95 %g with a %gs overhead, %g without: want the overhead added", with[0][0].TTFTP95, ov, bare[0][0].TTFTP95)
+	}
+	if _, err := ReplaySet(cfg, []string{"chat", "nosuch"}, warm, phases, ReplayOptions{}); err == nil || !strings.Contains(err.Error(), `"nosuch"`) {
+		t.Fatalf("unknown model: %v", err)
 	}
 }

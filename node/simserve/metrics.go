@@ -228,7 +228,7 @@ func (m *metrics) end(r *request, o outcome, status int, now float64) {
 		mm.failed++
 	case outcomeDone:
 		mm.completed++
-		ttft := r.firstAt - r.a.Time
+		ttft := r.firstAt - r.a.Time + r.a.lag
 		mm.ttft = append(mm.ttft, ttft)
 		ok := cfg.SLOTTFTSeconds == 0 || ttft <= cfg.SLOTTFTSeconds
 		if r.a.OutputTokens > 1 {
@@ -291,6 +291,9 @@ func (m *metrics) finish(s *sim) {
 		for _, r := range append(append([]*request(nil), e.running...), e.waiting...) {
 			r.ended = true
 			m.models[r.a.Model].failed++
+			if s.onEnd != nil {
+				s.onEnd(r, outcomeFailed)
+			}
 		}
 	}
 }

@@ -170,6 +170,16 @@ type sim struct {
 	overMemory  bool
 	// observe, when set, runs after every step (tests).
 	observe func(*sim)
+	// overhead, when set, is each model's fixed per-request overhead
+	// draws (replay.go): a closed-loop request reaches the node one draw
+	// after its client sent it. onEnd, when set, hears of every request's
+	// end (a request lost in the drain as failed).
+	overhead [][]float64
+	ovRng    *rand.Rand
+	onEnd    func(r *request, o outcome)
+	// agentPriors gives the controller the deployments as the agent
+	// does: shares without load, wake or memory priors.
+	agentPriors bool
 }
 
 // drainAfter is how long the run continues after the last arrival for the
@@ -514,6 +524,9 @@ func (s *sim) endRequest(r *request, o outcome, status int) {
 	s.setWaiting(r, false)
 	s.outstanding--
 	s.met.end(r, o, status, s.now)
+	if s.onEnd != nil {
+		s.onEnd(r, o)
+	}
 	if r.stream > 0 && s.now < s.end {
 		// A batch client resends at once after an answer and backs off
 		// after a failure: 1 s, doubling to a minute.
@@ -531,16 +544,31 @@ func (s *sim) endRequest(r *request, o outcome, status int) {
 
 // closedSend sends the next request of closed-loop stream i.
 func (s *sim) closedSend(i int) {
-	if s.now >= s.end {
+	st := s.cfg.Synthetic[i]
+	if s.now >= s.end || st.until > 0 && s.now >= st.until {
 		return
 	}
-	st := s.cfg.Synthetic[i]
 	rng := s.closedRng[i]
 	a := Arrival{Time: s.now, Model: s.cfg.model(st.Model), Tenant: pickTenant(s.cfg, st.Tenants, rng),
 		PromptTokens: around(rng, st.PromptTokens), OutputTokens: around(rng, st.OutputTokens)}
+	if ov := s.drawOverhead(a.Model); ov > 0 {
+		a.Time, a.lag = a.Time+ov, ov
+		r := s.newRequest(a)
+		r.stream = i + 1
+		s.after(ov, func() { s.arrive(r) })
+		return
+	}
 	r := s.newRequest(a)
 	r.stream = i + 1
 	s.arrive(r)
+}
+
+// drawOverhead is one draw of model m's per-request overhead (0 without).
+func (s *sim) drawOverhead(m int) float64 {
+	if m >= len(s.overhead) || len(s.overhead[m]) == 0 {
+		return 0
+	}
+	return s.overhead[m][s.ovRng.IntN(len(s.overhead[m]))]
 }
 
 // checkMemory is the simulator's own I1 check, for every policy: the
@@ -563,7 +591,7 @@ func (s *sim) run(arrivals []Arrival) {
 	s.pol.start()
 	for i, st := range s.cfg.Synthetic {
 		for range st.Concurrency {
-			s.after(0, func() { s.closedSend(i) })
+			s.after(st.from, func() { s.closedSend(i) })
 		}
 	}
 	ai := 0

@@ -9,6 +9,8 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+
+	"github.com/gpuplane/gpuplane/node/residency"
 )
 
 // smallCard is a 16 GiB card (15.2 usable) with five 5 GiB models: three
@@ -482,5 +484,56 @@ func TestExampleConfigsRun(t *testing.T) {
 				t.Fatalf("%d violations, %d completed", r.LedgerViolations, r.Completed)
 			}
 		})
+	}
+}
+
+// An interactive assistant that cannot sleep shares a 16 GiB card with a
+// background batch job that always has work, and neither fits beside the
+// other. The assistant is asked for every 2 minutes: in its quiet spells
+// the batch job takes its memory, and each request then pays a cold load.
+// After three such returns the controller protects the assistant from the
+// batch job (a recorded protect decision): over the hour the assistant
+// cold-loads a few times, not once per request.
+func TestProtectedInteractiveColdLoadsLess(t *testing.T) {
+	cfg, err := ParseConfig("protect.yaml", []byte(`
+card: {name: test, memoryGiB: 16}
+models:
+  - {name: assistant, class: interactive, memoryGiB: 9, loadSeconds: 10, canSleep: false, tokensPerSecond: 50, sloTTFTSeconds: 2}
+  - {name: batch, class: background, memoryGiB: 9, loadSeconds: 10, canSleep: false, tokensPerSecond: 50}
+synthetic:
+  - {model: batch, concurrency: 2, promptTokens: 500, outputTokens: 500}
+durationSeconds: 3600
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := &Workload{End: 3600}
+	for at := 60.0; at < 3600; at += 120 {
+		w.Arrivals = append(w.Arrivals, Arrival{Time: at, Model: 0, Tenant: "default", PromptTokens: 100, OutputTokens: 20, order: len(w.Arrivals)})
+	}
+	var protects []string
+	var loads int
+	_, err = run(cfg, w, "gpuplane", 1, func(s *sim) {
+		p := s.pol.(*gpuplane)
+		protects = protects[:0]
+		loads = 0
+		for _, d := range p.c.Decisions() {
+			switch {
+			case d.Action == residency.ActProtect:
+				protects = append(protects, d.Reason)
+			case d.Action == residency.ActLoad && d.Model == "assistant":
+				loads++
+			}
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(protects) == 0 || !strings.Contains(protects[0], "protect assistant from batch") {
+		t.Fatalf("protect decisions %q: want assistant protected from batch", protects)
+	}
+	t.Logf("assistant: %d cold loads for %d requests; %d protect decisions", loads, len(w.Arrivals), len(protects))
+	if n := len(w.Arrivals); loads*3 > n {
+		t.Fatalf("assistant cold-loaded %d times for %d requests: want at most a third", loads, n)
 	}
 }

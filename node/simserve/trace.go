@@ -32,6 +32,10 @@ type Arrival struct {
 	Adapter int
 	// order breaks ties between equal times: file, then line.
 	order int
+	// lag is how long before Time the request was sent: a replay of a live
+	// run (replay.go) delivers each request its measured overhead after
+	// the client sent it, and its TTFT counts from the send.
+	lag float64
 }
 
 // jsonlRecord is gpuplane's trace format, one JSON object a line:

@@ -83,6 +83,21 @@ type Config struct {
 	// RequestWindow is how long, in log time, request ids are remembered
 	// (cluster.Config.RequestWindow); 0: a day.
 	RequestWindow time.Duration
+
+	// Hollow makes a client node whose engines are hollow (executor.Hollow:
+	// replicas placed on it report Running at once, no process), without
+	// the gateway or the residency manager, so that one process can run
+	// many client nodes against real servers (`gpuplane agent --hollow N`,
+	// bench/fleet). Its gossip, event stream, reports and API are real.
+	Hollow bool
+
+	// ResidencyTimeScale, for dev agents only, runs the residency
+	// controllers' clock and ticks this many times faster than the wall
+	// clock (resident.Options.TimeScale): `gpuplane bench interference`
+	// sets it to its --time-scale, so that the controllers' windows scale
+	// with its engines' figures. 0 or 1: the wall clock. The decision
+	// times a scaled agent records run ahead of the wall clock.
+	ResidencyTimeScale float64
 }
 
 // Agent is a running node.
@@ -144,8 +159,10 @@ func Start(ctx context.Context, cfg Config) (*Agent, error) {
 	if err := a.createInventory(); err != nil {
 		return nil, err
 	}
-	if err := a.listenGateway(); err != nil {
-		return nil, err
+	if !a.cfg.Hollow {
+		if err := a.listenGateway(); err != nil {
+			return nil, err
+		}
 	}
 	if err := a.startCluster(); err != nil {
 		a.cleanup()
@@ -163,9 +180,11 @@ func Start(ctx context.Context, cfg Config) (*Agent, error) {
 		a.Close()
 		return nil, err
 	}
-	if err := a.startGateway(a.resident); err != nil {
-		a.Close()
-		return nil, err
+	if !a.cfg.Hollow {
+		if err := a.startGateway(a.resident); err != nil {
+			a.Close()
+			return nil, err
+		}
 	}
 	if cfg.Dev {
 		if err := a.register(ctx); err != nil {
@@ -225,6 +244,9 @@ func (a *Agent) resolveConfig() error {
 	if c.BootstrapExpect > 0 && !c.Server {
 		return errors.New("--bootstrap-expect is for servers: add --server")
 	}
+	if c.Hollow && (c.Server || c.Dev) {
+		return errors.New("--hollow runs client nodes: drop --server and --dev")
+	}
 	if c.Recover && (!c.Server || c.Dev) {
 		return errors.New("--recover is for a server of a cluster whose other servers hold the log (not --dev, not a client): add --server, or drop --recover")
 	}
@@ -238,7 +260,14 @@ func (a *Agent) role() string {
 	return cluster.RoleClient
 }
 
+// HollowGPUs is the simulated inventory of a hollow node given no
+// --sim-gpus: a full 8-card machine, as issue 21's fleet measures.
+const HollowGPUs = "h100=8"
+
 func (a *Agent) createInventory() error {
+	if a.cfg.Hollow && a.cfg.SimGPUs == "" {
+		a.cfg.SimGPUs = HollowGPUs
+	}
 	res, err := inventory.Detect(inventory.Options{NodeName: a.cfg.NodeName, SimSpec: a.cfg.SimGPUs, Dev: a.cfg.Dev, Server: a.cfg.Server})
 	if err != nil {
 		return err

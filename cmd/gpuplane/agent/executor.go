@@ -30,6 +30,9 @@ import (
 // startExecutor runs the node executor (engines for the replicas placed on
 // this node) and the watchdog that holds them to their memory shares.
 func (a *Agent) startExecutor() error {
+	if a.cfg.Hollow {
+		return a.startHollowExecutor()
+	}
 	if a.cfg.Enforce == "" {
 		a.cfg.Enforce = "auto"
 	}
@@ -49,6 +52,9 @@ func (a *Agent) startExecutor() error {
 		advise = true
 	default:
 		return fmt.Errorf("--residency: must be auto or advise, got %q", a.cfg.Residency)
+	}
+	if ts := a.cfg.ResidencyTimeScale; ts < 0 || ts > 1 && !a.cfg.Dev {
+		return fmt.Errorf("residency time scale: must be ≥ 0, and above 1 only on a dev agent, got %g", ts)
 	}
 
 	node := a.localNode()
@@ -79,7 +85,7 @@ func (a *Agent) startExecutor() error {
 	}
 	res := resident.New(resident.Options{
 		Node: a.cfg.NodeName, Cards: node.Cards, Advise: advise, NVML: lib, Journal: a.residencyJournal, DataDir: a.cfg.DataDir,
-		BindHost: a.cfg.Bind, AdvertiseHost: a.cfg.Advertise, Logger: a.cfg.Logger,
+		BindHost: a.cfg.Bind, AdvertiseHost: a.cfg.Advertise, Logger: a.cfg.Logger, TimeScale: a.cfg.ResidencyTimeScale,
 	})
 	opts.Gate = res
 	a.resident = res
@@ -106,6 +112,24 @@ func (a *Agent) startExecutor() error {
 		stop()
 		<-done
 		<-resDone
+	}
+	return nil
+}
+
+// startHollowExecutor runs executor.Hollow on the node's real event source
+// and reporter: no engines, watchdog or residency manager.
+func (a *Agent) startHollowExecutor() error {
+	src := &eventSource{c: a.cluster, http: a.sec.peerHTTP}
+	ex := executor.NewHollow(src, &logReporter{c: a.cluster, node: a.cfg.NodeName}, a.cfg.NodeName, a.cfg.Advertise, a.cfg.Logger)
+	ctx, stop := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		ex.Run(ctx)
+	}()
+	a.stopExecutor = func() {
+		stop()
+		<-done
 	}
 	return nil
 }

@@ -56,6 +56,9 @@ func (a *Agent) listenGateway() error {
 
 // gatewayAddr is the host:port other nodes reach this node's gateway at.
 func (a *Agent) gatewayAddr() string {
+	if a.cfg.Hollow {
+		return "" // a hollow node serves no gateway
+	}
 	return net.JoinHostPort(a.cfg.Advertise, strconv.Itoa(a.cfg.GatewayPort))
 }
 
@@ -201,7 +204,7 @@ func modelsOf(f *fsm.FSM) []gateway.Model {
 	var out []gateway.Model
 	for _, d := range f.Models() {
 		spec := d.GetSpec()
-		m := gateway.Model{Deployment: d.GetName(), Served: spec.GetServedModelName(), Class: classOf(spec.GetPriority()),
+		m := gateway.Model{Deployment: d.GetName(), Served: spec.GetServedModelName(), Class: queue.ClassOf(spec.GetPriority()),
 			Aliases: spec.GetAliases()}
 		if ads := spec.GetAdapters(); len(ads) > 0 {
 			m.Adapters = make(map[string][]string, len(ads))
@@ -221,7 +224,8 @@ func modelsOf(f *fsm.FSM) []gateway.Model {
 			running := r.GetState() == pb.ReplicaState_REPLICA_STATE_RUNNING
 			rp := gateway.Replica{Deployment: d.GetName(), Index: r.GetIndex(), Node: r.GetNode(), Card: r.GetCards()[0],
 				Endpoint: r.GetEndpoint(), Kind: spec.GetEngine().GetKind(), Running: running,
-				Fronted: fronted && len(r.GetCards()) == 1}
+				Fronted: fronted && len(r.GetCards()) == 1, KVTokens: kvTokensOf(spec.GetEngine()),
+				PriorityScheduling: priorityScheduling(spec.GetEngine())}
 			rp.Resident = running
 			if rp.Fronted {
 				rp.Resident = r.GetResidency() == pb.ReplicaResidency_REPLICA_RESIDENCY_RESIDENT
@@ -233,12 +237,48 @@ func modelsOf(f *fsm.FSM) []gateway.Model {
 	return out
 }
 
-func classOf(p pb.Priority) queue.Class {
-	switch p {
-	case pb.Priority_PRIORITY_INTERACTIVE:
-		return queue.Interactive
-	case pb.Priority_PRIORITY_BACKGROUND:
-		return queue.Background
+// kvTokensOf is an engine's KV budget in tokens where its arguments say it:
+// a sim engine's --kv-pool-mib over its --kv-kib-per-token. Other engines
+// size their pool from the model, which gpuplane does not read: 0
+// (unknown), and the gateway's flat in-flight cap alone holds.
+func kvTokensOf(e *pb.EngineSpec) int {
+	if e.GetKind() != "sim" {
+		return 0
 	}
-	return queue.Standard
+	pool, perToken := argUint(e.GetArgs(), "--kv-pool-mib"), argUint(e.GetArgs(), "--kv-kib-per-token")
+	if pool == 0 || perToken == 0 {
+		return 0
+	}
+	return int(min(pool*1024/perToken, 1<<30))
+}
+
+// priorityScheduling: the engine orders requests by their `priority` field
+// (vLLM, or sim, started with --scheduling-policy priority); without the
+// flag vLLM refuses a non-zero priority, so the gateway sends none.
+func priorityScheduling(e *pb.EngineSpec) bool {
+	if k := e.GetKind(); k != "vllm" && k != "sim" {
+		return false
+	}
+	return argValue(e.GetArgs(), "--scheduling-policy") == "priority"
+}
+
+// argUint is the value of flag in args (--flag N or --flag=N), 0 if absent
+// or not a number.
+func argUint(args []string, flag string) uint64 {
+	n, _ := strconv.ParseUint(argValue(args, flag), 10, 64)
+	return n
+}
+
+// argValue is the value of flag in args (--flag V or --flag=V), "" if
+// absent.
+func argValue(args []string, flag string) string {
+	for i, a := range args {
+		if v, ok := strings.CutPrefix(a, flag+"="); ok {
+			return v
+		}
+		if a == flag && i+1 < len(args) {
+			return args[i+1]
+		}
+	}
+	return ""
 }

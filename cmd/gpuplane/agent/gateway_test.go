@@ -613,13 +613,14 @@ func TestGatewayAdmission(t *testing.T) {
 	waitServed(t, n.a.GatewayURL(), "slow")
 	c := openaiClient(n)
 
-	// One request on the engine (two seconds), one queued: a third is
-	// turned away.
+	// One request on the engine (six seconds: long enough that the third
+	// request comes before it ends on a loaded machine), one queued: a
+	// third is turned away.
 	var wg sync.WaitGroup
 	for range 2 {
 		wg.Go(func() {
 			if _, err := c.Completions.New(context.Background(), openai.CompletionNewParams{Model: "slow",
-				Prompt: openai.CompletionNewParamsPromptUnion{OfString: openai.String("x")}, MaxTokens: openai.Int(10)}); err != nil {
+				Prompt: openai.CompletionNewParamsPromptUnion{OfString: openai.String("x")}, MaxTokens: openai.Int(30)}); err != nil {
 				t.Errorf("an admitted request failed: %v", err)
 			}
 		})

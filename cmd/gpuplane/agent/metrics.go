@@ -33,6 +33,15 @@ func (a *Agent) metricsHandler() http.Handler {
 		}
 		return 0
 	}))
+	reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
+		Name: "gpuplane_leader_reconcile_rounds_total", Help: "Membership reconcile rounds this server ran as leader.",
+	}, func() float64 { n, _, _ := a.cluster.ReconcileStats(); return float64(n) }))
+	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "gpuplane_leader_reconcile_last_seconds", Help: "How long this server's last membership reconcile round as leader took, its writes included.",
+	}, func() float64 { _, d, _ := a.cluster.ReconcileStats(); return d.Seconds() }))
+	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "gpuplane_leader_reconcile_max_seconds", Help: "The longest membership reconcile round this server ran as leader, its writes included.",
+	}, func() float64 { _, _, d := a.cluster.ReconcileStats(); return d.Seconds() }))
 	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "gpuplane_residency_violations",
 		Help: "Memory ledger invariant violations (docs/residency.md) the residency controllers of this node's cards found; each drops its card to pinned-only.",

@@ -18,6 +18,7 @@ import (
 func newAgentCommand(g *globals) *cobra.Command {
 	var cfg agent.Config
 	var join, labels, logLevel string
+	var hollow int
 	cmd := &cobra.Command{
 		Use:   "agent",
 		Short: "Run a gpuplane node",
@@ -45,6 +46,9 @@ GPUPLANE_<FLAG>, e.g. GPUPLANE_DATA_DIR.`,
 			cfg.Logger = slog.New(slog.NewTextHandler(g.stderr, &slog.HandlerOptions{Level: level}))
 			cfg.Version = version
 			ctx := cmd.Context()
+			if cmd.Flags().Changed("hollow") {
+				return runHollow(cmd, g, cfg, hollow)
+			}
 			a, err := agent.Start(ctx, cfg)
 			if err != nil {
 				return err
@@ -85,6 +89,7 @@ GPUPLANE_<FLAG>, e.g. GPUPLANE_DATA_DIR.`,
 	f.StringVar(&cfg.TLSCA, "tls-ca", "", "the cluster's CA certificate (gpuplane tls create-ca)")
 	f.StringVar(&cfg.Encrypt, "encrypt", "", "gossip encryption key, base64 (gpuplane keygen); the same on every node")
 	f.BoolVar(&cfg.ACL, "acl", false, "require tokens with roles on the API (gpuplane acl bootstrap)")
+	f.IntVar(&hollow, "hollow", 0, "run this many hollow client nodes in this process (for load tests: real gossip, event streams and reports, engines that report Running and start no process); names <node-name>-NNNN, data dirs under --data-dir, ports --api-port+i and --gossip-port+i when given, else free ones")
 	f.StringVar(&cfg.AgentToken, "agent-token", "", "secret nodes present to each other with --acl and no TLS; the same on every node")
 	return cmd
 }

@@ -39,26 +39,34 @@ import (
 // cell and model, the simulated p95 TTFT of the same cell.
 //
 // Time runs --time-scale times faster than the config's figures: the sim
-// engines load, wake, prefill and decode that much faster and the mixes
-// send that much faster, and every time measured is multiplied back, so
-// the numbers are in the config's seconds. The node's own timers (minimum
-// residency, idle sleep) are not scaled: they run on the wall clock.
+// engines load, wake, prefill and decode that much faster, the mixes send
+// that much faster, and the agent's residency controllers run on a clock
+// that much faster (agent.Config.ResidencyTimeScale: minimum residency,
+// idle sleep, drain deadlines, rates and learned load times are in the
+// config's seconds); every time measured is multiplied back, so the
+// numbers are in the config's seconds.
+//
+// The comparison with the simulator replays each set's live timeline
+// (simserve.ReplaySet): the requests sent, at the times sent, on the same
+// models, with the per-request overhead measured on this machine for what
+// the simulator does not model (HTTP, the node's front, the engine's
+// scheduling), which the time scale multiplies like everything else.
 
 func newBenchCommand(g *globals) *cobra.Command {
 	return newGroupCommand("bench", "Measure gpuplane on a real agent and engines", nil, newBenchInterferenceCommand(g))
 }
 
 type benchOptions struct {
-	configPath, htmlPath, mixes string
-	duration                    time.Duration
-	timeScale, simSeconds       float64
-	seed                        uint64
+	configPath, htmlPath, mixes, models string
+	duration                            time.Duration
+	timeScale                           float64
+	seed                                uint64
 }
 
 func newBenchInterferenceCommand(g *globals) *cobra.Command {
 	var o benchOptions
 	c := &cobra.Command{
-		Use:   "interference --config FILE [--mix short,long,bursty,background] [--duration D] [--html FILE]",
+		Use:   "interference --config FILE [--models a,b] [--mix short,long,bursty,background] [--duration D] [--html FILE]",
 		Short: "Run the interference matrix on a real agent and sim engine processes",
 		Long: `Start a dev agent in this process with one simulated card of the config's
 size, deploy the config's models on it as sim engines (their residency,
@@ -69,9 +77,14 @@ wall time after a warm-up request per model. It records TTFT p50/p95/p99
 and TPOT p95 per model, and cold loads, wakes and evictions from the
 node's residency decisions, and prints the same matrix and flags as
 ` + "`simulate interference`" + `, plus each cell's live p95 TTFT next to the simulated
-one (--sim-seconds of virtual time per cell). Times run --time-scale times
-faster than the config says and are reported in the config's seconds; the
-node's own timers (minimum residency, idle sleep) are not scaled.
+one: the same set's timeline (its warm-up, the requests sent, at the times
+sent) replayed by ` + "`simulate serve`" + `'s engine model and gpuplane's policy, with
+the per-request overhead measured live (HTTP, the front, the engine's
+scheduling: 20 one-token requests per model after the warm-up) drawn for
+each request, and without it. Times run --time-scale times faster than the
+config says (the engines, the mixes and the agent's residency controllers
+alike) and are reported in the config's seconds. --models runs the matrix
+over a subset of the config's models.
 -o json prints every cell; --html writes the report with the heatmap.`,
 		Example: `  gpuplane bench interference --config examples/serve/home.yaml --html live.html`,
 		Args:    argsNamed(),
@@ -85,9 +98,6 @@ node's own timers (minimum residency, idle sleep) are not scaled.
 			if o.timeScale < 1 {
 				return usageErrorf(cmd, "invalid --time-scale %g: must be ≥ 1", o.timeScale)
 			}
-			if o.simSeconds <= 0 {
-				return usageErrorf(cmd, "invalid --sim-seconds %g: must be > 0", o.simSeconds)
-			}
 			mixes, err := benchMixes(o.mixes)
 			if err != nil {
 				return usageErrorf(cmd, "%v", err)
@@ -95,6 +105,11 @@ node's own timers (minimum residency, idle sleep) are not scaled.
 			cfg, err := simserve.LoadConfig(o.configPath)
 			if err != nil {
 				return fmt.Errorf("bench interference: %w", err)
+			}
+			if o.models != "" {
+				if cfg, err = benchSubset(cfg, o.models); err != nil {
+					return usageErrorf(cmd, "%v", err)
+				}
 			}
 			res, err := runBench(ctx(cmd), cfg, mixes, o, g.stderr, func(url string) (*apiClients, error) {
 				g.addr = url
@@ -116,7 +131,7 @@ node's own timers (minimum residency, idle sleep) are not scaled.
 	f.StringVar(&o.mixes, "mix", "short,long,bursty,background", "request mixes to run, comma-separated")
 	f.DurationVar(&o.duration, "duration", 3*time.Second, "wall time each cell sends requests for, after its warm-up")
 	f.Float64Var(&o.timeScale, "time-scale", 10, "how many times faster than the config the engines and mixes run")
-	f.Float64Var(&o.simSeconds, "sim-seconds", 600, "virtual seconds per cell of the simulated matrix the live p95 is compared with")
+	f.StringVar(&o.models, "models", "", "run the matrix over these of the config's models only, comma-separated (default: all)")
 	f.StringVar(&o.htmlPath, "html", "", "also write an HTML report with the heatmap to this file")
 	f.Uint64Var(&o.seed, "seed", 1, "seed for the request streams")
 	_ = c.MarkFlagFilename("config", "yaml", "yml")
@@ -137,16 +152,50 @@ type benchResult struct {
 	// answered 200 with its first token.
 	Requests int `json:"requests"`
 	Answered int `json:"answered"`
+	// Within counts the comparisons whose live p95 is within 15% of the
+	// replayed one, of Compared with both.
+	Within   int `json:"withinTolerance"`
+	Compared int `json:"compared"`
 }
 
 type benchCompare struct {
-	Models   []string `json:"models"`
-	Mix      string   `json:"mix"`
-	Model    string   `json:"model"`
-	LiveP95  float64  `json:"liveTtftP95"`
-	SimP95   float64  `json:"simTtftP95"`
-	Ratio    float64  `json:"ratio"`
-	Answered int      `json:"answered"`
+	Models  []string `json:"models"`
+	Mix     string   `json:"mix"`
+	Model   string   `json:"model"`
+	LiveP95 float64  `json:"liveTtftP95"`
+	// SimP95 is the replay's p95 with the measured overhead, SimBareP95
+	// without it; OverheadP50 and OverheadP95 are the model's measured
+	// overheads in the set, in the config's seconds.
+	SimP95      float64 `json:"simTtftP95"`
+	SimBareP95  float64 `json:"simTtftP95NoOverhead"`
+	OverheadP50 float64 `json:"overheadP50"`
+	OverheadP95 float64 `json:"overheadP95"`
+	Ratio       float64 `json:"ratio"`
+	Answered    int     `json:"answered"`
+}
+
+// benchSubset keeps the config's models named in list, in config order.
+func benchSubset(cfg *simserve.Config, list string) (*simserve.Config, error) {
+	c := *cfg
+	c.Models = nil
+	var known []string
+	for _, m := range cfg.Models {
+		known = append(known, m.Name)
+	}
+	want := map[string]bool{}
+	for name := range strings.SplitSeq(list, ",") {
+		name = strings.TrimSpace(name)
+		if !slices.Contains(known, name) {
+			return nil, fmt.Errorf("invalid --models %q: not a model of the config (%s)", name, strings.Join(known, ", "))
+		}
+		want[name] = true
+	}
+	for _, m := range cfg.Models {
+		if want[m.Name] {
+			c.Models = append(c.Models, m)
+		}
+	}
+	return &c, nil
 }
 
 func benchMixes(list string) ([]simserve.Mix, error) {
@@ -237,10 +286,6 @@ func runBench(ctx context.Context, cfg *simserve.Config, mixes []simserve.Mix, o
 	if err != nil {
 		return nil, err
 	}
-	sim, err := simserve.Matrix(cfg, o.seed, o.simSeconds)
-	if err != nil {
-		return nil, err
-	}
 	dir, err := os.MkdirTemp("", "gpuplane-bench-")
 	if err != nil {
 		return nil, err
@@ -256,7 +301,7 @@ func runBench(ctx context.Context, cfg *simserve.Config, mixes []simserve.Mix, o
 	}
 	startCtx, cancel := context.WithTimeout(ctx, time.Minute)
 	a, err := agent.Start(startCtx, agent.Config{Dev: true, NodeName: "bench", DataDir: dir, RaftPort: raft, GossipPort: gossip,
-		SimGPUs: dev.Slug + "=1", Enforce: "none"})
+		SimGPUs: dev.Slug + "=1", Enforce: "none", ResidencyTimeScale: o.timeScale})
 	cancel()
 	if err != nil {
 		return nil, fmt.Errorf("start the agent: %w", err)
@@ -275,7 +320,7 @@ func runBench(ctx context.Context, cfg *simserve.Config, mixes []simserve.Mix, o
 		Spec: (&descriptor.AcceleratorSpec{Device: dev.Slug, Tenancy: "shared", MaxModels: &maxModels}).Proto()})); err != nil {
 		return nil, fmt.Errorf("create the accelerator: %w", err)
 	}
-	res := &benchResult{MatrixResult: &simserve.MatrixResult{Card: cfg.Card.Name, Seconds: o.duration.Seconds() * o.timeScale, Thrashing: sim.Thrashing},
+	res := &benchResult{MatrixResult: &simserve.MatrixResult{Card: cfg.Card.Name, Seconds: o.duration.Seconds() * o.timeScale, Thrashing: simserve.MatrixThrash},
 		Device: dev.Slug, TimeScale: o.timeScale}
 	for _, m := range cfg.Models {
 		res.Models = append(res.Models, m.Name)
@@ -283,39 +328,17 @@ func runBench(ctx context.Context, cfg *simserve.Config, mixes []simserve.Mix, o
 	sets := simserve.Sets(len(cfg.Models))
 	for k, set := range sets {
 		began := time.Now()
-		cells, err := b.runSet(ctx, accel, set, mixes)
+		cells, cmps, err := b.runSet(ctx, accel, set, mixes)
 		if err != nil {
 			return nil, err
 		}
 		res.Cells = append(res.Cells, cells...)
+		res.Compare = append(res.Compare, cmps...)
 		fmt.Fprintf(progress, "set %d/%d (%s): %d mixes in %s\n", k+1, len(sets), strings.Join(cells[0].Models, "+"), len(cells), time.Since(began).Round(100*time.Millisecond))
 	}
 	simserve.Summarize(cfg, res.MatrixResult)
-	for _, c := range res.Cells {
-		var simCell *simserve.Cell
-		for i := range sim.Cells {
-			if sim.Cells[i].Mix == c.Mix && slices.Equal(sim.Cells[i].Models, c.Models) {
-				simCell = &sim.Cells[i]
-			}
-		}
-		for _, ms := range c.PerModel {
-			cmp := benchCompare{Models: c.Models, Mix: c.Mix, Model: ms.Model, LiveP95: ms.TTFTP95, Answered: ms.Completed}
-			if simCell != nil {
-				for _, s := range simCell.PerModel {
-					if s.Model == ms.Model {
-						cmp.SimP95 = s.TTFTP95
-					}
-				}
-			}
-			if cmp.SimP95 > 0 && ms.Completed > 0 {
-				// Three significant digits: a ratio far below 1 must not round
-				// to 0, which reads as "not compared".
-				cmp.Ratio, _ = strconv.ParseFloat(strconv.FormatFloat(cmp.LiveP95/cmp.SimP95, 'g', 3, 64), 64)
-			}
-			res.Compare = append(res.Compare, cmp)
-		}
-	}
 	res.Requests, res.Answered = b.requests, b.answered
+	res.Within, res.Compared = res.agreement()
 	return res, nil
 }
 
@@ -325,72 +348,158 @@ type bench struct {
 	api  *apiClients
 	http *http.Client
 
+	// setStart is when the running set's warm-up began.
+	setStart time.Time
+
 	mu sync.Mutex
 	// sent numbers every request, warm-ups included; requests and
 	// answered count the measured ones.
 	sent, requests, answered int
 }
 
-// runSet deploys the set's models, warms each with one request, runs each
-// mix and deletes the models again.
-func (b *bench) runSet(ctx context.Context, accel string, set []int, mixes []simserve.Mix) ([]simserve.Cell, error) {
+// runSet deploys the set's models, warms each with one request, measures
+// each model's per-request overhead, runs each mix, deletes the models
+// again and replays the set's timeline in the simulator.
+func (b *bench) runSet(ctx context.Context, accel string, set []int, mixes []simserve.Mix) ([]simserve.Cell, []benchCompare, error) {
 	var names []string
+	// The set's timeline starts as its models are deployed: pinned and
+	// warm ones load when placed, in the replay as live.
+	b.setStart = time.Now()
 	for _, i := range set {
 		m := &b.cfg.Models[i]
 		names = append(names, m.Name)
 		spec := benchSpec(m, accel, b.o.timeScale)
 		if _, err := b.api.Models.ApplyModel(ctx, connect.NewRequest(&pb.ApplyModelRequest{Name: m.Name, Spec: spec.Proto()})); err != nil {
-			return nil, fmt.Errorf("deploy %s: %w", m.Name, err)
+			return nil, nil, fmt.Errorf("deploy %s: %w", m.Name, err)
 		}
 	}
 	defer b.remove(names)
 	endpoints, err := b.endpoints(ctx, names)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
+	scale := b.o.timeScale
 	// The warm-up: one request per model, so that each cell measures a
 	// card that has loaded its models once (simulate interference's
 	// warm-up does the same in virtual time).
 	var wg sync.WaitGroup
 	warm := make([]error, len(set))
+	var warmReqs []simserve.LiveRequest
 	for k, i := range set {
+		name := b.cfg.Models[i].Name
+		warmReqs = append(warmReqs, simserve.LiveRequest{Time: time.Since(b.setStart).Seconds() * scale, Model: name, PromptTokens: 16, OutputTokens: 4})
 		wg.Go(func() {
-			warm[k] = b.warm(ctx, endpoints[k], b.cfg.Models[i].Name)
+			warm[k] = b.warm(ctx, endpoints[k], name)
 		})
 	}
 	wg.Wait()
 	if err := errors.Join(warm...); err != nil {
-		return nil, err
+		return nil, nil, err
+	}
+	// The overhead: one-token requests, one after the other, to each
+	// model; what they take beyond the engine's own time for one prompt
+	// token and one output token is what the simulator does not model.
+	overhead := map[string][]float64{}
+	for k, i := range set {
+		m := &b.cfg.Models[i]
+		engine := 1 / m.TokensPerSecond
+		if m.PrefillTokensPerSecond > 0 {
+			engine += 1 / m.PrefillTokensPerSecond
+		}
+		for range benchCalibration {
+			s := b.send(ctx, endpoints[k], m.Name, 1, 1)
+			warmReqs = append(warmReqs, simserve.LiveRequest{Time: s.at * scale, Model: m.Name, PromptTokens: 1, OutputTokens: 1})
+			if s.err == nil {
+				overhead[m.Name] = append(overhead[m.Name], max(0, s.ttft*scale-engine))
+			}
+		}
 	}
 	var cells []simserve.Cell
+	var phases []simserve.LivePhase
 	for _, mix := range mixes {
 		seq, err := b.lastDecision(ctx)
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		cell := simserve.Cell{Models: names, Mix: mix.Name}
 		per := make([][]sample, len(set))
 		began := time.Now()
+		phase := simserve.LivePhase{Mix: mix.Name, Start: began.Sub(b.setStart).Seconds() * scale}
+		phase.End = phase.Start + b.o.duration.Seconds()*scale
 		for k, i := range set {
+			m := &b.cfg.Models[i]
+			st := mix.Stream(m)
+			if st.Concurrency > 0 {
+				phase.Closed = append(phase.Closed, simserve.LiveClosed{Model: m.Name, Concurrency: st.Concurrency,
+					PromptTokens: st.PromptTokens, OutputTokens: st.OutputTokens})
+			}
 			wg.Go(func() {
-				per[k] = b.drive(ctx, endpoints[k], &b.cfg.Models[i], mix.Stream(&b.cfg.Models[i]), b.o.seed<<16|uint64(i))
+				per[k] = b.drive(ctx, endpoints[k], m, st, b.o.seed<<16|uint64(i))
 			})
 		}
 		wg.Wait()
 		loads, wakes, evictions, err := b.decisionsSince(ctx, seq)
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
-		hours := time.Since(began).Hours() * b.o.timeScale
+		hours := time.Since(began).Hours() * scale
 		cell.ColdLoadsPerHour = simserve.Round(float64(loads)/hours, 1)
 		cell.WakesPerHour = simserve.Round(float64(wakes)/hours, 1)
 		cell.Evictions = evictions
 		for k, i := range set {
-			cell.PerModel = append(cell.PerModel, b.stats(&b.cfg.Models[i], per[k]))
+			m := &b.cfg.Models[i]
+			cell.PerModel = append(cell.PerModel, b.stats(m, per[k]))
+			if mix.Stream(m).Concurrency > 0 {
+				continue
+			}
+			for _, s := range per[k] {
+				phase.Open = append(phase.Open, simserve.LiveRequest{Time: s.at * scale, Model: m.Name, PromptTokens: s.in, OutputTokens: s.out})
+			}
 		}
+		slices.SortStableFunc(phase.Open, func(x, y simserve.LiveRequest) int { return cmpFloat(x.Time, y.Time) })
 		cells = append(cells, cell)
+		phases = append(phases, phase)
 	}
-	return cells, nil
+	ro := simserve.ReplayOptions{Overhead: overhead, Seed: b.o.seed}
+	withOv, err := simserve.ReplaySet(b.cfg, names, warmReqs, phases, ro)
+	if err != nil {
+		return nil, nil, err
+	}
+	ro.Overhead = nil
+	bare, err := simserve.ReplaySet(b.cfg, names, warmReqs, phases, ro)
+	if err != nil {
+		return nil, nil, err
+	}
+	var cmps []benchCompare
+	for k, c := range cells {
+		for j, ms := range c.PerModel {
+			cmp := benchCompare{Models: c.Models, Mix: c.Mix, Model: ms.Model, LiveP95: ms.TTFTP95, Answered: ms.Completed,
+				SimP95: withOv[k][j].TTFTP95, SimBareP95: bare[k][j].TTFTP95,
+				OverheadP50: simserve.Round(simserve.Percentile(overhead[ms.Model], 50), 4),
+				OverheadP95: simserve.Round(simserve.Percentile(overhead[ms.Model], 95), 4)}
+			if cmp.SimP95 > 0 && ms.Completed > 0 && withOv[k][j].Completed > 0 {
+				// Three significant digits: a ratio far below 1 must not round
+				// to 0, which reads as "not compared".
+				cmp.Ratio, _ = strconv.ParseFloat(strconv.FormatFloat(cmp.LiveP95/cmp.SimP95, 'g', 3, 64), 64)
+			}
+			cmps = append(cmps, cmp)
+		}
+	}
+	return cells, cmps, nil
+}
+
+// benchCalibration is how many one-token requests measure each model's
+// per-request overhead in a set.
+const benchCalibration = 20
+
+func cmpFloat(x, y float64) int {
+	switch {
+	case x < y:
+		return -1
+	case x > y:
+		return 1
+	}
+	return 0
 }
 
 // warm sends one request to the model until it is answered: a pinned
@@ -502,8 +611,11 @@ func (b *bench) decisionsSince(ctx context.Context, seq uint64) (loads, wakes, e
 // per model in a cell.
 const minArrivals = 3
 
-// sample is one request's outcome, in wall seconds.
+// sample is one request: when it was sent (since the set's start), its
+// lengths and its outcome, in wall seconds.
 type sample struct {
+	at         float64
+	in, out    int
 	ttft, tpot float64
 	err        error
 }
@@ -585,20 +697,24 @@ func (b *bench) send(ctx context.Context, endpoint, model string, in, out int) s
 		words[i] = "w" + strconv.Itoa((id*7919+i)%100000)
 	}
 	body, _ := json.Marshal(map[string]any{"model": model, "prompt": strings.Join(words, " "), "max_tokens": out, "stream": true})
+	t0 := time.Now()
+	s := sample{at: t0.Sub(b.setStart).Seconds(), in: in, out: out}
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, endpoint+"/v1/completions", bytes.NewReader(body))
 	if err != nil {
-		return sample{err: err}
+		s.err = err
+		return s
 	}
 	req.Header.Set("Content-Type", "application/json")
-	t0 := time.Now()
 	resp, err := b.http.Do(req)
 	if err != nil {
-		return sample{err: err}
+		s.err = err
+		return s
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
 		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
-		return sample{err: fmt.Errorf("%s: %s", resp.Status, bytes.TrimSpace(msg))}
+		s.err = fmt.Errorf("%s: %s", resp.Status, bytes.TrimSpace(msg))
+		return s
 	}
 	var first, last time.Time
 	tokens := 0
@@ -624,12 +740,14 @@ func (b *bench) send(ctx context.Context, endpoint, model string, in, out int) s
 		tokens++
 	}
 	if err := sc.Err(); err != nil {
-		return sample{err: err}
+		s.err = err
+		return s
 	}
 	if first.IsZero() {
-		return sample{err: errors.New("the stream ended without a token")}
+		s.err = errors.New("the stream ended without a token")
+		return s
 	}
-	s := sample{ttft: first.Sub(t0).Seconds()}
+	s.ttft = first.Sub(t0).Seconds()
 	if tokens > 1 {
 		s.tpot = last.Sub(first).Seconds() / float64(tokens-1)
 	}
@@ -666,8 +784,27 @@ func (b *bench) stats(m *simserve.ModelConfig, samples []sample) simserve.ModelS
 	return ms
 }
 
+// benchAgree is the largest relative gap between the live and the
+// replayed p95 TTFT that counts as agreement (issue 16: within 15%).
+const benchAgree = 0.15
+
+// agreement counts the comparisons with both p95s and those within
+// benchAgree of each other.
+func (res *benchResult) agreement() (within, compared int) {
+	for _, c := range res.Compare {
+		if c.Ratio <= 0 {
+			continue
+		}
+		compared++
+		if math.Abs(c.LiveP95-c.SimP95) <= benchAgree*c.SimP95 {
+			within++
+		}
+	}
+	return within, compared
+}
+
 // writeBench prints the matrix and flags as simulate interference does,
-// then each cell's live p95 TTFT against the simulated one.
+// then each cell's live p95 TTFT against the replayed one.
 func writeBench(w io.Writer, res *benchResult) error {
 	fmt.Fprintf(w, "live on one simulated %s (%s), time ×%g, %g config-seconds per cell; %d of %d requests answered\n\n",
 		res.Device, res.Card, res.TimeScale, res.Seconds, res.Answered, res.Requests)
@@ -676,29 +813,36 @@ func writeBench(w io.Writer, res *benchResult) error {
 	}
 	fmt.Fprintln(w)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "CELL\tMIX\tMODEL\tANSWERED\tLIVE P95 TTFT\tSIM P95 TTFT\tLIVE/SIM")
+	fmt.Fprintln(tw, "CELL\tMIX\tMODEL\tANSWERED\tLIVE P95 TTFT\tSIM P95 TTFT\tSIM P95 NO OVERHEAD\tOVERHEAD P50/P95\tLIVE/SIM")
 	for _, c := range res.Compare {
 		ratio := "n/a"
 		if c.Ratio > 0 {
 			ratio = fmt.Sprintf("%g", c.Ratio)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%gs\t%gs\t%s\n", strings.Join(c.Models, "+"), c.Mix, c.Model, c.Answered, c.LiveP95, c.SimP95, ratio)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%gs\t%gs\t%gs\t%gs/%gs\t%s\n", strings.Join(c.Models, "+"), c.Mix, c.Model, c.Answered, c.LiveP95, c.SimP95, c.SimBareP95, c.OverheadP50, c.OverheadP95, ratio)
 	}
-	return tw.Flush()
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	within, compared := res.agreement()
+	_, err := fmt.Fprintf(w, "\n%d of %d model-cells within %.0f%% of the replay\n", within, compared, 100*benchAgree)
+	return err
 }
 
 // writeBenchHTML writes simulate interference's report with the heatmap,
-// with the live/simulated comparison added before its end.
+// with the live/replayed comparison added before its end.
 func writeBenchHTML(path string, res *benchResult) error {
 	var page bytes.Buffer
 	if err := simserve.WriteMatrixHTML(&page, res.MatrixResult); err != nil {
 		return err
 	}
 	var table bytes.Buffer
-	table.WriteString("<h2>Live p95 TTFT against simulate interference</h2>\n<table><tr><th>cell</th><th>mix</th><th>model</th><th>answered</th><th>live p95</th><th>sim p95</th><th>live/sim</th></tr>\n")
+	within, compared := res.agreement()
+	fmt.Fprintf(&table, "<h2>Live p95 TTFT against the simulated replay</h2>\n<p>%d of %d model-cells within %.0f%%.</p>\n", within, compared, 100*benchAgree)
+	table.WriteString("<table><tr><th>cell</th><th>mix</th><th>model</th><th>answered</th><th>live p95</th><th>sim p95</th><th>sim p95 without overhead</th><th>overhead p50</th><th>live/sim</th></tr>\n")
 	for _, c := range res.Compare {
-		fmt.Fprintf(&table, "<tr><td>%s</td><td>%s</td><td>%s</td><td>%d</td><td>%gs</td><td>%gs</td><td>%g</td></tr>\n",
-			html.EscapeString(strings.Join(c.Models, "+")), html.EscapeString(c.Mix), html.EscapeString(c.Model), c.Answered, c.LiveP95, c.SimP95, c.Ratio)
+		fmt.Fprintf(&table, "<tr><td>%s</td><td>%s</td><td>%s</td><td>%d</td><td>%gs</td><td>%gs</td><td>%gs</td><td>%gs</td><td>%g</td></tr>\n",
+			html.EscapeString(strings.Join(c.Models, "+")), html.EscapeString(c.Mix), html.EscapeString(c.Model), c.Answered, c.LiveP95, c.SimP95, c.SimBareP95, c.OverheadP50, c.Ratio)
 	}
 	table.WriteString("</table>\n</body>")
 	out := strings.Replace(page.String(), "</body>", table.String(), 1)

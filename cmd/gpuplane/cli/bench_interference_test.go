@@ -55,11 +55,14 @@ func TestLiveBenchInterferenceTinyMatrix(t *testing.T) {
 		} `json:"cells"`
 		Relative [][]float64 `json:"relative"`
 		Compare  []struct {
-			Model   string  `json:"model"`
-			LiveP95 float64 `json:"liveTtftP95"`
-			SimP95  float64 `json:"simTtftP95"`
-			Ratio   float64 `json:"ratio"`
+			Model      string  `json:"model"`
+			LiveP95    float64 `json:"liveTtftP95"`
+			SimP95     float64 `json:"simTtftP95"`
+			SimBareP95 float64 `json:"simTtftP95NoOverhead"`
+			Overhead   float64 `json:"overheadP50"`
+			Ratio      float64 `json:"ratio"`
 		} `json:"compare"`
+		Compared int `json:"compared"`
 		Requests int `json:"requests"`
 		Answered int `json:"answered"`
 	}
@@ -97,15 +100,18 @@ func TestLiveBenchInterferenceTinyMatrix(t *testing.T) {
 		t.Fatalf("%d comparisons, want one per model per cell (4)", len(res.Compare))
 	}
 	for _, c := range res.Compare {
-		if c.SimP95 <= 0 || c.LiveP95 <= 0 || c.Ratio <= 0 {
-			t.Fatalf("comparison %+v: want live and simulated p95 and their ratio", c)
+		if c.SimP95 <= 0 || c.LiveP95 <= 0 || c.Ratio <= 0 || c.Overhead <= 0 || c.SimBareP95 <= 0 {
+			t.Fatalf("comparison %+v: want live and replayed p95 (with the measured overhead and without), the overhead and their ratio", c)
 		}
+	}
+	if res.Compared != 4 {
+		t.Fatalf("%d comparisons counted, want 4", res.Compared)
 	}
 	page, err := os.ReadFile(html)
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"<th>chat</th>", "<th>embed</th>", "Live p95 TTFT against simulate interference", "</html>"} {
+	for _, want := range []string{"<th>chat</th>", "<th>embed</th>", "Live p95 TTFT against the simulated replay", "</html>"} {
 		if !strings.Contains(string(page), want) {
 			t.Errorf("HTML report lacks %q", want)
 		}
@@ -125,6 +131,7 @@ func TestBenchInterferenceBadInput(t *testing.T) {
 		{[]string{"--mix", "short,steady"}, `invalid --mix "steady"`},
 		{[]string{"--duration", "0s"}, "invalid --duration"},
 		{[]string{"--time-scale", "0.5"}, "invalid --time-scale"},
+		{[]string{"--models", "chat,nosuch"}, `invalid --models "nosuch"`},
 	} {
 		var out, errb bytes.Buffer
 		code := Run(context.Background(), append([]string{"bench", "interference", "--config", cfg}, tc.args...), strings.NewReader(""), &out, &errb)

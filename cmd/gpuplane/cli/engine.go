@@ -110,6 +110,7 @@ starts it for deployments of engine kind sim, sized to their share.`,
 	f.Float64Var(&cfg.PrefillTokensPerSecond, "prefill-tokens-per-second", 0, "prompt tokens per second before the first token, of those the prefix cache (keyed by the request's cache_salt) does not hold; 0: prefill is free")
 	f.Uint32Var(&cfg.ComputePercent, "compute-percent", 0, "compute share: busy engines on a card split its compute in proportion (0 counts as 100)")
 	f.Float64Var(&cfg.BatchSlowdown, "batch-slowdown", 0, "α: with C requests in flight each stream runs at speed/(1+α(C-1))")
+	f.StringVar(&cfg.SchedulingPolicy, "scheduling-policy", "fcfs", "fcfs or priority, as vLLM's: a request with a non-zero \"priority\" is refused unless priority")
 	f.Float64Var(&idleSeconds, "sleep-idle-seconds", -1, "sleep after this many idle seconds, waking on the next request, as llama.cpp (negative: never)")
 	f.StringVar(&cards, "card-uuids", "", "cards to register the memory on, comma-separated UUIDs")
 	f.IntVar(&cfg.MaxLoRAs, "max-loras", sim.DefaultMaxLoRAs, "LoRA adapters loaded at once, as vLLM's --max-loras (POST /v1/load_lora_adapter)")

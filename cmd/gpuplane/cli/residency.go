@@ -30,9 +30,9 @@ func newResidencyDecisionsCommand(g *globals) *cobra.Command {
 	)
 	c := &cobra.Command{
 		Use:   "decisions [--node N] [--model M] [--follow]",
-		Short: "List residency decisions (load, prewarm, sleep, wake, evict, serialize, reject) and the numbers behind each",
+		Short: "List residency decisions (load, prewarm, sleep, wake, evict, serialize, protect, reject) and the numbers behind each",
 		Long: `List the decisions of every node's residency controllers, oldest first: each
-load, prewarm, sleep, wake, evict, unload, drain, serialize and reject, with
+load, prewarm, sleep, wake, evict, unload, drain, serialize, protect and reject, with
 what triggered it (request, forecast, pressure, idle, operator) and the
 numbers that decided it. A decision taken in advise mode was recorded but not
 executed; its ACTION reads e.g. "load (advised)". Each node keeps its last

@@ -85,6 +85,11 @@ type Config struct {
 	// ComputePercent is the engine's compute share of its cards, the weight
 	// by which busy engines on a card split its compute; 0 counts as 100.
 	ComputePercent uint32
+	// SchedulingPolicy is vLLM's --scheduling-policy: "fcfs" (default) or
+	// "priority". As vLLM, a request with a non-zero `priority` is refused
+	// unless it is "priority" (the sim accepts the field; it does not order
+	// by it).
+	SchedulingPolicy string
 	// BatchSlowdown is α in a stream's speed r/(1+α(C−1)) with C requests in
 	// flight: continuous batching shares the engine's own step.
 	BatchSlowdown float64
@@ -133,6 +138,9 @@ func (c Config) Validate() error {
 	}
 	if c.MaxLoRAs < 0 || c.LoRALoad.Scale < 0 || c.LoRALoad.Fixed < 0 {
 		errs = append(errs, errors.New("--max-loras, --lora-load-scale and --lora-load-seconds must not be negative"))
+	}
+	if c.SchedulingPolicy != "" && c.SchedulingPolicy != "fcfs" && c.SchedulingPolicy != "priority" {
+		errs = append(errs, fmt.Errorf("--scheduling-policy is %q: it must be fcfs or priority", c.SchedulingPolicy))
 	}
 	if c.TokensPerSecond < 0 || c.BatchSlowdown < 0 {
 		errs = append(errs, errors.New("--tokens-per-second and --batch-slowdown must not be negative"))
@@ -306,6 +314,9 @@ type completionRequest struct {
 	// CacheSalt, vLLM's field, is the prefix cache's namespace: absent is
 	// a namespace of its own.
 	CacheSalt *string `json:"cache_salt"`
+	// Priority, vLLM's field: lower is handled earlier; non-zero needs
+	// --scheduling-policy priority.
+	Priority *int `json:"priority"`
 }
 
 type message struct {
@@ -362,6 +373,10 @@ func (s *server) complete(w http.ResponseWriter, r *http.Request, chat bool) {
 	// vLLM's and OpenAI's rules for these two fields.
 	if req.CacheSalt != nil && *req.CacheSalt == "" {
 		apiError(w, http.StatusBadRequest, "cache_salt must be a non-empty string if provided", "invalid_request_error")
+		return
+	}
+	if req.Priority != nil && *req.Priority != 0 && s.cfg.SchedulingPolicy != "priority" {
+		apiError(w, http.StatusBadRequest, "Got priority "+strconv.Itoa(*req.Priority)+" but Priority scheduling is not enabled.", "invalid_request_error")
 		return
 	}
 	if req.StreamOptions != nil && !req.Stream {

@@ -15,6 +15,14 @@ import (
 	"fmt"
 )
 
+// TenantHeader names a request's tenant without ACLs (docs/gateway.md); the
+// gateway passes a token's tenant the same way, between nodes and to a
+// replica's residency front.
+const TenantHeader = "X-Gpuplane-Tenant"
+
+// DefaultTenant is the tenant of a request that names none.
+const DefaultTenant = "default"
+
 // MinSecretLen is the shortest node secret accepted: 128 bits.
 const MinSecretLen = 16
 

@@ -2,7 +2,10 @@ package queue
 
 import (
 	"fmt"
+	"strings"
 	"time"
+
+	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
 )
 
 // Class is a request's priority class; a higher value outranks a lower one.
@@ -25,6 +28,33 @@ func (c Class) String() string {
 		return "interactive"
 	}
 	return fmt.Sprintf("Class(%d)", uint8(c))
+}
+
+// ParseClass reads a class's name (interactive, standard, background; case
+// and surrounding space ignored).
+func ParseClass(s string) (Class, bool) {
+	switch strings.ToLower(strings.TrimSpace(s)) {
+	case "interactive":
+		return Interactive, true
+	case "standard":
+		return Standard, true
+	case "background":
+		return Background, true
+	}
+	return 0, false
+}
+
+// ClassOf is the class of a deployment's priority (unspecified reads as
+// standard). The residency controller ranks deployments by the same
+// classes (residency.Priority is this type).
+func ClassOf(p pb.Priority) Class {
+	switch p {
+	case pb.Priority_PRIORITY_INTERACTIVE:
+		return Interactive
+	case pb.Priority_PRIORITY_BACKGROUND:
+		return Background
+	}
+	return Standard
 }
 
 // ID names one admitted request. The scheduler assigns IDs in admission

@@ -1,0 +1,273 @@
+package gateway
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+)
+
+// engineTransport is the gateway's HTTP/1.1 client of this node's engines
+// (plain http:// URLs, POST only). It keeps connections
+// alive between requests like net/http's Transport, but holds nothing else
+// per request: no goroutines (the Transport runs a read and a write loop per
+// connection) and no buffer until the engine's first byte (the Transport
+// holds 8 KiB per connection). A stream waiting for its first token costs
+// the gateway its engine socket and little more: that is most of what an
+// idle stream costs (bench/RESULTS.md, Gateway over HTTP). The wire format
+// is net/http's own: Header.Write out, http.ReadResponse in.
+type engineTransport struct {
+	dialer net.Dialer
+	// idleTimeout bounds how long a connection waits for its next request;
+	// below the engines' own keep-alive timeouts (uvicorn's, vLLM's server,
+	// is 5 s), so an engine rarely closes one the gateway is about to reuse.
+	idleTimeout time.Duration
+	// maxIdle bounds the idle connections kept per engine.
+	maxIdle int
+
+	mu   sync.Mutex
+	idle map[string][]idleConn // by host:port, most recently used last
+	reap *time.Timer
+}
+
+type idleConn struct {
+	c     net.Conn
+	since time.Time
+}
+
+func newEngineTransport() *engineTransport {
+	return &engineTransport{dialer: net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second},
+		idleTimeout: 4 * time.Second, maxIdle: 1024, idle: map[string][]idleConn{}}
+}
+
+// readers hold the response readers of requests being answered.
+var readers = sync.Pool{New: func() any { return bufio.NewReaderSize(nil, 4<<10) }}
+
+// post sends body to base+path (base: http://host:port) with the headers
+// given (name, value pairs) and returns the engine's answer; its body must
+// be read to the end or closed.
+func (t *engineTransport) post(ctx context.Context, base, path string, body []byte, headers ...string) (*http.Response, error) {
+	u, err := url.Parse(base)
+	if err != nil {
+		return nil, err
+	}
+	if u.Scheme != "http" || u.Host == "" {
+		return nil, fmt.Errorf("engine URL %s: the gateway reaches engines at http://host:port on this node", u.Redacted())
+	}
+	host := u.Host
+	if u.Port() == "" {
+		host = net.JoinHostPort(u.Hostname(), "80")
+	}
+	head := make([]byte, 0, 128+len(path))
+	head = append(head, "POST "...)
+	head = append(head, strings.TrimSuffix(u.Path, "/")...)
+	head = append(head, path...)
+	head = append(head, " HTTP/1.1\r\nHost: "...)
+	head = append(head, u.Host...)
+	head = append(head, "\r\nContent-Length: "...)
+	head = strconv.AppendInt(head, int64(len(body)), 10)
+	for i := 0; i+1 < len(headers); i += 2 {
+		head = append(head, "\r\n"...)
+		head = append(head, headers[i]...)
+		head = append(head, ": "...)
+		head = append(head, headers[i+1]...)
+	}
+	head = append(head, "\r\n\r\n"...)
+	for {
+		c, reused, err := t.get(ctx, host)
+		if err != nil {
+			return nil, err
+		}
+		resp, early, err := t.exchange(ctx, c, host, head, body)
+		if err != nil && early && reused && ctx.Err() == nil {
+			// Failed before any byte of the answer on a kept-alive
+			// connection: the engine closed it while idle, so the request
+			// goes again on a new one.
+			continue
+		}
+		return resp, err
+	}
+}
+
+// exchange writes one request on c and reads the answer's head; early: it
+// failed before the answer's first byte.
+func (t *engineTransport) exchange(ctx context.Context, c net.Conn, host string, head, body []byte) (_ *http.Response, early bool, _ error) {
+	// A cancelled request unblocks its reads and writes at once, and its
+	// connection is not reused.
+	stop := context.AfterFunc(ctx, func() { _ = c.SetDeadline(time.Unix(1, 0)) })
+	fail := func(early bool, err error) (*http.Response, bool, error) {
+		stop()
+		c.Close()
+		if ctx.Err() != nil {
+			return nil, early, context.Cause(ctx)
+		}
+		return nil, early, err
+	}
+	bufs := net.Buffers{head, body}
+	if _, err := bufs.WriteTo(c); err != nil {
+		return fail(true, err)
+	}
+	// Wait for the first byte without a buffer: an idle stream holds none.
+	first := make([]byte, 1)
+	if n, err := c.Read(first); n == 0 {
+		if err == nil {
+			err = io.ErrNoProgress
+		}
+		return fail(true, err)
+	}
+	br := readers.Get().(*bufio.Reader)
+	br.Reset(&firstByte{b: first[0], c: c})
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil {
+		br.Reset(nil)
+		readers.Put(br)
+		return fail(false, err)
+	}
+	resp.Body = &engineBody{t: t, src: resp.Body, br: br, c: c, host: host, stop: stop, keep: !resp.Close}
+	return resp, false, nil
+}
+
+// firstByte reads b, then c.
+type firstByte struct {
+	b    byte
+	done bool
+	c    net.Conn
+}
+
+func (f *firstByte) Read(p []byte) (int, error) {
+	if !f.done && len(p) > 0 {
+		f.done = true
+		p[0] = f.b
+		return 1, nil
+	}
+	return f.c.Read(p)
+}
+
+// engineBody is an answer's body: read to its end, its connection goes
+// back to the pool; closed before, the connection is closed.
+type engineBody struct {
+	t    *engineTransport
+	src  io.ReadCloser
+	br   *bufio.Reader
+	c    net.Conn
+	host string
+	stop func() bool
+	keep bool
+	done bool
+}
+
+func (b *engineBody) Read(p []byte) (int, error) {
+	if b.done {
+		return 0, io.EOF
+	}
+	n, err := b.src.Read(p)
+	if err == io.EOF {
+		b.release(true)
+	} else if err != nil {
+		b.release(false)
+	}
+	return n, err
+}
+
+// Close never reads what is left (http.ReadResponse's body would): an
+// unfinished answer's connection is closed instead.
+func (b *engineBody) Close() error {
+	if !b.done {
+		b.release(false)
+	}
+	return nil
+}
+
+func (b *engineBody) release(reuse bool) {
+	b.done = true
+	stopped := b.stop()
+	reuse = reuse && stopped && b.keep && b.br.Buffered() == 0
+	b.br.Reset(nil)
+	readers.Put(b.br)
+	b.br = nil
+	if reuse {
+		b.t.put(b.host, b.c)
+		return
+	}
+	b.c.Close()
+}
+
+// get returns a kept-alive connection to host, or a new one.
+func (t *engineTransport) get(ctx context.Context, host string) (net.Conn, bool, error) {
+	now := time.Now()
+	t.mu.Lock()
+	for cs := t.idle[host]; len(cs) > 0; cs = t.idle[host] {
+		ic := cs[len(cs)-1]
+		t.idle[host] = cs[:len(cs)-1]
+		if now.Sub(ic.since) < t.idleTimeout {
+			t.mu.Unlock()
+			return ic.c, true, nil
+		}
+		ic.c.Close()
+	}
+	t.mu.Unlock()
+	c, err := t.dialer.DialContext(ctx, "tcp", host)
+	if err != nil {
+		return nil, false, err
+	}
+	return c, false, nil
+}
+
+// put keeps c for the next request to host.
+func (t *engineTransport) put(host string, c net.Conn) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	cs := t.idle[host]
+	if len(cs) >= t.maxIdle {
+		c.Close()
+		return
+	}
+	t.idle[host] = append(cs, idleConn{c: c, since: time.Now()})
+	if t.reap == nil {
+		t.reap = time.AfterFunc(t.idleTimeout, t.reapIdle)
+	}
+}
+
+// reapIdle closes the connections idle past the timeout, and runs again
+// while any are kept.
+func (t *engineTransport) reapIdle() {
+	now := time.Now()
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for host, cs := range t.idle {
+		i := 0
+		for i < len(cs) && now.Sub(cs[i].since) >= t.idleTimeout {
+			cs[i].c.Close()
+			i++
+		}
+		if i == len(cs) {
+			delete(t.idle, host)
+			continue
+		}
+		t.idle[host] = append(cs[:0], cs[i:]...)
+	}
+	if len(t.idle) == 0 {
+		t.reap = nil
+		return
+	}
+	t.reap.Reset(t.idleTimeout / 2)
+}
+
+// closeIdle closes the kept-alive connections.
+func (t *engineTransport) closeIdle() {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for host, cs := range t.idle {
+		for _, ic := range cs {
+			ic.c.Close()
+		}
+		delete(t.idle, host)
+	}
+}

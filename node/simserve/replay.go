@@ -1,0 +1,179 @@
+package simserve
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"slices"
+)
+
+// Replay of a live run: `gpuplane bench interference` runs a set of models
+// on a real agent with real sim engine processes, one mix after the other
+// on the same card, and records every request it sent. ReplaySet runs the
+// same timeline in virtual time under gpuplane's policy, so that the two
+// p95s compared model the same thing: the same models deployed (and only
+// those), the same warm-up and calibration requests, the same open-loop
+// requests at the same times with the same lengths, the closed-loop
+// streams over the same windows, the residency state carried from one mix
+// to the next, and the deployments as the agent gives them to its
+// controller (shares, no load or wake priors). What the simulator has no
+// model of — the client's, the node front's and the engine's HTTP and
+// scheduling time on the machine the bench ran on — is the measured
+// per-request overhead: each request reaches the node one draw of its
+// model's overhead samples after it was sent, and its TTFT counts from the
+// send.
+
+// LiveRequest is one request the live bench sent: when, in the config's
+// seconds from the set's start, to which model, and its lengths.
+type LiveRequest struct {
+	Time         float64 `json:"time"`
+	Model        string  `json:"model"`
+	PromptTokens int     `json:"promptTokens"`
+	OutputTokens int     `json:"outputTokens"`
+}
+
+// LiveClosed is a closed-loop stream of a mix: Concurrency requests
+// always outstanding for Model, lengths drawn around the means.
+type LiveClosed struct {
+	Model        string `json:"model"`
+	Concurrency  int    `json:"concurrency"`
+	PromptTokens int    `json:"promptTokens"`
+	OutputTokens int    `json:"outputTokens"`
+}
+
+// LivePhase is one mix as the live bench ran it on a set: the open-loop
+// requests it sent (times from the set's start), and its closed-loop
+// streams, which send from Start until End.
+type LivePhase struct {
+	Mix        string        `json:"mix"`
+	Start, End float64       `json:"-"`
+	Open       []LiveRequest `json:"-"`
+	Closed     []LiveClosed  `json:"-"`
+}
+
+// ReplayOptions are what a replay adds to the config.
+type ReplayOptions struct {
+	// Overhead holds, per model, the per-request overheads measured live
+	// (config seconds); each request is delayed by one drawn from the
+	// seed. None: no overhead.
+	Overhead map[string][]float64
+	Seed     uint64
+}
+
+// ReplaySet runs models (names of cfg's models) through the warm-up
+// requests, then the phases, in one run, and returns each phase's stats
+// per model, in the order of models. A request belongs to the phase
+// whose window [Start, next phase's Start) holds its send time.
+func ReplaySet(cfg *Config, models []string, warm []LiveRequest, phases []LivePhase, o ReplayOptions) ([][]ModelStats, error) {
+	if len(phases) == 0 {
+		return nil, fmt.Errorf("replay: no phases")
+	}
+	c := *cfg
+	c.Models, c.Traces, c.Synthetic = nil, nil, nil
+	for _, name := range models {
+		i := cfg.model(name)
+		if i < 0 {
+			return nil, fmt.Errorf("replay: model %q is not in the config", name)
+		}
+		m := cfg.Models[i]
+		// The sim engine process holds its footprint while it loads.
+		m.PeakGiB = m.MemoryGiB
+		c.Models = append(c.Models, m)
+	}
+	tenant := c.Tenants[0].Name
+	c.WarmupSeconds = phases[0].Start
+	end := phases[0].Start
+	for _, ph := range phases {
+		end = max(end, ph.End)
+		for _, r := range ph.Open {
+			end = max(end, r.Time)
+		}
+		for _, cl := range ph.Closed {
+			if c.model(cl.Model) < 0 {
+				return nil, fmt.Errorf("replay: phase %s: model %q is not in the set", ph.Mix, cl.Model)
+			}
+			c.Synthetic = append(c.Synthetic, SyntheticStream{Model: cl.Model, Tenants: []string{tenant}, Concurrency: cl.Concurrency,
+				PromptTokens: cl.PromptTokens, OutputTokens: cl.OutputTokens, from: ph.Start, until: ph.End})
+		}
+	}
+	c.DurationSeconds = end
+	s := newSim(&c, o.Seed, end)
+	s.agentPriors = true
+	s.ovRng = rand.New(rand.NewPCG(o.Seed, 0x0e7e7ead))
+	for _, m := range c.Models {
+		s.overhead = append(s.overhead, o.Overhead[m.Name])
+	}
+	var arr []Arrival
+	add := func(r LiveRequest) error {
+		m := c.model(r.Model)
+		if m < 0 {
+			return fmt.Errorf("replay: request for %q, not in the set", r.Model)
+		}
+		ov := s.drawOverhead(m)
+		arr = append(arr, Arrival{Time: r.Time + ov, lag: ov, Model: m, Tenant: tenant,
+			PromptTokens: r.PromptTokens, OutputTokens: r.OutputTokens, order: len(arr)})
+		return nil
+	}
+	for _, r := range warm {
+		if err := add(r); err != nil {
+			return nil, err
+		}
+	}
+	for _, ph := range phases {
+		for _, r := range ph.Open {
+			if err := add(r); err != nil {
+				return nil, err
+			}
+		}
+	}
+	sortArrivals(arr)
+	type rec struct {
+		sent, ttft float64
+		o          outcome
+	}
+	recs := make([][]rec, len(c.Models))
+	s.onEnd = func(r *request, o outcome) {
+		x := rec{sent: r.a.Time - r.a.lag, o: o}
+		if o == outcomeDone {
+			x.ttft = r.firstAt - x.sent
+		}
+		recs[r.a.Model] = append(recs[r.a.Model], x)
+	}
+	p, err := newGpuplane(s)
+	if err != nil {
+		return nil, err
+	}
+	s.pol = p
+	s.run(arr)
+	out := make([][]ModelStats, len(phases))
+	for k, ph := range phases {
+		until := end + drainAfter
+		if k+1 < len(phases) {
+			until = phases[k+1].Start
+		}
+		for mi, m := range c.Models {
+			ms := ModelStats{Model: m.Name, Class: m.Class}
+			var ttft []float64
+			for _, x := range recs[mi] {
+				if x.sent < ph.Start || x.sent >= until {
+					continue
+				}
+				ms.Requests++
+				switch x.o {
+				case outcomeDone:
+					ms.Completed++
+					ttft = append(ttft, x.ttft)
+				case outcomeRejected:
+					ms.Rejected++
+				default:
+					ms.Failed++
+				}
+			}
+			slices.Sort(ttft)
+			ms.TTFTP50 = round(percentile(ttft, 50), 3)
+			ms.TTFTP95 = round(percentile(ttft, 95), 3)
+			ms.TTFTP99 = round(percentile(ttft, 99), 3)
+			out[k] = append(out[k], ms)
+		}
+	}
+	return out, nil
+}
