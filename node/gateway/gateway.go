@@ -51,6 +51,11 @@ type Replica struct {
 	// gateway passes each request's class in it (interactive 0, standard
 	// 1, background 2). Its own preemption still applies (it is per card).
 	PriorityScheduling bool
+	// Slots is a llama.cpp engine's slot count (its --parallel; 0 counts as
+	// 1, llama.cpp's default): the gateway runs each request in a slot of
+	// its own tenant's (id_slot), never in one holding another tenant's
+	// prompt cache. Other kinds ignore it.
+	Slots int
 }
 
 // Model is one deployment as the gateway serves it.

@@ -54,6 +54,16 @@ type local struct {
 	rep   Replica
 	url   string
 	ready bool
+	// slots: a llama.cpp engine's slots (slots.go), nil for other kinds.
+	slots *slotPool
+}
+
+// slotPoolFor is a new pool of rp's engine slots, nil if it has none.
+func slotPoolFor(rp Replica) *slotPool {
+	if rp.Kind != engine.KindLlamaCpp {
+		return nil
+	}
+	return newSlotPool(max(rp.Slots, 1))
 }
 
 // pending is a request held by a card's scheduler; guarded by card.mu.
@@ -135,7 +145,7 @@ func (g *Gateway) syncLocals(t *table) {
 		l := g.locals[key]
 		if l == nil {
 			c := g.card(rp.Card)
-			l = &local{key: key, card: c, rep: rp, stop: make(chan struct{})}
+			l = &local{key: key, card: c, rep: rp, stop: make(chan struct{}), slots: slotPoolFor(rp)}
 			c.mu.Lock()
 			_, err := c.s.AddDeployment(g.queueDeployment(key, rp), now)
 			c.mu.Unlock()
@@ -158,6 +168,12 @@ func (g *Gateway) syncLocals(t *table) {
 			if out, err := c.s.AddDeployment(g.queueDeployment(key, rp), now); err == nil {
 				c.apply(out, now)
 			}
+		}
+		if rp.Kind != l.rep.Kind || rp.Slots != l.rep.Slots {
+			// Requests running in the old pool's slots still release
+			// there; the new pool's slots start unknown, so none is reused
+			// until the gateway has run a tenant's prompt in it.
+			l.slots = slotPoolFor(rp)
 		}
 		l.rep = rp
 		c.mu.Unlock()
@@ -351,7 +367,7 @@ func (g *Gateway) serveLocal(w http.ResponseWriter, r *http.Request, req *reques
 				g.metrics.queued(labels, pd.firstDispatch.Sub(req.arrived))
 			}
 		}
-		url, kind, prioritized := l.url, l.rep.Kind, l.rep.PriorityScheduling
+		url, kind, prioritized, slots := l.url, l.rep.Kind, l.rep.PriorityScheduling, l.slots
 		if req.adapter != "" && l.rep.Endpoint != "" {
 			// The replica's front pages the adapter onto the card (and
 			// refuses it to tenants it is private from); its engine alone
@@ -360,7 +376,7 @@ func (g *Gateway) serveLocal(w http.ResponseWriter, r *http.Request, req *reques
 		}
 		c.mu.Unlock()
 		if run {
-			res := g.attempt(ctx, w, req, l, url, kind, prioritized, m, labels, pd, c)
+			res := g.attempt(ctx, w, req, l, url, kind, prioritized, slots, m, labels, pd, c)
 			generated = res.generated
 			if res.done {
 				return
@@ -430,8 +446,26 @@ type result struct {
 }
 
 // attempt sends the request to its engine once.
-func (g *Gateway) attempt(ctx context.Context, w http.ResponseWriter, req *request, l *local, url, kind string, prioritized bool, m *Model, labels []string, pd *pending, c *card) result {
+func (g *Gateway) attempt(ctx context.Context, w http.ResponseWriter, req *request, l *local, url, kind string, prioritized bool, slots *slotPool, m *Model, labels []string, pd *pending, c *card) (res result) {
 	fields := map[string]any{}
+	// status is the engine's answer's status (0: none came).
+	status := 0
+	if slots != nil {
+		// A llama.cpp engine: the request runs in a slot this gateway gave
+		// it (waiting for one), and reuses the slot's cache only if the
+		// slot holds its own tenant's prompt.
+		slot, reuse, err := slots.acquire(ctx, req.who.tenant)
+		if err != nil {
+			return g.finishWith(w, c, pd, ctx, req, m, errorf(http.StatusServiceUnavailable, "server_error", "engine_error", "model %q: no engine slot: %v", m.Served, err))
+		}
+		// The slot holds the tenant's prompt only after an answer in
+		// full; after anything else its content is unknown.
+		defer func() { slots.release(slot, req.who.tenant, status == http.StatusOK && res.done && ctx.Err() == nil) }()
+		fields["id_slot"] = slot
+		if !reuse {
+			fields["cache_prompt"] = false
+		}
+	}
 	if prioritized {
 		// vLLM's order: lower is handled earlier, 0 the default.
 		fields["priority"] = int(queue.Interactive - req.class)
@@ -462,6 +496,7 @@ func (g *Gateway) attempt(ctx context.Context, w http.ResponseWriter, req *reque
 	if err != nil {
 		return g.finishWith(w, c, pd, ctx, req, m, errorf(http.StatusBadGateway, "server_error", "engine_error", "model %q: engine: %v", m.Served, err))
 	}
+	status = resp.StatusCode
 	defer resp.Body.Close()
 	if req.stream && resp.StatusCode == http.StatusOK {
 		return g.relayStream(ctx, w, resp, req, m, labels, pd, c)

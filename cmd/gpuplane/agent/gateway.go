@@ -225,7 +225,7 @@ func modelsOf(f *fsm.FSM) []gateway.Model {
 			rp := gateway.Replica{Deployment: d.GetName(), Index: r.GetIndex(), Node: r.GetNode(), Card: r.GetCards()[0],
 				Endpoint: r.GetEndpoint(), Kind: spec.GetEngine().GetKind(), Running: running,
 				Fronted: fronted && len(r.GetCards()) == 1, KVTokens: kvTokensOf(spec.GetEngine()),
-				PriorityScheduling: priorityScheduling(spec.GetEngine())}
+				PriorityScheduling: priorityScheduling(spec.GetEngine()), Slots: slotsOf(spec.GetEngine())}
 			rp.Resident = running
 			if rp.Fronted {
 				rp.Resident = r.GetResidency() == pb.ReplicaResidency_REPLICA_RESIDENCY_RESIDENT
@@ -260,6 +260,20 @@ func priorityScheduling(e *pb.EngineSpec) bool {
 		return false
 	}
 	return argValue(e.GetArgs(), "--scheduling-policy") == "priority"
+}
+
+// slotsOf is a llama.cpp engine's slot count: its --parallel (or -np), 1
+// (llama.cpp's default) when absent or not a positive number; 0 for other
+// kinds.
+func slotsOf(e *pb.EngineSpec) int {
+	if e.GetKind() != "llamacpp" {
+		return 0
+	}
+	n := argUint(e.GetArgs(), "--parallel")
+	if n == 0 {
+		n = argUint(e.GetArgs(), "-np")
+	}
+	return int(min(max(n, 1), 1<<10))
 }
 
 // argUint is the value of flag in args (--flag N or --flag=N), 0 if absent

@@ -111,6 +111,7 @@ starts it for deployments of engine kind sim, sized to their share.`,
 	f.Uint32Var(&cfg.ComputePercent, "compute-percent", 0, "compute share: busy engines on a card split its compute in proportion (0 counts as 100)")
 	f.Float64Var(&cfg.BatchSlowdown, "batch-slowdown", 0, "α: with C requests in flight each stream runs at speed/(1+α(C-1))")
 	f.StringVar(&cfg.SchedulingPolicy, "scheduling-policy", "fcfs", "fcfs or priority, as vLLM's: a request with a non-zero \"priority\" is refused unless priority")
+	f.IntVar(&cfg.Parallel, "parallel", 1, "slots, as llama.cpp's --parallel: a request may name one in \"id_slot\" (0 to N-1, or -1 for any) and reuses the prompt it last ran unless \"cache_prompt\" is false")
 	f.Float64Var(&idleSeconds, "sleep-idle-seconds", -1, "sleep after this many idle seconds, waking on the next request, as llama.cpp (negative: never)")
 	f.StringVar(&cards, "card-uuids", "", "cards to register the memory on, comma-separated UUIDs")
 	f.IntVar(&cfg.MaxLoRAs, "max-loras", sim.DefaultMaxLoRAs, "LoRA adapters loaded at once, as vLLM's --max-loras (POST /v1/load_lora_adapter)")

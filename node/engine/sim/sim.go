@@ -90,6 +90,9 @@ type Config struct {
 	// unless it is "priority" (the sim accepts the field; it does not order
 	// by it).
 	SchedulingPolicy string
+	// Parallel is llama.cpp's --parallel: the slots a request's `id_slot`
+	// may name (0 counts as 1).
+	Parallel int
 	// BatchSlowdown is α in a stream's speed r/(1+α(C−1)) with C requests in
 	// flight: continuous batching shares the engine's own step.
 	BatchSlowdown float64
@@ -126,6 +129,9 @@ func (c Config) Validate() error {
 	}
 	if c.KVKiBPerToken > 0 && c.KVPoolMiB == 0 {
 		errs = append(errs, errors.New("--kv-kib-per-token needs a --kv-pool-mib to grow into"))
+	}
+	if c.Parallel < 0 {
+		errs = append(errs, fmt.Errorf("--parallel (%d) must not be negative", c.Parallel))
 	}
 	if c.ComputePercent > 100 {
 		errs = append(errs, fmt.Errorf("--compute-percent %d is not from 0 to 100", c.ComputePercent))
@@ -225,6 +231,9 @@ type server struct {
 	// prefilled counts the prompt tokens computed, those it did not hold.
 	cache     *prefixCache
 	prefilled atomic.Int64
+	// slots are llama.cpp's slot caches, for requests naming an id_slot
+	// (slots.go).
+	slots *slotCache
 
 	// ctl serializes transitions (load, sleep, wake, unload).
 	ctl sync.Mutex
@@ -251,6 +260,7 @@ func newServer(cfg Config, life context.Context) *server {
 		weightsMiB: cfg.MemoryMiB - cfg.OverheadMiB - cfg.KVPoolMiB,
 		cancels:    map[uint64]context.CancelCauseFunc{},
 		cache:      newPrefixCache(prefixCacheTokens(cfg)),
+		slots:      newSlotCache(),
 	}
 	s.lora = loraState{loaded: map[string]*adapter{}, cached: map[string]bool{},
 		rng: rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), uint64(s.pid)))}
@@ -317,6 +327,10 @@ type completionRequest struct {
 	// Priority, vLLM's field: lower is handled earlier; non-zero needs
 	// --scheduling-policy priority.
 	Priority *int `json:"priority"`
+	// IDSlot and CachePrompt, llama.cpp's fields: the slot to run in (-1:
+	// any) and whether to reuse what it holds (default true).
+	IDSlot      *int  `json:"id_slot"`
+	CachePrompt *bool `json:"cache_prompt"`
 }
 
 type message struct {
@@ -379,6 +393,10 @@ func (s *server) complete(w http.ResponseWriter, r *http.Request, chat bool) {
 		apiError(w, http.StatusBadRequest, "Got priority "+strconv.Itoa(*req.Priority)+" but Priority scheduling is not enabled.", "invalid_request_error")
 		return
 	}
+	if slots := max(s.cfg.Parallel, 1); req.IDSlot != nil && (*req.IDSlot < -1 || *req.IDSlot >= slots) {
+		apiError(w, http.StatusBadRequest, fmt.Sprintf("id_slot %d is out of range: the engine has %d slots (--parallel), -1 means any", *req.IDSlot, slots), "invalid_request_error")
+		return
+	}
 	if req.StreamOptions != nil && !req.Stream {
 		apiError(w, http.StatusBadRequest, "stream_options is only allowed when stream is true", "invalid_request_error")
 		return
@@ -395,11 +413,25 @@ func (s *server) complete(w http.ResponseWriter, r *http.Request, chat bool) {
 		return
 	}
 	defer s.release(rq)
-	blocks := blockHashes(req.CacheSalt, prompt)
-	cached := s.cache.lookup(blocks, promptTokens)
+	var blocks []blockHash
+	var cached int
+	slot := -1
+	if req.IDSlot != nil {
+		slot = *req.IDSlot
+	}
+	if slot >= 0 {
+		cached = s.slots.lookup(slot, prompt, req.CachePrompt == nil || *req.CachePrompt)
+	} else {
+		blocks = blockHashes(req.CacheSalt, prompt)
+		cached = s.cache.lookup(blocks, promptTokens)
+	}
 	err = s.prefill(rq, promptTokens-cached)
 	if err == nil {
-		s.cache.insert(blocks)
+		if slot >= 0 {
+			s.slots.store(slot, prompt)
+		} else {
+			s.cache.insert(blocks)
+		}
 	}
 	tokens := s.reply(n)
 	id := fmt.Sprintf("sim-%d", s.nextID.Add(1))

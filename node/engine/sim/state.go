@@ -385,6 +385,7 @@ func (s *server) sleep(ctx context.Context, level int, mode string, auto bool) e
 	s.dropAdapters()
 	s.st.expire = time.Time{}
 	s.cache.clear() // the KV cache is freed
+	s.slots.clear()
 	// Requests queued for KV room learn that the engine sleeps.
 	s.cond.Broadcast()
 	s.mu.Unlock()
@@ -517,6 +518,7 @@ func (s *server) unload(ctx context.Context, abort bool) {
 	s.dropAdapters()
 	s.st.expire = time.Time{}
 	s.cache.clear()
+	s.slots.clear()
 	s.cond.Broadcast()
 	s.mu.Unlock()
 	s.report()
