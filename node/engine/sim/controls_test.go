@@ -256,6 +256,7 @@ func TestConfigValidate(t *testing.T) {
 		{Config{ServedModelName: "m", MemoryMiB: 100, KVKiBPerToken: 64}, "--kv-kib-per-token needs a --kv-pool-mib"},
 		{Config{ServedModelName: "m", MemoryMiB: 100, ComputePercent: 101}, "--compute-percent 101"},
 		{Config{ServedModelName: "m", MemoryMiB: 100, WakeTime: -1}, "--wake-seconds must not be negative"},
+		{Config{ServedModelName: "m", MemoryMiB: 100, Parallel: -1}, "--parallel (-1) must not be negative"},
 		{Config{MemoryMiB: 100}, "--served-model-name is required"},
 	} {
 		if err := tc.cfg.Validate(); err == nil || !strings.Contains(err.Error(), tc.want) {

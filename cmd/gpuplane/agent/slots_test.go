@@ -1,0 +1,28 @@
+package agent
+
+import (
+	"testing"
+
+	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
+)
+
+// A llama.cpp deployment's slot count is its --parallel (or -np), else
+// llama.cpp's default of 1; other engines have none.
+func TestSlotsOf(t *testing.T) {
+	for _, c := range []struct {
+		kind string
+		args []string
+		want int
+	}{
+		{"llamacpp", nil, 1},
+		{"llamacpp", []string{"--parallel", "4"}, 4},
+		{"llamacpp", []string{"--parallel=3"}, 3},
+		{"llamacpp", []string{"-c", "8192", "-np", "2"}, 2},
+		{"llamacpp", []string{"-np", "-1"}, 1},
+		{"vllm", []string{"--parallel", "4"}, 0},
+	} {
+		if got := slotsOf(&pb.EngineSpec{Kind: c.kind, Args: c.args}); got != c.want {
+			t.Errorf("slotsOf(%s %v) = %d, want %d", c.kind, c.args, got, c.want)
+		}
+	}
+}
