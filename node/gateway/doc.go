@@ -13,7 +13,9 @@
 // requests' lives around it (dispatch to the engine, progress, finish,
 // cancel when the client goes away, abort when preempted, expiry and cold
 // waits); the per-tenant cache salt added to the bodies sent to engines that
-// key their prefix cache by it; and the gateway's Prometheus series.
+// key their prefix cache by it, and the llama.cpp slot (id_slot) each
+// request runs in, never one holding another tenant's cache; and the
+// gateway's Prometheus series.
 //
 // It never decides scheduling itself (package queue does), never loads or
 // unloads a model (the residency controller does: the gateway only reports
