@@ -30,9 +30,6 @@ func newSlotPool(n int) *slotPool {
 	return &slotPool{owner: make([]string, n), busy: make([]bool, n), freed: make([]uint64, n), wake: make(chan struct{})}
 }
 
-// size is the pool's slot count.
-func (p *slotPool) size() int { return len(p.owner) }
-
 // acquire takes a slot for tenant, waiting until one is free or ctx ends.
 // reuse says whether the slot holds tenant's own prompt (so the engine may
 // reuse it). The caller must release the slot.
