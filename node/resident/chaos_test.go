@@ -143,18 +143,25 @@ type reqRecord struct {
 // own "aborted: put to sleep or unloaded" answer) is an I3 violation unless
 // the test itself killed that model's engine, killed the agent, or changed
 // that model's deployment while the request was out.
+// simL4 is one simulated L4 for node, its NVML and the folder where its
+// sim engines record their memory use (under dataDir).
+func simL4(t *testing.T, dataDir string) ([]*pb.Card, *inventory.SimNVML, string) {
+	t.Helper()
+	cards, err := inventory.Simulated(node, "l4=1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	usageDir := filepath.Join(dataDir, "sim-nvml")
+	return cards, inventory.NewSimNVML(cards, inventory.NewSimUsage(usageDir)), usageDir
+}
+
 func chaos(t *testing.T, seed uint64, duration time.Duration) chaosRun {
 	t.Logf("seed %d (GPUPLANE_CHAOS_SEED reruns it)", seed)
 	rng := rand.New(rand.NewPCG(seed, 0))
 
 	dataDir := t.TempDir()
-	cards, err := inventory.Simulated(node, "l4=1")
-	if err != nil {
-		t.Fatal(err)
-	}
+	cards, lib, usageDir := simL4(t, dataDir)
 	card := cards[0]
-	usageDir := filepath.Join(dataDir, "sim-nvml")
-	lib := inventory.NewSimNVML(cards, inventory.NewSimUsage(usageDir))
 	logger := slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelInfo}))
 	src := &source{ch: make(chan executor.Snapshot, 16)}
 	rep := &reporter{transitions: map[string][]string{}}
@@ -168,6 +175,7 @@ func chaos(t *testing.T, seed uint64, duration time.Duration) chaosRun {
 			DataDir: dataDir, Wait: 20 * time.Second, Tick: 200 * time.Millisecond, Logger: logger,
 			Config: residency.Config{MinResidency: time.Second, IdleSleep: 3 * time.Second, IdleUnload: 6 * time.Second,
 				DrainDeadline: drainDeadline, RetryBackoff: 200 * time.Millisecond, MaxBackoff: 2 * time.Second}})
+		var err error
 		a.ex, err = executor.New(src, rep, executor.Options{Node: node, DataDir: dataDir, Cards: cards, Self: bin,
 			SimUsageDir: usageDir, BindHost: "127.0.0.1", AdvertiseHost: "127.0.0.1", GracePeriod: 2 * time.Second,
 			HealthInterval: 50 * time.Millisecond, Gate: a.mgr, Logger: logger, KeepEngines: true})

@@ -7,7 +7,6 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
-	"path/filepath"
 	"sync"
 	"testing"
 	"time"
@@ -15,7 +14,6 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 
 	"github.com/gpuplane/gpuplane/node/executor"
-	"github.com/gpuplane/gpuplane/node/inventory"
 	"github.com/gpuplane/gpuplane/node/residency"
 	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
 )
@@ -31,13 +29,8 @@ import (
 // seconds, as a busy engine draining its requests would.
 func TestRestartedAgentWaitsForTheMemoryOfAdoptedEngines(t *testing.T) {
 	dataDir := t.TempDir()
-	cards, err := inventory.Simulated(node, "l4=1")
-	if err != nil {
-		t.Fatal(err)
-	}
+	cards, lib, usageDir := simL4(t, dataDir)
 	card := cards[0]
-	usageDir := filepath.Join(dataDir, "sim-nvml")
-	lib := inventory.NewSimNVML(cards, inventory.NewSimUsage(usageDir))
 	logger := slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelInfo}))
 	src := &source{ch: make(chan executor.Snapshot, 4)}
 	rep := &reporter{transitions: map[string][]string{}}
@@ -54,6 +47,7 @@ func TestRestartedAgentWaitsForTheMemoryOfAdoptedEngines(t *testing.T) {
 			DataDir: dataDir, Wait: time.Minute, Tick: 200 * time.Millisecond, Logger: logger,
 			Config: residency.Config{MinResidency: time.Second, IdleSleep: time.Hour, IdleUnload: time.Hour,
 				DrainDeadline: drainDeadline, RetryBackoff: 200 * time.Millisecond, MaxBackoff: 2 * time.Second}})
+		var err error
 		ag.ex, err = executor.New(src, rep, executor.Options{Node: node, DataDir: dataDir, Cards: cards, Self: bin,
 			SimUsageDir: usageDir, BindHost: "127.0.0.1", AdvertiseHost: "127.0.0.1", GracePeriod: 2 * time.Second,
 			HealthInterval: 2 * time.Second, Gate: ag.mgr, Logger: logger, KeepEngines: true})

@@ -193,29 +193,21 @@ func status(n *node) (statusJSON, error) {
 	return st, json.Unmarshal([]byte(out), &st)
 }
 
-// TestCluster starts three servers with the same flags (but names, ports and
-// data dirs) and --bootstrap-expect 3, and two client agents with simulated
-// cards, then checks membership, forwarding, leader failover and rejoin, and
-// a client's failure and return, through the CLI on every node.
-func TestCluster(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts five agents")
-	}
-	servers := []*node{newNode(t, "s1", true, "l4=1"), newNode(t, "s2", true, "l4=1"), newNode(t, "s3", true, "l4=1")}
-	clients := []*node{newNode(t, "c1", false, "h100=2"), newNode(t, "c2", false, "h100=2")}
+// startCluster gives every node the same --join (the servers' gossip
+// addresses, each server itself included) and starts them all at once:
+// each server waits in the background for the others before the cluster
+// forms. It returns the servers then the clients.
+func startCluster(t *testing.T, servers, clients []*node) []*node {
+	t.Helper()
 	var join []string
 	for _, s := range servers {
 		join = append(join, s.gossip())
 	}
 	all := append(append([]*node{}, servers...), clients...)
-	for _, n := range all {
-		n.cfg.Join = join // the same --join on every node, itself included
-	}
-	// Start them all at once: each server waits in the background for the
-	// other two before the cluster forms.
 	var wg sync.WaitGroup
 	errs := make(chan error, len(all))
 	for _, n := range all {
+		n.cfg.Join = join
 		wg.Go(func() {
 			a, err := agent.Start(context.Background(), n.cfg)
 			n.a = a
@@ -229,6 +221,20 @@ func TestCluster(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	return all
+}
+
+// TestCluster starts three servers with the same flags (but names, ports and
+// data dirs) and --bootstrap-expect 3, and two client agents with simulated
+// cards, then checks membership, forwarding, leader failover and rejoin, and
+// a client's failure and return, through the CLI on every node.
+func TestCluster(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts five agents")
+	}
+	servers := []*node{newNode(t, "s1", true, "l4=1"), newNode(t, "s2", true, "l4=1"), newNode(t, "s3", true, "l4=1")}
+	clients := []*node{newNode(t, "c1", false, "h100=2"), newNode(t, "c2", false, "h100=2")}
+	all := startCluster(t, servers, clients)
 
 	// 1. One cluster: five alive members, three voters and one leader on any
 	// node, and every node counts the clients' cards.

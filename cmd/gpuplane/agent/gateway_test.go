@@ -271,28 +271,7 @@ func TestGatewayForwardsAcrossNodes(t *testing.T) {
 	}
 	servers := []*node{newNode(t, "s1", true, ""), newNode(t, "s2", true, ""), newNode(t, "s3", true, "")}
 	clients := []*node{newNode(t, "c1", false, "l4=1"), newNode(t, "c2", false, "l4=1")}
-	var join []string
-	for _, s := range servers {
-		join = append(join, s.gossip())
-	}
-	all := append(append([]*node{}, servers...), clients...)
-	var wg sync.WaitGroup
-	errs := make(chan error, len(all))
-	for _, n := range all {
-		n.cfg.Join = join
-		wg.Go(func() {
-			a, err := agent.Start(context.Background(), n.cfg)
-			n.a = a
-			errs <- err
-		})
-	}
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
+	all := startCluster(t, servers, clients)
 	testutil.Eventually(t, 60*time.Second, "cluster forms with both clients' cards", func() error {
 		d, err := device(servers[0], "l4")
 		if err != nil {
