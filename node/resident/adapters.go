@@ -113,9 +113,14 @@ func (m *Manager) syncAdapters(c *cardCtrl, r *rep, spec *pb.ModelSpec) {
 	} else {
 		m.adapterSpecs[r.k] = s
 	}
+	f := m.fronts[r.k]
 	m.mu.Unlock()
 	if (old == nil && s == nil) || (old != nil && old.sig == sig) {
 		return
+	}
+	if f != nil {
+		// Requests waiting for an adapter the apply removed are told so.
+		f.wake()
 	}
 	m.handle(c, s.event(r.k.id()), "")
 }
@@ -232,6 +237,22 @@ type adapterRequest struct {
 	// body is the request's body, rewritten to name the adapter as the
 	// engine knows it.
 	body []byte
+	// model and tenant are what the request asked for and as whom.
+	model, tenant string
+}
+
+// stillOffered reports whether the deployment still offers ar's adapter
+// to its tenant: an apply may remove it (or its tenant) while the
+// request waits for it to load.
+func (f *front) stillOffered(ar adapterRequest) bool {
+	f.m.mu.Lock()
+	spec := f.m.adapterSpecs[f.k]
+	f.m.mu.Unlock()
+	if spec == nil {
+		return false
+	}
+	a := spec.byName[ar.adapter]
+	return a != nil && allowed(a, ar.tenant)
 }
 
 // resolve reads r's body and finds the adapter it asks for. A status
@@ -276,7 +297,7 @@ func (f *front) resolve(r *http.Request) (adapterRequest, int, string) {
 	if a == nil || !allowed(a, tenant) {
 		return out, http.StatusNotFound, fmt.Sprintf("The model `%s` does not exist.", model)
 	}
-	out.adapter = name
+	out.adapter, out.model, out.tenant = name, model, tenant
 	if name != model {
 		fields["model"], _ = json.Marshal(name)
 		if out.body, err = json.Marshal(fields); err != nil {

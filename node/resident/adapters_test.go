@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -18,6 +19,7 @@ import (
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 
+	"github.com/gpuplane/gpuplane/internal/testutil"
 	"github.com/gpuplane/gpuplane/node/executor"
 	"github.com/gpuplane/gpuplane/node/inventory"
 	"github.com/gpuplane/gpuplane/node/residency"
@@ -386,5 +388,46 @@ func TestPrivateAdaptersAndApply(t *testing.T) {
 	}
 	if code, got, _ := ask(t, url, "chat", ""); code != http.StatusOK || got != "chat" {
 		t.Fatalf("the base itself: %d %q", code, got)
+	}
+}
+
+// TestRemovedAdapterWhileLoading: a request waiting for an adapter that an
+// apply removes is answered 404 like any adapter that does not exist, not
+// left to wait out the front's deadline with a 503.
+func TestRemovedAdapterWhileLoading(t *testing.T) {
+	n := newAdapterNode(t)
+	ads := adapterList(3, 16)
+	d := n.deployment(pb.Residency_RESIDENCY_UNSPECIFIED, 2, ads)
+	d.Spec.Engine.Args = append(d.Spec.Engine.Args, "--lora-load-scale", "1", "--lora-load-time", "20s")
+	n.publish(d)
+	url := n.front()
+	if code, got, msg := ask(t, url, "chat", ""); code != http.StatusOK || got != "chat" {
+		t.Fatalf("the base: %d %q %s", code, got, msg)
+	}
+	type answer struct {
+		code int
+		msg  string
+	}
+	done := make(chan answer, 1)
+	go func() {
+		code, _, msg := ask(t, url, "chat:a002", "")
+		done <- answer{code, msg}
+	}()
+	// The request is counted (its adapter starts loading) before the
+	// apply removes the adapter.
+	testutil.Eventually(t, 30*time.Second, "a002's load decided", func() error {
+		ds, _ := n.journal.Decisions(0)
+		for _, d := range ds {
+			if d.Action == residency.ActLoadAdapter && strings.Contains(d.Reason, "a002") {
+				return nil
+			}
+		}
+		return errors.New("not yet")
+	})
+	d.Spec.Adapters = ads[:2]
+	n.publish(d)
+	a := <-done
+	if a.code != http.StatusNotFound || a.msg != "The model `chat:a002` does not exist." {
+		t.Fatalf("request for the removed adapter: %d %q, want 404", a.code, a.msg)
 	}
 }

@@ -183,6 +183,14 @@ func (f *front) serves(a string) bool {
 	return a == "" || f.adapters[a]
 }
 
+// wake has the waiting requests look again at what they wait for.
+func (f *front) wake() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	close(f.changed)
+	f.changed = make(chan struct{})
+}
+
 // reject fails the requests waiting now.
 func (f *front) reject(reason string) {
 	f.mu.Lock()
@@ -253,6 +261,10 @@ func (f *front) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		ready, target, rejected, reason, changed := f.state()
 		if ready && f.serves(ar.adapter) {
 			f.proxy.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), targetKey{}, target)))
+			return
+		}
+		if ar.adapter != "" && !f.stillOffered(ar) {
+			writeError(w, http.StatusNotFound, "model_not_found", fmt.Sprintf("The model `%s` does not exist.", ar.model))
 			return
 		}
 		if fl := f.failure(ar.adapter); ar.adapter != "" && fl.n != failed0.n {

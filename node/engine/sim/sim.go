@@ -143,7 +143,7 @@ func (c Config) Validate() error {
 		}
 	}
 	if c.MaxLoRAs < 0 || c.LoRALoad.Scale < 0 || c.LoRALoad.Fixed < 0 {
-		errs = append(errs, errors.New("--max-loras, --lora-load-scale and --lora-load-seconds must not be negative"))
+		errs = append(errs, errors.New("--max-loras, --lora-load-scale and --lora-load-time must not be negative"))
 	}
 	if c.SchedulingPolicy != "" && c.SchedulingPolicy != "fcfs" && c.SchedulingPolicy != "priority" {
 		errs = append(errs, fmt.Errorf("--scheduling-policy is %q: it must be fcfs or priority", c.SchedulingPolicy))
