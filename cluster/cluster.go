@@ -41,6 +41,12 @@ type Cluster struct {
 	// tenants is a client node's copy of the token table (TenantFor).
 	tenants tenantTable
 
+	// feed is the shared replay behind the server's event streams
+	// (feed.go), started by the first; feedStopped once Shutdown began.
+	feedMu      sync.Mutex
+	feed        *Feed
+	feedStopped bool
+
 	shutdownOnce sync.Once
 	shutdownErr  error
 }
@@ -200,6 +206,7 @@ func (c *Cluster) bootstrap() error {
 // once; later calls return the first call's result.
 func (c *Cluster) Shutdown() error {
 	c.shutdownOnce.Do(func() {
+		c.stopFeed()
 		c.stopMembership()
 		if c.raft == nil {
 			return

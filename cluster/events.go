@@ -35,6 +35,11 @@ type Cursor struct {
 	// basePath is the log's audit base (compact.go), where a compacted
 	// log's replay starts, and snapshotDir its snapshots (findAuditBase).
 	basePath, snapshotDir string
+	// fanout, set on a Feed's cursor, makes apply name in changed the
+	// nodes whose replicas a command entry changed although its event
+	// does not name them (feed.go).
+	fanout  bool
+	changed []string
 }
 
 // NewCursor returns a cursor over log that yields the events with index >=
@@ -195,18 +200,30 @@ func decoded(l *raft.Log, e *fsm.Entry) fsm.Entry {
 func (c *Cursor) apply(l *raft.Log, e *fsm.Entry) *pb.Event {
 	switch l.Type {
 	case raft.LogCommand:
+		c.changed = c.changed[:0]
 		// A node filter needs to know whether the entry changed that node's
 		// replicas, which only the state before and after can tell.
 		var before []*pb.Replica
 		node := c.filter.GetNode()
 		if node != "" && c.next >= c.from {
-			before = c.state.Replicas("", node)
+			before = c.state.ReplicasOn(node)
+		}
+		if c.fanout {
+			c.state.TrackNodes()
 		}
 		res := c.state.ApplyEntry(l.Index, decoded(l, e))
 		ev := commandEvent(l, res, c.state.Hash())
 		if node != "" && c.next >= c.from && !slices.Contains(ev.Resources, "node/"+node) &&
-			!replicasEqual(before, c.state.Replicas("", node)) {
+			!replicasEqual(before, c.state.ReplicasOn(node)) {
 			ev.Resources = append(ev.Resources, "node/"+node)
+		}
+		if c.fanout {
+			for n, before := range c.state.Touched() {
+				if !slices.Contains(ev.Resources, "node/"+n) && !replicasEqual(before, c.state.ReplicasOn(n)) {
+					c.changed = append(c.changed, n)
+				}
+			}
+			slices.Sort(c.changed)
 		}
 		return ev
 	case raft.LogConfiguration:
@@ -235,8 +252,10 @@ func replicasEqual(a, b []*pb.Replica) bool {
 	return slices.EqualFunc(a, b, func(x, y *pb.Replica) bool { return proto.Equal(x, y) })
 }
 
-func (c *Cursor) matches(ev *pb.Event) bool {
-	f := c.filter
+func (c *Cursor) matches(ev *pb.Event) bool { return matchesFilter(c.filter, ev) }
+
+// matchesFilter reports whether ev passes f (nil: every event does).
+func matchesFilter(f *pb.EventFilter, ev *pb.Event) bool {
 	if f == nil {
 		return true
 	}

@@ -43,7 +43,10 @@ type FSM struct {
 	spareReplicas []*pb.Replica
 	// onNode indexes the placed replicas by node (occupy, release): derived,
 	// rebuilt on Restore.
-	onNode          map[string]map[replicaKey]*pb.Replica
+	onNode map[string]map[replicaKey]*pb.Replica
+	// tracking and touched are TrackNodes' record (nodeview.go).
+	tracking        bool
+	touched         map[string][]*pb.Replica
 	tokens          map[string]*pb.ACLToken
 	aclBootstrapped bool
 	// requests maps request ids to the result of their first application,

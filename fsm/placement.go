@@ -295,6 +295,7 @@ func (f *FSM) replicaStatus(c *pb.ReplicaStatus, dry bool) *pb.Result {
 	}
 	moved := r.Residency != residency
 	if !dry {
+		f.touch(r.Node)
 		r.State, r.Reason, r.Restarts, r.Endpoint = c.GetState(), c.GetReason(), c.GetRestarts(), c.GetEndpoint()
 		r.Residency, r.ResidencyReason = residency, residencyReason
 		if adapters {

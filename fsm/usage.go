@@ -62,6 +62,7 @@ func keyOf(r *pb.Replica) replicaKey { return replicaKey{r.Model, r.Index} }
 // residency a replica was occupied with must be the one it is released
 // with: changeResidency releases and occupies again around a change.
 func (f *FSM) occupy(r *pb.Replica) {
+	f.touch(r.Node)
 	res := residencyOf(f.models[r.Model].GetSpec())
 	if f.onNode != nil {
 		on := f.onNode[r.Node]
@@ -97,6 +98,7 @@ func (f *FSM) newCardUse(accelerator string) *cardUse {
 
 // release undoes occupy; a card left empty is unbound.
 func (f *FSM) release(r *pb.Replica) {
+	f.touch(r.Node)
 	res := residencyOf(f.models[r.Model].GetSpec())
 	if on := f.onNode[r.Node]; on != nil {
 		delete(on, keyOf(r))

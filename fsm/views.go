@@ -227,14 +227,7 @@ func (f *FSM) Replicas(model, node string) []*pb.Replica {
 	for _, k := range f.sortedReplicaKeys() {
 		r := f.replicas[k]
 		if (model == "" || r.Model == model) && (node == "" || r.Node == node) {
-			c := proto.Clone(r).(*pb.Replica)
-			// A placed replica its node has said nothing about yet holds
-			// nothing on its cards. Cold is derived, not stored, so that
-			// a replay of a log from before residency rebuilds the state
-			// its snapshots hold.
-			if c.Node != "" && c.Residency == pb.ReplicaResidency_REPLICA_RESIDENCY_UNSPECIFIED {
-				c.Residency = pb.ReplicaResidency_REPLICA_RESIDENCY_COLD
-			}
+			c := replicaView(r)
 			out = append(out, c)
 		}
 	}

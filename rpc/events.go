@@ -31,6 +31,9 @@ type LogBackend interface {
 	// Compact drops the log's entries before an index that an archive
 	// holds, checking the archive's hash head there.
 	Compact(ctx context.Context, before uint64, hash string) (uint64, error)
+	// Subscribe follows the server's shared event feed (cluster.Feed)
+	// from an index; cluster.ErrNotInFeed when the feed no longer holds it.
+	Subscribe(from uint64, filter *pb.EventFilter) (*cluster.Subscription, error)
 }
 
 var _ LogBackend = (*cluster.Cluster)(nil)
@@ -69,7 +72,6 @@ func (h *eventHandlers) Watch(ctx context.Context, req *connect.Request[pb.Watch
 	if err != nil {
 		return backendError("watch", err)
 	}
-	cur := hist.Cursor(req.Msg.GetFromIndex(), req.Msg.GetFilter())
 	send := func(ev *pb.Event) error { return stream.Send(&pb.WatchResponse{Event: ev}) }
 	if req.Msg.GetFollow() {
 		// Answer the call now: a client waits for the response headers
@@ -81,7 +83,18 @@ func (h *eventHandlers) Watch(ctx context.Context, req *connect.Request[pb.Watch
 		if err := stream.Send(nil); err != nil {
 			return err
 		}
+		sub, err := b.Subscribe(req.Msg.GetFromIndex(), req.Msg.GetFilter())
+		switch {
+		case err == nil:
+			defer sub.Close()
+			return h.follow(ctx, sub, send)
+		case !errors.Is(err, cluster.ErrNotInFeed):
+			return logError("watch", err)
+		}
+		// A stream from before what the feed holds replays the log
+		// itself, then follows it.
 	}
+	cur := hist.Cursor(req.Msg.GetFromIndex(), req.Msg.GetFilter())
 	poll := time.NewTicker(followPoll)
 	defer poll.Stop()
 	for {
@@ -96,9 +109,38 @@ func (h *eventHandlers) Watch(ctx context.Context, req *connect.Request[pb.Watch
 		case <-ctx.Done():
 			return ctx.Err()
 		case <-h.closing:
-			return connect.NewError(connect.CodeUnavailable, errors.New("server shutting down: resume on another node"))
+			return errClosing
 		case <-advanced:
 		case <-poll.C:
+		}
+	}
+}
+
+var errClosing = connect.NewError(connect.CodeUnavailable, errors.New("server shutting down: resume on another node"))
+
+// follow sends a subscription's events until the client goes, the server
+// closes, or the subscription ends: a stream that fell behind the log ends
+// with ResourceExhausted naming the index to resume from (every event
+// before it was sent), which a client resumes from, on any server.
+func (h *eventHandlers) follow(ctx context.Context, sub *cluster.Subscription, send func(*pb.Event) error) error {
+	for _, ev := range sub.Backlog() {
+		if err := send(ev); err != nil {
+			return err
+		}
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-h.closing:
+			return errClosing
+		case ev, ok := <-sub.C():
+			if !ok {
+				return logError("watch", sub.Err())
+			}
+			if err := send(ev); err != nil {
+				return err
+			}
 		}
 	}
 }
@@ -115,6 +157,10 @@ func logError(op string, err error) error {
 		return connect.NewError(connect.CodeOutOfRange, err)
 	case errors.Is(err, cluster.ErrNoLog):
 		return connect.NewError(connect.CodeFailedPrecondition, err)
+	case errors.Is(err, cluster.ErrFellBehind):
+		return connect.NewError(connect.CodeResourceExhausted, err)
+	case errors.Is(err, cluster.ErrShutdown):
+		return errClosing
 	}
 	return backendError(op, err)
 }
