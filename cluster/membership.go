@@ -542,3 +542,35 @@ func defaultDigest(cards []*pb.Card) string {
 	}
 	return hex.EncodeToString(h.Sum(nil)[:8])
 }
+
+// ReadNode reads what node's executor runs (the replicas placed on it, with
+// their deployments' specs), as Read reads; with stale and minIndex, once
+// this server has applied minIndex. A client node's executor reads it after
+// each event about its node, in place of the whole state (ReadState).
+func (c *Cluster) ReadNode(ctx context.Context, node string, stale bool, minIndex uint64) (*pb.ReadNodeResponse, error) {
+	if c.raft == nil {
+		return nil, ErrNoLog
+	}
+	if stale && minIndex > 0 {
+		wctx, cancel := withDefaultTimeout(ctx)
+		err := c.WaitApplied(wctx, minIndex)
+		cancel()
+		if err != nil {
+			return nil, err
+		}
+	}
+	resp := &pb.ReadNodeResponse{Specs: map[string]*pb.ModelSpec{}}
+	err := c.Read(ctx, stale, func(f *fsm.FSM) error {
+		resp.AppliedIndex = f.AppliedIndex()
+		resp.Replicas = f.ReplicasOn(node)
+		for _, r := range resp.Replicas {
+			if _, ok := resp.Specs[r.GetModel()]; !ok {
+				if spec, ok := f.ModelSpec(r.GetModel()); ok {
+					resp.Specs[r.GetModel()] = spec
+				}
+			}
+		}
+		return nil
+	})
+	return resp, err
+}

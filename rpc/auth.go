@@ -98,6 +98,7 @@ var procedureAccess = map[string]Access{
 	gpuplanev1connect.ClusterServiceApplyProcedure:      AccessNode,
 	gpuplanev1connect.ClusterServiceForwardProcedure:    AccessNode,
 	gpuplanev1connect.ClusterServiceReadStateProcedure:  AccessNode,
+	gpuplanev1connect.ClusterServiceReadNodeProcedure:   AccessNode,
 
 	gpuplanev1connect.EventServiceWatchProcedure:  AccessRead,
 	gpuplanev1connect.AuditServiceLogProcedure:    AccessRead,

@@ -30,6 +30,9 @@ type Backend interface {
 	// ReadState returns the whole state as snapshot bytes and its applied
 	// index, read as Read reads (for client nodes).
 	ReadState(ctx context.Context, stale bool) ([]byte, uint64, error)
+	// ReadNode reads the replicas placed on a node with their specs, as
+	// Read reads; with stale and minIndex, once minIndex is applied.
+	ReadNode(ctx context.Context, node string, stale bool, minIndex uint64) (*pb.ReadNodeResponse, error)
 	// Members lists the nodes gossip knows with their Raft suffrage.
 	Members(ctx context.Context) ([]*pb.Member, error)
 	// LocalNode is this node's description of itself, inventory included.

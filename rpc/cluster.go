@@ -193,6 +193,17 @@ func (h *handlers) ReadState(ctx context.Context, req *connect.Request[pb.ReadSt
 	return connect.NewResponse(&pb.ReadStateResponse{State: data, AppliedIndex: idx}), nil
 }
 
+func (h *handlers) ReadNode(ctx context.Context, req *connect.Request[pb.ReadNodeRequest]) (*connect.Response[pb.ReadNodeResponse], error) {
+	if req.Msg.GetNode() == "" {
+		return nil, connect.NewError(connect.CodeInvalidArgument, errors.New("node: is required"))
+	}
+	resp, err := h.b.ReadNode(ctx, req.Msg.GetNode(), req.Msg.GetStale(), req.Msg.GetMinIndex())
+	if err != nil {
+		return nil, backendError("read node", err)
+	}
+	return connect.NewResponse(resp), nil
+}
+
 func (h *handlers) Members(ctx context.Context, req *connect.Request[pb.MembersRequest]) (*connect.Response[pb.MembersResponse], error) {
 	ms, err := h.b.Members(ctx)
 	if err != nil {

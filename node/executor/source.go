@@ -7,8 +7,10 @@ import (
 // StateView is the part of the state machine a Source reads to build a
 // Snapshot; *fsm.FSM has it (read it under cluster.View).
 type StateView interface {
-	Replicas(model, node string) []*pb.Replica
-	Model(name string) (*pb.ModelDeployment, []*pb.Replica, bool)
+	// ReplicasOn returns the replicas placed on node.
+	ReplicasOn(node string) []*pb.Replica
+	// ModelSpec returns a deployment's spec.
+	ModelSpec(name string) (*pb.ModelSpec, bool)
 }
 
 // SnapshotOf builds node's Snapshot from a view of the state as of index:
@@ -16,15 +18,13 @@ type StateView interface {
 func SnapshotOf(index uint64, node string, v StateView) Snapshot {
 	snap := Snapshot{Index: index}
 	specs := map[string]*pb.ModelSpec{}
-	for _, r := range v.Replicas("", node) {
+	for _, r := range v.ReplicasOn(node) {
 		if r.GetNode() != node {
 			continue
 		}
 		spec, ok := specs[r.GetModel()]
 		if !ok {
-			if m, _, found := v.Model(r.GetModel()); found {
-				spec = m.GetSpec()
-			}
+			spec, _ = v.ModelSpec(r.GetModel())
 			specs[r.GetModel()] = spec
 		}
 		if spec == nil {

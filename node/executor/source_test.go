@@ -16,19 +16,19 @@ type view struct {
 	replicas []*pb.Replica
 }
 
-func (v view) Replicas(model, node string) []*pb.Replica {
+func (v view) ReplicasOn(node string) []*pb.Replica {
 	var out []*pb.Replica
 	for _, r := range v.replicas {
-		if (model == "" || r.Model == model) && (node == "" || r.Node == node) {
+		if r.Node == node {
 			out = append(out, r)
 		}
 	}
 	return out
 }
 
-func (v view) Model(name string) (*pb.ModelDeployment, []*pb.Replica, bool) {
+func (v view) ModelSpec(name string) (*pb.ModelSpec, bool) {
 	m, ok := v.models[name]
-	return m, v.Replicas(name, ""), ok
+	return m.GetSpec(), ok
 }
 
 func TestSnapshotOfTakesThisNodesReplicasWithTheirSpecs(t *testing.T) {

@@ -154,8 +154,11 @@ func (r *logReporter) Report(ctx context.Context, st *pb.ReplicaStatus) error {
 // eventSource turns the servers' committed event stream, filtered to this
 // node, into snapshots of the replicas placed here: one when it connects,
 // then one after each event that concerns the node. The stream is resumable
-// by index, so a reconnect (to any server) misses nothing. A server follows
-// its own state machine instead (watchLocal).
+// by index, so a reconnect (to any server) misses nothing. A snapshot is
+// the node's replicas and their specs alone (ReadNode), read from the
+// server that serves the stream: the first linearizably, the next ones
+// once that server has applied the event's index. A server follows its own
+// state machine instead (watchLocal).
 type eventSource struct {
 	c    *cluster.Cluster
 	http *http.Client
@@ -169,7 +172,8 @@ func (s *eventSource) Watch(ctx context.Context, node string, from uint64) (<-ch
 	if !ok {
 		return nil, errors.New("no server known yet to watch the log")
 	}
-	snap, err := s.snapshot(ctx, node)
+	server := gpuplanev1connect.NewClusterServiceClient(s.http, rpc.BaseURL(addr))
+	snap, err := readNode(ctx, server, node, 0)
 	if err != nil {
 		return nil, err
 	}
@@ -186,7 +190,11 @@ func (s *eventSource) Watch(ctx context.Context, node string, from uint64) (<-ch
 		defer close(out)
 		defer stream.Close()
 		for stream.Receive() {
-			next, err := s.snapshot(ctx, node)
+			ev := stream.Msg().GetEvent()
+			if ev == nil {
+				continue // the answer a following stream starts with
+			}
+			next, err := readNode(ctx, server, node, ev.GetIndex())
 			if err != nil {
 				return
 			}
@@ -198,6 +206,22 @@ func (s *eventSource) Watch(ctx context.Context, node string, from uint64) (<-ch
 		}
 	}()
 	return out, nil
+}
+
+// readNode reads node's snapshot from a server (ReadNode): linearizably
+// when after is 0, otherwise as of at least index after.
+func readNode(ctx context.Context, server gpuplanev1connect.ClusterServiceClient, node string, after uint64) (executor.Snapshot, error) {
+	resp, err := server.ReadNode(ctx, connect.NewRequest(&pb.ReadNodeRequest{Node: node, Stale: after > 0, MinIndex: after}))
+	if err != nil {
+		return executor.Snapshot{}, err
+	}
+	snap := executor.Snapshot{Index: resp.Msg.GetAppliedIndex()}
+	for _, r := range resp.Msg.GetReplicas() {
+		if spec := resp.Msg.GetSpecs()[r.GetModel()]; spec != nil && r.GetNode() == node {
+			snap.Replicas = append(snap.Replicas, executor.Desired{Replica: r, Spec: spec})
+		}
+	}
+	return snap, nil
 }
 
 // localPoll bounds how long watchLocal waits before it looks at the applied

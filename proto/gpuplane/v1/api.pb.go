@@ -949,6 +949,129 @@ func (x *ReadStateResponse) GetAppliedIndex() uint64 {
 	return 0
 }
 
+type ReadNodeRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Node  string                 `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	Stale bool                   `protobuf:"varint,2,opt,name=stale,proto3" json:"stale,omitempty"`
+	// With stale: answer from a state that has applied at least this index.
+	MinIndex      uint64 `protobuf:"varint,3,opt,name=min_index,json=minIndex,proto3" json:"min_index,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReadNodeRequest) Reset() {
+	*x = ReadNodeRequest{}
+	mi := &file_gpuplane_v1_api_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReadNodeRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReadNodeRequest) ProtoMessage() {}
+
+func (x *ReadNodeRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_gpuplane_v1_api_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReadNodeRequest.ProtoReflect.Descriptor instead.
+func (*ReadNodeRequest) Descriptor() ([]byte, []int) {
+	return file_gpuplane_v1_api_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *ReadNodeRequest) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *ReadNodeRequest) GetStale() bool {
+	if x != nil {
+		return x.Stale
+	}
+	return false
+}
+
+func (x *ReadNodeRequest) GetMinIndex() uint64 {
+	if x != nil {
+		return x.MinIndex
+	}
+	return 0
+}
+
+type ReadNodeResponse struct {
+	state        protoimpl.MessageState `protogen:"open.v1"`
+	AppliedIndex uint64                 `protobuf:"varint,1,opt,name=applied_index,json=appliedIndex,proto3" json:"applied_index,omitempty"`
+	// The replicas placed on the node, by deployment and ordinal.
+	Replicas []*Replica `protobuf:"bytes,2,rep,name=replicas,proto3" json:"replicas,omitempty"`
+	// The specs of their deployments, by deployment name.
+	Specs         map[string]*ModelSpec `protobuf:"bytes,3,rep,name=specs,proto3" json:"specs,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReadNodeResponse) Reset() {
+	*x = ReadNodeResponse{}
+	mi := &file_gpuplane_v1_api_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReadNodeResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReadNodeResponse) ProtoMessage() {}
+
+func (x *ReadNodeResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_gpuplane_v1_api_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReadNodeResponse.ProtoReflect.Descriptor instead.
+func (*ReadNodeResponse) Descriptor() ([]byte, []int) {
+	return file_gpuplane_v1_api_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *ReadNodeResponse) GetAppliedIndex() uint64 {
+	if x != nil {
+		return x.AppliedIndex
+	}
+	return 0
+}
+
+func (x *ReadNodeResponse) GetReplicas() []*Replica {
+	if x != nil {
+		return x.Replicas
+	}
+	return nil
+}
+
+func (x *ReadNodeResponse) GetSpecs() map[string]*ModelSpec {
+	if x != nil {
+		return x.Specs
+	}
+	return nil
+}
+
 type MembersRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -957,7 +1080,7 @@ type MembersRequest struct {
 
 func (x *MembersRequest) Reset() {
 	*x = MembersRequest{}
-	mi := &file_gpuplane_v1_api_proto_msgTypes[18]
+	mi := &file_gpuplane_v1_api_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -969,7 +1092,7 @@ func (x *MembersRequest) String() string {
 func (*MembersRequest) ProtoMessage() {}
 
 func (x *MembersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuplane_v1_api_proto_msgTypes[18]
+	mi := &file_gpuplane_v1_api_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -982,7 +1105,7 @@ func (x *MembersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MembersRequest.ProtoReflect.Descriptor instead.
 func (*MembersRequest) Descriptor() ([]byte, []int) {
-	return file_gpuplane_v1_api_proto_rawDescGZIP(), []int{18}
+	return file_gpuplane_v1_api_proto_rawDescGZIP(), []int{20}
 }
 
 // Member is one node as gossip and Raft see it.
@@ -1008,7 +1131,7 @@ type Member struct {
 
 func (x *Member) Reset() {
 	*x = Member{}
-	mi := &file_gpuplane_v1_api_proto_msgTypes[19]
+	mi := &file_gpuplane_v1_api_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1020,7 +1143,7 @@ func (x *Member) String() string {
 func (*Member) ProtoMessage() {}
 
 func (x *Member) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuplane_v1_api_proto_msgTypes[19]
+	mi := &file_gpuplane_v1_api_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1033,7 +1156,7 @@ func (x *Member) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Member.ProtoReflect.Descriptor instead.
 func (*Member) Descriptor() ([]byte, []int) {
-	return file_gpuplane_v1_api_proto_rawDescGZIP(), []int{19}
+	return file_gpuplane_v1_api_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *Member) GetName() string {
@@ -1108,7 +1231,7 @@ type MembersResponse struct {
 
 func (x *MembersResponse) Reset() {
 	*x = MembersResponse{}
-	mi := &file_gpuplane_v1_api_proto_msgTypes[20]
+	mi := &file_gpuplane_v1_api_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1120,7 +1243,7 @@ func (x *MembersResponse) String() string {
 func (*MembersResponse) ProtoMessage() {}
 
 func (x *MembersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuplane_v1_api_proto_msgTypes[20]
+	mi := &file_gpuplane_v1_api_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1133,7 +1256,7 @@ func (x *MembersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MembersResponse.ProtoReflect.Descriptor instead.
 func (*MembersResponse) Descriptor() ([]byte, []int) {
-	return file_gpuplane_v1_api_proto_rawDescGZIP(), []int{20}
+	return file_gpuplane_v1_api_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *MembersResponse) GetMembers() []*Member {
@@ -1151,7 +1274,7 @@ type LocalNodeRequest struct {
 
 func (x *LocalNodeRequest) Reset() {
 	*x = LocalNodeRequest{}
-	mi := &file_gpuplane_v1_api_proto_msgTypes[21]
+	mi := &file_gpuplane_v1_api_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1163,7 +1286,7 @@ func (x *LocalNodeRequest) String() string {
 func (*LocalNodeRequest) ProtoMessage() {}
 
 func (x *LocalNodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuplane_v1_api_proto_msgTypes[21]
+	mi := &file_gpuplane_v1_api_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1176,7 +1299,7 @@ func (x *LocalNodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LocalNodeRequest.ProtoReflect.Descriptor instead.
 func (*LocalNodeRequest) Descriptor() ([]byte, []int) {
-	return file_gpuplane_v1_api_proto_rawDescGZIP(), []int{21}
+	return file_gpuplane_v1_api_proto_rawDescGZIP(), []int{23}
 }
 
 type LocalNodeResponse struct {
@@ -1188,7 +1311,7 @@ type LocalNodeResponse struct {
 
 func (x *LocalNodeResponse) Reset() {
 	*x = LocalNodeResponse{}
-	mi := &file_gpuplane_v1_api_proto_msgTypes[22]
+	mi := &file_gpuplane_v1_api_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1200,7 +1323,7 @@ func (x *LocalNodeResponse) String() string {
 func (*LocalNodeResponse) ProtoMessage() {}
 
 func (x *LocalNodeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuplane_v1_api_proto_msgTypes[22]
+	mi := &file_gpuplane_v1_api_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1213,7 +1336,7 @@ func (x *LocalNodeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LocalNodeResponse.ProtoReflect.Descriptor instead.
 func (*LocalNodeResponse) Descriptor() ([]byte, []int) {
-	return file_gpuplane_v1_api_proto_rawDescGZIP(), []int{22}
+	return file_gpuplane_v1_api_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *LocalNodeResponse) GetNode() *Node {
@@ -1233,7 +1356,7 @@ type JoinRequest struct {
 
 func (x *JoinRequest) Reset() {
 	*x = JoinRequest{}
-	mi := &file_gpuplane_v1_api_proto_msgTypes[23]
+	mi := &file_gpuplane_v1_api_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1245,7 +1368,7 @@ func (x *JoinRequest) String() string {
 func (*JoinRequest) ProtoMessage() {}
 
 func (x *JoinRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuplane_v1_api_proto_msgTypes[23]
+	mi := &file_gpuplane_v1_api_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1258,7 +1381,7 @@ func (x *JoinRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinRequest.ProtoReflect.Descriptor instead.
 func (*JoinRequest) Descriptor() ([]byte, []int) {
-	return file_gpuplane_v1_api_proto_rawDescGZIP(), []int{23}
+	return file_gpuplane_v1_api_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *JoinRequest) GetAddresses() []string {
@@ -1278,7 +1401,7 @@ type JoinResponse struct {
 
 func (x *JoinResponse) Reset() {
 	*x = JoinResponse{}
-	mi := &file_gpuplane_v1_api_proto_msgTypes[24]
+	mi := &file_gpuplane_v1_api_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1290,7 +1413,7 @@ func (x *JoinResponse) String() string {
 func (*JoinResponse) ProtoMessage() {}
 
 func (x *JoinResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuplane_v1_api_proto_msgTypes[24]
+	mi := &file_gpuplane_v1_api_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1303,7 +1426,7 @@ func (x *JoinResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinResponse.ProtoReflect.Descriptor instead.
 func (*JoinResponse) Descriptor() ([]byte, []int) {
-	return file_gpuplane_v1_api_proto_rawDescGZIP(), []int{24}
+	return file_gpuplane_v1_api_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *JoinResponse) GetJoined() int32 {
@@ -1321,7 +1444,7 @@ type LeaveRequest struct {
 
 func (x *LeaveRequest) Reset() {
 	*x = LeaveRequest{}
-	mi := &file_gpuplane_v1_api_proto_msgTypes[25]
+	mi := &file_gpuplane_v1_api_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1333,7 +1456,7 @@ func (x *LeaveRequest) String() string {
 func (*LeaveRequest) ProtoMessage() {}
 
 func (x *LeaveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuplane_v1_api_proto_msgTypes[25]
+	mi := &file_gpuplane_v1_api_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1346,7 +1469,7 @@ func (x *LeaveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaveRequest.ProtoReflect.Descriptor instead.
 func (*LeaveRequest) Descriptor() ([]byte, []int) {
-	return file_gpuplane_v1_api_proto_rawDescGZIP(), []int{25}
+	return file_gpuplane_v1_api_proto_rawDescGZIP(), []int{27}
 }
 
 type LeaveResponse struct {
@@ -1357,7 +1480,7 @@ type LeaveResponse struct {
 
 func (x *LeaveResponse) Reset() {
 	*x = LeaveResponse{}
-	mi := &file_gpuplane_v1_api_proto_msgTypes[26]
+	mi := &file_gpuplane_v1_api_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1369,7 +1492,7 @@ func (x *LeaveResponse) String() string {
 func (*LeaveResponse) ProtoMessage() {}
 
 func (x *LeaveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuplane_v1_api_proto_msgTypes[26]
+	mi := &file_gpuplane_v1_api_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1382,7 +1505,7 @@ func (x *LeaveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaveResponse.ProtoReflect.Descriptor instead.
 func (*LeaveResponse) Descriptor() ([]byte, []int) {
-	return file_gpuplane_v1_api_proto_rawDescGZIP(), []int{26}
+	return file_gpuplane_v1_api_proto_rawDescGZIP(), []int{28}
 }
 
 type RemovePeerRequest struct {
@@ -1394,7 +1517,7 @@ type RemovePeerRequest struct {
 
 func (x *RemovePeerRequest) Reset() {
 	*x = RemovePeerRequest{}
-	mi := &file_gpuplane_v1_api_proto_msgTypes[27]
+	mi := &file_gpuplane_v1_api_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1406,7 +1529,7 @@ func (x *RemovePeerRequest) String() string {
 func (*RemovePeerRequest) ProtoMessage() {}
 
 func (x *RemovePeerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuplane_v1_api_proto_msgTypes[27]
+	mi := &file_gpuplane_v1_api_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1419,7 +1542,7 @@ func (x *RemovePeerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemovePeerRequest.ProtoReflect.Descriptor instead.
 func (*RemovePeerRequest) Descriptor() ([]byte, []int) {
-	return file_gpuplane_v1_api_proto_rawDescGZIP(), []int{27}
+	return file_gpuplane_v1_api_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *RemovePeerRequest) GetName() string {
@@ -1437,7 +1560,7 @@ type RemovePeerResponse struct {
 
 func (x *RemovePeerResponse) Reset() {
 	*x = RemovePeerResponse{}
-	mi := &file_gpuplane_v1_api_proto_msgTypes[28]
+	mi := &file_gpuplane_v1_api_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1449,7 +1572,7 @@ func (x *RemovePeerResponse) String() string {
 func (*RemovePeerResponse) ProtoMessage() {}
 
 func (x *RemovePeerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuplane_v1_api_proto_msgTypes[28]
+	mi := &file_gpuplane_v1_api_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1462,7 +1585,7 @@ func (x *RemovePeerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemovePeerResponse.ProtoReflect.Descriptor instead.
 func (*RemovePeerResponse) Descriptor() ([]byte, []int) {
-	return file_gpuplane_v1_api_proto_rawDescGZIP(), []int{28}
+	return file_gpuplane_v1_api_proto_rawDescGZIP(), []int{30}
 }
 
 type ReadIndexRequest struct {
@@ -1473,7 +1596,7 @@ type ReadIndexRequest struct {
 
 func (x *ReadIndexRequest) Reset() {
 	*x = ReadIndexRequest{}
-	mi := &file_gpuplane_v1_api_proto_msgTypes[29]
+	mi := &file_gpuplane_v1_api_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1485,7 +1608,7 @@ func (x *ReadIndexRequest) String() string {
 func (*ReadIndexRequest) ProtoMessage() {}
 
 func (x *ReadIndexRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuplane_v1_api_proto_msgTypes[29]
+	mi := &file_gpuplane_v1_api_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1498,7 +1621,7 @@ func (x *ReadIndexRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadIndexRequest.ProtoReflect.Descriptor instead.
 func (*ReadIndexRequest) Descriptor() ([]byte, []int) {
-	return file_gpuplane_v1_api_proto_rawDescGZIP(), []int{29}
+	return file_gpuplane_v1_api_proto_rawDescGZIP(), []int{31}
 }
 
 type ReadIndexResponse struct {
@@ -1510,7 +1633,7 @@ type ReadIndexResponse struct {
 
 func (x *ReadIndexResponse) Reset() {
 	*x = ReadIndexResponse{}
-	mi := &file_gpuplane_v1_api_proto_msgTypes[30]
+	mi := &file_gpuplane_v1_api_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1522,7 +1645,7 @@ func (x *ReadIndexResponse) String() string {
 func (*ReadIndexResponse) ProtoMessage() {}
 
 func (x *ReadIndexResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuplane_v1_api_proto_msgTypes[30]
+	mi := &file_gpuplane_v1_api_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1535,7 +1658,7 @@ func (x *ReadIndexResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadIndexResponse.ProtoReflect.Descriptor instead.
 func (*ReadIndexResponse) Descriptor() ([]byte, []int) {
-	return file_gpuplane_v1_api_proto_rawDescGZIP(), []int{30}
+	return file_gpuplane_v1_api_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *ReadIndexResponse) GetIndex() uint64 {
@@ -1559,7 +1682,7 @@ type ApplyRequest struct {
 
 func (x *ApplyRequest) Reset() {
 	*x = ApplyRequest{}
-	mi := &file_gpuplane_v1_api_proto_msgTypes[31]
+	mi := &file_gpuplane_v1_api_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1571,7 +1694,7 @@ func (x *ApplyRequest) String() string {
 func (*ApplyRequest) ProtoMessage() {}
 
 func (x *ApplyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuplane_v1_api_proto_msgTypes[31]
+	mi := &file_gpuplane_v1_api_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1584,7 +1707,7 @@ func (x *ApplyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApplyRequest.ProtoReflect.Descriptor instead.
 func (*ApplyRequest) Descriptor() ([]byte, []int) {
-	return file_gpuplane_v1_api_proto_rawDescGZIP(), []int{31}
+	return file_gpuplane_v1_api_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *ApplyRequest) GetEnvelope() *Envelope {
@@ -1617,7 +1740,7 @@ type ApplyResponse struct {
 
 func (x *ApplyResponse) Reset() {
 	*x = ApplyResponse{}
-	mi := &file_gpuplane_v1_api_proto_msgTypes[32]
+	mi := &file_gpuplane_v1_api_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1629,7 +1752,7 @@ func (x *ApplyResponse) String() string {
 func (*ApplyResponse) ProtoMessage() {}
 
 func (x *ApplyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuplane_v1_api_proto_msgTypes[32]
+	mi := &file_gpuplane_v1_api_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1642,7 +1765,7 @@ func (x *ApplyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApplyResponse.ProtoReflect.Descriptor instead.
 func (*ApplyResponse) Descriptor() ([]byte, []int) {
-	return file_gpuplane_v1_api_proto_rawDescGZIP(), []int{32}
+	return file_gpuplane_v1_api_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *ApplyResponse) GetResult() *Result {
@@ -1666,7 +1789,7 @@ type ForwardRequest struct {
 
 func (x *ForwardRequest) Reset() {
 	*x = ForwardRequest{}
-	mi := &file_gpuplane_v1_api_proto_msgTypes[33]
+	mi := &file_gpuplane_v1_api_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1678,7 +1801,7 @@ func (x *ForwardRequest) String() string {
 func (*ForwardRequest) ProtoMessage() {}
 
 func (x *ForwardRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuplane_v1_api_proto_msgTypes[33]
+	mi := &file_gpuplane_v1_api_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1691,7 +1814,7 @@ func (x *ForwardRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForwardRequest.ProtoReflect.Descriptor instead.
 func (*ForwardRequest) Descriptor() ([]byte, []int) {
-	return file_gpuplane_v1_api_proto_rawDescGZIP(), []int{33}
+	return file_gpuplane_v1_api_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *ForwardRequest) GetBatch() uint64 {
@@ -1726,7 +1849,7 @@ type ForwardResponse struct {
 
 func (x *ForwardResponse) Reset() {
 	*x = ForwardResponse{}
-	mi := &file_gpuplane_v1_api_proto_msgTypes[34]
+	mi := &file_gpuplane_v1_api_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1738,7 +1861,7 @@ func (x *ForwardResponse) String() string {
 func (*ForwardResponse) ProtoMessage() {}
 
 func (x *ForwardResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuplane_v1_api_proto_msgTypes[34]
+	mi := &file_gpuplane_v1_api_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1751,7 +1874,7 @@ func (x *ForwardResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForwardResponse.ProtoReflect.Descriptor instead.
 func (*ForwardResponse) Descriptor() ([]byte, []int) {
-	return file_gpuplane_v1_api_proto_rawDescGZIP(), []int{34}
+	return file_gpuplane_v1_api_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *ForwardResponse) GetBatch() uint64 {
@@ -1780,7 +1903,7 @@ type ForwardResult struct {
 
 func (x *ForwardResult) Reset() {
 	*x = ForwardResult{}
-	mi := &file_gpuplane_v1_api_proto_msgTypes[35]
+	mi := &file_gpuplane_v1_api_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1792,7 +1915,7 @@ func (x *ForwardResult) String() string {
 func (*ForwardResult) ProtoMessage() {}
 
 func (x *ForwardResult) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuplane_v1_api_proto_msgTypes[35]
+	mi := &file_gpuplane_v1_api_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1805,7 +1928,7 @@ func (x *ForwardResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForwardResult.ProtoReflect.Descriptor instead.
 func (*ForwardResult) Descriptor() ([]byte, []int) {
-	return file_gpuplane_v1_api_proto_rawDescGZIP(), []int{35}
+	return file_gpuplane_v1_api_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *ForwardResult) GetResult() *Result {
@@ -1834,7 +1957,7 @@ type ApplyError struct {
 
 func (x *ApplyError) Reset() {
 	*x = ApplyError{}
-	mi := &file_gpuplane_v1_api_proto_msgTypes[36]
+	mi := &file_gpuplane_v1_api_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1846,7 +1969,7 @@ func (x *ApplyError) String() string {
 func (*ApplyError) ProtoMessage() {}
 
 func (x *ApplyError) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuplane_v1_api_proto_msgTypes[36]
+	mi := &file_gpuplane_v1_api_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1859,7 +1982,7 @@ func (x *ApplyError) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApplyError.ProtoReflect.Descriptor instead.
 func (*ApplyError) Descriptor() ([]byte, []int) {
-	return file_gpuplane_v1_api_proto_rawDescGZIP(), []int{36}
+	return file_gpuplane_v1_api_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *ApplyError) GetCode() uint32 {
@@ -1884,7 +2007,7 @@ type StatusRequest struct {
 
 func (x *StatusRequest) Reset() {
 	*x = StatusRequest{}
-	mi := &file_gpuplane_v1_api_proto_msgTypes[37]
+	mi := &file_gpuplane_v1_api_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1896,7 +2019,7 @@ func (x *StatusRequest) String() string {
 func (*StatusRequest) ProtoMessage() {}
 
 func (x *StatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuplane_v1_api_proto_msgTypes[37]
+	mi := &file_gpuplane_v1_api_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1909,7 +2032,7 @@ func (x *StatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusRequest.ProtoReflect.Descriptor instead.
 func (*StatusRequest) Descriptor() ([]byte, []int) {
-	return file_gpuplane_v1_api_proto_rawDescGZIP(), []int{37}
+	return file_gpuplane_v1_api_proto_rawDescGZIP(), []int{39}
 }
 
 type ServerStatus struct {
@@ -1925,7 +2048,7 @@ type ServerStatus struct {
 
 func (x *ServerStatus) Reset() {
 	*x = ServerStatus{}
-	mi := &file_gpuplane_v1_api_proto_msgTypes[38]
+	mi := &file_gpuplane_v1_api_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1937,7 +2060,7 @@ func (x *ServerStatus) String() string {
 func (*ServerStatus) ProtoMessage() {}
 
 func (x *ServerStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuplane_v1_api_proto_msgTypes[38]
+	mi := &file_gpuplane_v1_api_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1950,7 +2073,7 @@ func (x *ServerStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ServerStatus.ProtoReflect.Descriptor instead.
 func (*ServerStatus) Descriptor() ([]byte, []int) {
-	return file_gpuplane_v1_api_proto_rawDescGZIP(), []int{38}
+	return file_gpuplane_v1_api_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *ServerStatus) GetId() string {
@@ -2000,7 +2123,7 @@ type StatusResponse struct {
 
 func (x *StatusResponse) Reset() {
 	*x = StatusResponse{}
-	mi := &file_gpuplane_v1_api_proto_msgTypes[39]
+	mi := &file_gpuplane_v1_api_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2012,7 +2135,7 @@ func (x *StatusResponse) String() string {
 func (*StatusResponse) ProtoMessage() {}
 
 func (x *StatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuplane_v1_api_proto_msgTypes[39]
+	mi := &file_gpuplane_v1_api_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2025,7 +2148,7 @@ func (x *StatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusResponse.ProtoReflect.Descriptor instead.
 func (*StatusResponse) Descriptor() ([]byte, []int) {
-	return file_gpuplane_v1_api_proto_rawDescGZIP(), []int{39}
+	return file_gpuplane_v1_api_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *StatusResponse) GetNode() string {
@@ -2127,7 +2250,7 @@ type ServerResources struct {
 
 func (x *ServerResources) Reset() {
 	*x = ServerResources{}
-	mi := &file_gpuplane_v1_api_proto_msgTypes[40]
+	mi := &file_gpuplane_v1_api_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2139,7 +2262,7 @@ func (x *ServerResources) String() string {
 func (*ServerResources) ProtoMessage() {}
 
 func (x *ServerResources) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuplane_v1_api_proto_msgTypes[40]
+	mi := &file_gpuplane_v1_api_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2152,7 +2275,7 @@ func (x *ServerResources) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ServerResources.ProtoReflect.Descriptor instead.
 func (*ServerResources) Descriptor() ([]byte, []int) {
-	return file_gpuplane_v1_api_proto_rawDescGZIP(), []int{40}
+	return file_gpuplane_v1_api_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *ServerResources) GetLogBytes() uint64 {
@@ -2234,7 +2357,7 @@ type ListModelsRequest struct {
 
 func (x *ListModelsRequest) Reset() {
 	*x = ListModelsRequest{}
-	mi := &file_gpuplane_v1_api_proto_msgTypes[41]
+	mi := &file_gpuplane_v1_api_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2246,7 +2369,7 @@ func (x *ListModelsRequest) String() string {
 func (*ListModelsRequest) ProtoMessage() {}
 
 func (x *ListModelsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuplane_v1_api_proto_msgTypes[41]
+	mi := &file_gpuplane_v1_api_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2259,7 +2382,7 @@ func (x *ListModelsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListModelsRequest.ProtoReflect.Descriptor instead.
 func (*ListModelsRequest) Descriptor() ([]byte, []int) {
-	return file_gpuplane_v1_api_proto_rawDescGZIP(), []int{41}
+	return file_gpuplane_v1_api_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *ListModelsRequest) GetStale() bool {
@@ -2278,7 +2401,7 @@ type ListModelsResponse struct {
 
 func (x *ListModelsResponse) Reset() {
 	*x = ListModelsResponse{}
-	mi := &file_gpuplane_v1_api_proto_msgTypes[42]
+	mi := &file_gpuplane_v1_api_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2290,7 +2413,7 @@ func (x *ListModelsResponse) String() string {
 func (*ListModelsResponse) ProtoMessage() {}
 
 func (x *ListModelsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuplane_v1_api_proto_msgTypes[42]
+	mi := &file_gpuplane_v1_api_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2303,7 +2426,7 @@ func (x *ListModelsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListModelsResponse.ProtoReflect.Descriptor instead.
 func (*ListModelsResponse) Descriptor() ([]byte, []int) {
-	return file_gpuplane_v1_api_proto_rawDescGZIP(), []int{42}
+	return file_gpuplane_v1_api_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *ListModelsResponse) GetModels() []*ModelDeployment {
@@ -2323,7 +2446,7 @@ type GetModelRequest struct {
 
 func (x *GetModelRequest) Reset() {
 	*x = GetModelRequest{}
-	mi := &file_gpuplane_v1_api_proto_msgTypes[43]
+	mi := &file_gpuplane_v1_api_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2335,7 +2458,7 @@ func (x *GetModelRequest) String() string {
 func (*GetModelRequest) ProtoMessage() {}
 
 func (x *GetModelRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuplane_v1_api_proto_msgTypes[43]
+	mi := &file_gpuplane_v1_api_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2348,7 +2471,7 @@ func (x *GetModelRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetModelRequest.ProtoReflect.Descriptor instead.
 func (*GetModelRequest) Descriptor() ([]byte, []int) {
-	return file_gpuplane_v1_api_proto_rawDescGZIP(), []int{43}
+	return file_gpuplane_v1_api_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *GetModelRequest) GetName() string {
@@ -2375,7 +2498,7 @@ type GetModelResponse struct {
 
 func (x *GetModelResponse) Reset() {
 	*x = GetModelResponse{}
-	mi := &file_gpuplane_v1_api_proto_msgTypes[44]
+	mi := &file_gpuplane_v1_api_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2387,7 +2510,7 @@ func (x *GetModelResponse) String() string {
 func (*GetModelResponse) ProtoMessage() {}
 
 func (x *GetModelResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuplane_v1_api_proto_msgTypes[44]
+	mi := &file_gpuplane_v1_api_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2400,7 +2523,7 @@ func (x *GetModelResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetModelResponse.ProtoReflect.Descriptor instead.
 func (*GetModelResponse) Descriptor() ([]byte, []int) {
-	return file_gpuplane_v1_api_proto_rawDescGZIP(), []int{44}
+	return file_gpuplane_v1_api_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *GetModelResponse) GetModel() *ModelDeployment {
@@ -2429,7 +2552,7 @@ type ApplyModelRequest struct {
 
 func (x *ApplyModelRequest) Reset() {
 	*x = ApplyModelRequest{}
-	mi := &file_gpuplane_v1_api_proto_msgTypes[45]
+	mi := &file_gpuplane_v1_api_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2441,7 +2564,7 @@ func (x *ApplyModelRequest) String() string {
 func (*ApplyModelRequest) ProtoMessage() {}
 
 func (x *ApplyModelRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuplane_v1_api_proto_msgTypes[45]
+	mi := &file_gpuplane_v1_api_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2454,7 +2577,7 @@ func (x *ApplyModelRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApplyModelRequest.ProtoReflect.Descriptor instead.
 func (*ApplyModelRequest) Descriptor() ([]byte, []int) {
-	return file_gpuplane_v1_api_proto_rawDescGZIP(), []int{45}
+	return file_gpuplane_v1_api_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *ApplyModelRequest) GetName() string {
@@ -2497,7 +2620,7 @@ type ApplyModelResponse struct {
 
 func (x *ApplyModelResponse) Reset() {
 	*x = ApplyModelResponse{}
-	mi := &file_gpuplane_v1_api_proto_msgTypes[46]
+	mi := &file_gpuplane_v1_api_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2509,7 +2632,7 @@ func (x *ApplyModelResponse) String() string {
 func (*ApplyModelResponse) ProtoMessage() {}
 
 func (x *ApplyModelResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuplane_v1_api_proto_msgTypes[46]
+	mi := &file_gpuplane_v1_api_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2522,7 +2645,7 @@ func (x *ApplyModelResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApplyModelResponse.ProtoReflect.Descriptor instead.
 func (*ApplyModelResponse) Descriptor() ([]byte, []int) {
-	return file_gpuplane_v1_api_proto_rawDescGZIP(), []int{46}
+	return file_gpuplane_v1_api_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *ApplyModelResponse) GetModel() *ModelDeployment {
@@ -2564,7 +2687,7 @@ type DeleteModelRequest struct {
 
 func (x *DeleteModelRequest) Reset() {
 	*x = DeleteModelRequest{}
-	mi := &file_gpuplane_v1_api_proto_msgTypes[47]
+	mi := &file_gpuplane_v1_api_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2576,7 +2699,7 @@ func (x *DeleteModelRequest) String() string {
 func (*DeleteModelRequest) ProtoMessage() {}
 
 func (x *DeleteModelRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuplane_v1_api_proto_msgTypes[47]
+	mi := &file_gpuplane_v1_api_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2589,7 +2712,7 @@ func (x *DeleteModelRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteModelRequest.ProtoReflect.Descriptor instead.
 func (*DeleteModelRequest) Descriptor() ([]byte, []int) {
-	return file_gpuplane_v1_api_proto_rawDescGZIP(), []int{47}
+	return file_gpuplane_v1_api_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *DeleteModelRequest) GetName() string {
@@ -2623,7 +2746,7 @@ type DeleteModelResponse struct {
 
 func (x *DeleteModelResponse) Reset() {
 	*x = DeleteModelResponse{}
-	mi := &file_gpuplane_v1_api_proto_msgTypes[48]
+	mi := &file_gpuplane_v1_api_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2635,7 +2758,7 @@ func (x *DeleteModelResponse) String() string {
 func (*DeleteModelResponse) ProtoMessage() {}
 
 func (x *DeleteModelResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuplane_v1_api_proto_msgTypes[48]
+	mi := &file_gpuplane_v1_api_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2648,7 +2771,7 @@ func (x *DeleteModelResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteModelResponse.ProtoReflect.Descriptor instead.
 func (*DeleteModelResponse) Descriptor() ([]byte, []int) {
-	return file_gpuplane_v1_api_proto_rawDescGZIP(), []int{48}
+	return file_gpuplane_v1_api_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *DeleteModelResponse) GetWarnings() []string {
@@ -2678,7 +2801,7 @@ type ListReplicasRequest struct {
 
 func (x *ListReplicasRequest) Reset() {
 	*x = ListReplicasRequest{}
-	mi := &file_gpuplane_v1_api_proto_msgTypes[49]
+	mi := &file_gpuplane_v1_api_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2690,7 +2813,7 @@ func (x *ListReplicasRequest) String() string {
 func (*ListReplicasRequest) ProtoMessage() {}
 
 func (x *ListReplicasRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuplane_v1_api_proto_msgTypes[49]
+	mi := &file_gpuplane_v1_api_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2703,7 +2826,7 @@ func (x *ListReplicasRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListReplicasRequest.ProtoReflect.Descriptor instead.
 func (*ListReplicasRequest) Descriptor() ([]byte, []int) {
-	return file_gpuplane_v1_api_proto_rawDescGZIP(), []int{49}
+	return file_gpuplane_v1_api_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *ListReplicasRequest) GetModel() string {
@@ -2736,7 +2859,7 @@ type ListReplicasResponse struct {
 
 func (x *ListReplicasResponse) Reset() {
 	*x = ListReplicasResponse{}
-	mi := &file_gpuplane_v1_api_proto_msgTypes[50]
+	mi := &file_gpuplane_v1_api_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2748,7 +2871,7 @@ func (x *ListReplicasResponse) String() string {
 func (*ListReplicasResponse) ProtoMessage() {}
 
 func (x *ListReplicasResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuplane_v1_api_proto_msgTypes[50]
+	mi := &file_gpuplane_v1_api_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2761,7 +2884,7 @@ func (x *ListReplicasResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListReplicasResponse.ProtoReflect.Descriptor instead.
 func (*ListReplicasResponse) Descriptor() ([]byte, []int) {
-	return file_gpuplane_v1_api_proto_rawDescGZIP(), []int{50}
+	return file_gpuplane_v1_api_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *ListReplicasResponse) GetReplicas() []*Replica {
@@ -2829,7 +2952,19 @@ const file_gpuplane_v1_api_proto_rawDesc = "" +
 	"\x05stale\x18\x01 \x01(\bR\x05stale\"N\n" +
 	"\x11ReadStateResponse\x12\x14\n" +
 	"\x05state\x18\x01 \x01(\fR\x05state\x12#\n" +
-	"\rapplied_index\x18\x02 \x01(\x04R\fappliedIndex\"\x10\n" +
+	"\rapplied_index\x18\x02 \x01(\x04R\fappliedIndex\"X\n" +
+	"\x0fReadNodeRequest\x12\x12\n" +
+	"\x04node\x18\x01 \x01(\tR\x04node\x12\x14\n" +
+	"\x05stale\x18\x02 \x01(\bR\x05stale\x12\x1b\n" +
+	"\tmin_index\x18\x03 \x01(\x04R\bminIndex\"\xfb\x01\n" +
+	"\x10ReadNodeResponse\x12#\n" +
+	"\rapplied_index\x18\x01 \x01(\x04R\fappliedIndex\x120\n" +
+	"\breplicas\x18\x02 \x03(\v2\x14.gpuplane.v1.ReplicaR\breplicas\x12>\n" +
+	"\x05specs\x18\x03 \x03(\v2(.gpuplane.v1.ReadNodeResponse.SpecsEntryR\x05specs\x1aP\n" +
+	"\n" +
+	"SpecsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12,\n" +
+	"\x05value\x18\x02 \x01(\v2\x16.gpuplane.v1.ModelSpecR\x05value:\x028\x01\"\x10\n" +
 	"\x0eMembersRequest\"\x83\x02\n" +
 	"\x06Member\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x18\n" +
@@ -2958,13 +3093,14 @@ const file_gpuplane_v1_api_proto_rawDesc = "" +
 	"\x10ListAccelerators\x12$.gpuplane.v1.ListAcceleratorsRequest\x1a%.gpuplane.v1.ListAcceleratorsResponse\"\x00\x12[\n" +
 	"\x0eGetAccelerator\x12\".gpuplane.v1.GetAcceleratorRequest\x1a#.gpuplane.v1.GetAcceleratorResponse\"\x00\x12d\n" +
 	"\x11CreateAccelerator\x12%.gpuplane.v1.CreateAcceleratorRequest\x1a&.gpuplane.v1.CreateAcceleratorResponse\"\x00\x12d\n" +
-	"\x11DeleteAccelerator\x12%.gpuplane.v1.DeleteAcceleratorRequest\x1a&.gpuplane.v1.DeleteAcceleratorResponse\"\x002\xe7\x05\n" +
+	"\x11DeleteAccelerator\x12%.gpuplane.v1.DeleteAcceleratorRequest\x1a&.gpuplane.v1.DeleteAcceleratorResponse\"\x002\xb2\x06\n" +
 	"\x0eClusterService\x12@\n" +
 	"\x05Apply\x12\x19.gpuplane.v1.ApplyRequest\x1a\x1a.gpuplane.v1.ApplyResponse\"\x00\x12J\n" +
 	"\aForward\x12\x1b.gpuplane.v1.ForwardRequest\x1a\x1c.gpuplane.v1.ForwardResponse\"\x00(\x010\x01\x12C\n" +
 	"\x06Status\x12\x1a.gpuplane.v1.StatusRequest\x1a\x1b.gpuplane.v1.StatusResponse\"\x00\x12L\n" +
 	"\tReadIndex\x12\x1d.gpuplane.v1.ReadIndexRequest\x1a\x1e.gpuplane.v1.ReadIndexResponse\"\x00\x12L\n" +
-	"\tReadState\x12\x1d.gpuplane.v1.ReadStateRequest\x1a\x1e.gpuplane.v1.ReadStateResponse\"\x00\x12F\n" +
+	"\tReadState\x12\x1d.gpuplane.v1.ReadStateRequest\x1a\x1e.gpuplane.v1.ReadStateResponse\"\x00\x12I\n" +
+	"\bReadNode\x12\x1c.gpuplane.v1.ReadNodeRequest\x1a\x1d.gpuplane.v1.ReadNodeResponse\"\x00\x12F\n" +
 	"\aMembers\x12\x1b.gpuplane.v1.MembersRequest\x1a\x1c.gpuplane.v1.MembersResponse\"\x00\x12L\n" +
 	"\tLocalNode\x12\x1d.gpuplane.v1.LocalNodeRequest\x1a\x1e.gpuplane.v1.LocalNodeResponse\"\x00\x12=\n" +
 	"\x04Join\x12\x18.gpuplane.v1.JoinRequest\x1a\x19.gpuplane.v1.JoinResponse\"\x00\x12@\n" +
@@ -2992,7 +3128,7 @@ func file_gpuplane_v1_api_proto_rawDescGZIP() []byte {
 	return file_gpuplane_v1_api_proto_rawDescData
 }
 
-var file_gpuplane_v1_api_proto_msgTypes = make([]protoimpl.MessageInfo, 51)
+var file_gpuplane_v1_api_proto_msgTypes = make([]protoimpl.MessageInfo, 54)
 var file_gpuplane_v1_api_proto_goTypes = []any{
 	(*ListDevicesRequest)(nil),        // 0: gpuplane.v1.ListDevicesRequest
 	(*ListDevicesResponse)(nil),       // 1: gpuplane.v1.ListDevicesResponse
@@ -3012,134 +3148,142 @@ var file_gpuplane_v1_api_proto_goTypes = []any{
 	(*DeleteAcceleratorResponse)(nil), // 15: gpuplane.v1.DeleteAcceleratorResponse
 	(*ReadStateRequest)(nil),          // 16: gpuplane.v1.ReadStateRequest
 	(*ReadStateResponse)(nil),         // 17: gpuplane.v1.ReadStateResponse
-	(*MembersRequest)(nil),            // 18: gpuplane.v1.MembersRequest
-	(*Member)(nil),                    // 19: gpuplane.v1.Member
-	(*MembersResponse)(nil),           // 20: gpuplane.v1.MembersResponse
-	(*LocalNodeRequest)(nil),          // 21: gpuplane.v1.LocalNodeRequest
-	(*LocalNodeResponse)(nil),         // 22: gpuplane.v1.LocalNodeResponse
-	(*JoinRequest)(nil),               // 23: gpuplane.v1.JoinRequest
-	(*JoinResponse)(nil),              // 24: gpuplane.v1.JoinResponse
-	(*LeaveRequest)(nil),              // 25: gpuplane.v1.LeaveRequest
-	(*LeaveResponse)(nil),             // 26: gpuplane.v1.LeaveResponse
-	(*RemovePeerRequest)(nil),         // 27: gpuplane.v1.RemovePeerRequest
-	(*RemovePeerResponse)(nil),        // 28: gpuplane.v1.RemovePeerResponse
-	(*ReadIndexRequest)(nil),          // 29: gpuplane.v1.ReadIndexRequest
-	(*ReadIndexResponse)(nil),         // 30: gpuplane.v1.ReadIndexResponse
-	(*ApplyRequest)(nil),              // 31: gpuplane.v1.ApplyRequest
-	(*ApplyResponse)(nil),             // 32: gpuplane.v1.ApplyResponse
-	(*ForwardRequest)(nil),            // 33: gpuplane.v1.ForwardRequest
-	(*ForwardResponse)(nil),           // 34: gpuplane.v1.ForwardResponse
-	(*ForwardResult)(nil),             // 35: gpuplane.v1.ForwardResult
-	(*ApplyError)(nil),                // 36: gpuplane.v1.ApplyError
-	(*StatusRequest)(nil),             // 37: gpuplane.v1.StatusRequest
-	(*ServerStatus)(nil),              // 38: gpuplane.v1.ServerStatus
-	(*StatusResponse)(nil),            // 39: gpuplane.v1.StatusResponse
-	(*ServerResources)(nil),           // 40: gpuplane.v1.ServerResources
-	(*ListModelsRequest)(nil),         // 41: gpuplane.v1.ListModelsRequest
-	(*ListModelsResponse)(nil),        // 42: gpuplane.v1.ListModelsResponse
-	(*GetModelRequest)(nil),           // 43: gpuplane.v1.GetModelRequest
-	(*GetModelResponse)(nil),          // 44: gpuplane.v1.GetModelResponse
-	(*ApplyModelRequest)(nil),         // 45: gpuplane.v1.ApplyModelRequest
-	(*ApplyModelResponse)(nil),        // 46: gpuplane.v1.ApplyModelResponse
-	(*DeleteModelRequest)(nil),        // 47: gpuplane.v1.DeleteModelRequest
-	(*DeleteModelResponse)(nil),       // 48: gpuplane.v1.DeleteModelResponse
-	(*ListReplicasRequest)(nil),       // 49: gpuplane.v1.ListReplicasRequest
-	(*ListReplicasResponse)(nil),      // 50: gpuplane.v1.ListReplicasResponse
-	(*Device)(nil),                    // 51: gpuplane.v1.Device
-	(*CardStatus)(nil),                // 52: gpuplane.v1.CardStatus
-	(*Node)(nil),                      // 53: gpuplane.v1.Node
-	(*Accelerator)(nil),               // 54: gpuplane.v1.Accelerator
-	(*AcceleratorSpec)(nil),           // 55: gpuplane.v1.AcceleratorSpec
-	(Outcome)(0),                      // 56: gpuplane.v1.Outcome
-	(*Envelope)(nil),                  // 57: gpuplane.v1.Envelope
-	(*Result)(nil),                    // 58: gpuplane.v1.Result
-	(*durationpb.Duration)(nil),       // 59: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil),     // 60: google.protobuf.Timestamp
-	(*ModelDeployment)(nil),           // 61: gpuplane.v1.ModelDeployment
-	(*Replica)(nil),                   // 62: gpuplane.v1.Replica
-	(*ModelSpec)(nil),                 // 63: gpuplane.v1.ModelSpec
+	(*ReadNodeRequest)(nil),           // 18: gpuplane.v1.ReadNodeRequest
+	(*ReadNodeResponse)(nil),          // 19: gpuplane.v1.ReadNodeResponse
+	(*MembersRequest)(nil),            // 20: gpuplane.v1.MembersRequest
+	(*Member)(nil),                    // 21: gpuplane.v1.Member
+	(*MembersResponse)(nil),           // 22: gpuplane.v1.MembersResponse
+	(*LocalNodeRequest)(nil),          // 23: gpuplane.v1.LocalNodeRequest
+	(*LocalNodeResponse)(nil),         // 24: gpuplane.v1.LocalNodeResponse
+	(*JoinRequest)(nil),               // 25: gpuplane.v1.JoinRequest
+	(*JoinResponse)(nil),              // 26: gpuplane.v1.JoinResponse
+	(*LeaveRequest)(nil),              // 27: gpuplane.v1.LeaveRequest
+	(*LeaveResponse)(nil),             // 28: gpuplane.v1.LeaveResponse
+	(*RemovePeerRequest)(nil),         // 29: gpuplane.v1.RemovePeerRequest
+	(*RemovePeerResponse)(nil),        // 30: gpuplane.v1.RemovePeerResponse
+	(*ReadIndexRequest)(nil),          // 31: gpuplane.v1.ReadIndexRequest
+	(*ReadIndexResponse)(nil),         // 32: gpuplane.v1.ReadIndexResponse
+	(*ApplyRequest)(nil),              // 33: gpuplane.v1.ApplyRequest
+	(*ApplyResponse)(nil),             // 34: gpuplane.v1.ApplyResponse
+	(*ForwardRequest)(nil),            // 35: gpuplane.v1.ForwardRequest
+	(*ForwardResponse)(nil),           // 36: gpuplane.v1.ForwardResponse
+	(*ForwardResult)(nil),             // 37: gpuplane.v1.ForwardResult
+	(*ApplyError)(nil),                // 38: gpuplane.v1.ApplyError
+	(*StatusRequest)(nil),             // 39: gpuplane.v1.StatusRequest
+	(*ServerStatus)(nil),              // 40: gpuplane.v1.ServerStatus
+	(*StatusResponse)(nil),            // 41: gpuplane.v1.StatusResponse
+	(*ServerResources)(nil),           // 42: gpuplane.v1.ServerResources
+	(*ListModelsRequest)(nil),         // 43: gpuplane.v1.ListModelsRequest
+	(*ListModelsResponse)(nil),        // 44: gpuplane.v1.ListModelsResponse
+	(*GetModelRequest)(nil),           // 45: gpuplane.v1.GetModelRequest
+	(*GetModelResponse)(nil),          // 46: gpuplane.v1.GetModelResponse
+	(*ApplyModelRequest)(nil),         // 47: gpuplane.v1.ApplyModelRequest
+	(*ApplyModelResponse)(nil),        // 48: gpuplane.v1.ApplyModelResponse
+	(*DeleteModelRequest)(nil),        // 49: gpuplane.v1.DeleteModelRequest
+	(*DeleteModelResponse)(nil),       // 50: gpuplane.v1.DeleteModelResponse
+	(*ListReplicasRequest)(nil),       // 51: gpuplane.v1.ListReplicasRequest
+	(*ListReplicasResponse)(nil),      // 52: gpuplane.v1.ListReplicasResponse
+	nil,                               // 53: gpuplane.v1.ReadNodeResponse.SpecsEntry
+	(*Device)(nil),                    // 54: gpuplane.v1.Device
+	(*CardStatus)(nil),                // 55: gpuplane.v1.CardStatus
+	(*Node)(nil),                      // 56: gpuplane.v1.Node
+	(*Accelerator)(nil),               // 57: gpuplane.v1.Accelerator
+	(*AcceleratorSpec)(nil),           // 58: gpuplane.v1.AcceleratorSpec
+	(Outcome)(0),                      // 59: gpuplane.v1.Outcome
+	(*Replica)(nil),                   // 60: gpuplane.v1.Replica
+	(*Envelope)(nil),                  // 61: gpuplane.v1.Envelope
+	(*Result)(nil),                    // 62: gpuplane.v1.Result
+	(*durationpb.Duration)(nil),       // 63: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil),     // 64: google.protobuf.Timestamp
+	(*ModelDeployment)(nil),           // 65: gpuplane.v1.ModelDeployment
+	(*ModelSpec)(nil),                 // 66: gpuplane.v1.ModelSpec
 }
 var file_gpuplane_v1_api_proto_depIdxs = []int32{
-	51, // 0: gpuplane.v1.ListDevicesResponse.devices:type_name -> gpuplane.v1.Device
-	51, // 1: gpuplane.v1.GetDeviceResponse.device:type_name -> gpuplane.v1.Device
-	52, // 2: gpuplane.v1.GetDeviceResponse.cards:type_name -> gpuplane.v1.CardStatus
-	53, // 3: gpuplane.v1.ListNodesResponse.nodes:type_name -> gpuplane.v1.Node
-	53, // 4: gpuplane.v1.GetNodeResponse.node:type_name -> gpuplane.v1.Node
-	54, // 5: gpuplane.v1.ListAcceleratorsResponse.accelerators:type_name -> gpuplane.v1.Accelerator
-	54, // 6: gpuplane.v1.GetAcceleratorResponse.accelerator:type_name -> gpuplane.v1.Accelerator
-	55, // 7: gpuplane.v1.CreateAcceleratorRequest.spec:type_name -> gpuplane.v1.AcceleratorSpec
-	54, // 8: gpuplane.v1.CreateAcceleratorResponse.accelerator:type_name -> gpuplane.v1.Accelerator
-	56, // 9: gpuplane.v1.CreateAcceleratorResponse.outcome:type_name -> gpuplane.v1.Outcome
-	19, // 10: gpuplane.v1.MembersResponse.members:type_name -> gpuplane.v1.Member
-	53, // 11: gpuplane.v1.LocalNodeResponse.node:type_name -> gpuplane.v1.Node
-	57, // 12: gpuplane.v1.ApplyRequest.envelope:type_name -> gpuplane.v1.Envelope
-	58, // 13: gpuplane.v1.ApplyResponse.result:type_name -> gpuplane.v1.Result
-	57, // 14: gpuplane.v1.ForwardRequest.envelopes:type_name -> gpuplane.v1.Envelope
-	35, // 15: gpuplane.v1.ForwardResponse.results:type_name -> gpuplane.v1.ForwardResult
-	58, // 16: gpuplane.v1.ForwardResult.result:type_name -> gpuplane.v1.Result
-	36, // 17: gpuplane.v1.ForwardResult.error:type_name -> gpuplane.v1.ApplyError
-	38, // 18: gpuplane.v1.StatusResponse.servers:type_name -> gpuplane.v1.ServerStatus
-	40, // 19: gpuplane.v1.StatusResponse.resources:type_name -> gpuplane.v1.ServerResources
-	59, // 20: gpuplane.v1.ServerResources.request_window:type_name -> google.protobuf.Duration
-	60, // 21: gpuplane.v1.ServerResources.log_time:type_name -> google.protobuf.Timestamp
-	61, // 22: gpuplane.v1.ListModelsResponse.models:type_name -> gpuplane.v1.ModelDeployment
-	61, // 23: gpuplane.v1.GetModelResponse.model:type_name -> gpuplane.v1.ModelDeployment
-	62, // 24: gpuplane.v1.GetModelResponse.replicas:type_name -> gpuplane.v1.Replica
-	63, // 25: gpuplane.v1.ApplyModelRequest.spec:type_name -> gpuplane.v1.ModelSpec
-	61, // 26: gpuplane.v1.ApplyModelResponse.model:type_name -> gpuplane.v1.ModelDeployment
-	56, // 27: gpuplane.v1.ApplyModelResponse.outcome:type_name -> gpuplane.v1.Outcome
-	62, // 28: gpuplane.v1.ListReplicasResponse.replicas:type_name -> gpuplane.v1.Replica
-	0,  // 29: gpuplane.v1.DeviceService.ListDevices:input_type -> gpuplane.v1.ListDevicesRequest
-	2,  // 30: gpuplane.v1.DeviceService.GetDevice:input_type -> gpuplane.v1.GetDeviceRequest
-	4,  // 31: gpuplane.v1.NodeService.ListNodes:input_type -> gpuplane.v1.ListNodesRequest
-	6,  // 32: gpuplane.v1.NodeService.GetNode:input_type -> gpuplane.v1.GetNodeRequest
-	8,  // 33: gpuplane.v1.AcceleratorService.ListAccelerators:input_type -> gpuplane.v1.ListAcceleratorsRequest
-	10, // 34: gpuplane.v1.AcceleratorService.GetAccelerator:input_type -> gpuplane.v1.GetAcceleratorRequest
-	12, // 35: gpuplane.v1.AcceleratorService.CreateAccelerator:input_type -> gpuplane.v1.CreateAcceleratorRequest
-	14, // 36: gpuplane.v1.AcceleratorService.DeleteAccelerator:input_type -> gpuplane.v1.DeleteAcceleratorRequest
-	31, // 37: gpuplane.v1.ClusterService.Apply:input_type -> gpuplane.v1.ApplyRequest
-	33, // 38: gpuplane.v1.ClusterService.Forward:input_type -> gpuplane.v1.ForwardRequest
-	37, // 39: gpuplane.v1.ClusterService.Status:input_type -> gpuplane.v1.StatusRequest
-	29, // 40: gpuplane.v1.ClusterService.ReadIndex:input_type -> gpuplane.v1.ReadIndexRequest
-	16, // 41: gpuplane.v1.ClusterService.ReadState:input_type -> gpuplane.v1.ReadStateRequest
-	18, // 42: gpuplane.v1.ClusterService.Members:input_type -> gpuplane.v1.MembersRequest
-	21, // 43: gpuplane.v1.ClusterService.LocalNode:input_type -> gpuplane.v1.LocalNodeRequest
-	23, // 44: gpuplane.v1.ClusterService.Join:input_type -> gpuplane.v1.JoinRequest
-	25, // 45: gpuplane.v1.ClusterService.Leave:input_type -> gpuplane.v1.LeaveRequest
-	27, // 46: gpuplane.v1.ClusterService.RemovePeer:input_type -> gpuplane.v1.RemovePeerRequest
-	41, // 47: gpuplane.v1.ModelService.ListModels:input_type -> gpuplane.v1.ListModelsRequest
-	43, // 48: gpuplane.v1.ModelService.GetModel:input_type -> gpuplane.v1.GetModelRequest
-	45, // 49: gpuplane.v1.ModelService.ApplyModel:input_type -> gpuplane.v1.ApplyModelRequest
-	47, // 50: gpuplane.v1.ModelService.DeleteModel:input_type -> gpuplane.v1.DeleteModelRequest
-	49, // 51: gpuplane.v1.ModelService.ListReplicas:input_type -> gpuplane.v1.ListReplicasRequest
-	1,  // 52: gpuplane.v1.DeviceService.ListDevices:output_type -> gpuplane.v1.ListDevicesResponse
-	3,  // 53: gpuplane.v1.DeviceService.GetDevice:output_type -> gpuplane.v1.GetDeviceResponse
-	5,  // 54: gpuplane.v1.NodeService.ListNodes:output_type -> gpuplane.v1.ListNodesResponse
-	7,  // 55: gpuplane.v1.NodeService.GetNode:output_type -> gpuplane.v1.GetNodeResponse
-	9,  // 56: gpuplane.v1.AcceleratorService.ListAccelerators:output_type -> gpuplane.v1.ListAcceleratorsResponse
-	11, // 57: gpuplane.v1.AcceleratorService.GetAccelerator:output_type -> gpuplane.v1.GetAcceleratorResponse
-	13, // 58: gpuplane.v1.AcceleratorService.CreateAccelerator:output_type -> gpuplane.v1.CreateAcceleratorResponse
-	15, // 59: gpuplane.v1.AcceleratorService.DeleteAccelerator:output_type -> gpuplane.v1.DeleteAcceleratorResponse
-	32, // 60: gpuplane.v1.ClusterService.Apply:output_type -> gpuplane.v1.ApplyResponse
-	34, // 61: gpuplane.v1.ClusterService.Forward:output_type -> gpuplane.v1.ForwardResponse
-	39, // 62: gpuplane.v1.ClusterService.Status:output_type -> gpuplane.v1.StatusResponse
-	30, // 63: gpuplane.v1.ClusterService.ReadIndex:output_type -> gpuplane.v1.ReadIndexResponse
-	17, // 64: gpuplane.v1.ClusterService.ReadState:output_type -> gpuplane.v1.ReadStateResponse
-	20, // 65: gpuplane.v1.ClusterService.Members:output_type -> gpuplane.v1.MembersResponse
-	22, // 66: gpuplane.v1.ClusterService.LocalNode:output_type -> gpuplane.v1.LocalNodeResponse
-	24, // 67: gpuplane.v1.ClusterService.Join:output_type -> gpuplane.v1.JoinResponse
-	26, // 68: gpuplane.v1.ClusterService.Leave:output_type -> gpuplane.v1.LeaveResponse
-	28, // 69: gpuplane.v1.ClusterService.RemovePeer:output_type -> gpuplane.v1.RemovePeerResponse
-	42, // 70: gpuplane.v1.ModelService.ListModels:output_type -> gpuplane.v1.ListModelsResponse
-	44, // 71: gpuplane.v1.ModelService.GetModel:output_type -> gpuplane.v1.GetModelResponse
-	46, // 72: gpuplane.v1.ModelService.ApplyModel:output_type -> gpuplane.v1.ApplyModelResponse
-	48, // 73: gpuplane.v1.ModelService.DeleteModel:output_type -> gpuplane.v1.DeleteModelResponse
-	50, // 74: gpuplane.v1.ModelService.ListReplicas:output_type -> gpuplane.v1.ListReplicasResponse
-	52, // [52:75] is the sub-list for method output_type
-	29, // [29:52] is the sub-list for method input_type
-	29, // [29:29] is the sub-list for extension type_name
-	29, // [29:29] is the sub-list for extension extendee
-	0,  // [0:29] is the sub-list for field type_name
+	54, // 0: gpuplane.v1.ListDevicesResponse.devices:type_name -> gpuplane.v1.Device
+	54, // 1: gpuplane.v1.GetDeviceResponse.device:type_name -> gpuplane.v1.Device
+	55, // 2: gpuplane.v1.GetDeviceResponse.cards:type_name -> gpuplane.v1.CardStatus
+	56, // 3: gpuplane.v1.ListNodesResponse.nodes:type_name -> gpuplane.v1.Node
+	56, // 4: gpuplane.v1.GetNodeResponse.node:type_name -> gpuplane.v1.Node
+	57, // 5: gpuplane.v1.ListAcceleratorsResponse.accelerators:type_name -> gpuplane.v1.Accelerator
+	57, // 6: gpuplane.v1.GetAcceleratorResponse.accelerator:type_name -> gpuplane.v1.Accelerator
+	58, // 7: gpuplane.v1.CreateAcceleratorRequest.spec:type_name -> gpuplane.v1.AcceleratorSpec
+	57, // 8: gpuplane.v1.CreateAcceleratorResponse.accelerator:type_name -> gpuplane.v1.Accelerator
+	59, // 9: gpuplane.v1.CreateAcceleratorResponse.outcome:type_name -> gpuplane.v1.Outcome
+	60, // 10: gpuplane.v1.ReadNodeResponse.replicas:type_name -> gpuplane.v1.Replica
+	53, // 11: gpuplane.v1.ReadNodeResponse.specs:type_name -> gpuplane.v1.ReadNodeResponse.SpecsEntry
+	21, // 12: gpuplane.v1.MembersResponse.members:type_name -> gpuplane.v1.Member
+	56, // 13: gpuplane.v1.LocalNodeResponse.node:type_name -> gpuplane.v1.Node
+	61, // 14: gpuplane.v1.ApplyRequest.envelope:type_name -> gpuplane.v1.Envelope
+	62, // 15: gpuplane.v1.ApplyResponse.result:type_name -> gpuplane.v1.Result
+	61, // 16: gpuplane.v1.ForwardRequest.envelopes:type_name -> gpuplane.v1.Envelope
+	37, // 17: gpuplane.v1.ForwardResponse.results:type_name -> gpuplane.v1.ForwardResult
+	62, // 18: gpuplane.v1.ForwardResult.result:type_name -> gpuplane.v1.Result
+	38, // 19: gpuplane.v1.ForwardResult.error:type_name -> gpuplane.v1.ApplyError
+	40, // 20: gpuplane.v1.StatusResponse.servers:type_name -> gpuplane.v1.ServerStatus
+	42, // 21: gpuplane.v1.StatusResponse.resources:type_name -> gpuplane.v1.ServerResources
+	63, // 22: gpuplane.v1.ServerResources.request_window:type_name -> google.protobuf.Duration
+	64, // 23: gpuplane.v1.ServerResources.log_time:type_name -> google.protobuf.Timestamp
+	65, // 24: gpuplane.v1.ListModelsResponse.models:type_name -> gpuplane.v1.ModelDeployment
+	65, // 25: gpuplane.v1.GetModelResponse.model:type_name -> gpuplane.v1.ModelDeployment
+	60, // 26: gpuplane.v1.GetModelResponse.replicas:type_name -> gpuplane.v1.Replica
+	66, // 27: gpuplane.v1.ApplyModelRequest.spec:type_name -> gpuplane.v1.ModelSpec
+	65, // 28: gpuplane.v1.ApplyModelResponse.model:type_name -> gpuplane.v1.ModelDeployment
+	59, // 29: gpuplane.v1.ApplyModelResponse.outcome:type_name -> gpuplane.v1.Outcome
+	60, // 30: gpuplane.v1.ListReplicasResponse.replicas:type_name -> gpuplane.v1.Replica
+	66, // 31: gpuplane.v1.ReadNodeResponse.SpecsEntry.value:type_name -> gpuplane.v1.ModelSpec
+	0,  // 32: gpuplane.v1.DeviceService.ListDevices:input_type -> gpuplane.v1.ListDevicesRequest
+	2,  // 33: gpuplane.v1.DeviceService.GetDevice:input_type -> gpuplane.v1.GetDeviceRequest
+	4,  // 34: gpuplane.v1.NodeService.ListNodes:input_type -> gpuplane.v1.ListNodesRequest
+	6,  // 35: gpuplane.v1.NodeService.GetNode:input_type -> gpuplane.v1.GetNodeRequest
+	8,  // 36: gpuplane.v1.AcceleratorService.ListAccelerators:input_type -> gpuplane.v1.ListAcceleratorsRequest
+	10, // 37: gpuplane.v1.AcceleratorService.GetAccelerator:input_type -> gpuplane.v1.GetAcceleratorRequest
+	12, // 38: gpuplane.v1.AcceleratorService.CreateAccelerator:input_type -> gpuplane.v1.CreateAcceleratorRequest
+	14, // 39: gpuplane.v1.AcceleratorService.DeleteAccelerator:input_type -> gpuplane.v1.DeleteAcceleratorRequest
+	33, // 40: gpuplane.v1.ClusterService.Apply:input_type -> gpuplane.v1.ApplyRequest
+	35, // 41: gpuplane.v1.ClusterService.Forward:input_type -> gpuplane.v1.ForwardRequest
+	39, // 42: gpuplane.v1.ClusterService.Status:input_type -> gpuplane.v1.StatusRequest
+	31, // 43: gpuplane.v1.ClusterService.ReadIndex:input_type -> gpuplane.v1.ReadIndexRequest
+	16, // 44: gpuplane.v1.ClusterService.ReadState:input_type -> gpuplane.v1.ReadStateRequest
+	18, // 45: gpuplane.v1.ClusterService.ReadNode:input_type -> gpuplane.v1.ReadNodeRequest
+	20, // 46: gpuplane.v1.ClusterService.Members:input_type -> gpuplane.v1.MembersRequest
+	23, // 47: gpuplane.v1.ClusterService.LocalNode:input_type -> gpuplane.v1.LocalNodeRequest
+	25, // 48: gpuplane.v1.ClusterService.Join:input_type -> gpuplane.v1.JoinRequest
+	27, // 49: gpuplane.v1.ClusterService.Leave:input_type -> gpuplane.v1.LeaveRequest
+	29, // 50: gpuplane.v1.ClusterService.RemovePeer:input_type -> gpuplane.v1.RemovePeerRequest
+	43, // 51: gpuplane.v1.ModelService.ListModels:input_type -> gpuplane.v1.ListModelsRequest
+	45, // 52: gpuplane.v1.ModelService.GetModel:input_type -> gpuplane.v1.GetModelRequest
+	47, // 53: gpuplane.v1.ModelService.ApplyModel:input_type -> gpuplane.v1.ApplyModelRequest
+	49, // 54: gpuplane.v1.ModelService.DeleteModel:input_type -> gpuplane.v1.DeleteModelRequest
+	51, // 55: gpuplane.v1.ModelService.ListReplicas:input_type -> gpuplane.v1.ListReplicasRequest
+	1,  // 56: gpuplane.v1.DeviceService.ListDevices:output_type -> gpuplane.v1.ListDevicesResponse
+	3,  // 57: gpuplane.v1.DeviceService.GetDevice:output_type -> gpuplane.v1.GetDeviceResponse
+	5,  // 58: gpuplane.v1.NodeService.ListNodes:output_type -> gpuplane.v1.ListNodesResponse
+	7,  // 59: gpuplane.v1.NodeService.GetNode:output_type -> gpuplane.v1.GetNodeResponse
+	9,  // 60: gpuplane.v1.AcceleratorService.ListAccelerators:output_type -> gpuplane.v1.ListAcceleratorsResponse
+	11, // 61: gpuplane.v1.AcceleratorService.GetAccelerator:output_type -> gpuplane.v1.GetAcceleratorResponse
+	13, // 62: gpuplane.v1.AcceleratorService.CreateAccelerator:output_type -> gpuplane.v1.CreateAcceleratorResponse
+	15, // 63: gpuplane.v1.AcceleratorService.DeleteAccelerator:output_type -> gpuplane.v1.DeleteAcceleratorResponse
+	34, // 64: gpuplane.v1.ClusterService.Apply:output_type -> gpuplane.v1.ApplyResponse
+	36, // 65: gpuplane.v1.ClusterService.Forward:output_type -> gpuplane.v1.ForwardResponse
+	41, // 66: gpuplane.v1.ClusterService.Status:output_type -> gpuplane.v1.StatusResponse
+	32, // 67: gpuplane.v1.ClusterService.ReadIndex:output_type -> gpuplane.v1.ReadIndexResponse
+	17, // 68: gpuplane.v1.ClusterService.ReadState:output_type -> gpuplane.v1.ReadStateResponse
+	19, // 69: gpuplane.v1.ClusterService.ReadNode:output_type -> gpuplane.v1.ReadNodeResponse
+	22, // 70: gpuplane.v1.ClusterService.Members:output_type -> gpuplane.v1.MembersResponse
+	24, // 71: gpuplane.v1.ClusterService.LocalNode:output_type -> gpuplane.v1.LocalNodeResponse
+	26, // 72: gpuplane.v1.ClusterService.Join:output_type -> gpuplane.v1.JoinResponse
+	28, // 73: gpuplane.v1.ClusterService.Leave:output_type -> gpuplane.v1.LeaveResponse
+	30, // 74: gpuplane.v1.ClusterService.RemovePeer:output_type -> gpuplane.v1.RemovePeerResponse
+	44, // 75: gpuplane.v1.ModelService.ListModels:output_type -> gpuplane.v1.ListModelsResponse
+	46, // 76: gpuplane.v1.ModelService.GetModel:output_type -> gpuplane.v1.GetModelResponse
+	48, // 77: gpuplane.v1.ModelService.ApplyModel:output_type -> gpuplane.v1.ApplyModelResponse
+	50, // 78: gpuplane.v1.ModelService.DeleteModel:output_type -> gpuplane.v1.DeleteModelResponse
+	52, // 79: gpuplane.v1.ModelService.ListReplicas:output_type -> gpuplane.v1.ListReplicasResponse
+	56, // [56:80] is the sub-list for method output_type
+	32, // [32:56] is the sub-list for method input_type
+	32, // [32:32] is the sub-list for extension type_name
+	32, // [32:32] is the sub-list for extension extendee
+	0,  // [0:32] is the sub-list for field type_name
 }
 
 func init() { file_gpuplane_v1_api_proto_init() }
@@ -3155,7 +3299,7 @@ func file_gpuplane_v1_api_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_gpuplane_v1_api_proto_rawDesc), len(file_gpuplane_v1_api_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   51,
+			NumMessages:   54,
 			NumExtensions: 0,
 			NumServices:   5,
 		},

@@ -74,6 +74,8 @@ const (
 	// ClusterServiceReadStateProcedure is the fully-qualified name of the ClusterService's ReadState
 	// RPC.
 	ClusterServiceReadStateProcedure = "/gpuplane.v1.ClusterService/ReadState"
+	// ClusterServiceReadNodeProcedure is the fully-qualified name of the ClusterService's ReadNode RPC.
+	ClusterServiceReadNodeProcedure = "/gpuplane.v1.ClusterService/ReadNode"
 	// ClusterServiceMembersProcedure is the fully-qualified name of the ClusterService's Members RPC.
 	ClusterServiceMembersProcedure = "/gpuplane.v1.ClusterService/Members"
 	// ClusterServiceLocalNodeProcedure is the fully-qualified name of the ClusterService's LocalNode
@@ -459,6 +461,12 @@ type ClusterServiceClient interface {
 	// ReadState returns a server's whole state, read as a linearizable (or,
 	// with stale, a local) read; client nodes, which run no Raft, read this way.
 	ReadState(context.Context, *connect.Request[v1.ReadStateRequest]) (*connect.Response[v1.ReadStateResponse], error)
+	// ReadNode returns what a client node's executor runs: the replicas
+	// placed on one node, with their deployments' specs, read as ReadState
+	// reads; with stale and min_index, from the answering server's state once
+	// it has applied min_index (after an event of that index). Its cost is
+	// the node's replicas, not the whole state's.
+	ReadNode(context.Context, *connect.Request[v1.ReadNodeRequest]) (*connect.Response[v1.ReadNodeResponse], error)
 	// Members lists every node gossip knows, with its Raft suffrage.
 	Members(context.Context, *connect.Request[v1.MembersRequest]) (*connect.Response[v1.MembersResponse], error)
 	// LocalNode describes the answering node itself, inventory included; the
@@ -513,6 +521,12 @@ func NewClusterServiceClient(httpClient connect.HTTPClient, baseURL string, opts
 			connect.WithSchema(clusterServiceMethods.ByName("ReadState")),
 			connect.WithClientOptions(opts...),
 		),
+		readNode: connect.NewClient[v1.ReadNodeRequest, v1.ReadNodeResponse](
+			httpClient,
+			baseURL+ClusterServiceReadNodeProcedure,
+			connect.WithSchema(clusterServiceMethods.ByName("ReadNode")),
+			connect.WithClientOptions(opts...),
+		),
 		members: connect.NewClient[v1.MembersRequest, v1.MembersResponse](
 			httpClient,
 			baseURL+ClusterServiceMembersProcedure,
@@ -553,6 +567,7 @@ type clusterServiceClient struct {
 	status     *connect.Client[v1.StatusRequest, v1.StatusResponse]
 	readIndex  *connect.Client[v1.ReadIndexRequest, v1.ReadIndexResponse]
 	readState  *connect.Client[v1.ReadStateRequest, v1.ReadStateResponse]
+	readNode   *connect.Client[v1.ReadNodeRequest, v1.ReadNodeResponse]
 	members    *connect.Client[v1.MembersRequest, v1.MembersResponse]
 	localNode  *connect.Client[v1.LocalNodeRequest, v1.LocalNodeResponse]
 	join       *connect.Client[v1.JoinRequest, v1.JoinResponse]
@@ -583,6 +598,11 @@ func (c *clusterServiceClient) ReadIndex(ctx context.Context, req *connect.Reque
 // ReadState calls gpuplane.v1.ClusterService.ReadState.
 func (c *clusterServiceClient) ReadState(ctx context.Context, req *connect.Request[v1.ReadStateRequest]) (*connect.Response[v1.ReadStateResponse], error) {
 	return c.readState.CallUnary(ctx, req)
+}
+
+// ReadNode calls gpuplane.v1.ClusterService.ReadNode.
+func (c *clusterServiceClient) ReadNode(ctx context.Context, req *connect.Request[v1.ReadNodeRequest]) (*connect.Response[v1.ReadNodeResponse], error) {
+	return c.readNode.CallUnary(ctx, req)
 }
 
 // Members calls gpuplane.v1.ClusterService.Members.
@@ -629,6 +649,12 @@ type ClusterServiceHandler interface {
 	// ReadState returns a server's whole state, read as a linearizable (or,
 	// with stale, a local) read; client nodes, which run no Raft, read this way.
 	ReadState(context.Context, *connect.Request[v1.ReadStateRequest]) (*connect.Response[v1.ReadStateResponse], error)
+	// ReadNode returns what a client node's executor runs: the replicas
+	// placed on one node, with their deployments' specs, read as ReadState
+	// reads; with stale and min_index, from the answering server's state once
+	// it has applied min_index (after an event of that index). Its cost is
+	// the node's replicas, not the whole state's.
+	ReadNode(context.Context, *connect.Request[v1.ReadNodeRequest]) (*connect.Response[v1.ReadNodeResponse], error)
 	// Members lists every node gossip knows, with its Raft suffrage.
 	Members(context.Context, *connect.Request[v1.MembersRequest]) (*connect.Response[v1.MembersResponse], error)
 	// LocalNode describes the answering node itself, inventory included; the
@@ -679,6 +705,12 @@ func NewClusterServiceHandler(svc ClusterServiceHandler, opts ...connect.Handler
 		connect.WithSchema(clusterServiceMethods.ByName("ReadState")),
 		connect.WithHandlerOptions(opts...),
 	)
+	clusterServiceReadNodeHandler := connect.NewUnaryHandler(
+		ClusterServiceReadNodeProcedure,
+		svc.ReadNode,
+		connect.WithSchema(clusterServiceMethods.ByName("ReadNode")),
+		connect.WithHandlerOptions(opts...),
+	)
 	clusterServiceMembersHandler := connect.NewUnaryHandler(
 		ClusterServiceMembersProcedure,
 		svc.Members,
@@ -721,6 +753,8 @@ func NewClusterServiceHandler(svc ClusterServiceHandler, opts ...connect.Handler
 			clusterServiceReadIndexHandler.ServeHTTP(w, r)
 		case ClusterServiceReadStateProcedure:
 			clusterServiceReadStateHandler.ServeHTTP(w, r)
+		case ClusterServiceReadNodeProcedure:
+			clusterServiceReadNodeHandler.ServeHTTP(w, r)
 		case ClusterServiceMembersProcedure:
 			clusterServiceMembersHandler.ServeHTTP(w, r)
 		case ClusterServiceLocalNodeProcedure:
@@ -758,6 +792,10 @@ func (UnimplementedClusterServiceHandler) ReadIndex(context.Context, *connect.Re
 
 func (UnimplementedClusterServiceHandler) ReadState(context.Context, *connect.Request[v1.ReadStateRequest]) (*connect.Response[v1.ReadStateResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("gpuplane.v1.ClusterService.ReadState is not implemented"))
+}
+
+func (UnimplementedClusterServiceHandler) ReadNode(context.Context, *connect.Request[v1.ReadNodeRequest]) (*connect.Response[v1.ReadNodeResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("gpuplane.v1.ClusterService.ReadNode is not implemented"))
 }
 
 func (UnimplementedClusterServiceHandler) Members(context.Context, *connect.Request[v1.MembersRequest]) (*connect.Response[v1.MembersResponse], error) {
