@@ -3,6 +3,7 @@ package cluster
 import (
 	"context"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/hashicorp/raft"
@@ -203,32 +204,83 @@ func (c *Cluster) reconcileNodes(ctx context.Context, members []GossipMember, le
 			nodes[n.GetName()] = n
 		}
 	})
+	// Every change this round is proposed together and waited for once
+	// (leaderApplyAll): a fleet's registration, or a tenth of it dying,
+	// is one round of a few appends, not one commit wait per node.
+	var envs []*pb.Envelope
+	var register []GossipMember
 	for _, m := range members {
-		if ctx.Err() != nil {
-			return
-		}
 		want := gossipStatus(m.Status)
 		n, known := nodes[m.Name]
 		delete(nodes, m.Name)
 		if want == pb.NodeStatus_NODE_STATUS_ALIVE && m.Meta.API != "" &&
 			(!known || c.cfg.Digest(n.GetCards()) != m.Meta.Digest) {
-			if c.registerMember(ctx, m) {
-				continue
-			}
+			register = append(register, m)
+			continue
 		}
 		if known && n.GetStatus() != want {
-			c.setStatus(ctx, m.Name, want)
+			envs = append(envs, statusEnvelope(m.Name, want))
 		}
 	}
-	if leading < absentGrace {
-		return
-	}
-	for name, n := range nodes {
-		if n.GetStatus() == pb.NodeStatus_NODE_STATUS_ALIVE {
-			c.setStatus(ctx, name, pb.NodeStatus_NODE_STATUS_DOWN)
+	for i, node := range c.fetchMembers(ctx, register) {
+		m := register[i]
+		if node != nil {
+			node.Status = pb.NodeStatus_NODE_STATUS_ALIVE
+			envs = append(envs, &pb.Envelope{Command: &pb.Envelope_RegisterNode{RegisterNode: &pb.RegisterNode{Node: node}}})
+			continue
+		}
+		// Not fetched: its status still follows gossip.
+		if n, known := c.nodeIn(m.Name); known && n.GetStatus() != pb.NodeStatus_NODE_STATUS_ALIVE {
+			envs = append(envs, statusEnvelope(m.Name, pb.NodeStatus_NODE_STATUS_ALIVE))
 		}
 	}
+	if leading >= absentGrace {
+		for name, n := range nodes {
+			if n.GetStatus() == pb.NodeStatus_NODE_STATUS_ALIVE {
+				envs = append(envs, statusEnvelope(name, pb.NodeStatus_NODE_STATUS_DOWN))
+			}
+		}
+	}
+	c.leaderApplyAll(ctx, envs)
 }
+
+// nodeIn returns a node as this server's state has it.
+func (c *Cluster) nodeIn(name string) (n *pb.Node, ok bool) {
+	c.View(func(f *fsm.FSM) { n, ok = f.Node(name) })
+	return n, ok
+}
+
+func (c *Cluster) setStatus(ctx context.Context, name string, s pb.NodeStatus) {
+	c.leaderApply(ctx, statusEnvelope(name, s))
+}
+
+func statusEnvelope(name string, s pb.NodeStatus) *pb.Envelope {
+	return &pb.Envelope{Command: &pb.Envelope_SetNodeStatus{SetNodeStatus: &pb.SetNodeStatus{Node: name, Status: s}}}
+}
+
+// fetchMembers fetches the descriptions of members from their APIs, a few
+// at a time (registerFetches): nil for one that could not be fetched.
+func (c *Cluster) fetchMembers(ctx context.Context, members []GossipMember) []*pb.Node {
+	out := make([]*pb.Node, len(members))
+	sem := make(chan struct{}, registerFetches)
+	var wg sync.WaitGroup
+	for i, m := range members {
+		if ctx.Err() != nil {
+			break
+		}
+		sem <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			out[i] = c.fetchMember(ctx, m)
+		})
+	}
+	wg.Wait()
+	return out
+}
+
+// registerFetches bounds how many node descriptions the leader fetches at
+// once when many nodes join together.
+const registerFetches = 16
 
 // reapLeft deregisters the nodes that have been left for
 // Config.ReapLeftAfter, as this leader has seen them: leftSince holds when
@@ -291,11 +343,12 @@ func gossipStatus(s string) pb.NodeStatus {
 	return pb.NodeStatus_NODE_STATUS_ALIVE
 }
 
-// registerMember fetches a node's description from its API and registers it.
-func (c *Cluster) registerMember(ctx context.Context, m GossipMember) bool {
+// fetchMember fetches a node's description from its API (this node's
+// own, locally); nil when it cannot.
+func (c *Cluster) fetchMember(ctx context.Context, m GossipMember) *pb.Node {
 	fw := c.getForwarder()
 	if fw == nil {
-		return false
+		return nil
 	}
 	fctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
@@ -308,15 +361,60 @@ func (c *Cluster) registerMember(ctx context.Context, m GossipMember) bool {
 	}
 	if err != nil || node == nil || node.GetName() != m.Name {
 		c.log.Warn("fetch node to register", "node", m.Name, "err", err)
-		return false
+		return nil
 	}
-	node.Status = pb.NodeStatus_NODE_STATUS_ALIVE
-	c.leaderApply(ctx, &pb.Envelope{Command: &pb.Envelope_RegisterNode{RegisterNode: &pb.RegisterNode{Node: node}}})
-	return true
+	return node
 }
 
-func (c *Cluster) setStatus(ctx context.Context, name string, s pb.NodeStatus) {
-	c.leaderApply(ctx, &pb.Envelope{Command: &pb.Envelope_SetNodeStatus{SetNodeStatus: &pb.SetNodeStatus{Node: name, Status: s}}})
+// leaderApplyAll is leaderApply of each of envs, all proposed before any
+// is waited for, so that Raft appends them together.
+func (c *Cluster) leaderApplyAll(ctx context.Context, envs []*pb.Envelope) {
+	var (
+		worth   []*pb.Envelope
+		checks  []*pb.Result
+		futures []raft.ApplyFuture
+	)
+	for _, env := range envs {
+		env.Actor, env.RequestId = membershipActor, NewRequestID()
+		var dry *pb.Result
+		c.View(func(f *fsm.FSM) { dry = f.DryRun(env) })
+		if worthAnEntry(dry) {
+			worth, checks = append(worth, env), append(checks, dry)
+		}
+	}
+	if len(worth) == 0 {
+		return
+	}
+	actx, cancel := context.WithTimeout(ctx, 5*time.Second+time.Duration(len(worth))*10*time.Millisecond)
+	defer cancel()
+	for _, env := range worth {
+		f, err := c.propose(actx, env)
+		if err != nil {
+			c.log.Warn("membership entry", "command", checks[len(futures)].GetMessage(), "err", err)
+			break
+		}
+		futures = append(futures, f)
+	}
+	w := waitAll(futures)
+	select {
+	case <-w.done:
+	case <-actx.Done():
+	}
+	for i, f := range futures[:w.resolved()] {
+		if err := f.Error(); err != nil {
+			c.log.Warn("membership entry", "command", checks[i].GetMessage(), "err", c.raftError(err))
+			continue
+		}
+		res, err := futureResult(f)
+		if err == nil && res.GetCode() != pb.Code_CODE_OK {
+			err = fmt.Errorf("%s: %s", res.GetCode(), res.GetMessage())
+		}
+		if err != nil {
+			c.log.Warn("membership entry", "command", checks[i].GetMessage(), "err", err)
+			continue
+		}
+		c.log.Info("membership entry", "result", res.GetMessage(), "index", res.GetIndex())
+	}
 }
 
 // leaderApply commits a membership command unless the leader's own state
