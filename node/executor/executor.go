@@ -245,22 +245,50 @@ func (e *Executor) Run(ctx context.Context) error {
 		e.contain.close()
 	}()
 
+	first := true
+	follow(ctx, e.src, e.opts.Node, e.log, func(snap Snapshot) {
+		var left map[key]leftEngine
+		if first {
+			left = e.settle(records, snap)
+			first = false
+			// The engines adopted are among Engines() before the
+			// Gate hears of any replica, so that it never takes
+			// the memory they hold for free.
+			want := e.wanted(snap)
+			for k, l := range left {
+				if l.alive {
+					e.setEngine(k, e.engineOf(k, want[k], l.rec.PID))
+				}
+			}
+		}
+		if g := e.opts.Gate; g != nil {
+			g.Placed(slices.Collect(maps.Values(e.wanted(snap))))
+		}
+		e.apply(supCtx, &wg, snap, left)
+	})
+	return nil
+}
+
+// follow watches src for node's snapshots and calls apply with each until
+// ctx ends. When the stream breaks it watches again from the last index it
+// saw, after a backoff that a snapshot received resets. Executor and Hollow
+// both run on it.
+func follow(ctx context.Context, src Source, node string, log *slog.Logger, apply func(Snapshot)) {
 	retry := &backoff.ExponentialBackOff{InitialInterval: 200 * time.Millisecond, RandomizationFactor: 0.5,
 		Multiplier: 2, MaxInterval: 10 * time.Second}
 	var from uint64
-	first := true
 	for {
-		snaps, err := e.src.Watch(ctx, e.opts.Node, from)
+		snaps, err := src.Watch(ctx, node, from)
 		if err != nil {
 			if ctx.Err() != nil {
-				return nil
+				return
 			}
-			e.log.Warn("watch the replicas of this node", "err", err)
+			log.Warn("watch the replicas of this node", "err", err)
 		}
 		for snaps != nil {
 			select {
 			case <-ctx.Done():
-				return nil
+				return
 			case snap, ok := <-snaps:
 				if !ok {
 					snaps = nil
@@ -268,29 +296,12 @@ func (e *Executor) Run(ctx context.Context) error {
 				}
 				retry.Reset()
 				from = max(from, snap.Index)
-				var left map[key]leftEngine
-				if first {
-					left = e.settle(records, snap)
-					first = false
-					// The engines adopted are among Engines() before the
-					// Gate hears of any replica, so that it never takes
-					// the memory they hold for free.
-					want := e.wanted(snap)
-					for k, l := range left {
-						if l.alive {
-							e.setEngine(k, e.engineOf(k, want[k], l.rec.PID))
-						}
-					}
-				}
-				if g := e.opts.Gate; g != nil {
-					g.Placed(slices.Collect(maps.Values(e.wanted(snap))))
-				}
-				e.apply(supCtx, &wg, snap, left)
+				apply(snap)
 			}
 		}
 		select {
 		case <-ctx.Done():
-			return nil
+			return
 		case <-time.After(retry.NextBackOff()):
 		}
 	}

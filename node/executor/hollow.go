@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"time"
 
-	"github.com/cenkalti/backoff/v5"
 	"google.golang.org/protobuf/proto"
 
 	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
@@ -47,32 +46,9 @@ func NewHollow(src Source, rep Reporter, node, advertiseHost string, logger *slo
 }
 
 // Run watches the Source until ctx ends, resuming after the last index it
-// saw when the stream breaks (as Executor.Run does).
+// saw when the stream breaks (follow, as Executor.Run does).
 func (h *Hollow) Run(ctx context.Context) {
-	retry := &backoff.ExponentialBackOff{InitialInterval: 200 * time.Millisecond, RandomizationFactor: 0.5,
-		Multiplier: 2, MaxInterval: 10 * time.Second}
-	var from uint64
-	for {
-		snaps, err := h.src.Watch(ctx, h.node, from)
-		if err != nil {
-			if ctx.Err() != nil {
-				return
-			}
-			h.log.Info("hollow: watch the replicas of this node", "err", err)
-		}
-		if snaps != nil {
-			for snap := range snaps {
-				retry.Reset()
-				from = max(from, snap.Index)
-				h.apply(ctx, snap)
-			}
-		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-time.After(retry.NextBackOff()):
-		}
-	}
+	follow(ctx, h.src, h.node, h.log, func(snap Snapshot) { h.apply(ctx, snap) })
 }
 
 // apply reports Running for every replica of snap not yet reported Running
