@@ -81,3 +81,58 @@ func TestReplaySetRunsTheLiveTimeline(t *testing.T) {
 		t.Fatalf("unknown model: %v", err)
 	}
 }
+
+// A live request the sim engine timed carries its own path to and from
+// the engine: the replay delivers it to the node its In after its send and
+// adds its Out to its TTFT, instead of a draw from the model's overheads,
+// so that replay and live run differ only by the engine's part. Bare
+// replays without either.
+func TestReplaySetTimedRequestsCarryTheirOwnPaths(t *testing.T) {
+	cfg, err := LoadConfig(filepath.Join("..", "..", "examples", "serve", "home.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	models := []string{"chat"}
+	warm := []LiveRequest{{Time: 0, Model: "chat", PromptTokens: 16, OutputTokens: 4}}
+	var open []LiveRequest
+	for k := range 10 {
+		r := LiveRequest{Time: 100 + 5*float64(k), Model: "chat", PromptTokens: 256, OutputTokens: 128, Timed: true, In: 0.1, Out: 0.05}
+		if k == 4 {
+			r.In = 2
+		}
+		open = append(open, r)
+	}
+	phases := []LivePhase{{Mix: "short", Start: 100, End: 150, Open: open}}
+	bare, err := ReplaySet(cfg, models, warm, phases, ReplayOptions{Seed: 1, Bare: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Draws of 5 s would dominate every TTFT if they were used.
+	pool := map[string][]float64{"chat": {5}}
+	timed, err := ReplaySet(cfg, models, warm, phases, ReplayOptions{Seed: 1, Overhead: pool})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, w := bare[0][0], timed[0][0]
+	if b.Completed != 10 || w.Completed != 10 {
+		t.Fatalf("bare %+v, timed %+v: want 10 answered each", b, w)
+	}
+	near := func(x, want float64) bool { return x > want-0.003 && x < want+0.003 }
+	if !near(w.TTFTP50-b.TTFTP50, 0.15) {
+		t.Fatalf("p50 %g timed, %g bare: want each request's own 0.1 s in and 0.05 s out added, not the 5 s draw", w.TTFTP50, b.TTFTP50)
+	}
+	if !near(w.TTFTP99-b.TTFTP99, 2.05) {
+		t.Fatalf("p99 %g timed, %g bare: want the slow request's 2 s in and 0.05 s out added", w.TTFTP99, b.TTFTP99)
+	}
+	// Untimed, the same requests get the draws.
+	for k := range open {
+		open[k].Timed = false
+	}
+	drawn, err := ReplaySet(cfg, models, warm, phases, ReplayOptions{Seed: 1, Overhead: pool})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := drawn[0][0]; !near(d.TTFTP50-b.TTFTP50, 5) {
+		t.Fatalf("untimed p50 %g, bare %g: want the 5 s draw added", d.TTFTP50, b.TTFTP50)
+	}
+}
