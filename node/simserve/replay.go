@@ -22,9 +22,16 @@ import (
 // and Out: the sim engine stamps when it received the request and wrote
 // its first token) reaches the simulated engine its own In after its send
 // and adds its own Out to its TTFT, so that the replay and the live run
-// differ only by the engine's part; any other request (a closed loop's,
-// whose sends follow the replay's own answers) is delayed by one draw of
-// its model's overhead samples. TTFTs count from the send.
+// differ only by the engine's part; a closed loop's requests, whose sends
+// follow the replay's own answers, are the live loop's in order
+// (LiveClosed.Sent), with their paths where timed; any other request is
+// delayed by a draw of its model's overhead samples.
+// TTFTs count from the send. The bench sends to the replicas' fronts,
+// which hold a request only while its model is not resident: the replay
+// has no gateway queue before the engines (no in-flight cap, no
+// reservation of prompt + output tokens), and each engine runs every
+// request whose prompt fits its KV pool, as the sim
+// engine process does.
 
 // LiveRequest is one request the live bench sent: when, in the config's
 // seconds from the set's start, to which model, and its lengths.
@@ -42,11 +49,17 @@ type LiveRequest struct {
 
 // LiveClosed is a closed-loop stream of a mix: Concurrency requests
 // always outstanding for Model, lengths drawn around the means.
+//
+// Sent are the requests it sent, in the order sent: the replay's loop
+// sends the same ones in the same order (lengths, and paths where timed),
+// as the replay's answers let it; without them, lengths are drawn around
+// the means.
 type LiveClosed struct {
-	Model        string `json:"model"`
-	Concurrency  int    `json:"concurrency"`
-	PromptTokens int    `json:"promptTokens"`
-	OutputTokens int    `json:"outputTokens"`
+	Model        string        `json:"model"`
+	Concurrency  int           `json:"concurrency"`
+	PromptTokens int           `json:"promptTokens"`
+	OutputTokens int           `json:"outputTokens"`
+	Sent         []LiveRequest `json:"-"`
 }
 
 // LivePhase is one mix as the live bench ran it on a set: the open-loop
@@ -103,13 +116,19 @@ func ReplaySet(cfg *Config, models []string, warm []LiveRequest, phases []LivePh
 			if c.model(cl.Model) < 0 {
 				return nil, fmt.Errorf("replay: phase %s: model %q is not in the set", ph.Mix, cl.Model)
 			}
-			c.Synthetic = append(c.Synthetic, SyntheticStream{Model: cl.Model, Tenants: []string{tenant}, Concurrency: cl.Concurrency,
-				PromptTokens: cl.PromptTokens, OutputTokens: cl.OutputTokens, from: ph.Start, until: ph.End})
+			st := SyntheticStream{Model: cl.Model, Tenants: []string{tenant}, Concurrency: cl.Concurrency,
+				PromptTokens: cl.PromptTokens, OutputTokens: cl.OutputTokens, from: ph.Start, until: ph.End}
+			st.sent = cl.Sent
+			c.Synthetic = append(c.Synthetic, st)
 		}
 	}
 	c.DurationSeconds = end
 	s := newSim(&c, o.Seed, end)
 	s.agentPriors = true
+	// The live bench sends to the replicas' fronts (the node's own
+	// endpoints), not through the gateway's queue.
+	s.fronted = true
+	s.livePaths = !o.Bare
 	s.ovRng = rand.New(rand.NewPCG(o.Seed, 0x0e7e7ead))
 	for _, m := range c.Models {
 		if !o.Bare {

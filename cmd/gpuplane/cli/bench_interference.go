@@ -178,13 +178,16 @@ type benchCompare struct {
 	SimP95     float64 `json:"simTtftP95"`
 	SimBareP95 float64 `json:"simTtftP95NoOverhead"`
 	// LiveEngineP95 is the p95 of the engine's own part of each live
-	// TTFT (from its receipt of the request to its first token), to set
-	// beside SimBareP95.
+	// TTFT (from its receipt of the request to when its model had the
+	// first token ready), to set beside SimBareP95.
 	LiveEngineP95 float64 `json:"liveEngineTtftP95"`
-	OverheadP50   float64 `json:"overheadP50"`
-	OverheadP95   float64 `json:"overheadP95"`
-	Ratio         float64 `json:"ratio"`
-	Answered      int     `json:"answered"`
+	// LiveLateP95 is the p95 of how late the engine's process wrote the
+	// first token after its model had it ready (part of the path back).
+	LiveLateP95 float64 `json:"liveEngineLateP95"`
+	OverheadP50 float64 `json:"overheadP50"`
+	OverheadP95 float64 `json:"overheadP95"`
+	Ratio       float64 `json:"ratio"`
+	Answered    int     `json:"answered"`
 }
 
 // benchSubset keeps the config's models named in list, in config order.
@@ -435,7 +438,7 @@ func (b *bench) runSet(ctx context.Context, accel string, set []int, mixes []sim
 	var phases []simserve.LivePhase
 	// engineP95[cell][model] is the p95 of the engine's own part of the
 	// TTFT (config seconds).
-	var engineP95 [][]float64
+	var engineP95, lateP95 [][]float64
 	for _, mix := range mixes {
 		seq, err := b.lastDecision(ctx)
 		if err != nil {
@@ -466,20 +469,31 @@ func (b *bench) runSet(ctx context.Context, accel string, set []int, mixes []sim
 		cell.ColdLoadsPerHour = simserve.Round(float64(loads)/hours, 1)
 		cell.WakesPerHour = simserve.Round(float64(wakes)/hours, 1)
 		cell.Evictions = evictions
-		var eng []float64
+		var eng, late []float64
 		for k, i := range set {
 			m := &b.cfg.Models[i]
 			cell.PerModel = append(cell.PerModel, b.stats(m, per[k]))
-			var own []float64
+			var own, lateness []float64
 			for _, s := range per[k] {
 				if s.err == nil && s.timed {
 					own = append(own, s.engineTTFT()*scale)
-					path.add(m.Name, s, scale)
+					lateness = append(lateness, s.late*scale)
 				}
 			}
 			slices.Sort(own)
+			slices.Sort(lateness)
 			eng = append(eng, simserve.Round(simserve.Percentile(own, 95), 3))
+			late = append(late, simserve.Round(simserve.Percentile(lateness, 95), 3))
 			if mix.Stream(m).Concurrency > 0 {
+				sent := slices.Clone(per[k])
+				slices.SortStableFunc(sent, func(x, y sample) int { return cmpFloat(x.at, y.at) })
+				for c := range phase.Closed {
+					if phase.Closed[c].Model == m.Name {
+						for _, s := range sent {
+							phase.Closed[c].Sent = append(phase.Closed[c].Sent, s.live(m.Name, scale))
+						}
+					}
+				}
 				continue
 			}
 			for _, s := range per[k] {
@@ -487,6 +501,7 @@ func (b *bench) runSet(ctx context.Context, accel string, set []int, mixes []sim
 			}
 		}
 		engineP95 = append(engineP95, eng)
+		lateP95 = append(lateP95, late)
 		slices.SortStableFunc(phase.Open, func(x, y simserve.LiveRequest) int { return cmpFloat(x.Time, y.Time) })
 		cells = append(cells, cell)
 		phases = append(phases, phase)
@@ -505,7 +520,7 @@ func (b *bench) runSet(ctx context.Context, accel string, set []int, mixes []sim
 	for k, c := range cells {
 		for j, ms := range c.PerModel {
 			cmp := benchCompare{Models: c.Models, Mix: c.Mix, Model: ms.Model, LiveP95: ms.TTFTP95, Answered: ms.Completed,
-				SimP95: withOv[k][j].TTFTP95, SimBareP95: bare[k][j].TTFTP95, LiveEngineP95: engineP95[k][j],
+				SimP95: withOv[k][j].TTFTP95, SimBareP95: bare[k][j].TTFTP95, LiveEngineP95: engineP95[k][j], LiveLateP95: lateP95[k][j],
 				OverheadP50: simserve.Round(simserve.Percentile(overhead[ms.Model], 50), 4),
 				OverheadP95: simserve.Round(simserve.Percentile(overhead[ms.Model], 95), 4)}
 			if cmp.SimP95 > 0 && ms.Completed > 0 && withOv[k][j].Completed > 0 {
@@ -520,7 +535,8 @@ func (b *bench) runSet(ctx context.Context, accel string, set []int, mixes []sim
 }
 
 // pathOverheads are each model's measured paths to and from the engine
-// (config seconds), the draws of the replay's closed-loop requests.
+// (config seconds): the draws of the replay's closed-loop requests (a
+// phase's own), and of its untimed requests (the calibration's).
 type pathOverheads map[string][]float64
 
 func (p pathOverheads) add(model string, s sample, scale float64) {
@@ -656,16 +672,21 @@ const minArrivals = 3
 // lengths and its outcome, in wall seconds.
 //
 // A streamed answer from the sim engine carries when the engine received
-// the request and wrote its first token (sim.HeaderReceived,
-// sim.HeaderFirstToken): toEngine and fromEngine split the TTFT into the
-// path to the engine, the engine's own part and the path back.
+// the request, when its model had the first token ready and when its
+// process wrote it (sim.HeaderReceived, HeaderFirstTokenDue,
+// HeaderFirstToken): toEngine and fromEngine split the TTFT into the path
+// to the engine, the engine's own part (the model's, under the live
+// card's sharing, batch, KV pool and residency) and the path back.
 type sample struct {
 	at                   float64
 	in, out              int
 	ttft, tpot           float64
 	timed                bool
 	toEngine, fromEngine float64
-	err                  error
+	// late is how long after its model had the first token ready the
+	// engine's process wrote it (part of fromEngine).
+	late float64
+	err  error
 }
 
 // live is the request as the replay takes it, in the config's seconds.
@@ -806,14 +827,16 @@ func (b *bench) send(ctx context.Context, endpoint, model string, in, out int) s
 	}
 	s.ttft = first.Sub(t0).Seconds()
 	recv, err1 := strconv.ParseInt(resp.Header.Get(sim.HeaderReceived), 10, 64)
-	wrote, err2 := strconv.ParseInt(resp.Header.Get(sim.HeaderFirstToken), 10, 64)
-	if err1 == nil && err2 == nil {
-		// Both clocks are this machine's wall clock.
+	due, err2 := strconv.ParseInt(resp.Header.Get(sim.HeaderFirstTokenDue), 10, 64)
+	wrote, err3 := strconv.ParseInt(resp.Header.Get(sim.HeaderFirstToken), 10, 64)
+	if err1 == nil && err2 == nil && err3 == nil {
+		// All three clocks are this machine's wall clock. The path back
+		// starts when the engine's model had the token ready: how late
+		// its process wrote it is this machine's, as the path is.
 		s.timed = true
-		s.toEngine = max(0, float64(recv-t0.UnixNano())/1e9)
-		s.fromEngine = max(0, float64(first.UnixNano()-wrote)/1e9)
-		s.toEngine = min(s.toEngine, s.ttft)
-		s.fromEngine = min(s.fromEngine, s.ttft-s.toEngine)
+		s.toEngine = min(max(0, float64(recv-t0.UnixNano())/1e9), s.ttft)
+		s.fromEngine = min(max(0, float64(first.UnixNano()-due)/1e9), s.ttft-s.toEngine)
+		s.late = max(0, float64(wrote-due)/1e9)
 	}
 	if tokens > 1 {
 		s.tpot = last.Sub(first).Seconds() / float64(tokens-1)
@@ -880,13 +903,13 @@ func writeBench(w io.Writer, res *benchResult) error {
 	}
 	fmt.Fprintln(w)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "CELL\tMIX\tMODEL\tANSWERED\tLIVE P95 TTFT\tSIM P95 TTFT\tLIVE P95 IN ENGINE\tSIM P95 NO OVERHEAD\tOVERHEAD P50/P95\tLIVE/SIM")
+	fmt.Fprintln(tw, "CELL\tMIX\tMODEL\tANSWERED\tLIVE P95 TTFT\tSIM P95 TTFT\tLIVE P95 IN ENGINE\tSIM P95 NO OVERHEAD\tENGINE LATE P95\tOVERHEAD P50/P95\tLIVE/SIM")
 	for _, c := range res.Compare {
 		ratio := "n/a"
 		if c.Ratio > 0 {
 			ratio = fmt.Sprintf("%g", c.Ratio)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%gs\t%gs\t%gs\t%gs\t%gs/%gs\t%s\n", strings.Join(c.Models, "+"), c.Mix, c.Model, c.Answered, c.LiveP95, c.SimP95, c.LiveEngineP95, c.SimBareP95, c.OverheadP50, c.OverheadP95, ratio)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%gs\t%gs\t%gs\t%gs\t%gs\t%gs/%gs\t%s\n", strings.Join(c.Models, "+"), c.Mix, c.Model, c.Answered, c.LiveP95, c.SimP95, c.LiveEngineP95, c.SimBareP95, c.LiveLateP95, c.OverheadP50, c.OverheadP95, ratio)
 	}
 	if err := tw.Flush(); err != nil {
 		return err

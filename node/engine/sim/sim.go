@@ -487,13 +487,17 @@ func (s *server) refuse(w http.ResponseWriter, err error) {
 	apiError(w, http.StatusServiceUnavailable, "model "+s.cfg.ServedModelName+" "+err.Error(), "server_error")
 }
 
-// HeaderReceived and HeaderFirstToken are the streamed answer's headers
-// that time the engine's part of its first token: when the engine received
-// the request and when it wrote the first token (or the stream's end, for
-// a stream without a token), in Unix nanoseconds.
+// HeaderReceived, HeaderFirstTokenDue and HeaderFirstToken are the
+// streamed answer's headers that time the engine's part of its first
+// token, in Unix nanoseconds: when the engine received the request, when
+// its model had the first token ready (its prefill and one token at the
+// rates the card's sharing gave it), and when the process wrote it (later
+// by however long the machine kept it from running; for a stream without
+// a token, both are its end).
 const (
-	HeaderReceived   = "X-Sim-Received-Unix-Nano"
-	HeaderFirstToken = "X-Sim-First-Token-Unix-Nano"
+	HeaderReceived      = "X-Sim-Received-Unix-Nano"
+	HeaderFirstTokenDue = "X-Sim-First-Token-Due-Unix-Nano"
+	HeaderFirstToken    = "X-Sim-First-Token-Unix-Nano"
 )
 
 // stream sends one server-sent event per token, then [DONE], as OpenAI's
@@ -503,10 +507,11 @@ const (
 // choices carries the usage of the tokens sent, as OpenAI sends it.
 //
 // The headers go out with the first token, stamped with when the engine
-// received the request (HeaderReceived) and wrote that token
-// (HeaderFirstToken): what a client sees beyond the engine's own time to
-// first token is the path to and from the engine (`gpuplane bench
-// interference` measures it per request).
+// received the request (HeaderReceived), when the first token was due
+// (HeaderFirstTokenDue) and when it was written (HeaderFirstToken): what
+// a client sees beyond the engine's own time to first token is the path
+// to and from the engine (`gpuplane bench interference` measures it per
+// request).
 func (s *server) stream(w http.ResponseWriter, rq *request, chat bool, id string, created int64, model string, tokens []string, use func(completion int) map[string]any, received time.Time) {
 	flusher, _ := w.(http.Flusher)
 	w.Header().Set("Content-Type", "text/event-stream")
@@ -521,7 +526,13 @@ func (s *server) stream(w http.ResponseWriter, rq *request, chat bool, id string
 		if !began {
 			began = true
 			w.Header().Set(HeaderReceived, strconv.FormatInt(received.UnixNano(), 10))
-			w.Header().Set(HeaderFirstToken, strconv.FormatInt(time.Now().UnixNano(), 10))
+			now := time.Now()
+			w.Header().Set(HeaderFirstToken, strconv.FormatInt(now.UnixNano(), 10))
+			due := rq.firstDue
+			if due.IsZero() || due.After(now) {
+				due = now
+			}
+			w.Header().Set(HeaderFirstTokenDue, strconv.FormatInt(due.UnixNano(), 10))
 			w.WriteHeader(http.StatusOK)
 		}
 		chunk := map[string]any{
@@ -653,6 +664,10 @@ func (s *server) generate(rq *request, n int, emit func(i int)) error {
 			last = now
 		}
 		for ; credit >= 1 && i < n; i++ {
+			if i == 0 && rate > 0 {
+				// The first token was due when the credit reached 1.
+				rq.firstDue = time.Now().Add(-time.Duration((credit - 1) / rate * float64(time.Second)))
+			}
 			credit--
 			s.hold(rq, 1)
 			if emit != nil {

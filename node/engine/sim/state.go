@@ -554,6 +554,8 @@ type request struct {
 	held int
 	// admitted is when it was let in: its prefill starts then.
 	admitted time.Time
+	// firstDue is when its first token was due (set as it is emitted).
+	firstDue time.Time
 	// decodeFrom is when its prefill was done (zero: when it began
 	// decoding).
 	decodeFrom time.Time
