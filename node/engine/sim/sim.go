@@ -665,8 +665,9 @@ func (s *server) generate(rq *request, n int, emit func(i int)) error {
 		}
 		for ; credit >= 1 && i < n; i++ {
 			if i == 0 && rate > 0 {
-				// The first token was due when the credit reached 1.
-				rq.firstDue = time.Now().Add(-time.Duration((credit - 1) / rate * float64(time.Second)))
+				// The first token was due when the credit, counted up to
+				// last, reached 1.
+				rq.firstDue = last.Add(-time.Duration((credit - 1) / rate * float64(time.Second)))
 			}
 			credit--
 			s.hold(rq, 1)

@@ -38,6 +38,10 @@ func TestSimCountsWorkFromWhenItWasDue(t *testing.T) {
 	if emitted < 80 || emitted > 100 {
 		t.Fatalf("emitted %d tokens without waiting, want the 90 due (9 s at 10 tokens/s)", emitted)
 	}
+	// The first token was due one token (0.1 s) after the prefill.
+	if d := rq.firstDue.Sub(rq.decodeFrom); d < 99*time.Millisecond || d > 101*time.Millisecond {
+		t.Fatalf("first token due %s after the prefill, want 100ms", d)
+	}
 }
 
 // A streamed answer tells when the engine received the request and wrote
@@ -78,14 +82,18 @@ func TestSimStreamStampsItsPartOfTheFirstToken(t *testing.T) {
 		t.Fatalf("stream: %s %q %v", resp.Status, body, err)
 	}
 	recv, err1 := strconv.ParseInt(resp.Header.Get(HeaderReceived), 10, 64)
-	first, err2 := strconv.ParseInt(resp.Header.Get(HeaderFirstToken), 10, 64)
-	if err1 != nil || err2 != nil {
-		t.Fatalf("headers %s=%q %s=%q: want Unix nanoseconds", HeaderReceived, resp.Header.Get(HeaderReceived), HeaderFirstToken, resp.Header.Get(HeaderFirstToken))
+	due, err2 := strconv.ParseInt(resp.Header.Get(HeaderFirstTokenDue), 10, 64)
+	first, err3 := strconv.ParseInt(resp.Header.Get(HeaderFirstToken), 10, 64)
+	if err1 != nil || err2 != nil || err3 != nil {
+		t.Fatalf("headers %v: want %s, %s and %s in Unix nanoseconds", resp.Header, HeaderReceived, HeaderFirstTokenDue, HeaderFirstToken)
+	}
+	if due > first {
+		t.Fatalf("first token due at %d, written at %d: it cannot be written before it is due", due, first)
 	}
 	if recv < sent.UnixNano() || recv > time.Now().UnixNano() {
 		t.Fatalf("received at %d, want between the send (%d) and now", recv, sent.UnixNano())
 	}
-	if own := time.Duration(first - recv); own < 150*time.Millisecond {
+	if own := time.Duration(due - recv); own < 150*time.Millisecond {
 		t.Fatalf("engine's part of the first token %s, want at least its model's 150 ms", own)
 	}
 }
