@@ -164,7 +164,7 @@ func (g *Gateway) syncLocals(t *table) {
 		}
 		c := l.card
 		c.mu.Lock()
-		if rp.KVTokens != l.rep.KVTokens {
+		if rp.KVTokens != l.rep.KVTokens || rp.Kind != l.rep.Kind || rp.Slots != l.rep.Slots {
 			if out, err := c.s.AddDeployment(g.queueDeployment(key, rp), now); err == nil {
 				c.apply(out, now)
 			}
@@ -184,9 +184,16 @@ func (g *Gateway) syncLocals(t *table) {
 }
 
 // queueDeployment is a local replica's deployment in its card's
-// scheduler: its in-flight cap, and its KV budget where known.
+// scheduler: its in-flight cap, and its KV budget where known. A llama.cpp
+// engine holds at most one request per slot: the scheduler dispatches a
+// request only when a slot is free, so its order (priority, then fairness)
+// decides who gets a slot, and the rest wait in its queue.
 func (g *Gateway) queueDeployment(key string, rp Replica) queue.Deployment {
-	return queue.Deployment{Name: key, MaxInFlight: g.opts.MaxInFlight, MaxTokens: max(rp.KVTokens, 0), QueueLimit: g.opts.QueueLimit}
+	inFlight := g.opts.MaxInFlight
+	if rp.Kind == engine.KindLlamaCpp {
+		inFlight = min(inFlight, max(rp.Slots, 1))
+	}
+	return queue.Deployment{Name: key, MaxInFlight: inFlight, MaxTokens: max(rp.KVTokens, 0), QueueLimit: g.opts.QueueLimit}
 }
 
 // watchResidency follows a warm or onDemand replica's residency: its queue
@@ -452,8 +459,10 @@ func (g *Gateway) attempt(ctx context.Context, w http.ResponseWriter, req *reque
 	status := 0
 	if slots != nil {
 		// A llama.cpp engine: the request runs in a slot this gateway gave
-		// it (waiting for one), and reuses the slot's cache only if the
-		// slot holds its own tenant's prompt.
+		// it, and reuses the slot's cache only if the slot holds its own
+		// tenant's prompt. The scheduler dispatched it because a slot is
+		// free (the replica's in-flight cap is its slots): it waits here at
+		// most for the request that had the slot to hand it back.
 		slot, reuse, err := slots.acquire(ctx, req.who.tenant)
 		if err != nil {
 			return g.finishWith(w, c, pd, ctx, req, m, errorf(http.StatusServiceUnavailable, "server_error", "engine_error", "model %q: no engine slot: %v", m.Served, err))
