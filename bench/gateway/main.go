@@ -409,7 +409,7 @@ func main() {
 	idleN := flag.Int("idle", 2000, "idle streams of the memory run")
 	conc := flag.String("concurrency", "1,64,512", "concurrent streams of the overhead points")
 	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the overhead points here")
-	memprofile := flag.String("memprofile", "", "write heap profiles of the gateway's process to FILE.http11[.base] and FILE.h2c[.base]: before and while the idle streams are open")
+	memprofile := flag.String("memprofile", "", "write heap profiles of the gateway's process to FILE.http1.1[.base] and FILE.h2c[.base]: before and while the idle streams are open")
 	serveWhat := flag.String("serve", "", "run as a server process of the idle run (internal)")
 	flag.Parse()
 	if *serveWhat != "" {
