@@ -530,6 +530,7 @@ type result struct {
 // answer (or left).
 func (x *call) attempt() bool {
 	if aerr := x.prepare(); aerr != nil {
+		x.generated = 0
 		return x.g.finishWith(x.w, x.c, &x.pd, x.ctx, x.req, x.m, aerr).done
 	}
 	resp, err := x.g.send(x.ctx, x.url, x.req, x.body)
