@@ -348,6 +348,7 @@ func (a *Agent) startAPI() error {
 		ReadLogs:   a.readLogs,
 		Residency:  a.residencyJournal,
 		Metrics:    metrics,
+		Gatherer:   a.metricsReg,
 		Outer:      []connect.Interceptor{newAPIMetrics(a.metricsReg)},
 	})
 	if err != nil {
