@@ -371,6 +371,22 @@ async function refresh() {
   if (again) { again = false; return refresh(); }
 }
 
+// While a replica is between states (loading, waking, draining: for about
+// as long as its engine takes), the page asks again sooner, so that the
+// state it reaches shows within a moment rather than at the next period.
+const TRANSITIONAL = new Set(["Loading", "Waking", "Draining"]);
+const QUICK_MS = 500;
+const moving = new Set();
+let quickTimer = 0;
+
+function watchTransitions(changed) {
+  for (const name of changed) {
+    if ((models.get(name)?.replicas || []).some(r => TRANSITIONAL.has(r.state))) moving.add(name);
+    else moving.delete(name);
+  }
+  if (moving.size && !quickTimer) quickTimer = setTimeout(() => { quickTimer = 0; refresh(); }, QUICK_MS);
+}
+
 async function load() {
   const started = performance.now();
   const s = await call("DashboardService", "Summary", {since: revision});
@@ -380,6 +396,8 @@ async function load() {
   let mark = performance.now();
   const lap = name => { const t = performance.now(); phase[name] = t - mark; mark = t; };
   const {full, changedCards, changedModels} = merge(s);
+  if (full) moving.clear();
+  watchTransitions(changedModels);
   const sample = addSample(now);
   lap("merge");
   renderHealth(now, s.planError || "");
