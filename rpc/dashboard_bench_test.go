@@ -178,8 +178,9 @@ func pageValue[T any](ctx context.Context, js string) (T, error) {
 // the API over a simulated cluster of 1,000 replicas on 100 nodes: the
 // first render (navigation to the page drawn with every section) and
 // refreshes in the same browser, each after a replica changed residency
-// and a decision was recorded (so every section is drawn again). Issue
-// 20's goals: first render < 1 s, refresh < 200 ms; measured, not asserted.
+// and a decision was recorded (so the page is sent, and redraws, one card,
+// one model's row and its timeline). Issue 20's goals: first render < 1 s,
+// refresh < 200 ms; measured, not asserted.
 func BenchmarkDashboard(b *testing.B) {
 	path := chromiumPath(b)
 	backend, journal, reg := simulatedCluster(b)
