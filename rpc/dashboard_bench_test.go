@@ -249,6 +249,13 @@ func BenchmarkDashboard(b *testing.B) {
 			time.Sleep(20 * time.Millisecond)
 		}
 		firsts = append(firsts, first)
+		if st, err := pageValue[struct {
+			FetchMs, RenderMs float64
+			Bytes             int
+			Phases            map[string]float64
+		}](ctx, "window.gpuplaneStats"); err == nil {
+			b.Logf("first refresh: fetch %.0f ms (%d bytes), render %.0f ms (%v)", st.FetchMs, st.Bytes, st.RenderMs, st.Phases)
+		}
 		bars, err := pageValue[int](ctx, `document.querySelectorAll("#cards .card").length`)
 		if err != nil || bars != benchNodes*benchCards {
 			b.Fatalf("the page draws %d card bars (%v), want %d", bars, err, benchNodes*benchCards)
