@@ -21,8 +21,8 @@ import (
 	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
 )
 
-// soakEntries is how many entries BenchmarkSoak applies (issue 24: ten
-// million); GPUPLANE_SOAK_ENTRIES overrides it.
+// soakEntries is how many entries BenchmarkSoak applies;
+// GPUPLANE_SOAK_ENTRIES overrides it.
 const soakEntries = 10_000_000
 
 // soakWindow is the request window of the soak: a few minutes of log time

@@ -53,7 +53,7 @@ func fields(table string) [][]string {
 	return rows
 }
 
-// TestLiveSharedPlacement is issue 4's first must-show against a real agent:
+// TestLiveSharedPlacement checks shared placement against a real agent:
 // four 45% replicas fill two shared l4 cards (two models each), the fifth
 // waits with a reason naming 45%, and a dedicated accelerator created
 // afterwards is READY with nothing to place.
@@ -119,7 +119,7 @@ func TestLiveSharedPlacement(t *testing.T) {
 	}
 }
 
-// TestLiveRulesRefuseAndChangeNothing is issue 4's second must-show: each
+// TestLiveRulesRefuseAndChangeNothing checks the descriptor rules live: each
 // invalid deployment exits 1 naming its rule, and the state is unchanged;
 // deleting an accelerator in use is refused and lists its deployments, and
 // --force leaves them pending with the reason docs/descriptors.md rule 12 gives.
@@ -169,8 +169,8 @@ func TestLiveRulesRefuseAndChangeNothing(t *testing.T) {
 	}
 }
 
-// TestLiveApplyAndRefusals is the core issue's third and fourth must-show
-// against a real agent: apply prints created then unchanged; re-applying with
+// TestLiveApplyAndRefusals checks apply and its refusals against a real
+// agent: apply prints created then unchanged; re-applying with
 // another tenancy exits 0, warns that accelerators are immutable naming the
 // field, and changes nothing; each invalid request exits 1 naming its rule or
 // field and leaves the state as it was.
@@ -289,7 +289,7 @@ func TestLiveMetricsAndUI(t *testing.T) {
 }
 
 // TestLiveResourceFigures checks that `cluster status` and /metrics show
-// what grows with the cluster's history (issue 24): the log's size and
+// what grows with the cluster's history: the log's size and
 // oldest index, the snapshot, and the request-id table, which holds an id
 // per applied request.
 func TestLiveResourceFigures(t *testing.T) {

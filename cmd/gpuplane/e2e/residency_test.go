@@ -70,7 +70,7 @@ func ask(t *testing.T, endpoint, model string) {
 	}
 }
 
-// TestOnDemandModelsShareOneCard is issue 13's first must-show through the
+// TestOnDemandModelsShareOneCard checks onDemand residency through the
 // real binary on `agent --dev` (l4=2): three onDemand sim models whose
 // shares sum to 160 % of a card are all placed on one card of a shared
 // accelerator with maxModels 3, reserving nothing; none is loaded until
