@@ -26,7 +26,7 @@ import (
 	"github.com/gpuplane/gpuplane/rpc"
 )
 
-// Simulated cluster of the dashboard benchmark (issue 20): 100 nodes of
+// Simulated cluster of the dashboard benchmark: 100 nodes of
 // 8 L4 cards, 100 deployments of 10 replicas on a shared accelerator.
 const (
 	benchNodes       = 100

@@ -263,7 +263,7 @@ func (a *Agent) role() string {
 }
 
 // HollowGPUs is the simulated inventory of a hollow node given no
-// --sim-gpus: a full 8-card machine, as issue 21's fleet measures.
+// --sim-gpus: a full 8-card machine, as the fleet benchmark (bench/fleet) measures.
 const HollowGPUs = "h100=8"
 
 func (a *Agent) createInventory() error {
