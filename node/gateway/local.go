@@ -326,10 +326,11 @@ func (c *card) tick() {
 // needs while it waits, kept in one object rather than in the frames it
 // waits under. An idle stream's handler is blocked under those frames, and
 // its stack (grown to 16 KiB while the request was parsed) halves at a
-// collection only while they use under a quarter of it: so the functions
-// on the waiting path (serveLocal, attempt, send and the engine exchange)
-// keep few locals and leave the rest to helpers that return before the
-// wait (bench/RESULTS.md, Gateway over HTTP).
+// collection only while they use under a quarter of it (plus 800 bytes):
+// so the handler waits for its engine's first byte under ServeHTTP and
+// run alone, and every other step is a helper that returns before the
+// wait (bench/RESULTS.md, Gateway over HTTP: 4 KiB of stack per idle h2c
+// stream, as a bare handler's).
 type call struct {
 	g      *Gateway
 	w      http.ResponseWriter
