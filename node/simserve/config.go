@@ -157,6 +157,10 @@ type SyntheticStream struct {
 	// from and until bound when a closed-loop stream sends (until 0: the
 	// run's end); a replay of a live run (replay.go) sets them per mix.
 	from, until float64
+	// sent, when set, are the requests a live closed loop sent, in order
+	// (replay.go): the stream's n-th send has the n-th one's lengths and,
+	// timed, its paths to and from the engine.
+	sent []LiveRequest
 }
 
 // OllamaConfig sets the ollama baseline (defaults from ollama's
