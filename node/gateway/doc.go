@@ -21,10 +21,12 @@
 //
 // An idle stream (dispatched, its engine's first token not come) costs the
 // node what its handler goroutine holds while blocked on the engine's
-// socket: the request's state lives in one object (call), and the
-// functions it is blocked under keep small frames, so that the goroutine's
-// stack, grown while the request was parsed, halves at the next collection
-// (bench/RESULTS.md, Gateway over HTTP, has the memory per stream).
+// socket: the request's state lives in one object (call), and it waits for
+// the engine's first byte under two small frames of the gateway's
+// (ServeHTTP, call.run), so that the goroutine's stack, grown while the
+// request was parsed, shrinks at the next collections to what a bare
+// net/http handler's does (bench/RESULTS.md, Gateway over HTTP, has the
+// memory per stream).
 //
 // It never decides scheduling itself (package queue does), never loads or
 // unloads a model (the residency controller does: the gateway only reports

@@ -3,6 +3,7 @@ package gateway
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -99,44 +100,80 @@ func requestHead(base, path string, n int, headers ...string) (string, []byte, e
 }
 
 // do sends a request (its head and body) to host and returns the answer.
-// A request blocks in do (in exchange) until the engine's first byte: its
-// frames are kept small (call, in local.go, says why).
 func (t *engineTransport) do(ctx context.Context, host string, head, body []byte) (*http.Response, error) {
+	e := exchange{host: host, head: head, body: body}
 	for {
-		c, reused, err := t.get(ctx, host)
-		if err != nil {
+		if err := t.begin(ctx, &e); err != nil {
 			return nil, err
 		}
-		resp, early, err := t.exchange(ctx, c, host, head, body)
-		if err != nil && early && reused && ctx.Err() == nil {
-			// Failed before any byte of the answer on a kept-alive
-			// connection: the engine closed it while idle, so the request
-			// goes again on a new one.
-			continue
+		n, err := e.c.Read(e.first[:])
+		resp, err := t.end(ctx, &e, n, err)
+		if err != errRetry {
+			return resp, err
 		}
-		return resp, err
 	}
 }
 
-// exchange writes one request on c and reads the answer's head; early: it
-// failed before the answer's first byte.
-func (t *engineTransport) exchange(ctx context.Context, c net.Conn, host string, head, body []byte) (_ *http.Response, early bool, _ error) {
-	// A cancelled request unblocks its reads and writes at once, and its
-	// connection is not reused.
-	stop := context.AfterFunc(ctx, func() { _ = c.SetDeadline(time.Unix(1, 0)) })
-	bufs := net.Buffers{head, body}
-	if _, err := bufs.WriteTo(c); err != nil {
-		return fail(ctx, c, stop, true, err)
+// errRetry: an exchange failed before any byte of the answer on a
+// kept-alive connection (the engine closed it while idle), so the request
+// goes again on a new one.
+var errRetry = errors.New("engine connection closed while idle")
+
+// exchange is one request to an engine. begin writes it, the caller reads
+// the answer's first byte from c, and end reads the rest of its head: a
+// request blocks in that read until the engine's first byte, and the
+// caller makes it from as small a stack as it can (call, in local.go,
+// says why). The first byte is read without a buffer: an idle stream
+// holds none.
+type exchange struct {
+	host       string
+	head, body []byte
+	c          net.Conn
+	reused     bool
+	stop       func() bool
+	first      [1]byte
+}
+
+// begin writes e's request on a kept-alive connection or a new one, e.c.
+// A cancelled request unblocks its reads and writes at once, and its
+// connection is not reused.
+func (t *engineTransport) begin(ctx context.Context, e *exchange) error {
+	for {
+		c, reused, err := t.get(ctx, e.host)
+		if err != nil {
+			return err
+		}
+		stop := context.AfterFunc(ctx, func() { _ = c.SetDeadline(time.Unix(1, 0)) })
+		bufs := net.Buffers{e.head, e.body}
+		if _, err := bufs.WriteTo(c); err != nil {
+			_, _, err = fail(ctx, c, stop, true, err)
+			if reused && ctx.Err() == nil {
+				continue
+			}
+			return err
+		}
+		e.c, e.reused, e.stop = c, reused, stop
+		return nil
 	}
-	// Wait for the first byte without a buffer: an idle stream holds none.
-	first := make([]byte, 1)
-	if n, err := c.Read(first); n == 0 {
+}
+
+// end reads the answer's head, n and err being the read of its first
+// byte; errRetry: begin again.
+func (t *engineTransport) end(ctx context.Context, e *exchange, n int, err error) (*http.Response, error) {
+	c, stop := e.c, e.stop
+	e.c, e.stop = nil, nil
+	if n == 0 {
 		if err == nil {
 			err = io.ErrNoProgress
 		}
-		return fail(ctx, c, stop, true, err)
+		_, _, err = fail(ctx, c, stop, true, err)
+		if e.reused && ctx.Err() == nil {
+			return nil, errRetry
+		}
+		return nil, err
 	}
-	return t.readHead(ctx, c, host, first[0], stop)
+	resp, _, err := t.readHead(ctx, c, e.host, e.first[0], stop)
+	return resp, err
 }
 
 // fail ends an exchange that failed: its connection is closed.

@@ -326,10 +326,11 @@ func (c *card) tick() {
 // needs while it waits, kept in one object rather than in the frames it
 // waits under. An idle stream's handler is blocked under those frames, and
 // its stack (grown to 16 KiB while the request was parsed) halves at a
-// collection only while they use under a quarter of it: so the functions
-// on the waiting path (serveLocal, attempt, send and the engine exchange)
-// keep few locals and leave the rest to helpers that return before the
-// wait (bench/RESULTS.md, Gateway over HTTP).
+// collection only while they use under a quarter of it (plus 800 bytes):
+// so the handler waits for its engine's first byte under ServeHTTP and
+// run alone, and every other step is a helper that returns before the
+// wait (bench/RESULTS.md, Gateway over HTTP: 4 KiB of stack per idle h2c
+// stream, as a bare handler's).
 type call struct {
 	g      *Gateway
 	w      http.ResponseWriter
@@ -355,6 +356,9 @@ type call struct {
 	slots       *slotPool
 	slot        int
 	status      int
+	// ex: the attempt's exchange with its engine while it waits for the
+	// answer.
+	ex exchange
 }
 
 // step is what a call does next.
@@ -363,38 +367,48 @@ type step uint8
 const (
 	stepWait step = iota
 	stepRun
+	// stepRead: read the engine's first byte (x.ex).
+	stepRead
 	stepEnd
+	stepDone
 )
 
-// serveLocal runs a request through its card's scheduler and the replica's
-// engine.
-func (g *Gateway) serveLocal(w http.ResponseWriter, r *http.Request, req *request, m *Model, l *local) {
-	x := g.enqueue(w, r, req, m, l)
-	if x == nil {
-		return
-	}
+// run runs a request through its card's scheduler and the replica's
+// engine. An idle stream's handler waits here, under ServeHTTP alone, for
+// its engine's first byte: the read is made in this loop itself, every
+// other step in helpers that return before it.
+func (x *call) run() {
 	if x.demand != nil {
 		defer x.endDemand()
 	}
-	for {
-		switch x.next() {
-		case stepRun:
-			if x.attempt() {
-				return
-			}
-		case stepEnd:
-			g.answerEnd(w, m, req, *x.pd.end)
-			return
-		default:
-			if !x.wait() {
-				return
-			}
+	for s := x.next(); s != stepDone; {
+		if s == stepRead {
+			n, err := x.ex.c.Read(x.ex.first[:])
+			s = x.read(n, err)
+			continue
 		}
+		s = x.advance(s)
+	}
+}
+
+// advance takes a step other than a read, and says the next.
+func (x *call) advance(s step) step {
+	switch s {
+	case stepRun:
+		return x.begin()
+	case stepEnd:
+		x.g.answerEnd(x.w, x.m, x.req, *x.pd.end)
+		return stepDone
+	default:
+		if !x.wait() {
+			return stepDone
+		}
+		return x.next()
 	}
 }
 
 // enqueue puts a request on its card's scheduler (answering it if the
-// scheduler refuses it): nil when answered.
+// scheduler refuses it): nil when answered; the call is run by run.
 func (g *Gateway) enqueue(w http.ResponseWriter, r *http.Request, req *request, m *Model, l *local) *call {
 	c := l.card
 	x := &call{g: g, w: w, r: r, req: req, m: m, l: l, c: c}
@@ -526,17 +540,58 @@ type result struct {
 	generated int
 }
 
-// attempt sends the request to its engine once; true: the client has its
-// answer (or left).
-func (x *call) attempt() bool {
+// begin starts an attempt: its request sent to its engine, the call
+// reads the answer (stepRead); or the attempt is over, and so perhaps is
+// the call.
+func (x *call) begin() step {
 	if aerr := x.prepare(); aerr != nil {
 		x.generated = 0
-		return x.g.finishWith(x.w, x.c, &x.pd, x.ctx, x.req, x.m, aerr).done
+		if x.g.finishWith(x.w, x.c, &x.pd, x.ctx, x.req, x.m, aerr).done {
+			return stepDone
+		}
+		return x.next()
 	}
-	resp, err := x.g.send(x.ctx, x.url, x.req, x.body)
+	if x.g.opts.Engines != nil {
+		resp, err := x.g.sendClient(x.ctx, x.url, x.req, x.body)
+		if fresh := x.freshAfter(err); fresh != "" {
+			resp, err = x.g.sendClient(x.ctx, fresh, x.req, x.body)
+		}
+		return x.complete(resp, err)
+	}
+	err := x.open(x.url)
+	if fresh := x.freshAfter(err); fresh != "" {
+		err = x.open(fresh)
+	}
 	if err != nil {
-		resp, err = x.resend(err)
+		return x.complete(nil, err)
 	}
+	return stepRead
+}
+
+// open sends the attempt's request to the engine at url on x.ex.
+func (x *call) open(url string) error {
+	host, head, err := engineHead(url, x.req.path, len(x.body), x.req.stream, x.req.who.tenant)
+	if err != nil {
+		return err
+	}
+	x.ex = exchange{host: host, head: head, body: x.body}
+	return x.g.engines.begin(x.ctx, &x.ex)
+}
+
+// read goes on with an attempt after the read of its answer's first byte.
+func (x *call) read(n int, err error) step {
+	resp, err := x.g.engines.end(x.ctx, &x.ex, n, err)
+	if err == errRetry {
+		if err = x.g.engines.begin(x.ctx, &x.ex); err == nil {
+			return stepRead
+		}
+	}
+	return x.complete(resp, err)
+}
+
+// complete ends an attempt with the engine's answer (or its failure).
+func (x *call) complete(resp *http.Response, err error) step {
+	x.ex = exchange{}
 	res := x.answer(resp, err)
 	x.generated = res.generated
 	if x.slots != nil {
@@ -544,7 +599,10 @@ func (x *call) attempt() bool {
 		// full; after anything else its content is unknown.
 		x.slots.release(x.slot, x.req.who.tenant, x.status == http.StatusOK && res.done && x.ctx.Err() == nil)
 	}
-	return res.done
+	if res.done {
+		return stepDone
+	}
+	return x.next()
 }
 
 // prepare readies an attempt: its slot (a llama.cpp engine's) and the body
@@ -590,17 +648,18 @@ func (x *call) prepare() *apiError {
 	return nil
 }
 
-// resend sends the request once more if nothing listened at the replica's
-// address (its engine was restarted on another port, as after an onDemand
-// reload): nothing was sent, so it goes to the address read afresh.
-func (x *call) resend(err error) (*http.Response, error) {
-	if !errors.Is(err, syscall.ECONNREFUSED) || x.ctx.Err() != nil {
-		return nil, err
+// freshAfter is the address to send the request to once more after err:
+// if nothing listened at the replica's address (its engine was restarted
+// on another port, as after an onDemand reload), nothing was sent, so it
+// goes to the address read afresh. "": not again.
+func (x *call) freshAfter(err error) string {
+	if err == nil || !errors.Is(err, syscall.ECONNREFUSED) || x.ctx.Err() != nil {
+		return ""
 	}
-	if fresh := x.g.freshURL(x.ctx, x.l, x.req.adapter != ""); fresh != "" && fresh != x.url {
-		return x.g.send(x.ctx, fresh, x.req, x.body)
+	if fresh := x.g.freshURL(x.ctx, x.l, x.req.adapter != ""); fresh != x.url {
+		return fresh
 	}
-	return nil, err
+	return ""
 }
 
 // answer relays the engine's answer (or its failure) to the client.
@@ -673,18 +732,6 @@ func (g *Gateway) freshURL(ctx context.Context, l *local, adapter bool) string {
 		return l.rep.Endpoint
 	}
 	return l.url
-}
-
-// send posts a request's body to its engine at url.
-func (g *Gateway) send(ctx context.Context, url string, req *request, body []byte) (*http.Response, error) {
-	if g.opts.Engines != nil {
-		return g.sendClient(ctx, url, req, body)
-	}
-	host, head, err := engineHead(url, req.path, len(body), req.stream, req.who.tenant)
-	if err != nil {
-		return nil, err
-	}
-	return g.engines.do(ctx, host, head, body)
 }
 
 // engineHead is the head of a request to an engine.

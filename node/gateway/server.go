@@ -52,7 +52,9 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	switch r.URL.Path {
 	case "/v1/chat/completions", "/v1/completions", "/v1/embeddings":
 		if r.Method == http.MethodPost {
-			g.serveInference(w, r)
+			if x := g.serveInference(w, r); x != nil {
+				x.run()
+			}
 			return
 		}
 	}
@@ -266,16 +268,18 @@ func readBody(r io.Reader, size, limit int64) ([]byte, error) {
 }
 
 // serveInference answers a completion, chat or embeddings request: here if
-// a replica is on this node and best, else on the node that holds one.
-func (g *Gateway) serveInference(w http.ResponseWriter, r *http.Request) {
+// a replica is on this node and best (the call it returns, queued, is run
+// from ServeHTTP), else on the node that holds one.
+func (g *Gateway) serveInference(w http.ResponseWriter, r *http.Request) *call {
 	req, m, target := g.admit(w, r)
 	switch {
 	case req == nil:
 	case target.local != nil:
-		g.serveLocal(w, r, req, m, target.local)
+		return g.enqueue(w, r, req, m, target.local)
 	default:
 		g.forward(w, r, req, m, target.node, target.url)
 	}
+	return nil
 }
 
 // admit checks a request and chooses where it runs; a nil request: it was

@@ -875,7 +875,7 @@ func (b *bench) stats(m *simserve.ModelConfig, samples []sample) simserve.ModelS
 }
 
 // benchAgree is the largest relative gap between the live and the
-// replayed p95 TTFT that counts as agreement (issue 16: within 15%).
+// replayed p95 TTFT that counts as agreement: within 15%.
 const benchAgree = 0.15
 
 // agreement counts the comparisons with both p95s and those within
