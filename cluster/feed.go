@@ -91,10 +91,10 @@ type Subscription struct {
 	err  error
 }
 
-// newFeed starts a feed over hist that follows progress. Its replay
+// newFeed starts a feed over a log that follows progress. Its replay
 // builds events from window entries before the applied index on.
-func newFeed(hist *History, progress func() (uint64, <-chan struct{}), window, buffer int) (*Feed, error) {
-	cur := hist.Cursor(1, nil)
+func newFeed(files LogFiles, progress func() (uint64, <-chan struct{}), window, buffer int) (*Feed, error) {
+	cur := files.Cursor(1, nil)
 	if err := cur.start(); err != nil {
 		return nil, err
 	}
@@ -375,11 +375,11 @@ func (c *Cluster) eventFeed() (*Feed, error) {
 			return c.feed, nil
 		}
 	}
-	hist, err := c.History()
+	files, err := c.LogFiles()
 	if err != nil {
 		return nil, err
 	}
-	f, err := newFeed(hist, c.Progress, DefaultFeedWindow, DefaultFeedBuffer)
+	f, err := newFeed(files, c.Progress, DefaultFeedWindow, DefaultFeedBuffer)
 	if err != nil {
 		return nil, err
 	}

@@ -122,7 +122,7 @@ func fleetLog(t *testing.T, seed uint64) *raft.InmemStore {
 }
 
 // replayed is what a stream's own Cursor yields from from to upTo.
-func replayed(t *testing.T, hist *History, from, upTo uint64, filter *pb.EventFilter) []*pb.Event {
+func replayed(t *testing.T, hist LogFiles, from, upTo uint64, filter *pb.EventFilter) []*pb.Event {
 	t.Helper()
 	var out []*pb.Event
 	if err := hist.Cursor(from, filter).Advance(upTo, func(ev *pb.Event) error {
@@ -181,7 +181,7 @@ func TestFeedSendsEachStreamWhatItsOwnReplayWould(t *testing.T) {
 			if last < 6*window {
 				t.Fatalf("the log has %d entries: too few for a window of %d", last, window)
 			}
-			hist := &History{log: store}
+			hist := LogFiles{Log: store}
 			prog := newTestProgress()
 			prog.set(last / 3)
 			f, err := newFeed(hist, prog.get, window, 1<<16)
@@ -252,7 +252,7 @@ func waitFeed(t *testing.T, f *Feed, pos uint64) {
 func TestFeedCutsOffAStreamThatFellBehind(t *testing.T) {
 	store := fleetLog(t, 7)
 	last, _ := store.LastIndex()
-	hist := &History{log: store}
+	hist := LogFiles{Log: store}
 	prog := newTestProgress()
 	const buffer = 4
 	f, err := newFeed(hist, prog.get, 1<<16, buffer)
