@@ -323,6 +323,15 @@ func (c *Cluster) Status() *pb.StatusResponse {
 		id, _ := c.Leader()
 		return &pb.StatusResponse{Node: c.cfg.NodeName, Leader: id, RaftState: "None"}
 	}
+	// Entries the state machine never sees (a new leader's no-op,
+	// barriers) count as applied once raft has passed them, as a
+	// linearizable read finds (caughtUp): a server that serves no such read
+	// (client nodes read their snapshots as of an event's index, ReadNode)
+	// would otherwise report an applied index behind its peers' for the
+	// same state.
+	if applied, passed := c.AppliedIndex(), c.raft.AppliedIndex(); passed > applied {
+		c.caughtUp(applied, passed)
+	}
 	leaderAddr, leaderID := c.raft.LeaderWithID()
 	st := &pb.StatusResponse{
 		Node:         c.cfg.NodeName,
