@@ -732,3 +732,41 @@ func TestEngineDiedWhileTheAgentWasDown(t *testing.T) {
 	}
 	onePID(t, "alpha")
 }
+
+// 10. An engine is Running only if the port it was told to listen on is
+// held by the engine: one that never listens, while another process (this
+// test) answers on its port, fails at its start deadline with a reason
+// naming that process; one whose listener is a descendant in a session of
+// its own (setsid) runs.
+func TestEngineMustHoldItsPort(t *testing.T) {
+	h := newHarness(t, t.TempDir(), func(o *Options) { o.RestartDelay, o.MaxRestartDelay = time.Minute, time.Minute })
+	portFile := filepath.Join(t.TempDir(), "port")
+	h.want(10, withStartTimeout(command("squatted", "sh", "-c", "echo {{.Port}} > "+portFile+"; exec sleep 1000"), 5))
+	var port int
+	testutil.Until(t, 10*time.Second, "the engine did not write its port", func() bool {
+		raw, err := os.ReadFile(portFile)
+		port, _ = strconv.Atoi(strings.TrimSpace(string(raw)))
+		return err == nil && port > 0
+	})
+	ln, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	failed := h.waitState("squatted", pb.ReplicaState_REPLICA_STATE_FAILED, 30*time.Second)
+	want := fmt.Sprintf("engine not ready within its start timeout of 5s (spec.engine.startTimeout): port %d is held by pid %d (%s), not by the engine",
+		port, os.Getpid(), procfs.Comm(os.Getpid()))
+	if failed.Reason != want {
+		t.Errorf("squatted failed with %q, want %q", failed.Reason, want)
+	}
+	if s := states(h.rep.of("squatted")); slices.Contains(s, "RUNNING") {
+		t.Errorf("squatted reported %v: Running while another process held its port", s)
+	}
+
+	h.want(11, command("child", "sh", "-c", "setsid "+bin+
+		" engine sim --host {{.Host}} --port {{.Port}} --served-model-name {{.ServedModelName}} --load-seconds 0 --tokens-per-second 0 & wait"))
+	running := h.waitState("child", pb.ReplicaState_REPLICA_STATE_RUNNING, 30*time.Second)
+	if got := chat(t, running.Endpoint, "child", false); len(strings.Fields(got)) != 4 {
+		t.Errorf("child answered %q", got)
+	}
+}
