@@ -2,8 +2,12 @@ package cluster
 
 import (
 	"fmt"
+	"io"
+	"log"
 	"testing"
 	"time"
+
+	"github.com/hashicorp/memberlist"
 
 	"github.com/gpuplane/gpuplane/internal/testutil"
 )
@@ -130,4 +134,35 @@ func TestGossipReconnectsFailedMember(t *testing.T) {
 		return nil
 	})
 	t.Logf("reconnected after %v", time.Since(start))
+}
+
+// TestUpdateBroadcastTimeoutText pins the memberlist error SetMeta takes for
+// a broadcast still being retransmitted (isUpdateBroadcastTimeout): two
+// joined members that never gossip nor probe, so an update's broadcast is
+// never sent, and UpdateNode times out.
+func TestUpdateBroadcastTimeoutText(t *testing.T) {
+	var ms []*memberlist.Memberlist
+	for i := range 2 {
+		mc, err := memberlistConfig(GossipConfig{Name: fmt.Sprintf("m%d", i), Bind: "127.0.0.1:0"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		mc.GossipInterval, mc.ProbeInterval, mc.PushPullInterval = time.Hour, time.Hour, time.Hour
+		mc.Logger = log.New(io.Discard, "", 0)
+		m, err := memberlist.Create(mc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = m.Shutdown() })
+		ms = append(ms, m)
+	}
+	if n, err := ms[1].Join([]string{ms[0].LocalNode().Address()}); err != nil || n != 1 {
+		t.Fatalf("join: %d, %v", n, err)
+	}
+	// m0 merges m1's state after answering its join.
+	testutil.Until(t, 10*time.Second, "m0 did not learn of m1", func() bool { return ms[0].NumMembers() == 2 })
+	err := ms[0].UpdateNode(50 * time.Millisecond)
+	if !isUpdateBroadcastTimeout(err) {
+		t.Fatalf("UpdateNode with its broadcast unsent returned %v; isUpdateBroadcastTimeout must recognize memberlist's timeout", err)
+	}
 }
