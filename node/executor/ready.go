@@ -95,14 +95,20 @@ func (s *supervisor) portHolder() string {
 		// It stopped listening since it answered.
 		return fmt.Sprintf("nothing listened on port %d", s.port)
 	}
-	held, err := procfs.HoldsSocket(s.proc.pid, listeners)
-	if held || errors.Is(err, fs.ErrPermission) {
-		return ""
-	}
-	for _, pid := range s.proc.others() {
-		held, err := procfs.HoldsSocket(pid, listeners)
-		if held || errors.Is(err, fs.ErrPermission) {
-			return ""
+	// The leader first (it listens in most engines), then the rest of
+	// the engine, cheapest to list first: its cgroups, its process group,
+	// the processes carrying its engine id.
+	seen := map[int]bool{}
+	for _, list := range []func() []int{func() []int { return []int{s.proc.pid} }, s.proc.box.procs, s.proc.group, s.proc.box.marked} {
+		for _, pid := range list() {
+			if seen[pid] {
+				continue
+			}
+			seen[pid] = true
+			held, err := procfs.HoldsSocket(pid, listeners)
+			if held || errors.Is(err, fs.ErrPermission) {
+				return ""
+			}
 		}
 	}
 	for _, pid := range allPIDs() {
@@ -113,27 +119,13 @@ func (s *supervisor) portHolder() string {
 	return fmt.Sprintf("port %d is held by a process that is not the engine", s.port)
 }
 
-// others lists the engine's live processes but its leader: the rest of its
-// box, its process group and the processes carrying its engine id.
-func (p *process) others() []int {
+// group lists the live processes of the engine's process group.
+func (p *process) group() []int {
 	var out []int
-	seen := map[int]bool{p.pid: true}
-	add := func(pid int) {
-		if !seen[pid] {
-			seen[pid] = true
-			out = append(out, pid)
-		}
-	}
-	for _, pid := range p.box.procs() {
-		add(pid)
-	}
 	for _, pid := range allPIDs() {
 		if st, err := procfs.ReadStat(pid); err == nil && st.PGID == p.pid && st.Alive() {
-			add(pid)
+			out = append(out, pid)
 		}
-	}
-	for _, pid := range p.box.marked() {
-		add(pid)
 	}
 	return out
 }
