@@ -768,10 +768,20 @@ func TestEngineMustHoldItsPort(t *testing.T) {
 		t.Errorf("squatted reported %v: Running while another process held its port", s)
 	}
 
-	h.want(11, command("child", "sh", "-c", "setsid "+bin+
-		" engine sim --host {{.Host}} --port {{.Port}} --served-model-name {{.ServedModelName}} --load-seconds 0 --tokens-per-second 0 & wait"))
+	// The child is found in the engine's cgroup where there is one, and
+	// by its engine id without cgroups.
+	child := command("child", "sh", "-c", "setsid "+bin+
+		" engine sim --host {{.Host}} --port {{.Port}} --served-model-name {{.ServedModelName}} --load-seconds 0 --tokens-per-second 0 & wait")
+	h.want(11, child)
 	running := h.waitState("child", pb.ReplicaState_REPLICA_STATE_RUNNING, 30*time.Second)
 	if got := chat(t, running.Endpoint, "child", false); len(strings.Fields(got)) != 4 {
 		t.Errorf("child answered %q", got)
+	}
+	h.close()
+	pg := newHarness(t, t.TempDir(), func(o *Options) { o.Containment = ContainProcessGroup })
+	pg.want(10, child)
+	running = pg.waitState("child", pb.ReplicaState_REPLICA_STATE_RUNNING, 30*time.Second)
+	if got := chat(t, running.Endpoint, "child", false); len(strings.Fields(got)) != 4 {
+		t.Errorf("child without cgroups answered %q", got)
 	}
 }
