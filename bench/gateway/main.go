@@ -6,9 +6,10 @@
 //     streams, through the gateway and, in the same run, through a plain
 //     httputil.ReverseProxy, both against calling the engine directly;
 //  2. 10,000 concurrent streams through the gateway, counting errors;
-//  3. the memory of idle streams (opened, no token yet) through the gateway
-//     against the same streams opened directly on the engine: the
-//     difference is what the gateway holds per stream.
+//  3. the memory of idle streams (opened, no token yet), HTTP/1.1 and h2c
+//     clients, in a gateway process of its own (this binary, -serve),
+//     beside a bare net/http handler's: what the process holds more with
+//     the streams open is what they cost it.
 //
 // The gateway's view of the cluster is a fixed one-replica table (no Raft,
 // no agent): what is measured is the HTTP path and the card's scheduler.
@@ -17,6 +18,7 @@ package main
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"flag"
 	"fmt"
 	"io"
@@ -241,10 +243,11 @@ func raiseFDs(want uint64) {
 
 // mem is the Go heap and stacks in use after a collection, and the
 // goroutines.
-type mem struct{ heap, stacks, goroutines int64 }
+type mem struct{ Heap, Stacks, Goroutines int64 }
 
 func memNow() mem {
-	// Twice: buffers in sync.Pools survive one collection.
+	// Twice: buffers in sync.Pools survive one collection (and a stack
+	// shrinks by half at most per collection).
 	runtime.GC()
 	runtime.GC()
 	var m runtime.MemStats
@@ -253,23 +256,133 @@ func memNow() mem {
 }
 
 func (m mem) minus(o mem) mem {
-	return mem{m.heap - o.heap, m.stacks - o.stacks, m.goroutines - o.goroutines}
+	return mem{m.Heap - o.Heap, m.Stacks - o.Stacks, m.Goroutines - o.Goroutines}
 }
 
-// idle opens n streams on base whose first token is far off, and returns
-// the memory they hold once open (the engine has not sent even its
-// headers, so "open" is after a pause); stop ends them.
-func idle(base, model string, n int) (mem, func()) {
+// memPath answers a server process's memory (memNow), and writes a heap
+// profile to the file named by ?profile= first.
+const memPath = "/bench/mem"
+
+func withMem(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != memPath {
+			h.ServeHTTP(w, r)
+			return
+		}
+		if p := r.URL.Query().Get("profile"); p != "" {
+			runtime.GC()
+			f, err := os.Create(p)
+			if err == nil {
+				err = pprof.Lookup("heap").WriteTo(f, 0)
+				f.Close()
+			}
+			if err != nil {
+				http.Error(w, err.Error(), http.StatusInternalServerError)
+				return
+			}
+		}
+		_ = json.NewEncoder(w).Encode(memNow())
+	})
+}
+
+// server is a server process of the idle-stream run: the bench binary
+// itself run with -serve, its memory read at memPath.
+type server struct {
+	url  string
+	cmd  *exec.Cmd
+	memc *http.Client
+}
+
+// startServer runs this binary with -serve what (gateway ENGINE_URL, or
+// bare) and returns its URL once it answers.
+func startServer(what ...string) *server {
+	self, err := os.Executable()
+	if err != nil {
+		log.Fatal(err)
+	}
+	args := []string{"-serve", strings.Join(what, " ")}
+	if runtime.MemProfileRate == 1024 {
+		args = append(args, "-memprofile", "child")
+	}
+	cmd := exec.Command(self, args...)
+	cmd.Stderr = os.Stderr
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		log.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		log.Fatal(err)
+	}
+	line, err := bufio.NewReader(out).ReadString('\n')
+	if err != nil {
+		log.Fatalf("server %v: %v", what, err)
+	}
+	return &server{url: strings.TrimSpace(line), cmd: cmd, memc: client(1)}
+}
+
+func (s *server) mem(profile string) mem {
+	u := s.url + memPath
+	if profile != "" {
+		u += "?profile=" + url.QueryEscape(profile)
+	}
+	resp, err := s.memc.Get(u)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var m mem
+	if err := json.NewDecoder(resp.Body).Decode(&m); err != nil {
+		log.Fatal(err)
+	}
+	return m
+}
+
+func (s *server) stop() {
+	_ = s.cmd.Process.Kill()
+	_ = s.cmd.Wait()
+}
+
+// serveChild is the server process of the idle-stream run: a gateway in
+// front of the engine at what's URL, or a bare net/http handler that reads
+// the body and waits; both speak HTTP/1.1 and h2c on one port.
+func serveChild(what string) {
+	ctx := context.Background()
+	var h http.Handler
+	switch kind, arg, _ := strings.Cut(what, " "); kind {
+	case "gateway":
+		// startGatewayOn serves, then checks that the replica is placed.
+		u := startGatewayOn(ctx, "idle", arg, func(h http.Handler) string { return serveH2C(withMem(h)) })
+		fmt.Println(u)
+		select {}
+	case "bare":
+		h = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			_, _ = io.Copy(io.Discard, r.Body)
+			<-r.Context().Done()
+		})
+	default:
+		log.Fatalf("-serve %q: gateway ENGINE_URL or bare", what)
+	}
+	fmt.Println(serveH2C(withMem(h)))
+	select {}
+}
+
+// idle opens n streams on s with c whose first token is far off, and
+// returns the memory s holds for them once open (the engine has not sent
+// even its headers, so "open" is after a pause); stop ends them.
+func idle(s *server, c *http.Client, n int, profile string) (mem, func()) {
 	ctx, cancel := context.WithCancel(context.Background())
-	c := client(n)
 	var done sync.WaitGroup
-	before := memNow()
+	before := s.mem("")
+	var errs atomic.Int64
 	for range n {
 		done.Go(func() {
-			body := fmt.Sprintf(`{"model":%q,"prompt":"x","max_tokens":2,"stream":true}`, model)
-			req, _ := http.NewRequestWithContext(ctx, http.MethodPost, base+"/v1/completions", strings.NewReader(body))
+			body := `{"model":"idle","prompt":"x","max_tokens":2,"stream":true}`
+			req, _ := http.NewRequestWithContext(ctx, http.MethodPost, s.url+"/v1/completions", strings.NewReader(body))
 			resp, err := c.Do(req)
 			if err != nil {
+				if ctx.Err() == nil {
+					errs.Add(1)
+				}
 				return
 			}
 			_, _ = io.Copy(io.Discard, resp.Body)
@@ -277,7 +390,10 @@ func idle(base, model string, n int) (mem, func()) {
 		})
 	}
 	time.Sleep(3*time.Second + time.Duration(n)*time.Millisecond)
-	held := memNow().minus(before)
+	held := s.mem(profile).minus(before)
+	if e := errs.Load(); e > 0 {
+		log.Printf("%d of %d idle streams failed to open", e, n)
+	}
 	return held, func() {
 		cancel()
 		done.Wait()
@@ -293,8 +409,15 @@ func main() {
 	idleN := flag.Int("idle", 2000, "idle streams of the memory run")
 	conc := flag.String("concurrency", "1,64,512", "concurrent streams of the overhead points")
 	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the overhead points here")
-	memprofile := flag.String("memprofile", "", "write a heap profile here while the idle streams are open through the gateway")
+	memprofile := flag.String("memprofile", "", "write heap profiles of the gateway's process to FILE.http1.1[.base] and FILE.h2c[.base]: before and while the idle streams are open")
+	serveWhat := flag.String("serve", "", "run as a server process of the idle run (internal)")
 	flag.Parse()
+	if *serveWhat != "" {
+		if *memprofile != "" {
+			runtime.MemProfileRate = 1024
+		}
+		serveChild(*serveWhat)
+	}
 	if *memprofile != "" {
 		runtime.MemProfileRate = 1024
 	}
@@ -363,60 +486,44 @@ func main() {
 	if *idleN == 0 {
 		return
 	}
-	// 3. Idle streams: the engine's first token is 100 s away. The engine
-	// runs in its own process, so that this one holds the clients (and,
-	// through the gateway, the gateway): the difference is the gateway's.
+	// 3. Idle streams: the engine's first token is 100 s away. The
+	// gateway runs in a process of its own (this binary, -serve), the
+	// engine in another: what the gateway's process holds more with the
+	// streams open is what they cost it. Clients speak HTTP/1.1 (a
+	// connection per stream) or h2c (many streams per connection).
 	idleEngine, stopIdle := engineProcess(*bin, "idle", 0.01)
 	defer stopIdle()
-	gwIdle := startGateway(ctx, "idle", idleEngine)
-	directHeld, stop := idle(idleEngine, "idle", *idleN)
-	stop()
-	if *memprofile != "" {
-		runtime.GC()
-		f, err := os.Create(*memprofile + ".base")
-		if err != nil {
-			log.Fatal(err)
-		}
-		if err := pprof.Lookup("heap").WriteTo(f, 0); err != nil {
-			log.Fatal(err)
-		}
-		f.Close()
-	}
-	gwHeld, stop := idle(gwIdle, "idle", *idleN)
-	if *memprofile != "" {
-		runtime.GC()
-		f, err := os.Create(*memprofile)
-		if err != nil {
-			log.Fatal(err)
-		}
-		if err := pprof.Lookup("heap").WriteTo(f, 0); err != nil {
-			log.Fatal(err)
-		}
-		f.Close()
-	}
-	stop()
-	stopIdle()
-	// What net/http's server alone holds per connection: a handler that
-	// reads the body and waits.
-	release := make(chan struct{})
-	bare := serve(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		_, _ = io.Copy(io.Discard, r.Body)
-		select {
-		case <-release:
-		case <-r.Context().Done():
-		}
-	}))
-	bareHeld, stop := idle(bare, "idle", *idleN)
-	close(release)
-	stop()
-	b := bareHeld.minus(directHeld)
-	fmt.Printf("\n%d requests waiting in a bare net/http handler: %.1f KiB per connection (heap %.1f KiB, stacks %.1f KiB, %.2f goroutines)",
-		*idleN, float64(b.heap+b.stacks)/float64(*idleN)/1024, float64(b.heap)/float64(*idleN)/1024, float64(b.stacks)/float64(*idleN)/1024, float64(b.goroutines)/float64(*idleN))
-	d := gwHeld.minus(directHeld)
 	n := float64(*idleN)
-	fmt.Printf("\n%d idle streams: heap+stacks %.1f MiB opened directly, %.1f MiB through the gateway: %.1f KiB per stream in the gateway (heap %.1f KiB, stacks %.1f KiB, %.2f goroutines)\n",
-		*idleN, float64(directHeld.heap+directHeld.stacks)/(1<<20), float64(gwHeld.heap+gwHeld.stacks)/(1<<20),
-		float64(d.heap+d.stacks)/n/1024, float64(d.heap)/n/1024, float64(d.stacks)/n/1024, float64(d.goroutines)/n)
+	row := func(what string, d mem) {
+		fmt.Printf("| %s | %.1f KiB | %.1f KiB | %.1f KiB | %.2f |\n", what,
+			float64(d.Heap+d.Stacks)/n/1024, float64(d.Heap)/n/1024, float64(d.Stacks)/n/1024, float64(d.Goroutines)/n)
+	}
+	fmt.Printf("\n%d idle streams (first token 100 s away), memory held per stream by the server's process (Go heap live after two collections, stacks):\n\n", *idleN)
+	fmt.Println("| server, clients | per stream | heap | stacks | goroutines |")
+	fmt.Println("|---|---|---|---|---|")
+	for _, proto := range []struct {
+		name string
+		c    func() *http.Client
+	}{{"HTTP/1.1", func() *http.Client { return client(*idleN) }}, {"h2c", h2cClient}} {
+		gw := startServer("gateway", idleEngine)
+		profile := ""
+		if *memprofile != "" {
+			profile = *memprofile + "." + strings.ReplaceAll(strings.ToLower(proto.name), "/", "")
+			gw.mem(profile + ".base")
+		}
+		held, stop := idle(gw, proto.c(), *idleN, profile)
+		stop()
+		gw.stop()
+		row("gateway, "+proto.name, held)
+		// What net/http's server alone holds per request: a handler that
+		// reads the body and waits.
+		bare := startServer("bare")
+		held, stop = idle(bare, proto.c(), *idleN, "")
+		stop()
+		bare.stop()
+		row("bare net/http handler, "+proto.name, held)
+	}
+	stopIdle()
 	os.Exit(0)
 }
 

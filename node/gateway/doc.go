@@ -14,8 +14,17 @@
 // cancel when the client goes away, abort when preempted, expiry and cold
 // waits); the per-tenant cache salt added to the bodies sent to engines that
 // key their prefix cache by it, and the llama.cpp slot (id_slot) each
-// request runs in, never one holding another tenant's cache; and the
-// gateway's Prometheus series.
+// request runs in, never one holding another tenant's cache (a llama.cpp
+// replica's slots are its in-flight cap in the scheduler, so requests wait
+// for a slot in the scheduler's queue, in its priority and fairness order);
+// and the gateway's Prometheus series.
+//
+// An idle stream (dispatched, its engine's first token not come) costs the
+// node what its handler goroutine holds while blocked on the engine's
+// socket: the request's state lives in one object (call), and the
+// functions it is blocked under keep small frames, so that the goroutine's
+// stack, grown while the request was parsed, halves at the next collection
+// (bench/RESULTS.md, Gateway over HTTP, has the memory per stream).
 //
 // It never decides scheduling itself (package queue does), never loads or
 // unloads a model (the residency controller does: the gateway only reports

@@ -54,25 +54,40 @@ var readers = sync.Pool{New: func() any { return bufio.NewReaderSize(nil, 4<<10)
 // given (name, value pairs) and returns the engine's answer; its body must
 // be read to the end or closed.
 func (t *engineTransport) post(ctx context.Context, base, path string, body []byte, headers ...string) (*http.Response, error) {
-	u, err := url.Parse(base)
+	host, head, err := requestHead(base, path, len(body), headers...)
 	if err != nil {
 		return nil, err
 	}
+	return t.do(ctx, host, head, body)
+}
+
+// requestHead is the head of a POST of n bytes to base+path, and the
+// host:port it goes to.
+func requestHead(base, path string, n int, headers ...string) (string, []byte, error) {
+	u, err := url.Parse(base)
+	if err != nil {
+		return "", nil, err
+	}
 	if u.Scheme != "http" || u.Host == "" {
-		return nil, fmt.Errorf("engine URL %s: the gateway reaches engines at http://host:port on this node", u.Redacted())
+		return "", nil, fmt.Errorf("engine URL %s: the gateway reaches engines at http://host:port on this node", u.Redacted())
 	}
 	host := u.Host
 	if u.Port() == "" {
 		host = net.JoinHostPort(u.Hostname(), "80")
 	}
-	head := make([]byte, 0, 128+len(path))
+	size := len("POST  HTTP/1.1\r\nHost: \r\nContent-Length: 1234567890\r\n\r\n") + len(u.Path) + len(path) + len(u.Host)
+	for _, h := range headers {
+		size += len(h) + 2 // ": " or "\r\n"
+	}
+	// Sized to fit: it stays with the request while it waits.
+	head := make([]byte, 0, size)
 	head = append(head, "POST "...)
 	head = append(head, strings.TrimSuffix(u.Path, "/")...)
 	head = append(head, path...)
 	head = append(head, " HTTP/1.1\r\nHost: "...)
 	head = append(head, u.Host...)
 	head = append(head, "\r\nContent-Length: "...)
-	head = strconv.AppendInt(head, int64(len(body)), 10)
+	head = strconv.AppendInt(head, int64(n), 10)
 	for i := 0; i+1 < len(headers); i += 2 {
 		head = append(head, "\r\n"...)
 		head = append(head, headers[i]...)
@@ -80,6 +95,13 @@ func (t *engineTransport) post(ctx context.Context, base, path string, body []by
 		head = append(head, headers[i+1]...)
 	}
 	head = append(head, "\r\n\r\n"...)
+	return host, head, nil
+}
+
+// do sends a request (its head and body) to host and returns the answer.
+// A request blocks in do (in exchange) until the engine's first byte: its
+// frames are kept small (call, in local.go, says why).
+func (t *engineTransport) do(ctx context.Context, host string, head, body []byte) (*http.Response, error) {
 	for {
 		c, reused, err := t.get(ctx, host)
 		if err != nil {
@@ -102,17 +124,9 @@ func (t *engineTransport) exchange(ctx context.Context, c net.Conn, host string,
 	// A cancelled request unblocks its reads and writes at once, and its
 	// connection is not reused.
 	stop := context.AfterFunc(ctx, func() { _ = c.SetDeadline(time.Unix(1, 0)) })
-	fail := func(early bool, err error) (*http.Response, bool, error) {
-		stop()
-		c.Close()
-		if ctx.Err() != nil {
-			return nil, early, context.Cause(ctx)
-		}
-		return nil, early, err
-	}
 	bufs := net.Buffers{head, body}
 	if _, err := bufs.WriteTo(c); err != nil {
-		return fail(true, err)
+		return fail(ctx, c, stop, true, err)
 	}
 	// Wait for the first byte without a buffer: an idle stream holds none.
 	first := make([]byte, 1)
@@ -120,15 +134,30 @@ func (t *engineTransport) exchange(ctx context.Context, c net.Conn, host string,
 		if err == nil {
 			err = io.ErrNoProgress
 		}
-		return fail(true, err)
+		return fail(ctx, c, stop, true, err)
 	}
+	return t.readHead(ctx, c, host, first[0], stop)
+}
+
+// fail ends an exchange that failed: its connection is closed.
+func fail(ctx context.Context, c net.Conn, stop func() bool, early bool, err error) (*http.Response, bool, error) {
+	stop()
+	c.Close()
+	if ctx.Err() != nil {
+		return nil, early, context.Cause(ctx)
+	}
+	return nil, early, err
+}
+
+// readHead reads an answer's head, its first byte already read.
+func (t *engineTransport) readHead(ctx context.Context, c net.Conn, host string, first byte, stop func() bool) (*http.Response, bool, error) {
 	br := readers.Get().(*bufio.Reader)
-	br.Reset(&firstByte{b: first[0], c: c})
+	br.Reset(&firstByte{b: first, c: c})
 	resp, err := http.ReadResponse(br, nil)
 	if err != nil {
 		br.Reset(nil)
 		readers.Put(br)
-		return fail(false, err)
+		return fail(ctx, c, stop, false, err)
 	}
 	resp.Body = &engineBody{t: t, src: resp.Body, br: br, c: c, host: host, stop: stop, keep: !resp.Close}
 	return resp, false, nil

@@ -164,7 +164,7 @@ func (g *Gateway) syncLocals(t *table) {
 		}
 		c := l.card
 		c.mu.Lock()
-		if rp.KVTokens != l.rep.KVTokens {
+		if rp.KVTokens != l.rep.KVTokens || rp.Kind != l.rep.Kind || rp.Slots != l.rep.Slots {
 			if out, err := c.s.AddDeployment(g.queueDeployment(key, rp), now); err == nil {
 				c.apply(out, now)
 			}
@@ -184,9 +184,16 @@ func (g *Gateway) syncLocals(t *table) {
 }
 
 // queueDeployment is a local replica's deployment in its card's
-// scheduler: its in-flight cap, and its KV budget where known.
+// scheduler: its in-flight cap, and its KV budget where known. A llama.cpp
+// engine holds at most one request per slot: the scheduler dispatches a
+// request only when a slot is free, so its order (priority, then fairness)
+// decides who gets a slot, and the rest wait in its queue.
 func (g *Gateway) queueDeployment(key string, rp Replica) queue.Deployment {
-	return queue.Deployment{Name: key, MaxInFlight: g.opts.MaxInFlight, MaxTokens: max(rp.KVTokens, 0), QueueLimit: g.opts.QueueLimit}
+	inFlight := g.opts.MaxInFlight
+	if rp.Kind == engine.KindLlamaCpp {
+		inFlight = min(inFlight, max(rp.Slots, 1))
+	}
+	return queue.Deployment{Name: key, MaxInFlight: inFlight, MaxTokens: max(rp.KVTokens, 0), QueueLimit: g.opts.QueueLimit}
 }
 
 // watchResidency follows a warm or onDemand replica's residency: its queue
@@ -315,11 +322,83 @@ func (c *card) tick() {
 	c.apply(c.s.Tick(now), now)
 }
 
+// call is a request served by a local replica: what its handler goroutine
+// needs while it waits, kept in one object rather than in the frames it
+// waits under. An idle stream's handler is blocked under those frames, and
+// its stack (grown to 16 KiB while the request was parsed) halves at a
+// collection only while they use under a quarter of it: so the functions
+// on the waiting path (serveLocal, attempt, send and the engine exchange)
+// keep few locals and leave the rest to helpers that return before the
+// wait (bench/RESULTS.md, Gateway over HTTP).
+type call struct {
+	g      *Gateway
+	w      http.ResponseWriter
+	r      *http.Request
+	req    *request
+	m      *Model
+	l      *local
+	c      *card
+	pd     pending
+	labels []string
+	// generated is the tokens the last attempt generated; demand reports
+	// the request's end to the residency controller (nil: none).
+	generated int
+	demand    func(int64, time.Duration)
+
+	// The attempt being run: its context, its engine's URL, kind and
+	// priority support, the body sent, the slot it holds (slots nil:
+	// none), and the status of the engine's answer (0: none came).
+	ctx         context.Context
+	url, kind   string
+	prioritized bool
+	body        []byte
+	slots       *slotPool
+	slot        int
+	status      int
+}
+
+// step is what a call does next.
+type step uint8
+
+const (
+	stepWait step = iota
+	stepRun
+	stepEnd
+)
+
 // serveLocal runs a request through its card's scheduler and the replica's
 // engine.
 func (g *Gateway) serveLocal(w http.ResponseWriter, r *http.Request, req *request, m *Model, l *local) {
+	x := g.enqueue(w, r, req, m, l)
+	if x == nil {
+		return
+	}
+	if x.demand != nil {
+		defer x.endDemand()
+	}
+	for {
+		switch x.next() {
+		case stepRun:
+			if x.attempt() {
+				return
+			}
+		case stepEnd:
+			g.answerEnd(w, m, req, *x.pd.end)
+			return
+		default:
+			if !x.wait() {
+				return
+			}
+		}
+	}
+}
+
+// enqueue puts a request on its card's scheduler (answering it if the
+// scheduler refuses it): nil when answered.
+func (g *Gateway) enqueue(w http.ResponseWriter, r *http.Request, req *request, m *Model, l *local) *call {
 	c := l.card
-	pd := &pending{model: m.Served, notify: make(chan struct{}, 1)}
+	x := &call{g: g, w: w, r: r, req: req, m: m, l: l, c: c}
+	x.pd = pending{model: m.Served, notify: make(chan struct{}, 1)}
 	now := time.Now()
 	c.mu.Lock()
 	if wt := req.who.weight; wt > 0 && c.weights[req.who.tenant] != wt {
@@ -339,68 +418,70 @@ func (g *Gateway) serveLocal(w http.ResponseWriter, r *http.Request, req *reques
 	if err != nil {
 		c.mu.Unlock()
 		errorf(http.StatusBadRequest, "invalid_request_error", "invalid_request", "%v", err).write(w)
-		return
+		return nil
 	}
-	pd.id = id
-	c.reqs[id] = pd
+	x.pd.id = id
+	c.reqs[id] = &x.pd
 	c.apply(out, now)
 	rep := l.rep
 	c.mu.Unlock()
 
-	labels := g.metrics.labels(m.Served, req.class, req.who.tenant)
-	var generated int
+	x.labels = g.metrics.labels(m.Served, req.class, req.who.tenant)
 	if rep.Fronted && g.opts.Residency != nil {
-		done := g.opts.Residency.Demand(rep.Deployment, rep.Index)
-		defer func() { done(int64(generated), time.Since(req.arrived)) }()
+		x.demand = g.opts.Residency.Demand(rep.Deployment, rep.Index)
 	}
-	for {
-		c.mu.Lock()
-		end := pd.end
-		run := pd.dispatches > pd.attempt && pd.cut < pd.dispatches
-		var ctx context.Context
-		if run {
-			pd.attempt = pd.dispatches
-			var cancel context.CancelCauseFunc
-			ctx, cancel = context.WithCancelCause(r.Context())
-			pd.cancel = cancel
-			if pd.attempt == 1 {
-				g.metrics.queued(labels, pd.firstDispatch.Sub(req.arrived))
-			}
+	return x
+}
+
+func (x *call) endDemand() { x.demand(int64(x.generated), time.Since(x.req.arrived)) }
+
+// next is the call's next step: run an attempt the scheduler dispatched
+// (its context and engine set up), answer the end the scheduler gave it,
+// or wait.
+func (x *call) next() step {
+	c, pd, l := x.c, &x.pd, x.l
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if pd.dispatches > pd.attempt && pd.cut < pd.dispatches {
+		pd.attempt = pd.dispatches
+		ctx, cancel := context.WithCancelCause(x.r.Context())
+		x.ctx, pd.cancel = ctx, cancel
+		if pd.attempt == 1 {
+			x.g.metrics.queued(x.labels, pd.firstDispatch.Sub(x.req.arrived))
 		}
-		url, kind, prioritized, slots := l.url, l.rep.Kind, l.rep.PriorityScheduling, l.slots
-		if req.adapter != "" && l.rep.Endpoint != "" {
+		x.url, x.kind, x.prioritized, x.slots = l.url, l.rep.Kind, l.rep.PriorityScheduling, l.slots
+		if x.req.adapter != "" && l.rep.Endpoint != "" {
 			// The replica's front pages the adapter onto the card (and
 			// refuses it to tenants it is private from); its engine alone
 			// would answer 404 for an adapter not loaded yet.
-			url = l.rep.Endpoint
+			x.url = l.rep.Endpoint
 		}
-		c.mu.Unlock()
-		if run {
-			res := g.attempt(ctx, w, req, l, url, kind, prioritized, slots, m, labels, pd, c)
-			generated = res.generated
-			if res.done {
-				return
-			}
-			continue
-		}
-		if end != nil {
-			g.answerEnd(w, m, req, *end)
-			return
-		}
-		select {
-		case <-pd.notify:
-		case <-r.Context().Done():
-			c.mu.Lock()
-			if pd.end == nil {
-				now := time.Now()
-				if out, err := c.s.Cancel(pd.id, now); err == nil {
-					c.apply(out, now)
-				}
-			}
-			c.mu.Unlock()
-			return
+		return stepRun
+	}
+	if pd.end != nil {
+		return stepEnd
+	}
+	return stepWait
+}
+
+// wait waits for the scheduler's word on the call; false: the client went
+// away (the request is cancelled).
+func (x *call) wait() bool {
+	select {
+	case <-x.pd.notify:
+		return true
+	case <-x.r.Context().Done():
+	}
+	c := x.c
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if x.pd.end == nil {
+		now := time.Now()
+		if out, err := c.s.Cancel(x.pd.id, now); err == nil {
+			c.apply(out, now)
 		}
 	}
+	return false
 }
 
 // answerEnd answers a request the scheduler ended without an engine's
@@ -445,28 +526,51 @@ type result struct {
 	generated int
 }
 
-// attempt sends the request to its engine once.
-func (g *Gateway) attempt(ctx context.Context, w http.ResponseWriter, req *request, l *local, url, kind string, prioritized bool, slots *slotPool, m *Model, labels []string, pd *pending, c *card) (res result) {
-	fields := map[string]any{}
-	// status is the engine's answer's status (0: none came).
-	status := 0
-	if slots != nil {
-		// A llama.cpp engine: the request runs in a slot this gateway gave
-		// it (waiting for one), and reuses the slot's cache only if the
-		// slot holds its own tenant's prompt.
-		slot, reuse, err := slots.acquire(ctx, req.who.tenant)
-		if err != nil {
-			return g.finishWith(w, c, pd, ctx, req, m, errorf(http.StatusServiceUnavailable, "server_error", "engine_error", "model %q: no engine slot: %v", m.Served, err))
-		}
+// attempt sends the request to its engine once; true: the client has its
+// answer (or left).
+func (x *call) attempt() bool {
+	if aerr := x.prepare(); aerr != nil {
+		x.generated = 0
+		return x.g.finishWith(x.w, x.c, &x.pd, x.ctx, x.req, x.m, aerr).done
+	}
+	resp, err := x.g.send(x.ctx, x.url, x.req, x.body)
+	if err != nil {
+		resp, err = x.resend(err)
+	}
+	res := x.answer(resp, err)
+	x.generated = res.generated
+	if x.slots != nil {
 		// The slot holds the tenant's prompt only after an answer in
 		// full; after anything else its content is unknown.
-		defer func() { slots.release(slot, req.who.tenant, status == http.StatusOK && res.done && ctx.Err() == nil) }()
+		x.slots.release(x.slot, x.req.who.tenant, x.status == http.StatusOK && res.done && x.ctx.Err() == nil)
+	}
+	return res.done
+}
+
+// prepare readies an attempt: its slot (a llama.cpp engine's) and the body
+// sent to the engine.
+func (x *call) prepare() *apiError {
+	req, m := x.req, x.m
+	fields := map[string]any{}
+	x.status = 0
+	if x.slots != nil {
+		// A llama.cpp engine: the request runs in a slot this gateway gave
+		// it, and reuses the slot's cache only if the slot holds its own
+		// tenant's prompt. The scheduler dispatched it because a slot is
+		// free (the replica's in-flight cap is its slots): it waits here at
+		// most for the request that had the slot to hand it back.
+		slot, reuse, err := x.slots.acquire(x.ctx, req.who.tenant)
+		if err != nil {
+			x.slots = nil
+			return errorf(http.StatusServiceUnavailable, "server_error", "engine_error", "model %q: no engine slot: %v", m.Served, err)
+		}
+		x.slot = slot
 		fields["id_slot"] = slot
 		if !reuse {
 			fields["cache_prompt"] = false
 		}
 	}
-	if prioritized {
+	if x.prioritized {
 		// vLLM's order: lower is handled earlier, 0 the default.
 		fields["priority"] = int(queue.Interactive - req.class)
 	}
@@ -477,29 +581,38 @@ func (g *Gateway) attempt(ctx context.Context, w http.ResponseWriter, req *reque
 		// An alias: the engine knows the deployment by its served name.
 		fields["model"] = m.Served
 	}
-	if engine.AcceptsCacheSalt(kind) {
-		if s := g.saltFor(req.who.tenant, m.Served); s != "" {
+	if engine.AcceptsCacheSalt(x.kind) {
+		if s := x.g.saltFor(req.who.tenant, m.Served); s != "" {
 			fields["cache_salt"] = s
 		}
 	}
-	body := withFields(req.body, fields)
-	resp, err := g.send(ctx, url, req, body)
-	if err != nil && errors.Is(err, syscall.ECONNREFUSED) && ctx.Err() == nil {
-		// Nothing listens at the replica's address any more (its engine
-		// was restarted on another port, as after an onDemand reload):
-		// nothing was sent, so the request goes once more to the address
-		// read afresh.
-		if fresh := g.freshURL(ctx, l, req.adapter != ""); fresh != "" && fresh != url {
-			resp, err = g.send(ctx, fresh, req, body)
-		}
+	x.body = withFields(req.body, fields)
+	return nil
+}
+
+// resend sends the request once more if nothing listened at the replica's
+// address (its engine was restarted on another port, as after an onDemand
+// reload): nothing was sent, so it goes to the address read afresh.
+func (x *call) resend(err error) (*http.Response, error) {
+	if !errors.Is(err, syscall.ECONNREFUSED) || x.ctx.Err() != nil {
+		return nil, err
 	}
+	if fresh := x.g.freshURL(x.ctx, x.l, x.req.adapter != ""); fresh != "" && fresh != x.url {
+		return x.g.send(x.ctx, fresh, x.req, x.body)
+	}
+	return nil, err
+}
+
+// answer relays the engine's answer (or its failure) to the client.
+func (x *call) answer(resp *http.Response, err error) result {
+	g, w, c, pd, ctx, req, m := x.g, x.w, x.c, &x.pd, x.ctx, x.req, x.m
 	if err != nil {
 		return g.finishWith(w, c, pd, ctx, req, m, errorf(http.StatusBadGateway, "server_error", "engine_error", "model %q: engine: %v", m.Served, err))
 	}
-	status = resp.StatusCode
+	x.status = resp.StatusCode
 	defer resp.Body.Close()
 	if req.stream && resp.StatusCode == http.StatusOK {
-		return g.relayStream(ctx, w, resp, req, m, labels, pd, c)
+		return g.relayStream(ctx, w, resp, req, m, x.labels, pd, c)
 	}
 	data, err := io.ReadAll(io.LimitReader(resp.Body, 256<<20))
 	if err != nil {
@@ -537,8 +650,8 @@ func (g *Gateway) attempt(ctx context.Context, w http.ResponseWriter, req *reque
 	w.WriteHeader(resp.StatusCode)
 	_, _ = w.Write(data)
 	if resp.StatusCode == http.StatusOK {
-		g.metrics.firstToken(labels, now.Sub(req.arrived))
-		g.metrics.servedTokens(labels, req.promptTokens, generated)
+		g.metrics.firstToken(x.labels, now.Sub(req.arrived))
+		g.metrics.servedTokens(x.labels, req.promptTokens, generated)
 	}
 	return result{done: true, generated: generated}
 }
@@ -564,19 +677,37 @@ func (g *Gateway) freshURL(ctx context.Context, l *local, adapter bool) string {
 
 // send posts a request's body to its engine at url.
 func (g *Gateway) send(ctx context.Context, url string, req *request, body []byte) (*http.Response, error) {
+	if g.opts.Engines != nil {
+		return g.sendClient(ctx, url, req, body)
+	}
+	host, head, err := engineHead(url, req.path, len(body), req.stream, req.who.tenant)
+	if err != nil {
+		return nil, err
+	}
+	return g.engines.do(ctx, host, head, body)
+}
+
+// engineHead is the head of a request to an engine.
+func engineHead(url, path string, n int, stream bool, tenant string) (string, []byte, error) {
 	accept := "application/json"
-	if req.stream {
+	if stream {
 		accept = "text/event-stream"
 	}
-	if g.opts.Engines == nil {
-		return g.engines.post(ctx, url, req.path, body, "Content-Type", "application/json", "Accept", accept, TenantHeader, req.who.tenant)
-	}
+	return requestHead(url, path, n, "Content-Type", "application/json", "Accept", accept, TenantHeader, tenant)
+}
+
+// sendClient posts a request's body to its engine with Options.Engines.
+func (g *Gateway) sendClient(ctx context.Context, url string, req *request, body []byte) (*http.Response, error) {
 	out, err := http.NewRequestWithContext(ctx, http.MethodPost, url+req.path, bytes.NewReader(body))
 	if err != nil {
 		return nil, err
 	}
 	out.Header.Set("Content-Type", "application/json")
-	out.Header.Set("Accept", accept)
+	if req.stream {
+		out.Header.Set("Accept", "text/event-stream")
+	} else {
+		out.Header.Set("Accept", "application/json")
+	}
 	out.Header.Set(TenantHeader, req.who.tenant)
 	return g.opts.Engines.Do(out)
 }

@@ -45,8 +45,22 @@ func (e *apiError) write(w http.ResponseWriter) {
 	_, _ = w.Write(append(e.body(), '\n'))
 }
 
-// ServeHTTP is the gateway's API.
+// ServeHTTP is the gateway's API. An inference request's handler stays
+// under this call while it waits for its engine: the frames are small
+// (call, in local.go, says why).
 func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	switch r.URL.Path {
+	case "/v1/chat/completions", "/v1/completions", "/v1/embeddings":
+		if r.Method == http.MethodPost {
+			g.serveInference(w, r)
+			return
+		}
+	}
+	g.serveOther(w, r)
+}
+
+// serveOther answers everything but an inference request.
+func (g *Gateway) serveOther(w http.ResponseWriter, r *http.Request) {
 	switch r.URL.Path {
 	case "/v1/models":
 		if r.Method != http.MethodGet {
@@ -55,11 +69,7 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		g.listModels(w, r)
 	case "/v1/chat/completions", "/v1/completions", "/v1/embeddings":
-		if r.Method != http.MethodPost {
-			errorf(http.StatusMethodNotAllowed, "invalid_request_error", "method_not_allowed", "%s %s: use POST", r.Method, r.URL.Path).write(w)
-			return
-		}
-		g.serveInference(w, r)
+		errorf(http.StatusMethodNotAllowed, "invalid_request_error", "method_not_allowed", "%s %s: use POST", r.Method, r.URL.Path).write(w)
 	case "/health", "/healthz":
 		w.WriteHeader(http.StatusOK)
 	default:
@@ -178,7 +188,7 @@ type request struct {
 // parse reads and checks r's body: a JSON object with a model, max_tokens
 // not negative, a size within the limit.
 func (g *Gateway) parse(w http.ResponseWriter, r *http.Request) (*request, *apiError) {
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, g.opts.MaxBodyBytes))
+	body, err := readBody(http.MaxBytesReader(w, r.Body, g.opts.MaxBodyBytes), r.ContentLength, g.opts.MaxBodyBytes)
 	if err != nil {
 		var tooBig *http.MaxBytesError
 		if errors.As(err, &tooBig) {
@@ -231,24 +241,61 @@ func (g *Gateway) parse(w http.ResponseWriter, r *http.Request) (*request, *apiE
 	return req, nil
 }
 
+// readBody reads a body of size bytes (-1: unknown) to its end, into a
+// buffer of its size when known: the body stays with the request while it
+// waits (io.ReadAll's buffer would be 512 bytes at least).
+func readBody(r io.Reader, size, limit int64) ([]byte, error) {
+	if size < 0 || size > limit {
+		return io.ReadAll(r)
+	}
+	// One byte more, so that the read that finds the end needs no growth.
+	b := make([]byte, 0, size+1)
+	for {
+		n, err := r.Read(b[len(b):cap(b)])
+		b = b[:len(b)+n]
+		if err == io.EOF {
+			return b, nil
+		}
+		if err != nil {
+			return b, err
+		}
+		if len(b) == cap(b) {
+			b = append(b, 0)[:len(b)]
+		}
+	}
+}
+
 // serveInference answers a completion, chat or embeddings request: here if
 // a replica is on this node and best, else on the node that holds one.
 func (g *Gateway) serveInference(w http.ResponseWriter, r *http.Request) {
+	req, m, target := g.admit(w, r)
+	switch {
+	case req == nil:
+	case target.local != nil:
+		g.serveLocal(w, r, req, m, target.local)
+	default:
+		g.forward(w, r, req, m, target.node, target.url)
+	}
+}
+
+// admit checks a request and chooses where it runs; a nil request: it was
+// refused (and answered).
+func (g *Gateway) admit(w http.ResponseWriter, r *http.Request) (*request, *Model, target) {
 	x, aerr := g.tenant(r)
 	if aerr != nil {
 		aerr.write(w)
-		return
+		return nil, nil, target{}
 	}
 	req, aerr := g.parse(w, r)
 	if aerr != nil {
 		aerr.write(w)
-		return
+		return nil, nil, target{}
 	}
 	req.who = x
 	m, adapter, aerr := g.resolveFresh(r.Context(), req.model, x.tenant)
 	if aerr != nil {
 		aerr.write(w)
-		return
+		return nil, nil, target{}
 	}
 	req.adapter = adapter
 	req.class = m.Class
@@ -257,7 +304,7 @@ func (g *Gateway) serveInference(w http.ResponseWriter, r *http.Request) {
 		if !ok {
 			errorf(http.StatusBadRequest, "invalid_request_error", "invalid_priority",
 				"header %s is %q: it must be interactive, standard or background", ClassHeader, h).write(w)
-			return
+			return nil, nil, target{}
 		}
 		if c > req.class && g.opts.Tenants != nil && !x.forwarded {
 			// With ACLs a client may lower its request's class, never raise
@@ -267,21 +314,17 @@ func (g *Gateway) serveInference(w http.ResponseWriter, r *http.Request) {
 			errorf(http.StatusForbidden, "permission_error", "priority_not_allowed",
 				"header %s asks for %s, above model %q's priority %s: with ACLs on, a request may only lower its class",
 				ClassHeader, c, m.Served, req.class).write(w)
-			return
+			return nil, nil, target{}
 		}
 		req.class = c
 	}
-	target, aerr := g.choose(m, x.forwarded)
+	t, aerr := g.choose(m, x.forwarded)
 	if aerr != nil {
 		g.metrics.rejected(m.Served, aerr.status)
 		aerr.write(w)
-		return
+		return nil, nil, target{}
 	}
-	if target.local != nil {
-		g.serveLocal(w, r, req, m, target.local)
-		return
-	}
-	g.forward(w, r, req, m, target.node, target.url)
+	return req, m, t
 }
 
 // resolveFresh resolves name, reading the cluster again once if it is not

@@ -4,12 +4,17 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/gpuplane/gpuplane/node/engine/sim"
 	"github.com/gpuplane/gpuplane/node/gateway/queue"
@@ -132,5 +137,88 @@ func TestSlotPool(t *testing.T) {
 	p.release(0, "b", true)
 	if _, reuse, _ := p.acquire(context.Background(), "b"); !reuse {
 		t.Fatal("tenant b's own finished slot was not reused")
+	}
+}
+
+// TestGatewayLlamaCppSlotsGoInQueueOrder: with a llama.cpp engine's one
+// slot busy, the requests waiting for it get it in the card's scheduling
+// order (interactive, then standard, then background, each oldest first),
+// not by which of them the slot pool happens to wake: the slots are the
+// replica's in-flight cap, so the waiting happens in the scheduler's queue.
+func TestGatewayLlamaCppSlotsGoInQueueOrder(t *testing.T) {
+	engine := simEngineWith(t, sim.Config{ServedModelName: "chat", Parallel: 1, TokensPerSecond: 2})
+	reg := prometheus.NewRegistry()
+	g, err := New(Options{Node: "n1", Registerer: reg, Cluster: fixedView{[]Model{{Served: "chat", Deployment: "chat", Class: queue.Standard,
+		Replicas: []Replica{{Deployment: "chat", Node: "n1", Endpoint: engine, Kind: "llamacpp", Slots: 1, Running: true, Resident: true}}}}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go g.Run(ctx)
+	srv := httptest.NewServer(g)
+	defer srv.Close()
+	deadline := time.Now().Add(20 * time.Second)
+	// held is the requests the replica holds, running or queued.
+	held := func() float64 {
+		return gaugeOf(t, reg, "gpuplane_gateway_in_flight", "chat/0") + max(gaugeOf(t, reg, "gpuplane_gateway_queue_depth", "chat/0"), 0)
+	}
+	waitHeld := func(n float64) {
+		t.Helper()
+		for held() != n {
+			if time.Now().After(deadline) {
+				t.Fatalf("the replica holds %v requests; want %v", held(), n)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	for gaugeOf(t, reg, "gpuplane_gateway_in_flight", "chat/0") < 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the gateway never placed its replica")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	send := func(ctx context.Context, class string, maxTokens int, stream bool) error {
+		body := fmt.Sprintf(`{"model":"chat","prompt":"x","max_tokens":%d,"stream":%v}`, maxTokens, stream)
+		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, srv.URL+"/v1/completions", strings.NewReader(body))
+		req.Header.Set(ClassHeader, class)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			return err
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		if resp.StatusCode != http.StatusOK {
+			return fmt.Errorf("%d %s", resp.StatusCode, b)
+		}
+		return nil
+	}
+	// A standard stream holds the slot (nothing preempts it) until cut.
+	blocker, cut := context.WithCancel(ctx)
+	go func() { _ = send(blocker, "standard", 1000, true) }()
+	waitHeld(1)
+	var mu sync.Mutex
+	var order []string
+	var wg sync.WaitGroup
+	arrivals := []struct{ name, class string }{
+		{"background 1", "background"}, {"interactive", "interactive"}, {"background 2", "background"},
+		{"standard", "standard"}, {"background 3", "background"},
+	}
+	for i, a := range arrivals {
+		wg.Go(func() {
+			if err := send(ctx, a.class, 2, false); err != nil {
+				t.Errorf("%s: %v", a.name, err)
+			}
+			mu.Lock()
+			order = append(order, a.name)
+			mu.Unlock()
+		})
+		waitHeld(float64(i + 2)) // it arrived before the next is sent
+	}
+	cut()
+	wg.Wait()
+	want := []string{"interactive", "standard", "background 1", "background 2", "background 3"}
+	if !slices.Equal(order, want) {
+		t.Errorf("the slot went to %v; want %v", order, want)
 	}
 }
