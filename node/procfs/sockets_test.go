@@ -44,6 +44,17 @@ func TestListenerHolders(t *testing.T) {
 	if inodes, err := TCPListeners(port, lo); err != nil || len(inodes) != 1 {
 		t.Errorf("TCPListeners(%d, 127.0.0.1) of a wildcard listener = %v, %v; want it", port, inodes, err)
 	}
+	// An IPv6 address is decoded too (where the host has IPv6).
+	if v6, err := net.Listen("tcp", "[::1]:0"); err == nil {
+		defer v6.Close()
+		port = v6.Addr().(*net.TCPAddr).Port
+		if inodes, err := TCPListeners(port, net.IPv6loopback); err != nil || len(inodes) != 1 {
+			t.Errorf("TCPListeners(%d, ::1) = %v, %v; want the [::1] listener", port, inodes, err)
+		}
+		if inodes, err := TCPListeners(port, lo); err != nil || len(inodes) != 0 {
+			t.Errorf("TCPListeners(%d, 127.0.0.1) of a [::1] listener = %v, %v; want none", port, inodes, err)
+		}
+	}
 	if Comm(os.Getpid()) != "procfs.test" {
 		t.Errorf("Comm(self) = %q, want procfs.test", Comm(os.Getpid()))
 	}
