@@ -74,7 +74,7 @@ bench-scheduler:
 	GOMAXPROCS=2 $(GO) run ./bench/scheduler
 
 bench-replay:
-	$(GO) test -run '^$$' -bench Replay -benchtime 1x ./cluster/
+	$(GO) test -run '^$$' -bench Replay -benchtime 1x ./cluster/audit/
 
 # Ten million entries through the state machine and its hash records with
 # request ids expiring after 5 minutes of log time: request table, RSS and

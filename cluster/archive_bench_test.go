@@ -1,4 +1,4 @@
-package cluster
+package cluster_test
 
 import (
 	"context"
@@ -11,12 +11,15 @@ import (
 	"github.com/hashicorp/raft"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/gpuplane/gpuplane/cluster"
+	"github.com/gpuplane/gpuplane/cluster/audit"
 	"github.com/gpuplane/gpuplane/cluster/raftstore"
+	"github.com/gpuplane/gpuplane/internal/replaylog"
 	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
 )
 
-// BenchmarkArchiveCompact is issue 24's second must-show on a log of a
-// million entries (GPUPLANE_ARCHIVE_ENTRIES overrides it): a single server
+// BenchmarkArchiveCompact archives and compacts a log of a million
+// entries (GPUPLANE_ARCHIVE_ENTRIES overrides it): a single server
 // applies the replay benchmark's busy-cluster log through Raft, then the
 // log is archived in sealed segments, the server's log compacted behind
 // the archive, and it checks that verify passes across both (the archive
@@ -32,20 +35,20 @@ func BenchmarkArchiveCompact(b *testing.B) {
 		}
 	}
 	for b.Loop() {
-		o := nodeOpts{name: "n1", dir: b.TempDir(), addr: freeAddr(b)}
+		o := cluster.NewNodeOpts(b, "n1")
 		if err := buildServerLog(o, n); err != nil {
 			b.Fatal(err)
 		}
 		t0 := time.Now()
-		c := start(b, o)
-		waitLeader(b, c)
+		c := cluster.Start(b, o)
+		cluster.WaitLeader(b, c)
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
 		defer cancel()
 		if err := c.WaitApplied(ctx, n); err != nil {
 			b.Fatal(err)
 		}
 		b.Logf("%d entries applied through Raft in %v", c.AppliedIndex(), time.Since(t0).Round(time.Millisecond))
-		h, err := c.History()
+		h, err := audit.Live(c)
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -59,11 +62,11 @@ func BenchmarkArchiveCompact(b *testing.B) {
 		b.Logf("replay at %d before compaction: %v", at, time.Since(t0).Round(time.Millisecond))
 
 		t0 = time.Now()
-		a, err := OpenArchive(b.TempDir(), true)
+		a, err := audit.OpenArchive(b.TempDir(), true)
 		if err != nil {
 			b.Fatal(err)
 		}
-		if _, err := a.Extend(h.Entries, last, min(DefaultSegmentEntries, max(n/16, 1))); err != nil {
+		if _, err := a.Extend(h.Entries, last, min(audit.DefaultSegmentEntries, max(n/16, 1))); err != nil {
 			b.Fatal(err)
 		}
 		b.Logf("archived 1..%d in %d segments in %v", a.Cut, len(a.Segments), time.Since(t0).Round(time.Millisecond))
@@ -81,7 +84,7 @@ func BenchmarkArchiveCompact(b *testing.B) {
 		}
 		b.Logf("archive verified against the server's per-entry records in %v", time.Since(t0).Round(time.Millisecond))
 		t0 = time.Now()
-		if v, err := c.VerifyLocal(ctx); err != nil || !v.Ok || v.BaseIndex != a.Cut {
+		if v, err := audit.VerifyLocal(ctx, c); err != nil || !v.Ok || v.BaseIndex != a.Cut {
 			b.Fatalf("verify of the compacted log: %v %v (base %d)", err, v.GetProblems(), v.GetBaseIndex())
 		}
 		b.Logf("compacted log verified from its audit base at %d in %v", a.Cut, time.Since(t0).Round(time.Millisecond))
@@ -116,7 +119,7 @@ func BenchmarkArchiveCompact(b *testing.B) {
 }
 
 // tamperB is tamper for a benchmark.
-func tamperB(b *testing.B, a *Archive, i int, change func(*pb.ArchivedEntry) bool) {
+func tamperB(b *testing.B, a *audit.Archive, i int, change func(*pb.ArchivedEntry) bool) {
 	t := &testing.T{}
 	tamper(t, a, i, change)
 	if t.Failed() {
@@ -127,20 +130,19 @@ func tamperB(b *testing.B, a *Archive, i int, change func(*pb.ArchivedEntry) boo
 // buildServerLog writes a data dir for server o whose log holds n entries of
 // the replay workload and whose configuration is o alone, so that the
 // server, started on it, elects itself and applies them all.
-func buildServerLog(o nodeOpts, n uint64) error {
-	store, err := raftstore.Open(LogDir(o.dir), raftstore.Options{})
+func buildServerLog(o cluster.NodeOpts, n uint64) error {
+	store, err := raftstore.Open(cluster.LogDir(o.Dir()), raftstore.Options{})
 	if err != nil {
 		return err
 	}
 	defer store.Close()
-	gen := newReplayWorkload()
-	gen.check = nil
+	gen := replaylog.New(false, cluster.NewRequestID)
 	const batch = 10_000
 	logs := make([]*raft.Log, 0, batch)
 	for i := uint64(1); i <= n; i++ {
-		l := gen.entry(i)
+		l := gen.Entry(i)
 		if i == 1 {
-			conf := raft.Configuration{Servers: []raft.Server{{Suffrage: raft.Voter, ID: raft.ServerID(o.name), Address: raft.ServerAddress(o.addr)}}}
+			conf := raft.Configuration{Servers: []raft.Server{{Suffrage: raft.Voter, ID: raft.ServerID(o.Name()), Address: raft.ServerAddress(o.Addr())}}}
 			l.Data = raft.EncodeConfiguration(conf)
 		}
 		logs = append(logs, l)

@@ -1,12 +1,14 @@
-package cluster
+package cluster_test
 
 import (
+	"bufio"
 	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -15,6 +17,8 @@ import (
 	"google.golang.org/protobuf/encoding/protodelim"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/gpuplane/gpuplane/cluster"
+	"github.com/gpuplane/gpuplane/cluster/audit"
 	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
 )
 
@@ -27,19 +31,19 @@ import (
 // agree, and an archived segment altered afterwards is named by number and
 // entries.
 func TestArchiveThenCompact(t *testing.T) {
-	o := nodeOpts{name: "n1", dir: t.TempDir(), addr: freeAddr(t), bootstrap: true}
-	c := start(t, o)
-	waitLeader(t, c)
-	ctx := testCtx(t)
-	mustApply(t, c, registerNode("n1"))
+	o := cluster.NewNodeOpts(t, "n1")
+	c := cluster.Start(t, o)
+	cluster.WaitLeader(t, c)
+	ctx := cluster.TestCtx(t)
+	cluster.MustApply(t, c, cluster.RegisterNode("n1"))
 	for i := range 350 {
-		mustApply(t, c, createAccelerator(fmt.Sprintf("a%d", i)))
+		cluster.MustApply(t, c, cluster.CreateAccelerator(fmt.Sprintf("a%d", i)))
 		if i%3 == 0 {
-			mustApply(t, c, &pb.Envelope{Command: &pb.Envelope_DeleteAccelerator{DeleteAccelerator: &pb.DeleteAccelerator{Name: fmt.Sprintf("a%d", i)}}})
+			cluster.MustApply(t, c, &pb.Envelope{Command: &pb.Envelope_DeleteAccelerator{DeleteAccelerator: &pb.DeleteAccelerator{Name: fmt.Sprintf("a%d", i)}}})
 		}
 	}
 	last := c.AppliedIndex()
-	h, err := c.History()
+	h, err := audit.Live(c)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -54,7 +58,7 @@ func TestArchiveThenCompact(t *testing.T) {
 	}
 
 	dir := t.TempDir()
-	a, err := OpenArchive(dir, true)
+	a, err := audit.OpenArchive(dir, true)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -87,13 +91,13 @@ func TestArchiveThenCompact(t *testing.T) {
 	if r := c.Resources(); r.GetFirstIndex() != first {
 		t.Errorf("resources show first index %d, want %d", r.GetFirstIndex(), first)
 	}
-	mustApply(t, c, createAccelerator("after"))
+	cluster.MustApply(t, c, cluster.CreateAccelerator("after"))
 
-	v, err := c.VerifyLocal(ctx)
+	v, err := audit.VerifyLocal(ctx, c)
 	if err != nil || !v.Ok || v.BaseIndex != cut {
 		t.Fatalf("verify the compacted log: %v, %v (base %d, want %d)", err, v.GetProblems(), v.GetBaseIndex(), cut)
 	}
-	if _, err := h.Replay(&pb.ReplayRequest{Index: archived}, c.AppliedIndex()); !errors.Is(err, ErrCompacted) && (err == nil || !strings.Contains(err.Error(), "archive")) {
+	if _, err := h.Replay(&pb.ReplayRequest{Index: archived}, c.AppliedIndex()); !errors.Is(err, cluster.ErrCompacted) && (err == nil || !strings.Contains(err.Error(), "archive")) {
 		t.Errorf("replay of an archived index from the compacted log: %v, want an error pointing at the archive", err)
 	}
 	gotOld, err := a.Replay(archived)
@@ -116,14 +120,14 @@ func TestArchiveThenCompact(t *testing.T) {
 	if err := c.Shutdown(); err != nil {
 		t.Fatal(err)
 	}
-	c = start(t, o)
-	waitLeader(t, c)
-	mustApply(t, c, createAccelerator("restarted"))
-	if v, err := c.VerifyLocal(ctx); err != nil || !v.Ok {
+	c = cluster.Start(t, o)
+	cluster.WaitLeader(t, c)
+	cluster.MustApply(t, c, cluster.CreateAccelerator("restarted"))
+	if v, err := audit.VerifyLocal(ctx, c); err != nil || !v.Ok {
 		t.Fatalf("verify after restart: %v %v", err, v.GetProblems())
 	}
 	c.Shutdown()
-	off, _, ov := verifyOffline(t, o.dir)
+	off, _, ov := verifyOffline(t, o.Dir())
 	if !ov.Ok || ov.BaseIndex != cut {
 		t.Errorf("offline verify of the compacted log: %v (base %d)", ov.Problems, ov.BaseIndex)
 	}
@@ -161,15 +165,27 @@ func TestArchiveThenCompact(t *testing.T) {
 // tamper rewrites archived segment i, changing entries with change, and
 // updates its digest in the manifest, as someone covering their tracks
 // would.
-func tamper(t *testing.T, a *Archive, i int, change func(*pb.ArchivedEntry) bool) {
+func tamper(t *testing.T, a *audit.Archive, i int, change func(*pb.ArchivedEntry) bool) {
 	t.Helper()
 	var out bytes.Buffer
 	changed := false
-	err := a.readSegment(i, func(e *pb.ArchivedEntry) error {
+	data, err := os.ReadFile(filepath.Join(a.Dir, a.Segments[i].File))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for r := bufio.NewReader(bytes.NewReader(data)); ; {
+		e := &pb.ArchivedEntry{}
+		if err = protodelim.UnmarshalFrom(r, e); err != nil {
+			if errors.Is(err, io.EOF) {
+				err = nil
+			}
+			break
+		}
 		changed = change(e) || changed
-		_, err := protodelim.MarshalTo(&out, e)
-		return err
-	})
+		if _, err = protodelim.MarshalTo(&out, e); err != nil {
+			break
+		}
+	}
 	if err != nil || !changed {
 		t.Fatalf("tamper with segment %d: %v (changed %v)", i+1, err, changed)
 	}
@@ -179,7 +195,7 @@ func tamper(t *testing.T, a *Archive, i int, change func(*pb.ArchivedEntry) bool
 	sum := sha256.Sum256(out.Bytes())
 	a.Segments[i].SHA256 = hex.EncodeToString(sum[:])
 	m, _ := json.Marshal(a.ArchiveManifest)
-	if err := os.WriteFile(filepath.Join(a.Dir, archiveManifest), m, 0o644); err != nil {
+	if err := os.WriteFile(filepath.Join(a.Dir, "MANIFEST.json"), m, 0o644); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -190,48 +206,48 @@ func tamper(t *testing.T, a *Archive, i int, change func(*pb.ArchivedEntry) bool
 // early entries nor an audit base of its own, yet verifies its log from the
 // snapshot it was sent.
 func TestCompactedClusterCatchesUp(t *testing.T) {
-	tr := startTrio(t)
-	_, l := tr.leader()
+	tr := cluster.StartTrio(t)
+	_, l := tr.Leader()
 	for i := range 120 {
-		mustApply(t, l, createAccelerator(fmt.Sprintf("a%d", i)))
+		cluster.MustApply(t, l, cluster.CreateAccelerator(fmt.Sprintf("a%d", i)))
 	}
-	tr.converge()
-	h, err := l.History()
+	tr.Converge()
+	h, err := audit.Live(l)
 	if err != nil {
 		t.Fatal(err)
 	}
-	a, err := OpenArchive(t.TempDir(), true)
+	a, err := audit.OpenArchive(t.TempDir(), true)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if _, err := a.Extend(h.Entries, l.AppliedIndex(), 50); err != nil {
 		t.Fatal(err)
 	}
-	ctx := testCtx(t)
-	for _, c := range tr.nodes {
+	ctx := cluster.TestCtx(t)
+	for j := range tr.Len() {
+		c := tr.Node(j)
 		if _, err := c.Compact(ctx, a.Cut+1, a.Snapshot.Hash); err != nil {
 			t.Fatalf("compact %s: %v", c.NodeName(), err)
 		}
 	}
-	i, _ := tr.follower()
-	tr.stop(i)
-	if err := os.RemoveAll(tr.opts[i].dir); err != nil {
+	i, _ := tr.Follower()
+	tr.Stop(i)
+	if err := tr.Wipe(i); err != nil {
 		t.Fatal(err)
 	}
-	tr.opts[i].bootstrap = false
 	// Restarted, the others no longer hold the old entries in Raft's
 	// in-memory log cache either.
-	for j := range tr.nodes {
+	for j := range tr.Len() {
 		if j != i {
-			tr.stop(j)
-			tr.restart(j)
+			tr.Stop(j)
+			tr.Restart(j)
 		}
 	}
-	tr.restart(i)
-	_, l = tr.leader()
-	mustApply(t, l, createAccelerator("after"))
-	tr.converge()
-	v, err := tr.nodes[i].VerifyLocal(ctx)
+	tr.Restart(i)
+	_, l = tr.Leader()
+	cluster.MustApply(t, l, cluster.CreateAccelerator("after"))
+	tr.Converge()
+	v, err := audit.VerifyLocal(ctx, tr.Node(i))
 	if err != nil || !v.Ok {
 		t.Fatalf("verify on the server that was sent a snapshot: %v %v", err, v.GetProblems())
 	}

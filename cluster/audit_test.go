@@ -1,13 +1,15 @@
-package cluster
+package cluster_test
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
-	"github.com/hashicorp/raft"
-
+	"github.com/gpuplane/gpuplane/cluster"
+	"github.com/gpuplane/gpuplane/cluster/audit"
+	"github.com/gpuplane/gpuplane/cluster/auditrec"
 	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
 )
 
@@ -16,25 +18,25 @@ import (
 // the snapshot's index still fails verification, at the snapshot's index,
 // with the range that holds the altered entry; an intact log passes.
 func TestVerifyOfflineAgainstSnapshot(t *testing.T) {
-	c, o := startDev(t)
+	c, o := cluster.StartDev(t)
 	for _, name := range []string{"a", "b", "c", "d"} {
-		mustApply(t, c, createAccelerator(name))
+		cluster.MustApply(t, c, cluster.CreateAccelerator(name))
 	}
-	if err := c.raft.Snapshot().Error(); err != nil {
+	if err := cluster.TakeSnapshot(c); err != nil {
 		t.Fatal(err)
 	}
 	snapAt := c.AppliedIndex()
-	mustApply(t, c, createAccelerator("e"))
+	cluster.MustApply(t, c, cluster.CreateAccelerator("e"))
 	if err := c.Shutdown(); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.Remove(filepath.Join(o.dir, raftDir, hashesFile)); err != nil {
+	if err := os.Remove(filepath.Join(cluster.RaftDir(o.Dir()), auditrec.HashesFile)); err != nil {
 		t.Fatal(err)
 	}
 
 	verify := func() *pb.ServerVerification {
 		t.Helper()
-		off, _, v := verifyOffline(t, o.dir)
+		off, _, v := verifyOffline(t, o.Dir())
 		off.Close()
 		return v
 	}
@@ -43,7 +45,7 @@ func TestVerifyOfflineAgainstSnapshot(t *testing.T) {
 	}
 
 	// Rename accelerator "b" in its entry.
-	altered := renameInLog(t, o.dir, "b", "x")
+	altered := cluster.RenameInLog(t, o.Dir(), "b", "x")
 
 	v := verify()
 	if v.Ok || v.FirstDivergence != snapAt {
@@ -54,24 +56,48 @@ func TestVerifyOfflineAgainstSnapshot(t *testing.T) {
 	}
 }
 
-// TestMembershipEvents checks that configuration entries appear as
-// membership events with what changed.
-func TestMembershipEvents(t *testing.T) {
-	prev := raft.Configuration{Servers: []raft.Server{
-		{ID: "s1", Address: "a1", Suffrage: raft.Voter},
-		{ID: "s2", Address: "a2", Suffrage: raft.Nonvoter},
-		{ID: "s3", Address: "a3", Suffrage: raft.Voter},
-	}}
-	next := raft.Configuration{Servers: []raft.Server{
-		{ID: "s1", Address: "a1", Suffrage: raft.Voter},
-		{ID: "s2", Address: "a2", Suffrage: raft.Voter},
-		{ID: "s4", Address: "a4", Suffrage: raft.Voter},
-	}}
-	m, changed := membershipChange(prev, next)
-	if got, want := strings.Join(m.Changes, ", "), "s2 became voter, s4 joined as voter, s3 removed"; got != want {
-		t.Errorf("changes: got %q, want %q", got, want)
+// TestVerifyNamesAlteredEntry checks that audit verify, with the per-entry
+// hash records, names the first entry altered after it was applied and
+// describes it.
+func TestVerifyNamesAlteredEntry(t *testing.T) {
+	c, o := cluster.StartDev(t)
+	for _, name := range []string{"a", "b", "c"} {
+		cluster.MustApply(t, c, cluster.CreateAccelerator(name))
 	}
-	if got := strings.Join(changed, ","); got != "s2,s4,s3" {
-		t.Errorf("changed servers: %q", got)
+	if err := c.Shutdown(); err != nil {
+		t.Fatal(err)
 	}
+	altered := cluster.RenameInLog(t, o.Dir(), "b", "x")
+	off, last, v := verifyOffline(t, o.Dir())
+	defer off.Close()
+	events := 0
+	if err := off.Cursor(1, nil).Advance(last, func(*pb.Event) error { events++; return nil }); err != nil {
+		t.Fatal(err)
+	}
+	problems := strings.Join(v.Problems, "\n")
+	if v.Ok || v.FirstDivergence != altered || v.Entries != uint64(events) ||
+		!strings.Contains(problems, fmt.Sprintf("entry %d (CreateAccelerator x", altered)) || !strings.Contains(problems, "altered after it was applied") {
+		t.Fatalf("altered entry %d: ok=%v first divergence %d, %d entries of %d events, problems %q", altered, v.Ok, v.FirstDivergence, v.Entries, events, v.Problems)
+	}
+}
+
+// verifyOffline opens dir's log offline and verifies it to its last entry,
+// as `audit verify --data-dir` does. The caller closes the store.
+func verifyOffline(t testing.TB, dir string) (*audit.Offline, uint64, *pb.ServerVerification) {
+	t.Helper()
+	off, err := audit.OpenOffline(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	last, err := off.LastIndex()
+	if err != nil {
+		off.Close()
+		t.Fatal(err)
+	}
+	v, err := off.Verify(last, nil)
+	if err != nil {
+		off.Close()
+		t.Fatal(err)
+	}
+	return off, last, v
 }

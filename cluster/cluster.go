@@ -13,6 +13,7 @@ import (
 
 	"github.com/hashicorp/raft"
 
+	"github.com/gpuplane/gpuplane/cluster/auditrec"
 	"github.com/gpuplane/gpuplane/cluster/raftstore"
 	"github.com/gpuplane/gpuplane/fsm"
 	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
@@ -89,13 +90,12 @@ func New(cfg Config) (*Cluster, error) {
 			return nil, fmt.Errorf("recover: keep %s: %w", k, err)
 		}
 	}
-	if c.fsm.hashes, err = openHashLog(filepath.Join(cfg.DataDir, raftDir, hashesFile), false); err != nil {
+	if c.fsm.hashes, err = auditrec.OpenHashes(filepath.Join(RaftDir(cfg.DataDir), auditrec.HashesFile), false, c.log); err != nil {
 		c.store.Close()
 		return nil, err
 	}
-	c.fsm.hashes.log = c.log
 	if err := checkLogLength(c.store, c.fsm.hashes); err != nil {
-		c.fsm.hashes.close()
+		c.fsm.hashes.Close()
 		c.store.Close()
 		return nil, err
 	}
@@ -153,12 +153,12 @@ func New(cfg Config) (*Cluster, error) {
 // entries it had acknowledged. The log store detects damage inside its
 // files; this catches what it cannot tell from a crash, its newest segment
 // file emptied or removed.
-func checkLogLength(store *raftstore.Store, hashes *hashLog) error {
+func checkLogLength(store *raftstore.Store, hashes *auditrec.Hashes) error {
 	last, err := store.LastIndex()
 	if err != nil {
 		return err
 	}
-	if applied := hashes.lastRecorded(); applied > last {
+	if applied := hashes.LastRecorded(); applied > last {
 		return fmt.Errorf("%w: %s: the log ends at entry index %d but this server applied entries up to %d (raft/hashes): entries it held are lost\n%s",
 			raftstore.ErrDamaged, store.Dir(), last, applied, damagedHint)
 	}
@@ -206,7 +206,7 @@ func (c *Cluster) Shutdown() error {
 		}
 		// Raft's shutdown also closes the transport.
 		err := c.raft.Shutdown().Error()
-		if herr := c.fsm.hashes.close(); herr != nil {
+		if herr := c.fsm.hashes.Close(); herr != nil {
 			err = errors.Join(err, fmt.Errorf("close entry hashes: %w", herr))
 		}
 		if cerr := c.store.Close(); cerr != nil {

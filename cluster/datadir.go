@@ -13,6 +13,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/gpuplane/gpuplane/cluster/raftstore"
+	"github.com/gpuplane/gpuplane/internal/atomicfile"
 )
 
 // Data dir layout (see DESIGN.md):
@@ -29,6 +30,10 @@ const (
 	logDirName   = "log"
 	snapshotKeep = 2
 )
+
+// RaftDir is where a data dir keeps Raft's log, snapshots and the audit
+// records beside them.
+func RaftDir(dataDir string) string { return filepath.Join(dataDir, raftDir) }
 
 // LogDir is where the Raft log of a data dir lives.
 func LogDir(dataDir string) string { return filepath.Join(dataDir, raftDir, logDirName) }
@@ -48,37 +53,7 @@ func checkNodeID(dataDir, name string) error {
 	case !errors.Is(err, fs.ErrNotExist):
 		return fmt.Errorf("read node id: %w", err)
 	}
-	return writeFileSync(path, []byte(name+"\n"))
-}
-
-// writeFileSync writes a file atomically and durably: temp file, fsync,
-// rename, fsync of the directory.
-func writeFileSync(path string, data []byte) error {
-	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*")
-	if err != nil {
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	defer os.Remove(tmp.Name())
-	if _, err := tmp.Write(data); err != nil {
-		tmp.Close()
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	if err := tmp.Sync(); err != nil {
-		tmp.Close()
-		return fmt.Errorf("sync %s: %w", path, err)
-	}
-	if err := tmp.Close(); err != nil {
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	if err := os.Rename(tmp.Name(), path); err != nil {
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	dir, err := os.Open(filepath.Dir(path))
-	if err != nil {
-		return fmt.Errorf("sync dir of %s: %w", path, err)
-	}
-	defer dir.Close()
-	return dir.Sync()
+	return atomicfile.Write(path, []byte(name+"\n"))
 }
 
 // openLogStore opens the data dir's Raft log and stable store, converting a

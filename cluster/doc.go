@@ -6,9 +6,9 @@
 // configured, timing), gossip with memberlist (optionally encrypted) and
 // membership (bootstrap-expect, join, leave, remove-peer, the leader's
 // reconcile of gossip into the log), the leader's placer (which runs package
-// scheduler), the event stream and audit over the log (a live node's or,
-// through OpenOffline, a stopped one's), log archives and compaction behind
-// them, the data dir layout, the raft.FSM wrapper that feeds committed
+// scheduler), the event stream over the log (the Cursor, which package
+// audit also replays with), compaction of the log behind an archive, the
+// data dir layout, the raft.FSM wrapper that feeds committed
 // entries to the pure fsm package under a lock, the write path (request ids,
 // the leader's proposal time, leader forwarding through a Forwarder, retries
 // while leadership moves), linearizable and stale reads, waiting for an
@@ -17,8 +17,9 @@
 // Where things are: cluster.go, config.go, transport.go (Raft setup);
 // apply.go, read.go (writes and reads); fsm.go (the raft.FSM wrapper);
 // gossip.go, membership.go, servers.go, leader.go (membership); placer.go;
-// audit.go, audit_hashes.go, events.go, offline.go, logrange.go (audit and
-// events); archive.go, compact.go (archives and compaction); datadir.go
+// events.go (the Cursor and the events it builds); logfiles.go (the log
+// and its audit records as package audit reads them); compact.go
+// (compaction behind an archive); datadir.go
 // (the data dir and node id); resources.go (what grows with the history);
 // tenants.go (the gateway's tenant lookups); hclog.go (Raft's logs into
 // slog).

@@ -10,6 +10,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/gpuplane/gpuplane/cluster/auditrec"
 	"github.com/gpuplane/gpuplane/fsm"
 	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
 )
@@ -33,7 +34,7 @@ type Cursor struct {
 	state *fsm.FSM
 	conf  raft.Configuration
 	// basePath is the log's audit base (compact.go), where a compacted
-	// log's replay starts, and snapshotDir its snapshots (findAuditBase).
+	// log's replay starts, and snapshotDir its snapshots (auditrec.FindBase).
 	basePath, snapshotDir string
 }
 
@@ -75,7 +76,7 @@ func (c *Cursor) start() error {
 	if first <= 1 {
 		return nil
 	}
-	base, err := findAuditBase(c.basePath, c.snapshotDir, first)
+	base, err := auditrec.FindBase(c.basePath, c.snapshotDir, first)
 	if err != nil {
 		return err
 	}
@@ -127,7 +128,7 @@ func (c *Cursor) advance(upTo uint64, step func(l *raft.Log, e *fsm.Entry) error
 			c.state.ExpectEntries(int(min(upTo, last)))
 		}
 	}
-	if r, ok := c.log.(logRanger); ok && c.next <= upTo {
+	if r, ok := c.log.(LogRanger); ok && c.next <= upTo {
 		err := r.RangeLogs(c.next, upTo, c.state.Prefetch, step)
 		if errors.Is(err, raft.ErrLogNotFound) {
 			return fmt.Errorf("log entry %d is missing", c.next)

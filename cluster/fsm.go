@@ -9,6 +9,7 @@ import (
 
 	"github.com/hashicorp/raft"
 
+	"github.com/gpuplane/gpuplane/cluster/auditrec"
 	"github.com/gpuplane/gpuplane/fsm"
 	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
 )
@@ -25,8 +26,8 @@ type raftFSM struct {
 	mu    sync.RWMutex // guards state; fsm.FSM is not safe for concurrent use
 	state *fsm.FSM
 	// hashes records the hash head after each applied command entry, for
-	// audit verify (audit_hashes.go); nil records nothing.
-	hashes *hashLog
+	// audit verify (package auditrec); nil records nothing.
+	hashes *auditrec.Hashes
 	// window is the state machine's request window after the last batch,
 	// read without the lock by the leader when it proposes (propose).
 	window atomic.Int64
@@ -60,12 +61,12 @@ func (w *raftFSM) ApplyBatch(logs []*raft.Log) []any {
 	for i, l := range logs {
 		if l.Type == raft.LogCommand {
 			out[i] = w.state.ApplyBytes(l.Index, l.Data)
-			w.hashes.add(l.Index, w.state.Head())
+			w.hashes.Add(l.Index, w.state.Head())
 		}
 	}
 	// Under the lock, so that a reader that sees the state at an index also
 	// finds its record (audit verify compares the two).
-	w.hashes.flush()
+	w.hashes.Flush()
 	w.window.Store(int64(w.state.RequestWindow()))
 	w.mu.Unlock()
 	w.advance(logs[len(logs)-1].Index)

@@ -230,27 +230,6 @@ func (f *localForwarder) LocalNode(ctx context.Context, id string) (*pb.Node, er
 	return c.LocalNode(), nil
 }
 
-// verifyOffline opens dir's log offline and verifies it to its last entry,
-// as `audit verify --data-dir` does. The caller closes the store.
-func verifyOffline(t testing.TB, dir string) (*Offline, uint64, *pb.ServerVerification) {
-	t.Helper()
-	off, err := OpenOffline(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	last, err := off.LastIndex()
-	if err != nil {
-		off.Close()
-		t.Fatal(err)
-	}
-	v, err := off.Verify(last, nil)
-	if err != nil {
-		off.Close()
-		t.Fatal(err)
-	}
-	return off, last, v
-}
-
 // renameInLog alters a stopped node's log behind its back: the entry that
 // creates accelerator from (a one-letter name) is rewritten to create to
 // instead. It returns the entry's index.

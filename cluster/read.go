@@ -119,3 +119,7 @@ func (c *Cluster) caughtUp(applied, index uint64) bool {
 	c.fsm.advance(index)
 	return true
 }
+
+// Progress returns the applied index and a channel closed when it next
+// changes: what event streams wait on.
+func (c *Cluster) Progress() (uint64, <-chan struct{}) { return c.fsm.progress() }

@@ -18,3 +18,25 @@ func (c *Cluster) ServerAPI() (string, bool) {
 	}
 	return "", false
 }
+
+// ServerAddresses returns the API address of every Raft server this node
+// knows, by server id; a server that has not registered its node yet is
+// missing.
+func (c *Cluster) ServerAddresses() (map[string]string, error) {
+	if !c.IsServer() {
+		return nil, ErrNoLog
+	}
+	fut := c.raft.GetConfiguration()
+	if err := fut.Error(); err != nil {
+		return nil, c.raftError(err)
+	}
+	out := map[string]string{}
+	for _, s := range fut.Configuration().Servers {
+		if addr, ok := c.APIAddress(string(s.ID)); ok {
+			out[string(s.ID)] = addr
+		} else {
+			out[string(s.ID)] = ""
+		}
+	}
+	return out, nil
+}

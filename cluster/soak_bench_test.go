@@ -15,12 +15,14 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/gpuplane/gpuplane/cluster/auditrec"
 	"github.com/gpuplane/gpuplane/fsm"
+	"github.com/gpuplane/gpuplane/internal/replaylog"
 	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
 )
 
-// soakEntries is how many entries BenchmarkSoak applies (issue 24: ten
-// million); GPUPLANE_SOAK_ENTRIES overrides it.
+// soakEntries is how many entries BenchmarkSoak applies;
+// GPUPLANE_SOAK_ENTRIES overrides it.
 const soakEntries = 10_000_000
 
 // soakWindow is the request window of the soak: a few minutes of log time
@@ -51,14 +53,13 @@ func BenchmarkSoak(b *testing.B) {
 	}
 	for b.Loop() {
 		dir := b.TempDir()
-		hashes, err := openHashLog(filepath.Join(dir, hashesFile), false)
+		hashes, err := auditrec.OpenHashes(filepath.Join(dir, auditrec.HashesFile), false, nil)
 		if err != nil {
 			b.Fatal(err)
 		}
 		w := newRaftFSM()
 		w.hashes = hashes
-		gen := newReplayWorkload()
-		gen.check = nil
+		gen := replaylog.New(false, NewRequestID)
 		windowEntries := uint64(soakWindow / (10 * time.Millisecond))
 
 		type sample struct {
@@ -95,7 +96,7 @@ func BenchmarkSoak(b *testing.B) {
 		logs := make([]*raft.Log, 0, batch)
 		windowSet := false
 		for i := uint64(1); i <= n; i++ {
-			l := gen.entry(i)
+			l := gen.Entry(i)
 			if !windowSet && l.Type == raft.LogCommand {
 				// The leader's first proposal carries its window.
 				l, windowSet = withWindow(l, soakWindow), true
@@ -114,7 +115,7 @@ func BenchmarkSoak(b *testing.B) {
 			}
 		}
 		elapsed := time.Since(start)
-		hashes.close()
+		hashes.Close()
 		debug.FreeOSMemory()
 
 		fmt.Printf("%d entries applied in %v (%.0f/s), window %v of log time (%d entries)\n", n, elapsed.Round(time.Second), float64(n)/elapsed.Seconds(), soakWindow, windowEntries)

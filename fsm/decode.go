@@ -23,10 +23,11 @@ import (
 // ApplyModel's spec is then normalized in place for applying
 // (prepareDecodedModel). The envelope and the commands most entries hold
 // (replica reports, plans, model deletions and applications, node status,
-// unplacements) are read field by field here; any other command's message,
+// unplacements) are read with the field tables of decode_fields.go (one
+// reader per field number); any other command's message,
 // or an ApplyModel with a map, is left to proto.Unmarshal. Anything this code
-// does not expect (an unknown or repeated field, a field of another wire
-// type, a malformed or non-UTF-8 value, a second command) sends the whole
+// does not expect (an unknown field, a repeated field of the envelope or a
+// message field given twice, a field of another wire type, a malformed or non-UTF-8 value, a second command) sends the whole
 // entry to proto.Unmarshal, so a newer schema or a damaged entry decodes, or
 // fails, exactly as before. Strings are never aliased to data.
 //
@@ -293,7 +294,8 @@ func (d *Decoder) envelope(data []byte) *pb.Envelope {
 				return nil
 			}
 		case 3:
-			if env.ProposedAt = d.timestamp(b); env.ProposedAt == nil {
+			env.ProposedAt = d.stamps.one(d.Slab)
+			if !timestampFields.decode(d, env.ProposedAt, b) {
 				return nil
 			}
 		default:
@@ -305,34 +307,12 @@ func (d *Decoder) envelope(data []byte) *pb.Envelope {
 	return env
 }
 
-func (d *Decoder) timestamp(b []byte) *timestamppb.Timestamp {
-	t := d.stamps.one(d.Slab)
-	var seen uint32
-	for len(b) > 0 {
-		num, typ, v, _, rest, ok := field(b)
-		if !ok || typ != protowire.VarintType || seen&(1<<(num&31)) != 0 {
-			return nil
-		}
-		b = rest
-		switch num {
-		case 1:
-			t.Seconds = int64(v)
-		case 2:
-			t.Nanos = int32(v)
-		default:
-			return nil
-		}
-		seen |= 1 << num
-	}
-	return t
-}
-
 // command decodes the command in field num of an Envelope into env.
 func (d *Decoder) command(env *pb.Envelope, num protowire.Number, b []byte) bool {
 	switch num {
 	case 20:
-		c := d.replicaStatus(b)
-		if c == nil {
+		c := d.statuses.one(d.Slab)
+		if !replicaStatusFields.decode(d, c, b) {
 			return false
 		}
 		w := d.wStatus.one(d.Slab)
@@ -348,77 +328,39 @@ func (d *Decoder) command(env *pb.Envelope, num protowire.Number, b []byte) bool
 		env.Command = w
 	case 17:
 		c := d.deletes.one(d.Slab)
-		for len(b) > 0 {
-			num, typ, _, s, rest, ok := field(b)
-			if !ok || num != 1 || typ != protowire.BytesType {
-				return false
-			}
-			b = rest
-			if c.Name, ok = d.str(s); !ok {
-				return false
-			}
+		if !deleteModelFields.decode(d, c, b) {
+			return false
 		}
 		w := d.wDelete.one(d.Slab)
 		w.DeleteModel = c
 		env.Command = w
 	case 12:
 		c := d.nodeStats.one(d.Slab)
-		for len(b) > 0 {
-			num, typ, v, s, rest, ok := field(b)
-			if !ok {
-				return false
-			}
-			b = rest
-			switch {
-			case num == 1 && typ == protowire.BytesType:
-				if c.Node, ok = d.str(s); !ok {
-					return false
-				}
-			case num == 2 && typ == protowire.VarintType:
-				c.Status = pb.NodeStatus(int32(v))
-			default:
-				return false
-			}
+		if !setNodeStatusFields.decode(d, c, b) {
+			return false
 		}
 		w := d.wNodeStat.one(d.Slab)
 		w.SetNodeStatus = c
 		env.Command = w
 	case 19:
 		c := d.unplaces.one(d.Slab)
-		for len(b) > 0 {
-			num, typ, v, s, rest, ok := field(b)
-			if !ok {
-				return false
-			}
-			b = rest
-			switch {
-			case num == 1 && typ == protowire.BytesType:
-				c.Model, ok = d.str(s)
-			case num == 2 && typ == protowire.VarintType:
-				c.Replica = uint32(v)
-			case num == 3 && typ == protowire.BytesType:
-				c.Reason, ok = d.str(s)
-			default:
-				ok = false
-			}
-			if !ok {
-				return false
-			}
+		if !unplaceReplicaFields.decode(d, c, b) {
+			return false
 		}
 		w := d.wUnplace.one(d.Slab)
 		w.UnplaceReplica = c
 		env.Command = w
 	case 14:
-		c := d.createAccelerator(b)
-		if c == nil {
+		c := d.accs.one(d.Slab)
+		if !createAcceleratorFields.decode(d, c, b) {
 			return false
 		}
 		w := d.wAcc.one(d.Slab)
 		w.CreateAccelerator = c
 		env.Command = w
 	case 16:
-		c := d.applyModel(b)
-		if c == nil {
+		c := &pb.ApplyModel{}
+		if !applyModelFields.decode(d, c, b) {
 			// A map or anything else unusual: protobuf decodes this
 			// command's message, as it would in the whole envelope.
 			return otherCommand(env, num, b)
@@ -428,294 +370,6 @@ func (d *Decoder) command(env *pb.Envelope, num protowire.Number, b []byte) bool
 		return otherCommand(env, num, b)
 	}
 	return true
-}
-
-// applyModel decodes an ApplyModel. The state keeps its spec (normalized in
-// place, prepareDecodedModel): its messages are allocated one by one, never
-// from the recycled slabs. Maps (node selector, engine environment) and a
-// message field given twice (which protobuf merges) are left to protobuf.
-func (d *Decoder) applyModel(b []byte) *pb.ApplyModel {
-	c := &pb.ApplyModel{}
-	for len(b) > 0 {
-		num, typ, _, s, rest, ok := field(b)
-		if !ok || typ != protowire.BytesType {
-			return nil
-		}
-		b = rest
-		switch {
-		case num == 1:
-			c.Name, ok = d.str(s)
-		case num == 2 && c.Spec == nil:
-			c.Spec = d.modelSpec(s)
-			ok = c.Spec != nil
-		default:
-			ok = false
-		}
-		if !ok {
-			return nil
-		}
-	}
-	return c
-}
-
-func (d *Decoder) modelSpec(b []byte) *pb.ModelSpec {
-	m := &pb.ModelSpec{}
-	for len(b) > 0 {
-		num, typ, v, s, rest, ok := field(b)
-		if !ok {
-			return nil
-		}
-		b = rest
-		switch {
-		case num == 1 && typ == protowire.BytesType:
-			m.Model, ok = d.str(s)
-		case num == 2 && typ == protowire.BytesType:
-			m.ServedModelName, ok = d.str(s)
-		case num == 3 && typ == protowire.VarintType:
-			m.Replicas = uint32(v)
-		case num == 4 && typ == protowire.BytesType && m.Placement == nil:
-			m.Placement = d.placementSpec(s)
-			ok = m.Placement != nil
-		case num == 5 && typ == protowire.BytesType && m.Engine == nil:
-			m.Engine = d.engineSpec(s)
-			ok = m.Engine != nil
-		case num == 6 && typ == protowire.BytesType && m.Resources == nil:
-			m.Resources = hostResources(s)
-			ok = m.Resources != nil
-		case num == 7 && typ == protowire.VarintType:
-			m.Residency = pb.Residency(int32(v))
-		case num == 8 && typ == protowire.VarintType:
-			m.Priority = pb.Priority(int32(v))
-		case num == 9 && typ == protowire.BytesType && m.Slo == nil:
-			m.Slo = slo(s)
-			ok = m.Slo != nil
-		case num == 10 && typ == protowire.BytesType:
-			var a *pb.Adapter
-			if a = d.adapter(s); a != nil {
-				m.Adapters = append(m.Adapters, a)
-			}
-			ok = a != nil
-		case num == 11 && typ == protowire.BytesType:
-			var a string
-			if a, ok = d.str(s); ok {
-				m.Aliases = append(m.Aliases, a)
-			}
-		default:
-			ok = false
-		}
-		if !ok {
-			return nil
-		}
-	}
-	return m
-}
-
-func (d *Decoder) placementSpec(b []byte) *pb.PlacementSpec {
-	p := &pb.PlacementSpec{}
-	for len(b) > 0 {
-		num, typ, _, s, rest, ok := field(b)
-		if !ok || num != 1 || typ != protowire.BytesType {
-			return nil // the node selector (a map) included
-		}
-		b = rest
-		if p.Accelerator, ok = d.str(s); !ok {
-			return nil
-		}
-	}
-	return p
-}
-
-func (d *Decoder) engineSpec(b []byte) *pb.EngineSpec {
-	e := &pb.EngineSpec{}
-	for len(b) > 0 {
-		num, typ, v, s, rest, ok := field(b)
-		if !ok {
-			return nil
-		}
-		b = rest
-		switch {
-		case num == 1 && typ == protowire.BytesType:
-			e.Kind, ok = d.str(s)
-		case num == 2 && typ == protowire.VarintType:
-			e.MemoryPercent = uint32(v)
-		case num == 3 && typ == protowire.VarintType:
-			e.MemoryMib = v
-		case num == 4 && typ == protowire.VarintType:
-			e.ComputePercent = uint32(v)
-		case num == 5 && typ == protowire.VarintType:
-			e.MaxModelLen = uint32(v)
-		case num == 6 && typ == protowire.VarintType:
-			e.TensorParallel = uint32(v)
-		case num == 7 && typ == protowire.VarintType:
-			e.PipelineParallel = uint32(v)
-		case num == 8 && typ == protowire.BytesType:
-			var a string
-			if a, ok = d.str(s); ok {
-				e.Args = append(e.Args, a)
-			}
-		case num == 10 && typ == protowire.VarintType:
-			e.StartTimeoutSeconds = uint32(v)
-		case num == 11 && typ == protowire.BytesType:
-			e.Quantization, ok = d.str(s)
-		case num == 12 && typ == protowire.VarintType:
-			e.MaxAdapters = uint32(v)
-		default:
-			ok = false // the environment (a map) included
-		}
-		if !ok {
-			return nil
-		}
-	}
-	return e
-}
-
-func hostResources(b []byte) *pb.HostResources {
-	r := &pb.HostResources{}
-	for len(b) > 0 {
-		num, typ, v, _, rest, ok := field(b)
-		if !ok || typ != protowire.VarintType {
-			return nil
-		}
-		b = rest
-		switch num {
-		case 1:
-			r.CpuMilli = uint32(v)
-		case 2:
-			r.MemoryMib = v
-		default:
-			return nil
-		}
-	}
-	return r
-}
-
-func (d *Decoder) adapter(b []byte) *pb.Adapter {
-	a := &pb.Adapter{}
-	for len(b) > 0 {
-		num, typ, v, s, rest, ok := field(b)
-		if !ok {
-			return nil
-		}
-		b = rest
-		switch {
-		case num == 1 && typ == protowire.BytesType:
-			a.Name, ok = d.str(s)
-		case num == 2 && typ == protowire.BytesType:
-			a.Source, ok = d.str(s)
-		case num == 3 && typ == protowire.VarintType:
-			a.Rank = uint32(v)
-		case num == 4 && typ == protowire.BytesType:
-			var t string
-			if t, ok = d.str(s); ok {
-				a.Tenants = append(a.Tenants, t)
-			}
-		default:
-			ok = false
-		}
-		if !ok {
-			return nil
-		}
-	}
-	return a
-}
-
-func (d *Decoder) replicaAdapters(b []byte) *pb.ReplicaAdapters {
-	ra := &pb.ReplicaAdapters{}
-	for len(b) > 0 {
-		num, typ, _, s, rest, ok := field(b)
-		if !ok || num != 1 || typ != protowire.BytesType {
-			return nil
-		}
-		b = rest
-		a := &pb.AdapterStatus{}
-		for len(s) > 0 {
-			n, t, v, str, r, ok := field(s)
-			if !ok {
-				return nil
-			}
-			s = r
-			switch {
-			case n == 1 && t == protowire.BytesType:
-				if a.Name, ok = d.str(str); !ok {
-					return nil
-				}
-			case n == 2 && t == protowire.VarintType:
-				a.Tier = pb.AdapterTier(int32(v))
-			default:
-				return nil
-			}
-		}
-		ra.Adapters = append(ra.Adapters, a)
-	}
-	return ra
-}
-
-func slo(b []byte) *pb.SLO {
-	o := &pb.SLO{}
-	for len(b) > 0 {
-		num, typ, v, _, rest, ok := field(b)
-		if !ok || num != 1 || typ != protowire.VarintType {
-			return nil
-		}
-		b = rest
-		o.TtftMs = uint32(v)
-	}
-	return o
-}
-
-// createAccelerator decodes a CreateAccelerator, or returns nil for
-// protobuf to decode (a spec given twice is merged there).
-func (d *Decoder) createAccelerator(b []byte) *pb.CreateAccelerator {
-	c := d.accs.one(d.Slab)
-	for len(b) > 0 {
-		num, typ, v, s, rest, ok := field(b)
-		if !ok {
-			return nil
-		}
-		b = rest
-		switch {
-		case num == 1 && typ == protowire.BytesType:
-			c.Name, ok = d.str(s)
-		case num == 2 && typ == protowire.BytesType && c.Spec == nil:
-			c.Spec = d.acceleratorSpec(s)
-			ok = c.Spec != nil
-		case num == 3 && typ == protowire.VarintType:
-			c.Upsert = v != 0
-		default:
-			ok = false
-		}
-		if !ok {
-			return nil
-		}
-	}
-	return c
-}
-
-func (d *Decoder) acceleratorSpec(b []byte) *pb.AcceleratorSpec {
-	c := d.accSpecs.one(d.Slab)
-	for len(b) > 0 {
-		num, typ, v, s, rest, ok := field(b)
-		if !ok {
-			return nil
-		}
-		b = rest
-		switch {
-		case num == 1 && typ == protowire.BytesType:
-			c.Device, ok = d.str(s)
-		case num == 2 && typ == protowire.VarintType:
-			c.Tenancy = pb.Tenancy(int32(v))
-		case num == 3 && typ == protowire.VarintType:
-			c.MaxModels = uint32(v)
-		case num == 4 && typ == protowire.VarintType:
-			c.DevicesPerReplica = uint32(v)
-		default:
-			ok = false
-		}
-		if !ok {
-			return nil
-		}
-	}
-	return c
 }
 
 // otherCommand decodes a command this file does not read by hand with
@@ -756,48 +410,6 @@ func otherCommand(env *pb.Envelope, num protowire.Number, b []byte) bool {
 	return proto.Unmarshal(b, m) == nil
 }
 
-func (d *Decoder) replicaStatus(b []byte) *pb.ReplicaStatus {
-	c := d.statuses.one(d.Slab)
-	for len(b) > 0 {
-		num, typ, v, s, rest, ok := field(b)
-		if !ok {
-			return nil
-		}
-		b = rest
-		switch {
-		case num == 1 && typ == protowire.BytesType:
-			c.Model, ok = d.str(s)
-		case num == 2 && typ == protowire.VarintType:
-			c.Replica = uint32(v)
-		case num == 3 && typ == protowire.VarintType:
-			c.Generation = v
-		case num == 4 && typ == protowire.BytesType:
-			c.Node, ok = d.str(s)
-		case num == 5 && typ == protowire.VarintType:
-			c.State = pb.ReplicaState(int32(v))
-		case num == 6 && typ == protowire.BytesType:
-			c.Reason, ok = d.str(s)
-		case num == 7 && typ == protowire.VarintType:
-			c.Restarts = uint32(v)
-		case num == 8 && typ == protowire.BytesType:
-			c.Endpoint, ok = d.str(s)
-		case num == 9 && typ == protowire.VarintType:
-			c.Residency = pb.ReplicaResidency(int32(v))
-		case num == 10 && typ == protowire.BytesType:
-			c.ResidencyReason, ok = d.str(s)
-		case num == 11 && typ == protowire.BytesType && c.Adapters == nil:
-			c.Adapters = d.replicaAdapters(s)
-			ok = c.Adapters != nil
-		default:
-			ok = false
-		}
-		if !ok {
-			return nil
-		}
-	}
-	return c
-}
-
 func (d *Decoder) placeReplicas(b []byte) *pb.PlaceReplicas {
 	c := d.places.one(d.Slab)
 	// Count the repeated fields first so their slices are cut to size.
@@ -829,14 +441,14 @@ func (d *Decoder) placeReplicas(b []byte) *pb.PlaceReplicas {
 		b = rest
 		switch num {
 		case 1:
-			p := d.placement(s)
-			if p == nil {
+			p := d.placements.one(d.Slab)
+			if !placementFields.decode(d, p, s) {
 				return nil
 			}
 			c.Placements = append(c.Placements, p)
 		case 2:
-			p := d.pending(s)
-			if p == nil {
+			p := d.pendings.one(d.Slab)
+			if !pendingReasonFields.decode(d, p, s) {
 				return nil
 			}
 			c.Pending = append(c.Pending, p)
@@ -859,37 +471,6 @@ func (d *Decoder) placementSlice(n int) []*pb.Placement {
 
 func (d *Decoder) pendingSlice(n int) []*pb.PendingReason {
 	return d.pendPtrs.take(n, d.Slab)[:0]
-}
-
-func (d *Decoder) placement(b []byte) *pb.Placement {
-	p := d.placements.one(d.Slab)
-	for len(b) > 0 {
-		num, typ, v, s, rest, ok := field(b)
-		if !ok {
-			return nil
-		}
-		b = rest
-		switch {
-		case num == 1 && typ == protowire.BytesType:
-			p.Model, ok = d.str(s)
-		case num == 2 && typ == protowire.VarintType:
-			p.Replica = uint32(v)
-		case num == 3 && typ == protowire.VarintType:
-			p.Generation = v
-		case num == 4 && typ == protowire.BytesType:
-			p.Node, ok = d.str(s)
-		case num == 5 && typ == protowire.BytesType && p.Cards == nil:
-			p.Cards, ok = d.packedUint32s(s)
-		case num == 6 && typ == protowire.VarintType:
-			p.ShareMilli = uint32(v)
-		default:
-			ok = false // unpacked or split cards included: left to protobuf
-		}
-		if !ok {
-			return nil
-		}
-	}
-	return p
 }
 
 // packedUint32s decodes a packed repeated uint32 field, in a slice cut from
@@ -917,29 +498,4 @@ func (d *Decoder) packedUint32s(b []byte) ([]uint32, bool) {
 		return nil, false
 	}
 	return out, true
-}
-
-func (d *Decoder) pending(b []byte) *pb.PendingReason {
-	p := d.pendings.one(d.Slab)
-	for len(b) > 0 {
-		num, typ, v, s, rest, ok := field(b)
-		if !ok {
-			return nil
-		}
-		b = rest
-		switch {
-		case num == 1 && typ == protowire.BytesType:
-			p.Model, ok = d.str(s)
-		case num == 2 && typ == protowire.VarintType:
-			p.Replica = uint32(v)
-		case num == 3 && typ == protowire.BytesType:
-			p.Reason, ok = d.str(s)
-		default:
-			ok = false
-		}
-		if !ok {
-			return nil
-		}
-	}
-	return p
 }

@@ -9,7 +9,7 @@ import (
 
 	"connectrpc.com/connect"
 
-	"github.com/gpuplane/gpuplane/cluster"
+	"github.com/gpuplane/gpuplane/cluster/audit"
 	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
 	"github.com/gpuplane/gpuplane/proto/gpuplane/v1/gpuplanev1connect"
 )
@@ -20,7 +20,7 @@ func (h *eventHandlers) Log(ctx context.Context, req *connect.Request[pb.LogRequ
 	if err != nil {
 		return err
 	}
-	hist, err := b.History()
+	hist, err := audit.Live(b)
 	if err != nil {
 		return logError("audit log", err)
 	}
@@ -35,7 +35,7 @@ func (h *eventHandlers) Replay(ctx context.Context, req *connect.Request[pb.Repl
 	if err != nil {
 		return nil, err
 	}
-	hist, err := b.History()
+	hist, err := audit.Live(b)
 	if err != nil {
 		return nil, logError("replay", err)
 	}
@@ -52,7 +52,7 @@ func (h *eventHandlers) HashAt(ctx context.Context, req *connect.Request[pb.Hash
 	if err != nil {
 		return nil, err
 	}
-	index, hash, err := b.HashAt(req.Msg.GetIndex())
+	index, hash, err := audit.HashAt(b, req.Msg.GetIndex())
 	if err != nil {
 		return nil, connect.NewError(connect.CodeOutOfRange, err)
 	}
@@ -82,7 +82,7 @@ func (h *eventHandlers) Verify(ctx context.Context, req *connect.Request[pb.Veri
 		return nil, err
 	}
 	if req.Msg.GetLocal() {
-		v, err := b.VerifyLocal(ctx)
+		v, err := audit.VerifyLocal(ctx, b)
 		if err != nil {
 			return nil, logError("verify", err)
 		}
@@ -131,7 +131,7 @@ func (h *eventHandlers) Verify(ctx context.Context, req *connect.Request[pb.Veri
 	if err != nil {
 		return nil, logError("verify", fmt.Errorf("wait to apply index %d that a peer has applied: %w", highest, err))
 	}
-	self, err := b.VerifyLocal(ctx)
+	self, err := audit.VerifyLocal(ctx, b)
 	if err != nil {
 		return nil, logError("verify", err)
 	}
@@ -155,7 +155,7 @@ func (h *eventHandlers) compare(ctx context.Context, b LogBackend, self, peer *p
 			peer.FirstDivergence = index
 		}
 	}
-	_, mine, err := b.HashAt(peer.GetAppliedIndex())
+	_, mine, err := audit.HashAt(b, peer.GetAppliedIndex())
 	if err != nil || mine == "" {
 		fail(0, "cannot compare with %s at index %d: this server has no record there (%v)", peer.Server, peer.GetAppliedIndex(), err)
 		return
@@ -175,7 +175,7 @@ func (h *eventHandlers) compare(ctx context.Context, b LogBackend, self, peer *p
 	exact := true
 	for exact && hi-lo > 1 {
 		mid := lo + (hi-lo)/2
-		_, a, err := b.HashAt(mid)
+		_, a, err := audit.HashAt(b, mid)
 		if err != nil {
 			break
 		}
@@ -235,7 +235,7 @@ func (h *eventHandlers) Entries(ctx context.Context, req *connect.Request[pb.Ent
 	if err != nil {
 		return err
 	}
-	hist, err := b.History()
+	hist, err := audit.Live(b)
 	if err != nil {
 		return logError("audit entries", err)
 	}
@@ -243,7 +243,7 @@ func (h *eventHandlers) Entries(ctx context.Context, req *connect.Request[pb.Ent
 	from, to := max(req.Msg.GetFromIndex(), 1), applied
 	if t := req.Msg.GetToIndex(); t != 0 {
 		if t > applied {
-			return logError("audit entries", fmt.Errorf("%w: index %d is beyond the last applied entry, %d", cluster.ErrBeyondLog, t, applied))
+			return logError("audit entries", fmt.Errorf("%w: index %d is beyond the last applied entry, %d", audit.ErrBeyondLog, t, applied))
 		}
 		to = t
 	}

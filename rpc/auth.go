@@ -72,6 +72,9 @@ var procedureAccess = map[string]Access{
 	gpuplanev1connect.ResidencyServiceGetPlanProcedure:       AccessRead,
 	gpuplanev1connect.ResidencyServiceListProfilesProcedure:  AccessRead,
 
+	// What the separate reads above show, in one answer.
+	gpuplanev1connect.DashboardServiceSummaryProcedure: AccessRead,
+
 	gpuplanev1connect.DeviceServiceListDevicesProcedure: AccessRead,
 	gpuplanev1connect.DeviceServiceGetDeviceProcedure:   AccessRead,
 	gpuplanev1connect.NodeServiceListNodesProcedure:     AccessRead,

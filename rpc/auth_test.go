@@ -56,3 +56,11 @@ func TestResidencyNeedsRead(t *testing.T) {
 		}
 	}
 }
+
+// The dashboard's summary shows what the separate reads show: any token
+// may call it.
+func TestDashboardSummaryNeedsRead(t *testing.T) {
+	if got := ProcedureAccess(gpuplanev1connect.DashboardServiceSummaryProcedure); got != AccessRead {
+		t.Errorf("%s needs %s, want read", gpuplanev1connect.DashboardServiceSummaryProcedure, got)
+	}
+}

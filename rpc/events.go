@@ -9,6 +9,7 @@ import (
 	"connectrpc.com/connect"
 
 	"github.com/gpuplane/gpuplane/cluster"
+	"github.com/gpuplane/gpuplane/cluster/audit"
 	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
 )
 
@@ -16,16 +17,12 @@ import (
 // own log and the state machine's progress through it. *cluster.Cluster
 // implements it; a Backend that does not gets Unimplemented answers.
 type LogBackend interface {
-	NodeName() string
-	// History is the node's log for audit (an error on client nodes).
-	History() (*cluster.History, error)
+	// Server gives the node's log and live state to package audit (an
+	// error on client nodes).
+	audit.Server
 	// Progress returns the applied index and a channel closed when it changes.
 	Progress() (uint64, <-chan struct{})
 	WaitApplied(ctx context.Context, index uint64) error
-	// VerifyLocal replays the node's own log and compares it with its live state.
-	VerifyLocal(ctx context.Context) (*pb.ServerVerification, error)
-	// HashAt is the hash head the live state machine recorded as of index.
-	HashAt(index uint64) (uint64, string, error)
 	// ServerAddresses maps every Raft server's id to its API address.
 	ServerAddresses() (map[string]string, error)
 	// Compact drops the log's entries before an index that an archive
@@ -65,7 +62,7 @@ func (h *eventHandlers) Watch(ctx context.Context, req *connect.Request[pb.Watch
 	if err != nil {
 		return err
 	}
-	hist, err := b.History()
+	hist, err := audit.Live(b)
 	if err != nil {
 		return backendError("watch", err)
 	}
@@ -111,7 +108,7 @@ func logError(op string, err error) error {
 		return err
 	}
 	switch {
-	case errors.Is(err, cluster.ErrBeyondLog):
+	case errors.Is(err, audit.ErrBeyondLog):
 		return connect.NewError(connect.CodeOutOfRange, err)
 	case errors.Is(err, cluster.ErrNoLog):
 		return connect.NewError(connect.CodeFailedPrecondition, err)

@@ -14,6 +14,7 @@ import (
 	"connectrpc.com/connect"
 
 	"github.com/gpuplane/gpuplane/cluster"
+	"github.com/gpuplane/gpuplane/cluster/audit"
 	"github.com/gpuplane/gpuplane/fsm"
 	"github.com/gpuplane/gpuplane/internal/porttest"
 	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
@@ -528,7 +529,7 @@ func TestForwardProposeOneHop(t *testing.T) {
 	if n := leader.calls.get(batchesProc) - batches; n != 0 {
 		t.Fatalf("the leader got %d Forward batches besides: the writes took two hops", n)
 	}
-	h, err := leader.c.History()
+	h, err := audit.Live(leader.c)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -15,6 +15,7 @@ import (
 	"connectrpc.com/connect"
 	"connectrpc.com/grpchealth"
 	"connectrpc.com/grpcreflect"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/gpuplane/gpuplane/node/residency"
 	"github.com/gpuplane/gpuplane/proto/gpuplane/v1/gpuplanev1connect"
@@ -56,6 +57,7 @@ var services = []string{
 	gpuplanev1connect.ACLServiceName,
 	gpuplanev1connect.LogServiceName,
 	gpuplanev1connect.ResidencyServiceName,
+	gpuplanev1connect.DashboardServiceName,
 }
 
 // Config configures the API server.
@@ -91,6 +93,9 @@ type Config struct {
 	Residency *residency.Journal
 	// Metrics, when set, is served at /metrics (Prometheus text format).
 	Metrics http.Handler
+	// Gatherer is the registry behind Metrics: DashboardService.Summary
+	// reads this node's gateway series from it (nil: it shows none).
+	Gatherer prometheus.Gatherer
 	// BodyReadTimeout bounds how long a request body (of a call whose
 	// client does not stream) may take to arrive; 0 is 30 seconds.
 	BodyReadTimeout time.Duration
@@ -142,9 +147,9 @@ func Handler(cfg Config) http.Handler {
 		peers = HTTPClient()
 	}
 	mux.Handle(wrap(gpuplanev1connect.NewLogServiceHandler(&logHandlers{b: cfg.Backend, node: cfg.NodeName, read: cfg.ReadLogs, peers: peers}, opts...)))
-	mux.Handle(wrap(gpuplanev1connect.NewResidencyServiceHandler(&residencyHandlers{
-		b: cfg.Backend, node: cfg.NodeName, journal: cfg.Residency, peers: peers, closing: cfg.closing,
-	}, opts...)))
+	rh := &residencyHandlers{b: cfg.Backend, node: cfg.NodeName, journal: cfg.Residency, peers: peers, closing: cfg.closing}
+	mux.Handle(wrap(gpuplanev1connect.NewResidencyServiceHandler(rh, opts...)))
+	mux.Handle(wrap(gpuplanev1connect.NewDashboardServiceHandler(newDashboardHandlers(cfg.Backend, rh, cfg.Gatherer), opts...)))
 	mux.Handle(grpchealth.NewHandler(grpchealth.NewStaticChecker(services...)))
 	reflector := grpcreflect.NewStaticReflector(services...)
 	mux.Handle(grpcreflect.NewHandlerV1(reflector))

@@ -7,9 +7,9 @@ import (
 
 // The web dashboard: one page and its script and style sheet, embedded so
 // that the binary serves it with no build step and the browser fetches
-// nothing from anywhere else. It reads the same Connect JSON API the CLI
-// uses (and this node's /metrics), so it shows exactly what the API allows
-// the viewer to see.
+// nothing from anywhere else. It reads the Connect JSON API
+// (DashboardService.Summary, dashboard.go, and the residency decisions),
+// so it shows exactly what the API allows the viewer to see.
 //
 //go:embed ui/index.html ui/app.js ui/style.css
 var uiFiles embed.FS

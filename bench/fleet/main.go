@@ -1,5 +1,5 @@
 // Command fleet loads three real gpuplane servers with a fleet of hollow
-// client nodes (`gpuplane agent --hollow N`, issue 21), as kubemark loads
+// client nodes (`gpuplane agent --hollow N`), as kubemark loads
 // Kubernetes with hollow kubelets and nomad-nodesim loads Nomad, and
 // measures what the control plane does at that size:
 //

@@ -100,7 +100,7 @@ func ask(t *testing.T, p *simProc, salt *string, prompt string, stream bool) sal
 	return a
 }
 
-// TestSimCacheIsolation (issue 14, must-show 4) runs a real sim engine
+// TestSimCacheIsolation runs a real sim engine
 // process and sends it prompts under the cache salts the gateway derives
 // for two tenants: tenant B sending tenant A's exact prompt gets no cached
 // tokens, nor does a request without a salt; A resending gets a hit, in the

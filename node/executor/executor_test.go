@@ -580,7 +580,7 @@ func (r *reporter) reportsWith(model string, state pb.ReplicaState) []*pb.Replic
 	return out
 }
 
-// 6. (issue 23, item 2) An engine that never becomes ready does not block
+// 6. An engine that never becomes ready does not block
 // the card: the replica waiting for it says whom it waits for, the stuck one
 // is Failed at its start deadline with a reason that says so, and the
 // waiting one then starts and runs.
@@ -627,7 +627,7 @@ func TestStartDeadlineFreesTheCard(t *testing.T) {
 	}
 }
 
-// 7. (issue 23, item 3) A command engine is Running only once it listens:
+// 7. A command engine is Running only once it listens:
 // one that never listens fails at its start deadline with a reason saying
 // nothing listened on its port; one that listens after a second runs, and
 // not before it listens.
@@ -671,7 +671,7 @@ func TestCommandEngineRunsOnlyOnceItListens(t *testing.T) {
 	}
 }
 
-// 8. (issue 23, item 5) An engine that exits at once is never recorded
+// 8. An engine that exits at once is never recorded
 // Running, however its exit and the health checks interleave: checks far
 // more frequent than the restarts leave a tick waiting at every launch.
 func TestEngineThatExitsAtOnceIsNeverRunning(t *testing.T) {
@@ -694,7 +694,7 @@ func TestEngineThatExitsAtOnceIsNeverRunning(t *testing.T) {
 	}
 }
 
-// 9. (issue 23, item 5) After an agent restart, a replica whose engine died
+// 9. After an agent restart, a replica whose engine died
 // while no executor watched it is first reported Failed, with its restart
 // count carried on from the cluster's record, then started again; a replica
 // stopped with the previous agent keeps its count too.

@@ -13,8 +13,8 @@ import (
 	"github.com/gpuplane/gpuplane/node/residency"
 )
 
-// BenchmarkAdaptersPerCard measures issue 15's goal in virtual time with
-// the real controller: how many adapters one card hosts at the interactive
+// BenchmarkAdaptersPerCard measures, in virtual time with the real
+// controller, how many adapters one card hosts at the interactive
 // SLO (p95 TTFT ≤ 800 ms) on one base, against one replica per fine-tune.
 //
 // The card is an L4 (24 GiB); the base is an 8B model on 40 % of it (so

@@ -11,8 +11,8 @@ import (
 // weighs 1 and older ones fade by gapKeep per gap, so the histogram follows
 // the model's own pace: a busy model's last few minutes, a rare one's last
 // days. From it the controller answers "this model has been idle for t:
-// how likely is its next request within h?" (Serverless in the Wild's
-// idle-time histogram, CONTROLLER-NOTES.md §4): bursty traffic (a coding
+// how likely is its next request within h?" (the idle-time histogram of
+// "Serverless in the Wild", USENIX ATC'20, in place of a fixed keep-alive): bursty traffic (a coding
 // service that goes quiet for minutes) has a long tail, so a long idle
 // spell predicts a longer one, which a rate alone cannot tell.
 type gapHist struct {

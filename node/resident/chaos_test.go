@@ -516,7 +516,7 @@ var chaosRegressionSeeds = []uint64{
 	// I1 after an agent kill: the new ledger took for free the memory of
 	// an adopted engine it was about to stop, and of one whose replica had
 	// just left the node (first seen under -race with the log writers'
-	// orphan watch on, issue 19 item 12).
+	// orphan watch on).
 	1796141724625853535,
 }
 

@@ -6,8 +6,9 @@ import (
 )
 
 // The baselines run on the same engines and trace as gpuplane. Each
-// follows the tool's documented behaviour (CONTROLLER-NOTES.md §1–§2,
-// docs/simulate.md); what a tool leaves to chance is made deterministic and said.
+// follows the tool's documented behaviour (its scheduler's source and
+// docs, named below; docs/simulate.md); what a tool leaves to chance is
+// made deterministic and said.
 
 // ollama follows ollama/ollama server/sched.go and envconfig/config.go:
 //   - one global FIFO of pending requests, at most OLLAMA_MAX_QUEUE (512)

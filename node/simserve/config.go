@@ -31,9 +31,9 @@ type Config struct {
 	// hour when there is no trace.
 	DurationSeconds float64 `json:"durationSeconds"`
 	// WarmupSeconds: requests arriving before it run but are not measured,
-	// nor are the loads, wakes and evictions before it (the benchmark
-	// protocol's warm-up, CONTROLLER-NOTES.md §6(c)): every policy starts
-	// with a cold card.
+	// nor are the loads, wakes and evictions before it (a warm-up, so
+	// that what is measured is the steady state, not how each policy
+	// fills an empty card): every policy starts with a cold card.
 	WarmupSeconds float64         `json:"warmupSeconds"`
 	Ollama        OllamaConfig    `json:"ollama"`
 	LlamaSwap     LlamaSwapConfig `json:"llamaswap"`
@@ -88,7 +88,8 @@ type ModelConfig struct {
 	// Adapters are LoRA adapters on this base model, asked for as
 	// "model:adapter" (docs/gateway.md). The engine keeps MaxAdapters (default
 	// 4) loaded and loads another in AdapterLoadSeconds (default 0.2 s,
-	// within the 80–370 ms of CONTROLLER-NOTES §4).
+	// between the 370 ms and 83.5 ms ServerlessLLM, OSDI'24, reports for
+	// loading a LoRA adapter without and with its loader).
 	Adapters           []string `json:"adapters"`
 	AdapterLoadSeconds float64  `json:"adapterLoadSeconds"`
 	MaxAdapters        int      `json:"maxAdapters"`
@@ -157,6 +158,10 @@ type SyntheticStream struct {
 	// from and until bound when a closed-loop stream sends (until 0: the
 	// run's end); a replay of a live run (replay.go) sets them per mix.
 	from, until float64
+	// sent, when set, are the requests a live closed loop sent, in order
+	// (replay.go): the stream's n-th send has the n-th one's lengths and,
+	// timed, its paths to and from the engine.
+	sent []LiveRequest
 }
 
 // OllamaConfig sets the ollama baseline (defaults from ollama's

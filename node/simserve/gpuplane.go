@@ -49,12 +49,23 @@ func newGpuplane(s *sim) (*gpuplane, error) {
 		}
 	}
 	for _, e := range s.engines {
-		if _, err := q.AddDeployment(queue.Deployment{Name: e.m.Name, MaxInFlight: e.m.MaxInFlight, MaxTokens: e.m.KVTokens, QueueLimit: 512}, epoch); err != nil {
+		d := queue.Deployment{Name: e.m.Name, MaxInFlight: e.m.MaxInFlight, MaxTokens: e.m.KVTokens, QueueLimit: 512}
+		if s.fronted {
+			// A front holds a request only until the model is resident;
+			// the sim engine process runs every request whose prompt fits
+			// its KV pool.
+			d.MaxInFlight, d.MaxTokens, d.QueueLimit = frontedInFlight, 0, frontedInFlight
+			e.maxInFlight = frontedInFlight
+		}
+		if _, err := q.AddDeployment(d, epoch); err != nil {
 			return nil, err
 		}
 	}
 	return p, nil
 }
+
+// frontedInFlight stands for no cap: more requests than a replay sends.
+const frontedInFlight = 1 << 20
 
 func (p *gpuplane) at() time.Time { return epoch.Add(time.Duration(p.s.now * float64(time.Second))) }
 

@@ -12,7 +12,9 @@ import (
 
 // The interference matrix of docs/simulate.md in virtual time: each model alone,
 // every pair, then the whole set, under short, long, bursty and background
-// request mixes (CONTROLLER-NOTES.md §6(c)), under gpuplane's policy. It is
+// request mixes (short: ~256 tokens in, ~128 out; long: 8k in, 1k out;
+// bursty: on/off; background: 2k out, a closed batch), under gpuplane's
+// policy. It is
 // the simulated half of `gpuplane bench interference` (which runs the same
 // matrix on real agents and sim engine processes): the same cells, measures,
 // flags and report.

@@ -228,7 +228,7 @@ func (m *metrics) end(r *request, o outcome, status int, now float64) {
 		mm.failed++
 	case outcomeDone:
 		mm.completed++
-		ttft := r.firstAt - r.a.Time + r.a.lag
+		ttft := r.firstAt - r.a.Time + r.a.lag + r.a.back
 		mm.ttft = append(mm.ttft, ttft)
 		ok := cfg.SLOTTFTSeconds == 0 || ttft <= cfg.SLOTTFTSeconds
 		if r.a.OutputTokens > 1 {

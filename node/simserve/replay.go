@@ -18,9 +18,20 @@ import (
 // controller (shares, no load or wake priors). What the simulator has no
 // model of — the client's, the node front's and the engine's HTTP and
 // scheduling time on the machine the bench ran on — is the measured
-// per-request overhead: each request reaches the node one draw of its
-// model's overhead samples after it was sent, and its TTFT counts from the
-// send.
+// per-request overhead. A request the live engine timed (LiveRequest.In
+// and Out: the sim engine stamps when it received the request and wrote
+// its first token) reaches the simulated engine its own In after its send
+// and adds its own Out to its TTFT, so that the replay and the live run
+// differ only by the engine's part; a closed loop's requests, whose sends
+// follow the replay's own answers, are the live loop's in order
+// (LiveClosed.Sent), with their paths where timed; any other request is
+// delayed by a draw of its model's overhead samples.
+// TTFTs count from the send. The bench sends to the replicas' fronts,
+// which hold a request only while its model is not resident: the replay
+// has no gateway queue before the engines (no in-flight cap, no
+// reservation of prompt + output tokens), and each engine runs every
+// request whose prompt fits its KV pool, as the sim
+// engine process does.
 
 // LiveRequest is one request the live bench sent: when, in the config's
 // seconds from the set's start, to which model, and its lengths.
@@ -29,15 +40,26 @@ type LiveRequest struct {
 	Model        string  `json:"model"`
 	PromptTokens int     `json:"promptTokens"`
 	OutputTokens int     `json:"outputTokens"`
+	// Timed says In and Out were measured: In from the send to the
+	// engine's receipt, Out from the engine's first token to the
+	// client's, config seconds.
+	Timed   bool    `json:"timed,omitempty"`
+	In, Out float64 `json:"-"`
 }
 
 // LiveClosed is a closed-loop stream of a mix: Concurrency requests
 // always outstanding for Model, lengths drawn around the means.
+//
+// Sent are the requests it sent, in the order sent: the replay's loop
+// sends the same ones in the same order (lengths, and paths where timed),
+// as the replay's answers let it; without them, lengths are drawn around
+// the means.
 type LiveClosed struct {
-	Model        string `json:"model"`
-	Concurrency  int    `json:"concurrency"`
-	PromptTokens int    `json:"promptTokens"`
-	OutputTokens int    `json:"outputTokens"`
+	Model        string        `json:"model"`
+	Concurrency  int           `json:"concurrency"`
+	PromptTokens int           `json:"promptTokens"`
+	OutputTokens int           `json:"outputTokens"`
+	Sent         []LiveRequest `json:"-"`
 }
 
 // LivePhase is one mix as the live bench ran it on a set: the open-loop
@@ -56,7 +78,10 @@ type ReplayOptions struct {
 	// (config seconds); each request is delayed by one drawn from the
 	// seed. None: no overhead.
 	Overhead map[string][]float64
-	Seed     uint64
+	// Bare replays without any overhead: every request reaches the node
+	// as it is sent, timed or not.
+	Bare bool
+	Seed uint64
 }
 
 // ReplaySet runs models (names of cfg's models) through the warm-up
@@ -91,16 +116,24 @@ func ReplaySet(cfg *Config, models []string, warm []LiveRequest, phases []LivePh
 			if c.model(cl.Model) < 0 {
 				return nil, fmt.Errorf("replay: phase %s: model %q is not in the set", ph.Mix, cl.Model)
 			}
-			c.Synthetic = append(c.Synthetic, SyntheticStream{Model: cl.Model, Tenants: []string{tenant}, Concurrency: cl.Concurrency,
-				PromptTokens: cl.PromptTokens, OutputTokens: cl.OutputTokens, from: ph.Start, until: ph.End})
+			st := SyntheticStream{Model: cl.Model, Tenants: []string{tenant}, Concurrency: cl.Concurrency,
+				PromptTokens: cl.PromptTokens, OutputTokens: cl.OutputTokens, from: ph.Start, until: ph.End}
+			st.sent = cl.Sent
+			c.Synthetic = append(c.Synthetic, st)
 		}
 	}
 	c.DurationSeconds = end
 	s := newSim(&c, o.Seed, end)
 	s.agentPriors = true
+	// The live bench sends to the replicas' fronts (the node's own
+	// endpoints), not through the gateway's queue.
+	s.fronted = true
+	s.livePaths = !o.Bare
 	s.ovRng = rand.New(rand.NewPCG(o.Seed, 0x0e7e7ead))
 	for _, m := range c.Models {
-		s.overhead = append(s.overhead, o.Overhead[m.Name])
+		if !o.Bare {
+			s.overhead = append(s.overhead, o.Overhead[m.Name])
+		}
 	}
 	var arr []Arrival
 	add := func(r LiveRequest) error {
@@ -108,9 +141,15 @@ func ReplaySet(cfg *Config, models []string, warm []LiveRequest, phases []LivePh
 		if m < 0 {
 			return fmt.Errorf("replay: request for %q, not in the set", r.Model)
 		}
-		ov := s.drawOverhead(m)
-		arr = append(arr, Arrival{Time: r.Time + ov, lag: ov, Model: m, Tenant: tenant,
-			PromptTokens: r.PromptTokens, OutputTokens: r.OutputTokens, order: len(arr)})
+		a := Arrival{Model: m, Tenant: tenant, PromptTokens: r.PromptTokens, OutputTokens: r.OutputTokens, order: len(arr)}
+		switch {
+		case !o.Bare && r.Timed:
+			a.lag, a.back = max(r.In, 0), max(r.Out, 0)
+		case !o.Bare:
+			a.lag = s.drawOverhead(m)
+		}
+		a.Time = r.Time + a.lag
+		arr = append(arr, a)
 		return nil
 	}
 	for _, r := range warm {
@@ -134,7 +173,7 @@ func ReplaySet(cfg *Config, models []string, warm []LiveRequest, phases []LivePh
 	s.onEnd = func(r *request, o outcome) {
 		x := rec{sent: r.a.Time - r.a.lag, o: o}
 		if o == outcomeDone {
-			x.ttft = r.firstAt - x.sent
+			x.ttft = r.firstAt - x.sent + r.a.back
 		}
 		recs[r.a.Model] = append(recs[r.a.Model], x)
 	}

@@ -166,8 +166,10 @@ type sim struct {
 	outstanding int
 	closedRng   []*rand.Rand
 	closedFails []int
-	usable      int64
-	overMemory  bool
+	// closedSent counts each closed-loop stream's sends.
+	closedSent []int
+	usable     int64
+	overMemory bool
 	// observe, when set, runs after every step (tests).
 	observe func(*sim)
 	// overhead, when set, is each model's fixed per-request overhead
@@ -175,11 +177,18 @@ type sim struct {
 	// after its client sent it. onEnd, when set, hears of every request's
 	// end (a request lost in the drain as failed).
 	overhead [][]float64
-	ovRng    *rand.Rand
-	onEnd    func(r *request, o outcome)
+	// livePaths delays a replayed live request by its own measured path
+	// to the engine and adds its path back to its TTFT.
+	livePaths bool
+	ovRng     *rand.Rand
+	onEnd     func(r *request, o outcome)
 	// agentPriors gives the controller the deployments as the agent
 	// does: shares without load, wake or memory priors.
 	agentPriors bool
+	// fronted sends requests as a replica's front does (replay.go): no
+	// gateway queue before the engine (no in-flight cap, no token
+	// reservation), the engine's own KV pool the only limit.
+	fronted bool
 }
 
 // drainAfter is how long the run continues after the last arrival for the
@@ -195,6 +204,7 @@ func newSim(cfg *Config, seed uint64, end float64) *sim {
 	for i := range cfg.Synthetic {
 		s.closedRng = append(s.closedRng, rand.New(rand.NewPCG(seed, 0xc105ed00+uint64(i))))
 		s.closedFails = append(s.closedFails, 0)
+		s.closedSent = append(s.closedSent, 0)
 	}
 	return s
 }
@@ -551,7 +561,20 @@ func (s *sim) closedSend(i int) {
 	rng := s.closedRng[i]
 	a := Arrival{Time: s.now, Model: s.cfg.model(st.Model), Tenant: pickTenant(s.cfg, st.Tenants, rng),
 		PromptTokens: around(rng, st.PromptTokens), OutputTokens: around(rng, st.OutputTokens)}
-	if ov := s.drawOverhead(a.Model); ov > 0 {
+	ov := -1.0
+	if n := len(st.sent); n > 0 {
+		// A replayed live loop: the n-th send is the live n-th one.
+		lr := st.sent[s.closedSent[i]%n]
+		a.PromptTokens, a.OutputTokens = lr.PromptTokens, lr.OutputTokens
+		if lr.Timed && s.livePaths {
+			ov, a.back = max(lr.In, 0), max(lr.Out, 0)
+		}
+	}
+	s.closedSent[i]++
+	if ov < 0 {
+		ov = s.drawOverhead(a.Model)
+	}
+	if ov > 0 {
 		a.Time, a.lag = a.Time+ov, ov
 		r := s.newRequest(a)
 		r.stream = i + 1

@@ -36,6 +36,9 @@ type Arrival struct {
 	// run (replay.go) delivers each request its measured overhead after
 	// the client sent it, and its TTFT counts from the send.
 	lag float64
+	// back is the measured time from the engine's first token to the
+	// client's (a replayed live request timed in-band), added to its TTFT.
+	back float64
 }
 
 // jsonlRecord is gpuplane's trace format, one JSON object a line:

@@ -1,8 +1,10 @@
-// The gpuplane dashboard: reads the Connect JSON API the CLI uses, this
-// node's /metrics, and follows the residency controllers' decisions. It
-// changes nothing. Sections are rendered as HTML strings and replaced only
-// when their text changes, so a refresh that finds nothing new touches no
-// DOM (this keeps a refresh cheap with a thousand replicas).
+// The gpuplane dashboard: one call per refresh (DashboardService.Summary)
+// returns what the page draws, and, given the revision of the page's last
+// answer, only the cards, models and tenants that changed since; the page
+// follows the residency controllers' decisions as they are recorded. It
+// changes nothing. Only what changed is redrawn: a changed card's bar, a
+// changed model's row, a cell whose text changed (a refresh with a
+// thousand replicas and nothing new touches almost no DOM).
 "use strict";
 
 const $ = id => document.getElementById(id);
@@ -12,20 +14,18 @@ const P95_WINDOW_S = 300;
 const RATE_WINDOW_S = 30;
 const MAX_DECISIONS = 5000;
 const SHOWN_DECISIONS = 300;
-// The page reads the answering node's state without confirming it with the
-// leader (--stale): a view that refreshes every 2 s needs no linearizable
-// read, and a follower answers it without a round trip to the leader.
-const STALE = {stale: true};
 
 // stats is read by the browser tests and the benchmark: when the first
 // render finished, how long each refresh took, and how many there were.
-const stats = window.gpuplaneStats = {firstRenderMs: 0, lastRefreshMs: 0, fetchMs: 0, renderMs: 0, refreshes: 0, decisions: 0};
+const stats = window.gpuplaneStats = {firstRenderMs: 0, lastRefreshMs: 0, fetchMs: 0, renderMs: 0, refreshes: 0, decisions: 0, bytes: 0};
 
 const tokenInput = $("token");
 tokenInput.value = localStorage.getItem("gpuplane-token") || "";
 $("tokenform").addEventListener("submit", e => {
   e.preventDefault();
   localStorage.setItem("gpuplane-token", tokenInput.value);
+  // Another token may see another cluster's worth: start over.
+  revision = "0";
   followDecisions();
   refresh();
 });
@@ -40,6 +40,7 @@ async function call(service, method, body) {
   const resp = await fetch(`/gpuplane.v1.${service}/${method}`, {
     method: "POST", headers: authHeaders("application/json"), body: JSON.stringify(body || {})});
   const text = await resp.text();
+  stats.bytes = text.length;
   let j = {};
   try { j = JSON.parse(text); } catch (e) { j = {message: text.slice(0, 200)}; }
   if (!resp.ok) {
@@ -52,21 +53,35 @@ async function call(service, method, body) {
 
 const esc = s => String(s ?? "").replace(/[&<>"']/g, c => ({"&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;"}[c]));
 const num = x => Number(x || 0);
-const word = (s, prefix) => (s || "").replace(prefix, "").toLowerCase();
-const cap = s => s ? s.charAt(0).toUpperCase() + s.slice(1) : s;
 const mib = n => n >= 1024 ? `${(n / 1024).toFixed(1)}Gi` : `${n}Mi`;
 const rfc3339 = t => t ? new Date(t).toISOString().replace(/\.\d+Z$/, "Z") : "";
 
-// set replaces el's content when html differs from what it holds, then
-// sizes the elements that carry a width in data-w (percent): the page's
-// content security policy forbids style attributes in markup.
+// sizeWidths sizes the elements under el that carry a width in data-w
+// (percent): the page's content security policy forbids style attributes
+// in markup.
+function sizeWidths(el) {
+  if (el.dataset?.w) el.style.width = el.dataset.w + "%";
+  for (const w of el.querySelectorAll("[data-w]")) w.style.width = w.dataset.w + "%";
+}
+
+// set replaces el's content when html differs from what it holds.
 const shown = new WeakMap();
 function set(el, html) {
   if (shown.get(el) === html) return false;
   shown.set(el, html);
   el.innerHTML = html;
-  for (const w of el.querySelectorAll("[data-w]")) w.style.width = w.dataset.w + "%";
+  sizeWidths(el);
   return true;
+}
+
+function attr(el, name, value) {
+  if (el.getAttribute(name) !== value) el.setAttribute(name, value);
+}
+
+const template = document.createElement("template");
+function element(html) {
+  template.innerHTML = html.trim();
+  return template.content.firstElementChild;
 }
 
 // cells is a row's cells: text, or {html, attrs} for markup.
@@ -78,93 +93,67 @@ function table(header, rows) {
     rows.map(r => `<tr>${cells(r)}</tr>`).join("") + "</tbody>";
 }
 
-// ---- residency vocabulary
-
-const residencyName = r => ({RESIDENCY_WARM: "warm", RESIDENCY_ON_DEMAND: "onDemand"}[r] || "pinned");
-const replicaResidency = r => cap(word(r, "REPLICA_RESIDENCY_").replace("unspecified", ""));
 const LOADED = new Set(["Loading", "Resident", "Waking", "Draining"]);
-
-// segmentKind is what a replica's share is on its card, counted the way
-// `devices get` counts: loaded shares are RESIDENT, asleep ones SLEEPING
-// (still on the card, lent while asleep, when reserved; only in host RAM
-// when onDemand), reserved shares not loaded are used but not resident.
-function segmentKind(rep, spec) {
-  const state = replicaResidency(rep.residency);
-  const reserves = residencyName(spec?.residency) !== "onDemand";
-  if (LOADED.has(state)) return "resident";
-  if (state === "Sleeping") return reserves ? "lent" : "host";
-  return reserves ? "reserved" : "cold";
-}
 const KIND_TEXT = {resident: "resident", lent: "asleep in host RAM; its reserved share is lent", host: "asleep in host RAM",
   reserved: "reserved, not loaded", cold: "cold (on disk)", headroom: "headroom", free: "free"};
 
-// ---- metrics from /metrics (this node's gateway)
+// ---- what the page holds: the answers so far, merged
 
+let revision = "0";
+const cards = new Map(); // "node/index" → DashboardCard
+const models = new Map(); // name → DashboardModel
+const tenants = new Map(); // name → DashboardTenant
+let members = [];
+let bounds = [];
+let health = {};
+
+// merge takes one Summary answer into the page's state and says what
+// changed.
+function merge(s) {
+  const full = !!s.full;
+  if (full) {
+    cards.clear();
+    models.clear();
+    tenants.clear();
+  }
+  const changedCards = [], changedModels = [];
+  for (const c of s.cards || []) {
+    const k = `${c.node}/${num(c.index)}`;
+    cards.set(k, c);
+    changedCards.push(k);
+  }
+  for (const k of s.removedCards || []) {
+    cards.delete(k);
+    changedCards.push(k);
+  }
+  for (const m of s.models || []) {
+    models.set(m.name, m);
+    changedModels.push(m.name);
+  }
+  for (const n of s.removedModels || []) {
+    models.delete(n);
+    changedModels.push(n);
+  }
+  for (const t of s.tenants || []) tenants.set(t.name, t);
+  for (const n of s.removedTenants || []) tenants.delete(n);
+  if (s.members) members = s.members.members || [];
+  bounds = s.ttftBounds || [];
+  health = s.health || {};
+  revision = s.revision || "0";
+  return {full, changedCards, changedModels};
+}
+
+// ---- the gateway's counters over time
+
+// A sample is the models' and tenants' counters at one refresh: the maps
+// are copied, their entries (replaced when they change) are shared.
 const samples = [];
 
-// label reads one label's value from a series' label text (the part
-// between the braces); Prometheus escapes only backslash, quote and newline.
-function label(ls, name) {
-  const i = ls.indexOf(name + '="');
-  if (i < 0 || (i > 0 && ls[i - 1] !== ",")) return i < 0 ? "" : label(ls.slice(i + 1), name);
-  let v = "";
-  for (let j = i + name.length + 2; j < ls.length; j++) {
-    const c = ls[j];
-    if (c === "\\") { v += ls[++j] === "n" ? "\n" : ls[j]; continue; }
-    if (c === '"') break;
-    v += c;
-  }
-  return v;
-}
-
-// parseMetrics reads the gateway's series from /metrics text. It looks at
-// each line's name before anything else: a node's /metrics holds
-// thousands of lines, most of them buckets.
-function parseMetrics(text, t) {
-  const s = {t, ttft: {}, count: {}, tokens: {}, tenantTokens: {}, queue: {}, weights: {}};
-  let at = 0;
-  for (;;) {
-    const i = text.indexOf("\ngpuplane_gateway_", at);
-    if (i < 0) break;
-    const end = text.indexOf("\n", i + 1);
-    const line = text.slice(i + 1, end < 0 ? text.length : end);
-    at = end < 0 ? text.length : end;
-    const open = line.indexOf("{"), close = line.lastIndexOf("}");
-    const name = open < 0 ? line.slice(0, line.indexOf(" ")) : line.slice(0, open);
-    const ls = open < 0 ? "" : line.slice(open + 1, close);
-    const v = Number(line.slice((close < 0 ? line.indexOf(" ") : close + 1)).trim().split(" ")[0]);
-    switch (name) {
-      case "gpuplane_gateway_ttft_seconds_bucket": {
-        const model = label(ls, "model"), le = label(ls, "le");
-        const b = s.ttft[model] ||= {};
-        b[le] = (b[le] || 0) + v;
-        break;
-      }
-      case "gpuplane_gateway_ttft_seconds_count": {
-        const model = label(ls, "model");
-        s.count[model] = (s.count[model] || 0) + v;
-        break;
-      }
-      case "gpuplane_gateway_tokens_total": {
-        const model = label(ls, "model"), tenant = label(ls, "tenant");
-        s.tokens[model] = (s.tokens[model] || 0) + v;
-        s.tenantTokens[tenant] = (s.tenantTokens[tenant] || 0) + v;
-        break;
-      }
-      case "gpuplane_gateway_queue_depth": {
-        const r = label(ls, "replica");
-        s.queue[r] = (s.queue[r] || 0) + v;
-        break;
-      }
-      case "gpuplane_gateway_tenant_weight": s.weights[label(ls, "tenant")] = v; break;
-    }
-  }
-  return s;
-}
-
-function addSample(s) {
+function addSample(t) {
+  const s = {t, models: new Map(models), tenants: new Map(tenants)};
   samples.push(s);
-  while (samples.length > 2 && s.t - samples[1].t > P95_WINDOW_S * 1000) samples.shift();
+  while (samples.length > 2 && t - samples[1].t > P95_WINDOW_S * 1000) samples.shift();
+  return s;
 }
 
 // p95Base is the sample the p95 and the tenants' shares count from: the
@@ -180,23 +169,18 @@ function rateBase(now) {
 }
 
 // quantile interpolates within the histogram's buckets as Prometheus's
-// histogram_quantile does.
+// histogram_quantile does; the +Inf bucket holds every request.
 function quantile(q, now, base) {
-  if (!now) return NaN;
-  const les = Object.keys(now).sort((a, b) => (a === "+Inf" ? Infinity : Number(a)) - (b === "+Inf" ? Infinity : Number(b)));
-  const cum = les.map(le => (now[le] || 0) - (base?.[le] || 0));
-  const total = cum[cum.length - 1];
+  const total = num(now?.requests) - num(base?.requests);
   if (!(total > 0)) return NaN;
+  const nb = now.ttftBuckets || [], bb = base?.ttftBuckets || [];
   const rank = q * total;
   let prevLe = 0, prevC = 0;
-  for (let i = 0; i < les.length; i++) {
-    if (cum[i] >= rank) {
-      if (les[i] === "+Inf") return prevLe;
-      const le = Number(les[i]);
-      return prevLe + (le - prevLe) * (cum[i] === prevC ? 0 : (rank - prevC) / (cum[i] - prevC));
-    }
-    prevLe = les[i] === "+Inf" ? prevLe : Number(les[i]);
-    prevC = cum[i];
+  for (let i = 0; i < bounds.length; i++) {
+    const c = num(nb[i]) - num(bb[i]);
+    if (c >= rank) return prevLe + (bounds[i] - prevLe) * (c === prevC ? 0 : (rank - prevC) / (c - prevC));
+    prevLe = bounds[i];
+    prevC = c;
   }
   return prevLe;
 }
@@ -207,6 +191,20 @@ let decisions = [];
 let decisionKeys = new Set();
 let decisionState = "";
 let decisionAbort = null;
+// byModel indexes the decisions by deployment, for the timelines; a
+// deployment's timeline is redrawn when it gets a new one.
+let byModel = new Map();
+let timelinesStale = true;
+const staleTimelines = new Set();
+
+const deploymentOf = id => { const i = (id || "").lastIndexOf("/"); return i < 0 ? id : id.slice(0, i); };
+
+function indexDecision(d) {
+  const name = deploymentOf(d.model);
+  if (!byModel.has(name)) byModel.set(name, []);
+  byModel.get(name).push(d);
+  staleTimelines.add(name);
+}
 
 function addDecisions(ds) {
   for (const d of ds) {
@@ -215,10 +213,13 @@ function addDecisions(ds) {
     decisionKeys.add(k);
     d.at = Date.parse(d.time);
     decisions.push(d);
+    indexDecision(d);
   }
   if (decisions.length > MAX_DECISIONS) {
     decisions.sort((a, b) => a.at - b.at);
     for (const d of decisions.splice(0, decisions.length - MAX_DECISIONS)) decisionKeys.delete(`${d.node}#${d.seq}`);
+    byModel = new Map();
+    for (const d of decisions) indexDecision(d);
   }
   stats.decisions = decisions.length;
 }
@@ -234,6 +235,8 @@ async function followDecisions() {
   decisionAbort = ctl;
   decisions = [];
   decisionKeys = new Set();
+  byModel = new Map();
+  timelinesStale = true;
   while (!ctl.signal.aborted) {
     try {
       const body = new TextEncoder().encode(JSON.stringify({follow: true}));
@@ -300,22 +303,17 @@ function renderDecisions() {
 
 const ACTION_AFTER = {load: "resident", prewarm: "resident", wake: "resident", sleep: "sleeping", evict: "cold", unload: "cold"};
 const ACTION_BEFORE = {load: "cold", prewarm: "cold", wake: "sleeping", sleep: "resident", evict: "resident", unload: "resident"};
-const stateOf = r => {
-  const s = replicaResidency(r.residency);
-  if (LOADED.has(s)) return "resident";
-  if (s === "Sleeping") return "sleeping";
-  return "cold";
-};
+const stateOf = s => (LOADED.has(s) ? "resident" : s === "Sleeping" ? "sleeping" : "cold");
 
-function timeline(name, reps, byReplica, now) {
+function timeline(name, reps, evsOfModel, now) {
   const from = now - HOUR_S * 1000;
   const rows = reps.slice(0, 4);
   const h = 10 / Math.max(1, rows.length);
   let svg = "";
   rows.forEach((r, i) => {
-    const id = `${name}/${r.index || 0}`;
-    const evs = (byReplica.get(id) || []).filter(d => !d.advised && d.at >= from);
-    let t = from, state = evs.length ? (ACTION_BEFORE[evs[0].action] || stateOf(r)) : stateOf(r);
+    const id = `${name}/${num(r.index)}`;
+    const evs = evsOfModel.filter(d => d.model === id && !d.advised && d.at >= from);
+    let t = from, state = evs.length ? (ACTION_BEFORE[evs[0].action] || stateOf(r.state)) : stateOf(r.state);
     const y = (i * h).toFixed(2);
     const rect = (a, b, s) => {
       if (b > a) svg += `<rect class="tl-${s}" x="${((a - from) / 1000).toFixed(0)}" y="${y}" width="${((b - a) / 1000).toFixed(0)}" height="${h.toFixed(2)}"></rect>`;
@@ -331,7 +329,7 @@ function timeline(name, reps, byReplica, now) {
       const up = next === "resident";
       svg += `<path class="${up ? "tl-up" : "tl-down"}" d="M${x} ${up ? 10 : 0} l-30 ${up ? -5 : 5} h60 z"><title>${esc(rfc3339(d.time) + " " + d.action + " " + id + ": " + d.reason)}</title></path>`;
     }
-    rect(t, now, evs.length ? state : stateOf(r));
+    rect(t, now, evs.length ? state : stateOf(r.state));
   });
   return `<svg class="timeline" viewBox="0 0 ${HOUR_S} 10" preserveAspectRatio="none" role="img" aria-label="${esc(name)}: residency over the last hour">${svg}</svg>`;
 }
@@ -373,40 +371,40 @@ async function refresh() {
   if (again) { again = false; return refresh(); }
 }
 
+// While a replica is between states (loading, waking, draining: for about
+// as long as its engine takes), the page asks again sooner, so that the
+// state it reaches shows within a moment rather than at the next period.
+const TRANSITIONAL = new Set(["Loading", "Waking", "Draining"]);
+const QUICK_MS = 500;
+const moving = new Set();
+let quickTimer = 0;
+
+function watchTransitions(changed) {
+  for (const name of changed) {
+    if ((models.get(name)?.replicas || []).some(r => TRANSITIONAL.has(r.state))) moving.add(name);
+    else moving.delete(name);
+  }
+  if (moving.size && !quickTimer) quickTimer = setTimeout(() => { quickTimer = 0; refresh(); }, QUICK_MS);
+}
+
 async function load() {
   const started = performance.now();
-  const [nodes, devs, models, reps, plan, st, members, metricsText] = await Promise.all([
-    call("NodeService", "ListNodes", STALE), call("DeviceService", "ListDevices", STALE),
-    call("ModelService", "ListModels", STALE), call("ModelService", "ListReplicas", STALE),
-    call("ResidencyService", "GetPlan").catch(e => ({error: e.message})),
-    call("ClusterService", "Status").catch(e => ({error: e.message})),
-    call("ClusterService", "Members").catch(e => ({error: e.message})),
-    fetch("/metrics").then(r => (r.ok ? r.text() : "")).catch(() => "")]);
-  const devices = await Promise.all((devs.devices || []).map(d => call("DeviceService", "GetDevice", {name: d.name, stale: true})));
+  const s = await call("DashboardService", "Summary", {since: revision});
   const fetched = performance.now();
   const now = Date.now();
   const phase = {};
   let mark = performance.now();
   const lap = name => { const t = performance.now(); phase[name] = t - mark; mark = t; };
-  const sample = parseMetrics(metricsText, now);
-  addSample(sample);
-  lap("metrics");
-
-  const specs = new Map((models.models || []).map(m => [m.name, m.spec || {}]));
-  const modelStatus = new Map((models.models || []).map(m => [m.name, m.status || {}]));
-  const replicas = new Map();
-  const byModel = new Map();
-  for (const r of reps.replicas || []) {
-    replicas.set(`${r.model}/${r.index || 0}`, r);
-    if (!byModel.has(r.model)) byModel.set(r.model, []);
-    byModel.get(r.model).push(r);
-  }
-  lap("index");
-  renderHealth(nodes, st, members, now);
+  const {full, changedCards, changedModels} = merge(s);
+  if (full) moving.clear();
+  watchTransitions(changedModels);
+  const sample = addSample(now);
+  lap("merge");
+  renderHealth(now, s.planError || "");
   lap("health");
-  renderCards(devices, replicas, specs, plan);
+  renderCards(full, changedCards);
   lap("cards");
-  renderModels(models.models || [], byModel, specs, modelStatus, sample, plan, now);
+  renderModels(full, changedModels, sample, now);
   lap("models");
   renderTenants(sample);
   lap("tenants");
@@ -415,7 +413,8 @@ async function load() {
   stats.renderMs = performance.now() - fetched;
 }
 
-function renderHealth(nodes, st, members, now) {
+function renderHealth(now, planError) {
+  const st = health;
   if (st.error) {
     set($("health-body"), `<p class="miss">${esc(st.error)}</p>`);
     return;
@@ -423,96 +422,140 @@ function renderHealth(nodes, st, members, now) {
   const commit = num(st.commitIndex);
   if (commit !== lastCommit.index) lastCommit = {index: commit, at: now};
   const ago = Math.round((now - lastCommit.at) / 1000);
-  const ns = nodes.nodes || [];
-  const up = ns.filter(n => n.status === "NODE_STATUS_ALIVE").length;
-  const ms = members.members || [];
   let h = `<div class="health">
     <span>leader <b id="h-leader">${esc(st.leader || "none")}</b></span>
     <span>term <b>${esc(st.term || 0)}</b></span>
     <span>last commit <b id="h-commit">${commit}</b> <span class="note">(${ago < 3 ? "just now" : `unchanged for ${ago} s`})</span></span>
     <span>applied here <b>${esc(st.appliedIndex || 0)}</b></span>
-    <span>nodes <b>${up}/${ns.length}</b> alive</span>
-    <span>answering <b>${esc(st.node || "")}</b> (${esc(word(st.raftState || "", "") || "client")})</span></div>`;
-  if (ms.length) {
-    h += `<div class="members" aria-label="members">` + ms.slice(0, 200).map(m => {
+    <span>nodes <b>${num(st.nodesAlive)}/${num(st.nodes)}</b> alive</span>
+    <span>answering <b>${esc(st.node || "")}</b> (${esc((st.raftState || "").toLowerCase() || "client")})</span></div>`;
+  if (members.length) {
+    h += `<div class="members" aria-label="members">` + members.slice(0, 200).map(m => {
       const down = m.status !== "alive";
       return `<span class="member${down ? " down" : ""}${m.leader ? " leader" : ""}" title="${esc(`${m.name} ${m.role} ${m.status} raft ${m.raft}`)}">${esc(m.name)}${m.leader ? " ★" : ""} <span class="note">${esc(m.role)}${down ? " " + esc(m.status) : ""}</span></span>`;
-    }).join("") + (ms.length > 200 ? `<span class="note">and ${ms.length - 200} more</span>` : "") + `</div>`;
+    }).join("") + (members.length > 200 ? `<span class="note">and ${members.length - 200} more</span>` : "") + `</div>`;
   }
+  if (planError) h += `<p class="note">residency plans: ${esc(planError)}</p>`;
   set($("health-body"), h);
 }
 
-function renderCards(devices, replicas, specs, plan) {
-  const f = $("cardfilter").value.trim().toLowerCase();
-  const plans = new Map();
-  for (const c of plan.cards || []) plans.set(`${c.node}/${c.card}`, c);
-  const nodes = new Map();
-  for (const dev of devices) {
-    for (const c of dev.cards || []) {
-      if (!nodes.has(c.node)) nodes.set(c.node, []);
-      nodes.get(c.node).push({c, dev: dev.device || {}});
-    }
-  }
-  const parts = [];
-  for (const [node, cards] of [...nodes].sort((a, b) => a[0].localeCompare(b[0]))) {
-    cards.sort((a, b) => num(a.c.index) - num(b.c.index));
-    let body = "";
-    for (const {c, dev} of cards) {
-      const names = c.replicas || [];
-      if (f && !node.toLowerCase().includes(f) && !names.some(n => n.toLowerCase().includes(f))) continue;
-      body += cardBar(node, c, dev, names, replicas, specs, plans.get(`${node}/${num(c.index)}`) || plans.get(`${node}/${c.uuid}`));
-    }
-    if (body) parts.push([node, `<h3>${esc(node)} <span>${cards.length} card${cards.length === 1 ? "" : "s"}</span></h3>${body}`]);
-  }
-  // One box per node, each redrawn only when its own cards changed: a
-  // change on one card of a large cluster redraws one node.
-  const box = $("cards");
-  const keys = parts.map(p => p[0]).join("\n");
-  if (box.dataset.nodes !== keys || !parts.length) {
-    shown.delete(box);
-    box.replaceChildren();
-    box.dataset.nodes = keys;
-    for (const [node] of parts) {
-      const d = document.createElement("div");
-      d.className = "node";
-      d.dataset.node = node;
-      box.appendChild(d);
-    }
-    if (!parts.length) set(box, `<p class="note">no cards${f ? " match" : ""}</p>`);
-  }
-  parts.forEach(([, html], i) => set(box.children[i], html));
+// ---- memory per card: one element per card, replaced when it changed
+
+const cardEls = new Map(); // "node/index" → .card element
+const nodeEls = new Map(); // node → .node element
+
+function nodeHead(node, n) {
+  return `<h3>${esc(node)} <span>${n} card${n === 1 ? "" : "s"}</span></h3>`;
 }
 
-function cardBar(node, c, dev, names, replicas, specs, plan) {
-  const memory = num(c.memoryMib);
+function renderCards(full, changed) {
+  const box = $("cards");
+  if (full) {
+    const groups = new Map();
+    for (const k of [...cards.keys()].sort((a, b) => cardOrder(cards.get(a), cards.get(b)))) {
+      const node = cards.get(k).node;
+      if (!groups.has(node)) groups.set(node, []);
+      groups.get(node).push(cardBar(cards.get(k)));
+    }
+    let html = "";
+    for (const [node, bars] of groups) html += `<div class="node" data-node="${esc(node)}">${nodeHead(node, bars.length)}${bars.join("")}</div>`;
+    box.innerHTML = html;
+    sizeWidths(box);
+    cardEls.clear();
+    nodeEls.clear();
+    for (const g of box.children) nodeEls.set(g.dataset.node, g);
+    for (const el of box.querySelectorAll(".card")) cardEls.set(`${el.dataset.node}/${el.dataset.card}`, el);
+    filterCards(cardEls.keys());
+    return;
+  }
+  const touched = new Set();
+  for (const k of changed) {
+    const c = cards.get(k), old = cardEls.get(k);
+    if (!c) {
+      if (old) {
+        touched.add(old.parentElement);
+        old.remove();
+        cardEls.delete(k);
+      }
+      continue;
+    }
+    const el = element(cardBar(c));
+    if (old) old.replaceWith(el);
+    else touched.add(insertCard(c, el));
+    sizeWidths(el);
+    cardEls.set(k, el);
+  }
+  for (const g of touched) {
+    const n = g.querySelectorAll(".card").length;
+    if (!n) {
+      nodeEls.delete(g.dataset.node);
+      g.remove();
+    } else {
+      g.querySelector("h3").outerHTML = nodeHead(g.dataset.node, n);
+    }
+  }
+  filterCards(changed);
+}
+
+const cardOrder = (a, b) => a.node.localeCompare(b.node) || num(a.index) - num(b.index);
+
+// insertCard puts a new card's element in its node's box (made when the
+// node is new), in order, and returns the box.
+function insertCard(c, el) {
+  let g = nodeEls.get(c.node);
+  if (!g) {
+    g = element(`<div class="node" data-node="${esc(c.node)}">${nodeHead(c.node, 0)}</div>`);
+    const after = [...nodeEls.keys()].filter(n => n.localeCompare(c.node) > 0).sort((a, b) => a.localeCompare(b))[0];
+    $("cards").insertBefore(g, after ? nodeEls.get(after) : null);
+    nodeEls.set(c.node, g);
+  }
+  const next = [...g.querySelectorAll(".card")].find(e => num(e.dataset.card) > num(c.index));
+  g.insertBefore(el, next || null);
+  return g;
+}
+
+// filterCards shows the cards among keys whose node or replicas match the
+// filter box, and hides the others (and nodes left with none).
+function filterCards(keys) {
+  const f = $("cardfilter").value.trim().toLowerCase();
+  const groups = new Set();
+  for (const k of keys) {
+    const el = cardEls.get(k), c = cards.get(k);
+    if (!el || !c) continue;
+    el.hidden = !!f && !c.node.toLowerCase().includes(f) && !(c.segments || []).some(s => s.replica.toLowerCase().includes(f));
+    groups.add(el.parentElement);
+  }
+  for (const g of groups) g.hidden = !g.querySelector(".card:not([hidden])");
+  let any = false;
+  for (const el of cardEls.values()) if (!el.hidden) { any = true; break; }
+  const note = $("nocards");
+  note.hidden = any;
+  note.textContent = cards.size ? "no cards match" : "no cards";
+}
+
+function cardBar(c) {
+  const node = c.node, index = num(c.index), memory = num(c.memoryMib);
   const pct = m => (memory ? (100 * m / memory) : 0).toFixed(3);
   let segs = "", off = "";
-  const sums = {resident: 0, lent: 0, host: 0, reserved: 0};
-  for (const id of names) {
-    const r = replicas.get(id) || {model: id.split("/")[0]};
-    const spec = specs.get(r.model);
-    const kind = segmentKind(r, spec);
-    const m = num(r.memoryMib);
-    if (kind in sums) sums[kind] += m;
-    const state = replicaResidency(r.residency) || cap(word(r.state, "REPLICA_STATE_"));
-    const tip = `${id} (${residencyName(spec?.residency)}): ${KIND_TEXT[kind]}, ${mib(m)} (${m} MiB) on ${node} card ${num(c.index)}; ${state}${r.residencyReason ? " — " + r.residencyReason : ""}`;
-    const data = `data-replica="${esc(id)}" data-kind="${kind}" data-mib="${m}" data-state="${esc(state)}" title="${esc(tip)}"`;
-    if (kind === "host" || kind === "cold") off += `<button type="button" class="chip ${kind}" ${data}>${esc(id)}</button>`;
-    else segs += `<button type="button" class="seg ${kind}" data-w="${pct(m)}" ${data}>${esc(id)} ${mib(m)}</button>`;
+  for (const s of c.segments || []) {
+    const kind = s.kind, m = num(s.memoryMib);
+    const tip = `${s.replica} (${s.residency}): ${KIND_TEXT[kind]}, ${mib(m)} (${m} MiB) on ${node} card ${index}; ${s.state || ""}${s.reason ? " — " + s.reason : ""}`;
+    const data = `data-replica="${esc(s.replica)}" data-kind="${esc(kind)}" data-mib="${m}" data-state="${esc(s.state)}" title="${esc(tip)}"`;
+    if (kind === "host" || kind === "cold") off += `<button type="button" class="chip ${esc(kind)}" ${data}>${esc(s.replica)}</button>`;
+    else segs += `<button type="button" class="seg ${esc(kind)}" data-w="${pct(m)}" ${data}>${esc(s.replica)} ${mib(m)}</button>`;
   }
-  const free = num(c.freeMib);
-  let headroom = 0;
-  if (plan) headroom = Math.min(free, Math.max(0, memory - Math.round(num(plan.usableBytes) / 1048576)));
+  const free = num(c.freeMib), headroom = num(c.headroomMib);
   const seg = (kind, m, text) => {
-    const tip = `${KIND_TEXT[kind]}: ${mib(m)} (${m} MiB) on ${node} card ${num(c.index)}`;
+    const tip = `${KIND_TEXT[kind]}: ${mib(m)} (${m} MiB) on ${node} card ${index}`;
     return `<button type="button" class="seg ${kind}" data-kind="${kind}" data-mib="${m}" data-w="${pct(m)}" title="${esc(tip)}"${text ? "" : ` aria-label="${esc(tip)}"`}>${text}</button>`;
   };
   if (headroom > 0) segs += seg("headroom", headroom, "");
   segs += seg("free", free - headroom, `free ${mib(free - headroom)}`);
-  const label = `${node} card ${num(c.index)}: ${mib(memory)}, used ${mib(num(c.usedMib))}, reserved ${mib(num(c.reservedMib))}, resident ${mib(num(c.residentMib))}, sleeping ${mib(num(c.sleepingMib))}, free ${mib(free)}`;
-  const sum = `${esc(c.accelerator || "unbound")}${plan?.pinnedOnly ? ' · <span class="miss">pinned-only after a ledger violation</span>' : ""} · reserved ${mib(num(c.reservedMib))} · resident ${mib(num(c.residentMib))} · sleeping ${mib(num(c.sleepingMib))} · free ${mib(free)}`;
-  return `<div class="card" data-node="${esc(node)}" data-card="${num(c.index)}" data-memory="${memory}" data-used="${num(c.usedMib)}" data-reserved="${num(c.reservedMib)}" data-resident="${num(c.residentMib)}" data-sleeping="${num(c.sleepingMib)}" data-free="${free}">
-    <span class="label">#${num(c.index)} ${esc(dev.name || "")}</span>
+  const used = num(c.usedMib), reserved = num(c.reservedMib), resident = num(c.residentMib), sleeping = num(c.sleepingMib);
+  const label = `${node} card ${index}: ${mib(memory)}, used ${mib(used)}, reserved ${mib(reserved)}, resident ${mib(resident)}, sleeping ${mib(sleeping)}, free ${mib(free)}`;
+  const sum = `${esc(c.accelerator || "unbound")}${c.pinnedOnly ? ' · <span class="miss">pinned-only after a ledger violation</span>' : ""} · reserved ${mib(reserved)} · resident ${mib(resident)} · sleeping ${mib(sleeping)} · free ${mib(free)}`;
+  return `<div class="card" data-node="${esc(node)}" data-card="${index}" data-memory="${memory}" data-used="${used}" data-reserved="${reserved}" data-resident="${resident}" data-sleeping="${sleeping}" data-free="${free}">
+    <span class="label">#${index} ${esc(c.device || "")}</span>
     <div><div class="bar" role="group" aria-label="${esc(label)}">${segs}</div>
     <div class="cardsum">${sum}</div>${off ? `<div class="offcard">${off}</div>` : ""}</div></div>`;
 }
@@ -524,101 +567,135 @@ $("cards").addEventListener("click", e => {
   d.hidden = false;
   d.textContent = b.title;
 });
-$("cardfilter").addEventListener("input", () => refresh());
+$("cardfilter").addEventListener("input", () => filterCards(cardEls.keys()));
 $("decisionfilter").addEventListener("input", renderDecisions);
 
-function renderModels(models, byModel, specs, modelStatus, sample, plan, now) {
+// ---- models: one row per deployment; each cell written when its text
+// changes, the timeline when the deployment or its decisions change (or
+// once a minute, as its hour moves on)
+
+const MODEL_HEADER = ["MODEL", "RESIDENCY", "STATE", "LAST HOUR", "REQ/S", "QUEUE", "P95 TTFT (5 MIN) / TARGET", "TOKENS/S", "REASON"];
+const rows = new Map(); // name → {tr, td: [cells]}
+let timelineEnd = 0;
+
+function modelRow(name) {
+  const tr = document.createElement("tr");
+  tr.dataset.model = name;
+  const td = [];
+  for (let i = 0; i < MODEL_HEADER.length; i++) td.push(tr.insertCell());
+  for (const i of [4, 5, 6, 7]) td[i].className = "num";
+  td[8].className = "note";
+  return {tr, td};
+}
+
+function renderModels(full, changed, sample, now) {
+  const tbl = $("modeltable");
+  if (!tbl.tBodies.length) set(tbl, table(MODEL_HEADER, []));
+  const body = tbl.tBodies[0];
+  if (full) {
+    body.replaceChildren();
+    rows.clear();
+  }
+  let added = false;
+  for (const name of changed) {
+    const m = models.get(name);
+    let row = rows.get(name);
+    if (!m) {
+      if (row) {
+        row.tr.remove();
+        rows.delete(name);
+      }
+      continue;
+    }
+    if (!row) {
+      row = modelRow(name);
+      rows.set(name, row);
+      added = true;
+    }
+    drawModel(row, m);
+    staleTimelines.add(name);
+  }
+  if (added) for (const name of [...rows.keys()].sort()) body.appendChild(rows.get(name).tr);
+
+  // The timelines end at the next whole minute: they are redrawn once a
+  // minute, or when a decision or the deployment changes them, rather
+  // than at every refresh.
+  const end = Math.ceil(now / 60000) * 60000;
+  if (end !== timelineEnd || timelinesStale) {
+    timelineEnd = end;
+    timelinesStale = false;
+    for (const name of rows.keys()) staleTimelines.add(name);
+  }
+  for (const name of staleTimelines) {
+    const row = rows.get(name), m = models.get(name);
+    if (!row || !m) continue;
+    const evs = (byModel.get(name) || []).sort((a, b) => a.at - b.at);
+    const reps = [...(m.replicas || [])].sort((a, b) => num(a.index) - num(b.index));
+    set(row.td[3], timeline(name, reps, evs, end));
+  }
+  staleTimelines.clear();
+
   const base = p95Base();
   const rb = rateBase(sample);
   const dt = rb ? (sample.t - rb.t) / 1000 : 0;
-  const planRate = new Map();
-  for (const c of plan.cards || []) for (const e of c.entries || []) {
-    const name = (e.model || "").split("/")[0];
-    planRate.set(name, (planRate.get(name) || 0) + num(e.ratePerMinute));
-  }
-  const byReplica = new Map();
-  for (const d of decisions) {
-    if (!byReplica.has(d.model)) byReplica.set(d.model, []);
-    byReplica.get(d.model).push(d);
-  }
-  for (const evs of byReplica.values()) evs.sort((a, b) => a.at - b.at);
-  const queues = new Map();
-  for (const [k, v] of Object.entries(sample.queue)) {
-    const name = k.slice(0, k.lastIndexOf("/"));
-    queues.set(name, (queues.get(name) || 0) + v);
-  }
-  // The timelines end at the next whole minute: they are redrawn once a
-  // minute, or when a decision changes them, rather than at every refresh.
-  const end = Math.ceil(now / 60000) * 60000;
-  const rows = [];
-  const names = [];
-  for (const m of [...models].sort((a, b) => a.name.localeCompare(b.name))) {
-    const spec = m.spec || {};
-    const served = spec.servedModelName || m.name;
-    const reps = (byModel.get(m.name) || []).sort((a, b) => num(a.index) - num(b.index));
-    const states = {};
-    for (const r of reps) {
-      const s = replicaResidency(r.residency) || cap(word(r.state, "REPLICA_STATE_"));
-      states[s] = (states[s] || 0) + 1;
-    }
-    const state = Object.entries(states).map(([s, n]) => (reps.length > 1 ? `${s}×${n}` : s)).join(" ") || "-";
-    const main = Object.keys(states)[0] || "";
-    const queue = queues.get(m.name) || 0;
-    const p95 = quantile(0.95, sample.ttft[served], base?.ttft[served]) * 1000;
-    const target = num(spec.slo?.ttftMs);
-    const missed = target > 0 && p95 > target;
-    const ttftText = isNaN(p95) ? "-" : `${p95.toFixed(0)} ms`;
-    const ttftLabel = `p95 TTFT ${ttftText}${target ? `, target ${target} ms${isNaN(p95) ? "" : missed ? ", missed" : ", met"}` : ", no target"}`;
-    const rate = rb ? (num(sample.count[served]) - num(rb.count[served])) / dt : NaN;
-    const tps = rb ? (num(sample.tokens[served]) - num(rb.tokens[served])) / dt : NaN;
-    const pr = planRate.get(m.name);
-    rows.push([
-      {html: `<b>${esc(m.name)}</b>${served !== m.name ? ` <span class="note">${esc(served)}</span>` : ""}`},
-      `${residencyName(spec.residency)} · ${word(spec.priority, "PRIORITY_").replace("unspecified", "") || "standard"}`,
-      {html: esc(state), attrs: ` class="state-${esc(main)}" data-state="${esc(state)}"`},
-      {html: timeline(m.name, reps, byReplica, end)},
-      {html: isNaN(rate) ? (pr !== undefined ? `${(pr / 60).toFixed(2)} <span class="note">est.</span>` : "-") : rate.toFixed(2), attrs: ' class="num"'},
-      {html: String(queue), attrs: ' class="num"'},
-      {html: `${ttftText}${target ? ` / ${target} ms` : ""}`, attrs: ` class="num ttft${missed ? " miss" : target && !isNaN(p95) ? " ok" : ""}" data-missed="${missed}" aria-label="${esc(ttftLabel)}" title="${esc(ttftLabel)}"`},
-      {html: isNaN(tps) ? "-" : tps.toFixed(1), attrs: ' class="num"'},
-      {html: esc(modelStatus.get(m.name)?.reason || ""), attrs: ' class="note"'},
-    ]);
-    names.push(m.name);
-  }
-  keyedRows($("modeltable"), ["MODEL", "RESIDENCY", "STATE", "LAST HOUR", "REQ/S", "QUEUE", "P95 TTFT (5 MIN) / TARGET", "TOKENS/S", "REASON"],
-    names, rows, "model");
+  for (const [name, row] of rows) drawFigures(row, models.get(name), base?.models.get(name), rb?.models.get(name), rb, dt);
 }
 
-// keyedRows draws a table with one row per key, each row redrawn only when
-// its own cells changed (most models are idle between two refreshes).
-function keyedRows(tbl, header, keys, rows, attr) {
-  if (!tbl.tBodies.length) set(tbl, table(header, []));
-  const body = tbl.tBodies[0];
-  const k = keys.join("\n");
-  if (body.dataset.keys !== k) {
-    body.replaceChildren();
-    body.dataset.keys = k;
-    for (const key of keys) body.insertRow().dataset[attr] = key;
-  }
-  rows.forEach((r, i) => set(body.rows[i], cells(r)));
+// drawModel writes what a deployment's own answer says: its name,
+// residency and priority, its replicas' state and its reason.
+function drawModel(row, m) {
+  const served = m.servedModelName || m.name;
+  set(row.td[0], `<b>${esc(m.name)}</b>${served !== m.name ? ` <span class="note">${esc(served)}</span>` : ""}`);
+  set(row.td[1], esc(`${m.residency} · ${m.priority}`));
+  const states = {};
+  const reps = m.replicas || [];
+  for (const r of reps) states[r.state] = (states[r.state] || 0) + 1;
+  const state = Object.entries(states).map(([s, n]) => (reps.length > 1 ? `${s}×${n}` : s)).join(" ") || "-";
+  const main = Object.keys(states)[0] || "";
+  set(row.td[2], esc(state));
+  attr(row.td[2], "class", `state-${main}`);
+  attr(row.td[2], "data-state", state);
+  set(row.td[8], esc(m.reason || ""));
+}
+
+// drawFigures writes the figures taken from the gateway's counters: they
+// move with the windows even when the answer did not change.
+function drawFigures(row, m, base, rateFrom, rb, dt) {
+  const p95 = quantile(0.95, m, base) * 1000;
+  const target = num(m.ttftTargetMs);
+  const missed = target > 0 && p95 > target;
+  const ttftText = isNaN(p95) ? "-" : `${p95.toFixed(0)} ms`;
+  const ttftLabel = `p95 TTFT ${ttftText}${target ? `, target ${target} ms${isNaN(p95) ? "" : missed ? ", missed" : ", met"}` : ", no target"}`;
+  const rate = rb ? (num(m.requests) - num(rateFrom?.requests)) / dt : NaN;
+  const tps = rb ? (num(m.tokens) - num(rateFrom?.tokens)) / dt : NaN;
+  const planned = m.plannedRatePerMinute;
+  set(row.td[4], isNaN(rate) ? (planned !== undefined ? `${(num(planned) / 60).toFixed(2)} <span class="note">est.</span>` : "-") : rate.toFixed(2));
+  set(row.td[5], String(num(m.queued)));
+  const td = row.td[6];
+  set(td, `${ttftText}${target ? ` / ${target} ms` : ""}`);
+  attr(td, "class", `num ttft${missed ? " miss" : target && !isNaN(p95) ? " ok" : ""}`);
+  attr(td, "data-missed", String(missed));
+  attr(td, "aria-label", ttftLabel);
+  attr(td, "title", ttftLabel);
+  set(row.td[7], isNaN(tps) ? "-" : tps.toFixed(1));
 }
 
 function renderTenants(sample) {
   const base = p95Base();
-  const tenants = new Set([...Object.keys(sample.tenantTokens), ...Object.keys(sample.weights)]);
   const served = {};
   let total = 0, wtotal = 0;
-  for (const t of tenants) {
-    served[t] = num(sample.tenantTokens[t]) - num(base?.tenantTokens[t]);
-    total += served[t];
-    wtotal += sample.weights[t] || 1;
+  for (const [name, t] of sample.tenants) {
+    served[name] = num(t.tokens) - num(base?.tenants.get(name)?.tokens);
+    total += served[name];
+    wtotal += num(t.weight) || 1;
   }
-  const rows = [...tenants].sort().map(t => {
-    const share = total ? served[t] / total : 0;
-    const wshare = (sample.weights[t] || 1) / wtotal;
-    return [t, String(sample.weights[t] || 1), String(served[t]),
-      {html: `<span class="sharebar" data-w="${(share * 60).toFixed(1)}"></span> ${(share * 100).toFixed(1)}%`, attrs: ` aria-label="${esc(`${t} served ${(share * 100).toFixed(1)}% of tokens`)}"`},
-      {html: `<span class="sharebar weight" data-w="${(wshare * 60).toFixed(1)}"></span> ${(wshare * 100).toFixed(1)}%`, attrs: ` aria-label="${esc(`${t} weight share ${(wshare * 100).toFixed(1)}%`)}"`}];
+  const rows = [...sample.tenants.keys()].sort().map(name => {
+    const w = num(sample.tenants.get(name).weight) || 1;
+    const share = total ? served[name] / total : 0;
+    const wshare = w / wtotal;
+    return [name, String(w), String(served[name]),
+      {html: `<span class="sharebar" data-w="${(share * 60).toFixed(1)}"></span> ${(share * 100).toFixed(1)}%`, attrs: ` aria-label="${esc(`${name} served ${(share * 100).toFixed(1)}% of tokens`)}"`},
+      {html: `<span class="sharebar weight" data-w="${(wshare * 60).toFixed(1)}"></span> ${(wshare * 100).toFixed(1)}%`, attrs: ` aria-label="${esc(`${name} weight share ${(wshare * 100).toFixed(1)}%`)}"`}];
   });
   set($("tenanttable"), rows.length ? table(["TENANT", "WEIGHT", "TOKENS", "SHARE OF SERVICE", "SHARE OF WEIGHT"], rows)
     : `<tbody><tr><td class="note">no requests through this node's gateway yet</td></tr></tbody>`);

@@ -127,8 +127,10 @@ type Agent struct {
 	// resident is the node's residency manager (nil before the executor
 	// starts).
 	resident *resident.Manager
-	// metricsReg is /metrics' registry.
-	metricsReg *prometheus.Registry
+	// metricsReg is /metrics' registry; gatewayReg holds the gateway's
+	// series, served on /metrics too, and read apart by the dashboard's
+	// summary (which then gathers only those).
+	metricsReg, gatewayReg *prometheus.Registry
 	// gatewayLn is the gateway's port, opened before the cluster starts;
 	// stopGateway stops the gateway.
 	gatewayLn   net.Listener
@@ -261,7 +263,7 @@ func (a *Agent) role() string {
 }
 
 // HollowGPUs is the simulated inventory of a hollow node given no
-// --sim-gpus: a full 8-card machine, as issue 21's fleet measures.
+// --sim-gpus: a full 8-card machine, as the fleet benchmark (bench/fleet) measures.
 const HollowGPUs = "h100=8"
 
 func (a *Agent) createInventory() error {
@@ -336,7 +338,7 @@ func (a *Agent) startCluster() error {
 }
 
 func (a *Agent) startAPI() error {
-	metrics := a.metricsHandler() // makes a.metricsReg
+	metrics := a.metricsHandler() // makes a.metricsReg and a.gatewayReg
 	srv, err := rpc.Listen(net.JoinHostPort(a.cfg.Bind, strconv.Itoa(a.cfg.APIPort)), rpc.Config{
 		Backend:    a.cluster,
 		Logger:     a.cfg.Logger,
@@ -348,6 +350,7 @@ func (a *Agent) startAPI() error {
 		ReadLogs:   a.readLogs,
 		Residency:  a.residencyJournal,
 		Metrics:    metrics,
+		Gatherer:   a.gatewayReg,
 		Outer:      []connect.Interceptor{newAPIMetrics(a.metricsReg)},
 	})
 	if err != nil {

@@ -315,7 +315,7 @@ func TestDashboardInBrowser(t *testing.T) {
 		}
 		return nil
 	})
-	t.Logf("embed's load showed on the page %v after its first request was answered (issue 20's goal: 3 s)", time.Since(answered).Round(time.Millisecond))
+	t.Logf("embed's load showed on the page %v after its first request was answered (the goal: 3 s)", time.Since(answered).Round(time.Millisecond))
 	out := gpuplane(t, n, "--token", root, "residency", "decisions", "--model", "embed", "-o", "json")
 	var ds []struct{ Action, Model, Reason, Trigger string }
 	if err := json.Unmarshal([]byte(out), &ds); err != nil || len(ds) == 0 {

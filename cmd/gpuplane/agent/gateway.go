@@ -81,7 +81,7 @@ func (a *Agent) startGateway(res *resident.Manager) error {
 	opts := gateway.Options{
 		Node: a.cfg.NodeName, Cluster: &gatewayView{a: a}, Salter: salter, Peers: a.sec.peerHTTP,
 		IsPeer: a.isPeer, Queue: gc.Queue, MaxInFlight: gc.MaxInFlight, QueueLimit: gc.QueueLimit,
-		Weights: gc.Weights, Registerer: a.metricsReg, Logger: a.cfg.Logger,
+		Weights: gc.Weights, Registerer: a.gatewayReg, Logger: a.cfg.Logger,
 	}
 	if res != nil {
 		opts.Residency = res

@@ -21,6 +21,7 @@ import (
 func (a *Agent) metricsHandler() http.Handler {
 	reg := prometheus.NewRegistry()
 	a.metricsReg = reg
+	a.gatewayReg = prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "gpuplane_raft_applied_index", Help: "Index of the last log entry this node's state machine applied.",
@@ -79,7 +80,7 @@ func (a *Agent) metricsHandler() http.Handler {
 	if lib := libraryMetrics(); lib != nil {
 		reg.MustRegister(lib)
 	}
-	return promhttp.HandlerFor(reg, promhttp.HandlerOpts{})
+	return promhttp.HandlerFor(prometheus.Gatherers{reg, a.gatewayReg}, promhttp.HandlerOpts{})
 }
 
 // resourceCollector reports cluster.Resources at scrape time; client nodes

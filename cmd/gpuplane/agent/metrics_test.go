@@ -13,8 +13,8 @@ import (
 )
 
 // TestMetricsLint scrapes a --dev agent's /metrics after it served a
-// pinned and an onDemand model and answered API calls: the series issue 20
-// lists are there, and the whole exposition passes promlint (the checks of
+// pinned and an onDemand model and answered API calls: the series the
+// dashboard and docs/operations.md rely on are there, and the whole exposition passes promlint (the checks of
 // `promtool check metrics`).
 func TestMetricsLint(t *testing.T) {
 	n := devNode(t, "metrics", agent.GatewayConfig{})

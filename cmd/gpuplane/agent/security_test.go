@@ -51,7 +51,8 @@ func secureCLI(n *node, flags []string, args ...string) (string, string, int) {
 }
 
 // TestSecureCluster starts two servers (--bootstrap-expect 2) with TLS, a
-// gossip key and ACLs, and checks what issue 8 promises: a client without
+// gossip key and ACLs, and checks what docs/operations.md (Security)
+// promises: a client without
 // the CA cannot talk to them and one with it can; a node without the gossip
 // key cannot join and one with it can (a client node, which then registers
 // through its certificate with ACLs on); no token is unauthenticated, a read

@@ -65,8 +65,8 @@ func num(v any) int64 {
 	return 0
 }
 
-// TestVariantsAreSeparateResidents is issue 15's variants on a --dev
-// agent: two quantizations of one model are two residents, each with its
+// TestVariantsAreSeparateResidents checks variants on a --dev agent: two
+// quantizations of one model are two residents, each with its
 // own learned footprint and load, two rows in `residency profiles`.
 func TestVariantsAreSeparateResidents(t *testing.T) {
 	n := devNode(t, "variants", agent.GatewayConfig{})

@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"context"
 	"fmt"
 	"strings"
 
@@ -23,50 +24,25 @@ func newAcceleratorsCommand(g *globals) *cobra.Command {
 }
 
 func newAcceleratorsListCommand(g *globals) *cobra.Command {
-	var stale bool
-	c := &cobra.Command{
-		Use:   "list",
-		Short: "List accelerators with their capacity",
-		Args:  argsNamed(),
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			api, err := g.api(cmd)
+	return listCommand(g, "List accelerators with their capacity",
+		func(c context.Context, api *apiClients, stale bool) ([]*pb.Accelerator, error) {
+			resp, err := api.Accelerators.ListAccelerators(c, connect.NewRequest(&pb.ListAcceleratorsRequest{Stale: stale}))
 			if err != nil {
-				return err
+				return nil, err
 			}
-			resp, err := api.Accelerators.ListAccelerators(ctx(cmd), connect.NewRequest(&pb.ListAcceleratorsRequest{Stale: stale}))
-			if err != nil {
-				return err
-			}
-			accs := resp.Msg.GetAccelerators()
-			return g.printList(messages(accs), acceleratorTable(accs))
-		},
-	}
-	addStaleFlag(c, &stale)
-	return c
+			return resp.Msg.GetAccelerators(), nil
+		}, acceleratorTable)
 }
 
 func newAcceleratorsGetCommand(g *globals) *cobra.Command {
-	var stale bool
-	c := &cobra.Command{
-		Use:               "get NAME",
-		Short:             "Show one accelerator",
-		Args:              argsNamed("NAME"),
-		ValidArgsFunction: g.completeNames(acceleratorNames),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			api, err := g.api(cmd)
+	return getCommand(g, "Show one accelerator", acceleratorNames,
+		func(c context.Context, api *apiClients, name string, stale bool) (*pb.Accelerator, error) {
+			resp, err := api.Accelerators.GetAccelerator(c, connect.NewRequest(&pb.GetAcceleratorRequest{Name: name, Stale: stale}))
 			if err != nil {
-				return err
+				return nil, err
 			}
-			resp, err := api.Accelerators.GetAccelerator(ctx(cmd), connect.NewRequest(&pb.GetAcceleratorRequest{Name: args[0], Stale: stale}))
-			if err != nil {
-				return err
-			}
-			acc := resp.Msg.GetAccelerator()
-			return g.printObject(acc, acceleratorTable([]*pb.Accelerator{acc}))
-		},
-	}
-	addStaleFlag(c, &stale)
-	return c
+			return resp.Msg.GetAccelerator(), nil
+		}, func(a *pb.Accelerator) detail { return detailOf(acceleratorTable([]*pb.Accelerator{a})) })
 }
 
 func newAcceleratorsCreateCommand(g *globals) *cobra.Command {

@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"strings"
@@ -92,53 +93,43 @@ func newTokenCreateCommand(g *globals) *cobra.Command {
 }
 
 func newTokenListCommand(g *globals) *cobra.Command {
-	var stale bool
-	c := &cobra.Command{
-		Use:   "list",
-		Short: "List tokens by name, role and tenant (never their secrets)",
-		Args:  argsNamed(),
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			api, err := g.api(cmd)
+	return listCommand(g, "List tokens by name, role and tenant (never their secrets)",
+		func(c context.Context, api *apiClients, stale bool) ([]*pb.ACLToken, error) {
+			resp, err := api.ACL.ListTokens(c, connect.NewRequest(&pb.ListTokensRequest{Stale: stale}))
 			if err != nil {
-				return err
+				return nil, err
 			}
-			resp, err := api.ACL.ListTokens(ctx(cmd), connect.NewRequest(&pb.ListTokensRequest{Stale: stale}))
-			if err != nil {
-				return err
-			}
-			toks := resp.Msg.GetTokens()
-			return g.printList(messages(toks), tokenTable(toks))
-		},
-	}
-	addStaleFlag(c, &stale)
-	return c
+			return resp.Msg.GetTokens(), nil
+		}, tokenTable)
 }
 
 func newTokenGetCommand(g *globals) *cobra.Command {
-	var stale bool
-	c := &cobra.Command{
-		Use:   "get NAME",
-		Short: "Show one token's role and tenant (never its secret)",
-		Args:  argsNamed("NAME"),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			api, err := g.api(cmd)
+	return getCommand(g, "Show one token's role and tenant (never its secret)", tokenNames,
+		func(c context.Context, api *apiClients, name string, stale bool) (*pb.ACLToken, error) {
+			resp, err := api.ACL.ListTokens(c, connect.NewRequest(&pb.ListTokensRequest{Stale: stale}))
 			if err != nil {
-				return err
-			}
-			resp, err := api.ACL.ListTokens(ctx(cmd), connect.NewRequest(&pb.ListTokensRequest{Stale: stale}))
-			if err != nil {
-				return err
+				return nil, err
 			}
 			for _, t := range resp.Msg.GetTokens() {
-				if t.GetName() == args[0] {
-					return g.printObject(t, tokenTable([]*pb.ACLToken{t}))
+				if t.GetName() == name {
+					return t, nil
 				}
 			}
-			return fmt.Errorf("token %q not found", args[0])
-		},
+			return nil, fmt.Errorf("token %q not found", name)
+		}, func(t *pb.ACLToken) detail { return detailOf(tokenTable([]*pb.ACLToken{t})) })
+}
+
+// tokenNames completes a token's name.
+func tokenNames(cmd *cobra.Command, api *apiClients) ([]string, error) {
+	resp, err := api.ACL.ListTokens(ctx(cmd), connect.NewRequest(&pb.ListTokensRequest{Stale: true}))
+	if err != nil {
+		return nil, err
 	}
-	addStaleFlag(c, &stale)
-	return c
+	var names []string
+	for _, t := range resp.Msg.GetTokens() {
+		names = append(names, t.GetName())
+	}
+	return names, nil
 }
 
 // tokenTable shows tokens with the tenant and weight the gateway serves

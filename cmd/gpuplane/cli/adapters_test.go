@@ -145,7 +145,7 @@ func TestLiveDeployAdapterFlags(t *testing.T) {
 	if r := rows["law"]; len(r) < 4 || r[1] != "64" || r[2] != "/adapters/law" || r[3] != "acme,beta" {
 		t.Errorf("models get: law row %q\n%s", r, got)
 	}
-	if r := rows["ALIASES"]; len(r) != 2 || r[1] != "helpdesk" {
+	if r := rows["Aliases:"]; len(r) != 2 || r[1] != "helpdesk" {
 		t.Errorf("models get: aliases %q\n%s", r, got)
 	}
 	yaml, errOut, code := run("models", "get", "chat", "-o", "yaml")

@@ -34,30 +34,43 @@ order: accelerators before the deployments that use them. Applying the same
 file again changes nothing. -f - reads standard input.`,
 		Args: argsNamed(),
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			f, err := g.readDescriptor(cmd, file)
-			if err != nil {
-				return err
-			}
-			api, err := g.api(cmd)
-			if err != nil {
-				return err
-			}
-			failed := false
-			for _, r := range f.ApplyOrder() {
-				if err := g.applyResource(cmd, api, r, dryRun); err != nil {
-					g.printError(r.Where()+": ", err)
-					failed = true
-				}
-			}
-			if failed {
-				return errReported
-			}
-			return nil
+			return g.eachResource(cmd, file, (*descriptor.File).ApplyOrder, func(api *apiClients, r descriptor.Resource) error {
+				return g.applyResource(cmd, api, r, dryRun)
+			})
 		},
 	}
 	addFileFlag(c, &file)
-	c.Flags().BoolVar(&dryRun, "dry-run", false, "check every resource against the cluster and persist nothing")
+	addDryRunFlag(c, &dryRun)
 	return c
+}
+
+// eachResource reads the descriptor file, then sends each of its resources,
+// in the order order gives, with do: each is reported on its own line, and
+// a failed one does not stop the others but makes the command exit 1.
+func (g *globals) eachResource(cmd *cobra.Command, file string, order func(*descriptor.File) []descriptor.Resource, do func(*apiClients, descriptor.Resource) error) error {
+	f, err := g.readDescriptor(cmd, file)
+	if err != nil {
+		return err
+	}
+	api, err := g.api(cmd)
+	if err != nil {
+		return err
+	}
+	failed := false
+	for _, r := range order(f) {
+		if err := do(api, r); err != nil {
+			g.printError(r.Where()+": ", err)
+			failed = true
+		}
+	}
+	if failed {
+		return errReported
+	}
+	return nil
+}
+
+func addDryRunFlag(c *cobra.Command, dryRun *bool) {
+	c.Flags().BoolVar(dryRun, "dry-run", false, "check every resource against the cluster and persist nothing")
 }
 
 func (g *globals) applyResource(cmd *cobra.Command, api *apiClients, r descriptor.Resource, dryRun bool) error {
@@ -127,58 +140,51 @@ Whether devices and accelerators exist is checked by apply --dry-run.`,
 }
 
 func newDeleteCommand(g *globals) *cobra.Command {
-	var file string
+	var (
+		file   string
+		dryRun bool
+	)
 	c := &cobra.Command{
-		Use:   "delete -f FILE",
+		Use:   "delete -f FILE [--dry-run]",
 		Short: "Delete the resources a descriptor file names, deployments first",
-		Args:  argsNamed(),
+		Long: `Delete every resource a multi-document YAML file names, in dependency order:
+deployments before the accelerators they use (apply's order reversed). Only
+kinds and names are read from the file. With --dry-run each resource is
+checked against the cluster as it is, so an accelerator whose deployments
+the same file deletes is reported in use. -f - reads standard input.`,
+		Args: argsNamed(),
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			f, err := g.readDescriptor(cmd, file)
-			if err != nil {
-				return err
-			}
-			api, err := g.api(cmd)
-			if err != nil {
-				return err
-			}
-			failed := false
-			for _, r := range f.DeleteOrder() {
-				if err := g.deleteResource(cmd, api, r); err != nil {
-					g.printError(r.Where()+": ", err)
-					failed = true
-				}
-			}
-			if failed {
-				return errReported
-			}
-			return nil
+			return g.eachResource(cmd, file, (*descriptor.File).DeleteOrder, func(api *apiClients, r descriptor.Resource) error {
+				return g.deleteResource(cmd, api, r, dryRun)
+			})
 		},
 	}
 	addFileFlag(c, &file)
+	addDryRunFlag(c, &dryRun)
 	return c
 }
 
-func (g *globals) deleteResource(cmd *cobra.Command, api *apiClients, r descriptor.Resource) error {
+func (g *globals) deleteResource(cmd *cobra.Command, api *apiClients, r descriptor.Resource, dryRun bool) error {
+	var warnings []string
 	switch r.Kind {
 	case descriptor.KindAccelerator:
-		resp, err := api.Accelerators.DeleteAccelerator(ctx(cmd), connect.NewRequest(&pb.DeleteAcceleratorRequest{Name: r.Name}))
+		resp, err := api.Accelerators.DeleteAccelerator(ctx(cmd), connect.NewRequest(&pb.DeleteAcceleratorRequest{Name: r.Name, DryRun: dryRun}))
 		if err != nil {
 			return err
 		}
-		g.printWarnings(resp.Msg.GetWarnings())
-		fmt.Fprintf(g.stdout, "%s deleted\n", r.Ref())
-		return nil
+		warnings = resp.Msg.GetWarnings()
 	case descriptor.KindModelDeployment:
-		resp, err := api.Models.DeleteModel(ctx(cmd), connect.NewRequest(&pb.DeleteModelRequest{Name: r.Name}))
+		resp, err := api.Models.DeleteModel(ctx(cmd), connect.NewRequest(&pb.DeleteModelRequest{Name: r.Name, DryRun: dryRun}))
 		if err != nil {
 			return err
 		}
-		g.printWarnings(resp.Msg.GetWarnings())
-		fmt.Fprintf(g.stdout, "%s deleted\n", r.Ref())
-		return nil
+		warnings = resp.Msg.GetWarnings()
 	default:
 		return errUnknownKind(r.Kind)
 	}
+	g.printWarnings(warnings)
+	fmt.Fprintf(g.stdout, "%s deleted%s\n", r.Ref(), dryRunSuffix(dryRun))
+	return nil
 }
 
 // errUnknownKind guards against a kind the parser accepts but this command

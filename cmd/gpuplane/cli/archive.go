@@ -8,13 +8,13 @@ import (
 	"connectrpc.com/connect"
 	"github.com/spf13/cobra"
 
-	"github.com/gpuplane/gpuplane/cluster"
+	"github.com/gpuplane/gpuplane/cluster/audit"
 	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
 )
 
 // `gpuplane audit archive` and `audit compact`, and --archive on verify and
 // replay: the history a server no longer holds is read from an archive
-// (cluster/archive.go, docs/archive.md).
+// (cluster/audit/archive.go, docs/archive.md).
 
 // The archive-related reads of an audit source.
 
@@ -123,7 +123,7 @@ history. Nothing is dropped by archiving.`,
 			if before != 0 {
 				upTo = min(upTo, before-1)
 			}
-			a, err := cluster.OpenArchive(to, true)
+			a, err := audit.OpenArchive(to, true)
 			if err != nil {
 				return err
 			}
@@ -146,7 +146,7 @@ history. Nothing is dropped by archiving.`,
 		},
 	}
 	c.Flags().StringVar(&to, "to", "", "archive directory (created if missing; extended if it holds an archive)")
-	c.Flags().Uint64Var(&perSegment, "segment-entries", cluster.DefaultSegmentEntries, "entries per sealed segment")
+	c.Flags().Uint64Var(&perSegment, "segment-entries", audit.DefaultSegmentEntries, "entries per sealed segment")
 	c.Flags().Uint64Var(&before, "before", 0, "archive only entries before this index (0: up to the last applied)")
 	addDataDirFlag(c, &dataDir)
 	return c
@@ -172,7 +172,7 @@ from the archive (--archive). Nothing is ever compacted unless asked.`,
 			if archive == "" || before == 0 {
 				return usageErrorf(cmd, "required flags --before INDEX and --archive DIR")
 			}
-			a, err := cluster.OpenArchive(archive, false)
+			a, err := audit.OpenArchive(archive, false)
 			if err != nil {
 				return err
 			}
@@ -234,7 +234,7 @@ func lastN(s []string, n int) []string {
 // (offline), else the head at every segment's end. It prints what fails
 // and reports whether all passed.
 func (g *globals) verifyArchive(dir string, src archiveSource) (bool, error) {
-	a, err := cluster.OpenArchive(dir, false)
+	a, err := audit.OpenArchive(dir, false)
 	if err != nil {
 		return false, err
 	}

@@ -9,7 +9,8 @@ import (
 	"testing"
 )
 
-// TestLiveArchiveAndCompact runs issue 24's archive story through the CLI
+// TestLiveArchiveAndCompact runs the archive story of docs/archive.md
+// through the CLI
 // against a real agent: archive the log, compact the server's log behind
 // the archive, verify across archive and live log, replay an archived index
 // from the archive to the same state as before compaction, and name an

@@ -14,7 +14,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
-	"github.com/gpuplane/gpuplane/cluster"
+	"github.com/gpuplane/gpuplane/cluster/audit"
 	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
 	"github.com/gpuplane/gpuplane/proto/gpuplane/v1/gpuplanev1connect"
 )
@@ -35,7 +35,7 @@ func newAuditCommand(g *globals) *cobra.Command {
 }
 
 // auditSource is where audit commands read the log: a node's API or a
-// stopped node's data dir. Both run the same cluster.History code.
+// stopped node's data dir. Both run the same audit.History code.
 type auditSource interface {
 	log(req *pb.LogRequest, yield func(*pb.Event) error) error
 	replay(req *pb.ReplayRequest) (*pb.ReplayResponse, error)
@@ -49,7 +49,7 @@ func addDataDirFlag(c *cobra.Command, dir *string) {
 
 func (g *globals) auditSource(cmd *cobra.Command, dataDir string) (auditSource, error) {
 	if dataDir != "" {
-		off, err := cluster.OpenOffline(dataDir)
+		off, err := audit.OpenOffline(dataDir)
 		if err != nil {
 			return nil, err
 		}
@@ -104,7 +104,7 @@ func (s *remoteSource) close() error { return nil }
 // stopped while entries were in flight may hold a few that the cluster
 // later replaced.
 type offlineSource struct {
-	off *cluster.Offline
+	off *audit.Offline
 	dir string
 }
 
@@ -232,7 +232,7 @@ fields hold what the live 'list -o json' commands print.`,
 				return err
 			}
 			if archive != "" {
-				a, err := cluster.OpenArchive(archive, false)
+				a, err := audit.OpenArchive(archive, false)
 				if err != nil {
 					return err
 				}

@@ -27,6 +27,7 @@ import (
 	"github.com/gpuplane/gpuplane/cmd/gpuplane/agent"
 	"github.com/gpuplane/gpuplane/cmd/gpuplane/descriptor"
 	"github.com/gpuplane/gpuplane/fsm/catalog"
+	"github.com/gpuplane/gpuplane/node/engine/sim"
 	"github.com/gpuplane/gpuplane/node/simserve"
 	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
 )
@@ -48,9 +49,10 @@ import (
 //
 // The comparison with the simulator replays each set's live timeline
 // (simserve.ReplaySet): the requests sent, at the times sent, on the same
-// models, with the per-request overhead measured on this machine for what
-// the simulator does not model (HTTP, the node's front, the engine's
-// scheduling), which the time scale multiplies like everything else.
+// models, each with its own path to and from the engine measured on this
+// machine (the sim engine's timing headers) for what the simulator does
+// not model (HTTP, the node's front), which the time scale multiplies like
+// everything else.
 
 func newBenchCommand(g *globals) *cobra.Command {
 	return newGroupCommand("bench", "Measure gpuplane on a real agent and engines", nil, newBenchInterferenceCommand(g))
@@ -78,10 +80,15 @@ and TPOT p95 per model, and cold loads, wakes and evictions from the
 node's residency decisions, and prints the same matrix and flags as
 ` + "`simulate interference`" + `, plus each cell's live p95 TTFT next to the simulated
 one: the same set's timeline (its warm-up, the requests sent, at the times
-sent) replayed by ` + "`simulate serve`" + `'s engine model and gpuplane's policy, with
-the per-request overhead measured live (HTTP, the front, the engine's
-scheduling: 20 one-token requests per model after the warm-up) drawn for
-each request, and without it. Times run --time-scale times faster than the
+sent) replayed by ` + "`simulate serve`" + `'s engine model and gpuplane's policy.
+The sim engine stamps when it received each request and wrote its first
+token, so each live TTFT splits into the path to the engine (HTTP, the
+node's front), the engine's part and the path back: the replay delivers
+each request its own measured path after its send and adds its path back
+(a closed loop's requests, sent as the replay answers them, draw from the
+paths measured), so the two differ only by the engine's part; the report
+also gives the replay without any path and the live engine's part alone.
+Times run --time-scale times faster than the
 config says (the engines, the mixes and the agent's residency controllers
 alike) and are reported in the config's seconds. --models runs the matrix
 over a subset of the config's models.
@@ -163,11 +170,20 @@ type benchCompare struct {
 	Mix     string   `json:"mix"`
 	Model   string   `json:"model"`
 	LiveP95 float64  `json:"liveTtftP95"`
-	// SimP95 is the replay's p95 with the measured overhead, SimBareP95
-	// without it; OverheadP50 and OverheadP95 are the model's measured
-	// overheads in the set, in the config's seconds.
-	SimP95      float64 `json:"simTtftP95"`
-	SimBareP95  float64 `json:"simTtftP95NoOverhead"`
+	// SimP95 is the replay's p95 with each request's measured path to
+	// and from the engine, SimBareP95 without any; OverheadP50 and
+	// OverheadP95 are what the model's one-token requests of the set took
+	// beyond the engine's model (path and engine scheduling), in the
+	// config's seconds.
+	SimP95     float64 `json:"simTtftP95"`
+	SimBareP95 float64 `json:"simTtftP95NoOverhead"`
+	// LiveEngineP95 is the p95 of the engine's own part of each live
+	// TTFT (from its receipt of the request to when its model had the
+	// first token ready), to set beside SimBareP95.
+	LiveEngineP95 float64 `json:"liveEngineTtftP95"`
+	// LiveLateP95 is the p95 of how late the engine's process wrote the
+	// first token after its model had it ready (part of the path back).
+	LiveLateP95 float64 `json:"liveEngineLateP95"`
 	OverheadP50 float64 `json:"overheadP50"`
 	OverheadP95 float64 `json:"overheadP95"`
 	Ratio       float64 `json:"ratio"`
@@ -397,9 +413,12 @@ func (b *bench) runSet(ctx context.Context, accel string, set []int, mixes []sim
 		return nil, nil, err
 	}
 	// The overhead: one-token requests, one after the other, to each
-	// model; what they take beyond the engine's own time for one prompt
-	// token and one output token is what the simulator does not model.
+	// model; what they take beyond the engine's model for one prompt
+	// token and one output token is this machine's cost of a request
+	// (reported), and their paths to and from the engine join the draws
+	// of the replay's closed loops.
 	overhead := map[string][]float64{}
+	path := pathOverheads{}
 	for k, i := range set {
 		m := &b.cfg.Models[i]
 		engine := 1 / m.TokensPerSecond
@@ -408,14 +427,18 @@ func (b *bench) runSet(ctx context.Context, accel string, set []int, mixes []sim
 		}
 		for range benchCalibration {
 			s := b.send(ctx, endpoints[k], m.Name, 1, 1)
-			warmReqs = append(warmReqs, simserve.LiveRequest{Time: s.at * scale, Model: m.Name, PromptTokens: 1, OutputTokens: 1})
+			warmReqs = append(warmReqs, s.live(m.Name, scale))
 			if s.err == nil {
 				overhead[m.Name] = append(overhead[m.Name], max(0, s.ttft*scale-engine))
+				path.add(m.Name, s, scale)
 			}
 		}
 	}
 	var cells []simserve.Cell
 	var phases []simserve.LivePhase
+	// engineP95[cell][model] is the p95 of the engine's own part of the
+	// TTFT (config seconds).
+	var engineP95, lateP95 [][]float64
 	for _, mix := range mixes {
 		seq, err := b.lastDecision(ctx)
 		if err != nil {
@@ -446,26 +469,49 @@ func (b *bench) runSet(ctx context.Context, accel string, set []int, mixes []sim
 		cell.ColdLoadsPerHour = simserve.Round(float64(loads)/hours, 1)
 		cell.WakesPerHour = simserve.Round(float64(wakes)/hours, 1)
 		cell.Evictions = evictions
+		var eng, late []float64
 		for k, i := range set {
 			m := &b.cfg.Models[i]
 			cell.PerModel = append(cell.PerModel, b.stats(m, per[k]))
+			var own, lateness []float64
+			for _, s := range per[k] {
+				if s.err == nil && s.timed {
+					own = append(own, s.engineTTFT()*scale)
+					lateness = append(lateness, s.late*scale)
+				}
+			}
+			slices.Sort(own)
+			slices.Sort(lateness)
+			eng = append(eng, simserve.Round(simserve.Percentile(own, 95), 3))
+			late = append(late, simserve.Round(simserve.Percentile(lateness, 95), 3))
 			if mix.Stream(m).Concurrency > 0 {
+				sent := slices.Clone(per[k])
+				slices.SortStableFunc(sent, func(x, y sample) int { return cmpFloat(x.at, y.at) })
+				for c := range phase.Closed {
+					if phase.Closed[c].Model == m.Name {
+						for _, s := range sent {
+							phase.Closed[c].Sent = append(phase.Closed[c].Sent, s.live(m.Name, scale))
+						}
+					}
+				}
 				continue
 			}
 			for _, s := range per[k] {
-				phase.Open = append(phase.Open, simserve.LiveRequest{Time: s.at * scale, Model: m.Name, PromptTokens: s.in, OutputTokens: s.out})
+				phase.Open = append(phase.Open, s.live(m.Name, scale))
 			}
 		}
+		engineP95 = append(engineP95, eng)
+		lateP95 = append(lateP95, late)
 		slices.SortStableFunc(phase.Open, func(x, y simserve.LiveRequest) int { return cmpFloat(x.Time, y.Time) })
 		cells = append(cells, cell)
 		phases = append(phases, phase)
 	}
-	ro := simserve.ReplayOptions{Overhead: overhead, Seed: b.o.seed}
+	ro := simserve.ReplayOptions{Overhead: path, Seed: b.o.seed}
 	withOv, err := simserve.ReplaySet(b.cfg, names, warmReqs, phases, ro)
 	if err != nil {
 		return nil, nil, err
 	}
-	ro.Overhead = nil
+	ro.Bare = true
 	bare, err := simserve.ReplaySet(b.cfg, names, warmReqs, phases, ro)
 	if err != nil {
 		return nil, nil, err
@@ -474,7 +520,7 @@ func (b *bench) runSet(ctx context.Context, accel string, set []int, mixes []sim
 	for k, c := range cells {
 		for j, ms := range c.PerModel {
 			cmp := benchCompare{Models: c.Models, Mix: c.Mix, Model: ms.Model, LiveP95: ms.TTFTP95, Answered: ms.Completed,
-				SimP95: withOv[k][j].TTFTP95, SimBareP95: bare[k][j].TTFTP95,
+				SimP95: withOv[k][j].TTFTP95, SimBareP95: bare[k][j].TTFTP95, LiveEngineP95: engineP95[k][j], LiveLateP95: lateP95[k][j],
 				OverheadP50: simserve.Round(simserve.Percentile(overhead[ms.Model], 50), 4),
 				OverheadP95: simserve.Round(simserve.Percentile(overhead[ms.Model], 95), 4)}
 			if cmp.SimP95 > 0 && ms.Completed > 0 && withOv[k][j].Completed > 0 {
@@ -486,6 +532,17 @@ func (b *bench) runSet(ctx context.Context, accel string, set []int, mixes []sim
 		}
 	}
 	return cells, cmps, nil
+}
+
+// pathOverheads are each model's measured paths to and from the engine
+// (config seconds): the draws of the replay's closed-loop requests (a
+// phase's own), and of its untimed requests (the calibration's).
+type pathOverheads map[string][]float64
+
+func (p pathOverheads) add(model string, s sample, scale float64) {
+	if s.timed {
+		p[model] = append(p[model], (s.toEngine+s.fromEngine)*scale)
+	}
 }
 
 // benchCalibration is how many one-token requests measure each model's
@@ -613,12 +670,33 @@ const minArrivals = 3
 
 // sample is one request: when it was sent (since the set's start), its
 // lengths and its outcome, in wall seconds.
+//
+// A streamed answer from the sim engine carries when the engine received
+// the request, when its model had the first token ready and when its
+// process wrote it (sim.HeaderReceived, HeaderFirstTokenDue,
+// HeaderFirstToken): toEngine and fromEngine split the TTFT into the path
+// to the engine, the engine's own part (the model's, under the live
+// card's sharing, batch, KV pool and residency) and the path back.
 type sample struct {
-	at         float64
-	in, out    int
-	ttft, tpot float64
-	err        error
+	at                   float64
+	in, out              int
+	ttft, tpot           float64
+	timed                bool
+	toEngine, fromEngine float64
+	// late is how long after its model had the first token ready the
+	// engine's process wrote it (part of fromEngine).
+	late float64
+	err  error
 }
+
+// live is the request as the replay takes it, in the config's seconds.
+func (s sample) live(model string, scale float64) simserve.LiveRequest {
+	return simserve.LiveRequest{Time: s.at * scale, Model: model, PromptTokens: s.in, OutputTokens: s.out,
+		Timed: s.timed, In: s.toEngine * scale, Out: s.fromEngine * scale}
+}
+
+// engineTTFT is the engine's own part of the TTFT (wall seconds).
+func (s sample) engineTTFT() float64 { return s.ttft - s.toEngine - s.fromEngine }
 
 // drive sends the stream's requests to endpoint for the duration: open
 // loop (Poisson arrivals, bursty when the stream has on/off periods) or
@@ -748,6 +826,18 @@ func (b *bench) send(ctx context.Context, endpoint, model string, in, out int) s
 		return s
 	}
 	s.ttft = first.Sub(t0).Seconds()
+	recv, err1 := strconv.ParseInt(resp.Header.Get(sim.HeaderReceived), 10, 64)
+	due, err2 := strconv.ParseInt(resp.Header.Get(sim.HeaderFirstTokenDue), 10, 64)
+	wrote, err3 := strconv.ParseInt(resp.Header.Get(sim.HeaderFirstToken), 10, 64)
+	if err1 == nil && err2 == nil && err3 == nil {
+		// All three clocks are this machine's wall clock. The path back
+		// starts when the engine's model had the token ready: how late
+		// its process wrote it is this machine's, as the path is.
+		s.timed = true
+		s.toEngine = min(max(0, float64(recv-t0.UnixNano())/1e9), s.ttft)
+		s.fromEngine = min(max(0, float64(first.UnixNano()-due)/1e9), s.ttft-s.toEngine)
+		s.late = max(0, float64(wrote-due)/1e9)
+	}
 	if tokens > 1 {
 		s.tpot = last.Sub(first).Seconds() / float64(tokens-1)
 	}
@@ -785,7 +875,7 @@ func (b *bench) stats(m *simserve.ModelConfig, samples []sample) simserve.ModelS
 }
 
 // benchAgree is the largest relative gap between the live and the
-// replayed p95 TTFT that counts as agreement (issue 16: within 15%).
+// replayed p95 TTFT that counts as agreement: within 15%.
 const benchAgree = 0.15
 
 // agreement counts the comparisons with both p95s and those within
@@ -813,13 +903,13 @@ func writeBench(w io.Writer, res *benchResult) error {
 	}
 	fmt.Fprintln(w)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "CELL\tMIX\tMODEL\tANSWERED\tLIVE P95 TTFT\tSIM P95 TTFT\tSIM P95 NO OVERHEAD\tOVERHEAD P50/P95\tLIVE/SIM")
+	fmt.Fprintln(tw, "CELL\tMIX\tMODEL\tANSWERED\tLIVE P95 TTFT\tSIM P95 TTFT\tLIVE P95 IN ENGINE\tSIM P95 NO OVERHEAD\tENGINE LATE P95\tOVERHEAD P50/P95\tLIVE/SIM")
 	for _, c := range res.Compare {
 		ratio := "n/a"
 		if c.Ratio > 0 {
 			ratio = fmt.Sprintf("%g", c.Ratio)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%gs\t%gs\t%gs\t%gs/%gs\t%s\n", strings.Join(c.Models, "+"), c.Mix, c.Model, c.Answered, c.LiveP95, c.SimP95, c.SimBareP95, c.OverheadP50, c.OverheadP95, ratio)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%gs\t%gs\t%gs\t%gs\t%gs\t%gs/%gs\t%s\n", strings.Join(c.Models, "+"), c.Mix, c.Model, c.Answered, c.LiveP95, c.SimP95, c.LiveEngineP95, c.SimBareP95, c.LiveLateP95, c.OverheadP50, c.OverheadP95, ratio)
 	}
 	if err := tw.Flush(); err != nil {
 		return err
@@ -839,10 +929,10 @@ func writeBenchHTML(path string, res *benchResult) error {
 	var table bytes.Buffer
 	within, compared := res.agreement()
 	fmt.Fprintf(&table, "<h2>Live p95 TTFT against the simulated replay</h2>\n<p>%d of %d model-cells within %.0f%%.</p>\n", within, compared, 100*benchAgree)
-	table.WriteString("<table><tr><th>cell</th><th>mix</th><th>model</th><th>answered</th><th>live p95</th><th>sim p95</th><th>sim p95 without overhead</th><th>overhead p50</th><th>live/sim</th></tr>\n")
+	table.WriteString("<table><tr><th>cell</th><th>mix</th><th>model</th><th>answered</th><th>live p95</th><th>sim p95</th><th>live p95 in the engine</th><th>sim p95 without overhead</th><th>overhead p50</th><th>live/sim</th></tr>\n")
 	for _, c := range res.Compare {
-		fmt.Fprintf(&table, "<tr><td>%s</td><td>%s</td><td>%s</td><td>%d</td><td>%gs</td><td>%gs</td><td>%gs</td><td>%gs</td><td>%g</td></tr>\n",
-			html.EscapeString(strings.Join(c.Models, "+")), html.EscapeString(c.Mix), html.EscapeString(c.Model), c.Answered, c.LiveP95, c.SimP95, c.SimBareP95, c.OverheadP50, c.Ratio)
+		fmt.Fprintf(&table, "<tr><td>%s</td><td>%s</td><td>%s</td><td>%d</td><td>%gs</td><td>%gs</td><td>%gs</td><td>%gs</td><td>%gs</td><td>%g</td></tr>\n",
+			html.EscapeString(strings.Join(c.Models, "+")), html.EscapeString(c.Mix), html.EscapeString(c.Model), c.Answered, c.LiveP95, c.SimP95, c.LiveEngineP95, c.SimBareP95, c.OverheadP50, c.Ratio)
 	}
 	table.WriteString("</table>\n</body>")
 	out := strings.Replace(page.String(), "</body>", table.String(), 1)

@@ -60,6 +60,7 @@ func TestLiveBenchInterferenceTinyMatrix(t *testing.T) {
 			SimP95     float64 `json:"simTtftP95"`
 			SimBareP95 float64 `json:"simTtftP95NoOverhead"`
 			Overhead   float64 `json:"overheadP50"`
+			LiveEngine float64 `json:"liveEngineTtftP95"`
 			Ratio      float64 `json:"ratio"`
 		} `json:"compare"`
 		Compared int `json:"compared"`
@@ -102,6 +103,11 @@ func TestLiveBenchInterferenceTinyMatrix(t *testing.T) {
 	for _, c := range res.Compare {
 		if c.SimP95 <= 0 || c.LiveP95 <= 0 || c.Ratio <= 0 || c.Overhead <= 0 || c.SimBareP95 <= 0 {
 			t.Fatalf("comparison %+v: want live and replayed p95 (with the measured overhead and without), the overhead and their ratio", c)
+		}
+		// The sim engine stamps its part of each first token; the
+		// bench reads it from the answer's headers.
+		if c.LiveEngine <= 0 || c.LiveEngine > c.LiveP95 {
+			t.Fatalf("comparison %+v: want the engine's own part of the live p95 TTFT, above 0 and at most the live p95", c)
 		}
 	}
 	if res.Compared != 4 {

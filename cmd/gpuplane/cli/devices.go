@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"context"
 	"strings"
 
 	"connectrpc.com/connect"
@@ -19,49 +20,27 @@ func newDevicesCommand(g *globals) *cobra.Command {
 }
 
 func newDevicesListCommand(g *globals) *cobra.Command {
-	var stale bool
-	c := &cobra.Command{
-		Use:   "list",
-		Short: "List device kinds: cards in total, free, and the most on one node",
-		Args:  argsNamed(),
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			api, err := g.api(cmd)
+	return listCommand(g, "List device kinds: cards in total, free, and the most on one node",
+		func(c context.Context, api *apiClients, stale bool) ([]*pb.Device, error) {
+			resp, err := api.Devices.ListDevices(c, connect.NewRequest(&pb.ListDevicesRequest{Stale: stale}))
 			if err != nil {
-				return err
+				return nil, err
 			}
-			resp, err := api.Devices.ListDevices(ctx(cmd), connect.NewRequest(&pb.ListDevicesRequest{Stale: stale}))
-			if err != nil {
-				return err
-			}
-			devices := resp.Msg.GetDevices()
-			return g.printList(messages(devices), deviceTable(devices))
-		},
-	}
-	addStaleFlag(c, &stale)
-	return c
+			return resp.Msg.GetDevices(), nil
+		}, deviceTable)
 }
 
 func newDevicesGetCommand(g *globals) *cobra.Command {
-	var stale bool
-	c := &cobra.Command{
-		Use:               "get NAME",
-		Short:             "Show the cards of one device kind: who uses them and how much",
-		Args:              argsNamed("NAME"),
-		ValidArgsFunction: g.completeNames(deviceNames),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			api, err := g.api(cmd)
+	return getCommand(g, "Show one device kind and its cards: who uses them and how much", deviceNames,
+		func(c context.Context, api *apiClients, name string, stale bool) (*pb.GetDeviceResponse, error) {
+			resp, err := api.Devices.GetDevice(c, connect.NewRequest(&pb.GetDeviceRequest{Name: name, Stale: stale}))
 			if err != nil {
-				return err
+				return nil, err
 			}
-			resp, err := api.Devices.GetDevice(ctx(cmd), connect.NewRequest(&pb.GetDeviceRequest{Name: args[0], Stale: stale}))
-			if err != nil {
-				return err
-			}
-			return g.printObject(resp.Msg, cardTable(resp.Msg.GetCards()))
-		},
-	}
-	addStaleFlag(c, &stale)
-	return c
+			return resp.Msg, nil
+		}, func(d *pb.GetDeviceResponse) detail {
+			return detailOf(deviceTable([]*pb.Device{d.GetDevice()})).withPart("Cards", cardTable(d.GetCards()))
+		})
 }
 
 func deviceTable(devices []*pb.Device) table {

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/gpuplane/gpuplane/cluster"
+	"github.com/gpuplane/gpuplane/cluster/audit"
 	"github.com/gpuplane/gpuplane/internal/testutil"
 	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
 	"github.com/gpuplane/gpuplane/rpc"
@@ -194,7 +195,7 @@ func TestEventsFollowAcrossLeaderChange(t *testing.T) {
 		}
 		got = append(got, ev.Index)
 	}
-	hist, err := survivor.c.History()
+	hist, err := audit.Live(survivor.c)
 	if err != nil {
 		t.Fatal(err)
 	}

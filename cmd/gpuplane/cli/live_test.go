@@ -53,7 +53,7 @@ func fields(table string) [][]string {
 	return rows
 }
 
-// TestLiveSharedPlacement is issue 4's first must-show against a real agent:
+// TestLiveSharedPlacement checks shared placement against a real agent:
 // four 45% replicas fill two shared l4 cards (two models each), the fifth
 // waits with a reason naming 45%, and a dedicated accelerator created
 // afterwards is READY with nothing to place.
@@ -104,9 +104,9 @@ func TestLiveSharedPlacement(t *testing.T) {
 		t.Fatalf("accelerators list row = %q, want IN USE 4 and CAN PLACE 0", got)
 	}
 	mustRun("accelerators", "create", "fast", "--device", "l4")
-	accs = fields(mustRun("accelerators", "get", "fast"))
-	if got := strings.Join(accs[1], " "); got != "fast l4 Dedicated 1 23034Mi 0 0 True" {
-		t.Fatalf("accelerators get fast = %q, want READY True and CAN PLACE 0", got)
+	got := strings.Join(strings.Fields(mustRun("accelerators", "get", "fast")), " ")
+	if want := "Name: fast Device: l4 Tenancy: Dedicated Cards/replica: 1 Memory/model: 23034Mi In use: 0 Can place: 0 Ready: True"; got != want {
+		t.Fatalf("accelerators get fast = %q, want %q (READY True and CAN PLACE 0)", got, want)
 	}
 	model := mustRun("models", "get", "chat")
 	if !strings.Contains(model, "1 of 5 replicas pending: no l4 card has 45% free") {
@@ -119,7 +119,7 @@ func TestLiveSharedPlacement(t *testing.T) {
 	}
 }
 
-// TestLiveRulesRefuseAndChangeNothing is issue 4's second must-show: each
+// TestLiveRulesRefuseAndChangeNothing checks the descriptor rules live: each
 // invalid deployment exits 1 naming its rule, and the state is unchanged;
 // deleting an accelerator in use is refused and lists its deployments, and
 // --force leaves them pending with the reason docs/descriptors.md rule 12 gives.
@@ -169,8 +169,8 @@ func TestLiveRulesRefuseAndChangeNothing(t *testing.T) {
 	}
 }
 
-// TestLiveApplyAndRefusals is the core issue's third and fourth must-show
-// against a real agent: apply prints created then unchanged; re-applying with
+// TestLiveApplyAndRefusals checks apply and its refusals against a real
+// agent: apply prints created then unchanged; re-applying with
 // another tenancy exits 0, warns that accelerators are immutable naming the
 // field, and changes nothing; each invalid request exits 1 naming its rule or
 // field and leaves the state as it was.
@@ -289,7 +289,7 @@ func TestLiveMetricsAndUI(t *testing.T) {
 }
 
 // TestLiveResourceFigures checks that `cluster status` and /metrics show
-// what grows with the cluster's history (issue 24): the log's size and
+// what grows with the cluster's history: the log's size and
 // oldest index, the snapshot, and the request-id table, which holds an id
 // per applied request.
 func TestLiveResourceFigures(t *testing.T) {
@@ -379,5 +379,41 @@ func TestLivePprofNeedsAdmin(t *testing.T) {
 	}
 	if code, body := get(root); code != 200 || !strings.Contains(body, "goroutine profile:") {
 		t.Errorf("admin token: %d, want the goroutine profile; got %.200q", code, body)
+	}
+}
+
+// TestLiveDeleteFileDryRun checks that `delete -f` takes the file `apply -f`
+// took and, like apply, --dry-run: a dry run checks each resource, in
+// delete's order, against the cluster as it is and leaves both in place;
+// the real run then deletes them.
+func TestLiveDeleteFileDryRun(t *testing.T) {
+	run := startDevAgent(t)
+	file := t.TempDir() + "/both.yaml"
+	doc := "resource: Accelerator\nresourceVersion: v1\nmetadata: {name: small}\nspec: {device: l4, tenancy: shared, maxModels: 2}\n" +
+		"---\nresource: ModelDeployment\nresourceVersion: v1\nmetadata: {name: chat}\n" +
+		"spec: {model: /models/chat, replicas: 1, placement: {accelerator: small}, engine: {kind: sim, memoryPercent: 40}}\n"
+	if err := os.WriteFile(file, []byte(doc), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if out, errOut, code := run("apply", "-f", file); code != 0 {
+		t.Fatalf("apply: exit %d, %s%s", code, out, errOut)
+	}
+	// Each resource is checked against the cluster as it is: the
+	// deployment is still there, so the accelerator is reported in use.
+	out, errOut, code := run("delete", "-f", file, "--dry-run")
+	if want := "modeldeployment/chat deleted (dry run)\n"; code != 1 || out != want || !strings.Contains(errOut, `accelerator "small" is used by deployments chat`) {
+		t.Fatalf("delete --dry-run: exit %d, stdout %q, stderr %q; want exit 1, %q and the accelerator in use", code, out, errOut, want)
+	}
+	for _, kind := range []string{"accelerators", "models"} {
+		if _, errOut, code := run(kind, "get", map[string]string{"accelerators": "small", "models": "chat"}[kind]); code != 0 {
+			t.Errorf("%s get after a dry run: exit %d, %s", kind, code, errOut)
+		}
+	}
+	out, errOut, code = run("delete", "-f", file)
+	if want := "modeldeployment/chat deleted\naccelerator/small deleted\n"; code != 0 || out != want {
+		t.Fatalf("delete: exit %d, stdout %q, stderr %q; want %q", code, out, errOut, want)
+	}
+	if _, _, code := run("accelerators", "get", "small"); code != 1 {
+		t.Errorf("accelerators get after delete -f: exit %d, want 1", code)
 	}
 }

@@ -107,7 +107,7 @@ waits on to stderr; exit 1 if it is not Ready within --wait-timeout.`,
 	return c
 }
 
-// printModel prints a deployment and its replicas: two tables, or the
+// printModel prints a deployment and its replicas: its detail, or the
 // deployment's descriptor document as JSON or YAML, its replicas under
 // status.replicas, so that what it prints can be applied back.
 func (g *globals) printModel(m *pb.GetModelResponse) error {
@@ -132,24 +132,23 @@ func (g *globals) printModel(m *pb.GetModelResponse) error {
 		}
 		return g.writeJSON(b)
 	}
-	if err := modelTable([]*pb.ModelDeployment{m.GetModel()}, true).write(g.stdout); err != nil {
-		return err
-	}
-	if len(m.GetReplicas()) > 0 {
-		fmt.Fprintln(g.stdout)
-		if err := replicaTable(m.GetReplicas()).write(g.stdout); err != nil {
-			return err
-		}
-	}
+	return modelDetail(m).write(g.stdout)
+}
+
+// modelDetail is `models get`: the listing's columns (with the target TTFT
+// and quantization), the aliases (endpoints on the same replicas: one
+// resident copy serves them), then its replicas and adapters.
+func modelDetail(m *pb.GetModelResponse) detail {
+	// The REPLICAS column (running of desired) is not the replicas below.
+	d := detailOf(modelTable([]*pb.ModelDeployment{m.GetModel()}, true)).relabel("Replicas", "Running/desired")
 	if as := m.GetModel().GetSpec().GetAliases(); len(as) > 0 {
-		// Endpoints on the same replicas: one resident copy serves them.
-		fmt.Fprintf(g.stdout, "\nALIASES  %s\n", strings.Join(as, ", "))
+		d = d.with([2]string{"Aliases", strings.Join(as, ", ")})
 	}
-	if len(m.GetModel().GetSpec().GetAdapters()) == 0 {
-		return nil
+	d = d.withPart("Replicas", replicaTable(m.GetReplicas()))
+	if len(m.GetModel().GetSpec().GetAdapters()) > 0 {
+		d = d.withPart("Adapters", adapterTable(m.GetModel().GetSpec(), m.GetReplicas()))
 	}
-	fmt.Fprintln(g.stdout)
-	return adapterTable(m.GetModel().GetSpec(), m.GetReplicas()).write(g.stdout)
+	return d
 }
 
 // waitReady polls GetModel until the deployment is Ready or timeout passes.

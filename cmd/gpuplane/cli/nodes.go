@@ -1,8 +1,10 @@
 package cli
 
 import (
+	"context"
 	"maps"
 	"slices"
+	"strconv"
 	"strings"
 
 	"connectrpc.com/connect"
@@ -21,50 +23,48 @@ func newNodesCommand(g *globals) *cobra.Command {
 }
 
 func newNodesListCommand(g *globals) *cobra.Command {
-	var stale bool
-	c := &cobra.Command{
-		Use:   "list",
-		Short: "List nodes with their role, status, cards and labels",
-		Args:  argsNamed(),
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			api, err := g.api(cmd)
+	return listCommand(g, "List nodes with their role, status, cards and labels",
+		func(c context.Context, api *apiClients, stale bool) ([]*pb.Node, error) {
+			resp, err := api.Nodes.ListNodes(c, connect.NewRequest(&pb.ListNodesRequest{Stale: stale}))
 			if err != nil {
-				return err
+				return nil, err
 			}
-			resp, err := api.Nodes.ListNodes(ctx(cmd), connect.NewRequest(&pb.ListNodesRequest{Stale: stale}))
-			if err != nil {
-				return err
-			}
-			nodes := resp.Msg.GetNodes()
-			return g.printList(messages(nodes), nodeTable(nodes))
-		},
-	}
-	addStaleFlag(c, &stale)
-	return c
+			return resp.Msg.GetNodes(), nil
+		}, nodeTable)
 }
 
 func newNodesGetCommand(g *globals) *cobra.Command {
-	var stale bool
-	c := &cobra.Command{
-		Use:               "get NAME",
-		Short:             "Show one node",
-		Args:              argsNamed("NAME"),
-		ValidArgsFunction: g.completeNames(nodeNames),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			api, err := g.api(cmd)
+	return getCommand(g, "Show one node and its cards", nodeNames,
+		func(c context.Context, api *apiClients, name string, stale bool) (*pb.Node, error) {
+			resp, err := api.Nodes.GetNode(c, connect.NewRequest(&pb.GetNodeRequest{Name: name, Stale: stale}))
 			if err != nil {
-				return err
+				return nil, err
 			}
-			resp, err := api.Nodes.GetNode(ctx(cmd), connect.NewRequest(&pb.GetNodeRequest{Name: args[0], Stale: stale}))
-			if err != nil {
-				return err
-			}
-			node := resp.Msg.GetNode()
-			return g.printObject(node, nodeTable([]*pb.Node{node}))
-		},
+			return resp.Msg.GetNode(), nil
+		}, nodeDetail)
+}
+
+// nodeDetail is `nodes get`: the listing's columns, what the node offers
+// besides its cards, and its cards.
+func nodeDetail(n *pb.Node) detail {
+	cpu := ""
+	if m := n.GetCpuMilli(); m > 0 {
+		cpu = strconv.FormatFloat(float64(m)/1000, 'f', -1, 64)
 	}
-	addStaleFlag(c, &stale)
-	return c
+	memory := ""
+	if m := n.GetMemoryMib(); m > 0 {
+		memory = mib(m)
+	}
+	cards := tableOf([]string{"INDEX", "DEVICE", "PRODUCT", "MEMORY", "UUID", "HEALTHY"}, n.GetCards(), func(c *pb.Card) []string {
+		return []string{itoa(c.GetIndex()), c.GetDevice(), c.GetProduct(), mib(c.GetMemoryMib()), c.GetUuid(), strconv.FormatBool(c.GetHealthy())}
+	})
+	return detailOf(nodeTable([]*pb.Node{n})).with(
+		[2]string{"Raft address", n.GetRaftAddress()},
+		[2]string{"Gossip address", n.GetGossipAddress()},
+		[2]string{"Version", n.GetVersion()},
+		[2]string{"CPU", cpu},
+		[2]string{"Memory", memory},
+	).withPart("Cards", cards)
 }
 
 func nodeTable(nodes []*pb.Node) table {

@@ -6,7 +6,7 @@ import (
 	"testing"
 )
 
-// TestGetOutputAppliesBack is issue 19's item 9 against a real dev agent:
+// TestGetOutputAppliesBack runs against a real dev agent:
 // `get -o yaml|json` speaks the descriptor's vocabulary (shared, pinned,
 // numbers as numbers) and what it prints for an accelerator or a deployment
 // is a document `apply -f` takes back as unchanged.

@@ -44,8 +44,8 @@ func readmeBadInput(t *testing.T) (args []string, shown string) {
 	return args, shown
 }
 
-// TestREADMEBadInputReadsAsTheServerSays checks issue 19's item 13 against a
-// real dev agent: the CLI's own check of the README's bad-input example
+// TestREADMEBadInputReadsAsTheServerSays checks, against a real dev agent,
+// the README's bad-input example: the CLI's own check of the README's bad-input example
 // prints what the README shows, and that is word for word what the server
 // says when the same accelerator reaches it, and what apply -f says of it.
 func TestREADMEBadInputReadsAsTheServerSays(t *testing.T) {

@@ -141,7 +141,7 @@ func TestSimulateDefaultsToOpenB(t *testing.T) {
 
 }
 
-// TestSimulateRunsTheExampleFromAFreshClone is issue 19's item 11: with no
+// TestSimulateRunsTheExampleFromAFreshClone checks a fresh clone: with no
 // files and no openb trace, `simulate --policy all` runs the example the
 // repository ships (examples/simulate, built into the binary) and says so;
 // the files on disk give the same result when named, and the format the

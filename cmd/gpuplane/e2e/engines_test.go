@@ -79,7 +79,7 @@ func environ(t *testing.T, pid int) map[string]string {
 	return env
 }
 
-// TestEnginesRunAsProcesses is issue 5 through the real binary: a dev agent
+// TestEnginesRunAsProcesses runs engines through the real binary: a dev agent
 // runs a two-replica sim deployment at 40% on one shared accelerator as two
 // engine processes with their cards and shares, answers chat completions at
 // each endpoint, restarts a killed engine, keeps exactly one engine per

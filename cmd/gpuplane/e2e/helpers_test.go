@@ -303,3 +303,13 @@ func parseTable(t *testing.T, s string) []map[string]string {
 	}
 	return rows
 }
+
+// detailPart is the table under title in what `get NAME` prints.
+func detailPart(t *testing.T, s, title string) string {
+	t.Helper()
+	_, part, ok := strings.Cut(s, "\n"+title+":\n")
+	if !ok {
+		t.Fatalf("no %s in %q", title, s)
+	}
+	return part
+}

@@ -38,7 +38,7 @@ func logWriters(dataDir string) []int {
 	return pids
 }
 
-// TestEnginesDoNotOutliveTheirAgent is issue 19's item 12 with real
+// TestEnginesDoNotOutliveTheirAgent checks --orphan-grace with real
 // processes: after a kill -9 of the agent its engine keeps running; an agent
 // restarted within the orphan grace adopts it, and it is still the same
 // engine past the first grace; after a second kill -9 with no agent coming

@@ -70,7 +70,7 @@ func ask(t *testing.T, endpoint, model string) {
 	}
 }
 
-// TestOnDemandModelsShareOneCard is issue 13's first must-show through the
+// TestOnDemandModelsShareOneCard checks onDemand residency through the
 // real binary on `agent --dev` (l4=2): three onDemand sim models whose
 // shares sum to 160 % of a card are all placed on one card of a shared
 // accelerator with maxModels 3, reserving nothing; none is loaded until
@@ -130,7 +130,7 @@ func TestOnDemandModelsShareOneCard(t *testing.T) {
 				t.Errorf("after a request for %s, %s is %s; want Sleeping or Cold: %v", m, prev, res, now)
 			}
 		}
-		cards := parseTable(t, mustGpuplane(t, a.url(), "devices", "get", "l4"))
+		cards := parseTable(t, detailPart(t, mustGpuplane(t, a.url(), "devices", "get", "l4"), "Cards"))
 		if c := cards[0]; c["ACCELERATOR"] != "home" || c["RESERVED"] != "0Mi" || mib(t, c["USED"]) > mib(t, c["MEMORY"]) {
 			t.Errorf("card 0 after a request for %s: %v; want bound to home, nothing reserved, USED within MEMORY", m, c)
 		}

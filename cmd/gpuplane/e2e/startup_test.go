@@ -40,8 +40,8 @@ func replica(t *testing.T, addr, model string) replicaJSON {
 	return replicaJSON{}
 }
 
-// TestStuckEngineDoesNotHoldItsCard is issue 23's item 2 through the real
-// binary, on a node with one simulated card: a sim engine that never
+// TestStuckEngineDoesNotHoldItsCard checks start deadlines through the
+// real binary, on a node with one simulated card: a sim engine that never
 // becomes ready (its load takes a day) with a 5 s startTimeout, and a
 // healthy deployment applied after it. While the second waits for the card
 // its reason names the first; the first is Failed at its deadline with a
@@ -92,7 +92,7 @@ spec:
 	}
 }
 
-// TestEngineDiedWhileTheAgentWasDown is issue 23's item 5 across a real
+// TestEngineDiedWhileTheAgentWasDown checks restart counts across a real
 // agent restart: the agent is killed, then its engine, then the agent is
 // started again. The replica is reported Failed (the engine exited while
 // the agent was down) before it starts again, and its restart count goes

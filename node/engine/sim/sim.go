@@ -349,6 +349,7 @@ func (s *server) chat(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *server) complete(w http.ResponseWriter, r *http.Request, chat bool) {
+	received := time.Now()
 	s.mu.Lock()
 	loaded := s.loadedOnce
 	s.mu.Unlock()
@@ -441,7 +442,7 @@ func (s *server) complete(w http.ResponseWriter, r *http.Request, chat bool) {
 		if req.StreamOptions != nil && req.StreamOptions.IncludeUsage {
 			use = func(completion int) map[string]any { return usage(promptTokens, completion, cached) }
 		}
-		s.stream(w, rq, chat, id, created, model, tokens, use)
+		s.stream(w, rq, chat, id, created, model, tokens, use, received)
 		return
 	}
 	if err == nil {
@@ -486,22 +487,54 @@ func (s *server) refuse(w http.ResponseWriter, err error) {
 	apiError(w, http.StatusServiceUnavailable, "model "+s.cfg.ServedModelName+" "+err.Error(), "server_error")
 }
 
+// HeaderReceived, HeaderFirstTokenDue and HeaderFirstToken are the
+// streamed answer's headers that time the engine's part of its first
+// token, in Unix nanoseconds: when the engine received the request, when
+// its model had the first token ready (its prefill and one token at the
+// rates the card's sharing gave it), and when the process wrote it (later
+// by however long the machine kept it from running; for a stream without
+// a token, both are its end).
+const (
+	HeaderReceived      = "X-Sim-Received-Unix-Nano"
+	HeaderFirstTokenDue = "X-Sim-First-Token-Due-Unix-Nano"
+	HeaderFirstToken    = "X-Sim-First-Token-Unix-Nano"
+)
+
 // stream sends one server-sent event per token, then [DONE], as OpenAI's
 // streaming API does. A stream cut off by a sleep ends with finish_reason
 // "abort", as vLLM ends aborted requests. With use (stream_options
 // include_usage) every chunk has "usage": null and a last chunk without
 // choices carries the usage of the tokens sent, as OpenAI sends it.
-func (s *server) stream(w http.ResponseWriter, rq *request, chat bool, id string, created int64, model string, tokens []string, use func(completion int) map[string]any) {
+//
+// The headers go out with the first token, stamped with when the engine
+// received the request (HeaderReceived), when the first token was due
+// (HeaderFirstTokenDue) and when it was written (HeaderFirstToken): what
+// a client sees beyond the engine's own time to first token is the path
+// to and from the engine (`gpuplane bench interference` measures it per
+// request).
+func (s *server) stream(w http.ResponseWriter, rq *request, chat bool, id string, created int64, model string, tokens []string, use func(completion int) map[string]any, received time.Time) {
 	flusher, _ := w.(http.Flusher)
 	w.Header().Set("Content-Type", "text/event-stream")
 	w.Header().Set("Cache-Control", "no-cache")
-	w.WriteHeader(http.StatusOK)
 	object := "text_completion"
 	if chat {
 		object = "chat.completion.chunk"
 	}
 	sent := 0
+	began := false
 	send := func(choice map[string]any) {
+		if !began {
+			began = true
+			w.Header().Set(HeaderReceived, strconv.FormatInt(received.UnixNano(), 10))
+			now := time.Now()
+			w.Header().Set(HeaderFirstToken, strconv.FormatInt(now.UnixNano(), 10))
+			due := rq.firstDue
+			if due.IsZero() || due.After(now) {
+				due = now
+			}
+			w.Header().Set(HeaderFirstTokenDue, strconv.FormatInt(due.UnixNano(), 10))
+			w.WriteHeader(http.StatusOK)
+		}
 		chunk := map[string]any{
 			"id": id, "object": object, "created": created, "model": model, "choices": []any{choice},
 		}
@@ -555,15 +588,33 @@ func (s *server) stream(w http.ResponseWriter, rq *request, chat bool, id string
 
 // prefill computes a prompt's tokens that the prefix cache did not hold,
 // at PrefillTokensPerSecond slowed as decoding is (rate): a cache hit
-// shortens it in proportion to the tokens it covers.
+// shortens it in proportion to the tokens it covers. It runs from the
+// request's admission (what admit does after, reporting the engine busy,
+// is the engine's bookkeeping, not the prompt's wait), and records when it
+// was done for generate.
 func (s *server) prefill(rq *request, tokens int) error {
 	s.prefilled.Add(int64(tokens))
 	if tokens <= 0 || s.cfg.PrefillTokensPerSecond <= 0 {
 		return nil
 	}
-	work, last := float64(tokens), time.Now()
-	for work > 0 {
+	work, last := float64(tokens), rq.admitted
+	if last.IsZero() {
+		last = time.Now()
+	}
+	for {
 		rate := s.cfg.PrefillTokensPerSecond * s.speed()
+		now := time.Now()
+		work -= now.Sub(last).Seconds() * rate
+		last = now
+		if work <= 0 {
+			if rate > 0 {
+				// A timer fires late (by at least the runtime's timer
+				// granularity, about a millisecond): the prompt was done
+				// before now, and decoding began then.
+				rq.decodeFrom = now.Add(-time.Duration(-work / rate * float64(time.Second)))
+			}
+			return nil
+		}
 		wait := tick
 		if rate > 0 {
 			wait = min(tick, time.Duration(work/rate*float64(time.Second)))
@@ -575,19 +626,23 @@ func (s *server) prefill(rq *request, tokens int) error {
 			return context.Cause(rq.ctx)
 		case <-t.C:
 		}
-		now := time.Now()
-		work -= now.Sub(last).Seconds() * rate
-		last = now
 	}
-	return nil
 }
 
 // generate produces n tokens for rq at the stream's current rate (see
 // rate), calling emit after each. It integrates the rate over time, so a
 // late timer on a busy machine is caught up rather than slowing the stream,
 // and a neighbour turning busy or idle changes the pace within a tick.
+//
+// Decoding starts where the prefill ended (rq.decodeFrom), not where its
+// late timer woke it: otherwise every timer's lateness would add to the
+// first token, which the engine's model (and simulate serve's) has at
+// prefill + one token.
 func (s *server) generate(rq *request, n int, emit func(i int)) error {
 	credit, last := 0.0, time.Now()
+	if !rq.decodeFrom.IsZero() && rq.decodeFrom.Before(last) {
+		credit = last.Sub(rq.decodeFrom).Seconds() * s.rate()
+	}
 	for i := 0; i < n; {
 		rate := s.rate()
 		if s.cfg.TokensPerSecond <= 0 {
@@ -609,6 +664,11 @@ func (s *server) generate(rq *request, n int, emit func(i int)) error {
 			last = now
 		}
 		for ; credit >= 1 && i < n; i++ {
+			if i == 0 && rate > 0 {
+				// The first token was due when the credit, counted up to
+				// last, reached 1.
+				rq.firstDue = last.Add(-time.Duration((credit - 1) / rate * float64(time.Second)))
+			}
 			credit--
 			s.hold(rq, 1)
 			if emit != nil {

@@ -552,6 +552,13 @@ type request struct {
 	cancel context.CancelCauseFunc
 	// held is the KV cache it holds, in tokens.
 	held int
+	// admitted is when it was let in: its prefill starts then.
+	admitted time.Time
+	// firstDue is when its first token was due (set as it is emitted).
+	firstDue time.Time
+	// decodeFrom is when its prefill was done (zero: when it began
+	// decoding).
+	decodeFrom time.Time
 }
 
 // admit lets a request in: where requests load the engine (llama.cpp,
@@ -573,7 +580,7 @@ func (s *server) admit(ctx context.Context, promptTokens int) (*request, error) 
 			}
 			continue
 		case st.phase == phAwake:
-			r := &request{id: s.nextReq, held: promptTokens}
+			r := &request{id: s.nextReq, held: promptTokens, admitted: time.Now()}
 			s.nextReq++
 			r.ctx, r.cancel = context.WithCancelCause(ctx)
 			s.cancels[r.id] = r.cancel
@@ -582,8 +589,16 @@ func (s *server) admit(ctx context.Context, promptTokens int) (*request, error) 
 			first := st.inflight == 1
 			s.mu.Unlock()
 			if first {
-				s.report()
-				s.refreshShares()
+				// The neighbours learn that this engine is busy, and it
+				// learns its share, off the request's path: a report is
+				// file I/O on the simulated card (a millisecond, more on a
+				// loaded machine) that a real engine's first token does
+				// not wait for. Until then the request runs at the share
+				// last read, at most idleEvery ticks old.
+				go func() {
+					s.report()
+					s.refreshShares()
+				}()
 			}
 			return r, nil
 		case !s.loadedOnce:

@@ -102,8 +102,7 @@ func TestFairnessBound(t *testing.T) {
 	}
 }
 
-// TestFairShareUnderFlood is the user's view (issue 14, "It must show" 2):
-// both tenants backlogged for the whole run, one sending ten times the
+// TestFairShareUnderFlood is the user's view of fair sharing: both tenants backlogged for the whole run, one sending ten times the
 // other's requests: the tokens they are served are within 10% of each
 // other; with weights 2:1 they are 2:1 within 10%.
 func TestFairShareUnderFlood(t *testing.T) {

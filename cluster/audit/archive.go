@@ -1,4 +1,4 @@
-package cluster
+package audit
 
 import (
 	"bufio"
@@ -19,7 +19,9 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/gpuplane/gpuplane/cluster/auditrec"
 	"github.com/gpuplane/gpuplane/fsm"
+	"github.com/gpuplane/gpuplane/internal/atomicfile"
 	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
 )
 
@@ -143,7 +145,7 @@ func (a *Archive) Extend(src EntrySource, upTo, perSegment uint64) (int, error) 
 	}
 	old := a.Snapshot
 	name := filepath.Join("snapshots", fmt.Sprintf("%020d.state", a.Cut))
-	if err := writeFileSync(filepath.Join(a.Dir, name), data); err != nil {
+	if err := atomicfile.Write(filepath.Join(a.Dir, name), data); err != nil {
 		return added, err
 	}
 	sum := sha256.Sum256(data)
@@ -152,7 +154,7 @@ func (a *Archive) Extend(src EntrySource, upTo, perSegment uint64) (int, error) 
 	if err != nil {
 		return added, err
 	}
-	if err := writeFileSync(filepath.Join(a.Dir, archiveManifest), append(b, '\n')); err != nil {
+	if err := atomicfile.Write(filepath.Join(a.Dir, archiveManifest), append(b, '\n')); err != nil {
 		return added, err
 	}
 	if old != nil && old.File != name {
@@ -336,7 +338,7 @@ func (a *Archive) Verify(recorded func(index uint64) (string, error)) *ArchiveRe
 				want, err := recorded(e.GetIndex())
 				if err == nil && want != "" && want != state.Hash() {
 					entryProblem = fmt.Sprintf("entry %d replays to hash %s, but the server recorded %s when it applied it: altered",
-						e.GetIndex(), short(state.Hash()), short(want))
+						e.GetIndex(), auditrec.Short(state.Hash()), auditrec.Short(want))
 				}
 			}
 			return nil
@@ -351,7 +353,7 @@ func (a *Archive) Verify(recorded func(index uint64) (string, error)) *ArchiveRe
 			bad(i+1, "archived segment %d (entries %d..%d): %s", i+1, s.First, s.Last, entryProblem)
 		case state.Hash() != s.Head:
 			bad(i+1, "archived segment %d (entries %d..%d): replays to hash %s, the manifest says %s: an entry in it was altered",
-				i+1, s.First, s.Last, short(state.Hash()), short(s.Head))
+				i+1, s.First, s.Last, auditrec.Short(state.Hash()), auditrec.Short(s.Head))
 		}
 		if !r.OK {
 			return r
@@ -368,7 +370,7 @@ func (a *Archive) Verify(recorded func(index uint64) (string, error)) *ArchiveRe
 	case a.Snapshot.Index != a.Cut:
 		bad(0, "the archive's snapshot is at index %d, its cut at %d", a.Snapshot.Index, a.Cut)
 	case snap.Hash() != state.Hash() || a.Snapshot.Hash != state.Hash():
-		bad(0, "the archive's snapshot at %d has hash %s, the replay of its segments %s", a.Cut, short(snap.Hash()), short(state.Hash()))
+		bad(0, "the archive's snapshot at %d has hash %s, the replay of its segments %s", a.Cut, auditrec.Short(snap.Hash()), auditrec.Short(state.Hash()))
 	case !proto.Equal(snap.State(), state.State()):
 		bad(0, "the archive's snapshot at %d differs from the replay of its segments although the hashes agree", a.Cut)
 	}
@@ -441,7 +443,7 @@ func (a *Archive) Replay(index uint64) (*pb.ReplayResponse, error) {
 func (h *History) Entries(from, to uint64, fn func(*pb.ArchivedEntry) error) error {
 	var l raft.Log
 	for i := from; i <= to; i++ {
-		if err := h.log.GetLog(i, &l); err != nil {
+		if err := h.files.Log.GetLog(i, &l); err != nil {
 			return fmt.Errorf("read log entry %d: %w", i, err)
 		}
 		e := &pb.ArchivedEntry{Index: l.Index, Term: l.Term, Type: uint32(l.Type), Data: slices.Clone(l.Data)}
@@ -457,4 +459,4 @@ func (h *History) Entries(from, to uint64, fn func(*pb.ArchivedEntry) error) err
 
 // RecordedHash is the hash head this node recorded after entry index when
 // it applied it, "" when none: what an archive is checked against.
-func (h *History) RecordedHash(index uint64) (string, error) { return h.hashes.at(index) }
+func (h *History) RecordedHash(index uint64) (string, error) { return h.files.Hashes.At(index) }

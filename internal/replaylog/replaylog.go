@@ -1,13 +1,13 @@
-package cluster
+// Package replaylog generates the Raft log of a busy cluster for the
+// benchmarks and tests that replay, archive or soak a long log (package
+// cluster, package audit): realistic entries, written straight into a log
+// store.
+package replaylog
 
 import (
-	"bytes"
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
-	"syscall"
-	"testing"
 	"time"
 
 	"github.com/hashicorp/raft"
@@ -18,107 +18,10 @@ import (
 	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
 )
 
-// replayEntries is the size of the log BenchmarkReplay replays (issue 6: one
-// million entries in under two seconds). GPUPLANE_REPLAY_ENTRIES overrides it
-// for quick runs.
-const replayEntries = 1_000_000
-
-// BenchmarkReplay measures audit replay from disk: a data dir whose log
-// holds a million realistic entries is opened read-only (OpenOffline, as
-// `audit replay --data-dir` does) and History.StateAt replays the whole log
-// through the Cursor into a fresh state machine (LogReader, then
-// fsm.ApplyBytes), reporting entries per second. It then snapshots the
-// resulting state and times raftFSM.Restore of it (what a restart does).
-//
-// The log is built once, written straight into the store with StoreLogs in
-// big batches, and cached under the system temp dir
-// (gpuplane-replay-bench-wal-<n>), so only the first run pays for it (about a
-// minute). Run with `make bench-replay`.
-func BenchmarkReplay(b *testing.B) {
-	n := uint64(replayEntries)
-	if s := os.Getenv("GPUPLANE_REPLAY_ENTRIES"); s != "" {
-		if _, err := fmt.Sscan(s, &n); err != nil {
-			b.Fatalf("GPUPLANE_REPLAY_ENTRIES=%q: %v", s, err)
-		}
-	}
-	dir := filepath.Join(os.TempDir(), fmt.Sprintf("gpuplane-replay-bench-wal-%d", n))
-	if err := buildReplayLog(dir, n); err != nil {
-		b.Fatal(err)
-	}
-	off, err := OpenOffline(dir)
-	if err != nil {
-		b.Fatal(err)
-	}
-	last, err := off.LastIndex()
-	if err != nil {
-		off.Close()
-		b.Fatal(err)
-	}
-
-	off.Close()
-
-	// Each iteration opens the data dir afresh, as `audit replay --data-dir`
-	// does: opening (mapping the file) is part of reading it from disk, and
-	// a fresh mapping means no iteration reads pages an earlier one touched.
-	var state *fsm.FSM
-	b.ResetTimer()
-	start, cpu0 := time.Now(), cpuTime()
-	for b.Loop() {
-		o, err := OpenOffline(dir)
-		if err != nil {
-			b.Fatal(err)
-		}
-		if state, err = o.StateAt(last); err != nil {
-			b.Fatal(err)
-		}
-		if err := o.Close(); err != nil {
-			b.Fatal(err)
-		}
-	}
-	replay := time.Since(start) / time.Duration(b.N)
-	// CPU time (all threads, GC included) tells the cost apart from the
-	// machine's load, which on shared build machines stretches wall time.
-	replayCPU := (cpuTime() - cpu0) / time.Duration(b.N)
-	b.StopTimer()
-	b.ReportMetric(float64(last)/replay.Seconds(), "entries/s")
-	b.ReportMetric(replay.Seconds(), "s/replay")
-	b.ReportMetric(replayCPU.Seconds(), "cpu-s/replay")
-
-	// Snapshot restore of the replayed state, as raft does at start-up.
-	data, err := state.Snapshot()
-	if err != nil {
-		b.Fatal(err)
-	}
-	w := newRaftFSM()
-	t0 := time.Now()
-	if err := w.Restore(io.NopCloser(bytes.NewReader(data))); err != nil {
-		b.Fatal(err)
-	}
-	restore := time.Since(t0)
-	var got string
-	w.view(func(f *fsm.FSM) { got = f.Hash() })
-	if got != state.Hash() {
-		b.Fatalf("restored hash %s, replayed %s", got, state.Hash())
-	}
-	b.ReportMetric(restore.Seconds(), "s/restore")
-	b.ReportMetric(float64(len(data))/(1<<20), "MiB/snapshot")
-	b.Logf("%d entries replayed in %v (%.0f entries/s, %v of CPU); snapshot %.1f MiB restored in %v; state %d accelerators, %d models, %d replicas",
-		last, replay, float64(last)/replay.Seconds(), replayCPU, float64(len(data))/(1<<20), restore,
-		len(state.Accelerators()), len(state.Models()), len(state.Replicas("", "")))
-}
-
-// cpuTime is the process's user and system CPU time so far.
-func cpuTime() time.Duration {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		return 0
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
-}
-
-// buildReplayLog writes a data dir with n log entries unless dir already
-// holds a complete one.
-func buildReplayLog(dir string, n uint64) error {
+// Build writes a data dir with n log entries of the workload into its log
+// dir, logDir (cluster.LogDir(dir)), unless dir already holds a complete
+// one. newID gives each command its request id (cluster.NewRequestID).
+func Build(dir, logDir string, n uint64, newID func() string) error {
 	done := filepath.Join(dir, "complete")
 	if _, err := os.Stat(done); err == nil {
 		return nil
@@ -126,15 +29,15 @@ func buildReplayLog(dir string, n uint64) error {
 	if err := os.RemoveAll(dir); err != nil {
 		return err
 	}
-	store, err := raftstore.Open(LogDir(dir), raftstore.Options{})
+	store, err := raftstore.Open(logDir, raftstore.Options{})
 	if err != nil {
 		return err
 	}
-	gen := newReplayWorkload()
+	gen := New(true, newID)
 	const batch = 10_000
 	logs := make([]*raft.Log, 0, batch)
 	for i := uint64(1); i <= n; i++ {
-		logs = append(logs, gen.entry(i))
+		logs = append(logs, gen.Entry(i))
 		if len(logs) == batch || i == n {
 			if err := store.StoreLogs(logs); err != nil {
 				store.Close()
@@ -152,18 +55,18 @@ func buildReplayLog(dir string, n uint64) error {
 	return os.WriteFile(done, nil, 0o600)
 }
 
-// replayWorkload generates the log of a busy cluster: 64 nodes with eight
+// Workload generates the log of a busy cluster: 64 nodes with eight
 // cards each registered once, a few accelerators, then deployments coming
 // and going (ApplyModel, PlaceReplicas, ReplicaStatus reports as engines
 // start and run, SetNodeStatus as nodes flap, DeleteModel), with the raft
 // entries a real log holds (configuration, no-op per leader). Every command
 // is checked against a state machine as it is generated, so the log is one
 // the cluster would really have written.
-type replayWorkload struct {
+type Workload struct {
 	// check is the state machine every command is checked against as it
-	// is generated; nil checks nothing (the soak benchmark applies them
-	// itself).
+	// is generated; nil checks nothing.
 	check              *fsm.FSM
+	newID              func() string
 	queue              []*raft.Log
 	model              int
 	commands, rejected int
@@ -175,11 +78,21 @@ const (
 	workloadSlots = workloadNodes * 2 // four cards per slot, eight per node
 )
 
-func newReplayWorkload() *replayWorkload {
-	return &replayWorkload{check: fsm.New(), at: time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC)}
+// New returns a workload at its first entry. With check, every command is
+// applied to a state machine as it is generated, and Build fails when more
+// than one in a hundred is rejected; a caller that applies the entries
+// itself passes false. newID gives each command its request id.
+func New(check bool, newID func() string) *Workload {
+	w := &Workload{newID: newID, at: time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC)}
+	if check {
+		w.check = fsm.New()
+	}
+	return w
 }
 
-func (w *replayWorkload) entry(index uint64) *raft.Log {
+// Entry returns the log entry at index; entries must be asked for in
+// order from 1.
+func (w *Workload) Entry(index uint64) *raft.Log {
 	w.at = w.at.Add(10 * time.Millisecond)
 	switch index {
 	case 1:
@@ -207,8 +120,8 @@ func (w *replayWorkload) entry(index uint64) *raft.Log {
 	return env
 }
 
-func (w *replayWorkload) cmd(env *pb.Envelope) {
-	env.RequestId = NewRequestID()
+func (w *Workload) cmd(env *pb.Envelope) {
+	env.RequestId = w.newID()
 	env.Actor = "system"
 	env.ProposedAt = timestamppb.New(w.at)
 	data, err := fsm.Marshal(env)
@@ -219,7 +132,7 @@ func (w *replayWorkload) cmd(env *pb.Envelope) {
 }
 
 // refill queues the next episode of the workload.
-func (w *replayWorkload) refill() {
+func (w *Workload) refill() {
 	if w.model == 0 {
 		for i := range workloadNodes {
 			node := &pb.Node{Name: fmt.Sprintf("gpu-%02d", i), Address: fmt.Sprintf("10.1.0.%d:7000", i),

@@ -1,16 +1,17 @@
-package cluster
+package audit
 
 import (
 	"context"
 	"errors"
 	"fmt"
-	"path/filepath"
 	"slices"
 	"time"
 
 	"github.com/hashicorp/raft"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/gpuplane/gpuplane/cluster"
+	"github.com/gpuplane/gpuplane/cluster/auditrec"
 	"github.com/gpuplane/gpuplane/fsm"
 	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
 )
@@ -18,61 +19,57 @@ import (
 // History is a node's Raft log read for audit (docs/audit.md): its events, the
 // state as of any entry, and verification of the log against what the state
 // machine recorded when it applied it. A live node's History reads its store
-// while it runs (Cluster.History); a stopped node's is OpenOffline's. Every
-// replay goes through a Cursor, so through fsm.ApplyBytes: nothing about
-// applying entries is implemented twice.
+// while it runs (Live); a stopped node's is OpenOffline's. Every replay goes
+// through a cluster.Cursor, so through fsm.ApplyBytes: nothing about applying
+// entries is implemented twice.
 type History struct {
-	log         LogReader
-	hashes      *hashLog
-	snapshotDir string
-	// basePath is the audit base of a compacted log (compact.go).
-	basePath string
+	files cluster.LogFiles
 }
 
-// History returns the live node's log for audit. Callers bound what they read
-// by AppliedIndex: entries after it may not be committed yet.
-func (c *Cluster) History() (*History, error) {
-	if !c.IsServer() {
-		return nil, ErrNoLog
+// Server is what audit reads of a running server (*cluster.Cluster): its
+// log and records, and its live state.
+type Server interface {
+	NodeName() string
+	// LogFiles is the server's log and audit records; cluster.ErrNoLog on
+	// a client node.
+	LogFiles() (cluster.LogFiles, error)
+	// View calls fn with the live state, under the state machine's lock.
+	View(fn func(*fsm.FSM))
+	AppliedIndex() uint64
+}
+
+// Live returns a running server's log for audit. Callers bound what they
+// read by the applied index: entries after it may not be committed yet.
+func Live(s Server) (*History, error) {
+	files, err := s.LogFiles()
+	if err != nil {
+		return nil, err
 	}
-	return &History{log: c.store, hashes: c.fsm.hashes, snapshotDir: c.snapshotDir(), basePath: c.auditBasePath()}, nil
+	return &History{files: files}, nil
 }
 
-// Progress returns the applied index and a channel closed when it next
-// changes: what event streams wait on.
-func (c *Cluster) Progress() (uint64, <-chan struct{}) { return c.fsm.progress() }
-
-// Head returns the applied index and the hash chain head there, read together.
-func (c *Cluster) Head() (uint64, string) {
+// head returns s's applied index and the hash chain head there, read
+// together.
+func head(s Server) (uint64, string) {
 	var (
 		index uint64
 		hash  string
 	)
-	c.View(func(f *fsm.FSM) { index, hash = f.AppliedIndex(), f.Hash() })
+	s.View(func(f *fsm.FSM) { index, hash = f.AppliedIndex(), f.Hash() })
 	return index, hash
 }
 
 // LastIndex is the index of the last entry in the log.
-func (h *History) LastIndex() (uint64, error) { return h.log.LastIndex() }
+func (h *History) LastIndex() (uint64, error) { return h.files.Log.LastIndex() }
 
 // Cursor returns a cursor over the log; see Cursor.
-func (h *History) Cursor(from uint64, filter *pb.EventFilter) *Cursor {
-	c := NewCursor(h.log, from, filter)
-	c.basePath, c.snapshotDir = h.basePath, h.snapshotDir
-	return c
+func (h *History) Cursor(from uint64, filter *pb.EventFilter) *cluster.Cursor {
+	return h.files.Cursor(from, filter)
 }
 
 // StateAt replays the log from index 1 through index and returns the state
 // as it was after that entry (index 0: the empty state).
-func (h *History) StateAt(index uint64) (*fsm.FSM, error) {
-	cur := h.Cursor(index+1, nil)
-	if err := cur.Advance(index, func(*pb.Event) error { return nil }); err != nil {
-		return nil, err
-	}
-	var f *fsm.FSM
-	cur.View(func(s *fsm.FSM) { f = s })
-	return f, nil
-}
+func (h *History) StateAt(index uint64) (*fsm.FSM, error) { return h.files.StateAt(index) }
 
 // IndexAt returns the index of the last entry, up to upTo, that precedes the
 // first entry proposed after t; 0 when the first entry already was. Leaders'
@@ -85,13 +82,12 @@ func (h *History) StateAt(index uint64) (*fsm.FSM, error) {
 // the answer (Archive.IndexAt).
 func (h *History) IndexAt(t time.Time, upTo uint64) (uint64, error) {
 	cur := h.Cursor(1, nil)
-	if err := cur.start(); err != nil {
+	base, err := cur.StartAtBase()
+	if err != nil {
 		return 0, err
 	}
-	base := cur.Next() - 1
-	cur.from = cur.Next()
 	at := base
-	err := cur.Advance(upTo, func(ev *pb.Event) error {
+	err = cur.Advance(upTo, func(ev *pb.Event) error {
 		if ev.ProposedAt != nil && ev.ProposedAt.AsTime().After(t) {
 			return errStop
 		}
@@ -102,7 +98,7 @@ func (h *History) IndexAt(t time.Time, upTo uint64) (uint64, error) {
 		return 0, err
 	}
 	if base > 0 && at == base {
-		return 0, fmt.Errorf("%w: %s is before the first entry this server holds after its compaction at %d: replay it from the archive (--archive DIR)", ErrCompacted, t.Format(time.RFC3339), base)
+		return 0, fmt.Errorf("%w: %s is before the first entry this server holds after its compaction at %d: replay it from the archive (--archive DIR)", cluster.ErrCompacted, t.Format(time.RFC3339), base)
 	}
 	return at, nil
 }
@@ -143,7 +139,7 @@ func (r *verifyReport) fail(index uint64, format string, args ...any) {
 // or before.
 func (h *History) Verify(upTo uint64, live *liveHead) (*pb.ServerVerification, error) {
 	r := &verifyReport{&pb.ServerVerification{Ok: true}}
-	snaps, err := readSnapshots(h.snapshotDir)
+	snaps, err := auditrec.ReadSnapshots(h.files.SnapshotDir)
 	if err != nil {
 		return nil, err
 	}
@@ -155,15 +151,15 @@ func (h *History) Verify(upTo uint64, live *liveHead) (*pb.ServerVerification, e
 	}
 	var checks []checkpoint
 	for _, s := range snaps {
-		if s.err != nil {
-			r.fail(0, "%v", s.err)
+		if s.Err != nil {
+			r.fail(0, "%v", s.Err)
 			continue
 		}
-		if s.state.AppliedIndex > upTo {
-			r.fail(0, "snapshot %s is at index %d, beyond the log's last entry %d: log entries are missing", s.id, s.state.AppliedIndex, upTo)
+		if s.State.AppliedIndex > upTo {
+			r.fail(0, "snapshot %s is at index %d, beyond the log's last entry %d: log entries are missing", s.ID, s.State.AppliedIndex, upTo)
 			continue
 		}
-		checks = append(checks, checkpoint{s.state.AppliedIndex, "snapshot " + s.id, s.state.Hash, s.state})
+		checks = append(checks, checkpoint{s.State.AppliedIndex, "snapshot " + s.ID, s.State.Hash, s.State})
 	}
 	if live != nil {
 		checks = append(checks, checkpoint{live.index, "the live state", live.hash, live.state})
@@ -171,22 +167,23 @@ func (h *History) Verify(upTo uint64, live *liveHead) (*pb.ServerVerification, e
 	slices.SortStableFunc(checks, func(a, b checkpoint) int { return int(a.index) - int(b.index) })
 
 	cur := h.Cursor(1, nil)
-	recorded := h.hashes.reader()
+	recorded := h.files.Hashes.Reader()
 	// Entries were only recorded while the node ran; a record is checked
 	// when present.
 	lastGood := uint64(0)
 	// A log compacted after an archive replays from its audit base, which
 	// must hash as the entry it follows did when it was applied; what
 	// precedes it is the archive's to verify (audit verify --archive).
-	if err := cur.start(); err != nil {
+	base, err := cur.StartAtBase()
+	if err != nil {
 		r.fail(1, "%v", err)
 		return r.ServerVerification, nil
 	}
-	if base := cur.Next() - 1; base > 0 {
+	if base > 0 {
 		var got string
 		cur.View(func(f *fsm.FSM) { got = f.Hash() })
-		if want, err := h.hashes.at(base); err == nil && want != "" && want != got {
-			r.fail(base, "the audit base at index %d has hash %s, but entry %d hashed to %s when it was applied: the base was altered", base, short(got), base, short(want))
+		if want, err := h.files.Hashes.At(base); err == nil && want != "" && want != got {
+			r.fail(base, "the audit base at index %d has hash %s, but entry %d hashed to %s when it was applied: the base was altered", base, auditrec.Short(got), base, auditrec.Short(want))
 			return r.ServerVerification, nil
 		}
 		r.BaseIndex = base
@@ -207,7 +204,7 @@ func (h *History) Verify(upTo uint64, live *liveHead) (*pb.ServerVerification, e
 		switch {
 		case hash != cp.hash:
 			r.fail(cp.index, "%s at index %d has hash %s, the replay %s: an entry in %d..%d differs from what was applied",
-				cp.what, cp.index, short(cp.hash), short(hash), lastGood+1, cp.index)
+				cp.what, cp.index, auditrec.Short(cp.hash), auditrec.Short(hash), lastGood+1, cp.index)
 		case cp.state != nil && !proto.Equal(state, cp.state):
 			r.fail(cp.index, "%s at index %d: the replayed state differs although the hashes agree", cp.what, cp.index)
 		default:
@@ -221,13 +218,13 @@ func (h *History) Verify(upTo uint64, live *liveHead) (*pb.ServerVerification, e
 		if !command || r.FirstDivergence != 0 {
 			return nil
 		}
-		want, err := recorded.at(index)
+		want, err := recorded.At(index)
 		if err != nil {
 			return err
 		}
 		if want != "" && want != hash {
 			r.fail(index, "entry %d (%s) replays to hash %s, but hashed to %s when it was applied: it was altered after it was applied",
-				index, describe(), short(hash), short(want))
+				index, describe(), auditrec.Short(hash), auditrec.Short(want))
 		}
 		return nil
 	}
@@ -254,50 +251,48 @@ func (h *History) Verify(upTo uint64, live *liveHead) (*pb.ServerVerification, e
 	return r.ServerVerification, nil
 }
 
-// VerifyLocal verifies this server: it reads its applied index, hash and
-// state together, then replays its own log up to that index (see
+// VerifyLocal verifies a running server: it reads its applied index, hash
+// and state together, then replays its own log up to that index (see
 // History.Verify).
-func (c *Cluster) VerifyLocal(ctx context.Context) (*pb.ServerVerification, error) {
-	if !c.IsServer() {
-		return nil, ErrNoLog
-	}
-	live := &liveHead{}
-	c.View(func(f *fsm.FSM) {
-		live.index, live.hash, live.state = f.AppliedIndex(), f.Hash(), f.State()
-	})
-	h, err := c.History()
+func VerifyLocal(ctx context.Context, s Server) (*pb.ServerVerification, error) {
+	h, err := Live(s)
 	if err != nil {
 		return nil, err
 	}
+	live := &liveHead{}
+	s.View(func(f *fsm.FSM) {
+		live.index, live.hash, live.state = f.AppliedIndex(), f.Hash(), f.State()
+	})
 	v, err := h.Verify(live.index, live)
 	if err != nil {
 		return nil, err
 	}
-	v.Server = c.NodeName()
+	v.Server = s.NodeName()
 	return v, ctx.Err()
 }
 
-// HashAt returns the hash chain head as of index: the head this server's
-// live state machine recorded after the last command entry at or before
-// index, "" when it has no record. Index 0 gives the live head.
-func (c *Cluster) HashAt(index uint64) (uint64, string, error) {
-	if !c.IsServer() {
-		return 0, "", ErrNoLog
+// HashAt returns the hash chain head as of index: the head a running
+// server's state machine recorded after the last command entry at or
+// before index, "" when it has no record. Index 0 gives the live head.
+func HashAt(s Server, index uint64) (uint64, string, error) {
+	files, err := s.LogFiles()
+	if err != nil {
+		return 0, "", err
 	}
 	if index == 0 {
-		i, h := c.Head()
+		i, h := head(s)
 		return i, h, nil
 	}
-	if applied := c.AppliedIndex(); index > applied {
+	if applied := s.AppliedIndex(); index > applied {
 		return 0, "", fmt.Errorf("index %d is beyond this server's applied index %d", index, applied)
 	}
 	for i := index; i > 0; i-- {
-		h, err := c.fsm.hashes.at(i)
+		h, err := files.Hashes.At(i)
 		if err != nil || h != "" {
 			return index, h, err
 		}
 		var l raft.Log
-		if err := c.store.GetLog(i, &l); err == nil && l.Type == raft.LogCommand {
+		if err := files.Log.GetLog(i, &l); err == nil && l.Type == raft.LogCommand {
 			return index, "", nil // a command entry without a record: unknown
 		}
 	}
@@ -306,44 +301,6 @@ func (c *Cluster) HashAt(index uint64) (uint64, string, error) {
 
 // genesisHash is the hash head of an empty state machine.
 func genesisHash() string { return fsm.New().Hash() }
-
-// ServerAddresses returns the API address of every Raft server this node
-// knows, by server id; a server that has not registered its node yet is
-// missing.
-func (c *Cluster) ServerAddresses() (map[string]string, error) {
-	if !c.IsServer() {
-		return nil, ErrNoLog
-	}
-	fut := c.raft.GetConfiguration()
-	if err := fut.Error(); err != nil {
-		return nil, c.raftError(err)
-	}
-	out := map[string]string{}
-	for _, s := range fut.Configuration().Servers {
-		if addr, ok := c.APIAddress(string(s.ID)); ok {
-			out[string(s.ID)] = addr
-		} else {
-			out[string(s.ID)] = ""
-		}
-	}
-	return out, nil
-}
-
-func (c *Cluster) snapshotDir() string { return filepath.Join(c.cfg.DataDir, raftDir, "snapshots") }
-
-func short(hash string) string {
-	if len(hash) > 12 {
-		return hash[:12]
-	}
-	if hash == "" {
-		return "(none)"
-	}
-	return hash
-}
-
-// ErrNoLog is returned by audit requests to a client node, which keeps no
-// Raft log.
-var ErrNoLog = errors.New("this node is not a server and keeps no log: ask a server")
 
 // Log calls yield with the events req selects, up to upTo (req.ToIndex when
 // lower).

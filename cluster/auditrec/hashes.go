@@ -1,4 +1,4 @@
-package cluster
+package auditrec
 
 import (
 	"bytes"
@@ -12,13 +12,13 @@ import (
 	"os"
 )
 
-// hashesFile, in the raft dir, records the hash chain head the live state
+// HashesFile, in the raft dir, records the hash chain head the live state
 // machine computed after each command entry it applied.
-const hashesFile = "hashes"
+const HashesFile = "hashes"
 
 const hashSize = sha256.Size
 
-// hashLog is the per-entry record that lets `audit verify` name the first
+// Hashes is the per-entry record that lets `audit verify` name the first
 // entry of a log that no longer hashes the way it did when it was applied
 // (a log altered on disk), offline as well as live. The hash chain alone only
 // says that some entry up to a snapshot's index changed.
@@ -31,7 +31,7 @@ const hashSize = sha256.Size
 // so replaying an altered log cannot launder the record. The file is not
 // fsynced: it is derived data, and a record lost in a crash only means that
 // entry is checked against the chain heads instead.
-type hashLog struct {
+type Hashes struct {
 	f   *os.File
 	log *slog.Logger
 	// pending holds records of the batch being applied, flushed together.
@@ -47,16 +47,16 @@ type hashRecord struct {
 	hash  [hashSize]byte
 }
 
-// openHashLog opens (or, unless readOnly, creates) the record file. A
+// OpenHashes opens (or, unless readOnly, creates) the record file. A
 // read-only open of a missing file gives a log that records nothing.
-func openHashLog(path string, readOnly bool) (*hashLog, error) {
+func OpenHashes(path string, readOnly bool, log *slog.Logger) (*Hashes, error) {
 	flag := os.O_RDWR | os.O_CREATE
 	if readOnly {
 		flag = os.O_RDONLY
 	}
 	f, err := os.OpenFile(path, flag, 0o600)
 	if readOnly && errors.Is(err, fs.ErrNotExist) {
-		return &hashLog{}, nil
+		return &Hashes{}, nil
 	}
 	if err != nil {
 		return nil, fmt.Errorf("open entry hashes: %w", err)
@@ -66,37 +66,41 @@ func openHashLog(path string, readOnly bool) (*hashLog, error) {
 		f.Close()
 		return nil, fmt.Errorf("open entry hashes: %w", err)
 	}
-	return &hashLog{f: f, log: slog.Default(), size: st.Size()}, nil
+	if log == nil {
+		log = slog.Default()
+	}
+	return &Hashes{f: f, log: log, size: st.Size()}, nil
 }
 
-// lastRecorded is the highest entry index the file may hold a record for
+// LastRecorded is the highest entry index the file may hold a record for
 // (its length in records).
-func (h *hashLog) lastRecorded() uint64 {
+func (h *Hashes) LastRecorded() uint64 {
 	if h == nil || h.f == nil {
 		return 0
 	}
 	return uint64(h.size / hashSize)
 }
 
-func (h *hashLog) close() error {
+// Close closes the file.
+func (h *Hashes) Close() error {
 	if h == nil || h.f == nil {
 		return nil
 	}
 	return h.f.Close()
 }
 
-// add queues the hash head after entry index; flush writes the queue.
-func (h *hashLog) add(index uint64, head [hashSize]byte) {
+// Add queues the hash head after entry index; Flush writes the queue.
+func (h *Hashes) Add(index uint64, head [hashSize]byte) {
 	if h == nil || h.f == nil || index == 0 {
 		return
 	}
 	h.pending = append(h.pending, hashRecord{index, head})
 }
 
-// flush writes the queued records, one write per run of consecutive indexes.
+// Flush writes the queued records, one write per run of consecutive indexes.
 // A record already on file is kept; a different new one is logged, because
 // it means the entry was altered after it was first applied.
-func (h *hashLog) flush() {
+func (h *Hashes) Flush() {
 	if h == nil || h.f == nil || len(h.pending) == 0 {
 		return
 	}
@@ -112,7 +116,7 @@ func (h *hashLog) flush() {
 	}
 }
 
-func (h *hashLog) writeRun(run []hashRecord) {
+func (h *Hashes) writeRun(run []hashRecord) {
 	off := int64(run[0].index-1) * hashSize
 	buf := make([]byte, len(run)*hashSize)
 	if off < h.size {
@@ -141,8 +145,8 @@ func (h *hashLog) writeRun(run []hashRecord) {
 	h.size = max(h.size, off+int64(len(buf)))
 }
 
-// at returns the recorded hash head after entry index, "" when none.
-func (h *hashLog) at(index uint64) (string, error) {
+// At returns the recorded hash head after entry index, "" when none.
+func (h *Hashes) At(index uint64) (string, error) {
 	if h == nil || h.f == nil || index == 0 {
 		return "", nil
 	}
@@ -160,19 +164,20 @@ func (h *hashLog) at(index uint64) (string, error) {
 	return hex.EncodeToString(rec[:]), nil
 }
 
-// hashReader reads records in index order, a chunk at a time.
-type hashReader struct {
-	h     *hashLog
+// HashReader reads records in index order, a chunk at a time.
+type HashReader struct {
+	h     *Hashes
 	start uint64 // index of the first record in buf
 	buf   []byte
 }
 
 const hashChunk = 8192
 
-func (h *hashLog) reader() *hashReader { return &hashReader{h: h} }
+// Reader returns a reader of the records in index order.
+func (h *Hashes) Reader() *HashReader { return &HashReader{h: h} }
 
-// at returns the recorded hash after entry index, "" when none.
-func (r *hashReader) at(index uint64) (string, error) {
+// At returns the recorded hash after entry index, "" when none.
+func (r *HashReader) At(index uint64) (string, error) {
 	if r.h == nil || r.h.f == nil || index == 0 {
 		return "", nil
 	}

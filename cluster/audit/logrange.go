@@ -1,32 +1,14 @@
-package cluster
+package audit
 
 import (
 	"errors"
 
 	"github.com/hashicorp/raft"
 
+	"github.com/gpuplane/gpuplane/cluster"
 	"github.com/gpuplane/gpuplane/cluster/raftstore"
 	"github.com/gpuplane/gpuplane/fsm"
 )
-
-// logRanger is a LogReader that can also read a run of entries in one pass.
-// The Cursor uses it when the log offers it: replaying a million entries one
-// GetLog at a time costs a bolt transaction, a B-tree descent and a fresh
-// msgpack decoder (with its type caches) per entry, which is most of the
-// reading cost.
-type logRanger interface {
-	LogReader
-	// RangeLogs calls fn with the entries from..to in index order, stopping at
-	// the first error fn returns. With a command entry comes its Envelope
-	// decoded ahead (fsm.DecodeEntry of l.Data, for fsm.ApplyEntry), nil
-	// with any other. fn may keep none of l, e, e's messages (which may be
-	// recycled for later entries) or l.Data (which may be the store's
-	// memory) once it returns. A missing index is
-	// raft.ErrLogNotFound. ahead, unless nil, is called with each run of
-	// entries before fn sees them (zero for entries that are not commands),
-	// to prefetch what applying them will read.
-	RangeLogs(from, to uint64, ahead func([]fsm.Entry), fn func(l *raft.Log, e *fsm.Entry) error) error
-}
 
 // offlineLog is a stopped node's log read through raftstore's read-only
 // Reader (OpenOffline), with ranges read and decoded ahead of the applier.
@@ -34,7 +16,7 @@ type offlineLog struct {
 	*raftstore.Reader
 }
 
-var _ logRanger = (*offlineLog)(nil)
+var _ cluster.LogRanger = (*offlineLog)(nil)
 
 // RangeLogs reads and decodes entries on a goroutine of its own, a batch at
 // a time, while fn runs on the caller's: a replay's reading (the segments,
