@@ -333,12 +333,19 @@ func (c *Cluster) Status() *pb.StatusResponse {
 		c.caughtUp(applied, passed)
 	}
 	leaderAddr, leaderID := c.raft.LeaderWithID()
+	commit, applied := c.raft.CommitIndex(), c.AppliedIndex()
+	if applied < commit && c.caughtUp(applied, commit) {
+		// The entries left are ones the state machine never sees (a new
+		// leader's no-op, barriers): on an idle cluster nothing else would
+		// move the applied index past them.
+		applied = commit
+	}
 	st := &pb.StatusResponse{
 		Node:         c.cfg.NodeName,
 		Leader:       string(leaderID),
 		Term:         c.raft.CurrentTerm(),
-		CommitIndex:  c.raft.CommitIndex(),
-		AppliedIndex: c.AppliedIndex(),
+		CommitIndex:  commit,
+		AppliedIndex: applied,
 		RaftState:    c.raft.State().String(),
 	}
 	if leaderID != "" {

@@ -302,7 +302,7 @@ func (g *Gossip) SetMeta(fn func(*Meta)) error {
 		return nil
 	}
 	err := g.ml.UpdateNode(2 * time.Second)
-	if err != nil && err.Error() == errUpdateBroadcastTimeout {
+	if isUpdateBroadcastTimeout(err) {
 		// memberlist has already taken the new meta and queued its
 		// broadcast; it only did not finish retransmitting it in time,
 		// which in a large cluster (many broadcasts queued, each sent
@@ -315,9 +315,13 @@ func (g *Gossip) SetMeta(fn func(*Meta)) error {
 	return err
 }
 
-// errUpdateBroadcastTimeout is memberlist's (v0.6.0) error when UpdateNode's
-// broadcast is still being retransmitted at its timeout.
-const errUpdateBroadcastTimeout = "timeout waiting for update broadcast"
+// isUpdateBroadcastTimeout says err is memberlist's (v0.6.0) error when
+// UpdateNode's broadcast is still being retransmitted at its timeout.
+// memberlist has no error value or type for it, only this text;
+// TestUpdateBroadcastTimeoutText fails if an upgrade changes it.
+func isUpdateBroadcastTimeout(err error) bool {
+	return err != nil && err.Error() == "timeout waiting for update broadcast"
+}
 
 // LocalMeta is what this node announces.
 func (g *Gossip) LocalMeta() Meta {

@@ -2,6 +2,7 @@ package cluster
 
 import (
 	"errors"
+	"fmt"
 	"regexp"
 	"strings"
 	"testing"
@@ -11,6 +12,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/gpuplane/gpuplane/fsm"
+	"github.com/gpuplane/gpuplane/internal/testutil"
 	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
 )
 
@@ -240,4 +242,22 @@ func checkPropose(t *testing.T, c, leader *Cluster) {
 	if n != 1 {
 		t.Fatalf("the log holds %d entries creating a1, want 1 (the change; none for the no-op or the refusal)", n)
 	}
+}
+
+// TestStatusCountsEntriesTheStateNeverSees: a barrier (like each new
+// leader's no-op) is committed but never reaches the state machine; once
+// raft has passed it, `cluster status` reports it applied, so an idle
+// cluster after an election does not show its servers behind for good.
+func TestStatusCountsEntriesTheStateNeverSees(t *testing.T) {
+	c, _ := startDev(t)
+	mustApply(t, c, createAccelerator("a"))
+	if err := c.raft.Barrier(10 * time.Second).Error(); err != nil {
+		t.Fatal(err)
+	}
+	testutil.Eventually(t, 10*time.Second, "applied index reaches the commit index", func() error {
+		if st := c.Status(); st.AppliedIndex != st.CommitIndex {
+			return fmt.Errorf("applied %d of %d", st.AppliedIndex, st.CommitIndex)
+		}
+		return nil
+	})
 }

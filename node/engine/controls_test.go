@@ -536,9 +536,11 @@ func TestComputeSharesWeighTheSplit(t *testing.T) {
 // TestConcurrentLoadsOnACardAreSlower: weight loads share the card's copy
 // bandwidth, so two engines loading at once each take longer than one
 // alone. The durations are the engines' own (GET /sim/status), which do
-// not include process start.
+// not include process start. Two loads of L seconds started D apart each
+// take 2L-D: 2 s loads stay above 1.4 times alone while the second
+// process starts up to 1.2 s after the first (a loaded CI).
 func TestConcurrentLoadsOnACardAreSlower(t *testing.T) {
-	args := []string{"--memory-mib", "1000", "--load-seconds", "1", "--tokens-per-second", "0"}
+	args := []string{"--memory-mib", "1000", "--load-seconds", "2", "--tokens-per-second", "0"}
 	c1 := newCard(t)
 	solo := startSim(t, c1, "solo", args...)
 	solo.waitHealthy(t)

@@ -22,7 +22,8 @@
 // An engine is Running once it is ready: its health path answers 200, or,
 // for a kind without one (a command engine), its port accepts a TCP
 // connection; never while its process has exited, whatever answers on its
-// port. It has its start timeout to get there (spec.engine.startTimeout,
+// port, nor while the socket listening on its port is another process's
+// (ready.go). It has its start timeout to get there (spec.engine.startTimeout,
 // else its kind's default, engine.StartTimeout); past it the engine is
 // stopped and the replica Failed with a reason that says what the last
 // probe found. Replicas sharing a card start one at a time: a card's start

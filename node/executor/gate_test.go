@@ -63,8 +63,8 @@ func TestGateHoldsReplicas(t *testing.T) {
 	})
 	ctx := context.Background()
 	h.want(10, sim("free", 1), sim("held", 1))
-	h.waitState("free", pb.ReplicaState_REPLICA_STATE_RUNNING, 10*time.Second)
-	cold := h.waitState("held", pb.ReplicaState_REPLICA_STATE_PLACED, 10*time.Second)
+	h.waitState("free", pb.ReplicaState_REPLICA_STATE_RUNNING, 30*time.Second)
+	cold := h.waitState("held", pb.ReplicaState_REPLICA_STATE_PLACED, 30*time.Second)
 	if cold.Residency != pb.ReplicaResidency_REPLICA_RESIDENCY_COLD || cold.Endpoint != frontURL {
 		t.Fatalf("held replica reported %v, want Placed, Cold at %s", cold, frontURL)
 	}
@@ -81,7 +81,7 @@ func TestGateHoldsReplicas(t *testing.T) {
 	if err := h.exec.StartEngine("held", 0, "load held: 1 request waiting"); err != nil {
 		t.Fatal(err)
 	}
-	run := h.waitState("held", pb.ReplicaState_REPLICA_STATE_RUNNING, 10*time.Second)
+	run := h.waitState("held", pb.ReplicaState_REPLICA_STATE_RUNNING, 30*time.Second)
 	if run.Residency != pb.ReplicaResidency_REPLICA_RESIDENCY_RESIDENT || run.ResidencyReason != "engine running: loaded on demand" || run.Endpoint != frontURL {
 		t.Fatalf("running report %v: want Resident, loaded on demand, at %s", run, frontURL)
 	}
@@ -103,11 +103,11 @@ func TestGateHoldsReplicas(t *testing.T) {
 	if err := h.exec.StartEngine("held", 0, "load held again"); err != nil {
 		t.Fatal(err)
 	}
-	h.waitState("held", pb.ReplicaState_REPLICA_STATE_RUNNING, 10*time.Second)
+	h.waitState("held", pb.ReplicaState_REPLICA_STATE_RUNNING, 30*time.Second)
 	if err := syscall.Kill(onePID(t, "held"), syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	h.waitState("held", pb.ReplicaState_REPLICA_STATE_FAILED, 10*time.Second)
+	h.waitState("held", pb.ReplicaState_REPLICA_STATE_FAILED, 30*time.Second)
 	// Unheld engines restart after 1ms here; a held one waits for the
 	// Gate, however long.
 	time.Sleep(500 * time.Millisecond)
@@ -117,5 +117,5 @@ func TestGateHoldsReplicas(t *testing.T) {
 	if err := h.exec.StartEngine("held", 0, "load held after the crash"); err != nil {
 		t.Fatal(err)
 	}
-	h.waitState("held", pb.ReplicaState_REPLICA_STATE_RUNNING, 10*time.Second)
+	h.waitState("held", pb.ReplicaState_REPLICA_STATE_RUNNING, 30*time.Second)
 }

@@ -3,8 +3,11 @@ package executor
 import (
 	"errors"
 	"fmt"
+	"io/fs"
 	"net"
 	"net/http"
+	"path/filepath"
+	"strconv"
 	"syscall"
 	"time"
 
@@ -16,10 +19,18 @@ const probeTimeout = 2 * time.Second
 
 // probe asks whether the engine serves: a GET of its health path answering
 // 200 when its kind has one, else a TCP connection its port accepts (a
-// command engine: a live process that listens nowhere serves nothing). It
-// returns "" when the engine serves, else what it found, for the replica's
-// reason.
+// command engine: a live process that listens nowhere serves nothing), and
+// then whether what answered is the engine (portHolder). It returns "" when
+// the engine serves, else what it found, for the replica's reason.
 func (s *supervisor) probe() string {
+	if found := s.ask(); found != "" {
+		return found
+	}
+	return s.portHolder()
+}
+
+// ask is probe's request to the engine's port.
+func (s *supervisor) ask() string {
 	addr := net.JoinHostPort(s.probeHost(), itoa(s.port))
 	if s.health == "" {
 		conn, err := net.DialTimeout("tcp", addr, probeTimeout)
@@ -64,4 +75,69 @@ func (p *process) exited() bool {
 	}
 	st, err := procfs.ReadStat(p.pid)
 	return err != nil || !st.Alive()
+}
+
+// portHolder says whether the socket listening on the engine's port is the
+// engine's: held by its process or one of its descendants (in its
+// cgroups, its process group, or carrying its engine id). Another process
+// may hold the port the engine was told to listen on: another agent's
+// engine on this host, handed the same port before either listened, or a
+// program the user started. Its health answer must not make this engine
+// Running. It returns "" when the engine holds the port (or when that
+// cannot be told: /proc/net unreadable, or an engine process whose open
+// files this agent may not read), else what holds it.
+func (s *supervisor) portHolder() string {
+	listeners, err := procfs.TCPListeners(s.port, net.ParseIP(s.probeHost()))
+	if err != nil {
+		return ""
+	}
+	if len(listeners) == 0 {
+		// It stopped listening since it answered.
+		return fmt.Sprintf("nothing listened on port %d", s.port)
+	}
+	// The leader first (it listens in most engines), then the rest of
+	// the engine, cheapest to list first: its cgroups, its process group,
+	// the processes carrying its engine id.
+	seen := map[int]bool{}
+	for _, list := range []func() []int{func() []int { return []int{s.proc.pid} }, s.proc.box.procs, s.proc.group, s.proc.box.marked} {
+		for _, pid := range list() {
+			if seen[pid] {
+				continue
+			}
+			seen[pid] = true
+			held, err := procfs.HoldsSocket(pid, listeners)
+			if held || errors.Is(err, fs.ErrPermission) {
+				return ""
+			}
+		}
+	}
+	for _, pid := range allPIDs() {
+		if held, _ := procfs.HoldsSocket(pid, listeners); held {
+			return fmt.Sprintf("port %d is held by pid %d (%s), not by the engine", s.port, pid, procfs.Comm(pid))
+		}
+	}
+	return fmt.Sprintf("port %d is held by a process that is not the engine", s.port)
+}
+
+// group lists the live processes of the engine's process group.
+func (p *process) group() []int {
+	var out []int
+	for _, pid := range allPIDs() {
+		if st, err := procfs.ReadStat(pid); err == nil && st.PGID == p.pid && st.Alive() {
+			out = append(out, pid)
+		}
+	}
+	return out
+}
+
+// allPIDs lists the processes in /proc.
+func allPIDs() []int {
+	dirs, _ := filepath.Glob("/proc/[0-9]*")
+	out := make([]int, 0, len(dirs))
+	for _, d := range dirs {
+		if pid, err := strconv.Atoi(filepath.Base(d)); err == nil {
+			out = append(out, pid)
+		}
+	}
+	return out
 }

@@ -22,7 +22,7 @@ func TestResidencyReports(t *testing.T) {
 		t.Fatalf("ReportResidency before the replica is here: %v, want ErrNotRunning", err)
 	}
 	h.want(10, sim("alpha", 1))
-	run := h.waitState("alpha", pb.ReplicaState_REPLICA_STATE_RUNNING, 10*time.Second)
+	run := h.waitState("alpha", pb.ReplicaState_REPLICA_STATE_RUNNING, 30*time.Second)
 	if run.Residency != pb.ReplicaResidency_REPLICA_RESIDENCY_RESIDENT || run.ResidencyReason != "engine running: loaded when placed" {
 		t.Fatalf("running report %v: want Resident, loaded when placed", run)
 	}
@@ -53,7 +53,7 @@ func TestResidencyReports(t *testing.T) {
 		t.Fatal(err)
 	}
 	var failed *pb.ReplicaStatus
-	testutil.Until(t, 10*time.Second, "alpha not reported failed", func() bool {
+	testutil.Until(t, 30*time.Second, "alpha not reported failed", func() bool {
 		for _, st := range h.rep.of("alpha") {
 			if st.State == pb.ReplicaState_REPLICA_STATE_FAILED {
 				failed = st

@@ -1,6 +1,8 @@
 // Package procfs reads the few fields of Linux's /proc/PID/stat that the
 // node needs to follow engine processes it did not start (after an agent
-// restart) and to attribute GPU memory to an engine's process group.
+// restart) and to attribute GPU memory to an engine's process group, and
+// which process holds a listening TCP socket (sockets.go, over
+// prometheus/procfs), so that an engine's port is known to be its own.
 // It only reads; it never signals a process.
 package procfs
 

@@ -431,3 +431,24 @@ func TestRemovedAdapterWhileLoading(t *testing.T) {
 		t.Fatalf("request for the removed adapter: %d %q, want 404", a.code, a.msg)
 	}
 }
+
+// TestRejectedRequestIsToldAtOnce: a request the controller rejects as it
+// arrives (an onDemand base that cannot fit beside a pinned model) is
+// answered 503 with the controller's reason at once, not left to wait out
+// the front's deadline: the rejection its own arrival causes counts.
+func TestRejectedRequestIsToldAtOnce(t *testing.T) {
+	n := newAdapterNode(t)
+	chat := n.deployment(pb.Residency_RESIDENCY_ON_DEMAND, 2, adapterList(2, 16))
+	big := n.deployment(pb.Residency_RESIDENCY_UNSPECIFIED, 0, nil)
+	big.Replica.Model, big.Replica.MemoryMib, big.Replica.ShareMilli = "big", n.card.GetMemoryMib()*70/100, 700
+	big.Spec.Model, big.Spec.ServedModelName, big.Spec.Engine.MemoryPercent = "sim://big", "big", 70
+	n.publish(big, chat)
+	url := n.front()
+	for _, model := range []string{"chat:a001", "chat"} {
+		start := time.Now()
+		code, _, msg := ask(t, url, model, "")
+		if code != http.StatusServiceUnavailable || !strings.HasPrefix(msg, "model chat cannot be loaded now: reject chat/0: needs ") {
+			t.Fatalf("request for %s, which cannot fit: %d %q after %v, want 503 with the controller's reason", model, code, msg, time.Since(start))
+		}
+	}
+}

@@ -227,6 +227,12 @@ func (f *front) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	r = withBody(r, ar.body)
 	id := f.k.id()
+	// What the request waits for is read before the controller hears of
+	// it: the rejection or failed load its own arrival causes (decided in
+	// the same step as the arrival, possibly before this goroutine runs
+	// again) must count, or it would wait out the deadline.
+	_, _, rejected0, _, _ := f.state()
+	failed0 := f.failure(ar.adapter)
 	told := make(chan struct{})
 	f.m.post(func() {
 		defer close(told)
@@ -253,8 +259,6 @@ func (f *front) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			f.m.request(f.k, residency.RequestFinished{Model: id, Elapsed: time.Since(start)})
 		})
 	}()
-	_, _, rejected0, _, _ := f.state()
-	failed0 := f.failure(ar.adapter)
 	deadline := time.NewTimer(f.m.opts.Wait)
 	defer deadline.Stop()
 	for {

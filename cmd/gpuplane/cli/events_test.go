@@ -16,6 +16,7 @@ import (
 
 	"github.com/gpuplane/gpuplane/cluster"
 	"github.com/gpuplane/gpuplane/cluster/audit"
+	"github.com/gpuplane/gpuplane/internal/testutil"
 	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
 	"github.com/gpuplane/gpuplane/rpc"
 )
@@ -120,8 +121,9 @@ func TestEventsFollowAcrossLeaderChange(t *testing.T) {
 	servers := startServers(t)
 	lead := waitLeaderOf(t, servers)
 
+	var before uint64
 	for i := range 20 {
-		applyOK(t, lead.c, createAcc(fmt.Sprintf("a%d", i)))
+		before = applyOK(t, lead.c, createAcc(fmt.Sprintf("a%d", i)))
 	}
 	if r := run(t, "", nil, "--addr", servers[1].url, "audit", "verify"); r.code != 0 || !strings.Contains(r.stdout, "ok: 3 server(s) agree") {
 		t.Fatalf("audit verify on three servers: exit %d\n%s%s", r.code, r.stdout, r.stderr)
@@ -134,6 +136,12 @@ func TestEventsFollowAcrossLeaderChange(t *testing.T) {
 		g := &globals{stdin: strings.NewReader(""), stdout: &stdout, stderr: &stderr, getenv: func(string) string { return "" }}
 		done <- g.run(ctx, []string{"--addr", lead.url, "-o", "json", "events", "--follow"})
 	}()
+	// The stream is on the leader (and the CLI knows the other servers to
+	// resume on) before the leader stops: on a loaded machine the CLI may
+	// not even have connected within the writes' head start below.
+	testutil.Until(t, 20*time.Second, "events --follow printed the entries before the writes", func() bool {
+		return strings.Contains(stdout.String(), fmt.Sprintf(`"index":%d,`, before))
+	})
 
 	// Writes keep flowing from a follower while the leader goes away.
 	var survivor *server

@@ -275,7 +275,7 @@ func TestLiveMetricsAndUI(t *testing.T) {
 	}
 	script, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
-	if resp.StatusCode != 200 || !strings.Contains(resp.Header.Get("Content-Type"), "javascript") || !strings.Contains(string(script), `call("ModelService", "ListReplicas"`) {
+	if resp.StatusCode != 200 || !strings.Contains(resp.Header.Get("Content-Type"), "javascript") || !strings.Contains(string(script), `call("DashboardService", "Summary"`) {
 		t.Errorf("GET /ui/app.js = %d %q, want the UI's script", resp.StatusCode, resp.Header.Get("Content-Type"))
 	}
 	resp, err = http.Post(a.APIURL()+"/gpuplane.v1.NoSuchService/Nothing", "application/json", strings.NewReader("{}"))
