@@ -218,9 +218,24 @@ func (c *Cursor) apply(l *raft.Log, e *fsm.Entry) *pb.Event {
 			!replicasEqual(before, c.state.ReplicasOn(node)) {
 			ev.Resources = append(ev.Resources, "node/"+node)
 		}
+		// A deployment's new spec concerns the nodes running it even when
+		// its replicas stay as they were (adapters, residency, SLO): their
+		// executors must see it.
+		var specNodes []string
+		if res.GetCode() == pb.Code_CODE_OK && strings.HasPrefix(ev.Summary, "ApplyModel ") && len(ev.Resources) > 0 {
+			specNodes = c.state.NodesOf(strings.TrimPrefix(ev.Resources[0], "model/"))
+		}
+		if node != "" && c.next >= c.from && !slices.Contains(ev.Resources, "node/"+node) && slices.Contains(specNodes, node) {
+			ev.Resources = append(ev.Resources, "node/"+node)
+		}
 		if c.fanout {
 			for n, before := range c.state.Touched() {
 				if !slices.Contains(ev.Resources, "node/"+n) && !replicasEqual(before, c.state.ReplicasOn(n)) {
+					c.changed = append(c.changed, n)
+				}
+			}
+			for _, n := range specNodes {
+				if !slices.Contains(ev.Resources, "node/"+n) && !slices.Contains(c.changed, n) {
 					c.changed = append(c.changed, n)
 				}
 			}

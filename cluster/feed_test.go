@@ -283,3 +283,81 @@ func TestFeedCutsOffAStreamThatFellBehind(t *testing.T) {
 	}
 	sameEvents(t, "resumed", received(t, again, len(want)-buffer), want[buffer:])
 }
+
+// TestNodeStreamsSeeSpecOnlyChanges: an apply that changes only a
+// deployment's spec (an adapter added) leaves its replicas as they were,
+// yet the node running its replica must see it, through its own cursor and
+// through the shared feed; a node running nothing of it does not.
+func TestNodeStreamsSeeSpecOnlyChanges(t *testing.T) {
+	store := raft.NewInmemStore()
+	f := fsm.New()
+	var index uint64
+	apply := func(env *pb.Envelope) {
+		data, err := proto.Marshal(env)
+		if err != nil {
+			t.Fatal(err)
+		}
+		index++
+		if err := store.StoreLog(&raft.Log{Index: index, Term: 1, Type: raft.LogCommand, Data: data}); err != nil {
+			t.Fatal(err)
+		}
+		if res := f.ApplyBytes(index, data); res.GetCode() != pb.Code_CODE_OK {
+			t.Fatalf("entry %d: %v", index, res)
+		}
+	}
+	for i := range 2 {
+		apply(&pb.Envelope{Command: &pb.Envelope_RegisterNode{RegisterNode: &pb.RegisterNode{Node: &pb.Node{
+			Name: fmt.Sprintf("n%d", i), Role: pb.NodeRole_NODE_ROLE_CLIENT,
+			Cards: []*pb.Card{{Index: 0, Uuid: fmt.Sprintf("n%d-0", i), Device: "l4", MemoryMib: 23034, Healthy: true}}}}}})
+	}
+	apply(&pb.Envelope{Command: &pb.Envelope_CreateAccelerator{CreateAccelerator: &pb.CreateAccelerator{
+		Name: "shared", Spec: &pb.AcceleratorSpec{Device: "l4", Tenancy: pb.Tenancy_TENANCY_SHARED, MaxModels: 3}}}})
+	spec := &pb.ModelSpec{Model: "sim://chat", Replicas: 1, Placement: &pb.PlacementSpec{Accelerator: "shared"},
+		Engine: &pb.EngineSpec{Kind: "sim", MemoryPercent: 20}}
+	apply(&pb.Envelope{Command: &pb.Envelope_ApplyModel{ApplyModel: &pb.ApplyModel{Name: "chat", Spec: spec}}})
+	plan, err := Plan(f, scheduler.Policies()[0])
+	if err != nil || plan == nil {
+		t.Fatalf("plan: %v %v", plan, err)
+	}
+	apply(&pb.Envelope{Command: &pb.Envelope_PlaceReplicas{PlaceReplicas: plan}})
+	placed := f.Replicas("chat", "")
+	if len(placed) != 1 || placed[0].GetNode() == "" {
+		t.Fatalf("replicas %v", placed)
+	}
+	on, other := placed[0].GetNode(), "n0"
+	if on == "n0" {
+		other = "n1"
+	}
+	before := f.ReplicasOn(on)
+	spec = proto.Clone(spec).(*pb.ModelSpec)
+	spec.Adapters = []*pb.Adapter{{Name: "a1", Source: "/adapters/a1", Rank: 8}}
+	apply(&pb.Envelope{Command: &pb.Envelope_ApplyModel{ApplyModel: &pb.ApplyModel{Name: "chat", Spec: spec}}})
+	if !replicasEqual(before, f.ReplicasOn(on)) {
+		t.Fatal("adding an adapter changed the replicas: this test needs a spec-only change")
+	}
+	last := index
+
+	hist := LogFiles{Log: store}
+	lastIs := func(what string, evs []*pb.Event, want bool) {
+		t.Helper()
+		got := len(evs) > 0 && evs[len(evs)-1].GetIndex() == last
+		if got != want {
+			t.Errorf("%s: sees the adapter's apply = %v, want %v", what, got, want)
+		}
+	}
+	lastIs("own cursor of "+on, replayed(t, hist, 1, last, &pb.EventFilter{Node: on}), true)
+	lastIs("own cursor of "+other, replayed(t, hist, 1, last, &pb.EventFilter{Node: other}), false)
+
+	prog := newTestProgress()
+	feed, err := newFeed(hist, prog.get, 64, 64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer feed.stop()
+	sub, err := feed.Subscribe(last, &pb.EventFilter{Node: on})
+	if err != nil {
+		t.Fatal(err)
+	}
+	prog.set(last)
+	lastIs("feed's stream of "+on, received(t, sub, 1), true)
+}

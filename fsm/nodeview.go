@@ -1,6 +1,8 @@
 package fsm
 
 import (
+	"slices"
+
 	"google.golang.org/protobuf/proto"
 
 	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
@@ -79,4 +81,18 @@ func (f *FSM) touch(node string) {
 	if _, ok := f.touched[node]; !ok {
 		f.touched[node] = f.ReplicasOn(node)
 	}
+}
+
+// NodesOf returns the nodes holding a placed replica of deployment model,
+// sorted. A change to a deployment's spec alone (adapters, residency, SLO)
+// leaves its replicas as they were, yet concerns every node running them.
+func (f *FSM) NodesOf(model string) []string {
+	var out []string
+	for k, r := range f.replicas {
+		if k.model == model && r.GetNode() != "" && !slices.Contains(out, r.GetNode()) {
+			out = append(out, r.GetNode())
+		}
+	}
+	slices.Sort(out)
+	return out
 }
