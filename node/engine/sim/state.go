@@ -590,15 +590,12 @@ func (s *server) admit(ctx context.Context, promptTokens int) (*request, error) 
 			s.mu.Unlock()
 			if first {
 				// The neighbours learn that this engine is busy, and it
-				// learns its share, off the request's path: a report is
-				// file I/O on the simulated card (a millisecond, more on a
-				// loaded machine) that a real engine's first token does
-				// not wait for. Until then the request runs at the share
-				// last read, at most idleEvery ticks old.
-				go func() {
-					s.report()
-					s.refreshShares()
-				}()
+				// learns its share, before the request runs. (Doing it
+				// off the request's path saved about a millisecond of
+				// first token, but a report left running could land after
+				// a sleep's report and undo it.)
+				s.report()
+				s.refreshShares()
 			}
 			return r, nil
 		case !s.loadedOnce:
