@@ -325,7 +325,7 @@ func runBench(ctx context.Context, cfg *simserve.Config, mixes []simserve.Mix, o
 	defer a.Close()
 	// A request waits at a front for at most the node's wait for a load
 	// (2 minutes); this only bounds a request that is never answered.
-	b := &bench{cfg: cfg, o: o, http: &http.Client{Timeout: 10 * time.Minute}}
+	b := &bench{cfg: cfg, o: o, http: &http.Client{Timeout: 10 * time.Minute}, progress: progress}
 	if b.api, err = connectTo(a.APIURL()); err != nil {
 		return nil, err
 	}
@@ -363,6 +363,8 @@ type bench struct {
 	o    benchOptions
 	api  *apiClients
 	http *http.Client
+	// progress is where failed requests are reported, with their errors.
+	progress io.Writer
 
 	// setStart is when the running set's warm-up began.
 	setStart time.Time
@@ -473,6 +475,11 @@ func (b *bench) runSet(ctx context.Context, accel string, set []int, mixes []sim
 		for k, i := range set {
 			m := &b.cfg.Models[i]
 			cell.PerModel = append(cell.PerModel, b.stats(m, per[k]))
+			for _, s := range per[k] {
+				if s.err != nil {
+					fmt.Fprintf(b.progress, "cell %s/%s: a request for %s failed: %v\n", strings.Join(names, "+"), mix.Name, m.Name, s.err)
+				}
+			}
 			var own, lateness []float64
 			for _, s := range per[k] {
 				if s.err == nil && s.timed {

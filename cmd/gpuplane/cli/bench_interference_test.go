@@ -81,7 +81,7 @@ func TestLiveBenchInterferenceTinyMatrix(t *testing.T) {
 		}
 		for _, m := range c.PerModel {
 			if m.Requests == 0 || m.Completed != m.Requests || m.Failed != 0 {
-				t.Fatalf("cell %v, %s: %d requests, %d answered, %d failed: every request must be answered", c.Models, m.Model, m.Requests, m.Completed, m.Failed)
+				t.Fatalf("cell %v, %s: %d requests, %d answered, %d failed: every request must be answered\n%s", c.Models, m.Model, m.Requests, m.Completed, m.Failed, errb.String())
 			}
 			if m.TTFTP50 <= 0 || m.TTFTP95 < m.TTFTP50 || m.TPOTP95 <= 0 {
 				t.Fatalf("cell %v, %s: TTFT p50 %g p95 %g, TPOT p95 %g", c.Models, m.Model, m.TTFTP50, m.TTFTP95, m.TPOTP95)
