@@ -5,7 +5,8 @@
 //  1. the latency a streamed completion adds at 1, 64 and 512 concurrent
 //     streams, through the gateway and, in the same run, through a plain
 //     httputil.ReverseProxy, both against calling the engine directly;
-//  2. 10,000 concurrent streams through the gateway, counting errors;
+//  2. 10,000 concurrent h2c streams through a gateway in a process of its
+//     own (this binary, -serve) to an engine process, counting errors;
 //  3. the memory of idle streams (opened, no token yet), HTTP/1.1 and h2c
 //     clients, in a gateway process of its own (this binary, -serve),
 //     beside a bare net/http handler's: what the process holds more with
@@ -350,8 +351,12 @@ func serveChild(what string) {
 	var h http.Handler
 	switch kind, arg, _ := strings.Cut(what, " "); kind {
 	case "gateway":
+		model, engineURL, ok := strings.Cut(arg, " ")
+		if !ok {
+			log.Fatalf("-serve %q: gateway MODEL ENGINE_URL", what)
+		}
 		// startGatewayOn serves, then checks that the replica is placed.
-		u := startGatewayOn(ctx, "idle", arg, func(h http.Handler) string { return serveH2C(withMem(h)) })
+		u := startGatewayOn(ctx, model, engineURL, func(h http.Handler) string { return serveH2C(withMem(h)) })
 		fmt.Println(u)
 		select {}
 	case "bare":
@@ -360,7 +365,7 @@ func serveChild(what string) {
 			<-r.Context().Done()
 		})
 	default:
-		log.Fatalf("-serve %q: gateway ENGINE_URL or bare", what)
+		log.Fatalf("-serve %q: gateway MODEL ENGINE_URL, or bare", what)
 	}
 	fmt.Println(serveH2C(withMem(h)))
 	select {}
@@ -410,7 +415,7 @@ func main() {
 	conc := flag.String("concurrency", "1,64,512", "concurrent streams of the overhead points")
 	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the overhead points here")
 	memprofile := flag.String("memprofile", "", "write heap profiles of the gateway's process to FILE.http1.1[.base] and FILE.h2c[.base]: before and while the idle streams are open")
-	serveWhat := flag.String("serve", "", "run as a server process of the idle run (internal)")
+	serveWhat := flag.String("serve", "", "run as a server process of the many-streams or idle run (internal)")
 	flag.Parse()
 	if *serveWhat != "" {
 		if *memprofile != "" {
@@ -505,7 +510,7 @@ func main() {
 		name string
 		c    func() *http.Client
 	}{{"HTTP/1.1", func() *http.Client { return client(*idleN) }}, {"h2c", h2cClient}} {
-		gw := startServer("gateway", idleEngine)
+		gw := startServer("gateway", "idle", idleEngine)
 		profile := ""
 		if *memprofile != "" {
 			profile = *memprofile + "." + strings.ReplaceAll(strings.ToLower(proto.name), "/", "")
@@ -534,13 +539,17 @@ func manyStreams(ctx context.Context, bin string, many int) {
 	// keeps each open ~3 s; the clients speak HTTP/2 to the gateway, so
 	// that this process holds one socket per stream (to the engine), not
 	// three.
+	// The gateway runs in a process of its own too (-serve), as an
+	// agent's does: in this one, the clients' sockets and the gateway's
+	// would share one open-file limit.
 	slow, stopSlow := engineProcess(bin, "slow", 1)
-	gwSlow := startGatewayOn(ctx, "slow", slow, serveH2C)
+	gwSlow := startServer("gateway", "slow", slow)
 	c := h2cClient()
 	start := time.Now()
-	_, errs := latencies(c, gwSlow, "slow", many, many, 3)
+	_, errs := latencies(c, gwSlow.url, "slow", many, many, 3)
 	fmt.Printf("\n%d concurrent streams of 3 tokens at 1 token/s through the gateway: %d errors, %v for all\n", many, errs, time.Since(start).Round(time.Millisecond))
 	c.CloseIdleConnections()
+	gwSlow.stop()
 	stopSlow()
 }
 
