@@ -14,6 +14,7 @@ import (
 	"github.com/hashicorp/raft"
 
 	"github.com/gpuplane/gpuplane/cluster/auditrec"
+	"github.com/gpuplane/gpuplane/cluster/events"
 	"github.com/gpuplane/gpuplane/cluster/raftstore"
 	"github.com/gpuplane/gpuplane/fsm"
 	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
@@ -43,9 +44,9 @@ type Cluster struct {
 	tenants tenantTable
 
 	// feed is the shared replay behind the server's event streams
-	// (feed.go), started by the first; feedStopped once Shutdown began.
+	// (logfiles.go), started by the first; feedStopped once Shutdown began.
 	feedMu      sync.Mutex
-	feed        *Feed
+	feed        *events.Feed
 	feedStopped bool
 
 	shutdownOnce sync.Once
@@ -368,7 +369,7 @@ func (c *Cluster) Status() *pb.StatusResponse {
 		sinceLeader = time.Since(last).Milliseconds()
 	}
 	for _, s := range fut.Configuration().Servers {
-		ss := &pb.ServerStatus{Id: string(s.ID), Address: string(s.Address), Suffrage: suffrage(s.Suffrage), LastContactMs: -1}
+		ss := &pb.ServerStatus{Id: string(s.ID), Address: string(s.Address), Suffrage: events.Suffrage(s.Suffrage), LastContactMs: -1}
 		switch {
 		case isLeader && s.ID == raft.ServerID(c.cfg.NodeName):
 			ss.LastContactMs = 0
@@ -382,15 +383,4 @@ func (c *Cluster) Status() *pb.StatusResponse {
 		st.Servers = append(st.Servers, ss)
 	}
 	return st
-}
-
-func suffrage(s raft.ServerSuffrage) string {
-	switch s {
-	case raft.Voter:
-		return "voter"
-	case raft.Nonvoter:
-		return "nonvoter"
-	default:
-		return "staging"
-	}
 }

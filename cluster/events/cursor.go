@@ -1,4 +1,4 @@
-package cluster
+package events
 
 import (
 	"errors"
@@ -33,7 +33,7 @@ type Cursor struct {
 	next  uint64 // next index to read
 	state *fsm.FSM
 	conf  raft.Configuration
-	// basePath is the log's audit base (compact.go), where a compacted
+	// basePath is the log's audit base (written by cluster.Cluster.Compact), where a compacted
 	// log's replay starts, and snapshotDir its snapshots (auditrec.FindBase).
 	basePath, snapshotDir string
 	// fanout, set on a Feed's cursor, makes apply name in changed the
@@ -308,14 +308,14 @@ func membershipChange(prev, conf raft.Configuration) (*pb.Membership, []string) 
 	}
 	var changed []string
 	for _, s := range conf.Servers {
-		m.Servers = append(m.Servers, &pb.RaftServer{Id: string(s.ID), Address: string(s.Address), Suffrage: suffrage(s.Suffrage)})
+		m.Servers = append(m.Servers, &pb.RaftServer{Id: string(s.ID), Address: string(s.Address), Suffrage: Suffrage(s.Suffrage)})
 		old, ok := before[s.ID]
 		delete(before, s.ID)
 		switch {
 		case !ok:
-			m.Changes = append(m.Changes, fmt.Sprintf("%s joined as %s", s.ID, suffrage(s.Suffrage)))
+			m.Changes = append(m.Changes, fmt.Sprintf("%s joined as %s", s.ID, Suffrage(s.Suffrage)))
 		case old.Suffrage != s.Suffrage:
-			m.Changes = append(m.Changes, fmt.Sprintf("%s became %s", s.ID, suffrage(s.Suffrage)))
+			m.Changes = append(m.Changes, fmt.Sprintf("%s became %s", s.ID, Suffrage(s.Suffrage)))
 		case old.Address != s.Address:
 			m.Changes = append(m.Changes, fmt.Sprintf("%s moved to %s", s.ID, s.Address))
 		default:
@@ -333,6 +333,19 @@ func membershipChange(prev, conf raft.Configuration) (*pb.Membership, []string) 
 		m.Changes = []string{"unchanged"}
 	}
 	return m, changed
+}
+
+// Suffrage is the word for a Raft server's suffrage, in events and in
+// the cluster's status.
+func Suffrage(s raft.ServerSuffrage) string {
+	switch s {
+	case raft.Voter:
+		return "voter"
+	case raft.Nonvoter:
+		return "nonvoter"
+	default:
+		return "staging"
+	}
 }
 
 // commandEvent builds the event of one applied command entry.
