@@ -326,27 +326,21 @@ func (c *Cluster) Status() *pb.StatusResponse {
 	}
 	// Entries the state machine never sees (a new leader's no-op,
 	// barriers) count as applied once raft has passed them, as a
-	// linearizable read finds (caughtUp): a server that serves no such read
-	// (client nodes read their snapshots as of an event's index, ReadNode)
-	// would otherwise report an applied index behind its peers' for the
-	// same state.
+	// linearizable read finds (caughtUp): on an idle cluster nothing else
+	// moves the applied index past them, and a server that serves no such
+	// read (client nodes read their snapshots as of an event's index,
+	// ReadNode) would otherwise report an applied index behind its peers'
+	// for the same state.
 	if applied, passed := c.AppliedIndex(), c.raft.AppliedIndex(); passed > applied {
 		c.caughtUp(applied, passed)
 	}
 	leaderAddr, leaderID := c.raft.LeaderWithID()
-	commit, applied := c.raft.CommitIndex(), c.AppliedIndex()
-	if applied < commit && c.caughtUp(applied, commit) {
-		// The entries left are ones the state machine never sees (a new
-		// leader's no-op, barriers): on an idle cluster nothing else would
-		// move the applied index past them.
-		applied = commit
-	}
 	st := &pb.StatusResponse{
 		Node:         c.cfg.NodeName,
 		Leader:       string(leaderID),
 		Term:         c.raft.CurrentTerm(),
-		CommitIndex:  commit,
-		AppliedIndex: applied,
+		CommitIndex:  c.raft.CommitIndex(),
+		AppliedIndex: c.AppliedIndex(),
 		RaftState:    c.raft.State().String(),
 	}
 	if leaderID != "" {
