@@ -22,39 +22,19 @@ import (
 // pinned, a warm and an onDemand deployment of two replicas each: replica
 // 0 of each resident, replica 1 asleep (so every kind of segment shows).
 func smallCluster(t *testing.T) *stateBackend {
-	b := &stateBackend{f: fsm.New()}
-	for n := range 2 {
-		node := &pb.Node{Name: fmt.Sprintf("node-%d", n), Role: pb.NodeRole_NODE_ROLE_CLIENT, Status: pb.NodeStatus_NODE_STATUS_ALIVE, Simulated: true}
-		for c := range 2 {
-			node.Cards = append(node.Cards, &pb.Card{Index: uint32(c), Uuid: fmt.Sprintf("GPU-%d-%d", n, c), Device: "l4",
-				Product: "NVIDIA L4", MemoryMib: 23034, Architecture: "ada", Fp8: true, Healthy: true})
-		}
-		b.apply(t, &pb.Envelope{Command: &pb.Envelope_RegisterNode{RegisterNode: &pb.RegisterNode{Node: node}}})
-		b.members = append(b.members, &pb.Member{Name: node.Name, Role: "client", Status: "alive", Raft: "none"})
-	}
-	b.apply(t, &pb.Envelope{Command: &pb.Envelope_CreateAccelerator{CreateAccelerator: &pb.CreateAccelerator{Name: "shared",
-		Spec: &pb.AcceleratorSpec{Device: "l4", Tenancy: pb.Tenancy_TENANCY_SHARED, MaxModels: 4}}}})
+	b := simulatedState(t, 2, 2, func(n int) string { return fmt.Sprintf("node-%d", n) })
 	for i, res := range []pb.Residency{pb.Residency_RESIDENCY_PINNED, pb.Residency_RESIDENCY_WARM, pb.Residency_RESIDENCY_ON_DEMAND} {
-		name := "model-" + string(rune('a'+i))
-		b.apply(t, &pb.Envelope{Command: &pb.Envelope_ApplyModel{ApplyModel: &pb.ApplyModel{Name: name, Spec: &pb.ModelSpec{
-			Model: "/models/" + name, Replicas: 2, Residency: res, Slo: &pb.SLO{TtftMs: 500},
-			Placement: &pb.PlacementSpec{Accelerator: "shared"}, Engine: &pb.EngineSpec{Kind: "sim", MemoryPercent: 20}}}}})
-		var ps []*pb.Placement
-		for r := range 2 {
-			ps = append(ps, &pb.Placement{Model: name, Replica: uint32(r), Generation: 1, Node: fmt.Sprintf("node-%d", r), Cards: []uint32{uint32(i % 2)}, ShareMilli: 200})
-		}
-		b.apply(t, &pb.Envelope{Command: &pb.Envelope_PlaceReplicas{PlaceReplicas: &pb.PlaceReplicas{Policy: "binpack", Placements: ps}}})
-		for r, rr := range []pb.ReplicaResidency{pb.ReplicaResidency_REPLICA_RESIDENCY_RESIDENT, pb.ReplicaResidency_REPLICA_RESIDENCY_SLEEPING} {
-			setResidency(t, b, name, uint32(r), rr)
-		}
+		b.deploy(t, "model-"+string(rune('a'+i)), res, 500, 2,
+			func(r int) (string, uint32) { return fmt.Sprintf("node-%d", r), uint32(i % 2) },
+			func(r int) pb.ReplicaResidency {
+				return []pb.ReplicaResidency{pb.ReplicaResidency_REPLICA_RESIDENCY_RESIDENT, pb.ReplicaResidency_REPLICA_RESIDENCY_SLEEPING}[r]
+			}, "test")
 	}
 	return b
 }
 
 func setResidency(t *testing.T, b *stateBackend, model string, replica uint32, r pb.ReplicaResidency) {
-	b.apply(t, &pb.Envelope{Command: &pb.Envelope_ReplicaStatus{ReplicaStatus: &pb.ReplicaStatus{Model: model, Replica: replica, Generation: 1,
-		Node: fmt.Sprintf("node-%d", replica), State: pb.ReplicaState_REPLICA_STATE_RUNNING, Endpoint: "http://127.0.0.1:1",
-		Residency: r, ResidencyReason: "test"}}})
+	b.replicaStatus(t, model, replica, fmt.Sprintf("node-%d", replica), r, "test")
 }
 
 func summary(t *testing.T, c gpuplanev1connect.DashboardServiceClient, since uint64) *pb.SummaryResponse {
