@@ -20,6 +20,7 @@ import (
 
 	"github.com/gpuplane/gpuplane/node/residency"
 	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
+	"github.com/gpuplane/gpuplane/proto/gpuplane/v1/gpuplanev1connect"
 	"github.com/gpuplane/gpuplane/rpc"
 )
 
@@ -234,4 +235,35 @@ func BenchmarkDashboard(b *testing.B) {
 	b.Logf("%d replicas on %d nodes (%d cards): first render %.0f ms (median of %d), refresh p50 %.0f ms, p95 %.0f ms, max %.0f ms (%d refreshes)",
 		benchDeployments*benchReplicas, benchNodes, benchNodes*benchCards, firsts[len(firsts)/2], len(firsts),
 		refreshMs[len(refreshMs)/2], refreshMs[len(refreshMs)*95/100], refreshMs[len(refreshMs)-1], len(refreshMs))
+}
+
+// BenchmarkDashboardSummary measures one Summary over the simulated
+// cluster of BenchmarkDashboard, through the API: a poll when nothing
+// changed since the page's last answer (idle), and one after a replica
+// changed residency (changed).
+func BenchmarkDashboardSummary(b *testing.B) {
+	backend, journal, reg := simulatedCluster(b)
+	srv, err := rpc.Listen("127.0.0.1:0", rpc.Config{Backend: backend, NodeName: "node-000", Residency: journal, Gatherer: reg})
+	if err != nil {
+		b.Fatal(err)
+	}
+	go func() { _ = srv.Serve() }()
+	defer srv.Shutdown(context.Background())
+	c := gpuplanev1connect.NewDashboardServiceClient(rpc.HTTPClient(), "http://"+srv.Addr().String())
+	rev := summary(b, c, 0).GetRevision()
+	b.Run("idle", func(b *testing.B) {
+		for b.Loop() {
+			if got := summary(b, c, rev); got.GetRevision() != rev || len(got.GetCards()) != 0 {
+				b.Fatalf("nothing changed, yet revision %d (was %d) with %d cards", got.GetRevision(), rev, len(got.GetCards()))
+			}
+		}
+	})
+	b.Run("changed", func(b *testing.B) {
+		i := 0
+		for b.Loop() {
+			i++
+			backend.replicaStatus(b, "model-001", 1, "node-011", benchResidencies[i%len(benchResidencies)], "benchmark")
+			rev = summary(b, c, rev).GetRevision()
+		}
+	})
 }

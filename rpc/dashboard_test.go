@@ -37,7 +37,7 @@ func setResidency(t *testing.T, b *stateBackend, model string, replica uint32, r
 	b.replicaStatus(t, model, replica, fmt.Sprintf("node-%d", replica), r, "test")
 }
 
-func summary(t *testing.T, c gpuplanev1connect.DashboardServiceClient, since uint64) *pb.SummaryResponse {
+func summary(t testing.TB, c gpuplanev1connect.DashboardServiceClient, since uint64) *pb.SummaryResponse {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -243,4 +243,66 @@ func statusCards(cs []*pb.CardStatus) []*pb.DashboardCard {
 		out = append(out, &pb.DashboardCard{Node: c.GetNode(), Index: c.GetIndex()})
 	}
 	return out
+}
+
+// TestDashboardSummaryUnchangedUntilASourceChanges: polls with nothing
+// changed get the same revision and an empty delta, however often they
+// come; a change in any source the answer is built from (the state, the
+// gateway's counters, gossip's members, a residency plan) is still seen in
+// the next poll, and only that.
+func TestDashboardSummaryUnchangedUntilASourceChanges(t *testing.T) {
+	b := smallCluster(t)
+	journal := residency.NewJournal("node-0", 0)
+	journal.SetCard(residency.CardView{Card: "0", Mode: "auto", Usable: 20000 << 20, Plan: []residency.PlanEntry{{Model: "model-c/0", Rate: 6}}}, nil)
+	reg := prometheus.NewRegistry()
+	tokens := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "gpuplane_gateway_tokens_total", Help: "Tokens."}, []string{"model", "class", "tenant", "kind"})
+	reg.MustRegister(tokens)
+	tokens.WithLabelValues("model-a", "standard", "alice", "generated").Add(30)
+	srv, err := rpc.Listen("127.0.0.1:0", rpc.Config{Backend: b, NodeName: "node-0", Residency: journal, Gatherer: reg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	go srv.Serve()
+	defer shutdown(srv)
+	c := gpuplanev1connect.NewDashboardServiceClient(rpc.HTTPClient(), "http://"+srv.Addr().String())
+
+	rev := summary(t, c, 0).GetRevision()
+	unchanged := func(what string) {
+		t.Helper()
+		for range 3 {
+			s := summary(t, c, rev)
+			if s.GetFull() || s.GetRevision() != rev || len(s.GetCards())+len(s.GetModels())+len(s.GetTenants()) != 0 || s.GetMembers() != nil ||
+				len(s.GetRemovedCards())+len(s.GetRemovedModels())+len(s.GetRemovedTenants()) != 0 {
+				t.Fatalf("%s, polled again with nothing changed: %v", what, s)
+			}
+		}
+	}
+	// changed polls once something changed: a new revision with exactly
+	// the models and cards given, members or not.
+	changed := func(what string, models, cards []string, members bool) {
+		t.Helper()
+		s := summary(t, c, rev)
+		if s.GetFull() || s.GetRevision() == rev || !slices.Equal(modelNames(s.GetModels()), models) ||
+			!slices.Equal(cardKeys(s.GetCards()), cards) || (s.GetMembers() != nil) != members {
+			t.Fatalf("after %s: full %v, revision %d (was %d), models %v, cards %v, members %v; want models %v, cards %v, members %v",
+				what, s.GetFull(), s.GetRevision(), rev, modelNames(s.GetModels()), cardKeys(s.GetCards()), s.GetMembers() != nil, models, cards, members)
+		}
+		rev = s.GetRevision()
+		unchanged("after " + what)
+	}
+	unchanged("at first")
+
+	tokens.WithLabelValues("model-a", "standard", "alice", "generated").Add(5)
+	changed("a request", []string{"model-a"}, nil, false)
+
+	setResidency(t, b, "model-b", 1, pb.ReplicaResidency_REPLICA_RESIDENCY_RESIDENT)
+	changed("model-b/1 woke", []string{"model-b"}, []string{"node-1/1"}, false)
+
+	b.mu.Lock()
+	b.members = append(slices.Clone(b.members[:1]), &pb.Member{Name: "node-1", Role: "client", Status: "failed", Raft: "none"})
+	b.mu.Unlock()
+	changed("node-1 failed in gossip", nil, nil, true)
+
+	journal.SetCard(residency.CardView{Card: "0", Mode: "auto", Usable: 20000 << 20, Plan: []residency.PlanEntry{{Model: "model-c/0", Rate: 9}}}, nil)
+	changed("a new plan", []string{"model-c"}, nil, false)
 }
