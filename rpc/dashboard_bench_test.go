@@ -20,7 +20,6 @@ import (
 
 	"github.com/gpuplane/gpuplane/node/residency"
 	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
-	"github.com/gpuplane/gpuplane/proto/gpuplane/v1/gpuplanev1connect"
 	"github.com/gpuplane/gpuplane/rpc"
 )
 
@@ -243,13 +242,7 @@ func BenchmarkDashboard(b *testing.B) {
 // changed residency (changed).
 func BenchmarkDashboardSummary(b *testing.B) {
 	backend, journal, reg := simulatedCluster(b)
-	srv, err := rpc.Listen("127.0.0.1:0", rpc.Config{Backend: backend, NodeName: "node-000", Residency: journal, Gatherer: reg})
-	if err != nil {
-		b.Fatal(err)
-	}
-	go func() { _ = srv.Serve() }()
-	defer srv.Shutdown(context.Background())
-	c := gpuplanev1connect.NewDashboardServiceClient(rpc.HTTPClient(), "http://"+srv.Addr().String())
+	c := dashboardClient(b, backend, "node-000", journal, reg)
 	rev := summary(b, c, 0).GetRevision()
 	b.Run("idle", func(b *testing.B) {
 		for b.Loop() {

@@ -15,7 +15,6 @@ import (
 	"github.com/gpuplane/gpuplane/node/residency"
 	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
 	"github.com/gpuplane/gpuplane/proto/gpuplane/v1/gpuplanev1connect"
-	"github.com/gpuplane/gpuplane/rpc"
 )
 
 // smallCluster is two nodes of two L4 cards on a shared accelerator with a
@@ -93,13 +92,7 @@ func TestDashboardSummary(t *testing.T) {
 	depth.WithLabelValues("model-b/1", "1").Set(1)
 	weight.WithLabelValues("bob").Set(3)
 
-	srv, err := rpc.Listen("127.0.0.1:0", rpc.Config{Backend: b, NodeName: "node-0", Residency: journal, Gatherer: reg})
-	if err != nil {
-		t.Fatal(err)
-	}
-	go srv.Serve()
-	defer shutdown(srv)
-	c := gpuplanev1connect.NewDashboardServiceClient(rpc.HTTPClient(), "http://"+srv.Addr().String())
+	c := dashboardClient(t, b, "node-0", journal, reg)
 
 	first := summary(t, c, 0)
 	if !first.GetFull() || first.GetRevision() == 0 {
@@ -258,13 +251,7 @@ func TestDashboardSummaryUnchangedUntilASourceChanges(t *testing.T) {
 	tokens := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "gpuplane_gateway_tokens_total", Help: "Tokens."}, []string{"model", "class", "tenant", "kind"})
 	reg.MustRegister(tokens)
 	tokens.WithLabelValues("model-a", "standard", "alice", "generated").Add(30)
-	srv, err := rpc.Listen("127.0.0.1:0", rpc.Config{Backend: b, NodeName: "node-0", Residency: journal, Gatherer: reg})
-	if err != nil {
-		t.Fatal(err)
-	}
-	go srv.Serve()
-	defer shutdown(srv)
-	c := gpuplanev1connect.NewDashboardServiceClient(rpc.HTTPClient(), "http://"+srv.Addr().String())
+	c := dashboardClient(t, b, "node-0", journal, reg)
 
 	rev := summary(t, c, 0).GetRevision()
 	unchanged := func(what string) {

@@ -7,10 +7,13 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/gpuplane/gpuplane/fsm"
+	"github.com/gpuplane/gpuplane/node/residency"
 	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
+	"github.com/gpuplane/gpuplane/proto/gpuplane/v1/gpuplanev1connect"
 	"github.com/gpuplane/gpuplane/rpc"
 )
 
@@ -103,4 +106,18 @@ func (b *stateBackend) replicaStatus(tb testing.TB, model string, replica uint32
 	tb.Helper()
 	b.apply(tb, &pb.Envelope{Command: &pb.Envelope_ReplicaStatus{ReplicaStatus: &pb.ReplicaStatus{Model: model, Replica: replica, Generation: 1,
 		Node: node, State: pb.ReplicaState_REPLICA_STATE_RUNNING, Endpoint: "http://127.0.0.1:1", Residency: r, ResidencyReason: reason}}})
+}
+
+// dashboardClient serves the API of node over b, with its residency
+// journal and gateway series, until the test ends, and returns a
+// DashboardService client of it.
+func dashboardClient(tb testing.TB, b *stateBackend, node string, journal *residency.Journal, reg *prometheus.Registry) gpuplanev1connect.DashboardServiceClient {
+	tb.Helper()
+	srv, err := rpc.Listen("127.0.0.1:0", rpc.Config{Backend: b, NodeName: node, Residency: journal, Gatherer: reg})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	go func() { _ = srv.Serve() }()
+	tb.Cleanup(func() { shutdown(srv) })
+	return gpuplanev1connect.NewDashboardServiceClient(rpc.HTTPClient(), "http://"+srv.Addr().String())
 }
