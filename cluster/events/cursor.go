@@ -56,9 +56,10 @@ func (c *Cursor) Next() uint64 { return c.next }
 func (c *Cursor) View(fn func(*fsm.FSM)) { fn(c.state) }
 
 // Advance reads the entries up to upTo (inclusive) and calls yield with each
-// matching event; it stops at the first error yield returns. Entries missing
-// from the log (compacted, which gpuplane never does, or not yet written) are
-// an error naming the index.
+// matching event; it stops at the first error yield returns. Events wanted
+// from entries compacted away behind an archive are ErrCompacted; other
+// entries missing from the log (not yet written) are an error naming the
+// index.
 func (c *Cursor) Advance(upTo uint64, yield func(*pb.Event) error) error {
 	if c.next == 1 && upTo >= 1 {
 		if err := c.start(); err != nil {

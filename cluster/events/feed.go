@@ -15,7 +15,7 @@ import (
 
 // ErrNotInFeed is Subscribe's answer for a stream that starts before the
 // events the feed still holds: the caller replays the log for it with a
-// Cursor of its own, as every stream did before the feed.
+// Cursor of its own.
 var ErrNotInFeed = errors.New("the shared event feed no longer holds events from that index")
 
 // ErrFellBehind ends a subscription whose reader did not keep up with the
