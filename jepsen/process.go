@@ -24,8 +24,8 @@ const (
 	// A hollow process's node j serves its API on hollowAPIPort+j and
 	// gossips on hollowGossipPort+j (`gpuplane agent --hollow N` with
 	// fixed base ports).
-	hollowAPIPort    = 7500
-	hollowGossipPort = 7700
+	hollowAPIPort    = 20000
+	hollowGossipPort = hollowAPIPort + maxHollowNodes
 )
 
 // Agent is one `gpuplane agent` process in its namespace: a server, a
