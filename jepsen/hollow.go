@@ -130,11 +130,14 @@ func CheckNodeReports(log []*pb.Event, hollow map[string]bool) Verdict {
 	last := map[rk]at{}
 	placed := map[rk]map[at]uint64{} // every placement, with its first index
 	var problems []string
-	var reports, hollowReports, hollowAccepted, hollowStale int
+	var reports, hollowReports, hollowAccepted, hollowStale, hollowDown int
 	hollowWith := map[string]bool{}
 	for _, e := range log {
 		env := e.GetEnvelope()
 		ok := e.GetResult().GetCode() == pb.Code_CODE_OK
+		if ns := env.GetSetNodeStatus(); ns != nil && ok && hollow[ns.GetNode()] && ns.GetStatus() == pb.NodeStatus_NODE_STATUS_DOWN {
+			hollowDown++
+		}
 		if p := env.GetPlaceReplicas(); p != nil && ok {
 			for _, pl := range p.GetPlacements() {
 				k, a := rk{pl.GetModel(), pl.GetReplica()}, at{pl.GetNode(), pl.GetGeneration()}
@@ -183,8 +186,8 @@ func CheckNodeReports(log []*pb.Event, hollow map[string]bool) Verdict {
 	if len(hollow) > 0 && hollowReports == 0 {
 		return fail(name, "the %d hollow nodes reported nothing in %d reports: none was placed anything, or none saw it", len(hollow), reports)
 	}
-	return pass(name, "all %d reports name a replica placed on their node before at their generation, accepted ones its last placement; hollow nodes: %d reports from %d of %d nodes (%d accepted, %d rejected as stale)",
-		reports, hollowReports, len(hollowWith), len(hollow), hollowAccepted, hollowStale)
+	return pass(name, "all %d reports name a replica placed on their node before at their generation, accepted ones its last placement; hollow nodes: %d reports from %d of %d nodes (%d accepted, %d rejected as stale), marked down %d times",
+		reports, hollowReports, len(hollowWith), len(hollow), hollowAccepted, hollowStale, hollowDown)
 }
 
 // namesNode reports whether a node's filtered stream must carry e: a

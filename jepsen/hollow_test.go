@@ -90,33 +90,35 @@ func TestNodeReportsCatchWhatNoPlacementExplains(t *testing.T) {
 		reportEv(3, "c4", "dep-0", 1, 1, "c4", ok),
 		// dep-0/0 moves to h6-0001 (its node went down in between); the old
 		// node's late report is rejected, the new node's accepted.
-		placeEv(4, ok, place("dep-0", 0, 1, "h6-0001")),
-		reportEv(5, "h6-0000", "dep-0", 0, 1, "h6-0000", stale),
-		reportEv(6, "h6-0001", "dep-0", 0, 1, "h6-0001", ok),
+		{Index: 4, Type: pb.EventType_EVENT_TYPE_COMMAND, Resources: []string{"node/h6-0000"}, Result: &pb.Result{Code: ok},
+			Envelope: &pb.Envelope{Command: &pb.Envelope_SetNodeStatus{SetNodeStatus: &pb.SetNodeStatus{Node: "h6-0000", Status: pb.NodeStatus_NODE_STATUS_DOWN}}}},
+		placeEv(5, ok, place("dep-0", 0, 1, "h6-0001")),
+		reportEv(6, "h6-0000", "dep-0", 0, 1, "h6-0000", stale),
+		reportEv(7, "h6-0001", "dep-0", 0, 1, "h6-0001", ok),
 	}
 	v := CheckNodeReports(good, hollow)
 	if !v.Pass {
 		t.Fatalf("reports that follow the placements failed: %s", v)
 	}
-	if !strings.Contains(v.Detail, "hollow nodes: 3 reports from 2 of 2 nodes (2 accepted, 1 rejected as stale)") {
+	if !strings.Contains(v.Detail, "hollow nodes: 3 reports from 2 of 2 nodes (2 accepted, 1 rejected as stale), marked down 1 times") {
 		t.Errorf("detail does not count the hollow nodes' reports: %s", v.Detail)
 	}
 	for name, bad := range map[string][]*pb.Event{
-		"a report of a replica never placed on the node": append(good[:6:6],
-			reportEv(7, "h6-0001", "dep-0", 1, 1, "h6-0001", stale)),
-		"a report of a placement from a rejected plan": append(good[:6:6],
-			placeEv(7, pb.Code_CODE_CONFLICT, place("dep-0", 1, 1, "h6-0000")),
-			reportEv(8, "h6-0000", "dep-0", 1, 1, "h6-0000", stale)),
-		"a report of a later generation than placed": append(good[:6:6],
-			reportEv(7, "h6-0001", "dep-0", 0, 2, "h6-0001", stale)),
+		"a report of a replica never placed on the node": append(good[:7:7],
+			reportEv(8, "h6-0001", "dep-0", 1, 1, "h6-0001", stale)),
+		"a report of a placement from a rejected plan": append(good[:7:7],
+			placeEv(8, pb.Code_CODE_CONFLICT, place("dep-0", 1, 1, "h6-0000")),
+			reportEv(9, "h6-0000", "dep-0", 1, 1, "h6-0000", stale)),
+		"a report of a later generation than placed": append(good[:7:7],
+			reportEv(8, "h6-0001", "dep-0", 0, 2, "h6-0001", stale)),
 		"a report before its placement": {
 			reportEv(1, "h6-0000", "dep-0", 0, 1, "h6-0000", ok),
 			placeEv(2, ok, place("dep-0", 0, 1, "h6-0000")),
 		},
-		"an accepted report from the replica's old node": append(good[:4:4],
-			reportEv(5, "h6-0000", "dep-0", 0, 1, "h6-0000", ok)),
-		"a node reporting for another": append(good[:6:6],
-			reportEv(7, "h6-0000", "dep-0", 0, 1, "h6-0001", ok)),
+		"an accepted report from the replica's old node": append(good[:5:5],
+			reportEv(6, "h6-0000", "dep-0", 0, 1, "h6-0000", ok)),
+		"a node reporting for another": append(good[:7:7],
+			reportEv(8, "h6-0000", "dep-0", 0, 1, "h6-0001", ok)),
 	} {
 		if v := CheckNodeReports(bad, hollow); v.Pass {
 			t.Errorf("%s passed: %s", name, v)
