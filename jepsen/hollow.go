@@ -186,8 +186,12 @@ func CheckNodeReports(log []*pb.Event, hollow map[string]bool) Verdict {
 	if len(hollow) > 0 && hollowReports == 0 {
 		return fail(name, "the %d hollow nodes reported nothing in %d reports: none was placed anything, or none saw it", len(hollow), reports)
 	}
-	return pass(name, "all %d reports name a replica placed on their node before at their generation, accepted ones its last placement; hollow nodes: %d reports from %d of %d nodes (%d accepted, %d rejected as stale), marked down %d times",
-		reports, hollowReports, len(hollowWith), len(hollow), hollowAccepted, hollowStale, hollowDown)
+	v := pass(name, "all %d reports name a replica placed on their node before at their generation, accepted ones its last placement", reports)
+	if len(hollow) > 0 {
+		v.Detail += fmt.Sprintf("; hollow nodes: %d reports from %d of %d nodes (%d accepted, %d rejected as stale), marked down %d times",
+			hollowReports, len(hollowWith), len(hollow), hollowAccepted, hollowStale, hollowDown)
+	}
+	return v
 }
 
 // namesNode reports whether a node's filtered stream must carry e: a
