@@ -264,6 +264,15 @@ func (f *front) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	for {
 		ready, target, rejected, reason, changed := f.state()
 		if ready && f.serves(ar.adapter) {
+			// The request's body may still be on its way to the engine
+			// when the engine's answer starts (the transport checks for
+			// bytes past Content-Length after it sent the last ones, and
+			// an engine may answer before it read everything). Without
+			// full duplex the server drains and closes the body as the
+			// answer's headers go out, which fails the transport's copy
+			// and closes the engine's connection under the answer. HTTP/2
+			// is always full duplex (ErrNotSupported there).
+			_ = http.NewResponseController(w).EnableFullDuplex()
 			f.proxy.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), targetKey{}, target)))
 			return
 		}
