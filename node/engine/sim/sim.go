@@ -227,7 +227,8 @@ func Run(ctx context.Context, cfg Config) error {
 // seconds before it counts it idle, past the engine's limit for stopping,
 // while an unload waits for the process to end. A request whose first
 // bytes arrive just as the engine stops may be cut; it would have found
-// the engine gone a moment later.
+// the engine gone a moment later. HTTP/1 only: an HTTP/2 connection leaves
+// StateNew without telling ConnState.
 func closeUnusedOnShutdown(srv *http.Server) {
 	var mu sync.Mutex
 	unused := map[net.Conn]bool{}
