@@ -225,6 +225,7 @@ func (f *front) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		writeError(w, status, typ, msg)
 		return
 	}
+	in := r.Body
 	r = withBody(r, ar.body)
 	id := f.k.id()
 	// What the request waits for is read before the controller hears of
@@ -274,6 +275,13 @@ func (f *front) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			// is always full duplex (ErrNotSupported there).
 			_ = http.NewResponseController(w).EnableFullDuplex()
 			f.proxy.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), targetKey{}, target)))
+			// A body the transport left unread (the engine could not be
+			// reached, or answered without reading it) is drained here,
+			// while the handler runs: drained after it returns, in full
+			// duplex, its end would start the server's background read of
+			// the connection, and reading the next request beside that read
+			// panics ("invalid concurrent Body.Read call", golang/go#68560).
+			_ = in.Close()
 			return
 		}
 		if ar.adapter != "" && !f.stillOffered(ar) {

@@ -92,3 +92,35 @@ func TestFrontKeepsSendingTheBodyOnceTheAnswerStarted(t *testing.T) {
 		}
 	}
 }
+
+// TestFrontKeepsTheConnectionWhenTheEngineIsGone: requests with bodies on
+// one client connection to a front whose engine cannot be reached are
+// each answered 502, the connection kept: the body the transport never
+// read must not be left to the server to drain after the handler (in
+// full duplex, that panics the connection when the next request is read).
+func TestFrontKeepsTheConnectionWhenTheEngineIsGone(t *testing.T) {
+	engine := httptest.NewServer(http.NotFoundHandler())
+	gone := engine.URL
+	engine.Close()
+
+	m := New(Options{BindHost: "127.0.0.1"})
+	f, err := m.front(rkey{"chat", 0})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.closeFronts()
+	f.set(true, gone)
+
+	client := &http.Client{Timeout: time.Minute, Transport: &http.Transport{MaxConnsPerHost: 1}}
+	for i := range 3 {
+		resp, err := client.Post(f.url+"/v1/completions", "application/json", strings.NewReader(strings.Repeat("x", 100<<10)))
+		if err != nil {
+			t.Fatalf("request %d: %v", i, err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusBadGateway {
+			t.Fatalf("request %d: %d, want 502", i, resp.StatusCode)
+		}
+	}
+}
