@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/cenkalti/backoff/v5"
 	"google.golang.org/protobuf/proto"
 
 	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
@@ -46,14 +47,48 @@ func NewHollow(src Source, rep Reporter, node, advertiseHost string, logger *slo
 }
 
 // Run watches the Source until ctx ends, resuming after the last index it
-// saw when the stream breaks (follow, as Executor.Run does).
+// saw when the stream breaks (follow, as Executor.Run does). A report that
+// failed (no leader, a loaded server past the report's timeout) is made
+// again, with backoff, until it is taken or a newer snapshot replaces the
+// one it came from: nothing else would make it again (the node's stream
+// sends a snapshot only when something about the node changes), and the
+// replica would stay Placed.
 func (h *Hollow) Run(ctx context.Context) {
-	follow(ctx, h.src, h.node, h.log, func(snap Snapshot) { h.apply(ctx, snap) })
+	// Each snapshot is whole: only the latest matters.
+	latest := make(chan Snapshot, 1)
+	go follow(ctx, h.src, h.node, h.log, func(snap Snapshot) {
+		select {
+		case <-latest:
+		default:
+		}
+		latest <- snap
+	})
+	retry := &backoff.ExponentialBackOff{InitialInterval: hollowRetry, RandomizationFactor: 0.5,
+		Multiplier: 2, MaxInterval: 10 * time.Second}
+	var snap Snapshot
+	var again <-chan time.Time
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case snap = <-latest:
+			retry.Reset()
+		case <-again:
+		}
+		again = nil
+		if !h.apply(ctx, snap) {
+			again = time.After(retry.NextBackOff())
+		}
+	}
 }
 
+// hollowRetry is the first wait before a failed report is made again.
+const hollowRetry = 500 * time.Millisecond
+
 // apply reports Running for every replica of snap not yet reported Running
-// at its current generation and cards.
-func (h *Hollow) apply(ctx context.Context, snap Snapshot) {
+// at its current generation and cards; false if a report failed.
+func (h *Hollow) apply(ctx context.Context, snap Snapshot) bool {
+	ok := true
 	seen := map[key]bool{}
 	for _, d := range snap.Replicas {
 		r := d.Replica
@@ -80,6 +115,7 @@ func (h *Hollow) apply(ctx context.Context, snap Snapshot) {
 		cancel()
 		if err != nil {
 			h.log.Info("hollow: report replica status", "replica", k, "err", err)
+			ok = false
 			continue
 		}
 		h.reported[k] = st
@@ -89,4 +125,5 @@ func (h *Hollow) apply(ctx context.Context, snap Snapshot) {
 			delete(h.reported, k)
 		}
 	}
+	return ok
 }

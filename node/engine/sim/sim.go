@@ -180,6 +180,7 @@ func Run(ctx context.Context, cfg Config) error {
 	defer stop()
 	s := newServer(cfg, life)
 	srv := &http.Server{Handler: s.routes(), ReadHeaderTimeout: 10 * time.Second}
+	closeUnusedOnShutdown(srv)
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(ln) }()
 	cfg.Logger.Info("sim engine listening", "addr", ln.Addr().String(), "model", cfg.ServedModelName,
@@ -217,6 +218,42 @@ func Run(ctx context.Context, cfg Config) error {
 	shutdown, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	return srv.Shutdown(shutdown)
+}
+
+// closeUnusedOnShutdown has srv's Shutdown close at once the connections
+// that have not sent a request: a client's spare connection (an HTTP
+// transport dials one for a request that then got an idle connection and
+// pools it unused) has nothing to finish, but net/http waits about five
+// seconds before it counts it idle, past the engine's limit for stopping,
+// while an unload waits for the process to end. A request whose first
+// bytes arrive just as the engine stops may be cut; it would have found
+// the engine gone a moment later. HTTP/1 only: an HTTP/2 connection leaves
+// StateNew without telling ConnState.
+func closeUnusedOnShutdown(srv *http.Server) {
+	var mu sync.Mutex
+	unused := map[net.Conn]bool{}
+	stopping := false
+	srv.ConnState = func(c net.Conn, st http.ConnState) {
+		mu.Lock()
+		defer mu.Unlock()
+		switch {
+		case st == http.StateNew && stopping:
+			_ = c.Close()
+		case st == http.StateNew:
+			unused[c] = true
+		default:
+			delete(unused, c)
+		}
+	}
+	// Shutdown runs this once its listeners are closed.
+	srv.RegisterOnShutdown(func() {
+		mu.Lock()
+		defer mu.Unlock()
+		stopping = true
+		for c := range unused {
+			_ = c.Close()
+		}
+	})
 }
 
 type server struct {
