@@ -38,7 +38,7 @@ func newGpuplane(s *sim) (*gpuplane, error) {
 	if err != nil {
 		return nil, err
 	}
-	q, err := queue.New(queue.Config{})
+	q, err := queue.New(queue.Config{NoPreemption: s.cfg.NoPreemption})
 	if err != nil {
 		return nil, err
 	}
@@ -55,7 +55,9 @@ func newGpuplane(s *sim) (*gpuplane, error) {
 			// the sim engine process runs every request whose prompt fits
 			// its KV pool.
 			d.MaxInFlight, d.MaxTokens, d.QueueLimit = frontedInFlight, 0, frontedInFlight
-			e.maxInFlight = frontedInFlight
+			if !s.cfg.EngineBatch {
+				e.maxInFlight = frontedInFlight
+			}
 		}
 		if _, err := q.AddDeployment(d, epoch); err != nil {
 			return nil, err

@@ -1,6 +1,7 @@
 package simserve
 
 import (
+	"cmp"
 	"fmt"
 	"math/rand/v2"
 	"slices"
@@ -45,6 +46,8 @@ type LiveRequest struct {
 	// client's, config seconds.
 	Timed   bool    `json:"timed,omitempty"`
 	In, Out float64 `json:"-"`
+	// Tenant sent it (empty: the config's first tenant).
+	Tenant string `json:"tenant,omitempty"`
 }
 
 // LiveClosed is a closed-loop stream of a mix: Concurrency requests
@@ -81,6 +84,9 @@ type ReplayOptions struct {
 	// Bare replays without any overhead: every request reaches the node
 	// as it is sent, timed or not.
 	Bare bool
+	// Gateway: the live bench sent through the node's gateway (its queue,
+	// in-flight caps and preemption), not to the replicas' fronts.
+	Gateway bool
 	Seed uint64
 }
 
@@ -127,7 +133,7 @@ func ReplaySet(cfg *Config, models []string, warm []LiveRequest, phases []LivePh
 	s.agentPriors = true
 	// The live bench sends to the replicas' fronts (the node's own
 	// endpoints), not through the gateway's queue.
-	s.fronted = true
+	s.fronted = !o.Gateway
 	s.livePaths = !o.Bare
 	s.ovRng = rand.New(rand.NewPCG(o.Seed, 0x0e7e7ead))
 	for _, m := range c.Models {
@@ -141,7 +147,7 @@ func ReplaySet(cfg *Config, models []string, warm []LiveRequest, phases []LivePh
 		if m < 0 {
 			return fmt.Errorf("replay: request for %q, not in the set", r.Model)
 		}
-		a := Arrival{Model: m, Tenant: tenant, PromptTokens: r.PromptTokens, OutputTokens: r.OutputTokens, order: len(arr)}
+		a := Arrival{Model: m, Tenant: cmp.Or(r.Tenant, tenant), PromptTokens: r.PromptTokens, OutputTokens: r.OutputTokens, order: len(arr)}
 		switch {
 		case !o.Bare && r.Timed:
 			a.lag, a.back = max(r.In, 0), max(r.Out, 0)

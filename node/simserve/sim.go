@@ -476,6 +476,9 @@ func (s *sim) useAdapter(e *engine, r *request) {
 // newRequest makes the request of an arrival; its work follows the model.
 func (s *sim) newRequest(a Arrival) *request {
 	m := &s.cfg.Models[a.Model]
+	if a.Adapter == 0 {
+		a.Adapter = s.cfg.tenantAdapter(a.Model, a.Tenant)
+	}
 	s.nreq++
 	r := &request{a: a, seq: s.nreq, class: m.class, firstAt: -1, warmup: a.Time < s.cfg.WarmupSeconds}
 	if m.PrefillTokensPerSecond > 0 {
@@ -566,6 +569,9 @@ func (s *sim) closedSend(i int) {
 		// A replayed live loop: the n-th send is the live n-th one.
 		lr := st.sent[s.closedSent[i]%n]
 		a.PromptTokens, a.OutputTokens = lr.PromptTokens, lr.OutputTokens
+		if lr.Tenant != "" {
+			a.Tenant = lr.Tenant
+		}
 		if lr.Timed && s.livePaths {
 			ov, a.back = max(lr.In, 0), max(lr.Out, 0)
 		}

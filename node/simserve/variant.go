@@ -1,0 +1,131 @@
+package simserve
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+)
+
+// Variants of the interference matrix (docs/simulate.md): the same cells
+// with LoRA adapters, with quantized weights, with continuous batching
+// off and with the gateway's preemption off. A variant is a change to the
+// config; `simulate interference` and `bench interference` run the matrix
+// once per variant asked for, on the changed config.
+
+// Variant is one repetition of the matrix.
+type Variant struct {
+	Name string
+	// Doc says what it changes, for the help and the report.
+	Doc   string
+	apply func(c *Config)
+}
+
+// Variants are the matrix's variants, in the order they run.
+var Variants = []Variant{
+	{"base", "the config as written", func(*Config) {}},
+	{"adapters", "every request asks for its tenant's own LoRA adapter of the model (an adapter per tenant, private to it)", func(c *Config) {
+		c.TenantAdapters = true
+		for i := range c.Models {
+			m := &c.Models[i]
+			for _, t := range c.Tenants {
+				if !slices.Contains(m.Adapters, t.Name) {
+					m.Adapters = append(m.Adapters, t.Name)
+				}
+			}
+			m.MaxAdapters = max(m.MaxAdapters, len(m.Adapters))
+		}
+	}},
+	{"quantized", "8-bit weights (fp8): half the weight memory, load and wake; twice the decode rate", func(c *Config) {
+		for i := range c.Models {
+			Quantize(&c.Models[i])
+		}
+	}},
+	{"batching-off", "continuous batching off: each engine runs one request at a time (vLLM's --max-num-seqs 1)", func(c *Config) {
+		c.EngineBatch = true
+		for i := range c.Models {
+			c.Models[i].MaxInFlight = 1
+		}
+	}},
+	{"preemption-off", "the gateway never preempts background requests for interactive ones", func(c *Config) {
+		c.NoPreemption = true
+	}},
+}
+
+// weightShare is the part of a model's footprint that is weights in the
+// sim engine's split (bench interference: a quarter is the KV pool, the
+// CUDA context is small beside it).
+const weightShare = 0.75
+
+// Quantize turns m into its 8-bit (fp8) variant of 16-bit weights, by
+// the sim engine's model (docs/engines.md, CONTROLLER-NOTES §6b): the
+// weights take half the bytes, so the footprint loses half its weight
+// share and the residual as much in proportion; a load and a wake copy
+// half the bytes (T = bytes / bandwidth); one stream's decode rate,
+// r1 = 0.77 × memory bandwidth / weight bytes, doubles. The KV pool and
+// the prefill rate stay.
+func Quantize(m *ModelConfig) {
+	f := 1 - weightShare/2
+	m.MemoryGiB *= f
+	m.PeakGiB *= f
+	m.ResidualGiB *= f
+	m.LoadSeconds /= 2
+	m.WakeSeconds /= 2
+	m.TokensPerSecond *= 2
+	m.Quantization = "fp8"
+}
+
+// VariantNames lists the variants' names.
+func VariantNames() []string {
+	var out []string
+	for _, v := range Variants {
+		out = append(out, v.Name)
+	}
+	return out
+}
+
+// ParseVariants reads a comma-separated list of variant names ("all" for
+// every one), in the order given, without repeats.
+func ParseVariants(list string) ([]Variant, error) {
+	var out []Variant
+	for name := range strings.SplitSeq(list, ",") {
+		name = strings.TrimSpace(name)
+		if name == "all" {
+			for _, v := range Variants {
+				if !slices.ContainsFunc(out, func(x Variant) bool { return x.Name == v.Name }) {
+					out = append(out, v)
+				}
+			}
+			continue
+		}
+		i := slices.IndexFunc(Variants, func(v Variant) bool { return v.Name == name })
+		if i < 0 {
+			return nil, fmt.Errorf("invalid --variants %q: want a comma-separated list of %s, or all", name, strings.Join(VariantNames(), ", "))
+		}
+		if !slices.ContainsFunc(out, func(x Variant) bool { return x.Name == name }) {
+			out = append(out, Variants[i])
+		}
+	}
+	return out, nil
+}
+
+// Apply returns a copy of cfg with the variant's changes; cfg is not
+// changed.
+func (v Variant) Apply(cfg *Config) *Config {
+	c := *cfg
+	c.Models = slices.Clone(cfg.Models)
+	for i := range c.Models {
+		c.Models[i].Adapters = slices.Clone(c.Models[i].Adapters)
+	}
+	c.Tenants = slices.Clone(cfg.Tenants)
+	v.apply(&c)
+	return &c
+}
+
+// tenantAdapter is the adapter (index + 1) of model m a request of tenant
+// asks for under TenantAdapters, or 0.
+func (c *Config) tenantAdapter(m int, tenant string) int {
+	if !c.TenantAdapters {
+		return 0
+	}
+	return slices.Index(c.Models[m].Adapters, tenant) + 1
+}
