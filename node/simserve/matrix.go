@@ -77,7 +77,7 @@ type MatrixResult struct {
 	// Variant is the variant of the config the matrix ran (variant.go).
 	Variant string   `json:"variant,omitempty"`
 	Models  []string `json:"models"`
-	Cells []Cell `json:"cells"`
+	Cells   []Cell   `json:"cells"`
 	// Relative[i][j] is model i's p95 TTFT with model j (j = i: the full
 	// set) over its p95 alone, under the mix where that ratio is largest;
 	// 0 where either did not complete a request.
@@ -386,7 +386,9 @@ var matrixPage = template.Must(template.New("page").Funcs(template.FuncMap{
 {{end}}`))
 
 // WriteMatrixHTML writes the report with the heatmap.
-func WriteMatrixHTML(w io.Writer, res *MatrixResult) error { return WriteMatricesHTML(w, []*MatrixResult{res}) }
+func WriteMatrixHTML(w io.Writer, res *MatrixResult) error {
+	return WriteMatricesHTML(w, []*MatrixResult{res})
+}
 
 // WriteMatricesHTML writes one report with each variant's heatmap, flags
 // and isolation checks.

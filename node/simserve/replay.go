@@ -87,7 +87,7 @@ type ReplayOptions struct {
 	// Gateway: the live bench sent through the node's gateway (its queue,
 	// in-flight caps and preemption), not to the replicas' fronts.
 	Gateway bool
-	Seed uint64
+	Seed    uint64
 }
 
 // ReplaySet runs models (names of cfg's models) through the warm-up
