@@ -23,7 +23,7 @@ type Variant struct {
 // Variants are the matrix's variants, in the order they run.
 var Variants = []Variant{
 	{"base", "the config as written", func(*Config) {}},
-	{"adapters", "every request asks for its tenant's own LoRA adapter of the model (an adapter per tenant, private to it)", func(c *Config) {
+	{"adapters", "each request asks for its tenant's own LoRA adapter", func(c *Config) {
 		c.TenantAdapters = true
 		for i := range c.Models {
 			m := &c.Models[i]
@@ -35,18 +35,18 @@ var Variants = []Variant{
 			m.MaxAdapters = max(m.MaxAdapters, len(m.Adapters))
 		}
 	}},
-	{"quantized", "8-bit weights (fp8): half the weight memory, load and wake; twice the decode rate", func(c *Config) {
+	{"quantized", "fp8 weights: half the weight memory and loads, twice the decode", func(c *Config) {
 		for i := range c.Models {
 			Quantize(&c.Models[i])
 		}
 	}},
-	{"batching-off", "continuous batching off: each engine runs one request at a time (vLLM's --max-num-seqs 1)", func(c *Config) {
+	{"batching-off", "one request at a time per engine (--max-num-seqs 1)", func(c *Config) {
 		c.EngineBatch = true
 		for i := range c.Models {
 			c.Models[i].MaxInFlight = 1
 		}
 	}},
-	{"preemption-off", "the gateway never preempts background requests for interactive ones", func(c *Config) {
+	{"preemption-off", "the gateway never preempts background requests", func(c *Config) {
 		c.NoPreemption = true
 	}},
 }
