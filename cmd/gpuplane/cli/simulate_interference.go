@@ -18,8 +18,8 @@ import (
 func newSimulateInterferenceCommand(g *globals) *cobra.Command {
 	var (
 		configPath, htmlPath, variants string
-		seed                 uint64
-		seconds              float64
+		seed                           uint64
+		seconds                        float64
 	)
 	c := &cobra.Command{
 		Use:   "interference --config FILE [--seconds S] [--variants base,adapters,...] [--html FILE] [--seed N]",
