@@ -70,6 +70,10 @@ type benchOptions struct {
 	transport http.RoundTripper
 }
 
+// benchTransport, when set, carries the bench's requests (a test plants
+// isolation faults in it); nil: the default transport.
+var benchTransport http.RoundTripper
+
 // Where the bench sends a matrix's requests.
 const (
 	viaFronts  = "fronts"
@@ -149,6 +153,7 @@ variant's under "variants"); --html writes the report with the heatmaps.`,
 			if err != nil {
 				return usageErrorf(cmd, "%v", err)
 			}
+			o.transport = benchTransport
 			if o.via != viaFronts && o.via != viaGateway {
 				return usageErrorf(cmd, "invalid --via %q: want fronts or gateway", o.via)
 			}
