@@ -52,6 +52,10 @@ type Config struct {
 	// tenant's own LoRA adapter of the model: the adapter named as the
 	// tenant.
 	TenantAdapters bool `json:"-"`
+	// BackgroundBeside adds to every mix, for each interactive model, a
+	// background batch on the same model (Beside), which the gateway
+	// preempts for the model's own requests unless NoPreemption.
+	BackgroundBeside bool `json:"-"`
 
 	path string
 }
@@ -181,6 +185,9 @@ type SyntheticStream struct {
 	// (replay.go): the stream's n-th send has the n-th one's lengths and,
 	// timed, its paths to and from the engine.
 	sent []LiveRequest
+	// aside: its requests are background work beside the model's own
+	// traffic (Config.Beside): background class, not measured.
+	aside bool
 }
 
 // OllamaConfig sets the ollama baseline (defaults from ollama's

@@ -234,8 +234,10 @@ func (p *gpuplane) arrive(r *request) {
 	model := residency.ModelID(m.Name)
 	p.send(residency.RequestArrived{Model: model})
 	p.flush()
-	id, out, err := p.q.Enqueue(queue.Request{Deployment: m.Name, Tenant: r.a.Tenant, Class: m.class,
-		PromptTokens: r.a.PromptTokens, MaxTokens: r.a.OutputTokens}, p.at())
+	// A background batch beside a model's own traffic (Config.Beside)
+	// streams, as the live bench's does: preempted, it ends.
+	id, out, err := p.q.Enqueue(queue.Request{Deployment: m.Name, Tenant: r.a.Tenant, Class: r.class,
+		PromptTokens: r.a.PromptTokens, MaxTokens: r.a.OutputTokens, Streamed: r.a.aside}, p.at())
 	if err != nil {
 		p.s.endRequest(r, outcomeRejected, 400)
 		p.send(residency.RequestFinished{Model: model})

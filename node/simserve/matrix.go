@@ -222,6 +222,12 @@ func Matrix(cfg *Config, seed uint64, seconds float64) (*MatrixResult, error) {
 				c.Synthetic = append(c.Synthetic, st)
 				names = append(names, c.Models[i].Name)
 			}
+			for _, i := range set {
+				if st, ok := c.Beside(&c.Models[i]); ok {
+					st.Tenants = tenants
+					c.Synthetic = append(c.Synthetic, st)
+				}
+			}
 			// Each model's arrivals come from its own stream of the seed, so
 			// a model sees the same requests alone and in every set.
 			w := &Workload{End: c.DurationSeconds}

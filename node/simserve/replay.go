@@ -63,6 +63,9 @@ type LiveClosed struct {
 	PromptTokens int           `json:"promptTokens"`
 	OutputTokens int           `json:"outputTokens"`
 	Sent         []LiveRequest `json:"-"`
+	// Aside: background work beside the model's own traffic
+	// (Config.Beside), not measured.
+	Aside bool `json:"aside,omitempty"`
 }
 
 // LivePhase is one mix as the live bench ran it on a set: the open-loop
@@ -124,7 +127,7 @@ func ReplaySet(cfg *Config, models []string, warm []LiveRequest, phases []LivePh
 			}
 			st := SyntheticStream{Model: cl.Model, Tenants: []string{tenant}, Concurrency: cl.Concurrency,
 				PromptTokens: cl.PromptTokens, OutputTokens: cl.OutputTokens, from: ph.Start, until: ph.End}
-			st.sent = cl.Sent
+			st.sent, st.aside = cl.Sent, cl.Aside
 			c.Synthetic = append(c.Synthetic, st)
 		}
 	}

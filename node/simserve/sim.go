@@ -480,7 +480,10 @@ func (s *sim) newRequest(a Arrival) *request {
 		a.Adapter = s.cfg.tenantAdapter(a.Model, a.Tenant)
 	}
 	s.nreq++
-	r := &request{a: a, seq: s.nreq, class: m.class, firstAt: -1, warmup: a.Time < s.cfg.WarmupSeconds}
+	r := &request{a: a, seq: s.nreq, class: m.class, firstAt: -1, warmup: a.Time < s.cfg.WarmupSeconds || a.aside}
+	if a.aside {
+		r.class = queue.Background
+	}
 	if m.PrefillTokensPerSecond > 0 {
 		r.prefill = float64(a.PromptTokens) / m.PrefillTokensPerSecond
 	}
@@ -563,7 +566,7 @@ func (s *sim) closedSend(i int) {
 	}
 	rng := s.closedRng[i]
 	a := Arrival{Time: s.now, Model: s.cfg.model(st.Model), Tenant: pickTenant(s.cfg, st.Tenants, rng),
-		PromptTokens: around(rng, st.PromptTokens), OutputTokens: around(rng, st.OutputTokens)}
+		PromptTokens: around(rng, st.PromptTokens), OutputTokens: around(rng, st.OutputTokens), aside: st.aside}
 	ov := -1.0
 	if n := len(st.sent); n > 0 {
 		// A replayed live loop: the n-th send is the live n-th one.

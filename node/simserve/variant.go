@@ -2,6 +2,8 @@ package simserve
 
 import (
 	"fmt"
+
+	"github.com/gpuplane/gpuplane/node/gateway/queue"
 	"slices"
 	"strings"
 )
@@ -46,8 +48,11 @@ var Variants = []Variant{
 			c.Models[i].MaxInFlight = 1
 		}
 	}},
-	{"preemption-off", "the gateway never preempts background requests", func(c *Config) {
-		c.NoPreemption = true
+	{"preemption", "a background batch beside each interactive model, preempted for it", func(c *Config) {
+		c.BackgroundBeside = true
+	}},
+	{"preemption-off", "the same background batch, never preempted", func(c *Config) {
+		c.BackgroundBeside, c.NoPreemption = true, true
 	}},
 }
 
@@ -119,6 +124,17 @@ func (v Variant) Apply(cfg *Config) *Config {
 	c.Tenants = slices.Clone(cfg.Tenants)
 	v.apply(&c)
 	return &c
+}
+
+// Beside is the background batch a mix adds beside interactive model m's
+// own traffic under BackgroundBeside: 2 requests always outstanding, 1k
+// tokens in and out, of class background; false for a model that gets
+// none.
+func (c *Config) Beside(m *ModelConfig) (SyntheticStream, bool) {
+	if !c.BackgroundBeside || m.class != queue.Interactive {
+		return SyntheticStream{}, false
+	}
+	return SyntheticStream{Model: m.Name, Concurrency: 2, PromptTokens: 1000, OutputTokens: 1000, aside: true}, true
 }
 
 // tenantAdapter is the adapter (index + 1) of model m a request of tenant
