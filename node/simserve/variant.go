@@ -137,6 +137,10 @@ func (c *Config) Beside(m *ModelConfig) (SyntheticStream, bool) {
 	return SyntheticStream{Model: m.Name, Concurrency: 2, PromptTokens: 1000, OutputTokens: 1000, aside: true}, true
 }
 
+// Aside says the stream is background work beside a model's own traffic
+// (Beside): its requests are of class background and not measured.
+func (st SyntheticStream) Aside() bool { return st.aside }
+
 // tenantAdapter is the adapter (index + 1) of model m a request of tenant
 // asks for under TenantAdapters, or 0.
 func (c *Config) tenantAdapter(m int, tenant string) int {

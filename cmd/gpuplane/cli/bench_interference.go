@@ -28,6 +28,7 @@ import (
 	"github.com/gpuplane/gpuplane/cmd/gpuplane/descriptor"
 	"github.com/gpuplane/gpuplane/fsm/catalog"
 	"github.com/gpuplane/gpuplane/node/engine/sim"
+	"github.com/gpuplane/gpuplane/node/gateway"
 	"github.com/gpuplane/gpuplane/node/gateway/isolation"
 	"github.com/gpuplane/gpuplane/node/gateway/queue"
 	"github.com/gpuplane/gpuplane/node/simserve"
@@ -117,10 +118,13 @@ adapters (spec.adapters[].tenants), batching-off passes --max-num-seqs 1.
 --via says where the requests go: to the replicas' fronts (the node's own
 endpoints, what the replay's agreement is measured on) or through the
 node's gateway (its queue, in-flight caps, preemption and per-tenant cache
-salt), which the replay then models too. preemption-off always goes
-through the gateway, whose setting it is: run --via gateway --variants
-base,preemption-off to compare preemption on and off. The config's tenants
-(the first two) take turns sending.
+salt), which the replay then models too. The preemption variants always
+go through the gateway, whose classes and preemption they exercise: they
+add a background batch (2 outstanding, 1k tokens in and out, class
+background) beside each interactive model's own traffic in every mix,
+which the gateway preempts for the model's requests, or, with
+preemption-off, does not; the cells measure the models' own traffic. The
+config's tenants (the first two) take turns sending.
 
 Every run checks isolation. Each answer must be its request's: its id
 carries the request's request_id (vLLM's field and id format), its model
@@ -221,6 +225,11 @@ type benchVariant struct {
 	*simserve.MatrixResult
 	// Via is where the requests went: fronts or gateway.
 	Via string `json:"via"`
+	// BackgroundRequests and BackgroundAnswered count the requests of the
+	// background batches beside the interactive models (the preemption
+	// variants), not in the cells' measures; a preempted one ends early.
+	BackgroundRequests int `json:"backgroundRequests,omitempty"`
+	BackgroundAnswered int `json:"backgroundAnswered,omitempty"`
 	// Compare is each model's live p95 TTFT in each cell next to the
 	// simulated one's; Ratio is live over simulated (0 where either
 	// answered nothing).
@@ -440,7 +449,8 @@ func runVariant(ctx context.Context, cfg *simserve.Config, v simserve.Variant, d
 	}
 	defer a.Close()
 	via := o.via
-	if cfg.NoPreemption {
+	if cfg.BackgroundBeside {
+		// Classes and preemption are the gateway's.
 		via = viaGateway
 	}
 	// A request waits at a front for at most the node's wait for a load
@@ -478,6 +488,7 @@ func runVariant(ctx context.Context, cfg *simserve.Config, v simserve.Variant, d
 	}
 	simserve.Summarize(cfg, res.MatrixResult)
 	res.Requests, res.Answered = b.requests, b.answered
+	res.BackgroundRequests, res.BackgroundAnswered = b.asideRequests, b.asideAnswered
 	res.Within, res.Compared = res.agreement()
 	return res, nil
 }
@@ -502,6 +513,9 @@ type bench struct {
 	// sent numbers every request, warm-ups included; requests and
 	// answered count the measured ones.
 	sent, requests, answered int
+	// asideRequests and asideAnswered count the background batches'
+	// beside the models' own traffic (Config.Beside).
+	asideRequests, asideAnswered int
 	// iso records the isolation checks.
 	iso *simserve.Isolation
 }
@@ -559,7 +573,7 @@ func (b *bench) runSet(ctx context.Context, accel string, setIdx int, set []int,
 			engine += 1 / m.PrefillTokensPerSecond
 		}
 		for range benchCalibration {
-			s := b.send(ctx, endpoints[k], m.Name, 1, 1)
+			s := b.send(ctx, endpoints[k], m.Name, 1, 1, false)
 			warmReqs = append(warmReqs, s.live(m.Name, scale))
 			if s.err == nil {
 				overhead[m.Name] = append(overhead[m.Name], max(0, s.ttft*scale-engine))
@@ -582,6 +596,9 @@ func (b *bench) runSet(ctx context.Context, accel string, setIdx int, set []int,
 		began := time.Now()
 		phase := simserve.LivePhase{Mix: mix.Name, Start: began.Sub(b.setStart).Seconds() * scale}
 		phase.End = phase.Start + b.o.duration.Seconds()*scale
+		// aside[k] are the requests of the background batch beside model
+		// k's own traffic (Config.Beside), if it gets one.
+		aside := make([][]sample, len(set))
 		for k, i := range set {
 			m := &b.cfg.Models[i]
 			st := mix.Stream(m)
@@ -592,8 +609,25 @@ func (b *bench) runSet(ctx context.Context, accel string, setIdx int, set []int,
 			wg.Go(func() {
 				per[k] = b.drive(ctx, endpoints[k], m, st, b.o.seed<<16|uint64(i))
 			})
+			if bg, ok := b.cfg.Beside(m); ok {
+				wg.Go(func() {
+					aside[k] = b.drive(ctx, endpoints[k], m, bg, b.o.seed<<16|uint64(i)|1<<15)
+				})
+			}
 		}
 		wg.Wait()
+		for k, i := range set {
+			m := &b.cfg.Models[i]
+			if bg, ok := b.cfg.Beside(m); ok {
+				sent := slices.Clone(aside[k])
+				slices.SortStableFunc(sent, func(x, y sample) int { return cmpFloat(x.at, y.at) })
+				cl := simserve.LiveClosed{Model: m.Name, Concurrency: bg.Concurrency, PromptTokens: bg.PromptTokens, OutputTokens: bg.OutputTokens, Aside: true}
+				for _, s := range sent {
+					cl.Sent = append(cl.Sent, s.live(m.Name, scale))
+				}
+				phase.Closed = append(phase.Closed, cl)
+			}
+		}
 		loads, wakes, evictions, err := b.decisionsSince(ctx, seq)
 		if err != nil {
 			return nil, nil, err
@@ -626,7 +660,7 @@ func (b *bench) runSet(ctx context.Context, accel string, setIdx int, set []int,
 				sent := slices.Clone(per[k])
 				slices.SortStableFunc(sent, func(x, y sample) int { return cmpFloat(x.at, y.at) })
 				for c := range phase.Closed {
-					if phase.Closed[c].Model == m.Name {
+					if phase.Closed[c].Model == m.Name && !phase.Closed[c].Aside {
 						for _, s := range sent {
 							phase.Closed[c].Sent = append(phase.Closed[c].Sent, s.live(m.Name, scale))
 						}
@@ -706,7 +740,7 @@ func cmpFloat(x, y float64) int {
 func (b *bench) warm(ctx context.Context, endpoint, model string) error {
 	deadline := time.Now().Add(3 * time.Minute)
 	for {
-		s := b.send(ctx, endpoint, model, 16, 4)
+		s := b.send(ctx, endpoint, model, 16, 4, false)
 		if s.err == nil {
 			return nil
 		}
@@ -859,15 +893,23 @@ func (b *bench) drive(ctx context.Context, endpoint string, m *simserve.ModelCon
 		in := int(float64(st.PromptTokens) * (0.5 + rng.Float64()))
 		return max(1, in), max(1, int(float64(st.OutputTokens)*(0.5+rng.Float64())))
 	}
+	aside := st.Aside()
 	one := func(in, outTokens int) {
-		s := b.send(ctx, endpoint, m.Name, in, outTokens)
+		s := b.send(ctx, endpoint, m.Name, in, outTokens, aside)
 		mu.Lock()
 		out = append(out, s)
 		mu.Unlock()
 		b.mu.Lock()
-		b.requests++
-		if s.err == nil {
-			b.answered++
+		if aside {
+			b.asideRequests++
+			if s.err == nil {
+				b.asideAnswered++
+			}
+		} else {
+			b.requests++
+			if s.err == nil {
+				b.answered++
+			}
 		}
 		b.mu.Unlock()
 	}
@@ -911,7 +953,10 @@ func (b *bench) drive(ctx context.Context, endpoint string, m *simserve.ModelCon
 // tenants take turns by request number; under TenantAdapters each asks
 // for its own adapter of the model. It goes to endpoint (the replica's
 // front) or through the node's gateway, as the run says.
-func (b *bench) send(ctx context.Context, endpoint, model string, in, out int) sample {
+//
+// An aside request (background work beside a model's own traffic) is
+// sent as class background (the gateway's ClassHeader).
+func (b *bench) send(ctx context.Context, endpoint, model string, in, out int, aside bool) sample {
 	b.mu.Lock()
 	b.sent++
 	id := b.sent
@@ -931,13 +976,17 @@ func (b *bench) send(ctx context.Context, endpoint, model string, in, out int) s
 	for i := range words {
 		words[i] = "w" + strconv.Itoa((id*7919+i)%100000)
 	}
-	return b.sendAs(ctx, url, asked, tenant, id, words, out)
+	class := ""
+	if aside {
+		class = "background"
+	}
+	return b.sendAs(ctx, url, asked, tenant, class, id, words, out)
 }
 
 // sendAs streams one completion of prompt and out tokens for model (as
 // the client names it) as tenant to url, with request number id, and
 // checks that the answer is the request's (checkIdentity).
-func (b *bench) sendAs(ctx context.Context, url, model, tenant string, id int, prompt []string, out int) sample {
+func (b *bench) sendAs(ctx context.Context, url, model, tenant, class string, id int, prompt []string, out int) sample {
 	rid := "bench-" + strconv.Itoa(id)
 	body, _ := json.Marshal(map[string]any{"model": model, "prompt": strings.Join(prompt, " "), "max_tokens": out, "stream": true,
 		"stream_options": map[string]any{"include_usage": true}, "request_id": rid})
@@ -950,6 +999,9 @@ func (b *bench) sendAs(ctx context.Context, url, model, tenant string, id int, p
 	}
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set(isolation.TenantHeader, tenant)
+	if class != "" {
+		req.Header.Set(gateway.ClassHeader, class)
+	}
 	resp, err := b.http.Do(req)
 	if err != nil {
 		s.err = err
@@ -1108,7 +1160,7 @@ func (b *bench) probeCaches(ctx context.Context, setIdx int, names []string) err
 				b.sent++
 				id := b.sent
 				b.mu.Unlock()
-				s := b.sendAs(ctx, b.gateway, name, tenant, id, prompt, 1)
+				s := b.sendAs(ctx, b.gateway, name, tenant, "", id, prompt, 1)
 				if s.err != nil {
 					return fmt.Errorf("cache probe of %s as %s: %w", name, tenant, s.err)
 				}
@@ -1190,8 +1242,12 @@ func writeBench(w io.Writer, res *benchResult) error {
 		if k > 0 {
 			fmt.Fprintln(w)
 		}
-		fmt.Fprintf(w, "live on one simulated %s (%s), time ×%g, %g config-seconds per cell, requests to the %s; %d of %d requests answered\n\n",
+		fmt.Fprintf(w, "live on one simulated %s (%s), time ×%g, %g config-seconds per cell, requests to the %s; %d of %d requests answered\n",
 			res.Device, res.Card, res.TimeScale, v.Seconds, v.Via, v.Answered, v.Requests)
+		if v.BackgroundRequests > 0 {
+			fmt.Fprintf(w, "background batches beside the interactive models: %d of %d requests answered in full\n", v.BackgroundAnswered, v.BackgroundRequests)
+		}
+		fmt.Fprintln(w)
 		if err := writeBenchVariant(w, v); err != nil {
 			return err
 		}

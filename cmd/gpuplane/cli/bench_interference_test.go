@@ -177,10 +177,11 @@ type benchVariantsJSON struct {
 				Completed int `json:"completed"`
 			} `json:"perModel"`
 		} `json:"cells"`
-		Compare   []struct{} `json:"compare"`
-		Requests  int        `json:"requests"`
-		Answered  int        `json:"answered"`
-		Isolation *benchIsolation
+		Compare            []struct{} `json:"compare"`
+		Requests           int        `json:"requests"`
+		Answered           int        `json:"answered"`
+		BackgroundRequests int        `json:"backgroundRequests"`
+		Isolation          *benchIsolation
 	} `json:"variants"`
 	IsolationViolations int `json:"isolationViolations"`
 }
@@ -220,8 +221,11 @@ func TestLiveBenchInterferenceVariants(t *testing.T) {
 		if len(v.Cells) != 1 || len(v.Cells[0].PerModel) != 1 || v.Cells[0].PerModel[0].Requests == 0 || v.Requests == 0 || v.Answered != v.Requests {
 			t.Fatalf("variant %s: cells %+v, %d of %d answered: want chat's cell with every request answered\n%s", v.Variant, v.Cells, v.Answered, v.Requests, errs)
 		}
-		if want := map[bool]string{true: "gateway", false: "fronts"}[v.Variant == "preemption-off"]; v.Via != want {
+		if want := map[bool]string{true: "gateway", false: "fronts"}[strings.HasPrefix(v.Variant, "preemption")]; v.Via != want {
 			t.Errorf("variant %s went to the %s, want %s", v.Variant, v.Via, want)
+		}
+		if strings.HasPrefix(v.Variant, "preemption") != (v.BackgroundRequests > 0) {
+			t.Errorf("variant %s sent %d background requests beside chat: want some in the preemption variants only", v.Variant, v.BackgroundRequests)
 		}
 		x := v.Isolation
 		if x == nil || x.Answers < v.Requests || x.IdentityViolations != 0 || x.CacheProbes != 4 || x.CrossTenantHits != 0 || x.OwnHits != 2 {
@@ -231,7 +235,7 @@ func TestLiveBenchInterferenceVariants(t *testing.T) {
 			t.Errorf("HTML report lacks variant %s", v.Variant)
 		}
 	}
-	if got := strings.Join(names, ","); got != "base,adapters,quantized,batching-off,preemption-off" {
+	if got := strings.Join(names, ","); got != "base,adapters,quantized,batching-off,preemption,preemption-off" {
 		t.Fatalf("variants %s", got)
 	}
 	if res.IsolationViolations != 0 || !strings.Contains(page, "0 violations") {
