@@ -137,7 +137,8 @@ and shown in the report, and fails the run (exit 1) after the report.
 
 -o json prints every cell (the first variant's at the top, every
 variant's under "variants"); --html writes the report with the heatmaps.`,
-		Example: `  gpuplane bench interference --config examples/serve/home.yaml --html live.html`,
+		Example: `  gpuplane bench interference --config examples/serve/home.yaml --html live.html
+  gpuplane bench interference --config examples/serve/home.yaml --models chat,batch --variants preemption,preemption-off`,
 		Args:    argsNamed(),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if o.configPath == "" {
