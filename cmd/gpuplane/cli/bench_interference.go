@@ -139,7 +139,7 @@ and shown in the report, and fails the run (exit 1) after the report.
 variant's under "variants"); --html writes the report with the heatmaps.`,
 		Example: `  gpuplane bench interference --config examples/serve/home.yaml --html live.html
   gpuplane bench interference --config examples/serve/home.yaml --models chat,batch --variants preemption,preemption-off`,
-		Args:    argsNamed(),
+		Args: argsNamed(),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if o.configPath == "" {
 				return usageErrorf(cmd, "required flag --config not set")
