@@ -140,6 +140,8 @@ func TestBenchInterferenceBadInput(t *testing.T) {
 		{[]string{"--duration", "0s"}, "invalid --duration"},
 		{[]string{"--time-scale", "0.5"}, "invalid --time-scale"},
 		{[]string{"--models", "chat,nosuch"}, `invalid --models "nosuch"`},
+		{[]string{"--variants", "base,fast"}, `invalid --variants "fast"`},
+		{[]string{"--via", "proxy"}, `invalid --via "proxy"`},
 	} {
 		var out, errb bytes.Buffer
 		code := Run(context.Background(), append([]string{"bench", "interference", "--config", cfg}, tc.args...), strings.NewReader(""), &out, &errb)
