@@ -110,7 +110,8 @@ alike) and are reported in the config's seconds. --models runs the matrix
 over a subset of the config's models.
 
 --variants repeats the matrix on variants of the config, each on an agent
-of its own:` + variantsHelp + `The default is base alone, which keeps the home config's run within 15
+of its own (one that cannot finish is reported as failed, the others
+still run, and the run exits 1):` + variantsHelp + `The default is base alone, which keeps the home config's run within 15
 minutes; each variant takes about as long again. Quantized models are
 deployed with spec.engine.quantization fp8, adapters as tenant-private
 adapters (spec.adapters[].tenants), batching-off passes --max-num-seqs 1.
@@ -190,6 +191,9 @@ variant's under "variants"); --html writes the report with the heatmaps.`,
 			if res.IsolationViolations > 0 {
 				return fmt.Errorf("bench interference: %d isolation violations (see the report)", res.IsolationViolations)
 			}
+			if res.Failed > 0 {
+				return fmt.Errorf("bench interference: %d variants failed (see the report)", res.Failed)
+			}
 			return nil
 		},
 	}
@@ -217,6 +221,9 @@ type benchResult struct {
 	Variants []*benchVariant `json:"variants"`
 	// IsolationViolations sums the variants' isolation violations.
 	IsolationViolations int `json:"isolationViolations"`
+	// Failed counts the variants that could not run to the end (each
+	// says why in its error).
+	Failed int `json:"failedVariants,omitempty"`
 }
 
 // benchVariant is simulate interference's report of one variant's live
@@ -226,6 +233,9 @@ type benchVariant struct {
 	*simserve.MatrixResult
 	// Via is where the requests went: fronts or gateway.
 	Via string `json:"via"`
+	// Error says why the variant did not run to the end (with
+	// --variants naming several; one alone fails the run).
+	Error string `json:"error,omitempty"`
 	// BackgroundRequests and BackgroundAnswered count the requests of the
 	// background batches beside the interactive models (the preemption
 	// variants), not in the cells' measures; a preempted one ends early.
@@ -410,8 +420,14 @@ func runBench(ctx context.Context, cfg *simserve.Config, mixes []simserve.Mix, v
 			fmt.Fprintf(progress, "variant %s\n", v.Name)
 		}
 		r, err := runVariant(ctx, v.Apply(cfg), v, dev, mixes, o, progress, connectTo)
-		if err != nil {
+		if err != nil && len(variants) == 1 {
 			return nil, fmt.Errorf("variant %s: %w", v.Name, err)
+		}
+		if err != nil {
+			// The other variants still run: the report says which failed.
+			fmt.Fprintf(progress, "variant %s failed: %v\n", v.Name, err)
+			r = &benchVariant{MatrixResult: &simserve.MatrixResult{Card: cfg.Card.Name, Variant: v.Name}, Error: err.Error()}
+			res.Failed++
 		}
 		res.Variants = append(res.Variants, r)
 		res.IsolationViolations += r.Isolation.Violations()
@@ -1243,6 +1259,10 @@ func writeBench(w io.Writer, res *benchResult) error {
 		if k > 0 {
 			fmt.Fprintln(w)
 		}
+		if v.Error != "" {
+			fmt.Fprintf(w, "variant %s FAILED: %s\n", v.Variant, v.Error)
+			continue
+		}
 		fmt.Fprintf(w, "live on one simulated %s (%s), time ×%g, %g config-seconds per cell, requests to the %s; %d of %d requests answered\n",
 			res.Device, res.Card, res.TimeScale, v.Seconds, v.Via, v.Answered, v.Requests)
 		if v.BackgroundRequests > 0 {
@@ -1296,6 +1316,10 @@ func writeBenchHTML(path string, res *benchResult) error {
 	}
 	var table bytes.Buffer
 	for _, v := range res.Variants {
+		if v.Error != "" {
+			fmt.Fprintf(&table, "<h2>Variant %s failed</h2>\n<p class=\"bad\">%s</p>\n", html.EscapeString(v.Variant), html.EscapeString(v.Error))
+			continue
+		}
 		within, compared := v.agreement()
 		fmt.Fprintf(&table, "<h2>Live p95 TTFT against the simulated replay (%s, requests to the %s)</h2>\n<p>%d of %d model-cells within %.0f%%.</p>\n",
 			html.EscapeString(v.Variant), v.Via, within, compared, 100*benchAgree)
