@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -47,8 +48,9 @@ type local struct {
 	stop chan struct{}
 
 	// watched: its readiness follows Residency (watchResidency), not the
-	// cluster's view.
-	watched bool
+	// cluster's view. Set and cleared under Gateway.mu, so that one
+	// watcher at most follows it; read without it by freshURL.
+	watched atomic.Bool
 
 	// Guarded by card.mu.
 	rep   Replica
@@ -154,14 +156,13 @@ func (g *Gateway) syncLocals(t *table) {
 				continue
 			}
 			g.locals[key] = l
-			if rp.Fronted && g.opts.Residency != nil {
-				if _, _, _, ok := g.opts.Residency.Serving(rp.Deployment, rp.Index); ok {
-					l.watched = true
-					go g.watchResidency(l, rp.Deployment, rp.Index)
-					continue
-				}
-			}
 		}
+		// A fronted replica is watched once its controller holds it: the
+		// gateway may see it placed before the controller serves its
+		// front, and a replica deleted and placed again between two
+		// refreshes keeps its record here while its old front (and that
+		// front's watcher) is gone, so each refresh looks again.
+		g.watchLocked(l, rp)
 		c := l.card
 		c.mu.Lock()
 		if rp.KVTokens != l.rep.KVTokens || rp.Kind != l.rep.Kind || rp.Slots != l.rep.Slots {
@@ -177,7 +178,7 @@ func (g *Gateway) syncLocals(t *table) {
 		}
 		l.rep = rp
 		c.mu.Unlock()
-		if !l.watched {
+		if !l.watched.Load() {
 			g.setReady(l, rp.Running && rp.Resident && rp.Endpoint != "", rp.Endpoint)
 		}
 	}
@@ -196,6 +197,18 @@ func (g *Gateway) queueDeployment(key string, rp Replica) queue.Deployment {
 	return queue.Deployment{Name: key, MaxInFlight: inFlight, MaxTokens: max(rp.KVTokens, 0), QueueLimit: g.opts.QueueLimit}
 }
 
+// watchLocked starts following rp's residency (under g.mu) if it is a
+// fronted replica whose controller holds it and no watcher follows it.
+func (g *Gateway) watchLocked(l *local, rp Replica) {
+	if !rp.Fronted || g.opts.Residency == nil || l.watched.Load() {
+		return
+	}
+	if _, _, _, ok := g.opts.Residency.Serving(rp.Deployment, rp.Index); ok {
+		l.watched.Store(true)
+		go g.watchResidency(l, rp.Deployment, rp.Index)
+	}
+}
+
 // watchResidency follows a warm or onDemand replica's residency: its queue
 // is ready while its controller holds the model resident. It is given the
 // replica's deployment and index, which its key fixes, because syncLocals
@@ -204,6 +217,15 @@ func (g *Gateway) watchResidency(l *local, deployment string, index uint32) {
 	for {
 		ready, url, changed, ok := g.opts.Residency.Serving(deployment, index)
 		if !ok {
+			// Its front is gone (the replica left, or is placed here
+			// again under the same name): nothing is dispatched to the
+			// old engine, and the next refresh watches the new front
+			// (cleared after setReady, so that the next watcher's word
+			// is the last).
+			g.setReady(l, false, "")
+			g.mu.Lock()
+			l.watched.Store(false)
+			g.mu.Unlock()
 			return
 		}
 		g.setReady(l, ready && url != "", url)
@@ -444,6 +466,16 @@ func (g *Gateway) enqueue(w http.ResponseWriter, r *http.Request, req *request, 
 
 	x.labels = g.metrics.labels(m.Served, req.class, req.who.tenant)
 	if rep.Fronted && g.opts.Residency != nil {
+		if !l.watched.Load() {
+			// Its front may have come since the last refresh (a
+			// replica placed here again): follow it now, not a refresh
+			// later, so that this request's load is seen.
+			g.mu.Lock()
+			if g.locals[l.key] == l {
+				g.watchLocked(l, rep)
+			}
+			g.mu.Unlock()
+		}
 		x.demand = g.opts.Residency.Demand(rep.Deployment, rep.Index)
 	}
 	return x
@@ -721,8 +753,11 @@ func (x *call) answer(resp *http.Response, err error) result {
 // controller's, and the cluster's view), for a request that found nothing
 // listening at the old one.
 func (g *Gateway) freshURL(ctx context.Context, l *local, adapter bool) string {
-	if l.watched {
-		if ready, u, _, ok := g.opts.Residency.Serving(l.rep.Deployment, l.rep.Index); ok {
+	if l.watched.Load() {
+		l.card.mu.Lock()
+		rp := l.rep
+		l.card.mu.Unlock()
+		if ready, u, _, ok := g.opts.Residency.Serving(rp.Deployment, rp.Index); ok {
 			g.setReady(l, ready && u != "", u)
 		}
 	}

@@ -37,6 +37,9 @@ type GatewayConfig struct {
 	Weights map[string]float64
 	// Queue is the cards' scheduler configuration.
 	Queue queue.Config
+	// Refresh is how often the gateway reads the cluster's view again
+	// (0: the gateway's default, once a second on a client).
+	Refresh time.Duration
 	// Tenants resolves ACL tokens when ACLs are on (default: the
 	// cluster's token table, cluster.TenantFor).
 	Tenants gateway.TenantSource
@@ -89,6 +92,9 @@ func (a *Agent) startGateway(res *resident.Manager) error {
 	if !a.cfg.Server {
 		// A client reads the state through a server: less often.
 		opts.Refresh = time.Second
+	}
+	if gc.Refresh > 0 {
+		opts.Refresh = gc.Refresh
 	}
 	if a.cfg.ACL {
 		opts.Tenants = gc.Tenants

@@ -872,3 +872,40 @@ spec:
 		return nil
 	})
 }
+
+// TestGatewayOnDemandPlacedAgain: an onDemand model deleted and deployed
+// again under the same name before the gateway reads the cluster again
+// (here: never again, Refresh an hour) is loaded for the gateway's next
+// request and served, not left waiting on its old front's watch until 503
+// model_not_loaded.
+func TestGatewayOnDemandPlacedAgain(t *testing.T) {
+	n := devNode(t, "again", agent.GatewayConfig{Refresh: time.Hour, Queue: queue.Config{ColdWait: 20 * time.Second}})
+	c := openaiClient(n)
+	ask := func() error {
+		_, err := c.Completions.New(context.Background(), openai.CompletionNewParams{Model: "lazy",
+			Prompt: openai.CompletionNewParamsPromptUnion{OfString: openai.String("x")}, MaxTokens: openai.Int(2)})
+		return err
+	}
+	deploySim(t, n, "lazy", "onDemand", "--tokens-per-second", "0", "--load-seconds", "0.2")
+	waitCold(t, n, "lazy")
+	// The gateway reads the cluster for a model it does not know yet.
+	if err := ask(); err != nil {
+		t.Fatalf("the first request for a cold onDemand model: %v", err)
+	}
+	gpuplane(t, n, "models", "delete", "lazy")
+	testutil.Eventually(t, 60*time.Second, "lazy's replica gone", func() error {
+		out, err := tryCLI(n, "replicas", "list")
+		if err != nil {
+			return err
+		}
+		if strings.Contains(out, "lazy ") {
+			return fmt.Errorf("replicas:\n%s", out)
+		}
+		return nil
+	})
+	deploySim(t, n, "lazy", "onDemand", "--tokens-per-second", "0", "--load-seconds", "0.2")
+	waitCold(t, n, "lazy")
+	if err := ask(); err != nil {
+		t.Fatalf("a request for the model deployed again: %v", err)
+	}
+}
