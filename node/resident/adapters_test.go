@@ -452,3 +452,21 @@ func TestRejectedRequestIsToldAtOnce(t *testing.T) {
 		}
 	}
 }
+
+// TestDemandBeforePlacedLoads: a gateway's request for a replica that the
+// Manager has not placed yet (its demand comes between the executor's Hold
+// and Placed) counts once the replica is placed: the cold onDemand model
+// is loaded for it, with no other request.
+func TestDemandBeforePlacedLoads(t *testing.T) {
+	n := newAdapterNode(t)
+	done := n.mgr.Demand("chat", 0)
+	n.publish(n.deployment(pb.Residency_RESIDENCY_ON_DEMAND, 0, nil))
+	testutil.Eventually(t, 30*time.Second, "chat loaded for the request that came before it was placed", func() error {
+		ready, url, _, ok := n.mgr.Serving("chat", 0)
+		if !ok || !ready || url == "" {
+			return fmt.Errorf("serving: ok %v, ready %v, engine %q", ok, ready, url)
+		}
+		return nil
+	})
+	done(0, time.Second)
+}

@@ -315,6 +315,18 @@ func (f *front) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 func (m *Manager) request(k rkey, ev residency.Event) {
 	if r := m.reps[k]; r != nil {
 		m.handle(m.ctrls[r.card], ev, "")
+		return
+	}
+	// Not placed yet: the request waits for it, and counts once it is.
+	switch ev.(type) {
+	case residency.RequestArrived:
+		m.early[k]++
+	case residency.RequestFinished:
+		if m.early[k] > 1 {
+			m.early[k]--
+		} else {
+			delete(m.early, k)
+		}
 	}
 }
 

@@ -100,6 +100,11 @@ type Manager struct {
 	// departed are the replicas that left a controlled card while the
 	// executor may still be stopping their engines.
 	departed map[rkey]bool
+	// early counts the requests waiting for a replica that the loop has
+	// not placed yet (a gateway's demand can come between the executor's
+	// Hold, which serves the front, and Placed): its controller hears of
+	// them when it is placed.
+	early map[rkey]int
 	reports  chan report
 }
 
@@ -190,7 +195,7 @@ func New(opts Options) *Manager {
 	m := &Manager{opts: opts, log: opts.Logger, cards: map[uint32]*pb.Card{}, clock: newClock(opts.TimeScale),
 		fronts: map[rkey]*front{}, adapterSpecs: map[rkey]*adapterSpec{}, wake: make(chan struct{}, 1),
 		ctrls: map[uint32]*cardCtrl{}, reps: map[rkey]*rep{}, engines: map[rkey]engineSeen{},
-		departed: map[rkey]bool{}, reports: make(chan report, 4096)}
+		departed: map[rkey]bool{}, early: map[rkey]int{}, reports: make(chan report, 4096)}
 	for _, c := range opts.Cards {
 		m.cards[c.GetIndex()] = c
 	}
@@ -447,6 +452,10 @@ func (m *Manager) placed(ds []executor.Desired) {
 		m.reps[k] = &rep{k: k, card: c.index, dep: dep, kind: dep.Engine}
 		delete(m.departed, k)
 		m.handle(c, residency.DeploymentAdded{Deployment: dep}, "")
+		for range m.early[k] {
+			m.handle(c, residency.RequestArrived{Model: k.id()}, "")
+		}
+		delete(m.early, k)
 		m.syncAdapters(c, m.reps[k], d.Spec)
 		// An engine already running (a pinned one, or any in advise
 		// mode) holds its memory: the controller starts from that.

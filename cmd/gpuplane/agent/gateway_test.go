@@ -905,6 +905,19 @@ func TestGatewayOnDemandPlacedAgain(t *testing.T) {
 	})
 	deploySim(t, n, "lazy", "onDemand", "--tokens-per-second", "0", "--load-seconds", "0.2")
 	waitCold(t, n, "lazy")
+	// Its front is served: the replica's endpoint is the front's.
+	testutil.Eventually(t, 60*time.Second, "lazy's front served", func() error {
+		out, err := tryCLI(n, "replicas", "list")
+		if err != nil {
+			return err
+		}
+		for line := range strings.SplitSeq(out, "\n") {
+			if strings.HasPrefix(line, "lazy ") && strings.Contains(line, "http://") {
+				return nil
+			}
+		}
+		return fmt.Errorf("replicas:\n%s", out)
+	})
 	if err := ask(); err != nil {
 		t.Fatalf("a request for the model deployed again: %v", err)
 	}
