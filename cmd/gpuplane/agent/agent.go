@@ -411,11 +411,16 @@ func (a *Agent) register(ctx context.Context) error {
 	if err := a.cluster.WaitForLeader(ctx); err != nil {
 		return fmt.Errorf("wait for a leader: %w", err)
 	}
-	// Check against state that holds every committed entry: right after a
-	// restart the log is still being re-applied, and a check against a
-	// partial state would append a registration that changes nothing.
-	if err := a.cluster.Read(ctx, false, func(*fsm.FSM) error { return nil }); err != nil {
-		return fmt.Errorf("catch up with the log: %w", err)
+	// On a server, check against state that holds every committed entry:
+	// right after a restart the log is still being re-applied, and a check
+	// against a partial state would append a registration that changes
+	// nothing. A client holds no state to catch up (its Read would fetch
+	// the whole state from a server, which a fleet registering at once
+	// turns into O(nodes²) bytes); its proposal is checked by the leader.
+	if a.cfg.Server {
+		if err := a.cluster.Read(ctx, false, func(*fsm.FSM) error { return nil }); err != nil {
+			return fmt.Errorf("catch up with the log: %w", err)
+		}
 	}
 	env := &pb.Envelope{Actor: "node/" + a.cfg.NodeName, Command: &pb.Envelope_RegisterNode{RegisterNode: &pb.RegisterNode{Node: a.localNode()}}}
 	for {
