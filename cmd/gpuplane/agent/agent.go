@@ -300,7 +300,13 @@ func (a *Agent) raftAddr(host string) string {
 }
 
 func (a *Agent) startCluster() error {
-	libraryMetrics() // before Raft starts, so that its first measurements count
+	if !a.cfg.Hollow {
+		// Before Raft starts, so that its first measurements count. Not in
+		// a hollow process: its nodes' memberlists would all count into
+		// the one process-wide series, meaningless per node, at the cost
+		// of a sample per packet and gossip round of each.
+		libraryMetrics()
+	}
 	fw := &rpc.Forwarder{HTTP: a.sec.peerHTTP}
 	c, err := cluster.New(cluster.Config{
 		NodeName:        a.cfg.NodeName,
