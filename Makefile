@@ -140,13 +140,21 @@ clean:
 JEPSEN_FLAGS ?=
 JEPSEN_REQUEST_WINDOW ?= 20s
 
-.PHONY: jepsen jepsen-long
+.PHONY: jepsen jepsen-long jepsen-hollow
 jepsen:
 	$(GO) test -count=1 -timeout 10m -v ./jepsen -jepsen -jepsen.duration 2m -jepsen.request-window $(JEPSEN_REQUEST_WINDOW) $(JEPSEN_FLAGS)
 
 jepsen-long:
 	$(GO) test -count=1 -timeout 45m -v -run TestJepsen ./jepsen -jepsen -jepsen.duration 12m \
 		-jepsen.workers 12 -jepsen.hold 15s -jepsen.quiet 3s -jepsen.stale-plans 200ms -jepsen.lin-timeout 10m $(JEPSEN_FLAGS)
+
+# make jepsen with JEPSEN_HOLLOW hollow client nodes (gpuplane agent --hollow)
+# in two processes of their own namespaces, which the nemesis partitions,
+# kills and pauses too; they host the workload's replicas beside c4 and c5.
+JEPSEN_HOLLOW ?= 8
+jepsen-hollow:
+	$(GO) test -count=1 -timeout 12m -v -run TestJepsen ./jepsen -jepsen -jepsen.duration 2m -jepsen.hollow $(JEPSEN_HOLLOW) \
+		-jepsen.request-window $(JEPSEN_REQUEST_WINDOW) $(JEPSEN_FLAGS)
 
 # Fuzz the descriptor parser, the command decoder (FuzzApplyBytes) and the
 # hand-written envelope decoder against proto.Unmarshal (FuzzDecoder) briefly. New inputs land

@@ -308,14 +308,16 @@ func first(s []string, n int) []string {
 	return s
 }
 
-// CheckRule11 replays the log (with the binary's own replay, through
+// CheckReplayed replays the log (with the binary's own replay, through
 // AuditService.Replay) to every index where a PlaceReplicas entry was
 // applied, the only command that adds load to a card, and to the end, and
-// checks rule 11 independently of the state machine in each state. Each
-// replay starts from index 1, so past maxStates (0: no limit) it replays an
-// evenly spaced sample of those indexes, and says so.
-func CheckRule11(ctx context.Context, cl *Clients, log []*pb.Event, maxStates int) Verdict {
-	const name = "rule-11"
+// checks rule 11 (verdict rule-11) and the placement invariants
+// (placementInvariants, verdict placements) independently of the state
+// machine in each state. Each replay starts from index 1, so past maxStates
+// (0: no limit) it replays an evenly spaced sample of those indexes, and
+// says so.
+func CheckReplayed(ctx context.Context, cl *Clients, log []*pb.Event, maxStates int) []Verdict {
+	const name, pname = "rule-11", "placements"
 	start := time.Now()
 	var at []uint64
 	for _, e := range log {
@@ -339,7 +341,7 @@ func CheckRule11(ctx context.Context, cl *Clients, log []*pb.Event, maxStates in
 	if len(at) < total+1 {
 		what = fmt.Sprintf("%d states: an even sample of the %d after an applied PlaceReplicas, and the last", len(at), total)
 	}
-	var violations []string
+	var violations, misplaced []string
 	var mu sync.Mutex
 	var firstErr error
 	sem := make(chan struct{}, 2)
@@ -362,19 +364,29 @@ func CheckRule11(ctx context.Context, cl *Clients, log []*pb.Event, maxStates in
 			if err := rule11(res.Msg); err != nil {
 				violations = append(violations, fmt.Sprintf("after index %d: %v", idx, err))
 			}
+			if err := placementInvariants(res.Msg); err != nil {
+				misplaced = append(misplaced, fmt.Sprintf("after index %d: %v", idx, err))
+			}
 		})
 	}
 	wg.Wait()
 	sort.Strings(violations)
-	switch {
-	case len(violations) > 0:
-		return fail(name, "%d of %d replayed states break it: %s", len(violations), len(at), strings.Join(first(violations, 5), "; "))
-	case firstErr != nil && unimplemented(firstErr):
-		return skipped(name, "the binary has no AuditService.Replay (audit replay not landed)")
-	case firstErr != nil:
-		return fail(name, "%v", firstErr)
+	sort.Strings(misplaced)
+	verdict := func(name string, violations []string, held string) Verdict {
+		switch {
+		case len(violations) > 0:
+			return fail(name, "%d of %d replayed states break it: %s", len(violations), len(at), strings.Join(first(violations, 5), "; "))
+		case firstErr != nil && unimplemented(firstErr):
+			return skipped(name, "the binary has no AuditService.Replay (audit replay not landed)")
+		case firstErr != nil:
+			return fail(name, "%v", firstErr)
+		}
+		return pass(name, "%s in %s (replayed in %s)", held, what, time.Since(start).Round(time.Second))
 	}
-	return pass(name, "held in %s (replayed in %s)", what, time.Since(start).Round(time.Second))
+	return []Verdict{
+		verdict(name, violations, "held"),
+		verdict(pname, misplaced, "each replica once, placed ones on alive registered nodes' own cards, the others pending,"),
+	}
 }
 
 // rule11 checks docs/descriptors.md rule 11 on one replayed state: on each card the
@@ -552,7 +564,13 @@ func CheckOfflineVerify(ctx context.Context, bin string, servers []*Agent) Verdi
 // another server (from the index after the last event it received) whenever
 // its stream breaks, as `gpuplane events --follow` does.
 type EventWatcher struct {
-	C       *Cluster
+	C *Cluster
+	// Filter, when set, is the stream's filter (a node's: what that node's
+	// executor follows).
+	Filter *pb.EventFilter
+	// Stall is how long a stream may deliver nothing before it is
+	// abandoned for another server (0: 5 s).
+	Stall   time.Duration
 	mu      sync.Mutex
 	got     []*pb.Event
 	resumes int
@@ -593,11 +611,15 @@ func (w *EventWatcher) next() uint64 {
 func (w *EventWatcher) follow(ctx context.Context, cl *Clients, from uint64) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	stream, err := cl.Events.Watch(ctx, connect.NewRequest(&pb.WatchRequest{FromIndex: from, Follow: true}))
+	stream, err := cl.Events.Watch(ctx, connect.NewRequest(&pb.WatchRequest{FromIndex: from, Follow: true, Filter: w.Filter}))
 	if err != nil {
 		return err
 	}
 	defer stream.Close()
+	stall := w.Stall
+	if stall == 0 {
+		stall = 5 * time.Second
+	}
 	alive := make(chan struct{}, 1)
 	go func() {
 		for {
@@ -605,7 +627,7 @@ func (w *EventWatcher) follow(ctx context.Context, cl *Clients, from uint64) err
 			case <-ctx.Done():
 				return
 			case <-alive:
-			case <-time.After(5 * time.Second):
+			case <-time.After(stall):
 				cancel()
 				return
 			}
@@ -616,8 +638,12 @@ func (w *EventWatcher) follow(ctx context.Context, cl *Clients, from uint64) err
 		case alive <- struct{}{}:
 		default:
 		}
+		ev := stream.Msg().GetEvent()
+		if ev == nil {
+			continue // the empty answer a following stream may start with
+		}
 		w.mu.Lock()
-		w.got = append(w.got, stream.Msg().GetEvent())
+		w.got = append(w.got, ev)
 		w.mu.Unlock()
 	}
 	return stream.Err()

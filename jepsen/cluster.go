@@ -51,8 +51,9 @@ func newClients(h *http.Client, base string) *Clients {
 	}
 }
 
-// Cluster is the test network with its five agents: servers s1..s3 and
-// clients c4, c5.
+// Cluster is the test network with its agents: servers s1..s3, clients c4,
+// c5, and the hollow processes h6, h7, ... (each running several hollow
+// client nodes) when asked for.
 type Cluster struct {
 	Dir     string
 	Bin     string
@@ -74,14 +75,39 @@ func (c *Cluster) Servers() []*Agent {
 	return s
 }
 
-// Client returns the API clients of the named node.
+// Hollow are the hollow processes.
+func (c *Cluster) Hollow() []*Agent {
+	var h []*Agent
+	for _, a := range c.Agents {
+		if a.Hollow > 0 {
+			h = append(h, a)
+		}
+	}
+	return h
+}
+
+// Nodes are the names of every cluster node the agents run.
+func (c *Cluster) Nodes() []string {
+	var n []string
+	for _, a := range c.Agents {
+		n = append(n, a.Nodes()...)
+	}
+	return n
+}
+
+// Client returns the API clients of the named agent (of a hollow process:
+// its first node's).
 func (c *Cluster) Client(name string) *Clients { return c.clients[name] }
 
 // StartCluster builds the network, the Raft delay proxies and the agents,
 // and waits until the three servers agree on a leader and every node is
-// registered. On error everything created is removed.
-func StartCluster(ctx context.Context, dir, bin string, agentArgs ...string) (*Cluster, error) {
+// registered. hollow gives the hollow processes, one count of hollow nodes
+// each (HollowLayout). On error everything created is removed.
+func StartCluster(ctx context.Context, dir, bin string, hollow []int, agentArgs ...string) (*Cluster, error) {
 	names := []string{"s1", "s2", "s3", "c4", "c5"}
+	for range hollow {
+		names = append(names, fmt.Sprintf("h%d", len(names)+1))
+	}
 	netw, err := NewNetwork(names)
 	if err != nil {
 		return nil, err
@@ -93,6 +119,9 @@ func StartCluster(ctx context.Context, dir, bin string, agentArgs ...string) (*C
 	}
 	for i, name := range names {
 		a := newAgent(bin, dir, i+1, name, strings.HasPrefix(name, "s"), join)
+		if i >= 5 {
+			a.Hollow = hollow[i-5]
+		}
 		a.extra = agentArgs
 		c.Agents = append(c.Agents, a)
 		c.clients[name] = newClients(c.http, a.APIURL())
@@ -225,8 +254,8 @@ func (c *Cluster) healthy(ctx context.Context) error {
 			alive++
 		}
 	}
-	if alive != len(c.Agents) {
-		return fmt.Errorf("%d of %d nodes registered and alive", alive, len(c.Agents))
+	if want := len(c.Nodes()); alive != want {
+		return fmt.Errorf("%d of %d nodes registered and alive", alive, want)
 	}
 	return nil
 }

@@ -29,6 +29,8 @@ var (
 	linTimeout = flag.Duration("jepsen.lin-timeout", 2*time.Minute, "porcupine's time limit")
 	reqWindow  = flag.Duration("jepsen.request-window", 0, "the servers' --request-window (0: their default, a day); shorter than the run, request ids expire during it")
 	rule11Max  = flag.Int("jepsen.rule11-states", 1500, "most states replayed for the rule-11 check (0: every one)")
+	hollowN    = flag.Int("jepsen.hollow", 0, "hollow client nodes to add (`gpuplane agent --hollow`), in namespaces of their own that the nemesis hits too")
+	hollowP    = flag.Int("jepsen.hollow-procs", 0, "processes the hollow nodes run in (0: one per 4 nodes, at most 2)")
 )
 
 func moduleRoot(t *testing.T) string {
@@ -91,6 +93,9 @@ func TestJepsen(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if _, err := HollowLayout(*hollowN, *hollowP); err != nil {
+		t.Fatal(err)
+	}
 	s := seed()
 	dir := outDir(t, s)
 	bin := *binFlag
@@ -101,12 +106,16 @@ func TestJepsen(t *testing.T) {
 	rep, err := Run(context.Background(), Config{
 		Bin: bin, OutDir: dir, Seed: s, Duration: *duration, Faults: faults, Workers: *workers,
 		StalePlans: *stalePlans, Hold: *hold, Quiet: *quiet, LinearizabilityTimeout: *linTimeout, Rule11States: *rule11Max, Logf: t.Logf,
-		RequestWindow: *reqWindow,
+		RequestWindow: *reqWindow, Hollow: *hollowN, HollowProcs: *hollowP,
 	})
 	if err != nil {
 		t.Fatalf("seed %d: %v (agent logs in %s)", s, err, dir)
 	}
-	t.Logf("results row:\n%s", rep.Row("accelerators + deployments, stale plans"))
+	workload := "accelerators + deployments, stale plans"
+	if *hollowN > 0 {
+		workload += fmt.Sprintf(", %d hollow nodes", *hollowN)
+	}
+	t.Logf("results row:\n%s", rep.Row(workload))
 	if f := rep.Failed(); len(f) > 0 {
 		t.Errorf("seed %d: checkers failed: %s (history, report and agent logs in %s)", s, strings.Join(f, ", "), dir)
 	}

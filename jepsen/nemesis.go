@@ -134,7 +134,7 @@ func (n *Nemesis) inject(ctx context.Context, kind string, rng *rand.Rand) (func
 	switch kind {
 	case FaultPartitionHalves:
 		perm := rng.Perm(len(names))
-		k := 1 + rng.IntN(2) // minority of 1 or 2
+		k := 1 + rng.IntN((len(names)-1)/2) // minority: 1 or 2 of five nodes
 		var minority, majority []string
 		for i, p := range perm {
 			if i < k {
@@ -157,11 +157,18 @@ func (n *Nemesis) inject(ctx context.Context, kind string, rng *rand.Rand) (func
 		}
 		return nil, fmt.Sprintf("[%s] | %v", leader, rest), n.partition(groupsCut([]string{leader}, rest))
 	case FaultPartitionBridge:
-		// Two halves that see only the bridge node in the middle.
+		// Two halves that see only the bridge node in the middle (of five
+		// nodes: two, one, two).
 		perm := rng.Perm(len(names))
-		a := []string{names[perm[0]], names[perm[1]]}
-		mid := names[perm[2]]
-		b := []string{names[perm[3]], names[perm[4]]}
+		k := (len(names) - 1) / 2
+		var a, b []string
+		for _, p := range perm[:k] {
+			a = append(a, names[p])
+		}
+		mid := names[perm[k]]
+		for _, p := range perm[k+1:] {
+			b = append(b, names[p])
+		}
 		return nil, fmt.Sprintf("%v <- %s -> %v", a, mid, b), n.partition(groupsCut(a, b))
 	case FaultPartitionRing:
 		// Each node sees only its two neighbours in a random ring.

@@ -21,13 +21,21 @@ const (
 	gossipPort = 7412
 	// Servers' Raft traffic goes through hostIP:proxyPortBase+i for server i.
 	proxyPortBase = 17010
+	// A hollow process's node j serves its API on hollowAPIPort+j and
+	// gossips on hollowGossipPort+j (`gpuplane agent --hollow N` with
+	// fixed base ports).
+	hollowAPIPort    = 20000
+	hollowGossipPort = hollowAPIPort + maxHollowNodes
 )
 
-// Agent is one `gpuplane agent` process in its namespace.
+// Agent is one `gpuplane agent` process in its namespace: a server, a
+// client, or (Hollow > 0) a `gpuplane agent --hollow N` process running N
+// hollow client nodes named Name-0000, Name-0001, ...
 type Agent struct {
 	Name    string
 	Index   int // 1-based: the address is nodeIP(Index)
 	Server  bool
+	Hollow  int
 	DataDir string
 	LogPath string
 
@@ -46,10 +54,39 @@ type Agent struct {
 // IP is the agent's address on the test subnet.
 func (a *Agent) IP() string { return nodeIP(a.Index) }
 
-// APIURL is the base URL of the agent's API.
-func (a *Agent) APIURL() string { return fmt.Sprintf("http://%s:%d", a.IP(), apiPort) }
+// APIURL is the base URL of the agent's API (a hollow process's first
+// node's).
+func (a *Agent) APIURL() string {
+	if a.Hollow > 0 {
+		return fmt.Sprintf("http://%s:%d", a.IP(), hollowAPIPort)
+	}
+	return fmt.Sprintf("http://%s:%d", a.IP(), apiPort)
+}
+
+// Nodes are the names of the cluster nodes the process runs: its own, or
+// its hollow nodes'.
+func (a *Agent) Nodes() []string {
+	if a.Hollow == 0 {
+		return []string{a.Name}
+	}
+	out := make([]string, a.Hollow)
+	for j := range out {
+		out[j] = fmt.Sprintf("%s-%04d", a.Name, j)
+	}
+	return out
+}
 
 func (a *Agent) args() []string {
+	if a.Hollow > 0 {
+		args := []string{"netns", "exec", netnsName(a.Name), a.bin, "agent",
+			"--hollow", strconv.Itoa(a.Hollow), "--node-name", a.Name, "--data-dir", a.DataDir,
+			"--bind", a.IP(), "--advertise", a.IP(),
+			"--api-port", strconv.Itoa(hollowAPIPort), "--gossip-port", strconv.Itoa(hollowGossipPort),
+			"--join", strings.Join(a.join, ","),
+			"--sim-gpus", "l4=2", "--log-level", "info",
+		}
+		return append(args, a.extra...)
+	}
 	args := []string{"netns", "exec", netnsName(a.Name), a.bin, "agent",
 		"--node-name", a.Name, "--data-dir", a.DataDir,
 		"--bind", a.IP(), "--advertise", a.IP(),

@@ -41,13 +41,19 @@ type Config struct {
 	// day). Shorter than the run, request ids expire during it, and the
 	// request-window check requires that they did.
 	RequestWindow time.Duration
-	Logf          func(format string, args ...any)
+	// Hollow is how many hollow client nodes join the cluster besides the
+	// five agents, run by HollowProcs `gpuplane agent --hollow` processes
+	// (0: automatic; HollowLayout), each in a namespace of its own that the
+	// nemesis partitions, kills and pauses like any agent's.
+	Hollow, HollowProcs int
+	Logf                func(format string, args ...any)
 }
 
 // Report is what a run measured.
 type Report struct {
 	Seed       uint64         `json:"seed"`
 	Faults     []string       `json:"faults"`
+	Hollow     []int          `json:"hollow_processes,omitempty"`
 	Duration   string         `json:"duration"`
 	Ops        Counts         `json:"ops"`
 	Injected   map[string]int `json:"faults_injected"`
@@ -112,6 +118,10 @@ func (r *Report) Row(workload string) string {
 // and SIGTERM.
 func Run(ctx context.Context, cfg Config) (*Report, error) {
 	logf := cfg.Logf
+	hollow, err := HollowLayout(cfg.Hollow, cfg.HollowProcs)
+	if err != nil {
+		return nil, err
+	}
 	if err := os.MkdirAll(cfg.OutDir, 0o755); err != nil {
 		return nil, err
 	}
@@ -160,21 +170,27 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		}
 	}()
 
-	logf("jepsen: seed %d, faults %v, %s, out %s", cfg.Seed, cfg.Faults, cfg.Duration, cfg.OutDir)
+	logf("jepsen: seed %d, faults %v, %s, hollow nodes %v, out %s", cfg.Seed, cfg.Faults, cfg.Duration, hollow, cfg.OutDir)
 	var agentArgs []string
 	if cfg.RequestWindow > 0 {
 		agentArgs = append(agentArgs, "--request-window", cfg.RequestWindow.String())
 	}
-	c, err := StartCluster(ctx, cfg.OutDir, cfg.Bin, agentArgs...)
+	c, err := StartCluster(ctx, cfg.OutDir, cfg.Bin, hollow, agentArgs...)
 	if err != nil {
 		return nil, err
 	}
 	mu.Lock()
 	cl = c
 	mu.Unlock()
-	logf("jepsen: cluster up: 3 servers, 2 clients")
+	logf("jepsen: cluster up: 3 servers, 2 clients, %d hollow nodes in %d processes", cfg.Hollow, len(hollow))
+	hollowNodes := map[string]bool{}
+	for _, a := range c.Hollow() {
+		for _, n := range a.Nodes() {
+			hollowNodes[n] = true
+		}
+	}
 
-	rep := &Report{Seed: cfg.Seed, Faults: cfg.Faults, Duration: cfg.Duration.String(), OutDir: cfg.OutDir, Injected: map[string]int{}, Plans: map[string]int{}}
+	rep := &Report{Seed: cfg.Seed, Faults: cfg.Faults, Hollow: hollow, Duration: cfg.Duration.String(), OutDir: cfg.OutDir, Injected: map[string]int{}, Plans: map[string]int{}}
 	h := NewHistory()
 	w := &Workload{C: c, H: h, Workers: cfg.Workers, Seed: cfg.Seed}
 	if err := w.Setup(ctx); err != nil {
@@ -185,6 +201,15 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	watcher := &EventWatcher{C: c}
 	var watchWG sync.WaitGroup
 	watchWG.Go(func() { watcher.Run(watchCtx) })
+	// Each hollow node's stream, as its executor asks for it: filtered to
+	// the node. Such a stream is often silent, so it moves to another
+	// server only after a longer stall.
+	nodeWatchers := map[string]*EventWatcher{}
+	for n := range hollowNodes {
+		nw := &EventWatcher{C: c, Filter: &pb.EventFilter{Node: n}, Stall: 15 * time.Second}
+		nodeWatchers[n] = nw
+		watchWG.Go(func() { nw.Run(watchCtx) })
+	}
 
 	runCtx, stopRun := context.WithTimeout(ctx, cfg.Duration)
 	nem := &Nemesis{C: c, Faults: cfg.Faults, Seed: cfg.Seed, Hold: cfg.Hold, Quiet: cfg.Quiet, Log: logf}
@@ -217,7 +242,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	if err := c.WaitHealthy(ctx, 2*time.Minute); err != nil || healErr != nil {
 		recovered = fail("recovered", "cluster not healthy 2m after heal: %v %v", err, healErr)
 	} else {
-		recovered.Detail = fmt.Sprintf("one leader, equal applied index and hash on 3 servers, 5 nodes alive %s after heal", time.Since(t0).Round(100*time.Millisecond))
+		recovered.Detail = fmt.Sprintf("one leader, equal applied index and hash on 3 servers, %d nodes alive %s after heal", len(c.Nodes()), time.Since(t0).Round(100*time.Millisecond))
 	}
 	rep.Recovered = recovered.Detail
 	w.FinalReads(ctx, "s1")
@@ -235,6 +260,11 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		deadline := time.Now().Add(30 * time.Second)
 		for !watcher.Caught(ref[len(ref)-1].GetIndex()) && time.Now().Before(deadline) {
 			time.Sleep(200 * time.Millisecond)
+		}
+		for n, nw := range nodeWatchers {
+			for last := lastNaming(ref, n); !nw.Caught(last) && time.Now().Before(deadline); {
+				time.Sleep(200 * time.Millisecond)
+			}
 		}
 	}
 	stopWatch()
@@ -256,12 +286,21 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	rep.Verdicts = append(rep.Verdicts,
 		CheckLinearizable(resolved, cfg.OutDir, cfg.LinearizabilityTimeout),
 		CheckAckedWrites(resolved, ref),
-		CheckRule11(ctx, c.Client(leader), ref, cfg.Rule11States),
+	)
+	rep.Verdicts = append(rep.Verdicts, CheckReplayed(ctx, c.Client(leader), ref, cfg.Rule11States)...)
+	rep.Verdicts = append(rep.Verdicts,
 		CheckLogsAgree(serverLogs),
 		CheckVerify(ctx, c.Client(leader)),
 		CheckRequestWindow(ctx, c.Client(leader), ref, cfg.RequestWindow),
 		watcher.Check(ref),
+		CheckNodeReports(ref, hollowNodes),
 	)
+	if len(hollowNodes) > 0 {
+		rep.Verdicts = append(rep.Verdicts,
+			CheckNodeStreams(nodeWatchers, ref),
+			CheckHollowRunning(ctx, c.Client(leader), hollowNodes, time.Minute),
+		)
+	}
 
 	// Offline: stop the agents and verify each server's data dir.
 	c.StopAll()

@@ -22,8 +22,9 @@ import (
 // The workload's resources. Register accelerators are dedicated and no
 // deployment uses them, so create and delete depend on existence alone.
 // Deployments all share the pool accelerator, whose 10 cards (5 nodes × 2
-// simulated l4) hold at most 20 replicas by maxModels and fewer by memory, so
-// the deployments compete for the same cards and some replicas stay pending.
+// simulated l4, and 2 more per hollow node) hold at most 20 replicas by
+// maxModels and fewer by memory, so the deployments compete for the same
+// cards and some replicas stay pending.
 const (
 	poolAccelerator = "pool"
 	registerKeys    = 5
