@@ -311,13 +311,7 @@ func (d *Decoder) envelope(data []byte) *pb.Envelope {
 func (d *Decoder) command(env *pb.Envelope, num protowire.Number, b []byte) bool {
 	switch num {
 	case 20:
-		c := d.statuses.one(d.Slab)
-		if !replicaStatusFields.decode(d, c, b) {
-			return false
-		}
-		w := d.wStatus.one(d.Slab)
-		w.ReplicaStatus = c
-		env.Command = w
+		return slabCommand(d, &d.statuses, replicaStatusFields, b, func(c *pb.ReplicaStatus) { w := d.wStatus.one(d.Slab); w.ReplicaStatus = c; env.Command = w })
 	case 18:
 		c := d.placeReplicas(b)
 		if c == nil {
@@ -327,37 +321,13 @@ func (d *Decoder) command(env *pb.Envelope, num protowire.Number, b []byte) bool
 		w.PlaceReplicas = c
 		env.Command = w
 	case 17:
-		c := d.deletes.one(d.Slab)
-		if !deleteModelFields.decode(d, c, b) {
-			return false
-		}
-		w := d.wDelete.one(d.Slab)
-		w.DeleteModel = c
-		env.Command = w
+		return slabCommand(d, &d.deletes, deleteModelFields, b, func(c *pb.DeleteModel) { w := d.wDelete.one(d.Slab); w.DeleteModel = c; env.Command = w })
 	case 12:
-		c := d.nodeStats.one(d.Slab)
-		if !setNodeStatusFields.decode(d, c, b) {
-			return false
-		}
-		w := d.wNodeStat.one(d.Slab)
-		w.SetNodeStatus = c
-		env.Command = w
+		return slabCommand(d, &d.nodeStats, setNodeStatusFields, b, func(c *pb.SetNodeStatus) { w := d.wNodeStat.one(d.Slab); w.SetNodeStatus = c; env.Command = w })
 	case 19:
-		c := d.unplaces.one(d.Slab)
-		if !unplaceReplicaFields.decode(d, c, b) {
-			return false
-		}
-		w := d.wUnplace.one(d.Slab)
-		w.UnplaceReplica = c
-		env.Command = w
+		return slabCommand(d, &d.unplaces, unplaceReplicaFields, b, func(c *pb.UnplaceReplica) { w := d.wUnplace.one(d.Slab); w.UnplaceReplica = c; env.Command = w })
 	case 14:
-		c := d.accs.one(d.Slab)
-		if !createAcceleratorFields.decode(d, c, b) {
-			return false
-		}
-		w := d.wAcc.one(d.Slab)
-		w.CreateAccelerator = c
-		env.Command = w
+		return slabCommand(d, &d.accs, createAcceleratorFields, b, func(c *pb.CreateAccelerator) { w := d.wAcc.one(d.Slab); w.CreateAccelerator = c; env.Command = w })
 	case 16:
 		c := &pb.ApplyModel{}
 		if !applyModelFields.decode(d, c, b) {
@@ -369,6 +339,17 @@ func (d *Decoder) command(env *pb.Envelope, num protowire.Number, b []byte) bool
 	default:
 		return otherCommand(env, num, b)
 	}
+	return true
+}
+
+// slabCommand decodes the message of a command, b, with fs into one of
+// msgs, and has set make it env's command.
+func slabCommand[M any](d *Decoder, msgs *slab[M], fs fields[M], b []byte, set func(*M)) bool {
+	m := msgs.one(d.Slab)
+	if !fs.decode(d, m, b) {
+		return false
+	}
+	set(m)
 	return true
 }
 
