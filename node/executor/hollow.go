@@ -2,10 +2,10 @@ package executor
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
-	"time"
 
 	"google.golang.org/protobuf/proto"
 
@@ -48,12 +48,16 @@ func NewHollow(src Source, rep Reporter, node, advertiseHost string, logger *slo
 // Run watches the Source until ctx ends, resuming after the last index it
 // saw when the stream breaks (follow, as Executor.Run does).
 func (h *Hollow) Run(ctx context.Context) {
-	follow(ctx, h.src, h.node, h.log, func(snap Snapshot) { h.apply(ctx, snap) })
+	follow(ctx, h.src, h.node, h.log, func(snap Snapshot, fresh bool) bool { return h.apply(ctx, snap, fresh) })
 }
 
 // apply reports Running for every replica of snap not yet reported Running
-// at its current generation and cards.
-func (h *Hollow) apply(ctx context.Context, snap Snapshot) {
+// at its current generation and cards. When snap is fresh (the first of a
+// watch, read linearizably), a replica whose record differs is reported
+// again even if it was reported before: that report may have been lost. It
+// returns whether a report did not get through (follow calls it again
+// later); the reports after a failed one wait for that next call.
+func (h *Hollow) apply(ctx context.Context, snap Snapshot, fresh bool) (again bool) {
 	seen := map[key]bool{}
 	for _, d := range snap.Replicas {
 		r := d.Replica
@@ -72,14 +76,19 @@ func (h *Hollow) apply(ctx context.Context, snap Snapshot) {
 			h.reported[k] = st
 			continue
 		}
-		if proto.Equal(st, h.reported[k]) {
+		if fresh {
+			delete(h.reported, k)
+		}
+		if again || proto.Equal(st, h.reported[k]) {
 			continue
 		}
-		rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		rctx, cancel := context.WithTimeout(ctx, reportTimeout)
 		err := h.rep.Report(rctx, st)
 		cancel()
-		if err != nil {
+		var rejected *Rejected
+		if err != nil && !errors.As(err, &rejected) {
 			h.log.Info("hollow: report replica status", "replica", k, "err", err)
+			again = true
 			continue
 		}
 		h.reported[k] = st
@@ -89,4 +98,5 @@ func (h *Hollow) apply(ctx context.Context, snap Snapshot) {
 			delete(h.reported, k)
 		}
 	}
+	return again
 }
