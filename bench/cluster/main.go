@@ -84,11 +84,19 @@ func main() {
 		serverEnv = append(serverEnv, v)
 		return nil
 	})
-	flag.StringVar(&clientHTTP, "client-http", "both", "how gpuplane's bench clients speak to the servers: http1 (HTTP/1.1, as the gpuplane CLI and this bench's etcd clients do), h2c (HTTP/2 without TLS, as nodes do: rpc.HTTPClient) or both (each measured, in turns)")
+	flag.StringVar(&clientHTTP, "client-http", "both", "how gpuplane's bench clients speak to the servers: http1 (HTTP/1.1, as the gpuplane CLI and this bench's etcd clients do), h2c (HTTP/2 without TLS, as nodes do: rpc.HTTPClient), grpc (Connect's gRPC protocol over h2c), both (http1 and h2c, each measured, in turns) or all (the three)")
+	flag.StringVar(&binB, "bin-b", "", "a second gpuplane binary: three more servers run it, and each client count is measured on both builds in turns (an A/B under one load)")
+	flag.Func("server-env-b", "NAME=VALUE added to the -bin-b servers' environment (-bin-b defaults to -bin when only this is given); repeatable", func(v string) error {
+		if !strings.Contains(v, "=") {
+			return fmt.Errorf("want NAME=VALUE, got %q", v)
+		}
+		serverEnvB = append(serverEnvB, v)
+		return nil
+	})
 	procs := flag.Int("procs", 0, "GOMAXPROCS of this process (default: NumCPU, or 3×NumCPU with -inproc)")
 	flag.Parse()
 	if _, ok := clientProtocols[clientHTTP]; !ok {
-		fmt.Fprintf(os.Stderr, "bad -client-http %q: want http1, h2c or both\n", clientHTTP)
+		fmt.Fprintf(os.Stderr, "bad -client-http %q: want http1, h2c, grpc, both or all\n", clientHTTP)
 		os.Exit(2)
 	}
 	// With -inproc the three gpuplane servers share this process, while etcd
@@ -127,6 +135,8 @@ var (
 	inproc     bool
 	bin        string
 	serverEnv  []string // -server-env
+	binB       string   // -bin-b
+	serverEnvB []string // -server-env-b
 	clientHTTP string   // -client-http
 
 	serverProfiles string // -server-cpuprofile
@@ -157,7 +167,7 @@ func run(trials, gossipN int, clients []int, d time.Duration, etcdBin string) er
 	if inproc {
 		bin = ""
 	}
-	servers, err := startServers(tmp, bin)
+	servers, err := startServers(tmp, bin, serverEnv)
 	defer func() {
 		for _, s := range servers {
 			s.stop()
@@ -165,6 +175,27 @@ func run(trials, gossipN int, clients []int, d time.Duration, etcdBin string) er
 	}()
 	if err != nil {
 		return err
+	}
+	// -bin-b: a second cluster, measured in the same turns as the first.
+	var serversB []*server
+	if !inproc && (binB != "" || len(serverEnvB) > 0) {
+		if binB == "" {
+			binB = bin
+		}
+		dirB := filepath.Join(tmp, "b")
+		if err := os.Mkdir(dirB, 0o755); err != nil {
+			return err
+		}
+		serversB, err = startServers(dirB, binB, serverEnvB)
+		defer func() {
+			for _, s := range serversB {
+				s.stop()
+			}
+		}()
+		if err != nil {
+			return err
+		}
+		fmt.Printf("A: %s %v; B: %s %v\n", bin, serverEnv, binB, serverEnvB)
 	}
 	mode := "three `gpuplane agent --server` processes"
 	if inproc {
@@ -212,10 +243,26 @@ func run(trials, gossipN int, clients []int, d time.Duration, etcdBin string) er
 		}
 	}
 	protos := clientProtocols[clientHTTP]
+	type variant struct {
+		name    string
+		servers []*server
+	}
+	variants := []variant{{"", servers}}
+	if serversB != nil {
+		variants = []variant{{"A ", servers}, {"B ", serversB}}
+	}
+	var names []string
+	for _, v := range variants {
+		for _, p := range protos {
+			names = append(names, v.name+p)
+		}
+	}
 	for _, n := range clients {
 		var systems []*system
-		for _, p := range protos {
-			systems = append(systems, &system{w: gpuplaneWriter(servers, p), pids: func() []int { return serverPids(servers) }})
+		for _, v := range variants {
+			for _, p := range protos {
+				systems = append(systems, &system{w: gpuplaneWriter(v.servers, p), pids: func() []int { return serverPids(v.servers) }})
+			}
 		}
 		if etcd != nil {
 			systems = append(systems, &system{w: etcd.writer(), pids: etcd.pids})
@@ -228,20 +275,20 @@ func run(trials, gossipN int, clients []int, d time.Duration, etcdBin string) er
 			return err
 		}
 		var rates []float64
-		for i, p := range protos {
+		for i, p := range names {
 			st := systems[i].stats()
-			fmt.Printf("  gpuplane %-8s  %4d clients  %8.0f writes/s  p50 %6.2fms  p99 %6.2fms  errors %d%s\n", p, n, st.rate, st.p50, st.p99, st.errors, st.cpu)
+			fmt.Printf("  gpuplane %-10s  %4d clients  %8.0f writes/s  p50 %6.2fms  p99 %6.2fms  errors %d%s\n", p, n, st.rate, st.p50, st.p99, st.errors, st.cpu)
 			rates = append(rates, st.rate)
 		}
 		if etcd == nil {
 			continue
 		}
-		et := systems[len(protos)].stats()
-		ratios := make([]string, len(protos))
-		for i, p := range protos {
+		et := systems[len(names)].stats()
+		ratios := make([]string, len(names))
+		for i, p := range names {
 			ratios[i] = fmt.Sprintf("%.2fx (%s)", rates[i]/et.rate, p)
 		}
-		fmt.Printf("  etcd               %4d clients  %8.0f writes/s  p50 %6.2fms  p99 %6.2fms  errors %d%s   gpuplane/etcd %s\n",
+		fmt.Printf("  etcd                 %4d clients  %8.0f writes/s  p50 %6.2fms  p99 %6.2fms  errors %d%s   gpuplane/etcd %s\n",
 			n, et.rate, et.p50, et.p99, et.errors, et.cpu, strings.Join(ratios, ", "))
 	}
 	if cpuProfile != "" {
@@ -339,6 +386,7 @@ type server struct {
 	a    *agent.Agent // in process
 	bin  string       // the gpuplane binary, when a process
 	log  string       // its stdout and stderr
+	env  []string     // added to the process's environment
 	cmd  *exec.Cmd
 	done chan struct{}
 }
@@ -410,7 +458,7 @@ func (s *server) start() error {
 	}
 	cmd := exec.Command(s.bin, args...)
 	cmd.Stdout, cmd.Stderr = f, f
-	cmd.Env = append(os.Environ(), serverEnv...)
+	cmd.Env = append(os.Environ(), s.env...)
 	if err := cmd.Start(); err != nil {
 		f.Close()
 		return err
@@ -459,7 +507,7 @@ func (s *server) isLeader() bool {
 	return st != nil && st.GetLeader() == s.cfg.NodeName && st.GetRaftState() != "" && strings.EqualFold(st.GetRaftState(), "leader")
 }
 
-func startServers(tmp, bin string) ([]*server, error) {
+func startServers(tmp, bin string, env []string) ([]*server, error) {
 	var servers []*server
 	var join []string
 	for i := range 3 {
@@ -468,7 +516,7 @@ func startServers(tmp, bin string) ([]*server, error) {
 			return nil, err
 		}
 		name := fmt.Sprintf("s%d", i+1)
-		s := &server{bin: bin, log: filepath.Join(tmp, name+".log"), cfg: agent.Config{
+		s := &server{bin: bin, env: env, log: filepath.Join(tmp, name+".log"), cfg: agent.Config{
 			Server: true, BootstrapExpect: 3, NodeName: name, DataDir: filepath.Join(tmp, name),
 			Bind: "127.0.0.1", APIPort: ports[0], RaftPort: ports[1], GossipPort: ports[2], SimGPUs: "l4=1",
 		}}
@@ -613,10 +661,11 @@ type writer func(ctx context.Context, client, seq int) error
 var run0 atomic.Int64
 
 // clientProtocols are the -client-http choices, as gpuplaneWriter takes them.
-var clientProtocols = map[string][]string{"http1": {"HTTP/1.1"}, "h2c": {"h2c"}, "both": {"HTTP/1.1", "h2c"}}
+var clientProtocols = map[string][]string{"http1": {"HTTP/1.1"}, "h2c": {"h2c"}, "grpc": {"grpc"}, "both": {"HTTP/1.1", "h2c"}, "all": {"HTTP/1.1", "h2c", "grpc"}}
 
 // gpuplaneWriter writes through Connect clients that speak proto
-// ("HTTP/1.1" or "h2c") to the servers.
+// ("HTTP/1.1", "h2c", or "grpc": Connect's gRPC protocol over h2c) to the
+// servers.
 func gpuplaneWriter(servers []*server, proto string) writer {
 	httpc := rpc.HTTPClient()
 	if proto == "HTTP/1.1" {
@@ -624,9 +673,13 @@ func gpuplaneWriter(servers []*server, proto string) writer {
 		// in flight.
 		httpc = &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 512}}
 	}
+	var opts []connect.ClientOption
+	if proto == "grpc" {
+		opts = append(opts, connect.WithGRPC())
+	}
 	var cs []gpuplanev1connect.ClusterServiceClient
 	for _, s := range servers {
-		cs = append(cs, gpuplanev1connect.NewClusterServiceClient(httpc, s.url()))
+		cs = append(cs, gpuplanev1connect.NewClusterServiceClient(httpc, s.url(), opts...))
 	}
 	r := run0.Add(1)
 	return func(ctx context.Context, client, seq int) error {

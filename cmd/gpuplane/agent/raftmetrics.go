@@ -3,10 +3,11 @@ package agent
 import (
 	"strings"
 	"sync"
+	"sync/atomic"
+	"time"
 	"unicode"
 
 	gometrics "github.com/hashicorp/go-metrics/compat"
-	gmprom "github.com/hashicorp/go-metrics/compat/prometheus"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -18,7 +19,7 @@ import (
 // process).
 var (
 	libMetricsOnce sync.Once
-	libMetricsSink *gmprom.PrometheusSink
+	libMetricsSink *libSink
 )
 
 // libraryMetrics returns the collector of the libraries' own metrics, named
@@ -26,19 +27,12 @@ var (
 // expects, where the libraries' keys are camel case).
 func libraryMetrics() prometheus.Collector {
 	libMetricsOnce.Do(func() {
-		opts := gmprom.DefaultPrometheusOpts
-		// Registered by each agent in its own registry, never in the
-		// global one.
-		opts.Registerer = prometheus.NewRegistry()
-		sink, err := gmprom.NewPrometheusSinkFrom(opts)
-		if err != nil {
-			return
-		}
-		conf := gometrics.DefaultConfig("gpuplane")
+		sink := newLibSink("gpuplane", libMetricsExpiry)
+		conf := gometrics.DefaultConfig("")
 		conf.EnableHostname = false
 		conf.EnableHostnameLabel = false
 		conf.EnableRuntimeMetrics = false // the Go collector already reports these
-		if _, err := gometrics.NewGlobal(conf, snakeSink{sink}); err != nil {
+		if _, err := gometrics.NewGlobal(conf, sink); err != nil {
 			return
 		}
 		libMetricsSink = sink
@@ -49,53 +43,174 @@ func libraryMetrics() prometheus.Collector {
 	return libMetricsSink
 }
 
-// snakeSink renames each key part from camel case to snake case on its way
-// to the Prometheus sink (raft's "commitTime" becomes "commit_time").
-type snakeSink struct{ next gometrics.MetricSink }
+// libMetricsExpiry drops a series not reported for this long, as
+// go-metrics' Prometheus sink does by default (a server that stopped
+// leading stops reporting the leader's series).
+const libMetricsExpiry = time.Minute
 
-// snakeKeys remembers each key's snake-case form: raft reports several
-// samples per batch and one per committed entry (commit time, dispatch,
-// append entries, FSM apply), and renaming a key allocates. The keys are a
-// few dozen fixed names.
-var snakeKeys struct {
-	sync.RWMutex
-	m map[string][]string // parts joined by NUL -> snake-case parts
+// libSink is the go-metrics sink that exports the libraries' measurements
+// to Prometheus, as go-metrics' own Prometheus sink does and with the same
+// series: timings as summaries (median, 90th and 99th percentiles over 10
+// s), counters, gauges, each named prefix_ and its key's parts in snake
+// case joined by "_" (counters with "_total"), labels as constant labels,
+// a series dropped when not reported for expiry. Raft reports several
+// samples per batch and one per committed entry (commit time, FSM apply,
+// dispatch), and go-metrics' sink builds the series' name and stores a new
+// map entry for every one of them, a visible share of a server's CPU per
+// write in the commit benchmark (bench/RESULTS.md); this one finds the
+// series without allocating.
+type libSink struct {
+	prefix string
+	expiry time.Duration
+
+	mu     sync.RWMutex
+	series map[string]*libSeries // kind, key parts and labels (see seriesKey)
+}
+
+// libSeries is one series and when it was last reported (unix nanoseconds).
+type libSeries struct {
+	m       libMetric
+	updated atomic.Int64
+}
+
+// libMetric is what the three kinds of series have in common.
+type libMetric interface {
+	prometheus.Collector
+}
+
+const (
+	kindGauge   = 'g'
+	kindCounter = 'c'
+	kindSummary = 's'
+)
+
+func newLibSink(prefix string, expiry time.Duration) *libSink {
+	return &libSink{prefix: prefix, expiry: expiry, series: map[string]*libSeries{}}
+}
+
+// get returns the series of kind for key and labels, made on first use.
+func (s *libSink) get(kind byte, key []string, labels []gometrics.Label) *libSeries {
+	var buf [256]byte
+	b := append(buf[:0], kind)
+	for _, part := range key {
+		b = append(b, 0)
+		b = append(b, part...)
+	}
+	for _, l := range labels {
+		b = append(b, 1)
+		b = append(b, l.Name...)
+		b = append(b, 2)
+		b = append(b, l.Value...)
+	}
+	s.mu.RLock()
+	ser := s.series[string(b)] // no allocation for the lookup
+	s.mu.RUnlock()
+	if ser != nil {
+		return ser
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if ser = s.series[string(b)]; ser != nil {
+		return ser
+	}
+	ser = &libSeries{m: newLibMetric(kind, s.name(key, kind == kindCounter), labels)}
+	s.series[string(b)] = ser
+	return ser
+}
+
+// name is the series' name: the prefix and the key's parts in snake case,
+// joined by "_", with characters Prometheus does not allow in a name
+// replaced as go-metrics' Prometheus sink replaces them.
+func (s *libSink) name(key []string, counter bool) string {
+	parts := []string{}
+	if s.prefix != "" {
+		parts = append(parts, s.prefix)
+	}
+	parts = append(parts, snakeKeyOf(key, counter)...)
+	return forbiddenChars.Replace(strings.Join(parts, "_"))
+}
+
+var forbiddenChars = strings.NewReplacer(" ", "_", ".", "_", "=", "_", "-", "_", "/", "_")
+
+func newLibMetric(kind byte, name string, labels []gometrics.Label) libMetric {
+	var constLabels prometheus.Labels
+	if len(labels) > 0 {
+		constLabels = prometheus.Labels{}
+		for _, l := range snakeLabels(labels) {
+			constLabels[l.Name] = l.Value
+		}
+	}
+	switch kind {
+	case kindGauge:
+		return prometheus.NewGauge(prometheus.GaugeOpts{Name: name, Help: name, ConstLabels: constLabels})
+	case kindCounter:
+		return prometheus.NewCounter(prometheus.CounterOpts{Name: name, Help: name, ConstLabels: constLabels})
+	}
+	return prometheus.NewSummary(prometheus.SummaryOpts{Name: name, Help: name, ConstLabels: constLabels,
+		MaxAge: 10 * time.Second, Objectives: map[float64]float64{0.5: 0.05, 0.9: 0.01, 0.99: 0.001}})
+}
+
+func (s *libSink) SetGauge(key []string, val float32) { s.SetGaugeWithLabels(key, val, nil) }
+func (s *libSink) SetGaugeWithLabels(key []string, val float32, labels []gometrics.Label) {
+	ser := s.get(kindGauge, key, labels)
+	ser.m.(prometheus.Gauge).Set(float64(val))
+	ser.updated.Store(time.Now().UnixNano())
+}
+
+// EmitKey has no Prometheus equivalent (go-metrics' sink ignores it too).
+func (s *libSink) EmitKey(key []string, val float32) {}
+
+func (s *libSink) IncrCounter(key []string, val float32) { s.IncrCounterWithLabels(key, val, nil) }
+func (s *libSink) IncrCounterWithLabels(key []string, val float32, labels []gometrics.Label) {
+	ser := s.get(kindCounter, key, labels)
+	if val > 0 { // a Prometheus counter only grows (its Add panics otherwise)
+		ser.m.(prometheus.Counter).Add(float64(val))
+	}
+	ser.updated.Store(time.Now().UnixNano())
+}
+
+func (s *libSink) AddSample(key []string, val float32) { s.AddSampleWithLabels(key, val, nil) }
+func (s *libSink) AddSampleWithLabels(key []string, val float32, labels []gometrics.Label) {
+	ser := s.get(kindSummary, key, labels)
+	ser.m.(prometheus.Summary).Observe(float64(val))
+	ser.updated.Store(time.Now().UnixNano())
+}
+
+// Describe describes nothing: the series come and go with what the
+// libraries report, so the sink is an unchecked collector.
+func (s *libSink) Describe(chan<- *prometheus.Desc) {}
+
+// Collect reports every series reported within expiry and forgets the rest.
+func (s *libSink) Collect(c chan<- prometheus.Metric) {
+	cutoff := time.Now().Add(-s.expiry).UnixNano()
+	s.mu.Lock()
+	live := make([]*libSeries, 0, len(s.series))
+	for k, ser := range s.series {
+		if ser.updated.Load() < cutoff {
+			delete(s.series, k)
+			continue
+		}
+		live = append(live, ser)
+	}
+	s.mu.Unlock()
+	for _, ser := range live {
+		ser.m.Collect(c)
+	}
 }
 
 func snakeKey(key []string) []string { return snakeKeyOf(key, false) }
 
-// snakeKeyOf is snakeKey, with the "_total" suffix Prometheus expects of
-// counters (promtool check metrics) when counter is set. The two forms are
-// cached apart: a cached slice is shared and never changed.
+// snakeKeyOf is key's parts in snake case, with the "_total" suffix
+// Prometheus expects of counters (promtool check metrics) when counter is
+// set.
 func snakeKeyOf(key []string, counter bool) []string {
-	var buf [128]byte
-	b := buf[:0]
-	if counter {
-		b = append(b, 0)
-	}
-	for _, part := range key {
-		b = append(b, part...)
-		b = append(b, 0)
-	}
-	snakeKeys.RLock()
-	out, ok := snakeKeys.m[string(b)] // no allocation for the lookup
-	snakeKeys.RUnlock()
-	if ok {
-		return out
-	}
-	out = make([]string, len(key))
+	out := make([]string, len(key))
 	for i, part := range key {
 		out[i] = snakeCase(part)
 	}
 	if counter && len(out) > 0 {
 		out[len(out)-1] += "_total"
 	}
-	snakeKeys.Lock()
-	if snakeKeys.m == nil {
-		snakeKeys.m = map[string][]string{}
-	}
-	snakeKeys.m[string(b)] = out
-	snakeKeys.Unlock()
 	return out
 }
 
@@ -117,16 +232,6 @@ func snakeCase(s string) string {
 	return b.String()
 }
 
-func (s snakeSink) SetGauge(key []string, val float32) { s.next.SetGauge(snakeKey(key), val) }
-func (s snakeSink) SetGaugeWithLabels(key []string, val float32, labels []gometrics.Label) {
-	s.next.SetGaugeWithLabels(snakeKey(key), val, snakeLabels(labels))
-}
-func (s snakeSink) EmitKey(key []string, val float32)     { s.next.EmitKey(snakeKey(key), val) }
-func (s snakeSink) IncrCounter(key []string, val float32) { s.next.IncrCounter(counterKey(key), val) }
-func (s snakeSink) IncrCounterWithLabels(key []string, val float32, labels []gometrics.Label) {
-	s.next.IncrCounterWithLabels(counterKey(key), val, snakeLabels(labels))
-}
-
 // counterKey is a counter's key in snake case with the "_total" suffix.
 func counterKey(key []string) []string { return snakeKeyOf(key, true) }
 
@@ -141,8 +246,4 @@ func snakeLabels(labels []gometrics.Label) []gometrics.Label {
 		out[i] = gometrics.Label{Name: snakeKey([]string{l.Name})[0], Value: l.Value}
 	}
 	return out
-}
-func (s snakeSink) AddSample(key []string, val float32) { s.next.AddSample(snakeKey(key), val) }
-func (s snakeSink) AddSampleWithLabels(key []string, val float32, labels []gometrics.Label) {
-	s.next.AddSampleWithLabels(snakeKey(key), val, snakeLabels(labels))
 }
