@@ -61,9 +61,10 @@ type supervisor struct {
 	// reports that did not get through.
 	reportMu sync.Mutex
 	// latest is the newest status of the replica as this node knows it.
-	// unsent says it must still be reported: its report failed (or the cluster's record was
-	// found to differ, reconcile), and resend tries again until it is
-	// accepted, rejected, or superseded by a newer status.
+	// unsent says it must still be reported: its report failed (or the
+	// cluster's record was found to differ, reconcile), and resend tries
+	// again until it is accepted, rejected, or superseded by a newer
+	// status.
 	latest *pb.ReplicaStatus
 	unsent bool
 	// resendNow wakes resend.
@@ -568,8 +569,9 @@ func (s *supervisor) report(state pb.ReplicaState, reason string) {
 const reportTimeout = 10 * time.Second
 
 // send reports latest, once; called with reportMu held and unsent set. A
-// report accepted, or rejected (stale: the replica moved on), is done with; any other failure (no server reached, no leader, no answer)
-// leaves it unsent, for resend. It returns whether it is done with latest.
+// report accepted, or rejected (stale: the replica moved on), is done
+// with; any other failure (no server reached, no leader, no answer) leaves
+// it unsent, for resend. It returns whether it is done with latest.
 func (s *supervisor) send(ctx context.Context) bool {
 	st := s.latest
 	ctx, cancel := context.WithTimeout(ctx, reportTimeout)
