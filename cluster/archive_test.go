@@ -19,6 +19,7 @@ import (
 
 	"github.com/gpuplane/gpuplane/cluster"
 	"github.com/gpuplane/gpuplane/cluster/audit"
+	"github.com/gpuplane/gpuplane/cluster/events"
 	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
 )
 
@@ -97,7 +98,7 @@ func TestArchiveThenCompact(t *testing.T) {
 	if err != nil || !v.Ok || v.BaseIndex != cut {
 		t.Fatalf("verify the compacted log: %v, %v (base %d, want %d)", err, v.GetProblems(), v.GetBaseIndex(), cut)
 	}
-	if _, err := h.Replay(&pb.ReplayRequest{Index: archived}, c.AppliedIndex()); !errors.Is(err, cluster.ErrCompacted) && (err == nil || !strings.Contains(err.Error(), "archive")) {
+	if _, err := h.Replay(&pb.ReplayRequest{Index: archived}, c.AppliedIndex()); !errors.Is(err, events.ErrCompacted) && (err == nil || !strings.Contains(err.Error(), "archive")) {
 		t.Errorf("replay of an archived index from the compacted log: %v, want an error pointing at the archive", err)
 	}
 	gotOld, err := a.Replay(archived)

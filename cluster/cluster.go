@@ -14,6 +14,7 @@ import (
 	"github.com/hashicorp/raft"
 
 	"github.com/gpuplane/gpuplane/cluster/auditrec"
+	"github.com/gpuplane/gpuplane/cluster/events"
 	"github.com/gpuplane/gpuplane/cluster/raftstore"
 	"github.com/gpuplane/gpuplane/fsm"
 	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
@@ -43,9 +44,9 @@ type Cluster struct {
 	tenants tenantTable
 
 	// feed is the shared replay behind the server's event streams
-	// (feed.go), started by the first; feedStopped once Shutdown began.
+	// (logfiles.go), started by the first; feedStopped once Shutdown began.
 	feedMu      sync.Mutex
-	feed        *Feed
+	feed        *events.Feed
 	feedStopped bool
 
 	shutdownOnce sync.Once
@@ -325,27 +326,21 @@ func (c *Cluster) Status() *pb.StatusResponse {
 	}
 	// Entries the state machine never sees (a new leader's no-op,
 	// barriers) count as applied once raft has passed them, as a
-	// linearizable read finds (caughtUp): a server that serves no such read
-	// (client nodes read their snapshots as of an event's index, ReadNode)
-	// would otherwise report an applied index behind its peers' for the
-	// same state.
+	// linearizable read finds (caughtUp): on an idle cluster nothing else
+	// moves the applied index past them, and a server that serves no such
+	// read (client nodes read their snapshots as of an event's index,
+	// ReadNode) would otherwise report an applied index behind its peers'
+	// for the same state.
 	if applied, passed := c.AppliedIndex(), c.raft.AppliedIndex(); passed > applied {
 		c.caughtUp(applied, passed)
 	}
 	leaderAddr, leaderID := c.raft.LeaderWithID()
-	commit, applied := c.raft.CommitIndex(), c.AppliedIndex()
-	if applied < commit && c.caughtUp(applied, commit) {
-		// The entries left are ones the state machine never sees (a new
-		// leader's no-op, barriers): on an idle cluster nothing else would
-		// move the applied index past them.
-		applied = commit
-	}
 	st := &pb.StatusResponse{
 		Node:         c.cfg.NodeName,
 		Leader:       string(leaderID),
 		Term:         c.raft.CurrentTerm(),
-		CommitIndex:  commit,
-		AppliedIndex: applied,
+		CommitIndex:  c.raft.CommitIndex(),
+		AppliedIndex: c.AppliedIndex(),
 		RaftState:    c.raft.State().String(),
 	}
 	if leaderID != "" {
@@ -368,7 +363,7 @@ func (c *Cluster) Status() *pb.StatusResponse {
 		sinceLeader = time.Since(last).Milliseconds()
 	}
 	for _, s := range fut.Configuration().Servers {
-		ss := &pb.ServerStatus{Id: string(s.ID), Address: string(s.Address), Suffrage: suffrage(s.Suffrage), LastContactMs: -1}
+		ss := &pb.ServerStatus{Id: string(s.ID), Address: string(s.Address), Suffrage: events.Suffrage(s.Suffrage), LastContactMs: -1}
 		switch {
 		case isLeader && s.ID == raft.ServerID(c.cfg.NodeName):
 			ss.LastContactMs = 0
@@ -382,15 +377,4 @@ func (c *Cluster) Status() *pb.StatusResponse {
 		st.Servers = append(st.Servers, ss)
 	}
 	return st
-}
-
-func suffrage(s raft.ServerSuffrage) string {
-	switch s {
-	case raft.Voter:
-		return "voter"
-	case raft.Nonvoter:
-		return "nonvoter"
-	default:
-		return "staging"
-	}
 }

@@ -12,10 +12,6 @@ import (
 	"github.com/gpuplane/gpuplane/internal/atomicfile"
 )
 
-// ErrCompacted is returned for log entries a server no longer holds: they
-// were archived and compacted away, and are read from the archive.
-var ErrCompacted = errors.New("compacted")
-
 func (c *Cluster) auditBasePath() string {
 	return filepath.Join(RaftDir(c.cfg.DataDir), auditrec.BaseFile)
 }

@@ -6,10 +6,11 @@
 // configured, timing), gossip with memberlist (optionally encrypted) and
 // membership (bootstrap-expect, join, leave, remove-peer, the leader's
 // reconcile of gossip into the log), the leader's placer (which runs package
-// scheduler), the event stream over the log (the Cursor, which package
-// audit also replays with), compaction of the log behind an archive, the
-// data dir layout, the raft.FSM wrapper that feeds committed
-// entries to the pure fsm package under a lock, the write path (request ids,
+// scheduler), the server's shared event feed (package events, which also
+// holds the Cursor that audit and compaction replay with), compaction of
+// the log behind an archive, the data dir layout, the raft.FSM wrapper
+// that feeds committed entries to the pure fsm package under a lock, the
+// write path (request ids,
 // the leader's proposal time, leader forwarding through a Forwarder, retries
 // while leadership moves), linearizable and stale reads, waiting for an
 // index to be applied, and the node's Raft status.
@@ -17,17 +18,17 @@
 // Where things are: cluster.go, config.go, transport.go (Raft setup);
 // apply.go, read.go (writes and reads); fsm.go (the raft.FSM wrapper);
 // gossip.go, membership.go, servers.go, leader.go (membership); placer.go;
-// events.go (the Cursor and the events it builds); logfiles.go (the log
-// and its audit records as package audit reads them); compact.go
-// (compaction behind an archive); datadir.go
-// (the data dir and node id); resources.go (what grows with the history);
+// logfiles.go (the log and its audit records as packages audit and events
+// read them, and the server's event feed); compact.go (compaction behind an
+// archive); datadir.go (the data dir and node id); resources.go (what
+// grows with the history);
 // tenants.go (the gateway's tenant lookups); hclog.go (Raft's logs into
 // slog).
 //
 // It must never decode or interpret log entries to change state itself
 // (fsm.ApplyBytes does, so live apply, restore, events and offline replay
-// share one code path; events.go decodes entries only to describe and filter
-// them), never drop log entries except behind a verified archive
+// share one code path; package events decodes entries only to describe and
+// filter them), never drop log entries except behind a verified archive
 // (docs/audit.md, docs/archive.md: otherwise every server keeps every entry
 // from index 1), never acknowledge a write before it is committed and
 // fsynced, and never let anything touch the fsm.FSM outside its lock.

@@ -311,13 +311,7 @@ func (d *Decoder) envelope(data []byte) *pb.Envelope {
 func (d *Decoder) command(env *pb.Envelope, num protowire.Number, b []byte) bool {
 	switch num {
 	case 20:
-		c := d.statuses.one(d.Slab)
-		if !replicaStatusFields.decode(d, c, b) {
-			return false
-		}
-		w := d.wStatus.one(d.Slab)
-		w.ReplicaStatus = c
-		env.Command = w
+		return slabCommand(d, &d.statuses, replicaStatusFields, b, func(c *pb.ReplicaStatus) { w := d.wStatus.one(d.Slab); w.ReplicaStatus = c; env.Command = w })
 	case 18:
 		c := d.placeReplicas(b)
 		if c == nil {
@@ -327,37 +321,13 @@ func (d *Decoder) command(env *pb.Envelope, num protowire.Number, b []byte) bool
 		w.PlaceReplicas = c
 		env.Command = w
 	case 17:
-		c := d.deletes.one(d.Slab)
-		if !deleteModelFields.decode(d, c, b) {
-			return false
-		}
-		w := d.wDelete.one(d.Slab)
-		w.DeleteModel = c
-		env.Command = w
+		return slabCommand(d, &d.deletes, deleteModelFields, b, func(c *pb.DeleteModel) { w := d.wDelete.one(d.Slab); w.DeleteModel = c; env.Command = w })
 	case 12:
-		c := d.nodeStats.one(d.Slab)
-		if !setNodeStatusFields.decode(d, c, b) {
-			return false
-		}
-		w := d.wNodeStat.one(d.Slab)
-		w.SetNodeStatus = c
-		env.Command = w
+		return slabCommand(d, &d.nodeStats, setNodeStatusFields, b, func(c *pb.SetNodeStatus) { w := d.wNodeStat.one(d.Slab); w.SetNodeStatus = c; env.Command = w })
 	case 19:
-		c := d.unplaces.one(d.Slab)
-		if !unplaceReplicaFields.decode(d, c, b) {
-			return false
-		}
-		w := d.wUnplace.one(d.Slab)
-		w.UnplaceReplica = c
-		env.Command = w
+		return slabCommand(d, &d.unplaces, unplaceReplicaFields, b, func(c *pb.UnplaceReplica) { w := d.wUnplace.one(d.Slab); w.UnplaceReplica = c; env.Command = w })
 	case 14:
-		c := d.accs.one(d.Slab)
-		if !createAcceleratorFields.decode(d, c, b) {
-			return false
-		}
-		w := d.wAcc.one(d.Slab)
-		w.CreateAccelerator = c
-		env.Command = w
+		return slabCommand(d, &d.accs, createAcceleratorFields, b, func(c *pb.CreateAccelerator) { w := d.wAcc.one(d.Slab); w.CreateAccelerator = c; env.Command = w })
 	case 16:
 		c := &pb.ApplyModel{}
 		if !applyModelFields.decode(d, c, b) {
@@ -372,42 +342,32 @@ func (d *Decoder) command(env *pb.Envelope, num protowire.Number, b []byte) bool
 	return true
 }
 
-// otherCommand decodes a command this file does not read by hand with
-// proto.Unmarshal, as decoding the whole Envelope would.
-func otherCommand(env *pb.Envelope, num protowire.Number, b []byte) bool {
-	var m proto.Message
-	switch num {
-	case 10:
-		c := &pb.RegisterNode{}
-		m, env.Command = c, &pb.Envelope_RegisterNode{RegisterNode: c}
-	case 11:
-		c := &pb.UpdateInventory{}
-		m, env.Command = c, &pb.Envelope_UpdateInventory{UpdateInventory: c}
-	case 13:
-		c := &pb.DeregisterNode{}
-		m, env.Command = c, &pb.Envelope_DeregisterNode{DeregisterNode: c}
-	case 14:
-		c := &pb.CreateAccelerator{}
-		m, env.Command = c, &pb.Envelope_CreateAccelerator{CreateAccelerator: c}
-	case 15:
-		c := &pb.DeleteAccelerator{}
-		m, env.Command = c, &pb.Envelope_DeleteAccelerator{DeleteAccelerator: c}
-	case 16:
-		c := &pb.ApplyModel{}
-		m, env.Command = c, &pb.Envelope_ApplyModel{ApplyModel: c}
-	case 21:
-		c := &pb.BootstrapACL{}
-		m, env.Command = c, &pb.Envelope_BootstrapAcl{BootstrapAcl: c}
-	case 22:
-		c := &pb.CreateToken{}
-		m, env.Command = c, &pb.Envelope_CreateToken{CreateToken: c}
-	case 23:
-		c := &pb.DeleteToken{}
-		m, env.Command = c, &pb.Envelope_DeleteToken{DeleteToken: c}
-	default:
+// slabCommand decodes the message of a command, b, with fs into one of
+// msgs, and has set make it env's command.
+func slabCommand[M any](d *Decoder, msgs *slab[M], fs fields[M], b []byte, set func(*M)) bool {
+	m := msgs.one(d.Slab)
+	if !fs.decode(d, m, b) {
 		return false
 	}
-	return proto.Unmarshal(b, m) == nil
+	set(m)
+	return true
+}
+
+// otherCommand decodes a command this file does not read by hand with
+// proto.Unmarshal, as decoding the whole Envelope would: field num must be
+// one of the Envelope's command oneof.
+func otherCommand(env *pb.Envelope, num protowire.Number, b []byte) bool {
+	r := env.ProtoReflect()
+	fd := r.Descriptor().Fields().ByNumber(num)
+	if fd == nil || fd.Message() == nil || fd.ContainingOneof() == nil || fd.ContainingOneof().Name() != "command" {
+		return false
+	}
+	v := r.NewField(fd)
+	if proto.Unmarshal(b, v.Message().Interface()) != nil {
+		return false
+	}
+	r.Set(fd, v)
+	return true
 }
 
 func (d *Decoder) placeReplicas(b []byte) *pb.PlaceReplicas {

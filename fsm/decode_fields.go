@@ -32,28 +32,25 @@ func (fs fields[T]) decode(d *Decoder, m *T, b []byte) bool {
 
 // The readers of each kind of field; get returns the field in m.
 
-func str[T any](get func(m *T) *string) fieldReader[T] {
-	return func(d *Decoder, m *T, typ protowire.Type, _ uint64, b []byte) (ok bool) {
-		if typ != protowire.BytesType {
-			return false
-		}
-		*get(m), ok = d.str(b)
-		return ok
-	}
-}
-
-// strs reads a repeated string, one value per occurrence.
-func strs[T any](get func(m *T) *[]string) fieldReader[T] {
+// delimited reads a length-delimited field: read decodes its bytes, put
+// stores the value in m (false: it cannot, as for a message given twice).
+func delimited[T, V any](read func(d *Decoder, b []byte) (V, bool), put func(m *T, v V) bool) fieldReader[T] {
 	return func(d *Decoder, m *T, typ protowire.Type, _ uint64, b []byte) bool {
 		if typ != protowire.BytesType {
 			return false
 		}
-		s, ok := d.str(b)
-		if ok {
-			*get(m) = append(*get(m), s)
-		}
-		return ok
+		v, ok := read(d, b)
+		return ok && put(m, v)
 	}
+}
+
+func str[T any](get func(m *T) *string) fieldReader[T] {
+	return delimited((*Decoder).str, func(m *T, s string) bool { *get(m) = s; return true })
+}
+
+// strs reads a repeated string, one value per occurrence.
+func strs[T any](get func(m *T) *[]string) fieldReader[T] {
+	return delimited((*Decoder).str, func(m *T, s string) bool { *get(m) = append(*get(m), s); return true })
 }
 
 // varint reads an integer, enum or bool field: conv turns the wire value
@@ -80,34 +77,28 @@ func enum[T any, E ~int32](get func(m *T) *E) fieldReader[T] {
 	return varint(get, func(v uint64) E { return E(int32(v)) })
 }
 
+// sub decodes a message of fields fs into one new allocates.
+func sub[M any](fs fields[M], new func(d *Decoder) *M) func(d *Decoder, b []byte) (*M, bool) {
+	return func(d *Decoder, b []byte) (*M, bool) {
+		m := new(d)
+		return m, fs.decode(d, m, b)
+	}
+}
+
 // message reads a message field given once, into a message new allocates.
 func message[T, M any](get func(m *T) **M, fs fields[M], new func(d *Decoder) *M) fieldReader[T] {
-	return func(d *Decoder, m *T, typ protowire.Type, _ uint64, b []byte) bool {
-		if typ != protowire.BytesType || *get(m) != nil {
+	return delimited(sub(fs, new), func(m *T, v *M) bool {
+		if *get(m) != nil {
 			return false
 		}
-		sub := new(d)
-		if !fs.decode(d, sub, b) {
-			return false
-		}
-		*get(m) = sub
+		*get(m) = v
 		return true
-	}
+	})
 }
 
 // messages reads a repeated message field, one message per occurrence.
 func messages[T, M any](get func(m *T) *[]*M, fs fields[M], new func(d *Decoder) *M) fieldReader[T] {
-	return func(d *Decoder, m *T, typ protowire.Type, _ uint64, b []byte) bool {
-		if typ != protowire.BytesType {
-			return false
-		}
-		sub := new(d)
-		if !fs.decode(d, sub, b) {
-			return false
-		}
-		*get(m) = append(*get(m), sub)
-		return true
-	}
+	return delimited(sub(fs, new), func(m *T, v *M) bool { *get(m) = append(*get(m), v); return true })
 }
 
 // alloc allocates a message on its own: for messages the state keeps (an

@@ -53,7 +53,7 @@ func (f *FSM) ModelSpec(name string) (*pb.ModelSpec, bool) {
 
 // TrackNodes makes the state record, until Touched, every node whose placed
 // replicas an apply may change, with the node's replicas (ReplicasOn) as
-// they were before the first change. A shared event stream (cluster.Feed)
+// they were before the first change. A shared event stream (events.Feed)
 // compares them with the replicas after the entry to tell which nodes'
 // streams the entry concerns, at the cost of those nodes' replicas rather
 // than the whole state's. The live state machine never tracks.

@@ -2,6 +2,7 @@ package rpc
 
 import (
 	"context"
+	"encoding/binary"
 	"hash/maphash"
 	"maps"
 	"math/rand/v2"
@@ -39,6 +40,9 @@ type dashboardHandlers struct {
 
 	mu   sync.Mutex
 	next uint64
+	// built is the latest answer's content, reused while nothing it was
+	// built from changed.
+	built *dashboardBuild
 	// revisions are the recent answers' content, oldest first: each item's
 	// key (kind and name) and the hash of its message.
 	revisions []dashboardRevision
@@ -65,48 +69,27 @@ const (
 	itemMembers = "members"
 )
 
+// dashboardBuild is the content of a Summary answer as built from the
+// state and the node's other sources, and what it was built from: the
+// state's applied index and a hash of the rest (the residency plans,
+// the gateway's series, gossip's members). Once stored it is never
+// changed: answers share its messages.
+type dashboardBuild struct {
+	applied, inputs   uint64
+	nodes, nodesAlive uint32
+	cards             []*pb.DashboardCard
+	models            []*pb.DashboardModel
+	tenants           []*pb.DashboardTenant
+	bounds            []float64
+	members           *pb.DashboardMembers
+	planError         string
+	// items are each item's key (kind and name) and the hash of its
+	// message.
+	items map[string]uint64
+}
+
 func (h *dashboardHandlers) Summary(ctx context.Context, req *connect.Request[pb.SummaryRequest]) (*connect.Response[pb.SummaryResponse], error) {
 	out := &pb.SummaryResponse{Health: &pb.DashboardHealth{}}
-	var models []*pb.DashboardModel
-	var cards []*pb.DashboardCard
-	specs := map[string]*pb.ModelSpec{}
-	err := h.b.Read(ctx, true, func(f *fsm.FSM) error {
-		for _, n := range f.Nodes() {
-			out.Health.Nodes++
-			if n.GetStatus() == pb.NodeStatus_NODE_STATUS_ALIVE {
-				out.Health.NodesAlive++
-			}
-		}
-		replicas := map[string]*pb.Replica{}
-		byModel := map[string][]*pb.DashboardReplica{}
-		for _, r := range f.Replicas("", "") {
-			replicas[r.GetModel()+"/"+strconv.FormatUint(uint64(r.GetIndex()), 10)] = r
-			byModel[r.GetModel()] = append(byModel[r.GetModel()], &pb.DashboardReplica{Index: r.GetIndex(), State: replicaStateText(r)})
-		}
-		for _, m := range f.Models() {
-			spec := m.GetSpec()
-			specs[m.GetName()] = spec
-			served := spec.GetServedModelName()
-			if served == "" {
-				served = m.GetName()
-			}
-			models = append(models, &pb.DashboardModel{
-				Name: m.GetName(), ServedModelName: served, Residency: fsm.ResidencyName(spec.GetResidency()),
-				Priority: fsm.PriorityName(spec.GetPriority()), TtftTargetMs: spec.GetSlo().GetTtftMs(),
-				Reason: m.GetStatus().GetReason(), Replicas: byModel[m.GetName()],
-			})
-		}
-		for _, d := range f.Devices() {
-			_, statuses, _ := f.Device(d.GetName())
-			for _, c := range statuses {
-				cards = append(cards, dashboardCard(d.GetName(), c, replicas, specs))
-			}
-		}
-		return nil
-	})
-	if err != nil {
-		return nil, backendError("read", err)
-	}
 	if st, err := h.b.ClusterStatus(ctx); err != nil {
 		out.Health.Error = err.Error()
 	} else {
@@ -119,49 +102,71 @@ func (h *dashboardHandlers) Summary(ctx context.Context, req *connect.Request[pb
 			members.Members = append(members.Members, &pb.DashboardMember{Name: m.GetName(), Role: m.GetRole(), Status: m.GetStatus(), Raft: m.GetRaft(), Leader: m.GetLeader()})
 		}
 	}
-	if err := h.addPlans(ctx, cards, models); err != nil {
-		out.PlanError = err.Error()
+	plans, planErr := h.residency.GetPlan(ctx, connect.NewRequest(&pb.GetPlanRequest{}))
+	var families []*dto.MetricFamily
+	if h.gather != nil {
+		// Gather returns what it could collect along with any error: the
+		// figures it has are still worth showing.
+		families, _ = h.gather.Gather()
 	}
-	var tenants []*pb.DashboardTenant
-	out.TtftBounds, tenants = h.addGateway(models)
+	inputs := h.inputsHash(members, plans, planErr, families)
 
-	items := make(map[string]uint64, len(cards)+len(models)+len(tenants)+1)
-	hash := func(key string, m proto.Message) {
-		b, _ := proto.MarshalOptions{Deterministic: true}.Marshal(m)
-		items[key] = maphash.Bytes(h.seed, b)
+	// The state is walked, and every item built and hashed, only when
+	// something changed since the last answer: a page polling an idle
+	// cluster costs the reads of the sources above and nothing more.
+	h.mu.Lock()
+	cached := h.built
+	h.mu.Unlock()
+	var b *dashboardBuild
+	err := h.b.Read(ctx, true, func(f *fsm.FSM) error {
+		if cached != nil && cached.applied == f.AppliedIndex() && cached.inputs == inputs {
+			b = cached
+			return nil
+		}
+		b = buildDashboardState(f)
+		return nil
+	})
+	if err != nil {
+		return nil, backendError("read", err)
 	}
-	for _, c := range cards {
-		hash(itemCard+cardKey(c), c)
+	if b != cached {
+		b.inputs, b.members = inputs, members
+		if planErr != nil {
+			b.planError = planErr.Error()
+		} else {
+			h.addPlans(ctx, b.cards, b.models, plans.Msg)
+		}
+		b.bounds, b.tenants = addGateway(b.models, families)
+		b.items = h.itemHashes(b)
+		h.mu.Lock()
+		h.built = b
+		h.mu.Unlock()
 	}
-	for _, m := range models {
-		hash(itemModel+m.GetName(), m)
-	}
-	for _, t := range tenants {
-		hash(itemTenant+t.GetName(), t)
-	}
-	hash(itemMembers, members)
+	out.Health.Nodes, out.Health.NodesAlive = b.nodes, b.nodesAlive
+	out.PlanError, out.TtftBounds = b.planError, b.bounds
+	items := b.items
 
 	prev, revision := h.remember(req.Msg.GetSince(), items)
 	out.Revision = revision
 	out.Full = prev == nil
 	changed := func(key string) bool { return prev == nil || prev[key] != items[key] }
-	for _, c := range cards {
+	for _, c := range b.cards {
 		if changed(itemCard + cardKey(c)) {
 			out.Cards = append(out.Cards, c)
 		}
 	}
-	for _, m := range models {
+	for _, m := range b.models {
 		if changed(itemModel + m.GetName()) {
 			out.Models = append(out.Models, m)
 		}
 	}
-	for _, t := range tenants {
+	for _, t := range b.tenants {
 		if changed(itemTenant + t.GetName()) {
 			out.Tenants = append(out.Tenants, t)
 		}
 	}
 	if changed(itemMembers) {
-		out.Members = members
+		out.Members = b.members
 	}
 	for _, key := range slices.Sorted(maps.Keys(prev)) {
 		if _, ok := items[key]; ok {
@@ -177,6 +182,87 @@ func (h *dashboardHandlers) Summary(ctx context.Context, req *connect.Request[pb
 		}
 	}
 	return connect.NewResponse(out), nil
+}
+
+// buildDashboardState builds what the dashboard shows of the state f: the
+// node counts, every deployment and every card.
+func buildDashboardState(f *fsm.FSM) *dashboardBuild {
+	b := &dashboardBuild{applied: f.AppliedIndex()}
+	for _, n := range f.Nodes() {
+		b.nodes++
+		if n.GetStatus() == pb.NodeStatus_NODE_STATUS_ALIVE {
+			b.nodesAlive++
+		}
+	}
+	specs := map[string]*pb.ModelSpec{}
+	replicas := map[string]*pb.Replica{}
+	byModel := map[string][]*pb.DashboardReplica{}
+	for _, r := range f.Replicas("", "") {
+		replicas[r.GetModel()+"/"+strconv.FormatUint(uint64(r.GetIndex()), 10)] = r
+		byModel[r.GetModel()] = append(byModel[r.GetModel()], &pb.DashboardReplica{Index: r.GetIndex(), State: replicaStateText(r)})
+	}
+	for _, m := range f.Models() {
+		spec := m.GetSpec()
+		specs[m.GetName()] = spec
+		served := spec.GetServedModelName()
+		if served == "" {
+			served = m.GetName()
+		}
+		b.models = append(b.models, &pb.DashboardModel{
+			Name: m.GetName(), ServedModelName: served, Residency: fsm.ResidencyName(spec.GetResidency()),
+			Priority: fsm.PriorityName(spec.GetPriority()), TtftTargetMs: spec.GetSlo().GetTtftMs(),
+			Reason: m.GetStatus().GetReason(), Replicas: byModel[m.GetName()],
+		})
+	}
+	for _, d := range f.Devices() {
+		_, statuses, _ := f.Device(d.GetName())
+		for _, c := range statuses {
+			b.cards = append(b.cards, dashboardCard(d.GetName(), c, replicas, specs))
+		}
+	}
+	return b
+}
+
+// inputsHash is a hash of what an answer is built from besides the state.
+func (h *dashboardHandlers) inputsHash(members *pb.DashboardMembers, plans *connect.Response[pb.GetPlanResponse], planErr error, families []*dto.MetricFamily) uint64 {
+	var mh maphash.Hash
+	mh.SetSeed(h.seed)
+	opts := proto.MarshalOptions{Deterministic: true}
+	write := func(m proto.Message) {
+		b, _ := opts.Marshal(m)
+		_ = binary.Write(&mh, binary.LittleEndian, uint64(len(b)))
+		mh.Write(b)
+	}
+	write(members)
+	if planErr != nil {
+		mh.WriteString(planErr.Error())
+	} else {
+		write(plans.Msg)
+	}
+	for _, fam := range families {
+		write(fam)
+	}
+	return mh.Sum64()
+}
+
+// itemHashes hashes each item of b by its key.
+func (h *dashboardHandlers) itemHashes(b *dashboardBuild) map[string]uint64 {
+	items := make(map[string]uint64, len(b.cards)+len(b.models)+len(b.tenants)+1)
+	hash := func(key string, m proto.Message) {
+		data, _ := proto.MarshalOptions{Deterministic: true}.Marshal(m)
+		items[key] = maphash.Bytes(h.seed, data)
+	}
+	for _, c := range b.cards {
+		hash(itemCard+cardKey(c), c)
+	}
+	for _, m := range b.models {
+		hash(itemModel+m.GetName(), m)
+	}
+	for _, t := range b.tenants {
+		hash(itemTenant+t.GetName(), t)
+	}
+	hash(itemMembers, b.members)
+	return items
 }
 
 // remember returns the content of revision since (nil when unknown) and
@@ -260,16 +346,12 @@ func dashboardCard(device string, c *pb.CardStatus, replicas map[string]*pb.Repl
 
 func mib32(n uint64) uint32 { return uint32(min(n, 1<<32-1)) }
 
-// addPlans adds what the residency controllers plan: each card's headroom
-// and pinned-only fallback, each model's estimated arrival rate.
-func (h *dashboardHandlers) addPlans(ctx context.Context, cards []*pb.DashboardCard, models []*pb.DashboardModel) error {
-	resp, err := h.residency.GetPlan(ctx, connect.NewRequest(&pb.GetPlanRequest{}))
-	if err != nil {
-		return err
-	}
+// addPlans adds what the residency controllers plan (resp): each card's
+// headroom and pinned-only fallback, each model's estimated arrival rate.
+func (h *dashboardHandlers) addPlans(ctx context.Context, cards []*pb.DashboardCard, models []*pb.DashboardModel, resp *pb.GetPlanResponse) {
 	plans := map[string]*pb.ResidencyCardPlan{}
 	rates := map[string]float64{}
-	for _, p := range resp.Msg.GetCards() {
+	for _, p := range resp.GetCards() {
 		plans[p.GetNode()+"/"+p.GetCard()] = p
 		for _, e := range p.GetEntries() {
 			name, _, _ := strings.Cut(e.GetModel(), "/")
@@ -307,19 +389,15 @@ func (h *dashboardHandlers) addPlans(ctx context.Context, cards []*pb.DashboardC
 			m.PlannedRatePerMinute = proto.Float64(r)
 		}
 	}
-	return nil
 }
 
-// addGateway adds this node's gateway counters to the models (by the name
-// requests use; the queue by deployment) and returns the TTFT buckets'
-// bounds and the tenants.
-func (h *dashboardHandlers) addGateway(models []*pb.DashboardModel) ([]float64, []*pb.DashboardTenant) {
-	if h.gather == nil {
+// addGateway adds this node's gateway counters (families, gathered) to the
+// models (by the name requests use; the queue by deployment) and returns
+// the TTFT buckets' bounds and the tenants.
+func addGateway(models []*pb.DashboardModel, families []*dto.MetricFamily) ([]float64, []*pb.DashboardTenant) {
+	if families == nil {
 		return nil, nil
 	}
-	// Gather returns what it could collect along with any error: the
-	// figures it has are still worth showing.
-	families, _ := h.gather.Gather()
 	ttft := map[string]map[float64]float64{}
 	requests, tokens, queued := map[string]float64{}, map[string]float64{}, map[string]float64{}
 	tenantTokens, weights := map[string]float64{}, map[string]float64{}

@@ -11,16 +11,13 @@ import (
 	"os/exec"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/chromedp/chromedp"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
-	"google.golang.org/protobuf/types/known/timestamppb"
 
-	"github.com/gpuplane/gpuplane/fsm"
 	"github.com/gpuplane/gpuplane/node/residency"
 	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
 	"github.com/gpuplane/gpuplane/rpc"
@@ -35,86 +32,27 @@ const (
 	benchReplicas    = 10
 )
 
-// stateBackend answers the API from a state machine built in memory: the
-// real handlers over a real fsm.FSM, without Raft.
-type stateBackend struct {
-	rpc.Backend // the writes and cluster operations: not called
-	mu          sync.RWMutex
-	f           *fsm.FSM
-	index       uint64
-	members     []*pb.Member
-}
-
-func (b *stateBackend) Read(_ context.Context, _ bool, fn func(*fsm.FSM) error) error {
-	b.mu.RLock()
-	defer b.mu.RUnlock()
-	return fn(b.f)
-}
-
-func (b *stateBackend) ClusterStatus(context.Context) (*pb.StatusResponse, error) {
-	b.mu.RLock()
-	defer b.mu.RUnlock()
-	return &pb.StatusResponse{Node: "node-000", Leader: "node-000", Term: 3, CommitIndex: b.index, AppliedIndex: b.index, RaftState: "leader"}, nil
-}
-
-func (b *stateBackend) Members(context.Context) ([]*pb.Member, error) { return b.members, nil }
-
-func (b *stateBackend) LocalNode() *pb.Node { return &pb.Node{Name: "node-000"} }
-
-func (b *stateBackend) apply(tb testing.TB, env *pb.Envelope) {
-	tb.Helper()
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	b.index++
-	env.RequestId = fmt.Sprintf("%032x", b.index)
-	env.Actor = "system"
-	env.ProposedAt = timestamppb.Now()
-	if res := b.f.Apply(b.index, env); res.GetCode() != pb.Code_CODE_OK {
-		tb.Fatalf("apply %v: %v %s", env.GetCommand(), res.GetCode(), res.GetMessage())
-	}
-}
-
 var benchResidencies = []pb.ReplicaResidency{pb.ReplicaResidency_REPLICA_RESIDENCY_RESIDENT, pb.ReplicaResidency_REPLICA_RESIDENCY_SLEEPING,
 	pb.ReplicaResidency_REPLICA_RESIDENCY_COLD, pb.ReplicaResidency_REPLICA_RESIDENCY_RESIDENT}
 
 // simulatedCluster builds the state, a journal of decisions of node-000
 // and gateway metrics for every deployment.
 func simulatedCluster(tb testing.TB) (*stateBackend, *residency.Journal, *prometheus.Registry) {
-	b := &stateBackend{f: fsm.New()}
-	for n := range benchNodes {
-		node := &pb.Node{Name: fmt.Sprintf("node-%03d", n), Role: pb.NodeRole_NODE_ROLE_CLIENT, Status: pb.NodeStatus_NODE_STATUS_ALIVE, Simulated: true}
-		for c := range benchCards {
-			node.Cards = append(node.Cards, &pb.Card{Index: uint32(c), Uuid: fmt.Sprintf("GPU-%03d-%d", n, c), Device: "l4",
-				Product: "NVIDIA L4", MemoryMib: 23034, Architecture: "ada", Fp8: true, Healthy: true})
-		}
-		b.apply(tb, &pb.Envelope{Command: &pb.Envelope_RegisterNode{RegisterNode: &pb.RegisterNode{Node: node}}})
-		b.members = append(b.members, &pb.Member{Name: node.Name, Role: "client", Status: "alive", Raft: "none"})
-	}
-	b.apply(tb, &pb.Envelope{Command: &pb.Envelope_CreateAccelerator{CreateAccelerator: &pb.CreateAccelerator{Name: "shared",
-		Spec: &pb.AcceleratorSpec{Device: "l4", Tenancy: pb.Tenancy_TENANCY_SHARED, MaxModels: 4}}}})
+	b := simulatedState(tb, benchNodes, benchCards, func(n int) string { return fmt.Sprintf("node-%03d", n) })
 	residencies := []pb.Residency{pb.Residency_RESIDENCY_PINNED, pb.Residency_RESIDENCY_WARM, pb.Residency_RESIDENCY_ON_DEMAND, pb.Residency_RESIDENCY_ON_DEMAND}
 	for d := range benchDeployments {
-		name := fmt.Sprintf("model-%03d", d)
-		b.apply(tb, &pb.Envelope{Command: &pb.Envelope_ApplyModel{ApplyModel: &pb.ApplyModel{Name: name, Spec: &pb.ModelSpec{
-			Model: "/models/" + name, Replicas: benchReplicas, Residency: residencies[d%len(residencies)], Slo: &pb.SLO{TtftMs: 800},
-			Placement: &pb.PlacementSpec{Accelerator: "shared"}, Engine: &pb.EngineSpec{Kind: "sim", MemoryPercent: 20}}}}})
-		var ps []*pb.Placement
-		for r := range benchReplicas {
-			i := d*benchReplicas + r
-			ps = append(ps, &pb.Placement{Model: name, Replica: uint32(r), Generation: 1, Node: fmt.Sprintf("node-%03d", i%benchNodes),
-				Cards: []uint32{uint32(i / benchNodes % benchCards)}, ShareMilli: 200})
-		}
-		b.apply(tb, &pb.Envelope{Command: &pb.Envelope_PlaceReplicas{PlaceReplicas: &pb.PlaceReplicas{Policy: "binpack", Placements: ps}}})
-		for r := range benchReplicas {
-			i := d*benchReplicas + r
-			res := benchResidencies[i%len(benchResidencies)]
-			if residencies[d%len(residencies)] == pb.Residency_RESIDENCY_PINNED {
-				res = pb.ReplicaResidency_REPLICA_RESIDENCY_RESIDENT
-			}
-			b.apply(tb, &pb.Envelope{Command: &pb.Envelope_ReplicaStatus{ReplicaStatus: &pb.ReplicaStatus{Model: name, Replica: uint32(r), Generation: 1,
-				Node: fmt.Sprintf("node-%03d", i%benchNodes), State: pb.ReplicaState_REPLICA_STATE_RUNNING, Endpoint: "http://127.0.0.1:1",
-				Residency: res, ResidencyReason: "simulated"}}})
-		}
+		res := residencies[d%len(residencies)]
+		b.deploy(tb, fmt.Sprintf("model-%03d", d), res, 800, benchReplicas,
+			func(r int) (string, uint32) {
+				i := d*benchReplicas + r
+				return fmt.Sprintf("node-%03d", i%benchNodes), uint32(i / benchNodes % benchCards)
+			},
+			func(r int) pb.ReplicaResidency {
+				if res == pb.Residency_RESIDENCY_PINNED {
+					return pb.ReplicaResidency_REPLICA_RESIDENCY_RESIDENT
+				}
+				return benchResidencies[(d*benchReplicas+r)%len(benchResidencies)]
+			}, "simulated")
 	}
 
 	j := residency.NewJournal("node-000", 0)
@@ -264,9 +202,7 @@ func BenchmarkDashboard(b *testing.B) {
 			d, r := i%benchDeployments, i%benchReplicas
 			name := fmt.Sprintf("model-%03d", d)
 			res := benchResidencies[(d*benchReplicas+r+i+1)%len(benchResidencies)]
-			backend.apply(b, &pb.Envelope{Command: &pb.Envelope_ReplicaStatus{ReplicaStatus: &pb.ReplicaStatus{Model: name, Replica: uint32(r), Generation: 1,
-				Node: fmt.Sprintf("node-%03d", (d*benchReplicas+r)%benchNodes), State: pb.ReplicaState_REPLICA_STATE_RUNNING,
-				Endpoint: "http://127.0.0.1:1", Residency: res, ResidencyReason: "benchmark"}}})
+			backend.replicaStatus(b, name, uint32(r), fmt.Sprintf("node-%03d", (d*benchReplicas+r)%benchNodes), res, "benchmark")
 			journal.Record(residency.Decision{Time: time.Now(), Card: "0", Action: residency.ActLoad, Model: residency.ModelID(fmt.Sprintf("%s/%d", name, r)),
 				Trigger: residency.TriggerRequest, Reason: "benchmark"})
 			st, err := pageValue[struct {
@@ -298,4 +234,29 @@ func BenchmarkDashboard(b *testing.B) {
 	b.Logf("%d replicas on %d nodes (%d cards): first render %.0f ms (median of %d), refresh p50 %.0f ms, p95 %.0f ms, max %.0f ms (%d refreshes)",
 		benchDeployments*benchReplicas, benchNodes, benchNodes*benchCards, firsts[len(firsts)/2], len(firsts),
 		refreshMs[len(refreshMs)/2], refreshMs[len(refreshMs)*95/100], refreshMs[len(refreshMs)-1], len(refreshMs))
+}
+
+// BenchmarkDashboardSummary measures one Summary over the simulated
+// cluster of BenchmarkDashboard, through the API: a poll when nothing
+// changed since the page's last answer (idle), and one after a replica
+// changed residency (changed).
+func BenchmarkDashboardSummary(b *testing.B) {
+	backend, journal, reg := simulatedCluster(b)
+	c := dashboardClient(b, backend, "node-000", journal, reg)
+	rev := summary(b, c, 0).GetRevision()
+	b.Run("idle", func(b *testing.B) {
+		for b.Loop() {
+			if got := summary(b, c, rev); got.GetRevision() != rev || len(got.GetCards()) != 0 {
+				b.Fatalf("nothing changed, yet revision %d (was %d) with %d cards", got.GetRevision(), rev, len(got.GetCards()))
+			}
+		}
+	})
+	b.Run("changed", func(b *testing.B) {
+		i := 0
+		for b.Loop() {
+			i++
+			backend.replicaStatus(b, "model-001", 1, "node-011", benchResidencies[i%len(benchResidencies)], "benchmark")
+			rev = summary(b, c, rev).GetRevision()
+		}
+	})
 }

@@ -15,49 +15,28 @@ import (
 	"github.com/gpuplane/gpuplane/node/residency"
 	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
 	"github.com/gpuplane/gpuplane/proto/gpuplane/v1/gpuplanev1connect"
-	"github.com/gpuplane/gpuplane/rpc"
 )
 
 // smallCluster is two nodes of two L4 cards on a shared accelerator with a
 // pinned, a warm and an onDemand deployment of two replicas each: replica
 // 0 of each resident, replica 1 asleep (so every kind of segment shows).
 func smallCluster(t *testing.T) *stateBackend {
-	b := &stateBackend{f: fsm.New()}
-	for n := range 2 {
-		node := &pb.Node{Name: fmt.Sprintf("node-%d", n), Role: pb.NodeRole_NODE_ROLE_CLIENT, Status: pb.NodeStatus_NODE_STATUS_ALIVE, Simulated: true}
-		for c := range 2 {
-			node.Cards = append(node.Cards, &pb.Card{Index: uint32(c), Uuid: fmt.Sprintf("GPU-%d-%d", n, c), Device: "l4",
-				Product: "NVIDIA L4", MemoryMib: 23034, Architecture: "ada", Fp8: true, Healthy: true})
-		}
-		b.apply(t, &pb.Envelope{Command: &pb.Envelope_RegisterNode{RegisterNode: &pb.RegisterNode{Node: node}}})
-		b.members = append(b.members, &pb.Member{Name: node.Name, Role: "client", Status: "alive", Raft: "none"})
-	}
-	b.apply(t, &pb.Envelope{Command: &pb.Envelope_CreateAccelerator{CreateAccelerator: &pb.CreateAccelerator{Name: "shared",
-		Spec: &pb.AcceleratorSpec{Device: "l4", Tenancy: pb.Tenancy_TENANCY_SHARED, MaxModels: 4}}}})
+	b := simulatedState(t, 2, 2, func(n int) string { return fmt.Sprintf("node-%d", n) })
 	for i, res := range []pb.Residency{pb.Residency_RESIDENCY_PINNED, pb.Residency_RESIDENCY_WARM, pb.Residency_RESIDENCY_ON_DEMAND} {
-		name := "model-" + string(rune('a'+i))
-		b.apply(t, &pb.Envelope{Command: &pb.Envelope_ApplyModel{ApplyModel: &pb.ApplyModel{Name: name, Spec: &pb.ModelSpec{
-			Model: "/models/" + name, Replicas: 2, Residency: res, Slo: &pb.SLO{TtftMs: 500},
-			Placement: &pb.PlacementSpec{Accelerator: "shared"}, Engine: &pb.EngineSpec{Kind: "sim", MemoryPercent: 20}}}}})
-		var ps []*pb.Placement
-		for r := range 2 {
-			ps = append(ps, &pb.Placement{Model: name, Replica: uint32(r), Generation: 1, Node: fmt.Sprintf("node-%d", r), Cards: []uint32{uint32(i % 2)}, ShareMilli: 200})
-		}
-		b.apply(t, &pb.Envelope{Command: &pb.Envelope_PlaceReplicas{PlaceReplicas: &pb.PlaceReplicas{Policy: "binpack", Placements: ps}}})
-		for r, rr := range []pb.ReplicaResidency{pb.ReplicaResidency_REPLICA_RESIDENCY_RESIDENT, pb.ReplicaResidency_REPLICA_RESIDENCY_SLEEPING} {
-			setResidency(t, b, name, uint32(r), rr)
-		}
+		b.deploy(t, "model-"+string(rune('a'+i)), res, 500, 2,
+			func(r int) (string, uint32) { return fmt.Sprintf("node-%d", r), uint32(i % 2) },
+			func(r int) pb.ReplicaResidency {
+				return []pb.ReplicaResidency{pb.ReplicaResidency_REPLICA_RESIDENCY_RESIDENT, pb.ReplicaResidency_REPLICA_RESIDENCY_SLEEPING}[r]
+			}, "test")
 	}
 	return b
 }
 
 func setResidency(t *testing.T, b *stateBackend, model string, replica uint32, r pb.ReplicaResidency) {
-	b.apply(t, &pb.Envelope{Command: &pb.Envelope_ReplicaStatus{ReplicaStatus: &pb.ReplicaStatus{Model: model, Replica: replica, Generation: 1,
-		Node: fmt.Sprintf("node-%d", replica), State: pb.ReplicaState_REPLICA_STATE_RUNNING, Endpoint: "http://127.0.0.1:1",
-		Residency: r, ResidencyReason: "test"}}})
+	b.replicaStatus(t, model, replica, fmt.Sprintf("node-%d", replica), r, "test")
 }
 
-func summary(t *testing.T, c gpuplanev1connect.DashboardServiceClient, since uint64) *pb.SummaryResponse {
+func summary(t testing.TB, c gpuplanev1connect.DashboardServiceClient, since uint64) *pb.SummaryResponse {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -113,13 +92,7 @@ func TestDashboardSummary(t *testing.T) {
 	depth.WithLabelValues("model-b/1", "1").Set(1)
 	weight.WithLabelValues("bob").Set(3)
 
-	srv, err := rpc.Listen("127.0.0.1:0", rpc.Config{Backend: b, NodeName: "node-0", Residency: journal, Gatherer: reg})
-	if err != nil {
-		t.Fatal(err)
-	}
-	go srv.Serve()
-	defer shutdown(srv)
-	c := gpuplanev1connect.NewDashboardServiceClient(rpc.HTTPClient(), "http://"+srv.Addr().String())
+	c := dashboardClient(t, b, "node-0", journal, reg)
 
 	first := summary(t, c, 0)
 	if !first.GetFull() || first.GetRevision() == 0 {
@@ -263,4 +236,60 @@ func statusCards(cs []*pb.CardStatus) []*pb.DashboardCard {
 		out = append(out, &pb.DashboardCard{Node: c.GetNode(), Index: c.GetIndex()})
 	}
 	return out
+}
+
+// TestDashboardSummaryUnchangedUntilASourceChanges: polls with nothing
+// changed get the same revision and an empty delta, however often they
+// come; a change in any source the answer is built from (the state, the
+// gateway's counters, gossip's members, a residency plan) is still seen in
+// the next poll, and only that.
+func TestDashboardSummaryUnchangedUntilASourceChanges(t *testing.T) {
+	b := smallCluster(t)
+	journal := residency.NewJournal("node-0", 0)
+	journal.SetCard(residency.CardView{Card: "0", Mode: "auto", Usable: 20000 << 20, Plan: []residency.PlanEntry{{Model: "model-c/0", Rate: 6}}}, nil)
+	reg := prometheus.NewRegistry()
+	tokens := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "gpuplane_gateway_tokens_total", Help: "Tokens."}, []string{"model", "class", "tenant", "kind"})
+	reg.MustRegister(tokens)
+	tokens.WithLabelValues("model-a", "standard", "alice", "generated").Add(30)
+	c := dashboardClient(t, b, "node-0", journal, reg)
+
+	rev := summary(t, c, 0).GetRevision()
+	unchanged := func(what string) {
+		t.Helper()
+		for range 3 {
+			s := summary(t, c, rev)
+			if s.GetFull() || s.GetRevision() != rev || len(s.GetCards())+len(s.GetModels())+len(s.GetTenants()) != 0 || s.GetMembers() != nil ||
+				len(s.GetRemovedCards())+len(s.GetRemovedModels())+len(s.GetRemovedTenants()) != 0 {
+				t.Fatalf("%s, polled again with nothing changed: %v", what, s)
+			}
+		}
+	}
+	// changed polls once something changed: a new revision with exactly
+	// the models and cards given, members or not.
+	changed := func(what string, models, cards []string, members bool) {
+		t.Helper()
+		s := summary(t, c, rev)
+		if s.GetFull() || s.GetRevision() == rev || !slices.Equal(modelNames(s.GetModels()), models) ||
+			!slices.Equal(cardKeys(s.GetCards()), cards) || (s.GetMembers() != nil) != members {
+			t.Fatalf("after %s: full %v, revision %d (was %d), models %v, cards %v, members %v; want models %v, cards %v, members %v",
+				what, s.GetFull(), s.GetRevision(), rev, modelNames(s.GetModels()), cardKeys(s.GetCards()), s.GetMembers() != nil, models, cards, members)
+		}
+		rev = s.GetRevision()
+		unchanged("after " + what)
+	}
+	unchanged("at first")
+
+	tokens.WithLabelValues("model-a", "standard", "alice", "generated").Add(5)
+	changed("a request", []string{"model-a"}, nil, false)
+
+	setResidency(t, b, "model-b", 1, pb.ReplicaResidency_REPLICA_RESIDENCY_RESIDENT)
+	changed("model-b/1 woke", []string{"model-b"}, []string{"node-1/1"}, false)
+
+	b.mu.Lock()
+	b.members = append(slices.Clone(b.members[:1]), &pb.Member{Name: "node-1", Role: "client", Status: "failed", Raft: "none"})
+	b.mu.Unlock()
+	changed("node-1 failed in gossip", nil, nil, true)
+
+	journal.SetCard(residency.CardView{Card: "0", Mode: "auto", Usable: 20000 << 20, Plan: []residency.PlanEntry{{Model: "model-c/0", Rate: 9}}}, nil)
+	changed("a new plan", []string{"model-c"}, nil, false)
 }

@@ -5,7 +5,8 @@
 // decisions, plans and profiles (residency.go: any node answers for every
 // node by asking the others), the web dashboard and the one call it makes
 // per refresh (ui.go, dashboard.go: only what changed since the page's
-// previous answer), gRPC health and reflection, and /healthz.
+// previous answer, built again only when the state or another source
+// changed), gRPC health and reflection, and /healthz.
 //
 // It owns the mapping from state-machine results to Connect error codes, the
 // forwarding of writes from any node to the leader, request limits, and, with

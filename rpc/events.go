@@ -10,6 +10,7 @@ import (
 
 	"github.com/gpuplane/gpuplane/cluster"
 	"github.com/gpuplane/gpuplane/cluster/audit"
+	"github.com/gpuplane/gpuplane/cluster/events"
 	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
 )
 
@@ -28,9 +29,9 @@ type LogBackend interface {
 	// Compact drops the log's entries before an index that an archive
 	// holds, checking the archive's hash head there.
 	Compact(ctx context.Context, before uint64, hash string) (uint64, error)
-	// Subscribe follows the server's shared event feed (cluster.Feed)
-	// from an index; cluster.ErrNotInFeed when the feed no longer holds it.
-	Subscribe(from uint64, filter *pb.EventFilter) (*cluster.Subscription, error)
+	// Subscribe follows the server's shared event feed (events.Feed)
+	// from an index; events.ErrNotInFeed when the feed no longer holds it.
+	Subscribe(from uint64, filter *pb.EventFilter) (*events.Subscription, error)
 }
 
 var _ LogBackend = (*cluster.Cluster)(nil)
@@ -85,7 +86,7 @@ func (h *eventHandlers) Watch(ctx context.Context, req *connect.Request[pb.Watch
 		case err == nil:
 			defer sub.Close()
 			return h.follow(ctx, sub, send)
-		case !errors.Is(err, cluster.ErrNotInFeed):
+		case !errors.Is(err, events.ErrNotInFeed):
 			return logError("watch", err)
 		}
 		// A stream from before what the feed holds replays the log
@@ -119,7 +120,7 @@ var errClosing = connect.NewError(connect.CodeUnavailable, errors.New("server sh
 // closes, or the subscription ends: a stream that fell behind the log ends
 // with ResourceExhausted naming the index to resume from (every event
 // before it was sent), which a client resumes from, on any server.
-func (h *eventHandlers) follow(ctx context.Context, sub *cluster.Subscription, send func(*pb.Event) error) error {
+func (h *eventHandlers) follow(ctx context.Context, sub *events.Subscription, send func(*pb.Event) error) error {
 	for _, ev := range sub.Backlog() {
 		if err := send(ev); err != nil {
 			return err
@@ -154,7 +155,7 @@ func logError(op string, err error) error {
 		return connect.NewError(connect.CodeOutOfRange, err)
 	case errors.Is(err, cluster.ErrNoLog):
 		return connect.NewError(connect.CodeFailedPrecondition, err)
-	case errors.Is(err, cluster.ErrFellBehind):
+	case errors.Is(err, events.ErrFellBehind):
 		return connect.NewError(connect.CodeResourceExhausted, err)
 	case errors.Is(err, cluster.ErrShutdown):
 		return errClosing

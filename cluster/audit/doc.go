@@ -6,9 +6,9 @@
 //
 // It reads a running server through the narrow Server interface
 // (*cluster.Cluster: its log files and live state) and a stopped one's data
-// dir read-only (OpenOffline). Every replay goes through cluster.Cursor,
-// so through fsm.ApplyBytes, the code the live cluster applies entries
-// with.
+// dir read-only (OpenOffline). Every replay goes through events.Cursor
+// (package events), so through fsm.ApplyBytes, the code the live cluster
+// applies entries with.
 //
 // It must never write to a server's log or its records (Cluster.Compact,
 // in package cluster, is the one place entries are dropped), and never

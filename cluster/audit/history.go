@@ -10,8 +10,8 @@ import (
 	"github.com/hashicorp/raft"
 	"google.golang.org/protobuf/proto"
 
-	"github.com/gpuplane/gpuplane/cluster"
 	"github.com/gpuplane/gpuplane/cluster/auditrec"
+	"github.com/gpuplane/gpuplane/cluster/events"
 	"github.com/gpuplane/gpuplane/fsm"
 	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
 )
@@ -20,10 +20,10 @@ import (
 // state as of any entry, and verification of the log against what the state
 // machine recorded when it applied it. A live node's History reads its store
 // while it runs (Live); a stopped node's is OpenOffline's. Every replay goes
-// through a cluster.Cursor, so through fsm.ApplyBytes: nothing about applying
+// through an events.Cursor, so through fsm.ApplyBytes: nothing about applying
 // entries is implemented twice.
 type History struct {
-	files cluster.LogFiles
+	files events.LogFiles
 }
 
 // Server is what audit reads of a running server (*cluster.Cluster): its
@@ -32,7 +32,7 @@ type Server interface {
 	NodeName() string
 	// LogFiles is the server's log and audit records; cluster.ErrNoLog on
 	// a client node.
-	LogFiles() (cluster.LogFiles, error)
+	LogFiles() (events.LogFiles, error)
 	// View calls fn with the live state, under the state machine's lock.
 	View(fn func(*fsm.FSM))
 	AppliedIndex() uint64
@@ -63,7 +63,7 @@ func head(s Server) (uint64, string) {
 func (h *History) LastIndex() (uint64, error) { return h.files.Log.LastIndex() }
 
 // Cursor returns a cursor over the log; see Cursor.
-func (h *History) Cursor(from uint64, filter *pb.EventFilter) *cluster.Cursor {
+func (h *History) Cursor(from uint64, filter *pb.EventFilter) *events.Cursor {
 	return h.files.Cursor(from, filter)
 }
 
@@ -98,7 +98,7 @@ func (h *History) IndexAt(t time.Time, upTo uint64) (uint64, error) {
 		return 0, err
 	}
 	if base > 0 && at == base {
-		return 0, fmt.Errorf("%w: %s is before the first entry this server holds after its compaction at %d: replay it from the archive (--archive DIR)", cluster.ErrCompacted, t.Format(time.RFC3339), base)
+		return 0, fmt.Errorf("%w: %s is before the first entry this server holds after its compaction at %d: replay it from the archive (--archive DIR)", events.ErrCompacted, t.Format(time.RFC3339), base)
 	}
 	return at, nil
 }

@@ -5,7 +5,7 @@ import (
 
 	"github.com/hashicorp/raft"
 
-	"github.com/gpuplane/gpuplane/cluster"
+	"github.com/gpuplane/gpuplane/cluster/events"
 	"github.com/gpuplane/gpuplane/cluster/raftstore"
 	"github.com/gpuplane/gpuplane/fsm"
 )
@@ -16,7 +16,7 @@ type offlineLog struct {
 	*raftstore.Reader
 }
 
-var _ cluster.LogRanger = (*offlineLog)(nil)
+var _ events.LogRanger = (*offlineLog)(nil)
 
 // RangeLogs reads and decodes entries on a goroutine of its own, a batch at
 // a time, while fn runs on the caller's: a replay's reading (the segments,

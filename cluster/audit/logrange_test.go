@@ -12,6 +12,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/gpuplane/gpuplane/cluster"
+	"github.com/gpuplane/gpuplane/cluster/events"
 	"github.com/gpuplane/gpuplane/cluster/raftstore"
 	"github.com/gpuplane/gpuplane/internal/replaylog"
 	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
@@ -19,7 +20,7 @@ import (
 
 // entryReader hides RangeLogs: the Cursor then reads entry by entry with
 // GetLog and decodes every envelope itself, the path the live store takes.
-type entryReader struct{ cluster.LogReader }
+type entryReader struct{ events.LogReader }
 
 // rangeLog writes a data dir holding n workload entries (package
 // replaylog) and opens it offline.
@@ -48,7 +49,7 @@ func TestRangeLogsMatchesGetLog(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	plain := &History{files: cluster.LogFiles{Log: entryReader{off.store}}}
+	plain := &History{files: events.LogFiles{Log: entryReader{off.store}}}
 	for _, upTo := range []uint64{1, rangeBatch - 1, rangeBatch, rangeBatch + 1, last} {
 		got, err := off.StateAt(upTo)
 		if err != nil {
@@ -176,7 +177,7 @@ func TestAdvanceHeadsMatchesEvents(t *testing.T) {
 		hash    string
 		summary string
 	}
-	for _, h := range []*History{off.History, {files: cluster.LogFiles{Log: entryReader{off.store}}}} {
+	for _, h := range []*History{off.History, {files: events.LogFiles{Log: entryReader{off.store}}}} {
 		for _, from := range []uint64{1, rangeBatch + 3} {
 			var got, want []head
 			err := h.Cursor(from, nil).AdvanceHeads(last, func(index uint64, command bool, hash string, describe func() string) error {

@@ -7,6 +7,7 @@ import (
 
 	"github.com/gpuplane/gpuplane/cluster"
 	"github.com/gpuplane/gpuplane/cluster/auditrec"
+	"github.com/gpuplane/gpuplane/cluster/events"
 	"github.com/gpuplane/gpuplane/cluster/raftstore"
 )
 
@@ -41,7 +42,7 @@ func OpenOffline(dataDir string) (*Offline, error) {
 		return nil, err
 	}
 	return &Offline{
-		History: &History{files: cluster.LogFiles{
+		History: &History{files: events.LogFiles{
 			Log: log, Hashes: hashes,
 			SnapshotDir: auditrec.SnapshotsDir(raftDir),
 			BasePath:    filepath.Join(raftDir, auditrec.BaseFile),

@@ -259,7 +259,7 @@ func (e *Executor) Run(ctx context.Context) error {
 	}()
 
 	first := true
-	follow(ctx, e.src, e.opts.Node, e.log, func(snap Snapshot, fresh bool) bool {
+	follow(ctx, e.src, e.opts.Node, e.log, func(snap Snapshot, fresh bool) {
 		var left map[key]leftEngine
 		if first {
 			left = e.settle(records, snap)
@@ -278,8 +278,6 @@ func (e *Executor) Run(ctx context.Context) error {
 			g.Placed(slices.Collect(maps.Values(e.wanted(snap))))
 		}
 		e.apply(supCtx, &wg, snap, left, fresh)
-		// The supervisors send again what did not get through.
-		return false
 	})
 	return nil
 }
@@ -288,31 +286,12 @@ func (e *Executor) Run(ctx context.Context) error {
 // ctx ends; fresh says the snapshot is the first of a watch, read
 // linearizably, whose replicas show what the cluster has recorded of them
 // now. When the stream breaks it watches again from the last index it saw,
-// after a backoff that a snapshot received resets. When apply returns true
-// (a report did not get through), it is called again with the last
-// snapshot, after a backoff, until it returns false: on a quiet node no new
-// snapshot may come to try again with. Executor and Hollow both run on it.
-func follow(ctx context.Context, src Source, node string, log *slog.Logger, apply func(snap Snapshot, fresh bool) (again bool)) {
+// after a backoff that a snapshot received resets. Executor and Hollow both
+// run on it.
+func follow(ctx context.Context, src Source, node string, log *slog.Logger, apply func(snap Snapshot, fresh bool)) {
 	retry := &backoff.ExponentialBackOff{InitialInterval: 200 * time.Millisecond, RandomizationFactor: 0.5,
 		Multiplier: 2, MaxInterval: 10 * time.Second}
-	resend := &backoff.ExponentialBackOff{InitialInterval: resendDelay, RandomizationFactor: 0.5,
-		Multiplier: 2, MaxInterval: maxResendDelay}
-	var (
-		from uint64
-		last Snapshot
-		// again fires when apply is due to run again on last; nil when not.
-		again <-chan time.Time
-	)
-	do := func(snap Snapshot, fresh bool) {
-		last = snap
-		switch {
-		case !apply(snap, fresh):
-			again = nil
-			resend.Reset()
-		case again == nil:
-			again = time.After(resend.NextBackOff())
-		}
-	}
+	var from uint64
 	for {
 		snaps, err := src.Watch(ctx, node, from)
 		if err != nil {
@@ -326,9 +305,6 @@ func follow(ctx context.Context, src Source, node string, log *slog.Logger, appl
 			select {
 			case <-ctx.Done():
 				return
-			case <-again:
-				again = nil
-				do(last, false)
 			case snap, ok := <-snaps:
 				if !ok {
 					snaps = nil
@@ -336,22 +312,14 @@ func follow(ctx context.Context, src Source, node string, log *slog.Logger, appl
 				}
 				retry.Reset()
 				from = max(from, snap.Index)
-				do(snap, fresh)
+				apply(snap, fresh)
 				fresh = false
 			}
 		}
-		wait := time.NewTimer(retry.NextBackOff())
-		for waiting := true; waiting; {
-			select {
-			case <-ctx.Done():
-				wait.Stop()
-				return
-			case <-again:
-				again = nil
-				do(last, false)
-			case <-wait.C:
-				waiting = false
-			}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(retry.NextBackOff()):
 		}
 	}
 }

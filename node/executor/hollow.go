@@ -6,7 +6,9 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"time"
 
+	"github.com/cenkalti/backoff/v5"
 	"google.golang.org/protobuf/proto"
 
 	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
@@ -46,18 +48,60 @@ func NewHollow(src Source, rep Reporter, node, advertiseHost string, logger *slo
 }
 
 // Run watches the Source until ctx ends, resuming after the last index it
-// saw when the stream breaks (follow, as Executor.Run does).
+// saw when the stream breaks (follow, as Executor.Run does). A report that
+// failed (no leader, a loaded server past the report's timeout) is made
+// again, with backoff, until it is taken or a newer snapshot replaces the
+// one it came from: nothing else would make it again (the node's stream
+// sends a snapshot only when something about the node changes), and the
+// replica would stay Placed.
 func (h *Hollow) Run(ctx context.Context) {
-	follow(ctx, h.src, h.node, h.log, func(snap Snapshot, fresh bool) bool { return h.apply(ctx, snap, fresh) })
+	// Each snapshot is whole: only the latest matters, but a fresh one
+	// (the first of a watch) stays fresh until applied.
+	type next struct {
+		snap  Snapshot
+		fresh bool
+	}
+	latest := make(chan next, 1)
+	go follow(ctx, h.src, h.node, h.log, func(snap Snapshot, fresh bool) {
+		select {
+		case old := <-latest:
+			fresh = fresh || old.fresh
+		default:
+		}
+		latest <- next{snap, fresh}
+	})
+	retry := &backoff.ExponentialBackOff{InitialInterval: hollowRetry, RandomizationFactor: 0.5,
+		Multiplier: 2, MaxInterval: 10 * time.Second}
+	var snap Snapshot
+	var again <-chan time.Time
+	for {
+		fresh := false
+		select {
+		case <-ctx.Done():
+			return
+		case n := <-latest:
+			snap, fresh = n.snap, n.fresh
+			retry.Reset()
+		case <-again:
+		}
+		again = nil
+		if !h.apply(ctx, snap, fresh) {
+			again = time.After(retry.NextBackOff())
+		}
+	}
 }
 
+// hollowRetry is the first wait before a failed report is made again.
+const hollowRetry = 500 * time.Millisecond
+
 // apply reports Running for every replica of snap not yet reported Running
-// at its current generation and cards. When snap is fresh (the first of a
-// watch, read linearizably), a replica whose record differs is reported
-// again even if it was reported before: that report may have been lost. It
-// returns whether a report did not get through (follow calls it again
-// later); the reports after a failed one wait for that next call.
-func (h *Hollow) apply(ctx context.Context, snap Snapshot, fresh bool) (again bool) {
+// at its current generation and cards; false if a report failed. When snap
+// is fresh (the first of a watch, read linearizably), a replica whose
+// record is not Running is reported again even if it was reported before:
+// that report may have been lost while the stream was down. A report the
+// cluster rejects (stale) is not made again.
+func (h *Hollow) apply(ctx context.Context, snap Snapshot, fresh bool) bool {
+	ok := true
 	seen := map[key]bool{}
 	for _, d := range snap.Replicas {
 		r := d.Replica
@@ -79,7 +123,7 @@ func (h *Hollow) apply(ctx context.Context, snap Snapshot, fresh bool) (again bo
 		if fresh {
 			delete(h.reported, k)
 		}
-		if again || proto.Equal(st, h.reported[k]) {
+		if proto.Equal(st, h.reported[k]) {
 			continue
 		}
 		rctx, cancel := context.WithTimeout(ctx, reportTimeout)
@@ -88,7 +132,7 @@ func (h *Hollow) apply(ctx context.Context, snap Snapshot, fresh bool) (again bo
 		var rejected *Rejected
 		if err != nil && !errors.As(err, &rejected) {
 			h.log.Info("hollow: report replica status", "replica", k, "err", err)
-			again = true
+			ok = false
 			continue
 		}
 		h.reported[k] = st
@@ -98,5 +142,5 @@ func (h *Hollow) apply(ctx context.Context, snap Snapshot, fresh bool) (again bo
 			delete(h.reported, k)
 		}
 	}
-	return again
+	return ok
 }

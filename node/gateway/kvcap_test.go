@@ -6,7 +6,6 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
@@ -98,16 +97,8 @@ func TestGatewayKVBudgetCapsInFlight(t *testing.T) {
 		return Model{Served: name, Deployment: name, Class: queue.Standard, Replicas: []Replica{{Deployment: name, Node: "n1",
 			Endpoint: url, Kind: "sim", Running: true, Resident: true, KVTokens: kv}}}
 	}
-	g, err := New(Options{Node: "n1", MaxInFlight: 16, Registerer: reg,
+	_, srv, ctx := startGateway(t, Options{Node: "n1", MaxInFlight: 16, Registerer: reg,
 		Cluster: fixedView{[]Model{rep("small", small, 25), rep("big", big, 0)}}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	go g.Run(ctx)
-	srv := httptest.NewServer(g)
-	defer srv.Close()
 	clients, cancelClients := context.WithCancel(ctx)
 	defer cancelClients()
 	post := func(model string, maxTokens int) {

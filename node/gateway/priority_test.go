@@ -1,10 +1,8 @@
 package gateway
 
 import (
-	"context"
 	"io"
 	"net/http"
-	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
@@ -60,13 +58,7 @@ func TestGatewayPriorityHeaderTrust(t *testing.T) {
 		if acls {
 			opts.Tenants = tokens{"secret-a": "acme"}
 		}
-		g, err := New(opts)
-		if err != nil {
-			t.Fatal(err)
-		}
-		ctx, cancel := context.WithCancel(context.Background())
-		go g.Run(ctx)
-		srv := httptest.NewServer(g)
+		_, srv, _ := startGateway(t, opts)
 		send := func(class string) (int, string) {
 			req, _ := http.NewRequest(http.MethodPost, srv.URL+"/v1/completions", strings.NewReader(`{"model":"chat","prompt":"hi","max_tokens":2}`))
 			req.Header.Set("Authorization", "Bearer secret-a")
@@ -115,8 +107,6 @@ func TestGatewayPriorityHeaderTrust(t *testing.T) {
 		if acls && got["interactive"] != 0 {
 			t.Errorf("ACLs on: a refused raise was served as interactive: %v", got)
 		}
-		srv.Close()
-		cancel()
 	}
 }
 
@@ -136,15 +126,9 @@ func TestGatewayPassesPriorityToEngines(t *testing.T) {
 		{"fcfs", true, http.StatusBadRequest},
 	} {
 		engine := simEngineWith(t, sim.Config{ServedModelName: "chat", SchedulingPolicy: c.policy})
-		g, err := New(Options{Node: "n1", Cluster: fixedView{[]Model{{Served: "chat", Deployment: "chat", Class: queue.Standard,
+		_, srv, _ := startGateway(t, Options{Node: "n1", Cluster: fixedView{[]Model{{Served: "chat", Deployment: "chat", Class: queue.Standard,
 			Replicas: []Replica{{Deployment: "chat", Node: "n1", Endpoint: engine, Kind: "sim", Running: true, Resident: true,
 				PriorityScheduling: c.replicaSays}}}}}})
-		if err != nil {
-			t.Fatal(err)
-		}
-		ctx, cancel := context.WithCancel(context.Background())
-		go g.Run(ctx)
-		srv := httptest.NewServer(g)
 		code, body := 0, ""
 		for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
 			req, _ := http.NewRequest(http.MethodPost, srv.URL+"/v1/completions", strings.NewReader(`{"model":"chat","prompt":"hi","max_tokens":2}`))
@@ -167,7 +151,5 @@ func TestGatewayPassesPriorityToEngines(t *testing.T) {
 		if c.want == http.StatusBadRequest && !strings.Contains(body, "Priority scheduling is not enabled") {
 			t.Errorf("the engine's refusal does not say why: %s", body)
 		}
-		srv.Close()
-		cancel()
 	}
 }

@@ -5,7 +5,6 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"net/http/httptest"
 	"strings"
 	"sync"
 	"testing"
@@ -41,15 +40,7 @@ func TestGatewayRedialsAMovedEngine(t *testing.T) {
 	ln.Close()
 	view := &movingView{url: dead}
 	// Read the cluster once at start, then only on demand.
-	g, err := New(Options{Node: "n1", Cluster: view, Refresh: time.Hour})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	go g.Run(ctx)
-	srv := httptest.NewServer(g)
-	defer srv.Close()
+	g, srv, _ := startGateway(t, Options{Node: "n1", Cluster: view, Refresh: time.Hour})
 	for deadline := time.Now().Add(20 * time.Second); g.localFor(Replica{Deployment: "chat"}) == nil; time.Sleep(10 * time.Millisecond) {
 		if time.Now().After(deadline) {
 			t.Fatal("the gateway never placed its replica")

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"net/http/httptest"
 	"slices"
 	"strings"
 	"sync"
@@ -25,15 +24,8 @@ import (
 func llamaGateway(t *testing.T, slots int) string {
 	t.Helper()
 	engine := simEngineWith(t, sim.Config{ServedModelName: "chat", Parallel: slots})
-	g, err := New(Options{Node: "n1", Cluster: fixedView{[]Model{{Served: "chat", Deployment: "chat", Class: queue.Standard,
+	_, srv, _ := startGateway(t, Options{Node: "n1", Cluster: fixedView{[]Model{{Served: "chat", Deployment: "chat", Class: queue.Standard,
 		Replicas: []Replica{{Deployment: "chat", Node: "n1", Endpoint: engine, Kind: "llamacpp", Slots: slots, Running: true, Resident: true}}}}}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	go g.Run(ctx)
-	srv := httptest.NewServer(g)
-	t.Cleanup(func() { srv.Close(); cancel() })
 	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(20 * time.Millisecond) {
 		resp, err := http.Post(srv.URL+"/v1/completions", "application/json", strings.NewReader(`{"model":"chat","prompt":"warm","max_tokens":1}`))
 		if err != nil {
@@ -148,16 +140,8 @@ func TestSlotPool(t *testing.T) {
 func TestGatewayLlamaCppSlotsGoInQueueOrder(t *testing.T) {
 	engine := simEngineWith(t, sim.Config{ServedModelName: "chat", Parallel: 1, TokensPerSecond: 2})
 	reg := prometheus.NewRegistry()
-	g, err := New(Options{Node: "n1", Registerer: reg, Cluster: fixedView{[]Model{{Served: "chat", Deployment: "chat", Class: queue.Standard,
+	_, srv, ctx := startGateway(t, Options{Node: "n1", Registerer: reg, Cluster: fixedView{[]Model{{Served: "chat", Deployment: "chat", Class: queue.Standard,
 		Replicas: []Replica{{Deployment: "chat", Node: "n1", Endpoint: engine, Kind: "llamacpp", Slots: 1, Running: true, Resident: true}}}}}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	go g.Run(ctx)
-	srv := httptest.NewServer(g)
-	defer srv.Close()
 	deadline := time.Now().Add(20 * time.Second)
 	// held is the requests the replica holds, running or queued.
 	held := func() float64 {

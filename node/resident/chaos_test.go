@@ -32,15 +32,7 @@ import (
 var bin string
 
 func TestMain(m *testing.M) {
-	b, remove, err := testbin.Build(filepath.Join("..", ".."), "resident-test-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	bin = b
-	code := m.Run()
-	remove()
-	os.Exit(code)
+	testbin.Main(m, filepath.Join("..", ".."), "resident-test-", &bin)
 }
 
 const node = "node-a"
@@ -52,15 +44,23 @@ func (s *source) Watch(context.Context, string, uint64) (<-chan executor.Snapsho
 	return s.ch, nil
 }
 
-// reporter accepts every report; it keeps the residency transitions.
+// reporter accepts every report; it keeps the residency transitions and
+// when each model's engine was reported failed.
 type reporter struct {
 	mu          sync.Mutex
 	transitions map[string][]string
+	failed      map[string][]time.Time
 }
 
 func (r *reporter) Report(_ context.Context, st *pb.ReplicaStatus) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	if st.State == pb.ReplicaState_REPLICA_STATE_FAILED {
+		if r.failed == nil {
+			r.failed = map[string][]time.Time{}
+		}
+		r.failed[st.Model] = append(r.failed[st.Model], time.Now())
+	}
 	if st.Residency != pb.ReplicaResidency_REPLICA_RESIDENCY_UNSPECIFIED {
 		r.transitions[st.Model] = append(r.transitions[st.Model], st.Residency.String()+": "+st.ResidencyReason)
 	}
@@ -104,9 +104,11 @@ type agent struct {
 // engine finish its requests.
 const drainDeadline = 5 * time.Second
 
-// crashNoticed bounds how long before a request an engine kill may still
-// cut it off: until the node notices the crash (a child's exit at once, an
-// adopted engine's through /proc polling), the front may dispatch to it.
+// crashNoticed bounds how long after the node reported an engine's crash
+// (a child's exit at once, an adopted engine's through /proc polling) the
+// front may still dispatch to the dead engine: the residency manager hears
+// of the crash after the report. Until the report, however long a loaded
+// machine takes to notice, any request may be cut.
 const crashNoticed = 2 * time.Second
 
 // chaosRun is what one chaos run saw.
@@ -452,6 +454,28 @@ func chaos(t *testing.T, seed uint64, duration time.Duration) chaosRun {
 		}
 		return false
 	}
+	// killed: a kill of r's engine before r ended that the node had not
+	// reported (or had reported only within crashNoticed) when r started.
+	killed := func(r reqRecord) bool {
+		rep.mu.Lock()
+		defer rep.mu.Unlock()
+		for _, k := range engineKills[r.model] {
+			if k.After(r.end) {
+				continue
+			}
+			noticed := false
+			for _, n := range rep.failed[r.model] {
+				if !n.Before(k) {
+					noticed = n.Before(r.start.Add(-crashNoticed))
+					break
+				}
+			}
+			if !noticed {
+				return true
+			}
+		}
+		return false
+	}
 	run.answered = map[string]int{}
 	for _, r := range records {
 		agentDied := false
@@ -476,7 +500,7 @@ func chaos(t *testing.T, seed uint64, duration time.Duration) chaosRun {
 			// a borrower busy beyond the drain deadline is then cut off.
 			// That is no prewarm or onDemand load, so not I3's concern.
 			reclaimed := r.model != "warm" && r.end.Sub(r.start) >= drainDeadline && warmWaiting(r.end)
-			if !agentDied && !deployed && !reclaimed && !within(engineKills[r.model], r.start.Add(-crashNoticed), r.end) {
+			if !agentDied && !deployed && !reclaimed && !killed(r) {
 				run.i3 = append(run.i3, fmt.Sprintf("I3: a request to %s in flight %s–%s was cut off with no kill or deployment change: %s",
 					r.model, r.start.Format("15:04:05.000"), r.end.Format("15:04:05.000"), r.detail))
 			}

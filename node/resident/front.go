@@ -225,6 +225,7 @@ func (f *front) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		writeError(w, status, typ, msg)
 		return
 	}
+	in := r.Body
 	r = withBody(r, ar.body)
 	id := f.k.id()
 	// What the request waits for is read before the controller hears of
@@ -264,7 +265,23 @@ func (f *front) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	for {
 		ready, target, rejected, reason, changed := f.state()
 		if ready && f.serves(ar.adapter) {
+			// The request's body may still be on its way to the engine
+			// when the engine's answer starts (the transport checks for
+			// bytes past Content-Length after it sent the last ones, and
+			// an engine may answer before it read everything). Without
+			// full duplex the server drains and closes the body as the
+			// answer's headers go out, which fails the transport's copy
+			// and closes the engine's connection under the answer. HTTP/2
+			// is always full duplex (ErrNotSupported there).
+			_ = http.NewResponseController(w).EnableFullDuplex()
 			f.proxy.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), targetKey{}, target)))
+			// A body the transport left unread (the engine could not be
+			// reached, or answered without reading it) is drained here,
+			// while the handler runs: drained after it returns, in full
+			// duplex, its end would start the server's background read of
+			// the connection, and reading the next request beside that read
+			// panics ("invalid concurrent Body.Read call", golang/go#68560).
+			_ = in.Close()
 			return
 		}
 		if ar.adapter != "" && !f.stillOffered(ar) {

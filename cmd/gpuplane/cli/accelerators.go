@@ -26,22 +26,16 @@ func newAcceleratorsCommand(g *globals) *cobra.Command {
 func newAcceleratorsListCommand(g *globals) *cobra.Command {
 	return listCommand(g, "List accelerators with their capacity",
 		func(c context.Context, api *apiClients, stale bool) ([]*pb.Accelerator, error) {
-			resp, err := api.Accelerators.ListAccelerators(c, connect.NewRequest(&pb.ListAcceleratorsRequest{Stale: stale}))
-			if err != nil {
-				return nil, err
-			}
-			return resp.Msg.GetAccelerators(), nil
+			resp, err := answer(api.Accelerators.ListAccelerators(c, connect.NewRequest(&pb.ListAcceleratorsRequest{Stale: stale})))
+			return resp.GetAccelerators(), err
 		}, acceleratorTable)
 }
 
 func newAcceleratorsGetCommand(g *globals) *cobra.Command {
 	return getCommand(g, "Show one accelerator", acceleratorNames,
 		func(c context.Context, api *apiClients, name string, stale bool) (*pb.Accelerator, error) {
-			resp, err := api.Accelerators.GetAccelerator(c, connect.NewRequest(&pb.GetAcceleratorRequest{Name: name, Stale: stale}))
-			if err != nil {
-				return nil, err
-			}
-			return resp.Msg.GetAccelerator(), nil
+			resp, err := answer(api.Accelerators.GetAccelerator(c, connect.NewRequest(&pb.GetAcceleratorRequest{Name: name, Stale: stale})))
+			return resp.GetAccelerator(), err
 		}, func(a *pb.Accelerator) detail { return detailOf(acceleratorTable([]*pb.Accelerator{a})) })
 }
 
@@ -174,15 +168,8 @@ func cardsPerReplica(s *pb.AcceleratorSpec) uint32 {
 }
 
 func acceleratorNames(cmd *cobra.Command, api *apiClients) ([]string, error) {
-	resp, err := api.Accelerators.ListAccelerators(ctx(cmd), connect.NewRequest(&pb.ListAcceleratorsRequest{Stale: true}))
-	if err != nil {
-		return nil, err
-	}
-	var names []string
-	for _, a := range resp.Msg.GetAccelerators() {
-		names = append(names, a.GetName())
-	}
-	return names, nil
+	resp, err := answer(api.Accelerators.ListAccelerators(ctx(cmd), connect.NewRequest(&pb.ListAcceleratorsRequest{Stale: true})))
+	return namesOf(resp.GetAccelerators(), err)
 }
 
 func dryRunSuffix(dryRun bool) string {

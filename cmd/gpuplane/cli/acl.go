@@ -95,22 +95,19 @@ func newTokenCreateCommand(g *globals) *cobra.Command {
 func newTokenListCommand(g *globals) *cobra.Command {
 	return listCommand(g, "List tokens by name, role and tenant (never their secrets)",
 		func(c context.Context, api *apiClients, stale bool) ([]*pb.ACLToken, error) {
-			resp, err := api.ACL.ListTokens(c, connect.NewRequest(&pb.ListTokensRequest{Stale: stale}))
-			if err != nil {
-				return nil, err
-			}
-			return resp.Msg.GetTokens(), nil
+			resp, err := answer(api.ACL.ListTokens(c, connect.NewRequest(&pb.ListTokensRequest{Stale: stale})))
+			return resp.GetTokens(), err
 		}, tokenTable)
 }
 
 func newTokenGetCommand(g *globals) *cobra.Command {
 	return getCommand(g, "Show one token's role and tenant (never its secret)", tokenNames,
 		func(c context.Context, api *apiClients, name string, stale bool) (*pb.ACLToken, error) {
-			resp, err := api.ACL.ListTokens(c, connect.NewRequest(&pb.ListTokensRequest{Stale: stale}))
+			resp, err := answer(api.ACL.ListTokens(c, connect.NewRequest(&pb.ListTokensRequest{Stale: stale})))
 			if err != nil {
 				return nil, err
 			}
-			for _, t := range resp.Msg.GetTokens() {
+			for _, t := range resp.GetTokens() {
 				if t.GetName() == name {
 					return t, nil
 				}
@@ -121,15 +118,8 @@ func newTokenGetCommand(g *globals) *cobra.Command {
 
 // tokenNames completes a token's name.
 func tokenNames(cmd *cobra.Command, api *apiClients) ([]string, error) {
-	resp, err := api.ACL.ListTokens(ctx(cmd), connect.NewRequest(&pb.ListTokensRequest{Stale: true}))
-	if err != nil {
-		return nil, err
-	}
-	var names []string
-	for _, t := range resp.Msg.GetTokens() {
-		names = append(names, t.GetName())
-	}
-	return names, nil
+	resp, err := answer(api.ACL.ListTokens(ctx(cmd), connect.NewRequest(&pb.ListTokensRequest{Stale: true})))
+	return namesOf(resp.GetTokens(), err)
 }
 
 // tokenTable shows tokens with the tenant and weight the gateway serves

@@ -22,22 +22,15 @@ func newDevicesCommand(g *globals) *cobra.Command {
 func newDevicesListCommand(g *globals) *cobra.Command {
 	return listCommand(g, "List device kinds: cards in total, free, and the most on one node",
 		func(c context.Context, api *apiClients, stale bool) ([]*pb.Device, error) {
-			resp, err := api.Devices.ListDevices(c, connect.NewRequest(&pb.ListDevicesRequest{Stale: stale}))
-			if err != nil {
-				return nil, err
-			}
-			return resp.Msg.GetDevices(), nil
+			resp, err := answer(api.Devices.ListDevices(c, connect.NewRequest(&pb.ListDevicesRequest{Stale: stale})))
+			return resp.GetDevices(), err
 		}, deviceTable)
 }
 
 func newDevicesGetCommand(g *globals) *cobra.Command {
 	return getCommand(g, "Show one device kind and its cards: who uses them and how much", deviceNames,
 		func(c context.Context, api *apiClients, name string, stale bool) (*pb.GetDeviceResponse, error) {
-			resp, err := api.Devices.GetDevice(c, connect.NewRequest(&pb.GetDeviceRequest{Name: name, Stale: stale}))
-			if err != nil {
-				return nil, err
-			}
-			return resp.Msg, nil
+			return answer(api.Devices.GetDevice(c, connect.NewRequest(&pb.GetDeviceRequest{Name: name, Stale: stale})))
 		}, func(d *pb.GetDeviceResponse) detail {
 			return detailOf(deviceTable([]*pb.Device{d.GetDevice()})).withPart("Cards", cardTable(d.GetCards()))
 		})
@@ -69,15 +62,8 @@ func cardTable(cards []*pb.CardStatus) table {
 }
 
 func deviceNames(cmd *cobra.Command, api *apiClients) ([]string, error) {
-	resp, err := api.Devices.ListDevices(ctx(cmd), connect.NewRequest(&pb.ListDevicesRequest{Stale: true}))
-	if err != nil {
-		return nil, err
-	}
-	var names []string
-	for _, d := range resp.Msg.GetDevices() {
-		names = append(names, d.GetName())
-	}
-	return names, nil
+	resp, err := answer(api.Devices.ListDevices(ctx(cmd), connect.NewRequest(&pb.ListDevicesRequest{Stale: true})))
+	return namesOf(resp.GetDevices(), err)
 }
 
 // addStaleFlag adds --stale to a read command.

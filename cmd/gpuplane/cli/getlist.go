@@ -7,6 +7,7 @@ import (
 	"strings"
 	"text/tabwriter"
 
+	"connectrpc.com/connect"
 	"github.com/spf13/cobra"
 	"google.golang.org/protobuf/proto"
 )
@@ -65,6 +66,27 @@ func getCommand[T proto.Message](g *globals, short string, names func(*cobra.Com
 	}
 	addStaleFlag(c, &stale)
 	return c
+}
+
+// answer is an RPC's response message, or its error: what the reads
+// behind listCommand and getCommand return.
+func answer[T any](resp *connect.Response[T], err error) (*T, error) {
+	if err != nil {
+		return nil, err
+	}
+	return resp.Msg, nil
+}
+
+// namesOf is the names of items read by an RPC, for completion.
+func namesOf[T interface{ GetName() string }](items []T, err error) ([]string, error) {
+	if err != nil {
+		return nil, err
+	}
+	var names []string
+	for _, it := range items {
+		names = append(names, it.GetName())
+	}
+	return names, nil
 }
 
 // detail is what `get NAME` shows in -o table: fields, one per line, then

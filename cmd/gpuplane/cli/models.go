@@ -28,26 +28,11 @@ func newModelsCommand(g *globals) *cobra.Command {
 }
 
 func newModelsListCommand(g *globals) *cobra.Command {
-	var stale bool
-	c := &cobra.Command{
-		Use:   "list",
-		Short: "List model deployments with their replicas and readiness",
-		Args:  argsNamed(),
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			api, err := g.api(cmd)
-			if err != nil {
-				return err
-			}
-			resp, err := api.Models.ListModels(ctx(cmd), connect.NewRequest(&pb.ListModelsRequest{Stale: stale}))
-			if err != nil {
-				return err
-			}
-			models := resp.Msg.GetModels()
-			return g.printList(messages(models), modelTable(models, false))
-		},
-	}
-	addStaleFlag(c, &stale)
-	return c
+	return listCommand(g, "List model deployments with their replicas and readiness",
+		func(c context.Context, api *apiClients, stale bool) ([]*pb.ModelDeployment, error) {
+			resp, err := answer(api.Models.ListModels(c, connect.NewRequest(&pb.ListModelsRequest{Stale: stale})))
+			return resp.GetModels(), err
+		}, func(models []*pb.ModelDeployment) table { return modelTable(models, false) })
 }
 
 // Polling of `models get --wait`: quick at first, when a fresh deployment is
@@ -89,11 +74,7 @@ waits on to stderr; exit 1 if it is not Ready within --wait-timeout.`,
 			if wait {
 				got, err = g.waitReady(cmd, api, args[0], waitTimeout)
 			} else {
-				var resp *connect.Response[pb.GetModelResponse]
-				resp, err = api.Models.GetModel(ctx(cmd), connect.NewRequest(&pb.GetModelRequest{Name: args[0], Stale: stale}))
-				if resp != nil {
-					got = resp.Msg
-				}
+				got, err = answer(api.Models.GetModel(ctx(cmd), connect.NewRequest(&pb.GetModelRequest{Name: args[0], Stale: stale})))
 			}
 			if err != nil {
 				return err
@@ -459,13 +440,6 @@ func mibOrDash(n uint64) string {
 }
 
 func modelNames(cmd *cobra.Command, api *apiClients) ([]string, error) {
-	resp, err := api.Models.ListModels(ctx(cmd), connect.NewRequest(&pb.ListModelsRequest{Stale: true}))
-	if err != nil {
-		return nil, err
-	}
-	var names []string
-	for _, m := range resp.Msg.GetModels() {
-		names = append(names, m.GetName())
-	}
-	return names, nil
+	resp, err := answer(api.Models.ListModels(ctx(cmd), connect.NewRequest(&pb.ListModelsRequest{Stale: true})))
+	return namesOf(resp.GetModels(), err)
 }

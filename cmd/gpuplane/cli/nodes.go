@@ -25,22 +25,16 @@ func newNodesCommand(g *globals) *cobra.Command {
 func newNodesListCommand(g *globals) *cobra.Command {
 	return listCommand(g, "List nodes with their role, status, cards and labels",
 		func(c context.Context, api *apiClients, stale bool) ([]*pb.Node, error) {
-			resp, err := api.Nodes.ListNodes(c, connect.NewRequest(&pb.ListNodesRequest{Stale: stale}))
-			if err != nil {
-				return nil, err
-			}
-			return resp.Msg.GetNodes(), nil
+			resp, err := answer(api.Nodes.ListNodes(c, connect.NewRequest(&pb.ListNodesRequest{Stale: stale})))
+			return resp.GetNodes(), err
 		}, nodeTable)
 }
 
 func newNodesGetCommand(g *globals) *cobra.Command {
 	return getCommand(g, "Show one node and its cards", nodeNames,
 		func(c context.Context, api *apiClients, name string, stale bool) (*pb.Node, error) {
-			resp, err := api.Nodes.GetNode(c, connect.NewRequest(&pb.GetNodeRequest{Name: name, Stale: stale}))
-			if err != nil {
-				return nil, err
-			}
-			return resp.Msg.GetNode(), nil
+			resp, err := answer(api.Nodes.GetNode(c, connect.NewRequest(&pb.GetNodeRequest{Name: name, Stale: stale})))
+			return resp.GetNode(), err
 		}, nodeDetail)
 }
 
@@ -108,13 +102,6 @@ func labelList(labels map[string]string) string {
 }
 
 func nodeNames(cmd *cobra.Command, api *apiClients) ([]string, error) {
-	resp, err := api.Nodes.ListNodes(ctx(cmd), connect.NewRequest(&pb.ListNodesRequest{Stale: true}))
-	if err != nil {
-		return nil, err
-	}
-	var names []string
-	for _, n := range resp.Msg.GetNodes() {
-		names = append(names, n.GetName())
-	}
-	return names, nil
+	resp, err := answer(api.Nodes.ListNodes(ctx(cmd), connect.NewRequest(&pb.ListNodesRequest{Stale: true})))
+	return namesOf(resp.GetNodes(), err)
 }

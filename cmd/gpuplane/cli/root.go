@@ -4,8 +4,9 @@
 // tailscale's cmd/tailscale/cli is tested.
 //
 // One file per command group (devices.go, nodes.go, accelerators.go,
-// apply.go, ...); output.go prints tables, JSON and YAML for all of them;
-// client.go builds the Connect clients and turns their errors into messages.
+// apply.go, ...); getlist.go builds every kind's `list` and `get NAME`;
+// output.go prints tables, JSON and YAML for all of them; client.go builds
+// the Connect clients and turns their errors into messages.
 // The CLI never decides what is valid in the cluster: it checks what it can
 // offline (descriptor files, flag values) and prints what the server says.
 package cli

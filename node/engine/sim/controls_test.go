@@ -303,3 +303,56 @@ func TestRequestsQueueForKVRoom(t *testing.T) {
 		t.Fatalf("the queued request answered %d once the pool had room, want 200", code)
 	}
 }
+
+// TestStopIsNotHeldByAConnectionWithoutARequest: a client's spare
+// connection (an HTTP transport dials one for a request that then got an
+// idle connection, and pools it unused) has nothing in flight: stopping the
+// engine must not wait for it. net/http's Shutdown waits about five
+// seconds for such a connection, past the engine's own limit for stopping
+// (Run then fails with "context deadline exceeded"), and holds up every
+// unload that waits for the engine's process to end.
+func TestStopIsNotHeldByAConnectionWithoutARequest(t *testing.T) {
+	addrc := make(chan net.Addr, 1)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() {
+		done <- Run(ctx, Config{ServedModelName: "chat", MemoryMiB: 1000, Host: "127.0.0.1",
+			Ready: func(a net.Addr) { addrc <- a }})
+	}()
+	var addr net.Addr
+	select {
+	case addr = <-addrc:
+	case err := <-done:
+		t.Fatalf("Run: %v", err)
+	}
+	base := "http://" + addr.String()
+	testutil.Until(t, 20*time.Second, "healthy", func() bool { return get(t, base+"/health") == http.StatusOK })
+	spare, err := net.Dial("tcp", addr.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer spare.Close()
+	// The engine has accepted the connection once it answers a request
+	// sent on a connection opened after it (accepts go in order).
+	fresh := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
+	resp, err := fresh.Get(base + "/health")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("Run: %v; want a clean stop", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the engine did not stop")
+	}
+	// The spare connection was closed by the engine.
+	_ = spare.SetReadDeadline(time.Now().Add(20 * time.Second))
+	if n, err := spare.Read(make([]byte, 1)); err == nil {
+		t.Fatalf("the spare connection read %d bytes after the engine stopped; want it closed", n)
+	}
+}

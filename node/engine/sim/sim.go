@@ -32,6 +32,7 @@
 package sim
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -96,6 +97,10 @@ type Config struct {
 	// BatchSlowdown is α in a stream's speed r/(1+α(C−1)) with C requests in
 	// flight: continuous batching shares the engine's own step.
 	BatchSlowdown float64
+	// MaxNumSeqs is vLLM's --max-num-seqs: at most that many requests run
+	// at once, the rest wait (1 turns continuous batching off); 0: no
+	// bound but the KV pool.
+	MaxNumSeqs int
 	// SleepIdle, when positive, puts the engine to sleep after that long
 	// without requests, as llama.cpp's --sleep-idle-seconds; the next
 	// request wakes it.
@@ -129,6 +134,9 @@ func (c Config) Validate() error {
 	}
 	if c.KVKiBPerToken > 0 && c.KVPoolMiB == 0 {
 		errs = append(errs, errors.New("--kv-kib-per-token needs a --kv-pool-mib to grow into"))
+	}
+	if c.MaxNumSeqs < 0 {
+		errs = append(errs, fmt.Errorf("--max-num-seqs (%d) must not be negative", c.MaxNumSeqs))
 	}
 	if c.Parallel < 0 {
 		errs = append(errs, fmt.Errorf("--parallel (%d) must not be negative", c.Parallel))
@@ -180,6 +188,7 @@ func Run(ctx context.Context, cfg Config) error {
 	defer stop()
 	s := newServer(cfg, life)
 	srv := &http.Server{Handler: s.routes(), ReadHeaderTimeout: 10 * time.Second}
+	closeUnusedOnShutdown(srv)
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(ln) }()
 	cfg.Logger.Info("sim engine listening", "addr", ln.Addr().String(), "model", cfg.ServedModelName,
@@ -217,6 +226,42 @@ func Run(ctx context.Context, cfg Config) error {
 	shutdown, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	return srv.Shutdown(shutdown)
+}
+
+// closeUnusedOnShutdown has srv's Shutdown close at once the connections
+// that have not sent a request: a client's spare connection (an HTTP
+// transport dials one for a request that then got an idle connection and
+// pools it unused) has nothing to finish, but net/http waits about five
+// seconds before it counts it idle, past the engine's limit for stopping,
+// while an unload waits for the process to end. A request whose first
+// bytes arrive just as the engine stops may be cut; it would have found
+// the engine gone a moment later. HTTP/1 only: an HTTP/2 connection leaves
+// StateNew without telling ConnState.
+func closeUnusedOnShutdown(srv *http.Server) {
+	var mu sync.Mutex
+	unused := map[net.Conn]bool{}
+	stopping := false
+	srv.ConnState = func(c net.Conn, st http.ConnState) {
+		mu.Lock()
+		defer mu.Unlock()
+		switch {
+		case st == http.StateNew && stopping:
+			_ = c.Close()
+		case st == http.StateNew:
+			unused[c] = true
+		default:
+			delete(unused, c)
+		}
+	}
+	// Shutdown runs this once its listeners are closed.
+	srv.RegisterOnShutdown(func() {
+		mu.Lock()
+		defer mu.Unlock()
+		stopping = true
+		for c := range unused {
+			_ = c.Close()
+		}
+	})
 }
 
 type server struct {
@@ -331,6 +376,10 @@ type completionRequest struct {
 	// any) and whether to reuse what it holds (default true).
 	IDSlot      *int  `json:"id_slot"`
 	CachePrompt *bool `json:"cache_prompt"`
+	// RequestID, vLLM's field: the answer's id is "cmpl-" (completions)
+	// or "chatcmpl-" (chat) and it; an X-Request-Id header takes
+	// precedence, as in vLLM.
+	RequestID string `json:"request_id"`
 }
 
 type message struct {
@@ -435,7 +484,7 @@ func (s *server) complete(w http.ResponseWriter, r *http.Request, chat bool) {
 		}
 	}
 	tokens := s.reply(n)
-	id := fmt.Sprintf("sim-%d", s.nextID.Add(1))
+	id := answerID(r, req.RequestID, chat, s.nextID.Add(1))
 	created := time.Now().Unix()
 	if req.Stream && err == nil {
 		var use func(completion int) map[string]any
@@ -468,6 +517,18 @@ func (s *server) complete(w http.ResponseWriter, r *http.Request, chat bool) {
 		"choices": []any{choice},
 		"usage":   usage(promptTokens, len(tokens), cached),
 	})
+}
+
+// answerID is the answer's id as vLLM forms it: "cmpl-" or "chatcmpl-"
+// and the request's X-Request-Id header, else its request_id, else one of
+// the engine's own, so that a client can tell that an answer is its
+// request's.
+func answerID(r *http.Request, requestID string, chat bool, n uint64) string {
+	base := cmp.Or(r.Header.Get("X-Request-Id"), requestID, fmt.Sprintf("sim-%d", n))
+	if chat {
+		return "chatcmpl-" + base
+	}
+	return "cmpl-" + base
 }
 
 // usage is OpenAI's usage object, with the prompt tokens the prefix cache

@@ -1,4 +1,4 @@
-package cluster
+package events_test
 
 import (
 	"errors"
@@ -12,22 +12,29 @@ import (
 	"github.com/hashicorp/raft"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/gpuplane/gpuplane/cluster"
+	"github.com/gpuplane/gpuplane/cluster/events"
 	"github.com/gpuplane/gpuplane/cluster/scheduler"
 	"github.com/gpuplane/gpuplane/fsm"
 	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
 )
 
-// testProgress is an applied index the test moves, as a server's state
-// machine does.
+// testProgress is a server (events.Server) with a log the test wrote and
+// an applied index the test moves, as a server's state machine does.
 type testProgress struct {
+	files   events.LogFiles
 	mu      sync.Mutex
 	applied uint64
 	changed chan struct{}
 }
 
-func newTestProgress() *testProgress { return &testProgress{changed: make(chan struct{})} }
+func newTestProgress(files events.LogFiles) *testProgress {
+	return &testProgress{files: files, changed: make(chan struct{})}
+}
 
-func (p *testProgress) get() (uint64, <-chan struct{}) {
+func (p *testProgress) LogFiles() (events.LogFiles, error) { return p.files, nil }
+
+func (p *testProgress) Progress() (uint64, <-chan struct{}) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.applied, p.changed
@@ -91,7 +98,7 @@ func fleetLog(t *testing.T, seed uint64) *raft.InmemStore {
 			status := []pb.NodeStatus{pb.NodeStatus_NODE_STATUS_DOWN, pb.NodeStatus_NODE_STATUS_ALIVE}[rng.IntN(2)]
 			apply(&pb.Envelope{Command: &pb.Envelope_SetNodeStatus{SetNodeStatus: &pb.SetNodeStatus{Node: fmt.Sprintf("n%d", rng.IntN(5)), Status: status}}})
 		case op < 6:
-			if plan, err := Plan(f, scheduler.Policies()[0]); err != nil {
+			if plan, err := cluster.Plan(f, scheduler.Policies()[0]); err != nil {
 				t.Fatal(err)
 			} else if plan != nil {
 				apply(&pb.Envelope{Command: &pb.Envelope_PlaceReplicas{PlaceReplicas: plan}})
@@ -122,7 +129,7 @@ func fleetLog(t *testing.T, seed uint64) *raft.InmemStore {
 }
 
 // replayed is what a stream's own Cursor yields from from to upTo.
-func replayed(t *testing.T, hist LogFiles, from, upTo uint64, filter *pb.EventFilter) []*pb.Event {
+func replayed(t *testing.T, hist events.LogFiles, from, upTo uint64, filter *pb.EventFilter) []*pb.Event {
 	t.Helper()
 	var out []*pb.Event
 	if err := hist.Cursor(from, filter).Advance(upTo, func(ev *pb.Event) error {
@@ -136,7 +143,7 @@ func replayed(t *testing.T, hist LogFiles, from, upTo uint64, filter *pb.EventFi
 
 // received reads n events from s (its backlog first), failing the test if
 // they do not come within a minute or the subscription ends first.
-func received(t *testing.T, s *Subscription, n int) []*pb.Event {
+func received(t *testing.T, s *events.Subscription, n int) []*pb.Event {
 	t.Helper()
 	out := append([]*pb.Event(nil), s.Backlog()...)
 	timeout := time.After(time.Minute)
@@ -181,18 +188,18 @@ func TestFeedSendsEachStreamWhatItsOwnReplayWould(t *testing.T) {
 			if last < 6*window {
 				t.Fatalf("the log has %d entries: too few for a window of %d", last, window)
 			}
-			hist := LogFiles{Log: store}
-			prog := newTestProgress()
+			hist := events.LogFiles{Log: store}
+			prog := newTestProgress(hist)
 			prog.set(last / 3)
-			f, err := newFeed(hist, prog.get, window, 1<<16)
+			f, err := events.NewFeed(prog, window, 1<<16)
 			if err != nil {
 				t.Fatal(err)
 			}
-			defer f.stop()
+			defer f.Stop(nil)
 			type stream struct {
 				from   uint64
 				filter *pb.EventFilter
-				sub    *Subscription
+				sub    *events.Subscription
 			}
 			var streams []*stream
 			subscribe := func(from uint64) {
@@ -215,7 +222,7 @@ func TestFeedSendsEachStreamWhatItsOwnReplayWould(t *testing.T) {
 			prog.set(2 * last / 3)
 			waitFeed(t, f, 2*last/3+1)
 			subscribe(2*last/3 - window/2)
-			if _, err := f.Subscribe(1, nil); !errors.Is(err, ErrNotInFeed) {
+			if _, err := f.Subscribe(1, nil); !errors.Is(err, events.ErrNotInFeed) {
 				t.Errorf("a stream from before the window: %v, want ErrNotInFeed", err)
 			}
 			prog.set(last)
@@ -228,13 +235,11 @@ func TestFeedSendsEachStreamWhatItsOwnReplayWould(t *testing.T) {
 }
 
 // waitFeed waits until f has read the log up to pos-1.
-func waitFeed(t *testing.T, f *Feed, pos uint64) {
+func waitFeed(t *testing.T, f *events.Feed, pos uint64) {
 	t.Helper()
 	deadline := time.Now().Add(time.Minute)
 	for {
-		f.mu.Lock()
-		at := f.pos
-		f.mu.Unlock()
+		at := events.FeedPos(f)
 		if at >= pos {
 			return
 		}
@@ -252,14 +257,14 @@ func waitFeed(t *testing.T, f *Feed, pos uint64) {
 func TestFeedCutsOffAStreamThatFellBehind(t *testing.T) {
 	store := fleetLog(t, 7)
 	last, _ := store.LastIndex()
-	hist := LogFiles{Log: store}
-	prog := newTestProgress()
+	hist := events.LogFiles{Log: store}
+	prog := newTestProgress(hist)
 	const buffer = 4
-	f, err := newFeed(hist, prog.get, 1<<16, buffer)
+	f, err := events.NewFeed(prog, 1<<16, buffer)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer f.stop()
+	defer f.Stop(nil)
 	sub, err := f.Subscribe(1, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -274,7 +279,7 @@ func TestFeedCutsOffAStreamThatFellBehind(t *testing.T) {
 	sameEvents(t, "before the cut", got, want[:buffer])
 	err = sub.Err()
 	resume := want[buffer].Index
-	if !errors.Is(err, ErrFellBehind) || !strings.Contains(err.Error(), fmt.Sprintf("resume from index %d", resume)) {
+	if !errors.Is(err, events.ErrFellBehind) || !strings.Contains(err.Error(), fmt.Sprintf("resume from index %d", resume)) {
 		t.Fatalf("cut off with %v, want ErrFellBehind naming index %d", err, resume)
 	}
 	again, err := f.Subscribe(resume, nil)
@@ -315,7 +320,7 @@ func TestNodeStreamsSeeSpecOnlyChanges(t *testing.T) {
 	spec := &pb.ModelSpec{Model: "sim://chat", Replicas: 1, Placement: &pb.PlacementSpec{Accelerator: "shared"},
 		Engine: &pb.EngineSpec{Kind: "sim", MemoryPercent: 20}}
 	apply(&pb.Envelope{Command: &pb.Envelope_ApplyModel{ApplyModel: &pb.ApplyModel{Name: "chat", Spec: spec}}})
-	plan, err := Plan(f, scheduler.Policies()[0])
+	plan, err := cluster.Plan(f, scheduler.Policies()[0])
 	if err != nil || plan == nil {
 		t.Fatalf("plan: %v %v", plan, err)
 	}
@@ -332,12 +337,12 @@ func TestNodeStreamsSeeSpecOnlyChanges(t *testing.T) {
 	spec = proto.Clone(spec).(*pb.ModelSpec)
 	spec.Adapters = []*pb.Adapter{{Name: "a1", Source: "/adapters/a1", Rank: 8}}
 	apply(&pb.Envelope{Command: &pb.Envelope_ApplyModel{ApplyModel: &pb.ApplyModel{Name: "chat", Spec: spec}}})
-	if !replicasEqual(before, f.ReplicasOn(on)) {
+	if !events.ReplicasEqual(before, f.ReplicasOn(on)) {
 		t.Fatal("adding an adapter changed the replicas: this test needs a spec-only change")
 	}
 	last := index
 
-	hist := LogFiles{Log: store}
+	hist := events.LogFiles{Log: store}
 	lastIs := func(what string, evs []*pb.Event, want bool) {
 		t.Helper()
 		got := len(evs) > 0 && evs[len(evs)-1].GetIndex() == last
@@ -348,12 +353,12 @@ func TestNodeStreamsSeeSpecOnlyChanges(t *testing.T) {
 	lastIs("own cursor of "+on, replayed(t, hist, 1, last, &pb.EventFilter{Node: on}), true)
 	lastIs("own cursor of "+other, replayed(t, hist, 1, last, &pb.EventFilter{Node: other}), false)
 
-	prog := newTestProgress()
-	feed, err := newFeed(hist, prog.get, 64, 64)
+	prog := newTestProgress(hist)
+	feed, err := events.NewFeed(prog, 64, 64)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer feed.stop()
+	defer feed.Stop(nil)
 	sub, err := feed.Subscribe(last, &pb.EventFilter{Node: on})
 	if err != nil {
 		t.Fatal(err)

@@ -1,4 +1,4 @@
-package cluster
+package events
 
 import (
 	"errors"
@@ -33,7 +33,7 @@ type Cursor struct {
 	next  uint64 // next index to read
 	state *fsm.FSM
 	conf  raft.Configuration
-	// basePath is the log's audit base (compact.go), where a compacted
+	// basePath is the log's audit base (written by cluster.Cluster.Compact), where a compacted
 	// log's replay starts, and snapshotDir its snapshots (auditrec.FindBase).
 	basePath, snapshotDir string
 	// fanout, set on a Feed's cursor, makes apply name in changed the
@@ -56,9 +56,10 @@ func (c *Cursor) Next() uint64 { return c.next }
 func (c *Cursor) View(fn func(*fsm.FSM)) { fn(c.state) }
 
 // Advance reads the entries up to upTo (inclusive) and calls yield with each
-// matching event; it stops at the first error yield returns. Entries missing
-// from the log (compacted, which gpuplane never does, or not yet written) are
-// an error naming the index.
+// matching event; it stops at the first error yield returns. Events wanted
+// from entries compacted away behind an archive are ErrCompacted; other
+// entries missing from the log (not yet written) are an error naming the
+// index.
 func (c *Cursor) Advance(upTo uint64, yield func(*pb.Event) error) error {
 	if c.next == 1 && upTo >= 1 {
 		if err := c.start(); err != nil {
@@ -308,14 +309,14 @@ func membershipChange(prev, conf raft.Configuration) (*pb.Membership, []string) 
 	}
 	var changed []string
 	for _, s := range conf.Servers {
-		m.Servers = append(m.Servers, &pb.RaftServer{Id: string(s.ID), Address: string(s.Address), Suffrage: suffrage(s.Suffrage)})
+		m.Servers = append(m.Servers, &pb.RaftServer{Id: string(s.ID), Address: string(s.Address), Suffrage: Suffrage(s.Suffrage)})
 		old, ok := before[s.ID]
 		delete(before, s.ID)
 		switch {
 		case !ok:
-			m.Changes = append(m.Changes, fmt.Sprintf("%s joined as %s", s.ID, suffrage(s.Suffrage)))
+			m.Changes = append(m.Changes, fmt.Sprintf("%s joined as %s", s.ID, Suffrage(s.Suffrage)))
 		case old.Suffrage != s.Suffrage:
-			m.Changes = append(m.Changes, fmt.Sprintf("%s became %s", s.ID, suffrage(s.Suffrage)))
+			m.Changes = append(m.Changes, fmt.Sprintf("%s became %s", s.ID, Suffrage(s.Suffrage)))
 		case old.Address != s.Address:
 			m.Changes = append(m.Changes, fmt.Sprintf("%s moved to %s", s.ID, s.Address))
 		default:
@@ -333,6 +334,19 @@ func membershipChange(prev, conf raft.Configuration) (*pb.Membership, []string) 
 		m.Changes = []string{"unchanged"}
 	}
 	return m, changed
+}
+
+// Suffrage is the word for a Raft server's suffrage, in events and in
+// the cluster's status.
+func Suffrage(s raft.ServerSuffrage) string {
+	switch s {
+	case raft.Voter:
+		return "voter"
+	case raft.Nonvoter:
+		return "nonvoter"
+	default:
+		return "staging"
+	}
 }
 
 // commandEvent builds the event of one applied command entry.

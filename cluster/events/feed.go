@@ -1,4 +1,4 @@
-package cluster
+package events
 
 import (
 	"errors"
@@ -15,7 +15,7 @@ import (
 
 // ErrNotInFeed is Subscribe's answer for a stream that starts before the
 // events the feed still holds: the caller replays the log for it with a
-// Cursor of its own, as every stream did before the feed.
+// Cursor of its own.
 var ErrNotInFeed = errors.New("the shared event feed no longer holds events from that index")
 
 // ErrFellBehind ends a subscription whose reader did not keep up with the
@@ -56,6 +56,9 @@ type Feed struct {
 	buffer   int
 	stopc    chan struct{}
 	done     chan struct{}
+	// stopErr, set before stopc is closed, is what Stop ends the
+	// subscriptions with.
+	stopErr error
 	// cur is read only by run's goroutine.
 	cur *Cursor
 
@@ -91,9 +94,26 @@ type Subscription struct {
 	err  error
 }
 
-// newFeed starts a feed over a log that follows progress. Its replay
-// builds events from window entries before the applied index on.
-func newFeed(files LogFiles, progress func() (uint64, <-chan struct{}), window, buffer int) (*Feed, error) {
+// Server is the server whose log a Feed follows: *cluster.Cluster.
+type Server interface {
+	// LogFiles is the server's log and its audit records (an error on a
+	// node that keeps no log).
+	LogFiles() (LogFiles, error)
+	// Progress returns the applied index and a channel closed when it
+	// changes.
+	Progress() (uint64, <-chan struct{})
+}
+
+// NewFeed starts a feed over s's log that follows its progress. Its replay
+// builds events from window entries before the applied index on; a
+// subscriber may have buffer events waiting (DefaultFeedWindow,
+// DefaultFeedBuffer). Stop ends it.
+func NewFeed(s Server, window, buffer int) (*Feed, error) {
+	files, err := s.LogFiles()
+	if err != nil {
+		return nil, err
+	}
+	progress := s.Progress
 	cur := files.Cursor(1, nil)
 	if err := cur.start(); err != nil {
 		return nil, err
@@ -142,7 +162,7 @@ func (f *Feed) run() {
 		}
 		select {
 		case <-f.stopc:
-			f.close(ErrShutdown)
+			f.close(f.stopErr)
 			return
 		case <-advanced:
 		case <-poll.C:
@@ -150,16 +170,21 @@ func (f *Feed) run() {
 	}
 }
 
-// stop ends the feed and waits for its replay to stop reading the log;
-// its subscribers end with ErrShutdown.
-func (f *Feed) stop() {
+// Stop ends the feed and waits for its replay to stop reading the log;
+// its subscribers end with err (the server's cluster.ErrShutdown).
+func (f *Feed) Stop(err error) {
 	select {
 	case <-f.stopc:
 	default:
+		f.stopErr = err
 		close(f.stopc)
 	}
 	<-f.done
 }
+
+// Done is closed once the feed has stopped: by Stop, or on an error
+// reading the log, which its subscribers were told.
+func (f *Feed) Done() <-chan struct{} { return f.done }
 
 // close ends every subscription with err.
 func (f *Feed) close(err error) {
@@ -335,7 +360,7 @@ func (s *Subscription) Backlog() []*pb.Event { return s.backlog }
 func (s *Subscription) C() <-chan *pb.Event { return s.c }
 
 // Err is why C was closed: ErrFellBehind (wrapped, with the index to resume
-// from), ErrShutdown, or the feed's error reading the log.
+// from), Stop's error, or the feed's error reading the log.
 func (s *Subscription) Err() error {
 	s.feed.mu.Lock()
 	defer s.feed.mu.Unlock()
@@ -347,53 +372,4 @@ func (s *Subscription) Close() {
 	s.feed.mu.Lock()
 	defer s.feed.mu.Unlock()
 	s.feed.remove(s)
-}
-
-// Subscribe subscribes to this server's shared event feed (Feed), starting
-// it on first use. It is an error on a client node (ErrNoLog).
-func (c *Cluster) Subscribe(from uint64, filter *pb.EventFilter) (*Subscription, error) {
-	f, err := c.eventFeed()
-	if err != nil {
-		return nil, err
-	}
-	return f.Subscribe(from, filter)
-}
-
-// eventFeed returns the server's feed, started on first use (and again
-// after a failure reading the log, which its subscribers were told).
-func (c *Cluster) eventFeed() (*Feed, error) {
-	c.feedMu.Lock()
-	defer c.feedMu.Unlock()
-	if c.feedStopped {
-		return nil, ErrShutdown
-	}
-	if c.feed != nil {
-		select {
-		case <-c.feed.done:
-			c.feed = nil // failed: start again
-		default:
-			return c.feed, nil
-		}
-	}
-	files, err := c.LogFiles()
-	if err != nil {
-		return nil, err
-	}
-	f, err := newFeed(files, c.Progress, DefaultFeedWindow, DefaultFeedBuffer)
-	if err != nil {
-		return nil, err
-	}
-	c.feed = f
-	return f, nil
-}
-
-// stopFeed stops the feed before the log it reads is closed.
-func (c *Cluster) stopFeed() {
-	c.feedMu.Lock()
-	f := c.feed
-	c.feedStopped = true
-	c.feedMu.Unlock()
-	if f != nil {
-		f.stop()
-	}
 }

@@ -1,0 +1,126 @@
+package resident
+
+import (
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestFrontKeepsSendingTheBodyOnceTheAnswerStarted: an engine may start
+// its answer before it has read the whole request (an HTTP/1.1 server
+// answering as soon as it can, or simply one that has the last bytes
+// while the front's transport has yet to finish its copy). The front's
+// own HTTP server must not drain and close the client's request body when
+// the answer's headers go out: the transport still copying that body to
+// the engine would fail its write and close the engine's connection,
+// cutting the answer off ("ReverseProxy read error during body copy: use
+// of closed network connection"). Here the engine answers its headers at
+// once and reads the body after, which the client sends in pieces once it
+// has those headers; every byte must reach the engine and its whole
+// answer the client.
+func TestFrontKeepsSendingTheBodyOnceTheAnswerStarted(t *testing.T) {
+	engine := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		rc := http.NewResponseController(w)
+		if err := rc.EnableFullDuplex(); err != nil {
+			t.Errorf("engine: %v", err)
+		}
+		w.Header().Set("Content-Type", "text/event-stream")
+		w.WriteHeader(http.StatusOK)
+		_ = rc.Flush()
+		n, err := io.Copy(io.Discard, r.Body)
+		fmt.Fprintf(w, "data: read %d bytes, err %v\n\n", n, err)
+	}))
+	defer engine.Close()
+
+	m := New(Options{BindHost: "127.0.0.1"})
+	f, err := m.front(rkey{"chat", 0})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.closeFronts()
+	f.set(true, engine.URL)
+
+	// Pieces of a full buffer each, so that each goes out as it is
+	// written (the transports' write buffers are 4 KiB); the whole stays
+	// below what a server drains of an unread body (256 KiB).
+	const piece, pieces = 4096, 12
+	client := &http.Client{Timeout: time.Minute}
+	for round := range 3 {
+		pr, pw := io.Pipe()
+		headers := make(chan struct{})
+		go func() {
+			chunk := strings.Repeat("x", piece)
+			for i := range pieces {
+				if i > 0 {
+					// A piece at a time, until the answer's headers came
+					// (without the fix they come only once the front's server
+					// has drained the body), then the rest a little apart:
+					// the front's server, which would wait for the body
+					// once its answer started, is there when a piece comes.
+					select {
+					case <-headers:
+						time.Sleep(5 * time.Millisecond)
+					case <-time.After(20 * time.Millisecond):
+					}
+				}
+				if _, err := io.WriteString(pw, chunk); err != nil {
+					return
+				}
+			}
+			_ = pw.Close()
+		}()
+		req, err := http.NewRequest(http.MethodPost, f.url+"/v1/completions", pr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.ContentLength = piece * pieces
+		resp, err := client.Do(req)
+		close(headers)
+		if err != nil {
+			_ = pr.CloseWithError(err)
+			t.Fatalf("round %d: %v", round, err)
+		}
+		data, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		want := fmt.Sprintf("data: read %d bytes, err <nil>\n\n", piece*pieces)
+		if err != nil || string(data) != want {
+			t.Fatalf("round %d: the answer was %q, %v; want %q", round, data, err, want)
+		}
+	}
+}
+
+// TestFrontKeepsTheConnectionWhenTheEngineIsGone: requests with bodies on
+// one client connection to a front whose engine cannot be reached are
+// each answered 502, the connection kept: the body the transport never
+// read must not be left to the server to drain after the handler (in
+// full duplex, that panics the connection when the next request is read).
+func TestFrontKeepsTheConnectionWhenTheEngineIsGone(t *testing.T) {
+	engine := httptest.NewServer(http.NotFoundHandler())
+	gone := engine.URL
+	engine.Close()
+
+	m := New(Options{BindHost: "127.0.0.1"})
+	f, err := m.front(rkey{"chat", 0})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.closeFronts()
+	f.set(true, gone)
+
+	client := &http.Client{Timeout: time.Minute, Transport: &http.Transport{MaxConnsPerHost: 1}}
+	for i := range 3 {
+		resp, err := client.Post(f.url+"/v1/completions", "application/json", strings.NewReader(strings.Repeat("x", 100<<10)))
+		if err != nil {
+			t.Fatalf("request %d: %v", i, err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusBadGateway {
+			t.Fatalf("request %d: %d, want 502", i, resp.StatusCode)
+		}
+	}
+}
