@@ -46,6 +46,9 @@ type front struct {
 	// each adapter's failed loads, with the last error.
 	adapters map[string]bool
 	failed   map[string]adapterFailure
+	// early counts the requests waiting now for the replica's placement
+	// to be applied.
+	early int
 
 	proxy *httputil.ReverseProxy
 }
@@ -214,6 +217,11 @@ func (f *front) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(http.StatusOK)
 		return
 	}
+	deadline := time.NewTimer(f.m.opts.Wait)
+	defer deadline.Stop()
+	if !f.awaitApplied(w, r, deadline.C) {
+		return
+	}
 	// A request for an adapter (or for a model this node does not serve
 	// to this tenant) is resolved before anything is loaded for it.
 	ar, status, msg := f.resolve(r)
@@ -260,8 +268,6 @@ func (f *front) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			f.m.request(f.k, residency.RequestFinished{Model: id, Elapsed: time.Since(start)})
 		})
 	}()
-	deadline := time.NewTimer(f.m.opts.Wait)
-	defer deadline.Stop()
 	for {
 		ready, target, rejected, reason, changed := f.state()
 		if ready && f.serves(ar.adapter) {
@@ -307,6 +313,53 @@ func (f *front) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			writeError(w, http.StatusServiceUnavailable, "model_not_loaded",
 				fmt.Sprintf("model %s was not loaded within %s; retry later", f.k.model, f.m.opts.Wait))
 			return
+		}
+	}
+}
+
+// awaitApplied waits, within the request's deadline, until the manager
+// has applied the placement of the front's replica: before that the front
+// does not know its adapters and would take a request for one for a
+// request for a model it does not serve. False when it answered instead.
+func (f *front) awaitApplied(w http.ResponseWriter, r *http.Request, deadline <-chan time.Time) bool {
+	_, _, rejected0, _, _ := f.state()
+	counted := false
+	defer func() {
+		if counted {
+			f.mu.Lock()
+			f.early--
+			f.mu.Unlock()
+		}
+	}()
+	for {
+		f.m.mu.Lock()
+		applied, appliedCh := f.m.applied[f.k], f.m.appliedCh
+		f.m.mu.Unlock()
+		if applied {
+			return true
+		}
+		_, _, rejected, reason, changed := f.state()
+		if rejected != rejected0 {
+			w.Header().Set("Retry-After", strconv.Itoa(retryAfter))
+			writeError(w, http.StatusServiceUnavailable, "model_not_loaded", fmt.Sprintf("model %s cannot be loaded now: %s", f.k.model, reason))
+			return false
+		}
+		if !counted {
+			counted = true
+			f.mu.Lock()
+			f.early++
+			f.mu.Unlock()
+		}
+		select {
+		case <-appliedCh:
+		case <-changed:
+		case <-r.Context().Done():
+			return false
+		case <-deadline:
+			w.Header().Set("Retry-After", strconv.Itoa(retryAfter))
+			writeError(w, http.StatusServiceUnavailable, "model_not_loaded",
+				fmt.Sprintf("model %s was not loaded within %s; retry later", f.k.model, f.m.opts.Wait))
+			return false
 		}
 	}
 }

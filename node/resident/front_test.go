@@ -42,6 +42,8 @@ func TestFrontKeepsSendingTheBodyOnceTheAnswerStarted(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer m.closeFronts()
+	// As if the loop had applied the replica's placement.
+	m.applied[f.k] = true
 	f.set(true, engine.URL)
 
 	// Pieces of a full buffer each, so that each goes out as it is
@@ -109,6 +111,7 @@ func TestFrontKeepsTheConnectionWhenTheEngineIsGone(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer m.closeFronts()
+	m.applied[f.k] = true
 	f.set(true, gone)
 
 	client := &http.Client{Timeout: time.Minute, Transport: &http.Transport{MaxConnsPerHost: 1}}

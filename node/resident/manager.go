@@ -90,6 +90,13 @@ type Manager struct {
 	// adapterSpecs are the adapters of each replica that has any, for the
 	// fronts (adapters.go).
 	adapterSpecs map[rkey]*adapterSpec
+	// applied are the replicas whose placement (spec and adapters) the
+	// loop has applied; appliedCh is closed (and replaced) when it
+	// changes. A front may serve before its replica's placement is
+	// applied (Hold and Placed come in either order): its requests wait
+	// for it, or an adapter would read as unknown.
+	applied      map[rkey]bool
+	appliedCh    chan struct{}
 	queue        []func()
 	wake         chan struct{}
 
@@ -188,7 +195,7 @@ func New(opts Options) *Manager {
 		opts.Config.Profiler = residency.NewProfiler()
 	}
 	m := &Manager{opts: opts, log: opts.Logger, cards: map[uint32]*pb.Card{}, clock: newClock(opts.TimeScale),
-		fronts: map[rkey]*front{}, adapterSpecs: map[rkey]*adapterSpec{}, wake: make(chan struct{}, 1),
+		fronts: map[rkey]*front{}, adapterSpecs: map[rkey]*adapterSpec{}, applied: map[rkey]bool{}, appliedCh: make(chan struct{}), wake: make(chan struct{}, 1),
 		ctrls: map[uint32]*cardCtrl{}, reps: map[rkey]*rep{}, engines: map[rkey]engineSeen{},
 		departed: map[rkey]bool{}, reports: make(chan report, 4096)}
 	for _, c := range opts.Cards {
@@ -466,6 +473,16 @@ func (m *Manager) placed(ds []executor.Desired) {
 	for _, c := range m.sortedCards() {
 		m.publishCard(c)
 	}
+	m.mu.Lock()
+	clear(m.applied)
+	for _, d := range ds {
+		if fronted(d) {
+			m.applied[rkey{d.Replica.GetModel(), d.Replica.GetIndex()}] = true
+		}
+	}
+	close(m.appliedCh)
+	m.appliedCh = make(chan struct{})
+	m.mu.Unlock()
 }
 
 func sortedKeys[V any](mp map[rkey]V) []rkey {
