@@ -95,10 +95,10 @@ type Manager struct {
 	// changes. A front may serve before its replica's placement is
 	// applied (Hold and Placed come in either order): its requests wait
 	// for it, or an adapter would read as unknown.
-	applied      map[rkey]bool
-	appliedCh    chan struct{}
-	queue        []func()
-	wake         chan struct{}
+	applied   map[rkey]bool
+	appliedCh chan struct{}
+	queue     []func()
+	wake      chan struct{}
 
 	// Owned by the loop.
 	ctrls   map[uint32]*cardCtrl
