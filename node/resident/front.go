@@ -42,6 +42,9 @@ type front struct {
 	// rejected counts rejections; reason is the last one's.
 	rejected int
 	reason   string
+	// left is set once the replica left: every answer then closes its
+	// connection, and new requests are refused.
+	left bool
 	// adapters are the adapters on the card, served now; failed counts
 	// each adapter's failed loads, with the last error.
 	adapters map[string]bool
@@ -95,24 +98,47 @@ func (m *Manager) closeFronts() {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	for k, f := range m.fronts {
-		f.close()
+		f.close(0)
 		delete(m.fronts, k)
 	}
 }
 
 // close stops the front because its replica left the node (or the node
 // stops): requests waiting for the model are refused with a 503, requests
-// being answered get their answer or the proxy's error, then the port
+// being answered get their answer or the proxy's error. For grace (the
+// replica left; none when the node stops) the port stays open and answers
+// any new request with a 503 that closes its connection, so that a client
+// sending on a kept-alive connection as the replica leaves gets an answer
+// rather than the connection closed under its request; then the port
 // closes.
-func (f *front) close() {
-	f.reject("the replica left this node")
+func (f *front) close(grace time.Duration) {
+	f.mu.Lock()
+	f.left = true
+	f.rejected++
+	f.reason = "the replica left this node"
+	close(f.changed)
+	f.changed = make(chan struct{})
+	f.mu.Unlock()
 	go func() {
+		time.Sleep(grace)
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
 		if err := f.srv.Shutdown(ctx); err != nil {
 			_ = f.srv.Close()
 		}
 	}()
+}
+
+// hasLeft reports whether the replica left; if so, the answer being
+// written closes its connection.
+func (f *front) hasLeft(w http.ResponseWriter) bool {
+	f.mu.Lock()
+	left := f.left
+	f.mu.Unlock()
+	if left {
+		w.Header().Set("Connection", "close")
+	}
+	return left
 }
 
 // set says whether the model may be dispatched to, and where.
@@ -213,6 +239,11 @@ func (f *front) state() (bool, *url.URL, int, string, <-chan struct{}) {
 // ServeHTTP answers the front's own health check and the model list at
 // once; any other request is a request for the model.
 func (f *front) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if f.hasLeft(w) {
+		w.Header().Set("Retry-After", strconv.Itoa(retryAfter))
+		writeError(w, http.StatusServiceUnavailable, "model_not_loaded", fmt.Sprintf("model %s: the replica left this node", f.k.model))
+		return
+	}
 	if r.Method == http.MethodGet && r.URL.Path == "/health" {
 		w.WriteHeader(http.StatusOK)
 		return
@@ -300,6 +331,7 @@ func (f *front) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		if rejected != rejected0 {
+			f.hasLeft(w)
 			w.Header().Set("Retry-After", strconv.Itoa(retryAfter))
 			writeError(w, http.StatusServiceUnavailable, "model_not_loaded", fmt.Sprintf("model %s cannot be loaded now: %s", f.k.model, reason))
 			return
@@ -340,6 +372,7 @@ func (f *front) awaitApplied(w http.ResponseWriter, r *http.Request, deadline <-
 		}
 		_, _, rejected, reason, changed := f.state()
 		if rejected != rejected0 {
+			f.hasLeft(w)
 			w.Header().Set("Retry-After", strconv.Itoa(retryAfter))
 			writeError(w, http.StatusServiceUnavailable, "model_not_loaded", fmt.Sprintf("model %s cannot be loaded now: %s", f.k.model, reason))
 			return false

@@ -54,6 +54,11 @@ type Options struct {
 	// Wait bounds how long a request waits at a front for its model to be
 	// resident (default 2m); then it gets a 503 with Retry-After.
 	Wait time.Duration
+	// LeaveGrace is how long a front keeps answering 503 (Retry-After,
+	// Connection: close) after its replica left, before its port closes
+	// (default 5s): a request sent on a kept-alive connection as the
+	// replica leaves gets that answer, not a connection closed under it.
+	LeaveGrace time.Duration
 	// Tick is the period of the controllers' ticks and memory samples
 	// (default 1s).
 	Tick time.Duration
@@ -176,6 +181,9 @@ func New(opts Options) *Manager {
 	}
 	if opts.Wait <= 0 {
 		opts.Wait = 2 * time.Minute
+	}
+	if opts.LeaveGrace <= 0 {
+		opts.LeaveGrace = 5 * time.Second
 	}
 	if opts.Tick <= 0 {
 		opts.Tick = time.Second
@@ -408,7 +416,7 @@ func (m *Manager) placed(ds []executor.Desired) {
 	m.mu.Lock()
 	for k, f := range m.fronts {
 		if d, ok := want[k]; !ok || !fronted(d) {
-			f.close()
+			f.close(m.opts.LeaveGrace)
 			delete(m.fronts, k)
 		}
 	}
