@@ -34,15 +34,7 @@ import (
 var bin string
 
 func TestMain(m *testing.M) {
-	b, remove, err := testbin.Build(filepath.Join("..", ".."), "executor-test-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	bin = b
-	code := m.Run()
-	remove()
-	os.Exit(code)
+	testbin.Main(m, filepath.Join("..", ".."), "executor-test-", &bin)
 }
 
 const node = "node-a"

@@ -157,7 +157,7 @@ func (g *Gateway) syncLocals(t *table) {
 			if rp.Fronted && g.opts.Residency != nil {
 				if _, _, _, ok := g.opts.Residency.Serving(rp.Deployment, rp.Index); ok {
 					l.watched = true
-					go g.watchResidency(l)
+					go g.watchResidency(l, rp.Deployment, rp.Index)
 					continue
 				}
 			}
@@ -197,10 +197,12 @@ func (g *Gateway) queueDeployment(key string, rp Replica) queue.Deployment {
 }
 
 // watchResidency follows a warm or onDemand replica's residency: its queue
-// is ready while its controller holds the model resident.
-func (g *Gateway) watchResidency(l *local) {
+// is ready while its controller holds the model resident. It is given the
+// replica's deployment and index, which its key fixes, because syncLocals
+// replaces l.rep under the card's lock while it runs.
+func (g *Gateway) watchResidency(l *local, deployment string, index uint32) {
 	for {
-		ready, url, changed, ok := g.opts.Residency.Serving(l.rep.Deployment, l.rep.Index)
+		ready, url, changed, ok := g.opts.Residency.Serving(deployment, index)
 		if !ok {
 			return
 		}

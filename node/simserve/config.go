@@ -38,6 +38,25 @@ type Config struct {
 	Ollama        OllamaConfig    `json:"ollama"`
 	LlamaSwap     LlamaSwapConfig `json:"llamaswap"`
 
+	// What a variant of the interference matrix (variant.go) changes
+	// besides the models; a config file cannot set them.
+	//
+	// NoPreemption turns off the gateway's preemption of background
+	// requests for interactive ones (queue.Config.NoPreemption).
+	NoPreemption bool `json:"-"`
+	// EngineBatch makes each engine's own batch its model's MaxInFlight
+	// (the sim engine's --max-num-seqs, vLLM's) also where the node's
+	// fronts, not the gateway, hand requests to the engines (a replay).
+	EngineBatch bool `json:"-"`
+	// TenantAdapters sends each request that names no adapter to its
+	// tenant's own LoRA adapter of the model: the adapter named as the
+	// tenant.
+	TenantAdapters bool `json:"-"`
+	// BackgroundBeside adds to every mix, for each interactive model, a
+	// background batch on the same model (Beside), which the gateway
+	// preempts for the model's own requests unless NoPreemption.
+	BackgroundBeside bool `json:"-"`
+
 	path string
 }
 
@@ -93,6 +112,10 @@ type ModelConfig struct {
 	Adapters           []string `json:"adapters"`
 	AdapterLoadSeconds float64  `json:"adapterLoadSeconds"`
 	MaxAdapters        int      `json:"maxAdapters"`
+	// Quantization names the weights' numeric format (bf16, fp8, awq,
+	// q4_k_m) where the figures above are those of a quantized variant;
+	// the node profiles each format apart (spec.engine.quantization).
+	Quantization string `json:"quantization"`
 
 	class     queue.Class
 	residency residency.Residency
@@ -162,6 +185,9 @@ type SyntheticStream struct {
 	// (replay.go): the stream's n-th send has the n-th one's lengths and,
 	// timed, its paths to and from the engine.
 	sent []LiveRequest
+	// aside: its requests are background work beside the model's own
+	// traffic (Config.Beside): background class, not measured.
+	aside bool
 }
 
 // OllamaConfig sets the ollama baseline (defaults from ollama's

@@ -38,7 +38,7 @@ func newGpuplane(s *sim) (*gpuplane, error) {
 	if err != nil {
 		return nil, err
 	}
-	q, err := queue.New(queue.Config{})
+	q, err := queue.New(queue.Config{NoPreemption: s.cfg.NoPreemption})
 	if err != nil {
 		return nil, err
 	}
@@ -55,7 +55,9 @@ func newGpuplane(s *sim) (*gpuplane, error) {
 			// the sim engine process runs every request whose prompt fits
 			// its KV pool.
 			d.MaxInFlight, d.MaxTokens, d.QueueLimit = frontedInFlight, 0, frontedInFlight
-			e.maxInFlight = frontedInFlight
+			if !s.cfg.EngineBatch {
+				e.maxInFlight = frontedInFlight
+			}
 		}
 		if _, err := q.AddDeployment(d, epoch); err != nil {
 			return nil, err
@@ -232,8 +234,10 @@ func (p *gpuplane) arrive(r *request) {
 	model := residency.ModelID(m.Name)
 	p.send(residency.RequestArrived{Model: model})
 	p.flush()
-	id, out, err := p.q.Enqueue(queue.Request{Deployment: m.Name, Tenant: r.a.Tenant, Class: m.class,
-		PromptTokens: r.a.PromptTokens, MaxTokens: r.a.OutputTokens}, p.at())
+	// A background batch beside a model's own traffic (Config.Beside)
+	// streams, as the live bench's does: preempted, it ends.
+	id, out, err := p.q.Enqueue(queue.Request{Deployment: m.Name, Tenant: r.a.Tenant, Class: r.class,
+		PromptTokens: r.a.PromptTokens, MaxTokens: r.a.OutputTokens, Streamed: r.a.aside}, p.at())
 	if err != nil {
 		p.s.endRequest(r, outcomeRejected, 400)
 		p.send(residency.RequestFinished{Model: model})

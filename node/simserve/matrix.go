@@ -73,9 +73,11 @@ type Flag struct {
 // each partner (and with the full set) relative to alone under its worst
 // mix, and the flags.
 type MatrixResult struct {
-	Card   string   `json:"card"`
-	Models []string `json:"models"`
-	Cells  []Cell   `json:"cells"`
+	Card string `json:"card"`
+	// Variant is the variant of the config the matrix ran (variant.go).
+	Variant string   `json:"variant,omitempty"`
+	Models  []string `json:"models"`
+	Cells   []Cell   `json:"cells"`
 	// Relative[i][j] is model i's p95 TTFT with model j (j = i: the full
 	// set) over its p95 alone, under the mix where that ratio is largest;
 	// 0 where either did not complete a request.
@@ -84,6 +86,82 @@ type MatrixResult struct {
 	Flags     []Flag      `json:"flags"`
 	Seconds   float64     `json:"secondsPerCell"`
 	Thrashing float64     `json:"thrashReloadsPerHour"`
+	// Isolation is what a live run checked of tenant isolation (nil: not
+	// checked, as in virtual time, which has no caches or identities).
+	Isolation *Isolation `json:"isolation,omitempty"`
+}
+
+// Isolation is what a live run of the matrix checked of tenant
+// isolation: that every answer reached the request that asked for it
+// (its id, model and token counts are the request's), and that no
+// tenant's request hit another tenant's prompt cache, while its own
+// repeats did (so that the cache check can fail).
+type Isolation struct {
+	// Answers is how many answers had their identity checked;
+	// IdentityViolations how many were another request's or malformed.
+	Answers            int `json:"answersChecked"`
+	IdentityViolations int `json:"identityViolations"`
+	// CacheProbes is how many probe requests read the engines' prompt
+	// caches; CrossTenantHits how many hit a prompt only another tenant
+	// (or another set) sent; OwnHits how many repeats of a tenant's own
+	// prompt hit, which shows the cache was there to leak.
+	CacheProbes     int `json:"cacheProbes"`
+	CrossTenantHits int `json:"crossTenantCacheHits"`
+	OwnHits         int `json:"ownCacheHits"`
+	// Examples describe the first violations.
+	Examples []string `json:"examples,omitempty"`
+}
+
+// Violations is the count of isolation violations: non-zero fails a run.
+func (x *Isolation) Violations() int {
+	if x == nil {
+		return 0
+	}
+	return x.IdentityViolations + x.CrossTenantHits
+}
+
+// maxExamples bounds Isolation.Examples.
+const maxExamples = 10
+
+// Violation records one violation of kind ("identity" or "cache").
+func (x *Isolation) Violation(kind, what string) {
+	if kind == "cache" {
+		x.CrossTenantHits++
+	} else {
+		x.IdentityViolations++
+	}
+	if len(x.Examples) < maxExamples {
+		x.Examples = append(x.Examples, kind+": "+what)
+	}
+}
+
+// Add adds y's counts to x.
+func (x *Isolation) Add(y *Isolation) {
+	x.Answers += y.Answers
+	x.IdentityViolations += y.IdentityViolations
+	x.CacheProbes += y.CacheProbes
+	x.CrossTenantHits += y.CrossTenantHits
+	x.OwnHits += y.OwnHits
+	for _, e := range y.Examples {
+		if len(x.Examples) < maxExamples {
+			x.Examples = append(x.Examples, e)
+		}
+	}
+}
+
+// MatrixVariants runs the matrix once per variant, on the variant's
+// change of cfg.
+func MatrixVariants(cfg *Config, variants []Variant, seed uint64, seconds float64) ([]*MatrixResult, error) {
+	var out []*MatrixResult
+	for _, v := range variants {
+		res, err := Matrix(v.Apply(cfg), seed, seconds)
+		if err != nil {
+			return nil, fmt.Errorf("variant %s: %w", v.Name, err)
+		}
+		res.Variant = v.Name
+		out = append(out, res)
+	}
+	return out, nil
 }
 
 // matrixThrash is the reloads per hour (cold loads and wakes) of a pair,
@@ -97,22 +175,7 @@ func Matrix(cfg *Config, seed uint64, seconds float64) (*MatrixResult, error) {
 		return nil, fmt.Errorf("matrix: seconds must be > 0, got %g", seconds)
 	}
 	n := len(cfg.Models)
-	var sets [][]int
-	for i := range n {
-		sets = append(sets, []int{i})
-	}
-	for i := range n {
-		for j := i + 1; j < n; j++ {
-			sets = append(sets, []int{i, j})
-		}
-	}
-	if n > 2 {
-		all := make([]int, n)
-		for i := range all {
-			all[i] = i
-		}
-		sets = append(sets, all)
-	}
+	sets := Sets(n)
 	res := &MatrixResult{Card: cfg.Card.Name, Seconds: seconds, Thrashing: matrixThrash}
 	for _, m := range cfg.Models {
 		res.Models = append(res.Models, m.Name)
@@ -143,6 +206,12 @@ func Matrix(cfg *Config, seed uint64, seconds float64) (*MatrixResult, error) {
 				st.Model, st.Tenants = c.Models[i].Name, tenants
 				c.Synthetic = append(c.Synthetic, st)
 				names = append(names, c.Models[i].Name)
+			}
+			for _, i := range set {
+				if st, ok := c.Beside(&c.Models[i]); ok {
+					st.Tenants = tenants
+					c.Synthetic = append(c.Synthetic, st)
+				}
 			}
 			// Each model's arrivals come from its own stream of the seed, so
 			// a model sees the same requests alone and in every set.
@@ -232,8 +301,12 @@ func pairKey(models []string, i, j int) string {
 	return models[min(i, j)] + "+" + models[max(i, j)]
 }
 
-// WriteMatrix prints the relative p95 matrix and the flags.
+// WriteMatrix prints the relative p95 matrix, the flags and, from a live
+// run, the isolation checks.
 func WriteMatrix(w io.Writer, res *MatrixResult) error {
+	if res.Variant != "" {
+		fmt.Fprintf(w, "variant %s\n", res.Variant)
+	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "p95 TTFT vs alone (worst mix)\t"+strings.Join(res.Models, "\t")+"\tfull set\t")
 	for i, a := range res.Models {
@@ -258,16 +331,22 @@ func WriteMatrix(w io.Writer, res *MatrixResult) error {
 		return err
 	}
 	if len(res.Flags) == 0 {
-		_, err := fmt.Fprintln(w, "no pair breaks a target or thrashes")
-		return err
+		fmt.Fprintln(w, "no pair breaks a target or thrashes")
 	}
 	for _, f := range res.Flags {
 		fmt.Fprintf(w, "FLAG %s+%s (%s): %s; remedy: %s\n", f.Pair[0], f.Pair[1], f.Mix, f.Reason, f.Remedy)
 	}
+	if x := res.Isolation; x != nil {
+		fmt.Fprintf(w, "isolation: %d violations: %d of %d answers not the request's own; %d cross-tenant prompt-cache hits in %d probes (%d hits on a tenant's own prompt)\n",
+			x.Violations(), x.IdentityViolations, x.Answers, x.CrossTenantHits, x.CacheProbes, x.OwnHits)
+		for _, e := range x.Examples {
+			fmt.Fprintf(w, "VIOLATION %s\n", e)
+		}
+	}
 	return nil
 }
 
-var matrixPage = template.Must(template.New("matrix").Funcs(template.FuncMap{
+var matrixPage = template.Must(template.New("page").Funcs(template.FuncMap{
 	"color": func(x float64) template.CSS {
 		if x == 0 {
 			return "background:#eee"
@@ -278,18 +357,35 @@ var matrixPage = template.Must(template.New("matrix").Funcs(template.FuncMap{
 	},
 	"cell": func(i, j int, res *MatrixResult) float64 { return res.Relative[i][j] },
 }).Parse(`<!doctype html>
-<html><head><meta charset="utf-8"><title>Interference matrix: {{.Card}}</title>
-<style>body{font-family:sans-serif}table{border-collapse:collapse}td,th{border:1px solid #999;padding:4px 8px;text-align:right}</style>
+<html><head><meta charset="utf-8"><title>Interference matrix: {{(index . 0).Card}}</title>
+<style>body{font-family:sans-serif}table{border-collapse:collapse}td,th{border:1px solid #999;padding:4px 8px;text-align:right}.bad{color:#b00;font-weight:bold}</style>
 </head><body>
-<h1>Interference matrix: {{.Card}}</h1>
+<h1>Interference matrix: {{(index . 0).Card}}</h1>
+{{if gt (len .) 1}}<p>Variants: {{range $k, $r := .}}{{if $k}}, {{end}}<a href="#{{$r.Variant}}">{{$r.Variant}}</a>{{end}}.</p>{{end}}
+{{range .}}{{template "matrix" .}}{{end}}
+</body></html>
+{{define "matrix"}}{{if .Variant}}<h2 id="{{.Variant}}">Variant: {{.Variant}}</h2>{{end}}
 <p>Each model's p95 time to first token with a partner (or the full set) relative to running alone, under the mix where it is worst; {{.Seconds}} s of virtual time per cell, gpuplane's policy.</p>
 <table><tr><th>model \ with</th>{{range .Models}}<th>{{.}}</th>{{end}}<th>full set</th></tr>
 {{$res := .}}{{range $i, $a := .Models}}<tr><th>{{$a}}</th>{{range $j, $b := $res.Models}}{{if eq $i $j}}<td>–</td>{{else}}{{$x := cell $i $j $res}}<td style="{{color $x}}" title="worst mix: {{index (index $res.WorstMix $i) $j}}">{{if $x}}{{$x}}×{{else}}n/a{{end}}</td>{{end}}{{end}}{{$f := cell $i $i $res}}<td style="{{color $f}}">{{if $f}}{{$f}}×{{else}}n/a{{end}}</td></tr>
 {{end}}</table>
-<h2>Flags</h2>
+<h3>Flags{{if .Variant}} ({{.Variant}}){{end}}</h3>
 {{if .Flags}}<ul>{{range .Flags}}<li><b>{{index .Pair 0}} + {{index .Pair 1}}</b> ({{.Mix}}): {{.Reason}}. Remedy: {{.Remedy}}.</li>{{end}}</ul>{{else}}<p>No pair breaks a target or thrashes.</p>{{end}}
-</body></html>
-`))
+{{with .Isolation}}<h3>Isolation</h3>
+<p{{if .Violations}} class="bad"{{end}}>{{.Violations}} violations: {{.IdentityViolations}} of {{.Answers}} answers not the request's own; {{.CrossTenantHits}} cross-tenant prompt-cache hits in {{.CacheProbes}} probes ({{.OwnHits}} hits on a tenant's own prompt).</p>
+{{if .Examples}}<ul>{{range .Examples}}<li>{{.}}</li>{{end}}</ul>{{end}}{{end}}
+{{end}}`))
 
 // WriteMatrixHTML writes the report with the heatmap.
-func WriteMatrixHTML(w io.Writer, res *MatrixResult) error { return matrixPage.Execute(w, res) }
+func WriteMatrixHTML(w io.Writer, res *MatrixResult) error {
+	return WriteMatricesHTML(w, []*MatrixResult{res})
+}
+
+// WriteMatricesHTML writes one report with each variant's heatmap, flags
+// and isolation checks.
+func WriteMatricesHTML(w io.Writer, res []*MatrixResult) error {
+	if len(res) == 0 {
+		return fmt.Errorf("matrix report: no matrix")
+	}
+	return matrixPage.Execute(w, res)
+}

@@ -1,6 +1,7 @@
 package simserve
 
 import (
+	"cmp"
 	"fmt"
 	"math/rand/v2"
 	"slices"
@@ -45,6 +46,8 @@ type LiveRequest struct {
 	// client's, config seconds.
 	Timed   bool    `json:"timed,omitempty"`
 	In, Out float64 `json:"-"`
+	// Tenant sent it (empty: the config's first tenant).
+	Tenant string `json:"tenant,omitempty"`
 }
 
 // LiveClosed is a closed-loop stream of a mix: Concurrency requests
@@ -60,6 +63,9 @@ type LiveClosed struct {
 	PromptTokens int           `json:"promptTokens"`
 	OutputTokens int           `json:"outputTokens"`
 	Sent         []LiveRequest `json:"-"`
+	// Aside: background work beside the model's own traffic
+	// (Config.Beside), not measured.
+	Aside bool `json:"aside,omitempty"`
 }
 
 // LivePhase is one mix as the live bench ran it on a set: the open-loop
@@ -81,7 +87,10 @@ type ReplayOptions struct {
 	// Bare replays without any overhead: every request reaches the node
 	// as it is sent, timed or not.
 	Bare bool
-	Seed uint64
+	// Gateway: the live bench sent through the node's gateway (its queue,
+	// in-flight caps and preemption), not to the replicas' fronts.
+	Gateway bool
+	Seed    uint64
 }
 
 // ReplaySet runs models (names of cfg's models) through the warm-up
@@ -118,7 +127,7 @@ func ReplaySet(cfg *Config, models []string, warm []LiveRequest, phases []LivePh
 			}
 			st := SyntheticStream{Model: cl.Model, Tenants: []string{tenant}, Concurrency: cl.Concurrency,
 				PromptTokens: cl.PromptTokens, OutputTokens: cl.OutputTokens, from: ph.Start, until: ph.End}
-			st.sent = cl.Sent
+			st.sent, st.aside = cl.Sent, cl.Aside
 			c.Synthetic = append(c.Synthetic, st)
 		}
 	}
@@ -127,7 +136,7 @@ func ReplaySet(cfg *Config, models []string, warm []LiveRequest, phases []LivePh
 	s.agentPriors = true
 	// The live bench sends to the replicas' fronts (the node's own
 	// endpoints), not through the gateway's queue.
-	s.fronted = true
+	s.fronted = !o.Gateway
 	s.livePaths = !o.Bare
 	s.ovRng = rand.New(rand.NewPCG(o.Seed, 0x0e7e7ead))
 	for _, m := range c.Models {
@@ -141,7 +150,7 @@ func ReplaySet(cfg *Config, models []string, warm []LiveRequest, phases []LivePh
 		if m < 0 {
 			return fmt.Errorf("replay: request for %q, not in the set", r.Model)
 		}
-		a := Arrival{Model: m, Tenant: tenant, PromptTokens: r.PromptTokens, OutputTokens: r.OutputTokens, order: len(arr)}
+		a := Arrival{Model: m, Tenant: cmp.Or(r.Tenant, tenant), PromptTokens: r.PromptTokens, OutputTokens: r.OutputTokens, order: len(arr)}
 		switch {
 		case !o.Bare && r.Timed:
 			a.lag, a.back = max(r.In, 0), max(r.Out, 0)

@@ -476,8 +476,14 @@ func (s *sim) useAdapter(e *engine, r *request) {
 // newRequest makes the request of an arrival; its work follows the model.
 func (s *sim) newRequest(a Arrival) *request {
 	m := &s.cfg.Models[a.Model]
+	if a.Adapter == 0 {
+		a.Adapter = s.cfg.tenantAdapter(a.Model, a.Tenant)
+	}
 	s.nreq++
-	r := &request{a: a, seq: s.nreq, class: m.class, firstAt: -1, warmup: a.Time < s.cfg.WarmupSeconds}
+	r := &request{a: a, seq: s.nreq, class: m.class, firstAt: -1, warmup: a.Time < s.cfg.WarmupSeconds || a.aside}
+	if a.aside {
+		r.class = queue.Background
+	}
 	if m.PrefillTokensPerSecond > 0 {
 		r.prefill = float64(a.PromptTokens) / m.PrefillTokensPerSecond
 	}
@@ -560,12 +566,15 @@ func (s *sim) closedSend(i int) {
 	}
 	rng := s.closedRng[i]
 	a := Arrival{Time: s.now, Model: s.cfg.model(st.Model), Tenant: pickTenant(s.cfg, st.Tenants, rng),
-		PromptTokens: around(rng, st.PromptTokens), OutputTokens: around(rng, st.OutputTokens)}
+		PromptTokens: around(rng, st.PromptTokens), OutputTokens: around(rng, st.OutputTokens), aside: st.aside}
 	ov := -1.0
 	if n := len(st.sent); n > 0 {
 		// A replayed live loop: the n-th send is the live n-th one.
 		lr := st.sent[s.closedSent[i]%n]
 		a.PromptTokens, a.OutputTokens = lr.PromptTokens, lr.OutputTokens
+		if lr.Tenant != "" {
+			a.Tenant = lr.Tenant
+		}
 		if lr.Timed && s.livePaths {
 			ov, a.back = max(lr.In, 0), max(lr.Out, 0)
 		}

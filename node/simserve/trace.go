@@ -39,6 +39,9 @@ type Arrival struct {
 	// back is the measured time from the engine's first token to the
 	// client's (a replayed live request timed in-band), added to its TTFT.
 	back float64
+	// aside: a background request beside the model's own traffic
+	// (Config.Beside), run but not measured.
+	aside bool
 }
 
 // jsonlRecord is gpuplane's trace format, one JSON object a line:

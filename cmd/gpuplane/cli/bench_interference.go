@@ -28,6 +28,9 @@ import (
 	"github.com/gpuplane/gpuplane/cmd/gpuplane/descriptor"
 	"github.com/gpuplane/gpuplane/fsm/catalog"
 	"github.com/gpuplane/gpuplane/node/engine/sim"
+	"github.com/gpuplane/gpuplane/node/gateway"
+	"github.com/gpuplane/gpuplane/node/gateway/isolation"
+	"github.com/gpuplane/gpuplane/node/gateway/queue"
 	"github.com/gpuplane/gpuplane/node/simserve"
 	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
 )
@@ -59,16 +62,29 @@ func newBenchCommand(g *globals) *cobra.Command {
 }
 
 type benchOptions struct {
-	configPath, htmlPath, mixes, models string
-	duration                            time.Duration
-	timeScale                           float64
-	seed                                uint64
+	configPath, htmlPath, mixes, models, variants, via string
+	duration                                           time.Duration
+	timeScale                                          float64
+	seed                                               uint64
+	// transport, when set, carries the bench's requests to the node (a
+	// test plants faults in it).
+	transport http.RoundTripper
 }
+
+// benchTransport, when set, carries the bench's requests (a test plants
+// isolation faults in it); nil: the default transport.
+var benchTransport http.RoundTripper
+
+// Where the bench sends a matrix's requests.
+const (
+	viaFronts  = "fronts"
+	viaGateway = "gateway"
+)
 
 func newBenchInterferenceCommand(g *globals) *cobra.Command {
 	var o benchOptions
 	c := &cobra.Command{
-		Use:   "interference --config FILE [--models a,b] [--mix short,long,bursty,background] [--duration D] [--html FILE]",
+		Use:   "interference --config FILE [--models a,b] [--mix short,long,bursty,background] [--variants base,adapters,...] [--via fronts|gateway] [--duration D] [--html FILE]",
 		Short: "Run the interference matrix on a real agent and sim engine processes",
 		Long: `Start a dev agent in this process with one simulated card of the config's
 size, deploy the config's models on it as sim engines (their residency,
@@ -92,9 +108,39 @@ Times run --time-scale times faster than the
 config says (the engines, the mixes and the agent's residency controllers
 alike) and are reported in the config's seconds. --models runs the matrix
 over a subset of the config's models.
--o json prints every cell; --html writes the report with the heatmap.`,
-		Example: `  gpuplane bench interference --config examples/serve/home.yaml --html live.html`,
-		Args:    argsNamed(),
+
+--variants repeats the matrix on variants of the config, each on an agent
+of its own (one that cannot finish is reported as failed, the others
+still run, and the run exits 1):` + variantsHelp + `The default is base alone, which keeps the home config's run within 15
+minutes; each variant takes about as long again. Quantized models are
+deployed with spec.engine.quantization fp8, adapters as tenant-private
+adapters (spec.adapters[].tenants), batching-off passes --max-num-seqs 1.
+
+--via says where the requests go: to the replicas' fronts (the node's own
+endpoints, what the replay's agreement is measured on) or through the
+node's gateway (its queue, in-flight caps, preemption and per-tenant cache
+salt), which the replay then models too. The preemption variants always
+go through the gateway, whose classes and preemption they exercise: they
+add a background batch (2 outstanding, 1k tokens in and out, class
+background) beside each interactive model's own traffic in every mix,
+which the gateway preempts for the model's requests, or, with
+preemption-off, does not; the cells measure the models' own traffic. The
+config's tenants (the first two) take turns sending.
+
+Every run checks isolation. Each answer must be its request's: its id
+carries the request's request_id (vLLM's field and id format), its model
+is the one asked for, and its usage counts the request's prompt and the
+tokens streamed. After each set's mixes, probes through the gateway read
+each engine's prompt cache: a tenant's first probe of a prompt must hit
+nothing, a second tenant's probe of the same prompt must hit nothing,
+and each tenant's repeat should hit its own. Any violation is counted
+and shown in the report, and fails the run (exit 1) after the report.
+
+-o json prints every cell (the first variant's at the top, every
+variant's under "variants"); --html writes the report with the heatmaps.`,
+		Example: `  gpuplane bench interference --config examples/serve/home.yaml --html live.html
+  gpuplane bench interference --config examples/serve/home.yaml --models chat,batch --variants preemption,preemption-off`,
+		Args: argsNamed(),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if o.configPath == "" {
 				return usageErrorf(cmd, "required flag --config not set")
@@ -109,6 +155,14 @@ over a subset of the config's models.
 			if err != nil {
 				return usageErrorf(cmd, "%v", err)
 			}
+			variants, err := simserve.ParseVariants(o.variants)
+			if err != nil {
+				return usageErrorf(cmd, "%v", err)
+			}
+			o.transport = benchTransport
+			if o.via != viaFronts && o.via != viaGateway {
+				return usageErrorf(cmd, "invalid --via %q: want fronts or gateway", o.via)
+			}
 			cfg, err := simserve.LoadConfig(o.configPath)
 			if err != nil {
 				return fmt.Errorf("bench interference: %w", err)
@@ -118,8 +172,9 @@ over a subset of the config's models.
 					return usageErrorf(cmd, "%v", err)
 				}
 			}
-			res, err := runBench(ctx(cmd), cfg, mixes, o, g.stderr, func(url string) (*apiClients, error) {
-				g.addr = url
+			res, err := runBench(ctx(cmd), cfg, mixes, variants, o, g.stderr, func(url string) (*apiClients, error) {
+				// Each variant's agent has an address of its own.
+				g.addr, g.apiOnce = url, sync.Once{}
 				return g.api(cmd)
 			})
 			if err != nil {
@@ -130,7 +185,16 @@ over a subset of the config's models.
 					return fmt.Errorf("bench interference: %w", err)
 				}
 			}
-			return g.printValue(res, func(w io.Writer) error { return writeBench(w, res) })
+			if err := g.printValue(res, func(w io.Writer) error { return writeBench(w, res) }); err != nil {
+				return err
+			}
+			if res.IsolationViolations > 0 {
+				return fmt.Errorf("bench interference: %d isolation violations (see the report)", res.IsolationViolations)
+			}
+			if res.Failed > 0 {
+				return fmt.Errorf("bench interference: %d variants failed (see the report)", res.Failed)
+			}
+			return nil
 		},
 	}
 	f := c.Flags()
@@ -140,17 +204,43 @@ over a subset of the config's models.
 	f.Float64Var(&o.timeScale, "time-scale", 10, "how many times faster than the config the engines and mixes run")
 	f.StringVar(&o.models, "models", "", "run the matrix over these of the config's models only, comma-separated (default: all)")
 	f.StringVar(&o.htmlPath, "html", "", "also write an HTML report with the heatmap to this file")
+	f.StringVar(&o.variants, "variants", "base", "repeat the matrix on these variants, comma-separated: "+strings.Join(simserve.VariantNames(), ", ")+", or all")
+	f.StringVar(&o.via, "via", viaFronts, "send the matrix's requests to the replicas' fronts or through the node's gateway")
 	f.Uint64Var(&o.seed, "seed", 1, "seed for the request streams")
 	_ = c.MarkFlagFilename("config", "yaml", "yml")
 	return c
 }
 
-// benchResult is simulate interference's report of the live cells, with
-// the comparison with the simulated matrix.
+// benchResult is every variant's report; the first variant's is also at
+// its top, as a run without --variants prints it.
 type benchResult struct {
-	*simserve.MatrixResult
+	*benchVariant
 	Device    string  `json:"device"`
 	TimeScale float64 `json:"timeScale"`
+	// Variants are every variant's matrix, in the order run.
+	Variants []*benchVariant `json:"variants"`
+	// IsolationViolations sums the variants' isolation violations.
+	IsolationViolations int `json:"isolationViolations"`
+	// Failed counts the variants that could not run to the end (each
+	// says why in its error).
+	Failed int `json:"failedVariants,omitempty"`
+}
+
+// benchVariant is simulate interference's report of one variant's live
+// cells, with the comparison with the simulated matrix and the isolation
+// checks (MatrixResult.Isolation).
+type benchVariant struct {
+	*simserve.MatrixResult
+	// Via is where the requests went: fronts or gateway.
+	Via string `json:"via"`
+	// Error says why the variant did not run to the end (with
+	// --variants naming several; one alone fails the run).
+	Error string `json:"error,omitempty"`
+	// BackgroundRequests and BackgroundAnswered count the requests of the
+	// background batches beside the interactive models (the preemption
+	// variants), not in the cells' measures; a preempted one ends early.
+	BackgroundRequests int `json:"backgroundRequests,omitempty"`
+	BackgroundAnswered int `json:"backgroundAnswered,omitempty"`
 	// Compare is each model's live p95 TTFT in each cell next to the
 	// simulated one's; Ratio is live over simulated (0 where either
 	// answered nothing).
@@ -251,8 +341,9 @@ func benchDevice(cfg *simserve.Config) (catalog.Device, error) {
 }
 
 // benchSpec is model m's deployment: the sim engine with the config's
-// figures, time-scaled.
-func benchSpec(m *simserve.ModelConfig, accel string, scale float64) *descriptor.ModelDeploymentSpec {
+// figures, time-scaled, and what the config's variant changes: an engine
+// batch (--max-num-seqs), adapters, the weights' quantization.
+func benchSpec(cfg *simserve.Config, m *simserve.ModelConfig, accel string, scale float64) *descriptor.ModelDeploymentSpec {
 	mib := int64(math.Ceil(m.MemoryGiB * 1024))
 	mem, _ := descriptor.ParseQuantity(strconv.FormatInt(mib, 10) + "Mi")
 	f := func(x float64) string { return strconv.FormatFloat(x, 'g', 6, 64) }
@@ -265,6 +356,14 @@ func benchSpec(m *simserve.ModelConfig, accel string, scale float64) *descriptor
 		"--compute-percent", strconv.Itoa(int(m.ComputePercent)),
 		"--sleep-residual-mib", strconv.FormatInt(int64(m.ResidualGiB*1024), 10),
 	}
+	if cfg.EngineBatch {
+		args = append(args, "--max-num-seqs", strconv.Itoa(m.MaxInFlight))
+	}
+	if len(m.Adapters) > 0 {
+		args = append(args, "--max-loras", strconv.Itoa(m.MaxAdapters),
+			// A fixed load time (0 would draw GenTD26's, unscaled).
+			"--lora-load-time", max(time.Microsecond, time.Duration(m.AdapterLoadSeconds/scale*float64(time.Second))).String())
+	}
 	if m.KVTokens > 0 {
 		// A quarter of the footprint is the KV pool, holding KVTokens.
 		pool := mib / 4
@@ -274,9 +373,22 @@ func benchSpec(m *simserve.ModelConfig, accel string, scale float64) *descriptor
 	spec := &descriptor.ModelDeploymentSpec{
 		Model:     "/models/" + m.Name,
 		Placement: descriptor.Placement{Accelerator: accel},
-		Engine:    descriptor.Engine{Kind: "sim", Memory: &mem, Args: args},
+		Engine:    descriptor.Engine{Kind: "sim", Memory: &mem, Args: args, Quantization: m.Quantization},
 		Residency: m.Residency,
 		Priority:  m.Class,
+	}
+	if len(m.Adapters) > 0 {
+		maxAd := int64(m.MaxAdapters)
+		spec.Engine.MaxAdapters = &maxAd
+	}
+	for _, ad := range m.Adapters {
+		// Under TenantAdapters an adapter is named as its tenant and
+		// private to it.
+		a := descriptor.Adapter{Name: ad, Source: "/adapters/" + m.Name + "/" + ad, Rank: new(int64(16))}
+		if cfg.TenantAdapters {
+			a.Tenants = []string{ad}
+		}
+		spec.Adapters = append(spec.Adapters, a)
 	}
 	if m.SLOTTFTSeconds > 0 {
 		ms := max(1, int64(m.SLOTTFTSeconds*1000/scale))
@@ -295,13 +407,38 @@ func benchFreePort() (int, error) {
 	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
-// runBench starts the agent, runs every set and mix on it and reports;
+// runBench runs the matrix once per variant, each on an agent of its own;
 // connectTo returns the API clients of the agent at a URL.
-func runBench(ctx context.Context, cfg *simserve.Config, mixes []simserve.Mix, o benchOptions, progress io.Writer, connectTo func(url string) (*apiClients, error)) (*benchResult, error) {
+func runBench(ctx context.Context, cfg *simserve.Config, mixes []simserve.Mix, variants []simserve.Variant, o benchOptions, progress io.Writer, connectTo func(url string) (*apiClients, error)) (*benchResult, error) {
 	dev, err := benchDevice(cfg)
 	if err != nil {
 		return nil, err
 	}
+	res := &benchResult{Device: dev.Slug, TimeScale: o.timeScale}
+	for _, v := range variants {
+		if len(variants) > 1 {
+			fmt.Fprintf(progress, "variant %s\n", v.Name)
+		}
+		r, err := runVariant(ctx, v.Apply(cfg), v, dev, mixes, o, progress, connectTo)
+		if err != nil && len(variants) == 1 {
+			return nil, fmt.Errorf("variant %s: %w", v.Name, err)
+		}
+		if err != nil {
+			// The other variants still run: the report says which failed.
+			fmt.Fprintf(progress, "variant %s failed: %v\n", v.Name, err)
+			r = &benchVariant{MatrixResult: &simserve.MatrixResult{Card: cfg.Card.Name, Variant: v.Name}, Error: err.Error()}
+			res.Failed++
+		}
+		res.Variants = append(res.Variants, r)
+		res.IsolationViolations += r.Isolation.Violations()
+	}
+	res.benchVariant = res.Variants[0]
+	return res, nil
+}
+
+// runVariant starts an agent, runs every set and mix of cfg (a variant's)
+// on it and reports.
+func runVariant(ctx context.Context, cfg *simserve.Config, v simserve.Variant, dev catalog.Device, mixes []simserve.Mix, o benchOptions, progress io.Writer, connectTo func(url string) (*apiClients, error)) (*benchVariant, error) {
 	dir, err := os.MkdirTemp("", "gpuplane-bench-")
 	if err != nil {
 		return nil, err
@@ -315,17 +452,31 @@ func runBench(ctx context.Context, cfg *simserve.Config, mixes []simserve.Mix, o
 	if err != nil {
 		return nil, err
 	}
+	weights := map[string]float64{}
+	for _, t := range cfg.Tenants {
+		weights[t.Name] = t.Weight
+	}
 	startCtx, cancel := context.WithTimeout(ctx, time.Minute)
 	a, err := agent.Start(startCtx, agent.Config{Dev: true, NodeName: "bench", DataDir: dir, RaftPort: raft, GossipPort: gossip,
-		SimGPUs: dev.Slug + "=1", Enforce: "none", ResidencyTimeScale: o.timeScale})
+		SimGPUs: dev.Slug + "=1", Enforce: "none", ResidencyTimeScale: o.timeScale,
+		Gateway: agent.GatewayConfig{Weights: weights, Queue: queue.Config{NoPreemption: cfg.NoPreemption}}})
 	cancel()
 	if err != nil {
 		return nil, fmt.Errorf("start the agent: %w", err)
 	}
 	defer a.Close()
+	via := o.via
+	if cfg.BackgroundBeside {
+		// Classes and preemption are the gateway's.
+		via = viaGateway
+	}
 	// A request waits at a front for at most the node's wait for a load
 	// (2 minutes); this only bounds a request that is never answered.
-	b := &bench{cfg: cfg, o: o, http: &http.Client{Timeout: 10 * time.Minute}, progress: progress}
+	b := &bench{cfg: cfg, o: o, http: &http.Client{Timeout: 10 * time.Minute, Transport: o.transport}, progress: progress,
+		via: via, gateway: a.GatewayURL(), iso: &simserve.Isolation{}}
+	for _, t := range cfg.Tenants[:min(2, len(cfg.Tenants))] {
+		b.tenants = append(b.tenants, t.Name)
+	}
 	if b.api, err = connectTo(a.APIURL()); err != nil {
 		return nil, err
 	}
@@ -336,15 +487,15 @@ func runBench(ctx context.Context, cfg *simserve.Config, mixes []simserve.Mix, o
 		Spec: (&descriptor.AcceleratorSpec{Device: dev.Slug, Tenancy: "shared", MaxModels: &maxModels}).Proto()})); err != nil {
 		return nil, fmt.Errorf("create the accelerator: %w", err)
 	}
-	res := &benchResult{MatrixResult: &simserve.MatrixResult{Card: cfg.Card.Name, Seconds: o.duration.Seconds() * o.timeScale, Thrashing: simserve.MatrixThrash},
-		Device: dev.Slug, TimeScale: o.timeScale}
+	res := &benchVariant{MatrixResult: &simserve.MatrixResult{Card: cfg.Card.Name, Variant: v.Name, Seconds: o.duration.Seconds() * o.timeScale,
+		Thrashing: simserve.MatrixThrash, Isolation: b.iso}, Via: via}
 	for _, m := range cfg.Models {
 		res.Models = append(res.Models, m.Name)
 	}
 	sets := simserve.Sets(len(cfg.Models))
 	for k, set := range sets {
 		began := time.Now()
-		cells, cmps, err := b.runSet(ctx, accel, set, mixes)
+		cells, cmps, err := b.runSet(ctx, accel, k, set, mixes)
 		if err != nil {
 			return nil, err
 		}
@@ -354,6 +505,7 @@ func runBench(ctx context.Context, cfg *simserve.Config, mixes []simserve.Mix, o
 	}
 	simserve.Summarize(cfg, res.MatrixResult)
 	res.Requests, res.Answered = b.requests, b.answered
+	res.BackgroundRequests, res.BackgroundAnswered = b.asideRequests, b.asideAnswered
 	res.Within, res.Compared = res.agreement()
 	return res, nil
 }
@@ -368,17 +520,27 @@ type bench struct {
 
 	// setStart is when the running set's warm-up began.
 	setStart time.Time
+	// via is where requests go (viaFronts, viaGateway); gateway is the
+	// node's gateway; tenants take turns sending, by request number.
+	via     string
+	gateway string
+	tenants []string
 
 	mu sync.Mutex
 	// sent numbers every request, warm-ups included; requests and
 	// answered count the measured ones.
 	sent, requests, answered int
+	// asideRequests and asideAnswered count the background batches'
+	// beside the models' own traffic (Config.Beside).
+	asideRequests, asideAnswered int
+	// iso records the isolation checks.
+	iso *simserve.Isolation
 }
 
 // runSet deploys the set's models, warms each with one request, measures
 // each model's per-request overhead, runs each mix, deletes the models
 // again and replays the set's timeline in the simulator.
-func (b *bench) runSet(ctx context.Context, accel string, set []int, mixes []simserve.Mix) ([]simserve.Cell, []benchCompare, error) {
+func (b *bench) runSet(ctx context.Context, accel string, setIdx int, set []int, mixes []simserve.Mix) ([]simserve.Cell, []benchCompare, error) {
 	var names []string
 	// The set's timeline starts as its models are deployed: pinned and
 	// warm ones load when placed, in the replay as live.
@@ -386,7 +548,7 @@ func (b *bench) runSet(ctx context.Context, accel string, set []int, mixes []sim
 	for _, i := range set {
 		m := &b.cfg.Models[i]
 		names = append(names, m.Name)
-		spec := benchSpec(m, accel, b.o.timeScale)
+		spec := benchSpec(b.cfg, m, accel, b.o.timeScale)
 		if _, err := b.api.Models.ApplyModel(ctx, connect.NewRequest(&pb.ApplyModelRequest{Name: m.Name, Spec: spec.Proto()})); err != nil {
 			return nil, nil, fmt.Errorf("deploy %s: %w", m.Name, err)
 		}
@@ -428,7 +590,7 @@ func (b *bench) runSet(ctx context.Context, accel string, set []int, mixes []sim
 			engine += 1 / m.PrefillTokensPerSecond
 		}
 		for range benchCalibration {
-			s := b.send(ctx, endpoints[k], m.Name, 1, 1)
+			s := b.send(ctx, endpoints[k], m.Name, 1, 1, false)
 			warmReqs = append(warmReqs, s.live(m.Name, scale))
 			if s.err == nil {
 				overhead[m.Name] = append(overhead[m.Name], max(0, s.ttft*scale-engine))
@@ -451,6 +613,9 @@ func (b *bench) runSet(ctx context.Context, accel string, set []int, mixes []sim
 		began := time.Now()
 		phase := simserve.LivePhase{Mix: mix.Name, Start: began.Sub(b.setStart).Seconds() * scale}
 		phase.End = phase.Start + b.o.duration.Seconds()*scale
+		// aside[k] are the requests of the background batch beside model
+		// k's own traffic (Config.Beside), if it gets one.
+		aside := make([][]sample, len(set))
 		for k, i := range set {
 			m := &b.cfg.Models[i]
 			st := mix.Stream(m)
@@ -461,8 +626,25 @@ func (b *bench) runSet(ctx context.Context, accel string, set []int, mixes []sim
 			wg.Go(func() {
 				per[k] = b.drive(ctx, endpoints[k], m, st, b.o.seed<<16|uint64(i))
 			})
+			if bg, ok := b.cfg.Beside(m); ok {
+				wg.Go(func() {
+					aside[k] = b.drive(ctx, endpoints[k], m, bg, b.o.seed<<16|uint64(i)|1<<15)
+				})
+			}
 		}
 		wg.Wait()
+		for k, i := range set {
+			m := &b.cfg.Models[i]
+			if bg, ok := b.cfg.Beside(m); ok {
+				sent := slices.Clone(aside[k])
+				slices.SortStableFunc(sent, func(x, y sample) int { return cmpFloat(x.at, y.at) })
+				cl := simserve.LiveClosed{Model: m.Name, Concurrency: bg.Concurrency, PromptTokens: bg.PromptTokens, OutputTokens: bg.OutputTokens, Aside: true}
+				for _, s := range sent {
+					cl.Sent = append(cl.Sent, s.live(m.Name, scale))
+				}
+				phase.Closed = append(phase.Closed, cl)
+			}
+		}
 		loads, wakes, evictions, err := b.decisionsSince(ctx, seq)
 		if err != nil {
 			return nil, nil, err
@@ -495,7 +677,7 @@ func (b *bench) runSet(ctx context.Context, accel string, set []int, mixes []sim
 				sent := slices.Clone(per[k])
 				slices.SortStableFunc(sent, func(x, y sample) int { return cmpFloat(x.at, y.at) })
 				for c := range phase.Closed {
-					if phase.Closed[c].Model == m.Name {
+					if phase.Closed[c].Model == m.Name && !phase.Closed[c].Aside {
 						for _, s := range sent {
 							phase.Closed[c].Sent = append(phase.Closed[c].Sent, s.live(m.Name, scale))
 						}
@@ -513,7 +695,10 @@ func (b *bench) runSet(ctx context.Context, accel string, set []int, mixes []sim
 		cells = append(cells, cell)
 		phases = append(phases, phase)
 	}
-	ro := simserve.ReplayOptions{Overhead: path, Seed: b.o.seed}
+	if err := b.probeCaches(ctx, setIdx, names); err != nil {
+		return nil, nil, err
+	}
+	ro := simserve.ReplayOptions{Overhead: path, Seed: b.o.seed, Gateway: b.via == viaGateway}
 	withOv, err := simserve.ReplaySet(b.cfg, names, warmReqs, phases, ro)
 	if err != nil {
 		return nil, nil, err
@@ -572,7 +757,7 @@ func cmpFloat(x, y float64) int {
 func (b *bench) warm(ctx context.Context, endpoint, model string) error {
 	deadline := time.Now().Add(3 * time.Minute)
 	for {
-		s := b.send(ctx, endpoint, model, 16, 4)
+		s := b.send(ctx, endpoint, model, 16, 4, false)
 		if s.err == nil {
 			return nil
 		}
@@ -693,13 +878,17 @@ type sample struct {
 	// late is how long after its model had the first token ready the
 	// engine's process wrote it (part of fromEngine).
 	late float64
-	err  error
+	// tenant sent it; cached is the prompt tokens its answer says the
+	// engine's cache held (-1: it did not say).
+	tenant string
+	cached int
+	err    error
 }
 
 // live is the request as the replay takes it, in the config's seconds.
 func (s sample) live(model string, scale float64) simserve.LiveRequest {
 	return simserve.LiveRequest{Time: s.at * scale, Model: model, PromptTokens: s.in, OutputTokens: s.out,
-		Timed: s.timed, In: s.toEngine * scale, Out: s.fromEngine * scale}
+		Timed: s.timed, In: s.toEngine * scale, Out: s.fromEngine * scale, Tenant: s.tenant}
 }
 
 // engineTTFT is the engine's own part of the TTFT (wall seconds).
@@ -721,15 +910,23 @@ func (b *bench) drive(ctx context.Context, endpoint string, m *simserve.ModelCon
 		in := int(float64(st.PromptTokens) * (0.5 + rng.Float64()))
 		return max(1, in), max(1, int(float64(st.OutputTokens)*(0.5+rng.Float64())))
 	}
+	aside := st.Aside()
 	one := func(in, outTokens int) {
-		s := b.send(ctx, endpoint, m.Name, in, outTokens)
+		s := b.send(ctx, endpoint, m.Name, in, outTokens, aside)
 		mu.Lock()
 		out = append(out, s)
 		mu.Unlock()
 		b.mu.Lock()
-		b.requests++
-		if s.err == nil {
-			b.answered++
+		if aside {
+			b.asideRequests++
+			if s.err == nil {
+				b.asideAnswered++
+			}
+		} else {
+			b.requests++
+			if s.err == nil {
+				b.answered++
+			}
 		}
 		b.mu.Unlock()
 	}
@@ -768,28 +965,60 @@ func (b *bench) drive(ctx context.Context, endpoint string, m *simserve.ModelCon
 	return out
 }
 
-// send streams one completion of in prompt words and out tokens and times
-// its first token and the tokens after it.
-func (b *bench) send(ctx context.Context, endpoint, model string, in, out int) sample {
+// send streams one completion of in prompt words and out tokens for
+// model, and times its first token and the tokens after it. The config's
+// tenants take turns by request number; under TenantAdapters each asks
+// for its own adapter of the model. It goes to endpoint (the replica's
+// front) or through the node's gateway, as the run says.
+//
+// An aside request (background work beside a model's own traffic) is
+// sent as class background (the gateway's ClassHeader).
+func (b *bench) send(ctx context.Context, endpoint, model string, in, out int, aside bool) sample {
 	b.mu.Lock()
 	b.sent++
 	id := b.sent
 	b.mu.Unlock()
+	tenant := b.tenants[id%len(b.tenants)]
+	asked := model
+	if b.cfg.TenantAdapters {
+		asked = model + ":" + tenant
+	}
+	url := endpoint
+	if b.via == viaGateway {
+		url = b.gateway
+	}
 	// A prompt of its own, so that no request finds another's prefix in
 	// the engine's cache (simulate serve has no prefix cache).
 	words := make([]string, in)
 	for i := range words {
 		words[i] = "w" + strconv.Itoa((id*7919+i)%100000)
 	}
-	body, _ := json.Marshal(map[string]any{"model": model, "prompt": strings.Join(words, " "), "max_tokens": out, "stream": true})
+	class := ""
+	if aside {
+		class = "background"
+	}
+	return b.sendAs(ctx, url, asked, tenant, class, id, words, out)
+}
+
+// sendAs streams one completion of prompt and out tokens for model (as
+// the client names it) as tenant to url, with request number id, and
+// checks that the answer is the request's (checkIdentity).
+func (b *bench) sendAs(ctx context.Context, url, model, tenant, class string, id int, prompt []string, out int) sample {
+	rid := "bench-" + strconv.Itoa(id)
+	body, _ := json.Marshal(map[string]any{"model": model, "prompt": strings.Join(prompt, " "), "max_tokens": out, "stream": true,
+		"stream_options": map[string]any{"include_usage": true}, "request_id": rid})
 	t0 := time.Now()
-	s := sample{at: t0.Sub(b.setStart).Seconds(), in: in, out: out}
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, endpoint+"/v1/completions", bytes.NewReader(body))
+	s := sample{at: t0.Sub(b.setStart).Seconds(), in: len(prompt), out: out, tenant: tenant, cached: -1}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url+"/v1/completions", bytes.NewReader(body))
 	if err != nil {
 		s.err = err
 		return s
 	}
 	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set(isolation.TenantHeader, tenant)
+	if class != "" {
+		req.Header.Set(gateway.ClassHeader, class)
+	}
 	resp, err := b.http.Do(req)
 	if err != nil {
 		s.err = err
@@ -803,6 +1032,7 @@ func (b *bench) send(ctx context.Context, endpoint, model string, in, out int) s
 	}
 	var first, last time.Time
 	tokens := 0
+	var ans answerSeen
 	sc := bufio.NewScanner(resp.Body)
 	sc.Buffer(make([]byte, 64<<10), 4<<20)
 	for sc.Scan() {
@@ -811,11 +1041,39 @@ func (b *bench) send(ctx context.Context, endpoint, model string, in, out int) s
 			continue
 		}
 		var chunk struct {
+			ID      string `json:"id"`
+			Model   string `json:"model"`
 			Choices []struct {
 				Text string `json:"text"`
 			} `json:"choices"`
+			Usage *struct {
+				PromptTokens        int `json:"prompt_tokens"`
+				CompletionTokens    int `json:"completion_tokens"`
+				PromptTokensDetails struct {
+					CachedTokens int `json:"cached_tokens"`
+				} `json:"prompt_tokens_details"`
+			} `json:"usage"`
+			Error *struct {
+				Message string `json:"message"`
+			} `json:"error"`
 		}
-		if json.Unmarshal([]byte(line), &chunk) != nil || len(chunk.Choices) == 0 || chunk.Choices[0].Text == "" {
+		if json.Unmarshal([]byte(line), &chunk) != nil {
+			continue
+		}
+		if chunk.Error != nil {
+			// A stream the gateway cut off (preempted) ends in an error
+			// event: not an answer.
+			s.err = fmt.Errorf("the stream ended in an error: %s", chunk.Error.Message)
+			return s
+		}
+		ans.ids = append(ans.ids, chunk.ID)
+		ans.models = append(ans.models, chunk.Model)
+		if chunk.Usage != nil {
+			ans.usage = true
+			ans.prompt, ans.completion = chunk.Usage.PromptTokens, chunk.Usage.CompletionTokens
+			s.cached = chunk.Usage.PromptTokensDetails.CachedTokens
+		}
+		if len(chunk.Choices) == 0 || chunk.Choices[0].Text == "" {
 			continue
 		}
 		last = time.Now()
@@ -832,6 +1090,15 @@ func (b *bench) send(ctx context.Context, endpoint, model string, in, out int) s
 		s.err = errors.New("the stream ended without a token")
 		return s
 	}
+	ans.tokens = tokens
+	if problem := checkIdentity(rid, model, len(prompt), ans); problem != "" {
+		b.mu.Lock()
+		b.iso.Violation("identity", fmt.Sprintf("request %s (%s, tenant %s): %s", rid, model, tenant, problem))
+		b.mu.Unlock()
+	}
+	b.mu.Lock()
+	b.iso.Answers++
+	b.mu.Unlock()
 	s.ttft = first.Sub(t0).Seconds()
 	recv, err1 := strconv.ParseInt(resp.Header.Get(sim.HeaderReceived), 10, 64)
 	due, err2 := strconv.ParseInt(resp.Header.Get(sim.HeaderFirstTokenDue), 10, 64)
@@ -850,6 +1117,90 @@ func (b *bench) send(ctx context.Context, endpoint, model string, in, out int) s
 	}
 	return s
 }
+
+// answerSeen is what a streamed answer said of itself: each event's id
+// and model, its usage (when it sent one) and the tokens streamed.
+type answerSeen struct {
+	ids, models        []string
+	usage              bool
+	prompt, completion int
+	tokens             int
+}
+
+// checkIdentity says how an answer is not the one to request rid for
+// model (as the client named it) with prompt tokens, or "": every event
+// carries the id the engine forms from rid (vLLM's "cmpl-" + request_id)
+// and the model asked for (or the adapter the node resolved "model:
+// adapter" to), and its usage counts the request's prompt and the tokens
+// streamed.
+func checkIdentity(rid, model string, prompt int, ans answerSeen) string {
+	want := "cmpl-" + rid
+	_, adapter, _ := strings.Cut(model, ":")
+	for k, id := range ans.ids {
+		if id != want {
+			return fmt.Sprintf("event %d carries id %q, not %q", k, id, want)
+		}
+		if m := ans.models[k]; m != model && (adapter == "" || m != adapter) {
+			return fmt.Sprintf("event %d is from model %q, not %q", k, m, model)
+		}
+	}
+	switch {
+	case !ans.usage:
+		return "no usage in the answer"
+	case ans.prompt != prompt:
+		return fmt.Sprintf("usage counts %d prompt tokens, the request sent %d", ans.prompt, prompt)
+	case ans.completion != ans.tokens:
+		return fmt.Sprintf("usage counts %d completion tokens, %d were streamed", ans.completion, ans.tokens)
+	}
+	return ""
+}
+
+// probeCaches reads each engine's prompt cache through the node's gateway
+// (where each tenant's cache salt is set): for each model of the set, the
+// first tenant sends a prompt no one sent before twice, then the second
+// tenant sends it twice. A first send of either must hit nothing (a hit
+// is another tenant's, or another set's, prompt); the repeats should hit
+// their own tenant's, which shows the cache was there to leak.
+func (b *bench) probeCaches(ctx context.Context, setIdx int, names []string) error {
+	tenants := slices.Clone(b.tenants)
+	if len(tenants) < 2 {
+		tenants = append(tenants, "isolation-probe")
+	}
+	for k, name := range names {
+		prompt := make([]string, 4*probeBlock)
+		for i := range prompt {
+			prompt[i] = fmt.Sprintf("p%dm%di%d", setIdx, k, i)
+		}
+		for _, tenant := range tenants[:2] {
+			for rep := range 2 {
+				b.mu.Lock()
+				b.sent++
+				id := b.sent
+				b.mu.Unlock()
+				s := b.sendAs(ctx, b.gateway, name, tenant, "", id, prompt, 1)
+				if s.err != nil {
+					return fmt.Errorf("cache probe of %s as %s: %w", name, tenant, s.err)
+				}
+				b.mu.Lock()
+				b.iso.CacheProbes++
+				switch {
+				case s.cached < 0:
+					b.iso.Violation("cache", fmt.Sprintf("probe of %s as %s: the answer has no cached_tokens", name, tenant))
+				case rep == 0 && s.cached > 0:
+					b.iso.Violation("cache", fmt.Sprintf("%s: tenant %s's first send of a prompt hit %d cached tokens it never sent (the other tenant sent it)", name, tenant, s.cached))
+				case rep == 1 && s.cached > 0:
+					b.iso.OwnHits++
+				}
+				b.mu.Unlock()
+			}
+		}
+	}
+	return nil
+}
+
+// probeBlock is the sim engine's prefix-cache block, in tokens: a probe's
+// prompt is whole blocks.
+const probeBlock = 16
 
 // stats are a model's measures in the cell, in the config's seconds.
 func (b *bench) stats(m *simserve.ModelConfig, samples []sample) simserve.ModelStats {
@@ -887,7 +1238,7 @@ const benchAgree = 0.15
 
 // agreement counts the comparisons with both p95s and those within
 // benchAgree of each other.
-func (res *benchResult) agreement() (within, compared int) {
+func (res *benchVariant) agreement() (within, compared int) {
 	for _, c := range res.Compare {
 		if c.Ratio <= 0 {
 			continue
@@ -900,11 +1251,36 @@ func (res *benchResult) agreement() (within, compared int) {
 	return within, compared
 }
 
-// writeBench prints the matrix and flags as simulate interference does,
-// then each cell's live p95 TTFT against the replayed one.
+// writeBench prints each variant's matrix, flags and isolation checks as
+// simulate interference does, then each cell's live p95 TTFT against the
+// replayed one.
 func writeBench(w io.Writer, res *benchResult) error {
-	fmt.Fprintf(w, "live on one simulated %s (%s), time ×%g, %g config-seconds per cell; %d of %d requests answered\n\n",
-		res.Device, res.Card, res.TimeScale, res.Seconds, res.Answered, res.Requests)
+	for k, v := range res.Variants {
+		if k > 0 {
+			fmt.Fprintln(w)
+		}
+		if v.Error != "" {
+			fmt.Fprintf(w, "variant %s FAILED: %s\n", v.Variant, v.Error)
+			continue
+		}
+		fmt.Fprintf(w, "live on one simulated %s (%s), time ×%g, %g config-seconds per cell, requests to the %s; %d of %d requests answered\n",
+			res.Device, res.Card, res.TimeScale, v.Seconds, v.Via, v.Answered, v.Requests)
+		if v.BackgroundRequests > 0 {
+			fmt.Fprintf(w, "background batches beside the interactive models: %d of %d requests answered in full\n", v.BackgroundAnswered, v.BackgroundRequests)
+		}
+		fmt.Fprintln(w)
+		if err := writeBenchVariant(w, v); err != nil {
+			return err
+		}
+	}
+	if res.IsolationViolations > 0 {
+		_, err := fmt.Fprintf(w, "\nFAILED: %d isolation violations\n", res.IsolationViolations)
+		return err
+	}
+	return nil
+}
+
+func writeBenchVariant(w io.Writer, res *benchVariant) error {
 	if err := simserve.WriteMatrix(w, res.MatrixResult); err != nil {
 		return err
 	}
@@ -926,22 +1302,38 @@ func writeBench(w io.Writer, res *benchResult) error {
 	return err
 }
 
-// writeBenchHTML writes simulate interference's report with the heatmap,
-// with the live/replayed comparison added before its end.
+// writeBenchHTML writes simulate interference's report with each
+// variant's heatmap, flags and isolation checks, with each variant's
+// live/replayed comparison added before its end.
 func writeBenchHTML(path string, res *benchResult) error {
 	var page bytes.Buffer
-	if err := simserve.WriteMatrixHTML(&page, res.MatrixResult); err != nil {
+	var all []*simserve.MatrixResult
+	for _, v := range res.Variants {
+		all = append(all, v.MatrixResult)
+	}
+	if err := simserve.WriteMatricesHTML(&page, all); err != nil {
 		return err
 	}
 	var table bytes.Buffer
-	within, compared := res.agreement()
-	fmt.Fprintf(&table, "<h2>Live p95 TTFT against the simulated replay</h2>\n<p>%d of %d model-cells within %.0f%%.</p>\n", within, compared, 100*benchAgree)
-	table.WriteString("<table><tr><th>cell</th><th>mix</th><th>model</th><th>answered</th><th>live p95</th><th>sim p95</th><th>live p95 in the engine</th><th>sim p95 without overhead</th><th>overhead p50</th><th>live/sim</th></tr>\n")
-	for _, c := range res.Compare {
-		fmt.Fprintf(&table, "<tr><td>%s</td><td>%s</td><td>%s</td><td>%d</td><td>%gs</td><td>%gs</td><td>%gs</td><td>%gs</td><td>%gs</td><td>%g</td></tr>\n",
-			html.EscapeString(strings.Join(c.Models, "+")), html.EscapeString(c.Mix), html.EscapeString(c.Model), c.Answered, c.LiveP95, c.SimP95, c.LiveEngineP95, c.SimBareP95, c.OverheadP50, c.Ratio)
+	for _, v := range res.Variants {
+		if v.Error != "" {
+			fmt.Fprintf(&table, "<h2>Variant %s failed</h2>\n<p class=\"bad\">%s</p>\n", html.EscapeString(v.Variant), html.EscapeString(v.Error))
+			continue
+		}
+		within, compared := v.agreement()
+		fmt.Fprintf(&table, "<h2>Live p95 TTFT against the simulated replay (%s, requests to the %s)</h2>\n<p>%d of %d model-cells within %.0f%%.</p>\n",
+			html.EscapeString(v.Variant), v.Via, within, compared, 100*benchAgree)
+		table.WriteString("<table><tr><th>cell</th><th>mix</th><th>model</th><th>answered</th><th>live p95</th><th>sim p95</th><th>live p95 in the engine</th><th>sim p95 without overhead</th><th>overhead p50</th><th>live/sim</th></tr>\n")
+		for _, c := range v.Compare {
+			fmt.Fprintf(&table, "<tr><td>%s</td><td>%s</td><td>%s</td><td>%d</td><td>%gs</td><td>%gs</td><td>%gs</td><td>%gs</td><td>%gs</td><td>%g</td></tr>\n",
+				html.EscapeString(strings.Join(c.Models, "+")), html.EscapeString(c.Mix), html.EscapeString(c.Model), c.Answered, c.LiveP95, c.SimP95, c.LiveEngineP95, c.SimBareP95, c.OverheadP50, c.Ratio)
+		}
+		table.WriteString("</table>\n")
 	}
-	table.WriteString("</table>\n</body>")
+	if res.IsolationViolations > 0 {
+		fmt.Fprintf(&table, "<p class=\"bad\">FAILED: %d isolation violations.</p>\n", res.IsolationViolations)
+	}
+	table.WriteString("</body>")
 	out := strings.Replace(page.String(), "</body>", table.String(), 1)
 	return os.WriteFile(path, []byte(out), 0o644)
 }

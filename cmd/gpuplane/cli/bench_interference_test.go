@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"io"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -138,6 +140,8 @@ func TestBenchInterferenceBadInput(t *testing.T) {
 		{[]string{"--duration", "0s"}, "invalid --duration"},
 		{[]string{"--time-scale", "0.5"}, "invalid --time-scale"},
 		{[]string{"--models", "chat,nosuch"}, `invalid --models "nosuch"`},
+		{[]string{"--variants", "base,fast"}, `invalid --variants "fast"`},
+		{[]string{"--via", "proxy"}, `invalid --via "proxy"`},
 	} {
 		var out, errb bytes.Buffer
 		code := Run(context.Background(), append([]string{"bench", "interference", "--config", cfg}, tc.args...), strings.NewReader(""), &out, &errb)
@@ -149,5 +153,178 @@ func TestBenchInterferenceBadInput(t *testing.T) {
 	code := Run(context.Background(), []string{"bench", "interference"}, strings.NewReader(""), &out, &errb)
 	if code != 2 || !strings.Contains(errb.String(), "--config") {
 		t.Errorf("no --config: exit %d, %q", code, errb.String())
+	}
+}
+
+var tinyTenantsConfig = strings.Replace(tinyBenchConfig, "tenants: [{name: alice}]", "tenants: [{name: alice}, {name: bob}]", 1)
+
+// benchIsolation is a variant's isolation checks in -o json.
+type benchIsolation struct {
+	Answers            int      `json:"answersChecked"`
+	IdentityViolations int      `json:"identityViolations"`
+	CacheProbes        int      `json:"cacheProbes"`
+	CrossTenantHits    int      `json:"crossTenantCacheHits"`
+	OwnHits            int      `json:"ownCacheHits"`
+	Examples           []string `json:"examples"`
+}
+
+type benchVariantsJSON struct {
+	Variants []struct {
+		Variant string `json:"variant"`
+		Via     string `json:"via"`
+		Cells   []struct {
+			Models   []string `json:"models"`
+			PerModel []struct {
+				Requests  int `json:"requests"`
+				Completed int `json:"completed"`
+			} `json:"perModel"`
+		} `json:"cells"`
+		Compare            []struct{} `json:"compare"`
+		Requests           int        `json:"requests"`
+		Answered           int        `json:"answered"`
+		BackgroundRequests int        `json:"backgroundRequests"`
+		Isolation          *benchIsolation
+	} `json:"variants"`
+	IsolationViolations int `json:"isolationViolations"`
+}
+
+func runTinyVariants(t *testing.T, args ...string) (int, benchVariantsJSON, string, string) {
+	t.Helper()
+	dir := t.TempDir()
+	cfg, html := filepath.Join(dir, "tiny.yaml"), filepath.Join(dir, "report.html")
+	if err := os.WriteFile(cfg, []byte(tinyTenantsConfig), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var out, errb bytes.Buffer
+	code := Run(context.Background(), append([]string{"-o", "json", "bench", "interference", "--config", cfg, "--models", "chat", "--mix", "short",
+		"--duration", "1s", "--html", html}, args...), strings.NewReader(""), &out, &errb)
+	var res benchVariantsJSON
+	if err := json.Unmarshal(out.Bytes(), &res); err != nil {
+		t.Fatalf("exit %d, -o json: %v\n%s\n%s", code, err, out.String(), errb.String())
+	}
+	page, _ := os.ReadFile(html)
+	return code, res, string(page), errb.String()
+}
+
+// TestLiveBenchInterferenceVariants runs the live matrix of one model
+// under every variant, each on an agent of its own: every variant has its
+// cells with every request answered, preemption-off goes through the
+// gateway, and every run checked isolation: each answer was its
+// request's, no tenant's probe hit the other's prompt cache while each
+// tenant's repeat hit its own (so the check could have failed).
+func TestLiveBenchInterferenceVariants(t *testing.T) {
+	code, res, page, errs := runTinyVariants(t, "--variants", "all")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errs)
+	}
+	var names []string
+	for _, v := range res.Variants {
+		names = append(names, v.Variant)
+		if len(v.Cells) != 1 || len(v.Cells[0].PerModel) != 1 || v.Cells[0].PerModel[0].Requests == 0 || v.Requests == 0 || v.Answered != v.Requests {
+			t.Fatalf("variant %s: cells %+v, %d of %d answered: want chat's cell with every request answered\n%s", v.Variant, v.Cells, v.Answered, v.Requests, errs)
+		}
+		if want := map[bool]string{true: "gateway", false: "fronts"}[strings.HasPrefix(v.Variant, "preemption")]; v.Via != want {
+			t.Errorf("variant %s went to the %s, want %s", v.Variant, v.Via, want)
+		}
+		if strings.HasPrefix(v.Variant, "preemption") != (v.BackgroundRequests > 0) {
+			t.Errorf("variant %s sent %d background requests beside chat: want some in the preemption variants only", v.Variant, v.BackgroundRequests)
+		}
+		x := v.Isolation
+		if x == nil || x.Answers < v.Requests || x.IdentityViolations != 0 || x.CacheProbes != 4 || x.CrossTenantHits != 0 || x.OwnHits != 2 {
+			t.Fatalf("variant %s isolation %+v: want every answer checked (≥ %d) and its own, 4 cache probes, no cross-tenant hit, 2 own hits", v.Variant, x, v.Requests)
+		}
+		if !strings.Contains(page, `id="`+v.Variant+`"`) {
+			t.Errorf("HTML report lacks variant %s", v.Variant)
+		}
+	}
+	if got := strings.Join(names, ","); got != "base,adapters,quantized,batching-off,preemption,preemption-off" {
+		t.Fatalf("variants %s", got)
+	}
+	if res.IsolationViolations != 0 || !strings.Contains(page, "0 violations") {
+		t.Fatalf("%d isolation violations; HTML shows them: %v", res.IsolationViolations, strings.Contains(page, "0 violations"))
+	}
+}
+
+// plantedFaults breaks isolation on the way to the node: it rewrites every
+// request's request_id (so each answer carries another request's id) and
+// names every request's tenant alice (so bob's probe finds alice's
+// prompt in the cache).
+type plantedFaults struct{ ids, tenants bool }
+
+func (p plantedFaults) RoundTrip(r *http.Request) (*http.Response, error) {
+	if p.tenants && r.Header.Get("X-Gpuplane-Tenant") != "" {
+		r.Header.Set("X-Gpuplane-Tenant", "alice")
+	}
+	if p.ids && r.Body != nil {
+		body, err := io.ReadAll(r.Body)
+		if err != nil {
+			return nil, err
+		}
+		body = bytes.ReplaceAll(body, []byte(`"request_id":"bench-`), []byte(`"request_id":"other-`))
+		r.Body, r.ContentLength = io.NopCloser(bytes.NewReader(body)), int64(len(body))
+	}
+	return http.DefaultTransport.RoundTrip(r)
+}
+
+// The isolation checks catch a planted mix-up: answers carrying another
+// request's id, and a tenant reaching another's prompt cache. Each is
+// counted and shown in the report, and the run fails.
+func TestLiveBenchInterferenceCatchesIsolationBreaks(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		fault plantedFaults
+		check func(x *benchIsolation) bool
+	}{
+		{"identity", plantedFaults{ids: true}, func(x *benchIsolation) bool {
+			return x.IdentityViolations > 0 && x.CrossTenantHits == 0 && strings.Contains(strings.Join(x.Examples, "\n"), `carries id "cmpl-other-`)
+		}},
+		{"cache", plantedFaults{tenants: true}, func(x *benchIsolation) bool {
+			return x.CrossTenantHits == 1 && x.IdentityViolations == 0 && strings.Contains(strings.Join(x.Examples, "\n"), "tenant bob's first send")
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			benchTransport = tc.fault
+			defer func() { benchTransport = nil }()
+			code, res, page, errs := runTinyVariants(t)
+			if code != 1 || !strings.Contains(errs, "isolation violations") {
+				t.Fatalf("exit %d, %q: want the run failed for its isolation violations", code, errs)
+			}
+			if len(res.Variants) != 1 || res.Variants[0].Isolation == nil || !tc.check(res.Variants[0].Isolation) || res.IsolationViolations == 0 {
+				t.Fatalf("isolation %+v (%d violations): want the planted %s fault counted", res.Variants[0].Isolation, res.IsolationViolations, tc.name)
+			}
+			if !strings.Contains(page, "FAILED") || !strings.Contains(page, tc.name+": ") {
+				t.Errorf("HTML report does not show the violations")
+			}
+		})
+	}
+}
+
+// An answer is its request's only with the request's id, model and token
+// counts.
+func TestCheckIdentity(t *testing.T) {
+	ok := answerSeen{ids: []string{"cmpl-bench-1", "cmpl-bench-1"}, models: []string{"chat", "chat"}, usage: true, prompt: 3, completion: 1, tokens: 1}
+	if p := checkIdentity("bench-1", "chat", 3, ok); p != "" {
+		t.Fatalf("its own answer: %s", p)
+	}
+	adapter := ok
+	adapter.models = []string{"alice", "alice"}
+	if p := checkIdentity("bench-1", "chat:alice", 3, adapter); p != "" {
+		t.Fatalf("an adapter's answer: %s", p)
+	}
+	for name, c := range map[string]struct {
+		a      answerSeen
+		model  string
+		prompt int
+	}{
+		"another id":         {answerSeen{ids: []string{"cmpl-bench-1", "cmpl-bench-2"}, models: []string{"chat", "chat"}, usage: true, prompt: 3, completion: 1, tokens: 1}, "chat", 3},
+		"another model":      {answerSeen{ids: []string{"cmpl-bench-1"}, models: []string{"coder"}, usage: true, prompt: 3, completion: 1, tokens: 1}, "chat", 3},
+		"another adapter":    {adapter, "chat:bob", 3},
+		"another prompt":     {ok, "chat", 4},
+		"tokens not counted": {answerSeen{ids: []string{"cmpl-bench-1"}, models: []string{"chat"}, usage: true, prompt: 3, completion: 2, tokens: 1}, "chat", 3},
+		"no usage":           {answerSeen{ids: []string{"cmpl-bench-1"}, models: []string{"chat"}, tokens: 1}, "chat", 3},
+	} {
+		if p := checkIdentity("bench-1", c.model, c.prompt, c.a); p == "" {
+			t.Errorf("%s: not caught", name)
+		}
 	}
 }

@@ -72,6 +72,9 @@ starts it for deployments of engine kind sim, sized to their share.`,
 			if cfg.PrefillTokensPerSecond < 0 {
 				return usageErrorf(cmd, "--prefill-tokens-per-second must not be negative")
 			}
+			if cfg.MaxNumSeqs < 0 {
+				return usageErrorf(cmd, "--max-num-seqs must not be negative")
+			}
 			seconds := func(v float64) time.Duration { return time.Duration(v * float64(time.Second)) }
 			cfg.StartTime, cfg.InitTime, cfg.LoadTime, cfg.WakeTime = seconds(startSeconds), seconds(initSeconds), seconds(loadSeconds), seconds(wakeSeconds)
 			if idleSeconds > 0 {
@@ -110,6 +113,7 @@ starts it for deployments of engine kind sim, sized to their share.`,
 	f.Float64Var(&cfg.PrefillTokensPerSecond, "prefill-tokens-per-second", 0, "prompt tokens per second before the first token, of those the prefix cache (keyed by the request's cache_salt) does not hold; 0: prefill is free")
 	f.Uint32Var(&cfg.ComputePercent, "compute-percent", 0, "compute share: busy engines on a card split its compute in proportion (0 counts as 100)")
 	f.Float64Var(&cfg.BatchSlowdown, "batch-slowdown", 0, "α: with C requests in flight each stream runs at speed/(1+α(C-1))")
+	f.IntVar(&cfg.MaxNumSeqs, "max-num-seqs", 0, "requests run at once, as vLLM's --max-num-seqs (1: no continuous batching); the rest wait; 0: bounded by the KV pool only")
 	f.StringVar(&cfg.SchedulingPolicy, "scheduling-policy", "fcfs", "fcfs or priority, as vLLM's: a request with a non-zero \"priority\" is refused unless priority")
 	f.IntVar(&cfg.Parallel, "parallel", 1, "slots, as llama.cpp's --parallel: a request may name one in \"id_slot\" (0 to N-1, or -1 for any) and reuses the prompt it last ran unless \"cache_prompt\" is false")
 	f.Float64Var(&idleSeconds, "sleep-idle-seconds", -1, "sleep after this many idle seconds, waking on the next request, as llama.cpp (negative: never)")

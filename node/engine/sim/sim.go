@@ -32,6 +32,7 @@
 package sim
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -96,6 +97,10 @@ type Config struct {
 	// BatchSlowdown is α in a stream's speed r/(1+α(C−1)) with C requests in
 	// flight: continuous batching shares the engine's own step.
 	BatchSlowdown float64
+	// MaxNumSeqs is vLLM's --max-num-seqs: at most that many requests run
+	// at once, the rest wait (1 turns continuous batching off); 0: no
+	// bound but the KV pool.
+	MaxNumSeqs int
 	// SleepIdle, when positive, puts the engine to sleep after that long
 	// without requests, as llama.cpp's --sleep-idle-seconds; the next
 	// request wakes it.
@@ -129,6 +134,9 @@ func (c Config) Validate() error {
 	}
 	if c.KVKiBPerToken > 0 && c.KVPoolMiB == 0 {
 		errs = append(errs, errors.New("--kv-kib-per-token needs a --kv-pool-mib to grow into"))
+	}
+	if c.MaxNumSeqs < 0 {
+		errs = append(errs, fmt.Errorf("--max-num-seqs (%d) must not be negative", c.MaxNumSeqs))
 	}
 	if c.Parallel < 0 {
 		errs = append(errs, fmt.Errorf("--parallel (%d) must not be negative", c.Parallel))
@@ -368,6 +376,10 @@ type completionRequest struct {
 	// any) and whether to reuse what it holds (default true).
 	IDSlot      *int  `json:"id_slot"`
 	CachePrompt *bool `json:"cache_prompt"`
+	// RequestID, vLLM's field: the answer's id is "cmpl-" (completions)
+	// or "chatcmpl-" (chat) and it; an X-Request-Id header takes
+	// precedence, as in vLLM.
+	RequestID string `json:"request_id"`
 }
 
 type message struct {
@@ -472,7 +484,7 @@ func (s *server) complete(w http.ResponseWriter, r *http.Request, chat bool) {
 		}
 	}
 	tokens := s.reply(n)
-	id := fmt.Sprintf("sim-%d", s.nextID.Add(1))
+	id := answerID(r, req.RequestID, chat, s.nextID.Add(1))
 	created := time.Now().Unix()
 	if req.Stream && err == nil {
 		var use func(completion int) map[string]any
@@ -505,6 +517,18 @@ func (s *server) complete(w http.ResponseWriter, r *http.Request, chat bool) {
 		"choices": []any{choice},
 		"usage":   usage(promptTokens, len(tokens), cached),
 	})
+}
+
+// answerID is the answer's id as vLLM forms it: "cmpl-" or "chatcmpl-"
+// and the request's X-Request-Id header, else its request_id, else one of
+// the engine's own, so that a client can tell that an answer is its
+// request's.
+func answerID(r *http.Request, requestID string, chat bool, n uint64) string {
+	base := cmp.Or(r.Header.Get("X-Request-Id"), requestID, fmt.Sprintf("sim-%d", n))
+	if chat {
+		return "chatcmpl-" + base
+	}
+	return "cmpl-" + base
 }
 
 // usage is OpenAI's usage object, with the prompt tokens the prefix cache

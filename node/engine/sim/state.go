@@ -568,9 +568,10 @@ func (s *server) admit(ctx context.Context, promptTokens int) (*request, error) 
 		s.mu.Lock()
 		st := &s.st
 		switch {
-		case st.phase == phAwake && !s.fits(promptTokens):
-			// Continuous batching within the KV pool: a request whose
-			// prompt does not fit waits for others to finish.
+		case st.phase == phAwake && (!s.fits(promptTokens) || s.cfg.MaxNumSeqs > 0 && st.inflight >= s.cfg.MaxNumSeqs):
+			// Continuous batching within the KV pool and --max-num-seqs: a
+			// request whose prompt does not fit, or that would run past
+			// the batch, waits for others to finish.
 			st.waiting++
 			err := s.waitCtx(ctx)
 			st.waiting--
