@@ -94,19 +94,29 @@ type Gossip struct {
 	stopOnce sync.Once
 }
 
-// memberlistConfig tunes memberlist for a LAN, faster than its LAN defaults
-// so that a failed node is noticed within a few seconds:
+// memberlistConfig tunes memberlist for a LAN of up to thousands of
+// nodes, detecting failures faster than its LAN defaults (Consul's) and
+// costing each member little when nothing changes:
 //
 //   - ProbeInterval 500ms / ProbeTimeout 250ms: each node probes one random
 //     member every half second (with indirect probes through 3 others when
 //     the direct one times out), so some node probes a failed one within
-//     about one interval, more likely sooner in a larger cluster.
+//     about one interval. When many fail at once, the last of them is first
+//     probed after about ln(failed) intervals, hence the short interval.
 //   - SuspicionMult 3, SuspicionMaxTimeoutMult 2: a suspected node is declared
 //     failed after 3 × max(1, log10 N) × 0.5s (1.5 s below 10 nodes, 3 s at
-//     100), or up to twice that when other members do not confirm the
-//     suspicion. A live node that was only slow refutes within that time.
-//   - GossipInterval 100ms to 4 peers: meta changes (a new inventory digest)
-//     spread in O(log N) rounds; PushPullInterval 15s repairs anything lost.
+//     100, 4.5 s at 1,000), or up to twice that when no other member
+//     confirms the suspicion. A live node that was only slow refutes within
+//     that time.
+//   - GossipInterval 200ms to 3 peers (memberlist's LAN default): a change
+//     spreads in O(log N) rounds, and while broadcasts are queued each
+//     member sends 15 packets a second, not the 40 of 100ms to 4.
+//   - PushPullInterval 30s (LAN default), which memberlist stretches by
+//     log2(N/32) above 32 nodes: a full-state exchange is O(N) bytes.
+//   - EnableCompression off: a gossip packet is at most a UDP datagram,
+//     and LZW allocates a 64 KiB table per message it compresses, which at
+//     a thousand members made garbage collection the largest cost of
+//     gossip. Compressed messages from other nodes are still read.
 //   - DeadNodeReclaimTime 5s: a node restarted on another address may take
 //     its name back soon after it was declared failed.
 //
@@ -130,9 +140,10 @@ func memberlistConfig(c GossipConfig) (*memberlist.Config, error) {
 	mc.ProbeTimeout = 250 * time.Millisecond
 	mc.SuspicionMult = 3
 	mc.SuspicionMaxTimeoutMult = 2
-	mc.GossipInterval = 100 * time.Millisecond
-	mc.GossipNodes = 4
-	mc.PushPullInterval = 15 * time.Second
+	mc.GossipInterval = 200 * time.Millisecond
+	mc.GossipNodes = 3
+	mc.PushPullInterval = 30 * time.Second
+	mc.EnableCompression = false
 	mc.DeadNodeReclaimTime = 5 * time.Second
 	// memberlist's LAN default (Consul and Nomad keep it): a join's or a
 	// push/pull's full state exchange with many members, on a loaded
@@ -153,12 +164,24 @@ func memberlistConfig(c GossipConfig) (*memberlist.Config, error) {
 // FailureDetectionTime bounds how long gossip takes, in a cluster of up to n
 // nodes, to declare a node that stopped answering failed: one probe round
 // to notice (interval plus timeout, doubled to allow for probing others
-// first), plus the longest suspicion timeout.
+// first), plus the longest suspicion timeout memberlist sets.
 func FailureDetectionTime(n int) time.Duration {
 	mc, _ := memberlistConfig(GossipConfig{Bind: "127.0.0.1:0"})
-	scale := max(1, math.Log10(float64(n)))
+	return 2*(mc.ProbeInterval+mc.ProbeTimeout) + maxSuspicion(mc, n)
+}
+
+// maxSuspicion is the longest suspicion timeout memberlist (v0.6.0,
+// state.go suspectNode) sets in a cluster of n nodes: SuspicionMult ×
+// max(1, log10 n) × ProbeInterval, times SuspicionMaxTimeoutMult while it
+// still expects SuspicionMult-2 independent confirmations (it expects none
+// when fewer than that many other members could give them).
+func maxSuspicion(mc *memberlist.Config, n int) time.Duration {
+	scale := max(1, math.Log10(float64(max(1, n))))
 	suspicion := time.Duration(float64(mc.SuspicionMult) * scale * float64(mc.ProbeInterval))
-	return 2*(mc.ProbeInterval+mc.ProbeTimeout) + time.Duration(mc.SuspicionMaxTimeoutMult)*suspicion
+	if k := mc.SuspicionMult - 2; k >= 1 && n-2 >= k {
+		suspicion *= time.Duration(mc.SuspicionMaxTimeoutMult)
+	}
+	return suspicion
 }
 
 // NewGossip starts memberlist on c.Bind. It joins nobody: call Join.
@@ -201,10 +224,15 @@ const (
 // has declared dead (probes and push/pull pick live members only; gossip
 // reaches the dead only while broadcasts are pending), so once a partition
 // outlasts those broadcasts both sides hold the other dead forever. Like
-// serf, every reconnectInterval (±50 %) this node tries a push/pull with
+// serf, every reconnectInterval (±50 %) this node may try a push/pull with
 // one random member it holds failed (not left): if it answers, the two
 // exchange state, each refutes the other's view of it, and both turn alive
-// again. A member failed for longer than reconnectTimeout is given up on.
+// again. As in serf, it tries with probability failed/alive (capped at 1),
+// so that the cluster as a whole tries about once per failed member per
+// interval whatever its size: with every member trying every second, a
+// thousand nodes would each push their whole state once a second to
+// members that are down or were only slow. A member failed for longer
+// than reconnectTimeout is given up on.
 func (g *Gossip) reconnectLoop() {
 	for {
 		select {
@@ -212,21 +240,37 @@ func (g *Gossip) reconnectLoop() {
 			return
 		case <-time.After(time.Duration(float64(reconnectInterval) * (0.5 + rand.Float64()))):
 		}
-		g.mu.Lock()
-		var failed []string
-		if !g.left {
-			for _, m := range g.members {
-				if m.Status == GossipFailed && m.Addr != "" && time.Since(m.Since) < reconnectTimeout {
-					failed = append(failed, m.Addr)
-				}
-			}
-		}
-		g.mu.Unlock()
-		if len(failed) == 0 {
+		addr, ok := g.reconnectTarget(rand.Float64())
+		if !ok {
 			continue
 		}
-		_, _ = g.ml.Join([]string{failed[rand.IntN(len(failed))]}) // failure is the common case: still partitioned
+		_, _ = g.ml.Join([]string{addr}) // failure is the common case: still partitioned
 	}
+}
+
+// reconnectTarget picks the failed member to try this round, if any: with
+// probability failed/alive (draw is uniform in [0, 1)), one of them at
+// random.
+func (g *Gossip) reconnectTarget(draw float64) (string, bool) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.left {
+		return "", false
+	}
+	var failed []string
+	alive := 0
+	for _, m := range g.members {
+		switch {
+		case m.Status == GossipAlive:
+			alive++
+		case m.Status == GossipFailed && m.Addr != "" && time.Since(m.Since) < reconnectTimeout:
+			failed = append(failed, m.Addr)
+		}
+	}
+	if len(failed) == 0 || draw >= float64(len(failed))/float64(max(1, alive)) {
+		return "", false
+	}
+	return failed[rand.IntN(len(failed))], true
 }
 
 // Addr is the gossip address this node advertises.

@@ -167,3 +167,88 @@ func TestUpdateBroadcastTimeoutText(t *testing.T) {
 		t.Fatalf("UpdateNode with its broadcast unsent returned %v; isUpdateBroadcastTimeout must recognize memberlist's timeout", err)
 	}
 }
+
+// TestFailureDetectionTimeAtFleetScale checks the promise the gossip
+// settings make as the cluster grows: it never shrinks with more members,
+// and with 1,000 it leaves the leader time to write the failure into the
+// log within 15 s of the node's death (the fleet bench's goal).
+func TestFailureDetectionTimeAtFleetScale(t *testing.T) {
+	prev := time.Duration(0)
+	for _, n := range []int{1, 3, 10, 100, 1000, 10000} {
+		d := FailureDetectionTime(n)
+		if d < prev {
+			t.Errorf("FailureDetectionTime(%d) = %v, shorter than for fewer nodes (%v)", n, d, prev)
+		}
+		prev = d
+	}
+	if d := FailureDetectionTime(1000); d > 12*time.Second {
+		t.Errorf("FailureDetectionTime(1000) = %v: with a reconcile round and a commit it misses 15 s", d)
+	}
+}
+
+// TestMaxSuspicionFollowsMemberlist checks maxSuspicion against
+// memberlist's rule: the timeout grows with log10 of the cluster's size,
+// and is stretched by SuspicionMaxTimeoutMult only when confirmations are
+// expected (SuspicionMult > 2, and enough other members to give them).
+func TestMaxSuspicionFollowsMemberlist(t *testing.T) {
+	mc := memberlist.DefaultLANConfig() // 1 s, SuspicionMult 4, max ×6
+	for _, c := range []struct {
+		n    int
+		want time.Duration
+	}{
+		{1, 4 * time.Second},      // k = 2 > n-2: no confirmations expected
+		{3, 4 * time.Second},      // n-2 = 1 < k
+		{4, 24 * time.Second},     // 4 × 1 × 1 s, × 6
+		{100, 48 * time.Second},   // 4 × 2 × 1 s, × 6
+		{1000, 72 * time.Second},  // 4 × 3 × 1 s, × 6
+		{10000, 96 * time.Second}, // 4 × 4 × 1 s, × 6
+	} {
+		if got := maxSuspicion(mc, c.n); got != c.want {
+			t.Errorf("n=%d: %v, want %v", c.n, got, c.want)
+		}
+	}
+	mc.SuspicionMult = 2 // k = 0: the timeout is the minimum
+	if got := maxSuspicion(mc, 1000); got != 6*time.Second {
+		t.Errorf("SuspicionMult 2, n=1000: %v, want 6s", got)
+	}
+}
+
+// TestReconnectTargetScalesWithFailed checks that a member tries to
+// reconnect to a failed one with probability failed/alive, as serf does,
+// so that a large cluster does not send each failed member a full-state
+// push/pull from every member every interval.
+func TestReconnectTargetScalesWithFailed(t *testing.T) {
+	g := &Gossip{members: map[string]*GossipMember{}}
+	add := func(name, status string) {
+		g.members[name] = &GossipMember{Name: name, Addr: name + ":1", Status: status, Since: time.Now()}
+	}
+	if _, ok := g.reconnectTarget(0); ok {
+		t.Fatal("no members: picked one")
+	}
+	add("self", GossipAlive)
+	add("dead", GossipFailed)
+	// 1 failed, 1 alive: always.
+	if addr, ok := g.reconnectTarget(0.999); !ok || addr != "dead:1" {
+		t.Fatalf("1 failed of 2: got %q %v, want dead:1", addr, ok)
+	}
+	for i := range 999 {
+		add(fmt.Sprintf("n%d", i), GossipAlive)
+	}
+	add("gone", GossipLeft)
+	// 1 failed, 1,000 alive: one round in a thousand.
+	if addr, ok := g.reconnectTarget(0.0009); !ok || addr != "dead:1" {
+		t.Fatalf("draw below 1/1000: got %q %v, want dead:1", addr, ok)
+	}
+	if addr, ok := g.reconnectTarget(0.0011); ok {
+		t.Fatalf("draw above 1/1000: picked %q", addr)
+	}
+	g.members["dead"].Since = time.Now().Add(-reconnectTimeout)
+	if addr, ok := g.reconnectTarget(0); ok {
+		t.Fatalf("failed longer than reconnectTimeout: picked %q", addr)
+	}
+	g.members["dead"].Since = time.Now()
+	g.left = true
+	if addr, ok := g.reconnectTarget(0); ok {
+		t.Fatalf("after leaving: picked %q", addr)
+	}
+}

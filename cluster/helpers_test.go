@@ -12,8 +12,8 @@ import (
 
 	"github.com/hashicorp/raft"
 
-	"github.com/gpuplane/gpuplane/cluster/raftstore"
 	"github.com/gpuplane/gpuplane/fsm"
+	"github.com/gpuplane/gpuplane/internal/logtamper"
 	"github.com/gpuplane/gpuplane/internal/porttest"
 	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
 )
@@ -254,32 +254,8 @@ func renameInLog(t testing.TB, dir, from, to string) uint64 {
 // the altered entry's index.
 func rewriteLog(t testing.TB, dir string, change func(*raft.Log) bool) uint64 {
 	t.Helper()
-	store, err := raftstore.Open(LogDir(dir), raftstore.Options{})
+	altered, err := logtamper.Rewrite(LogDir(dir), change)
 	if err != nil {
-		t.Fatal(err)
-	}
-	defer store.Close()
-	first, _ := store.FirstIndex()
-	last, _ := store.LastIndex()
-	var logs []*raft.Log
-	altered := uint64(0)
-	for i := first; i <= last; i++ {
-		l := &raft.Log{}
-		if err := store.GetLog(i, l); err != nil {
-			t.Fatal(err)
-		}
-		if altered == 0 && change(l) {
-			altered = i
-		}
-		logs = append(logs, l)
-	}
-	if altered == 0 {
-		t.Fatal("no entry to alter")
-	}
-	if err := store.DeleteRange(first, last); err != nil {
-		t.Fatal(err)
-	}
-	if err := store.StoreLogs(logs); err != nil {
 		t.Fatal(err)
 	}
 	return altered

@@ -198,11 +198,14 @@ func (c *Cluster) removeServer(ctx context.Context, id raft.ServerID, why string
 // SetNodeStatus. A node the log has alive but gossip has never heard of is
 // marked down once this leader has led long enough to know every member.
 func (c *Cluster) reconcileNodes(ctx context.Context, members []GossipMember, leading time.Duration) {
-	nodes := map[string]*pb.Node{}
+	// What the round needs of each node (its status and its inventory's
+	// digest), read without copying the nodes: with a thousand nodes, a
+	// copy of each, and a digest hashed anew, every round was most of it.
+	nodes := make(map[string]nodeBrief, len(members))
 	c.View(func(f *fsm.FSM) {
-		for _, n := range f.Nodes() {
-			nodes[n.GetName()] = n
-		}
+		f.RangeNodes(func(n *pb.Node) {
+			nodes[n.GetName()] = nodeBrief{status: n.GetStatus(), digest: c.mem.digests.of(n, c.cfg.Digest)}
+		})
 	})
 	// Every change this round is proposed together and waited for once
 	// (leaderApplyAll): a fleet's registration, or a tenth of it dying,
@@ -214,11 +217,11 @@ func (c *Cluster) reconcileNodes(ctx context.Context, members []GossipMember, le
 		n, known := nodes[m.Name]
 		delete(nodes, m.Name)
 		if want == pb.NodeStatus_NODE_STATUS_ALIVE && m.Meta.API != "" &&
-			(!known || c.cfg.Digest(n.GetCards()) != m.Meta.Digest) {
+			(!known || n.digest != m.Meta.Digest) {
 			register = append(register, m)
 			continue
 		}
-		if known && n.GetStatus() != want {
+		if known && n.status != want {
 			envs = append(envs, statusEnvelope(m.Name, want))
 		}
 	}
@@ -236,12 +239,55 @@ func (c *Cluster) reconcileNodes(ctx context.Context, members []GossipMember, le
 	}
 	if leading >= absentGrace {
 		for name, n := range nodes {
-			if n.GetStatus() == pb.NodeStatus_NODE_STATUS_ALIVE {
+			if n.status == pb.NodeStatus_NODE_STATUS_ALIVE {
 				envs = append(envs, statusEnvelope(name, pb.NodeStatus_NODE_STATUS_DOWN))
 			}
 		}
 	}
 	c.leaderApplyAll(ctx, envs)
+}
+
+// nodeBrief is what a reconcile round reads of a node from the state.
+type nodeBrief struct {
+	status pb.NodeStatus
+	digest string
+}
+
+// digestCache remembers each node's inventory digest, keyed by the cards
+// it was computed from: the state replaces a node's cards (a new slice of
+// new cards) whenever its inventory changes, so the same first card and
+// count mean the same inventory. Only the leader's reconcile uses it, from
+// one goroutine at a time.
+type digestCache struct {
+	mu      sync.Mutex
+	entries map[string]cachedDigest
+}
+
+type cachedDigest struct {
+	first  *pb.Card
+	n      int
+	digest string
+}
+
+// of returns the digest of n's cards, computing it with digest only when
+// they changed since the last call for n.
+func (d *digestCache) of(n *pb.Node, digest func([]*pb.Card) string) string {
+	cards := n.GetCards()
+	var first *pb.Card
+	if len(cards) > 0 {
+		first = cards[0]
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if e, ok := d.entries[n.GetName()]; ok && e.first == first && e.n == len(cards) {
+		return e.digest
+	}
+	if d.entries == nil {
+		d.entries = map[string]cachedDigest{}
+	}
+	e := cachedDigest{first: first, n: len(cards), digest: digest(cards)}
+	d.entries[n.GetName()] = e
+	return e.digest
 }
 
 // nodeIn returns a node as this server's state has it.

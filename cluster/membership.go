@@ -42,7 +42,9 @@ type memberState struct {
 	// reconciles counts the leader's reconcile rounds on this server;
 	// reconcileLast and reconcileMax are their durations in nanoseconds.
 	reconciles, reconcileLast, reconcileMax atomic.Int64
-	self                                    func() *pb.Node
+	// digests caches the inventory digests the reconcile rounds compare.
+	digests digestCache
+	self    func() *pb.Node
 
 	hint atomic.Pointer[[2]string] // client: last leader (id, raft address) a server named
 

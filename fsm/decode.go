@@ -354,41 +354,20 @@ func slabCommand[M any](d *Decoder, msgs *slab[M], fs fields[M], b []byte, set f
 }
 
 // otherCommand decodes a command this file does not read by hand with
-// proto.Unmarshal, as decoding the whole Envelope would.
+// proto.Unmarshal, as decoding the whole Envelope would: field num must be
+// one of the Envelope's command oneof.
 func otherCommand(env *pb.Envelope, num protowire.Number, b []byte) bool {
-	var m proto.Message
-	switch num {
-	case 10:
-		c := &pb.RegisterNode{}
-		m, env.Command = c, &pb.Envelope_RegisterNode{RegisterNode: c}
-	case 11:
-		c := &pb.UpdateInventory{}
-		m, env.Command = c, &pb.Envelope_UpdateInventory{UpdateInventory: c}
-	case 13:
-		c := &pb.DeregisterNode{}
-		m, env.Command = c, &pb.Envelope_DeregisterNode{DeregisterNode: c}
-	case 14:
-		c := &pb.CreateAccelerator{}
-		m, env.Command = c, &pb.Envelope_CreateAccelerator{CreateAccelerator: c}
-	case 15:
-		c := &pb.DeleteAccelerator{}
-		m, env.Command = c, &pb.Envelope_DeleteAccelerator{DeleteAccelerator: c}
-	case 16:
-		c := &pb.ApplyModel{}
-		m, env.Command = c, &pb.Envelope_ApplyModel{ApplyModel: c}
-	case 21:
-		c := &pb.BootstrapACL{}
-		m, env.Command = c, &pb.Envelope_BootstrapAcl{BootstrapAcl: c}
-	case 22:
-		c := &pb.CreateToken{}
-		m, env.Command = c, &pb.Envelope_CreateToken{CreateToken: c}
-	case 23:
-		c := &pb.DeleteToken{}
-		m, env.Command = c, &pb.Envelope_DeleteToken{DeleteToken: c}
-	default:
+	r := env.ProtoReflect()
+	fd := r.Descriptor().Fields().ByNumber(num)
+	if fd == nil || fd.Message() == nil || fd.ContainingOneof() == nil || fd.ContainingOneof().Name() != "command" {
 		return false
 	}
-	return proto.Unmarshal(b, m) == nil
+	v := r.NewField(fd)
+	if proto.Unmarshal(b, v.Message().Interface()) != nil {
+		return false
+	}
+	r.Set(fd, v)
+	return true
 }
 
 func (d *Decoder) placeReplicas(b []byte) *pb.PlaceReplicas {

@@ -22,6 +22,15 @@ func (f *FSM) Nodes() []*pb.Node {
 	return out
 }
 
+// RangeNodes calls fn with every node, in no order, without copying:
+// for readers that look at each node of a large fleet in a View, such as
+// the leader's reconcile rounds. fn must neither change nor keep n.
+func (f *FSM) RangeNodes(fn func(n *pb.Node)) {
+	for _, n := range f.nodes {
+		fn(n)
+	}
+}
+
 // Node returns one node.
 func (f *FSM) Node(name string) (*pb.Node, bool) {
 	n, ok := f.nodes[name]

@@ -62,6 +62,7 @@ func main() {
 	perNode := flag.Float64("replicas-per-node", 1, "replicas deployed per hollow node (dedicated h100, one card each)")
 	clients := flag.Int("clients", 64, "concurrent writers for the commit runs")
 	duration := flag.Duration("duration", 5*time.Second, "length of each commit run")
+	idle := flag.Duration("idle", 20*time.Second, "how long the settled fleet's CPU is measured")
 	flag.StringVar(&bin, "bin", "", "gpuplane binary (default: go build ./cmd/gpuplane into a temp dir)")
 	flag.BoolVar(&verbose, "v", false, "print progress")
 	keep := flag.Bool("keep", false, "keep the temp dir (servers' and fleet's logs and data)")
@@ -83,7 +84,7 @@ func main() {
 			fail(err)
 		}
 	}
-	if err := run(*nodes, *procs, *perNode, *clients, *duration); err != nil {
+	if err := run(*nodes, *procs, *perNode, *clients, *duration, *idle); err != nil {
 		fail(err)
 	}
 }
@@ -165,7 +166,7 @@ func freePort() int {
 	return l.Addr().(*net.TCPAddr).Port
 }
 
-func run(nodes, procs int, perNode float64, clients int, d time.Duration) error {
+func run(nodes, procs int, perNode float64, clients int, d, idle time.Duration) error {
 	load := loadavg()
 	fmt.Printf("fleet: %d hollow nodes × 8 h100 in %d processes, 3 servers; load average at start %s\n", nodes, procs, load)
 	servers, err := startServers()
@@ -235,6 +236,21 @@ func run(nodes, procs int, perNode float64, clients int, d time.Duration) error 
 		return fmt.Errorf("placement: %w", err)
 	}
 	fmt.Printf("placement: %d replicas Running on hollow nodes %v after the deploy\n", replicas, time.Since(began).Round(time.Millisecond))
+
+	// What a settled fleet costs: CPU over a quiet window, which unlike the
+	// times above does not depend on how loaded the machine is.
+	fcpu0, scpu0, quiet0 := cpuOf(fleet), cpuOf(servers), time.Now()
+	time.Sleep(idle)
+	fcpu1, scpu1, quiet := cpuOf(fleet), cpuOf(servers), time.Since(quiet0)
+	var fleetCPU, serverCPU time.Duration
+	for i := range fcpu1 {
+		fleetCPU += fcpu1[i] - fcpu0[i]
+	}
+	for i := range scpu1 {
+		serverCPU += scpu1[i] - scpu0[i]
+	}
+	fmt.Printf("settled fleet over %v: fleet CPU %.2f s/min per hollow node (%.2f cores in all), servers %.2f cores in all; load average %s\n",
+		quiet.Round(time.Second), fleetCPU.Seconds()/quiet.Minutes()/float64(nodes), fleetCPU.Seconds()/quiet.Seconds(), serverCPU.Seconds()/quiet.Seconds(), loadavg())
 
 	// A new node, and a changed inventory.
 	newNode := &proc{name: "new", api: freePort(), gossip: freePort()}

@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"testing"
 )
 
 // Build compiles ./cmd/gpuplane of the module at root into a fresh temporary
@@ -27,4 +28,19 @@ func Build(root, prefix string) (bin string, remove func(), err error) {
 		return "", nil, fmt.Errorf("build gpuplane: %v\n%s", err, out)
 	}
 	return bin, remove, nil
+}
+
+// Main is a TestMain body for packages whose tests run the binary: it builds
+// the binary into *bin, runs the tests and removes it, then exits with the
+// tests' code.
+func Main(m *testing.M, root, prefix string, bin *string) {
+	b, remove, err := Build(root, prefix)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	*bin = b
+	code := m.Run()
+	remove()
+	os.Exit(code)
 }

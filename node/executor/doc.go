@@ -36,6 +36,12 @@
 // Failed with a reason, Stopped), never heartbeats, through a Reporter; it
 // never writes the log itself nor reads the cluster state beyond its Source.
 // A replica's restart count goes on from the one the cluster recorded.
+// A report that does not get through (no server reached, no leader, no
+// answer) is sent again with backoff until the cluster accepts or rejects
+// it or a newer status of the replica supersedes it; and when the node's
+// stream starts again, a replica whose record differs from what the node
+// last said is reported again: a lost report is never left waiting for the
+// replica's next transition, which on a quiet node may not come.
 // Each report carries the residency it implies (Loading, Resident, Cold);
 // a residency controller reports its own transitions (sleep, wake, evict,
 // load) with their reasons through Executor.ReportResidency (residency.go).

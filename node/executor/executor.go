@@ -44,11 +44,24 @@ type Source interface {
 }
 
 // Reporter records a replica's state transition in the cluster; the agent
-// applies it as a ReplicaStatus command. A stale report (the replica moved
-// or changed generation) is rejected; the executor logs it and goes on.
+// applies it as a ReplicaStatus command. A report the cluster refuses (a
+// stale one: the replica moved or changed generation) comes back as a
+// *Rejected; the executor logs it and goes on. Any other error (no server
+// reached, no leader, no answer in time) leaves the report's fate unknown,
+// and the executor sends it again, with backoff, until it is accepted,
+// rejected or superseded by a newer status of the replica.
 type Reporter interface {
 	Report(ctx context.Context, status *pb.ReplicaStatus) error
 }
+
+// Rejected is a Reporter's error for a report the cluster refused: sending
+// it again cannot succeed.
+type Rejected struct {
+	// Reason is the cluster's.
+	Reason string
+}
+
+func (r *Rejected) Error() string { return r.Reason }
 
 // Options configure an Executor; zero values take the defaults.
 type Options struct {
@@ -246,7 +259,7 @@ func (e *Executor) Run(ctx context.Context) error {
 	}()
 
 	first := true
-	follow(ctx, e.src, e.opts.Node, e.log, func(snap Snapshot) {
+	follow(ctx, e.src, e.opts.Node, e.log, func(snap Snapshot, fresh bool) {
 		var left map[key]leftEngine
 		if first {
 			left = e.settle(records, snap)
@@ -264,16 +277,18 @@ func (e *Executor) Run(ctx context.Context) error {
 		if g := e.opts.Gate; g != nil {
 			g.Placed(slices.Collect(maps.Values(e.wanted(snap))))
 		}
-		e.apply(supCtx, &wg, snap, left)
+		e.apply(supCtx, &wg, snap, left, fresh)
 	})
 	return nil
 }
 
 // follow watches src for node's snapshots and calls apply with each until
-// ctx ends. When the stream breaks it watches again from the last index it
-// saw, after a backoff that a snapshot received resets. Executor and Hollow
-// both run on it.
-func follow(ctx context.Context, src Source, node string, log *slog.Logger, apply func(Snapshot)) {
+// ctx ends; fresh says the snapshot is the first of a watch, read
+// linearizably, whose replicas show what the cluster has recorded of them
+// now. When the stream breaks it watches again from the last index it saw,
+// after a backoff that a snapshot received resets. Executor and Hollow both
+// run on it.
+func follow(ctx context.Context, src Source, node string, log *slog.Logger, apply func(snap Snapshot, fresh bool)) {
 	retry := &backoff.ExponentialBackOff{InitialInterval: 200 * time.Millisecond, RandomizationFactor: 0.5,
 		Multiplier: 2, MaxInterval: 10 * time.Second}
 	var from uint64
@@ -285,6 +300,7 @@ func follow(ctx context.Context, src Source, node string, log *slog.Logger, appl
 			}
 			log.Warn("watch the replicas of this node", "err", err)
 		}
+		fresh := true
 		for snaps != nil {
 			select {
 			case <-ctx.Done():
@@ -296,7 +312,8 @@ func follow(ctx context.Context, src Source, node string, log *slog.Logger, appl
 				}
 				retry.Reset()
 				from = max(from, snap.Index)
-				apply(snap)
+				apply(snap, fresh)
+				fresh = false
 			}
 		}
 		select {
@@ -324,7 +341,12 @@ func (e *Executor) wanted(snap Snapshot) map[key]Desired {
 // ones are told, gone ones are stopped. A replica that comes back while its
 // old supervisor still stops its engine waits for it. left is what a
 // previous executor left of the replicas' engines (the first snapshot only).
-func (e *Executor) apply(ctx context.Context, wg *sync.WaitGroup, snap Snapshot, left map[key]leftEngine) {
+//
+// fresh says snap is the first snapshot of a watch: the replicas whose
+// record in it differs from what their supervisors last said are reported
+// again (reconcile), since reports may have been lost while the node's
+// stream was down.
+func (e *Executor) apply(ctx context.Context, wg *sync.WaitGroup, snap Snapshot, left map[key]leftEngine, fresh bool) {
 	want := e.wanted(snap)
 	e.mu.Lock()
 	defer e.mu.Unlock()
@@ -341,6 +363,9 @@ func (e *Executor) apply(ctx context.Context, wg *sync.WaitGroup, snap Snapshot,
 	}) {
 		d := want[k]
 		if s, ok := e.sups[k]; ok {
+			if fresh {
+				s.reconcile(d.Replica)
+			}
 			s.update(d)
 			continue
 		}

@@ -34,27 +34,35 @@ import (
 var bin string
 
 func TestMain(m *testing.M) {
-	b, remove, err := testbin.Build(filepath.Join("..", ".."), "executor-test-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	bin = b
-	code := m.Run()
-	remove()
-	os.Exit(code)
+	testbin.Main(m, filepath.Join("..", ".."), "executor-test-", &bin)
 }
 
 const node = "node-a"
 
 // source is the test's Source: the snapshots it is given, in order.
-type source struct{ ch chan Snapshot }
+type source struct {
+	// mu guards ch against Watch: resume replaces it.
+	mu sync.Mutex
+	ch chan Snapshot
+}
 
 func (s *source) Watch(ctx context.Context, n string, from uint64) (<-chan Snapshot, error) {
 	if n != node {
 		return nil, fmt.Errorf("watch of node %q, want %q", n, node)
 	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	return s.ch, nil
+}
+
+// resume breaks the stream and starts the next watch with snap.
+func (s *source) resume(snap Snapshot) {
+	s.mu.Lock()
+	old := s.ch
+	s.ch = make(chan Snapshot, 8)
+	s.ch <- snap
+	s.mu.Unlock()
+	close(old)
 }
 
 // reporter is the test's Reporter: every report, with when it came.
@@ -167,7 +175,10 @@ func (h *harness) close() {
 
 // want sends the replicas the node should run.
 func (h *harness) want(index uint64, ds ...Desired) {
-	h.src.ch <- Snapshot{Index: index, Replicas: ds}
+	h.src.mu.Lock()
+	ch := h.src.ch
+	h.src.mu.Unlock()
+	ch <- Snapshot{Index: index, Replicas: ds}
 }
 
 // sim is a replica of a sim deployment named model at 40 % of card 0.
@@ -784,4 +795,28 @@ func TestEngineMustHoldItsPort(t *testing.T) {
 	if got := chat(t, running.Endpoint, "child", false); len(strings.Fields(got)) != 4 {
 		t.Errorf("child without cgroups answered %q", got)
 	}
+}
+
+// TestReconcileOnResume breaks the node's stream after its replica was
+// reported Running and resumes it with the cluster's record still
+// Starting, as when the Running report was lost while the stream was
+// down: the executor must report Running again, with nothing changed on
+// the node.
+func TestReconcileOnResume(t *testing.T) {
+	h := newHarness(t, t.TempDir(), nil)
+	d := sim("rec", 1)
+	h.want(1, d)
+	running := h.waitState("rec", pb.ReplicaState_REPLICA_STATE_RUNNING, 30*time.Second)
+	sent := len(h.rep.of("rec"))
+
+	rec := proto.Clone(d.Replica).(*pb.Replica)
+	rec.State, rec.Endpoint = pb.ReplicaState_REPLICA_STATE_STARTING, running.GetEndpoint()
+	h.src.resume(Snapshot{Index: 9, Replicas: []Desired{{Replica: rec, Spec: d.Spec}}})
+	testutil.Eventually(t, 30*time.Second, "Running reported again", func() error {
+		all := h.rep.of("rec")
+		if len(all) <= sent || all[len(all)-1].GetState() != pb.ReplicaState_REPLICA_STATE_RUNNING {
+			return fmt.Errorf("reports: %v", all)
+		}
+		return nil
+	})
 }

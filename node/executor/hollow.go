@@ -2,6 +2,7 @@ package executor
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -54,29 +55,37 @@ func NewHollow(src Source, rep Reporter, node, advertiseHost string, logger *slo
 // sends a snapshot only when something about the node changes), and the
 // replica would stay Placed.
 func (h *Hollow) Run(ctx context.Context) {
-	// Each snapshot is whole: only the latest matters.
-	latest := make(chan Snapshot, 1)
-	go follow(ctx, h.src, h.node, h.log, func(snap Snapshot) {
+	// Each snapshot is whole: only the latest matters, but a fresh one
+	// (the first of a watch) stays fresh until applied.
+	type next struct {
+		snap  Snapshot
+		fresh bool
+	}
+	latest := make(chan next, 1)
+	go follow(ctx, h.src, h.node, h.log, func(snap Snapshot, fresh bool) {
 		select {
-		case <-latest:
+		case old := <-latest:
+			fresh = fresh || old.fresh
 		default:
 		}
-		latest <- snap
+		latest <- next{snap, fresh}
 	})
 	retry := &backoff.ExponentialBackOff{InitialInterval: hollowRetry, RandomizationFactor: 0.5,
 		Multiplier: 2, MaxInterval: 10 * time.Second}
 	var snap Snapshot
 	var again <-chan time.Time
 	for {
+		fresh := false
 		select {
 		case <-ctx.Done():
 			return
-		case snap = <-latest:
+		case n := <-latest:
+			snap, fresh = n.snap, n.fresh
 			retry.Reset()
 		case <-again:
 		}
 		again = nil
-		if !h.apply(ctx, snap) {
+		if !h.apply(ctx, snap, fresh) {
 			again = time.After(retry.NextBackOff())
 		}
 	}
@@ -86,8 +95,12 @@ func (h *Hollow) Run(ctx context.Context) {
 const hollowRetry = 500 * time.Millisecond
 
 // apply reports Running for every replica of snap not yet reported Running
-// at its current generation and cards; false if a report failed.
-func (h *Hollow) apply(ctx context.Context, snap Snapshot) bool {
+// at its current generation and cards; false if a report failed. When snap
+// is fresh (the first of a watch, read linearizably), a replica whose
+// record is not Running is reported again even if it was reported before:
+// that report may have been lost while the stream was down. A report the
+// cluster rejects (stale) is not made again.
+func (h *Hollow) apply(ctx context.Context, snap Snapshot, fresh bool) bool {
 	ok := true
 	seen := map[key]bool{}
 	for _, d := range snap.Replicas {
@@ -107,13 +120,17 @@ func (h *Hollow) apply(ctx context.Context, snap Snapshot) bool {
 			h.reported[k] = st
 			continue
 		}
+		if fresh {
+			delete(h.reported, k)
+		}
 		if proto.Equal(st, h.reported[k]) {
 			continue
 		}
-		rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		rctx, cancel := context.WithTimeout(ctx, reportTimeout)
 		err := h.rep.Report(rctx, st)
 		cancel()
-		if err != nil {
+		var rejected *Rejected
+		if err != nil && !errors.As(err, &rejected) {
 			h.log.Info("hollow: report replica status", "replica", k, "err", err)
 			ok = false
 			continue

@@ -54,18 +54,18 @@ func (e *Executor) ReportResidency(ctx context.Context, model string, replica ui
 func (s *supervisor) reportResidency(ctx context.Context, residency pb.ReplicaResidency, reason string) error {
 	s.reportMu.Lock()
 	defer s.reportMu.Unlock()
-	if s.last == nil {
+	if s.latest == nil {
 		return fmt.Errorf("report residency of %s: %w", s.k, ErrNotRunning)
 	}
-	st := proto.Clone(s.last).(*pb.ReplicaStatus)
+	st := proto.Clone(s.latest).(*pb.ReplicaStatus)
 	st.Residency, st.ResidencyReason = residency, reason
-	if proto.Equal(st, s.last) {
+	if proto.Equal(st, s.latest) {
 		return nil
 	}
 	if err := s.e.rep.Report(ctx, st); err != nil {
 		return fmt.Errorf("report residency of %s: %w", s.k, err)
 	}
-	s.last = st
+	s.accepted(st)
 	return nil
 }
 
@@ -110,17 +110,23 @@ func (e *Executor) ReportAdapters(ctx context.Context, model string, replica uin
 	}
 	s.reportMu.Lock()
 	defer s.reportMu.Unlock()
-	if s.last == nil {
+	if s.latest == nil {
 		return fmt.Errorf("report adapters of %s: %w", s.k, ErrNotRunning)
 	}
-	st := proto.Clone(s.last).(*pb.ReplicaStatus)
+	st := proto.Clone(s.latest).(*pb.ReplicaStatus)
 	st.Adapters = &pb.ReplicaAdapters{Adapters: adapters}
-	if proto.Equal(st, s.last) {
+	if proto.Equal(st, s.latest) {
 		return nil
 	}
 	if err := s.e.rep.Report(ctx, st); err != nil {
 		return fmt.Errorf("report adapters of %s: %w", s.k, err)
 	}
-	s.last = st
+	s.accepted(st)
 	return nil
+}
+
+// accepted records st, built on latest, as accepted: it carries latest's
+// engine state, which is no longer to be resent. Called with reportMu held.
+func (s *supervisor) accepted(st *pb.ReplicaStatus) {
+	s.latest, s.unsent = st, false
 }

@@ -2,6 +2,7 @@ package executor
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"net/http"
@@ -53,10 +54,21 @@ type supervisor struct {
 	prev <-chan struct{}
 	done chan struct{}
 
-	// reportMu guards last: the run goroutine reports the engine's
-	// transitions, a residency controller residency transitions
-	// (ReportResidency).
+	// reportMu guards latest and unsent, and is held across each
+	// report so that an older status never lands after a newer one: the
+	// run goroutine reports the engine's transitions, a residency
+	// controller residency transitions (ReportResidency), resend the
+	// reports that did not get through.
 	reportMu sync.Mutex
+	// latest is the newest status of the replica as this node knows it.
+	// unsent says it must still be reported: its report failed (or the
+	// cluster's record was found to differ, reconcile), and resend tries
+	// again until it is accepted, rejected, or superseded by a newer
+	// status.
+	latest *pb.ReplicaStatus
+	unsent bool
+	// resendNow wakes resend.
+	resendNow chan struct{}
 
 	mu      sync.Mutex
 	desired Desired
@@ -90,7 +102,6 @@ type supervisor struct {
 	restarts uint32
 	fp       string
 	bo       *backoff.ExponentialBackOff
-	last     *pb.ReplicaStatus
 	client   *http.Client
 }
 
@@ -100,6 +111,7 @@ func newSupervisor(ctx context.Context, e *Executor, k key, d Desired, left left
 		e: e, k: k, dir: e.replicaDir(k), ctx: ctx, cancel: cancel, prev: prev,
 		done: make(chan struct{}), desired: d, changed: make(chan struct{}, 1),
 		exceeded: make(chan string, 1), ctl: make(chan control), left: left,
+		resendNow: make(chan struct{}, 1),
 		bo: &backoff.ExponentialBackOff{InitialInterval: e.opts.RestartDelay, RandomizationFactor: 0.2,
 			Multiplier: 2, MaxInterval: e.opts.MaxRestartDelay},
 		client: &http.Client{Timeout: 2 * time.Second},
@@ -150,6 +162,16 @@ func (s *supervisor) run() {
 			return
 		}
 	}
+	resendCtx, stopResend := context.WithCancel(s.ctx)
+	resent := make(chan struct{})
+	go func() {
+		defer close(resent)
+		s.resend(resendCtx)
+	}()
+	defer func() {
+		stopResend()
+		<-resent
+	}()
 	d := s.current()
 	s.fp = fingerprint(d)
 	s.hold(d)
@@ -533,18 +555,113 @@ func (s *supervisor) report(state pb.ReplicaState, reason string) {
 	} else if s.frontURL != "" && st.Endpoint != "" {
 		st.Endpoint = s.frontURL
 	}
-	if proto.Equal(st, s.last) {
+	if proto.Equal(st, s.latest) {
 		return
 	}
-	s.last = st
+	s.latest, s.unsent = st, true
 	if g := s.e.opts.Gate; g != nil {
 		g.Engine(s.k.model, s.k.index, state, engineURL)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	s.send(context.Background())
+}
+
+// reportTimeout bounds one attempt at a report.
+const reportTimeout = 10 * time.Second
+
+// send reports latest, once; called with reportMu held and unsent set. A
+// report accepted, or rejected (stale: the replica moved on), is done
+// with; any other failure (no server reached, no leader, no answer) leaves
+// it unsent, for resend. It returns whether it is done with latest.
+func (s *supervisor) send(ctx context.Context) bool {
+	st := s.latest
+	ctx, cancel := context.WithTimeout(ctx, reportTimeout)
 	defer cancel()
-	if err := s.e.rep.Report(ctx, st); err != nil {
-		s.e.log.Info("report replica status", "replica", s.k, "state", st.State, "err", err)
+	err := s.e.rep.Report(ctx, st)
+	var rejected *Rejected
+	switch {
+	case err == nil:
+		s.unsent = false
+		return true
+	case errors.As(err, &rejected):
+		s.unsent = false
+		s.e.log.Info("report replica status: rejected", "replica", s.k, "state", st.State, "err", err)
+		return true
 	}
+	s.e.log.Info("report replica status", "replica", s.k, "state", st.State, "err", err)
+	s.wakeResend()
+	return false
+}
+
+func (s *supervisor) wakeResend() {
+	select {
+	case s.resendNow <- struct{}{}:
+	default:
+	}
+}
+
+// resend reports the replica's latest status again, with backoff, while it
+// is unsent, until ctx ends: a report lost to a partition or a leader change
+// is not left for the replica's next transition, which on a quiet node may
+// never come.
+func (s *supervisor) resend(ctx context.Context) {
+	bo := &backoff.ExponentialBackOff{InitialInterval: resendDelay, RandomizationFactor: 0.5,
+		Multiplier: 2, MaxInterval: maxResendDelay}
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-s.resendNow:
+		}
+		bo.Reset()
+		for done := false; !done; {
+			t := time.NewTimer(bo.NextBackOff())
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				return
+			case <-t.C:
+			}
+			s.reportMu.Lock()
+			done = !s.unsent || s.send(ctx)
+			s.reportMu.Unlock()
+		}
+		// send woke resend for each failure of this round: they are
+		// answered already.
+		select {
+		case <-s.resendNow:
+		default:
+		}
+	}
+}
+
+// resendDelay and maxResendDelay bound the backoff between attempts at a
+// report that did not get through.
+const (
+	resendDelay    = 500 * time.Millisecond
+	maxResendDelay = 5 * time.Second
+)
+
+// reconcile compares the cluster's record of the replica, r (read
+// linearizably, when the node's event stream starts again), with what this
+// node last said of it, and reports it again where they differ: a report
+// may have been lost while the stream was down, or accepted and then
+// undone by someone else's write.
+func (s *supervisor) reconcile(r *pb.Replica) {
+	s.reportMu.Lock()
+	defer s.reportMu.Unlock()
+	st := s.latest
+	if st == nil || s.unsent || r.GetGeneration() != st.GetGeneration() || r.GetNode() != st.GetNode() {
+		return
+	}
+	if r.GetState() == st.GetState() && r.GetReason() == st.GetReason() && r.GetRestarts() == st.GetRestarts() &&
+		r.GetEndpoint() == st.GetEndpoint() &&
+		(st.GetResidency() == pb.ReplicaResidency_REPLICA_RESIDENCY_UNSPECIFIED || r.GetResidency() == st.GetResidency()) {
+		return
+	}
+	s.e.log.Info("the cluster's record of a replica differs from this node's: reporting it again", "replica", s.k,
+		"recorded", r.GetState(), "state", st.GetState())
+	s.unsent = true
+	s.wakeResend()
 }
 
 func listenHost(bind string) string {

@@ -470,3 +470,51 @@ func TestDemandBeforePlacedLoads(t *testing.T) {
 	})
 	done(0, time.Second)
 }
+
+// TestAdapterRequestBeforeThePlacementIsApplied: the executor may serve a
+// replica's front (Hold) before the manager has applied its placement
+// (Placed); a request for an adapter arriving then waits for the
+// placement and is answered by its adapter, not 404 as if the adapter did
+// not exist.
+func TestAdapterRequestBeforeThePlacementIsApplied(t *testing.T) {
+	n := newAdapterNode(t)
+	d := n.deployment(pb.Residency_RESIDENCY_ON_DEMAND, 2, adapterList(2, 16))
+	url, _ := n.mgr.Hold(d)
+	if url == "" {
+		t.Fatal("no front")
+	}
+	n.mgr.mu.Lock()
+	f := n.mgr.fronts[rkey{"chat", 0}]
+	n.mgr.mu.Unlock()
+	type answer struct {
+		code       int
+		model, msg string
+	}
+	done := make(chan answer, 1)
+	go func() {
+		code, model, msg := ask(t, url, "chat:a001", "")
+		done <- answer{code, model, msg}
+	}()
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		f.mu.Lock()
+		early := f.early
+		f.mu.Unlock()
+		if early > 0 {
+			break
+		}
+		select {
+		case a := <-done:
+			t.Fatalf("request for chat:a001 before the placement was applied: %d %q %s, want it to wait", a.code, a.model, a.msg)
+		case <-time.After(10 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			t.Error("the request never waited for the placement")
+			break
+		}
+	}
+	n.publish(d)
+	if a := <-done; a.code != http.StatusOK || a.model != "a001" {
+		t.Fatalf("request for chat:a001: %d %q %s, want 200 from a001", a.code, a.model, a.msg)
+	}
+}

@@ -32,15 +32,7 @@ import (
 var bin string
 
 func TestMain(m *testing.M) {
-	b, remove, err := testbin.Build(filepath.Join("..", ".."), "resident-test-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	bin = b
-	code := m.Run()
-	remove()
-	os.Exit(code)
+	testbin.Main(m, filepath.Join("..", ".."), "resident-test-", &bin)
 }
 
 const node = "node-a"

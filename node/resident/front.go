@@ -42,10 +42,16 @@ type front struct {
 	// rejected counts rejections; reason is the last one's.
 	rejected int
 	reason   string
+	// left is set once the replica left: every answer then closes its
+	// connection, and new requests are refused.
+	left bool
 	// adapters are the adapters on the card, served now; failed counts
 	// each adapter's failed loads, with the last error.
 	adapters map[string]bool
 	failed   map[string]adapterFailure
+	// early counts the requests waiting now for the replica's placement
+	// to be applied.
+	early int
 
 	proxy *httputil.ReverseProxy
 }
@@ -92,24 +98,47 @@ func (m *Manager) closeFronts() {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	for k, f := range m.fronts {
-		f.close()
+		f.close(0)
 		delete(m.fronts, k)
 	}
 }
 
 // close stops the front because its replica left the node (or the node
 // stops): requests waiting for the model are refused with a 503, requests
-// being answered get their answer or the proxy's error, then the port
+// being answered get their answer or the proxy's error. For grace (the
+// replica left; none when the node stops) the port stays open and answers
+// any new request with a 503 that closes its connection, so that a client
+// sending on a kept-alive connection as the replica leaves gets an answer
+// rather than the connection closed under its request; then the port
 // closes.
-func (f *front) close() {
-	f.reject("the replica left this node")
+func (f *front) close(grace time.Duration) {
+	f.mu.Lock()
+	f.left = true
+	f.rejected++
+	f.reason = "the replica left this node"
+	close(f.changed)
+	f.changed = make(chan struct{})
+	f.mu.Unlock()
 	go func() {
+		time.Sleep(grace)
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
 		if err := f.srv.Shutdown(ctx); err != nil {
 			_ = f.srv.Close()
 		}
 	}()
+}
+
+// hasLeft reports whether the replica left; if so, the answer being
+// written closes its connection.
+func (f *front) hasLeft(w http.ResponseWriter) bool {
+	f.mu.Lock()
+	left := f.left
+	f.mu.Unlock()
+	if left {
+		w.Header().Set("Connection", "close")
+	}
+	return left
 }
 
 // set says whether the model may be dispatched to, and where.
@@ -210,8 +239,18 @@ func (f *front) state() (bool, *url.URL, int, string, <-chan struct{}) {
 // ServeHTTP answers the front's own health check and the model list at
 // once; any other request is a request for the model.
 func (f *front) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if f.hasLeft(w) {
+		w.Header().Set("Retry-After", strconv.Itoa(retryAfter))
+		writeError(w, http.StatusServiceUnavailable, "model_not_loaded", fmt.Sprintf("model %s: the replica left this node", f.k.model))
+		return
+	}
 	if r.Method == http.MethodGet && r.URL.Path == "/health" {
 		w.WriteHeader(http.StatusOK)
+		return
+	}
+	deadline := time.NewTimer(f.m.opts.Wait)
+	defer deadline.Stop()
+	if !f.awaitApplied(w, r, deadline.C) {
 		return
 	}
 	// A request for an adapter (or for a model this node does not serve
@@ -260,8 +299,6 @@ func (f *front) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			f.m.request(f.k, residency.RequestFinished{Model: id, Elapsed: time.Since(start)})
 		})
 	}()
-	deadline := time.NewTimer(f.m.opts.Wait)
-	defer deadline.Stop()
 	for {
 		ready, target, rejected, reason, changed := f.state()
 		if ready && f.serves(ar.adapter) {
@@ -294,6 +331,7 @@ func (f *front) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		if rejected != rejected0 {
+			f.hasLeft(w)
 			w.Header().Set("Retry-After", strconv.Itoa(retryAfter))
 			writeError(w, http.StatusServiceUnavailable, "model_not_loaded", fmt.Sprintf("model %s cannot be loaded now: %s", f.k.model, reason))
 			return
@@ -307,6 +345,54 @@ func (f *front) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			writeError(w, http.StatusServiceUnavailable, "model_not_loaded",
 				fmt.Sprintf("model %s was not loaded within %s; retry later", f.k.model, f.m.opts.Wait))
 			return
+		}
+	}
+}
+
+// awaitApplied waits, within the request's deadline, until the manager
+// has applied the placement of the front's replica: before that the front
+// does not know its adapters and would take a request for one for a
+// request for a model it does not serve. False when it answered instead.
+func (f *front) awaitApplied(w http.ResponseWriter, r *http.Request, deadline <-chan time.Time) bool {
+	_, _, rejected0, _, _ := f.state()
+	counted := false
+	defer func() {
+		if counted {
+			f.mu.Lock()
+			f.early--
+			f.mu.Unlock()
+		}
+	}()
+	for {
+		f.m.mu.Lock()
+		applied, appliedCh := f.m.applied[f.k], f.m.appliedCh
+		f.m.mu.Unlock()
+		if applied {
+			return true
+		}
+		_, _, rejected, reason, changed := f.state()
+		if rejected != rejected0 {
+			f.hasLeft(w)
+			w.Header().Set("Retry-After", strconv.Itoa(retryAfter))
+			writeError(w, http.StatusServiceUnavailable, "model_not_loaded", fmt.Sprintf("model %s cannot be loaded now: %s", f.k.model, reason))
+			return false
+		}
+		if !counted {
+			counted = true
+			f.mu.Lock()
+			f.early++
+			f.mu.Unlock()
+		}
+		select {
+		case <-appliedCh:
+		case <-changed:
+		case <-r.Context().Done():
+			return false
+		case <-deadline:
+			w.Header().Set("Retry-After", strconv.Itoa(retryAfter))
+			writeError(w, http.StatusServiceUnavailable, "model_not_loaded",
+				fmt.Sprintf("model %s was not loaded within %s; retry later", f.k.model, f.m.opts.Wait))
+			return false
 		}
 	}
 }

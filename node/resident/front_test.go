@@ -5,6 +5,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"net/http/httptrace"
 	"strings"
 	"testing"
 	"time"
@@ -42,6 +43,8 @@ func TestFrontKeepsSendingTheBodyOnceTheAnswerStarted(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer m.closeFronts()
+	// As if the loop had applied the replica's placement.
+	m.applied[f.k] = true
 	f.set(true, engine.URL)
 
 	// Pieces of a full buffer each, so that each goes out as it is
@@ -109,6 +112,7 @@ func TestFrontKeepsTheConnectionWhenTheEngineIsGone(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer m.closeFronts()
+	m.applied[f.k] = true
 	f.set(true, gone)
 
 	client := &http.Client{Timeout: time.Minute, Transport: &http.Transport{MaxConnsPerHost: 1}}
@@ -121,6 +125,62 @@ func TestFrontKeepsTheConnectionWhenTheEngineIsGone(t *testing.T) {
 		resp.Body.Close()
 		if resp.StatusCode != http.StatusBadGateway {
 			t.Fatalf("request %d: %d, want 502", i, resp.StatusCode)
+		}
+	}
+}
+
+// TestFrontAnswersAfterTheReplicaLeft: a request sent on a kept-alive
+// connection just after the replica left is answered 503 with
+// Retry-After and its connection closed, not cut off with the connection
+// (the client would read EOF); so is one on a new connection while the
+// port lingers.
+func TestFrontAnswersAfterTheReplicaLeft(t *testing.T) {
+	engine := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		_, _ = io.WriteString(w, `{"ok":true}`)
+	}))
+	defer engine.Close()
+
+	m := New(Options{BindHost: "127.0.0.1", LeaveGrace: time.Minute})
+	f, err := m.front(rkey{"chat", 0})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = f.srv.Close() }()
+	m.applied[f.k] = true
+	f.set(true, engine.URL)
+
+	client := &http.Client{Timeout: time.Minute, Transport: &http.Transport{MaxConnsPerHost: 1}}
+	post := func(i int) (*http.Response, bool) {
+		reused := false
+		trace := &httptrace.ClientTrace{GotConn: func(ci httptrace.GotConnInfo) { reused = ci.Reused }}
+		req, err := http.NewRequestWithContext(httptrace.WithClientTrace(t.Context(), trace), "POST",
+			f.url+"/v1/completions", strings.NewReader(`{"model":"chat"}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp, err := client.Do(req)
+		if err != nil {
+			t.Fatalf("request %d: %v", i, err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		return resp, reused
+	}
+	if resp, _ := post(0); resp.StatusCode != http.StatusOK {
+		t.Fatalf("request 0: %d, want 200", resp.StatusCode)
+	}
+	// The replica leaves: the node is placed without it (no loop runs
+	// here to do it).
+	m.placed(nil)
+	for i := 1; i <= 2; i++ {
+		resp, reused := post(i)
+		if resp.StatusCode != http.StatusServiceUnavailable || resp.Header.Get("Retry-After") == "" || !resp.Close {
+			t.Fatalf("request %d after the replica left: %d, Retry-After %q, closes %v; want 503 with Retry-After closing its connection",
+				i, resp.StatusCode, resp.Header.Get("Retry-After"), resp.Close)
+		}
+		if want := i == 1; reused != want {
+			t.Fatalf("request %d: connection reused %v, want %v", i, reused, want)
 		}
 	}
 }

@@ -54,6 +54,11 @@ type Options struct {
 	// Wait bounds how long a request waits at a front for its model to be
 	// resident (default 2m); then it gets a 503 with Retry-After.
 	Wait time.Duration
+	// LeaveGrace is how long a front keeps answering 503 (Retry-After,
+	// Connection: close) after its replica left, before its port closes
+	// (default 5s): a request sent on a kept-alive connection as the
+	// replica leaves gets that answer, not a connection closed under it.
+	LeaveGrace time.Duration
 	// Tick is the period of the controllers' ticks and memory samples
 	// (default 1s).
 	Tick time.Duration
@@ -90,8 +95,15 @@ type Manager struct {
 	// adapterSpecs are the adapters of each replica that has any, for the
 	// fronts (adapters.go).
 	adapterSpecs map[rkey]*adapterSpec
-	queue        []func()
-	wake         chan struct{}
+	// applied are the replicas whose placement (spec and adapters) the
+	// loop has applied; appliedCh is closed (and replaced) when it
+	// changes. A front may serve before its replica's placement is
+	// applied (Hold and Placed come in either order): its requests wait
+	// for it, or an adapter would read as unknown.
+	applied   map[rkey]bool
+	appliedCh chan struct{}
+	queue     []func()
+	wake      chan struct{}
 
 	// Owned by the loop.
 	ctrls   map[uint32]*cardCtrl
@@ -104,8 +116,8 @@ type Manager struct {
 	// not placed yet (a gateway's demand can come between the executor's
 	// Hold, which serves the front, and Placed): its controller hears of
 	// them when it is placed.
-	early map[rkey]int
-	reports  chan report
+	early   map[rkey]int
+	reports chan report
 }
 
 // rkey names a replica on this node.
@@ -175,6 +187,9 @@ func New(opts Options) *Manager {
 	if opts.Wait <= 0 {
 		opts.Wait = 2 * time.Minute
 	}
+	if opts.LeaveGrace <= 0 {
+		opts.LeaveGrace = 5 * time.Second
+	}
 	if opts.Tick <= 0 {
 		opts.Tick = time.Second
 	}
@@ -193,7 +208,7 @@ func New(opts Options) *Manager {
 		opts.Config.Profiler = residency.NewProfiler()
 	}
 	m := &Manager{opts: opts, log: opts.Logger, cards: map[uint32]*pb.Card{}, clock: newClock(opts.TimeScale),
-		fronts: map[rkey]*front{}, adapterSpecs: map[rkey]*adapterSpec{}, wake: make(chan struct{}, 1),
+		fronts: map[rkey]*front{}, adapterSpecs: map[rkey]*adapterSpec{}, applied: map[rkey]bool{}, appliedCh: make(chan struct{}), wake: make(chan struct{}, 1),
 		ctrls: map[uint32]*cardCtrl{}, reps: map[rkey]*rep{}, engines: map[rkey]engineSeen{},
 		departed: map[rkey]bool{}, early: map[rkey]int{}, reports: make(chan report, 4096)}
 	for _, c := range opts.Cards {
@@ -406,7 +421,7 @@ func (m *Manager) placed(ds []executor.Desired) {
 	m.mu.Lock()
 	for k, f := range m.fronts {
 		if d, ok := want[k]; !ok || !fronted(d) {
-			f.close()
+			f.close(m.opts.LeaveGrace)
 			delete(m.fronts, k)
 		}
 	}
@@ -475,6 +490,16 @@ func (m *Manager) placed(ds []executor.Desired) {
 	for _, c := range m.sortedCards() {
 		m.publishCard(c)
 	}
+	m.mu.Lock()
+	clear(m.applied)
+	for _, d := range ds {
+		if fronted(d) {
+			m.applied[rkey{d.Replica.GetModel(), d.Replica.GetIndex()}] = true
+		}
+	}
+	close(m.appliedCh)
+	m.appliedCh = make(chan struct{})
+	m.mu.Unlock()
 }
 
 func sortedKeys[V any](mp map[rkey]V) []rkey {

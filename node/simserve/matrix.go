@@ -175,22 +175,7 @@ func Matrix(cfg *Config, seed uint64, seconds float64) (*MatrixResult, error) {
 		return nil, fmt.Errorf("matrix: seconds must be > 0, got %g", seconds)
 	}
 	n := len(cfg.Models)
-	var sets [][]int
-	for i := range n {
-		sets = append(sets, []int{i})
-	}
-	for i := range n {
-		for j := i + 1; j < n; j++ {
-			sets = append(sets, []int{i, j})
-		}
-	}
-	if n > 2 {
-		all := make([]int, n)
-		for i := range all {
-			all[i] = i
-		}
-		sets = append(sets, all)
-	}
+	sets := Sets(n)
 	res := &MatrixResult{Card: cfg.Card.Name, Seconds: seconds, Thrashing: matrixThrash}
 	for _, m := range cfg.Models {
 		res.Models = append(res.Models, m.Name)

@@ -300,7 +300,13 @@ func (a *Agent) raftAddr(host string) string {
 }
 
 func (a *Agent) startCluster() error {
-	libraryMetrics() // before Raft starts, so that its first measurements count
+	if !a.cfg.Hollow {
+		// Before Raft starts, so that its first measurements count. Not in
+		// a hollow process: its nodes' memberlists would all count into
+		// the one process-wide series, meaningless per node, at the cost
+		// of a sample per packet and gossip round of each.
+		libraryMetrics()
+	}
 	fw := &rpc.Forwarder{HTTP: a.sec.peerHTTP}
 	c, err := cluster.New(cluster.Config{
 		NodeName:        a.cfg.NodeName,
@@ -411,11 +417,16 @@ func (a *Agent) register(ctx context.Context) error {
 	if err := a.cluster.WaitForLeader(ctx); err != nil {
 		return fmt.Errorf("wait for a leader: %w", err)
 	}
-	// Check against state that holds every committed entry: right after a
-	// restart the log is still being re-applied, and a check against a
-	// partial state would append a registration that changes nothing.
-	if err := a.cluster.Read(ctx, false, func(*fsm.FSM) error { return nil }); err != nil {
-		return fmt.Errorf("catch up with the log: %w", err)
+	// On a server, check against state that holds every committed entry:
+	// right after a restart the log is still being re-applied, and a check
+	// against a partial state would append a registration that changes
+	// nothing. A client holds no state to catch up (its Read would fetch
+	// the whole state from a server, which a fleet registering at once
+	// turns into O(nodes²) bytes); its proposal is checked by the leader.
+	if a.cfg.Server {
+		if err := a.cluster.Read(ctx, false, func(*fsm.FSM) error { return nil }); err != nil {
+			return fmt.Errorf("catch up with the log: %w", err)
+		}
 	}
 	env := &pb.Envelope{Actor: "node/" + a.cfg.NodeName, Command: &pb.Envelope_RegisterNode{RegisterNode: &pb.RegisterNode{Node: a.localNode()}}}
 	for {

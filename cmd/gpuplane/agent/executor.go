@@ -134,7 +134,9 @@ func (a *Agent) startHollowExecutor() error {
 	return nil
 }
 
-// logReporter reports replica transitions as ReplicaStatus log entries.
+// logReporter reports replica transitions as ReplicaStatus log entries; a
+// report the state machine refuses is an *executor.Rejected, which the
+// executor does not send again.
 type logReporter struct {
 	c    *cluster.Cluster
 	node string
@@ -146,7 +148,7 @@ func (r *logReporter) Report(ctx context.Context, st *pb.ReplicaStatus) error {
 		return err
 	}
 	if res.GetCode() != pb.Code_CODE_OK {
-		return errors.New(res.GetMessage())
+		return &executor.Rejected{Reason: res.GetMessage()}
 	}
 	return nil
 }

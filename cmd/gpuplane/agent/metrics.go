@@ -77,8 +77,10 @@ func (a *Agent) metricsHandler() http.Handler {
 			"Residency transitions of this node's replicas (Cold, Loading, Resident, Draining, Sleeping, Waking, Failed).",
 			[]string{"from", "to"}, nil),
 	})
-	if lib := libraryMetrics(); lib != nil {
-		reg.MustRegister(lib)
+	if !a.cfg.Hollow {
+		if lib := libraryMetrics(); lib != nil {
+			reg.MustRegister(lib)
+		}
 	}
 	return promhttp.HandlerFor(prometheus.Gatherers{reg, a.gatewayReg}, promhttp.HandlerOpts{})
 }

@@ -17,9 +17,9 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/gpuplane/gpuplane/cluster"
-	"github.com/gpuplane/gpuplane/cluster/raftstore"
 	"github.com/gpuplane/gpuplane/cmd/gpuplane/agent"
 	"github.com/gpuplane/gpuplane/fsm"
+	"github.com/gpuplane/gpuplane/internal/logtamper"
 	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
 )
 
@@ -281,37 +281,19 @@ func TestAuditReplayVerifyTamper(t *testing.T) {
 // to the data dir could: only the hash chain can tell.
 func tamper(t *testing.T, dir string, change func(*pb.Envelope) bool) uint64 {
 	t.Helper()
-	store, err := raftstore.Open(cluster.LogDir(dir), raftstore.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer store.Close()
-	first, _ := store.FirstIndex()
-	last, _ := store.LastIndex()
-	var logs []*raft.Log
-	altered := uint64(0)
-	for i := first; i <= last; i++ {
-		l := &raft.Log{}
-		if err := store.GetLog(i, l); err != nil {
-			t.Fatal(err)
-		}
-		logs = append(logs, l)
+	var marshalErr error
+	altered, err := logtamper.Rewrite(cluster.LogDir(dir), func(l *raft.Log) bool {
 		env := &pb.Envelope{}
-		if altered > 0 || l.Type != raft.LogCommand || proto.Unmarshal(l.Data, env) != nil || !change(env) {
-			continue
+		if l.Type != raft.LogCommand || proto.Unmarshal(l.Data, env) != nil || !change(env) {
+			return false
 		}
-		if l.Data, err = fsm.Marshal(env); err != nil {
-			t.Fatal(err)
-		}
-		altered = i
+		l.Data, marshalErr = fsm.Marshal(env)
+		return true
+	})
+	if err == nil {
+		err = marshalErr
 	}
-	if altered == 0 {
-		t.Fatal("no entry to alter")
-	}
-	if err := store.DeleteRange(first, last); err != nil {
-		t.Fatal(err)
-	}
-	if err := store.StoreLogs(logs); err != nil {
+	if err != nil {
 		t.Fatal(err)
 	}
 	return altered
