@@ -719,7 +719,13 @@ func TestEngineDiedWhileTheAgentWasDown(t *testing.T) {
 	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	testutil.Until(t, 30*time.Second, "alpha's engine outlived SIGKILL", func() bool { return len(engines(t, "alpha")) == 0 })
+	// Wait for the process itself, not its command line: an exiting
+	// process has an empty cmdline before it is a zombie, and the next
+	// agent would still find it alive and adopt it.
+	testutil.Until(t, 30*time.Second, "alpha's engine outlived SIGKILL", func() bool {
+		st, err := procfs.ReadStat(pid)
+		return err != nil || !st.Alive()
+	})
 
 	// The cluster still says what the previous agent reported: Running,
 	// after two restarts; beta Stopped with the agent, after four.
