@@ -134,7 +134,9 @@ func CheckNodeReports(log []*pb.Event, hollow map[string]bool) Verdict {
 	hollowWith := map[string]bool{}
 	for _, e := range log {
 		env := e.GetEnvelope()
-		ok := e.GetResult().GetCode() == pb.Code_CODE_OK
+		// A duplicate request is answered with its first application's
+		// result and changes nothing: it is not applied again.
+		ok := e.GetResult().GetCode() == pb.Code_CODE_OK && !e.GetResult().GetDuplicate()
 		if ns := env.GetSetNodeStatus(); ns != nil && ok && hollow[ns.GetNode()] && ns.GetStatus() == pb.NodeStatus_NODE_STATUS_DOWN {
 			hollowDown++
 		}

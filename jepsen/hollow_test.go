@@ -124,6 +124,14 @@ func TestNodeReportsCatchWhatNoPlacementExplains(t *testing.T) {
 			t.Errorf("%s passed: %s", name, v)
 		}
 	}
+	// A retried plan whose request id was already applied is answered with
+	// the first result (OK, marked duplicate) and moves nothing: the new
+	// node's reports stay the accepted ones.
+	dup := placeEv(8, ok, place("dep-0", 0, 1, "h6-0000"))
+	dup.Result.Duplicate = true
+	if v := CheckNodeReports(append(good[:7:7], dup, reportEv(9, "h6-0001", "dep-0", 0, 1, "h6-0001", ok)), hollow); !v.Pass {
+		t.Errorf("a duplicate plan was taken as a placement: %s", v)
+	}
 	if v := CheckNodeReports(good[:1], hollow); v.Pass {
 		t.Errorf("hollow nodes that reported nothing passed: %s", v)
 	}
