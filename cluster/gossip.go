@@ -88,7 +88,12 @@ type Gossip struct {
 	mu      sync.Mutex
 	meta    Meta
 	members map[string]*GossipMember
-	left    bool
+	// alive and failed count members by status, kept by update, so that
+	// the reconnect loop's once-a-second look costs nothing while none
+	// has failed (a scan of every member per member per second was
+	// O(N²) across a fleet).
+	alive, failed int
+	left          bool
 
 	stop     chan struct{}
 	stopOnce sync.Once
@@ -98,19 +103,26 @@ type Gossip struct {
 // nodes, detecting failures faster than its LAN defaults (Consul's) and
 // costing each member little when nothing changes:
 //
-//   - ProbeInterval 500ms / ProbeTimeout 250ms: each node probes one random
+//   - ProbeInterval 500ms / ProbeTimeout 400ms: each node probes one random
 //     member every half second (with indirect probes through 3 others when
 //     the direct one times out), so some node probes a failed one within
 //     about one interval. When many fail at once, the last of them is first
 //     probed after about ln(failed) intervals, hence the short interval.
+//     The timeout leaves a busy member 400 ms to answer: with 250 ms, a
+//     fleet of hundreds of members on a loaded machine suspected live
+//     members faster than they could refute it (bench/fleet).
 //   - SuspicionMult 3, SuspicionMaxTimeoutMult 2: a suspected node is declared
 //     failed after 3 × max(1, log10 N) × 0.5s (1.5 s below 10 nodes, 3 s at
 //     100, 4.5 s at 1,000), or up to twice that when no other member
 //     confirms the suspicion. A live node that was only slow refutes within
 //     that time.
-//   - GossipInterval 200ms to 3 peers (memberlist's LAN default): a change
-//     spreads in O(log N) rounds, and while broadcasts are queued each
-//     member sends 15 packets a second, not the 40 of 100ms to 4.
+//   - GossipInterval 500ms to 3 peers: a change spreads in O(log N) rounds
+//     (about 3 s to a thousand members), and while broadcasts are queued
+//     each member sends 6 packets a second, not the 15 of memberlist's
+//     200ms. Gossip traffic is what grows when members are suspected: at
+//     200ms, 300 members sharing one core kept suspecting each other and
+//     never all saw each other alive; at 500ms they settled in 30 s and
+//     then cost a third of a millisecond of CPU per member per second.
 //   - PushPullInterval 30s (LAN default), which memberlist stretches by
 //     log2(N/32) above 32 nodes: a full-state exchange is O(N) bytes.
 //   - EnableCompression off: a gossip packet is at most a UDP datagram,
@@ -137,10 +149,10 @@ func memberlistConfig(c GossipConfig) (*memberlist.Config, error) {
 		mc.AdvertiseAddr, mc.AdvertisePort = ahost, aport
 	}
 	mc.ProbeInterval = 500 * time.Millisecond
-	mc.ProbeTimeout = 250 * time.Millisecond
+	mc.ProbeTimeout = 400 * time.Millisecond
 	mc.SuspicionMult = 3
 	mc.SuspicionMaxTimeoutMult = 2
-	mc.GossipInterval = 200 * time.Millisecond
+	mc.GossipInterval = 500 * time.Millisecond
 	mc.GossipNodes = 3
 	mc.PushPullInterval = 30 * time.Second
 	mc.EnableCompression = false
@@ -204,8 +216,20 @@ func NewGossip(c GossipConfig) (*Gossip, error) {
 	mc.Delegate = (*gossipDelegate)(g)
 	mc.Events = (*gossipEvents)(g)
 	mc.Logger = log.New(memberlistLogWriter{c.Logger.With("component", "memberlist"), c.LogLevel}, "", 0)
+	tr, err := newGossipNet(mc.BindAddr, mc.BindPort, mc.Logger.Printf)
+	if err != nil {
+		return nil, fmt.Errorf("start gossip on %s: %w", c.Bind, err)
+	}
+	mc.Transport = tr
+	if mc.BindPort == 0 {
+		mc.BindPort = tr.Port()
+	}
+	if mc.AdvertisePort == 0 {
+		mc.AdvertisePort = tr.Port()
+	}
 	ml, err := memberlist.Create(mc)
 	if err != nil {
+		tr.Shutdown()
 		return nil, fmt.Errorf("start gossip on %s: %w", c.Bind, err)
 	}
 	g.ml = ml
@@ -254,20 +278,16 @@ func (g *Gossip) reconnectLoop() {
 func (g *Gossip) reconnectTarget(draw float64) (string, bool) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if g.left {
+	if g.left || g.failed == 0 || draw >= float64(g.failed)/float64(max(1, g.alive)) {
 		return "", false
 	}
 	var failed []string
-	alive := 0
 	for _, m := range g.members {
-		switch {
-		case m.Status == GossipAlive:
-			alive++
-		case m.Status == GossipFailed && m.Addr != "" && time.Since(m.Since) < reconnectTimeout:
+		if m.Status == GossipFailed && m.Addr != "" && time.Since(m.Since) < reconnectTimeout {
 			failed = append(failed, m.Addr)
 		}
 	}
-	if len(failed) == 0 || draw >= float64(len(failed))/float64(max(1, alive)) {
+	if len(failed) == 0 {
 		return "", false
 	}
 	return failed[rand.IntN(len(failed))], true
@@ -451,10 +471,22 @@ func (g *Gossip) update(n *memberlist.Node, gone bool) {
 	}
 	if m.Status != status {
 		m.Since = time.Now()
+		g.count(m.Status, -1)
+		g.count(status, +1)
 	}
 	m.Addr, m.Status = n.Address(), status
 	g.mu.Unlock()
 	g.onChange()
+}
+
+// count adds d to the number of members with status (g.mu held).
+func (g *Gossip) count(status string, d int) {
+	switch status {
+	case GossipAlive:
+		g.alive += d
+	case GossipFailed:
+		g.failed += d
+	}
 }
 
 // gossipDelegate supplies this node's meta. Gossip carries nothing else: the

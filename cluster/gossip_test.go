@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"log"
+	"net"
 	"testing"
 	"time"
 
@@ -218,14 +219,25 @@ func TestMaxSuspicionFollowsMemberlist(t *testing.T) {
 // so that a large cluster does not send each failed member a full-state
 // push/pull from every member every interval.
 func TestReconnectTargetScalesWithFailed(t *testing.T) {
-	g := &Gossip{members: map[string]*GossipMember{}}
+	g := &Gossip{members: map[string]*GossipMember{}, onChange: func() {}}
+	// Members are added as memberlist's events add them, so that the
+	// counts the loop reads follow each change of status.
 	add := func(name, status string) {
-		g.members[name] = &GossipMember{Name: name, Addr: name + ":1", Status: status, Since: time.Now()}
+		meta := []byte(`{"r":"client"}`)
+		if status == GossipLeft {
+			meta = []byte(`{"r":"client","l":true}`)
+		}
+		g.update(&memberlist.Node{Name: name, Addr: net.IPv4(10, 0, 0, 1), Port: 1, Meta: meta}, status != GossipAlive)
+		g.members[name].Addr = name + ":1"
 	}
 	if _, ok := g.reconnectTarget(0); ok {
 		t.Fatal("no members: picked one")
 	}
 	add("self", GossipAlive)
+	add("dead", GossipAlive)
+	if _, ok := g.reconnectTarget(0); ok {
+		t.Fatal("none failed: picked one")
+	}
 	add("dead", GossipFailed)
 	// 1 failed, 1 alive: always.
 	if addr, ok := g.reconnectTarget(0.999); !ok || addr != "dead:1" {
@@ -247,6 +259,11 @@ func TestReconnectTargetScalesWithFailed(t *testing.T) {
 		t.Fatalf("failed longer than reconnectTimeout: picked %q", addr)
 	}
 	g.members["dead"].Since = time.Now()
+	add("dead", GossipAlive)
+	if addr, ok := g.reconnectTarget(0); ok {
+		t.Fatalf("the failed member came back: picked %q", addr)
+	}
+	add("dead", GossipFailed)
 	g.left = true
 	if addr, ok := g.reconnectTarget(0); ok {
 		t.Fatalf("after leaving: picked %q", addr)

@@ -54,6 +54,8 @@ var (
 	tmp     string
 	httpc   = rpc.HTTPClient()
 	verbose bool
+	// fleetEnv is added to the hollow processes' environment.
+	fleetEnv string
 )
 
 func main() {
@@ -66,6 +68,7 @@ func main() {
 	flag.StringVar(&bin, "bin", "", "gpuplane binary (default: go build ./cmd/gpuplane into a temp dir)")
 	flag.BoolVar(&verbose, "v", false, "print progress")
 	keep := flag.Bool("keep", false, "keep the temp dir (servers' and fleet's logs and data)")
+	flag.StringVar(&fleetEnv, "fleet-env", "", "extra environment for the hollow processes only, space-separated NAME=VALUE (e.g. \"GOMAXPROCS=1 GOGC=400\")")
 	flag.Parse()
 	var err error
 	if tmp, err = os.MkdirTemp("", "gpuplane-fleet-"); err != nil {
@@ -118,6 +121,9 @@ func (p *proc) start() error {
 	defer f.Close()
 	p.cmd = exec.Command(bin, p.args...)
 	p.cmd.Stdout, p.cmd.Stderr = f, f
+	if slices.Contains(p.args, "--hollow") && fleetEnv != "" {
+		p.cmd.Env = append(os.Environ(), strings.Fields(fleetEnv)...)
+	}
 	// The servers and the fleet die with the bench, however it ends.
 	p.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := p.cmd.Start(); err != nil {

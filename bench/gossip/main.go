@@ -1,0 +1,107 @@
+// Command gossip runs -n gossip members (cluster.NewGossip, the agents'
+// own memberlist set-up) in one process on loopback, joined one after the
+// other through a random earlier member, and reports how long until every
+// member sees every other alive and then, over -d, the process's CPU per
+// member and how many members some member does not hold alive. With
+// GOMAXPROCS=1 it shows whether a gossip configuration survives members
+// that share little CPU (a hollow fleet, bench/fleet) without suspecting
+// each other faster than they can refute it:
+//
+//	GOMAXPROCS=1 go run ./bench/gossip -n 300
+package main
+
+import (
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"os"
+	"runtime/pprof"
+	"syscall"
+	"time"
+
+	"github.com/gpuplane/gpuplane/cluster"
+)
+
+func cpu() time.Duration {
+	var ru syscall.Rusage
+	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+func main() {
+	n := flag.Int("n", 200, "gossip members")
+	dur := flag.Duration("d", 20*time.Second, "how long CPU is measured once all members see each other")
+	prof := flag.String("prof", "", "write a CPU profile of the measured period to this file")
+	flag.Parse()
+	lg := slog.New(slog.NewTextHandler(io.Discard, nil))
+	var gs []*cluster.Gossip
+	for i := range *n {
+		g, err := cluster.NewGossip(cluster.GossipConfig{Name: fmt.Sprintf("n%04d", i), Bind: "127.0.0.1:0",
+			Meta: cluster.Meta{Role: "client", API: "x:1", Digest: "abcdefabcdef"}, Logger: lg})
+		if err != nil {
+			panic(err)
+		}
+		if i > 0 {
+			for try := 0; ; try++ {
+				if _, err := g.Join([]string{gs[rand.IntN(len(gs))].Addr()}); err == nil {
+					break
+				} else if try > 5 {
+					panic(err)
+				}
+			}
+		}
+		gs = append(gs, g)
+	}
+	start := time.Now()
+	for {
+		ok := 0
+		for _, g := range gs {
+			alive := 0
+			for _, m := range g.Members() {
+				if m.Status == cluster.GossipAlive {
+					alive++
+				}
+			}
+			if alive == *n {
+				ok++
+			}
+		}
+		if ok == *n {
+			break
+		}
+		if time.Since(start) > time.Minute {
+			fmt.Printf("%d of %d members did not see every member alive within a minute\n", *n-ok, *n)
+			break
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+	fmt.Printf("%d members: %v until every member held every member alive\n", *n, time.Since(start).Round(time.Millisecond))
+	time.Sleep(5 * time.Second)
+	if *prof != "" {
+		f, err := os.Create(*prof)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		defer pprof.StopCPUProfile()
+	}
+	c0, t0 := cpu(), time.Now()
+	time.Sleep(*dur)
+	c := cpu() - c0
+	el := time.Since(t0)
+	notAlive := 0
+	for _, g := range gs {
+		for _, m := range g.Members() {
+			if m.Status != cluster.GossipAlive {
+				notAlive++
+			}
+		}
+	}
+	fmt.Printf("n=%d cpu %.3f cores, %.1f ms/s per node, %.3f s/min per node; not-alive views %d\n", *n, c.Seconds()/el.Seconds(), c.Seconds()/el.Seconds()*1000/float64(*n), c.Seconds()/el.Minutes()/float64(*n), notAlive)
+}
