@@ -93,7 +93,11 @@ type Gossip struct {
 	// has failed (a scan of every member per member per second was
 	// O(N²) across a fleet).
 	alive, failed int
-	left          bool
+	// servers are the members whose meta says RoleServer, for clients
+	// that look for a server on every request: copying and sorting every
+	// member for it was O(N) per request in a fleet.
+	servers map[string]*GossipMember
+	left    bool
 
 	stop     chan struct{}
 	stopOnce sync.Once
@@ -407,6 +411,19 @@ func (g *Gossip) Members() []GossipMember {
 	return out
 }
 
+// Servers returns the members whose meta says they are servers, as
+// Members does (sorted by name, failed and left ones kept).
+func (g *Gossip) Servers() []GossipMember {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	out := make([]GossipMember, 0, len(g.servers))
+	for _, m := range g.servers {
+		out = append(out, *m)
+	}
+	slices.SortFunc(out, func(a, b GossipMember) int { return strings.Compare(a.Name, b.Name) })
+	return out
+}
+
 // Member returns one member by name.
 func (g *Gossip) Member(name string) (GossipMember, bool) {
 	g.mu.Lock()
@@ -461,6 +478,14 @@ func (g *Gossip) update(n *memberlist.Node, gone bool) {
 	}
 	if len(n.Meta) > 0 {
 		m.Meta = meta
+	}
+	if m.Meta.Role == RoleServer {
+		if g.servers == nil {
+			g.servers = map[string]*GossipMember{}
+		}
+		g.servers[m.Name] = m
+	} else {
+		delete(g.servers, m.Name)
 	}
 	status := GossipAlive
 	switch {

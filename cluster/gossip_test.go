@@ -269,3 +269,29 @@ func TestReconnectTargetScalesWithFailed(t *testing.T) {
 		t.Fatalf("after leaving: picked %q", addr)
 	}
 }
+
+// TestServersFollowMeta checks the servers a client picks from: members
+// whose gossiped meta says server, by name, whatever their status, and no
+// longer once their meta says otherwise.
+func TestServersFollowMeta(t *testing.T) {
+	g := &Gossip{members: map[string]*GossipMember{}, onChange: func() {}}
+	node := func(name, role string) *memberlist.Node {
+		return &memberlist.Node{Name: name, Addr: net.IPv4(10, 0, 0, 1), Port: 1, Meta: []byte(`{"r":"` + role + `","a":"` + name + `:7410"}`)}
+	}
+	g.update(node("s2", RoleServer), false)
+	g.update(node("c1", RoleClient), false)
+	g.update(node("s1", RoleServer), true)
+	names := func() (out []string) {
+		for _, m := range g.Servers() {
+			out = append(out, m.Name+"/"+m.Status)
+		}
+		return out
+	}
+	if got := fmt.Sprint(names()); got != "[s1/failed s2/alive]" {
+		t.Fatalf("servers %s, want [s1/failed s2/alive]", got)
+	}
+	g.update(node("s2", RoleClient), false)
+	if got := fmt.Sprint(names()); got != "[s1/failed]" {
+		t.Fatalf("after s2 became a client: %s", got)
+	}
+}

@@ -252,7 +252,7 @@ func (c *Cluster) bootstrapLoop() {
 func (c *Cluster) tryBootstrap() bool {
 	g := c.mem.gossip.Load()
 	var peers []Peer
-	for _, m := range g.Members() {
+	for _, m := range g.Servers() {
 		if m.Meta.Role != RoleServer || m.Status != GossipAlive {
 			continue
 		}
@@ -290,7 +290,7 @@ func (c *Cluster) pickServer() string {
 	}
 	leader, _ := c.mem.leaderHint()
 	var live, avoided []string
-	for _, m := range g.Members() {
+	for _, m := range g.Servers() {
 		if m.Meta.Role != RoleServer || m.Meta.API == "" || m.Status != GossipAlive {
 			continue
 		}
