@@ -403,12 +403,7 @@ func (g *Gossip) LocalMeta() Meta {
 func (g *Gossip) Members() []GossipMember {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	out := make([]GossipMember, 0, len(g.members))
-	for _, m := range g.members {
-		out = append(out, *m)
-	}
-	slices.SortFunc(out, func(a, b GossipMember) int { return strings.Compare(a.Name, b.Name) })
-	return out
+	return sortedMembers(g.members)
 }
 
 // Servers returns the members whose meta says they are servers, as
@@ -416,8 +411,13 @@ func (g *Gossip) Members() []GossipMember {
 func (g *Gossip) Servers() []GossipMember {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	out := make([]GossipMember, 0, len(g.servers))
-	for _, m := range g.servers {
+	return sortedMembers(g.servers)
+}
+
+// sortedMembers copies ms sorted by name.
+func sortedMembers(ms map[string]*GossipMember) []GossipMember {
+	out := make([]GossipMember, 0, len(ms))
+	for _, m := range ms {
 		out = append(out, *m)
 	}
 	slices.SortFunc(out, func(a, b GossipMember) int { return strings.Compare(a.Name, b.Name) })
