@@ -9,7 +9,9 @@ import (
 	"io"
 	"log/slog"
 	"math/rand/v2"
+	"net"
 	"net/http"
+	"net/http/httptrace"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -132,6 +134,8 @@ type reqRecord struct {
 	start, end time.Time
 	outcome    string // ok, refused, cutoff, down
 	detail     string
+	// dialed is when the connection the request went on was opened.
+	dialed time.Time
 }
 
 // chaos drives a card shared by a pinned, a warm and three onDemand models
@@ -317,11 +321,41 @@ func chaos(t *testing.T, seed uint64, duration time.Duration) chaosRun {
 		return ""
 	}
 	var reqs sync.WaitGroup
-	client := &http.Client{Timeout: time.Minute}
+	// Each connection's dial time is kept, so that a request sent on a
+	// kept-alive connection to an agent that has since died is judged as
+	// that agent's death.
+	var dialedAt sync.Map // net.Conn → time.Time
+	dialer := &net.Dialer{}
+	client := &http.Client{Timeout: time.Minute, Transport: &http.Transport{
+		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+			at := time.Now()
+			c, err := dialer.DialContext(ctx, network, addr)
+			if err == nil {
+				dialedAt.Store(c, at)
+			}
+			return c, err
+		},
+	}}
 	request := func(name, url string, tokens int) {
 		body := fmt.Sprintf(`{"model":%q,"messages":[{"role":"user","content":"hi"}],"max_tokens":%d}`, name, tokens)
 		rec := reqRecord{model: name, start: time.Now()}
-		resp, err := client.Post(url+"/v1/chat/completions", "application/json", bytes.NewBufferString(body))
+		var recMu sync.Mutex
+		ctx := httptrace.WithClientTrace(context.Background(), &httptrace.ClientTrace{GotConn: func(info httptrace.GotConnInfo) {
+			if at, ok := dialedAt.Load(info.Conn); ok {
+				recMu.Lock()
+				rec.dialed = at.(time.Time)
+				recMu.Unlock()
+			}
+		}})
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost, url+"/v1/chat/completions", bytes.NewBufferString(body))
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := client.Do(req)
+		recMu.Lock()
+		defer recMu.Unlock()
 		var data []byte
 		if err == nil {
 			data, err = io.ReadAll(resp.Body)
@@ -388,6 +422,12 @@ func chaos(t *testing.T, seed uint64, duration time.Duration) chaosRun {
 			a := live()
 			a.cancel()
 			a.loops.Wait()
+			// The dead agent's fronts closed their connections; a client
+			// that reused one still in its pool (its close not yet read)
+			// would send a POST into it and get EOF after the agent is back,
+			// outside the window below. Go retries only idempotent requests
+			// on such a connection, so start from fresh ones.
+			client.CloseIdleConnections()
 			logger.Info("chaos: agent kill -9; a new one starts on the same data dir")
 			start()
 			// The new agent learns its replicas from the control plane
@@ -481,6 +521,11 @@ func chaos(t *testing.T, seed uint64, duration time.Duration) chaosRun {
 		agentDied := false
 		for _, d := range agentDown {
 			if !d[0].After(r.end) && !d[1].Before(r.start) {
+				agentDied = true
+			}
+			// A connection opened to the agent before it died, reused
+			// after it was back: the dead agent's front closed it.
+			if !r.dialed.IsZero() && r.dialed.Before(d[0]) && !d[0].After(r.end) {
 				agentDied = true
 			}
 		}
