@@ -112,9 +112,9 @@ type Gossip struct {
 //     the direct one times out), so some node probes a failed one within
 //     about one interval. When many fail at once, the last of them is first
 //     probed after about ln(failed) intervals, hence the short interval.
-//     The timeout leaves a busy member 400 ms to answer: with 250 ms, a
-//     fleet of hundreds of members on a loaded machine suspected live
-//     members faster than they could refute it (bench/fleet).
+//     The timeout leaves a busy member 400 ms to answer, so that members
+//     sharing a loaded machine are not suspected faster than they can
+//     refute it.
 //   - SuspicionMult 3, SuspicionMaxTimeoutMult 2: a suspected node is declared
 //     failed after 3 × max(1, log10 N) × 0.5s (1.5 s below 10 nodes, 3 s at
 //     100, 4.5 s at 1,000), or up to twice that when no other member
@@ -123,10 +123,9 @@ type Gossip struct {
 //   - GossipInterval 500ms to 3 peers: a change spreads in O(log N) rounds
 //     (about 3 s to a thousand members), and while broadcasts are queued
 //     each member sends 6 packets a second, not the 15 of memberlist's
-//     200ms. Gossip traffic is what grows when members are suspected: at
-//     200ms, 300 members sharing one core kept suspecting each other and
-//     never all saw each other alive; at 500ms they settled in 30 s and
-//     then cost a third of a millisecond of CPU per member per second.
+//     200ms. Gossip traffic is what grows when members are suspected, and
+//     at 200ms it can feed itself (suspicions, refutations, more packets,
+//     late acks, more suspicions) among members that share little CPU.
 //   - PushPullInterval 30s (LAN default), which memberlist stretches by
 //     log2(N/32) above 32 nodes: a full-state exchange is O(N) bytes.
 //   - EnableCompression off: a gossip packet is at most a UDP datagram,

@@ -19,9 +19,9 @@ import (
 // difference. NetTransport reads every UDP packet into a fresh 64 KiB
 // buffer and hands that buffer on, so each gossip packet of a few hundred
 // bytes allocates 64 KiB: with hundreds of members in one process (a
-// hollow fleet) that made garbage collection the largest part of gossip's
-// CPU (bench/fleet: a third of a hollow process's profile). gossipNet reads
-// into one buffer and hands on a copy of the packet's own size.
+// hollow fleet) garbage collection becomes the largest part of gossip's
+// CPU. gossipNet reads into one buffer and hands on a copy of the packet's
+// own size.
 type gossipNet struct {
 	tcp  *net.TCPListener
 	udp  *net.UDPConn
