@@ -211,7 +211,7 @@ func NewGossip(c GossipConfig) (*Gossip, error) {
 	if c.LogLevel == nil {
 		c.LogLevel = slog.LevelWarn
 	}
-	g := &Gossip{meta: c.Meta, members: map[string]*GossipMember{}, onChange: c.OnChange,
+	g := &Gossip{meta: c.Meta, members: map[string]*GossipMember{}, servers: map[string]*GossipMember{}, onChange: c.OnChange,
 		stop: make(chan struct{})}
 	if g.onChange == nil {
 		g.onChange = func() {}
@@ -242,9 +242,12 @@ func NewGossip(c GossipConfig) (*Gossip, error) {
 
 // reconnectInterval is how often a node tries to reach one failed member
 // again, and reconnectTimeout how long after its failure it stops trying.
+// reconnectsPerInterval bounds how many members of the cluster, together,
+// try in one interval.
 const (
-	reconnectInterval = time.Second
-	reconnectTimeout  = 72 * time.Hour
+	reconnectInterval     = time.Second
+	reconnectTimeout      = 72 * time.Hour
+	reconnectsPerInterval = 3
 )
 
 // reconnectLoop heals partitions. memberlist sends nothing to a member it
@@ -254,12 +257,15 @@ const (
 // serf, every reconnectInterval (±50 %) this node may try a push/pull with
 // one random member it holds failed (not left): if it answers, the two
 // exchange state, each refutes the other's view of it, and both turn alive
-// again. As in serf, it tries with probability failed/alive (capped at 1),
-// so that the cluster as a whole tries about once per failed member per
-// interval whatever its size: with every member trying every second, a
-// thousand nodes would each push their whole state once a second to
-// members that are down or were only slow. A member failed for longer
-// than reconnectTimeout is given up on.
+// again. It tries with probability min(failed, reconnectsPerInterval) /
+// alive (capped at 1), so that the cluster as a whole makes about that
+// many tries per interval whatever its size: one push/pull across a healed
+// partition is enough to start both sides refuting, and a member only
+// slow, not parted, refutes its own failure when the news reaches it.
+// Serf's failed/alive would have a fleet whose members were slow for a
+// moment (hundreds held failed) push its whole state hundreds of times a
+// second, keeping every member too busy to answer probes. A member failed
+// for longer than reconnectTimeout is given up on.
 func (g *Gossip) reconnectLoop() {
 	for {
 		select {
@@ -276,12 +282,12 @@ func (g *Gossip) reconnectLoop() {
 }
 
 // reconnectTarget picks the failed member to try this round, if any: with
-// probability failed/alive (draw is uniform in [0, 1)), one of them at
-// random.
+// probability min(failed, reconnectsPerInterval)/alive (draw is uniform in
+// [0, 1)), one of them at random.
 func (g *Gossip) reconnectTarget(draw float64) (string, bool) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if g.left || g.failed == 0 || draw >= float64(g.failed)/float64(max(1, g.alive)) {
+	if g.left || g.failed == 0 || draw >= float64(min(g.failed, reconnectsPerInterval))/float64(max(1, g.alive)) {
 		return "", false
 	}
 	var failed []string
@@ -479,9 +485,6 @@ func (g *Gossip) update(n *memberlist.Node, gone bool) {
 		m.Meta = meta
 	}
 	if m.Meta.Role == RoleServer {
-		if g.servers == nil {
-			g.servers = map[string]*GossipMember{}
-		}
 		g.servers[m.Name] = m
 	} else {
 		delete(g.servers, m.Name)

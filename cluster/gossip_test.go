@@ -215,11 +215,12 @@ func TestMaxSuspicionFollowsMemberlist(t *testing.T) {
 }
 
 // TestReconnectTargetScalesWithFailed checks that a member tries to
-// reconnect to a failed one with probability failed/alive, as serf does,
-// so that a large cluster does not send each failed member a full-state
-// push/pull from every member every interval.
+// reconnect to a failed one with probability min(failed,
+// reconnectsPerInterval)/alive, so that a large cluster does not send
+// failed members a full-state push/pull from every member every interval,
+// nor hundreds a second when hundreds were held failed for a moment.
 func TestReconnectTargetScalesWithFailed(t *testing.T) {
-	g := &Gossip{members: map[string]*GossipMember{}, onChange: func() {}}
+	g := &Gossip{members: map[string]*GossipMember{}, servers: map[string]*GossipMember{}, onChange: func() {}}
 	// Members are added as memberlist's events add them, so that the
 	// counts the loop reads follow each change of status.
 	add := func(name, status string) {
@@ -254,6 +255,21 @@ func TestReconnectTargetScalesWithFailed(t *testing.T) {
 	if addr, ok := g.reconnectTarget(0.0011); ok {
 		t.Fatalf("draw above 1/1000: picked %q", addr)
 	}
+	// Many failed (a fleet whose members were slow for a moment): the
+	// cluster as a whole still tries only reconnectsPerInterval a round.
+	for i := range 500 {
+		add(fmt.Sprintf("n%d", i), GossipFailed)
+	}
+	bound := float64(reconnectsPerInterval) / 500
+	if _, ok := g.reconnectTarget(bound * 0.99); !ok {
+		t.Fatalf("500 failed of 1,000: draw below %v picked none", bound)
+	}
+	if addr, ok := g.reconnectTarget(bound * 1.01); ok {
+		t.Fatalf("500 failed of 1,000: draw above %v picked %q", bound, addr)
+	}
+	for i := range 500 {
+		add(fmt.Sprintf("n%d", i), GossipAlive)
+	}
 	g.members["dead"].Since = time.Now().Add(-reconnectTimeout)
 	if addr, ok := g.reconnectTarget(0); ok {
 		t.Fatalf("failed longer than reconnectTimeout: picked %q", addr)
@@ -274,7 +290,7 @@ func TestReconnectTargetScalesWithFailed(t *testing.T) {
 // whose gossiped meta says server, by name, whatever their status, and no
 // longer once their meta says otherwise.
 func TestServersFollowMeta(t *testing.T) {
-	g := &Gossip{members: map[string]*GossipMember{}, onChange: func() {}}
+	g := &Gossip{members: map[string]*GossipMember{}, servers: map[string]*GossipMember{}, onChange: func() {}}
 	node := func(name, role string) *memberlist.Node {
 		return &memberlist.Node{Name: name, Addr: net.IPv4(10, 0, 0, 1), Port: 1, Meta: []byte(`{"r":"` + role + `","a":"` + name + `:7410"}`)}
 	}

@@ -60,7 +60,9 @@ var (
 
 func main() {
 	nodes := flag.Int("nodes", 1000, "hollow client nodes")
-	procs := flag.Int("procs", 10, "fleet processes the nodes are spread over; the failure test kills one")
+	procs := flag.Int("procs", 10, "fleet processes the nodes are spread over; the failure test kills the first")
+	kill := flag.Int("kill", 0, "nodes in the first fleet process, which the failure test kills (default: an equal share, 1/procs of the nodes)")
+	rate := flag.Float64("rate", 20, "hollow nodes started per second across the fleet (--hollow-rate of each process: rate/procs)")
 	perNode := flag.Float64("replicas-per-node", 1, "replicas deployed per hollow node (dedicated h100, one card each)")
 	clients := flag.Int("clients", 64, "concurrent writers for the commit runs")
 	duration := flag.Duration("duration", 5*time.Second, "length of each commit run")
@@ -87,7 +89,10 @@ func main() {
 			fail(err)
 		}
 	}
-	if err := run(*nodes, *procs, *perNode, *clients, *duration, *idle); err != nil {
+	if *procs < 1 || *nodes < *procs || *kill < 0 || *kill >= *nodes || (*kill > 0 && *procs < 2) || *rate < 0 {
+		fail(errors.New("want -nodes >= -procs >= 1, -rate >= 0, and -kill below -nodes with at least two -procs"))
+	}
+	if err := run(*nodes, *procs, *kill, *rate, *perNode, *clients, *duration, *idle); err != nil {
 		fail(err)
 	}
 }
@@ -172,9 +177,9 @@ func freePort() int {
 	return l.Addr().(*net.TCPAddr).Port
 }
 
-func run(nodes, procs int, perNode float64, clients int, d, idle time.Duration) error {
+func run(nodes, procs, kill int, rate, perNode float64, clients int, d, idle time.Duration) error {
 	load := loadavg()
-	fmt.Printf("fleet: %d hollow nodes × 8 h100 in %d processes, 3 servers; load average at start %s\n", nodes, procs, load)
+	fmt.Printf("fleet: %d hollow nodes × 8 h100 in %d processes, started %g a second, 3 servers; load average at start %s\n", nodes, procs, rate, load)
 	servers, err := startServers()
 	defer func() {
 		for _, s := range servers {
@@ -206,14 +211,23 @@ func run(nodes, procs int, perNode float64, clients int, d, idle time.Duration) 
 		wg.Wait()
 	}()
 	began := time.Now()
-	per := nodes / procs
-	for i := range procs {
-		n := per
+	// The first process holds the nodes the failure test kills; the
+	// others share the rest.
+	sizes := make([]int, procs)
+	if kill == 0 {
+		kill = nodes / procs
+	}
+	sizes[0] = kill
+	for i := 1; i < procs; i++ {
+		sizes[i] = (nodes - kill) / (procs - 1)
 		if i == procs-1 {
-			n = nodes - per*(procs-1)
+			sizes[i] = nodes - kill - (nodes-kill)/(procs-1)*(procs-2)
 		}
+	}
+	for i, n := range sizes {
 		name := fmt.Sprintf("f%02d", i)
 		p := &proc{name: name, args: []string{"agent", "--hollow", strconv.Itoa(n), "--node-name", name,
+			"--hollow-rate", strconv.FormatFloat(rate*float64(n)/float64(nodes), 'g', 4, 64),
 			"--data-dir", filepath.Join(tmp, name), "--bind", "127.0.0.1", "--join", strings.Join(gossip, ","), "--log-level", "error"}}
 		if err := p.start(); err != nil {
 			return err
@@ -302,7 +316,7 @@ func run(nodes, procs int, perNode float64, clients int, d, idle time.Duration) 
 	}
 	dead := map[string]bool{}
 	onDead := 0
-	for i := range per {
+	for i := range sizes[0] {
 		dead[fmt.Sprintf("%s-%04d", victim.name, i)] = true
 	}
 	for _, r := range rs {

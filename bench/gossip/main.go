@@ -16,6 +16,8 @@ import (
 	"io"
 	"log/slog"
 	"math/rand/v2"
+	"net/http"
+	_ "net/http/pprof"
 	"os"
 	"runtime/pprof"
 	"syscall"
@@ -34,10 +36,23 @@ func main() {
 	n := flag.Int("n", 200, "gossip members")
 	dur := flag.Duration("d", 20*time.Second, "how long CPU is measured once all members see each other")
 	prof := flag.String("prof", "", "write a CPU profile of the measured period to this file")
+	rate := flag.Float64("rate", 0, "members started per second (0: each as soon as the one before has joined)")
+	kill := flag.Float64("kill", 0, "then shut this fraction of the members down at once (no leave) and measure until every other member holds them failed")
+	pprofAddr := flag.String("pprof", "", "serve net/http/pprof on this address (to profile the joins)")
 	flag.Parse()
+	if *pprofAddr != "" {
+		go func() { _ = http.ListenAndServe(*pprofAddr, nil) }()
+	}
+	var pace *time.Ticker
+	if *rate > 0 {
+		pace = time.NewTicker(time.Duration(float64(time.Second) / *rate))
+	}
 	lg := slog.New(slog.NewTextHandler(io.Discard, nil))
 	var gs []*cluster.Gossip
 	for i := range *n {
+		if pace != nil {
+			<-pace.C
+		}
 		g, err := cluster.NewGossip(cluster.GossipConfig{Name: fmt.Sprintf("n%04d", i), Bind: "127.0.0.1:0",
 			Meta: cluster.Meta{Role: "client", API: "x:1", Digest: "abcdefabcdef"}, Logger: lg})
 		if err != nil {
@@ -53,6 +68,9 @@ func main() {
 			}
 		}
 		gs = append(gs, g)
+		if len(gs)%100 == 0 {
+			fmt.Fprintf(os.Stderr, "%s %d members joined\n", time.Now().Format("15:04:05"), len(gs))
+		}
 	}
 	start := time.Now()
 	for {
@@ -104,4 +122,44 @@ func main() {
 		}
 	}
 	fmt.Printf("n=%d cpu %.3f cores, %.1f ms/s per node, %.3f s/min per node; not-alive views %d\n", *n, c.Seconds()/el.Seconds(), c.Seconds()/el.Seconds()*1000/float64(*n), c.Seconds()/el.Minutes()/float64(*n), notAlive)
+	if *kill > 0 {
+		killed(gs, max(1, int(*kill*float64(*n))))
+	}
+}
+
+// killed shuts the last k members down at once and reports how long until
+// every remaining member holds each of them failed, the CPU meanwhile,
+// and how many live members some member held failed on the way.
+func killed(gs []*cluster.Gossip, k int) {
+	live, dead := gs[:len(gs)-k], map[string]bool{}
+	for i, g := range gs[len(gs)-k:] {
+		dead[fmt.Sprintf("n%04d", len(gs)-k+i)] = true
+		_ = g.Shutdown()
+	}
+	c0, t0 := cpu(), time.Now()
+	falsely := map[string]bool{}
+	for {
+		done := 0
+		for _, g := range live {
+			failed := 0
+			for _, m := range g.Members() {
+				switch {
+				case dead[m.Name] && m.Status != cluster.GossipAlive:
+					failed++
+				case !dead[m.Name] && m.Status != cluster.GossipAlive:
+					falsely[m.Name] = true
+				}
+			}
+			if failed == k {
+				done++
+			}
+		}
+		if done == len(live) || time.Since(t0) > 2*time.Minute {
+			el := time.Since(t0)
+			fmt.Printf("%d of %d members shut down at once: %d of %d live members held all of them failed after %v; CPU %.2f cores meanwhile; %d live members held failed by some member on the way\n",
+				k, len(gs), done, len(live), el.Round(100*time.Millisecond), (cpu()-c0).Seconds()/el.Seconds(), len(falsely))
+			return
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
 }

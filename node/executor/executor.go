@@ -289,8 +289,7 @@ func (e *Executor) Run(ctx context.Context) error {
 // after a backoff that a snapshot received resets. Executor and Hollow both
 // run on it.
 func follow(ctx context.Context, src Source, node string, log *slog.Logger, apply func(snap Snapshot, fresh bool)) {
-	retry := &backoff.ExponentialBackOff{InitialInterval: 200 * time.Millisecond, RandomizationFactor: 0.5,
-		Multiplier: 2, MaxInterval: 10 * time.Second}
+	retry := retryBackoff(200*time.Millisecond, 10*time.Second)
 	var from uint64
 	for {
 		snaps, err := src.Watch(ctx, node, from)
@@ -322,6 +321,13 @@ func follow(ctx context.Context, src Source, node string, log *slog.Logger, appl
 		case <-time.After(retry.NextBackOff()):
 		}
 	}
+}
+
+// retryBackoff is the backoff of the executor's retries (a broken watch, a
+// report that did not get through): doubling from initial up to most,
+// each wait ±50 % so that a fleet's nodes do not retry in step.
+func retryBackoff(initial, most time.Duration) *backoff.ExponentialBackOff {
+	return &backoff.ExponentialBackOff{InitialInterval: initial, RandomizationFactor: 0.5, Multiplier: 2, MaxInterval: most}
 }
 
 // wanted returns the replicas of snap placed on this node, by key.

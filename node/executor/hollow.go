@@ -8,7 +8,6 @@ import (
 	"log/slog"
 	"time"
 
-	"github.com/cenkalti/backoff/v5"
 	"google.golang.org/protobuf/proto"
 
 	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
@@ -70,8 +69,7 @@ func (h *Hollow) Run(ctx context.Context) {
 		}
 		latest <- next{snap, fresh}
 	})
-	retry := &backoff.ExponentialBackOff{InitialInterval: hollowRetry, RandomizationFactor: 0.5,
-		Multiplier: 2, MaxInterval: 10 * time.Second}
+	retry := retryBackoff(hollowRetry, 10*time.Second)
 	var snap Snapshot
 	var again <-chan time.Time
 	for {

@@ -604,8 +604,7 @@ func (s *supervisor) wakeResend() {
 // is not left for the replica's next transition, which on a quiet node may
 // never come.
 func (s *supervisor) resend(ctx context.Context) {
-	bo := &backoff.ExponentialBackOff{InitialInterval: resendDelay, RandomizationFactor: 0.5,
-		Multiplier: 2, MaxInterval: maxResendDelay}
+	bo := retryBackoff(resendDelay, maxResendDelay)
 	for {
 		select {
 		case <-ctx.Done():

@@ -114,11 +114,8 @@ func (m *Manager) closeFronts() {
 func (f *front) close(grace time.Duration) {
 	f.mu.Lock()
 	f.left = true
-	f.rejected++
-	f.reason = "the replica left this node"
-	close(f.changed)
-	f.changed = make(chan struct{})
 	f.mu.Unlock()
+	f.reject("the replica left this node")
 	go func() {
 		time.Sleep(grace)
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -230,6 +227,22 @@ func (f *front) reject(reason string) {
 	f.changed = make(chan struct{})
 }
 
+// refuse answers a request that waited for the model with the reason the
+// model cannot be loaded now (reject's), closing its connection if the
+// replica left.
+func (f *front) refuse(w http.ResponseWriter, reason string) {
+	f.hasLeft(w)
+	w.Header().Set("Retry-After", strconv.Itoa(retryAfter))
+	writeError(w, http.StatusServiceUnavailable, "model_not_loaded", fmt.Sprintf("model %s cannot be loaded now: %s", f.k.model, reason))
+}
+
+// notLoadedInTime answers a request whose wait for the model ran out.
+func (f *front) notLoadedInTime(w http.ResponseWriter) {
+	w.Header().Set("Retry-After", strconv.Itoa(retryAfter))
+	writeError(w, http.StatusServiceUnavailable, "model_not_loaded",
+		fmt.Sprintf("model %s was not loaded within %s; retry later", f.k.model, f.m.opts.Wait))
+}
+
 func (f *front) state() (bool, *url.URL, int, string, <-chan struct{}) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -331,9 +344,7 @@ func (f *front) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		if rejected != rejected0 {
-			f.hasLeft(w)
-			w.Header().Set("Retry-After", strconv.Itoa(retryAfter))
-			writeError(w, http.StatusServiceUnavailable, "model_not_loaded", fmt.Sprintf("model %s cannot be loaded now: %s", f.k.model, reason))
+			f.refuse(w, reason)
 			return
 		}
 		select {
@@ -341,9 +352,7 @@ func (f *front) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		case <-r.Context().Done():
 			return
 		case <-deadline.C:
-			w.Header().Set("Retry-After", strconv.Itoa(retryAfter))
-			writeError(w, http.StatusServiceUnavailable, "model_not_loaded",
-				fmt.Sprintf("model %s was not loaded within %s; retry later", f.k.model, f.m.opts.Wait))
+			f.notLoadedInTime(w)
 			return
 		}
 	}
@@ -372,9 +381,7 @@ func (f *front) awaitApplied(w http.ResponseWriter, r *http.Request, deadline <-
 		}
 		_, _, rejected, reason, changed := f.state()
 		if rejected != rejected0 {
-			f.hasLeft(w)
-			w.Header().Set("Retry-After", strconv.Itoa(retryAfter))
-			writeError(w, http.StatusServiceUnavailable, "model_not_loaded", fmt.Sprintf("model %s cannot be loaded now: %s", f.k.model, reason))
+			f.refuse(w, reason)
 			return false
 		}
 		if !counted {
@@ -389,9 +396,7 @@ func (f *front) awaitApplied(w http.ResponseWriter, r *http.Request, deadline <-
 		case <-r.Context().Done():
 			return false
 		case <-deadline:
-			w.Header().Set("Retry-After", strconv.Itoa(retryAfter))
-			writeError(w, http.StatusServiceUnavailable, "model_not_loaded",
-				fmt.Sprintf("model %s was not loaded within %s; retry later", f.k.model, f.m.opts.Wait))
+			f.notLoadedInTime(w)
 			return false
 		}
 	}

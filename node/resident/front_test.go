@@ -37,15 +37,7 @@ func TestFrontKeepsSendingTheBodyOnceTheAnswerStarted(t *testing.T) {
 	}))
 	defer engine.Close()
 
-	m := New(Options{BindHost: "127.0.0.1"})
-	f, err := m.front(rkey{"chat", 0})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer m.closeFronts()
-	// As if the loop had applied the replica's placement.
-	m.applied[f.k] = true
-	f.set(true, engine.URL)
+	f := readyFront(t, engine.URL)
 
 	// Pieces of a full buffer each, so that each goes out as it is
 	// written (the transports' write buffers are 4 KiB); the whole stays
@@ -106,14 +98,7 @@ func TestFrontKeepsTheConnectionWhenTheEngineIsGone(t *testing.T) {
 	gone := engine.URL
 	engine.Close()
 
-	m := New(Options{BindHost: "127.0.0.1"})
-	f, err := m.front(rkey{"chat", 0})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer m.closeFronts()
-	m.applied[f.k] = true
-	f.set(true, gone)
+	f := readyFront(t, gone)
 
 	client := &http.Client{Timeout: time.Minute, Transport: &http.Transport{MaxConnsPerHost: 1}}
 	for i := range 3 {
@@ -183,4 +168,20 @@ func TestFrontAnswersAfterTheReplicaLeft(t *testing.T) {
 			t.Fatalf("request %d: connection reused %v, want %v", i, reused, want)
 		}
 	}
+}
+
+// readyFront is a manager's front for replica chat/0 that is ready and
+// sends to engineURL, as if the manager's loop had applied the replica's
+// placement and the engine were up; its fronts close with the test.
+func readyFront(t *testing.T, engineURL string) *front {
+	t.Helper()
+	m := New(Options{BindHost: "127.0.0.1"})
+	f, err := m.front(rkey{"chat", 0})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(m.closeFronts)
+	m.applied[f.k] = true
+	f.set(true, engineURL)
+	return f
 }

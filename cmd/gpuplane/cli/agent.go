@@ -19,6 +19,7 @@ func newAgentCommand(g *globals) *cobra.Command {
 	var cfg agent.Config
 	var join, labels, logLevel string
 	var hollow int
+	var hollowRate float64
 	cmd := &cobra.Command{
 		Use:   "agent",
 		Short: "Run a gpuplane node",
@@ -47,7 +48,7 @@ GPUPLANE_<FLAG>, e.g. GPUPLANE_DATA_DIR.`,
 			cfg.Version = version
 			ctx := cmd.Context()
 			if cmd.Flags().Changed("hollow") {
-				return runHollow(cmd, g, cfg, hollow)
+				return runHollow(cmd, g, cfg, hollow, hollowRate)
 			}
 			a, err := agent.Start(ctx, cfg)
 			if err != nil {
@@ -90,6 +91,7 @@ GPUPLANE_<FLAG>, e.g. GPUPLANE_DATA_DIR.`,
 	f.StringVar(&cfg.Encrypt, "encrypt", "", "gossip encryption key, base64 (gpuplane keygen); the same on every node")
 	f.BoolVar(&cfg.ACL, "acl", false, "require tokens with roles on the API (gpuplane acl bootstrap)")
 	f.IntVar(&hollow, "hollow", 0, "run this many hollow client nodes in this process (for load tests: real gossip, event streams and reports, engines that report Running and start no process); names <node-name>-NNNN, data dirs under --data-dir, ports --api-port+i and --gossip-port+i when given, else free ones")
+	f.Float64Var(&hollowRate, "hollow-rate", 10, "with --hollow: nodes started per second (each new gossip member costs every member its broadcasts: a fleet joining at once can keep its members too busy to answer probes); 0: all at once")
 	f.StringVar(&cfg.AgentToken, "agent-token", "", "secret nodes present to each other with --acl and no TLS; the same on every node")
 	return cmd
 }

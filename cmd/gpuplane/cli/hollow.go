@@ -7,6 +7,7 @@ import (
 	"io"
 	"path/filepath"
 	"sync"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -17,10 +18,13 @@ import (
 // process (agent.Config.Hollow), as kubemark runs hollow kubelets, until
 // interrupted. Each is a whole client agent with its own memberlist on its
 // own port, its own simulated cards, its own event stream from a server
-// and its own (hollow) executor.
-func runHollow(cmd *cobra.Command, g *globals, base agent.Config, n int) error {
+// and its own (hollow) executor. They start rate a second (0: at once).
+func runHollow(cmd *cobra.Command, g *globals, base agent.Config, n int, rate float64) error {
 	if n < 1 || n > 10000 {
 		return usageErrorf(cmd, "--hollow: must be 1 to 10000 nodes, got %d", n)
+	}
+	if rate != 0 && !(rate >= 0.001 && rate <= 1e6) {
+		return usageErrorf(cmd, "--hollow-rate: must be 0 (all at once) or 0.001 to 1000000 nodes a second, got %v", rate)
 	}
 	if base.Server || base.Dev {
 		return usageErrorf(cmd, "--hollow runs client nodes: drop --server and --dev")
@@ -46,7 +50,20 @@ func runHollow(cmd *cobra.Command, g *globals, base agent.Config, n int) error {
 		wg.Wait()
 		return errors.Join(errs...)
 	}
+	var pace <-chan time.Time
+	if rate > 0 {
+		t := time.NewTicker(time.Duration(float64(time.Second) / rate))
+		defer t.Stop()
+		pace = t.C
+	}
 	for i := range n {
+		if pace != nil && i > 0 {
+			select {
+			case <-pace:
+			case <-ctx.Done():
+				return closeAll()
+			}
+		}
 		cfg := base
 		cfg.Hollow = true
 		cfg.NodeName = fmt.Sprintf("%s-%04d", prefix, i)
