@@ -121,8 +121,9 @@ bench-dashboard:
 bench-gateway-http: build
 	GOMAXPROCS=2 $(GO) run ./bench/gateway -bin $(BIN) $(BENCH_GATEWAY_FLAGS)
 
-# Three servers and 1,000 hollow client nodes (issue 21; bench/RESULTS.md,
-# Fleet). Heavy: BENCH_FLEET_FLAGS=-nodes 100 for a smaller run.
+# Three servers and 1,000 hollow client nodes (bench/RESULTS.md, Fleet).
+# Heavy: on a 2-core machine the fleet stops settling between 400 and 600
+# nodes (gossip's own cost); BENCH_FLEET_FLAGS=-nodes 400 runs there.
 .PHONY: bench-fleet
 BENCH_FLEET_FLAGS ?=
 bench-fleet: build

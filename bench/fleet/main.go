@@ -11,15 +11,16 @@
 //   - a new node's inventory seen by every server (each server's own
 //     state, read stale), and a changed inventory (the node restarted with
 //     other cards) seen by every server;
-//   - one of -procs fleet processes killed (kill -9: 1/procs of the nodes
-//     at once): the time until every one of its nodes is down in the log,
+//   - the first fleet process, which holds -kill nodes (10% by default),
+//     killed (kill -9): the time until every one of its nodes is down in the log,
 //     and then until every replica runs again on a live node, with no card
 //     holding two replicas of the dedicated accelerator;
 //   - the servers' CPU and RSS, and the leader's reconcile round time
 //     (/metrics), and `audit verify` on every server's data dir at the end.
 //
 // The servers are three `gpuplane agent --server` processes; the fleet is
-// -procs `gpuplane agent --hollow` processes, all on loopback.
+// -procs `gpuplane agent --hollow` processes, all on loopback, starting
+// -rate nodes a second between them (--hollow-rate).
 package main
 
 import (
@@ -60,9 +61,9 @@ var (
 
 func main() {
 	nodes := flag.Int("nodes", 1000, "hollow client nodes")
-	procs := flag.Int("procs", 10, "fleet processes the nodes are spread over; the failure test kills the first")
+	procs := flag.Int("procs", 4, "fleet processes the nodes are spread over; the failure test kills the first")
 	kill := flag.Int("kill", 0, "nodes in the first fleet process, which the failure test kills (default: an equal share, 1/procs of the nodes)")
-	rate := flag.Float64("rate", 20, "hollow nodes started per second across the fleet (--hollow-rate of each process: rate/procs)")
+	rate := flag.Float64("rate", 3, "hollow nodes started per second across the fleet (--hollow-rate of each process: rate/procs)")
 	perNode := flag.Float64("replicas-per-node", 1, "replicas deployed per hollow node (dedicated h100, one card each)")
 	clients := flag.Int("clients", 64, "concurrent writers for the commit runs")
 	duration := flag.Duration("duration", 5*time.Second, "length of each commit run")
@@ -70,7 +71,7 @@ func main() {
 	flag.StringVar(&bin, "bin", "", "gpuplane binary (default: go build ./cmd/gpuplane into a temp dir)")
 	flag.BoolVar(&verbose, "v", false, "print progress")
 	keep := flag.Bool("keep", false, "keep the temp dir (servers' and fleet's logs and data)")
-	flag.StringVar(&fleetEnv, "fleet-env", "", "extra environment for the hollow processes only, space-separated NAME=VALUE (e.g. \"GOMAXPROCS=1 GOGC=400\")")
+	flag.StringVar(&fleetEnv, "fleet-env", "GOMAXPROCS=1 GOGC=400", "extra environment for the hollow processes only, space-separated NAME=VALUE (one core each and less frequent GC: a process of hundreds of members spends less on scheduling and collection)")
 	flag.Parse()
 	var err error
 	if tmp, err = os.MkdirTemp("", "gpuplane-fleet-"); err != nil {
