@@ -253,7 +253,7 @@ func (c *Cluster) tryBootstrap() bool {
 	g := c.mem.gossip.Load()
 	var peers []Peer
 	for _, m := range g.Servers() {
-		if m.Meta.Role != RoleServer || m.Status != GossipAlive {
+		if m.Status != GossipAlive {
 			continue
 		}
 		if m.Meta.Bootstrapped {
@@ -291,7 +291,7 @@ func (c *Cluster) pickServer() string {
 	leader, _ := c.mem.leaderHint()
 	var live, avoided []string
 	for _, m := range g.Servers() {
-		if m.Meta.Role != RoleServer || m.Meta.API == "" || m.Status != GossipAlive {
+		if m.Meta.API == "" || m.Status != GossipAlive {
 			continue
 		}
 		switch {

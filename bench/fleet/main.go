@@ -220,9 +220,10 @@ func run(nodes, procs, kill int, rate, perNode float64, clients int, d, idle tim
 	}
 	sizes[0] = kill
 	for i := 1; i < procs; i++ {
-		sizes[i] = (nodes - kill) / (procs - 1)
-		if i == procs-1 {
-			sizes[i] = nodes - kill - (nodes-kill)/(procs-1)*(procs-2)
+		rest, others := nodes-kill, procs-1
+		sizes[i] = rest / others
+		if i <= rest%others {
+			sizes[i]++
 		}
 	}
 	for i, n := range sizes {
