@@ -43,6 +43,9 @@ type GatewayConfig struct {
 	// Tenants resolves ACL tokens when ACLs are on (default: the
 	// cluster's token table, cluster.TenantFor).
 	Tenants gateway.TenantSource
+	// Limits bound what slow clients hold on the gateway's port (zero:
+	// gateway.ServerLimits' defaults).
+	Limits gateway.ServerLimits
 }
 
 // listenGateway opens the gateway's port before the cluster starts, so
@@ -112,7 +115,12 @@ func (a *Agent) startGateway(res *resident.Manager) error {
 	protocols.SetHTTP1(true)
 	protocols.SetHTTP2(true)
 	protocols.SetUnencryptedHTTP2(true)
-	srv := &http.Server{Handler: gw, ReadHeaderTimeout: 30 * time.Second, TLSConfig: a.sec.apiTLS(), Protocols: protocols}
+	// Slow clients are timed out as on the API port; other nodes'
+	// forwarded requests are not bound per address (they share one).
+	limits := gc.Limits
+	limits.Exempt = a.isPeer
+	srv := gateway.NewServer(gw, limits)
+	srv.TLSConfig, srv.Protocols = a.sec.apiTLS(), protocols
 	ctx, stop := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() {
