@@ -66,6 +66,10 @@ func (a *Agent) startExecutor() error {
 	if a.cfg.OrphanGrace < 0 {
 		return fmt.Errorf("--orphan-grace must not be negative, got %s", a.cfg.OrphanGrace)
 	}
+	if a.cfg.StartStall < 0 {
+		return fmt.Errorf("--start-stall-timeout must not be negative, got %s", a.cfg.StartStall)
+	}
+	opts.StartStallTimeout = a.cfg.StartStall
 	var lib nvml.Interface
 	switch {
 	case node.Simulated:
@@ -80,6 +84,7 @@ func (a *Agent) startExecutor() error {
 			return fmt.Errorf("NVML for the watchdog: %v", nvml.ErrorString(ret))
 		}
 	}
+	opts.NVML = lib
 	if a.residencyJournal == nil {
 		a.residencyJournal = residency.NewJournal(a.cfg.NodeName, 0)
 	}

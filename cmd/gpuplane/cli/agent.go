@@ -83,6 +83,7 @@ GPUPLANE_<FLAG>, e.g. GPUPLANE_DATA_DIR.`,
 	f.StringVar(&cfg.Enforce, "enforce", "auto", "hard limits on engines' shares: auto, mps, hami or none")
 	f.StringVar(&cfg.Residency, "residency", "auto", "the node's residency controller: auto (it loads, sleeps and evicts warm and onDemand models) or advise (it records what it would do and changes nothing)")
 	f.DurationVar(&cfg.OrphanGrace, "orphan-grace", executor.DefaultOrphanGrace, "how long this node's engines outlive the agent when it dies (kill -9, a crash): an agent restarted sooner adopts them, later they are stopped")
+	f.DurationVar(&cfg.StartStall, "start-stall-timeout", executor.DefaultStartStallTimeout, "how long a starting engine may show no progress (no change in its health check, no log output, no growth of its GPU or host memory) before it is declared stuck and stopped, before its start timeout")
 	f.StringVar(&cfg.HAMiLib, "hami-lib", "", "path of HAMi-core's libvgpu.so, for --enforce hami (or auto)")
 	f.StringVar(&logLevel, "log-level", "warn", "log level: debug, info, warn, error")
 	f.StringVar(&cfg.TLSCert, "tls-cert", "", "this node's PEM certificate (gpuplane tls create-cert): TLS for the API, Raft and calls between nodes")
