@@ -34,10 +34,14 @@ type starter struct {
 	timeout time.Duration
 }
 
-// waitReport is how often a replica waiting for a card says again how
-// long the start it waits for has run: each report is a write to the
-// cluster's log, so not every second.
-const waitReport = 5 * time.Second
+// waitReport is how soon a replica waiting for a card says again how long
+// the start it waits for has run; the interval then doubles up to
+// maxWaitReport. Each report is a write to the cluster's log: a long wait
+// (a vLLM start may take half an hour) makes a few dozen, not one a second.
+const (
+	waitReport    = 5 * time.Second
+	maxWaitReport = time.Minute
+)
 
 // admit says whether st may start on c now, where the starts in
 // progress are c.starting; if not, it returns the start st waits for and
@@ -101,7 +105,8 @@ func waitingFor(card uint32, h *starter, why string) string {
 // deadlock between replicas sharing several cards), once admit lets it,
 // and returns the release of its place. While a card is not free to start
 // on, waiting is told whom st waits for and why: at once, again when that
-// changes, and every waitReport with the time the other start has run.
+// changes, and at growing intervals from waitReport with the time the
+// other start has run.
 func (e *Executor) lockCards(ctx context.Context, st *starter, cards []uint32, waiting func(reason string)) (func(), error) {
 	sorted := slices.Compact(slices.Sorted(slices.Values(cards)))
 	var held []*cardStarts
@@ -120,8 +125,8 @@ func (e *Executor) lockCards(ctx context.Context, st *starter, cards []uint32, w
 		if !ok {
 			continue // not a card of this node: the launch fails and says so
 		}
-		said, due := "", false
-		tick := time.NewTicker(waitReport)
+		said, due, every := "", false, waitReport
+		tick := time.NewTimer(every)
 		for {
 			c.mu.Lock()
 			blocker, why := e.admit(c, st)
@@ -134,7 +139,7 @@ func (e *Executor) lockCards(ctx context.Context, st *starter, cards []uint32, w
 			}
 			ended := c.ended
 			// A new start to wait for or a new reason is worth a report;
-			// the time passing, once every waitReport.
+			// the time passing, at growing intervals.
 			var reason string
 			if who := blocker.k.String() + why; who != said || due {
 				said, due = who, false
@@ -147,7 +152,8 @@ func (e *Executor) lockCards(ctx context.Context, st *starter, cards []uint32, w
 			select {
 			case <-ended:
 			case <-tick.C:
-				due = true
+				due, every = true, min(2*every, maxWaitReport)
+				tick.Reset(every)
 			case <-ctx.Done():
 				tick.Stop()
 				release()
