@@ -14,7 +14,7 @@ type cardStarts struct {
 	index uint32
 
 	mu       sync.Mutex
-	starting []*starter
+	starting []started
 	// ended is closed, and replaced, whenever a start ends.
 	ended chan struct{}
 }
@@ -28,10 +28,14 @@ type starter struct {
 	alone bool
 	// shareMiB is its memory share of each card (0: the whole card).
 	shareMiB uint64
-	// since is when it began starting on the card; timeout its start
-	// deadline.
-	since   time.Time
+	// timeout is its start deadline.
 	timeout time.Duration
+}
+
+// started is a start in progress on a card, since when it began there.
+type started struct {
+	*starter
+	since time.Time
 }
 
 // waitReport is how soon a replica waiting for a card says again how long
@@ -49,20 +53,20 @@ const (
 // shares, with those of the engines running on the card, do not fit the
 // card's memory: then they would contend for the same memory, and one
 // waits. Called with c.mu held.
-func (e *Executor) admit(c *cardStarts, st *starter) (blocker *starter, why string) {
+func (e *Executor) admit(c *cardStarts, st *starter) (blocker *started, why string) {
 	if len(c.starting) == 0 {
 		return nil, ""
 	}
 	if st.alone {
-		return c.starting[0], fmt.Sprintf("a %s engine starts alone", st.kind)
+		return &c.starting[0], fmt.Sprintf("a %s engine starts alone", st.kind)
 	}
-	for _, o := range c.starting {
+	for i, o := range c.starting {
 		if o.alone {
-			return o, fmt.Sprintf("a %s engine starts alone", o.kind)
+			return &c.starting[i], fmt.Sprintf("a %s engine starts alone", o.kind)
 		}
 	}
 	if used, total := e.taken(c, st); used > total {
-		return c.starting[0], fmt.Sprintf("the card's %d MiB do not hold every share at once (%d MiB)", total, used)
+		return &c.starting[0], fmt.Sprintf("the card's %d MiB do not hold every share at once (%d MiB)", total, used)
 	}
 	return nil, ""
 }
@@ -96,7 +100,7 @@ func (e *Executor) taken(c *cardStarts, st *starter) (used, total uint64) {
 }
 
 // waitingFor says whom a replica waiting for card waits for, and why.
-func waitingFor(card uint32, h *starter, why string) string {
+func waitingFor(card uint32, h *started, why string) string {
 	return fmt.Sprintf("waiting for card %d: %s is starting (%s of %s), and %s", card, h.k,
 		time.Since(h.since).Truncate(time.Second), h.timeout, why)
 }
@@ -113,7 +117,7 @@ func (e *Executor) lockCards(ctx context.Context, st *starter, cards []uint32, w
 	release := func() {
 		for _, c := range held {
 			c.mu.Lock()
-			c.starting = slices.DeleteFunc(c.starting, func(o *starter) bool { return o == st })
+			c.starting = slices.DeleteFunc(c.starting, func(o started) bool { return o.starter == st })
 			close(c.ended)
 			c.ended = make(chan struct{})
 			c.mu.Unlock()
@@ -131,8 +135,7 @@ func (e *Executor) lockCards(ctx context.Context, st *starter, cards []uint32, w
 			c.mu.Lock()
 			blocker, why := e.admit(c, st)
 			if blocker == nil {
-				st.since = time.Now()
-				c.starting = append(c.starting, st)
+				c.starting = append(c.starting, started{starter: st, since: time.Now()})
 				held = append(held, c)
 				c.mu.Unlock()
 				break
