@@ -100,6 +100,9 @@ func (b *bodyLimiter) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	client := clientAddr(r)
 	release, ok := b.take(client)
 	if !ok {
+		// Its body is left unread: the server's drain of it after the
+		// answer must not wait for a trickle either.
+		_ = http.NewResponseController(w).SetReadDeadline(time.Now())
 		w.Header().Set("Connection", "close")
 		w.Header().Set("Retry-After", "1")
 		errorf(http.StatusTooManyRequests, "rate_limit_error", "too_many_unfinished_bodies",

@@ -156,6 +156,21 @@ func TestUnfinishedBodiesPerClientAreBounded(t *testing.T) {
 	if !strings.Contains(refused, "127.0.0.1 already has 2 requests whose body is still arriving") {
 		t.Errorf("refusal %q does not say why", refused)
 	}
+	// A slow body refused is answered and its connection closed at once,
+	// not once the server has drained its trickle.
+	c := slowPost(t, addr, 1000, stop)
+	defer c.Close()
+	_ = c.SetReadDeadline(time.Now().Add(30 * time.Second))
+	br := bufio.NewReader(c)
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil || resp.StatusCode != http.StatusTooManyRequests {
+		t.Fatalf("a third slow body: %v, %v; want 429", resp, err)
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	var ne net.Error
+	if _, err := br.ReadByte(); err == nil || errors.As(err, &ne) && ne.Timeout() {
+		t.Errorf("the refused slow body's connection is still open after its answer: %v", err)
+	}
 	// The end of a slow body (its client gone) frees its place.
 	a.Close()
 	testutil.Until(t, 30*time.Second, "requests are still refused after a slow body ended", func() bool {
