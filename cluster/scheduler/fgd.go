@@ -212,7 +212,7 @@ func (s *State) SetWorkload(reqs []Request) {
 	s.wl.init() // a new generation: node caches of the old workload are stale
 	for i := range reqs {
 		if q, reason := s.resolveDemand(&reqs[i]); reason == "" {
-			s.wl.observe(&q, reqs[i].CPUMilli, reqs[i].MemoryMiB, s.scarcity(q.kinds))
+			s.wl.observe(&q, reqs[i].CPUMilli, reqs[i].MemoryMiB, s.scarcity(&q, reqs[i].CPUMilli, reqs[i].MemoryMiB))
 		}
 	}
 	s.wl.fixed = true
@@ -469,28 +469,55 @@ func (s *State) Fragmentation() float64 {
 	return f / float64(total) / float64(s.gpuCap)
 }
 
-// scarcity is the byScarcity multiplier of a kind set, in 1/scarcityScale:
-// the cluster's healthy cards over those of the kinds (at least 1).
-func (s *State) scarcity(k kindSet) int64 {
-	if k == nil || s.healthyCards == 0 {
+// scarcityKey is what a type's scarcity depends on: the nodes that could
+// hold it empty.
+type scarcityKey struct {
+	kinds    string
+	mode     mode
+	k        int32
+	cpu, mem int64
+}
+
+// scarcity is the byScarcity multiplier of a type, in 1/scarcityScale: the
+// cluster's healthy cards over the healthy cards it could ever use (at
+// least 1). A card is usable when it is of the type's kinds and on a node
+// whose host capacity fits the type's request and that has the type's
+// number of such cards (any card, for a host-only type). Kinds alone are
+// not enough: an 8-card task asking 120 cores fits only the 128-core nodes
+// of openb, however many 8-card nodes of other sizes there are, so breaking
+// one of those nodes costs it as much as breaking a node of a scarce kind
+// costs a typed task. It depends on capacities only, never on what is
+// placed, so a node's score stays independent of the others (index.go).
+func (s *State) scarcity(q *request, cpu, mem int64) int64 {
+	if s.healthyCards == 0 {
 		return scarcityScale
 	}
-	key := kindsKey(k)
+	key := scarcityKey{kinds: kindsKey(q.kinds), mode: q.mode, k: int32(q.k), cpu: cpu, mem: mem}
 	if v, ok := s.scarce[key]; ok {
 		return v
 	}
-	var n int64
-	for ci := range s.cards {
-		if s.cards[ci].healthy && k.has(s.cards[ci].kind) {
-			n++
+	var usable int64
+	for ni := range s.nodes {
+		n := &s.nodes[ni]
+		if (n.cpuCap > 0 && cpu > n.cpuCap) || (n.memCap > 0 && mem > n.memCap) {
+			continue
+		}
+		var c int64
+		for ci := n.first; ci < n.first+n.n; ci++ {
+			if card := &s.cards[ci]; card.healthy && (q.mode == modeHost || q.kinds.has(card.kind)) {
+				c++
+			}
+		}
+		if c >= int64(max(q.k, 1)) {
+			usable += c
 		}
 	}
 	v := int64(scarcityScale)
-	if n > 0 {
-		v = max(v, scarcityScale*s.healthyCards/n)
+	if usable > 0 {
+		v = max(v, scarcityScale*s.healthyCards/usable)
 	}
 	if s.scarce == nil {
-		s.scarce = map[string]int64{}
+		s.scarce = map[scarcityKey]int64{}
 	}
 	s.scarce[key] = v
 	return v
