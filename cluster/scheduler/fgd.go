@@ -90,8 +90,8 @@ const (
 	byCountPaper
 	// byScarcity weighs a type by the card capacity its requests ask for,
 	// in milli-cards (a host-only request as one card), times how scarce
-	// the card kinds it may use are: the cluster's healthy cards over
-	// those of its kinds. Used by PolicyDefault; see DESIGN.md.
+	// the cards it could use are (State.scarcity). Used by PolicyDefault;
+	// see DESIGN.md.
 	byScarcity
 	numWeights
 )
@@ -525,7 +525,7 @@ func (s *State) scarcity(q *request, cpu, mem int64) int64 {
 
 // paperShare is how much the paper's count-weighted measure counts in the
 // default policy's blend against the scarcity-weighted one (see DESIGN.md).
-const paperShare = 3
+const paperShare = 6
 
 // blendUnit is the fixed point of a blended fragmentation growth: the
 // growth of each measure per unit of its workload weight, in milli-cards
@@ -535,11 +535,42 @@ const blendUnit = 1 << 24
 // blendDelta is the default policy's fragmentation growth: the expected
 // growth for a task drawn by count, as the paper measures it (weighted
 // paperShare), plus that for a unit of card demand drawn with the
-// scarcity of its card kinds.
+// scarcity of the cards it could use, plus the capacity it leaves dead.
 func (ev *evaluator) blendDelta(cards []int32) int64 {
 	wl := &ev.s.wl
 	ds, dp := ev.fragDeltas(cards, byScarcity, byCountPaper)
-	return perUnit(ds, wl.total[byScarcity]) + paperShare*perUnit(dp, wl.total[byCountPaper])
+	return perUnit(ds, wl.total[byScarcity]) + paperShare*perUnit(dp, wl.total[byCountPaper]) +
+		deadShare*ev.deadDelta(cards, dp)*blendUnit
+}
+
+// deadShare is how much capacity left dead counts in the blend: in full in
+// both measures, as if every type of each saw it as fragment.
+const deadShare = 1 + paperShare
+
+// deadDelta is how much free card capacity on the node the placement
+// leaves dead: usable by no type of the workload that asks for a card,
+// because the host has no room left for any of them or no card fits any
+// (the paper measure's fragment is then all of the node's free capacity
+// for every such type). Nothing departs in the measure's model, so dead
+// capacity is lost for good; the expected fragment counts it only for the
+// types that could have used it, and in the scarcity measure, where types
+// that cannot use a small node carry most of the weight, stranding a small
+// node's last card can even lower the fragment (see DESIGN.md). dp is the
+// paper measure's growth from fragDeltas.
+func (ev *evaluator) deadDelta(cards []int32, dp int64) int64 {
+	fc := ev.fc
+	total := ev.s.wl.total[byCountPaper]
+	before := fc.fragBefore[byCountPaper]
+	tot0 := fc.tot
+	tot1 := tot0 - int64(ev.q.reserve)*int64(len(cards))
+	var d int64
+	if tot1 > 0 && total*tot1 == before+dp {
+		d += tot1
+	}
+	if tot0 > 0 && total*tot0 == before {
+		d -= tot0
+	}
+	return d
 }
 
 // perUnit is delta × blendUnit / total, rounded toward zero, with a 128-bit
