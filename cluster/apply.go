@@ -212,6 +212,11 @@ func (c *Cluster) propose(ctx context.Context, env *pb.Envelope) (raft.ApplyFutu
 	if err != nil {
 		return nil, fmt.Errorf("encode %s: %w", env.RequestId, err)
 	}
+	// A write the log would refuse (the disk is full) is refused here:
+	// in the log, the failed append would make Raft step this leader down.
+	if err := c.store.Admit(len(data)); err != nil {
+		return nil, err
+	}
 	timeout := time.Until(deadline(ctx))
 	if timeout <= 0 {
 		return nil, context.DeadlineExceeded

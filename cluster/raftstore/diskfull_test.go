@@ -3,6 +3,7 @@ package raftstore
 import (
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -287,4 +288,47 @@ func mustGlob(t *testing.T, dir string) []string {
 		t.Fatal(err)
 	}
 	return files
+}
+
+// TestTailFillFollowsWAL writes batches of varied entries across several
+// segments and checks, after each batch, that the store's account of the
+// newest segment's fill (what Admit keeps its reserve by) is what reading
+// the files through finds on the next open.
+func TestTailFillFollowsWAL(t *testing.T) {
+	dir := t.TempDir()
+	rng := rand.New(rand.NewPCG(7, 1))
+	s, err := Open(dir, Options{SegmentSize: smallSegments})
+	if err != nil {
+		t.Fatal(err)
+	}
+	i := uint64(1)
+	for round := range 40 {
+		for range 1 + rng.IntN(8) {
+			var batch []*raft.Log
+			for k := 1 + rng.IntN(6); k > 0; k-- {
+				batch = append(batch, entry(i, rng))
+				i++
+			}
+			if err := s.StoreLogs(batch); err != nil {
+				t.Fatal(err)
+			}
+		}
+		s.tmu.Lock()
+		tracked := s.fill
+		s.tmu.Unlock()
+		s.Close()
+		if s, err = Open(dir, Options{SegmentSize: smallSegments}); err != nil {
+			t.Fatal(err)
+		}
+		s.tmu.Lock()
+		scanned := s.fill
+		s.tmu.Unlock()
+		if tracked != scanned {
+			t.Fatalf("round %d (last index %d): tracked fill %+v, the files say %+v", round, i-1, tracked, scanned)
+		}
+	}
+	s.Close()
+	if n := len(mustGlob(t, dir)); n < 4 {
+		t.Fatalf("%d segments; want several rotations", n)
+	}
 }

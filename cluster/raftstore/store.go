@@ -56,6 +56,10 @@ type Store struct {
 	// change, so reopening does not read them again.
 	verified map[uint64]bool
 
+	// tmu guards fill.
+	tmu  sync.Mutex
+	fill tailFill
+
 	// fmu guards the write failure state.
 	fmu       sync.Mutex
 	failed    error // the last write's error, until a write succeeds
@@ -124,11 +128,13 @@ func (s *Store) open() (*wal.WAL, error) {
 			return s.open() // the previous segment is the tail again
 		}
 	}
+	fill := tailFill{known: true, limit: int64(s.opts.SegmentSize)} // a new log's first segment
 	for _, seg := range segs {
 		if !seg.info.SealTime.IsZero() {
 			s.verified[seg.info.ID] = true
 			continue
 		}
+		fill = tailFill{known: true, limit: int64(seg.info.SizeLimit), offset: seg.good, entries: len(seg.offsets)}
 		if seg.tornEnd > seg.good {
 			if err := zeroRange(seg.path, seg.good, seg.tornEnd); err != nil {
 				return nil, fmt.Errorf("discard an unfinished write in %s: %w", seg.path, err)
@@ -137,9 +143,11 @@ func (s *Store) open() (*wal.WAL, error) {
 				"file", seg.path, "offset", seg.good, "bytes", seg.tornEnd-seg.good, "last_index", seg.lastIndex())
 		}
 		if seg.indexStart > 0 {
-			if err := s.finishRotation(seg.segScan); err != nil {
+			rotated, err := s.finishRotation(seg.segScan)
+			if err != nil {
 				return nil, err
 			}
+			fill = tailFill{known: true, sealed: !rotated, limit: int64(s.opts.SegmentSize)}
 		}
 	}
 	var vfs types.VFS = newDatasyncFS()
@@ -166,11 +174,15 @@ func (s *Store) open() (*wal.WAL, error) {
 		var undone bool
 		if undone, err = s.undoRotation("the disk filled while the next segment was created"); undone {
 			w, err = openWAL()
+			fill = tailFill{known: true, sealed: true}
 		}
 	}
 	if err != nil {
 		return nil, fmt.Errorf("open raft log %s: %w", s.dir, err)
 	}
+	s.tmu.Lock()
+	s.fill = fill
+	s.tmu.Unlock()
 	return w, nil
 }
 
@@ -257,21 +269,21 @@ func (s *Store) undoRotation(why string) (bool, error) {
 // every append (types.ErrSealed). Without room for the next segment's
 // preallocation the log opens as it is, for reading; writes are refused
 // until there is room and a write reopens it.
-func (s *Store) finishRotation(tail *segScan) error {
+func (s *Store) finishRotation(tail *segScan) (bool, error) {
 	if free, err := freeBytes(s.dir); err == nil && free < s.roomNeeded() {
 		s.log.Warn("raft log: the newest segment is full and the disk has no room for the next; writes are refused until space is freed",
-			"dir", s.dir, "free_bytes", free, "segment_size", s.opts.SegmentSize)
-		return nil
+			"dir", s.dir, "free_bytes", free, "room_needed_bytes", s.roomNeeded())
+		return false, nil
 	}
 	var db metadb.BoltMetaDB
 	st, err := db.Load(s.dir)
 	if err != nil {
-		return fmt.Errorf("open %s: %w", metaPath(s.dir), err)
+		return false, fmt.Errorf("open %s: %w", metaPath(s.dir), err)
 	}
 	defer db.Close()
 	n := len(st.Segments)
 	if n == 0 || st.Segments[n-1].ID != tail.info.ID {
-		return fmt.Errorf("%s changed while the log was being opened", metaPath(s.dir))
+		return false, fmt.Errorf("%s changed while the log was being opened", metaPath(s.dir))
 	}
 	last := tail.lastIndex()
 	now := time.Now()
@@ -284,10 +296,10 @@ func (s *Store) finishRotation(tail *segScan) error {
 	})
 	st.NextSegmentID++
 	if err := db.CommitState(st); err != nil {
-		return fmt.Errorf("record the sealed segment in %s: %w", metaPath(s.dir), err)
+		return false, fmt.Errorf("record the sealed segment in %s: %w", metaPath(s.dir), err)
 	}
 	s.log.Info("raft log: finished a segment rotation an earlier stop or a full disk interrupted", "segment", tail.path, "last_index", last)
-	return nil
+	return true, nil
 }
 
 // metaRoom is the room kept for wal-meta.db beside a new segment: bbolt
@@ -381,6 +393,11 @@ func (s *Store) StoreLogs(logs []*raft.Log) error {
 	}
 	err = w.StoreLogs(logs)
 	done()
+	if err == nil {
+		s.tmu.Lock()
+		s.fill.add(logs, int64(s.opts.SegmentSize))
+		s.tmu.Unlock()
+	}
 	if err != nil {
 		err = s.refused(err)
 		s.fmu.Lock()
@@ -396,11 +413,11 @@ func (s *Store) StoreLogs(logs []*raft.Log) error {
 func (s *Store) refused(err error) error {
 	switch {
 	case errors.Is(err, syscall.ENOSPC):
-		return fmt.Errorf("raft log %s: write refused: the disk is full (%w); writes resume by themselves once %d bytes are free (the next %d-byte log segment and 1 MiB for its index)",
-			s.dir, err, s.roomNeeded(), s.opts.SegmentSize)
+		return fmt.Errorf("%w: raft log %s: the disk is full (%w); writes resume by themselves once %d bytes are free (the next %d-byte log segment and 1 MiB for its index)",
+			ErrWritesRefused, s.dir, err, s.roomNeeded(), s.opts.SegmentSize)
 	case errors.Is(err, types.ErrSealed):
-		return fmt.Errorf("raft log %s: write refused: the newest log segment is full and the next could not be created (is the disk full?); writes resume by themselves once %d bytes are free (the next %d-byte segment and 1 MiB for its index)",
-			s.dir, s.roomNeeded(), s.opts.SegmentSize)
+		return fmt.Errorf("%w: raft log %s: the newest log segment is full and the next could not be created (is the disk full?); writes resume by themselves once %d bytes are free (the next %d-byte segment and 1 MiB for its index)",
+			ErrWritesRefused, s.dir, s.roomNeeded(), s.opts.SegmentSize)
 	}
 	return fmt.Errorf("raft log %s: write refused: %w", s.dir, err)
 }
@@ -461,6 +478,13 @@ func (s *Store) DeleteRange(min, max uint64) error {
 		return err
 	}
 	defer done()
+	if last, err := w.LastIndex(); err == nil && max >= last {
+		// A truncated tail is rewritten in ways the fill does not follow;
+		// the next open measures it again.
+		s.tmu.Lock()
+		s.fill.known = false
+		s.tmu.Unlock()
+	}
 	return w.DeleteRange(min, max)
 }
 
