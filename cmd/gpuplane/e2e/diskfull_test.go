@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"os"
 	"os/exec"
@@ -19,6 +20,11 @@ import (
 	"github.com/gpuplane/gpuplane/proto/gpuplane/v1/gpuplanev1connect"
 	"github.com/gpuplane/gpuplane/rpc"
 )
+
+// diskFaults runs TestFullDiskRestarts, half a minute of agent restarts
+// (make disk-faults); the quick full-disk tests of cluster/raftstore and
+// cluster run in make test.
+var diskFaults = flag.Bool("e2e.disk-faults", false, "run the full-disk restart sequence with the real binary (make disk-faults)")
 
 // smallDisk mounts a tmpfs of size bytes on a fresh dir and unmounts it
 // when the test ends. It skips the test without root (or without mount).
@@ -75,6 +81,9 @@ func fillDisk(t *testing.T, dir string) string {
 // offline `audit verify --data-dir` passes and no log segment is short, and
 // after each start every acknowledged write is there.
 func TestFullDiskRestarts(t *testing.T) {
+	if !*diskFaults {
+		t.Skip("half a minute of restarts: run with -e2e.disk-faults (make disk-faults)")
+	}
 	requireBinary(t)
 	disk := smallDisk(t, 64<<20)
 	a := newAgent(t, filepath.Join(disk, "data"))
