@@ -169,8 +169,15 @@ func TestDiskFullDuringRotation(t *testing.T) {
 	need := s.roomNeeded()
 	var acked []uint64
 	next := uint64(1)
+	// own: the entries written are a leader's own (no-ops), which the
+	// reserve is kept for, rather than commands.
+	own := false
 	write := func(s *Store) error {
-		err := s.StoreLogs([]*raft.Log{bigEntry(next)})
+		l := bigEntry(next)
+		if own {
+			l.Type = raft.LogNoop
+		}
+		err := s.StoreLogs([]*raft.Log{l})
 		if err == nil {
 			acked = append(acked, next)
 			next++
@@ -203,14 +210,32 @@ func TestDiskFullDuringRotation(t *testing.T) {
 		}
 	}
 
-	// Room for the segment's last batch, not for the next segment.
+	// Room for the segment's last batch, not for the next segment:
+	// commands are refused before the segment's reserve...
 	fill := fillDisk(t, disk, "filler")
 	fill.leave(64 << 10)
+	want := fmt.Sprintf("once %d bytes are free", need)
 	err := writeUntilRefused(s)
-	if want := fmt.Sprintf("once %d bytes are free", need); !strings.Contains(err.Error(), "next could not be created") || !strings.Contains(err.Error(), want) {
+	if !errors.Is(err, ErrWritesRefused) || !strings.Contains(err.Error(), "kept for the leader's own entries") || !strings.Contains(err.Error(), want) {
+		t.Fatalf("a command with no room for the next segment failed with %q; want it refused to keep the reserve, naming %q", err, want)
+	}
+	if admit := s.Admit(100); !errors.Is(admit, ErrWritesRefused) {
+		t.Fatalf("Admit after a command was refused for the reserve: %v", admit)
+	}
+	t.Logf("commands refused after %d entries: %v", len(acked), err)
+	// ...which a leader's own entries fill, up to the rotation that finds
+	// no room.
+	own = true
+	before := len(acked)
+	err = writeUntilRefused(s)
+	if !errors.Is(err, ErrWritesRefused) || !strings.Contains(err.Error(), "next could not be created") || !strings.Contains(err.Error(), want) {
 		t.Fatalf("a write with no room for the next segment failed with %q; want it refused for that, naming %q", err, want)
 	}
-	t.Logf("refused after %d entries: %v", len(acked), err)
+	if got := len(acked) - before; got < 40 {
+		t.Fatalf("the reserve took %d entries of 1 KiB; want it to hold its 64 KiB", got)
+	}
+	t.Logf("the reserve took %d more entries, then: %v", len(acked)-before, err)
+	own = false
 	checkLog(t, s, acked)
 	if err := s.Close(); err != nil {
 		t.Logf("close on a full disk: %v", err)
@@ -256,6 +281,9 @@ func TestDiskFullDuringRotation(t *testing.T) {
 	// batch, cut short.
 	fill2 := fillDisk(t, disk, "filler2")
 	err = writeUntilRefused(s)
+	own = true
+	err = errors.Join(err, writeUntilRefused(s))
+	own = false
 	t.Logf("refused again after %d entries: %v", len(acked), err)
 	s.Close()
 	checkWhole(t, dir, segSize)

@@ -24,20 +24,17 @@ type tailFill struct {
 	entries int
 }
 
-// add accounts for a batch raft-wal appended.
-func (f *tailFill) add(logs []*raft.Log, nextLimit int64) {
+// add accounts for a batch raft-wal appended: entries whose frames take
+// frames bytes.
+func (f *tailFill) add(frames int64, entries int, nextLimit int64) {
 	if !f.known || f.sealed {
 		return
 	}
-	batch := int64(0)
+	batch := frames
 	if f.offset == 0 {
-		batch = fileHeaderLen
+		batch += fileHeaderLen
 	}
-	for _, l := range logs {
-		n := encodedLen(l)
-		batch += frameHeaderLen + n + padLen(n)
-		f.entries++
-	}
+	f.entries += entries
 	if f.offset+batch+indexFrameLen(f.entries) > f.limit {
 		// raft-wal sealed it and started the next.
 		f.offset, f.entries, f.limit = 0, 0, nextLimit
@@ -46,16 +43,17 @@ func (f *tailFill) add(logs []*raft.Log, nextLimit int64) {
 	f.offset += batch + frameHeaderLen
 }
 
-// left is how many bytes of the segment an entry with size bytes of data
-// would leave, its commit and the segment's index counted.
-func (f *tailFill) left(size int) int64 {
-	n := int64(size) + maxEntryOverhead
-	used := f.offset + frameHeaderLen + n + padLen(n) + frameHeaderLen + indexFrameLen(f.entries+1)
+// left is how many bytes of the segment a batch of entries whose frames
+// take frames bytes would leave, its commit and the segment's index counted.
+func (f *tailFill) left(frames int64, entries int) int64 {
+	used := f.offset + frames + frameHeaderLen + indexFrameLen(f.entries+entries)
 	if f.offset == 0 {
 		used += fileHeaderLen
 	}
 	return f.limit - used
 }
+
+func frameLen(n int64) int64 { return frameHeaderLen + n + padLen(n) }
 
 // maxEntryOverhead bounds what raft-wal's codec adds to an entry's data:
 // index, term, type and two lengths as varints, and a binary time.
@@ -100,10 +98,19 @@ func (s *Store) Admit(size int) error {
 	if err := s.recoverWrites(); err != nil {
 		return fmt.Errorf("%w: %w", ErrWritesRefused, err)
 	}
+	return s.keepReserve(frameLen(int64(size)+maxEntryOverhead), 1)
+}
+
+// keepReserve refuses a batch of commands whose frames take frames bytes
+// when it would take the reserve while the disk has no room for the next
+// segment. StoreLogs checks it too, for the commands that passed Admit
+// together and would take the reserve only together (a leader steps down
+// once for them; Admit refuses the next).
+func (s *Store) keepReserve(frames int64, entries int) error {
 	s.tmu.Lock()
 	f := s.fill
 	s.tmu.Unlock()
-	if !f.known || (!f.sealed && f.left(size) >= reserveFor(f.limit)) {
+	if !f.known || (!f.sealed && f.left(frames, entries) >= reserveFor(f.limit)) {
 		return nil
 	}
 	free, err := freeBytes(s.dir)

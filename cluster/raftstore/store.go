@@ -387,6 +387,17 @@ func (s *Store) StoreLogs(logs []*raft.Log) error {
 	if err := s.recoverWrites(); err != nil {
 		return err
 	}
+	var frames int64
+	commands := false
+	for _, l := range logs {
+		frames += frameLen(encodedLen(l))
+		commands = commands || l.Type == raft.LogCommand
+	}
+	if commands {
+		if err := s.keepReserve(frames, len(logs)); err != nil {
+			return err
+		}
+	}
 	w, done, err := s.current()
 	if err != nil {
 		return err
@@ -395,7 +406,7 @@ func (s *Store) StoreLogs(logs []*raft.Log) error {
 	done()
 	if err == nil {
 		s.tmu.Lock()
-		s.fill.add(logs, int64(s.opts.SegmentSize))
+		s.fill.add(frames, len(logs), int64(s.opts.SegmentSize))
 		s.tmu.Unlock()
 	}
 	if err != nil {
