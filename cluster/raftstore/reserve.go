@@ -95,7 +95,9 @@ func reserveFor(limit int64) int64 { return min(64<<10, limit/8) }
 // reserve keeps room for the entries a leader must write to be elected and
 // to serve linearizable reads.
 func (s *Store) Admit(size int) error {
-	if err := s.recoverWrites(); err != nil {
+	if err := s.recoverWrites(); errors.Is(err, ErrWritesRefused) {
+		return err
+	} else if err != nil {
 		return fmt.Errorf("%w: %w", ErrWritesRefused, err)
 	}
 	return s.keepReserve(frameLen(int64(size)+maxEntryOverhead), 1)
