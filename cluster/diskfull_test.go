@@ -261,3 +261,44 @@ func TestDiskFullServesReads(t *testing.T) {
 	readAll("after space was freed")
 	t.Logf("%d acknowledged writes all present", len(acked))
 }
+
+// TestDiskFullLeaderHandsOver fills the leader's disk in a cluster of three:
+// writes go on, through the full server too (it forwards them), because it
+// hands leadership to a server with room; once space is freed it catches up.
+func TestDiskFullLeaderHandsOver(t *testing.T) {
+	tr := &trio{t: t, fwd: &localForwarder{nodes: map[string]*Cluster{}}}
+	var peers []Peer
+	disks := make([]string, 3)
+	for i := range 3 {
+		disks[i] = smallDisk(t, 2<<20)
+		o := nodeOpts{name: fmt.Sprintf("s%d", i+1), dir: filepath.Join(disks[i], "data"), addr: freeAddr(t), bootstrap: true, segSize: 64 << 10}
+		peers = append(peers, Peer{ID: o.name, Address: o.addr})
+		tr.opts = append(tr.opts, o)
+	}
+	tr.nodes = make([]*Cluster, 3)
+	for i := range tr.opts {
+		tr.opts[i].peers = peers
+		tr.restart(i)
+	}
+	lead, leader := tr.leader()
+	for i := range 20 {
+		mustApply(t, leader, registerNode(fmt.Sprintf("before%d", i)))
+	}
+	filler := fill(t, disks[lead])
+	full := tr.nodes[lead]
+	for i := range 600 { // several segments: the full server's log cannot take them
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		res, err := full.Apply(ctx, registerNode(fmt.Sprintf("w%d", i)))
+		cancel()
+		if err != nil || res.Code != pb.Code_CODE_OK {
+			t.Fatalf("write %d through %s, whose disk is full: %v, %v", i, tr.opts[lead].name, res, err)
+		}
+	}
+	if now, _ := tr.leader(); now == lead {
+		t.Fatalf("%s still leads with a full disk after 600 writes", tr.opts[lead].name)
+	}
+	if err := os.Remove(filler); err != nil {
+		t.Fatal(err)
+	}
+	tr.converge()
+}
