@@ -119,8 +119,12 @@ func (s *Store) keepReserve(frames int64, entries int) error {
 	if err != nil || free >= s.roomNeeded() {
 		return nil
 	}
-	return fmt.Errorf("%w: raft log %s: the disk is full (%d bytes free) and the newest log segment's last %d bytes are kept for the leader's own entries (elections, linearizable reads); writes resume by themselves once %d bytes are free (the next %d-byte segment and 1 MiB for its index)",
-		ErrWritesRefused, s.dir, free, reserveFor(f.limit), s.roomNeeded(), s.opts.SegmentSize)
+	why := fmt.Sprintf("the newest log segment's last %d bytes are kept for the leader's own entries (elections, linearizable reads)", reserveFor(f.limit))
+	if f.sealed {
+		why = "the newest log segment is full and the next cannot be created"
+	}
+	return fmt.Errorf("%w: raft log %s: the disk is full (%d bytes free) and %s; writes resume by themselves once %d bytes are free (the next %d-byte segment and 1 MiB for its index)",
+		ErrWritesRefused, s.dir, free, why, s.roomNeeded(), s.opts.SegmentSize)
 }
 
 // Refusing returns why the log refuses writes (the last write failed), or
