@@ -124,16 +124,14 @@ result objects.
 			if err != nil {
 				return fmt.Errorf("simulate serve: %w", err)
 			}
-			var results []simserve.Result
-			for _, p := range policies {
-				start := time.Now()
-				r, err := simserve.Run(cfg, w, p, seed)
-				if err != nil {
-					return fmt.Errorf("simulate serve: %w", err)
-				}
-				fmt.Fprintf(g.stderr, "simulate serve: %s: %d requests, %.0f s of trace in %.2f s\n", p, r.Requests, r.DurationSeconds, time.Since(start).Seconds())
-				results = append(results, r)
+			start := time.Now()
+			results, err := simserve.RunAll(cfg, w, policies, seed, func(r simserve.Result) {
+				fmt.Fprintf(g.stderr, "simulate serve: %s: %d requests offered, %.0f s of trace\n", r.Policy, r.Requests, r.DurationSeconds)
+			})
+			if err != nil {
+				return fmt.Errorf("simulate serve: %w", err)
 			}
+			fmt.Fprintf(g.stderr, "simulate serve: %d policies (with the static-best and ideal references) in %.2f s\n", len(policies), time.Since(start).Seconds())
 			write := func(w io.Writer) error { return simserve.WriteTable(w, results) }
 			if len(results) == 1 {
 				return g.printValue(results[0], write)
