@@ -28,6 +28,11 @@ type PlanEntry struct {
 	Action  ActionKind
 	Trigger Trigger
 	Reason  string
+	// SlotBy is, for a model with requests waiting for the card, when it
+	// gets its turn at the latest (docs/residency.md, "No starvation");
+	// zero when it is on the card, has no waiting requests, or a higher
+	// class holds the card.
+	SlotBy time.Time
 }
 
 // Plan returns, per model, the controller's estimates and the action it
@@ -36,6 +41,12 @@ func (c *Controller) Plan() []PlanEntry {
 	now := c.clock.Now()
 	c.snapshot = append(c.snapshot[:0], c.reps...)
 	acts := c.step(now)
+	slotBy := make(map[ModelID]time.Time)
+	for i := range c.reps {
+		if r := &c.reps[i]; !r.slotBy.IsZero() {
+			slotBy[r.dep.Model] = r.slotBy
+		}
+	}
 	c.reps = append(c.reps[:0], c.snapshot...)
 	for i := range c.reps {
 		c.reps[i].rate = c.reps[i].fc.rate(now, c.cfg.RateHalfLife)
@@ -60,6 +71,7 @@ func (c *Controller) Plan() []PlanEntry {
 		e := PlanEntry{Model: r.dep.Model, Residency: r.dep.Residency, Priority: r.dep.Priority, State: r.state,
 			Tier: r.state.Tier(), Rate: r.fc.rate(now, c.cfg.RateHalfLife), Value: c.value(r, reload, bytes), Cost: c.cost(r)}
 		e.NextRequest, _, _ = r.fc.next()
+		e.SlotBy = slotBy[r.dep.Model]
 		if a, ok := first[r.dep.Model]; ok {
 			e.Action, e.Trigger, e.Reason = a.Kind, a.Decision.Trigger, a.Decision.Reason
 		}
