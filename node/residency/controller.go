@@ -206,9 +206,9 @@ type Controller struct {
 	// peer) to when the peer may take the model's memory again (lend.go).
 	returns   []eviction
 	protected map[protectKey]protection
-	// cuts remembers, per owner and borrower, when the owner's return last
-	// cut the borrower's turn short (turns.go), within ThrashWindow.
-	cuts map[pairKey]time.Time
+	// cuts remembers, per borrower, when an owner's return last cut its
+	// turn short (turns.go), within ThrashWindow.
+	cuts map[ModelID]time.Time
 
 	decisions []Decision
 	decNext   int
@@ -265,7 +265,7 @@ func New(cfg Config, clock Clock) (*Controller, error) {
 		index:      make(map[ModelID]int),
 		serialized: make(map[pairKey]time.Time),
 		protected:  make(map[protectKey]protection),
-		cuts:       make(map[pairKey]time.Time),
+		cuts:       make(map[ModelID]time.Time),
 		advised:    make(map[ModelID]ActionKind),
 		adapters:   make(map[ModelID]*adapterSet),
 	}, nil

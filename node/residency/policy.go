@@ -53,6 +53,10 @@ func (c *Controller) stop(r *replica, op ActionKind, trig Trigger, forM ModelID,
 	if forM != "" && trig == TriggerRequest {
 		c.stepEvictions = append(c.stepEvictions, eviction{victim: r.dep.Model, by: forM, at: now, gap: now.Sub(r.lastUse)})
 	}
+	if (r.state == Loading || r.state == Waking) && r.dep.Residency == OnDemand && forM != "" && c.owner(forM) {
+		// An owner's return cuts a borrower's turn short (turns.go).
+		c.stepCuts = append(c.stepCuts, cut{model: r.dep.Model, at: now})
+	}
 	r.pending, r.drainFor, r.drainTrig = op, forM, trig
 	deadline := c.drainDeadline(r, forM)
 	r.drainBy = now.Add(deadline)
@@ -482,6 +486,9 @@ func (c *Controller) victims(b *replica, trig Trigger, need int64, bValue float6
 			}
 		case OnDemand:
 			if (x.state == Loading || x.state == Waking) && !reclaim {
+				continue
+			}
+			if _, ok := c.inTurn(x, now); ok && reclaim {
 				continue
 			}
 		}

@@ -37,10 +37,10 @@ func (c *Controller) starveAfter() time.Duration { return c.cfg.MinResidency }
 // yielding owner takes its share back.
 func (c *Controller) turnSlot(b *replica) time.Duration { return max(c.cfg.MinResidency, c.slot(b)) }
 
-// cut records that owner's return cut borrower's turn short.
+// cut records that an owner's return cut a borrower's turn short.
 type cut struct {
-	pair pairKey
-	at   time.Time
+	model ModelID
+	at    time.Time
 }
 
 // turns runs first in a step: it keeps each model's waiting time, and
@@ -77,64 +77,103 @@ func (c *Controller) turns(now time.Time) {
 	}
 }
 
-// yieldTurn decides for a warm owner r that lent its share to r.lentTo.
+// inTurn reports whether borrower x is in a turn an owner may not cut
+// short: its load or wake was cut short by an owner's return within
+// ThrashWindow, and it is loading or waking again, or resident for less
+// than its slot. until is when that turn ends at the latest.
+func (c *Controller) inTurn(x *replica, now time.Time) (until time.Time, ok bool) {
+	at, cut := c.cuts[x.dep.Model]
+	if !cut || now.Sub(at) > c.cfg.ThrashWindow || x.dep.Residency != OnDemand || x.removed || x.pending != 0 {
+		return time.Time{}, false
+	}
+	switch x.state {
+	case Loading, Waking:
+		return x.opStart.Add(c.reload(x) + c.turnSlot(x)), true
+	case Resident:
+		until = x.resident.Add(c.turnSlot(x))
+		return until, now.Before(until)
+	}
+	return time.Time{}, false
+}
+
+// yieldTurn decides for a warm owner r asked for while its share is lent
+// whether it takes it back now or yields to a borrower's turn.
 func (c *Controller) yieldTurn(r *replica, now time.Time) {
-	if r.lentTo == "" {
-		r.yielding = false
-		return
+	was := r.yielding
+	r.yielding = false
+	if was {
+		c.sumsOK = false
 	}
-	b := c.rep(r.lentTo)
-	end := func() { r.lentTo, r.yielding = "", false; c.sumsOK = false }
-	if b == nil || b.removed || r.removed || r.dep.Residency != Warm || c.pinnedOnly ||
-		r.state == Resident || r.state == Loading || r.state == Waking {
-		end()
-		return
-	}
-	turnOver := b.state == Failed || b.active == 0 && b.state != Loading && b.state != Waking ||
-		b.state == Resident && (now.Sub(b.resident) >= c.turnSlot(b) || c.fitsBeside(r))
-	if turnOver {
-		end()
-		return
-	}
-	if r.active == 0 {
-		r.yielding = false
-		return
-	}
-	if r.yielding {
-		// The turn ends a slot after the borrower came in; its start
-		// waits for the memory the owner's drain frees, within a cap.
-		until := now.Add(c.reload(b) + c.turnSlot(b))
-		switch b.state {
-		case Resident:
-			until = b.resident.Add(c.turnSlot(b))
-		case Loading, Waking:
-			until = b.opStart.Add(c.reload(b) + c.turnSlot(b))
+	if r.dep.Residency != Warm || r.removed || c.pinnedOnly || r.active == 0 || r.pending != 0 ||
+		r.state != Sleeping && r.state != Cold && r.state != Failed {
+		if r.state == Resident || r.state == Loading || r.state == Waking || r.removed {
+			r.lentTo, r.yieldCap = "", time.Time{}
 		}
-		r.yieldUntil = minTime(until, r.yieldCap)
-		if now.Before(r.yieldUntil) {
+		if was {
+			c.sumsOK = false
+		}
+		return
+	}
+	// The borrower the owner went to sleep for, still waiting to come in,
+	// counts as in: the owner fits only beside it too.
+	var extra int64
+	b := c.rep(r.lentTo)
+	waiting := b != nil && !b.removed && b.active > 0 && (b.state == Cold || b.state == Sleeping)
+	if waiting {
+		_, _, extra = c.target(b)
+	}
+	if _, committed := c.others(r); committed+extra+max(r.dep.Share, c.footprint(r)) <= c.usable {
+		r.lentTo = ""
+		return
+	}
+	// Borrowers in a turn the owner may not cut short.
+	var until time.Time
+	var peer *replica
+	for i := range c.reps {
+		x := &c.reps[i]
+		if u, ok := c.inTurn(x, now); ok && u.After(until) {
+			until, peer = u, x
+		}
+	}
+	// The borrower the owner went to sleep for, not yet in: the owner's
+	// return cuts its turn short once per window.
+	if waiting {
+		if at, ok := c.cuts[b.dep.Model]; ok && now.Sub(at) <= c.cfg.ThrashWindow {
+			if u := now.Add(c.reload(b) + c.turnSlot(b)); u.After(until) {
+				until, peer = u, b
+			}
+		} else if !was {
+			c.stepCuts = append(c.stepCuts, cut{model: b.dep.Model, at: now})
+			r.lentTo = ""
+		}
+	} else {
+		r.lentTo = ""
+	}
+	if peer == nil {
+		if was {
+			c.sumsOK = false
+		}
+		return
+	}
+	if !was {
+		// One cap per wait: the owner yields once, however many turns
+		// follow.
+		if r.yieldCap.IsZero() {
+			r.yieldCap = until.Add(c.cfg.DrainDeadline + c.reload(peer))
+		}
+		if !now.Before(r.yieldCap) {
 			return
 		}
-		end()
-		return
+		c.emit(ActSerialize, r, peer.dep.Model, TriggerPressure, peer.dep.Model, Inputs{}, now,
+			"serialize %s and %s: an owner's return cut %s's turn short %v ago (once per %v); %s's %d requests wait for %s's turn (to come in, then %v on the card) or until %s fits beside it; back by %s at the latest",
+			r.dep.Model, peer.dep.Model, peer.dep.Model, now.Sub(c.cuts[peer.dep.Model]).Round(time.Second), c.cfg.ThrashWindow,
+			r.dep.Model, r.active, peer.dep.Model, c.turnSlot(peer), r.dep.Model, r.yieldCap.Format(time.TimeOnly))
 	}
-	key := pairOf(r.dep.Model, b.dep.Model)
-	if at, ok := c.cuts[key]; !ok || now.Sub(at) > c.cfg.ThrashWindow {
-		// The promise goes first, once per window.
-		c.stepCuts = append(c.stepCuts, cut{pair: key, at: now})
-		end()
-		return
+	r.yieldUntil = minTime(until, r.yieldCap)
+	if now.Before(r.yieldUntil) {
+		r.yielding = true
 	}
-	left := c.reload(b)
-	if b.state == Loading || b.state == Waking {
-		left = max(0, c.reload(b)-now.Sub(b.opStart))
-	}
-	r.yielding, r.yieldUntil = true, now.Add(left+c.turnSlot(b))
-	r.yieldCap = r.yieldUntil.Add(c.cfg.DrainDeadline + c.reload(b))
 	c.sumsOK = false
-	c.emit(ActSerialize, r, b.dep.Model, TriggerPressure, b.dep.Model, Inputs{Reload: left}, now,
-		"serialize %s and %s: %s's return cut %s's turn short %v ago (once per %v); %s's %d requests wait for %s's turn: %v to come in, then %v on the card, or until %s fits beside it; back by %s at the latest",
-		r.dep.Model, b.dep.Model, r.dep.Model, b.dep.Model, now.Sub(c.cuts[key]).Round(time.Second), c.cfg.ThrashWindow,
-		r.dep.Model, r.active, b.dep.Model, left.Round(100*time.Millisecond), c.turnSlot(b), r.dep.Model, r.yieldCap.Format(time.TimeOnly))
 }
 
 // fitsBeside reports whether warm owner r's share fits now without taking
@@ -194,7 +233,7 @@ func (c *Controller) waitBound(r *replica, now time.Time) time.Duration {
 
 func (c *Controller) recordCuts(now time.Time) {
 	for _, k := range c.stepCuts {
-		c.cuts[k.pair] = k.at
+		c.cuts[k.model] = k.at
 	}
 	for k, at := range c.cuts {
 		if now.Sub(at) > c.cfg.ThrashWindow {

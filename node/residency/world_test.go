@@ -492,7 +492,7 @@ func (w *world) claims() (claims, mem int64) {
 		case e.dep.Residency == residency.Pinned:
 			claims += max(e.dep.Share, em)
 		case e.dep.Residency == residency.Warm && (e.state == asleep || e.state == off && e.lent) &&
-			(len(e.queued) == 0 && len(e.inflight) == 0 || e.yieldTo != "" && w.now().Sub(e.wantedAt) <= w.returnBound()+w.yieldBound()):
+			(len(e.queued) == 0 && len(e.inflight) == 0 || e.yieldTo != "" && (e.wantedAt.IsZero() || w.now().Sub(e.wantedAt) <= w.returnBound()+w.yieldBound())):
 			claims += em
 		case e.dep.Residency == residency.Warm:
 			claims += max(e.dep.Share, em)
