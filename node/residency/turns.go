@@ -17,13 +17,16 @@ import "time"
 //     ThrashWindow; after that the owner yields: its requests wait (its
 //     share stays lent) until the borrower's load finished and it kept
 //     the card for its turn, or until the owner fits beside it.
-//   - A model that never goes idle keeps an equal-class model that does
-//     not fit beside it waiting: busy engines are drained only for a
-//     higher class. A model that has waited starveAfter for the card
-//     may drain an equal-class model that has had its protection (the
-//     minimum residency, at least twice its load time, or its time slot
-//     once the pair is serialized); the pair is serialized from then on,
-//     so each keeps the card for a slot per turn.
+//   - An onDemand model that never goes idle keeps an equal-class model
+//     that does not fit beside it waiting: busy engines are drained only
+//     for a higher class. A model that has waited starveAfter for the
+//     card may drain an equal-class onDemand model that has had its
+//     protection (the minimum residency, at least twice its load time,
+//     or its time slot once the pair is serialized); the pair is
+//     serialized from then on, so each keeps the card for a slot per
+//     turn. A busy warm model is not drained for a turn (its promise is
+//     to be served); its share is lent in its idle spells, and the first
+//     rule keeps that lend from being cut short twice.
 //
 // Lower classes get no such promise: background work waits while
 // interactive demand holds the card (I3), and takes memory only in the
@@ -186,7 +189,7 @@ func (c *Controller) fitsBeside(r *replica) bool {
 // slotDue reports whether b, waiting for the card, may take its turn from
 // x, an equal-class model that has had its protection.
 func (c *Controller) slotDue(b, x *replica, now time.Time) bool {
-	return b.dep.Priority == x.dep.Priority && x.dep.Residency != Pinned && !b.waitSince.IsZero() &&
+	return b.dep.Priority == x.dep.Priority && x.dep.Residency == OnDemand && !b.waitSince.IsZero() &&
 		now.Sub(b.waitSince) >= c.starveAfter() && x.state == Resident && now.Sub(x.resident) >= c.protection(x, b)
 }
 
