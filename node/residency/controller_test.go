@@ -135,6 +135,22 @@ func TestBusyEngineGivesEqualPriorityATurn(t *testing.T) {
 	if got := w.actions("a", residency.ActSleep, residency.ActEvict, residency.ActDrain); len(got) != 0 {
 		t.Fatalf("busy a got %v before b waited its turn\n%s", kinds(got), w.dump())
 	}
+	// The plan says when b gets the card at the latest, and it does.
+	var by time.Time
+	for _, e := range w.c.Plan() {
+		if e.Model == "b" {
+			by = e.SlotBy
+			if by.IsZero() || !by.After(w.now()) || !strings.Contains(e.Reason, "gets the card by") {
+				t.Fatalf("plan for waiting b: slot by %v, reason %q", by, e.Reason)
+			}
+		}
+	}
+	for w.now().Before(by) && w.state("b") != residency.Resident {
+		w.run(time.Second)
+	}
+	if w.state("b") != residency.Resident {
+		t.Fatalf("b is %s at %v, past the plan's bound\n%s", w.state("b"), by, w.dump())
+	}
 	w.run(2 * time.Minute)
 	w.assertClean()
 	drains := w.actions("a", residency.ActDrain)

@@ -2,6 +2,7 @@ package residency
 
 import (
 	"cmp"
+	"fmt"
 	"slices"
 	"time"
 )
@@ -72,6 +73,19 @@ func (c *Controller) Plan() []PlanEntry {
 			Tier: r.state.Tier(), Rate: r.fc.rate(now, c.cfg.RateHalfLife), Value: c.value(r, reload, bytes), Cost: c.cost(r)}
 		e.NextRequest, _, _ = r.fc.next()
 		e.SlotBy = slotBy[r.dep.Model]
+		if e.Action == 0 && !e.SlotBy.IsZero() {
+			// What a waiting model waits for, with its bound, where the
+			// plan has no action for it (docs/residency.md, "No starvation").
+			wait := "waits for its turn on the card"
+			if r.yielding {
+				wait = "yields to " + string(r.lentTo) + "'s turn"
+				if r.lentTo == "" {
+					wait = "yields to a borrower's turn"
+				}
+			}
+			e.Reason = fmt.Sprintf("%d requests waiting; %s: gets the card by %s at the latest (in %v)", r.active, wait,
+				e.SlotBy.Format(time.TimeOnly), e.SlotBy.Sub(now).Round(time.Second))
+		}
 		if a, ok := first[r.dep.Model]; ok {
 			e.Action, e.Trigger, e.Reason = a.Kind, a.Decision.Trigger, a.Decision.Reason
 		}

@@ -213,7 +213,9 @@ func (c *Controller) serializeForTurn(b, x *replica, now time.Time) {
 // waitBound is how long r, waiting for the card, waits at most for its
 // turn when nothing of a higher class needs the card: starveAfter, then
 // the longest protection an equal-class model on the card has left, its
-// drain, and r's own reload. Lower classes have none (zero).
+// drain and its stop (bounded by stopAllowance), and r's own reload
+// twice (a first estimate may be short, and loads share the copy
+// bandwidth). Lower classes have none (zero).
 func (c *Controller) waitBound(r *replica, now time.Time) time.Duration {
 	var prot time.Duration
 	for i := range c.reps {
@@ -231,8 +233,11 @@ func (c *Controller) waitBound(r *replica, now time.Time) time.Duration {
 			prot = max(prot, c.protection(x, r)-now.Sub(x.resident))
 		}
 	}
-	return c.starveAfter() + prot + c.cfg.DrainDeadline + c.reload(r)
+	return c.starveAfter() + prot + c.cfg.DrainDeadline + stopAllowance + 2*c.reload(r)
 }
+
+// stopAllowance is what waitBound allows for an engine's sleep or stop.
+const stopAllowance = 10 * time.Second
 
 func (c *Controller) recordCuts(now time.Time) {
 	for _, k := range c.stepCuts {
