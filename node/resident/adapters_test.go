@@ -58,7 +58,11 @@ type adapterNode struct {
 	index   uint64
 }
 
-func newAdapterNode(t *testing.T) *adapterNode {
+func newAdapterNode(t *testing.T) *adapterNode { return newAdapterNodeWith(t, nil) }
+
+// newAdapterNodeWith is newAdapterNode with tune changing the residency
+// configuration.
+func newAdapterNodeWith(t *testing.T, tune func(*residency.Config)) *adapterNode {
 	dataDir := t.TempDir()
 	cards, err := inventory.Simulated(node, "l4=1")
 	if err != nil {
@@ -68,9 +72,13 @@ func newAdapterNode(t *testing.T) *adapterNode {
 	n := &adapterNode{t: t, card: cards[0], lib: inventory.NewSimNVML(cards, inventory.NewSimUsage(usageDir)),
 		journal: residency.NewJournal(node, 0), src: &source{ch: make(chan executor.Snapshot, 16)}, rep: &tierReporter{}}
 	logger := slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn}))
+	cfg := residency.Config{MinResidency: time.Second, RetryBackoff: 200 * time.Millisecond, MaxBackoff: 2 * time.Second}
+	if tune != nil {
+		tune(&cfg)
+	}
 	n.mgr = New(Options{Node: node, Cards: cards, NVML: n.lib, Journal: n.journal, BindHost: "127.0.0.1",
 		DataDir: dataDir, Wait: time.Minute, Tick: 200 * time.Millisecond, AdapterReport: 300 * time.Millisecond, Logger: logger,
-		Config: residency.Config{MinResidency: time.Second, RetryBackoff: 200 * time.Millisecond, MaxBackoff: 2 * time.Second}})
+		Config: cfg})
 	n.ex, err = executor.New(n.src, n.rep, executor.Options{Node: node, DataDir: dataDir, Cards: cards, Self: bin,
 		SimUsageDir: usageDir, BindHost: "127.0.0.1", AdvertiseHost: "127.0.0.1", GracePeriod: 2 * time.Second,
 		HealthInterval: 50 * time.Millisecond, Gate: n.mgr, Logger: logger})
@@ -166,25 +174,34 @@ func adapterList(n int, rank uint32) []*pb.Adapter {
 
 // simAdapters is what the engine itself says it has loaded.
 func simAdapters(t *testing.T, n *adapterNode) []string {
+	st := simStatus(t, n)
+	return st.Adapters
+}
+
+// simStatus is the engine's own /sim/status (zero while it starts or
+// stops).
+func simStatus(t *testing.T, n *adapterNode) (st struct {
+	State    string
+	Adapters []string
+}) {
 	done := make(chan string, 1)
 	n.mgr.post(func() { done <- n.mgr.engines[rkey{"chat", 0}].url })
 	var url string
 	select {
 	case url = <-done:
 	case <-time.After(10 * time.Second):
-		return nil
+		return st
 	}
 	if url == "" {
-		return nil
+		return st
 	}
 	resp, err := http.Get(url + "/sim/status")
 	if err != nil {
-		return nil // the engine is starting or stopping
+		return st // the engine is starting or stopping
 	}
 	defer resp.Body.Close()
-	var st struct{ Adapters []string }
 	_ = json.NewDecoder(resp.Body).Decode(&st)
-	return st.Adapters
+	return st
 }
 
 // TestManyAdaptersOnOneBase: one onDemand sim base with 200 adapters, at
@@ -516,5 +533,40 @@ func TestAdapterRequestBeforeThePlacementIsApplied(t *testing.T) {
 	n.publish(d)
 	if a := <-done; a.code != http.StatusOK || a.model != "a001" {
 		t.Fatalf("request for chat:a001: %d %q %s, want 200 from a001", a.code, a.model, a.msg)
+	}
+}
+
+// TestAdaptersAfterSleepAndWakeOnStrictVLLM (issue 33, point 1): a warm
+// base on a sim engine speaking vLLM strictly (adapters stay registered
+// through a sleep, a second load of one answers 400 "has already been
+// loaded") serves its adapters after the base slept and woke, twice: the
+// manager reconciles with the engine's /v1/models instead of failing the
+// load and backing off.
+func TestAdaptersAfterSleepAndWakeOnStrictVLLM(t *testing.T) {
+	n := newAdapterNodeWith(t, func(c *residency.Config) { c.IdleSleep = 500 * time.Millisecond })
+	d := n.deployment(pb.Residency_RESIDENCY_WARM, 2, adapterList(3, 8))
+	d.Spec.Engine.Args = append(d.Spec.Engine.Args, "--dialect", "vllm")
+	n.publish(d)
+	url := n.front()
+	for cycle := range 3 {
+		for _, a := range []string{"a000", "a001"} {
+			if code, model, msg := ask(t, url, a, ""); code != http.StatusOK || model != a {
+				t.Fatalf("cycle %d: request for %s: %d %q %s", cycle, a, code, model, msg)
+			}
+		}
+		if got := simAdapters(t, n); len(got) != 2 {
+			t.Fatalf("cycle %d: the engine holds %v, want a000 and a001", cycle, got)
+		}
+		// Idle, the base sleeps; vLLM keeps the adapters registered.
+		deadline := time.Now().Add(30 * time.Second)
+		for simStatus(t, n).State != "asleep" {
+			if time.Now().After(deadline) {
+				t.Fatalf("cycle %d: the idle base never slept (state %q)", cycle, simStatus(t, n).State)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		if got := simAdapters(t, n); len(got) != 2 {
+			t.Fatalf("cycle %d: asleep, the engine lists %v; the vllm dialect keeps them", cycle, got)
+		}
 	}
 }

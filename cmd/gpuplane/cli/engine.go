@@ -132,6 +132,7 @@ starts it for deployments of engine kind sim, sized to their share.`,
 	f.StringVar(&cfg.Dialect, "dialect", "", "answer and refuse as one engine does: vllm, llamacpp or ollama (none: every engine's API, without their preconditions)")
 	f.BoolVar(&cfg.EnableSleepMode, "enable-sleep-mode", false, "vllm dialect: the sleep routes work (they exist only with VLLM_SERVER_DEV_MODE=1)")
 	f.BoolVar(&cfg.EnableLoRA, "enable-lora", false, "vllm dialect: runtime LoRA loads work (the routes exist only with VLLM_ALLOW_RUNTIME_LORA_UPDATING)")
+	f.IntVar(&cfg.MaxLoRARank, "max-lora-rank", 0, "vllm dialect: the largest adapter rank a load accepts, as vLLM's --max-lora-rank (0: any)")
 	f.BoolVar(&cfg.PromptTokensDetails, "enable-prompt-tokens-details", false, "vllm dialect: usage reports prompt_tokens_details.cached_tokens")
 	f.IntVarP(&cfg.CtxSize, "ctx-size", "c", 0, "llamacpp dialect: the context, split over explicit --parallel slots unless --kv-unified (0: unbounded)")
 	f.BoolVar(&cfg.KVUnified, "kv-unified", false, "llamacpp dialect: one KV cache every slot may fill (the default with auto slots)")

@@ -184,6 +184,11 @@ func (s *server) loadAdapter(ctx context.Context, name, path string) (time.Durat
 	if err != nil {
 		return 0, fmt.Errorf("cannot load LoRA adapter '%s': %w", name, err)
 	}
+	// An adapter without a config (a made-up path) is assumed to fit.
+	if _, statErr := os.Stat(filepath.Join(path, "adapter_config.json")); statErr == nil &&
+		s.cfg.Dialect == DialectVLLM && s.cfg.MaxLoRARank > 0 && rank > s.cfg.MaxLoRARank {
+		return 0, fmt.Errorf("LoRA rank %d is greater than max_lora_rank %d.", rank, s.cfg.MaxLoRARank)
+	}
 	perRank := s.cfg.LoRAMiBPerRank
 	if perRank == 0 {
 		perRank = DefaultLoRAMiBPerRank

@@ -106,6 +106,9 @@ type Config struct {
 	// --enable-lora, PromptTokensDetails --enable-prompt-tokens-details
 	// (usage reports cached_tokens).
 	VLLMDevMode, VLLMRuntimeLoRA, EnableSleepMode, EnableLoRA, PromptTokensDetails bool
+	// MaxLoRARank is vLLM's --max-lora-rank: a load of an adapter of a
+	// larger rank fails (0: any).
+	MaxLoRARank int
 	// llama.cpp dialect: CtxSize is --ctx-size (0: unbounded), KVUnified
 	// --kv-unified, LlamaRouter a llama-server started without -m (the
 	// router's /models routes exist).
