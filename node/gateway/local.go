@@ -669,6 +669,11 @@ func (x *call) prepare() *apiError {
 	switch {
 	case req.adapter != "":
 		fields["model"] = req.adapter
+	case m.EngineModel != "":
+		// The engine knows the model by its own name (Ollama's tag).
+		if req.model != m.EngineModel {
+			fields["model"] = m.EngineModel
+		}
 	case req.model != m.Served:
 		// An alias: the engine knows the deployment by its served name.
 		fields["model"] = m.Served
