@@ -931,8 +931,14 @@ func writePreempted(w http.ResponseWriter, m *Model, generated int) {
 	}
 }
 
+// tokenKeys are the delta fields whose non-empty string is a generated
+// token: completion text, chat content, a reasoning model's thinking
+// (vLLM's and llama.cpp's "reasoning_content", Ollama's and newer vLLM's
+// "reasoning") and a tool call's streamed arguments.
+var tokenKeys = [][]byte{[]byte(`"text"`), []byte(`"content"`), []byte(`"reasoning_content"`), []byte(`"reasoning"`), []byte(`"arguments"`)}
+
 // tokensIn counts the generated tokens an SSE line carries: one per
-// non-empty "text" or "content" string (an engine streams about a token
+// non-empty string of a tokenKeys field (an engine streams about a token
 // per event). It scans bytes rather than decoding JSON: it runs per token.
 func tokensIn(line []byte) int {
 	data, ok := bytes.CutPrefix(line, []byte("data:"))
@@ -940,7 +946,7 @@ func tokensIn(line []byte) int {
 		return 0
 	}
 	n := 0
-	for _, key := range [][]byte{[]byte(`"text"`), []byte(`"content"`)} {
+	for _, key := range tokenKeys {
 		rest := data
 		for {
 			i := bytes.Index(rest, key)
