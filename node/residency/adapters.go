@@ -105,11 +105,12 @@ type AdapterUnloaded struct {
 	Adapter string
 }
 
-// AdaptersFound: the engine of Model lists exactly these adapters as
-// registered (its /v1/models), after a wake, a load or an agent's restart.
-// The controller takes the engine's word: a listed adapter it held in
-// host RAM or on disk is on the card, an unlisted one it held on the card
-// is not. Loads and unloads in progress are left to their outcome.
+// AdaptersFound: the engine of Model lists these adapters as registered
+// (its /v1/models), after a wake, a load or an agent's restart. A listed
+// adapter the controller held in host RAM or on disk is on the card (vLLM
+// keeps adapters through a sleep). An unlisted one is left as it is: the
+// list may predate a load that finished since; loads and unloads in
+// progress are left to their outcome.
 type AdaptersFound struct {
 	Model ModelID
 	Names []string
@@ -288,12 +289,9 @@ func (c *Controller) observeAdapter(ev Event, now time.Time) (handled bool, err 
 			listed[n] = true
 		}
 		for _, a := range set.list {
-			switch {
-			case listed[a.spec.Name] && (a.tier == AdapterDisk || a.tier == AdapterHost):
+			if listed[a.spec.Name] && (a.tier == AdapterDisk || a.tier == AdapterHost) {
 				a.failures, a.retryAt = 0, time.Time{}
 				c.setTier(a, AdapterCard, now)
-			case !listed[a.spec.Name] && a.tier == AdapterCard:
-				c.setTier(a, AdapterHost, now)
 			}
 		}
 	default:
