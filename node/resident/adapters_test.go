@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -56,6 +57,9 @@ type adapterNode struct {
 	src     *source
 	rep     *tierReporter
 	index   uint64
+	// kill stops the agent's loops (its engines too, unless it keeps
+	// them).
+	kill func()
 }
 
 func newAdapterNode(t *testing.T) *adapterNode { return newAdapterNodeWith(t, nil) }
@@ -63,7 +67,12 @@ func newAdapterNode(t *testing.T) *adapterNode { return newAdapterNodeWith(t, ni
 // newAdapterNodeWith is newAdapterNode with tune changing the residency
 // configuration.
 func newAdapterNodeWith(t *testing.T, tune func(*residency.Config)) *adapterNode {
-	dataDir := t.TempDir()
+	return newAdapterNodeAt(t, t.TempDir(), tune, false)
+}
+
+// newAdapterNodeAt is a node on dataDir; with keep its kill leaves the
+// engines running for the next agent on dataDir to adopt.
+func newAdapterNodeAt(t *testing.T, dataDir string, tune func(*residency.Config), keep bool) *adapterNode {
 	cards, err := inventory.Simulated(node, "l4=1")
 	if err != nil {
 		t.Fatal(err)
@@ -81,7 +90,7 @@ func newAdapterNodeWith(t *testing.T, tune func(*residency.Config)) *adapterNode
 		Config: cfg})
 	n.ex, err = executor.New(n.src, n.rep, executor.Options{Node: node, DataDir: dataDir, Cards: cards, Self: bin,
 		SimUsageDir: usageDir, BindHost: "127.0.0.1", AdvertiseHost: "127.0.0.1", GracePeriod: 2 * time.Second,
-		HealthInterval: 50 * time.Millisecond, Gate: n.mgr, Logger: logger})
+		HealthInterval: 50 * time.Millisecond, Gate: n.mgr, Logger: logger, KeepEngines: keep})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -89,7 +98,16 @@ func newAdapterNodeWith(t *testing.T, tune func(*residency.Config)) *adapterNode
 	var loops sync.WaitGroup
 	loops.Go(func() { _ = n.ex.Run(ctx) })
 	loops.Go(func() { n.mgr.Run(ctx, n.ex) })
+	killed := false
+	n.kill = func() {
+		killed = true
+		cancel()
+		loops.Wait()
+	}
 	t.Cleanup(func() {
+		if killed {
+			return
+		}
 		// Every replica leaves: the executor stops the engines.
 		n.publish()
 		deadline := time.Now().Add(30 * time.Second)
@@ -567,6 +585,40 @@ func TestAdaptersAfterSleepAndWakeOnStrictVLLM(t *testing.T) {
 		}
 		if got := simAdapters(t, n); len(got) != 2 {
 			t.Fatalf("cycle %d: asleep, the engine lists %v; the vllm dialect keeps them", cycle, got)
+		}
+	}
+}
+
+// TestAdoptedVLLMEngineKeepsItsAdapters (issue 33, point 1): an agent
+// restarted on the same data dir adopts a running engine speaking vLLM
+// strictly, whose adapter is still registered; the new agent's controller
+// starts with the adapter on disk, and a request for it is answered (the
+// engine's /v1/models says it is there; a load would be vLLM's 400).
+func TestAdoptedVLLMEngineKeepsItsAdapters(t *testing.T) {
+	dataDir := t.TempDir()
+	first := newAdapterNodeAt(t, dataDir, nil, true)
+	d := first.deployment(pb.Residency_RESIDENCY_PINNED, 2, adapterList(2, 8))
+	d.Spec.Engine.Args = append(d.Spec.Engine.Args, "--dialect", "vllm")
+	first.publish(d)
+	if code, model, msg := ask(t, first.front(), "a000", ""); code != http.StatusOK || model != "a000" {
+		t.Fatalf("request for a000: %d %q %s", code, model, msg)
+	}
+	first.kill()
+
+	second := newAdapterNodeAt(t, dataDir, nil, false)
+	second.publish(d)
+	url := second.front()
+	// The engine was adopted, not restarted: it still has a000.
+	deadline := time.Now().Add(30 * time.Second)
+	for got := simAdapters(t, second); !slices.Equal(got, []string{"a000"}); got = simAdapters(t, second) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the adopted engine lists %v, want a000", got)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	for _, a := range []string{"a000", "a001"} {
+		if code, model, msg := ask(t, url, a, ""); code != http.StatusOK || model != a {
+			t.Fatalf("after the restart, request for %s: %d %q %s", a, code, model, msg)
 		}
 	}
 }
