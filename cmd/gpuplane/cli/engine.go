@@ -54,7 +54,15 @@ them as usage.prompt_tokens_details.cached_tokens.
 
 Sim engines on one card share it: busy engines split its compute by
 --compute-percent, loads and wakes split its copy bandwidth. The executor
-starts it for deployments of engine kind sim, sized to their share.`,
+starts it for deployments of engine kind sim, sized to their share.
+
+--dialect vllm, llamacpp or ollama makes it answer only that engine's API
+and refuse what that engine refuses (docs/engines.md): vLLM's sleep routes
+need VLLM_SERVER_DEV_MODE=1 and --enable-sleep-mode, its LoRA routes
+VLLM_ALLOW_RUNTIME_LORA_UPDATING and --enable-lora, and adapters stay
+registered through a sleep; llama.cpp runs --parallel slots (else 4 over a
+unified cache) splitting --ctx-size; Ollama knows its model by its tag and
+loads it on the first request or keep_alive load.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if cfg.ServedModelName == "" {
