@@ -141,6 +141,15 @@ clean:
 JEPSEN_FLAGS ?=
 JEPSEN_REQUEST_WINDOW ?= 20s
 
+# A full disk (needs root to mount small tmpfs; skips otherwise): the log
+# store's rotation on a full disk, a single server's reads and refused
+# writes, and the real binary filled, freed, killed (-9), stopped (SIGTERM)
+# and restarted on a 64 MiB disk, audit verify --data-dir after each stop.
+.PHONY: disk-faults
+disk-faults:
+	$(GO) test -count=1 -timeout 10m -v -run 'TestDiskFull|TestTailFill' ./cluster/raftstore ./cluster
+	$(GO) test -count=1 -timeout 10m -v -run TestFullDiskRestarts ./cmd/gpuplane/e2e -e2e.disk-faults
+
 .PHONY: jepsen jepsen-long jepsen-hollow
 jepsen:
 	$(GO) test -count=1 -timeout 10m -v ./jepsen -jepsen -jepsen.duration 2m -jepsen.request-window $(JEPSEN_REQUEST_WINDOW) $(JEPSEN_FLAGS)
