@@ -59,7 +59,7 @@ lint:
 BENCH_FLAGS ?=
 BENCH_CLUSTER_FLAGS ?=
 
-.PHONY: bench-commit bench-cluster bench-scheduler bench-replay bench-soak bench-archive bench-residency bench-gateway bench-gateway-http bench-adapters bench-dashboard
+.PHONY: bench-serve bench-commit bench-cluster bench-scheduler bench-replay bench-soak bench-archive bench-residency bench-gateway bench-gateway-http bench-adapters bench-dashboard
 bench: bench-commit bench-cluster bench-scheduler bench-replay bench-residency bench-gateway bench-gateway-http bench-adapters
 
 bench-commit: build
@@ -68,6 +68,11 @@ bench-commit: build
 # bench/cluster is a module of its own (etcd's client stays out of go.mod).
 bench-cluster: build
 	cd bench/cluster && $(GO) run . -bin $(CURDIR)/$(BIN) $(BENCH_CLUSTER_FLAGS)
+
+# simulate serve on every examples/serve config, all policies and the rate
+# sweep; rewrites the tables in examples/serve/README.md.
+bench-serve:
+	$(GO) run ./bench/serve $(BENCH_SERVE_FLAGS)
 
 bench-scheduler:
 	GOMAXPROCS=2 $(GO) test -run '^$$' -bench . -benchtime 20000x ./cluster/scheduler/...
