@@ -74,8 +74,8 @@ type Target struct {
 // ControlModel is the name an engine's controls know the replica's model
 // by: Ollama's model name, else the served name.
 func (p Params) ControlModel() string {
-	if p.Spec.GetEngine().GetKind() == KindOllama {
-		return p.Spec.GetModel()
+	if m := EngineModel(p.Spec); m != "" {
+		return m
 	}
 	return p.servedName()
 }

@@ -120,9 +120,16 @@ func startSim(t *testing.T, c *card, name string, args ...string) *simProc {
 // listens, so that several engines can start together.
 func launchSim(t *testing.T, c *card, name string, args ...string) func() *simProc {
 	t.Helper()
-	cmd := exec.Command(gpuplaneBin(t), append([]string{"engine", "sim", "--port", "0",
-		"--served-model-name", name, "--card-uuids", c.uuid}, args...)...)
-	cmd.Env = append(os.Environ(), inventory.EnvSimUsageDir+"="+c.dir)
+	return launchProc(t, c, name, append([]string{"engine", "sim", "--port", "0",
+		"--served-model-name", name, "--card-uuids", c.uuid}, args...), nil)
+}
+
+// launchProc runs the gpuplane binary with args and env added to the
+// test's environment (a driver's Command), on card c.
+func launchProc(t *testing.T, c *card, name string, args, env []string) func() *simProc {
+	t.Helper()
+	cmd := exec.Command(gpuplaneBin(t), args...)
+	cmd.Env = append(append(os.Environ(), env...), inventory.EnvSimUsageDir+"="+c.dir)
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
 		t.Fatal(err)

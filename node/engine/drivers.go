@@ -1,8 +1,10 @@
 package engine
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"text/template"
@@ -34,11 +36,20 @@ func (vllm) Command(p Params) (Command, error) {
 	if n := e.GetMaxModelLen(); n > 0 {
 		args = append(args, "--max-model-len", u32(n))
 	}
-	var env []string
+	more, env := vllmControlFlags(p)
+	args = append(args, more...)
+	args = append(args, e.GetArgs()...)
+	return Command{Path: "vllm", Args: args, Env: env, HealthPath: "/health"}, nil
+}
+
+// vllmControlFlags are the flags and environment that turn on the vLLM
+// APIs the node drives; the sim's vllm dialect gets the same, and refuses
+// without them as vLLM does.
+func vllmControlFlags(p Params) (args, env []string) {
 	if len(p.Spec.GetAdapters()) > 0 {
 		// Adapters are loaded and unloaded at run time (runtime LoRA API);
 		// the largest rank sizes the LoRA buffers.
-		args = append(args, "--enable-lora", "--max-loras", u32(maxAdapters(e)), "--max-lora-rank", u32(maxRank(p.Spec)))
+		args = append(args, "--enable-lora", "--max-loras", u32(maxAdapters(p.Spec.GetEngine())), "--max-lora-rank", u32(maxRank(p.Spec)))
 		env = append(env, "VLLM_ALLOW_RUNTIME_LORA_UPDATING=True")
 	}
 	if p.MaySleep {
@@ -46,8 +57,68 @@ func (vllm) Command(p Params) (Command, error) {
 		args = append(args, "--enable-sleep-mode")
 		env = append(env, "VLLM_SERVER_DEV_MODE=1")
 	}
-	args = append(args, e.GetArgs()...)
-	return Command{Path: "vllm", Args: args, Env: env, HealthPath: "/health"}, nil
+	return args, env
+}
+
+// llamaContext is llama-server's -c for maxModelLen: explicit --parallel N
+// slots split -c between them (each gets -c/N) unless --kv-unified, so -c
+// is N × maxModelLen for every slot to hold maxModelLen; without
+// --parallel llama-server runs 4 slots over one unified cache, each
+// request up to all of -c. Empty without a maxModelLen.
+func llamaContext(e *pb.EngineSpec) []string {
+	n := e.GetMaxModelLen()
+	if n == 0 {
+		return nil
+	}
+	slots := LlamaSlots(e)
+	if _, explicit := llamaParallel(e.GetArgs()); !explicit || hasFlag(e.GetArgs(), "--kv-unified", "-kvu") {
+		slots = 1
+	}
+	return []string{"-c", u64(uint64(n) * uint64(slots))}
+}
+
+// LlamaSlots is a llama.cpp engine's slot count: its --parallel (-np), or
+// llama-server's auto, 4, when absent or not positive (tools/server/server.cpp:
+// "n_parallel is set to auto, using n_parallel = 4 and kv_unified = true").
+// The gateway runs each request in one of them.
+func LlamaSlots(e *pb.EngineSpec) int {
+	if n, ok := llamaParallel(e.GetArgs()); ok {
+		return n
+	}
+	return 4
+}
+
+// llamaParallel is the positive --parallel (or -np) args set, the last
+// one winning; ok is false when none does.
+func llamaParallel(args []string) (n int, ok bool) {
+	for i, a := range args {
+		var v string
+		switch {
+		case strings.HasPrefix(a, "--parallel="):
+			v = strings.TrimPrefix(a, "--parallel=")
+		case strings.HasPrefix(a, "-np="):
+			v = strings.TrimPrefix(a, "-np=")
+		case (a == "--parallel" || a == "-np") && i+1 < len(args):
+			v = args[i+1]
+		default:
+			continue
+		}
+		if x, err := strconv.Atoi(v); err == nil && x > 0 {
+			n, ok = min(x, 1<<10), true
+		}
+	}
+	return n, ok
+}
+
+func hasFlag(args []string, names ...string) bool {
+	for _, a := range args {
+		for _, n := range names {
+			if a == n {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // llamaCpp runs llama.cpp's llama-server with every layer on the GPU. It has
@@ -66,9 +137,7 @@ func (llamaCpp) Command(p Params) (Command, error) {
 		"--alias", p.servedName(),
 		"-ngl", "999",
 	}
-	if n := e.GetMaxModelLen(); n > 0 {
-		args = append(args, "-c", u32(n))
-	}
+	args = append(args, llamaContext(e)...)
 	if n := len(p.Cards); n > 1 {
 		// An even split over the replica's cards (CUDA's ordinals 0..n-1).
 		args = append(args, "--tensor-split", strings.TrimSuffix(strings.Repeat("1,", n), ","))
@@ -78,8 +147,12 @@ func (llamaCpp) Command(p Params) (Command, error) {
 }
 
 // ollama runs `ollama serve` for one model, configured through its
-// environment. OLLAMA_GPU_OVERHEAD reserves the rest of each card, so that
-// Ollama's scheduler sizes the model's offload to the share.
+// environment. Ollama sizes a model's offload by the free memory the
+// driver reports, less OLLAMA_GPU_OVERHEAD (server/sched.go,
+// llm/memory.go): the neighbours' memory is already missing from the free
+// memory, so the overhead reserves only the part of the card that neither
+// the share nor the neighbours' reservations hold. It is ready once its
+// model is loaded (a preload), not when `ollama serve` answers.
 type ollama struct{}
 
 func (ollama) Kind() string { return KindOllama }
@@ -98,8 +171,8 @@ func (ollama) Command(p Params) (Command, error) {
 				card = c.GetMemoryMib()
 			}
 		}
-		if share := p.Replica.GetMemoryMib(); card > share {
-			env = append(env, "OLLAMA_GPU_OVERHEAD="+u64((card-share)<<20))
+		if rest := ollamaOverheadMiB(card, p.Replica.GetMemoryMib(), p.NeighbourMiB); rest > 0 {
+			env = append(env, "OLLAMA_GPU_OVERHEAD="+u64(rest<<20))
 		}
 	}
 	if n := e.GetMaxModelLen(); n > 0 {
@@ -109,7 +182,25 @@ func (ollama) Command(p Params) (Command, error) {
 		env = append(env, "OLLAMA_SCHED_SPREAD=1")
 	}
 	args := append([]string{"serve"}, e.GetArgs()...)
-	return Command{Path: "ollama", Args: args, Env: env, HealthPath: "/api/version"}, nil
+	return Command{Path: "ollama", Args: args, Env: env, HealthPath: "/api/version", Preload: ollamaPreload(p)}, nil
+}
+
+// ollamaOverheadMiB is OLLAMA_GPU_OVERHEAD in MiB for a share of a card
+// whose other replicas reserve neighbours: what Ollama would see free
+// beyond the share once the neighbours hold their reservations.
+func ollamaOverheadMiB(card, share, neighbours uint64) uint64 {
+	if card <= share+neighbours {
+		return 0
+	}
+	return card - share - neighbours
+}
+
+// ollamaPreload loads the model and keeps it (keep_alive -1): `ollama
+// serve` answers /api/version before any model is loaded (or pulled), so
+// the replica is ready only once this answers 200.
+func ollamaPreload(p Params) *Request {
+	body, _ := json.Marshal(map[string]any{"model": p.ControlModel(), "keep_alive": -1})
+	return &Request{Method: "POST", Path: "/api/generate", Body: string(body)}
 }
 
 // command runs a user's program: spec.engine.args is the whole command line,
@@ -203,8 +294,24 @@ func (sim) Command(p Params) (Command, error) {
 	if len(p.Spec.GetAdapters()) > 0 || p.Spec.GetEngine().GetMaxAdapters() > 0 {
 		args = append(args, "--max-loras", u32(maxAdapters(p.Spec.GetEngine())))
 	}
-	args = append(args, p.Spec.GetEngine().GetArgs()...)
-	return Command{Path: p.Self, Args: args, HealthPath: "/health"}, nil
+	cmd := Command{Path: p.Self, HealthPath: "/health"}
+	// A dialect gets what its engine's driver gives that engine, so the
+	// strict sim refuses whatever the real engine would.
+	switch SimDialect(p.Spec.GetEngine()) {
+	case KindVLLM:
+		more, env := vllmControlFlags(p)
+		args = append(args, more...)
+		cmd.Env = env
+	case KindLlamaCpp:
+		args = append(args, llamaContext(p.Spec.GetEngine())...)
+	case KindOllama:
+		// Ollama knows the model by its tag, not the served name.
+		args[slices.Index(args, "--served-model-name")+1] = p.ControlModel()
+		cmd.Env = []string{"OLLAMA_KEEP_ALIVE=-1"}
+		cmd.HealthPath, cmd.Preload = "/api/version", ollamaPreload(p)
+	}
+	cmd.Args = append(args, p.Spec.GetEngine().GetArgs()...)
+	return cmd, nil
 }
 
 // maxAdapters is engine.maxAdapters, 4 when unset (docs/residency.md).

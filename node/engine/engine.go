@@ -43,6 +43,10 @@ type Params struct {
 	// this replica (a warm or onDemand deployment), so the engine starts
 	// with its controls enabled (vLLM's sleep mode).
 	MaySleep bool
+	// NeighbourMiB is the memory the other replicas placed on the
+	// replica's cards reserve (the most on any one card): an engine that
+	// sizes itself by the free memory it sees (Ollama) sees theirs gone.
+	NeighbourMiB uint64
 }
 
 // Command is how to run an engine.
@@ -58,6 +62,15 @@ type Command struct {
 	// requests; empty means the engine has no such endpoint and a live
 	// process counts as healthy.
 	HealthPath string
+	// Preload, when set, is sent once per start after HealthPath first
+	// answers 200; the engine is ready only once it answers 2xx (Ollama
+	// answers its health path before any model is loaded).
+	Preload *Request
+}
+
+// Request is one HTTP request to an engine.
+type Request struct {
+	Method, Path, Body string
 }
 
 // Driver builds the command of one engine kind.
@@ -106,7 +119,7 @@ func Build(p Params, enf Enforcement) (Command, error) {
 	for _, k := range slices.Sorted(maps.Keys(env)) {
 		cmd.Env = append(cmd.Env, k+"="+env[k])
 	}
-	cmd.Env = append(cmd.Env, "CUDA_VISIBLE_DEVICES="+strings.Join(p.uuids(), ","))
+	cmd.Env = append(cmd.Env, p.visibleDevices()...)
 	cmd.Env = append(cmd.Env, enf.Env(p)...)
 	return cmd, nil
 }
@@ -133,6 +146,22 @@ func (p Params) check() error {
 // name is MODEL/INDEX, how users name a replica.
 func (p Params) name() string {
 	return fmt.Sprintf("%s/%d", p.Model, p.Replica.GetIndex())
+}
+
+// visibleDevices selects the replica's cards. vLLM before 0.24 parses
+// CUDA_VISIBLE_DEVICES as integers and fails at start on UUIDs, so it gets
+// NVML's indexes with CUDA_DEVICE_ORDER=PCI_BUS_ID, under which CUDA
+// numbers the cards in NVML's (PCI bus) order; the other engines take
+// UUIDs, which cannot name another card whatever the order.
+func (p Params) visibleDevices() []string {
+	if p.Spec.GetEngine().GetKind() != KindVLLM {
+		return []string{"CUDA_VISIBLE_DEVICES=" + strings.Join(p.uuids(), ",")}
+	}
+	idx := make([]string, len(p.Cards))
+	for i, c := range p.Cards {
+		idx[i] = u32(c.GetIndex())
+	}
+	return []string{"CUDA_DEVICE_ORDER=PCI_BUS_ID", "CUDA_VISIBLE_DEVICES=" + strings.Join(idx, ",")}
 }
 
 func (p Params) uuids() []string {
@@ -196,3 +225,44 @@ func (p Params) host() string {
 
 func u32(n uint32) string { return strconv.FormatUint(uint64(n), 10) }
 func u64(n uint64) string { return strconv.FormatUint(n, 10) }
+
+// SimDialect is the --dialect a sim engine's arguments give (the last
+// wins), "" for none or another kind.
+func SimDialect(e *pb.EngineSpec) string {
+	if e.GetKind() != KindSim {
+		return ""
+	}
+	d := ""
+	args := e.GetArgs()
+	for i, a := range args {
+		if v, ok := strings.CutPrefix(a, "--dialect="); ok {
+			d = v
+		} else if a == "--dialect" && i+1 < len(args) {
+			d = args[i+1]
+		}
+	}
+	return d
+}
+
+// ControlKind is the engine kind whose API a replica's engine speaks: its
+// kind, or for a sim engine with a --dialect the engine it stands for, so
+// that the controls, adapters and gateway treat it as that engine.
+func ControlKind(e *pb.EngineSpec) string {
+	switch d := SimDialect(e); d {
+	case KindVLLM, KindLlamaCpp, KindOllama:
+		return d
+	}
+	return e.GetKind()
+}
+
+// EngineModel is the name the engine knows the base model by in requests
+// when it is not the served name: Ollama knows models only by their tags
+// (spec.model, "llama3.2:1b"), so the gateway sends that. "" for engines
+// that serve under the served name (vLLM's --served-model-name,
+// llama-server's --alias).
+func EngineModel(spec *pb.ModelSpec) string {
+	if ControlKind(spec.GetEngine()) == KindOllama {
+		return spec.GetModel()
+	}
+	return ""
+}

@@ -54,6 +54,7 @@ func TestCommands(t *testing.T) {
 			d.MaybeScanArgs(t, "memory", &r.MemoryMib)
 			d.MaybeScanArgs(t, "compute", &r.ComputePercent)
 			p.MaySleep = d.HasArg("maysleep")
+			d.MaybeScanArgs(t, "neighbours", &p.NeighbourMiB)
 			enf := Enforcement{Mode: ModeNone}
 			var mode string
 			if d.MaybeScanArgs(t, "enforce", &mode) {
@@ -87,6 +88,9 @@ func render(c Command) string {
 		b.WriteString("  " + e + "\n")
 	}
 	b.WriteString("health: " + c.HealthPath + "\n")
+	if c.Preload != nil {
+		b.WriteString("preload: " + c.Preload.Method + " " + c.Preload.Path + " " + c.Preload.Body + "\n")
+	}
 	return b.String()
 }
 

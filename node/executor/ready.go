@@ -1,13 +1,16 @@
 package executor
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"net"
 	"net/http"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -51,6 +54,35 @@ func (s *supervisor) ask() string {
 	if resp.StatusCode != http.StatusOK {
 		return fmt.Sprintf("GET %s on port %d answered %s", s.health, s.port, resp.Status)
 	}
+	return s.preloadOnce(addr)
+}
+
+// preloadOnce sends the engine's preload (engine.Command.Preload) once per
+// start, bounded by the start deadline: an engine that answers its health
+// path before its model is loaded (Ollama) is ready only once the preload
+// loaded it. It returns "" once done.
+func (s *supervisor) preloadOnce(addr string) string {
+	if s.preload == nil || s.preloaded {
+		return ""
+	}
+	ctx, cancel := context.WithDeadline(s.ctx, s.startedAt.Add(s.timeout))
+	defer cancel()
+	p := s.preload
+	req, err := http.NewRequestWithContext(ctx, p.Method, "http://"+addr+p.Path, strings.NewReader(p.Body))
+	if err != nil {
+		return err.Error()
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return fmt.Sprintf("preload %s %s on port %d: %v", p.Method, p.Path, s.port, err)
+	}
+	data, _ := io.ReadAll(io.LimitReader(resp.Body, 4<<10))
+	resp.Body.Close()
+	if resp.StatusCode/100 != 2 {
+		return fmt.Sprintf("preload %s %s on port %d answered %s: %s", p.Method, p.Path, s.port, resp.Status, strings.TrimSpace(string(data)))
+	}
+	s.preloaded = true
 	return ""
 }
 

@@ -106,6 +106,10 @@ type supervisor struct {
 	fp       string
 	bo       *backoff.ExponentialBackOff
 	client   *http.Client
+	// preload is the engine's preload (engine.Command.Preload), sent
+	// once per start; preloaded says it was answered.
+	preload   *engine.Request
+	preloaded bool
 }
 
 func newSupervisor(ctx context.Context, e *Executor, k key, d Desired, left leftEngine, prev <-chan struct{}) *supervisor {
@@ -374,6 +378,7 @@ func (s *supervisor) launch(d Desired) error {
 	cmd, err := engine.Build(engine.Params{
 		Model: s.k.model, Spec: d.Spec, Replica: d.Replica, Cards: cards,
 		Host: opts.BindHost, Port: port, Self: opts.Self, MaySleep: s.held,
+		NeighbourMiB: s.e.neighbourMiB(s.k, d.Replica),
 	}, opts.Enforcement)
 	if err != nil {
 		return err
@@ -393,6 +398,7 @@ func (s *supervisor) launch(d Desired) error {
 		return fmt.Errorf("start %s: %w", cmd.Path, err)
 	}
 	s.proc, s.port, s.cmdline, s.health = p, port, argv, cmd.HealthPath
+	s.preload, s.preloaded = cmd.Preload, false
 	rec := &record{
 		Model: s.k.model, Replica: s.k.index, Generation: d.Replica.GetGeneration(), Fingerprint: fingerprint(d),
 		PID: p.pid, Port: port, Endpoint: s.endpoint(), Restarts: s.restarts, Command: argv, StartedAt: time.Now().UTC(),

@@ -51,8 +51,9 @@ type Replica struct {
 	// gateway passes each request's class in it (interactive 0, standard
 	// 1, background 2). Its own preemption still applies (it is per card).
 	PriorityScheduling bool
-	// Slots is a llama.cpp engine's slot count (its --parallel; 0 counts as
-	// 1, llama.cpp's default): the gateway runs each request in a slot of
+	// Slots is a llama.cpp engine's slot count (its --parallel, else
+	// llama-server's auto 4: engine.LlamaSlots; 0 counts as 1): the
+	// gateway runs each request in a slot of
 	// its own tenant's (id_slot), never in one holding another tenant's
 	// prompt cache. Other kinds ignore it.
 	Slots int
@@ -74,6 +75,10 @@ type Model struct {
 	// Aliases are other names clients may use for the same replicas; the
 	// engine is sent the served name.
 	Aliases []string
+	// EngineModel, when set, is the name the engine knows the base model
+	// by instead of the served name (Ollama knows only its tags,
+	// "llama3.2:1b"): requests for the base are sent with it.
+	EngineModel string
 }
 
 // Cluster is the gateway's view of the cluster.

@@ -50,9 +50,14 @@ func simEngineWith(t *testing.T, cfg sim.Config) string {
 	case <-time.After(20 * time.Second):
 		t.Fatalf("sim engine %s did not start", name)
 	}
-	// Ready once its model is loaded.
+	// Ready once its model is loaded (Ollama has no /health: it is up
+	// once it answers /api/version, and loads on the first request).
+	health := "/health"
+	if cfg.Dialect == sim.DialectOllama {
+		health = "/api/version"
+	}
 	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(10 * time.Millisecond) {
-		if resp, err := http.Get(u + "/health"); err == nil {
+		if resp, err := http.Get(u + health); err == nil {
 			resp.Body.Close()
 			if resp.StatusCode == http.StatusOK {
 				return u

@@ -670,6 +670,11 @@ func (x *call) prepare() *apiError {
 	switch {
 	case req.adapter != "":
 		fields["model"] = req.adapter
+	case m.EngineModel != "":
+		// The engine knows the model by its own name (Ollama's tag).
+		if req.model != m.EngineModel {
+			fields["model"] = m.EngineModel
+		}
 	case req.model != m.Served:
 		// An alias: the engine knows the deployment by its served name.
 		fields["model"] = m.Served
@@ -934,8 +939,14 @@ func writePreempted(w http.ResponseWriter, m *Model, generated int) {
 	}
 }
 
+// tokenKeys are the delta fields whose non-empty string is a generated
+// token: completion text, chat content, a reasoning model's thinking
+// (vLLM's and llama.cpp's "reasoning_content", Ollama's and newer vLLM's
+// "reasoning") and a tool call's streamed arguments.
+var tokenKeys = [][]byte{[]byte(`"text"`), []byte(`"content"`), []byte(`"reasoning_content"`), []byte(`"reasoning"`), []byte(`"arguments"`)}
+
 // tokensIn counts the generated tokens an SSE line carries: one per
-// non-empty "text" or "content" string (an engine streams about a token
+// non-empty string of a tokenKeys field (an engine streams about a token
 // per event). It scans bytes rather than decoding JSON: it runs per token.
 func tokensIn(line []byte) int {
 	data, ok := bytes.CutPrefix(line, []byte("data:"))
@@ -943,7 +954,7 @@ func tokensIn(line []byte) int {
 		return 0
 	}
 	n := 0
-	for _, key := range [][]byte{[]byte(`"text"`), []byte(`"content"`)} {
+	for _, key := range tokenKeys {
 		rest := data
 		for {
 			i := bytes.Index(rest, key)

@@ -23,7 +23,7 @@ import (
 // it takes for a llama.cpp engine, and waits until the replica is placed.
 func llamaGateway(t *testing.T, slots int) string {
 	t.Helper()
-	engine := simEngineWith(t, sim.Config{ServedModelName: "chat", Parallel: slots})
+	engine := simEngineWith(t, sim.Config{ServedModelName: "chat", Dialect: sim.DialectLlamaCpp, Parallel: slots})
 	_, srv, _ := startGateway(t, Options{Node: "n1", Cluster: fixedView{[]Model{{Served: "chat", Deployment: "chat", Class: queue.Standard,
 		Replicas: []Replica{{Deployment: "chat", Node: "n1", Endpoint: engine, Kind: "llamacpp", Slots: slots, Running: true, Resident: true}}}}}})
 	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(20 * time.Millisecond) {
@@ -138,7 +138,7 @@ func TestSlotPool(t *testing.T) {
 // not by which of them the slot pool happens to wake: the slots are the
 // replica's in-flight cap, so the waiting happens in the scheduler's queue.
 func TestGatewayLlamaCppSlotsGoInQueueOrder(t *testing.T) {
-	engine := simEngineWith(t, sim.Config{ServedModelName: "chat", Parallel: 1, TokensPerSecond: 2})
+	engine := simEngineWith(t, sim.Config{ServedModelName: "chat", Dialect: sim.DialectLlamaCpp, Parallel: 1, TokensPerSecond: 2})
 	reg := prometheus.NewRegistry()
 	_, srv, ctx := startGateway(t, Options{Node: "n1", Registerer: reg, Cluster: fixedView{[]Model{{Served: "chat", Deployment: "chat", Class: queue.Standard,
 		Replicas: []Replica{{Deployment: "chat", Node: "n1", Endpoint: engine, Kind: "llamacpp", Slots: 1, Running: true, Resident: true}}}}}})

@@ -105,6 +105,18 @@ type AdapterUnloaded struct {
 	Adapter string
 }
 
+// AdaptersFound: the engine of Model lists these adapters as registered
+// (its /v1/models), after a wake, a load or an agent's restart. A listed
+// adapter the controller held in host RAM or on disk is on the card (vLLM
+// keeps adapters through a sleep). An unlisted one is left as it is: the
+// list may predate a load that finished since; loads and unloads in
+// progress are left to their outcome.
+type AdaptersFound struct {
+	Model ModelID
+	Names []string
+}
+
+func (AdaptersFound) isEvent()     {}
 func (AdaptersChanged) isEvent()   {}
 func (AdapterRequested) isEvent()  {}
 func (AdapterFinished) isEvent()   {}
@@ -266,6 +278,21 @@ func (c *Controller) observeAdapter(ev Event, now time.Time) (handled bool, err 
 	case AdapterUnloaded:
 		if a := c.adapter(e.Model, e.Adapter); a != nil && a.tier == AdapterUnloading {
 			c.setTier(a, AdapterHost, now)
+		}
+	case AdaptersFound:
+		set := c.adapters[e.Model]
+		if set == nil {
+			break
+		}
+		listed := make(map[string]bool, len(e.Names))
+		for _, n := range e.Names {
+			listed[n] = true
+		}
+		for _, a := range set.list {
+			if listed[a.spec.Name] && (a.tier == AdapterDisk || a.tier == AdapterHost) {
+				a.failures, a.retryAt = 0, time.Time{}
+				c.setTier(a, AdapterCard, now)
+			}
 		}
 	default:
 		return false, nil

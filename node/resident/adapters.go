@@ -176,6 +176,35 @@ func (m *Manager) actAdapter(c *cardCtrl, k rkey, r *rep, a residency.Action) {
 	}()
 }
 
+// reconcileAdapters asks the engine of replica id which adapters it has
+// registered once it serves (after a load, a wake, or an adoption by a
+// restarted agent) and tells the controller (AdaptersFound): vLLM keeps
+// its adapters through a sleep, so the engine, not the controller's
+// memory of its own loads, says what is on it.
+func (m *Manager) reconcileAdapters(id residency.ModelID) {
+	for k, r := range m.reps {
+		if k.id() != id || r.adapters == nil {
+			continue
+		}
+		ctl, err := engine.AdaptersFor(r.kind, engine.Target{BaseURL: m.engines[k].url})
+		if err != nil || m.engines[k].url == "" {
+			return
+		}
+		card := r.card
+		go func() {
+			ctx, cancel := context.WithTimeout(m.ctx, 30*time.Second)
+			defer cancel()
+			names, err := ctl.Adapters(ctx)
+			if err != nil {
+				m.log.Info("residency: list the engine's adapters", "replica", id, "err", err)
+				return
+			}
+			m.post(func() { m.handle(m.ctrls[card], residency.AdaptersFound{Model: id, Names: names}, "") })
+		}()
+		return
+	}
+}
+
 // adapterTiers is what the card's controller says of r's adapters, in the
 // API's form, those on disk left out.
 func adapterTiers(c *cardCtrl, k rkey) []*pb.AdapterStatus {

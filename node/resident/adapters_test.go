@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -56,10 +57,22 @@ type adapterNode struct {
 	src     *source
 	rep     *tierReporter
 	index   uint64
+	// kill stops the agent's loops (its engines too, unless it keeps
+	// them).
+	kill func()
 }
 
-func newAdapterNode(t *testing.T) *adapterNode {
-	dataDir := t.TempDir()
+func newAdapterNode(t *testing.T) *adapterNode { return newAdapterNodeWith(t, nil) }
+
+// newAdapterNodeWith is newAdapterNode with tune changing the residency
+// configuration.
+func newAdapterNodeWith(t *testing.T, tune func(*residency.Config)) *adapterNode {
+	return newAdapterNodeAt(t, t.TempDir(), tune, false)
+}
+
+// newAdapterNodeAt is a node on dataDir; with keep its kill leaves the
+// engines running for the next agent on dataDir to adopt.
+func newAdapterNodeAt(t *testing.T, dataDir string, tune func(*residency.Config), keep bool) *adapterNode {
 	cards, err := inventory.Simulated(node, "l4=1")
 	if err != nil {
 		t.Fatal(err)
@@ -68,12 +81,16 @@ func newAdapterNode(t *testing.T) *adapterNode {
 	n := &adapterNode{t: t, card: cards[0], lib: inventory.NewSimNVML(cards, inventory.NewSimUsage(usageDir)),
 		journal: residency.NewJournal(node, 0), src: &source{ch: make(chan executor.Snapshot, 16)}, rep: &tierReporter{}}
 	logger := slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn}))
+	cfg := residency.Config{MinResidency: time.Second, RetryBackoff: 200 * time.Millisecond, MaxBackoff: 2 * time.Second}
+	if tune != nil {
+		tune(&cfg)
+	}
 	n.mgr = New(Options{Node: node, Cards: cards, NVML: n.lib, Journal: n.journal, BindHost: "127.0.0.1",
 		DataDir: dataDir, Wait: time.Minute, Tick: 200 * time.Millisecond, AdapterReport: 300 * time.Millisecond, Logger: logger,
-		Config: residency.Config{MinResidency: time.Second, RetryBackoff: 200 * time.Millisecond, MaxBackoff: 2 * time.Second}})
+		Config: cfg})
 	n.ex, err = executor.New(n.src, n.rep, executor.Options{Node: node, DataDir: dataDir, Cards: cards, Self: bin,
 		SimUsageDir: usageDir, BindHost: "127.0.0.1", AdvertiseHost: "127.0.0.1", GracePeriod: 2 * time.Second,
-		HealthInterval: 50 * time.Millisecond, Gate: n.mgr, Logger: logger})
+		HealthInterval: 50 * time.Millisecond, Gate: n.mgr, Logger: logger, KeepEngines: keep})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -81,7 +98,16 @@ func newAdapterNode(t *testing.T) *adapterNode {
 	var loops sync.WaitGroup
 	loops.Go(func() { _ = n.ex.Run(ctx) })
 	loops.Go(func() { n.mgr.Run(ctx, n.ex) })
+	killed := false
+	n.kill = func() {
+		killed = true
+		cancel()
+		loops.Wait()
+	}
 	t.Cleanup(func() {
+		if killed {
+			return
+		}
 		// Every replica leaves: the executor stops the engines.
 		n.publish()
 		deadline := time.Now().Add(30 * time.Second)
@@ -166,25 +192,34 @@ func adapterList(n int, rank uint32) []*pb.Adapter {
 
 // simAdapters is what the engine itself says it has loaded.
 func simAdapters(t *testing.T, n *adapterNode) []string {
+	st := simStatus(t, n)
+	return st.Adapters
+}
+
+// simStatus is the engine's own /sim/status (zero while it starts or
+// stops).
+func simStatus(t *testing.T, n *adapterNode) (st struct {
+	State    string
+	Adapters []string
+}) {
 	done := make(chan string, 1)
 	n.mgr.post(func() { done <- n.mgr.engines[rkey{"chat", 0}].url })
 	var url string
 	select {
 	case url = <-done:
 	case <-time.After(10 * time.Second):
-		return nil
+		return st
 	}
 	if url == "" {
-		return nil
+		return st
 	}
 	resp, err := http.Get(url + "/sim/status")
 	if err != nil {
-		return nil // the engine is starting or stopping
+		return st // the engine is starting or stopping
 	}
 	defer resp.Body.Close()
-	var st struct{ Adapters []string }
 	_ = json.NewDecoder(resp.Body).Decode(&st)
-	return st.Adapters
+	return st
 }
 
 // TestManyAdaptersOnOneBase: one onDemand sim base with 200 adapters, at
@@ -516,5 +551,74 @@ func TestAdapterRequestBeforeThePlacementIsApplied(t *testing.T) {
 	n.publish(d)
 	if a := <-done; a.code != http.StatusOK || a.model != "a001" {
 		t.Fatalf("request for chat:a001: %d %q %s, want 200 from a001", a.code, a.model, a.msg)
+	}
+}
+
+// TestAdaptersAfterSleepAndWakeOnStrictVLLM (issue 33, point 1): a warm
+// base on a sim engine speaking vLLM strictly (adapters stay registered
+// through a sleep, a second load of one answers 400 "has already been
+// loaded") serves its adapters after the base slept and woke, twice: the
+// manager reconciles with the engine's /v1/models instead of failing the
+// load and backing off.
+func TestAdaptersAfterSleepAndWakeOnStrictVLLM(t *testing.T) {
+	n := newAdapterNodeWith(t, func(c *residency.Config) { c.IdleSleep = 500 * time.Millisecond })
+	d := n.deployment(pb.Residency_RESIDENCY_WARM, 2, adapterList(3, 8))
+	d.Spec.Engine.Args = append(d.Spec.Engine.Args, "--dialect", "vllm")
+	n.publish(d)
+	url := n.front()
+	for cycle := range 3 {
+		for _, a := range []string{"a000", "a001"} {
+			if code, model, msg := ask(t, url, a, ""); code != http.StatusOK || model != a {
+				t.Fatalf("cycle %d: request for %s: %d %q %s", cycle, a, code, model, msg)
+			}
+		}
+		if got := simAdapters(t, n); len(got) != 2 {
+			t.Fatalf("cycle %d: the engine holds %v, want a000 and a001", cycle, got)
+		}
+		// Idle, the base sleeps; vLLM keeps the adapters registered.
+		deadline := time.Now().Add(30 * time.Second)
+		for simStatus(t, n).State != "asleep" {
+			if time.Now().After(deadline) {
+				t.Fatalf("cycle %d: the idle base never slept (state %q)", cycle, simStatus(t, n).State)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		if got := simAdapters(t, n); len(got) != 2 {
+			t.Fatalf("cycle %d: asleep, the engine lists %v; the vllm dialect keeps them", cycle, got)
+		}
+	}
+}
+
+// TestAdoptedVLLMEngineKeepsItsAdapters (issue 33, point 1): an agent
+// restarted on the same data dir adopts a running engine speaking vLLM
+// strictly, whose adapter is still registered; the new agent's controller
+// starts with the adapter on disk, and a request for it is answered (the
+// engine's /v1/models says it is there; a load would be vLLM's 400).
+func TestAdoptedVLLMEngineKeepsItsAdapters(t *testing.T) {
+	dataDir := t.TempDir()
+	first := newAdapterNodeAt(t, dataDir, nil, true)
+	d := first.deployment(pb.Residency_RESIDENCY_PINNED, 2, adapterList(2, 8))
+	d.Spec.Engine.Args = append(d.Spec.Engine.Args, "--dialect", "vllm")
+	first.publish(d)
+	if code, model, msg := ask(t, first.front(), "a000", ""); code != http.StatusOK || model != "a000" {
+		t.Fatalf("request for a000: %d %q %s", code, model, msg)
+	}
+	first.kill()
+
+	second := newAdapterNodeAt(t, dataDir, nil, false)
+	second.publish(d)
+	url := second.front()
+	// The engine was adopted, not restarted: it still has a000.
+	deadline := time.Now().Add(30 * time.Second)
+	for got := simAdapters(t, second); !slices.Equal(got, []string{"a000"}); got = simAdapters(t, second) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the adopted engine lists %v, want a000", got)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	for _, a := range []string{"a000", "a001"} {
+		if code, model, msg := ask(t, url, a, ""); code != http.StatusOK || model != a {
+			t.Fatalf("after the restart, request for %s: %d %q %s", a, code, model, msg)
+		}
 	}
 }

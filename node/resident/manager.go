@@ -388,7 +388,7 @@ func (m *Manager) deployment(k rkey, d executor.Desired) residency.Deployment {
 	if c := m.cards[d.Replica.GetCards()[0]]; c != nil {
 		dep.Device = c.GetDevice()
 	}
-	if ctl, err := engine.ControlsFor(dep.Engine, engine.Target{}); err == nil {
+	if ctl, err := engine.ControlsFor(engine.ControlKind(spec.GetEngine()), engine.Target{}); err == nil {
 		dep.CanSleep = slices.Contains(ctl.Caps().Levels, engine.SleepOffload)
 	}
 	return dep
@@ -472,7 +472,9 @@ func (m *Manager) placed(ds []executor.Desired) {
 			m.syncAdapters(c, r, d.Spec)
 			continue
 		}
-		m.reps[k] = &rep{k: k, card: c.index, dep: dep, kind: dep.Engine}
+		// The controls and adapters are those of the API the engine
+		// speaks (a sim's dialect).
+		m.reps[k] = &rep{k: k, card: c.index, dep: dep, kind: engine.ControlKind(d.Spec.GetEngine())}
 		delete(m.departed, k)
 		m.handle(c, residency.DeploymentAdded{Deployment: dep}, "")
 		for range m.early[k] {
@@ -583,6 +585,12 @@ func (m *Manager) handle(c *cardCtrl, ev residency.Event, why string) {
 		return
 	}
 	out := c.ctrl.Handle(ev)
+	switch e := ev.(type) {
+	case residency.WakeDone:
+		m.reconcileAdapters(e.Model)
+	case residency.LoadDone:
+		m.reconcileAdapters(e.Model)
+	}
 	if out.Err != nil {
 		m.log.Warn("residency: event refused", "card", c.index, "event", fmt.Sprintf("%T", ev), "err", out.Err)
 	}

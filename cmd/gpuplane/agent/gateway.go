@@ -17,6 +17,7 @@ import (
 
 	"github.com/gpuplane/gpuplane/cluster"
 	"github.com/gpuplane/gpuplane/fsm"
+	"github.com/gpuplane/gpuplane/node/engine"
 	"github.com/gpuplane/gpuplane/node/gateway"
 	"github.com/gpuplane/gpuplane/node/gateway/isolation"
 	"github.com/gpuplane/gpuplane/node/gateway/queue"
@@ -222,7 +223,7 @@ func modelsOf(f *fsm.FSM) []gateway.Model {
 	for _, d := range f.Models() {
 		spec := d.GetSpec()
 		m := gateway.Model{Deployment: d.GetName(), Served: spec.GetServedModelName(), Class: queue.ClassOf(spec.GetPriority()),
-			Aliases: spec.GetAliases()}
+			Aliases: spec.GetAliases(), EngineModel: engine.EngineModel(spec)}
 		if ads := spec.GetAdapters(); len(ads) > 0 {
 			m.Adapters = make(map[string][]string, len(ads))
 			for _, a := range ads {
@@ -240,7 +241,7 @@ func modelsOf(f *fsm.FSM) []gateway.Model {
 			}
 			running := r.GetState() == pb.ReplicaState_REPLICA_STATE_RUNNING
 			rp := gateway.Replica{Deployment: d.GetName(), Index: r.GetIndex(), Node: r.GetNode(), Card: r.GetCards()[0],
-				Endpoint: r.GetEndpoint(), Kind: spec.GetEngine().GetKind(), Running: running,
+				Endpoint: r.GetEndpoint(), Kind: engine.ControlKind(spec.GetEngine()), Running: running,
 				Fronted: fronted && len(r.GetCards()) == 1, KVTokens: kvTokensOf(spec.GetEngine()),
 				PriorityScheduling: priorityScheduling(spec.GetEngine()), Slots: slotsOf(spec.GetEngine())}
 			rp.Resident = running
@@ -279,18 +280,14 @@ func priorityScheduling(e *pb.EngineSpec) bool {
 	return argValue(e.GetArgs(), "--scheduling-policy") == "priority"
 }
 
-// slotsOf is a llama.cpp engine's slot count: its --parallel (or -np), 1
-// (llama.cpp's default) when absent or not a positive number; 0 for other
-// kinds.
+// slotsOf is a llama.cpp engine's slot count (engine.LlamaSlots: its
+// --parallel, else llama-server's auto 4), also for a sim speaking
+// llama.cpp; 0 for other kinds.
 func slotsOf(e *pb.EngineSpec) int {
-	if e.GetKind() != "llamacpp" {
+	if engine.ControlKind(e) != engine.KindLlamaCpp {
 		return 0
 	}
-	n := argUint(e.GetArgs(), "--parallel")
-	if n == 0 {
-		n = argUint(e.GetArgs(), "-np")
-	}
-	return int(min(max(n, 1), 1<<10))
+	return engine.LlamaSlots(e)
 }
 
 // argUint is the value of flag in args (--flag N or --flag=N), 0 if absent

@@ -7,18 +7,22 @@ import (
 )
 
 // A llama.cpp deployment's slot count is its --parallel (or -np), else
-// llama.cpp's default of 1; other engines have none.
+// llama-server's auto, 4 (issue 33 point 6); a sim speaking llama.cpp
+// counts the same; other engines have none.
 func TestSlotsOf(t *testing.T) {
 	for _, c := range []struct {
 		kind string
 		args []string
 		want int
 	}{
-		{"llamacpp", nil, 1},
+		{"llamacpp", nil, 4},
 		{"llamacpp", []string{"--parallel", "4"}, 4},
 		{"llamacpp", []string{"--parallel=3"}, 3},
 		{"llamacpp", []string{"-c", "8192", "-np", "2"}, 2},
-		{"llamacpp", []string{"-np", "-1"}, 1},
+		{"llamacpp", []string{"-np", "-1"}, 4},
+		{"sim", []string{"--dialect", "llamacpp"}, 4},
+		{"sim", []string{"--dialect=llamacpp", "--parallel", "2"}, 2},
+		{"sim", []string{"--parallel", "2"}, 0},
 		{"vllm", []string{"--parallel", "4"}, 0},
 	} {
 		if got := slotsOf(&pb.EngineSpec{Kind: c.kind, Args: c.args}); got != c.want {

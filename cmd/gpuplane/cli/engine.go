@@ -54,7 +54,15 @@ them as usage.prompt_tokens_details.cached_tokens.
 
 Sim engines on one card share it: busy engines split its compute by
 --compute-percent, loads and wakes split its copy bandwidth. The executor
-starts it for deployments of engine kind sim, sized to their share.`,
+starts it for deployments of engine kind sim, sized to their share.
+
+--dialect vllm, llamacpp or ollama makes it answer only that engine's API
+and refuse what that engine refuses (docs/engines.md): vLLM's sleep routes
+need VLLM_SERVER_DEV_MODE=1 and --enable-sleep-mode, its LoRA routes
+VLLM_ALLOW_RUNTIME_LORA_UPDATING and --enable-lora, and adapters stay
+registered through a sleep; llama.cpp runs --parallel slots (else 4 over a
+unified cache) splitting --ctx-size; Ollama knows its model by its tag and
+loads it on the first request or keep_alive load.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if cfg.ServedModelName == "" {
@@ -86,6 +94,17 @@ starts it for deployments of engine kind sim, sized to their share.`,
 			if cards != "" {
 				cfg.CardUUIDs = strings.Split(cards, ",")
 			}
+			// The environment the engines read (docs/engines.md).
+			cfg.VLLMDevMode = g.getenv("VLLM_SERVER_DEV_MODE") == "1"
+			cfg.VLLMRuntimeLoRA = envTrue(g.getenv("VLLM_ALLOW_RUNTIME_LORA_UPDATING"))
+			keep, err := sim.ParseOllamaKeepAlive(g.getenv("OLLAMA_KEEP_ALIVE"))
+			if err != nil {
+				return usageErrorf(cmd, "OLLAMA_KEEP_ALIVE: %v", err)
+			}
+			cfg.OllamaKeepAlive = keep
+			if !cmd.Flags().Changed("parallel") {
+				cfg.Parallel = 0
+			}
 			if err := cfg.Validate(); err != nil {
 				return usageErrorf(cmd, "%s", strings.TrimPrefix(err.Error(), "sim engine: "))
 			}
@@ -115,9 +134,17 @@ starts it for deployments of engine kind sim, sized to their share.`,
 	f.Float64Var(&cfg.BatchSlowdown, "batch-slowdown", 0, "α: with C requests in flight each stream runs at speed/(1+α(C-1))")
 	f.IntVar(&cfg.MaxNumSeqs, "max-num-seqs", 0, "requests run at once, as vLLM's --max-num-seqs (1: no continuous batching); the rest wait; 0: bounded by the KV pool only")
 	f.StringVar(&cfg.SchedulingPolicy, "scheduling-policy", "fcfs", "fcfs or priority, as vLLM's: a request with a non-zero \"priority\" is refused unless priority")
-	f.IntVar(&cfg.Parallel, "parallel", 1, "slots, as llama.cpp's --parallel: a request may name one in \"id_slot\" (0 to N-1, or -1 for any) and reuses the prompt it last ran unless \"cache_prompt\" is false")
+	f.IntVar(&cfg.Parallel, "parallel", 1, "slots, as llama.cpp's --parallel: a request may name one in \"id_slot\" (0 to N-1, or -1 for any) and reuses the prompt it last ran unless \"cache_prompt\" is false; unset in the llamacpp dialect: llama-server's auto, 4 slots over a unified KV cache")
 	f.Float64Var(&idleSeconds, "sleep-idle-seconds", -1, "sleep after this many idle seconds, waking on the next request, as llama.cpp (negative: never)")
 	f.StringVar(&cards, "card-uuids", "", "cards to register the memory on, comma-separated UUIDs")
+	f.StringVar(&cfg.Dialect, "dialect", "", "answer and refuse as one engine does: vllm, llamacpp or ollama (none: every engine's API, without their preconditions)")
+	f.BoolVar(&cfg.EnableSleepMode, "enable-sleep-mode", false, "vllm dialect: the sleep routes work (they exist only with VLLM_SERVER_DEV_MODE=1)")
+	f.BoolVar(&cfg.EnableLoRA, "enable-lora", false, "vllm dialect: runtime LoRA loads work (the routes exist only with VLLM_ALLOW_RUNTIME_LORA_UPDATING)")
+	f.IntVar(&cfg.MaxLoRARank, "max-lora-rank", 0, "vllm dialect: the largest adapter rank a load accepts, as vLLM's --max-lora-rank (0: any)")
+	f.BoolVar(&cfg.PromptTokensDetails, "enable-prompt-tokens-details", false, "vllm dialect: usage reports prompt_tokens_details.cached_tokens")
+	f.IntVarP(&cfg.CtxSize, "ctx-size", "c", 0, "llamacpp dialect: the context, split over explicit --parallel slots unless --kv-unified (0: unbounded)")
+	f.BoolVar(&cfg.KVUnified, "kv-unified", false, "llamacpp dialect: one KV cache every slot may fill (the default with auto slots)")
+	f.BoolVar(&cfg.LlamaRouter, "router", false, "llamacpp dialect: serve the router's /models, /models/load and /models/unload (llama-server without -m)")
 	f.IntVar(&cfg.MaxLoRAs, "max-loras", sim.DefaultMaxLoRAs, "LoRA adapters loaded at once, as vLLM's --max-loras (POST /v1/load_lora_adapter)")
 	f.Uint64Var(&cfg.LoRAMiBPerRank, "lora-mib-per-rank", sim.DefaultLoRAMiBPerRank, "GPU memory of a loaded adapter per unit of its rank (adapter_config.json's r, else 16)")
 	f.Float64Var(&cfg.LoRALoad.Scale, "lora-load-scale", 1, "multiplies every adapter load time (drawn from GenTD26's measured LoRA loads: median about 4.4s)")
@@ -155,4 +182,10 @@ func newEngineLogCommand(g *globals) *cobra.Command {
 	f.DurationVar(&watch.Grace, "orphan-grace", executor.DefaultOrphanGrace, "with --agent-file: how long the engine outlives its agent")
 	f.DurationVar(&watch.StopGrace, "stop-grace", 10*time.Second, "with --agent-file: between SIGTERM and SIGKILL when stopping the engine")
 	return cmd
+}
+
+// envTrue reads a boolean environment variable as vLLM's envs.py does:
+// "1" or "true" in any case.
+func envTrue(v string) bool {
+	return v == "1" || strings.EqualFold(v, "true")
 }

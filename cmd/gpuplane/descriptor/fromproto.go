@@ -76,6 +76,12 @@ func ModelDeploymentSpecFromProto(p *pb.ModelSpec) ModelDeploymentSpec {
 		s.SLO = &SLO{TTFTMs: new(int64(t))}
 	}
 	s.Engine.MaxAdapters = opt(e.GetMaxAdapters())
+	if a := e.GetArgs(); e.GetKind() == "sim" && len(a) >= 2 && a[0] == "--dialect" {
+		s.Engine.Dialect, s.Engine.Args = a[1], a[2:]
+		if len(s.Engine.Args) == 0 {
+			s.Engine.Args = nil
+		}
+	}
 	for _, a := range p.GetAdapters() {
 		s.Adapters = append(s.Adapters, Adapter{Name: a.GetName(), Source: a.GetSource(), Rank: new(int64(a.GetRank())), Tenants: a.GetTenants()})
 	}

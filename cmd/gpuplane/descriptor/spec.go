@@ -113,7 +113,14 @@ type Engine struct {
 	// MaxAdapters is how many adapters the engine keeps on the card at
 	// once (default 4; vLLM --max-loras).
 	MaxAdapters *int64 `json:"maxAdapters,omitempty"`
+	// Dialect, for a sim engine only, is the engine it answers as,
+	// strictly: vllm, llamacpp or ollama (docs/engines.md). It travels as
+	// the sim's leading `--dialect` argument.
+	Dialect string `json:"dialect,omitempty"`
 }
+
+// SimDialects are the values spec.engine.dialect takes.
+var SimDialects = []string{"vllm", "llamacpp", "ollama"}
 
 // EngineKinds are the engines a deployment may name; the first is the default.
 var EngineKinds = []string{"vllm", "llamacpp", "ollama", "command", "sim"}
@@ -346,6 +353,15 @@ func (s *ModelDeploymentSpec) check(failed func(path string) bool) []*pb.Violati
 			atLeast("spec.slo.ttftMs", s.SLO.TTFTMs, 1)
 		}
 	}
+	switch {
+	case e.Dialect == "":
+	case e.Kind != "sim":
+		add("spec.engine.dialect", "only a sim engine takes a dialect (kind is %q)", e.Kind)
+	case !slices.Contains(SimDialects, e.Dialect):
+		add("spec.engine.dialect", "must be one of %s, got %q", strings.Join(SimDialects, ", "), e.Dialect)
+	case e.Dialect != "vllm" && len(s.Adapters) > 0:
+		add("spec.engine.dialect", "a sim speaking %s cannot load LoRA adapters at run time, as %s cannot: use dialect vllm, or no adapters", e.Dialect, e.Dialect)
+	}
 	if n := e.MaxAdapters; n != nil && (*n < 1 || *n > fsm.MaxAdaptersOnCard) {
 		add("spec.engine.maxAdapters", "must be between 1 and %d, got %d", fsm.MaxAdaptersOnCard, *n)
 	}
@@ -407,7 +423,7 @@ var schemaOrder = []string{
 	"spec.engine.kind", "spec.engine.memoryPercent", "spec.engine.memory", "spec.engine.computePercent",
 	"spec.engine.maxModelLen", "spec.engine.tensorParallel", "spec.engine.pipelineParallel",
 	"spec.engine.args", "spec.engine.env", "spec.engine.startTimeout", "spec.engine.quantization", "spec.engine.maxAdapters",
-	"spec.resources", "spec.residency", "spec.priority", "spec.slo", "spec.adapters", "spec.aliases",
+	"spec.engine.dialect", "spec.resources", "spec.residency", "spec.priority", "spec.slo", "spec.adapters", "spec.aliases",
 }
 
 // inSchemaOrder sorts violations, found here and by the server's rules, by
@@ -475,6 +491,9 @@ func (s *ModelDeploymentSpec) Proto() *pb.ModelSpec {
 			Env:              e.Env,
 			Quantization:     e.Quantization,
 		},
+	}
+	if e.Dialect != "" {
+		out.Engine.Args = append([]string{"--dialect", e.Dialect}, e.Args...)
 	}
 	// The defaults (pinned, standard) are sent as unspecified, the form the
 	// state machine stores them in.

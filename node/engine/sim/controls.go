@@ -184,7 +184,8 @@ func (s *server) llamaProps(w http.ResponseWriter, _ *http.Request) {
 	sleeping := s.st.isSleeping()
 	s.mu.Unlock()
 	writeJSON(w, http.StatusOK, map[string]any{
-		"model_alias": s.cfg.ServedModelName, "total_slots": 1, "is_sleeping": sleeping,
+		"model_alias": s.cfg.ServedModelName, "total_slots": s.cfg.slots(), "is_sleeping": sleeping,
+		"default_generation_settings": map[string]any{"n_ctx": s.cfg.SlotContext()},
 	})
 }
 
@@ -201,7 +202,7 @@ func (s *server) ollamaGenerate(w http.ResponseWriter, r *http.Request) {
 		ollamaError(w, http.StatusBadRequest, "invalid request body: "+err.Error())
 		return
 	}
-	if body.Model != s.cfg.ServedModelName {
+	if body.Model != s.cfg.ServedModelName && (s.cfg.Dialect != DialectOllama || !s.knowsModel(body.Model)) {
 		ollamaError(w, http.StatusNotFound, fmt.Sprintf("model %q not found, try pulling it first", body.Model))
 		return
 	}
@@ -210,6 +211,9 @@ func (s *server) ollamaGenerate(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	keep := time.Duration(-1)
+	if s.cfg.Dialect == DialectOllama {
+		keep = s.cfg.keepAliveDefault()
+	}
 	if len(body.KeepAlive) > 0 {
 		d, err := parseKeepAlive(body.KeepAlive)
 		if err != nil {
@@ -269,8 +273,12 @@ func (s *server) ollamaPS(w http.ResponseWriter, _ *http.Request) {
 		if !s.st.expire.IsZero() {
 			expires = s.st.expire.UTC().Format(time.RFC3339Nano)
 		}
+		name := s.cfg.ServedModelName
+		if s.cfg.Dialect == DialectOllama {
+			name = ollamaName(name)
+		}
 		models = append(models, map[string]any{
-			"name": s.cfg.ServedModelName, "model": s.cfg.ServedModelName,
+			"name": name, "model": name,
 			"size": size, "size_vram": size, "expires_at": expires,
 		})
 	}

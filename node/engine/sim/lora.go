@@ -12,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"time"
 )
 
@@ -89,6 +90,9 @@ type adapter struct {
 	mib      uint64
 	inflight int
 	loading  bool
+	// batched: its requests run in the batch, holding one of
+	// --max-loras LoRA slots (vLLM dialect), until its last ends.
+	batched bool
 }
 
 // loraState is the engine's adapters, guarded by server.mu.
@@ -158,7 +162,14 @@ func (s *server) loadLoRA(w http.ResponseWriter, r *http.Request) {
 	}
 	took, err := s.loadAdapter(r.Context(), body.Name, body.Path)
 	if err != nil {
-		apiError(w, http.StatusBadRequest, err.Error(), "invalid_request_error")
+		typ := "invalid_request_error"
+		if s.cfg.Dialect == DialectVLLM {
+			typ = "BadRequestError"
+			if strings.Contains(err.Error(), "already been loaded") {
+				typ = "InvalidUserInput"
+			}
+		}
+		apiError(w, http.StatusBadRequest, err.Error(), typ)
 		return
 	}
 	s.cfg.Logger.Info("sim engine loaded LoRA adapter", "adapter", body.Name, "took", took.Round(time.Millisecond))
@@ -173,6 +184,11 @@ func (s *server) loadAdapter(ctx context.Context, name, path string) (time.Durat
 	if err != nil {
 		return 0, fmt.Errorf("cannot load LoRA adapter '%s': %w", name, err)
 	}
+	// An adapter without a config (a made-up path) is assumed to fit.
+	if _, statErr := os.Stat(filepath.Join(path, "adapter_config.json")); statErr == nil &&
+		s.cfg.Dialect == DialectVLLM && s.cfg.MaxLoRARank > 0 && rank > s.cfg.MaxLoRARank {
+		return 0, fmt.Errorf("LoRA rank %d is greater than max_lora_rank %d.", rank, s.cfg.MaxLoRARank)
+	}
 	perRank := s.cfg.LoRAMiBPerRank
 	if perRank == 0 {
 		perRank = DefaultLoRAMiBPerRank
@@ -184,12 +200,15 @@ func (s *server) loadAdapter(ctx context.Context, name, path string) (time.Durat
 		return 0, fmt.Errorf("the LoRA adapter name '%s' is the base model's name", name)
 	case s.lora.loaded[name] != nil:
 		s.mu.Unlock()
-		return 0, fmt.Errorf("the LoRA adapter '%s' has already been loaded", name)
+		// vLLM's words (serving_models.py), which clients match on.
+		return 0, fmt.Errorf("The lora adapter '%s' has already been loaded.", name)
 	case s.st.phase != phAwake:
 		ph := s.st.phase
 		s.mu.Unlock()
 		return 0, fmt.Errorf("cannot load LoRA adapter '%s' while the engine is %s", name, ph)
-	case len(s.lora.loaded) >= s.maxLoRAs():
+	case s.cfg.Dialect != DialectVLLM && len(s.lora.loaded) >= s.maxLoRAs():
+		// vLLM registers any number (its --max-loras bounds a batch,
+		// waitLoRASlot); the other dialects keep the sim's old bound.
 		n := len(s.lora.loaded)
 		s.mu.Unlock()
 		return 0, fmt.Errorf("cannot load LoRA adapter '%s': %d of --max-loras %d are loaded; unload one first", name, n, s.maxLoRAs())
@@ -261,6 +280,47 @@ func (s *server) dropAdapters() {
 	clear(s.lora.loaded)
 }
 
+// sleepAdapters is what a sleep does to the adapters: vLLM keeps them
+// registered (its API server's list outlives the engine's sleep, so a
+// second load of one answers 400 "has already been loaded"); their card
+// memory goes with the weights' (footprintMiB counts them only awake).
+// The any dialect drops them, as the sim always did. Callers hold s.mu.
+func (s *server) sleepAdapters() {
+	if s.cfg.Dialect != DialectVLLM {
+		s.dropAdapters()
+	}
+}
+
+// waitLoRASlot waits until adapter name may join the batch: at most
+// --max-loras adapters run at once (vLLM's scheduler keeps a request for
+// another waiting). The request already counts in its adapter's inflight
+// (useAdapter); false when its client went away. Callers do not hold s.mu.
+func (s *server) waitLoRASlot(ctx context.Context, name string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for {
+		a := s.lora.loaded[name]
+		if a == nil {
+			return false
+		}
+		active := 0
+		for n, o := range s.lora.loaded {
+			if n != name && o.batched {
+				active++
+			}
+		}
+		if a.batched || active < s.maxLoRAs() {
+			a.batched = true
+			return true
+		}
+		if s.waitCtx(ctx) != nil {
+			a.inflight--
+			s.cond.Broadcast()
+			return false
+		}
+	}
+}
+
 // useAdapter marks a request for adapter name; ok is false when no such
 // adapter is loaded. Callers hold s.mu.
 func (s *server) useAdapter(name string) bool {
@@ -276,6 +336,9 @@ func (s *server) useAdapter(name string) bool {
 func (s *server) doneAdapter(name string) {
 	if a := s.lora.loaded[name]; a != nil && a.inflight > 0 {
 		a.inflight--
+		if a.inflight == 0 {
+			a.batched = false
+		}
 	}
 }
 

@@ -43,6 +43,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -92,8 +93,31 @@ type Config struct {
 	// by it).
 	SchedulingPolicy string
 	// Parallel is llama.cpp's --parallel: the slots a request's `id_slot`
-	// may name (0 counts as 1).
+	// may name; 0 is 1, or llama-server's auto (4 slots over a unified KV
+	// cache) in the llamacpp dialect.
 	Parallel int
+	// Dialect is the engine the sim stands for (dialect.go): DialectAny
+	// (every engine's routes, none of their preconditions), or vllm,
+	// llamacpp or ollama, which answer and refuse as that engine does.
+	Dialect string
+	// vLLM dialect: VLLMDevMode is VLLM_SERVER_DEV_MODE=1 (the sleep
+	// routes exist), VLLMRuntimeLoRA VLLM_ALLOW_RUNTIME_LORA_UPDATING (the
+	// LoRA routes exist), EnableSleepMode --enable-sleep-mode, EnableLoRA
+	// --enable-lora, PromptTokensDetails --enable-prompt-tokens-details
+	// (usage reports cached_tokens).
+	VLLMDevMode, VLLMRuntimeLoRA, EnableSleepMode, EnableLoRA, PromptTokensDetails bool
+	// MaxLoRARank is vLLM's --max-lora-rank: a load of an adapter of a
+	// larger rank fails (0: any).
+	MaxLoRARank int
+	// llama.cpp dialect: CtxSize is --ctx-size (0: unbounded), KVUnified
+	// --kv-unified, LlamaRouter a llama-server started without -m (the
+	// router's /models routes exist).
+	CtxSize     int
+	KVUnified   bool
+	LlamaRouter bool
+	// OllamaKeepAlive is OLLAMA_KEEP_ALIVE (0: Ollama's 5 minutes;
+	// negative: for ever).
+	OllamaKeepAlive time.Duration
 	// BatchSlowdown is α in a stream's speed r/(1+α(C−1)) with C requests in
 	// flight: continuous batching shares the engine's own step.
 	BatchSlowdown float64
@@ -140,6 +164,12 @@ func (c Config) Validate() error {
 	}
 	if c.Parallel < 0 {
 		errs = append(errs, fmt.Errorf("--parallel (%d) must not be negative", c.Parallel))
+	}
+	if c.Dialect != DialectAny && !slices.Contains(Dialects, c.Dialect) {
+		errs = append(errs, fmt.Errorf("--dialect %q: want one of %s (or none: every engine's API)", c.Dialect, strings.Join(Dialects, ", ")))
+	}
+	if c.CtxSize < 0 {
+		errs = append(errs, fmt.Errorf("--ctx-size (%d) must not be negative", c.CtxSize))
 	}
 	if c.ComputePercent > 100 {
 		errs = append(errs, fmt.Errorf("--compute-percent %d is not from 0 to 100", c.ComputePercent))
@@ -203,6 +233,16 @@ func Run(ctx context.Context, cfg Config) error {
 	go func() {
 		s.ctl.Lock()
 		defer s.ctl.Unlock()
+		if cfg.Dialect == DialectOllama {
+			// `ollama serve` answers once it listens and loads a model
+			// on the first request (or preload) that names it.
+			s.mu.Lock()
+			s.st.phase, s.st.auto, s.st.keepAlive, s.loadedOnce = phUnloaded, true, cfg.keepAliveDefault(), true
+			s.mu.Unlock()
+			s.report()
+			loaded <- nil
+			return
+		}
 		err := s.load(life)
 		if err == nil {
 			s.mu.Lock()
@@ -279,6 +319,9 @@ type server struct {
 	// slots are llama.cpp's slot caches, for requests naming an id_slot
 	// (slots.go).
 	slots *slotCache
+	// busySlots are the llama.cpp dialect's slots running a request
+	// (guarded by mu).
+	busySlots map[int]bool
 
 	// ctl serializes transitions (load, sleep, wake, unload).
 	ctl sync.Mutex
@@ -306,6 +349,7 @@ func newServer(cfg Config, life context.Context) *server {
 		cancels:    map[uint64]context.CancelCauseFunc{},
 		cache:      newPrefixCache(prefixCacheTokens(cfg)),
 		slots:      newSlotCache(),
+		busySlots:  map[int]bool{},
 	}
 	s.lora = loraState{loaded: map[string]*adapter{}, cached: map[string]bool{},
 		rng: rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), uint64(s.pid)))}
@@ -316,6 +360,10 @@ func newServer(cfg Config, life context.Context) *server {
 
 func (s *server) routes() http.Handler {
 	mux := http.NewServeMux()
+	if s.cfg.Dialect != DialectAny {
+		s.dialectRoutes(mux)
+		return mux
+	}
 	mux.HandleFunc("GET /health", s.health)
 	mux.HandleFunc("GET /v1/models", s.models)
 	mux.HandleFunc("POST /v1/completions", s.completions)
@@ -412,14 +460,22 @@ func (s *server) complete(w http.ResponseWriter, r *http.Request, chat bool) {
 		return
 	}
 	model := s.cfg.ServedModelName
-	if req.Model != "" && req.Model != s.cfg.ServedModelName {
-		// An adapter is served only while loaded; vLLM answers any other
-		// name with a 404.
+	if !s.knowsModel(req.Model) {
+		// An adapter is served only while registered; vLLM answers any
+		// other name with a 404, Ollama any name but its tags.
 		s.mu.Lock()
-		ok := s.useAdapter(req.Model)
+		ok := s.cfg.Dialect != DialectOllama && s.useAdapter(req.Model)
 		s.mu.Unlock()
+		if ok && s.cfg.Dialect == DialectVLLM {
+			// --max-loras bounds the adapters in one batch, not those
+			// registered: the request waits for a LoRA slot.
+			ok = s.waitLoRASlot(r.Context(), req.Model)
+			if !ok {
+				return
+			}
+		}
 		if !ok {
-			apiError(w, http.StatusNotFound, fmt.Sprintf("The model `%s` does not exist.", req.Model), "NotFoundError")
+			s.notFound(w, req.Model)
 			return
 		}
 		model = req.Model
@@ -443,20 +499,50 @@ func (s *server) complete(w http.ResponseWriter, r *http.Request, chat bool) {
 		apiError(w, http.StatusBadRequest, "Got priority "+strconv.Itoa(*req.Priority)+" but Priority scheduling is not enabled.", "invalid_request_error")
 		return
 	}
-	if slots := max(s.cfg.Parallel, 1); req.IDSlot != nil && (*req.IDSlot < -1 || *req.IDSlot >= slots) {
+	if slots := s.cfg.slots(); s.cfg.Dialect == DialectAny && req.IDSlot != nil && (*req.IDSlot < -1 || *req.IDSlot >= slots) {
 		apiError(w, http.StatusBadRequest, fmt.Sprintf("id_slot %d is out of range: the engine has %d slots (--parallel), -1 means any", *req.IDSlot, slots), "invalid_request_error")
 		return
+	}
+	if s.cfg.Dialect != DialectAny && s.cfg.Dialect != DialectLlamaCpp {
+		// vLLM and Ollama ignore llama.cpp's fields.
+		req.IDSlot, req.CachePrompt = nil, nil
 	}
 	if req.StreamOptions != nil && !req.Stream {
 		apiError(w, http.StatusBadRequest, "stream_options is only allowed when stream is true", "invalid_request_error")
 		return
 	}
+	prompt := promptWords(req)
+	promptTokens := len(prompt)
+	if s.cfg.Dialect == DialectLlamaCpp {
+		// llama-server runs every request in a slot: one it names, else
+		// any idle one; the rest wait.
+		want := -1
+		if req.IDSlot != nil {
+			want = *req.IDSlot
+		}
+		id, err := s.waitSlot(r, want)
+		if err != nil {
+			return
+		}
+		defer s.freeSlot(id)
+		req.IDSlot = &id
+		if n := s.cfg.SlotContext(); n > 0 {
+			if promptTokens >= n {
+				llamaError(w, http.StatusBadRequest, "the request exceeds the available context size, try increasing it", "exceed_context_size_error",
+					map[string]any{"n_prompt_tokens": promptTokens, "n_ctx": n})
+				return
+			}
+			// Generation stops where the slot's context ends.
+			n = min(n, n-promptTokens)
+			if req.MaxTokens <= 0 || req.MaxTokens > n {
+				req.MaxTokens = n
+			}
+		}
+	}
 	n := req.MaxTokens
 	if n <= 0 {
 		n = defaultMaxTokens
 	}
-	prompt := promptWords(req)
-	promptTokens := len(prompt)
 	rq, err := s.admit(r.Context(), promptTokens)
 	if err != nil {
 		s.refuse(w, err)
@@ -489,7 +575,7 @@ func (s *server) complete(w http.ResponseWriter, r *http.Request, chat bool) {
 	if req.Stream && err == nil {
 		var use func(completion int) map[string]any
 		if req.StreamOptions != nil && req.StreamOptions.IncludeUsage {
-			use = func(completion int) map[string]any { return usage(promptTokens, completion, cached) }
+			use = func(completion int) map[string]any { return s.usage(promptTokens, completion, cached) }
 		}
 		s.stream(w, rq, chat, id, created, model, tokens, use, received)
 		return
@@ -515,7 +601,7 @@ func (s *server) complete(w http.ResponseWriter, r *http.Request, chat bool) {
 	writeJSON(w, http.StatusOK, map[string]any{
 		"id": id, "object": object, "created": created, "model": model,
 		"choices": []any{choice},
-		"usage":   usage(promptTokens, len(tokens), cached),
+		"usage":   s.usage(promptTokens, len(tokens), cached),
 	})
 }
 
@@ -532,12 +618,19 @@ func answerID(r *http.Request, requestID string, chat bool, n uint64) string {
 }
 
 // usage is OpenAI's usage object, with the prompt tokens the prefix cache
-// held.
-func usage(prompt, completion, cached int) map[string]any {
-	return map[string]any{
+// held where the engine reports them: vLLM only with
+// --enable-prompt-tokens-details, Ollama never.
+func (s *server) usage(prompt, completion, cached int) map[string]any {
+	u := map[string]any{
 		"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
-		"prompt_tokens_details": map[string]int{"cached_tokens": cached},
 	}
+	switch {
+	case s.cfg.Dialect == DialectOllama:
+	case s.cfg.Dialect == DialectVLLM && !s.cfg.PromptTokensDetails:
+	default:
+		u["prompt_tokens_details"] = map[string]int{"cached_tokens": cached}
+	}
+	return u
 }
 
 // refuse answers a request the engine cannot take now with 503 in OpenAI's

@@ -382,7 +382,7 @@ func (s *server) sleep(ctx context.Context, level int, mode string, auto bool) e
 		return err
 	}
 	s.st.phase, s.st.level, s.st.weightsOn, s.st.kvOn, s.st.auto = phAsleep, level, false, false, auto
-	s.dropAdapters()
+	s.sleepAdapters()
 	s.st.expire = time.Time{}
 	s.cache.clear() // the KV cache is freed
 	s.slots.clear()

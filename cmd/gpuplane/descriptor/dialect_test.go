@@ -1,0 +1,44 @@
+package descriptor
+
+import (
+	"errors"
+	"slices"
+	"strings"
+	"testing"
+)
+
+// TestSimDialect: spec.engine.dialect reaches the sim as its leading
+// --dialect argument and reads back as the field; it is refused on other
+// kinds, with an unknown value, and with adapters outside vLLM's dialect.
+func TestSimDialect(t *testing.T) {
+	f, err := Parse([]byte(`resource: ModelDeployment
+resourceVersion: v1
+metadata: {name: chat}
+spec:
+  model: llama3.2:1b
+  placement: {accelerator: home}
+  engine: {kind: sim, memoryPercent: 50, dialect: ollama, args: ["--load-seconds", "2"]}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := f.Resources[0].ModelDeployment.Proto()
+	if want := []string{"--dialect", "ollama", "--load-seconds", "2"}; !slices.Equal(p.Engine.Args, want) {
+		t.Fatalf("args = %v, want %v", p.Engine.Args, want)
+	}
+	back := ModelDeploymentSpecFromProto(p)
+	if back.Engine.Dialect != "ollama" || !slices.Equal(back.Engine.Args, []string{"--load-seconds", "2"}) {
+		t.Fatalf("read back: dialect %q, args %v", back.Engine.Dialect, back.Engine.Args)
+	}
+	for doc, want := range map[string]string{
+		`engine: {kind: vllm, memoryPercent: 50, dialect: vllm}`: `spec.engine.dialect: only a sim engine takes a dialect (kind is "vllm")`,
+		`engine: {kind: sim, memoryPercent: 50, dialect: tgi}`:   `spec.engine.dialect: must be one of vllm, llamacpp, ollama, got "tgi"`,
+		"engine: {kind: sim, memoryPercent: 50, dialect: llamacpp}\n  adapters: [{name: sql, source: /a, rank: 8}]": "spec.engine.dialect: a sim speaking llamacpp cannot load LoRA adapters at run time",
+	} {
+		_, err := Parse([]byte("resource: ModelDeployment\nresourceVersion: v1\nmetadata: {name: chat}\nspec:\n  model: /m\n  placement: {accelerator: home}\n  " + doc + "\n"))
+		var perr *Error
+		if !errors.As(err, &perr) || !strings.Contains(err.Error(), want) {
+			t.Errorf("%s: %v, want %q", doc, err, want)
+		}
+	}
+}

@@ -1,0 +1,271 @@
+package sim
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"strings"
+	"time"
+)
+
+// Dialects: the engine a sim engine stands for (docs/engines.md, "Strict
+// sim dialects"). DialectAny, the default, answers every engine's routes
+// without their preconditions (benchmarks and the residency tests of old
+// use it); the others answer only what that engine serves, refuse what it
+// refuses, with its status codes and error shapes, at the versions
+// docs/engines.md names.
+const (
+	DialectAny      = ""
+	DialectVLLM     = "vllm"
+	DialectLlamaCpp = "llamacpp"
+	DialectOllama   = "ollama"
+)
+
+// Dialects lists the values --dialect takes.
+var Dialects = []string{DialectVLLM, DialectLlamaCpp, DialectOllama}
+
+// llamaAutoSlots is what llama-server runs with when --parallel is not
+// given (tools/server/server.cpp: "n_parallel is set to auto, using
+// n_parallel = 4 and kv_unified = true").
+const llamaAutoSlots = 4
+
+// slots is the engine's slot count: --parallel, or llama-server's auto
+// (4) in the llamacpp dialect, else 1.
+func (c Config) slots() int {
+	switch {
+	case c.Parallel > 0:
+		return c.Parallel
+	case c.Dialect == DialectLlamaCpp:
+		return llamaAutoSlots
+	}
+	return 1
+}
+
+// SlotContext is the context one llama.cpp slot holds, as llama-server
+// splits --ctx-size: each of N explicit slots gets ctx/N, unless the KV
+// cache is unified (--kv-unified, or the auto slot count) where every slot
+// may use all of it. 0: unbounded (no --ctx-size).
+func (c Config) SlotContext() int {
+	if c.CtxSize <= 0 {
+		return 0
+	}
+	if c.Parallel <= 0 || c.KVUnified {
+		return c.CtxSize
+	}
+	return c.CtxSize / c.Parallel
+}
+
+// ollamaName is the name Ollama lists a model by: a name without a tag is
+// the tag "latest" (types/model/name.go).
+func ollamaName(n string) string {
+	if n == "" || strings.Contains(n[strings.LastIndex(n, "/")+1:], ":") {
+		return n
+	}
+	return n + ":latest"
+}
+
+// knowsModel says whether a request's model names this engine's base
+// model: vLLM knows only its served names; Ollama its tags; llama-server
+// in single-model mode serves its model whatever the request names.
+func (s *server) knowsModel(model string) bool {
+	switch s.cfg.Dialect {
+	case DialectLlamaCpp:
+		return true
+	case DialectOllama:
+		return ollamaName(model) == ollamaName(s.cfg.ServedModelName)
+	}
+	return model == "" || model == s.cfg.ServedModelName
+}
+
+// notFound answers a request for a model the engine does not have, in its
+// engine's words and shape.
+func (s *server) notFound(w http.ResponseWriter, model string) {
+	switch s.cfg.Dialect {
+	case DialectOllama:
+		// server/routes.go answers 404 "model %q not found, try pulling
+		// it first"; its OpenAI middleware wraps it as an API error.
+		writeJSON(w, http.StatusNotFound, map[string]any{"error": map[string]any{
+			"message": fmt.Sprintf("model %q not found, try pulling it first", model), "type": "api_error", "param": nil, "code": nil}})
+	default:
+		// vLLM's ErrorResponse for an unknown model.
+		writeJSON(w, http.StatusNotFound, map[string]any{"error": map[string]any{
+			"message": fmt.Sprintf("The model `%s` does not exist.", model), "type": "NotFoundError", "param": "model", "code": http.StatusNotFound}})
+	}
+}
+
+// dialectRoutes adds the routes of the engine the dialect names, each
+// under that engine's own preconditions.
+func (s *server) dialectRoutes(mux *http.ServeMux) {
+	switch s.cfg.Dialect {
+	case DialectVLLM:
+		mux.HandleFunc("GET /health", s.health)
+		// vllm/entrypoints/serve: the sleep routes and collective_rpc
+		// are mounted only when VLLM_SERVER_DEV_MODE=1; elsewhere they
+		// are FastAPI's 404 {"detail":"Not Found"}.
+		if s.cfg.VLLMDevMode {
+			mux.HandleFunc("POST /sleep", s.needSleepMode(s.vllmSleep))
+			mux.HandleFunc("POST /wake_up", s.needSleepMode(s.vllmWake))
+			mux.HandleFunc("GET /is_sleeping", s.vllmIsSleeping)
+			mux.HandleFunc("POST /collective_rpc", s.vllmCollectiveRPC)
+			mux.HandleFunc("POST /reset_prefix_cache", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusOK) })
+		}
+		// The runtime LoRA routes exist only with
+		// VLLM_ALLOW_RUNTIME_LORA_UPDATING.
+		if s.cfg.VLLMRuntimeLoRA {
+			mux.HandleFunc("POST /v1/load_lora_adapter", s.needLoRA(s.loadLoRA))
+			mux.HandleFunc("POST /v1/unload_lora_adapter", s.needLoRA(s.unloadLoRA))
+		}
+	case DialectLlamaCpp:
+		mux.HandleFunc("GET /health", s.health)
+		mux.HandleFunc("GET /props", s.llamaProps)
+		mux.HandleFunc("GET /slots", s.llamaSlots)
+		if s.cfg.LlamaRouter {
+			mux.HandleFunc("GET /models", s.llamaModels)
+			mux.HandleFunc("POST /models/load", s.llamaLoad)
+			mux.HandleFunc("POST /models/unload", s.llamaUnload)
+		}
+	case DialectOllama:
+		mux.HandleFunc("GET /{$}", func(w http.ResponseWriter, _ *http.Request) {
+			w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+			fmt.Fprint(w, "Ollama is running")
+		})
+		mux.HandleFunc("GET /api/version", func(w http.ResponseWriter, _ *http.Request) {
+			writeJSON(w, http.StatusOK, map[string]string{"version": OllamaVersion})
+		})
+		mux.HandleFunc("POST /api/generate", s.ollamaGenerate)
+		mux.HandleFunc("GET /api/ps", s.ollamaPS)
+	}
+	mux.HandleFunc("GET /v1/models", s.models)
+	mux.HandleFunc("POST /v1/completions", s.completions)
+	mux.HandleFunc("POST /v1/chat/completions", s.chat)
+	mux.HandleFunc("POST /v1/embeddings", s.embeddings)
+	mux.HandleFunc("GET /sim/status", s.status)
+}
+
+// OllamaVersion is the Ollama release the ollama dialect answers as.
+const OllamaVersion = "0.33.0"
+
+// needSleepMode refuses vLLM's sleep routes on an engine started without
+// --enable-sleep-mode: vLLM's engine asserts "Sleep mode is not enabled in
+// the model config", which its server answers 500.
+func (s *server) needSleepMode(h http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if !s.cfg.EnableSleepMode {
+			writeJSON(w, http.StatusInternalServerError, map[string]any{"error": map[string]any{
+				"message": "Sleep mode is not enabled in the model config", "type": "InternalServerError", "param": nil, "code": http.StatusInternalServerError}})
+			return
+		}
+		h(w, r)
+	}
+}
+
+// needLoRA refuses a runtime LoRA load on an engine started without
+// --enable-lora: vLLM's engine has no LoRA manager to add it to.
+func (s *server) needLoRA(h http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if !s.cfg.EnableLoRA {
+			writeJSON(w, http.StatusBadRequest, map[string]any{"error": map[string]any{
+				"message": "LoRA is not enabled. Use --enable-lora to enable LoRA.", "type": "BadRequestError", "param": nil, "code": http.StatusBadRequest}})
+			return
+		}
+		h(w, r)
+	}
+}
+
+// llamaSlots is llama-server's GET /slots: one entry per slot, with its
+// context and whether it is processing a request.
+func (s *server) llamaSlots(w http.ResponseWriter, _ *http.Request) {
+	s.mu.Lock()
+	busy := make(map[int]bool, len(s.busySlots))
+	for id := range s.busySlots {
+		busy[id] = true
+	}
+	s.mu.Unlock()
+	out := make([]any, s.cfg.slots())
+	for i := range out {
+		out[i] = map[string]any{"id": i, "n_ctx": s.cfg.SlotContext(), "is_processing": busy[i]}
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+// llamaError answers in llama-server's error shape.
+func llamaError(w http.ResponseWriter, code int, msg, typ string, extra map[string]any) {
+	e := map[string]any{"code": code, "message": msg, "type": typ}
+	for k, v := range extra {
+		e[k] = v
+	}
+	writeJSON(w, code, map[string]any{"error": e})
+}
+
+// takeSlot picks the slot a llama.cpp request runs in: the one it names,
+// else the lowest idle one. Callers hold s.mu; -1 when the named slot is
+// busy or none is idle.
+func (s *server) takeSlot(want int) int {
+	if want >= 0 {
+		if s.busySlots[want] {
+			return -1
+		}
+		s.busySlots[want] = true
+		return want
+	}
+	for i := range s.cfg.slots() {
+		if !s.busySlots[i] {
+			s.busySlots[i] = true
+			return i
+		}
+	}
+	return -1
+}
+
+// waitSlot waits, for a llama.cpp request, until its slot (or any, for
+// want -1) is free and takes it, as llama-server defers a task until a
+// slot is idle. A slot id past the last is never free: llama-server defers
+// such a task for ever, so the request waits until its client gives up.
+func (s *server) waitSlot(r *http.Request, want int) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for {
+		if want < s.cfg.slots() {
+			if id := s.takeSlot(want); id >= 0 {
+				return id, nil
+			}
+		}
+		if err := s.waitCtx(r.Context()); err != nil {
+			return -1, err
+		}
+	}
+}
+
+// freeSlot gives a slot back.
+func (s *server) freeSlot(id int) {
+	s.mu.Lock()
+	delete(s.busySlots, id)
+	s.cond.Broadcast()
+	s.mu.Unlock()
+}
+
+// keepAliveDefault is how long Ollama keeps a model loaded after a request
+// that names no keep_alive: OLLAMA_KEEP_ALIVE, else 5 minutes
+// (envconfig/config.go).
+func (c Config) keepAliveDefault() time.Duration {
+	if c.OllamaKeepAlive != 0 {
+		return c.OllamaKeepAlive
+	}
+	return 5 * time.Minute
+}
+
+// parseOllamaKeepAlive reads OLLAMA_KEEP_ALIVE as Ollama does: a duration,
+// else a number of seconds; a negative value keeps models loaded for ever.
+func ParseOllamaKeepAlive(v string) (time.Duration, error) {
+	if v == "" {
+		return 0, nil
+	}
+	d, err := parseKeepAlive(json.RawMessage(fmt.Sprintf("%q", v)))
+	if err != nil {
+		return 0, err
+	}
+	if d < 0 {
+		return -1, nil
+	}
+	return d, nil
+}

@@ -1,0 +1,146 @@
+package gateway
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/gpuplane/gpuplane/node/engine/sim"
+	"github.com/gpuplane/gpuplane/node/gateway/queue"
+)
+
+// Against engines speaking strictly (issue 33): the gateway sends each
+// engine what it accepts.
+
+// TestGatewayOllamaRequestByServedName (point 2): Ollama knows its model
+// only by its tag; a client asking for the deployment's served name is
+// answered, because the gateway sends the tag. The engine itself refuses
+// the served name with Ollama's 404, and reports no cached_tokens.
+func TestGatewayOllamaRequestByServedName(t *testing.T) {
+	engine := simEngineWith(t, sim.Config{ServedModelName: "llama3.2:1b", Dialect: sim.DialectOllama})
+	body := `{"model":"chat","messages":[{"role":"user","content":"hi"}],"max_tokens":3}`
+	resp, err := http.Post(engine+"/v1/chat/completions", "application/json", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusNotFound || !strings.Contains(string(data), `model \"chat\" not found`) {
+		t.Fatalf("the engine asked for the served name: %d %s; want Ollama's 404", resp.StatusCode, data)
+	}
+	_, srv, _ := startGateway(t, Options{Node: "n1", Cluster: fixedView{[]Model{{Served: "chat", Deployment: "chat", Class: queue.Standard,
+		Aliases: []string{"assistant"}, EngineModel: "llama3.2:1b",
+		Replicas: []Replica{{Deployment: "chat", Node: "n1", Endpoint: engine, Kind: "ollama", Running: true, Resident: true}}}}}})
+	for _, model := range []string{"chat", "assistant"} {
+		body := fmt.Sprintf(`{"model":%q,"messages":[{"role":"user","content":"hi"}],"max_tokens":3}`, model)
+		var code int
+		var data []byte
+		for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+			resp, err := http.Post(srv.URL+"/v1/chat/completions", "application/json", strings.NewReader(body))
+			if err != nil {
+				t.Fatal(err)
+			}
+			data, _ = io.ReadAll(resp.Body)
+			resp.Body.Close()
+			code = resp.StatusCode
+			// 503 until the gateway has placed the replica.
+			if code != http.StatusServiceUnavailable || time.Now().After(deadline) {
+				break
+			}
+		}
+		if code != http.StatusOK {
+			t.Fatalf("request for %s: %d %s", model, code, data)
+		}
+		var v struct {
+			Usage map[string]any `json:"usage"`
+		}
+		if err := json.Unmarshal(data, &v); err != nil {
+			t.Fatal(err)
+		}
+		if _, ok := v.Usage["prompt_tokens_details"]; ok || v.Usage["completion_tokens"] != float64(3) {
+			t.Fatalf("request for %s: usage %v; Ollama reports 3 completion tokens and no cached tokens", model, v.Usage)
+		}
+	}
+}
+
+// TestGatewayLlamaCppAutoSlots (point 6): llama-server without --parallel
+// runs 4 slots; the gateway counts 4 (engine.LlamaSlots), so 8 requests
+// run four at a time, each in a slot the engine has: its /slots shows all
+// four processing at once, never a fifth, and every request is answered.
+// (A slot the engine does not have would defer the request for ever, as
+// llama-server does.)
+func TestGatewayLlamaCppAutoSlots(t *testing.T) {
+	engine := simEngineWith(t, sim.Config{ServedModelName: "chat", Dialect: sim.DialectLlamaCpp, TokensPerSecond: 20})
+	_, srv, _ := startGateway(t, Options{Node: "n1", Cluster: fixedView{[]Model{{Served: "chat", Deployment: "chat", Class: queue.Standard,
+		Replicas: []Replica{{Deployment: "chat", Node: "n1", Endpoint: engine, Kind: "llamacpp", Slots: 4, Running: true, Resident: true}}}}}})
+	busiest := 0
+	stop := make(chan struct{})
+	var watch sync.WaitGroup
+	watch.Go(func() {
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(5 * time.Millisecond):
+			}
+			resp, err := http.Get(engine + "/slots")
+			if err != nil {
+				continue
+			}
+			var slots []struct {
+				ID           int  `json:"id"`
+				IsProcessing bool `json:"is_processing"`
+			}
+			_ = json.NewDecoder(resp.Body).Decode(&slots)
+			resp.Body.Close()
+			if len(slots) != 4 {
+				t.Errorf("GET /slots lists %d slots, want llama-server's auto 4", len(slots))
+				return
+			}
+			n := 0
+			for _, s := range slots {
+				if s.IsProcessing {
+					n++
+				}
+			}
+			busiest = max(busiest, n)
+		}
+	})
+	var wg sync.WaitGroup
+	codes := make(chan int, 8)
+	for i := range 8 {
+		wg.Go(func() {
+			body := fmt.Sprintf(`{"model":"chat","prompt":"request %d","max_tokens":10}`, i)
+			for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+				resp, err := (&http.Client{Timeout: time.Minute}).Post(srv.URL+"/v1/completions", "application/json", strings.NewReader(body))
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				_, _ = io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				if resp.StatusCode != http.StatusServiceUnavailable || time.Now().After(deadline) {
+					codes <- resp.StatusCode
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(stop)
+	watch.Wait()
+	close(codes)
+	for c := range codes {
+		if c != http.StatusOK {
+			t.Errorf("a request answered %d", c)
+		}
+	}
+	if busiest != 4 {
+		t.Fatalf("at most %d slots processed at once, want all 4 of llama-server's auto slots in use", busiest)
+	}
+}
