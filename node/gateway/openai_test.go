@@ -213,7 +213,7 @@ func TestOpenAIConformance(t *testing.T) {
 			t.Fatalf("chat stream: %v", err)
 		}
 		if len(acc.Choices) != 1 || len(strings.Fields(acc.Choices[0].Message.Content)) != 7 || acc.Usage.CompletionTokens != 7 || acc.Usage.PromptTokens == 0 {
-			t.Fatalf("chat stream: %q, usage %+v; want 7 tokens and their usage", acc.Choices, acc.Usage)
+			t.Fatalf("chat stream: %+v, usage %+v; want 7 tokens and their usage", acc.Choices, acc.Usage)
 		}
 		cs := sdk.Completions.NewStreaming(ctx, openai.CompletionNewParams{Model: "sql",
 			Prompt: openai.CompletionNewParamsPromptUnion{OfString: openai.String("once upon")}, MaxTokens: openai.Int(4),
@@ -318,7 +318,7 @@ func TestOpenAIConformance(t *testing.T) {
 			{"/v1/chat/completions", `{"model":5,"messages":[]}`, "invalid_type", "model", "must be a string", "Go"},
 			{"/v1/chat/completions", `{"model":"chat","messages":[{"content":"x"}]}`, "missing_required_parameter", "messages[0].role", "role", ""},
 			{"/v1/chat/completions", `{"model":"chat","messages":[{"role":"user","content":"x"}],"temperature":"hot"}`, "invalid_type", "temperature", "must be a number", "float64"},
-			{"/v1/chat/completions", `{"model":"chat","messages":[{"role":"user","content":"x"}],"n":1.5}`, "invalid_type", "n", "an integer", "int"},
+			{"/v1/chat/completions", `{"model":"chat","messages":[{"role":"user","content":"x"}],"n":1.5}`, "invalid_type", "n", "an integer", "Go"},
 			{"/v1/embeddings", `{"model":"embed"}`, "missing_required_parameter", "input", `"input"`, ""},
 			{"/v1/embeddings", `{"model":"embed","input":[]}`, "invalid_value", "input", "empty", ""},
 			{"/v1/embeddings", `{"model":"embed","input":"x","encoding_format":"hex"}`, "invalid_value", "encoding_format", "base64", ""},
