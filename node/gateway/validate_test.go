@@ -1,0 +1,75 @@
+package gateway
+
+import (
+	"encoding/json"
+	"strings"
+	"testing"
+)
+
+// TestEngineErrorShape: each engine's error answer, as it sends it, comes
+// out in OpenAI's one shape with a string code, its message kept.
+func TestEngineErrorShape(t *testing.T) {
+	for _, tc := range []struct {
+		name, body              string
+		status                  int
+		typ, code, param, names string
+	}{
+		{"vLLM", `{"error":{"message":"The model does not support Embeddings API","type":"BadRequestError","param":null,"code":400}}`,
+			400, "invalid_request_error", "invalid_request", "", "Embeddings API"},
+		{"vLLM without the wrapper", `{"object":"error","message":"The model ` + "`x`" + ` does not exist.","type":"NotFoundError","param":null,"code":404}`,
+			404, "invalid_request_error", "model_not_found", "model", "does not exist"},
+		{"llama.cpp", `{"error":{"code":501,"message":"This server does not support embeddings. Start it with --embeddings","type":"not_supported_error"}}`,
+			501, "server_error", "not_supported_error", "", "--embeddings"},
+		{"Ollama", `{"error":"model 'x' not found"}`, 404, "invalid_request_error", "model_not_found", "model", "not found"},
+		{"plain text", "upstream connect error\n", 503, "server_error", "engine_unavailable", "", "upstream connect error"},
+		{"a replica front", `{"error":{"message":"model chat cannot be loaded now","type":"model_not_loaded","param":null,"code":503}}`,
+			503, "server_error", "model_not_loaded", "", "cannot be loaded"},
+		{"OpenAI's own shape", `{"error":{"message":"bad n","type":"invalid_request_error","param":"n","code":"invalid_value"}}`,
+			400, "invalid_request_error", "invalid_value", "n", "bad n"},
+		{"empty", ``, 502, "server_error", "engine_error", "", "502 Bad Gateway"},
+	} {
+		var e struct {
+			Error struct {
+				Message, Type string
+				Param         *string
+				Code          any
+			} `json:"error"`
+		}
+		out := engineError(tc.status, []byte(tc.body))
+		if err := json.Unmarshal(out, &e); err != nil {
+			t.Fatalf("%s: %v: %s", tc.name, err, out)
+		}
+		param := ""
+		if e.Error.Param != nil {
+			param = *e.Error.Param
+		}
+		if e.Error.Type != tc.typ || e.Error.Code != tc.code || param != tc.param || !strings.Contains(e.Error.Message, tc.names) {
+			t.Errorf("%s: %s\nwant type %s code %s param %q naming %q", tc.name, out, tc.typ, tc.code, tc.param, tc.names)
+		}
+	}
+}
+
+// TestPromptWords: the lower bound on a prompt's tokens counts words of
+// text (escaped newlines and tabs part them), token ids as given, and the
+// longest prompt of a batch; chat counts the text of the messages' content.
+func TestPromptWords(t *testing.T) {
+	for _, tc := range []struct {
+		raw  string
+		want int
+	}{
+		{`"one two  three"`, 3},
+		{`"line\nbreak\tand \"quoted\" words"`, 5},
+		{`"  "`, 0},
+		{`[1, 2, 3, 4]`, 4},
+		{`["a b", "c d e", "f"]`, 3},
+		{`[[1,2],[3,4,5,6]]`, 4},
+	} {
+		if got := promptWords(json.RawMessage(tc.raw)); got != tc.want {
+			t.Errorf("promptWords(%s) = %d, want %d", tc.raw, got, tc.want)
+		}
+	}
+	msgs := `[{"role":"system","content":"be brief"},{"role":"user","content":[{"type":"text","text":"what is this"},{"type":"image_url","image_url":{"url":"data:x"}}]}]`
+	if got := messageWords(json.RawMessage(msgs)); got != 5 {
+		t.Errorf("messageWords = %d, want 5 (the text of the contents, not the keys or roles)", got)
+	}
+}
