@@ -275,7 +275,8 @@ func TestOpenAIConformance(t *testing.T) {
 		}
 		wantError(t, chat(openai.ChatCompletionNewParams{Model: "no-such-model"}), 404, "model_not_found", "model", "no-such-model")
 		wantError(t, chat(openai.ChatCompletionNewParams{Model: "chat:nope"}), 404, "adapter_not_found", "model", "nope")
-		wantError(t, chat(openai.ChatCompletionNewParams{N: openai.Int(3)}), 400, "unsupported_value", "n", "n is 3")
+		wantError(t, chat(openai.ChatCompletionNewParams{N: openai.Int(3)}), 400, "unsupported_value", "n", "n is 3: model \"chat\" runs on a sim engine")
+		wantError(t, chat(openai.ChatCompletionNewParams{N: openai.Int(0)}), 400, "invalid_value", "n", "from 1 to 128")
 		wantError(t, chat(openai.ChatCompletionNewParams{Temperature: openai.Float(5)}), 400, "invalid_value", "temperature", "from 0 to 2")
 		wantError(t, chat(openai.ChatCompletionNewParams{TopP: openai.Float(1.5)}), 400, "invalid_value", "top_p", "from 0 to 1")
 		wantError(t, chat(openai.ChatCompletionNewParams{PresencePenalty: openai.Float(-3)}), 400, "invalid_value", "presence_penalty", "from -2 to 2")

@@ -285,9 +285,11 @@ type request struct {
 	// not said); words a lower bound on its longest prompt's tokens.
 	outTokens int
 	words     int
-	class     queue.Class
-	who       who
-	arrived   time.Time
+	// n is the choices asked for (0: not said, one).
+	n       int
+	class   queue.Class
+	who     who
+	arrived time.Time
 }
 
 // parse reads and checks r's body: a size within the limit, a JSON object
@@ -313,6 +315,9 @@ func (g *Gateway) parse(w http.ResponseWriter, r *http.Request) (*request, *apiE
 	req := &request{path: r.URL.Path, body: body, model: *f.Model, maxTokens: g.opts.DefaultMaxTokens, outTokens: -1, arrived: time.Now()}
 	if f.Stream != nil {
 		req.stream = *f.Stream
+	}
+	if f.N != nil && req.path != "/v1/embeddings" {
+		req.n = *f.N
 	}
 	for _, v := range []*int{f.MaxTokens, f.MaxCompletionTokens} {
 		if v != nil {

@@ -125,12 +125,8 @@ func (b *body) check(path string) *apiError {
 		}
 		return nil
 	}
-	if n := b.N; n != nil && *n != 1 {
-		if *n < 1 {
-			return invalidf("n", "invalid_value", "n is %d: it must be at least 1", *n)
-		}
-		return invalidf("n", "unsupported_value",
-			"n is %d: the gateway answers one choice per request (n must be 1); send %d requests instead", *n, *n)
+	if n := b.N; n != nil && (*n < 1 || *n > 128) {
+		return invalidf("n", "invalid_value", "n is %d: it must be from 1 to 128", *n)
 	}
 	for _, r := range []struct {
 		name     string
@@ -290,6 +286,21 @@ func (req *request) checkFor(m *Model) *apiError {
 	case m.Task == TaskEmbed && req.path != "/v1/embeddings":
 		return invalidf("model", "unsupported_model",
 			"model %q is an embedding model: it answers /v1/embeddings only, not %s", req.model, req.path)
+	}
+	if req.n > 1 {
+		for _, rp := range m.Replicas {
+			if rp.Kind != "vllm" {
+				kind := rp.Kind
+				if kind == "" {
+					kind = "unknown"
+				}
+				return invalidf("n", "unsupported_value",
+					"n is %d: model %q runs on a %s engine, which answers one choice per request (n must be 1; send %d requests instead)", req.n, req.model, kind, req.n)
+			}
+		}
+		// vLLM generates the n choices together: their output is
+		// reserved in the queue.
+		req.maxTokens *= req.n
 	}
 	if m.MaxModelLen <= 0 || req.words == 0 {
 		return nil

@@ -73,3 +73,20 @@ func TestPromptWords(t *testing.T) {
 		t.Errorf("messageWords = %d, want 5 (the text of the contents, not the keys or roles)", got)
 	}
 }
+
+// TestChoicesByEngine: n > 1 goes to a vLLM engine, which generates the
+// choices together (their output reserved in the queue), and is refused,
+// naming n, for an engine that answers one choice.
+func TestChoicesByEngine(t *testing.T) {
+	for _, kind := range []string{"vllm", "llamacpp", "ollama", "sim"} {
+		m := &Model{Served: "m", Replicas: []Replica{{Kind: kind}}}
+		req := &request{path: "/v1/chat/completions", model: "m", n: 3, maxTokens: 100}
+		err := req.checkFor(m)
+		switch {
+		case kind == "vllm" && (err != nil || req.maxTokens != 300):
+			t.Errorf("n 3 on vllm: %v, reserves %d tokens; want served, reserving 300", err, req.maxTokens)
+		case kind != "vllm" && (err == nil || err.param != "n" || !strings.Contains(err.msg, kind)):
+			t.Errorf("n 3 on %s: %+v; want refused naming n and the engine", kind, err)
+		}
+	}
+}
