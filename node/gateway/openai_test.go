@@ -176,7 +176,7 @@ func TestOpenAIConformance(t *testing.T) {
 	t.Run("chat", func(t *testing.T) {
 		for _, model := range []string{"chat", "assistant", "sql", "chat:sql"} {
 			r, err := sdk.Chat.Completions.New(ctx, openai.ChatCompletionNewParams{Model: model,
-				Messages: []openai.ChatCompletionMessageParamUnion{openai.SystemMessage("be brief"), openai.UserMessage("hello there")},
+				Messages:  []openai.ChatCompletionMessageParamUnion{openai.SystemMessage("be brief"), openai.UserMessage("hello there")},
 				MaxTokens: openai.Int(5), Temperature: openai.Float(0.7), TopP: openai.Float(0.9), N: openai.Int(1)})
 			if err != nil {
 				t.Fatalf("chat with %s: %v", model, err)

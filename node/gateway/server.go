@@ -332,7 +332,7 @@ func (g *Gateway) parse(w http.ResponseWriter, r *http.Request) (*request, *apiE
 	case "/v1/completions":
 		req.words = promptWords(f.Prompt)
 	default:
-		req.words = messageWords(f.Messages)
+		req.words = messageWords(f.msgs)
 	}
 	// A token is about four bytes of text: close enough to charge the
 	// prompt at dispatch; the counters take what the engine reports.

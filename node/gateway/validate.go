@@ -33,6 +33,9 @@ type body struct {
 	Input               json.RawMessage `json:"input"`
 	EncodingFormat      *string         `json:"encoding_format"`
 	Dimensions          *int            `json:"dimensions"`
+
+	// msgs are the messages, once check has read them.
+	msgs []chatMessage
 }
 
 // decodeBody reads a request body as a JSON object, naming the field and
@@ -110,7 +113,7 @@ func (b *body) check(path string) *apiError {
 			return err
 		}
 	case "/v1/chat/completions":
-		if err := checkMessages(b.Messages); err != nil {
+		if err := b.checkMessages(); err != nil {
 			return err
 		}
 	case "/v1/embeddings":
@@ -247,28 +250,39 @@ func checkPrompt(name string, raw json.RawMessage) *apiError {
 	return nil
 }
 
+// chatMessage is what the gateway reads of a chat message.
+type chatMessage struct {
+	Role    *string         `json:"role"`
+	Content json.RawMessage `json:"content"`
+}
+
 // checkMessages checks a chat request's messages: a non-empty array of
-// objects, each with a role.
-func checkMessages(raw json.RawMessage) *apiError {
-	raw = bytes.TrimSpace(raw)
+// objects, each with a role; b.msgs holds them after.
+func (b *body) checkMessages() *apiError {
+	raw := bytes.TrimSpace(b.Messages)
 	if len(raw) == 0 || isJSON(raw, "null") {
 		return invalidf("messages", "missing_required_parameter", "the request body has no \"messages\": it is required on this endpoint")
 	}
-	var msgs []json.RawMessage
-	if raw[0] != '[' || json.Unmarshal(raw, &msgs) != nil {
+	if raw[0] != '[' {
 		return invalidf("messages", "invalid_type", "messages is %s: it must be an array of messages", kindOf(raw))
 	}
-	if len(msgs) == 0 {
+	if err := json.Unmarshal(raw, &b.msgs); err != nil {
+		// Which message is wrong: read them one by one.
+		var msgs []json.RawMessage
+		_ = json.Unmarshal(raw, &msgs)
+		for i, m := range msgs {
+			var one chatMessage
+			if kindOf(m) != "an object" || json.Unmarshal(m, &one) != nil {
+				return invalidf(fmt.Sprintf("messages[%d]", i), "invalid_type", "messages[%d] must be an object with a string \"role\" and a \"content\"", i)
+			}
+		}
+		return invalidf("messages", "invalid_type", "messages must be an array of objects, each with a string \"role\" and a \"content\"")
+	}
+	if len(b.msgs) == 0 {
 		return invalidf("messages", "invalid_value", "messages is an empty array: it needs at least one message")
 	}
-	for i, m := range msgs {
-		var msg struct {
-			Role *string `json:"role"`
-		}
-		if kindOf(m) != "an object" || json.Unmarshal(m, &msg) != nil {
-			return invalidf(fmt.Sprintf("messages[%d]", i), "invalid_type", "messages[%d] must be an object with a \"role\" and a \"content\"", i)
-		}
-		if msg.Role == nil || *msg.Role == "" {
+	for i, m := range b.msgs {
+		if m.Role == nil || *m.Role == "" {
 			return invalidf(fmt.Sprintf("messages[%d].role", i), "missing_required_parameter", "messages[%d] has no \"role\" (system, developer, user, assistant or tool)", i)
 		}
 	}
@@ -343,15 +357,10 @@ func promptWords(raw json.RawMessage) int {
 	return most
 }
 
-// messageWords is a lower bound on the tokens of a chat's messages: the
-// words of their text content (the chat template adds more).
-func messageWords(raw json.RawMessage) int {
-	var msgs []struct {
-		Content json.RawMessage `json:"content"`
-	}
-	if json.Unmarshal(raw, &msgs) != nil {
-		return 0
-	}
+// messageWords is a lower bound on the tokens of a chat's messages (as
+// checkMessages read them): the words of their text content (the chat
+// template adds more).
+func messageWords(msgs []chatMessage) int {
 	n := 0
 	for _, m := range msgs {
 		c := bytes.TrimSpace(m.Content)

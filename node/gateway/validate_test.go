@@ -69,7 +69,11 @@ func TestPromptWords(t *testing.T) {
 		}
 	}
 	msgs := `[{"role":"system","content":"be brief"},{"role":"user","content":[{"type":"text","text":"what is this"},{"type":"image_url","image_url":{"url":"data:x"}}]}]`
-	if got := messageWords(json.RawMessage(msgs)); got != 5 {
+	b := body{Messages: json.RawMessage(msgs)}
+	if err := b.checkMessages(); err != nil {
+		t.Fatal(err.msg)
+	}
+	if got := messageWords(b.msgs); got != 5 {
 		t.Errorf("messageWords = %d, want 5 (the text of the contents, not the keys or roles)", got)
 	}
 }
@@ -88,5 +92,55 @@ func TestChoicesByEngine(t *testing.T) {
 		case kind != "vllm" && (err == nil || err.param != "n" || !strings.Contains(err.msg, kind)):
 			t.Errorf("n 3 on %s: %+v; want refused naming n and the engine", kind, err)
 		}
+	}
+}
+
+// BenchmarkParseBody is what the gateway's reading of a body costs: the
+// checks (decodeBody, check, the prompt's words) against the one decode
+// into the fields the gateway read before it checked them (legacy).
+func BenchmarkParseBody(b *testing.B) {
+	chat := []byte(`{"model":"chat","messages":[{"role":"system","content":"You are a helpful assistant."},{"role":"user","content":"` +
+		strings.Repeat("tell me about the weather today ", 30) + `"}],"max_tokens":256,"temperature":0.7,"top_p":0.9,"stream":true,"stream_options":{"include_usage":true}}`)
+	long := []byte(`{"model":"chat","prompt":"` + strings.Repeat("word ", 200_000) + `","max_tokens":16}`)
+	for _, tc := range []struct {
+		name, path string
+		body       []byte
+	}{{"chat-1KiB", "/v1/chat/completions", chat}, {"prompt-1MB", "/v1/completions", long}} {
+		b.Run(tc.name+"/legacy", func(b *testing.B) {
+			b.SetBytes(int64(len(tc.body)))
+			b.ReportAllocs()
+			for b.Loop() {
+				var f struct {
+					Model               *string         `json:"model"`
+					Stream              *bool           `json:"stream"`
+					MaxTokens           *int            `json:"max_tokens"`
+					MaxCompletionTokens *int            `json:"max_completion_tokens"`
+					Prompt              json.RawMessage `json:"prompt"`
+					Messages            json.RawMessage `json:"messages"`
+					Input               json.RawMessage `json:"input"`
+				}
+				if err := json.Unmarshal(tc.body, &f); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+		b.Run(tc.name+"/checked", func(b *testing.B) {
+			b.SetBytes(int64(len(tc.body)))
+			b.ReportAllocs()
+			for b.Loop() {
+				f, err := decodeBody(tc.body)
+				if err != nil {
+					b.Fatal(err.msg)
+				}
+				if err := f.check(tc.path); err != nil {
+					b.Fatal(err.msg)
+				}
+				if tc.path == "/v1/completions" {
+					_ = promptWords(f.Prompt)
+				} else {
+					_ = messageWords(f.msgs)
+				}
+			}
+		})
 	}
 }
