@@ -41,3 +41,27 @@ func StartTimeout(e *pb.EngineSpec) time.Duration {
 	}
 	return fallbackStartTimeout
 }
+
+// startsAlone are the kinds whose start must not overlap another start on
+// the same card: each sizes what it takes from the card's free memory at
+// start, so a neighbour loading at the same moment is counted as its own
+// use or takes what it counted as free.
+var startsAlone = map[string]bool{
+	// vLLM's memory profiling charges every change of the device's free
+	// memory during its start to its own non-torch use (vllm-project/vllm
+	// issue 55827): two starting at once shrink each other's KV cache or
+	// fail "No available memory for the cache blocks".
+	KindVLLM: true,
+	// llama-server fits its context and offload to the free device memory
+	// it finds (--fit, on by default).
+	KindLlamaCpp: true,
+	// A user's program may be either of them.
+	KindCommand: true,
+	// `ollama serve` loads nothing at start, and the sim engine takes its
+	// configured footprint: both start beside anything that fits.
+}
+
+// StartsAlone reports whether an engine of kind must start alone on its
+// cards (no other engine starting there meanwhile); any other kind starts
+// beside the other starts whose shares fit the card with it.
+func StartsAlone(kind string) bool { return startsAlone[kind] }

@@ -26,11 +26,20 @@
 // (ready.go). It has its start timeout to get there (spec.engine.startTimeout,
 // else its kind's default, engine.StartTimeout); past it the engine is
 // stopped and the replica Failed with a reason that says what the last
-// probe found. Replicas sharing a card start one at a time: a card's start
-// lock is held from launch until the engine is ready or has failed, so the
-// start timeout also bounds how long one engine can hold up the others. A
+// probe found. A start that shows no progress for Options.StartStallTimeout
+// (its probe finds the same, its log does not grow, its GPU and host memory
+// do not grow) is declared stuck sooner, stopped and Failed with a reason
+// that says so (progress.go).
+//
+// Starts on one card run side by side when the shares of every engine on
+// it, starting or running, fit its memory (starts.go); an engine whose kind
+// sizes itself from the card's free memory at start (vLLM, llama.cpp, and a
+// command engine, which may be either: engine.StartsAlone) starts alone. A
+// start counts from launch until the engine is ready or has failed, so the
+// stall and start timeouts bound how long one start can hold up another. A
 // replica waiting for a card is reported Placed with a reason naming the
-// replica it waits for.
+// replica it waits for, how long that start has run (again every few
+// seconds) and why they cannot start together.
 //
 // It reports transitions only (Placed while waiting, Starting, Running,
 // Failed with a reason, Stopped), never heartbeats, through a Reporter; it

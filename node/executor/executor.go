@@ -14,6 +14,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/cenkalti/backoff/v5"
 
 	"github.com/gpuplane/gpuplane/node/engine"
@@ -71,8 +72,10 @@ type Options struct {
 	DataDir string
 	// Cards are this node's cards, by index.
 	Cards []*pb.Card
-	// BindHost is the address engines listen on (default 0.0.0.0);
-	// AdvertiseHost the host of the endpoints reported (default 127.0.0.1).
+	// BindHost is the address engines listen on (default 127.0.0.1: an
+	// engine is for the node's own gateway and fronts, not a door past
+	// them); AdvertiseHost the host of the endpoints reported (default
+	// 127.0.0.1).
 	BindHost      string
 	AdvertiseHost string
 	// Enforcement holds engines to their shares beyond their own flags.
@@ -92,6 +95,15 @@ type Options struct {
 	// HealthInterval between health checks (default 1s). How long one
 	// start may take is the deployment's (engine.StartTimeout).
 	HealthInterval time.Duration
+	// StartStallTimeout is how long a starting engine may show no
+	// progress (no change in what its health probe finds, no log output,
+	// no growth of its GPU or host memory) before it is declared stuck,
+	// stopped and its replica Failed, however long its start timeout
+	// (default DefaultStartStallTimeout; negative: never).
+	StartStallTimeout time.Duration
+	// NVML reads the GPU memory of starting engines, one of the signs of
+	// their progress; nil leaves the other signs.
+	NVML nvml.Interface
 	// RestartDelay and MaxRestartDelay bound the exponential backoff between
 	// restarts (defaults 1s and 5m); it resets after an engine has run
 	// healthy for BackoffReset (default 10m).
@@ -127,7 +139,7 @@ func (o *Options) defaults() error {
 		return errors.New("executor: Node and DataDir are required")
 	}
 	if o.BindHost == "" {
-		o.BindHost = "0.0.0.0"
+		o.BindHost = "127.0.0.1"
 	}
 	if o.AdvertiseHost == "" {
 		o.AdvertiseHost = "127.0.0.1"
@@ -150,6 +162,9 @@ func (o *Options) defaults() error {
 		return fmt.Errorf("executor: engine ports %d-%d: want 1 <= first <= last <= 65535", o.PortFirst, o.PortLast)
 	}
 	setDefault(&o.HealthInterval, time.Second)
+	if o.StartStallTimeout == 0 {
+		o.StartStallTimeout = DefaultStartStallTimeout
+	}
 	setDefault(&o.RestartDelay, time.Second)
 	setDefault(&o.MaxRestartDelay, 5*time.Minute)
 	setDefault(&o.BackoffReset, 10*time.Minute)
@@ -168,6 +183,12 @@ func (o *Options) defaults() error {
 	}
 	return nil
 }
+
+// DefaultStartStallTimeout is Options.StartStallTimeout's default: longer
+// than a large model's silent phases (a weight download that prints
+// nothing, a compile that allocates nothing), far shorter than vLLM's 30
+// minutes of start timeout.
+const DefaultStartStallTimeout = 5 * time.Minute
 
 func setDefault[T cmp.Ordered](v *T, d T) {
 	var zero T
@@ -195,8 +216,8 @@ type Executor struct {
 	contain *containment
 
 	cards map[uint32]*pb.Card
-	// locks serialise engine starts per card.
-	locks map[uint32]*cardLock
+	// starts are the engine starts in progress on each card (starts.go).
+	starts map[uint32]*cardStarts
 
 	mu   sync.Mutex
 	sups map[key]*supervisor
@@ -222,7 +243,7 @@ func New(src Source, rep Reporter, opts Options) (*Executor, error) {
 	e := &Executor{
 		src: src, rep: rep, opts: opts, log: opts.Logger, contain: contain,
 		cards:    map[uint32]*pb.Card{},
-		locks:    map[uint32]*cardLock{},
+		starts:   map[uint32]*cardStarts{},
 		sups:     map[key]*supervisor{},
 		retiring: map[key]chan struct{}{},
 		engines:  map[key]watchdog.Engine{},
@@ -230,7 +251,7 @@ func New(src Source, rep Reporter, opts Options) (*Executor, error) {
 	}
 	for _, c := range opts.Cards {
 		e.cards[c.GetIndex()] = c
-		e.locks[c.GetIndex()] = &cardLock{slot: make(chan struct{}, 1)}
+		e.starts[c.GetIndex()] = &cardStarts{index: c.GetIndex(), ended: make(chan struct{})}
 	}
 	return e, nil
 }
@@ -451,102 +472,6 @@ func (e *Executor) setEngine(k key, en *watchdog.Engine) {
 		return
 	}
 	e.engines[k] = *en
-}
-
-// cardLock serialises engine starts on one card: slot holds a token from
-// the launch of an engine until it is ready or has failed; holder says
-// whose, for the replicas that wait.
-type cardLock struct {
-	slot chan struct{}
-
-	mu     sync.Mutex
-	holder *starter
-}
-
-// starter is a replica starting an engine on a card.
-type starter struct {
-	k key
-	// since is when it took the card; timeout its start deadline.
-	since   time.Time
-	timeout time.Duration
-}
-
-func (l *cardLock) current() *starter {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.holder
-}
-
-// waitingFor says whom a replica waiting for card waits for: h, or one
-// about to be recorded (nil).
-func waitingFor(card uint32, h *starter) string {
-	if h == nil {
-		return fmt.Sprintf("waiting for card %d: another replica is starting", card)
-	}
-	return fmt.Sprintf("waiting for card %d: %s is starting (%s of %s)", card, h.k,
-		time.Since(h.since).Round(time.Second), h.timeout)
-}
-
-// lockWait is how often a replica waiting for a card looks whether another
-// replica now holds it, to say so.
-const lockWait = time.Second
-
-// lockCards takes the start locks of cards in index order (no deadlock
-// between replicas sharing several cards) for k, whose start may take
-// timeout, and returns their release. While a card is busy, waiting is
-// told whom k waits for: once, and again when that changes.
-func (e *Executor) lockCards(ctx context.Context, k key, timeout time.Duration, cards []uint32, waiting func(reason string)) (func(), error) {
-	sorted := slices.Sorted(slices.Values(cards))
-	sorted = slices.Compact(sorted)
-	var held []*cardLock
-	release := func() {
-		for _, l := range held {
-			l.mu.Lock()
-			l.holder = nil
-			l.mu.Unlock()
-			<-l.slot
-		}
-		held = nil
-	}
-	take := func(l *cardLock) {
-		l.mu.Lock()
-		l.holder = &starter{k: k, since: time.Now(), timeout: timeout}
-		l.mu.Unlock()
-		held = append(held, l)
-	}
-	for _, c := range sorted {
-		l, ok := e.locks[c]
-		if !ok {
-			continue // not a card of this node: the launch fails and says so
-		}
-		select {
-		case l.slot <- struct{}{}:
-			take(l)
-			continue
-		default:
-		}
-		var said *starter
-		poll := time.NewTicker(lockWait)
-		for told, acquired := false, false; !acquired; {
-			// A new holder, not the time passing, is worth a report.
-			if h := l.current(); !told || h != said {
-				told, said = true, h
-				waiting(waitingFor(c, h))
-			}
-			select {
-			case l.slot <- struct{}{}:
-				take(l)
-				acquired = true
-			case <-ctx.Done():
-				poll.Stop()
-				release()
-				return nil, ctx.Err()
-			case <-poll.C:
-			}
-		}
-		poll.Stop()
-	}
-	return sync.OnceFunc(release), nil
 }
 
 // HostMemory is the host memory, in bytes, that the engine of a replica on

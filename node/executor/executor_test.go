@@ -135,7 +135,7 @@ func newHarness(t *testing.T, dataDir string, tweak func(*Options)) *harness {
 	h.usage = inventory.NewSimUsage(usageDir)
 	h.nvml = inventory.NewSimNVML(cards, h.usage)
 	opts := Options{
-		Node: node, DataDir: dataDir, Cards: cards, Self: bin, SimUsageDir: usageDir,
+		Node: node, DataDir: dataDir, Cards: cards, Self: bin, SimUsageDir: usageDir, NVML: h.nvml,
 		BindHost: "127.0.0.1", AdvertiseHost: "127.0.0.1",
 		GracePeriod: 2 * time.Second, HealthInterval: 50 * time.Millisecond,
 		RestartDelay: 300 * time.Millisecond, MaxRestartDelay: 2 * time.Second,
@@ -312,8 +312,8 @@ func states(reports []*pb.ReplicaStatus) []string {
 	return out
 }
 
-// 1. Two replicas at 40 % of one card both run, one started after the
-// other (which, while it waits, says for whom), each with the card in
+// 1. Two replicas at 40 % of one card both run, started side by side (their
+// shares fit the card together), each with the card in
 // CUDA_VISIBLE_DEVICES and its share as flags, and each answers chat
 // completions at its endpoint.
 func TestTwoReplicasShareACard(t *testing.T) {
@@ -322,43 +322,12 @@ func TestTwoReplicasShareACard(t *testing.T) {
 	a := h.waitState("alpha", pb.ReplicaState_REPLICA_STATE_RUNNING, 30*time.Second)
 	b := h.waitState("beta", pb.ReplicaState_REPLICA_STATE_RUNNING, 30*time.Second)
 
-	// One at a time on a shared card: the second started once the first
-	// ran; if it had to wait (it normally does), it said for whom.
-	first, second := "alpha", "beta"
-	h.rep.mu.Lock()
-	for _, r := range h.rep.reports {
-		if r.State == pb.ReplicaState_REPLICA_STATE_STARTING {
-			if r.Model == "beta" {
-				first, second = "beta", "alpha"
-			}
-			break
+	// Neither waited for the other: sim engines start beside any start
+	// whose share fits the card with theirs.
+	for _, m := range []string{"alpha", "beta"} {
+		if got := states(h.rep.of(m)); !slices.Equal(got, []string{"STARTING", "RUNNING"}) {
+			t.Errorf("%s reported %v, want [STARTING RUNNING]", m, got)
 		}
-	}
-	h.rep.mu.Unlock()
-	if got := states(h.rep.of(first)); !slices.Equal(got, []string{"STARTING", "RUNNING"}) {
-		t.Errorf("%s reported %v, want [STARTING RUNNING]", first, got)
-	}
-	got := h.rep.of(second)
-	if s := states(got); !slices.Equal(s, []string{"PLACED", "STARTING", "RUNNING"}) && !slices.Equal(s, []string{"STARTING", "RUNNING"}) {
-		t.Fatalf("%s reported %v, want [PLACED STARTING RUNNING]", second, s)
-	}
-	if want := "waiting for card 0: " + first + "/0 is starting ("; got[0].State == pb.ReplicaState_REPLICA_STATE_PLACED &&
-		(!strings.HasPrefix(got[0].Reason, want) || !strings.HasSuffix(got[0].Reason, " of 2m0s)")) {
-		t.Errorf("%s waited with reason %q, want %q…of 2m0s)", second, got[0].Reason, want)
-	}
-	h.rep.mu.Lock()
-	firstRunning, secondStarting := -1, -1
-	for i, r := range h.rep.reports {
-		if r.Model == first && r.State == pb.ReplicaState_REPLICA_STATE_RUNNING {
-			firstRunning = i
-		}
-		if r.Model == second && r.State == pb.ReplicaState_REPLICA_STATE_STARTING {
-			secondStarting = i
-		}
-	}
-	h.rep.mu.Unlock()
-	if firstRunning < 0 || secondStarting < firstRunning {
-		t.Errorf("the second replica started before the first ran: %v", h.rep.reports)
 	}
 
 	for _, st := range []*pb.ReplicaStatus{a, b} {
@@ -591,50 +560,130 @@ func (r *reporter) reportsWith(model string, state pb.ReplicaState) []*pb.Replic
 	return out
 }
 
-// 6. An engine that never becomes ready does not block
-// the card: the replica waiting for it says whom it waits for, the stuck one
+// 6. An engine that never becomes ready does not hold a card past its start
+// deadline, even for an engine that must start alone (a command engine):
+// the replica waiting for it says whom it waits for and why, the stuck one
 // is Failed at its start deadline with a reason that says so, and the
 // waiting one then starts and runs.
 func TestStartDeadlineFreesTheCard(t *testing.T) {
 	// A long backoff keeps the stuck replica Failed once it has failed.
 	h := newHarness(t, t.TempDir(), func(o *Options) { o.RestartDelay, o.MaxRestartDelay = time.Minute, time.Minute })
-	stuck := withStartTimeout(sim("stuck", 1, "--load-seconds", "100000"), 3)
+	stuck := withStartTimeout(command("stuck", "sh", "-c", "exec sleep 1000"), 3)
 	h.want(10, stuck)
 	st := h.waitState("stuck", pb.ReplicaState_REPLICA_STATE_STARTING, 30*time.Second)
-	h.want(11, stuck, sim("chat", 1))
+	h.want(11, stuck, listener("chat"))
 
 	waited := h.waitState("chat", pb.ReplicaState_REPLICA_STATE_PLACED, 30*time.Second)
-	if !strings.HasPrefix(waited.Reason, "waiting for card 0: stuck/0 is starting (") || !strings.HasSuffix(waited.Reason, " of 3s)") {
-		t.Errorf("chat waits with reason %q, want it to name stuck/0 and its 3s deadline", waited.Reason)
+	if !strings.HasPrefix(waited.Reason, "waiting for card 0: stuck/0 is starting (") ||
+		!strings.HasSuffix(waited.Reason, " of 3s), and a command engine starts alone") {
+		t.Errorf("chat waits with reason %q, want it to name stuck/0, its 3s deadline and why", waited.Reason)
 	}
 	h.waitState("chat", pb.ReplicaState_REPLICA_STATE_RUNNING, 30*time.Second)
 
 	failed := h.rep.reportsWith("stuck", pb.ReplicaState_REPLICA_STATE_FAILED)
 	port := strings.TrimPrefix(st.Endpoint, "http://127.0.0.1:")
-	want := "engine not ready within its start timeout of 3s (spec.engine.startTimeout): GET /health on port " + port + " answered 503 Service Unavailable"
+	want := "engine not ready within its start timeout of 3s (spec.engine.startTimeout): nothing listened on port " + port
 	if len(failed) != 1 || failed[0].Reason != want {
 		t.Fatalf("stuck reported failures %v, want one: %q", failed, want)
 	}
 	if last := h.rep.last("stuck"); last.State != pb.ReplicaState_REPLICA_STATE_FAILED {
 		t.Errorf("stuck is %v, want Failed until its backoff ends", last)
 	}
+	// chat started only once stuck had failed and freed the card.
+	if failedAt, startedAt := h.rep.index("stuck", pb.ReplicaState_REPLICA_STATE_FAILED), h.rep.index("chat", pb.ReplicaState_REPLICA_STATE_STARTING); startedAt < failedAt {
+		t.Errorf("chat started before stuck failed: %v", h.rep.reports)
+	}
+}
+
+// listener is a command engine that serves at once: the sim engine's
+// binary standing for a user's server.
+func listener(model string) Desired {
+	return command(model, bin, "engine", "sim", "--host", "{{.Host}}", "--port", "{{.Port}}",
+		"--served-model-name", "{{.ServedModelName}}", "--load-seconds", "0", "--tokens-per-second", "0")
+}
+
+// index is the position of model's first report in state among all
+// reports, -1 if none.
+func (r *reporter) index(model string, state pb.ReplicaState) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for i, st := range r.reports {
+		if st.Model == model && st.State == state {
+			return i
+		}
+	}
+	return -1
+}
+
+// 6b. A replica behind a never-healthy engine on the same card starts at
+// once when both shares fit the card (sim engines start side by side), and
+// the engine that shows no progress (its health probe finds the same, it
+// prints nothing, its memory does not grow) is declared stuck and stopped
+// after StartStallTimeout, long before its 2-minute start timeout.
+func TestStuckStartDoesNotHoldTheCard(t *testing.T) {
+	const stall = 10 * time.Second
+	h := newHarness(t, t.TempDir(), func(o *Options) {
+		o.RestartDelay, o.MaxRestartDelay, o.StartStallTimeout = time.Minute, time.Minute, stall
+	})
+	stuck := sim("stuck", 1, "--load-seconds", "100000")
+	h.want(10, stuck)
+	st := h.waitState("stuck", pb.ReplicaState_REPLICA_STATE_STARTING, 30*time.Second)
+	h.want(11, stuck, sim("chat", 1))
+	h.waitState("chat", pb.ReplicaState_REPLICA_STATE_RUNNING, 30*time.Second)
+	if got := states(h.rep.of("chat")); !slices.Equal(got, []string{"STARTING", "RUNNING"}) {
+		t.Errorf("chat reported %v, want [STARTING RUNNING]: it waited for the stuck engine", got)
+	}
+
+	failed := h.waitState("stuck", pb.ReplicaState_REPLICA_STATE_FAILED, 90*time.Second)
+	port := strings.TrimPrefix(st.Endpoint, "http://127.0.0.1:")
+	want := "engine stuck while starting: no progress for 10s (no health change: GET /health on port " + port +
+		" answered 503 Service Unavailable; no log output; no memory growth); stopped "
+	if !strings.HasPrefix(failed.Reason, want) || !strings.HasSuffix(failed.Reason, " into its start timeout of 2m0s") {
+		t.Errorf("stuck failed with %q, want %q…into its start timeout of 2m0s", failed.Reason, want)
+	}
+	t.Logf("stuck: %s", failed.Reason)
 	if pids := engines(t, "stuck"); len(pids) != 0 {
 		t.Errorf("the stuck engine still runs: %v", pids)
 	}
-	// chat started only once stuck had failed and freed the card.
-	h.rep.mu.Lock()
-	defer h.rep.mu.Unlock()
-	failedAt, startedAt := -1, -1
-	for i, r := range h.rep.reports {
-		switch {
-		case r.Model == "stuck" && r.State == pb.ReplicaState_REPLICA_STATE_FAILED:
-			failedAt = i
-		case r.Model == "chat" && r.State == pb.ReplicaState_REPLICA_STATE_STARTING:
-			startedAt = i
-		}
+	// chat ran while stuck was still starting.
+	if running, failedAt := h.rep.index("chat", pb.ReplicaState_REPLICA_STATE_RUNNING), h.rep.index("stuck", pb.ReplicaState_REPLICA_STATE_FAILED); running > failedAt {
+		t.Errorf("chat ran only after stuck failed: %v", h.rep.reports)
 	}
-	if startedAt < failedAt {
-		t.Errorf("chat started before stuck failed: %v", h.rep.reports)
+}
+
+// 6c. A replica waiting behind an engine that starts alone says how long
+// that start has run, counting up, and starts once the other is declared
+// stuck, long before its 5-minute start timeout.
+func TestWaitingReasonCountsUp(t *testing.T) {
+	h := newHarness(t, t.TempDir(), func(o *Options) {
+		o.RestartDelay, o.MaxRestartDelay, o.StartStallTimeout = time.Minute, time.Minute, 2*waitReport+time.Second
+	})
+	sleeper := command("sleeper", "sh", "-c", "exec sleep 1000")
+	h.want(10, sleeper)
+	h.waitState("sleeper", pb.ReplicaState_REPLICA_STATE_STARTING, 30*time.Second)
+	h.want(11, sleeper, listener("chat"))
+	h.waitState("chat", pb.ReplicaState_REPLICA_STATE_RUNNING, 90*time.Second)
+
+	var seconds []int
+	for _, r := range h.rep.reportsWith("chat", pb.ReplicaState_REPLICA_STATE_PLACED) {
+		var d string
+		if _, err := fmt.Sscanf(r.Reason, "waiting for card 0: sleeper/0 is starting (%s", &d); err != nil ||
+			!strings.HasSuffix(r.Reason, " of 5m0s), and a command engine starts alone") {
+			t.Fatalf("chat waited with reason %q", r.Reason)
+		}
+		ran, err := time.ParseDuration(d)
+		if err != nil {
+			t.Fatalf("chat waited with reason %q: %v", r.Reason, err)
+		}
+		seconds = append(seconds, int(ran.Seconds()))
+		t.Logf("chat: %s", r.Reason)
+	}
+	if len(seconds) < 2 || !slices.IsSorted(seconds) || seconds[0] == seconds[len(seconds)-1] {
+		t.Errorf("chat's waiting reasons say the other start ran %v seconds: want them counting up", seconds)
+	}
+	failed := h.rep.reportsWith("sleeper", pb.ReplicaState_REPLICA_STATE_FAILED)
+	if len(failed) != 1 || !strings.HasPrefix(failed[0].Reason, "engine stuck while starting: no progress for 11s (no health change: nothing listened on port ") {
+		t.Errorf("sleeper failures %v, want one: engine stuck", failed)
 	}
 }
 

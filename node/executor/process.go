@@ -215,10 +215,16 @@ func launch(cmd *exec.Cmd, b *box) (*process, error) {
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	closeFD := b.prepare(cmd)
 	err := cmd.Start()
-	if err != nil && cmd.SysProcAttr.UseCgroupFD {
-		// A kernel without clone3 into a cgroup: start it, then move it.
-		cmd.SysProcAttr.UseCgroupFD = false
-		err = cmd.Start()
+	if err != nil && cmd.SysProcAttr.UseCgroupFD && cmd.Err == nil {
+		// A kernel that cannot clone into a cgroup: start it, then move
+		// it. An exec.Cmd starts once, even when its Start failed, so the
+		// second attempt is a fresh one.
+		intoCgroup := err
+		cmd = restart(cmd)
+		cmd.SysProcAttr.UseCgroupFD, cmd.SysProcAttr.CgroupFD = false, 0
+		if err = cmd.Start(); err != nil && err.Error() != intoCgroup.Error() {
+			err = fmt.Errorf("%w (and started straight into its cgroup: %v)", err, intoCgroup)
+		}
 	}
 	closeFD()
 	if err != nil {
@@ -243,6 +249,16 @@ func launch(cmd *exec.Cmd, b *box) (*process, error) {
 		close(p.done)
 	}()
 	return p, nil
+}
+
+// restart is a fresh exec.Cmd for another attempt at starting what cmd
+// describes (after a failed Start): same program, arguments, environment,
+// directory, files and process attributes.
+func restart(cmd *exec.Cmd) *exec.Cmd {
+	attr := *cmd.SysProcAttr
+	return &exec.Cmd{Path: cmd.Path, Args: cmd.Args, Env: cmd.Env, Dir: cmd.Dir,
+		Stdin: cmd.Stdin, Stdout: cmd.Stdout, Stderr: cmd.Stderr, ExtraFiles: cmd.ExtraFiles,
+		SysProcAttr: &attr, Err: cmd.Err}
 }
 
 // adoptProcess finds the process of r again: alive only if the pid still

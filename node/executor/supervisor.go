@@ -97,7 +97,10 @@ type supervisor struct {
 	// timeout is the start deadline of the engine, from startedAt.
 	timeout time.Duration
 	// probed is what the last failed probe found.
-	probed   string
+	probed string
+	// progress is what a starting engine has shown of its progress
+	// (progress.go).
+	progress progress
 	fails    int
 	restarts uint32
 	fp       string
@@ -187,6 +190,7 @@ func (s *supervisor) run() {
 			s.want = true
 			s.health = s.healthPath(d)
 			s.phase, s.startedAt, s.timeout = starting, time.Now(), engine.StartTimeout(d.Spec.GetEngine())
+			s.watchProgress()
 			s.publish()
 		} else {
 			// It died while no executor watched it: the cluster may
@@ -328,7 +332,9 @@ func (s *supervisor) idle() bool {
 func (s *supervisor) start() {
 	d := s.current()
 	timeout := engine.StartTimeout(d.Spec.GetEngine())
-	release, err := s.e.lockCards(s.ctx, s.k, timeout, d.Replica.GetCards(), func(reason string) {
+	kind := d.Spec.GetEngine().GetKind()
+	st := &starter{k: s.k, kind: kind, alone: engine.StartsAlone(kind), shareMiB: d.Replica.GetMemoryMib(), timeout: timeout}
+	release, err := s.e.lockCards(s.ctx, st, d.Replica.GetCards(), func(reason string) {
 		s.report(pb.ReplicaState_REPLICA_STATE_PLACED, reason)
 	})
 	if err != nil {
@@ -348,6 +354,7 @@ func (s *supervisor) start() {
 	}
 	s.release = release
 	s.phase, s.startedAt, s.timeout, s.fails, s.probed = starting, time.Now(), timeout, 0, ""
+	s.watchProgress()
 	s.report(pb.ReplicaState_REPLICA_STATE_STARTING, "")
 }
 
@@ -449,6 +456,11 @@ func (s *supervisor) check() {
 	case s.phase == starting && time.Since(s.startedAt) > s.timeout:
 		s.stopEngine()
 		s.fail(fmt.Sprintf("engine not ready within its start timeout of %s (spec.engine.startTimeout): %s", s.timeout, s.probed))
+	case s.phase == starting && s.stuck(found):
+		stall, ran := s.e.opts.StartStallTimeout, time.Since(s.startedAt).Truncate(time.Second)
+		s.stopEngine()
+		s.fail(fmt.Sprintf("engine stuck while starting: no progress for %s (no health change: %s; no log output; no memory growth); "+
+			"stopped %s into its start timeout of %s", stall, s.probed, ran, s.timeout))
 	case s.phase == running && found == "":
 		s.fails = 0
 	case s.phase == running:

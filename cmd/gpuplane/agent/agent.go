@@ -67,7 +67,11 @@ type Config struct {
 	// OrphanGrace is how long engines outlive the agent when it dies
 	// without stopping them (default executor.DefaultOrphanGrace).
 	OrphanGrace time.Duration
-	Version     string
+	// StartStall is how long a starting engine may show no progress
+	// before it is declared stuck (default
+	// executor.DefaultStartStallTimeout).
+	StartStall time.Duration
+	Version    string
 
 	// SecurityConfig: TLS, gossip encryption and ACLs (security.go).
 	SecurityConfig
@@ -135,6 +139,9 @@ type Agent struct {
 	// stopGateway stops the gateway.
 	gatewayLn   net.Listener
 	stopGateway func()
+	// frontKey is what the gateway shows the node's replica fronts, with
+	// ACLs on (resident.Options.FrontKey); empty without.
+	frontKey string
 }
 
 // Start brings a node up: it reads the inventory, opens the Raft log (on a

@@ -26,9 +26,12 @@ import (
 )
 
 // GatewayConfig tunes the gateway beyond its port; the zero value takes the
-// gateway's defaults. It has no flags: in-process tests and benchmarks set
-// it.
+// gateway's defaults. Only MetricTenants has a flag
+// (--gateway-metric-tenants): in-process tests and benchmarks set the rest.
 type GatewayConfig struct {
+	// MetricTenants bounds the tenants the gateway's metrics name without
+	// ACLs (gateway.Options.MetricTenants).
+	MetricTenants int
 	// MaxInFlight caps each engine's requests in flight; QueueLimit bounds
 	// each engine's queue.
 	MaxInFlight int
@@ -44,6 +47,9 @@ type GatewayConfig struct {
 	// Tenants resolves ACL tokens when ACLs are on (default: the
 	// cluster's token table, cluster.TenantFor).
 	Tenants gateway.TenantSource
+	// Limits bound what slow clients hold on the gateway's port (zero:
+	// gateway.ServerLimits' defaults).
+	Limits gateway.ServerLimits
 }
 
 // listenGateway opens the gateway's port before the cluster starts, so
@@ -84,8 +90,8 @@ func (a *Agent) startGateway(res *resident.Manager) error {
 	gc := a.cfg.Gateway
 	opts := gateway.Options{
 		Node: a.cfg.NodeName, Cluster: &gatewayView{a: a}, Salter: salter, Peers: a.sec.peerHTTP,
-		IsPeer: a.isPeer, Queue: gc.Queue, MaxInFlight: gc.MaxInFlight, QueueLimit: gc.QueueLimit,
-		Weights: gc.Weights, Registerer: a.gatewayReg, Logger: a.cfg.Logger,
+		IsPeer: a.isPeer, FrontKey: a.frontKey, Queue: gc.Queue, MaxInFlight: gc.MaxInFlight, QueueLimit: gc.QueueLimit,
+		Weights: gc.Weights, MetricTenants: gc.MetricTenants, Registerer: a.gatewayReg, Logger: a.cfg.Logger,
 	}
 	if res != nil {
 		opts.Residency = res
@@ -113,7 +119,12 @@ func (a *Agent) startGateway(res *resident.Manager) error {
 	protocols.SetHTTP1(true)
 	protocols.SetHTTP2(true)
 	protocols.SetUnencryptedHTTP2(true)
-	srv := &http.Server{Handler: gw, ReadHeaderTimeout: 30 * time.Second, TLSConfig: a.sec.apiTLS(), Protocols: protocols}
+	// Slow clients are timed out as on the API port; other nodes'
+	// forwarded requests are not bound per address (they share one).
+	limits := gc.Limits
+	limits.Exempt = a.isPeer
+	srv := gateway.NewServer(gw, limits)
+	srv.TLSConfig, srv.Protocols = a.sec.apiTLS(), protocols
 	ctx, stop := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() {

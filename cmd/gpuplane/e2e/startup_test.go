@@ -43,9 +43,9 @@ func replica(t *testing.T, addr, model string) replicaJSON {
 // TestStuckEngineDoesNotHoldItsCard checks start deadlines through the
 // real binary, on a node with one simulated card: a sim engine that never
 // becomes ready (its load takes a day) with a 5 s startTimeout, and a
-// healthy deployment applied after it. While the second waits for the card
-// its reason names the first; the first is Failed at its deadline with a
-// reason that says so, and the second then runs.
+// healthy deployment applied after it. Both shares fit the card, so the
+// second starts and runs beside the first without waiting for it; the
+// first is Failed at its deadline with a reason that says so.
 func TestStuckEngineDoesNotHoldItsCard(t *testing.T) {
 	requireBinary(t)
 	dataDir := filepath.Join(t.TempDir(), "data")
@@ -81,15 +81,16 @@ spec:
 		}
 		return c.State == "running"
 	})
-	if !strings.HasPrefix(waiting, "waiting for card 0: stuck/0 is starting (") || !strings.HasSuffix(waiting, " of 5s)") {
-		t.Errorf("chat/0 waited with reason %q, want it to name stuck/0 and its 5s start timeout", waiting)
+	if waiting != "" {
+		t.Errorf("chat/0 waited for the card (%q): sim engines whose shares fit start side by side", waiting)
 	}
 	// The failure is in the log even if no listing caught it.
-	events := mustGpuplane(t, a.url(), "audit", "log", "--resource", "model/stuck")
 	const deadline = "engine not ready within its start timeout of 5s (spec.engine.startTimeout): GET /health on port "
-	if !strings.Contains(failed+events, deadline) {
-		t.Errorf("stuck/0 never failed at its deadline (listed reason %q); its log:\n%s", failed, events)
-	}
+	var events string
+	testutil.Until(t, 60*time.Second, "stuck/0 to fail at its deadline", func() bool {
+		events = mustGpuplane(t, a.url(), "audit", "log", "--resource", "model/stuck")
+		return strings.Contains(failed+events, deadline)
+	})
 }
 
 // TestEngineDiedWhileTheAgentWasDown checks restart counts across a real
