@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"google.golang.org/protobuf/proto"
 
@@ -337,7 +338,7 @@ func (f *FSM) applyModel(c *pb.ApplyModel, prep *modelPrep, index uint64, dry bo
 		return accept(outcomeOf(exists), "deployment %q would be applied", c.GetName())
 	}
 	if !exists {
-		m := &pb.ModelDeployment{Name: c.GetName(), Spec: spec, Generation: 1, CreatedIndex: index}
+		m := &pb.ModelDeployment{Name: c.GetName(), Spec: spec, Generation: 1, CreatedIndex: index, CreatedUnix: f.logTime / int64(time.Second)}
 		f.models[m.Name] = m
 		f.scale(m, 0)
 		// accept(…, "deployment %q created with %d replicas", …) without

@@ -79,7 +79,24 @@ type Model struct {
 	// by instead of the served name (Ollama knows only its tags,
 	// "llama3.2:1b"): requests for the base are sent with it.
 	EngineModel string
+	// MaxModelLen is the context length of one request in tokens (prompt
+	// and output), where the deployment says it (0: unknown): a prompt
+	// longer than it is refused before it reaches a queue.
+	MaxModelLen int
+	// Task is what the engine answers: TaskAny (unknown: both), or only
+	// one of TaskGenerate (completions, chat) and TaskEmbed (embeddings).
+	Task Task
 }
+
+// Task is what a model's engine answers.
+type Task string
+
+// The tasks a deployment's engine arguments can say.
+const (
+	TaskAny      Task = ""
+	TaskGenerate Task = "generate"
+	TaskEmbed    Task = "embed"
+)
 
 // Cluster is the gateway's view of the cluster.
 type Cluster interface {
@@ -198,6 +215,9 @@ type Gateway struct {
 	refreshing atomic.Bool
 	refreshMu  sync.Mutex
 	refreshed  chan struct{}
+	// firstSeen is when each deployment was first in the view (Unix
+	// seconds); the running refresh alone uses it.
+	firstSeen map[string]int64
 
 	mu     sync.Mutex
 	cards  map[uint32]*card
@@ -309,6 +329,7 @@ func (g *Gateway) refresh(ctx context.Context) {
 		return
 	}
 	sort.Slice(ms, func(i, j int) bool { return ms[i].Served < ms[j].Served })
+	g.stampCreated(ms)
 	t := &table{models: ms, byName: map[string]*Model{}, created: time.Now()}
 	// Aliases first: a deployment's served name wins over another's alias.
 	for i := range ms {
@@ -327,8 +348,30 @@ func (g *Gateway) refresh(ctx context.Context) {
 	g.refreshMu.Unlock()
 }
 
-// resolve finds the model a request names: a served name or an alias, or
-// NAME:ADAPTER with either.
+// stampCreated gives each model the Unix time this gateway first saw its
+// deployment where the cluster's view has none, so that /v1/models
+// answers the same `created` on every listing; only the running refresh
+// calls it.
+func (g *Gateway) stampCreated(ms []Model) {
+	now := time.Now().Unix()
+	seen := make(map[string]int64, len(ms))
+	for i := range ms {
+		m := &ms[i]
+		if m.Created == 0 {
+			if t, ok := g.firstSeen[m.Deployment]; ok {
+				m.Created = t
+			} else {
+				m.Created = now
+			}
+		}
+		seen[m.Deployment] = m.Created
+	}
+	g.firstSeen = seen
+}
+
+// resolve finds the model a request names: a served name or an alias,
+// NAME:ADAPTER with either, or an adapter's bare name where one model
+// alone has an adapter of that name that tenant may use.
 // An adapter private to other tenants reads exactly like an unknown one.
 func (g *Gateway) resolve(name, tenant string) (m *Model, adapter string, err *apiError) {
 	t := g.table.Load()
@@ -338,14 +381,42 @@ func (g *Gateway) resolve(name, tenant string) (m *Model, adapter string, err *a
 	if i := strings.LastIndexByte(name, ':'); i > 0 {
 		base, ad := name[:i], name[i+1:]
 		if m := t.byName[base]; m != nil {
-			tenants, ok := m.Adapters[ad]
-			if ad == "" || !ok || (len(tenants) > 0 && !slices.Contains(tenants, tenant)) {
-				return nil, "", errorf(http.StatusNotFound, "invalid_request_error", "adapter_not_found",
+			if ad == "" || !m.offers(ad, tenant) {
+				e := errorf(http.StatusNotFound, "invalid_request_error", "adapter_not_found",
 					"model %q has no adapter %q", base, ad)
+				e.param = "model"
+				return nil, "", e
 			}
 			return m, ad, nil
 		}
 	}
-	return nil, "", errorf(http.StatusNotFound, "invalid_request_error", "model_not_found",
-		"the model %q does not exist: no deployment serves it (GET /v1/models lists them)", name)
+	var found []*Model
+	for i := range t.models {
+		if t.models[i].offers(name, tenant) {
+			found = append(found, &t.models[i])
+		}
+	}
+	switch len(found) {
+	case 1:
+		return found[0], name, nil
+	case 0:
+		e := errorf(http.StatusNotFound, "invalid_request_error", "model_not_found",
+			"the model %q does not exist: no deployment serves it (GET /v1/models lists them)", name)
+		e.param = "model"
+		return nil, "", e
+	}
+	full := make([]string, len(found))
+	for i, m := range found {
+		full[i] = m.Served + ":" + name
+	}
+	e := errorf(http.StatusBadRequest, "invalid_request_error", "ambiguous_model",
+		"adapter %q is on several models: name one as MODEL:ADAPTER (%s)", name, strings.Join(full, ", "))
+	e.param = "model"
+	return nil, "", e
+}
+
+// offers reports whether m has adapter ad and tenant may use it.
+func (m *Model) offers(ad, tenant string) bool {
+	tenants, ok := m.Adapters[ad]
+	return ok && (len(tenants) == 0 || slices.Contains(tenants, tenant))
 }

@@ -746,6 +746,10 @@ func (x *call) answer(resp *http.Response, err error) result {
 			w.Header().Set(h, v)
 		}
 	}
+	if resp.StatusCode >= 400 {
+		data = append(engineError(resp.StatusCode, data), '\n')
+		w.Header().Set("Content-Type", "application/json")
+	}
 	w.WriteHeader(resp.StatusCode)
 	_, _ = w.Write(data)
 	if resp.StatusCode == http.StatusOK {

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"sort"
 	"strconv"
 	"strings"
 	"time"
@@ -19,8 +20,10 @@ import (
 
 // apiError is an answer in OpenAI's error shape.
 type apiError struct {
-	status     int
-	typ, code  string
+	status    int
+	typ, code string
+	// param is the request field at fault ("": none, null in the answer).
+	param      string
 	msg        string
 	retryAfter time.Duration
 }
@@ -29,9 +32,25 @@ func errorf(status int, typ, code, format string, args ...any) *apiError {
 	return &apiError{status: status, typ: typ, code: code, msg: fmt.Sprintf(format, args...)}
 }
 
+// invalidf is a 400 about the request's field param.
+func invalidf(param, code, format string, args ...any) *apiError {
+	e := errorf(http.StatusBadRequest, "invalid_request_error", code, format, args...)
+	e.param = param
+	return e
+}
+
 func (e *apiError) body() []byte {
+	return errorBody(e.msg, e.typ, e.param, e.code)
+}
+
+// errorBody is an error in OpenAI's shape: param null when "".
+func errorBody(msg, typ, param, code string) []byte {
+	var p any
+	if param != "" {
+		p = param
+	}
 	b, _ := json.Marshal(map[string]any{"error": map[string]any{
-		"message": e.msg, "type": e.typ, "param": nil, "code": e.code,
+		"message": msg, "type": typ, "param": p, "code": code,
 	}})
 	return b
 }
@@ -75,30 +94,110 @@ func (g *Gateway) serveOther(w http.ResponseWriter, r *http.Request) {
 	case "/health", "/healthz":
 		w.WriteHeader(http.StatusOK)
 	default:
+		if id, ok := strings.CutPrefix(r.URL.Path, "/v1/models/"); ok && id != "" {
+			if r.Method != http.MethodGet {
+				errorf(http.StatusMethodNotAllowed, "invalid_request_error", "method_not_allowed", "%s %s: use GET", r.Method, r.URL.Path).write(w)
+				return
+			}
+			g.retrieveModel(w, r, id)
+			return
+		}
 		errorf(http.StatusNotFound, "invalid_request_error", "unknown_url",
-			"unknown path %s: the gateway serves GET /v1/models and POST /v1/chat/completions, /v1/completions, /v1/embeddings", r.URL.Path).write(w)
+			"unknown path %s: the gateway serves GET /v1/models, GET /v1/models/{model} and POST /v1/chat/completions, /v1/completions, /v1/embeddings", r.URL.Path).write(w)
 	}
 }
 
 func (g *Gateway) listModels(w http.ResponseWriter, r *http.Request) {
-	if _, aerr := g.tenant(r); aerr != nil {
+	x, aerr := g.tenant(r)
+	if aerr != nil {
 		aerr.write(w)
 		return
 	}
-	t := g.table.Load()
-	data := make([]map[string]any, 0, len(t.models))
-	for i := range t.models {
-		m := &t.models[i]
-		data = append(data, map[string]any{"id": m.Served, "object": "model", "created": m.Created, "owned_by": "gpuplane"})
-		for _, a := range m.Aliases {
-			// Listed where it leads (a served name wins over an alias).
-			if t.byName[a] == m {
-				data = append(data, map[string]any{"id": a, "object": "model", "created": m.Created, "owned_by": "gpuplane", "root": m.Served})
-			}
+	w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(w).Encode(map[string]any{"object": "list", "data": g.modelCards(x.tenant)})
+}
+
+// retrieveModel answers GET /v1/models/{id}: the card /v1/models lists
+// for id, or for any other name a request may use (NAME:ADAPTER for an
+// adapter listed by its bare name).
+func (g *Gateway) retrieveModel(w http.ResponseWriter, r *http.Request, id string) {
+	x, aerr := g.tenant(r)
+	if aerr != nil {
+		aerr.write(w)
+		return
+	}
+	cards := g.modelCards(x.tenant)
+	var card modelCard
+	for _, c := range cards {
+		if c.ID == id {
+			card = c
+			break
+		}
+	}
+	if card.ID == "" {
+		m, ad, aerr := g.resolveFresh(r.Context(), id, x.tenant)
+		if aerr != nil {
+			aerr.write(w)
+			return
+		}
+		card = modelCard{ID: id, Object: "model", Created: m.Created, OwnedBy: "gpuplane"}
+		switch {
+		case ad != "":
+			card.Parent = m.Served
+		case id != m.Served:
+			card.Root = m.Served
 		}
 	}
 	w.Header().Set("Content-Type", "application/json")
-	_ = json.NewEncoder(w).Encode(map[string]any{"object": "list", "data": data})
+	_ = json.NewEncoder(w).Encode(card)
+}
+
+// modelCard is one model as /v1/models lists it.
+type modelCard struct {
+	ID      string `json:"id"`
+	Object  string `json:"object"`
+	Created int64  `json:"created"`
+	OwnedBy string `json:"owned_by"`
+	// Root: the served name an alias leads to.
+	Root string `json:"root,omitempty"`
+	// Parent: the base model of an adapter (as vLLM lists adapters).
+	Parent string `json:"parent,omitempty"`
+	// MaxModelLen: the context length, where the deployment says it (as
+	// vLLM lists it).
+	MaxModelLen int `json:"max_model_len,omitempty"`
+}
+
+// modelCards lists what tenant may name as a model: every deployment's
+// served name and aliases, and the adapters tenant may use, each by its
+// bare name where that alone names it, else as NAME:ADAPTER.
+func (g *Gateway) modelCards(tenant string) []modelCard {
+	t := g.table.Load()
+	cards := make([]modelCard, 0, len(t.models))
+	for i := range t.models {
+		m := &t.models[i]
+		cards = append(cards, modelCard{ID: m.Served, Object: "model", Created: m.Created, OwnedBy: "gpuplane", MaxModelLen: m.MaxModelLen})
+		for _, a := range m.Aliases {
+			// Listed where it leads (a served name wins over an alias).
+			if t.byName[a] == m {
+				cards = append(cards, modelCard{ID: a, Object: "model", Created: m.Created, OwnedBy: "gpuplane", Root: m.Served, MaxModelLen: m.MaxModelLen})
+			}
+		}
+		ads := make([]string, 0, len(m.Adapters))
+		for a := range m.Adapters {
+			if m.offers(a, tenant) {
+				ads = append(ads, a)
+			}
+		}
+		sort.Strings(ads)
+		for _, a := range ads {
+			id := a
+			if rm, _, err := g.resolve(a, tenant); err != nil || rm != m {
+				id = m.Served + ":" + a
+			}
+			cards = append(cards, modelCard{ID: id, Object: "model", Created: m.Created, OwnedBy: "gpuplane", Parent: m.Served, MaxModelLen: m.MaxModelLen})
+		}
+	}
+	return cards
 }
 
 // who is a request's tenant.
@@ -182,13 +281,20 @@ type request struct {
 	// estimate of its input.
 	maxTokens    int
 	promptTokens int
-	class        queue.Class
-	who          who
-	arrived      time.Time
+	// outTokens is the output the request asks for in max_tokens (-1:
+	// not said); words a lower bound on its longest prompt's tokens.
+	outTokens int
+	words     int
+	// n is the choices asked for (0: not said, one).
+	n       int
+	class   queue.Class
+	who     who
+	arrived time.Time
 }
 
-// parse reads and checks r's body: a JSON object with a model, max_tokens
-// not negative, a size within the limit.
+// parse reads and checks r's body: a size within the limit, a JSON object
+// with a model and the fields its endpoint needs, values within OpenAI's
+// ranges (validate.go).
 func (g *Gateway) parse(w http.ResponseWriter, r *http.Request) (*request, *apiError) {
 	body, err := readBody(http.MaxBytesReader(w, r.Body, g.opts.MaxBodyBytes), r.ContentLength, g.opts.MaxBodyBytes)
 	if err != nil {
@@ -199,43 +305,34 @@ func (g *Gateway) parse(w http.ResponseWriter, r *http.Request) (*request, *apiE
 		}
 		return nil, errorf(http.StatusBadRequest, "invalid_request_error", "invalid_body", "reading the request body: %v", err)
 	}
-	var f struct {
-		Model               *string         `json:"model"`
-		Stream              *bool           `json:"stream"`
-		MaxTokens           *int            `json:"max_tokens"`
-		MaxCompletionTokens *int            `json:"max_completion_tokens"`
-		Prompt              json.RawMessage `json:"prompt"`
-		Messages            json.RawMessage `json:"messages"`
-		Input               json.RawMessage `json:"input"`
+	f, aerr := decodeBody(body)
+	if aerr != nil {
+		return nil, aerr
 	}
-	if err := json.Unmarshal(body, &f); err != nil {
-		return nil, errorf(http.StatusBadRequest, "invalid_request_error", "invalid_json",
-			"the request body is not a valid JSON object: %v", err)
+	if aerr := f.check(r.URL.Path); aerr != nil {
+		return nil, aerr
 	}
-	if f.Model == nil || *f.Model == "" {
-		return nil, errorf(http.StatusBadRequest, "invalid_request_error", "missing_model",
-			"the request body has no \"model\": name a served model (GET /v1/models lists them)")
-	}
-	req := &request{path: r.URL.Path, body: body, model: *f.Model, maxTokens: g.opts.DefaultMaxTokens, arrived: time.Now()}
+	req := &request{path: r.URL.Path, body: body, model: *f.Model, maxTokens: g.opts.DefaultMaxTokens, outTokens: -1, arrived: time.Now()}
 	if f.Stream != nil {
 		req.stream = *f.Stream
 	}
-	for _, mt := range []struct {
-		name string
-		v    *int
-	}{{"max_tokens", f.MaxTokens}, {"max_completion_tokens", f.MaxCompletionTokens}} {
-		if mt.v == nil {
-			continue
-		}
-		if *mt.v < 0 {
-			return nil, errorf(http.StatusBadRequest, "invalid_request_error", "invalid_value",
-				"%s is %d: it must not be negative", mt.name, *mt.v)
-		}
-		req.maxTokens = *mt.v
+	if f.N != nil && req.path != "/v1/embeddings" {
+		req.n = *f.N
 	}
-	if req.path == "/v1/embeddings" {
-		req.maxTokens = 0
+	for _, v := range []*int{f.MaxTokens, f.MaxCompletionTokens} {
+		if v != nil {
+			req.maxTokens, req.outTokens = *v, *v
+		}
+	}
+	switch req.path {
+	case "/v1/embeddings":
+		req.maxTokens, req.outTokens = 0, -1
 		req.stream = false
+		req.words = promptWords(f.Input)
+	case "/v1/completions":
+		req.words = promptWords(f.Prompt)
+	default:
+		req.words = messageWords(f.msgs)
 	}
 	// A token is about four bytes of text: close enough to charge the
 	// prompt at dispatch; the counters take what the engine reports.
@@ -298,6 +395,10 @@ func (g *Gateway) admit(w http.ResponseWriter, r *http.Request) (*request, *Mode
 	req.who = x
 	m, adapter, aerr := g.resolveFresh(r.Context(), req.model, x.tenant)
 	if aerr != nil {
+		aerr.write(w)
+		return nil, nil, target{}
+	}
+	if aerr := req.checkFor(m); aerr != nil {
 		aerr.write(w)
 		return nil, nil, target{}
 	}

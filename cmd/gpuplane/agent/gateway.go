@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -223,7 +224,8 @@ func modelsOf(f *fsm.FSM) []gateway.Model {
 	for _, d := range f.Models() {
 		spec := d.GetSpec()
 		m := gateway.Model{Deployment: d.GetName(), Served: spec.GetServedModelName(), Class: queue.ClassOf(spec.GetPriority()),
-			Aliases: spec.GetAliases(), EngineModel: engine.EngineModel(spec)}
+			Aliases: spec.GetAliases(), EngineModel: engine.EngineModel(spec), MaxModelLen: maxModelLenOf(spec.GetEngine()), Task: taskOf(spec.GetEngine()),
+			Created: d.GetCreatedUnix()}
 		if ads := spec.GetAdapters(); len(ads) > 0 {
 			m.Adapters = make(map[string][]string, len(ads))
 			for _, a := range ads {
@@ -288,6 +290,64 @@ func slotsOf(e *pb.EngineSpec) int {
 		return 0
 	}
 	return engine.LlamaSlots(e)
+}
+
+// maxModelLenOf is the context length of one request to an engine: its
+// spec's maxModelLen unless its arguments set another (they come after it
+// on the command line, so they win); a llama.cpp context (-c) is shared by
+// its slots. 0: unknown.
+func maxModelLenOf(e *pb.EngineSpec) int {
+	n := uint64(e.GetMaxModelLen())
+	switch e.GetKind() {
+	case "vllm", "sim":
+		if v := argUint(e.GetArgs(), "--max-model-len"); v > 0 {
+			n = v
+		}
+	case "llamacpp":
+		// The driver sizes -c from maxModelLen so that each slot holds it;
+		// a -c of the deployment's own is split between explicit
+		// --parallel slots (auto slots share one unified cache, where one
+		// request may use all of it).
+		for _, f := range []string{"-c", "--ctx-size"} {
+			if v := argUint(e.GetArgs(), f); v > 0 {
+				n = v
+				if argUint(e.GetArgs(), "--parallel") > 0 || argUint(e.GetArgs(), "-np") > 0 {
+					n /= uint64(slotsOf(e))
+				}
+			}
+		}
+	}
+	return int(min(n, 1<<31))
+}
+
+// taskOf is what an engine answers where its arguments say it: vLLM (and
+// sim) with --runner pooling (or the older --task embed) embed only, with
+// --runner generate generate only; llama.cpp embeds only with
+// --embedding(s), else generates only. Others (and vLLM deciding by the
+// model's architecture): any, and the engine refuses what it cannot do.
+func taskOf(e *pb.EngineSpec) gateway.Task {
+	args := e.GetArgs()
+	switch e.GetKind() {
+	case "vllm", "sim":
+		switch argValue(args, "--runner") {
+		case "pooling":
+			return gateway.TaskEmbed
+		case "generate":
+			return gateway.TaskGenerate
+		}
+		switch argValue(args, "--task") {
+		case "embed", "embedding":
+			return gateway.TaskEmbed
+		case "generate":
+			return gateway.TaskGenerate
+		}
+	case "llamacpp":
+		if slices.Contains(args, "--embedding") || slices.Contains(args, "--embeddings") {
+			return gateway.TaskEmbed
+		}
+		return gateway.TaskGenerate
+	}
+	return gateway.TaskAny
 }
 
 // argUint is the value of flag in args (--flag N or --flag=N), 0 if absent

@@ -811,10 +811,12 @@ func TestGatewaySecureForwarding(t *testing.T) {
 	}
 }
 
-// TestGatewayServesAdapters: `NAME:ADAPTER` through the gateway reaches
-// the replica's front, which pages the adapter onto the card; an adapter
-// private to another tenant, or one the deployment lacks, is a 404 naming
-// it, and nothing is loaded for it.
+// TestGatewayServesAdapters: `NAME:ADAPTER`, or the adapter's bare name,
+// through the gateway reaches the replica's front, which pages the adapter
+// onto the card; an adapter private to another tenant, or one the
+// deployment lacks, is a 404 naming it, and nothing is loaded for it.
+// /v1/models lists the adapters a tenant may use, with their parent; the
+// deployment's maxModelLen and --runner are enforced by the gateway.
 func TestGatewayServesAdapters(t *testing.T) {
 	n := devNode(t, "adapters", agent.GatewayConfig{})
 	gpuplane(t, n, "accelerators", "create", "shared", "--device", "l4", "--tenancy", "shared", "--max-models", "4")
@@ -827,7 +829,7 @@ spec:
   adapters:
     - {name: sql, source: /adapters/sql, rank: 8}
     - {name: law, source: /adapters/law, rank: 8, tenants: [acme]}
-  engine: {kind: sim, memoryPercent: 30, maxAdapters: 2, args: ["--load-seconds", "0.2"]}
+  engine: {kind: sim, memoryPercent: 30, maxAdapters: 2, maxModelLen: 64, args: ["--load-seconds", "0.2", "--runner", "generate"]}
 `
 	path := filepath.Join(t.TempDir(), "chat.yaml")
 	if err := os.WriteFile(path, []byte(spec), 0o644); err != nil {
@@ -863,6 +865,51 @@ spec:
 	}
 	if code, body := ask("chat:law", "acme"); code != 200 {
 		t.Errorf("chat:law for acme = %d %s, want 200", code, body)
+	}
+	if code, body := ask("sql", "bob"); code != 200 || !strings.Contains(body, `"model":"sql"`) {
+		t.Errorf("bare sql for bob = %d %s, want 200 from adapter sql", code, body)
+	}
+	if code, body := ask("law", "bob"); code != 404 || !strings.Contains(body, `"code":"model_not_found"`) {
+		t.Errorf("bare law for bob = %d %s, want 404 model_not_found", code, body)
+	}
+	if code, body := ask("law", "acme"); code != 200 {
+		t.Errorf("bare law for acme = %d %s, want 200", code, body)
+	}
+	c := openaiClient(n)
+	listed := func(tenant string) map[string]string {
+		page, err := c.Models.List(context.Background(), option.WithHeader("X-Gpuplane-Tenant", tenant))
+		if err != nil {
+			t.Fatalf("models for %s: %v", tenant, err)
+		}
+		out := map[string]string{}
+		for _, m := range page.Data {
+			if m.Created == 0 {
+				t.Errorf("model %s listed with created 0", m.ID)
+			}
+			out[m.ID] = m.JSON.ExtraFields["parent"].Raw()
+		}
+		return out
+	}
+	if bob := listed("bob"); len(bob) != 2 || bob["sql"] != `"chat"` {
+		t.Errorf("models for bob: %v, want chat and sql (parent chat)", bob)
+	}
+	if acme := listed("acme"); len(acme) != 3 || acme["law"] != `"chat"` {
+		t.Errorf("models for acme: %v, want chat, sql and law (parent chat)", acme)
+	}
+	if m, err := c.Models.Get(context.Background(), "chat:sql"); err != nil || m.ID != "chat:sql" {
+		t.Errorf("retrieve chat:sql: %+v, %v", m, err)
+	}
+	// The deployment's maxModelLen (64) and --runner generate, read from
+	// its spec: refused at the gateway, with the field at fault.
+	_, err := c.Completions.New(context.Background(), openai.CompletionNewParams{Model: "chat",
+		Prompt: openai.CompletionNewParamsPromptUnion{OfString: openai.String(strings.Repeat("word ", 60))}, MaxTokens: openai.Int(10)})
+	var e *openai.Error
+	if !errors.As(err, &e) || e.StatusCode != 400 || e.Code != "context_length_exceeded" || e.Param != "prompt" {
+		t.Errorf("70 tokens on a 64-token model: %v", err)
+	}
+	_, err = c.Embeddings.New(context.Background(), openai.EmbeddingNewParams{Model: "chat", Input: openai.EmbeddingNewParamsInputUnion{OfString: openai.String("x")}})
+	if !errors.As(err, &e) || e.StatusCode != 400 || e.Code != "unsupported_model" || e.Param != "model" {
+		t.Errorf("embeddings of a generative model: %v", err)
 	}
 	// Both adapters the tenants could use are on the card now, and the
 	// refused ones were never loaded.

@@ -134,6 +134,7 @@ loads it on the first request or keep_alive load.`,
 	f.Float64Var(&cfg.BatchSlowdown, "batch-slowdown", 0, "α: with C requests in flight each stream runs at speed/(1+α(C-1))")
 	f.IntVar(&cfg.MaxNumSeqs, "max-num-seqs", 0, "requests run at once, as vLLM's --max-num-seqs (1: no continuous batching); the rest wait; 0: bounded by the KV pool only")
 	f.StringVar(&cfg.SchedulingPolicy, "scheduling-policy", "fcfs", "fcfs or priority, as vLLM's: a request with a non-zero \"priority\" is refused unless priority")
+	f.StringVar(&cfg.Runner, "runner", "auto", "as vLLM's --runner: generate refuses embeddings, pooling refuses completions and chat; auto answers both")
 	f.IntVar(&cfg.Parallel, "parallel", 1, "slots, as llama.cpp's --parallel: a request may name one in \"id_slot\" (0 to N-1, or -1 for any) and reuses the prompt it last ran unless \"cache_prompt\" is false; unset in the llamacpp dialect: llama-server's auto, 4 slots over a unified KV cache")
 	f.Float64Var(&idleSeconds, "sleep-idle-seconds", -1, "sleep after this many idle seconds, waking on the next request, as llama.cpp (negative: never)")
 	f.StringVar(&cards, "card-uuids", "", "cards to register the memory on, comma-separated UUIDs")

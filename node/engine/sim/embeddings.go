@@ -1,6 +1,8 @@
 package sim
 
 import (
+	"encoding/base64"
+	"encoding/binary"
 	"encoding/json"
 	"fmt"
 	"hash/fnv"
@@ -23,9 +25,18 @@ func (s *server) embeddings(w http.ResponseWriter, r *http.Request) {
 		s.refuse(w, errLoading)
 		return
 	}
+	if s.cfg.Runner == RunnerGenerate {
+		// vLLM's answer for a generative model.
+		apiError(w, http.StatusBadRequest, "The model does not support Embeddings API", "BadRequestError")
+		return
+	}
 	var req struct {
 		Model string          `json:"model"`
 		Input json.RawMessage `json:"input"`
+		// EncodingFormat "base64" answers each vector as the base64 of its
+		// little-endian float32s, as OpenAI does (the Node client asks
+		// for it by default).
+		EncodingFormat string `json:"encoding_format"`
 	}
 	if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, 4<<20)).Decode(&req); err != nil {
 		apiError(w, http.StatusBadRequest, "invalid request body: "+err.Error(), "invalid_request_error")
@@ -43,16 +54,33 @@ func (s *server) embeddings(w http.ResponseWriter, r *http.Request) {
 		apiError(w, http.StatusBadRequest, "input must be a string or a non-empty array of strings", "invalid_request_error")
 		return
 	}
+	if req.EncodingFormat != "" && req.EncodingFormat != "float" && req.EncodingFormat != "base64" {
+		apiError(w, http.StatusBadRequest, fmt.Sprintf("encoding_format %q is not float or base64", req.EncodingFormat), "BadRequestError")
+		return
+	}
 	data := make([]any, len(inputs))
 	tokens := 0
 	for i, in := range inputs {
 		tokens += len(strings.Fields(in))
-		data[i] = map[string]any{"object": "embedding", "index": i, "embedding": embed(in)}
+		var v any = embed(in)
+		if req.EncodingFormat == "base64" {
+			v = base64Floats(embed(in))
+		}
+		data[i] = map[string]any{"object": "embedding", "index": i, "embedding": v}
 	}
 	writeJSON(w, http.StatusOK, map[string]any{
 		"object": "list", "model": s.cfg.ServedModelName, "data": data,
 		"usage": map[string]int{"prompt_tokens": tokens, "total_tokens": tokens},
 	})
+}
+
+// base64Floats is v as little-endian float32s, base64-encoded.
+func base64Floats(v []float64) string {
+	b := make([]byte, 4*len(v))
+	for i, x := range v {
+		binary.LittleEndian.PutUint32(b[4*i:], math.Float32bits(float32(x)))
+	}
+	return base64.StdEncoding.EncodeToString(b)
 }
 
 // embed is a unit vector seeded by the text's hash.

@@ -92,6 +92,11 @@ type Config struct {
 	// unless it is "priority" (the sim accepts the field; it does not order
 	// by it).
 	SchedulingPolicy string
+	// Runner is vLLM's --runner: RunnerGenerate refuses embeddings,
+	// RunnerPooling completions and chat, as vLLM does for a generative
+	// or a pooling model; "" or "auto" (the sim has no architecture to
+	// read) answers both.
+	Runner string
 	// Parallel is llama.cpp's --parallel: the slots a request's `id_slot`
 	// may name; 0 is 1, or llama-server's auto (4 slots over a unified KV
 	// cache) in the llamacpp dialect.
@@ -144,6 +149,12 @@ type Config struct {
 	Ready func(addr net.Addr)
 }
 
+// The runners Config.Runner names.
+const (
+	RunnerGenerate = "generate"
+	RunnerPooling  = "pooling"
+)
+
 // Validate checks the memory arithmetic, naming the flags.
 func (c Config) Validate() error {
 	if c.ServedModelName == "" {
@@ -182,6 +193,9 @@ func (c Config) Validate() error {
 	}
 	if c.MaxLoRAs < 0 || c.LoRALoad.Scale < 0 || c.LoRALoad.Fixed < 0 {
 		errs = append(errs, errors.New("--max-loras, --lora-load-scale and --lora-load-time must not be negative"))
+	}
+	if c.Runner != "" && c.Runner != "auto" && c.Runner != RunnerGenerate && c.Runner != RunnerPooling {
+		errs = append(errs, fmt.Errorf("--runner is %q: it must be auto, generate or pooling", c.Runner))
 	}
 	if c.SchedulingPolicy != "" && c.SchedulingPolicy != "fcfs" && c.SchedulingPolicy != "priority" {
 		errs = append(errs, fmt.Errorf("--scheduling-policy is %q: it must be fcfs or priority", c.SchedulingPolicy))
@@ -452,6 +466,15 @@ func (s *server) complete(w http.ResponseWriter, r *http.Request, chat bool) {
 	s.mu.Unlock()
 	if !loaded {
 		s.refuse(w, errLoading)
+		return
+	}
+	if s.cfg.Runner == RunnerPooling {
+		// vLLM's answer for a pooling model.
+		api := "Completions"
+		if chat {
+			api = "Chat Completions"
+		}
+		apiError(w, http.StatusBadRequest, "The model does not support "+api+" API", "BadRequestError")
 		return
 	}
 	var req completionRequest

@@ -1881,9 +1881,12 @@ type ModelDeployment struct {
 	Name  string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
 	Spec  *ModelSpec             `protobuf:"bytes,2,opt,name=spec,proto3" json:"spec,omitempty"`
 	// Bumped by every change of the spec other than the replica count.
-	Generation    uint64       `protobuf:"varint,3,opt,name=generation,proto3" json:"generation,omitempty"`
-	Status        *ModelStatus `protobuf:"bytes,4,opt,name=status,proto3" json:"status,omitempty"`
-	CreatedIndex  uint64       `protobuf:"varint,5,opt,name=created_index,json=createdIndex,proto3" json:"created_index,omitempty"`
+	Generation   uint64       `protobuf:"varint,3,opt,name=generation,proto3" json:"generation,omitempty"`
+	Status       *ModelStatus `protobuf:"bytes,4,opt,name=status,proto3" json:"status,omitempty"`
+	CreatedIndex uint64       `protobuf:"varint,5,opt,name=created_index,json=createdIndex,proto3" json:"created_index,omitempty"`
+	// Unix seconds of the log time (the proposing leader's clock) of the
+	// entry that created it; 0 for one created before it was recorded.
+	CreatedUnix   int64 `protobuf:"varint,6,opt,name=created_unix,json=createdUnix,proto3" json:"created_unix,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1949,6 +1952,13 @@ func (x *ModelDeployment) GetStatus() *ModelStatus {
 func (x *ModelDeployment) GetCreatedIndex() uint64 {
 	if x != nil {
 		return x.CreatedIndex
+	}
+	return 0
+}
+
+func (x *ModelDeployment) GetCreatedUnix() int64 {
+	if x != nil {
+		return x.CreatedUnix
 	}
 	return 0
 }
@@ -2361,7 +2371,7 @@ const file_gpuplane_v1_resources_proto_rawDesc = "" +
 	"\arunning\x18\x03 \x01(\rR\arunning\x12\x14\n" +
 	"\x05ready\x18\x04 \x01(\bR\x05ready\x12\x16\n" +
 	"\x06reason\x18\x05 \x01(\tR\x06reason\x123\n" +
-	"\x16memory_per_replica_mib\x18\x06 \x01(\x04R\x13memoryPerReplicaMib\"\xc8\x01\n" +
+	"\x16memory_per_replica_mib\x18\x06 \x01(\x04R\x13memoryPerReplicaMib\"\xeb\x01\n" +
 	"\x0fModelDeployment\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12*\n" +
 	"\x04spec\x18\x02 \x01(\v2\x16.gpuplane.v1.ModelSpecR\x04spec\x12\x1e\n" +
@@ -2369,7 +2379,8 @@ const file_gpuplane_v1_resources_proto_rawDesc = "" +
 	"generation\x18\x03 \x01(\x04R\n" +
 	"generation\x120\n" +
 	"\x06status\x18\x04 \x01(\v2\x18.gpuplane.v1.ModelStatusR\x06status\x12#\n" +
-	"\rcreated_index\x18\x05 \x01(\x04R\fcreatedIndex\"\xce\x04\n" +
+	"\rcreated_index\x18\x05 \x01(\x04R\fcreatedIndex\x12!\n" +
+	"\fcreated_unix\x18\x06 \x01(\x03R\vcreatedUnix\"\xce\x04\n" +
 	"\aReplica\x12\x14\n" +
 	"\x05model\x18\x01 \x01(\tR\x05model\x12\x14\n" +
 	"\x05index\x18\x02 \x01(\rR\x05index\x12\x1e\n" +
