@@ -51,6 +51,12 @@ type Replica struct {
 	// gateway passes each request's class in it (interactive 0, standard
 	// 1, background 2). Its own preemption still applies (it is per card).
 	PriorityScheduling bool
+	// MaxInFlight is how many requests the engine runs at once (vLLM's and
+	// sim's --max-num-seqs, llama.cpp's slots, Ollama's
+	// OLLAMA_NUM_PARALLEL; 0: unknown, and Options.MaxInFlight holds).
+	// The gateway sends it no more: the rest wait in the card's queue,
+	// where priority and fairness order them, not in the engine's.
+	MaxInFlight int
 	// Slots is a llama.cpp engine's slot count (its --parallel; 0 counts as
 	// 1, llama.cpp's default): the gateway runs each request in a slot of
 	// its own tenant's (id_slot), never in one holding another tenant's
@@ -131,9 +137,11 @@ type Options struct {
 	Engines *http.Client
 	// Queue is every card's scheduler configuration.
 	Queue queue.Config
-	// MaxInFlight caps the requests each engine holds at once (default
-	// 64; a replica with a KV budget, Replica.KVTokens, may hold fewer);
-	// QueueLimit bounds the requests waiting for each (default 512).
+	// MaxInFlight caps the requests an engine whose own concurrency is
+	// not known (Replica.MaxInFlight 0) holds at once (default 64); a
+	// replica with a KV budget, Replica.KVTokens, may hold fewer.
+	// QueueLimit bounds the requests waiting for each engine (default
+	// 512).
 	MaxInFlight int
 	QueueLimit  int
 	// MaxBodyBytes bounds a request body (default 4 MiB); past it, 413.

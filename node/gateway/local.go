@@ -165,7 +165,8 @@ func (g *Gateway) syncLocals(t *table) {
 		g.watchLocked(l, rp)
 		c := l.card
 		c.mu.Lock()
-		if rp.KVTokens != l.rep.KVTokens || rp.Kind != l.rep.Kind || rp.Slots != l.rep.Slots {
+		if rp.KVTokens != l.rep.KVTokens || rp.Kind != l.rep.Kind || rp.Slots != l.rep.Slots ||
+			rp.MaxInFlight != l.rep.MaxInFlight || rp.PriorityScheduling != l.rep.PriorityScheduling {
 			if out, err := c.s.AddDeployment(g.queueDeployment(key, rp), now); err == nil {
 				c.apply(out, now)
 			}
@@ -185,16 +186,24 @@ func (g *Gateway) syncLocals(t *table) {
 }
 
 // queueDeployment is a local replica's deployment in its card's
-// scheduler: its in-flight cap, and its KV budget where known. A llama.cpp
-// engine holds at most one request per slot: the scheduler dispatches a
-// request only when a slot is free, so its order (priority, then fairness)
-// decides who gets a slot, and the rest wait in its queue.
+// scheduler: its in-flight cap, the engine's own concurrency where known,
+// and its KV budget where known. The engine is sent no more than it runs
+// at once, so that the requests that wait, wait here, where the
+// scheduler's order (priority, then fairness) decides who runs next; in
+// the engine's own queue they would run first come, first served. A
+// llama.cpp engine holds at most one request per slot. An engine that
+// orders its batch by priority takes interactive work beside the
+// background work it pauses for it (queue.Deployment.Yields).
 func (g *Gateway) queueDeployment(key string, rp Replica) queue.Deployment {
 	inFlight := g.opts.MaxInFlight
-	if rp.Kind == engine.KindLlamaCpp {
-		inFlight = min(inFlight, max(rp.Slots, 1))
+	if rp.MaxInFlight > 0 {
+		inFlight = rp.MaxInFlight
 	}
-	return queue.Deployment{Name: key, MaxInFlight: inFlight, MaxTokens: max(rp.KVTokens, 0), QueueLimit: g.opts.QueueLimit}
+	if rp.Kind == engine.KindLlamaCpp {
+		inFlight = max(rp.Slots, 1)
+	}
+	return queue.Deployment{Name: key, MaxInFlight: inFlight, MaxTokens: max(rp.KVTokens, 0), QueueLimit: g.opts.QueueLimit,
+		Yields: rp.PriorityScheduling}
 }
 
 // watchLocked starts following rp's residency (under g.mu) if it is a
