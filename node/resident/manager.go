@@ -408,9 +408,18 @@ func (m *Manager) placed(ds []executor.Desired) {
 		if ok && d.Replica.GetCards()[0] == r.card {
 			continue
 		}
-		m.handle(m.ctrls[r.card], residency.DeploymentRemoved{Model: k.id()}, "")
+		// It leaves its card's ledger now, whatever its state: the
+		// executor stops its engine (it was moved, replaced or deleted),
+		// not this card's controller, so no unload of the controller's
+		// would ever end. Off m.reps first, so that the controller's
+		// answer to the removal (an unload or a drain) acts on no engine:
+		// one of the same name may already run on another card. Loads on
+		// this card wait until the old engine's memory is really free
+		// (departed, awaitCounted).
 		delete(m.reps, k)
 		m.departed[k] = true
+		m.handle(m.ctrls[r.card], residency.DeploymentRemoved{Model: k.id()}, "")
+		m.handle(m.ctrls[r.card], residency.Unloaded{Model: k.id()}, "left the card: its engine is stopped by the node")
 		m.mu.Lock()
 		delete(m.adapterSpecs, k)
 		m.mu.Unlock()
