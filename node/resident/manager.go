@@ -388,12 +388,14 @@ func (m *Manager) deployment(k rkey, d executor.Desired) residency.Deployment {
 
 // placed reconciles the controllers with the replicas placed on the node.
 func (m *Manager) placed(ds []executor.Desired) {
-	// Cards with a warm or onDemand replica get a controller; every
+	// Cards with a single-card replica get a controller, one holding only
+	// pinned replicas too: its ledger, plan and metrics account for the
+	// card (a pinned engine runs as the executor keeps it); every
 	// single-card replica on them joins it.
 	want := map[rkey]executor.Desired{}
 	cardsWanted := map[uint32]bool{}
 	for _, d := range ds {
-		if c, ok := controlled(d); ok && fronted(d) {
+		if c, ok := controlled(d); ok {
 			cardsWanted[c] = true
 		}
 	}

@@ -190,7 +190,7 @@ func planAction(c *pb.ResidencyCardPlan, e *pb.ResidencyPlanEntry) string {
 }
 
 // nextIn is the predicted next request relative to when the node answered:
-// "in 42s", "3s ago" (overdue), "-" (unknown).
+// "in 42s", "overdue" (predicted, and none came yet), "-" (unknown).
 func nextIn(c *pb.ResidencyCardPlan, e *pb.ResidencyPlanEntry) string {
 	if e.GetNextRequest() == nil {
 		return ""
@@ -201,7 +201,7 @@ func nextIn(c *pb.ResidencyCardPlan, e *pb.ResidencyPlanEntry) string {
 	}
 	d := e.GetNextRequest().AsTime().Sub(now).Round(time.Second)
 	if d < 0 {
-		return (-d).String() + " ago"
+		return "overdue"
 	}
 	return "in " + d.String()
 }
