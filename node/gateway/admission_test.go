@@ -72,6 +72,7 @@ func TestGatewayWeightsHoldWithinEngineConcurrency(t *testing.T) {
 	// warm-up (the queues filling), the next 200 are counted.
 	const warmup, counted = 40, 200
 	flood, stopFlood := context.WithCancel(ctx)
+	defer stopFlood()
 	var mu sync.Mutex
 	answered, served := 0, map[string]int{}
 	var wg sync.WaitGroup

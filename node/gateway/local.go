@@ -430,7 +430,7 @@ func (x *call) advance(s step) step {
 	case stepRun:
 		return x.begin()
 	case stepEnd:
-		x.g.answerEnd(x.w, x.m, x.req, *x.pd.end)
+		x.g.answerEnd(x.w, x.m, x.req, *x.pd.end, x.waitCause(*x.pd.end))
 		return stepDone
 	default:
 		if !x.wait() {
@@ -541,15 +541,40 @@ func (x *call) wait() bool {
 	return false
 }
 
+// WaitExplainer is what a Residency may also do: say why a replica did
+// not serve a request that waited for it past the cold wait, in one cause
+// with its numbers, recording it as its controller's reject decision
+// (resident.Manager). "": it cannot say.
+type WaitExplainer interface {
+	WaitExpired(model string, index uint32, waited time.Duration) string
+}
+
+// waitCause is why the replica did not serve a request the scheduler
+// turned away after its cold wait (503), as its residency controller
+// says; "" for any other end.
+func (x *call) waitCause(e queue.End) string {
+	if e.Outcome != queue.Rejected || e.Status != http.StatusServiceUnavailable || !x.l.rep.Fronted {
+		return ""
+	}
+	ex, ok := x.g.opts.Residency.(WaitExplainer)
+	if !ok {
+		return ""
+	}
+	return ex.WaitExpired(x.l.rep.Deployment, x.l.rep.Index, time.Since(x.req.arrived))
+}
+
 // answerEnd answers a request the scheduler ended without an engine's
-// answer.
-func (g *Gateway) answerEnd(w http.ResponseWriter, m *Model, req *request, e queue.End) {
+// answer; cause, where known, is why a 503's model was not served.
+func (g *Gateway) answerEnd(w http.ResponseWriter, m *Model, req *request, e queue.End, cause string) {
 	var aerr *apiError
 	switch e.Outcome {
 	case queue.Rejected:
 		if e.Status == http.StatusTooManyRequests {
 			aerr = errorf(e.Status, "rate_limit_error", "queue_full",
 				"model %q: its queue is full; retry after %s", m.Served, e.RetryAfter)
+		} else if cause != "" {
+			aerr = errorf(e.Status, "server_error", "model_not_loaded",
+				"model %q was not served in time: %s; retry after %s", m.Served, cause, e.RetryAfter)
 		} else {
 			aerr = errorf(e.Status, "server_error", "model_not_loaded",
 				"model %q could not be loaded in time (it is cold, loading, or its card is full); retry after %s", m.Served, e.RetryAfter)
@@ -817,7 +842,7 @@ func (g *Gateway) finishWith(w http.ResponseWriter, c *card, pd *pending, ctx co
 			return result{} // re-queued: it runs again
 		}
 		c.mu.Unlock()
-		g.answerEnd(w, m, req, *pd.end)
+		g.answerEnd(w, m, req, *pd.end, "")
 		c.mu.Lock()
 		return result{done: true}
 	}

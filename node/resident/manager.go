@@ -168,6 +168,10 @@ type rep struct {
 	adapters      *adapterSpec
 	tiersSent     string
 	tiersReported bool
+	// rejected is when the last reject decision was recorded for it, with
+	// its reason (explain.go).
+	rejected     time.Time
+	rejectReason string
 }
 
 type report struct {
