@@ -486,6 +486,9 @@ func (g *Gateway) enqueue(w http.ResponseWriter, r *http.Request, req *request, 
 			g.mu.Unlock()
 		}
 		x.demand = g.opts.Residency.Demand(rep.Deployment, rep.Index)
+		if ka, ok := g.opts.Residency.(KeepAliver); ok && req.keepAlive != nil {
+			ka.KeepAlive(rep.Deployment, rep.Index, *req.keepAlive)
+		}
 	}
 	return x
 }
@@ -539,6 +542,14 @@ func (x *call) wait() bool {
 		}
 	}
 	return false
+}
+
+// KeepAliver is what a Residency may also do: take a request's
+// keep_alive as its hint for how long the replica's model stays loaded
+// after it (resident.Manager; docs/residency.md). It is called after
+// Demand for the same request.
+type KeepAliver interface {
+	KeepAlive(model string, index uint32, d time.Duration)
 }
 
 // WaitExplainer is what a Residency may also do: say why a replica did

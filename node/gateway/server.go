@@ -182,7 +182,10 @@ type request struct {
 	// estimate of its input.
 	maxTokens    int
 	promptTokens int
-	class        queue.Class
+	// keepAlive is the request's keep_alive (Ollama's: how long its model
+	// stays loaded after it; negative keeps it), nil when not given.
+	keepAlive *time.Duration
+	class     queue.Class
 	who          who
 	arrived      time.Time
 }
@@ -207,6 +210,7 @@ func (g *Gateway) parse(w http.ResponseWriter, r *http.Request) (*request, *apiE
 		Prompt              json.RawMessage `json:"prompt"`
 		Messages            json.RawMessage `json:"messages"`
 		Input               json.RawMessage `json:"input"`
+		KeepAlive           json.RawMessage `json:"keep_alive"`
 	}
 	if err := json.Unmarshal(body, &f); err != nil {
 		return nil, errorf(http.StatusBadRequest, "invalid_request_error", "invalid_json",
@@ -233,6 +237,18 @@ func (g *Gateway) parse(w http.ResponseWriter, r *http.Request) (*request, *apiE
 		}
 		req.maxTokens = *mt.v
 	}
+	if len(f.KeepAlive) > 0 && string(f.KeepAlive) != "null" {
+		d, err := parseKeepAlive(f.KeepAlive)
+		if err != nil {
+			return nil, errorf(http.StatusBadRequest, "invalid_request_error", "invalid_value", "keep_alive %s: %v", f.KeepAlive, err)
+		}
+		req.keepAlive = &d
+		// The gateway's field, not the engine's: a strict engine refuses
+		// fields it does not know.
+		if req.body, err = withoutField(body, "keep_alive"); err != nil {
+			return nil, errorf(http.StatusBadRequest, "invalid_request_error", "invalid_json", "the request body: %v", err)
+		}
+	}
 	if req.path == "/v1/embeddings" {
 		req.maxTokens = 0
 		req.stream = false
@@ -241,6 +257,46 @@ func (g *Gateway) parse(w http.ResponseWriter, r *http.Request) (*request, *apiE
 	// prompt at dispatch; the counters take what the engine reports.
 	req.promptTokens = (len(f.Prompt) + len(f.Messages) + len(f.Input)) / 4
 	return req, nil
+}
+
+// parseKeepAlive reads keep_alive as Ollama does: a number of seconds or
+// a duration ("5m", "1h30m", "0", "-1"); any negative value keeps the
+// model loaded (-1).
+func parseKeepAlive(raw json.RawMessage) (time.Duration, error) {
+	var v any
+	if err := json.Unmarshal(raw, &v); err != nil {
+		return 0, err
+	}
+	var d time.Duration
+	switch x := v.(type) {
+	case float64:
+		d = time.Duration(x * float64(time.Second))
+	case string:
+		if secs, err := strconv.ParseFloat(x, 64); err == nil {
+			d = time.Duration(secs * float64(time.Second))
+			break
+		}
+		var err error
+		if d, err = time.ParseDuration(x); err != nil {
+			return 0, errors.New(`must be a number of seconds or a duration such as "5m"; 0 unloads the model after the request, a negative value keeps it loaded`)
+		}
+	default:
+		return 0, errors.New(`must be a number of seconds or a duration such as "5m"; 0 unloads the model after the request, a negative value keeps it loaded`)
+	}
+	if d < 0 {
+		d = -1
+	}
+	return d, nil
+}
+
+// withoutField is body (a JSON object) without its field key.
+func withoutField(body []byte, key string) ([]byte, error) {
+	var m map[string]json.RawMessage
+	if err := json.Unmarshal(body, &m); err != nil {
+		return nil, err
+	}
+	delete(m, key)
+	return json.Marshal(m)
 }
 
 // readBody reads a body of size bytes (-1: unknown) to its end, into a

@@ -607,31 +607,42 @@ func (c *Controller) idle(now time.Time) {
 			continue
 		}
 		since := r.lastUse
+		// The last request's keep_alive replaces the card's timeouts
+		// (keepalive.go): negative keeps the model, and the
+		// controller's own guards (least residency, a forecast
+		// arrival) give way to what the request asked.
+		idleSleep, idleUnload, limit := c.cfg.IdleSleep, c.cfg.IdleUnload, ""
+		if r.keepSet {
+			if r.keep < 0 {
+				continue
+			}
+			idleSleep, idleUnload, limit = r.keep, r.keep, " (its last request's keep_alive)"
+		}
 		switch r.state {
 		case Resident:
 			if r.resident.After(since) {
 				since = r.resident
 			}
-			if now.Sub(since) < c.cfg.IdleSleep || now.Sub(r.resident) < max(c.cfg.MinResidency, 2*c.loadTime(r)) ||
-				r.fc.expectedWithin(now, c.cfg.IdleSleep) {
+			if now.Sub(since) < idleSleep || !r.keepSet && (now.Sub(r.resident) < max(c.cfg.MinResidency, 2*c.loadTime(r)) ||
+				r.fc.expectedWithin(now, idleSleep)) {
 				continue
 			}
-			idle := now.Sub(since).Round(time.Second)
+			idle := now.Sub(since)
 			switch {
 			case r.dep.CanSleep && (c.cfg.HostMemory == 0 || c.hostUsed()+c.hostBytes(r) <= c.cfg.HostMemory):
 				freed := c.claim(r, false) - c.residual(r)
 				c.stop(r, ActSleep, TriggerIdle, "", Inputs{Bytes: freed, Reload: c.wakeTime(r)}, now,
-					"sleep %s: idle %s ≥ %s; frees %s, %s", r.dep.Model, dur(idle), dur(c.cfg.IdleSleep), gib(freed), wakeIn(c.wakeTime(r)))
+					"sleep %s: idle %s ≥ %s%s; frees %s, %s", r.dep.Model, dur(idle), dur(idleSleep), limit, gib(freed), wakeIn(c.wakeTime(r)))
 			case r.dep.Residency == OnDemand:
 				c.stop(r, ActUnload, TriggerIdle, "", Inputs{Bytes: c.cost(r), Reload: c.loadTime(r)}, now,
-					"unload %s: idle %s ≥ %s and its engine cannot sleep; frees %s", r.dep.Model, dur(idle), dur(c.cfg.IdleSleep), gib(c.cost(r)))
+					"unload %s: idle %s ≥ %s%s and its engine cannot sleep; frees %s", r.dep.Model, dur(idle), dur(idleSleep), limit, gib(c.cost(r)))
 			}
 		case Sleeping:
-			if r.dep.Residency != OnDemand || now.Sub(r.since) < c.cfg.IdleUnload || r.fc.expectedWithin(now, c.cfg.IdleUnload) {
+			if r.dep.Residency != OnDemand || now.Sub(r.since) < idleUnload || !r.keepSet && r.fc.expectedWithin(now, idleUnload) {
 				continue
 			}
 			c.stop(r, ActUnload, TriggerIdle, "", Inputs{Bytes: c.cost(r), Reload: c.loadTime(r)}, now,
-				"unload %s: asleep %s ≥ %s; frees %s", r.dep.Model, dur(now.Sub(r.since)), dur(c.cfg.IdleUnload), gib(c.cost(r)))
+				"unload %s: asleep %s ≥ %s%s; frees %s", r.dep.Model, dur(now.Sub(r.since)), dur(idleUnload), limit, gib(c.cost(r)))
 		}
 	}
 }

@@ -2,6 +2,8 @@ package resident
 
 import (
 	"time"
+
+	"github.com/gpuplane/gpuplane/node/residency"
 )
 
 // rejectEvery is how often a reject decision is recorded for one replica:
@@ -49,4 +51,13 @@ func (m *Manager) WaitExpired(model string, index uint32, waited time.Duration) 
 	case <-time.After(5 * time.Second):
 		return "" // the node's loop is stopping or stuck: the plain answer
 	}
+}
+
+// KeepAlive passes a request's keep_alive (Ollama's meaning: how long to
+// keep the model loaded after it; 0 unloads once idle, negative keeps) to
+// the replica's controller as the request's hint (residency.KeepAlive).
+// The gateway calls it after Demand for the same request.
+func (m *Manager) KeepAlive(model string, index uint32, d time.Duration) {
+	k := rkey{model, index}
+	m.post(func() { m.request(k, residency.KeepAlive{Model: k.id(), For: d}) })
 }
