@@ -186,8 +186,8 @@ type request struct {
 	// stays loaded after it; negative keeps it), nil when not given.
 	keepAlive *time.Duration
 	class     queue.Class
-	who          who
-	arrived      time.Time
+	who       who
+	arrived   time.Time
 }
 
 // parse reads and checks r's body: a JSON object with a model, max_tokens

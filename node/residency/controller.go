@@ -108,7 +108,7 @@ type replica struct {
 	// (keepSet; keepalive.go).
 	keep    time.Duration
 	keepSet bool
-	dep Deployment
+	dep     Deployment
 	// prof is what the profiler learned for dep's key, mem its memory
 	// figures at dep's share (shared, not part of a step's trial copy).
 	prof  *Profile
