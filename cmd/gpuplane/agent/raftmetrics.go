@@ -113,7 +113,7 @@ func (s *libSink) get(kind byte, key []string, labels []gometrics.Label) *libSer
 	if ser = s.series[string(b)]; ser != nil {
 		return ser
 	}
-	ser = &libSeries{m: newLibMetric(kind, s.name(key, kind == kindCounter), labels)}
+	ser = &libSeries{m: newLibMetric(kind, s.name(key, kind == kindCounter), libHelp(kind, key), labels)}
 	s.series[string(b)] = ser
 	return ser
 }
@@ -132,7 +132,42 @@ func (s *libSink) name(key []string, counter bool) string {
 
 var forbiddenChars = strings.NewReplacer(" ", "_", ".", "_", "=", "_", "-", "_", "/", "_")
 
-func newLibMetric(kind byte, name string, labels []gometrics.Label) libMetric {
+// libHelpTexts says what the libraries' best-known series measure, with
+// their unit; keyed by the library's own key joined with ".".
+var libHelpTexts = map[string]string{
+	"memberlist.gossip":                  "Time memberlist takes for one gossip round to its peers, in milliseconds.",
+	"memberlist.queue.broadcasts":        "Messages waiting in memberlist's broadcast queue to be gossiped (count).",
+	"raft.thread.main.saturation":        "Share of time raft's main goroutine was busy, from 0 to 1.",
+	"raft.leader.oldestLogAge":           "Age of the oldest entry in the leader's log store, in milliseconds (how far back a lagging follower can catch up without a snapshot).",
+	"raft.commitTime":                    "Time from a write reaching the leader to its commit, in milliseconds.",
+	"raft.fsm.apply":                     "Time to apply one committed entry to the state machine, in milliseconds.",
+	"raft.leader.lastContact":            "Time since the leader last heard from a follower, in milliseconds.",
+	"raft.thread.fsm.saturation":         "Share of time raft's state-machine goroutine was busy, from 0 to 1.",
+	"raft.replication.appendEntries.rpc": "Time of one append-entries RPC to a follower, in milliseconds.",
+}
+
+// libHelp is a series' HELP: its known text, or what the library reports
+// under that key and in which unit go-metrics reports it (timings are in
+// milliseconds).
+func libHelp(kind byte, key []string) string {
+	if h, ok := libHelpTexts[strings.Join(key, ".")]; ok {
+		return h
+	}
+	what := "Measurement"
+	switch kind {
+	case kindCounter:
+		what = "Count"
+	case kindSummary:
+		what = "Timing or size, timings in milliseconds,"
+	}
+	lib := "hashicorp/raft"
+	if len(key) > 0 && key[0] == "memberlist" {
+		lib = "hashicorp/memberlist"
+	}
+	return what + " reported by " + lib + " as " + strings.Join(key, ".") + "."
+}
+
+func newLibMetric(kind byte, name, help string, labels []gometrics.Label) libMetric {
 	var constLabels prometheus.Labels
 	if len(labels) > 0 {
 		constLabels = prometheus.Labels{}
@@ -142,11 +177,11 @@ func newLibMetric(kind byte, name string, labels []gometrics.Label) libMetric {
 	}
 	switch kind {
 	case kindGauge:
-		return prometheus.NewGauge(prometheus.GaugeOpts{Name: name, Help: name, ConstLabels: constLabels})
+		return prometheus.NewGauge(prometheus.GaugeOpts{Name: name, Help: help, ConstLabels: constLabels})
 	case kindCounter:
-		return prometheus.NewCounter(prometheus.CounterOpts{Name: name, Help: name, ConstLabels: constLabels})
+		return prometheus.NewCounter(prometheus.CounterOpts{Name: name, Help: help, ConstLabels: constLabels})
 	}
-	return prometheus.NewSummary(prometheus.SummaryOpts{Name: name, Help: name, ConstLabels: constLabels,
+	return prometheus.NewSummary(prometheus.SummaryOpts{Name: name, Help: help, ConstLabels: constLabels,
 		MaxAge: 10 * time.Second, Objectives: map[float64]float64{0.5: 0.05, 0.9: 0.01, 0.99: 0.001}})
 }
 

@@ -116,3 +116,32 @@ func BenchmarkLibSinkSample(b *testing.B) {
 		s.AddSampleWithLabels(key, 1, labels)
 	}
 }
+
+// TestLibSinkHelp: a library series' HELP says what it measures and its
+// unit, not its own name again.
+func TestLibSinkHelp(t *testing.T) {
+	s := newLibSink("gpuplane", time.Hour)
+	s.AddSample([]string{"memberlist", "gossip"}, 1)
+	s.SetGauge([]string{"raft", "leader", "oldestLogAge"}, 7)
+	s.IncrCounter([]string{"raft", "transition", "heartbeatTimeout"}, 1)
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(s)
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]string{
+		"gpuplane_memberlist_gossip":                       "milliseconds",
+		"gpuplane_raft_leader_oldest_log_age":              "milliseconds",
+		"gpuplane_raft_transition_heartbeat_timeout_total": "raft.transition.heartbeatTimeout",
+	}
+	for _, mf := range mfs {
+		help := mf.GetHelp()
+		if help == mf.GetName() || !strings.Contains(help, want[mf.GetName()]) {
+			t.Errorf("%s HELP = %q, want it to say %q", mf.GetName(), help, want[mf.GetName()])
+		}
+	}
+	if len(mfs) != len(want) {
+		t.Errorf("got %d families, want %d", len(mfs), len(want))
+	}
+}

@@ -247,6 +247,13 @@ func (p *parser) document(n int, doc yaml.MapSlice) {
 		p.problems = append(p.problems, Problem{Document: n, Ref: ref, Field: field, Description: fmt.Sprintf(format, args...)})
 	}
 
+	if kind == "" && lookup(doc, "card") != nil && lookup(doc, "models") != nil {
+		// A `simulate serve` config has none of a descriptor's fields, so
+		// listing each as unknown would only hide what the file is.
+		p.problems = append(p.problems, Problem{Document: n,
+			Description: "this is a `gpuplane simulate serve` config (it has card and models, no resource): run `gpuplane simulate serve --config FILE`"})
+		return
+	}
 	var target any
 	switch Kind(kind) {
 	case KindAccelerator:

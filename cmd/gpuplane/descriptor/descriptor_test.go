@@ -165,6 +165,11 @@ spec:
 			},
 		},
 		{
+			name: "a simulate serve config",
+			file: "card: {name: home, memoryGiB: 24}\nmodels:\n  - name: chat\n    memoryGiB: 9\n",
+			want: []string{"document 1: this is a `gpuplane simulate serve` config (it has card and models, no resource): run `gpuplane simulate serve --config FILE`"},
+		},
+		{
 			name: "resourceVersion v2",
 			file: strings.Replace(accel("small", "device: l4"), "v1", "v2", 1),
 			want: []string{"document 1 (accelerator/small): resourceVersion: must be v1, got v2"},
