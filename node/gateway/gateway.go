@@ -202,9 +202,10 @@ type Gateway struct {
 
 // table is one refresh's view of the cluster.
 type table struct {
-	models  []Model
-	byName  map[string]*Model
-	created time.Time
+	models []Model
+	byName map[string]*Model
+	// read is when the cluster's view it holds began to be read.
+	read time.Time
 }
 
 // New returns a Gateway; Run keeps its view of the cluster fresh.
@@ -287,6 +288,7 @@ func (g *Gateway) refresh(ctx context.Context) {
 		return
 	}
 	defer g.refreshing.Store(false)
+	read := time.Now()
 	rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	ms, err := g.opts.Cluster.Models(rctx)
 	cancel()
@@ -295,7 +297,7 @@ func (g *Gateway) refresh(ctx context.Context) {
 		return
 	}
 	sort.Slice(ms, func(i, j int) bool { return ms[i].Served < ms[j].Served })
-	t := &table{models: ms, byName: map[string]*Model{}, created: time.Now()}
+	t := &table{models: ms, byName: map[string]*Model{}, read: read}
 	// Aliases first: a deployment's served name wins over another's alias.
 	for i := range ms {
 		for _, a := range ms[i].Aliases {

@@ -387,15 +387,21 @@ func (g *Gateway) admit(w http.ResponseWriter, r *http.Request) (*request, *Mode
 	return req, m, t
 }
 
-// resolveFresh resolves name, reading the cluster again once if it is not
-// known (a model deployed a moment ago).
+// resolveFresh resolves name, reading the cluster again if it is not
+// known (a model deployed a moment ago) and the view was read before the
+// request came: a refresh already running when it came may have read the
+// cluster before the deploy, so it waits for that one and reads again.
 func (g *Gateway) resolveFresh(ctx context.Context, name, tenant string) (*Model, string, *apiError) {
+	came := time.Now()
 	m, ad, aerr := g.resolve(name, tenant)
-	if aerr == nil || time.Since(g.table.Load().created) < 100*time.Millisecond {
-		return m, ad, aerr
+	for range 2 {
+		if aerr == nil || !g.table.Load().read.Before(came) || ctx.Err() != nil {
+			break
+		}
+		g.refresh(ctx)
+		m, ad, aerr = g.resolve(name, tenant)
 	}
-	g.refresh(ctx)
-	return g.resolve(name, tenant)
+	return m, ad, aerr
 }
 
 // target is where a request goes: a local replica, or another node.
