@@ -59,7 +59,7 @@ lint:
 BENCH_FLAGS ?=
 BENCH_CLUSTER_FLAGS ?=
 
-.PHONY: bench-commit bench-cluster bench-scheduler bench-replay bench-soak bench-archive bench-residency bench-gateway bench-gateway-http bench-adapters bench-dashboard
+.PHONY: bench-serve bench-commit bench-cluster bench-scheduler bench-replay bench-soak bench-archive bench-residency bench-gateway bench-gateway-http bench-adapters bench-dashboard
 bench: bench-commit bench-cluster bench-scheduler bench-replay bench-residency bench-gateway bench-gateway-http bench-adapters
 
 bench-commit: build
@@ -68,6 +68,11 @@ bench-commit: build
 # bench/cluster is a module of its own (etcd's client stays out of go.mod).
 bench-cluster: build
 	cd bench/cluster && $(GO) run . -bin $(CURDIR)/$(BIN) $(BENCH_CLUSTER_FLAGS)
+
+# simulate serve on every examples/serve config, all policies and the rate
+# sweep; rewrites the tables in examples/serve/README.md.
+bench-serve:
+	$(GO) run ./bench/serve $(BENCH_SERVE_FLAGS)
 
 bench-scheduler:
 	GOMAXPROCS=2 $(GO) test -run '^$$' -bench . -benchtime 20000x ./cluster/scheduler/...
@@ -148,6 +153,15 @@ clean:
 # request ids expire during the run (the request-window check requires it).
 JEPSEN_FLAGS ?=
 JEPSEN_REQUEST_WINDOW ?= 20s
+
+# A full disk (needs root to mount small tmpfs; skips otherwise): the log
+# store's rotation on a full disk, a single server's reads and refused
+# writes, and the real binary filled, freed, killed (-9), stopped (SIGTERM)
+# and restarted on a 64 MiB disk, audit verify --data-dir after each stop.
+.PHONY: disk-faults
+disk-faults:
+	$(GO) test -count=1 -timeout 10m -v -run 'TestDiskFull|TestTailFill' ./cluster/raftstore ./cluster
+	$(GO) test -count=1 -timeout 10m -v -run TestFullDiskRestarts ./cmd/gpuplane/e2e -e2e.disk-faults
 
 .PHONY: jepsen jepsen-long jepsen-hollow
 jepsen:

@@ -212,11 +212,46 @@ func (c *Cluster) propose(ctx context.Context, env *pb.Envelope) (raft.ApplyFutu
 	if err != nil {
 		return nil, fmt.Errorf("encode %s: %w", env.RequestId, err)
 	}
+	// A write the log would refuse (the disk is full) is refused here:
+	// in the log, the failed append would make Raft step this leader down.
+	// Another server may have room: leadership goes to it, and the write
+	// is retried there.
+	if err := c.store.Admit(len(data)); err != nil {
+		if c.handOver(err) {
+			return nil, fmt.Errorf("%w: %v", ErrNotLeader, err)
+		}
+		return nil, err
+	}
 	timeout := time.Until(deadline(ctx))
 	if timeout <= 0 {
 		return nil, context.DeadlineExceeded
 	}
 	return c.raft.Apply(data, timeout), nil
+}
+
+// handOver asks Raft to hand this leader's leadership to another voter,
+// because its log refuses writes (why), and reports whether there is one.
+// A single server keeps leading: it still serves reads.
+func (c *Cluster) handOver(why error) bool {
+	f := c.raft.GetConfiguration()
+	if f.Error() != nil {
+		return false
+	}
+	others := 0
+	for _, s := range f.Configuration().Servers {
+		if s.Suffrage == raft.Voter && string(s.ID) != c.cfg.NodeName {
+			others++
+		}
+	}
+	if others == 0 {
+		return false
+	}
+	now := time.Now().UnixNano()
+	if last := c.handedOver.Load(); now-last > int64(time.Second) && c.handedOver.CompareAndSwap(last, now) {
+		c.log.Warn("this server's raft log refuses writes; handing leadership to another server", "error", why)
+		c.raft.LeadershipTransfer() // its outcome shows as a new leader, or this one again
+	}
+	return true
 }
 
 // futureResult is the state machine's result for a committed entry.

@@ -40,6 +40,9 @@ type Cluster struct {
 	// windowTerm is the last term in which this node, as leader, proposed
 	// an entry carrying its request window (see propose).
 	windowTerm atomic.Uint64
+	// handedOver is when this leader last handed leadership over because
+	// its log refused a write (handOver), in Unix nanoseconds.
+	handedOver atomic.Int64
 	// tenants is a client node's copy of the token table (TenantFor).
 	tenants tenantTable
 

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gpuplane/gpuplane/cluster/raftstore"
 	"github.com/gpuplane/gpuplane/fsm"
 	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
 )
@@ -156,4 +157,148 @@ func TestDiskFullRecovers(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("%d acknowledged writes all present", len(acked))
+}
+
+// TestDiskFullServesReads fills a single server's disk to the last byte:
+// writes are refused with an error that names the free space they wait
+// for, the server stays its own leader and answers linearizable reads with
+// every acknowledged write, repeated refused writes change neither, and so
+// after a restart on the full disk; once that much space is free, writes
+// resume.
+func TestDiskFullServesReads(t *testing.T) {
+	const segSize = 64 << 10
+	disk := smallDisk(t, 2<<20)
+	cfg := Config{NodeName: "n1", DataDir: filepath.Join(disk, "data"), RaftBind: freeAddr(t), Server: true, Bootstrap: true,
+		Logger: testLogger(), logSegmentSize: segSize}
+	c, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { c.Shutdown() }()
+	waitLeader(t, c)
+
+	var acked []string
+	n := 0
+	write := func() error {
+		n++
+		name := fmt.Sprintf("w%d", n)
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		res, err := c.Apply(ctx, registerNode(name))
+		if err == nil && res.Code == pb.Code_CODE_OK {
+			acked = append(acked, name)
+		}
+		return err
+	}
+	readAll := func(why string) {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		err := c.Read(ctx, false, func(f *fsm.FSM) error {
+			for _, name := range acked {
+				if _, ok := f.Node(name); !ok {
+					return fmt.Errorf("acknowledged write %s is missing", name)
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			t.Fatalf("linearizable read %s: %v", why, err)
+		}
+	}
+	for range 20 {
+		if err := write(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	filler := fill(t, disk)
+	var refused error
+	for range 20000 {
+		if refused = write(); refused != nil {
+			break
+		}
+	}
+	need := fmt.Sprintf("once %d bytes are free", segSize+1<<20)
+	if refused == nil || !errors.Is(refused, raftstore.ErrWritesRefused) || !strings.Contains(refused.Error(), need) {
+		t.Fatalf("a write on a full disk: %v; want it refused, naming %q", refused, need)
+	}
+	t.Logf("refused after %d acknowledged writes: %v", len(acked), refused)
+	readAll("on the full disk")
+	for range 20 {
+		if err := write(); !errors.Is(err, raftstore.ErrWritesRefused) {
+			t.Fatalf("a write on the full disk: %v; want it refused", err)
+		}
+		readAll("between refused writes")
+	}
+
+	if err := c.Shutdown(); err != nil {
+		t.Logf("shutdown on a full disk: %v", err)
+	}
+	if c, err = New(cfg); err != nil {
+		t.Fatalf("restart on a full disk: %v", err)
+	}
+	waitLeader(t, c)
+	readAll("after a restart on the full disk")
+	if err := write(); !errors.Is(err, raftstore.ErrWritesRefused) {
+		t.Fatalf("a write on the full disk after a restart: %v; want it refused", err)
+	}
+
+	if err := os.Remove(filler); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(time.Minute)
+	for write() != nil {
+		if time.Now().After(deadline) {
+			t.Fatal("a minute after space was freed, writes are still refused")
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	for range 200 { // through more segments
+		if err := write(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	readAll("after space was freed")
+	t.Logf("%d acknowledged writes all present", len(acked))
+}
+
+// TestDiskFullLeaderHandsOver fills the leader's disk in a cluster of three:
+// writes go on, through the full server too (it forwards them), because it
+// hands leadership to a server with room; once space is freed it catches up.
+func TestDiskFullLeaderHandsOver(t *testing.T) {
+	tr := &trio{t: t, fwd: &localForwarder{nodes: map[string]*Cluster{}}}
+	var peers []Peer
+	disks := make([]string, 3)
+	for i := range 3 {
+		disks[i] = smallDisk(t, 2<<20)
+		o := nodeOpts{name: fmt.Sprintf("s%d", i+1), dir: filepath.Join(disks[i], "data"), addr: freeAddr(t), bootstrap: true, segSize: 64 << 10}
+		peers = append(peers, Peer{ID: o.name, Address: o.addr})
+		tr.opts = append(tr.opts, o)
+	}
+	tr.nodes = make([]*Cluster, 3)
+	for i := range tr.opts {
+		tr.opts[i].peers = peers
+		tr.restart(i)
+	}
+	lead, leader := tr.leader()
+	for i := range 20 {
+		mustApply(t, leader, registerNode(fmt.Sprintf("before%d", i)))
+	}
+	filler := fill(t, disks[lead])
+	full := tr.nodes[lead]
+	for i := range 600 { // several segments: the full server's log cannot take them
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		res, err := full.Apply(ctx, registerNode(fmt.Sprintf("w%d", i)))
+		cancel()
+		if err != nil || res.Code != pb.Code_CODE_OK {
+			t.Fatalf("write %d through %s, whose disk is full: %v, %v", i, tr.opts[lead].name, res, err)
+		}
+	}
+	if now, _ := tr.leader(); now == lead {
+		t.Fatalf("%s still leads with a full disk after 600 writes", tr.opts[lead].name)
+	}
+	if err := os.Remove(filler); err != nil {
+		t.Fatal(err)
+	}
+	tr.converge()
 }

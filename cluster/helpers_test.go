@@ -37,6 +37,7 @@ type nodeOpts struct {
 	peers           []Peer
 	recover         bool
 	requestWindow   time.Duration
+	segSize         int // the log's segment size (0: the default)
 }
 
 // start opens a node and shuts it down when the test ends.
@@ -45,7 +46,7 @@ func start(t testing.TB, o nodeOpts) *Cluster {
 	c, err := New(Config{
 		NodeName: o.name, DataDir: o.dir, RaftBind: o.addr, Server: true,
 		Bootstrap: o.bootstrap, BootstrapPeers: o.peers, Recover: o.recover, Logger: testLogger(),
-		RequestWindow: o.requestWindow,
+		RequestWindow: o.requestWindow, logSegmentSize: o.segSize,
 		// The tests stop peers on purpose; raft logs each failed RPC to them.
 		RaftLogLevel: slog.LevelError + 4,
 	})

@@ -27,6 +27,11 @@ func (c *Cluster) Read(ctx context.Context, stale bool, fn func(*fsm.FSM) error)
 		idx, err := onLeader(ctx, c,
 			func() (uint64, error) { return c.ReadIndex(ctx) },
 			func(f Forwarder, leader string) (uint64, error) { return f.ReadIndex(ctx, leader) })
+		if err != nil && retryable(err) {
+			if why := c.store.Refusing(); why != nil {
+				return fmt.Errorf("%w: this server's raft log refuses writes (%v), and a linearizable read needs the leader to commit an entry of its own first; read with --stale for this server's state", err, why)
+			}
+		}
 		if err != nil {
 			return err
 		}

@@ -9,6 +9,7 @@ import (
 	"connectrpc.com/connect"
 
 	"github.com/gpuplane/gpuplane/cluster"
+	"github.com/gpuplane/gpuplane/cluster/raftstore"
 	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
 )
 
@@ -66,6 +67,8 @@ func backendError(op string, err error) error {
 		return connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("%s: %w", op, err))
 	case errors.Is(err, cluster.ErrUnknownPeer):
 		return connect.NewError(connect.CodeNotFound, fmt.Errorf("%s: %w", op, err))
+	case errors.Is(err, raftstore.ErrWritesRefused):
+		return connect.NewError(connect.CodeResourceExhausted, fmt.Errorf("%s: %w", op, err))
 	case errors.Is(err, cluster.ErrNoLeader), errors.Is(err, cluster.ErrNotLeader), errors.Is(err, cluster.ErrShutdown):
 		return connect.NewError(connect.CodeUnavailable, fmt.Errorf("%s: %w", op, err))
 	case errors.Is(err, context.DeadlineExceeded):

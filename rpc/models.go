@@ -28,6 +28,7 @@ func (h *handlers) GetModel(ctx context.Context, req *connect.Request[pb.GetMode
 		out.Model, out.Replicas = m, replicas
 		return nil
 	})
+	hideEndpoints(ctx, out.Replicas)
 	return connect.NewResponse(out), err
 }
 
@@ -67,5 +68,21 @@ func (h *handlers) ListReplicas(ctx context.Context, req *connect.Request[pb.Lis
 		out.Replicas = f.Replicas(req.Msg.Model, req.Msg.Node)
 		return nil
 	})
+	hideEndpoints(ctx, out.Replicas)
 	return connect.NewResponse(out), err
+}
+
+// hideEndpoints clears the replicas' endpoints for a caller below the
+// operator role when ACLs are on: a read token is a tenant's, and a
+// replica's endpoint (its engine's or its residency front's, on the
+// node's loopback) is the gateway's business; clients send requests to
+// the gateway. The replicas are the read's copies.
+func hideEndpoints(ctx context.Context, rs []*pb.Replica) {
+	p, ok := principalFrom(ctx)
+	if !ok || p.access >= AccessOperator {
+		return
+	}
+	for _, r := range rs {
+		r.Endpoint = ""
+	}
 }

@@ -91,7 +91,8 @@ type Config struct {
 	// ResidencyService (nil: residency does not run here, and the node
 	// answers with nothing for itself).
 	Residency *residency.Journal
-	// Metrics, when set, is served at /metrics (Prometheus text format).
+	// Metrics, when set, is served at /metrics (Prometheus text format);
+	// with ACL, to a token of any role or a node.
 	Metrics http.Handler
 	// Gatherer is the registry behind Metrics: DashboardService.Summary
 	// reads this node's gateway series from it (nil: it shows none).
@@ -159,7 +160,7 @@ func Handler(cfg Config) http.Handler {
 	mux.HandleFunc("GET /ui", serveUI)
 	mux.HandleFunc("GET /ui/{file}", serveUIAsset)
 	if cfg.Metrics != nil {
-		mux.Handle("/metrics", cfg.Metrics)
+		mux.Handle("/metrics", metricsHandler(cfg.ACL, cfg.Backend, cfg.AgentToken, cfg.Metrics))
 	}
 	mux.Handle("/debug/pprof/", debugHandler(cfg.ACL, cfg.Backend, cfg.AgentToken))
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) {

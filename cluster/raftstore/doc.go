@@ -20,12 +20,22 @@
 //   - A damaged or truncated wal-meta.db is an error, not a crash: it is
 //     checked read-only, with memory faults turned into errors, before
 //     raft-wal's own bbolt handle opens it.
-//   - A full disk refuses writes with a clear error and recovers by itself:
-//     raft-wal seals a full segment and creates the next; when that fails
-//     (no space for the next segment) every later append fails until the
-//     process restarts. Store reopens the log once space is back, finishing
-//     the interrupted rotation, so the node takes writes again without a
-//     restart; a restart on a full disk needs no new space.
+//   - A segment is created whole or not at all: raft-wal's file system
+//     leaves the file behind, empty, when its preallocation fails, and
+//     raft-wal would then append to it without its reservation (wholeFS
+//     removes it). A tail shorter than its size limit that holds only zeros
+//     is such a creation, never written to: Open removes it and raft-wal
+//     creates it again, or, without room, the rotation is undone.
+//   - A full disk refuses writes with a clear error, naming the free space
+//     they wait for (roomNeeded), and recovers by itself: raft-wal seals a
+//     full segment and creates the next; when that fails every later append
+//     fails until the log is opened again. Store reopens the log once space
+//     is back, finishing the interrupted rotation, so the node takes writes
+//     again without a restart; a restart on a full disk needs no new space.
+//     Before it comes to that, Admit refuses commands that would take the
+//     newest segment's last bytes while there is no room for the next, so
+//     that a leader can still write its own entries (its election no-op,
+//     read barriers) and a single server keeps serving reads.
 //   - One process per data dir: an exclusive lock taken without waiting.
 //   - Offline readers (audit) read the same files read-only, mapped, without
 //     raft-wal's writer (which repairs and deletes files when it opens).

@@ -41,7 +41,7 @@ func scanLog(dir string, st types.PersistentState, keep, populate bool, skip map
 		if errors.Is(err, fs.ErrNotExist) && !sealed && i == len(st.Segments)-1 {
 			// The tail's file is created after wal-meta.db lists it: a
 			// crash in between leaves it missing, and raft-wal creates it.
-			segs = append(segs, mappedSeg{segScan: &segScan{info: info, path: path}, unmap: func() error { return nil }})
+			segs = append(segs, mappedSeg{segScan: &segScan{info: info, path: path, missing: true}, unmap: func() error { return nil }})
 			continue
 		}
 		if errors.Is(err, fs.ErrNotExist) {

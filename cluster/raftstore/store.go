@@ -56,6 +56,10 @@ type Store struct {
 	// change, so reopening does not read them again.
 	verified map[uint64]bool
 
+	// tmu guards fill.
+	tmu  sync.Mutex
+	fill tailFill
+
 	// fmu guards the write failure state.
 	fmu       sync.Mutex
 	failed    error // the last write's error, until a write succeeds
@@ -117,11 +121,20 @@ func (s *Store) open() (*wal.WAL, error) {
 	if err != nil {
 		return nil, err
 	}
+	if n := len(segs); n > 0 && (segs[n-1].missing || segs[n-1].unallocated) {
+		if undone, err := s.newTail(st, segs[n-1].segScan); err != nil {
+			return nil, err
+		} else if undone {
+			return s.open() // the previous segment is the tail again
+		}
+	}
+	fill := tailFill{known: true, limit: int64(s.opts.SegmentSize)} // a new log's first segment
 	for _, seg := range segs {
 		if !seg.info.SealTime.IsZero() {
 			s.verified[seg.info.ID] = true
 			continue
 		}
+		fill = tailFill{known: true, limit: int64(seg.info.SizeLimit), offset: seg.good, entries: len(seg.offsets)}
 		if seg.tornEnd > seg.good {
 			if err := zeroRange(seg.path, seg.good, seg.tornEnd); err != nil {
 				return nil, fmt.Errorf("discard an unfinished write in %s: %w", seg.path, err)
@@ -130,21 +143,124 @@ func (s *Store) open() (*wal.WAL, error) {
 				"file", seg.path, "offset", seg.good, "bytes", seg.tornEnd-seg.good, "last_index", seg.lastIndex())
 		}
 		if seg.indexStart > 0 {
-			if err := s.finishRotation(seg.segScan); err != nil {
+			rotated, err := s.finishRotation(seg.segScan)
+			if err != nil {
 				return nil, err
 			}
+			fill = tailFill{known: true, sealed: !rotated, limit: int64(s.opts.SegmentSize)}
 		}
 	}
 	var vfs types.VFS = newDatasyncFS()
 	if s.opts.VFS != nil {
 		vfs = s.opts.VFS
 	}
-	w, err := wal.Open(s.dir, wal.WithLogger(s.log.Named("wal")), wal.WithSegmentSize(s.opts.SegmentSize),
-		wal.WithSegmentFiler(segment.NewFiler(s.dir, vfs)))
+	openWAL := func() (*wal.WAL, error) {
+		// raft-wal leaves its wal-meta.db handle open when its Open fails;
+		// bbolt's lock then blocks every later open of the file in this
+		// process, so the handle is closed here.
+		meta := &metadb.BoltMetaDB{}
+		w, err := wal.Open(s.dir, wal.WithLogger(s.log.Named("wal")), wal.WithSegmentSize(s.opts.SegmentSize),
+			wal.WithSegmentFiler(segment.NewFiler(s.dir, wholeFS{vfs})), wal.WithMetaStore(meta))
+		if err != nil {
+			meta.Close()
+		}
+		return w, err
+	}
+	w, err := openWAL()
+	if errors.Is(err, syscall.ENOSPC) {
+		// The disk filled between the check for room and the new tail's
+		// creation, which left no file (wholeFS): the log opens as it
+		// was before the rotation, refusing writes until there is room.
+		var undone bool
+		if undone, err = s.undoRotation("the disk filled while the next segment was created"); undone {
+			w, err = openWAL()
+			fill = tailFill{known: true, sealed: true}
+		}
+	}
 	if err != nil {
 		return nil, fmt.Errorf("open raft log %s: %w", s.dir, err)
 	}
+	s.tmu.Lock()
+	s.fill = fill
+	s.tmu.Unlock()
 	return w, nil
+}
+
+// wholeFS creates a segment file whole or not at all. raft-wal's file
+// system creates the file, then preallocates it; when the preallocation
+// fails (a full disk) it leaves the file behind, empty or short, and
+// raft-wal's next open would append to it without its reservation, so that
+// a later stop leaves a tail shorter than its size limit, which no check can
+// tell from a truncated one. Here a failed creation removes the file: the
+// segment is then missing, which raft-wal handles by creating it again.
+type wholeFS struct{ types.VFS }
+
+func (w wholeFS) Create(dir, name string, size uint64) (types.WritableFile, error) {
+	f, err := w.VFS.Create(dir, name, size)
+	if err == nil || errors.Is(err, os.ErrExist) {
+		return f, err // an existing file is not this call's to remove
+	}
+	if derr := w.VFS.Delete(dir, name); derr != nil && !errors.Is(derr, os.ErrNotExist) {
+		return nil, errors.Join(err, fmt.Errorf("remove the segment file the failed creation left: %w", derr))
+	}
+	return nil, err
+}
+
+// newTail readies the tail segment wal-meta.db lists when its file is
+// missing or was never fully created (an interrupted rotation): raft-wal
+// creates it whole when it opens, for which the file must not be there.
+// Without room for it, the rotation is undone instead: the previous
+// segment, full and sealed on disk, is the tail again and the log opens
+// refusing writes (finishRotation redoes the rotation once there is room).
+func (s *Store) newTail(st types.PersistentState, tail *segScan) (undone bool, err error) {
+	if tail.unallocated {
+		if err := os.Remove(tail.path); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return false, fmt.Errorf("remove %s, a segment whose creation never completed: %w", tail.path, err)
+		}
+		if err := syncDir(s.dir); err != nil {
+			return false, err
+		}
+		s.log.Warn("raft log: removed the newest segment file, whose creation (preallocation) never completed; nothing was written to it, and it is created again whole",
+			"file", tail.path)
+	}
+	if len(st.Segments) < 2 {
+		return false, nil // no earlier segment to fall back to: raft-wal creates the first
+	}
+	if free, err := freeBytes(s.dir); err == nil && free < s.roomNeeded() {
+		return s.undoRotation(fmt.Sprintf("the disk has %d bytes free, the next segment needs %d", free, s.roomNeeded()))
+	}
+	return false, nil
+}
+
+// undoRotation removes the tail segment wal-meta.db lists when its file is
+// missing and the segment before it is sealed: the state before raft-wal's
+// rotation recorded the new segment, except that the old one is sealed on
+// disk, which Open and finishRotation handle. It reports whether it did.
+func (s *Store) undoRotation(why string) (bool, error) {
+	var db metadb.BoltMetaDB
+	st, err := db.Load(s.dir)
+	if err != nil {
+		return false, fmt.Errorf("open %s: %w", metaPath(s.dir), err)
+	}
+	defer db.Close()
+	n := len(st.Segments)
+	if n < 2 || !st.Segments[n-1].SealTime.IsZero() || st.Segments[n-2].SealTime.IsZero() {
+		return false, nil
+	}
+	tail := st.Segments[n-1]
+	if _, err := os.Stat(segmentPath(s.dir, tail)); !errors.Is(err, os.ErrNotExist) {
+		return false, err
+	}
+	prev := &st.Segments[n-2]
+	prev.SealTime, prev.MaxIndex, prev.IndexStart = time.Time{}, 0, 0
+	st.Segments = st.Segments[:n-1]
+	if err := db.CommitState(st); err != nil {
+		return false, fmt.Errorf("record in %s that segment %s is not created: %w", metaPath(s.dir), segment.FileName(tail), err)
+	}
+	delete(s.verified, prev.ID)
+	s.log.Warn("raft log: the newest segment is full and the next cannot be created; writes are refused until space is freed",
+		"dir", s.dir, "why", why, "room_needed_bytes", s.roomNeeded())
+	return true, nil
 }
 
 // finishRotation records a tail segment that was sealed on disk as sealed in
@@ -153,21 +269,21 @@ func (s *Store) open() (*wal.WAL, error) {
 // every append (types.ErrSealed). Without room for the next segment's
 // preallocation the log opens as it is, for reading; writes are refused
 // until there is room and a write reopens it.
-func (s *Store) finishRotation(tail *segScan) error {
+func (s *Store) finishRotation(tail *segScan) (bool, error) {
 	if free, err := freeBytes(s.dir); err == nil && free < s.roomNeeded() {
 		s.log.Warn("raft log: the newest segment is full and the disk has no room for the next; writes are refused until space is freed",
-			"dir", s.dir, "free_bytes", free, "segment_size", s.opts.SegmentSize)
-		return nil
+			"dir", s.dir, "free_bytes", free, "room_needed_bytes", s.roomNeeded())
+		return false, nil
 	}
 	var db metadb.BoltMetaDB
 	st, err := db.Load(s.dir)
 	if err != nil {
-		return fmt.Errorf("open %s: %w", metaPath(s.dir), err)
+		return false, fmt.Errorf("open %s: %w", metaPath(s.dir), err)
 	}
 	defer db.Close()
 	n := len(st.Segments)
 	if n == 0 || st.Segments[n-1].ID != tail.info.ID {
-		return fmt.Errorf("%s changed while the log was being opened", metaPath(s.dir))
+		return false, fmt.Errorf("%s changed while the log was being opened", metaPath(s.dir))
 	}
 	last := tail.lastIndex()
 	now := time.Now()
@@ -180,16 +296,20 @@ func (s *Store) finishRotation(tail *segScan) error {
 	})
 	st.NextSegmentID++
 	if err := db.CommitState(st); err != nil {
-		return fmt.Errorf("record the sealed segment in %s: %w", metaPath(s.dir), err)
+		return false, fmt.Errorf("record the sealed segment in %s: %w", metaPath(s.dir), err)
 	}
 	s.log.Info("raft log: finished a segment rotation an earlier stop or a full disk interrupted", "segment", tail.path, "last_index", last)
-	return nil
+	return true, nil
 }
 
-// roomNeeded is the free space the log wants before it starts a segment:
-// the segment's preallocation and as much again, so that a segment is not
-// started only to leave the disk full for everything else.
-func (s *Store) roomNeeded() uint64 { return 2 * uint64(s.opts.SegmentSize) }
+// metaRoom is the room kept for wal-meta.db beside a new segment: bbolt
+// grows its file when a rotation's commit needs pages it has no free ones
+// for, and Raft's term and vote are written there too.
+const metaRoom = 1 << 20
+
+// roomNeeded is the free space the log waits for before it starts a
+// segment: the segment's preallocation and metaRoom. Write errors name it.
+func (s *Store) roomNeeded() uint64 { return uint64(s.opts.SegmentSize) + metaRoom }
 
 // zeroRange writes zeros over [from, to) of a file and syncs it.
 func zeroRange(path string, from, to int64) error {
@@ -267,12 +387,28 @@ func (s *Store) StoreLogs(logs []*raft.Log) error {
 	if err := s.recoverWrites(); err != nil {
 		return err
 	}
+	var frames int64
+	commands := false
+	for _, l := range logs {
+		frames += frameLen(encodedLen(l))
+		commands = commands || l.Type == raft.LogCommand
+	}
+	if commands {
+		if err := s.keepReserve(frames, len(logs)); err != nil {
+			return err
+		}
+	}
 	w, done, err := s.current()
 	if err != nil {
 		return err
 	}
 	err = w.StoreLogs(logs)
 	done()
+	if err == nil {
+		s.tmu.Lock()
+		s.fill.add(frames, len(logs), int64(s.opts.SegmentSize))
+		s.tmu.Unlock()
+	}
 	if err != nil {
 		err = s.refused(err)
 		s.fmu.Lock()
@@ -288,9 +424,11 @@ func (s *Store) StoreLogs(logs []*raft.Log) error {
 func (s *Store) refused(err error) error {
 	switch {
 	case errors.Is(err, syscall.ENOSPC):
-		return fmt.Errorf("raft log %s: write refused: the disk is full (%w); writes resume by themselves once space is freed", s.dir, err)
+		return fmt.Errorf("%w: raft log %s: the disk is full (%w); writes resume by themselves once %d bytes are free (the next %d-byte log segment and 1 MiB for its index)",
+			ErrWritesRefused, s.dir, err, s.roomNeeded(), s.opts.SegmentSize)
 	case errors.Is(err, types.ErrSealed):
-		return fmt.Errorf("raft log %s: write refused: the newest segment is full and the next could not be created (is the disk full? it needs %d bytes); writes resume by themselves once it can be", s.dir, s.opts.SegmentSize)
+		return fmt.Errorf("%w: raft log %s: the newest log segment is full and the next could not be created (is the disk full?); writes resume by themselves once %d bytes are free (the next %d-byte segment and 1 MiB for its index)",
+			ErrWritesRefused, s.dir, s.roomNeeded(), s.opts.SegmentSize)
 	}
 	return fmt.Errorf("raft log %s: write refused: %w", s.dir, err)
 }
@@ -351,6 +489,13 @@ func (s *Store) DeleteRange(min, max uint64) error {
 		return err
 	}
 	defer done()
+	if last, err := w.LastIndex(); err == nil && max >= last {
+		// A truncated tail is rewritten in ways the fill does not follow;
+		// the next open measures it again.
+		s.tmu.Lock()
+		s.fill.known = false
+		s.tmu.Unlock()
+	}
 	return w.DeleteRange(min, max)
 }
 

@@ -71,6 +71,13 @@ type segScan struct {
 	// bytes [good, tornEnd) were being written when the node stopped and
 	// were never acknowledged.
 	tornEnd int64
+	// missing: the unsealed tail's file is not there (wal-meta.db lists a
+	// segment before its file is created).
+	missing bool
+	// unallocated: the unsealed tail's file is shorter than its size limit
+	// and holds nothing but zeros: its creation (the preallocation) never
+	// completed, and nothing was ever written to it.
+	unallocated bool
 }
 
 // lastIndex is the index of the segment's last committed entry (BaseIndex-1
@@ -181,12 +188,19 @@ walk:
 		// (a crash, or no space for the next segment): Open finishes it.
 		return s, nil
 	}
-	if info.SizeLimit > 0 && size < int64(info.SizeLimit) && lastNonZero(data, 0) >= 0 {
+	if info.SizeLimit > 0 && size < int64(info.SizeLimit) {
 		// raft-wal preallocates every segment to its size limit before
 		// it writes to it, and the first fsync makes the size durable: a
-		// shorter file with anything written in it lost its end. (An
-		// emptied file looks like one created just before a crash; the
-		// cluster checks the log's length against what it applied.)
+		// shorter file with anything written in it lost its end. One of
+		// zeros only is a creation that never completed (a crash, or a
+		// full disk, during the preallocation): nothing was written to
+		// it, so nothing acknowledged is lost. (An emptied file looks the
+		// same; the cluster checks the log's length against what it
+		// applied.)
+		if lastNonZero(data, 0) < 0 {
+			s.unallocated = true
+			return s, nil
+		}
 		return nil, damage(size, "the file is %d bytes, shorter than the %d it was created with: truncated", size, info.SizeLimit)
 	}
 	last := lastNonZero(data, s.good)

@@ -90,8 +90,8 @@ const (
 	byCountPaper
 	// byScarcity weighs a type by the card capacity its requests ask for,
 	// in milli-cards (a host-only request as one card), times how scarce
-	// the card kinds it may use are: the cluster's healthy cards over
-	// those of its kinds. Used by PolicyDefault; see DESIGN.md.
+	// the cards it could use are (State.scarcity). Used by PolicyDefault;
+	// see DESIGN.md.
 	byScarcity
 	numWeights
 )
@@ -212,7 +212,7 @@ func (s *State) SetWorkload(reqs []Request) {
 	s.wl.init() // a new generation: node caches of the old workload are stale
 	for i := range reqs {
 		if q, reason := s.resolveDemand(&reqs[i]); reason == "" {
-			s.wl.observe(&q, reqs[i].CPUMilli, reqs[i].MemoryMiB, s.scarcity(q.kinds))
+			s.wl.observe(&q, reqs[i].CPUMilli, reqs[i].MemoryMiB, s.scarcity(&q, reqs[i].CPUMilli, reqs[i].MemoryMiB))
 		}
 	}
 	s.wl.fixed = true
@@ -469,28 +469,55 @@ func (s *State) Fragmentation() float64 {
 	return f / float64(total) / float64(s.gpuCap)
 }
 
-// scarcity is the byScarcity multiplier of a kind set, in 1/scarcityScale:
-// the cluster's healthy cards over those of the kinds (at least 1).
-func (s *State) scarcity(k kindSet) int64 {
-	if k == nil || s.healthyCards == 0 {
+// scarcityKey is what a type's scarcity depends on: the nodes that could
+// hold it empty.
+type scarcityKey struct {
+	kinds    string
+	mode     mode
+	k        int32
+	cpu, mem int64
+}
+
+// scarcity is the byScarcity multiplier of a type, in 1/scarcityScale: the
+// cluster's healthy cards over the healthy cards it could ever use (at
+// least 1). A card is usable when it is of the type's kinds and on a node
+// whose host capacity fits the type's request and that has the type's
+// number of such cards (any card, for a host-only type). Kinds alone are
+// not enough: an 8-card task asking 120 cores fits only the 128-core nodes
+// of openb, however many 8-card nodes of other sizes there are, so breaking
+// one of those nodes costs it as much as breaking a node of a scarce kind
+// costs a typed task. It depends on capacities only, never on what is
+// placed, so a node's score stays independent of the others (index.go).
+func (s *State) scarcity(q *request, cpu, mem int64) int64 {
+	if s.healthyCards == 0 {
 		return scarcityScale
 	}
-	key := kindsKey(k)
+	key := scarcityKey{kinds: kindsKey(q.kinds), mode: q.mode, k: int32(q.k), cpu: cpu, mem: mem}
 	if v, ok := s.scarce[key]; ok {
 		return v
 	}
-	var n int64
-	for ci := range s.cards {
-		if s.cards[ci].healthy && k.has(s.cards[ci].kind) {
-			n++
+	var usable int64
+	for ni := range s.nodes {
+		n := &s.nodes[ni]
+		if (n.cpuCap > 0 && cpu > n.cpuCap) || (n.memCap > 0 && mem > n.memCap) {
+			continue
+		}
+		var c int64
+		for ci := n.first; ci < n.first+n.n; ci++ {
+			if card := &s.cards[ci]; card.healthy && (q.mode == modeHost || q.kinds.has(card.kind)) {
+				c++
+			}
+		}
+		if c >= int64(max(q.k, 1)) {
+			usable += c
 		}
 	}
 	v := int64(scarcityScale)
-	if n > 0 {
-		v = max(v, scarcityScale*s.healthyCards/n)
+	if usable > 0 {
+		v = max(v, scarcityScale*s.healthyCards/usable)
 	}
 	if s.scarce == nil {
-		s.scarce = map[string]int64{}
+		s.scarce = map[scarcityKey]int64{}
 	}
 	s.scarce[key] = v
 	return v
@@ -498,7 +525,7 @@ func (s *State) scarcity(k kindSet) int64 {
 
 // paperShare is how much the paper's count-weighted measure counts in the
 // default policy's blend against the scarcity-weighted one (see DESIGN.md).
-const paperShare = 3
+const paperShare = 6
 
 // blendUnit is the fixed point of a blended fragmentation growth: the
 // growth of each measure per unit of its workload weight, in milli-cards
@@ -508,11 +535,42 @@ const blendUnit = 1 << 24
 // blendDelta is the default policy's fragmentation growth: the expected
 // growth for a task drawn by count, as the paper measures it (weighted
 // paperShare), plus that for a unit of card demand drawn with the
-// scarcity of its card kinds.
+// scarcity of the cards it could use, plus the capacity it leaves dead.
 func (ev *evaluator) blendDelta(cards []int32) int64 {
 	wl := &ev.s.wl
 	ds, dp := ev.fragDeltas(cards, byScarcity, byCountPaper)
-	return perUnit(ds, wl.total[byScarcity]) + paperShare*perUnit(dp, wl.total[byCountPaper])
+	return perUnit(ds, wl.total[byScarcity]) + paperShare*perUnit(dp, wl.total[byCountPaper]) +
+		deadShare*ev.deadDelta(cards, dp)*blendUnit
+}
+
+// deadShare is how much capacity left dead counts in the blend: in full in
+// both measures, as if every type of each saw it as fragment.
+const deadShare = 1 + paperShare
+
+// deadDelta is how much free card capacity on the node the placement
+// leaves dead: usable by no type of the workload that asks for a card,
+// because the host has no room left for any of them or no card fits any
+// (the paper measure's fragment is then all of the node's free capacity
+// for every such type). Nothing departs in the measure's model, so dead
+// capacity is lost for good; the expected fragment counts it only for the
+// types that could have used it, and in the scarcity measure, where types
+// that cannot use a small node carry most of the weight, stranding a small
+// node's last card can even lower the fragment (see DESIGN.md). dp is the
+// paper measure's growth from fragDeltas.
+func (ev *evaluator) deadDelta(cards []int32, dp int64) int64 {
+	fc := ev.fc
+	total := ev.s.wl.total[byCountPaper]
+	before := fc.fragBefore[byCountPaper]
+	tot0 := fc.tot
+	tot1 := tot0 - int64(ev.q.reserve)*int64(len(cards))
+	var d int64
+	if tot1 > 0 && total*tot1 == before+dp {
+		d += tot1
+	}
+	if tot0 > 0 && total*tot0 == before {
+		d -= tot0
+	}
+	return d
 }
 
 // perUnit is delta × blendUnit / total, rounded toward zero, with a 128-bit

@@ -23,9 +23,10 @@ const (
 	// types weighted by popularity.
 	PolicyFGD Policy = "fgd"
 	// PolicyDefault is gpuplane's own policy: fragmentation gradient descent
-	// over a blend of the paper's measure and one weighted by card demand
-	// and GPU-type scarcity, with best-fit packing to break its ties; see
-	// DESIGN.md for why.
+	// over a blend of the paper's measure, one weighted by card demand and
+	// by how few cards each task type could use (GPU kind, host capacity,
+	// card count), and the card capacity a placement leaves usable by no
+	// task type, with best-fit packing to break its ties; see DESIGN.md.
 	PolicyDefault Policy = "gpuplane"
 )
 

@@ -40,7 +40,7 @@ type State struct {
 	scanOnly bool // tests: score every node on every decision
 
 	healthyCards int64
-	scarce       map[string]int64 // kindsKey → scarcity, see fgd.go
+	scarce       map[scarcityKey]int64 // see fgd.go
 }
 
 type accInfo struct {
@@ -262,7 +262,7 @@ func NewState(nodes []Node, accelerators []Accelerator) (*State, error) {
 		}
 	}
 	for i := range pendingShapes {
-		s.wl.observe(&pendingShapes[i], 0, 0, s.scarcity(pendingShapes[i].kinds))
+		s.wl.observe(&pendingShapes[i], 0, 0, s.scarcity(&pendingShapes[i], 0, 0))
 	}
 	s.fcache = make([]fragCache, len(s.nodes))
 	s.kindNodes = make([][]int32, len(s.kindNames))
@@ -527,7 +527,7 @@ func (s *State) observe(r *Request) {
 	if reason != "" {
 		return
 	}
-	s.wl.observe(&q, r.CPUMilli, r.MemoryMiB, s.scarcity(q.kinds))
+	s.wl.observe(&q, r.CPUMilli, r.MemoryMiB, s.scarcity(&q, r.CPUMilli, r.MemoryMiB))
 }
 
 func selectorMatches(sel, labels map[string]string) bool {

@@ -71,8 +71,10 @@ type Options struct {
 	DataDir string
 	// Cards are this node's cards, by index.
 	Cards []*pb.Card
-	// BindHost is the address engines listen on (default 0.0.0.0);
-	// AdvertiseHost the host of the endpoints reported (default 127.0.0.1).
+	// BindHost is the address engines listen on (default 127.0.0.1: an
+	// engine is for the node's own gateway and fronts, not a door past
+	// them); AdvertiseHost the host of the endpoints reported (default
+	// 127.0.0.1).
 	BindHost      string
 	AdvertiseHost string
 	// Enforcement holds engines to their shares beyond their own flags.
@@ -127,7 +129,7 @@ func (o *Options) defaults() error {
 		return errors.New("executor: Node and DataDir are required")
 	}
 	if o.BindHost == "" {
-		o.BindHost = "0.0.0.0"
+		o.BindHost = "127.0.0.1"
 	}
 	if o.AdvertiseHost == "" {
 		o.AdvertiseHost = "127.0.0.1"

@@ -131,6 +131,11 @@ type Options struct {
 	// cluster (its certificate or the agent token): only then are its
 	// forwarding and tenant headers believed when ACLs are on.
 	IsPeer func(*http.Request) bool
+	// FrontKey is the node's front key (resident.Options.FrontKey), sent
+	// in isolation.FrontKeyHeader with every request to a local replica:
+	// the gateway cannot tell a front's address from an engine's, and an
+	// engine ignores the header.
+	FrontKey string
 	// Engines carries requests to this node's engines; nil: the gateway's
 	// own lean keep-alive HTTP/1.1 client (engineTransport), without
 	// timeouts (streams last), so that an idle stream costs little.
@@ -155,6 +160,13 @@ type Options struct {
 	// Refresh is how often the cluster's view is read again (default
 	// 500ms).
 	Refresh time.Duration
+	// MetricTenants bounds the tenant label of the gateway's metrics
+	// without ACLs, where a tenant is what a client's header says:
+	// DefaultTenant, the tenants of Weights and the first MetricTenants
+	// others seen have series of their own, the rest share OtherTenant's
+	// (default DefaultMetricTenants). With ACLs each token's tenant has
+	// its own.
+	MetricTenants int
 	// Registerer receives the gateway's metrics; nil registers none.
 	Registerer prometheus.Registerer
 	Logger     *slog.Logger
@@ -228,6 +240,9 @@ func New(opts Options) (*Gateway, error) {
 	if opts.Refresh == 0 {
 		opts.Refresh = 500 * time.Millisecond
 	}
+	if opts.MetricTenants == 0 {
+		opts.MetricTenants = DefaultMetricTenants
+	}
 	switch {
 	case opts.MaxInFlight < 0:
 		return nil, fmt.Errorf("gateway: MaxInFlight is %d: it must be positive", opts.MaxInFlight)
@@ -235,6 +250,8 @@ func New(opts Options) (*Gateway, error) {
 		return nil, fmt.Errorf("gateway: QueueLimit is %d: it must be positive", opts.QueueLimit)
 	case opts.MaxBodyBytes < 0:
 		return nil, fmt.Errorf("gateway: MaxBodyBytes is %d: it must be positive", opts.MaxBodyBytes)
+	case opts.MetricTenants < 0:
+		return nil, fmt.Errorf("gateway: MetricTenants is %d: it must be positive", opts.MetricTenants)
 	}
 	for t, w := range opts.Weights {
 		if t == "" || !(w > 0) {

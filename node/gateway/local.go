@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/gpuplane/gpuplane/node/engine"
+	"github.com/gpuplane/gpuplane/node/gateway/isolation"
 	"github.com/gpuplane/gpuplane/node/gateway/queue"
 )
 
@@ -649,7 +650,7 @@ func (x *call) begin() step {
 
 // open sends the attempt's request to the engine at url on x.ex.
 func (x *call) open(url string) error {
-	host, head, err := engineHead(url, x.req.path, len(x.body), x.req.stream, x.req.who.tenant)
+	host, head, err := engineHead(url, x.req.path, len(x.body), x.req.stream, x.req.who.tenant, x.g.opts.FrontKey)
 	if err != nil {
 		return err
 	}
@@ -817,10 +818,14 @@ func (g *Gateway) freshURL(ctx context.Context, l *local, adapter bool) string {
 }
 
 // engineHead is the head of a request to an engine.
-func engineHead(url, path string, n int, stream bool, tenant string) (string, []byte, error) {
+func engineHead(url, path string, n int, stream bool, tenant, frontKey string) (string, []byte, error) {
 	accept := "application/json"
 	if stream {
 		accept = "text/event-stream"
+	}
+	if frontKey != "" {
+		return requestHead(url, path, n, "Content-Type", "application/json", "Accept", accept, TenantHeader, tenant,
+			isolation.FrontKeyHeader, frontKey)
 	}
 	return requestHead(url, path, n, "Content-Type", "application/json", "Accept", accept, TenantHeader, tenant)
 }
@@ -838,6 +843,9 @@ func (g *Gateway) sendClient(ctx context.Context, url string, req *request, body
 		out.Header.Set("Accept", "application/json")
 	}
 	out.Header.Set(TenantHeader, req.who.tenant)
+	if g.opts.FrontKey != "" {
+		out.Header.Set(isolation.FrontKeyHeader, g.opts.FrontKey)
+	}
 	return g.opts.Engines.Do(out)
 }
 

@@ -2,28 +2,101 @@ package gateway
 
 import (
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/gpuplane/gpuplane/node/gateway/isolation"
 	"github.com/gpuplane/gpuplane/node/gateway/queue"
 )
 
 // metrics are the gateway's Prometheus series (docs/gateway.md, Metrics).
+//
+// Every label value comes from a bounded set, whatever clients send: a
+// model label is a deployment's served name (a request for an unknown
+// model is refused before it is counted), a class one of three, a node a
+// member's name, and a tenant one of tenantLabels'. A latency histogram
+// costs some 20 series per label set, so the histograms are split by
+// tenant only with ACLs on, where the tenants are the ones the tokens
+// name; without ACLs a tenant is whatever a client's header says, and
+// only the token counters (two series a tenant) name it.
 type metrics struct {
 	ttft, tpot, queue *prometheus.HistogramVec
 	rejections        *prometheus.CounterVec
 	preemptions       *prometheus.CounterVec
 	forwarded         *prometheus.CounterVec
 	tokens            *prometheus.CounterVec
+	// tenants bounds the tenant label's values; perTenant: the
+	// histograms carry it.
+	tenants   *tenantLabels
+	perTenant bool
+}
+
+// OtherTenant is the tenant label of the requests of every tenant past
+// Options.MetricTenants (without ACLs).
+const OtherTenant = "other"
+
+// DefaultMetricTenants is Options.MetricTenants' default.
+const DefaultMetricTenants = 100
+
+// tenantLabels bounds the tenant label's values. Without a bound (ACLs on)
+// a tenant is its own label; with one, DefaultTenant and the configured
+// tenants are, and so are the first max others seen; the rest share
+// OtherTenant. The first come keep their label for the gateway's life, so
+// that a tenant's series never change name under it.
+type tenantLabels struct {
+	max   int // 0: no bound
+	fixed map[string]bool
+	mu    sync.Mutex
+	seen  map[string]bool
+}
+
+func newTenantLabels(max int, fixed map[string]float64) *tenantLabels {
+	b := &tenantLabels{max: max, fixed: map[string]bool{isolation.DefaultTenant: true}, seen: map[string]bool{}}
+	for t := range fixed {
+		b.fixed[t] = true
+	}
+	return b
+}
+
+// label is tenant's label value, giving it one of its own if there is
+// room.
+func (b *tenantLabels) label(tenant string) string {
+	if b.max == 0 || b.fixed[tenant] {
+		return tenant
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if !b.seen[tenant] {
+		if len(b.seen) >= b.max {
+			return OtherTenant
+		}
+		b.seen[tenant] = true
+	}
+	return tenant
+}
+
+// configured reports whether tenant is one the node's configuration or an
+// ACL token names (not merely one a client's header did).
+func (b *tenantLabels) configured(tenant string) bool {
+	return b.max == 0 || b.fixed[tenant]
 }
 
 // latencyBuckets span 1 ms to about 65 s.
 var latencyBuckets = prometheus.ExponentialBuckets(0.001, 2, 17)
 
 func newMetrics(g *Gateway, reg prometheus.Registerer) *metrics {
-	by := []string{"model", "class", "tenant"}
-	m := &metrics{
+	acl := g.opts.Tenants != nil
+	by := []string{"model", "class"}
+	if acl {
+		by = append(by, "tenant")
+	}
+	bound := g.opts.MetricTenants
+	if acl {
+		bound = 0
+	}
+	m := &metrics{tenants: newTenantLabels(bound, g.opts.Weights), perTenant: acl,
 		ttft: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "gpuplane_gateway_ttft_seconds",
 			Help: "Time from a request's arrival at the gateway to its first token (the whole answer when not streamed).", Buckets: latencyBuckets}, by),
 		tpot: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "gpuplane_gateway_time_per_output_token_seconds",
@@ -53,18 +126,27 @@ func newMetrics(g *Gateway, reg prometheus.Registerer) *metrics {
 	return m
 }
 
+// labels are a request's label values: model, class and tenant (bounded).
 func (m *metrics) labels(model string, c queue.Class, tenant string) []string {
-	return []string{model, c.String(), tenant}
+	return []string{model, c.String(), m.tenants.label(tenant)}
+}
+
+// latency are the histograms' label values of l.
+func (m *metrics) latency(l []string) []string {
+	if m.perTenant {
+		return l
+	}
+	return l[:2]
 }
 
 func (m *metrics) firstToken(l []string, d time.Duration) {
-	m.ttft.WithLabelValues(l...).Observe(d.Seconds())
+	m.ttft.WithLabelValues(m.latency(l)...).Observe(d.Seconds())
 }
 func (m *metrics) perToken(l []string, d time.Duration) {
-	m.tpot.WithLabelValues(l...).Observe(d.Seconds())
+	m.tpot.WithLabelValues(m.latency(l)...).Observe(d.Seconds())
 }
 func (m *metrics) queued(l []string, d time.Duration) {
-	m.queue.WithLabelValues(l...).Observe(d.Seconds())
+	m.queue.WithLabelValues(m.latency(l)...).Observe(d.Seconds())
 }
 func (m *metrics) rejected(model string, status int) {
 	m.rejections.WithLabelValues(model, strconv.Itoa(status)).Inc()
@@ -112,6 +194,11 @@ func (d *depthCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(d.inFlight, prometheus.GaugeValue, float64(f), l.key, card)
 	}
 	for t, w := range weights {
-		ch <- prometheus.MustNewConstMetric(d.weight, prometheus.GaugeValue, w, t)
+		// Without ACLs a weight the node was not configured with came in
+		// a forwarded request's header, as did its tenant: shown, it would
+		// be a series per name a client makes up.
+		if d.g.metrics.tenants.configured(t) {
+			ch <- prometheus.MustNewConstMetric(d.weight, prometheus.GaugeValue, w, t)
+		}
 	}
 }

@@ -145,6 +145,21 @@ type replica struct {
 	failures int
 	retryAt  time.Time
 	removed  bool
+	// lentTo is the onDemand model a warm owner was put to sleep for, until
+	// that borrower had its turn; yielding is set while the owner, asked
+	// for again, waits for that turn (until yieldUntil) with its share
+	// still lent (turns.go).
+	lentTo     ModelID
+	yielding   bool
+	yieldUntil time.Time
+	yieldCap   time.Time
+	// waitSince is when r's current wait for the card began (zero while
+	// resident or without demand); demandAt when it last had requests
+	// waiting; slotBy, set each step, when it gets the card at the latest
+	// (zero: no promise), shown by Plan.
+	waitSince time.Time
+	demandAt  time.Time
+	slotBy    time.Time
 }
 
 // thrash remembers which model evicted which, to find pairs that keep
@@ -195,6 +210,9 @@ type Controller struct {
 	// peer) to when the peer may take the model's memory again (lend.go).
 	returns   []eviction
 	protected map[protectKey]protection
+	// cuts remembers, per borrower, when an owner's return last cut its
+	// turn short (turns.go), within ThrashWindow.
+	cuts map[ModelID]time.Time
 
 	decisions []Decision
 	decNext   int
@@ -219,6 +237,7 @@ type Controller struct {
 	stepReturns   []eviction
 	stepProtects  []protectKey
 	stepKeep      []protection
+	stepCuts      []cut
 	// step scratch; sumNow and sumCommitted are Σ claims, valid while
 	// sumsOK
 	sumNow, sumCommitted int64
@@ -250,6 +269,7 @@ func New(cfg Config, clock Clock) (*Controller, error) {
 		index:      make(map[ModelID]int),
 		serialized: make(map[pairKey]time.Time),
 		protected:  make(map[protectKey]protection),
+		cuts:       make(map[ModelID]time.Time),
 		advised:    make(map[ModelID]ActionKind),
 		adapters:   make(map[ModelID]*adapterSet),
 	}, nil
@@ -326,6 +346,7 @@ func (c *Controller) setState(r *replica, s State, now time.Time) {
 	}
 	if s == Resident {
 		r.resident = now
+		r.waitSince = time.Time{}
 	}
 }
 
@@ -588,6 +609,7 @@ func (c *Controller) remove(m ModelID) {
 func (c *Controller) recordThrash(acts []Action, now time.Time) {
 	c.evictions = append(c.evictions, c.stepEvictions...)
 	c.returns = append(c.returns, c.stepReturns...)
+	c.recordCuts(now)
 	for _, a := range acts {
 		switch a.Kind {
 		case ActSerialize:

@@ -116,24 +116,49 @@ func TestWarmLentWhileAsleepAndWokenWhenRequested(t *testing.T) {
 	}
 }
 
-func TestBusyEngineIsNotEvictedForEqualPriority(t *testing.T) {
+func TestBusyEngineGivesEqualPriorityATurn(t *testing.T) {
+	// a keeps the card busy with one long request; b, of a's class, cannot
+	// fit beside it. b waits its starveAfter (the minimum residency, 30 s)
+	// and a keeps its protection (twice its load time); then b takes its
+	// turn: a is drained (its request runs the drain deadline), the pair is
+	// serialized, and b is served instead of waiting for ever.
 	w := newWorld(t, card)
 	w.add(onDemand("a", 12*gi))
 	w.add(onDemand("b", 12*gi))
-	w.request("a", 3*time.Minute)
+	w.request("a", 10*time.Minute)
 	w.run(time.Minute)
 	w.request("b", 10*time.Second)
-	w.run(time.Minute)
+	w.run(20 * time.Second)
 	if s := w.state("a"); s != residency.Resident || w.state("b") != residency.Cold {
-		t.Fatalf("a is %s, b %s: b must wait while a is busy\n%s", s, w.state("b"), w.dump())
+		t.Fatalf("a is %s, b %s: b must first wait its turn\n%s", s, w.state("b"), w.dump())
 	}
 	if got := w.actions("a", residency.ActSleep, residency.ActEvict, residency.ActDrain); len(got) != 0 {
-		t.Fatalf("busy a got %v\n%s", kinds(got), w.dump())
+		t.Fatalf("busy a got %v before b waited its turn\n%s", kinds(got), w.dump())
 	}
-	w.run(3 * time.Minute)
+	// The plan says when b gets the card at the latest, and it does.
+	var by time.Time
+	for _, e := range w.c.Plan() {
+		if e.Model == "b" {
+			by = e.SlotBy
+			if by.IsZero() || !by.After(w.now()) || !strings.Contains(e.Reason, "gets the card by") {
+				t.Fatalf("plan for waiting b: slot by %v, reason %q", by, e.Reason)
+			}
+		}
+	}
+	for w.now().Before(by) && w.state("b") != residency.Resident {
+		w.run(time.Second)
+	}
+	if w.state("b") != residency.Resident {
+		t.Fatalf("b is %s at %v, past the plan's bound\n%s", w.state("b"), by, w.dump())
+	}
+	w.run(2 * time.Minute)
 	w.assertClean()
-	if w.eng["a"].served != 1 || w.eng["b"].served != 1 {
-		t.Fatalf("served a=%d b=%d, want 1 each (a's request is never cut off)\n%s", w.eng["a"].served, w.eng["b"].served, w.dump())
+	drains := w.actions("a", residency.ActDrain)
+	if len(drains) != 1 || !strings.Contains(drains[0].Decision.Reason, "had its turn") || len(w.actions("b", residency.ActSerialize)) != 1 {
+		t.Fatalf("want one drain of a for b's turn and a serialize decision\n%s", w.dump())
+	}
+	if w.eng["b"].served != 1 {
+		t.Fatalf("b served %d, want 1\n%s", w.eng["b"].served, w.dump())
 	}
 }
 

@@ -99,7 +99,7 @@ func (c *Controller) committedCost(r *replica) int64 {
 // An engine that crashed or was unloaded while asleep keeps its share lent
 // until it is asked for.
 func lent(r *replica, committed bool) bool {
-	if r.active > 0 || r.prewarm {
+	if r.active > 0 && !r.yielding || r.prewarm {
 		return false
 	}
 	switch r.state {
@@ -300,7 +300,7 @@ func (c *Controller) check(before []replica, acts []Action, now time.Time) []Vio
 		// wait longer by cancelling that load.
 		serving := b.state == Resident || b.state == Draining
 		entitled := d.Trigger == TriggerOperator && (b.removed || c.owner(d.For)) ||
-			d.Trigger == TriggerRequest && c.outranks(d.For, b)
+			d.Trigger == TriggerRequest && c.outranks(d.For, b, now)
 		switch {
 		case stops && serving && (b.pending == 0 || now.Before(b.drainBy)):
 			add("I3", "%s of %s with %d requests active and no expired drain", a.Kind, a.Model, b.active)
@@ -325,9 +325,10 @@ func (c *Controller) owner(m ModelID) bool {
 }
 
 // outranks reports whether demand for m may drain the busy engine x: a
-// higher priority, or a reserved owner taking its share back from an
-// onDemand borrower.
-func (c *Controller) outranks(m ModelID, x *replica) bool {
+// higher priority, a reserved owner taking its share back from an
+// onDemand borrower, or (at now; zero: not asked) a model of x's class
+// whose turn is due (turns.go).
+func (c *Controller) outranks(m ModelID, x *replica, now time.Time) bool {
 	r := c.rep(m)
 	if r == nil {
 		return false
@@ -335,7 +336,10 @@ func (c *Controller) outranks(m ModelID, x *replica) bool {
 	if r.dep.Priority > x.dep.Priority {
 		return true
 	}
-	return r.dep.Residency.reserved() && x.dep.Residency == OnDemand
+	if r.dep.Residency.reserved() && x.dep.Residency == OnDemand {
+		return true
+	}
+	return !now.IsZero() && c.slotDue(r, x, now)
 }
 
 func gib(b int64) string {

@@ -2,6 +2,7 @@ package residency
 
 import (
 	"cmp"
+	"fmt"
 	"slices"
 	"time"
 )
@@ -28,6 +29,11 @@ type PlanEntry struct {
 	Action  ActionKind
 	Trigger Trigger
 	Reason  string
+	// SlotBy is, for a model with requests waiting for the card, when it
+	// gets its turn at the latest (docs/residency.md, "No starvation");
+	// zero when it is on the card, has no waiting requests, or a higher
+	// class holds the card.
+	SlotBy time.Time
 }
 
 // Plan returns, per model, the controller's estimates and the action it
@@ -36,6 +42,12 @@ func (c *Controller) Plan() []PlanEntry {
 	now := c.clock.Now()
 	c.snapshot = append(c.snapshot[:0], c.reps...)
 	acts := c.step(now)
+	slotBy := make(map[ModelID]time.Time)
+	for i := range c.reps {
+		if r := &c.reps[i]; !r.slotBy.IsZero() {
+			slotBy[r.dep.Model] = r.slotBy
+		}
+	}
 	c.reps = append(c.reps[:0], c.snapshot...)
 	for i := range c.reps {
 		c.reps[i].rate = c.reps[i].fc.rate(now, c.cfg.RateHalfLife)
@@ -60,6 +72,20 @@ func (c *Controller) Plan() []PlanEntry {
 		e := PlanEntry{Model: r.dep.Model, Residency: r.dep.Residency, Priority: r.dep.Priority, State: r.state,
 			Tier: r.state.Tier(), Rate: r.fc.rate(now, c.cfg.RateHalfLife), Value: c.value(r, reload, bytes), Cost: c.cost(r)}
 		e.NextRequest, _, _ = r.fc.next()
+		e.SlotBy = slotBy[r.dep.Model]
+		if e.Action == 0 && !e.SlotBy.IsZero() {
+			// What a waiting model waits for, with its bound, where the
+			// plan has no action for it (docs/residency.md, "No starvation").
+			wait := "waits for its turn on the card"
+			if r.yielding {
+				wait = "yields to " + string(r.lentTo) + "'s turn"
+				if r.lentTo == "" {
+					wait = "yields to a borrower's turn"
+				}
+			}
+			e.Reason = fmt.Sprintf("%d requests waiting; %s: gets the card by %s at the latest (in %v)", r.active, wait,
+				e.SlotBy.Format(time.TimeOnly), e.SlotBy.Sub(now).Round(time.Second))
+		}
 		if a, ok := first[r.dep.Model]; ok {
 			e.Action, e.Trigger, e.Reason = a.Kind, a.Decision.Trigger, a.Decision.Reason
 		}

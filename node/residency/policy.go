@@ -17,11 +17,13 @@ func (c *Controller) step(now time.Time) []Action {
 	c.stepEvictions = c.stepEvictions[:0]
 	c.stepReturns = c.stepReturns[:0]
 	c.stepProtects, c.stepKeep = c.stepProtects[:0], c.stepKeep[:0]
+	c.stepCuts = c.stepCuts[:0]
 	c.earmark = 0
 	c.sumsOK = false
 	for i := range c.reps {
 		c.reps[i].rate = c.reps[i].fc.rate(now, c.cfg.RateHalfLife)
 	}
+	c.turns(now)
 	c.removals(now)
 	c.drains(now)
 	c.keepPromises(now)
@@ -50,6 +52,10 @@ func (c *Controller) emit(kind ActionKind, r *replica, peer ModelID, trig Trigge
 func (c *Controller) stop(r *replica, op ActionKind, trig Trigger, forM ModelID, in Inputs, now time.Time, format string, args ...any) {
 	if forM != "" && trig == TriggerRequest {
 		c.stepEvictions = append(c.stepEvictions, eviction{victim: r.dep.Model, by: forM, at: now, gap: now.Sub(r.lastUse)})
+	}
+	if (r.state == Loading || r.state == Waking) && r.dep.Residency == OnDemand && forM != "" && c.owner(forM) {
+		// An owner's return cuts a borrower's turn short (turns.go).
+		c.stepCuts = append(c.stepCuts, cut{model: r.dep.Model, at: now})
 	}
 	r.pending, r.drainFor, r.drainTrig = op, forM, trig
 	deadline := c.drainDeadline(r, forM)
@@ -175,7 +181,7 @@ func (c *Controller) keepPromises(now time.Time) {
 // hold is true when it must first wait out a retry backoff (a reserved
 // owner asked for still has its share returned meanwhile).
 func (c *Controller) wants(r *replica, now time.Time) (trig Trigger, want, hold bool) {
-	if r.removed || r.pending != 0 {
+	if r.removed || r.pending != 0 || r.yielding {
 		return 0, false, false
 	}
 	switch r.state {
@@ -336,8 +342,17 @@ func (c *Controller) admit(r *replica, trig Trigger, start bool, now time.Time) 
 			if x.value >= myValue {
 				why = fmt.Sprintf("lowest value left on the card %.2f (%s %.2f has a request waiting)", x.value, r.dep.Model, myValue)
 			}
+			due := trig == TriggerRequest && v.active > 0 && !c.outranks(r.dep.Model, v, time.Time{}) && c.slotDue(r, v, now)
+			if due {
+				why = fmt.Sprintf("%s waited %v for the card, %s had its turn (%v)", r.dep.Model, now.Sub(r.waitSince).Round(time.Second),
+					v.dep.Model, now.Sub(v.resident).Round(time.Second))
+				c.serializeForTurn(r, v, now)
+			}
 			c.stop(v, x.op, trig, r.dep.Model, in, now, "%s %s: %s; frees %s, %s needs %s (%s short)",
 				verb, v.dep.Model, why, gib(x.freed), r.dep.Model, gib(claim), gib(need))
+			if v.dep.Residency == Warm && x.op == ActSleep && trig == TriggerRequest && r.dep.Residency == OnDemand {
+				v.lentTo = r.dep.Model
+			}
 			if trig == TriggerRequest {
 				c.serializeIfThrashing(r, v, now)
 			}
@@ -460,19 +475,24 @@ func (c *Controller) victims(b *replica, trig Trigger, need int64, bValue float6
 			continue
 		}
 		outranked := b.dep.Priority > x.dep.Priority
+		// b's turn is due: it may drain x, of its own class (turns.go).
+		due := busy && trig == TriggerRequest && c.slotDue(b, x, now)
 		switch x.dep.Residency {
 		case Pinned:
 			continue
 		case Warm:
-			if reclaim || c.pinnedOnly || x.state != Resident || !x.dep.CanSleep || x.active > 0 {
+			if reclaim || c.pinnedOnly || x.state != Resident || !x.dep.CanSleep || x.active > 0 && !due {
 				continue
 			}
 		case OnDemand:
 			if (x.state == Loading || x.state == Waking) && !reclaim {
 				continue
 			}
+			if _, ok := c.inTurn(x, now); ok && reclaim {
+				continue
+			}
 		}
-		if busy && !outranked && !reclaim {
+		if busy && !outranked && !reclaim && !due {
 			continue
 		}
 		if x.state == Resident && now.Sub(x.resident) < c.protection(x, b) && !outranked && !reclaim {

@@ -66,6 +66,7 @@ func (w *world) requestAdapter(m residency.ModelID, adapter string, service time
 	if e.removed {
 		return
 	}
+	w.wants(e)
 	e.ads.queued[adapter] = append(e.ads.queued[adapter], service)
 	w.send(residency.RequestArrived{Model: m})
 	w.send(residency.AdapterRequested{Model: m, Adapter: adapter})

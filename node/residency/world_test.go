@@ -79,6 +79,14 @@ type engine struct {
 	// ads are the engine's adapters (world_adapters_test.go); nil for a
 	// model without any.
 	ads *engAdapters
+	// waitStart is when the model's current wait for the card began
+	// (zero while up); upAt when the engine last came up (the turn rule,
+	// outranks).
+	waitStart, upAt time.Time
+	// yieldTo is the borrower this warm owner yields its turn to, after a
+	// serialize decision (docs/residency.md, "No starvation"): its share
+	// stays lent while its requests wait, for at most yieldBound.
+	yieldTo residency.ModelID
 }
 
 type timer struct {
@@ -159,12 +167,22 @@ func (w *world) request(m residency.ModelID, service time.Duration) {
 	if e.dep.Residency == residency.Warm && (e.state == asleep || e.state == goingToSleep) && len(e.queued) == 0 && len(e.inflight) == 0 {
 		e.wantedAt = w.now()
 	}
+	w.wants(e)
 	e.queued = append(e.queued, service)
 	// The node's loop tells the controller before it dispatches, so an
 	// eviction decided earlier never races a request onto the engine.
 	w.send(residency.RequestArrived{Model: m})
 	w.flush()
 	w.dispatch(m)
+}
+
+// wants notes a request for e: its wait for the card starts with the
+// first request since it was last up (the world's reading is the most
+// lenient one: the controller may start counting later, never earlier).
+func (w *world) wants(e *engine) {
+	if e.state != up && e.waitStart.IsZero() {
+		e.waitStart = w.now()
+	}
 }
 
 // dispatch starts queued requests on an engine that serves.
@@ -276,7 +294,7 @@ func (w *world) cutOff(m residency.ModelID) {
 }
 
 // outranks is the world's own reading of who may drain a busy engine.
-func (w *world) outranks(by residency.ModelID, victim *engine) bool {
+func (w *world) outranks(by residency.ModelID, victim *engine, reason string) bool {
 	b := w.eng[by]
 	if b == nil {
 		return false
@@ -285,7 +303,25 @@ func (w *world) outranks(by residency.ModelID, victim *engine) bool {
 		return true
 	}
 	reserved := b.dep.Residency == residency.Pinned || b.dep.Residency == residency.Warm
-	return reserved && victim.dep.Residency == residency.OnDemand
+	if reserved && victim.dep.Residency == residency.OnDemand {
+		return true
+	}
+	// The turn rule (docs/residency.md, "No starvation"): a model that has
+	// waited the minimum residency may drain one of its class that has
+	// been up at least that long.
+	min := w.minResidency()
+	// The world checks the class and the victim's time up; how long the
+	// waiter waited it reads from the decision (the controller counts a
+	// wait across requests the gateway gave up on).
+	waited := !b.waitStart.IsZero() && w.now().Sub(b.waitStart) >= min || strings.Contains(reason, "had its turn")
+	return b.dep.Priority == victim.dep.Priority && waited && victim.state == up && w.now().Sub(victim.upAt) >= min
+}
+
+func (w *world) minResidency() time.Duration {
+	if w.cfg.MinResidency > 0 {
+		return w.cfg.MinResidency
+	}
+	return 30 * time.Second
 }
 
 func (w *world) exec(a residency.Action) {
@@ -309,7 +345,7 @@ func (w *world) exec(a residency.Action) {
 	waited := (e.state == loading || e.state == waking) && len(e.queued) > 0
 	forOwner := w.eng[d.For] != nil && w.eng[d.For].dep.Residency != residency.OnDemand && !w.eng[d.For].removed
 	operator := d.Trigger == residency.TriggerOperator && (e.removed || forOwner)
-	entitled := operator || d.Trigger == residency.TriggerRequest && w.outranks(d.For, e)
+	entitled := operator || d.Trigger == residency.TriggerRequest && w.outranks(d.For, e, d.Reason)
 	switch a.Kind {
 	case residency.ActSleep, residency.ActEvict, residency.ActUnload, residency.ActDrain:
 		// I2: pinned never demoted; warm never sent cold by others.
@@ -341,6 +377,7 @@ func (w *world) exec(a residency.Action) {
 				return
 			}
 			e.state, e.mem = up, e.tr.foot
+			e.upAt, e.waitStart, e.yieldTo = w.now(), time.Time{}, ""
 			w.send(residency.LoadDone{Model: a.Model})
 			w.send(residency.MemorySample{Model: a.Model, Bytes: e.mem + e.adMem()})
 			w.dispatch(a.Model)
@@ -359,6 +396,7 @@ func (w *world) exec(a residency.Action) {
 				return
 			}
 			e.state = up
+			e.upAt, e.waitStart, e.yieldTo = w.now(), time.Time{}, ""
 			w.send(residency.WakeDone{Model: a.Model})
 			w.send(residency.MemorySample{Model: a.Model, Bytes: e.mem + e.adMem()})
 			w.dispatch(a.Model)
@@ -379,6 +417,9 @@ func (w *world) exec(a residency.Action) {
 			w.violate("I3: %s cancels the %s of %s, %d requests waiting, for %q by %s", a.Kind, e.state, a.Model, len(e.queued), d.For, d.Trigger)
 		}
 		w.cutOff(a.Model)
+		if len(e.queued) > 0 && e.waitStart.IsZero() {
+			e.waitStart = w.now()
+		}
 		e.draining = false
 		e.epoch++
 		ep := e.epoch
@@ -420,6 +461,10 @@ func (w *world) exec(a residency.Action) {
 		if a.Peer == "" || w.eng[a.Peer] == nil {
 			w.violate("%s %s with unknown peer %q", a.Kind, a.Model, a.Peer)
 		}
+		if a.Kind == residency.ActSerialize && e.dep.Residency == residency.Warm && e.state != up && w.eng[a.Peer] != nil &&
+			w.eng[a.Peer].dep.Residency == residency.OnDemand {
+			e.yieldTo = a.Peer
+		}
 	case residency.ActLoadAdapter, residency.ActUnloadAdapter, residency.ActDropAdapter:
 		w.execAdapter(a, e)
 	}
@@ -446,7 +491,8 @@ func (w *world) claims() (claims, mem int64) {
 			claims += em
 		case e.dep.Residency == residency.Pinned:
 			claims += max(e.dep.Share, em)
-		case e.dep.Residency == residency.Warm && (e.state == asleep || e.state == off && e.lent) && len(e.queued) == 0 && len(e.inflight) == 0:
+		case e.dep.Residency == residency.Warm && (e.state == asleep || e.state == off && e.lent) &&
+			(len(e.queued) == 0 && len(e.inflight) == 0 || e.yieldTo != "" && (e.wantedAt.IsZero() || w.now().Sub(e.wantedAt) <= w.returnBound()+w.yieldBound())):
 			claims += em
 		case e.dep.Residency == residency.Warm:
 			claims += max(e.dep.Share, em)
@@ -482,7 +528,11 @@ func (w *world) checkState() {
 			nonPinned += e.mem
 		}
 		// I2: a warm owner asked for gets its memory back in bounded time.
-		if !e.wantedAt.IsZero() && w.now().Sub(e.wantedAt) > w.returnBound() && e.state == asleep {
+		bound := w.returnBound()
+		if e.yieldTo != "" {
+			bound += w.yieldBound()
+		}
+		if !e.wantedAt.IsZero() && w.now().Sub(e.wantedAt) > bound && e.state == asleep {
 			w.violate("I2: warm %s asked for %v ago and still asleep", m, w.now().Sub(e.wantedAt))
 			e.wantedAt = time.Time{}
 		}
@@ -492,6 +542,18 @@ func (w *world) checkState() {
 
 // returnBound is how long a warm owner may wait: a borrower may finish its
 // load, drain to the deadline and stop, then the owner wakes.
+// yieldBound is how much longer a warm owner that yields its turn waits:
+// the borrower's load, its turn on the card (the minimum residency, or four
+// wakes), and the owner's drain before it.
+func (w *world) yieldBound() time.Duration {
+	var load, wake time.Duration
+	for _, e := range w.eng {
+		load = max(load, e.tr.load)
+		wake = max(wake, e.tr.wake)
+	}
+	return 2*load + max(w.minResidency(), 4*wake) + w.drainDeadline()
+}
+
 func (w *world) returnBound() time.Duration {
 	var load, stop time.Duration
 	for _, e := range w.eng {

@@ -2,6 +2,7 @@ package resident
 
 import (
 	"context"
+	"crypto/subtle"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -17,6 +18,7 @@ import (
 	"time"
 
 	"github.com/gpuplane/gpuplane/node/executor"
+	"github.com/gpuplane/gpuplane/node/gateway/isolation"
 	"github.com/gpuplane/gpuplane/node/residency"
 )
 
@@ -76,6 +78,8 @@ func (m *Manager) front(k rkey) (*front, error) {
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.SetURL(pr.In.Context().Value(targetKey{}).(*url.URL))
 			pr.Out.Host = pr.In.Host
+			// The engine has no use for the node's front key.
+			pr.Out.Header.Del(isolation.FrontKeyHeader)
 		},
 		// Streamed (SSE) answers go out as the engine writes them.
 		FlushInterval: -1,
@@ -261,6 +265,11 @@ func (f *front) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(http.StatusOK)
 		return
 	}
+	if !f.fromGateway(r) {
+		writeError(w, http.StatusForbidden, "permission_error", fmt.Sprintf(
+			"model %s: a replica's endpoint serves this node's gateway only: send requests to the gateway (gpuplane agent --gateway-port) with your token", f.k.model))
+		return
+	}
 	deadline := time.NewTimer(f.m.opts.Wait)
 	defer deadline.Stop()
 	if !f.awaitApplied(w, r, deadline.C) {
@@ -356,6 +365,17 @@ func (f *front) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
+}
+
+// fromGateway reports whether r may be served: it bears the node's front
+// key, or the node runs without one (no ACLs).
+func (f *front) fromGateway(r *http.Request) bool {
+	key := f.m.opts.FrontKey
+	if key == "" {
+		return true
+	}
+	got := r.Header.Get(isolation.FrontKeyHeader)
+	return subtle.ConstantTimeCompare([]byte(got), []byte(key)) == 1
 }
 
 // awaitApplied waits, within the request's deadline, until the manager

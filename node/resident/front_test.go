@@ -185,3 +185,62 @@ func readyFront(t *testing.T, engineURL string) *front {
 	f.set(true, engineURL)
 	return f
 }
+
+// TestFrontServesOnlyItsGateway: with a front key (ACLs on), a front
+// answers its health check to anyone but serves a request only when it
+// bears the key, whatever tenant it names; the engine never sees the key.
+func TestFrontServesOnlyItsGateway(t *testing.T) {
+	seen := make(chan http.Header, 8)
+	engine := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		seen <- r.Header.Clone()
+		_, _ = io.WriteString(w, `{"ok":true}`)
+	}))
+	defer engine.Close()
+	m := New(Options{FrontKey: "the-node-s-front-key"})
+	f, err := m.front(rkey{"chat", 0})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(m.closeFronts)
+	m.applied[f.k] = true
+	f.set(true, engine.URL)
+	if !strings.HasPrefix(f.url, "http://127.0.0.1:") {
+		t.Fatalf("front at %s: want loopback by default", f.url)
+	}
+	send := func(method, path string, header ...string) (int, string) {
+		req, _ := http.NewRequest(method, f.url+path, strings.NewReader(`{"model":"chat"}`))
+		for i := 0; i+1 < len(header); i += 2 {
+			req.Header.Set(header[i], header[i+1])
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	if code, _ := send(http.MethodGet, "/health"); code != http.StatusOK {
+		t.Errorf("/health without the key: %d, want 200", code)
+	}
+	for _, h := range [][]string{{TenantHeader, "acme"}, {TenantHeader, "acme", "X-Gpuplane-Front-Key", "a-guess"}} {
+		if code, body := send(http.MethodPost, "/v1/completions", h...); code != http.StatusForbidden || !strings.Contains(body, "gateway") {
+			t.Errorf("headers %q: %d %s, want 403 pointing at the gateway", h, code, body)
+		}
+		if code, _ := send(http.MethodGet, "/v1/models", h...); code != http.StatusForbidden {
+			t.Errorf("GET /v1/models, headers %q: %d, want 403", h, code)
+		}
+	}
+	select {
+	case h := <-seen:
+		t.Fatalf("a refused request reached the engine: %v", h)
+	default:
+	}
+	if code, body := send(http.MethodPost, "/v1/completions", TenantHeader, "acme", "X-Gpuplane-Front-Key", "the-node-s-front-key"); code != http.StatusOK {
+		t.Fatalf("with the key: %d %s, want 200", code, body)
+	}
+	h := <-seen
+	if h.Get("X-Gpuplane-Front-Key") != "" || h.Get(TenantHeader) != "acme" {
+		t.Errorf("the engine got front key %q and tenant %q: want none and acme", h.Get("X-Gpuplane-Front-Key"), h.Get(TenantHeader))
+	}
+}

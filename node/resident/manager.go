@@ -47,10 +47,18 @@ type Options struct {
 	// directory (executor.ReplicaDir), so that a restarted agent serves the
 	// replica at the same endpoint.
 	DataDir string
-	// BindHost is the address fronts listen on (default 0.0.0.0);
-	// AdvertiseHost the host of their endpoints (default 127.0.0.1).
+	// BindHost is the address fronts listen on (default 127.0.0.1: a
+	// front is for the node's own gateway, not a second door to its
+	// engine); AdvertiseHost the host of their endpoints (default
+	// 127.0.0.1).
 	BindHost      string
 	AdvertiseHost string
+	// FrontKey, when set (the agent sets it with ACLs on), is the secret
+	// the node's gateway sends each front in isolation.FrontKeyHeader: a
+	// front answers no request without it but its health check, so that
+	// nobody but the gateway, which takes the tenant from the token, can
+	// name a tenant to it (and get that tenant's private adapters).
+	FrontKey string
 	// Wait bounds how long a request waits at a front for its model to be
 	// resident (default 2m); then it gets a 503 with Retry-After.
 	Wait time.Duration
@@ -183,7 +191,7 @@ type report struct {
 // New returns a Manager; Run starts it.
 func New(opts Options) *Manager {
 	if opts.BindHost == "" {
-		opts.BindHost = "0.0.0.0"
+		opts.BindHost = "127.0.0.1"
 	}
 	if opts.AdvertiseHost == "" {
 		opts.AdvertiseHost = "127.0.0.1"

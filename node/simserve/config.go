@@ -255,7 +255,8 @@ func (c *Config) validate() error {
 		return fmt.Errorf("warmupSeconds: must be ≥ 0 and less than durationSeconds, got %g", c.WarmupSeconds)
 	}
 	seen := map[string]bool{}
-	var pinned float64
+	var reserved float64
+	var holders []string
 	for i := range c.Models {
 		m := &c.Models[i]
 		f := fmt.Sprintf("models[%d]", i)
@@ -367,16 +368,19 @@ func (c *Config) validate() error {
 		if m.MaxAdapters == 0 {
 			m.MaxAdapters = 4
 		}
-		if m.residency == residency.Pinned {
-			pinned += m.MemoryGiB
+		if m.residency == residency.Pinned || m.residency == residency.Warm {
+			reserved += m.MemoryGiB
+			holders = append(holders, fmt.Sprintf("%s (%s) %g", m.Name, strings.ToLower(m.residency.String()), m.MemoryGiB))
 		}
 		if m.PeakGiB > c.usableGiB() {
 			return fmt.Errorf("%s.peakGiB: %g GiB does not fit the card's usable %.2f GiB", f, m.PeakGiB, c.usableGiB())
 		}
 	}
-	if pinned > c.usableGiB() {
-		return fmt.Errorf("models: the pinned models need %.2f GiB, more than the card's usable %.2f GiB (memoryGiB %g less %g%% headroom)",
-			pinned, c.usableGiB(), c.Card.MemoryGiB, c.Card.HeadroomPercent)
+	// Reserved shares are promised whatever else runs (rule 11 counts them
+	// against the card, docs/residency.md): together they must fit.
+	if reserved > c.usableGiB() {
+		return fmt.Errorf("models: the reserved shares (pinned and warm) need %.2f GiB, more than the card's usable %.2f GiB (memoryGiB %g less %g%% headroom): %s",
+			reserved, c.usableGiB(), c.Card.MemoryGiB, c.Card.HeadroomPercent, strings.Join(holders, " + "))
 	}
 	tenants := map[string]bool{}
 	for i := range c.Tenants {

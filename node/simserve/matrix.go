@@ -278,7 +278,7 @@ func Matrix(cfg *Config, seed uint64, seconds float64) (*MatrixResult, error) {
 					m := &cfg.Models[x]
 					alone, ok1 := stats[key{m.Name, mi}][m.Name]
 					shared, ok2 := stats[key{pk, mi}][m.Name]
-					if m.SLOTTFTSeconds == 0 || !ok1 || !ok2 || alone.TTFTP95 > m.SLOTTFTSeconds {
+					if m.SLOTTFTSeconds == 0 || !ok1 || !ok2 || alone.Completed == 0 || alone.TTFTP95 > m.SLOTTFTSeconds {
 						continue
 					}
 					if shared.Completed == 0 || shared.TTFTP95 > m.SLOTTFTSeconds {

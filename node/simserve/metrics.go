@@ -1,12 +1,15 @@
 package simserve
 
 import (
+	"encoding/json"
 	"fmt"
 	"io"
 	"math"
 	"slices"
 	"strings"
 	"text/tabwriter"
+
+	"github.com/gpuplane/gpuplane/node/gateway/queue"
 )
 
 // Result is one policy's run: what a user compares between policies.
@@ -14,10 +17,11 @@ type Result struct {
 	Policy          string  `json:"policy"`
 	Card            string  `json:"card"`
 	DurationSeconds float64 `json:"durationSeconds"`
-	// ModelsHosted counts the models that completed at least one request.
-	ModelsHosted int `json:"modelsHosted"`
-	Requests     int `json:"requests"`
-	Completed    int `json:"completed"`
+	// Requests are those offered (arrived after the warm-up); every one is
+	// scored: a request rejected, failed or never answered misses its SLO
+	// and counts as +∞ in the TTFT percentiles.
+	Requests  int `json:"offered"`
+	Completed int `json:"completed"`
 	// Rejected were turned away (429, 503, or no engine for the model);
 	// Failed were cut off, preempted or never finished.
 	Rejected int `json:"rejected"`
@@ -26,8 +30,18 @@ type Result struct {
 	// within their model's TTFT (and TPOT) targets; a rejected or failed
 	// request misses.
 	SLOAttainment map[string]float64 `json:"sloAttainment"`
-	// InteractiveTTFTP95 is over every completed interactive request, in
-	// seconds.
+	// ModelsAtSLO counts the models with ≥ 90% of their offered requests
+	// within SLO, of ModelsWithDemand (models offered any request).
+	ModelsAtSLO      int `json:"modelsAtSLO"`
+	ModelsWithDemand int `json:"modelsWithDemand"`
+	// StarvedModels: models served (completed) < 50% of their offered
+	// requests while static-best or ideal serves ≥ 90% of theirs (set by
+	// MarkStarved, which needs those two runs).
+	StarvedModels []string `json:"starvedModels"`
+	// GoodputPerSecond: requests completed within SLO per measured second.
+	GoodputPerSecond float64 `json:"goodputPerSecond"`
+	// InteractiveTTFTP95 is over every offered interactive request, in
+	// seconds (+∞, JSON null, when it lands on one never answered).
 	InteractiveTTFTP95 float64      `json:"interactiveTTFTP95"`
 	TPOTP95            float64      `json:"tpotP95"`
 	Models             []ModelStats `json:"models"`
@@ -54,11 +68,14 @@ type Result struct {
 	LedgerViolations int `json:"ledgerViolations"`
 }
 
-// ModelStats is one model's latency and outcome.
+// ModelStats is one model's latency and outcome. The TTFT percentiles are
+// over the offered requests: one that never had a first token (rejected,
+// failed before it, never answered) counts as +∞, which JSON writes as
+// null and the text table as ∞.
 type ModelStats struct {
 	Model     string  `json:"model"`
 	Class     string  `json:"class"`
-	Requests  int     `json:"requests"`
+	Requests  int     `json:"offered"`
 	Completed int     `json:"completed"`
 	Rejected  int     `json:"rejected"`
 	Failed    int     `json:"failed"`
@@ -67,12 +84,55 @@ type ModelStats struct {
 	TTFTP95   float64 `json:"ttftP95"`
 	TTFTP99   float64 `json:"ttftP99"`
 	TPOTP95   float64 `json:"tpotP95"`
+	// AtSLO: ≥ 90% of the offered requests within SLO; Starved: see
+	// Result.StarvedModels.
+	AtSLO   bool `json:"atSLO"`
+	Starved bool `json:"starved"`
 }
+
+// MarshalJSON writes the +∞ percentiles as null (JSON has no infinity).
+func (m ModelStats) MarshalJSON() ([]byte, error) {
+	type plain ModelStats
+	return json.Marshal(struct {
+		plain
+		TTFTP50 *float64 `json:"ttftP50"`
+		TTFTP95 *float64 `json:"ttftP95"`
+		TTFTP99 *float64 `json:"ttftP99"`
+	}{plain(m), finite(m.TTFTP50), finite(m.TTFTP95), finite(m.TTFTP99)})
+}
+
+// MarshalJSON writes a +∞ pooled percentile as null.
+func (r Result) MarshalJSON() ([]byte, error) {
+	type plain Result
+	return json.Marshal(struct {
+		plain
+		InteractiveTTFTP95 *float64 `json:"interactiveTTFTP95"`
+	}{plain(r), finite(r.InteractiveTTFTP95)})
+}
+
+func finite(x float64) *float64 {
+	if math.IsInf(x, 0) || math.IsNaN(x) {
+		return nil
+	}
+	return &x
+}
+
+// atSLOShare is the share of a model's offered requests within SLO that
+// makes it count in modelsAtSLO; starvedShare and servedShare bound a
+// starved model (served < starvedShare where a reference serves ≥
+// servedShare).
+const (
+	atSLOShare   = 0.9
+	starvedShare = 0.5
+	servedShare  = 0.9
+)
 
 type modelMet struct {
 	requests, completed, rejected, failed, met int
-	ttft, tpot                                 []float64
-	outTokens                                  int64
+	// ttft is every completed request's; partial the TTFT of requests cut
+	// off or preempted after their first token.
+	ttft, partial, tpot []float64
+	outTokens           int64
 }
 
 type metrics struct {
@@ -226,6 +286,9 @@ func (m *metrics) end(r *request, o outcome, status int, now float64) {
 		m.rejectedByStatus[status]++
 	case outcomeFailed:
 		mm.failed++
+		if r.firstAt >= 0 {
+			mm.partial = append(mm.partial, r.firstAt-r.a.Time+r.a.lag+r.a.back)
+		}
 	case outcomeDone:
 		mm.completed++
 		ttft := r.firstAt - r.a.Time + r.a.lag + r.a.back
@@ -290,7 +353,13 @@ func (m *metrics) finish(s *sim) {
 	for _, e := range s.engines {
 		for _, r := range append(append([]*request(nil), e.running...), e.waiting...) {
 			r.ended = true
+			if r.warmup {
+				continue
+			}
 			m.models[r.a.Model].failed++
+			if r.firstAt >= 0 {
+				m.models[r.a.Model].partial = append(m.models[r.a.Model].partial, r.firstAt-r.a.Time+r.a.lag+r.a.back)
+			}
 			if s.onEnd != nil {
 				s.onEnd(r, outcomeFailed)
 			}
@@ -309,22 +378,36 @@ func percentile(xs []float64, p float64) float64 {
 }
 
 func round(x float64, places int) float64 {
+	if math.IsInf(x, 0) {
+		return x
+	}
 	p := math.Pow(10, float64(places))
 	return math.Round(x*p) / p
 }
 
+// offeredTTFT is the TTFT of every offered request of a model: completed
+// ones, those cut off after their first token, and +∞ for the rest.
+func (mm *modelMet) offeredTTFT() []float64 {
+	out := make([]float64, 0, mm.requests)
+	out = append(append(out, mm.ttft...), mm.partial...)
+	for len(out) < mm.requests {
+		out = append(out, math.Inf(1))
+	}
+	return out
+}
+
 func (m *metrics) result(policy string) Result {
-	r := Result{Policy: policy, Card: m.cfg.Card.Name, DurationSeconds: m.duration, SLOAttainment: map[string]float64{}}
+	r := Result{Policy: policy, Card: m.cfg.Card.Name, DurationSeconds: m.duration, SLOAttainment: map[string]float64{},
+		StarvedModels: []string{}}
 	hours := m.duration / 3600
 	classReq, classMet := map[string]int{}, map[string]int{}
 	var inter, tpot []float64
-	for i, mm := range m.models {
+	met := 0
+	for i := range m.models {
+		mm := &m.models[i]
 		cfg := &m.cfg.Models[i]
 		class := cfg.class.String()
 		failed := mm.failed
-		if mm.completed > 0 {
-			r.ModelsHosted++
-		}
 		r.Requests += mm.requests
 		r.Completed += mm.completed
 		r.Rejected += mm.rejected
@@ -335,19 +418,26 @@ func (m *metrics) result(policy string) Result {
 		r.Failed += failed
 		classReq[class] += mm.requests
 		classMet[class] += mm.met
-		if cfg.class.String() == "interactive" {
-			inter = append(inter, mm.ttft...)
+		met += mm.met
+		ttft := mm.offeredTTFT()
+		if cfg.class == queue.Interactive {
+			inter = append(inter, ttft...)
 		}
 		tpot = append(tpot, mm.tpot...)
 		slo := 0.0
 		if mm.requests > 0 {
 			slo = round(100*float64(mm.met)/float64(mm.requests), 2)
+			r.ModelsWithDemand++
+		}
+		at := mm.requests > 0 && float64(mm.met) >= atSLOShare*float64(mm.requests)
+		if at {
+			r.ModelsAtSLO++
 		}
 		r.Models = append(r.Models, ModelStats{Model: cfg.Name, Class: class, Requests: mm.requests, Completed: mm.completed,
-			Rejected: mm.rejected, Failed: failed, SLO: slo,
-			TTFTP50: round(percentile(mm.ttft, 50), 3), TTFTP95: round(percentile(mm.ttft, 95), 3), TTFTP99: round(percentile(mm.ttft, 99), 3),
+			Rejected: mm.rejected, Failed: failed, SLO: slo, AtSLO: at,
+			TTFTP50: round(percentile(ttft, 50), 3), TTFTP95: round(percentile(ttft, 95), 3), TTFTP99: round(percentile(ttft, 99), 3),
 			TPOTP95: round(percentile(mm.tpot, 95), 4)})
-		if cfg.class.String() == "background" {
+		if cfg.class == queue.Background {
 			m.bgTokens += mm.outTokens
 		}
 	}
@@ -367,6 +457,7 @@ func (m *metrics) result(policy string) Result {
 	}
 	if m.duration > 0 {
 		r.BackgroundTokensPerSecond = round(float64(m.bgTokens)/m.duration, 1)
+		r.GoodputPerSecond = round(float64(met)/m.duration, 3)
 	}
 	r.FairnessGapPercent = round(100*m.fairnessGap(), 2)
 	r.FairnessWindows = m.fairWindows
@@ -374,7 +465,51 @@ func (m *metrics) result(policy string) Result {
 	return r
 }
 
-// WriteTable prints results side by side: one column per policy.
+// MarkStarved flags, in every result, the models served (completed) less
+// than half of their offered requests while a reference policy
+// (static-best or ideal, among rs) served ≥ 90% of theirs. Without a
+// reference result nothing is flagged.
+func MarkStarved(rs []Result) {
+	var refs []*Result
+	for i := range rs {
+		if rs[i].Policy == PolicyStaticBest || rs[i].Policy == PolicyIdeal {
+			refs = append(refs, &rs[i])
+		}
+	}
+	for i := range rs {
+		r := &rs[i]
+		r.StarvedModels = []string{}
+		for j := range r.Models {
+			m := &r.Models[j]
+			m.Starved = false
+			if m.Requests == 0 || float64(m.Completed) >= starvedShare*float64(m.Requests) {
+				continue
+			}
+			for _, ref := range refs {
+				if j < len(ref.Models) {
+					x := ref.Models[j]
+					if x.Requests > 0 && float64(x.Completed) >= servedShare*float64(x.Requests) {
+						m.Starved = true
+					}
+				}
+			}
+			if m.Starved {
+				r.StarvedModels = append(r.StarvedModels, m.Model)
+			}
+		}
+	}
+}
+
+// secondsText prints a duration in seconds, ∞ for +∞.
+func secondsText(v float64) string {
+	if math.IsInf(v, 1) {
+		return "∞"
+	}
+	return fmt.Sprintf("%g", v)
+}
+
+// WriteTable prints results side by side (one column per policy), then
+// each policy's per-model table.
 func WriteTable(w io.Writer, rs []Result) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	row := func(name string, f func(Result) string) {
@@ -386,8 +521,15 @@ func WriteTable(w io.Writer, rs []Result) error {
 	}
 	num := func(v float64) string { return fmt.Sprintf("%g", v) }
 	row("policy", func(r Result) string { return r.Policy })
-	row("models hosted", func(r Result) string { return fmt.Sprint(r.ModelsHosted) })
-	row("requests", func(r Result) string { return fmt.Sprint(r.Requests) })
+	row("models at SLO", func(r Result) string { return fmt.Sprintf("%d of %d", r.ModelsAtSLO, r.ModelsWithDemand) })
+	row("starved models", func(r Result) string {
+		if len(r.StarvedModels) == 0 {
+			return "-"
+		}
+		return strings.Join(r.StarvedModels, ",")
+	})
+	row("goodput req/s", func(r Result) string { return num(r.GoodputPerSecond) })
+	row("offered", func(r Result) string { return fmt.Sprint(r.Requests) })
 	row("completed", func(r Result) string { return fmt.Sprint(r.Completed) })
 	row("rejected", func(r Result) string { return fmt.Sprint(r.Rejected) })
 	row("failed", func(r Result) string { return fmt.Sprint(r.Failed) })
@@ -397,29 +539,8 @@ func WriteTable(w io.Writer, rs []Result) error {
 		}
 		row("SLO % "+c, func(r Result) string { return num(r.SLOAttainment[c]) })
 	}
-	row("interactive TTFT p95 s", func(r Result) string {
-		for _, m := range r.Models {
-			if m.Class == "interactive" && m.Completed > 0 {
-				return num(r.InteractiveTTFTP95)
-			}
-		}
-		return "-"
-	})
+	row("interactive TTFT p95 s", func(r Result) string { return secondsText(r.InteractiveTTFTP95) })
 	row("TPOT p95 s", func(r Result) string { return num(r.TPOTP95) })
-	for i := range rs[0].Models {
-		name := rs[0].Models[i].Model
-		row(name+" TTFT p50/p95/p99 s", func(r Result) string {
-			m := r.Models[i]
-			if m.Completed == 0 {
-				return "-"
-			}
-			return fmt.Sprintf("%g/%g/%g", m.TTFTP50, m.TTFTP95, m.TTFTP99)
-		})
-		row(name+" done/rej/fail", func(r Result) string {
-			m := r.Models[i]
-			return fmt.Sprintf("%d/%d/%d", m.Completed, m.Rejected, m.Failed)
-		})
-	}
 	row("cold loads /h", func(r Result) string { return num(r.ColdLoadsPerHour) })
 	row("wakes /h", func(r Result) string { return num(r.WakesPerHour) })
 	row("evictions", func(r Result) string { return fmt.Sprint(r.Evictions) })
@@ -429,5 +550,27 @@ func WriteTable(w io.Writer, rs []Result) error {
 		return fmt.Sprintf("%g (%d)", r.FairnessGapPercent, r.FairnessWindows)
 	})
 	row("ledger violations", func(r Result) string { return fmt.Sprint(r.LedgerViolations) })
-	return tw.Flush()
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	for _, r := range rs {
+		fmt.Fprintf(w, "\n%s, per model (SLO and TTFT over offered requests; ∞: never answered):\n", r.Policy)
+		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+		fmt.Fprintln(tw, "model\tclass\toffered\tdone\trejected\tfailed\tSLO %\tTTFT p50 s\tp95 s\tp99 s\t\t")
+		for _, m := range r.Models {
+			mark := ""
+			switch {
+			case m.Starved:
+				mark = "starved"
+			case m.AtSLO:
+				mark = "at SLO"
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%d\t%g\t%s\t%s\t%s\t%s\t\n", m.Model, m.Class, m.Requests, m.Completed, m.Rejected, m.Failed,
+				m.SLO, secondsText(m.TTFTP50), secondsText(m.TTFTP95), secondsText(m.TTFTP99), mark)
+		}
+		if err := tw.Flush(); err != nil {
+			return err
+		}
+	}
+	return nil
 }

@@ -96,6 +96,9 @@ type engine struct {
 	// adapters are the LoRA adapters loaded on the engine (Arrival.Adapter
 	// numbers), least recently used first.
 	adapters []int
+	// loadedBefore: the model's weights were read once, so the host's page
+	// cache holds them (the baselines' reloads).
+	loadedBefore bool
 }
 
 func (e *engine) busy() bool { return len(e.running) > 0 }
@@ -320,11 +323,17 @@ func (s *sim) complete(r *request) {
 }
 
 // load starts a cold load of e.
-func (s *sim) load(e *engine) {
+func (s *sim) load(e *engine) { s.loadIn(e, e.m.LoadSeconds) }
+
+// loadIn starts a load of e that copies for seconds at the card's full
+// copy bandwidth (a cold load, or a baseline's reload from the host's page
+// cache); either counts as a cold load.
+func (s *sim) loadIn(e *engine, seconds float64) {
 	if e.state != off {
 		panic(fmt.Sprintf("simserve: load of %s in state %s", e.m.Name, e.state))
 	}
-	e.state, e.mem, e.copyLeft, e.draining = loading, bytesOf(e.m.PeakGiB), e.m.LoadSeconds, false
+	e.loadedBefore = true
+	e.state, e.mem, e.copyLeft, e.draining = loading, bytesOf(e.m.PeakGiB), seconds, false
 	e.epoch++
 	s.met.coldLoads++
 	s.checkMemory()

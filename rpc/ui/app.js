@@ -44,11 +44,20 @@ async function call(service, method, body) {
   let j = {};
   try { j = JSON.parse(text); } catch (e) { j = {message: text.slice(0, 200)}; }
   if (!resp.ok) {
-    const err = new Error(`${method}: ${j.message || resp.status}`);
+    const err = new Error(resp.status === 401 ? tokenHint() : `${method}: ${j.message || resp.status}`);
     err.code = j.code;
     throw err;
   }
   return j;
+}
+
+// tokenHint is what the page says when the API wants a token: the API's
+// own message names the CLI's flags, which a browser has not.
+function tokenHint() {
+  // Unless the user is busy elsewhere on the page (a filter, say).
+  if (!document.activeElement || document.activeElement === document.body) tokenInput.focus();
+  if (tokenInput.value) return "the token in the token box is not known to this cluster: paste another there and press use";
+  return "this cluster runs with ACLs on: paste a token into the token box and press use (an admin makes one with 'gpuplane acl token create')";
 }
 
 const esc = s => String(s ?? "").replace(/[&<>"']/g, c => ({"&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;"}[c]));
@@ -246,7 +255,7 @@ async function followDecisions() {
       const h = authHeaders("application/connect+json");
       h["Connect-Protocol-Version"] = "1";
       const resp = await fetch("/gpuplane.v1.ResidencyService/ListDecisions", {method: "POST", headers: h, body: frame, signal: ctl.signal});
-      if (!resp.ok) throw new Error(`decisions: HTTP ${resp.status}`);
+      if (!resp.ok) throw new Error(resp.status === 401 ? `decisions: ${tokenHint()}` : `decisions: HTTP ${resp.status}`);
       decisionState = "following";
       renderDecisions();
       const reader = resp.body.getReader();

@@ -135,6 +135,9 @@ type Agent struct {
 	// stopGateway stops the gateway.
 	gatewayLn   net.Listener
 	stopGateway func()
+	// frontKey is what the gateway shows the node's replica fronts, with
+	// ACLs on (resident.Options.FrontKey); empty without.
+	frontKey string
 }
 
 // Start brings a node up: it reads the inventory, opens the Raft log (on a

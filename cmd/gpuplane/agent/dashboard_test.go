@@ -260,17 +260,21 @@ func TestDashboardInBrowser(t *testing.T) {
 	}
 	testutil.Eventually(t, 90*time.Second, "chat served", func() error { return completeAs(n, root, "chat", 1) })
 
-	// The token box: without a token the API refuses the page.
+	// The token box: without a token the API refuses the page, which
+	// points at its token box (not at the CLI's --token flag) and puts the
+	// cursor there.
 	if err := chromedp.Do(ctx, chromedp.Navigate(n.url()), chromedp.WaitVisible("#token")); err != nil {
 		t.Fatal(err)
 	}
 	testutil.Eventually(t, 20*time.Second, "the page says it needs a token", func() error {
-		var s string
-		if err := evaluate(ctx, `document.getElementById("status").textContent`, &s); err != nil {
+		var st struct {
+			Text, Focused string
+		}
+		if err := evaluate(ctx, `({text: document.getElementById("status").textContent, focused: document.activeElement.id})`, &st); err != nil {
 			return err
 		}
-		if !strings.Contains(strings.ToLower(s), "token") {
-			return fmt.Errorf("status %q", s)
+		if !strings.Contains(st.Text, "token box") || strings.Contains(st.Text, "--token") || strings.Contains(st.Text, "GPUPLANE_TOKEN") || st.Focused != "token" {
+			return fmt.Errorf("status %q, focus on #%s: want the token box named and focused", st.Text, st.Focused)
 		}
 		return nil
 	})

@@ -2,6 +2,8 @@ package agent
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -58,9 +60,12 @@ func (a *Agent) startExecutor() error {
 	}
 
 	node := a.localNode()
+	// Engines and fronts listen on loopback whatever --bind says: they are
+	// the gateway's, which is the node's one door (its queues, tokens and
+	// tenants); another address would be a door past all three.
 	opts := executor.Options{
 		Node: a.cfg.NodeName, DataDir: a.cfg.DataDir, Cards: node.Cards,
-		BindHost: a.cfg.Bind, AdvertiseHost: a.cfg.Advertise,
+		BindHost: localHost, AdvertiseHost: localHost,
 		Enforcement: enf, Logger: a.cfg.Logger, OrphanGrace: a.cfg.OrphanGrace,
 	}
 	if a.cfg.OrphanGrace < 0 {
@@ -80,12 +85,17 @@ func (a *Agent) startExecutor() error {
 			return fmt.Errorf("NVML for the watchdog: %v", nvml.ErrorString(ret))
 		}
 	}
+	if a.cfg.ACL && a.frontKey == "" {
+		if a.frontKey, err = newFrontKey(); err != nil {
+			return err
+		}
+	}
 	if a.residencyJournal == nil {
 		a.residencyJournal = residency.NewJournal(a.cfg.NodeName, 0)
 	}
 	res := resident.New(resident.Options{
 		Node: a.cfg.NodeName, Cards: node.Cards, Advise: advise, NVML: lib, Journal: a.residencyJournal, DataDir: a.cfg.DataDir,
-		BindHost: a.cfg.Bind, AdvertiseHost: a.cfg.Advertise, Logger: a.cfg.Logger, TimeScale: a.cfg.ResidencyTimeScale,
+		BindHost: localHost, AdvertiseHost: localHost, FrontKey: a.frontKey, Logger: a.cfg.Logger, TimeScale: a.cfg.ResidencyTimeScale,
 	})
 	opts.Gate = res
 	a.resident = res
@@ -114,6 +124,19 @@ func (a *Agent) startExecutor() error {
 		<-resDone
 	}
 	return nil
+}
+
+// localHost is where this node's engines and replica fronts listen.
+const localHost = "127.0.0.1"
+
+// newFrontKey is a fresh front key (resident.Options.FrontKey): held in
+// memory only, since fronts live and die with the agent that serves them.
+func newFrontKey() (string, error) {
+	b := make([]byte, 32)
+	if _, err := rand.Read(b); err != nil {
+		return "", fmt.Errorf("front key: %w", err)
+	}
+	return hex.EncodeToString(b), nil
 }
 
 // startHollowExecutor runs executor.Hollow on the node's real event source

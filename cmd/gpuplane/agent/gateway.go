@@ -25,9 +25,12 @@ import (
 )
 
 // GatewayConfig tunes the gateway beyond its port; the zero value takes the
-// gateway's defaults. It has no flags: in-process tests and benchmarks set
-// it.
+// gateway's defaults. Only MetricTenants has a flag
+// (--gateway-metric-tenants): in-process tests and benchmarks set the rest.
 type GatewayConfig struct {
+	// MetricTenants bounds the tenants the gateway's metrics name without
+	// ACLs (gateway.Options.MetricTenants).
+	MetricTenants int
 	// MaxInFlight caps each engine's requests in flight; QueueLimit bounds
 	// each engine's queue.
 	MaxInFlight int
@@ -83,8 +86,8 @@ func (a *Agent) startGateway(res *resident.Manager) error {
 	gc := a.cfg.Gateway
 	opts := gateway.Options{
 		Node: a.cfg.NodeName, Cluster: &gatewayView{a: a}, Salter: salter, Peers: a.sec.peerHTTP,
-		IsPeer: a.isPeer, Queue: gc.Queue, MaxInFlight: gc.MaxInFlight, QueueLimit: gc.QueueLimit,
-		Weights: gc.Weights, Registerer: a.gatewayReg, Logger: a.cfg.Logger,
+		IsPeer: a.isPeer, FrontKey: a.frontKey, Queue: gc.Queue, MaxInFlight: gc.MaxInFlight, QueueLimit: gc.QueueLimit,
+		Weights: gc.Weights, MetricTenants: gc.MetricTenants, Registerer: a.gatewayReg, Logger: a.cfg.Logger,
 	}
 	if res != nil {
 		opts.Residency = res

@@ -100,12 +100,25 @@ func openaiClient(n *node, opts ...option.RequestOption) openai.Client {
 // every one of match.
 func metric(t *testing.T, n *node, name string, match ...string) float64 {
 	t.Helper()
-	resp, err := http.Get(n.url() + "/metrics")
+	return metricAs(t, n, "", name, match...)
+}
+
+// metricAs is metric read with token (with ACLs on, /metrics wants one).
+func metricAs(t *testing.T, n *node, token, name string, match ...string) float64 {
+	t.Helper()
+	req, _ := http.NewRequest(http.MethodGet, n.url()+"/metrics", nil)
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("/metrics: %s: %s", resp.Status, b)
+	}
 	sum := 0.0
 	re := regexp.MustCompile(`^` + regexp.QuoteMeta(name) + `(\{[^}]*\})? (\S+)$`)
 	for line := range strings.SplitSeq(string(b), "\n") {
@@ -709,10 +722,10 @@ func TestGatewayACL(t *testing.T) {
 	if err := ask(openaiClient(n, option.WithAPIKey(acme)), option.WithHeader("X-Gpuplane-Tenant", "someone-else")); err != nil {
 		t.Fatal(err)
 	}
-	if got := metric(t, n, "gpuplane_gateway_queue_seconds_count", `tenant="someone-else"`); got != 0 {
+	if got := metricAs(t, n, acme, "gpuplane_gateway_queue_seconds_count", `tenant="someone-else"`); got != 0 {
 		t.Fatalf("a client with a token named its own tenant: %v requests queued as someone-else", got)
 	}
-	if got := metric(t, n, "gpuplane_gateway_queue_seconds_count", `tenant="acme"`); got < 2 {
+	if got := metricAs(t, n, acme, "gpuplane_gateway_queue_seconds_count", `tenant="acme"`); got < 2 {
 		t.Fatalf("%v requests queued as acme, want the token's tenant on each", got)
 	}
 }

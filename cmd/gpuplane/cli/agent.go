@@ -12,6 +12,7 @@ import (
 	"github.com/gpuplane/gpuplane/cmd/gpuplane/agent"
 	"github.com/gpuplane/gpuplane/fsm"
 	"github.com/gpuplane/gpuplane/node/executor"
+	"github.com/gpuplane/gpuplane/node/gateway"
 )
 
 // newAgentCommand is `gpuplane agent`: it runs a node until interrupted.
@@ -38,6 +39,9 @@ GPUPLANE_<FLAG>, e.g. GPUPLANE_DATA_DIR.`,
 			}
 			if join != "" {
 				cfg.Join = strings.Split(join, ",")
+			}
+			if cfg.Gateway.MetricTenants < 1 {
+				return usageErrorf(cmd, "--gateway-metric-tenants is %d: it must be at least 1", cfg.Gateway.MetricTenants)
 			}
 			var level slog.Level
 			if err := level.UnmarshalText([]byte(logLevel)); err != nil {
@@ -79,6 +83,7 @@ GPUPLANE_<FLAG>, e.g. GPUPLANE_DATA_DIR.`,
 	f.IntVar(&cfg.RaftPort, "raft-port", 7411, "port of Raft")
 	f.IntVar(&cfg.GossipPort, "gossip-port", 7412, "port of gossip")
 	f.IntVar(&cfg.GatewayPort, "gateway-port", 7420, "port of the OpenAI-compatible gateway (/v1/chat/completions, /v1/completions, /v1/embeddings, /v1/models), on --bind")
+	f.IntVar(&cfg.Gateway.MetricTenants, "gateway-metric-tenants", gateway.DefaultMetricTenants, "without --acl, the most tenants (X-Gpuplane-Tenant values) the gateway's metrics name: the first ones seen; later ones are counted as tenant \"other\" (with --acl, each token's tenant is named)")
 	f.StringVar(&cfg.SimGPUs, "sim-gpus", "", "simulate cards instead of NVML, e.g. l4=2,h100=1")
 	f.StringVar(&cfg.Enforce, "enforce", "auto", "hard limits on engines' shares: auto, mps, hami or none")
 	f.StringVar(&cfg.Residency, "residency", "auto", "the node's residency controller: auto (it loads, sleeps and evicts warm and onDemand models) or advise (it records what it would do and changes nothing)")

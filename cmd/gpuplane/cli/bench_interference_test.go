@@ -47,7 +47,7 @@ func TestLiveBenchInterferenceTinyMatrix(t *testing.T) {
 			Mix      string   `json:"mix"`
 			PerModel []struct {
 				Model     string  `json:"model"`
-				Requests  int     `json:"requests"`
+				Requests  int     `json:"offered"`
 				Completed int     `json:"completed"`
 				Failed    int     `json:"failed"`
 				TTFTP50   float64 `json:"ttftP50"`
@@ -175,7 +175,7 @@ type benchVariantsJSON struct {
 		Cells   []struct {
 			Models   []string `json:"models"`
 			PerModel []struct {
-				Requests  int `json:"requests"`
+				Requests  int `json:"offered"`
 				Completed int `json:"completed"`
 			} `json:"perModel"`
 		} `json:"cells"`

@@ -61,6 +61,7 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"--addr", "ftp://x", "devices", "list"}, `error: invalid --addr "ftp://x": want http://HOST:PORT or HOST:PORT`},
 		{[]string{"agent", "--hollow", "2", "--data-dir", "/nonexistent", "--hollow-rate", "-1"}, `error: --hollow-rate: must be 0 (all at once) or 0.001 to 1000000 nodes a second, got -1`},
 		{[]string{"agent", "--hollow", "0", "--data-dir", "/nonexistent"}, `error: --hollow: must be 1 to 10000 nodes, got 0`},
+		{[]string{"agent", "--dev", "--gateway-metric-tenants", "0"}, `error: --gateway-metric-tenants is 0: it must be at least 1`},
 	}
 	for _, tt := range tests {
 		t.Run(strings.Join(tt.args, " "), func(t *testing.T) {

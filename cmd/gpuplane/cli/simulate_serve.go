@@ -3,6 +3,7 @@ package cli
 import (
 	"fmt"
 	"io"
+	"os"
 	"strings"
 	"time"
 
@@ -57,11 +58,17 @@ m or "m:adapter", "tenant": t (optional), "prompt_tokens": n,
 "output_tokens": n}, times in seconds, non-decreasing, unknown fields
 rejected.
 
-Policies: gpuplane (node/residency + node/gateway/queue, the agent's code),
-ollama (≤3 loaded, keep_alive 5m, evicts the idle model with the shortest
-keep_alive, one load at a time, FIFO, queue 512 then 503), llamaswap (one
-model at a time, FIFO, 10 in flight per model then 429), static (the models
-that fit at once, pinned; the rest rejected).`
+Policies (node/simserve/baselines.go names each one's source):
+gpuplane (node/residency + node/gateway/queue, the agent's code); ollama
+(its current scheduler: a loaded runner's requests take the fast path,
+loads are asynchronous, ≤3 loaded, keep_alive 5m, the idle runner with the
+shortest keep_alive unloads first, NUM_PARALLEL 1, queue 512 then 503,
+reloads from the page cache); ollama-np4 (the same, NUM_PARALLEL 4);
+llamaswap (the recommended groups: small models persistent, big ones in
+swap groups, 10 in flight per model then 429); static (the models that
+fit at once in config order, pinned; the rest rejected); static-best (the
+set of models to pin found by search: the strongest static partition);
+ideal (every model resident on an unbounded card, compute still shared).`
 
 func newSimulateServeCommand(g *globals) *cobra.Command {
 	var (
@@ -69,6 +76,8 @@ func newSimulateServeCommand(g *globals) *cobra.Command {
 		traces             []string
 		seed               uint64
 		timeScale          float64
+		sweepRates         []float64
+		htmlPath           string
 	)
 	c := &cobra.Command{
 		Use:   "serve --config FILE [--trace FILE]... [--policy P|all] [--seed N]",
@@ -79,11 +88,23 @@ engine's model of loads, wakes, decode rate, continuous batching, KV growth
 and compute sharing. Hours of trace take seconds; the same config, traces
 and seed always give the same output.
 
-It prints, per policy: models hosted, requests, SLO attainment per class,
-TTFT p50/p95/p99 per model, TPOT p95, cold loads and wakes per hour,
-evictions, rejections, background tokens/s, the tenant fairness gap and
-ledger violations; --policy all prints them side by side, -o json the
-result objects.
+Every offered request is scored: a rejected or failed request misses its
+SLO, and one that never had a first token counts as ∞ in the TTFT
+percentiles (null in JSON). It prints, per policy: models at SLO (≥ 90% of
+their offered requests within SLO), starved models (served < 50% of their
+offered requests where static-best or ideal serves ≥ 90%; those two run as
+references when not asked for), goodput (requests within SLO per second),
+offered, completed, rejected and failed requests, SLO attainment per class,
+interactive TTFT p95, TPOT p95, cold loads and wakes per hour, evictions,
+background tokens/s, the tenant fairness gap and ledger violations; then
+each policy's per-model table (offered, done, rejected, failed, SLO %,
+TTFT p50/p95/p99). --policy all runs them side by side, -o json prints
+the result objects.
+
+--sweep-rate scales every trace's and open-loop stream's rate and prints
+interactive SLO attainment per policy per rate and each policy's
+maxRateAt90: the largest rate swept with ≥ 90% (0 when none); --html
+draws the curves.
 
 ` + serveConfigHelp,
 		Example: `  gpuplane simulate serve --config examples/serve/home.yaml --policy all
@@ -120,20 +141,40 @@ result objects.
 				}
 				traces = found
 			}
+			if len(sweepRates) > 0 {
+				for _, r := range sweepRates {
+					if !(r > 0) {
+						return usageErrorf(cmd, "invalid --sweep-rate %g: every rate must be > 0", r)
+					}
+				}
+				start := time.Now()
+				sw, err := simserve.Sweep(cfg, traces, seed, policies, sweepRates)
+				if err != nil {
+					return fmt.Errorf("simulate serve: %w", err)
+				}
+				fmt.Fprintf(g.stderr, "simulate serve: swept %d rates × %d policies in %.2f s\n", len(sweepRates), len(policies), time.Since(start).Seconds())
+				if htmlPath != "" {
+					if err := writeSweepHTML(htmlPath, cfg, sw); err != nil {
+						return fmt.Errorf("simulate serve: --html: %w", err)
+					}
+				}
+				return g.printValue(sw, func(w io.Writer) error { return simserve.WriteSweepTable(w, sw) })
+			}
+			if htmlPath != "" {
+				return usageErrorf(cmd, "--html draws a sweep: give --sweep-rate too")
+			}
 			w, err := simserve.NewWorkload(cfg, traces, seed)
 			if err != nil {
 				return fmt.Errorf("simulate serve: %w", err)
 			}
-			var results []simserve.Result
-			for _, p := range policies {
-				start := time.Now()
-				r, err := simserve.Run(cfg, w, p, seed)
-				if err != nil {
-					return fmt.Errorf("simulate serve: %w", err)
-				}
-				fmt.Fprintf(g.stderr, "simulate serve: %s: %d requests, %.0f s of trace in %.2f s\n", p, r.Requests, r.DurationSeconds, time.Since(start).Seconds())
-				results = append(results, r)
+			start := time.Now()
+			results, err := simserve.RunAll(cfg, w, policies, seed, func(r simserve.Result) {
+				fmt.Fprintf(g.stderr, "simulate serve: %s: %d requests offered, %.0f s of trace\n", r.Policy, r.Requests, r.DurationSeconds)
+			})
+			if err != nil {
+				return fmt.Errorf("simulate serve: %w", err)
 			}
+			fmt.Fprintf(g.stderr, "simulate serve: %d policies (with the static-best and ideal references) in %.2f s\n", len(policies), time.Since(start).Seconds())
 			write := func(w io.Writer) error { return simserve.WriteTable(w, results) }
 			if len(results) == 1 {
 				return g.printValue(results[0], write)
@@ -147,8 +188,22 @@ result objects.
 	f.StringVar(&policy, "policy", "gpuplane", "policy: "+strings.Join(simserve.Policies, ", ")+" or "+policyAll)
 	f.Uint64Var(&seed, "seed", 1, "seed for tenants and synthetic streams")
 	f.Float64Var(&timeScale, "time-scale", 0, "override every traces entry's timeScale (1 = the trace's own rate)")
+	f.Float64SliceVar(&sweepRates, "sweep-rate", nil, "run at each of these multiples of every trace's and open-loop stream's rate and print interactive SLO attainment per policy per rate and each policy's maxRateAt90 (e.g. 0.5,1,2,4)")
+	f.StringVar(&htmlPath, "html", "", "with --sweep-rate, write the SLO-attainment-against-rate curves to this file (HTML with inline SVG)")
 	_ = c.MarkFlagFilename("config", "yaml", "yml")
 	_ = c.MarkFlagFilename("trace", "csv", "jsonl")
 	_ = c.RegisterFlagCompletionFunc("policy", cobra.FixedCompletions(append(append([]string(nil), simserve.Policies...), policyAll), cobra.ShellCompDirectiveNoFileComp))
 	return c
+}
+
+func writeSweepHTML(path string, cfg *simserve.Config, sw *simserve.SweepResult) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	if err := simserve.WriteSweepHTML(f, "gpuplane simulate serve: SLO attainment against request rate ("+cfg.Card.Name+")", []*simserve.SweepResult{sw}); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
 }

@@ -39,12 +39,15 @@ func TestSimulateServeAllPolicies(t *testing.T) {
 	}
 	var results []struct {
 		Policy        string             `json:"policy"`
-		Requests      int                `json:"requests"`
-		ModelsHosted  int                `json:"modelsHosted"`
+		Requests      int                `json:"offered"`
+		ModelsAtSLO   int                `json:"modelsAtSLO"`
+		Starved       []string           `json:"starvedModels"`
 		SLOAttainment map[string]float64 `json:"sloAttainment"`
 		Models        []struct {
-			Model   string  `json:"model"`
-			TTFTP95 float64 `json:"ttftP95"`
+			Model     string   `json:"model"`
+			Requests  int      `json:"offered"`
+			Completed int      `json:"completed"`
+			TTFTP95   *float64 `json:"ttftP95"`
 		} `json:"models"`
 	}
 	if err := json.Unmarshal([]byte(r.stdout), &results); err != nil {
@@ -57,15 +60,22 @@ func TestSimulateServeAllPolicies(t *testing.T) {
 			t.Errorf("%s: %d requests, %d models", x.Policy, x.Requests, len(x.Models))
 		}
 	}
-	if strings.Join(got, ",") != "gpuplane,ollama,llamaswap,static" {
+	if strings.Join(got, ",") != "gpuplane,ollama,ollama-np4,llamaswap,static,static-best,ideal" {
 		t.Fatalf("policies %v", got)
 	}
-	// static fits two of the three 7 GiB models on 15.2 GiB usable.
-	if results[3].ModelsHosted != 2 || results[0].ModelsHosted != 3 {
-		t.Errorf("hosted: static %d (want 2), gpuplane %d (want 3)", results[3].ModelsHosted, results[0].ModelsHosted)
+	// static fits two of the three 7 GiB models on 15.2 GiB usable: the
+	// third's requests are all rejected, its p95 is never answered (null)
+	// and it is starved, since ideal serves it.
+	st := results[4]
+	if m := st.Models[2]; m.Completed != 0 || m.TTFTP95 != nil || len(st.Starved) != 1 || st.Starved[0] != "batch" {
+		t.Errorf("static: batch %+v, starved %v: want nothing served, p95 null, batch starved", m, st.Starved)
+	}
+	if id := results[6]; id.ModelsAtSLO < st.ModelsAtSLO || len(id.Starved) != 0 {
+		t.Errorf("ideal: %d at SLO (static %d), starved %v", id.ModelsAtSLO, st.ModelsAtSLO, id.Starved)
 	}
 	table := run(t, "", nil, "simulate", "serve", "--config", cfg, "--policy", "all")
-	for _, want := range []string{"gpuplane", "ollama", "llamaswap", "static", "chat TTFT p50/p95/p99 s", "ledger violations", "fairness gap %"} {
+	for _, want := range []string{"gpuplane", "ollama-np4", "llamaswap", "static-best", "ideal", "models at SLO", "starved models",
+		"goodput req/s", "static, per model", "ledger violations", "fairness gap %"} {
 		if !strings.Contains(table.stdout, want) {
 			t.Errorf("table lacks %q:\n%s", want, table.stdout)
 		}
@@ -97,9 +107,31 @@ func TestSimulateServeHomeExample(t *testing.T) {
 		t.Fatalf("exit %d: %s", r.code, r.stderr)
 	}
 	var res struct {
-		ModelsHosted int `json:"modelsHosted"`
+		ModelsWithDemand int `json:"modelsWithDemand"`
 	}
-	if err := json.Unmarshal([]byte(r.stdout), &res); err != nil || res.ModelsHosted == 0 {
+	if err := json.Unmarshal([]byte(r.stdout), &res); err != nil || res.ModelsWithDemand == 0 {
 		t.Fatalf("%v: %s", err, r.stdout)
+	}
+}
+
+func TestSimulateServeRefusesHomeAt16GiB(t *testing.T) {
+	// home.yaml's warm chat and coder and pinned embedder reserve 19 GiB:
+	// on a 16 GiB card (15.2 usable) the promises cannot be kept.
+	b, err := os.ReadFile("../../../examples/serve/home.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := filepath.Join(t.TempDir(), "home16.yaml")
+	if err := os.WriteFile(p, []byte(strings.Replace(string(b), "memoryGiB: 24", "memoryGiB: 16", 1)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	r := run(t, "", nil, "simulate", "serve", "--config", p)
+	for _, want := range []string{"reserved shares (pinned and warm) need 19.00 GiB", "usable 15.20 GiB", "chat (warm) 9 + coder (warm) 8.5 + embedder (pinned) 1.5"} {
+		if r.code == 0 || !strings.Contains(r.stderr, want) {
+			t.Errorf("exit %d, stderr %q: want it to say %q", r.code, r.stderr, want)
+		}
+	}
+	if r.stdout != "" {
+		t.Errorf("a refused config printed results: %s", r.stdout)
 	}
 }

@@ -20,6 +20,11 @@ import (
 // replica's residency front.
 const TenantHeader = "X-Gpuplane-Tenant"
 
+// FrontKeyHeader carries the node's front key (resident.Options.FrontKey)
+// from the node's gateway to a replica's residency front: with ACLs on, a
+// front serves only requests that bear it.
+const FrontKeyHeader = "X-Gpuplane-Front-Key"
+
 // DefaultTenant is the tenant of a request that names none.
 const DefaultTenant = "default"
 
