@@ -126,6 +126,14 @@ bench-dashboard:
 bench-gateway-http: build
 	GOMAXPROCS=2 $(GO) run ./bench/gateway -bin $(BIN) $(BENCH_GATEWAY_FLAGS)
 
+# One dev agent, a pinned sim chat (--max-num-seqs 16), 120 background
+# streams of one tenant against another's interactive requests: the
+# interactive tenant's time to first token idle and under the flood
+# (bench/RESULTS.md, Gateway admission under a flood).
+.PHONY: bench-flood
+bench-flood: build
+	$(GO) run ./bench/flood -bin $(BIN) $(BENCH_FLOOD_FLAGS)
+
 # Three servers and 1,000 hollow client nodes (bench/RESULTS.md, Fleet).
 # Heavy: on a 2-core machine the fleet stops settling between 400 and 600
 # nodes (gossip's own cost); BENCH_FLEET_FLAGS=-nodes 400 runs there.

@@ -51,6 +51,12 @@ type Replica struct {
 	// gateway passes each request's class in it (interactive 0, standard
 	// 1, background 2). Its own preemption still applies (it is per card).
 	PriorityScheduling bool
+	// MaxInFlight is how many requests the engine runs at once (vLLM's and
+	// sim's --max-num-seqs, llama.cpp's slots, Ollama's
+	// OLLAMA_NUM_PARALLEL; 0: unknown, and Options.MaxInFlight holds).
+	// The gateway sends it no more: the rest wait in the card's queue,
+	// where priority and fairness order them, not in the engine's.
+	MaxInFlight int
 	// Slots is a llama.cpp engine's slot count (its --parallel, else
 	// llama-server's auto 4: engine.LlamaSlots; 0 counts as 1): the
 	// gateway runs each request in a slot of
@@ -158,9 +164,11 @@ type Options struct {
 	Engines *http.Client
 	// Queue is every card's scheduler configuration.
 	Queue queue.Config
-	// MaxInFlight caps the requests each engine holds at once (default
-	// 64; a replica with a KV budget, Replica.KVTokens, may hold fewer);
-	// QueueLimit bounds the requests waiting for each (default 512).
+	// MaxInFlight caps the requests an engine whose own concurrency is
+	// not known (Replica.MaxInFlight 0) holds at once (default 64); a
+	// replica with a KV budget, Replica.KVTokens, may hold fewer.
+	// QueueLimit bounds the requests waiting for each engine (default
+	// 512).
 	MaxInFlight int
 	QueueLimit  int
 	// MaxBodyBytes bounds a request body (default 4 MiB); past it, 413.
@@ -231,9 +239,10 @@ type Gateway struct {
 
 // table is one refresh's view of the cluster.
 type table struct {
-	models  []Model
-	byName  map[string]*Model
-	created time.Time
+	models []Model
+	byName map[string]*Model
+	// read is when the cluster's view it holds began to be read.
+	read time.Time
 }
 
 // New returns a Gateway; Run keeps its view of the cluster fresh.
@@ -321,6 +330,7 @@ func (g *Gateway) refresh(ctx context.Context) {
 		return
 	}
 	defer g.refreshing.Store(false)
+	read := time.Now()
 	rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	ms, err := g.opts.Cluster.Models(rctx)
 	cancel()
@@ -330,7 +340,7 @@ func (g *Gateway) refresh(ctx context.Context) {
 	}
 	sort.Slice(ms, func(i, j int) bool { return ms[i].Served < ms[j].Served })
 	g.stampCreated(ms)
-	t := &table{models: ms, byName: map[string]*Model{}, created: time.Now()}
+	t := &table{models: ms, byName: map[string]*Model{}, read: read}
 	// Aliases first: a deployment's served name wins over another's alias.
 	for i := range ms {
 		for _, a := range ms[i].Aliases {

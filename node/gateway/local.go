@@ -166,7 +166,8 @@ func (g *Gateway) syncLocals(t *table) {
 		g.watchLocked(l, rp)
 		c := l.card
 		c.mu.Lock()
-		if rp.KVTokens != l.rep.KVTokens || rp.Kind != l.rep.Kind || rp.Slots != l.rep.Slots {
+		if rp.KVTokens != l.rep.KVTokens || rp.Kind != l.rep.Kind || rp.Slots != l.rep.Slots ||
+			rp.MaxInFlight != l.rep.MaxInFlight || rp.PriorityScheduling != l.rep.PriorityScheduling {
 			if out, err := c.s.AddDeployment(g.queueDeployment(key, rp), now); err == nil {
 				c.apply(out, now)
 			}
@@ -186,16 +187,24 @@ func (g *Gateway) syncLocals(t *table) {
 }
 
 // queueDeployment is a local replica's deployment in its card's
-// scheduler: its in-flight cap, and its KV budget where known. A llama.cpp
-// engine holds at most one request per slot: the scheduler dispatches a
-// request only when a slot is free, so its order (priority, then fairness)
-// decides who gets a slot, and the rest wait in its queue.
+// scheduler: its in-flight cap, the engine's own concurrency where known,
+// and its KV budget where known. The engine is sent no more than it runs
+// at once, so that the requests that wait, wait here, where the
+// scheduler's order (priority, then fairness) decides who runs next; in
+// the engine's own queue they would run first come, first served. A
+// llama.cpp engine holds at most one request per slot. An engine that
+// orders its batch by priority takes interactive work beside the
+// background work it pauses for it (queue.Deployment.Yields).
 func (g *Gateway) queueDeployment(key string, rp Replica) queue.Deployment {
 	inFlight := g.opts.MaxInFlight
-	if rp.Kind == engine.KindLlamaCpp {
-		inFlight = min(inFlight, max(rp.Slots, 1))
+	if rp.MaxInFlight > 0 {
+		inFlight = rp.MaxInFlight
 	}
-	return queue.Deployment{Name: key, MaxInFlight: inFlight, MaxTokens: max(rp.KVTokens, 0), QueueLimit: g.opts.QueueLimit}
+	if rp.Kind == engine.KindLlamaCpp {
+		inFlight = max(rp.Slots, 1)
+	}
+	return queue.Deployment{Name: key, MaxInFlight: inFlight, MaxTokens: max(rp.KVTokens, 0), QueueLimit: g.opts.QueueLimit,
+		Yields: rp.PriorityScheduling}
 }
 
 // watchLocked starts following rp's residency (under g.mu) if it is a
@@ -422,7 +431,7 @@ func (x *call) advance(s step) step {
 	case stepRun:
 		return x.begin()
 	case stepEnd:
-		x.g.answerEnd(x.w, x.m, x.req, *x.pd.end)
+		x.g.answerEnd(x.w, x.m, x.req, *x.pd.end, x.waitCause(*x.pd.end))
 		return stepDone
 	default:
 		if !x.wait() {
@@ -478,6 +487,9 @@ func (g *Gateway) enqueue(w http.ResponseWriter, r *http.Request, req *request, 
 			g.mu.Unlock()
 		}
 		x.demand = g.opts.Residency.Demand(rep.Deployment, rep.Index)
+		if ka, ok := g.opts.Residency.(KeepAliver); ok && req.keepAlive != nil {
+			ka.KeepAlive(rep.Deployment, rep.Index, *req.keepAlive)
+		}
 	}
 	return x
 }
@@ -533,15 +545,48 @@ func (x *call) wait() bool {
 	return false
 }
 
+// KeepAliver is what a Residency may also do: take a request's
+// keep_alive as its hint for how long the replica's model stays loaded
+// after it (resident.Manager; docs/residency.md). It is called after
+// Demand for the same request.
+type KeepAliver interface {
+	KeepAlive(model string, index uint32, d time.Duration)
+}
+
+// WaitExplainer is what a Residency may also do: say why a replica did
+// not serve a request that waited for it past the cold wait, in one cause
+// with its numbers, recording it as its controller's reject decision
+// (resident.Manager). "": it cannot say.
+type WaitExplainer interface {
+	WaitExpired(model string, index uint32, waited time.Duration) string
+}
+
+// waitCause is why the replica did not serve a request the scheduler
+// turned away after its cold wait (503), as its residency controller
+// says; "" for any other end.
+func (x *call) waitCause(e queue.End) string {
+	if e.Outcome != queue.Rejected || e.Status != http.StatusServiceUnavailable || !x.l.rep.Fronted {
+		return ""
+	}
+	ex, ok := x.g.opts.Residency.(WaitExplainer)
+	if !ok {
+		return ""
+	}
+	return ex.WaitExpired(x.l.rep.Deployment, x.l.rep.Index, time.Since(x.req.arrived))
+}
+
 // answerEnd answers a request the scheduler ended without an engine's
-// answer.
-func (g *Gateway) answerEnd(w http.ResponseWriter, m *Model, req *request, e queue.End) {
+// answer; cause, where known, is why a 503's model was not served.
+func (g *Gateway) answerEnd(w http.ResponseWriter, m *Model, req *request, e queue.End, cause string) {
 	var aerr *apiError
 	switch e.Outcome {
 	case queue.Rejected:
 		if e.Status == http.StatusTooManyRequests {
 			aerr = errorf(e.Status, "rate_limit_error", "queue_full",
 				"model %q: its queue is full; retry after %s", m.Served, e.RetryAfter)
+		} else if cause != "" {
+			aerr = errorf(e.Status, "server_error", "model_not_loaded",
+				"model %q was not served in time: %s; retry after %s", m.Served, cause, e.RetryAfter)
 		} else {
 			aerr = errorf(e.Status, "server_error", "model_not_loaded",
 				"model %q could not be loaded in time (it is cold, loading, or its card is full); retry after %s", m.Served, e.RetryAfter)
@@ -825,7 +870,7 @@ func (g *Gateway) finishWith(w http.ResponseWriter, c *card, pd *pending, ctx co
 			return result{} // re-queued: it runs again
 		}
 		c.mu.Unlock()
-		g.answerEnd(w, m, req, *pd.end)
+		g.answerEnd(w, m, req, *pd.end, "")
 		c.mu.Lock()
 		return result{done: true}
 	}

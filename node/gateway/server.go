@@ -286,10 +286,13 @@ type request struct {
 	outTokens int
 	words     int
 	// n is the choices asked for (0: not said, one).
-	n       int
-	class   queue.Class
-	who     who
-	arrived time.Time
+	n int
+	// keepAlive is the request's keep_alive (Ollama's: how long its model
+	// stays loaded after it; negative keeps it), nil when not given.
+	keepAlive *time.Duration
+	class     queue.Class
+	who       who
+	arrived   time.Time
 }
 
 // parse reads and checks r's body: a size within the limit, a JSON object
@@ -319,6 +322,18 @@ func (g *Gateway) parse(w http.ResponseWriter, r *http.Request) (*request, *apiE
 	if f.N != nil && req.path != "/v1/embeddings" {
 		req.n = *f.N
 	}
+	if len(f.KeepAlive) > 0 && string(f.KeepAlive) != "null" {
+		d, err := parseKeepAlive(f.KeepAlive)
+		if err != nil {
+			return nil, errorf(http.StatusBadRequest, "invalid_request_error", "invalid_value", "keep_alive %s: %v", f.KeepAlive, err)
+		}
+		req.keepAlive = &d
+		// The gateway's field, not the engine's: a strict engine refuses
+		// fields it does not know.
+		if req.body, err = withoutField(req.body, "keep_alive"); err != nil {
+			return nil, errorf(http.StatusBadRequest, "invalid_request_error", "invalid_json", "the request body: %v", err)
+		}
+	}
 	for _, v := range []*int{f.MaxTokens, f.MaxCompletionTokens} {
 		if v != nil {
 			req.maxTokens, req.outTokens = *v, *v
@@ -338,6 +353,46 @@ func (g *Gateway) parse(w http.ResponseWriter, r *http.Request) (*request, *apiE
 	// prompt at dispatch; the counters take what the engine reports.
 	req.promptTokens = (len(f.Prompt) + len(f.Messages) + len(f.Input)) / 4
 	return req, nil
+}
+
+// parseKeepAlive reads keep_alive as Ollama does: a number of seconds or
+// a duration ("5m", "1h30m", "0", "-1"); any negative value keeps the
+// model loaded (-1).
+func parseKeepAlive(raw json.RawMessage) (time.Duration, error) {
+	var v any
+	if err := json.Unmarshal(raw, &v); err != nil {
+		return 0, err
+	}
+	var d time.Duration
+	switch x := v.(type) {
+	case float64:
+		d = time.Duration(x * float64(time.Second))
+	case string:
+		if secs, err := strconv.ParseFloat(x, 64); err == nil {
+			d = time.Duration(secs * float64(time.Second))
+			break
+		}
+		var err error
+		if d, err = time.ParseDuration(x); err != nil {
+			return 0, errors.New(`must be a number of seconds or a duration such as "5m"; 0 unloads the model after the request, a negative value keeps it loaded`)
+		}
+	default:
+		return 0, errors.New(`must be a number of seconds or a duration such as "5m"; 0 unloads the model after the request, a negative value keeps it loaded`)
+	}
+	if d < 0 {
+		d = -1
+	}
+	return d, nil
+}
+
+// withoutField is body (a JSON object) without its field key.
+func withoutField(body []byte, key string) ([]byte, error) {
+	var m map[string]json.RawMessage
+	if err := json.Unmarshal(body, &m); err != nil {
+		return nil, err
+	}
+	delete(m, key)
+	return json.Marshal(m)
 }
 
 // readBody reads a body of size bytes (-1: unknown) to its end, into a
@@ -432,15 +487,21 @@ func (g *Gateway) admit(w http.ResponseWriter, r *http.Request) (*request, *Mode
 	return req, m, t
 }
 
-// resolveFresh resolves name, reading the cluster again once if it is not
-// known (a model deployed a moment ago).
+// resolveFresh resolves name, reading the cluster again if it is not
+// known (a model deployed a moment ago) and the view was read before the
+// request came: a refresh already running when it came may have read the
+// cluster before the deploy, so it waits for that one and reads again.
 func (g *Gateway) resolveFresh(ctx context.Context, name, tenant string) (*Model, string, *apiError) {
+	came := time.Now()
 	m, ad, aerr := g.resolve(name, tenant)
-	if aerr == nil || time.Since(g.table.Load().created) < 100*time.Millisecond {
-		return m, ad, aerr
+	for range 2 {
+		if aerr == nil || !g.table.Load().read.Before(came) || ctx.Err() != nil {
+			break
+		}
+		g.refresh(ctx)
+		m, ad, aerr = g.resolve(name, tenant)
 	}
-	g.refresh(ctx)
-	return g.resolve(name, tenant)
+	return m, ad, aerr
 }
 
 // target is where a request goes: a local replica, or another node.

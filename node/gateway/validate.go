@@ -33,6 +33,7 @@ type body struct {
 	Input               json.RawMessage `json:"input"`
 	EncodingFormat      *string         `json:"encoding_format"`
 	Dimensions          *int            `json:"dimensions"`
+	KeepAlive           json.RawMessage `json:"keep_alive"`
 
 	// msgs are the messages, once check has read them.
 	msgs []chatMessage

@@ -104,7 +104,11 @@ func (c Config) withDefaults() (Config, error) {
 // value so a step can be tried on a copy (advise mode, Plan, the fallback
 // after a violation).
 type replica struct {
-	dep Deployment
+	// keep is the keep_alive of its last request, where it gave one
+	// (keepSet; keepalive.go).
+	keep    time.Duration
+	keepSet bool
+	dep     Deployment
 	// prof is what the profiler learned for dep's key, mem its memory
 	// figures at dep's share (shared, not part of a step's trial copy).
 	prof  *Profile
@@ -450,6 +454,9 @@ func (c *Controller) observe(ev Event, now time.Time) error {
 			r.lastUse = now
 			r.prewarm = false
 			r.rejected = false
+			// A request without keep_alive takes the card's idle
+			// timeouts again, as Ollama's default does (keepalive.go).
+			r.keepSet = false
 			r.fc.observe(now, c.cfg.RateHalfLife)
 		}
 	case RequestFinished:
@@ -524,6 +531,8 @@ func (c *Controller) observe(ev Event, now time.Time) error {
 				c.remove(e.Model)
 			}
 		}
+	case KeepAlive:
+		c.keepAlive(e)
 	case ClearViolations:
 		c.pinnedOnly = false
 		c.lastBroken = ""

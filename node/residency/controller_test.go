@@ -585,3 +585,50 @@ func TestVariantSharesBoundLearnedMemory(t *testing.T) {
 		t.Errorf("small: %+v, want resident at its 8Gi", st)
 	}
 }
+
+// TestKeepAliveIsTheRequestsHint: a request's keep_alive (Ollama's
+// meaning) replaces the card's idle timeouts for its model: 0 takes an
+// onDemand model off the card as soon as it is idle (asleep, then
+// unloaded), a negative one keeps it past the card's timeouts, and a later
+// request without one gives the card's timeouts back. A warm model kept
+// for 0 only sleeps: its share stays reserved.
+func TestKeepAliveIsTheRequestsHint(t *testing.T) {
+	cfg := card
+	cfg.IdleSleep, cfg.IdleUnload = 2*time.Minute, 4*time.Minute
+	w := newWorld(t, cfg)
+	w.add(onDemand("now", 4*gi))
+	w.add(onDemand("kept", 4*gi))
+	w.add(reserved("warm", residency.Warm, 4*gi))
+	ask := func(m residency.ModelID, keep time.Duration) {
+		w.request(m, 5*time.Second)
+		w.send(residency.KeepAlive{Model: m, For: keep})
+	}
+	ask("now", 0)
+	ask("kept", -1)
+	ask("warm", 0)
+	w.run(time.Minute)
+	if s := w.state("now"); s != residency.Cold {
+		t.Fatalf("keep_alive 0: now is %s a minute after its request, want Cold (the card's idle timeout is 2m)\n%s", s, w.dump())
+	}
+	if got := kinds(w.actions("now")); strings.Join(got, " ") != "load sleep unload" {
+		t.Fatalf("keep_alive 0: now's actions %v, want load sleep unload", got)
+	}
+	if s := w.state("warm"); s != residency.Sleeping {
+		t.Fatalf("keep_alive 0 on a warm model: it is %s, want Sleeping (a warm share is never unloaded by a hint)\n%s", s, w.dump())
+	}
+	w.run(20 * time.Minute)
+	if s := w.state("kept"); s != residency.Resident {
+		t.Fatalf("keep_alive -1: kept is %s 20 minutes later, want Resident\n%s", s, w.dump())
+	}
+	w.request("kept", 5*time.Second)
+	w.run(3 * time.Minute)
+	if s := w.state("kept"); s == residency.Resident {
+		t.Fatalf("a request without keep_alive did not give the card's idle timeout back: kept is still Resident\n%s", w.dump())
+	}
+	for _, a := range w.actions("now", residency.ActSleep) {
+		if !strings.Contains(a.Decision.Reason, "keep_alive") {
+			t.Errorf("the sleep of now does not say it followed its request's keep_alive: %q", a.Decision.Reason)
+		}
+	}
+	w.assertClean()
+}

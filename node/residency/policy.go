@@ -75,8 +75,8 @@ func (c *Controller) stop(r *replica, op ActionKind, trig Trigger, forM ModelID,
 				append([]any{r.dep.Model, op, forM, r.active}, args...)...)
 			break
 		}
-		c.emit(ActDrain, r, "", trig, forM, in, now, "drain %s, then %s once its %d active requests finish or after %v: "+format,
-			append([]any{r.dep.Model, op, r.active, deadline}, args...)...)
+		c.emit(ActDrain, r, "", trig, forM, in, now, "drain %s, then %s once its %s finish or after %s: "+format,
+			append([]any{r.dep.Model, op, count(r.active, "active request"), dur(deadline)}, args...)...)
 	default:
 		r.issued = true
 		c.setState(r, Draining, now)
@@ -293,13 +293,13 @@ func (c *Controller) admit(r *replica, trig Trigger, start bool, now time.Time) 
 		in := Inputs{Bytes: cost, Free: free, Value: myValue, Reload: c.reload(r)}
 		switch {
 		case op == ActWake:
-			c.emit(ActWake, r, "", trig, "", in, now, "wake %s: %s; wake %v instead of a cold load of %v; needs %s, %s free",
-				r.dep.Model, why(trig, r), c.wakeTime(r), c.loadTime(r), gib(claim), gib(free))
+			c.emit(ActWake, r, "", trig, "", in, now, "wake %s: %s; wake %s instead of a cold load of %s; needs %s, %s free",
+				r.dep.Model, why(trig, r), dur(c.wakeTime(r)), dur(c.loadTime(r)), gib(claim), gib(free))
 			c.setState(r, Waking, now)
 		case trig == TriggerForecast:
 			at, _, _ := r.fc.next()
-			c.emit(ActPrewarm, r, "", trig, "", in, now, "prewarm %s: next request predicted in %v (rate %.2f/min); load takes %v; needs %s, %s free",
-				r.dep.Model, at.Sub(now).Round(time.Second), r.rate, c.loadTime(r), gib(claim), gib(free))
+			c.emit(ActPrewarm, r, "", trig, "", in, now, "prewarm %s: next request predicted in %s (rate %.2f/min); load takes %s; needs %s, %s free",
+				r.dep.Model, dur(at.Sub(now)), r.rate, dur(c.loadTime(r)), gib(claim), gib(free))
 			c.setState(r, Loading, now)
 		default:
 			c.emit(ActLoad, r, "", trig, "", in, now, "load %s: %s; needs %s, %s free", r.dep.Model, why(trig, r), gib(claim), gib(free))
@@ -375,7 +375,7 @@ func (c *Controller) admit(r *replica, trig Trigger, start bool, now time.Time) 
 func why(trig Trigger, r *replica) string {
 	switch trig {
 	case TriggerRequest:
-		return fmt.Sprintf("%d requests waiting", r.active)
+		return count(r.active, "request") + " waiting"
 	case TriggerForecast:
 		return "arrival predicted"
 	}
@@ -627,31 +627,42 @@ func (c *Controller) idle(now time.Time) {
 			continue
 		}
 		since := r.lastUse
+		// The last request's keep_alive replaces the card's timeouts
+		// (keepalive.go): negative keeps the model, and the
+		// controller's own guards (least residency, a forecast
+		// arrival) give way to what the request asked.
+		idleSleep, idleUnload, limit := c.cfg.IdleSleep, c.cfg.IdleUnload, ""
+		if r.keepSet {
+			if r.keep < 0 {
+				continue
+			}
+			idleSleep, idleUnload, limit = r.keep, r.keep, " (its last request's keep_alive)"
+		}
 		switch r.state {
 		case Resident:
 			if r.resident.After(since) {
 				since = r.resident
 			}
-			if now.Sub(since) < c.cfg.IdleSleep || now.Sub(r.resident) < max(c.cfg.MinResidency, 2*c.loadTime(r)) ||
-				r.fc.expectedWithin(now, c.cfg.IdleSleep) {
+			if now.Sub(since) < idleSleep || !r.keepSet && (now.Sub(r.resident) < max(c.cfg.MinResidency, 2*c.loadTime(r)) ||
+				r.fc.expectedWithin(now, idleSleep)) {
 				continue
 			}
-			idle := now.Sub(since).Round(time.Second)
+			idle := now.Sub(since)
 			switch {
 			case r.dep.CanSleep && (c.cfg.HostMemory == 0 || c.hostUsed()+c.hostBytes(r) <= c.cfg.HostMemory):
 				freed := c.claim(r, false) - c.residual(r)
 				c.stop(r, ActSleep, TriggerIdle, "", Inputs{Bytes: freed, Reload: c.wakeTime(r)}, now,
-					"sleep %s: idle %v ≥ %v; frees %s, wake takes %v", r.dep.Model, idle, c.cfg.IdleSleep, gib(freed), c.wakeTime(r))
+					"sleep %s: idle %s ≥ %s%s; frees %s, %s", r.dep.Model, dur(idle), dur(idleSleep), limit, gib(freed), wakeIn(c.wakeTime(r)))
 			case r.dep.Residency == OnDemand:
 				c.stop(r, ActUnload, TriggerIdle, "", Inputs{Bytes: c.cost(r), Reload: c.loadTime(r)}, now,
-					"unload %s: idle %v ≥ %v and its engine cannot sleep; frees %s", r.dep.Model, idle, c.cfg.IdleSleep, gib(c.cost(r)))
+					"unload %s: idle %s ≥ %s%s and its engine cannot sleep; frees %s", r.dep.Model, dur(idle), dur(idleSleep), limit, gib(c.cost(r)))
 			}
 		case Sleeping:
-			if r.dep.Residency != OnDemand || now.Sub(r.since) < c.cfg.IdleUnload || r.fc.expectedWithin(now, c.cfg.IdleUnload) {
+			if r.dep.Residency != OnDemand || now.Sub(r.since) < idleUnload || !r.keepSet && r.fc.expectedWithin(now, idleUnload) {
 				continue
 			}
 			c.stop(r, ActUnload, TriggerIdle, "", Inputs{Bytes: c.cost(r), Reload: c.loadTime(r)}, now,
-				"unload %s: asleep %v ≥ %v; frees %s", r.dep.Model, now.Sub(r.since).Round(time.Second), c.cfg.IdleUnload, gib(c.cost(r)))
+				"unload %s: asleep %s ≥ %s%s; frees %s", r.dep.Model, dur(now.Sub(r.since)), dur(idleUnload), limit, gib(c.cost(r)))
 		}
 	}
 }

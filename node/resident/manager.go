@@ -176,6 +176,10 @@ type rep struct {
 	adapters      *adapterSpec
 	tiersSent     string
 	tiersReported bool
+	// rejected is when the last reject decision was recorded for it, with
+	// its reason (explain.go).
+	rejected     time.Time
+	rejectReason string
 }
 
 type report struct {
@@ -396,12 +400,14 @@ func (m *Manager) deployment(k rkey, d executor.Desired) residency.Deployment {
 
 // placed reconciles the controllers with the replicas placed on the node.
 func (m *Manager) placed(ds []executor.Desired) {
-	// Cards with a warm or onDemand replica get a controller; every
+	// Cards with a single-card replica get a controller, one holding only
+	// pinned replicas too: its ledger, plan and metrics account for the
+	// card (a pinned engine runs as the executor keeps it); every
 	// single-card replica on them joins it.
 	want := map[rkey]executor.Desired{}
 	cardsWanted := map[uint32]bool{}
 	for _, d := range ds {
-		if c, ok := controlled(d); ok && fronted(d) {
+		if c, ok := controlled(d); ok {
 			cardsWanted[c] = true
 		}
 	}
@@ -416,9 +422,18 @@ func (m *Manager) placed(ds []executor.Desired) {
 		if ok && d.Replica.GetCards()[0] == r.card {
 			continue
 		}
-		m.handle(m.ctrls[r.card], residency.DeploymentRemoved{Model: k.id()}, "")
+		// It leaves its card's ledger now, whatever its state: the
+		// executor stops its engine (it was moved, replaced or deleted),
+		// not this card's controller, so no unload of the controller's
+		// would ever end. Off m.reps first, so that the controller's
+		// answer to the removal (an unload or a drain) acts on no engine:
+		// one of the same name may already run on another card. Loads on
+		// this card wait until the old engine's memory is really free
+		// (departed, awaitCounted).
 		delete(m.reps, k)
 		m.departed[k] = true
+		m.handle(m.ctrls[r.card], residency.DeploymentRemoved{Model: k.id()}, "")
+		m.handle(m.ctrls[r.card], residency.Unloaded{Model: k.id()}, "left the card: its engine is stopped by the node")
 		m.mu.Lock()
 		delete(m.adapterSpecs, k)
 		m.mu.Unlock()

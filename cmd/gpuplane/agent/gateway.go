@@ -245,7 +245,8 @@ func modelsOf(f *fsm.FSM) []gateway.Model {
 			rp := gateway.Replica{Deployment: d.GetName(), Index: r.GetIndex(), Node: r.GetNode(), Card: r.GetCards()[0],
 				Endpoint: r.GetEndpoint(), Kind: engine.ControlKind(spec.GetEngine()), Running: running,
 				Fronted: fronted && len(r.GetCards()) == 1, KVTokens: kvTokensOf(spec.GetEngine()),
-				PriorityScheduling: priorityScheduling(spec.GetEngine()), Slots: slotsOf(spec.GetEngine())}
+				PriorityScheduling: priorityScheduling(spec.GetEngine()), Slots: slotsOf(spec.GetEngine()),
+				MaxInFlight: maxInFlightOf(spec.GetEngine())}
 			rp.Resident = running
 			if rp.Fronted {
 				rp.Resident = r.GetResidency() == pb.ReplicaResidency_REPLICA_RESIDENCY_RESIDENT
@@ -280,6 +281,27 @@ func priorityScheduling(e *pb.EngineSpec) bool {
 		return false
 	}
 	return argValue(e.GetArgs(), "--scheduling-policy") == "priority"
+}
+
+// maxInFlightOf is how many requests an engine runs at once, where its
+// arguments or environment say it: vLLM's and sim's --max-num-seqs,
+// llama.cpp's slots, Ollama's OLLAMA_NUM_PARALLEL (1 unless set). 0:
+// unknown (vLLM sizes its default from the card; a command engine's is its
+// own), and the gateway's default cap holds.
+func maxInFlightOf(e *pb.EngineSpec) int {
+	switch e.GetKind() {
+	case "vllm", "sim":
+		return int(min(argUint(e.GetArgs(), "--max-num-seqs"), 1<<16))
+	case "llamacpp":
+		return slotsOf(e)
+	case "ollama":
+		n, err := strconv.ParseUint(strings.TrimSpace(e.GetEnv()["OLLAMA_NUM_PARALLEL"]), 10, 32)
+		if err != nil || n == 0 {
+			return 1
+		}
+		return int(min(n, 1<<16))
+	}
+	return 0
 }
 
 // slotsOf is a llama.cpp engine's slot count (engine.LlamaSlots: its

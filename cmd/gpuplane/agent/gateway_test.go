@@ -12,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -653,6 +654,22 @@ func TestGatewayAdmission(t *testing.T) {
 	}
 	if ra, err := strconv.Atoi(e.Response.Header.Get("Retry-After")); err != nil || ra < 1 {
 		t.Fatalf("503 without a Retry-After in seconds: %q", e.Response.Header.Get("Retry-After"))
+	}
+	// The 503 names the one cause, with its numbers, and is the card's
+	// recorded reject decision.
+	t.Logf("503 for a model that does not load: %s", e.Message)
+	if !strings.Contains(e.Message, "loading on card 0") || !strings.Contains(e.Message, "waited") {
+		t.Errorf("the 503 for a model still loading does not say so: %q", e.Message)
+	}
+	out := gpuplane(t, n, "residency", "decisions", "--model", "stuck/0", "-o", "json")
+	var ds []struct{ Action, Model, Reason, Trigger string }
+	if err := json.Unmarshal([]byte(out), &ds); err != nil {
+		t.Fatalf("residency decisions for stuck: %v: %s", err, out)
+	}
+	if !slices.ContainsFunc(ds, func(d struct{ Action, Model, Reason, Trigger string }) bool {
+		return d.Action == "reject" && d.Trigger == "request" && strings.Contains(e.Message, d.Reason)
+	}) {
+		t.Errorf("no reject decision (trigger request) with the 503's reason %q among %+v", e.Message, ds)
 	}
 }
 

@@ -55,7 +55,12 @@ executed; its ACTION reads e.g. "load (advised)". Each node keeps its last
 			}
 			defer stream.Close()
 			var all []*pb.ResidencyDecision
-			write := g.decisionWriter()
+			var write func(*pb.ResidencyDecision) error
+			if follow {
+				// The header at once: a quiet card may take minutes to
+				// decide anything.
+				write = g.decisionWriter()
+			}
 			for stream.Receive() {
 				ds := stream.Msg().GetDecisions()
 				if !follow {
@@ -103,17 +108,16 @@ func decisionRow(d *pb.ResidencyDecision) []string {
 }
 
 // decisionWriter prints decisions one at a time as they arrive (--follow):
-// a table line (not aligned across lines, which a stream cannot have), one
-// JSON object per line for -o json, a YAML document for -o yaml.
+// a table line (not aligned across lines, which a stream cannot have) under
+// the header it prints now, one JSON object per line for -o json, a YAML
+// document for -o yaml.
 func (g *globals) decisionWriter() func(*pb.ResidencyDecision) error {
-	header := false
+	if g.output == outputTable {
+		fmt.Fprintln(g.stdout, strings.Join(decisionHeader, "  "))
+	}
 	return func(d *pb.ResidencyDecision) error {
 		switch g.output {
 		case outputTable:
-			if !header {
-				fmt.Fprintln(g.stdout, strings.Join(decisionHeader, "  "))
-				header = true
-			}
 			cells := decisionRow(d)
 			for i, c := range cells {
 				cells[i] = orDash(c)
@@ -190,7 +194,7 @@ func planAction(c *pb.ResidencyCardPlan, e *pb.ResidencyPlanEntry) string {
 }
 
 // nextIn is the predicted next request relative to when the node answered:
-// "in 42s", "3s ago" (overdue), "-" (unknown).
+// "in 42s", "overdue" (predicted, and none came yet), "-" (unknown).
 func nextIn(c *pb.ResidencyCardPlan, e *pb.ResidencyPlanEntry) string {
 	if e.GetNextRequest() == nil {
 		return ""
@@ -201,7 +205,7 @@ func nextIn(c *pb.ResidencyCardPlan, e *pb.ResidencyPlanEntry) string {
 	}
 	d := e.GetNextRequest().AsTime().Sub(now).Round(time.Second)
 	if d < 0 {
-		return (-d).String() + " ago"
+		return "overdue"
 	}
 	return "in " + d.String()
 }

@@ -185,6 +185,14 @@ func TestLiveResidencyCommands(t *testing.T) {
 	if out, errOut, code := run("residency", "decisions"); code != 0 || strings.TrimSpace(out) != strings.Join(decisionHeader, "   ") {
 		t.Fatalf("decisions with no controller: exit %d, %q %s", code, out, errOut)
 	}
+	// --follow prints its header at once, before any decision.
+	quiet, stopQuiet := followDecisions(a.APIURL())
+	testutil.Until(t, 30*time.Second, "the follower's header with no decision yet", func() bool {
+		return strings.HasPrefix(quiet.String(), strings.Join(decisionHeader, "  ")+"\n")
+	})
+	if code := stopQuiet(); code != 0 {
+		t.Fatalf("decisions --follow with no decision: exit %d: %s", code, quiet.String())
+	}
 
 	// Two 10Gi models fill most of a 24Gi card; after the minimum residency
 	// a request for a third makes the controller take memory from one.

@@ -31,8 +31,8 @@ spec:
 		t.Fatalf("read back: dialect %q, args %v", back.Engine.Dialect, back.Engine.Args)
 	}
 	for doc, want := range map[string]string{
-		`engine: {kind: vllm, memoryPercent: 50, dialect: vllm}`: `spec.engine.dialect: only a sim engine takes a dialect (kind is "vllm")`,
-		`engine: {kind: sim, memoryPercent: 50, dialect: tgi}`:   `spec.engine.dialect: must be one of vllm, llamacpp, ollama, got "tgi"`,
+		`engine: {kind: vllm, memoryPercent: 50, dialect: vllm}`:                                                    `spec.engine.dialect: only a sim engine takes a dialect (kind is "vllm")`,
+		`engine: {kind: sim, memoryPercent: 50, dialect: tgi}`:                                                      `spec.engine.dialect: must be one of vllm, llamacpp, ollama, got "tgi"`,
 		"engine: {kind: sim, memoryPercent: 50, dialect: llamacpp}\n  adapters: [{name: sql, source: /a, rank: 8}]": "spec.engine.dialect: a sim speaking llamacpp cannot load LoRA adapters at run time",
 	} {
 		_, err := Parse([]byte("resource: ModelDeployment\nresourceVersion: v1\nmetadata: {name: chat}\nspec:\n  model: /m\n  placement: {accelerator: home}\n  " + doc + "\n"))

@@ -141,7 +141,7 @@ func TestOnDemandModelsShareOneCard(t *testing.T) {
 
 	log := mustGpuplane(t, a.url(), "audit", "log", "--resource", "model/chat")
 	for _, want := range []string{"ApplyModel chat", "placed, cold (not loaded: its node loads it on demand)",
-		"placed, loading (load chat/0: 1 requests waiting;", "running, resident (engine running: loaded on demand)",
+		"placed, loading (load chat/0: 1 request waiting;", "running, resident (engine running: loaded on demand)",
 		"running, draining (sleep chat/0: ", "running, sleeping"} {
 		if !strings.Contains(log, want) {
 			t.Errorf("audit log --resource model/chat lacks %q:\n%s", want, log)

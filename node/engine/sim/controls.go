@@ -291,13 +291,16 @@ func ollamaError(w http.ResponseWriter, code int, msg string) {
 
 // Status is what GET /sim/status answers.
 type Status struct {
-	State         string  `json:"state"`
-	Level         int     `json:"level,omitempty"`
-	MemoryMiB     uint64  `json:"memory_mib"`
-	HostMiB       uint64  `json:"host_mib"`
-	KVTokens      int     `json:"kv_tokens"`
-	InFlight      int     `json:"in_flight"`
-	Waiting       int     `json:"waiting"`
+	State     string `json:"state"`
+	Level     int    `json:"level,omitempty"`
+	MemoryMiB uint64 `json:"memory_mib"`
+	HostMiB   uint64 `json:"host_mib"`
+	KVTokens  int    `json:"kv_tokens"`
+	InFlight  int    `json:"in_flight"`
+	Waiting   int    `json:"waiting"`
+	// Preempted counts the requests paused for one of higher priority
+	// (--scheduling-policy priority).
+	Preempted     int     `json:"preempted"`
 	ComputeShare  float64 `json:"compute_share"`
 	CopyShare     float64 `json:"copy_share"`
 	LastLoadSecs  float64 `json:"last_load_seconds"`
@@ -323,7 +326,7 @@ func (s *server) snapshot() Status {
 	batch := 1 + s.cfg.BatchSlowdown*float64(max(st.inflight-1, 0))
 	return Status{
 		State: string(st.phase), Level: st.level, MemoryMiB: s.footprintMiB(), HostMiB: s.hostMiB(),
-		KVTokens: st.tokens, InFlight: st.inflight, Waiting: st.waiting, ComputeShare: st.computeFrac, CopyShare: st.copyFrac,
+		KVTokens: st.tokens, InFlight: st.inflight, Waiting: st.waiting, Preempted: s.preempted, ComputeShare: st.computeFrac, CopyShare: st.copyFrac,
 		LastLoadSecs: st.lastLoad.Seconds(), LastWakeSecs: st.lastWake.Seconds(),
 		TokensPerSecs:     s.cfg.TokensPerSecond * st.computeFrac / batch,
 		PrefixCacheTokens: s.cache.tokens(),

@@ -89,8 +89,9 @@ type Config struct {
 	ComputePercent uint32
 	// SchedulingPolicy is vLLM's --scheduling-policy: "fcfs" (default) or
 	// "priority". As vLLM, a request with a non-zero `priority` is refused
-	// unless it is "priority" (the sim accepts the field; it does not order
-	// by it).
+	// unless it is "priority"; under "priority" the batch is ordered by it
+	// (lower first, then arrival) and a request of higher priority than a
+	// running one pauses that one when the batch is full (admit).
 	SchedulingPolicy string
 	// Runner is vLLM's --runner: RunnerGenerate refuses embeddings,
 	// RunnerPooling completions and chat, as vLLM does for a generative
@@ -347,7 +348,14 @@ type server struct {
 	loadedOnce bool
 	nextReq    uint64
 	cancels    map[uint64]context.CancelCauseFunc
-	lora       loraState
+	// running, waiters and nextTurn order the batch under priority
+	// scheduling (admit); preempted counts the requests paused for one
+	// of higher priority.
+	running   map[uint64]*request
+	waiters   map[*turn]bool
+	nextTurn  uint64
+	preempted int
+	lora      loraState
 
 	// pubMu orders writes to the simulated card; last* is what was written.
 	pubMu    sync.Mutex
@@ -361,9 +369,10 @@ func newServer(cfg Config, life context.Context) *server {
 		cfg: cfg, life: life, pid: os.Getpid(),
 		weightsMiB: cfg.MemoryMiB - cfg.OverheadMiB - cfg.KVPoolMiB,
 		cancels:    map[uint64]context.CancelCauseFunc{},
-		cache:      newPrefixCache(prefixCacheTokens(cfg)),
-		slots:      newSlotCache(),
-		busySlots:  map[int]bool{},
+		running:    map[uint64]*request{}, waiters: map[*turn]bool{},
+		cache:     newPrefixCache(prefixCacheTokens(cfg)),
+		slots:     newSlotCache(),
+		busySlots: map[int]bool{},
 	}
 	s.lora = loraState{loaded: map[string]*adapter{}, cached: map[string]bool{},
 		rng: rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), uint64(s.pid)))}
@@ -566,7 +575,11 @@ func (s *server) complete(w http.ResponseWriter, r *http.Request, chat bool) {
 	if n <= 0 {
 		n = defaultMaxTokens
 	}
-	rq, err := s.admit(r.Context(), promptTokens)
+	priority := 0
+	if req.Priority != nil {
+		priority = *req.Priority
+	}
+	rq, err := s.admit(r.Context(), promptTokens, priority)
 	if err != nil {
 		s.refuse(w, err)
 		return
@@ -821,6 +834,15 @@ func (s *server) generate(rq *request, n int, emit func(i int)) error {
 		credit = last.Sub(rq.decodeFrom).Seconds() * s.rate()
 	}
 	for i := 0; i < n; {
+		if s.prioritized() {
+			paused, err := s.resumeWait(rq)
+			if err != nil {
+				return err
+			}
+			if paused {
+				credit, last = 0, time.Now()
+			}
+		}
 		rate := s.rate()
 		if s.cfg.TokensPerSecond <= 0 {
 			credit = float64(n - i)

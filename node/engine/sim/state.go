@@ -559,16 +559,133 @@ type request struct {
 	// decodeFrom is when its prefill was done (zero: when it began
 	// decoding).
 	decodeFrom time.Time
+	// turn is its place in the priority order (--scheduling-policy
+	// priority); paused: a request of higher priority took its place in the
+	// batch, and it waits (its KV freed, as vLLM's recompute preemption
+	// frees it) until it is the first of the waiting again. Guarded by
+	// server.mu.
+	turn   *turn
+	paused bool
+}
+
+// turn is a request's place in vLLM's priority order: lower priority
+// first, then earlier arrival.
+type turn struct {
+	priority int
+	seq      uint64
+}
+
+func (t *turn) before(u *turn) bool {
+	return t.priority < u.priority || t.priority == u.priority && t.seq < u.seq
+}
+
+// prioritized: the engine orders its batch by the requests' `priority`
+// (vLLM's --scheduling-policy priority).
+func (s *server) prioritized() bool { return s.cfg.SchedulingPolicy == "priority" }
+
+// firstWaiting is the waiting request (new or paused) that runs next under
+// priority scheduling; callers hold s.mu.
+func (s *server) firstWaiting() *turn {
+	var first *turn
+	for t := range s.waiters {
+		if first == nil || t.before(first) {
+			first = t
+		}
+	}
+	return first
+}
+
+// room says a request with this prompt may join the batch now; callers
+// hold s.mu.
+func (s *server) room(promptTokens int) bool {
+	return s.fits(promptTokens) && (s.cfg.MaxNumSeqs == 0 || s.st.inflight < s.cfg.MaxNumSeqs)
+}
+
+// displaceFor pauses the running request last in the priority order if it
+// comes after t (strictly lower priority): vLLM preempts the lowest
+// priority, latest request of its batch for a waiting one of higher
+// priority. Callers hold s.mu; false: none to pause.
+func (s *server) displaceFor(t *turn) bool {
+	var last *request
+	for _, r := range s.running {
+		if r.turn.priority > t.priority && (last == nil || last.turn.before(r.turn)) {
+			last = r
+		}
+	}
+	if last == nil {
+		return false
+	}
+	delete(s.running, last.id)
+	last.paused = true
+	s.st.inflight--
+	s.st.tokens -= last.held
+	s.st.waiting++
+	s.preempted++
+	s.waiters[last.turn] = true
+	return true
+}
+
+// resumeWait holds a paused request until it is the first of the waiting
+// and the batch has room, then puts it back in the batch; it reports
+// whether it paused (the stream's clock then restarts). Callers hold no
+// lock.
+func (s *server) resumeWait(r *request) (bool, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !r.paused {
+		return false, nil
+	}
+	for {
+		if s.firstWaiting() == r.turn && s.room(r.held) {
+			delete(s.waiters, r.turn)
+			r.paused = false
+			s.st.waiting--
+			s.st.inflight++
+			s.st.tokens += r.held
+			s.running[r.id] = r
+			return true, nil
+		}
+		if err := s.waitCtx(r.ctx); err != nil {
+			return true, context.Cause(r.ctx)
+		}
+	}
 }
 
 // admit lets a request in: where requests load the engine (llama.cpp,
 // Ollama) it waits for the load; otherwise it says why it is refused.
-func (s *server) admit(ctx context.Context, promptTokens int) (*request, error) {
+//
+// Under --scheduling-policy priority the batch is ordered as vLLM orders
+// it: a request waits while one before it (lower priority, or as low and
+// earlier) waits, and one of higher priority than a running request takes
+// that request's place at once (displaceFor).
+func (s *server) admit(ctx context.Context, promptTokens, priority int) (*request, error) {
+	var t *turn
+	if s.prioritized() {
+		s.mu.Lock()
+		t = &turn{priority: priority, seq: s.nextTurn}
+		s.nextTurn++
+		s.mu.Unlock()
+		defer func() {
+			s.mu.Lock()
+			delete(s.waiters, t)
+			s.mu.Unlock()
+		}()
+	}
 	for {
 		s.mu.Lock()
 		st := &s.st
+		if t != nil && st.phase == phAwake {
+			s.waiters[t] = true
+			displaced := false
+			for s.firstWaiting() == t && !s.room(promptTokens) && s.displaceFor(t) {
+				displaced = true
+			}
+			if displaced {
+				s.cond.Broadcast()
+			}
+		}
 		switch {
-		case st.phase == phAwake && (!s.fits(promptTokens) || s.cfg.MaxNumSeqs > 0 && st.inflight >= s.cfg.MaxNumSeqs):
+		case st.phase == phAwake && (!s.room(promptTokens) || t != nil && s.firstWaiting() != t):
 			// Continuous batching within the KV pool and --max-num-seqs: a
 			// request whose prompt does not fit, or that would run past
 			// the batch, waits for others to finish.
@@ -581,8 +698,12 @@ func (s *server) admit(ctx context.Context, promptTokens int) (*request, error) 
 			}
 			continue
 		case st.phase == phAwake:
-			r := &request{id: s.nextReq, held: promptTokens, admitted: time.Now()}
+			r := &request{id: s.nextReq, held: promptTokens, admitted: time.Now(), turn: t}
 			s.nextReq++
+			if t != nil {
+				delete(s.waiters, t)
+				s.running[r.id] = r
+			}
 			r.ctx, r.cancel = context.WithCancelCause(ctx)
 			s.cancels[r.id] = r.cancel
 			st.inflight++
@@ -628,8 +749,14 @@ func (s *server) release(r *request) {
 	r.cancel(nil)
 	s.mu.Lock()
 	delete(s.cancels, r.id)
-	s.st.inflight--
-	s.st.tokens -= r.held
+	if r.paused {
+		delete(s.waiters, r.turn)
+		s.st.waiting--
+	} else {
+		delete(s.running, r.id)
+		s.st.inflight--
+		s.st.tokens -= r.held
+	}
 	if s.st.inflight == 0 {
 		s.armExpiry()
 	}

@@ -189,3 +189,44 @@ func TestPreemptionOnlyWhenItMakesRoom(t *testing.T) {
 		t.Fatalf("an interactive request that preemption cannot make room for did %+v, want it queued and nothing cut", o)
 	}
 }
+
+// TestYieldingEngineTakesInteractiveBesideBackground: an engine that
+// pauses background work for interactive work itself (Deployment.Yields)
+// is sent an interactive request at once beside a full batch of
+// background, and nothing is cut; background waits while the interactive
+// work holds the room, and interactive work beyond the cap (counting only
+// what does not yield) waits too.
+func TestYieldingEngineTakesInteractiveBesideBackground(t *testing.T) {
+	e := newEngine(t, queue.Config{}, queue.Deployment{Name: "m", MaxInFlight: 2, QueueLimit: 100, Ready: true, Yields: true})
+	for range 2 {
+		e.enqueue(queue.Request{Deployment: "m", Tenant: "batch", Class: queue.Background, PromptTokens: 10, MaxTokens: 50, Streamed: true}, 50)
+	}
+	later := e.enqueue(queue.Request{Deployment: "m", Tenant: "batch", Class: queue.Background, PromptTokens: 10, MaxTokens: 50, Streamed: true}, 50)
+	chat := func() (queue.ID, queue.Output) {
+		r := queue.Request{Deployment: "m", Tenant: "chat", Class: queue.Interactive, PromptTokens: 10, MaxTokens: 5}
+		id, o, err := e.s.Enqueue(r, e.now)
+		if err != nil {
+			t.Fatal(err)
+		}
+		e.reqs[id] = &simReq{r: r, out: 5}
+		e.set(e.reqs[id], "queued")
+		return id, o
+	}
+	for i := range 3 {
+		c, o := chat()
+		want := []queue.ID{c}
+		if i == 2 {
+			want = nil // two interactive in flight fill the cap
+		}
+		if len(o.Preempted) != 0 || !slices.Equal(o.Dispatched, want) {
+			t.Fatalf("interactive arrival %d beside a full batch of background on a yielding engine: %+v; want %v dispatched, nothing preempted", i+1, o, want)
+		}
+		e.apply(o)
+	}
+	if n := e.s.InFlight("m"); n != 4 {
+		t.Fatalf("%d in flight, want the 2 background requests and 2 interactive ones", n)
+	}
+	if slices.Contains(e.inFlight, later) {
+		t.Fatalf("background request %d was dispatched while the engine was over its cap", later)
+	}
+}

@@ -42,6 +42,21 @@ func (d *dep) fits(r *req) bool {
 	return d.d.MaxTokens == 0 || d.inFlightTokens+r.cost <= d.d.MaxTokens
 }
 
+// yieldsTo says q fits beside d's background requests in flight because
+// d's engine pauses them for it (Deployment.Yields): the requests in
+// flight that are not background, and q, stay within the caps.
+func (d *dep) yieldsTo(q *req) bool {
+	if !d.d.Yields {
+		return false
+	}
+	n, tokens := d.inFlight, d.inFlightTokens
+	for r := d.bgInFlight.head; r != nil; r = r.next {
+		n--
+		tokens -= r.cost
+	}
+	return n < d.d.MaxInFlight && (d.d.MaxTokens == 0 || tokens+q.cost <= d.d.MaxTokens)
+}
+
 // Scheduler is the gateway's queueing core for one card: the queues of the
 // card's deployments, admission, dispatch and preemption. It is not safe
 // for concurrent use: the gateway calls it from one goroutine (or under one
@@ -87,7 +102,7 @@ func (s *Scheduler) AddDeployment(d Deployment, now time.Time) (Output, error) {
 		return s.out, err
 	}
 	if x, ok := s.deps[d.Name]; ok {
-		x.d.MaxInFlight, x.d.MaxTokens, x.d.QueueLimit = d.MaxInFlight, d.MaxTokens, d.QueueLimit
+		x.d.MaxInFlight, x.d.MaxTokens, x.d.QueueLimit, x.d.Yields = d.MaxInFlight, d.MaxTokens, d.QueueLimit, d.Yields
 		s.pump(x, now)
 		return s.out, nil
 	}
@@ -380,7 +395,7 @@ func (s *Scheduler) pump(d *dep, now time.Time) {
 		q := f.q.head
 		// An interactive head that does not fit takes the room of
 		// background work, and is dispatched into it at once.
-		if !d.fits(q) && (c != Interactive || s.cfg.NoPreemption || !s.preemptFor(d, q)) {
+		if !d.fits(q) && (c != Interactive || s.cfg.NoPreemption || !d.yieldsTo(q) && !s.preemptFor(d, q)) {
 			return
 		}
 		s.account(d, c, q.cost)

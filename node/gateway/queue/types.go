@@ -97,6 +97,14 @@ type Deployment struct {
 	// Ready says the engine is resident and accepts requests. Requests for
 	// a deployment that is not ready wait up to Config.ColdWait.
 	Ready bool
+	// Yields says the engine orders its own batch by the requests'
+	// priority and pauses running background work for interactive work
+	// (vLLM, or sim, with --scheduling-policy priority). An interactive
+	// request that does not fit is then sent to the engine beside the
+	// background requests in flight, which yield to it there, rather than
+	// cutting one of them off: its cap counts only the requests that do not
+	// yield (MaxInFlight and MaxTokens less the background in flight).
+	Yields bool
 }
 
 // Config sets the scheduler's rules. Zero values take the defaults named.
