@@ -243,18 +243,33 @@ func TestLiveMetricsAndUI(t *testing.T) {
 	if resp.StatusCode != 200 {
 		t.Fatalf("CreateAccelerator = %d", resp.StatusCode)
 	}
-	resp, err = http.Get(a.APIURL() + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	body, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	for _, want := range []string{`gpuplane_nodes{status="alive"} 1`, `gpuplane_cards{bound="false",device="l4"} 2`, "gpuplane_raft_leader 1", "gpuplane_residency_violations 0", "go_goroutines",
+	// memberlist reports its first gossip round one gossip interval after
+	// the start, so the page is read until every series has been reported.
+	wants := []string{`gpuplane_nodes{status="alive"} 1`, `gpuplane_cards{bound="false",device="l4"} 2`, "gpuplane_raft_leader 1", "gpuplane_residency_violations 0", "go_goroutines",
 		// Raft's own, through go-metrics, in snake case.
-		"gpuplane_raft_commit_time{quantile=", "gpuplane_raft_fsm_apply_batch{quantile=", "gpuplane_memberlist_gossip{quantile=", "gpuplane_raft_state_leader"} {
-		if !strings.Contains(string(body), want) {
-			t.Errorf("/metrics lacks %q:\n%s", want, body)
+		"gpuplane_raft_commit_time{quantile=", "gpuplane_raft_fsm_apply_batch{quantile=", "gpuplane_memberlist_gossip{quantile=", "gpuplane_raft_state_leader"}
+	var missing []string
+	var body []byte
+	for deadline := time.Now().Add(20 * time.Second); ; {
+		resp, err = http.Get(a.APIURL() + "/metrics")
+		if err != nil {
+			t.Fatal(err)
 		}
+		body, _ = io.ReadAll(resp.Body)
+		resp.Body.Close()
+		missing = missing[:0]
+		for _, want := range wants {
+			if !strings.Contains(string(body), want) {
+				missing = append(missing, want)
+			}
+		}
+		if len(missing) == 0 || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if len(missing) > 0 {
+		t.Errorf("/metrics lacks %q:\n%s", missing, body)
 	}
 
 	// The web UI is one page on the API port, with its script and style
