@@ -71,6 +71,7 @@ var procedureAccess = map[string]Access{
 	gpuplanev1connect.ResidencyServiceListDecisionsProcedure: AccessRead,
 	gpuplanev1connect.ResidencyServiceGetPlanProcedure:       AccessRead,
 	gpuplanev1connect.ResidencyServiceListProfilesProcedure:  AccessRead,
+	gpuplanev1connect.ResidencyServiceOperateProcedure:       AccessOperator,
 
 	// What the separate reads above show, in one answer.
 	gpuplanev1connect.DashboardServiceSummaryProcedure: AccessRead,

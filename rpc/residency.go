@@ -388,3 +388,81 @@ func aboutModel(id residency.ModelID, want string) bool {
 	name, _, _ := strings.Cut(string(id), "/")
 	return string(id) == want || name == want
 }
+
+// Operate passes an operator's load or unload to the nodes that hold the
+// model's replicas. Every node asked answers for the replicas it holds; a
+// refusal on any node is returned with the reason its controller gave.
+func (h *residencyHandlers) Operate(ctx context.Context, req *connect.Request[pb.OperateRequest]) (*connect.Response[pb.OperateResponse], error) {
+	m := req.Msg
+	model := m.GetModel()
+	var load bool
+	switch m.GetAction() {
+	case pb.OperateAction_OPERATE_ACTION_LOAD:
+		load = true
+	case pb.OperateAction_OPERATE_ACTION_UNLOAD:
+	default:
+		return nil, connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("action: must be load or unload, got %s", m.GetAction()))
+	}
+	if model == "" {
+		return nil, connect.NewError(connect.CodeInvalidArgument, errors.New("model: must not be empty"))
+	}
+	if req.Header().Get(residencyRelayHeader) == "" {
+		// Only the node first asked checks the name: a relayed request
+		// was checked there.
+		name, _, _ := strings.Cut(model, "/")
+		var found bool
+		err := h.b.Read(ctx, true, func(f *fsm.FSM) error {
+			_, _, found = f.Model(name)
+			return nil
+		})
+		if err != nil {
+			return nil, backendError("residency", err)
+		}
+		if !found {
+			return nil, notFound("model %q not found", name)
+		}
+	}
+	ts, err := h.targets(ctx, m.GetNode(), req.Header())
+	if err != nil {
+		return nil, err
+	}
+	answers := make([][]*pb.OperateResult, len(ts))
+	err = eachTarget(ctx, ts, func(ctx context.Context, i int, t residencyTarget) error {
+		if !t.self {
+			resp, err := h.client(t).Operate(ctx, relayed(connect.NewRequest(&pb.OperateRequest{Node: t.name, Model: model, Action: m.GetAction()})))
+			if err != nil {
+				if ce := new(connect.Error); errors.As(err, &ce) && ce.Code() == connect.CodeFailedPrecondition {
+					return connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("node %s: %s", t.name, ce.Message()))
+				}
+				return peerError(t, err)
+			}
+			answers[i] = resp.Msg.GetResults()
+			return nil
+		}
+		if h.journal == nil {
+			return nil
+		}
+		rs, err := h.journal.Operate(ctx, model, load)
+		if errors.Is(err, residency.ErrNoOperator) {
+			return nil
+		}
+		if err != nil {
+			return connect.NewError(connect.CodeFailedPrecondition, err)
+		}
+		for _, r := range rs {
+			answers[i] = append(answers[i], &pb.OperateResult{
+				Node: h.node, Card: r.Card, Replica: string(r.Replica), Action: r.Action.String(), Reason: r.Reason,
+			})
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	out := slices.Concat(answers...)
+	if len(out) == 0 && req.Header().Get(residencyRelayHeader) == "" {
+		return nil, connect.NewError(connect.CodeFailedPrecondition,
+			fmt.Errorf("model %q has no replica on a node whose residency controller runs (not placed yet, or its nodes run residency in advise mode or not at all)", model))
+	}
+	return connect.NewResponse(&pb.OperateResponse{Results: out}), nil
+}

@@ -108,6 +108,9 @@ type replica struct {
 	// (keepSet; keepalive.go).
 	keep    time.Duration
 	keepSet bool
+	// opLoad is set while an operator's load waits for its step, opUnload
+	// while an operator's unload does (operator.go).
+	opLoad, opUnload bool
 	dep     Deployment
 	// prof is what the profiler learned for dep's key, mem its memory
 	// figures at dep's share (shared, not part of a step's trial copy).
@@ -533,6 +536,23 @@ func (c *Controller) observe(ev Event, now time.Time) error {
 		}
 	case KeepAlive:
 		c.keepAlive(e)
+	case OperatorLoad:
+		r, err := c.operatorCheck(e.Model, true)
+		if err != nil {
+			return err
+		}
+		// A preloaded model follows the card's idle timeouts, as Ollama's
+		// preload takes the default keep_alive.
+		r.keepSet = false
+		if r.state != Resident && r.state != Loading && r.state != Waking {
+			r.opLoad = true
+		}
+	case OperatorUnload:
+		r, err := c.operatorCheck(e.Model, false)
+		if err != nil {
+			return err
+		}
+		r.opLoad, r.opUnload = false, true
 	case ClearViolations:
 		c.pinnedOnly = false
 		c.lastBroken = ""
@@ -543,6 +563,7 @@ func (c *Controller) observe(ev Event, now time.Time) error {
 
 func (c *Controller) becameResident(r *replica, now time.Time) {
 	r.failures = 0
+	r.opLoad = false
 	c.setState(r, Resident, now)
 	if r.pending != 0 {
 		// A drain or removal arrived while loading: it starts now.
@@ -561,6 +582,7 @@ func (c *Controller) fail(r *replica, now time.Time) {
 		back = c.cfg.MaxBackoff
 	}
 	r.retryAt = now.Add(back)
+	r.opLoad = false
 	r.pending, r.issued, r.drainFor = 0, false, ""
 	c.setState(r, Failed, now)
 	if r.removed {

@@ -46,6 +46,8 @@ type Journal struct {
 	// only grow.
 	decided     map[DecisionCount]uint64
 	transitions map[Transition]uint64
+	// op reaches the manager for operators' loads and unloads (operate.go).
+	op operators
 }
 
 // DecisionCount keys the count of decisions by action and trigger.

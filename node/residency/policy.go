@@ -26,6 +26,7 @@ func (c *Controller) step(now time.Time) []Action {
 	c.turns(now)
 	c.removals(now)
 	c.drains(now)
+	c.operatorStops(now)
 	c.keepPromises(now)
 	c.demand(now)
 	if !c.pinnedOnly {
@@ -195,12 +196,12 @@ func (c *Controller) wants(r *replica, now time.Time) (trig Trigger, want, hold 
 		if r.active > 0 {
 			return TriggerRequest, true, false
 		}
-		return TriggerOperator, r.dep.Residency.reserved(), false
+		return TriggerOperator, r.dep.Residency.reserved() || r.opLoad, false
 	case Sleeping:
 		if r.active > 0 {
 			return TriggerRequest, true, false
 		}
-		return TriggerOperator, r.dep.Residency == Pinned || c.pinnedOnly && r.dep.Residency == Warm, false
+		return TriggerOperator, r.opLoad || r.dep.Residency == Pinned || c.pinnedOnly && r.dep.Residency == Warm, false
 	}
 	return 0, false, false
 }
@@ -378,6 +379,9 @@ func why(trig Trigger, r *replica) string {
 		return count(r.active, "request") + " waiting"
 	case TriggerForecast:
 		return "arrival predicted"
+	}
+	if r.opLoad {
+		return "asked by the operator"
 	}
 	return fmt.Sprintf("%s model is kept on the card", r.dep.Residency)
 }

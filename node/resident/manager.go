@@ -332,6 +332,10 @@ func (m *Manager) post(f func()) {
 func (m *Manager) Run(ctx context.Context, ex Engines) {
 	m.ex, m.ctx = ex, ctx
 	go m.reporter(ctx)
+	if j := m.opts.Journal; j != nil && !m.opts.Advise {
+		j.SetOperator(m.Operate)
+		defer j.SetOperator(nil)
+	}
 	tick := time.NewTicker(m.opts.Tick)
 	defer tick.Stop()
 	adapterTick := time.NewTicker(m.opts.AdapterReport)
@@ -595,9 +599,9 @@ func (m *Manager) engine(k rkey, state pb.ReplicaState, url string) {
 // handle gives ev to c's controller, executes the actions, reports the
 // residency transitions and records the decisions. why is the reason given
 // for a transition no decision explains.
-func (m *Manager) handle(c *cardCtrl, ev residency.Event, why string) {
+func (m *Manager) handle(c *cardCtrl, ev residency.Event, why string) residency.Output {
 	if c == nil {
-		return
+		return residency.Output{}
 	}
 	out := c.ctrl.Handle(ev)
 	switch e := ev.(type) {
@@ -663,6 +667,7 @@ func (m *Manager) handle(c *cardCtrl, ev residency.Event, why string) {
 		}
 	}
 	m.publishFronts(c)
+	return out
 }
 
 func pbResidency(s residency.State) pb.ReplicaResidency {

@@ -24,6 +24,8 @@ func newModelsCommand(g *globals) *cobra.Command {
 		newModelsGetCommand(g),
 		newModelsDeployCommand(g),
 		newModelsDeleteCommand(g),
+		newModelsLoadCommand(g),
+		newModelsUnloadCommand(g),
 	)
 }
 

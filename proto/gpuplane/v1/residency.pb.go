@@ -22,6 +22,243 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+type OperateAction int32
+
+const (
+	OperateAction_OPERATE_ACTION_UNSPECIFIED OperateAction = 0
+	OperateAction_OPERATE_ACTION_LOAD        OperateAction = 1
+	OperateAction_OPERATE_ACTION_UNLOAD      OperateAction = 2
+)
+
+// Enum value maps for OperateAction.
+var (
+	OperateAction_name = map[int32]string{
+		0: "OPERATE_ACTION_UNSPECIFIED",
+		1: "OPERATE_ACTION_LOAD",
+		2: "OPERATE_ACTION_UNLOAD",
+	}
+	OperateAction_value = map[string]int32{
+		"OPERATE_ACTION_UNSPECIFIED": 0,
+		"OPERATE_ACTION_LOAD":        1,
+		"OPERATE_ACTION_UNLOAD":      2,
+	}
+)
+
+func (x OperateAction) Enum() *OperateAction {
+	p := new(OperateAction)
+	*p = x
+	return p
+}
+
+func (x OperateAction) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (OperateAction) Descriptor() protoreflect.EnumDescriptor {
+	return file_gpuplane_v1_residency_proto_enumTypes[0].Descriptor()
+}
+
+func (OperateAction) Type() protoreflect.EnumType {
+	return &file_gpuplane_v1_residency_proto_enumTypes[0]
+}
+
+func (x OperateAction) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use OperateAction.Descriptor instead.
+func (OperateAction) EnumDescriptor() ([]byte, []int) {
+	return file_gpuplane_v1_residency_proto_rawDescGZIP(), []int{0}
+}
+
+type OperateRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Only this node's replicas (empty: every node's).
+	Node string `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	// A model (deployment) name, or one replica ("chat/0").
+	Model string `protobuf:"bytes,2,opt,name=model,proto3" json:"model,omitempty"`
+	// OPERATE_ACTION_LOAD or OPERATE_ACTION_UNLOAD.
+	Action        OperateAction `protobuf:"varint,3,opt,name=action,proto3,enum=gpuplane.v1.OperateAction" json:"action,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *OperateRequest) Reset() {
+	*x = OperateRequest{}
+	mi := &file_gpuplane_v1_residency_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *OperateRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*OperateRequest) ProtoMessage() {}
+
+func (x *OperateRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_gpuplane_v1_residency_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use OperateRequest.ProtoReflect.Descriptor instead.
+func (*OperateRequest) Descriptor() ([]byte, []int) {
+	return file_gpuplane_v1_residency_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *OperateRequest) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *OperateRequest) GetModel() string {
+	if x != nil {
+		return x.Model
+	}
+	return ""
+}
+
+func (x *OperateRequest) GetAction() OperateAction {
+	if x != nil {
+		return x.Action
+	}
+	return OperateAction_OPERATE_ACTION_UNSPECIFIED
+}
+
+type OperateResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Results       []*OperateResult       `protobuf:"bytes,1,rep,name=results,proto3" json:"results,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *OperateResponse) Reset() {
+	*x = OperateResponse{}
+	mi := &file_gpuplane_v1_residency_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *OperateResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*OperateResponse) ProtoMessage() {}
+
+func (x *OperateResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_gpuplane_v1_residency_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use OperateResponse.ProtoReflect.Descriptor instead.
+func (*OperateResponse) Descriptor() ([]byte, []int) {
+	return file_gpuplane_v1_residency_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *OperateResponse) GetResults() []*OperateResult {
+	if x != nil {
+		return x.Results
+	}
+	return nil
+}
+
+// OperateResult is what the operation did to one replica.
+type OperateResult struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Node  string                 `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	Card  string                 `protobuf:"bytes,2,opt,name=card,proto3" json:"card,omitempty"`
+	// The replica, "chat/0".
+	Replica string `protobuf:"bytes,3,opt,name=replica,proto3" json:"replica,omitempty"`
+	// The action taken (load, wake, sleep, unload, drain), or "none" when the
+	// replica already was where it was asked to be.
+	Action string `protobuf:"bytes,4,opt,name=action,proto3" json:"action,omitempty"`
+	// The decision's reason, or why no action was needed.
+	Reason        string `protobuf:"bytes,5,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *OperateResult) Reset() {
+	*x = OperateResult{}
+	mi := &file_gpuplane_v1_residency_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *OperateResult) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*OperateResult) ProtoMessage() {}
+
+func (x *OperateResult) ProtoReflect() protoreflect.Message {
+	mi := &file_gpuplane_v1_residency_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use OperateResult.ProtoReflect.Descriptor instead.
+func (*OperateResult) Descriptor() ([]byte, []int) {
+	return file_gpuplane_v1_residency_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *OperateResult) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *OperateResult) GetCard() string {
+	if x != nil {
+		return x.Card
+	}
+	return ""
+}
+
+func (x *OperateResult) GetReplica() string {
+	if x != nil {
+		return x.Replica
+	}
+	return ""
+}
+
+func (x *OperateResult) GetAction() string {
+	if x != nil {
+		return x.Action
+	}
+	return ""
+}
+
+func (x *OperateResult) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
 type ListDecisionsRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Only this node's decisions (empty: every node's).
@@ -38,7 +275,7 @@ type ListDecisionsRequest struct {
 
 func (x *ListDecisionsRequest) Reset() {
 	*x = ListDecisionsRequest{}
-	mi := &file_gpuplane_v1_residency_proto_msgTypes[0]
+	mi := &file_gpuplane_v1_residency_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -50,7 +287,7 @@ func (x *ListDecisionsRequest) String() string {
 func (*ListDecisionsRequest) ProtoMessage() {}
 
 func (x *ListDecisionsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuplane_v1_residency_proto_msgTypes[0]
+	mi := &file_gpuplane_v1_residency_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -63,7 +300,7 @@ func (x *ListDecisionsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDecisionsRequest.ProtoReflect.Descriptor instead.
 func (*ListDecisionsRequest) Descriptor() ([]byte, []int) {
-	return file_gpuplane_v1_residency_proto_rawDescGZIP(), []int{0}
+	return file_gpuplane_v1_residency_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *ListDecisionsRequest) GetNode() string {
@@ -103,7 +340,7 @@ type ListDecisionsResponse struct {
 
 func (x *ListDecisionsResponse) Reset() {
 	*x = ListDecisionsResponse{}
-	mi := &file_gpuplane_v1_residency_proto_msgTypes[1]
+	mi := &file_gpuplane_v1_residency_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -115,7 +352,7 @@ func (x *ListDecisionsResponse) String() string {
 func (*ListDecisionsResponse) ProtoMessage() {}
 
 func (x *ListDecisionsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuplane_v1_residency_proto_msgTypes[1]
+	mi := &file_gpuplane_v1_residency_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -128,7 +365,7 @@ func (x *ListDecisionsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDecisionsResponse.ProtoReflect.Descriptor instead.
 func (*ListDecisionsResponse) Descriptor() ([]byte, []int) {
-	return file_gpuplane_v1_residency_proto_rawDescGZIP(), []int{1}
+	return file_gpuplane_v1_residency_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *ListDecisionsResponse) GetDecisions() []*ResidencyDecision {
@@ -164,7 +401,7 @@ type ResidencyDecision struct {
 
 func (x *ResidencyDecision) Reset() {
 	*x = ResidencyDecision{}
-	mi := &file_gpuplane_v1_residency_proto_msgTypes[2]
+	mi := &file_gpuplane_v1_residency_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -176,7 +413,7 @@ func (x *ResidencyDecision) String() string {
 func (*ResidencyDecision) ProtoMessage() {}
 
 func (x *ResidencyDecision) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuplane_v1_residency_proto_msgTypes[2]
+	mi := &file_gpuplane_v1_residency_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -189,7 +426,7 @@ func (x *ResidencyDecision) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResidencyDecision.ProtoReflect.Descriptor instead.
 func (*ResidencyDecision) Descriptor() ([]byte, []int) {
-	return file_gpuplane_v1_residency_proto_rawDescGZIP(), []int{2}
+	return file_gpuplane_v1_residency_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *ResidencyDecision) GetSeq() uint64 {
@@ -292,7 +529,7 @@ type ResidencyInputs struct {
 
 func (x *ResidencyInputs) Reset() {
 	*x = ResidencyInputs{}
-	mi := &file_gpuplane_v1_residency_proto_msgTypes[3]
+	mi := &file_gpuplane_v1_residency_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -304,7 +541,7 @@ func (x *ResidencyInputs) String() string {
 func (*ResidencyInputs) ProtoMessage() {}
 
 func (x *ResidencyInputs) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuplane_v1_residency_proto_msgTypes[3]
+	mi := &file_gpuplane_v1_residency_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -317,7 +554,7 @@ func (x *ResidencyInputs) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResidencyInputs.ProtoReflect.Descriptor instead.
 func (*ResidencyInputs) Descriptor() ([]byte, []int) {
-	return file_gpuplane_v1_residency_proto_rawDescGZIP(), []int{3}
+	return file_gpuplane_v1_residency_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *ResidencyInputs) GetRatePerMinute() float64 {
@@ -386,7 +623,7 @@ type GetPlanRequest struct {
 
 func (x *GetPlanRequest) Reset() {
 	*x = GetPlanRequest{}
-	mi := &file_gpuplane_v1_residency_proto_msgTypes[4]
+	mi := &file_gpuplane_v1_residency_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -398,7 +635,7 @@ func (x *GetPlanRequest) String() string {
 func (*GetPlanRequest) ProtoMessage() {}
 
 func (x *GetPlanRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuplane_v1_residency_proto_msgTypes[4]
+	mi := &file_gpuplane_v1_residency_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -411,7 +648,7 @@ func (x *GetPlanRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetPlanRequest.ProtoReflect.Descriptor instead.
 func (*GetPlanRequest) Descriptor() ([]byte, []int) {
-	return file_gpuplane_v1_residency_proto_rawDescGZIP(), []int{4}
+	return file_gpuplane_v1_residency_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *GetPlanRequest) GetNode() string {
@@ -430,7 +667,7 @@ type GetPlanResponse struct {
 
 func (x *GetPlanResponse) Reset() {
 	*x = GetPlanResponse{}
-	mi := &file_gpuplane_v1_residency_proto_msgTypes[5]
+	mi := &file_gpuplane_v1_residency_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -442,7 +679,7 @@ func (x *GetPlanResponse) String() string {
 func (*GetPlanResponse) ProtoMessage() {}
 
 func (x *GetPlanResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuplane_v1_residency_proto_msgTypes[5]
+	mi := &file_gpuplane_v1_residency_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -455,7 +692,7 @@ func (x *GetPlanResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetPlanResponse.ProtoReflect.Descriptor instead.
 func (*GetPlanResponse) Descriptor() ([]byte, []int) {
-	return file_gpuplane_v1_residency_proto_rawDescGZIP(), []int{5}
+	return file_gpuplane_v1_residency_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *GetPlanResponse) GetCards() []*ResidencyCardPlan {
@@ -490,7 +727,7 @@ type ResidencyCardPlan struct {
 
 func (x *ResidencyCardPlan) Reset() {
 	*x = ResidencyCardPlan{}
-	mi := &file_gpuplane_v1_residency_proto_msgTypes[6]
+	mi := &file_gpuplane_v1_residency_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -502,7 +739,7 @@ func (x *ResidencyCardPlan) String() string {
 func (*ResidencyCardPlan) ProtoMessage() {}
 
 func (x *ResidencyCardPlan) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuplane_v1_residency_proto_msgTypes[6]
+	mi := &file_gpuplane_v1_residency_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -515,7 +752,7 @@ func (x *ResidencyCardPlan) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResidencyCardPlan.ProtoReflect.Descriptor instead.
 func (*ResidencyCardPlan) Descriptor() ([]byte, []int) {
-	return file_gpuplane_v1_residency_proto_rawDescGZIP(), []int{6}
+	return file_gpuplane_v1_residency_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *ResidencyCardPlan) GetNode() string {
@@ -630,7 +867,7 @@ type ResidencyPlanEntry struct {
 
 func (x *ResidencyPlanEntry) Reset() {
 	*x = ResidencyPlanEntry{}
-	mi := &file_gpuplane_v1_residency_proto_msgTypes[7]
+	mi := &file_gpuplane_v1_residency_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -642,7 +879,7 @@ func (x *ResidencyPlanEntry) String() string {
 func (*ResidencyPlanEntry) ProtoMessage() {}
 
 func (x *ResidencyPlanEntry) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuplane_v1_residency_proto_msgTypes[7]
+	mi := &file_gpuplane_v1_residency_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -655,7 +892,7 @@ func (x *ResidencyPlanEntry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResidencyPlanEntry.ProtoReflect.Descriptor instead.
 func (*ResidencyPlanEntry) Descriptor() ([]byte, []int) {
-	return file_gpuplane_v1_residency_proto_rawDescGZIP(), []int{7}
+	return file_gpuplane_v1_residency_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *ResidencyPlanEntry) GetModel() string {
@@ -752,7 +989,7 @@ type ListProfilesRequest struct {
 
 func (x *ListProfilesRequest) Reset() {
 	*x = ListProfilesRequest{}
-	mi := &file_gpuplane_v1_residency_proto_msgTypes[8]
+	mi := &file_gpuplane_v1_residency_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -764,7 +1001,7 @@ func (x *ListProfilesRequest) String() string {
 func (*ListProfilesRequest) ProtoMessage() {}
 
 func (x *ListProfilesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuplane_v1_residency_proto_msgTypes[8]
+	mi := &file_gpuplane_v1_residency_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -777,7 +1014,7 @@ func (x *ListProfilesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListProfilesRequest.ProtoReflect.Descriptor instead.
 func (*ListProfilesRequest) Descriptor() ([]byte, []int) {
-	return file_gpuplane_v1_residency_proto_rawDescGZIP(), []int{8}
+	return file_gpuplane_v1_residency_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *ListProfilesRequest) GetNode() string {
@@ -796,7 +1033,7 @@ type ListProfilesResponse struct {
 
 func (x *ListProfilesResponse) Reset() {
 	*x = ListProfilesResponse{}
-	mi := &file_gpuplane_v1_residency_proto_msgTypes[9]
+	mi := &file_gpuplane_v1_residency_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -808,7 +1045,7 @@ func (x *ListProfilesResponse) String() string {
 func (*ListProfilesResponse) ProtoMessage() {}
 
 func (x *ListProfilesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuplane_v1_residency_proto_msgTypes[9]
+	mi := &file_gpuplane_v1_residency_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -821,7 +1058,7 @@ func (x *ListProfilesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListProfilesResponse.ProtoReflect.Descriptor instead.
 func (*ListProfilesResponse) Descriptor() ([]byte, []int) {
-	return file_gpuplane_v1_residency_proto_rawDescGZIP(), []int{9}
+	return file_gpuplane_v1_residency_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *ListProfilesResponse) GetProfiles() []*ResidencyProfile {
@@ -855,7 +1092,7 @@ type ResidencyProfile struct {
 
 func (x *ResidencyProfile) Reset() {
 	*x = ResidencyProfile{}
-	mi := &file_gpuplane_v1_residency_proto_msgTypes[10]
+	mi := &file_gpuplane_v1_residency_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -867,7 +1104,7 @@ func (x *ResidencyProfile) String() string {
 func (*ResidencyProfile) ProtoMessage() {}
 
 func (x *ResidencyProfile) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuplane_v1_residency_proto_msgTypes[10]
+	mi := &file_gpuplane_v1_residency_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -880,7 +1117,7 @@ func (x *ResidencyProfile) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResidencyProfile.ProtoReflect.Descriptor instead.
 func (*ResidencyProfile) Descriptor() ([]byte, []int) {
-	return file_gpuplane_v1_residency_proto_rawDescGZIP(), []int{10}
+	return file_gpuplane_v1_residency_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ResidencyProfile) GetNode() string {
@@ -986,6 +1223,18 @@ var File_gpuplane_v1_residency_proto protoreflect.FileDescriptor
 const file_gpuplane_v1_residency_proto_rawDesc = "" +
 	"\n" +
 	"\x1bgpuplane/v1/residency.proto\x12\vgpuplane.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"n\n" +
+	"\x0eOperateRequest\x12\x12\n" +
+	"\x04node\x18\x01 \x01(\tR\x04node\x12\x14\n" +
+	"\x05model\x18\x02 \x01(\tR\x05model\x122\n" +
+	"\x06action\x18\x03 \x01(\x0e2\x1a.gpuplane.v1.OperateActionR\x06action\"G\n" +
+	"\x0fOperateResponse\x124\n" +
+	"\aresults\x18\x01 \x03(\v2\x1a.gpuplane.v1.OperateResultR\aresults\"\x81\x01\n" +
+	"\rOperateResult\x12\x12\n" +
+	"\x04node\x18\x01 \x01(\tR\x04node\x12\x12\n" +
+	"\x04card\x18\x02 \x01(\tR\x04card\x12\x18\n" +
+	"\areplica\x18\x03 \x01(\tR\areplica\x12\x16\n" +
+	"\x06action\x18\x04 \x01(\tR\x06action\x12\x16\n" +
+	"\x06reason\x18\x05 \x01(\tR\x06reason\"n\n" +
 	"\x14ListDecisionsRequest\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x14\n" +
 	"\x05model\x18\x02 \x01(\tR\x05model\x12\x16\n" +
@@ -1075,11 +1324,16 @@ const file_gpuplane_v1_residency_proto_rawDesc = "" +
 	"\x11tokens_per_second\x18\v \x01(\x01R\x0ftokensPerSecond\x12\x14\n" +
 	"\x05loads\x18\f \x01(\x03R\x05loads\x12\x14\n" +
 	"\x05wakes\x18\r \x01(\x03R\x05wakes\x12\x1a\n" +
-	"\bfailures\x18\x0e \x01(\x03R\bfailures2\x8d\x02\n" +
+	"\bfailures\x18\x0e \x01(\x03R\bfailures*c\n" +
+	"\rOperateAction\x12\x1e\n" +
+	"\x1aOPERATE_ACTION_UNSPECIFIED\x10\x00\x12\x17\n" +
+	"\x13OPERATE_ACTION_LOAD\x10\x01\x12\x19\n" +
+	"\x15OPERATE_ACTION_UNLOAD\x10\x022\xd5\x02\n" +
 	"\x10ResidencyService\x12Z\n" +
 	"\rListDecisions\x12!.gpuplane.v1.ListDecisionsRequest\x1a\".gpuplane.v1.ListDecisionsResponse\"\x000\x01\x12F\n" +
 	"\aGetPlan\x12\x1b.gpuplane.v1.GetPlanRequest\x1a\x1c.gpuplane.v1.GetPlanResponse\"\x00\x12U\n" +
-	"\fListProfiles\x12 .gpuplane.v1.ListProfilesRequest\x1a!.gpuplane.v1.ListProfilesResponse\"\x00B;Z9github.com/gpuplane/gpuplane/proto/gpuplane/v1;gpuplanev1b\x06proto3"
+	"\fListProfiles\x12 .gpuplane.v1.ListProfilesRequest\x1a!.gpuplane.v1.ListProfilesResponse\"\x00\x12F\n" +
+	"\aOperate\x12\x1b.gpuplane.v1.OperateRequest\x1a\x1c.gpuplane.v1.OperateResponse\"\x00B;Z9github.com/gpuplane/gpuplane/proto/gpuplane/v1;gpuplanev1b\x06proto3"
 
 var (
 	file_gpuplane_v1_residency_proto_rawDescOnce sync.Once
@@ -1093,41 +1347,50 @@ func file_gpuplane_v1_residency_proto_rawDescGZIP() []byte {
 	return file_gpuplane_v1_residency_proto_rawDescData
 }
 
-var file_gpuplane_v1_residency_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
+var file_gpuplane_v1_residency_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
+var file_gpuplane_v1_residency_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
 var file_gpuplane_v1_residency_proto_goTypes = []any{
-	(*ListDecisionsRequest)(nil),  // 0: gpuplane.v1.ListDecisionsRequest
-	(*ListDecisionsResponse)(nil), // 1: gpuplane.v1.ListDecisionsResponse
-	(*ResidencyDecision)(nil),     // 2: gpuplane.v1.ResidencyDecision
-	(*ResidencyInputs)(nil),       // 3: gpuplane.v1.ResidencyInputs
-	(*GetPlanRequest)(nil),        // 4: gpuplane.v1.GetPlanRequest
-	(*GetPlanResponse)(nil),       // 5: gpuplane.v1.GetPlanResponse
-	(*ResidencyCardPlan)(nil),     // 6: gpuplane.v1.ResidencyCardPlan
-	(*ResidencyPlanEntry)(nil),    // 7: gpuplane.v1.ResidencyPlanEntry
-	(*ListProfilesRequest)(nil),   // 8: gpuplane.v1.ListProfilesRequest
-	(*ListProfilesResponse)(nil),  // 9: gpuplane.v1.ListProfilesResponse
-	(*ResidencyProfile)(nil),      // 10: gpuplane.v1.ResidencyProfile
-	(*timestamppb.Timestamp)(nil), // 11: google.protobuf.Timestamp
+	(OperateAction)(0),            // 0: gpuplane.v1.OperateAction
+	(*OperateRequest)(nil),        // 1: gpuplane.v1.OperateRequest
+	(*OperateResponse)(nil),       // 2: gpuplane.v1.OperateResponse
+	(*OperateResult)(nil),         // 3: gpuplane.v1.OperateResult
+	(*ListDecisionsRequest)(nil),  // 4: gpuplane.v1.ListDecisionsRequest
+	(*ListDecisionsResponse)(nil), // 5: gpuplane.v1.ListDecisionsResponse
+	(*ResidencyDecision)(nil),     // 6: gpuplane.v1.ResidencyDecision
+	(*ResidencyInputs)(nil),       // 7: gpuplane.v1.ResidencyInputs
+	(*GetPlanRequest)(nil),        // 8: gpuplane.v1.GetPlanRequest
+	(*GetPlanResponse)(nil),       // 9: gpuplane.v1.GetPlanResponse
+	(*ResidencyCardPlan)(nil),     // 10: gpuplane.v1.ResidencyCardPlan
+	(*ResidencyPlanEntry)(nil),    // 11: gpuplane.v1.ResidencyPlanEntry
+	(*ListProfilesRequest)(nil),   // 12: gpuplane.v1.ListProfilesRequest
+	(*ListProfilesResponse)(nil),  // 13: gpuplane.v1.ListProfilesResponse
+	(*ResidencyProfile)(nil),      // 14: gpuplane.v1.ResidencyProfile
+	(*timestamppb.Timestamp)(nil), // 15: google.protobuf.Timestamp
 }
 var file_gpuplane_v1_residency_proto_depIdxs = []int32{
-	2,  // 0: gpuplane.v1.ListDecisionsResponse.decisions:type_name -> gpuplane.v1.ResidencyDecision
-	11, // 1: gpuplane.v1.ResidencyDecision.time:type_name -> google.protobuf.Timestamp
-	3,  // 2: gpuplane.v1.ResidencyDecision.inputs:type_name -> gpuplane.v1.ResidencyInputs
-	6,  // 3: gpuplane.v1.GetPlanResponse.cards:type_name -> gpuplane.v1.ResidencyCardPlan
-	7,  // 4: gpuplane.v1.ResidencyCardPlan.entries:type_name -> gpuplane.v1.ResidencyPlanEntry
-	11, // 5: gpuplane.v1.ResidencyCardPlan.observed_at:type_name -> google.protobuf.Timestamp
-	11, // 6: gpuplane.v1.ResidencyPlanEntry.next_request:type_name -> google.protobuf.Timestamp
-	10, // 7: gpuplane.v1.ListProfilesResponse.profiles:type_name -> gpuplane.v1.ResidencyProfile
-	0,  // 8: gpuplane.v1.ResidencyService.ListDecisions:input_type -> gpuplane.v1.ListDecisionsRequest
-	4,  // 9: gpuplane.v1.ResidencyService.GetPlan:input_type -> gpuplane.v1.GetPlanRequest
-	8,  // 10: gpuplane.v1.ResidencyService.ListProfiles:input_type -> gpuplane.v1.ListProfilesRequest
-	1,  // 11: gpuplane.v1.ResidencyService.ListDecisions:output_type -> gpuplane.v1.ListDecisionsResponse
-	5,  // 12: gpuplane.v1.ResidencyService.GetPlan:output_type -> gpuplane.v1.GetPlanResponse
-	9,  // 13: gpuplane.v1.ResidencyService.ListProfiles:output_type -> gpuplane.v1.ListProfilesResponse
-	11, // [11:14] is the sub-list for method output_type
-	8,  // [8:11] is the sub-list for method input_type
-	8,  // [8:8] is the sub-list for extension type_name
-	8,  // [8:8] is the sub-list for extension extendee
-	0,  // [0:8] is the sub-list for field type_name
+	0,  // 0: gpuplane.v1.OperateRequest.action:type_name -> gpuplane.v1.OperateAction
+	3,  // 1: gpuplane.v1.OperateResponse.results:type_name -> gpuplane.v1.OperateResult
+	6,  // 2: gpuplane.v1.ListDecisionsResponse.decisions:type_name -> gpuplane.v1.ResidencyDecision
+	15, // 3: gpuplane.v1.ResidencyDecision.time:type_name -> google.protobuf.Timestamp
+	7,  // 4: gpuplane.v1.ResidencyDecision.inputs:type_name -> gpuplane.v1.ResidencyInputs
+	10, // 5: gpuplane.v1.GetPlanResponse.cards:type_name -> gpuplane.v1.ResidencyCardPlan
+	11, // 6: gpuplane.v1.ResidencyCardPlan.entries:type_name -> gpuplane.v1.ResidencyPlanEntry
+	15, // 7: gpuplane.v1.ResidencyCardPlan.observed_at:type_name -> google.protobuf.Timestamp
+	15, // 8: gpuplane.v1.ResidencyPlanEntry.next_request:type_name -> google.protobuf.Timestamp
+	14, // 9: gpuplane.v1.ListProfilesResponse.profiles:type_name -> gpuplane.v1.ResidencyProfile
+	4,  // 10: gpuplane.v1.ResidencyService.ListDecisions:input_type -> gpuplane.v1.ListDecisionsRequest
+	8,  // 11: gpuplane.v1.ResidencyService.GetPlan:input_type -> gpuplane.v1.GetPlanRequest
+	12, // 12: gpuplane.v1.ResidencyService.ListProfiles:input_type -> gpuplane.v1.ListProfilesRequest
+	1,  // 13: gpuplane.v1.ResidencyService.Operate:input_type -> gpuplane.v1.OperateRequest
+	5,  // 14: gpuplane.v1.ResidencyService.ListDecisions:output_type -> gpuplane.v1.ListDecisionsResponse
+	9,  // 15: gpuplane.v1.ResidencyService.GetPlan:output_type -> gpuplane.v1.GetPlanResponse
+	13, // 16: gpuplane.v1.ResidencyService.ListProfiles:output_type -> gpuplane.v1.ListProfilesResponse
+	2,  // 17: gpuplane.v1.ResidencyService.Operate:output_type -> gpuplane.v1.OperateResponse
+	14, // [14:18] is the sub-list for method output_type
+	10, // [10:14] is the sub-list for method input_type
+	10, // [10:10] is the sub-list for extension type_name
+	10, // [10:10] is the sub-list for extension extendee
+	0,  // [0:10] is the sub-list for field type_name
 }
 
 func init() { file_gpuplane_v1_residency_proto_init() }
@@ -1140,13 +1403,14 @@ func file_gpuplane_v1_residency_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_gpuplane_v1_residency_proto_rawDesc), len(file_gpuplane_v1_residency_proto_rawDesc)),
-			NumEnums:      0,
-			NumMessages:   11,
+			NumEnums:      1,
+			NumMessages:   14,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
 		GoTypes:           file_gpuplane_v1_residency_proto_goTypes,
 		DependencyIndexes: file_gpuplane_v1_residency_proto_depIdxs,
+		EnumInfos:         file_gpuplane_v1_residency_proto_enumTypes,
 		MessageInfos:      file_gpuplane_v1_residency_proto_msgTypes,
 	}.Build()
 	File_gpuplane_v1_residency_proto = out.File

@@ -42,6 +42,9 @@ const (
 	// ResidencyServiceListProfilesProcedure is the fully-qualified name of the ResidencyService's
 	// ListProfiles RPC.
 	ResidencyServiceListProfilesProcedure = "/gpuplane.v1.ResidencyService/ListProfiles"
+	// ResidencyServiceOperateProcedure is the fully-qualified name of the ResidencyService's Operate
+	// RPC.
+	ResidencyServiceOperateProcedure = "/gpuplane.v1.ResidencyService/Operate"
 )
 
 // ResidencyServiceClient is a client for the gpuplane.v1.ResidencyService service.
@@ -55,6 +58,12 @@ type ResidencyServiceClient interface {
 	// ListProfiles returns the learned profiles per (model, quantization,
 	// engine, device).
 	ListProfiles(context.Context, *connect.Request[v1.ListProfilesRequest]) (*connect.Response[v1.ListProfilesResponse], error)
+	// Operate loads or unloads a model's replicas now, on the nodes that
+	// hold them, as the operator asks (Ollama's preload and stop). Each is
+	// recorded as a decision with trigger operator; a refusal (a pinned
+	// model's unload, a card that cannot hold the model) is an error naming
+	// its reason.
+	Operate(context.Context, *connect.Request[v1.OperateRequest]) (*connect.Response[v1.OperateResponse], error)
 }
 
 // NewResidencyServiceClient constructs a client for the gpuplane.v1.ResidencyService service. By
@@ -86,6 +95,12 @@ func NewResidencyServiceClient(httpClient connect.HTTPClient, baseURL string, op
 			connect.WithSchema(residencyServiceMethods.ByName("ListProfiles")),
 			connect.WithClientOptions(opts...),
 		),
+		operate: connect.NewClient[v1.OperateRequest, v1.OperateResponse](
+			httpClient,
+			baseURL+ResidencyServiceOperateProcedure,
+			connect.WithSchema(residencyServiceMethods.ByName("Operate")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
@@ -94,6 +109,7 @@ type residencyServiceClient struct {
 	listDecisions *connect.Client[v1.ListDecisionsRequest, v1.ListDecisionsResponse]
 	getPlan       *connect.Client[v1.GetPlanRequest, v1.GetPlanResponse]
 	listProfiles  *connect.Client[v1.ListProfilesRequest, v1.ListProfilesResponse]
+	operate       *connect.Client[v1.OperateRequest, v1.OperateResponse]
 }
 
 // ListDecisions calls gpuplane.v1.ResidencyService.ListDecisions.
@@ -111,6 +127,11 @@ func (c *residencyServiceClient) ListProfiles(ctx context.Context, req *connect.
 	return c.listProfiles.CallUnary(ctx, req)
 }
 
+// Operate calls gpuplane.v1.ResidencyService.Operate.
+func (c *residencyServiceClient) Operate(ctx context.Context, req *connect.Request[v1.OperateRequest]) (*connect.Response[v1.OperateResponse], error) {
+	return c.operate.CallUnary(ctx, req)
+}
+
 // ResidencyServiceHandler is an implementation of the gpuplane.v1.ResidencyService service.
 type ResidencyServiceHandler interface {
 	// ListDecisions streams recorded decisions, oldest first per node; with
@@ -122,6 +143,12 @@ type ResidencyServiceHandler interface {
 	// ListProfiles returns the learned profiles per (model, quantization,
 	// engine, device).
 	ListProfiles(context.Context, *connect.Request[v1.ListProfilesRequest]) (*connect.Response[v1.ListProfilesResponse], error)
+	// Operate loads or unloads a model's replicas now, on the nodes that
+	// hold them, as the operator asks (Ollama's preload and stop). Each is
+	// recorded as a decision with trigger operator; a refusal (a pinned
+	// model's unload, a card that cannot hold the model) is an error naming
+	// its reason.
+	Operate(context.Context, *connect.Request[v1.OperateRequest]) (*connect.Response[v1.OperateResponse], error)
 }
 
 // NewResidencyServiceHandler builds an HTTP handler from the service implementation. It returns the
@@ -149,6 +176,12 @@ func NewResidencyServiceHandler(svc ResidencyServiceHandler, opts ...connect.Han
 		connect.WithSchema(residencyServiceMethods.ByName("ListProfiles")),
 		connect.WithHandlerOptions(opts...),
 	)
+	residencyServiceOperateHandler := connect.NewUnaryHandler(
+		ResidencyServiceOperateProcedure,
+		svc.Operate,
+		connect.WithSchema(residencyServiceMethods.ByName("Operate")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/gpuplane.v1.ResidencyService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case ResidencyServiceListDecisionsProcedure:
@@ -157,6 +190,8 @@ func NewResidencyServiceHandler(svc ResidencyServiceHandler, opts ...connect.Han
 			residencyServiceGetPlanHandler.ServeHTTP(w, r)
 		case ResidencyServiceListProfilesProcedure:
 			residencyServiceListProfilesHandler.ServeHTTP(w, r)
+		case ResidencyServiceOperateProcedure:
+			residencyServiceOperateHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -176,4 +211,8 @@ func (UnimplementedResidencyServiceHandler) GetPlan(context.Context, *connect.Re
 
 func (UnimplementedResidencyServiceHandler) ListProfiles(context.Context, *connect.Request[v1.ListProfilesRequest]) (*connect.Response[v1.ListProfilesResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("gpuplane.v1.ResidencyService.ListProfiles is not implemented"))
+}
+
+func (UnimplementedResidencyServiceHandler) Operate(context.Context, *connect.Request[v1.OperateRequest]) (*connect.Response[v1.OperateResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("gpuplane.v1.ResidencyService.Operate is not implemented"))
 }

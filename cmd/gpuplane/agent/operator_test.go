@@ -1,0 +1,111 @@
+package agent_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/openai/openai-go/v3"
+
+	"github.com/gpuplane/gpuplane/cmd/gpuplane/agent"
+	"github.com/gpuplane/gpuplane/internal/testutil"
+)
+
+// TestOperatorLoadAndUnload: `models load` brings a cold onDemand model onto
+// its card without a request and `models unload` takes it off, each a
+// decision with trigger operator; a pinned model's unload and an unknown
+// model are refused with the reason, and a request after the unload loads
+// the model again as usual.
+func TestOperatorLoadAndUnload(t *testing.T) {
+	n := devNode(t, "op", agent.GatewayConfig{})
+	deploySim(t, n, "pin", "pinned", "--tokens-per-second", "0")
+	deploySim(t, n, "lazy", "onDemand", "--tokens-per-second", "0", "--load-seconds", "0.2")
+	waitCold(t, n, "lazy")
+
+	out := gpuplane(t, n, "models", "load", "lazy")
+	if line, ok := lineOf(out, "lazy/0"); !ok || !strings.Contains(line, " load ") || !strings.Contains(line, "asked by the operator") {
+		t.Fatalf("models load lazy:\n%s", out)
+	}
+	t.Logf("models load lazy:\n%s", out)
+	waitReplica(t, n, "lazy", "Resident")
+	operatorDecision(t, n, "lazy/0", "load")
+
+	// Loading a loaded model does nothing and says so.
+	out = gpuplane(t, n, "models", "load", "lazy")
+	if line, ok := lineOf(out, "lazy/0"); !ok || !strings.Contains(line, " none ") || !strings.Contains(line, "already resident") {
+		t.Errorf("models load of a resident model:\n%s", out)
+	}
+
+	out = gpuplane(t, n, "models", "unload", "lazy")
+	if line, ok := lineOf(out, "lazy/0"); !ok || !strings.Contains(line, " unload ") {
+		t.Fatalf("models unload lazy:\n%s", out)
+	}
+	waitReplica(t, n, "lazy", "Cold")
+	operatorDecision(t, n, "lazy/0", "unload")
+
+	_, err := tryCLI(n, "models", "unload", "pin")
+	t.Logf("models unload pin: %v", err)
+	if err == nil || !strings.Contains(err.Error(), "pin/0 is pinned") {
+		t.Errorf("unload of a pinned model: %v, want a refusal saying it is pinned", err)
+	}
+	waitReplica(t, n, "pin", "Resident")
+	if _, err := tryCLI(n, "models", "load", "nosuch"); err == nil || !strings.Contains(err.Error(), `"nosuch" not found`) {
+		t.Errorf("load of an unknown model: %v, want an error naming it", err)
+	}
+
+	// The controller still loads it on demand.
+	c := openaiClient(n)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if _, err := c.Completions.New(ctx, openai.CompletionNewParams{Model: "lazy",
+		Prompt: openai.CompletionNewParamsPromptUnion{OfString: openai.String("x")}, MaxTokens: openai.Int(2)}); err != nil {
+		t.Fatalf("a request after the operator's unload: %v", err)
+	}
+}
+
+func lineOf(out, sub string) (string, bool) {
+	for line := range strings.SplitSeq(out, "\n") {
+		if strings.Contains(line, sub) {
+			return line, true
+		}
+	}
+	return "", false
+}
+
+// waitReplica waits until model's replica shows state in `replicas list`.
+func waitReplica(t *testing.T, n *node, model, state string) {
+	t.Helper()
+	testutil.Eventually(t, 60*time.Second, model+" "+state, func() error {
+		out, err := tryCLI(n, "replicas", "list")
+		if err != nil {
+			return err
+		}
+		for line := range strings.SplitSeq(out, "\n") {
+			if strings.HasPrefix(line, model+" ") && strings.Contains(line, state) {
+				return nil
+			}
+		}
+		return fmt.Errorf("replicas:\n%s", out)
+	})
+}
+
+// operatorDecision checks that the node recorded action on replica with
+// trigger operator.
+func operatorDecision(t *testing.T, n *node, replica, action string) {
+	t.Helper()
+	out := gpuplane(t, n, "residency", "decisions", "--model", replica, "-o", "json")
+	type dec struct{ Action, Model, Trigger, Reason string }
+	var ds []dec
+	if err := json.Unmarshal([]byte(out), &ds); err != nil {
+		t.Fatalf("residency decisions: %v: %s", err, out)
+	}
+	if !slices.ContainsFunc(ds, func(d dec) bool {
+		return d.Action == action && d.Model == replica && d.Trigger == "operator" && strings.Contains(d.Reason, "asked by the operator")
+	}) {
+		t.Errorf("no %s of %s with trigger operator among %+v", action, replica, ds)
+	}
+}

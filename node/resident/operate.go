@@ -1,0 +1,78 @@
+package resident
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/gpuplane/gpuplane/node/residency"
+)
+
+// Operate loads (load) or unloads the replicas of model (a deployment name,
+// or one replica "chat/0") that this node's controllers hold, as the
+// operator asked (residency.OperatorLoad, residency.OperatorUnload). A
+// refusal (a pinned model's unload, a card that cannot hold the model)
+// names its reason and changes nothing on that replica's card.
+func (m *Manager) Operate(ctx context.Context, model string, load bool) ([]residency.OperatorResult, error) {
+	type answer struct {
+		res []residency.OperatorResult
+		err error
+	}
+	ans := make(chan answer, 1)
+	m.post(func() {
+		var a answer
+		for _, k := range sortedKeys(m.reps) {
+			if k.model != model && string(k.id()) != model {
+				continue
+			}
+			r := m.reps[k]
+			c := m.ctrls[r.card]
+			if c == nil {
+				continue
+			}
+			id := k.id()
+			before, _ := c.ctrl.Replica(id)
+			var ev residency.Event = residency.OperatorUnload{Model: id}
+			if load {
+				ev = residency.OperatorLoad{Model: id}
+			}
+			out := m.handle(c, ev, "")
+			if out.Err != nil {
+				a.err = errors.Join(a.err, out.Err)
+				continue
+			}
+			res := residency.OperatorResult{Replica: id, Card: c.uuid}
+			for _, act := range out.Actions {
+				if act.Model == id && act.Adapter == "" {
+					res.Action, res.Reason = act.Kind, act.Decision.Reason
+				}
+			}
+			if res.Action == 0 {
+				res.Reason = noActionReason(before, load)
+			}
+			a.res = append(a.res, res)
+		}
+		ans <- a
+	})
+	select {
+	case a := <-ans:
+		return a.res, a.err
+	case <-ctx.Done():
+		return nil, fmt.Errorf("the node's residency loop did not answer: %w", ctx.Err())
+	}
+}
+
+func noActionReason(st residency.Status, load bool) string {
+	switch {
+	case load && (st.State == residency.Resident || st.State == residency.Loading || st.State == residency.Waking):
+		return fmt.Sprintf("already %s", strings.ToLower(st.State.String()))
+	case load:
+		return "waits for memory already being freed"
+	case st.State == residency.Cold || st.State == residency.Failed:
+		return "already off the card"
+	case st.State == residency.Sleeping:
+		return "already asleep (a warm model's share stays reserved)"
+	}
+	return "already being taken off the card"
+}
