@@ -1,0 +1,94 @@
+package residency_test
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/gpuplane/gpuplane/node/residency"
+)
+
+// TestOperatorLoadAndUnload: an operator's load brings a cold onDemand model
+// onto the card without a request, and is refused, naming what holds the
+// card, where the card cannot hold it beside its promises; an unload puts a
+// warm model to sleep and unloads an onDemand one; a pinned model's unload
+// is refused. Each action is a decision with trigger operator; a refusal
+// changes nothing.
+func TestOperatorLoadAndUnload(t *testing.T) {
+	w := newWorld(t, card)
+	w.add(reserved("p", residency.Pinned, 2*gi))
+	w.add(reserved("w", residency.Warm, 10*gi))
+	w.add(onDemand("a", 8*gi))
+	w.add(onDemand("big", 14*gi))
+	w.run(time.Minute)
+	op := func(ev residency.Event) error {
+		out := w.c.Handle(ev)
+		for _, a := range out.Actions {
+			w.acts = append(w.acts, a)
+			w.exec(a)
+		}
+		w.run(30 * time.Second)
+		return out.Err
+	}
+	operatorAction := func(m residency.ModelID, kind residency.ActionKind) {
+		t.Helper()
+		for _, a := range w.actions(m, kind) {
+			if a.Decision.Trigger == residency.TriggerOperator && strings.Contains(a.Decision.Reason, "asked by the operator") {
+				return
+			}
+		}
+		t.Fatalf("no %s of %s with trigger operator\n%s", kind, m, w.dump())
+	}
+
+	if err := op(residency.OperatorLoad{Model: "a"}); err != nil {
+		t.Fatalf("load a: %v", err)
+	}
+	if w.state("a") != residency.Resident {
+		t.Fatalf("a is %s after the operator's load, want Resident\n%s", w.state("a"), w.dump())
+	}
+	operatorAction("a", residency.ActLoad)
+
+	before := len(w.acts)
+	err := op(residency.OperatorLoad{Model: "big"})
+	if err == nil || !strings.Contains(err.Error(), "cannot hold big") || !strings.Contains(err.Error(), "held by") ||
+		!strings.Contains(err.Error(), "w 10") || !strings.Contains(err.Error(), "a 8") {
+		t.Fatalf("load of a model the card cannot hold: %v, want a refusal naming w and a", err)
+	}
+	if w.state("big") != residency.Cold || len(w.actions("big")) != 0 || len(w.acts) != before {
+		t.Fatalf("a refused load changed something: big %s, actions %v\n%s", w.state("big"), kinds(w.acts[before:]), w.dump())
+	}
+
+	if err := op(residency.OperatorUnload{Model: "p"}); err == nil || !strings.Contains(err.Error(), "pinned") {
+		t.Fatalf("unload of a pinned model: %v, want a refusal saying it is pinned", err)
+	}
+	if w.state("p") != residency.Resident {
+		t.Fatalf("p is %s after a refused unload", w.state("p"))
+	}
+
+	if err := op(residency.OperatorUnload{Model: "w"}); err != nil {
+		t.Fatalf("unload w: %v", err)
+	}
+	if w.state("w") != residency.Sleeping {
+		t.Fatalf("warm w is %s after the operator's unload, want Sleeping\n%s", w.state("w"), w.dump())
+	}
+	operatorAction("w", residency.ActSleep)
+
+	if err := op(residency.OperatorUnload{Model: "a"}); err != nil {
+		t.Fatalf("unload a: %v", err)
+	}
+	if w.state("a") != residency.Cold {
+		t.Fatalf("onDemand a is %s after the operator's unload, want Cold\n%s", w.state("a"), w.dump())
+	}
+	operatorAction("a", residency.ActUnload)
+
+	if err := op(residency.OperatorLoad{Model: "nosuch"}); err == nil || !strings.Contains(err.Error(), "nosuch") {
+		t.Fatalf("load of an unknown model: %v, want an error naming it", err)
+	}
+	// A request loads a again as usual.
+	w.request("a", time.Second)
+	w.run(time.Minute)
+	if w.eng["a"].served != 1 {
+		t.Fatalf("a served %d requests after the operator's unload, want 1\n%s", w.eng["a"].served, w.dump())
+	}
+	w.assertClean()
+}
