@@ -111,7 +111,7 @@ type replica struct {
 	// opLoad is set while an operator's load waits for its step, opUnload
 	// while an operator's unload does (operator.go).
 	opLoad, opUnload bool
-	dep     Deployment
+	dep              Deployment
 	// prof is what the profiler learned for dep's key, mem its memory
 	// figures at dep's share (shared, not part of a step's trial copy).
 	prof  *Profile
