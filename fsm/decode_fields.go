@@ -203,6 +203,7 @@ var modelSpecFields = fields[pb.ModelSpec]{
 	9:  message(func(m *pb.ModelSpec) **pb.SLO { return &m.Slo }, sloFields, alloc[pb.SLO]),
 	10: messages(func(m *pb.ModelSpec) *[]*pb.Adapter { return &m.Adapters }, adapterFields, alloc[pb.Adapter]),
 	11: strs(func(m *pb.ModelSpec) *[]string { return &m.Aliases }),
+	12: message(func(m *pb.ModelSpec) **pb.IdleTimeouts { return &m.Idle }, idleFields, alloc[pb.IdleTimeouts]),
 }
 
 // The node selector (a map) has no reader.
@@ -235,6 +236,11 @@ var adapterFields = fields[pb.Adapter]{
 	2: str(func(m *pb.Adapter) *string { return &m.Source }),
 	3: u32(func(m *pb.Adapter) *uint32 { return &m.Rank }),
 	4: strs(func(m *pb.Adapter) *[]string { return &m.Tenants }),
+}
+
+var idleFields = fields[pb.IdleTimeouts]{
+	1: u32(func(m *pb.IdleTimeouts) *uint32 { return &m.SleepAfterSeconds }),
+	2: u32(func(m *pb.IdleTimeouts) *uint32 { return &m.UnloadAfterSeconds }),
 }
 
 var sloFields = fields[pb.SLO]{

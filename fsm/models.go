@@ -381,7 +381,7 @@ func sameIdentity(a, b *pb.ModelSpec) bool {
 func withoutMutable(spec *pb.ModelSpec) *pb.ModelSpec {
 	s := withReplicas(spec, 0)
 	s.Residency, s.Priority, s.Slo = pb.Residency_RESIDENCY_UNSPECIFIED, pb.Priority_PRIORITY_UNSPECIFIED, nil
-	s.Adapters, s.Aliases = nil, nil
+	s.Adapters, s.Aliases, s.Idle = nil, nil, nil
 	return s
 }
 

@@ -82,12 +82,33 @@ func ReplicaResidencyName(r pb.ReplicaResidency) string {
 const MaxQuantizationLen = 64
 
 // validateResidencyFields checks the fields of docs/residency.md that need no state.
+// MaxIdleSeconds bounds spec.idle's timeouts.
+const MaxIdleSeconds = 7 * 24 * 3600
+
 func validateResidencyFields(v *violations, spec *pb.ModelSpec) {
 	if r := spec.GetResidency(); r < pb.Residency_RESIDENCY_UNSPECIFIED || r > pb.Residency_RESIDENCY_ON_DEMAND {
 		v.add("spec.residency", "must be pinned, warm or onDemand, got %d", int32(r))
 	}
 	if p := spec.GetPriority(); p < pb.Priority_PRIORITY_UNSPECIFIED || p > pb.Priority_PRIORITY_BACKGROUND {
 		v.add("spec.priority", "must be interactive, standard or background, got %d", int32(p))
+	}
+	if i := spec.GetIdle(); i != nil {
+		pinned := spec.GetResidency() == pb.Residency_RESIDENCY_PINNED || spec.GetResidency() == pb.Residency_RESIDENCY_UNSPECIFIED
+		for _, f := range []struct {
+			field string
+			s     uint32
+		}{{"spec.idle.sleepAfter", i.GetSleepAfterSeconds()}, {"spec.idle.unloadAfter", i.GetUnloadAfterSeconds()}} {
+			switch {
+			case f.s == 0:
+			case pinned:
+				v.add(f.field, "a pinned model is never demoted when idle: only warm and onDemand deployments take idle timeouts")
+			case f.s > MaxIdleSeconds:
+				v.add(f.field, "must be at most %d seconds (7 days), got %d", MaxIdleSeconds, f.s)
+			}
+		}
+		if i.GetUnloadAfterSeconds() > 0 && spec.GetResidency() == pb.Residency_RESIDENCY_WARM {
+			v.add("spec.idle.unloadAfter", "a warm model is never unloaded when idle (its share stays reserved): only onDemand deployments take it")
+		}
 	}
 	if spec.GetSlo() != nil && spec.GetSlo().GetTtftMs() == 0 {
 		v.add("spec.slo.ttftMs", "must be more than 0 milliseconds (leave slo out for no target)")

@@ -92,3 +92,29 @@ func TestOperatorLoadAndUnload(t *testing.T) {
 	}
 	w.assertClean()
 }
+
+// TestDeploymentIdleTimeouts: a deployment's own idle timeouts (spec.idle)
+// replace the card's for it alone: it sleeps and is unloaded on its
+// timeouts while a model on the card's defaults stays.
+func TestDeploymentIdleTimeouts(t *testing.T) {
+	w := newWorld(t, card)
+	quick, tr := onDemand("quick", 4*gi)
+	quick.IdleSleep, quick.IdleUnload = 45*time.Second, 2*time.Minute
+	w.add(quick, tr)
+	w.add(onDemand("slow", 4*gi))
+	w.request("quick", time.Second)
+	w.request("slow", time.Second)
+	w.run(90 * time.Second)
+	if w.state("quick") != residency.Sleeping || w.state("slow") != residency.Resident {
+		t.Fatalf("after 90s idle: quick %s (sleepAfter 45s), slow %s (card's 5m); want Sleeping, Resident\n%s",
+			w.state("quick"), w.state("slow"), w.dump())
+	}
+	if s := w.actions("quick", residency.ActSleep); len(s) != 1 || !strings.Contains(s[0].Decision.Reason, "spec.idle") {
+		t.Fatalf("quick's sleep does not name its deployment's timeout: %v\n%s", s, w.dump())
+	}
+	w.run(3 * time.Minute)
+	if w.state("quick") != residency.Cold || w.state("slow") != residency.Resident {
+		t.Fatalf("after 4.5m: quick %s (unloadAfter 2m), slow %s; want Cold, Resident\n%s", w.state("quick"), w.state("slow"), w.dump())
+	}
+	w.assertClean()
+}

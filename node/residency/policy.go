@@ -636,6 +636,12 @@ func (c *Controller) idle(now time.Time) {
 		// controller's own guards (least residency, a forecast
 		// arrival) give way to what the request asked.
 		idleSleep, idleUnload, limit := c.cfg.IdleSleep, c.cfg.IdleUnload, ""
+		if r.dep.IdleSleep > 0 {
+			idleSleep, limit = r.dep.IdleSleep, " (its deployment's spec.idle)"
+		}
+		if r.dep.IdleUnload > 0 {
+			idleUnload, limit = r.dep.IdleUnload, " (its deployment's spec.idle)"
+		}
 		if r.keepSet {
 			if r.keep < 0 {
 				continue

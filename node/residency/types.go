@@ -146,6 +146,10 @@ type Deployment struct {
 	Quantization string
 	Engine       string
 	Device       string
+	// IdleSleep and IdleUnload replace the card's timeouts of the same
+	// name (Config) for this model when set: the deployment's spec.idle.
+	IdleSleep  time.Duration
+	IdleUnload time.Duration
 }
 
 func (d Deployment) validate() error {

@@ -393,6 +393,8 @@ func (m *Manager) deployment(k rkey, d executor.Desired) residency.Deployment {
 		dep.Residency = residency.Pinned
 	}
 	dep.Priority = queue.ClassOf(spec.GetPriority())
+	dep.IdleSleep = time.Duration(spec.GetIdle().GetSleepAfterSeconds()) * time.Second
+	dep.IdleUnload = time.Duration(spec.GetIdle().GetUnloadAfterSeconds()) * time.Second
 	if c := m.cards[d.Replica.GetCards()[0]]; c != nil {
 		dep.Device = c.GetDevice()
 	}

@@ -72,6 +72,15 @@ func ModelDeploymentSpecFromProto(p *pb.ModelSpec) ModelDeploymentSpec {
 			s.Resources.Memory = &Quantity{MiB: r.GetMemoryMib()}
 		}
 	}
+	if i := p.GetIdle(); i.GetSleepAfterSeconds() > 0 || i.GetUnloadAfterSeconds() > 0 {
+		s.Idle = &Idle{}
+		if t := i.GetSleepAfterSeconds(); t > 0 {
+			s.Idle.SleepAfter = &Duration{time.Duration(t) * time.Second}
+		}
+		if t := i.GetUnloadAfterSeconds(); t > 0 {
+			s.Idle.UnloadAfter = &Duration{time.Duration(t) * time.Second}
+		}
+	}
 	if t := p.GetSlo().GetTtftMs(); t > 0 {
 		s.SLO = &SLO{TTFTMs: new(int64(t))}
 	}

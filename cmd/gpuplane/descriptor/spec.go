@@ -59,7 +59,22 @@ type ModelDeploymentSpec struct {
 	// endpoints on the same replicas, so on the same resident copy of the
 	// weights (a gpuplane extension to docs/residency.md's variants).
 	Aliases []string `json:"aliases,omitempty"`
+	// Idle overrides the residency controller's idle timeouts for this
+	// deployment: `idle: {sleepAfter: 2m, unloadAfter: 10m}`.
+	Idle *Idle `json:"idle,omitempty"`
 }
+
+// Idle is a deployment's idle timeouts (docs/residency.md): how long a warm
+// or onDemand model may sit idle before it is put to sleep, and how long an
+// onDemand one may sleep before it is unloaded. Left out, the card's.
+type Idle struct {
+	SleepAfter  *Duration `json:"sleepAfter,omitempty"`
+	UnloadAfter *Duration `json:"unloadAfter,omitempty"`
+}
+
+// MaxIdleTimeout bounds spec.idle's timeouts (the server holds deployments
+// to the same bound, fsm.MaxIdleSeconds).
+const MaxIdleTimeout = 7 * 24 * time.Hour
 
 // Adapter is one LoRA adapter: `{name: sql, source: /adapters/sql, rank: 16}`,
 // with `tenants: [acme]` to keep it private to those tenants.
@@ -346,6 +361,26 @@ func (s *ModelDeploymentSpec) check(failed func(path string) bool) []*pb.Violati
 	if _, ok := ParsePriority(s.Priority); !ok {
 		add("spec.priority", "must be interactive, standard or background, got %q", s.Priority)
 	}
+	if s.Idle != nil {
+		res, _ := ParseResidency(s.Residency)
+		for _, f := range []struct {
+			field string
+			d     *Duration
+		}{{"spec.idle.sleepAfter", s.Idle.SleepAfter}, {"spec.idle.unloadAfter", s.Idle.UnloadAfter}} {
+			switch d := f.d; {
+			case d == nil:
+			case res == pb.Residency_RESIDENCY_PINNED:
+				add(f.field, "a pinned model is never demoted when idle: only warm and onDemand deployments take idle timeouts")
+			case d.Duration < time.Second || d.Duration%time.Second != 0:
+				add(f.field, "must be a whole number of seconds, at least 1s, got %s", d)
+			case d.Duration > MaxIdleTimeout:
+				add(f.field, "must be at most %s, got %s", MaxIdleTimeout, d)
+			}
+		}
+		if s.Idle.UnloadAfter != nil && res == pb.Residency_RESIDENCY_WARM {
+			add("spec.idle.unloadAfter", "a warm model is never unloaded when idle (its share stays reserved): only onDemand deployments take it")
+		}
+	}
 	if s.SLO != nil && !failed("spec.slo") {
 		if s.SLO.TTFTMs == nil {
 			add("spec.slo.ttftMs", "required: the p95 time to first token in milliseconds (leave slo out for no target)")
@@ -424,6 +459,7 @@ var schemaOrder = []string{
 	"spec.engine.maxModelLen", "spec.engine.tensorParallel", "spec.engine.pipelineParallel",
 	"spec.engine.args", "spec.engine.env", "spec.engine.startTimeout", "spec.engine.quantization", "spec.engine.maxAdapters",
 	"spec.engine.dialect", "spec.resources", "spec.residency", "spec.priority", "spec.slo", "spec.adapters", "spec.aliases",
+	"spec.idle.sleepAfter", "spec.idle.unloadAfter",
 }
 
 // inSchemaOrder sorts violations, found here and by the server's rules, by
@@ -508,6 +544,15 @@ func (s *ModelDeploymentSpec) Proto() *pb.ModelSpec {
 	}
 	out.Adapters = s.adapters()
 	out.Aliases = s.Aliases
+	if i := s.Idle; i != nil && (i.SleepAfter != nil || i.UnloadAfter != nil) {
+		out.Idle = &pb.IdleTimeouts{}
+		if i.SleepAfter != nil {
+			out.Idle.SleepAfterSeconds = uint32(i.SleepAfter.Duration / time.Second)
+		}
+		if i.UnloadAfter != nil {
+			out.Idle.UnloadAfterSeconds = uint32(i.UnloadAfter.Duration / time.Second)
+		}
+	}
 	if e.MaxAdapters != nil {
 		out.Engine.MaxAdapters = uint32(*e.MaxAdapters)
 	}

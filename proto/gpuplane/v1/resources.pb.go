@@ -1546,7 +1546,10 @@ type ModelSpec struct {
 	// Other names the gateway serves this deployment under: each is an
 	// endpoint on the same replicas (one engine, one resident copy of the
 	// weights per replica). Changing them does not restart anything.
-	Aliases       []string `protobuf:"bytes,11,rep,name=aliases,proto3" json:"aliases,omitempty"`
+	Aliases []string `protobuf:"bytes,11,rep,name=aliases,proto3" json:"aliases,omitempty"`
+	// The residency controller's idle timeouts for this deployment
+	// (docs/residency.md); unset, the card's defaults.
+	Idle          *IdleTimeouts `protobuf:"bytes,12,opt,name=idle,proto3" json:"idle,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1658,6 +1661,70 @@ func (x *ModelSpec) GetAliases() []string {
 	return nil
 }
 
+func (x *ModelSpec) GetIdle() *IdleTimeouts {
+	if x != nil {
+		return x.Idle
+	}
+	return nil
+}
+
+// IdleTimeouts are how long a model may sit idle before the residency
+// controller demotes it; 0 takes the card's default.
+type IdleTimeouts struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Put a warm or onDemand model to sleep (an onDemand one whose engine
+	// cannot sleep is unloaded) after this many idle seconds.
+	SleepAfterSeconds uint32 `protobuf:"varint,1,opt,name=sleep_after_seconds,json=sleepAfterSeconds,proto3" json:"sleep_after_seconds,omitempty"`
+	// Unload an onDemand model asleep this many seconds.
+	UnloadAfterSeconds uint32 `protobuf:"varint,2,opt,name=unload_after_seconds,json=unloadAfterSeconds,proto3" json:"unload_after_seconds,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
+}
+
+func (x *IdleTimeouts) Reset() {
+	*x = IdleTimeouts{}
+	mi := &file_gpuplane_v1_resources_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *IdleTimeouts) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*IdleTimeouts) ProtoMessage() {}
+
+func (x *IdleTimeouts) ProtoReflect() protoreflect.Message {
+	mi := &file_gpuplane_v1_resources_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use IdleTimeouts.ProtoReflect.Descriptor instead.
+func (*IdleTimeouts) Descriptor() ([]byte, []int) {
+	return file_gpuplane_v1_resources_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *IdleTimeouts) GetSleepAfterSeconds() uint32 {
+	if x != nil {
+		return x.SleepAfterSeconds
+	}
+	return 0
+}
+
+func (x *IdleTimeouts) GetUnloadAfterSeconds() uint32 {
+	if x != nil {
+		return x.UnloadAfterSeconds
+	}
+	return 0
+}
+
 // Adapter is a LoRA adapter served on a deployment's base model.
 type Adapter struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1677,7 +1744,7 @@ type Adapter struct {
 
 func (x *Adapter) Reset() {
 	*x = Adapter{}
-	mi := &file_gpuplane_v1_resources_proto_msgTypes[12]
+	mi := &file_gpuplane_v1_resources_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1689,7 +1756,7 @@ func (x *Adapter) String() string {
 func (*Adapter) ProtoMessage() {}
 
 func (x *Adapter) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuplane_v1_resources_proto_msgTypes[12]
+	mi := &file_gpuplane_v1_resources_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1702,7 +1769,7 @@ func (x *Adapter) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Adapter.ProtoReflect.Descriptor instead.
 func (*Adapter) Descriptor() ([]byte, []int) {
-	return file_gpuplane_v1_resources_proto_rawDescGZIP(), []int{12}
+	return file_gpuplane_v1_resources_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *Adapter) GetName() string {
@@ -1744,7 +1811,7 @@ type AdapterStatus struct {
 
 func (x *AdapterStatus) Reset() {
 	*x = AdapterStatus{}
-	mi := &file_gpuplane_v1_resources_proto_msgTypes[13]
+	mi := &file_gpuplane_v1_resources_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1756,7 +1823,7 @@ func (x *AdapterStatus) String() string {
 func (*AdapterStatus) ProtoMessage() {}
 
 func (x *AdapterStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuplane_v1_resources_proto_msgTypes[13]
+	mi := &file_gpuplane_v1_resources_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1769,7 +1836,7 @@ func (x *AdapterStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AdapterStatus.ProtoReflect.Descriptor instead.
 func (*AdapterStatus) Descriptor() ([]byte, []int) {
-	return file_gpuplane_v1_resources_proto_rawDescGZIP(), []int{13}
+	return file_gpuplane_v1_resources_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *AdapterStatus) GetName() string {
@@ -1805,7 +1872,7 @@ type ModelStatus struct {
 
 func (x *ModelStatus) Reset() {
 	*x = ModelStatus{}
-	mi := &file_gpuplane_v1_resources_proto_msgTypes[14]
+	mi := &file_gpuplane_v1_resources_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1817,7 +1884,7 @@ func (x *ModelStatus) String() string {
 func (*ModelStatus) ProtoMessage() {}
 
 func (x *ModelStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuplane_v1_resources_proto_msgTypes[14]
+	mi := &file_gpuplane_v1_resources_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1830,7 +1897,7 @@ func (x *ModelStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ModelStatus.ProtoReflect.Descriptor instead.
 func (*ModelStatus) Descriptor() ([]byte, []int) {
-	return file_gpuplane_v1_resources_proto_rawDescGZIP(), []int{14}
+	return file_gpuplane_v1_resources_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *ModelStatus) GetDesired() uint32 {
@@ -1893,7 +1960,7 @@ type ModelDeployment struct {
 
 func (x *ModelDeployment) Reset() {
 	*x = ModelDeployment{}
-	mi := &file_gpuplane_v1_resources_proto_msgTypes[15]
+	mi := &file_gpuplane_v1_resources_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1905,7 +1972,7 @@ func (x *ModelDeployment) String() string {
 func (*ModelDeployment) ProtoMessage() {}
 
 func (x *ModelDeployment) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuplane_v1_resources_proto_msgTypes[15]
+	mi := &file_gpuplane_v1_resources_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1918,7 +1985,7 @@ func (x *ModelDeployment) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ModelDeployment.ProtoReflect.Descriptor instead.
 func (*ModelDeployment) Descriptor() ([]byte, []int) {
-	return file_gpuplane_v1_resources_proto_rawDescGZIP(), []int{15}
+	return file_gpuplane_v1_resources_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *ModelDeployment) GetName() string {
@@ -1998,7 +2065,7 @@ type Replica struct {
 
 func (x *Replica) Reset() {
 	*x = Replica{}
-	mi := &file_gpuplane_v1_resources_proto_msgTypes[16]
+	mi := &file_gpuplane_v1_resources_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2010,7 +2077,7 @@ func (x *Replica) String() string {
 func (*Replica) ProtoMessage() {}
 
 func (x *Replica) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuplane_v1_resources_proto_msgTypes[16]
+	mi := &file_gpuplane_v1_resources_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2023,7 +2090,7 @@ func (x *Replica) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Replica.ProtoReflect.Descriptor instead.
 func (*Replica) Descriptor() ([]byte, []int) {
-	return file_gpuplane_v1_resources_proto_rawDescGZIP(), []int{16}
+	return file_gpuplane_v1_resources_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *Replica) GetModel() string {
@@ -2165,7 +2232,7 @@ type ACLToken struct {
 
 func (x *ACLToken) Reset() {
 	*x = ACLToken{}
-	mi := &file_gpuplane_v1_resources_proto_msgTypes[17]
+	mi := &file_gpuplane_v1_resources_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2177,7 +2244,7 @@ func (x *ACLToken) String() string {
 func (*ACLToken) ProtoMessage() {}
 
 func (x *ACLToken) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuplane_v1_resources_proto_msgTypes[17]
+	mi := &file_gpuplane_v1_resources_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2190,7 +2257,7 @@ func (x *ACLToken) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ACLToken.ProtoReflect.Descriptor instead.
 func (*ACLToken) Descriptor() ([]byte, []int) {
-	return file_gpuplane_v1_resources_proto_rawDescGZIP(), []int{17}
+	return file_gpuplane_v1_resources_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ACLToken) GetName() string {
@@ -2343,7 +2410,7 @@ const file_gpuplane_v1_resources_proto_rawDesc = "" +
 	"\n" +
 	"memory_mib\x18\x02 \x01(\x04R\tmemoryMib\"\x1e\n" +
 	"\x03SLO\x12\x17\n" +
-	"\attft_ms\x18\x01 \x01(\rR\x06ttftMs\"\xe7\x03\n" +
+	"\attft_ms\x18\x01 \x01(\rR\x06ttftMs\"\x96\x04\n" +
 	"\tModelSpec\x12\x14\n" +
 	"\x05model\x18\x01 \x01(\tR\x05model\x12*\n" +
 	"\x11served_model_name\x18\x02 \x01(\tR\x0fservedModelName\x12\x1a\n" +
@@ -2356,7 +2423,11 @@ const file_gpuplane_v1_resources_proto_rawDesc = "" +
 	"\x03slo\x18\t \x01(\v2\x10.gpuplane.v1.SLOR\x03slo\x120\n" +
 	"\badapters\x18\n" +
 	" \x03(\v2\x14.gpuplane.v1.AdapterR\badapters\x12\x18\n" +
-	"\aaliases\x18\v \x03(\tR\aaliases\"c\n" +
+	"\aaliases\x18\v \x03(\tR\aaliases\x12-\n" +
+	"\x04idle\x18\f \x01(\v2\x19.gpuplane.v1.IdleTimeoutsR\x04idle\"p\n" +
+	"\fIdleTimeouts\x12.\n" +
+	"\x13sleep_after_seconds\x18\x01 \x01(\rR\x11sleepAfterSeconds\x120\n" +
+	"\x14unload_after_seconds\x18\x02 \x01(\rR\x12unloadAfterSeconds\"c\n" +
 	"\aAdapter\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x16\n" +
 	"\x06source\x18\x02 \x01(\tR\x06source\x12\x12\n" +
@@ -2478,7 +2549,7 @@ func file_gpuplane_v1_resources_proto_rawDescGZIP() []byte {
 }
 
 var file_gpuplane_v1_resources_proto_enumTypes = make([]protoimpl.EnumInfo, 9)
-var file_gpuplane_v1_resources_proto_msgTypes = make([]protoimpl.MessageInfo, 21)
+var file_gpuplane_v1_resources_proto_msgTypes = make([]protoimpl.MessageInfo, 22)
 var file_gpuplane_v1_resources_proto_goTypes = []any{
 	(NodeRole)(0),             // 0: gpuplane.v1.NodeRole
 	(NodeStatus)(0),           // 1: gpuplane.v1.NodeStatus
@@ -2501,46 +2572,48 @@ var file_gpuplane_v1_resources_proto_goTypes = []any{
 	(*HostResources)(nil),     // 18: gpuplane.v1.HostResources
 	(*SLO)(nil),               // 19: gpuplane.v1.SLO
 	(*ModelSpec)(nil),         // 20: gpuplane.v1.ModelSpec
-	(*Adapter)(nil),           // 21: gpuplane.v1.Adapter
-	(*AdapterStatus)(nil),     // 22: gpuplane.v1.AdapterStatus
-	(*ModelStatus)(nil),       // 23: gpuplane.v1.ModelStatus
-	(*ModelDeployment)(nil),   // 24: gpuplane.v1.ModelDeployment
-	(*Replica)(nil),           // 25: gpuplane.v1.Replica
-	(*ACLToken)(nil),          // 26: gpuplane.v1.ACLToken
-	nil,                       // 27: gpuplane.v1.Node.LabelsEntry
-	nil,                       // 28: gpuplane.v1.EngineSpec.EnvEntry
-	nil,                       // 29: gpuplane.v1.PlacementSpec.NodeSelectorEntry
+	(*IdleTimeouts)(nil),      // 21: gpuplane.v1.IdleTimeouts
+	(*Adapter)(nil),           // 22: gpuplane.v1.Adapter
+	(*AdapterStatus)(nil),     // 23: gpuplane.v1.AdapterStatus
+	(*ModelStatus)(nil),       // 24: gpuplane.v1.ModelStatus
+	(*ModelDeployment)(nil),   // 25: gpuplane.v1.ModelDeployment
+	(*Replica)(nil),           // 26: gpuplane.v1.Replica
+	(*ACLToken)(nil),          // 27: gpuplane.v1.ACLToken
+	nil,                       // 28: gpuplane.v1.Node.LabelsEntry
+	nil,                       // 29: gpuplane.v1.EngineSpec.EnvEntry
+	nil,                       // 30: gpuplane.v1.PlacementSpec.NodeSelectorEntry
 }
 var file_gpuplane_v1_resources_proto_depIdxs = []int32{
 	0,  // 0: gpuplane.v1.Node.role:type_name -> gpuplane.v1.NodeRole
 	1,  // 1: gpuplane.v1.Node.status:type_name -> gpuplane.v1.NodeStatus
-	27, // 2: gpuplane.v1.Node.labels:type_name -> gpuplane.v1.Node.LabelsEntry
+	28, // 2: gpuplane.v1.Node.labels:type_name -> gpuplane.v1.Node.LabelsEntry
 	9,  // 3: gpuplane.v1.Node.cards:type_name -> gpuplane.v1.Card
 	1,  // 4: gpuplane.v1.CardStatus.node_status:type_name -> gpuplane.v1.NodeStatus
 	2,  // 5: gpuplane.v1.AcceleratorSpec.tenancy:type_name -> gpuplane.v1.Tenancy
 	13, // 6: gpuplane.v1.Accelerator.spec:type_name -> gpuplane.v1.AcceleratorSpec
 	14, // 7: gpuplane.v1.Accelerator.status:type_name -> gpuplane.v1.AcceleratorStatus
-	28, // 8: gpuplane.v1.EngineSpec.env:type_name -> gpuplane.v1.EngineSpec.EnvEntry
-	29, // 9: gpuplane.v1.PlacementSpec.node_selector:type_name -> gpuplane.v1.PlacementSpec.NodeSelectorEntry
+	29, // 8: gpuplane.v1.EngineSpec.env:type_name -> gpuplane.v1.EngineSpec.EnvEntry
+	30, // 9: gpuplane.v1.PlacementSpec.node_selector:type_name -> gpuplane.v1.PlacementSpec.NodeSelectorEntry
 	17, // 10: gpuplane.v1.ModelSpec.placement:type_name -> gpuplane.v1.PlacementSpec
 	16, // 11: gpuplane.v1.ModelSpec.engine:type_name -> gpuplane.v1.EngineSpec
 	18, // 12: gpuplane.v1.ModelSpec.resources:type_name -> gpuplane.v1.HostResources
 	3,  // 13: gpuplane.v1.ModelSpec.residency:type_name -> gpuplane.v1.Residency
 	4,  // 14: gpuplane.v1.ModelSpec.priority:type_name -> gpuplane.v1.Priority
 	19, // 15: gpuplane.v1.ModelSpec.slo:type_name -> gpuplane.v1.SLO
-	21, // 16: gpuplane.v1.ModelSpec.adapters:type_name -> gpuplane.v1.Adapter
-	5,  // 17: gpuplane.v1.AdapterStatus.tier:type_name -> gpuplane.v1.AdapterTier
-	20, // 18: gpuplane.v1.ModelDeployment.spec:type_name -> gpuplane.v1.ModelSpec
-	23, // 19: gpuplane.v1.ModelDeployment.status:type_name -> gpuplane.v1.ModelStatus
-	6,  // 20: gpuplane.v1.Replica.state:type_name -> gpuplane.v1.ReplicaState
-	7,  // 21: gpuplane.v1.Replica.residency:type_name -> gpuplane.v1.ReplicaResidency
-	22, // 22: gpuplane.v1.Replica.adapters:type_name -> gpuplane.v1.AdapterStatus
-	8,  // 23: gpuplane.v1.ACLToken.role:type_name -> gpuplane.v1.Role
-	24, // [24:24] is the sub-list for method output_type
-	24, // [24:24] is the sub-list for method input_type
-	24, // [24:24] is the sub-list for extension type_name
-	24, // [24:24] is the sub-list for extension extendee
-	0,  // [0:24] is the sub-list for field type_name
+	22, // 16: gpuplane.v1.ModelSpec.adapters:type_name -> gpuplane.v1.Adapter
+	21, // 17: gpuplane.v1.ModelSpec.idle:type_name -> gpuplane.v1.IdleTimeouts
+	5,  // 18: gpuplane.v1.AdapterStatus.tier:type_name -> gpuplane.v1.AdapterTier
+	20, // 19: gpuplane.v1.ModelDeployment.spec:type_name -> gpuplane.v1.ModelSpec
+	24, // 20: gpuplane.v1.ModelDeployment.status:type_name -> gpuplane.v1.ModelStatus
+	6,  // 21: gpuplane.v1.Replica.state:type_name -> gpuplane.v1.ReplicaState
+	7,  // 22: gpuplane.v1.Replica.residency:type_name -> gpuplane.v1.ReplicaResidency
+	23, // 23: gpuplane.v1.Replica.adapters:type_name -> gpuplane.v1.AdapterStatus
+	8,  // 24: gpuplane.v1.ACLToken.role:type_name -> gpuplane.v1.Role
+	25, // [25:25] is the sub-list for method output_type
+	25, // [25:25] is the sub-list for method input_type
+	25, // [25:25] is the sub-list for extension type_name
+	25, // [25:25] is the sub-list for extension extendee
+	0,  // [0:25] is the sub-list for field type_name
 }
 
 func init() { file_gpuplane_v1_resources_proto_init() }
@@ -2554,7 +2627,7 @@ func file_gpuplane_v1_resources_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_gpuplane_v1_resources_proto_rawDesc), len(file_gpuplane_v1_resources_proto_rawDesc)),
 			NumEnums:      9,
-			NumMessages:   21,
+			NumMessages:   22,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
