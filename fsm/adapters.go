@@ -21,6 +21,9 @@ const (
 	MaxAdaptersPerDeployment = 4096
 	// MaxAdaptersOnCard bounds engine.maxAdapters (vLLM --max-loras).
 	MaxAdaptersOnCard = 256
+	// MaxInFlight bounds engine.maxInFlight (the most concurrent
+	// sequences any engine is run with is far below it).
+	MaxInFlight = 1 << 16
 	// DefaultMaxAdapters is engine.maxAdapters when unset.
 	DefaultMaxAdapters = 4
 	maxAdapterNameLen  = 128
@@ -83,6 +86,9 @@ func servedNameClash(served string, ads []*pb.Adapter) []*pb.Violation {
 // machine share it.
 func ValidateAdapters(served string, e *pb.EngineSpec, ads []*pb.Adapter) []*pb.Violation {
 	var v violations
+	if n := e.GetMaxInFlight(); n > MaxInFlight {
+		v.add("spec.engine.maxInFlight", "must be between 1 and %d, got %d", MaxInFlight, n)
+	}
 	if n := e.GetMaxAdapters(); n > MaxAdaptersOnCard {
 		v.add("spec.engine.maxAdapters", "must be between 1 and %d, got %d", MaxAdaptersOnCard, n)
 	}

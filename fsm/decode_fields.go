@@ -224,6 +224,7 @@ var engineSpecFields = fields[pb.EngineSpec]{
 	10: u32(func(m *pb.EngineSpec) *uint32 { return &m.StartTimeoutSeconds }),
 	11: str(func(m *pb.EngineSpec) *string { return &m.Quantization }),
 	12: u32(func(m *pb.EngineSpec) *uint32 { return &m.MaxAdapters }),
+	13: u32(func(m *pb.EngineSpec) *uint32 { return &m.MaxInFlight }),
 }
 
 var hostResourcesFields = fields[pb.HostResources]{

@@ -382,6 +382,10 @@ func withoutMutable(spec *pb.ModelSpec) *pb.ModelSpec {
 	s := withReplicas(spec, 0)
 	s.Residency, s.Priority, s.Slo = pb.Residency_RESIDENCY_UNSPECIFIED, pb.Priority_PRIORITY_UNSPECIFIED, nil
 	s.Adapters, s.Aliases, s.Idle = nil, nil, nil
+	// The gateway's admission, not the engine, reads maxInFlight.
+	if s.Engine != nil {
+		s.Engine.MaxInFlight = 0
+	}
 	return s
 }
 

@@ -283,12 +283,16 @@ func priorityScheduling(e *pb.EngineSpec) bool {
 	return argValue(e.GetArgs(), "--scheduling-policy") == "priority"
 }
 
-// maxInFlightOf is how many requests an engine runs at once, where its
+// maxInFlightOf is how many requests an engine runs at once: the
+// deployment's spec.engine.maxInFlight where set, else where its
 // arguments or environment say it: vLLM's and sim's --max-num-seqs,
 // llama.cpp's slots, Ollama's OLLAMA_NUM_PARALLEL (1 unless set). 0:
 // unknown (vLLM sizes its default from the card; a command engine's is its
 // own), and the gateway's default cap holds.
 func maxInFlightOf(e *pb.EngineSpec) int {
+	if n := e.GetMaxInFlight(); n > 0 {
+		return int(n)
+	}
 	switch e.GetKind() {
 	case "vllm", "sim":
 		return int(min(argUint(e.GetArgs(), "--max-num-seqs"), 1<<16))

@@ -34,7 +34,7 @@ func TestFromProtoRoundTrips(t *testing.T) {
 			Priority: pb.Priority_PRIORITY_BACKGROUND, Slo: &pb.SLO{TtftMs: 800},
 			Idle: &pb.IdleTimeouts{SleepAfterSeconds: 120, UnloadAfterSeconds: 600}},
 		{Model: "/m", Replicas: 1, Placement: &pb.PlacementSpec{Accelerator: "small"},
-			Engine:   &pb.EngineSpec{Kind: "sim", MemoryPercent: 40, MaxAdapters: 8},
+			Engine:   &pb.EngineSpec{Kind: "sim", MemoryPercent: 40, MaxAdapters: 8, MaxInFlight: 16},
 			Adapters: []*pb.Adapter{{Name: "sql", Source: "/a/sql", Rank: 16}, {Name: "law", Source: "/a/law", Rank: 8, Tenants: []string{"acme"}}},
 			Aliases:  []string{"helpdesk", "support"}},
 	} {

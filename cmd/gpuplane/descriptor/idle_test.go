@@ -49,3 +49,24 @@ func TestIdleInDocument(t *testing.T) {
 		}
 	}
 }
+
+func TestMaxInFlightInDocument(t *testing.T) {
+	doc := func(v string) string {
+		return "resource: ModelDeployment\nresourceVersion: v1\nmetadata: {name: m}\nspec:\n  model: /m\n  placement: {accelerator: a}\n  engine: {kind: sim, maxInFlight: " + v + "}\n"
+	}
+	f, err := Parse([]byte(doc("16")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := f.Resources[0].ModelDeployment.Proto().GetEngine().GetMaxInFlight(); got != 16 {
+		t.Fatalf("maxInFlight 16 sent as %d", got)
+	}
+	for _, v := range []string{"0", "70000"} {
+		_, err := Parse([]byte(doc(v)))
+		var perr *Error
+		want := "document 1 (modeldeployment/m): spec.engine.maxInFlight: must be between 1 and 65536, got " + v
+		if !errors.As(err, &perr) || len(perr.Problems) != 1 || perr.Problems[0].String() != want {
+			t.Errorf("maxInFlight %s: %v, want %q", v, err, want)
+		}
+	}
+}

@@ -128,6 +128,10 @@ type Engine struct {
 	// MaxAdapters is how many adapters the engine keeps on the card at
 	// once (default 4; vLLM --max-loras).
 	MaxAdapters *int64 `json:"maxAdapters,omitempty"`
+	// MaxInFlight is how many requests the gateway lets into one replica's
+	// engine at once, overriding what it learns from the engine's
+	// arguments (--max-num-seqs, llama.cpp slots, OLLAMA_NUM_PARALLEL).
+	MaxInFlight *int64 `json:"maxInFlight,omitempty"`
 	// Dialect, for a sim engine only, is the engine it answers as,
 	// strictly: vllm, llamacpp or ollama (docs/engines.md). It travels as
 	// the sim's leading `--dialect` argument.
@@ -397,6 +401,9 @@ func (s *ModelDeploymentSpec) check(failed func(path string) bool) []*pb.Violati
 	case e.Dialect != "vllm" && len(s.Adapters) > 0:
 		add("spec.engine.dialect", "a sim speaking %s cannot load LoRA adapters at run time, as %s cannot: use dialect vllm, or no adapters", e.Dialect, e.Dialect)
 	}
+	if n := e.MaxInFlight; n != nil && (*n < 1 || *n > fsm.MaxInFlight) {
+		add("spec.engine.maxInFlight", "must be between 1 and %d, got %d", fsm.MaxInFlight, *n)
+	}
 	if n := e.MaxAdapters; n != nil && (*n < 1 || *n > fsm.MaxAdaptersOnCard) {
 		add("spec.engine.maxAdapters", "must be between 1 and %d, got %d", fsm.MaxAdaptersOnCard, *n)
 	}
@@ -457,7 +464,7 @@ var schemaOrder = []string{
 	"spec.model", "spec.servedModelName", "spec.replicas", "spec.placement.accelerator", "spec.placement.nodeSelector",
 	"spec.engine.kind", "spec.engine.memoryPercent", "spec.engine.memory", "spec.engine.computePercent",
 	"spec.engine.maxModelLen", "spec.engine.tensorParallel", "spec.engine.pipelineParallel",
-	"spec.engine.args", "spec.engine.env", "spec.engine.startTimeout", "spec.engine.quantization", "spec.engine.maxAdapters",
+	"spec.engine.args", "spec.engine.env", "spec.engine.startTimeout", "spec.engine.quantization", "spec.engine.maxAdapters", "spec.engine.maxInFlight",
 	"spec.engine.dialect", "spec.resources", "spec.residency", "spec.priority", "spec.slo", "spec.adapters", "spec.aliases",
 	"spec.idle.sleepAfter", "spec.idle.unloadAfter",
 }
@@ -552,6 +559,9 @@ func (s *ModelDeploymentSpec) Proto() *pb.ModelSpec {
 		if i.UnloadAfter != nil {
 			out.Idle.UnloadAfterSeconds = uint32(i.UnloadAfter.Duration / time.Second)
 		}
+	}
+	if e.MaxInFlight != nil {
+		out.Engine.MaxInFlight = uint32(*e.MaxInFlight)
 	}
 	if e.MaxAdapters != nil {
 		out.Engine.MaxAdapters = uint32(*e.MaxAdapters)

@@ -1256,7 +1256,12 @@ type EngineSpec struct {
 	Quantization string `protobuf:"bytes,11,opt,name=quantization,proto3" json:"quantization,omitempty"`
 	// Adapters the engine keeps on the card at once (vLLM --max-loras;
 	// 0 = the default, 4). The rest wait in host RAM or on disk.
-	MaxAdapters   uint32 `protobuf:"varint,12,opt,name=max_adapters,json=maxAdapters,proto3" json:"max_adapters,omitempty"`
+	MaxAdapters uint32 `protobuf:"varint,12,opt,name=max_adapters,json=maxAdapters,proto3" json:"max_adapters,omitempty"`
+	// Requests the gateway lets into one replica's engine at once (0: what
+	// the engine's arguments say, e.g. --max-num-seqs, else the gateway's
+	// default); the rest wait in the gateway's queues, where priority and
+	// fairness order them.
+	MaxInFlight   uint32 `protobuf:"varint,13,opt,name=max_in_flight,json=maxInFlight,proto3" json:"max_in_flight,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1371,6 +1376,13 @@ func (x *EngineSpec) GetQuantization() string {
 func (x *EngineSpec) GetMaxAdapters() uint32 {
 	if x != nil {
 		return x.MaxAdapters
+	}
+	return 0
+}
+
+func (x *EngineSpec) GetMaxInFlight() uint32 {
+	if x != nil {
+		return x.MaxInFlight
 	}
 	return 0
 }
@@ -2379,7 +2391,7 @@ const file_gpuplane_v1_resources_proto_rawDesc = "" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x120\n" +
 	"\x04spec\x18\x02 \x01(\v2\x1c.gpuplane.v1.AcceleratorSpecR\x04spec\x126\n" +
 	"\x06status\x18\x03 \x01(\v2\x1e.gpuplane.v1.AcceleratorStatusR\x06status\x12#\n" +
-	"\rcreated_index\x18\x04 \x01(\x04R\fcreatedIndex\"\x84\x04\n" +
+	"\rcreated_index\x18\x04 \x01(\x04R\fcreatedIndex\"\xa8\x04\n" +
 	"\n" +
 	"EngineSpec\x12\x12\n" +
 	"\x04kind\x18\x01 \x01(\tR\x04kind\x12%\n" +
@@ -2395,7 +2407,8 @@ const file_gpuplane_v1_resources_proto_rawDesc = "" +
 	"\x15start_timeout_seconds\x18\n" +
 	" \x01(\rR\x13startTimeoutSeconds\x12\"\n" +
 	"\fquantization\x18\v \x01(\tR\fquantization\x12!\n" +
-	"\fmax_adapters\x18\f \x01(\rR\vmaxAdapters\x1a6\n" +
+	"\fmax_adapters\x18\f \x01(\rR\vmaxAdapters\x12\"\n" +
+	"\rmax_in_flight\x18\r \x01(\rR\vmaxInFlight\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xc5\x01\n" +
