@@ -67,6 +67,8 @@ func noActionReason(st residency.Status, load bool) string {
 	switch {
 	case load && (st.State == residency.Resident || st.State == residency.Loading || st.State == residency.Waking):
 		return fmt.Sprintf("already %s", strings.ToLower(st.State.String()))
+	case load && st.State == residency.Failed:
+		return "its last start failed: it loads once its retry backoff ends"
 	case load:
 		return "waits for memory already being freed"
 	case st.State == residency.Cold || st.State == residency.Failed:
