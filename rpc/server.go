@@ -17,7 +17,6 @@ import (
 	"connectrpc.com/grpcreflect"
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/gpuplane/gpuplane/node/residency"
 	"github.com/gpuplane/gpuplane/proto/gpuplane/v1/gpuplanev1connect"
 )
 
@@ -90,7 +89,7 @@ type Config struct {
 	// Residency is this node's residency journal, served by
 	// ResidencyService (nil: residency does not run here, and the node
 	// answers with nothing for itself).
-	Residency *residency.Journal
+	Residency ResidencyJournal
 	// Metrics, when set, is served at /metrics (Prometheus text format);
 	// with ACL, to a token of any role or a node.
 	Metrics http.Handler
