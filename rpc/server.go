@@ -121,7 +121,7 @@ func Handler(cfg Config) http.Handler {
 		// Compress only responses worth it: connect's default (0) gzips
 		// every reply, a few hundred bytes included, where gzip's CPU buys
 		// next to nothing on a LAN (forwarded writes would pay twice;
-		// bench/RESULTS.md, "Settings").
+		// measured by the commit benchmark, bench/cluster).
 		connect.WithCompressMinBytes(4 << 10),
 		connect.WithCodec(strictJSON{"json"}),
 		connect.WithCodec(strictJSON{"json; charset=utf-8"}),
@@ -258,7 +258,8 @@ func (s *Server) Shutdown(ctx context.Context) error {
 // bufferedListener hands out connections that read through a buffer. Go's
 // HTTP/2 server reads every frame from the connection itself, header and
 // payload apart: two read syscalls per frame, four or more per unary call,
-// a visible share of a busy server's CPU (bench/RESULTS.md, "Settings"). Through the
+// a visible share of a busy server's CPU (the commit benchmark,
+// bench/cluster). Through the
 // buffer one read takes whatever the peer has sent, frames of many calls
 // included. (HTTP/1.1 and TLS buffer their own reads; this costs them a copy.)
 type bufferedListener struct{ net.Listener }
