@@ -45,15 +45,6 @@ var rules = []rule{
 		Why: "the wire types are generated leaves"},
 }
 
-// knownExceptions are arrows that break a rule today and are tracked in
-// issue 35 (test-log helpers that serve cluster and fsm tests). Do not add
-// to this list: fix the import instead.
-var knownExceptions = map[[2]string]bool{
-	{"internal/replaylog", "cluster/raftstore"}: true,
-	{"internal/replaylog", "fsm"}:               true,
-	{"internal/logtamper", "cluster/raftstore"}: true,
-}
-
 func match(pattern, pkg string) bool {
 	if pattern == "..." {
 		return true
@@ -125,9 +116,6 @@ func violations(imps map[string][]string) []string {
 	var out []string
 	for from, tos := range imps {
 		for _, to := range tos {
-			if knownExceptions[[2]string{from, to}] {
-				continue
-			}
 			for _, r := range rules {
 				if matchAny(r.From, from) && matchAny(r.To, to) && !matchAny(r.Allow, to) && !matchAny(r.From, to) {
 					out = append(out, from+" -> "+to+": "+r.Why)
