@@ -179,13 +179,6 @@ func (c *Controller) yieldTurn(r *replica, now time.Time) {
 	c.sumsOK = false
 }
 
-// fitsBeside reports whether warm owner r's share fits now without taking
-// anything from anyone.
-func (c *Controller) fitsBeside(r *replica) bool {
-	_, committed := c.others(r)
-	return committed+max(r.dep.Share, c.footprint(r)) <= c.usable
-}
-
 // slotDue reports whether b, waiting for the card, may take its turn from
 // x, an equal-class model that has had its protection.
 func (c *Controller) slotDue(b, x *replica, now time.Time) bool {

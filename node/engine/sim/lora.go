@@ -187,6 +187,7 @@ func (s *server) loadAdapter(ctx context.Context, name, path string) (time.Durat
 	// An adapter without a config (a made-up path) is assumed to fit.
 	if _, statErr := os.Stat(filepath.Join(path, "adapter_config.json")); statErr == nil &&
 		s.cfg.Dialect == DialectVLLM && s.cfg.MaxLoRARank > 0 && rank > s.cfg.MaxLoRARank {
+		//lint:ignore ST1005 vLLM's words, which clients match on
 		return 0, fmt.Errorf("LoRA rank %d is greater than max_lora_rank %d.", rank, s.cfg.MaxLoRARank)
 	}
 	perRank := s.cfg.LoRAMiBPerRank
@@ -201,6 +202,7 @@ func (s *server) loadAdapter(ctx context.Context, name, path string) (time.Durat
 	case s.lora.loaded[name] != nil:
 		s.mu.Unlock()
 		// vLLM's words (serving_models.py), which clients match on.
+		//lint:ignore ST1005 vLLM's words, which clients match on
 		return 0, fmt.Errorf("The lora adapter '%s' has already been loaded.", name)
 	case s.st.phase != phAwake:
 		ph := s.st.phase
