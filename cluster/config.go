@@ -171,8 +171,7 @@ func (c *Config) validate() error {
 //     leader"), so an election completes at about the later of the two
 //     followers' wake-ups: HB..3HB after the kill, ≈2.2×HB on average, so
 //     HB bounds failover; 250ms keeps it under a second on a LAN
-//     (bench/RESULTS.md, "Settings", has the failover times of both HBs
-//     tried). The leader heartbeats every HB/10 = 25ms, from a goroutine of
+//     (bench/cluster's failover benchmark measured both HBs tried). The leader heartbeats every HB/10 = 25ms, from a goroutine of
 //     its own, so a follower times out only after ten missed heartbeats,
 //     which a loaded machine does not cause by itself. Pre-vote (on by default) keeps a flapping follower from
 //     deposing a healthy leader. ElectionTimeout is the wait before a

@@ -12,8 +12,8 @@ import (
 
 	"github.com/hashicorp/raft"
 
+	"github.com/gpuplane/gpuplane/cluster/raftstore/logtamper"
 	"github.com/gpuplane/gpuplane/fsm"
-	"github.com/gpuplane/gpuplane/internal/logtamper"
 	"github.com/gpuplane/gpuplane/internal/porttest"
 	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
 )

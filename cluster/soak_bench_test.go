@@ -16,8 +16,8 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/gpuplane/gpuplane/cluster/auditrec"
+	"github.com/gpuplane/gpuplane/cluster/replaylog"
 	"github.com/gpuplane/gpuplane/fsm"
-	"github.com/gpuplane/gpuplane/internal/replaylog"
 	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
 )
 

@@ -40,8 +40,8 @@ func newTransport(bind, advertise string, t *tlsutil.TLS, logger hclog.Logger) (
 	// with one request in flight the entries that arrive during a round trip
 	// go out together in the next one, so under load there are fewer, larger
 	// appends (and syncs) on each follower. With one client it changes
-	// nothing (each write is its own round trip anyway). bench/RESULTS.md
-	// ("Settings") has the measurement.
+	// nothing (each write is its own round trip anyway). The commit benchmark
+	// (bench/cluster) measures it.
 	const pool, timeout = 3, 10 * time.Second
 	cfg := &raft.NetworkTransportConfig{MaxPool: pool, Timeout: timeout, Logger: logger, MaxRPCsInFlight: 1}
 	var nt *raft.NetworkTransport

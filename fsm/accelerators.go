@@ -5,7 +5,7 @@ import (
 	"sort"
 	"strings"
 
-	"github.com/gpuplane/gpuplane/fsm/catalog"
+	"github.com/gpuplane/gpuplane/internal/catalog"
 	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
 )
 

@@ -8,9 +8,9 @@ import (
 
 	"github.com/hashicorp/raft"
 
+	"github.com/gpuplane/gpuplane/cluster/replaylog"
 	"github.com/gpuplane/gpuplane/fsm"
 	"github.com/gpuplane/gpuplane/internal/cputime"
-	"github.com/gpuplane/gpuplane/internal/replaylog"
 )
 
 // BenchmarkDecodeWorkload decodes the command entries of the replay

@@ -6,7 +6,7 @@ import (
 
 	"google.golang.org/protobuf/proto"
 
-	"github.com/gpuplane/gpuplane/fsm/catalog"
+	"github.com/gpuplane/gpuplane/internal/catalog"
 	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
 )
 

@@ -12,6 +12,7 @@ import (
 	"connectrpc.com/connect"
 
 	"github.com/gpuplane/gpuplane/fsm"
+	"github.com/gpuplane/gpuplane/internal/bearer"
 	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
 	"github.com/gpuplane/gpuplane/proto/gpuplane/v1/gpuplanev1connect"
 )
@@ -264,7 +265,7 @@ func (a *authInterceptor) identify(ctx context.Context, header http.Header) (pri
 	if node, ok := PeerNode(ctx); ok {
 		return principal{actor: "node/" + node, access: AccessNode}, nil
 	}
-	secret, ok := bearer(header.Get("Authorization"))
+	secret, ok := bearer.Token(header.Get("Authorization"))
 	if !ok {
 		return principal{}, connect.NewError(connect.CodeUnauthenticated, errors.New(
 			"this agent runs with ACLs on: pass a token with --token or GPUPLANE_TOKEN (the first one comes from 'gpuplane acl bootstrap')"))
@@ -296,13 +297,4 @@ func (a *authInterceptor) identify(ctx context.Context, header http.Header) (pri
 		return principal{}, connect.NewError(connect.CodeUnauthenticated, errors.New("unknown token: it was deleted or never existed"))
 	}
 	return principal{actor: tok.GetName(), access: accessOfRole(tok.GetRole()), role: tok.GetRole()}, nil
-}
-
-func bearer(h string) (string, bool) {
-	scheme, secret, ok := strings.Cut(strings.TrimSpace(h), " ")
-	secret = strings.TrimSpace(secret)
-	if !ok || !strings.EqualFold(scheme, "Bearer") || secret == "" {
-		return "", false
-	}
-	return secret, true
 }

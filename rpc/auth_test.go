@@ -1,7 +1,6 @@
 package rpc
 
 import (
-	"net/http"
 	"testing"
 
 	"google.golang.org/protobuf/reflect/protoreflect"
@@ -29,17 +28,6 @@ func TestEveryProcedureHasAccess(t *testing.T) {
 	}
 	if ProcedureAccess("/gpuplane.v1.NewService/Method") != AccessAdmin {
 		t.Error("an unknown procedure must need admin")
-	}
-}
-
-func TestBearer(t *testing.T) {
-	for h, want := range map[string]string{
-		"Bearer abc": "abc", "bearer  abc ": "abc", "Basic abc": "", "Bearer": "", "": "", "Bearer ": "",
-	} {
-		got, ok := bearer(http.Header{"Authorization": {h}}.Get("Authorization"))
-		if got != want || ok != (want != "") {
-			t.Errorf("bearer(%q) = %q, %v; want %q", h, got, ok, want)
-		}
 	}
 }
 

@@ -154,7 +154,7 @@ func forwardOne(ctx context.Context, c gpuplanev1connect.ClusterServiceClient, r
 // milliseconds); two in flight keep the leader's pipeline fed (one batch
 // commits while the next is proposed) and let the writes that arrive
 // during a commit go as one message, so each node spends less CPU per write
-// (bench/RESULTS.md, "Settings"). A single write never waits: with nothing
+// (the commit benchmark, bench/cluster). A single write never waits: with nothing
 // in flight it is sent at once.
 const (
 	// maxInFlight is the most batches a stream has sent and not yet had

@@ -19,6 +19,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/gpuplane/gpuplane/node/residency"
+	"github.com/gpuplane/gpuplane/node/residency/residencypb"
 	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
 	"github.com/gpuplane/gpuplane/rpc"
 )
@@ -122,7 +123,7 @@ func pageValue[T any](ctx context.Context, js string) (T, error) {
 func BenchmarkDashboard(b *testing.B) {
 	path := chromiumPath(b)
 	backend, journal, reg := simulatedCluster(b)
-	srv, err := rpc.Listen("127.0.0.1:0", rpc.Config{Backend: backend, NodeName: "node-000", Residency: journal,
+	srv, err := rpc.Listen("127.0.0.1:0", rpc.Config{Backend: backend, NodeName: "node-000", Residency: residencypb.Journal{J: journal},
 		Metrics: promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), Gatherer: reg})
 	if err != nil {
 		b.Fatal(err)

@@ -6,6 +6,8 @@ import (
 	"net/http/pprof"
 
 	"connectrpc.com/connect"
+
+	"github.com/gpuplane/gpuplane/internal/bearer"
 )
 
 // debugHandler serves Go's profiles (net/http/pprof) under /debug/pprof/:
@@ -62,7 +64,7 @@ func requireAccess(b Backend, agentToken string, need Access, what string, next 
 			if errors.As(err, &ce) {
 				msg = ce.Message()
 			}
-			if _, ok := bearer(r.Header.Get("Authorization")); !ok && status == http.StatusUnauthorized {
+			if _, ok := bearer.Token(r.Header.Get("Authorization")); !ok && status == http.StatusUnauthorized {
 				// The API's own message names the CLI's flags; this is
 				// read by a browser, curl or Prometheus.
 				msg = "this agent runs with ACLs on: " + what + " needs a token of " + needs(need) + " or above, sent as 'Authorization: Bearer TOKEN'"

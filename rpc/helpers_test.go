@@ -12,6 +12,7 @@ import (
 
 	"github.com/gpuplane/gpuplane/fsm"
 	"github.com/gpuplane/gpuplane/node/residency"
+	"github.com/gpuplane/gpuplane/node/residency/residencypb"
 	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
 	"github.com/gpuplane/gpuplane/proto/gpuplane/v1/gpuplanev1connect"
 	"github.com/gpuplane/gpuplane/rpc"
@@ -113,7 +114,11 @@ func (b *stateBackend) replicaStatus(tb testing.TB, model string, replica uint32
 // DashboardService client of it.
 func dashboardClient(tb testing.TB, b *stateBackend, node string, journal *residency.Journal, reg *prometheus.Registry) gpuplanev1connect.DashboardServiceClient {
 	tb.Helper()
-	srv, err := rpc.Listen("127.0.0.1:0", rpc.Config{Backend: b, NodeName: node, Residency: journal, Gatherer: reg})
+	var j rpc.ResidencyJournal
+	if journal != nil {
+		j = residencypb.Journal{J: journal}
+	}
+	srv, err := rpc.Listen("127.0.0.1:0", rpc.Config{Backend: b, NodeName: node, Residency: j, Gatherer: reg})
 	if err != nil {
 		tb.Fatal(err)
 	}

@@ -121,7 +121,8 @@ func checkEnums(msg any) error {
 // visiting only the fields through which an enum can be reached and
 // building no paths: every API request and every forwarded write passes
 // through here, and walking every field by reflection with a path string
-// per field showed up in a server's CPU per write (bench/RESULTS.md).
+// per field showed up in a server's CPU per write (the commit benchmark,
+// bench/cluster).
 func hasUndefinedEnum(m protoreflect.Message) bool {
 	p := enumPlanOf(m.Descriptor())
 	for _, fd := range p.fields {

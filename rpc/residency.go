@@ -12,13 +12,27 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
-	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/gpuplane/gpuplane/fsm"
-	"github.com/gpuplane/gpuplane/node/residency"
 	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
 	"github.com/gpuplane/gpuplane/proto/gpuplane/v1/gpuplanev1connect"
 )
+
+// ResidencyJournal is what ResidencyService needs of a node's residency
+// decision journal, already in the wire's shapes; the node's controller
+// package stays out of rpc's imports (node/residency/residencypb adapts its
+// Journal).
+type ResidencyJournal interface {
+	// Node names the node the journal belongs to.
+	Node() string
+	// Decisions returns the decisions after seq, oldest first, and a channel
+	// closed when a later one is recorded.
+	Decisions(after uint64) ([]*pb.ResidencyDecision, <-chan struct{})
+	// Plan is each card's current plan.
+	Plan() []*pb.ResidencyCardPlan
+	// Profiles are the measured load/wake/footprint profiles.
+	Profiles() []*pb.ResidencyProfile
+}
 
 // residencyHandlers serve what each node's residency manager published in
 // its journal. The journal lives on its node, so a request for every node
@@ -27,7 +41,7 @@ import (
 type residencyHandlers struct {
 	b       Backend
 	node    string
-	journal *residency.Journal // nil: residency does not run on this node
+	journal ResidencyJournal // nil: residency does not run on this node
 	peers   *http.Client
 	closing <-chan struct{}
 }
@@ -294,9 +308,9 @@ func (h *residencyHandlers) decisionsOf(ctx context.Context, t residencyTarget, 
 		ds, changed := h.journal.Decisions(after)
 		var out []*pb.ResidencyDecision
 		for _, d := range ds {
-			after = d.Seq
-			if want := m.GetModel(); want == "" || aboutModel(d.Model, want) || aboutModel(d.For, want) {
-				out = append(out, decisionToProto(d))
+			after = d.GetSeq()
+			if want := m.GetModel(); want == "" || aboutModel(d.GetModel(), want) || aboutModel(d.GetForModel(), want) {
+				out = append(out, d)
 			}
 		}
 		for chunk := range slices.Chunk(out, decisionBatch) {
@@ -321,72 +335,22 @@ func (h *residencyHandlers) localPlan() []*pb.ResidencyCardPlan {
 	if h.journal == nil {
 		return nil
 	}
-	now := timestamppb.Now()
-	var out []*pb.ResidencyCardPlan
-	for _, v := range h.journal.Cards() {
-		c := &pb.ResidencyCardPlan{
-			Node: v.Node, Card: v.Card, Mode: v.Mode, PinnedOnly: v.PinnedOnly, Violations: int64(v.Violations),
-			UsableBytes: v.Usable, ReservedBytes: v.Ledger.Reserved, ResidentBytes: v.Ledger.Resident,
-			SleepingBytes: v.Ledger.Sleeping, FreeBytes: v.Ledger.Free, ObservedAt: now,
-		}
-		if c.UsableBytes == 0 {
-			c.UsableBytes = v.Ledger.Usable
-		}
-		for _, e := range v.Plan {
-			pe := &pb.ResidencyPlanEntry{
-				Model: string(e.Model), Residency: e.Residency.String(), Priority: e.Priority.String(),
-				State: e.State.String(), Tier: e.Tier, RatePerMinute: e.Rate, Value: e.Value, CostBytes: e.Cost,
-			}
-			if !e.NextRequest.IsZero() {
-				pe.NextRequest = timestamppb.New(e.NextRequest)
-			}
-			if e.Action != 0 {
-				pe.Action, pe.Trigger, pe.Reason = e.Action.String(), e.Trigger.String(), e.Reason
-			}
-			c.Entries = append(c.Entries, pe)
-		}
-		out = append(out, c)
-	}
-	return out
+	return h.journal.Plan()
 }
 
 func (h *residencyHandlers) localProfiles() []*pb.ResidencyProfile {
 	if h.journal == nil {
 		return nil
 	}
-	var out []*pb.ResidencyProfile
-	for _, p := range h.journal.Profiles() {
-		out = append(out, &pb.ResidencyProfile{
-			Node: h.journal.Node(), Model: string(p.Key.Model), Quantization: p.Key.Quantization,
-			Engine: p.Key.Engine, Device: p.Key.Device,
-			LoadMs: p.LoadTime.Milliseconds(), WakeMs: p.WakeTime.Milliseconds(),
-			FootprintBytes: p.Footprint, PeakBytes: p.Peak, ResidualBytes: p.Residual,
-			TokensPerSecond: p.TokensPerSecond,
-			Loads:           int64(p.Loads), Wakes: int64(p.Wakes), Failures: int64(p.Failures),
-		})
-	}
-	return out
-}
-
-func decisionToProto(d residency.NodeDecision) *pb.ResidencyDecision {
-	in := d.Inputs
-	return &pb.ResidencyDecision{
-		Seq: d.Seq, Time: timestamppb.New(d.Time), Node: d.Node, Card: d.Card,
-		Action: d.Action.String(), Model: string(d.Model), Trigger: d.Trigger.String(),
-		ForModel: string(d.For), Reason: d.Reason, Advised: d.Advised,
-		Inputs: &pb.ResidencyInputs{
-			RatePerMinute: in.Rate, Value: in.Value, ForValue: in.ForValue, Bytes: in.Bytes,
-			NeedBytes: in.Need, FreeBytes: in.Free, ReloadMs: in.Reload.Milliseconds(), Active: int64(in.Active),
-		},
-	}
+	return h.journal.Profiles()
 }
 
 // aboutModel reports whether the controller's model id (a replica,
 // "chat/0") is want: the replica itself or any replica of the deployment
 // want names.
-func aboutModel(id residency.ModelID, want string) bool {
-	name, _, _ := strings.Cut(string(id), "/")
-	return string(id) == want || name == want
+func aboutModel(id, want string) bool {
+	name, _, _ := strings.Cut(id, "/")
+	return id == want || name == want
 }
 
 // Operate passes an operator's load or unload to the nodes that hold the

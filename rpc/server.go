@@ -17,7 +17,6 @@ import (
 	"connectrpc.com/grpcreflect"
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/gpuplane/gpuplane/node/residency"
 	"github.com/gpuplane/gpuplane/proto/gpuplane/v1/gpuplanev1connect"
 )
 
@@ -90,7 +89,7 @@ type Config struct {
 	// Residency is this node's residency journal, served by
 	// ResidencyService (nil: residency does not run here, and the node
 	// answers with nothing for itself).
-	Residency *residency.Journal
+	Residency ResidencyJournal
 	// Metrics, when set, is served at /metrics (Prometheus text format);
 	// with ACL, to a token of any role or a node.
 	Metrics http.Handler
@@ -122,7 +121,7 @@ func Handler(cfg Config) http.Handler {
 		// Compress only responses worth it: connect's default (0) gzips
 		// every reply, a few hundred bytes included, where gzip's CPU buys
 		// next to nothing on a LAN (forwarded writes would pay twice;
-		// bench/RESULTS.md, "Settings").
+		// measured by the commit benchmark, bench/cluster).
 		connect.WithCompressMinBytes(4 << 10),
 		connect.WithCodec(strictJSON{"json"}),
 		connect.WithCodec(strictJSON{"json; charset=utf-8"}),
@@ -259,7 +258,8 @@ func (s *Server) Shutdown(ctx context.Context) error {
 // bufferedListener hands out connections that read through a buffer. Go's
 // HTTP/2 server reads every frame from the connection itself, header and
 // payload apart: two read syscalls per frame, four or more per unary call,
-// a visible share of a busy server's CPU (bench/RESULTS.md, "Settings"). Through the
+// a visible share of a busy server's CPU (the commit benchmark,
+// bench/cluster). Through the
 // buffer one read takes whatever the peer has sent, frames of many calls
 // included. (HTTP/1.1 and TLS buffer their own reads; this costs them a copy.)
 type bufferedListener struct{ net.Listener }

@@ -14,7 +14,7 @@ import (
 	"github.com/gpuplane/gpuplane/cluster"
 	"github.com/gpuplane/gpuplane/cluster/events"
 	"github.com/gpuplane/gpuplane/cluster/raftstore"
-	"github.com/gpuplane/gpuplane/internal/replaylog"
+	"github.com/gpuplane/gpuplane/cluster/replaylog"
 	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
 )
 

@@ -10,8 +10,8 @@ import (
 	"time"
 
 	"github.com/gpuplane/gpuplane/cluster"
+	"github.com/gpuplane/gpuplane/cluster/replaylog"
 	"github.com/gpuplane/gpuplane/fsm"
-	"github.com/gpuplane/gpuplane/internal/replaylog"
 )
 
 // replayEntries is the size of the log BenchmarkReplay replays (the goal:

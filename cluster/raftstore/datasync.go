@@ -20,8 +20,7 @@ import (
 // and skips only timestamps. fsync also forces a journal commit for the
 // modification time on every sync, a wait on the leader's write path and
 // then again on each follower's (hashicorp/raft stores on the leader
-// before it replicates); see bench/RESULTS.md, "Cluster: commit, replay,
-// failover and the log store".
+// before it replicates); the commit benchmark (bench/cluster) measures it.
 type datasyncFS struct{ *fs.FS }
 
 func newDatasyncFS() datasyncFS { return datasyncFS{fs.New()} }

@@ -25,6 +25,6 @@
 //	}
 //
 // Policies (see DESIGN.md for why the default is what it is, and
-// bench/RESULTS.md for how it packs the openb pod lists): PolicyBestFit,
+// bench/scheduler's packing benchmark for how it packs the openb pod lists): PolicyBestFit,
 // PolicySpread, PolicyFGD and PolicyDefault ("gpuplane").
 package scheduler

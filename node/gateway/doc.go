@@ -25,8 +25,8 @@
 // the engine's first byte under two small frames of the gateway's
 // (ServeHTTP, call.run), so that the goroutine's stack, grown while the
 // request was parsed, shrinks at the next collections to what a bare
-// net/http handler's does (bench/RESULTS.md, Gateway over HTTP, has the
-// memory per stream).
+// net/http handler's does (the idle-stream memory of bench/gateway,
+// `make bench-gateway-http`, measures it).
 //
 // It never decides scheduling itself (package queue does), never loads or
 // unloads a model (the residency controller does: the gateway only reports

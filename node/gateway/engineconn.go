@@ -22,7 +22,7 @@ import (
 // connection) and no buffer until the engine's first byte (the Transport
 // holds 8 KiB per connection). A stream waiting for its first token costs
 // the gateway its engine socket and little more: that is most of what an
-// idle stream costs (bench/RESULTS.md, Gateway over HTTP). The wire format
+// idle stream costs (bench/gateway's idle-stream memory). The wire format
 // is net/http's own: Header.Write out, http.ReadResponse in.
 type engineTransport struct {
 	dialer net.Dialer

@@ -363,7 +363,7 @@ func (c *card) tick() {
 // collection only while they use under a quarter of it (plus 800 bytes):
 // so the handler waits for its engine's first byte under ServeHTTP and
 // run alone, and every other step is a helper that returns before the
-// wait (bench/RESULTS.md, Gateway over HTTP: 4 KiB of stack per idle h2c
+// wait (bench/gateway's idle-stream memory: 4 KiB of stack per idle h2c
 // stream, as a bare handler's).
 type call struct {
 	g      *Gateway

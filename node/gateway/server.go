@@ -14,6 +14,7 @@ import (
 	"time"
 	"unicode"
 
+	"github.com/gpuplane/gpuplane/internal/bearer"
 	"github.com/gpuplane/gpuplane/node/gateway/isolation"
 	"github.com/gpuplane/gpuplane/node/gateway/queue"
 )
@@ -218,7 +219,7 @@ func (g *Gateway) tenant(r *http.Request) (who, *apiError) {
 			"%s is set by nodes of the cluster only", ForwardedHeader)
 	}
 	if g.opts.Tenants != nil && !peer {
-		secret, ok := bearer(r.Header.Get("Authorization"))
+		secret, ok := bearer.Token(r.Header.Get("Authorization"))
 		if !ok {
 			return who{}, errorf(http.StatusUnauthorized, "invalid_request_error", "invalid_api_key",
 				"this cluster runs with ACLs on: pass a token as 'Authorization: Bearer TOKEN' (the OpenAI client's API key)")
@@ -259,15 +260,6 @@ func checkTenant(t string) *apiError {
 		}
 	}
 	return nil
-}
-
-func bearer(h string) (string, bool) {
-	scheme, secret, ok := strings.Cut(strings.TrimSpace(h), " ")
-	secret = strings.TrimSpace(secret)
-	if !ok || !strings.EqualFold(scheme, "Bearer") || secret == "" {
-		return "", false
-	}
-	return secret, true
 }
 
 // request is what the gateway reads of a body.

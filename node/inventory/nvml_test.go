@@ -8,7 +8,7 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/dgxa100"
 	mockserver "github.com/NVIDIA/go-nvml/pkg/nvml/mock/server"
 
-	"github.com/gpuplane/gpuplane/fsm/catalog"
+	"github.com/gpuplane/gpuplane/internal/catalog"
 )
 
 func TestDetectReadsDGXA100(t *testing.T) {

@@ -7,7 +7,7 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/gpuplane/gpuplane/fsm/catalog"
+	"github.com/gpuplane/gpuplane/internal/catalog"
 	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
 )
 

@@ -6,7 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/gpuplane/gpuplane/fsm/catalog"
+	"github.com/gpuplane/gpuplane/internal/catalog"
 )
 
 func TestParseSimSpec(t *testing.T) {

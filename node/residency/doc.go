@@ -11,7 +11,9 @@
 // quantization, engine, device); the decision log; and the plan.
 //
 // The package is pure and must stay so: no I/O, no goroutines, no
-// randomness, no imports of other gpuplane packages, and it never reads the
+// randomness, no imports of other gpuplane packages but the leaf vocabulary
+// internal/class (the priority classes it shares with the gateway's queue),
+// and it never reads the
 // clock — time comes from the Clock the caller passes (the agent's wall
 // clock, or a ManualClock for the serving simulator, which runs hours of
 // trace in seconds). The same events at the same times always give the same

@@ -4,7 +4,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/gpuplane/gpuplane/node/gateway/queue"
+	"github.com/gpuplane/gpuplane/internal/class"
 )
 
 // ModelID names one deployment's replica on a card: each is a resident of
@@ -45,13 +45,13 @@ func (r Residency) String() string {
 func (r Residency) reserved() bool { return r == Pinned || r == Warm }
 
 // Priority is a deployment's class; a higher value outranks a lower one.
-// It is the gateway's request class: one vocabulary for both.
-type Priority = queue.Class
+// It is the gateway's request class (internal/class): one vocabulary for both.
+type Priority = class.Class
 
 const (
-	Background  = queue.Background
-	Standard    = queue.Standard
-	Interactive = queue.Interactive
+	Background  = class.Background
+	Standard    = class.Standard
+	Interactive = class.Interactive
 )
 
 // priorityWeight is the class weight in a model's value: an interactive

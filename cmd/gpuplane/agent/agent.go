@@ -28,6 +28,7 @@ import (
 	"github.com/gpuplane/gpuplane/fsm"
 	"github.com/gpuplane/gpuplane/node/inventory"
 	"github.com/gpuplane/gpuplane/node/residency"
+	"github.com/gpuplane/gpuplane/node/residency/residencypb"
 	"github.com/gpuplane/gpuplane/node/resident"
 	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
 	"github.com/gpuplane/gpuplane/rpc"
@@ -361,7 +362,7 @@ func (a *Agent) startAPI() error {
 		PeerHTTP:   a.sec.peerHTTP,
 		NodeName:   a.cfg.NodeName,
 		ReadLogs:   a.readLogs,
-		Residency:  a.residencyJournal,
+		Residency:  a.rpcJournal(),
 		Metrics:    metrics,
 		Gatherer:   a.gatewayReg,
 		Outer:      []connect.Interceptor{newAPIMetrics(a.metricsReg)},
@@ -482,6 +483,15 @@ func (a *Agent) Name() string { return a.cfg.NodeName }
 // ResidencyJournal is what this node's residency manager publishes and the
 // API serves (ResidencyService).
 func (a *Agent) ResidencyJournal() *residency.Journal { return a.residencyJournal }
+
+// rpcJournal is the journal as ResidencyService reads it (nil when the node
+// keeps none, so the service answers with nothing for this node).
+func (a *Agent) rpcJournal() rpc.ResidencyJournal {
+	if a.residencyJournal == nil {
+		return nil
+	}
+	return residencypb.Journal{J: a.residencyJournal}
+}
 
 // GossipAddr is the gossip address other nodes join.
 func (a *Agent) GossipAddr() string { return a.cluster.Gossip().Addr() }

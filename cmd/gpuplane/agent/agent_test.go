@@ -292,7 +292,7 @@ func TestCluster(t *testing.T) {
 			survivors = append(survivors, n)
 		}
 	}
-	// How soon is measured (bench/cluster's failover, bench/RESULTS.md),
+	// How soon is measured (bench/cluster's failover benchmark),
 	// not asserted: on a loaded 2-core CI each try's CLI round trip alone
 	// may take seconds.
 	testutil.Eventually(t, 30*time.Second, "write after leader loss", func() error {

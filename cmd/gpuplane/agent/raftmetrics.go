@@ -57,7 +57,7 @@ const libMetricsExpiry = time.Minute
 // samples per batch and one per committed entry (commit time, FSM apply,
 // dispatch), and go-metrics' sink builds the series' name and stores a new
 // map entry for every one of them, a visible share of a server's CPU per
-// write in the commit benchmark (bench/RESULTS.md); this one finds the
+// write in the commit benchmark (bench/cluster); this one finds the
 // series without allocating.
 type libSink struct {
 	prefix string

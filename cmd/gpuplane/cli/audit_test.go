@@ -17,9 +17,9 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/gpuplane/gpuplane/cluster"
+	"github.com/gpuplane/gpuplane/cluster/raftstore/logtamper"
 	"github.com/gpuplane/gpuplane/cmd/gpuplane/agent"
 	"github.com/gpuplane/gpuplane/fsm"
-	"github.com/gpuplane/gpuplane/internal/logtamper"
 	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
 )
 

@@ -26,7 +26,7 @@ import (
 
 	"github.com/gpuplane/gpuplane/cmd/gpuplane/agent"
 	"github.com/gpuplane/gpuplane/cmd/gpuplane/descriptor"
-	"github.com/gpuplane/gpuplane/fsm/catalog"
+	"github.com/gpuplane/gpuplane/internal/catalog"
 	"github.com/gpuplane/gpuplane/node/engine/sim"
 	"github.com/gpuplane/gpuplane/node/gateway"
 	"github.com/gpuplane/gpuplane/node/gateway/isolation"

@@ -2,47 +2,27 @@ package queue
 
 import (
 	"fmt"
-	"strings"
 	"time"
 
+	"github.com/gpuplane/gpuplane/internal/class"
 	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
 )
 
 // Class is a request's priority class; a higher value outranks a lower one.
-type Class uint8
+// The type lives in internal/class so the residency controller ranks
+// deployments by the same values without importing the queue.
+type Class = class.Class
 
 const (
-	Background Class = iota
-	Standard
-	Interactive
-	numClasses
+	Background  = class.Background
+	Standard    = class.Standard
+	Interactive = class.Interactive
+	numClasses  = class.Count
 )
-
-func (c Class) String() string {
-	switch c {
-	case Background:
-		return "background"
-	case Standard:
-		return "standard"
-	case Interactive:
-		return "interactive"
-	}
-	return fmt.Sprintf("Class(%d)", uint8(c))
-}
 
 // ParseClass reads a class's name (interactive, standard, background; case
 // and surrounding space ignored).
-func ParseClass(s string) (Class, bool) {
-	switch strings.ToLower(strings.TrimSpace(s)) {
-	case "interactive":
-		return Interactive, true
-	case "standard":
-		return Standard, true
-	case "background":
-		return Background, true
-	}
-	return 0, false
-}
+func ParseClass(s string) (Class, bool) { return class.Parse(s) }
 
 // ClassOf is the class of a deployment's priority (unspecified reads as
 // standard). The residency controller ranks deployments by the same

@@ -2,7 +2,9 @@
 // name in accelerators (l4, h100, ...), keyed by the product names NVML reports,
 // with memory, architecture and fp8 support.
 //
-// It is plain data: it never reads hardware. The node inventory maps NVML
+// It is plain data: it never reads hardware and imports nothing of the
+// project, so the inventory and the state machine both import it without one
+// reaching into the other. The node inventory maps NVML
 // product names through it; the state machine uses it to accept device kinds
 // that no node has reported yet (docs/descriptors.md rule 2).
 package catalog
