@@ -32,6 +32,11 @@ type ResidencyJournal interface {
 	Plan() []*pb.ResidencyCardPlan
 	// Profiles are the measured load/wake/footprint profiles.
 	Profiles() []*pb.ResidencyProfile
+	// Operate loads (load) or unloads the replicas of model that this
+	// node's controllers hold, as the operator asked; no result and no
+	// error where none is held here or no controller runs. An error is the
+	// controller's refusal, with its reason.
+	Operate(ctx context.Context, model string, load bool) ([]*pb.OperateResult, error)
 }
 
 // residencyHandlers serve what each node's residency manager published in
@@ -407,17 +412,10 @@ func (h *residencyHandlers) Operate(ctx context.Context, req *connect.Request[pb
 			return nil
 		}
 		rs, err := h.journal.Operate(ctx, model, load)
-		if errors.Is(err, residency.ErrNoOperator) {
-			return nil
-		}
 		if err != nil {
 			return connect.NewError(connect.CodeFailedPrecondition, err)
 		}
-		for _, r := range rs {
-			answers[i] = append(answers[i], &pb.OperateResult{
-				Node: h.node, Card: r.Card, Replica: string(r.Replica), Action: r.Action.String(), Reason: r.Reason,
-			})
-		}
+		answers[i] = rs
 		return nil
 	})
 	if err != nil {

@@ -5,6 +5,9 @@
 package residencypb
 
 import (
+	"context"
+	"errors"
+
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/gpuplane/gpuplane/node/residency"
@@ -86,4 +89,23 @@ func decisionToProto(d residency.NodeDecision) *pb.ResidencyDecision {
 			NeedBytes: in.Need, FreeBytes: in.Free, ReloadMs: in.Reload.Milliseconds(), Active: int64(in.Active),
 		},
 	}
+}
+
+// Operate passes an operator's load or unload to the node's residency
+// manager; nothing where the manager does not run.
+func (a Journal) Operate(ctx context.Context, model string, load bool) ([]*pb.OperateResult, error) {
+	rs, err := a.J.Operate(ctx, model, load)
+	if errors.Is(err, residency.ErrNoOperator) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	out := make([]*pb.OperateResult, 0, len(rs))
+	for _, r := range rs {
+		out = append(out, &pb.OperateResult{
+			Node: a.J.Node(), Card: r.Card, Replica: string(r.Replica), Action: r.Action.String(), Reason: r.Reason,
+		})
+	}
+	return out, nil
 }
