@@ -5,37 +5,18 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/gpuplane/gpuplane/internal/tmpfs"
+
 	"github.com/gpuplane/gpuplane/cluster/raftstore"
 	"github.com/gpuplane/gpuplane/fsm"
 	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
 )
-
-// smallDisk mounts a tmpfs of size bytes on a fresh dir and unmounts it
-// when the test ends. It skips the test without root (or without mount).
-func smallDisk(t *testing.T, size int) string {
-	t.Helper()
-	if runtime.GOOS != "linux" || os.Geteuid() != 0 {
-		t.Skip("needs root on Linux to mount a small tmpfs")
-	}
-	dir := t.TempDir()
-	if out, err := exec.Command("mount", "-t", "tmpfs", "-o", fmt.Sprintf("size=%d", size), "tmpfs", dir).CombinedOutput(); err != nil {
-		t.Skipf("mount tmpfs: %v: %s", err, out)
-	}
-	t.Cleanup(func() {
-		if out, err := exec.Command("umount", dir).CombinedOutput(); err != nil {
-			t.Errorf("umount %s: %v: %s", dir, err, out)
-		}
-	})
-	return dir
-}
 
 // fill writes a file until the disk is full and returns its path.
 func fill(t *testing.T, dir string) string {
@@ -64,7 +45,7 @@ func fill(t *testing.T, dir string) string {
 // needs no space (the node starts and serves reads); and every write it
 // acknowledged is in the log afterwards.
 func TestDiskFullRecovers(t *testing.T) {
-	disk := smallDisk(t, 2<<20)
+	disk := tmpfs.Mount(t, 2<<20, false)
 	dataDir := filepath.Join(disk, "data")
 	addr := freeAddr(t)
 	cfg := Config{NodeName: "n1", DataDir: dataDir, RaftBind: addr, Server: true, Bootstrap: true,
@@ -167,7 +148,7 @@ func TestDiskFullRecovers(t *testing.T) {
 // resume.
 func TestDiskFullServesReads(t *testing.T) {
 	const segSize = 64 << 10
-	disk := smallDisk(t, 2<<20)
+	disk := tmpfs.Mount(t, 2<<20, false)
 	cfg := Config{NodeName: "n1", DataDir: filepath.Join(disk, "data"), RaftBind: freeAddr(t), Server: true, Bootstrap: true,
 		Logger: testLogger(), logSegmentSize: segSize}
 	c, err := New(cfg)
@@ -270,7 +251,7 @@ func TestDiskFullLeaderHandsOver(t *testing.T) {
 	var peers []Peer
 	disks := make([]string, 3)
 	for i := range 3 {
-		disks[i] = smallDisk(t, 2<<20)
+		disks[i] = tmpfs.Mount(t, 2<<20, false)
 		o := nodeOpts{name: fmt.Sprintf("s%d", i+1), dir: filepath.Join(disks[i], "data"), addr: freeAddr(t), bootstrap: true, segSize: 64 << 10}
 		peers = append(peers, Peer{ID: o.name, Address: o.addr})
 		tr.opts = append(tr.opts, o)

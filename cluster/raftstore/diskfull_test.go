@@ -5,35 +5,16 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/gpuplane/gpuplane/internal/tmpfs"
+
 	"github.com/hashicorp/raft"
 )
-
-// smallDisk mounts a tmpfs of size bytes on a fresh dir and unmounts it
-// when the test ends. It skips the test without root (or without mount).
-func smallDisk(t *testing.T, size int) string {
-	t.Helper()
-	if runtime.GOOS != "linux" || os.Geteuid() != 0 {
-		t.Skip("needs root on Linux to mount a small tmpfs")
-	}
-	dir := t.TempDir()
-	if out, err := exec.Command("mount", "-t", "tmpfs", "-o", fmt.Sprintf("size=%d", size), "tmpfs", dir).CombinedOutput(); err != nil {
-		t.Skipf("mount tmpfs: %v: %s", err, out)
-	}
-	t.Cleanup(func() {
-		if out, err := exec.Command("umount", dir).CombinedOutput(); err != nil {
-			t.Errorf("umount %s: %v: %s", dir, err, out)
-		}
-	})
-	return dir
-}
 
 // filler takes a disk's free space and gives it back in measured amounts.
 type filler struct {
@@ -152,7 +133,7 @@ func checkOffline(t *testing.T, dir string, acked []uint64) {
 // more rotations, nothing acknowledged is lost.
 func TestDiskFullDuringRotation(t *testing.T) {
 	const segSize = 512 << 10
-	disk := smallDisk(t, 4<<20)
+	disk := tmpfs.Mount(t, 4<<20, false)
 	dir := filepath.Join(disk, "log")
 	var last *Store
 	t.Cleanup(func() { last.Close() }) // before the disk is unmounted

@@ -6,13 +6,13 @@ import (
 	"flag"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/gpuplane/gpuplane/internal/tmpfs"
 
 	"connectrpc.com/connect"
 
@@ -25,25 +25,6 @@ import (
 // (make disk-faults); the quick full-disk tests of cluster/raftstore and
 // cluster run in make test.
 var diskFaults = flag.Bool("e2e.disk-faults", false, "run the full-disk restart sequence with the real binary (make disk-faults)")
-
-// smallDisk mounts a tmpfs of size bytes on a fresh dir and unmounts it
-// when the test ends. It skips the test without root (or without mount).
-func smallDisk(t *testing.T, size int) string {
-	t.Helper()
-	if runtime.GOOS != "linux" || os.Geteuid() != 0 {
-		t.Skip("needs root on Linux to mount a small tmpfs")
-	}
-	dir := t.TempDir()
-	if out, err := exec.Command("mount", "-t", "tmpfs", "-o", fmt.Sprintf("size=%d", size), "tmpfs", dir).CombinedOutput(); err != nil {
-		t.Skipf("mount tmpfs: %v: %s", err, out)
-	}
-	t.Cleanup(func() {
-		if out, err := exec.Command("umount", "-l", dir).CombinedOutput(); err != nil {
-			t.Errorf("umount %s: %v: %s", dir, err, out)
-		}
-	})
-	return dir
-}
 
 // fillDisk writes a file until the disk is full and returns its path.
 func fillDisk(t *testing.T, dir string) string {
@@ -85,7 +66,7 @@ func TestFullDiskRestarts(t *testing.T) {
 		t.Skip("half a minute of restarts: run with -e2e.disk-faults (make disk-faults)")
 	}
 	requireBinary(t)
-	disk := smallDisk(t, 64<<20)
+	disk := tmpfs.Mount(t, 64<<20, true)
 	a := newAgent(t, filepath.Join(disk, "data"))
 	logDir := filepath.Join(a.dataDir, "raft", "log")
 	a.start()
