@@ -40,6 +40,12 @@ type Hashes struct {
 	// past it are all zero and need not be read before they are written
 	// (the usual case: the newest entries).
 	size int64
+	// failing counts records lost since writes began to fail (a full
+	// disk): the failure is logged once, and the recovery once, instead
+	// of once per entry applied.
+	failing int
+	// firstLost is the index of the first record lost in this outage.
+	firstLost uint64
 }
 
 type hashRecord struct {
@@ -139,8 +145,18 @@ func (h *Hashes) writeRun(run []hashRecord) {
 		}
 	}
 	if _, err := h.f.WriteAt(buf, off); err != nil {
-		h.log.Error("write entry hashes", "index", run[0].index, "err", err)
+		if h.failing == 0 {
+			h.firstLost = run[0].index
+			h.log.Error("write entry hashes; records are skipped (those entries are checked against the chain heads) until a write succeeds",
+				"index", run[0].index, "err", err)
+		}
+		h.failing += len(run)
 		return
+	}
+	if h.failing > 0 {
+		h.log.Warn("entry hashes written again", "index", run[0].index,
+			"skipped", h.failing, "firstSkipped", h.firstLost)
+		h.failing = 0
 	}
 	h.size = max(h.size, off+int64(len(buf)))
 }
