@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strconv"
 
+	"github.com/gpuplane/gpuplane/internal/cardfit"
 	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
 )
 
@@ -75,7 +76,7 @@ type planCards []planCard
 type planCard struct {
 	key         cardKey
 	accelerator string
-	load        cardLoad
+	load        cardfit.Load
 }
 
 // get returns what the plan takes from card k (replicas 0: nothing).
@@ -98,7 +99,7 @@ func (s planCards) occupy(accelerator, node string, cards []uint32, shareMilli u
 			s = append(s, planCard{key: k, accelerator: accelerator})
 			i = len(s) - 1
 		}
-		s[i].load = s[i].load.add(res, shareMilli)
+		s[i].load.Add(fitResidency(res), int32(shareMilli))
 	}
 	return s
 }
@@ -228,23 +229,23 @@ func (f *FSM) checkPlacement(p *pb.Placement, scratch planCards, placed []replic
 // shares (docs/residency.md). live is what placed replicas take from the card (nil
 // for nothing) and l their load, plan what the plan's earlier placements
 // take (no replicas for nothing).
-func fitsCard(acc *pb.StoredAccelerator, sh share, res pb.Residency, live *cardUse, l cardLoad, plan planCard) error {
+func fitsCard(acc *pb.StoredAccelerator, sh share, res pb.Residency, live *cardUse, l cardfit.Load, plan planCard) error {
 	if live != nil && live.accelerator != acc.Name {
 		return fmt.Errorf("bound to accelerator %q", live.accelerator)
 	}
-	if plan.load.replicas > 0 {
+	if plan.load.Replicas > 0 {
 		if plan.accelerator != acc.Name {
 			return fmt.Errorf("bound to accelerator %q", plan.accelerator)
 		}
-		l = l.merge(plan.load)
+		l = l.Merge(plan.load)
 	}
 	if acc.Spec.Tenancy != pb.Tenancy_TENANCY_SHARED {
-		if l.replicas > 0 {
+		if l.Replicas > 0 {
 			return fmt.Errorf("already holds a dedicated replica")
 		}
 		return nil
 	}
-	return l.fits(res, sh.milli, acc.Spec.MaxModels)
+	return fits(l, res, sh.milli, acc.Spec.MaxModels)
 }
 
 func (f *FSM) unplaceReplica(c *pb.UnplaceReplica, dry bool) *pb.Result {

@@ -5,6 +5,7 @@ import (
 	"strings"
 	"unicode"
 
+	"github.com/gpuplane/gpuplane/internal/cardfit"
 	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
 )
 
@@ -140,69 +141,38 @@ func checkResidencyTenancy(v *violations, spec *pb.ModelSpec, accName string, ac
 	}
 }
 
-// cardLoad is what one card holds, as rule 11 counts it: replicas
-// (maxModels), reserved shares (pinned and warm), pinned shares alone, and
-// the largest onDemand share.
-type cardLoad struct {
-	replicas int
-	reserved uint32
-	pinned   uint32
-	odMax    uint32
-}
-
-// add is a card's load with one more share of residency r.
-func (l cardLoad) add(r pb.Residency, milli uint32) cardLoad {
-	l.replicas++
+// fitResidency is r in the card-fit rule's words (unspecified reads as
+// pinned).
+func fitResidency(r pb.Residency) cardfit.Residency {
 	switch r {
 	case pb.Residency_RESIDENCY_ON_DEMAND:
-		l.odMax = max(l.odMax, milli)
+		return cardfit.OnDemand
 	case pb.Residency_RESIDENCY_WARM:
-		l.reserved += milli
-	default:
-		l.reserved += milli
-		l.pinned += milli
+		return cardfit.Warm
 	}
-	return l
+	return cardfit.Pinned
 }
 
-// merge is the load of two sets of replicas on one card.
-func (l cardLoad) merge(o cardLoad) cardLoad {
-	return cardLoad{replicas: l.replicas + o.replicas, reserved: l.reserved + o.reserved,
-		pinned: l.pinned + o.pinned, odMax: max(l.odMax, o.odMax)}
-}
-
-// fits is rule 11 (docs/residency.md) for one more share of residency r on a card of
-// a shared accelerator holding l: at most maxModels replicas, reserved shares
-// ≤ 100 %, every onDemand share within the card minus the pinned shares.
-func (l cardLoad) fits(r pb.Residency, milli, maxModels uint32) error {
-	switch {
-	case uint32(l.replicas) >= maxModels:
-		return fmt.Errorf("already holds %d of %d models", l.replicas, maxModels)
-	case r == pb.Residency_RESIDENCY_ON_DEMAND:
-		if milli+l.pinned > 1000 {
-			return fmt.Errorf("has %d%% not pinned, onDemand replica needs %d%%", (1000-l.pinned)/10, milli/10)
-		}
-	case l.reserved+milli > 1000:
-		return fmt.Errorf("has %d%% free, replica needs %d%%", (1000-l.reserved)/10, milli/10)
-	case r == pb.Residency_RESIDENCY_PINNED && l.pinned+milli+l.odMax > 1000:
-		return fmt.Errorf("pinning %d%% would leave %d%% for an onDemand replica there that needs %d%%", milli/10, (1000-l.pinned-milli)/10, l.odMax/10)
-	}
-	return nil
+// fits is rule 11 (docs/residency.md) for one more share of residency r on
+// a card of a shared accelerator holding l: nil or the rule it breaks. The
+// scheduler chooses cards by the same rule (internal/cardfit).
+func fits(l cardfit.Load, r pb.Residency, milli, maxModels uint32) error {
+	return l.Why(fitResidency(r), int32(milli), int32(maxModels))
 }
 
 // load is what the placed replicas take from card k, by their deployments'
 // residency.
-func (f *FSM) load(k cardKey) cardLoad {
+func (f *FSM) load(k cardKey) cardfit.Load {
 	u := f.cards[k]
 	if u == nil {
-		return cardLoad{}
+		return cardfit.Load{}
 	}
-	l := cardLoad{replicas: len(u.replicas), reserved: u.shareMilli, pinned: u.pinnedMilli}
+	l := cardfit.Load{Replicas: int32(len(u.replicas)), Reserved: int32(u.shareMilli), Pinned: int32(u.pinnedMilli)}
 	if u.onDemand > 0 {
 		for _, rk := range u.replicas {
 			r := f.replicas[rk]
 			if r != nil && residencyOf(f.models[r.Model].GetSpec()) == pb.Residency_RESIDENCY_ON_DEMAND {
-				l.odMax = max(l.odMax, r.ShareMilli)
+				l.OnDemandMax = max(l.OnDemandMax, int32(r.ShareMilli))
 			}
 		}
 	}
@@ -245,7 +215,7 @@ func (f *FSM) refits(r *pb.Replica, res pb.Residency) error {
 		return nil // dedicated replicas are pinned: nothing changes
 	}
 	for _, idx := range r.Cards {
-		if err := f.load(cardKey{r.Node, idx}).fits(res, r.ShareMilli, acc.Spec.MaxModels); err != nil {
+		if err := fits(f.load(cardKey{r.Node, idx}), res, r.ShareMilli, acc.Spec.MaxModels); err != nil {
 			return fmt.Errorf("card %s/%d %w", r.Node, idx, err)
 		}
 	}

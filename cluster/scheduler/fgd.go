@@ -241,11 +241,10 @@ type fragCache struct {
 // unreserved capacity, unless the group's shares fit there (docs/residency.md's
 // rules for the group's residency).
 func (g *wgroup) contribShared(c *cardState) int64 {
-	if (c.acc < 0 || c.acc == g.acc) && (g.maxMM == 0 || c.count < g.maxMM) &&
-		c.room(g.res) >= g.milli && g.kinds.has(c.kind) {
+	if (c.acc < 0 || c.acc == g.acc) && c.Fits(g.res, g.milli, g.maxMM) && g.kinds.has(c.kind) {
 		return 0
 	}
-	return int64(FullCard - c.used)
+	return int64(FullCard - c.Reserved)
 }
 
 func (g *wgroup) wholeFree(kind int32, count int32) bool {
@@ -282,7 +281,7 @@ func (s *State) nodeStats(ni int32) *fragCache {
 		if !c.healthy {
 			continue
 		}
-		free := int64(FullCard - c.used)
+		free := int64(FullCard - c.Reserved)
 		fc.tot += free
 		for j, gi := range fc.rel {
 			g := &s.wl.groups[gi]
@@ -290,7 +289,7 @@ func (s *State) nodeStats(ni int32) *fragCache {
 			case modeShared:
 				fc.fok[j] += g.contribShared(c)
 			case modeWhole:
-				if g.wholeFree(c.kind, c.count) {
+				if g.wholeFree(c.kind, c.Replicas) {
 					fc.e[j]++
 				} else {
 					fc.nef[j] += free
@@ -394,7 +393,7 @@ func (ev *evaluator) fragDeltas(cards []int32, wa, wb int) (da, db int64) {
 	for _, ci := range cards {
 		c := s.cards[ci]
 		c.acc = q.acc
-		c.take(q.res, q.milli)
+		c.Add(q.res, q.milli)
 		cs = append(cs, c)
 	}
 	s.scratch.after = cs
@@ -425,12 +424,12 @@ func (ev *evaluator) fragDeltas(cards []int32, wa, wb int) (da, db int64) {
 			e, nef := fc.e[j], fc.nef[j]
 			for _, ci := range cards {
 				c := &s.cards[ci]
-				if g.wholeFree(c.kind, c.count) {
+				if g.wholeFree(c.kind, c.Replicas) {
 					e--
 				} else {
-					nef -= int64(FullCard - c.used)
+					nef -= int64(FullCard - c.Reserved)
 				}
-				nef += int64(FullCard - c.used - q.reserve) // never whole free after
+				nef += int64(FullCard - c.Reserved - q.reserve) // never whole free after
 			}
 			if e >= g.k {
 				fok = nef

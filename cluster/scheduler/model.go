@@ -3,12 +3,14 @@ package scheduler
 import (
 	"fmt"
 	"strings"
+
+	"github.com/gpuplane/gpuplane/internal/cardfit"
 )
 
 // FullCard is a whole card in milli-cards: shares are counted in 1/1000 of a
 // card, so the openb trace's gpu_milli maps directly and memoryPercent 45 is
 // 450.
-const FullCard = 1000
+const FullCard = cardfit.Full
 
 // Tenancy says how an accelerator's replicas use cards.
 type Tenancy int
@@ -50,33 +52,20 @@ func (a Accelerator) cardsPerReplica() int {
 	return a.DevicesPerReplica
 }
 
-// Residency says how a replica holds its share of a card (docs/residency.md).
-type Residency uint8
+// Residency says how a replica holds its share of a card (docs/residency.md):
+// the card-fit rule's own type, so that the scheduler and the state machine
+// count a share alike.
+type Residency = cardfit.Residency
 
 const (
 	// Pinned (the zero value) reserves the share; it is never unloaded.
-	Pinned Residency = iota
+	Pinned = cardfit.Pinned
 	// Warm reserves the share, which it may lend while it sleeps.
-	Warm
-	// OnDemand reserves nothing: the replica is assigned to the card (it
-	// counts against maxModels) and loaded on demand into memory nobody
-	// pinned, so its share must fit in the card minus the pinned shares.
-	OnDemand
+	Warm = cardfit.Warm
+	// OnDemand reserves nothing; its share must fit in the card minus the
+	// pinned shares.
+	OnDemand = cardfit.OnDemand
 )
-
-// String returns the descriptor spelling: pinned, warm or onDemand.
-func (r Residency) String() string {
-	switch r {
-	case Warm:
-		return "warm"
-	case OnDemand:
-		return "onDemand"
-	}
-	return "pinned"
-}
-
-// reserves says whether a share of this residency is reserved.
-func (r Residency) reserves() bool { return r != OnDemand }
 
 // Share is one replica's share of one card: reserved, or assigned for an
 // onDemand replica.
@@ -110,7 +99,7 @@ type Card struct {
 func (c Card) Used() int {
 	u := 0
 	for _, s := range c.Shares {
-		if s.Residency.reserves() {
+		if s.Residency.Reserves() {
 			u += s.Milli
 		}
 	}

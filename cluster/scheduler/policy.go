@@ -123,7 +123,7 @@ func (ev *evaluator) cardLeft(cards []int32) int64 {
 	if ev.q.mode != modeShared || len(cards) == 0 {
 		return 0
 	}
-	return int64(FullCard - ev.s.cards[cards[0]].used - ev.q.reserve)
+	return int64(FullCard - ev.s.cards[cards[0]].Reserved - ev.q.reserve)
 }
 
 // cardDep counts replicas of the request's deployment on the cards.
@@ -175,10 +175,10 @@ func (ev *evaluator) scoreOnDemand(ci int32) score {
 	if c.acc < 0 {
 		binds = 1
 	}
-	room := int64(c.room(OnDemand))
+	room := int64(c.Room(OnDemand))
 	dep := int64(ev.nodeDep)*FullCard + ev.cardDep([]int32{ci})
 	if ev.pol == implSpread {
-		return score{int64(ev.nodeDep), ev.cardDep([]int32{ci}), int64(c.count), -room}
+		return score{int64(ev.nodeDep), ev.cardDep([]int32{ci}), int64(c.Replicas), -room}
 	}
 	return score{binds, -room, dep, 0}
 }

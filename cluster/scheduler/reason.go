@@ -68,15 +68,15 @@ func (s *State) reason(q *request) string {
 				unhealthy++
 			case c.acc >= 0 && c.acc != q.acc:
 				bound[c.acc]++
-			case q.mode == modeWhole && c.count > 0:
+			case q.mode == modeWhole && c.Replicas > 0:
 				held++
 			case q.mode == modeWhole:
 				wholeFree++
-			case q.maxMM > 0 && c.count >= q.maxMM:
+			case q.maxMM > 0 && c.Replicas >= q.maxMM:
 				atMax++
-			case q.milli > c.room(q.res):
+			case q.milli > c.Room(q.res):
 				lowFree++
-				maxLow = max(maxLow, int(c.room(q.res)))
+				maxLow = max(maxLow, int(c.Room(q.res)))
 			}
 		}
 		if q.mode == modeWhole && wholeFree > 0 && wholeFree < q.k {

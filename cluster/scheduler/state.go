@@ -3,6 +3,8 @@ package scheduler
 import (
 	"fmt"
 	"sort"
+
+	"github.com/gpuplane/gpuplane/internal/cardfit"
 )
 
 // State is the scheduler's working copy of the cluster. Place and Plan
@@ -54,40 +56,11 @@ type cardState struct {
 	healthy bool
 	memMiB  int64
 	acc     int32 // bound accelerator, -1 when unbound
-	used    int32 // milli reserved (pinned and warm shares)
-	pinned  int32 // milli of pinned shares
-	odMax   int32 // largest onDemand share
-	count   int32 // replicas
 	shares  []Share
-}
 
-// take records a share on the card.
-func (c *cardState) take(r Residency, milli int32) {
-	c.count++
-	switch r {
-	case OnDemand:
-		c.odMax = max(c.odMax, milli)
-	case Pinned:
-		c.pinned += milli
-		c.used += milli
-	default:
-		c.used += milli
-	}
-}
-
-// room is the largest share of residency r the card can take by the
-// reservation rules of docs/residency.md (maxModels and binding aside): reserved
-// shares stay within the card, an onDemand share within the card minus the
-// pinned shares, and a pinned share leaves the largest onDemand share that
-// room.
-func (c *cardState) room(r Residency) int32 {
-	switch r {
-	case OnDemand:
-		return FullCard - c.pinned
-	case Pinned:
-		return min(FullCard-c.used, FullCard-c.pinned-c.odMax)
-	}
-	return FullCard - c.used
+	// Load is what the card holds, by the card-fit rule the state machine
+	// checks placements with (docs/residency.md).
+	cardfit.Load
 }
 
 type nodeState struct {
@@ -235,7 +208,7 @@ func NewState(nodes []Node, accelerators []Accelerator) (*State, error) {
 				cs.acc = s.accIdx[c.Accelerator] // known: Check passed
 			}
 			for _, sh := range c.Shares {
-				cs.take(sh.Residency, int32(sh.Milli))
+				cs.Add(sh.Residency, int32(sh.Milli))
 				p := s.replicas[sh.Replica]
 				if p == nil {
 					p = &placement{node: ni, milli: int32(sh.Milli), res: sh.Residency, acc: cs.acc, deployment: sh.Deployment}
@@ -247,10 +220,10 @@ func NewState(nodes []Node, accelerators []Accelerator) (*State, error) {
 				p.cards = append(p.cards, ci)
 			}
 			s.gpuCap += FullCard
-			s.gpuUsed += int64(cs.used)
+			s.gpuUsed += int64(cs.Reserved)
 			if cs.healthy {
 				ns.gpuCap += FullCard
-				ns.gpuUsed += int64(cs.used)
+				ns.gpuUsed += int64(cs.Reserved)
 			}
 			s.cards = append(s.cards, cs)
 		}
@@ -381,11 +354,11 @@ func (s *State) Remove(replica string) bool {
 		}
 		// Recount from the shares: the largest onDemand share cannot be
 		// undone by subtraction.
-		c.used, c.pinned, c.odMax, c.count = 0, 0, 0, 0
+		c.Load = cardfit.Load{}
 		for _, sh := range c.shares {
-			c.take(sh.Residency, int32(sh.Milli))
+			c.Add(sh.Residency, int32(sh.Milli))
 		}
-		if c.count == 0 {
+		if c.Replicas == 0 {
 			c.acc = -1
 		}
 		reserve := p.reserve()
@@ -404,7 +377,7 @@ func (s *State) Remove(replica string) bool {
 
 // reserve is the milli-cards a placement reserves on each of its cards.
 func (p *placement) reserve() int64 {
-	if p.res.reserves() {
+	if p.res.Reserves() {
 		return int64(p.milli)
 	}
 	return 0
@@ -478,7 +451,7 @@ func (s *State) resolveDemand(r *Request) (request, string) {
 		q.mode, q.milli, q.k = modeWhole, FullCard, a.spec.cardsPerReplica()
 	}
 	q.reserve = q.milli
-	if !q.res.reserves() {
+	if !q.res.Reserves() {
 		q.reserve = 0
 	}
 	q.kinds = s.kindsFor(a.kind, r.Devices)
@@ -516,7 +489,7 @@ func (s *State) shapeOf(acc int32, milli int, res Residency) request {
 		q.mode, q.milli, q.k = modeWhole, FullCard, a.spec.cardsPerReplica()
 	}
 	q.reserve = q.milli
-	if !q.res.reserves() {
+	if !q.res.Reserves() {
 		q.reserve = 0
 	}
 	return q
@@ -547,13 +520,12 @@ func (n *nodeState) hostFits(cpu, mem int64) bool {
 func (c *cardState) fitsShared(q *request) bool {
 	return c.healthy && q.kinds.has(c.kind) &&
 		(c.acc < 0 || c.acc == q.acc) &&
-		(q.maxMM == 0 || c.count < q.maxMM) &&
-		q.milli <= c.room(q.res)
+		c.Fits(q.res, q.milli, q.maxMM)
 }
 
 // freeWhole reports whether a card is a whole free card for the request.
 func (c *cardState) freeWhole(q *request) bool {
-	return c.healthy && q.kinds.has(c.kind) && c.count == 0
+	return c.healthy && q.kinds.has(c.kind) && c.Replicas == 0
 }
 
 type cardSig struct{ kind, acc, used, pinned, odMax, count int32 }
@@ -645,7 +617,7 @@ func (s *State) evalNode(q *request, ni int32, pol policyImpl, dn map[int32]int3
 			if ev.nodeDep == 0 {
 				// A card just like one already scored scores the same
 				// and loses the tie to it.
-				sig := cardSig{c.kind, c.acc, c.used, c.pinned, c.odMax, c.count}
+				sig := cardSig{c.kind, c.acc, c.Reserved, c.Pinned, c.OnDemandMax, c.Replicas}
 				for _, o := range sc.seen {
 					if o == sig {
 						continue cards
@@ -696,7 +668,7 @@ func (s *State) commit(q *request, ni int32, cards []int32) Decision {
 		for i, ci := range cards {
 			c := &s.cards[ci]
 			c.acc = q.acc
-			c.take(q.res, q.milli)
+			c.Add(q.res, q.milli)
 			c.shares = append(c.shares, Share{Replica: q.Replica, Deployment: q.Deployment,
 				Accelerator: q.Accelerator, Milli: int(q.milli), Residency: q.res})
 			s.gpuUsed += int64(q.reserve)

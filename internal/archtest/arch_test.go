@@ -163,6 +163,8 @@ func TestRulesCatchWrongWayImports(t *testing.T) {
 		{"node/residency", "internal/class"},
 		{"node/inventory", "internal/catalog"},
 		{"fsm", "internal/catalog"},
+		{"fsm", "internal/cardfit"},
+		{"cluster/scheduler", "internal/cardfit"},
 		{"cmd/gpuplane/agent", "rpc"},
 	} {
 		if v := violations(map[string][]string{arrow[0]: {arrow[1]}}); len(v) != 0 {
