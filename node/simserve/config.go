@@ -8,8 +8,7 @@ import (
 	"strings"
 	"time"
 
-	"sigs.k8s.io/yaml"
-
+	"github.com/gpuplane/gpuplane/internal/strictyaml"
 	"github.com/gpuplane/gpuplane/node/gateway/queue"
 	"github.com/gpuplane/gpuplane/node/residency"
 )
@@ -222,8 +221,8 @@ func ParseConfig(path string, b []byte) (*Config, error) {
 		}
 		return fmt.Errorf("config %s: %w", path, err)
 	}
-	if err := yaml.UnmarshalStrict(b, &c); err != nil {
-		return nil, at(err)
+	if err := strictyaml.Unmarshal(b, &c, true); err != nil {
+		return nil, fmt.Errorf("config %s: %w", path, err) // it names the line
 	}
 	c.path = path
 	if err := c.validate(); err != nil {

@@ -7,15 +7,15 @@ import (
 	yaml "go.yaml.in/yaml/v3"
 )
 
-// Config errors name the field by its path (models[3] (vision).peakGiB);
-// lineOf finds the line that field is on, so an error also names the line.
+// A config's checks name a field by its path (models[3] (vision).peakGiB);
+// lineOf finds the line that field is on, so the error also names the line.
+// (Errors of the strict read name their lines themselves.)
 
 var (
 	// fieldPath is the path an error message starts with: a top-level key,
 	// an optional [index] and (name), then .keys.
-	fieldPath    = regexp.MustCompile(`^([A-Za-z]+)(?:\[(\d+)\])?(?: \([^)]*\))?((?:\.[A-Za-z]+)*)`)
-	unknownField = regexp.MustCompile(`unknown field "([^"]+)"`)
-	dotKey       = regexp.MustCompile(`\.([A-Za-z]+)`)
+	fieldPath = regexp.MustCompile(`^([A-Za-z]+)(?:\[(\d+)\])?(?: \([^)]*\))?((?:\.[A-Za-z]+)*)`)
+	dotKey    = regexp.MustCompile(`\.([A-Za-z]+)`)
 )
 
 // lineOf returns the 1-based line of the field an error about config b
@@ -26,12 +26,6 @@ func lineOf(b []byte, msg string) int {
 		return 0
 	}
 	root := doc.Content[0]
-	if m := unknownField.FindStringSubmatch(msg); m != nil {
-		if n := findKey(root, m[1]); n != nil {
-			return n.Line
-		}
-		return 0
-	}
 	m := fieldPath.FindStringSubmatch(msg)
 	if m == nil {
 		return 0
@@ -68,21 +62,4 @@ func mapKey(n *yaml.Node, key string) (k, v *yaml.Node) {
 		}
 	}
 	return nil, nil
-}
-
-// findKey finds the first mapping key named key anywhere under n.
-func findKey(n *yaml.Node, key string) *yaml.Node {
-	if n.Kind == yaml.MappingNode {
-		for i := 0; i+1 < len(n.Content); i += 2 {
-			if n.Content[i].Value == key {
-				return n.Content[i]
-			}
-		}
-	}
-	for _, c := range n.Content {
-		if f := findKey(c, key); f != nil {
-			return f
-		}
-	}
-	return nil
 }
