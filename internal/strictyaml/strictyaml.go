@@ -436,8 +436,9 @@ func Unmarshal(data []byte, v any, listKnown bool) error {
 }
 
 // Documents calls f with each document of a multi-document stream (1-based
-// n, the document's node; empty documents skipped) and stops at the first
-// syntax error, which it returns with the document's number.
+// n and the document's root; empty documents skipped). It stops at the
+// first syntax error, which it returns with the number of the document it
+// is in.
 func Documents(r io.Reader, f func(n int, doc *yaml.Node)) (int, error) {
 	dec := yaml.NewDecoder(r)
 	for n := 1; ; n++ {

@@ -332,7 +332,7 @@ func TestYAMLIsStrict(t *testing.T) {
 
 // TestYAMLErrorsSpeakYAML checks that a malformed file is reported with its
 // line and the field's path in the file, never as the JSON decoding that
-// sigs.k8s.io/yaml does underneath.
+// applies the json tags underneath.
 func TestYAMLErrorsSpeakYAML(t *testing.T) {
 	for _, tc := range []struct{ nodes, work, want string }{
 		{nodes: "nodes:\n- name: a\n  count: two\n  cards: {l4: 1}\n", want: `n.yaml: line 3: nodes[0].count: must be an integer, got "two"`},

@@ -9,7 +9,7 @@ import (
 	"strings"
 	"text/tabwriter"
 
-	yaml "go.yaml.in/yaml/v2"
+	yaml "go.yaml.in/yaml/v3"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 )
@@ -120,17 +120,41 @@ func (g *globals) writeJSON(compact []byte) error {
 // order (a descriptor reads resource, resourceVersion, metadata, spec,
 // status, as it is written), which a conversion through Go maps would sort.
 func jsonToYAML(j []byte) ([]byte, error) {
-	// JSON is YAML; decoding into a MapSlice keeps the order of every
-	// mapping below it too. The wrapper lets a list or a scalar through.
-	var wrapped yaml.MapSlice
-	if err := yaml.Unmarshal(append(append([]byte(`{"v": `), j...), '}'), &wrapped); err != nil {
+	// JSON is YAML: its node tree keeps the order of every mapping. The
+	// JSON spelling (quotes, braces) is dropped for YAML's plain style.
+	var doc yaml.Node
+	if err := yaml.Unmarshal(j, &doc); err != nil {
 		return nil, err
 	}
-	if len(wrapped) != 1 {
-		return nil, fmt.Errorf("unexpected YAML conversion of %d values", len(wrapped))
+	plain(&doc)
+	var b bytes.Buffer
+	enc := yaml.NewEncoder(&b)
+	enc.SetIndent(2)
+	enc.CompactSeqIndent() // lists under a key start at the key's column
+	if err := enc.Encode(&doc); err != nil {
+		return nil, err
 	}
-	return yaml.Marshal(wrapped[0].Value)
+	if err := enc.Close(); err != nil {
+		return nil, err
+	}
+	return b.Bytes(), nil
 }
+
+// plain resets the style of n and the nodes under it, so the encoder picks
+// YAML's own (it quotes a string only where it would read otherwise). The
+// words YAML 1.1 reads as booleans stay quoted, for the readers that still
+// speak it.
+func plain(n *yaml.Node) {
+	n.Style = 0
+	if n.Kind == yaml.ScalarNode && n.Tag == "!!str" && yaml11Bool[strings.ToLower(n.Value)] {
+		n.Style = yaml.DoubleQuotedStyle
+	}
+	for _, c := range n.Content {
+		plain(c)
+	}
+}
+
+var yaml11Bool = map[string]bool{"y": true, "yes": true, "n": true, "no": true, "on": true, "off": true}
 
 // marshalJSON is the API's JSON form of a message (protojson): camelCase
 // names, every field present (zero values included). Only archives use it

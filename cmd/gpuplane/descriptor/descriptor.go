@@ -2,14 +2,13 @@ package descriptor
 
 import (
 	"bytes"
-	"errors"
 	"fmt"
-	"io"
 	"reflect"
 	"strings"
 
-	yaml "go.yaml.in/yaml/v2"
-	sigsyaml "sigs.k8s.io/yaml"
+	yaml "go.yaml.in/yaml/v3"
+
+	"github.com/gpuplane/gpuplane/internal/strictyaml"
 )
 
 // Kind is a resource kind as written in a document's `resource` field.
@@ -168,36 +167,17 @@ type parser struct {
 }
 
 func (p *parser) parse(data []byte) {
-	dec := yaml.NewDecoder(bytes.NewReader(data))
-	dec.SetStrict(true) // duplicate keys are errors
-	for n := 1; ; n++ {
-		var doc rawDocument
-		err := dec.Decode(&doc)
-		if errors.Is(err, io.EOF) {
-			break
-		}
-		var typeErr *yaml.TypeError
-		if errors.As(err, &typeErr) {
-			// The document was read to its end, so the next one can still
-			// be decoded.
-			for _, msg := range typeErr.Errors {
-				p.problems = append(p.problems, Problem{Document: n, Description: msg})
-			}
-			continue
-		}
-		if err != nil {
-			// A syntax error leaves the decoder unusable: stop here.
-			p.problems = append(p.problems, Problem{Document: n, Description: err.Error()})
-			break
-		}
-		switch {
-		case doc.notMapping != "":
+	n, err := strictyaml.Documents(bytes.NewReader(data), func(n int, doc *yaml.Node) {
+		if doc.Kind != yaml.MappingNode {
 			p.problems = append(p.problems, Problem{Document: n,
-				Description: "must be a mapping with resource, resourceVersion, metadata and spec, got " + doc.notMapping})
-		case len(doc.tree) > 0:
-			p.document(n, doc.tree)
+				Description: "must be a mapping with resource, resourceVersion, metadata and spec, got " + strictyaml.Describe(doc)})
+			return
 		}
-		// Otherwise the document is empty, e.g. after a trailing "---".
+		p.document(n, doc)
+	})
+	if err != nil {
+		// A syntax error leaves the decoder unusable: it stops there.
+		p.problems = append(p.problems, Problem{Document: n, Description: err.Error()})
 	}
 	if len(p.resources) == 0 && len(p.problems) == 0 {
 		p.problems = append(p.problems, Problem{Description: "no resources found"})
@@ -205,36 +185,10 @@ func (p *parser) parse(data []byte) {
 	p.checkFile()
 }
 
-// rawDocument is one YAML document decoded with its keys in file order.
-type rawDocument struct {
-	tree yaml.MapSlice
-	// notMapping describes the document when it is not a mapping.
-	notMapping string
-}
-
-func (d *rawDocument) UnmarshalYAML(unmarshal func(any) error) error {
-	// Decoding into a plain map first has the strict decoder reject
-	// duplicate keys, which it does not check for MapSlice; it also tells a
-	// mapping from a list, which MapSlice would accept element by element.
-	var generic any
-	if err := unmarshal(&generic); err != nil {
-		return err
-	}
-	switch generic.(type) {
-	case nil:
-		return nil
-	case map[any]any:
-		return unmarshal(&d.tree)
-	default:
-		d.notMapping = describe(generic)
-		return nil
-	}
-}
-
 // document checks one document and, when it is usable, adds its resource.
-func (p *parser) document(n int, doc yaml.MapSlice) {
-	kind, _ := lookup(doc, "resource").(string)
-	name, _ := lookup(lookup(doc, "metadata"), "name").(string)
+func (p *parser) document(n int, doc *yaml.Node) {
+	kind := text(lookup(doc, "resource"))
+	name := text(lookup(lookup(doc, "metadata"), "name"))
 	ref := ""
 	switch Kind(kind) {
 	case KindAccelerator, KindModelDeployment:
@@ -263,10 +217,10 @@ func (p *parser) document(n int, doc yaml.MapSlice) {
 	default:
 		target = &unknownDocument{}
 	}
-	w := &walker{}
-	pruned, _ := w.walk("", doc, reflect.TypeOf(target).Elem())
-	for _, e := range w.errs {
-		report(e.field, "%s", e.description)
+	w := &strictyaml.Walker{}
+	pruned := w.Walk(doc, reflect.TypeOf(target).Elem(), "")
+	for _, e := range w.Problems {
+		report(e.Field, "%s", e.Description)
 	}
 	// The pruned tree holds only values the walk accepted, so converting it
 	// cannot fail unless the schema and the walker disagree.
@@ -278,7 +232,7 @@ func (p *parser) document(n int, doc yaml.MapSlice) {
 	// check reports a semantic problem unless the field already has a
 	// structural one, which would make the second report noise.
 	check := func(field, format string, args ...any) {
-		if !w.failedAt(field) {
+		if !w.FailedAt(field) {
 			report(field, format, args...)
 		}
 	}
@@ -315,7 +269,7 @@ func (p *parser) document(n int, doc yaml.MapSlice) {
 			check("spec", "required")
 			return
 		}
-		for _, v := range d.Spec.check(w.failedAt) {
+		for _, v := range d.Spec.check(w.FailedAt) {
 			check(v.Field, "%s", v.Description)
 		}
 		r.Accelerator = d.Spec
@@ -324,7 +278,7 @@ func (p *parser) document(n int, doc yaml.MapSlice) {
 			check("spec", "required")
 			return
 		}
-		for _, v := range d.Spec.check(w.failedAt) {
+		for _, v := range d.Spec.check(w.FailedAt) {
 			check(v.Field, "%s", v.Description)
 		}
 		if d.Spec.ServedModelName == "" {
@@ -375,23 +329,29 @@ func (p *parser) checkFile() {
 	}
 }
 
-// lookup returns the value of key in a mapping, or nil.
-func lookup(v any, key string) any {
-	m, _ := v.(yaml.MapSlice)
-	for _, item := range m {
-		if k, ok := item.Key.(string); ok && k == key {
-			return item.Value
+// lookup returns the value of key in a mapping node, or nil.
+func lookup(n *yaml.Node, key string) *yaml.Node {
+	if n == nil || n.Kind != yaml.MappingNode {
+		return nil
+	}
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		if n.Content[i].Value == key {
+			return n.Content[i+1]
 		}
 	}
 	return nil
 }
 
-// convert turns a walked tree into the typed document with sigs.k8s.io/yaml,
-// which applies the json tags the walk checked against.
-func convert(tree, target any) error {
-	b, err := yaml.Marshal(tree)
-	if err != nil {
-		return err
+// text is a string scalar's text, or "".
+func text(n *yaml.Node) string {
+	if n == nil || n.Kind != yaml.ScalarNode || n.Tag != "!!str" {
+		return ""
 	}
-	return sigsyaml.UnmarshalStrict(b, target)
+	return n.Value
+}
+
+// convert turns a walked tree into the typed document: encoding/json applies
+// the json tags the walk checked against.
+func convert(tree *yaml.Node, target any) error {
+	return strictyaml.Decode(tree, target)
 }

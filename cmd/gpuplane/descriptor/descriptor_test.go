@@ -276,7 +276,7 @@ spec:
 		{
 			name: "duplicate key",
 			file: accel("a", "device: l4", "device: h100"),
-			want: []string{`document 1: line 7: key "device" already set in map`},
+			want: []string{`document 1 (accelerator/a): spec.device: set twice, at lines 6 and 7`},
 		},
 		{
 			name: "empty file",

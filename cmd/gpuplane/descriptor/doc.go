@@ -1,12 +1,14 @@
 // Package descriptor parses gpuplane resource descriptors: the multi-document
 // YAML files that `gpuplane apply`, `validate` and `delete -f` read (docs/descriptors.md).
 //
-// Parsing is strict and exhaustive. Every document is decoded into a generic
-// tree first and walked against the typed Go structs' json tags, so an unknown
-// field or a value of the wrong type is reported with its full path
+// Parsing is strict and exhaustive. Every document is read into a YAML node
+// tree first and walked against the typed Go structs' json tags
+// (internal/strictyaml, the walker `simulate` and `simulate serve` configs
+// share), so an unknown field, a key set twice or a value of the wrong type
+// is reported with its full path
 // (`spec.engine.memoryPercent: must be an integer, got "45%"`), and every
-// problem in the file is reported, not only the first. The walked tree is then
-// converted into the typed structs with sigs.k8s.io/yaml and checked against
+// problem in the file is reported, not only the first. What passed is then
+// decoded into the typed structs (encoding/json applies the tags) and checked against
 // the rules that need nothing but the file itself (docs/descriptors.md rules 1, 3, 4, 8, 9
 // and 10 where the file names the accelerator).
 //

@@ -22,8 +22,8 @@ func ParseDuration(s string) (Duration, error) {
 	return Duration{d}, nil
 }
 
-// checkScalar accepts a string duration only: a bare number has no unit.
-func (*Duration) checkScalar(v any) string {
+// CheckYAMLScalar (strictyaml.Scalar) accepts a string duration only: a bare number has no unit.
+func (*Duration) CheckYAMLScalar(v any) string {
 	s, ok := v.(string)
 	if !ok {
 		return fmt.Sprintf("must be a duration such as 90s, 10m or 1h30m, got %s", describe(v))

@@ -88,8 +88,8 @@ func (q Quantity) String() string {
 	return fmt.Sprintf("%dMi", q.MiB)
 }
 
-// checkScalar accepts a string quantity or a plain integer number of bytes.
-func (*Quantity) checkScalar(v any) string {
+// CheckYAMLScalar (strictyaml.Scalar) accepts a string quantity or a plain integer number of bytes.
+func (*Quantity) CheckYAMLScalar(v any) string {
 	var err error
 	switch v := v.(type) {
 	case string:
@@ -168,8 +168,8 @@ func ParseCPU(s string) (CPU, error) {
 // String formats c in millicores: "500m".
 func (c CPU) String() string { return fmt.Sprintf("%dm", c.Milli) }
 
-// checkScalar accepts a string, an integer or a decimal number of cores.
-func (*CPU) checkScalar(v any) string {
+// CheckYAMLScalar (strictyaml.Scalar) accepts a string, an integer or a decimal number of cores.
+func (*CPU) CheckYAMLScalar(v any) string {
 	var err error
 	switch v := v.(type) {
 	case string:
