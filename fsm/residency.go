@@ -6,6 +6,7 @@ import (
 	"unicode"
 
 	"github.com/gpuplane/gpuplane/internal/cardfit"
+	"github.com/gpuplane/gpuplane/internal/class"
 	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
 )
 
@@ -30,15 +31,10 @@ func reserves(r pb.Residency) bool { return r != pb.Residency_RESIDENCY_ON_DEMAN
 // ResidencyName is the descriptor spelling of a residency: pinned, warm or
 // onDemand (unspecified reads as pinned).
 func ResidencyName(r pb.Residency) string {
-	switch r {
-	case pb.Residency_RESIDENCY_UNSPECIFIED, pb.Residency_RESIDENCY_PINNED:
-		return "pinned"
-	case pb.Residency_RESIDENCY_WARM:
-		return "warm"
-	case pb.Residency_RESIDENCY_ON_DEMAND:
-		return "onDemand"
+	if r < pb.Residency_RESIDENCY_UNSPECIFIED || r > pb.Residency_RESIDENCY_ON_DEMAND {
+		return fmt.Sprintf("unknown(%d)", int32(r))
 	}
-	return fmt.Sprintf("unknown(%d)", int32(r))
+	return fitResidency(r).String()
 }
 
 // PriorityName is the descriptor spelling of a priority: interactive,
@@ -46,11 +42,11 @@ func ResidencyName(r pb.Residency) string {
 func PriorityName(p pb.Priority) string {
 	switch p {
 	case pb.Priority_PRIORITY_INTERACTIVE:
-		return "interactive"
+		return class.Interactive.String()
 	case pb.Priority_PRIORITY_UNSPECIFIED, pb.Priority_PRIORITY_STANDARD:
-		return "standard"
+		return class.Standard.String()
 	case pb.Priority_PRIORITY_BACKGROUND:
-		return "background"
+		return class.Background.String()
 	}
 	return fmt.Sprintf("unknown(%d)", int32(p))
 }

@@ -6,7 +6,10 @@
 // It imports nothing of the project.
 package cardfit
 
-import "fmt"
+import (
+	"fmt"
+	"strings"
+)
 
 // Full is a whole card in milli-cards: shares are counted in 1/1000 of a
 // card.
@@ -35,6 +38,22 @@ func (r Residency) String() string {
 		return "onDemand"
 	}
 	return "pinned"
+}
+
+// ParseResidency reads a residency's name (pinned, warm, onDemand; case and
+// surrounding space ignored). An empty name is the default: a deployment
+// that names no residency is pinned.
+func ParseResidency(s string) (Residency, bool) {
+	s = strings.TrimSpace(s)
+	if s == "" {
+		return Pinned, true
+	}
+	for _, r := range []Residency{Pinned, Warm, OnDemand} {
+		if strings.EqualFold(s, r.String()) {
+			return r, true
+		}
+	}
+	return 0, false
 }
 
 // Reserves says whether a share of this residency is reserved.

@@ -72,3 +72,24 @@ func TestWhyNamesTheRule(t *testing.T) {
 		}
 	}
 }
+
+// TestParseResidency checks the one reading of a residency's name: any
+// case, space around ignored, empty for the default (pinned), and the
+// names String writes read back.
+func TestParseResidency(t *testing.T) {
+	for in, want := range map[string]Residency{"": Pinned, " ": Pinned, "pinned": Pinned, "Warm": Warm, "onDemand": OnDemand, " ONDEMAND ": OnDemand} {
+		if got, ok := ParseResidency(in); !ok || got != want {
+			t.Errorf("ParseResidency(%q) = %v, %v; want %v", in, got, ok, want)
+		}
+	}
+	for _, bad := range []string{"on-demand", "pin", "hot"} {
+		if _, ok := ParseResidency(bad); ok {
+			t.Errorf("ParseResidency(%q) accepted", bad)
+		}
+	}
+	for _, r := range []Residency{Pinned, Warm, OnDemand} {
+		if got, ok := ParseResidency(r.String()); !ok || got != r {
+			t.Errorf("%v does not read back: %v, %v", r, got, ok)
+		}
+	}
+}

@@ -35,13 +35,11 @@ func (c Class) String() string {
 // Parse reads a class's name (interactive, standard, background; case and
 // surrounding space ignored).
 func Parse(s string) (Class, bool) {
-	switch strings.ToLower(strings.TrimSpace(s)) {
-	case "interactive":
-		return Interactive, true
-	case "standard":
-		return Standard, true
-	case "background":
-		return Background, true
+	s = strings.TrimSpace(s)
+	for c := range Count {
+		if strings.EqualFold(s, c.String()) {
+			return c, true
+		}
 	}
 	return 0, false
 }

@@ -168,7 +168,7 @@ func TestUnmarshalReportsTheFirstProblem(t *testing.T) {
 	var f file
 	for src, want := range map[string]string{
 		"cards:\n- name: a\n  gpus: 2\n  count: x\n": "line 3: cards[0].gpus: unknown field (known: name, count,",
-		"cards: [\n":                                "line 1: did not find expected node content",
+		"cards: [\n": "line 1: did not find expected node content",
 	} {
 		err := Unmarshal([]byte(src), &f, true)
 		if err == nil || !strings.HasPrefix(err.Error(), want) {

@@ -12,7 +12,8 @@
 //
 // The package is pure and must stay so: no I/O, no goroutines, no
 // randomness, no imports of other gpuplane packages but the leaf vocabulary
-// internal/class (the priority classes it shares with the gateway's queue),
+// internal/class (the priority classes it shares with the gateway's queue) and
+// internal/cardfit (the residency names the state machine uses),
 // and it never reads the
 // clock — time comes from the Clock the caller passes (the agent's wall
 // clock, or a ManualClock for the serving simulator, which runs hours of

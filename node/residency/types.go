@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/gpuplane/gpuplane/internal/cardfit"
 	"github.com/gpuplane/gpuplane/internal/class"
 )
 
@@ -13,32 +14,29 @@ import (
 // weights, quantization, engine and device share one profile.
 type ModelID string
 
-// Residency is how the card keeps a model (docs/residency.md).
+// Residency is how the card keeps a model (docs/residency.md). Its values
+// and names are the card-fit rule's (cardfit.Residency, which parses them):
+// converting between the two keeps the value.
 type Residency uint8
 
 const (
 	// Pinned is loaded when placed and never unloaded by the controller; its
 	// share is reserved.
-	Pinned Residency = iota
+	Pinned = Residency(cardfit.Pinned)
 	// Warm has its share reserved, may sleep while idle and lend that memory
 	// to onDemand models, and takes it back when requested.
-	Warm
+	Warm = Residency(cardfit.Warm)
 	// OnDemand has no reservation: loaded on demand or forecast into memory
 	// nobody reserved (or a sleeping warm model lent), put to sleep or
 	// unloaded when idle or when memory is needed.
-	OnDemand
+	OnDemand = Residency(cardfit.OnDemand)
 )
 
 func (r Residency) String() string {
-	switch r {
-	case Pinned:
-		return "pinned"
-	case Warm:
-		return "warm"
-	case OnDemand:
-		return "onDemand"
+	if r > OnDemand {
+		return fmt.Sprintf("Residency(%d)", uint8(r))
 	}
-	return fmt.Sprintf("Residency(%d)", uint8(r))
+	return cardfit.Residency(r).String()
 }
 
 // reserved reports whether the residency holds a reserved share.

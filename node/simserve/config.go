@@ -8,6 +8,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/gpuplane/gpuplane/internal/cardfit"
+	"github.com/gpuplane/gpuplane/internal/class"
 	"github.com/gpuplane/gpuplane/internal/strictyaml"
 	"github.com/gpuplane/gpuplane/node/gateway/queue"
 	"github.com/gpuplane/gpuplane/node/residency"
@@ -267,25 +269,24 @@ func (c *Config) validate() error {
 			return fmt.Errorf("%s.name: duplicate model", f)
 		}
 		seen[m.Name] = true
-		switch strings.ToLower(m.Class) {
-		case "", "interactive":
-			m.class = queue.Interactive
-		case "standard":
-			m.class = queue.Standard
-		case "background":
-			m.class = queue.Background
-		default:
-			return fmt.Errorf("%s.class: want interactive, standard or background, got %q", f, m.Class)
+		// A simulated model defaults to interactive and onDemand (the
+		// config help says so), not to a descriptor's standard and
+		// pinned: the simulator studies a card that swaps models.
+		m.class = queue.Interactive
+		if strings.TrimSpace(m.Class) != "" {
+			c, ok := class.Parse(m.Class)
+			if !ok {
+				return fmt.Errorf("%s.class: want interactive, standard or background, got %q", f, m.Class)
+			}
+			m.class = c
 		}
-		switch strings.ToLower(m.Residency) {
-		case "", "ondemand":
-			m.residency = residency.OnDemand
-		case "warm":
-			m.residency = residency.Warm
-		case "pinned":
-			m.residency = residency.Pinned
-		default:
-			return fmt.Errorf("%s.residency: want pinned, warm or onDemand, got %q", f, m.Residency)
+		m.residency = residency.OnDemand
+		if strings.TrimSpace(m.Residency) != "" {
+			r, ok := cardfit.ParseResidency(m.Residency)
+			if !ok {
+				return fmt.Errorf("%s.residency: want pinned, warm or onDemand, got %q", f, m.Residency)
+			}
+			m.residency = residency.Residency(r)
 		}
 		if m.MemoryGiB <= 0 {
 			return fmt.Errorf("%s.memoryGiB: must be > 0, got %g", f, m.MemoryGiB)

@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"github.com/gpuplane/gpuplane/cluster/scheduler"
+	"github.com/gpuplane/gpuplane/internal/cardfit"
 )
 
 // The YAML forms, parsed strictly: an unknown field is an error.
@@ -202,14 +203,8 @@ func ParseWorkloadYAML(name string, data []byte) ([]scheduler.Accelerator, []sch
 		if ar.CPUMilli < 0 || ar.MemoryMiB < 0 {
 			return nil, nil, fmt.Errorf("%s: deployment %s: negative host request", where, ar.Deployment)
 		}
-		var res scheduler.Residency
-		switch ar.Residency {
-		case "", "pinned":
-		case "warm":
-			res = scheduler.Warm
-		case "onDemand":
-			res = scheduler.OnDemand
-		default:
+		res, ok := cardfit.ParseResidency(ar.Residency)
+		if !ok {
 			return nil, nil, fmt.Errorf("%s: deployment %s: residency must be pinned, warm or onDemand, got %q", where, ar.Deployment, ar.Residency)
 		}
 		if res != scheduler.Pinned && a.Tenancy != scheduler.Shared {

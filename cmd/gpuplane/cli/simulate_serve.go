@@ -20,8 +20,9 @@ const serveConfigHelp = `Config (YAML; unknown fields are errors; see examples/s
 
   card:       {name, memoryGiB, headroomPercent (default 5)}
   models:     list of
-    name, class (interactive|standard|background),
-    residency (pinned|warm|onDemand: gpuplane's; static pins what fits),
+    name, class (interactive|standard|background; default interactive),
+    residency (pinned|warm|onDemand, default onDemand: gpuplane's; static
+    pins what fits),
     memoryGiB (resident: overhead+weights+KV pool), peakGiB (while loading,
     default memoryGiB), residualGiB (asleep, default 5%), canSleep (true),
     loadSeconds, wakeSeconds (default load/10), sleepSeconds, stopSeconds (1),

@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/gpuplane/gpuplane/fsm"
+	"github.com/gpuplane/gpuplane/internal/cardfit"
+	"github.com/gpuplane/gpuplane/internal/class"
 	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
 )
 
@@ -177,31 +179,36 @@ func ParseTenancy(s string) (pb.Tenancy, bool) {
 }
 
 // ParseResidency maps pinned, warm or onDemand, in any case, to its enum;
-// an empty string is the default, pinned.
+// an empty string is the default, pinned (cardfit.ParseResidency).
 func ParseResidency(s string) (pb.Residency, bool) {
-	switch strings.ToLower(strings.TrimSpace(s)) {
-	case "", "pinned":
-		return pb.Residency_RESIDENCY_PINNED, true
-	case "warm":
+	r, ok := cardfit.ParseResidency(s)
+	switch {
+	case !ok:
+		return pb.Residency_RESIDENCY_UNSPECIFIED, false
+	case r == cardfit.Warm:
 		return pb.Residency_RESIDENCY_WARM, true
-	case "ondemand":
+	case r == cardfit.OnDemand:
 		return pb.Residency_RESIDENCY_ON_DEMAND, true
 	}
-	return pb.Residency_RESIDENCY_UNSPECIFIED, false
+	return pb.Residency_RESIDENCY_PINNED, true
 }
 
 // ParsePriority maps interactive, standard or background, in any case, to
-// its enum; an empty string is the default, standard.
+// its enum (class.Parse); an empty string is the default, standard.
 func ParsePriority(s string) (pb.Priority, bool) {
-	switch strings.ToLower(strings.TrimSpace(s)) {
-	case "interactive":
-		return pb.Priority_PRIORITY_INTERACTIVE, true
-	case "", "standard":
+	if strings.TrimSpace(s) == "" {
 		return pb.Priority_PRIORITY_STANDARD, true
-	case "background":
+	}
+	c, ok := class.Parse(s)
+	switch {
+	case !ok:
+		return pb.Priority_PRIORITY_UNSPECIFIED, false
+	case c == class.Interactive:
+		return pb.Priority_PRIORITY_INTERACTIVE, true
+	case c == class.Background:
 		return pb.Priority_PRIORITY_BACKGROUND, true
 	}
-	return pb.Priority_PRIORITY_UNSPECIFIED, false
+	return pb.Priority_PRIORITY_STANDARD, true
 }
 
 // Check reports the problems of an accelerator spec that need no cluster
