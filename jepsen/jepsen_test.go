@@ -7,12 +7,13 @@ import (
 	"flag"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"runtime"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/gpuplane/gpuplane/internal/testbin"
 )
 
 var (
@@ -55,18 +56,8 @@ func requireJepsen(t *testing.T) {
 func buildBinary(t *testing.T, dir string, tags ...string) string {
 	t.Helper()
 	out := filepath.Join(dir, "gpuplane")
-	args := []string{"build", "-o", out}
-	if len(tags) > 0 {
-		args = append(args, "-tags", strings.Join(tags, ","))
-	}
-	cmd := exec.Command("go", append(args, "./cmd/gpuplane")...)
-	cmd.Dir = moduleRoot(t)
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=1")
-	if os.Getenv("CGO_CFLAGS") == "" {
-		cmd.Env = append(cmd.Env, "CGO_CFLAGS=-Wno-deprecated-declarations")
-	}
-	if b, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("go %s: %v\n%s", strings.Join(args, " "), err, b)
+	if err := testbin.BuildTo(moduleRoot(t), out, tags...); err != nil {
+		t.Fatal(err)
 	}
 	return out
 }

@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
 )
 
@@ -20,14 +21,32 @@ func Build(root, prefix string) (bin string, remove func(), err error) {
 	}
 	remove = func() { os.RemoveAll(dir) }
 	bin = filepath.Join(dir, "gpuplane")
-	build := exec.Command("go", "build", "-o", bin, "./cmd/gpuplane")
-	build.Dir = root
-	build.Env = append(os.Environ(), "CGO_CFLAGS=-Wno-deprecated-declarations")
-	if out, err := build.CombinedOutput(); err != nil {
+	if err := BuildTo(root, bin); err != nil {
 		remove()
-		return "", nil, fmt.Errorf("build gpuplane: %v\n%s", err, out)
+		return "", nil, err
 	}
 	return bin, remove, nil
+}
+
+// BuildTo compiles ./cmd/gpuplane of the module at root into out, with the
+// build tags given: the one way tests, e2e and jepsen build the binary. Cgo
+// is on (the NVIDIA bindings need it); go-nvml's deprecation warnings are
+// silenced unless CGO_CFLAGS is set.
+func BuildTo(root, out string, tags ...string) error {
+	args := []string{"build", "-o", out}
+	if len(tags) > 0 {
+		args = append(args, "-tags", strings.Join(tags, ","))
+	}
+	cmd := exec.Command("go", append(args, "./cmd/gpuplane")...)
+	cmd.Dir = root
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=1")
+	if os.Getenv("CGO_CFLAGS") == "" {
+		cmd.Env = append(cmd.Env, "CGO_CFLAGS=-Wno-deprecated-declarations")
+	}
+	if b, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("go %s ./cmd/gpuplane: %v\n%s", strings.Join(args, " "), err, b)
+	}
+	return nil
 }
 
 // Main is a TestMain body for packages whose tests run the binary: it builds

@@ -21,6 +21,7 @@ import (
 	"connectrpc.com/connect"
 
 	"github.com/gpuplane/gpuplane/internal/porttest"
+	"github.com/gpuplane/gpuplane/internal/testbin"
 	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
 	"github.com/gpuplane/gpuplane/proto/gpuplane/v1/gpuplanev1connect"
 	"github.com/gpuplane/gpuplane/rpc"
@@ -51,8 +52,7 @@ func runMain(m *testing.M) int {
 // buildBinary builds ./cmd/gpuplane from the module root into out, or sets
 // skipReason when there is no go command to build it with.
 func buildBinary(out string) error {
-	goCmd, err := exec.LookPath("go")
-	if err != nil {
+	if _, err := exec.LookPath("go"); err != nil {
 		skipReason = "no go command on PATH to build the gpuplane binary"
 		return nil
 	}
@@ -61,14 +61,8 @@ func buildBinary(out string) error {
 		return errors.New("cannot locate the module root")
 	}
 	root := filepath.Join(filepath.Dir(file), "..", "..", "..")
-	cmd := exec.Command(goCmd, "build", "-o", out, "./cmd/gpuplane")
-	cmd.Dir = root
-	cmd.Env = os.Environ()
-	if os.Getenv("CGO_CFLAGS") == "" {
-		cmd.Env = append(cmd.Env, "CGO_CFLAGS=-Wno-deprecated-declarations")
-	}
-	if b, err := cmd.CombinedOutput(); err != nil {
-		return fmt.Errorf("go build ./cmd/gpuplane: %v\n%s", err, b)
+	if err := testbin.BuildTo(root, out); err != nil {
+		return err
 	}
 	bin = out
 	return nil
