@@ -1,12 +1,10 @@
 package gateway
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"io"
 	"net/http"
 	"strconv"
@@ -891,134 +889,4 @@ func (g *Gateway) finishWith(w http.ResponseWriter, c *card, pd *pending, ctx co
 		aerr.write(w)
 	}
 	return result{done: true}
-}
-
-// relayStream copies an engine's event stream to the client, flushing each
-// event, reporting the tokens to the scheduler as they come. A preempted
-// stream ends with an error event.
-func (g *Gateway) relayStream(ctx context.Context, w http.ResponseWriter, resp *http.Response, req *request, m *Model, labels []string, pd *pending, c *card) result {
-	fl, _ := w.(http.Flusher)
-	w.Header().Set("Content-Type", "text/event-stream")
-	w.Header().Set("Cache-Control", "no-cache")
-	w.WriteHeader(http.StatusOK)
-	br := bufio.NewReaderSize(resp.Body, 8<<10)
-	generated, reported := 0, 0
-	var first time.Time
-	var readErr error
-	for {
-		line, err := br.ReadSlice('\n')
-		if len(line) > 0 {
-			if _, werr := w.Write(line); werr != nil {
-				readErr = werr
-				break
-			}
-			if n := tokensIn(line); n > 0 {
-				generated += n
-				if first.IsZero() {
-					first = time.Now()
-					g.metrics.firstToken(labels, first.Sub(req.arrived))
-				}
-				// Tokens are charged every few: the counters lag by at
-				// most progressEvery tokens per stream, and the card's
-				// lock is taken a quarter as often.
-				if generated-reported >= progressEvery {
-					reported = generated
-					c.mu.Lock()
-					if pd.end == nil && pd.cut != pd.attempt {
-						_ = c.s.Progress(pd.id, generated)
-					}
-					c.mu.Unlock()
-				}
-			}
-			// An event goes out when it ends, unless the next one is
-			// already here: then they go out together, at once.
-			if fl != nil && br.Buffered() == 0 && len(bytes.TrimSpace(line)) == 0 {
-				fl.Flush()
-			}
-		}
-		if errors.Is(err, bufio.ErrBufferFull) {
-			continue
-		}
-		if err != nil {
-			if !errors.Is(err, io.EOF) {
-				readErr = err
-			}
-			break
-		}
-	}
-	if fl != nil {
-		fl.Flush()
-	}
-	now := time.Now()
-	if generated > 1 {
-		g.metrics.perToken(labels, now.Sub(first)/time.Duration(generated-1))
-	}
-	g.metrics.servedTokens(labels, req.promptTokens, generated)
-	c.mu.Lock()
-	cut := pd.cut == pd.attempt
-	if pd.end == nil && !cut {
-		var out queue.Output
-		var err error
-		if readErr != nil && ctx.Err() != nil {
-			out, err = c.s.Cancel(pd.id, now)
-		} else {
-			out, err = c.s.Finish(pd.id, generated, now)
-		}
-		if err == nil {
-			c.apply(out, now)
-		}
-	}
-	c.mu.Unlock()
-	if cut && readErr != nil {
-		writePreempted(w, m, generated)
-	}
-	return result{done: true, generated: generated}
-}
-
-// writePreempted ends a stream with an error event saying it was
-// preempted.
-func writePreempted(w http.ResponseWriter, m *Model, generated int) {
-	b, _ := json.Marshal(map[string]any{"error": map[string]any{
-		"message": fmt.Sprintf("model %q: the stream was preempted by interactive work after %d tokens; retry later", m.Served, generated),
-		"type":    "server_error", "param": nil, "code": "preempted",
-	}})
-	_, _ = fmt.Fprintf(w, "data: %s\n\n", b)
-	if fl, ok := w.(http.Flusher); ok {
-		fl.Flush()
-	}
-}
-
-// tokenKeys are the delta fields whose non-empty string is a generated
-// token: completion text, chat content, a reasoning model's thinking
-// (vLLM's and llama.cpp's "reasoning_content", Ollama's and newer vLLM's
-// "reasoning") and a tool call's streamed arguments.
-var tokenKeys = [][]byte{[]byte(`"text"`), []byte(`"content"`), []byte(`"reasoning_content"`), []byte(`"reasoning"`), []byte(`"arguments"`)}
-
-// tokensIn counts the generated tokens an SSE line carries: one per
-// non-empty string of a tokenKeys field (an engine streams about a token
-// per event). It scans bytes rather than decoding JSON: it runs per token.
-func tokensIn(line []byte) int {
-	data, ok := bytes.CutPrefix(line, []byte("data:"))
-	if !ok {
-		return 0
-	}
-	n := 0
-	for _, key := range tokenKeys {
-		rest := data
-		for {
-			i := bytes.Index(rest, key)
-			if i < 0 {
-				break
-			}
-			rest = bytes.TrimLeft(rest[i+len(key):], " \t")
-			if len(rest) == 0 || rest[0] != ':' {
-				continue
-			}
-			rest = bytes.TrimLeft(rest[1:], " \t")
-			if len(rest) >= 2 && rest[0] == '"' && rest[1] != '"' {
-				n++
-			}
-		}
-	}
-	return n
 }
