@@ -213,8 +213,9 @@ func (w *Walker) walkStruct(n *yaml.Node, t reflect.Type, path string) *yaml.Nod
 	out := *n
 	out.Content = nil
 	seen := map[string]int{}
-	for i := 0; i+1 < len(n.Content); i += 2 {
-		key, val := n.Content[i], n.Content[i+1]
+	pairs := w.entries(n, path)
+	for i := 0; i+1 < len(pairs); i += 2 {
+		key, val := pairs[i], pairs[i+1]
 		field := Join(path, key.Value)
 		if key.Kind != yaml.ScalarNode || key.Tag != "!!str" {
 			w.fail(key, Join(path, Describe(key)), "unknown field")
@@ -253,8 +254,9 @@ func (w *Walker) walkMap(n *yaml.Node, t reflect.Type, path string) *yaml.Node {
 	out := *n
 	out.Content = nil
 	seen := map[string]int{}
-	for i := 0; i+1 < len(n.Content); i += 2 {
-		key, val := n.Content[i], n.Content[i+1]
+	pairs := w.entries(n, path)
+	for i := 0; i+1 < len(pairs); i += 2 {
+		key, val := pairs[i], pairs[i+1]
 		if key.Kind != yaml.ScalarNode || key.Tag != "!!str" {
 			w.fail(key, Join(path, Describe(key)), "key must be a string, got %s (quote it)", Describe(key))
 			continue
@@ -270,6 +272,48 @@ func (w *Walker) walkMap(n *yaml.Node, t reflect.Type, path string) *yaml.Node {
 		}
 	}
 	return &out
+}
+
+// entries are mapping n's keys and values, with those a merge key (<<:
+// *defaults) brings in appended where n does not set them itself, as YAML
+// merges them: the walk and the decoded value see one flat mapping.
+func (w *Walker) entries(n *yaml.Node, path string) []*yaml.Node {
+	var own, merged []*yaml.Node
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		key, val := n.Content[i], n.Content[i+1]
+		if key.Tag != "!!merge" {
+			own = append(own, key, val)
+			continue
+		}
+		for val.Kind == yaml.AliasNode && val.Alias != nil {
+			val = val.Alias
+		}
+		sources := []*yaml.Node{val}
+		if val.Kind == yaml.SequenceNode {
+			sources = val.Content
+		}
+		for _, src := range sources {
+			for src.Kind == yaml.AliasNode && src.Alias != nil {
+				src = src.Alias
+			}
+			if src.Kind != yaml.MappingNode {
+				w.fail(key, Join(path, key.Value), "must merge a mapping or a list of mappings, got %s", Describe(src))
+				continue
+			}
+			merged = append(merged, w.entries(src, path)...)
+		}
+	}
+	set := map[string]bool{}
+	for i := 0; i < len(own); i += 2 {
+		set[own[i].Value] = true
+	}
+	for i := 0; i+1 < len(merged); i += 2 {
+		if !set[merged[i].Value] { // the mapping's own keys, then earlier merges, win
+			set[merged[i].Value] = true
+			own = append(own, merged[i], merged[i+1])
+		}
+	}
+	return own
 }
 
 // jsonFields maps the json names of t's fields to their types, inlining

@@ -134,7 +134,8 @@ func TestDecodeKeepsWhatPassed(t *testing.T) {
   since: 2024-01-01
   notes: [x, 2, y]
   labels: ~
-- <<: *first
+- name: c
+  <<: [{count: 4}, *first]
 - name: b
   count: nine
   owners: [you, them]
@@ -149,13 +150,18 @@ func TestDecodeKeepsWhatPassed(t *testing.T) {
 	if err := Decode(pruned, &f); err != nil {
 		t.Fatal(err)
 	}
-	// The merge key is not a field: YAML 1.2 has no merges.
-	if len(w.Problems) != 3 || w.Problems[0].Field != "cards[0].notes[1]" || w.Problems[1].Field != "cards[1].<<" || w.Problems[2].Field != "cards[2].count" {
+	// The merge brings in the first card's fields but its own name and the
+	// count of the earlier merged mapping; the refused note is refused in
+	// the merged card too.
+	if len(w.Problems) != 3 || w.Problems[0].Field != "cards[0].notes[1]" || w.Problems[1].Field != "cards[1].notes[1]" || w.Problems[1].Line != 9 || w.Problems[2].Field != "cards[2].count" {
 		t.Fatalf("problems %v", w.Problems)
 	}
+	first := card{base: base{Name: "a"}, Count: 3, Share: 0.5, Memory: &size{2 << 30}, Owners: either{"me"}, Since: "2024-01-01", Notes: []string{"x", "y"}}
+	merged := first
+	merged.Name, merged.Count = "c", 4
 	want := file{Cards: []card{
-		{base: base{Name: "a"}, Count: 3, Share: 0.5, Memory: &size{2 << 30}, Owners: either{"me"}, Since: "2024-01-01", Notes: []string{"x", "y"}},
-		{},
+		first,
+		merged,
 		{base: base{Name: "b"}, Owners: either{"you", "them"}},
 	}}
 	if !reflect.DeepEqual(f, want) {

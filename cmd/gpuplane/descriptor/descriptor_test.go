@@ -457,3 +457,34 @@ func TestAcceleratorSpecCheck(t *testing.T) {
 		t.Errorf("Proto = %v", got)
 	}
 }
+
+// TestAnchorsAndMergeKeys checks that documents may share settings with
+// YAML anchors and merge keys (<<), the mapping's own keys winning.
+func TestAnchorsAndMergeKeys(t *testing.T) {
+	file := `resource: ModelDeployment
+resourceVersion: v1
+metadata: {name: chat}
+spec:
+  model: /models/a
+  placement: {accelerator: small}
+  engine: &engine {kind: vllm, memoryPercent: 45, maxModelLen: 8192}
+---
+resource: ModelDeployment
+resourceVersion: v1
+metadata: {name: code}
+spec:
+  model: /models/b
+  placement: {accelerator: small}
+  engine:
+    <<: *engine
+    memoryPercent: 30
+`
+	f, err := Parse([]byte(file))
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := f.Resources[1].ModelDeployment.Engine
+	if e.Kind != "vllm" || e.MemoryPercent == nil || *e.MemoryPercent != 30 || e.MaxModelLen == nil || *e.MaxModelLen != 8192 {
+		t.Errorf("merged engine = %+v, want vllm, memoryPercent 30, maxModelLen 8192", e)
+	}
+}
