@@ -27,7 +27,7 @@ import (
 type Engines interface {
 	StartEngine(model string, replica uint32, reason string) error
 	StopEngine(ctx context.Context, model string, replica uint32, reason string) error
-	ReportResidency(ctx context.Context, model string, replica uint32, residency pb.ReplicaResidency, reason string) error
+	ReportResidency(ctx context.Context, model string, replica uint32, residency pb.ReplicaResidency, reason string, residualMiB uint64) error
 	ReportAdapters(ctx context.Context, model string, replica uint32, adapters []*pb.AdapterStatus) error
 	Engines() []watchdog.Engine
 }
@@ -186,6 +186,8 @@ type report struct {
 	k      rkey
 	res    pb.ReplicaResidency
 	reason string
+	// residual is what a sleeping engine keeps on the card, MiB.
+	residual uint64
 }
 
 // New returns a Manager; Run starts it.
@@ -663,7 +665,7 @@ func (m *Manager) handle(c *cardCtrl, ev residency.Event, why string) residency.
 			reason = st.State.String()
 		}
 		select {
-		case m.reports <- report{k: k, res: pbResidency(st.State), reason: reason}:
+		case m.reports <- report{k: k, res: pbResidency(st.State), reason: reason, residual: uint64(max(st.Cost, 0)+(1<<20)-1) >> 20}:
 		default:
 			m.log.Warn("residency: report queue full; transition not reported", "replica", k.id())
 		}
@@ -696,7 +698,7 @@ func (m *Manager) reporter(ctx context.Context) {
 			return
 		case r := <-m.reports:
 			rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-			if err := m.ex.ReportResidency(rctx, r.k.model, r.k.index, r.res, r.reason); err != nil && !errors.Is(err, executor.ErrNotRunning) {
+			if err := m.ex.ReportResidency(rctx, r.k.model, r.k.index, r.res, r.reason, r.residual); err != nil && !errors.Is(err, executor.ErrNotRunning) {
 				m.log.Info("residency: report transition", "replica", r.k.id(), "err", err)
 			}
 			cancel()
