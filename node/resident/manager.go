@@ -164,8 +164,11 @@ type rep struct {
 	card uint32
 	dep  residency.Deployment
 	kind string
-	// reported is the last residency state the manager reported.
-	reported residency.State
+	// reported is the last residency state the manager reported, with
+	// its reason and, asleep, the residual (MiB).
+	reported       residency.State
+	reportedWhy    string
+	reportedResMiB uint64
 	// stopping is set while an engine stop the Manager asked for runs.
 	stopping bool
 	// advisedLoad is set in advise mode once the controller would have
@@ -645,7 +648,26 @@ func (m *Manager) handle(c *cardCtrl, ev residency.Event, why string) residency.
 			continue
 		}
 		st, ok := c.ctrl.Replica(k.id())
-		if !ok || st.State == r.reported {
+		if !ok {
+			continue
+		}
+		residual := uint64(0)
+		if st.State == residency.Sleeping {
+			residual = uint64(max(st.Cost, 0)+(1<<20)-1) >> 20
+		}
+		if st.State == r.reported {
+			// A sleeping engine's residual is often measured only after
+			// the transition (the first memory sample asleep): `devices
+			// get` counts what was reported, so a change of more than
+			// residualStep is reported again, with the same reason.
+			if st.State != residency.Sleeping || m.opts.Advise || absDiff(residual, r.reportedResMiB) <= residualStep {
+				continue
+			}
+			r.reportedResMiB = residual
+			select {
+			case m.reports <- report{k: k, res: pbResidency(st.State), reason: r.reportedWhy, residual: residual}:
+			default:
+			}
 			continue
 		}
 		if j := m.opts.Journal; j != nil && !m.opts.Advise {
@@ -664,14 +686,27 @@ func (m *Manager) handle(c *cardCtrl, ev residency.Event, why string) residency.
 		if reason == "" {
 			reason = st.State.String()
 		}
+		r.reportedWhy, r.reportedResMiB = reason, residual
 		select {
-		case m.reports <- report{k: k, res: pbResidency(st.State), reason: reason, residual: uint64(max(st.Cost, 0)+(1<<20)-1) >> 20}:
+		case m.reports <- report{k: k, res: pbResidency(st.State), reason: reason, residual: residual}:
 		default:
 			m.log.Warn("residency: report queue full; transition not reported", "replica", k.id())
 		}
 	}
 	m.publishFronts(c)
 	return out
+}
+
+// residualStep is the least change of a sleeping engine's measured
+// residual (MiB) that is reported again: samples jitter, and each report
+// is a log entry.
+const residualStep = 16
+
+func absDiff(a, b uint64) uint64 {
+	if a > b {
+		return a - b
+	}
+	return b - a
 }
 
 func pbResidency(s residency.State) pb.ReplicaResidency {
