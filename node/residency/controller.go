@@ -109,8 +109,10 @@ type replica struct {
 	keep    time.Duration
 	keepSet bool
 	// opLoad is set while an operator's load waits for its step, opUnload
-	// while an operator's unload does (operator.go).
+	// while an operator's unload does, with opFor the model whose operator
+	// load it makes room for (operator.go).
 	opLoad, opUnload bool
+	opFor            ModelID
 	dep              Deployment
 	// prof is what the profiler learned for dep's key, mem its memory
 	// figures at dep's share (shared, not part of a step's trial copy).
