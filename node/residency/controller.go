@@ -113,6 +113,7 @@ type replica struct {
 	// load it makes room for (operator.go).
 	opLoad, opUnload bool
 	opFor            ModelID
+	opBy             string
 	dep              Deployment
 	// prof is what the profiler learned for dep's key, mem its memory
 	// figures at dep's share (shared, not part of a step's trial copy).
@@ -539,10 +540,11 @@ func (c *Controller) observe(ev Event, now time.Time) error {
 	case KeepAlive:
 		c.keepAlive(e)
 	case OperatorLoad:
-		r, err := c.operatorCheck(e.Model, true)
+		r, err := c.operatorCheck(e.Model, true, e.By)
 		if err != nil {
 			return err
 		}
+		r.opBy = e.By
 		// A preloaded model follows the card's idle timeouts, as Ollama's
 		// preload takes the default keep_alive.
 		r.keepSet = false
@@ -550,10 +552,11 @@ func (c *Controller) observe(ev Event, now time.Time) error {
 			r.opLoad = true
 		}
 	case OperatorUnload:
-		r, err := c.operatorCheck(e.Model, false)
+		r, err := c.operatorCheck(e.Model, false, e.By)
 		if err != nil {
 			return err
 		}
+		r.opBy = e.By
 		r.opLoad, r.opUnload = false, true
 	case ClearViolations:
 		c.pinnedOnly = false

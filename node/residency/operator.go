@@ -11,22 +11,37 @@ import (
 // model: it is loaded (or woken) at once where the card can hold it beside
 // what it promised the others; otherwise the event is refused, naming what
 // holds the card, and nothing changes. Once loaded it follows the card's
-// idle timeouts like a model whose last request just finished.
-type OperatorLoad struct{ Model ModelID }
+// idle timeouts like a model whose last request just finished. By is who
+// asked (an API caller), named in the reasons; empty: not known.
+type OperatorLoad struct {
+	Model ModelID
+	By    string
+}
 
 // OperatorUnload takes Model off its card now, as `ollama stop` does: an
 // onDemand model is unloaded, a warm one put to sleep (unloaded where its
 // engine cannot sleep; its share stays reserved). A pinned model is
 // refused. Requests running on it are drained first; a later request loads
-// it again as usual.
-type OperatorUnload struct{ Model ModelID }
+// it again as usual. By is who asked, as in OperatorLoad.
+type OperatorUnload struct {
+	Model ModelID
+	By    string
+}
+
+// askedBy is the reasons' "asked by the operator", naming who when known.
+func askedBy(by string) string {
+	if by == "" {
+		return "asked by the operator"
+	}
+	return fmt.Sprintf("asked by the operator (%s)", by)
+}
 
 func (OperatorLoad) isEvent()   {}
 func (OperatorUnload) isEvent() {}
 
 // operatorCheck returns m's replica, or why an operator's load or unload
 // of m cannot be done on this card.
-func (c *Controller) operatorCheck(m ModelID, load bool) (*replica, error) {
+func (c *Controller) operatorCheck(m ModelID, load bool, by string) (*replica, error) {
 	r := c.rep(m)
 	if r == nil || r.removed {
 		return nil, fmt.Errorf("model %s is not on card %s", m, c.cfg.Card)
@@ -68,7 +83,7 @@ func (c *Controller) operatorCheck(m ModelID, load bool) (*replica, error) {
 			c.cfg.Card, m, gib(claim), gib(max(free, 0)), gib(c.usable), c.holders(r), more)
 	}
 	for _, v := range vs {
-		v.opUnload, v.opFor = true, m
+		v.opUnload, v.opFor, v.opBy = true, m, by
 	}
 	return r, nil
 }
@@ -150,11 +165,11 @@ func (c *Controller) operatorStops(now time.Time) {
 		if forM != "" {
 			in.Value = c.value(r, c.reload(r), freed)
 			c.stop(r, op, TriggerOperator, forM, in, now,
-				"%s %s: idle onDemand (value %.2f), makes room for %s, asked by the operator; frees %s",
-				op, r.dep.Model, in.Value, forM, gib(freed))
+				"%s %s: idle onDemand (value %.2f), makes room for %s, %s; frees %s",
+				op, r.dep.Model, in.Value, forM, askedBy(r.opBy), gib(freed))
 			continue
 		}
 		c.stop(r, op, TriggerOperator, "", in, now,
-			"%s %s: asked by the operator; frees %s", op, r.dep.Model, gib(freed))
+			"%s %s: %s; frees %s", op, r.dep.Model, askedBy(r.opBy), gib(freed))
 	}
 }

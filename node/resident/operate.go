@@ -14,7 +14,7 @@ import (
 // operator asked (residency.OperatorLoad, residency.OperatorUnload). A
 // refusal (a pinned model's unload, a card that cannot hold the model)
 // names its reason and changes nothing on that replica's card.
-func (m *Manager) Operate(ctx context.Context, model string, load bool) ([]residency.OperatorResult, error) {
+func (m *Manager) Operate(ctx context.Context, model string, load bool, by string) ([]residency.OperatorResult, error) {
 	type answer struct {
 		res []residency.OperatorResult
 		err error
@@ -33,9 +33,9 @@ func (m *Manager) Operate(ctx context.Context, model string, load bool) ([]resid
 			}
 			id := k.id()
 			before, _ := c.ctrl.Replica(id)
-			var ev residency.Event = residency.OperatorUnload{Model: id}
+			var ev residency.Event = residency.OperatorUnload{Model: id, By: by}
 			if load {
-				ev = residency.OperatorLoad{Model: id}
+				ev = residency.OperatorLoad{Model: id, By: by}
 			}
 			out := m.handle(c, ev, "")
 			if out.Err != nil {

@@ -46,6 +46,22 @@ func TestOperatorLoadAndUnload(t *testing.T) {
 	}
 	waitReplica(t, n, "lazy", "Cold")
 	operatorDecision(t, n, "lazy/0", "unload")
+	// The transitions are committed with their reasons: an auditor reads
+	// the operator's load and unload in the log, with who asked (the API
+	// caller: anonymous without ACLs).
+	testutil.Eventually(t, 30*time.Second, "the operator's actions in the audit log", func() error {
+		out, err := tryCLI(n, "audit", "log", "--resource", "model/lazy")
+		if err != nil {
+			return err
+		}
+		for _, want := range []string{"loading (load lazy/0: asked by the operator (anonymous)", "cold (unload lazy/0: asked by the operator (anonymous)"} {
+			if !strings.Contains(out, want) {
+				return fmt.Errorf("no %q in the audit log:\n%s", want, out)
+			}
+		}
+		t.Logf("audit log --resource model/lazy:\n%s", out)
+		return nil
+	})
 
 	_, err := tryCLI(n, "models", "unload", "pin")
 	t.Logf("models unload pin: %v", err)

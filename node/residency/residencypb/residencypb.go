@@ -95,8 +95,8 @@ func decisionToProto(d residency.NodeDecision) *pb.ResidencyDecision {
 
 // Operate passes an operator's load or unload to the node's residency
 // manager; nothing where the manager does not run.
-func (a Journal) Operate(ctx context.Context, model string, load bool) ([]*pb.OperateResult, error) {
-	rs, err := a.J.Operate(ctx, model, load)
+func (a Journal) Operate(ctx context.Context, model string, load bool, by string) ([]*pb.OperateResult, error) {
+	rs, err := a.J.Operate(ctx, model, load, by)
 	if errors.Is(err, residency.ErrNoOperator) {
 		return nil, nil
 	}

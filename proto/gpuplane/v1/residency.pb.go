@@ -78,7 +78,11 @@ type OperateRequest struct {
 	// A model (deployment) name, or one replica ("chat/0").
 	Model string `protobuf:"bytes,2,opt,name=model,proto3" json:"model,omitempty"`
 	// OPERATE_ACTION_LOAD or OPERATE_ACTION_UNLOAD.
-	Action        OperateAction `protobuf:"varint,3,opt,name=action,proto3,enum=gpuplane.v1.OperateAction" json:"action,omitempty"`
+	Action OperateAction `protobuf:"varint,3,opt,name=action,proto3,enum=gpuplane.v1.OperateAction" json:"action,omitempty"`
+	// Who asked, set by the node that relays the request to the model's
+	// node, so that the decision's reason (and the audit log) names the
+	// operator; believed only from a node.
+	AskedBy       string `protobuf:"bytes,4,opt,name=asked_by,json=askedBy,proto3" json:"asked_by,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -132,6 +136,13 @@ func (x *OperateRequest) GetAction() OperateAction {
 		return x.Action
 	}
 	return OperateAction_OPERATE_ACTION_UNSPECIFIED
+}
+
+func (x *OperateRequest) GetAskedBy() string {
+	if x != nil {
+		return x.AskedBy
+	}
+	return ""
 }
 
 type OperateResponse struct {
@@ -1234,11 +1245,12 @@ var File_gpuplane_v1_residency_proto protoreflect.FileDescriptor
 
 const file_gpuplane_v1_residency_proto_rawDesc = "" +
 	"\n" +
-	"\x1bgpuplane/v1/residency.proto\x12\vgpuplane.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"n\n" +
+	"\x1bgpuplane/v1/residency.proto\x12\vgpuplane.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\x89\x01\n" +
 	"\x0eOperateRequest\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x14\n" +
 	"\x05model\x18\x02 \x01(\tR\x05model\x122\n" +
-	"\x06action\x18\x03 \x01(\x0e2\x1a.gpuplane.v1.OperateActionR\x06action\"G\n" +
+	"\x06action\x18\x03 \x01(\x0e2\x1a.gpuplane.v1.OperateActionR\x06action\x12\x19\n" +
+	"\basked_by\x18\x04 \x01(\tR\aaskedBy\"G\n" +
 	"\x0fOperateResponse\x124\n" +
 	"\aresults\x18\x01 \x03(\v2\x1a.gpuplane.v1.OperateResultR\aresults\"\x81\x01\n" +
 	"\rOperateResult\x12\x12\n" +
