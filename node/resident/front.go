@@ -85,6 +85,19 @@ func (m *Manager) front(k rkey) (*front, error) {
 		},
 		// Streamed (SSE) answers go out as the engine writes them.
 		FlushInterval: -1,
+		// An answer whose headers go out after the replica left closes
+		// its connection, so that the client does not send its next
+		// request on a connection the front is about to close (one
+		// already under way cannot say so any more).
+		ModifyResponse: func(resp *http.Response) error {
+			f.mu.Lock()
+			left := f.left
+			f.mu.Unlock()
+			if left {
+				resp.Header.Set("Connection", "close")
+			}
+			return nil
+		},
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
 			writeError(w, http.StatusBadGateway, "bad_gateway", fmt.Sprintf("model %s: engine: %v", k.model, err))
 		},
