@@ -131,6 +131,7 @@ func ValidateModelSpec(spec *pb.ModelSpec) []*pb.Violation {
 	if m := e.GetMemoryMib(); m > MaxMemoryMiB {
 		v.add("spec.engine.memory", "must be at most %dMi (64Ti), got %dMi", MaxMemoryMiB, m)
 	}
+	validateSleepLevel(&v, spec)
 	validateStrings(&v, spec)
 	if c := spec.GetResources().GetCpuMilli(); c > MaxCPUMilli {
 		v.add("spec.resources.cpuMilli", "must be at most %d (1000 cores), got %d", MaxCPUMilli, c)
@@ -144,6 +145,23 @@ func ValidateModelSpec(spec *pb.ModelSpec) []*pb.Violation {
 		v = append(v, ValidateAliases(spec.GetServedModelName(), spec.GetAliases(), spec.GetAdapters())...)
 	}
 	return v
+}
+
+// validateSleepLevel checks spec.engine.sleepLevel: vLLM's levels, for
+// engines that have them (vLLM, and the sim engine, which speaks vLLM's
+// sleep API unless its dialect is another engine's), on a model the
+// controller may put to sleep.
+func validateSleepLevel(v *violations, spec *pb.ModelSpec) {
+	e := spec.GetEngine()
+	switch l := e.GetSleepLevel(); {
+	case l == 0:
+	case l > 2:
+		v.add("spec.engine.sleepLevel", "must be 1 (the weights wait in host RAM) or 2 (the weights are discarded and a wake reloads them from disk), got %d", l)
+	case e.GetKind() != "vllm" && e.GetKind() != "sim":
+		v.add("spec.engine.sleepLevel", "only vLLM has sleep levels (kind is %q): the node puts other engines to sleep their own way (docs/engines.md)", e.GetKind())
+	case spec.GetResidency() != pb.Residency_RESIDENCY_WARM && spec.GetResidency() != pb.Residency_RESIDENCY_ON_DEMAND:
+		v.add("spec.engine.sleepLevel", "a pinned model never sleeps: only warm and onDemand deployments take a sleep level")
+	}
 }
 
 // validateStrings checks what an engine's process is given: environment
@@ -382,9 +400,10 @@ func withoutMutable(spec *pb.ModelSpec) *pb.ModelSpec {
 	s := withReplicas(spec, 0)
 	s.Residency, s.Priority, s.Slo = pb.Residency_RESIDENCY_UNSPECIFIED, pb.Priority_PRIORITY_UNSPECIFIED, nil
 	s.Adapters, s.Aliases, s.Idle = nil, nil, nil
-	// The gateway's admission, not the engine, reads maxInFlight.
+	// The gateway's admission, not the engine, reads maxInFlight; the
+	// node's residency controller, not the engine's start, the sleep level.
 	if s.Engine != nil {
-		s.Engine.MaxInFlight = 0
+		s.Engine.MaxInFlight, s.Engine.SleepLevel = 0, 0
 	}
 	return s
 }

@@ -114,6 +114,23 @@ func (s *server) vllmCollectiveRPC(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "reload_weights: the weights are not on the card; POST /wake_up?tags=weights first", http.StatusConflict)
 		return
 	}
+	if s.cfg.Dialect == DialectVLLM {
+		// vLLM reads the weights from disk again, whether or not a
+		// level-2 sleep discarded them.
+		s.ctl.Lock()
+		err := s.copyWeights(r.Context(), s.cfg.LoadTime.Seconds())
+		if err == nil {
+			s.mu.Lock()
+			s.st.stale = false
+			s.st.reloads++
+			s.mu.Unlock()
+		}
+		s.ctl.Unlock()
+		if err != nil {
+			http.Error(w, "reload_weights: "+err.Error(), http.StatusInternalServerError)
+			return
+		}
+	}
 	writeJSON(w, http.StatusOK, map[string]any{"results": []any{nil}})
 }
 
@@ -313,6 +330,9 @@ type Status struct {
 	PrefillTokens     int64 `json:"prefill_tokens"`
 	// Adapters are the LoRA adapters loaded (or loading) on the card.
 	Adapters []string `json:"adapters,omitempty"`
+	// WeightReloads counts vLLM's reload_weights (vllm dialect): reads
+	// of the weights from disk by a running engine.
+	WeightReloads int `json:"weight_reloads"`
 }
 
 func (s *server) status(w http.ResponseWriter, _ *http.Request) {
@@ -332,5 +352,6 @@ func (s *server) snapshot() Status {
 		PrefixCacheTokens: s.cache.tokens(),
 		PrefillTokens:     s.prefilled.Load(),
 		Adapters:          slices.Sorted(maps.Keys(s.lora.loaded)),
+		WeightReloads:     st.reloads,
 	}
 }
