@@ -399,13 +399,28 @@ func sameIdentity(a, b *pb.ModelSpec) bool {
 func withoutMutable(spec *pb.ModelSpec) *pb.ModelSpec {
 	s := withReplicas(spec, 0)
 	s.Residency, s.Priority, s.Slo = pb.Residency_RESIDENCY_UNSPECIFIED, pb.Priority_PRIORITY_UNSPECIFIED, nil
-	s.Adapters, s.Aliases, s.Idle = nil, nil, nil
+	s.Aliases, s.Idle = nil, nil
+	// llama-server loads its adapters at start (--lora): a change of
+	// them is a new engine; who may use them is the gateway's.
+	if !adaptersAtStart(spec.GetEngine()) {
+		s.Adapters = nil
+	}
+	for _, a := range s.Adapters {
+		a.Tenants = nil
+	}
 	// The gateway's admission, not the engine, reads maxInFlight; the
 	// node's residency controller, not the engine's start, the sleep level.
 	if s.Engine != nil {
 		s.Engine.MaxInFlight, s.Engine.SleepLevel = 0, 0
 	}
 	return s
+}
+
+// adaptersAtStart says the engine takes its adapters at start: llama.cpp,
+// or a sim engine speaking it (its leading --dialect argument).
+func adaptersAtStart(e *pb.EngineSpec) bool {
+	a := e.GetArgs()
+	return e.GetKind() == "llamacpp" || e.GetKind() == "sim" && len(a) >= 2 && a[0] == "--dialect" && a[1] == "llamacpp"
 }
 
 func withReplicas(spec *pb.ModelSpec, n uint32) *pb.ModelSpec {

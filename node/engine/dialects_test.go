@@ -347,3 +347,46 @@ func TestDriverAgainstStrictOllama(t *testing.T) {
 		t.Fatal("a sim speaking Ollama has vLLM's adapter controls")
 	}
 }
+
+// TestDriverAgainstStrictLlamaCppAdapters: llama-server takes adapters
+// only at start. Both the llamacpp driver and the sim driver speaking
+// llama.cpp pass each adapter as --lora in spec order, with
+// --lora-init-without-apply; the engine lists them at scale 0 in GET
+// /lora-adapters under the ids LlamaAdapterIDs gives, and a request
+// naming one by id in "lora" runs with it (an id it does not have is 400).
+func TestDriverAgainstStrictLlamaCppAdapters(t *testing.T) {
+	c := newCard(t)
+	ads := []*pb.Adapter{{Name: "sql", Source: "/a/sql.gguf", Rank: 8}, {Name: "law", Source: "/a/law.gguf", Rank: 8}}
+	want := []string{"--lora", "/a/sql.gguf", "--lora", "/a/law.gguf", "--lora-init-without-apply"}
+	llama := &pb.ModelSpec{Model: "/m.gguf", ServedModelName: "chat", Adapters: ads, Engine: &pb.EngineSpec{Kind: KindLlamaCpp}}
+	cmd, err := Build(Params{Model: "chat", Spec: llama, Port: 8100, Replica: &pb.Replica{Model: "chat", Cards: []uint32{0}},
+		Cards: []*pb.Card{{Index: 0, Uuid: c.uuid, MemoryMib: 23034}}}, Enforcement{Mode: ModeNone})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if i := slices.Index(cmd.Args, "--lora"); i < 0 || !slices.Equal(cmd.Args[i:i+len(want)], want) {
+		t.Fatalf("llama-server args %v, want %v", cmd.Args, want)
+	}
+	spec := &pb.ModelSpec{Model: "/m.gguf", ServedModelName: "chat", Adapters: ads, Engine: &pb.EngineSpec{Kind: KindSim,
+		Args: []string{"--dialect", "llamacpp", "--load-seconds", "0", "--tokens-per-second", "0"}}}
+	ids := LlamaAdapterIDs(spec)
+	if ids["sql"] != 0 || ids["law"] != 1 || len(ids) != 2 {
+		t.Fatalf("LlamaAdapterIDs = %v", ids)
+	}
+	p, _ := startBuilt(t, c, spec, false)
+	code, body := call(t, p, "GET", "/lora-adapters", "")
+	if code != http.StatusOK || !strings.Contains(body, `{"id":1,"path":"/a/law.gguf","scale":0}`) {
+		t.Fatalf("GET /lora-adapters: %d %s", code, body)
+	}
+	if code, body := call(t, p, "POST", "/v1/chat/completions",
+		`{"model":"chat","messages":[{"role":"user","content":"hi"}],"max_tokens":2,"lora":[{"id":1,"scale":1}]}`); code != http.StatusOK {
+		t.Fatalf("request for law by id: %d %s", code, body)
+	}
+	code, body = call(t, p, "GET", "/sim/status", "")
+	if code != http.StatusOK || !strings.Contains(body, `"lora_applied":{"/a/law.gguf":1}`) {
+		t.Fatalf("after one request for law: %d %s", code, body)
+	}
+	if code, body := call(t, p, "POST", "/v1/completions", `{"prompt":"hi","max_tokens":1,"lora":[{"id":2,"scale":1}]}`); code != http.StatusBadRequest {
+		t.Fatalf("request for adapter id 2 of 2: %d %s; want 400", code, body)
+	}
+}

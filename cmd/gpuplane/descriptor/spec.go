@@ -402,8 +402,8 @@ func (s *ModelDeploymentSpec) check(failed func(path string) bool) []*pb.Violati
 		add("spec.engine.dialect", "only a sim engine takes a dialect (kind is %q)", e.Kind)
 	case !slices.Contains(SimDialects, e.Dialect):
 		add("spec.engine.dialect", "must be one of %s, got %q", strings.Join(SimDialects, ", "), e.Dialect)
-	case e.Dialect != "vllm" && len(s.Adapters) > 0:
-		add("spec.engine.dialect", "a sim speaking %s cannot load LoRA adapters at run time, as %s cannot: use dialect vllm, or no adapters", e.Dialect, e.Dialect)
+	case e.Dialect == "ollama" && len(s.Adapters) > 0:
+		add("spec.engine.dialect", "a sim speaking ollama cannot serve LoRA adapters, as Ollama cannot: use dialect vllm or llamacpp, or no adapters")
 	case e.Dialect != "vllm" && e.SleepLevel != nil:
 		add("spec.engine.sleepLevel", "only vLLM has sleep levels: a sim speaking %s sleeps as %s does (docs/engines.md)", e.Dialect, e.Dialect)
 	}

@@ -333,6 +333,9 @@ type Status struct {
 	// WeightReloads counts vLLM's reload_weights (vllm dialect): reads
 	// of the weights from disk by a running engine.
 	WeightReloads int `json:"weight_reloads"`
+	// LoRAApplied counts the requests run with each llama.cpp --lora
+	// adapter (by path) at a non-zero scale (llamacpp dialect).
+	LoRAApplied map[string]int `json:"lora_applied,omitempty"`
 }
 
 func (s *server) status(w http.ResponseWriter, _ *http.Request) {
@@ -353,5 +356,6 @@ func (s *server) snapshot() Status {
 		PrefillTokens:     s.prefilled.Load(),
 		Adapters:          slices.Sorted(maps.Keys(s.lora.loaded)),
 		WeightReloads:     st.reloads,
+		LoRAApplied:       maps.Clone(s.llamaLoRA.applied),
 	}
 }

@@ -119,6 +119,8 @@ func (s *server) dialectRoutes(mux *http.ServeMux) {
 		mux.HandleFunc("GET /health", s.health)
 		mux.HandleFunc("GET /props", s.llamaProps)
 		mux.HandleFunc("GET /slots", s.llamaSlots)
+		mux.HandleFunc("GET /lora-adapters", s.llamaLoRAList)
+		mux.HandleFunc("POST /lora-adapters", s.llamaLoRASet)
 		if s.cfg.LlamaRouter {
 			mux.HandleFunc("GET /models", s.llamaModels)
 			mux.HandleFunc("POST /models/load", s.llamaLoad)
