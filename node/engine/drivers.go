@@ -167,6 +167,8 @@ func (llamaCpp) Command(p Params) (Command, error) {
 		"--port", strconv.Itoa(p.Port),
 		"--alias", p.servedName(),
 		"-ngl", "999",
+		// Its request gauges, which the agent reads (engine.ReadLoad).
+		"--metrics",
 	}
 	args = append(args, llamaContext(e)...)
 	args = append(args, llamaLoRAFlags(p.Spec)...)
@@ -335,6 +337,7 @@ func (sim) Command(p Params) (Command, error) {
 		args = append(args, more...)
 		cmd.Env = env
 	case KindLlamaCpp:
+		args = append(args, "--metrics")
 		args = append(args, llamaContext(p.Spec.GetEngine())...)
 		args = append(args, llamaLoRAFlags(p.Spec)...)
 	case KindOllama:

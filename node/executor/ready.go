@@ -87,8 +87,11 @@ func (s *supervisor) preloadOnce(addr string) string {
 }
 
 // probeHost is where the agent reaches an engine bound to BindHost.
-func (s *supervisor) probeHost() string {
-	host := listenHost(s.e.opts.BindHost)
+func (s *supervisor) probeHost() string { return s.e.localHost() }
+
+// localHost is where the agent reaches an engine bound to BindHost.
+func (e *Executor) localHost() string {
+	host := listenHost(e.opts.BindHost)
 	if ip := net.ParseIP(host); ip != nil && ip.IsUnspecified() {
 		host = "127.0.0.1"
 	}

@@ -437,7 +437,7 @@ func (s *supervisor) cardsOf(d Desired) []*pb.Card {
 
 // publish tells the watchdog about the live process.
 func (s *supervisor) publish() {
-	s.e.setEngine(s.k, s.e.engineOf(s.k, s.current(), s.proc.pid))
+	s.e.setEngine(s.k, s.e.engineOf(s.k, s.current(), s.proc.pid, s.port))
 }
 
 // check runs one health check. An engine whose

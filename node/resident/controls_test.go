@@ -65,8 +65,14 @@ func TestOllamaSleepsThroughKeepAlive(t *testing.T) {
 		if ps := ollamaPS(t, n); len(ps) != 0 {
 			t.Fatalf("cycle %d: asleep, /api/ps lists %v", cycle, ps)
 		}
-		if st := controllerState(n); st != residency.Sleeping {
-			t.Fatalf("cycle %d: the controller holds the replica %s, want Sleeping", cycle, st)
+		// The controller hears of the finished sleep just after the engine
+		// unloaded.
+		deadline := time.Now().Add(30 * time.Second)
+		for st := controllerState(n); st != residency.Sleeping; st = controllerState(n) {
+			if time.Now().After(deadline) {
+				t.Fatalf("cycle %d: the controller holds the replica %s, want Sleeping", cycle, st)
+			}
+			time.Sleep(20 * time.Millisecond)
 		}
 		if code, model, msg := ask(t, url, "llama3.2:1b", ""); code != http.StatusOK || model != "llama3.2:1b" {
 			t.Fatalf("cycle %d: request after the sleep: %d %q %s", cycle, code, model, msg)

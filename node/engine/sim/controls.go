@@ -30,6 +30,8 @@ func (s *server) controlRoutes(mux *http.ServeMux) {
 	// The sim's own view, for tests and people: state, memory, shares and
 	// how long the last load and wake took.
 	mux.HandleFunc("GET /sim/status", s.status)
+	// vLLM's request gauges (no dialect: vLLM's series).
+	mux.HandleFunc("GET /metrics", s.metrics)
 }
 
 // vllmSleep is POST /sleep?level=1|2[&mode=abort|wait]: 200 with an empty

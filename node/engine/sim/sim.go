@@ -126,6 +126,8 @@ type Config struct {
 	// global scale starts at 0, not 1).
 	LlamaLoRA                 []string
 	LlamaLoRAInitWithoutApply bool
+	// LlamaMetrics is llama-server's --metrics: /metrics exists.
+	LlamaMetrics bool
 	// OllamaKeepAlive is OLLAMA_KEEP_ALIVE (0: Ollama's 5 minutes;
 	// negative: for ever).
 	OllamaKeepAlive time.Duration
@@ -342,6 +344,9 @@ type server struct {
 	// busySlots are the llama.cpp dialect's slots running a request
 	// (guarded by mu).
 	busySlots map[int]bool
+	// slotWaiting counts the llama.cpp dialect's requests waiting for a
+	// slot (guarded by mu): llama-server's deferred tasks.
+	slotWaiting int
 	// llamaLoRA are the llama.cpp dialect's adapters (llamalora.go,
 	// guarded by mu).
 	llamaLoRA llamaLoRA
