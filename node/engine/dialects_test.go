@@ -213,8 +213,9 @@ func TestStrictVLLMRefusesWithoutItsFlags(t *testing.T) {
 			"--enable-prompt-tokens-details"}}}
 	p, _ := startBuilt(t, c, spec, false)
 	for _, path := range []string{"/sleep?level=1", "/wake_up", "/v1/load_lora_adapter", "/models/load", "/api/generate"} {
-		if code, _ := call(t, p, "POST", path, `{}`); code != http.StatusNotFound {
-			t.Errorf("POST %s on vLLM without its flags: %d, want 404", path, code)
+		// FastAPI's answer for a route it does not have.
+		if code, body := call(t, p, "POST", path, `{}`); code != http.StatusNotFound || strings.TrimSpace(body) != `{"detail":"Not Found"}` {
+			t.Errorf("POST %s on vLLM without its flags: %d %s, want 404 {\"detail\":\"Not Found\"}", path, code, body)
 		}
 	}
 	if _, err := NewVLLMControls(Target{BaseURL: p.base}).IsSleeping(context.Background()); err == nil {
@@ -273,8 +274,9 @@ func TestDriverAgainstStrictLlamaCpp(t *testing.T) {
 			t.Fatalf("%v: a request in slot 1: %d %s", tc.args, code, body)
 		}
 		for _, path := range []string{"/sleep?level=1", "/api/generate", "/models/load"} {
-			if code, _ := call(t, p, "POST", path, `{}`); code != http.StatusNotFound {
-				t.Errorf("%v: POST %s on llama-server started with -m: %d, want 404", tc.args, path, code)
+			if code, body := call(t, p, "POST", path, `{}`); code != http.StatusNotFound ||
+				strings.TrimSpace(body) != `{"error":{"code":404,"message":"File Not Found","type":"not_found_error"}}` {
+				t.Errorf("%v: POST %s on llama-server started with -m: %d %s, want llama-server's 404", tc.args, path, code, body)
 			}
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
@@ -299,8 +301,8 @@ func TestDriverAgainstStrictOllama(t *testing.T) {
 	spec := &pb.ModelSpec{Model: "llama3.2:1b", ServedModelName: "chat",
 		Engine: &pb.EngineSpec{Kind: KindSim, Args: []string{"--dialect", "ollama", "--load-seconds", "0.3", "--tokens-per-second", "0"}}}
 	p, cmd := startBuilt(t, c, spec, false)
-	if code, _ := call(t, p, "GET", "/health", ""); code != http.StatusNotFound {
-		t.Errorf("GET /health on Ollama: %d, want 404", code)
+	if code, body := call(t, p, "GET", "/health", ""); code != http.StatusNotFound || body != "404 page not found" {
+		t.Errorf("GET /health on Ollama: %d %q, want gin's 404", code, body)
 	}
 	if code, body := call(t, p, "GET", "/api/ps", ""); code != http.StatusOK || strings.Contains(body, "llama3.2") {
 		t.Fatalf("before the preload /api/ps: %d %s; want no model loaded", code, body)

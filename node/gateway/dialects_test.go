@@ -57,10 +57,16 @@ func TestGatewayOllamaRequestByServedName(t *testing.T) {
 			t.Fatalf("request for %s: %d %s", model, code, data)
 		}
 		var v struct {
+			Model string         `json:"model"`
 			Usage map[string]any `json:"usage"`
 		}
 		if err := json.Unmarshal(data, &v); err != nil {
 			t.Fatal(err)
+		}
+		// The answer names the model as the engine knows it, as vLLM
+		// answers an alias with its served name.
+		if v.Model != "llama3.2:1b" {
+			t.Fatalf("request for %s answered as model %q, want Ollama's tag llama3.2:1b", model, v.Model)
 		}
 		if _, ok := v.Usage["prompt_tokens_details"]; ok || v.Usage["completion_tokens"] != float64(3) {
 			t.Fatalf("request for %s: usage %v; Ollama reports 3 completion tokens and no cached tokens", model, v.Usage)

@@ -144,6 +144,24 @@ func (s *server) dialectRoutes(mux *http.ServeMux) {
 	mux.HandleFunc("POST /v1/chat/completions", s.chat)
 	mux.HandleFunc("POST /v1/embeddings", s.embeddings)
 	mux.HandleFunc("GET /sim/status", s.status)
+	mux.HandleFunc("/", s.noRoute)
+}
+
+// noRoute answers a path the engine does not serve as that engine does:
+// vLLM's FastAPI {"detail":"Not Found"}, llama-server's error handler
+// (format_error_response "File Not Found", not_found_error), Ollama's gin
+// router its default plain "404 page not found".
+func (s *server) noRoute(w http.ResponseWriter, _ *http.Request) {
+	switch s.cfg.Dialect {
+	case DialectVLLM:
+		writeJSON(w, http.StatusNotFound, map[string]string{"detail": "Not Found"})
+	case DialectLlamaCpp:
+		llamaError(w, http.StatusNotFound, "File Not Found", "not_found_error", nil)
+	default:
+		w.Header().Set("Content-Type", "text/plain")
+		w.WriteHeader(http.StatusNotFound)
+		fmt.Fprint(w, "404 page not found")
+	}
 }
 
 // OllamaVersion is the Ollama release the ollama dialect answers as.

@@ -509,6 +509,11 @@ func (s *server) complete(w http.ResponseWriter, r *http.Request, chat bool) {
 		return
 	}
 	model := s.cfg.ServedModelName
+	if s.cfg.Dialect == DialectOllama {
+		// Ollama answers with the name the request gave
+		// (server/routes.go: Model: req.Model).
+		model = req.Model
+	}
 	if !s.knowsModel(req.Model) {
 		// An adapter is served only while registered; vLLM answers any
 		// other name with a 404, Ollama any name but its tags.
