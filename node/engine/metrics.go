@@ -94,22 +94,11 @@ func sample(line string) (name string, v float64, ok bool) {
 	}
 	name, rest := line[:end], line[end:]
 	if rest[0] == '{' {
-		// Label values are quoted and may hold '}' escaped or not.
-		i, quoted := 1, false
-		for ; i < len(rest); i++ {
-			switch c := rest[i]; {
-			case c == '\\' && quoted:
-				i++
-			case c == '"':
-				quoted = !quoted
-			case c == '}' && !quoted:
-				rest = rest[i+1:]
-				i = len(rest) + 1
-			}
-		}
-		if i == len(rest) {
+		end := labelsEnd(rest)
+		if end < 0 {
 			return "", 0, false
 		}
+		rest = rest[end+1:]
 	}
 	f := strings.Fields(rest)
 	if len(f) == 0 {
@@ -117,4 +106,22 @@ func sample(line string) (name string, v float64, ok bool) {
 	}
 	v, err := strconv.ParseFloat(f[0], 64)
 	return name, v, err == nil
+}
+
+// labelsEnd is the index of the '}' closing the label set s starts with,
+// -1 when none does: label values are quoted and may hold '}' and
+// escaped quotes.
+func labelsEnd(s string) int {
+	quoted := false
+	for i := 1; i < len(s); i++ {
+		switch c := s[i]; {
+		case c == '\\' && quoted:
+			i++
+		case c == '"':
+			quoted = !quoted
+		case c == '}' && !quoted:
+			return i
+		}
+	}
+	return -1
 }

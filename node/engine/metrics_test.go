@@ -75,3 +75,26 @@ func TestReadLoadFromTheEnginesMetrics(t *testing.T) {
 		t.Fatal("HasMetrics says Ollama or a command engine has request gauges")
 	}
 }
+
+// TestMetricsSampleLines: the lines of Prometheus' text format ReadLoad
+// reads: comments skipped, labels (quoted values may hold '}' and escaped
+// quotes) skipped, the value read.
+func TestMetricsSampleLines(t *testing.T) {
+	for line, want := range map[string]struct {
+		name string
+		v    float64
+		ok   bool
+	}{
+		`vllm:num_requests_running{engine="0",model_name="chat"} 3.0`:    {"vllm:num_requests_running", 3, true},
+		`vllm:num_requests_waiting{model_name="a}b\"c"} 2 1700000000000`: {"vllm:num_requests_waiting", 2, true},
+		`llamacpp:requests_deferred 1`:                                   {"llamacpp:requests_deferred", 1, true},
+		`# TYPE vllm:num_requests_running gauge`:                         {"", 0, false},
+		`broken{model="x" 1`:                                             {"", 0, false},
+		``:                                                               {"", 0, false},
+	} {
+		name, v, ok := sample(line)
+		if name != want.name || v != want.v || ok != want.ok {
+			t.Errorf("sample(%q) = %q, %v, %t; want %q, %v, %t", line, name, v, ok, want.name, want.v, want.ok)
+		}
+	}
+}
