@@ -257,8 +257,9 @@ func (s *server) ollamaGenerate(w http.ResponseWriter, r *http.Request) {
 		s.armExpiry()
 		s.mu.Unlock()
 	}
+	// Ollama answers with the name the request gave.
 	writeJSON(w, http.StatusOK, map[string]any{
-		"model": s.cfg.ServedModelName, "created_at": time.Now().UTC().Format(time.RFC3339Nano),
+		"model": body.Model, "created_at": time.Now().UTC().Format(time.RFC3339Nano),
 		"response": "", "done": true, "done_reason": reason,
 	})
 }
