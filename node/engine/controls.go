@@ -371,7 +371,22 @@ func (o *ollamaControls) Sleep(ctx context.Context, level int) error {
 	if err := o.generate(ctx, 0, "unload"); err != nil {
 		return fmt.Errorf("ollama unload: %w", err)
 	}
-	return nil
+	// Ollama answers once it has expired the runner (server/sched.go
+	// expireRunner); its scheduler unloads it afterwards and lists the
+	// model in /api/ps until then: the memory is free once it is gone.
+	t := time.NewTicker(pollInterval)
+	defer t.Stop()
+	for {
+		asleep, err := o.IsSleeping(ctx)
+		if err != nil || asleep {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("ollama unload of %s: %w (still listed in /api/ps)", o.t.Model, ctx.Err())
+		case <-t.C:
+		}
+	}
 }
 
 // Wake loads the model and keeps it loaded (keep_alive -1): unloading is
