@@ -137,6 +137,7 @@ var replicaStatusFields = fields[pb.ReplicaStatus]{
 	9:  enum(func(m *pb.ReplicaStatus) *pb.ReplicaResidency { return &m.Residency }),
 	10: str(func(m *pb.ReplicaStatus) *string { return &m.ResidencyReason }),
 	11: message(func(m *pb.ReplicaStatus) **pb.ReplicaAdapters { return &m.Adapters }, replicaAdaptersFields, alloc[pb.ReplicaAdapters]),
+	12: u64(func(m *pb.ReplicaStatus) *uint64 { return &m.ResidualMib }),
 }
 
 var replicaAdaptersFields = fields[pb.ReplicaAdapters]{

@@ -27,7 +27,7 @@ import (
 type Engines interface {
 	StartEngine(model string, replica uint32, reason string) error
 	StopEngine(ctx context.Context, model string, replica uint32, reason string) error
-	ReportResidency(ctx context.Context, model string, replica uint32, residency pb.ReplicaResidency, reason string) error
+	ReportResidency(ctx context.Context, model string, replica uint32, residency pb.ReplicaResidency, reason string, residualMiB uint64) error
 	ReportAdapters(ctx context.Context, model string, replica uint32, adapters []*pb.AdapterStatus) error
 	Engines() []watchdog.Engine
 }
@@ -170,8 +170,11 @@ type rep struct {
 	// sleptAt is the level of its engine's last sleep: a wake undoes that
 	// one, whatever the deployment says now.
 	sleptAt int
-	// reported is the last residency state the manager reported.
-	reported residency.State
+	// reported is the last residency state the manager reported, with
+	// its reason and, asleep, the residual (MiB).
+	reported       residency.State
+	reportedWhy    string
+	reportedResMiB uint64
 	// stopping is set while an engine stop the Manager asked for runs.
 	stopping bool
 	// advisedLoad is set in advise mode once the controller would have
@@ -192,6 +195,8 @@ type report struct {
 	k      rkey
 	res    pb.ReplicaResidency
 	reason string
+	// residual is what a sleeping engine keeps on the card, MiB.
+	residual uint64
 }
 
 // New returns a Manager; Run starts it.
@@ -652,7 +657,26 @@ func (m *Manager) handle(c *cardCtrl, ev residency.Event, why string) residency.
 			continue
 		}
 		st, ok := c.ctrl.Replica(k.id())
-		if !ok || st.State == r.reported {
+		if !ok {
+			continue
+		}
+		residual := uint64(0)
+		if st.State == residency.Sleeping {
+			residual = uint64(max(st.Cost, 0)+(1<<20)-1) >> 20
+		}
+		if st.State == r.reported {
+			// A sleeping engine's residual is often measured only after
+			// the transition (the first memory sample asleep): `devices
+			// get` counts what was reported, so a change of more than
+			// residualStep is reported again, with the same reason.
+			if st.State != residency.Sleeping || m.opts.Advise || absDiff(residual, r.reportedResMiB) <= residualStep {
+				continue
+			}
+			r.reportedResMiB = residual
+			select {
+			case m.reports <- report{k: k, res: pbResidency(st.State), reason: r.reportedWhy, residual: residual}:
+			default:
+			}
 			continue
 		}
 		if j := m.opts.Journal; j != nil && !m.opts.Advise {
@@ -671,14 +695,27 @@ func (m *Manager) handle(c *cardCtrl, ev residency.Event, why string) residency.
 		if reason == "" {
 			reason = st.State.String()
 		}
+		r.reportedWhy, r.reportedResMiB = reason, residual
 		select {
-		case m.reports <- report{k: k, res: pbResidency(st.State), reason: reason}:
+		case m.reports <- report{k: k, res: pbResidency(st.State), reason: reason, residual: residual}:
 		default:
 			m.log.Warn("residency: report queue full; transition not reported", "replica", k.id())
 		}
 	}
 	m.publishFronts(c)
 	return out
+}
+
+// residualStep is the least change of a sleeping engine's measured
+// residual (MiB) that is reported again: samples jitter, and each report
+// is a log entry.
+const residualStep = 16
+
+func absDiff(a, b uint64) uint64 {
+	if a > b {
+		return a - b
+	}
+	return b - a
 }
 
 func pbResidency(s residency.State) pb.ReplicaResidency {
@@ -705,7 +742,7 @@ func (m *Manager) reporter(ctx context.Context) {
 			return
 		case r := <-m.reports:
 			rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-			if err := m.ex.ReportResidency(rctx, r.k.model, r.k.index, r.res, r.reason); err != nil && !errors.Is(err, executor.ErrNotRunning) {
+			if err := m.ex.ReportResidency(rctx, r.k.model, r.k.index, r.res, r.reason, r.residual); err != nil && !errors.Is(err, executor.ErrNotRunning) {
 				m.log.Info("residency: report transition", "replica", r.k.id(), "err", err)
 			}
 			cancel()

@@ -71,7 +71,7 @@ func (a *Agent) metricsHandler() http.Handler {
 		[]string{"model", "replica", "state"}, nil)})
 	reg.MustRegister(&residencyCollector{a: a,
 		memory: prometheus.NewDesc("gpuplane_card_memory_bytes",
-			"Memory of each card this node's residency controllers manage, by state: total, usable (total less headroom), reserved (pinned and warm shares), resident, sleeping (residual of engines asleep), free (usable less what engines cost).",
+			"Memory of each card this node's residency controllers manage, by state, as devices get counts it: total, usable (total less headroom) = used + sleeping + free; reserved (pinned and warm shares), resident (what engines awake cost), used (that and the reserved shares not loaded and not lent), sleeping (residuals of engines asleep), free (the rest, lent shares included).",
 			[]string{"card", "state"}, nil),
 		decisions: prometheus.NewDesc("gpuplane_residency_decisions_total",
 			"Decisions this node's residency controllers recorded, by action and trigger; advised ones (advise mode) are not executed.",
@@ -174,10 +174,12 @@ func (c *residencyCollector) Collect(ch chan<- prometheus.Metric) {
 		if usable == 0 {
 			usable = l.Usable
 		}
+		acct := l.Account()
 		for _, s := range []struct {
 			state string
 			bytes int64
-		}{{"total", l.Memory}, {"usable", usable}, {"reserved", l.Reserved}, {"resident", l.Resident}, {"sleeping", l.Sleeping}, {"free", l.Free}} {
+		}{{"total", l.Memory}, {"usable", usable}, {"reserved", l.Reserved}, {"resident", l.Resident},
+			{"used", acct.Used}, {"sleeping", acct.Sleeping}, {"free", acct.Free}} {
 			ch <- prometheus.MustNewConstMetric(c.memory, prometheus.GaugeValue, float64(s.bytes), v.Card, s.state)
 		}
 	}

@@ -883,8 +883,12 @@ type CardStatus struct {
 	Index     uint32                 `protobuf:"varint,2,opt,name=index,proto3" json:"index,omitempty"`
 	Uuid      string                 `protobuf:"bytes,3,opt,name=uuid,proto3" json:"uuid,omitempty"`
 	MemoryMib uint64                 `protobuf:"varint,4,opt,name=memory_mib,json=memoryMib,proto3" json:"memory_mib,omitempty"`
-	UsedMib   uint64                 `protobuf:"varint,5,opt,name=used_mib,json=usedMib,proto3" json:"used_mib,omitempty"`
-	FreeMib   uint64                 `protobuf:"varint,6,opt,name=free_mib,json=freeMib,proto3" json:"free_mib,omitempty"`
+	// Held for replicas awake: the shares loaded now (resident_mib) and the
+	// reserved shares of pinned and warm replicas not loaded and not lent.
+	UsedMib uint64 `protobuf:"varint,5,opt,name=used_mib,json=usedMib,proto3" json:"used_mib,omitempty"`
+	// memory − used − sleeping: what nobody holds, a sleeping warm replica's
+	// lent share included (docs/residency.md).
+	FreeMib uint64 `protobuf:"varint,6,opt,name=free_mib,json=freeMib,proto3" json:"free_mib,omitempty"`
 	// The accelerator the card is bound to, empty when unbound.
 	Accelerator string     `protobuf:"bytes,7,opt,name=accelerator,proto3" json:"accelerator,omitempty"`
 	Replicas    []string   `protobuf:"bytes,8,rep,name=replicas,proto3" json:"replicas,omitempty"`
@@ -895,7 +899,9 @@ type CardStatus struct {
 	// Memory shares of replicas loaded on the card now (loading, resident,
 	// waking or draining).
 	ResidentMib uint64 `protobuf:"varint,12,opt,name=resident_mib,json=residentMib,proto3" json:"resident_mib,omitempty"`
-	// Memory shares of replicas asleep in host memory.
+	// What replicas asleep keep on the card (their residuals; the rest of
+	// their shares is free or, for warm ones, lent). used + sleeping + free
+	// = memory.
 	SleepingMib   uint64 `protobuf:"varint,13,opt,name=sleeping_mib,json=sleepingMib,proto3" json:"sleeping_mib,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -2082,7 +2088,10 @@ type Replica struct {
 	ResidencyReason string `protobuf:"bytes,16,opt,name=residency_reason,json=residencyReason,proto3" json:"residency_reason,omitempty"`
 	// Adapters in host RAM, loading or on the card, as the node last
 	// reported them; the deployment's other adapters are on disk.
-	Adapters      []*AdapterStatus `protobuf:"bytes,17,rep,name=adapters,proto3" json:"adapters,omitempty"`
+	Adapters []*AdapterStatus `protobuf:"bytes,17,rep,name=adapters,proto3" json:"adapters,omitempty"`
+	// While asleep: what its engine keeps on the card (MiB), as its node
+	// reported it; the rest of its share is free (or lent, for a warm one).
+	ResidualMib   uint64 `protobuf:"varint,18,opt,name=residual_mib,json=residualMib,proto3" json:"residual_mib,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2234,6 +2243,13 @@ func (x *Replica) GetAdapters() []*AdapterStatus {
 		return x.Adapters
 	}
 	return nil
+}
+
+func (x *Replica) GetResidualMib() uint64 {
+	if x != nil {
+		return x.ResidualMib
+	}
+	return 0
 }
 
 // ACLToken is an API token as the state keeps it: the secret itself is never
@@ -2478,7 +2494,7 @@ const file_gpuplane_v1_resources_proto_rawDesc = "" +
 	"generation\x120\n" +
 	"\x06status\x18\x04 \x01(\v2\x18.gpuplane.v1.ModelStatusR\x06status\x12#\n" +
 	"\rcreated_index\x18\x05 \x01(\x04R\fcreatedIndex\x12!\n" +
-	"\fcreated_unix\x18\x06 \x01(\x03R\vcreatedUnix\"\xce\x04\n" +
+	"\fcreated_unix\x18\x06 \x01(\x03R\vcreatedUnix\"\xf1\x04\n" +
 	"\aReplica\x12\x14\n" +
 	"\x05model\x18\x01 \x01(\tR\x05model\x12\x14\n" +
 	"\x05index\x18\x02 \x01(\rR\x05index\x12\x1e\n" +
@@ -2501,7 +2517,8 @@ const file_gpuplane_v1_resources_proto_rawDesc = "" +
 	"\fplaced_index\x18\x0e \x01(\x04R\vplacedIndex\x12;\n" +
 	"\tresidency\x18\x0f \x01(\x0e2\x1d.gpuplane.v1.ReplicaResidencyR\tresidency\x12)\n" +
 	"\x10residency_reason\x18\x10 \x01(\tR\x0fresidencyReason\x126\n" +
-	"\badapters\x18\x11 \x03(\v2\x1a.gpuplane.v1.AdapterStatusR\badapters\"\xbb\x01\n" +
+	"\badapters\x18\x11 \x03(\v2\x1a.gpuplane.v1.AdapterStatusR\badapters\x12!\n" +
+	"\fresidual_mib\x18\x12 \x01(\x04R\vresidualMib\"\xbb\x01\n" +
 	"\bACLToken\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12%\n" +
 	"\x04role\x18\x02 \x01(\x0e2\x11.gpuplane.v1.RoleR\x04role\x12\x1f\n" +
