@@ -226,6 +226,7 @@ var engineSpecFields = fields[pb.EngineSpec]{
 	11: str(func(m *pb.EngineSpec) *string { return &m.Quantization }),
 	12: u32(func(m *pb.EngineSpec) *uint32 { return &m.MaxAdapters }),
 	13: u32(func(m *pb.EngineSpec) *uint32 { return &m.MaxInFlight }),
+	14: u32(func(m *pb.EngineSpec) *uint32 { return &m.SleepLevel }),
 }
 
 var hostResourcesFields = fields[pb.HostResources]{

@@ -163,6 +163,12 @@ type rep struct {
 	card uint32
 	dep  residency.Deployment
 	kind string
+	// model is the name its engine's controls know the model by
+	// (engine.Params.ControlModel: Ollama's tag).
+	model string
+	// sleptAt is the level of its engine's last sleep: a wake undoes that
+	// one, whatever the deployment says now.
+	sleptAt int
 	// reported is the last residency state the manager reported, with
 	// its reason and, asleep, the residual (MiB).
 	reported       residency.State
@@ -402,9 +408,10 @@ func (m *Manager) deployment(k rkey, d executor.Desired) residency.Deployment {
 	if c := m.cards[d.Replica.GetCards()[0]]; c != nil {
 		dep.Device = c.GetDevice()
 	}
-	if ctl, err := engine.ControlsFor(engine.ControlKind(spec.GetEngine()), engine.Target{}); err == nil {
-		dep.CanSleep = slices.Contains(ctl.Caps().Levels, engine.SleepOffload)
-	}
+	// The engine's own sleep, where it keeps its process: vLLM's level
+	// (spec.engine.sleepLevel), Ollama's keep_alive unload.
+	level := engine.SleepLevel(spec)
+	dep.CanSleep, dep.SleepDiscards = level > 0, level == engine.SleepDiscard
 	return dep
 }
 
@@ -490,6 +497,7 @@ func (m *Manager) placed(ds []executor.Desired) {
 		}
 		dep := m.deployment(k, d)
 		if r, ok := m.reps[k]; ok {
+			r.model = engine.Params{Model: k.model, Spec: d.Spec}.ControlModel()
 			if r.dep != dep {
 				r.dep = dep
 				m.handle(c, residency.DeploymentChanged{Deployment: dep}, "")
@@ -499,7 +507,8 @@ func (m *Manager) placed(ds []executor.Desired) {
 		}
 		// The controls and adapters are those of the API the engine
 		// speaks (a sim's dialect).
-		m.reps[k] = &rep{k: k, card: c.index, dep: dep, kind: engine.ControlKind(d.Spec.GetEngine())}
+		m.reps[k] = &rep{k: k, card: c.index, dep: dep, kind: engine.ControlKind(d.Spec.GetEngine()),
+			model: engine.Params{Model: k.model, Spec: d.Spec}.ControlModel()}
 		delete(m.departed, k)
 		m.handle(c, residency.DeploymentAdded{Deployment: dep}, "")
 		for range m.early[k] {
@@ -781,7 +790,16 @@ func (m *Manager) act(c *cardCtrl, a residency.Action) {
 			}
 		})
 	case residency.ActSleep, residency.ActWake:
-		ctl, err := engine.ControlsFor(r.kind, engine.Target{BaseURL: m.engines[k].url})
+		level := engine.SleepOffload
+		if r.dep.SleepDiscards {
+			level = engine.SleepDiscard
+		}
+		if a.Kind == residency.ActSleep {
+			r.sleptAt = level
+		} else if r.sleptAt != 0 {
+			level = r.sleptAt
+		}
+		ctl, err := engine.ControlsFor(r.kind, engine.Target{BaseURL: m.engines[k].url, Model: r.model, SleepLevel: level})
 		c.work.do(func() {
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 			defer cancel()
@@ -790,7 +808,7 @@ func (m *Manager) act(c *cardCtrl, a residency.Action) {
 			}
 			if err == nil {
 				if a.Kind == residency.ActSleep {
-					err = ctl.Sleep(ctx, engine.SleepOffload)
+					err = ctl.Sleep(ctx, level)
 				} else {
 					err = ctl.Wake(ctx)
 				}

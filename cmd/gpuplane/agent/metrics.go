@@ -66,6 +66,9 @@ func (a *Agent) metricsHandler() http.Handler {
 		replicas: prometheus.NewDesc("gpuplane_replicas", "Replicas by state, as this node's state says.", []string{"state"}, nil),
 		cards:    prometheus.NewDesc("gpuplane_cards", "Cards by device kind, and how many are not bound to an accelerator.", []string{"device", "bound"}, nil),
 	})
+	reg.MustRegister(&engineCollector{a: a, client: &http.Client{}, requests: prometheus.NewDesc("gpuplane_engine_requests",
+		"Requests each engine on this node says it runs and holds waiting, read from the engine's own /metrics when scraped (vLLM's num_requests_running and num_requests_waiting, llama-server's requests_processing and requests_deferred); requests sent to the engine past the gateway count too.",
+		[]string{"model", "replica", "state"}, nil)})
 	reg.MustRegister(&residencyCollector{a: a,
 		memory: prometheus.NewDesc("gpuplane_card_memory_bytes",
 			"Memory of each card this node's residency controllers manage, by state, as devices get counts it: total, usable (total less headroom) = used + sleeping + free; reserved (pinned and warm shares), resident (what engines awake cost), used (that and the reserved shares not loaded and not lent), sleeping (residuals of engines asleep), free (the rest, lent shares included).",

@@ -1267,7 +1267,12 @@ type EngineSpec struct {
 	// the engine's arguments say, e.g. --max-num-seqs, else the gateway's
 	// default); the rest wait in the gateway's queues, where priority and
 	// fairness order them.
-	MaxInFlight   uint32 `protobuf:"varint,13,opt,name=max_in_flight,json=maxInFlight,proto3" json:"max_in_flight,omitempty"`
+	MaxInFlight uint32 `protobuf:"varint,13,opt,name=max_in_flight,json=maxInFlight,proto3" json:"max_in_flight,omitempty"`
+	// The vLLM sleep level the node's residency controller puts a warm or
+	// onDemand replica to sleep at (0 = the default, 1): 1 copies the
+	// weights to host RAM, 2 discards them and a wake reloads them from
+	// disk (for weights on fast local storage, or a host short of RAM).
+	SleepLevel    uint32 `protobuf:"varint,14,opt,name=sleep_level,json=sleepLevel,proto3" json:"sleep_level,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1389,6 +1394,13 @@ func (x *EngineSpec) GetMaxAdapters() uint32 {
 func (x *EngineSpec) GetMaxInFlight() uint32 {
 	if x != nil {
 		return x.MaxInFlight
+	}
+	return 0
+}
+
+func (x *EngineSpec) GetSleepLevel() uint32 {
+	if x != nil {
+		return x.SleepLevel
 	}
 	return 0
 }
@@ -2407,7 +2419,7 @@ const file_gpuplane_v1_resources_proto_rawDesc = "" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x120\n" +
 	"\x04spec\x18\x02 \x01(\v2\x1c.gpuplane.v1.AcceleratorSpecR\x04spec\x126\n" +
 	"\x06status\x18\x03 \x01(\v2\x1e.gpuplane.v1.AcceleratorStatusR\x06status\x12#\n" +
-	"\rcreated_index\x18\x04 \x01(\x04R\fcreatedIndex\"\xa8\x04\n" +
+	"\rcreated_index\x18\x04 \x01(\x04R\fcreatedIndex\"\xc9\x04\n" +
 	"\n" +
 	"EngineSpec\x12\x12\n" +
 	"\x04kind\x18\x01 \x01(\tR\x04kind\x12%\n" +
@@ -2424,7 +2436,9 @@ const file_gpuplane_v1_resources_proto_rawDesc = "" +
 	" \x01(\rR\x13startTimeoutSeconds\x12\"\n" +
 	"\fquantization\x18\v \x01(\tR\fquantization\x12!\n" +
 	"\fmax_adapters\x18\f \x01(\rR\vmaxAdapters\x12\"\n" +
-	"\rmax_in_flight\x18\r \x01(\rR\vmaxInFlight\x1a6\n" +
+	"\rmax_in_flight\x18\r \x01(\rR\vmaxInFlight\x12\x1f\n" +
+	"\vsleep_level\x18\x0e \x01(\rR\n" +
+	"sleepLevel\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xc5\x01\n" +
