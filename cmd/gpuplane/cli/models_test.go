@@ -541,7 +541,8 @@ big     1         -      -       -         -         Pending    -           -   
     "placedIndex": 0,
     "residency": "cold",
     "residencyReason": "",
-    "adapters": []
+    "adapters": [],
+    "residualMib": 0
   }
 ]
 `
