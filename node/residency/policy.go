@@ -475,10 +475,13 @@ func (c *Controller) victims(b *replica, trig Trigger, need int64, bValue float6
 		// A request, or a reserved model placed by the operator, may drain;
 		// a forecast never.
 		entitled := trig == TriggerRequest || reclaim && trig == TriggerOperator
-		if busy && (x.state == Sleeping && !reclaim || !entitled) {
+		outranked := b.dep.Priority > x.dep.Priority
+		// A sleeping engine's waiting requests wait at the gateway: a
+		// reserved owner or a request of a higher class may unload it
+		// (they then wait for its load instead of its wake).
+		if busy && (x.state == Sleeping && !reclaim && !(outranked && trig == TriggerRequest) || !entitled) {
 			continue
 		}
-		outranked := b.dep.Priority > x.dep.Priority
 		// b's turn is due: it may drain x, of its own class (turns.go).
 		due := busy && trig == TriggerRequest && c.slotDue(b, x, now)
 		switch x.dep.Residency {
@@ -492,7 +495,9 @@ func (c *Controller) victims(b *replica, trig Trigger, need int64, bValue float6
 			if (x.state == Loading || x.state == Waking) && !reclaim {
 				continue
 			}
-			if _, ok := c.inTurn(x, now); ok && reclaim {
+			// A turn holds against an owner of x's class or lower; a
+			// lower class gets none (turns.go).
+			if _, ok := c.inTurn(x, now); ok && reclaim && x.dep.Priority >= b.dep.Priority {
 				continue
 			}
 		}

@@ -122,6 +122,12 @@ func (c *Controller) yieldTurn(r *replica, now time.Time) {
 	var extra int64
 	b := c.rep(r.lentTo)
 	waiting := b != nil && !b.removed && b.active > 0 && (b.state == Cold || b.state == Sleeping)
+	if b != nil && b.dep.Priority < r.dep.Priority {
+		// A lower class gets no turn an owner waits for: its work takes
+		// memory only in the owner's quiet spells.
+		r.lentTo = ""
+		waiting = false
+	}
 	if waiting {
 		_, _, extra = c.target(b)
 	}
@@ -134,6 +140,9 @@ func (c *Controller) yieldTurn(r *replica, now time.Time) {
 	var peer *replica
 	for i := range c.reps {
 		x := &c.reps[i]
+		if x.dep.Priority < r.dep.Priority {
+			continue
+		}
 		if u, ok := c.inTurn(x, now); ok && u.After(until) {
 			until, peer = u, x
 		}
