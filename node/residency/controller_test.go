@@ -162,23 +162,25 @@ func TestBusyEngineGivesEqualPriorityATurn(t *testing.T) {
 	}
 }
 
-// A busy engine is drained only for higher-priority demand: standard
-// demand lets background requests run up to the drain deadline; interactive
-// demand cuts them off at once (docs/gateway.md: an interactive request never
-// waits behind background work on the same card).
+// A busy engine is drained only for higher-priority demand: interactive
+// demand lets standard requests run up to the drain deadline; interactive
+// and standard demand cut background requests off at once (docs/gateway.md:
+// they never wait behind background work on the same card).
 func TestHigherPriorityDrainsBusyEngine(t *testing.T) {
 	for _, tc := range []struct {
+		victim  residency.Priority
 		prio    residency.Priority
 		atLeast time.Duration
 		within  time.Duration
 	}{
-		{residency.Standard, 30 * time.Second, time.Hour},
-		{residency.Interactive, 0, 2 * time.Second},
+		{residency.Standard, residency.Interactive, 30 * time.Second, time.Hour},
+		{residency.Background, residency.Standard, 0, 2 * time.Second},
+		{residency.Background, residency.Interactive, 0, 2 * time.Second},
 	} {
-		t.Run(tc.prio.String(), func(t *testing.T) {
+		t.Run(tc.victim.String()+"-for-"+tc.prio.String(), func(t *testing.T) {
 			w := newWorld(t, card)
 			bg, tr := onDemand("batch", 12*gi)
-			bg.Priority = residency.Background
+			bg.Priority = tc.victim
 			w.add(bg, tr)
 			chat, tr := onDemand("chat", 12*gi)
 			chat.Priority = tc.prio

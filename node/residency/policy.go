@@ -72,8 +72,8 @@ func (c *Controller) stop(r *replica, op ActionKind, trig Trigger, forM ModelID,
 		r.issued = false
 		c.setState(r, Draining, now)
 		if deadline == 0 {
-			c.emit(ActDrain, r, "", trig, forM, in, now, "drain %s, then %s at once: interactive %s does not wait behind its %d active background requests, which are cut off: "+format,
-				append([]any{r.dep.Model, op, forM, r.active}, args...)...)
+			c.emit(ActDrain, r, "", trig, forM, in, now, "drain %s, then %s at once: %s %s does not wait behind its %d active background requests, which are cut off: "+format,
+				append([]any{r.dep.Model, op, c.priorityOf(forM), forM, r.active}, args...)...)
 			break
 		}
 		c.emit(ActDrain, r, "", trig, forM, in, now, "drain %s, then %s once its %s finish or after %s: "+format,
@@ -128,8 +128,8 @@ func (c *Controller) drains(now time.Time) {
 				r.pending, r.dep.Model, gib(in.Bytes))
 		} else if d := c.drainDeadline(r, r.drainFor); d == 0 {
 			c.emit(r.pending, r, "", r.drainTrig, r.drainFor, in, now,
-				"%s %s: interactive %s does not wait behind background work, %d requests are cut off with an error; frees %s",
-				r.pending, r.dep.Model, r.drainFor, r.active, gib(in.Bytes))
+				"%s %s: %s %s does not wait behind background work, %d requests are cut off with an error; frees %s",
+				r.pending, r.dep.Model, c.priorityOf(r.drainFor), r.drainFor, r.active, gib(in.Bytes))
 		} else {
 			c.emit(r.pending, r, "", r.drainTrig, r.drainFor, in, now,
 				"%s %s: drain deadline %v passed, %d requests are cut off with an error; frees %s",
@@ -432,6 +432,23 @@ func (c *Controller) protection(x, b *replica) time.Duration {
 	return p
 }
 
+// protectionFrom is protection against op: a sleep costs x a wake, not a
+// load, so against it x is kept the minimum residency (or its slot once
+// serialized with b), not twice its load time.
+func (c *Controller) protectionFrom(x, b *replica, op ActionKind) time.Duration {
+	p := c.protection(x, b)
+	if op != ActSleep || x.dep.Residency != OnDemand {
+		return p
+	}
+	q := c.cfg.MinResidency
+	if len(c.serialized) > 0 {
+		if _, ok := c.serialized[pairOf(x.dep.Model, b.dep.Model)]; ok {
+			q = max(q, c.slot(x))
+		}
+	}
+	return min(p, q)
+}
+
 // slot is a serialized model's turn on the card: SlotFactor swaps, where a
 // swap brings it back from where it is sent (asleep or cold).
 func (c *Controller) slot(x *replica) time.Duration {
@@ -495,16 +512,14 @@ func (c *Controller) victims(b *replica, trig Trigger, need int64, bValue float6
 			if (x.state == Loading || x.state == Waking) && !reclaim {
 				continue
 			}
-			// A turn holds against an owner of x's class or lower; a
-			// lower class gets none (turns.go).
-			if _, ok := c.inTurn(x, now); ok && reclaim && x.dep.Priority >= b.dep.Priority {
+			// A turn holds against an owner of x's class or lower that
+			// yields to it; a lower class gets none, and an owner past
+			// its cap yields no more (turns.go).
+			if _, ok := c.inTurn(x, now); ok && reclaim && x.dep.Priority >= b.dep.Priority && b.yielding {
 				continue
 			}
 		}
 		if busy && !outranked && !reclaim && !due {
-			continue
-		}
-		if x.state == Resident && now.Sub(x.resident) < c.protection(x, b) && !outranked && !reclaim {
 			continue
 		}
 		cand := candidate{idx: i}
@@ -517,6 +532,9 @@ func (c *Controller) victims(b *replica, trig Trigger, need int64, bValue float6
 			cand.op, cand.freed, cand.reload = ActSleep, c.cost(x)-c.residual(x), c.wakeTime(x)
 		default:
 			cand.op, cand.freed, cand.reload = ActEvict, c.cost(x), c.loadTime(x)
+		}
+		if x.state == Resident && now.Sub(x.resident) < c.protectionFrom(x, b, cand.op) && !outranked && !reclaim {
+			continue
 		}
 		if cand.freed <= 0 {
 			continue

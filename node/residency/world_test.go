@@ -406,7 +406,7 @@ func (w *world) exec(a residency.Action) {
 			w.violate("I3: drain of busy %s (%s) for %s by %s", a.Model, e.dep.Priority, d.For, d.Trigger)
 		}
 		e.draining, e.drainAt, e.drainOK, e.drainFor = true, w.now(), true, w.drainDeadline()
-		if f := w.eng[d.For]; f != nil && f.dep.Priority == residency.Interactive && e.dep.Priority == residency.Background {
+		if f := w.eng[d.For]; f != nil && f.dep.Priority > residency.Background && e.dep.Priority == residency.Background {
 			e.drainFor = 0
 		}
 	case residency.ActSleep, residency.ActEvict, residency.ActUnload:
