@@ -634,3 +634,28 @@ func TestKeepAliveIsTheRequestsHint(t *testing.T) {
 	}
 	w.assertClean()
 }
+
+// TestPlanValuesABusyModelWithoutPriors: the agent tells the controller
+// no load or wake time (the profiler learns them); a busy model that never
+// slept shows a value above zero in the plan, computed with its measured
+// load (issue 32: `residency plan` showed VALUE 0.00 at 20 requests a minute).
+func TestPlanValuesABusyModelWithoutPriors(t *testing.T) {
+	w := newWorld(t, card)
+	for _, r := range []residency.Residency{residency.Pinned, residency.Warm} {
+		d, tr := reserved(string(r.String()), r, 8*gi)
+		d.LoadTime, d.WakeTime = 0, 0
+		w.add(d, tr)
+	}
+	for range 40 {
+		for _, m := range []residency.ModelID{"pinned", "warm"} {
+			w.request(m, time.Second)
+		}
+		w.run(3 * time.Second)
+	}
+	w.assertClean()
+	for _, e := range w.c.Plan() {
+		if e.State != residency.Resident || e.Rate < 1 || e.Value <= 0 {
+			t.Fatalf("plan entry %+v: want a resident model with its rate and a value above zero\n%s", e, w.dump())
+		}
+	}
+}

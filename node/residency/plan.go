@@ -62,7 +62,8 @@ func (c *Controller) Plan() []PlanEntry {
 	for i := range c.reps {
 		r := &c.reps[i]
 		reload := c.loadTime(r)
-		if r.dep.CanSleep && r.state != Cold && r.state != Failed {
+		// A pinned model never sleeps: leaving the card would cost it a load.
+		if r.dep.CanSleep && r.dep.Residency != Pinned && r.state != Cold && r.state != Failed {
 			reload = c.wakeTime(r)
 		}
 		bytes := c.cost(r)
