@@ -440,7 +440,7 @@ func (c *Controller) protectionFrom(x, b *replica, op ActionKind) time.Duration 
 	if op != ActSleep || x.dep.Residency != OnDemand {
 		return p
 	}
-	q := c.cfg.MinResidency
+	q := min(c.cfg.MinResidency, max(sleepProtectFloor, c.slot(x)))
 	if len(c.serialized) > 0 {
 		if _, ok := c.serialized[pairOf(x.dep.Model, b.dep.Model)]; ok {
 			q = max(q, c.slot(x))
@@ -448,6 +448,9 @@ func (c *Controller) protectionFrom(x, b *replica, op ActionKind) time.Duration 
 	}
 	return min(p, q)
 }
+
+// sleepProtectFloor is the least an onDemand model is kept from a sleep.
+const sleepProtectFloor = 5 * time.Second
 
 // slot is a serialized model's turn on the card: SlotFactor swaps, where a
 // swap brings it back from where it is sent (asleep or cold).
@@ -547,6 +550,11 @@ func (c *Controller) victims(b *replica, trig Trigger, need int64, bValue float6
 			continue
 		}
 		cand.value = c.value(x, cand.reload, cand.freed)
+		if busy {
+			// Draining x cuts its running work short or makes b wait for
+			// it: idle models that only pay a reload go first.
+			cand.value += priorityWeight(x.dep.Priority) * float64(x.active) * c.cfg.DrainDeadline.Seconds() / (float64(cand.freed) / (1 << 30))
+		}
 		if trig == TriggerForecast && cand.value >= bValue {
 			continue
 		}
