@@ -54,8 +54,9 @@ func (c *Controller) stop(r *replica, op ActionKind, trig Trigger, forM ModelID,
 	if forM != "" && trig == TriggerRequest {
 		c.stepEvictions = append(c.stepEvictions, eviction{victim: r.dep.Model, by: forM, at: now, gap: now.Sub(r.lastUse)})
 	}
-	if (r.state == Loading || r.state == Waking) && r.dep.Residency == OnDemand && forM != "" && c.owner(forM) {
-		// An owner's return cuts a borrower's turn short (turns.go).
+	if (r.state == Loading || r.state == Waking) && r.dep.Residency == OnDemand && forM != "" {
+		// An owner's return, or a higher class's request, cuts a
+		// borrower's turn short (turns.go).
 		c.stepCuts = append(c.stepCuts, cut{model: r.dep.Model, at: now})
 	}
 	r.pending, r.drainFor, r.drainTrig = op, forM, trig
@@ -512,7 +513,11 @@ func (c *Controller) victims(b *replica, trig Trigger, need int64, bValue float6
 				continue
 			}
 		case OnDemand:
-			if (x.state == Loading || x.state == Waking) && !reclaim {
+			// A load or wake in progress is cancelled only for a reserved
+			// owner's return or for a request of a higher class.
+			// Once per ThrashWindow: a load cut short before is left to
+			// finish (turns.go).
+			if (x.state == Loading || x.state == Waking) && !reclaim && !(outranked && trig == TriggerRequest && !c.cutWithin(x, now)) {
 				continue
 			}
 			// A turn holds against an owner of x's class or lower that

@@ -241,6 +241,18 @@ func (c *Controller) waitBound(r *replica, now time.Time) time.Duration {
 // stopAllowance is what waitBound allows for an engine's sleep or stop.
 const stopAllowance = 10 * time.Second
 
+// cutWithin reports whether x's load or wake was cut short within
+// ThrashWindow.
+func (c *Controller) cutWithin(x *replica, now time.Time) bool {
+	at, ok := c.cuts[x.dep.Model]
+	for _, k := range c.stepCuts {
+		if k.model == x.dep.Model {
+			at, ok = k.at, true
+		}
+	}
+	return ok && now.Sub(at) <= c.cfg.ThrashWindow
+}
+
 func (c *Controller) recordCuts(now time.Time) {
 	for _, k := range c.stepCuts {
 		c.cuts[k.model] = k.at
