@@ -541,7 +541,11 @@ func (c *Controller) victims(b *replica, trig Trigger, need int64, bValue float6
 		default:
 			cand.op, cand.freed, cand.reload = ActEvict, c.cost(x), c.loadTime(x)
 		}
-		if x.state == Resident && now.Sub(x.resident) < c.protectionFrom(x, b, cand.op) && !outranked && !reclaim {
+		// A sleep for lower-class demand is judged by mayDisplace below
+		// (x's chance of being asked for within b's turn), not by how
+		// recently x came in.
+		lower := b.dep.Priority < x.dep.Priority && cand.op == ActSleep && x.dep.Residency == OnDemand
+		if x.state == Resident && now.Sub(x.resident) < c.protectionFrom(x, b, cand.op) && !outranked && !reclaim && !lower {
 			continue
 		}
 		if cand.freed <= 0 {
