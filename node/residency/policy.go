@@ -114,6 +114,23 @@ func (c *Controller) removals(now time.Time) {
 	}
 }
 
+// hurryDrains ends at once the drain of a background engine drained for
+// background demand, whose work could run up to the drain deadline, when a
+// request of a higher class needs memory: it does not wait behind
+// background work (drainDeadline). The next step issues the stop.
+func (c *Controller) hurryDrains(b *replica, now time.Time) {
+	if b.dep.Priority == Background {
+		return
+	}
+	for i := range c.reps {
+		x := &c.reps[i]
+		if x.state != Draining || x.issued || x.pending == 0 || x.dep.Priority != Background || !now.Before(x.drainBy) {
+			continue
+		}
+		x.drainBy, x.drainFor, x.drainTrig = now, b.dep.Model, TriggerRequest
+	}
+}
+
 // drains issues the operation a drained engine waits for once its requests
 // are done or its deadline passed.
 func (c *Controller) drains(now time.Time) {
@@ -323,6 +340,9 @@ func (c *Controller) admit(r *replica, trig Trigger, start bool, now time.Time) 
 		return false
 	}
 	need := othersCommitted + c.earmark + claim - c.usable
+	if need > 0 && trig == TriggerRequest {
+		c.hurryDrains(r, now)
+	}
 	if need <= 0 {
 		// Enough is already being freed; wait for it.
 		c.earmark += extra
