@@ -345,6 +345,10 @@ func (c *Controller) outranks(m ModelID, x *replica, now time.Time) bool {
 	if r.dep.Residency.reserved() && x.dep.Residency == OnDemand {
 		return true
 	}
+	// A lower-class turn takes memory as a higher class would (lowturn.go).
+	if c.lowHolds(r) && x.dep.Residency != Pinned {
+		return true
+	}
 	return !now.IsZero() && c.slotDue(r, x, now)
 }
 

@@ -18,6 +18,7 @@ func (c *Controller) step(now time.Time) []Action {
 	c.stepReturns = c.stepReturns[:0]
 	c.stepProtects, c.stepKeep = c.stepProtects[:0], c.stepKeep[:0]
 	c.stepCuts = c.stepCuts[:0]
+	c.stepLow, c.stepLowNext = c.low, c.lowNext
 	c.earmark = 0
 	c.sumsOK = false
 	for i := range c.reps {
@@ -246,7 +247,9 @@ func (c *Controller) demand(now time.Time) {
 	}
 	slices.SortFunc(want, func(a, b int) int {
 		x, y := &c.reps[a], &c.reps[b]
-		return cmp.Or(cmp.Compare(x.dep.Residency, y.dep.Residency),
+		// A lower-class turn's holder goes first: what it frees is
+		// its own (lowturn.go).
+		return cmp.Or(-cmp.Compare(b2i(c.lowHolds(x)), b2i(c.lowHolds(y))), cmp.Compare(x.dep.Residency, y.dep.Residency),
 			-cmp.Compare(x.dep.Priority, y.dep.Priority),
 			x.lastUse.Compare(y.lastUse),
 			cmp.Compare(x.dep.Model, y.dep.Model))
@@ -365,7 +368,10 @@ func (c *Controller) admit(r *replica, trig Trigger, start bool, now time.Time) 
 				why = fmt.Sprintf("lowest value left on the card %.2f (%s %.2f has a request waiting)", x.value, r.dep.Model, myValue)
 			}
 			due := trig == TriggerRequest && v.active > 0 && !c.outranks(r.dep.Model, v, time.Time{}) && c.slotDue(r, v, now)
-			if due {
+			if c.lowHolds(r) {
+				why = fmt.Sprintf("%s's turn as a %s model that waited %v for the card (due after %v); it keeps the card %v, then %s's share goes back",
+					r.dep.Model, r.dep.Priority, now.Sub(r.waitSince).Round(time.Second), lowerWait, c.lowerSlot(r), v.dep.Model)
+			} else if due {
 				why = fmt.Sprintf("%s waited %v for the card, %s had its turn (%v)", r.dep.Model, now.Sub(r.waitSince).Round(time.Second),
 					v.dep.Model, now.Sub(v.resident).Round(time.Second))
 				c.serializeForTurn(r, v, now)
@@ -501,13 +507,16 @@ func (c *Controller) hostUsed() int64 {
 func (c *Controller) victims(b *replica, trig Trigger, need int64, bValue float64, now time.Time) ([]int, bool) {
 	c.cands = c.cands[:0]
 	reclaim := b.dep.Residency.reserved() && !b.removed
+	// b in its lower-class turn takes memory as a higher class would,
+	// but cancels no load or wake (lowturn.go).
+	turn := c.lowHolds(b) && trig == TriggerRequest
 	var host int64
 	if c.cfg.HostMemory > 0 {
 		host = c.hostUsed()
 	}
 	for i := range c.reps {
 		x := &c.reps[i]
-		if x == b || x.removed || x.pending != 0 || x.state == Cold || x.state == Failed || x.state == Draining {
+		if x == b || x.removed || x.pending != 0 || x.state == Cold || x.state == Failed || x.state == Draining || c.lowHolds(x) {
 			continue
 		}
 		// Requests waiting for a sleeping engine wait at the gateway, not on
@@ -516,7 +525,7 @@ func (c *Controller) victims(b *replica, trig Trigger, need int64, bValue float6
 		// A request, or a reserved model placed by the operator, may drain;
 		// a forecast never.
 		entitled := trig == TriggerRequest || reclaim && trig == TriggerOperator
-		outranked := b.dep.Priority > x.dep.Priority
+		outranked := b.dep.Priority > x.dep.Priority || turn
 		// A sleeping engine's waiting requests wait at the gateway: a
 		// reserved owner or a request of a higher class may unload it
 		// (they then wait for its load instead of its wake).
@@ -524,7 +533,7 @@ func (c *Controller) victims(b *replica, trig Trigger, need int64, bValue float6
 			continue
 		}
 		// b's turn is due: it may drain x, of its own class (turns.go).
-		due := busy && trig == TriggerRequest && c.slotDue(b, x, now)
+		due := busy && trig == TriggerRequest && (c.slotDue(b, x, now) || turn)
 		switch x.dep.Residency {
 		case Pinned:
 			continue
@@ -537,7 +546,7 @@ func (c *Controller) victims(b *replica, trig Trigger, need int64, bValue float6
 			// owner's return or for a request of a higher class.
 			// Once per ThrashWindow: a load cut short before is left to
 			// finish (turns.go).
-			if (x.state == Loading || x.state == Waking) && !reclaim && !(outranked && trig == TriggerRequest && !c.cutWithin(x, now)) {
+			if (x.state == Loading || x.state == Waking) && !reclaim && (turn || !(outranked && trig == TriggerRequest && !c.cutWithin(x, now))) {
 				continue
 			}
 			// A turn holds against an owner of x's class or lower that
@@ -574,7 +583,11 @@ func (c *Controller) victims(b *replica, trig Trigger, need int64, bValue float6
 		// Lower-class demand takes a higher class's memory only when x is
 		// not expected back during its turn, and does not send x cold while
 		// x is protected from b (lend.go).
-		if b.dep.Priority < x.dep.Priority && !reclaim &&
+		// A protect decision holds against a turn too (lend.go).
+		if turn && cand.op == ActEvict && c.isProtected(x, b, now) {
+			continue
+		}
+		if b.dep.Priority < x.dep.Priority && !reclaim && !turn &&
 			(cand.op == ActEvict && c.isProtected(x, b, now) || !c.mayDisplace(b, x, cand.reload, now)) {
 			continue
 		}
@@ -735,4 +748,11 @@ func (c *Controller) idle(now time.Time) {
 				"unload %s: asleep %s ≥ %s%s; frees %s", r.dep.Model, dur(now.Sub(r.since)), dur(idleUnload), limit, gib(c.cost(r)))
 		}
 	}
+}
+
+func b2i(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }

@@ -28,9 +28,9 @@ import "time"
 //     to be served); its share is lent in its idle spells, and the first
 //     rule keeps that lend from being cut short twice.
 //
-// Lower classes get no such promise: background work waits while
-// interactive demand holds the card (I3), and takes memory only in the
-// quiet spells mayDisplace finds.
+// A lower class waits while a higher class's demand holds the card (I3)
+// and takes memory in the quiet spells mayDisplace finds, or in a bounded
+// turn once it has waited long (lowturn.go).
 
 // starveAfter is how long a model waits for the card before it may take
 // an equal-class model's turn: the minimum residency.
@@ -65,6 +65,7 @@ func (c *Controller) turns(now time.Time) {
 			r.demandAt = now
 		}
 	}
+	c.lowTurns(now)
 	for i := range c.reps {
 		c.yieldTurn(&c.reps[i], now)
 	}
@@ -75,9 +76,12 @@ func (c *Controller) turns(now time.Time) {
 		} else if r.active > 0 && r.state != Resident && !r.waitSince.IsZero() {
 			if b := c.waitBound(r, now); b > 0 {
 				r.slotBy = r.waitSince.Add(b)
+			} else if c.outrankedOnCard(r) {
+				r.slotBy = c.lowBound(r, now)
 			}
 		}
 	}
+	c.lowYield(now)
 }
 
 // inTurn reports whether borrower x is in a turn an owner may not cut

@@ -306,6 +306,11 @@ func (w *world) outranks(by residency.ModelID, victim *engine, reason string) bo
 	if reserved && victim.dep.Residency == residency.OnDemand {
 		return true
 	}
+	// A lower class's bounded turn (docs/residency.md, "No starvation")
+	// takes memory as a higher class would; the decision names it.
+	if strings.Contains(reason, "'s turn as a") && victim.dep.Residency != residency.Pinned {
+		return true
+	}
 	// The turn rule (docs/residency.md, "No starvation"): a model that has
 	// waited the minimum residency may drain one of its class that has
 	// been up at least that long.

@@ -104,8 +104,10 @@ type Config struct {
 	// ready before it is rejected with 503 (default 60 s).
 	ColdWait time.Duration
 	// ColdWaitBackground is the same wait for a background request
-	// (default 5 min): batch work outlasts a busy spell of the interactive
-	// models whose memory it needs instead of bouncing off every one.
+	// (default 20 min): batch work waits for its model's turn on a busy
+	// card (the residency controller grants one after 10 min of waiting,
+	// docs/residency.md) instead of bouncing off every busy spell of the
+	// interactive models whose memory it needs.
 	ColdWaitBackground time.Duration
 	// MaxRetryAfter caps every Retry-After estimate (default 60 s).
 	MaxRetryAfter time.Duration
@@ -117,7 +119,7 @@ type Config struct {
 const (
 	defaultFloor         = 0.05
 	defaultColdWait      = 60 * time.Second
-	defaultColdWaitBg    = 5 * time.Minute
+	defaultColdWaitBg    = 20 * time.Minute
 	defaultMaxRetryAfter = 60 * time.Second
 	// minRetryAfter: HTTP's Retry-After has whole seconds; never tell a
 	// client to come back immediately.
