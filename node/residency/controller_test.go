@@ -659,3 +659,59 @@ func TestPlanValuesABusyModelWithoutPriors(t *testing.T) {
 		}
 	}
 }
+
+// A background model that fits alone but never finds the card free (an
+// interactive model keeps it busy) gets a bounded turn once it has waited
+// 10 min (docs/residency.md, "No starvation"): the plan says by when, it
+// is on the card by then, the interactive model is drained for it (its
+// request runs the drain deadline), and a request for the interactive
+// model after the turn's slot takes the card back at once.
+func TestBackgroundGetsABoundedTurnOnABusyCard(t *testing.T) {
+	w := newWorld(t, card)
+	chat, tr := onDemand("chat", 12*gi)
+	chat.Priority = residency.Interactive
+	w.add(chat, tr)
+	bg, tr := onDemand("batch", 12*gi)
+	bg.Priority = residency.Background
+	w.add(bg, tr)
+	w.request("chat", time.Hour)
+	w.run(time.Minute)
+	w.request("batch", 10*time.Minute)
+	w.run(5 * time.Minute)
+	if w.state("batch") != residency.Cold {
+		t.Fatalf("batch is %s before its wait is due\n%s", w.state("batch"), w.dump())
+	}
+	var by time.Time
+	for _, e := range w.c.Plan() {
+		if e.Model == "batch" {
+			by = e.SlotBy
+			if by.IsZero() || !by.After(w.now()) || !strings.Contains(e.Reason, "gets the card by") {
+				t.Fatalf("plan for waiting batch: slot by %v, reason %q", by, e.Reason)
+			}
+		}
+	}
+	// Its wait began when its request came, 5 min ago: the turn is due
+	// 5 min from now, and it is in by 30 s drain + 10 s stop + twice its
+	// 20 s load after that.
+	if want := w.now().Add(5*time.Minute + 80*time.Second); by.After(want.Add(time.Second)) {
+		t.Fatalf("plan bounds batch at %v, want by %v", by, want)
+	}
+	for w.now().Before(by) && w.state("batch") != residency.Resident {
+		w.run(time.Second)
+	}
+	if w.state("batch") != residency.Resident {
+		t.Fatalf("batch is %s at %v, past the plan's bound\n%s", w.state("batch"), by, w.dump())
+	}
+	drains := w.actions("chat", residency.ActDrain)
+	if len(drains) != 1 || !strings.Contains(drains[0].Decision.Reason, "batch's turn as a background model") {
+		t.Fatalf("want one drain of chat for batch's turn\n%s", w.dump())
+	}
+	// The slot (3 min) ends; a chat request takes the card back at once.
+	w.run(3*time.Minute + 5*time.Second)
+	w.request("chat", 5*time.Second)
+	w.run(time.Minute)
+	if w.state("chat") != residency.Resident || w.eng["chat"].served < 1 {
+		t.Fatalf("chat is %s, served %d: it must be back after batch's turn\n%s", w.state("chat"), w.eng["chat"].served, w.dump())
+	}
+	w.assertClean()
+}
