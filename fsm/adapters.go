@@ -35,18 +35,16 @@ const (
 var adapterName = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]*$`)
 
 // AdapterEngine says why an engine kind cannot serve adapters, or "": vLLM
-// (runtime LoRA API) and the sim engine load them at run time; the others
-// cannot.
+// (runtime LoRA API) and the sim engine load them at run time, llama.cpp
+// at start (--lora, picked per request); the others cannot.
 func AdapterEngine(kind string) string {
 	switch kind {
-	case "", "vllm", "sim":
+	case "", "vllm", "sim", "llamacpp":
 		return ""
 	case "ollama":
-		return "engine ollama cannot load LoRA adapters at run time (an adapter is a separate Ollama model): use kind vllm or sim, or deploy the adapter as its own model"
-	case "llamacpp":
-		return "engine llamacpp loads LoRA adapters only at start (--lora), not at run time: use kind vllm or sim"
+		return "engine ollama cannot load LoRA adapters at run time (an adapter is a separate Ollama model): use kind vllm, llamacpp or sim, or deploy the adapter as its own model"
 	case "command":
-		return "engine command has no adapter API the node can drive: use kind vllm or sim"
+		return "engine command has no adapter API the node can drive: use kind vllm, llamacpp or sim"
 	}
 	return fmt.Sprintf("engine %s cannot load LoRA adapters", kind)
 }

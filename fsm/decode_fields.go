@@ -137,6 +137,7 @@ var replicaStatusFields = fields[pb.ReplicaStatus]{
 	9:  enum(func(m *pb.ReplicaStatus) *pb.ReplicaResidency { return &m.Residency }),
 	10: str(func(m *pb.ReplicaStatus) *string { return &m.ResidencyReason }),
 	11: message(func(m *pb.ReplicaStatus) **pb.ReplicaAdapters { return &m.Adapters }, replicaAdaptersFields, alloc[pb.ReplicaAdapters]),
+	12: u64(func(m *pb.ReplicaStatus) *uint64 { return &m.ResidualMib }),
 }
 
 var replicaAdaptersFields = fields[pb.ReplicaAdapters]{
@@ -225,6 +226,7 @@ var engineSpecFields = fields[pb.EngineSpec]{
 	11: str(func(m *pb.EngineSpec) *string { return &m.Quantization }),
 	12: u32(func(m *pb.EngineSpec) *uint32 { return &m.MaxAdapters }),
 	13: u32(func(m *pb.EngineSpec) *uint32 { return &m.MaxInFlight }),
+	14: u32(func(m *pb.EngineSpec) *uint32 { return &m.SleepLevel }),
 }
 
 var hostResourcesFields = fields[pb.HostResources]{

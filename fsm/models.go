@@ -131,6 +131,7 @@ func ValidateModelSpec(spec *pb.ModelSpec) []*pb.Violation {
 	if m := e.GetMemoryMib(); m > MaxMemoryMiB {
 		v.add("spec.engine.memory", "must be at most %dMi (64Ti), got %dMi", MaxMemoryMiB, m)
 	}
+	validateSleepLevel(&v, spec)
 	validateStrings(&v, spec)
 	if c := spec.GetResources().GetCpuMilli(); c > MaxCPUMilli {
 		v.add("spec.resources.cpuMilli", "must be at most %d (1000 cores), got %d", MaxCPUMilli, c)
@@ -144,6 +145,23 @@ func ValidateModelSpec(spec *pb.ModelSpec) []*pb.Violation {
 		v = append(v, ValidateAliases(spec.GetServedModelName(), spec.GetAliases(), spec.GetAdapters())...)
 	}
 	return v
+}
+
+// validateSleepLevel checks spec.engine.sleepLevel: vLLM's levels, for
+// engines that have them (vLLM, and the sim engine, which speaks vLLM's
+// sleep API unless its dialect is another engine's), on a model the
+// controller may put to sleep.
+func validateSleepLevel(v *violations, spec *pb.ModelSpec) {
+	e := spec.GetEngine()
+	switch l := e.GetSleepLevel(); {
+	case l == 0:
+	case l > 2:
+		v.add("spec.engine.sleepLevel", "must be 1 (the weights wait in host RAM) or 2 (the weights are discarded and a wake reloads them from disk), got %d", l)
+	case e.GetKind() != "vllm" && e.GetKind() != "sim":
+		v.add("spec.engine.sleepLevel", "only vLLM has sleep levels (kind is %q): the node puts other engines to sleep their own way (docs/engines.md)", e.GetKind())
+	case spec.GetResidency() != pb.Residency_RESIDENCY_WARM && spec.GetResidency() != pb.Residency_RESIDENCY_ON_DEMAND:
+		v.add("spec.engine.sleepLevel", "a pinned model never sleeps: only warm and onDemand deployments take a sleep level")
+	}
 }
 
 // validateStrings checks what an engine's process is given: environment
@@ -381,12 +399,28 @@ func sameIdentity(a, b *pb.ModelSpec) bool {
 func withoutMutable(spec *pb.ModelSpec) *pb.ModelSpec {
 	s := withReplicas(spec, 0)
 	s.Residency, s.Priority, s.Slo = pb.Residency_RESIDENCY_UNSPECIFIED, pb.Priority_PRIORITY_UNSPECIFIED, nil
-	s.Adapters, s.Aliases, s.Idle = nil, nil, nil
-	// The gateway's admission, not the engine, reads maxInFlight.
+	s.Aliases, s.Idle = nil, nil
+	// llama-server loads its adapters at start (--lora): a change of
+	// them is a new engine; who may use them is the gateway's.
+	if !adaptersAtStart(spec.GetEngine()) {
+		s.Adapters = nil
+	}
+	for _, a := range s.Adapters {
+		a.Tenants = nil
+	}
+	// The gateway's admission, not the engine, reads maxInFlight; the
+	// node's residency controller, not the engine's start, the sleep level.
 	if s.Engine != nil {
-		s.Engine.MaxInFlight = 0
+		s.Engine.MaxInFlight, s.Engine.SleepLevel = 0, 0
 	}
 	return s
+}
+
+// adaptersAtStart says the engine takes its adapters at start: llama.cpp,
+// or a sim engine speaking it (its leading --dialect argument).
+func adaptersAtStart(e *pb.EngineSpec) bool {
+	a := e.GetArgs()
+	return e.GetKind() == "llamacpp" || e.GetKind() == "sim" && len(a) >= 2 && a[0] == "--dialect" && a[1] == "llamacpp"
 }
 
 func withReplicas(spec *pb.ModelSpec, n uint32) *pb.ModelSpec {

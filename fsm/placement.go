@@ -284,20 +284,25 @@ func (f *FSM) replicaStatus(c *pb.ReplicaStatus, dry bool) *pb.Result {
 	// An unspecified residency leaves the replica's as it is: a report of
 	// the engine's state alone says nothing about where its weights are.
 	// So does a report without adapters about theirs.
-	residency, residencyReason := r.Residency, r.ResidencyReason
+	residency, residencyReason, residual := r.Residency, r.ResidencyReason, r.ResidualMib
 	if c.GetResidency() != pb.ReplicaResidency_REPLICA_RESIDENCY_UNSPECIFIED {
-		residency, residencyReason = c.GetResidency(), c.GetResidencyReason()
+		residency, residencyReason, residual = c.GetResidency(), c.GetResidencyReason(), 0
+		if residency == pb.ReplicaResidency_REPLICA_RESIDENCY_SLEEPING {
+			// A residual above the share would count memory the card
+			// never promised it.
+			residual = min(c.GetResidualMib(), r.MemoryMib)
+		}
 	}
 	adapters := c.Adapters != nil && !sameAdapters(r.Adapters, c.Adapters.GetAdapters())
 	if r.State == c.GetState() && r.Reason == c.GetReason() && r.Restarts == c.GetRestarts() && r.Endpoint == c.GetEndpoint() &&
-		r.Residency == residency && r.ResidencyReason == residencyReason && !adapters {
+		r.Residency == residency && r.ResidencyReason == residencyReason && r.ResidualMib == residual && !adapters {
 		return accept(pb.Outcome_OUTCOME_UNCHANGED, "replica %s/%d unchanged", c.GetModel(), c.GetReplica())
 	}
 	moved := r.Residency != residency
 	if !dry {
 		f.touch(r.Node)
 		r.State, r.Reason, r.Restarts, r.Endpoint = c.GetState(), c.GetReason(), c.GetRestarts(), c.GetEndpoint()
-		r.Residency, r.ResidencyReason = residency, residencyReason
+		r.Residency, r.ResidencyReason, r.ResidualMib = residency, residencyReason, residual
 		if adapters {
 			r.Adapters = cloneAdapters(c.Adapters.GetAdapters())
 		}

@@ -137,7 +137,7 @@ func (f *FSM) unplace(r *pb.Replica, reason string) {
 
 // clearPlacement is unplace of a replica already released from its cards.
 func (f *FSM) clearPlacement(r *pb.Replica, reason string) {
-	r.Residency, r.ResidencyReason = pb.ReplicaResidency_REPLICA_RESIDENCY_UNSPECIFIED, ""
+	r.Residency, r.ResidencyReason, r.ResidualMib = pb.ReplicaResidency_REPLICA_RESIDENCY_UNSPECIFIED, "", 0
 	r.Adapters = nil
 	r.Node, r.Cards, r.ShareMilli, r.MemoryMib, r.PlacedIndex = "", nil, 0, 0, 0
 	r.State = pb.ReplicaState_REPLICA_STATE_PENDING
@@ -168,19 +168,21 @@ func (f *FSM) binding(node string, index uint32) cardBinding {
 		if r == nil {
 			continue
 		}
-		loaded := false
 		switch r.Residency {
 		case pb.ReplicaResidency_REPLICA_RESIDENCY_LOADING, pb.ReplicaResidency_REPLICA_RESIDENCY_RESIDENT,
 			pb.ReplicaResidency_REPLICA_RESIDENCY_WAKING, pb.ReplicaResidency_REPLICA_RESIDENCY_DRAINING:
 			b.residentMiB += r.MemoryMib
-			loaded = true
-		case pb.ReplicaResidency_REPLICA_RESIDENCY_SLEEPING:
-			b.sleepingMiB += r.MemoryMib
-		}
-		// A reserved share is used whether or not it is loaded; an
-		// onDemand share only while it is.
-		if loaded || reserves(residencyOf(f.models[r.Model].GetSpec())) {
 			b.usedMiB += r.MemoryMib
+		case pb.ReplicaResidency_REPLICA_RESIDENCY_SLEEPING:
+			// Asleep, a replica keeps its residual on the card; the rest
+			// of its share is free, lent while a warm owner sleeps.
+			b.sleepingMiB += min(r.ResidualMib, r.MemoryMib)
+		default:
+			// A reserved share is held while its replica is not loaded;
+			// a cold onDemand replica holds nothing.
+			if reserves(residencyOf(f.models[r.Model].GetSpec())) {
+				b.usedMiB += r.MemoryMib
+			}
 		}
 	}
 	return b

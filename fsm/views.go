@@ -48,8 +48,9 @@ func live(n *pb.Node, c *pb.Card) bool {
 
 // cardBinding is the accelerator a card is bound to ("" when unbound), the
 // replicas on it, the memory they reserve (pinned and warm shares), the
-// shares loaded now and asleep, and what they use: the reserved shares and
-// the loaded onDemand ones (docs/residency.md).
+// shares loaded now, the residuals of those asleep, and what the replicas
+// awake hold: the loaded shares and the reserved shares not loaded and not
+// lent (docs/residency.md). used + sleeping + free = the card's memory.
 type cardBinding struct {
 	accelerator string
 	replicas    []string
@@ -119,8 +120,8 @@ func (f *FSM) Device(name string) (*pb.Device, []*pb.CardStatus, bool) {
 			}
 			b := f.binding(n.Name, c.Index)
 			free := uint64(0)
-			if c.MemoryMib > b.usedMiB {
-				free = c.MemoryMib - b.usedMiB
+			if held := b.usedMiB + b.sleepingMiB; c.MemoryMib > held {
+				free = c.MemoryMib - held
 			}
 			cards = append(cards, &pb.CardStatus{
 				Node: n.Name, Index: c.Index, Uuid: c.Uuid, MemoryMib: c.MemoryMib,

@@ -306,9 +306,9 @@ func replicaStateText(r *pb.Replica) string {
 
 // dashboardCard is a card's status (as `devices get` shows it) with a
 // segment per replica, counted as `devices get` counts them: loaded
-// shares are resident; asleep ones sleeping (lent when reserved, only in
-// host RAM when onDemand); reserved shares not loaded are used, not
-// resident; cold onDemand replicas hold nothing.
+// shares are resident; a replica asleep holds its residual (sleeping; the
+// rest of its share is free, lent when reserved); reserved shares not
+// loaded are used, not resident; cold onDemand replicas hold nothing.
 func dashboardCard(device string, c *pb.CardStatus, replicas map[string]*pb.Replica, specs map[string]*pb.ModelSpec) *pb.DashboardCard {
 	out := &pb.DashboardCard{
 		Node: c.GetNode(), Index: c.GetIndex(), Device: device, Accelerator: c.GetAccelerator(),
@@ -333,6 +333,7 @@ func dashboardCard(device string, c *pb.CardStatus, replicas map[string]*pb.Repl
 			if reserves {
 				seg.Kind = "lent"
 			}
+			seg.MemoryMib = mib32(min(r.GetResidualMib(), r.GetMemoryMib()))
 		default:
 			seg.Kind = "cold"
 			if reserves {

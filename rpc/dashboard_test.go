@@ -120,7 +120,8 @@ func TestDashboardSummary(t *testing.T) {
 		}{
 			{"resident", uint64(sum["resident"]), want.GetResidentMib()},
 			{"sleeping", uint64(sum["lent"] + sum["host"]), want.GetSleepingMib()},
-			{"used", uint64(sum["resident"] + sum["reserved"] + sum["lent"]), want.GetUsedMib()},
+			{"used", uint64(sum["resident"] + sum["reserved"]), want.GetUsedMib()},
+			{"memory", uint64(sum["resident"] + sum["reserved"] + sum["lent"] + sum["host"] + got.GetFreeMib()), want.GetMemoryMib()},
 			{"free", uint64(got.GetFreeMib()), want.GetFreeMib()},
 			{"reserved", uint64(got.GetReservedMib()), want.GetReservedMib()},
 		} {

@@ -102,11 +102,12 @@ func (b *stateBackend) deploy(tb testing.TB, name string, res pb.Residency, ttft
 }
 
 // replicaStatus reports replica of model running on node with the
-// residency r, for reason.
+// residency r, for reason; asleep, it keeps 300 MiB on the card.
 func (b *stateBackend) replicaStatus(tb testing.TB, model string, replica uint32, node string, r pb.ReplicaResidency, reason string) {
 	tb.Helper()
 	b.apply(tb, &pb.Envelope{Command: &pb.Envelope_ReplicaStatus{ReplicaStatus: &pb.ReplicaStatus{Model: model, Replica: replica, Generation: 1,
-		Node: node, State: pb.ReplicaState_REPLICA_STATE_RUNNING, Endpoint: "http://127.0.0.1:1", Residency: r, ResidencyReason: reason}}})
+		Node: node, State: pb.ReplicaState_REPLICA_STATE_RUNNING, Endpoint: "http://127.0.0.1:1", Residency: r, ResidencyReason: reason,
+		ResidualMib: 300}}})
 }
 
 // dashboardClient serves the API of node over b, with its residency

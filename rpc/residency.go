@@ -35,8 +35,9 @@ type ResidencyJournal interface {
 	// Operate loads (load) or unloads the replicas of model that this
 	// node's controllers hold, as the operator asked; no result and no
 	// error where none is held here or no controller runs. An error is the
-	// controller's refusal, with its reason.
-	Operate(ctx context.Context, model string, load bool) ([]*pb.OperateResult, error)
+	// controller's refusal, with its reason. by is who asked (the API
+	// caller), named in the decisions' reasons.
+	Operate(ctx context.Context, model string, load bool, by string) ([]*pb.OperateResult, error)
 }
 
 // residencyHandlers serve what each node's residency manager published in
@@ -395,10 +396,16 @@ func (h *residencyHandlers) Operate(ctx context.Context, req *connect.Request[pb
 	if err != nil {
 		return nil, err
 	}
+	// The decision names who asked: the caller, or for a request a node
+	// relays, the caller it was relayed for.
+	by := actorFrom(ctx)
+	if p, ok := principalFrom(ctx); m.GetAskedBy() != "" && req.Header().Get(residencyRelayHeader) != "" && (!ok || p.access == AccessNode) {
+		by = m.GetAskedBy()
+	}
 	answers := make([][]*pb.OperateResult, len(ts))
 	err = eachTarget(ctx, ts, func(ctx context.Context, i int, t residencyTarget) error {
 		if !t.self {
-			resp, err := h.client(t).Operate(ctx, relayed(connect.NewRequest(&pb.OperateRequest{Node: t.name, Model: model, Action: m.GetAction()})))
+			resp, err := h.client(t).Operate(ctx, relayed(connect.NewRequest(&pb.OperateRequest{Node: t.name, Model: model, Action: m.GetAction(), AskedBy: by})))
 			if err != nil {
 				if ce := new(connect.Error); errors.As(err, &ce) && ce.Code() == connect.CodeFailedPrecondition {
 					return connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("node %s: %s", t.name, ce.Message()))
@@ -411,7 +418,7 @@ func (h *residencyHandlers) Operate(ctx context.Context, req *connect.Request[pb
 		if h.journal == nil {
 			return nil
 		}
-		rs, err := h.journal.Operate(ctx, model, load)
+		rs, err := h.journal.Operate(ctx, model, load, by)
 		if err != nil {
 			return connect.NewError(connect.CodeFailedPrecondition, err)
 		}

@@ -13,6 +13,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
 )
 
 // Sleep levels, as vLLM numbers them.
@@ -69,6 +71,10 @@ type Target struct {
 	Client *http.Client
 	// Process is needed only by the start/stop fallback.
 	Process Process
+	// SleepLevel is the level the engine sleeps at when the caller knows
+	// it (the node's choice, SleepLevel), 0 when not: a vLLM wake from
+	// level 1 must not read the weights from disk again.
+	SleepLevel int
 }
 
 // ControlModel is the name an engine's controls know the replica's model
@@ -95,6 +101,27 @@ func ControlsFor(kind string, t Target) (Controls, error) {
 		return NewStartStopControls(t.Process)
 	}
 	return nil, fmt.Errorf("unknown engine kind %q; known kinds: %s", kind, strings.Join(Kinds, ", "))
+}
+
+// SleepLevel is the level the node's residency controller puts a replica
+// of spec to sleep at, 0 for an engine it stops and starts instead: vLLM's
+// (and the sim's, unless its dialect is another engine's)
+// spec.engine.sleepLevel, 1 by default; Ollama's keep_alive unload, which
+// discards the weights but keeps `ollama serve` (SleepDiscard); none for
+// llama.cpp, whose router controls need llama-server without -m, which
+// the driver never runs, nor for command engines.
+func SleepLevel(spec *pb.ModelSpec) int {
+	e := spec.GetEngine()
+	switch ControlKind(e) {
+	case KindVLLM, KindSim:
+		if e.GetSleepLevel() == SleepDiscard {
+			return SleepDiscard
+		}
+		return SleepOffload
+	case KindOllama:
+		return SleepDiscard
+	}
+	return 0
 }
 
 // checkLevel refuses a level the engine does not have, naming the ones it has.
@@ -186,8 +213,9 @@ func (v *vllmControls) Sleep(ctx context.Context, level int) error {
 // Wake wakes from level 1 with one /wake_up. From level 2 the weights must
 // be reloaded before the KV cache comes back (docs/features/sleep_mode.md):
 // wake the weights, reload_weights, reset the prefix cache, then wake the
-// KV cache. A sleep this driver did not see is woken the level-2 way,
-// which is right for both levels.
+// KV cache. A sleep at a level neither this driver nor its target knows
+// is woken the level-2 way, which is right for both levels (at the price
+// of a read from disk after level 1).
 func (v *vllmControls) Wake(ctx context.Context) error {
 	sleeping, err := v.IsSleeping(ctx)
 	if err != nil || !sleeping {
@@ -196,6 +224,9 @@ func (v *vllmControls) Wake(ctx context.Context) error {
 	v.mu.Lock()
 	level := v.level
 	v.mu.Unlock()
+	if level == 0 {
+		level = v.t.SleepLevel
+	}
 	steps := []struct {
 		path string
 		body any
@@ -327,7 +358,11 @@ type ollamaControls struct{ caller }
 // NewOllamaControls drives Ollama's keep_alive and GET /api/ps.
 func NewOllamaControls(t Target) Controls { return &ollamaControls{caller{t}} }
 
-func (*ollamaControls) Caps() Capabilities { return Capabilities{Levels: []int{SleepDiscard}} }
+// Caps: an unload stops Ollama's runner, freeing the card, while `ollama
+// serve` keeps running: a load skips the server's start.
+func (*ollamaControls) Caps() Capabilities {
+	return Capabilities{Levels: []int{SleepDiscard}, KeepsProcess: true}
+}
 
 func (o *ollamaControls) Sleep(ctx context.Context, level int) error {
 	if err := checkLevel(o.Caps(), level); err != nil {
@@ -336,7 +371,22 @@ func (o *ollamaControls) Sleep(ctx context.Context, level int) error {
 	if err := o.generate(ctx, 0, "unload"); err != nil {
 		return fmt.Errorf("ollama unload: %w", err)
 	}
-	return nil
+	// Ollama answers once it has expired the runner (server/sched.go
+	// expireRunner); its scheduler unloads it afterwards and lists the
+	// model in /api/ps until then: the memory is free once it is gone.
+	t := time.NewTicker(pollInterval)
+	defer t.Stop()
+	for {
+		asleep, err := o.IsSleeping(ctx)
+		if err != nil || asleep {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("ollama unload of %s: %w (still listed in /api/ps)", o.t.Model, ctx.Err())
+		case <-t.C:
+		}
+	}
 }
 
 // Wake loads the model and keeps it loaded (keep_alive -1): unloading is

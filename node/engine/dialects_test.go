@@ -213,8 +213,9 @@ func TestStrictVLLMRefusesWithoutItsFlags(t *testing.T) {
 			"--enable-prompt-tokens-details"}}}
 	p, _ := startBuilt(t, c, spec, false)
 	for _, path := range []string{"/sleep?level=1", "/wake_up", "/v1/load_lora_adapter", "/models/load", "/api/generate"} {
-		if code, _ := call(t, p, "POST", path, `{}`); code != http.StatusNotFound {
-			t.Errorf("POST %s on vLLM without its flags: %d, want 404", path, code)
+		// FastAPI's answer for a route it does not have.
+		if code, body := call(t, p, "POST", path, `{}`); code != http.StatusNotFound || strings.TrimSpace(body) != `{"detail":"Not Found"}` {
+			t.Errorf("POST %s on vLLM without its flags: %d %s, want 404 {\"detail\":\"Not Found\"}", path, code, body)
 		}
 	}
 	if _, err := NewVLLMControls(Target{BaseURL: p.base}).IsSleeping(context.Background()); err == nil {
@@ -273,8 +274,9 @@ func TestDriverAgainstStrictLlamaCpp(t *testing.T) {
 			t.Fatalf("%v: a request in slot 1: %d %s", tc.args, code, body)
 		}
 		for _, path := range []string{"/sleep?level=1", "/api/generate", "/models/load"} {
-			if code, _ := call(t, p, "POST", path, `{}`); code != http.StatusNotFound {
-				t.Errorf("%v: POST %s on llama-server started with -m: %d, want 404", tc.args, path, code)
+			if code, body := call(t, p, "POST", path, `{}`); code != http.StatusNotFound ||
+				strings.TrimSpace(body) != `{"error":{"code":404,"message":"File Not Found","type":"not_found_error"}}` {
+				t.Errorf("%v: POST %s on llama-server started with -m: %d %s, want llama-server's 404", tc.args, path, code, body)
 			}
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
@@ -299,8 +301,8 @@ func TestDriverAgainstStrictOllama(t *testing.T) {
 	spec := &pb.ModelSpec{Model: "llama3.2:1b", ServedModelName: "chat",
 		Engine: &pb.EngineSpec{Kind: KindSim, Args: []string{"--dialect", "ollama", "--load-seconds", "0.3", "--tokens-per-second", "0"}}}
 	p, cmd := startBuilt(t, c, spec, false)
-	if code, _ := call(t, p, "GET", "/health", ""); code != http.StatusNotFound {
-		t.Errorf("GET /health on Ollama: %d, want 404", code)
+	if code, body := call(t, p, "GET", "/health", ""); code != http.StatusNotFound || body != "404 page not found" {
+		t.Errorf("GET /health on Ollama: %d %q, want gin's 404", code, body)
 	}
 	if code, body := call(t, p, "GET", "/api/ps", ""); code != http.StatusOK || strings.Contains(body, "llama3.2") {
 		t.Fatalf("before the preload /api/ps: %d %s; want no model loaded", code, body)
@@ -345,5 +347,48 @@ func TestDriverAgainstStrictOllama(t *testing.T) {
 	}
 	if _, err := AdaptersFor(ControlKind(spec.GetEngine()), Target{BaseURL: p.base}); err == nil {
 		t.Fatal("a sim speaking Ollama has vLLM's adapter controls")
+	}
+}
+
+// TestDriverAgainstStrictLlamaCppAdapters: llama-server takes adapters
+// only at start. Both the llamacpp driver and the sim driver speaking
+// llama.cpp pass each adapter as --lora in spec order, with
+// --lora-init-without-apply; the engine lists them at scale 0 in GET
+// /lora-adapters under the ids LlamaAdapterIDs gives, and a request
+// naming one by id in "lora" runs with it (an id it does not have is 400).
+func TestDriverAgainstStrictLlamaCppAdapters(t *testing.T) {
+	c := newCard(t)
+	ads := []*pb.Adapter{{Name: "sql", Source: "/a/sql.gguf", Rank: 8}, {Name: "law", Source: "/a/law.gguf", Rank: 8}}
+	want := []string{"--lora", "/a/sql.gguf", "--lora", "/a/law.gguf", "--lora-init-without-apply"}
+	llama := &pb.ModelSpec{Model: "/m.gguf", ServedModelName: "chat", Adapters: ads, Engine: &pb.EngineSpec{Kind: KindLlamaCpp}}
+	cmd, err := Build(Params{Model: "chat", Spec: llama, Port: 8100, Replica: &pb.Replica{Model: "chat", Cards: []uint32{0}},
+		Cards: []*pb.Card{{Index: 0, Uuid: c.uuid, MemoryMib: 23034}}}, Enforcement{Mode: ModeNone})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if i := slices.Index(cmd.Args, "--lora"); i < 0 || !slices.Equal(cmd.Args[i:i+len(want)], want) {
+		t.Fatalf("llama-server args %v, want %v", cmd.Args, want)
+	}
+	spec := &pb.ModelSpec{Model: "/m.gguf", ServedModelName: "chat", Adapters: ads, Engine: &pb.EngineSpec{Kind: KindSim,
+		Args: []string{"--dialect", "llamacpp", "--load-seconds", "0", "--tokens-per-second", "0"}}}
+	ids := LlamaAdapterIDs(spec)
+	if ids["sql"] != 0 || ids["law"] != 1 || len(ids) != 2 {
+		t.Fatalf("LlamaAdapterIDs = %v", ids)
+	}
+	p, _ := startBuilt(t, c, spec, false)
+	code, body := call(t, p, "GET", "/lora-adapters", "")
+	if code != http.StatusOK || !strings.Contains(body, `{"id":1,"path":"/a/law.gguf","scale":0}`) {
+		t.Fatalf("GET /lora-adapters: %d %s", code, body)
+	}
+	if code, body := call(t, p, "POST", "/v1/chat/completions",
+		`{"model":"chat","messages":[{"role":"user","content":"hi"}],"max_tokens":2,"lora":[{"id":1,"scale":1}]}`); code != http.StatusOK {
+		t.Fatalf("request for law by id: %d %s", code, body)
+	}
+	code, body = call(t, p, "GET", "/sim/status", "")
+	if code != http.StatusOK || !strings.Contains(body, `"lora_applied":{"/a/law.gguf":1}`) {
+		t.Fatalf("after one request for law: %d %s", code, body)
+	}
+	if code, body := call(t, p, "POST", "/v1/completions", `{"prompt":"hi","max_tokens":1,"lora":[{"id":2,"scale":1}]}`); code != http.StatusBadRequest {
+		t.Fatalf("request for adapter id 2 of 2: %d %s; want 400", code, body)
 	}
 }

@@ -77,6 +77,37 @@ func llamaContext(e *pb.EngineSpec) []string {
 	return []string{"-c", u64(uint64(n) * uint64(slots))}
 }
 
+// llamaLoRAFlags load the deployment's adapters at start, llama-server's
+// only way: --lora per adapter (ids 0.. in spec order, LlamaAdapterIDs),
+// and --lora-init-without-apply so that none applies to a request that
+// does not name it in its "lora" list (the base model's requests run on
+// the base alone).
+func llamaLoRAFlags(spec *pb.ModelSpec) []string {
+	var out []string
+	for _, a := range spec.GetAdapters() {
+		out = append(out, "--lora", a.GetSource())
+	}
+	if len(out) > 0 {
+		out = append(out, "--lora-init-without-apply")
+	}
+	return out
+}
+
+// LlamaAdapterIDs maps each adapter of a deployment whose engine speaks
+// llama.cpp to its id in llama-server (its place in spec.adapters, the
+// order of the --lora flags); nil for other engines, which load adapters
+// at run time by name.
+func LlamaAdapterIDs(spec *pb.ModelSpec) map[string]int {
+	if ControlKind(spec.GetEngine()) != KindLlamaCpp || len(spec.GetAdapters()) == 0 {
+		return nil
+	}
+	out := make(map[string]int, len(spec.GetAdapters()))
+	for i, a := range spec.GetAdapters() {
+		out[a.GetName()] = i
+	}
+	return out
+}
+
 // LlamaSlots is a llama.cpp engine's slot count: its --parallel (-np), or
 // llama-server's auto, 4, when absent or not positive (tools/server/server.cpp:
 // "n_parallel is set to auto, using n_parallel = 4 and kv_unified = true").
@@ -136,8 +167,11 @@ func (llamaCpp) Command(p Params) (Command, error) {
 		"--port", strconv.Itoa(p.Port),
 		"--alias", p.servedName(),
 		"-ngl", "999",
+		// Its request gauges, which the agent reads (engine.ReadLoad).
+		"--metrics",
 	}
 	args = append(args, llamaContext(e)...)
+	args = append(args, llamaLoRAFlags(p.Spec)...)
 	if n := len(p.Cards); n > 1 {
 		// An even split over the replica's cards (CUDA's ordinals 0..n-1).
 		args = append(args, "--tensor-split", strings.TrimSuffix(strings.Repeat("1,", n), ","))
@@ -303,7 +337,9 @@ func (sim) Command(p Params) (Command, error) {
 		args = append(args, more...)
 		cmd.Env = env
 	case KindLlamaCpp:
+		args = append(args, "--metrics")
 		args = append(args, llamaContext(p.Spec.GetEngine())...)
+		args = append(args, llamaLoRAFlags(p.Spec)...)
 	case KindOllama:
 		// Ollama knows the model by its tag, not the served name.
 		args[slices.Index(args, "--served-model-name")+1] = p.ControlModel()

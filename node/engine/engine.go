@@ -152,9 +152,13 @@ func (p Params) name() string {
 // CUDA_VISIBLE_DEVICES as integers and fails at start on UUIDs, so it gets
 // NVML's indexes with CUDA_DEVICE_ORDER=PCI_BUS_ID, under which CUDA
 // numbers the cards in NVML's (PCI bus) order; the other engines take
-// UUIDs, which cannot name another card whatever the order.
+// UUIDs, which cannot name another card whatever the order. A MIG
+// instance (NVML's "MIG-" UUIDs) has no index CUDA takes: it is named by
+// its UUID whatever the engine (vLLM with MIG needs a version that reads
+// them).
 func (p Params) visibleDevices() []string {
-	if p.Spec.GetEngine().GetKind() != KindVLLM {
+	mig := slices.ContainsFunc(p.Cards, func(c *pb.Card) bool { return strings.HasPrefix(c.GetUuid(), "MIG-") })
+	if p.Spec.GetEngine().GetKind() != KindVLLM || mig {
 		return []string{"CUDA_VISIBLE_DEVICES=" + strings.Join(p.uuids(), ",")}
 	}
 	idx := make([]string, len(p.Cards))

@@ -4,6 +4,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -182,5 +183,21 @@ func TestStartTimeout(t *testing.T) {
 	}
 	if got := StartTimeout(&pb.EngineSpec{Kind: KindVLLM, StartTimeoutSeconds: 90}); got != 90*time.Second {
 		t.Errorf("startTimeout 90s gives %s", got)
+	}
+}
+
+// TestMIGInstancesByUUID: a MIG instance has no index CUDA accepts in
+// CUDA_VISIBLE_DEVICES, so even vLLM, which otherwise gets NVML's indexes,
+// is given its UUID.
+func TestMIGInstancesByUUID(t *testing.T) {
+	spec := &pb.ModelSpec{Model: "/m", Engine: &pb.EngineSpec{Kind: KindVLLM}}
+	p := Params{Model: "chat", Spec: spec, Port: 8100, Replica: &pb.Replica{Model: "chat", Cards: []uint32{3}},
+		Cards: []*pb.Card{{Index: 3, Uuid: "MIG-4f1c2d3e-0000-5555-8888-0123456789ab", MemoryMib: 10240}}}
+	cmd, err := Build(p, Enforcement{Mode: ModeNone})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Contains(cmd.Env, "CUDA_VISIBLE_DEVICES=MIG-4f1c2d3e-0000-5555-8888-0123456789ab") || slices.Contains(cmd.Env, "CUDA_VISIBLE_DEVICES=3") {
+		t.Fatalf("vLLM on a MIG instance got env %v, want its MIG UUID", cmd.Env)
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"maps"
+	"net"
 	"os"
 	"path/filepath"
 	"slices"
@@ -291,7 +292,7 @@ func (e *Executor) Run(ctx context.Context) error {
 			want := e.wanted(snap)
 			for k, l := range left {
 				if l.alive {
-					e.setEngine(k, e.engineOf(k, want[k], l.rec.PID))
+					e.setEngine(k, e.engineOf(k, want[k], l.rec.PID, l.rec.Port))
 				}
 			}
 		}
@@ -454,8 +455,12 @@ func (e *Executor) Exceeded(en watchdog.Engine, _ uint64, reason string) {
 
 // engineOf is the watchdog's view of the engine pid of replica k, placed
 // as d.
-func (e *Executor) engineOf(k key, d Desired, pid int) *watchdog.Engine {
-	en := &watchdog.Engine{Model: k.model, Replica: k.index, PID: pid, ShareMiB: d.Replica.GetMemoryMib()}
+func (e *Executor) engineOf(k key, d Desired, pid, port int) *watchdog.Engine {
+	en := &watchdog.Engine{Model: k.model, Replica: k.index, PID: pid, ShareMiB: d.Replica.GetMemoryMib(),
+		Kind: engine.ControlKind(d.Spec.GetEngine())}
+	if port > 0 {
+		en.URL = "http://" + net.JoinHostPort(e.localHost(), itoa(port))
+	}
 	for _, i := range d.Replica.GetCards() {
 		if c, ok := e.cards[i]; ok {
 			en.CardUUIDs = append(en.CardUUIDs, c.GetUuid())

@@ -1,12 +1,15 @@
 package executor
 
 import (
+	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/gpuplane/gpuplane/internal/testutil"
 	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
 )
 
@@ -53,4 +56,38 @@ func TestNeighbourMiB(t *testing.T) {
 	if got := e.neighbourMiB(key{"d", 0}, &pb.Replica{Cards: []uint32{2}}); got != 0 {
 		t.Fatalf("alone on card 2: neighbourMiB = %d, want 0", got)
 	}
+}
+
+// TestChangeDuringAPreload: Ollama's preload loads the model, which may
+// take minutes; meanwhile the supervisor still answers. A replica whose
+// spec changes while its engine preloads gets its new engine at once, not
+// after the old one's load.
+func TestChangeDuringAPreload(t *testing.T) {
+	h := newHarness(t, t.TempDir(), nil)
+	d := sim("slow", 1, "--dialect", "ollama", "--load-seconds", "100")
+	d.Spec.Model = "llama3.2:1b"
+	h.want(10, d)
+	testutil.Eventually(t, 30*time.Second, "the engine never started preloading its model", func() error {
+		for _, e := range h.exec.Engines() {
+			if e.URL == "" {
+				continue
+			}
+			resp, err := http.Get(e.URL + "/sim/status")
+			if err != nil {
+				return err
+			}
+			body, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if strings.Contains(string(body), `"state":"loading"`) {
+				return nil
+			}
+			return fmt.Errorf("status %s", body)
+		}
+		return errors.New("no engine yet")
+	})
+	// The old engine's preload would take 100 s; the new one loads in 0.2.
+	fast := sim("slow", 2, "--dialect", "ollama", "--load-seconds", "0.2")
+	fast.Spec.Model = "llama3.2:1b"
+	h.want(11, fast)
+	h.waitState("slow", pb.ReplicaState_REPLICA_STATE_RUNNING, 30*time.Second)
 }

@@ -14,6 +14,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/gpuplane/gpuplane/node/engine"
 	"github.com/gpuplane/gpuplane/node/procfs"
 )
 
@@ -60,14 +61,58 @@ func (s *supervisor) ask() string {
 // preloadOnce sends the engine's preload (engine.Command.Preload) once per
 // start, bounded by the start deadline: an engine that answers its health
 // path before its model is loaded (Ollama) is ready only once the preload
-// loaded it. It returns "" once done.
+// loaded it. The request runs off the supervisor's loop, which meanwhile
+// answers stops, crashes and changes; each check asks how it went. It
+// returns "" once done, else what the engine is doing or why the preload
+// failed (sent again at the next check).
 func (s *supervisor) preloadOnce(addr string) string {
 	if s.preload == nil || s.preloaded {
 		return ""
 	}
-	ctx, cancel := context.WithDeadline(s.ctx, s.startedAt.Add(s.timeout))
-	defer cancel()
 	p := s.preload
+	if s.preloading == nil {
+		ctx, cancel := context.WithDeadline(s.ctx, s.startedAt.Add(s.timeout))
+		run := &preloadRun{done: make(chan struct{}), cancel: cancel}
+		s.preloading = run
+		port := s.port
+		go func() {
+			defer close(run.done)
+			defer cancel()
+			run.err = sendPreload(ctx, addr, port, p)
+		}()
+	}
+	select {
+	case <-s.preloading.done:
+	default:
+		return fmt.Sprintf("preloading its model (%s %s on port %d)", p.Method, p.Path, s.port)
+	}
+	err := s.preloading.err
+	s.preloading = nil
+	if err != "" {
+		return err
+	}
+	s.preloaded = true
+	return ""
+}
+
+// preloadRun is a preload in flight; err is set before done closes.
+type preloadRun struct {
+	done   chan struct{}
+	cancel context.CancelFunc
+	err    string
+}
+
+// stopPreload abandons a preload in flight (its engine stopped).
+func (s *supervisor) stopPreload() {
+	if s.preloading != nil {
+		s.preloading.cancel()
+		s.preloading = nil
+	}
+}
+
+// sendPreload sends p to the engine at addr: "" once answered 2xx, else
+// what went wrong.
+func sendPreload(ctx context.Context, addr string, port int, p *engine.Request) string {
 	req, err := http.NewRequestWithContext(ctx, p.Method, "http://"+addr+p.Path, strings.NewReader(p.Body))
 	if err != nil {
 		return err.Error()
@@ -75,20 +120,22 @@ func (s *supervisor) preloadOnce(addr string) string {
 	req.Header.Set("Content-Type", "application/json")
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
-		return fmt.Sprintf("preload %s %s on port %d: %v", p.Method, p.Path, s.port, err)
+		return fmt.Sprintf("preload %s %s on port %d: %v", p.Method, p.Path, port, err)
 	}
 	data, _ := io.ReadAll(io.LimitReader(resp.Body, 4<<10))
 	resp.Body.Close()
 	if resp.StatusCode/100 != 2 {
-		return fmt.Sprintf("preload %s %s on port %d answered %s: %s", p.Method, p.Path, s.port, resp.Status, strings.TrimSpace(string(data)))
+		return fmt.Sprintf("preload %s %s on port %d answered %s: %s", p.Method, p.Path, port, resp.Status, strings.TrimSpace(string(data)))
 	}
-	s.preloaded = true
 	return ""
 }
 
 // probeHost is where the agent reaches an engine bound to BindHost.
-func (s *supervisor) probeHost() string {
-	host := listenHost(s.e.opts.BindHost)
+func (s *supervisor) probeHost() string { return s.e.localHost() }
+
+// localHost is where the agent reaches an engine bound to BindHost.
+func (e *Executor) localHost() string {
+	host := listenHost(e.opts.BindHost)
 	if ip := net.ParseIP(host); ip != nil && ip.IsUnspecified() {
 		host = "127.0.0.1"
 	}

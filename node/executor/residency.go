@@ -37,8 +37,10 @@ var ErrNotRunning = errors.New("replica has no engine on this node yet")
 // reported state, so it changes nothing but the residency. An identical
 // transition is not reported twice. It returns the Reporter's error (a
 // stale report: the replica moved on) or ErrNotRunning; it is safe to call
-// from any goroutine.
-func (e *Executor) ReportResidency(ctx context.Context, model string, replica uint32, residency pb.ReplicaResidency, reason string) error {
+// from any goroutine. residualMiB is what a sleeping engine keeps on the
+// card (ignored for any other residency), so that `devices get` counts it
+// and frees the rest of the share.
+func (e *Executor) ReportResidency(ctx context.Context, model string, replica uint32, residency pb.ReplicaResidency, reason string, residualMiB uint64) error {
 	if residency == pb.ReplicaResidency_REPLICA_RESIDENCY_UNSPECIFIED {
 		return fmt.Errorf("report residency of %s/%d: no residency given", model, replica)
 	}
@@ -48,17 +50,20 @@ func (e *Executor) ReportResidency(ctx context.Context, model string, replica ui
 	if s == nil {
 		return fmt.Errorf("report residency of %s/%d: %w", model, replica, ErrNotRunning)
 	}
-	return s.reportResidency(ctx, residency, reason)
+	return s.reportResidency(ctx, residency, reason, residualMiB)
 }
 
-func (s *supervisor) reportResidency(ctx context.Context, residency pb.ReplicaResidency, reason string) error {
+func (s *supervisor) reportResidency(ctx context.Context, residency pb.ReplicaResidency, reason string, residualMiB uint64) error {
 	s.reportMu.Lock()
 	defer s.reportMu.Unlock()
 	if s.latest == nil {
 		return fmt.Errorf("report residency of %s: %w", s.k, ErrNotRunning)
 	}
 	st := proto.Clone(s.latest).(*pb.ReplicaStatus)
-	st.Residency, st.ResidencyReason = residency, reason
+	st.Residency, st.ResidencyReason, st.ResidualMib = residency, reason, 0
+	if residency == pb.ReplicaResidency_REPLICA_RESIDENCY_SLEEPING {
+		st.ResidualMib = residualMiB
+	}
 	if proto.Equal(st, s.latest) {
 		return nil
 	}

@@ -18,7 +18,7 @@ import (
 func TestResidencyReports(t *testing.T) {
 	h := newHarness(t, t.TempDir(), nil)
 	ctx := context.Background()
-	if err := h.exec.ReportResidency(ctx, "alpha", 0, pb.ReplicaResidency_REPLICA_RESIDENCY_SLEEPING, "idle"); !errors.Is(err, ErrNotRunning) {
+	if err := h.exec.ReportResidency(ctx, "alpha", 0, pb.ReplicaResidency_REPLICA_RESIDENCY_SLEEPING, "idle", 0); !errors.Is(err, ErrNotRunning) {
 		t.Fatalf("ReportResidency before the replica is here: %v, want ErrNotRunning", err)
 	}
 	h.want(10, sim("alpha", 1))
@@ -32,7 +32,7 @@ func TestResidencyReports(t *testing.T) {
 
 	const why = "sleep alpha: idle 300s > 120s; frees 9213Mi"
 	for range 2 {
-		if err := h.exec.ReportResidency(ctx, "alpha", 0, pb.ReplicaResidency_REPLICA_RESIDENCY_SLEEPING, why); err != nil {
+		if err := h.exec.ReportResidency(ctx, "alpha", 0, pb.ReplicaResidency_REPLICA_RESIDENCY_SLEEPING, why, 100); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -44,7 +44,7 @@ func TestResidencyReports(t *testing.T) {
 		got.Residency != pb.ReplicaResidency_REPLICA_RESIDENCY_SLEEPING || got.ResidencyReason != why {
 		t.Fatalf("residency report %v: want Running at %s, Sleeping: %s", got, run.Endpoint, why)
 	}
-	if err := h.exec.ReportResidency(ctx, "alpha", 0, pb.ReplicaResidency_REPLICA_RESIDENCY_UNSPECIFIED, ""); err == nil {
+	if err := h.exec.ReportResidency(ctx, "alpha", 0, pb.ReplicaResidency_REPLICA_RESIDENCY_UNSPECIFIED, "", 0); err == nil {
 		t.Fatal("ReportResidency of no residency: no error")
 	}
 

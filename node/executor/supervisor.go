@@ -110,6 +110,8 @@ type supervisor struct {
 	// once per start; preloaded says it was answered.
 	preload   *engine.Request
 	preloaded bool
+	// preloading is the preload in flight, if any (ready.go).
+	preloading *preloadRun
 }
 
 func newSupervisor(ctx context.Context, e *Executor, k key, d Desired, left leftEngine, prev <-chan struct{}) *supervisor {
@@ -398,6 +400,7 @@ func (s *supervisor) launch(d Desired) error {
 		return fmt.Errorf("start %s: %w", cmd.Path, err)
 	}
 	s.proc, s.port, s.cmdline, s.health = p, port, argv, cmd.HealthPath
+	s.stopPreload()
 	s.preload, s.preloaded = cmd.Preload, false
 	rec := &record{
 		Model: s.k.model, Replica: s.k.index, Generation: d.Replica.GetGeneration(), Fingerprint: fingerprint(d),
@@ -437,7 +440,7 @@ func (s *supervisor) cardsOf(d Desired) []*pb.Card {
 
 // publish tells the watchdog about the live process.
 func (s *supervisor) publish() {
-	s.e.setEngine(s.k, s.e.engineOf(s.k, s.current(), s.proc.pid))
+	s.e.setEngine(s.k, s.e.engineOf(s.k, s.current(), s.proc.pid, s.port))
 }
 
 // check runs one health check. An engine whose
@@ -510,6 +513,7 @@ func (s *supervisor) stopEngine() {
 
 // gone forgets a process that has ended.
 func (s *supervisor) gone() {
+	s.stopPreload()
 	s.unlock()
 	// The record goes first, so that once the watchdog no longer sees the
 	// engine there is nothing left of it on disk either.

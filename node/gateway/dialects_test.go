@@ -57,10 +57,16 @@ func TestGatewayOllamaRequestByServedName(t *testing.T) {
 			t.Fatalf("request for %s: %d %s", model, code, data)
 		}
 		var v struct {
+			Model string         `json:"model"`
 			Usage map[string]any `json:"usage"`
 		}
 		if err := json.Unmarshal(data, &v); err != nil {
 			t.Fatal(err)
+		}
+		// The answer names the model as the engine knows it, as vLLM
+		// answers an alias with its served name.
+		if v.Model != "llama3.2:1b" {
+			t.Fatalf("request for %s answered as model %q, want Ollama's tag llama3.2:1b", model, v.Model)
 		}
 		if _, ok := v.Usage["prompt_tokens_details"]; ok || v.Usage["completion_tokens"] != float64(3) {
 			t.Fatalf("request for %s: usage %v; Ollama reports 3 completion tokens and no cached tokens", model, v.Usage)
@@ -142,5 +148,55 @@ func TestGatewayLlamaCppAutoSlots(t *testing.T) {
 	}
 	if busiest != 4 {
 		t.Fatalf("at most %d slots processed at once, want all 4 of llama-server's auto slots in use", busiest)
+	}
+}
+
+// TestGatewayLlamaCppAdaptersPerRequest: llama-server loads its adapters
+// at start (--lora, --lora-init-without-apply) and applies those a request
+// names in "lora". On a 4-slot engine, 12 requests through the gateway for
+// chat:sql, poet (bare) and the base, four at a time, are each answered,
+// and the engine ran each adapter's requests with that adapter alone and
+// the base's with none.
+func TestGatewayLlamaCppAdaptersPerRequest(t *testing.T) {
+	engine := simEngineWith(t, sim.Config{ServedModelName: "chat", Dialect: sim.DialectLlamaCpp, TokensPerSecond: 200,
+		LlamaLoRA: []string{"/a/sql.gguf", "/a/poet.gguf"}, LlamaLoRAInitWithoutApply: true})
+	_, srv, _ := startGateway(t, Options{Node: "n1", Cluster: fixedView{[]Model{{Served: "chat", Deployment: "chat", Class: queue.Standard,
+		Adapters: map[string][]string{"sql": nil, "poet": nil}, AdapterIDs: map[string]int{"sql": 0, "poet": 1},
+		Replicas: []Replica{{Deployment: "chat", Node: "n1", Endpoint: engine, Kind: "llamacpp", Slots: 4, Running: true, Resident: true}}}}}})
+	var wg sync.WaitGroup
+	for i := range 12 {
+		model := []string{"chat:sql", "poet", "chat"}[i%3]
+		wg.Go(func() {
+			body := fmt.Sprintf(`{"model":%q,"prompt":"request %d","max_tokens":5}`, model, i)
+			for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+				resp, err := (&http.Client{Timeout: time.Minute}).Post(srv.URL+"/v1/completions", "application/json", strings.NewReader(body))
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				data, _ := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				if resp.StatusCode == http.StatusServiceUnavailable && time.Now().Before(deadline) {
+					continue
+				}
+				if resp.StatusCode != http.StatusOK {
+					t.Errorf("request for %s: %d %s", model, resp.StatusCode, data)
+				}
+				return
+			}
+		})
+	}
+	wg.Wait()
+	resp, err := http.Get(engine + "/sim/status")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var st sim.Status
+	if err := json.NewDecoder(resp.Body).Decode(&st); err != nil {
+		t.Fatal(err)
+	}
+	if st.LoRAApplied["/a/sql.gguf"] != 4 || st.LoRAApplied["/a/poet.gguf"] != 4 || len(st.LoRAApplied) != 2 {
+		t.Fatalf("the engine ran its adapters %v times, want 4 requests each (and none for the base's 4)", st.LoRAApplied)
 	}
 }

@@ -85,6 +85,11 @@ type Model struct {
 	// by instead of the served name (Ollama knows only its tags,
 	// "llama3.2:1b"): requests for the base are sent with it.
 	EngineModel string
+	// AdapterIDs, for an engine that loads its adapters at start and picks
+	// them per request (llama.cpp's --lora), are their ids: a request for
+	// one is sent for the base model with "lora": [{"id", "scale": 1}]
+	// instead of the adapter's name.
+	AdapterIDs map[string]int
 	// MaxModelLen is the context length of one request in tokens (prompt
 	// and output), where the deployment says it (0: unknown): a prompt
 	// longer than it is refused before it reaches a queue.

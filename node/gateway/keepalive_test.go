@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/gpuplane/gpuplane/node/gateway/queue"
+	"github.com/gpuplane/gpuplane/node/residency"
 )
 
 // keep_alive reads as Ollama reads it: seconds or a duration, any
@@ -17,13 +18,13 @@ func TestParseKeepAlive(t *testing.T) {
 	for in, want := range map[string]time.Duration{
 		`0`: 0, `30`: 30 * time.Second, `"5m"`: 5 * time.Minute, `"0"`: 0, `-1`: -1, `"-1"`: -1, `"-5m"`: -1, `1.5`: 1500 * time.Millisecond,
 	} {
-		got, err := parseKeepAlive(json.RawMessage(in))
+		got, err := residency.ParseKeepAlive(json.RawMessage(in))
 		if err != nil || got != want {
 			t.Errorf("keep_alive %s: %v, %v; want %v", in, got, err, want)
 		}
 	}
 	for _, bad := range []string{`"soon"`, `true`, `{}`, `[1]`} {
-		if _, err := parseKeepAlive(json.RawMessage(bad)); err == nil {
+		if _, err := residency.ParseKeepAlive(json.RawMessage(bad)); err == nil {
 			t.Errorf("keep_alive %s accepted", bad)
 		}
 	}

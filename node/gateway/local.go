@@ -712,7 +712,12 @@ func (x *call) prepare() *apiError {
 		// vLLM's order: lower is handled earlier, 0 the default.
 		fields["priority"] = int(queue.Interactive - req.class)
 	}
-	switch {
+	switch id, byID := m.AdapterIDs[req.adapter]; {
+	case req.adapter != "" && byID:
+		fields["lora"] = []map[string]any{{"id": id, "scale": 1}}
+		if req.model != m.Served {
+			fields["model"] = m.Served
+		}
 	case req.adapter != "":
 		fields["model"] = req.adapter
 	case m.EngineModel != "":

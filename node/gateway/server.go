@@ -17,6 +17,7 @@ import (
 	"github.com/gpuplane/gpuplane/internal/bearer"
 	"github.com/gpuplane/gpuplane/node/gateway/isolation"
 	"github.com/gpuplane/gpuplane/node/gateway/queue"
+	"github.com/gpuplane/gpuplane/node/residency"
 )
 
 // apiError is an answer in OpenAI's error shape.
@@ -315,7 +316,7 @@ func (g *Gateway) parse(w http.ResponseWriter, r *http.Request) (*request, *apiE
 		req.n = *f.N
 	}
 	if len(f.KeepAlive) > 0 && string(f.KeepAlive) != "null" {
-		d, err := parseKeepAlive(f.KeepAlive)
+		d, err := residency.ParseKeepAlive(f.KeepAlive)
 		if err != nil {
 			return nil, errorf(http.StatusBadRequest, "invalid_request_error", "invalid_value", "keep_alive %s: %v", f.KeepAlive, err)
 		}
@@ -345,36 +346,6 @@ func (g *Gateway) parse(w http.ResponseWriter, r *http.Request) (*request, *apiE
 	// prompt at dispatch; the counters take what the engine reports.
 	req.promptTokens = (len(f.Prompt) + len(f.Messages) + len(f.Input)) / 4
 	return req, nil
-}
-
-// parseKeepAlive reads keep_alive as Ollama does: a number of seconds or
-// a duration ("5m", "1h30m", "0", "-1"); any negative value keeps the
-// model loaded (-1).
-func parseKeepAlive(raw json.RawMessage) (time.Duration, error) {
-	var v any
-	if err := json.Unmarshal(raw, &v); err != nil {
-		return 0, err
-	}
-	var d time.Duration
-	switch x := v.(type) {
-	case float64:
-		d = time.Duration(x * float64(time.Second))
-	case string:
-		if secs, err := strconv.ParseFloat(x, 64); err == nil {
-			d = time.Duration(secs * float64(time.Second))
-			break
-		}
-		var err error
-		if d, err = time.ParseDuration(x); err != nil {
-			return 0, errors.New(`must be a number of seconds or a duration such as "5m"; 0 unloads the model after the request, a negative value keeps it loaded`)
-		}
-	default:
-		return 0, errors.New(`must be a number of seconds or a duration such as "5m"; 0 unloads the model after the request, a negative value keeps it loaded`)
-	}
-	if d < 0 {
-		d = -1
-	}
-	return d, nil
 }
 
 // withoutField is body (a JSON object) without its field key.

@@ -109,8 +109,11 @@ type replica struct {
 	keep    time.Duration
 	keepSet bool
 	// opLoad is set while an operator's load waits for its step, opUnload
-	// while an operator's unload does (operator.go).
+	// while an operator's unload does, with opFor the model whose operator
+	// load it makes room for (operator.go).
 	opLoad, opUnload bool
+	opFor            ModelID
+	opBy             string
 	dep              Deployment
 	// prof is what the profiler learned for dep's key, mem its memory
 	// figures at dep's share (shared, not part of a step's trial copy).
@@ -542,10 +545,11 @@ func (c *Controller) observe(ev Event, now time.Time) error {
 	case KeepAlive:
 		c.keepAlive(e)
 	case OperatorLoad:
-		r, err := c.operatorCheck(e.Model, true)
+		r, err := c.operatorCheck(e.Model, true, e.By)
 		if err != nil {
 			return err
 		}
+		r.opBy = e.By
 		// A preloaded model follows the card's idle timeouts, as Ollama's
 		// preload takes the default keep_alive.
 		r.keepSet = false
@@ -553,10 +557,11 @@ func (c *Controller) observe(ev Event, now time.Time) error {
 			r.opLoad = true
 		}
 	case OperatorUnload:
-		r, err := c.operatorCheck(e.Model, false)
+		r, err := c.operatorCheck(e.Model, false, e.By)
 		if err != nil {
 			return err
 		}
+		r.opBy = e.By
 		r.opLoad, r.opUnload = false, true
 	case ClearViolations:
 		c.pinnedOnly = false

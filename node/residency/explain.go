@@ -61,7 +61,9 @@ func (c *Controller) WaitExpired(m ModelID, waited time.Duration) (reason string
 }
 
 // holders names the models that hold the card's memory, besides r, the
-// largest first: "chat/0 (Resident, 8.0Gi), embed/0 (reserved 2.0Gi)".
+// largest first, each with its class, state and claim: "chat/0 (onDemand,
+// Resident, 8.0Gi), embed/0 (warm, reserved, 2.0Gi)". A 503's cause and an
+// operator's refused load both quote it.
 func (c *Controller) holders(r *replica) string {
 	type held struct {
 		m     ModelID
@@ -75,9 +77,9 @@ func (c *Controller) holders(r *replica) string {
 			continue
 		}
 		if b := c.claim(x, false); b > 0 {
-			what := x.state.String()
+			what := x.dep.Residency.String() + ", " + x.state.String()
 			if x.state == Cold && x.dep.Residency.reserved() {
-				what = "reserved, " + x.dep.Residency.String()
+				what = x.dep.Residency.String() + ", reserved"
 			}
 			hs = append(hs, held{x.dep.Model, what, b})
 		}

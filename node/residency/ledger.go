@@ -66,8 +66,12 @@ func (c *Controller) reload(r *replica) time.Duration {
 	return c.loadTime(r)
 }
 
-// hostBytes is what r's sleep moves to host RAM.
+// hostBytes is what r's sleep moves to host RAM: nothing when its sleep
+// discards the weights.
 func (c *Controller) hostBytes(r *replica) int64 {
+	if r.dep.SleepDiscards {
+		return 0
+	}
 	return max(c.footprint(r)-c.residual(r), 0)
 }
 

@@ -19,9 +19,10 @@ type OperatorResult struct {
 }
 
 // OperateFunc loads (load) or unloads the replicas of model, a deployment
-// name or one replica ("chat/0"), that this node's controllers hold. No
+// name or one replica ("chat/0"), that this node's controllers hold, as by
+// asked (an API caller: a token's name, or "anonymous" without ACLs). No
 // result and no error: none is held here.
-type OperateFunc func(ctx context.Context, model string, load bool) ([]OperatorResult, error)
+type OperateFunc func(ctx context.Context, model string, load bool, by string) ([]OperatorResult, error)
 
 // ErrNoOperator: the node's residency manager is not running.
 var ErrNoOperator = errors.New("the node's residency manager is not running")
@@ -43,12 +44,12 @@ func (j *Journal) SetOperator(f OperateFunc) {
 
 // Operate passes an operator's load or unload to the node's residency
 // manager.
-func (j *Journal) Operate(ctx context.Context, model string, load bool) ([]OperatorResult, error) {
+func (j *Journal) Operate(ctx context.Context, model string, load bool, by string) ([]OperatorResult, error) {
 	j.op.mu.Lock()
 	f := j.op.f
 	j.op.mu.Unlock()
 	if f == nil {
 		return nil, ErrNoOperator
 	}
-	return f(ctx, model, load)
+	return f(ctx, model, load, by)
 }

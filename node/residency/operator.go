@@ -1,9 +1,9 @@
 package residency
 
 import (
+	"cmp"
 	"fmt"
 	"slices"
-	"strings"
 	"time"
 )
 
@@ -11,22 +11,37 @@ import (
 // model: it is loaded (or woken) at once where the card can hold it beside
 // what it promised the others; otherwise the event is refused, naming what
 // holds the card, and nothing changes. Once loaded it follows the card's
-// idle timeouts like a model whose last request just finished.
-type OperatorLoad struct{ Model ModelID }
+// idle timeouts like a model whose last request just finished. By is who
+// asked (an API caller), named in the reasons; empty: not known.
+type OperatorLoad struct {
+	Model ModelID
+	By    string
+}
 
 // OperatorUnload takes Model off its card now, as `ollama stop` does: an
 // onDemand model is unloaded, a warm one put to sleep (unloaded where its
 // engine cannot sleep; its share stays reserved). A pinned model is
 // refused. Requests running on it are drained first; a later request loads
-// it again as usual.
-type OperatorUnload struct{ Model ModelID }
+// it again as usual. By is who asked, as in OperatorLoad.
+type OperatorUnload struct {
+	Model ModelID
+	By    string
+}
+
+// askedBy is the reasons' "asked by the operator", naming who when known.
+func askedBy(by string) string {
+	if by == "" {
+		return "asked by the operator"
+	}
+	return fmt.Sprintf("asked by the operator (%s)", by)
+}
 
 func (OperatorLoad) isEvent()   {}
 func (OperatorUnload) isEvent() {}
 
 // operatorCheck returns m's replica, or why an operator's load or unload
 // of m cannot be done on this card.
-func (c *Controller) operatorCheck(m ModelID, load bool) (*replica, error) {
+func (c *Controller) operatorCheck(m ModelID, load bool, by string) (*replica, error) {
 	r := c.rep(m)
 	if r == nil || r.removed {
 		return nil, fmt.Errorf("model %s is not on card %s", m, c.cfg.Card)
@@ -52,39 +67,63 @@ func (c *Controller) operatorCheck(m ModelID, load bool) (*replica, error) {
 	}
 	_, _, claim := c.target(r)
 	othersNow, _ := c.others(r)
-	if free := c.usable - othersNow; claim > free {
-		return nil, fmt.Errorf("card %s cannot hold %s now: it needs %s, %s is free of %s usable; held by %s",
-			c.cfg.Card, m, gib(claim), gib(max(free, 0)), gib(c.usable), c.cardHolders(r))
+	free := c.usable - othersNow
+	if claim <= free {
+		return r, nil
+	}
+	// Idle onDemand models make room, as Ollama unloads idle models for
+	// another: never a pinned or warm model, nor one with requests.
+	vs, freed := c.operatorRoom(r, claim-free)
+	if freed < claim-free {
+		more := ""
+		if freed > 0 {
+			more = fmt.Sprintf("; unloading its idle onDemand models would free only %s", gib(freed))
+		}
+		return nil, fmt.Errorf("card %s cannot hold %s now: it needs %s, %s is free of %s usable; held by %s%s",
+			c.cfg.Card, m, gib(claim), gib(max(free, 0)), gib(c.usable), c.holders(r), more)
+	}
+	for _, v := range vs {
+		v.opUnload, v.opFor, v.opBy = true, m, by
 	}
 	return r, nil
 }
 
-// cardHolders names what claims the card's memory besides r, largest first.
-func (c *Controller) cardHolders(r *replica) string {
-	type held struct {
-		m     ModelID
-		bytes int64
-		what  string
+// operatorRoom picks idle onDemand models whose unload frees need for r,
+// the least valuable per GiB first (the largest among equals). It returns
+// them and what they free.
+func (c *Controller) operatorRoom(r *replica, need int64) ([]*replica, int64) {
+	type cand struct {
+		x     *replica
+		freed int64
+		value float64
 	}
-	var hs []held
+	var cs []cand
 	for i := range c.reps {
 		x := &c.reps[i]
-		if x == r {
+		if x == r || x.removed || x.dep.Residency != OnDemand || x.active > 0 || x.pending != 0 || x.opUnload {
 			continue
 		}
-		if b := c.claim(x, false); b > 0 {
-			hs = append(hs, held{x.dep.Model, b, x.dep.Residency.String() + ", " + x.state.String()})
+		switch x.state {
+		case Resident, Sleeping:
+		default:
+			continue
 		}
+		freed := c.cost(x)
+		cs = append(cs, cand{x, freed, c.value(x, c.reload(x), freed)})
 	}
-	if len(hs) == 0 {
-		return "nothing else"
+	slices.SortFunc(cs, func(a, b cand) int {
+		return cmp.Or(cmp.Compare(a.value, b.value), cmp.Compare(b.freed, a.freed), cmp.Compare(a.x.dep.Model, b.x.dep.Model))
+	})
+	var out []*replica
+	var freed int64
+	for _, k := range cs {
+		if freed >= need {
+			break
+		}
+		out = append(out, k.x)
+		freed += k.freed
 	}
-	slices.SortFunc(hs, func(a, b held) int { return int(b.bytes>>20 - a.bytes>>20) })
-	parts := make([]string, len(hs))
-	for i, h := range hs {
-		parts[i] = fmt.Sprintf("%s %s (%s)", h.m, gib(h.bytes), h.what)
-	}
-	return strings.Join(parts, ", ")
+	return out, freed
 }
 
 // operatorStops takes off the card the models an operator asked to unload.
@@ -98,21 +137,39 @@ func (c *Controller) operatorStops(now time.Time) {
 		if r.removed || r.pending != 0 || r.dep.Residency == Pinned {
 			continue
 		}
+		forM := r.opFor
+		r.opFor = ""
 		op := ActUnload
 		if r.dep.Residency == Warm && r.dep.CanSleep {
 			op = ActSleep
 		}
+		if forM != "" {
+			// Making room, the engine is stopped whole: a sleep would
+			// keep its residual, which the room was counted without.
+			op = ActEvict
+		}
 		switch {
 		case r.state == Cold || r.state == Failed:
 			continue
-		case r.state == Sleeping && (op == ActSleep || r.dep.Residency == Warm):
+		case r.state == Sleeping && forM == "" && (op == ActSleep || r.dep.Residency == Warm):
+			continue
+		case forM != "" && r.active > 0:
+			// A request arrived since: it is no longer idle.
 			continue
 		}
 		freed := c.cost(r)
 		if op == ActSleep {
 			freed = c.claim(r, false) - c.residual(r)
 		}
-		c.stop(r, op, TriggerOperator, "", Inputs{Bytes: freed, Reload: c.reload(r)}, now,
-			"%s %s: asked by the operator; frees %s", op, r.dep.Model, gib(freed))
+		in := Inputs{Bytes: freed, Reload: c.reload(r)}
+		if forM != "" {
+			in.Value = c.value(r, c.reload(r), freed)
+			c.stop(r, op, TriggerOperator, forM, in, now,
+				"%s %s: idle onDemand (value %.2f), makes room for %s, %s; frees %s",
+				op, r.dep.Model, in.Value, forM, askedBy(r.opBy), gib(freed))
+			continue
+		}
+		c.stop(r, op, TriggerOperator, "", in, now,
+			"%s %s: %s; frees %s", op, r.dep.Model, askedBy(r.opBy), gib(freed))
 	}
 }

@@ -51,7 +51,8 @@ func TestOperatorLoadAndUnload(t *testing.T) {
 	before := len(w.acts)
 	err := op(residency.OperatorLoad{Model: "big"})
 	if err == nil || !strings.Contains(err.Error(), "cannot hold big") || !strings.Contains(err.Error(), "held by") ||
-		!strings.Contains(err.Error(), "w 10") || !strings.Contains(err.Error(), "a 8") {
+		!strings.Contains(err.Error(), "w (warm, Resident, 10.0Gi)") || !strings.Contains(err.Error(), "a (onDemand, Resident, 8.0Gi)") ||
+		!strings.Contains(err.Error(), "unloading its idle onDemand models would free only 8.0Gi") {
 		t.Fatalf("load of a model the card cannot hold: %v, want a refusal naming w and a", err)
 	}
 	if w.state("big") != residency.Cold || len(w.actions("big")) != 0 || len(w.acts) != before {
@@ -89,6 +90,53 @@ func TestOperatorLoadAndUnload(t *testing.T) {
 	w.run(time.Minute)
 	if w.eng["a"].served != 1 {
 		t.Fatalf("a served %d requests after the operator's unload, want 1\n%s", w.eng["a"].served, w.dump())
+	}
+	w.assertClean()
+}
+
+// TestOperatorLoadMakesRoomFromIdleOnDemand: an operator's load that the
+// card cannot hold beside what it holds now unloads idle onDemand models
+// to make room, each a decision with trigger operator naming the model it
+// makes room for; a busy onDemand model, a warm one and a pinned one stay.
+func TestOperatorLoadMakesRoomFromIdleOnDemand(t *testing.T) {
+	w := newWorld(t, card)
+	w.add(reserved("p", residency.Pinned, 2*gi))
+	w.add(reserved("w", residency.Warm, 10*gi))
+	w.add(onDemand("idle", 4*gi))
+	w.add(onDemand("busy", 3*gi))
+	w.add(onDemand("big", 6*gi))
+	w.request("idle", time.Second)
+	w.request("busy", 10*time.Minute)
+	w.run(time.Minute)
+	for m, want := range map[residency.ModelID]residency.State{"p": residency.Resident, "w": residency.Resident, "idle": residency.Resident, "busy": residency.Resident} {
+		if got := w.state(m); got != want {
+			t.Fatalf("before the load: %s is %s, want %s\n%s", m, got, want, w.dump())
+		}
+	}
+	out := w.c.Handle(residency.OperatorLoad{Model: "big"})
+	if out.Err != nil {
+		t.Fatalf("load big: %v\n%s", out.Err, w.dump())
+	}
+	for _, a := range out.Actions {
+		w.acts = append(w.acts, a)
+		w.exec(a)
+	}
+	w.run(time.Minute)
+	if w.state("big") != residency.Resident || w.state("idle") != residency.Cold {
+		t.Fatalf("after the operator's load: big %s, idle %s; want Resident, Cold\n%s", w.state("big"), w.state("idle"), w.dump())
+	}
+	ev := w.actions("idle", residency.ActEvict)
+	if len(ev) != 1 || ev[0].Decision.Trigger != residency.TriggerOperator || ev[0].Decision.For != "big" ||
+		!strings.Contains(ev[0].Decision.Reason, "makes room for big, asked by the operator") {
+		t.Fatalf("idle's eviction: %+v, want one with trigger operator for big\n%s", ev, w.dump())
+	}
+	if ld := w.actions("big", residency.ActLoad); len(ld) != 1 || ld[0].Decision.Trigger != residency.TriggerOperator {
+		t.Fatalf("big's load: %+v, want one with trigger operator\n%s", ld, w.dump())
+	}
+	for _, m := range []residency.ModelID{"p", "w", "busy"} {
+		if w.state(m) != residency.Resident || len(w.actions(m, residency.ActEvict, residency.ActSleep, residency.ActUnload, residency.ActDrain)) != 0 {
+			t.Fatalf("%s was touched (%s) to make room for an operator's load\n%s", m, w.state(m), w.dump())
+		}
 	}
 	w.assertClean()
 }

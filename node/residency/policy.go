@@ -408,7 +408,7 @@ func why(trig Trigger, r *replica) string {
 		return "arrival predicted"
 	}
 	if r.opLoad {
-		return "asked by the operator"
+		return askedBy(r.opBy)
 	}
 	return fmt.Sprintf("%s model is kept on the card", r.dep.Residency)
 }

@@ -134,6 +134,11 @@ type Deployment struct {
 	// CanSleep is true when the engine supports sleep/wake (vLLM sleep
 	// mode, the sim engine); without it, demotion is an unload.
 	CanSleep bool
+	// SleepDiscards says a sleep drops the weights instead of keeping them
+	// in host RAM (vLLM's level 2, Ollama's keep_alive unload): it takes
+	// no host memory, and a wake reloads the weights from disk while the
+	// engine's process stays up.
+	SleepDiscards bool
 	// LoadTime and WakeTime are priors for a cold load and a wake.
 	LoadTime time.Duration
 	WakeTime time.Duration

@@ -60,7 +60,10 @@ type adapterSpec struct {
 
 func specAdapters(spec *pb.ModelSpec) *adapterSpec {
 	ads := spec.GetAdapters()
-	if len(ads) == 0 {
+	if len(ads) == 0 || engine.LlamaAdapterIDs(spec) != nil {
+		// llama-server loads its adapters at start (--lora), so they
+		// are part of the base's footprint; the gateway names them per
+		// request ("lora"): nothing to page.
 		return nil
 	}
 	s := &adapterSpec{served: spec.GetServedModelName(), byName: make(map[string]*pb.Adapter, len(ads)), max: 4}

@@ -199,8 +199,10 @@ func simAdapters(t *testing.T, n *adapterNode) []string {
 // simStatus is the engine's own /sim/status (zero while it starts or
 // stops).
 func simStatus(t *testing.T, n *adapterNode) (st struct {
-	State    string
-	Adapters []string
+	State         string
+	Level         int
+	Adapters      []string
+	WeightReloads int `json:"weight_reloads"`
 }) {
 	done := make(chan string, 1)
 	n.mgr.post(func() { done <- n.mgr.engines[rkey{"chat", 0}].url })

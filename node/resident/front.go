@@ -1,11 +1,13 @@
 package resident
 
 import (
+	"bytes"
 	"context"
 	"crypto/subtle"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"net/http/httputil"
@@ -83,6 +85,19 @@ func (m *Manager) front(k rkey) (*front, error) {
 		},
 		// Streamed (SSE) answers go out as the engine writes them.
 		FlushInterval: -1,
+		// An answer whose headers go out after the replica left closes
+		// its connection, so that the client does not send its next
+		// request on a connection the front is about to close (one
+		// already under way cannot say so any more).
+		ModifyResponse: func(resp *http.Response) error {
+			f.mu.Lock()
+			left := f.left
+			f.mu.Unlock()
+			if left {
+				resp.Header.Set("Connection", "close")
+			}
+			return nil
+		},
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
 			writeError(w, http.StatusBadGateway, "bad_gateway", fmt.Sprintf("model %s: engine: %v", k.model, err))
 		},
@@ -286,8 +301,13 @@ func (f *front) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		writeError(w, status, typ, msg)
 		return
 	}
+	body, keep, status, msg := keepAliveOf(r, ar.body)
+	if status != 0 {
+		writeError(w, status, "invalid_request_error", msg)
+		return
+	}
 	in := r.Body
-	r = withBody(r, ar.body)
+	r = withBody(r, body)
 	id := f.k.id()
 	// What the request waits for is read before the controller hears of
 	// it: the rejection or failed load its own arrival causes (decided in
@@ -299,6 +319,9 @@ func (f *front) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	f.m.post(func() {
 		defer close(told)
 		f.m.request(f.k, residency.RequestArrived{Model: id})
+		if keep != nil {
+			f.m.request(f.k, residency.KeepAlive{Model: id, For: *keep})
+		}
 		if ar.adapter != "" {
 			f.m.request(f.k, residency.AdapterRequested{Model: id, Adapter: ar.adapter})
 		}
@@ -365,6 +388,52 @@ func (f *front) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
+}
+
+// keepAliveOf takes a request's keep_alive (Ollama's: how long its model
+// stays loaded after it) out of its body, as the gateway does: the field
+// is the controller's hint, not the engine's (a strict engine refuses it).
+// body is what resolve read (nil: the body is still unread). It returns
+// the body to send on, and the duration when the request gave one; a bad
+// value is a 400 naming the field.
+func keepAliveOf(r *http.Request, body []byte) ([]byte, *time.Duration, int, string) {
+	if r.Method != http.MethodPost || r.Body == nil && body == nil {
+		return body, nil, 0, ""
+	}
+	if body == nil {
+		data, err := io.ReadAll(io.LimitReader(r.Body, maxBody+1))
+		if err != nil {
+			return nil, nil, http.StatusBadRequest, fmt.Sprintf("reading the request body: %v", err)
+		}
+		if len(data) > maxBody {
+			return nil, nil, http.StatusRequestEntityTooLarge, fmt.Sprintf("request body larger than %d bytes", maxBody)
+		}
+		body = data
+	}
+	if !bytes.Contains(body, []byte(`"keep_alive"`)) {
+		return body, nil, 0, ""
+	}
+	var fields map[string]json.RawMessage
+	if json.Unmarshal(body, &fields) != nil {
+		return body, nil, 0, "" // the engine answers malformed bodies
+	}
+	raw, ok := fields["keep_alive"]
+	if !ok {
+		return body, nil, 0, ""
+	}
+	delete(fields, "keep_alive")
+	out, err := json.Marshal(fields)
+	if err != nil {
+		return nil, nil, http.StatusBadRequest, err.Error()
+	}
+	if string(raw) == "null" {
+		return out, nil, 0, ""
+	}
+	d, err := residency.ParseKeepAlive(raw)
+	if err != nil {
+		return nil, nil, http.StatusBadRequest, fmt.Sprintf("keep_alive %s: %v", raw, err)
+	}
+	return out, &d, 0, ""
 }
 
 // fromGateway reports whether r may be served: it bears the node's front

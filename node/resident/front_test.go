@@ -244,3 +244,50 @@ func TestFrontServesOnlyItsGateway(t *testing.T) {
 		t.Errorf("the engine got front key %q and tenant %q: want none and acme", h.Get("X-Gpuplane-Front-Key"), h.Get(TenantHeader))
 	}
 }
+
+// TestFrontAnswerAfterLeavingClosesItsConnection: a request the engine
+// answers only after the replica left gets its answer with "Connection:
+// close", so the client does not send its next request on a connection
+// the front is about to close.
+func TestFrontAnswerAfterLeavingClosesItsConnection(t *testing.T) {
+	got, release := make(chan struct{}), make(chan struct{})
+	engine := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		close(got)
+		<-release
+		_, _ = io.WriteString(w, `{"ok":true}`)
+	}))
+	defer engine.Close()
+	m := New(Options{BindHost: "127.0.0.1", LeaveGrace: time.Minute})
+	f, err := m.front(rkey{"chat", 0})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = f.srv.Close() }()
+	m.applied[f.k] = true
+	f.set(true, engine.URL)
+
+	type answer struct {
+		resp *http.Response
+		err  error
+	}
+	done := make(chan answer, 1)
+	go func() {
+		resp, err := http.Post(f.url+"/v1/completions", "application/json", strings.NewReader(`{"model":"chat"}`))
+		if err == nil {
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+		}
+		done <- answer{resp, err}
+	}()
+	<-got
+	m.placed(nil)
+	close(release)
+	a := <-done
+	if a.err != nil {
+		t.Fatal(a.err)
+	}
+	if a.resp.StatusCode != http.StatusOK || !a.resp.Close {
+		t.Fatalf("an answer that began after the replica left: %d, closes %v; want 200 closing its connection", a.resp.StatusCode, a.resp.Close)
+	}
+}

@@ -27,7 +27,7 @@ import (
 type Engines interface {
 	StartEngine(model string, replica uint32, reason string) error
 	StopEngine(ctx context.Context, model string, replica uint32, reason string) error
-	ReportResidency(ctx context.Context, model string, replica uint32, residency pb.ReplicaResidency, reason string) error
+	ReportResidency(ctx context.Context, model string, replica uint32, residency pb.ReplicaResidency, reason string, residualMiB uint64) error
 	ReportAdapters(ctx context.Context, model string, replica uint32, adapters []*pb.AdapterStatus) error
 	Engines() []watchdog.Engine
 }
@@ -164,8 +164,17 @@ type rep struct {
 	card uint32
 	dep  residency.Deployment
 	kind string
-	// reported is the last residency state the manager reported.
-	reported residency.State
+	// model is the name its engine's controls know the model by
+	// (engine.Params.ControlModel: Ollama's tag).
+	model string
+	// sleptAt is the level of its engine's last sleep: a wake undoes that
+	// one, whatever the deployment says now.
+	sleptAt int
+	// reported is the last residency state the manager reported, with
+	// its reason and, asleep, the residual (MiB).
+	reported       residency.State
+	reportedWhy    string
+	reportedResMiB uint64
 	// stopping is set while an engine stop the Manager asked for runs.
 	stopping bool
 	// advisedLoad is set in advise mode once the controller would have
@@ -186,6 +195,8 @@ type report struct {
 	k      rkey
 	res    pb.ReplicaResidency
 	reason string
+	// residual is what a sleeping engine keeps on the card, MiB.
+	residual uint64
 }
 
 // New returns a Manager; Run starts it.
@@ -398,9 +409,10 @@ func (m *Manager) deployment(k rkey, d executor.Desired) residency.Deployment {
 	if c := m.cards[d.Replica.GetCards()[0]]; c != nil {
 		dep.Device = c.GetDevice()
 	}
-	if ctl, err := engine.ControlsFor(engine.ControlKind(spec.GetEngine()), engine.Target{}); err == nil {
-		dep.CanSleep = slices.Contains(ctl.Caps().Levels, engine.SleepOffload)
-	}
+	// The engine's own sleep, where it keeps its process: vLLM's level
+	// (spec.engine.sleepLevel), Ollama's keep_alive unload.
+	level := engine.SleepLevel(spec)
+	dep.CanSleep, dep.SleepDiscards = level > 0, level == engine.SleepDiscard
 	return dep
 }
 
@@ -486,6 +498,7 @@ func (m *Manager) placed(ds []executor.Desired) {
 		}
 		dep := m.deployment(k, d)
 		if r, ok := m.reps[k]; ok {
+			r.model = engine.Params{Model: k.model, Spec: d.Spec}.ControlModel()
 			if r.dep != dep {
 				r.dep = dep
 				m.handle(c, residency.DeploymentChanged{Deployment: dep}, "")
@@ -495,7 +508,8 @@ func (m *Manager) placed(ds []executor.Desired) {
 		}
 		// The controls and adapters are those of the API the engine
 		// speaks (a sim's dialect).
-		m.reps[k] = &rep{k: k, card: c.index, dep: dep, kind: engine.ControlKind(d.Spec.GetEngine())}
+		m.reps[k] = &rep{k: k, card: c.index, dep: dep, kind: engine.ControlKind(d.Spec.GetEngine()),
+			model: engine.Params{Model: k.model, Spec: d.Spec}.ControlModel()}
 		delete(m.departed, k)
 		m.handle(c, residency.DeploymentAdded{Deployment: dep}, "")
 		for range m.early[k] {
@@ -643,7 +657,26 @@ func (m *Manager) handle(c *cardCtrl, ev residency.Event, why string) residency.
 			continue
 		}
 		st, ok := c.ctrl.Replica(k.id())
-		if !ok || st.State == r.reported {
+		if !ok {
+			continue
+		}
+		residual := uint64(0)
+		if st.State == residency.Sleeping {
+			residual = uint64(max(st.Cost, 0)+(1<<20)-1) >> 20
+		}
+		if st.State == r.reported {
+			// A sleeping engine's residual is often measured only after
+			// the transition (the first memory sample asleep): `devices
+			// get` counts what was reported, so a change of more than
+			// residualStep is reported again, with the same reason.
+			if st.State != residency.Sleeping || m.opts.Advise || absDiff(residual, r.reportedResMiB) <= residualStep {
+				continue
+			}
+			r.reportedResMiB = residual
+			select {
+			case m.reports <- report{k: k, res: pbResidency(st.State), reason: r.reportedWhy, residual: residual}:
+			default:
+			}
 			continue
 		}
 		if j := m.opts.Journal; j != nil && !m.opts.Advise {
@@ -662,14 +695,27 @@ func (m *Manager) handle(c *cardCtrl, ev residency.Event, why string) residency.
 		if reason == "" {
 			reason = st.State.String()
 		}
+		r.reportedWhy, r.reportedResMiB = reason, residual
 		select {
-		case m.reports <- report{k: k, res: pbResidency(st.State), reason: reason}:
+		case m.reports <- report{k: k, res: pbResidency(st.State), reason: reason, residual: residual}:
 		default:
 			m.log.Warn("residency: report queue full; transition not reported", "replica", k.id())
 		}
 	}
 	m.publishFronts(c)
 	return out
+}
+
+// residualStep is the least change of a sleeping engine's measured
+// residual (MiB) that is reported again: samples jitter, and each report
+// is a log entry.
+const residualStep = 16
+
+func absDiff(a, b uint64) uint64 {
+	if a > b {
+		return a - b
+	}
+	return b - a
 }
 
 func pbResidency(s residency.State) pb.ReplicaResidency {
@@ -696,7 +742,7 @@ func (m *Manager) reporter(ctx context.Context) {
 			return
 		case r := <-m.reports:
 			rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-			if err := m.ex.ReportResidency(rctx, r.k.model, r.k.index, r.res, r.reason); err != nil && !errors.Is(err, executor.ErrNotRunning) {
+			if err := m.ex.ReportResidency(rctx, r.k.model, r.k.index, r.res, r.reason, r.residual); err != nil && !errors.Is(err, executor.ErrNotRunning) {
 				m.log.Info("residency: report transition", "replica", r.k.id(), "err", err)
 			}
 			cancel()
@@ -745,7 +791,16 @@ func (m *Manager) act(c *cardCtrl, a residency.Action) {
 			}
 		})
 	case residency.ActSleep, residency.ActWake:
-		ctl, err := engine.ControlsFor(r.kind, engine.Target{BaseURL: m.engines[k].url})
+		level := engine.SleepOffload
+		if r.dep.SleepDiscards {
+			level = engine.SleepDiscard
+		}
+		if a.Kind == residency.ActSleep {
+			r.sleptAt = level
+		} else if r.sleptAt != 0 {
+			level = r.sleptAt
+		}
+		ctl, err := engine.ControlsFor(r.kind, engine.Target{BaseURL: m.engines[k].url, Model: r.model, SleepLevel: level})
 		c.work.do(func() {
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 			defer cancel()
@@ -754,7 +809,7 @@ func (m *Manager) act(c *cardCtrl, a residency.Action) {
 			}
 			if err == nil {
 				if a.Kind == residency.ActSleep {
-					err = ctl.Sleep(ctx, engine.SleepOffload)
+					err = ctl.Sleep(ctx, level)
 				} else {
 					err = ctl.Wake(ctx)
 				}

@@ -14,7 +14,7 @@ import (
 // operator asked (residency.OperatorLoad, residency.OperatorUnload). A
 // refusal (a pinned model's unload, a card that cannot hold the model)
 // names its reason and changes nothing on that replica's card.
-func (m *Manager) Operate(ctx context.Context, model string, load bool) ([]residency.OperatorResult, error) {
+func (m *Manager) Operate(ctx context.Context, model string, load bool, by string) ([]residency.OperatorResult, error) {
 	type answer struct {
 		res []residency.OperatorResult
 		err error
@@ -33,9 +33,9 @@ func (m *Manager) Operate(ctx context.Context, model string, load bool) ([]resid
 			}
 			id := k.id()
 			before, _ := c.ctrl.Replica(id)
-			var ev residency.Event = residency.OperatorUnload{Model: id}
+			var ev residency.Event = residency.OperatorUnload{Model: id, By: by}
 			if load {
-				ev = residency.OperatorLoad{Model: id}
+				ev = residency.OperatorLoad{Model: id, By: by}
 			}
 			out := m.handle(c, ev, "")
 			if out.Err != nil {
@@ -43,15 +43,24 @@ func (m *Manager) Operate(ctx context.Context, model string, load bool) ([]resid
 				continue
 			}
 			res := residency.OperatorResult{Replica: id, Card: c.uuid}
+			var room []residency.OperatorResult
 			for _, act := range out.Actions {
-				if act.Model == id && act.Adapter == "" {
+				switch {
+				case act.Adapter != "":
+				case act.Model == id:
 					res.Action, res.Reason = act.Kind, act.Decision.Reason
+				case act.Decision.For == id && act.Decision.Trigger == residency.TriggerOperator:
+					// Idle models unloaded to make room for it.
+					room = append(room, residency.OperatorResult{Replica: act.Model, Card: c.uuid, Action: act.Kind, Reason: act.Decision.Reason})
 				}
 			}
 			if res.Action == 0 {
 				res.Reason = noActionReason(before, load)
+				if len(room) > 0 {
+					res.Reason = fmt.Sprintf("loads once the room made for it is free (%d idle onDemand %s unloaded)", len(room), plural(len(room), "model"))
+				}
 			}
-			a.res = append(a.res, res)
+			a.res = append(append(a.res, res), room...)
 		}
 		ans <- a
 	})
@@ -77,4 +86,11 @@ func noActionReason(st residency.Status, load bool) string {
 		return "already asleep (a warm model's share stays reserved)"
 	}
 	return "already being taken off the card"
+}
+
+func plural(n int, word string) string {
+	if n == 1 {
+		return word
+	}
+	return word + "s"
 }

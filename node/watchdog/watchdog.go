@@ -34,6 +34,10 @@ type Engine struct {
 	CardUUIDs []string
 	// ShareMiB is the replica's memory share on each card.
 	ShareMiB uint64
+	// Kind is the engine API the process speaks (engine.ControlKind) and
+	// URL where the agent reaches it: what reads the engine's own
+	// /metrics needs (the watchdog does not).
+	Kind, URL string
 }
 
 // Target is what the watchdog watches; the executor implements it.

@@ -103,7 +103,8 @@ function table(header, rows) {
 }
 
 const LOADED = new Set(["Loading", "Resident", "Waking", "Draining"]);
-const KIND_TEXT = {resident: "resident", lent: "asleep in host RAM; its reserved share is lent", host: "asleep in host RAM",
+const KIND_TEXT = {resident: "resident", lent: "asleep: its residual stays on the card, the rest of its reserved share is lent",
+  host: "asleep: its residual stays on the card, the rest of its share is free",
   reserved: "reserved, not loaded", cold: "cold (on disk)", headroom: "headroom", free: "free"};
 
 // ---- what the page holds: the answers so far, merged
@@ -550,7 +551,7 @@ function cardBar(c) {
     const kind = s.kind, m = num(s.memoryMib);
     const tip = `${s.replica} (${s.residency}): ${KIND_TEXT[kind]}, ${mib(m)} (${m} MiB) on ${node} card ${index}; ${s.state || ""}${s.reason ? " — " + s.reason : ""}`;
     const data = `data-replica="${esc(s.replica)}" data-kind="${esc(kind)}" data-mib="${m}" data-state="${esc(s.state)}" title="${esc(tip)}"`;
-    if (kind === "host" || kind === "cold") off += `<button type="button" class="chip ${esc(kind)}" ${data}>${esc(s.replica)}</button>`;
+    if (kind === "cold" || m === 0) off += `<button type="button" class="chip ${esc(kind)}" ${data}>${esc(s.replica)}</button>`;
     else segs += `<button type="button" class="seg ${esc(kind)}" data-w="${pct(m)}" ${data}>${esc(s.replica)} ${mib(m)}</button>`;
   }
   const free = num(c.freeMib), headroom = num(c.headroomMib);

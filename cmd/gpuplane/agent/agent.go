@@ -16,6 +16,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"connectrpc.com/connect"
@@ -30,6 +31,7 @@ import (
 	"github.com/gpuplane/gpuplane/node/residency"
 	"github.com/gpuplane/gpuplane/node/residency/residencypb"
 	"github.com/gpuplane/gpuplane/node/resident"
+	"github.com/gpuplane/gpuplane/node/watchdog"
 	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
 	"github.com/gpuplane/gpuplane/rpc"
 )
@@ -132,6 +134,9 @@ type Agent struct {
 	// resident is the node's residency manager (nil before the executor
 	// starts).
 	resident *resident.Manager
+	// engines lists the node's running engines, for /metrics' reading of
+	// the engines' own gauges (nil before the executor starts).
+	engines atomic.Pointer[func() []watchdog.Engine]
 	// metricsReg is /metrics' registry; gatewayReg holds the gateway's
 	// series, served on /metrics too, and read apart by the dashboard's
 	// summary (which then gathers only those).

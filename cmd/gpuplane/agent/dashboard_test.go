@@ -217,7 +217,7 @@ func memoryMapMatches(ctx context.Context, n *node, token string) error {
 		}{
 			{"resident", sum["resident"], want.ResidentMib},
 			{"sleeping", sum["lent"] + sum["host"], want.SleepingMib},
-			{"used", sum["resident"] + sum["reserved"] + sum["lent"], want.UsedMib},
+			{"used", sum["resident"] + sum["reserved"], want.UsedMib},
 			{"free", sum["free"] + sum["headroom"], want.FreeMib},
 		} {
 			if c.got != c.want {
@@ -239,10 +239,11 @@ func modelCell(ctx context.Context, model, cell string) (struct {
 }
 
 // TestDashboardInBrowser drives the dashboard in headless Chromium against
-// a --dev agent with ACLs on: three onDemand sim models and a pinned one,
+// a --dev agent with ACLs on: two onDemand sim models, a warm and a pinned one,
 // requests through the gateway; the memory map drawn must match `devices
-// get`, a model's load must show up on the page, and a model whose p95
-// TTFT misses its target must turn red. Each step leaves a screenshot.
+// get`, a model's load must show up on the page, a model whose p95
+// TTFT misses its target must turn red, and a warm model put to sleep is
+// drawn at its residual. Each step leaves a screenshot.
 func TestDashboardInBrowser(t *testing.T) {
 	ctx := browser(t, 1280, 800)
 	dir := shots(t)
@@ -255,9 +256,10 @@ func TestDashboardInBrowser(t *testing.T) {
 	// chat answers an 8-token completion in about 400 ms: past its 100 ms
 	// target; the onDemand models have all the time they want.
 	deployDashboardModel(t, n, root, "chat", "pinned", 100, "--tokens-per-second", "20")
-	for _, m := range []string{"embed", "vision", "speech"} {
+	for _, m := range []string{"embed", "speech"} {
 		deployDashboardModel(t, n, root, m, "onDemand", 60000, "--tokens-per-second", "0", "--load-seconds", "0.3")
 	}
+	deployDashboardModel(t, n, root, "vision", "warm", 60000, "--tokens-per-second", "0", "--load-seconds", "0.3", "--sleep-residual-mib", "900")
 	testutil.Eventually(t, 90*time.Second, "chat served", func() error { return completeAs(n, root, "chat", 1) })
 
 	// The token box: without a token the API refuses the page, which
@@ -366,6 +368,25 @@ func TestDashboardInBrowser(t *testing.T) {
 		t.Fatalf("embed met its target, but its TTFT cell is %+v (%v)", c, err)
 	}
 	screenshot(t, ctx, dir, "3-missed-target.png")
+
+	// The warm vision put to sleep: its bar segment is its residual (the
+	// rest of its share is lent, free), and the map still adds up as
+	// `devices get` does.
+	gpuplane(t, n, "--token", root, "models", "unload", "vision")
+	testutil.Eventually(t, 30*time.Second, "vision drawn asleep at its residual", func() error {
+		var kinds []struct {
+			Kind string
+			MiB  int
+		}
+		if err := evaluate(ctx, `[...document.querySelectorAll('[data-replica="vision/0"]')].map(s => ({kind: s.dataset.kind, mib: Number(s.dataset.mib)}))`, &kinds); err != nil {
+			return err
+		}
+		if len(kinds) != 1 || kinds[0].Kind != "lent" || kinds[0].MiB != 900 {
+			return fmt.Errorf("vision/0 drawn as %+v, want one lent segment of 900 MiB", kinds)
+		}
+		return memoryMapMatches(ctx, n, root)
+	})
+	screenshot(t, ctx, dir, "3b-asleep.png")
 
 	// Every control has an accessible name.
 	var unnamed []string

@@ -109,6 +109,8 @@ func (a *Agent) startExecutor() error {
 	if err != nil {
 		return fmt.Errorf("start executor: %w", err)
 	}
+	list := ex.Engines
+	a.engines.Store(&list)
 	ctx, stop := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() {

@@ -224,7 +224,7 @@ func modelsOf(f *fsm.FSM) []gateway.Model {
 	for _, d := range f.Models() {
 		spec := d.GetSpec()
 		m := gateway.Model{Deployment: d.GetName(), Served: spec.GetServedModelName(), Class: queue.ClassOf(spec.GetPriority()),
-			Aliases: spec.GetAliases(), EngineModel: engine.EngineModel(spec), MaxModelLen: maxModelLenOf(spec.GetEngine()), Task: taskOf(spec.GetEngine()),
+			Aliases: spec.GetAliases(), EngineModel: engine.EngineModel(spec), AdapterIDs: engine.LlamaAdapterIDs(spec), MaxModelLen: maxModelLenOf(spec.GetEngine()), Task: taskOf(spec.GetEngine()),
 			Created: d.GetCreatedUnix()}
 		if ads := spec.GetAdapters(); len(ads) > 0 {
 			m.Adapters = make(map[string][]string, len(ads))

@@ -66,9 +66,12 @@ func (a *Agent) metricsHandler() http.Handler {
 		replicas: prometheus.NewDesc("gpuplane_replicas", "Replicas by state, as this node's state says.", []string{"state"}, nil),
 		cards:    prometheus.NewDesc("gpuplane_cards", "Cards by device kind, and how many are not bound to an accelerator.", []string{"device", "bound"}, nil),
 	})
+	reg.MustRegister(&engineCollector{a: a, client: &http.Client{}, requests: prometheus.NewDesc("gpuplane_engine_requests",
+		"Requests each engine on this node says it runs and holds waiting, read from the engine's own /metrics when scraped (vLLM's num_requests_running and num_requests_waiting, llama-server's requests_processing and requests_deferred); requests sent to the engine past the gateway count too.",
+		[]string{"model", "replica", "state"}, nil)})
 	reg.MustRegister(&residencyCollector{a: a,
 		memory: prometheus.NewDesc("gpuplane_card_memory_bytes",
-			"Memory of each card this node's residency controllers manage, by state: total, usable (total less headroom), reserved (pinned and warm shares), resident, sleeping (residual of engines asleep), free (usable less what engines cost).",
+			"Memory of each card this node's residency controllers manage, by state, as devices get counts it: total, usable (total less headroom) = used + sleeping + free; reserved (pinned and warm shares), resident (what engines awake cost), used (that and the reserved shares not loaded and not lent), sleeping (residuals of engines asleep), free (the rest, lent shares included).",
 			[]string{"card", "state"}, nil),
 		decisions: prometheus.NewDesc("gpuplane_residency_decisions_total",
 			"Decisions this node's residency controllers recorded, by action and trigger; advised ones (advise mode) are not executed.",
@@ -171,10 +174,12 @@ func (c *residencyCollector) Collect(ch chan<- prometheus.Metric) {
 		if usable == 0 {
 			usable = l.Usable
 		}
+		acct := l.Account()
 		for _, s := range []struct {
 			state string
 			bytes int64
-		}{{"total", l.Memory}, {"usable", usable}, {"reserved", l.Reserved}, {"resident", l.Resident}, {"sleeping", l.Sleeping}, {"free", l.Free}} {
+		}{{"total", l.Memory}, {"usable", usable}, {"reserved", l.Reserved}, {"resident", l.Resident},
+			{"used", acct.Used}, {"sleeping", acct.Sleeping}, {"free", acct.Free}} {
 			ch <- prometheus.MustNewConstMetric(c.memory, prometheus.GaugeValue, float64(s.bytes), v.Card, s.state)
 		}
 	}

@@ -1,6 +1,7 @@
 package agent_test
 
 import (
+	"io"
 	"net/http"
 	"strings"
 	"testing"
@@ -50,6 +51,23 @@ func TestMetricsLint(t *testing.T) {
 			return nil
 		})
 	}
+
+	// The engine's own gauges, read from its /metrics (the sim speaks
+	// vLLM's series): present for the running engine, idle now.
+	testutil.Eventually(t, 30*time.Second, "gpuplane_engine_requests of chat's engine", func() error {
+		resp, err := http.Get(n.url() + "/metrics")
+		if err != nil {
+			return err
+		}
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(resp.Body)
+		for _, state := range []string{"running", "waiting"} {
+			if !strings.Contains(string(body), `gpuplane_engine_requests{model="chat",replica="0",state="`+state+`"} 0`) {
+				return errString("no idle " + state + " series for chat/0")
+			}
+		}
+		return nil
+	})
 
 	resp, err := http.Get(n.url() + "/metrics")
 	if err != nil {

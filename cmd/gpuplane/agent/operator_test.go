@@ -46,6 +46,22 @@ func TestOperatorLoadAndUnload(t *testing.T) {
 	}
 	waitReplica(t, n, "lazy", "Cold")
 	operatorDecision(t, n, "lazy/0", "unload")
+	// The transitions are committed with their reasons: an auditor reads
+	// the operator's load and unload in the log, with who asked (the API
+	// caller: anonymous without ACLs).
+	testutil.Eventually(t, 30*time.Second, "the operator's actions in the audit log", func() error {
+		out, err := tryCLI(n, "audit", "log", "--resource", "model/lazy")
+		if err != nil {
+			return err
+		}
+		for _, want := range []string{"loading (load lazy/0: asked by the operator (anonymous)", "cold (unload lazy/0: asked by the operator (anonymous)"} {
+			if !strings.Contains(out, want) {
+				return fmt.Errorf("no %q in the audit log:\n%s", want, out)
+			}
+		}
+		t.Logf("audit log --resource model/lazy:\n%s", out)
+		return nil
+	})
 
 	_, err := tryCLI(n, "models", "unload", "pin")
 	t.Logf("models unload pin: %v", err)
@@ -108,4 +124,54 @@ func operatorDecision(t *testing.T, n *node, replica, action string) {
 	}) {
 		t.Errorf("no %s of %s with trigger operator among %+v", action, replica, ds)
 	}
+}
+
+// TestOperatorLoadMakesRoom: on a --dev agent whose card holds two idle
+// onDemand sim models of 45 % each, `models load` of a third unloads one of
+// them to make room (listed with the load, an evict decision with trigger
+// operator naming the load) and then loads it; the model that stays keeps
+// answering.
+func TestOperatorLoadMakesRoom(t *testing.T) {
+	n := devNode(t, "room", agent.GatewayConfig{})
+	gpuplane(t, n, "accelerators", "create", "shared", "--device", "l4", "--tenancy", "shared", "--max-models", "4")
+	for _, name := range []string{"a", "b", "c"} {
+		applySpec(t, n, name, fmt.Sprintf(`resource: ModelDeployment
+resourceVersion: v1
+metadata: {name: %s}
+spec:
+  model: /models/%s
+  residency: onDemand
+  placement: {accelerator: shared}
+  engine: {kind: sim, memoryPercent: 45, args: ["--tokens-per-second", "0", "--load-seconds", "0.2"]}
+`, name, name))
+	}
+	waitServed(t, n.a.GatewayURL(), "a")
+	waitServed(t, n.a.GatewayURL(), "b")
+	waitReplica(t, n, "a", "Resident")
+	waitReplica(t, n, "b", "Resident")
+	waitCold(t, n, "c")
+
+	out := gpuplane(t, n, "models", "load", "c")
+	t.Logf("models load c:\n%s", out)
+	evicted := ""
+	for _, m := range []string{"a/0", "b/0"} {
+		if line, ok := lineOf(out, " "+m+" "); ok && strings.Contains(line, " evict ") && strings.Contains(line, "makes room for c/0") {
+			evicted = m
+		}
+	}
+	if evicted == "" {
+		t.Fatalf("models load c lists no idle model unloaded to make room:\n%s", out)
+	}
+	waitReplica(t, n, "c", "Resident")
+	waitReplica(t, n, strings.TrimSuffix(evicted, "/0"), "Cold")
+	operatorDecision(t, n, "c/0", "load")
+	out = gpuplane(t, n, "residency", "decisions", "--model", evicted, "-o", "json")
+	if !strings.Contains(out, `"trigger": "operator"`) || !strings.Contains(out, "makes room for c/0") {
+		t.Errorf("no evict of %s with trigger operator for c/0:\n%s", evicted, out)
+	}
+	kept := "a"
+	if evicted == "a/0" {
+		kept = "b"
+	}
+	waitServed(t, n.a.GatewayURL(), kept)
 }

@@ -48,10 +48,11 @@ func deviceTable(devices []*pb.Device) table {
 		})
 }
 
-// cardTable is the table of `devices get` (docs/residency.md): USED is what the
-// replicas hold (reserved shares and loaded onDemand ones), RESERVED the
-// pinned and warm shares, RESIDENT the shares loaded now, SLEEPING those
-// asleep in host memory, FREE what is left.
+// cardTable is the table of `devices get` (docs/residency.md): USED is what
+// the replicas awake hold (the shares loaded now, RESIDENT, and reserved
+// shares not loaded), SLEEPING what those asleep keep on the card (their
+// residuals), FREE the rest; USED + SLEEPING + FREE = MEMORY. RESERVED is
+// the pinned and warm shares, a promise that overlaps the others.
 func cardTable(cards []*pb.CardStatus) table {
 	return tableOf([]string{"NODE", "INDEX", "UUID", "MEMORY", "USED", "RESERVED", "RESIDENT", "SLEEPING", "FREE", "ACCELERATOR", "REPLICAS"}, cards,
 		func(c *pb.CardStatus) []string {

@@ -18,9 +18,13 @@ func newModelsLoadCommand(g *globals) *cobra.Command {
 		Long: `Load each replica of NAME (a deployment, or one replica such as chat/0) onto
 its card now, or wake it where it sleeps, as ` + "`ollama run`" + ` preloads a model.
 The card must hold it beside what it promised the others (pinned and warm
-shares, what runs now); otherwise the command fails, naming what holds the
-card, and nothing changes. Once loaded the model follows its card's idle
-timeouts as usual. Each load is a residency decision with trigger operator.`,
+shares, what runs now); where it needs more, idle onDemand models (no
+request running or waiting) are unloaded to make room, the least valuable
+first, and listed with it. Where even that is not enough the command
+fails, naming what holds the card, and nothing changes. Once loaded the
+model follows its card's idle timeouts as usual. Each load and each
+unload making room for it is a residency decision with trigger operator,
+naming who asked.`,
 	})
 }
 
@@ -33,7 +37,8 @@ card now, as ` + "`ollama stop`" + ` does: an onDemand model is unloaded, a warm
 to sleep (unloaded where its engine cannot sleep; its share stays reserved).
 Requests running on it finish first (the card's drain deadline). A pinned
 model is refused with the reason. The next request for the model loads it
-again as usual. Each unload is a residency decision with trigger operator.`,
+again as usual. Each unload is a residency decision with trigger operator,
+naming who asked.`,
 	})
 }
 

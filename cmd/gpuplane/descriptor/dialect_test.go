@@ -31,9 +31,13 @@ spec:
 		t.Fatalf("read back: dialect %q, args %v", back.Engine.Dialect, back.Engine.Args)
 	}
 	for doc, want := range map[string]string{
-		`engine: {kind: vllm, memoryPercent: 50, dialect: vllm}`:                                                    `spec.engine.dialect: only a sim engine takes a dialect (kind is "vllm")`,
-		`engine: {kind: sim, memoryPercent: 50, dialect: tgi}`:                                                      `spec.engine.dialect: must be one of vllm, llamacpp, ollama, got "tgi"`,
-		"engine: {kind: sim, memoryPercent: 50, dialect: llamacpp}\n  adapters: [{name: sql, source: /a, rank: 8}]": "spec.engine.dialect: a sim speaking llamacpp cannot load LoRA adapters at run time",
+		`engine: {kind: vllm, memoryPercent: 50, dialect: vllm}`:                                                  `spec.engine.dialect: only a sim engine takes a dialect (kind is "vllm")`,
+		`engine: {kind: sim, memoryPercent: 50, dialect: tgi}`:                                                    `spec.engine.dialect: must be one of vllm, llamacpp, ollama, got "tgi"`,
+		"engine: {kind: sim, memoryPercent: 50, dialect: ollama}\n  adapters: [{name: sql, source: /a, rank: 8}]": "spec.engine.dialect: a sim speaking ollama cannot serve LoRA adapters",
+		"engine: {kind: sim, memoryPercent: 50, dialect: ollama, sleepLevel: 2}\n  residency: warm":               "spec.engine.sleepLevel: only vLLM has sleep levels: a sim speaking ollama sleeps as ollama does",
+		"engine: {kind: vllm, memoryPercent: 50, sleepLevel: 3}\n  residency: warm":                               "spec.engine.sleepLevel: must be 1 (the weights wait in host RAM) or 2",
+		"engine: {kind: vllm, memoryPercent: 50, sleepLevel: 2}":                                                  "spec.engine.sleepLevel: a pinned model never sleeps",
+		"engine: {kind: llamacpp, memoryPercent: 50, sleepLevel: 1}\n  residency: warm":                           `spec.engine.sleepLevel: only vLLM has sleep levels (kind is "llamacpp")`,
 	} {
 		_, err := Parse([]byte("resource: ModelDeployment\nresourceVersion: v1\nmetadata: {name: chat}\nspec:\n  model: /m\n  placement: {accelerator: home}\n  " + doc + "\n"))
 		var perr *Error

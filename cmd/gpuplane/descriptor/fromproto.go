@@ -86,6 +86,7 @@ func ModelDeploymentSpecFromProto(p *pb.ModelSpec) ModelDeploymentSpec {
 	}
 	s.Engine.MaxAdapters = opt(e.GetMaxAdapters())
 	s.Engine.MaxInFlight = opt(e.GetMaxInFlight())
+	s.Engine.SleepLevel = opt(e.GetSleepLevel())
 	if a := e.GetArgs(); e.GetKind() == "sim" && len(a) >= 2 && a[0] == "--dialect" {
 		s.Engine.Dialect, s.Engine.Args = a[1], a[2:]
 		if len(s.Engine.Args) == 0 {

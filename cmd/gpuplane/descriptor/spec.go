@@ -136,6 +136,10 @@ type Engine struct {
 	// strictly: vllm, llamacpp or ollama (docs/engines.md). It travels as
 	// the sim's leading `--dialect` argument.
 	Dialect string `json:"dialect,omitempty"`
+	// SleepLevel is the vLLM sleep level a warm or onDemand replica
+	// sleeps at: 1 (the default) keeps the weights in host RAM, 2 discards
+	// them and a wake reloads them from disk.
+	SleepLevel *int64 `json:"sleepLevel,omitempty"`
 }
 
 // SimDialects are the values spec.engine.dialect takes.
@@ -398,8 +402,13 @@ func (s *ModelDeploymentSpec) check(failed func(path string) bool) []*pb.Violati
 		add("spec.engine.dialect", "only a sim engine takes a dialect (kind is %q)", e.Kind)
 	case !slices.Contains(SimDialects, e.Dialect):
 		add("spec.engine.dialect", "must be one of %s, got %q", strings.Join(SimDialects, ", "), e.Dialect)
-	case e.Dialect != "vllm" && len(s.Adapters) > 0:
-		add("spec.engine.dialect", "a sim speaking %s cannot load LoRA adapters at run time, as %s cannot: use dialect vllm, or no adapters", e.Dialect, e.Dialect)
+	case e.Dialect == "ollama" && len(s.Adapters) > 0:
+		add("spec.engine.dialect", "a sim speaking ollama cannot serve LoRA adapters, as Ollama cannot: use dialect vllm or llamacpp, or no adapters")
+	case e.Dialect != "vllm" && e.SleepLevel != nil:
+		add("spec.engine.sleepLevel", "only vLLM has sleep levels: a sim speaking %s sleeps as %s does (docs/engines.md)", e.Dialect, e.Dialect)
+	}
+	if n := e.SleepLevel; n != nil && (*n < 1 || *n > 2) {
+		add("spec.engine.sleepLevel", "must be 1 (the weights wait in host RAM) or 2 (the weights are discarded and a wake reloads them from disk), got %d", *n)
 	}
 	if n := e.MaxInFlight; n != nil && (*n < 1 || *n > fsm.MaxInFlight) {
 		add("spec.engine.maxInFlight", "must be between 1 and %d, got %d", fsm.MaxInFlight, *n)
@@ -465,7 +474,7 @@ var schemaOrder = []string{
 	"spec.engine.kind", "spec.engine.memoryPercent", "spec.engine.memory", "spec.engine.computePercent",
 	"spec.engine.maxModelLen", "spec.engine.tensorParallel", "spec.engine.pipelineParallel",
 	"spec.engine.args", "spec.engine.env", "spec.engine.startTimeout", "spec.engine.quantization", "spec.engine.maxAdapters", "spec.engine.maxInFlight",
-	"spec.engine.dialect", "spec.resources", "spec.residency", "spec.priority", "spec.slo", "spec.adapters", "spec.aliases",
+	"spec.engine.dialect", "spec.engine.sleepLevel", "spec.resources", "spec.residency", "spec.priority", "spec.slo", "spec.adapters", "spec.aliases",
 	"spec.idle.sleepAfter", "spec.idle.unloadAfter",
 }
 
@@ -533,6 +542,7 @@ func (s *ModelDeploymentSpec) Proto() *pb.ModelSpec {
 			Args:             e.Args,
 			Env:              e.Env,
 			Quantization:     e.Quantization,
+			SleepLevel:       u32(e.SleepLevel),
 		},
 	}
 	if e.Dialect != "" {

@@ -30,6 +30,8 @@ func (s *server) controlRoutes(mux *http.ServeMux) {
 	// The sim's own view, for tests and people: state, memory, shares and
 	// how long the last load and wake took.
 	mux.HandleFunc("GET /sim/status", s.status)
+	// vLLM's request gauges (no dialect: vLLM's series).
+	mux.HandleFunc("GET /metrics", s.metrics)
 }
 
 // vllmSleep is POST /sleep?level=1|2[&mode=abort|wait]: 200 with an empty
@@ -113,6 +115,23 @@ func (s *server) vllmCollectiveRPC(w http.ResponseWriter, r *http.Request) {
 	if !on {
 		http.Error(w, "reload_weights: the weights are not on the card; POST /wake_up?tags=weights first", http.StatusConflict)
 		return
+	}
+	if s.cfg.Dialect == DialectVLLM {
+		// vLLM reads the weights from disk again, whether or not a
+		// level-2 sleep discarded them.
+		s.ctl.Lock()
+		err := s.copyWeights(r.Context(), s.cfg.LoadTime.Seconds())
+		if err == nil {
+			s.mu.Lock()
+			s.st.stale = false
+			s.st.reloads++
+			s.mu.Unlock()
+		}
+		s.ctl.Unlock()
+		if err != nil {
+			http.Error(w, "reload_weights: "+err.Error(), http.StatusInternalServerError)
+			return
+		}
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"results": []any{nil}})
 }
@@ -238,8 +257,9 @@ func (s *server) ollamaGenerate(w http.ResponseWriter, r *http.Request) {
 		s.armExpiry()
 		s.mu.Unlock()
 	}
+	// Ollama answers with the name the request gave.
 	writeJSON(w, http.StatusOK, map[string]any{
-		"model": s.cfg.ServedModelName, "created_at": time.Now().UTC().Format(time.RFC3339Nano),
+		"model": body.Model, "created_at": time.Now().UTC().Format(time.RFC3339Nano),
 		"response": "", "done": true, "done_reason": reason,
 	})
 }
@@ -313,6 +333,12 @@ type Status struct {
 	PrefillTokens     int64 `json:"prefill_tokens"`
 	// Adapters are the LoRA adapters loaded (or loading) on the card.
 	Adapters []string `json:"adapters,omitempty"`
+	// WeightReloads counts vLLM's reload_weights (vllm dialect): reads
+	// of the weights from disk by a running engine.
+	WeightReloads int `json:"weight_reloads"`
+	// LoRAApplied counts the requests run with each llama.cpp --lora
+	// adapter (by path) at a non-zero scale (llamacpp dialect).
+	LoRAApplied map[string]int `json:"lora_applied,omitempty"`
 }
 
 func (s *server) status(w http.ResponseWriter, _ *http.Request) {
@@ -332,5 +358,7 @@ func (s *server) snapshot() Status {
 		PrefixCacheTokens: s.cache.tokens(),
 		PrefillTokens:     s.prefilled.Load(),
 		Adapters:          slices.Sorted(maps.Keys(s.lora.loaded)),
+		WeightReloads:     st.reloads,
+		LoRAApplied:       maps.Clone(s.llamaLoRA.applied),
 	}
 }

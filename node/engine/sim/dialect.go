@@ -99,6 +99,7 @@ func (s *server) dialectRoutes(mux *http.ServeMux) {
 	switch s.cfg.Dialect {
 	case DialectVLLM:
 		mux.HandleFunc("GET /health", s.health)
+		mux.HandleFunc("GET /metrics", s.metrics)
 		// vllm/entrypoints/serve: the sleep routes and collective_rpc
 		// are mounted only when VLLM_SERVER_DEV_MODE=1; elsewhere they
 		// are FastAPI's 404 {"detail":"Not Found"}.
@@ -119,6 +120,9 @@ func (s *server) dialectRoutes(mux *http.ServeMux) {
 		mux.HandleFunc("GET /health", s.health)
 		mux.HandleFunc("GET /props", s.llamaProps)
 		mux.HandleFunc("GET /slots", s.llamaSlots)
+		mux.HandleFunc("GET /lora-adapters", s.llamaLoRAList)
+		mux.HandleFunc("POST /lora-adapters", s.llamaLoRASet)
+		mux.HandleFunc("GET /metrics", s.metrics)
 		if s.cfg.LlamaRouter {
 			mux.HandleFunc("GET /models", s.llamaModels)
 			mux.HandleFunc("POST /models/load", s.llamaLoad)
@@ -140,6 +144,24 @@ func (s *server) dialectRoutes(mux *http.ServeMux) {
 	mux.HandleFunc("POST /v1/chat/completions", s.chat)
 	mux.HandleFunc("POST /v1/embeddings", s.embeddings)
 	mux.HandleFunc("GET /sim/status", s.status)
+	mux.HandleFunc("/", s.noRoute)
+}
+
+// noRoute answers a path the engine does not serve as that engine does:
+// vLLM's FastAPI {"detail":"Not Found"}, llama-server's error handler
+// (format_error_response "File Not Found", not_found_error), Ollama's gin
+// router its default plain "404 page not found".
+func (s *server) noRoute(w http.ResponseWriter, _ *http.Request) {
+	switch s.cfg.Dialect {
+	case DialectVLLM:
+		writeJSON(w, http.StatusNotFound, map[string]string{"detail": "Not Found"})
+	case DialectLlamaCpp:
+		llamaError(w, http.StatusNotFound, "File Not Found", "not_found_error", nil)
+	default:
+		w.Header().Set("Content-Type", "text/plain")
+		w.WriteHeader(http.StatusNotFound)
+		fmt.Fprint(w, "404 page not found")
+	}
 }
 
 // OllamaVersion is the Ollama release the ollama dialect answers as.
@@ -230,10 +252,38 @@ func (s *server) waitSlot(r *http.Request, want int) (int, error) {
 				return id, nil
 			}
 		}
-		if err := s.waitCtx(r.Context()); err != nil {
+		s.slotWaiting++
+		err := s.waitCtx(r.Context())
+		s.slotWaiting--
+		if err != nil {
 			return -1, err
 		}
 	}
+}
+
+// metrics is GET /metrics in the engine's own series: vLLM's gauges of
+// requests running and waiting (vllm/v1/metrics/loggers.py), or
+// llama-server's requests processing and deferred, which it serves only
+// with --metrics (else 501, as llama-server answers). Ollama has none.
+func (s *server) metrics(w http.ResponseWriter, _ *http.Request) {
+	s.mu.Lock()
+	running, waiting := s.st.inflight, s.st.waiting+s.slotWaiting
+	s.mu.Unlock()
+	w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+	if s.cfg.Dialect == DialectLlamaCpp {
+		if !s.cfg.LlamaMetrics {
+			llamaError(w, http.StatusNotImplemented, "This server does not support metrics endpoint. Start it with `--metrics`", "not_supported_error", nil)
+			return
+		}
+		// A request waiting for a slot has not been admitted: it counts
+		// as deferred, not processing.
+		fmt.Fprintf(w, "# HELP llamacpp:requests_processing Number of requests processing.\n# TYPE llamacpp:requests_processing gauge\nllamacpp:requests_processing %d\n", running)
+		fmt.Fprintf(w, "# HELP llamacpp:requests_deferred Number of requests deferred.\n# TYPE llamacpp:requests_deferred gauge\nllamacpp:requests_deferred %d\n", waiting)
+		return
+	}
+	labels := fmt.Sprintf(`{engine="0",model_name=%q}`, s.cfg.ServedModelName)
+	fmt.Fprintf(w, "# HELP vllm:num_requests_running Number of requests in model execution batches.\n# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running%s %d.0\n", labels, running)
+	fmt.Fprintf(w, "# HELP vllm:num_requests_waiting Number of requests waiting to be processed.\n# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting%s %d.0\n", labels, waiting)
 }
 
 // freeSlot gives a slot back.

@@ -121,6 +121,13 @@ type Config struct {
 	CtxSize     int
 	KVUnified   bool
 	LlamaRouter bool
+	// LlamaLoRA are llama-server's --lora files, adapter ids 0.. in
+	// order; LlamaLoRAInitWithoutApply is --lora-init-without-apply (their
+	// global scale starts at 0, not 1).
+	LlamaLoRA                 []string
+	LlamaLoRAInitWithoutApply bool
+	// LlamaMetrics is llama-server's --metrics: /metrics exists.
+	LlamaMetrics bool
 	// OllamaKeepAlive is OLLAMA_KEEP_ALIVE (0: Ollama's 5 minutes;
 	// negative: for ever).
 	OllamaKeepAlive time.Duration
@@ -337,6 +344,12 @@ type server struct {
 	// busySlots are the llama.cpp dialect's slots running a request
 	// (guarded by mu).
 	busySlots map[int]bool
+	// slotWaiting counts the llama.cpp dialect's requests waiting for a
+	// slot (guarded by mu): llama-server's deferred tasks.
+	slotWaiting int
+	// llamaLoRA are the llama.cpp dialect's adapters (llamalora.go,
+	// guarded by mu).
+	llamaLoRA llamaLoRA
 
 	// ctl serializes transitions (load, sleep, wake, unload).
 	ctl sync.Mutex
@@ -376,6 +389,7 @@ func newServer(cfg Config, life context.Context) *server {
 	}
 	s.lora = loraState{loaded: map[string]*adapter{}, cached: map[string]bool{},
 		rng: rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), uint64(s.pid)))}
+	s.initLlamaLoRA()
 	s.cond = sync.NewCond(&s.mu)
 	s.st.phase, s.st.computeFrac, s.st.copyFrac = phStarting, 1, 1
 	return s
@@ -447,6 +461,9 @@ type completionRequest struct {
 	// any) and whether to reuse what it holds (default true).
 	IDSlot      *int  `json:"id_slot"`
 	CachePrompt *bool `json:"cache_prompt"`
+	// LoRA, llama.cpp's field: the adapters (by --lora id) and scales of
+	// this request; those it leaves out are at 0.
+	LoRA []loraScale `json:"lora"`
 	// RequestID, vLLM's field: the answer's id is "cmpl-" (completions)
 	// or "chatcmpl-" (chat) and it; an X-Request-Id header takes
 	// precedence, as in vLLM.
@@ -492,6 +509,11 @@ func (s *server) complete(w http.ResponseWriter, r *http.Request, chat bool) {
 		return
 	}
 	model := s.cfg.ServedModelName
+	if s.cfg.Dialect == DialectOllama {
+		// Ollama answers with the name the request gave
+		// (server/routes.go: Model: req.Model).
+		model = req.Model
+	}
 	if !s.knowsModel(req.Model) {
 		// An adapter is served only while registered; vLLM answers any
 		// other name with a 404, Ollama any name but its tags.
@@ -537,7 +559,15 @@ func (s *server) complete(w http.ResponseWriter, r *http.Request, chat bool) {
 	}
 	if s.cfg.Dialect != DialectAny && s.cfg.Dialect != DialectLlamaCpp {
 		// vLLM and Ollama ignore llama.cpp's fields.
-		req.IDSlot, req.CachePrompt = nil, nil
+		req.IDSlot, req.CachePrompt, req.LoRA = nil, nil, nil
+	}
+	var applied []string
+	if s.cfg.Dialect == DialectLlamaCpp {
+		var msg string
+		if applied, msg = s.loraFor(req.LoRA); msg != "" {
+			llamaError(w, http.StatusBadRequest, msg, "invalid_request_error", nil)
+			return
+		}
 	}
 	if req.StreamOptions != nil && !req.Stream {
 		apiError(w, http.StatusBadRequest, "stream_options is only allowed when stream is true", "invalid_request_error")
@@ -592,11 +622,13 @@ func (s *server) complete(w http.ResponseWriter, r *http.Request, chat bool) {
 		slot = *req.IDSlot
 	}
 	if slot >= 0 {
-		cached = s.slots.lookup(slot, prompt, req.CachePrompt == nil || *req.CachePrompt)
+		reuse := (req.CachePrompt == nil || *req.CachePrompt) && !s.loraChanged(slot, applied)
+		cached = s.slots.lookup(slot, prompt, reuse)
 	} else {
 		blocks = blockHashes(req.CacheSalt, prompt)
 		cached = s.cache.lookup(blocks, promptTokens)
 	}
+	s.countLoRA(applied)
 	err = s.prefill(rq, promptTokens-cached)
 	if err == nil {
 		if slot >= 0 {

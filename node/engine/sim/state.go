@@ -49,6 +49,12 @@ type state struct {
 	// weightsOn and kvOn say which parts are on the card; vLLM's
 	// /wake_up?tags= can restore one without the other.
 	weightsOn, kvOn bool
+	// stale says the weights' memory is back on the card after a level-2
+	// sleep but holds nothing yet (vllm dialect): vLLM's wake_up only
+	// reallocates it, and POST /collective_rpc reload_weights reads the
+	// weights from disk again. reloads counts those reloads.
+	stale   bool
+	reloads int
 	// auto says a request loads or wakes the engine (llama.cpp, Ollama)
 	// instead of being refused (vLLM's sleep mode).
 	auto bool
@@ -463,7 +469,14 @@ func (s *server) wakeLocked(ctx context.Context, weights, kv bool) error {
 	if weights && !weightsOn {
 		s.setPhase(phWaking)
 		seconds := s.cfg.WakeTime.Seconds()
-		if level == 2 {
+		switch {
+		case level == 2 && s.cfg.Dialect == DialectVLLM:
+			// Only the memory comes back; reload_weights fills it.
+			seconds = 0
+			s.mu.Lock()
+			s.st.stale = true
+			s.mu.Unlock()
+		case level == 2:
 			seconds = s.cfg.LoadTime.Seconds()
 		}
 		if err := s.copyWeights(ctx, seconds); err != nil {
@@ -697,6 +710,11 @@ func (s *server) admit(ctx context.Context, promptTokens, priority int) (*reques
 				return nil, err
 			}
 			continue
+		case st.phase == phAwake && st.stale:
+			// vLLM would answer from uninitialised weights; the sim
+			// refuses, so that a wake missing its reload shows.
+			s.mu.Unlock()
+			return nil, errStale
 		case st.phase == phAwake:
 			r := &request{id: s.nextReq, held: promptTokens, admitted: time.Now(), turn: t}
 			s.nextReq++
@@ -742,6 +760,7 @@ var (
 	errLoading  = errors.New("is still loading")
 	errSleeping = errors.New("is sleeping; POST /wake_up first")
 	errWaking   = errors.New("is waking up")
+	errStale    = errors.New("has no weights: a level-2 sleep discarded them and no POST /collective_rpc {\"method\":\"reload_weights\"} reloaded them")
 )
 
 // release ends a request: its KV cache is freed.

@@ -39,8 +39,10 @@ func (a Journal) Plan() []*pb.ResidencyCardPlan {
 		c := &pb.ResidencyCardPlan{
 			Node: v.Node, Card: v.Card, Mode: v.Mode, PinnedOnly: v.PinnedOnly, Violations: int64(v.Violations),
 			UsableBytes: v.Usable, ReservedBytes: v.Ledger.Reserved, ResidentBytes: v.Ledger.Resident,
-			SleepingBytes: v.Ledger.Sleeping, FreeBytes: v.Ledger.Free, ObservedAt: now,
+			ObservedAt: now,
 		}
+		acct := v.Ledger.Account()
+		c.UsedBytes, c.SleepingBytes, c.FreeBytes = acct.Used, acct.Sleeping, acct.Free
 		if c.UsableBytes == 0 {
 			c.UsableBytes = v.Ledger.Usable
 		}
@@ -93,8 +95,8 @@ func decisionToProto(d residency.NodeDecision) *pb.ResidencyDecision {
 
 // Operate passes an operator's load or unload to the node's residency
 // manager; nothing where the manager does not run.
-func (a Journal) Operate(ctx context.Context, model string, load bool) ([]*pb.OperateResult, error) {
-	rs, err := a.J.Operate(ctx, model, load)
+func (a Journal) Operate(ctx context.Context, model string, load bool, by string) ([]*pb.OperateResult, error) {
+	rs, err := a.J.Operate(ctx, model, load, by)
 	if errors.Is(err, residency.ErrNoOperator) {
 		return nil, nil
 	}

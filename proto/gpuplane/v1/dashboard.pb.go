@@ -602,9 +602,12 @@ type DashboardSegment struct {
 	// The replica, deployment/index.
 	Replica string `protobuf:"bytes,1,opt,name=replica,proto3" json:"replica,omitempty"`
 	// resident (loaded), reserved (a pinned or warm share, not loaded), lent
-	// (a warm replica asleep: its share is lent), host (an onDemand replica
-	// asleep in host RAM) or cold; host and cold hold nothing on the card.
-	Kind      string `protobuf:"bytes,2,opt,name=kind,proto3" json:"kind,omitempty"`
+	// (a warm replica asleep: the rest of its share is lent), host (an
+	// onDemand replica asleep in host RAM) or cold; cold holds nothing on the
+	// card.
+	Kind string `protobuf:"bytes,2,opt,name=kind,proto3" json:"kind,omitempty"`
+	// What it holds on the card: its share, or asleep (lent, host) its
+	// residual.
 	MemoryMib uint32 `protobuf:"varint,3,opt,name=memory_mib,json=memoryMib,proto3" json:"memory_mib,omitempty"`
 	// The deployment's residency: pinned, warm or onDemand.
 	Residency string `protobuf:"bytes,4,opt,name=residency,proto3" json:"residency,omitempty"`

@@ -1158,7 +1158,11 @@ type ReplicaStatus struct {
 	ResidencyReason string           `protobuf:"bytes,10,opt,name=residency_reason,json=residencyReason,proto3" json:"residency_reason,omitempty"`
 	// When set, the replica's adapters not on disk (replacing what it
 	// reported before); unset leaves them as they are.
-	Adapters      *ReplicaAdapters `protobuf:"bytes,11,opt,name=adapters,proto3" json:"adapters,omitempty"`
+	Adapters *ReplicaAdapters `protobuf:"bytes,11,opt,name=adapters,proto3" json:"adapters,omitempty"`
+	// With residency sleeping: what its engine keeps on the card while
+	// asleep (its residual, measured or estimated by the node's residency
+	// controller), in MiB. Ignored with any other residency.
+	ResidualMib   uint64 `protobuf:"varint,12,opt,name=residual_mib,json=residualMib,proto3" json:"residual_mib,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1268,6 +1272,13 @@ func (x *ReplicaStatus) GetAdapters() *ReplicaAdapters {
 		return x.Adapters
 	}
 	return nil
+}
+
+func (x *ReplicaStatus) GetResidualMib() uint64 {
+	if x != nil {
+		return x.ResidualMib
+	}
+	return 0
 }
 
 // ReplicaAdapters is a replica's adapters in host RAM, loading or on the
@@ -1763,7 +1774,7 @@ const file_gpuplane_v1_log_proto_rawDesc = "" +
 	"\x0eUnplaceReplica\x12\x14\n" +
 	"\x05model\x18\x01 \x01(\tR\x05model\x12\x18\n" +
 	"\areplica\x18\x02 \x01(\rR\areplica\x12\x16\n" +
-	"\x06reason\x18\x03 \x01(\tR\x06reason\"\x96\x03\n" +
+	"\x06reason\x18\x03 \x01(\tR\x06reason\"\xb9\x03\n" +
 	"\rReplicaStatus\x12\x14\n" +
 	"\x05model\x18\x01 \x01(\tR\x05model\x12\x18\n" +
 	"\areplica\x18\x02 \x01(\rR\areplica\x12\x1e\n" +
@@ -1778,7 +1789,8 @@ const file_gpuplane_v1_log_proto_rawDesc = "" +
 	"\tresidency\x18\t \x01(\x0e2\x1d.gpuplane.v1.ReplicaResidencyR\tresidency\x12)\n" +
 	"\x10residency_reason\x18\n" +
 	" \x01(\tR\x0fresidencyReason\x128\n" +
-	"\badapters\x18\v \x01(\v2\x1c.gpuplane.v1.ReplicaAdaptersR\badapters\"I\n" +
+	"\badapters\x18\v \x01(\v2\x1c.gpuplane.v1.ReplicaAdaptersR\badapters\x12!\n" +
+	"\fresidual_mib\x18\f \x01(\x04R\vresidualMib\"I\n" +
 	"\x0fReplicaAdapters\x126\n" +
 	"\badapters\x18\x01 \x03(\v2\x1a.gpuplane.v1.AdapterStatusR\badapters\"C\n" +
 	"\fBootstrapACL\x12\x12\n" +

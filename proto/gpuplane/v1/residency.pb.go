@@ -78,7 +78,11 @@ type OperateRequest struct {
 	// A model (deployment) name, or one replica ("chat/0").
 	Model string `protobuf:"bytes,2,opt,name=model,proto3" json:"model,omitempty"`
 	// OPERATE_ACTION_LOAD or OPERATE_ACTION_UNLOAD.
-	Action        OperateAction `protobuf:"varint,3,opt,name=action,proto3,enum=gpuplane.v1.OperateAction" json:"action,omitempty"`
+	Action OperateAction `protobuf:"varint,3,opt,name=action,proto3,enum=gpuplane.v1.OperateAction" json:"action,omitempty"`
+	// Who asked, set by the node that relays the request to the model's
+	// node, so that the decision's reason (and the audit log) names the
+	// operator; believed only from a node.
+	AskedBy       string `protobuf:"bytes,4,opt,name=asked_by,json=askedBy,proto3" json:"asked_by,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -132,6 +136,13 @@ func (x *OperateRequest) GetAction() OperateAction {
 		return x.Action
 	}
 	return OperateAction_OPERATE_ACTION_UNSPECIFIED
+}
+
+func (x *OperateRequest) GetAskedBy() string {
+	if x != nil {
+		return x.AskedBy
+	}
+	return ""
 }
 
 type OperateResponse struct {
@@ -712,7 +723,11 @@ type ResidencyCardPlan struct {
 	// The card fell back to pinned-only behaviour after a ledger violation.
 	PinnedOnly bool  `protobuf:"varint,4,opt,name=pinned_only,json=pinnedOnly,proto3" json:"pinned_only,omitempty"`
 	Violations int64 `protobuf:"varint,5,opt,name=violations,proto3" json:"violations,omitempty"`
-	// The card's memory account: usable = memory - headroom.
+	// The card's memory account, as `devices get` counts it: usable =
+	// memory - headroom = used + sleeping + free. reserved: the pinned and
+	// warm shares; resident: what engines awake cost; used: that and the
+	// reserved shares not loaded and not lent; sleeping: the residuals of
+	// engines asleep; free: the rest (lent shares included).
 	UsableBytes   int64                 `protobuf:"varint,6,opt,name=usable_bytes,json=usableBytes,proto3" json:"usable_bytes,omitempty"`
 	ReservedBytes int64                 `protobuf:"varint,7,opt,name=reserved_bytes,json=reservedBytes,proto3" json:"reserved_bytes,omitempty"`
 	ResidentBytes int64                 `protobuf:"varint,8,opt,name=resident_bytes,json=residentBytes,proto3" json:"resident_bytes,omitempty"`
@@ -721,6 +736,7 @@ type ResidencyCardPlan struct {
 	Entries       []*ResidencyPlanEntry `protobuf:"bytes,11,rep,name=entries,proto3" json:"entries,omitempty"`
 	// When the answering node read the plan; next_request is relative to it.
 	ObservedAt    *timestamppb.Timestamp `protobuf:"bytes,12,opt,name=observed_at,json=observedAt,proto3" json:"observed_at,omitempty"`
+	UsedBytes     int64                  `protobuf:"varint,13,opt,name=used_bytes,json=usedBytes,proto3" json:"used_bytes,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -837,6 +853,13 @@ func (x *ResidencyCardPlan) GetObservedAt() *timestamppb.Timestamp {
 		return x.ObservedAt
 	}
 	return nil
+}
+
+func (x *ResidencyCardPlan) GetUsedBytes() int64 {
+	if x != nil {
+		return x.UsedBytes
+	}
+	return 0
 }
 
 // ResidencyPlanEntry is one model in a card's plan.
@@ -1222,11 +1245,12 @@ var File_gpuplane_v1_residency_proto protoreflect.FileDescriptor
 
 const file_gpuplane_v1_residency_proto_rawDesc = "" +
 	"\n" +
-	"\x1bgpuplane/v1/residency.proto\x12\vgpuplane.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"n\n" +
+	"\x1bgpuplane/v1/residency.proto\x12\vgpuplane.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\x89\x01\n" +
 	"\x0eOperateRequest\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x14\n" +
 	"\x05model\x18\x02 \x01(\tR\x05model\x122\n" +
-	"\x06action\x18\x03 \x01(\x0e2\x1a.gpuplane.v1.OperateActionR\x06action\"G\n" +
+	"\x06action\x18\x03 \x01(\x0e2\x1a.gpuplane.v1.OperateActionR\x06action\x12\x19\n" +
+	"\basked_by\x18\x04 \x01(\tR\aaskedBy\"G\n" +
 	"\x0fOperateResponse\x124\n" +
 	"\aresults\x18\x01 \x03(\v2\x1a.gpuplane.v1.OperateResultR\aresults\"\x81\x01\n" +
 	"\rOperateResult\x12\x12\n" +
@@ -1269,7 +1293,7 @@ const file_gpuplane_v1_residency_proto_rawDesc = "" +
 	"\x0eGetPlanRequest\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\"G\n" +
 	"\x0fGetPlanResponse\x124\n" +
-	"\x05cards\x18\x01 \x03(\v2\x1e.gpuplane.v1.ResidencyCardPlanR\x05cards\"\xbf\x03\n" +
+	"\x05cards\x18\x01 \x03(\v2\x1e.gpuplane.v1.ResidencyCardPlanR\x05cards\"\xde\x03\n" +
 	"\x11ResidencyCardPlan\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x12\n" +
 	"\x04card\x18\x02 \x01(\tR\x04card\x12\x12\n" +
@@ -1288,7 +1312,9 @@ const file_gpuplane_v1_residency_proto_rawDesc = "" +
 	" \x01(\x03R\tfreeBytes\x129\n" +
 	"\aentries\x18\v \x03(\v2\x1f.gpuplane.v1.ResidencyPlanEntryR\aentries\x12;\n" +
 	"\vobserved_at\x18\f \x01(\v2\x1a.google.protobuf.TimestampR\n" +
-	"observedAt\"\xf4\x02\n" +
+	"observedAt\x12\x1d\n" +
+	"\n" +
+	"used_bytes\x18\r \x01(\x03R\tusedBytes\"\xf4\x02\n" +
 	"\x12ResidencyPlanEntry\x12\x14\n" +
 	"\x05model\x18\x01 \x01(\tR\x05model\x12\x1c\n" +
 	"\tresidency\x18\x02 \x01(\tR\tresidency\x12\x1a\n" +

@@ -883,8 +883,12 @@ type CardStatus struct {
 	Index     uint32                 `protobuf:"varint,2,opt,name=index,proto3" json:"index,omitempty"`
 	Uuid      string                 `protobuf:"bytes,3,opt,name=uuid,proto3" json:"uuid,omitempty"`
 	MemoryMib uint64                 `protobuf:"varint,4,opt,name=memory_mib,json=memoryMib,proto3" json:"memory_mib,omitempty"`
-	UsedMib   uint64                 `protobuf:"varint,5,opt,name=used_mib,json=usedMib,proto3" json:"used_mib,omitempty"`
-	FreeMib   uint64                 `protobuf:"varint,6,opt,name=free_mib,json=freeMib,proto3" json:"free_mib,omitempty"`
+	// Held for replicas awake: the shares loaded now (resident_mib) and the
+	// reserved shares of pinned and warm replicas not loaded and not lent.
+	UsedMib uint64 `protobuf:"varint,5,opt,name=used_mib,json=usedMib,proto3" json:"used_mib,omitempty"`
+	// memory − used − sleeping: what nobody holds, a sleeping warm replica's
+	// lent share included (docs/residency.md).
+	FreeMib uint64 `protobuf:"varint,6,opt,name=free_mib,json=freeMib,proto3" json:"free_mib,omitempty"`
 	// The accelerator the card is bound to, empty when unbound.
 	Accelerator string     `protobuf:"bytes,7,opt,name=accelerator,proto3" json:"accelerator,omitempty"`
 	Replicas    []string   `protobuf:"bytes,8,rep,name=replicas,proto3" json:"replicas,omitempty"`
@@ -895,7 +899,9 @@ type CardStatus struct {
 	// Memory shares of replicas loaded on the card now (loading, resident,
 	// waking or draining).
 	ResidentMib uint64 `protobuf:"varint,12,opt,name=resident_mib,json=residentMib,proto3" json:"resident_mib,omitempty"`
-	// Memory shares of replicas asleep in host memory.
+	// What replicas asleep keep on the card (their residuals; the rest of
+	// their shares is free or, for warm ones, lent). used + sleeping + free
+	// = memory.
 	SleepingMib   uint64 `protobuf:"varint,13,opt,name=sleeping_mib,json=sleepingMib,proto3" json:"sleeping_mib,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -1261,7 +1267,12 @@ type EngineSpec struct {
 	// the engine's arguments say, e.g. --max-num-seqs, else the gateway's
 	// default); the rest wait in the gateway's queues, where priority and
 	// fairness order them.
-	MaxInFlight   uint32 `protobuf:"varint,13,opt,name=max_in_flight,json=maxInFlight,proto3" json:"max_in_flight,omitempty"`
+	MaxInFlight uint32 `protobuf:"varint,13,opt,name=max_in_flight,json=maxInFlight,proto3" json:"max_in_flight,omitempty"`
+	// The vLLM sleep level the node's residency controller puts a warm or
+	// onDemand replica to sleep at (0 = the default, 1): 1 copies the
+	// weights to host RAM, 2 discards them and a wake reloads them from
+	// disk (for weights on fast local storage, or a host short of RAM).
+	SleepLevel    uint32 `protobuf:"varint,14,opt,name=sleep_level,json=sleepLevel,proto3" json:"sleep_level,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1383,6 +1394,13 @@ func (x *EngineSpec) GetMaxAdapters() uint32 {
 func (x *EngineSpec) GetMaxInFlight() uint32 {
 	if x != nil {
 		return x.MaxInFlight
+	}
+	return 0
+}
+
+func (x *EngineSpec) GetSleepLevel() uint32 {
+	if x != nil {
+		return x.SleepLevel
 	}
 	return 0
 }
@@ -2070,7 +2088,10 @@ type Replica struct {
 	ResidencyReason string `protobuf:"bytes,16,opt,name=residency_reason,json=residencyReason,proto3" json:"residency_reason,omitempty"`
 	// Adapters in host RAM, loading or on the card, as the node last
 	// reported them; the deployment's other adapters are on disk.
-	Adapters      []*AdapterStatus `protobuf:"bytes,17,rep,name=adapters,proto3" json:"adapters,omitempty"`
+	Adapters []*AdapterStatus `protobuf:"bytes,17,rep,name=adapters,proto3" json:"adapters,omitempty"`
+	// While asleep: what its engine keeps on the card (MiB), as its node
+	// reported it; the rest of its share is free (or lent, for a warm one).
+	ResidualMib   uint64 `protobuf:"varint,18,opt,name=residual_mib,json=residualMib,proto3" json:"residual_mib,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2222,6 +2243,13 @@ func (x *Replica) GetAdapters() []*AdapterStatus {
 		return x.Adapters
 	}
 	return nil
+}
+
+func (x *Replica) GetResidualMib() uint64 {
+	if x != nil {
+		return x.ResidualMib
+	}
+	return 0
 }
 
 // ACLToken is an API token as the state keeps it: the secret itself is never
@@ -2391,7 +2419,7 @@ const file_gpuplane_v1_resources_proto_rawDesc = "" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x120\n" +
 	"\x04spec\x18\x02 \x01(\v2\x1c.gpuplane.v1.AcceleratorSpecR\x04spec\x126\n" +
 	"\x06status\x18\x03 \x01(\v2\x1e.gpuplane.v1.AcceleratorStatusR\x06status\x12#\n" +
-	"\rcreated_index\x18\x04 \x01(\x04R\fcreatedIndex\"\xa8\x04\n" +
+	"\rcreated_index\x18\x04 \x01(\x04R\fcreatedIndex\"\xc9\x04\n" +
 	"\n" +
 	"EngineSpec\x12\x12\n" +
 	"\x04kind\x18\x01 \x01(\tR\x04kind\x12%\n" +
@@ -2408,7 +2436,9 @@ const file_gpuplane_v1_resources_proto_rawDesc = "" +
 	" \x01(\rR\x13startTimeoutSeconds\x12\"\n" +
 	"\fquantization\x18\v \x01(\tR\fquantization\x12!\n" +
 	"\fmax_adapters\x18\f \x01(\rR\vmaxAdapters\x12\"\n" +
-	"\rmax_in_flight\x18\r \x01(\rR\vmaxInFlight\x1a6\n" +
+	"\rmax_in_flight\x18\r \x01(\rR\vmaxInFlight\x12\x1f\n" +
+	"\vsleep_level\x18\x0e \x01(\rR\n" +
+	"sleepLevel\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xc5\x01\n" +
@@ -2464,7 +2494,7 @@ const file_gpuplane_v1_resources_proto_rawDesc = "" +
 	"generation\x120\n" +
 	"\x06status\x18\x04 \x01(\v2\x18.gpuplane.v1.ModelStatusR\x06status\x12#\n" +
 	"\rcreated_index\x18\x05 \x01(\x04R\fcreatedIndex\x12!\n" +
-	"\fcreated_unix\x18\x06 \x01(\x03R\vcreatedUnix\"\xce\x04\n" +
+	"\fcreated_unix\x18\x06 \x01(\x03R\vcreatedUnix\"\xf1\x04\n" +
 	"\aReplica\x12\x14\n" +
 	"\x05model\x18\x01 \x01(\tR\x05model\x12\x14\n" +
 	"\x05index\x18\x02 \x01(\rR\x05index\x12\x1e\n" +
@@ -2487,7 +2517,8 @@ const file_gpuplane_v1_resources_proto_rawDesc = "" +
 	"\fplaced_index\x18\x0e \x01(\x04R\vplacedIndex\x12;\n" +
 	"\tresidency\x18\x0f \x01(\x0e2\x1d.gpuplane.v1.ReplicaResidencyR\tresidency\x12)\n" +
 	"\x10residency_reason\x18\x10 \x01(\tR\x0fresidencyReason\x126\n" +
-	"\badapters\x18\x11 \x03(\v2\x1a.gpuplane.v1.AdapterStatusR\badapters\"\xbb\x01\n" +
+	"\badapters\x18\x11 \x03(\v2\x1a.gpuplane.v1.AdapterStatusR\badapters\x12!\n" +
+	"\fresidual_mib\x18\x12 \x01(\x04R\vresidualMib\"\xbb\x01\n" +
 	"\bACLToken\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12%\n" +
 	"\x04role\x18\x02 \x01(\x0e2\x11.gpuplane.v1.RoleR\x04role\x12\x1f\n" +
