@@ -20,9 +20,12 @@ import "time"
 // it never got in, at lowerCap after the grant; owners then take their
 // share back at once, as from any lower-class borrower.
 //
-// The card time a turn costs the higher classes (from the grant to its
-// end) is at most lowerShare of the time: the next turn starts no earlier
-// than its start plus its length divided by lowerShare.
+// The card time a model's turns cost the higher classes (from the grant
+// to the end) is at most lowerShare of the time: its next turn starts no
+// earlier than its last turn's start plus that turn's length divided by
+// lowerShare. The cap is per lower-class model, so that one model's turns
+// do not push another's back by hours; k such models take at most
+// k × lowerShare.
 
 const (
 	// lowerWait is how long a lower-class model waits for the card
@@ -107,16 +110,20 @@ func (c *Controller) lowTurns(now time.Time) {
 		}
 		// The next turn starts no earlier than this one's length over
 		// lowerShare after its start.
-		c.stepLowNext = c.stepLow.start.Add(time.Duration(float64(now.Sub(c.stepLow.start)) / lowerShare))
+		c.stepLowNext = make(map[ModelID]time.Time, len(c.lowNext)+1)
+		for k, v := range c.lowNext {
+			c.stepLowNext[k] = v
+		}
+		c.stepLowNext[c.stepLow.model] = c.stepLow.start.Add(time.Duration(float64(now.Sub(c.stepLow.start)) / lowerShare))
 		c.stepLow = lowTurn{}
 	}
-	if c.pinnedOnly || now.Before(c.stepLowNext) {
+	if c.pinnedOnly {
 		return
 	}
 	var pick *replica
 	for i := range c.reps {
 		r := &c.reps[i]
-		if r.removed || r.pending != 0 || r.active == 0 || r.waitSince.IsZero() || now.Sub(r.waitSince) < lowerWait {
+		if r.removed || r.pending != 0 || r.active == 0 || r.waitSince.IsZero() || now.Sub(r.waitSince) < lowerWait || now.Before(c.nextLow(r)) {
 			continue
 		}
 		if r.state != Cold && r.state != Sleeping && !(r.state == Failed && !now.Before(r.retryAt)) {
@@ -184,18 +191,18 @@ func (c *Controller) lowEnd(h *replica) time.Time {
 
 // lowBound is when r, of a lower class, waiting for the card, gets it at
 // the latest: its turn is due lowerWait after its wait began and no sooner
-// than lowerShare allows after the last turn (or, if another model holds
-// a turn, after that one at its longest); then what frees memory for it
-// and its own reload twice. With several lower-class models waiting, each
-// turn served pushes the others' bound back by one turn.
+// than lowerShare allows after its own last turn (nor before the end of
+// another model's turn in progress, at its longest); then what frees
+// memory for it and its own reload twice. With several lower-class models
+// waiting, each turn served pushes the others' bound back by one turn.
 func (c *Controller) lowBound(r *replica, now time.Time) time.Time {
 	if c.lowHolds(r) {
 		return c.stepLow.start.Add(c.cfg.DrainDeadline + stopAllowance + 2*c.reload(r))
 	}
-	due := maxTime(r.waitSince.Add(lowerWait), c.stepLowNext)
+	due := maxTime(r.waitSince.Add(lowerWait), c.nextLow(r))
 	if h := c.lowHolder(); h != nil {
 		end := c.lowEnd(h)
-		due = maxTime(due, c.stepLow.start.Add(time.Duration(float64(end.Sub(c.stepLow.start))/lowerShare)))
+		due = maxTime(due, end)
 	}
 	return maxTime(due, now).Add(c.cfg.DrainDeadline + stopAllowance + 2*c.reload(r))
 }
@@ -205,4 +212,12 @@ func maxTime(a, b time.Time) time.Time {
 		return a
 	}
 	return b
+}
+
+// nextLow is the earliest start of r's next turn.
+func (c *Controller) nextLow(r *replica) time.Time {
+	if c.stepLowNext != nil {
+		return c.stepLowNext[r.dep.Model]
+	}
+	return c.lowNext[r.dep.Model]
 }

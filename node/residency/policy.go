@@ -18,7 +18,7 @@ func (c *Controller) step(now time.Time) []Action {
 	c.stepReturns = c.stepReturns[:0]
 	c.stepProtects, c.stepKeep = c.stepProtects[:0], c.stepKeep[:0]
 	c.stepCuts = c.stepCuts[:0]
-	c.stepLow, c.stepLowNext = c.low, c.lowNext
+	c.stepLow, c.stepLowNext = c.low, nil
 	c.earmark = 0
 	c.sumsOK = false
 	for i := range c.reps {
