@@ -219,6 +219,11 @@ type Controller struct {
 	// cuts remembers, per borrower, when an owner's return last cut its
 	// turn short (turns.go), within ThrashWindow.
 	cuts map[ModelID]time.Time
+	// low is the lower-class turn in progress, lowNext per model the
+	// earliest start of its next (lowturn.go); stepLow and stepLowNext
+	// (nil: unchanged) the step's copies, kept once the step is.
+	low, stepLow         lowTurn
+	lowNext, stepLowNext map[ModelID]time.Time
 
 	decisions []Decision
 	decNext   int
@@ -637,6 +642,15 @@ func (c *Controller) recordThrash(acts []Action, now time.Time) {
 	c.evictions = append(c.evictions, c.stepEvictions...)
 	c.returns = append(c.returns, c.stepReturns...)
 	c.recordCuts(now)
+	c.low = c.stepLow
+	if c.stepLowNext != nil {
+		c.lowNext = c.stepLowNext
+	}
+	for k, at := range c.lowNext {
+		if now.After(at) {
+			delete(c.lowNext, k)
+		}
+	}
 	for _, a := range acts {
 		switch a.Kind {
 		case ActSerialize:

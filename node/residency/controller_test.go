@@ -162,23 +162,25 @@ func TestBusyEngineGivesEqualPriorityATurn(t *testing.T) {
 	}
 }
 
-// A busy engine is drained only for higher-priority demand: standard
-// demand lets background requests run up to the drain deadline; interactive
-// demand cuts them off at once (docs/gateway.md: an interactive request never
-// waits behind background work on the same card).
+// A busy engine is drained only for higher-priority demand: interactive
+// demand lets standard requests run up to the drain deadline; interactive
+// and standard demand cut background requests off at once (docs/gateway.md:
+// they never wait behind background work on the same card).
 func TestHigherPriorityDrainsBusyEngine(t *testing.T) {
 	for _, tc := range []struct {
+		victim  residency.Priority
 		prio    residency.Priority
 		atLeast time.Duration
 		within  time.Duration
 	}{
-		{residency.Standard, 30 * time.Second, time.Hour},
-		{residency.Interactive, 0, 2 * time.Second},
+		{residency.Standard, residency.Interactive, 30 * time.Second, time.Hour},
+		{residency.Background, residency.Standard, 0, 2 * time.Second},
+		{residency.Background, residency.Interactive, 0, 2 * time.Second},
 	} {
-		t.Run(tc.prio.String(), func(t *testing.T) {
+		t.Run(tc.victim.String()+"-for-"+tc.prio.String(), func(t *testing.T) {
 			w := newWorld(t, card)
 			bg, tr := onDemand("batch", 12*gi)
-			bg.Priority = residency.Background
+			bg.Priority = tc.victim
 			w.add(bg, tr)
 			chat, tr := onDemand("chat", 12*gi)
 			chat.Priority = tc.prio
@@ -629,6 +631,87 @@ func TestKeepAliveIsTheRequestsHint(t *testing.T) {
 		if !strings.Contains(a.Decision.Reason, "keep_alive") {
 			t.Errorf("the sleep of now does not say it followed its request's keep_alive: %q", a.Decision.Reason)
 		}
+	}
+	w.assertClean()
+}
+
+// TestPlanValuesABusyModelWithoutPriors: the agent tells the controller
+// no load or wake time (the profiler learns them); a busy model that never
+// slept shows a value above zero in the plan, computed with its measured
+// load (issue 32: `residency plan` showed VALUE 0.00 at 20 requests a minute).
+func TestPlanValuesABusyModelWithoutPriors(t *testing.T) {
+	w := newWorld(t, card)
+	for _, r := range []residency.Residency{residency.Pinned, residency.Warm} {
+		d, tr := reserved(string(r.String()), r, 8*gi)
+		d.LoadTime, d.WakeTime = 0, 0
+		w.add(d, tr)
+	}
+	for range 40 {
+		for _, m := range []residency.ModelID{"pinned", "warm"} {
+			w.request(m, time.Second)
+		}
+		w.run(3 * time.Second)
+	}
+	w.assertClean()
+	for _, e := range w.c.Plan() {
+		if e.State != residency.Resident || e.Rate < 1 || e.Value <= 0 {
+			t.Fatalf("plan entry %+v: want a resident model with its rate and a value above zero\n%s", e, w.dump())
+		}
+	}
+}
+
+// A background model that fits alone but never finds the card free (an
+// interactive model keeps it busy) gets a bounded turn once it has waited
+// 10 min (docs/residency.md, "No starvation"): the plan says by when, it
+// is on the card by then, the interactive model is drained for it (its
+// request runs the drain deadline), and a request for the interactive
+// model after the turn's slot takes the card back at once.
+func TestBackgroundGetsABoundedTurnOnABusyCard(t *testing.T) {
+	w := newWorld(t, card)
+	chat, tr := onDemand("chat", 12*gi)
+	chat.Priority = residency.Interactive
+	w.add(chat, tr)
+	bg, tr := onDemand("batch", 12*gi)
+	bg.Priority = residency.Background
+	w.add(bg, tr)
+	w.request("chat", time.Hour)
+	w.run(time.Minute)
+	w.request("batch", 10*time.Minute)
+	w.run(5 * time.Minute)
+	if w.state("batch") != residency.Cold {
+		t.Fatalf("batch is %s before its wait is due\n%s", w.state("batch"), w.dump())
+	}
+	var by time.Time
+	for _, e := range w.c.Plan() {
+		if e.Model == "batch" {
+			by = e.SlotBy
+			if by.IsZero() || !by.After(w.now()) || !strings.Contains(e.Reason, "gets the card by") {
+				t.Fatalf("plan for waiting batch: slot by %v, reason %q", by, e.Reason)
+			}
+		}
+	}
+	// Its wait began when its request came, 5 min ago: the turn is due
+	// 5 min from now, and it is in by 30 s drain + 10 s stop + twice its
+	// 20 s load after that.
+	if want := w.now().Add(5*time.Minute + 80*time.Second); by.After(want.Add(time.Second)) {
+		t.Fatalf("plan bounds batch at %v, want by %v", by, want)
+	}
+	for w.now().Before(by) && w.state("batch") != residency.Resident {
+		w.run(time.Second)
+	}
+	if w.state("batch") != residency.Resident {
+		t.Fatalf("batch is %s at %v, past the plan's bound\n%s", w.state("batch"), by, w.dump())
+	}
+	drains := w.actions("chat", residency.ActDrain)
+	if len(drains) != 1 || !strings.Contains(drains[0].Decision.Reason, "batch's turn as a background model") {
+		t.Fatalf("want one drain of chat for batch's turn\n%s", w.dump())
+	}
+	// The slot (3 min) ends; a chat request takes the card back at once.
+	w.run(3*time.Minute + 5*time.Second)
+	w.request("chat", 5*time.Second)
+	w.run(time.Minute)
+	if w.state("chat") != residency.Resident || w.eng["chat"].served < 1 {
+		t.Fatalf("chat is %s, served %d: it must be back after batch's turn\n%s", w.state("chat"), w.eng["chat"].served, w.dump())
 	}
 	w.assertClean()
 }

@@ -49,7 +49,13 @@ func (c *Controller) wakeTime(r *replica) time.Duration {
 	if r.prof.Wakes > 0 {
 		return r.prof.WakeTime
 	}
-	return r.dep.WakeTime
+	if r.dep.WakeTime > 0 {
+		return r.dep.WakeTime
+	}
+	// No prior and no wake measured yet: a wake is assumed to cost what a
+	// load does (an upper bound) until one is measured, so an unmeasured
+	// model is neither valued at nothing nor lent as if free to wake.
+	return c.loadTime(r)
 }
 
 // reload is what bringing r to the card costs from its current tier.
@@ -341,6 +347,10 @@ func (c *Controller) outranks(m ModelID, x *replica, now time.Time) bool {
 		return true
 	}
 	if r.dep.Residency.reserved() && x.dep.Residency == OnDemand {
+		return true
+	}
+	// A lower-class turn takes memory as a higher class would (lowturn.go).
+	if c.lowHolds(r) && x.dep.Residency != Pinned {
 		return true
 	}
 	return !now.IsZero() && c.slotDue(r, x, now)

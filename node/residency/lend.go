@@ -6,11 +6,20 @@ import "time"
 // model of another class holds (DESIGN.md, "Across classes").
 
 // drainDeadline is how long r's requests may run once r is drained for
-// forM. Interactive demand does not wait behind background work (docs/gateway.md): a background engine whose memory an interactive model needs is cut
+// forM. Interactive and standard demand does not wait behind background
+// work (docs/gateway.md): a background engine whose memory they need is cut
 // off at once, its requests ending with an error the gateway returns or
 // re-queues. Any other drain lets requests finish for up to DrainDeadline.
+// priorityOf names m's class for a reason ("interactive").
+func (c *Controller) priorityOf(m ModelID) string {
+	if b := c.rep(m); b != nil {
+		return b.dep.Priority.String()
+	}
+	return "higher-class"
+}
+
 func (c *Controller) drainDeadline(r *replica, forM ModelID) time.Duration {
-	if b := c.rep(forM); b != nil && b.dep.Priority == Interactive && r.dep.Priority == Background {
+	if b := c.rep(forM); b != nil && b.dep.Priority > Background && r.dep.Priority == Background {
 		return 0
 	}
 	return c.cfg.DrainDeadline
@@ -41,7 +50,10 @@ func (c *Controller) mayDisplace(b, x *replica, reload time.Duration, now time.T
 	rl := reload.Seconds()
 	cost := priorityWeight(x.dep.Priority) * p * rl * (1 + x.rate/60*rl)
 	gain := priorityWeight(b.dep.Priority) * (1 - p) * t.Seconds()
-	return cost <= gain
+	// b's own loss: when x is back within the turn, b is cut short and
+	// its reload and the work in flight are wasted.
+	loss := priorityWeight(b.dep.Priority) * p * (c.reload(b).Seconds() + t.Seconds())
+	return cost+loss <= gain
 }
 
 // protectKey names a model protected from a lower-class peer's demand.

@@ -62,7 +62,8 @@ func (c *Controller) Plan() []PlanEntry {
 	for i := range c.reps {
 		r := &c.reps[i]
 		reload := c.loadTime(r)
-		if r.dep.CanSleep && r.state != Cold && r.state != Failed {
+		// A pinned model never sleeps: leaving the card would cost it a load.
+		if r.dep.CanSleep && r.dep.Residency != Pinned && r.state != Cold && r.state != Failed {
 			reload = c.wakeTime(r)
 		}
 		bytes := c.cost(r)
@@ -77,6 +78,9 @@ func (c *Controller) Plan() []PlanEntry {
 			// What a waiting model waits for, with its bound, where the
 			// plan has no action for it (docs/residency.md, "No starvation").
 			wait := "waits for its turn on the card"
+			if !r.yielding && c.outrankedOnCard(r) && c.waitBound(r, now) == 0 {
+				wait = fmt.Sprintf("waits for its %s turn (due after %v of waiting, at most %.0f%% of the card's time)", r.dep.Priority, lowerWait, lowerShare*100)
+			}
 			if r.yielding {
 				wait = "yields to " + string(r.lentTo) + "'s turn"
 				if r.lentTo == "" {

@@ -18,6 +18,7 @@ func (c *Controller) step(now time.Time) []Action {
 	c.stepReturns = c.stepReturns[:0]
 	c.stepProtects, c.stepKeep = c.stepProtects[:0], c.stepKeep[:0]
 	c.stepCuts = c.stepCuts[:0]
+	c.stepLow, c.stepLowNext = c.low, nil
 	c.earmark = 0
 	c.sumsOK = false
 	for i := range c.reps {
@@ -54,8 +55,9 @@ func (c *Controller) stop(r *replica, op ActionKind, trig Trigger, forM ModelID,
 	if forM != "" && trig == TriggerRequest {
 		c.stepEvictions = append(c.stepEvictions, eviction{victim: r.dep.Model, by: forM, at: now, gap: now.Sub(r.lastUse)})
 	}
-	if (r.state == Loading || r.state == Waking) && r.dep.Residency == OnDemand && forM != "" && c.owner(forM) {
-		// An owner's return cuts a borrower's turn short (turns.go).
+	if (r.state == Loading || r.state == Waking) && r.dep.Residency == OnDemand && forM != "" {
+		// An owner's return, or a higher class's request, cuts a
+		// borrower's turn short (turns.go).
 		c.stepCuts = append(c.stepCuts, cut{model: r.dep.Model, at: now})
 	}
 	r.pending, r.drainFor, r.drainTrig = op, forM, trig
@@ -72,8 +74,8 @@ func (c *Controller) stop(r *replica, op ActionKind, trig Trigger, forM ModelID,
 		r.issued = false
 		c.setState(r, Draining, now)
 		if deadline == 0 {
-			c.emit(ActDrain, r, "", trig, forM, in, now, "drain %s, then %s at once: interactive %s does not wait behind its %d active background requests, which are cut off: "+format,
-				append([]any{r.dep.Model, op, forM, r.active}, args...)...)
+			c.emit(ActDrain, r, "", trig, forM, in, now, "drain %s, then %s at once: %s %s does not wait behind its %d active background requests, which are cut off: "+format,
+				append([]any{r.dep.Model, op, c.priorityOf(forM), forM, r.active}, args...)...)
 			break
 		}
 		c.emit(ActDrain, r, "", trig, forM, in, now, "drain %s, then %s once its %s finish or after %s: "+format,
@@ -113,6 +115,23 @@ func (c *Controller) removals(now time.Time) {
 	}
 }
 
+// hurryDrains ends at once the drain of a background engine drained for
+// background demand, whose work could run up to the drain deadline, when a
+// request of a higher class needs memory: it does not wait behind
+// background work (drainDeadline). The next step issues the stop.
+func (c *Controller) hurryDrains(b *replica, now time.Time) {
+	if b.dep.Priority == Background {
+		return
+	}
+	for i := range c.reps {
+		x := &c.reps[i]
+		if x.state != Draining || x.issued || x.pending == 0 || x.dep.Priority != Background || !now.Before(x.drainBy) {
+			continue
+		}
+		x.drainBy, x.drainFor, x.drainTrig = now, b.dep.Model, TriggerRequest
+	}
+}
+
 // drains issues the operation a drained engine waits for once its requests
 // are done or its deadline passed.
 func (c *Controller) drains(now time.Time) {
@@ -128,8 +147,8 @@ func (c *Controller) drains(now time.Time) {
 				r.pending, r.dep.Model, gib(in.Bytes))
 		} else if d := c.drainDeadline(r, r.drainFor); d == 0 {
 			c.emit(r.pending, r, "", r.drainTrig, r.drainFor, in, now,
-				"%s %s: interactive %s does not wait behind background work, %d requests are cut off with an error; frees %s",
-				r.pending, r.dep.Model, r.drainFor, r.active, gib(in.Bytes))
+				"%s %s: %s %s does not wait behind background work, %d requests are cut off with an error; frees %s",
+				r.pending, r.dep.Model, c.priorityOf(r.drainFor), r.drainFor, r.active, gib(in.Bytes))
 		} else {
 			c.emit(r.pending, r, "", r.drainTrig, r.drainFor, in, now,
 				"%s %s: drain deadline %v passed, %d requests are cut off with an error; frees %s",
@@ -228,7 +247,9 @@ func (c *Controller) demand(now time.Time) {
 	}
 	slices.SortFunc(want, func(a, b int) int {
 		x, y := &c.reps[a], &c.reps[b]
-		return cmp.Or(cmp.Compare(x.dep.Residency, y.dep.Residency),
+		// A lower-class turn's holder goes first: what it frees is
+		// its own (lowturn.go).
+		return cmp.Or(-cmp.Compare(b2i(c.lowHolds(x)), b2i(c.lowHolds(y))), cmp.Compare(x.dep.Residency, y.dep.Residency),
 			-cmp.Compare(x.dep.Priority, y.dep.Priority),
 			x.lastUse.Compare(y.lastUse),
 			cmp.Compare(x.dep.Model, y.dep.Model))
@@ -322,6 +343,9 @@ func (c *Controller) admit(r *replica, trig Trigger, start bool, now time.Time) 
 		return false
 	}
 	need := othersCommitted + c.earmark + claim - c.usable
+	if need > 0 && trig == TriggerRequest {
+		c.hurryDrains(r, now)
+	}
 	if need <= 0 {
 		// Enough is already being freed; wait for it.
 		c.earmark += extra
@@ -344,7 +368,10 @@ func (c *Controller) admit(r *replica, trig Trigger, start bool, now time.Time) 
 				why = fmt.Sprintf("lowest value left on the card %.2f (%s %.2f has a request waiting)", x.value, r.dep.Model, myValue)
 			}
 			due := trig == TriggerRequest && v.active > 0 && !c.outranks(r.dep.Model, v, time.Time{}) && c.slotDue(r, v, now)
-			if due {
+			if c.lowHolds(r) {
+				why = fmt.Sprintf("%s's turn as a %s model that waited %v for the card (due after %v); it keeps the card %v, then %s's share goes back",
+					r.dep.Model, r.dep.Priority, now.Sub(r.waitSince).Round(time.Second), lowerWait, c.lowerSlot(r), v.dep.Model)
+			} else if due {
 				why = fmt.Sprintf("%s waited %v for the card, %s had its turn (%v)", r.dep.Model, now.Sub(r.waitSince).Round(time.Second),
 					v.dep.Model, now.Sub(v.resident).Round(time.Second))
 				c.serializeForTurn(r, v, now)
@@ -432,6 +459,26 @@ func (c *Controller) protection(x, b *replica) time.Duration {
 	return p
 }
 
+// protectionFrom is protection against op: a sleep costs x a wake, not a
+// load, so against it x is kept the minimum residency (or its slot once
+// serialized with b), not twice its load time.
+func (c *Controller) protectionFrom(x, b *replica, op ActionKind) time.Duration {
+	p := c.protection(x, b)
+	if op != ActSleep || x.dep.Residency != OnDemand {
+		return p
+	}
+	q := min(c.cfg.MinResidency, max(sleepProtectFloor, c.slot(x)))
+	if len(c.serialized) > 0 {
+		if _, ok := c.serialized[pairOf(x.dep.Model, b.dep.Model)]; ok {
+			q = max(q, c.slot(x))
+		}
+	}
+	return min(p, q)
+}
+
+// sleepProtectFloor is the least an onDemand model is kept from a sleep.
+const sleepProtectFloor = 5 * time.Second
+
 // slot is a serialized model's turn on the card: SlotFactor swaps, where a
 // swap brings it back from where it is sent (asleep or cold).
 func (c *Controller) slot(x *replica) time.Duration {
@@ -460,13 +507,16 @@ func (c *Controller) hostUsed() int64 {
 func (c *Controller) victims(b *replica, trig Trigger, need int64, bValue float64, now time.Time) ([]int, bool) {
 	c.cands = c.cands[:0]
 	reclaim := b.dep.Residency.reserved() && !b.removed
+	// b in its lower-class turn takes memory as a higher class would,
+	// but cancels no load or wake (lowturn.go).
+	turn := c.lowHolds(b) && trig == TriggerRequest
 	var host int64
 	if c.cfg.HostMemory > 0 {
 		host = c.hostUsed()
 	}
 	for i := range c.reps {
 		x := &c.reps[i]
-		if x == b || x.removed || x.pending != 0 || x.state == Cold || x.state == Failed || x.state == Draining {
+		if x == b || x.removed || x.pending != 0 || x.state == Cold || x.state == Failed || x.state == Draining || c.lowHolds(x) {
 			continue
 		}
 		// Requests waiting for a sleeping engine wait at the gateway, not on
@@ -475,12 +525,15 @@ func (c *Controller) victims(b *replica, trig Trigger, need int64, bValue float6
 		// A request, or a reserved model placed by the operator, may drain;
 		// a forecast never.
 		entitled := trig == TriggerRequest || reclaim && trig == TriggerOperator
-		if busy && (x.state == Sleeping && !reclaim || !entitled) {
+		outranked := b.dep.Priority > x.dep.Priority || turn
+		// A sleeping engine's waiting requests wait at the gateway: a
+		// reserved owner or a request of a higher class may unload it
+		// (they then wait for its load instead of its wake).
+		if busy && (x.state == Sleeping && !reclaim && !(outranked && trig == TriggerRequest) || !entitled) {
 			continue
 		}
-		outranked := b.dep.Priority > x.dep.Priority
 		// b's turn is due: it may drain x, of its own class (turns.go).
-		due := busy && trig == TriggerRequest && c.slotDue(b, x, now)
+		due := busy && trig == TriggerRequest && (c.slotDue(b, x, now) || turn)
 		switch x.dep.Residency {
 		case Pinned:
 			continue
@@ -489,17 +542,21 @@ func (c *Controller) victims(b *replica, trig Trigger, need int64, bValue float6
 				continue
 			}
 		case OnDemand:
-			if (x.state == Loading || x.state == Waking) && !reclaim {
+			// A load or wake in progress is cancelled only for a reserved
+			// owner's return or for a request of a higher class.
+			// Once per ThrashWindow: a load cut short before is left to
+			// finish (turns.go).
+			if (x.state == Loading || x.state == Waking) && !reclaim && (turn || !(outranked && trig == TriggerRequest && !c.cutWithin(x, now))) {
 				continue
 			}
-			if _, ok := c.inTurn(x, now); ok && reclaim {
+			// A turn holds against an owner of x's class or lower that
+			// yields to it; a lower class gets none, and an owner past
+			// its cap yields no more (turns.go).
+			if _, ok := c.inTurn(x, now); ok && reclaim && x.dep.Priority >= b.dep.Priority && b.yielding {
 				continue
 			}
 		}
 		if busy && !outranked && !reclaim && !due {
-			continue
-		}
-		if x.state == Resident && now.Sub(x.resident) < c.protection(x, b) && !outranked && !reclaim {
 			continue
 		}
 		cand := candidate{idx: i}
@@ -513,17 +570,34 @@ func (c *Controller) victims(b *replica, trig Trigger, need int64, bValue float6
 		default:
 			cand.op, cand.freed, cand.reload = ActEvict, c.cost(x), c.loadTime(x)
 		}
+		// A newly resident x is kept from lower-class demand for its
+		// protection too (a sleep costs it a wake): without it, batch work
+		// put the onDemand models of home at 32 GiB to sleep between their
+		// requests and shared the card's compute with the chat (89.9% →
+		// 90.2% within SLO with it; examples/serve/README.md).
+		if x.state == Resident && now.Sub(x.resident) < c.protectionFrom(x, b, cand.op) && !outranked && !reclaim {
+			continue
+		}
 		if cand.freed <= 0 {
 			continue
 		}
 		// Lower-class demand takes a higher class's memory only when x is
 		// not expected back during its turn, and does not send x cold while
 		// x is protected from b (lend.go).
-		if b.dep.Priority < x.dep.Priority && !reclaim &&
+		// A protect decision holds against a turn too (lend.go).
+		if turn && cand.op == ActEvict && c.isProtected(x, b, now) {
+			continue
+		}
+		if b.dep.Priority < x.dep.Priority && !reclaim && !turn &&
 			(cand.op == ActEvict && c.isProtected(x, b, now) || !c.mayDisplace(b, x, cand.reload, now)) {
 			continue
 		}
 		cand.value = c.value(x, cand.reload, cand.freed)
+		if busy {
+			// Draining x cuts its running work short or makes b wait for
+			// it: idle models that only pay a reload go first.
+			cand.value += priorityWeight(x.dep.Priority) * float64(x.active) * c.cfg.DrainDeadline.Seconds() / (float64(cand.freed) / (1 << 30))
+		}
 		if trig == TriggerForecast && cand.value >= bValue {
 			continue
 		}
@@ -675,4 +749,11 @@ func (c *Controller) idle(now time.Time) {
 				"unload %s: asleep %s ≥ %s%s; frees %s", r.dep.Model, dur(now.Sub(r.since)), dur(idleUnload), limit, gib(c.cost(r)))
 		}
 	}
+}
+
+func b2i(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }

@@ -28,9 +28,9 @@ import "time"
 //     to be served); its share is lent in its idle spells, and the first
 //     rule keeps that lend from being cut short twice.
 //
-// Lower classes get no such promise: background work waits while
-// interactive demand holds the card (I3), and takes memory only in the
-// quiet spells mayDisplace finds.
+// A lower class waits while a higher class's demand holds the card (I3)
+// and takes memory in the quiet spells mayDisplace finds, or in a bounded
+// turn once it has waited long (lowturn.go).
 
 // starveAfter is how long a model waits for the card before it may take
 // an equal-class model's turn: the minimum residency.
@@ -65,6 +65,7 @@ func (c *Controller) turns(now time.Time) {
 			r.demandAt = now
 		}
 	}
+	c.lowTurns(now)
 	for i := range c.reps {
 		c.yieldTurn(&c.reps[i], now)
 	}
@@ -75,9 +76,12 @@ func (c *Controller) turns(now time.Time) {
 		} else if r.active > 0 && r.state != Resident && !r.waitSince.IsZero() {
 			if b := c.waitBound(r, now); b > 0 {
 				r.slotBy = r.waitSince.Add(b)
+			} else if c.outrankedOnCard(r) {
+				r.slotBy = c.lowBound(r, now)
 			}
 		}
 	}
+	c.lowYield(now)
 }
 
 // inTurn reports whether borrower x is in a turn an owner may not cut
@@ -122,6 +126,12 @@ func (c *Controller) yieldTurn(r *replica, now time.Time) {
 	var extra int64
 	b := c.rep(r.lentTo)
 	waiting := b != nil && !b.removed && b.active > 0 && (b.state == Cold || b.state == Sleeping)
+	if b != nil && b.dep.Priority < r.dep.Priority {
+		// A lower class gets no turn an owner waits for: its work takes
+		// memory only in the owner's quiet spells.
+		r.lentTo = ""
+		waiting = false
+	}
 	if waiting {
 		_, _, extra = c.target(b)
 	}
@@ -134,6 +144,9 @@ func (c *Controller) yieldTurn(r *replica, now time.Time) {
 	var peer *replica
 	for i := range c.reps {
 		x := &c.reps[i]
+		if x.dep.Priority < r.dep.Priority {
+			continue
+		}
 		if u, ok := c.inTurn(x, now); ok && u.After(until) {
 			until, peer = u, x
 		}
@@ -231,6 +244,18 @@ func (c *Controller) waitBound(r *replica, now time.Time) time.Duration {
 
 // stopAllowance is what waitBound allows for an engine's sleep or stop.
 const stopAllowance = 10 * time.Second
+
+// cutWithin reports whether x's load or wake was cut short within
+// ThrashWindow.
+func (c *Controller) cutWithin(x *replica, now time.Time) bool {
+	at, ok := c.cuts[x.dep.Model]
+	for _, k := range c.stepCuts {
+		if k.model == x.dep.Model {
+			at, ok = k.at, true
+		}
+	}
+	return ok && now.Sub(at) <= c.cfg.ThrashWindow
+}
 
 func (c *Controller) recordCuts(now time.Time) {
 	for _, k := range c.stepCuts {

@@ -306,6 +306,11 @@ func (w *world) outranks(by residency.ModelID, victim *engine, reason string) bo
 	if reserved && victim.dep.Residency == residency.OnDemand {
 		return true
 	}
+	// A lower class's bounded turn (docs/residency.md, "No starvation")
+	// takes memory as a higher class would; the decision names it.
+	if strings.Contains(reason, "'s turn as a") && victim.dep.Residency != residency.Pinned {
+		return true
+	}
 	// The turn rule (docs/residency.md, "No starvation"): a model that has
 	// waited the minimum residency may drain one of its class that has
 	// been up at least that long.
@@ -406,11 +411,14 @@ func (w *world) exec(a residency.Action) {
 			w.violate("I3: drain of busy %s (%s) for %s by %s", a.Model, e.dep.Priority, d.For, d.Trigger)
 		}
 		e.draining, e.drainAt, e.drainOK, e.drainFor = true, w.now(), true, w.drainDeadline()
-		if f := w.eng[d.For]; f != nil && f.dep.Priority == residency.Interactive && e.dep.Priority == residency.Background {
+		if f := w.eng[d.For]; f != nil && f.dep.Priority > residency.Background && e.dep.Priority == residency.Background {
 			e.drainFor = 0
 		}
 	case residency.ActSleep, residency.ActEvict, residency.ActUnload:
-		if busy && !operator && !(e.draining && e.drainOK && w.now().Sub(e.drainAt) >= e.drainFor) {
+		// Background work does not hold up a higher class: a drain for
+		// background demand ends at once for it.
+		hurried := e.dep.Priority == residency.Background && w.eng[d.For] != nil && w.eng[d.For].dep.Priority > residency.Background
+		if busy && !operator && !(e.draining && e.drainOK && (w.now().Sub(e.drainAt) >= e.drainFor || hurried)) {
 			w.violate("I3: %s of %s with %d in flight, %d queued, without an expired drain", a.Kind, a.Model, len(e.inflight), len(e.queued))
 		}
 		if waited && !entitled {

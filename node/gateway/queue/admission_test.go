@@ -76,6 +76,35 @@ func TestColdModel(t *testing.T) {
 	}
 }
 
+// TestBackgroundWaitsLongerForColdModel: a background request outwaits
+// the interactive cold wait (ColdWaitBackground) and is dispatched when
+// the model is ready; an interactive one queued beside it is rejected at
+// ColdWait.
+func TestBackgroundWaitsLongerForColdModel(t *testing.T) {
+	e := newEngine(t, queue.Config{ColdWait: 10 * time.Second, ColdWaitBackground: time.Minute},
+		queue.Deployment{Name: "m", MaxInFlight: 4, QueueLimit: 10})
+	if err := e.s.SetCold("m", time.Time{}, e.now); err != nil {
+		t.Fatal(err)
+	}
+	r := queue.Request{Deployment: "m", Tenant: "t", Class: queue.Interactive, PromptTokens: 1, MaxTokens: 1}
+	fg := e.enqueue(r, 1)
+	r.Class = queue.Background
+	bg := e.enqueue(r, 1)
+	e.now = epoch.Add(30 * time.Second)
+	o := e.s.Tick(e.now)
+	if len(o.Ended) != 1 || o.Ended[0].ID != fg || o.Ended[0].Status != 503 {
+		t.Fatalf("tick at 30 s: %+v, want only the interactive request %d rejected with 503", o, fg)
+	}
+	e.apply(o)
+	o, err := e.s.SetReady("m", e.now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(o.Dispatched) != 1 || o.Dispatched[0] != bg {
+		t.Fatalf("ready at 30 s: %+v, want the background request %d dispatched", o, bg)
+	}
+}
+
 // TestDeadlineExpires: a request still queued at its own deadline ends as
 // Expired, explicitly, and the request behind it moves up.
 func TestDeadlineExpires(t *testing.T) {
@@ -102,6 +131,7 @@ func TestBadInput(t *testing.T) {
 		{queue.Config{InputPrice: -1}, "InputPrice"},
 		{queue.Config{OutputPrice: -2}, "OutputPrice"},
 		{queue.Config{ColdWait: -time.Second}, "ColdWait"},
+		{queue.Config{ColdWaitBackground: -time.Second}, "ColdWaitBackground"},
 		{queue.Config{MaxRetryAfter: time.Millisecond}, "MaxRetryAfter"},
 	} {
 		if _, err := queue.New(c.cfg); err == nil || !strings.Contains(err.Error(), c.field) {

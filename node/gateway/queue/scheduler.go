@@ -165,10 +165,18 @@ func (s *Scheduler) SetCold(name string, readyBy, now time.Time) error {
 	d.readyBy = readyBy
 	if d.d.Ready {
 		d.d.Ready = false
-		by := now.Add(s.cfg.ColdWait)
-		s.eachQueued(d, func(r *req) { r.coldBy = by; s.dl.set(r) })
+		s.eachQueued(d, func(r *req) { r.coldBy = now.Add(s.coldWait(r.r.Class)); s.dl.set(r) })
 	}
 	return nil
+}
+
+// coldWait is how long a request of class c waits for a deployment that
+// is not ready.
+func (s *Scheduler) coldWait(c Class) time.Duration {
+	if c == Background {
+		return s.cfg.ColdWaitBackground
+	}
+	return s.cfg.ColdWait
 }
 
 func (s *Scheduler) eachQueued(d *dep, fn func(*req)) {
@@ -227,7 +235,7 @@ func (s *Scheduler) Enqueue(r Request, now time.Time) (ID, Output, error) {
 	}
 	q.fl = f
 	if !d.d.Ready {
-		q.coldBy = now.Add(s.cfg.ColdWait)
+		q.coldBy = now.Add(s.coldWait(r.Class))
 	}
 	s.reqs[id] = q
 	s.enqueue(q, false)

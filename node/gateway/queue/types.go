@@ -103,6 +103,12 @@ type Config struct {
 	// ColdWait is how long a request waits for a deployment that is not
 	// ready before it is rejected with 503 (default 60 s).
 	ColdWait time.Duration
+	// ColdWaitBackground is the same wait for a background request
+	// (default 20 min): batch work waits for its model's turn on a busy
+	// card (the residency controller grants one after 10 min of waiting,
+	// docs/residency.md) instead of bouncing off every busy spell of the
+	// interactive models whose memory it needs.
+	ColdWaitBackground time.Duration
 	// MaxRetryAfter caps every Retry-After estimate (default 60 s).
 	MaxRetryAfter time.Duration
 	// NoPreemption turns off preempting background work for interactive
@@ -113,6 +119,7 @@ type Config struct {
 const (
 	defaultFloor         = 0.05
 	defaultColdWait      = 60 * time.Second
+	defaultColdWaitBg    = 20 * time.Minute
 	defaultMaxRetryAfter = 60 * time.Second
 	// minRetryAfter: HTTP's Retry-After has whole seconds; never tell a
 	// client to come back immediately.
@@ -157,6 +164,12 @@ func (c Config) withDefaults() (Config, error) {
 		c.ColdWait = defaultColdWait
 	case c.ColdWait < 0:
 		return c, fmt.Errorf("queue config: ColdWait is %v: it must be positive", c.ColdWait)
+	}
+	switch {
+	case c.ColdWaitBackground == 0:
+		c.ColdWaitBackground = max(defaultColdWaitBg, c.ColdWait)
+	case c.ColdWaitBackground < 0:
+		return c, fmt.Errorf("queue config: ColdWaitBackground is %v: it must be positive", c.ColdWaitBackground)
 	}
 	switch {
 	case c.MaxRetryAfter == 0:

@@ -1,0 +1,223 @@
+package residency
+
+import "time"
+
+// Lower-class turns: a model of a lower class than others on its card,
+// whose requests have waited lowerWait for the card, gets one bounded
+// turn on it (docs/residency.md, "No starvation"). Without this a
+// background model that fits alone never runs while interactive models
+// keep busy: it takes memory only in their quiet spells (mayDisplace), and
+// a busy card has none.
+//
+// One turn runs at a time on a card, the longest-waiting model first. The
+// holder may take memory from any model that is not pinned, busy or not,
+// lowest value per GiB first (busy ones after idle ones: a drain cuts
+// their work short); a load or wake in progress is not cancelled for it.
+// From the grant until the turn ends, nothing takes the holder's memory,
+// and warm owners that would not fit beside it yield (their requests wait
+// at the gateway, their share counted as lent). The turn ends lowerSlot
+// after the holder is on the card, when its requests are done, or, when
+// it never got in, at lowerCap after the grant; owners then take their
+// share back at once, as from any lower-class borrower.
+//
+// The card time a model's turns cost the higher classes (from the grant
+// to the end) is at most lowerShare of the time: its next turn starts no
+// earlier than its last turn's start plus that turn's length divided by
+// lowerShare. The cap is per lower-class model, so that one model's turns
+// do not push another's back by hours; k such models take at most
+// k × lowerShare.
+
+const (
+	// lowerWait is how long a lower-class model waits for the card
+	// before its turn is due.
+	lowerWait = 10 * time.Minute
+	// lowerSlotMin is the least a turn keeps the card once in: long
+	// enough for a batch job to make progress past its load.
+	lowerSlotMin = 3 * time.Minute
+	// lowerShare is the most of the card's time turns take from the
+	// higher classes (examples/serve/README.md measures the choice).
+	lowerShare = 0.03
+)
+
+// lowTurn is a lower-class model's turn on the card.
+type lowTurn struct {
+	model ModelID
+	start time.Time // granted
+	in    time.Time // the holder came on the card (zero: not yet)
+}
+
+// lowerSlot is how long h keeps the card in its turn once in: at least
+// lowerSlotMin, and twice its load (a turn is worth its load).
+func (c *Controller) lowerSlot(h *replica) time.Duration {
+	return max(lowerSlotMin, 2*c.loadTime(h))
+}
+
+// lowerCap is the longest a turn of h lasts: the drain of what it takes
+// the memory from, its stop, h's reload twice (a first estimate may be
+// short), and its slot.
+func (c *Controller) lowerCap(h *replica) time.Duration {
+	return c.cfg.DrainDeadline + stopAllowance + 2*c.reload(h) + c.lowerSlot(h)
+}
+
+// lowHolder is the model in a lower-class turn this step, or nil.
+func (c *Controller) lowHolder() *replica {
+	if c.stepLow.model == "" {
+		return nil
+	}
+	return c.rep(c.stepLow.model)
+}
+
+// lowHolds reports whether x is in its lower-class turn: nothing takes its
+// memory, and it may take memory of higher classes.
+func (c *Controller) lowHolds(x *replica) bool {
+	return c.stepLow.model != "" && x.dep.Model == c.stepLow.model
+}
+
+// outrankedBy reports whether x is of a class below some model of the card.
+func (c *Controller) outrankedOnCard(x *replica) bool {
+	for i := range c.reps {
+		if y := &c.reps[i]; !y.removed && y.dep.Priority > x.dep.Priority {
+			return true
+		}
+	}
+	return false
+}
+
+// lowTurns runs in turns: it ends the turn in progress when it is over,
+// and grants the next one when it is due. It runs after waitSince is
+// updated.
+func (c *Controller) lowTurns(now time.Time) {
+	if h := c.lowHolder(); h != nil || c.stepLow.model != "" {
+		end := h == nil || h.removed || c.pinnedOnly
+		if !end {
+			if h.state == Resident && c.stepLow.in.IsZero() {
+				c.stepLow.in = now
+			}
+			if h.state == Draining || h.pending != 0 {
+				end = true
+			}
+			switch {
+			case h.active == 0 && h.state != Loading && h.state != Waking:
+				end = true
+			case !c.stepLow.in.IsZero() && !now.Before(c.stepLow.in.Add(c.lowerSlot(h))):
+				end = true
+			case c.stepLow.in.IsZero() && !now.Before(c.stepLow.start.Add(c.lowerCap(h))):
+				end = true
+			}
+		}
+		if !end {
+			return
+		}
+		// The next turn starts no earlier than this one's length over
+		// lowerShare after its start.
+		c.stepLowNext = make(map[ModelID]time.Time, len(c.lowNext)+1)
+		for k, v := range c.lowNext {
+			c.stepLowNext[k] = v
+		}
+		c.stepLowNext[c.stepLow.model] = c.stepLow.start.Add(time.Duration(float64(now.Sub(c.stepLow.start)) / lowerShare))
+		c.stepLow = lowTurn{}
+	}
+	if c.pinnedOnly {
+		return
+	}
+	var pick *replica
+	for i := range c.reps {
+		r := &c.reps[i]
+		if r.removed || r.pending != 0 || r.active == 0 || r.waitSince.IsZero() || now.Sub(r.waitSince) < lowerWait || now.Before(c.nextLow(r)) {
+			continue
+		}
+		if r.state != Cold && r.state != Sleeping && !(r.state == Failed && !now.Before(r.retryAt)) {
+			continue
+		}
+		if !c.outrankedOnCard(r) {
+			continue
+		}
+		if _, _, claim := c.target(r); claim > c.mostFree(r) {
+			continue
+		}
+		if pick == nil || r.waitSince.Before(pick.waitSince) {
+			pick = r
+		}
+	}
+	if pick != nil {
+		c.stepLow = lowTurn{model: pick.dep.Model, start: now}
+	}
+}
+
+// lowYield makes warm owners that would not fit beside the turn's holder
+// yield until the turn ends: their requests wait, their share stays lent.
+func (c *Controller) lowYield(now time.Time) {
+	h := c.lowHolder()
+	if h == nil {
+		return
+	}
+	end := c.lowEnd(h)
+	var extra int64
+	if h.state == Cold || h.state == Sleeping || h.state == Failed {
+		_, _, claim := c.target(h)
+		extra = claim - c.claim(h, true)
+	}
+	for i := range c.reps {
+		r := &c.reps[i]
+		if r == h || r.removed || r.dep.Residency != Warm || r.active == 0 || r.pending != 0 || r.dep.Priority <= h.dep.Priority {
+			continue
+		}
+		if r.state != Sleeping && r.state != Cold && r.state != Failed {
+			continue
+		}
+		if _, committed := c.others(r); committed+extra+max(r.dep.Share, c.footprint(r)) <= c.usable {
+			continue
+		}
+		if !r.yielding {
+			r.yielding = true
+			c.sumsOK = false
+		}
+		r.slotBy = maxTime(r.slotBy, end.Add(c.reload(r)))
+		if _, ok := c.serialized[pairOf(r.dep.Model, h.dep.Model)]; !ok {
+			c.emit(ActSerialize, r, h.dep.Model, TriggerPressure, h.dep.Model, Inputs{}, now,
+				"serialize %s and %s: %s's turn as a %s model that waited ≥ %v for the card; %s's %s wait for it, back by %s at the latest",
+				r.dep.Model, h.dep.Model, h.dep.Model, h.dep.Priority, lowerWait, r.dep.Model, count(r.active, "request"), r.slotBy.Format(time.TimeOnly))
+		}
+	}
+}
+
+// lowEnd is when the turn of h ends at the latest.
+func (c *Controller) lowEnd(h *replica) time.Time {
+	if !c.stepLow.in.IsZero() {
+		return c.stepLow.in.Add(c.lowerSlot(h))
+	}
+	return c.stepLow.start.Add(c.lowerCap(h))
+}
+
+// lowBound is when r, of a lower class, waiting for the card, gets it at
+// the latest: its turn is due lowerWait after its wait began and no sooner
+// than lowerShare allows after its own last turn (nor before the end of
+// another model's turn in progress, at its longest); then what frees
+// memory for it and its own reload twice. With several lower-class models
+// waiting, each turn served pushes the others' bound back by one turn.
+func (c *Controller) lowBound(r *replica, now time.Time) time.Time {
+	if c.lowHolds(r) {
+		return c.stepLow.start.Add(c.cfg.DrainDeadline + stopAllowance + 2*c.reload(r))
+	}
+	due := maxTime(r.waitSince.Add(lowerWait), c.nextLow(r))
+	if h := c.lowHolder(); h != nil {
+		end := c.lowEnd(h)
+		due = maxTime(due, end)
+	}
+	return maxTime(due, now).Add(c.cfg.DrainDeadline + stopAllowance + 2*c.reload(r))
+}
+
+func maxTime(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
+}
+
+// nextLow is the earliest start of r's next turn.
+func (c *Controller) nextLow(r *replica) time.Time {
+	if c.stepLowNext != nil {
+		return c.stepLowNext[r.dep.Model]
+	}
+	return c.lowNext[r.dep.Model]
+}
