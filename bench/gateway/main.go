@@ -41,9 +41,9 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/gpuplane/gpuplane/node/engine/sim"
 	"github.com/gpuplane/gpuplane/node/gateway"
 	"github.com/gpuplane/gpuplane/node/gateway/queue"
+	"github.com/gpuplane/gpuplane/node/sim"
 )
 
 // fixed is a one-model cluster view: the engine at url, on this node.

@@ -16,7 +16,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/gpuplane/gpuplane/node/simserve"
+	"github.com/gpuplane/gpuplane/node/sim/simserve"
 )
 
 const (

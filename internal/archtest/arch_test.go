@@ -34,6 +34,9 @@ var rules = []rule{
 		Why: "rpc declares the interfaces it needs of a node (ResidencyJournal, LogReader); the agent wires them"},
 	{From: []string{"node/residency"}, To: []string{"..."}, Allow: []string{"internal/class", "internal/cardfit"},
 		Why: "the residency controller is pure: it imports nothing of the project but the shared vocabulary (priority classes, residency)"},
+	{From: []string{"node/engine/...", "node/executor/...", "node/inventory/...", "node/watchdog/...", "node/procfs/...",
+		"node/gateway/...", "node/residency/...", "node/cardmanager/..."}, To: []string{"node/sim/..."},
+		Why: "the node's running and serving rooms never depend on its simulation room (the sim engine, the serving simulator); their tests may"},
 	{From: []string{"node/..."}, To: []string{"fsm/...", "cluster/...", "rpc/...", "cmd/..."},
 		Why: "the node runs engines and serves requests; it learns the cluster's state through the agent, not by importing it"},
 	{From: []string{"cluster/..."}, To: []string{"node/...", "rpc/...", "cmd/..."},
@@ -154,6 +157,8 @@ func TestRulesCatchWrongWayImports(t *testing.T) {
 		{"internal/replaylog", "cluster"},
 		{"fsm", "cluster"},
 		{"cluster/scheduler", "node/inventory"},
+		{"node/gateway", "node/sim"},
+		{"node/cardmanager", "node/sim/simserve"},
 	} {
 		if v := violations(map[string][]string{arrow[0]: {arrow[1]}}); len(v) != 1 {
 			t.Errorf("%s -> %s: got %q, want one violation", arrow[0], arrow[1], v)
@@ -167,6 +172,8 @@ func TestRulesCatchWrongWayImports(t *testing.T) {
 		{"fsm", "internal/cardfit"},
 		{"cluster/scheduler", "internal/cardfit"},
 		{"cmd/gpuplane/agent", "rpc"},
+		{"node/sim/simserve", "node/residency"},
+		{"node/sim", "node/inventory"},
 	} {
 		if v := violations(map[string][]string{arrow[0]: {arrow[1]}}); len(v) != 0 {
 			t.Errorf("%s -> %s is allowed, got %q", arrow[0], arrow[1], v)

@@ -19,8 +19,8 @@ import (
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 
-	simengine "github.com/gpuplane/gpuplane/node/engine/sim"
 	"github.com/gpuplane/gpuplane/node/inventory"
+	simengine "github.com/gpuplane/gpuplane/node/sim"
 	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
 )
 

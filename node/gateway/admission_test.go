@@ -11,8 +11,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/gpuplane/gpuplane/node/engine/sim"
 	"github.com/gpuplane/gpuplane/node/gateway/queue"
+	"github.com/gpuplane/gpuplane/node/sim"
 )
 
 // TestGatewayWeightsHoldWithinEngineConcurrency: two tenants of equal

@@ -10,8 +10,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/gpuplane/gpuplane/node/engine/sim"
 	"github.com/gpuplane/gpuplane/node/gateway/queue"
+	"github.com/gpuplane/gpuplane/node/sim"
 )
 
 // Against engines speaking strictly (issue 33): the gateway sends each

@@ -120,7 +120,7 @@ type Cluster interface {
 }
 
 // Residency is what the gateway needs of the node's residency controllers
-// for the warm and onDemand replicas placed here (resident.Manager).
+// for the warm and onDemand replicas placed here (cardmanager.Manager).
 type Residency interface {
 	// Serving reports whether the replica's model is resident, its
 	// engine's URL, and a channel closed when either changes; ok is false
@@ -158,7 +158,7 @@ type Options struct {
 	// cluster (its certificate or the agent token): only then are its
 	// forwarding and tenant headers believed when ACLs are on.
 	IsPeer func(*http.Request) bool
-	// FrontKey is the node's front key (resident.Options.FrontKey), sent
+	// FrontKey is the node's front key (cardmanager.Options.FrontKey), sent
 	// in isolation.FrontKeyHeader with every request to a local replica:
 	// the gateway cannot tell a front's address from an engine's, and an
 	// engine ignores the header.

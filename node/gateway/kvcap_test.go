@@ -12,8 +12,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/gpuplane/gpuplane/node/engine/sim"
 	"github.com/gpuplane/gpuplane/node/gateway/queue"
+	"github.com/gpuplane/gpuplane/node/sim"
 )
 
 // fixedView is a cluster of fixed models, all on this node.

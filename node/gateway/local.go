@@ -545,7 +545,7 @@ func (x *call) wait() bool {
 
 // KeepAliver is what a Residency may also do: take a request's
 // keep_alive as its hint for how long the replica's model stays loaded
-// after it (resident.Manager; docs/residency.md). It is called after
+// after it (cardmanager.Manager; docs/residency.md). It is called after
 // Demand for the same request.
 type KeepAliver interface {
 	KeepAlive(model string, index uint32, d time.Duration)
@@ -554,7 +554,7 @@ type KeepAliver interface {
 // WaitExplainer is what a Residency may also do: say why a replica did
 // not serve a request that waited for it past the cold wait, in one cause
 // with its numbers, recording it as its controller's reject decision
-// (resident.Manager). "": it cannot say.
+// (cardmanager.Manager). "": it cannot say.
 type WaitExplainer interface {
 	WaitExpired(model string, index uint32, waited time.Duration) string
 }

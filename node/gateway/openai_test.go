@@ -19,8 +19,8 @@ import (
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
 
-	"github.com/gpuplane/gpuplane/node/engine/sim"
 	"github.com/gpuplane/gpuplane/node/gateway/queue"
+	"github.com/gpuplane/gpuplane/node/sim"
 )
 
 // chatCreated is the chat deployment's creation time in the test's view.

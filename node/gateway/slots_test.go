@@ -15,8 +15,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/gpuplane/gpuplane/node/engine/sim"
 	"github.com/gpuplane/gpuplane/node/gateway/queue"
+	"github.com/gpuplane/gpuplane/node/sim"
 )
 
 // llamaGateway serves a gateway in front of a sim engine of slots slots that

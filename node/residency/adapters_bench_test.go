@@ -9,8 +9,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/gpuplane/gpuplane/node/engine/sim"
 	"github.com/gpuplane/gpuplane/node/residency"
+	"github.com/gpuplane/gpuplane/node/sim"
 )
 
 // BenchmarkAdaptersPerCard measures, in virtual time with the real

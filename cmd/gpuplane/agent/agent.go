@@ -27,10 +27,10 @@ import (
 	"github.com/gpuplane/gpuplane/cluster"
 	"github.com/gpuplane/gpuplane/cluster/scheduler"
 	"github.com/gpuplane/gpuplane/fsm"
+	"github.com/gpuplane/gpuplane/node/cardmanager"
 	"github.com/gpuplane/gpuplane/node/inventory"
 	"github.com/gpuplane/gpuplane/node/residency"
 	"github.com/gpuplane/gpuplane/node/residency/residencypb"
-	"github.com/gpuplane/gpuplane/node/resident"
 	"github.com/gpuplane/gpuplane/node/watchdog"
 	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
 	"github.com/gpuplane/gpuplane/rpc"
@@ -100,7 +100,7 @@ type Config struct {
 
 	// ResidencyTimeScale, for dev agents only, runs the residency
 	// controllers' clock and ticks this many times faster than the wall
-	// clock (resident.Options.TimeScale): `gpuplane bench interference`
+	// clock (cardmanager.Options.TimeScale): `gpuplane bench interference`
 	// sets it to its --time-scale, so that the controllers' windows scale
 	// with its engines' figures. 0 or 1: the wall clock. The decision
 	// times a scaled agent records run ahead of the wall clock.
@@ -133,7 +133,7 @@ type Agent struct {
 	residencyJournal *residency.Journal
 	// resident is the node's residency manager (nil before the executor
 	// starts).
-	resident *resident.Manager
+	resident *cardmanager.Manager
 	// engines lists the node's running engines, for /metrics' reading of
 	// the engines' own gauges (nil before the executor starts).
 	engines atomic.Pointer[func() []watchdog.Engine]
@@ -146,7 +146,7 @@ type Agent struct {
 	gatewayLn   net.Listener
 	stopGateway func()
 	// frontKey is what the gateway shows the node's replica fronts, with
-	// ACLs on (resident.Options.FrontKey); empty without.
+	// ACLs on (cardmanager.Options.FrontKey); empty without.
 	frontKey string
 }
 

@@ -18,11 +18,11 @@ import (
 
 	"github.com/gpuplane/gpuplane/cluster"
 	"github.com/gpuplane/gpuplane/fsm"
+	"github.com/gpuplane/gpuplane/node/cardmanager"
 	"github.com/gpuplane/gpuplane/node/engine"
 	"github.com/gpuplane/gpuplane/node/executor"
 	"github.com/gpuplane/gpuplane/node/inventory"
 	"github.com/gpuplane/gpuplane/node/residency"
-	"github.com/gpuplane/gpuplane/node/resident"
 	"github.com/gpuplane/gpuplane/node/watchdog"
 	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
 	"github.com/gpuplane/gpuplane/proto/gpuplane/v1/gpuplanev1connect"
@@ -98,7 +98,7 @@ func (a *Agent) startExecutor() error {
 	if a.residencyJournal == nil {
 		a.residencyJournal = residency.NewJournal(a.cfg.NodeName, 0)
 	}
-	res := resident.New(resident.Options{
+	res := cardmanager.New(cardmanager.Options{
 		Node: a.cfg.NodeName, Cards: node.Cards, Advise: advise, NVML: lib, Journal: a.residencyJournal, DataDir: a.cfg.DataDir,
 		BindHost: localHost, AdvertiseHost: localHost, FrontKey: a.frontKey, Logger: a.cfg.Logger, TimeScale: a.cfg.ResidencyTimeScale,
 	})
@@ -136,7 +136,7 @@ func (a *Agent) startExecutor() error {
 // localHost is where this node's engines and replica fronts listen.
 const localHost = "127.0.0.1"
 
-// newFrontKey is a fresh front key (resident.Options.FrontKey): held in
+// newFrontKey is a fresh front key (cardmanager.Options.FrontKey): held in
 // memory only, since fronts live and die with the agent that serves them.
 func newFrontKey() (string, error) {
 	b := make([]byte, 32)

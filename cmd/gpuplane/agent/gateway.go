@@ -18,11 +18,11 @@ import (
 
 	"github.com/gpuplane/gpuplane/cluster"
 	"github.com/gpuplane/gpuplane/fsm"
+	"github.com/gpuplane/gpuplane/node/cardmanager"
 	"github.com/gpuplane/gpuplane/node/engine"
 	"github.com/gpuplane/gpuplane/node/gateway"
 	"github.com/gpuplane/gpuplane/node/gateway/isolation"
 	"github.com/gpuplane/gpuplane/node/gateway/queue"
-	"github.com/gpuplane/gpuplane/node/resident"
 	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
 )
 
@@ -79,7 +79,7 @@ func (a *Agent) GatewayURL() string {
 }
 
 // startGateway serves the gateway on the port listenGateway opened.
-func (a *Agent) startGateway(res *resident.Manager) error {
+func (a *Agent) startGateway(res *cardmanager.Manager) error {
 	secret, err := gatewaySecret(a.cfg.DataDir)
 	if err != nil {
 		return err

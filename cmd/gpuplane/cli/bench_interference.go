@@ -22,7 +22,7 @@ import (
 	"github.com/gpuplane/gpuplane/cmd/gpuplane/descriptor"
 	"github.com/gpuplane/gpuplane/internal/catalog"
 	"github.com/gpuplane/gpuplane/node/gateway/queue"
-	"github.com/gpuplane/gpuplane/node/simserve"
+	"github.com/gpuplane/gpuplane/node/sim/simserve"
 	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
 )
 

@@ -10,7 +10,7 @@ import (
 	"strings"
 	"text/tabwriter"
 
-	"github.com/gpuplane/gpuplane/node/simserve"
+	"github.com/gpuplane/gpuplane/node/sim/simserve"
 )
 
 // stats are a model's measures in the cell, in the config's seconds.

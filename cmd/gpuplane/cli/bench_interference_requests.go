@@ -17,10 +17,10 @@ import (
 	"sync"
 	"time"
 
-	"github.com/gpuplane/gpuplane/node/engine/sim"
 	"github.com/gpuplane/gpuplane/node/gateway"
 	"github.com/gpuplane/gpuplane/node/gateway/isolation"
-	"github.com/gpuplane/gpuplane/node/simserve"
+	"github.com/gpuplane/gpuplane/node/sim"
+	"github.com/gpuplane/gpuplane/node/sim/simserve"
 )
 
 // minArrivals is the fewest requests an open-loop mix is expected to send

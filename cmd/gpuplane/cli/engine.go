@@ -7,9 +7,9 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/gpuplane/gpuplane/node/engine/sim"
 	"github.com/gpuplane/gpuplane/node/executor"
 	"github.com/gpuplane/gpuplane/node/inventory"
+	"github.com/gpuplane/gpuplane/node/sim"
 )
 
 // newEngineCommand is `gpuplane engine`, the engines built into the binary.

@@ -8,7 +8,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/gpuplane/gpuplane/node/simserve"
+	"github.com/gpuplane/gpuplane/node/sim/simserve"
 )
 
 // `gpuplane simulate interference`: the interference matrix of docs/simulate.md

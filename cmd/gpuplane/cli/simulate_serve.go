@@ -9,7 +9,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/gpuplane/gpuplane/node/simserve"
+	"github.com/gpuplane/gpuplane/node/sim/simserve"
 )
 
 // `gpuplane simulate serve`: the residency controller and the gateway's
@@ -59,7 +59,7 @@ m or "m:adapter", "tenant": t (optional), "prompt_tokens": n,
 "output_tokens": n}, times in seconds, non-decreasing, unknown fields
 rejected.
 
-Policies (node/simserve/baselines.go names each one's source):
+Policies (node/sim/simserve/baselines.go names each one's source):
 gpuplane (node/residency + node/gateway/queue, the agent's code); ollama
 (its current scheduler: a loaded runner's requests take the fast path,
 loads are asynchronous, ≤3 loaded, keep_alive 5m, the idle runner with the

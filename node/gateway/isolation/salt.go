@@ -20,7 +20,7 @@ import (
 // replica's residency front.
 const TenantHeader = "X-Gpuplane-Tenant"
 
-// FrontKeyHeader carries the node's front key (resident.Options.FrontKey)
+// FrontKeyHeader carries the node's front key (cardmanager.Options.FrontKey)
 // from the node's gateway to a replica's residency front: with ACLs on, a
 // front serves only requests that bear it.
 const FrontKeyHeader = "X-Gpuplane-Front-Key"

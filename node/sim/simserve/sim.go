@@ -10,7 +10,7 @@ import (
 	"github.com/gpuplane/gpuplane/node/gateway/queue"
 )
 
-// The engine model is the sim engine's (node/engine/sim), made exact in
+// The engine model is the sim engine's (node/sim), made exact in
 // virtual time: a load or wake copies weights at the card's copy bandwidth,
 // split equally among engines copying at once; a running request first
 // prefills its prompt, then decodes at TokensPerSecond × the engine's share

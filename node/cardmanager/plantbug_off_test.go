@@ -1,5 +1,5 @@
 //go:build !residency_plantbug
 
-package resident
+package cardmanager
 
 const plantedBug = false

@@ -1,4 +1,4 @@
-package resident
+package cardmanager
 
 import (
 	"github.com/gpuplane/gpuplane/node/residency"

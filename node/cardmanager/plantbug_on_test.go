@@ -1,6 +1,6 @@
 //go:build residency_plantbug
 
-package resident
+package cardmanager
 
 // plantedBug: node/residency is built without its I3 guard.
 const plantedBug = true

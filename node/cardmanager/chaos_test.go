@@ -1,4 +1,4 @@
-package resident
+package cardmanager
 
 import (
 	"bytes"
@@ -34,7 +34,7 @@ import (
 var bin string
 
 func TestMain(m *testing.M) {
-	testbin.Main(m, filepath.Join("..", ".."), "resident-test-", &bin)
+	testbin.Main(m, filepath.Join("..", ".."), "cardmanager-test-", &bin)
 }
 
 const node = "node-a"
@@ -634,7 +634,7 @@ func TestChaosKeepsTheLedgerInvariants(t *testing.T) {
 // tag, which removes the controller's I3 guard and its own I3 check: the
 // chaos test's independent I3 check must see busy engines cut off.
 //
-//	go test -tags residency_plantbug -count=1 -run TestChaosCatchesThePlantedBug ./node/resident/
+//	go test -tags residency_plantbug -count=1 -run TestChaosCatchesThePlantedBug ./node/cardmanager/
 func TestChaosCatchesThePlantedBug(t *testing.T) {
 	if !plantedBug {
 		t.Skip("needs -tags residency_plantbug")

@@ -106,7 +106,7 @@ func (p *gpuplane) start() {
 		}
 		if p.s.agentPriors {
 			// What the agent's residency manager tells the controller
-			// (node/resident): the share, no priors; the profiler learns
+			// (node/cardmanager): the share, no priors; the profiler learns
 			// the rest from the first load, wake and memory samples.
 			d.Footprint, d.Peak, d.Residual, d.LoadTime, d.WakeTime = 0, 0, 0, 0, 0
 		}

@@ -1,4 +1,4 @@
-// Package resident runs the residency controllers of one node (docs/residency.md):
+// Package cardmanager (the per-card manager) runs the residency controllers of one node (docs/residency.md):
 // it is the impure side of package residency, whose controller decides and
 // never acts.
 //
@@ -41,5 +41,5 @@
 // from the simulated NVML and I3 from its own requests' outcomes. Built with
 // the residency_plantbug tag (no I3 guard), it must see I3 violations:
 //
-//	go test -tags residency_plantbug -count=1 -run TestChaosCatchesThePlantedBug ./node/resident/
-package resident
+//	go test -tags residency_plantbug -count=1 -run TestChaosCatchesThePlantedBug ./node/cardmanager/
+package cardmanager
