@@ -605,7 +605,7 @@ func (c *Controller) upsert(d Deployment, now time.Time) error {
 		return err
 	}
 	if r := c.rep(d.Model); r != nil {
-		if d.Residency.reserved() && !r.dep.Residency.reserved() && !r.issued &&
+		if d.Residency.Reserves() && !r.dep.Residency.Reserves() && !r.issued &&
 			(r.pending == ActEvict || r.pending == ActUnload) && d.CanSleep {
 			// Now warm or pinned: a demotion decided before goes to host RAM,
 			// so the model wakes rather than cold-loads.

@@ -78,7 +78,7 @@ func (c *Controller) holders(r *replica) string {
 		}
 		if b := c.claim(x, false); b > 0 {
 			what := x.dep.Residency.String() + ", " + x.state.String()
-			if x.state == Cold && x.dep.Residency.reserved() {
+			if x.state == Cold && x.dep.Residency.Reserves() {
 				what = x.dep.Residency.String() + ", reserved"
 			}
 			hs = append(hs, held{x.dep.Model, what, b})

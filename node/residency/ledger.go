@@ -182,7 +182,7 @@ func (c *Controller) ledger(reps []replica) Ledger {
 		cost, claim := c.cost(r), c.claim(r, false)
 		used += cost
 		l.Claimed += claim
-		if r.dep.Residency.reserved() && !r.removed {
+		if r.dep.Residency.Reserves() && !r.removed {
 			l.Reserved += r.dep.Share
 		}
 		if r.state == Sleeping {
@@ -274,7 +274,7 @@ func (c *Controller) check(before []replica, acts []Action, now time.Time) []Vio
 	// before the step.
 	for i := range c.reps {
 		r, b := &c.reps[i], &before[i]
-		if r.dep.Residency.reserved() {
+		if r.dep.Residency.Reserves() {
 			continue
 		}
 		started := (r.state == Loading || r.state == Waking) && b.state != Loading && b.state != Waking
@@ -331,7 +331,7 @@ func (c *Controller) check(before []replica, acts []Action, now time.Time) []Vio
 // owner reports whether m holds a reserved share the operator placed.
 func (c *Controller) owner(m ModelID) bool {
 	r := c.rep(m)
-	return r != nil && r.dep.Residency.reserved() && !r.removed
+	return r != nil && r.dep.Residency.Reserves() && !r.removed
 }
 
 // outranks reports whether demand for m may drain the busy engine x: a
@@ -346,7 +346,7 @@ func (c *Controller) outranks(m ModelID, x *replica, now time.Time) bool {
 	if r.dep.Priority > x.dep.Priority {
 		return true
 	}
-	if r.dep.Residency.reserved() && x.dep.Residency == OnDemand {
+	if r.dep.Residency.Reserves() && x.dep.Residency == OnDemand {
 		return true
 	}
 	// A lower-class turn takes memory as a higher class would (lowturn.go).

@@ -175,7 +175,7 @@ func (c *Controller) keepPromises(now time.Time) {
 	var gap int64 = -1
 	for i := range c.reps {
 		r := &c.reps[i]
-		if !r.dep.Residency.reserved() || r.removed || lent(r, true) {
+		if !r.dep.Residency.Reserves() || r.removed || lent(r, true) {
 			continue
 		}
 		if g := r.dep.Share - c.committedCost(r); g > gap {
@@ -215,7 +215,7 @@ func (c *Controller) wants(r *replica, now time.Time) (trig Trigger, want, hold 
 		if r.active > 0 {
 			return TriggerRequest, true, false
 		}
-		return TriggerOperator, r.dep.Residency.reserved() || r.opLoad, false
+		return TriggerOperator, r.dep.Residency.Reserves() || r.opLoad, false
 	case Sleeping:
 		if r.active > 0 {
 			return TriggerRequest, true, false
@@ -268,7 +268,7 @@ func (c *Controller) target(r *replica) (op ActionKind, cost, claim int64) {
 		op, cost = ActWake, c.footprint(r)
 	}
 	claim = cost
-	if r.dep.Residency.reserved() && !r.removed {
+	if r.dep.Residency.Reserves() && !r.removed {
 		claim = max(r.dep.Share, cost)
 	}
 	return op, cost, claim
@@ -506,7 +506,7 @@ func (c *Controller) hostUsed() int64 {
 // enough, and nothing otherwise.
 func (c *Controller) victims(b *replica, trig Trigger, need int64, bValue float64, now time.Time) ([]int, bool) {
 	c.cands = c.cands[:0]
-	reclaim := b.dep.Residency.reserved() && !b.removed
+	reclaim := b.dep.Residency.Reserves() && !b.removed
 	// b in its lower-class turn takes memory as a higher class would,
 	// but cancels no load or wake (lowturn.go).
 	turn := c.lowHolds(b) && trig == TriggerRequest

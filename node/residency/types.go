@@ -14,33 +14,22 @@ import (
 // weights, quantization, engine and device share one profile.
 type ModelID string
 
-// Residency is how the card keeps a model (docs/residency.md). Its values
-// and names are the card-fit rule's (cardfit.Residency, which parses them):
-// converting between the two keeps the value.
-type Residency uint8
+// Residency is how the card keeps a model (docs/residency.md): the card-fit
+// rule's type (internal/cardfit), which names and parses it.
+type Residency = cardfit.Residency
 
 const (
 	// Pinned is loaded when placed and never unloaded by the controller; its
 	// share is reserved.
-	Pinned = Residency(cardfit.Pinned)
+	Pinned = cardfit.Pinned
 	// Warm has its share reserved, may sleep while idle and lend that memory
 	// to onDemand models, and takes it back when requested.
-	Warm = Residency(cardfit.Warm)
+	Warm = cardfit.Warm
 	// OnDemand has no reservation: loaded on demand or forecast into memory
 	// nobody reserved (or a sleeping warm model lent), put to sleep or
 	// unloaded when idle or when memory is needed.
-	OnDemand = Residency(cardfit.OnDemand)
+	OnDemand = cardfit.OnDemand
 )
-
-func (r Residency) String() string {
-	if r > OnDemand {
-		return fmt.Sprintf("Residency(%d)", uint8(r))
-	}
-	return cardfit.Residency(r).String()
-}
-
-// reserved reports whether the residency holds a reserved share.
-func (r Residency) reserved() bool { return r == Pinned || r == Warm }
 
 // Priority is a deployment's class; a higher value outranks a lower one.
 // It is the gateway's request class (internal/class): one vocabulary for both.
