@@ -14,7 +14,7 @@ import (
 // `gpuplane simulate interference`: the interference matrix of docs/simulate.md
 // in virtual time, with the simulate serve engine model and gpuplane's
 // policy: the simulated half of `bench interference` (real agents and
-// sim engine processes, bench_interference.go).
+// sim engine processes, package cmd/gpuplane/interference).
 func newSimulateInterferenceCommand(g *globals) *cobra.Command {
 	var (
 		configPath, htmlPath, variants string

@@ -1,4 +1,4 @@
-package cli
+package interference
 
 import (
 	"bytes"
@@ -24,10 +24,10 @@ func (b *bench) stats(m *simserve.ModelConfig, samples []sample) simserve.ModelS
 			continue
 		}
 		ms.Completed++
-		t := s.ttft * b.o.timeScale
+		t := s.ttft * b.o.TimeScale
 		ttft = append(ttft, t)
 		if s.tpot > 0 {
-			tpot = append(tpot, s.tpot*b.o.timeScale)
+			tpot = append(tpot, s.tpot*b.o.TimeScale)
 		}
 		if m.SLOTTFTSeconds == 0 || t <= m.SLOTTFTSeconds {
 			met++
@@ -49,7 +49,7 @@ const benchAgree = 0.15
 
 // agreement counts the comparisons with both p95s and those within
 // benchAgree of each other.
-func (res *benchVariant) agreement() (within, compared int) {
+func (res *VariantResult) agreement() (within, compared int) {
 	for _, c := range res.Compare {
 		if c.Ratio <= 0 {
 			continue
@@ -62,10 +62,10 @@ func (res *benchVariant) agreement() (within, compared int) {
 	return within, compared
 }
 
-// writeBench prints each variant's matrix, flags and isolation checks as
+// WriteReport prints each variant's matrix, flags and isolation checks as
 // simulate interference does, then each cell's live p95 TTFT against the
 // replayed one.
-func writeBench(w io.Writer, res *benchResult) error {
+func WriteReport(w io.Writer, res *Result) error {
 	for k, v := range res.Variants {
 		if k > 0 {
 			fmt.Fprintln(w)
@@ -80,7 +80,7 @@ func writeBench(w io.Writer, res *benchResult) error {
 			fmt.Fprintf(w, "background batches beside the interactive models: %d of %d requests answered in full\n", v.BackgroundAnswered, v.BackgroundRequests)
 		}
 		fmt.Fprintln(w)
-		if err := writeBenchVariant(w, v); err != nil {
+		if err := writeVariant(w, v); err != nil {
 			return err
 		}
 	}
@@ -91,7 +91,7 @@ func writeBench(w io.Writer, res *benchResult) error {
 	return nil
 }
 
-func writeBenchVariant(w io.Writer, res *benchVariant) error {
+func writeVariant(w io.Writer, res *VariantResult) error {
 	if err := simserve.WriteMatrix(w, res.MatrixResult); err != nil {
 		return err
 	}
@@ -113,10 +113,10 @@ func writeBenchVariant(w io.Writer, res *benchVariant) error {
 	return err
 }
 
-// writeBenchHTML writes simulate interference's report with each
+// WriteHTML writes simulate interference's report with each
 // variant's heatmap, flags and isolation checks, with each variant's
 // live/replayed comparison added before its end.
-func writeBenchHTML(path string, res *benchResult) error {
+func WriteHTML(path string, res *Result) error {
 	var page bytes.Buffer
 	var all []*simserve.MatrixResult
 	for _, v := range res.Variants {

@@ -1,4 +1,4 @@
-package cli
+package interference
 
 import (
 	"bufio"
@@ -67,9 +67,9 @@ func (s sample) engineTTFT() float64 { return s.ttft - s.toEngine - s.fromEngine
 // request it sent.
 func (b *bench) drive(ctx context.Context, endpoint string, m *simserve.ModelConfig, st simserve.SyntheticStream, seed uint64) []sample {
 	rng := rand.New(rand.NewPCG(seed, 0x5eed))
-	scale := b.o.timeScale
+	scale := b.o.TimeScale
 	start := time.Now()
-	end := start.Add(b.o.duration)
+	end := start.Add(b.o.Duration)
 	var mu sync.Mutex
 	var out []sample
 	var wg sync.WaitGroup
@@ -116,7 +116,7 @@ func (b *bench) drive(ctx context.Context, endpoint string, m *simserve.ModelCon
 	// scaled wall time.
 	// A sparse mix (long: one request in 20 s) runs long enough to expect
 	// minArrivals requests, or its p95 would rest on none.
-	horizon := max(b.o.duration.Seconds()*scale, minArrivals/st.RatePerSecond)
+	horizon := max(b.o.Duration.Seconds()*scale, minArrivals/st.RatePerSecond)
 	for t := rng.ExpFloat64() / st.RatePerSecond; t < horizon; t += rng.ExpFloat64() / st.RatePerSecond {
 		if period := st.OnSeconds + st.OffSeconds; st.OnSeconds > 0 && math.Mod(t, period) >= st.OnSeconds {
 			continue
@@ -151,7 +151,7 @@ func (b *bench) send(ctx context.Context, endpoint, model string, in, out int, a
 		asked = model + ":" + tenant
 	}
 	url := endpoint
-	if b.via == viaGateway {
+	if b.via == ViaGateway {
 		url = b.gateway
 	}
 	// A prompt of its own, so that no request finds another's prefix in
