@@ -53,6 +53,34 @@ func (m *Manager) WaitExpired(model string, index uint32, waited time.Duration) 
 	}
 }
 
+// CardBy is when the replica, its requests waiting for the card, gets it
+// at the latest, as its controller promises (residency.Controller.CardBy,
+// what `residency plan` shows); ok is false where it promises nothing.
+// The gateway keeps background requests waiting until then.
+func (m *Manager) CardBy(model string, index uint32) (by time.Time, ok bool) {
+	k := rkey{model, index}
+	type answer struct {
+		by time.Time
+		ok bool
+	}
+	ans := make(chan answer, 1)
+	m.post(func() {
+		r := m.reps[k]
+		if r == nil || m.ctrls[r.card] == nil {
+			ans <- answer{}
+			return
+		}
+		by, ok := m.ctrls[r.card].ctrl.CardBy(k.id())
+		ans <- answer{by, ok}
+	})
+	select {
+	case a := <-ans:
+		return a.by, a.ok
+	case <-time.After(5 * time.Second):
+		return time.Time{}, false // the node's loop is stopping or stuck
+	}
+}
+
 // KeepAlive passes a request's keep_alive (Ollama's meaning: how long to
 // keep the model loaded after it; 0 unloads once idle, negative keeps) to
 // the replica's controller as the request's hint (residency.KeepAlive).

@@ -348,10 +348,57 @@ func (c *card) rearm(now time.Time) {
 }
 
 func (c *card) tick() {
+	c.promises()
 	now := time.Now()
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.apply(c.s.Tick(now), now)
+}
+
+// CardPromiser is what a Residency may also do: say when a replica whose
+// requests wait for the card gets it at the latest (cardmanager.Manager,
+// the bound `residency plan` shows). The gateway keeps its background
+// requests waiting until then (queue.Scheduler.SetCardBy) rather than
+// refusing them after the background cold wait.
+type CardPromiser interface {
+	CardBy(model string, index uint32) (by time.Time, ok bool)
+}
+
+// promises tells the card's scheduler, before it judges the cold waits,
+// what the controller promises each replica that is not ready and has
+// requests waiting. It takes no lock while it asks.
+func (c *card) promises() {
+	cp, ok := c.g.opts.Residency.(CardPromiser)
+	if !ok {
+		return
+	}
+	c.g.mu.Lock()
+	var ls []*local
+	for _, l := range c.g.locals {
+		if l.card == c {
+			ls = append(ls, l)
+		}
+	}
+	c.g.mu.Unlock()
+	type ask struct {
+		key, model string
+		index      uint32
+	}
+	var asks []ask
+	c.mu.Lock()
+	for _, l := range ls {
+		if !l.ready && c.s.Queued(l.key) > 0 {
+			asks = append(asks, ask{l.key, l.rep.Deployment, l.rep.Index})
+		}
+	}
+	c.mu.Unlock()
+	for _, a := range asks {
+		if by, ok := cp.CardBy(a.model, a.index); ok {
+			c.mu.Lock()
+			_ = c.s.SetCardBy(a.key, by, time.Now())
+			c.mu.Unlock()
+		}
+	}
 }
 
 // call is a request served by a local replica: what its handler goroutine
@@ -754,6 +801,9 @@ func (x *call) freshAfter(err error) string {
 func (x *call) answer(resp *http.Response, err error) result {
 	g, w, c, pd, ctx, req, m := x.g, x.w, x.c, &x.pd, x.ctx, x.req, x.m
 	if err != nil {
+		if x.requeued() {
+			return result{}
+		}
 		return g.finishWith(w, c, pd, ctx, req, m, errorf(http.StatusBadGateway, "server_error", "engine_error", "model %q: engine: %v", m.Served, err))
 	}
 	x.status = resp.StatusCode
@@ -762,6 +812,9 @@ func (x *call) answer(resp *http.Response, err error) result {
 		return g.relayStream(ctx, w, resp, req, m, x.labels, pd, c)
 	}
 	data, err := io.ReadAll(io.LimitReader(resp.Body, 256<<20))
+	if (err != nil || resp.StatusCode >= 500) && x.requeued() {
+		return result{}
+	}
 	if err != nil {
 		return g.finishWith(w, c, pd, ctx, req, m, errorf(http.StatusBadGateway, "server_error", "engine_error", "model %q: engine: %v", m.Served, err))
 	}
@@ -859,6 +912,35 @@ func (g *Gateway) sendClient(ctx context.Context, url string, req *request, body
 		out.Header.Set(isolation.FrontKeyHeader, g.opts.FrontKey)
 	}
 	return g.opts.Engines.Do(out)
+}
+
+// requeued puts a request of a background deployment that is not
+// streamed back in its queue when its engine failed it after the
+// residency controller took the engine off the card (asleep or stopped:
+// the replica is not ready): nothing reached its client, so it runs again
+// when the model is back, in the turn the controller promises it, as a
+// preempted one does (queue.Scheduler.Requeue). A request only lowered to
+// background on a deployment of a higher class is answered (its
+// controller gives that model no lower-class turn to wait for). false: it
+// is answered.
+func (x *call) requeued() bool {
+	if x.m.Class != queue.Background || x.req.class != queue.Background || x.req.stream || x.r.Context().Err() != nil {
+		return false
+	}
+	c, pd := x.c, &x.pd
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if x.l.ready || pd.end != nil || pd.cut == pd.attempt {
+		return false
+	}
+	now := time.Now()
+	again, out, err := c.s.Requeue(pd.id, now)
+	if err != nil || !again {
+		return false
+	}
+	pd.cut = pd.dispatches
+	c.apply(out, now)
+	return true
 }
 
 // finishWith ends an attempt that got no answer from the engine: a

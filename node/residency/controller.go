@@ -333,6 +333,18 @@ func (c *Controller) Replica(m ModelID) (Status, bool) {
 	return Status{Model: m, Residency: r.dep.Residency, Priority: r.dep.Priority, State: r.state, Active: r.active, Cost: c.cost(r)}, true
 }
 
+// CardBy is when Model, its requests waiting for the card, gets it at the
+// latest: the bound the plan shows ("gets the card by"; docs/residency.md,
+// "No starvation"). ok is false for an unknown model or one with no
+// requests waiting for the card.
+func (c *Controller) CardBy(m ModelID) (by time.Time, ok bool) {
+	r := c.rep(m)
+	if r == nil || r.slotBy.IsZero() {
+		return time.Time{}, false
+	}
+	return r.slotBy, true
+}
+
 func (c *Controller) rep(m ModelID) *replica {
 	if i, ok := c.index[m]; ok {
 		return &c.reps[i]

@@ -147,14 +147,25 @@ func (c *Controller) drains(now time.Time) {
 				r.pending, r.dep.Model, gib(in.Bytes))
 		} else if d := c.drainDeadline(r, r.drainFor); d == 0 {
 			c.emit(r.pending, r, "", r.drainTrig, r.drainFor, in, now,
-				"%s %s: %s %s does not wait behind background work, %d requests are cut off with an error; frees %s",
-				r.pending, r.dep.Model, c.priorityOf(r.drainFor), r.drainFor, r.active, gib(in.Bytes))
+				"%s %s: %s %s does not wait behind background work, %d requests are cut off%s; frees %s",
+				r.pending, r.dep.Model, c.priorityOf(r.drainFor), r.drainFor, r.active, c.cutFate(r), gib(in.Bytes))
 		} else {
 			c.emit(r.pending, r, "", r.drainTrig, r.drainFor, in, now,
-				"%s %s: drain deadline %v passed, %d requests are cut off with an error; frees %s",
-				r.pending, r.dep.Model, d, r.active, gib(in.Bytes))
+				"%s %s: drain deadline %v passed, %d requests are cut off%s; frees %s",
+				r.pending, r.dep.Model, d, r.active, c.cutFate(r), gib(in.Bytes))
 		}
 	}
+}
+
+// cutFate says what becomes of r's requests cut off by a drain deadline:
+// the gateway runs a background model's unstreamed ones again when the
+// model is back (queue.Scheduler.Requeue), and answers the rest with an
+// error.
+func (c *Controller) cutFate(r *replica) string {
+	if r.dep.Priority == Background {
+		return " (those not streamed run again in its next turn, the rest end with an error)"
+	}
+	return " with an error"
 }
 
 // keepPromises returns shares that onDemand models hold when a promise

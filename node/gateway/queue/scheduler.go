@@ -29,6 +29,9 @@ type dep struct {
 	bgInFlight reqList
 	// readyBy is the expected end of a load in progress (zero: unknown).
 	readyBy time.Time
+	// cardBy is when its controller promises it the card (SetCardBy;
+	// zero: no promise).
+	cardBy time.Time
 	// recent dispatch times, a ring, for the drain-rate estimate
 	drains  [drainWindow]time.Time
 	nDrains int
@@ -146,7 +149,7 @@ func (s *Scheduler) SetReady(name string, now time.Time) (Output, error) {
 	}
 	if !d.d.Ready {
 		d.d.Ready = true
-		d.readyBy = time.Time{}
+		d.readyBy, d.cardBy = time.Time{}, time.Time{}
 		s.eachQueued(d, func(r *req) { r.coldBy = time.Time{}; s.dl.set(r) })
 	}
 	s.pump(d, now)
@@ -165,7 +168,7 @@ func (s *Scheduler) SetCold(name string, readyBy, now time.Time) error {
 	d.readyBy = readyBy
 	if d.d.Ready {
 		d.d.Ready = false
-		s.eachQueued(d, func(r *req) { r.coldBy = now.Add(s.coldWait(r.r.Class)); s.dl.set(r) })
+		s.eachQueued(d, func(r *req) { r.coldBy = s.coldBy(r, now); s.dl.set(r) })
 	}
 	return nil
 }
@@ -177,6 +180,51 @@ func (s *Scheduler) coldWait(c Class) time.Duration {
 		return s.cfg.ColdWaitBackground
 	}
 	return s.cfg.ColdWait
+}
+
+// coldBy is when q, waiting from now for its deployment that is not
+// ready, is rejected: after its class's cold wait, and for background
+// work not before the card promised to its deployment (SetCardBy) and
+// ColdWait more.
+func (s *Scheduler) coldBy(q *req, now time.Time) time.Time {
+	by := now.Add(s.coldWait(q.r.Class))
+	if p := q.dep.cardBy; q.r.Class == Background && !p.IsZero() {
+		by = maxTime(by, p.Add(s.cfg.ColdWait))
+	}
+	return by
+}
+
+// SetCardBy records when the deployment, not ready, gets its card at the
+// latest, as its residency controller promises (residency.Controller's
+// CardBy: a lower-class model's turn on a busy card comes within hours,
+// not minutes): its background requests wait for it and ColdWait more
+// instead of giving up after ColdWaitBackground. A zero by withdraws the
+// promise for requests that arrive from now; those waiting keep theirs.
+func (s *Scheduler) SetCardBy(name string, by, now time.Time) error {
+	d, ok := s.deps[name]
+	if !ok {
+		return fmt.Errorf("queue: deployment %q is not on this card", name)
+	}
+	d.cardBy = by
+	if d.d.Ready || by.IsZero() {
+		return nil
+	}
+	for _, f := range d.classes[Background].heap {
+		for q := f.q.head; q != nil; q = q.next {
+			if c := s.coldBy(q, now); c.After(q.coldBy) {
+				q.coldBy = c
+				s.dl.set(q)
+			}
+		}
+	}
+	return nil
+}
+
+func maxTime(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
 }
 
 func (s *Scheduler) eachQueued(d *dep, fn func(*req)) {
@@ -235,7 +283,7 @@ func (s *Scheduler) Enqueue(r Request, now time.Time) (ID, Output, error) {
 	}
 	q.fl = f
 	if !d.d.Ready {
-		q.coldBy = now.Add(s.coldWait(r.Class))
+		q.coldBy = s.coldBy(q, now)
 	}
 	s.reqs[id] = q
 	s.enqueue(q, false)
@@ -470,12 +518,43 @@ func (s *Scheduler) preempt(q *req) {
 		s.end(q, End{Outcome: Preempted, WasInFlight: true})
 		return
 	}
+	s.out.Preempted = append(s.out.Preempted, Preemption{ID: q.id, Requeued: true})
+	s.requeue(q)
+}
+
+// requeue puts q, off its engine, back at the front of its tenant's queue,
+// refunded the output of the cut run (the re-run generates it again); its
+// prompt stays charged and is not charged again.
+func (s *Scheduler) requeue(q *req) {
 	q.fl.counter -= float64(q.outCharged) * s.cfg.OutputPrice / q.fl.t.weight
 	q.dep.classes[q.r.Class].fix(q.fl)
 	q.outCharged = 0
-	s.out.Preempted = append(s.out.Preempted, Preemption{ID: q.id, Requeued: true})
 	s.enqueue(q, true)
 	s.dl.set(q)
+}
+
+// Requeue puts an in-flight background request that is not streamed back
+// at the front of its tenant's queue, as a preemption does, when its
+// engine went away (asleep or stopped) before answering it: it runs
+// again once its deployment is ready, waiting for it as a new background
+// request would (no client saw any of it). For any other request it
+// reports false and changes nothing; the caller ends it.
+func (s *Scheduler) Requeue(id ID, now time.Time) (bool, Output, error) {
+	s.out.reset()
+	q, err := s.inFlight(id, 0)
+	if err != nil {
+		return false, s.out, err
+	}
+	if q.r.Class != Background || q.r.Streamed {
+		return false, s.out, nil
+	}
+	s.leaveEngine(q)
+	if !q.dep.d.Ready {
+		q.coldBy = s.coldBy(q, now)
+	}
+	s.requeue(q)
+	s.pump(q.dep, now)
+	return true, s.out, nil
 }
 
 func (s *Scheduler) leaveEngine(q *req) {

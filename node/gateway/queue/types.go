@@ -107,7 +107,9 @@ type Config struct {
 	// (default 20 min): batch work waits for its model's turn on a busy
 	// card (the residency controller grants one after 10 min of waiting,
 	// docs/residency.md) instead of bouncing off every busy spell of the
-	// interactive models whose memory it needs.
+	// interactive models whose memory it needs. Where the controller
+	// promises the deployment the card later than that (SetCardBy), a
+	// background request waits until then and ColdWait more.
 	ColdWaitBackground time.Duration
 	// MaxRetryAfter caps every Retry-After estimate (default 60 s).
 	MaxRetryAfter time.Duration

@@ -207,10 +207,20 @@ func (p *gpuplane) cold(e *engine, readyIn float64) {
 	}
 }
 
-// cutOff ends the requests a sleep or stop cut off the engine.
+// cutOff ends the requests a sleep or stop cut off the engine, but for
+// background requests not streamed, which the scheduler re-queues as the
+// gateway does (they run again when the model is back).
 func (p *gpuplane) cutOff(rs []*request) {
 	for _, r := range rs {
 		p.progress(r)
+		if again, out, err := p.q.Requeue(r.qid, p.at()); err != nil {
+			p.anomaly("requeue %d: %v", r.qid, err)
+		} else if again {
+			p.s.take(r)
+			p.s.setWaiting(r, true)
+			p.handle(out)
+			continue
+		}
 		if _, err := p.q.Cancel(r.qid, p.at()); err != nil {
 			p.anomaly("cancel %d: %v", r.qid, err)
 		}
@@ -346,6 +356,19 @@ func (p *gpuplane) tick() {
 	p.send(residency.Tick{})
 	p.flush()
 	if next, ok := p.q.NextDeadline(); ok && !next.After(p.at()) {
+		// Before the cold waits are judged, the gateway hears when the
+		// controller promises each waiting model the card, as the node's
+		// gateway does (its background requests wait for that).
+		for _, e := range p.s.engines {
+			if e.state == up && !e.draining {
+				continue
+			}
+			if by, ok := p.c.CardBy(residency.ModelID(e.m.Name)); ok {
+				if err := p.q.SetCardBy(e.m.Name, by, p.at()); err != nil {
+					p.anomaly("%v", err)
+				}
+			}
+		}
 		p.handle(p.q.Tick(p.at()))
 		p.flush()
 	}

@@ -1,0 +1,132 @@
+package queue_test
+
+import (
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/gpuplane/gpuplane/node/gateway/queue"
+)
+
+// requeue re-queues id on e as its engine going away would, keeping the
+// test engine's books; it reports what Requeue said.
+func (e *engine) requeue(id queue.ID) bool {
+	e.t.Helper()
+	again, o, err := e.s.Requeue(id, e.now)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	if again {
+		q := e.reqs[id]
+		e.served[q.r.Tenant] -= float64(q.gen) * e.in.OutputPrice
+		q.gen = 0
+		e.inFlight = slices.DeleteFunc(e.inFlight, func(x queue.ID) bool { return x == id })
+		e.set(q, "queued")
+	}
+	e.apply(o)
+	return again
+}
+
+// TestRequeueWhenTheEngineGoesAway: a background request that is not
+// streamed, cut off because its engine went to sleep, runs again once the
+// model is back (no client saw any of it, as after a preemption); an
+// interactive or a streamed one is not re-queued (the caller ends it),
+// and a queued one is refused with an error.
+func TestRequeueWhenTheEngineGoesAway(t *testing.T) {
+	e := newEngine(t, queue.Config{}, queue.Deployment{Name: "m", MaxInFlight: 4, QueueLimit: 10, Ready: true})
+	bg := queue.Request{Deployment: "m", Tenant: "t", Class: queue.Background, PromptTokens: 10, MaxTokens: 100}
+	batch := e.enqueue(bg, 100)
+	bg.Streamed = true
+	stream := e.enqueue(bg, 100)
+	fg := e.enqueue(queue.Request{Deployment: "m", Tenant: "u", Class: queue.Interactive, PromptTokens: 10, MaxTokens: 100}, 100)
+	for range 5 {
+		e.step(time.Second)
+	}
+	if err := e.s.SetCold("m", time.Time{}, e.now); err != nil {
+		t.Fatal(err)
+	}
+	if !e.requeue(batch) {
+		t.Fatal("the background request that is not streamed was not re-queued")
+	}
+	for _, id := range []queue.ID{stream, fg} {
+		if e.requeue(id) {
+			t.Fatalf("request %d (streamed or interactive) was re-queued: its client saw part of it, or it must not wait for a turn", id)
+		}
+	}
+	if got := e.s.Queued("m"); got != 1 {
+		t.Fatalf("queued after the cut: %d, want the one re-queued", got)
+	}
+	if _, _, err := e.s.Requeue(batch, e.now); err == nil {
+		t.Fatal("re-queueing a queued request: no error")
+	}
+	e.now = e.now.Add(time.Minute)
+	o, err := e.s.SetReady("m", e.now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.apply(o)
+	if !slices.Contains(o.Dispatched, batch) {
+		t.Fatalf("model back: %+v, want the re-queued request %d dispatched again", o, batch)
+	}
+	for range 200 {
+		e.step(time.Second)
+	}
+	if got := e.ended[batch].Outcome; got != queue.Finished {
+		t.Fatalf("the re-queued request ended %v, want finished", got)
+	}
+}
+
+// TestBackgroundWaitsForTheCardPromised: a background request for a cold
+// model whose controller promises it the card in two hours waits for that
+// (and ColdWait more) instead of being rejected after ColdWaitBackground;
+// an interactive request still gets its 503 after ColdWait; without a
+// promise the background request is rejected after ColdWaitBackground.
+func TestBackgroundWaitsForTheCardPromised(t *testing.T) {
+	cfg := queue.Config{ColdWait: time.Minute, ColdWaitBackground: 20 * time.Minute}
+	for _, promised := range []bool{true, false} {
+		e := newEngine(t, cfg, queue.Deployment{Name: "m", MaxInFlight: 4, QueueLimit: 10})
+		if err := e.s.SetCold("m", time.Time{}, e.now); err != nil {
+			t.Fatal(err)
+		}
+		r := queue.Request{Deployment: "m", Tenant: "t", Class: queue.Background, PromptTokens: 1, MaxTokens: 1}
+		early := e.enqueue(r, 1)
+		if promised {
+			if err := e.s.SetCardBy("m", epoch.Add(2*time.Hour), e.now); err != nil {
+				t.Fatal(err)
+			}
+		}
+		late := e.enqueue(r, 1) // arrives after the promise
+		r.Class = queue.Interactive
+		fg := e.enqueue(r, 1)
+		e.now = epoch.Add(30 * time.Minute)
+		e.apply(e.s.Tick(e.now))
+		if got := e.ended[fg]; got.Outcome != queue.Rejected || got.Status != 503 {
+			t.Fatalf("promised %v: interactive request after 30 min: %+v, want rejected with 503", promised, got)
+		}
+		for _, id := range []queue.ID{early, late} {
+			_, ended := e.ended[id]
+			if ended == promised {
+				t.Fatalf("promised %v: background request %d ended after 30 min: %v (want it waiting only with the promise)", promised, id, ended)
+			}
+		}
+		if !promised {
+			continue
+		}
+		e.now = epoch.Add(2*time.Hour + 30*time.Second)
+		e.apply(e.s.Tick(e.now))
+		if len(e.ended) != 1 {
+			t.Fatalf("within ColdWait after the promised time: %d ended, want the background requests still waiting", len(e.ended))
+		}
+		e.now = epoch.Add(2*time.Hour + 61*time.Second)
+		e.apply(e.s.Tick(e.now))
+		for _, id := range []queue.ID{early, late} {
+			if got := e.ended[id]; got.Outcome != queue.Rejected || got.Status != 503 {
+				t.Fatalf("past the promise and ColdWait: request %d ended %+v, want rejected with 503", id, got)
+			}
+		}
+	}
+	e := newEngine(t, cfg, queue.Deployment{Name: "m", MaxInFlight: 4, QueueLimit: 10})
+	if err := e.s.SetCardBy("x", epoch, epoch); err == nil {
+		t.Fatal("SetCardBy for a deployment not on the card: no error")
+	}
+}
