@@ -1,6 +1,9 @@
 package residency
 
-import "time"
+import (
+	"math"
+	"time"
+)
 
 // Memory across classes: when demand of one class may take memory that a
 // model of another class holds (DESIGN.md, "Across classes").
@@ -43,12 +46,28 @@ func (c *Controller) turn(b *replica) time.Duration { return c.reload(b) + c.cfg
 // class-weighted request-seconds x's requests then wait (the first, and
 // those arriving meanwhile), the right side the class-weighted seconds of
 // card time b gets before x is back. A model of a busy service is rarely
-// taken; the same model in one of its quiet spells is.
+// taken; the same model in one of its quiet spells is. Sending a sleeping
+// x cold (evicting its residual) costs its next request the load beyond
+// its wake whenever that request comes before x would be unloaded for
+// idleness anyway, so there the cost is also counted with q, the chance
+// that x is asked for before then:
+//
+//	cost ≥ w(x) · q · (load − wake) · (1 + λx · (load − wake))
 func (c *Controller) mayDisplace(b, x *replica, reload time.Duration, now time.Time) bool {
 	t := c.turn(b)
 	p := x.fc.backWithin(now, t, x.rate)
 	rl := reload.Seconds()
 	cost := priorityWeight(x.dep.Priority) * p * rl * (1 + x.rate/60*rl)
+	if x.state == Sleeping {
+		// Sending a sleeping x cold costs it a load instead of a wake at
+		// its next request, whenever that comes before x would be
+		// unloaded anyway, not only within b's turn.
+		if left := c.unloadAfter(x) - now.Sub(x.since); left > t {
+			q := x.fc.backWithin(now, left, x.rate)
+			extra := (reload - c.wakeTime(x)).Seconds()
+			cost = max(cost, priorityWeight(x.dep.Priority)*q*extra*(1+x.rate/60*extra))
+		}
+	}
 	gain := priorityWeight(b.dep.Priority) * (1 - p) * t.Seconds()
 	// b's own loss: when x is back within the turn, b is cut short and
 	// its reload and the work in flight are wasted.
@@ -136,4 +155,19 @@ func (c *Controller) isProtected(x, b *replica, now time.Time) bool {
 	}
 	p, ok := c.protected[protectKey{victim: x.dep.Model, by: b.dep.Model}]
 	return ok && now.Sub(x.lastUse) < p.idle
+}
+
+// unloadAfter is how long x may stay asleep before it is unloaded for
+// idleness: its last request's keep_alive, its deployment's spec.idle, or
+// the card's IdleUnload (policy.go, idle); a negative keep_alive never.
+func (c *Controller) unloadAfter(x *replica) time.Duration {
+	switch {
+	case x.keepSet && x.keep < 0:
+		return time.Duration(math.MaxInt64)
+	case x.keepSet:
+		return x.keep
+	case x.dep.IdleUnload > 0:
+		return x.dep.IdleUnload
+	}
+	return c.cfg.IdleUnload
 }
