@@ -262,6 +262,7 @@ func (c *Controller) demand(now time.Time) {
 		// its own (lowturn.go).
 		return cmp.Or(-cmp.Compare(b2i(c.lowHolds(x)), b2i(c.lowHolds(y))), cmp.Compare(x.dep.Residency, y.dep.Residency),
 			-cmp.Compare(x.dep.Priority, y.dep.Priority),
+			waitedSince(x, now).Compare(waitedSince(y, now)),
 			x.lastUse.Compare(y.lastUse),
 			cmp.Compare(x.dep.Model, y.dep.Model))
 	})
@@ -270,6 +271,16 @@ func (c *Controller) demand(now time.Time) {
 		trig, _, hold := c.wants(r, now)
 		c.admit(r, trig, !hold, now)
 	}
+}
+
+// waitedSince is when r's wait for the card began (now for a model not
+// waiting): memory freed for a model that waits goes to it before a model
+// whose requests came after.
+func waitedSince(r *replica, now time.Time) time.Time {
+	if r.waitSince.IsZero() {
+		return now
+	}
+	return r.waitSince
 }
 
 // target is what r will hold once loaded or woken and what it will claim.
