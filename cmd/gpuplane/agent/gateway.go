@@ -301,11 +301,13 @@ func maxInFlightOf(e *pb.EngineSpec) int {
 	if n := e.GetMaxInFlight(); n > 0 {
 		return int(n)
 	}
+	if n := slotsOf(e); n > 0 {
+		// llama.cpp, or a sim speaking it: its slots.
+		return n
+	}
 	switch e.GetKind() {
 	case "vllm", "sim":
 		return int(min(argUint(e.GetArgs(), "--max-num-seqs"), 1<<16))
-	case "llamacpp":
-		return slotsOf(e)
 	case "ollama":
 		n, err := strconv.ParseUint(strings.TrimSpace(e.GetEnv()["OLLAMA_NUM_PARALLEL"]), 10, 32)
 		if err != nil || n == 0 {

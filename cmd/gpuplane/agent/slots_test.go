@@ -30,3 +30,27 @@ func TestSlotsOf(t *testing.T) {
 		}
 	}
 }
+
+// The gateway's cap of requests in flight on an engine follows what the
+// engine runs at once: a sim speaking llama.cpp has its slots (not
+// vLLM's --max-num-seqs, which it does not read), as llama.cpp does; a
+// spec's maxInFlight wins over both.
+func TestMaxInFlightOf(t *testing.T) {
+	for _, c := range []struct {
+		kind string
+		args []string
+		mif  uint32
+		want int
+	}{
+		{"sim", []string{"--dialect", "llamacpp", "--parallel", "2", "--max-num-seqs", "8"}, 0, 2},
+		{"sim", []string{"--dialect", "llamacpp"}, 0, 4},
+		{"llamacpp", []string{"-np", "3"}, 0, 3},
+		{"sim", []string{"--max-num-seqs", "8"}, 0, 8},
+		{"vllm", []string{"--max-num-seqs", "16"}, 0, 16},
+		{"sim", []string{"--dialect", "llamacpp", "--parallel", "2"}, 5, 5},
+	} {
+		if got := maxInFlightOf(&pb.EngineSpec{Kind: c.kind, Args: c.args, MaxInFlight: c.mif}); got != c.want {
+			t.Errorf("maxInFlightOf(%s %v, maxInFlight %d) = %d, want %d", c.kind, c.args, c.mif, got, c.want)
+		}
+	}
+}
