@@ -70,6 +70,20 @@ type Options struct {
 	Transport http.RoundTripper
 }
 
+// Validate checks o as Run needs it; the error names the field and the
+// rule (the CLI checks its flags the same way first).
+func (o Options) Validate() error {
+	switch {
+	case o.Duration <= 0:
+		return fmt.Errorf("bench interference: Duration is %v: it must be > 0", o.Duration)
+	case o.TimeScale < 1:
+		return fmt.Errorf("bench interference: TimeScale is %g: it must be ≥ 1", o.TimeScale)
+	case o.Via != ViaFronts && o.Via != ViaGateway:
+		return fmt.Errorf("bench interference: Via is %q: it must be %q or %q", o.Via, ViaFronts, ViaGateway)
+	}
+	return nil
+}
+
 // Transport, when set, carries the bench's requests (a test plants
 // isolation faults in it); nil: the default transport.
 var Transport http.RoundTripper
@@ -279,6 +293,12 @@ func benchFreePort() (int, error) {
 // Run runs the matrix once per variant, each on an agent of its own;
 // connectTo returns the API clients of the agent at a URL.
 func Run(ctx context.Context, cfg *simserve.Config, mixes []simserve.Mix, variants []simserve.Variant, o Options, progress io.Writer, connectTo func(url string) (*Clients, error)) (*Result, error) {
+	if err := o.Validate(); err != nil {
+		return nil, err
+	}
+	if len(variants) == 0 {
+		return nil, fmt.Errorf("bench interference: no variant to run")
+	}
 	dev, err := benchDevice(cfg)
 	if err != nil {
 		return nil, err
