@@ -715,3 +715,50 @@ func TestBackgroundGetsABoundedTurnOnABusyCard(t *testing.T) {
 	}
 	w.assertClean()
 }
+
+// A model asked for rarely goes first beside a busy model of its class
+// (docs/residency.md, "No starvation"): counting each model's requests as
+// a share of its own traffic, speech's one waiting request (asked for
+// about once per 10 min) weighs more than the few requests a coder asked
+// for every second has running and the time the swap keeps it off the
+// card. The coder is drained with its requests cut off at once, instead
+// of speech waiting its starveAfter (30 s) and a drain; the coder is back
+// once speech is done.
+func TestRareModelGoesFirstBesideABusyOne(t *testing.T) {
+	w := newWorld(t, card)
+	coder, tr := onDemand("coder", 14*gi)
+	coder.Priority = residency.Interactive
+	w.add(coder, tr)
+	speech, tr := onDemand("speech", 10*gi)
+	speech.Priority = residency.Interactive
+	w.add(speech, tr)
+	stream := func(d time.Duration) {
+		for end := w.now().Add(d); w.now().Before(end); {
+			w.request("coder", 5*time.Second)
+			w.run(time.Second)
+		}
+	}
+	stream(2 * time.Minute)
+	if w.state("coder") != residency.Resident {
+		t.Fatalf("coder is %s\n%s", w.state("coder"), w.dump())
+	}
+	w.request("speech", 2*time.Second)
+	asked := w.now()
+	for w.eng["speech"].served == 0 && w.now().Sub(asked) < 25*time.Second {
+		w.request("coder", 5*time.Second)
+		w.run(time.Second)
+	}
+	if w.eng["speech"].served == 0 {
+		t.Fatalf("speech not served 25 s after its request (it waited for its turn instead of going first)\n%s", w.dump())
+	}
+	drains := w.actions("coder", residency.ActDrain)
+	if len(drains) != 1 || !strings.Contains(drains[0].Decision.Reason, "speech is asked for rarely") ||
+		!strings.Contains(drains[0].Decision.Reason, "cut off") {
+		t.Fatalf("want one drain of coder for speech that cuts its requests off at once\n%s", w.dump())
+	}
+	stream(2 * time.Minute)
+	if w.state("coder") != residency.Resident {
+		t.Fatalf("coder is %s after speech's turn\n%s", w.state("coder"), w.dump())
+	}
+	w.assertClean()
+}
