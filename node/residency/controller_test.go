@@ -762,3 +762,48 @@ func TestRareModelGoesFirstBesideABusyOne(t *testing.T) {
 	}
 	w.assertClean()
 }
+
+// A rare model's turn does not wait out the busy peer's protection from a
+// sleep (5 s after a wake): that protection keeps two models from sending
+// each other off the card in turn, which the rarer cannot. Speech, asked
+// for again 1 s after the coder woke from speech's first turn, is on the
+// card after the coder's sleep (1 s) and its own wake (2 s), not 5 s
+// later.
+func TestRareModelDoesNotWaitOutABusyPeersProtection(t *testing.T) {
+	w := newWorld(t, card)
+	coder, tr := onDemand("coder", 14*gi)
+	coder.Priority = residency.Interactive
+	w.add(coder, tr)
+	speech, tr := onDemand("speech", 10*gi)
+	speech.Priority = residency.Interactive
+	w.add(speech, tr)
+	// The coder is asked for every second; each request takes 5 s.
+	next := w.now()
+	run := func(d time.Duration) {
+		for end := w.now().Add(d); w.now().Before(end); {
+			if !w.now().Before(next) {
+				w.request("coder", 5*time.Second)
+				next = next.Add(time.Second)
+			}
+			w.run(100 * time.Millisecond)
+		}
+	}
+	run(2 * time.Minute)
+	w.request("speech", time.Second)
+	for w.eng["speech"].served == 0 || w.state("coder") != residency.Resident {
+		if w.now().Sub(epoch) > 5*time.Minute {
+			t.Fatalf("speech served %d, coder %s: want speech's first turn over and the coder back\n%s", w.eng["speech"].served, w.state("coder"), w.dump())
+		}
+		run(100 * time.Millisecond)
+	}
+	run(time.Second)
+	asked := w.now()
+	w.request("speech", time.Second)
+	for w.state("speech") != residency.Resident && w.now().Sub(asked) < 10*time.Second {
+		run(100 * time.Millisecond)
+	}
+	if waited := w.now().Sub(asked); waited > 4*time.Second {
+		t.Fatalf("speech on the card %v after its request, want within 4 s (a tick, the coder's sleep, speech's wake)\n%s", waited, w.dump())
+	}
+	w.assertClean()
+}
