@@ -3,7 +3,7 @@
 # per config, gpuplane's models at SLO (starved models) and maxRateAt90
 # over rates 0.5,1,2,4, with the gpuplane binary given.
 #
-#   git worktree add /tmp/before-src 9e17580
+#   git worktree add /tmp/before-src 9e17580   (or 874eb3f for the newer section)
 #   (cd /tmp/before-src && go build -o /tmp/gp-before ./cmd/gpuplane)
 #   go build -o /tmp/gp-after ./cmd/gpuplane
 #   examples/serve/before-after.sh /tmp/gp-before examples/serve/*.yaml
