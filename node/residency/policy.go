@@ -612,11 +612,7 @@ func (c *Controller) victims(b *replica, trig Trigger, need int64, bValue float6
 		// put the onDemand models of home at 32 GiB to sleep between their
 		// requests and shared the card's compute with the chat (89.9% →
 		// 90.2% within SLO with it; examples/serve/README.md).
-		// A rare turn does not wait out busy x's protection: it keeps two
-		// models from sending each other off the card in turn, which the
-		// rarer cannot (rareDue), and what the turn costs x is in its
-		// weights.
-		if x.state == Resident && now.Sub(x.resident) < c.protectionFrom(x, b, cand.op) && !outranked && !reclaim && !(busy && c.rareDue(b, x)) {
+		if x.state == Resident && now.Sub(x.resident) < c.protectionFrom(x, b, cand.op) && !outranked && !reclaim {
 			continue
 		}
 		if cand.freed <= 0 {
