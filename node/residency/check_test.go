@@ -123,32 +123,3 @@ func TestRareTurnIsForTheRarerModelOnly(t *testing.T) {
 		t.Fatal("translate (6.5/min) is asked for more often than sql (6/min): it gets no rare turn")
 	}
 }
-
-// A rare turn's swap counts what the two engines really do: x comes back
-// by a load where its engine cannot sleep, and b, unable to sleep, is kept
-// from x its protection against an eviction.
-func TestRareSwapCountsLoadsWhereEnginesCannotSleep(t *testing.T) {
-	clk := NewManualClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
-	c, err := New(Config{Card: "gpu0", Memory: 24 << 30}, clk)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, d := range []Deployment{
-		{Model: "x", Residency: OnDemand, Priority: Interactive, Share: 12 << 30, LoadTime: 20 * time.Second, WakeTime: time.Second, CanSleep: true},
-		{Model: "b", Residency: OnDemand, Priority: Interactive, Share: 12 << 30, LoadTime: 8 * time.Second, WakeTime: time.Second, CanSleep: true},
-	} {
-		if err := c.upsert(d, clk.Now()); err != nil {
-			t.Fatal(err)
-		}
-	}
-	x, b := c.rep("x"), c.rep("b")
-	// b's load 8 s, its protection from a sleep 5 s, x's wake 1 s.
-	if got := c.rareSwap(b, x); got != 14*time.Second {
-		t.Fatalf("both sleep: swap %v, want 14s", got)
-	}
-	x.dep.CanSleep, b.dep.CanSleep = false, false
-	// b's load 8 s, its protection from an eviction max(30 s, 2 × 8 s), x's load 20 s.
-	if got := c.rareSwap(b, x); got != 58*time.Second {
-		t.Fatalf("neither sleeps: swap %v, want 58s", got)
-	}
-}

@@ -306,18 +306,9 @@ func (c *Controller) rareWeight(r *replica, n int) float64 {
 }
 
 // rareSwap is x's time off the card for b's rare turn: b's reload, b's
-// hold against x (its protection from what x's return does to it: a
-// sleep, or an eviction where its engine cannot sleep) and x's return (a
-// wake, or a load).
+// hold against x (its protection from a sleep) and x's wake.
 func (c *Controller) rareSwap(b, x *replica) time.Duration {
-	op, back := ActSleep, c.wakeTime(x)
-	if !b.dep.CanSleep {
-		op = ActEvict
-	}
-	if !x.dep.CanSleep {
-		back = c.loadTime(x)
-	}
-	return c.reload(b) + c.protectionFrom(b, x, op) + back
+	return c.reload(b) + c.protectionFrom(b, x, ActSleep) + c.wakeTime(x)
 }
 
 // rareYield ends r's wait for the rare model it was cut off the card for
