@@ -93,33 +93,3 @@ func TestCheckWeighsARareTurnWithTheStepsRates(t *testing.T) {
 		t.Fatalf("got %v", vs)
 	}
 }
-
-// Only the rarer of two models goes first: a model asked for as often as
-// its peer or more gets no rare turn however many of its requests wait,
-// so two models cannot cut each other off in turn (translate at 6.2/min
-// and sql at 7.2/min on team did, 9 s apart).
-func TestRareTurnIsForTheRarerModelOnly(t *testing.T) {
-	clk := NewManualClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
-	c, err := New(Config{Card: "gpu0", Memory: 24 << 30}, clk)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, d := range []Deployment{
-		{Model: "sql", Residency: OnDemand, Priority: Standard, Share: 12 << 30, LoadTime: 8 * time.Second, WakeTime: time.Second, CanSleep: true},
-		{Model: "translate", Residency: OnDemand, Priority: Standard, Share: 12 << 30, LoadTime: 8 * time.Second, WakeTime: time.Second, CanSleep: true},
-	} {
-		if err := c.upsert(d, clk.Now()); err != nil {
-			t.Fatal(err)
-		}
-	}
-	sql, tr := c.rep("sql"), c.rep("translate")
-	sql.state, sql.active, sql.rate = Resident, 1, 6
-	tr.active, tr.rate = 3, 5
-	if !c.rareDue(tr, sql) {
-		t.Fatal("translate (5/min, 3 waiting) must go first beside sql (6/min, 1 active)")
-	}
-	tr.rate = 6.5 // 3 waiting weigh 0.46 min, sql's 1 and the swap 0.40 min
-	if c.rareDue(tr, sql) {
-		t.Fatal("translate (6.5/min) is asked for more often than sql (6/min): it gets no rare turn")
-	}
-}

@@ -287,12 +287,10 @@ func minTime(a, b time.Time) time.Time {
 // waiting requests weigh b.active / b.rate; the turn costs x its active
 // requests, x.active / x.rate, and delays the requests x gets while it is
 // off the card (rareSwap), x.rate × swap of them, which weigh the swap.
-// b goes first when it weighs more and is asked for less often than x (a
-// rarely asked for model beside a busy one; of two, only the rarer, so
-// the two cannot cut each other off in turn).
+// b goes first when it weighs more: a rarely asked for model beside a busy
+// one.
 func (c *Controller) rareDue(b, x *replica) bool {
-	if b.dep.Priority != x.dep.Priority || b.dep.Priority == Background || x.dep.Residency != OnDemand || x.state != Resident ||
-		b.active == 0 || x.active == 0 || b.rate >= x.rate {
+	if b.dep.Priority != x.dep.Priority || b.dep.Priority == Background || x.dep.Residency != OnDemand || x.state != Resident || b.active == 0 || x.active == 0 {
 		return false
 	}
 	return c.rareWeight(b, b.active) > c.rareWeight(x, x.active)+c.rareSwap(b, x).Minutes()
