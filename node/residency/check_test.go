@@ -60,36 +60,3 @@ func TestCheckCatchesWhatThePolicyMustNotDo(t *testing.T) {
 		t.Fatalf("got %v", vs)
 	}
 }
-
-// A rare model's turn (rareDue) is checked with the rates the step used:
-// the state before the step carries the victim's rate of the step before,
-// which an arrival in this step renews (a false I3 violation on the 16 GiB
-// desk card, seed 3, dropped the card to pinned-only).
-func TestCheckWeighsARareTurnWithTheStepsRates(t *testing.T) {
-	clk := NewManualClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
-	c, err := New(Config{Card: "gpu0", Memory: 24 << 30}, clk)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, d := range []Deployment{
-		{Model: "coder", Residency: OnDemand, Priority: Interactive, Share: 14 << 30, LoadTime: 20 * time.Second, WakeTime: time.Second, CanSleep: true},
-		{Model: "speech", Residency: OnDemand, Priority: Interactive, Share: 10 << 30, LoadTime: 8 * time.Second, WakeTime: time.Second, CanSleep: true},
-	} {
-		if err := c.upsert(d, clk.Now()); err != nil {
-			t.Fatal(err)
-		}
-	}
-	coder, speech := c.rep("coder"), c.rep("speech")
-	coder.state, coder.active, coder.rate = Resident, 2, 60
-	speech.active, speech.rate = 1, 0.1
-	if !c.rareDue(speech, coder) {
-		t.Fatal("speech (0.1/min, 1 waiting) must go first beside coder (60/min, 2 active)")
-	}
-	before := append([]replica(nil), c.reps...)
-	before[c.index["coder"]].rate = 0.1 // the rate of the step before
-	coder.state = Draining
-	drain := Action{Kind: ActDrain, Model: "coder", Decision: Decision{Action: ActDrain, Model: "coder", For: "speech", Trigger: TriggerRequest}}
-	if vs := c.check(before, []Action{drain}, clk.Now()); len(vs) != 0 {
-		t.Fatalf("got %v", vs)
-	}
-}

@@ -353,18 +353,7 @@ func (c *Controller) outranks(m ModelID, x *replica, now time.Time) bool {
 	if c.lowHolds(r) && x.dep.Residency != Pinned {
 		return true
 	}
-	if now.IsZero() {
-		return false
-	}
-	if c.slotDue(r, x, now) {
-		return true
-	}
-	// x may be the state before the step, whose rate the step renewed.
-	xr := *x
-	if cur := c.rep(x.dep.Model); cur != nil {
-		xr.rate = cur.rate
-	}
-	return c.rareDue(r, &xr)
+	return !now.IsZero() && (c.slotDue(r, x, now) || c.rareDue(r, x))
 }
 
 func gib(b int64) string {
