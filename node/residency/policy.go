@@ -74,7 +74,7 @@ func (c *Controller) stop(r *replica, op ActionKind, trig Trigger, forM ModelID,
 		r.issued = false
 		c.setState(r, Draining, now)
 		if deadline == 0 && r.rareCut {
-			c.emit(ActDrain, r, "", trig, forM, in, now, "drain %s, then %s at once: its active requests (%d) are cut off for %s's turn: "+format,
+			c.emit(ActDrain, r, "", trig, forM, in, now, "drain %s, then %s at once: its %d active requests are cut off for %s's turn: "+format,
 				append([]any{r.dep.Model, op, r.active, forM}, args...)...)
 			break
 		}
