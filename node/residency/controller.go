@@ -140,9 +140,6 @@ type replica struct {
 	drainBy   time.Time
 	drainFor  ModelID
 	drainTrig Trigger
-	// rareCut: drained for a rare model's turn (rareDue), its running
-	// requests are cut off at once.
-	rareCut bool
 	// rejected is true once waiting requests were rejected, until the next
 	// arrival.
 	rejected bool
@@ -162,10 +159,6 @@ type replica struct {
 	yielding   bool
 	yieldUntil time.Time
 	yieldCap   time.Time
-	// rareFor is the rare model r was cut off the card for (rareDue): r
-	// waits until it is in, or until rareBy (turns.go).
-	rareFor ModelID
-	rareBy  time.Time
 	// waitSince is when r's current wait for the card began (zero while
 	// resident or without demand); demandAt when it last had requests
 	// waiting; slotBy, set each step, when it gets the card at the latest
@@ -530,12 +523,12 @@ func (c *Controller) observe(ev Event, now time.Time) error {
 		}
 	case SleepDone:
 		if r := c.rep(e.Model); r != nil && r.state == Draining && r.pending == ActSleep {
-			r.pending, r.issued, r.drainFor, r.rareCut = 0, false, "", false
+			r.pending, r.issued, r.drainFor = 0, false, ""
 			c.setState(r, Sleeping, now)
 		}
 	case Unloaded:
 		if r := c.rep(e.Model); r != nil && r.state != Cold {
-			r.pending, r.issued, r.drainFor, r.rareCut = 0, false, "", false
+			r.pending, r.issued, r.drainFor = 0, false, ""
 			c.setState(r, Cold, now)
 			if r.removed {
 				c.remove(e.Model)
@@ -612,7 +605,7 @@ func (c *Controller) fail(r *replica, now time.Time) {
 	}
 	r.retryAt = now.Add(back)
 	r.opLoad = false
-	r.pending, r.issued, r.drainFor, r.rareCut = 0, false, "", false
+	r.pending, r.issued, r.drainFor = 0, false, ""
 	c.setState(r, Failed, now)
 	if r.removed {
 		c.remove(r.dep.Model)

@@ -353,7 +353,7 @@ func (c *Controller) outranks(m ModelID, x *replica, now time.Time) bool {
 	if c.lowHolds(r) && x.dep.Residency != Pinned {
 		return true
 	}
-	return !now.IsZero() && (c.slotDue(r, x, now) || c.rareDue(r, x))
+	return !now.IsZero() && c.slotDue(r, x, now)
 }
 
 func gib(b int64) string {

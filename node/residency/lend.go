@@ -22,9 +22,6 @@ func (c *Controller) priorityOf(m ModelID) string {
 }
 
 func (c *Controller) drainDeadline(r *replica, forM ModelID) time.Duration {
-	if r.rareCut {
-		return 0
-	}
 	if b := c.rep(forM); b != nil && b.dep.Priority > Background && r.dep.Priority == Background {
 		return 0
 	}

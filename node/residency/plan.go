@@ -87,9 +87,6 @@ func (c *Controller) Plan() []PlanEntry {
 					wait = "yields to a borrower's turn"
 				}
 			}
-			if r.rareFor != "" {
-				wait = "yields to " + string(r.rareFor) + "'s turn (asked for rarely, it goes first)"
-			}
 			e.Reason = fmt.Sprintf("%d requests waiting; %s: gets the card by %s at the latest (in %v)", r.active, wait,
 				e.SlotBy.Format(time.TimeOnly), e.SlotBy.Sub(now).Round(time.Second))
 		}

@@ -73,11 +73,6 @@ func (c *Controller) stop(r *replica, op ActionKind, trig Trigger, forM ModelID,
 	case r.active > 0 && !skipI3:
 		r.issued = false
 		c.setState(r, Draining, now)
-		if deadline == 0 && r.rareCut {
-			c.emit(ActDrain, r, "", trig, forM, in, now, "drain %s, then %s at once: its %d active requests are cut off for %s's turn: "+format,
-				append([]any{r.dep.Model, op, r.active, forM}, args...)...)
-			break
-		}
 		if deadline == 0 {
 			c.emit(ActDrain, r, "", trig, forM, in, now, "drain %s, then %s at once: %s %s does not wait behind its %d active background requests, which are cut off: "+format,
 				append([]any{r.dep.Model, op, c.priorityOf(forM), forM, r.active}, args...)...)
@@ -150,11 +145,7 @@ func (c *Controller) drains(now time.Time) {
 		if r.active == 0 {
 			c.emit(r.pending, r, "", r.drainTrig, r.drainFor, in, now, "%s %s: drained, no requests active; frees %s",
 				r.pending, r.dep.Model, gib(in.Bytes))
-		} else if d := c.drainDeadline(r, r.drainFor); d == 0 && r.rareCut {
-			c.emit(r.pending, r, "", r.drainTrig, r.drainFor, in, now,
-				"%s %s: %s is asked for rarely and goes first, %d requests are cut off with an error; frees %s",
-				r.pending, r.dep.Model, r.drainFor, r.active, gib(in.Bytes))
-		} else if d == 0 {
+		} else if d := c.drainDeadline(r, r.drainFor); d == 0 {
 			c.emit(r.pending, r, "", r.drainTrig, r.drainFor, in, now,
 				"%s %s: %s %s does not wait behind background work, %d requests are cut off%s; frees %s",
 				r.pending, r.dep.Model, c.priorityOf(r.drainFor), r.drainFor, r.active, c.cutFate(r), gib(in.Bytes))
@@ -221,7 +212,7 @@ func (c *Controller) keepPromises(now time.Time) {
 // hold is true when it must first wait out a retry backoff (a reserved
 // owner asked for still has its share returned meanwhile).
 func (c *Controller) wants(r *replica, now time.Time) (trig Trigger, want, hold bool) {
-	if r.removed || r.pending != 0 || r.yielding || r.rareFor != "" {
+	if r.removed || r.pending != 0 || r.yielding {
 		return 0, false, false
 	}
 	switch r.state {
@@ -399,7 +390,6 @@ func (c *Controller) admit(r *replica, trig Trigger, start bool, now time.Time) 
 				why = fmt.Sprintf("lowest value left on the card %.2f (%s %.2f has a request waiting)", x.value, r.dep.Model, myValue)
 			}
 			due := trig == TriggerRequest && v.active > 0 && !c.outranks(r.dep.Model, v, time.Time{}) && c.slotDue(r, v, now)
-			rare := trig == TriggerRequest && v.active > 0 && !c.outranks(r.dep.Model, v, time.Time{}) && !due && c.rareDue(r, v)
 			if c.lowHolds(r) {
 				why = fmt.Sprintf("%s's turn as a %s model that waited %v for the card (due after %v); it keeps the card %v, then %s's share goes back",
 					r.dep.Model, r.dep.Priority, now.Sub(r.waitSince).Round(time.Second), lowerWait, c.lowerSlot(r), v.dep.Model)
@@ -407,11 +397,6 @@ func (c *Controller) admit(r *replica, trig Trigger, start bool, now time.Time) 
 				why = fmt.Sprintf("%s waited %v for the card, %s had its turn (%v)", r.dep.Model, now.Sub(r.waitSince).Round(time.Second),
 					v.dep.Model, now.Sub(v.resident).Round(time.Second))
 				c.serializeForTurn(r, v, now)
-			} else if rare {
-				why = fmt.Sprintf("%s is asked for rarely (%.2f/min): its waiting requests (%d) weigh %.2f min of its traffic, more than %s's %s (%.2f/min) and its %v off the card weigh (%.2f min); it goes first",
-					r.dep.Model, r.rate, r.active, c.rareWeight(r, r.active), v.dep.Model, count(v.active, "active request"), v.rate,
-					c.rareSwap(r, v).Round(100*time.Millisecond), c.rareWeight(v, v.active)+c.rareSwap(r, v).Minutes())
-				v.rareCut, v.rareFor, v.rareBy = true, r.dep.Model, now.Add(stopAllowance+c.reload(r))
 			}
 			c.stop(v, x.op, trig, r.dep.Model, in, now, "%s %s: %s; frees %s, %s needs %s (%s short)",
 				verb, v.dep.Model, why, gib(x.freed), r.dep.Model, gib(claim), gib(need))
@@ -570,7 +555,7 @@ func (c *Controller) victims(b *replica, trig Trigger, need int64, bValue float6
 			continue
 		}
 		// b's turn is due: it may drain x, of its own class (turns.go).
-		due := busy && trig == TriggerRequest && (c.slotDue(b, x, now) || turn || c.rareDue(b, x))
+		due := busy && trig == TriggerRequest && (c.slotDue(b, x, now) || turn)
 		switch x.dep.Residency {
 		case Pinned:
 			continue

@@ -1,9 +1,6 @@
 package residency
 
-import (
-	"math"
-	"time"
-)
+import "time"
 
 // Turns: no model with waiting requests is kept off the card for ever by
 // a model of its own class (docs/residency.md, "No starvation").
@@ -71,7 +68,6 @@ func (c *Controller) turns(now time.Time) {
 	c.lowTurns(now)
 	for i := range c.reps {
 		c.yieldTurn(&c.reps[i], now)
-		c.rareYield(&c.reps[i], now)
 	}
 	for i := range c.reps {
 		r := &c.reps[i]
@@ -277,47 +273,4 @@ func minTime(a, b time.Time) time.Time {
 		return a
 	}
 	return b
-}
-
-// rareDue reports whether b, a model waiting for the card, may take its
-// turn from x, a busy onDemand model of its class, at once, cutting x's
-// running requests off, instead of after starveAfter. Each model's
-// requests count as a share of its own traffic, as its SLO does: a
-// request of a model asked for λ times a minute weighs 1/λ minutes. b's
-// waiting requests weigh b.active / b.rate; the turn costs x its active
-// requests, x.active / x.rate, and delays the requests x gets while it is
-// off the card (rareSwap), x.rate × swap of them, which weigh the swap.
-// b goes first when it weighs more: a rarely asked for model beside a busy
-// one.
-func (c *Controller) rareDue(b, x *replica) bool {
-	if b.dep.Priority != x.dep.Priority || b.dep.Priority == Background || x.dep.Residency != OnDemand || x.state != Resident || b.active == 0 || x.active == 0 {
-		return false
-	}
-	return c.rareWeight(b, b.active) > c.rareWeight(x, x.active)+c.rareSwap(b, x).Minutes()
-}
-
-// rareWeight is what n requests of r weigh as a share of its traffic, in
-// minutes of it (a model not asked for lately weighs as one asked once per
-// RateHalfLife).
-func (c *Controller) rareWeight(r *replica, n int) float64 {
-	return float64(n) / max(r.rate, math.Ln2/c.cfg.RateHalfLife.Minutes())
-}
-
-// rareSwap is x's time off the card for b's rare turn: b's reload, b's
-// hold against x (its protection from a sleep) and x's wake.
-func (c *Controller) rareSwap(b, x *replica) time.Duration {
-	return c.reload(b) + c.protectionFrom(b, x, ActSleep) + c.wakeTime(x)
-}
-
-// rareYield ends r's wait for the rare model it was cut off the card for
-// once that model is in (loading, waking or resident), no longer waits,
-// or has not come in by rareBy.
-func (c *Controller) rareYield(r *replica, now time.Time) {
-	if r.rareFor == "" {
-		return
-	}
-	b := c.rep(r.rareFor)
-	if b == nil || b.removed || b.active == 0 || b.state != Cold && b.state != Sleeping && b.state != Failed || !now.Before(r.rareBy) {
-		r.rareFor, r.rareBy = "", time.Time{}
-	}
 }

@@ -2,11 +2,8 @@ package residency_test
 
 import (
 	"fmt"
-	"math"
 	"math/rand/v2"
-	"regexp"
 	"slices"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -314,15 +311,6 @@ func (w *world) outranks(by residency.ModelID, victim *engine, reason string) bo
 	if strings.Contains(reason, "'s turn as a") && victim.dep.Residency != residency.Pinned {
 		return true
 	}
-	// A rarely asked for model goes first (docs/residency.md, "No
-	// starvation"): of the victim's class, above background, the victim
-	// onDemand, and its waiting requests weigh more than what the turn
-	// costs the victim, by the numbers the decision names.
-	if m := rareReason.FindStringSubmatch(reason); m != nil {
-		mine, theirs := atof(m[1]), atof(m[2])
-		return b.dep.Priority == victim.dep.Priority && b.dep.Priority > residency.Background &&
-			victim.dep.Residency == residency.OnDemand && mine >= theirs
-	}
 	// The turn rule (docs/residency.md, "No starvation"): a model that has
 	// waited the minimum residency may drain one of its class that has
 	// been up at least that long.
@@ -424,10 +412,6 @@ func (w *world) exec(a residency.Action) {
 		}
 		e.draining, e.drainAt, e.drainOK, e.drainFor = true, w.now(), true, w.drainDeadline()
 		if f := w.eng[d.For]; f != nil && f.dep.Priority > residency.Background && e.dep.Priority == residency.Background {
-			e.drainFor = 0
-		}
-		// A rare model's turn cuts the victim's requests off at once.
-		if rareReason.MatchString(d.Reason) {
 			e.drainFor = 0
 		}
 	case residency.ActSleep, residency.ActEvict, residency.ActUnload:
@@ -624,15 +608,3 @@ func (w *world) dump() string {
 
 // rnd is a seeded source for the tests.
 func rnd(seed uint64) *rand.Rand { return rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)) }
-
-// rareReason is a decision's reason for a rare model's turn: what its
-// waiting requests weigh and what the turn costs the victim, in minutes.
-var rareReason = regexp.MustCompile(`is asked for rarely .* weigh ([0-9.]+) min of its traffic, .* weigh \(([0-9.]+) min\)`)
-
-func atof(s string) float64 {
-	f, err := strconv.ParseFloat(s, 64)
-	if err != nil {
-		return math.NaN()
-	}
-	return f
-}
