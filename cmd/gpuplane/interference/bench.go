@@ -35,6 +35,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"connectrpc.com/connect"
@@ -333,25 +334,39 @@ func runVariant(ctx context.Context, cfg *simserve.Config, v simserve.Variant, d
 		return nil, err
 	}
 	defer os.RemoveAll(dir)
-	raft, err := benchFreePort()
-	if err != nil {
-		return nil, err
-	}
-	gossip, err := benchFreePort()
-	if err != nil {
-		return nil, err
-	}
 	weights := map[string]float64{}
 	for _, t := range cfg.Tenants {
 		weights[t.Name] = t.Weight
 	}
-	startCtx, cancel := context.WithTimeout(ctx, time.Minute)
-	a, err := agent.Start(startCtx, agent.Config{Dev: true, NodeName: "bench", DataDir: dir, RaftPort: raft, GossipPort: gossip,
-		SimGPUs: dev.Slug + "=1", Enforce: "none", ResidencyTimeScale: o.TimeScale,
-		Gateway: agent.GatewayConfig{Weights: weights, Queue: queue.Config{NoPreemption: cfg.NoPreemption}}})
-	cancel()
-	if err != nil {
-		return nil, fmt.Errorf("start the agent: %w", err)
+	var a *agent.Agent
+	// A port found free may be taken by another process before the
+	// agent binds it: then the agent starts again on other ports.
+	for attempt := 1; ; attempt++ {
+		raft, err := benchFreePort()
+		if err != nil {
+			return nil, err
+		}
+		gossip, err := benchFreePort()
+		if err != nil {
+			return nil, err
+		}
+		startCtx, cancel := context.WithTimeout(ctx, time.Minute)
+		a, err = agent.Start(startCtx, agent.Config{Dev: true, NodeName: "bench", DataDir: dir, RaftPort: raft, GossipPort: gossip,
+			SimGPUs: dev.Slug + "=1", Enforce: "none", ResidencyTimeScale: o.TimeScale,
+			Gateway: agent.GatewayConfig{Weights: weights, Queue: queue.Config{NoPreemption: cfg.NoPreemption}}})
+		cancel()
+		if err == nil {
+			break
+		}
+		if attempt == 3 || !errors.Is(err, syscall.EADDRINUSE) {
+			return nil, fmt.Errorf("start the agent: %w", err)
+		}
+		if err := os.RemoveAll(dir); err != nil {
+			return nil, err
+		}
+		if err := os.MkdirAll(dir, 0o700); err != nil {
+			return nil, err
+		}
 	}
 	defer a.Close()
 	via := o.Via
