@@ -166,6 +166,12 @@ type replica struct {
 	waitSince time.Time
 	demandAt  time.Time
 	slotBy    time.Time
+	// spellStart is when r's current spell of requests began (burst.go).
+	spellStart time.Time
+	// spellLen is the EWMA of r's spells' lengths in seconds, over spells
+	// spells seen.
+	spellLen float64
+	spells   int
 }
 
 // thrash remembers which model evicted which, to find pairs that keep
@@ -480,6 +486,7 @@ func (c *Controller) observe(ev Event, now time.Time) error {
 			// A request without keep_alive takes the card's idle
 			// timeouts again, as Ollama's default does (keepalive.go).
 			r.keepSet = false
+			c.arrived(r, now)
 			r.fc.observe(now, c.cfg.RateHalfLife)
 		}
 	case RequestFinished:

@@ -603,6 +603,12 @@ func (c *Controller) victims(b *replica, trig Trigger, need int64, bValue float6
 		if cand.freed <= 0 {
 			continue
 		}
+		// An onDemand model in the first burstHold of a spell keeps the
+		// card against its class while its requests keep arriving
+		// (burst.go).
+		if !outranked && !reclaim && c.burstHolds(x, b, now) {
+			continue
+		}
 		// Lower-class demand takes a higher class's memory only when x is
 		// not expected back during its turn, and does not send x cold while
 		// x is protected from b (lend.go).

@@ -196,7 +196,8 @@ func (c *Controller) yieldTurn(r *replica, now time.Time) {
 // x, an equal-class model that has had its protection.
 func (c *Controller) slotDue(b, x *replica, now time.Time) bool {
 	return b.dep.Priority == x.dep.Priority && x.dep.Residency == OnDemand && !b.waitSince.IsZero() &&
-		now.Sub(b.waitSince) >= c.starveAfter() && x.state == Resident && now.Sub(x.resident) >= c.protection(x, b)
+		now.Sub(b.waitSince) >= c.starveAfter() && x.state == Resident && now.Sub(x.resident) >= c.protection(x, b) &&
+		!c.burstHolds(x, b, now)
 }
 
 // serializeForTurn records that b takes its turn from x, once per pair
@@ -236,7 +237,7 @@ func (c *Controller) waitBound(r *replica, now time.Time) time.Duration {
 			continue
 		}
 		if x.state == Resident {
-			prot = max(prot, c.protection(x, r)-now.Sub(x.resident))
+			prot = max(prot, c.protection(x, r)-now.Sub(x.resident), c.burstHoldLeft(x, now))
 		}
 	}
 	return c.starveAfter() + prot + c.cfg.DrainDeadline + stopAllowance + 2*c.reload(r)
