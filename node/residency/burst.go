@@ -4,8 +4,9 @@ import "time"
 
 // Short spells: an onDemand model whose requests come in short spells (a
 // vision model asked for documents for a minute or two, then quiet for
-// many) keeps the card against demand of its own class for its spell,
-// while its requests keep arriving (docs/residency.md, "No starvation").
+// many) keeps the card for its spell, while its requests keep arriving,
+// against the demand of a busier model of its class (docs/residency.md,
+// "No starvation").
 //
 // Without it, two models of one class that do not fit together swap on
 // every gap between the spell's requests: the busier model takes the card
@@ -24,6 +25,15 @@ import "time"
 // running or queued, or its last request came less than the other model's
 // turn ago (that one's reload plus the minimum residency: had it taken the
 // card, its turn would not have ended before this one's next request).
+//
+// It holds only against a busier model: one whose decayed arrival rate is
+// above the spell's model's. A rarer model (a few long answers an hour)
+// takes its turn as before, after the minimum residency: waiting a whole
+// spell would cost it a large share of its few requests (they expire at
+// the gateway), where the busier model's wait costs a small share of its
+// many. The rates are read from the forecasts, not from the step's cached
+// rates, so that the ledger's check of a drain (outranks, ledger.go) sees
+// what the step saw.
 
 // burstHold is the longest a spell keeps the card: as long as a
 // lower-class turn keeps it once in (max(3 min, 2 × its load time)).
@@ -63,9 +73,10 @@ func (c *Controller) burstHoldLeft(x *replica, now time.Time) time.Duration {
 }
 
 // burstHolds reports whether x, in its short spell, keeps the card against
-// b's demand, of x's class: x's requests keep arriving.
+// b's demand, of x's class and busier: x's requests keep arriving.
 func (c *Controller) burstHolds(x, b *replica, now time.Time) bool {
-	if b.dep.Priority != x.dep.Priority || c.burstHoldLeft(x, now) == 0 {
+	if b.dep.Priority != x.dep.Priority || c.burstHoldLeft(x, now) == 0 ||
+		b.fc.rate(now, c.cfg.RateHalfLife) <= x.fc.rate(now, c.cfg.RateHalfLife) {
 		return false
 	}
 	return x.active > 0 || now.Sub(x.fc.last) < c.turn(b)

@@ -57,3 +57,35 @@ func TestShortSpellKeepsTheCardWhileItsRequestsArrive(t *testing.T) {
 		t.Fatalf("served coder %d of %d, vision %d of %d\n%s", w.eng["coder"].served, 3*300, w.eng["vision"].served, 3*9, w.dump())
 	}
 }
+
+// A short spell holds the card only against a busier model: a model asked
+// for less often than the spell's (a rare long answer) still gets its turn
+// after waiting the minimum residency, not after the spell; waiting a
+// whole spell would cost it a large share of its few requests.
+func TestShortSpellDoesNotHoldAgainstARarerModel(t *testing.T) {
+	w := newWorld(t, card)
+	w.add(onDemand("vision", 12*gi))
+	w.add(onDemand("rare", 12*gi))
+	var asked time.Time
+	for i := range 3 * 300 { // vision's spells as above, 2 s a step
+		at := time.Duration(i%300) * 2 * time.Second
+		if at < 90*time.Second && i%300%5 == 0 {
+			w.request("vision", time.Second)
+		}
+		if i == 2*300+10 { // 20 s into vision's third spell
+			asked = w.now()
+			w.request("rare", 10*time.Second)
+		}
+		w.run(2 * time.Second)
+	}
+	w.assertClean()
+	var in time.Time
+	for _, a := range w.actions("rare", residency.ActLoad, residency.ActWake) {
+		if !a.Decision.Time.Before(asked) && in.IsZero() {
+			in = a.Decision.Time
+		}
+	}
+	if in.IsZero() || in.Sub(asked) > 45*time.Second {
+		t.Fatalf("rare came on the card %v after its request (vision's spell lasts 90 s), want within 45 s\n%s", in.Sub(asked), w.dump())
+	}
+}
