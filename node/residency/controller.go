@@ -140,6 +140,11 @@ type replica struct {
 	drainBy   time.Time
 	drainFor  ModelID
 	drainTrig Trigger
+	// held counts the requests that arrived while r drains: a draining
+	// engine takes no new work (only a Resident one is dispatched to), so
+	// they wait at the gateway for its return and the drain does not wait
+	// for them.
+	held int
 	// rejected is true once waiting requests were rejected, until the next
 	// arrival.
 	rejected bool
@@ -365,6 +370,7 @@ func (c *Controller) setState(r *replica, s State, now time.Time) {
 	r.state = s
 	r.since = now
 	r.measured = 0
+	r.held = 0
 	switch s {
 	case Sleeping:
 		r.prewarm, r.wasLent = false, true
@@ -480,6 +486,9 @@ func (c *Controller) observe(ev Event, now time.Time) error {
 	case RequestArrived:
 		if r := c.rep(e.Model); r != nil {
 			r.active++
+			if r.state == Draining {
+				r.held++
+			}
 			r.lastUse = now
 			r.prewarm = false
 			r.rejected = false
@@ -494,12 +503,14 @@ func (c *Controller) observe(ev Event, now time.Time) error {
 			if r.active > 0 {
 				r.active--
 			}
+			r.held = min(r.held, r.active)
 			r.lastUse = now
 			r.prof.tokens(e.Tokens, e.Elapsed)
 		}
 	case RequestsActive:
 		if r := c.rep(e.Model); r != nil && e.Active >= 0 {
 			r.active = e.Active
+			r.held = min(r.held, r.active)
 		}
 	case LoadDone:
 		r := c.rep(e.Model)

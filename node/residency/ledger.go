@@ -301,7 +301,9 @@ func (c *Controller) check(before []replica, acts []Action, now time.Time) []Vio
 		case a.Kind == ActWake && b.state != Sleeping:
 			add("I2", "wake of %s from %s", a.Model, b.state)
 		}
-		if skipI3 || b.active == 0 || b.state == Sleeping {
+		// Requests that came while b drained (held) wait at the gateway
+		// for its return: they are not work the engine has.
+		if skipI3 || b.active-b.held <= 0 || b.state == Sleeping {
 			continue
 		}
 		// I3: active work. Requests run on a resident or draining engine;

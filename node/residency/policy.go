@@ -137,7 +137,9 @@ func (c *Controller) hurryDrains(b *replica, now time.Time) {
 func (c *Controller) drains(now time.Time) {
 	for i := range c.reps {
 		r := &c.reps[i]
-		if r.state != Draining || r.pending == 0 || r.issued || r.active > 0 && now.Before(r.drainBy) {
+		// The requests that came during the drain (held) wait at the
+		// gateway for r's return: only those before it are waited for.
+		if r.state != Draining || r.pending == 0 || r.issued || r.active > r.held && now.Before(r.drainBy) {
 			continue
 		}
 		in := Inputs{Bytes: c.cost(r) - c.committedCost(r)}
@@ -145,6 +147,9 @@ func (c *Controller) drains(now time.Time) {
 		if r.active == 0 {
 			c.emit(r.pending, r, "", r.drainTrig, r.drainFor, in, now, "%s %s: drained, no requests active; frees %s",
 				r.pending, r.dep.Model, gib(in.Bytes))
+		} else if r.active <= r.held {
+			c.emit(r.pending, r, "", r.drainTrig, r.drainFor, in, now, "%s %s: drained, the requests it had are done; the %s since wait at the gateway for its return; frees %s",
+				r.pending, r.dep.Model, count(r.active, "request"), gib(in.Bytes))
 		} else if d := c.drainDeadline(r, r.drainFor); d == 0 {
 			c.emit(r.pending, r, "", r.drainTrig, r.drainFor, in, now,
 				"%s %s: %s %s does not wait behind background work, %d requests are cut off%s; frees %s",
