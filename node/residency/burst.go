@@ -26,6 +26,10 @@ import "time"
 // turn ago (that one's reload plus the minimum residency: had it taken the
 // card, its turn would not have ended before this one's next request).
 //
+// A spell that runs on longer than the model's spells usually do holds
+// no longer than its usual length (the EWMA) and the other model's turn:
+// the hold is for a short spell, not for one that has stopped being one.
+//
 // It holds only against a busier model: one whose decayed arrival rate is
 // above the spell's model's. A rarer model (a few long answers an hour)
 // takes its turn as before, after the minimum residency: waiting a whole
@@ -78,6 +82,9 @@ func (c *Controller) burstHolds(x, b *replica, now time.Time) bool {
 	if b.dep.Priority != x.dep.Priority || c.burstHoldLeft(x, now) == 0 ||
 		b.fc.rate(now, c.cfg.RateHalfLife) <= x.fc.rate(now, c.cfg.RateHalfLife) {
 		return false
+	}
+	if now.Sub(x.spellStart) > time.Duration(x.spellLen*float64(time.Second))+c.turn(b) {
+		return false // longer than its spells usually are
 	}
 	return x.active > 0 || now.Sub(x.fc.last) < c.turn(b)
 }

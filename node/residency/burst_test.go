@@ -89,3 +89,41 @@ func TestShortSpellDoesNotHoldAgainstARarerModel(t *testing.T) {
 		t.Fatalf("rare came on the card %v after its request (vision's spell lasts 90 s), want within 45 s\n%s", in.Sub(asked), w.dump())
 	}
 }
+
+// A spell that runs on past the model's usual spell holds the card no
+// longer than its usual length and the other model's turn: vision's
+// spells were 90 s, its third runs 170 s, and the busier coder gets the
+// card back within it (the hold alone, 3 min, would have kept it out
+// for the whole spell).
+func TestLongerSpellHoldsOnlyItsUsualLength(t *testing.T) {
+	w := newWorld(t, card)
+	coder, tr := onDemand("coder", 12*gi)
+	w.add(coder, tr)
+	w.add(onDemand("vision", 12*gi))
+	var spellStart time.Time
+	for i := range 3 * 300 {
+		at := time.Duration(i%300) * 2 * time.Second
+		length := 90 * time.Second
+		if i/300 == 2 {
+			length = 170 * time.Second
+		}
+		w.request("coder", 500*time.Millisecond)
+		if at < length && i%300%5 == 0 {
+			if i/300 == 2 && at == 0 {
+				spellStart = w.now()
+			}
+			w.request("vision", time.Second)
+		}
+		w.run(2 * time.Second)
+	}
+	w.assertClean()
+	back := false
+	for _, a := range w.actions("vision", residency.ActSleep, residency.ActEvict, residency.ActDrain) {
+		if d := a.Decision.Time.Sub(spellStart); d > 90*time.Second && d < 170*time.Second && a.Decision.For == "coder" {
+			back = true
+		}
+	}
+	if !back {
+		t.Fatalf("vision kept the card through its long third spell: coder never got a turn in it\n%s", w.dump())
+	}
+}
