@@ -628,8 +628,14 @@ func (c *Controller) victims(b *replica, trig Trigger, need int64, bValue float6
 		cand.value = c.value(x, cand.reload, cand.freed)
 		if busy {
 			// Draining x cuts its running work short or makes b wait for
-			// it: idle models that only pay a reload go first.
-			cand.value += priorityWeight(x.dep.Priority) * float64(x.active) * c.cfg.DrainDeadline.Seconds() / (float64(cand.freed) / (1 << 30))
+			// it: idle models that only pay a reload go first. Cancelling
+			// x's load or wake makes its waiting requests wait its whole
+			// reload again.
+			cut := c.drainDeadline(x, b.dep.Model)
+			if x.state == Loading || x.state == Waking {
+				cut = cand.reload
+			}
+			cand.value += priorityWeight(x.dep.Priority) * float64(x.active) * cut.Seconds() / (float64(cand.freed) / (1 << 30))
 		}
 		if trig == TriggerForecast && cand.value >= bValue {
 			continue
