@@ -65,6 +65,7 @@ func run(dir string, names, sweepNames []string, rateList string, seed uint64, o
 		begin, seed, time.Now().UTC().Format("2 Jan 2006"))
 	var sweeps []*simserve.SweepResult
 	summary := map[string][]simserve.Result{}
+	loaded := map[string]loadedConfig{}
 	for _, name := range names {
 		path := filepath.Join(dir, name+".yaml")
 		cfg, err := simserve.LoadConfig(path)
@@ -72,6 +73,7 @@ func run(dir string, names, sweepNames []string, rateList string, seed uint64, o
 			return err
 		}
 		traces, missing := cfg.DefaultTraces()
+		loaded[name] = loadedConfig{cfg, traces}
 		w, err := simserve.NewWorkload(cfg, traces, seed)
 		if err != nil {
 			return err
@@ -112,7 +114,7 @@ func run(dir string, names, sweepNames []string, rateList string, seed uint64, o
 	}
 	writeGoals(&out, names, summary, sweeps)
 	if len(otherSeeds) > 0 {
-		if err := writeSeeds(&out, dir, names, otherSeeds); err != nil {
+		if err := writeSeeds(&out, names, loaded, otherSeeds); err != nil {
 			return err
 		}
 	}
@@ -247,6 +249,12 @@ func writeGoals(out *bytes.Buffer, names []string, summary map[string][]simserve
 	out.WriteString("\n")
 }
 
+// loadedConfig is a config as run(), which loaded it, hands it on.
+type loadedConfig struct {
+	cfg    *simserve.Config
+	traces []string
+}
+
 // bestBaseline is the most models at SLO among the baselines, and which
 // policy has it.
 func bestBaseline(res []simserve.Result) (best int, by string) {
@@ -266,7 +274,7 @@ func bestBaseline(res []simserve.Result) (best int, by string) {
 // synthetic streams; the Azure traces are the same) and prints gpuplane's
 // models at SLO against the best baseline's and ideal's: configs and
 // draws the policy was not tuned on.
-func writeSeeds(out *bytes.Buffer, dir string, names []string, seeds []uint64) error {
+func writeSeeds(out *bytes.Buffer, names []string, loaded map[string]loadedConfig, seeds []uint64) error {
 	out.WriteString("### Other seeds\n\nThe first goal on other draws of the tenants and synthetic streams (`--seed N`; the Azure traces' arrivals are the same): gpuplane's models at SLO / the best baseline's (which) / ideal's, and gpuplane's starved models and ledger violations when any.\n\n| config |")
 	for _, s := range seeds {
 		fmt.Fprintf(out, " seed %d |", s)
@@ -277,11 +285,7 @@ func writeSeeds(out *bytes.Buffer, dir string, names []string, seeds []uint64) e
 	}
 	out.WriteString("\n")
 	for _, name := range names {
-		cfg, err := simserve.LoadConfig(filepath.Join(dir, name+".yaml"))
-		if err != nil {
-			return err
-		}
-		traces, _ := cfg.DefaultTraces()
+		cfg, traces := loaded[name].cfg, loaded[name].traces
 		fmt.Fprintf(out, "| %s |", name)
 		for _, seed := range seeds {
 			w, err := simserve.NewWorkload(cfg, traces, seed)

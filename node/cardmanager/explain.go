@@ -17,39 +17,44 @@ const rejectEvery = 5 * time.Second
 // not one this node's controllers hold.
 func (m *Manager) WaitExpired(model string, index uint32, waited time.Duration) string {
 	k := rkey{model, index}
-	ans := make(chan string, 1)
-	m.post(func() {
+	// The node's loop stopping or stuck: "", the plain answer.
+	reason, _ := askLoop(m, func() string {
 		r := m.reps[k]
 		if r == nil {
-			ans <- ""
-			return
+			return ""
 		}
 		if !r.rejected.IsZero() && time.Since(r.rejected) < rejectEvery {
-			ans <- r.rejectReason
-			return
+			return r.rejectReason
 		}
 		c := m.ctrls[r.card]
 		if c == nil {
-			ans <- ""
-			return
+			return ""
 		}
 		reason, ok := c.ctrl.WaitExpired(k.id(), waited)
 		if !ok {
-			ans <- ""
-			return
+			return ""
 		}
 		r.rejected, r.rejectReason = time.Now(), reason
 		if j := m.opts.Journal; j != nil {
 			c.seen = j.Sync(c.ctrl, c.seen)
 		}
 		m.log.Info("residency decision", "card", c.index, "action", "reject", "model", k.id(), "trigger", "request", "reason", reason)
-		ans <- reason
+		return reason
 	})
+	return reason
+}
+
+// askLoop runs fn on the manager's loop, which owns the controllers, and
+// returns its answer; ok is false when the loop did not answer within 5 s
+// (stopping or stuck).
+func askLoop[T any](m *Manager, fn func() T) (v T, ok bool) {
+	ans := make(chan T, 1)
+	m.post(func() { ans <- fn() })
 	select {
-	case s := <-ans:
-		return s
+	case v = <-ans:
+		return v, true
 	case <-time.After(5 * time.Second):
-		return "" // the node's loop is stopping or stuck: the plain answer
+		return v, false
 	}
 }
 
@@ -63,22 +68,15 @@ func (m *Manager) CardBy(model string, index uint32) (by time.Time, ok bool) {
 		by time.Time
 		ok bool
 	}
-	ans := make(chan answer, 1)
-	m.post(func() {
+	a, _ := askLoop(m, func() answer {
 		r := m.reps[k]
 		if r == nil || m.ctrls[r.card] == nil {
-			ans <- answer{}
-			return
+			return answer{}
 		}
 		by, ok := m.ctrls[r.card].ctrl.CardBy(k.id())
-		ans <- answer{by, ok}
+		return answer{by, ok}
 	})
-	select {
-	case a := <-ans:
-		return a.by, a.ok
-	case <-time.After(5 * time.Second):
-		return time.Time{}, false // the node's loop is stopping or stuck
-	}
+	return a.by, a.ok
 }
 
 // KeepAlive passes a request's keep_alive (Ollama's meaning: how long to
