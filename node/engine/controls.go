@@ -14,6 +14,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/gpuplane/gpuplane/internal/ollamaname"
 	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
 )
 
@@ -153,7 +154,7 @@ func (c caller) call(ctx context.Context, method, path string, body, out any) er
 		}
 		rd = bytes.NewReader(data)
 	}
-	req, err := http.NewRequestWithContext(ctx, method, strings.TrimSuffix(c.t.BaseURL, "/")+path, rd)
+	req, err := http.NewRequestWithContext(ctx, method, c.url(path), rd)
 	if err != nil {
 		return err
 	}
@@ -170,7 +171,7 @@ func (c caller) call(ctx context.Context, method, path string, body, out any) er
 		return fmt.Errorf("%s %s: %w", method, path, err)
 	}
 	if resp.StatusCode/100 != 2 {
-		return fmt.Errorf("%s %s: %s: %s", method, path, resp.Status, strings.TrimSpace(string(data)))
+		return &statusError{Method: method, Path: path, Code: resp.StatusCode, Status: resp.Status, Body: strings.TrimSpace(string(data))}
 	}
 	if out != nil {
 		if err := json.Unmarshal(data, out); err != nil {
@@ -178,6 +179,20 @@ func (c caller) call(ctx context.Context, method, path string, body, out any) er
 		}
 	}
 	return nil
+}
+
+// url is path on the engine.
+func (c caller) url(path string) string { return strings.TrimSuffix(c.t.BaseURL, "/") + path }
+
+// statusError is an engine's answer other than 2xx.
+type statusError struct {
+	Method, Path string
+	Code         int
+	Status, Body string
+}
+
+func (e *statusError) Error() string {
+	return fmt.Sprintf("%s %s: %s: %s", e.Method, e.Path, e.Status, e.Body)
 }
 
 // vllmControls drive vLLM's sleep mode (VLLM_SERVER_DEV_MODE=1 and
@@ -351,8 +366,8 @@ func (l *llamaCppControls) status(ctx context.Context) (string, error) {
 	return "", fmt.Errorf("llama.cpp models: the router does not list %q", l.t.Model)
 }
 
-// ollamaControls load and unload through keep_alive on /api/generate
-// (docs/api.md): an empty prompt loads, keep_alive 0 unloads.
+// ollamaControls load and unload through keep_alive (docs/api.md): a
+// load without a prompt loads (ollamaLoad), keep_alive 0 unloads.
 type ollamaControls struct{ caller }
 
 // NewOllamaControls drives Ollama's keep_alive and GET /api/ps.
@@ -368,8 +383,17 @@ func (o *ollamaControls) Sleep(ctx context.Context, level int) error {
 	if err := checkLevel(o.Caps(), level); err != nil {
 		return err
 	}
-	if err := o.generate(ctx, 0, "unload"); err != nil {
+	// Ollama unloads before it looks at what the model can do: this works
+	// for embedding models too.
+	var out struct {
+		Done       bool   `json:"done"`
+		DoneReason string `json:"done_reason"`
+	}
+	if err := o.call(ctx, http.MethodPost, "/api/generate", map[string]any{"model": o.t.Model, "keep_alive": 0}, &out); err != nil {
 		return fmt.Errorf("ollama unload: %w", err)
+	}
+	if !out.Done || out.DoneReason != "unload" {
+		return fmt.Errorf("ollama unload: answered done=%t done_reason=%q, want \"unload\"", out.Done, out.DoneReason)
 	}
 	// Ollama answers once it has expired the runner (server/sched.go
 	// expireRunner); its scheduler unloads it afterwards and lists the
@@ -392,27 +416,16 @@ func (o *ollamaControls) Sleep(ctx context.Context, level int) error {
 // Wake loads the model and keeps it loaded (keep_alive -1): unloading is
 // the controller's decision, not a timer's.
 func (o *ollamaControls) Wake(ctx context.Context) error {
-	if err := o.generate(ctx, -1, "load"); err != nil {
+	if err := o.ollamaLoad(ctx, o.t.Model); err != nil {
 		return fmt.Errorf("ollama load: %w", err)
 	}
 	return nil
 }
 
-func (o *ollamaControls) generate(ctx context.Context, keepAlive int, want string) error {
-	var out struct {
-		Done       bool   `json:"done"`
-		DoneReason string `json:"done_reason"`
-	}
-	body := map[string]any{"model": o.t.Model, "keep_alive": keepAlive}
-	if err := o.call(ctx, http.MethodPost, "/api/generate", body, &out); err != nil {
-		return err
-	}
-	if !out.Done || out.DoneReason != want {
-		return fmt.Errorf("answered done=%t done_reason=%q, want %q", out.Done, out.DoneReason, want)
-	}
-	return nil
-}
-
+// IsSleeping says whether /api/ps lists the model. It lists the name the
+// model is stored under, in its stored case and without Ollama's defaults
+// ("Tiny:1b" for "library/tiny:1b"), so names are compared as Ollama
+// compares them.
 func (o *ollamaControls) IsSleeping(ctx context.Context) (bool, error) {
 	var out struct {
 		Models []struct {
@@ -424,8 +437,7 @@ func (o *ollamaControls) IsSleeping(ctx context.Context) (bool, error) {
 		return false, fmt.Errorf("ollama ps: %w", err)
 	}
 	for _, m := range out.Models {
-		// Ollama lists an untagged name with its default tag.
-		if m.Name == o.t.Model || m.Model == o.t.Model || m.Name == o.t.Model+":latest" {
+		if ollamaname.Same(m.Name, o.t.Model) || ollamaname.Same(m.Model, o.t.Model) {
 			return false, nil
 		}
 	}

@@ -1,7 +1,6 @@
 package engine
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
@@ -216,7 +215,7 @@ func (ollama) Command(p Params) (Command, error) {
 		env = append(env, "OLLAMA_SCHED_SPREAD=1")
 	}
 	args := append([]string{"serve"}, e.GetArgs()...)
-	return Command{Path: "ollama", Args: args, Env: env, HealthPath: "/api/version", Preload: ollamaPreload(p)}, nil
+	return Command{Path: "ollama", Args: args, Env: env, HealthPath: "/api/version", Preload: newOllamaPreload(p)}, nil
 }
 
 // ollamaOverheadMiB is OLLAMA_GPU_OVERHEAD in MiB for a share of a card
@@ -227,14 +226,6 @@ func ollamaOverheadMiB(card, share, neighbours uint64) uint64 {
 		return 0
 	}
 	return card - share - neighbours
-}
-
-// ollamaPreload loads the model and keeps it (keep_alive -1): `ollama
-// serve` answers /api/version before any model is loaded (or pulled), so
-// the replica is ready only once this answers 200.
-func ollamaPreload(p Params) *Request {
-	body, _ := json.Marshal(map[string]any{"model": p.ControlModel(), "keep_alive": -1})
-	return &Request{Method: "POST", Path: "/api/generate", Body: string(body)}
 }
 
 // command runs a user's program: spec.engine.args is the whole command line,
@@ -344,7 +335,7 @@ func (sim) Command(p Params) (Command, error) {
 		// Ollama knows the model by its tag, not the served name.
 		args[slices.Index(args, "--served-model-name")+1] = p.ControlModel()
 		cmd.Env = []string{"OLLAMA_KEEP_ALIVE=-1"}
-		cmd.HealthPath, cmd.Preload = "/api/version", ollamaPreload(p)
+		cmd.HealthPath, cmd.Preload = "/api/version", newOllamaPreload(p)
 	}
 	cmd.Args = append(args, p.Spec.GetEngine().GetArgs()...)
 	return cmd, nil

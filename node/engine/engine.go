@@ -62,15 +62,10 @@ type Command struct {
 	// requests; empty means the engine has no such endpoint and a live
 	// process counts as healthy.
 	HealthPath string
-	// Preload, when set, is sent once per start after HealthPath first
-	// answers 200; the engine is ready only once it answers 2xx (Ollama
+	// Preload, when set, runs once per start after HealthPath first
+	// answers 200; the engine is ready only once it succeeded (Ollama
 	// answers its health path before any model is loaded).
-	Preload *Request
-}
-
-// Request is one HTTP request to an engine.
-type Request struct {
-	Method, Path, Body string
+	Preload Preload
 }
 
 // Driver builds the command of one engine kind.
@@ -260,13 +255,17 @@ func ControlKind(e *pb.EngineSpec) string {
 }
 
 // EngineModel is the name the engine knows the base model by in requests
-// when it is not the served name: Ollama knows models only by their tags
-// (spec.model, "llama3.2:1b"), so the gateway sends that. "" for engines
-// that serve under the served name (vLLM's --served-model-name,
-// llama-server's --alias).
+// when it is not the served name: Ollama knows models only by their names
+// in its store (spec.model, "llama3.2:1b", or for a GGUF file the name the
+// driver creates it under, OllamaGGUFName), so the gateway sends that. ""
+// for engines that serve under the served name (vLLM's
+// --served-model-name, llama-server's --alias).
 func EngineModel(spec *pb.ModelSpec) string {
-	if ControlKind(spec.GetEngine()) == KindOllama {
-		return spec.GetModel()
+	if ControlKind(spec.GetEngine()) != KindOllama {
+		return ""
 	}
-	return ""
+	if m := spec.GetModel(); IsGGUFPath(m) {
+		return OllamaGGUFName(m)
+	}
+	return spec.GetModel()
 }

@@ -90,7 +90,7 @@ func render(c Command) string {
 	}
 	b.WriteString("health: " + c.HealthPath + "\n")
 	if c.Preload != nil {
-		b.WriteString("preload: " + c.Preload.Method + " " + c.Preload.Path + " " + c.Preload.Body + "\n")
+		b.WriteString("preload: " + c.Preload.String() + "\n")
 	}
 	return b.String()
 }

@@ -16,9 +16,11 @@ var DefaultStartTimeouts = map[string]time.Duration{
 	KindVLLM: 30 * time.Minute,
 	// llama-server maps a GGUF file and copies its layers to the card.
 	KindLlamaCpp: 10 * time.Minute,
-	// `ollama serve` answers /api/version before it loads any model (it
-	// loads on the first request, under its own OLLAMA_LOAD_TIMEOUT).
-	KindOllama: 2 * time.Minute,
+	// The start includes the preload: creating the model from a GGUF
+	// file (hashing it, copying it into Ollama's store) and loading it,
+	// which Ollama itself allows OLLAMA_LOAD_TIMEOUT (5 minutes by
+	// default) to make progress.
+	KindOllama: 10 * time.Minute,
 	// A user's program: long enough for a small model, short enough that
 	// one that never listens does not hold its cards for long.
 	KindCommand: 5 * time.Minute,

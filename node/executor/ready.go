@@ -4,13 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"io/fs"
 	"net"
 	"net/http"
 	"path/filepath"
 	"strconv"
-	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -58,13 +57,14 @@ func (s *supervisor) ask() string {
 	return s.preloadOnce(addr)
 }
 
-// preloadOnce sends the engine's preload (engine.Command.Preload) once per
+// preloadOnce runs the engine's preload (engine.Command.Preload) once per
 // start, bounded by the start deadline: an engine that answers its health
 // path before its model is loaded (Ollama) is ready only once the preload
-// loaded it. The request runs off the supervisor's loop, which meanwhile
+// loaded it. The preload runs off the supervisor's loop, which meanwhile
 // answers stops, crashes and changes; each check asks how it went. It
-// returns "" once done, else what the engine is doing or why the preload
-// failed (sent again at the next check).
+// returns "" once done, else what the preload is doing or why it failed
+// (run again at the next check). A failure no retry mends
+// (*engine.StartError) is left in s.fatal, for check to fail the start.
 func (s *supervisor) preloadOnce(addr string) string {
 	if s.preload == nil || s.preloaded {
 		return ""
@@ -78,28 +78,56 @@ func (s *supervisor) preloadOnce(addr string) string {
 		go func() {
 			defer close(run.done)
 			defer cancel()
-			run.err = sendPreload(ctx, addr, port, p)
+			err := p.Run(ctx, "http://"+addr, run.setStatus)
+			if err != nil {
+				run.err = fmt.Sprintf("preload on port %d (%s): %v", port, p, err)
+				var se *engine.StartError
+				run.fatal = errors.As(err, &se)
+			}
 		}()
 	}
 	select {
 	case <-s.preloading.done:
 	default:
-		return fmt.Sprintf("preloading its model (%s %s on port %d)", p.Method, p.Path, s.port)
+		return fmt.Sprintf("preloading its model on port %d: %s", s.port, s.preloading.status())
 	}
-	err := s.preloading.err
+	run := s.preloading
 	s.preloading = nil
-	if err != "" {
-		return err
+	if run.err != "" {
+		if run.fatal {
+			s.fatal = run.err
+		}
+		return run.err
 	}
 	s.preloaded = true
 	return ""
 }
 
-// preloadRun is a preload in flight; err is set before done closes.
+// preloadRun is a preload in flight; err and fatal are set before done
+// closes.
 type preloadRun struct {
 	done   chan struct{}
 	cancel context.CancelFunc
 	err    string
+	fatal  bool
+
+	mu   sync.Mutex
+	step string
+}
+
+func (r *preloadRun) setStatus(step string) {
+	r.mu.Lock()
+	r.step = step
+	r.mu.Unlock()
+}
+
+func (r *preloadRun) status() string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.step == "" {
+		return "starting"
+	}
+	return r.step
 }
 
 // stopPreload abandons a preload in flight (its engine stopped).
@@ -108,26 +136,6 @@ func (s *supervisor) stopPreload() {
 		s.preloading.cancel()
 		s.preloading = nil
 	}
-}
-
-// sendPreload sends p to the engine at addr: "" once answered 2xx, else
-// what went wrong.
-func sendPreload(ctx context.Context, addr string, port int, p *engine.Request) string {
-	req, err := http.NewRequestWithContext(ctx, p.Method, "http://"+addr+p.Path, strings.NewReader(p.Body))
-	if err != nil {
-		return err.Error()
-	}
-	req.Header.Set("Content-Type", "application/json")
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return fmt.Sprintf("preload %s %s on port %d: %v", p.Method, p.Path, port, err)
-	}
-	data, _ := io.ReadAll(io.LimitReader(resp.Body, 4<<10))
-	resp.Body.Close()
-	if resp.StatusCode/100 != 2 {
-		return fmt.Sprintf("preload %s %s on port %d answered %s: %s", p.Method, p.Path, port, resp.Status, strings.TrimSpace(string(data)))
-	}
-	return ""
 }
 
 // probeHost is where the agent reaches an engine bound to BindHost.

@@ -108,8 +108,11 @@ type supervisor struct {
 	client   *http.Client
 	// preload is the engine's preload (engine.Command.Preload), sent
 	// once per start; preloaded says it was answered.
-	preload   *engine.Request
+	preload   engine.Preload
 	preloaded bool
+	// fatal is a preload's failure that no retry mends (ready.go): the
+	// start fails at the next check.
+	fatal string
 	// preloading is the preload in flight, if any (ready.go).
 	preloading *preloadRun
 }
@@ -401,7 +404,7 @@ func (s *supervisor) launch(d Desired) error {
 	}
 	s.proc, s.port, s.cmdline, s.health = p, port, argv, cmd.HealthPath
 	s.stopPreload()
-	s.preload, s.preloaded = cmd.Preload, false
+	s.preload, s.preloaded, s.fatal = cmd.Preload, false, ""
 	rec := &record{
 		Model: s.k.model, Replica: s.k.index, Generation: d.Replica.GetGeneration(), Fingerprint: fingerprint(d),
 		PID: p.pid, Port: port, Endpoint: s.endpoint(), Restarts: s.restarts, Command: argv, StartedAt: time.Now().UTC(),
@@ -458,6 +461,10 @@ func (s *supervisor) check() {
 		s.probed = found
 	}
 	switch {
+	case s.phase == starting && s.fatal != "":
+		reason := s.fatal
+		s.stopEngine()
+		s.fail(reason)
 	case s.phase == starting && found == "":
 		s.phase, s.fails = running, 0
 		s.unlock()

@@ -19,8 +19,10 @@ import (
 
 // TestGatewayOllamaRequestByServedName (point 2): Ollama knows its model
 // only by its tag; a client asking for the deployment's served name is
-// answered, because the gateway sends the tag. The engine itself refuses
-// the served name with Ollama's 404, and reports no cached_tokens.
+// answered, because the gateway sends the tag, and the answer names the
+// served name, as the other engines answer, not the tag the client never
+// asked for (streamed or not). The engine itself refuses the served name
+// with Ollama's 404, and reports no cached_tokens.
 func TestGatewayOllamaRequestByServedName(t *testing.T) {
 	engine := simEngineWith(t, sim.Config{ServedModelName: "llama3.2:1b", Dialect: sim.DialectOllama})
 	body := `{"model":"chat","messages":[{"role":"user","content":"hi"}],"max_tokens":3}`
@@ -30,7 +32,7 @@ func TestGatewayOllamaRequestByServedName(t *testing.T) {
 	}
 	data, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
-	if resp.StatusCode != http.StatusNotFound || !strings.Contains(string(data), `model \"chat\" not found`) {
+	if resp.StatusCode != http.StatusNotFound || !strings.Contains(string(data), `model 'chat' not found`) {
 		t.Fatalf("the engine asked for the served name: %d %s; want Ollama's 404", resp.StatusCode, data)
 	}
 	_, srv, _ := startGateway(t, Options{Node: "n1", Cluster: fixedView{[]Model{{Served: "chat", Deployment: "chat", Class: queue.Standard,
@@ -63,13 +65,36 @@ func TestGatewayOllamaRequestByServedName(t *testing.T) {
 		if err := json.Unmarshal(data, &v); err != nil {
 			t.Fatal(err)
 		}
-		// The answer names the model as the engine knows it, as vLLM
-		// answers an alias with its served name.
-		if v.Model != "llama3.2:1b" {
-			t.Fatalf("request for %s answered as model %q, want Ollama's tag llama3.2:1b", model, v.Model)
+		// The answer names the served name, as vLLM answers an alias.
+		if v.Model != "chat" {
+			t.Fatalf("request for %s answered as model %q, want the served name chat", model, v.Model)
 		}
 		if _, ok := v.Usage["prompt_tokens_details"]; ok || v.Usage["completion_tokens"] != float64(3) {
 			t.Fatalf("request for %s: usage %v; Ollama reports 3 completion tokens and no cached tokens", model, v.Usage)
+		}
+		stream := fmt.Sprintf(`{"model":%q,"messages":[{"role":"user","content":"hi"}],"max_tokens":3,"stream":true,"stream_options":{"include_usage":true}}`, model)
+		resp, err := http.Post(srv.URL+"/v1/chat/completions", "application/json", strings.NewReader(stream))
+		if err != nil {
+			t.Fatal(err)
+		}
+		data, _ = io.ReadAll(resp.Body)
+		resp.Body.Close()
+		events := 0
+		for _, line := range strings.Split(string(data), "\n") {
+			chunk, ok := strings.CutPrefix(line, "data: ")
+			if !ok || chunk == "[DONE]" {
+				continue
+			}
+			events++
+			var ev struct {
+				Model string `json:"model"`
+			}
+			if err := json.Unmarshal([]byte(chunk), &ev); err != nil || ev.Model != "chat" {
+				t.Fatalf("stream for %s: event %s names model %q, want the served name chat", model, chunk, ev.Model)
+			}
+		}
+		if resp.StatusCode != http.StatusOK || events < 4 {
+			t.Fatalf("stream for %s: %d with %d events: %s", model, resp.StatusCode, events, data)
 		}
 	}
 }

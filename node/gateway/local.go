@@ -435,6 +435,9 @@ type call struct {
 	slots       *slotPool
 	slot        int
 	status      int
+	// rename puts back in the answer the name the engine was sent in
+	// place of the client's (nil: none).
+	rename *rename
 	// ex: the attempt's exchange with its engine while it waits for the
 	// answer.
 	ex exchange
@@ -735,7 +738,7 @@ func (x *call) complete(resp *http.Response, err error) step {
 func (x *call) prepare() *apiError {
 	req, m := x.req, x.m
 	fields := map[string]any{}
-	x.status = 0
+	x.status, x.rename = 0, nil
 	if x.slots != nil {
 		// A llama.cpp engine: the request runs in a slot this gateway gave
 		// it, and reuses the slot's cache only if the slot holds its own
@@ -766,9 +769,12 @@ func (x *call) prepare() *apiError {
 	case req.adapter != "":
 		fields["model"] = req.adapter
 	case m.EngineModel != "":
-		// The engine knows the model by its own name (Ollama's tag).
+		// The engine knows the model by its own name (Ollama's tag), and
+		// answers with it: the client gets the served name back, as the
+		// other engines answer.
 		if req.model != m.EngineModel {
 			fields["model"] = m.EngineModel
+			x.rename = newRename(m.EngineModel, m.Served)
 		}
 	case req.model != m.Served:
 		// An alias: the engine knows the deployment by its served name.
@@ -809,7 +815,7 @@ func (x *call) answer(resp *http.Response, err error) result {
 	x.status = resp.StatusCode
 	defer resp.Body.Close()
 	if req.stream && resp.StatusCode == http.StatusOK {
-		return g.relayStream(ctx, w, resp, req, m, x.labels, pd, c)
+		return g.relayStream(ctx, w, resp, req, m, x.labels, pd, c, x.rename)
 	}
 	data, err := io.ReadAll(io.LimitReader(resp.Body, 256<<20))
 	if (err != nil || resp.StatusCode >= 500) && x.requeued() {
@@ -850,6 +856,8 @@ func (x *call) answer(resp *http.Response, err error) result {
 	if resp.StatusCode >= 400 {
 		data = append(engineError(resp.StatusCode, data), '\n')
 		w.Header().Set("Content-Type", "application/json")
+	} else {
+		data = x.rename.apply(data)
 	}
 	w.WriteHeader(resp.StatusCode)
 	_, _ = w.Write(data)

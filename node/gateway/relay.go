@@ -15,9 +15,10 @@ import (
 )
 
 // relayStream copies an engine's event stream to the client, flushing each
-// event, reporting the tokens to the scheduler as they come. A preempted
-// stream ends with an error event.
-func (g *Gateway) relayStream(ctx context.Context, w http.ResponseWriter, resp *http.Response, req *request, m *Model, labels []string, pd *pending, c *card) result {
+// event, reporting the tokens to the scheduler as they come, with the
+// client's model name put back (rn, nil: none). A preempted stream ends
+// with an error event.
+func (g *Gateway) relayStream(ctx context.Context, w http.ResponseWriter, resp *http.Response, req *request, m *Model, labels []string, pd *pending, c *card, rn *rename) result {
 	fl, _ := w.(http.Flusher)
 	w.Header().Set("Content-Type", "text/event-stream")
 	w.Header().Set("Cache-Control", "no-cache")
@@ -29,7 +30,7 @@ func (g *Gateway) relayStream(ctx context.Context, w http.ResponseWriter, resp *
 	for {
 		line, err := br.ReadSlice('\n')
 		if len(line) > 0 {
-			if _, werr := w.Write(line); werr != nil {
+			if _, werr := w.Write(rn.apply(line)); werr != nil {
 				readErr = werr
 				break
 			}
@@ -94,6 +95,27 @@ func (g *Gateway) relayStream(ctx context.Context, w http.ResponseWriter, resp *
 		writePreempted(w, m, generated)
 	}
 	return result{done: true, generated: generated}
+}
+
+// rename replaces an answer's "model" field naming one model by another:
+// the engine answers with the name it was sent (Ollama's tag), which the
+// client did not ask for. The field is matched in the form every engine
+// writes it, without spaces and escaped as Go's encoding/json does.
+type rename struct{ from, to []byte }
+
+func newRename(engine, served string) *rename {
+	f, _ := json.Marshal(engine)
+	t, _ := json.Marshal(served)
+	return &rename{from: append([]byte(`"model":`), f...), to: append([]byte(`"model":`), t...)}
+}
+
+// apply returns b with the engine's name replaced; b itself when it has
+// none, or when rn is nil.
+func (rn *rename) apply(b []byte) []byte {
+	if rn == nil || !bytes.Contains(b, rn.from) {
+		return b
+	}
+	return bytes.ReplaceAll(b, rn.from, rn.to)
 }
 
 // writePreempted ends a stream with an error event saying it was

@@ -7,7 +7,10 @@ import (
 	"net/http"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
+
+	"github.com/gpuplane/gpuplane/internal/ollamaname"
 )
 
 // controlRoutes adds the residency controls of the engines the sim stands
@@ -26,6 +29,7 @@ func (s *server) controlRoutes(mux *http.ServeMux) {
 	mux.HandleFunc("GET /props", s.llamaProps)
 	// Ollama (docs/api.md): keep_alive load and unload, running models.
 	mux.HandleFunc("POST /api/generate", s.ollamaGenerate)
+	mux.HandleFunc("POST /api/embed", s.ollamaEmbed)
 	mux.HandleFunc("GET /api/ps", s.ollamaPS)
 	// The sim's own view, for tests and people: state, memory, shares and
 	// how long the last load and wake took.
@@ -222,7 +226,18 @@ func (s *server) ollamaGenerate(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if body.Model != s.cfg.ServedModelName && (s.cfg.Dialect != DialectOllama || !s.knowsModel(body.Model)) {
-		ollamaError(w, http.StatusNotFound, fmt.Sprintf("model %q not found, try pulling it first", body.Model))
+		ollamaError(w, http.StatusNotFound, fmt.Sprintf("model '%s' not found", body.Model))
+		return
+	}
+	unload := false
+	if len(body.KeepAlive) > 0 {
+		d, err := parseKeepAlive(body.KeepAlive)
+		unload = err == nil && d == 0
+	}
+	if s.cfg.Dialect == DialectOllama && s.cfg.Runner == RunnerPooling && !unload {
+		// Ollama unloads any model, but generates (and so loads through
+		// /api/generate) only with one that can complete.
+		ollamaError(w, http.StatusBadRequest, fmt.Sprintf("%q does not support generate", body.Model))
 		return
 	}
 	if body.Prompt != "" {
@@ -264,6 +279,68 @@ func (s *server) ollamaGenerate(w http.ResponseWriter, r *http.Request) {
 	})
 }
 
+// ollamaEmbed answers Ollama's /api/embed: it loads the model whatever it
+// can do (server/routes.go EmbedHandler schedules the runner without
+// asking for a capability), answers no embeddings without input, and one
+// vector per input otherwise.
+func (s *server) ollamaEmbed(w http.ResponseWriter, r *http.Request) {
+	var body struct {
+		Model     string          `json:"model"`
+		Input     json.RawMessage `json:"input"`
+		KeepAlive json.RawMessage `json:"keep_alive"`
+	}
+	if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, 4<<20)).Decode(&body); err != nil {
+		ollamaError(w, http.StatusBadRequest, err.Error())
+		return
+	}
+	var inputs []string
+	if len(body.Input) > 0 && string(body.Input) != "null" {
+		var one string
+		if err := json.Unmarshal(body.Input, &one); err == nil {
+			if one != "" {
+				inputs = []string{one}
+			}
+		} else if err := json.Unmarshal(body.Input, &inputs); err != nil {
+			ollamaError(w, http.StatusBadRequest, "invalid input type")
+			return
+		}
+	}
+	if !s.knowsModel(body.Model) {
+		ollamaError(w, http.StatusNotFound, fmt.Sprintf("model '%s' not found", body.Model))
+		return
+	}
+	keep := s.cfg.keepAliveDefault()
+	if len(body.KeepAlive) > 0 {
+		d, err := parseKeepAlive(body.KeepAlive)
+		if err != nil {
+			ollamaError(w, http.StatusBadRequest, err.Error())
+			return
+		}
+		keep = d
+	}
+	s.mu.Lock()
+	s.st.keepAlive = keep
+	s.mu.Unlock()
+	if err := s.ensureLoaded(s.life); err != nil {
+		ollamaError(w, http.StatusInternalServerError, err.Error())
+		return
+	}
+	s.mu.Lock()
+	s.armExpiry()
+	s.mu.Unlock()
+	vectors := make([][]float64, len(inputs))
+	tokens := 0
+	for i, in := range inputs {
+		vectors[i] = embed(in)
+		tokens += len(strings.Fields(in))
+	}
+	resp := map[string]any{"model": body.Model, "embeddings": vectors}
+	if len(inputs) > 0 {
+		resp["prompt_eval_count"] = tokens
+	}
+	writeJSON(w, http.StatusOK, resp)
+}
+
 // parseKeepAlive reads Ollama's keep_alive: a duration string ("5m",
 // "-1s"), or a number of seconds; negative keeps the model loaded forever.
 func parseKeepAlive(raw json.RawMessage) (time.Duration, error) {
@@ -295,7 +372,7 @@ func (s *server) ollamaPS(w http.ResponseWriter, _ *http.Request) {
 		}
 		name := s.cfg.ServedModelName
 		if s.cfg.Dialect == DialectOllama {
-			name = ollamaName(name)
+			name = ollamaname.Shortest(name)
 		}
 		models = append(models, map[string]any{
 			"name": name, "model": name,

@@ -4,8 +4,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
-	"strings"
 	"time"
+
+	"github.com/gpuplane/gpuplane/internal/ollamaname"
 )
 
 // Dialects: the engine a sim engine stands for (docs/engines.md, "Strict
@@ -55,15 +56,6 @@ func (c Config) SlotContext() int {
 	return c.CtxSize / c.Parallel
 }
 
-// ollamaName is the name Ollama lists a model by: a name without a tag is
-// the tag "latest" (types/model/name.go).
-func ollamaName(n string) string {
-	if n == "" || strings.Contains(n[strings.LastIndex(n, "/")+1:], ":") {
-		return n
-	}
-	return n + ":latest"
-}
-
 // knowsModel says whether a request's model names this engine's base
 // model: vLLM knows only its served names; Ollama its tags; llama-server
 // in single-model mode serves its model whatever the request names.
@@ -72,7 +64,7 @@ func (s *server) knowsModel(model string) bool {
 	case DialectLlamaCpp:
 		return true
 	case DialectOllama:
-		return ollamaName(model) == ollamaName(s.cfg.ServedModelName)
+		return ollamaname.Same(model, s.cfg.ServedModelName)
 	}
 	return model == "" || model == s.cfg.ServedModelName
 }
@@ -82,10 +74,11 @@ func (s *server) knowsModel(model string) bool {
 func (s *server) notFound(w http.ResponseWriter, model string) {
 	switch s.cfg.Dialect {
 	case DialectOllama:
-		// server/routes.go answers 404 "model %q not found, try pulling
-		// it first"; its OpenAI middleware wraps it as an API error.
+		// server/routes.go answers 404 "model '%s' not found"; its OpenAI
+		// middleware wraps it (openai.NewError: a 404 is a
+		// not_found_error).
 		writeJSON(w, http.StatusNotFound, map[string]any{"error": map[string]any{
-			"message": fmt.Sprintf("model %q not found, try pulling it first", model), "type": "api_error", "param": nil, "code": nil}})
+			"message": fmt.Sprintf("model '%s' not found", model), "type": "not_found_error", "param": nil, "code": nil}})
 	default:
 		// vLLM's ErrorResponse for an unknown model.
 		writeJSON(w, http.StatusNotFound, map[string]any{"error": map[string]any{
@@ -137,6 +130,7 @@ func (s *server) dialectRoutes(mux *http.ServeMux) {
 			writeJSON(w, http.StatusOK, map[string]string{"version": OllamaVersion})
 		})
 		mux.HandleFunc("POST /api/generate", s.ollamaGenerate)
+		mux.HandleFunc("POST /api/embed", s.ollamaEmbed)
 		mux.HandleFunc("GET /api/ps", s.ollamaPS)
 	}
 	mux.HandleFunc("GET /v1/models", s.models)
