@@ -46,6 +46,10 @@ type ModelOptions struct {
 	Context int    // trained context length, llama.context_length (default 4096)
 	Seed    int64  // weight seed (default 1)
 	Name    string // general.name (default "tiny-llama")
+	// Pooling, when not 0, is llama.pooling_type (1 mean, 2 cls, 3 last):
+	// the model embeds rather than completes (Ollama lists it with the
+	// "embedding" capability and refuses to generate with it).
+	Pooling uint32
 }
 
 // AdapterOptions shape a LoRA adapter for a model written with the same
@@ -196,6 +200,9 @@ func WriteModel(path string, o ModelOptions) error {
 		{"tokenizer.ggml.unknown_token_id", uint32(0)},
 		{"tokenizer.ggml.add_bos_token", true},
 		{"tokenizer.chat_template", "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}"},
+	}
+	if o.Pooling != 0 {
+		meta = append(meta, kv{"llama.pooling_type", o.Pooling})
 	}
 	emb := g.normal(V*E, 0.02)
 	for v := range V {
