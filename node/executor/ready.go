@@ -79,10 +79,13 @@ func (s *supervisor) preloadOnce(addr string) string {
 			defer close(run.done)
 			defer cancel()
 			err := p.Run(ctx, "http://"+addr, run.setStatus)
-			if err != nil {
+			var se *engine.StartError
+			switch {
+			case errors.As(err, &se):
+				// It says what is wrong and how to mend it.
+				run.err, run.fatal = se.Reason, true
+			case err != nil:
 				run.err = fmt.Sprintf("preload on port %d (%s): %v", port, p, err)
-				var se *engine.StartError
-				run.fatal = errors.As(err, &se)
 			}
 		}()
 	}
