@@ -158,8 +158,9 @@ func (c caller) ollamaLoad(ctx context.Context, model string) error {
 // /api/create names it. A file that cannot be read, or that Ollama cannot
 // make a model of, is a *StartError.
 func (c caller) ollamaCreate(ctx context.Context, model, path string, status func(string)) error {
-	status("hashing " + path)
-	digest, size, err := fileDigest(path)
+	digest, size, err := fileDigest(path, func(done, size int64) {
+		status(fmt.Sprintf("hashing %s (%s)", path, percent(done, size)))
+	})
 	if err != nil {
 		return &StartError{Reason: fmt.Sprintf("spec.model: %v", err)}
 	}
@@ -174,8 +175,9 @@ func (c caller) ollamaCreate(ctx context.Context, model, path string, status fun
 	}
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		status(fmt.Sprintf("copying %s (%d MiB) into Ollama's store", path, size>>20))
-		if err := c.upload(ctx, blob, path, size); err != nil {
+		if err := c.upload(ctx, blob, path, size, func(done, size int64) {
+			status(fmt.Sprintf("copying %s into Ollama's store (%s of %d MiB)", path, percent(done, size), size>>20))
+		}); err != nil {
 			return err
 		}
 	}
@@ -189,14 +191,15 @@ func (c caller) ollamaCreate(ctx context.Context, model, path string, status fun
 	return err
 }
 
-// upload posts the file at path as the blob at blobPath.
-func (c caller) upload(ctx context.Context, blobPath, path string, size int64) error {
+// upload posts the file at path as the blob at blobPath, telling
+// progress how far it got.
+func (c caller) upload(ctx context.Context, blobPath, path string, size int64, progress func(done, size int64)) error {
 	f, err := os.Open(path)
 	if err != nil {
 		return &StartError{Reason: fmt.Sprintf("spec.model: %v", err)}
 	}
 	defer f.Close()
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.url(blobPath), f)
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.url(blobPath), &progressReader{r: f, size: size, tell: progress})
 	if err != nil {
 		return err
 	}
@@ -226,8 +229,34 @@ type digestKey struct {
 	mod  time.Time
 }
 
-// fileDigest is the "sha256:<hex>" of the file at path, and its size.
-func fileDigest(path string) (string, int64, error) {
+// progressReader tells how much of size it has read, at every whole
+// percent: a long copy or hash shows the executor's stall detector
+// progress (the replica's probe changes).
+type progressReader struct {
+	r          io.Reader
+	done, size int64
+	last       int64
+	tell       func(done, size int64)
+}
+
+func (p *progressReader) Read(b []byte) (int, error) {
+	n, err := p.r.Read(b)
+	p.done += int64(n)
+	if pct := p.done * 100 / max(p.size, 1); p.done == int64(n) || pct != p.last {
+		p.last = pct
+		p.tell(p.done, p.size)
+	}
+	return n, err
+}
+
+// percent is done of size as a whole percentage.
+func percent(done, size int64) string {
+	return fmt.Sprintf("%d%%", done*100/max(size, 1))
+}
+
+// fileDigest is the "sha256:<hex>" of the file at path, and its size;
+// progress is told how far the hash got.
+func fileDigest(path string, progress func(done, size int64)) (string, int64, error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return "", 0, err
@@ -248,7 +277,7 @@ func fileDigest(path string) (string, int64, error) {
 		return d, fi.Size(), nil
 	}
 	h := sha256.New()
-	if _, err := io.Copy(h, f); err != nil {
+	if _, err := io.Copy(h, &progressReader{r: f, size: fi.Size(), tell: progress}); err != nil {
 		return "", 0, fmt.Errorf("read %s: %w", path, err)
 	}
 	d = "sha256:" + hex.EncodeToString(h.Sum(nil))

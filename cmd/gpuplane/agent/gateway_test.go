@@ -143,6 +143,8 @@ func TestGatewayOpenAIClient(t *testing.T) {
 	n := devNode(t, "gw", agent.GatewayConfig{})
 	deploySim(t, n, "chat", "pinned", "--tokens-per-second", "0")
 	waitServed(t, n.a.GatewayURL(), "chat")
+	// The checks the real engines pass too (real_engines_test.go).
+	checkOpenAIServes(t, n, "chat", "chat")
 	ctx := context.Background()
 	c := openaiClient(n)
 
