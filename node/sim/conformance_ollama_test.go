@@ -51,7 +51,7 @@ var ollamaConformance = conformanceEngine{
 			status: 200, contentType: "application/json", shape: []string{"object=text_completion", "model=tiny:1b", "choices.0.text",
 				"usage.completion_tokens=2"}},
 		{name: "stream with usage", method: "POST", path: "/v1/chat/completions",
-			body: `{"model":"tiny:1b","messages":[{"role":"user","content":"hello"}],"max_tokens":2,"stream":true,"stream_options":{"include_usage":true}}`,
+			body:   `{"model":"tiny:1b","messages":[{"role":"user","content":"hello"}],"max_tokens":2,"stream":true,"stream_options":{"include_usage":true}}`,
 			status: 200, contentType: "text/event-stream", shape: []string{`~"model":"tiny:1b"`, `~"completion_tokens":2`, "~data: [DONE]"}},
 		{name: "embeddings (OpenAI)", method: "POST", path: "/v1/embeddings", body: `{"model":"tiny:1b","input":["hello","the"]}`, status: 200,
 			contentType: "application/json", shape: []string{"object=list", "data.0.embedding.0", "data.1.index=1", "model=tiny:1b"}},
