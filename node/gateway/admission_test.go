@@ -115,3 +115,47 @@ func TestGatewayWeightsHoldWithinEngineConcurrency(t *testing.T) {
 		t.Errorf("the engine never ran %d at once (at most %d): the flood did not fill it", seqs, maxRunning.Load())
 	}
 }
+
+// TestFailedReplicasRefuseAtOnce: while every replica of a model failed
+// (a pinned one its node will only restart, e.g. an Ollama model missing
+// from the store), a request is refused at once with the replica's reason
+// instead of waiting in a queue for an engine that is not coming; a model
+// with a replica still running is served.
+func TestFailedReplicasRefuseAtOnce(t *testing.T) {
+	engine := simEngine(t, "ok", 0)
+	_, srv, _ := startGateway(t, Options{Node: "n1", Cluster: fixedView{[]Model{
+		{Served: "gone", Deployment: "gone", Class: queue.Standard,
+			Replicas: []Replica{{Deployment: "gone", Node: "n1", Kind: "ollama", Failed: `model "tiny:1b" is not in Ollama's store`}}},
+		{Served: "ok", Deployment: "ok", Class: queue.Standard,
+			Replicas: []Replica{{Deployment: "ok", Node: "n1", Endpoint: engine, Kind: "sim", Running: true, Resident: true},
+				{Deployment: "ok", Index: 1, Node: "n1", Kind: "sim", Failed: "engine exited 1"}}},
+	}}})
+	start := time.Now()
+	resp, err := http.Post(srv.URL+"/v1/completions", "application/json", strings.NewReader(`{"model":"gone","prompt":"x","max_tokens":1}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusServiceUnavailable || !strings.Contains(string(data), `"code":"model_failed"`) ||
+		!strings.Contains(string(data), `not in Ollama's store`) || resp.Header.Get("Retry-After") == "" {
+		t.Fatalf("a request for a model whose replicas failed: %d %s", resp.StatusCode, data)
+	}
+	if took := time.Since(start); took > 2*time.Second {
+		t.Fatalf("refused after %s; want at once", took)
+	}
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		resp, err := http.Post(srv.URL+"/v1/completions", "application/json", strings.NewReader(`{"model":"ok","prompt":"x","max_tokens":1}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		data, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode == http.StatusOK {
+			break
+		}
+		if strings.Contains(string(data), "model_failed") || time.Now().After(deadline) {
+			t.Fatalf("a model with a running replica: %d %s", resp.StatusCode, data)
+		}
+	}
+}

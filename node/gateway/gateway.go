@@ -35,6 +35,11 @@ type Replica struct {
 	Kind string
 	// Running: the replica's engine (or front) answers.
 	Running bool
+	// Failed, for a replica its node reports Failed that no request
+	// would load again (one not Fronted), is the reason it failed: while
+	// every replica of a model has one, its requests are refused at once
+	// with it rather than queued for an engine that is not coming.
+	Failed string
 	// Resident: its weights are loaded (a pinned replica that runs, or a
 	// warm or onDemand one its node reports resident).
 	Resident bool

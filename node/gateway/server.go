@@ -479,6 +479,12 @@ type target struct {
 // this node has in flight there); a replica here wins a tie. A forwarded
 // request is served by a replica here or refused.
 func (g *Gateway) choose(m *Model, forwarded bool) (target, *apiError) {
+	if rp, all := allFailed(m); all {
+		e := errorf(http.StatusServiceUnavailable, "server_error", "model_failed",
+			"model %q cannot serve: its replica %d on node %s failed: %s", m.Served, rp.Index, rp.Node, rp.Failed)
+		e.retryAfter = 5 * time.Second
+		return target{}, e
+	}
 	var best target
 	bestScore := -1
 	for _, rp := range m.Replicas {
@@ -534,6 +540,20 @@ func (g *Gateway) choose(m *Model, forwarded bool) (target, *apiError) {
 		return target{}, e
 	}
 	return best, nil
+}
+
+// allFailed says whether every replica of m failed (Replica.Failed), and
+// returns the first.
+func allFailed(m *Model) (Replica, bool) {
+	if len(m.Replicas) == 0 {
+		return Replica{}, false
+	}
+	for _, rp := range m.Replicas {
+		if rp.Failed == "" || rp.Running {
+			return Replica{}, false
+		}
+	}
+	return m.Replicas[0], true
 }
 
 // forward sends the request to node's gateway and copies its answer back

@@ -256,6 +256,9 @@ func modelsOf(f *fsm.FSM) []gateway.Model {
 				PriorityScheduling: priorityScheduling(spec.GetEngine()), Slots: slotsOf(spec.GetEngine()),
 				MaxInFlight: maxInFlightOf(spec.GetEngine())}
 			rp.Resident = running
+			if r.GetState() == pb.ReplicaState_REPLICA_STATE_FAILED && !rp.Fronted {
+				rp.Failed = r.GetReason()
+			}
 			if rp.Fronted {
 				rp.Resident = r.GetResidency() == pb.ReplicaResidency_REPLICA_RESIDENCY_RESIDENT
 			}

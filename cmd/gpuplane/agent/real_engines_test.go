@@ -3,6 +3,7 @@ package agent_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"os"
@@ -278,6 +279,23 @@ func TestRealOllamaMissingModelFails(t *testing.T) {
 			t.Errorf("reason %q does not say %q", r.Reason, want)
 		}
 	}
+	// A request for it is answered at once with the reason, not queued
+	// for an engine that is not coming (the replica restarts with backoff:
+	// asked while Failed).
+	testutil.Eventually(t, 30*time.Second, "a request refused with the reason", func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+		defer cancel()
+		c := openaiClient(n)
+		_, err := c.Completions.New(ctx, openai.CompletionNewParams{Model: openai.CompletionNewParamsModel("gone"),
+			Prompt: openai.CompletionNewParamsPromptUnion{OfString: openai.String("x")}, MaxTokens: openai.Int(2)})
+		var e *openai.Error
+		if !errors.As(err, &e) || e.StatusCode != http.StatusServiceUnavailable || e.Code != "model_failed" ||
+			!strings.Contains(e.Message, "ollama pull tiny:1b") {
+			return fmt.Errorf("answer: %v", err)
+		}
+		t.Logf("a request for it: %d %s", e.StatusCode, e.Message)
+		return nil
+	})
 }
 
 // TestRealLlamaCppThroughTheGateway: llama.cpp deployments of a GGUF file,
