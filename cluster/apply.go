@@ -446,10 +446,10 @@ func onLeader[T any](ctx context.Context, c *Cluster, local func() (T, error), f
 		}
 		lastErr = err
 		if ctx.Err() != nil || time.Since(start) > maxLeaderWait {
-			return zero, noLeader(ctx, lastErr)
+			return zero, c.noLeader(ctx, lastErr)
 		}
 		if !waitLeaderChange(ctx, c, leader, wait.NextBackOff()) {
-			return zero, noLeader(ctx, lastErr)
+			return zero, c.noLeader(ctx, lastErr)
 		}
 	}
 }
@@ -484,11 +484,29 @@ func waitLeaderChange(ctx context.Context, c *Cluster, failed string, d time.Dur
 	}
 }
 
-func noLeader(ctx context.Context, last error) error {
+func (c *Cluster) noLeader(ctx context.Context, last error) error {
 	if errors.Is(last, ErrNoLeader) {
 		last = nil
 	}
-	return errors.Join(fmt.Errorf("%w after waiting for one", ErrNoLeader), last, ctx.Err())
+	return errors.Join(fmt.Errorf("%w after waiting for one%s", ErrNoLeader, c.unformedHint()), last, ctx.Err())
+}
+
+// unformedHint says how to form the cluster when this node is a server that
+// is in none yet (its Raft configuration names no server): without it a
+// server started with neither --dev, --bootstrap-expect nor --join answers
+// every request with a bare "no cluster leader".
+func (c *Cluster) unformedHint() string {
+	if c.raft == nil {
+		return ""
+	}
+	f := c.raft.GetConfiguration()
+	if f.Error() != nil || len(f.Configuration().Servers) > 0 {
+		return ""
+	}
+	if n := c.cfg.BootstrapExpect; n > 0 {
+		return fmt.Sprintf(": this server has formed no cluster yet: it waits for %d servers (--bootstrap-expect) to find each other; join the others with 'gpuplane cluster join ADDR' or --join", n)
+	}
+	return ": this server has formed no cluster yet: join one with 'gpuplane cluster join ADDR' (or --join), or start the servers with --bootstrap-expect N (--bootstrap-expect 1 or --dev for a single server)"
 }
 
 func retryable(err error) bool {

@@ -1,6 +1,7 @@
 package cluster
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"regexp"
@@ -260,4 +261,21 @@ func TestStatusCountsEntriesTheStateNeverSees(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// A server that was started with neither a bootstrap nor peers answers a
+// write with how to form the cluster, not only "no cluster leader".
+func TestUnformedServerSaysHowToFormTheCluster(t *testing.T) {
+	c := start(t, nodeOpts{name: "s1", dir: t.TempDir(), addr: freeAddr(t)})
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	_, err := c.Apply(ctx, registerNode("n1"))
+	if !errors.Is(err, ErrNoLeader) {
+		t.Fatalf("apply on an unformed server: %v, want ErrNoLeader", err)
+	}
+	for _, want := range []string{"formed no cluster yet", "gpuplane cluster join", "--bootstrap-expect"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q does not say %q", err, want)
+		}
+	}
 }

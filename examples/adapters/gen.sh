@@ -1,5 +1,6 @@
 #!/bin/sh
-# Writes a descriptor of one sim base model with N LoRA adapters (default
+# Writes a descriptor of one sim base model (lorachat, a name the README
+# walkthrough does not use) with N LoRA adapters (default
 # 1000), 4 on the card at once, on a shared l4 accelerator. Adapter a0007 is
 # private to tenant acme.
 #   sh examples/adapters/gen.sh 1000 > /tmp/adapters.yaml
@@ -12,7 +13,7 @@ spec: {device: l4, tenancy: shared, maxModels: 2}
 ---
 resource: ModelDeployment
 resourceVersion: v1
-metadata: {name: chat}
+metadata: {name: lorachat}
 spec:
   model: sim://llama-3.1-8b
   placement: {accelerator: lora}

@@ -214,7 +214,7 @@ func Start(ctx context.Context, cfg Config) (*Agent, error) {
 	if a.cfg.Server {
 		raft = a.raftAddr(a.cfg.Advertise)
 	}
-	fmt.Fprintf(a.cfg.Out, "gpuplane agent %s: %s node %q serving the API at %s and the OpenAI-compatible gateway at %s/v1 (raft %s, gossip %s, data dir %s)\n",
+	fmt.Fprintf(a.cfg.Out, "gpuplane agent (version %s): %s node %q serving the API at %s and the OpenAI-compatible gateway at %s/v1 (raft %s, gossip %s, data dir %s)\n",
 		cfg.Version, a.role(), a.cfg.NodeName, a.APIURL(), a.GatewayURL(), raft, a.cluster.Gossip().Addr(), a.cfg.DataDir)
 	return a, nil
 }
