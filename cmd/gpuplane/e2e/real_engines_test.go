@@ -6,10 +6,12 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/gpuplane/gpuplane/internal/porttest"
 	"github.com/gpuplane/gpuplane/internal/realengine"
 	"github.com/gpuplane/gpuplane/internal/testutil"
 	"github.com/gpuplane/gpuplane/internal/tinygguf"
@@ -19,7 +21,7 @@ import (
 // `ollama serve`, each serving a GGUF file, run on after their agent is
 // killed with SIGKILL; the agent started again on the same data dir
 // adopts them (the same processes, no restart, Ollama's model still
-// loaded) and they answer.
+// loaded) and they answer through its gateway.
 func TestRealEnginesAdoptedAfterAgentKill9(t *testing.T) {
 	requireBinary(t)
 	bins := t.TempDir()
@@ -34,6 +36,8 @@ func TestRealEnginesAdoptedAfterAgentKill9(t *testing.T) {
 	dataDir := filepath.Join(t.TempDir(), "data")
 	home := t.TempDir()
 	a := newAgent(t, dataDir)
+	gateway := "http://127.0.0.1:" + strconv.Itoa(porttest.Free(t))
+	a.flags = []string{"--gateway-port", gateway[strings.LastIndex(gateway, ":")+1:]}
 	a.start()
 	mustGpuplane(t, a.url(), "accelerators", "create", "shared", "--device", "l4", "--tenancy", "shared", "--max-models", "2")
 	spec := filepath.Join(t.TempDir(), "models.yaml")
@@ -68,7 +72,7 @@ spec:
 			t.Fatalf("%s/0: no live engine recorded (%+v)", m, r)
 		}
 		before[m] = r
-		askEngine(t, m, r.Endpoint)
+		askGateway(t, gateway, m)
 	}
 
 	a.kill()
@@ -96,7 +100,7 @@ spec:
 		if !ok || r.PID != was.PID || r.Restarts != was.Restarts {
 			t.Fatalf("%s/0 after the agent's restart: %+v, want its engine adopted as it was (%+v)", m, r, was)
 		}
-		askEngine(t, m, r.Endpoint)
+		askGateway(t, gateway, m)
 	}
 	// Ollama's model stayed loaded: nothing was preloaded again.
 	resp, err := http.Get(before["otiny"].Endpoint + "/api/ps")
@@ -110,32 +114,27 @@ spec:
 	}
 }
 
-// askEngine sends a completion straight to model's engine at endpoint,
-// by the name the engine knows it by.
-func askEngine(t *testing.T, model, endpoint string) {
+// askGateway sends a completion for model through the agent's gateway; the
+// answer names the model as asked.
+func askGateway(t *testing.T, gateway, model string) {
 	t.Helper()
-	name := model
-	if model == "otiny" {
-		resp, err := http.Get(endpoint + "/api/tags")
+	body := fmt.Sprintf(`{"model":%q,"prompt":"hello","max_tokens":2}`, model)
+	var code int
+	var out []byte
+	// The gateway learns of the adopted engines from the cluster.
+	testutil.Eventually(t, 30*time.Second, model+" answered through the gateway", func() error {
+		resp, err := http.Post(gateway+"/v1/completions", "application/json", strings.NewReader(body))
 		if err != nil {
-			t.Fatal(err)
+			return err
 		}
-		tags, _ := io.ReadAll(resp.Body)
+		out, _ = io.ReadAll(resp.Body)
 		resp.Body.Close()
-		i := strings.Index(string(tags), `"name":"`)
-		if i < 0 {
-			t.Fatalf("Ollama's store: %s", tags)
+		if code = resp.StatusCode; code != http.StatusOK {
+			return fmt.Errorf("%d %s", code, out)
 		}
-		name = strings.SplitN(string(tags[i+8:]), `"`, 2)[0]
-	}
-	body := fmt.Sprintf(`{"model":%q,"prompt":"hello","max_tokens":2}`, name)
-	resp, err := http.Post(endpoint+"/v1/completions", "application/json", strings.NewReader(body))
-	if err != nil {
-		t.Fatalf("%s at %s: %v", model, endpoint, err)
-	}
-	out, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusOK || !strings.Contains(string(out), `"choices"`) {
-		t.Fatalf("%s at %s: %d %s", model, endpoint, resp.StatusCode, out)
+		return nil
+	})
+	if !strings.Contains(string(out), `"model":"`+model+`"`) || !strings.Contains(string(out), `"choices"`) {
+		t.Fatalf("%s through the gateway: %d %s", model, code, out)
 	}
 }
