@@ -205,6 +205,9 @@ func (c contract) check(base string) error {
 	if c.body != "" {
 		req.Header.Set("Content-Type", "application/json")
 	}
+	// A connection per case: llama-server may close one after an error
+	// answer, and a POST is not sent again on a closed one.
+	req.Close = true
 	client := http.Client{Timeout: 10 * time.Second}
 	resp, err := client.Do(req)
 	if err != nil {
