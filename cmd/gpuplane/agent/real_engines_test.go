@@ -283,7 +283,7 @@ func TestRealOllamaMissingModelFails(t *testing.T) {
 	// for an engine that is not coming (the replica restarts with backoff:
 	// asked while Failed).
 	testutil.Eventually(t, 30*time.Second, "a request refused with the reason", func() error {
-		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		defer cancel()
 		c := openaiClient(n)
 		_, err := c.Completions.New(ctx, openai.CompletionNewParams{Model: openai.CompletionNewParamsModel("gone"),
