@@ -77,6 +77,11 @@ type Config struct {
 	KVKiBPerToken uint64
 	// ResidualMiB stays on each card while asleep.
 	ResidualMiB uint64
+	// OvershootMiB is held above MemoryMiB while awake: the vllm
+	// dialect's CUDA graphs, NCCL and allocator memory outside vLLM's
+	// budget (vllmmemory.go). CardMiB is the card's memory, for vLLM's
+	// messages.
+	OvershootMiB, CardMiB uint64
 	// TokensPerSecond paces each stream when the engine has the card to
 	// itself; 0 means no delay.
 	TokensPerSecond float64
@@ -175,6 +180,9 @@ func (c Config) Validate() error {
 	if c.ResidualMiB > c.MemoryMiB {
 		errs = append(errs, fmt.Errorf("--sleep-residual-mib (%d) must not exceed --memory-mib (%d)", c.ResidualMiB, c.MemoryMiB))
 	}
+	if pool := c.loraPoolMiB(); c.vllmMemory() && pool > 0 && c.OverheadMiB+c.KVPoolMiB+pool > c.MemoryMiB {
+		errs = append(errs, fmt.Errorf("the LoRA pool (--max-loras × --max-lora-rank × --lora-mib-per-rank = %d MiB) does not fit in --memory-mib (%d) beside --overhead-mib (%d) and --kv-pool-mib (%d)", pool, c.MemoryMiB, c.OverheadMiB, c.KVPoolMiB))
+	}
 	if c.KVKiBPerToken > 0 && c.KVPoolMiB == 0 {
 		errs = append(errs, errors.New("--kv-kib-per-token needs a --kv-pool-mib to grow into"))
 	}
@@ -251,6 +259,7 @@ func Run(ctx context.Context, cfg Config) error {
 	defer s.unreport()
 	go s.watch(life)
 
+	var loadErr error
 	loaded := make(chan error, 1)
 	go func() {
 		s.ctl.Lock()
@@ -281,13 +290,23 @@ func Run(ctx context.Context, cfg Config) error {
 			return fmt.Errorf("sim engine: %w", err)
 		case err := <-loaded:
 			loaded, running = nil, err == nil
+			if err != nil && ctx.Err() == nil {
+				loadErr = err
+				cfg.Logger.Error("sim engine failed to start", "err", err)
+			}
 		}
 	}
 	cfg.Logger.Info("sim engine stopping")
 	stop()
 	shutdown, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	return srv.Shutdown(shutdown)
+	if err := srv.Shutdown(shutdown); err != nil {
+		return err
+	}
+	if loadErr != nil {
+		return fmt.Errorf("sim engine: %w", loadErr)
+	}
+	return nil
 }
 
 // closeUnusedOnShutdown has srv's Shutdown close at once the connections
@@ -350,6 +369,9 @@ type server struct {
 	// llamaLoRA are the llama.cpp dialect's adapters (llamalora.go,
 	// guarded by mu).
 	llamaLoRA llamaLoRA
+	// kvLostMiB is what a fall of the card's free memory while the vllm
+	// dialect profiled took from its KV pool (guarded by mu).
+	kvLostMiB uint64
 
 	// ctl serializes transitions (load, sleep, wake, unload).
 	ctl sync.Mutex
