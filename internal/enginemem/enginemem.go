@@ -51,6 +51,8 @@ type Rule struct {
 	// below the share, and a share no larger than it is refused.
 	OvershootMiB    uint64
 	OvershootSource string
+	// OvershootWhat says what the overshoot is, for messages.
+	OvershootWhat string
 	// ToleranceMiB is how far above its share the watchdog lets the
 	// engine go before it stops it: the spread of the overshoot that the
 	// knob cannot absorb. 0 keeps the watchdog's default, the larger of 5 %
@@ -80,6 +82,7 @@ var Rules = []Rule{
 		// allocator slack outside the profiled budget); issue #53013.
 		OvershootMiB:    1434,
 		OvershootSource: "vLLM PR #51590 (1.37 GiB above the requested budget at v0.28), issue #53013",
+		OvershootWhat:   "CUDA graphs, NCCL and allocator memory outside --gpu-memory-utilization",
 		// vllm-project/vllm issue #57475: the CUDA-graph estimate that
 		// sizes the KV pool under-reserves the real capture (0.46 GiB).
 		ToleranceMiB:    512,
@@ -174,6 +177,6 @@ func (r Rule) TooSmall(shareMiB uint64) error {
 	if r.OvershootMiB == 0 || shareMiB > r.OvershootMiB {
 		return nil
 	}
-	return fmt.Errorf("a memory share of %d MiB per card is too small for %s: its process uses %d MiB above its memory knob (%s), so the share must be more than %d MiB (docs/engines.md)",
-		shareMiB, r.Name, r.OvershootMiB, r.OvershootSource, r.OvershootMiB)
+	return fmt.Errorf("a memory share of %d MiB per card is too small for %s, which holds %d MiB above its memory knob (%s): give it more than %d MiB (docs/engines.md)",
+		shareMiB, r.Name, r.OvershootMiB, r.OvershootWhat, r.OvershootMiB)
 }

@@ -169,7 +169,6 @@ func (c Config) loraPoolMiB() uint64 {
 	return uint64(loras) * uint64(rank) * perRank
 }
 
-
 // asleep says the engine is asleep now.
 func (s *server) asleep() bool {
 	s.mu.Lock()
