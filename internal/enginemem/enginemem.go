@@ -75,7 +75,7 @@ type Rule struct {
 var Rules = []Rule{
 	{
 		Kind: "vllm", Name: "vLLM", Versions: "0.21 to 0.28 and main (CUDA-graph memory profiling on)",
-		Knob: "--gpu-memory-utilization = (share − overshoot) / card memory; spec.engine.args may pass --kv-cache-memory-bytes, which vLLM puts before it",
+		Knob: "--gpu-memory-utilization = (share − overshoot) / card memory (a --kv-cache-memory-bytes in spec.engine.args overrides it, and the watchdog alone holds the total)",
 		// vllm-project/vllm PR #51590: at v0.28 the process ends 1.37 GiB
 		// above the budget --gpu-memory-utilization requested (CUDA-graph
 		// private pool 62 MiB of it; the rest NCCL, cuBLAS workspaces and
@@ -88,7 +88,7 @@ var Rules = []Rule{
 		ToleranceMiB:    512,
 		ToleranceSource: "vLLM issue #57475 (CUDA-graph capture 0.46 GiB beyond its estimate)",
 		Adapters:        AdaptersPoolAtStart,
-		Ledger:          "GPU: the share, the LoRA pool (max_loras × max_lora_rank) inside it from the start; host: the weights while asleep at level 1",
+		Ledger:          "GPU: the share, with the LoRA pool (max_loras × max_lora_rank) inside it from the start; host: nothing (the weights a level-1 sleep moves to host RAM are not counted)",
 		NotEnforced:     "free memory moving while it profiles at start or sleeps (the node holds its neighbours' changes until then)",
 	},
 	{
@@ -97,14 +97,14 @@ var Rules = []Rule{
 		OvershootSource: "none measured: weights + KV(-c) + compute buffers, which -c does not bound",
 		Adapters:        AdaptersAllAtStart,
 		HostMiB:         8192,
-		Ledger:          "GPU: the share, every --lora adapter from the start; host: the prompt cache (--cache-ram, 8192 MiB by default)",
-		NotEnforced:     "compute buffers above -c; the host prompt cache beyond --cache-ram",
+		Ledger:          "GPU: the share, every --lora adapter inside it from the start; host: nothing of the engine's own",
+		NotEnforced:     "compute buffers above -c; the host-RAM prompt cache (--cache-ram, 8192 MiB by default), which no ledger counts",
 	},
 	{
 		Kind: "ollama", Name: "Ollama", Versions: "0.30 to 0.33",
 		Knob:            "none on the GPU: the runner fits its layers and context to the free memory it sees; OLLAMA_GPU_OVERHEAD is only logged and sizes the default context",
 		OvershootSource: "unbounded: it takes what is free",
-		Ledger:          "GPU: the share; host: the layers it leaves on the CPU",
+		Ledger:          "GPU: the share; host: nothing (the layers it leaves on the CPU are not counted)",
 		NotEnforced:     "everything on a shared card without MPS or HAMi-core: the node refuses it there",
 	},
 	{
@@ -179,4 +179,26 @@ func (r Rule) TooSmall(shareMiB uint64) error {
 	}
 	return fmt.Errorf("a memory share of %d MiB per card is too small for %s, which holds %d MiB above its memory knob (%s): give it more than %d MiB (docs/engines.md)",
 		shareMiB, r.Name, r.OvershootMiB, r.OvershootWhat, r.OvershootMiB)
+}
+
+// Markdown is the table of Rules as docs/engines.md shows it.
+func Markdown() string {
+	var b strings.Builder
+	b.WriteString("| engine | versions | knob that bounds its memory | overshoot allowed for, and its source | watchdog tolerance above the share | the ledger counts | not enforced |\n")
+	b.WriteString("|---|---|---|---|---|---|---|\n")
+	for _, r := range Rules {
+		over := "none"
+		switch {
+		case r.OvershootMiB > 0:
+			over = fmt.Sprintf("%d MiB: the knob is set that much below the share (%s); %s", r.OvershootMiB, r.OvershootWhat, r.OvershootSource)
+		case r.OvershootSource != "":
+			over = r.OvershootSource
+		}
+		tol := "max(5 % of the share, 256 MiB)"
+		if r.ToleranceMiB > 0 {
+			tol = fmt.Sprintf("%d MiB: %s", r.ToleranceMiB, r.ToleranceSource)
+		}
+		fmt.Fprintf(&b, "| `%s` | %s | %s | %s | %s | %s | %s |\n", r.Kind, r.Versions, r.Knob, over, tol, r.Ledger, r.NotEnforced)
+	}
+	return b.String()
 }

@@ -111,6 +111,9 @@ func Build(p Params, enf Enforcement) (Command, error) {
 	if err != nil {
 		return Command{}, err
 	}
+	if err := p.unboundedOnSharedCard(enf); err != nil {
+		return Command{}, fmt.Errorf("%s engine for %s: %w", d.Kind(), p.name(), err)
+	}
 	cmd, err := d.Command(p)
 	if err != nil {
 		return Command{}, fmt.Errorf("%s engine for %s: %w", d.Kind(), p.name(), err)

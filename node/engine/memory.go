@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"fmt"
 	"strconv"
 
 	"github.com/gpuplane/gpuplane/internal/enginemem"
@@ -44,4 +45,16 @@ func (p Params) vllmUtilization() (string, error) {
 	}
 	f := float64(knob*10000/card) / 10000
 	return strconv.FormatFloat(f, 'f', -1, 64), nil
+}
+
+// unboundedOnSharedCard refuses an engine with no knob that bounds its GPU
+// memory (Ollama: its runner fits layers and context to the free memory
+// it sees) on a share of a card without hard limits to hold it there.
+func (p Params) unboundedOnSharedCard(enf Enforcement) error {
+	if p.Spec.GetEngine().GetKind() != KindOllama || p.wholeCard() || enf.Mode == ModeMPS || enf.Mode == ModeHAMi {
+		return nil
+	}
+	r := p.MemoryRule()
+	return fmt.Errorf("%s %s cannot be held to a share of %d MiB on a shared card without hard limits: it has no memory knob (%s); start the node's agent with --enforce mps or hami, or place it on a dedicated accelerator (docs/engines.md)",
+		r.Name, r.Versions, p.Replica.GetMemoryMib(), r.Knob)
 }
