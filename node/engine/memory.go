@@ -49,9 +49,10 @@ func (p Params) vllmUtilization() (string, error) {
 
 // unboundedOnSharedCard refuses an engine with no knob that bounds its GPU
 // memory (Ollama: its runner fits layers and context to the free memory
-// it sees) on a share of a card without hard limits to hold it there.
+// it sees; a sim speaking it does the same) on a share of a card without
+// hard limits to hold it there.
 func (p Params) unboundedOnSharedCard(enf Enforcement) error {
-	if p.Spec.GetEngine().GetKind() != KindOllama || p.wholeCard() || enf.Mode == ModeMPS || enf.Mode == ModeHAMi {
+	if p.MemoryRule().Kind != KindOllama || p.wholeCard() || enf.Mode == ModeMPS || enf.Mode == ModeHAMi {
 		return nil
 	}
 	r := p.MemoryRule()

@@ -82,6 +82,10 @@ type Config struct {
 	// budget (vllmmemory.go). CardMiB is the card's memory, for vLLM's
 	// messages.
 	OvershootMiB, CardMiB uint64
+	// HardLimitMiB is the memory limit a hard-limit layer (MPS, HAMi-core)
+	// puts on the engine per card, which CUDA reports to it as the card
+	// (ollamamemory.go); 0: none.
+	HardLimitMiB uint64
 	// TokensPerSecond paces each stream when the engine has the card to
 	// itself; 0 means no delay.
 	TokensPerSecond float64
@@ -247,6 +251,12 @@ func Run(ctx context.Context, cfg Config) error {
 	life, stop := context.WithCancel(ctx)
 	defer stop()
 	s := newServer(cfg, life)
+	if cfg.Dialect == DialectOllama {
+		// `ollama serve` answers once it listens and loads a model on
+		// the first request (or preload) that names it: a preload sent
+		// as soon as /api/version answers must find it so.
+		s.st.phase, s.st.auto, s.st.keepAlive, s.loadedOnce = phUnloaded, true, cfg.keepAliveDefault(), true
+	}
 	srv := &http.Server{Handler: s.routes(), ReadHeaderTimeout: 10 * time.Second}
 	closeUnusedOnShutdown(srv)
 	served := make(chan error, 1)
@@ -265,11 +275,6 @@ func Run(ctx context.Context, cfg Config) error {
 		s.ctl.Lock()
 		defer s.ctl.Unlock()
 		if cfg.Dialect == DialectOllama {
-			// `ollama serve` answers once it listens and loads a model
-			// on the first request (or preload) that names it.
-			s.mu.Lock()
-			s.st.phase, s.st.auto, s.st.keepAlive, s.loadedOnce = phUnloaded, true, cfg.keepAliveDefault(), true
-			s.mu.Unlock()
 			s.report()
 			loaded <- nil
 			return
@@ -369,6 +374,9 @@ type server struct {
 	// llamaLoRA are the llama.cpp dialect's adapters (llamalora.go,
 	// guarded by mu).
 	llamaLoRA llamaLoRA
+	// sizedMiB is what the ollama dialect took at its last load
+	// (ollamamemory.go; guarded by mu; 0: --memory-mib).
+	sizedMiB uint64
 	// kvLostMiB is what a fall of the card's free memory while the vllm
 	// dialect profiled took from its KV pool (guarded by mu).
 	kvLostMiB uint64

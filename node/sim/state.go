@@ -97,6 +97,9 @@ func (s *server) footprintMiB() uint64 {
 		// the watchdog then judges an engine by what it holds when serving.
 		return c.OverheadMiB
 	case phAwake:
+		if s.sizedMiB > 0 {
+			return s.sizedMiB
+		}
 		return c.OverheadMiB + s.weightsMiB + s.kvMiB() + s.loraMiB() + s.overshootMiB()
 	case phAsleep:
 		if st.weightsOn {
@@ -353,7 +356,9 @@ func (s *server) load(ctx context.Context) error {
 			return err
 		}
 	}
+	sized := s.ollamaSizeMiB()
 	s.mu.Lock()
+	s.sizedMiB = sized
 	s.st.phase, s.st.level, s.st.weightsOn, s.st.kvOn = phAwake, 0, true, true
 	s.st.lastLoad = time.Since(start)
 	s.armExpiry()

@@ -107,6 +107,11 @@ loads it on the first request or keep_alive load.`,
 				return usageErrorf(cmd, "OLLAMA_KEEP_ALIVE: %v", err)
 			}
 			cfg.OllamaKeepAlive = keep
+			limit, err := sim.ParseHardLimitMiB(g.getenv("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"), g.getenv("CUDA_DEVICE_MEMORY_LIMIT"))
+			if err != nil {
+				return usageErrorf(cmd, "%v", err)
+			}
+			cfg.HardLimitMiB = limit
 			if !cmd.Flags().Changed("parallel") {
 				cfg.Parallel = 0
 			}
