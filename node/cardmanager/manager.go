@@ -29,6 +29,9 @@ type Engines interface {
 	ReportResidency(ctx context.Context, model string, replica uint32, residency pb.ReplicaResidency, reason string, residualMiB uint64) error
 	ReportAdapters(ctx context.Context, model string, replica uint32, adapters []*pb.AdapterStatus) error
 	Engines() []watchdog.Engine
+	// HoldCard keeps engine starts off a card while an engine on it
+	// does what a start beside it would break (a vLLM sleep).
+	HoldCard(ctx context.Context, model string, replica, card uint32, what string, limit time.Duration) (func(), error)
 }
 
 // Options configure a Manager; zero values take the defaults.
@@ -833,7 +836,7 @@ func (m *Manager) act(c *cardCtrl, a residency.Action) {
 			}
 			if err == nil {
 				if a.Kind == residency.ActSleep {
-					err = ctl.Sleep(ctx, level)
+					err = m.sleepHolding(ctx, c, k, r, ctl, level)
 				} else {
 					err = ctl.Wake(ctx)
 				}

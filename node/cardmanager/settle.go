@@ -1,6 +1,7 @@
 package cardmanager
 
 import (
+	"context"
 	"fmt"
 	"strings"
 	"time"
@@ -92,4 +93,20 @@ func (m *Manager) settling(c *cardCtrl, k rkey) []string {
 		}
 	}
 	return out
+}
+
+// sleepHolding puts k's engine to sleep; a vLLM engine's sleep holds the
+// card against engine starts (the executor's, a pinned replica's
+// included) until it is done: vLLM asserts that the card's free memory did
+// not fall while it offloaded.
+func (m *Manager) sleepHolding(ctx context.Context, c *cardCtrl, k rkey, r *rep, ctl engine.Controls, level int) error {
+	if r.kind != engine.KindVLLM {
+		return ctl.Sleep(ctx, level)
+	}
+	release, err := m.ex.HoldCard(ctx, k.model, k.index, c.index, "going to sleep", 5*time.Minute)
+	if err != nil {
+		return err
+	}
+	defer release()
+	return ctl.Sleep(ctx, level)
 }

@@ -103,3 +103,53 @@ func TestNeighbourWakeWaitsForVLLMStart(t *testing.T) {
 		t.Errorf("vl is %s after chat's wake, want Running", st)
 	}
 }
+
+// vLLM's sleep asserts that its card's free memory did not fall while it
+// offloaded ("Memory usage increased after sleeping."); the strict vllm
+// dialect answers such a sleep 500, and the manager stops an engine whose
+// sleep failed. A pinned neighbour placed while a vLLM engine goes to
+// sleep starts only once the sleep is done: the engine sleeps (the same
+// process, Sleeping) and the neighbour runs.
+func TestStartWaitsForAVLLMSleep(t *testing.T) {
+	n := newAdapterNodeWith(t, func(c *residency.Config) { c.IdleSleep = 300 * time.Millisecond })
+	chat := n.deployment(pb.Residency_RESIDENCY_WARM, 0, nil)
+	// A level-1 sleep copies the weights to host RAM for 3 s.
+	chat.Spec.Engine.Args = append(chat.Spec.Engine.Args, "--dialect", "vllm", "--wake-seconds", "3")
+	n.publish(chat)
+	url := n.front()
+	if code, _, msg := ask(t, url, "chat", ""); code != http.StatusOK {
+		t.Fatalf("first request: %d %s", code, msg)
+	}
+	pid := engineFor(t, n)
+	awaitState(t, n, "asleep")
+	// A pinned neighbour at 50 % (11517 MiB): more than chat's sleep frees.
+	pin := executor.Desired{
+		Replica: &pb.Replica{Model: "pin", Generation: 1, Node: node, Accelerator: "shared",
+			Cards: []uint32{0}, ShareMilli: 500, MemoryMib: n.card.GetMemoryMib() / 2, PlacedIndex: 2, State: pb.ReplicaState_REPLICA_STATE_PLACED},
+		Spec: &pb.ModelSpec{Model: "sim://pin", ServedModelName: "pin", Replicas: 1,
+			Engine: &pb.EngineSpec{Kind: "sim", MemoryPercent: 50, Args: []string{"--load-seconds", "0.2", "--tokens-per-second", "0"}}},
+	}
+	n.publish(chat, pin)
+	deadline := time.Now().Add(30 * time.Second)
+	for controllerState(n) != residency.Sleeping {
+		if time.Now().After(deadline) {
+			t.Fatalf("the controller holds chat %s, want Sleeping: its sleep failed while pin started", controllerState(n))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if got := engineFor(t, n); got != pid {
+		t.Fatalf("chat's engine is process %d, was %d: its sleep failed and the engine was stopped", got, pid)
+	}
+	deadline = time.Now().Add(30 * time.Second)
+	for {
+		done := make(chan pb.ReplicaState, 1)
+		n.mgr.post(func() { done <- n.mgr.engines[rkey{"pin", 0}].state })
+		if <-done == pb.ReplicaState_REPLICA_STATE_RUNNING {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("pin never ran after chat's sleep")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
