@@ -11,6 +11,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/gpuplane/gpuplane/internal/catalog"
+	"github.com/gpuplane/gpuplane/internal/enginemem"
 
 	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
 )
@@ -341,6 +342,17 @@ func CheckModelAgainst(spec *pb.ModelSpec, accName string, acc *pb.AcceleratorSp
 	}
 	if e.GetMemoryMib() > 0 && cardMiB > 0 && e.GetMemoryMib() > cardMiB {
 		v.add("spec.engine.memory", "%dMi exceeds the %dMi of one %s card (rule 10)", e.GetMemoryMib(), cardMiB, acc.Device)
+	}
+	if acc.Tenancy == pb.Tenancy_TENANCY_SHARED && cardMiB > 0 {
+		// The share is the most the engine may use: one its overshoot
+		// above its memory knob would fill cannot hold it.
+		field := "spec.engine.memoryPercent"
+		if e.GetMemoryMib() > 0 {
+			field = "spec.engine.memory"
+		}
+		if err := enginemem.For(e).TooSmall(shareOf(spec, acc, cardMiB).memoryMiB); err != nil {
+			v.add(field, "%v", err)
+		}
 	}
 	return v
 }

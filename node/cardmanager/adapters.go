@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/gpuplane/gpuplane/internal/enginemem"
 	"github.com/gpuplane/gpuplane/node/engine"
 	"github.com/gpuplane/gpuplane/node/gateway/isolation"
 	"github.com/gpuplane/gpuplane/node/residency"
@@ -55,7 +56,11 @@ type adapterSpec struct {
 	byName map[string]*pb.Adapter
 	// max is engine.maxAdapters with its default.
 	max int
-	sig string
+	// pooled says the engine allocated its adapters' memory at start,
+	// inside its share (vLLM's max_loras × max_lora_rank slots): a load
+	// or an unload does not change the card's memory.
+	pooled bool
+	sig    string
 }
 
 func specAdapters(spec *pb.ModelSpec) *adapterSpec {
@@ -66,12 +71,13 @@ func specAdapters(spec *pb.ModelSpec) *adapterSpec {
 		// request ("lora"): nothing to page.
 		return nil
 	}
-	s := &adapterSpec{served: spec.GetServedModelName(), byName: make(map[string]*pb.Adapter, len(ads)), max: 4}
+	s := &adapterSpec{served: spec.GetServedModelName(), byName: make(map[string]*pb.Adapter, len(ads)), max: 4,
+		pooled: enginemem.For(spec.GetEngine()).Adapters == enginemem.AdaptersPoolAtStart}
 	if n := spec.GetEngine().GetMaxAdapters(); n > 0 {
 		s.max = int(n)
 	}
 	var sig strings.Builder
-	fmt.Fprintf(&sig, "%d", s.max)
+	fmt.Fprintf(&sig, "%d %t", s.max, s.pooled)
 	for _, a := range ads {
 		s.byName[a.GetName()] = a
 		fmt.Fprintf(&sig, "|%s %s %d", a.GetName(), a.GetSource(), a.GetRank())
@@ -88,8 +94,12 @@ func (s *adapterSpec) event(m residency.ModelID) residency.AdaptersChanged {
 	}
 	ev.MaxOnCard = s.max
 	for _, a := range s.byName {
-		ev.Adapters = append(ev.Adapters, residency.Adapter{Name: a.GetName(),
-			Bytes: int64(a.GetRank()) * adapterMiBPerRank << 20, LoadTime: adapterLoadPrior})
+		bytes := int64(a.GetRank()) * adapterMiBPerRank << 20
+		if s.pooled {
+			// Its slot was allocated at start, inside the base's share.
+			bytes = 0
+		}
+		ev.Adapters = append(ev.Adapters, residency.Adapter{Name: a.GetName(), Bytes: bytes, LoadTime: adapterLoadPrior})
 	}
 	slices.SortFunc(ev.Adapters, func(a, b residency.Adapter) int { return strings.Compare(a.Name, b.Name) })
 	return ev

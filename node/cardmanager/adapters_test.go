@@ -21,6 +21,7 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 
 	"github.com/gpuplane/gpuplane/internal/testutil"
+	"github.com/gpuplane/gpuplane/node/engine"
 	"github.com/gpuplane/gpuplane/node/executor"
 	"github.com/gpuplane/gpuplane/node/inventory"
 	"github.com/gpuplane/gpuplane/node/residency"
@@ -73,6 +74,12 @@ func newAdapterNodeWith(t *testing.T, tune func(*residency.Config)) *adapterNode
 // newAdapterNodeAt is a node on dataDir; with keep its kill leaves the
 // engines running for the next agent on dataDir to adopt.
 func newAdapterNodeAt(t *testing.T, dataDir string, tune func(*residency.Config), keep bool) *adapterNode {
+	return newAdapterNodeEnforcing(t, dataDir, tune, keep, engine.Enforcement{})
+}
+
+// newAdapterNodeEnforcing is newAdapterNodeAt whose executor holds engines
+// to their shares with enf.
+func newAdapterNodeEnforcing(t *testing.T, dataDir string, tune func(*residency.Config), keep bool, enf engine.Enforcement) *adapterNode {
 	cards, err := inventory.Simulated(node, "l4=1")
 	if err != nil {
 		t.Fatal(err)
@@ -90,7 +97,7 @@ func newAdapterNodeAt(t *testing.T, dataDir string, tune func(*residency.Config)
 		Config: cfg})
 	n.ex, err = executor.New(n.src, n.rep, executor.Options{Node: node, DataDir: dataDir, Cards: cards, Self: bin,
 		SimUsageDir: usageDir, BindHost: "127.0.0.1", AdvertiseHost: "127.0.0.1", GracePeriod: 2 * time.Second,
-		HealthInterval: 50 * time.Millisecond, Gate: n.mgr, Logger: logger, KeepEngines: keep})
+		HealthInterval: 50 * time.Millisecond, Gate: n.mgr, Logger: logger, KeepEngines: keep, Enforcement: enf})
 	if err != nil {
 		t.Fatal(err)
 	}

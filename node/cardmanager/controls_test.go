@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gpuplane/gpuplane/node/engine"
 	"github.com/gpuplane/gpuplane/node/residency"
 	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
 )
@@ -47,10 +48,14 @@ func awaitState(t *testing.T, n *adapterNode, state string) {
 // and a request by its tag wakes it (keep_alive -1) and is answered, by
 // that same process, twice over.
 func TestOllamaSleepsThroughKeepAlive(t *testing.T) {
-	n := newAdapterNodeWith(t, func(c *residency.Config) { c.IdleSleep = 500 * time.Millisecond })
+	// Ollama runs on a share of a card only under hard limits
+	// (docs/engines.md): MPS holds it to its share.
+	n := newAdapterNodeEnforcing(t, t.TempDir(), func(c *residency.Config) { c.IdleSleep = 500 * time.Millisecond }, false,
+		engine.Enforcement{Mode: engine.ModeMPS, MPSPipeDir: t.TempDir()})
 	d := n.deployment(pb.Residency_RESIDENCY_WARM, 0, nil)
 	d.Spec.Model = "llama3.2:1b"
 	d.Spec.Engine.Args = append(d.Spec.Engine.Args, "--dialect", "ollama")
+
 	n.publish(d)
 	url := n.front()
 	if code, model, msg := ask(t, url, "llama3.2:1b", ""); code != http.StatusOK || model != "llama3.2:1b" {

@@ -29,6 +29,9 @@ type Engines interface {
 	ReportResidency(ctx context.Context, model string, replica uint32, residency pb.ReplicaResidency, reason string, residualMiB uint64) error
 	ReportAdapters(ctx context.Context, model string, replica uint32, adapters []*pb.AdapterStatus) error
 	Engines() []watchdog.Engine
+	// HoldCard keeps engine starts off a card while an engine on it
+	// does what a start beside it would break (a vLLM sleep).
+	HoldCard(ctx context.Context, model string, replica, card uint32, what string, limit time.Duration) (func(), error)
 }
 
 // Options configure a Manager; zero values take the defaults.
@@ -158,6 +161,9 @@ type cardCtrl struct {
 	// must not start before the sleep has freed the memory.
 	work     *serial
 	stopWork context.CancelFunc
+	// holds are the actions waiting for a vLLM start on the card
+	// (awaitSettled), by model, with the reason the plan shows.
+	holds map[residency.ModelID]string
 }
 
 // rep is a replica in a controller.
@@ -179,6 +185,9 @@ type rep struct {
 	reportedResMiB uint64
 	// stopping is set while an engine stop the Manager asked for runs.
 	stopping bool
+	// profiling is set from a start the Manager asked for until the
+	// executor reports the engine Running or gone (awaitSettled).
+	profiling bool
 	// advisedLoad is set in advise mode once the controller would have
 	// loaded the model (advise.go).
 	advisedLoad bool
@@ -488,7 +497,7 @@ func (m *Manager) placed(ds []executor.Desired) {
 			continue
 		}
 		wctx, stop := context.WithCancel(m.ctx)
-		cc := &cardCtrl{index: c, uuid: card.GetUuid(), ctrl: ctrl, work: newSerial(), stopWork: stop}
+		cc := &cardCtrl{index: c, uuid: card.GetUuid(), ctrl: ctrl, work: newSerial(), stopWork: stop, holds: map[residency.ModelID]string{}}
 		go cc.work.run(wctx)
 		m.ctrls[c] = cc
 	}
@@ -566,6 +575,11 @@ func (m *Manager) engine(k rkey, state pb.ReplicaState, url string) {
 	r := m.reps[k]
 	if r == nil {
 		return
+	}
+	if state != pb.ReplicaState_REPLICA_STATE_STARTING && (state != pb.ReplicaState_REPLICA_STATE_PLACED || hadEngine) {
+		// Its start is over (Running, failed or stopped): a Placed
+		// before any start is a replica waiting for its card.
+		r.profiling = false
 	}
 	c := m.ctrls[r.card]
 	st, _ := c.ctrl.Replica(k.id())
@@ -784,7 +798,18 @@ func (m *Manager) act(c *cardCtrl, a residency.Action) {
 		c.work.do(func() {
 			err := m.awaitCounted(c, k)
 			if err == nil {
+				err = m.awaitSettled(c, k, a)
+			}
+			if err == nil {
 				err = m.ex.StartEngine(k.model, k.index, reason)
+			}
+			if err == nil && r.kind == engine.KindVLLM {
+				// Queued before the next operation's awaitSettled asks.
+				m.post(func() {
+					if r := m.reps[k]; r != nil && m.engines[k].state != pb.ReplicaState_REPLICA_STATE_RUNNING {
+						r.profiling = true
+					}
+				})
 			}
 			if err != nil {
 				m.post(func() {
@@ -810,8 +835,11 @@ func (m *Manager) act(c *cardCtrl, a residency.Action) {
 				err = m.awaitCounted(c, k)
 			}
 			if err == nil {
+				err = m.awaitSettled(c, k, a)
+			}
+			if err == nil {
 				if a.Kind == residency.ActSleep {
-					err = ctl.Sleep(ctx, level)
+					err = m.sleepHolding(ctx, c, k, r, ctl, level)
 				} else {
 					err = ctl.Wake(ctx)
 				}
@@ -839,6 +867,9 @@ func (m *Manager) act(c *cardCtrl, a residency.Action) {
 		c.work.do(func() {
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 			defer cancel()
+			if err := m.awaitSettled(c, k, a); err != nil {
+				return
+			}
 			if err := m.ex.StopEngine(ctx, k.model, k.index, reason); err != nil {
 				m.log.Warn("residency: stop engine", "replica", a.Model, "err", err)
 			}
@@ -886,8 +917,15 @@ func (m *Manager) publishCard(c *cardCtrl) {
 		return
 	}
 	l := c.ctrl.Ledger()
+	plan := c.ctrl.Plan()
+	for i := range plan {
+		// An action waiting for a vLLM start on the card says so.
+		if why, ok := c.holds[plan[i].Model]; ok {
+			plan[i].Reason = why
+		}
+	}
 	j.SetCard(residency.CardView{Card: l.Card, Mode: m.Mode(), PinnedOnly: c.ctrl.PinnedOnly(),
-		Violations: c.ctrl.ViolationCount(), Usable: c.ctrl.Usable(), Plan: c.ctrl.Plan(), Ledger: l}, c.ctrl.Profiles())
+		Violations: c.ctrl.ViolationCount(), Usable: c.ctrl.Usable(), Plan: plan, Ledger: l}, c.ctrl.Profiles())
 }
 
 // sample sends each controller the memory its engines hold, as NVML
@@ -929,6 +967,6 @@ func (m *Manager) unloaded(k rkey, why string) {
 	if r == nil {
 		return
 	}
-	r.stopping = false
+	r.stopping, r.profiling = false, false
 	m.handle(m.ctrls[r.card], residency.Unloaded{Model: k.id()}, why)
 }

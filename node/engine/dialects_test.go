@@ -22,10 +22,15 @@ import (
 // the kernel picks) and waits until its health path answers 200.
 func startBuilt(t *testing.T, c *card, spec *pb.ModelSpec, maySleep bool) (*simProc, Command) {
 	t.Helper()
+	return startBuiltOn(t, c, spec, maySleep, &pb.Replica{Model: "chat", Cards: []uint32{0}, ShareMilli: 400, MemoryMib: 2000}, Enforcement{Mode: ModeNone})
+}
+
+// startBuiltOn is startBuilt of a replica placed as r, under enf.
+func startBuiltOn(t *testing.T, c *card, spec *pb.ModelSpec, maySleep bool, r *pb.Replica, enf Enforcement) (*simProc, Command) {
+	t.Helper()
 	p := Params{Model: "chat", Spec: spec, Host: "127.0.0.1", Port: 8100, Self: gpuplaneBin(t), MaySleep: maySleep,
-		Replica: &pb.Replica{Model: "chat", Cards: []uint32{0}, ShareMilli: 400, MemoryMib: 2000},
-		Cards:   []*pb.Card{{Index: 0, Uuid: c.uuid, MemoryMib: 23034}}}
-	cmd, err := Build(p, Enforcement{Mode: ModeNone})
+		Replica: r, Cards: []*pb.Card{{Index: 0, Uuid: c.uuid, MemoryMib: 23034}}}
+	cmd, err := Build(p, enf)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -298,7 +303,9 @@ func TestDriverAgainstStrictOllama(t *testing.T) {
 	c := newCard(t)
 	spec := &pb.ModelSpec{Model: "llama3.2:1b", ServedModelName: "chat",
 		Engine: &pb.EngineSpec{Kind: KindSim, Args: []string{"--dialect", "ollama", "--load-seconds", "0.3", "--tokens-per-second", "0"}}}
-	p, cmd := startBuilt(t, c, spec, false)
+	// Ollama runs on a share of a card only under hard limits: a whole
+	// card here.
+	p, cmd := startBuiltOn(t, c, spec, false, &pb.Replica{Model: "chat", Cards: []uint32{0}, ShareMilli: 1000, MemoryMib: 23034}, Enforcement{Mode: ModeNone})
 	if code, body := call(t, p, "GET", "/health", ""); code != http.StatusNotFound || body != "404 page not found" {
 		t.Errorf("GET /health on Ollama: %d %q, want gin's 404", code, body)
 	}
@@ -312,7 +319,8 @@ func TestDriverAgainstStrictOllama(t *testing.T) {
 	if err := cmd.Preload.Run(context.Background(), p.base, func(string) {}); err != nil {
 		t.Fatalf("preload: %v", err)
 	}
-	c.waitUsed(t, p.pid, 2000, "preloaded")
+	// It takes the card's free memory, all of it here.
+	c.waitUsed(t, p.pid, 23034, "preloaded")
 	if code, body := call(t, p, "GET", "/api/ps", ""); code != http.StatusOK || !strings.Contains(body, `"name":"llama3.2:1b"`) {
 		t.Fatalf("after the preload /api/ps: %d %s", code, body)
 	}

@@ -11,8 +11,11 @@ import (
 	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
 )
 
-// vllm runs `vllm serve`. The share is vLLM's own cap: it sizes its KV cache
-// so that the process stays within --gpu-memory-utilization of each card.
+// vllm runs `vllm serve`. vLLM sizes its KV cache so that what it profiles
+// stays within --gpu-memory-utilization of each card, and its process then
+// goes above that by its overshoot (CUDA graphs, NCCL, allocator memory
+// outside the budget; internal/enginemem): the fraction is the share less
+// that overshoot, so that the share is the most the process holds.
 type vllm struct{}
 
 func (vllm) Kind() string { return KindVLLM }
@@ -30,7 +33,11 @@ func (vllm) Command(p Params) (Command, error) {
 	// A whole card keeps vLLM's default (0.9): asking for 1.0 leaves no room
 	// for the CUDA context and fails at start.
 	if !p.wholeCard() {
-		args = append(args, "--gpu-memory-utilization", p.fraction())
+		util, err := p.vllmUtilization()
+		if err != nil {
+			return Command{}, err
+		}
+		args = append(args, "--gpu-memory-utilization", util)
 	}
 	if n := e.GetMaxModelLen(); n > 0 {
 		args = append(args, "--max-model-len", u32(n))
@@ -435,11 +442,18 @@ func (sim) Command(p Params) (Command, error) {
 	if p.Self == "" {
 		return Command{}, errors.New("the gpuplane executable is unknown")
 	}
+	// A dialect's engine is given its knob as that engine's driver gives
+	// it: the share less the engine's overshoot, which the dialect adds.
+	knob, err := p.knobMiB()
+	if err != nil {
+		return Command{}, err
+	}
 	args := []string{"engine", "sim",
 		"--host", p.host(),
 		"--port", strconv.Itoa(p.Port),
 		"--served-model-name", p.servedName(),
-		"--memory-mib", u64(p.Replica.GetMemoryMib()),
+		"--memory-mib", u64(knob),
+		"--card-mib", u64(p.smallestCardMiB()),
 		"--card-uuids", strings.Join(p.uuids(), ","),
 	}
 	if c := p.Replica.GetComputePercent(); c > 0 {

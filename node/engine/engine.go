@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/gpuplane/gpuplane/internal/enginemem"
 	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
 )
 
@@ -105,6 +106,9 @@ func Build(p Params, enf Enforcement) (Command, error) {
 	d, err := For(p.Spec.GetEngine().GetKind())
 	if err != nil {
 		return Command{}, err
+	}
+	if err := p.unboundedOnSharedCard(enf); err != nil {
+		return Command{}, fmt.Errorf("%s engine for %s: %w", d.Kind(), p.name(), err)
 	}
 	cmd, err := d.Command(p)
 	if err != nil {
@@ -246,13 +250,7 @@ func SimDialect(e *pb.EngineSpec) string {
 // ControlKind is the engine kind whose API a replica's engine speaks: its
 // kind, or for a sim engine with a --dialect the engine it stands for, so
 // that the controls, adapters and gateway treat it as that engine.
-func ControlKind(e *pb.EngineSpec) string {
-	switch d := SimDialect(e); d {
-	case KindVLLM, KindLlamaCpp, KindOllama:
-		return d
-	}
-	return e.GetKind()
-}
+func ControlKind(e *pb.EngineSpec) string { return enginemem.KindOf(e) }
 
 // EngineModel is the name the engine knows the base model by in requests
 // when it is not the served name: Ollama knows models only by their names

@@ -20,7 +20,7 @@ import (
 // the first request does not pay the load.
 func TestOllamaIsRunningOnlyOnceItsModelIsLoaded(t *testing.T) {
 	h := newHarness(t, t.TempDir(), nil)
-	d := sim("tags", 1, "--dialect", "ollama", "--load-seconds", "1")
+	d := wholeCard(h, sim("tags", 1, "--dialect", "ollama", "--load-seconds", "1"))
 	d.Spec.Model = "llama3.2:1b"
 	h.want(10, d)
 	st := h.waitState("tags", pb.ReplicaState_REPLICA_STATE_RUNNING, 30*time.Second)
@@ -64,7 +64,7 @@ func TestNeighbourMiB(t *testing.T) {
 // after the old one's load.
 func TestChangeDuringAPreload(t *testing.T) {
 	h := newHarness(t, t.TempDir(), nil)
-	d := sim("slow", 1, "--dialect", "ollama", "--load-seconds", "100")
+	d := wholeCard(h, sim("slow", 1, "--dialect", "ollama", "--load-seconds", "100"))
 	d.Spec.Model = "llama3.2:1b"
 	h.want(10, d)
 	testutil.Eventually(t, 30*time.Second, "the engine never started preloading its model", func() error {
@@ -86,8 +86,16 @@ func TestChangeDuringAPreload(t *testing.T) {
 		return errors.New("no engine yet")
 	})
 	// The old engine's preload would take 100 s; the new one loads in 0.2.
-	fast := sim("slow", 2, "--dialect", "ollama", "--load-seconds", "0.2")
+	fast := wholeCard(h, sim("slow", 2, "--dialect", "ollama", "--load-seconds", "0.2"))
 	fast.Spec.Model = "llama3.2:1b"
 	h.want(11, fast)
 	h.waitState("slow", pb.ReplicaState_REPLICA_STATE_RUNNING, 30*time.Second)
+}
+
+// wholeCard places d on the whole card: Ollama (and a sim speaking it)
+// runs on a share of a card only under hard limits (docs/engines.md).
+func wholeCard(h *harness, d Desired) Desired {
+	d.Replica.ShareMilli, d.Replica.MemoryMib = 1000, h.card.GetMemoryMib()
+	d.Spec.Engine.MemoryPercent = 0
+	return d
 }

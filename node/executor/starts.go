@@ -30,6 +30,9 @@ type starter struct {
 	shareMiB uint64
 	// timeout is its start deadline.
 	timeout time.Duration
+	// doing is what it does on the card, for those waiting ("starting",
+	// or HoldCard's operation).
+	doing string
 }
 
 // started is a start in progress on a card, since when it began there.
@@ -61,6 +64,9 @@ func (e *Executor) admit(c *cardStarts, st *starter) (blocker *started, why stri
 		return &c.starting[0], fmt.Sprintf("a %s engine starts alone", st.kind)
 	}
 	for i, o := range c.starting {
+		if o.alone && o.doing != "" {
+			return &c.starting[i], "no engine starts beside one " + o.doing
+		}
 		if o.alone {
 			return &c.starting[i], fmt.Sprintf("a %s engine starts alone", o.kind)
 		}
@@ -101,8 +107,24 @@ func (e *Executor) taken(c *cardStarts, st *starter) (used, total uint64) {
 
 // waitingFor says whom a replica waiting for card waits for, and why.
 func waitingFor(card uint32, h *started, why string) string {
-	return fmt.Sprintf("waiting for card %d: %s is starting (%s of %s), and %s", card, h.k,
+	doing := h.doing
+	if doing == "" {
+		doing = "starting"
+	}
+	return fmt.Sprintf("waiting for card %d: %s is %s (%s of %s), and %s", card, h.k, doing,
 		time.Since(h.since).Truncate(time.Second), h.timeout, why)
+}
+
+// HoldCard keeps every engine start off card while replica's engine does
+// something a start beside it would break (what, e.g. "going to sleep":
+// vLLM's sleep asserts that the card's free memory did not fall while it
+// offloaded). It waits for the starts in progress there to end, then holds
+// the card as a start that runs alone would, until release or limit.
+func (e *Executor) HoldCard(ctx context.Context, model string, replica, card uint32, what string, limit time.Duration) (release func(), err error) {
+	st := &starter{k: key{model, replica}, kind: what, alone: true, timeout: limit, doing: what}
+	return e.lockCards(ctx, st, []uint32{card}, func(reason string) {
+		e.log.Info("waiting for the card's starts before an engine operation", "replica", st.k, "operation", what, "reason", reason)
+	})
 }
 
 // lockCards counts st's start on each of cards, in index order (no

@@ -62,7 +62,13 @@ func (s *server) vllmSleep(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if err := s.sleep(r.Context(), level, mode, false); err != nil {
-		http.Error(w, err.Error(), http.StatusConflict)
+		code := http.StatusConflict
+		if s.cfg.vllmMemory() && s.asleep() {
+			// vLLM's assertion after the offload: the engine sleeps,
+			// the request fails.
+			code = http.StatusInternalServerError
+		}
+		http.Error(w, err.Error(), code)
 		return
 	}
 	w.WriteHeader(http.StatusOK)

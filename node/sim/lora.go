@@ -113,6 +113,10 @@ func (s *server) maxLoRAs() int {
 // loraMiB is what the loaded (and loading) adapters hold on the card.
 // Callers hold s.mu.
 func (s *server) loraMiB() uint64 {
+	if s.cfg.vllmMemory() {
+		// vLLM's pool is inside its budget from the start.
+		return 0
+	}
 	var n uint64
 	for _, a := range s.lora.loaded {
 		n += a.mib

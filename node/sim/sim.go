@@ -77,6 +77,15 @@ type Config struct {
 	KVKiBPerToken uint64
 	// ResidualMiB stays on each card while asleep.
 	ResidualMiB uint64
+	// OvershootMiB is held above MemoryMiB while awake: the vllm
+	// dialect's CUDA graphs, NCCL and allocator memory outside vLLM's
+	// budget (vllmmemory.go). CardMiB is the card's memory, for vLLM's
+	// messages.
+	OvershootMiB, CardMiB uint64
+	// HardLimitMiB is the memory limit a hard-limit layer (MPS, HAMi-core)
+	// puts on the engine per card, which CUDA reports to it as the card
+	// (ollamamemory.go); 0: none.
+	HardLimitMiB uint64
 	// TokensPerSecond paces each stream when the engine has the card to
 	// itself; 0 means no delay.
 	TokensPerSecond float64
@@ -176,6 +185,9 @@ func (c Config) Validate() error {
 	if c.ResidualMiB > c.MemoryMiB {
 		errs = append(errs, fmt.Errorf("--sleep-residual-mib (%d) must not exceed --memory-mib (%d)", c.ResidualMiB, c.MemoryMiB))
 	}
+	if pool := c.loraPoolMiB(); c.vllmMemory() && pool > 0 && c.OverheadMiB+c.KVPoolMiB+pool > c.MemoryMiB {
+		errs = append(errs, fmt.Errorf("the LoRA pool (--max-loras × --max-lora-rank × --lora-mib-per-rank = %d MiB) does not fit in --memory-mib (%d) beside --overhead-mib (%d) and --kv-pool-mib (%d)", pool, c.MemoryMiB, c.OverheadMiB, c.KVPoolMiB))
+	}
 	if c.KVKiBPerToken > 0 && c.KVPoolMiB == 0 {
 		errs = append(errs, errors.New("--kv-kib-per-token needs a --kv-pool-mib to grow into"))
 	}
@@ -240,6 +252,12 @@ func Run(ctx context.Context, cfg Config) error {
 	life, stop := context.WithCancel(ctx)
 	defer stop()
 	s := newServer(cfg, life)
+	if cfg.Dialect == DialectOllama {
+		// `ollama serve` answers once it listens and loads a model on
+		// the first request (or preload) that names it: a preload sent
+		// as soon as /api/version answers must find it so.
+		s.st.phase, s.st.auto, s.st.keepAlive, s.loadedOnce = phUnloaded, true, cfg.keepAliveDefault(), true
+	}
 	srv := &http.Server{Handler: s.routes(), ReadHeaderTimeout: 10 * time.Second}
 	closeUnusedOnShutdown(srv)
 	served := make(chan error, 1)
@@ -252,16 +270,12 @@ func Run(ctx context.Context, cfg Config) error {
 	defer s.unreport()
 	go s.watch(life)
 
+	var loadErr error
 	loaded := make(chan error, 1)
 	go func() {
 		s.ctl.Lock()
 		defer s.ctl.Unlock()
 		if cfg.Dialect == DialectOllama {
-			// `ollama serve` answers once it listens and loads a model
-			// on the first request (or preload) that names it.
-			s.mu.Lock()
-			s.st.phase, s.st.auto, s.st.keepAlive, s.loadedOnce = phUnloaded, true, cfg.keepAliveDefault(), true
-			s.mu.Unlock()
 			s.report()
 			loaded <- nil
 			return
@@ -282,13 +296,23 @@ func Run(ctx context.Context, cfg Config) error {
 			return fmt.Errorf("sim engine: %w", err)
 		case err := <-loaded:
 			loaded, running = nil, err == nil
+			if err != nil && ctx.Err() == nil {
+				loadErr = err
+				cfg.Logger.Error("sim engine failed to start", "err", err)
+			}
 		}
 	}
 	cfg.Logger.Info("sim engine stopping")
 	stop()
 	shutdown, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	return srv.Shutdown(shutdown)
+	if err := srv.Shutdown(shutdown); err != nil {
+		return err
+	}
+	if loadErr != nil {
+		return fmt.Errorf("sim engine: %w", loadErr)
+	}
+	return nil
 }
 
 // closeUnusedOnShutdown has srv's Shutdown close at once the connections
@@ -351,6 +375,12 @@ type server struct {
 	// llamaLoRA are the llama.cpp dialect's adapters (llamalora.go,
 	// guarded by mu).
 	llamaLoRA llamaLoRA
+	// sizedMiB is what the ollama dialect took at its last load
+	// (ollamamemory.go; guarded by mu; 0: --memory-mib).
+	sizedMiB uint64
+	// kvLostMiB is what a fall of the card's free memory while the vllm
+	// dialect profiled took from its KV pool (guarded by mu).
+	kvLostMiB uint64
 
 	// ctl serializes transitions (load, sleep, wake, unload).
 	ctl sync.Mutex

@@ -97,7 +97,10 @@ func (s *server) footprintMiB() uint64 {
 		// the watchdog then judges an engine by what it holds when serving.
 		return c.OverheadMiB
 	case phAwake:
-		return c.OverheadMiB + s.weightsMiB + s.kvMiB() + s.loraMiB()
+		if s.sizedMiB > 0 {
+			return s.sizedMiB
+		}
+		return c.OverheadMiB + s.weightsMiB + s.kvMiB() + s.loraMiB() + s.overshootMiB()
 	case phAsleep:
 		if st.weightsOn {
 			return c.ResidualMiB + s.weightsMiB
@@ -115,7 +118,7 @@ func (s *server) kvMiB() uint64 {
 		return 0
 	}
 	mib := (uint64(s.st.tokens)*s.cfg.KVKiBPerToken + 1023) / 1024
-	return min(mib, s.cfg.KVPoolMiB)
+	return min(mib, s.kvPoolMiB())
 }
 
 // hostMiB is host RAM holding the weights during a level-1 sleep.
@@ -335,6 +338,12 @@ func sleepFor(ctx context.Context, d time.Duration) error {
 func (s *server) load(ctx context.Context) error {
 	start := time.Now()
 	s.setPhase(phStarting)
+	// vLLM profiles the card's free memory from its start to its KV
+	// allocation (vllmmemory.go).
+	var before map[string]uint64
+	if s.cfg.vllmMemory() {
+		before = s.othersMiB()
+	}
 	if err := sleepFor(ctx, s.cfg.InitTime); err != nil {
 		return err
 	}
@@ -342,7 +351,14 @@ func (s *server) load(ctx context.Context) error {
 	if err := s.copyWeights(ctx, s.cfg.LoadTime.Seconds()); err != nil {
 		return err
 	}
+	if before != nil {
+		if err := s.profiled(before); err != nil {
+			return err
+		}
+	}
+	sized := s.ollamaSizeMiB()
 	s.mu.Lock()
+	s.sizedMiB = sized
 	s.st.phase, s.st.level, s.st.weightsOn, s.st.kvOn = phAwake, 0, true, true
 	s.st.lastLoad = time.Since(start)
 	s.armExpiry()
@@ -367,6 +383,16 @@ func (s *server) setPhase(p phase) {
 func (s *server) sleep(ctx context.Context, level int, mode string, auto bool) error {
 	s.ctl.Lock()
 	defer s.ctl.Unlock()
+	// vLLM measures the card's free memory around its sleep
+	// (vllmmemory.go).
+	var before map[string]uint64
+	var mine uint64
+	if s.cfg.vllmMemory() && !auto {
+		before = s.othersMiB()
+		s.mu.Lock()
+		mine = s.footprintMiB()
+		s.mu.Unlock()
+	}
 	s.mu.Lock()
 	switch s.st.phase {
 	case phAsleep, phUnloaded:
@@ -396,6 +422,11 @@ func (s *server) sleep(ctx context.Context, level int, mode string, auto bool) e
 	s.cond.Broadcast()
 	s.mu.Unlock()
 	s.report()
+	if before != nil {
+		if err := s.vllmSleepOffload(ctx, level, before, mine); err != nil {
+			return err
+		}
+	}
 	s.cfg.Logger.Info("sim engine asleep", "level", level, "residual_mib", s.cfg.ResidualMiB)
 	return nil
 }
@@ -433,7 +464,7 @@ func (s *server) fits(promptTokens int) bool {
 	if s.cfg.KVKiBPerToken == 0 || s.st.inflight == 0 {
 		return true
 	}
-	capacity := int(s.cfg.KVPoolMiB * 1024 / s.cfg.KVKiBPerToken)
+	capacity := int(s.kvPoolMiB() * 1024 / s.cfg.KVKiBPerToken)
 	return s.st.tokens+promptTokens <= capacity
 }
 

@@ -34,6 +34,10 @@ type Engine struct {
 	CardUUIDs []string
 	// ShareMiB is the replica's memory share on each card.
 	ShareMiB uint64
+	// ToleranceMiB, when set, is how far above its share this engine may
+	// go: its engine's measured spread above its memory knob
+	// (internal/enginemem), in place of the watchdog's default tolerance.
+	ToleranceMiB uint64
 	// Kind is the engine API the process speaks (engine.ControlKind) and
 	// URL where the agent reaches it: what reads the engine's own
 	// /metrics needs (the watchdog does not).
@@ -54,8 +58,9 @@ type Target interface {
 type Options struct {
 	// Interval between checks (default 2s).
 	Interval time.Duration
-	// TolerancePercent of the share and ToleranceMiB: an engine may exceed
-	// its share by the larger of the two (defaults 5 % and 256 MiB), room for
+	// TolerancePercent of the share and ToleranceMiB: an engine whose rule
+	// names no tolerance of its own (Engine.ToleranceMiB) may exceed its
+	// share by the larger of the two (defaults 5 % and 256 MiB), room for
 	// allocator slack that no engine flag controls exactly.
 	TolerancePercent float64
 	ToleranceMiB     uint64
@@ -153,7 +158,7 @@ func (w *Watchdog) Check() []Violation {
 		var worst Violation
 		for _, uuid := range e.CardUUIDs {
 			used := cards[uuid][i]
-			if used > w.allowed(e.ShareMiB) && used > worst.UsedMiB {
+			if used > w.allowed(e) && used > worst.UsedMiB {
 				worst = Violation{Engine: e, Card: uuid, UsedMiB: used}
 			}
 		}
@@ -169,10 +174,14 @@ func (w *Watchdog) Check() []Violation {
 	return out
 }
 
-// allowed is the share plus the tolerance.
-func (w *Watchdog) allowed(share uint64) uint64 {
-	tol := uint64(float64(share) * w.opts.TolerancePercent / 100)
-	return share + max(tol, w.opts.ToleranceMiB)
+// allowed is the share plus the tolerance: the engine's own when its
+// rule has one, else the default.
+func (w *Watchdog) allowed(e Engine) uint64 {
+	if e.ToleranceMiB > 0 {
+		return e.ShareMiB + e.ToleranceMiB
+	}
+	tol := uint64(float64(e.ShareMiB) * w.opts.TolerancePercent / 100)
+	return e.ShareMiB + max(tol, w.opts.ToleranceMiB)
 }
 
 // ProcessMemory returns the GPU memory, in MiB, that each process uses on

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -14,7 +15,6 @@ import (
 
 	"github.com/openai/openai-go/v3"
 
-	"github.com/gpuplane/gpuplane/cmd/gpuplane/agent"
 	"github.com/gpuplane/gpuplane/internal/realengine"
 	"github.com/gpuplane/gpuplane/internal/testutil"
 	"github.com/gpuplane/gpuplane/internal/tinygguf"
@@ -39,12 +39,30 @@ func realEnginesOnPath(t *testing.T) {
 	t.Setenv("PATH", dir+string(os.PathListSeparator)+os.Getenv("PATH"))
 }
 
-// realNode is a --dev agent with one simulated L4 and a shared accelerator
-// on it, the real engines on its PATH.
+// realNode is a --dev agent with one simulated L4, the real engines on its
+// PATH, and a shared accelerator on it. Its engines run under MPS's hard
+// limits (CUDA_MPS_* in their environment, which these CPU builds ignore):
+// a node runs Ollama, which has no memory knob, on a share of a card only
+// under hard limits. Nothing runs MPS here, so a listening socket where
+// its control daemon would listen stands for it, as the simulated card
+// stands for the GPU.
 func realNode(t *testing.T) *node {
 	t.Helper()
 	realEnginesOnPath(t)
-	n := devNode(t, "real", agent.GatewayConfig{})
+	pipes, err := os.MkdirTemp("", "mps")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(pipes) })
+	ln, err := net.Listen("unix", filepath.Join(pipes, "control"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	t.Setenv("CUDA_MPS_PIPE_DIRECTORY", pipes)
+	n := newNode(t, "real", true, "l4=1")
+	n.cfg.Dev, n.cfg.BootstrapExpect, n.cfg.Enforce = true, 0, "mps"
+	n.start(t)
 	gpuplane(t, n, "accelerators", "create", "shared", "--device", "l4", "--tenancy", "shared", "--max-models", "4")
 	return n
 }

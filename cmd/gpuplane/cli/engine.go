@@ -7,6 +7,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/gpuplane/gpuplane/internal/enginemem"
 	"github.com/gpuplane/gpuplane/node/executor"
 	"github.com/gpuplane/gpuplane/node/inventory"
 	"github.com/gpuplane/gpuplane/node/sim"
@@ -88,6 +89,10 @@ loads it on the first request or keep_alive load.`,
 			if idleSeconds > 0 {
 				cfg.SleepIdle = seconds(idleSeconds)
 			}
+			if cfg.Dialect == sim.DialectVLLM && !cmd.Flags().Changed("overshoot-mib") {
+				// What vLLM holds above its budget (docs/engines.md).
+				cfg.OvershootMiB = enginemem.ForKind(sim.DialectVLLM).OvershootMiB
+			}
 			if !cmd.Flags().Changed("sleep-residual-mib") {
 				cfg.ResidualMiB = cfg.OverheadMiB
 			}
@@ -102,6 +107,11 @@ loads it on the first request or keep_alive load.`,
 				return usageErrorf(cmd, "OLLAMA_KEEP_ALIVE: %v", err)
 			}
 			cfg.OllamaKeepAlive = keep
+			limit, err := sim.ParseHardLimitMiB(g.getenv("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"), g.getenv("CUDA_DEVICE_MEMORY_LIMIT"))
+			if err != nil {
+				return usageErrorf(cmd, "%v", err)
+			}
+			cfg.HardLimitMiB = limit
 			if !cmd.Flags().Changed("parallel") {
 				cfg.Parallel = 0
 			}
@@ -128,6 +138,8 @@ loads it on the first request or keep_alive load.`,
 	f.Uint64Var(&cfg.KVPoolMiB, "kv-pool-mib", 0, "part of --memory-mib that the KV cache grows into")
 	f.Uint64Var(&cfg.KVKiBPerToken, "kv-kib-per-token", 0, "KV cache per token in flight, in KiB (0: no KV growth)")
 	f.Uint64Var(&cfg.ResidualMiB, "sleep-residual-mib", 0, "GPU memory held while asleep (default: --overhead-mib)")
+	f.Uint64Var(&cfg.OvershootMiB, "overshoot-mib", 0, "GPU memory held above --memory-mib while awake, as vLLM's CUDA graphs, NCCL and allocator memory outside its budget (default: vLLM's measured overshoot in the vllm dialect, else 0)")
+	f.Uint64Var(&cfg.CardMiB, "card-mib", 0, "the card's memory, for the free memory vLLM's messages name (the executor passes it)")
 	f.Float64Var(&cfg.TokensPerSecond, "tokens-per-second", 50, "generation speed of one stream with the card to itself; 0 answers at once")
 	f.Float64Var(&cfg.PrefillTokensPerSecond, "prefill-tokens-per-second", 0, "prompt tokens per second before the first token, of those the prefix cache (keyed by the request's cache_salt) does not hold; 0: prefill is free")
 	f.Uint32Var(&cfg.ComputePercent, "compute-percent", 0, "compute share: busy engines on a card split its compute in proportion (0 counts as 100)")

@@ -37,9 +37,12 @@ func TestRealEnginesAdoptedAfterAgentKill9(t *testing.T) {
 	home := t.TempDir()
 	a := newAgent(t, dataDir)
 	gateway := "http://127.0.0.1:" + strconv.Itoa(porttest.Free(t))
-	a.flags = []string{"--gateway-port", gateway[strings.LastIndex(gateway, ":")+1:]}
+	a.flags = []string{"--gateway-port", gateway[strings.LastIndex(gateway, ":")+1:], "--sim-gpus", "l4=2"}
 	a.start()
 	mustGpuplane(t, a.url(), "accelerators", "create", "shared", "--device", "l4", "--tenancy", "shared", "--max-models", "2")
+	// Ollama runs on a share of a card only under hard limits: a card of
+	// its own.
+	mustGpuplane(t, a.url(), "accelerators", "create", "whole", "--device", "l4", "--tenancy", "dedicated")
 	spec := filepath.Join(t.TempDir(), "models.yaml")
 	if err := os.WriteFile(spec, []byte(fmt.Sprintf(`resource: ModelDeployment
 resourceVersion: v1
@@ -56,8 +59,8 @@ metadata: {name: otiny}
 spec:
   model: %[1]s
   residency: pinned
-  placement: {accelerator: shared}
-  engine: {kind: ollama, memoryPercent: 20, env: {OLLAMA_MODELS: %[2]q, HOME: %[3]q}}
+  placement: {accelerator: whole}
+  engine: {kind: ollama, env: {OLLAMA_MODELS: %[2]q, HOME: %[3]q}}
 `, model, filepath.Join(home, "models"), home)), 0o644); err != nil {
 		t.Fatal(err)
 	}
