@@ -104,6 +104,8 @@ func (c Config) withDefaults() (Config, error) {
 // value so a step can be tried on a copy (advise mode, Plan, the fallback
 // after a violation).
 type replica struct {
+	// unmeasuredSleep: asleep with no residual known yet (setState).
+	unmeasuredSleep bool
 	// keep is the keep_alive of its last request, where it gave one
 	// (keepSet; keepalive.go).
 	keep    time.Duration
@@ -370,6 +372,10 @@ func (c *Controller) setState(r *replica, s State, now time.Time) {
 	r.state = s
 	r.since = now
 	r.measured = 0
+	// A sleep whose residual is not known yet (no prior, never measured
+	// asleep) counts its footprint until its first sample: taking it to
+	// hold nothing would lend memory it may keep.
+	r.unmeasuredSleep = s == Sleeping && c.residual(r) == 0
 	r.held = 0
 	switch s {
 	case Sleeping:
@@ -555,6 +561,7 @@ func (c *Controller) observe(ev Event, now time.Time) error {
 	case MemorySample:
 		if r := c.rep(e.Model); r != nil && e.Bytes >= 0 && r.state != Cold && r.state != Failed {
 			r.measured = e.Bytes
+			r.unmeasuredSleep = false
 			// The profile learns the base alone: its adapters come and go.
 			// Only adapters confirmed loaded are surely in the sample; one
 			// loading or unloading may or may not be, and counting it in

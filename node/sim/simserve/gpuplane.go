@@ -107,8 +107,10 @@ func (p *gpuplane) start() {
 		if p.s.agentPriors {
 			// What the agent's residency manager tells the controller
 			// (node/cardmanager): the share, no priors; the profiler learns
-			// the rest from the first load, wake and memory samples.
+			// the rest from the first load, wake and memory samples. A
+			// share covers the engine's load peak, as an operator sizes it.
 			d.Footprint, d.Peak, d.Residual, d.LoadTime, d.WakeTime = 0, 0, 0, 0, 0
+			d.Share = bytesOf(max(m.MemoryGiB, m.PeakGiB))
 		}
 		p.send(residency.DeploymentAdded{Deployment: d})
 	}
@@ -351,6 +353,15 @@ func (p *gpuplane) tick() {
 	for _, e := range p.s.engines {
 		for _, r := range e.running {
 			p.progress(r)
+		}
+	}
+	if p.s.agentPriors {
+		// The agent samples its engines' memory every second (NVML per
+		// process): a load or wake in progress shows its peak.
+		for _, e := range p.s.engines {
+			if e.state == loading || e.state == waking {
+				p.send(residency.MemorySample{Model: residency.ModelID(e.m.Name), Bytes: e.mem})
+			}
 		}
 	}
 	p.send(residency.Tick{})
