@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -82,6 +83,8 @@ func newSimulateServeCommand(g *globals) *cobra.Command {
 		htmlPath           string
 		priors             string
 		staticBestCap      int
+		family             int
+		familyDir          string
 	)
 	c := &cobra.Command{
 		Use:   "serve --config FILE [--trace FILE]... [--policy P|all] [--seed N]",
@@ -116,7 +119,16 @@ draws the curves.
   gpuplane simulate serve --config home.yaml --trace AzureLLMInferenceTrace_conv.csv --trace extra.jsonl -o json`,
 		Args: argsNamed(),
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if configPath == "" {
+			if family < 0 {
+				return usageErrorf(cmd, "invalid --family %d: must be ≥ 1", family)
+			}
+			if family > 0 && configPath != "" {
+				return usageErrorf(cmd, "--family draws its own configs: give it or --config, not both")
+			}
+			if familyDir != "" && family == 0 {
+				return usageErrorf(cmd, "--family-dir writes a family's configs: give --family N too")
+			}
+			if configPath == "" && family == 0 {
 				return usageErrorf(cmd, "required flag --config not set")
 			}
 			policies := simserve.Policies
@@ -137,6 +149,12 @@ draws the curves.
 			}
 			if staticBestCap < 1 {
 				return usageErrorf(cmd, "invalid --static-best-cap %d: must be ≥ 1", staticBestCap)
+			}
+			if family > 0 {
+				if len(traces) > 0 || len(sweepRates) > 0 || htmlPath != "" || !strings.EqualFold(policy, policyAll) && cmd.Flags().Changed("policy") {
+					return usageErrorf(cmd, "--family runs every policy on its own configs and traces: --trace, --sweep-rate, --html and --policy do not apply")
+				}
+				return runFamily(g, family, seed, familyDir, priors == "exact", staticBestCap)
 			}
 			cfg, err := simserve.LoadConfig(configPath)
 			if err != nil {
@@ -212,10 +230,44 @@ draws the curves.
 	f.StringVar(&htmlPath, "html", "", "with --sweep-rate, write the SLO-attainment-against-rate curves to this file (HTML with inline SVG)")
 	f.StringVar(&priors, "priors", "none", "what gpuplane's controller knows at the start: none (each model's share only; load and wake times, footprints and residuals learned as the agent learns them) or exact (the config's figures)")
 	f.IntVar(&staticBestCap, "static-best-cap", simserve.DefaultStaticBestCap, "the most sets static-best's exact search simulates; past it the best found is kept and reported as not proven")
+	f.IntVar(&family, "family", 0, "draw this many configs from --seed (examples/serve/README.md gives the distributions), run every policy on each and print one row per config and the goals' summary")
+	f.StringVar(&familyDir, "family-dir", "", "with --family, also write each drawn config here (NAME.yaml), to run again with --config")
 	_ = c.MarkFlagFilename("config", "yaml", "yml")
 	_ = c.MarkFlagFilename("trace", "csv", "jsonl")
 	_ = c.RegisterFlagCompletionFunc("policy", cobra.FixedCompletions(append(append([]string(nil), simserve.Policies...), policyAll), cobra.ShellCompDirectiveNoFileComp))
 	return c
+}
+
+// runFamily draws a family of configs, runs every policy on each and
+// prints the rows and the summary.
+func runFamily(g *globals, n int, seed uint64, dir string, exact bool, staticBestCap int) error {
+	fam, err := simserve.GenerateFamily(seed, n, simserve.FindAzureDir())
+	if err != nil {
+		return fmt.Errorf("simulate serve: %w", err)
+	}
+	if dir != "" {
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return fmt.Errorf("simulate serve: --family-dir: %w", err)
+		}
+		for _, fc := range fam {
+			if err := os.WriteFile(filepath.Join(dir, fc.Name+".yaml"), fc.YAML, 0o644); err != nil {
+				return fmt.Errorf("simulate serve: --family-dir: %w", err)
+			}
+		}
+	}
+	for _, fc := range fam {
+		fc.Cfg.ExactPriors = exact
+		fc.Cfg.StaticBestCap = staticBestCap
+	}
+	start := time.Now()
+	fr, err := simserve.RunFamily(fam, seed, false, func(r simserve.FamilyRow) {
+		fmt.Fprintf(g.stderr, "simulate serve: %s: %d models on %g GiB in %.1f s\n", r.Config, r.Models, r.CardGiB, r.Seconds)
+	})
+	if err != nil {
+		return fmt.Errorf("simulate serve: %w", err)
+	}
+	fmt.Fprintf(g.stderr, "simulate serve: %d configs in %.1f s\n", n, time.Since(start).Seconds())
+	return g.printValue(fr, func(w io.Writer) error { return simserve.WriteFamilyTable(w, fr) })
 }
 
 func writeSweepHTML(path string, cfg *simserve.Config, sw *simserve.SweepResult) error {
