@@ -386,6 +386,10 @@ func (c *Controller) outranks(m ModelID, x *replica, now time.Time) bool {
 	if r.dep.Residency.Reserves() && x.dep.Residency == OnDemand {
 		return true
 	}
+	// A protected model outranks a best-effort one (besteffort.go).
+	if c.beOutranks(r, x) {
+		return true
+	}
 	// A lower-class turn takes memory as a higher class would (lowturn.go).
 	if c.lowHolds(r) && x.dep.Residency != Pinned {
 		return true

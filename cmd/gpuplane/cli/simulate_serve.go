@@ -85,6 +85,7 @@ func newSimulateServeCommand(g *globals) *cobra.Command {
 		staticBestCap      int
 		family             int
 		familyDir          string
+		bestEffort         bool
 	)
 	c := &cobra.Command{
 		Use:   "serve --config FILE [--trace FILE]... [--policy P|all] [--seed N]",
@@ -154,7 +155,7 @@ draws the curves.
 				if len(traces) > 0 || len(sweepRates) > 0 || htmlPath != "" || !strings.EqualFold(policy, policyAll) && cmd.Flags().Changed("policy") {
 					return usageErrorf(cmd, "--family runs every policy on its own configs and traces: --trace, --sweep-rate, --html and --policy do not apply")
 				}
-				return runFamily(g, family, seed, familyDir, priors == "exact", staticBestCap)
+				return runFamily(g, family, seed, familyDir, priors == "exact", staticBestCap, !bestEffort)
 			}
 			cfg, err := simserve.LoadConfig(configPath)
 			if err != nil {
@@ -162,6 +163,7 @@ draws the curves.
 			}
 			cfg.ExactPriors = priors == "exact"
 			cfg.StaticBestCap = staticBestCap
+			cfg.NoBestEffort = !bestEffort
 			if timeScale > 0 {
 				for i := range cfg.Traces {
 					cfg.Traces[i].TimeScale = timeScale
@@ -230,6 +232,7 @@ draws the curves.
 	f.StringVar(&htmlPath, "html", "", "with --sweep-rate, write the SLO-attainment-against-rate curves to this file (HTML with inline SVG)")
 	f.StringVar(&priors, "priors", "none", "what gpuplane's controller knows at the start: none (each model's share only; load and wake times, footprints and residuals learned as the agent learns them) or exact (the config's figures)")
 	f.IntVar(&staticBestCap, "static-best-cap", simserve.DefaultStaticBestCap, "the most sets static-best's exact search simulates; past it the best found is kept and reported as not proven")
+	f.BoolVar(&bestEffort, "best-effort", true, "gpuplane's controller protects the largest set of models the card can hold and serves the others best-effort (docs/residency.md); false: without it, as the agent runs today")
 	f.IntVar(&family, "family", 0, "draw this many configs from --seed (examples/serve/README.md gives the distributions), run every policy on each and print one row per config and the goals' summary")
 	f.StringVar(&familyDir, "family-dir", "", "with --family, also write each drawn config here (NAME.yaml), to run again with --config")
 	_ = c.MarkFlagFilename("config", "yaml", "yml")
@@ -240,7 +243,7 @@ draws the curves.
 
 // runFamily draws a family of configs, runs every policy on each and
 // prints the rows and the summary.
-func runFamily(g *globals, n int, seed uint64, dir string, exact bool, staticBestCap int) error {
+func runFamily(g *globals, n int, seed uint64, dir string, exact bool, staticBestCap int, noBestEffort bool) error {
 	fam, err := simserve.GenerateFamily(seed, n, simserve.FindAzureDir())
 	if err != nil {
 		return fmt.Errorf("simulate serve: %w", err)
@@ -258,6 +261,7 @@ func runFamily(g *globals, n int, seed uint64, dir string, exact bool, staticBes
 	for _, fc := range fam {
 		fc.Cfg.ExactPriors = exact
 		fc.Cfg.StaticBestCap = staticBestCap
+		fc.Cfg.NoBestEffort = noBestEffort
 	}
 	start := time.Now()
 	fr, err := simserve.RunFamily(fam, seed, false, func(r simserve.FamilyRow) {

@@ -62,6 +62,9 @@ type Config struct {
 	// default it starts as the agent does, with the shares only, and
 	// learns the rest from what it sees.
 	ExactPriors bool `json:"-"`
+	// NoBestEffort runs gpuplane's controller without its protected set
+	// (`--best-effort=false`; residency.Config.BestEffort).
+	NoBestEffort bool `json:"-"`
 	// StaticBestCap bounds the sets static-best's search simulates
 	// (0: DefaultStaticBestCap).
 	StaticBestCap int `json:"-"`

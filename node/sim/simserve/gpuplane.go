@@ -34,7 +34,8 @@ type gpuplane struct {
 
 func newGpuplane(s *sim) (*gpuplane, error) {
 	clock := residency.NewManualClock(epoch)
-	c, err := residency.New(residency.Config{Card: s.cfg.Card.Name, Memory: bytesOf(s.cfg.Card.MemoryGiB), HeadroomPercent: s.cfg.Card.HeadroomPercent}, clock)
+	c, err := residency.New(residency.Config{Card: s.cfg.Card.Name, Memory: bytesOf(s.cfg.Card.MemoryGiB), HeadroomPercent: s.cfg.Card.HeadroomPercent,
+		BestEffort: !s.cfg.NoBestEffort}, clock)
 	if err != nil {
 		return nil, err
 	}
@@ -126,6 +127,9 @@ func (p *gpuplane) engine(m residency.ModelID) *engine {
 }
 
 func (p *gpuplane) exec(a residency.Action) {
+	if a.Kind == residency.ActBestEffort {
+		return // a recorded decision (the controller does not return it)
+	}
 	e := p.engine(a.Model)
 	if e == nil {
 		p.anomaly("%s for unknown model %s", a.Kind, a.Model)
@@ -371,6 +375,11 @@ func (p *gpuplane) tick() {
 		// controller promises each waiting model the card, as the node's
 		// gateway does (its background requests wait for that).
 		for _, e := range p.s.engines {
+			// A best-effort model's requests wait for its turn, as the
+			// node's gateway has them do.
+			if err := p.q.SetBestEffort(e.m.Name, !p.c.Protected(residency.ModelID(e.m.Name))); err != nil {
+				p.anomaly("%v", err)
+			}
 			if e.state == up && !e.draining {
 				continue
 			}

@@ -66,6 +66,9 @@ type Result struct {
 	// (gpuplane) plus the simulator's own count of times the engines held
 	// more than the card's usable memory (every policy).
 	LedgerViolations int `json:"ledgerViolations"`
+	// BestEffort: gpuplane's best-effort models at the end of the run,
+	// each with why in numbers (residency.Controller.BestEffort).
+	BestEffort []string `json:"bestEffort,omitempty"`
 	// StaticBestSearch is static-best's search (static-best only).
 	StaticBestSearch *SearchReport `json:"staticBestSearch,omitempty"`
 }
@@ -592,6 +595,12 @@ func WriteTable(w io.Writer, rs []Result) error {
 		return err
 	}
 	for _, r := range rs {
+		for _, why := range r.BestEffort {
+			fmt.Fprintf(w, "\n%s best-effort at the end: %s", r.Policy, why)
+		}
+		if len(r.BestEffort) > 0 {
+			fmt.Fprintln(w)
+		}
 		if x := r.StaticBestSearch; x != nil {
 			how := "optimum proven (no set left could hold more models at SLO)"
 			if !x.Proven {

@@ -109,6 +109,11 @@ func run(cfg *Config, w *Workload, policy string, seed uint64, observe func(*sim
 	s.run(w.Arrivals)
 	r := s.met.result(policy)
 	r.StaticBestSearch = search
+	if g, ok := s.pol.(*gpuplane); ok {
+		for _, e := range g.c.BestEffort() {
+			r.BestEffort = append(r.BestEffort, e.Reason)
+		}
+	}
 	if ideal != nil {
 		ScoreBackground(&r, ideal)
 	}
@@ -205,6 +210,10 @@ type SearchReport struct {
 	Hosted []string `json:"hosted"`
 }
 
+// staticBestTies is how many sets of the best size found static-best
+// also tries for goodput.
+const staticBestTies = 4
+
 // DefaultStaticBestCap bounds how many sets static-best simulates.
 const DefaultStaticBestCap = 400
 
@@ -216,7 +225,7 @@ const DefaultStaticBestCap = 400
 // one at a time) is a candidate whose bound is its size; candidates run
 // largest first (ties: the most requests hosted) until the best found
 // reaches the bound of the next, which proves it optimal, or cap sets
-// ran. The winner is then offered, one at a time by demand, the models
+// ran; static's own set is the first. The winner is then offered, one at a time by demand, the models
 // outside it that fit beside it, each kept when it adds goodput and
 // costs no model its SLO.
 func staticBest(cfg *Config, w *Workload, seed uint64, ideal *Result, cap int) ([]bool, SearchReport, error) {
@@ -298,12 +307,25 @@ func staticBest(cfg *Config, w *Workload, seed uint64, ideal *Result, cap int) (
 		ScoreBackground(&r, ideal)
 		return r
 	}
-	var best []bool
-	bestAt, bestGood := -1, -1.0
+	// static's set (first fit) is where the search starts: static-best is
+	// never below static.
+	s0 := newSim(cfg, seed, w.End)
+	best := staticFirstFit(s0)
+	r0 := eval(best)
+	bestAt, bestGood := r0.ModelsAtSLO, r0.GoodputPerSecond
 	rep.Proven = true
+	ties := 0
 	for _, c := range cands {
-		if c.size <= bestAt {
+		if c.size < bestAt {
 			break // no set left can hold more than the best found
+		}
+		if c.size == bestAt {
+			// As many at best: the most demanded few are tried for
+			// goodput.
+			if ties == staticBestTies {
+				break
+			}
+			ties++
 		}
 		if rep.Simulated >= cap {
 			rep.Proven = false
@@ -313,23 +335,6 @@ func staticBest(cfg *Config, w *Workload, seed uint64, ideal *Result, cap int) (
 		if r.ModelsAtSLO > bestAt || r.ModelsAtSLO == bestAt && r.GoodputPerSecond > bestGood {
 			best, bestAt, bestGood = c.set, r.ModelsAtSLO, r.GoodputPerSecond
 		}
-	}
-	if best == nil {
-		// No model is at SLO even alone: host what fits by demand.
-		best = make([]bool, n)
-		order := make([]int, n)
-		for i := range order {
-			order[i] = i
-		}
-		slices.SortStableFunc(order, func(a, b int) int { return -cmp.Compare(demand[a], demand[b]) })
-		for _, i := range order {
-			best[i] = true
-			if !fits(best) {
-				best[i] = false
-			}
-		}
-		r := eval(best)
-		bestAt, bestGood = r.ModelsAtSLO, r.GoodputPerSecond
 	}
 	// Extend the winner with models outside it, by demand, where that adds
 	// goodput without costing a model its SLO.

@@ -529,6 +529,9 @@ durationSeconds: 3600
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The lend rules, without the protected set (which would protect the
+	// assistant outright).
+	cfg.NoBestEffort = true
 	w := &Workload{End: 3600}
 	for at := 60.0; at < 3600; at += 120 {
 		w.Arrivals = append(w.Arrivals, Arrival{Time: at, Model: 0, Tenant: "default", PromptTokens: 100, OutputTokens: 20, order: len(w.Arrivals)})
