@@ -5,6 +5,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -209,7 +210,15 @@ draws the curves.
 			if err != nil {
 				return fmt.Errorf("simulate serve: %w", err)
 			}
-			fmt.Fprintf(g.stderr, "simulate serve: %d policies (with the static-best and ideal references) in %.2f s\n", len(policies), time.Since(start).Seconds())
+			what := fmt.Sprintf("%d policies", len(policies))
+			if len(policies) == 1 {
+				what = "1 policy"
+			}
+			if !slices.Contains(policies, simserve.PolicyStaticBest) || !slices.Contains(policies, simserve.PolicyIdeal) {
+				// The references ran (they judge starved models) but are not shown.
+				what += " (static-best and ideal also ran, as references, not shown)"
+			}
+			fmt.Fprintf(g.stderr, "simulate serve: %s in %.2f s\n", what, time.Since(start).Seconds())
 			for _, r := range results {
 				if x := r.StaticBestSearch; x != nil {
 					fmt.Fprintf(g.stderr, "simulate serve: static-best's search: %d of %d sets in %.2f s (cap %d sets, proven %v)\n", x.Simulated, x.Candidates, x.Seconds, x.Cap, x.Proven)

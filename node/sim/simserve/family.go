@@ -265,6 +265,9 @@ type FamilyRow struct {
 	// its models that completed < 10% of their offered requests.
 	GpuplaneStarvedNames []string `json:"gpuplaneStarved"`
 	GpuplaneUnder10      []string `json:"gpuplaneUnder10"`
+	// StaticBestUnder10: static-best's models that completed < 10% of
+	// their offered requests (the models it reaches its count without).
+	StaticBestUnder10 []string `json:"staticBestUnder10"`
 	LedgerViolations     int      `json:"ledgerViolations"`
 	StaticBestProven     bool     `json:"staticBestProven"`
 	Seconds              float64  `json:"-"`
@@ -289,6 +292,12 @@ type FamilySummary struct {
 	GoodputRatioMedian float64 `json:"goodputRatioMedian"`
 	LedgerViolations   int     `json:"ledgerViolations"`
 	NotProven          int     `json:"staticBestNotProven"`
+	// StaticBestStarves: configs where static-best completes < 10% of a
+	// model's offered requests; BelowOnlyWhereStaticBestStarves: configs
+	// where gpuplane is below static-best's models at SLO and static-best
+	// starves a model there.
+	StaticBestStarves               int `json:"staticBestStarves"`
+	BelowOnlyWhereStaticBestStarves int `json:"belowWhereStaticBestStarves"`
 }
 
 // FamilyResult is a family's run.
@@ -330,7 +339,7 @@ func RunFamily(fam []FamilyConfig, seed uint64, keepResults bool, each func(Fami
 		}
 		row := FamilyRow{Config: fc.Name, CardGiB: fc.Cfg.Card.MemoryGiB, Models: len(fc.Cfg.Models),
 			AtSLO: map[string]int{}, Starved: map[string]int{}, InteractiveGoodput: map[string]float64{},
-			GpuplaneStarvedNames: []string{}, GpuplaneUnder10: []string{}}
+			GpuplaneStarvedNames: []string{}, GpuplaneUnder10: []string{}, StaticBestUnder10: []string{}}
 		for _, m := range fc.Cfg.Models {
 			row.ModelsGiB += m.MemoryGiB
 		}
@@ -350,6 +359,11 @@ func RunFamily(fam []FamilyConfig, seed uint64, keepResults bool, each func(Fami
 				}
 			case PolicyStaticBest:
 				row.StaticBestProven = r.StaticBestSearch != nil && r.StaticBestSearch.Proven
+				for _, m := range r.Models {
+					if m.Requests > 0 && float64(m.Completed) < 0.1*float64(m.Requests) {
+						row.StaticBestUnder10 = append(row.StaticBestUnder10, m.Model)
+					}
+				}
 			}
 		}
 		if keepResults {
@@ -372,6 +386,12 @@ func summarize(rows []FamilyRow) FamilySummary {
 		g, sb, id := r.AtSLO["gpuplane"], r.AtSLO[PolicyStaticBest], r.AtSLO[PolicyIdeal]
 		if g >= sb {
 			s.AtLeastStaticBest++
+		}
+		if len(r.StaticBestUnder10) > 0 {
+			s.StaticBestStarves++
+			if g < sb {
+				s.BelowOnlyWhereStaticBestStarves++
+			}
 		}
 		if g <= sb-2 {
 			s.TwoBelowStaticBest++
@@ -441,6 +461,7 @@ func writeFamilySummary(w io.Writer, s FamilySummary) {
 	pct := func(k int) float64 { return round(100*float64(k)/float64(max(s.Configs, 1)), 1) }
 	fmt.Fprintf(w, "\nmodels at SLO: gpuplane ≥ static-best on %d of %d configs (%g%%; goal ≥ 90%%), 2 or more below on %d (goal 0)\n",
 		s.AtLeastStaticBest, s.Configs, pct(s.AtLeastStaticBest), s.TwoBelowStaticBest)
+	fmt.Fprintf(w, "static-best completes < 10%% of a model's requests on %d configs; gpuplane is below it on %d of those\n", s.StaticBestStarves, s.BelowOnlyWhereStaticBestStarves)
 	fmt.Fprintf(w, "gpuplane ≥ ideal − 2 on %d of %d (%g%%; goal ≥ 80%%)\n", s.WithinTwoOfIdeal, s.Configs, pct(s.WithinTwoOfIdeal))
 	fmt.Fprintf(w, "configs where gpuplane completes < 10%% of a model's requests: %d (goal 0)\n", s.StarvedConfigs)
 	fmt.Fprintf(w, "interactive goodput, gpuplane / best of ollama, ollama-np4, llamaswap: median ×%g (goal ≥ ×1.5)\n", s.GoodputRatioMedian)
