@@ -268,10 +268,10 @@ type FamilyRow struct {
 	// StaticBestUnder10: static-best's models that completed < 10% of
 	// their offered requests (the models it reaches its count without).
 	StaticBestUnder10 []string `json:"staticBestUnder10"`
-	LedgerViolations     int      `json:"ledgerViolations"`
-	StaticBestProven     bool     `json:"staticBestProven"`
-	Seconds              float64  `json:"-"`
-	Results              []Result `json:"results,omitempty"`
+	LedgerViolations  int      `json:"ledgerViolations"`
+	StaticBestProven  bool     `json:"staticBestProven"`
+	Seconds           float64  `json:"-"`
+	Results           []Result `json:"results,omitempty"`
 }
 
 // FamilySummary is the family's goals (examples/serve/README.md).
