@@ -25,8 +25,10 @@ import (
 //     quiet protected models' memory, and in other best-effort models';
 //   - a best-effort model whose requests waited beWait gets a bounded
 //     turn as a lower class does (lowturn.go): at most beShare of the
-//     card's time per model, so that a protected model keeps its SLO and
-//     the best-effort model is not starved;
+//     card's time per model (a best-effort model of a class below another
+//     on the card takes a lower class's wait and share), so that a
+//     protected model keeps its SLO and the best-effort model is not
+//     starved;
 //   - a protected model's request outranks a best-effort model of its
 //     class, as a higher class does;
 //   - protected onDemand models are brought onto the card and kept there
@@ -55,18 +57,31 @@ const (
 
 // turnWait, turnShare: a bounded turn's wait and share for r, a lower
 // class's or a best-effort model's.
+// A best-effort model of a class below a model on the card takes the
+// lower class's (it would wait for one anyway).
 func (c *Controller) turnWait(r *replica) time.Duration {
-	if c.bestEffort(r) {
+	if c.bestEffort(r) && !c.lowerClass(r) {
 		return beWait
 	}
 	return lowerWait
 }
 
 func (c *Controller) turnShare(r *replica) float64 {
-	if c.bestEffort(r) {
+	if c.bestEffort(r) && !c.lowerClass(r) {
 		return beShare
 	}
 	return lowerShare
+}
+
+// lowerClass reports whether a model of a higher class than x is on the
+// card.
+func (c *Controller) lowerClass(x *replica) bool {
+	for i := range c.reps {
+		if y := &c.reps[i]; !y.removed && y.dep.Priority > x.dep.Priority {
+			return true
+		}
+	}
+	return false
 }
 
 // turnKind names r's turn in decisions: its class, or best-effort.
