@@ -84,6 +84,17 @@ func llamaContext(e *pb.EngineSpec) []string {
 	return []string{"-c", u64(uint64(n) * uint64(slots))}
 }
 
+// llamaNoHostCache turns off llama-server's host-RAM prompt cache
+// (--cache-ram, 8192 MiB by default, with idle slots saved to it): it
+// keeps prompts' KV by their tokens alone and restores one into whichever
+// slot a later request with a similar prompt lands in, whatever tenant or
+// adapter computed it (tools/server/server-task.cpp,
+// server_prompt_cache::load), and it is host memory no share accounts
+// for. Each slot's own prompt cache stays: the gateway gives a tenant's
+// requests their own slots (id_slot) and names the adapters of every
+// request, and llama-server clears a slot whose adapters change.
+var llamaNoHostCache = []string{"--cache-ram", "0"}
+
 // llamaLoRAFlags load the deployment's adapters at start, llama-server's
 // only way: --lora per adapter (ids 0.. in spec order, LlamaAdapterIDs),
 // and --lora-init-without-apply so that none applies to a request that
@@ -177,6 +188,7 @@ func (llamaCpp) Command(p Params) (Command, error) {
 		// Its request gauges, which the agent reads (engine.ReadLoad).
 		"--metrics",
 	}
+	args = append(args, llamaNoHostCache...)
 	args = append(args, llamaContext(e)...)
 	args = append(args, llamaLoRAFlags(p.Spec)...)
 	if n := len(p.Cards); n > 1 {

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -757,9 +758,11 @@ func (x *call) prepare() *apiError {
 		// vLLM's order: lower is handled earlier, 0 the default.
 		fields["priority"] = int(queue.Interactive - req.class)
 	}
-	switch id, byID := m.AdapterIDs[req.adapter]; {
+	if len(m.AdapterIDs) > 0 {
+		fields["lora"] = llamaLoRAList(m.AdapterIDs, req.adapter)
+	}
+	switch _, byID := m.AdapterIDs[req.adapter]; {
 	case req.adapter != "" && byID:
-		fields["lora"] = []map[string]any{{"id": id, "scale": 1}}
 		if req.model != m.Served {
 			fields["model"] = m.Served
 		}
@@ -781,6 +784,27 @@ func (x *call) prepare() *apiError {
 	}
 	x.body = withFields(req.body, fields)
 	return nil
+}
+
+// llamaLoRAList is the "lora" list sent with every request to a llama.cpp
+// engine that loaded adapters (ids: each adapter's id): every adapter by
+// id, at scale 1 for the one the request names and 0 for the rest, so a
+// base request ("" adapter) runs on the base alone. llama-server gives a
+// request without a list the command line's scales (1 for every --lora,
+// whatever --lora-init-without-apply), and only an explicit list that
+// differs from the slot's last one clears the slot's cached prompt
+// (tools/server/server-context.cpp, launch_slot_with_task).
+func llamaLoRAList(ids map[string]int, adapter string) []map[string]any {
+	out := make([]map[string]any, 0, len(ids))
+	for name, id := range ids {
+		scale := 0
+		if name == adapter {
+			scale = 1
+		}
+		out = append(out, map[string]any{"id": id, "scale": scale})
+	}
+	slices.SortFunc(out, func(a, b map[string]any) int { return a["id"].(int) - b["id"].(int) })
+	return out
 }
 
 // freshAfter is the address to send the request to once more after err:
