@@ -78,7 +78,7 @@ func llamaContext(e *pb.EngineSpec) []string {
 		return nil
 	}
 	slots := LlamaSlots(e)
-	if _, explicit := llamaParallel(e.GetArgs()); !explicit || hasFlag(e.GetArgs(), "--kv-unified", "-kvu") {
+	if llamaUnified(e) {
 		slots = 1
 	}
 	return []string{"-c", u64(uint64(n) * uint64(slots))}
@@ -126,15 +126,85 @@ func LlamaAdapterIDs(spec *pb.ModelSpec) map[string]int {
 	return out
 }
 
-// LlamaSlots is a llama.cpp engine's slot count: its --parallel (-np), or
-// llama-server's auto, 4, when absent or not positive (tools/server/server.cpp:
-// "n_parallel is set to auto, using n_parallel = 4 and kv_unified = true").
-// The gateway runs each request in one of them.
+// LlamaSlots is a llama.cpp engine's slot count: its --parallel (-np),
+// else its environment's LLAMA_ARG_N_PARALLEL (llama-server reads it where
+// no flag is given), else llama-server's auto, 4 (tools/server/server.cpp:
+// "n_parallel is set to auto, using n_parallel = 4 and kv_unified =
+// true"). The gateway runs each request in one of them.
 func LlamaSlots(e *pb.EngineSpec) int {
-	if n, ok := llamaParallel(e.GetArgs()); ok {
+	if n, ok := llamaExplicitSlots(e); ok {
 		return n
 	}
 	return 4
+}
+
+// llamaExplicitSlots is the slot count --parallel or LLAMA_ARG_N_PARALLEL
+// sets (each slot then gets its share of -c, unless the cache is unified);
+// ok is false when neither does.
+func llamaExplicitSlots(e *pb.EngineSpec) (int, bool) {
+	if n, ok := llamaParallel(e.GetArgs()); ok {
+		return n, true
+	}
+	if x, err := strconv.Atoi(strings.TrimSpace(e.GetEnv()["LLAMA_ARG_N_PARALLEL"])); err == nil && x > 0 {
+		return min(x, 1<<10), true
+	}
+	return 0, false
+}
+
+// llamaUnified says whether every slot may use the whole -c: auto slots,
+// --kv-unified (-kvu), or LLAMA_ARG_KV_UNIFIED set true without a flag.
+func llamaUnified(e *pb.EngineSpec) bool {
+	if _, explicit := llamaExplicitSlots(e); !explicit {
+		return true
+	}
+	args := e.GetArgs()
+	for i := len(args) - 1; i >= 0; i-- {
+		switch args[i] {
+		case "--kv-unified", "-kvu":
+			return true
+		case "--no-kv-unified", "-no-kvu":
+			return false
+		}
+	}
+	switch strings.ToLower(strings.TrimSpace(e.GetEnv()["LLAMA_ARG_KV_UNIFIED"])) {
+	case "1", "true", "on", "enabled":
+		return true
+	}
+	return false
+}
+
+// LlamaContext is the context one request to a llama.cpp engine may use,
+// in tokens: a -c (--ctx-size) of the deployment's own, else its
+// environment's LLAMA_ARG_CTX_SIZE, else the -c the driver derives from
+// maxModelLen — divided between explicit slots unless the cache is
+// unified. 0: unknown (no -c of any kind).
+func LlamaContext(e *pb.EngineSpec) int {
+	ctx := uint64(0)
+	if c := llamaContext(e); len(c) == 2 {
+		ctx, _ = strconv.ParseUint(c[1], 10, 64)
+	}
+	if v, err := strconv.ParseUint(strings.TrimSpace(e.GetEnv()["LLAMA_ARG_CTX_SIZE"]), 10, 64); err == nil && v > 0 && !hasFlag(e.GetArgs(), "-c", "--ctx-size") {
+		ctx = v
+	}
+	args := e.GetArgs()
+	for i, a := range args {
+		var v string
+		switch {
+		case strings.HasPrefix(a, "--ctx-size="):
+			v = strings.TrimPrefix(a, "--ctx-size=")
+		case (a == "-c" || a == "--ctx-size") && i+1 < len(args):
+			v = args[i+1]
+		default:
+			continue
+		}
+		if x, err := strconv.ParseUint(v, 10, 64); err == nil && x > 0 {
+			ctx = x
+		}
+	}
+	if !llamaUnified(e) {
+		ctx /= uint64(LlamaSlots(e))
+	}
+	return int(min(ctx, 1<<31))
 }
 
 // llamaParallel is the positive --parallel (or -np) args set, the last

@@ -1,0 +1,141 @@
+package executor
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/gpuplane/gpuplane/internal/realengine"
+	"github.com/gpuplane/gpuplane/internal/testutil"
+	"github.com/gpuplane/gpuplane/internal/tinygguf"
+	"github.com/gpuplane/gpuplane/node/engine"
+	"github.com/gpuplane/gpuplane/node/procfs"
+	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
+)
+
+// realLlamaOnPath puts the real llama-server first on PATH, where the
+// llamacpp driver's command ("llama-server") is looked up.
+func realLlamaOnPath(t *testing.T) {
+	t.Helper()
+	bin := realengine.LlamaServer(t)
+	dir := t.TempDir()
+	if err := os.Symlink(bin, filepath.Join(dir, "llama-server")); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("PATH", dir+string(os.PathListSeparator)+os.Getenv("PATH"))
+}
+
+// llamaReplica is a llamacpp deployment of the tiny model at 40 % of card 0.
+func llamaReplica(model, file string, generation uint64, e *pb.EngineSpec) Desired {
+	e.Kind, e.MemoryPercent = engine.KindLlamaCpp, 40
+	e.Args = append(e.Args, "--threads", "1", "--no-webui")
+	return Desired{
+		Replica: &pb.Replica{Model: model, Index: 0, Generation: generation, Node: node, Accelerator: "shared",
+			Cards: []uint32{0}, ShareMilli: 400, MemoryMib: 9213, PlacedIndex: 7,
+			State: pb.ReplicaState_REPLICA_STATE_PLACED},
+		Spec: &pb.ModelSpec{Model: file, ServedModelName: model, Replicas: 1, Engine: e},
+	}
+}
+
+// llamaPIDs are the live llama-server processes serving model (its --alias).
+func llamaPIDs(t *testing.T, model string) []int {
+	t.Helper()
+	dirs, _ := filepath.Glob("/proc/[0-9]*")
+	var out []int
+	for _, d := range dirs {
+		pid, _ := strconv.Atoi(filepath.Base(d))
+		raw, err := os.ReadFile(filepath.Join(d, "cmdline"))
+		if err != nil {
+			continue
+		}
+		argv := strings.Split(string(raw), "\x00")
+		if filepath.Base(argv[0]) != "llama-server" || !strings.Contains(string(raw), "\x00--alias\x00"+model+"\x00") {
+			continue
+		}
+		if st, err := procfs.ReadStat(pid); err == nil && st.Alive() {
+			out = append(out, pid)
+		}
+	}
+	return out
+}
+
+// TestRealLlamaCppDriver: the executor runs the real llama-server as the
+// llamacpp driver starts it. It is Running only once the engine answers
+// (a completion at once); the slots the gateway admits (engine.LlamaSlots,
+// from --parallel, LLAMA_ARG_N_PARALLEL or the auto 4) are the engine's
+// /props total_slots; /metrics has what ReadLoad reads; kill -9 restarts
+// it; a replica removed stops it.
+func TestRealLlamaCppDriver(t *testing.T) {
+	realLlamaOnPath(t)
+	f := tinygguf.Write(t)
+	h := newHarness(t, t.TempDir(), nil)
+	specs := map[string]*pb.EngineSpec{
+		"explicit": {MaxModelLen: 256, Args: []string{"--parallel", "2"}},
+		"env":      {MaxModelLen: 256, Env: map[string]string{"LLAMA_ARG_N_PARALLEL": "3"}},
+		"auto":     {MaxModelLen: 256},
+	}
+	var want []Desired
+	for name, e := range specs {
+		want = append(want, llamaReplica(name, f.Model, 1, e))
+	}
+	h.want(10, want...)
+	for name, e := range specs {
+		st := h.waitState(name, pb.ReplicaState_REPLICA_STATE_RUNNING, 30*time.Second)
+		base := st.GetEndpoint()
+		resp, err := http.Post(base+"/v1/completions", "application/json", strings.NewReader(`{"prompt":"hi","max_tokens":2}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			t.Errorf("%s: a completion as soon as Running: %d", name, resp.StatusCode)
+		}
+		var props struct {
+			TotalSlots int `json:"total_slots"`
+			Settings   struct {
+				NCtx int `json:"n_ctx"`
+			} `json:"default_generation_settings"`
+		}
+		resp, err = http.Get(base + "/props")
+		if err != nil {
+			t.Fatal(err)
+		}
+		json.NewDecoder(resp.Body).Decode(&props)
+		resp.Body.Close()
+		if got := engine.LlamaSlots(e); props.TotalSlots != got {
+			t.Errorf("%s: llama-server runs %d slots, the gateway admits %d (engine.LlamaSlots)", name, props.TotalSlots, got)
+		}
+		if props.Settings.NCtx < 256 {
+			t.Errorf("%s: a slot holds %d tokens, less than maxModelLen 256", name, props.Settings.NCtx)
+		}
+		load, err := engine.ReadLoad(context.Background(), http.DefaultClient, engine.KindLlamaCpp, base)
+		if err != nil || load.Running != 0 || load.Waiting != 0 {
+			t.Errorf("%s: ReadLoad of an idle engine: %+v, %v", name, load, err)
+		}
+	}
+	old := llamaPIDs(t, "explicit")
+	if len(old) != 1 {
+		t.Fatalf("llama-server processes for explicit: %v, want 1", old)
+	}
+	if err := syscall.Kill(old[0], syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	testutil.Until(t, 30*time.Second, "the killed llama-server did not run again", func() bool {
+		st := h.rep.last("explicit")
+		return st.State == pb.ReplicaState_REPLICA_STATE_RUNNING && st.Restarts == 1
+	})
+	if now := llamaPIDs(t, "explicit"); len(now) != 1 || now[0] == old[0] {
+		t.Errorf("after kill -9 of %d: llama-server processes %v", old[0], now)
+	}
+	h.want(11)
+	testutil.Until(t, 15*time.Second, "llama-server still runs after its replica left", func() bool {
+		return len(llamaPIDs(t, "explicit"))+len(llamaPIDs(t, "env"))+len(llamaPIDs(t, "auto")) == 0
+	})
+}
