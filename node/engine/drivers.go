@@ -84,6 +84,54 @@ func llamaContext(e *pb.EngineSpec) []string {
 	return []string{"-c", u64(uint64(n) * uint64(slots))}
 }
 
+// llamaBoundedContext is llama-server's -c: from maxModelLen where the
+// deployment gives one (llamaContext), else, on a shared card, sized to
+// the share. Without -c llama-server takes the model's whole trained
+// context (128k tokens for many models), and its --fit shrinks it to the
+// card's free memory, not to the share. Sized to the share: what the share
+// leaves after the weights (the model file) and a tenth for compute
+// buffers, over the KV bytes per token the file's metadata gives (f16),
+// at most the trained context per slot, rounded down to 256 tokens and at
+// least 256. A model file the agent cannot read (a Hugging Face name, a
+// missing path) gets llamaFallbackContext per slot. A -c of the
+// deployment's own (flag or LLAMA_ARG_CTX_SIZE) is left to it.
+func llamaBoundedContext(p Params) []string {
+	e := p.Spec.GetEngine()
+	if c := llamaContext(e); c != nil || p.wholeCard() {
+		return c
+	}
+	if hasFlag(e.GetArgs(), "-c", "--ctx-size") || e.GetEnv()["LLAMA_ARG_CTX_SIZE"] != "" || slices.ContainsFunc(e.GetArgs(), func(a string) bool { return strings.HasPrefix(a, "--ctx-size=") }) {
+		return nil
+	}
+	slots := uint64(LlamaSlots(e))
+	if llamaUnified(e) {
+		slots = 1
+	}
+	g, err := readGGUFShape(p.Spec.GetModel())
+	if err != nil {
+		return []string{"-c", u64(llamaFallbackContext * slots)}
+	}
+	return []string{"-c", u64(shareContext(g, p.Replica.GetMemoryMib()*uint64(max(len(p.Replica.GetCards()), 1)), slots))}
+}
+
+// llamaFallbackContext is the context per slot of a llama.cpp model on a
+// shared card whose file the agent cannot read to size it.
+const llamaFallbackContext = 4096
+
+// shareContext is the -c a share of shareMiB holds for model g with slots
+// slots each up to its trained context (see llamaBoundedContext).
+func shareContext(g ggufShape, shareMiB, slots uint64) uint64 {
+	budget := int64(shareMiB<<20) - int64(g.FileBytes) - int64(shareMiB<<20)/10
+	ctx := uint64(0)
+	if kv := g.KVBytesPerToken(); budget > 0 && kv > 0 {
+		ctx = uint64(budget) / kv
+	}
+	if g.ContextLength > 0 {
+		ctx = min(ctx, g.ContextLength*slots)
+	}
+	return max(ctx/256*256, 256)
+}
+
 // llamaNoHostCache turns off llama-server's host-RAM prompt cache
 // (--cache-ram, 8192 MiB by default, with idle slots saved to it): it
 // keeps prompts' KV by their tokens alone and restores one into whichever
@@ -259,7 +307,7 @@ func (llamaCpp) Command(p Params) (Command, error) {
 		"--metrics",
 	}
 	args = append(args, llamaNoHostCache...)
-	args = append(args, llamaContext(e)...)
+	args = append(args, llamaBoundedContext(p)...)
 	args = append(args, llamaLoRAFlags(p.Spec)...)
 	if n := len(p.Cards); n > 1 {
 		// An even split over the replica's cards (CUDA's ordinals 0..n-1).

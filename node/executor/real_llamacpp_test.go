@@ -85,7 +85,21 @@ func TestRealLlamaCppDriver(t *testing.T) {
 	for name, e := range specs {
 		want = append(want, llamaReplica(name, f.Model, 1, e))
 	}
+	// No maxModelLen, a model trained on 1Mi tokens, a share of 8 MiB:
+	// the driver's -c is what the share holds (some 13k tokens at 512
+	// bytes a token), not llama-server's default of the trained context.
+	long := filepath.Join(t.TempDir(), "long.gguf")
+	if err := tinygguf.WriteModel(long, tinygguf.ModelOptions{Context: 1 << 20}); err != nil {
+		t.Fatal(err)
+	}
+	share := llamaReplica("share", long, 1, &pb.EngineSpec{})
+	share.Replica.MemoryMib = 8
+	want = append(want, share)
 	h.want(10, want...)
+	st := h.waitState("share", pb.ReplicaState_REPLICA_STATE_RUNNING, 30*time.Second)
+	if n := propsOf(t, st.GetEndpoint()).Settings.NCtx; n < 4096 || n > 16384 {
+		t.Errorf("a llama-server at 8 MiB of a shared card without maxModelLen holds %d tokens a slot; want its share's ~13k", n)
+	}
 	for name, e := range specs {
 		st := h.waitState(name, pb.ReplicaState_REPLICA_STATE_RUNNING, 30*time.Second)
 		base := st.GetEndpoint()
@@ -97,18 +111,7 @@ func TestRealLlamaCppDriver(t *testing.T) {
 		if resp.StatusCode != http.StatusOK {
 			t.Errorf("%s: a completion as soon as Running: %d", name, resp.StatusCode)
 		}
-		var props struct {
-			TotalSlots int `json:"total_slots"`
-			Settings   struct {
-				NCtx int `json:"n_ctx"`
-			} `json:"default_generation_settings"`
-		}
-		resp, err = http.Get(base + "/props")
-		if err != nil {
-			t.Fatal(err)
-		}
-		json.NewDecoder(resp.Body).Decode(&props)
-		resp.Body.Close()
+		props := propsOf(t, base)
 		if got := engine.LlamaSlots(e); props.TotalSlots != got {
 			t.Errorf("%s: llama-server runs %d slots, the gateway admits %d (engine.LlamaSlots)", name, props.TotalSlots, got)
 		}
@@ -138,4 +141,26 @@ func TestRealLlamaCppDriver(t *testing.T) {
 	testutil.Until(t, 15*time.Second, "llama-server still runs after its replica left", func() bool {
 		return len(llamaPIDs(t, "explicit"))+len(llamaPIDs(t, "env"))+len(llamaPIDs(t, "auto")) == 0
 	})
+}
+
+// llamaProps is what TestRealLlamaCppDriver reads of llama-server's /props.
+type llamaProps struct {
+	TotalSlots int `json:"total_slots"`
+	Settings   struct {
+		NCtx int `json:"n_ctx"`
+	} `json:"default_generation_settings"`
+}
+
+func propsOf(t *testing.T, base string) llamaProps {
+	t.Helper()
+	var props llamaProps
+	resp, err := http.Get(base + "/props")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if err := json.NewDecoder(resp.Body).Decode(&props); err != nil {
+		t.Fatal(err)
+	}
+	return props
 }
