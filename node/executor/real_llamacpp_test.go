@@ -118,7 +118,7 @@ func TestRealLlamaCppDriver(t *testing.T) {
 		if props.Settings.NCtx < 256 {
 			t.Errorf("%s: a slot holds %d tokens, less than maxModelLen 256", name, props.Settings.NCtx)
 		}
-		load, err := engine.ReadLoad(context.Background(), http.DefaultClient, engine.KindLlamaCpp, base)
+		load, err := engine.ReadLoad(context.Background(), http.DefaultClient, engine.KindLlamaCpp, base, "")
 		if err != nil || load.Running != 0 || load.Waiting != 0 {
 			t.Errorf("%s: ReadLoad of an idle engine: %+v, %v", name, load, err)
 		}
@@ -163,4 +163,51 @@ func propsOf(t *testing.T, base string) llamaProps {
 		t.Fatal(err)
 	}
 	return props
+}
+
+// TestRealLlamaCppEngineKey: with engine keys, the executor starts the real
+// llama-server with its key in its environment (not on its command line):
+// it is Running (its /health needs no key), a completion or /metrics
+// without the key is refused 401, with it answered, and ReadLoad reads the
+// metrics with it.
+func TestRealLlamaCppEngineKey(t *testing.T) {
+	realLlamaOnPath(t)
+	f := tinygguf.Write(t)
+	keys := engine.NewKeys([]byte("0123456789abcdef0123456789abcdef"))
+	h := newHarness(t, t.TempDir(), func(o *Options) { o.EngineKeys = keys })
+	h.want(10, llamaReplica("keyed", f.Model, 1, &pb.EngineSpec{MaxModelLen: 256, Args: []string{"--parallel", "1"}}))
+	base := h.waitState("keyed", pb.ReplicaState_REPLICA_STATE_RUNNING, 30*time.Second).GetEndpoint()
+	key := keys.For("keyed", 0)
+	for _, path := range []string{"/v1/completions", "/metrics", "/props"} {
+		for _, withKey := range []bool{false, true} {
+			method, body := http.MethodGet, ""
+			if path == "/v1/completions" {
+				method, body = http.MethodPost, `{"prompt":"hi","max_tokens":1}`
+			}
+			req, _ := http.NewRequest(method, base+path, strings.NewReader(body))
+			if withKey {
+				engine.Authorize(req.Header, key)
+			}
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp.Body.Close()
+			if want := map[bool]int{false: http.StatusUnauthorized, true: http.StatusOK}[withKey]; resp.StatusCode != want {
+				t.Errorf("%s %s with the key: %v: %d, want %d", method, path, withKey, resp.StatusCode, want)
+			}
+		}
+	}
+	if _, err := engine.ReadLoad(context.Background(), http.DefaultClient, engine.KindLlamaCpp, base, key); err != nil {
+		t.Errorf("ReadLoad with the key: %v", err)
+	}
+	pids := llamaPIDs(t, "keyed")
+	if len(pids) != 1 {
+		t.Fatalf("llama-server processes: %v", pids)
+	}
+	cmdline, _ := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pids[0]), "cmdline"))
+	environ, _ := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pids[0]), "environ"))
+	if strings.Contains(string(cmdline), key) || !strings.Contains(string(environ), "LLAMA_API_KEY="+key) {
+		t.Errorf("the key is on the command line (%v) or not in the environment (%v)", strings.Contains(string(cmdline), key), strings.Contains(string(environ), key))
+	}
 }

@@ -58,6 +58,8 @@ type local struct {
 	ready bool
 	// slots: a llama.cpp engine's slots (slots.go), nil for other kinds.
 	slots *slotPool
+	// apiKey is the engine's API key (Options.EngineKeys), "" for none.
+	apiKey string
 }
 
 // slotPoolFor is a new pool of rp's engine slots, nil if it has none.
@@ -147,7 +149,8 @@ func (g *Gateway) syncLocals(t *table) {
 		l := g.locals[key]
 		if l == nil {
 			c := g.card(rp.Card)
-			l = &local{key: key, card: c, rep: rp, stop: make(chan struct{}), slots: slotPoolFor(rp)}
+			l = &local{key: key, card: c, rep: rp, stop: make(chan struct{}), slots: slotPoolFor(rp),
+				apiKey: g.opts.EngineKeys.For(rp.Deployment, rp.Index)}
 			c.mu.Lock()
 			_, err := c.s.AddDeployment(g.queueDeployment(key, rp), now)
 			c.mu.Unlock()
@@ -678,9 +681,9 @@ func (x *call) begin() step {
 		return x.next()
 	}
 	if x.g.opts.Engines != nil {
-		resp, err := x.g.sendClient(x.ctx, x.url, x.req, x.body)
+		resp, err := x.g.sendClient(x.ctx, x.url, x.req, x.body, x.l.apiKey)
 		if fresh := x.freshAfter(err); fresh != "" {
-			resp, err = x.g.sendClient(x.ctx, fresh, x.req, x.body)
+			resp, err = x.g.sendClient(x.ctx, fresh, x.req, x.body, x.l.apiKey)
 		}
 		return x.complete(resp, err)
 	}
@@ -696,7 +699,7 @@ func (x *call) begin() step {
 
 // open sends the attempt's request to the engine at url on x.ex.
 func (x *call) open(url string) error {
-	host, head, err := engineHead(url, x.req.path, len(x.body), x.req.stream, x.req.who.tenant, x.g.opts.FrontKey)
+	host, head, err := engineHead(url, x.req.path, len(x.body), x.req.stream, x.req.who.tenant, x.g.opts.FrontKey, x.l.apiKey)
 	if err != nil {
 		return err
 	}
@@ -906,21 +909,25 @@ func (g *Gateway) freshURL(ctx context.Context, l *local, adapter bool) string {
 	return l.url
 }
 
-// engineHead is the head of a request to an engine.
-func engineHead(url, path string, n int, stream bool, tenant, frontKey string) (string, []byte, error) {
+// engineHead is the head of a request to an engine (apiKey its API key,
+// "" for none).
+func engineHead(url, path string, n int, stream bool, tenant, frontKey, apiKey string) (string, []byte, error) {
 	accept := "application/json"
 	if stream {
 		accept = "text/event-stream"
 	}
+	h := []string{"Content-Type", "application/json", "Accept", accept, TenantHeader, tenant}
 	if frontKey != "" {
-		return requestHead(url, path, n, "Content-Type", "application/json", "Accept", accept, TenantHeader, tenant,
-			isolation.FrontKeyHeader, frontKey)
+		h = append(h, isolation.FrontKeyHeader, frontKey)
 	}
-	return requestHead(url, path, n, "Content-Type", "application/json", "Accept", accept, TenantHeader, tenant)
+	if apiKey != "" {
+		h = append(h, "Authorization", "Bearer "+apiKey)
+	}
+	return requestHead(url, path, n, h...)
 }
 
 // sendClient posts a request's body to its engine with Options.Engines.
-func (g *Gateway) sendClient(ctx context.Context, url string, req *request, body []byte) (*http.Response, error) {
+func (g *Gateway) sendClient(ctx context.Context, url string, req *request, body []byte, apiKey string) (*http.Response, error) {
 	out, err := http.NewRequestWithContext(ctx, http.MethodPost, url+req.path, bytes.NewReader(body))
 	if err != nil {
 		return nil, err
@@ -935,6 +942,7 @@ func (g *Gateway) sendClient(ctx context.Context, url string, req *request, body
 	if g.opts.FrontKey != "" {
 		out.Header.Set(isolation.FrontKeyHeader, g.opts.FrontKey)
 	}
+	engine.Authorize(out.Header, apiKey)
 	return g.opts.Engines.Do(out)
 }
 

@@ -21,7 +21,7 @@ import (
 // realLlama runs the real llama-server as the llamacpp driver starts it
 // for spec (its own flags, on a free loopback port, one thread) and
 // returns its URL.
-func realLlama(t *testing.T, spec *pb.ModelSpec) string {
+func realLlama(t *testing.T, spec *pb.ModelSpec, env ...string) string {
 	t.Helper()
 	bin := realengine.LlamaServer(t)
 	port := porttest.Free(t)
@@ -34,7 +34,7 @@ func realLlama(t *testing.T, spec *pb.ModelSpec) string {
 		t.Fatal(err)
 	}
 	url := "http://127.0.0.1:" + strconv.Itoa(port)
-	realengine.Run(t, bin, append(cmd.Args, "--threads", "1", "--no-webui"), cmd.Env, url+cmd.HealthPath)
+	realengine.Run(t, bin, append(cmd.Args, "--threads", "1", "--no-webui"), append(cmd.Env, env...), url+cmd.HealthPath)
 	return url
 }
 
@@ -54,12 +54,18 @@ func tinyLlamaSpec(t *testing.T, slots int) *pb.ModelSpec {
 // waits until the replica is placed.
 func gatewayFor(t *testing.T, spec *pb.ModelSpec, engineURL string) string {
 	t.Helper()
+	return gatewayWith(t, spec, engineURL, nil)
+}
+
+// gatewayWith is gatewayFor with the engine keys keys.
+func gatewayWith(t *testing.T, spec *pb.ModelSpec, engineURL string, keys *engine.Keys) string {
+	t.Helper()
 	adapters := map[string][]string{}
 	for _, a := range spec.GetAdapters() {
 		adapters[a.GetName()] = a.GetTenants()
 	}
 	slots := engine.LlamaSlots(spec.GetEngine())
-	_, srv, _ := startGateway(t, Options{Node: "n1", Cluster: fixedView{[]Model{{Served: "tiny", Deployment: "tiny", Class: queue.Standard,
+	_, srv, _ := startGateway(t, Options{Node: "n1", EngineKeys: keys, Cluster: fixedView{[]Model{{Served: "tiny", Deployment: "tiny", Class: queue.Standard,
 		Adapters: adapters, AdapterIDs: engine.LlamaAdapterIDs(spec), MaxModelLen: int(spec.GetEngine().GetMaxModelLen()),
 		Replicas: []Replica{{Deployment: "tiny", Node: "n1", Endpoint: engineURL, Kind: "llamacpp", Slots: slots, Running: true, Resident: true}}}}}})
 	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(20 * time.Millisecond) {
@@ -237,5 +243,26 @@ func TestRealLlamaCppCachesStayWithTheirTenantAndAdapter(t *testing.T) {
 				t.Errorf("tenant b's request under the adapter reused %d tokens of tenant a's prompt computed on the base; want reuse: %v", n, c.reuse)
 			}
 		})
+	}
+}
+
+// TestRealLlamaCppEngineKeyThroughTheGateway: a real llama-server started
+// with its engine key (as the executor starts it) answers the gateway,
+// which sends the key, and refuses a request without it.
+func TestRealLlamaCppEngineKeyThroughTheGateway(t *testing.T) {
+	keys := engine.NewKeys([]byte("0123456789abcdef0123456789abcdef"))
+	spec := tinyLlamaSpec(t, 1)
+	eng := realLlama(t, spec, engine.KeyEnv(engine.KindLlamaCpp, keys.For("tiny", 0))...)
+	gw := gatewayWith(t, spec, eng, keys)
+	if code, text, _ := askAs(t, gw, "a", "tiny:okay", "hello"); code != http.StatusOK || text != strings.Repeat(" ok", 6) {
+		t.Errorf("through the gateway: %d %q", code, text)
+	}
+	resp, err := http.Post(eng+"/v1/completions", "application/json", strings.NewReader(`{"prompt":"hello","max_tokens":1}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusUnauthorized {
+		t.Errorf("straight to the engine without its key: %d, want 401", resp.StatusCode)
 	}
 }

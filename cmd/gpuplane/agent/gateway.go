@@ -99,7 +99,7 @@ func (a *Agent) startGateway(res *cardmanager.Manager) error {
 	gc := a.cfg.Gateway
 	opts := gateway.Options{
 		Node: a.cfg.NodeName, Cluster: &gatewayView{a: a}, Salter: salter, Peers: a.sec.peerHTTP,
-		IsPeer: a.isPeer, FrontKey: a.frontKey, Queue: gc.Queue, MaxInFlight: gc.MaxInFlight, QueueLimit: gc.QueueLimit,
+		IsPeer: a.isPeer, FrontKey: a.frontKey, EngineKeys: a.engineKeys, Queue: gc.Queue, MaxInFlight: gc.MaxInFlight, QueueLimit: gc.QueueLimit,
 		Weights: gc.Weights, MetricTenants: gc.MetricTenants, Registerer: a.gatewayReg, Logger: a.cfg.Logger,
 	}
 	if res != nil {
