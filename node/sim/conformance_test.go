@@ -95,6 +95,9 @@ var llamaCppConformance = conformanceEngine{
 			contentType: "text/event-stream", shape: []string{"~\"completion_tokens\":2", "~data: [DONE]"}},
 		{name: "completion without prompt", method: "POST", path: "/v1/completions", body: `{"max_tokens":2}`, status: 400,
 			contentType: "application/json", shape: llamaErrorShape(400, "invalid_request_error")},
+		{name: "prompt past the slot's context", method: "POST", path: "/v1/completions",
+			body: `{"prompt":"` + strings.Repeat("a ", 600) + `","max_tokens":1}`, status: 400, contentType: "application/json",
+			shape: append(llamaErrorShape(400, "exceed_context_size_error"), "error.n_ctx=512", "error.n_prompt_tokens")},
 		{name: "adapter id past the last", method: "POST", path: "/v1/completions",
 			body: `{"prompt":"hello","max_tokens":1,"lora":[{"id":7,"scale":1}]}`, status: 200, shape: []string{"choices.0.text"}},
 		{name: "id_slot past the last", method: "POST", path: "/v1/completions",
@@ -307,8 +310,11 @@ func conformanceTable() string {
 		fmt.Fprintf(&b, "\n**%s** (%d cases)\n\n| case | request | answer | sim |\n|---|---|---|---|\n", e.name, len(e.cases))
 		for _, c := range e.cases {
 			req := c.method + " " + c.path
-			if c.body != "" {
-				req += " `" + c.body + "`"
+			if body := c.body; body != "" {
+				if len(body) > 120 {
+					body = body[:60] + "…" + body[len(body)-40:]
+				}
+				req += " `" + body + "`"
 			}
 			if c.loading {
 				req += " (loading)"
