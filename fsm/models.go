@@ -134,6 +134,7 @@ func ValidateModelSpec(spec *pb.ModelSpec) []*pb.Violation {
 	}
 	validateSleepLevel(&v, spec)
 	validateStrings(&v, spec)
+	validateEngineKey(&v, spec)
 	if c := spec.GetResources().GetCpuMilli(); c > MaxCPUMilli {
 		v.add("spec.resources.cpuMilli", "must be at most %d (1000 cores), got %d", MaxCPUMilli, c)
 	}
@@ -196,6 +197,35 @@ func validateStrings(v *violations, spec *pb.ModelSpec) {
 		}
 		if strings.ContainsRune(sel[k], 0) {
 			v.add("spec.placement.nodeSelector."+strings.ReplaceAll(k, "\x00", "\\0"), "the value must not contain NUL")
+		}
+	}
+}
+
+// engineKeyArgs and engineKeyEnv are how vLLM and llama-server take an API
+// key (llama-server also from a file).
+var (
+	engineKeyArgs = []string{"--api-key", "--api-key-file"}
+	engineKeyEnv  = []string{"VLLM_API_KEY", "LLAMA_API_KEY", "LLAMA_ARG_API_KEY", "LLAMA_ARG_API_KEY_FILE"}
+)
+
+// validateEngineKey refuses an API key of the deployment's own for an
+// engine the node drives: every call the node makes (health, metrics,
+// controls, adapters, the gateway's requests) would be refused. The node
+// gives vLLM and llama.cpp engines a key of its own (docs/engines.md).
+func validateEngineKey(v *violations, spec *pb.ModelSpec) {
+	e := spec.GetEngine()
+	if e.GetKind() == "command" {
+		return
+	}
+	for i, a := range e.GetArgs() {
+		flag, _, _ := strings.Cut(a, "=")
+		if slices.Contains(engineKeyArgs, flag) {
+			v.add(fmt.Sprintf("spec.engine.args[%d]", i), "%s is the node's to set: each engine gets an API key only the node sends, and a key of the deployment's own would refuse every call the node makes; remove it", flag)
+		}
+	}
+	for _, k := range slices.Sorted(maps.Keys(e.GetEnv())) {
+		if slices.Contains(engineKeyEnv, k) {
+			v.add("spec.engine.env."+k, "is the node's to set: each engine gets an API key only the node sends, and a key of the deployment's own would refuse every call the node makes; remove it")
 		}
 	}
 }

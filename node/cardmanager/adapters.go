@@ -149,7 +149,7 @@ func (m *Manager) actAdapter(c *cardCtrl, k rkey, r *rep, a residency.Action) {
 	if ad := r.adapters; ad != nil && ad.byName[a.Adapter] != nil {
 		source = ad.byName[a.Adapter].GetSource()
 	}
-	ctl, err := engine.AdaptersFor(r.kind, engine.Target{BaseURL: m.engines[k].url})
+	ctl, err := engine.AdaptersFor(r.kind, engine.Target{BaseURL: m.engines[k].url, APIKey: m.opts.EngineKeys.For(k.model, k.index)})
 	card := c.index
 	go func() {
 		ctx, cancel := context.WithTimeout(m.ctx, 5*time.Minute)
@@ -199,7 +199,7 @@ func (m *Manager) reconcileAdapters(id residency.ModelID) {
 		if k.id() != id || r.adapters == nil {
 			continue
 		}
-		ctl, err := engine.AdaptersFor(r.kind, engine.Target{BaseURL: m.engines[k].url})
+		ctl, err := engine.AdaptersFor(r.kind, engine.Target{BaseURL: m.engines[k].url, APIKey: m.opts.EngineKeys.For(k.model, k.index)})
 		if err != nil || m.engines[k].url == "" {
 			return
 		}

@@ -19,6 +19,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/gpuplane/gpuplane/node/engine"
 	"github.com/gpuplane/gpuplane/node/executor"
 	"github.com/gpuplane/gpuplane/node/gateway/isolation"
 	"github.com/gpuplane/gpuplane/node/residency"
@@ -80,8 +81,10 @@ func (m *Manager) front(k rkey) (*front, error) {
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.SetURL(pr.In.Context().Value(targetKey{}).(*url.URL))
 			pr.Out.Host = pr.In.Host
-			// The engine has no use for the node's front key.
+			// The engine has no use for the node's front key; it takes
+			// its own API key.
 			pr.Out.Header.Del(isolation.FrontKeyHeader)
+			engine.Authorize(pr.Out.Header, m.opts.EngineKeys.For(k.model, k.index))
 		},
 		// Streamed (SSE) answers go out as the engine writes them.
 		FlushInterval: -1,

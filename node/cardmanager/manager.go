@@ -61,6 +61,9 @@ type Options struct {
 	// nobody but the gateway, which takes the tenant from the token, can
 	// name a tenant to it (and get that tenant's private adapters).
 	FrontKey string
+	// EngineKeys give each engine's API key (engine.Keys), sent with every
+	// call to it (controls, adapters, proxied requests); nil: none.
+	EngineKeys *engine.Keys
 	// Wait bounds how long a request waits at a front for its model to be
 	// resident (default 2m); then it gets a 503 with Retry-After.
 	Wait time.Duration
@@ -824,7 +827,7 @@ func (m *Manager) act(c *cardCtrl, a residency.Action) {
 		} else if r.sleptAt != 0 {
 			level = r.sleptAt
 		}
-		ctl, err := engine.ControlsFor(r.kind, engine.Target{BaseURL: m.engines[k].url, Model: r.model, SleepLevel: level})
+		ctl, err := engine.ControlsFor(r.kind, engine.Target{BaseURL: m.engines[k].url, Model: r.model, SleepLevel: level, APIKey: m.opts.EngineKeys.For(k.model, k.index)})
 		c.work.do(func() {
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 			defer cancel()

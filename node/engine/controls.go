@@ -71,6 +71,9 @@ type Target struct {
 	Client *http.Client
 	// Process is needed only by the start/stop fallback.
 	Process Process
+	// APIKey is the engine's key (Keys.For), sent as a bearer token with
+	// every call; "" for none.
+	APIKey string
 	// SleepLevel is the level the engine sleeps at when the caller knows
 	// it (the node's choice, SleepLevel), 0 when not: a vLLM wake from
 	// level 1 must not read the weights from disk again.
@@ -160,6 +163,7 @@ func (c caller) call(ctx context.Context, method, path string, body, out any) er
 	if body != nil {
 		req.Header.Set("Content-Type", "application/json")
 	}
+	Authorize(req.Header, c.t.APIKey)
 	resp, err := c.client().Do(req)
 	if err != nil {
 		return err

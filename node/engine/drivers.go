@@ -78,11 +78,70 @@ func llamaContext(e *pb.EngineSpec) []string {
 		return nil
 	}
 	slots := LlamaSlots(e)
-	if _, explicit := llamaParallel(e.GetArgs()); !explicit || hasFlag(e.GetArgs(), "--kv-unified", "-kvu") {
+	if llamaUnified(e) {
 		slots = 1
 	}
 	return []string{"-c", u64(uint64(n) * uint64(slots))}
 }
+
+// llamaBoundedContext is llama-server's -c: from maxModelLen where the
+// deployment gives one (llamaContext), else, on a shared card, sized to
+// the share. Without -c llama-server takes the model's whole trained
+// context (128k tokens for many models), and its --fit shrinks it to the
+// card's free memory, not to the share. Sized to the share: what the share
+// leaves after the weights (the model file) and a tenth for compute
+// buffers, over the KV bytes per token the file's metadata gives (f16),
+// at most the trained context per slot, rounded down to 256 tokens and at
+// least 256. A model file the agent cannot read (a Hugging Face name, a
+// missing path) gets llamaFallbackContext per slot. A -c of the
+// deployment's own (flag or LLAMA_ARG_CTX_SIZE) is left to it.
+func llamaBoundedContext(p Params) []string {
+	e := p.Spec.GetEngine()
+	if c := llamaContext(e); c != nil || p.wholeCard() {
+		return c
+	}
+	if hasFlag(e.GetArgs(), "-c", "--ctx-size") || e.GetEnv()["LLAMA_ARG_CTX_SIZE"] != "" || slices.ContainsFunc(e.GetArgs(), func(a string) bool { return strings.HasPrefix(a, "--ctx-size=") }) {
+		return nil
+	}
+	slots := uint64(LlamaSlots(e))
+	if llamaUnified(e) {
+		slots = 1
+	}
+	g, err := readGGUFShape(p.Spec.GetModel())
+	if err != nil {
+		return []string{"-c", u64(llamaFallbackContext * slots)}
+	}
+	return []string{"-c", u64(shareContext(g, p.Replica.GetMemoryMib()*uint64(max(len(p.Replica.GetCards()), 1)), slots))}
+}
+
+// llamaFallbackContext is the context per slot of a llama.cpp model on a
+// shared card whose file the agent cannot read to size it.
+const llamaFallbackContext = 4096
+
+// shareContext is the -c a share of shareMiB holds for model g with slots
+// slots each up to its trained context (see llamaBoundedContext).
+func shareContext(g ggufShape, shareMiB, slots uint64) uint64 {
+	budget := int64(shareMiB<<20) - int64(g.FileBytes) - int64(shareMiB<<20)/10
+	ctx := uint64(0)
+	if kv := g.KVBytesPerToken(); budget > 0 && kv > 0 {
+		ctx = uint64(budget) / kv
+	}
+	if g.ContextLength > 0 {
+		ctx = min(ctx, g.ContextLength*slots)
+	}
+	return max(ctx/256*256, 256)
+}
+
+// llamaNoHostCache turns off llama-server's host-RAM prompt cache
+// (--cache-ram, 8192 MiB by default, with idle slots saved to it): it
+// keeps prompts' KV by their tokens alone and restores one into whichever
+// slot a later request with a similar prompt lands in, whatever tenant or
+// adapter computed it (tools/server/server-task.cpp,
+// server_prompt_cache::load), and it is host memory no share accounts
+// for. Each slot's own prompt cache stays: the gateway gives a tenant's
+// requests their own slots (id_slot) and names the adapters of every
+// request, and llama-server clears a slot whose adapters change.
+var llamaNoHostCache = []string{"--cache-ram", "0"}
 
 // llamaLoRAFlags load the deployment's adapters at start, llama-server's
 // only way: --lora per adapter (ids 0.. in spec order, LlamaAdapterIDs),
@@ -115,15 +174,85 @@ func LlamaAdapterIDs(spec *pb.ModelSpec) map[string]int {
 	return out
 }
 
-// LlamaSlots is a llama.cpp engine's slot count: its --parallel (-np), or
-// llama-server's auto, 4, when absent or not positive (tools/server/server.cpp:
-// "n_parallel is set to auto, using n_parallel = 4 and kv_unified = true").
-// The gateway runs each request in one of them.
+// LlamaSlots is a llama.cpp engine's slot count: its --parallel (-np),
+// else its environment's LLAMA_ARG_N_PARALLEL (llama-server reads it where
+// no flag is given), else llama-server's auto, 4 (tools/server/server.cpp:
+// "n_parallel is set to auto, using n_parallel = 4 and kv_unified =
+// true"). The gateway runs each request in one of them.
 func LlamaSlots(e *pb.EngineSpec) int {
-	if n, ok := llamaParallel(e.GetArgs()); ok {
+	if n, ok := llamaExplicitSlots(e); ok {
 		return n
 	}
 	return 4
+}
+
+// llamaExplicitSlots is the slot count --parallel or LLAMA_ARG_N_PARALLEL
+// sets (each slot then gets its share of -c, unless the cache is unified);
+// ok is false when neither does.
+func llamaExplicitSlots(e *pb.EngineSpec) (int, bool) {
+	if n, ok := llamaParallel(e.GetArgs()); ok {
+		return n, true
+	}
+	if x, err := strconv.Atoi(strings.TrimSpace(e.GetEnv()["LLAMA_ARG_N_PARALLEL"])); err == nil && x > 0 {
+		return min(x, 1<<10), true
+	}
+	return 0, false
+}
+
+// llamaUnified says whether every slot may use the whole -c: auto slots,
+// --kv-unified (-kvu), or LLAMA_ARG_KV_UNIFIED set true without a flag.
+func llamaUnified(e *pb.EngineSpec) bool {
+	if _, explicit := llamaExplicitSlots(e); !explicit {
+		return true
+	}
+	args := e.GetArgs()
+	for i := len(args) - 1; i >= 0; i-- {
+		switch args[i] {
+		case "--kv-unified", "-kvu":
+			return true
+		case "--no-kv-unified", "-no-kvu":
+			return false
+		}
+	}
+	switch strings.ToLower(strings.TrimSpace(e.GetEnv()["LLAMA_ARG_KV_UNIFIED"])) {
+	case "1", "true", "on", "enabled":
+		return true
+	}
+	return false
+}
+
+// LlamaContext is the context one request to a llama.cpp engine may use,
+// in tokens: a -c (--ctx-size) of the deployment's own, else its
+// environment's LLAMA_ARG_CTX_SIZE, else the -c the driver derives from
+// maxModelLen — divided between explicit slots unless the cache is
+// unified. 0: unknown (no -c of any kind).
+func LlamaContext(e *pb.EngineSpec) int {
+	ctx := uint64(0)
+	if c := llamaContext(e); len(c) == 2 {
+		ctx, _ = strconv.ParseUint(c[1], 10, 64)
+	}
+	if v, err := strconv.ParseUint(strings.TrimSpace(e.GetEnv()["LLAMA_ARG_CTX_SIZE"]), 10, 64); err == nil && v > 0 && !hasFlag(e.GetArgs(), "-c", "--ctx-size") {
+		ctx = v
+	}
+	args := e.GetArgs()
+	for i, a := range args {
+		var v string
+		switch {
+		case strings.HasPrefix(a, "--ctx-size="):
+			v = strings.TrimPrefix(a, "--ctx-size=")
+		case (a == "-c" || a == "--ctx-size") && i+1 < len(args):
+			v = args[i+1]
+		default:
+			continue
+		}
+		if x, err := strconv.ParseUint(v, 10, 64); err == nil && x > 0 {
+			ctx = x
+		}
+	}
+	if !llamaUnified(e) {
+		ctx /= uint64(LlamaSlots(e))
+	}
+	return int(min(ctx, 1<<31))
 }
 
 // llamaParallel is the positive --parallel (or -np) args set, the last
@@ -177,7 +306,8 @@ func (llamaCpp) Command(p Params) (Command, error) {
 		// Its request gauges, which the agent reads (engine.ReadLoad).
 		"--metrics",
 	}
-	args = append(args, llamaContext(e)...)
+	args = append(args, llamaNoHostCache...)
+	args = append(args, llamaBoundedContext(p)...)
 	args = append(args, llamaLoRAFlags(p.Spec)...)
 	if n := len(p.Cards); n > 1 {
 		// An even split over the replica's cards (CUDA's ordinals 0..n-1).

@@ -35,9 +35,10 @@ func HasMetrics(kind string) bool {
 	return ok
 }
 
-// ReadLoad reads GET base/metrics of an engine speaking kind and sums
-// each gauge over its label sets (vLLM labels by model and engine core).
-func ReadLoad(ctx context.Context, client *http.Client, kind, base string) (Load, error) {
+// ReadLoad reads GET base/metrics of an engine speaking kind, with its
+// API key (Keys.For; "" for none), and sums each gauge over its label
+// sets (vLLM labels by model and engine core).
+func ReadLoad(ctx context.Context, client *http.Client, kind, base, key string) (Load, error) {
 	series, ok := loadSeries[kind]
 	if !ok {
 		return Load{}, fmt.Errorf("engine %s has no /metrics", kind)
@@ -46,6 +47,7 @@ func ReadLoad(ctx context.Context, client *http.Client, kind, base string) (Load
 	if err != nil {
 		return Load{}, err
 	}
+	Authorize(req.Header, key)
 	resp, err := client.Do(req)
 	if err != nil {
 		return Load{}, err

@@ -15,7 +15,7 @@ func awaitLoad(t *testing.T, kind, base string, want Load) {
 	t.Helper()
 	deadline := time.Now().Add(20 * time.Second)
 	for {
-		l, err := ReadLoad(context.Background(), http.DefaultClient, kind, base)
+		l, err := ReadLoad(context.Background(), http.DefaultClient, kind, base, "")
 		if err == nil && l == want {
 			return
 		}
@@ -68,7 +68,7 @@ func TestReadLoadFromTheEnginesMetrics(t *testing.T) {
 	bare := launchProc(t, c, "bare", []string{"engine", "sim", "--port", "0", "--served-model-name", "chat",
 		"--dialect", "llamacpp", "--load-seconds", "0"}, nil)()
 	bare.waitHealthy(t)
-	if _, err := ReadLoad(context.Background(), http.DefaultClient, KindLlamaCpp, bare.base); err == nil || !strings.Contains(err.Error(), "501") {
+	if _, err := ReadLoad(context.Background(), http.DefaultClient, KindLlamaCpp, bare.base, ""); err == nil || !strings.Contains(err.Error(), "501") {
 		t.Fatalf("llama-server without --metrics: %v; want its 501", err)
 	}
 	if HasMetrics(KindOllama) || HasMetrics(KindCommand) {

@@ -82,6 +82,9 @@ type Options struct {
 	AdvertiseHost string
 	// Enforcement holds engines to their shares beyond their own flags.
 	Enforcement engine.Enforcement
+	// EngineKeys give each vLLM and llama.cpp engine its API key (in its
+	// environment, engine.KeyEnv); nil: none.
+	EngineKeys *engine.Keys
 	// Self is the gpuplane executable that runs sim engines (default: this
 	// process's executable).
 	Self string

@@ -391,6 +391,7 @@ func (s *supervisor) launch(d Desired) error {
 		d.Replica.GetGeneration(), s.restarts, strings.Join(argv, " "))
 	c := exec.Command(cmd.Path, cmd.Args...)
 	c.Env = append(os.Environ(), cmd.Env...)
+	c.Env = append(c.Env, engine.KeyEnv(d.Spec.GetEngine().GetKind(), opts.EngineKeys.For(s.k.model, s.k.index))...)
 	if opts.SimUsageDir != "" {
 		c.Env = append(c.Env, inventory.EnvSimUsageDir+"="+opts.SimUsageDir)
 	}

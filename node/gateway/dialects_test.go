@@ -78,8 +78,8 @@ func TestGatewayOllamaRequestByServedName(t *testing.T) {
 // runs 4 slots; the gateway counts 4 (engine.LlamaSlots), so 8 requests
 // run four at a time, each in a slot the engine has: its /slots shows all
 // four processing at once, never a fifth, and every request is answered.
-// (A slot the engine does not have would defer the request for ever, as
-// llama-server does.)
+// (llama-server runs a slot id past its last in that id modulo its slot
+// count, so a fifth slot would share another tenant's.)
 func TestGatewayLlamaCppAutoSlots(t *testing.T) {
 	engine := simEngineWith(t, sim.Config{ServedModelName: "chat", Dialect: sim.DialectLlamaCpp, TokensPerSecond: 20})
 	_, srv, _ := startGateway(t, Options{Node: "n1", Cluster: fixedView{[]Model{{Served: "chat", Deployment: "chat", Class: queue.Standard,

@@ -16,6 +16,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/gpuplane/gpuplane/node/engine"
 	"github.com/gpuplane/gpuplane/node/gateway/isolation"
 	"github.com/gpuplane/gpuplane/node/gateway/queue"
 )
@@ -163,6 +164,9 @@ type Options struct {
 	// the gateway cannot tell a front's address from an engine's, and an
 	// engine ignores the header.
 	FrontKey string
+	// EngineKeys give each local engine's API key (engine.Keys), sent as
+	// a bearer token with every request to it; nil: none.
+	EngineKeys *engine.Keys
 	// Engines carries requests to this node's engines; nil: the gateway's
 	// own lean keep-alive HTTP/1.1 client (engineTransport), without
 	// timeouts (streams last), so that an idle stream costs little.

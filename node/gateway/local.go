@@ -7,6 +7,7 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -57,6 +58,8 @@ type local struct {
 	ready bool
 	// slots: a llama.cpp engine's slots (slots.go), nil for other kinds.
 	slots *slotPool
+	// apiKey is the engine's API key (Options.EngineKeys), "" for none.
+	apiKey string
 }
 
 // slotPoolFor is a new pool of rp's engine slots, nil if it has none.
@@ -146,7 +149,8 @@ func (g *Gateway) syncLocals(t *table) {
 		l := g.locals[key]
 		if l == nil {
 			c := g.card(rp.Card)
-			l = &local{key: key, card: c, rep: rp, stop: make(chan struct{}), slots: slotPoolFor(rp)}
+			l = &local{key: key, card: c, rep: rp, stop: make(chan struct{}), slots: slotPoolFor(rp),
+				apiKey: g.opts.EngineKeys.For(rp.Deployment, rp.Index)}
 			c.mu.Lock()
 			_, err := c.s.AddDeployment(g.queueDeployment(key, rp), now)
 			c.mu.Unlock()
@@ -677,9 +681,9 @@ func (x *call) begin() step {
 		return x.next()
 	}
 	if x.g.opts.Engines != nil {
-		resp, err := x.g.sendClient(x.ctx, x.url, x.req, x.body)
+		resp, err := x.g.sendClient(x.ctx, x.url, x.req, x.body, x.l.apiKey)
 		if fresh := x.freshAfter(err); fresh != "" {
-			resp, err = x.g.sendClient(x.ctx, fresh, x.req, x.body)
+			resp, err = x.g.sendClient(x.ctx, fresh, x.req, x.body, x.l.apiKey)
 		}
 		return x.complete(resp, err)
 	}
@@ -695,7 +699,7 @@ func (x *call) begin() step {
 
 // open sends the attempt's request to the engine at url on x.ex.
 func (x *call) open(url string) error {
-	host, head, err := engineHead(url, x.req.path, len(x.body), x.req.stream, x.req.who.tenant, x.g.opts.FrontKey)
+	host, head, err := engineHead(url, x.req.path, len(x.body), x.req.stream, x.req.who.tenant, x.g.opts.FrontKey, x.l.apiKey)
 	if err != nil {
 		return err
 	}
@@ -757,9 +761,11 @@ func (x *call) prepare() *apiError {
 		// vLLM's order: lower is handled earlier, 0 the default.
 		fields["priority"] = int(queue.Interactive - req.class)
 	}
-	switch id, byID := m.AdapterIDs[req.adapter]; {
+	if len(m.AdapterIDs) > 0 {
+		fields["lora"] = llamaLoRAList(m.AdapterIDs, req.adapter)
+	}
+	switch _, byID := m.AdapterIDs[req.adapter]; {
 	case req.adapter != "" && byID:
-		fields["lora"] = []map[string]any{{"id": id, "scale": 1}}
 		if req.model != m.Served {
 			fields["model"] = m.Served
 		}
@@ -781,6 +787,27 @@ func (x *call) prepare() *apiError {
 	}
 	x.body = withFields(req.body, fields)
 	return nil
+}
+
+// llamaLoRAList is the "lora" list sent with every request to a llama.cpp
+// engine that loaded adapters (ids: each adapter's id): every adapter by
+// id, at scale 1 for the one the request names and 0 for the rest, so a
+// base request ("" adapter) runs on the base alone. llama-server gives a
+// request without a list the command line's scales (1 for every --lora,
+// whatever --lora-init-without-apply), and only an explicit list that
+// differs from the slot's last one clears the slot's cached prompt
+// (tools/server/server-context.cpp, launch_slot_with_task).
+func llamaLoRAList(ids map[string]int, adapter string) []map[string]any {
+	out := make([]map[string]any, 0, len(ids))
+	for name, id := range ids {
+		scale := 0
+		if name == adapter {
+			scale = 1
+		}
+		out = append(out, map[string]any{"id": id, "scale": scale})
+	}
+	slices.SortFunc(out, func(a, b map[string]any) int { return a["id"].(int) - b["id"].(int) })
+	return out
 }
 
 // freshAfter is the address to send the request to once more after err:
@@ -882,21 +909,25 @@ func (g *Gateway) freshURL(ctx context.Context, l *local, adapter bool) string {
 	return l.url
 }
 
-// engineHead is the head of a request to an engine.
-func engineHead(url, path string, n int, stream bool, tenant, frontKey string) (string, []byte, error) {
+// engineHead is the head of a request to an engine (apiKey its API key,
+// "" for none).
+func engineHead(url, path string, n int, stream bool, tenant, frontKey, apiKey string) (string, []byte, error) {
 	accept := "application/json"
 	if stream {
 		accept = "text/event-stream"
 	}
+	h := []string{"Content-Type", "application/json", "Accept", accept, TenantHeader, tenant}
 	if frontKey != "" {
-		return requestHead(url, path, n, "Content-Type", "application/json", "Accept", accept, TenantHeader, tenant,
-			isolation.FrontKeyHeader, frontKey)
+		h = append(h, isolation.FrontKeyHeader, frontKey)
 	}
-	return requestHead(url, path, n, "Content-Type", "application/json", "Accept", accept, TenantHeader, tenant)
+	if apiKey != "" {
+		h = append(h, "Authorization", "Bearer "+apiKey)
+	}
+	return requestHead(url, path, n, h...)
 }
 
 // sendClient posts a request's body to its engine with Options.Engines.
-func (g *Gateway) sendClient(ctx context.Context, url string, req *request, body []byte) (*http.Response, error) {
+func (g *Gateway) sendClient(ctx context.Context, url string, req *request, body []byte, apiKey string) (*http.Response, error) {
 	out, err := http.NewRequestWithContext(ctx, http.MethodPost, url+req.path, bytes.NewReader(body))
 	if err != nil {
 		return nil, err
@@ -911,6 +942,7 @@ func (g *Gateway) sendClient(ctx context.Context, url string, req *request, body
 	if g.opts.FrontKey != "" {
 		out.Header.Set(isolation.FrontKeyHeader, g.opts.FrontKey)
 	}
+	engine.Authorize(out.Header, apiKey)
 	return g.opts.Engines.Do(out)
 }
 

@@ -210,6 +210,22 @@ func (s *server) llamaSlots(w http.ResponseWriter, _ *http.Request) {
 	writeJSON(w, http.StatusOK, out)
 }
 
+// llamaWhileLoading answers every route of a llama.cpp engine still
+// loading its model as llama-server does: 503 {"error":{"code":503,
+// "message":"Loading model","type":"unavailable_error"}}.
+func (s *server) llamaWhileLoading(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		s.mu.Lock()
+		loaded := s.loadedOnce
+		s.mu.Unlock()
+		if !loaded && r.URL.Path != "/sim/status" {
+			llamaError(w, http.StatusServiceUnavailable, "Loading model", "unavailable_error", nil)
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
 // llamaError answers in llama-server's error shape.
 func llamaError(w http.ResponseWriter, code int, msg, typ string, extra map[string]any) {
 	e := map[string]any{"code": code, "message": msg, "type": typ}
@@ -241,13 +257,20 @@ func (s *server) takeSlot(want int) int {
 
 // waitSlot waits, for a llama.cpp request, until its slot (or any, for
 // want -1) is free and takes it, as llama-server defers a task until a
-// slot is idle. A slot id past the last is never free: llama-server defers
-// such a task for ever, so the request waits until its client gives up.
+// slot is idle.
 func (s *server) waitSlot(r *http.Request, want int) (int, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if want < -1 {
+		want = -1
+	}
+	if want >= 0 {
+		// llama-server takes a slot id past the last modulo the slot
+		// count (get_slot_by_id), and one below -1 as any.
+		want %= s.cfg.slots()
+	}
 	for {
-		if want < s.cfg.slots() {
+		{
 			if id := s.takeSlot(want); id >= 0 {
 				return id, nil
 			}

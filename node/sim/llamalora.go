@@ -9,12 +9,17 @@ import (
 	"strings"
 )
 
-// llama.cpp's adapters (tools/server/README.md): llama-server loads every
-// --lora file at start, adapter ids 0.. in the order given, each with a
-// global scale (1, or 0 with --lora-init-without-apply) that GET and POST
-// /lora-adapters read and set. A request's "lora" ([{id, scale}]) replaces
-// the global scales for that request alone, those it leaves out at 0; an
-// id past the last is refused.
+// llama.cpp's adapters (tools/server/README.md), as the llama-server of
+// docs/engines.md runs them: it loads every --lora file at start, adapter
+// ids 0.. in the order given, each with a global scale of 1 that GET and
+// POST /lora-adapters read and set (--lora-init-without-apply only keeps
+// them out of the context at load: the list still says 1, and a request
+// without a "lora" list runs with them). A request's "lora" ([{id,
+// scale}]) replaces the global scales for that request alone, those it
+// leaves out at 0; an id that is no adapter's is ignored. A slot's cached
+// prompt is dropped when a request's list differs from the slot's last
+// one; a request without a list takes the global scales and keeps it
+// (server-context.cpp, launch_slot_with_task).
 
 // loraScale is one entry of a "lora" list.
 type loraScale struct {
@@ -34,26 +39,23 @@ func (s *server) initLlamaLoRA() {
 	l := &s.llamaLoRA
 	l.scales = make([]float64, len(s.cfg.LlamaLoRA))
 	for i := range l.scales {
-		if !s.cfg.LlamaLoRAInitWithoutApply {
-			l.scales[i] = 1
-		}
+		l.scales[i] = 1
 	}
 	l.applied, l.slotSig = map[string]int{}, map[int]string{}
 }
 
-// loraFor is the adapters a request runs with (their --lora paths), or
-// llama-server's message for a list it refuses.
-func (s *server) loraFor(req []loraScale) ([]string, string) {
+// loraFor is the adapters a request runs with (their --lora paths @
+// scale); explicit says the request named them (a "lora" list).
+func (s *server) loraFor(req []loraScale) (applied []string, explicit bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	scales := slices.Clone(s.llamaLoRA.scales)
-	if req != nil {
+	if len(req) > 0 {
 		clear(scales)
 		for _, e := range req {
-			if e.ID < 0 || e.ID >= len(scales) {
-				return nil, "invalid adapter id"
+			if e.ID >= 0 && e.ID < len(scales) {
+				scales[e.ID] = e.Scale
 			}
-			scales[e.ID] = e.Scale
 		}
 	}
 	var out []string
@@ -62,7 +64,7 @@ func (s *server) loraFor(req []loraScale) ([]string, string) {
 			out = append(out, s.cfg.LlamaLoRA[i]+"@"+strconv.FormatFloat(v, 'g', -1, 64))
 		}
 	}
-	return out, ""
+	return out, len(req) > 0
 }
 
 // countLoRA records that a request ran with applied (path@scale each).
@@ -77,10 +79,11 @@ func (s *server) countLoRA(applied []string) {
 	}
 }
 
-// loraChanged says whether slot last ran with other adapters than
-// applied, and records applied as its own: llama-server does not reuse a
-// slot's cached prompt computed under other adapters.
-func (s *server) loraChanged(slot int, applied []string) bool {
+// loraChanged says whether a request naming its adapters (explicit)
+// names others than slot last ran with, and records applied as the
+// slot's: llama-server drops a slot's cached prompt then. A request
+// without a list keeps the slot's cache whatever it held.
+func (s *server) loraChanged(slot int, applied []string, explicit bool) bool {
 	if s.cfg.Dialect != DialectLlamaCpp || slot < 0 {
 		return false
 	}
@@ -89,7 +92,7 @@ func (s *server) loraChanged(slot int, applied []string) bool {
 	defer s.mu.Unlock()
 	old, seen := s.llamaLoRA.slotSig[slot]
 	s.llamaLoRA.slotSig[slot] = sig
-	return seen && old != sig
+	return explicit && seen && old != sig
 }
 
 // llamaLoRAList is GET /lora-adapters.

@@ -131,8 +131,9 @@ type Config struct {
 	KVUnified   bool
 	LlamaRouter bool
 	// LlamaLoRA are llama-server's --lora files, adapter ids 0.. in
-	// order; LlamaLoRAInitWithoutApply is --lora-init-without-apply (their
-	// global scale starts at 0, not 1).
+	// order; LlamaLoRAInitWithoutApply is --lora-init-without-apply,
+	// accepted and, as in llama-server, changing nothing a request sees
+	// (llamalora.go).
 	LlamaLoRA                 []string
 	LlamaLoRAInitWithoutApply bool
 	// LlamaMetrics is llama-server's --metrics: /metrics exists.
@@ -429,6 +430,9 @@ func (s *server) routes() http.Handler {
 	mux := http.NewServeMux()
 	if s.cfg.Dialect != DialectAny {
 		s.dialectRoutes(mux)
+		if s.cfg.Dialect == DialectLlamaCpp {
+			return s.llamaWhileLoading(mux)
+		}
 		return mux
 	}
 	mux.HandleFunc("GET /health", s.health)
@@ -450,6 +454,11 @@ func (s *server) health(w http.ResponseWriter, _ *http.Request) {
 	s.mu.Unlock()
 	if !loaded {
 		http.Error(w, "loading", http.StatusServiceUnavailable)
+		return
+	}
+	if s.cfg.Dialect == DialectLlamaCpp {
+		// tools/server: {"status":"ok"}.
+		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 		return
 	}
 	w.WriteHeader(http.StatusOK)
@@ -570,6 +579,11 @@ func (s *server) complete(w http.ResponseWriter, r *http.Request, chat bool) {
 			s.mu.Unlock()
 		}()
 	}
+	if s.cfg.Dialect == DialectLlamaCpp && !chat && req.Prompt == nil {
+		// nlohmann::json's at("prompt") on a body without it.
+		llamaError(w, http.StatusBadRequest, "[json.exception.out_of_range.403] key 'prompt' not found", "invalid_request_error", nil)
+		return
+	}
 	if chat && len(req.Messages) == 0 {
 		apiError(w, http.StatusBadRequest, "messages must not be empty", "invalid_request_error")
 		return
@@ -592,12 +606,9 @@ func (s *server) complete(w http.ResponseWriter, r *http.Request, chat bool) {
 		req.IDSlot, req.CachePrompt, req.LoRA = nil, nil, nil
 	}
 	var applied []string
+	var explicitLoRA bool
 	if s.cfg.Dialect == DialectLlamaCpp {
-		var msg string
-		if applied, msg = s.loraFor(req.LoRA); msg != "" {
-			llamaError(w, http.StatusBadRequest, msg, "invalid_request_error", nil)
-			return
-		}
+		applied, explicitLoRA = s.loraFor(req.LoRA)
 	}
 	if req.StreamOptions != nil && !req.Stream {
 		apiError(w, http.StatusBadRequest, "stream_options is only allowed when stream is true", "invalid_request_error")
@@ -652,7 +663,7 @@ func (s *server) complete(w http.ResponseWriter, r *http.Request, chat bool) {
 		slot = *req.IDSlot
 	}
 	if slot >= 0 {
-		reuse := (req.CachePrompt == nil || *req.CachePrompt) && !s.loraChanged(slot, applied)
+		reuse := (req.CachePrompt == nil || *req.CachePrompt) && !s.loraChanged(slot, applied, explicitLoRA)
 		cached = s.slots.lookup(slot, prompt, reuse)
 	} else {
 		blocks = blockHashes(req.CacheSalt, prompt)

@@ -28,6 +28,7 @@ import (
 	"github.com/gpuplane/gpuplane/cluster/scheduler"
 	"github.com/gpuplane/gpuplane/fsm"
 	"github.com/gpuplane/gpuplane/node/cardmanager"
+	"github.com/gpuplane/gpuplane/node/engine"
 	"github.com/gpuplane/gpuplane/node/inventory"
 	"github.com/gpuplane/gpuplane/node/residency"
 	"github.com/gpuplane/gpuplane/node/residency/residencypb"
@@ -148,6 +149,9 @@ type Agent struct {
 	// frontKey is what the gateway shows the node's replica fronts, with
 	// ACLs on (cardmanager.Options.FrontKey); empty without.
 	frontKey string
+	// engineKeys give the node's engines their API keys (engine.Keys),
+	// from a secret in the data directory.
+	engineKeys *engine.Keys
 }
 
 // Start brings a node up: it reads the inventory, opens the Raft log (on a

@@ -41,7 +41,7 @@ func (c *engineCollector) Collect(ch chan<- prometheus.Metric) {
 			continue
 		}
 		wg.Go(func() {
-			l, err := engine.ReadLoad(ctx, c.client, e.Kind, e.URL)
+			l, err := engine.ReadLoad(ctx, c.client, e.Kind, e.URL, c.a.engineKeys.For(e.Model, e.Replica))
 			if err != nil {
 				return // starting, stopping or asleep without a server
 			}

@@ -95,12 +95,18 @@ func (a *Agent) startExecutor() error {
 			return err
 		}
 	}
+	if a.engineKeys == nil {
+		if a.engineKeys, err = engine.LoadKeys(a.cfg.DataDir); err != nil {
+			return err
+		}
+	}
+	opts.EngineKeys = a.engineKeys
 	if a.residencyJournal == nil {
 		a.residencyJournal = residency.NewJournal(a.cfg.NodeName, 0)
 	}
 	res := cardmanager.New(cardmanager.Options{
 		Node: a.cfg.NodeName, Cards: node.Cards, Advise: advise, NVML: lib, Journal: a.residencyJournal, DataDir: a.cfg.DataDir,
-		BindHost: localHost, AdvertiseHost: localHost, FrontKey: a.frontKey, Logger: a.cfg.Logger, TimeScale: a.cfg.ResidencyTimeScale,
+		BindHost: localHost, AdvertiseHost: localHost, FrontKey: a.frontKey, EngineKeys: a.engineKeys, Logger: a.cfg.Logger, TimeScale: a.cfg.ResidencyTimeScale,
 	})
 	opts.Gate = res
 	a.resident = res

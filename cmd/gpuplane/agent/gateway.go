@@ -99,7 +99,7 @@ func (a *Agent) startGateway(res *cardmanager.Manager) error {
 	gc := a.cfg.Gateway
 	opts := gateway.Options{
 		Node: a.cfg.NodeName, Cluster: &gatewayView{a: a}, Salter: salter, Peers: a.sec.peerHTTP,
-		IsPeer: a.isPeer, FrontKey: a.frontKey, Queue: gc.Queue, MaxInFlight: gc.MaxInFlight, QueueLimit: gc.QueueLimit,
+		IsPeer: a.isPeer, FrontKey: a.frontKey, EngineKeys: a.engineKeys, Queue: gc.Queue, MaxInFlight: gc.MaxInFlight, QueueLimit: gc.QueueLimit,
 		Weights: gc.Weights, MetricTenants: gc.MetricTenants, Registerer: a.gatewayReg, Logger: a.cfg.Logger,
 	}
 	if res != nil {
@@ -341,16 +341,11 @@ func maxModelLenOf(e *pb.EngineSpec) int {
 		}
 	case "llamacpp":
 		// The driver sizes -c from maxModelLen so that each slot holds it;
-		// a -c of the deployment's own is split between explicit
-		// --parallel slots (auto slots share one unified cache, where one
-		// request may use all of it).
-		for _, f := range []string{"-c", "--ctx-size"} {
-			if v := argUint(e.GetArgs(), f); v > 0 {
-				n = v
-				if argUint(e.GetArgs(), "--parallel") > 0 || argUint(e.GetArgs(), "-np") > 0 {
-					n /= uint64(slotsOf(e))
-				}
-			}
+		// a -c of the deployment's own (flag or LLAMA_ARG_CTX_SIZE) is
+		// split between explicit slots (auto slots share one unified
+		// cache, where one request may use all of it).
+		if v := engine.LlamaContext(e); v > 0 {
+			n = uint64(v)
 		}
 	}
 	return int(min(n, 1<<31))

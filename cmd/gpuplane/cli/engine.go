@@ -158,7 +158,7 @@ loads it on the first request or keep_alive load.`,
 	f.IntVarP(&cfg.CtxSize, "ctx-size", "c", 0, "llamacpp dialect: the context, split over explicit --parallel slots unless --kv-unified (0: unbounded)")
 	f.BoolVar(&cfg.KVUnified, "kv-unified", false, "llamacpp dialect: one KV cache every slot may fill (the default with auto slots)")
 	f.StringArrayVar(&cfg.LlamaLoRA, "lora", nil, "llamacpp dialect: a LoRA adapter file loaded at start, as llama-server's --lora (repeat for more; ids 0.. in order); requests pick them with \"lora\": [{\"id\": N, \"scale\": S}]")
-	f.BoolVar(&cfg.LlamaLoRAInitWithoutApply, "lora-init-without-apply", false, "llamacpp dialect: the --lora adapters start at scale 0, applied only to requests that name them (llama-server's flag)")
+	f.BoolVar(&cfg.LlamaLoRAInitWithoutApply, "lora-init-without-apply", false, "llamacpp dialect: llama-server's flag, accepted; as there, the adapters' global scales stay 1 and a request without a lora list runs with them")
 	f.BoolVar(&cfg.LlamaMetrics, "metrics", false, "llamacpp dialect: serve /metrics (llamacpp:requests_processing, llamacpp:requests_deferred), as llama-server's --metrics; vLLM's series are always served in the vllm dialect and without one")
 	f.BoolVar(&cfg.LlamaRouter, "router", false, "llamacpp dialect: serve the router's /models, /models/load and /models/unload (llama-server without -m)")
 	f.IntVar(&cfg.MaxLoRAs, "max-loras", sim.DefaultMaxLoRAs, "LoRA adapters loaded at once, as vLLM's --max-loras (POST /v1/load_lora_adapter)")
