@@ -2,6 +2,7 @@ package residency
 
 import (
 	"fmt"
+	"slices"
 	"time"
 )
 
@@ -61,6 +62,12 @@ type Config struct {
 	// Profiler, when set, is shared with the node's other controllers;
 	// nil gives the controller one of its own.
 	Profiler *Profiler
+	// BestEffort turns on the protected set (besteffort.go): when the
+	// card cannot hold every model with demand, the largest set it can
+	// hold is protected and the others are served best-effort. Off by
+	// default: the simulator measures it (`simulate serve`), the agent
+	// does not run it yet.
+	BestEffort bool
 }
 
 func (c Config) withDefaults() (Config, error) {
@@ -104,6 +111,8 @@ func (c Config) withDefaults() (Config, error) {
 // value so a step can be tried on a copy (advise mode, Plan, the fallback
 // after a violation).
 type replica struct {
+	// unmeasuredSleep: asleep with no residual known yet (setState).
+	unmeasuredSleep bool
 	// keep is the keep_alive of its last request, where it gave one
 	// (keepSet; keepalive.go).
 	keep    time.Duration
@@ -212,6 +221,8 @@ type Output struct {
 // Controller is one card's residency controller. It is not safe for
 // concurrent use: the node feeds it from one loop.
 type Controller struct {
+	// be is the protected set in force (besteffort.go).
+	be     beState
 	cfg    Config
 	clock  Clock
 	usable int64
@@ -370,6 +381,10 @@ func (c *Controller) setState(r *replica, s State, now time.Time) {
 	r.state = s
 	r.since = now
 	r.measured = 0
+	// A sleep whose residual is not known yet (no prior, never measured
+	// asleep) counts its footprint until its first sample: taking it to
+	// hold nothing would lend memory it may keep.
+	r.unmeasuredSleep = s == Sleeping && c.residual(r) == 0
 	r.held = 0
 	switch s {
 	case Sleeping:
@@ -421,7 +436,12 @@ func (c *Controller) Handle(ev Event) Output {
 	for i := range acts {
 		c.record(acts[i].Decision)
 	}
-	out.Actions = append(out.Actions, acts...)
+	for _, a := range acts {
+		// A best-effort decision is recorded only: no engine operation.
+		if a.Kind != ActBestEffort {
+			out.Actions = append(out.Actions, a)
+		}
+	}
 	c.pageAllAdapters(&out, now)
 	return out
 }
@@ -498,6 +518,14 @@ func (c *Controller) observe(ev Event, now time.Time) error {
 			c.arrived(r, now)
 			r.fc.observe(now, c.cfg.RateHalfLife)
 		}
+	case ProtectModels:
+		for _, m := range e.Models {
+			if c.rep(m) == nil {
+				return fmt.Errorf("protect: model %s: not on card %s", m, c.cfg.Card)
+			}
+		}
+		c.be.pinned, c.be.by = slices.Clone(e.Models), e.By
+		c.be.at = time.Time{}
 	case RequestFinished:
 		if r := c.rep(e.Model); r != nil {
 			if r.active > 0 {
@@ -555,6 +583,7 @@ func (c *Controller) observe(ev Event, now time.Time) error {
 	case MemorySample:
 		if r := c.rep(e.Model); r != nil && e.Bytes >= 0 && r.state != Cold && r.state != Failed {
 			r.measured = e.Bytes
+			r.unmeasuredSleep = false
 			// The profile learns the base alone: its adapters come and go.
 			// Only adapters confirmed loaded are surely in the sample; one
 			// loading or unloading may or may not be, and counting it in

@@ -24,7 +24,13 @@ func (c *Controller) footprint(r *replica) int64 {
 }
 
 // peak is the cost of a load in progress: never below the footprint.
+// Before any load of the model was seen and with no prior, a load is
+// taken to hold its whole share: an engine is sized to its share, and
+// nothing yet says what its load holds.
 func (c *Controller) peak(r *replica) int64 {
+	if r.dep.Peak == 0 && r.mem.peak == 0 && r.dep.Footprint == 0 && r.mem.footprint == 0 {
+		return max(c.footprint(r), r.dep.Share)
+	}
 	return max(r.dep.Peak, c.footprint(r), r.mem.peak)
 }
 
@@ -39,7 +45,33 @@ func (c *Controller) loadTime(r *replica) time.Duration {
 	if r.prof.Loads > 0 {
 		return r.prof.LoadTime
 	}
-	return r.dep.LoadTime
+	if r.dep.LoadTime > 0 {
+		return r.dep.LoadTime
+	}
+	return c.unmeasuredLoadTime(r)
+}
+
+// unmeasuredLoadPerGiB is what a load is assumed to take per GiB of its
+// footprint when neither a prior nor any load on the card says more: a
+// slow disk's read and an engine's start (200 MiB/s).
+const unmeasuredLoadPerGiB = 5 * time.Second
+
+// unmeasuredLoadTime is a load's expected time before it was ever
+// measured or given: its footprint at the slowest rate measured on the
+// card (unmeasuredLoadPerGiB when none is slower), so that an unknown
+// load is never taken to be instant (a load into lent memory is only
+// started where it finishes before the owner may want the memory back).
+func (c *Controller) unmeasuredLoadTime(r *replica) time.Duration {
+	per := unmeasuredLoadPerGiB
+	for i := range c.reps {
+		o := &c.reps[i]
+		if o.prof != nil && o.prof.Loads > 0 {
+			if f := c.footprint(o); f > 0 {
+				per = max(per, time.Duration(float64(o.prof.LoadTime)*float64(1<<30)/float64(f)))
+			}
+		}
+	}
+	return time.Duration(float64(per) * float64(c.footprint(r)) / float64(1<<30))
 }
 
 func (c *Controller) wakeTime(r *replica) time.Duration {
@@ -89,6 +121,9 @@ func (c *Controller) cost(r *replica) int64 {
 		v = c.footprint(r) + c.adapterBytes(r)
 	case Sleeping:
 		v = c.residual(r)
+		if r.unmeasuredSleep {
+			v = max(v, c.footprint(r))
+		}
 	}
 	return max(v, r.measured)
 }
@@ -349,6 +384,10 @@ func (c *Controller) outranks(m ModelID, x *replica, now time.Time) bool {
 		return true
 	}
 	if r.dep.Residency.Reserves() && x.dep.Residency == OnDemand {
+		return true
+	}
+	// A protected model outranks a best-effort one (besteffort.go).
+	if c.beOutranks(r, x) {
 		return true
 	}
 	// A lower-class turn takes memory as a higher class would (lowturn.go).

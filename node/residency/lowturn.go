@@ -75,6 +75,9 @@ func (c *Controller) lowHolds(x *replica) bool {
 
 // outrankedBy reports whether x is of a class below some model of the card.
 func (c *Controller) outrankedOnCard(x *replica) bool {
+	if c.bestEffort(x) {
+		return true // best-effort below the protected set (besteffort.go)
+	}
 	for i := range c.reps {
 		if y := &c.reps[i]; !y.removed && y.dep.Priority > x.dep.Priority {
 			return true
@@ -114,7 +117,11 @@ func (c *Controller) lowTurns(now time.Time) {
 		for k, v := range c.lowNext {
 			c.stepLowNext[k] = v
 		}
-		c.stepLowNext[c.stepLow.model] = c.stepLow.start.Add(time.Duration(float64(now.Sub(c.stepLow.start)) / lowerShare))
+		share := lowerShare
+		if h != nil {
+			share = c.turnShare(h)
+		}
+		c.stepLowNext[c.stepLow.model] = c.stepLow.start.Add(time.Duration(float64(now.Sub(c.stepLow.start)) / share))
 		c.stepLow = lowTurn{}
 	}
 	if c.pinnedOnly {
@@ -123,7 +130,7 @@ func (c *Controller) lowTurns(now time.Time) {
 	var pick *replica
 	for i := range c.reps {
 		r := &c.reps[i]
-		if r.removed || r.pending != 0 || r.active == 0 || r.waitSince.IsZero() || now.Sub(r.waitSince) < lowerWait || now.Before(c.nextLow(r)) {
+		if r.removed || r.pending != 0 || r.active == 0 || r.waitSince.IsZero() || now.Sub(r.waitSince) < c.turnWait(r) || now.Before(c.nextLow(r)) {
 			continue
 		}
 		if r.state != Cold && r.state != Sleeping && !(r.state == Failed && !now.Before(r.retryAt)) {
@@ -159,7 +166,7 @@ func (c *Controller) lowYield(now time.Time) {
 	}
 	for i := range c.reps {
 		r := &c.reps[i]
-		if r == h || r.removed || r.dep.Residency != Warm || r.active == 0 || r.pending != 0 || r.dep.Priority <= h.dep.Priority {
+		if r == h || r.removed || r.dep.Residency != Warm || r.active == 0 || r.pending != 0 || r.dep.Priority <= h.dep.Priority && !c.bestEffort(h) {
 			continue
 		}
 		if r.state != Sleeping && r.state != Cold && r.state != Failed {
@@ -176,7 +183,7 @@ func (c *Controller) lowYield(now time.Time) {
 		if _, ok := c.serialized[pairOf(r.dep.Model, h.dep.Model)]; !ok {
 			c.emit(ActSerialize, r, h.dep.Model, TriggerPressure, h.dep.Model, Inputs{}, now,
 				"serialize %s and %s: %s's turn as a %s model that waited ≥ %v for the card; %s's %s wait for it, back by %s at the latest",
-				r.dep.Model, h.dep.Model, h.dep.Model, h.dep.Priority, lowerWait, r.dep.Model, count(r.active, "request"), r.slotBy.Format(time.TimeOnly))
+				r.dep.Model, h.dep.Model, h.dep.Model, c.turnKind(h), c.turnWait(h), r.dep.Model, count(r.active, "request"), r.slotBy.Format(time.TimeOnly))
 		}
 	}
 }
@@ -199,7 +206,7 @@ func (c *Controller) lowBound(r *replica, now time.Time) time.Time {
 	if c.lowHolds(r) {
 		return c.stepLow.start.Add(c.cfg.DrainDeadline + stopAllowance + 2*c.reload(r))
 	}
-	due := maxTime(r.waitSince.Add(lowerWait), c.nextLow(r))
+	due := maxTime(r.waitSince.Add(c.turnWait(r)), c.nextLow(r))
 	if h := c.lowHolder(); h != nil {
 		end := c.lowEnd(h)
 		due = maxTime(due, end)

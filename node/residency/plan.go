@@ -34,6 +34,9 @@ type PlanEntry struct {
 	// zero when it is on the card, has no waiting requests, or a higher
 	// class holds the card.
 	SlotBy time.Time
+	// BestEffort says why the model is best-effort, in numbers (empty: it
+	// is protected, or the card holds every model; besteffort.go).
+	BestEffort string
 }
 
 // Plan returns, per model, the controller's estimates and the action it
@@ -41,7 +44,9 @@ type PlanEntry struct {
 func (c *Controller) Plan() []PlanEntry {
 	now := c.clock.Now()
 	c.snapshot = append(c.snapshot[:0], c.reps...)
+	be := c.be
 	acts := c.step(now)
+	c.be = be
 	slotBy := make(map[ModelID]time.Time)
 	for i := range c.reps {
 		if r := &c.reps[i]; !r.slotBy.IsZero() {
@@ -74,12 +79,15 @@ func (c *Controller) Plan() []PlanEntry {
 			Tier: r.state.Tier(), Rate: r.fc.rate(now, c.cfg.RateHalfLife), Value: c.value(r, reload, bytes), Cost: c.cost(r)}
 		e.NextRequest, _, _ = r.fc.next()
 		e.SlotBy = slotBy[r.dep.Model]
+		if c.bestEffort(r) {
+			e.BestEffort = c.be.why[r.dep.Model]
+		}
 		if e.Action == 0 && !e.SlotBy.IsZero() {
 			// What a waiting model waits for, with its bound, where the
 			// plan has no action for it (docs/residency.md, "No starvation").
 			wait := "waits for its turn on the card"
 			if !r.yielding && c.outrankedOnCard(r) && c.waitBound(r, now) == 0 {
-				wait = fmt.Sprintf("waits for its %s turn (due after %v of waiting, at most %.0f%% of the card's time)", r.dep.Priority, lowerWait, lowerShare*100)
+				wait = fmt.Sprintf("waits for its %s turn (due after %v of waiting, at most %.0f%% of the card's time)", c.turnKind(r), c.turnWait(r), c.turnShare(r)*100)
 			}
 			if r.yielding {
 				wait = "yields to " + string(r.lentTo) + "'s turn"

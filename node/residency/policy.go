@@ -24,6 +24,7 @@ func (c *Controller) step(now time.Time) []Action {
 	for i := range c.reps {
 		c.reps[i].rate = c.reps[i].fc.rate(now, c.cfg.RateHalfLife)
 	}
+	c.chooseProtected(now)
 	c.turns(now)
 	c.removals(now)
 	c.drains(now)
@@ -231,7 +232,7 @@ func (c *Controller) wants(r *replica, now time.Time) (trig Trigger, want, hold 
 		if r.active > 0 {
 			return TriggerRequest, true, false
 		}
-		return TriggerOperator, r.dep.Residency.Reserves() || r.opLoad, false
+		return TriggerOperator, r.dep.Residency.Reserves() || r.opLoad || c.keeps(r), false
 	case Sleeping:
 		if r.active > 0 {
 			return TriggerRequest, true, false
@@ -397,7 +398,7 @@ func (c *Controller) admit(r *replica, trig Trigger, start bool, now time.Time) 
 			due := trig == TriggerRequest && v.active > 0 && !c.outranks(r.dep.Model, v, time.Time{}) && c.slotDue(r, v, now)
 			if c.lowHolds(r) {
 				why = fmt.Sprintf("%s's turn as a %s model that waited %v for the card (due after %v); it keeps the card %v, then %s's share goes back",
-					r.dep.Model, r.dep.Priority, now.Sub(r.waitSince).Round(time.Second), lowerWait, c.lowerSlot(r), v.dep.Model)
+					r.dep.Model, c.turnKind(r), now.Sub(r.waitSince).Round(time.Second), c.turnWait(r), c.lowerSlot(r), v.dep.Model)
 			} else if due {
 				why = fmt.Sprintf("%s waited %v for the card, %s had its turn (%v)", r.dep.Model, now.Sub(r.waitSince).Round(time.Second),
 					v.dep.Model, now.Sub(v.resident).Round(time.Second))
@@ -546,13 +547,18 @@ func (c *Controller) victims(b *replica, trig Trigger, need int64, bValue float6
 		if x == b || x.removed || x.pending != 0 || x.state == Cold || x.state == Failed || x.state == Draining || c.lowHolds(x) {
 			continue
 		}
+		// A best-effort model's demand never takes a protected model's
+		// memory (besteffort.go).
+		if c.shields(b, x) {
+			continue
+		}
 		// Requests waiting for a sleeping engine wait at the gateway, not on
 		// the engine: only a reserved owner taking its share back evicts it.
 		busy := x.active > 0 && !skipI3
 		// A request, or a reserved model placed by the operator, may drain;
 		// a forecast never.
 		entitled := trig == TriggerRequest || reclaim && trig == TriggerOperator
-		outranked := b.dep.Priority > x.dep.Priority || turn
+		outranked := b.dep.Priority > x.dep.Priority || turn || c.beOutranks(b, x)
 		// A sleeping engine's waiting requests wait at the gateway: a
 		// reserved owner or a request of a higher class may unload it
 		// (they then wait for its load instead of its wake).
@@ -733,7 +739,7 @@ func (c *Controller) prewarms(now time.Time) {
 func (c *Controller) idle(now time.Time) {
 	for i := range c.reps {
 		r := &c.reps[i]
-		if r.removed || r.pending != 0 || r.active > 0 || r.dep.Residency == Pinned {
+		if r.removed || r.pending != 0 || r.active > 0 || r.dep.Residency == Pinned || c.keeps(r) {
 			continue
 		}
 		if c.pinnedOnly {

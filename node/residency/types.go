@@ -203,6 +203,10 @@ const (
 	// Model's memory for a while: Peer's demand displaced Model, and Model
 	// was asked for again, too often (lend.go). No engine operation.
 	ActProtect
+	// ActBestEffort records that the protected set changed: which models
+	// the card holds at their SLO and which are best-effort
+	// (besteffort.go). No engine operation; Model is empty.
+	ActBestEffort
 )
 
 func (k ActionKind) String() string {
@@ -235,6 +239,8 @@ func (k ActionKind) String() string {
 		return "drop-adapter"
 	case ActProtect:
 		return "protect"
+	case ActBestEffort:
+		return "best-effort"
 	}
 	return fmt.Sprintf("ActionKind(%d)", uint8(k))
 }

@@ -205,10 +205,10 @@ func (c contract) check(base string) error {
 	if c.body != "" {
 		req.Header.Set("Content-Type", "application/json")
 	}
-	// A connection per case: llama-server may close one after an error
-	// answer, and a POST is not sent again on a closed one.
-	req.Close = true
-	client := http.Client{Timeout: 10 * time.Second}
+	// A connection per case: llama-server (cpp-httplib) may close a
+	// kept-alive connection as the next request goes out on it, which a
+	// client sees as EOF on a POST it cannot retry.
+	client := http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
 	resp, err := client.Do(req)
 	if err != nil {
 		return err

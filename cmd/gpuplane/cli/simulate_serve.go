@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -68,8 +70,9 @@ reloads from the page cache); ollama-np4 (the same, NUM_PARALLEL 4);
 llamaswap (the recommended groups: small models persistent, big ones in
 swap groups, 10 in flight per model then 429); static (the models that
 fit at once in config order, pinned; the rest rejected); static-best (the
-set of models to pin found by search: the strongest static partition);
-ideal (every model resident on an unbounded card, compute still shared).`
+set of models to pin that holds the most models at SLO, by an exact search
+bounded by --static-best-cap sets); ideal (each model alone on a card of
+its own: an upper bound for every model under every policy).`
 
 func newSimulateServeCommand(g *globals) *cobra.Command {
 	var (
@@ -79,6 +82,11 @@ func newSimulateServeCommand(g *globals) *cobra.Command {
 		timeScale          float64
 		sweepRates         []float64
 		htmlPath           string
+		priors             string
+		staticBestCap      int
+		family             int
+		familyDir          string
+		bestEffort         bool
 	)
 	c := &cobra.Command{
 		Use:   "serve --config FILE [--trace FILE]... [--policy P|all] [--seed N]",
@@ -92,7 +100,8 @@ and seed always give the same output.
 Every offered request is scored: a rejected or failed request misses its
 SLO, and one that never had a first token counts as ∞ in the TTFT
 percentiles (null in JSON). It prints, per policy: models at SLO (≥ 90% of
-their offered requests within SLO), starved models (served < 50% of their
+their offered requests within SLO; a background model must also complete
+half of what it completes under ideal), starved models (served < 50% of their
 offered requests where static-best or ideal serves ≥ 90%; those two run as
 references when not asked for), goodput (requests within SLO per second),
 offered, completed, rejected and failed requests, SLO attainment per class,
@@ -112,7 +121,16 @@ draws the curves.
   gpuplane simulate serve --config home.yaml --trace AzureLLMInferenceTrace_conv.csv --trace extra.jsonl -o json`,
 		Args: argsNamed(),
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if configPath == "" {
+			if family < 0 {
+				return usageErrorf(cmd, "invalid --family %d: must be ≥ 1", family)
+			}
+			if family > 0 && configPath != "" {
+				return usageErrorf(cmd, "--family draws its own configs: give it or --config, not both")
+			}
+			if familyDir != "" && family == 0 {
+				return usageErrorf(cmd, "--family-dir writes a family's configs: give --family N too")
+			}
+			if configPath == "" && family == 0 {
 				return usageErrorf(cmd, "required flag --config not set")
 			}
 			policies := simserve.Policies
@@ -126,10 +144,27 @@ draws the curves.
 			if timeScale < 0 {
 				return usageErrorf(cmd, "invalid --time-scale %g: must be > 0", timeScale)
 			}
+			switch priors {
+			case "none", "exact":
+			default:
+				return usageErrorf(cmd, "invalid --priors %q: want none (learned, as the agent does) or exact", priors)
+			}
+			if staticBestCap < 1 {
+				return usageErrorf(cmd, "invalid --static-best-cap %d: must be ≥ 1", staticBestCap)
+			}
+			if family > 0 {
+				if len(traces) > 0 || len(sweepRates) > 0 || htmlPath != "" || !strings.EqualFold(policy, policyAll) && cmd.Flags().Changed("policy") {
+					return usageErrorf(cmd, "--family runs every policy on its own configs and traces: --trace, --sweep-rate, --html and --policy do not apply")
+				}
+				return runFamily(g, family, seed, familyDir, priors == "exact", staticBestCap, !bestEffort)
+			}
 			cfg, err := simserve.LoadConfig(configPath)
 			if err != nil {
 				return fmt.Errorf("simulate serve: %w", err)
 			}
+			cfg.ExactPriors = priors == "exact"
+			cfg.StaticBestCap = staticBestCap
+			cfg.NoBestEffort = !bestEffort
 			if timeScale > 0 {
 				for i := range cfg.Traces {
 					cfg.Traces[i].TimeScale = timeScale
@@ -175,7 +210,20 @@ draws the curves.
 			if err != nil {
 				return fmt.Errorf("simulate serve: %w", err)
 			}
-			fmt.Fprintf(g.stderr, "simulate serve: %d policies (with the static-best and ideal references) in %.2f s\n", len(policies), time.Since(start).Seconds())
+			what := fmt.Sprintf("%d policies", len(policies))
+			if len(policies) == 1 {
+				what = "1 policy"
+			}
+			if !slices.Contains(policies, simserve.PolicyStaticBest) || !slices.Contains(policies, simserve.PolicyIdeal) {
+				// The references ran (they judge starved models) but are not shown.
+				what += " (static-best and ideal also ran, as references, not shown)"
+			}
+			fmt.Fprintf(g.stderr, "simulate serve: %s in %.2f s\n", what, time.Since(start).Seconds())
+			for _, r := range results {
+				if x := r.StaticBestSearch; x != nil {
+					fmt.Fprintf(g.stderr, "simulate serve: static-best's search: %d of %d sets in %.2f s (cap %d sets, proven %v)\n", x.Simulated, x.Candidates, x.Seconds, x.Cap, x.Proven)
+				}
+			}
 			write := func(w io.Writer) error { return simserve.WriteTable(w, results) }
 			if len(results) == 1 {
 				return g.printValue(results[0], write)
@@ -191,10 +239,48 @@ draws the curves.
 	f.Float64Var(&timeScale, "time-scale", 0, "override every traces entry's timeScale (1 = the trace's own rate)")
 	f.Float64SliceVar(&sweepRates, "sweep-rate", nil, "run at each of these multiples of every trace's and open-loop stream's rate and print interactive SLO attainment per policy per rate and each policy's maxRateAt90 (e.g. 0.5,1,2,4)")
 	f.StringVar(&htmlPath, "html", "", "with --sweep-rate, write the SLO-attainment-against-rate curves to this file (HTML with inline SVG)")
+	f.StringVar(&priors, "priors", "none", "what gpuplane's controller knows at the start: none (each model's share only; load and wake times, footprints and residuals learned as the agent learns them) or exact (the config's figures)")
+	f.IntVar(&staticBestCap, "static-best-cap", simserve.DefaultStaticBestCap, "the most sets static-best's exact search simulates; past it the best found is kept and reported as not proven")
+	f.BoolVar(&bestEffort, "best-effort", true, "gpuplane's controller protects the largest set of models the card can hold and serves the others best-effort (docs/residency.md); false: without it, as the agent runs today")
+	f.IntVar(&family, "family", 0, "draw this many configs from --seed (examples/serve/README.md gives the distributions), run every policy on each and print one row per config and the goals' summary")
+	f.StringVar(&familyDir, "family-dir", "", "with --family, also write each drawn config here (NAME.yaml), to run again with --config")
 	_ = c.MarkFlagFilename("config", "yaml", "yml")
 	_ = c.MarkFlagFilename("trace", "csv", "jsonl")
 	_ = c.RegisterFlagCompletionFunc("policy", cobra.FixedCompletions(append(append([]string(nil), simserve.Policies...), policyAll), cobra.ShellCompDirectiveNoFileComp))
 	return c
+}
+
+// runFamily draws a family of configs, runs every policy on each and
+// prints the rows and the summary.
+func runFamily(g *globals, n int, seed uint64, dir string, exact bool, staticBestCap int, noBestEffort bool) error {
+	fam, err := simserve.GenerateFamily(seed, n, simserve.FindAzureDir())
+	if err != nil {
+		return fmt.Errorf("simulate serve: %w", err)
+	}
+	if dir != "" {
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return fmt.Errorf("simulate serve: --family-dir: %w", err)
+		}
+		for _, fc := range fam {
+			if err := os.WriteFile(filepath.Join(dir, fc.Name+".yaml"), fc.YAML, 0o644); err != nil {
+				return fmt.Errorf("simulate serve: --family-dir: %w", err)
+			}
+		}
+	}
+	for _, fc := range fam {
+		fc.Cfg.ExactPriors = exact
+		fc.Cfg.StaticBestCap = staticBestCap
+		fc.Cfg.NoBestEffort = noBestEffort
+	}
+	start := time.Now()
+	fr, err := simserve.RunFamily(fam, seed, false, func(r simserve.FamilyRow) {
+		fmt.Fprintf(g.stderr, "simulate serve: %s: %d models on %g GiB in %.1f s\n", r.Config, r.Models, r.CardGiB, r.Seconds)
+	})
+	if err != nil {
+		return fmt.Errorf("simulate serve: %w", err)
+	}
+	fmt.Fprintf(g.stderr, "simulate serve: %d configs in %.1f s\n", n, time.Since(start).Seconds())
+	return g.printValue(fr, func(w io.Writer) error { return simserve.WriteFamilyTable(w, fr) })
 }
 
 func writeSweepHTML(path string, cfg *simserve.Config, sw *simserve.SweepResult) error {

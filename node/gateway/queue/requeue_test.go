@@ -2,6 +2,7 @@ package queue_test
 
 import (
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -128,5 +129,40 @@ func TestBackgroundWaitsForTheCardPromised(t *testing.T) {
 	e := newEngine(t, cfg, queue.Deployment{Name: "m", MaxInFlight: 4, QueueLimit: 10})
 	if err := e.s.SetCardBy("x", epoch, epoch); err == nil {
 		t.Fatal("SetCardBy for a deployment not on the card: no error")
+	}
+}
+
+// TestBestEffortRequestsWaitForTheirTurn: a deployment its controller
+// serves best-effort keeps its interactive requests waiting for the
+// promised turn (and ColdWait more); without, they give up after their
+// cold wait.
+func TestBestEffortRequestsWaitForTheirTurn(t *testing.T) {
+	cfg := queue.Config{ColdWait: time.Minute, ColdWaitBackground: 20 * time.Minute}
+	for _, be := range []bool{true, false} {
+		e := newEngine(t, cfg, queue.Deployment{Name: "m", MaxInFlight: 4, QueueLimit: 10})
+		if err := e.s.SetCold("m", time.Time{}, e.now); err != nil {
+			t.Fatal(err)
+		}
+		if err := e.s.SetBestEffort("m", be); err != nil {
+			t.Fatal(err)
+		}
+		id := e.enqueue(queue.Request{Deployment: "m", Tenant: "t", Class: queue.Interactive, PromptTokens: 1, MaxTokens: 1}, 1)
+		if err := e.s.SetCardBy("m", epoch.Add(10*time.Minute), e.now); err != nil {
+			t.Fatal(err)
+		}
+		e.now = epoch.Add(5 * time.Minute)
+		e.apply(e.s.Tick(e.now))
+		if _, ended := e.ended[id]; ended == be {
+			t.Fatalf("best-effort %v: ended after 5 min %v; want it waiting only when best-effort", be, ended)
+		}
+		e.now = epoch.Add(11*time.Minute + time.Second)
+		e.apply(e.s.Tick(e.now))
+		if got := e.ended[id]; got.Outcome != queue.Rejected || got.Status != 503 {
+			t.Fatalf("best-effort %v: past the turn and ColdWait: %+v, want rejected with 503", be, got)
+		}
+	}
+	e := newEngine(t, cfg, queue.Deployment{Name: "m", MaxInFlight: 4, QueueLimit: 10})
+	if err := e.s.SetBestEffort("x", true); err == nil || !strings.Contains(err.Error(), `"x"`) {
+		t.Fatalf("unknown deployment: %v", err)
 	}
 }

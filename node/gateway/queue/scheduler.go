@@ -32,6 +32,9 @@ type dep struct {
 	// cardBy is when its controller promises it the card (SetCardBy;
 	// zero: no promise).
 	cardBy time.Time
+	// bestEffort: its controller serves it best-effort (SetBestEffort):
+	// requests of every class wait for its promised turn.
+	bestEffort bool
 	// recent dispatch times, a ring, for the drain-rate estimate
 	drains  [drainWindow]time.Time
 	nDrains int
@@ -188,7 +191,7 @@ func (s *Scheduler) coldWait(c Class) time.Duration {
 // ColdWait more.
 func (s *Scheduler) coldBy(q *req, now time.Time) time.Time {
 	by := now.Add(s.coldWait(q.r.Class))
-	if p := q.dep.cardBy; q.r.Class == Background && !p.IsZero() {
+	if p := q.dep.cardBy; (q.r.Class == Background || q.dep.bestEffort) && !p.IsZero() {
 		by = maxTime(by, p.Add(s.cfg.ColdWait))
 	}
 	return by
@@ -209,14 +212,28 @@ func (s *Scheduler) SetCardBy(name string, by, now time.Time) error {
 	if d.d.Ready || by.IsZero() {
 		return nil
 	}
-	for _, f := range d.classes[Background].heap {
-		for q := f.q.head; q != nil; q = q.next {
-			if c := s.coldBy(q, now); c.After(q.coldBy) {
-				q.coldBy = c
-				s.dl.set(q)
-			}
+	s.eachQueued(d, func(q *req) {
+		if q.r.Class != Background && !d.bestEffort {
+			return
 		}
+		if c := s.coldBy(q, now); c.After(q.coldBy) {
+			q.coldBy = c
+			s.dl.set(q)
+		}
+	})
+	return nil
+}
+
+// SetBestEffort records whether the deployment's controller serves it
+// best-effort (residency's protected set): its requests of every class
+// then wait for the card it promises (SetCardBy) and ColdWait more, as
+// background requests do, instead of giving up after their cold wait.
+func (s *Scheduler) SetBestEffort(name string, on bool) error {
+	d, ok := s.deps[name]
+	if !ok {
+		return fmt.Errorf("queue: deployment %q is not on this card", name)
 	}
+	d.bestEffort = on
 	return nil
 }
 

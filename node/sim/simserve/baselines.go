@@ -370,11 +370,16 @@ func (p *static) next() {
 			return
 		}
 	}
+	// The largest load peak over its footprint first: the others then
+	// load beside resident models only.
+	var next *engine
 	for _, e := range p.s.engines {
-		if p.hosted[e.idx] && e.state == off {
-			p.s.load(e)
-			return
+		if p.hosted[e.idx] && e.state == off && (next == nil || e.m.PeakGiB-e.m.MemoryGiB > next.m.PeakGiB-next.m.MemoryGiB) {
+			next = e
 		}
+	}
+	if next != nil {
+		p.s.load(next)
 	}
 }
 

@@ -57,8 +57,29 @@ type Config struct {
 	// background batch on the same model (Beside), which the gateway
 	// preempts for the model's own requests unless NoPreemption.
 	BackgroundBeside bool `json:"-"`
+	// ExactPriors gives gpuplane's controller each model's exact load and
+	// wake times and footprints at the start (`--priors exact`); by
+	// default it starts as the agent does, with the shares only, and
+	// learns the rest from what it sees.
+	ExactPriors bool `json:"-"`
+	// NoBestEffort runs gpuplane's controller without its protected set
+	// (`--best-effort=false`; residency.Config.BestEffort).
+	NoBestEffort bool `json:"-"`
+	// StaticBestCap bounds the sets static-best's search simulates
+	// (0: DefaultStaticBestCap).
+	StaticBestCap int `json:"-"`
 
 	path string
+}
+
+// hasBackground reports whether any model is of the background class.
+func (c *Config) hasBackground() bool {
+	for i := range c.Models {
+		if c.Models[i].class == queue.Background {
+			return true
+		}
+	}
+	return false
 }
 
 // CardConfig is the simulated card.

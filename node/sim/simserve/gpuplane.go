@@ -34,7 +34,8 @@ type gpuplane struct {
 
 func newGpuplane(s *sim) (*gpuplane, error) {
 	clock := residency.NewManualClock(epoch)
-	c, err := residency.New(residency.Config{Card: s.cfg.Card.Name, Memory: bytesOf(s.cfg.Card.MemoryGiB), HeadroomPercent: s.cfg.Card.HeadroomPercent}, clock)
+	c, err := residency.New(residency.Config{Card: s.cfg.Card.Name, Memory: bytesOf(s.cfg.Card.MemoryGiB), HeadroomPercent: s.cfg.Card.HeadroomPercent,
+		BestEffort: !s.cfg.NoBestEffort}, clock)
 	if err != nil {
 		return nil, err
 	}
@@ -107,8 +108,10 @@ func (p *gpuplane) start() {
 		if p.s.agentPriors {
 			// What the agent's residency manager tells the controller
 			// (node/cardmanager): the share, no priors; the profiler learns
-			// the rest from the first load, wake and memory samples.
+			// the rest from the first load, wake and memory samples. A
+			// share covers the engine's load peak, as an operator sizes it.
 			d.Footprint, d.Peak, d.Residual, d.LoadTime, d.WakeTime = 0, 0, 0, 0, 0
+			d.Share = bytesOf(max(m.MemoryGiB, m.PeakGiB))
 		}
 		p.send(residency.DeploymentAdded{Deployment: d})
 	}
@@ -124,6 +127,9 @@ func (p *gpuplane) engine(m residency.ModelID) *engine {
 }
 
 func (p *gpuplane) exec(a residency.Action) {
+	if a.Kind == residency.ActBestEffort {
+		return // a recorded decision (the controller does not return it)
+	}
 	e := p.engine(a.Model)
 	if e == nil {
 		p.anomaly("%s for unknown model %s", a.Kind, a.Model)
@@ -353,6 +359,15 @@ func (p *gpuplane) tick() {
 			p.progress(r)
 		}
 	}
+	if p.s.agentPriors {
+		// The agent samples its engines' memory every second (NVML per
+		// process): a load or wake in progress shows its peak.
+		for _, e := range p.s.engines {
+			if e.state == loading || e.state == waking {
+				p.send(residency.MemorySample{Model: residency.ModelID(e.m.Name), Bytes: e.mem})
+			}
+		}
+	}
 	p.send(residency.Tick{})
 	p.flush()
 	if next, ok := p.q.NextDeadline(); ok && !next.After(p.at()) {
@@ -360,6 +375,11 @@ func (p *gpuplane) tick() {
 		// controller promises each waiting model the card, as the node's
 		// gateway does (its background requests wait for that).
 		for _, e := range p.s.engines {
+			// A best-effort model's requests wait for its turn, as the
+			// node's gateway has them do.
+			if err := p.q.SetBestEffort(e.m.Name, !p.c.Protected(residency.ModelID(e.m.Name))); err != nil {
+				p.anomaly("%v", err)
+			}
 			if e.state == up && !e.draining {
 				continue
 			}

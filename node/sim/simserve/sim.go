@@ -192,6 +192,9 @@ type sim struct {
 	// gateway queue before the engine (no in-flight cap, no token
 	// reservation), the engine's own KV pool the only limit.
 	fronted bool
+	// alone, when > 0, replays only model alone-1's arrivals and
+	// closed loops (ideal: each model on a card of its own).
+	alone int
 }
 
 // drainAfter is how long the run continues after the last arrival for the
@@ -199,7 +202,7 @@ type sim struct {
 const drainAfter = 600.0
 
 func newSim(cfg *Config, seed uint64, end float64) *sim {
-	s := &sim{cfg: cfg, seed: seed, end: end, hardEnd: end + drainAfter, usable: cfg.usableBytes()}
+	s := &sim{cfg: cfg, seed: seed, end: end, hardEnd: end + drainAfter, usable: cfg.usableBytes(), agentPriors: !cfg.ExactPriors}
 	for i := range cfg.Models {
 		s.engines = append(s.engines, &engine{idx: i, m: &cfg.Models[i], maxInFlight: cfg.Models[i].MaxInFlight})
 	}
@@ -629,8 +632,20 @@ func (s *sim) checkMemory() {
 // run drives the simulation over the arrivals until every request ended
 // (or drainAfter past the end).
 func (s *sim) run(arrivals []Arrival) {
+	if s.alone > 0 {
+		var mine []Arrival
+		for _, a := range arrivals {
+			if a.Model == s.alone-1 {
+				mine = append(mine, a)
+			}
+		}
+		arrivals = mine
+	}
 	s.pol.start()
 	for i, st := range s.cfg.Synthetic {
+		if s.alone > 0 && s.cfg.model(st.Model) != s.alone-1 {
+			continue
+		}
 		for range st.Concurrency {
 			s.after(st.from, func() { s.closedSend(i) })
 		}

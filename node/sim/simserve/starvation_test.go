@@ -206,6 +206,10 @@ func TestPropertyNoStarvationNoCutLoopsLedgerHolds(t *testing.T) {
 			if err != nil {
 				t.Fatalf("%v\n%s", err, yaml)
 			}
+			// The equal-class turn bounds; with the protected set a
+			// best-effort model waits for its own turns instead
+			// (TestPropertyBestEffortLedgerHoldsNoneStarved).
+			cfg.NoBestEffort = true
 			w, err := NewWorkload(cfg, nil, seed)
 			if err != nil {
 				t.Fatal(err)
@@ -261,6 +265,9 @@ func TestDesk16CoderIsNotStarvedByTheWarmChat(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The equal-class turns' rules given the figures, without the
+	// protected set (under which the coder is best-effort).
+	cfg.ExactPriors, cfg.NoBestEffort = true, true
 	w, err := NewWorkload(cfg, nil, 1)
 	if err != nil {
 		t.Fatal(err)
@@ -306,6 +313,9 @@ func TestBackgroundBatchGetsABoundedTurn(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The lower-class turn without the protected set (whose best-effort
+	// turns come sooner: TestBusyModelsThatCannotShareTheCardAreBestEffort).
+	cfg.NoBestEffort = true
 	w, err := NewWorkload(cfg, nil, 1)
 	if err != nil {
 		t.Fatal(err)
@@ -367,5 +377,117 @@ func TestBackgroundRequestsWaitForTheirTurn(t *testing.T) {
 	}
 	if r.LedgerViolations != 0 {
 		t.Errorf("%d ledger violations", r.LedgerViolations)
+	}
+}
+
+// card32: chat warm 14 GiB, coder onDemand 20 GiB and vision onDemand 14
+// GiB on a 32 GiB card, all interactive and busy: the coder and the
+// vision model cannot share the card with the chat and each other.
+const card32 = `
+card: {name: c32, memoryGiB: 32}
+models:
+  - {name: chat, class: interactive, residency: warm, memoryGiB: 14, peakGiB: 15, loadSeconds: 40, wakeSeconds: 3, tokensPerSecond: 85, prefillTokensPerSecond: 5000, maxInFlight: 16, sloTTFTSeconds: 2}
+  - {name: coder, class: interactive, memoryGiB: 20, peakGiB: 21, loadSeconds: 60, wakeSeconds: 5, tokensPerSecond: 90, prefillTokensPerSecond: 5000, maxInFlight: 16, sloTTFTSeconds: 2}
+  - {name: vision, class: interactive, memoryGiB: 14, peakGiB: 15, loadSeconds: 40, wakeSeconds: 3, tokensPerSecond: 120, prefillTokensPerSecond: 4000, maxInFlight: 8, sloTTFTSeconds: 3}
+tenants: [{name: me}, {name: team}]
+warmupSeconds: 300
+durationSeconds: 3900
+synthetic:
+  - {model: chat, tenants: [me, team], ratePerSecond: 1.5, promptTokens: 600, outputTokens: 150}
+  - {model: coder, tenants: [me], ratePerSecond: 0.6, promptTokens: 1500, outputTokens: 60}
+  - {model: vision, tenants: [team], ratePerSecond: 0.3, promptTokens: 1000, outputTokens: 100}
+`
+
+// TestBusyModelsThatCannotShareTheCardAreBestEffort: the card cannot hold
+// the three at their SLO. The controller protects the warm chat (its
+// promise) and serves the coder and the vision model best-effort, in
+// bounded turns: the chat stays at SLO, neither of the others is starved
+// (each completes ≥ 10% of its offered requests), the decision log and
+// the controller say which models are best-effort and why in numbers, and
+// the ledger holds.
+func TestBusyModelsThatCannotShareTheCardAreBestEffort(t *testing.T) {
+	cfg, err := ParseConfig("card32.yaml", []byte(card32))
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := NewWorkload(cfg, nil, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var be []residency.BestEffortEntry
+	var ds []residency.Decision
+	r, err := run(cfg, w, "gpuplane", 1, func(s *sim) {
+		p := s.pol.(*gpuplane)
+		if s.now > 1800 && be == nil {
+			be = p.c.BestEffort()
+		}
+		ds = p.c.Decisions()
+	}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range r.Models {
+		t.Logf("%s: %d of %d done, %.1f%% within SLO", m.Model, m.Completed, m.Requests, m.SLO)
+	}
+	chat, coder, vision := r.Models[0], r.Models[1], r.Models[2]
+	if !chat.AtSLO {
+		t.Errorf("chat %.1f%% within SLO: the protected chat should be at SLO", chat.SLO)
+	}
+	for _, m := range []ModelStats{coder, vision} {
+		if float64(m.Completed) < 0.1*float64(m.Requests) {
+			t.Errorf("%s completed %d of %d: starved", m.Model, m.Completed, m.Requests)
+		}
+	}
+	if r.LedgerViolations != 0 {
+		t.Errorf("%d ledger violations", r.LedgerViolations)
+	}
+	names := map[residency.ModelID]string{}
+	for _, e := range be {
+		names[e.Model] = e.Reason
+	}
+	if _, ok := names["chat"]; ok || len(names) == 0 {
+		t.Errorf("best-effort at 30 min: %v; want the chat protected and others best-effort", names)
+	}
+	for m, why := range names {
+		if !strings.Contains(why, "needs") || !strings.Contains(why, "can lend") || !strings.Contains(why, "best-effort") {
+			t.Errorf("%s: reason %q does not say why in numbers", m, why)
+		}
+	}
+	logged := false
+	for _, d := range ds {
+		if d.Action == residency.ActBestEffort && strings.Contains(d.Reason, "protects") && strings.Contains(d.Reason, "chat") {
+			logged = true
+		}
+	}
+	if !logged {
+		t.Errorf("no best-effort decision in the log")
+	}
+}
+
+// TestPropertyBestEffortLedgerHoldsNoneStarved: on the same generated
+// cards with the protected set on, the ledger holds and every model
+// completes at least 10% of its offered requests.
+func TestPropertyBestEffortLedgerHoldsNoneStarved(t *testing.T) {
+	for seed := uint64(1); seed <= 8; seed++ {
+		cfg, err := ParseConfig("gen.yaml", []byte(genConfig(seed)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		w, err := NewWorkload(cfg, nil, seed)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r, err := Run(cfg, w, "gpuplane", seed)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.LedgerViolations != 0 {
+			t.Errorf("seed %d: %d ledger violations", seed, r.LedgerViolations)
+		}
+		for _, m := range r.Models {
+			if m.Requests > 0 && float64(m.Completed) < 0.1*float64(m.Requests) {
+				t.Errorf("seed %d: %s completed %d of %d", seed, m.Model, m.Completed, m.Requests)
+			}
+		}
 	}
 }

@@ -1,0 +1,113 @@
+package residency_test
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/gpuplane/gpuplane/node/residency"
+)
+
+// TestBestEffortProtectsTheLargestSetAndAnOperatorPinsIt: a 32 GiB card
+// with a busy warm chat (14 GiB) and two busy onDemand models (20 and 14
+// GiB) that cannot all be on it. The controller protects the chat (its
+// promise) and the vision model (which fits beside it), serves the coder
+// best-effort, says why in numbers (BestEffort, the plan, the decision
+// log), and never takes a protected model's memory for the coder's
+// demand outside its turn. An operator's choice replaces its own.
+func TestBestEffortProtectsTheLargestSetAndAnOperatorPinsIt(t *testing.T) {
+	clock := residency.NewManualClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
+	c, err := residency.New(residency.Config{Card: "c32", Memory: 32 << 30, BestEffort: true}, clock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var exec func(out residency.Output)
+	exec = func(out residency.Output) {
+		if out.Err != nil || len(out.Violations) > 0 {
+			t.Fatalf("err %v, violations %v", out.Err, out.Violations)
+		}
+		for _, a := range out.Actions {
+			switch a.Kind {
+			case residency.ActBestEffort:
+				t.Fatalf("a best-effort decision came back as an action: %+v", a)
+			case residency.ActLoad, residency.ActPrewarm:
+				defer func(m residency.ModelID) { exec(c.Handle(residency.LoadDone{Model: m})) }(a.Model)
+			case residency.ActWake:
+				defer func(m residency.ModelID) { exec(c.Handle(residency.WakeDone{Model: m})) }(a.Model)
+			case residency.ActSleep:
+				defer func(m residency.ModelID) { exec(c.Handle(residency.SleepDone{Model: m})) }(a.Model)
+			case residency.ActEvict, residency.ActUnload:
+				defer func(m residency.ModelID) { exec(c.Handle(residency.Unloaded{Model: m})) }(a.Model)
+			}
+		}
+	}
+	add := func(m residency.ModelID, res residency.Residency, gib int64) {
+		exec(c.Handle(residency.DeploymentAdded{Deployment: residency.Deployment{Model: m, Residency: res, Priority: residency.Priority(2),
+			Share: gib << 30, CanSleep: true, LoadTime: 20 * time.Second, WakeTime: 2 * time.Second}}))
+	}
+	add("chat", residency.Warm, 14)
+	add("coder", residency.OnDemand, 20)
+	add("vision", residency.OnDemand, 14)
+	// Each busy: a request a few seconds apart, finished at once.
+	for s := 0; s < 600; s++ {
+		clock.Advance(time.Second)
+		for _, m := range []residency.ModelID{"chat", "coder", "vision"} {
+			if s%3 == 0 {
+				exec(c.Handle(residency.RequestArrived{Model: m}))
+			}
+			// A resident model serves what waits for it at once.
+			if st, _ := c.Replica(m); st.State == residency.Resident && st.Active > 0 {
+				exec(c.Handle(residency.RequestsActive{Model: m, Active: 0}))
+			}
+		}
+		exec(c.Handle(residency.Tick{}))
+	}
+	be := c.BestEffort()
+	if len(be) != 1 || be[0].Model != "coder" || !c.Protected("chat") || !c.Protected("vision") {
+		t.Fatalf("best-effort %+v: want the coder alone, chat and vision protected", be)
+	}
+	if why := be[0].Reason; !strings.Contains(why, "needs 20.0Gi") || !strings.Contains(why, "can lend") {
+		t.Fatalf("reason %q: want what it needs and what the card can lend", why)
+	}
+	planned := false
+	for _, e := range c.Plan() {
+		if e.Model == "coder" && e.BestEffort == be[0].Reason {
+			planned = true
+		}
+		if e.Model != "coder" && e.BestEffort != "" {
+			t.Errorf("plan: %s best-effort: %q", e.Model, e.BestEffort)
+		}
+	}
+	if !planned {
+		t.Errorf("the plan does not say the coder is best-effort")
+	}
+	// Once the set is in force (the first minute runs without it: no
+	// rates yet), the coder's demand takes no protected memory but in its
+	// bounded turn (and the sleep that ends a drain begun for it).
+	logged := false
+	for _, d := range c.Decisions() {
+		if d.Action == residency.ActBestEffort && strings.Contains(d.Reason, "protects chat, vision") && strings.Contains(d.Reason, "best-effort coder") {
+			logged = true
+		}
+		if logged && d.For == "coder" && (d.Model == "chat" || d.Model == "vision") && (d.Action == residency.ActSleep || d.Action == residency.ActEvict) &&
+			!strings.Contains(d.Reason, "turn") && !strings.Contains(d.Reason, "drain deadline") {
+			t.Errorf("the coder's demand took a protected model's memory outside its turn: %s", d.Reason)
+		}
+	}
+	if !logged {
+		t.Errorf("no best-effort decision in the log: %v", c.Decisions())
+	}
+
+	// The operator protects the coder instead of the vision model.
+	exec(c.Handle(residency.ProtectModels{Models: []residency.ModelID{"coder"}, By: "ops"}))
+	if !c.Protected("coder") || c.Protected("vision") || !c.Protected("chat") {
+		t.Fatalf("after the operator's choice: coder %v, vision %v, chat %v; want coder and chat (warm) protected",
+			c.Protected("coder"), c.Protected("vision"), c.Protected("chat"))
+	}
+	if be := c.BestEffort(); len(be) != 1 || be[0].Model != "vision" || !be[0].Pinned || !strings.Contains(be[0].Reason, "operator") {
+		t.Fatalf("best-effort %+v: want vision, by the operator's choice", be)
+	}
+	if out := c.Handle(residency.ProtectModels{Models: []residency.ModelID{"nope"}}); out.Err == nil || !strings.Contains(out.Err.Error(), "nope") {
+		t.Fatalf("an unknown model: %v, want an error naming it", out.Err)
+	}
+}
