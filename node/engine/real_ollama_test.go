@@ -3,8 +3,6 @@ package engine
 import (
 	"bytes"
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -182,30 +180,6 @@ func (o *realOllama) controls(t *testing.T, spec *pb.ModelSpec) Controls {
 	return ctl
 }
 
-// createTag stores the GGUF file at path in o's store as name, as
-// `ollama create` does (blob, then /api/create).
-func (o *realOllama) createTag(t *testing.T, name, path string) {
-	t.Helper()
-	data, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	sum := sha256.Sum256(data)
-	digest := "sha256:" + hex.EncodeToString(sum[:])
-	resp, err := http.Post(o.base+"/api/blobs/"+digest, "application/octet-stream", bytes.NewReader(data))
-	if err != nil {
-		t.Fatal(err)
-	}
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusCreated && resp.StatusCode != http.StatusOK {
-		t.Fatalf("POST /api/blobs: %s", resp.Status)
-	}
-	body, _ := json.Marshal(map[string]any{"model": name, "files": map[string]string{"model.gguf": digest}, "stream": false})
-	if code, out := o.call(t, "POST", "/api/create", string(body)); code != http.StatusOK {
-		t.Fatalf("POST /api/create %s: %d %s", name, code, out)
-	}
-}
-
 // runners are the live processes of o's process group besides `ollama
 // serve` itself: its model runners.
 func (o *realOllama) runners() []int {
@@ -362,7 +336,7 @@ func TestRealOllamaTagNamesAsOllamaMatchesThem(t *testing.T) {
 	dir := t.TempDir()
 	store := filepath.Join(dir, "models")
 	first := startRealOllama(t, ollamaSpec("Tiny:1b", store, dir))
-	first.createTag(t, "Tiny:1b", files.Model)
+	realengine.CreateOllamaModel(t, first.base, "Tiny:1b", files.Model)
 	if code, body := first.call(t, "GET", "/health", ""); code != http.StatusNotFound || body != "404 page not found" {
 		t.Errorf("GET /health: %d %q, want gin's text 404", code, body)
 	}
