@@ -308,6 +308,9 @@ func (g *Gateway) parse(w http.ResponseWriter, r *http.Request) (*request, *apiE
 	if aerr := f.check(r.URL.Path); aerr != nil {
 		return nil, aerr
 	}
+	if aerr := f.checkControls(); aerr != nil {
+		return nil, aerr
+	}
 	req := &request{path: r.URL.Path, body: body, model: *f.Model, maxTokens: g.opts.DefaultMaxTokens, outTokens: -1, arrived: time.Now()}
 	if f.Stream != nil {
 		req.stream = *f.Stream

@@ -34,6 +34,8 @@ type body struct {
 	EncodingFormat      *string         `json:"encoding_format"`
 	Dimensions          *int            `json:"dimensions"`
 	KeepAlive           json.RawMessage `json:"keep_alive"`
+	// The engine controls (controls.go).
+	controlFields
 
 	// msgs are the messages, once check has read them.
 	msgs []chatMessage
