@@ -498,13 +498,28 @@ func (g *Gateway) enqueue(w http.ResponseWriter, r *http.Request, req *request, 
 	x.pd = pending{model: m.Served, notify: make(chan struct{}, 1)}
 	now := time.Now()
 	c.mu.Lock()
-	if wt := req.who.weight; wt > 0 && c.weights[req.who.tenant] != wt {
-		if c.s.SetTenant(req.who.tenant, wt) == nil {
-			c.weights[req.who.tenant] = wt
+	// The tenant's weight is set for every request: a weight a token or
+	// a peer node gave an earlier request must not outlive it (a
+	// request without one weighs what the configuration says, else 1).
+	wt, carried := req.who.weight, req.who.weight > 0
+	if !carried {
+		if wt = g.opts.Weights[req.who.tenant]; !(wt > 0) {
+			wt = 1
 		}
 	}
-	prompt, maxTokens := req.promptTokens, req.maxTokens
-	if kv := l.rep.KVTokens; kv > 0 && prompt+maxTokens > kv {
+	if c.s.Weight(req.who.tenant) != wt {
+		_ = c.s.SetTenant(req.who.tenant, wt)
+	}
+	if carried {
+		c.weights[req.who.tenant] = wt
+	} else if _, ok := g.opts.Weights[req.who.tenant]; !ok {
+		delete(c.weights, req.who.tenant)
+	}
+	// No engine's context is as long as the queue's bound: a request
+	// that asks for more (no context length known to refuse it) reserves
+	// the bound.
+	prompt, maxTokens := min(req.promptTokens, queue.MaxRequestTokens), min(req.maxTokens, queue.MaxRequestTokens)
+	if kv := l.rep.KVTokens; kv > 0 && satAdd(prompt, maxTokens) > kv {
 		// Larger than the engine's whole KV budget: it runs alone (the
 		// engine cuts or refuses it), never waits for room that cannot be.
 		prompt = min(prompt, kv)

@@ -211,7 +211,13 @@ type who struct {
 }
 
 // tenant finds who sends r: from a peer node, the tenant it resolved; with
-// ACLs, the token's; else the header's, or "default".
+// ACLs, the token's; else the header's, or "default". The headers meant
+// for nodes (ForwardedHeader's weight) are believed only from a peer
+// (Options.IsPeer: its certificate or the agent token), with ACLs or
+// without: a client's own weight header is ignored, and so every tenant
+// weighs what the node's configuration says (1 unless set). Without ACLs a
+// client's ForwardedHeader is still taken as a restriction (served here or
+// refused), which gives it nothing.
 func (g *Gateway) tenant(r *http.Request) (who, *apiError) {
 	peer := g.opts.IsPeer != nil && g.opts.IsPeer(r)
 	fwd := r.Header.Get(ForwardedHeader) != ""
@@ -239,7 +245,7 @@ func (g *Gateway) tenant(r *http.Request) (who, *apiError) {
 		return who{}, err
 	}
 	x := who{tenant: h, forwarded: fwd}
-	if fwd {
+	if fwd && peer {
 		if v := r.Header.Get(WeightHeader); v != "" {
 			if f, err := strconv.ParseFloat(v, 64); err == nil && f > 0 {
 				x.weight = f

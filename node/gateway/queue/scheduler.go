@@ -133,6 +133,15 @@ func (s *Scheduler) SetTenant(name string, weight float64) error {
 	return nil
 }
 
+// Weight is a tenant's weight (1 for a tenant never set, or forgotten
+// after it was idle).
+func (s *Scheduler) Weight(name string) float64 {
+	if t, ok := s.tenants[name]; ok {
+		return t.weight
+	}
+	return 1
+}
+
 func (s *Scheduler) tenant(name string) *tenant {
 	t, ok := s.tenants[name]
 	if !ok {
@@ -254,6 +263,11 @@ func (s *Scheduler) eachQueued(d *dep, fn func(*req)) {
 	}
 }
 
+// MaxRequestTokens bounds a request's PromptTokens and its MaxTokens, so
+// that the sums the scheduler keeps (a request's cost, the tokens in
+// flight) cannot wrap: no engine holds a context this long.
+const MaxRequestTokens = 1 << 40
+
 // Enqueue admits a request. It returns the request's ID and what to do:
 // the request may be dispatched at once (possibly after preempting
 // background work); when its deployment's queue is full it ends at once
@@ -274,6 +288,8 @@ func (s *Scheduler) Enqueue(r Request, now time.Time) (ID, Output, error) {
 		return 0, s.out, fmt.Errorf("queue request: PromptTokens is %d: it must not be negative", r.PromptTokens)
 	case r.MaxTokens < 0:
 		return 0, s.out, fmt.Errorf("queue request: MaxTokens is %d: it must not be negative", r.MaxTokens)
+	case r.PromptTokens > MaxRequestTokens || r.MaxTokens > MaxRequestTokens:
+		return 0, s.out, fmt.Errorf("queue request: PromptTokens %d, MaxTokens %d: each must be at most %d", r.PromptTokens, r.MaxTokens, MaxRequestTokens)
 	case d.d.MaxTokens > 0 && r.PromptTokens+r.MaxTokens > d.d.MaxTokens:
 		return 0, s.out, fmt.Errorf("queue request: PromptTokens+MaxTokens is %d: deployment %q holds at most %d tokens in flight",
 			r.PromptTokens+r.MaxTokens, d.d.Name, d.d.MaxTokens)
