@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"fmt"
 	"io"
 	"math"
 	"net/http"
@@ -9,6 +10,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/gpuplane/gpuplane/node/gateway/queue"
 )
@@ -75,5 +77,33 @@ func TestGatewayHugeMaxTokensUnknownContext(t *testing.T) {
 	}
 	if seen.Load() != 2 {
 		t.Fatalf("the engine saw %d requests, want 2", seen.Load())
+	}
+}
+
+// TestGatewayForgetsIdleTenants: 300 requests under made-up tenant names
+// leave the card's fair queue no record of them once they have been idle
+// past the queue's IdleTenant, with no further request to prompt it.
+func TestGatewayForgetsIdleTenants(t *testing.T) {
+	engine, _ := countingEngine(t)
+	g, srv, _ := startGateway(t, Options{Node: "n1", Queue: queue.Config{IdleTenant: 200 * time.Millisecond},
+		Cluster: fixedView{[]Model{{Served: "chat", Deployment: "chat", Class: queue.Standard,
+			Replicas: []Replica{{Deployment: "chat", Node: "n1", Endpoint: engine, Kind: "vllm", Running: true, Resident: true}}}}}})
+	for i := range 300 {
+		if code, data := send(t, srv.URL, "/v1/completions", `{"model":"chat","prompt":"hi there"}`, map[string]string{TenantHeader: fmt.Sprint("made-up-", i)}); code != http.StatusOK {
+			t.Fatalf("%d %s", code, data)
+		}
+	}
+	tenants := func() int {
+		g.mu.Lock()
+		c := g.cards[0]
+		g.mu.Unlock()
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		return c.s.Tenants()
+	}
+	for deadline := time.Now().Add(5 * time.Second); tenants() > 0; time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the card's queue still knows %d tenants 5 s after 300 made-up ones went idle (IdleTenant 200ms)", tenants())
+		}
 	}
 }

@@ -340,6 +340,11 @@ func (c *card) apply(out queue.Output, now time.Time) {
 // rearm sets the timer for the scheduler's next deadline (under c.mu).
 func (c *card) rearm(now time.Time) {
 	next, ok := c.s.NextDeadline()
+	if at, prune := c.s.NextPrune(); prune && (!ok || at.Before(next)) {
+		// The tenants' idle records are forgotten in time even when no
+		// request comes.
+		next, ok = at, true
+	}
 	if !ok {
 		return
 	}
@@ -356,7 +361,11 @@ func (c *card) tick() {
 	now := time.Now()
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.apply(c.s.Tick(now), now)
+	out := c.s.Tick(now)
+	if at, ok := c.s.NextPrune(); ok && !now.Before(at) {
+		c.s.Prune(now)
+	}
+	c.apply(out, now)
 }
 
 // CardPromiser is what a Residency may also do: say when a replica whose
