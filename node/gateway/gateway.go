@@ -182,6 +182,13 @@ type Options struct {
 	QueueLimit  int
 	// MaxBodyBytes bounds a request body (default 4 MiB); past it, 413.
 	MaxBodyBytes int64
+	// MaxBufferedBytes bounds the request bodies held at once, from all
+	// clients together: those arriving and those waiting with their
+	// request (default 64 × MaxBodyBytes, 256 MiB). A body's buffer grows
+	// with what arrives, not with the Content-Length it announces; one
+	// that would take the gateway past the bound is refused with 503
+	// (bodies_buffered) and its connection closed.
+	MaxBufferedBytes int64
 	// DefaultMaxTokens is the output a request without max_tokens is
 	// assumed to reserve (default 256).
 	DefaultMaxTokens int
@@ -225,6 +232,8 @@ type Gateway struct {
 	// engines carries requests to this node's engines unless
 	// Options.Engines is set.
 	engines *engineTransport
+	// bodies is the budget of request bodies held (MaxBufferedBytes).
+	bodies bodyBudget
 
 	table atomic.Pointer[table]
 	// refreshing is set while a refresh runs; refreshed is closed and
@@ -268,6 +277,9 @@ func New(opts Options) (*Gateway, error) {
 	if opts.MaxBodyBytes == 0 {
 		opts.MaxBodyBytes = 4 << 20
 	}
+	if opts.MaxBufferedBytes == 0 {
+		opts.MaxBufferedBytes = 64 * max(opts.MaxBodyBytes, 0)
+	}
 	if opts.DefaultMaxTokens == 0 {
 		opts.DefaultMaxTokens = 256
 	}
@@ -284,6 +296,8 @@ func New(opts Options) (*Gateway, error) {
 		return nil, fmt.Errorf("gateway: QueueLimit is %d: it must be positive", opts.QueueLimit)
 	case opts.MaxBodyBytes < 0:
 		return nil, fmt.Errorf("gateway: MaxBodyBytes is %d: it must be positive", opts.MaxBodyBytes)
+	case opts.MaxBufferedBytes < opts.MaxBodyBytes:
+		return nil, fmt.Errorf("gateway: MaxBufferedBytes is %d: it must be at least MaxBodyBytes (%d)", opts.MaxBufferedBytes, opts.MaxBodyBytes)
 	case opts.MetricTenants < 0:
 		return nil, fmt.Errorf("gateway: MetricTenants is %d: it must be positive", opts.MetricTenants)
 	}
@@ -303,6 +317,7 @@ func New(opts Options) (*Gateway, error) {
 	}
 	g := &Gateway{opts: opts, log: opts.Logger, engines: newEngineTransport(), refreshed: make(chan struct{}),
 		cards: map[uint32]*card{}, locals: map[string]*local{}, forwarded: map[string]int{}}
+	g.bodies.max = opts.MaxBufferedBytes
 	g.metrics = newMetrics(g, opts.Registerer)
 	g.table.Store(&table{byName: map[string]*Model{}})
 	return g, nil
