@@ -189,6 +189,12 @@ type Options struct {
 	// that would take the gateway past the bound is refused with 503
 	// (bodies_buffered) and its connection closed.
 	MaxBufferedBytes int64
+	// StreamStall bounds how long one write of an answer to its client
+	// may wait (default 30s): a client that stops reading a stream is cut
+	// off once the connection's buffers are full and this long has passed
+	// without the gateway's write going out, and its engine request is
+	// cancelled, freeing its slot.
+	StreamStall time.Duration
 	// DefaultMaxTokens is the output a request without max_tokens is
 	// assumed to reserve (default 256).
 	DefaultMaxTokens int
@@ -209,6 +215,9 @@ type Options struct {
 	Registerer prometheus.Registerer
 	Logger     *slog.Logger
 }
+
+// DefaultStreamStall is Options.StreamStall's default.
+const DefaultStreamStall = 30 * time.Second
 
 // Headers the gateway reads.
 const (
@@ -276,6 +285,9 @@ func New(opts Options) (*Gateway, error) {
 	}
 	if opts.MaxBodyBytes == 0 {
 		opts.MaxBodyBytes = 4 << 20
+	}
+	if opts.StreamStall <= 0 {
+		opts.StreamStall = DefaultStreamStall
 	}
 	if opts.MaxBufferedBytes == 0 {
 		opts.MaxBufferedBytes = 64 * max(opts.MaxBodyBytes, 0)

@@ -902,8 +902,14 @@ func (x *call) answer(resp *http.Response, err error) result {
 		data = append(engineError(resp.StatusCode, data), '\n')
 		w.Header().Set("Content-Type", "application/json")
 	}
+	w.Header().Set("Content-Length", strconv.Itoa(len(data)))
 	w.WriteHeader(resp.StatusCode)
-	_, _ = w.Write(data)
+	// The engine's slot is free already; the handler (and the answer)
+	// is not held for a client that does not read either.
+	sw := newStallWriter(w, g.opts.StreamStall)
+	if _, err := sw.Write(data); err == nil && sw.flush() == nil {
+		sw.clear()
+	}
 	if resp.StatusCode == http.StatusOK {
 		g.metrics.firstToken(x.labels, now.Sub(req.arrived))
 		g.metrics.servedTokens(x.labels, req.promptTokens, generated)

@@ -613,25 +613,27 @@ func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, req *request, 
 		}
 	}
 	w.WriteHeader(resp.StatusCode)
-	copyFlushing(w, resp.Body)
+	copyFlushing(w, resp.Body, g.opts.StreamStall)
 }
 
 // copyFlushing copies src to w, flushing after every read, so that a
-// stream's events go out as they arrive.
-func copyFlushing(w http.ResponseWriter, src io.Reader) {
-	fl, _ := w.(http.Flusher)
+// stream's events go out as they arrive; a client that stops reading is
+// cut off after stall (stallWriter), and src closed by the caller.
+func copyFlushing(w http.ResponseWriter, src io.Reader, stall time.Duration) {
+	sw := newStallWriter(w, stall)
 	buf := make([]byte, 16<<10)
 	for {
 		n, err := src.Read(buf)
 		if n > 0 {
-			if _, werr := w.Write(buf[:n]); werr != nil {
+			if _, werr := sw.Write(buf[:n]); werr != nil {
 				return
 			}
-			if fl != nil {
-				fl.Flush()
+			if sw.flush() != nil {
+				return
 			}
 		}
 		if err != nil {
+			sw.clear()
 			return
 		}
 	}
