@@ -192,3 +192,4 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzParse$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 2s ./cmd/gpuplane/descriptor/
 	$(GO) test -run '^$$' -fuzz '^FuzzApplyBytes$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 2s ./fsm/
 	$(GO) test -run '^$$' -fuzz '^FuzzDecoder$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 2s ./fsm/
+	$(GO) test -run '^$$' -fuzz '^FuzzRequest$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 2s ./node/gateway/
