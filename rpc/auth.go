@@ -67,7 +67,8 @@ func accessOfRole(r pb.Role) Access {
 // needs admin, so a new RPC is closed until someone decides otherwise
 // (TestEveryProcedureHasAccess lists the ones missing).
 var procedureAccess = map[string]Access{
-	gpuplanev1connect.LogServiceReplicaLogsProcedure: AccessRead,
+	// Engine logs hold the prompts of every tenant an engine served.
+	gpuplanev1connect.LogServiceReplicaLogsProcedure: AccessOperator,
 
 	gpuplanev1connect.ResidencyServiceListDecisionsProcedure: AccessRead,
 	gpuplanev1connect.ResidencyServiceGetPlanProcedure:       AccessRead,
@@ -122,6 +123,38 @@ var procedureAccess = map[string]Access{
 	gpuplanev1connect.ACLServiceDeleteTokenProcedure: AccessAdmin,
 }
 
+// clusterWide lists the reads that show other tenants' data: the audit
+// log and events (tokens, their tenants, adapters' tenants), the
+// dashboard (every tenant's counts), deployments (which tenants each
+// adapter serves) and residency decisions. A token bound to a tenant with
+// the read role is refused them (tenantScoped): it reads the cluster's
+// infrastructure (nodes, devices, accelerators, cluster status), its own
+// tenant's series of /metrics, and, on the gateway, the models it may use
+// (GET /v1/models). An auditor's token is a read token bound to no tenant.
+var clusterWide = map[string]bool{
+	gpuplanev1connect.AuditServiceLogProcedure:               true,
+	gpuplanev1connect.AuditServiceReplayProcedure:            true,
+	gpuplanev1connect.AuditServiceVerifyProcedure:            true,
+	gpuplanev1connect.AuditServiceHashAtProcedure:            true,
+	gpuplanev1connect.AuditServiceEntriesProcedure:           true,
+	gpuplanev1connect.EventServiceWatchProcedure:             true,
+	gpuplanev1connect.DashboardServiceSummaryProcedure:       true,
+	gpuplanev1connect.ModelServiceListModelsProcedure:        true,
+	gpuplanev1connect.ModelServiceGetModelProcedure:          true,
+	gpuplanev1connect.ModelServiceListReplicasProcedure:      true,
+	gpuplanev1connect.ResidencyServiceListDecisionsProcedure: true,
+	gpuplanev1connect.ResidencyServiceGetPlanProcedure:       true,
+	gpuplanev1connect.ResidencyServiceListProfilesProcedure:  true,
+	gpuplanev1connect.LogServiceReplicaLogsProcedure:         true,
+	gpuplanev1connect.ClusterServiceReadStateProcedure:       true,
+	gpuplanev1connect.ClusterServiceReadNodeProcedure:        true,
+	gpuplanev1connect.ACLServiceListTokensProcedure:          true,
+}
+
+// ClusterWide says whether procedure shows other tenants' data, which a
+// token bound to a tenant may not read.
+func ClusterWide(procedure string) bool { return clusterWide[procedure] }
+
 // ProcedureAccess is what procedure needs when ACLs are on.
 func ProcedureAccess(procedure string) Access {
 	if a, ok := procedureAccess[procedure]; ok {
@@ -135,6 +168,15 @@ type principal struct {
 	actor  string
 	access Access
 	role   pb.Role // the token's role; unspecified for nodes and anonymous callers
+	// tenant is the token's tenant ("": bound to none).
+	tenant string
+}
+
+// tenantScoped: a read token bound to a tenant, which reads its own
+// tenant's data and the cluster's infrastructure, nothing of other
+// tenants (clusterWide).
+func (p principal) tenantScoped() bool {
+	return p.role == pb.Role_ROLE_READ && p.tenant != ""
 }
 
 type principalKey struct{}
@@ -231,7 +273,16 @@ func (a *authInterceptor) authorize(ctx context.Context, procedure string, heade
 		return nil, connect.NewError(connect.CodePermissionDenied,
 			fmt.Errorf("%s has role %s: %s needs %s", callerName(p), roleOf(p), methodName(procedure), needs(need)))
 	}
+	if p.tenantScoped() && clusterWide[procedure] {
+		return nil, connect.NewError(connect.CodePermissionDenied, scopeError(p, methodName(procedure)))
+	}
 	return ctx, nil
+}
+
+// scopeError refuses a tenant-bound token a read of other tenants' data.
+func scopeError(p principal, what string) error {
+	return fmt.Errorf("%s is bound to tenant %q: %s shows other tenants' data and needs a token bound to no tenant (read role, an auditor's) or the operator role",
+		callerName(p), p.tenant, what)
 }
 
 func callerName(p principal) string {
@@ -296,5 +347,5 @@ func (a *authInterceptor) identify(ctx context.Context, header http.Header) (pri
 	if tok == nil {
 		return principal{}, connect.NewError(connect.CodeUnauthenticated, errors.New("unknown token: it was deleted or never existed"))
 	}
-	return principal{actor: tok.GetName(), access: accessOfRole(tok.GetRole()), role: tok.GetRole()}, nil
+	return principal{actor: tok.GetName(), access: accessOfRole(tok.GetRole()), role: tok.GetRole(), tenant: tok.GetTenant()}, nil
 }
