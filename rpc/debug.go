@@ -32,7 +32,8 @@ func debugHandler(acl bool, b Backend, agentToken string) http.Handler {
 // metricsHandler serves the node's Prometheus series at /metrics. With ACLs
 // on it wants a token of any role (read is enough; Prometheus sends it as
 // `authorization: {credentials: TOKEN}` in its scrape config): the series
-// name tenants, models and what each was served.
+// name tenants, models and what each was served, so a read token bound to
+// a tenant gets only the series of its own tenant (and those of none).
 func metricsHandler(acl bool, b Backend, agentToken string, h http.Handler) http.Handler {
 	if !acl {
 		return h
