@@ -53,7 +53,7 @@ func (a Access) String() string {
 
 func accessOfRole(r pb.Role) Access {
 	switch r {
-	case pb.Role_ROLE_READ:
+	case pb.Role_ROLE_READ, pb.Role_ROLE_AUDITOR:
 		return AccessRead
 	case pb.Role_ROLE_OPERATOR:
 		return AccessOperator
@@ -126,11 +126,12 @@ var procedureAccess = map[string]Access{
 // clusterWide lists the reads that show other tenants' data: the audit
 // log and events (tokens, their tenants, adapters' tenants), the
 // dashboard (every tenant's counts), deployments (which tenants each
-// adapter serves) and residency decisions. A token bound to a tenant with
-// the read role is refused them (tenantScoped): it reads the cluster's
-// infrastructure (nodes, devices, accelerators, cluster status), its own
-// tenant's series of /metrics, and, on the gateway, the models it may use
-// (GET /v1/models). An auditor's token is a read token bound to no tenant.
+// adapter serves) and residency decisions. A read token, a tenant's key,
+// is refused them (tenantScoped): it reads the cluster's infrastructure
+// (nodes, devices, accelerators, cluster status, replicas without their
+// endpoints), its own tenant's series
+// of /metrics, and, on the gateway, the models it may use (GET
+// /v1/models). The auditor, operator and admin roles read them.
 var clusterWide = map[string]bool{
 	gpuplanev1connect.AuditServiceLogProcedure:               true,
 	gpuplanev1connect.AuditServiceReplayProcedure:            true,
@@ -141,7 +142,6 @@ var clusterWide = map[string]bool{
 	gpuplanev1connect.DashboardServiceSummaryProcedure:       true,
 	gpuplanev1connect.ModelServiceListModelsProcedure:        true,
 	gpuplanev1connect.ModelServiceGetModelProcedure:          true,
-	gpuplanev1connect.ModelServiceListReplicasProcedure:      true,
 	gpuplanev1connect.ResidencyServiceListDecisionsProcedure: true,
 	gpuplanev1connect.ResidencyServiceGetPlanProcedure:       true,
 	gpuplanev1connect.ResidencyServiceListProfilesProcedure:  true,
@@ -168,15 +168,15 @@ type principal struct {
 	actor  string
 	access Access
 	role   pb.Role // the token's role; unspecified for nodes and anonymous callers
-	// tenant is the token's tenant ("": bound to none).
+	// tenant is the token's tenant (its name unless set).
 	tenant string
 }
 
-// tenantScoped: a read token bound to a tenant, which reads its own
+// tenantScoped: a read token (a tenant's key), which reads its own
 // tenant's data and the cluster's infrastructure, nothing of other
-// tenants (clusterWide).
+// tenants (clusterWide). An auditor's token reads everything.
 func (p principal) tenantScoped() bool {
-	return p.role == pb.Role_ROLE_READ && p.tenant != ""
+	return p.role == pb.Role_ROLE_READ
 }
 
 type principalKey struct{}
@@ -281,7 +281,7 @@ func (a *authInterceptor) authorize(ctx context.Context, procedure string, heade
 
 // scopeError refuses a tenant-bound token a read of other tenants' data.
 func scopeError(p principal, what string) error {
-	return fmt.Errorf("%s is bound to tenant %q: %s shows other tenants' data and needs a token bound to no tenant (read role, an auditor's) or the operator role",
+	return fmt.Errorf("%s has role read, a key of tenant %q: %s shows other tenants' data and needs the auditor or operator role",
 		callerName(p), p.tenant, what)
 }
 
@@ -347,5 +347,6 @@ func (a *authInterceptor) identify(ctx context.Context, header http.Header) (pri
 	if tok == nil {
 		return principal{}, connect.NewError(connect.CodeUnauthenticated, errors.New("unknown token: it was deleted or never existed"))
 	}
-	return principal{actor: tok.GetName(), access: accessOfRole(tok.GetRole()), role: tok.GetRole(), tenant: tok.GetTenant()}, nil
+	tenant, _ := fsm.TokenTenant(tok)
+	return principal{actor: tok.GetName(), access: accessOfRole(tok.GetRole()), role: tok.GetRole(), tenant: tenant}, nil
 }

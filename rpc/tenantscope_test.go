@@ -19,8 +19,7 @@ import (
 
 // TestACLMatrixTenantScope is the ACL matrix of the reads, with its
 // tenant-scope column: for each read, which tokens may call it. "tenant"
-// is a read token bound to tenant acme, "auditor" a read token bound to
-// no tenant. A tenant's token reads the cluster's infrastructure and
+// is a read token (a tenant's key) of tenant acme, "auditor" an auditor's. A tenant's token reads the cluster's infrastructure and
 // nothing that shows other tenants (audit log, events, dashboard,
 // deployments and their adapters' tenants, residency decisions); engine
 // logs, which hold every tenant's prompts, need an operator. The matrix
@@ -29,7 +28,9 @@ func TestACLMatrixTenantScope(t *testing.T) {
 	b := simulatedState(t, 1, 1, func(i int) string { return "node-000" })
 	for _, tok := range []*pb.CreateToken{
 		{Name: "tenant", Role: pb.Role_ROLE_READ, SecretHash: fsm.SecretHash("s-tenant"), Tenant: "acme"},
-		{Name: "auditor", Role: pb.Role_ROLE_READ, SecretHash: fsm.SecretHash("s-auditor")},
+		{Name: "auditor", Role: pb.Role_ROLE_AUDITOR, SecretHash: fsm.SecretHash("s-auditor")},
+		// A read token without --tenant is its own name's tenant's key.
+		{Name: "beta", Role: pb.Role_ROLE_READ, SecretHash: fsm.SecretHash("s-beta")},
 		{Name: "operator", Role: pb.Role_ROLE_OPERATOR, SecretHash: fsm.SecretHash("s-operator")},
 	} {
 		b.apply(t, &pb.Envelope{Command: &pb.Envelope_CreateToken{CreateToken: tok}})
@@ -116,7 +117,7 @@ func TestACLMatrixTenantScope(t *testing.T) {
 			if c.may && denied || !c.may && !denied {
 				t.Errorf("%s as the %s's token: %v; want allowed %v", r.name, c.who, err, c.may)
 			}
-			if !c.may && c.who == "tenant" && r.name != "LogService.ReplicaLogs" && (err == nil || !strings.Contains(err.Error(), `bound to tenant "acme"`)) {
+			if !c.may && c.who == "tenant" && r.name != "LogService.ReplicaLogs" && (err == nil || !strings.Contains(err.Error(), `a key of tenant "acme"`)) {
 				t.Errorf("%s as the tenant's token: %v; want the refusal to say why", r.name, err)
 			}
 		}
@@ -127,7 +128,7 @@ func TestACLMatrixTenantScope(t *testing.T) {
 	scrape := func(secret string) string {
 		req, _ := http.NewRequest(http.MethodGet, base+"/metrics", nil)
 		req.Header.Set("Authorization", "Bearer "+secret)
-		if secret == "s-tenant" {
+		if secret != "s-auditor" {
 			// Asked compressed: the filter reads the plain text.
 			req.Header.Set("Accept-Encoding", "gzip")
 		}
@@ -145,6 +146,9 @@ func TestACLMatrixTenantScope(t *testing.T) {
 	own := scrape("s-tenant")
 	if !strings.Contains(own, `gpuplane_gateway_tokens_total{model="chat",tenant="acme"} 3`) || strings.Contains(own, `tenant="beta"`) || strings.Contains(own, `we\"ird`) {
 		t.Errorf("/metrics as acme's token:\n%s\nwant acme's series and no other tenant's", own)
+	}
+	if beta := scrape("s-beta"); !strings.Contains(beta, `tenant="beta"} 85`) || strings.Contains(beta, `tenant="acme"`) {
+		t.Errorf("/metrics as beta's token (read, no --tenant: tenant beta):\n%s\nwant beta's series alone", beta)
 	}
 	all := scrape("s-auditor")
 	if !strings.Contains(all, `tenant="beta"} 85`) || !strings.Contains(all, `tenant="acme"} 3`) {
