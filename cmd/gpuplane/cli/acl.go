@@ -56,7 +56,7 @@ func newTokenCreateCommand(g *globals) *cobra.Command {
 	var name, role, tenant string
 	var weight float64
 	c := &cobra.Command{
-		Use:   "create --name NAME --role read|operator|admin [--tenant T] [--weight W]",
+		Use:   "create --name NAME --role read|auditor|operator|admin [--tenant T] [--weight W]",
 		Short: "Create a token; prints its secret, which is never shown again",
 		Args:  argsNamed(),
 		RunE: func(cmd *cobra.Command, _ []string) error {
