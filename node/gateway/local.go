@@ -902,6 +902,12 @@ func (x *call) answer(resp *http.Response, err error) result {
 		data = append(engineError(resp.StatusCode, data), '\n')
 		w.Header().Set("Content-Type", "application/json")
 	}
+	if resp.StatusCode == http.StatusOK {
+		// Counted before the client has its answer: a scrape after it
+		// sees the request.
+		g.metrics.firstToken(x.labels, now.Sub(req.arrived))
+		g.metrics.servedTokens(x.labels, req.promptTokens, generated)
+	}
 	w.Header().Set("Content-Length", strconv.Itoa(len(data)))
 	w.WriteHeader(resp.StatusCode)
 	// The engine's slot is free already; the handler (and the answer)
@@ -909,10 +915,6 @@ func (x *call) answer(resp *http.Response, err error) result {
 	sw := newStallWriter(w, g.opts.StreamStall)
 	if _, err := sw.Write(data); err == nil && sw.flush() == nil {
 		sw.clear()
-	}
-	if resp.StatusCode == http.StatusOK {
-		g.metrics.firstToken(x.labels, now.Sub(req.arrived))
-		g.metrics.servedTokens(x.labels, req.promptTokens, generated)
 	}
 	return result{done: true, generated: generated}
 }
