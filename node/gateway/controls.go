@@ -15,7 +15,8 @@ import (
 // private adapter, run in a slot that holds another tenant's prompt, or
 // jump the engine's queue. Each is listed here once, with what the
 // gateway does when a client sends it: refused with 400 naming the field
-// and the rule, or its value checked. Go's decoder matches keys with any
+// and the rule, or its value checked (a request id, which engines echo
+// and refuse when already running, is passed on). Go's decoder matches keys with any
 // case and with escapes ("\u006cora"), so a spelling that an engine would
 // not read as the field is refused too: never less than the engine reads.
 
@@ -30,6 +31,8 @@ const (
 	// what the gateway would allow (cache reuse), and true is replaced
 	// where the gateway decides otherwise (prepare appends its own).
 	checkBool
+	// checkString: the value must be a non-empty string, passed on.
+	checkString
 )
 
 // engineControl is one engine control field.
@@ -63,7 +66,7 @@ type controlFields struct {
 const (
 	adapterRule  = "the gateway applies the adapters the caller may use: name an adapter as the model (\"model\": \"NAME:ADAPTER\", or its bare name as GET /v1/models lists it)"
 	slotRule     = "the gateway picks each request's llama.cpp slot, so that no tenant runs in a slot holding another tenant's prompt"
-	requestRule  = "the gateway names each request to its engine; a client's id could collide with another tenant's request"
+	requestRule  = "echoed in the answer's id; an engine refuses an id it is already running, so no answer goes to another request"
 	transferRule = "disaggregated serving is set up by the deployment, not per request"
 )
 
@@ -77,8 +80,8 @@ var engineControls = []engineControl{
 	{"cache_prompt", checkBool, "llama.cpp's prompt-cache reuse: false gives it up; the gateway allows reuse only of a slot holding the caller's own prompt", func(c *controlFields) json.RawMessage { return c.CachePrompt }},
 	{"cache_salt", refuse, "vLLM's prefix-cache salt: the gateway salts each tenant's cache with a salt of its own, so tenants never share cached prefixes", func(c *controlFields) json.RawMessage { return c.CacheSalt }},
 	{"priority", refuse, "the engine's scheduling priority: the gateway sets it from the request's class (header " + ClassHeader + " may lower the class)", func(c *controlFields) json.RawMessage { return c.Priority }},
-	{"request_id", refuse, "vLLM's request id: " + requestRule, func(c *controlFields) json.RawMessage { return c.RequestID }},
-	{"rid", refuse, "SGLang's request id: " + requestRule, func(c *controlFields) json.RawMessage { return c.RID }},
+	{"request_id", checkString, "vLLM's request id: " + requestRule, func(c *controlFields) json.RawMessage { return c.RequestID }},
+	{"rid", checkString, "SGLang's request id: " + requestRule, func(c *controlFields) json.RawMessage { return c.RID }},
 	{"kv_transfer_params", refuse, "vLLM's KV-cache transfer between engines: " + transferRule, func(c *controlFields) json.RawMessage { return c.KVTransferParams }},
 	{"bootstrap_host", refuse, "SGLang's prefill/decode bootstrap: " + transferRule, func(c *controlFields) json.RawMessage { return c.BootstrapHost }},
 	{"bootstrap_port", refuse, "SGLang's prefill/decode bootstrap: " + transferRule, func(c *controlFields) json.RawMessage { return c.BootstrapPort }},
@@ -101,6 +104,10 @@ func (c *controlFields) checkControls() *apiError {
 		case checkBool:
 			if !isJSON(raw, "true") && !isJSON(raw, "false") {
 				return invalidf(ec.name, "invalid_type", "%s is %s: it must be true or false (%s)", ec.name, kindOf(raw), ec.rule)
+			}
+		case checkString:
+			if kindOf(raw) != "a string" || isJSON(raw, `""`) {
+				return invalidf(ec.name, "invalid_value", "%s is %s: it must be a non-empty string (%s)", ec.name, raw, ec.rule)
 			}
 		}
 	}

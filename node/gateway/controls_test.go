@@ -85,7 +85,7 @@ func TestGatewayPrivateAdapterByBodyRefused(t *testing.T) {
 // TestGatewayEngineControls: every engine control in the table, sent by a
 // client, is refused with 400 naming the field and its rule before
 // anything reaches the engine; cache_prompt is taken as false and refused
-// as anything but a boolean.
+// as anything but a boolean, a request id as anything but a string.
 func TestGatewayEngineControls(t *testing.T) {
 	var seen atomic.Int32
 	engine := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -102,7 +102,7 @@ func TestGatewayEngineControls(t *testing.T) {
 	}
 	values := map[string]string{
 		"lora": `[{"id":0,"scale":1}]`, "lora_path": `"priv"`, "id_slot": `0`, "slot_id": `1`, "cache_salt": `"acme-salt"`,
-		"priority": `-10`, "request_id": `"cmpl-other"`, "rid": `"other"`, "kv_transfer_params": `{"do_remote_prefill":true}`,
+		"priority": `-10`, "kv_transfer_params": `{"do_remote_prefill":true}`,
 		"bootstrap_host": `"10.0.0.9"`, "bootstrap_port": `8998`, "bootstrap_room": `7`, "data_parallel_rank": `0`,
 	}
 	for _, ec := range engineControls {
@@ -131,6 +131,21 @@ func TestGatewayEngineControls(t *testing.T) {
 				code, data = send(t, srv.URL, "/v1/completions", `{"model":"chat","prompt":"hi","`+ec.name+`":false}`, nil)
 				if code != http.StatusOK {
 					t.Errorf("%s: false: %d %s; a client may give up cache reuse", ec.name, code, data)
+				}
+				return
+			case checkString:
+				for _, val := range []string{`5`, `""`, `null`} {
+					code, data := send(t, srv.URL, "/v1/completions", `{"model":"chat","prompt":"hi","`+ec.name+`":`+val+`}`, nil)
+					if code != http.StatusBadRequest || !strings.Contains(string(data), `"param":"`+ec.name+`"`) {
+						t.Errorf("%s: %s: %d %s; want 400 naming the field", ec.name, val, code, data)
+					}
+				}
+				if seen.Load() != before {
+					t.Fatalf("%s: a refused request reached the engine", ec.name)
+				}
+				code, data := send(t, srv.URL, "/v1/completions", `{"model":"chat","prompt":"hi","`+ec.name+`":"bench-1"}`, nil)
+				if code != http.StatusOK {
+					t.Errorf("%s: a string: %d %s; a request id is passed on", ec.name, code, data)
 				}
 				return
 			}
