@@ -179,8 +179,9 @@ jepsen-hollow:
 	$(GO) test -count=1 -timeout 12m -v -run TestJepsen ./jepsen -jepsen -jepsen.duration 2m -jepsen.hollow $(JEPSEN_HOLLOW) \
 		-jepsen.request-window $(JEPSEN_REQUEST_WINDOW) $(JEPSEN_FLAGS)
 
-# Fuzz the descriptor parser, the command decoder (FuzzApplyBytes) and the
-# hand-written envelope decoder against proto.Unmarshal (FuzzDecoder) briefly. New inputs land
+# Fuzz the descriptor parser, the command decoder (FuzzApplyBytes), the
+# hand-written envelope decoder against proto.Unmarshal (FuzzDecoder) and the
+# gateway's request parsing and limits (FuzzRequest) briefly. New inputs land
 # in $(go env GOCACHE)/fuzz; copy them into testdata/fuzz to keep them.
 # FUZZTIME is a count of executions per fuzzer (Nx), not a duration: with a
 # duration, Go 1.26's fuzz coordinator can report "context deadline
@@ -192,3 +193,4 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzParse$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 2s ./cmd/gpuplane/descriptor/
 	$(GO) test -run '^$$' -fuzz '^FuzzApplyBytes$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 2s ./fsm/
 	$(GO) test -run '^$$' -fuzz '^FuzzDecoder$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 2s ./fsm/
+	$(GO) test -run '^$$' -fuzz '^FuzzRequest$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 2s ./node/gateway/

@@ -90,7 +90,7 @@ func (f *FSM) bootstrapACL(c *pb.BootstrapACL, index uint64, dry bool) *pb.Resul
 func (f *FSM) createToken(c *pb.CreateToken, index uint64, dry bool) *pb.Result {
 	v := violations(ValidateName("name", c.GetName()))
 	if c.GetRole() == pb.Role_ROLE_UNSPECIFIED {
-		v.add("role", "must be read, operator or admin")
+		v.add("role", "must be read, auditor, operator or admin")
 	}
 	v = append(v, validHash("secretHash", c.GetSecretHash())...)
 	v = append(v, ValidateTenant("tenant", c.GetTenant())...)
@@ -192,6 +192,8 @@ func RoleString(r pb.Role) string {
 	switch r {
 	case pb.Role_ROLE_READ:
 		return "read"
+	case pb.Role_ROLE_AUDITOR:
+		return "auditor"
 	case pb.Role_ROLE_OPERATOR:
 		return "operator"
 	case pb.Role_ROLE_ADMIN:

@@ -53,7 +53,7 @@ func (a Access) String() string {
 
 func accessOfRole(r pb.Role) Access {
 	switch r {
-	case pb.Role_ROLE_READ:
+	case pb.Role_ROLE_READ, pb.Role_ROLE_AUDITOR:
 		return AccessRead
 	case pb.Role_ROLE_OPERATOR:
 		return AccessOperator
@@ -67,7 +67,8 @@ func accessOfRole(r pb.Role) Access {
 // needs admin, so a new RPC is closed until someone decides otherwise
 // (TestEveryProcedureHasAccess lists the ones missing).
 var procedureAccess = map[string]Access{
-	gpuplanev1connect.LogServiceReplicaLogsProcedure: AccessRead,
+	// Engine logs hold the prompts of every tenant an engine served.
+	gpuplanev1connect.LogServiceReplicaLogsProcedure: AccessOperator,
 
 	gpuplanev1connect.ResidencyServiceListDecisionsProcedure: AccessRead,
 	gpuplanev1connect.ResidencyServiceGetPlanProcedure:       AccessRead,
@@ -122,6 +123,38 @@ var procedureAccess = map[string]Access{
 	gpuplanev1connect.ACLServiceDeleteTokenProcedure: AccessAdmin,
 }
 
+// clusterWide lists the reads that show other tenants' data: the audit
+// log and events (tokens, their tenants, adapters' tenants), the
+// dashboard (every tenant's counts), deployments (which tenants each
+// adapter serves) and residency decisions. A read token, a tenant's key,
+// is refused them (tenantScoped): it reads the cluster's infrastructure
+// (nodes, devices, accelerators, cluster status, replicas without their
+// endpoints), its own tenant's series
+// of /metrics, and, on the gateway, the models it may use (GET
+// /v1/models). The auditor, operator and admin roles read them.
+var clusterWide = map[string]bool{
+	gpuplanev1connect.AuditServiceLogProcedure:               true,
+	gpuplanev1connect.AuditServiceReplayProcedure:            true,
+	gpuplanev1connect.AuditServiceVerifyProcedure:            true,
+	gpuplanev1connect.AuditServiceHashAtProcedure:            true,
+	gpuplanev1connect.AuditServiceEntriesProcedure:           true,
+	gpuplanev1connect.EventServiceWatchProcedure:             true,
+	gpuplanev1connect.DashboardServiceSummaryProcedure:       true,
+	gpuplanev1connect.ModelServiceListModelsProcedure:        true,
+	gpuplanev1connect.ModelServiceGetModelProcedure:          true,
+	gpuplanev1connect.ResidencyServiceListDecisionsProcedure: true,
+	gpuplanev1connect.ResidencyServiceGetPlanProcedure:       true,
+	gpuplanev1connect.ResidencyServiceListProfilesProcedure:  true,
+	gpuplanev1connect.LogServiceReplicaLogsProcedure:         true,
+	gpuplanev1connect.ClusterServiceReadStateProcedure:       true,
+	gpuplanev1connect.ClusterServiceReadNodeProcedure:        true,
+	gpuplanev1connect.ACLServiceListTokensProcedure:          true,
+}
+
+// ClusterWide says whether procedure shows other tenants' data, which a
+// token bound to a tenant may not read.
+func ClusterWide(procedure string) bool { return clusterWide[procedure] }
+
 // ProcedureAccess is what procedure needs when ACLs are on.
 func ProcedureAccess(procedure string) Access {
 	if a, ok := procedureAccess[procedure]; ok {
@@ -135,6 +168,15 @@ type principal struct {
 	actor  string
 	access Access
 	role   pb.Role // the token's role; unspecified for nodes and anonymous callers
+	// tenant is the token's tenant (its name unless set).
+	tenant string
+}
+
+// tenantScoped: a read token (a tenant's key), which reads its own
+// tenant's data and the cluster's infrastructure, nothing of other
+// tenants (clusterWide). An auditor's token reads everything.
+func (p principal) tenantScoped() bool {
+	return p.role == pb.Role_ROLE_READ
 }
 
 type principalKey struct{}
@@ -231,7 +273,16 @@ func (a *authInterceptor) authorize(ctx context.Context, procedure string, heade
 		return nil, connect.NewError(connect.CodePermissionDenied,
 			fmt.Errorf("%s has role %s: %s needs %s", callerName(p), roleOf(p), methodName(procedure), needs(need)))
 	}
+	if p.tenantScoped() && clusterWide[procedure] {
+		return nil, connect.NewError(connect.CodePermissionDenied, scopeError(p, methodName(procedure)))
+	}
 	return ctx, nil
+}
+
+// scopeError refuses a tenant-bound token a read of other tenants' data.
+func scopeError(p principal, what string) error {
+	return fmt.Errorf("%s has role read, a key of tenant %q: %s shows other tenants' data and needs the auditor or operator role",
+		callerName(p), p.tenant, what)
 }
 
 func callerName(p principal) string {
@@ -296,5 +347,6 @@ func (a *authInterceptor) identify(ctx context.Context, header http.Header) (pri
 	if tok == nil {
 		return principal{}, connect.NewError(connect.CodeUnauthenticated, errors.New("unknown token: it was deleted or never existed"))
 	}
-	return principal{actor: tok.GetName(), access: accessOfRole(tok.GetRole()), role: tok.GetRole()}, nil
+	tenant, _ := fsm.TokenTenant(tok)
+	return principal{actor: tok.GetName(), access: accessOfRole(tok.GetRole()), role: tok.GetRole(), tenant: tenant}, nil
 }

@@ -273,7 +273,14 @@ func (e *Executor) Run(ctx context.Context) error {
 	// Before anything else: the engines a previous agent left see an agent
 	// again and wait to be adopted (orphan.go).
 	if err := markAgent(e.enginesDir()); err != nil {
-		return fmt.Errorf("executor: %w", err)
+		// A full disk: the engines are still adopted and followed (each
+		// one's state follows its process), and the mark is written as
+		// soon as it can be; until then their log writers see no agent
+		// and stop them after the orphan grace, which the executor sees
+		// as any engine's death.
+		e.log.Error("executor: cannot mark this agent as the engines' owner: the engines a previous agent left will stop after the orphan grace unless it is written; retrying every second",
+			"err", err, "orphan_grace", e.opts.OrphanGrace)
+		go e.remark(ctx)
 	}
 	records := e.readRecords()
 	supCtx, stopSups := context.WithCancel(context.WithoutCancel(ctx))
@@ -306,6 +313,23 @@ func (e *Executor) Run(ctx context.Context) error {
 		e.apply(supCtx, &wg, snap, left, fresh)
 	})
 	return nil
+}
+
+// remark writes the agent's mark once it can, every second until ctx ends.
+func (e *Executor) remark(ctx context.Context) {
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if err := markAgent(e.enginesDir()); err == nil {
+			e.log.Info("executor: marked this agent as the engines' owner (engines/" + agentFile + ")")
+			return
+		}
+	}
 }
 
 // follow watches src for node's snapshots and calls apply with each until

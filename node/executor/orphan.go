@@ -43,14 +43,45 @@ func markAgent(dir string) error {
 	if err != nil {
 		return err
 	}
-	tmp := filepath.Join(dir, agentFile+".tmp")
-	if err := os.WriteFile(tmp, append(data, '\n'), 0o644); err != nil {
-		return fmt.Errorf("mark the agent: %w", err)
+	path := filepath.Join(dir, agentFile)
+	tmp := path + ".tmp"
+	err = os.WriteFile(tmp, append(data, '\n'), 0o644)
+	if err == nil {
+		err = os.Rename(tmp, path)
 	}
-	if err := os.Rename(tmp, filepath.Join(dir, agentFile)); err != nil {
-		return fmt.Errorf("mark the agent: %w", err)
+	if err == nil {
+		return nil
 	}
-	return nil
+	_ = os.Remove(tmp)
+	// A full disk has no room for a new file, but the previous agent's
+	// mark has its own: written over in place, it needs no more.
+	if inPlace(path, data) == nil {
+		return nil
+	}
+	return fmt.Errorf("mark the agent: write %s: %w", path, err)
+}
+
+// inPlace writes a mark over the one at path without growing or replacing
+// the file: a shorter mark is padded with spaces, which JSON ignores.
+func inPlace(path string, data []byte) error {
+	f, err := os.OpenFile(path, os.O_WRONLY, 0)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return err
+	}
+	line := append([]byte(nil), data...)
+	for int64(len(line)+1) < st.Size() {
+		line = append(line, ' ')
+	}
+	line = append(line, '\n')
+	if _, err := f.WriteAt(line, 0); err != nil {
+		return err
+	}
+	return f.Sync()
 }
 
 // agentAlive says whether the process path names is still running: the same

@@ -187,6 +187,19 @@ type Options struct {
 	QueueLimit  int
 	// MaxBodyBytes bounds a request body (default 4 MiB); past it, 413.
 	MaxBodyBytes int64
+	// MaxBufferedBytes bounds the request bodies held at once, from all
+	// clients together: those arriving and those waiting with their
+	// request (default 64 × MaxBodyBytes, 256 MiB). A body's buffer grows
+	// with what arrives, not with the Content-Length it announces; one
+	// that would take the gateway past the bound is refused with 503
+	// (bodies_buffered) and its connection closed.
+	MaxBufferedBytes int64
+	// StreamStall bounds how long one write of an answer to its client
+	// may wait (default 30s): a client that stops reading a stream is cut
+	// off once the connection's buffers are full and this long has passed
+	// without the gateway's write going out, and its engine request is
+	// cancelled, freeing its slot.
+	StreamStall time.Duration
 	// DefaultMaxTokens is the output a request without max_tokens is
 	// assumed to reserve (default 256).
 	DefaultMaxTokens int
@@ -207,6 +220,9 @@ type Options struct {
 	Registerer prometheus.Registerer
 	Logger     *slog.Logger
 }
+
+// DefaultStreamStall is Options.StreamStall's default.
+const DefaultStreamStall = 30 * time.Second
 
 // Headers the gateway reads.
 const (
@@ -230,6 +246,8 @@ type Gateway struct {
 	// engines carries requests to this node's engines unless
 	// Options.Engines is set.
 	engines *engineTransport
+	// bodies is the budget of request bodies held (MaxBufferedBytes).
+	bodies bodyBudget
 
 	table atomic.Pointer[table]
 	// refreshing is set while a refresh runs; refreshed is closed and
@@ -273,6 +291,12 @@ func New(opts Options) (*Gateway, error) {
 	if opts.MaxBodyBytes == 0 {
 		opts.MaxBodyBytes = 4 << 20
 	}
+	if opts.StreamStall <= 0 {
+		opts.StreamStall = DefaultStreamStall
+	}
+	if opts.MaxBufferedBytes == 0 {
+		opts.MaxBufferedBytes = 64 * max(opts.MaxBodyBytes, 0)
+	}
 	if opts.DefaultMaxTokens == 0 {
 		opts.DefaultMaxTokens = 256
 	}
@@ -289,6 +313,8 @@ func New(opts Options) (*Gateway, error) {
 		return nil, fmt.Errorf("gateway: QueueLimit is %d: it must be positive", opts.QueueLimit)
 	case opts.MaxBodyBytes < 0:
 		return nil, fmt.Errorf("gateway: MaxBodyBytes is %d: it must be positive", opts.MaxBodyBytes)
+	case opts.MaxBufferedBytes < opts.MaxBodyBytes:
+		return nil, fmt.Errorf("gateway: MaxBufferedBytes is %d: it must be at least MaxBodyBytes (%d)", opts.MaxBufferedBytes, opts.MaxBodyBytes)
 	case opts.MetricTenants < 0:
 		return nil, fmt.Errorf("gateway: MetricTenants is %d: it must be positive", opts.MetricTenants)
 	}
@@ -308,6 +334,7 @@ func New(opts Options) (*Gateway, error) {
 	}
 	g := &Gateway{opts: opts, log: opts.Logger, engines: newEngineTransport(), refreshed: make(chan struct{}),
 		cards: map[uint32]*card{}, locals: map[string]*local{}, forwarded: map[string]int{}}
+	g.bodies.max = opts.MaxBufferedBytes
 	g.metrics = newMetrics(g, opts.Registerer)
 	g.table.Store(&table{byName: map[string]*Model{}})
 	return g, nil

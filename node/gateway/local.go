@@ -340,6 +340,11 @@ func (c *card) apply(out queue.Output, now time.Time) {
 // rearm sets the timer for the scheduler's next deadline (under c.mu).
 func (c *card) rearm(now time.Time) {
 	next, ok := c.s.NextDeadline()
+	if at, prune := c.s.NextPrune(); prune && (!ok || at.Before(next)) {
+		// The tenants' idle records are forgotten in time even when no
+		// request comes.
+		next, ok = at, true
+	}
 	if !ok {
 		return
 	}
@@ -356,7 +361,11 @@ func (c *card) tick() {
 	now := time.Now()
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.apply(c.s.Tick(now), now)
+	out := c.s.Tick(now)
+	if at, ok := c.s.NextPrune(); ok && !now.Before(at) {
+		c.s.Prune(now)
+	}
+	c.apply(out, now)
 }
 
 // CardPromiser is what a Residency may also do: say when a replica whose
@@ -501,13 +510,28 @@ func (g *Gateway) enqueue(w http.ResponseWriter, r *http.Request, req *request, 
 	x.pd = pending{model: m.Served, notify: make(chan struct{}, 1)}
 	now := time.Now()
 	c.mu.Lock()
-	if wt := req.who.weight; wt > 0 && c.weights[req.who.tenant] != wt {
-		if c.s.SetTenant(req.who.tenant, wt) == nil {
-			c.weights[req.who.tenant] = wt
+	// The tenant's weight is set for every request: a weight a token or
+	// a peer node gave an earlier request must not outlive it (a
+	// request without one weighs what the configuration says, else 1).
+	wt, carried := req.who.weight, req.who.weight > 0
+	if !carried {
+		if wt = g.opts.Weights[req.who.tenant]; !(wt > 0) {
+			wt = 1
 		}
 	}
-	prompt, maxTokens := req.promptTokens, req.maxTokens
-	if kv := l.rep.KVTokens; kv > 0 && prompt+maxTokens > kv {
+	if c.s.Weight(req.who.tenant) != wt {
+		_ = c.s.SetTenant(req.who.tenant, wt)
+	}
+	if carried {
+		c.weights[req.who.tenant] = wt
+	} else if _, ok := g.opts.Weights[req.who.tenant]; !ok {
+		delete(c.weights, req.who.tenant)
+	}
+	// No engine's context is as long as the queue's bound: a request
+	// that asks for more (no context length known to refuse it) reserves
+	// the bound.
+	prompt, maxTokens := min(req.promptTokens, queue.MaxRequestTokens), min(req.maxTokens, queue.MaxRequestTokens)
+	if kv := l.rep.KVTokens; kv > 0 && satAdd(prompt, maxTokens) > kv {
 		// Larger than the engine's whole KV budget: it runs alone (the
 		// engine cuts or refuses it), never waits for room that cannot be.
 		prompt = min(prompt, kv)
@@ -886,11 +910,19 @@ func (x *call) answer(resp *http.Response, err error) result {
 	} else {
 		data = x.rename.apply(data)
 	}
-	w.WriteHeader(resp.StatusCode)
-	_, _ = w.Write(data)
 	if resp.StatusCode == http.StatusOK {
+		// Counted before the client has its answer: a scrape after it
+		// sees the request.
 		g.metrics.firstToken(x.labels, now.Sub(req.arrived))
 		g.metrics.servedTokens(x.labels, req.promptTokens, generated)
+	}
+	w.Header().Set("Content-Length", strconv.Itoa(len(data)))
+	w.WriteHeader(resp.StatusCode)
+	// The engine's slot is free already; the handler (and the answer)
+	// is not held for a client that does not read either.
+	sw := newStallWriter(w, g.opts.StreamStall)
+	if _, err := sw.Write(data); err == nil && sw.flush() == nil {
+		sw.clear()
 	}
 	return result{done: true, generated: generated}
 }

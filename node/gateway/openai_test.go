@@ -298,10 +298,11 @@ func TestOpenAIConformance(t *testing.T) {
 		_, err = sdk.Embeddings.New(ctx, openai.EmbeddingNewParams{Model: "embed", Input: openai.EmbeddingNewParamsInputUnion{OfArrayOfStrings: []string{"short", strings.Repeat("w ", 600)}}})
 		wantError(t, err, 400, "context_length_exceeded", "input", "512")
 
-		// An engine's own refusal (the sim, as vLLM, sends its status as a
-		// number in "code"): relayed in the same shape, code a string.
+		// An engine control (vLLM's priority) is the gateway's to set: a
+		// client's is refused in the same shape, naming the field
+		// (TestEngineErrorShape covers the engines' own refusals).
 		err = chat(openai.ChatCompletionNewParams{}, option.WithJSONSet("priority", 5))
-		wantError(t, err, 400, "invalid_request", "", "Priority scheduling")
+		wantError(t, err, 400, "engine_control", "priority", "X-Gpuplane-Priority")
 	})
 
 	t.Run("raw refusals", func(t *testing.T) {

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
 	"time"
 
 	"github.com/gpuplane/gpuplane/node/gateway/queue"
@@ -19,7 +20,8 @@ import (
 // client's model name put back (rn, nil: none). A preempted stream ends
 // with an error event.
 func (g *Gateway) relayStream(ctx context.Context, w http.ResponseWriter, resp *http.Response, req *request, m *Model, labels []string, pd *pending, c *card, rn *rename) result {
-	fl, _ := w.(http.Flusher)
+	sw := newStallWriter(w, g.opts.StreamStall)
+	fl := sw
 	w.Header().Set("Content-Type", "text/event-stream")
 	w.Header().Set("Cache-Control", "no-cache")
 	w.WriteHeader(http.StatusOK)
@@ -30,7 +32,7 @@ func (g *Gateway) relayStream(ctx context.Context, w http.ResponseWriter, resp *
 	for {
 		line, err := br.ReadSlice('\n')
 		if len(line) > 0 {
-			if _, werr := w.Write(rn.apply(line)); werr != nil {
+			if _, werr := sw.Write(rn.apply(line)); werr != nil {
 				readErr = werr
 				break
 			}
@@ -54,8 +56,10 @@ func (g *Gateway) relayStream(ctx context.Context, w http.ResponseWriter, resp *
 			}
 			// An event goes out when it ends, unless the next one is
 			// already here: then they go out together, at once.
-			if fl != nil && br.Buffered() == 0 && len(bytes.TrimSpace(line)) == 0 {
-				fl.Flush()
+			if br.Buffered() == 0 && len(bytes.TrimSpace(line)) == 0 {
+				if readErr = fl.flush(); readErr != nil {
+					break
+				}
 			}
 		}
 		if errors.Is(err, bufio.ErrBufferFull) {
@@ -68,8 +72,20 @@ func (g *Gateway) relayStream(ctx context.Context, w http.ResponseWriter, resp *
 			break
 		}
 	}
-	if fl != nil {
-		fl.Flush()
+	if readErr == nil {
+		readErr = fl.flush()
+	}
+	if sw.stalled {
+		// The client stopped reading: its engine request is cancelled
+		// (the engine's stream is closed on return), freeing the slot.
+		g.log.Info("gateway: a stream's client stopped reading; cut off", "model", m.Served, "tenant", req.who.tenant, "stall", g.opts.StreamStall, "tokens", generated)
+		c.mu.Lock()
+		if pd.cancel != nil {
+			pd.cancel(errClientStalled)
+		}
+		c.mu.Unlock()
+	} else {
+		sw.clear()
 	}
 	now := time.Now()
 	if generated > 1 {
@@ -91,7 +107,7 @@ func (g *Gateway) relayStream(ctx context.Context, w http.ResponseWriter, resp *
 		}
 	}
 	c.mu.Unlock()
-	if cut && readErr != nil {
+	if cut && readErr != nil && !sw.stalled {
 		writePreempted(w, m, generated)
 	}
 	return result{done: true, generated: generated}
@@ -164,4 +180,69 @@ func tokensIn(line []byte) int {
 		}
 	}
 	return n
+}
+
+// errClientStalled is the cause an engine request is cancelled with when
+// its client stopped reading the stream.
+var errClientStalled = errors.New("the client stopped reading its stream")
+
+// stallWriter writes an answer under a write deadline: a write or flush
+// that cannot go out within stall (the client stopped reading and the
+// connection's buffers are full) fails, and the stream is cut. The
+// deadline is moved at most once a second (or a quarter of stall), not at
+// every token.
+type stallWriter struct {
+	w       http.ResponseWriter
+	rc      *http.ResponseController
+	stall   time.Duration
+	armed   time.Time
+	stalled bool
+}
+
+func newStallWriter(w http.ResponseWriter, stall time.Duration) *stallWriter {
+	return &stallWriter{w: w, rc: http.NewResponseController(w), stall: stall}
+}
+
+// arm moves the write deadline to stall from now, if it was set over a
+// second (or a quarter of stall) ago.
+func (s *stallWriter) arm() {
+	now := time.Now()
+	if now.Sub(s.armed) < min(time.Second, s.stall/4) {
+		return
+	}
+	if s.rc.SetWriteDeadline(now.Add(s.stall)) == nil {
+		s.armed = now
+	}
+}
+
+func (s *stallWriter) Write(p []byte) (int, error) {
+	s.arm()
+	n, err := s.w.Write(p)
+	if err != nil {
+		s.stalled = s.stalled || errors.Is(err, os.ErrDeadlineExceeded)
+	}
+	return n, err
+}
+
+// flush sends what is buffered to the client.
+func (s *stallWriter) flush() error {
+	s.arm()
+	err := s.rc.Flush()
+	if errors.Is(err, http.ErrNotSupported) {
+		return nil
+	}
+	if err != nil {
+		// A write deadline past makes the connection's writes fail with
+		// it; net/http's buffered writer may report it at the flush.
+		s.stalled = s.stalled || errors.Is(err, os.ErrDeadlineExceeded) || !s.armed.IsZero() && time.Since(s.armed) >= s.stall
+	}
+	return err
+}
+
+// clear lifts the write deadline, so that the connection's next request
+// (kept alive) is not cut by this one's.
+func (s *stallWriter) clear() {
+	if !s.armed.IsZero() {
+		_ = s.rc.SetWriteDeadline(time.Time{})
+	}
 }

@@ -75,6 +75,7 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		if r.Method == http.MethodPost {
 			if x := g.serveInference(w, r); x != nil {
 				x.run()
+				g.done(x.req)
 			}
 			return
 		}
@@ -211,7 +212,13 @@ type who struct {
 }
 
 // tenant finds who sends r: from a peer node, the tenant it resolved; with
-// ACLs, the token's; else the header's, or "default".
+// ACLs, the token's; else the header's, or "default". The headers meant
+// for nodes (ForwardedHeader's weight) are believed only from a peer
+// (Options.IsPeer: its certificate or the agent token), with ACLs or
+// without: a client's own weight header is ignored, and so every tenant
+// weighs what the node's configuration says (1 unless set). Without ACLs a
+// client's ForwardedHeader is still taken as a restriction (served here or
+// refused), which gives it nothing.
 func (g *Gateway) tenant(r *http.Request) (who, *apiError) {
 	peer := g.opts.IsPeer != nil && g.opts.IsPeer(r)
 	fwd := r.Header.Get(ForwardedHeader) != ""
@@ -239,7 +246,7 @@ func (g *Gateway) tenant(r *http.Request) (who, *apiError) {
 		return who{}, err
 	}
 	x := who{tenant: h, forwarded: fwd}
-	if fwd {
+	if fwd && peer {
 		if v := r.Header.Get(WeightHeader); v != "" {
 			if f, err := strconv.ParseFloat(v, 64); err == nil && f > 0 {
 				x.weight = f
@@ -286,26 +293,52 @@ type request struct {
 	class     queue.Class
 	who       who
 	arrived   time.Time
+	// held is what its body holds of the gateway's budget of buffered
+	// bodies, given back when the request ends (done).
+	held int64
 }
 
 // parse reads and checks r's body: a size within the limit, a JSON object
 // with a model and the fields its endpoint needs, values within OpenAI's
 // ranges (validate.go).
 func (g *Gateway) parse(w http.ResponseWriter, r *http.Request) (*request, *apiError) {
-	body, err := readBody(http.MaxBytesReader(w, r.Body, g.opts.MaxBodyBytes), r.ContentLength, g.opts.MaxBodyBytes)
+	body, held, err := readBody(http.MaxBytesReader(w, r.Body, g.opts.MaxBodyBytes), r.ContentLength, g.opts.MaxBodyBytes, &g.bodies)
 	if err != nil {
 		var tooBig *http.MaxBytesError
+		if errors.Is(err, errBodyBudget) {
+			// The rest of its body is not read: the connection closes.
+			_ = http.NewResponseController(w).SetReadDeadline(time.Now())
+			w.Header().Set("Connection", "close")
+			e := errorf(http.StatusServiceUnavailable, "server_error", "bodies_buffered",
+				"the gateway holds its limit of %d bytes of request bodies from all clients; retry shortly", g.bodies.max)
+			e.retryAfter = time.Second
+			return nil, e
+		}
 		if errors.As(err, &tooBig) {
 			return nil, errorf(http.StatusRequestEntityTooLarge, "invalid_request_error", "request_too_large",
 				"the request body is over the gateway's limit of %d bytes", g.opts.MaxBodyBytes)
 		}
 		return nil, errorf(http.StatusBadRequest, "invalid_request_error", "invalid_body", "reading the request body: %v", err)
 	}
+	req, aerr := g.parseBody(r, body)
+	if aerr != nil {
+		g.bodies.give(held)
+		return nil, aerr
+	}
+	req.held = held
+	return req, nil
+}
+
+// parseBody reads a request from its body.
+func (g *Gateway) parseBody(r *http.Request, body []byte) (*request, *apiError) {
 	f, aerr := decodeBody(body)
 	if aerr != nil {
 		return nil, aerr
 	}
 	if aerr := f.check(r.URL.Path); aerr != nil {
+		return nil, aerr
+	}
+	if aerr := f.checkControls(); aerr != nil {
 		return nil, aerr
 	}
 	req := &request{path: r.URL.Path, body: body, model: *f.Model, maxTokens: g.opts.DefaultMaxTokens, outTokens: -1, arrived: time.Now()}
@@ -358,30 +391,6 @@ func withoutField(body []byte, key string) ([]byte, error) {
 	return json.Marshal(m)
 }
 
-// readBody reads a body of size bytes (-1: unknown) to its end, into a
-// buffer of its size when known: the body stays with the request while it
-// waits (io.ReadAll's buffer would be 512 bytes at least).
-func readBody(r io.Reader, size, limit int64) ([]byte, error) {
-	if size < 0 || size > limit {
-		return io.ReadAll(r)
-	}
-	// One byte more, so that the read that finds the end needs no growth.
-	b := make([]byte, 0, size+1)
-	for {
-		n, err := r.Read(b[len(b):cap(b)])
-		b = b[:len(b)+n]
-		if err == io.EOF {
-			return b, nil
-		}
-		if err != nil {
-			return b, err
-		}
-		if len(b) == cap(b) {
-			b = append(b, 0)[:len(b)]
-		}
-	}
-}
-
 // serveInference answers a completion, chat or embeddings request: here if
 // a replica is on this node and best (the call it returns, queued, is run
 // from ServeHTTP), else on the node that holds one.
@@ -390,11 +399,22 @@ func (g *Gateway) serveInference(w http.ResponseWriter, r *http.Request) *call {
 	switch {
 	case req == nil:
 	case target.local != nil:
-		return g.enqueue(w, r, req, m, target.local)
+		if x := g.enqueue(w, r, req, m, target.local); x != nil {
+			return x
+		}
+		g.done(req)
 	default:
 		g.forward(w, r, req, m, target.node, target.url)
+		g.done(req)
 	}
 	return nil
+}
+
+// done gives back what a request's body held of the budget of buffered
+// bodies.
+func (g *Gateway) done(req *request) {
+	g.bodies.give(req.held)
+	req.held = 0
 }
 
 // admit checks a request and chooses where it runs; a nil request: it was
@@ -411,14 +431,26 @@ func (g *Gateway) admit(w http.ResponseWriter, r *http.Request) (*request, *Mode
 		return nil, nil, target{}
 	}
 	req.who = x
+	m, t, ok := g.route(w, r, req)
+	if !ok {
+		g.done(req)
+		return nil, nil, target{}
+	}
+	return req, m, t
+}
+
+// route resolves a parsed request's model and chooses where it runs;
+// false: it was refused (and answered).
+func (g *Gateway) route(w http.ResponseWriter, r *http.Request, req *request) (*Model, target, bool) {
+	x := req.who
 	m, adapter, aerr := g.resolveFresh(r.Context(), req.model, x.tenant)
 	if aerr != nil {
 		aerr.write(w)
-		return nil, nil, target{}
+		return nil, target{}, false
 	}
 	if aerr := req.checkFor(m); aerr != nil {
 		aerr.write(w)
-		return nil, nil, target{}
+		return nil, target{}, false
 	}
 	req.adapter = adapter
 	req.class = m.Class
@@ -427,7 +459,7 @@ func (g *Gateway) admit(w http.ResponseWriter, r *http.Request) (*request, *Mode
 		if !ok {
 			errorf(http.StatusBadRequest, "invalid_request_error", "invalid_priority",
 				"header %s is %q: it must be interactive, standard or background", ClassHeader, h).write(w)
-			return nil, nil, target{}
+			return nil, target{}, false
 		}
 		if c > req.class && g.opts.Tenants != nil && !x.forwarded {
 			// With ACLs a client may lower its request's class, never raise
@@ -437,7 +469,7 @@ func (g *Gateway) admit(w http.ResponseWriter, r *http.Request) (*request, *Mode
 			errorf(http.StatusForbidden, "permission_error", "priority_not_allowed",
 				"header %s asks for %s, above model %q's priority %s: with ACLs on, a request may only lower its class",
 				ClassHeader, c, m.Served, req.class).write(w)
-			return nil, nil, target{}
+			return nil, target{}, false
 		}
 		req.class = c
 	}
@@ -445,9 +477,9 @@ func (g *Gateway) admit(w http.ResponseWriter, r *http.Request) (*request, *Mode
 	if aerr != nil {
 		g.metrics.rejected(m.Served, aerr.status)
 		aerr.write(w)
-		return nil, nil, target{}
+		return nil, target{}, false
 	}
-	return req, m, t
+	return m, t, true
 }
 
 // resolveFresh resolves name, reading the cluster again if it is not
@@ -601,25 +633,27 @@ func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, req *request, 
 		}
 	}
 	w.WriteHeader(resp.StatusCode)
-	copyFlushing(w, resp.Body)
+	copyFlushing(w, resp.Body, g.opts.StreamStall)
 }
 
 // copyFlushing copies src to w, flushing after every read, so that a
-// stream's events go out as they arrive.
-func copyFlushing(w http.ResponseWriter, src io.Reader) {
-	fl, _ := w.(http.Flusher)
+// stream's events go out as they arrive; a client that stops reading is
+// cut off after stall (stallWriter), and src closed by the caller.
+func copyFlushing(w http.ResponseWriter, src io.Reader, stall time.Duration) {
+	sw := newStallWriter(w, stall)
 	buf := make([]byte, 16<<10)
 	for {
 		n, err := src.Read(buf)
 		if n > 0 {
-			if _, werr := w.Write(buf[:n]); werr != nil {
+			if _, werr := sw.Write(buf[:n]); werr != nil {
 				return
 			}
-			if fl != nil {
-				fl.Flush()
+			if sw.flush() != nil {
+				return
 			}
 		}
 		if err != nil {
+			sw.clear()
 			return
 		}
 	}

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"net/http"
 	"reflect"
 	"strings"
@@ -34,6 +35,8 @@ type body struct {
 	EncodingFormat      *string         `json:"encoding_format"`
 	Dimensions          *int            `json:"dimensions"`
 	KeepAlive           json.RawMessage `json:"keep_alive"`
+	// The engine controls (controls.go).
+	controlFields
 
 	// msgs are the messages, once check has read them.
 	msgs []chatMessage
@@ -315,19 +318,20 @@ func (req *request) checkFor(m *Model) *apiError {
 		}
 		// vLLM generates the n choices together: their output is
 		// reserved in the queue.
-		req.maxTokens *= req.n
+		req.maxTokens = satMul(req.maxTokens, req.n)
 	}
 	if m.MaxModelLen <= 0 || req.words == 0 {
 		return nil
 	}
 	out := max(req.outTokens, 0)
-	if req.words+out <= m.MaxModelLen {
+	need := satAdd(req.words, out)
+	if need <= m.MaxModelLen {
 		return nil
 	}
 	param := map[string]string{"/v1/completions": "prompt", "/v1/chat/completions": "messages", "/v1/embeddings": "input"}[req.path]
 	e := invalidf(param, "context_length_exceeded",
 		"model %q takes at most %d tokens of context (its deployment's maxModelLen) and this request needs at least %d: %d in its %s (counted as words: there are at least as many tokens)",
-		req.model, m.MaxModelLen, req.words+out, req.words, param)
+		req.model, m.MaxModelLen, need, req.words, param)
 	if out > 0 {
 		e.msg += fmt.Sprintf(" and %d of output (max_tokens)", out)
 	}
@@ -526,4 +530,25 @@ func snakeCase(s string) bool {
 		}
 	}
 	return true
+}
+
+// satAdd is a+b for sizes (never negative), at most math.MaxInt: a
+// request's max_tokens may be any JSON integer, and a sum that wrapped
+// negative would pass every "at most" check after it.
+func satAdd(a, b int) int {
+	if a > math.MaxInt-b {
+		return math.MaxInt
+	}
+	return a + b
+}
+
+// satMul is a×b for sizes (never negative), at most math.MaxInt.
+func satMul(a, b int) int {
+	if a == 0 || b == 0 {
+		return 0
+	}
+	if a > math.MaxInt/b {
+		return math.MaxInt
+	}
+	return a * b
 }

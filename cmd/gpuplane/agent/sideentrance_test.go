@@ -206,8 +206,15 @@ spec:
 			t.Errorf("/metrics refused: %.300s, want no series and how to pass a token", body)
 		}
 	}
-	if got := metricAs(t, n, bob, "gpuplane_gateway_tokens_total", `tenant="acme"`); got == 0 {
-		t.Error("/metrics with a token shows nothing served to acme")
+	if got := metricAs(t, n, acme, "gpuplane_gateway_tokens_total", `tenant="acme"`); got == 0 {
+		t.Error("/metrics with acme's token shows nothing served to acme")
+	}
+	// bob's read token is tenant bob's key: nothing served to acme.
+	if got := metricAs(t, n, bob, "gpuplane_gateway_tokens_total", `tenant="acme"`); got != 0 {
+		t.Errorf("/metrics with bob's read token shows %g tokens served to acme, want none of another tenant's series", got)
+	}
+	if got := metricAs(t, n, root, "gpuplane_gateway_tokens_total", `tenant="acme"`); got == 0 {
+		t.Error("/metrics with the admin's token shows nothing served to acme")
 	}
 }
 

@@ -15,7 +15,7 @@ import (
 
 // `gpuplane acl`: tokens and roles, when the agents run with --acl.
 
-var roleNames = []string{"read", "operator", "admin"}
+var roleNames = []string{"read", "auditor", "operator", "admin"}
 
 func newACLCommand(g *globals) *cobra.Command {
 	return newGroupCommand("acl", "Manage API tokens and roles (agents started with --acl)", nil,
@@ -56,7 +56,7 @@ func newTokenCreateCommand(g *globals) *cobra.Command {
 	var name, role, tenant string
 	var weight float64
 	c := &cobra.Command{
-		Use:   "create --name NAME --role read|operator|admin [--tenant T] [--weight W]",
+		Use:   "create --name NAME --role read|auditor|operator|admin [--tenant T] [--weight W]",
 		Short: "Create a token; prints its secret, which is never shown again",
 		Args:  argsNamed(),
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -85,7 +85,7 @@ func newTokenCreateCommand(g *globals) *cobra.Command {
 		},
 	}
 	c.Flags().StringVar(&name, "name", "", "token name: the actor its changes are logged under")
-	c.Flags().StringVar(&role, "role", "", "read (sees everything, changes nothing), operator (also accelerators and deployments) or admin (also nodes, tokens and the cluster)")
+	c.Flags().StringVar(&role, "role", "", "read (a tenant's key: sees its own tenant's data and the cluster's nodes and devices, changes nothing), auditor (sees everything, changes nothing), operator (also accelerators and deployments) or admin (also nodes, tokens and the cluster)")
 	c.Flags().StringVar(&tenant, "tenant", "", "the gateway tenant its requests are served as (default: the token's name)")
 	c.Flags().Float64Var(&weight, "weight", fsm.DefaultTokenWeight, fmt.Sprintf("the tenant's weight in the gateway's fair queues, above 0 and at most %s", fsm.FormatWeight(fsm.MaxTokenWeight)))
 	_ = c.RegisterFlagCompletionFunc("role", cobra.FixedCompletions(roleNames, cobra.ShellCompDirectiveNoFileComp))
@@ -190,6 +190,8 @@ func parseRole(s string) (pb.Role, bool) {
 	switch strings.ToLower(s) {
 	case "read":
 		return pb.Role_ROLE_READ, true
+	case "auditor":
+		return pb.Role_ROLE_AUDITOR, true
 	case "operator":
 		return pb.Role_ROLE_OPERATOR, true
 	case "admin":

@@ -346,11 +346,16 @@ func TestLiveResidencyACL(t *testing.T) {
 		t.Fatalf("bootstrap: %s%s", bootOut, errOut)
 	}
 	root := strings.TrimSpace(strings.SplitN(strings.SplitN(bootOut, "secret: ", 2)[1], "\n", 2)[0])
-	readOut, errOut, code := run("--token", root, "acl", "token", "create", "--name", "viewer", "--role", "read")
+	readOut, errOut, code := run("--token", root, "acl", "token", "create", "--name", "viewer", "--role", "auditor")
 	if code != 0 {
-		t.Fatalf("create read token: %s%s", readOut, errOut)
+		t.Fatalf("create auditor token: %s%s", readOut, errOut)
 	}
 	viewer := strings.TrimSpace(strings.SplitN(strings.SplitN(readOut, "secret: ", 2)[1], "\n", 2)[0])
+	keyOut, errOut, code := run("--token", root, "acl", "token", "create", "--name", "acme", "--role", "read")
+	if code != 0 {
+		t.Fatalf("create read token: %s%s", keyOut, errOut)
+	}
+	key := strings.TrimSpace(strings.SplitN(strings.SplitN(keyOut, "secret: ", 2)[1], "\n", 2)[0])
 
 	for _, cmd := range [][]string{{"residency", "decisions"}, {"residency", "plan"}, {"residency", "profiles"}} {
 		if _, errOut, code := run(cmd...); code != 1 || !strings.Contains(errOut, "ACLs on") {
@@ -358,7 +363,12 @@ func TestLiveResidencyACL(t *testing.T) {
 		}
 		out, errOut, code := run(append([]string{"--token", viewer}, cmd...)...)
 		if code != 0 || !strings.Contains(out, " chat ") {
-			t.Errorf("%v with a read token: exit %d, %s%s", cmd, code, out, errOut)
+			t.Errorf("%v with an auditor token: exit %d, %s%s", cmd, code, out, errOut)
+		}
+		// A read token is a tenant's key: every model's decisions are
+		// not its to read.
+		if _, errOut, code := run(append([]string{"--token", key}, cmd...)...); code != 1 || !strings.Contains(errOut, "auditor or operator role") {
+			t.Errorf("%v with a tenant's read token: exit %d, %s", cmd, code, errOut)
 		}
 	}
 }

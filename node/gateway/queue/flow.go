@@ -91,6 +91,8 @@ func (l *reqList) remove(r *req) {
 type tenant struct {
 	name   string
 	weight float64
+	// flows counts its flows; a tenant without any is forgotten by prune.
+	flows int
 }
 
 // flow is one tenant's work in one class of one deployment, with its
@@ -103,7 +105,13 @@ type flow struct {
 	inFlight int
 	hidx     int    // index in the class heap, -1 when not backlogged
 	seq      uint64 // when it last became backlogged: ties go to the earlier
+	// idleSince is when prune first found it idle (nothing queued or in
+	// flight); zero while it is not.
+	idleSince time.Time
 }
+
+// idle: the flow holds no request.
+func (f *flow) idle() bool { return f.q.n == 0 && f.inFlight == 0 }
 
 // classQ is one class of one deployment: the backlogged flows in a heap
 // by counter, and the floor's account.
@@ -111,10 +119,12 @@ type classQ struct {
 	flows  map[*tenant]*flow
 	heap   []*flow
 	queued int
-	// lastLeft is the flow that most recently left the backlog when no
-	// other was backlogged: a flow arriving to an empty class is lifted to
-	// its counter, so idle time is never banked.
-	lastLeft *flow
+	// lastLeft is the counter of the flow that most recently left the
+	// backlog when no other was backlogged (hasLastLeft: one did): a flow
+	// arriving to an empty class is lifted to it, so idle time is never
+	// banked. A value, so that the flow itself may be forgotten.
+	lastLeft    float64
+	hasLastLeft bool
 	// owed is the service this class is owed under its floor: it grows by
 	// floor×cost for each dispatch of a higher class while this one is
 	// backlogged, and shrinks by (1−floor)×cost for each of its own.

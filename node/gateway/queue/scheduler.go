@@ -72,6 +72,10 @@ type Scheduler struct {
 	floors  [numClasses]float64
 	deps    map[string]*dep
 	tenants map[string]*tenant
+	// made counts the flows made since the last prune; pruneAt is when
+	// the next is due (zero: no flow to prune).
+	made    int
+	pruneAt time.Time
 	reqs    map[ID]*req
 	nextID  ID
 	seq     uint64
@@ -131,6 +135,15 @@ func (s *Scheduler) SetTenant(name string, weight float64) error {
 	}
 	s.tenant(name).weight = weight
 	return nil
+}
+
+// Weight is a tenant's weight (1 for a tenant never set, or forgotten
+// after it was idle).
+func (s *Scheduler) Weight(name string) float64 {
+	if t, ok := s.tenants[name]; ok {
+		return t.weight
+	}
+	return 1
 }
 
 func (s *Scheduler) tenant(name string) *tenant {
@@ -254,6 +267,11 @@ func (s *Scheduler) eachQueued(d *dep, fn func(*req)) {
 	}
 }
 
+// MaxRequestTokens bounds a request's PromptTokens and its MaxTokens, so
+// that the sums the scheduler keeps (a request's cost, the tokens in
+// flight) cannot wrap: no engine holds a context this long.
+const MaxRequestTokens = 1 << 40
+
 // Enqueue admits a request. It returns the request's ID and what to do:
 // the request may be dispatched at once (possibly after preempting
 // background work); when its deployment's queue is full it ends at once
@@ -274,6 +292,8 @@ func (s *Scheduler) Enqueue(r Request, now time.Time) (ID, Output, error) {
 		return 0, s.out, fmt.Errorf("queue request: PromptTokens is %d: it must not be negative", r.PromptTokens)
 	case r.MaxTokens < 0:
 		return 0, s.out, fmt.Errorf("queue request: MaxTokens is %d: it must not be negative", r.MaxTokens)
+	case r.PromptTokens > MaxRequestTokens || r.MaxTokens > MaxRequestTokens:
+		return 0, s.out, fmt.Errorf("queue request: PromptTokens %d, MaxTokens %d: each must be at most %d", r.PromptTokens, r.MaxTokens, MaxRequestTokens)
 	case d.d.MaxTokens > 0 && r.PromptTokens+r.MaxTokens > d.d.MaxTokens:
 		return 0, s.out, fmt.Errorf("queue request: PromptTokens+MaxTokens is %d: deployment %q holds at most %d tokens in flight",
 			r.PromptTokens+r.MaxTokens, d.d.Name, d.d.MaxTokens)
@@ -297,7 +317,13 @@ func (s *Scheduler) Enqueue(r Request, now time.Time) (ID, Output, error) {
 	if !ok {
 		f = &flow{t: t, hidx: -1}
 		cq.flows[t] = f
+		t.flows++
+		s.made++
+		if s.pruneAt.IsZero() {
+			s.pruneAt = now.Add(s.cfg.IdleTenant)
+		}
 	}
+	f.idleSince = time.Time{}
 	q.fl = f
 	if !d.d.Ready {
 		q.coldBy = s.coldBy(q, now)
@@ -306,6 +332,9 @@ func (s *Scheduler) Enqueue(r Request, now time.Time) (ID, Output, error) {
 	s.enqueue(q, false)
 	s.dl.set(q)
 	s.pump(d, now)
+	if s.made >= s.cfg.MaxIdleFlows/2 || !now.Before(s.pruneAt) {
+		s.Prune(now)
+	}
 	return id, s.out, nil
 }
 
@@ -361,8 +390,8 @@ func (s *Scheduler) enqueue(q *req, front bool) {
 			switch {
 			case len(cq.heap) > 0:
 				lift = cq.heap[0].counter
-			case cq.lastLeft != nil:
-				lift = cq.lastLeft.counter
+			case cq.hasLastLeft:
+				lift = cq.lastLeft
 			}
 			f.counter = max(f.counter, lift)
 		}
@@ -393,7 +422,7 @@ func (s *Scheduler) dequeue(q *req) {
 	if f.q.n == 0 {
 		cq.removeAt(f.hidx)
 		if len(cq.heap) == 0 {
-			cq.lastLeft = f
+			cq.lastLeft, cq.hasLastLeft = f.counter, true
 		}
 	}
 	s.dl.remove(q)
@@ -801,3 +830,96 @@ func (s *Scheduler) Counter(deployment string, c Class, tenant string) float64 {
 	}
 	return 0
 }
+
+// NextPrune is when Prune is next due: a flow made since the last one may
+// have gone idle by then. false: no flow is kept.
+func (s *Scheduler) NextPrune() (time.Time, bool) {
+	return s.pruneAt, !s.pruneAt.IsZero()
+}
+
+// Prune forgets the tenants' records (flows) that hold no request and
+// whose counter says nothing a new flow would not: at or below what a new
+// one is lifted to; those idle Config.IdleTenant; and, past half of
+// Config.MaxIdleFlows idle flows, those whose counter is closest to the
+// lift (they lose least: a flood of made-up names goes before a tenant
+// served much more than the rest). A tenant without a flow left is
+// forgotten with its weight (the gateway sets weights with each request).
+// Enqueue calls it when due; call it at NextPrune when no request comes. A
+// tenant that returns after its flow was forgotten starts at the lift, as
+// a new one does.
+func (s *Scheduler) Prune(now time.Time) {
+	s.made = 0
+	type idleFlow struct {
+		f      *flow
+		cq     *classQ
+		excess float64
+	}
+	var idle []idleFlow
+	kept := false
+	for _, d := range s.deps {
+		for c := range d.classes {
+			cq := &d.classes[c]
+			lift := math.Inf(-1)
+			switch {
+			case len(cq.heap) > 0:
+				lift = cq.heap[0].counter
+			case cq.hasLastLeft:
+				lift = cq.lastLeft
+			}
+			for t, f := range cq.flows {
+				if !f.idle() {
+					f.idleSince = time.Time{}
+					kept = true
+					continue
+				}
+				if f.idleSince.IsZero() {
+					f.idleSince = now
+				}
+				if f.counter <= lift || now.Sub(f.idleSince) >= s.cfg.IdleTenant {
+					s.forget(cq, t)
+					continue
+				}
+				idle = append(idle, idleFlow{f, cq, f.counter - lift})
+			}
+		}
+	}
+	// Half the bound is kept, so that the flows made before the next
+	// prune (half the bound at most) keep the idle ones within it.
+	if over := len(idle) - s.cfg.MaxIdleFlows/2; over > 0 {
+		slices.SortFunc(idle, func(a, b idleFlow) int { return cmp.Compare(a.excess, b.excess) })
+		for _, x := range idle[:over] {
+			s.forget(x.cq, x.f.t)
+		}
+		idle = idle[over:]
+	}
+	for name, t := range s.tenants {
+		if t.flows == 0 {
+			delete(s.tenants, name)
+		}
+	}
+	s.pruneAt = time.Time{}
+	switch {
+	case len(idle) > 0:
+		// The oldest idle flow is forgotten IdleTenant after it was found
+		// idle.
+		first := idle[0].f.idleSince
+		for _, x := range idle {
+			if x.f.idleSince.Before(first) {
+				first = x.f.idleSince
+			}
+		}
+		s.pruneAt = first.Add(s.cfg.IdleTenant)
+	case kept:
+		s.pruneAt = now.Add(s.cfg.IdleTenant)
+	}
+}
+
+// forget drops t's flow in cq (it holds no request).
+func (s *Scheduler) forget(cq *classQ, t *tenant) {
+	delete(cq.flows, t)
+	t.flows--
+}
+
+// Tenants is how many tenants the scheduler keeps a record of (for tests
+// and metrics).
+func (s *Scheduler) Tenants() int { return len(s.tenants) }

@@ -116,6 +116,12 @@ type Config struct {
 	// NoPreemption turns off preempting background work for interactive
 	// requests (for engines that honour a request priority themselves).
 	NoPreemption bool
+	// IdleTenant is how long a tenant's record on a deployment (its
+	// fair-share counter) is kept once it holds no request (default 60 s;
+	// one that a new record would equal goes at once). MaxIdleFlows bounds
+	// the idle records kept (default 4096): past it the longest idle go.
+	IdleTenant   time.Duration
+	MaxIdleFlows int
 }
 
 const (
@@ -123,6 +129,8 @@ const (
 	defaultColdWait      = 60 * time.Second
 	defaultColdWaitBg    = 20 * time.Minute
 	defaultMaxRetryAfter = 60 * time.Second
+	defaultIdleTenant    = 60 * time.Second
+	defaultMaxIdleFlows  = 4096
 	// minRetryAfter: HTTP's Retry-After has whole seconds; never tell a
 	// client to come back immediately.
 	minRetryAfter = time.Second
@@ -178,6 +186,18 @@ func (c Config) withDefaults() (Config, error) {
 		c.MaxRetryAfter = defaultMaxRetryAfter
 	case c.MaxRetryAfter < minRetryAfter:
 		return c, fmt.Errorf("queue config: MaxRetryAfter is %v: it must be at least %v", c.MaxRetryAfter, minRetryAfter)
+	}
+	switch {
+	case c.IdleTenant == 0:
+		c.IdleTenant = defaultIdleTenant
+	case c.IdleTenant < 0:
+		return c, fmt.Errorf("queue config: IdleTenant is %v: it must be positive", c.IdleTenant)
+	}
+	switch {
+	case c.MaxIdleFlows == 0:
+		c.MaxIdleFlows = defaultMaxIdleFlows
+	case c.MaxIdleFlows < 0:
+		return c, fmt.Errorf("queue config: MaxIdleFlows is %d: it must be positive", c.MaxIdleFlows)
 	}
 	return c, nil
 }

@@ -483,12 +483,15 @@ type Role int32
 
 const (
 	Role_ROLE_UNSPECIFIED Role = 0
-	// Sees everything, changes nothing.
+	// Sees its own tenant's data and the cluster's infrastructure (nodes,
+	// devices, accelerators), changes nothing: a tenant's key.
 	Role_ROLE_READ Role = 1
-	// Also manages accelerators and deployments.
+	// Sees everything; also manages accelerators and deployments.
 	Role_ROLE_OPERATOR Role = 2
 	// Also manages nodes, tokens and the cluster.
 	Role_ROLE_ADMIN Role = 3
+	// Sees everything, every tenant's data included, changes nothing.
+	Role_ROLE_AUDITOR Role = 4
 )
 
 // Enum value maps for Role.
@@ -498,12 +501,14 @@ var (
 		1: "ROLE_READ",
 		2: "ROLE_OPERATOR",
 		3: "ROLE_ADMIN",
+		4: "ROLE_AUDITOR",
 	}
 	Role_value = map[string]int32{
 		"ROLE_UNSPECIFIED": 0,
 		"ROLE_READ":        1,
 		"ROLE_OPERATOR":    2,
 		"ROLE_ADMIN":       3,
+		"ROLE_AUDITOR":     4,
 	}
 )
 
@@ -2572,13 +2577,14 @@ const file_gpuplane_v1_resources_proto_rawDesc = "" +
 	"\x1aREPLICA_RESIDENCY_RESIDENT\x10\x03\x12\x1e\n" +
 	"\x1aREPLICA_RESIDENCY_DRAINING\x10\x04\x12\x1e\n" +
 	"\x1aREPLICA_RESIDENCY_SLEEPING\x10\x05\x12\x1c\n" +
-	"\x18REPLICA_RESIDENCY_WAKING\x10\x06*N\n" +
+	"\x18REPLICA_RESIDENCY_WAKING\x10\x06*`\n" +
 	"\x04Role\x12\x14\n" +
 	"\x10ROLE_UNSPECIFIED\x10\x00\x12\r\n" +
 	"\tROLE_READ\x10\x01\x12\x11\n" +
 	"\rROLE_OPERATOR\x10\x02\x12\x0e\n" +
 	"\n" +
-	"ROLE_ADMIN\x10\x03B;Z9github.com/gpuplane/gpuplane/proto/gpuplane/v1;gpuplanev1b\x06proto3"
+	"ROLE_ADMIN\x10\x03\x12\x10\n" +
+	"\fROLE_AUDITOR\x10\x04B;Z9github.com/gpuplane/gpuplane/proto/gpuplane/v1;gpuplanev1b\x06proto3"
 
 var (
 	file_gpuplane_v1_resources_proto_rawDescOnce sync.Once
