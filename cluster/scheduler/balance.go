@@ -11,7 +11,7 @@ const strandShare = 2
 // kindShare is how much the capacity a placement takes on a kind that
 // typed task types need counts in the blend, in sixteenths, per milli-card
 // and per unit of the kind's pressure.
-const kindShare = 24
+const kindShare = 160
 
 // pressureScale is the fixed point of kindPressure.
 const pressureScale = 1024
