@@ -1,5 +1,10 @@
 package scheduler
 
+import (
+	"math"
+	"math/bits"
+)
+
 // The default policy's terms beyond fragmentation (see DESIGN.md): host
 // CPU as the fragment of host-only types, card capacity stranded for lack
 // of CPU, and the pressure that typed task types put on their kinds.
@@ -16,6 +21,11 @@ const kindShare = 160
 // pressureScale is the fixed point of kindPressure.
 const pressureScale = 1024
 
+// maxPressure bounds a kind's pressure (64 times the average demand per
+// card) so that the charge cannot overflow; a kind under that much
+// pressure is already kept from untyped work.
+const maxPressure = 64 * pressureScale
+
 // cpuUnits converts a node's free CPU to milli-cards at the cluster's
 // ratio of card capacity to CPU, so that the scarcity measure can count a
 // host-only type's fragment in the same units as the others'. A node whose
@@ -24,7 +34,7 @@ func (s *State) cpuUnits(free int64, n *nodeState) int64 {
 	if n.cpuCap <= 0 || s.cpuCapTotal == 0 {
 		return 0
 	}
-	return free * s.gpuCap / s.cpuCapTotal
+	return mulDiv(max(free, 0), s.gpuCap, s.cpuCapTotal)
 }
 
 // kindPressure is the card demand that typed task types (those limited to
@@ -37,39 +47,49 @@ func (s *State) cpuUnits(free int64, n *nodeState) int64 {
 func (s *State) kindPressure(kind int32) int64 {
 	wl := &s.wl
 	if !s.pressOK || s.pressGen != wl.gen || s.pressTot != wl.total[byCount] {
-		s.pressOK, s.pressGen, s.pressTot = true, wl.gen, wl.total[byCount]
-		e := make([]float64, len(s.kindNames))
-		var all float64
+		if s.usableGen != wl.gen || !s.pressOK {
+			// The cards each group could use change only with the groups.
+			s.usableGen = wl.gen
+			s.usable = s.usable[:0]
+			for gi := range wl.groups {
+				g := &wl.groups[gi]
+				var u int64
+				if g.mode != modeHost && g.kinds != nil {
+					for ci := range s.cards {
+						if c := &s.cards[ci]; c.healthy && g.kinds.has(c.kind) {
+							u++
+						}
+					}
+				}
+				s.usable = append(s.usable, u)
+			}
+		}
+		// In integers (not floating point, which a compiler may fuse
+		// differently on another machine): e[k] is the typed demand per
+		// card of kind k, in 1/pressureScale milli-cards.
+		e := make([]int64, len(s.kindNames))
+		var all int64
 		for gi := range wl.groups {
 			g := &wl.groups[gi]
 			if g.mode == modeHost {
 				continue
 			}
-			d := float64(g.w[byCount]) * float64(g.milli) * float64(g.k)
+			d := g.w[byCount] * int64(g.milli) * int64(g.k)
 			all += d
-			if g.kinds == nil {
-				continue
-			}
-			var u float64
-			for ci := range s.cards {
-				if c := &s.cards[ci]; c.healthy && g.kinds.has(c.kind) {
-					u++
-				}
-			}
-			if u == 0 {
-				continue
-			}
-			for k := range e {
-				if g.kinds.has(int32(k)) {
-					e[k] += d / u
+			if u := s.usable[gi]; g.kinds != nil && u > 0 {
+				for k := range e {
+					if g.kinds.has(int32(k)) {
+						e[k] += d * pressureScale / u
+					}
 				}
 			}
 		}
+		s.pressOK, s.pressGen, s.pressTot = true, wl.gen, wl.total[byCount]
 		s.press = s.press[:0]
 		for k := range e {
 			var v int64
-			if all > 0 && s.healthyCards > 0 {
-				v = int64(e[k] / (all / float64(s.healthyCards)) * pressureScale)
+			if all > 0 {
+				v = min(mulDiv(e[k], s.healthyCards, all), maxPressure)
 			}
 			s.press = append(s.press, v)
 		}
@@ -110,7 +130,7 @@ func (s *State) stranded(n *nodeState, freeMilli, cpuFree int64) int64 {
 	if cpu <= 0 {
 		return 0
 	}
-	if fed := cpuFree * milli / cpu; freeMilli > fed {
+	if fed := mulDiv(max(cpuFree, 0), milli, cpu); freeMilli > fed {
 		return freeMilli - fed
 	}
 	return 0
@@ -123,4 +143,15 @@ func (ev *evaluator) strandDelta(cards []int32) int64 {
 	tot0 := ev.fc.tot
 	tot1 := tot0 - int64(q.reserve)*int64(len(cards))
 	return ev.s.stranded(n, tot1, n.cpuFree()-q.CPUMilli) - ev.s.stranded(n, tot0, n.cpuFree())
+}
+
+// mulDiv is a × b / c for non-negative a, b and positive c, rounded down,
+// with a 128-bit intermediate; it saturates where the result would not fit.
+func mulDiv(a, b, c int64) int64 {
+	hi, lo := bits.Mul64(uint64(a), uint64(b))
+	if hi >= uint64(c) {
+		return math.MaxInt64 / 4
+	}
+	q, _ := bits.Div64(hi, lo, uint64(c))
+	return int64(min(q, math.MaxInt64/4))
 }

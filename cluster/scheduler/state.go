@@ -51,6 +51,8 @@ type State struct {
 	pressGen, rhoGen uint64
 	pressTot, rhoTot int64
 	rhoCPU, rhoMilli int64
+	usable           []int64 // per workload group: healthy cards of its kinds
+	usableGen        uint64
 	scarce           map[scarcityKey]int64 // see fgd.go
 }
 
