@@ -59,7 +59,7 @@ lint:
 BENCH_FLAGS ?=
 BENCH_CLUSTER_FLAGS ?=
 
-.PHONY: bench-serve bench-commit bench-cluster bench-scheduler bench-replay bench-soak bench-archive bench-residency bench-gateway bench-gateway-http bench-adapters bench-dashboard
+.PHONY: bench-serve bench-commit bench-cluster bench-scheduler bench-packing bench-replay bench-soak bench-archive bench-residency bench-gateway bench-gateway-http bench-adapters bench-dashboard
 bench: bench-commit bench-cluster bench-scheduler bench-replay bench-residency bench-gateway bench-gateway-http bench-adapters
 
 bench-commit: build
@@ -77,6 +77,14 @@ bench-serve:
 bench-scheduler:
 	GOMAXPROCS=2 $(GO) test -run '^$$' -bench . -benchtime 20000x ./cluster/scheduler/...
 	GOMAXPROCS=2 $(GO) run ./bench/scheduler
+
+# How the placement policies pack the whole openb family (24 pod lists ×
+# both node lists, 10 seeds; CPU-heavy, about half an hour on 2 cores):
+# GPUPLANE_OPENB_DIR names alibaba/clusterdata's
+# cluster-trace-gpu-v2023/csv folder. Prints the markdown table.
+BENCH_PACKING_FLAGS ?= -seeds 10
+bench-packing:
+	GOMAXPROCS=2 nice -n 10 $(GO) run ./bench/packing $(BENCH_PACKING_FLAGS)
 
 bench-replay:
 	$(GO) test -run '^$$' -bench Replay -benchtime 1x ./cluster/audit/

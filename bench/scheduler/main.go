@@ -9,7 +9,7 @@
 //	GOMAXPROCS=2 go run ./bench/scheduler -nodes 10000 -cards 8 -replicas 20000 -policy default
 //
 // How well each policy packs is `gpuplane simulate --policy all --inflate
-// 130 --seeds 10`. It is a benchmark harness: it reads the clock, which the
+// 130 --seeds 10`, and over the whole openb family bench/packing. It is a benchmark harness: it reads the clock, which the
 // scheduler never does.
 package main
 

@@ -32,15 +32,16 @@ import (
 
 // workload is the target workload: counts per type.
 type workload struct {
-	groups []wgroup
-	types  []wtype
-	gidx   map[groupKey]int32
-	tidx   map[typeKey]int32
-	total  [numWeights]int64 // sum of all weights
-	maxCPU int64             // largest host request among the types
-	maxMem int64
-	fixed  bool
-	gen    uint64 // bumped when a group is added; invalidates node caches
+	groups     []wgroup
+	types      []wtype
+	gidx       map[groupKey]int32
+	tidx       map[typeKey]int32
+	total      [numWeights]int64 // sum of all weights
+	maxCPU     int64             // largest host request among the types
+	maxMem     int64
+	fixed      bool
+	hostGroups []int32
+	gen        uint64 // bumped when a group is added; invalidates node caches
 
 	// Feasibility by host room: a type fits a node's free CPU and memory
 	// when its request is at most that, so what fits depends only on how
@@ -183,6 +184,9 @@ func (wl *workload) observe(q *request, cpu, mem int64, scarcity int64) {
 		wl.gidx[gk] = g
 		wl.groups = append(wl.groups, wgroup{mode: q.mode, res: q.res, acc: q.acc, milli: q.milli,
 			k: int32(q.k), maxMM: q.maxMM, kinds: q.kinds})
+		if q.mode == modeHost {
+			wl.hostGroups = append(wl.hostGroups, g)
+		}
 		wl.gen++
 	}
 	tk := typeKey{g: g, cpu: cpu, mem: mem}
@@ -227,6 +231,7 @@ type fragCache struct {
 	valid   bool
 	rel     []int32 // groups that concern the node
 	tot     int64   // free milli on healthy cards
+	cpuU    int64   // free CPU in milli-cards at the cluster's ratio
 	fok     []int64 // per rel group: fragment when the host fits the type
 	e       []int32 // per rel whole group: whole free usable cards
 	nef     []int64 // per rel whole group: free milli not on those cards
@@ -306,6 +311,7 @@ func (s *State) nodeStats(ni int32) *fragCache {
 			}
 		}
 	}
+	fc.cpuU = s.cpuUnits(n.cpuFree(), n)
 	fc.version, fc.gen, fc.valid = n.version, s.wl.gen, true
 	fc.fragValid = [numWeights]bool{}
 	return fc
@@ -344,7 +350,24 @@ func (wl *workload) frag(fc *fragCache, ws int, feasW []int64) int64 {
 	for j, gi := range fc.rel {
 		f -= feasW[gi] * (fc.tot - fc.fok[j])
 	}
-	return f
+	return f + wl.hostCorr(ws, feasW, fc.tot, fc.cpuU)
+}
+
+// hostCorr is what the scarcity measure counts differently from the
+// others for host-only types: their fragment is the node's free CPU (in
+// milli-cards at the cluster's ratio of cards to CPU) when their request
+// does not fit the node's host, not its free cards, which they could never
+// use (see DESIGN.md). frag and fragDeltas count every type's fragment in
+// free cards; this is the difference.
+func (wl *workload) hostCorr(ws int, feasW []int64, tot, cpuU int64) int64 {
+	if ws != byScarcity {
+		return 0
+	}
+	var c int64
+	for _, gi := range wl.hostGroups {
+		c += (wl.groups[gi].w[ws] - feasW[gi]) * (cpuU - tot)
+	}
+	return c
 }
 
 // fragDelta returns how much the node's fragmentation grows when the
@@ -439,6 +462,10 @@ func (ev *evaluator) fragDeltas(cards []int32, wa, wb int) (da, db int64) {
 		}
 		afterA -= wA * (tot - fok)
 		afterB -= wB * (tot - fok)
+	}
+	afterA += wl.hostCorr(wa, fa, tot, ev.s.cpuUnits(ev.n.cpuFree()-q.CPUMilli, ev.n))
+	if wb >= 0 {
+		afterB += wl.hostCorr(wb, fb, tot, ev.s.cpuUnits(ev.n.cpuFree()-q.CPUMilli, ev.n))
 	}
 	da = afterA - ev.fragBefore[wa]
 	if wb >= 0 {
@@ -538,8 +565,13 @@ const blendUnit = 1 << 24
 func (ev *evaluator) blendDelta(cards []int32) int64 {
 	wl := &ev.s.wl
 	ds, dp := ev.fragDeltas(cards, byScarcity, byCountPaper)
-	return perUnit(ds, wl.total[byScarcity]) + paperShare*perUnit(dp, wl.total[byCountPaper]) +
+	b := perUnit(ds, wl.total[byScarcity]) + paperShare*perUnit(dp, wl.total[byCountPaper]) +
 		deadShare*ev.deadDelta(cards, dp)*blendUnit
+	b += strandShare * ev.strandDelta(cards) * blendUnit
+	if len(cards) > 0 {
+		b += kindShare * int64(ev.q.reserve) * int64(len(cards)) * ev.s.kindPressure(ev.s.cards[cards[0]].kind) / pressureScale * blendUnit / 16
+	}
+	return b
 }
 
 // deadShare is how much capacity left dead counts in the blend: in full in

@@ -25,8 +25,10 @@ const (
 	// PolicyDefault is gpuplane's own policy: fragmentation gradient descent
 	// over a blend of the paper's measure, one weighted by card demand and
 	// by how few cards each task type could use (GPU kind, host capacity,
-	// card count), and the card capacity a placement leaves usable by no
-	// task type, with best-fit packing to break its ties; see DESIGN.md.
+	// card count) in which CPU-only types count free CPU, the card capacity
+	// a placement leaves usable by no task type, the cards it leaves without
+	// CPU to feed them, and the capacity it takes from kinds that typed
+	// tasks need, with best-fit packing to break its ties; see DESIGN.md.
 	PolicyDefault Policy = "gpuplane"
 )
 

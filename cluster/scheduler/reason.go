@@ -24,9 +24,24 @@ func (s *State) reason(q *request) string {
 		lowFree, maxLow        int = 0, -1
 		fewNodes, maxFew       int
 		kindCards              int
-		bound                  = map[int32]int{}
+		bound                  = make([]int, len(s.accs)) // per accelerator
 	)
-	for ni := range s.nodes {
+	// A request for one kind concerns only the nodes with cards of it
+	// (kindNodes, ascending as the full scan): the others have none of its
+	// cards to count.
+	var only []int32
+	if k := q.singleKind(); k >= 0 && q.mode != modeHost && int(k) < len(s.kindNodes) {
+		only = s.kindNodes[k]
+	}
+	count := len(s.nodes)
+	if only != nil {
+		count = len(only)
+	}
+	for i := 0; i < count; i++ {
+		ni := i
+		if only != nil {
+			ni = int(only[i])
+		}
 		n := &s.nodes[ni]
 		nc := 0
 		if q.mode != modeHost {
@@ -131,9 +146,11 @@ func (s *State) reason(q *request) string {
 	if unhealthy > 0 {
 		parts = append(parts, plural(unhealthy, "card")+" unhealthy")
 	}
-	accs := make([]int32, 0, len(bound))
-	for a := range bound {
-		accs = append(accs, a)
+	var accs []int32
+	for a, n := range bound {
+		if n > 0 {
+			accs = append(accs, int32(a))
+		}
 	}
 	sort.Slice(accs, func(i, j int) bool { return s.accs[accs[i]].spec.Name < s.accs[accs[j]].spec.Name })
 	for _, a := range accs {

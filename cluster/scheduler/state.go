@@ -42,7 +42,18 @@ type State struct {
 	scanOnly bool // tests: score every node on every decision
 
 	healthyCards int64
-	scarce       map[scarcityKey]int64 // see fgd.go
+	cpuCapTotal  int64 // CPU over the nodes that track it (balance.go)
+
+	// Caches of the workload's kind pressure and CPU per card (balance.go),
+	// valid for the workload generation and total they were built for.
+	press            []int64
+	pressOK, rhoOK   bool
+	pressGen, rhoGen uint64
+	pressTot, rhoTot int64
+	rhoCPU, rhoMilli int64
+	usable           []int64 // per workload group: healthy cards of its kinds
+	usableGen        uint64
+	scarce           map[scarcityKey]int64 // see fgd.go
 }
 
 type accInfo struct {
@@ -232,6 +243,11 @@ func NewState(nodes []Node, accelerators []Accelerator) (*State, error) {
 	for ci := range s.cards {
 		if s.cards[ci].healthy {
 			s.healthyCards++
+		}
+	}
+	for ni := range s.nodes {
+		if c := s.nodes[ni].cpuCap; c > 0 {
+			s.cpuCapTotal += c
 		}
 	}
 	for i := range pendingShapes {

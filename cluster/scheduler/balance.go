@@ -1,0 +1,157 @@
+package scheduler
+
+import (
+	"math"
+	"math/bits"
+)
+
+// The default policy's terms beyond fragmentation (see DESIGN.md): host
+// CPU as the fragment of host-only types, card capacity stranded for lack
+// of CPU, and the pressure that typed task types put on their kinds.
+
+// strandShare is how much card capacity stranded for lack of host CPU
+// counts in the blend, per milli-card.
+const strandShare = 2
+
+// kindShare is how much the capacity a placement takes on a kind that
+// typed task types need counts in the blend, in sixteenths, per milli-card
+// and per unit of the kind's pressure.
+const kindShare = 160
+
+// pressureScale is the fixed point of kindPressure.
+const pressureScale = 1024
+
+// maxPressure bounds a kind's pressure (64 times the average demand per
+// card) so that the charge cannot overflow; a kind under that much
+// pressure is already kept from untyped work.
+const maxPressure = 64 * pressureScale
+
+// cpuUnits converts a node's free CPU to milli-cards at the cluster's
+// ratio of card capacity to CPU, so that the scarcity measure can count a
+// host-only type's fragment in the same units as the others'. A node whose
+// CPU is not tracked has none to strand.
+func (s *State) cpuUnits(free int64, n *nodeState) int64 {
+	if n.cpuCap <= 0 || s.cpuCapTotal == 0 {
+		return 0
+	}
+	return mulDiv(max(free, 0), s.gpuCap, s.cpuCapTotal)
+}
+
+// kindPressure is the card demand that typed task types (those limited to
+// some device kinds) put on each card of the kind, each type's demand
+// spread over the cards it could use, over the demand per card of all
+// types that ask for cards, in 1/pressureScale. Untyped work taking a kind
+// of high pressure takes what only typed tasks could have used; a kind no
+// typed type asks for has none. It depends on the workload and the cards
+// only, never on what is placed (the node indexes rely on it).
+func (s *State) kindPressure(kind int32) int64 {
+	wl := &s.wl
+	if !s.pressOK || s.pressGen != wl.gen || s.pressTot != wl.total[byCount] {
+		if s.usableGen != wl.gen || !s.pressOK {
+			// The cards each group could use change only with the groups.
+			s.usableGen = wl.gen
+			s.usable = s.usable[:0]
+			for gi := range wl.groups {
+				g := &wl.groups[gi]
+				var u int64
+				if g.mode != modeHost && g.kinds != nil {
+					for ci := range s.cards {
+						if c := &s.cards[ci]; c.healthy && g.kinds.has(c.kind) {
+							u++
+						}
+					}
+				}
+				s.usable = append(s.usable, u)
+			}
+		}
+		// In integers (not floating point, which a compiler may fuse
+		// differently on another machine): e[k] is the typed demand per
+		// card of kind k, in 1/pressureScale milli-cards.
+		e := make([]int64, len(s.kindNames))
+		var all int64
+		for gi := range wl.groups {
+			g := &wl.groups[gi]
+			if g.mode == modeHost {
+				continue
+			}
+			d := g.w[byCount] * int64(g.milli) * int64(g.k)
+			all += d
+			if u := s.usable[gi]; g.kinds != nil && u > 0 {
+				for k := range e {
+					if g.kinds.has(int32(k)) {
+						e[k] += d * pressureScale / u
+					}
+				}
+			}
+		}
+		s.pressOK, s.pressGen, s.pressTot = true, wl.gen, wl.total[byCount]
+		s.press = s.press[:0]
+		for k := range e {
+			var v int64
+			if all > 0 {
+				v = min(mulDiv(e[k], s.healthyCards, all), maxPressure)
+			}
+			s.press = append(s.press, v)
+		}
+	}
+	if int(kind) < len(s.press) {
+		return s.press[kind]
+	}
+	return 0
+}
+
+// cpuPerCard is the workload's CPU per milli-card among the task types that
+// ask for cards, as the sums (cpu, milli).
+func (s *State) cpuPerCard() (cpu, milli int64) {
+	wl := &s.wl
+	if !s.rhoOK || s.rhoGen != wl.gen || s.rhoTot != wl.total[byCount] {
+		s.rhoOK, s.rhoGen, s.rhoTot = true, wl.gen, wl.total[byCount]
+		s.rhoCPU, s.rhoMilli = 0, 0
+		for i := range wl.types {
+			t := &wl.types[i]
+			g := &wl.groups[t.g]
+			if g.mode == modeHost {
+				continue
+			}
+			s.rhoCPU += t.w[byCount] * t.cpu
+			s.rhoMilli += t.w[byCount] * int64(g.milli) * int64(g.k)
+		}
+	}
+	return s.rhoCPU, s.rhoMilli
+}
+
+// stranded is the free card capacity (milli) on a node that its free CPU
+// cannot feed at the workload's CPU per card.
+func (s *State) stranded(n *nodeState, freeMilli, cpuFree int64) int64 {
+	if n.cpuCap <= 0 {
+		return 0
+	}
+	cpu, milli := s.cpuPerCard()
+	if cpu <= 0 {
+		return 0
+	}
+	if fed := mulDiv(max(cpuFree, 0), milli, cpu); freeMilli > fed {
+		return freeMilli - fed
+	}
+	return 0
+}
+
+// strandDelta is how much the placement grows the node's stranded card
+// capacity.
+func (ev *evaluator) strandDelta(cards []int32) int64 {
+	n, q := ev.n, ev.q
+	tot0 := ev.fc.tot
+	tot1 := tot0 - int64(q.reserve)*int64(len(cards))
+	return ev.s.stranded(n, tot1, n.cpuFree()-q.CPUMilli) - ev.s.stranded(n, tot0, n.cpuFree())
+}
+
+// mulDiv is a × b / c for non-negative a, b and positive c, rounded down,
+// with a 128-bit intermediate; it saturates where the result would not fit.
+func mulDiv(a, b, c int64) int64 {
+	hi, lo := bits.Mul64(uint64(a), uint64(b))
+	if hi >= uint64(c) {
+		return math.MaxInt64 / 4
+	}
+	q, _ := bits.Div64(hi, lo, uint64(c))
+	return int64(min(q, math.MaxInt64/4))
+}
