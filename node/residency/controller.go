@@ -68,6 +68,13 @@ type Config struct {
 	// default: the simulator measures it (`simulate serve`), the agent
 	// does not run it yet.
 	BestEffort bool
+	// SleepUnmeasuredFull counts a sleeping engine whose residual was
+	// never measured nor given at its whole footprint until its first
+	// memory sample. The serving simulator, which starts without priors,
+	// turns it on; the agent leaves it off: its samples of a sleeping
+	// engine do not always arrive and the card would look full of
+	// sleeping models (see the note in docs/residency.md).
+	SleepUnmeasuredFull bool
 }
 
 func (c Config) withDefaults() (Config, error) {
@@ -384,7 +391,7 @@ func (c *Controller) setState(r *replica, s State, now time.Time) {
 	// A sleep whose residual is not known yet (no prior, never measured
 	// asleep) counts its footprint until its first sample: taking it to
 	// hold nothing would lend memory it may keep.
-	r.unmeasuredSleep = s == Sleeping && c.residual(r) == 0
+	r.unmeasuredSleep = c.cfg.SleepUnmeasuredFull && s == Sleeping && c.residual(r) == 0
 	r.held = 0
 	switch s {
 	case Sleeping:
