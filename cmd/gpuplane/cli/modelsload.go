@@ -38,8 +38,8 @@ to sleep (unloaded where its engine cannot sleep; its share stays reserved).
 Requests running on it finish first (the card's drain deadline). A pinned
 model is refused with the reason. The model stays off until the next
 request for it (which loads it again as usual) or a load: an arrival
-forecast does not bring it back. Each unload is a residency decision with trigger operator,
-naming who asked.`,
+forecast does not bring it back. Each unload is a residency decision
+with trigger operator, naming who asked.`,
 	})
 }
 
