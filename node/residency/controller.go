@@ -193,6 +193,11 @@ type replica struct {
 	// spells seen.
 	spellLen float64
 	spells   int
+
+	// opHeld is set by an operator's unload until a request for the model
+	// arrives or an operator loads it: a forecast alone does not bring it
+	// back, as a model `ollama stop` unloaded stays off until asked for.
+	opHeld bool
 }
 
 // thrash remembers which model evicted which, to find pairs that keep
@@ -519,6 +524,7 @@ func (c *Controller) observe(ev Event, now time.Time) error {
 			r.lastUse = now
 			r.prewarm = false
 			r.rejected = false
+			r.opHeld = false
 			// A request without keep_alive takes the card's idle
 			// timeouts again, as Ollama's default does (keepalive.go).
 			r.keepSet = false
@@ -616,6 +622,7 @@ func (c *Controller) observe(ev Event, now time.Time) error {
 			return err
 		}
 		r.opBy = e.By
+		r.opHeld = false
 		// A preloaded model follows the card's idle timeouts, as Ollama's
 		// preload takes the default keep_alive.
 		r.keepSet = false
@@ -628,7 +635,7 @@ func (c *Controller) observe(ev Event, now time.Time) error {
 			return err
 		}
 		r.opBy = e.By
-		r.opLoad, r.opUnload = false, true
+		r.opLoad, r.opUnload, r.opHeld = false, true, true
 	case ClearViolations:
 		c.pinnedOnly = false
 		c.lastBroken = ""

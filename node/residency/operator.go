@@ -22,7 +22,9 @@ type OperatorLoad struct {
 // onDemand model is unloaded, a warm one put to sleep (unloaded where its
 // engine cannot sleep; its share stays reserved). A pinned model is
 // refused. Requests running on it are drained first; a later request loads
-// it again as usual. By is who asked, as in OperatorLoad.
+// it again as usual, but an arrival forecast does not (no prewarm or wake)
+// until a request comes or an operator loads it. By is who asked, as in
+// OperatorLoad.
 type OperatorUnload struct {
 	Model ModelID
 	By    string
@@ -169,7 +171,12 @@ func (c *Controller) operatorStops(now time.Time) {
 				op, r.dep.Model, in.Value, forM, askedBy(r.opBy), gib(freed))
 			continue
 		}
+		where := "unloaded"
+		if op == ActSleep {
+			where = "asleep"
+		}
 		c.stop(r, op, TriggerOperator, "", in, now,
-			"%s %s: %s; frees %s", op, r.dep.Model, askedBy(r.opBy), gib(freed))
+			"%s %s: %s; frees %s; stays %s until a request for it arrives or the operator loads it (a forecast alone does not bring it back)",
+			op, r.dep.Model, askedBy(r.opBy), gib(freed), where)
 	}
 }

@@ -166,3 +166,83 @@ func TestDeploymentIdleTimeouts(t *testing.T) {
 	}
 	w.assertClean()
 }
+
+// TestOperatorUnloadHoldsAgainstForecast: right after traffic, an
+// operator's unload sticks, as `ollama stop` does: the arrival forecast
+// that would prewarm or wake the model brings back neither the onDemand
+// model it unloaded nor the warm one it put to sleep, and a warm model
+// whose engine cannot sleep is not loaded back to keep its share; the
+// unload's reason says so. The next request loads (or wakes) it again.
+func TestOperatorUnloadHoldsAgainstForecast(t *testing.T) {
+	w := newWorld(t, card)
+	od, tr := onDemand("od", 6*gi)
+	od.CanSleep = false
+	w.add(od, tr)
+	w.add(reserved("wm", residency.Warm, 6*gi))
+	wc, tr := reserved("wc", residency.Warm, 6*gi)
+	wc.CanSleep = false
+	w.add(wc, tr)
+	w.run(time.Minute)
+	// Steady traffic: a request each 10s, so the forecast expects the
+	// next one 10s after the last.
+	for range 6 {
+		for _, m := range []residency.ModelID{"od", "wm", "wc"} {
+			w.request(m, time.Second)
+		}
+		w.run(10 * time.Second)
+	}
+	for _, m := range []residency.ModelID{"od", "wm", "wc"} {
+		if w.state(m) != residency.Resident {
+			t.Fatalf("before the unload: %s is %s, want Resident\n%s", m, w.state(m), w.dump())
+		}
+	}
+	before := len(w.acts)
+	for _, m := range []residency.ModelID{"od", "wm", "wc"} {
+		out := w.c.Handle(residency.OperatorUnload{Model: m, By: "alice"})
+		if out.Err != nil {
+			t.Fatalf("unload %s: %v", m, out.Err)
+		}
+		for _, a := range out.Actions {
+			w.acts = append(w.acts, a)
+			w.exec(a)
+		}
+	}
+	// Through the predicted arrivals and well past them, no request comes.
+	w.run(2 * time.Minute)
+	if w.state("od") != residency.Cold || w.state("wm") != residency.Sleeping || w.state("wc") != residency.Cold {
+		t.Fatalf("2m after the operator's unload with no request: od %s, wm %s, wc %s; want Cold, Sleeping, Cold\n%s",
+			w.state("od"), w.state("wm"), w.state("wc"), w.dump())
+	}
+	for _, a := range w.acts[before:] {
+		if a.Decision.Trigger != residency.TriggerOperator {
+			t.Fatalf("the controller acted after the operator's unload: %s\n%s", a.Decision.Reason, w.dump())
+		}
+	}
+	for _, m := range []residency.ModelID{"od", "wm", "wc"} {
+		stops := w.actions(m, residency.ActUnload, residency.ActSleep)
+		if len(stops) != 1 || stops[0].Decision.Trigger != residency.TriggerOperator ||
+			!strings.Contains(stops[0].Decision.Reason, "asked by the operator (alice)") ||
+			!strings.Contains(stops[0].Decision.Reason, "until a request for it arrives or the operator loads it") {
+			t.Fatalf("%s's operator unload: %+v, want one naming alice and saying it stays off until a request or a load\n%s", m, stops, w.dump())
+		}
+	}
+	// A request brings each back.
+	for _, m := range []residency.ModelID{"od", "wm", "wc"} {
+		w.request(m, time.Second)
+	}
+	w.run(time.Minute)
+	for _, m := range []residency.ModelID{"od", "wm", "wc"} {
+		if got := w.eng[m].served; got != 7 {
+			t.Fatalf("%s served %d requests, want 7 (the request after the unload loads it again)\n%s", m, got, w.dump())
+		}
+	}
+	for _, m := range []residency.ModelID{"od", "wc"} {
+		if ld := w.actions(m, residency.ActLoad); len(ld) != 2 || ld[1].Decision.Trigger != residency.TriggerRequest {
+			t.Fatalf("%s's loads: %v, want a second one on request\n%s", m, kinds(ld), w.dump())
+		}
+	}
+	if wk := w.actions("wm", residency.ActWake); len(wk) != 1 || wk[0].Decision.Trigger != residency.TriggerRequest {
+		t.Fatalf("wm's wakes: %v, want one on request\n%s", kinds(wk), w.dump())
+	}
+	w.assertClean()
+}

@@ -232,7 +232,10 @@ func (c *Controller) wants(r *replica, now time.Time) (trig Trigger, want, hold 
 		if r.active > 0 {
 			return TriggerRequest, true, false
 		}
-		return TriggerOperator, r.dep.Residency.Reserves() || r.opLoad || c.keeps(r), false
+		// A warm model an operator unloaded keeps its share reserved
+		// but stays off the card until asked for.
+		kept := r.dep.Residency == Pinned || r.dep.Residency == Warm && !r.opHeld
+		return TriggerOperator, kept || r.opLoad || c.keeps(r), false
 	case Sleeping:
 		if r.active > 0 {
 			return TriggerRequest, true, false
@@ -710,11 +713,12 @@ func (c *Controller) serializeIfThrashing(b, x *replica, now time.Time) {
 }
 
 // prewarms loads or wakes models whose next request is predicted within
-// their reload time, into free memory or memory of lower value.
+// their reload time, into free memory or memory of lower value; never a
+// model an operator unloaded, until a request for it arrives.
 func (c *Controller) prewarms(now time.Time) {
 	for i := range c.reps {
 		r := &c.reps[i]
-		if r.removed || r.pending != 0 || r.active > 0 || r.dep.Residency == Pinned {
+		if r.removed || r.pending != 0 || r.active > 0 || r.dep.Residency == Pinned || r.opHeld {
 			continue
 		}
 		if r.state != Cold && r.state != Sleeping {

@@ -349,7 +349,10 @@ func (w *world) exec(a residency.Action) {
 	busy := len(e.inflight) > 0 || e.state == up && len(e.queued) > 0
 	waited := (e.state == loading || e.state == waking) && len(e.queued) > 0
 	forOwner := w.eng[d.For] != nil && w.eng[d.For].dep.Residency != residency.OnDemand && !w.eng[d.For].removed
-	operator := d.Trigger == residency.TriggerOperator && (e.removed || forOwner)
+	// An operator's own unload (`gpuplane models unload`) may take a warm
+	// model off; it names who asked and is for no other model.
+	asked := d.For == "" && strings.Contains(d.Reason, "asked by the operator")
+	operator := d.Trigger == residency.TriggerOperator && (e.removed || forOwner || asked)
 	entitled := operator || d.Trigger == residency.TriggerRequest && w.outranks(d.For, e, d.Reason)
 	switch a.Kind {
 	case residency.ActSleep, residency.ActEvict, residency.ActUnload, residency.ActDrain:

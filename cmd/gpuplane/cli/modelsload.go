@@ -36,9 +36,10 @@ func newModelsUnloadCommand(g *globals) *cobra.Command {
 card now, as ` + "`ollama stop`" + ` does: an onDemand model is unloaded, a warm one put
 to sleep (unloaded where its engine cannot sleep; its share stays reserved).
 Requests running on it finish first (the card's drain deadline). A pinned
-model is refused with the reason. The next request for the model loads it
-again as usual. Each unload is a residency decision with trigger operator,
-naming who asked.`,
+model is refused with the reason. The model stays off until the next
+request for it (which loads it again as usual) or a load: an arrival
+forecast does not bring it back. Each unload is a residency decision
+with trigger operator, naming who asked.`,
 	})
 }
 
