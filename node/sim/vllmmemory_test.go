@@ -64,8 +64,13 @@ func startVLLM(t *testing.T, usage *inventory.SimUsage, during func()) (string, 
 			return "", err
 		default:
 		}
-		if get(t, base+"/health") == http.StatusOK {
-			return base, nil
+		// A start that failed closes the listener: a refused connection
+		// means the error is on its way to done.
+		if resp, err := http.Get(base + "/health"); err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return base, nil
+			}
 		}
 		if time.Now().After(deadline) {
 			t.Fatal("the vllm dialect neither started nor failed")
