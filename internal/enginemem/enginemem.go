@@ -61,8 +61,8 @@ type Rule struct {
 	ToleranceSource string
 	// Adapters says when the engine allocates its adapters' memory.
 	Adapters AdapterPool
-	// HostMiB is host RAM the engine holds beside the weights by default
-	// (llama.cpp's --cache-ram prompt cache).
+	// HostMiB is host RAM the engine holds beside the weights as the
+	// driver starts it.
 	HostMiB uint64
 	// Ledger says what the card's ledger counts, GPU and host.
 	Ledger string
@@ -96,9 +96,12 @@ var Rules = []Rule{
 		Knob:            "-c (the context: KV cache) with every layer on the GPU; no total-memory knob",
 		OvershootSource: "none measured: weights + KV(-c) + compute buffers, which -c does not bound",
 		Adapters:        AdaptersAllAtStart,
-		HostMiB:         8192,
-		Ledger:          "GPU: the share, every --lora adapter inside it from the start; host: nothing of the engine's own",
-		NotEnforced:     "compute buffers above -c; the host-RAM prompt cache (--cache-ram, 8192 MiB by default), which no ledger counts",
+		// The driver passes --cache-ram 0 (node/engine, llamaNoHostCache):
+		// the host-RAM prompt cache (8192 MiB by default) would hold
+		// memory no share counts and serve one tenant's prompt to another.
+		HostMiB:     0,
+		Ledger:      "GPU: the share, every --lora adapter inside it from the start; host: nothing (the driver turns the host-RAM prompt cache off with --cache-ram 0)",
+		NotEnforced: "compute buffers above -c; a --cache-ram in spec.engine.args turns the host-RAM prompt cache back on, which no ledger counts",
 	},
 	{
 		Kind: "ollama", Name: "Ollama", Versions: "0.30 to 0.33",
