@@ -3,13 +3,17 @@ package engine
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"io"
 	"net/http"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/gpuplane/gpuplane/internal/tinygguf"
 	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
 )
 
@@ -352,6 +356,56 @@ func TestDriverAgainstStrictOllama(t *testing.T) {
 	}
 	if _, err := AdaptersFor(ControlKind(spec.GetEngine()), Target{BaseURL: p.base}); err == nil {
 		t.Fatal("a sim speaking Ollama has vLLM's adapter controls")
+	}
+}
+
+// TestDriverAgainstStrictOllamaGGUFPath: a sim speaking Ollama deployed
+// from a GGUF file, started from the driver's command, becomes ready: the
+// preload copies the file into the engine's store as a blob
+// (/api/blobs), creates the driver's name from it (/api/create) and loads
+// it, and requests by that name are answered. A second preload finds the
+// blob and skips the copy. A ".gguf" file that is not GGUF fails the
+// preload at once with Ollama's reason, not at the start deadline.
+func TestDriverAgainstStrictOllamaGGUFPath(t *testing.T) {
+	c := newCard(t)
+	path := tinygguf.Write(t).Model
+	spec := &pb.ModelSpec{Model: path, ServedModelName: "chat",
+		Engine: &pb.EngineSpec{Kind: KindSim, Args: []string{"--dialect", "ollama", "--load-seconds", "0.1", "--tokens-per-second", "0"}}}
+	// Ollama runs on a share of a card only under hard limits: a whole
+	// card here.
+	r := &pb.Replica{Model: "chat", Cards: []uint32{0}, ShareMilli: 1000, MemoryMib: 23034}
+	p, cmd := startBuiltOn(t, c, spec, false, r, Enforcement{Mode: ModeNone})
+	name := EngineModel(spec)
+	var steps []string
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := cmd.Preload.Run(ctx, p.base, func(s string) { steps = append(steps, s) }); err != nil {
+		t.Fatalf("preload of %s: %v (steps %q)", path, err, steps)
+	}
+	if !hasSteps(steps, "copying", "creating", "loading") {
+		t.Fatalf("preload steps %q; want a copy into the store, a create and a load", steps)
+	}
+	if code, body := call(t, p, "GET", "/api/ps", ""); code != http.StatusOK || !strings.Contains(body, `"name":"`+name+`"`) {
+		t.Fatalf("after the preload /api/ps: %d %s; want %s loaded", code, body, name)
+	}
+	if code, body := p.chat(t, name); code != http.StatusOK {
+		t.Fatalf("chat by the driver's name %s: %d %s", name, code, body)
+	}
+	steps = nil
+	if err := cmd.Preload.Run(ctx, p.base, func(s string) { steps = append(steps, s) }); err != nil || hasSteps(steps, "copying") {
+		t.Fatalf("second preload: %v, steps %q; want a create and a load without a copy", err, steps)
+	}
+
+	bad := filepath.Join(t.TempDir(), "notgguf.gguf")
+	if err := os.WriteFile(bad, []byte("not a model"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	spec.Model = bad
+	p, cmd = startBuiltOn(t, c, spec, false, r, Enforcement{Mode: ModeNone})
+	err := cmd.Preload.Run(ctx, p.base, func(string) {})
+	var se *StartError
+	if !errors.As(err, &se) || !strings.Contains(se.Reason, bad) || !strings.Contains(se.Reason, "supplied file was not in GGUF format") {
+		t.Fatalf("preload of %s, not a GGUF file: %v; want a StartError naming the file and Ollama's reason", bad, err)
 	}
 }
 

@@ -2,6 +2,8 @@ package sim
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -10,6 +12,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -31,7 +34,9 @@ import (
 
 // contract is one case: a request and what the engine answers.
 type contract struct {
-	name               string
+	name string
+	// method, path and body are the request; "{tiny}" in them (and in
+	// shape) is the SHA-256 (hex) of tinygguf's default model file.
 	method, path, body string
 	// loading: asked of an engine still loading its model.
 	loading bool
@@ -198,7 +203,8 @@ func TestRealConformance(t *testing.T) {
 
 // check sends c's request to base and compares the answer with c.
 func (c contract) check(base string) error {
-	req, err := http.NewRequest(c.method, base+c.path, strings.NewReader(c.body))
+	vars := strings.NewReplacer("{tiny}", tinyDigest())
+	req, err := http.NewRequest(c.method, base+vars.Replace(c.path), strings.NewReader(vars.Replace(c.body)))
 	if err != nil {
 		return err
 	}
@@ -225,6 +231,7 @@ func (c contract) check(base string) error {
 	var doc any
 	jsonErr := json.Unmarshal(body, &doc)
 	for _, s := range c.shape {
+		s = vars.Replace(s)
 		if text, ok := strings.CutPrefix(s, "~"); ok {
 			if !strings.Contains(string(body), text) {
 				problems = append(problems, fmt.Sprintf("no %q in the body", text))
@@ -249,6 +256,25 @@ func (c contract) check(base string) error {
 	}
 	return nil
 }
+
+// tinyDigest is the SHA-256 (hex) of tinygguf's default model file.
+var tinyDigest = sync.OnceValue(func() string {
+	dir, err := os.MkdirTemp("", "tinygguf")
+	if err != nil {
+		panic(err)
+	}
+	defer os.RemoveAll(dir)
+	path := filepath.Join(dir, "tiny.gguf")
+	if err := tinygguf.WriteModel(path, tinygguf.ModelOptions{}); err != nil {
+		panic(err)
+	}
+	data, err := os.ReadFile(path)
+	if err != nil {
+		panic(err)
+	}
+	sum := sha256.Sum256(data)
+	return hex.EncodeToString(sum[:])
+})
 
 // jsonAt is the value at a dotted path (numbers index arrays).
 func jsonAt(v any, path string) (any, bool) {

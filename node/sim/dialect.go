@@ -57,14 +57,15 @@ func (c Config) SlotContext() int {
 }
 
 // knowsModel says whether a request's model names this engine's base
-// model: vLLM knows only its served names; Ollama its tags; llama-server
-// in single-model mode serves its model whatever the request names.
+// model: vLLM knows only its served names; Ollama its tags (the served
+// name and those /api/create made); llama-server in single-model mode
+// serves its model whatever the request names.
 func (s *server) knowsModel(model string) bool {
 	switch s.cfg.Dialect {
 	case DialectLlamaCpp:
 		return true
 	case DialectOllama:
-		return ollamaname.Same(model, s.cfg.ServedModelName)
+		return ollamaname.Same(model, s.cfg.ServedModelName) || s.created(model)
 	}
 	return model == "" || model == s.cfg.ServedModelName
 }
@@ -132,6 +133,8 @@ func (s *server) dialectRoutes(mux *http.ServeMux) {
 		mux.HandleFunc("POST /api/generate", s.ollamaGenerate)
 		mux.HandleFunc("POST /api/embed", s.ollamaEmbed)
 		mux.HandleFunc("GET /api/ps", s.ollamaPS)
+		mux.HandleFunc("/api/blobs/{digest}", s.ollamaBlob)
+		mux.HandleFunc("POST /api/create", s.ollamaCreate)
 	}
 	mux.HandleFunc("GET /v1/models", s.models)
 	mux.HandleFunc("POST /v1/completions", s.completions)

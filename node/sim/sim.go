@@ -5,7 +5,7 @@
 // stands for: vLLM's sleep mode (/sleep, /wake_up, /is_sleeping,
 // /collective_rpc), llama.cpp's router (/models, /models/load,
 // /models/unload, /props, --sleep-idle-seconds) and Ollama's keep_alive
-// (/api/generate, /api/ps).
+// (/api/generate, /api/ps) and model store (/api/blobs, /api/create).
 //
 // It models a start as separate phases (process start before the port
 // opens, runtime initialisation, weight load), memory as overhead + weights
@@ -378,6 +378,9 @@ type server struct {
 	// sizedMiB is what the ollama dialect took at its last load
 	// (ollamamemory.go; guarded by mu; 0: --memory-mib).
 	sizedMiB uint64
+	// store is the ollama dialect's blobs and created models
+	// (ollamacreate.go).
+	store ollamaStore
 	// kvLostMiB is what a fall of the card's free memory while the vllm
 	// dialect profiled took from its KV pool (guarded by mu).
 	kvLostMiB uint64
