@@ -112,6 +112,8 @@ var ollamaConformance = conformanceEngine{
 			shape: []string{`~{"error":"supplied file was not in GGUF format"}`}},
 		{name: "load the created model", method: "POST", path: "/api/generate", body: `{"model":"made:1b","keep_alive":-1}`, status: 200,
 			contentType: "application/json", shape: []string{"model=made:1b", "done=true", "done_reason=load"}},
+		{name: "ps lists the created model", method: "GET", path: "/api/ps", status: 200, contentType: "application/json",
+			shape: []string{"models.0.name=made:1b", "models.0.model=made:1b"}},
 		{name: "chat with the created model", method: "POST", path: "/v1/chat/completions",
 			body: `{"model":"made:1b","messages":[{"role":"user","content":"hello"}],"max_tokens":2}`, status: 200,
 			contentType: "application/json", shape: []string{"object=chat.completion", "model=made:1b", "usage.completion_tokens=2"}},

@@ -274,6 +274,7 @@ func (s *server) ollamaGenerate(w http.ResponseWriter, r *http.Request) {
 			ollamaError(w, http.StatusInternalServerError, err.Error())
 			return
 		}
+		s.noteLoaded(body.Model)
 		s.mu.Lock()
 		s.armExpiry()
 		s.mu.Unlock()
@@ -331,6 +332,7 @@ func (s *server) ollamaEmbed(w http.ResponseWriter, r *http.Request) {
 		ollamaError(w, http.StatusInternalServerError, err.Error())
 		return
 	}
+	s.noteLoaded(body.Model)
 	s.mu.Lock()
 	s.armExpiry()
 	s.mu.Unlock()
@@ -378,7 +380,7 @@ func (s *server) ollamaPS(w http.ResponseWriter, _ *http.Request) {
 		}
 		name := s.cfg.ServedModelName
 		if s.cfg.Dialect == DialectOllama {
-			name = ollamaname.Shortest(name)
+			name = ollamaname.Shortest(s.psName())
 		}
 		models = append(models, map[string]any{
 			"name": name, "model": name,

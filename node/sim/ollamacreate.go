@@ -32,6 +32,9 @@ type ollamaStore struct {
 	blobs map[string]bool
 	// models are the names /api/create made.
 	models []string
+	// loadedAs is the created model a load last named, which /api/ps
+	// lists; "": the served name.
+	loadedAs string
 }
 
 // ollamaBlobsDir is where the dialect says its blobs are, in the errors
@@ -245,6 +248,34 @@ func (s *server) created(model string) bool {
 		}
 	}
 	return false
+}
+
+// noteLoaded records the model a load named, for /api/ps: one of the
+// created models, or the served name.
+func (s *server) noteLoaded(model string) {
+	st := &s.store
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	st.loadedAs = ""
+	if ollamaname.Same(model, s.cfg.ServedModelName) {
+		return
+	}
+	for _, m := range st.models {
+		if ollamaname.Same(m, model) {
+			st.loadedAs = m
+		}
+	}
+}
+
+// psName is the name /api/ps lists the loaded model by.
+func (s *server) psName() string {
+	st := &s.store
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if st.loadedAs != "" {
+		return st.loadedAs
+	}
+	return s.cfg.ServedModelName
 }
 
 // validOllamaName is Ollama's Name.IsValid for a name to create: a model
