@@ -123,32 +123,32 @@ var procedureAccess = map[string]Access{
 	gpuplanev1connect.ACLServiceDeleteTokenProcedure: AccessAdmin,
 }
 
-// clusterWide lists the reads that show other tenants' data: the audit
-// log and events (tokens, their tenants, adapters' tenants), the
-// dashboard (every tenant's counts), deployments (which tenants each
-// adapter serves) and residency decisions. A read token, a tenant's key,
-// is refused them (tenantScoped): it reads the cluster's infrastructure
-// (nodes, devices, accelerators, cluster status, replicas without their
-// endpoints), its own tenant's series
-// of /metrics, and, on the gateway, the models it may use (GET
-// /v1/models). The auditor, operator and admin roles read them.
+// clusterWide lists the reads that show other tenants' data and have no
+// tenant's part clearly defined: the audit log and events (tokens, their
+// tenants, adapters' tenants; a read token changes nothing, so none of
+// their entries is its own), the dashboard (every tenant's counts), the
+// residency plan and profiles (every card's memory account) and engine
+// logs. A read token, a tenant's key, is refused them (tenantScoped): it
+// reads the cluster's infrastructure (nodes, devices, accelerators,
+// cluster status, replicas without their endpoints), its own tenant's
+// series of /metrics, deployments and residency decisions filtered to
+// what it may use (tenantscope.go), and, on the gateway, the models it
+// may use (GET /v1/models). The auditor, operator and admin roles read
+// everything.
 var clusterWide = map[string]bool{
-	gpuplanev1connect.AuditServiceLogProcedure:               true,
-	gpuplanev1connect.AuditServiceReplayProcedure:            true,
-	gpuplanev1connect.AuditServiceVerifyProcedure:            true,
-	gpuplanev1connect.AuditServiceHashAtProcedure:            true,
-	gpuplanev1connect.AuditServiceEntriesProcedure:           true,
-	gpuplanev1connect.EventServiceWatchProcedure:             true,
-	gpuplanev1connect.DashboardServiceSummaryProcedure:       true,
-	gpuplanev1connect.ModelServiceListModelsProcedure:        true,
-	gpuplanev1connect.ModelServiceGetModelProcedure:          true,
-	gpuplanev1connect.ResidencyServiceListDecisionsProcedure: true,
-	gpuplanev1connect.ResidencyServiceGetPlanProcedure:       true,
-	gpuplanev1connect.ResidencyServiceListProfilesProcedure:  true,
-	gpuplanev1connect.LogServiceReplicaLogsProcedure:         true,
-	gpuplanev1connect.ClusterServiceReadStateProcedure:       true,
-	gpuplanev1connect.ClusterServiceReadNodeProcedure:        true,
-	gpuplanev1connect.ACLServiceListTokensProcedure:          true,
+	gpuplanev1connect.AuditServiceLogProcedure:              true,
+	gpuplanev1connect.AuditServiceReplayProcedure:           true,
+	gpuplanev1connect.AuditServiceVerifyProcedure:           true,
+	gpuplanev1connect.AuditServiceHashAtProcedure:           true,
+	gpuplanev1connect.AuditServiceEntriesProcedure:          true,
+	gpuplanev1connect.EventServiceWatchProcedure:            true,
+	gpuplanev1connect.DashboardServiceSummaryProcedure:      true,
+	gpuplanev1connect.ResidencyServiceGetPlanProcedure:      true,
+	gpuplanev1connect.ResidencyServiceListProfilesProcedure: true,
+	gpuplanev1connect.LogServiceReplicaLogsProcedure:        true,
+	gpuplanev1connect.ClusterServiceReadStateProcedure:      true,
+	gpuplanev1connect.ClusterServiceReadNodeProcedure:       true,
+	gpuplanev1connect.ACLServiceListTokensProcedure:         true,
 }
 
 // ClusterWide says whether procedure shows other tenants' data, which a

@@ -15,6 +15,11 @@ func (h *handlers) ListModels(ctx context.Context, req *connect.Request[pb.ListM
 		out.Models = f.Models()
 		return nil
 	})
+	if tenant, ok := tenantScope(ctx); ok {
+		for _, m := range out.Models {
+			scopeModel(m, tenant)
+		}
+	}
 	return connect.NewResponse(out), err
 }
 
@@ -28,6 +33,10 @@ func (h *handlers) GetModel(ctx context.Context, req *connect.Request[pb.GetMode
 		out.Model, out.Replicas = m, replicas
 		return nil
 	})
+	if tenant, ok := tenantScope(ctx); ok && out.Model != nil {
+		scopeReplicas(out.Replicas, map[string]map[string]bool{out.Model.GetName(): usableAdapters(out.Model, tenant)})
+		scopeModel(out.Model, tenant)
+	}
 	hideEndpoints(ctx, out.Replicas)
 	return connect.NewResponse(out), err
 }
@@ -66,6 +75,13 @@ func (h *handlers) ListReplicas(ctx context.Context, req *connect.Request[pb.Lis
 	out := &pb.ListReplicasResponse{}
 	err := h.read(ctx, req.Msg.Stale, func(f *fsm.FSM) error {
 		out.Replicas = f.Replicas(req.Msg.Model, req.Msg.Node)
+		if tenant, ok := tenantScope(ctx); ok {
+			usable := map[string]map[string]bool{}
+			for _, m := range f.Models() {
+				usable[m.GetName()] = usableAdapters(m, tenant)
+			}
+			scopeReplicas(out.Replicas, usable)
+		}
 		return nil
 	})
 	hideEndpoints(ctx, out.Replicas)

@@ -212,6 +212,12 @@ func (h *residencyHandlers) ListDecisions(ctx context.Context, req *connect.Requ
 	if err != nil {
 		return err
 	}
+	// A tenant's key reads the decisions about deployments, filtered here
+	// on the node it asked, whatever node recorded them (tenantscope.go).
+	scope := func(ds []*pb.ResidencyDecision) []*pb.ResidencyDecision { return ds }
+	if _, ok := tenantScope(ctx); ok {
+		scope = scopeDecisions
+	}
 	if !m.GetFollow() {
 		answers := make([][]*pb.ResidencyDecision, len(ts))
 		err := eachTarget(ctx, ts, func(ctx context.Context, i int, t residencyTarget) error {
@@ -223,7 +229,7 @@ func (h *residencyHandlers) ListDecisions(ctx context.Context, req *connect.Requ
 		if err != nil {
 			return err
 		}
-		all := slices.Concat(answers...)
+		all := scope(slices.Concat(answers...))
 		slices.SortStableFunc(all, func(a, b *pb.ResidencyDecision) int {
 			return cmp.Or(a.GetTime().AsTime().Compare(b.GetTime().AsTime()), cmp.Compare(a.GetNode(), b.GetNode()), cmp.Compare(a.GetSeq(), b.GetSeq()))
 		})
@@ -259,6 +265,9 @@ func (h *residencyHandlers) ListDecisions(ctx context.Context, req *connect.Requ
 	for running := len(ts); ; {
 		select {
 		case ds := <-batches:
+			if ds = scope(ds); len(ds) == 0 {
+				continue
+			}
 			if err := stream.Send(&pb.ListDecisionsResponse{Decisions: ds}); err != nil {
 				return err
 			}

@@ -150,9 +150,7 @@ func TestSecureCluster(t *testing.T) {
 	}
 	viewer := append([]string{"--token", secretOf(s2, "viewer", "read")}, ca...)
 	ops := append([]string{"--token", secretOf(s1, "ops", "operator")}, ca...)
-	// The audit log shows every tenant's changes: an auditor reads it (a
-	// read token is one tenant's key).
-	auditor := append([]string{"--token", secretOf(s1, "audit", "auditor")}, ca...)
+	auditor := append([]string{"--token", secretOf(s2, "auditor", "auditor")}, ca...)
 	list, errOut, code := secureCLI(s1, admin, "acl", "token", "list")
 	if code != 0 || !strings.Contains(list, "viewer") || !strings.Contains(list, "operator") {
 		t.Fatalf("token list: exit %d %s\n%s", code, errOut, list)
@@ -204,7 +202,11 @@ func TestSecureCluster(t *testing.T) {
 	}
 
 	// The audit log names each change's token; --actor filters on it.
-	// (A node serves the log as far as it has applied it.)
+	// (A node serves the log as far as it has applied it.) An auditor
+	// reads it; a read token, a tenant's key, does not.
+	if _, errOut, code := secureCLI(s2, viewer, "audit", "log"); code != 1 || !strings.Contains(errOut, "needs the auditor or operator role") {
+		t.Fatalf("audit log with a read token: exit %d, %s", code, errOut)
+	}
 	testutil.Eventually(t, 5*time.Second, "audit log --actor ops", func() error {
 		logOut, errOut, code := secureCLI(s2, auditor, "audit", "log", "--actor", "ops")
 		if code != 0 || strings.Count(logOut, "CreateAccelerator") != 2 || strings.Count(logOut, "DeleteAccelerator") != 1 || strings.Contains(logOut, "Token") {

@@ -333,13 +333,23 @@ func TestLiveResidencyAdvised(t *testing.T) {
 	}
 }
 
-// TestLiveResidencyACL: with ACLs on, a read token lists residency; no
-// token is refused.
+// TestLiveResidencyACL: with ACLs on, an auditor's token lists residency;
+// no token is refused. A tenant's read token lists the decisions about
+// deployments, without the adapter decisions (their reasons name other
+// tenants' adapters) or the name of the operator who asked; the plan and
+// profiles are refused it.
 func TestLiveResidencyACL(t *testing.T) {
 	a, run := startResidencyAgent(t, agent.Config{Dev: true, NodeName: "acl", SecurityConfig: agent.SecurityConfig{ACL: true}})
 	d := newCardDriver(t, a.ResidencyJournal(), "gpu0", residency.Act)
 	d.deploy("chat", 10*gi)
 	d.serve("chat")
+	// A load of an adapter (beta's, say: the journal does not know) and an
+	// operator's unload.
+	d.handle(residency.AdaptersChanged{Model: "chat", MaxOnCard: 1, MaxInHost: 1,
+		Adapters: []residency.Adapter{{Name: "beta-secret", Bytes: gi / 4, LoadTime: time.Second}}})
+	d.handle(residency.AdapterRequested{Model: "chat", Adapter: "beta-secret"})
+	d.handle(residency.AdapterFinished{Model: "chat", Adapter: "beta-secret"})
+	d.handle(residency.OperatorUnload{Model: "chat", By: "root-op"})
 
 	bootOut, errOut, code := run("acl", "bootstrap", "--name", "root")
 	if code != 0 {
@@ -365,8 +375,27 @@ func TestLiveResidencyACL(t *testing.T) {
 		if code != 0 || !strings.Contains(out, " chat ") {
 			t.Errorf("%v with an auditor token: exit %d, %s%s", cmd, code, out, errOut)
 		}
-		// A read token is a tenant's key: every model's decisions are
-		// not its to read.
+		if cmd[1] == "decisions" {
+			for _, want := range []string{"beta-secret", "root-op"} {
+				if !strings.Contains(out, want) {
+					t.Errorf("%v with an auditor token:\n%s\nwant %q named", cmd, out, want)
+				}
+			}
+			// A read token is a tenant's key: the decisions about the
+			// deployment, none about an adapter, no operator named.
+			out, errOut, code := run(append([]string{"--token", key}, cmd...)...)
+			if code != 0 || !strings.Contains(out, " chat ") || !strings.Contains(out, "asked by the operator") {
+				t.Errorf("%v with a tenant's read token: exit %d, %s%s; want chat's decisions", cmd, code, out, errOut)
+			}
+			for _, not := range []string{"beta-secret", "root-op", "adapter"} {
+				if strings.Contains(out, not) {
+					t.Errorf("%v with a tenant's read token:\n%s\nnames %q", cmd, out, not)
+				}
+			}
+			continue
+		}
+		// The plan and profiles show every card's memory account: not a
+		// tenant's to read.
 		if _, errOut, code := run(append([]string{"--token", key}, cmd...)...); code != 1 || !strings.Contains(errOut, "auditor or operator role") {
 			t.Errorf("%v with a tenant's read token: exit %d, %s", cmd, code, errOut)
 		}
