@@ -30,9 +30,13 @@ import (
 
 // errProfiling is vLLM's assertion when free memory rose while it
 // profiled.
+//
+//lint:ignore ST1005 vLLM's words, which clients match on
 var errProfiling = errors.New("Error in memory profiling")
 
 // errNoCacheBlocks is vLLM's error when nothing is left for the KV cache.
+//
+//lint:ignore ST1005 vLLM's words, which clients match on
 var errNoCacheBlocks = errors.New("No available memory for the cache blocks. Try increasing `gpu_memory_utilization` when initializing the engine.")
 
 // vllmMemory says the engine follows vLLM's memory behaviour.
@@ -76,6 +80,7 @@ func (s *server) profiled(before map[string]uint64) error {
 		}
 		if a < b {
 			free := s.cardFreeGiB(card, b)
+			//lint:ignore ST1005 vLLM's words, which clients match on
 			return fmt.Errorf("%w. Initial free memory %.2f GiB, current free memory %.2f GiB. This happens when other processes sharing the same container release GPU memory while vLLM is profiling during initialization.",
 				errProfiling, free, free+float64(b-a)/1024)
 		}

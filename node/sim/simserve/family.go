@@ -39,18 +39,18 @@ import (
 //     time scale of 1, 2 or 4 instead;
 //   - 30 min measured after a 5 min warm-up, two tenants.
 type familyArchetype struct {
-	name, class                  string
-	memoryGiB, peakGiB           float64 // at a 24 GiB card
-	loadPerGiB                   float64 // seconds
-	tokensPerSecond, prefill     float64
-	maxInFlight, kvTokens        int
-	sloTTFT                      float64
-	rate                         float64 // open loop, per second
-	concurrency                  int     // closed loop
-	prompt, output               int
-	onSeconds, offSeconds        float64
-	azure                        string // conv or code
-	computePercent, residualFrac float64
+	name, class              string
+	memoryGiB, peakGiB       float64 // at a 24 GiB card
+	loadPerGiB               float64 // seconds
+	tokensPerSecond, prefill float64
+	maxInFlight, kvTokens    int
+	sloTTFT                  float64
+	rate                     float64 // open loop, per second
+	concurrency              int     // closed loop
+	prompt, output           int
+	onSeconds, offSeconds    float64
+	azure                    string // conv or code
+	computePercent           float64
 }
 
 var familyCards = []float64{12, 16, 24, 32, 40, 48, 64, 80, 94, 141}
@@ -95,13 +95,13 @@ func GenerateFamily(seed uint64, n int, azureDir string) ([]FamilyConfig, error)
 		scale := math.Sqrt(card / 24)
 		nm := 3 + rng.IntN(10)
 		type model struct {
-			a                  familyArchetype
-			name, class, res   string
-			mem, peak, load    float64
-			rate               float64
-			azure              string
-			timeScale          float64
-			residual, wakeSecs float64
+			a                familyArchetype
+			name, class, res string
+			mem, peak, load  float64
+			rate             float64
+			azure            string
+			timeScale        float64
+			wakeSecs         float64
 		}
 		var ms []model
 		seen := map[string]int{}
