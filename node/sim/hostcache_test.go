@@ -177,4 +177,3 @@ func TestRealLlamaCppHostCacheLikeTheSim(t *testing.T) {
 		})
 	}
 }
-
