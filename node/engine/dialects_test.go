@@ -456,3 +456,62 @@ func TestDriverAgainstStrictLlamaCppAdapters(t *testing.T) {
 		t.Fatalf("after a request naming only id 2: %d %s; it runs on the base", code, body)
 	}
 }
+
+// TestDriverLlamaCppHoldsNoHostCache: the driver starts llama.cpp (and the
+// sim in its dialect) with --cache-ram 0, so the engine holds no host RAM
+// of its own, as the ledger counts it (enginemem: "host: nothing"), and
+// no request gets another's prompt back from host RAM. The control: a
+// --cache-ram in spec.engine.args turns llama-server's cache back on, and
+// the same requests leave host memory held and reuse the first prompt.
+func TestDriverLlamaCppHoldsNoHostCache(t *testing.T) {
+	llama := &pb.ModelSpec{Model: "/m.gguf", ServedModelName: "chat", Engine: &pb.EngineSpec{Kind: KindLlamaCpp}}
+	cmd, err := Build(Params{Model: "chat", Spec: llama, Port: 8100, Replica: &pb.Replica{Model: "chat", Cards: []uint32{0}},
+		Cards: []*pb.Card{{Index: 0, Uuid: "GPU-x", MemoryMib: 23034}}}, Enforcement{Mode: ModeNone})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if i := slices.Index(cmd.Args, "--cache-ram"); i < 0 || cmd.Args[i+1] != "0" {
+		t.Fatalf("llama-server args %v: no --cache-ram 0", cmd.Args)
+	}
+	promptA := "the private prompt of one tenant " + strings.Repeat("alpha beta gamma ", 10)
+	promptB := "another tenant's prompt of other words entirely"
+	for _, c := range []struct {
+		name  string
+		args  []string
+		cache bool
+	}{{"the driver's flags", nil, false}, {"control: --cache-ram 8192 in the spec's args", []string{"--cache-ram", "8192"}, true}} {
+		t.Run(c.name, func(t *testing.T) {
+			card := newCard(t)
+			spec := &pb.ModelSpec{Model: "/m.gguf", ServedModelName: "chat", Engine: &pb.EngineSpec{Kind: KindSim, Args: append([]string{
+				"--dialect", "llamacpp", "--parallel", "1", "--load-seconds", "0", "--tokens-per-second", "0",
+				"--kv-pool-mib", "512", "--kv-kib-per-token", "1024"}, c.args...)}}
+			p, _ := startBuilt(t, card, spec, false)
+			cached := func(prompt string) int {
+				code, body := call(t, p, "POST", "/v1/completions", `{"prompt":"`+prompt+`","max_tokens":1}`)
+				var v struct {
+					Usage struct {
+						Details struct {
+							Cached int `json:"cached_tokens"`
+						} `json:"prompt_tokens_details"`
+					}
+				}
+				if err := json.Unmarshal([]byte(body), &v); err != nil || code != http.StatusOK {
+					t.Fatalf("POST /v1/completions: %d %s", code, body)
+				}
+				return v.Usage.Details.Cached
+			}
+			cached(promptA) // tenant a
+			cached(promptB) // tenant b
+			engines, err := card.usage.Engines(card.uuid)
+			if err != nil || len(engines) != 1 {
+				t.Fatalf("the card's engine records: %v %v", engines, err)
+			}
+			if held := engines[0].HostMiB; (held > 0) != c.cache {
+				t.Errorf("the engine holds %d MiB of host memory; want some: %v", held, c.cache)
+			}
+			if n := cached(promptA); (n > 0) != c.cache {
+				t.Errorf("tenant b sending a's prompt got %d cached tokens from host RAM; want some: %v", n, c.cache)
+			}
+		})
+	}
+}

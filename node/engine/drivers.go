@@ -473,6 +473,7 @@ func (sim) Command(p Params) (Command, error) {
 		cmd.Env = env
 	case KindLlamaCpp:
 		args = append(args, "--metrics")
+		args = append(args, llamaNoHostCache...)
 		args = append(args, llamaContext(p.Spec.GetEngine())...)
 		args = append(args, llamaLoRAFlags(p.Spec)...)
 	case KindOllama:

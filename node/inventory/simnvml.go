@@ -261,7 +261,8 @@ type SimEngine struct {
 	Copying bool `json:"copying"`
 	// State is the engine's residency state (loading, awake, asleep, ...).
 	State string `json:"state"`
-	// HostMiB is host RAM holding this engine's weights while it sleeps.
+	// HostMiB is host RAM the engine holds: its weights while it sleeps
+	// (level 1), and llama-server's host-RAM prompt cache (--cache-ram).
 	HostMiB uint64 `json:"hostMiB"`
 }
 

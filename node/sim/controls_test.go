@@ -257,6 +257,7 @@ func TestConfigValidate(t *testing.T) {
 		{Config{ServedModelName: "m", MemoryMiB: 100, ComputePercent: 101}, "--compute-percent 101"},
 		{Config{ServedModelName: "m", MemoryMiB: 100, WakeTime: -1}, "--wake-seconds must not be negative"},
 		{Config{ServedModelName: "m", MemoryMiB: 100, Parallel: -1}, "--parallel (-1) must not be negative"},
+		{Config{ServedModelName: "m", MemoryMiB: 100, Dialect: DialectLlamaCpp, CacheRAMMiB: -2}, "--cache-ram (-2) must be a size in MiB, 0 (off) or -1 (no limit)"},
 		{Config{MemoryMiB: 100}, "--served-model-name is required"},
 	} {
 		if err := tc.cfg.Validate(); err == nil || !strings.Contains(err.Error(), tc.want) {

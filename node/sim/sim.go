@@ -124,6 +124,11 @@ type Config struct {
 	// MaxLoRARank is vLLM's --max-lora-rank: a load of an adapter of a
 	// larger rank fails (0: any).
 	MaxLoRARank int
+	// CacheRAMMiB is llama-server's --cache-ram (llamacpp dialect): the
+	// host-RAM prompt cache's limit in MiB (hostcache.go); 0 turns it
+	// off, -1 sets no limit. The command's default is llama-server's,
+	// DefaultCacheRAMMiB.
+	CacheRAMMiB int
 	// llama.cpp dialect: CtxSize is --ctx-size (0: unbounded), KVUnified
 	// --kv-unified, LlamaRouter a llama-server started without -m (the
 	// router's /models routes exist).
@@ -199,6 +204,9 @@ func (c Config) Validate() error {
 	}
 	if c.Dialect != DialectAny && !slices.Contains(Dialects, c.Dialect) {
 		errs = append(errs, fmt.Errorf("--dialect %q: want one of %s (or none: every engine's API)", c.Dialect, strings.Join(Dialects, ", ")))
+	}
+	if c.CacheRAMMiB < -1 {
+		errs = append(errs, fmt.Errorf("--cache-ram (%d) must be a size in MiB, 0 (off) or -1 (no limit)", c.CacheRAMMiB))
 	}
 	if c.CtxSize < 0 {
 		errs = append(errs, fmt.Errorf("--ctx-size (%d) must not be negative", c.CtxSize))
@@ -366,6 +374,9 @@ type server struct {
 	// slots are llama.cpp's slot caches, for requests naming an id_slot
 	// (slots.go).
 	slots *slotCache
+	// host is llama-server's host-RAM prompt cache (hostcache.go); nil
+	// outside the llamacpp dialect and with --cache-ram 0.
+	host *hostCache
 	// busySlots are the llama.cpp dialect's slots running a request
 	// (guarded by mu).
 	busySlots map[int]bool
@@ -419,6 +430,7 @@ func newServer(cfg Config, life context.Context) *server {
 		running:    map[uint64]*request{}, waiters: map[*turn]bool{},
 		cache:     newPrefixCache(prefixCacheTokens(cfg)),
 		slots:     newSlotCache(),
+		host:      newHostCache(cfg),
 		busySlots: map[int]bool{},
 	}
 	s.lora = loraState{loaded: map[string]*adapter{}, cached: map[string]bool{},
@@ -632,6 +644,7 @@ func (s *server) complete(w http.ResponseWriter, r *http.Request, chat bool) {
 		}
 		defer s.freeSlot(id)
 		req.IDSlot = &id
+		s.hostCacheOnLaunch(id, want >= 0, prompt)
 		if n := s.cfg.SlotContext(); n > 0 {
 			if promptTokens >= n {
 				llamaError(w, http.StatusBadRequest, "the request exceeds the available context size, try increasing it", "exceed_context_size_error",

@@ -47,3 +47,17 @@ func (c *slotCache) clear() {
 	defer c.mu.Unlock()
 	clear(c.tokens)
 }
+
+// held is a copy of the prompt slot holds.
+func (c *slotCache) held(slot int) []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return append([]string(nil), c.tokens[slot]...)
+}
+
+// drop empties one slot.
+func (c *slotCache) drop(slot int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	delete(c.tokens, slot)
+}

@@ -121,12 +121,14 @@ func (s *server) kvMiB() uint64 {
 	return min(mib, s.kvPoolMiB())
 }
 
-// hostMiB is host RAM holding the weights during a level-1 sleep.
+// hostMiB is host RAM the engine holds: the weights during a level-1
+// sleep, and llama-server's host-RAM prompt cache (hostcache.go).
 func (s *server) hostMiB() uint64 {
+	mib := s.host.mib()
 	if (s.st.phase == phAsleep || s.st.phase == phWaking) && s.st.level == 1 && !s.st.weightsOn {
-		return s.weightsMiB
+		mib += s.weightsMiB
 	}
-	return 0
+	return mib
 }
 
 // report writes the engine's memory and its record for its neighbours to

@@ -156,6 +156,7 @@ loads it on the first request or keep_alive load.`,
 	f.IntVar(&cfg.MaxLoRARank, "max-lora-rank", 0, "vllm dialect: the largest adapter rank a load accepts, as vLLM's --max-lora-rank (0: any)")
 	f.BoolVar(&cfg.PromptTokensDetails, "enable-prompt-tokens-details", false, "vllm dialect: usage reports prompt_tokens_details.cached_tokens")
 	f.IntVarP(&cfg.CtxSize, "ctx-size", "c", 0, "llamacpp dialect: the context, split over explicit --parallel slots unless --kv-unified (0: unbounded)")
+	f.IntVar(&cfg.CacheRAMMiB, "cache-ram", sim.DefaultCacheRAMMiB, "llamacpp dialect: llama-server's host-RAM prompt cache, in MiB (0: off, -1: no limit): a request naming no slot saves its slot's prompt there and restores the cached prompt that best matches its own, whoever computed it; the cache's host memory is reported as the engine's")
 	f.BoolVar(&cfg.KVUnified, "kv-unified", false, "llamacpp dialect: one KV cache every slot may fill (the default with auto slots)")
 	f.StringArrayVar(&cfg.LlamaLoRA, "lora", nil, "llamacpp dialect: a LoRA adapter file loaded at start, as llama-server's --lora (repeat for more; ids 0.. in order); requests pick them with \"lora\": [{\"id\": N, \"scale\": S}]")
 	f.BoolVar(&cfg.LlamaLoRAInitWithoutApply, "lora-init-without-apply", false, "llamacpp dialect: llama-server's flag, accepted; as there, the adapters' global scales stay 1 and a request without a lora list runs with them")
