@@ -26,6 +26,11 @@ func TestEngineKeyOfTheDeploymentsOwnRefused(t *testing.T) {
 		{spec("vllm", nil, map[string]string{"VLLM_API_KEY": "s"}), "spec.engine.env.VLLM_API_KEY: is the node's to set"},
 		{spec("command", []string{"serve", "--api-key", "s"}, nil), ""},
 		{spec("llamacpp", []string{"--parallel", "2"}, nil), ""},
+		// The host-RAM prompt cache stays off on llama.cpp.
+		{spec("llamacpp", []string{"--cache-ram", "8192"}, nil), "spec.engine.args[0]: --cache-ram 8192: the node runs llama-server with --cache-ram 0"},
+		{spec("llamacpp", []string{"-c", "512", "-cram=-1"}, nil), "spec.engine.args[2]: -cram -1: the node runs llama-server with --cache-ram 0"},
+		{spec("llamacpp", nil, map[string]string{"LLAMA_ARG_CACHE_RAM": "100"}), "spec.engine.env.LLAMA_ARG_CACHE_RAM: 100: the node runs"},
+		{spec("llamacpp", []string{"--cache-ram", "0"}, nil), ""},
 	} {
 		var got []string
 		for _, v := range ValidateModelSpec(c.spec) {

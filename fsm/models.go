@@ -135,6 +135,7 @@ func ValidateModelSpec(spec *pb.ModelSpec) []*pb.Violation {
 	validateSleepLevel(&v, spec)
 	validateStrings(&v, spec)
 	validateEngineKey(&v, spec)
+	validateHostCache(&v, spec)
 	if c := spec.GetResources().GetCpuMilli(); c > MaxCPUMilli {
 		v.add("spec.resources.cpuMilli", "must be at most %d (1000 cores), got %d", MaxCPUMilli, c)
 	}
@@ -227,6 +228,34 @@ func validateEngineKey(v *violations, spec *pb.ModelSpec) {
 		if slices.Contains(engineKeyEnv, k) {
 			v.add("spec.engine.env."+k, "is the node's to set: each engine gets an API key only the node sends, and a key of the deployment's own would refuse every call the node makes; remove it")
 		}
+	}
+}
+
+// validateHostCache refuses turning llama-server's host-RAM prompt cache
+// back on (the driver runs it with --cache-ram 0): it restores a prompt's
+// KV into any slot by its tokens alone, whatever tenant or adapter
+// computed it, and holds host memory no share counts (docs/engines.md).
+func validateHostCache(v *violations, spec *pb.ModelSpec) {
+	e := spec.GetEngine()
+	if e.GetKind() != "llamacpp" {
+		return
+	}
+	const why = "the node runs llama-server with --cache-ram 0: its host-RAM prompt cache serves one tenant's or adapter's prompt to another and holds host memory no share counts; remove it"
+	args := e.GetArgs()
+	for i, a := range args {
+		flag, val, hasVal := strings.Cut(a, "=")
+		if flag != "--cache-ram" && flag != "-cram" {
+			continue
+		}
+		if !hasVal && i+1 < len(args) {
+			val = args[i+1]
+		}
+		if strings.TrimSpace(val) != "0" {
+			v.add(fmt.Sprintf("spec.engine.args[%d]", i), "%s %s: %s", flag, val, why)
+		}
+	}
+	if val, ok := e.GetEnv()["LLAMA_ARG_CACHE_RAM"]; ok && strings.TrimSpace(val) != "0" {
+		v.add("spec.engine.env.LLAMA_ARG_CACHE_RAM", "%s: %s", val, why)
 	}
 }
 

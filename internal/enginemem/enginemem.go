@@ -101,7 +101,7 @@ var Rules = []Rule{
 		// memory no share counts and serve one tenant's prompt to another.
 		HostMiB:     0,
 		Ledger:      "GPU: the share, every --lora adapter inside it from the start; host: nothing (the driver turns the host-RAM prompt cache off with --cache-ram 0)",
-		NotEnforced: "compute buffers above -c; a --cache-ram in spec.engine.args turns the host-RAM prompt cache back on, which no ledger counts",
+		NotEnforced: "compute buffers above -c (a --cache-ram other than 0 in spec.engine.args or LLAMA_ARG_CACHE_RAM is refused at apply)",
 	},
 	{
 		Kind: "ollama", Name: "Ollama", Versions: "0.30 to 0.33",
