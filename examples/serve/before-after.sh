@@ -1,5 +1,5 @@
 #!/bin/sh
-# Before/after rows of examples/serve/README.md ("Before and after"):
+# Before/after rows as in bench/results/2026-12-06.md ("Before and after"):
 # per config, gpuplane's models at SLO (starved models) and maxRateAt90
 # over rates 0.5,1,2,4, with the gpuplane binary given.
 #
