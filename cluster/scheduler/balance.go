@@ -3,6 +3,7 @@ package scheduler
 import (
 	"math"
 	"math/bits"
+	"slices"
 )
 
 // The default policy's terms beyond fragmentation (see DESIGN.md): host
@@ -137,12 +138,32 @@ func (s *State) stranded(n *nodeState, freeMilli, cpuFree int64) int64 {
 }
 
 // strandDelta is how much the placement grows the node's stranded card
-// capacity.
+// capacity. On an empty node kept whole for a host-scarce type (keptWhole)
+// it is at least the capacity the request itself would strand at the
+// workload's CPU per card: such a node's CPU is there for the type that
+// needs it, not to spare other nodes' cards, and without this floor a
+// CPU-hungry request would find the node's spare CPU free of charge and
+// break it (see DESIGN.md).
 func (ev *evaluator) strandDelta(cards []int32) int64 {
 	n, q := ev.n, ev.q
 	tot0 := ev.fc.tot
 	tot1 := tot0 - int64(q.reserve)*int64(len(cards))
-	return ev.s.stranded(n, tot1, n.cpuFree()-q.CPUMilli) - ev.s.stranded(n, tot0, n.cpuFree())
+	d := ev.s.stranded(n, tot1, n.cpuFree()-q.CPUMilli) - ev.s.stranded(n, tot0, n.cpuFree())
+	if n.cpuCap > 0 && n.cpuUsed == 0 && n.gpuUsed == 0 && ev.s.keptWhole(ev.ni) {
+		d = max(d, ev.ownStrand(len(cards)))
+	}
+	return d
+}
+
+// ownStrand is the card capacity a request strands wherever it goes, at
+// the workload's CPU per card: the cards its CPU could feed beyond those
+// it takes.
+func (ev *evaluator) ownStrand(ncards int) int64 {
+	cpu, milli := ev.s.cpuPerCard()
+	if cpu <= 0 {
+		return 0
+	}
+	return max(0, mulDiv(max(ev.q.CPUMilli, 0), milli, cpu)-int64(ev.q.reserve)*int64(ncards))
 }
 
 // mulDiv is a × b / c for non-negative a, b and positive c, rounded down,
@@ -154,4 +175,51 @@ func mulDiv(a, b, c int64) int64 {
 	}
 	q, _ := bits.Div64(hi, lo, uint64(c))
 	return int64(min(q, math.MaxInt64/4))
+}
+
+// hostScarceFactor is how much scarcer a type's cards must be for its host
+// request than for its kinds and card count alone for the nodes that fit
+// it to be kept whole for it.
+const hostScarceFactor = 2
+
+// keptWhole reports whether the node, empty, is one of the few that some
+// type of the workload asking for cards fits for its host request: the
+// type's cards are at least hostScarceFactor times scarcer counting the
+// host than counting kinds and cards alone (openb's 8-card tasks asking
+// 120 cores fit only the 128-core nodes). It depends on capacities and the
+// workload only.
+func (s *State) keptWhole(ni int32) bool {
+	wl := &s.wl
+	if !s.reservedOK || s.reservedGen != wl.gen || s.reservedTot != wl.total[byCount] {
+		s.reservedOK, s.reservedGen, s.reservedTot = true, wl.gen, wl.total[byCount]
+		s.reservedFor = slices.Grow(s.reservedFor[:0], len(s.nodes))[:len(s.nodes)]
+		clear(s.reservedFor)
+		for i := range wl.types {
+			t := &wl.types[i]
+			g := &wl.groups[t.g]
+			if g.mode == modeHost || (t.cpu <= 0 && t.mem <= 0) {
+				continue
+			}
+			q := request{mode: g.mode, k: int(g.k), kinds: g.kinds}
+			if s.scarcity(&q, t.cpu, t.mem) < hostScarceFactor*s.scarcity(&q, 0, 0) {
+				continue
+			}
+			for nj := range s.nodes {
+				n := &s.nodes[nj]
+				if (n.cpuCap > 0 && t.cpu > n.cpuCap) || (n.memCap > 0 && t.mem > n.memCap) {
+					continue
+				}
+				var c int32
+				for ci := n.first; ci < n.first+n.n; ci++ {
+					if card := &s.cards[ci]; card.healthy && g.kinds.has(card.kind) {
+						c++
+					}
+				}
+				if c >= max(g.k, 1) {
+					s.reservedFor[nj] = true
+				}
+			}
+		}
+	}
+	return int(ni) < len(s.reservedFor) && s.reservedFor[ni]
 }

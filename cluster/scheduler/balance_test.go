@@ -116,3 +116,37 @@ func TestUntypedWorkLeavesTypedTasksTheirKind(t *testing.T) {
 		t.Errorf("fgd placed two T4 tasks too; the test no longer tells the policies apart")
 	}
 }
+
+// TestCPUHungryTasksLeaveTheOnlyRoomyNodeWhole: one 8-card node with 128
+// cores and two with 96, as openb's G3 and G2 nodes. Two 1-card tasks
+// asking 24 cores arrive, then an 8-card task asking 120 cores, which only
+// the 128-core node can hold, then many 1-card tasks asking 11 cores (the
+// workload's CPU per card is about 11 cores, so a 24-core task on a 96-core
+// node leaves a card its CPU can no longer feed, and on the 128-core node
+// none). Counting only the cards left without CPU, the 128-core node looks
+// the cheaper place and the 8-card task then finds no node; the default
+// policy must keep that node whole for it.
+func TestCPUHungryTasksLeaveTheOnlyRoomyNodeWhole(t *testing.T) {
+	eight := Accelerator{Name: "eight", Tenancy: Dedicated, DevicesPerReplica: 8}
+	nodes := []Node{cardNode("g2-0", "g2", 8, 96000), cardNode("g3", "g3", 8, 128000), cardNode("g2-1", "g2", 8, 96000)}
+	accs := []Accelerator{oneCard, eight}
+	var arrivals []Request
+	for i := 0; i < 2; i++ {
+		arrivals = append(arrivals, Request{Replica: fmt.Sprintf("hungry-%d", i), Deployment: fmt.Sprintf("hungry%d", i),
+			Accelerator: "one", CPUMilli: 24000})
+	}
+	arrivals = append(arrivals, Request{Replica: "wide", Deployment: "wide", Accelerator: "eight", CPUMilli: 120000})
+	for i := 0; i < 200; i++ {
+		arrivals = append(arrivals, Request{Replica: fmt.Sprintf("t-%d", i), Deployment: fmt.Sprintf("t%d", i),
+			Accelerator: "one", CPUMilli: 11000})
+	}
+	_, ds := placeAll(t, nodes, accs, arrivals, PolicyDefault)
+	for _, d := range ds[:2] {
+		if d.Node == "g3" {
+			t.Errorf("24-core task %s broke the only node the 120-core task fits", d.Replica)
+		}
+	}
+	if d := ds[2]; d.Node != "g3" {
+		t.Errorf("the 8-card 120-core task was not placed on g3: %+v", d)
+	}
+}

@@ -54,6 +54,10 @@ type State struct {
 	usable           []int64 // per workload group: healthy cards of its kinds
 	usableGen        uint64
 	scarce           map[scarcityKey]int64 // see fgd.go
+	reservedFor      []bool                // per node: whole, it is kept for a host-scarce type (balance.go)
+	reservedOK       bool
+	reservedGen      uint64
+	reservedTot      int64
 }
 
 type accInfo struct {
