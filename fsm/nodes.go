@@ -115,7 +115,7 @@ func (f *FSM) setNodeStatus(c *pb.SetNodeStatus, dry bool) *pb.Result {
 	if !dry {
 		n.Status = c.GetStatus()
 		if n.Status != pb.NodeStatus_NODE_STATUS_ALIVE {
-			f.unplaceOn(n.Name, fmt.Sprintf("node %s is %s: waiting to be placed elsewhere", n.Name, StatusName(n.Status)))
+			f.unplaceOn(n.Name, fmt.Sprintf("node %s is %s", n.Name, StatusName(n.Status))+lostSuffix)
 		}
 	}
 	return accept(pb.Outcome_OUTCOME_CONFIGURED, "node %q is %s", c.GetNode(), StatusName(c.GetStatus()))
@@ -127,7 +127,7 @@ func (f *FSM) deregisterNode(c *pb.DeregisterNode, dry bool) *pb.Result {
 	}
 	if !dry {
 		f.unplaceWhere(func(r *pb.Replica) bool { return r.Node == c.GetNode() },
-			fmt.Sprintf("node %s left the cluster: waiting to be placed elsewhere", c.GetNode()))
+			fmt.Sprintf("node %s left the cluster", c.GetNode())+lostSuffix)
 		delete(f.nodes, c.GetNode())
 		f.indexDevices()
 	}

@@ -5,6 +5,7 @@ import (
 	"maps"
 	"slices"
 	"strconv"
+	"strings"
 
 	"github.com/gpuplane/gpuplane/internal/cardfit"
 	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
@@ -51,7 +52,7 @@ func (f *FSM) placeReplicas(c *pb.PlaceReplicas, index uint64, dry bool) *pb.Res
 		acc := f.accelerators[m.Spec.Placement.Accelerator]
 		sh := shareOf(m.Spec, acc.Spec, f.cardMemory(acc.Spec.Device))
 		r.Node, r.Cards, r.ShareMilli, r.MemoryMib = p.Node, slices.Clone(p.Cards), p.ShareMilli, sh.memoryMiB
-		r.State, r.Reason, r.PlacedIndex = pb.ReplicaState_REPLICA_STATE_PLACED, "", index
+		r.State, r.Reason, r.PlacedIndex = pb.ReplicaState_REPLICA_STATE_PLACED, placedReason(r.Reason), index
 		f.occupy(r)
 	}
 	updated := 0
@@ -340,4 +341,21 @@ func ReplicaStateName(s pb.ReplicaState) string {
 		return "Stopped"
 	}
 	return "Unknown"
+}
+
+// lostSuffix ends the pending reason of a replica whose node went down or
+// left (setNodeStatus, deregisterNode).
+const lostSuffix = ": waiting to be placed elsewhere"
+
+// placedReason is a placed replica's reason, from its pending reason: a
+// failover's cause is kept (cardfit.FailoverReason), anything else is
+// cleared.
+func placedReason(pending string) string {
+	switch {
+	case strings.HasSuffix(pending, lostSuffix):
+		return cardfit.FailoverReason(strings.TrimSuffix(pending, lostSuffix))
+	case strings.HasPrefix(pending, "a card of node ") && strings.HasSuffix(pending, "disappeared from its inventory"):
+		return cardfit.FailoverReason(pending)
+	}
+	return ""
 }

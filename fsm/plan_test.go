@@ -89,7 +89,9 @@ func TestPlanChecks(t *testing.T) {
 	for _, r := range f.Replicas("", "") {
 		got += fmt.Sprintf("%s/%d@%s%v %s; ", r.Model, r.Index, r.Node, r.Cards, r.Reason)
 	}
-	want := "m/0@a[2] ; m/1@b[0] ; m/2@[] node a is down: waiting to be placed elsewhere; p/0@a[0 1] ; "
+	// m/0, placed again after node a went down, says so until its node
+	// reports it.
+	want := "m/0@a[2] placed after a failover: node a is down; m/1@b[0] ; m/2@[] node a is down: waiting to be placed elsewhere; p/0@a[0 1] ; "
 	if got != want || f.Hash() != "428bc6dbaa9d4aadef96e1514c6c3b495258e666fe2a29bda7acc3a9a71a9e80" {
 		t.Fatalf("replicas %q\nhash %s", got, f.Hash())
 	}

@@ -123,3 +123,16 @@ func (l *Load) Why(r Residency, milli, maxModels int32) error {
 	}
 	return fmt.Errorf("pinning %d%% would leave %d%% for an onDemand replica there that needs %d%%", milli/10, (Full-l.Pinned-milli)/10, l.OnDemandMax/10)
 }
+
+// failoverPrefix starts the reason of a replica placed again after its node
+// or card was lost, until its node reports it.
+const failoverPrefix = "placed after a failover: "
+
+// FailoverReason is the reason the state machine gives a replica it placed
+// again after its node or card was lost (cause says how).
+func FailoverReason(cause string) string { return failoverPrefix + cause }
+
+// PlacedByFailover reports whether a placed replica's reason says it was
+// placed again after its node or card was lost: the node's residency
+// controller records that first load as a failover, not a placement.
+func PlacedByFailover(reason string) bool { return strings.HasPrefix(reason, failoverPrefix) }

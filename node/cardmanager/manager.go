@@ -14,6 +14,7 @@ import (
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 
+	"github.com/gpuplane/gpuplane/internal/cardfit"
 	"github.com/gpuplane/gpuplane/node/engine"
 	"github.com/gpuplane/gpuplane/node/executor"
 	"github.com/gpuplane/gpuplane/node/gateway/queue"
@@ -417,6 +418,7 @@ func (m *Manager) deployment(k rkey, d executor.Desired) residency.Deployment {
 	dep.Priority = queue.ClassOf(spec.GetPriority())
 	dep.IdleSleep = time.Duration(spec.GetIdle().GetSleepAfterSeconds()) * time.Second
 	dep.IdleUnload = time.Duration(spec.GetIdle().GetUnloadAfterSeconds()) * time.Second
+	dep.Failover = cardfit.PlacedByFailover(d.Replica.GetReason())
 	if c := m.cards[d.Replica.GetCards()[0]]; c != nil {
 		dep.Device = c.GetDevice()
 	}

@@ -485,7 +485,7 @@ func (c *Controller) pageAdapters(out []Action, r *replica, set *adapterSet, now
 		case AdapterCard:
 			if serving {
 				c.setTier(a, AdapterUnloading, now)
-				out = c.adapterAction(out, ActUnloadAdapter, r, a, TriggerOperator, Inputs{Bytes: a.spec.Bytes}, now,
+				out = c.adapterAction(out, ActUnloadAdapter, r, a, TriggerScheduler, Inputs{Bytes: a.spec.Bytes}, now,
 					"unload adapter %s from %s: removed from the deployment; frees %s", a.spec.Name, r.dep.Model, gib(a.spec.Bytes))
 			}
 		}

@@ -154,7 +154,8 @@ func TestBusyEngineGivesEqualPriorityATurn(t *testing.T) {
 	w.run(2 * time.Minute)
 	w.assertClean()
 	drains := w.actions("a", residency.ActDrain)
-	if len(drains) != 1 || !strings.Contains(drains[0].Decision.Reason, "had its turn") || len(w.actions("b", residency.ActSerialize)) != 1 {
+	if len(drains) != 1 || !strings.Contains(drains[0].Decision.Reason, "had its turn") || drains[0].Decision.Trigger != residency.TriggerTurn ||
+		len(w.actions("b", residency.ActSerialize)) != 1 {
 		t.Fatalf("want one drain of a for b's turn and a serialize decision\n%s", w.dump())
 	}
 	if w.eng["b"].served != 1 {
@@ -498,9 +499,9 @@ func TestPromiseGrowingUnderABorrowerTakesItsShareBack(t *testing.T) {
 	w.run(time.Minute)
 	w.assertClean()
 	drains := w.actions("a", residency.ActDrain)
-	if len(drains) != 1 || drains[0].Decision.For != "m" || drains[0].Decision.Trigger != residency.TriggerOperator ||
+	if len(drains) != 1 || drains[0].Decision.For != "m" || drains[0].Decision.Trigger != residency.TriggerOwnerReturn ||
 		!strings.Contains(drains[0].Decision.Reason, "returns 1.2Gi of m's reserved share") {
-		t.Fatalf("want a drained for m's share by the operator's change, got %v\n%s", kinds(w.actions("a")), w.dump())
+		t.Fatalf("want a drained for m's share by its owner's return, got %v\n%s", kinds(w.actions("a")), w.dump())
 	}
 	if s := w.state("a"); s != residency.Sleeping {
 		t.Fatalf("a is %s after the drain deadline, want Sleeping\n%s", s, w.dump())
@@ -703,7 +704,7 @@ func TestBackgroundGetsABoundedTurnOnABusyCard(t *testing.T) {
 		t.Fatalf("batch is %s at %v, past the plan's bound\n%s", w.state("batch"), by, w.dump())
 	}
 	drains := w.actions("chat", residency.ActDrain)
-	if len(drains) != 1 || !strings.Contains(drains[0].Decision.Reason, "batch's turn as a background model") {
+	if len(drains) != 1 || !strings.Contains(drains[0].Decision.Reason, "batch's turn as a background model") || drains[0].Decision.Trigger != residency.TriggerTurn {
 		t.Fatalf("want one drain of chat for batch's turn\n%s", w.dump())
 	}
 	// The slot (3 min) ends; a chat request takes the card back at once.

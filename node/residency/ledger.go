@@ -327,9 +327,9 @@ func (c *Controller) check(before []replica, acts []Action, now time.Time) []Vio
 		d := a.Decision
 		stops := a.Kind == ActSleep || a.Kind == ActEvict || a.Kind == ActUnload
 		switch {
-		case b.dep.Residency == Pinned && !b.removed && (stops || a.Kind == ActDrain) && d.Trigger != TriggerOperator:
+		case b.dep.Residency == Pinned && !b.removed && (stops || a.Kind == ActDrain) && !d.Trigger.entitles():
 			add("I2", "%s of pinned %s (trigger %s)", a.Kind, a.Model, d.Trigger)
-		case b.dep.Residency == Warm && !b.removed && (a.Kind == ActEvict || a.Kind == ActUnload) && d.Trigger != TriggerOperator:
+		case b.dep.Residency == Warm && !b.removed && (a.Kind == ActEvict || a.Kind == ActUnload) && !d.Trigger.entitles():
 			add("I2", "%s of warm %s (trigger %s): a warm model is never sent cold by others", a.Kind, a.Model, d.Trigger)
 		case (a.Kind == ActLoad || a.Kind == ActPrewarm) && b.state != Cold && b.state != Failed:
 			add("I2", "cold %s of %s from %s", a.Kind, a.Model, b.state)
@@ -346,8 +346,8 @@ func (c *Controller) check(before []replica, acts []Action, now time.Time) []Vio
 		// gateway, and only an owner or a higher priority may make them
 		// wait longer by cancelling that load.
 		serving := b.state == Resident || b.state == Draining
-		entitled := d.Trigger == TriggerOperator && (b.removed || c.owner(d.For)) ||
-			d.Trigger == TriggerRequest && c.outranks(d.For, b, now)
+		entitled := d.Trigger.entitles() && (b.removed || c.owner(d.For)) ||
+			d.Trigger.demand() && c.outranks(d.For, b, now)
 		switch {
 		case stops && serving && (b.pending == 0 || now.Before(b.drainBy)):
 			add("I3", "%s of %s with %d requests active and no expired drain", a.Kind, a.Model, b.active)

@@ -43,9 +43,13 @@ func (c *Controller) emit(kind ActionKind, r *replica, peer ModelID, trig Trigge
 	in.Active = r.active
 	// Every change to a replica in a step comes with an action.
 	c.sumsOK = false
+	by := ""
+	if trig == TriggerOperator {
+		by = r.opBy
+	}
 	c.out = append(c.out, Action{Kind: kind, Model: r.dep.Model, Peer: peer, Decision: Decision{
 		Time: now, Card: c.cfg.Card, Action: kind, Model: r.dep.Model, Trigger: trig, For: forM,
-		Inputs: in, Reason: fmt.Sprintf(format, args...), Advised: c.cfg.Mode == Advise,
+		Inputs: in, Reason: fmt.Sprintf(format, args...), By: by, Advised: c.cfg.Mode == Advise,
 	}})
 }
 
@@ -53,7 +57,7 @@ func (c *Controller) emit(kind ActionKind, r *replica, peer ModelID, trig Trigge
 // nothing runs on it (a load or wake in progress is cancelled), after a
 // drain when requests run on it.
 func (c *Controller) stop(r *replica, op ActionKind, trig Trigger, forM ModelID, in Inputs, now time.Time, format string, args ...any) {
-	if forM != "" && trig == TriggerRequest {
+	if forM != "" && trig.demand() {
 		c.stepEvictions = append(c.stepEvictions, eviction{victim: r.dep.Model, by: forM, at: now, gap: now.Sub(r.lastUse)})
 	}
 	if (r.state == Loading || r.state == Waking) && r.dep.Residency == OnDemand && forM != "" {
@@ -96,13 +100,13 @@ func (c *Controller) removals(now time.Time) {
 		}
 		switch r.state {
 		case Resident, Sleeping, Loading, Waking:
-			c.stop(r, ActUnload, TriggerOperator, "", Inputs{Bytes: c.cost(r)}, now,
+			c.stop(r, ActUnload, TriggerScheduler, "", Inputs{Bytes: c.cost(r)}, now,
 				"unload %s: deployment removed from card %s; frees %s", r.dep.Model, c.cfg.Card, gib(c.cost(r)))
 		case Draining:
 			// A sleep in progress becomes an unload once it is asleep; one not
 			// yet issued becomes the unload.
 			if !r.issued {
-				r.pending, r.drainTrig = ActUnload, TriggerOperator
+				r.pending, r.drainTrig = ActUnload, TriggerScheduler
 				c.sumsOK = false
 			}
 		}
@@ -110,7 +114,7 @@ func (c *Controller) removals(now time.Time) {
 	for i := range c.reps {
 		r := &c.reps[i]
 		if r.removed && r.state == Sleeping && r.pending == 0 {
-			c.stop(r, ActUnload, TriggerOperator, "", Inputs{Bytes: c.cost(r)}, now,
+			c.stop(r, ActUnload, TriggerScheduler, "", Inputs{Bytes: c.cost(r)}, now,
 				"unload %s: deployment removed from card %s; frees %s", r.dep.Model, c.cfg.Card, gib(c.cost(r)))
 		}
 	}
@@ -202,14 +206,14 @@ func (c *Controller) keepPromises(now time.Time) {
 	if owner == nil {
 		return
 	}
-	chosen, ok := c.victims(owner, TriggerOperator, deficit, 0, now)
+	chosen, ok := c.victims(owner, TriggerOwnerReturn, deficit, 0, now)
 	if !ok {
 		return
 	}
 	for _, k := range chosen {
 		x := &c.cands[k]
 		v := &c.reps[x.idx]
-		c.stop(v, x.op, TriggerOperator, owner.dep.Model, Inputs{Bytes: x.freed, Value: x.value, Need: deficit, Reload: x.reload}, now,
+		c.stop(v, x.op, TriggerOwnerReturn, owner.dep.Model, Inputs{Bytes: x.freed, Value: x.value, Need: deficit, Reload: x.reload}, now,
 			"%s %s: returns %s of %s's reserved share; frees %s", x.op, v.dep.Model, gib(deficit), owner.dep.Model, gib(x.freed))
 	}
 }
@@ -235,14 +239,33 @@ func (c *Controller) wants(r *replica, now time.Time) (trig Trigger, want, hold 
 		// A warm model an operator unloaded keeps its share reserved
 		// but stays off the card until asked for.
 		kept := r.dep.Residency == Pinned || r.dep.Residency == Warm && !r.opHeld
-		return TriggerOperator, kept || r.opLoad || c.keeps(r), false
+		return c.keeper(r), kept || r.opLoad || c.keeps(r), false
 	case Sleeping:
 		if r.active > 0 {
 			return TriggerRequest, true, false
 		}
-		return TriggerOperator, r.opLoad || r.dep.Residency == Pinned || c.pinnedOnly && r.dep.Residency == Warm, false
+		return c.keeper(r), r.opLoad || r.dep.Residency == Pinned || c.pinnedOnly && r.dep.Residency == Warm, false
 	}
 	return 0, false, false
+}
+
+// keeper is the trigger of a load or wake nobody's requests asked for: an
+// operator's load, a restart after a crash or a failed start, the first
+// load of a replica placed here by a failover, else the scheduler's
+// placement (a reserved model is kept on its card).
+func (c *Controller) keeper(r *replica) Trigger {
+	switch {
+	case r.opLoad:
+		return TriggerOperator
+	case r.state == Failed || r.failures > 0:
+		return TriggerWatchdog
+	case c.keeps(r):
+		// A protected model the best-effort policy keeps on the card.
+		return TriggerPressure
+	case r.dep.Failover && r.resident.IsZero():
+		return TriggerFailover
+	}
+	return TriggerScheduler
 }
 
 // demand brings waiting and reserved models onto the card, most important
@@ -407,7 +430,13 @@ func (c *Controller) admit(r *replica, trig Trigger, start bool, now time.Time) 
 					v.dep.Model, now.Sub(v.resident).Round(time.Second))
 				c.serializeForTurn(r, v, now)
 			}
-			c.stop(v, x.op, trig, r.dep.Model, in, now, "%s %s: %s; frees %s, %s needs %s (%s short)",
+			// A turn that came due is what takes the card, not the
+			// request alone.
+			stopTrig := trig
+			if trig == TriggerRequest && (c.lowHolds(r) || due) {
+				stopTrig = TriggerTurn
+			}
+			c.stop(v, x.op, stopTrig, r.dep.Model, in, now, "%s %s: %s; frees %s, %s needs %s (%s short)",
 				verb, v.dep.Model, why, gib(x.freed), r.dep.Model, gib(claim), gib(need))
 			if v.dep.Residency == Warm && x.op == ActSleep && trig == TriggerRequest && r.dep.Residency == OnDemand {
 				v.lentTo = r.dep.Model
@@ -438,8 +467,13 @@ func why(trig Trigger, r *replica) string {
 	case TriggerForecast:
 		return "arrival predicted"
 	}
-	if r.opLoad {
+	switch {
+	case r.opLoad:
 		return askedBy(r.opBy)
+	case trig == TriggerWatchdog:
+		return fmt.Sprintf("%s model is started again after its engine failed (%s)", r.dep.Residency, count(r.failures, "failure"))
+	case trig == TriggerFailover:
+		return fmt.Sprintf("%s model placed here after its node or card was lost", r.dep.Residency)
 	}
 	return fmt.Sprintf("%s model is kept on the card", r.dep.Residency)
 }
@@ -560,7 +594,7 @@ func (c *Controller) victims(b *replica, trig Trigger, need int64, bValue float6
 		busy := x.active > 0 && !skipI3
 		// A request, or a reserved model placed by the operator, may drain;
 		// a forecast never.
-		entitled := trig == TriggerRequest || reclaim && trig == TriggerOperator
+		entitled := trig == TriggerRequest || reclaim && trig.entitles()
 		outranked := b.dep.Priority > x.dep.Priority || turn || c.beOutranks(b, x)
 		// A sleeping engine's waiting requests wait at the gateway: a
 		// reserved owner or a request of a higher class may unload it

@@ -142,6 +142,9 @@ type Deployment struct {
 	// name (Config) for this model when set: the deployment's spec.idle.
 	IdleSleep  time.Duration
 	IdleUnload time.Duration
+	// Failover says the replica was placed on this card after its node or
+	// card was lost: its first load is recorded with TriggerFailover.
+	Failover bool
 }
 
 func (d Deployment) validate() error {
@@ -245,15 +248,40 @@ func (k ActionKind) String() string {
 	return fmt.Sprintf("ActionKind(%d)", uint8(k))
 }
 
-// Trigger is why a decision was taken.
+// Trigger is who or what caused a decision (docs/residency.md,
+// "Decisions"). Only TriggerOperator names a person: an API caller who
+// asked for the load or unload (Decision.By names the token).
 type Trigger uint8
 
 const (
+	// TriggerRequest: requests waiting for the model (or a higher class's
+	// requests that need its memory).
 	TriggerRequest Trigger = iota
+	// TriggerForecast: an arrival predicted from the model's past requests.
 	TriggerForecast
+	// TriggerPressure: memory pressure or thrash on the card (a ledger
+	// violation's fallback, a pair serialized, a model protected).
 	TriggerPressure
+	// TriggerIdle: the model's idle timeout or keep_alive ran out.
 	TriggerIdle
+	// TriggerOperator: an operator's load or unload through the API.
 	TriggerOperator
+	// TriggerScheduler: the cluster's desired state changed — a replica
+	// placed on or removed from the card, a reserved model kept on it, a
+	// deployment's spec changed.
+	TriggerScheduler
+	// TriggerFailover: a replica placed here after its node or card was
+	// lost is brought up.
+	TriggerFailover
+	// TriggerOwnerReturn: a warm or pinned owner takes back the share it
+	// had lent.
+	TriggerOwnerReturn
+	// TriggerTurn: a model of the same or a lower class has waited its
+	// turn out and takes the card (turns.go, lowturn.go).
+	TriggerTurn
+	// TriggerWatchdog: a model whose engine crashed or failed to start is
+	// brought back after its retry backoff.
+	TriggerWatchdog
 )
 
 func (t Trigger) String() string {
@@ -268,9 +296,35 @@ func (t Trigger) String() string {
 		return "idle"
 	case TriggerOperator:
 		return "operator"
+	case TriggerScheduler:
+		return "scheduler"
+	case TriggerFailover:
+		return "failover"
+	case TriggerOwnerReturn:
+		return "owner-return"
+	case TriggerTurn:
+		return "turn"
+	case TriggerWatchdog:
+		return "watchdog"
 	}
 	return fmt.Sprintf("Trigger(%d)", uint8(t))
 }
+
+// entitles reports whether a decision with this trigger acts for a
+// reserved share or the cluster's desired state (an operator's call, a
+// placement or removal, an owner's return, a restart): such a decision
+// may take a borrower's memory whatever its class.
+func (t Trigger) entitles() bool {
+	switch t {
+	case TriggerOperator, TriggerScheduler, TriggerFailover, TriggerOwnerReturn, TriggerWatchdog:
+		return true
+	}
+	return false
+}
+
+// demand reports whether a decision with this trigger serves waiting
+// requests: a request's own, or a turn that came due for them.
+func (t Trigger) demand() bool { return t == TriggerRequest || t == TriggerTurn }
 
 // Action is one thing the node should do, with the decision behind it.
 type Action struct {
@@ -296,6 +350,9 @@ type Decision struct {
 	For    ModelID
 	Inputs Inputs
 	Reason string
+	// By names who asked, for a TriggerOperator decision (the API token's
+	// name, empty when not known).
+	By string
 	// Advised is true when the controller runs in advise mode: recorded,
 	// not executed.
 	Advised bool

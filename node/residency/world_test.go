@@ -349,11 +349,22 @@ func (w *world) exec(a residency.Action) {
 	busy := len(e.inflight) > 0 || e.state == up && len(e.queued) > 0
 	waited := (e.state == loading || e.state == waking) && len(e.queued) > 0
 	forOwner := w.eng[d.For] != nil && w.eng[d.For].dep.Residency != residency.OnDemand && !w.eng[d.For].removed
+	// Who acts for a share or the desired state (an operator's call, a
+	// placement or removal, an owner's return, a restart), and who for
+	// waiting requests (their own, or their turn come due).
+	var forShare, forDemand bool
+	switch d.Trigger {
+	case residency.TriggerOperator, residency.TriggerScheduler, residency.TriggerFailover,
+		residency.TriggerOwnerReturn, residency.TriggerWatchdog:
+		forShare = true
+	case residency.TriggerRequest, residency.TriggerTurn:
+		forDemand = true
+	}
 	// An operator's own unload (`gpuplane models unload`) may take a warm
 	// model off; it names who asked and is for no other model.
-	asked := d.For == "" && strings.Contains(d.Reason, "asked by the operator")
-	operator := d.Trigger == residency.TriggerOperator && (e.removed || forOwner || asked)
-	entitled := operator || d.Trigger == residency.TriggerRequest && w.outranks(d.For, e, d.Reason)
+	asked := d.Trigger == residency.TriggerOperator && d.For == "" && strings.Contains(d.Reason, "asked by the operator")
+	operator := forShare && (e.removed || forOwner) || asked
+	entitled := operator || forDemand && w.outranks(d.For, e, d.Reason)
 	switch a.Kind {
 	case residency.ActSleep, residency.ActEvict, residency.ActUnload, residency.ActDrain:
 		// I2: pinned never demoted; warm never sent cold by others.
