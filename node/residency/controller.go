@@ -187,6 +187,9 @@ type replica struct {
 	waitSince time.Time
 	demandAt  time.Time
 	slotBy    time.Time
+	// waitNoted is the start of the last wait recorded as a `wait`
+	// decision (wait.go).
+	waitNoted time.Time
 	// spellStart is when r's current spell of requests began (burst.go).
 	spellStart time.Time
 	// spellLen is the EWMA of r's spells' lengths in seconds, over spells
@@ -448,6 +451,7 @@ func (c *Controller) Handle(ev Event) Output {
 	for i := range acts {
 		c.record(acts[i].Decision)
 	}
+	c.noteWaits(now)
 	for _, a := range acts {
 		// A best-effort decision is recorded only: no engine operation.
 		if a.Kind != ActBestEffort {

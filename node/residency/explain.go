@@ -9,11 +9,11 @@ import (
 )
 
 // WaitExpired says why requests for m waited past the gateway's wait for
-// it, in one cause with its numbers (loading, with the time left; asleep
-// or draining; its last load failed, with the retry; or the card full,
-// with the shares that hold it), and records it as a reject decision
-// (trigger request). ok is false for a model this controller does not
-// hold.
+// it, in the one cause the plan shows for the wait (waitOf: loading, with
+// the time spent of the time expected; a turn, with its bound; the card
+// full, with the shares that hold it; ...), and records it as a reject
+// decision (trigger request). ok is false for a model this controller
+// does not hold.
 func (c *Controller) WaitExpired(m ModelID, waited time.Duration) (reason string, ok bool) {
 	r := c.rep(m)
 	if r == nil {
@@ -21,37 +21,15 @@ func (c *Controller) WaitExpired(m ModelID, waited time.Duration) (reason string
 	}
 	now := c.clock.Now()
 	c.sumsOK = false
-	op, _, claim := c.target(r)
+	_, _, claim := c.target(r)
 	othersNow, _ := c.others(r)
 	free := c.usable - othersNow - c.earmark
 	in := Inputs{Bytes: claim, Free: free, Reload: c.reload(r), Active: r.active, Rate: r.rate}
-	var cause string
-	switch r.state {
-	case Loading, Waking:
-		took := c.loadTime(r)
-		what := "loading"
-		if r.state == Waking {
-			took, what = c.wakeTime(r), "waking"
-		}
-		left := took - now.Sub(r.opStart)
-		if took > 0 && left > 0 {
-			cause = fmt.Sprintf("%s on card %s, about %s left of %s", what, c.cfg.Card, dur(left), dur(took))
-		} else {
-			cause = fmt.Sprintf("%s on card %s for %s, past its expected %s", what, c.cfg.Card, dur(now.Sub(r.opStart)), dur(took))
-		}
-	case Draining:
-		cause = fmt.Sprintf("being taken off card %s (%s)", c.cfg.Card, r.pending)
-	case Failed:
-		cause = fmt.Sprintf("its last load on card %s failed; it is tried again in %s", c.cfg.Card, dur(r.retryAt.Sub(now)))
-	case Resident:
-		cause = fmt.Sprintf("resident on card %s with %s running; the wait was for its engine to answer", c.cfg.Card, count(r.active, "request"))
-	default:
-		holders := c.holders(r)
-		switch {
-		case claim > free:
-			cause = fmt.Sprintf("card %s is full: %s needs %s for its %s, %s free; held by %s", c.cfg.Card, m, gib(claim), op, gib(max(free, 0)), holders)
-		default:
-			cause = fmt.Sprintf("cold on card %s, %s fits (%s needed, %s free) but no load was started; held by %s", c.cfg.Card, m, gib(claim), gib(free), holders)
+	cause := fmt.Sprintf("resident on card %s with %s running; the wait was for its engine to answer", c.cfg.Card, count(r.active, "request"))
+	if w, ok := c.waitOf(r, now); ok {
+		cause = w.Cause
+		if !w.By.IsZero() {
+			cause += fmt.Sprintf("; gets the card by %s", w.By.Format(time.TimeOnly))
 		}
 	}
 	reason = fmt.Sprintf("reject %s: waited %s for it: %s", m, dur(waited), cause)

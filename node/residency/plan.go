@@ -2,7 +2,6 @@ package residency
 
 import (
 	"cmp"
-	"fmt"
 	"slices"
 	"time"
 )
@@ -37,6 +36,9 @@ type PlanEntry struct {
 	// BestEffort says why the model is best-effort, in numbers (empty: it
 	// is protected, or the card holds every model; besteffort.go).
 	BestEffort string
+	// Wait is why the model's requests wait for the card, once they have
+	// waited WaitNoted (wait.go); zero otherwise.
+	Wait Wait
 }
 
 // Plan returns, per model, the controller's estimates and the action it
@@ -48,9 +50,14 @@ func (c *Controller) Plan() []PlanEntry {
 	acts := c.step(now)
 	c.be = be
 	slotBy := make(map[ModelID]time.Time)
+	waits := make(map[ModelID]Wait)
 	for i := range c.reps {
-		if r := &c.reps[i]; !r.slotBy.IsZero() {
+		r := &c.reps[i]
+		if !r.slotBy.IsZero() {
 			slotBy[r.dep.Model] = r.slotBy
+		}
+		if w, ok := c.waitOf(r, now); ok {
+			waits[r.dep.Model] = w
 		}
 	}
 	c.reps = append(c.reps[:0], c.snapshot...)
@@ -82,21 +89,14 @@ func (c *Controller) Plan() []PlanEntry {
 		if c.bestEffort(r) {
 			e.BestEffort = c.be.why[r.dep.Model]
 		}
-		if e.Action == 0 && !e.SlotBy.IsZero() {
+		if w, ok := waits[r.dep.Model]; ok {
+			if now.Sub(w.Since) >= WaitNoted {
+				e.Wait = w
+			}
 			// What a waiting model waits for, with its bound, where the
-			// plan has no action for it (docs/residency.md, "No starvation").
-			wait := "waits for its turn on the card"
-			if !r.yielding && c.outrankedOnCard(r) && c.waitBound(r, now) == 0 {
-				wait = fmt.Sprintf("waits for its %s turn (due after %v of waiting, at most %.0f%% of the card's time)", c.turnKind(r), c.turnWait(r), c.turnShare(r)*100)
-			}
-			if r.yielding {
-				wait = "yields to " + string(r.lentTo) + "'s turn"
-				if r.lentTo == "" {
-					wait = "yields to a borrower's turn"
-				}
-			}
-			e.Reason = fmt.Sprintf("%d requests waiting; %s: gets the card by %s at the latest (in %v)", r.active, wait,
-				e.SlotBy.Format(time.TimeOnly), e.SlotBy.Sub(now).Round(time.Second))
+			// plan has no action for it (docs/residency.md, "Why a
+			// request waits").
+			e.Reason = w.Text(now)
 		}
 		if a, ok := first[r.dep.Model]; ok {
 			e.Action, e.Trigger, e.Reason = a.Kind, a.Decision.Trigger, a.Decision.Reason

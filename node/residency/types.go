@@ -210,6 +210,9 @@ const (
 	// the card holds at their SLO and which are best-effort
 	// (besteffort.go). No engine operation; Model is empty.
 	ActBestEffort
+	// ActWait records that Model's requests have waited WaitNoted for the
+	// card, and why (wait.go): a decision only, never an action.
+	ActWait
 )
 
 func (k ActionKind) String() string {
@@ -244,6 +247,8 @@ func (k ActionKind) String() string {
 		return "protect"
 	case ActBestEffort:
 		return "best-effort"
+	case ActWait:
+		return "wait"
 	}
 	return fmt.Sprintf("ActionKind(%d)", uint8(k))
 }
