@@ -39,6 +39,17 @@ type PlanEntry struct {
 	// Wait is why the model's requests wait for the card, once they have
 	// waited WaitNoted (wait.go); zero otherwise.
 	Wait Wait
+	// Active is the requests queued or running for it; HostBytes what it
+	// keeps in host RAM while asleep.
+	Active    int
+	HostBytes int64
+	// Next is what the controller does to it next without new requests
+	// (a sleep or unload once idle, the end of a turn), at NextAt at the
+	// earliest, because of NextWhy ("idle", "keep_alive expires", "turn
+	// ends"); 0: nothing due.
+	Next    ActionKind
+	NextAt  time.Time
+	NextWhy string
 }
 
 // Plan returns, per model, the controller's estimates and the action it
@@ -83,8 +94,13 @@ func (c *Controller) Plan() []PlanEntry {
 			bytes = c.footprint(r)
 		}
 		e := PlanEntry{Model: r.dep.Model, Residency: r.dep.Residency, Priority: r.dep.Priority, State: r.state,
-			Tier: r.state.Tier(), Rate: r.fc.rate(now, c.cfg.RateHalfLife), Value: c.value(r, reload, bytes), Cost: c.cost(r)}
+			Tier: c.tier(r), Rate: r.fc.rate(now, c.cfg.RateHalfLife), Value: c.value(r, reload, bytes), Cost: c.cost(r)}
 		e.NextRequest, _, _ = r.fc.next()
+		e.Active = r.active
+		if r.state == Sleeping {
+			e.HostBytes = c.hostBytes(r)
+		}
+		e.Next, e.NextAt, e.NextWhy = c.next(r, now)
 		e.SlotBy = slotBy[r.dep.Model]
 		if c.bestEffort(r) {
 			e.BestEffort = c.be.why[r.dep.Model]
@@ -105,4 +121,13 @@ func (c *Controller) Plan() []PlanEntry {
 	}
 	slices.SortFunc(out, func(a, b PlanEntry) int { return cmp.Compare(a.Model, b.Model) })
 	return out
+}
+
+// tier is where r's weights are: a sleep that discards them (vLLM's level
+// 2, Ollama's keep_alive unload) leaves them on disk, not in host RAM.
+func (c *Controller) tier(r *replica) string {
+	if r.state == Sleeping && r.dep.SleepDiscards {
+		return "disk"
+	}
+	return r.state.Tier()
 }

@@ -788,22 +788,9 @@ func (c *Controller) idle(now time.Time) {
 			continue
 		}
 		since := r.lastUse
-		// The last request's keep_alive replaces the card's timeouts
-		// (keepalive.go): negative keeps the model, and the
-		// controller's own guards (least residency, a forecast
-		// arrival) give way to what the request asked.
-		idleSleep, idleUnload, limit := c.cfg.IdleSleep, c.cfg.IdleUnload, ""
-		if r.dep.IdleSleep > 0 {
-			idleSleep, limit = r.dep.IdleSleep, " (its deployment's spec.idle)"
-		}
-		if r.dep.IdleUnload > 0 {
-			idleUnload, limit = r.dep.IdleUnload, " (its deployment's spec.idle)"
-		}
-		if r.keepSet {
-			if r.keep < 0 {
-				continue
-			}
-			idleSleep, idleUnload, limit = r.keep, r.keep, " (its last request's keep_alive)"
+		idleSleep, idleUnload, limit, keep := c.idleLimits(r)
+		if keep {
+			continue
 		}
 		switch r.state {
 		case Resident:
@@ -832,6 +819,71 @@ func (c *Controller) idle(now time.Time) {
 				"unload %s: asleep %s ≥ %s%s; frees %s", r.dep.Model, dur(now.Sub(r.since)), dur(idleUnload), limit, gib(c.cost(r)))
 		}
 	}
+}
+
+// idleLimits are r's idle timeouts and what sets them (for the reasons):
+// the card's, its deployment's spec.idle, or its last request's
+// keep_alive, which replaces both (keepalive.go): keep is true for a
+// negative keep_alive, which keeps the model, and the controller's own
+// guards (least residency, a forecast arrival) give way to what the
+// request asked.
+func (c *Controller) idleLimits(r *replica) (idleSleep, idleUnload time.Duration, limit string, keep bool) {
+	idleSleep, idleUnload = c.cfg.IdleSleep, c.cfg.IdleUnload
+	if r.dep.IdleSleep > 0 {
+		idleSleep, limit = r.dep.IdleSleep, " (its deployment's spec.idle)"
+	}
+	if r.dep.IdleUnload > 0 {
+		idleUnload, limit = r.dep.IdleUnload, " (its deployment's spec.idle)"
+	}
+	if r.keepSet {
+		if r.keep < 0 {
+			return 0, 0, "", true
+		}
+		idleSleep, idleUnload, limit = r.keep, r.keep, " (its last request's keep_alive)"
+	}
+	return idleSleep, idleUnload, limit, false
+}
+
+// next is what the controller does to r next without new requests, and
+// when at the earliest: the end of its lower-class turn, an idle sleep or
+// unload (as idle decides it, less a forecast arrival that may delay it).
+// 0: nothing due (a pinned model, one with requests, a keep_alive < 0).
+func (c *Controller) next(r *replica, now time.Time) (ActionKind, time.Time, string) {
+	if c.lowHolds(r) && r.state == Resident {
+		return ActEvict, c.lowEnd(r), "turn ends"
+	}
+	if r.removed || r.pending != 0 || r.active > 0 || r.dep.Residency == Pinned {
+		return 0, time.Time{}, ""
+	}
+	idleSleep, idleUnload, _, keep := c.idleLimits(r)
+	if keep {
+		return 0, time.Time{}, ""
+	}
+	switch r.state {
+	case Resident:
+		at := maxTime(r.lastUse, r.resident).Add(idleSleep)
+		what := "idle"
+		if r.keepSet {
+			what = "keep_alive expires"
+		} else {
+			at = maxTime(at, r.resident.Add(max(c.cfg.MinResidency, 2*c.loadTime(r))))
+		}
+		switch {
+		case r.dep.CanSleep:
+			return ActSleep, maxTime(at, now), what
+		case r.dep.Residency == OnDemand:
+			return ActUnload, maxTime(at, now), what
+		}
+	case Sleeping:
+		if r.dep.Residency == OnDemand {
+			what := "idle"
+			if r.keepSet {
+				what = "keep_alive expires"
+			}
+			return ActUnload, maxTime(r.since.Add(idleUnload), now), what
+		}
+	}
+	return 0, time.Time{}, ""
 }
 
 func b2i(b bool) int {

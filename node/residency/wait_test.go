@@ -169,3 +169,30 @@ func TestFailedLoadWaitExplainsTheRetry(t *testing.T) {
 	w.run(22 * time.Second)
 	checkWait(t, w, "a", "its last load on card gpu0 failed (1 failure); it is tried again at", true)
 }
+
+// TestPlanSaysWhatComesNext: the plan gives, per model, what the
+// controller does next without new requests and when — an idle sleep,
+// an unload of a model asleep — and a sleep that discards the weights
+// shows tier disk.
+func TestPlanSaysWhatComesNext(t *testing.T) {
+	w := newWorld(t, residency.Config{Card: "gpu0", Memory: 24 * gi, IdleSleep: 3 * time.Minute, IdleUnload: 10 * time.Minute})
+	w.add(onDemand("a", 8*gi))
+	d, tr := onDemand("o", 4*gi)
+	d.SleepDiscards = true
+	w.add(d, tr)
+	w.request("a", time.Second)
+	w.request("o", time.Second)
+	w.run(time.Minute)
+	e := planWait(t, w, "a")
+	if e.Next != residency.ActSleep || e.NextWhy != "idle" || e.NextAt.Before(w.now()) || e.NextAt.After(w.now().Add(3*time.Minute)) {
+		t.Fatalf("resident idle a: next %s at %v (%s), want a sleep within the idle timeout of %v", e.Next, e.NextAt, e.NextWhy, w.now())
+	}
+	w.run(4 * time.Minute)
+	e = planWait(t, w, "a")
+	if e.State != residency.Sleeping || e.Next != residency.ActUnload || e.HostBytes == 0 || e.Tier != "host" {
+		t.Fatalf("asleep a: %+v, want an unload next and its weights in host RAM", e)
+	}
+	if o := planWait(t, w, "o"); o.State != residency.Sleeping || o.Tier != "disk" || o.HostBytes != 0 {
+		t.Fatalf("o asleep with its weights discarded: tier %s, host %d, want disk and 0", o.Tier, o.HostBytes)
+	}
+}
