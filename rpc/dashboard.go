@@ -352,11 +352,23 @@ func mib32(n uint64) uint32 { return uint32(min(n, 1<<32-1)) }
 func (h *dashboardHandlers) addPlans(ctx context.Context, cards []*pb.DashboardCard, models []*pb.DashboardModel, resp *pb.GetPlanResponse) {
 	plans := map[string]*pb.ResidencyCardPlan{}
 	rates := map[string]float64{}
+	// waits: why a model's requests wait for the card, as the plan says
+	// it (the first replica's); cold: models whose every planned replica
+	// is an onDemand one cold without requests, as it should be.
+	waits := map[string]string{}
+	cold := map[string]bool{}
 	for _, p := range resp.GetCards() {
 		plans[p.GetNode()+"/"+p.GetCard()] = p
 		for _, e := range p.GetEntries() {
-			name, _, _ := strings.Cut(e.GetModel(), "/")
+			name, idx, _ := strings.Cut(e.GetModel(), "/")
 			rates[name] += e.GetRatePerMinute()
+			if e.GetWait() != "" && waits[name] == "" {
+				waits[name] = "replica " + idx + ": " + e.GetWait()
+			}
+			byDesign := e.GetResidency() == "onDemand" && e.GetState() == "Cold" && e.GetActive() == 0
+			if c, seen := cold[name]; !seen || c {
+				cold[name] = byDesign
+			}
 		}
 	}
 	uuids := map[string]string{}
@@ -388,6 +400,13 @@ func (h *dashboardHandlers) addPlans(ctx context.Context, cards []*pb.DashboardC
 	for _, m := range models {
 		if r, ok := rates[m.GetName()]; ok {
 			m.PlannedRatePerMinute = proto.Float64(r)
+		}
+		switch {
+		case waits[m.GetName()] != "":
+			m.Reason = waits[m.GetName()]
+		case cold[m.GetName()]:
+			// Not a fault: an onDemand model loads when a request comes.
+			m.Reason = "onDemand: cold until a request comes, then loaded"
 		}
 	}
 }

@@ -106,13 +106,14 @@ func (c *Controller) Plan() []PlanEntry {
 			e.BestEffort = c.be.why[r.dep.Model]
 		}
 		if w, ok := waits[r.dep.Model]; ok {
+			w.Text = w.text(now)
 			if now.Sub(w.Since) >= WaitNoted {
 				e.Wait = w
 			}
 			// What a waiting model waits for, with its bound, where the
 			// plan has no action for it (docs/residency.md, "Why a
 			// request waits").
-			e.Reason = w.Text(now)
+			e.Reason = w.Text
 		}
 		if a, ok := first[r.dep.Model]; ok {
 			e.Action, e.Trigger, e.Reason = a.Kind, a.Decision.Trigger, a.Decision.Reason

@@ -31,6 +31,9 @@ type Wait struct {
 	// By is when the model gets the card at the latest; zero where no
 	// bound can be given (a full card, a load past its expected time).
 	By time.Time
+	// Text is all of it in one line as of the plan (Text(now)), set in
+	// PlanEntry.Wait.
+	Text string
 }
 
 // waiting reports whether r has requests waiting for the card, and how
@@ -231,14 +234,14 @@ func (c *Controller) noteWaits(now time.Time) {
 		r.waitNoted = w.Since
 		c.record(Decision{Time: now, Card: c.cfg.Card, Action: ActWait, Model: r.dep.Model, Trigger: TriggerRequest,
 			Inputs: Inputs{Rate: r.rate, Active: r.active, Reload: c.reload(r)},
-			Reason: fmt.Sprintf("wait %s: %s", r.dep.Model, w.Text(now))})
+			Reason: fmt.Sprintf("wait %s: %s", r.dep.Model, w.text(now))})
 	}
 }
 
-// Text is the wait as the plan, `models get` and the dashboard show it:
+// text is the wait as the plan, `models get` and the dashboard show it:
 // "4 requests waiting, the oldest for 1m2s: waits for its background
 // turn: …; gets the card by 14:32:10 at the latest (in 3m0s)".
-func (w Wait) Text(now time.Time) string {
+func (w Wait) text(now time.Time) string {
 	s := fmt.Sprintf("%s waiting, the oldest for %s: %s", count(w.Waiting, "request"), dur(now.Sub(w.Since)), w.Cause)
 	if !w.By.IsZero() {
 		s += fmt.Sprintf("; gets the card by %s at the latest (in %s)", w.By.Format(time.TimeOnly), dur(w.By.Sub(now)))

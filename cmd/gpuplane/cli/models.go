@@ -3,6 +3,7 @@ package cli
 import (
 	"context"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"time"
@@ -81,6 +82,9 @@ waits on to stderr; exit 1 if it is not Ready within --wait-timeout.`,
 			if err != nil {
 				return err
 			}
+			if g.output == outputTable {
+				return modelDetail(got).with(modelWaits(ctx(cmd), api, got.GetReplicas())...).write(g.stdout)
+			}
 			return g.printModel(got)
 		},
 	}
@@ -132,6 +136,36 @@ func modelDetail(m *pb.GetModelResponse) detail {
 		d = d.withPart("Adapters", adapterTable(m.GetModel().GetSpec(), m.GetReplicas()))
 	}
 	return d
+}
+
+// modelWaits are the lines "Waiting" of `models get`: for each replica
+// whose requests wait for its card, the wait as its controller's plan
+// gives it (`residency plan`, `gpuplane ps` and the dashboard show the
+// same text). None where no plan can be had.
+func modelWaits(c context.Context, api *apiClients, rs []*pb.Replica) [][2]string {
+	nodes := map[string]bool{}
+	for _, r := range rs {
+		if r.GetNode() != "" {
+			nodes[r.GetNode()] = true
+		}
+	}
+	var out [][2]string
+	for _, n := range slices.Sorted(maps.Keys(nodes)) {
+		p, err := api.Residency.GetPlan(c, connect.NewRequest(&pb.GetPlanRequest{Node: n}))
+		if err != nil {
+			continue
+		}
+		for _, card := range p.Msg.GetCards() {
+			for _, e := range card.GetEntries() {
+				for _, r := range rs {
+					if r.GetNode() == n && e.GetModel() == fmt.Sprintf("%s/%d", r.GetModel(), r.GetIndex()) && e.GetWait() != "" {
+						out = append(out, [2]string{"Waiting", fmt.Sprintf("replica %d: %s", r.GetIndex(), e.GetWait())})
+					}
+				}
+			}
+		}
+	}
+	return out
 }
 
 // waitReady polls GetModel until the deployment is Ready or timeout passes.

@@ -33,7 +33,9 @@ func tableOf[T any](header []string, items []T, row func(T) []string) table {
 // that every row splits into the same number of fields.
 func (t table) write(w io.Writer) error {
 	tw := tabwriter.NewWriter(w, 0, 8, 3, ' ', 0)
-	fmt.Fprintln(tw, strings.Join(t.header, "\t"))
+	if t.header != nil {
+		fmt.Fprintln(tw, strings.Join(t.header, "\t"))
+	}
 	for _, row := range t.rows {
 		cells := make([]string, len(row))
 		for i, c := range row {

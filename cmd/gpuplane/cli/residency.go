@@ -104,7 +104,11 @@ func decisionRow(d *pb.ResidencyDecision) []string {
 	if d.GetTime() != nil {
 		at = d.GetTime().AsTime().UTC().Format(time.RFC3339)
 	}
-	return []string{at, d.GetNode(), d.GetCard(), action, d.GetModel(), d.GetTrigger(), d.GetReason()}
+	trigger := d.GetTrigger()
+	if d.GetBy() != "" {
+		trigger += " (" + d.GetBy() + ")"
+	}
+	return []string{at, d.GetNode(), d.GetCard(), action, d.GetModel(), trigger, d.GetReason()}
 }
 
 // decisionWriter prints decisions one at a time as they arrive (--follow):

@@ -156,6 +156,7 @@ model's memory and compute share. This command talks to any node's API
 		newAcceleratorsCommand(g),
 		newClusterCommand(g),
 		newModelsCommand(g),
+		newPsCommand(g),
 		newReplicasCommand(g),
 		newResidencyCommand(g),
 		newApplyCommand(g),

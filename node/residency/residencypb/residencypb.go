@@ -55,7 +55,19 @@ func (a Journal) Plan() []*pb.ResidencyCardPlan {
 				pe.NextRequest = timestamppb.New(e.NextRequest)
 			}
 			if e.Action != 0 {
-				pe.Action, pe.Trigger, pe.Reason = e.Action.String(), e.Trigger.String(), e.Reason
+				pe.Action, pe.Trigger = e.Action.String(), e.Trigger.String()
+			}
+			// Without an action, the reason says why its requests wait.
+			pe.Reason = e.Reason
+			pe.Active, pe.HostBytes = int64(e.Active), e.HostBytes
+			if w := e.Wait; w.Waiting > 0 {
+				pe.Waiting, pe.Wait, pe.WaitSince = int64(w.Waiting), w.Text, timestamppb.New(w.Since)
+				if !w.By.IsZero() {
+					pe.WaitBy = timestamppb.New(w.By)
+				}
+			}
+			if e.Next != 0 {
+				pe.NextAction, pe.NextAt = e.Next.String()+" ("+e.NextWhy+")", timestamppb.New(e.NextAt)
 			}
 			c.Entries = append(c.Entries, pe)
 		}
@@ -85,7 +97,7 @@ func decisionToProto(d residency.NodeDecision) *pb.ResidencyDecision {
 	return &pb.ResidencyDecision{
 		Seq: d.Seq, Time: timestamppb.New(d.Time), Node: d.Node, Card: d.Card,
 		Action: d.Action.String(), Model: string(d.Model), Trigger: d.Trigger.String(),
-		ForModel: string(d.For), Reason: d.Reason, Advised: d.Advised,
+		ForModel: string(d.For), Reason: d.Reason, Advised: d.Advised, By: d.By,
 		Inputs: &pb.ResidencyInputs{
 			RatePerMinute: in.Rate, Value: in.Value, ForValue: in.ForValue, Bytes: in.Bytes,
 			NeedBytes: in.Need, FreeBytes: in.Free, ReloadMs: in.Reload.Milliseconds(), Active: int64(in.Active),

@@ -395,17 +395,22 @@ type ResidencyDecision struct {
 	Time *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=time,proto3" json:"time,omitempty"`
 	Node string                 `protobuf:"bytes,3,opt,name=node,proto3" json:"node,omitempty"`
 	Card string                 `protobuf:"bytes,4,opt,name=card,proto3" json:"card,omitempty"`
-	// load, prewarm, sleep, wake, evict, unload, drain, serialize, reject.
+	// load, prewarm, sleep, wake, evict, unload, drain, serialize, reject,
+	// wait (requests waited a second for the card: why, once per wait).
 	Action string `protobuf:"bytes,5,opt,name=action,proto3" json:"action,omitempty"`
 	Model  string `protobuf:"bytes,6,opt,name=model,proto3" json:"model,omitempty"`
-	// request, forecast, pressure, idle, operator.
+	// request, forecast, pressure, idle, scheduler, failover, owner-return,
+	// turn, watchdog or operator (docs/residency.md, "Decisions").
 	Trigger string `protobuf:"bytes,7,opt,name=trigger,proto3" json:"trigger,omitempty"`
 	// The model an eviction, sleep or drain makes room for.
 	ForModel string `protobuf:"bytes,8,opt,name=for_model,json=forModel,proto3" json:"for_model,omitempty"`
 	Reason   string `protobuf:"bytes,9,opt,name=reason,proto3" json:"reason,omitempty"`
 	// Recorded in advise mode: not executed.
-	Advised       bool             `protobuf:"varint,10,opt,name=advised,proto3" json:"advised,omitempty"`
-	Inputs        *ResidencyInputs `protobuf:"bytes,11,opt,name=inputs,proto3" json:"inputs,omitempty"`
+	Advised bool             `protobuf:"varint,10,opt,name=advised,proto3" json:"advised,omitempty"`
+	Inputs  *ResidencyInputs `protobuf:"bytes,11,opt,name=inputs,proto3" json:"inputs,omitempty"`
+	// Who asked, for trigger operator: the API token's name (anonymous
+	// without ACLs).
+	By            string `protobuf:"bytes,12,opt,name=by,proto3" json:"by,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -515,6 +520,13 @@ func (x *ResidencyDecision) GetInputs() *ResidencyInputs {
 		return x.Inputs
 	}
 	return nil
+}
+
+func (x *ResidencyDecision) GetBy() string {
+	if x != nil {
+		return x.By
+	}
+	return ""
 }
 
 // ResidencyInputs are the numbers behind a decision.
@@ -880,10 +892,30 @@ type ResidencyPlanEntry struct {
 	// Value per GiB of keeping the model, and the bytes it holds.
 	Value     float64 `protobuf:"fixed64,8,opt,name=value,proto3" json:"value,omitempty"`
 	CostBytes int64   `protobuf:"varint,9,opt,name=cost_bytes,json=costBytes,proto3" json:"cost_bytes,omitempty"`
-	// What the controller would do now (empty: nothing), why and the reason.
-	Action        string `protobuf:"bytes,10,opt,name=action,proto3" json:"action,omitempty"`
-	Trigger       string `protobuf:"bytes,11,opt,name=trigger,proto3" json:"trigger,omitempty"`
-	Reason        string `protobuf:"bytes,12,opt,name=reason,proto3" json:"reason,omitempty"`
+	// What the controller would do now (empty: nothing), why and the reason;
+	// without an action, the reason says why its requests wait, if they do.
+	Action  string `protobuf:"bytes,10,opt,name=action,proto3" json:"action,omitempty"`
+	Trigger string `protobuf:"bytes,11,opt,name=trigger,proto3" json:"trigger,omitempty"`
+	Reason  string `protobuf:"bytes,12,opt,name=reason,proto3" json:"reason,omitempty"`
+	// Requests waiting for the card (queued for an engine that does not
+	// serve), once they waited a second; why, in one line with the count,
+	// the oldest's age, the one cause with its numbers and the bound ("4
+	// requests waiting, the oldest for 1m2s: waits for its background turn:
+	// …; gets the card by 14:32:10 at the latest (in 3m0s)"); since when
+	// (the oldest); and when it gets the card at the latest (unset: no bound
+	// can be given).
+	Waiting   int64                  `protobuf:"varint,13,opt,name=waiting,proto3" json:"waiting,omitempty"`
+	Wait      string                 `protobuf:"bytes,14,opt,name=wait,proto3" json:"wait,omitempty"`
+	WaitSince *timestamppb.Timestamp `protobuf:"bytes,15,opt,name=wait_since,json=waitSince,proto3" json:"wait_since,omitempty"`
+	WaitBy    *timestamppb.Timestamp `protobuf:"bytes,16,opt,name=wait_by,json=waitBy,proto3" json:"wait_by,omitempty"`
+	// Requests queued or running for it.
+	Active int64 `protobuf:"varint,17,opt,name=active,proto3" json:"active,omitempty"`
+	// What it keeps in host RAM while asleep (weights a sleep kept).
+	HostBytes int64 `protobuf:"varint,18,opt,name=host_bytes,json=hostBytes,proto3" json:"host_bytes,omitempty"`
+	// What the controller will do next without new requests (sleep,
+	// unload, the end of a turn) and when; unset: nothing due.
+	NextAction    string                 `protobuf:"bytes,19,opt,name=next_action,json=nextAction,proto3" json:"next_action,omitempty"`
+	NextAt        *timestamppb.Timestamp `protobuf:"bytes,20,opt,name=next_at,json=nextAt,proto3" json:"next_at,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1000,6 +1032,62 @@ func (x *ResidencyPlanEntry) GetReason() string {
 		return x.Reason
 	}
 	return ""
+}
+
+func (x *ResidencyPlanEntry) GetWaiting() int64 {
+	if x != nil {
+		return x.Waiting
+	}
+	return 0
+}
+
+func (x *ResidencyPlanEntry) GetWait() string {
+	if x != nil {
+		return x.Wait
+	}
+	return ""
+}
+
+func (x *ResidencyPlanEntry) GetWaitSince() *timestamppb.Timestamp {
+	if x != nil {
+		return x.WaitSince
+	}
+	return nil
+}
+
+func (x *ResidencyPlanEntry) GetWaitBy() *timestamppb.Timestamp {
+	if x != nil {
+		return x.WaitBy
+	}
+	return nil
+}
+
+func (x *ResidencyPlanEntry) GetActive() int64 {
+	if x != nil {
+		return x.Active
+	}
+	return 0
+}
+
+func (x *ResidencyPlanEntry) GetHostBytes() int64 {
+	if x != nil {
+		return x.HostBytes
+	}
+	return 0
+}
+
+func (x *ResidencyPlanEntry) GetNextAction() string {
+	if x != nil {
+		return x.NextAction
+	}
+	return ""
+}
+
+func (x *ResidencyPlanEntry) GetNextAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.NextAt
+	}
+	return nil
 }
 
 type ListProfilesRequest struct {
@@ -1265,7 +1353,7 @@ const file_gpuplane_v1_residency_proto_rawDesc = "" +
 	"\x06follow\x18\x03 \x01(\bR\x06follow\x12\x14\n" +
 	"\x05after\x18\x04 \x01(\x04R\x05after\"U\n" +
 	"\x15ListDecisionsResponse\x12<\n" +
-	"\tdecisions\x18\x01 \x03(\v2\x1e.gpuplane.v1.ResidencyDecisionR\tdecisions\"\xca\x02\n" +
+	"\tdecisions\x18\x01 \x03(\v2\x1e.gpuplane.v1.ResidencyDecisionR\tdecisions\"\xda\x02\n" +
 	"\x11ResidencyDecision\x12\x10\n" +
 	"\x03seq\x18\x01 \x01(\x04R\x03seq\x12.\n" +
 	"\x04time\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\x12\x12\n" +
@@ -1278,7 +1366,8 @@ const file_gpuplane_v1_residency_proto_rawDesc = "" +
 	"\x06reason\x18\t \x01(\tR\x06reason\x12\x18\n" +
 	"\aadvised\x18\n" +
 	" \x01(\bR\aadvised\x124\n" +
-	"\x06inputs\x18\v \x01(\v2\x1c.gpuplane.v1.ResidencyInputsR\x06inputs\"\xf5\x01\n" +
+	"\x06inputs\x18\v \x01(\v2\x1c.gpuplane.v1.ResidencyInputsR\x06inputs\x12\x0e\n" +
+	"\x02by\x18\f \x01(\tR\x02by\"\xf5\x01\n" +
 	"\x0fResidencyInputs\x12&\n" +
 	"\x0frate_per_minute\x18\x01 \x01(\x01R\rratePerMinute\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\x01R\x05value\x12\x1b\n" +
@@ -1314,7 +1403,7 @@ const file_gpuplane_v1_residency_proto_rawDesc = "" +
 	"\vobserved_at\x18\f \x01(\v2\x1a.google.protobuf.TimestampR\n" +
 	"observedAt\x12\x1d\n" +
 	"\n" +
-	"used_bytes\x18\r \x01(\x03R\tusedBytes\"\xf4\x02\n" +
+	"used_bytes\x18\r \x01(\x03R\tusedBytes\"\x9f\x05\n" +
 	"\x12ResidencyPlanEntry\x12\x14\n" +
 	"\x05model\x18\x01 \x01(\tR\x05model\x12\x1c\n" +
 	"\tresidency\x18\x02 \x01(\tR\tresidency\x12\x1a\n" +
@@ -1329,7 +1418,18 @@ const file_gpuplane_v1_residency_proto_rawDesc = "" +
 	"\x06action\x18\n" +
 	" \x01(\tR\x06action\x12\x18\n" +
 	"\atrigger\x18\v \x01(\tR\atrigger\x12\x16\n" +
-	"\x06reason\x18\f \x01(\tR\x06reason\")\n" +
+	"\x06reason\x18\f \x01(\tR\x06reason\x12\x18\n" +
+	"\awaiting\x18\r \x01(\x03R\awaiting\x12\x12\n" +
+	"\x04wait\x18\x0e \x01(\tR\x04wait\x129\n" +
+	"\n" +
+	"wait_since\x18\x0f \x01(\v2\x1a.google.protobuf.TimestampR\twaitSince\x123\n" +
+	"\await_by\x18\x10 \x01(\v2\x1a.google.protobuf.TimestampR\x06waitBy\x12\x16\n" +
+	"\x06active\x18\x11 \x01(\x03R\x06active\x12\x1d\n" +
+	"\n" +
+	"host_bytes\x18\x12 \x01(\x03R\thostBytes\x12\x1f\n" +
+	"\vnext_action\x18\x13 \x01(\tR\n" +
+	"nextAction\x123\n" +
+	"\anext_at\x18\x14 \x01(\v2\x1a.google.protobuf.TimestampR\x06nextAt\")\n" +
 	"\x13ListProfilesRequest\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\"Q\n" +
 	"\x14ListProfilesResponse\x129\n" +
@@ -1403,20 +1503,23 @@ var file_gpuplane_v1_residency_proto_depIdxs = []int32{
 	11, // 6: gpuplane.v1.ResidencyCardPlan.entries:type_name -> gpuplane.v1.ResidencyPlanEntry
 	15, // 7: gpuplane.v1.ResidencyCardPlan.observed_at:type_name -> google.protobuf.Timestamp
 	15, // 8: gpuplane.v1.ResidencyPlanEntry.next_request:type_name -> google.protobuf.Timestamp
-	14, // 9: gpuplane.v1.ListProfilesResponse.profiles:type_name -> gpuplane.v1.ResidencyProfile
-	4,  // 10: gpuplane.v1.ResidencyService.ListDecisions:input_type -> gpuplane.v1.ListDecisionsRequest
-	8,  // 11: gpuplane.v1.ResidencyService.GetPlan:input_type -> gpuplane.v1.GetPlanRequest
-	12, // 12: gpuplane.v1.ResidencyService.ListProfiles:input_type -> gpuplane.v1.ListProfilesRequest
-	1,  // 13: gpuplane.v1.ResidencyService.Operate:input_type -> gpuplane.v1.OperateRequest
-	5,  // 14: gpuplane.v1.ResidencyService.ListDecisions:output_type -> gpuplane.v1.ListDecisionsResponse
-	9,  // 15: gpuplane.v1.ResidencyService.GetPlan:output_type -> gpuplane.v1.GetPlanResponse
-	13, // 16: gpuplane.v1.ResidencyService.ListProfiles:output_type -> gpuplane.v1.ListProfilesResponse
-	2,  // 17: gpuplane.v1.ResidencyService.Operate:output_type -> gpuplane.v1.OperateResponse
-	14, // [14:18] is the sub-list for method output_type
-	10, // [10:14] is the sub-list for method input_type
-	10, // [10:10] is the sub-list for extension type_name
-	10, // [10:10] is the sub-list for extension extendee
-	0,  // [0:10] is the sub-list for field type_name
+	15, // 9: gpuplane.v1.ResidencyPlanEntry.wait_since:type_name -> google.protobuf.Timestamp
+	15, // 10: gpuplane.v1.ResidencyPlanEntry.wait_by:type_name -> google.protobuf.Timestamp
+	15, // 11: gpuplane.v1.ResidencyPlanEntry.next_at:type_name -> google.protobuf.Timestamp
+	14, // 12: gpuplane.v1.ListProfilesResponse.profiles:type_name -> gpuplane.v1.ResidencyProfile
+	4,  // 13: gpuplane.v1.ResidencyService.ListDecisions:input_type -> gpuplane.v1.ListDecisionsRequest
+	8,  // 14: gpuplane.v1.ResidencyService.GetPlan:input_type -> gpuplane.v1.GetPlanRequest
+	12, // 15: gpuplane.v1.ResidencyService.ListProfiles:input_type -> gpuplane.v1.ListProfilesRequest
+	1,  // 16: gpuplane.v1.ResidencyService.Operate:input_type -> gpuplane.v1.OperateRequest
+	5,  // 17: gpuplane.v1.ResidencyService.ListDecisions:output_type -> gpuplane.v1.ListDecisionsResponse
+	9,  // 18: gpuplane.v1.ResidencyService.GetPlan:output_type -> gpuplane.v1.GetPlanResponse
+	13, // 19: gpuplane.v1.ResidencyService.ListProfiles:output_type -> gpuplane.v1.ListProfilesResponse
+	2,  // 20: gpuplane.v1.ResidencyService.Operate:output_type -> gpuplane.v1.OperateResponse
+	17, // [17:21] is the sub-list for method output_type
+	13, // [13:17] is the sub-list for method input_type
+	13, // [13:13] is the sub-list for extension type_name
+	13, // [13:13] is the sub-list for extension extendee
+	0,  // [0:13] is the sub-list for field type_name
 }
 
 func init() { file_gpuplane_v1_residency_proto_init() }
