@@ -132,7 +132,9 @@ spec:
 	if err != nil {
 		t.Fatal(err)
 	}
-	var sum struct{ Models []struct{ Name, Reason string } }
+	var sum struct {
+		Models []struct{ Name, Reason string }
+	}
 	err = json.NewDecoder(resp.Body).Decode(&sum)
 	resp.Body.Close()
 	if err != nil {
