@@ -14,6 +14,7 @@ import (
 
 	"github.com/openai/openai-go/v3"
 
+	"github.com/gpuplane/gpuplane/cmd/gpuplane/cli"
 	"github.com/gpuplane/gpuplane/internal/testutil"
 )
 
@@ -126,6 +127,15 @@ spec:
 	same("gpuplane ps", gpuplane(t, n, "ps", "-o", "json"))
 	if ps := gpuplane(t, n, "ps", "--model", "batch"); !regexp.MustCompile(`batch/0\s+waits\s+0\s+Cold\s+-\s+-\s+4\s+\S+\s+gets the card by ` + by).MatchString(ps) {
 		t.Errorf("gpuplane ps:\n%s\nwant batch/0 Cold with 4 queued and the card by %s", ps, by)
+	}
+
+	// -w prints the rows, then the rows that change, until interrupted.
+	var watched, stderr bytes.Buffer
+	wctx, cancel := context.WithTimeout(context.Background(), 1500*time.Millisecond)
+	code := cli.Run(wctx, []string{"--addr", n.url(), "ps", "-w", "--interval", "100ms", "-o", "json"}, nil, &watched, &stderr)
+	cancel()
+	if code != 0 || !strings.Contains(watched.String(), `"model":"batch","replica":0`) || !strings.Contains(watched.String(), `"queue":4`) {
+		t.Errorf("ps -w -o json: exit %d, %s\n%s", code, stderr.String(), watched.String())
 	}
 
 	resp, err := http.Post(n.url()+"/gpuplane.v1.DashboardService/Summary", "application/json", bytes.NewReader([]byte("{}")))
