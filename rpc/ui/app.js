@@ -173,8 +173,12 @@ function addSample(t) {
 function p95Base() {
   return samples.length > 1 ? samples[0] : null;
 }
+// rateBase is the sample a rate counts from: the oldest within the rate
+// window and at least a second old (the page refreshes again 150 ms after
+// a decision arrives; a rate over so short a span reads 0). None until
+// then: the rate is being measured.
 function rateBase(now) {
-  for (const s of samples) if (s !== now && now.t - s.t <= RATE_WINDOW_S * 1000) return s;
+  for (const s of samples) if (s !== now && now.t - s.t <= RATE_WINDOW_S * 1000 && now.t - s.t >= 1000) return s;
   return null;
 }
 
@@ -370,7 +374,9 @@ async function refresh() {
       if (!stats.firstRenderMs) stats.firstRenderMs = performance.now();
       document.body.dataset.refreshes = String(stats.refreshes);
       status.className = "";
-      status.textContent = `updated ${new Date().toLocaleTimeString()} · refresh ${stats.lastRefreshMs.toFixed(0)} ms`;
+      // When the page last refreshed and how often, apart from how long
+      // the node took to answer.
+      status.textContent = `updated ${new Date().toLocaleTimeString()} (every ${REFRESH_MS / 1000} s) · answered in ${stats.lastRefreshMs.toFixed(0)} ms`;
     } catch (e) {
       status.className = "error";
       status.textContent = e.message;
@@ -555,12 +561,14 @@ function cardBar(c) {
     else segs += `<button type="button" class="seg ${esc(kind)}" data-w="${pct(m)}" ${data}>${esc(s.replica)} ${mib(m)}</button>`;
   }
   const free = num(c.freeMib), headroom = num(c.headroomMib);
-  const seg = (kind, m, text) => {
-    const tip = `${KIND_TEXT[kind]}: ${mib(m)} (${m} MiB) on ${node} card ${index}`;
+  const seg = (kind, m, text, more) => {
+    const tip = `${KIND_TEXT[kind]}: ${mib(m)} (${m} MiB) on ${node} card ${index}${more}`;
     return `<button type="button" class="seg ${kind}" data-kind="${kind}" data-mib="${m}" data-w="${pct(m)}" title="${esc(tip)}"${text ? "" : ` aria-label="${esc(tip)}"`}>${text}</button>`;
   };
-  if (headroom > 0) segs += seg("headroom", headroom, "");
-  segs += seg("free", free - headroom, `free ${mib(free - headroom)}`);
+  // One free figure, as `devices get` gives it: the headroom the
+  // controller keeps unused is drawn apart inside it, and says so.
+  if (headroom > 0) segs += seg("headroom", headroom, "", `, part of the ${mib(free)} free`);
+  segs += seg("free", free - headroom, `free ${mib(free)}`, headroom > 0 ? ` (free ${mib(free)} in all, ${mib(headroom)} of it headroom)` : "");
   const used = num(c.usedMib), reserved = num(c.reservedMib), resident = num(c.residentMib), sleeping = num(c.sleepingMib);
   const label = `${node} card ${index}: ${mib(memory)}, used ${mib(used)}, reserved ${mib(reserved)}, resident ${mib(resident)}, sleeping ${mib(sleeping)}, free ${mib(free)}`;
   const sum = `${esc(c.accelerator || "unbound")}${c.pinnedOnly ? ' · <span class="miss">pinned-only after a ledger violation</span>' : ""} · reserved ${mib(reserved)} · resident ${mib(resident)} · sleeping ${mib(sleeping)} · free ${mib(free)}`;
@@ -679,7 +687,10 @@ function drawFigures(row, m, base, rateFrom, rb, dt) {
   const rate = rb ? (num(m.requests) - num(rateFrom?.requests)) / dt : NaN;
   const tps = rb ? (num(m.tokens) - num(rateFrom?.tokens)) / dt : NaN;
   const planned = m.plannedRatePerMinute;
-  set(row.td[4], isNaN(rate) ? (planned !== undefined ? `${(num(planned) / 60).toFixed(2)} <span class="note">est.</span>` : "-") : rate.toFixed(2));
+  // A rate needs two samples of the counters: until then it is being
+  // measured (the controller's estimate, where it has one), never a 0.
+  const measuring = `<span class="note">measuring…</span>`;
+  set(row.td[4], isNaN(rate) ? (planned !== undefined ? `${(num(planned) / 60).toFixed(2)} <span class="note">est.</span>` : measuring) : rate.toFixed(2));
   set(row.td[5], String(num(m.queued)));
   const td = row.td[6];
   set(td, `${ttftText}${target ? ` / ${target} ms` : ""}`);
@@ -687,7 +698,7 @@ function drawFigures(row, m, base, rateFrom, rb, dt) {
   attr(td, "data-missed", String(missed));
   attr(td, "aria-label", ttftLabel);
   attr(td, "title", ttftLabel);
-  set(row.td[7], isNaN(tps) ? "-" : tps.toFixed(1));
+  set(row.td[7], isNaN(tps) ? measuring : tps.toFixed(1));
 }
 
 function renderTenants(sample) {

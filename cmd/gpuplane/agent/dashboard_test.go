@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -152,6 +153,8 @@ type renderedCard struct {
 	Node     string
 	Card     int
 	BarWidth float64
+	// Sum is the line under the bar.
+	Sum      string
 	Segments []struct {
 		Replica, Kind, Text string
 		MiB                 int
@@ -163,6 +166,7 @@ type renderedCard struct {
 // labels, kinds and numbers, and their drawn widths.
 const readCards = `[...document.querySelectorAll("#cards .card")].map(c => ({
   node: c.dataset.node, card: Number(c.dataset.card), barWidth: c.querySelector(".bar").getBoundingClientRect().width,
+  sum: c.querySelector(".cardsum").textContent,
   segments: [...c.querySelectorAll("[data-kind]")].map(s => ({replica: s.dataset.replica || "", kind: s.dataset.kind,
     text: s.textContent, mib: Number(s.dataset.mib), width: s.classList.contains("seg") ? s.getBoundingClientRect().width : -1}))}))`
 
@@ -204,6 +208,13 @@ func memoryMapMatches(ctx context.Context, n *node, token string) error {
 				if frac, wantFrac := s.Width/got.BarWidth, float64(s.MiB)/float64(want.MemoryMib); math.Abs(frac-wantFrac) > 0.02 {
 					return fmt.Errorf("%s card %d: %s %s is %.1f%% of the bar, %.1f%% of the card", want.Node, want.Index, s.Kind, s.Replica, 100*frac, 100*wantFrac)
 				}
+			}
+		}
+		// One free figure per card: the bar's free segment says what the
+		// line under it says.
+		for _, s := range got.Segments {
+			if s.Kind == "free" && !strings.HasSuffix(got.Sum, "· "+s.Text) {
+				return fmt.Errorf("%s card %d: the bar says %q, the line under it %q", want.Node, want.Index, s.Text, got.Sum)
 			}
 		}
 		slices.Sort(replicas)
@@ -284,24 +295,52 @@ func TestDashboardInBrowser(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	// Until the page has two samples of the counters a second apart, a
+	// rate is being measured, not 0; the status line tells the refresh
+	// period apart from how long the node took to answer.
+	firstLook := false
 	testutil.Eventually(t, 20*time.Second, "the page loaded with the token", func() error {
 		var st struct {
-			Text, Class string
-			Refreshes   int
+			Text, Class, Tps string
+			Refreshes        int
 		}
-		if err := evaluate(ctx, `({text: document.getElementById("status").textContent, class: document.getElementById("status").className, refreshes: window.gpuplaneStats.refreshes})`, &st); err != nil {
+		if err := evaluate(ctx, `({text: document.getElementById("status").textContent, class: document.getElementById("status").className,
+		    refreshes: window.gpuplaneStats.refreshes, tps: document.querySelector('tr[data-model="chat"]')?.cells[7]?.textContent || ""})`, &st); err != nil {
 			return err
 		}
-		if st.Class == "error" || st.Refreshes == 0 {
+		if st.Class == "error" || st.Refreshes == 0 || st.Tps == "" {
 			return fmt.Errorf("status %+v", st)
+		}
+		if !regexp.MustCompile(`^updated .+ \(every 2 s\) · answered in \d+ ms$`).MatchString(st.Text) {
+			t.Errorf("status line %q: want when it was updated, the refresh period and the answer time told apart", st.Text)
+		}
+		if st.Refreshes == 1 {
+			firstLook = true
+			if st.Tps != "measuring…" {
+				t.Errorf("chat's TOKENS/S on the first paint: %q, want measuring…", st.Tps)
+			}
 		}
 		return nil
 	})
+	if !firstLook {
+		t.Log("the first paint was not caught before the second refresh; its rates were not checked")
+	}
 	testutil.Eventually(t, 20*time.Second, "the memory map matches devices get", func() error { return memoryMapMatches(ctx, n, root) })
 	testutil.Eventually(t, 20*time.Second, "embed shown cold", func() error {
 		c, err := modelCell(ctx, "embed", "state")
 		if err != nil || c.Text != "Cold" {
 			return fmt.Errorf("embed's state on the page: %q %v", c.Text, err)
+		}
+		return nil
+	})
+	// An onDemand model cold by design says so, not "not running yet".
+	testutil.Eventually(t, 20*time.Second, "speech's reason neutral", func() error {
+		var reason string
+		if err := evaluate(ctx, `document.querySelector('tr[data-model="speech"]')?.cells[8]?.textContent || ""`, &reason); err != nil {
+			return err
+		}
+		if reason != "onDemand: cold until a request comes, then loaded" {
+			return fmt.Errorf("speech's reason on the page: %q", reason)
 		}
 		return nil
 	})
