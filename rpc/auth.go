@@ -72,8 +72,11 @@ var procedureAccess = map[string]Access{
 
 	gpuplanev1connect.ResidencyServiceListDecisionsProcedure: AccessRead,
 	gpuplanev1connect.ResidencyServiceGetPlanProcedure:       AccessRead,
-	gpuplanev1connect.ResidencyServiceListProfilesProcedure:  AccessRead,
-	gpuplanev1connect.ResidencyServiceOperateProcedure:       AccessOperator,
+	// A node's request record: what was asked of its cards, by whom only as
+	// pseudonyms; operators plan with it.
+	gpuplanev1connect.ResidencyServiceListRequestsProcedure: AccessOperator,
+	gpuplanev1connect.ResidencyServiceListProfilesProcedure: AccessRead,
+	gpuplanev1connect.ResidencyServiceOperateProcedure:      AccessOperator,
 
 	// What the separate reads above show, in one answer.
 	gpuplanev1connect.DashboardServiceSummaryProcedure: AccessRead,

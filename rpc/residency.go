@@ -40,6 +40,13 @@ type ResidencyJournal interface {
 	Operate(ctx context.Context, model string, load bool, by string) ([]*pb.OperateResult, error)
 }
 
+// TrafficSource is a node's request record (node/traffic), in the wire's
+// shapes: card nil means every card. Tenant names do not leave it: each
+// answer names them t1, t2, ... in the order first seen.
+type TrafficSource interface {
+	Requests(card *uint32, since time.Time) []*pb.RequestRecord
+}
+
 // residencyHandlers serve what each node's residency manager published in
 // its journal. The journal lives on its node, so a request for every node
 // (or for another node) asks the others over the peer client, as engine logs
@@ -48,6 +55,7 @@ type residencyHandlers struct {
 	b       Backend
 	node    string
 	journal ResidencyJournal // nil: residency does not run on this node
+	traffic TrafficSource    // nil: the node keeps no request record
 	peers   *http.Client
 	closing <-chan struct{}
 }
@@ -344,6 +352,40 @@ func (h *residencyHandlers) decisionsOf(ctx context.Context, t residencyTarget, 
 			return nil
 		}
 	}
+}
+
+// ListRequests answers one node's request record: this node's own, or
+// another's, relayed.
+func (h *residencyHandlers) ListRequests(ctx context.Context, req *connect.Request[pb.ListRequestsRequest]) (*connect.Response[pb.ListRequestsResponse], error) {
+	m := req.Msg
+	if m.GetNode() == "" {
+		return nil, connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("node: must name the node whose request record is read"))
+	}
+	ts, err := h.targets(ctx, m.GetNode(), req.Header())
+	if err != nil {
+		return nil, err
+	}
+	t := ts[0]
+	if !t.self {
+		resp, err := h.client(t).ListRequests(ctx, relayed(connect.NewRequest(m)))
+		if err != nil {
+			return nil, peerError(t, err)
+		}
+		return resp, nil
+	}
+	if h.traffic == nil {
+		return nil, connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("node %s keeps no request record (its gateway does not run)", h.node))
+	}
+	var since time.Time
+	if m.GetSince() != nil {
+		since = m.GetSince().AsTime()
+	}
+	var card *uint32
+	if m.Card != nil {
+		c := m.GetCard()
+		card = &c
+	}
+	return connect.NewResponse(&pb.ListRequestsResponse{Requests: h.traffic.Requests(card, since)}), nil
 }
 
 func (h *residencyHandlers) localPlan() []*pb.ResidencyCardPlan {

@@ -90,6 +90,8 @@ type Config struct {
 	// ResidencyService (nil: residency does not run here, and the node
 	// answers with nothing for itself).
 	Residency ResidencyJournal
+	// Traffic is the node's request record (nil: none kept).
+	Traffic TrafficSource
 	// Metrics, when set, is served at /metrics (Prometheus text format);
 	// with ACL, to a token of any role or a node.
 	Metrics http.Handler
@@ -147,7 +149,7 @@ func Handler(cfg Config) http.Handler {
 		peers = HTTPClient()
 	}
 	mux.Handle(wrap(gpuplanev1connect.NewLogServiceHandler(&logHandlers{b: cfg.Backend, node: cfg.NodeName, read: cfg.ReadLogs, peers: peers}, opts...)))
-	rh := &residencyHandlers{b: cfg.Backend, node: cfg.NodeName, journal: cfg.Residency, peers: peers, closing: cfg.closing}
+	rh := &residencyHandlers{b: cfg.Backend, node: cfg.NodeName, journal: cfg.Residency, traffic: cfg.Traffic, peers: peers, closing: cfg.closing}
 	mux.Handle(wrap(gpuplanev1connect.NewResidencyServiceHandler(rh, opts...)))
 	mux.Handle(wrap(gpuplanev1connect.NewDashboardServiceHandler(newDashboardHandlers(cfg.Backend, rh, cfg.Gatherer), opts...)))
 	mux.Handle(grpchealth.NewHandler(grpchealth.NewStaticChecker(services...)))

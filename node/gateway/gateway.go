@@ -19,6 +19,7 @@ import (
 	"github.com/gpuplane/gpuplane/node/engine"
 	"github.com/gpuplane/gpuplane/node/gateway/isolation"
 	"github.com/gpuplane/gpuplane/node/gateway/queue"
+	"github.com/gpuplane/gpuplane/node/traffic"
 )
 
 // Replica is one placed replica as the gateway routes to it.
@@ -151,6 +152,10 @@ type Options struct {
 	// Residency holds the warm and onDemand replicas of this node; nil:
 	// every local replica is served as a pinned one.
 	Residency Residency
+	// Traffic, when set, records each request a local replica's queue
+	// ends, per card (node/traffic): what `simulate serve --from-node`
+	// replays.
+	Traffic *traffic.Log
 	// Tenants resolves ACL tokens; nil means ACLs are off and the tenant
 	// comes from the X-Gpuplane-Tenant header.
 	Tenants TenantSource

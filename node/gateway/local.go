@@ -17,6 +17,7 @@ import (
 	"github.com/gpuplane/gpuplane/node/engine"
 	"github.com/gpuplane/gpuplane/node/gateway/isolation"
 	"github.com/gpuplane/gpuplane/node/gateway/queue"
+	"github.com/gpuplane/gpuplane/node/traffic"
 )
 
 // progressEvery is how many streamed tokens are reported to the scheduler
@@ -493,6 +494,11 @@ func (x *call) advance(s step) step {
 		return x.begin()
 	case stepEnd:
 		x.g.answerEnd(x.w, x.m, x.req, *x.pd.end, x.waitCause(*x.pd.end))
+		outcome := traffic.Failed
+		if x.pd.end.Outcome == queue.Rejected || x.pd.end.Outcome == queue.Expired {
+			outcome = traffic.Rejected
+		}
+		x.record(outcome, time.Time{}, 0)
 		return stepDone
 	default:
 		if !x.wait() {
@@ -694,6 +700,8 @@ type result struct {
 	// preempted and re-queued, and waits to run again.
 	done      bool
 	generated int
+	// first is when the client got its first token (zero: none).
+	first time.Time
 }
 
 // begin starts an attempt: its request sent to its engine, the call
@@ -750,6 +758,13 @@ func (x *call) complete(resp *http.Response, err error) step {
 	x.ex = exchange{}
 	res := x.answer(resp, err)
 	x.generated = res.generated
+	if res.done {
+		outcome := traffic.Served
+		if x.status != http.StatusOK {
+			outcome = traffic.Failed
+		}
+		x.record(outcome, res.first, res.generated)
+	}
 	if x.slots != nil {
 		// The slot holds the tenant's prompt only after an answer in
 		// full; after anything else its content is unknown.
@@ -924,7 +939,7 @@ func (x *call) answer(resp *http.Response, err error) result {
 	if _, err := sw.Write(data); err == nil && sw.flush() == nil {
 		sw.clear()
 	}
-	return result{done: true, generated: generated}
+	return result{done: true, generated: generated, first: now}
 }
 
 // freshURL reads a local replica's engine address again (its residency
@@ -1013,6 +1028,20 @@ func (x *call) requeued() bool {
 	pd.cut = pd.dispatches
 	c.apply(out, now)
 	return true
+}
+
+// record adds the request's end to its card's traffic record
+// (Options.Traffic): first is its first token (zero: none).
+func (x *call) record(outcome traffic.Outcome, first time.Time, generated int) {
+	if x.g.opts.Traffic == nil || x.l == nil {
+		return
+	}
+	r := traffic.Record{Arrived: x.req.arrived, Deployment: x.m.Deployment, Replica: x.l.rep.Index, Adapter: x.req.adapter,
+		Tenant: x.req.who.tenant, Class: x.req.class.String(), PromptTokens: x.req.promptTokens, OutputTokens: generated, Outcome: outcome}
+	if !first.IsZero() {
+		r.TTFT = first.Sub(x.req.arrived)
+	}
+	x.g.opts.Traffic.Add(x.l.rep.Card, r)
 }
 
 // finishWith ends an attempt that got no answer from the engine: a

@@ -110,7 +110,7 @@ func (g *Gateway) relayStream(ctx context.Context, w http.ResponseWriter, resp *
 	if cut && readErr != nil && !sw.stalled {
 		writePreempted(w, m, generated)
 	}
-	return result{done: true, generated: generated}
+	return result{done: true, generated: generated, first: first}
 }
 
 // rename replaces an answer's "model" field naming one model by another:

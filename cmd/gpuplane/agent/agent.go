@@ -32,6 +32,7 @@ import (
 	"github.com/gpuplane/gpuplane/node/inventory"
 	"github.com/gpuplane/gpuplane/node/residency"
 	"github.com/gpuplane/gpuplane/node/residency/residencypb"
+	"github.com/gpuplane/gpuplane/node/traffic"
 	"github.com/gpuplane/gpuplane/node/watchdog"
 	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
 	"github.com/gpuplane/gpuplane/rpc"
@@ -132,6 +133,9 @@ type Agent struct {
 	// residencyJournal is what the node's residency manager publishes for
 	// the API: decisions, plans and profiles.
 	residencyJournal *residency.Journal
+	// traffic is the gateway's per-card request record (node/traffic),
+	// read through ResidencyService.ListRequests.
+	traffic *traffic.Log
 	// resident is the node's residency manager (nil before the executor
 	// starts).
 	resident *cardmanager.Manager
@@ -166,7 +170,7 @@ func Start(ctx context.Context, cfg Config) (*Agent, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
-	a := &Agent{cfg: cfg, served: make(chan error, 1), registered: make(chan struct{})}
+	a := &Agent{cfg: cfg, served: make(chan error, 1), registered: make(chan struct{}), traffic: traffic.NewLog(0)}
 	if err := a.resolveConfig(); err != nil {
 		return nil, err
 	}
@@ -372,6 +376,7 @@ func (a *Agent) startAPI() error {
 		NodeName:   a.cfg.NodeName,
 		ReadLogs:   a.readLogs,
 		Residency:  a.rpcJournal(),
+		Traffic:    trafficSource{a.traffic},
 		Metrics:    metrics,
 		Gatherer:   a.gatewayReg,
 		Outer:      []connect.Interceptor{newAPIMetrics(a.metricsReg)},

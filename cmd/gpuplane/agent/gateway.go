@@ -16,6 +16,8 @@ import (
 	"strings"
 	"time"
 
+	"google.golang.org/protobuf/types/known/timestamppb"
+
 	"github.com/gpuplane/gpuplane/cluster"
 	"github.com/gpuplane/gpuplane/fsm"
 	"github.com/gpuplane/gpuplane/node/cardmanager"
@@ -23,6 +25,7 @@ import (
 	"github.com/gpuplane/gpuplane/node/gateway"
 	"github.com/gpuplane/gpuplane/node/gateway/isolation"
 	"github.com/gpuplane/gpuplane/node/gateway/queue"
+	"github.com/gpuplane/gpuplane/node/traffic"
 	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
 )
 
@@ -101,6 +104,7 @@ func (a *Agent) startGateway(res *cardmanager.Manager) error {
 		Node: a.cfg.NodeName, Cluster: &gatewayView{a: a}, Salter: salter, Peers: a.sec.peerHTTP,
 		IsPeer: a.isPeer, FrontKey: a.frontKey, EngineKeys: a.engineKeys, Queue: gc.Queue, MaxInFlight: gc.MaxInFlight, QueueLimit: gc.QueueLimit,
 		Weights: gc.Weights, MetricTenants: gc.MetricTenants, Registerer: a.gatewayReg, Logger: a.cfg.Logger,
+		Traffic: a.traffic,
 	}
 	if res != nil {
 		opts.Residency = res
@@ -403,4 +407,33 @@ func argValue(args []string, flag string) string {
 		}
 	}
 	return ""
+}
+
+// trafficSource serves the gateway's request record in the wire's shapes.
+// Tenant names stay on the node: each answer names them t1, t2, ... in
+// the order first seen.
+type trafficSource struct{ l *traffic.Log }
+
+func (t trafficSource) Requests(card *uint32, since time.Time) []*pb.RequestRecord {
+	cards := t.l.Cards()
+	if card != nil {
+		cards = []uint32{*card}
+	}
+	var out []*pb.RequestRecord
+	pseudonym := map[string]string{}
+	for _, c := range cards {
+		for _, r := range t.l.Since(c, since) {
+			p, ok := pseudonym[r.Tenant]
+			if !ok {
+				p = fmt.Sprintf("t%d", len(pseudonym)+1)
+				pseudonym[r.Tenant] = p
+			}
+			out = append(out, &pb.RequestRecord{
+				Card: c, Arrived: timestamppb.New(r.Arrived), Deployment: r.Deployment, Replica: r.Replica,
+				Adapter: r.Adapter, Tenant: p, Class: r.Class, PromptTokens: int64(r.PromptTokens),
+				OutputTokens: int64(r.OutputTokens), TtftSeconds: r.TTFT.Seconds(), Outcome: r.Outcome.String(),
+			})
+		}
+	}
+	return out
 }

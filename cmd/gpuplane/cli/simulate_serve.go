@@ -87,6 +87,7 @@ func newSimulateServeCommand(g *globals) *cobra.Command {
 		family             int
 		familyDir          string
 		bestEffort         bool
+		from               fromNode
 	)
 	c := &cobra.Command{
 		Use:   "serve --config FILE [--trace FILE]... [--policy P|all] [--seed N]",
@@ -121,6 +122,9 @@ draws the curves.
   gpuplane simulate serve --config home.yaml --trace AzureLLMInferenceTrace_conv.csv --trace extra.jsonl -o json`,
 		Args: argsNamed(),
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if from.node != "" || from.whatIf() || cmd.Flags().Changed("card") || cmd.Flags().Changed("since") {
+				return g.runFromNode(cmd, from, configPath, policy, seed)
+			}
 			if family < 0 {
 				return usageErrorf(cmd, "invalid --family %d: must be ≥ 1", family)
 			}
@@ -244,6 +248,13 @@ draws the curves.
 	f.BoolVar(&bestEffort, "best-effort", true, "gpuplane's controller protects the largest set of models the card can hold and serves the others best-effort (docs/residency.md); false: without it, as the agent runs today")
 	f.IntVar(&family, "family", 0, "draw this many configs from --seed (examples/serve/README.md gives the distributions), run every policy on each and print one row per config and the goals' summary")
 	f.StringVar(&familyDir, "family-dir", "", "with --family, also write each drawn config here (NAME.yaml), to run again with --config")
+	f.StringVar(&from.node, "from-node", "", "replay the requests this node's gateway served from one card (its request record), with that card's deployments and the profiles the node learned, instead of --config and --trace")
+	f.IntVar(&from.card, "card", -1, "with --from-node: the card (default: the only one with requests)")
+	f.DurationVar(&from.since, "since", 0, "with --from-node: only the requests of this last while, e.g. 24h (default: all the node kept)")
+	f.StringVar(&from.cardMemory, "card-memory", "", "with --from-node, what if the card had this much memory (e.g. 48GiB)")
+	f.StringArrayVar(&from.add, "add", nil, "with --from-node, what if this deployment descriptor (FILE) were on the card too; repeatable")
+	f.StringArrayVar(&from.remove, "remove", nil, "with --from-node, what if MODEL were not on the card; repeatable")
+	f.StringArrayVar(&from.set, "set", nil, "with --from-node, what if MODEL.FIELD=VALUE (class, residency or memoryGiB), e.g. vision.class=standard; repeatable")
 	_ = c.MarkFlagFilename("config", "yaml", "yml")
 	_ = c.MarkFlagFilename("trace", "csv", "jsonl")
 	_ = c.RegisterFlagCompletionFunc("policy", cobra.FixedCompletions(append(append([]string(nil), simserve.Policies...), policyAll), cobra.ShellCompDirectiveNoFileComp))

@@ -71,6 +71,250 @@ func (OperateAction) EnumDescriptor() ([]byte, []int) {
 	return file_gpuplane_v1_residency_proto_rawDescGZIP(), []int{0}
 }
 
+type ListRequestsRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The node whose record is read (required).
+	Node string `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	// Only this card's requests (unset: every card's).
+	Card *uint32 `protobuf:"varint,2,opt,name=card,proto3,oneof" json:"card,omitempty"`
+	// Only requests that arrived at this time or later (unset: all kept).
+	Since         *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=since,proto3" json:"since,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListRequestsRequest) Reset() {
+	*x = ListRequestsRequest{}
+	mi := &file_gpuplane_v1_residency_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListRequestsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListRequestsRequest) ProtoMessage() {}
+
+func (x *ListRequestsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_gpuplane_v1_residency_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListRequestsRequest.ProtoReflect.Descriptor instead.
+func (*ListRequestsRequest) Descriptor() ([]byte, []int) {
+	return file_gpuplane_v1_residency_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *ListRequestsRequest) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *ListRequestsRequest) GetCard() uint32 {
+	if x != nil && x.Card != nil {
+		return *x.Card
+	}
+	return 0
+}
+
+func (x *ListRequestsRequest) GetSince() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Since
+	}
+	return nil
+}
+
+type ListRequestsResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Requests      []*RequestRecord       `protobuf:"bytes,1,rep,name=requests,proto3" json:"requests,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListRequestsResponse) Reset() {
+	*x = ListRequestsResponse{}
+	mi := &file_gpuplane_v1_residency_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListRequestsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListRequestsResponse) ProtoMessage() {}
+
+func (x *ListRequestsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_gpuplane_v1_residency_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListRequestsResponse.ProtoReflect.Descriptor instead.
+func (*ListRequestsResponse) Descriptor() ([]byte, []int) {
+	return file_gpuplane_v1_residency_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *ListRequestsResponse) GetRequests() []*RequestRecord {
+	if x != nil {
+		return x.Requests
+	}
+	return nil
+}
+
+// RequestRecord is one request a card's gateway queue ended.
+type RequestRecord struct {
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	Node       string                 `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	Card       uint32                 `protobuf:"varint,2,opt,name=card,proto3" json:"card,omitempty"`
+	Arrived    *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=arrived,proto3" json:"arrived,omitempty"`
+	Deployment string                 `protobuf:"bytes,4,opt,name=deployment,proto3" json:"deployment,omitempty"`
+	Replica    uint32                 `protobuf:"varint,5,opt,name=replica,proto3" json:"replica,omitempty"`
+	Adapter    string                 `protobuf:"bytes,6,opt,name=adapter,proto3" json:"adapter,omitempty"`
+	// The tenant's pseudonym on this answer (t1, t2, ...).
+	Tenant string `protobuf:"bytes,7,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	// interactive, standard or background.
+	Class        string `protobuf:"bytes,8,opt,name=class,proto3" json:"class,omitempty"`
+	PromptTokens int64  `protobuf:"varint,9,opt,name=prompt_tokens,json=promptTokens,proto3" json:"prompt_tokens,omitempty"`
+	OutputTokens int64  `protobuf:"varint,10,opt,name=output_tokens,json=outputTokens,proto3" json:"output_tokens,omitempty"`
+	// Time to first token in seconds; 0 without one.
+	TtftSeconds float64 `protobuf:"fixed64,11,opt,name=ttft_seconds,json=ttftSeconds,proto3" json:"ttft_seconds,omitempty"`
+	// served, rejected or failed.
+	Outcome       string `protobuf:"bytes,12,opt,name=outcome,proto3" json:"outcome,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RequestRecord) Reset() {
+	*x = RequestRecord{}
+	mi := &file_gpuplane_v1_residency_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RequestRecord) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RequestRecord) ProtoMessage() {}
+
+func (x *RequestRecord) ProtoReflect() protoreflect.Message {
+	mi := &file_gpuplane_v1_residency_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RequestRecord.ProtoReflect.Descriptor instead.
+func (*RequestRecord) Descriptor() ([]byte, []int) {
+	return file_gpuplane_v1_residency_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *RequestRecord) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *RequestRecord) GetCard() uint32 {
+	if x != nil {
+		return x.Card
+	}
+	return 0
+}
+
+func (x *RequestRecord) GetArrived() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Arrived
+	}
+	return nil
+}
+
+func (x *RequestRecord) GetDeployment() string {
+	if x != nil {
+		return x.Deployment
+	}
+	return ""
+}
+
+func (x *RequestRecord) GetReplica() uint32 {
+	if x != nil {
+		return x.Replica
+	}
+	return 0
+}
+
+func (x *RequestRecord) GetAdapter() string {
+	if x != nil {
+		return x.Adapter
+	}
+	return ""
+}
+
+func (x *RequestRecord) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+func (x *RequestRecord) GetClass() string {
+	if x != nil {
+		return x.Class
+	}
+	return ""
+}
+
+func (x *RequestRecord) GetPromptTokens() int64 {
+	if x != nil {
+		return x.PromptTokens
+	}
+	return 0
+}
+
+func (x *RequestRecord) GetOutputTokens() int64 {
+	if x != nil {
+		return x.OutputTokens
+	}
+	return 0
+}
+
+func (x *RequestRecord) GetTtftSeconds() float64 {
+	if x != nil {
+		return x.TtftSeconds
+	}
+	return 0
+}
+
+func (x *RequestRecord) GetOutcome() string {
+	if x != nil {
+		return x.Outcome
+	}
+	return ""
+}
+
 type OperateRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Only this node's replicas (empty: every node's).
@@ -89,7 +333,7 @@ type OperateRequest struct {
 
 func (x *OperateRequest) Reset() {
 	*x = OperateRequest{}
-	mi := &file_gpuplane_v1_residency_proto_msgTypes[0]
+	mi := &file_gpuplane_v1_residency_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -101,7 +345,7 @@ func (x *OperateRequest) String() string {
 func (*OperateRequest) ProtoMessage() {}
 
 func (x *OperateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuplane_v1_residency_proto_msgTypes[0]
+	mi := &file_gpuplane_v1_residency_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -114,7 +358,7 @@ func (x *OperateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OperateRequest.ProtoReflect.Descriptor instead.
 func (*OperateRequest) Descriptor() ([]byte, []int) {
-	return file_gpuplane_v1_residency_proto_rawDescGZIP(), []int{0}
+	return file_gpuplane_v1_residency_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *OperateRequest) GetNode() string {
@@ -154,7 +398,7 @@ type OperateResponse struct {
 
 func (x *OperateResponse) Reset() {
 	*x = OperateResponse{}
-	mi := &file_gpuplane_v1_residency_proto_msgTypes[1]
+	mi := &file_gpuplane_v1_residency_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -166,7 +410,7 @@ func (x *OperateResponse) String() string {
 func (*OperateResponse) ProtoMessage() {}
 
 func (x *OperateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuplane_v1_residency_proto_msgTypes[1]
+	mi := &file_gpuplane_v1_residency_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -179,7 +423,7 @@ func (x *OperateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OperateResponse.ProtoReflect.Descriptor instead.
 func (*OperateResponse) Descriptor() ([]byte, []int) {
-	return file_gpuplane_v1_residency_proto_rawDescGZIP(), []int{1}
+	return file_gpuplane_v1_residency_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *OperateResponse) GetResults() []*OperateResult {
@@ -207,7 +451,7 @@ type OperateResult struct {
 
 func (x *OperateResult) Reset() {
 	*x = OperateResult{}
-	mi := &file_gpuplane_v1_residency_proto_msgTypes[2]
+	mi := &file_gpuplane_v1_residency_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -219,7 +463,7 @@ func (x *OperateResult) String() string {
 func (*OperateResult) ProtoMessage() {}
 
 func (x *OperateResult) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuplane_v1_residency_proto_msgTypes[2]
+	mi := &file_gpuplane_v1_residency_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -232,7 +476,7 @@ func (x *OperateResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OperateResult.ProtoReflect.Descriptor instead.
 func (*OperateResult) Descriptor() ([]byte, []int) {
-	return file_gpuplane_v1_residency_proto_rawDescGZIP(), []int{2}
+	return file_gpuplane_v1_residency_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *OperateResult) GetNode() string {
@@ -286,7 +530,7 @@ type ListDecisionsRequest struct {
 
 func (x *ListDecisionsRequest) Reset() {
 	*x = ListDecisionsRequest{}
-	mi := &file_gpuplane_v1_residency_proto_msgTypes[3]
+	mi := &file_gpuplane_v1_residency_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -298,7 +542,7 @@ func (x *ListDecisionsRequest) String() string {
 func (*ListDecisionsRequest) ProtoMessage() {}
 
 func (x *ListDecisionsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuplane_v1_residency_proto_msgTypes[3]
+	mi := &file_gpuplane_v1_residency_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -311,7 +555,7 @@ func (x *ListDecisionsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDecisionsRequest.ProtoReflect.Descriptor instead.
 func (*ListDecisionsRequest) Descriptor() ([]byte, []int) {
-	return file_gpuplane_v1_residency_proto_rawDescGZIP(), []int{3}
+	return file_gpuplane_v1_residency_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *ListDecisionsRequest) GetNode() string {
@@ -351,7 +595,7 @@ type ListDecisionsResponse struct {
 
 func (x *ListDecisionsResponse) Reset() {
 	*x = ListDecisionsResponse{}
-	mi := &file_gpuplane_v1_residency_proto_msgTypes[4]
+	mi := &file_gpuplane_v1_residency_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -363,7 +607,7 @@ func (x *ListDecisionsResponse) String() string {
 func (*ListDecisionsResponse) ProtoMessage() {}
 
 func (x *ListDecisionsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuplane_v1_residency_proto_msgTypes[4]
+	mi := &file_gpuplane_v1_residency_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -376,7 +620,7 @@ func (x *ListDecisionsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDecisionsResponse.ProtoReflect.Descriptor instead.
 func (*ListDecisionsResponse) Descriptor() ([]byte, []int) {
-	return file_gpuplane_v1_residency_proto_rawDescGZIP(), []int{4}
+	return file_gpuplane_v1_residency_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *ListDecisionsResponse) GetDecisions() []*ResidencyDecision {
@@ -417,7 +661,7 @@ type ResidencyDecision struct {
 
 func (x *ResidencyDecision) Reset() {
 	*x = ResidencyDecision{}
-	mi := &file_gpuplane_v1_residency_proto_msgTypes[5]
+	mi := &file_gpuplane_v1_residency_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -429,7 +673,7 @@ func (x *ResidencyDecision) String() string {
 func (*ResidencyDecision) ProtoMessage() {}
 
 func (x *ResidencyDecision) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuplane_v1_residency_proto_msgTypes[5]
+	mi := &file_gpuplane_v1_residency_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -442,7 +686,7 @@ func (x *ResidencyDecision) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResidencyDecision.ProtoReflect.Descriptor instead.
 func (*ResidencyDecision) Descriptor() ([]byte, []int) {
-	return file_gpuplane_v1_residency_proto_rawDescGZIP(), []int{5}
+	return file_gpuplane_v1_residency_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *ResidencyDecision) GetSeq() uint64 {
@@ -552,7 +796,7 @@ type ResidencyInputs struct {
 
 func (x *ResidencyInputs) Reset() {
 	*x = ResidencyInputs{}
-	mi := &file_gpuplane_v1_residency_proto_msgTypes[6]
+	mi := &file_gpuplane_v1_residency_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -564,7 +808,7 @@ func (x *ResidencyInputs) String() string {
 func (*ResidencyInputs) ProtoMessage() {}
 
 func (x *ResidencyInputs) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuplane_v1_residency_proto_msgTypes[6]
+	mi := &file_gpuplane_v1_residency_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -577,7 +821,7 @@ func (x *ResidencyInputs) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResidencyInputs.ProtoReflect.Descriptor instead.
 func (*ResidencyInputs) Descriptor() ([]byte, []int) {
-	return file_gpuplane_v1_residency_proto_rawDescGZIP(), []int{6}
+	return file_gpuplane_v1_residency_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *ResidencyInputs) GetRatePerMinute() float64 {
@@ -646,7 +890,7 @@ type GetPlanRequest struct {
 
 func (x *GetPlanRequest) Reset() {
 	*x = GetPlanRequest{}
-	mi := &file_gpuplane_v1_residency_proto_msgTypes[7]
+	mi := &file_gpuplane_v1_residency_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -658,7 +902,7 @@ func (x *GetPlanRequest) String() string {
 func (*GetPlanRequest) ProtoMessage() {}
 
 func (x *GetPlanRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuplane_v1_residency_proto_msgTypes[7]
+	mi := &file_gpuplane_v1_residency_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -671,7 +915,7 @@ func (x *GetPlanRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetPlanRequest.ProtoReflect.Descriptor instead.
 func (*GetPlanRequest) Descriptor() ([]byte, []int) {
-	return file_gpuplane_v1_residency_proto_rawDescGZIP(), []int{7}
+	return file_gpuplane_v1_residency_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *GetPlanRequest) GetNode() string {
@@ -690,7 +934,7 @@ type GetPlanResponse struct {
 
 func (x *GetPlanResponse) Reset() {
 	*x = GetPlanResponse{}
-	mi := &file_gpuplane_v1_residency_proto_msgTypes[8]
+	mi := &file_gpuplane_v1_residency_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -702,7 +946,7 @@ func (x *GetPlanResponse) String() string {
 func (*GetPlanResponse) ProtoMessage() {}
 
 func (x *GetPlanResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuplane_v1_residency_proto_msgTypes[8]
+	mi := &file_gpuplane_v1_residency_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -715,7 +959,7 @@ func (x *GetPlanResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetPlanResponse.ProtoReflect.Descriptor instead.
 func (*GetPlanResponse) Descriptor() ([]byte, []int) {
-	return file_gpuplane_v1_residency_proto_rawDescGZIP(), []int{8}
+	return file_gpuplane_v1_residency_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *GetPlanResponse) GetCards() []*ResidencyCardPlan {
@@ -755,7 +999,7 @@ type ResidencyCardPlan struct {
 
 func (x *ResidencyCardPlan) Reset() {
 	*x = ResidencyCardPlan{}
-	mi := &file_gpuplane_v1_residency_proto_msgTypes[9]
+	mi := &file_gpuplane_v1_residency_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -767,7 +1011,7 @@ func (x *ResidencyCardPlan) String() string {
 func (*ResidencyCardPlan) ProtoMessage() {}
 
 func (x *ResidencyCardPlan) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuplane_v1_residency_proto_msgTypes[9]
+	mi := &file_gpuplane_v1_residency_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -780,7 +1024,7 @@ func (x *ResidencyCardPlan) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResidencyCardPlan.ProtoReflect.Descriptor instead.
 func (*ResidencyCardPlan) Descriptor() ([]byte, []int) {
-	return file_gpuplane_v1_residency_proto_rawDescGZIP(), []int{9}
+	return file_gpuplane_v1_residency_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *ResidencyCardPlan) GetNode() string {
@@ -922,7 +1166,7 @@ type ResidencyPlanEntry struct {
 
 func (x *ResidencyPlanEntry) Reset() {
 	*x = ResidencyPlanEntry{}
-	mi := &file_gpuplane_v1_residency_proto_msgTypes[10]
+	mi := &file_gpuplane_v1_residency_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -934,7 +1178,7 @@ func (x *ResidencyPlanEntry) String() string {
 func (*ResidencyPlanEntry) ProtoMessage() {}
 
 func (x *ResidencyPlanEntry) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuplane_v1_residency_proto_msgTypes[10]
+	mi := &file_gpuplane_v1_residency_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -947,7 +1191,7 @@ func (x *ResidencyPlanEntry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResidencyPlanEntry.ProtoReflect.Descriptor instead.
 func (*ResidencyPlanEntry) Descriptor() ([]byte, []int) {
-	return file_gpuplane_v1_residency_proto_rawDescGZIP(), []int{10}
+	return file_gpuplane_v1_residency_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ResidencyPlanEntry) GetModel() string {
@@ -1100,7 +1344,7 @@ type ListProfilesRequest struct {
 
 func (x *ListProfilesRequest) Reset() {
 	*x = ListProfilesRequest{}
-	mi := &file_gpuplane_v1_residency_proto_msgTypes[11]
+	mi := &file_gpuplane_v1_residency_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1112,7 +1356,7 @@ func (x *ListProfilesRequest) String() string {
 func (*ListProfilesRequest) ProtoMessage() {}
 
 func (x *ListProfilesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuplane_v1_residency_proto_msgTypes[11]
+	mi := &file_gpuplane_v1_residency_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1125,7 +1369,7 @@ func (x *ListProfilesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListProfilesRequest.ProtoReflect.Descriptor instead.
 func (*ListProfilesRequest) Descriptor() ([]byte, []int) {
-	return file_gpuplane_v1_residency_proto_rawDescGZIP(), []int{11}
+	return file_gpuplane_v1_residency_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *ListProfilesRequest) GetNode() string {
@@ -1144,7 +1388,7 @@ type ListProfilesResponse struct {
 
 func (x *ListProfilesResponse) Reset() {
 	*x = ListProfilesResponse{}
-	mi := &file_gpuplane_v1_residency_proto_msgTypes[12]
+	mi := &file_gpuplane_v1_residency_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1156,7 +1400,7 @@ func (x *ListProfilesResponse) String() string {
 func (*ListProfilesResponse) ProtoMessage() {}
 
 func (x *ListProfilesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuplane_v1_residency_proto_msgTypes[12]
+	mi := &file_gpuplane_v1_residency_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1169,7 +1413,7 @@ func (x *ListProfilesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListProfilesResponse.ProtoReflect.Descriptor instead.
 func (*ListProfilesResponse) Descriptor() ([]byte, []int) {
-	return file_gpuplane_v1_residency_proto_rawDescGZIP(), []int{12}
+	return file_gpuplane_v1_residency_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *ListProfilesResponse) GetProfiles() []*ResidencyProfile {
@@ -1203,7 +1447,7 @@ type ResidencyProfile struct {
 
 func (x *ResidencyProfile) Reset() {
 	*x = ResidencyProfile{}
-	mi := &file_gpuplane_v1_residency_proto_msgTypes[13]
+	mi := &file_gpuplane_v1_residency_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1215,7 +1459,7 @@ func (x *ResidencyProfile) String() string {
 func (*ResidencyProfile) ProtoMessage() {}
 
 func (x *ResidencyProfile) ProtoReflect() protoreflect.Message {
-	mi := &file_gpuplane_v1_residency_proto_msgTypes[13]
+	mi := &file_gpuplane_v1_residency_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1228,7 +1472,7 @@ func (x *ResidencyProfile) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResidencyProfile.ProtoReflect.Descriptor instead.
 func (*ResidencyProfile) Descriptor() ([]byte, []int) {
-	return file_gpuplane_v1_residency_proto_rawDescGZIP(), []int{13}
+	return file_gpuplane_v1_residency_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *ResidencyProfile) GetNode() string {
@@ -1333,7 +1577,30 @@ var File_gpuplane_v1_residency_proto protoreflect.FileDescriptor
 
 const file_gpuplane_v1_residency_proto_rawDesc = "" +
 	"\n" +
-	"\x1bgpuplane/v1/residency.proto\x12\vgpuplane.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\x89\x01\n" +
+	"\x1bgpuplane/v1/residency.proto\x12\vgpuplane.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"}\n" +
+	"\x13ListRequestsRequest\x12\x12\n" +
+	"\x04node\x18\x01 \x01(\tR\x04node\x12\x17\n" +
+	"\x04card\x18\x02 \x01(\rH\x00R\x04card\x88\x01\x01\x120\n" +
+	"\x05since\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\x05sinceB\a\n" +
+	"\x05_card\"N\n" +
+	"\x14ListRequestsResponse\x126\n" +
+	"\brequests\x18\x01 \x03(\v2\x1a.gpuplane.v1.RequestRecordR\brequests\"\xf6\x02\n" +
+	"\rRequestRecord\x12\x12\n" +
+	"\x04node\x18\x01 \x01(\tR\x04node\x12\x12\n" +
+	"\x04card\x18\x02 \x01(\rR\x04card\x124\n" +
+	"\aarrived\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\aarrived\x12\x1e\n" +
+	"\n" +
+	"deployment\x18\x04 \x01(\tR\n" +
+	"deployment\x12\x18\n" +
+	"\areplica\x18\x05 \x01(\rR\areplica\x12\x18\n" +
+	"\aadapter\x18\x06 \x01(\tR\aadapter\x12\x16\n" +
+	"\x06tenant\x18\a \x01(\tR\x06tenant\x12\x14\n" +
+	"\x05class\x18\b \x01(\tR\x05class\x12#\n" +
+	"\rprompt_tokens\x18\t \x01(\x03R\fpromptTokens\x12#\n" +
+	"\routput_tokens\x18\n" +
+	" \x01(\x03R\foutputTokens\x12!\n" +
+	"\fttft_seconds\x18\v \x01(\x01R\vttftSeconds\x12\x18\n" +
+	"\aoutcome\x18\f \x01(\tR\aoutcome\"\x89\x01\n" +
 	"\x0eOperateRequest\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x14\n" +
 	"\x05model\x18\x02 \x01(\tR\x05model\x122\n" +
@@ -1454,12 +1721,13 @@ const file_gpuplane_v1_residency_proto_rawDesc = "" +
 	"\rOperateAction\x12\x1e\n" +
 	"\x1aOPERATE_ACTION_UNSPECIFIED\x10\x00\x12\x17\n" +
 	"\x13OPERATE_ACTION_LOAD\x10\x01\x12\x19\n" +
-	"\x15OPERATE_ACTION_UNLOAD\x10\x022\xd5\x02\n" +
+	"\x15OPERATE_ACTION_UNLOAD\x10\x022\xac\x03\n" +
 	"\x10ResidencyService\x12Z\n" +
 	"\rListDecisions\x12!.gpuplane.v1.ListDecisionsRequest\x1a\".gpuplane.v1.ListDecisionsResponse\"\x000\x01\x12F\n" +
 	"\aGetPlan\x12\x1b.gpuplane.v1.GetPlanRequest\x1a\x1c.gpuplane.v1.GetPlanResponse\"\x00\x12U\n" +
 	"\fListProfiles\x12 .gpuplane.v1.ListProfilesRequest\x1a!.gpuplane.v1.ListProfilesResponse\"\x00\x12F\n" +
-	"\aOperate\x12\x1b.gpuplane.v1.OperateRequest\x1a\x1c.gpuplane.v1.OperateResponse\"\x00B;Z9github.com/gpuplane/gpuplane/proto/gpuplane/v1;gpuplanev1b\x06proto3"
+	"\aOperate\x12\x1b.gpuplane.v1.OperateRequest\x1a\x1c.gpuplane.v1.OperateResponse\"\x00\x12U\n" +
+	"\fListRequests\x12 .gpuplane.v1.ListRequestsRequest\x1a!.gpuplane.v1.ListRequestsResponse\"\x00B;Z9github.com/gpuplane/gpuplane/proto/gpuplane/v1;gpuplanev1b\x06proto3"
 
 var (
 	file_gpuplane_v1_residency_proto_rawDescOnce sync.Once
@@ -1474,52 +1742,60 @@ func file_gpuplane_v1_residency_proto_rawDescGZIP() []byte {
 }
 
 var file_gpuplane_v1_residency_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_gpuplane_v1_residency_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
+var file_gpuplane_v1_residency_proto_msgTypes = make([]protoimpl.MessageInfo, 17)
 var file_gpuplane_v1_residency_proto_goTypes = []any{
 	(OperateAction)(0),            // 0: gpuplane.v1.OperateAction
-	(*OperateRequest)(nil),        // 1: gpuplane.v1.OperateRequest
-	(*OperateResponse)(nil),       // 2: gpuplane.v1.OperateResponse
-	(*OperateResult)(nil),         // 3: gpuplane.v1.OperateResult
-	(*ListDecisionsRequest)(nil),  // 4: gpuplane.v1.ListDecisionsRequest
-	(*ListDecisionsResponse)(nil), // 5: gpuplane.v1.ListDecisionsResponse
-	(*ResidencyDecision)(nil),     // 6: gpuplane.v1.ResidencyDecision
-	(*ResidencyInputs)(nil),       // 7: gpuplane.v1.ResidencyInputs
-	(*GetPlanRequest)(nil),        // 8: gpuplane.v1.GetPlanRequest
-	(*GetPlanResponse)(nil),       // 9: gpuplane.v1.GetPlanResponse
-	(*ResidencyCardPlan)(nil),     // 10: gpuplane.v1.ResidencyCardPlan
-	(*ResidencyPlanEntry)(nil),    // 11: gpuplane.v1.ResidencyPlanEntry
-	(*ListProfilesRequest)(nil),   // 12: gpuplane.v1.ListProfilesRequest
-	(*ListProfilesResponse)(nil),  // 13: gpuplane.v1.ListProfilesResponse
-	(*ResidencyProfile)(nil),      // 14: gpuplane.v1.ResidencyProfile
-	(*timestamppb.Timestamp)(nil), // 15: google.protobuf.Timestamp
+	(*ListRequestsRequest)(nil),   // 1: gpuplane.v1.ListRequestsRequest
+	(*ListRequestsResponse)(nil),  // 2: gpuplane.v1.ListRequestsResponse
+	(*RequestRecord)(nil),         // 3: gpuplane.v1.RequestRecord
+	(*OperateRequest)(nil),        // 4: gpuplane.v1.OperateRequest
+	(*OperateResponse)(nil),       // 5: gpuplane.v1.OperateResponse
+	(*OperateResult)(nil),         // 6: gpuplane.v1.OperateResult
+	(*ListDecisionsRequest)(nil),  // 7: gpuplane.v1.ListDecisionsRequest
+	(*ListDecisionsResponse)(nil), // 8: gpuplane.v1.ListDecisionsResponse
+	(*ResidencyDecision)(nil),     // 9: gpuplane.v1.ResidencyDecision
+	(*ResidencyInputs)(nil),       // 10: gpuplane.v1.ResidencyInputs
+	(*GetPlanRequest)(nil),        // 11: gpuplane.v1.GetPlanRequest
+	(*GetPlanResponse)(nil),       // 12: gpuplane.v1.GetPlanResponse
+	(*ResidencyCardPlan)(nil),     // 13: gpuplane.v1.ResidencyCardPlan
+	(*ResidencyPlanEntry)(nil),    // 14: gpuplane.v1.ResidencyPlanEntry
+	(*ListProfilesRequest)(nil),   // 15: gpuplane.v1.ListProfilesRequest
+	(*ListProfilesResponse)(nil),  // 16: gpuplane.v1.ListProfilesResponse
+	(*ResidencyProfile)(nil),      // 17: gpuplane.v1.ResidencyProfile
+	(*timestamppb.Timestamp)(nil), // 18: google.protobuf.Timestamp
 }
 var file_gpuplane_v1_residency_proto_depIdxs = []int32{
-	0,  // 0: gpuplane.v1.OperateRequest.action:type_name -> gpuplane.v1.OperateAction
-	3,  // 1: gpuplane.v1.OperateResponse.results:type_name -> gpuplane.v1.OperateResult
-	6,  // 2: gpuplane.v1.ListDecisionsResponse.decisions:type_name -> gpuplane.v1.ResidencyDecision
-	15, // 3: gpuplane.v1.ResidencyDecision.time:type_name -> google.protobuf.Timestamp
-	7,  // 4: gpuplane.v1.ResidencyDecision.inputs:type_name -> gpuplane.v1.ResidencyInputs
-	10, // 5: gpuplane.v1.GetPlanResponse.cards:type_name -> gpuplane.v1.ResidencyCardPlan
-	11, // 6: gpuplane.v1.ResidencyCardPlan.entries:type_name -> gpuplane.v1.ResidencyPlanEntry
-	15, // 7: gpuplane.v1.ResidencyCardPlan.observed_at:type_name -> google.protobuf.Timestamp
-	15, // 8: gpuplane.v1.ResidencyPlanEntry.next_request:type_name -> google.protobuf.Timestamp
-	15, // 9: gpuplane.v1.ResidencyPlanEntry.wait_since:type_name -> google.protobuf.Timestamp
-	15, // 10: gpuplane.v1.ResidencyPlanEntry.wait_by:type_name -> google.protobuf.Timestamp
-	15, // 11: gpuplane.v1.ResidencyPlanEntry.next_at:type_name -> google.protobuf.Timestamp
-	14, // 12: gpuplane.v1.ListProfilesResponse.profiles:type_name -> gpuplane.v1.ResidencyProfile
-	4,  // 13: gpuplane.v1.ResidencyService.ListDecisions:input_type -> gpuplane.v1.ListDecisionsRequest
-	8,  // 14: gpuplane.v1.ResidencyService.GetPlan:input_type -> gpuplane.v1.GetPlanRequest
-	12, // 15: gpuplane.v1.ResidencyService.ListProfiles:input_type -> gpuplane.v1.ListProfilesRequest
-	1,  // 16: gpuplane.v1.ResidencyService.Operate:input_type -> gpuplane.v1.OperateRequest
-	5,  // 17: gpuplane.v1.ResidencyService.ListDecisions:output_type -> gpuplane.v1.ListDecisionsResponse
-	9,  // 18: gpuplane.v1.ResidencyService.GetPlan:output_type -> gpuplane.v1.GetPlanResponse
-	13, // 19: gpuplane.v1.ResidencyService.ListProfiles:output_type -> gpuplane.v1.ListProfilesResponse
-	2,  // 20: gpuplane.v1.ResidencyService.Operate:output_type -> gpuplane.v1.OperateResponse
-	17, // [17:21] is the sub-list for method output_type
-	13, // [13:17] is the sub-list for method input_type
-	13, // [13:13] is the sub-list for extension type_name
-	13, // [13:13] is the sub-list for extension extendee
-	0,  // [0:13] is the sub-list for field type_name
+	18, // 0: gpuplane.v1.ListRequestsRequest.since:type_name -> google.protobuf.Timestamp
+	3,  // 1: gpuplane.v1.ListRequestsResponse.requests:type_name -> gpuplane.v1.RequestRecord
+	18, // 2: gpuplane.v1.RequestRecord.arrived:type_name -> google.protobuf.Timestamp
+	0,  // 3: gpuplane.v1.OperateRequest.action:type_name -> gpuplane.v1.OperateAction
+	6,  // 4: gpuplane.v1.OperateResponse.results:type_name -> gpuplane.v1.OperateResult
+	9,  // 5: gpuplane.v1.ListDecisionsResponse.decisions:type_name -> gpuplane.v1.ResidencyDecision
+	18, // 6: gpuplane.v1.ResidencyDecision.time:type_name -> google.protobuf.Timestamp
+	10, // 7: gpuplane.v1.ResidencyDecision.inputs:type_name -> gpuplane.v1.ResidencyInputs
+	13, // 8: gpuplane.v1.GetPlanResponse.cards:type_name -> gpuplane.v1.ResidencyCardPlan
+	14, // 9: gpuplane.v1.ResidencyCardPlan.entries:type_name -> gpuplane.v1.ResidencyPlanEntry
+	18, // 10: gpuplane.v1.ResidencyCardPlan.observed_at:type_name -> google.protobuf.Timestamp
+	18, // 11: gpuplane.v1.ResidencyPlanEntry.next_request:type_name -> google.protobuf.Timestamp
+	18, // 12: gpuplane.v1.ResidencyPlanEntry.wait_since:type_name -> google.protobuf.Timestamp
+	18, // 13: gpuplane.v1.ResidencyPlanEntry.wait_by:type_name -> google.protobuf.Timestamp
+	18, // 14: gpuplane.v1.ResidencyPlanEntry.next_at:type_name -> google.protobuf.Timestamp
+	17, // 15: gpuplane.v1.ListProfilesResponse.profiles:type_name -> gpuplane.v1.ResidencyProfile
+	7,  // 16: gpuplane.v1.ResidencyService.ListDecisions:input_type -> gpuplane.v1.ListDecisionsRequest
+	11, // 17: gpuplane.v1.ResidencyService.GetPlan:input_type -> gpuplane.v1.GetPlanRequest
+	15, // 18: gpuplane.v1.ResidencyService.ListProfiles:input_type -> gpuplane.v1.ListProfilesRequest
+	4,  // 19: gpuplane.v1.ResidencyService.Operate:input_type -> gpuplane.v1.OperateRequest
+	1,  // 20: gpuplane.v1.ResidencyService.ListRequests:input_type -> gpuplane.v1.ListRequestsRequest
+	8,  // 21: gpuplane.v1.ResidencyService.ListDecisions:output_type -> gpuplane.v1.ListDecisionsResponse
+	12, // 22: gpuplane.v1.ResidencyService.GetPlan:output_type -> gpuplane.v1.GetPlanResponse
+	16, // 23: gpuplane.v1.ResidencyService.ListProfiles:output_type -> gpuplane.v1.ListProfilesResponse
+	5,  // 24: gpuplane.v1.ResidencyService.Operate:output_type -> gpuplane.v1.OperateResponse
+	2,  // 25: gpuplane.v1.ResidencyService.ListRequests:output_type -> gpuplane.v1.ListRequestsResponse
+	21, // [21:26] is the sub-list for method output_type
+	16, // [16:21] is the sub-list for method input_type
+	16, // [16:16] is the sub-list for extension type_name
+	16, // [16:16] is the sub-list for extension extendee
+	0,  // [0:16] is the sub-list for field type_name
 }
 
 func init() { file_gpuplane_v1_residency_proto_init() }
@@ -1527,13 +1803,14 @@ func file_gpuplane_v1_residency_proto_init() {
 	if File_gpuplane_v1_residency_proto != nil {
 		return
 	}
+	file_gpuplane_v1_residency_proto_msgTypes[0].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_gpuplane_v1_residency_proto_rawDesc), len(file_gpuplane_v1_residency_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   14,
+			NumMessages:   17,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -45,6 +45,9 @@ const (
 	// ResidencyServiceOperateProcedure is the fully-qualified name of the ResidencyService's Operate
 	// RPC.
 	ResidencyServiceOperateProcedure = "/gpuplane.v1.ResidencyService/Operate"
+	// ResidencyServiceListRequestsProcedure is the fully-qualified name of the ResidencyService's
+	// ListRequests RPC.
+	ResidencyServiceListRequestsProcedure = "/gpuplane.v1.ResidencyService/ListRequests"
 )
 
 // ResidencyServiceClient is a client for the gpuplane.v1.ResidencyService service.
@@ -64,6 +67,11 @@ type ResidencyServiceClient interface {
 	// model's unload, a card that cannot hold the model) is an error naming
 	// its reason.
 	Operate(context.Context, *connect.Request[v1.OperateRequest]) (*connect.Response[v1.OperateResponse], error)
+	// ListRequests returns the requests a node's gateway served from its
+	// cards, from the node's bounded record (node/traffic), oldest first:
+	// what `simulate serve --from-node` replays. Tenant names do not leave
+	// the node: each becomes t1, t2, ... in the order first seen.
+	ListRequests(context.Context, *connect.Request[v1.ListRequestsRequest]) (*connect.Response[v1.ListRequestsResponse], error)
 }
 
 // NewResidencyServiceClient constructs a client for the gpuplane.v1.ResidencyService service. By
@@ -101,6 +109,12 @@ func NewResidencyServiceClient(httpClient connect.HTTPClient, baseURL string, op
 			connect.WithSchema(residencyServiceMethods.ByName("Operate")),
 			connect.WithClientOptions(opts...),
 		),
+		listRequests: connect.NewClient[v1.ListRequestsRequest, v1.ListRequestsResponse](
+			httpClient,
+			baseURL+ResidencyServiceListRequestsProcedure,
+			connect.WithSchema(residencyServiceMethods.ByName("ListRequests")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
@@ -110,6 +124,7 @@ type residencyServiceClient struct {
 	getPlan       *connect.Client[v1.GetPlanRequest, v1.GetPlanResponse]
 	listProfiles  *connect.Client[v1.ListProfilesRequest, v1.ListProfilesResponse]
 	operate       *connect.Client[v1.OperateRequest, v1.OperateResponse]
+	listRequests  *connect.Client[v1.ListRequestsRequest, v1.ListRequestsResponse]
 }
 
 // ListDecisions calls gpuplane.v1.ResidencyService.ListDecisions.
@@ -132,6 +147,11 @@ func (c *residencyServiceClient) Operate(ctx context.Context, req *connect.Reque
 	return c.operate.CallUnary(ctx, req)
 }
 
+// ListRequests calls gpuplane.v1.ResidencyService.ListRequests.
+func (c *residencyServiceClient) ListRequests(ctx context.Context, req *connect.Request[v1.ListRequestsRequest]) (*connect.Response[v1.ListRequestsResponse], error) {
+	return c.listRequests.CallUnary(ctx, req)
+}
+
 // ResidencyServiceHandler is an implementation of the gpuplane.v1.ResidencyService service.
 type ResidencyServiceHandler interface {
 	// ListDecisions streams recorded decisions, oldest first per node; with
@@ -149,6 +169,11 @@ type ResidencyServiceHandler interface {
 	// model's unload, a card that cannot hold the model) is an error naming
 	// its reason.
 	Operate(context.Context, *connect.Request[v1.OperateRequest]) (*connect.Response[v1.OperateResponse], error)
+	// ListRequests returns the requests a node's gateway served from its
+	// cards, from the node's bounded record (node/traffic), oldest first:
+	// what `simulate serve --from-node` replays. Tenant names do not leave
+	// the node: each becomes t1, t2, ... in the order first seen.
+	ListRequests(context.Context, *connect.Request[v1.ListRequestsRequest]) (*connect.Response[v1.ListRequestsResponse], error)
 }
 
 // NewResidencyServiceHandler builds an HTTP handler from the service implementation. It returns the
@@ -182,6 +207,12 @@ func NewResidencyServiceHandler(svc ResidencyServiceHandler, opts ...connect.Han
 		connect.WithSchema(residencyServiceMethods.ByName("Operate")),
 		connect.WithHandlerOptions(opts...),
 	)
+	residencyServiceListRequestsHandler := connect.NewUnaryHandler(
+		ResidencyServiceListRequestsProcedure,
+		svc.ListRequests,
+		connect.WithSchema(residencyServiceMethods.ByName("ListRequests")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/gpuplane.v1.ResidencyService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case ResidencyServiceListDecisionsProcedure:
@@ -192,6 +223,8 @@ func NewResidencyServiceHandler(svc ResidencyServiceHandler, opts ...connect.Han
 			residencyServiceListProfilesHandler.ServeHTTP(w, r)
 		case ResidencyServiceOperateProcedure:
 			residencyServiceOperateHandler.ServeHTTP(w, r)
+		case ResidencyServiceListRequestsProcedure:
+			residencyServiceListRequestsHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -215,4 +248,8 @@ func (UnimplementedResidencyServiceHandler) ListProfiles(context.Context, *conne
 
 func (UnimplementedResidencyServiceHandler) Operate(context.Context, *connect.Request[v1.OperateRequest]) (*connect.Response[v1.OperateResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("gpuplane.v1.ResidencyService.Operate is not implemented"))
+}
+
+func (UnimplementedResidencyServiceHandler) ListRequests(context.Context, *connect.Request[v1.ListRequestsRequest]) (*connect.Response[v1.ListRequestsResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("gpuplane.v1.ResidencyService.ListRequests is not implemented"))
 }

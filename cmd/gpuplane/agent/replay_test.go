@@ -1,0 +1,139 @@
+package agent_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"os"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/openai/openai-go/v3"
+)
+
+// replayLoad is how long TestReplayFromTheCardsOwnTraffic offers its mixed
+// load: 20 s here, GPUPLANE_REPLAY_SECONDS for the long check (600 for the
+// issue's 10 minutes; bench/RESULTS.md).
+func replayLoad(t *testing.T) time.Duration {
+	if s := os.Getenv("GPUPLANE_REPLAY_SECONDS"); s != "" {
+		var n int
+		if _, err := fmt.Sscan(s, &n); err != nil || n <= 0 {
+			t.Fatalf("GPUPLANE_REPLAY_SECONDS=%q: want seconds > 0", s)
+		}
+		return time.Duration(n) * time.Second
+	}
+	return 20 * time.Second
+}
+
+// TestReplayFromTheCardsOwnTraffic: a --dev agent with sim engines serves a
+// mixed load — an interactive pinned chat, a standard onDemand coder and a
+// background onDemand batch model that do not fit beside each other — and
+// records it; `simulate serve --from-node` replays the record through the
+// controller and reproduces each model's SLO attainment within 5 points of
+// what the gateway measured; the same traffic on a card twice as large
+// (--card-memory) keeps both onDemand models resident: no evictions.
+func TestReplayFromTheCardsOwnTraffic(t *testing.T) {
+	n := newNode(t, "replay", true, "l4=1")
+	n.cfg.Dev, n.cfg.BootstrapExpect = true, 0
+	n.start(t)
+	gpuplane(t, n, "accelerators", "create", "shared", "--device", "l4", "--tenancy", "shared", "--max-models", "4")
+	for _, m := range []struct{ name, residency, priority, percent, slo, tps, load string }{
+		{"chat", "pinned", "interactive", "40", "400", "100", "0.5"},
+		{"coder", "onDemand", "standard", "45", "1500", "100", "1"},
+		{"batch", "onDemand", "background", "45", "0", "100", "1"},
+	} {
+		slo := ""
+		if m.slo != "0" {
+			slo = fmt.Sprintf("\n  slo: {ttftMs: %s}", m.slo)
+		}
+		applySpec(t, n, m.name, fmt.Sprintf(`resource: ModelDeployment
+resourceVersion: v1
+metadata: {name: %s}
+spec:
+  model: /models/%s
+  residency: %s
+  priority: %s%s
+  placement: {accelerator: shared}
+  engine: {kind: sim, memoryPercent: %s, args: ["--tokens-per-second", %q, "--load-seconds", %q]}
+`, m.name, m.name, m.residency, m.priority, slo, m.percent, m.tps, m.load))
+	}
+	waitServed(t, n.a.GatewayURL(), "chat")
+	c := openaiClient(n)
+	// The warm-up requests above are part of the record too: the replay
+	// starts from what the card saw first.
+	rng := rand.New(rand.NewPCG(7, 7))
+	var wg sync.WaitGroup
+	end := time.Now().Add(replayLoad(t))
+	for _, s := range []struct {
+		model  string
+		perSec float64
+		tokens int64
+	}{{"chat", 2, 8}, {"coder", 0.5, 30}, {"batch", 1, 60}} {
+		wg.Add(1)
+		go func(gap float64) {
+			defer wg.Done()
+			var inner sync.WaitGroup
+			for time.Now().Before(end) {
+				time.Sleep(time.Duration(gap * float64(time.Second)))
+				inner.Add(1)
+				go func() {
+					defer inner.Done()
+					ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+					defer cancel()
+					_, _ = c.Completions.New(ctx, openai.CompletionNewParams{Model: openai.CompletionNewParamsModel(s.model),
+						Prompt: openai.CompletionNewParamsPromptUnion{OfString: openai.String("hello replay")}, MaxTokens: openai.Int(s.tokens)})
+				}()
+			}
+			inner.Wait()
+		}(rng.ExpFloat64() / s.perSec)
+	}
+	wg.Wait()
+
+	type row struct {
+		Model                   string
+		Offered                 int
+		ServedSLO, SimulatedSLO float64
+		WhatIfSLO               *float64
+	}
+	var base, bigger struct {
+		Requests                         int
+		Models                           []row
+		BestEffort                       []string
+		ColdLoads, Evictions             int
+		WhatIfColdLoads, WhatIfEvictions *int
+	}
+	out := gpuplane(t, n, "simulate", "serve", "--from-node", "replay", "-o", "json")
+	if err := json.Unmarshal([]byte(out), &base); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	t.Logf("replay:\n%s", gpuplane(t, n, "simulate", "serve", "--from-node", "replay"))
+	if base.Requests < 20 || len(base.Models) != 3 {
+		t.Fatalf("replay of %d requests over %d models, want the load's three models: %s", base.Requests, len(base.Models), out)
+	}
+	for _, m := range base.Models {
+		if d := math.Abs(m.SimulatedSLO - m.ServedSLO); d > 0.05 {
+			t.Errorf("%s: %.1f%% within SLO as served, %.1f%% as simulated: %.1f points apart, want ≤ 5", m.Model, 100*m.ServedSLO, 100*m.SimulatedSLO, 100*d)
+		}
+	}
+	out = gpuplane(t, n, "simulate", "serve", "--from-node", "replay", "--card-memory", "48GiB", "-o", "json")
+	if err := json.Unmarshal([]byte(out), &bigger); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	t.Logf("what if 48GiB:\n%s", gpuplane(t, n, "simulate", "serve", "--from-node", "replay", "--card-memory", "48GiB"))
+	for _, m := range bigger.Models {
+		if m.WhatIfSLO == nil {
+			t.Fatalf("%s: no what-if figure: %s", m.Model, out)
+		}
+	}
+	// On a card that holds all three, the onDemand models stop evicting
+	// each other.
+	if bigger.Evictions == 0 || bigger.WhatIfEvictions == nil || *bigger.WhatIfEvictions != 0 {
+		t.Errorf("evictions %d on the card, %v on 48 GiB: want the evictions gone", bigger.Evictions, bigger.WhatIfEvictions)
+	}
+	if _, err := tryCLI(n, "simulate", "serve", "--from-node", "replay", "--remove", "nosuch"); err == nil {
+		t.Error("--remove of a model not on the card was accepted")
+	}
+}

@@ -1,0 +1,544 @@
+package cli
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"connectrpc.com/connect"
+	"github.com/spf13/cobra"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/gpuplane/gpuplane/cmd/gpuplane/descriptor"
+	"github.com/gpuplane/gpuplane/fsm"
+	"github.com/gpuplane/gpuplane/node/sim/simserve"
+	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
+)
+
+// `gpuplane simulate serve --from-node`: the serving simulator over the
+// traffic one card actually served (its node's request record,
+// ResidencyService.ListRequests), with the card's own deployments and the
+// profiles its node learned; then what-ifs on the same traffic.
+
+// fromNode is what --from-node asks.
+type fromNode struct {
+	node       string
+	card       int // -1: the only card with records
+	since      time.Duration
+	cardMemory string
+	add        []string
+	remove     []string
+	set        []string
+	policy     string
+	seed       uint64
+}
+
+// whatIf reports whether any what-if is asked.
+func (f fromNode) whatIf() bool {
+	return f.cardMemory != "" || len(f.add) > 0 || len(f.remove) > 0 || len(f.set) > 0
+}
+
+// replayModel is one model's SLO attainment as served, as simulated and
+// under the what-if.
+type replayModel struct {
+	Model     string   `json:"model"`
+	Class     string   `json:"class"`
+	Offered   int      `json:"offered"`
+	Served    float64  `json:"servedSLO"`
+	Simulated float64  `json:"simulatedSLO"`
+	WhatIf    *float64 `json:"whatIfSLO,omitempty"`
+}
+
+// replayResult is what --from-node prints.
+type replayResult struct {
+	Node     string        `json:"node"`
+	Card     uint32        `json:"card"`
+	Requests int           `json:"requests"`
+	Seconds  float64       `json:"seconds"`
+	Policy   string        `json:"policy"`
+	WhatIf   []string      `json:"whatIf,omitempty"`
+	Models   []replayModel `json:"models"`
+	// ColdLoads and Evictions on the card as simulated, and under the
+	// what-if.
+	ColdLoads       int  `json:"coldLoads"`
+	Evictions       int  `json:"evictions"`
+	WhatIfColdLoads *int `json:"whatIfColdLoads,omitempty"`
+	WhatIfEvictions *int `json:"whatIfEvictions,omitempty"`
+	// BestEffort are the models under 90% of their requests within SLO
+	// under the what-if (or as simulated, without one).
+	BestEffort []string `json:"bestEffort"`
+}
+
+// runFromNode checks the --from-node flags and runs the replay.
+func (g *globals) runFromNode(cmd *cobra.Command, f fromNode, configPath, policy string, seed uint64) error {
+	switch {
+	case f.node == "":
+		return usageErrorf(cmd, "--card, --since, --card-memory, --add, --remove and --set need --from-node")
+	case configPath != "":
+		return usageErrorf(cmd, "--from-node replaces --config: give one of them")
+	case strings.EqualFold(policy, policyAll):
+		return usageErrorf(cmd, "--from-node replays under one policy: give --policy gpuplane (the default) or one baseline")
+	case f.card < -1:
+		return usageErrorf(cmd, "invalid --card %d: must be ≥ 0", f.card)
+	case f.since < 0:
+		return usageErrorf(cmd, "invalid --since %s: must be > 0", f.since)
+	}
+	p, err := simserve.ParsePolicy(policy)
+	if err != nil {
+		return usageErrorf(cmd, "invalid --policy %q: want %s", policy, strings.Join(simserve.Policies, ", "))
+	}
+	f.policy, f.seed = p, seed
+	api, err := g.api(cmd)
+	if err != nil {
+		return err
+	}
+	return g.simulateFromNode(ctx(cmd), api, f)
+}
+
+func (g *globals) simulateFromNode(c context.Context, api *apiClients, f fromNode) error {
+	req := &pb.ListRequestsRequest{Node: f.node}
+	if f.card >= 0 {
+		card := uint32(f.card)
+		req.Card = &card
+	}
+	if f.since > 0 {
+		req.Since = timestamppb.New(time.Now().Add(-f.since))
+	}
+	resp, err := api.Residency.ListRequests(c, connect.NewRequest(req))
+	if err != nil {
+		return err
+	}
+	recs := resp.Msg.GetRequests()
+	cards := map[uint32]bool{}
+	for _, r := range recs {
+		cards[r.GetCard()] = true
+	}
+	switch {
+	case len(recs) == 0:
+		return fmt.Errorf("simulate serve --from-node %s: no requests recorded on that node%s", f.node, sinceText(f.since))
+	case len(cards) > 1:
+		var cs []string
+		for _, k := range slices.Sorted(mapsKeys(cards)) {
+			cs = append(cs, strconv.Itoa(int(k)))
+		}
+		return fmt.Errorf("simulate serve --from-node %s: requests recorded on cards %s: give --card", f.node, strings.Join(cs, ", "))
+	}
+	card := recs[0].GetCard()
+	cfg, err := cardConfig(c, api, f.node, card, recs)
+	if err != nil {
+		return fmt.Errorf("simulate serve --from-node %s: %w", f.node, err)
+	}
+	dir, err := os.MkdirTemp("", "gpuplane-replay-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	trace, seconds, err := writeRecordTrace(dir, recs, cfg)
+	if err != nil {
+		return err
+	}
+	cfg.DurationSeconds = seconds + 1
+	run := func(cfg *simserve.Config) (simserve.Result, error) {
+		b, err := json.Marshal(cfg)
+		if err != nil {
+			return simserve.Result{}, err
+		}
+		parsed, err := simserve.ParseConfig(filepath.Join(dir, "card.yaml"), b)
+		if err != nil {
+			return simserve.Result{}, err
+		}
+		// As the agent runs: its controller learns the figures (no
+		// priors) and serves without a protected set.
+		parsed.ExactPriors, parsed.NoBestEffort = false, true
+		w, err := simserve.NewWorkload(parsed, []string{trace}, f.seed)
+		if err != nil {
+			return simserve.Result{}, err
+		}
+		return simserve.Run(parsed, w, f.policy, f.seed)
+	}
+	base, err := run(cfg)
+	if err != nil {
+		return fmt.Errorf("simulate serve --from-node %s: %w", f.node, err)
+	}
+	out := replayResult{Node: f.node, Card: card, Requests: len(recs), Seconds: seconds, Policy: f.policy,
+		ColdLoads: base.ColdLoads, Evictions: base.Evictions}
+	served := servedSLO(recs, cfg)
+	for _, m := range base.Models {
+		if m.Requests == 0 {
+			continue
+		}
+		out.Models = append(out.Models, replayModel{Model: m.Model, Class: m.Class, Offered: m.Requests, Served: served[m.Model], Simulated: m.SLO / 100})
+	}
+	final := base
+	if f.whatIf() {
+		wcfg, what, err := applyWhatIf(cfg, f)
+		if err != nil {
+			return err
+		}
+		out.WhatIf = what
+		if final, err = run(wcfg); err != nil {
+			return fmt.Errorf("simulate serve --from-node %s: what-if: %w", f.node, err)
+		}
+		out.WhatIfColdLoads, out.WhatIfEvictions = &final.ColdLoads, &final.Evictions
+		for i := range out.Models {
+			for _, m := range final.Models {
+				if m.Model == out.Models[i].Model {
+					v := m.SLO / 100
+					out.Models[i].WhatIf = &v
+				}
+			}
+		}
+	}
+	for _, m := range final.Models {
+		if m.Requests > 0 && m.SLO < 90 {
+			out.BestEffort = append(out.BestEffort, m.Model)
+		}
+	}
+	return g.printValue(out, func(w io.Writer) error { return writeReplay(w, out) })
+}
+
+func sinceText(d time.Duration) string {
+	if d <= 0 {
+		return ""
+	}
+	return " in the last " + shortDuration(d)
+}
+
+func mapsKeys[K comparable, V any](m map[K]V) func(func(K) bool) {
+	return func(yield func(K) bool) {
+		for k := range m {
+			if !yield(k) {
+				return
+			}
+		}
+	}
+}
+
+// cardConfig is the simulator's card: its memory, the deployments placed
+// on it (and those the record names) with their classes, residencies,
+// shares and targets, and what the node learned of each (load and wake
+// times, footprint, tokens/s), as the controller knows them.
+func cardConfig(c context.Context, api *apiClients, node string, card uint32, recs []*pb.RequestRecord) (*simserve.Config, error) {
+	n, err := api.Nodes.GetNode(c, connect.NewRequest(&pb.GetNodeRequest{Name: node}))
+	if err != nil {
+		return nil, err
+	}
+	var memMiB uint64
+	for _, cd := range n.Msg.GetNode().GetCards() {
+		if cd.GetIndex() == card {
+			memMiB = cd.GetMemoryMib()
+		}
+	}
+	if memMiB == 0 {
+		return nil, fmt.Errorf("node %s has no card %d", node, card)
+	}
+	reps, err := api.Models.ListReplicas(c, connect.NewRequest(&pb.ListReplicasRequest{Node: node}))
+	if err != nil {
+		return nil, err
+	}
+	share := map[string]uint64{}
+	for _, r := range reps.Msg.GetReplicas() {
+		if len(r.GetCards()) > 0 && r.GetCards()[0] == card {
+			share[r.GetModel()] = max(share[r.GetModel()], r.GetMemoryMib())
+		}
+	}
+	for _, r := range recs {
+		if _, ok := share[r.GetDeployment()]; !ok {
+			share[r.GetDeployment()] = 0
+		}
+	}
+	profs, err := api.Residency.ListProfiles(c, connect.NewRequest(&pb.ListProfilesRequest{Node: node}))
+	if err != nil {
+		return nil, err
+	}
+	cfg := &simserve.Config{Card: simserve.CardConfig{Name: fmt.Sprintf("%s/%d", node, card), MemoryGiB: float64(memMiB) / 1024}}
+	for _, name := range slices.Sorted(mapsKeys(share)) {
+		m, err := api.Models.GetModel(c, connect.NewRequest(&pb.GetModelRequest{Name: name}))
+		if err != nil {
+			return nil, fmt.Errorf("deployment %s: %w", name, err)
+		}
+		spec := m.Msg.GetModel().GetSpec()
+		mib := share[name]
+		if mib == 0 {
+			mib = shareOf(spec, memMiB)
+		}
+		cfg.Models = append(cfg.Models, modelConfig(name, spec, mib, profs.Msg.GetProfiles()))
+	}
+	tenants := map[string]bool{}
+	for _, r := range recs {
+		tenants[r.GetTenant()] = true
+	}
+	for _, t := range slices.Sorted(mapsKeys(tenants)) {
+		cfg.Tenants = append(cfg.Tenants, simserve.TenantConfig{Name: t, Weight: 1})
+	}
+	return cfg, nil
+}
+
+// shareOf is a deployment's share of a card of memMiB, in MiB.
+func shareOf(spec *pb.ModelSpec, memMiB uint64) uint64 {
+	if m := spec.GetEngine().GetMemoryMib(); m > 0 {
+		return m
+	}
+	if p := spec.GetEngine().GetMemoryPercent(); p > 0 {
+		return memMiB * uint64(p) / 100
+	}
+	return memMiB
+}
+
+// modelConfig maps a deployment onto the simulator's model: the learned
+// profile's figures where its node measured them, else the sim engine's
+// own flags, else the simulator's defaults.
+func modelConfig(name string, spec *pb.ModelSpec, shareMiB uint64, profs []*pb.ResidencyProfile) simserve.ModelConfig {
+	mc := simserve.ModelConfig{
+		Name: name, Class: fsm.PriorityName(spec.GetPriority()), Residency: fsm.ResidencyName(spec.GetResidency()),
+		MemoryGiB: float64(shareMiB) / 1024, SLOTTFTSeconds: float64(spec.GetSlo().GetTtftMs()) / 1000,
+	}
+	args := spec.GetEngine().GetArgs()
+	flag := func(name string) float64 {
+		for i, a := range args {
+			if a == name && i+1 < len(args) {
+				v, _ := strconv.ParseFloat(args[i+1], 64)
+				return v
+			}
+			if v, ok := strings.CutPrefix(a, name+"="); ok {
+				f, _ := strconv.ParseFloat(v, 64)
+				return f
+			}
+		}
+		return 0
+	}
+	mc.TokensPerSecond = flag("--tokens-per-second")
+	mc.LoadSeconds = flag("--load-seconds")
+	for _, p := range profs {
+		if p.GetModel() != spec.GetModel() || p.GetQuantization() != spec.GetEngine().GetQuantization() {
+			continue
+		}
+		if p.GetLoads() > 0 && p.GetLoadMs() > 0 {
+			mc.LoadSeconds = float64(p.GetLoadMs()) / 1000
+		}
+		if p.GetWakes() > 0 && p.GetWakeMs() > 0 {
+			mc.WakeSeconds = float64(p.GetWakeMs()) / 1000
+		}
+		if p.GetTokensPerSecond() > 0 {
+			mc.TokensPerSecond = p.GetTokensPerSecond()
+		}
+		if f := p.GetFootprintBytes(); f > 0 {
+			mc.MemoryGiB = max(mc.MemoryGiB, float64(f)/(1<<30))
+		}
+	}
+	if mc.TokensPerSecond <= 0 {
+		mc.TokensPerSecond = 50
+	}
+	if mc.LoadSeconds <= 0 {
+		mc.LoadSeconds = 1
+	}
+	return mc
+}
+
+// writeRecordTrace writes the record as gpuplane's JSONL trace: arrival
+// times from the first request, each request's model (and adapter),
+// tenant and lengths. A request that got no answer is offered with its
+// model's mean output. It returns the file and the span in seconds.
+func writeRecordTrace(dir string, recs []*pb.RequestRecord, cfg *simserve.Config) (string, float64, error) {
+	mean := map[string][2]int64{}
+	for _, r := range recs {
+		if r.GetOutcome() == "served" {
+			m := mean[r.GetDeployment()]
+			mean[r.GetDeployment()] = [2]int64{m[0] + r.GetOutputTokens(), m[1] + 1}
+		}
+	}
+	path := filepath.Join(dir, "record.jsonl")
+	f, err := os.Create(path)
+	if err != nil {
+		return "", 0, err
+	}
+	bw := bufio.NewWriter(f)
+	start := recs[0].GetArrived().AsTime()
+	var span float64
+	for _, r := range recs {
+		out := r.GetOutputTokens()
+		if r.GetOutcome() != "served" || out <= 0 {
+			if m := mean[r.GetDeployment()]; m[1] > 0 {
+				out = max(m[0]/m[1], 1)
+			} else {
+				out = 16
+			}
+		}
+		model := r.GetDeployment()
+		if r.GetAdapter() != "" && slices.ContainsFunc(cfg.Models, func(m simserve.ModelConfig) bool { return slices.Contains(m.Adapters, r.GetAdapter()) }) {
+			model += ":" + r.GetAdapter()
+		}
+		span = r.GetArrived().AsTime().Sub(start).Seconds()
+		line, _ := json.Marshal(map[string]any{"time": span, "model": model, "tenant": r.GetTenant(),
+			"prompt_tokens": max(r.GetPromptTokens(), 1), "output_tokens": out})
+		bw.Write(line)
+		bw.WriteByte('\n')
+	}
+	if err := bw.Flush(); err != nil {
+		f.Close()
+		return "", 0, err
+	}
+	return path, span, f.Close()
+}
+
+// servedSLO is each model's share of its recorded requests that were
+// served within its TTFT target (served at all, where it has none): the
+// simulator's measure, on what the gateway measured.
+func servedSLO(recs []*pb.RequestRecord, cfg *simserve.Config) map[string]float64 {
+	slo := map[string]float64{}
+	for _, m := range cfg.Models {
+		slo[m.Name] = m.SLOTTFTSeconds
+	}
+	ok, all := map[string]int{}, map[string]int{}
+	for _, r := range recs {
+		m := r.GetDeployment()
+		all[m]++
+		if r.GetOutcome() == "served" && (slo[m] == 0 || r.GetTtftSeconds() <= slo[m]) {
+			ok[m]++
+		}
+	}
+	out := map[string]float64{}
+	for m, n := range all {
+		out[m] = float64(ok[m]) / float64(n)
+	}
+	return out
+}
+
+// applyWhatIf is cfg changed as f asks, and the changes in words.
+func applyWhatIf(base *simserve.Config, f fromNode) (*simserve.Config, []string, error) {
+	b, _ := json.Marshal(base)
+	cfg := &simserve.Config{}
+	_ = json.Unmarshal(b, cfg)
+	var what []string
+	if f.cardMemory != "" {
+		gib, err := parseGiB(f.cardMemory)
+		if err != nil {
+			return nil, nil, fmt.Errorf("--card-memory %q: %w", f.cardMemory, err)
+		}
+		what = append(what, fmt.Sprintf("card memory %.0fGiB (was %.1fGiB)", gib, cfg.Card.MemoryGiB))
+		cfg.Card.MemoryGiB = gib
+	}
+	for _, name := range f.remove {
+		i := slices.IndexFunc(cfg.Models, func(m simserve.ModelConfig) bool { return m.Name == name })
+		if i < 0 {
+			return nil, nil, fmt.Errorf("--remove %s: no such model on the card (it has %s)", name, configModels(cfg))
+		}
+		cfg.Models = slices.Delete(cfg.Models, i, i+1)
+		what = append(what, "without "+name+" (its requests are rejected)")
+	}
+	for _, s := range f.set {
+		ref, val, ok := strings.Cut(s, "=")
+		name, field, ok2 := strings.Cut(ref, ".")
+		if !ok || !ok2 {
+			return nil, nil, fmt.Errorf("--set %q: want MODEL.FIELD=VALUE (FIELD class, residency or memoryGiB)", s)
+		}
+		i := slices.IndexFunc(cfg.Models, func(m simserve.ModelConfig) bool { return m.Name == name })
+		if i < 0 {
+			return nil, nil, fmt.Errorf("--set %q: no model %s on the card (it has %s)", s, name, configModels(cfg))
+		}
+		switch field {
+		case "class":
+			cfg.Models[i].Class = val
+		case "residency":
+			cfg.Models[i].Residency = val
+		case "memoryGiB":
+			v, err := strconv.ParseFloat(val, 64)
+			if err != nil || v <= 0 {
+				return nil, nil, fmt.Errorf("--set %q: memoryGiB must be a number > 0", s)
+			}
+			cfg.Models[i].MemoryGiB = v
+		default:
+			return nil, nil, fmt.Errorf("--set %q: field %s: want class, residency or memoryGiB", s, field)
+		}
+		what = append(what, fmt.Sprintf("%s.%s=%s", name, field, val))
+	}
+	for _, path := range f.add {
+		data, err := os.ReadFile(path)
+		if err != nil {
+			return nil, nil, fmt.Errorf("--add: %w", err)
+		}
+		file, err := descriptor.Parse(data)
+		if err != nil {
+			return nil, nil, fmt.Errorf("--add %s: %w", path, err)
+		}
+		for _, r := range file.Resources {
+			if r.ModelDeployment == nil {
+				continue
+			}
+			r.ModelDeployment.SetDefaults(r.Name)
+			spec := r.ModelDeployment.Proto()
+			mc := modelConfig(r.Name, spec, shareOf(spec, uint64(cfg.Card.MemoryGiB*1024)), nil)
+			cfg.Models = append(cfg.Models, mc)
+			what = append(what, fmt.Sprintf("with %s (%s, %s, %.1fGiB; no requests of its own in the record)", r.Name, mc.Residency, mc.Class, mc.MemoryGiB))
+		}
+	}
+	return cfg, what, nil
+}
+
+func configModels(cfg *simserve.Config) string {
+	var names []string
+	for _, m := range cfg.Models {
+		names = append(names, m.Name)
+	}
+	return strings.Join(names, ", ")
+}
+
+// parseGiB reads a memory size: "48GiB", "48Gi", "48G" or "48".
+func parseGiB(s string) (float64, error) {
+	t := strings.TrimSpace(s)
+	for _, suf := range []string{"GiB", "Gi", "G"} {
+		if v, ok := strings.CutSuffix(t, suf); ok {
+			t = v
+			break
+		}
+	}
+	v, err := strconv.ParseFloat(t, 64)
+	if err != nil || v <= 0 {
+		return 0, fmt.Errorf("want a size in GiB > 0, such as 48GiB")
+	}
+	return v, nil
+}
+
+func writeReplay(w io.Writer, r replayResult) error {
+	fmt.Fprintf(w, "node %s card %d: %d requests over %s, replayed under %s\n", r.Node, r.Card, r.Requests,
+		(time.Duration(r.Seconds) * time.Second).String(), r.Policy)
+	for _, x := range r.WhatIf {
+		fmt.Fprintf(w, "what if: %s\n", x)
+	}
+	tw := tabwriter.NewWriter(w, 0, 8, 3, ' ', 0)
+	head := "MODEL\tCLASS\tOFFERED\tSLO AS SERVED\tSLO AS SIMULATED\tDIFF"
+	if len(r.WhatIf) > 0 {
+		head += "\tSLO WHAT-IF"
+	}
+	fmt.Fprintln(tw, head)
+	for _, m := range r.Models {
+		row := fmt.Sprintf("%s\t%s\t%d\t%.1f%%\t%.1f%%\t%+.1f", m.Model, m.Class, m.Offered, 100*m.Served, 100*m.Simulated, 100*(m.Simulated-m.Served))
+		if m.WhatIf != nil {
+			row += fmt.Sprintf("\t%.1f%%", 100**m.WhatIf)
+		}
+		fmt.Fprintln(tw, row)
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	fmt.Fprintf(w, "cold loads %d, evictions %d as simulated", r.ColdLoads, r.Evictions)
+	if r.WhatIfColdLoads != nil {
+		fmt.Fprintf(w, "; %d and %d under the what-if", *r.WhatIfColdLoads, *r.WhatIfEvictions)
+	}
+	fmt.Fprintln(w)
+	be := "none"
+	if len(r.BestEffort) > 0 {
+		be = strings.Join(r.BestEffort, ", ")
+	}
+	_, err := fmt.Fprintf(w, "best-effort (under 90%% within SLO): %s\n", be)
+	return err
+}
