@@ -48,7 +48,13 @@ func checkWait(t *testing.T, w *world, m residency.ModelID, cause string, bounde
 	if bounded && !strings.Contains(e.Reason, "gets the card by "+got.By.Format(time.TimeOnly)) {
 		t.Fatalf("plan reason %q does not give the bound %v", e.Reason, got.By)
 	}
-	ds := waitDecisions(w, m)
+	// One for this wait (an earlier wait of m had its own).
+	var ds []residency.Decision
+	for _, d := range waitDecisions(w, m) {
+		if !d.Time.Before(got.Since) {
+			ds = append(ds, d)
+		}
+	}
 	if len(ds) != 1 || !strings.Contains(ds[0].Reason, "the oldest for") || ds[0].Trigger != residency.TriggerRequest {
 		t.Fatalf("want one wait decision for %s with the oldest request's age, got %+v\n%s", m, ds, w.dump())
 	}
@@ -194,5 +200,29 @@ func TestPlanSaysWhatComesNext(t *testing.T) {
 	}
 	if o := planWait(t, w, "o"); o.State != residency.Sleeping || o.Tier != "disk" || o.HostBytes != 0 {
 		t.Fatalf("o asleep with its weights discarded: tier %s, host %d, want disk and 0", o.Tier, o.HostBytes)
+	}
+}
+
+// TestWaitForItsOwnReturn: requests that come for a model while it drains
+// for a higher class wait for its return, and say so.
+func TestWaitForItsOwnReturn(t *testing.T) {
+	w := newWorld(t, card)
+	std, tr := onDemand("std", 12*gi)
+	w.add(std, tr)
+	chat, tr := onDemand("chat", 12*gi)
+	chat.Priority = residency.Interactive
+	w.add(chat, tr)
+	w.request("std", 10*time.Minute)
+	w.run(time.Minute)
+	w.request("chat", 5*time.Second)
+	w.run(time.Second)
+	w.request("std", time.Second)
+	w.run(3 * time.Second)
+	if w.state("std") != residency.Draining {
+		t.Fatalf("std is %s, want Draining for chat\n%s", w.state("std"), w.dump())
+	}
+	got := checkWait(t, w, "std", "waits for its return: its engine on card gpu0 is being taken off (sleep), its 1 running request finish first", false)
+	if got.Waiting != 1 {
+		t.Fatalf("wait counts %d requests, want the 1 that came during the drain", got.Waiting)
 	}
 }
