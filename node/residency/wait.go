@@ -211,17 +211,6 @@ func (c *Controller) sameClassHolder(r *replica) *replica {
 	return h
 }
 
-// Wait returns why m's requests wait for the card; ok is false for an
-// unknown model or one with none waiting.
-func (c *Controller) Wait(m ModelID) (Wait, bool) {
-	r := c.rep(m)
-	if r == nil {
-		return Wait{}, false
-	}
-	c.sumsOK = false
-	return c.waitOf(r, c.clock.Now())
-}
-
 // noteWaits records a `wait` decision for each model whose requests have
 // waited WaitNoted, once per wait.
 func (c *Controller) noteWaits(now time.Time) {
