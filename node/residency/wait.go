@@ -57,10 +57,7 @@ func (c *Controller) waitOf(r *replica, now time.Time) (w Wait, ok bool) {
 	if n == 0 || r.removed {
 		return Wait{}, false
 	}
-	w = Wait{Waiting: n, Since: r.waitSince}
-	if w.Since.IsZero() || w.Since.After(now) {
-		w.Since = r.since
-	}
+	w = Wait{Waiting: n, Since: waitStart(r, now)}
 	card := c.cfg.Card
 	switch r.state {
 	case Loading, Waking:
@@ -152,6 +149,15 @@ func (c *Controller) waitOf(r *replica, now time.Time) (w Wait, ok bool) {
 	return w, true
 }
 
+// waitStart is when r's wait began: the controller's record of it, else
+// (requests that came while it drains) when its state began.
+func waitStart(r *replica, now time.Time) time.Time {
+	if r.waitSince.IsZero() || r.waitSince.After(now) {
+		return r.since
+	}
+	return r.waitSince
+}
+
 // drainingFor is a model being taken off the card to make room for r, or
 // nil.
 func (c *Controller) drainingFor(r *replica) *replica {
@@ -216,6 +222,10 @@ func (c *Controller) sameClassHolder(r *replica) *replica {
 func (c *Controller) noteWaits(now time.Time) {
 	for i := range c.reps {
 		r := &c.reps[i]
+		// Most steps have nothing to record: no words are made for them.
+		if waiting(r) == 0 || r.removed || now.Sub(waitStart(r, now)) < WaitNoted || r.waitNoted.Equal(waitStart(r, now)) {
+			continue
+		}
 		w, ok := c.waitOf(r, now)
 		if !ok || now.Sub(w.Since) < WaitNoted || r.waitNoted.Equal(w.Since) {
 			continue
