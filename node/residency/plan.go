@@ -106,7 +106,7 @@ func (c *Controller) Plan() []PlanEntry {
 			e.BestEffort = c.be.why[r.dep.Model]
 		}
 		if w, ok := waits[r.dep.Model]; ok {
-			w.Text = w.text(now)
+			w.Text, w.Age = w.text(now), now.Sub(w.Since)
 			if now.Sub(w.Since) >= WaitNoted {
 				e.Wait = w
 			}

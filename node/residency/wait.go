@@ -31,9 +31,10 @@ type Wait struct {
 	// By is when the model gets the card at the latest; zero where no
 	// bound can be given (a full card, a load past its expected time).
 	By time.Time
-	// Text is all of it in one line as of the plan (Text(now)), set in
-	// PlanEntry.Wait.
+	// Text is all of it in one line as of the plan (text(now)), and Age
+	// the oldest request's wait then; set in PlanEntry.Wait.
 	Text string
+	Age  time.Duration
 }
 
 // waiting reports whether r has requests waiting for the card, and how

@@ -123,8 +123,11 @@ spec:
 			t.Errorf("%s: %q, want the plan's cause %q and bound %s", where, text, cause, by)
 		}
 	}
-	same("models get batch", gpuplane(t, n, "models", "get", "batch"))
+	mg := gpuplane(t, n, "models", "get", "batch")
+	t.Logf("models get batch:\n%s", mg)
+	same("models get batch", mg)
 	same("gpuplane ps", gpuplane(t, n, "ps", "-o", "json"))
+	t.Logf("gpuplane ps:\n%s", gpuplane(t, n, "ps"))
 	if ps := gpuplane(t, n, "ps", "--model", "batch"); !regexp.MustCompile(`batch/0\s+waits\s+0\s+Cold\s+-\s+-\s+4\s+\S+\s+gets the card by ` + by).MatchString(ps) {
 		t.Errorf("gpuplane ps:\n%s\nwant batch/0 Cold with 4 queued and the card by %s", ps, by)
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"math"
 	"slices"
 	"strings"
 	"time"
@@ -142,7 +143,7 @@ func psRows(c context.Context, api *apiClients, model, node string) ([]psRow, er
 		switch {
 		case e.GetWaiting() > 0:
 			row.Wait = e.GetWait()
-			row.OldestWait = now.Sub(e.GetWaitSince().AsTime()).Round(time.Second).Seconds()
+			row.OldestWait = math.Round(e.GetWaitedSeconds())
 			if e.GetWaitBy() != nil {
 				at := e.GetWaitBy().AsTime()
 				row.Next, row.NextAt = "gets the card", &at

@@ -61,7 +61,7 @@ func (a Journal) Plan() []*pb.ResidencyCardPlan {
 			pe.Reason = e.Reason
 			pe.Active, pe.HostBytes = int64(e.Active), e.HostBytes
 			if w := e.Wait; w.Waiting > 0 {
-				pe.Waiting, pe.Wait, pe.WaitSince = int64(w.Waiting), w.Text, timestamppb.New(w.Since)
+				pe.Waiting, pe.Wait, pe.WaitSince, pe.WaitedSeconds = int64(w.Waiting), w.Text, timestamppb.New(w.Since), w.Age.Seconds()
 				if !w.By.IsZero() {
 					pe.WaitBy = timestamppb.New(w.By)
 				}

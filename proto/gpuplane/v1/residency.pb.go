@@ -1158,8 +1158,10 @@ type ResidencyPlanEntry struct {
 	HostBytes int64 `protobuf:"varint,18,opt,name=host_bytes,json=hostBytes,proto3" json:"host_bytes,omitempty"`
 	// What the controller will do next without new requests (sleep,
 	// unload, the end of a turn) and when; unset: nothing due.
-	NextAction    string                 `protobuf:"bytes,19,opt,name=next_action,json=nextAction,proto3" json:"next_action,omitempty"`
-	NextAt        *timestamppb.Timestamp `protobuf:"bytes,20,opt,name=next_at,json=nextAt,proto3" json:"next_at,omitempty"`
+	NextAction string                 `protobuf:"bytes,19,opt,name=next_action,json=nextAction,proto3" json:"next_action,omitempty"`
+	NextAt     *timestamppb.Timestamp `protobuf:"bytes,20,opt,name=next_at,json=nextAt,proto3" json:"next_at,omitempty"`
+	// How long the oldest waiting request has waited, as of the plan.
+	WaitedSeconds float64 `protobuf:"fixed64,21,opt,name=waited_seconds,json=waitedSeconds,proto3" json:"waited_seconds,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1332,6 +1334,13 @@ func (x *ResidencyPlanEntry) GetNextAt() *timestamppb.Timestamp {
 		return x.NextAt
 	}
 	return nil
+}
+
+func (x *ResidencyPlanEntry) GetWaitedSeconds() float64 {
+	if x != nil {
+		return x.WaitedSeconds
+	}
+	return 0
 }
 
 type ListProfilesRequest struct {
@@ -1670,7 +1679,7 @@ const file_gpuplane_v1_residency_proto_rawDesc = "" +
 	"\vobserved_at\x18\f \x01(\v2\x1a.google.protobuf.TimestampR\n" +
 	"observedAt\x12\x1d\n" +
 	"\n" +
-	"used_bytes\x18\r \x01(\x03R\tusedBytes\"\x9f\x05\n" +
+	"used_bytes\x18\r \x01(\x03R\tusedBytes\"\xc6\x05\n" +
 	"\x12ResidencyPlanEntry\x12\x14\n" +
 	"\x05model\x18\x01 \x01(\tR\x05model\x12\x1c\n" +
 	"\tresidency\x18\x02 \x01(\tR\tresidency\x12\x1a\n" +
@@ -1696,7 +1705,8 @@ const file_gpuplane_v1_residency_proto_rawDesc = "" +
 	"host_bytes\x18\x12 \x01(\x03R\thostBytes\x12\x1f\n" +
 	"\vnext_action\x18\x13 \x01(\tR\n" +
 	"nextAction\x123\n" +
-	"\anext_at\x18\x14 \x01(\v2\x1a.google.protobuf.TimestampR\x06nextAt\")\n" +
+	"\anext_at\x18\x14 \x01(\v2\x1a.google.protobuf.TimestampR\x06nextAt\x12%\n" +
+	"\x0ewaited_seconds\x18\x15 \x01(\x01R\rwaitedSeconds\")\n" +
 	"\x13ListProfilesRequest\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\"Q\n" +
 	"\x14ListProfilesResponse\x129\n" +
