@@ -64,20 +64,24 @@ spec:
 	c := openaiClient(n)
 	// The warm-up requests above are part of the record too: the replay
 	// starts from what the card saw first.
-	rng := rand.New(rand.NewPCG(7, 7))
+	// Poisson arrivals per model, each stream from its own seed.
 	var wg sync.WaitGroup
 	end := time.Now().Add(replayLoad(t))
-	for _, s := range []struct {
+	for i, s := range []struct {
 		model  string
 		perSec float64
 		tokens int64
 	}{{"chat", 2, 8}, {"coder", 0.5, 30}, {"batch", 1, 60}} {
 		wg.Add(1)
-		go func(gap float64) {
+		go func() {
 			defer wg.Done()
+			rng := rand.New(rand.NewPCG(7, uint64(i)))
 			var inner sync.WaitGroup
-			for time.Now().Before(end) {
-				time.Sleep(time.Duration(gap * float64(time.Second)))
+			for {
+				time.Sleep(time.Duration(rng.ExpFloat64() / s.perSec * float64(time.Second)))
+				if !time.Now().Before(end) {
+					break
+				}
 				inner.Add(1)
 				go func() {
 					defer inner.Done()
@@ -88,7 +92,7 @@ spec:
 				}()
 			}
 			inner.Wait()
-		}(rng.ExpFloat64() / s.perSec)
+		}()
 	}
 	wg.Wait()
 
