@@ -617,13 +617,14 @@ func (x *call) wait() bool {
 	}
 	c := x.c
 	c.mu.Lock()
-	defer c.mu.Unlock()
 	if x.pd.end == nil {
 		now := time.Now()
 		if out, err := c.s.Cancel(x.pd.id, now); err == nil {
 			c.apply(out, now)
 		}
 	}
+	c.mu.Unlock()
+	x.record(traffic.Abandoned, time.Time{}, 0)
 	return false
 }
 
@@ -1036,12 +1037,15 @@ func (x *call) record(outcome traffic.Outcome, first time.Time, generated int) {
 	if x.g.opts.Traffic == nil || x.l == nil {
 		return
 	}
-	r := traffic.Record{Arrived: x.req.arrived, Deployment: x.m.Deployment, Replica: x.l.rep.Index, Adapter: x.req.adapter,
+	x.l.card.mu.Lock()
+	index, card := x.l.rep.Index, x.l.rep.Card
+	x.l.card.mu.Unlock()
+	r := traffic.Record{Arrived: x.req.arrived, Deployment: x.m.Deployment, Replica: index, Adapter: x.req.adapter,
 		Tenant: x.req.who.tenant, Class: x.req.class.String(), PromptTokens: x.req.promptTokens, OutputTokens: generated, Outcome: outcome}
 	if !first.IsZero() {
 		r.TTFT = first.Sub(x.req.arrived)
 	}
-	x.g.opts.Traffic.Add(x.l.rep.Card, r)
+	x.g.opts.Traffic.Add(card, r)
 }
 
 // finishWith ends an attempt that got no answer from the engine: a

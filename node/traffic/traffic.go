@@ -33,6 +33,9 @@ const (
 	Rejected
 	// Failed: it reached no answer (its engine failed, it was cut off).
 	Failed
+	// Abandoned: its client left before it was answered (a timeout, a
+	// cancel), most often while it waited for the card.
+	Abandoned
 )
 
 func (o Outcome) String() string {
@@ -41,6 +44,8 @@ func (o Outcome) String() string {
 		return "served"
 	case Rejected:
 		return "rejected"
+	case Abandoned:
+		return "abandoned"
 	}
 	return "failed"
 }

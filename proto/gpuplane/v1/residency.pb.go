@@ -195,7 +195,7 @@ type RequestRecord struct {
 	OutputTokens int64  `protobuf:"varint,10,opt,name=output_tokens,json=outputTokens,proto3" json:"output_tokens,omitempty"`
 	// Time to first token in seconds; 0 without one.
 	TtftSeconds float64 `protobuf:"fixed64,11,opt,name=ttft_seconds,json=ttftSeconds,proto3" json:"ttft_seconds,omitempty"`
-	// served, rejected or failed.
+	// served, rejected, failed or abandoned (its client left first).
 	Outcome       string `protobuf:"bytes,12,opt,name=outcome,proto3" json:"outcome,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
