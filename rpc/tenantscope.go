@@ -94,7 +94,8 @@ var adapterActions = map[string]bool{"load-adapter": true, "unload-adapter": tru
 var operatorNamed = regexp.MustCompile(`asked by the operator \([^)]*\)`)
 
 // scopeDecisions keeps the decisions a tenant's key may read: not those
-// about adapters, and without the name of the operator who asked. The
+// about adapters, and without the name of the operator who asked (in the
+// reason, nor as the decision's by). The
 // decisions kept are copies.
 func scopeDecisions(ds []*pb.ResidencyDecision) []*pb.ResidencyDecision {
 	out := make([]*pb.ResidencyDecision, 0, len(ds))
@@ -102,9 +103,10 @@ func scopeDecisions(ds []*pb.ResidencyDecision) []*pb.ResidencyDecision {
 		if adapterActions[d.GetAction()] {
 			continue
 		}
-		if operatorNamed.MatchString(d.GetReason()) {
+		if operatorNamed.MatchString(d.GetReason()) || d.GetBy() != "" {
 			d = proto.Clone(d).(*pb.ResidencyDecision)
 			d.Reason = operatorNamed.ReplaceAllString(d.Reason, "asked by the operator")
+			d.By = ""
 		}
 		out = append(out, d)
 	}
