@@ -139,16 +139,6 @@ func (c *hostCache) mib() uint64 {
 	return (c.kib() + 1023) / 1024
 }
 
-// prompts is how many prompts the cache holds.
-func (c *hostCache) prompts() int {
-	if c == nil {
-		return 0
-	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return len(c.states)
-}
-
 // hostCacheOnLaunch runs the host cache's part of a llama.cpp request
 // taking slot id (named: the request chose it), before the slot's own
 // prompt is matched: the slot's prompt saved and a better cached one
