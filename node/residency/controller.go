@@ -180,6 +180,10 @@ type replica struct {
 	yielding   bool
 	yieldUntil time.Time
 	yieldCap   time.Time
+	// yieldTo is whose turn a yielding r waits for, and yieldEnd when
+	// that turn ends at the latest (the wait's cause, wait.go).
+	yieldTo  ModelID
+	yieldEnd time.Time
 	// waitSince is when r's current wait for the card began (zero while
 	// resident or without demand); demandAt when it last had requests
 	// waiting; slotBy, set each step, when it gets the card at the latest

@@ -179,6 +179,7 @@ func (c *Controller) lowYield(now time.Time) {
 			r.yielding = true
 			c.sumsOK = false
 		}
+		r.yieldTo, r.yieldEnd = h.dep.Model, end
 		r.slotBy = maxTime(r.slotBy, end.Add(c.reload(r)))
 		if _, ok := c.serialized[pairOf(r.dep.Model, h.dep.Model)]; !ok {
 			c.emit(ActSerialize, r, h.dep.Model, TriggerPressure, h.dep.Model, Inputs{}, now,

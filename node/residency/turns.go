@@ -188,6 +188,7 @@ func (c *Controller) yieldTurn(r *replica, now time.Time) {
 	r.yieldUntil = minTime(until, r.yieldCap)
 	if now.Before(r.yieldUntil) {
 		r.yielding = true
+		r.yieldTo, r.yieldEnd = peer.dep.Model, r.yieldUntil
 	}
 	c.sumsOK = false
 }

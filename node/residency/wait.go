@@ -96,11 +96,8 @@ func (c *Controller) waitOf(r *replica, now time.Time) (w Wait, ok bool) {
 			card, gib(claim), gib(max(c.mostFree(r), 0)), gib(c.usable))
 		return w, true
 	case r.yielding:
-		peer := "a borrower"
-		if r.lentTo != "" {
-			peer = string(r.lentTo)
-		}
-		w.Cause, w.By = fmt.Sprintf("yields to %s's turn on card %s (its share stays lent meanwhile)", peer, card), r.slotBy
+		w.Cause, w.By = fmt.Sprintf("yields to %s's turn on card %s, which ends by %s (its share stays lent meanwhile)",
+			r.yieldTo, card, r.yieldEnd.Format(time.TimeOnly)), r.slotBy
 		return w, true
 	}
 	if x := c.drainingFor(r); x != nil {
