@@ -438,6 +438,12 @@ type call struct {
 	// the request's end to the residency controller (nil: none).
 	generated int
 	demand    func(int64, time.Duration)
+	// started is when the attempt being run was dispatched (zero: none
+	// yet): the engine's time on the request, which the controller's
+	// tokens/s profile is learned from, starts there, not at arrival (a
+	// request that waited minutes for its model's turn would otherwise
+	// teach it a speed a hundred times too low).
+	started time.Time
 
 	// The attempt being run: its context, its engine's URL, kind and
 	// priority support, the body sent, the slot it holds (slots nil:
@@ -576,7 +582,13 @@ func (g *Gateway) enqueue(w http.ResponseWriter, r *http.Request, req *request, 
 	return x
 }
 
-func (x *call) endDemand() { x.demand(int64(x.generated), time.Since(x.req.arrived)) }
+func (x *call) endDemand() {
+	var elapsed time.Duration
+	if !x.started.IsZero() {
+		elapsed = time.Since(x.started)
+	}
+	x.demand(int64(x.generated), elapsed)
+}
 
 // next is the call's next step: run an attempt the scheduler dispatched
 // (its context and engine set up), answer the end the scheduler gave it,
@@ -587,6 +599,7 @@ func (x *call) next() step {
 	defer c.mu.Unlock()
 	if pd.dispatches > pd.attempt && pd.cut < pd.dispatches {
 		pd.attempt = pd.dispatches
+		x.started = time.Now()
 		ctx, cancel := context.WithCancelCause(x.r.Context())
 		x.ctx, pd.cancel = ctx, cancel
 		if pd.attempt == 1 {

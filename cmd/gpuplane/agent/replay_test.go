@@ -100,6 +100,23 @@ spec:
 	}
 	wg.Wait()
 
+	// The batch requests waited for their model's turn on the card (a
+	// load at least); the speed the node learned for it is its engine's
+	// (100 tokens/s, at worst a third of it beside a busy chat and coder),
+	// not its tokens over those waits, which the replay would take for a
+	// model a hundred times slower.
+	profs, err := jsonList(n, "residency", "profiles")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range profs {
+		if p["model"] == "/models/batch" {
+			if tps, _ := p["tokensPerSecond"].(float64); tps < 25 {
+				t.Errorf("batch profile: %.1f tokens/s learned, want the engine's speed (≥ 25 of its 100): %v", tps, p)
+			}
+		}
+	}
+
 	type row struct {
 		Model                   string
 		Offered                 int

@@ -294,6 +294,17 @@ func shareOf(spec *pb.ModelSpec, memMiB uint64) uint64 {
 	return memMiB
 }
 
+// gatewayMaxInFlight is the gateway's default cap on an engine's requests
+// in flight (gateway.Options.MaxInFlight).
+const gatewayMaxInFlight = 64
+
+// simEngineSleepSeconds and simEngineStopSeconds are a sim engine's sleep
+// (one HTTP call) and stop (its process's exit), as the node sees them.
+const (
+	simEngineSleepSeconds = 0.05
+	simEngineStopSeconds  = 0.2
+)
+
 // modelConfig maps a deployment onto the simulator's model: the learned
 // profile's figures where its node measured them, else the sim engine's
 // own flags, else the simulator's defaults.
@@ -318,6 +329,27 @@ func modelConfig(name string, spec *pb.ModelSpec, shareMiB uint64, profs []*pb.R
 	}
 	mc.TokensPerSecond = flag("--tokens-per-second")
 	mc.LoadSeconds = flag("--load-seconds")
+	// The batch the gateway sends the engine, as the agent sizes it: the
+	// spec's cap, else vLLM's (or a sim's) --max-num-seqs, else the
+	// gateway's default of 64; the simulator's own default of 16 would
+	// hold back work the card ran at once.
+	switch kind := spec.GetEngine().GetKind(); {
+	case spec.GetEngine().GetMaxInFlight() > 0:
+		mc.MaxInFlight = int(spec.GetEngine().GetMaxInFlight())
+	case (kind == "vllm" || kind == "sim") && flag("--max-num-seqs") > 0:
+		mc.MaxInFlight = int(flag("--max-num-seqs"))
+	default:
+		mc.MaxInFlight = gatewayMaxInFlight
+	}
+	if spec.GetEngine().GetKind() == "sim" {
+		// A sim engine slows its streams only by its --batch-slowdown,
+		// sleeps at once (it copies nothing out) and stops as its process
+		// exits: not the simulator's default second each, which would
+		// hand a waiting model the card seconds later than the node did.
+		a := flag("--batch-slowdown")
+		mc.BatchSlowdown = &a
+		mc.SleepSeconds, mc.StopSeconds = simEngineSleepSeconds, simEngineStopSeconds
+	}
 	for _, p := range profs {
 		if p.GetModel() != spec.GetModel() || p.GetQuantization() != spec.GetEngine().GetQuantization() {
 			continue
