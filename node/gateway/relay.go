@@ -21,7 +21,6 @@ import (
 // with an error event.
 func (g *Gateway) relayStream(ctx context.Context, w http.ResponseWriter, resp *http.Response, req *request, m *Model, labels []string, pd *pending, c *card, rn *rename) result {
 	sw := newStallWriter(w, g.opts.StreamStall)
-	fl := sw
 	w.Header().Set("Content-Type", "text/event-stream")
 	w.Header().Set("Cache-Control", "no-cache")
 	w.WriteHeader(http.StatusOK)
@@ -57,7 +56,7 @@ func (g *Gateway) relayStream(ctx context.Context, w http.ResponseWriter, resp *
 			// An event goes out when it ends, unless the next one is
 			// already here: then they go out together, at once.
 			if br.Buffered() == 0 && len(bytes.TrimSpace(line)) == 0 {
-				if readErr = fl.flush(); readErr != nil {
+				if readErr = sw.flush(); readErr != nil {
 					break
 				}
 			}
@@ -73,7 +72,7 @@ func (g *Gateway) relayStream(ctx context.Context, w http.ResponseWriter, resp *
 		}
 	}
 	if readErr == nil {
-		readErr = fl.flush()
+		readErr = sw.flush()
 	}
 	if sw.stalled {
 		// The client stopped reading: its engine request is cancelled
