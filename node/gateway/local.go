@@ -716,6 +716,11 @@ type result struct {
 	generated int
 	// first is when the client got its first token (zero: none).
 	first time.Time
+	// whole: the engine's answer was read to its end (so a llama.cpp
+	// slot holds the request's prompt), whatever became of the client
+	// after: the server may cancel a handler's context once the answer
+	// is written.
+	whole bool
 }
 
 // begin starts an attempt: its request sent to its engine, the call
@@ -779,15 +784,21 @@ func (x *call) complete(resp *http.Response, err error) step {
 		}
 		x.record(outcome, res.first, res.generated)
 	}
-	if x.slots != nil {
-		// The slot holds the tenant's prompt only after an answer in
-		// full; after anything else its content is unknown.
-		x.slots.release(x.slot, x.req.who.tenant, x.status == http.StatusOK && res.done && x.ctx.Err() == nil)
-	}
+	x.freeSlot(x.status == http.StatusOK && res.whole)
 	if res.done {
 		return stepDone
 	}
 	return x.next()
+}
+
+// freeSlot hands the attempt's llama.cpp slot back, if it holds one.
+// holds: the engine answered in full, so the slot holds the tenant's
+// prompt; otherwise its content is unknown.
+func (x *call) freeSlot(holds bool) {
+	if x.slots != nil {
+		x.slots.release(x.slot, x.req.who.tenant, holds)
+		x.slots = nil
+	}
 }
 
 // prepare readies an attempt: its slot (a llama.cpp engine's) and the body
@@ -904,6 +915,9 @@ func (x *call) answer(resp *http.Response, err error) result {
 	if err != nil {
 		return g.finishWith(w, c, pd, ctx, req, m, errorf(http.StatusBadGateway, "server_error", "engine_error", "model %q: engine: %v", m.Served, err))
 	}
+	// The engine is done with the slot: it is free before the client has
+	// the answer, so the client's next request finds it.
+	x.freeSlot(resp.StatusCode == http.StatusOK)
 	var u struct {
 		Usage struct {
 			CompletionTokens int `json:"completion_tokens"`
@@ -953,7 +967,7 @@ func (x *call) answer(resp *http.Response, err error) result {
 	if _, err := sw.Write(data); err == nil && sw.flush() == nil {
 		sw.clear()
 	}
-	return result{done: true, generated: generated, first: now}
+	return result{done: true, generated: generated, first: now, whole: true}
 }
 
 // freshURL reads a local replica's engine address again (its residency

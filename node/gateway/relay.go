@@ -109,7 +109,7 @@ func (g *Gateway) relayStream(ctx context.Context, w http.ResponseWriter, resp *
 	if cut && readErr != nil && !sw.stalled {
 		writePreempted(w, m, generated)
 	}
-	return result{done: true, generated: generated, first: first}
+	return result{done: true, generated: generated, first: first, whole: readErr == nil}
 }
 
 // rename replaces an answer's "model" field naming one model by another:
