@@ -48,12 +48,12 @@ func TestSchedulerAndStateMachineAgreeOnCardFit(t *testing.T) {
 		// and reports whether the state machine took it.
 		placeByHand := func(name string) bool {
 			reps := f.Replicas(name, "")
-			_, milli, ok := f.ReplicaShare(name)
+			_, _, ok := f.ReplicaShare(name)
 			if len(reps) != 1 || !ok {
 				t.Fatalf("seed %d: %s has %d replicas (share known %v)", seed, name, len(reps), ok)
 			}
 			res := apply(&pb.Envelope{Command: &pb.Envelope_PlaceReplicas{PlaceReplicas: &pb.PlaceReplicas{Placements: []*pb.Placement{{
-				Model: name, Replica: 0, Generation: reps[0].Generation, Node: "n", Cards: []uint32{0}, ShareMilli: milli}}}}})
+				Model: name, Replica: 0, Generation: reps[0].Generation, Node: "n", Cards: []uint32{0}}}}}})
 			return res.Code == pb.Code_CODE_OK
 		}
 		for i := range rng.IntN(int(maxModels) + 2) {

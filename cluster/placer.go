@@ -140,7 +140,7 @@ func Plan(f *fsm.FSM, policy scheduler.Policy) (*pb.PlaceReplicas, error) {
 			}
 			plan.Placements = append(plan.Placements, &pb.Placement{
 				Model: r.Model, Replica: r.Index, Generation: r.Generation,
-				Node: d.Node, Cards: cards, ShareMilli: uint32(d.Milli),
+				Node: d.Node, Cards: cards,
 			})
 			continue
 		}

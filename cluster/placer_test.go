@@ -207,13 +207,12 @@ func TestRule11UnderRandomInterleavings(t *testing.T) {
 					continue
 				}
 				r := reps[rng.IntN(len(reps))]
-				_, milli, ok := f.ReplicaShare(r.Model)
-				if !ok {
+				if _, _, ok := f.ReplicaShare(r.Model); !ok {
 					continue
 				}
 				apply(&pb.Envelope{Command: &pb.Envelope_PlaceReplicas{PlaceReplicas: &pb.PlaceReplicas{Placements: []*pb.Placement{{
 					Model: r.Model, Replica: r.Index, Generation: r.Generation, Node: fmt.Sprintf("n%d", rng.IntN(4)),
-					Cards: []uint32{uint32(rng.IntN(4))}, ShareMilli: milli}}}}})
+					Cards: []uint32{uint32(rng.IntN(4))}}}}}})
 			}
 		}
 	}

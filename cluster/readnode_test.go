@@ -19,8 +19,8 @@ func TestReadNodeReadsOneNodesReplicasWithTheirSpecs(t *testing.T) {
 	mustApply(t, c, &pb.Envelope{Command: &pb.Envelope_ApplyModel{ApplyModel: &pb.ApplyModel{Name: "chat", Spec: spec}}})
 	mustApply(t, c, &pb.Envelope{Command: &pb.Envelope_ApplyModel{ApplyModel: &pb.ApplyModel{Name: "other", Spec: spec}}})
 	placed := mustApply(t, c, &pb.Envelope{Command: &pb.Envelope_PlaceReplicas{PlaceReplicas: &pb.PlaceReplicas{Placements: []*pb.Placement{
-		{Model: "chat", Replica: 1, Generation: 1, Node: "a", Cards: []uint32{0}, ShareMilli: 1000},
-		{Model: "other", Replica: 0, Generation: 1, Node: "b", Cards: []uint32{0}, ShareMilli: 1000},
+		{Model: "chat", Replica: 1, Generation: 1, Node: "a", Cards: []uint32{0}},
+		{Model: "other", Replica: 0, Generation: 1, Node: "b", Cards: []uint32{0}},
 	}}}})
 	for _, stale := range []bool{false, true} {
 		resp, err := c.ReadNode(testCtx(t), "a", stale, placed.Index)

@@ -162,7 +162,7 @@ var placementFields = fields[pb.Placement]{
 		m.Cards, ok = d.packedUint32s(b)
 		return ok
 	},
-	6: u32(func(m *pb.Placement) *uint32 { return &m.ShareMilli }),
+	6: u32(func(m *pb.Placement) *uint32 { return &m.LegacyShareMilli }),
 }
 
 var pendingReasonFields = fields[pb.PendingReason]{

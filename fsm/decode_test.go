@@ -29,7 +29,7 @@ func decoderEnvelopes() []*pb.Envelope {
 		{RequestId: "ffffffffffffffffffffffffffffffff", ProposedAt: &timestamppb.Timestamp{Seconds: -5, Nanos: -1},
 			Command: &pb.Envelope_PlaceReplicas{PlaceReplicas: &pb.PlaceReplicas{Policy: "binpack",
 				Placements: []*pb.Placement{
-					{Model: "chat", Replica: 0, Generation: 1, Node: "n1", Cards: []uint32{0, 1, 300, 1 << 31}, ShareMilli: 450},
+					{Model: "chat", Replica: 0, Generation: 1, Node: "n1", Cards: []uint32{0, 1, 300, 1 << 31}, LegacyShareMilli: 450},
 					{Model: "chat", Replica: 1, Generation: 1, Node: "n2"},
 				},
 				Pending: []*pb.PendingReason{{Model: "chat", Replica: 2, Reason: "no room"}, {}}}}},
@@ -336,8 +336,8 @@ func resetWorkload(t *testing.T) [][]byte {
 			Placement: &pb.PlacementSpec{Accelerator: "d"}}}}})
 		add(&pb.Envelope{Command: &pb.Envelope_PlaceReplicas{PlaceReplicas: &pb.PlaceReplicas{Policy: "binpack",
 			Placements: []*pb.Placement{
-				{Model: name, Replica: 0, Generation: 1, Node: node, Cards: []uint32{slot}, ShareMilli: 1000},
-				{Model: name, Replica: 1, Generation: 1, Node: node, Cards: []uint32{slot + 1}, ShareMilli: 1000},
+				{Model: name, Replica: 0, Generation: 1, Node: node, Cards: []uint32{slot}},
+				{Model: name, Replica: 1, Generation: 1, Node: node, Cards: []uint32{slot + 1}},
 			},
 			Pending: []*pb.PendingReason{{Model: name, Replica: 2, Reason: "no room for " + name}}}}})
 		for r := range uint32(2) {
@@ -346,7 +346,7 @@ func resetWorkload(t *testing.T) [][]byte {
 		}
 		add(&pb.Envelope{Command: &pb.Envelope_UnplaceReplica{UnplaceReplica: &pb.UnplaceReplica{Model: name, Replica: 1, Reason: "moved " + name}}})
 		add(&pb.Envelope{Command: &pb.Envelope_PlaceReplicas{PlaceReplicas: &pb.PlaceReplicas{
-			Placements: []*pb.Placement{{Model: name, Replica: 1, Generation: 1, Node: node, Cards: []uint32{slot + 1}, ShareMilli: 1000}}}}})
+			Placements: []*pb.Placement{{Model: name, Replica: 1, Generation: 1, Node: node, Cards: []uint32{slot + 1}}}}}})
 		if k%3 == 2 {
 			other := "n" + strconvItoa((k+1)%2)
 			add(&pb.Envelope{Command: &pb.Envelope_SetNodeStatus{SetNodeStatus: &pb.SetNodeStatus{Node: other, Status: pb.NodeStatus_NODE_STATUS_DOWN}}})

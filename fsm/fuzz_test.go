@@ -18,7 +18,7 @@ func FuzzApplyBytes(f *testing.F) {
 	seeds := []*pb.Envelope{
 		{RequestId: "a", Command: &pb.Envelope_CreateAccelerator{CreateAccelerator: &pb.CreateAccelerator{Name: "x", Spec: &pb.AcceleratorSpec{Device: "l4", Tenancy: pb.Tenancy_TENANCY_SHARED}}}},
 		{Command: &pb.Envelope_ApplyModel{ApplyModel: &pb.ApplyModel{Name: "m", Spec: &pb.ModelSpec{Model: "w", Replicas: 2, Placement: &pb.PlacementSpec{Accelerator: "small"}, Engine: &pb.EngineSpec{MemoryPercent: 40}}}}},
-		{Command: &pb.Envelope_PlaceReplicas{PlaceReplicas: &pb.PlaceReplicas{Placements: []*pb.Placement{{Model: "chat", Replica: 0, Generation: 1, Node: "n1", Cards: []uint32{0}, ShareMilli: 450}}}}},
+		{Command: &pb.Envelope_PlaceReplicas{PlaceReplicas: &pb.PlaceReplicas{Placements: []*pb.Placement{{Model: "chat", Replica: 0, Generation: 1, Node: "n1", Cards: []uint32{0}}}}}},
 		{Command: &pb.Envelope_SetNodeStatus{SetNodeStatus: &pb.SetNodeStatus{Node: "n1", Status: pb.NodeStatus_NODE_STATUS_DOWN}}},
 		{Command: &pb.Envelope_DeleteAccelerator{DeleteAccelerator: &pb.DeleteAccelerator{Name: "small", Force: true}}},
 		{Command: &pb.Envelope_ReplicaStatus{ReplicaStatus: &pb.ReplicaStatus{Model: "chat", Replica: 0, Generation: 1, Node: "n1", State: pb.ReplicaState_REPLICA_STATE_RUNNING}}},
@@ -85,7 +85,7 @@ func populated(t *testing.T) *fsm.FSM {
 		{Command: &pb.Envelope_CreateAccelerator{CreateAccelerator: &pb.CreateAccelerator{Name: "small", Spec: &pb.AcceleratorSpec{Device: "l4", Tenancy: pb.Tenancy_TENANCY_SHARED, MaxModels: 2}}}},
 		{Command: &pb.Envelope_CreateAccelerator{CreateAccelerator: &pb.CreateAccelerator{Name: "fast", Spec: &pb.AcceleratorSpec{Device: "l4"}}}},
 		{Command: &pb.Envelope_ApplyModel{ApplyModel: &pb.ApplyModel{Name: "chat", Spec: &pb.ModelSpec{Model: "w", Replicas: 2, Placement: &pb.PlacementSpec{Accelerator: "small"}, Engine: &pb.EngineSpec{MemoryPercent: 45}}}}},
-		{Command: &pb.Envelope_PlaceReplicas{PlaceReplicas: &pb.PlaceReplicas{Placements: []*pb.Placement{{Model: "chat", Replica: 0, Generation: 1, Node: "n1", Cards: []uint32{0}, ShareMilli: 450}}}}},
+		{Command: &pb.Envelope_PlaceReplicas{PlaceReplicas: &pb.PlaceReplicas{Placements: []*pb.Placement{{Model: "chat", Replica: 0, Generation: 1, Node: "n1", Cards: []uint32{0}}}}}},
 	}
 	for i, env := range envs {
 		if res := s.Apply(uint64(i+1), env); res.Code != pb.Code_CODE_OK {

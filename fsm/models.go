@@ -259,29 +259,42 @@ func validateHostCache(v *violations, spec *pb.ModelSpec) {
 	}
 }
 
-// share is what one replica of a deployment reserves on each of its cards.
+// share is what one replica of a deployment takes on each of its cards.
+// shareOf computes it once, when a placement is applied; the replica keeps
+// both numbers (Replica.share_milli, Replica.memory_mib) and nothing
+// recomputes either from the other (docs/architecture.md, "The memory
+// share").
 type share struct {
-	cards     uint32 // cards per replica
-	milli     uint32 // of each card, 1..1000
-	memoryMiB uint64 // of each card
+	cards uint32 // cards per replica
+	// milli is the packing weight of each card, 1..1000: what rule 11 and
+	// the scheduler add up. A dedicated replica weighs the whole card.
+	milli uint32
+	// memoryMiB is the memory of each card the replica's engine may use:
+	// what the node sets the engine's memory knob from, holds it to and
+	// counts in its card's ledger.
+	memoryMiB uint64
 }
 
 // shareOf computes a replica's share for an accelerator whose cards have
-// cardMiB of memory. Dedicated replicas take whole cards whatever their
-// memory setting (which then only tunes the engine).
+// cardMiB of memory. The one rounding rule: memoryPercent p gives
+// ⌊cardMiB × p / 100⌋ MiB (never more than p % of the card) and weighs
+// p × 10; memory m gives m MiB and weighs ⌈m × 1000 / cardMiB⌉ (never less
+// than the memory it holds). Dedicated replicas weigh their whole cards;
+// a memory setting still bounds what their engine uses.
 func shareOf(spec *pb.ModelSpec, acc *pb.AcceleratorSpec, cardMiB uint64) share {
-	if acc.Tenancy != pb.Tenancy_TENANCY_SHARED {
-		return share{cards: max(acc.DevicesPerReplica, 1), milli: 1000, memoryMiB: cardMiB}
-	}
 	e := spec.GetEngine()
+	sh := share{cards: 1, milli: 1000, memoryMiB: cardMiB}
 	switch {
 	case e.GetMemoryPercent() > 0:
-		return share{cards: 1, milli: e.GetMemoryPercent() * 10, memoryMiB: cardMiB * uint64(e.GetMemoryPercent()) / 100}
+		sh.milli, sh.memoryMiB = e.GetMemoryPercent()*10, cardMiB*uint64(e.GetMemoryPercent())/100
 	case e.GetMemoryMib() > 0 && cardMiB > 0:
 		milli := uint32((e.GetMemoryMib()*1000 + cardMiB - 1) / cardMiB)
-		return share{cards: 1, milli: min(milli, 1000), memoryMiB: e.GetMemoryMib()}
+		sh.milli, sh.memoryMiB = min(milli, 1000), e.GetMemoryMib()
 	}
-	return share{cards: 1, milli: 1000, memoryMiB: cardMiB}
+	if acc.Tenancy != pb.Tenancy_TENANCY_SHARED {
+		sh.cards, sh.milli = max(acc.DevicesPerReplica, 1), 1000
+	}
+	return sh
 }
 
 // cardMemory is the memory of the accelerator's device: the smallest reported
@@ -372,9 +385,10 @@ func CheckModelAgainst(spec *pb.ModelSpec, accName string, acc *pb.AcceleratorSp
 	if e.GetMemoryMib() > 0 && cardMiB > 0 && e.GetMemoryMib() > cardMiB {
 		v.add("spec.engine.memory", "%dMi exceeds the %dMi of one %s card (rule 10)", e.GetMemoryMib(), cardMiB, acc.Device)
 	}
-	if acc.Tenancy == pb.Tenancy_TENANCY_SHARED && cardMiB > 0 {
+	if cardMiB > 0 && (acc.Tenancy == pb.Tenancy_TENANCY_SHARED || e.GetMemoryPercent() > 0 || e.GetMemoryMib() > 0) {
 		// The share is the most the engine may use: one its overshoot
-		// above its memory knob would fill cannot hold it.
+		// above its memory knob would fill cannot hold it. On a dedicated
+		// card, too, when the deployment bounds its engine's memory.
 		field := "spec.engine.memoryPercent"
 		if e.GetMemoryMib() > 0 {
 			field = "spec.engine.memory"

@@ -31,13 +31,16 @@ func (f *FSM) placeReplicas(c *pb.PlaceReplicas, index uint64, dry bool) *pb.Res
 	}
 	var useBuf [4]nodeUse
 	hostUse := f.hostUse(useBuf[:0], planNodes)
+	// Each replica's share is computed here, once, and applied as it is.
+	var sharesBuf [16]share
+	shares := sharesBuf[:0]
 	for i, p := range c.GetPlacements() {
-		r, err := f.checkPlacement(p, scratch, placed, hostUse)
+		r, sh, err := f.checkPlacement(p, scratch, placed, hostUse)
 		if err != nil {
 			return reject(pb.Code_CODE_CONFLICT, "placement %d (%s/%d): %v; plan rejected, nothing applied", i, p.GetModel(), p.GetReplica(), err)
 		}
-		placed = append(placed, keyOf(r))
-		scratch = scratch.occupy(r.Accelerator, p.Node, p.Cards, p.ShareMilli, residencyOf(f.models[r.Model].GetSpec()))
+		placed, shares = append(placed, keyOf(r)), append(shares, sh)
+		scratch = scratch.occupy(r.Accelerator, p.Node, p.Cards, sh.milli, residencyOf(f.models[r.Model].GetSpec()))
 		// Earlier placements of the plan count against the node's host too.
 		if res := f.models[r.Model].GetSpec().GetResources(); res != nil {
 			hostUse = hostUse.add(p.Node, res.CpuMilli, res.MemoryMib)
@@ -46,12 +49,9 @@ func (f *FSM) placeReplicas(c *pb.PlaceReplicas, index uint64, dry bool) *pb.Res
 	if dry {
 		return accept(pb.Outcome_OUTCOME_CONFIGURED, "would place %d replicas", len(c.GetPlacements()))
 	}
-	for _, p := range c.GetPlacements() {
-		m := f.models[p.Model]
-		r := f.replicas[replicaKey{p.Model, p.Replica}]
-		acc := f.accelerators[m.Spec.Placement.Accelerator]
-		sh := shareOf(m.Spec, acc.Spec, f.cardMemory(acc.Spec.Device))
-		r.Node, r.Cards, r.ShareMilli, r.MemoryMib = p.Node, slices.Clone(p.Cards), p.ShareMilli, sh.memoryMiB
+	for i, p := range c.GetPlacements() {
+		r, sh := f.replicas[replicaKey{p.Model, p.Replica}], shares[i]
+		r.Node, r.Cards, r.ShareMilli, r.MemoryMib = p.Node, slices.Clone(p.Cards), sh.milli, sh.memoryMiB
 		r.State, r.Reason, r.PlacedIndex = pb.ReplicaState_REPLICA_STATE_PLACED, placedReason(r.Reason), index
 		f.occupy(r)
 	}
@@ -149,8 +149,52 @@ func (u planUse) of(node string) (cpuMilli uint32, memoryMiB uint64) {
 }
 
 // checkPlacement checks one placement against rule 11 and the deployment's
-// constraints, with scratch holding what earlier placements of the plan take.
-func (f *FSM) checkPlacement(p *pb.Placement, scratch planCards, placed []replicaKey, hostUse planUse) (*pb.Replica, error) {
+// constraints, with scratch holding what earlier placements of the plan
+// take, and returns the replica and the share it would take.
+func (f *FSM) checkPlacement(p *pb.Placement, scratch planCards, placed []replicaKey, hostUse planUse) (*pb.Replica, share, error) {
+	r, err := f.checkPlacementOf(p, placed, hostUse)
+	if err != nil {
+		return nil, share{}, err
+	}
+	m := f.models[p.Model]
+	acc := f.accelerators[m.Spec.Placement.Accelerator]
+	n := f.nodes[p.Node]
+	sh := shareOf(m.Spec, acc.Spec, f.cardMemory(acc.Spec.Device))
+	if uint32(len(p.Cards)) != sh.cards {
+		return nil, share{}, fmt.Errorf("needs %d cards on one node, plan gives %d", sh.cards, len(p.Cards))
+	}
+	// Only an entry written before the state machine computed the share
+	// carries one (Placement.legacy_share_milli); it is checked as it was
+	// then, so that such a log replays to the same state.
+	if p.LegacyShareMilli != 0 && p.LegacyShareMilli != sh.milli {
+		return nil, share{}, fmt.Errorf("share %d‰ differs from the deployment's %d‰", p.LegacyShareMilli, sh.milli)
+	}
+	for j, idx := range p.Cards {
+		if slices.Contains(p.Cards[:j], idx) {
+			return nil, share{}, fmt.Errorf("card %d listed twice", idx)
+		}
+		i := slices.IndexFunc(n.Cards, func(c *pb.Card) bool { return c.Index == idx })
+		if i < 0 {
+			return nil, share{}, fmt.Errorf("node %q has no card %d", n.Name, idx)
+		}
+		card := n.Cards[i]
+		if card.Device != acc.Spec.Device {
+			return nil, share{}, fmt.Errorf("card %s/%d is %s, accelerator %q needs %s", n.Name, idx, card.Device, acc.Name, acc.Spec.Device)
+		}
+		if !card.Healthy {
+			return nil, share{}, fmt.Errorf("card %s/%d is unhealthy", n.Name, idx)
+		}
+		k := cardKey{n.Name, idx}
+		if err := fitsCard(acc, sh, residencyOf(m.Spec), f.cards[k], f.load(k), scratch.get(k)); err != nil && !skipCapacityCheck {
+			return nil, share{}, fmt.Errorf("card %s/%d: %w", n.Name, idx, err)
+		}
+	}
+	return r, sh, nil
+}
+
+// checkPlacementOf checks what a placement asks of the deployment, the
+// replica and the node, before its cards.
+func (f *FSM) checkPlacementOf(p *pb.Placement, placed []replicaKey, hostUse planUse) (*pb.Replica, error) {
 	m, ok := f.models[p.Model]
 	if !ok {
 		return nil, fmt.Errorf("deployment %q not found", p.Model)
@@ -165,8 +209,7 @@ func (f *FSM) checkPlacement(p *pb.Placement, scratch planCards, placed []replic
 	if r.Node != "" || slices.Contains(placed, keyOf(r)) {
 		return nil, fmt.Errorf("already placed on %s", r.Node)
 	}
-	acc, ok := f.accelerators[m.Spec.Placement.Accelerator]
-	if !ok {
+	if _, ok := f.accelerators[m.Spec.Placement.Accelerator]; !ok {
 		return nil, fmt.Errorf("accelerator %q not found", m.Spec.Placement.Accelerator)
 	}
 	n, ok := f.nodes[p.Node]
@@ -192,33 +235,6 @@ func (f *FSM) checkPlacement(p *pb.Placement, scratch planCards, placed []replic
 		}
 		if n.MemoryMib > 0 && usedMiB+res.MemoryMib > n.MemoryMib {
 			return nil, fmt.Errorf("node %q has %dMi host memory free, replica needs %dMi", n.Name, n.MemoryMib-usedMiB, res.MemoryMib)
-		}
-	}
-	sh := shareOf(m.Spec, acc.Spec, f.cardMemory(acc.Spec.Device))
-	if uint32(len(p.Cards)) != sh.cards {
-		return nil, fmt.Errorf("needs %d cards on one node, plan gives %d", sh.cards, len(p.Cards))
-	}
-	if p.ShareMilli != sh.milli {
-		return nil, fmt.Errorf("share %d‰ differs from the deployment's %d‰", p.ShareMilli, sh.milli)
-	}
-	for j, idx := range p.Cards {
-		if slices.Contains(p.Cards[:j], idx) {
-			return nil, fmt.Errorf("card %d listed twice", idx)
-		}
-		i := slices.IndexFunc(n.Cards, func(c *pb.Card) bool { return c.Index == idx })
-		if i < 0 {
-			return nil, fmt.Errorf("node %q has no card %d", n.Name, idx)
-		}
-		card := n.Cards[i]
-		if card.Device != acc.Spec.Device {
-			return nil, fmt.Errorf("card %s/%d is %s, accelerator %q needs %s", n.Name, idx, card.Device, acc.Name, acc.Spec.Device)
-		}
-		if !card.Healthy {
-			return nil, fmt.Errorf("card %s/%d is unhealthy", n.Name, idx)
-		}
-		k := cardKey{n.Name, idx}
-		if err := fitsCard(acc, sh, residencyOf(m.Spec), f.cards[k], f.load(k), scratch.get(k)); err != nil && !skipCapacityCheck {
-			return nil, fmt.Errorf("card %s/%d: %w", n.Name, idx, err)
 		}
 	}
 	return r, nil

@@ -69,7 +69,7 @@ func placeEv(idx uint64, code pb.Code, ps ...*pb.Placement) *pb.Event {
 }
 
 func place(model string, replica uint32, gen uint64, node string) *pb.Placement {
-	return &pb.Placement{Model: model, Replica: replica, Generation: gen, Node: node, Cards: []uint32{0}, ShareMilli: 300}
+	return &pb.Placement{Model: model, Replica: replica, Generation: gen, Node: node, Cards: []uint32{0}}
 }
 
 func reportEv(idx uint64, actor, model string, replica uint32, gen uint64, node string, code pb.Code) *pb.Event {

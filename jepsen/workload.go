@@ -321,10 +321,8 @@ func (w *Workload) stalePlan(ctx context.Context, node string, rng *rand.Rand) (
 	r := pending[rng.IntN(len(pending))]
 	n := alive[rng.IntN(len(alive))]
 	card := n.GetCards()[rng.IntN(len(n.GetCards()))]
-	var i int
-	fmt.Sscanf(r.GetModel(), "dep-%d", &i)
 	return &pb.PlaceReplicas{Policy: "jepsen-stale", Placements: []*pb.Placement{{
 		Model: r.GetModel(), Replica: r.GetIndex(), Generation: r.GetGeneration(),
-		Node: n.GetName(), Cards: []uint32{card.GetIndex()}, ShareMilli: deploymentMemory[i%len(deploymentMemory)] * 10,
+		Node: n.GetName(), Cards: []uint32{card.GetIndex()},
 	}}}, nil
 }

@@ -92,7 +92,7 @@ func (b *stateBackend) deploy(tb testing.TB, name string, res pb.Residency, ttft
 	var ps []*pb.Placement
 	for r := range replicas {
 		node, card := place(r)
-		ps = append(ps, &pb.Placement{Model: name, Replica: uint32(r), Generation: 1, Node: node, Cards: []uint32{card}, ShareMilli: 200})
+		ps = append(ps, &pb.Placement{Model: name, Replica: uint32(r), Generation: 1, Node: node, Cards: []uint32{card}})
 	}
 	b.apply(tb, &pb.Envelope{Command: &pb.Envelope_PlaceReplicas{PlaceReplicas: &pb.PlaceReplicas{Policy: "binpack", Placements: ps}}})
 	for r := range replicas {

@@ -217,7 +217,7 @@ func TestTenantSeesOwnAdapters(t *testing.T) {
 			{Name: "shared", Source: "/adapters/shared", Rank: 8, Tenants: []string{"acme", "beta"}},
 		}}}}})
 	b.apply(t, &pb.Envelope{Command: &pb.Envelope_PlaceReplicas{PlaceReplicas: &pb.PlaceReplicas{Policy: "binpack",
-		Placements: []*pb.Placement{{Model: "chat", Replica: 0, Generation: 1, Node: "node-000", Cards: []uint32{0}, ShareMilli: 200}}}}})
+		Placements: []*pb.Placement{{Model: "chat", Replica: 0, Generation: 1, Node: "node-000", Cards: []uint32{0}}}}}})
 	var tiers []*pb.AdapterStatus
 	for _, n := range []string{"acme-only", "beta-only", "open", "shared"} {
 		tiers = append(tiers, &pb.AdapterStatus{Name: n, Tier: pb.AdapterTier_ADAPTER_TIER_CARD})

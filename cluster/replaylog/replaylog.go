@@ -169,7 +169,7 @@ func (w *Workload) refill() {
 	place := &pb.PlaceReplicas{Policy: "binpack"}
 	for r := range 4 {
 		place.Placements = append(place.Placements, &pb.Placement{Model: name, Replica: uint32(r), Generation: 1,
-			Node: node, Cards: []uint32{uint32(slot%2*4 + r)}, ShareMilli: 1000})
+			Node: node, Cards: []uint32{uint32(slot%2*4 + r)}})
 	}
 	w.cmd(&pb.Envelope{Command: &pb.Envelope_PlaceReplicas{PlaceReplicas: place}})
 	for _, st := range []pb.ReplicaState{pb.ReplicaState_REPLICA_STATE_STARTING, pb.ReplicaState_REPLICA_STATE_RUNNING} {

@@ -876,12 +876,17 @@ type Placement struct {
 	Model   string                 `protobuf:"bytes,1,opt,name=model,proto3" json:"model,omitempty"`
 	Replica uint32                 `protobuf:"varint,2,opt,name=replica,proto3" json:"replica,omitempty"`
 	// The generation the scheduler saw; a stale one rejects the plan.
-	Generation    uint64   `protobuf:"varint,3,opt,name=generation,proto3" json:"generation,omitempty"`
-	Node          string   `protobuf:"bytes,4,opt,name=node,proto3" json:"node,omitempty"`
-	Cards         []uint32 `protobuf:"varint,5,rep,packed,name=cards,proto3" json:"cards,omitempty"`
-	ShareMilli    uint32   `protobuf:"varint,6,opt,name=share_milli,json=shareMilli,proto3" json:"share_milli,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Generation uint64   `protobuf:"varint,3,opt,name=generation,proto3" json:"generation,omitempty"`
+	Node       string   `protobuf:"bytes,4,opt,name=node,proto3" json:"node,omitempty"`
+	Cards      []uint32 `protobuf:"varint,5,rep,packed,name=cards,proto3" json:"cards,omitempty"`
+	// Never written now: the state machine computes each replica's share
+	// when it applies the placement. Entries written before that carry the
+	// share the scheduler computed, in thousandths of a card; applying one
+	// still refuses a plan whose value differs from the deployment's, so
+	// that stored logs replay to the same state.
+	LegacyShareMilli uint32 `protobuf:"varint,6,opt,name=legacy_share_milli,json=legacyShareMilli,proto3" json:"legacy_share_milli,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *Placement) Reset() {
@@ -949,9 +954,9 @@ func (x *Placement) GetCards() []uint32 {
 	return nil
 }
 
-func (x *Placement) GetShareMilli() uint32 {
+func (x *Placement) GetLegacyShareMilli() uint32 {
 	if x != nil {
-		return x.ShareMilli
+		return x.LegacyShareMilli
 	}
 	return 0
 }
@@ -1750,7 +1755,7 @@ const file_gpuplane_v1_log_proto_rawDesc = "" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12*\n" +
 	"\x04spec\x18\x02 \x01(\v2\x16.gpuplane.v1.ModelSpecR\x04spec\"!\n" +
 	"\vDeleteModel\x12\x12\n" +
-	"\x04name\x18\x01 \x01(\tR\x04name\"\xa6\x01\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\"\xb3\x01\n" +
 	"\tPlacement\x12\x14\n" +
 	"\x05model\x18\x01 \x01(\tR\x05model\x12\x18\n" +
 	"\areplica\x18\x02 \x01(\rR\areplica\x12\x1e\n" +
@@ -1758,9 +1763,8 @@ const file_gpuplane_v1_log_proto_rawDesc = "" +
 	"generation\x18\x03 \x01(\x04R\n" +
 	"generation\x12\x12\n" +
 	"\x04node\x18\x04 \x01(\tR\x04node\x12\x14\n" +
-	"\x05cards\x18\x05 \x03(\rR\x05cards\x12\x1f\n" +
-	"\vshare_milli\x18\x06 \x01(\rR\n" +
-	"shareMilli\"W\n" +
+	"\x05cards\x18\x05 \x03(\rR\x05cards\x12,\n" +
+	"\x12legacy_share_milli\x18\x06 \x01(\rR\x10legacyShareMilli\"W\n" +
 	"\rPendingReason\x12\x14\n" +
 	"\x05model\x18\x01 \x01(\tR\x05model\x12\x18\n" +
 	"\areplica\x18\x02 \x01(\rR\areplica\x12\x16\n" +

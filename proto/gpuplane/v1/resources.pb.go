@@ -2076,10 +2076,14 @@ type Replica struct {
 	Node        string `protobuf:"bytes,5,opt,name=node,proto3" json:"node,omitempty"`
 	// Card indexes on node.
 	Cards []uint32 `protobuf:"varint,6,rep,packed,name=cards,proto3" json:"cards,omitempty"`
-	// Share of each card in thousandths (1000 = whole card): reserved,
-	// unless the deployment is onDemand (then assigned, not reserved).
+	// Share of each card in thousandths (1000 = whole card), as rule 11
+	// and the scheduler pack cards: reserved, unless the deployment is
+	// onDemand (then assigned, not reserved). Nodes never read it.
 	ShareMilli uint32 `protobuf:"varint,7,opt,name=share_milli,json=shareMilli,proto3" json:"share_milli,omitempty"`
-	// The share's memory per card in MiB.
+	// The share's memory per card in MiB: what the node's watchdog holds
+	// the engine to, its card ledger counts and the engine's memory knob is
+	// set from. The state machine computes both when it applies the
+	// placement (docs/architecture.md, "The memory share").
 	MemoryMib      uint64       `protobuf:"varint,8,opt,name=memory_mib,json=memoryMib,proto3" json:"memory_mib,omitempty"`
 	ComputePercent uint32       `protobuf:"varint,9,opt,name=compute_percent,json=computePercent,proto3" json:"compute_percent,omitempty"`
 	State          ReplicaState `protobuf:"varint,10,opt,name=state,proto3,enum=gpuplane.v1.ReplicaState" json:"state,omitempty"`
