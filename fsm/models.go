@@ -297,6 +297,13 @@ func shareOf(spec *pb.ModelSpec, acc *pb.AcceleratorSpec, cardMiB uint64) share 
 	return sh
 }
 
+// MemoryShareMiB is the memory share of each card a replica of spec takes
+// on accelerator acc whose cards have cardMiB (shareOf): for the CLI's
+// what-if simulations of a deployment not placed.
+func MemoryShareMiB(spec *pb.ModelSpec, acc *pb.AcceleratorSpec, cardMiB uint64) uint64 {
+	return shareOf(spec, acc, cardMiB).memoryMiB
+}
+
 // cardMemory is the memory of the accelerator's device: the smallest reported
 // card of that kind over all nodes' cards, whatever their node's status, else
 // the catalog's.

@@ -139,7 +139,7 @@ func (n *adapterNode) deployment(res pb.Residency, maxOnCard uint32, adapters []
 	mib := n.card.GetMemoryMib() * 40 / 100
 	return executor.Desired{
 		Replica: &pb.Replica{Model: "chat", Generation: 1, Node: node, Accelerator: "shared",
-			Cards: []uint32{0}, ShareMilli: 400, MemoryMib: mib, PlacedIndex: 1, State: pb.ReplicaState_REPLICA_STATE_PLACED},
+			Cards: []uint32{0}, MemoryMib: mib, PlacedIndex: 1, State: pb.ReplicaState_REPLICA_STATE_PLACED},
 		Spec: &pb.ModelSpec{Model: "sim://chat", ServedModelName: "chat", Replicas: 1, Residency: res, Adapters: adapters,
 			Engine: &pb.EngineSpec{Kind: "sim", MemoryPercent: 40, MaxAdapters: maxOnCard,
 				Args: []string{"--load-seconds", "0.3", "--tokens-per-second", "400", "--lora-load-scale", "0.02"}}},
@@ -484,7 +484,7 @@ func TestRejectedRequestIsToldAtOnce(t *testing.T) {
 	n := newAdapterNode(t)
 	chat := n.deployment(pb.Residency_RESIDENCY_ON_DEMAND, 2, adapterList(2, 16))
 	big := n.deployment(pb.Residency_RESIDENCY_UNSPECIFIED, 0, nil)
-	big.Replica.Model, big.Replica.MemoryMib, big.Replica.ShareMilli = "big", n.card.GetMemoryMib()*70/100, 700
+	big.Replica.Model, big.Replica.MemoryMib = "big", n.card.GetMemoryMib()*70/100
 	big.Spec.Model, big.Spec.ServedModelName, big.Spec.Engine.MemoryPercent = "sim://big", "big", 70
 	n.publish(big, chat)
 	url := n.front()

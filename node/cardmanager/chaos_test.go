@@ -80,7 +80,7 @@ func desired(m model, card *pb.Card, generation uint64) executor.Desired {
 	mib := card.GetMemoryMib() * uint64(m.percent) / 100
 	return executor.Desired{
 		Replica: &pb.Replica{Model: m.name, Generation: generation, Node: node, Accelerator: "shared",
-			Cards: []uint32{0}, ShareMilli: m.percent * 10, MemoryMib: mib, PlacedIndex: generation,
+			Cards: []uint32{0}, MemoryMib: mib, PlacedIndex: generation,
 			State: pb.ReplicaState_REPLICA_STATE_PLACED},
 		Spec: &pb.ModelSpec{Model: "sim://" + m.name, ServedModelName: m.name, Replicas: 1, Residency: m.residency,
 			Engine: &pb.EngineSpec{Kind: "sim", MemoryPercent: m.percent,

@@ -37,7 +37,7 @@ func TestNeighbourWakeWaitsForVLLMStart(t *testing.T) {
 	// KV pool of 1000 MiB: chat's wake takes 9213 MiB.
 	vl := executor.Desired{
 		Replica: &pb.Replica{Model: "vl", Generation: 1, Node: node, Accelerator: "shared",
-			Cards: []uint32{0}, ShareMilli: 400, MemoryMib: chat.Replica.GetMemoryMib(), PlacedIndex: 2, State: pb.ReplicaState_REPLICA_STATE_PLACED},
+			Cards: []uint32{0}, MemoryMib: chat.Replica.GetMemoryMib(), PlacedIndex: 2, State: pb.ReplicaState_REPLICA_STATE_PLACED},
 		Spec: &pb.ModelSpec{Model: "sim://vl", ServedModelName: "vl", Replicas: 1,
 			Engine: &pb.EngineSpec{Kind: "sim", MemoryPercent: 40,
 				Args: []string{"--dialect", "vllm", "--init-seconds", "3", "--load-seconds", "0.2", "--kv-pool-mib", "1000", "--tokens-per-second", "0"}}},
@@ -125,7 +125,7 @@ func TestStartWaitsForAVLLMSleep(t *testing.T) {
 	// A pinned neighbour at 50 % (11517 MiB): more than chat's sleep frees.
 	pin := executor.Desired{
 		Replica: &pb.Replica{Model: "pin", Generation: 1, Node: node, Accelerator: "shared",
-			Cards: []uint32{0}, ShareMilli: 500, MemoryMib: n.card.GetMemoryMib() / 2, PlacedIndex: 2, State: pb.ReplicaState_REPLICA_STATE_PLACED},
+			Cards: []uint32{0}, MemoryMib: n.card.GetMemoryMib() / 2, PlacedIndex: 2, State: pb.ReplicaState_REPLICA_STATE_PLACED},
 		Spec: &pb.ModelSpec{Model: "sim://pin", ServedModelName: "pin", Replicas: 1,
 			Engine: &pb.EngineSpec{Kind: "sim", MemoryPercent: 50, Args: []string{"--load-seconds", "0.2", "--tokens-per-second", "0"}}},
 	}

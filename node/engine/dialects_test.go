@@ -26,7 +26,7 @@ import (
 // the kernel picks) and waits until its health path answers 200.
 func startBuilt(t *testing.T, c *card, spec *pb.ModelSpec, maySleep bool) (*simProc, Command) {
 	t.Helper()
-	return startBuiltOn(t, c, spec, maySleep, &pb.Replica{Model: "chat", Cards: []uint32{0}, ShareMilli: 400, MemoryMib: 2000}, Enforcement{Mode: ModeNone})
+	return startBuiltOn(t, c, spec, maySleep, &pb.Replica{Model: "chat", Cards: []uint32{0}, MemoryMib: 2000}, Enforcement{Mode: ModeNone})
 }
 
 // startBuiltOn is startBuilt of a replica placed as r, under enf.
@@ -309,7 +309,7 @@ func TestDriverAgainstStrictOllama(t *testing.T) {
 		Engine: &pb.EngineSpec{Kind: KindSim, Args: []string{"--dialect", "ollama", "--load-seconds", "0.3", "--tokens-per-second", "0"}}}
 	// Ollama runs on a share of a card only under hard limits: a whole
 	// card here.
-	p, cmd := startBuiltOn(t, c, spec, false, &pb.Replica{Model: "chat", Cards: []uint32{0}, ShareMilli: 1000, MemoryMib: 23034}, Enforcement{Mode: ModeNone})
+	p, cmd := startBuiltOn(t, c, spec, false, &pb.Replica{Model: "chat", Cards: []uint32{0}, MemoryMib: 23034}, Enforcement{Mode: ModeNone})
 	if code, body := call(t, p, "GET", "/health", ""); code != http.StatusNotFound || body != "404 page not found" {
 		t.Errorf("GET /health on Ollama: %d %q, want gin's 404", code, body)
 	}
@@ -373,7 +373,7 @@ func TestDriverAgainstStrictOllamaGGUFPath(t *testing.T) {
 		Engine: &pb.EngineSpec{Kind: KindSim, Args: []string{"--dialect", "ollama", "--load-seconds", "0.1", "--tokens-per-second", "0"}}}
 	// Ollama runs on a share of a card only under hard limits: a whole
 	// card here.
-	r := &pb.Replica{Model: "chat", Cards: []uint32{0}, ShareMilli: 1000, MemoryMib: 23034}
+	r := &pb.Replica{Model: "chat", Cards: []uint32{0}, MemoryMib: 23034}
 	p, cmd := startBuiltOn(t, c, spec, false, r, Enforcement{Mode: ModeNone})
 	name := EngineModel(spec)
 	var steps []string

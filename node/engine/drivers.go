@@ -335,13 +335,7 @@ func (ollama) Command(p Params) (Command, error) {
 		"OLLAMA_KEEP_ALIVE=-1",
 	}
 	if !p.wholeCard() {
-		var card uint64
-		for _, c := range p.Cards {
-			if card == 0 || c.GetMemoryMib() < card {
-				card = c.GetMemoryMib()
-			}
-		}
-		if rest := ollamaOverheadMiB(card, p.Replica.GetMemoryMib(), p.NeighbourMiB); rest > 0 {
+		if rest := ollamaOverheadMiB(p.smallestCardMiB(), p.Replica.GetMemoryMib(), p.NeighbourMiB); rest > 0 {
 			env = append(env, "OLLAMA_GPU_OVERHEAD="+u64(rest<<20))
 		}
 	}
@@ -381,8 +375,10 @@ type TemplateData struct {
 	Replica    uint32
 	Host       string
 	Port       int
-	// MemoryPercent is the share of each card (0..100), MemoryFraction the
-	// same as a decimal ("0.4"), MemoryMiB the share in MiB.
+	// MemoryMiB is the share of each card in MiB, the bound the node's
+	// watchdog holds the engine to; MemoryPercent (0..100) and
+	// MemoryFraction (a decimal to four places, "0.45") are the same share
+	// of the smallest of its cards, never a whole MiB more (shareOfCard).
 	MemoryPercent    uint32
 	MemoryFraction   string
 	MemoryMiB        uint64
@@ -400,6 +396,7 @@ func (command) Command(p Params) (Command, error) {
 		return Command{}, errors.New("spec.engine.args must hold the command line of a command engine")
 	}
 	tensor, pipeline := p.parallel()
+	mib, card := p.Replica.GetMemoryMib(), p.smallestCardMiB()
 	data := TemplateData{
 		Model:            p.Spec.GetModel(),
 		ServedModelName:  p.servedName(),
@@ -407,9 +404,9 @@ func (command) Command(p Params) (Command, error) {
 		Replica:          p.Replica.GetIndex(),
 		Host:             p.host(),
 		Port:             p.Port,
-		MemoryPercent:    p.Replica.GetShareMilli() / 10,
-		MemoryFraction:   p.fraction(),
-		MemoryMiB:        p.Replica.GetMemoryMib(),
+		MemoryPercent:    uint32(shareOfCard(mib, card, 100)),
+		MemoryFraction:   fractionOfCard(mib, card),
+		MemoryMiB:        mib,
 		ComputePercent:   p.Replica.GetComputePercent(),
 		MaxModelLen:      e.GetMaxModelLen(),
 		TensorParallel:   tensor,

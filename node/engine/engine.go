@@ -29,8 +29,9 @@ type Params struct {
 	// Model is the deployment's name.
 	Model string
 	Spec  *pb.ModelSpec
-	// Replica is the placement: cards (indexes on this node), the share per
-	// card (share_milli, memory_mib) and the compute share.
+	// Replica is the placement: cards (indexes on this node), the memory
+	// share of each card (memory_mib, the only form of the share a node
+	// reads) and the compute share.
 	Replica *pb.Replica
 	// Cards are the replica's cards as this node reports them, in the order
 	// of Replica.Cards.
@@ -132,6 +133,8 @@ func (p Params) check() error {
 		errs = append(errs, errors.New("no placement"))
 	} else if len(p.Cards) == 0 || len(p.Cards) != len(p.Replica.GetCards()) {
 		errs = append(errs, fmt.Errorf("placed on cards %v, but only %d of them are cards of this node", p.Replica.GetCards(), len(p.Cards)))
+	} else if mib := p.Replica.GetMemoryMib(); mib > 0 && p.smallestCardMiB() == 0 {
+		errs = append(errs, fmt.Errorf("a memory share of %d MiB per card on cards %v whose memory this node does not know: its engine cannot be sized to it", mib, p.Replica.GetCards()))
 	}
 	if p.Port <= 0 {
 		errs = append(errs, fmt.Errorf("invalid port %d", p.Port))
@@ -184,15 +187,30 @@ func (p Params) servedName() string {
 	return p.Model
 }
 
-// fraction is the replica's share of each card as a decimal fraction
-// ("0.4"), the unit of vLLM's --gpu-memory-utilization.
-func (p Params) fraction() string {
-	return strconv.FormatFloat(float64(p.Replica.GetShareMilli())/1000, 'f', -1, 64)
+// wholeCard says the replica's share is its cards' whole memory (a
+// dedicated accelerator without a memory share, or a share of 100 %), or
+// that it has none: the engine keeps its own default memory sizing.
+func (p Params) wholeCard() bool {
+	mib, card := p.Replica.GetMemoryMib(), p.smallestCardMiB()
+	return mib == 0 || card > 0 && mib >= card
 }
 
-// wholeCard says the replica owns its cards (a dedicated accelerator).
-func (p Params) wholeCard() bool {
-	return p.Replica.GetShareMilli() == 0 || p.Replica.GetShareMilli() >= 1000
+// shareOfCard is the share, memory MiB per card, in a knob whose unit is
+// 1/per of the card's memory (per 100 for a percent, 10000 for a decimal
+// fraction to four places): the largest value whose MiB of this card,
+// counted as the state machine counts them (rounded down), are no more
+// than the share. A share of p % of the card thus comes back as p, and no
+// engine gets a whole MiB more than its share. cardMiB 0 (unknown) gives 0.
+func shareOfCard(mib, cardMiB, per uint64) uint64 {
+	if cardMiB == 0 {
+		return 0
+	}
+	return min((per*(mib+1)-1)/cardMiB, per)
+}
+
+// fractionOfCard is shareOfCard to four places as a decimal ("0.45").
+func fractionOfCard(mib, cardMiB uint64) string {
+	return strconv.FormatFloat(float64(shareOfCard(mib, cardMiB, 10000))/10000, 'f', -1, 64)
 }
 
 // parallel returns the tensor and pipeline parallel sizes, defaulting to one

@@ -51,7 +51,6 @@ func TestCommands(t *testing.T) {
 					p.Cards = append(p.Cards, cards[i])
 				}
 			}
-			d.MaybeScanArgs(t, "share", &r.ShareMilli)
 			d.MaybeScanArgs(t, "memory", &r.MemoryMib)
 			d.MaybeScanArgs(t, "compute", &r.ComputePercent)
 			p.MaySleep = d.HasArg("maysleep")
@@ -199,5 +198,38 @@ func TestMIGInstancesByUUID(t *testing.T) {
 	}
 	if !slices.Contains(cmd.Env, "CUDA_VISIBLE_DEVICES=MIG-4f1c2d3e-0000-5555-8888-0123456789ab") || slices.Contains(cmd.Env, "CUDA_VISIBLE_DEVICES=3") {
 		t.Fatalf("vLLM on a MIG instance got env %v, want its MIG UUID", cmd.Env)
+	}
+}
+
+// TestShareOfCard pins the one conversion from the share (MiB per card) to
+// a knob in a coarser unit: the largest value whose MiB of the card, rounded
+// down as the state machine rounds them, are no more than the share.
+func TestShareOfCard(t *testing.T) {
+	for _, c := range []struct {
+		mib, card, per, want uint64
+	}{
+		{10365, 23034, 100, 45},     // memoryPercent 45 of an l4 comes back as 45
+		{10365, 23034, 10000, 4500}, // and as 0.45
+		{10000, 23034, 100, 43},     // memory 10000Mi: 43 % (9904 MiB), not 44 (10134)
+		{10000, 23034, 10000, 4341}, // 0.4341 (9999 MiB), not 0.4342 (10001)
+		{23034, 23034, 100, 100},
+		{30000, 23034, 100, 100}, // never above the whole card
+		{5, 23034, 100, 0},
+		{100, 0, 100, 0}, // a card of unknown memory
+	} {
+		if got := shareOfCard(c.mib, c.card, c.per); got != c.want {
+			t.Errorf("shareOfCard(%d MiB, card %d MiB, per %d) = %d, want %d", c.mib, c.card, c.per, got, c.want)
+		}
+		if c.card > 0 && c.want < c.per && c.card*c.want/c.per > c.mib {
+			t.Errorf("%d/%d of a %d MiB card is more than the %d MiB share", c.want, c.per, c.card, c.mib)
+		}
+	}
+	// A share on a card whose memory the node does not know is refused
+	// rather than sized against nothing.
+	spec := &pb.ModelSpec{Model: "/models/x", Engine: &pb.EngineSpec{Kind: KindVLLM, MemoryPercent: 40}}
+	_, err := Build(Params{Model: "chat", Spec: spec, Port: 8100, Replica: &pb.Replica{Model: "chat", Cards: []uint32{0}, MemoryMib: 9213},
+		Cards: []*pb.Card{{Index: 0, Uuid: "GPU-x"}}}, Enforcement{Mode: ModeNone})
+	if err == nil || !strings.Contains(err.Error(), "a memory share of 9213 MiB per card on cards [0] whose memory this node does not know") {
+		t.Fatalf("share on a card of unknown memory: %v, want the refusal", err)
 	}
 }

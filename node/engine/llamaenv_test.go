@@ -70,21 +70,21 @@ func TestLlamaContextFromTheShare(t *testing.T) {
 		name  string
 		model string
 		share uint64
-		milli uint32
+		card  uint64 // MiB
 		args  []string
 		env   map[string]string
 		want  string // -c, "" none
 	}{
-		{"share-sized", model, share, 400, nil, nil, u64(want)},
-		{"explicit slots share it", model, share, 400, []string{"--parallel", "2"}, nil, u64(want)},
-		{"trained context per slot", model, 1 << 20, 400, []string{"--parallel", "2"}, nil, u64(2 << 20)},
-		{"unreadable file", filepath.Join(dir, "nosuch.gguf"), share, 400, []string{"-np", "3"}, nil, "12288"},
-		{"the deployment's -c", model, share, 400, []string{"-c", "999"}, nil, ""},
-		{"the deployment's LLAMA_ARG_CTX_SIZE", model, share, 400, nil, map[string]string{"LLAMA_ARG_CTX_SIZE": "999"}, ""},
-		{"a whole card", model, share, 1000, nil, nil, ""},
+		{"share-sized", model, share, 4 << 20, nil, nil, u64(want)},
+		{"explicit slots share it", model, share, 4 << 20, []string{"--parallel", "2"}, nil, u64(want)},
+		{"trained context per slot", model, 1 << 20, 4 << 20, []string{"--parallel", "2"}, nil, u64(2 << 20)},
+		{"unreadable file", filepath.Join(dir, "nosuch.gguf"), share, 4 << 20, []string{"-np", "3"}, nil, "12288"},
+		{"the deployment's -c", model, share, 4 << 20, []string{"-c", "999"}, nil, ""},
+		{"the deployment's LLAMA_ARG_CTX_SIZE", model, share, 4 << 20, nil, map[string]string{"LLAMA_ARG_CTX_SIZE": "999"}, ""},
+		{"a whole card", model, share, share, nil, nil, ""},
 	} {
 		p := Params{Model: "m", Spec: &pb.ModelSpec{Model: c.model, Engine: &pb.EngineSpec{Kind: KindLlamaCpp, Args: c.args, Env: c.env}},
-			Replica: &pb.Replica{Cards: []uint32{0}, ShareMilli: c.milli, MemoryMib: c.share}}
+			Replica: &pb.Replica{Cards: []uint32{0}, MemoryMib: c.share}, Cards: []*pb.Card{{Index: 0, MemoryMib: c.card}}}
 		got := ""
 		if a := llamaBoundedContext(p); len(a) == 2 {
 			got = a[1]

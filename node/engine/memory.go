@@ -2,7 +2,6 @@ package engine
 
 import (
 	"fmt"
-	"strconv"
 
 	"github.com/gpuplane/gpuplane/internal/enginemem"
 )
@@ -31,20 +30,15 @@ func (p Params) smallestCardMiB() uint64 {
 	return least
 }
 
-// vllmUtilization is --gpu-memory-utilization for a shared card: the knob
-// (share less vLLM's overshoot) over the card's memory, rounded down to
-// four places so that rounding never gives vLLM more than the knob.
+// vllmUtilization is --gpu-memory-utilization for a share of the card: the
+// knob (share less vLLM's overshoot) over the card's memory, to four places
+// (fractionOfCard: never a whole MiB more than the knob).
 func (p Params) vllmUtilization() (string, error) {
 	knob, err := p.knobMiB()
 	if err != nil {
 		return "", err
 	}
-	card := p.smallestCardMiB()
-	if card == 0 {
-		return p.fraction(), nil
-	}
-	f := float64(knob*10000/card) / 10000
-	return strconv.FormatFloat(f, 'f', -1, 64), nil
+	return fractionOfCard(knob, p.smallestCardMiB()), nil
 }
 
 // unboundedOnSharedCard refuses an engine with no knob that bounds its GPU

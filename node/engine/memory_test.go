@@ -23,7 +23,7 @@ func TestStrictOllamaTakesTheFreeMemoryUnlessHeld(t *testing.T) {
 	}
 	spec := &pb.ModelSpec{Model: "llama3.2:1b", ServedModelName: "chat",
 		Engine: &pb.EngineSpec{Kind: KindSim, MemoryPercent: 45, Args: []string{"--dialect", "ollama", "--load-seconds", "0", "--tokens-per-second", "0"}}}
-	share := &pb.Replica{Model: "chat", Cards: []uint32{0}, ShareMilli: 450, MemoryMib: 10365}
+	share := &pb.Replica{Model: "chat", Cards: []uint32{0}, MemoryMib: 10365}
 
 	p := Params{Model: "chat", Spec: spec, Host: "127.0.0.1", Port: 8100, Self: gpuplaneBin(t), Replica: share,
 		Cards: []*pb.Card{{Index: 0, Uuid: c.uuid, MemoryMib: 23034}}}
@@ -38,7 +38,7 @@ func TestStrictOllamaTakesTheFreeMemoryUnlessHeld(t *testing.T) {
 		enf     Enforcement
 		want    uint64
 	}{
-		{"whole card", &pb.Replica{Model: "chat", Cards: []uint32{0}, ShareMilli: 1000, MemoryMib: 23034}, Enforcement{Mode: ModeNone}, 23034 - 9000},
+		{"whole card", &pb.Replica{Model: "chat", Cards: []uint32{0}, MemoryMib: 23034}, Enforcement{Mode: ModeNone}, 23034 - 9000},
 		{"share under MPS", share, Enforcement{Mode: ModeMPS, MPSPipeDir: t.TempDir()}, 10365},
 	} {
 		proc, cmd := startBuiltOn(t, c, spec, false, tc.replica, tc.enf)

@@ -185,7 +185,7 @@ func (h *harness) want(index uint64, ds ...Desired) {
 func sim(model string, generation uint64, args ...string) Desired {
 	return Desired{
 		Replica: &pb.Replica{Model: model, Index: 0, Generation: generation, Node: node, Accelerator: "shared",
-			Cards: []uint32{0}, ShareMilli: 400, MemoryMib: 9213, PlacedIndex: 7,
+			Cards: []uint32{0}, MemoryMib: 9213, PlacedIndex: 7,
 			State: pb.ReplicaState_REPLICA_STATE_PLACED},
 		Spec: &pb.ModelSpec{Model: "sim://" + model, ServedModelName: model, Replicas: 1,
 			Engine: &pb.EngineSpec{Kind: "sim", MemoryPercent: 40,

@@ -16,7 +16,6 @@ import (
 // harness's card.
 func (h *harness) simAt(model string, percent uint32, args ...string) Desired {
 	d := sim(model, 1, args...)
-	d.Replica.ShareMilli = percent * 10
 	d.Replica.MemoryMib = h.card.GetMemoryMib() * uint64(percent) / 100
 	d.Spec.Engine.MemoryPercent = percent
 	return d

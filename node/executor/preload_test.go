@@ -95,7 +95,7 @@ func TestChangeDuringAPreload(t *testing.T) {
 // wholeCard places d on the whole card: Ollama (and a sim speaking it)
 // runs on a share of a card only under hard limits (docs/engines.md).
 func wholeCard(h *harness, d Desired) Desired {
-	d.Replica.ShareMilli, d.Replica.MemoryMib = 1000, h.card.GetMemoryMib()
+	d.Replica.MemoryMib = h.card.GetMemoryMib()
 	d.Spec.Engine.MemoryPercent = 0
 	return d
 }

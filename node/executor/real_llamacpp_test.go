@@ -38,7 +38,7 @@ func llamaReplica(model, file string, generation uint64, e *pb.EngineSpec) Desir
 	e.Args = append(e.Args, "--threads", "1", "--no-webui")
 	return Desired{
 		Replica: &pb.Replica{Model: model, Index: 0, Generation: generation, Node: node, Accelerator: "shared",
-			Cards: []uint32{0}, ShareMilli: 400, MemoryMib: 9213, PlacedIndex: 7,
+			Cards: []uint32{0}, MemoryMib: 9213, PlacedIndex: 7,
 			State: pb.ReplicaState_REPLICA_STATE_PLACED},
 		Spec: &pb.ModelSpec{Model: file, ServedModelName: model, Replicas: 1, Engine: e},
 	}

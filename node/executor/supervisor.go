@@ -156,7 +156,9 @@ func (s *supervisor) current() Desired {
 
 // fingerprint is what, besides the process being alive, must not change for
 // an engine to keep running: the generation (every spec change) and the
-// placement.
+// placement. It is stored in each engine's record, so its form is kept:
+// share= (the placement's packing weight, which no node code sizes anything
+// by) stays so that an upgraded agent adopts the engines it finds.
 func fingerprint(d Desired) string {
 	r := d.Replica
 	return fmt.Sprintf("gen=%d placed=%d cards=%v share=%d mem=%d compute=%d",

@@ -269,7 +269,9 @@ func cardConfig(c context.Context, api *apiClients, node string, card uint32, re
 		spec := m.Msg.GetModel().GetSpec()
 		mib := share[name]
 		if mib == 0 {
-			mib = shareOf(spec, memMiB)
+			// No replica on the card now: the share one would take, as
+			// the state machine computes it.
+			mib = perCard(m.Msg.GetModel())
 		}
 		cfg.Models = append(cfg.Models, modelConfig(name, spec, mib, profs.Msg.GetProfiles()))
 	}
@@ -283,15 +285,12 @@ func cardConfig(c context.Context, api *apiClients, node string, card uint32, re
 	return cfg, nil
 }
 
-// shareOf is a deployment's share of a card of memMiB, in MiB.
-func shareOf(spec *pb.ModelSpec, memMiB uint64) uint64 {
-	if m := spec.GetEngine().GetMemoryMib(); m > 0 {
-		return m
-	}
-	if p := spec.GetEngine().GetMemoryPercent(); p > 0 {
-		return memMiB * uint64(p) / 100
-	}
-	return memMiB
+// perCard is the memory share of each card a replica of deployment m
+// takes (its status's share per replica over its cards, rule 9).
+func perCard(m *pb.ModelDeployment) uint64 {
+	e := m.GetSpec().GetEngine()
+	cards := uint64(max(e.GetTensorParallel(), 1)) * uint64(max(e.GetPipelineParallel(), 1))
+	return m.GetStatus().GetMemoryPerReplicaMib() / cards
 }
 
 // gatewayMaxInFlight is the gateway's default cap on an engine's requests
@@ -508,7 +507,9 @@ func applyWhatIf(base *simserve.Config, f fromNode) (*simserve.Config, []string,
 			}
 			r.ModelDeployment.SetDefaults(r.Name)
 			spec := r.ModelDeployment.Proto()
-			mc := modelConfig(r.Name, spec, shareOf(spec, uint64(cfg.Card.MemoryGiB*1024)), nil)
+			// The serving simulator's card is one shared card.
+			mib := fsm.MemoryShareMiB(spec, &pb.AcceleratorSpec{Tenancy: pb.Tenancy_TENANCY_SHARED}, uint64(cfg.Card.MemoryGiB*1024))
+			mc := modelConfig(r.Name, spec, mib, nil)
 			cfg.Models = append(cfg.Models, mc)
 			what = append(what, fmt.Sprintf("with %s (%s, %s, %.1fGiB; no requests of its own in the record)", r.Name, mc.Residency, mc.Class, mc.MemoryGiB))
 		}
