@@ -9,6 +9,7 @@ import (
 
 	"github.com/gpuplane/gpuplane/cluster/scheduler"
 	"github.com/gpuplane/gpuplane/fsm"
+	"github.com/gpuplane/gpuplane/internal/wireenum"
 	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
 )
 
@@ -162,17 +163,6 @@ type view struct {
 	pending      []*pb.Replica // parallel to requests
 }
 
-// residency is the scheduler's name for a deployment's residency.
-func residency(r pb.Residency) scheduler.Residency {
-	switch r {
-	case pb.Residency_RESIDENCY_WARM:
-		return scheduler.Warm
-	case pb.Residency_RESIDENCY_ON_DEMAND:
-		return scheduler.OnDemand
-	}
-	return scheduler.Pinned
-}
-
 func replicaID(r *pb.Replica) string { return fmt.Sprintf("%s/%d", r.Model, r.Index) }
 
 func buildView(f *fsm.FSM) view {
@@ -212,7 +202,7 @@ func buildView(f *fsm.FSM) view {
 			res := m.GetSpec().GetResources()
 			v.requests = append(v.requests, scheduler.Request{
 				Replica: replicaID(r), Deployment: r.Model, Accelerator: r.Accelerator, Milli: int(milli),
-				Residency: residency(m.GetSpec().GetResidency()),
+				Residency: wireenum.Residency(m.GetSpec().GetResidency()),
 				CPUMilli:  int64(res.GetCpuMilli()), MemoryMiB: int64(res.GetMemoryMib()),
 				Selector: m.GetSpec().GetPlacement().GetNodeSelector(),
 			})
@@ -222,7 +212,7 @@ func buildView(f *fsm.FSM) view {
 		for _, idx := range r.Cards {
 			k := cardKey{r.Node, idx}
 			shares[k] = append(shares[k], scheduler.Share{Replica: replicaID(r), Deployment: r.Model, Accelerator: r.Accelerator,
-				Milli: int(r.ShareMilli), Residency: residency(models[r.Model].GetSpec().GetResidency())})
+				Milli: int(r.ShareMilli), Residency: wireenum.Residency(models[r.Model].GetSpec().GetResidency())})
 		}
 		res := models[r.Model].GetSpec().GetResources()
 		hostCPU[r.Node] += int64(res.GetCpuMilli())

@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"github.com/gpuplane/gpuplane/internal/cardfit"
+	"github.com/gpuplane/gpuplane/internal/wireenum"
 	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
 )
 
@@ -100,7 +101,7 @@ func (s planCards) occupy(accelerator, node string, cards []uint32, shareMilli u
 			s = append(s, planCard{key: k, accelerator: accelerator})
 			i = len(s) - 1
 		}
-		s[i].load.Add(fitResidency(res), int32(shareMilli))
+		s[i].load.Add(wireenum.Residency(res), int32(shareMilli))
 	}
 	return s
 }

@@ -6,7 +6,7 @@ import (
 	"unicode"
 
 	"github.com/gpuplane/gpuplane/internal/cardfit"
-	"github.com/gpuplane/gpuplane/internal/class"
+	"github.com/gpuplane/gpuplane/internal/wireenum"
 	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
 )
 
@@ -34,21 +34,16 @@ func ResidencyName(r pb.Residency) string {
 	if r < pb.Residency_RESIDENCY_UNSPECIFIED || r > pb.Residency_RESIDENCY_ON_DEMAND {
 		return fmt.Sprintf("unknown(%d)", int32(r))
 	}
-	return fitResidency(r).String()
+	return wireenum.Residency(r).String()
 }
 
 // PriorityName is the descriptor spelling of a priority: interactive,
 // standard or background (unspecified reads as standard).
 func PriorityName(p pb.Priority) string {
-	switch p {
-	case pb.Priority_PRIORITY_INTERACTIVE:
-		return class.Interactive.String()
-	case pb.Priority_PRIORITY_UNSPECIFIED, pb.Priority_PRIORITY_STANDARD:
-		return class.Standard.String()
-	case pb.Priority_PRIORITY_BACKGROUND:
-		return class.Background.String()
+	if p < pb.Priority_PRIORITY_UNSPECIFIED || p > pb.Priority_PRIORITY_BACKGROUND {
+		return fmt.Sprintf("unknown(%d)", int32(p))
 	}
-	return fmt.Sprintf("unknown(%d)", int32(p))
+	return wireenum.Class(p).String()
 }
 
 // ReplicaResidencyName is the name users see for where a replica's weights
@@ -137,23 +132,11 @@ func checkResidencyTenancy(v *violations, spec *pb.ModelSpec, accName string, ac
 	}
 }
 
-// fitResidency is r in the card-fit rule's words (unspecified reads as
-// pinned).
-func fitResidency(r pb.Residency) cardfit.Residency {
-	switch r {
-	case pb.Residency_RESIDENCY_ON_DEMAND:
-		return cardfit.OnDemand
-	case pb.Residency_RESIDENCY_WARM:
-		return cardfit.Warm
-	}
-	return cardfit.Pinned
-}
-
 // fits is rule 11 (docs/residency.md) for one more share of residency r on
 // a card of a shared accelerator holding l: nil or the rule it breaks. The
 // scheduler chooses cards by the same rule (internal/cardfit).
 func fits(l cardfit.Load, r pb.Residency, milli, maxModels uint32) error {
-	return l.Why(fitResidency(r), int32(milli), int32(maxModels))
+	return l.Why(wireenum.Residency(r), int32(milli), int32(maxModels))
 }
 
 // load is what the placed replicas take from card k, by their deployments'

@@ -15,9 +15,9 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 
 	"github.com/gpuplane/gpuplane/internal/cardfit"
+	"github.com/gpuplane/gpuplane/internal/wireenum"
 	"github.com/gpuplane/gpuplane/node/engine"
 	"github.com/gpuplane/gpuplane/node/executor"
-	"github.com/gpuplane/gpuplane/node/gateway/queue"
 	"github.com/gpuplane/gpuplane/node/residency"
 	"github.com/gpuplane/gpuplane/node/watchdog"
 	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
@@ -407,15 +407,7 @@ func (m *Manager) deployment(k rkey, d executor.Desired) residency.Deployment {
 		Weights:      spec.GetModel(),
 		Quantization: spec.GetEngine().GetQuantization(), Engine: spec.GetEngine().GetKind(),
 	}
-	switch spec.GetResidency() {
-	case pb.Residency_RESIDENCY_WARM:
-		dep.Residency = residency.Warm
-	case pb.Residency_RESIDENCY_ON_DEMAND:
-		dep.Residency = residency.OnDemand
-	default:
-		dep.Residency = residency.Pinned
-	}
-	dep.Priority = queue.ClassOf(spec.GetPriority())
+	dep.Residency, dep.Priority = wireenum.Residency(spec.GetResidency()), wireenum.Class(spec.GetPriority())
 	dep.IdleSleep = time.Duration(spec.GetIdle().GetSleepAfterSeconds()) * time.Second
 	dep.IdleUnload = time.Duration(spec.GetIdle().GetUnloadAfterSeconds()) * time.Second
 	dep.Failover = cardfit.PlacedByFailover(d.Replica.GetReason())

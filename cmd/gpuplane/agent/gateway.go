@@ -20,6 +20,7 @@ import (
 
 	"github.com/gpuplane/gpuplane/cluster"
 	"github.com/gpuplane/gpuplane/fsm"
+	"github.com/gpuplane/gpuplane/internal/wireenum"
 	"github.com/gpuplane/gpuplane/node/cardmanager"
 	"github.com/gpuplane/gpuplane/node/engine"
 	"github.com/gpuplane/gpuplane/node/gateway"
@@ -235,7 +236,7 @@ func modelsOf(f *fsm.FSM) []gateway.Model {
 	var out []gateway.Model
 	for _, d := range f.Models() {
 		spec := d.GetSpec()
-		m := gateway.Model{Deployment: d.GetName(), Served: spec.GetServedModelName(), Class: queue.ClassOf(spec.GetPriority()),
+		m := gateway.Model{Deployment: d.GetName(), Served: spec.GetServedModelName(), Class: wireenum.Class(spec.GetPriority()),
 			Aliases: spec.GetAliases(), EngineModel: engine.EngineModel(spec), AdapterIDs: engine.LlamaAdapterIDs(spec), MaxModelLen: maxModelLenOf(spec.GetEngine()), Task: taskOf(spec.GetEngine()),
 			Created: d.GetCreatedUnix()}
 		if ads := spec.GetAdapters(); len(ads) > 0 {

@@ -10,6 +10,7 @@ import (
 	"github.com/gpuplane/gpuplane/fsm"
 	"github.com/gpuplane/gpuplane/internal/cardfit"
 	"github.com/gpuplane/gpuplane/internal/class"
+	"github.com/gpuplane/gpuplane/internal/wireenum"
 	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
 )
 
@@ -186,15 +187,10 @@ func ParseTenancy(s string) (pb.Tenancy, bool) {
 // an empty string is the default, pinned (cardfit.ParseResidency).
 func ParseResidency(s string) (pb.Residency, bool) {
 	r, ok := cardfit.ParseResidency(s)
-	switch {
-	case !ok:
+	if !ok {
 		return pb.Residency_RESIDENCY_UNSPECIFIED, false
-	case r == cardfit.Warm:
-		return pb.Residency_RESIDENCY_WARM, true
-	case r == cardfit.OnDemand:
-		return pb.Residency_RESIDENCY_ON_DEMAND, true
 	}
-	return pb.Residency_RESIDENCY_PINNED, true
+	return wireenum.ResidencyPB(r), true
 }
 
 // ParsePriority maps interactive, standard or background, in any case, to
@@ -204,15 +200,10 @@ func ParsePriority(s string) (pb.Priority, bool) {
 		return pb.Priority_PRIORITY_STANDARD, true
 	}
 	c, ok := class.Parse(s)
-	switch {
-	case !ok:
+	if !ok {
 		return pb.Priority_PRIORITY_UNSPECIFIED, false
-	case c == class.Interactive:
-		return pb.Priority_PRIORITY_INTERACTIVE, true
-	case c == class.Background:
-		return pb.Priority_PRIORITY_BACKGROUND, true
 	}
-	return pb.Priority_PRIORITY_STANDARD, true
+	return wireenum.Priority(c), true
 }
 
 // Check reports the problems of an accelerator spec that need no cluster

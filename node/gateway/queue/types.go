@@ -5,7 +5,6 @@ import (
 	"time"
 
 	"github.com/gpuplane/gpuplane/internal/class"
-	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
 )
 
 // Class is a request's priority class; a higher value outranks a lower one.
@@ -23,19 +22,6 @@ const (
 // ParseClass reads a class's name (interactive, standard, background; case
 // and surrounding space ignored).
 func ParseClass(s string) (Class, bool) { return class.Parse(s) }
-
-// ClassOf is the class of a deployment's priority (unspecified reads as
-// standard). The residency controller ranks deployments by the same
-// classes (residency.Priority is this type).
-func ClassOf(p pb.Priority) Class {
-	switch p {
-	case pb.Priority_PRIORITY_INTERACTIVE:
-		return Interactive
-	case pb.Priority_PRIORITY_BACKGROUND:
-		return Background
-	}
-	return Standard
-}
 
 // ID names one admitted request. The scheduler assigns IDs in admission
 // order, starting at 1; zero is never a request.
