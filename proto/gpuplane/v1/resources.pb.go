@@ -2078,7 +2078,7 @@ type Replica struct {
 	Cards []uint32 `protobuf:"varint,6,rep,packed,name=cards,proto3" json:"cards,omitempty"`
 	// Share of each card in thousandths (1000 = whole card), as rule 11
 	// and the scheduler pack cards: reserved, unless the deployment is
-	// onDemand (then assigned, not reserved). Nodes never read it.
+	// onDemand (then assigned, not reserved). Nodes size nothing by it.
 	ShareMilli uint32 `protobuf:"varint,7,opt,name=share_milli,json=shareMilli,proto3" json:"share_milli,omitempty"`
 	// The share's memory per card in MiB: what the node's watchdog holds
 	// the engine to, its card ledger counts and the engine's memory knob is
