@@ -51,8 +51,13 @@ type workload struct {
 	// added or a weight changes.
 	cpuVals, memVals []int64 // distinct type requests, ascending
 	feas             map[feasKey][]int64
+	feasTab          [][]int64 // the same, dense by (ws, rc, rm) where small enough (feasTabMax)
 	feasDirty        bool
 }
+
+// feasTabMax bounds the dense feasibility table, in entries; a workload
+// with more distinct CPU × memory requests uses the map.
+const feasTabMax = 1 << 18
 
 type feasKey struct {
 	ws     int8
@@ -147,6 +152,11 @@ func (wl *workload) refreshFeas() {
 		wl.feas = map[feasKey][]int64{}
 	} else {
 		clear(wl.feas)
+	}
+	wl.feasTab = wl.feasTab[:0]
+	if n := numWeights * (len(wl.cpuVals) + 1) * (len(wl.memVals) + 1); n <= feasTabMax {
+		wl.feasTab = slices.Grow(wl.feasTab, n)[:n]
+		clear(wl.feasTab)
 	}
 }
 
@@ -252,6 +262,42 @@ func (g *wgroup) contribShared(c *cardState) int64 {
 	return int64(FullCard - c.Reserved)
 }
 
+// cardChange is a card before and after a placement, as share groups see
+// it: its kind, binding, replicas, free capacity and room for each
+// residency.
+type cardChange struct {
+	kind         int32
+	accB, accA   int32
+	repB, repA   int32
+	freeB, freeA int64
+	roomB, roomA [OnDemand + 1]int32
+}
+
+func (o *cardChange) set(before, after *cardState) {
+	o.kind = before.kind
+	o.accB, o.accA = before.acc, after.acc
+	o.repB, o.repA = before.Replicas, after.Replicas
+	o.freeB, o.freeA = int64(FullCard-before.Reserved), int64(FullCard-after.Reserved)
+	for r := Pinned; r <= OnDemand; r++ {
+		o.roomB[r], o.roomA[r] = before.Room(r), after.Room(r)
+	}
+}
+
+// delta is g.contribShared(after) - g.contribShared(before).
+func (o *cardChange) delta(g *wgroup) int64 {
+	if !g.kinds.has(o.kind) {
+		return o.freeA - o.freeB
+	}
+	var d int64
+	if !((o.accA < 0 || o.accA == g.acc) && (g.maxMM == 0 || o.repA < g.maxMM) && g.milli <= o.roomA[g.res]) {
+		d = o.freeA
+	}
+	if !((o.accB < 0 || o.accB == g.acc) && (g.maxMM == 0 || o.repB < g.maxMM) && g.milli <= o.roomB[g.res]) {
+		d -= o.freeB
+	}
+	return d
+}
+
 func (g *wgroup) wholeFree(kind int32, count int32) bool {
 	return count == 0 && g.kinds.has(kind)
 }
@@ -330,7 +376,13 @@ func resize64(b []int64, n int) []int64 {
 func (wl *workload) feasibleWeights(ws int, cpuFree, memFree int64) []int64 {
 	wl.refreshFeas()
 	k := feasKey{ws: int8(ws), rc: int32(rankOf(wl.cpuVals, cpuFree)), rm: int32(rankOf(wl.memVals, memFree))}
-	if v, ok := wl.feas[k]; ok {
+	slot := -1
+	if len(wl.feasTab) > 0 {
+		slot = (ws*(len(wl.cpuVals)+1)+int(k.rc))*(len(wl.memVals)+1) + int(k.rm)
+		if v := wl.feasTab[slot]; v != nil {
+			return v
+		}
+	} else if v, ok := wl.feas[k]; ok {
 		return v
 	}
 	v := make([]int64, len(wl.groups))
@@ -340,7 +392,11 @@ func (wl *workload) feasibleWeights(ws int, cpuFree, memFree int64) []int64 {
 			v[t.g] += t.w[ws]
 		}
 	}
-	wl.feas[k] = v
+	if slot >= 0 {
+		wl.feasTab[slot] = v
+	} else {
+		wl.feas[k] = v
+	}
 	return v
 }
 
@@ -427,6 +483,12 @@ func (ev *evaluator) fragDeltas(cards []int32, wa, wb int) (da, db int64) {
 	if wb >= 0 {
 		afterB = wl.total[wb] * tot
 	}
+	// One card changes (a share): what a share group sees on it before and
+	// after, computed once for every group (contribShared, unrolled).
+	var one cardChange
+	if len(cards) == 1 {
+		one.set(&s.cards[cards[0]], &cs[0])
+	}
 	for j, gi := range fc.rel {
 		wA := fa[gi]
 		var wB int64
@@ -440,6 +502,10 @@ func (ev *evaluator) fragDeltas(cards []int32, wa, wb int) (da, db int64) {
 		fok := fc.fok[j]
 		switch g.mode {
 		case modeShared:
+			if len(cards) == 1 {
+				fok += one.delta(g)
+				break
+			}
 			for i, ci := range cards {
 				fok += g.contribShared(&cs[i]) - g.contribShared(&s.cards[ci])
 			}
