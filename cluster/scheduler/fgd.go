@@ -375,7 +375,13 @@ func resize64(b []int64, n int) []int64 {
 // and valid until the workload changes.
 func (wl *workload) feasibleWeights(ws int, cpuFree, memFree int64) []int64 {
 	wl.refreshFeas()
-	k := feasKey{ws: int8(ws), rc: int32(rankOf(wl.cpuVals, cpuFree)), rm: int32(rankOf(wl.memVals, memFree))}
+	return wl.feasibleAt(ws, int32(rankOf(wl.cpuVals, cpuFree)), int32(rankOf(wl.memVals, memFree)))
+}
+
+// feasibleAt is feasibleWeights for free room whose ranks among the
+// types' CPU and memory requests are rc and rm (after refreshFeas).
+func (wl *workload) feasibleAt(ws int, rc, rm int32) []int64 {
+	k := feasKey{ws: int8(ws), rc: rc, rm: rm}
 	slot := -1
 	if len(wl.feasTab) > 0 {
 		slot = (ws*(len(wl.cpuVals)+1)+int(k.rc))*(len(wl.memVals)+1) + int(k.rm)
@@ -450,7 +456,14 @@ func (ev *evaluator) prepare(ws int) {
 		fc.fragBefore[ws], fc.fragTotal[ws], fc.fragValid[ws] = wl.frag(fc, ws, feasW), wl.total[ws], true
 	}
 	ev.fragBefore[ws] = fc.fragBefore[ws]
-	ev.feasWNew[ws] = wl.feasibleWeights(ws, n.cpuFree()-q.CPUMilli, n.memFree()-q.MemoryMiB)
+	if !ev.ranked {
+		// The ranks of the room left after the placement, once for every
+		// weighting.
+		wl.refreshFeas()
+		ev.rcNew, ev.rmNew = int32(rankOf(wl.cpuVals, n.cpuFree()-q.CPUMilli)), int32(rankOf(wl.memVals, n.memFree()-q.MemoryMiB))
+		ev.ranked = true
+	}
+	ev.feasWNew[ws] = wl.feasibleAt(ws, ev.rcNew, ev.rmNew)
 	ev.fragReady[ws] = true
 }
 

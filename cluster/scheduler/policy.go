@@ -99,6 +99,9 @@ type evaluator struct {
 	fragReady  [numWeights]bool
 	fragBefore [numWeights]int64
 	feasWNew   [numWeights][]int64 // per workload group, after the placement
+	ranked     bool                // rcNew, rmNew are set
+	rcNew      int32               // rank of the free CPU after the placement among the types' requests
+	rmNew      int32               // the same for memory
 }
 
 const ppm = 1_000_000

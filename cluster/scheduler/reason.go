@@ -44,7 +44,9 @@ func (s *State) reason(q *request) string {
 		}
 		n := &s.nodes[ni]
 		nc := 0
-		if q.mode != modeHost {
+		if q.mode != modeHost && q.kinds == nil {
+			nc = int(n.n) // every card is of an allowed kind
+		} else if q.mode != modeHost {
 			for ci := n.first; ci < n.first+n.n; ci++ {
 				if q.kinds.has(s.cards[ci].kind) {
 					nc++
