@@ -240,6 +240,7 @@ type fragCache struct {
 	gen     uint64
 	valid   bool
 	rel     []int32 // groups that concern the node
+	oneKind bool    // the node's cards are of one kind
 	tot     int64   // free milli on healthy cards
 	cpuU    int64   // free CPU in milli-cards at the cluster's ratio
 	fok     []int64 // per rel group: fragment when the host fits the type
@@ -271,6 +272,7 @@ type cardChange struct {
 	repB, repA   int32
 	freeB, freeA int64
 	roomB, roomA [OnDemand + 1]int32
+	kindIn       bool // every group asked about allows kind
 }
 
 func (o *cardChange) set(before, after *cardState) {
@@ -285,7 +287,7 @@ func (o *cardChange) set(before, after *cardState) {
 
 // delta is g.contribShared(after) - g.contribShared(before).
 func (o *cardChange) delta(g *wgroup) int64 {
-	if !g.kinds.has(o.kind) {
+	if !o.kindIn && !g.kinds.has(o.kind) {
 		return o.freeA - o.freeB
 	}
 	var d int64
@@ -309,6 +311,7 @@ func (s *State) nodeStats(ni int32) *fragCache {
 		return fc
 	}
 	if !fc.valid || fc.gen != s.wl.gen {
+		fc.oneKind = n.kinds.single() >= 0
 		fc.rel = fc.rel[:0]
 		for gi := range s.wl.groups {
 			if g := &s.wl.groups[gi]; g.mode == modeHost || g.kinds.intersects(n.kinds) {
@@ -501,6 +504,9 @@ func (ev *evaluator) fragDeltas(cards []int32, wa, wb int) (da, db int64) {
 	var one cardChange
 	if len(cards) == 1 {
 		one.set(&s.cards[cards[0]], &cs[0])
+		// On a node of one kind every group that concerns it allows the
+		// card's kind.
+		one.kindIn = fc.oneKind
 	}
 	for j, gi := range fc.rel {
 		wA := fa[gi]
