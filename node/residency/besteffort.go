@@ -139,7 +139,7 @@ func (c *Controller) BestEffort() []BestEffortEntry {
 	lend := c.beLend()
 	for i := range c.reps {
 		r := &c.reps[i]
-		if r.removed || c.be.protected[r.dep.Model] || c.be.why[r.dep.Model] == "" {
+		if r.removed || c.protects(r) || c.be.why[r.dep.Model] == "" {
 			continue
 		}
 		out = append(out, BestEffortEntry{Model: r.dep.Model, Need: max(c.footprint(r), c.peak(r)), Lend: lend,
@@ -151,17 +151,27 @@ func (c *Controller) BestEffort() []BestEffortEntry {
 
 // Protected reports whether m is in the protected set in force (every
 // model is while the card holds them all).
-func (c *Controller) Protected(m ModelID) bool { return !c.be.on || c.be.protected[m] }
+func (c *Controller) Protected(m ModelID) bool {
+	r := c.rep(m)
+	return !c.be.on || c.be.protected[m] || r != nil && c.protects(r)
+}
+
+// protects reports whether r is in the protected set in force: chosen,
+// or reserved (a pinned or warm promise is kept whatever the set, also
+// for a model that became warm since the set was chosen).
+func (c *Controller) protects(r *replica) bool {
+	return c.be.protected[r.dep.Model] || r.dep.Residency.Reserves()
+}
 
 // bestEffort reports whether r is best-effort now.
 func (c *Controller) bestEffort(r *replica) bool {
-	return c.be.on && !c.be.protected[r.dep.Model] && !r.removed
+	return c.be.on && !c.protects(r) && !r.removed
 }
 
 // keeps reports whether r is a protected onDemand model with demand that
 // the controller keeps on the card while the set is in force.
 func (c *Controller) keeps(r *replica) bool {
-	return c.be.on && c.be.protected[r.dep.Model] && !r.removed && r.dep.Residency == OnDemand && !c.pinnedOnly
+	return c.be.on && c.protects(r) && !r.removed && r.dep.Residency == OnDemand && !c.pinnedOnly
 }
 
 // shields reports whether b's demand may not take x's memory: b is
@@ -170,12 +180,12 @@ func (c *Controller) keeps(r *replica) bool {
 // model lends its memory as any model does, and pays a reload when next
 // asked.
 func (c *Controller) shields(b, x *replica) bool {
-	return c.be.on && c.bestEffort(b) && !c.lowHolds(b) && c.be.protected[x.dep.Model] && (x.active > 0 || x.rate >= beBusyRate)
+	return c.be.on && c.bestEffort(b) && !c.lowHolds(b) && c.protects(x) && (x.active > 0 || x.rate >= beBusyRate)
 }
 
 // beOutranks reports whether r, protected, outranks x, best-effort.
 func (c *Controller) beOutranks(r, x *replica) bool {
-	return c.be.on && c.be.protected[r.dep.Model] && c.bestEffort(x) && !x.dep.Residency.Reserves()
+	return c.be.on && c.protects(r) && c.bestEffort(x) && !x.dep.Residency.Reserves()
 }
 
 // beValue is r's value per GiB for the choice: class weight × rate per
@@ -208,7 +218,7 @@ func (c *Controller) beLend() int64 {
 	var sum, extra int64
 	for i := range c.reps {
 		r := &c.reps[i]
-		if !r.removed && c.be.protected[r.dep.Model] {
+		if !r.removed && c.protects(r) {
 			f := c.footprint(r)
 			sum += f
 			extra = max(extra, c.peak(r)-f)
@@ -284,7 +294,7 @@ func (c *Controller) beReplaces(set map[ModelID]bool, value float64) bool {
 	var oldValue float64
 	for i := range c.reps {
 		r := &c.reps[i]
-		if !r.removed && c.be.protected[r.dep.Model] {
+		if !r.removed && c.protects(r) {
 			old = append(old, r)
 			oldValue += c.beValue(r)
 		}

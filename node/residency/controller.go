@@ -618,6 +618,10 @@ func (c *Controller) observe(ev Event, now time.Time) error {
 	case DeploymentRemoved:
 		if r := c.rep(e.Model); r != nil {
 			r.removed = true
+			// The requests held for a drained engine's return fail with
+			// the deployment (the gateway answers them): a drain now
+			// waits for the ones running only.
+			r.held = 0
 			if r.state == Cold || r.state == Failed {
 				c.remove(e.Model)
 			}

@@ -2,6 +2,8 @@ package residency_test
 
 import (
 	"fmt"
+	"os"
+	"strconv"
 	"testing"
 	"time"
 
@@ -14,9 +16,15 @@ import (
 // fail, priorities that change, models removed and new ones placed. The
 // world checks I1–I3 from its own account at every step.
 func chaos(t testing.TB, seed uint64, d time.Duration) (*world, int) {
+	return chaosWith(t, seed, d, false)
+}
+
+// chaosWith is chaos with the protected set on or off
+// (residency.Config.BestEffort).
+func chaosWith(t testing.TB, seed uint64, d time.Duration, bestEffort bool) (*world, int) {
 	rng := rnd(seed)
 	cfg := residency.Config{Card: "gpu0", Memory: 40 * gi, IdleSleep: 3 * time.Minute, IdleUnload: 10 * time.Minute,
-		DrainDeadline: 20 * time.Second}
+		DrainDeadline: 20 * time.Second, BestEffort: bestEffort}
 	w := newWorld(t, cfg)
 	dep := func(name string, res residency.Residency, size int64) (residency.Deployment, truth) {
 		dd := residency.Deployment{
@@ -119,13 +127,26 @@ func TestRandomEventsKeepInvariants(t *testing.T) {
 	if plantedBug {
 		t.Skip("the residency_plantbug tag breaks I3 on purpose; see TestPlantedBugIsCaught")
 	}
-	seeds := 6
+	seeds := 12
 	if testing.Short() {
 		seeds = 2
 	}
-	for seed := uint64(1); seed <= uint64(seeds); seed++ {
-		t.Run(fmt.Sprint("seed", seed), func(t *testing.T) {
-			w, arrivals := chaos(t, seed, 40*time.Minute)
+	if s := os.Getenv("GPUPLANE_CHAOS_SEEDS"); s != "" {
+		seeds, _ = strconv.Atoi(s)
+	}
+	for _, be := range []bool{false, true} {
+		for seed := uint64(1); seed <= uint64(seeds); seed++ {
+			t.Run(fmt.Sprintf("seed%d/bestEffort=%v", seed, be), func(t *testing.T) {
+				randomEventsKeepInvariants(t, seed, be)
+			})
+		}
+	}
+}
+
+func randomEventsKeepInvariants(t *testing.T, seed uint64, be bool) {
+	{
+		{
+			w, arrivals := chaosWith(t, seed, 40*time.Minute, be)
 			w.assertClean()
 			served := 0
 			for _, e := range w.eng {
@@ -141,7 +162,7 @@ func TestRandomEventsKeepInvariants(t *testing.T) {
 				t.Fatalf("no pressure exercised\n%s", w.dump())
 			}
 			t.Logf("seed %d: %d arrivals, %d served, %d actions, %d decisions", seed, arrivals, served, len(w.acts), len(w.c.Decisions()))
-		})
+		}
 	}
 }
 

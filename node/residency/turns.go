@@ -111,7 +111,11 @@ func (c *Controller) yieldTurn(r *replica, now time.Time) {
 	if was {
 		c.sumsOK = false
 	}
-	if r.dep.Residency != Warm || r.removed || c.pinnedOnly || r.active == 0 || r.pending != 0 ||
+	// An owner whose share is not lent (cold, and never lent: an onDemand
+	// model that just became warm) has nothing to yield: it takes its
+	// share now.
+	notLent := (r.state == Cold || r.state == Failed) && !r.wasLent
+	if r.dep.Residency != Warm || r.removed || c.pinnedOnly || r.active == 0 || r.pending != 0 || notLent ||
 		r.state != Sleeping && r.state != Cold && r.state != Failed {
 		if r.state == Resident || r.state == Loading || r.state == Waking || r.removed {
 			r.lentTo, r.yieldCap = "", time.Time{}
@@ -126,9 +130,10 @@ func (c *Controller) yieldTurn(r *replica, now time.Time) {
 	var extra int64
 	b := c.rep(r.lentTo)
 	waiting := b != nil && !b.removed && b.active > 0 && (b.state == Cold || b.state == Sleeping)
-	if b != nil && b.dep.Priority < r.dep.Priority {
-		// A lower class gets no turn an owner waits for: its work takes
-		// memory only in the owner's quiet spells.
+	if b != nil && (b.dep.Priority < r.dep.Priority || c.bestEffort(b)) {
+		// A lower class, or a best-effort model (the owner is protected),
+		// gets no turn an owner waits for: its work takes memory only in
+		// the owner's quiet spells.
 		r.lentTo = ""
 		waiting = false
 	}
@@ -144,7 +149,7 @@ func (c *Controller) yieldTurn(r *replica, now time.Time) {
 	var peer *replica
 	for i := range c.reps {
 		x := &c.reps[i]
-		if x.dep.Priority < r.dep.Priority {
+		if x.dep.Priority < r.dep.Priority || c.bestEffort(x) {
 			continue
 		}
 		if u, ok := c.inTurn(x, now); ok && u.After(until) {

@@ -306,6 +306,13 @@ func (w *world) outranks(by residency.ModelID, victim *engine, reason string) bo
 	if reserved && victim.dep.Residency == residency.OnDemand {
 		return true
 	}
+	// With the protected set on (docs/residency.md, "Best effort"), a
+	// protected model's demand outranks a best-effort onDemand model as a
+	// higher class does; the set is the one the controller has in force
+	// (and states in its best-effort decisions).
+	if w.cfg.BestEffort && w.c.Protected(by) && !w.c.Protected(victim.dep.Model) && victim.dep.Residency == residency.OnDemand {
+		return true
+	}
 	// A lower class's bounded turn (docs/residency.md, "No starvation")
 	// takes memory as a higher class would; the decision names it.
 	if strings.Contains(reason, "'s turn as a") && victim.dep.Residency != residency.Pinned {
@@ -367,11 +374,13 @@ func (w *world) exec(a residency.Action) {
 	entitled := operator || forDemand && w.outranks(d.For, e, d.Reason)
 	switch a.Kind {
 	case residency.ActSleep, residency.ActEvict, residency.ActUnload, residency.ActDrain:
-		// I2: pinned never demoted; warm never sent cold by others.
-		if e.dep.Residency == residency.Pinned && !operator {
+		// I2: pinned never demoted; warm never sent cold by others. A
+		// removed deployment has no promise left: its drain may be cut
+		// short by another's demand as any model's of its class.
+		if e.dep.Residency == residency.Pinned && !operator && !e.removed {
 			w.violate("I2: %s of pinned %s", a.Kind, a.Model)
 		}
-		if e.dep.Residency == residency.Warm && (a.Kind == residency.ActEvict || a.Kind == residency.ActUnload) && !operator {
+		if e.dep.Residency == residency.Warm && (a.Kind == residency.ActEvict || a.Kind == residency.ActUnload) && !operator && !e.removed {
 			w.violate("I2: %s of warm %s", a.Kind, a.Model)
 		}
 	}
@@ -595,7 +604,7 @@ func (w *world) assertClean() {
 		w.t.Fatalf("%d invariant violations seen by the world, first: %s", len(w.violations), strings.Join(w.violations[:min(5, len(w.violations))], "\n"))
 	}
 	if len(w.ctrlViolations) > 0 {
-		w.t.Fatalf("controller reported %d violations, first: %v", len(w.ctrlViolations), w.ctrlViolations[0])
+		w.t.Fatalf("controller reported %d violations, first at %v: %v", len(w.ctrlViolations), w.ctrlViolations[0].Time.Sub(epoch), w.ctrlViolations[0])
 	}
 }
 
