@@ -79,6 +79,22 @@ func (m *Manager) CardBy(model string, index uint32) (by time.Time, ok bool) {
 	return a.by, a.ok
 }
 
+// BestEffort reports whether the replica's controller serves it
+// best-effort now: its card cannot hold every model with demand and the
+// replica is not in the protected set (residency.Controller.Protected).
+// The gateway has its requests wait for the turn promised.
+func (m *Manager) BestEffort(model string, index uint32) bool {
+	k := rkey{model, index}
+	be, _ := askLoop(m, func() bool {
+		r := m.reps[k]
+		if r == nil || m.ctrls[r.card] == nil {
+			return false
+		}
+		return !m.ctrls[r.card].ctrl.Protected(k.id())
+	})
+	return be
+}
+
 // KeepAlive passes a request's keep_alive (Ollama's meaning: how long to
 // keep the model loaded after it; 0 unloads once idle, negative keeps) to
 // the replica's controller as the request's hint (residency.KeepAlive).

@@ -378,6 +378,15 @@ type CardPromiser interface {
 	CardBy(model string, index uint32) (by time.Time, ok bool)
 }
 
+// BestEffortTeller is what a Residency may also say: whether a replica's
+// controller serves it best-effort now (residency's protected set,
+// cardmanager.Manager). Its requests of every class then wait for the
+// turn the controller promises (queue.Scheduler.SetBestEffort) rather
+// than giving up after their cold wait.
+type BestEffortTeller interface {
+	BestEffort(model string, index uint32) bool
+}
+
 // promises tells the card's scheduler, before it judges the cold waits,
 // what the controller promises each replica that is not ready and has
 // requests waiting. It takes no lock while it asks.
@@ -406,7 +415,14 @@ func (c *card) promises() {
 		}
 	}
 	c.mu.Unlock()
+	bt, _ := c.g.opts.Residency.(BestEffortTeller)
 	for _, a := range asks {
+		if bt != nil {
+			be := bt.BestEffort(a.model, a.index)
+			c.mu.Lock()
+			_ = c.s.SetBestEffort(a.key, be)
+			c.mu.Unlock()
+		}
 		if by, ok := cp.CardBy(a.model, a.index); ok {
 			c.mu.Lock()
 			_ = c.s.SetCardBy(a.key, by, time.Now())

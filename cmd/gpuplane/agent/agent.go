@@ -69,6 +69,12 @@ type Config struct {
 	// Residency is the node's residency controller mode: auto (default) or
 	// advise (docs/operations.md).
 	Residency string
+	// NoBestEffort turns off the residency controllers' protected set
+	// (residency.Config.BestEffort; `gpuplane agent --best-effort=false`):
+	// by default, a card that cannot hold every model with demand
+	// protects the largest set it can hold and serves the others
+	// best-effort (docs/residency.md, "Best effort").
+	NoBestEffort bool
 	// OrphanGrace is how long engines outlive the agent when it dies
 	// without stopping them (default executor.DefaultOrphanGrace).
 	OrphanGrace time.Duration

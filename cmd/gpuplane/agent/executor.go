@@ -105,7 +105,8 @@ func (a *Agent) startExecutor() error {
 		a.residencyJournal = residency.NewJournal(a.cfg.NodeName, 0)
 	}
 	res := cardmanager.New(cardmanager.Options{
-		Node: a.cfg.NodeName, Cards: node.Cards, Advise: advise, NVML: lib, Journal: a.residencyJournal, DataDir: a.cfg.DataDir,
+		Config: residency.Config{BestEffort: !a.cfg.NoBestEffort},
+		Node:   a.cfg.NodeName, Cards: node.Cards, Advise: advise, NVML: lib, Journal: a.residencyJournal, DataDir: a.cfg.DataDir,
 		BindHost: localHost, AdvertiseHost: localHost, FrontKey: a.frontKey, EngineKeys: a.engineKeys, Logger: a.cfg.Logger, TimeScale: a.cfg.ResidencyTimeScale,
 	})
 	opts.Gate = res

@@ -21,6 +21,7 @@ func newAgentCommand(g *globals) *cobra.Command {
 	var join, labels, logLevel string
 	var hollow int
 	var hollowRate float64
+	bestEffort := true
 	cmd := &cobra.Command{
 		Use:   "agent",
 		Short: "Run a gpuplane node",
@@ -47,6 +48,7 @@ GPUPLANE_<FLAG>, e.g. GPUPLANE_DATA_DIR.`,
 			if err := level.UnmarshalText([]byte(logLevel)); err != nil {
 				return usageErrorf(cmd, "--log-level: %v", err)
 			}
+			cfg.NoBestEffort = !bestEffort
 			cfg.Out = g.stdout
 			cfg.Logger = slog.New(slog.NewTextHandler(g.stderr, &slog.HandlerOptions{Level: level}))
 			cfg.Version = version
@@ -87,6 +89,7 @@ GPUPLANE_<FLAG>, e.g. GPUPLANE_DATA_DIR.`,
 	f.StringVar(&cfg.SimGPUs, "sim-gpus", "", "simulate cards instead of NVML, e.g. l4=2,h100=1")
 	f.StringVar(&cfg.Enforce, "enforce", "auto", "hard limits on engines' shares: auto, mps, hami or none")
 	f.StringVar(&cfg.Residency, "residency", "auto", "the node's residency controller: auto (it loads, sleeps and evicts warm and onDemand models) or advise (it records what it would do and changes nothing)")
+	f.BoolVar(&bestEffort, "best-effort", true, "when a card cannot hold every model with demand, protect the largest set it can hold (reserved models first, then by class, then value per GiB) and serve the others best-effort, with bounded turns (residency plan names them and why); false: every model competes for the card by value")
 	f.DurationVar(&cfg.OrphanGrace, "orphan-grace", executor.DefaultOrphanGrace, "how long this node's engines outlive the agent when it dies (kill -9, a crash): an agent restarted sooner adopts them, later they are stopped")
 	f.DurationVar(&cfg.StartStall, "start-stall-timeout", executor.DefaultStartStallTimeout, "how long a starting engine may show no progress (no change in its health check, no log output, no growth of its GPU or host memory) before it is declared stuck and stopped, before its start timeout")
 	f.StringVar(&cfg.HAMiLib, "hami-lib", "", "path of HAMi-core's libvgpu.so, for --enforce hami (or auto)")

@@ -28,6 +28,8 @@ const (
 	OperateAction_OPERATE_ACTION_UNSPECIFIED OperateAction = 0
 	OperateAction_OPERATE_ACTION_LOAD        OperateAction = 1
 	OperateAction_OPERATE_ACTION_UNLOAD      OperateAction = 2
+	// The operator's choice of the protected set (residency protect).
+	OperateAction_OPERATE_ACTION_PROTECT OperateAction = 3
 )
 
 // Enum value maps for OperateAction.
@@ -36,11 +38,13 @@ var (
 		0: "OPERATE_ACTION_UNSPECIFIED",
 		1: "OPERATE_ACTION_LOAD",
 		2: "OPERATE_ACTION_UNLOAD",
+		3: "OPERATE_ACTION_PROTECT",
 	}
 	OperateAction_value = map[string]int32{
 		"OPERATE_ACTION_UNSPECIFIED": 0,
 		"OPERATE_ACTION_LOAD":        1,
 		"OPERATE_ACTION_UNLOAD":      2,
+		"OPERATE_ACTION_PROTECT":     3,
 	}
 )
 
@@ -321,12 +325,16 @@ type OperateRequest struct {
 	Node string `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
 	// A model (deployment) name, or one replica ("chat/0").
 	Model string `protobuf:"bytes,2,opt,name=model,proto3" json:"model,omitempty"`
-	// OPERATE_ACTION_LOAD or OPERATE_ACTION_UNLOAD.
+	// OPERATE_ACTION_LOAD, OPERATE_ACTION_UNLOAD or OPERATE_ACTION_PROTECT.
 	Action OperateAction `protobuf:"varint,3,opt,name=action,proto3,enum=gpuplane.v1.OperateAction" json:"action,omitempty"`
 	// Who asked, set by the node that relays the request to the model's
 	// node, so that the decision's reason (and the audit log) names the
 	// operator; believed only from a node.
-	AskedBy       string `protobuf:"bytes,4,opt,name=asked_by,json=askedBy,proto3" json:"asked_by,omitempty"`
+	AskedBy string `protobuf:"bytes,4,opt,name=asked_by,json=askedBy,proto3" json:"asked_by,omitempty"`
+	// For OPERATE_ACTION_PROTECT (model empty): the deployments to protect
+	// on every card that holds one of them, the others with demand there
+	// best-effort; none gives the choice back to the controllers.
+	Models        []string `protobuf:"bytes,5,rep,name=models,proto3" json:"models,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -387,6 +395,13 @@ func (x *OperateRequest) GetAskedBy() string {
 		return x.AskedBy
 	}
 	return ""
+}
+
+func (x *OperateRequest) GetModels() []string {
+	if x != nil {
+		return x.Models
+	}
+	return nil
 }
 
 type OperateResponse struct {
@@ -1162,6 +1177,10 @@ type ResidencyPlanEntry struct {
 	NextAt     *timestamppb.Timestamp `protobuf:"bytes,20,opt,name=next_at,json=nextAt,proto3" json:"next_at,omitempty"`
 	// How long the oldest waiting request has waited, as of the plan.
 	WaitedSeconds float64 `protobuf:"fixed64,21,opt,name=waited_seconds,json=waitedSeconds,proto3" json:"waited_seconds,omitempty"`
+	// Why the model is best-effort, in numbers (empty: it is protected, or
+	// the card holds every model with demand): the card cannot hold every
+	// model with demand at once, and this one is outside the protected set.
+	BestEffort    string `protobuf:"bytes,22,opt,name=best_effort,json=bestEffort,proto3" json:"best_effort,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1341,6 +1360,13 @@ func (x *ResidencyPlanEntry) GetWaitedSeconds() float64 {
 		return x.WaitedSeconds
 	}
 	return 0
+}
+
+func (x *ResidencyPlanEntry) GetBestEffort() string {
+	if x != nil {
+		return x.BestEffort
+	}
+	return ""
 }
 
 type ListProfilesRequest struct {
@@ -1609,12 +1635,13 @@ const file_gpuplane_v1_residency_proto_rawDesc = "" +
 	"\routput_tokens\x18\n" +
 	" \x01(\x03R\foutputTokens\x12!\n" +
 	"\fttft_seconds\x18\v \x01(\x01R\vttftSeconds\x12\x18\n" +
-	"\aoutcome\x18\f \x01(\tR\aoutcome\"\x89\x01\n" +
+	"\aoutcome\x18\f \x01(\tR\aoutcome\"\xa1\x01\n" +
 	"\x0eOperateRequest\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x14\n" +
 	"\x05model\x18\x02 \x01(\tR\x05model\x122\n" +
 	"\x06action\x18\x03 \x01(\x0e2\x1a.gpuplane.v1.OperateActionR\x06action\x12\x19\n" +
-	"\basked_by\x18\x04 \x01(\tR\aaskedBy\"G\n" +
+	"\basked_by\x18\x04 \x01(\tR\aaskedBy\x12\x16\n" +
+	"\x06models\x18\x05 \x03(\tR\x06models\"G\n" +
 	"\x0fOperateResponse\x124\n" +
 	"\aresults\x18\x01 \x03(\v2\x1a.gpuplane.v1.OperateResultR\aresults\"\x81\x01\n" +
 	"\rOperateResult\x12\x12\n" +
@@ -1679,7 +1706,7 @@ const file_gpuplane_v1_residency_proto_rawDesc = "" +
 	"\vobserved_at\x18\f \x01(\v2\x1a.google.protobuf.TimestampR\n" +
 	"observedAt\x12\x1d\n" +
 	"\n" +
-	"used_bytes\x18\r \x01(\x03R\tusedBytes\"\xc6\x05\n" +
+	"used_bytes\x18\r \x01(\x03R\tusedBytes\"\xe7\x05\n" +
 	"\x12ResidencyPlanEntry\x12\x14\n" +
 	"\x05model\x18\x01 \x01(\tR\x05model\x12\x1c\n" +
 	"\tresidency\x18\x02 \x01(\tR\tresidency\x12\x1a\n" +
@@ -1706,7 +1733,9 @@ const file_gpuplane_v1_residency_proto_rawDesc = "" +
 	"\vnext_action\x18\x13 \x01(\tR\n" +
 	"nextAction\x123\n" +
 	"\anext_at\x18\x14 \x01(\v2\x1a.google.protobuf.TimestampR\x06nextAt\x12%\n" +
-	"\x0ewaited_seconds\x18\x15 \x01(\x01R\rwaitedSeconds\")\n" +
+	"\x0ewaited_seconds\x18\x15 \x01(\x01R\rwaitedSeconds\x12\x1f\n" +
+	"\vbest_effort\x18\x16 \x01(\tR\n" +
+	"bestEffort\")\n" +
 	"\x13ListProfilesRequest\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\"Q\n" +
 	"\x14ListProfilesResponse\x129\n" +
@@ -1727,11 +1756,12 @@ const file_gpuplane_v1_residency_proto_rawDesc = "" +
 	"\x11tokens_per_second\x18\v \x01(\x01R\x0ftokensPerSecond\x12\x14\n" +
 	"\x05loads\x18\f \x01(\x03R\x05loads\x12\x14\n" +
 	"\x05wakes\x18\r \x01(\x03R\x05wakes\x12\x1a\n" +
-	"\bfailures\x18\x0e \x01(\x03R\bfailures*c\n" +
+	"\bfailures\x18\x0e \x01(\x03R\bfailures*\x7f\n" +
 	"\rOperateAction\x12\x1e\n" +
 	"\x1aOPERATE_ACTION_UNSPECIFIED\x10\x00\x12\x17\n" +
 	"\x13OPERATE_ACTION_LOAD\x10\x01\x12\x19\n" +
-	"\x15OPERATE_ACTION_UNLOAD\x10\x022\xac\x03\n" +
+	"\x15OPERATE_ACTION_UNLOAD\x10\x02\x12\x1a\n" +
+	"\x16OPERATE_ACTION_PROTECT\x10\x032\xac\x03\n" +
 	"\x10ResidencyService\x12Z\n" +
 	"\rListDecisions\x12!.gpuplane.v1.ListDecisionsRequest\x1a\".gpuplane.v1.ListDecisionsResponse\"\x000\x01\x12F\n" +
 	"\aGetPlan\x12\x1b.gpuplane.v1.GetPlanRequest\x1a\x1c.gpuplane.v1.GetPlanResponse\"\x00\x12U\n" +
