@@ -311,9 +311,10 @@ func (c *Controller) beReplaces(set map[ModelID]bool, value float64) bool {
 // beSet puts a protected set in force and records why each other model
 // is best-effort.
 func (c *Controller) beSet(set map[ModelID]bool, on bool, now time.Time, pinned string) {
-	was := c.be.protected
+	was, wasWhy := c.be.protected, c.be.why
 	c.be.on, c.be.protected = on, set
 	c.be.why = map[ModelID]string{}
+	defer c.emitChanged(wasWhy, pinned != "", now)
 	if !on {
 		if was != nil {
 			c.emitBestEffort(now, "the card holds every model with demand again: none is best-effort")
@@ -348,9 +349,51 @@ func (c *Controller) beSet(set map[ModelID]bool, on bool, now time.Time, pinned 
 	}
 }
 
+// emitChanged records, per model, a decision when it became best-effort
+// (its why, in numbers) or was protected again, so that `residency
+// decisions --model` shows each model's standing; the operator's choice
+// has the operator trigger, the controller's the pressure one.
+func (c *Controller) emitChanged(was map[ModelID]string, pinned bool, now time.Time) {
+	trig := TriggerPressure
+	if pinned {
+		trig = TriggerOperator
+	}
+	for i := range c.reps {
+		r := &c.reps[i]
+		m := r.dep.Model
+		var reason string
+		switch why, before := c.be.why[m], was[m]; {
+		case why != "" && before == "":
+			reason = "best-effort: " + why
+		case why == "" && before != "" && !r.removed:
+			reason = fmt.Sprintf("best-effort: %s is protected again (%s)", m, c.protectedWhy())
+		default:
+			continue
+		}
+		d := Decision{Time: now, Card: c.cfg.Card, Action: ActBestEffort, Model: m, Trigger: trig, Reason: reason,
+			Advised: c.cfg.Mode == Advise}
+		c.out = append(c.out, Action{Kind: ActBestEffort, Model: m, Decision: d})
+	}
+}
+
+// protectedWhy says why a model left best-effort: the set in force.
+func (c *Controller) protectedWhy() string {
+	switch {
+	case !c.be.on:
+		return "the card holds every model with demand"
+	case len(c.be.pinned) > 0:
+		return "the operator's choice (" + c.be.by + ")"
+	}
+	return "it is in the largest set the card holds at once"
+}
+
 // emitBestEffort records a best-effort decision (no engine operation).
 func (c *Controller) emitBestEffort(now time.Time, reason string) {
-	d := Decision{Time: now, Card: c.cfg.Card, Action: ActBestEffort, Trigger: TriggerPressure, Reason: "best-effort: " + reason,
+	trig := TriggerPressure
+	if len(c.be.pinned) > 0 {
+		trig = TriggerOperator
+	}
+	d := Decision{Time: now, Card: c.cfg.Card, Action: ActBestEffort, Trigger: trig, Reason: "best-effort: " + reason,
 		Advised: c.cfg.Mode == Advise}
 	c.out = append(c.out, Action{Kind: ActBestEffort, Decision: d})
 }

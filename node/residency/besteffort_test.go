@@ -97,6 +97,16 @@ func TestBestEffortProtectsTheLargestSetAndAnOperatorPinsIt(t *testing.T) {
 	if !logged {
 		t.Errorf("no best-effort decision in the log: %v", c.Decisions())
 	}
+	// The coder's own decision says why, with the pressure trigger.
+	var own residency.Decision
+	for _, d := range c.Decisions() {
+		if d.Action == residency.ActBestEffort && d.Model == "coder" {
+			own = d
+		}
+	}
+	if own.Trigger != residency.TriggerPressure || own.Reason != "best-effort: "+be[0].Reason {
+		t.Errorf("the coder's best-effort decision: %+v; want its reason %q with the pressure trigger", own, be[0].Reason)
+	}
 
 	// The operator protects the coder instead of the vision model.
 	exec(c.Handle(residency.ProtectModels{Models: []residency.ModelID{"coder"}, By: "ops"}))
@@ -106,6 +116,19 @@ func TestBestEffortProtectsTheLargestSetAndAnOperatorPinsIt(t *testing.T) {
 	}
 	if be := c.BestEffort(); len(be) != 1 || be[0].Model != "vision" || !be[0].Pinned || !strings.Contains(be[0].Reason, "operator") {
 		t.Fatalf("best-effort %+v: want vision, by the operator's choice", be)
+	}
+	// Each model whose standing changed has a decision by the operator.
+	standing := map[residency.ModelID]residency.Decision{}
+	for _, d := range c.Decisions() {
+		if d.Action == residency.ActBestEffort && d.Model != "" {
+			standing[d.Model] = d
+		}
+	}
+	if d := standing["vision"]; d.Trigger != residency.TriggerOperator || !strings.Contains(d.Reason, "not in the operator's choice (ops)") {
+		t.Errorf("vision's decision: %+v; want best-effort by the operator's choice, operator trigger", d)
+	}
+	if d := standing["coder"]; d.Trigger != residency.TriggerOperator || !strings.Contains(d.Reason, "coder is protected again (the operator's choice (ops))") {
+		t.Errorf("coder's decision: %+v; want protected again by the operator's choice", d)
 	}
 	if out := c.Handle(residency.ProtectModels{Models: []residency.ModelID{"nope"}}); out.Err == nil || !strings.Contains(out.Err.Error(), "nope") {
 		t.Fatalf("an unknown model: %v, want an error naming it", out.Err)

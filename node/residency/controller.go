@@ -540,6 +540,9 @@ func (c *Controller) observe(ev Event, now time.Time) error {
 			r.fc.observe(now, c.cfg.RateHalfLife)
 		}
 	case ProtectModels:
+		if !c.cfg.BestEffort {
+			return fmt.Errorf("protect: card %s runs without the protected set (gpuplane agent --best-effort=false): every model competes for it by value", c.cfg.Card)
+		}
 		for _, m := range e.Models {
 			if c.rep(m) == nil {
 				return fmt.Errorf("protect: model %s: not on card %s", m, c.cfg.Card)
