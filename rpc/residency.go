@@ -38,6 +38,10 @@ type ResidencyJournal interface {
 	// controller's refusal, with its reason. by is who asked (the API
 	// caller), named in the decisions' reasons.
 	Operate(ctx context.Context, model string, load bool, by string) ([]*pb.OperateResult, error)
+	// Protect puts the operator's choice of the protected set in force
+	// on this node's cards that hold one of models (none: gives the
+	// choice back to the controllers); the same answers as Operate.
+	Protect(ctx context.Context, models []string, by string) ([]*pb.OperateResult, error)
 }
 
 // TrafficSource is a node's request record (node/traffic), in the wire's
@@ -416,31 +420,48 @@ func aboutModel(id, want string) bool {
 func (h *residencyHandlers) Operate(ctx context.Context, req *connect.Request[pb.OperateRequest]) (*connect.Response[pb.OperateResponse], error) {
 	m := req.Msg
 	model := m.GetModel()
-	var load bool
+	var load, protect bool
 	switch m.GetAction() {
 	case pb.OperateAction_OPERATE_ACTION_LOAD:
 		load = true
 	case pb.OperateAction_OPERATE_ACTION_UNLOAD:
+	case pb.OperateAction_OPERATE_ACTION_PROTECT:
+		protect = true
 	default:
-		return nil, connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("action: must be load or unload, got %s", m.GetAction()))
+		return nil, connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("action: must be load, unload or protect, got %s", m.GetAction()))
 	}
-	if model == "" {
+	names := []string{model}
+	switch {
+	case protect && model != "":
+		return nil, connect.NewError(connect.CodeInvalidArgument, errors.New("model: must be empty for protect (name the deployments in models)"))
+	case protect:
+		names = m.GetModels()
+		for _, n := range names {
+			if n == "" || strings.Contains(n, "/") {
+				return nil, connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("models: %q is not a deployment name (protect takes deployments, not replicas)", n))
+			}
+		}
+	case model == "":
 		return nil, connect.NewError(connect.CodeInvalidArgument, errors.New("model: must not be empty"))
+	case len(m.GetModels()) > 0:
+		return nil, connect.NewError(connect.CodeInvalidArgument, errors.New("models: only for protect"))
 	}
 	if req.Header().Get(residencyRelayHeader) == "" {
-		// Only the node first asked checks the name: a relayed request
+		// Only the node first asked checks the names: a relayed request
 		// was checked there.
-		name, _, _ := strings.Cut(model, "/")
-		var found bool
-		err := h.b.Read(ctx, true, func(f *fsm.FSM) error {
-			_, _, found = f.Model(name)
-			return nil
-		})
-		if err != nil {
-			return nil, backendError("residency", err)
-		}
-		if !found {
-			return nil, notFound("model %q not found", name)
+		for _, n := range names {
+			name, _, _ := strings.Cut(n, "/")
+			var found bool
+			err := h.b.Read(ctx, true, func(f *fsm.FSM) error {
+				_, _, found = f.Model(name)
+				return nil
+			})
+			if err != nil {
+				return nil, backendError("residency", err)
+			}
+			if !found {
+				return nil, notFound("model %q not found", name)
+			}
 		}
 	}
 	ts, err := h.targets(ctx, m.GetNode(), req.Header())
@@ -456,7 +477,7 @@ func (h *residencyHandlers) Operate(ctx context.Context, req *connect.Request[pb
 	answers := make([][]*pb.OperateResult, len(ts))
 	err = eachTarget(ctx, ts, func(ctx context.Context, i int, t residencyTarget) error {
 		if !t.self {
-			resp, err := h.client(t).Operate(ctx, relayed(connect.NewRequest(&pb.OperateRequest{Node: t.name, Model: model, Action: m.GetAction(), AskedBy: by})))
+			resp, err := h.client(t).Operate(ctx, relayed(connect.NewRequest(&pb.OperateRequest{Node: t.name, Model: model, Models: m.GetModels(), Action: m.GetAction(), AskedBy: by})))
 			if err != nil {
 				if ce := new(connect.Error); errors.As(err, &ce) && ce.Code() == connect.CodeFailedPrecondition {
 					return connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("node %s: %s", t.name, ce.Message()))
@@ -469,7 +490,13 @@ func (h *residencyHandlers) Operate(ctx context.Context, req *connect.Request[pb
 		if h.journal == nil {
 			return nil
 		}
-		rs, err := h.journal.Operate(ctx, model, load, by)
+		var rs []*pb.OperateResult
+		var err error
+		if protect {
+			rs, err = h.journal.Protect(ctx, names, by)
+		} else {
+			rs, err = h.journal.Operate(ctx, model, load, by)
+		}
 		if err != nil {
 			return connect.NewError(connect.CodeFailedPrecondition, err)
 		}
@@ -480,6 +507,13 @@ func (h *residencyHandlers) Operate(ctx context.Context, req *connect.Request[pb
 		return nil, err
 	}
 	out := slices.Concat(answers...)
+	if protect && len(out) == 0 && req.Header().Get(residencyRelayHeader) == "" {
+		what := "no card's residency controller runs on a node"
+		if len(names) > 0 {
+			what = fmt.Sprintf("%s %s no replica on a node whose residency controller runs", strings.Join(names, ", "), map[bool]string{true: "has", false: "have"}[len(names) == 1])
+		}
+		return nil, connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("protect: %s (not placed yet, or its nodes run residency in advise mode or not at all)", what))
+	}
 	if len(out) == 0 && req.Header().Get(residencyRelayHeader) == "" {
 		return nil, connect.NewError(connect.CodeFailedPrecondition,
 			fmt.Errorf("model %q has no replica on a node whose residency controller runs (not placed yet, or its nodes run residency in advise mode or not at all)", model))

@@ -358,6 +358,8 @@ func (m *Manager) Run(ctx context.Context, ex Engines) {
 	if j := m.opts.Journal; j != nil && !m.opts.Advise {
 		j.SetOperator(m.Operate)
 		defer j.SetOperator(nil)
+		j.SetProtector(m.Protect)
+		defer j.SetProtector(nil)
 	}
 	tick := time.NewTicker(m.opts.Tick)
 	defer tick.Stop()

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/gpuplane/gpuplane/node/residency"
@@ -61,6 +62,68 @@ func (m *Manager) Operate(ctx context.Context, model string, load bool, by strin
 				}
 			}
 			a.res = append(append(a.res, res), room...)
+		}
+		ans <- a
+	})
+	select {
+	case a := <-ans:
+		return a.res, a.err
+	case <-ctx.Done():
+		return nil, fmt.Errorf("the node's residency loop did not answer: %w", ctx.Err())
+	}
+}
+
+// Protect puts the operator's choice of the protected set in force
+// (residency.ProtectModels) on every card that holds a replica of one of
+// models, or, with none, gives the choice back to every card's
+// controller. One result per card, its reason the best-effort models
+// there and why. A card that refuses (run without the protected set)
+// returns its reason and changes nothing.
+func (m *Manager) Protect(ctx context.Context, models []string, by string) ([]residency.OperatorResult, error) {
+	type answer struct {
+		res []residency.OperatorResult
+		err error
+	}
+	ans := make(chan answer, 1)
+	m.post(func() {
+		var a answer
+		on := map[uint32][]residency.ModelID{}
+		for _, k := range sortedKeys(m.reps) {
+			if slices.Contains(models, k.model) {
+				on[m.reps[k].card] = append(on[m.reps[k].card], k.id())
+			}
+		}
+		for _, c := range m.sortedCards() {
+			ids, ok := on[c.index]
+			if len(models) > 0 && !ok {
+				continue
+			}
+			out := m.handle(c, residency.ProtectModels{Models: ids, By: by}, "")
+			if out.Err != nil {
+				a.err = errors.Join(a.err, out.Err)
+				continue
+			}
+			res := residency.OperatorResult{Card: c.uuid, Action: residency.ActBestEffort}
+			var whys []string
+			for _, e := range c.ctrl.BestEffort() {
+				whys = append(whys, e.Reason)
+			}
+			var names []string
+			for _, id := range ids {
+				names = append(names, string(id))
+			}
+			switch {
+			case len(models) == 0:
+				res.Reason = "the controller chooses the protected set again"
+			default:
+				res.Reason = "protects " + strings.Join(names, ", ") + " (and the pinned and warm models)"
+			}
+			if len(whys) > 0 {
+				res.Reason += "; best-effort: " + strings.Join(whys, "; ")
+			} else {
+				res.Reason += "; none is best-effort now"
+			}
+			a.res = append(a.res, res)
 		}
 		ans <- a
 	})

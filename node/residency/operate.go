@@ -32,6 +32,7 @@ var ErrNoOperator = errors.New("the node's residency manager is not running")
 type operators struct {
 	mu sync.Mutex
 	f  OperateFunc
+	p  ProtectFunc
 }
 
 // SetOperator is called by the node's residency manager once it runs, so
@@ -52,4 +53,31 @@ func (j *Journal) Operate(ctx context.Context, model string, load bool, by strin
 		return nil, ErrNoOperator
 	}
 	return f(ctx, model, load, by)
+}
+
+// ProtectFunc puts the operator's choice of the protected set in force on
+// every card of this node that holds a replica of one of models
+// (deployment names): those replicas are protected there and the others
+// with demand best-effort (ProtectModels); no models gives the choice back
+// to every card's controller. One result per card it changed, its Reason
+// the card's best-effort models and why.
+type ProtectFunc func(ctx context.Context, models []string, by string) ([]OperatorResult, error)
+
+// SetProtector is SetOperator's counterpart for the protected set.
+func (j *Journal) SetProtector(f ProtectFunc) {
+	j.op.mu.Lock()
+	j.op.p = f
+	j.op.mu.Unlock()
+}
+
+// Protect passes an operator's choice of the protected set to the node's
+// residency manager.
+func (j *Journal) Protect(ctx context.Context, models []string, by string) ([]OperatorResult, error) {
+	j.op.mu.Lock()
+	f := j.op.p
+	j.op.mu.Unlock()
+	if f == nil {
+		return nil, ErrNoOperator
+	}
+	return f(ctx, models, by)
 }

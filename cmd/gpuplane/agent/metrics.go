@@ -4,6 +4,7 @@ import (
 	"context"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
 
 	"connectrpc.com/connect"
@@ -79,6 +80,9 @@ func (a *Agent) metricsHandler() http.Handler {
 		transitions: prometheus.NewDesc("gpuplane_residency_transitions_total",
 			"Residency transitions of this node's replicas (Cold, Loading, Resident, Draining, Sleeping, Waking, Failed).",
 			[]string{"from", "to"}, nil),
+		bestEffort: prometheus.NewDesc("gpuplane_model_best_effort",
+			"1 where a replica's card cannot hold every model with demand and serves it best-effort, outside the protected set (residency plan says why, in numbers); 0 where it is protected or the card holds them all.",
+			[]string{"model", "replica", "node", "card"}, nil),
 	})
 	if !a.cfg.Hollow {
 		if lib := libraryMetrics(); lib != nil {
@@ -153,14 +157,15 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 
 // residencyCollector reads this node's residency journal at scrape time.
 type residencyCollector struct {
-	a                              *Agent
-	memory, decisions, transitions *prometheus.Desc
+	a                                          *Agent
+	memory, decisions, transitions, bestEffort *prometheus.Desc
 }
 
 func (c *residencyCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.memory
 	ch <- c.decisions
 	ch <- c.transitions
+	ch <- c.bestEffort
 }
 
 func (c *residencyCollector) Collect(ch chan<- prometheus.Metric) {
@@ -181,6 +186,14 @@ func (c *residencyCollector) Collect(ch chan<- prometheus.Metric) {
 		}{{"total", l.Memory}, {"usable", usable}, {"reserved", l.Reserved}, {"resident", l.Resident},
 			{"used", acct.Used}, {"sleeping", acct.Sleeping}, {"free", acct.Free}} {
 			ch <- prometheus.MustNewConstMetric(c.memory, prometheus.GaugeValue, float64(s.bytes), v.Card, s.state)
+		}
+		for _, e := range v.Plan {
+			model, replica, _ := strings.Cut(string(e.Model), "/")
+			be := 0.0
+			if e.BestEffort != "" {
+				be = 1
+			}
+			ch <- prometheus.MustNewConstMetric(c.bestEffort, prometheus.GaugeValue, be, model, replica, j.Node(), v.Card)
 		}
 	}
 	decided, moved := j.Counts()

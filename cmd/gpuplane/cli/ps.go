@@ -41,6 +41,9 @@ type psRow struct {
 	// turn's end.
 	Next   string     `json:"next,omitempty"`
 	NextAt *time.Time `json:"nextAt,omitempty"`
+	// BestEffort says why its card serves it best-effort, in numbers
+	// (the plan's text); the table marks its state "(best-effort)".
+	BestEffort string `json:"bestEffort,omitempty"`
 }
 
 func newPsCommand(g *globals) *cobra.Command {
@@ -54,7 +57,9 @@ func newPsCommand(g *globals) *cobra.Command {
 		Short: "Show what runs where: one row per replica with its state, memory, queue and what it does next",
 		Long: `Show one row per replica, as 'ollama ps' and 'kubectl get pods' do: the
 model and replica, its node and cards, its state (the residency state where a
-controller manages the card: Resident, Sleeping, Cold, Loading, ...), the GPU
+controller manages the card: Resident, Sleeping, Cold, Loading, ..., marked
+"(best-effort)" where its card cannot hold every model with demand and
+serves it outside the protected set: 'residency plan' says why), the GPU
 memory it holds and what it keeps in host RAM while asleep, its requests
 queued or running and how long the oldest waiting for the card has waited,
 and what happens next and when (the card by its bound for a waiting model,
@@ -140,6 +145,7 @@ func psRows(c context.Context, api *apiClients, model, node string) ([]psRow, er
 			now = p.card.GetObservedAt().AsTime()
 		}
 		row.State, row.GPUBytes, row.HostBytes, row.Queue = e.GetState(), e.GetCostBytes(), e.GetHostBytes(), e.GetActive()
+		row.BestEffort = e.GetBestEffort()
 		switch {
 		case e.GetWaiting() > 0:
 			row.Wait = e.GetWait()
@@ -193,7 +199,11 @@ func psCells(r psRow, now time.Time) []string {
 	if r.Queue > 0 {
 		queue = fmt.Sprint(r.Queue)
 	}
-	return []string{fmt.Sprintf("%s/%d", r.Model, r.Replica), r.Node, r.Cards, r.State,
+	state := r.State
+	if r.BestEffort != "" {
+		state += " (best-effort)"
+	}
+	return []string{fmt.Sprintf("%s/%d", r.Model, r.Replica), r.Node, r.Cards, state,
 		bytesLabel(r.GPUBytes), bytesLabel(r.HostBytes), queue, wait, next}
 }
 

@@ -20,6 +20,7 @@ func newResidencyCommand(g *globals) *cobra.Command {
 		newResidencyDecisionsCommand(g),
 		newResidencyPlanCommand(g),
 		newResidencyProfilesCommand(g),
+		newResidencyProtectCommand(g),
 	)
 }
 
@@ -146,9 +147,14 @@ func newResidencyPlanCommand(g *globals) *cobra.Command {
 tier (gpu, host when asleep, disk when cold), its arrival rate in requests per
 minute, when its next request is predicted (NEXT, relative to when the node
 answered; "-" until two gaps between requests were seen), its value per GiB,
-and the action the controller would take now with the reason. It changes
-nothing and works in advise mode too. -o json/yaml also gives each card's
-mode, pinned-only fallback, violation count and memory account.`,
+and the action the controller would take now with the reason. On a card
+that cannot hold every model with demand at once, SET says which models
+the controller protects and which are best-effort, and a line per
+best-effort model below the table says why, in numbers (what it needs,
+what the protected set leaves the card to lend). It changes nothing and
+works in advise mode too. -o json/yaml also gives each card's mode,
+pinned-only fallback, violation count and memory account, and each
+model's bestEffort reason.`,
 		Args: argsNamed(),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			api, err := g.api(cmd)
@@ -160,19 +166,97 @@ mode, pinned-only fallback, violation count and memory account.`,
 				return err
 			}
 			cards := resp.Msg.GetCards()
-			t := table{header: []string{"NODE", "CARD", "MODEL", "RESIDENCY", "STATE", "TIER", "RATE", "NEXT", "VALUE", "ACTION", "REASON"}}
+			t := table{header: []string{"NODE", "CARD", "MODEL", "RESIDENCY", "STATE", "TIER", "RATE", "NEXT", "VALUE", "SET", "ACTION", "REASON"}}
+			var whys []string
 			for _, c := range cards {
 				for _, e := range c.GetEntries() {
 					t.rows = append(t.rows, []string{
 						c.GetNode(), cardLabel(c), e.GetModel(), e.GetResidency(), e.GetState(), e.GetTier(),
 						fmt.Sprintf("%.2f/min", e.GetRatePerMinute()), nextIn(c, e), fmt.Sprintf("%.2f", e.GetValue()),
-						planAction(c, e), e.GetReason(),
+						planSet(c, e), planAction(c, e), e.GetReason(),
 					})
+					if why := e.GetBestEffort(); why != "" {
+						whys = append(whys, fmt.Sprintf("best-effort on %s card %s: %s", c.GetNode(), c.GetCard(), why))
+					}
 				}
 			}
-			return g.printList(messages(cards), t)
+			if err := g.printList(messages(cards), t); err != nil || g.output != outputTable {
+				return err
+			}
+			for _, w := range whys {
+				fmt.Fprintln(g.stdout, w)
+			}
+			return nil
 		},
 	}
+	c.Flags().StringVar(&node, "node", "", "only this node's cards")
+	_ = c.RegisterFlagCompletionFunc("node", g.completeFrom(nodeNames))
+	return c
+}
+
+// planSet is the model's standing on a card that cannot hold every model
+// with demand: best-effort or protected; empty while the card holds them
+// all.
+func planSet(c *pb.ResidencyCardPlan, e *pb.ResidencyPlanEntry) string {
+	if e.GetBestEffort() != "" {
+		return "best-effort"
+	}
+	for _, x := range c.GetEntries() {
+		if x.GetBestEffort() != "" {
+			return "protected"
+		}
+	}
+	return ""
+}
+
+func newResidencyProtectCommand(g *globals) *cobra.Command {
+	var (
+		node  string
+		clear bool
+	)
+	c := &cobra.Command{
+		Use:   "protect MODEL... | --clear [--node N]",
+		Short: "Choose which models a card that cannot hold them all protects; the others there are best-effort",
+		Long: `Put the operator's choice of the protected set in force on every card that
+holds a replica of one of the MODELs (deployment names): on such a card
+those models are protected — their demand keeps the card — and every other
+model with demand there is best-effort: it runs in what the protected set
+leaves free and gets bounded turns. Pinned and warm models are always
+protected. The choice stays until --clear gives it back to the controllers,
+which then choose again the largest set each card can hold. Each card's
+change is a residency decision with trigger operator naming who asked
+(the token's name with --acl), and one per model whose standing changed.
+Refused, changing nothing, on a node whose agent runs with
+--best-effort=false.`,
+		Args: func(cmd *cobra.Command, args []string) error {
+			switch {
+			case clear && len(args) > 0:
+				return usageErrorf(cmd, "--clear takes no MODEL: it gives the choice back to the controllers on every card")
+			case !clear && len(args) == 0:
+				return usageErrorf(cmd, "name at least one MODEL to protect, or give --clear")
+			}
+			return nil
+		},
+		ValidArgsFunction: g.completeNames(modelNames),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			api, err := g.api(cmd)
+			if err != nil {
+				return err
+			}
+			resp, err := api.Residency.Operate(ctx(cmd), connect.NewRequest(&pb.OperateRequest{Node: node, Models: args,
+				Action: pb.OperateAction_OPERATE_ACTION_PROTECT}))
+			if err != nil {
+				return err
+			}
+			rs := resp.Msg.GetResults()
+			t := table{header: []string{"NODE", "CARD", "REASON"}}
+			for _, r := range rs {
+				t.rows = append(t.rows, []string{r.GetNode(), r.GetCard(), r.GetReason()})
+			}
+			return g.printList(messages(rs), t)
+		},
+	}
+	c.Flags().BoolVar(&clear, "clear", false, "give the choice back to the controllers on every card")
 	c.Flags().StringVar(&node, "node", "", "only this node's cards")
 	_ = c.RegisterFlagCompletionFunc("node", g.completeFrom(nodeNames))
 	return c

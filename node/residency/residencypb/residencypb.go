@@ -59,7 +59,7 @@ func (a Journal) Plan() []*pb.ResidencyCardPlan {
 			}
 			// Without an action, the reason says why its requests wait.
 			pe.Reason = e.Reason
-			pe.Active, pe.HostBytes = int64(e.Active), e.HostBytes
+			pe.Active, pe.HostBytes, pe.BestEffort = int64(e.Active), e.HostBytes, e.BestEffort
 			if w := e.Wait; w.Waiting > 0 {
 				pe.Waiting, pe.Wait, pe.WaitSince, pe.WaitedSeconds = int64(w.Waiting), w.Text, timestamppb.New(w.Since), w.Age.Seconds()
 				if !w.By.IsZero() {
@@ -105,6 +105,29 @@ func decisionToProto(d residency.NodeDecision) *pb.ResidencyDecision {
 	}
 }
 
+// Protect passes an operator's choice of the protected set to the node's
+// residency manager; nothing where the manager does not run.
+func (a Journal) Protect(ctx context.Context, models []string, by string) ([]*pb.OperateResult, error) {
+	rs, err := a.J.Protect(ctx, models, by)
+	if errors.Is(err, residency.ErrNoOperator) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	return a.results(rs), nil
+}
+
+func (a Journal) results(rs []residency.OperatorResult) []*pb.OperateResult {
+	out := make([]*pb.OperateResult, 0, len(rs))
+	for _, r := range rs {
+		out = append(out, &pb.OperateResult{
+			Node: a.J.Node(), Card: r.Card, Replica: string(r.Replica), Action: r.Action.String(), Reason: r.Reason,
+		})
+	}
+	return out
+}
+
 // Operate passes an operator's load or unload to the node's residency
 // manager; nothing where the manager does not run.
 func (a Journal) Operate(ctx context.Context, model string, load bool, by string) ([]*pb.OperateResult, error) {
@@ -115,11 +138,5 @@ func (a Journal) Operate(ctx context.Context, model string, load bool, by string
 	if err != nil {
 		return nil, err
 	}
-	out := make([]*pb.OperateResult, 0, len(rs))
-	for _, r := range rs {
-		out = append(out, &pb.OperateResult{
-			Node: a.J.Node(), Card: r.Card, Replica: string(r.Replica), Action: r.Action.String(), Reason: r.Reason,
-		})
-	}
-	return out, nil
+	return a.results(rs), nil
 }
