@@ -103,6 +103,7 @@ func (m *Manager) Protect(ctx context.Context, models []string, by string) ([]re
 				a.err = errors.Join(a.err, out.Err)
 				continue
 			}
+			m.publishCard(c)
 			res := residency.OperatorResult{Card: c.uuid, Action: residency.ActBestEffort}
 			var whys []string
 			for _, e := range c.ctrl.BestEffort() {

@@ -102,6 +102,8 @@ type beState struct {
 	// pinned: the operator chose the set (ProtectModels).
 	pinned []ModelID
 	by     string
+	// byOperator: the set in force is the operator's choice.
+	byOperator bool
 }
 
 // ProtectModels is the operator's choice of the protected set: those
@@ -213,6 +215,31 @@ func (c *Controller) beFits(set []*replica) bool {
 	return sum+extra <= c.usable
 }
 
+// protectFits refuses an operator's choice the card cannot hold: the
+// models named and the reserved ones, with the largest load peak among
+// them, must fit the usable memory, or the choice protects nothing.
+func (c *Controller) protectFits(models []ModelID) error {
+	var set []*replica
+	var names []string
+	for i := range c.reps {
+		r := &c.reps[i]
+		if !r.removed && (r.dep.Residency.Reserves() || slices.Contains(models, r.dep.Model)) {
+			set = append(set, r)
+			names = append(names, fmt.Sprintf("%s (%s, %s)", r.dep.Model, r.dep.Residency, gib(c.footprint(r))))
+		}
+	}
+	if c.beFits(set) {
+		return nil
+	}
+	var sum, extra int64
+	for _, r := range set {
+		sum += c.footprint(r)
+		extra = max(extra, c.peak(r)-c.footprint(r))
+	}
+	return fmt.Errorf("protect: card %s cannot hold %s together: they need %s (with the largest load peak), the card holds %s; pinned and warm models are always protected",
+		c.cfg.Card, strings.Join(names, ", "), gib(sum+extra), gib(c.usable))
+}
+
 // beLend is what the protected set leaves free.
 func (c *Controller) beLend() int64 {
 	var sum, extra int64
@@ -280,7 +307,9 @@ func (c *Controller) chooseProtected(now time.Time) {
 		set[r.dep.Model] = true
 		value += c.beValue(r)
 	}
-	if c.be.on && !c.beReplaces(set, value) {
+	// An operator's choice given back is replaced at once (its reasons
+	// name the operator); the controller's own only with hysteresis.
+	if c.be.on && !c.be.byOperator && !c.beReplaces(set, value) {
 		return
 	}
 	c.beSet(set, true, now, "")
@@ -314,7 +343,7 @@ func (c *Controller) beSet(set map[ModelID]bool, on bool, now time.Time, pinned 
 	was, wasWhy := c.be.protected, c.be.why
 	c.be.on, c.be.protected = on, set
 	c.be.why = map[ModelID]string{}
-	defer c.emitChanged(wasWhy, pinned != "", now)
+	defer c.emitChanged(wasWhy, c.be.byOperator, pinned != "", now)
 	if !on {
 		if was != nil {
 			c.emitBestEffort(now, "the card holds every model with demand again: none is best-effort")
@@ -353,7 +382,8 @@ func (c *Controller) beSet(set map[ModelID]bool, on bool, now time.Time, pinned 
 // (its why, in numbers) or was protected again, so that `residency
 // decisions --model` shows each model's standing; the operator's choice
 // has the operator trigger, the controller's the pressure one.
-func (c *Controller) emitChanged(was map[ModelID]string, pinned bool, now time.Time) {
+func (c *Controller) emitChanged(was map[ModelID]string, wasPinned, pinned bool, now time.Time) {
+	c.be.byOperator = pinned
 	trig := TriggerPressure
 	if pinned {
 		trig = TriggerOperator
@@ -363,7 +393,7 @@ func (c *Controller) emitChanged(was map[ModelID]string, pinned bool, now time.T
 		m := r.dep.Model
 		var reason string
 		switch why, before := c.be.why[m], was[m]; {
-		case why != "" && before == "":
+		case why != "" && (before == "" || wasPinned != pinned):
 			reason = "best-effort: " + why
 		case why == "" && before != "" && !r.removed:
 			reason = fmt.Sprintf("best-effort: %s is protected again (%s)", m, c.protectedWhy())

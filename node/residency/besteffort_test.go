@@ -108,27 +108,42 @@ func TestBestEffortProtectsTheLargestSetAndAnOperatorPinsIt(t *testing.T) {
 		t.Errorf("the coder's best-effort decision: %+v; want its reason %q with the pressure trigger", own, be[0].Reason)
 	}
 
-	// The operator protects the coder instead of the vision model.
-	exec(c.Handle(residency.ProtectModels{Models: []residency.ModelID{"coder"}, By: "ops"}))
-	if !c.Protected("coder") || c.Protected("vision") || !c.Protected("chat") {
-		t.Fatalf("after the operator's choice: coder %v, vision %v, chat %v; want coder and chat (warm) protected",
+	// The operator cannot protect the coder: with chat (warm, always
+	// protected) it does not fit the card; refused with the numbers,
+	// nothing changes.
+	if out := c.Handle(residency.ProtectModels{Models: []residency.ModelID{"coder"}, By: "ops"}); out.Err == nil ||
+		!strings.Contains(out.Err.Error(), "cannot hold chat (warm, 14.0Gi), coder (onDemand, 20.0Gi) together: they need 34.0Gi") {
+		t.Fatalf("protect coder: %v, want a refusal with the numbers", out.Err)
+	}
+	if c.Protected("coder") || !c.Protected("vision") {
+		t.Fatalf("a refused choice changed the set: coder %v, vision %v", c.Protected("coder"), c.Protected("vision"))
+	}
+	// The operator pins vision: the coder stays best-effort, now by the
+	// operator's choice, with a decision with the operator trigger.
+	exec(c.Handle(residency.ProtectModels{Models: []residency.ModelID{"vision"}, By: "ops"}))
+	if c.Protected("coder") || !c.Protected("vision") || !c.Protected("chat") {
+		t.Fatalf("after the operator's choice: coder %v, vision %v, chat %v; want vision and chat (warm) protected",
 			c.Protected("coder"), c.Protected("vision"), c.Protected("chat"))
 	}
-	if be := c.BestEffort(); len(be) != 1 || be[0].Model != "vision" || !be[0].Pinned || !strings.Contains(be[0].Reason, "operator") {
-		t.Fatalf("best-effort %+v: want vision, by the operator's choice", be)
+	if be := c.BestEffort(); len(be) != 1 || be[0].Model != "coder" || !be[0].Pinned || !strings.Contains(be[0].Reason, "not in the operator's choice (ops)") {
+		t.Fatalf("best-effort %+v: want the coder, by the operator's choice", be)
 	}
-	// Each model whose standing changed has a decision by the operator.
-	standing := map[residency.ModelID]residency.Decision{}
-	for _, d := range c.Decisions() {
-		if d.Action == residency.ActBestEffort && d.Model != "" {
-			standing[d.Model] = d
+	last := func(m residency.ModelID) residency.Decision {
+		var l residency.Decision
+		for _, d := range c.Decisions() {
+			if d.Action == residency.ActBestEffort && d.Model == m {
+				l = d
+			}
 		}
+		return l
 	}
-	if d := standing["vision"]; d.Trigger != residency.TriggerOperator || !strings.Contains(d.Reason, "not in the operator's choice (ops)") {
-		t.Errorf("vision's decision: %+v; want best-effort by the operator's choice, operator trigger", d)
+	if d := last("coder"); d.Trigger != residency.TriggerOperator || !strings.Contains(d.Reason, "not in the operator's choice (ops)") {
+		t.Errorf("coder's decision: %+v; want best-effort by the operator's choice, operator trigger", d)
 	}
-	if d := standing["coder"]; d.Trigger != residency.TriggerOperator || !strings.Contains(d.Reason, "coder is protected again (the operator's choice (ops))") {
-		t.Errorf("coder's decision: %+v; want protected again by the operator's choice", d)
+	// Given back: the controller's choice again, with the pressure trigger.
+	exec(c.Handle(residency.ProtectModels{By: "ops"}))
+	if d := last("coder"); d.Trigger != residency.TriggerPressure || strings.Contains(d.Reason, "operator") {
+		t.Errorf("coder's decision once the choice is given back: %+v; want the controller's, pressure trigger", d)
 	}
 	if out := c.Handle(residency.ProtectModels{Models: []residency.ModelID{"nope"}}); out.Err == nil || !strings.Contains(out.Err.Error(), "nope") {
 		t.Fatalf("an unknown model: %v, want an error naming it", out.Err)

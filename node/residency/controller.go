@@ -548,6 +548,9 @@ func (c *Controller) observe(ev Event, now time.Time) error {
 				return fmt.Errorf("protect: model %s: not on card %s", m, c.cfg.Card)
 			}
 		}
+		if err := c.protectFits(e.Models); err != nil {
+			return err
+		}
 		c.be.pinned, c.be.by = slices.Clone(e.Models), e.By
 		c.be.at = time.Time{}
 	case RequestFinished:
