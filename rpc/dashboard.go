@@ -356,6 +356,7 @@ func (h *dashboardHandlers) addPlans(ctx context.Context, cards []*pb.DashboardC
 	// it (the first replica's); cold: models whose every planned replica
 	// is an onDemand one cold without requests, as it should be.
 	waits := map[string]string{}
+	bestEffort := map[string]string{}
 	cold := map[string]bool{}
 	for _, p := range resp.GetCards() {
 		plans[p.GetNode()+"/"+p.GetCard()] = p
@@ -364,6 +365,9 @@ func (h *dashboardHandlers) addPlans(ctx context.Context, cards []*pb.DashboardC
 			rates[name] += e.GetRatePerMinute()
 			if e.GetWait() != "" && waits[name] == "" {
 				waits[name] = "replica " + idx + ": " + e.GetWait()
+			}
+			if e.GetBestEffort() != "" && bestEffort[name] == "" {
+				bestEffort[name] = "replica " + idx + ": " + e.GetBestEffort()
 			}
 			byDesign := e.GetResidency() == "onDemand" && e.GetState() == "Cold" && e.GetActive() == 0
 			if c, seen := cold[name]; !seen || c {
@@ -401,6 +405,7 @@ func (h *dashboardHandlers) addPlans(ctx context.Context, cards []*pb.DashboardC
 		if r, ok := rates[m.GetName()]; ok {
 			m.PlannedRatePerMinute = proto.Float64(r)
 		}
+		m.BestEffort = bestEffort[m.GetName()]
 		switch {
 		case waits[m.GetName()] != "":
 			m.Reason = waits[m.GetName()]

@@ -664,7 +664,11 @@ function renderModels(full, changed, sample, now) {
 function drawModel(row, m) {
   const served = m.servedModelName || m.name;
   set(row.td[0], `<b>${esc(m.name)}</b>${served !== m.name ? ` <span class="note">${esc(served)}</span>` : ""}`);
-  set(row.td[1], esc(`${m.residency} · ${m.priority}`));
+  // A best-effort model (its card cannot hold every model with demand)
+  // is marked, with why in numbers on hover and in the reason column.
+  set(row.td[1], esc(`${m.residency} · ${m.priority}`) +
+    (m.bestEffort ? ` · <span class="besteffort" title="${esc(m.bestEffort)}">best-effort</span>` : ""));
+  attr(row.td[1], "data-best-effort", m.bestEffort ? "true" : "false");
   const states = {};
   const reps = m.replicas || [];
   for (const r of reps) states[r.state] = (states[r.state] || 0) + 1;
@@ -673,7 +677,7 @@ function drawModel(row, m) {
   set(row.td[2], esc(state));
   attr(row.td[2], "class", `state-${main}`);
   attr(row.td[2], "data-state", state);
-  set(row.td[8], esc(m.reason || ""));
+  set(row.td[8], esc(m.reason || (m.bestEffort ? "best-effort: " + m.bestEffort : "")));
 }
 
 // drawFigures writes the figures taken from the gateway's counters: they

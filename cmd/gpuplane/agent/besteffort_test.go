@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/chromedp/chromedp"
 	"github.com/openai/openai-go/v3"
 
 	"github.com/gpuplane/gpuplane/internal/testutil"
@@ -172,6 +173,29 @@ spec:
 	if v := metric(t, n, "gpuplane_model_best_effort", `model="chat"`); v != 0 {
 		t.Errorf("gpuplane_model_best_effort{model=chat} = %v, want 0", v)
 	}
+
+	// The dashboard marks the coder best-effort, with why on hover.
+	t.Run("dashboard", func(t *testing.T) {
+		ctx := browser(t, 1280, 800)
+		if err := chromedp.Do(ctx, chromedp.Navigate(n.url()), chromedp.WaitVisible(`tr[data-model="coder"]`)); err != nil {
+			t.Fatal(err)
+		}
+		testutil.Eventually(t, 15*time.Second, "coder marked best-effort on the dashboard", func() error {
+			var rows map[string]struct{ BE, Text, Title string }
+			err := evaluate(ctx, `Object.fromEntries([...document.querySelectorAll('tr[data-model]')].map(r => {
+  const c = r.querySelectorAll('td')[1]; const s = c.querySelector('.besteffort');
+  return [r.dataset.model, {be: c.dataset.bestEffort || "", text: c.textContent, title: s ? s.title : ""}]; }))`, &rows)
+			if err != nil {
+				return err
+			}
+			c, chat := rows["coder"], rows["chat"]
+			if c.BE != "true" || !strings.Contains(c.Text, "best-effort") || !strings.Contains(c.Title, "coder/0: needs ") || chat.BE != "false" || strings.Contains(chat.Text, "best-effort") {
+				return fmt.Errorf("rows %+v: want coder marked best-effort with why, chat not", rows)
+			}
+			return nil
+		})
+		screenshot(t, ctx, shots(t), "besteffort")
+	})
 
 	// 20 s more (10 minutes of the controller's clock, two best-effort
 	// waits): chat stays served,

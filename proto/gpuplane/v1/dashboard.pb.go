@@ -720,8 +720,12 @@ type DashboardModel struct {
 	// The residency controllers' estimate of its arrival rate, requests per
 	// minute, summed over the cards that plan it; absent when none does.
 	PlannedRatePerMinute *float64 `protobuf:"fixed64,12,opt,name=planned_rate_per_minute,json=plannedRatePerMinute,proto3,oneof" json:"planned_rate_per_minute,omitempty"`
-	unknownFields        protoimpl.UnknownFields
-	sizeCache            protoimpl.SizeCache
+	// Why its card serves it best-effort, in numbers (its first best-effort
+	// replica's, "replica 0: …"); empty where every replica is protected or
+	// its card holds every model with demand.
+	BestEffort    string `protobuf:"bytes,13,opt,name=best_effort,json=bestEffort,proto3" json:"best_effort,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *DashboardModel) Reset() {
@@ -836,6 +840,13 @@ func (x *DashboardModel) GetPlannedRatePerMinute() float64 {
 		return *x.PlannedRatePerMinute
 	}
 	return 0
+}
+
+func (x *DashboardModel) GetBestEffort() string {
+	if x != nil {
+		return x.BestEffort
+	}
+	return ""
 }
 
 type DashboardReplica struct {
@@ -1022,7 +1033,7 @@ const file_gpuplane_v1_dashboard_proto_rawDesc = "" +
 	"memory_mib\x18\x03 \x01(\rR\tmemoryMib\x12\x1c\n" +
 	"\tresidency\x18\x04 \x01(\tR\tresidency\x12\x14\n" +
 	"\x05state\x18\x05 \x01(\tR\x05state\x12\x16\n" +
-	"\x06reason\x18\x06 \x01(\tR\x06reason\"\xca\x03\n" +
+	"\x06reason\x18\x06 \x01(\tR\x06reason\"\xeb\x03\n" +
 	"\x0eDashboardModel\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12*\n" +
 	"\x11served_model_name\x18\x02 \x01(\tR\x0fservedModelName\x12\x1c\n" +
@@ -1036,7 +1047,9 @@ const file_gpuplane_v1_dashboard_proto_rawDesc = "" +
 	"\x06tokens\x18\n" +
 	" \x01(\x01R\x06tokens\x12\x16\n" +
 	"\x06queued\x18\v \x01(\x01R\x06queued\x12:\n" +
-	"\x17planned_rate_per_minute\x18\f \x01(\x01H\x00R\x14plannedRatePerMinute\x88\x01\x01B\x1a\n" +
+	"\x17planned_rate_per_minute\x18\f \x01(\x01H\x00R\x14plannedRatePerMinute\x88\x01\x01\x12\x1f\n" +
+	"\vbest_effort\x18\r \x01(\tR\n" +
+	"bestEffortB\x1a\n" +
 	"\x18_planned_rate_per_minute\">\n" +
 	"\x10DashboardReplica\x12\x14\n" +
 	"\x05index\x18\x01 \x01(\rR\x05index\x12\x14\n" +
