@@ -402,6 +402,9 @@ func (c *Controller) emitChanged(was map[ModelID]string, wasPinned, pinned bool,
 		}
 		d := Decision{Time: now, Card: c.cfg.Card, Action: ActBestEffort, Model: m, Trigger: trig, Reason: reason,
 			Advised: c.cfg.Mode == Advise}
+		if pinned {
+			d.By = c.be.by
+		}
 		c.out = append(c.out, Action{Kind: ActBestEffort, Model: m, Decision: d})
 	}
 }
@@ -419,12 +422,12 @@ func (c *Controller) protectedWhy() string {
 
 // emitBestEffort records a best-effort decision (no engine operation).
 func (c *Controller) emitBestEffort(now time.Time, reason string) {
-	trig := TriggerPressure
+	trig, by := TriggerPressure, ""
 	if len(c.be.pinned) > 0 {
-		trig = TriggerOperator
+		trig, by = TriggerOperator, c.be.by
 	}
 	d := Decision{Time: now, Card: c.cfg.Card, Action: ActBestEffort, Trigger: trig, Reason: "best-effort: " + reason,
-		Advised: c.cfg.Mode == Advise}
+		Advised: c.cfg.Mode == Advise, By: by}
 	c.out = append(c.out, Action{Kind: ActBestEffort, Decision: d})
 }
 

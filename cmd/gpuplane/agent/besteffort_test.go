@@ -239,7 +239,7 @@ spec:
 		if err != nil {
 			return err
 		}
-		if !regexp.MustCompile(`best-effort\s+coder/0\s+operator\s+best-effort: coder/0: needs .*not in the operator's choice \(anonymous\)`).MatchString(out) {
+		if !regexp.MustCompile(`best-effort\s+coder/0\s+operator \(anonymous\)\s+best-effort: coder/0: needs .*not in the operator's choice \(anonymous\)`).MatchString(out) {
 			return fmt.Errorf("decisions for coder/0: no best-effort decision by the operator:\n%s", out)
 		}
 		return nil
