@@ -215,10 +215,26 @@ spec:
 		}
 	}
 
+	// The node's record replayed through the simulator: its controller
+	// chooses the same best-effort models as the live one.
+	var replay struct {
+		Chosen     []string `json:"chosenBestEffort"`
+		Live       []string `json:"liveBestEffort"`
+		SameChoice bool     `json:"sameChoice"`
+	}
+	out = gpuplane(t, n, "simulate", "serve", "--from-node", "be", "-o", "json")
+	if err := json.Unmarshal([]byte(out), &replay); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	t.Logf("replay: %s", lineOr(gpuplane(t, n, "simulate", "serve", "--from-node", "be"), "protected set"))
+	if !replay.SameChoice || len(replay.Chosen) != 1 || !strings.HasPrefix(replay.Chosen[0], "coder: needs ") {
+		t.Errorf("replay: chose %q, the live agent %q; want the coder alone in both", replay.Chosen, replay.Live)
+	}
+
 	// The operator's choice: the coder with chat (warm, always protected)
-	// does not fit the card, refused with the numbers; vision instead of
-	// the coder's turn... the controller's own set, now pinned by the
-	// operator: the coder's standing is the operator's choice.
+	// does not fit the card, refused with the numbers. Vision, the
+	// controller's own set now pinned by the operator: the coder stays
+	// best-effort, by the operator's choice.
 	if _, err := tryCLI(n, "residency", "protect", "coder"); err == nil || !strings.Contains(err.Error(), "cannot hold chat/0 (warm") {
 		t.Errorf("protect coder: %v, want a refusal naming what the card cannot hold", err)
 	}

@@ -40,6 +40,8 @@ type fromNode struct {
 	set        []string
 	policy     string
 	seed       uint64
+	// noBestEffort replays without the protected set (--best-effort=false).
+	noBestEffort bool
 }
 
 // whatIf reports whether any what-if is asked.
@@ -76,6 +78,14 @@ type replayResult struct {
 	// BestEffort are the models under 90% of their requests within SLO
 	// under the what-if (or as simulated, without one).
 	BestEffort []string `json:"bestEffort"`
+	// Chosen are the models the replay's controller serves best-effort
+	// at the end of the replay (its protected set's complement), each
+	// with why; Live those the node's controller serves best-effort now
+	// (its plan), for the same card. SameChoice: the two name the same
+	// models.
+	Chosen     []string `json:"chosenBestEffort"`
+	Live       []string `json:"liveBestEffort"`
+	SameChoice bool     `json:"sameChoice"`
 }
 
 // runFromNode checks the --from-node flags and runs the replay.
@@ -157,8 +167,8 @@ func (g *globals) simulateFromNode(c context.Context, api *apiClients, f fromNod
 			return simserve.Result{}, err
 		}
 		// As the agent runs: its controller learns the figures (no
-		// priors) and serves without a protected set.
-		parsed.ExactPriors, parsed.NoBestEffort = false, true
+		// priors) and protects a set unless told not to.
+		parsed.ExactPriors, parsed.NoBestEffort = false, f.noBestEffort
 		w, err := simserve.NewWorkload(parsed, []string{trace}, f.seed)
 		if err != nil {
 			return simserve.Result{}, err
@@ -203,6 +213,31 @@ func (g *globals) simulateFromNode(c context.Context, api *apiClients, f fromNod
 			out.BestEffort = append(out.BestEffort, m.Model)
 		}
 	}
+	// The replay's choice against the node's own (without a what-if:
+	// the same card, the same traffic).
+	var chosen, live []string
+	for _, why := range base.BestEffort {
+		m, _, _ := strings.Cut(why, ":")
+		chosen = append(chosen, m)
+		out.Chosen = append(out.Chosen, why)
+	}
+	if p, err := api.Residency.GetPlan(c, connect.NewRequest(&pb.GetPlanRequest{Node: f.node})); err == nil {
+		for _, cp := range p.Msg.GetCards() {
+			if cp.GetNode() != f.node || cp.GetCard() != strconv.Itoa(int(card)) {
+				continue
+			}
+			for _, e := range cp.GetEntries() {
+				if e.GetBestEffort() != "" {
+					name, _, _ := strings.Cut(e.GetModel(), "/")
+					live = append(live, name)
+					out.Live = append(out.Live, e.GetBestEffort())
+				}
+			}
+		}
+	}
+	slices.Sort(chosen)
+	slices.Sort(live)
+	out.SameChoice = slices.Equal(chosen, live)
 	return g.printValue(out, func(w io.Writer) error { return writeReplay(w, out) })
 }
 
@@ -572,6 +607,27 @@ func writeReplay(w io.Writer, r replayResult) error {
 	if len(r.BestEffort) > 0 {
 		be = strings.Join(r.BestEffort, ", ")
 	}
-	_, err := fmt.Fprintf(w, "best-effort (under 90%% within SLO): %s\n", be)
+	if _, err := fmt.Fprintf(w, "best-effort (under 90%% within SLO): %s\n", be); err != nil {
+		return err
+	}
+	same := "the same choice"
+	if !r.SameChoice {
+		same = "a different choice"
+	}
+	_, err := fmt.Fprintf(w, "protected set: the replay serves best-effort %s; the node's controller %s (%s)\n", modelsOf(r.Chosen), modelsOf(r.Live), same)
 	return err
+}
+
+// modelsOf names the models of best-effort reasons ("coder: needs …"),
+// or "none".
+func modelsOf(whys []string) string {
+	var ms []string
+	for _, w := range whys {
+		m, _, _ := strings.Cut(w, ":")
+		ms = append(ms, m)
+	}
+	if len(ms) == 0 {
+		return "none"
+	}
+	return strings.Join(ms, ", ")
 }

@@ -123,6 +123,7 @@ draws the curves.
 		Args: argsNamed(),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if from.node != "" || from.whatIf() || cmd.Flags().Changed("card") || cmd.Flags().Changed("since") {
+				from.noBestEffort = !bestEffort
 				return g.runFromNode(cmd, from, configPath, policy, seed)
 			}
 			if family < 0 {
@@ -245,7 +246,7 @@ draws the curves.
 	f.StringVar(&htmlPath, "html", "", "with --sweep-rate, write the SLO-attainment-against-rate curves to this file (HTML with inline SVG)")
 	f.StringVar(&priors, "priors", "none", "what gpuplane's controller knows at the start: none (each model's share only; load and wake times, footprints and residuals learned as the agent learns them) or exact (the config's figures)")
 	f.IntVar(&staticBestCap, "static-best-cap", simserve.DefaultStaticBestCap, "the most sets static-best's exact search simulates; past it the best found is kept and reported as not proven")
-	f.BoolVar(&bestEffort, "best-effort", true, "gpuplane's controller protects the largest set of models the card can hold and serves the others best-effort (docs/residency.md); false: without it, as the agent runs today")
+	f.BoolVar(&bestEffort, "best-effort", true, "gpuplane's controller protects the largest set of models the card can hold and serves the others best-effort (docs/residency.md), as the agent does by default; false: without it (gpuplane agent --best-effort=false)")
 	f.IntVar(&family, "family", 0, "draw this many configs from --seed (examples/serve/README.md gives the distributions), run every policy on each and print one row per config and the goals' summary")
 	f.StringVar(&familyDir, "family-dir", "", "with --family, also write each drawn config here (NAME.yaml), to run again with --config")
 	f.StringVar(&from.node, "from-node", "", "replay the requests this node's gateway served from one card (its request record), with that card's deployments and the profiles the node learned, instead of --config and --trace")
