@@ -260,8 +260,18 @@ spec:
 		}
 		return nil
 	})
-	if _, err := tryCLI(n, "residency", "protect", "nope"); err == nil || !strings.Contains(err.Error(), `model "nope" not found`) {
-		t.Errorf("protect nope: %v, want the unknown model named", err)
+	for _, bad := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"nope"}, `model "nope" not found`},
+		{[]string{"coder/0"}, `"coder/0" is not a deployment name`},
+		{[]string{"--clear", "coder"}, "--clear takes no MODEL"},
+		{nil, "name at least one MODEL to protect, or give --clear"},
+	} {
+		if _, err := tryCLI(n, append([]string{"residency", "protect"}, bad.args...)...); err == nil || !strings.Contains(err.Error(), bad.want) {
+			t.Errorf("protect %q: %v, want %q", bad.args, err, bad.want)
+		}
 	}
 	gpuplane(t, n, "residency", "protect", "--clear")
 	testutil.Eventually(t, 30*time.Second, "the controller's choice again", func() error {
