@@ -5,6 +5,7 @@ import (
 	"regexp"
 	"strings"
 
+	"github.com/gpuplane/gpuplane/internal/engines"
 	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
 )
 
@@ -34,19 +35,26 @@ const (
 // no ':' (it separates the two), no '/', no spaces.
 var adapterName = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]*$`)
 
-// AdapterEngine says why an engine kind cannot serve adapters, or "": vLLM
-// (runtime LoRA API) and the sim engine load them at run time, llama.cpp
-// at start (--lora, picked per request); the others cannot.
-func AdapterEngine(kind string) string {
-	switch kind {
-	case "", "vllm", "sim", "llamacpp":
+// AdapterEngine says why the engine e describes cannot serve adapters, or
+// "" (engines.Engine.Adapters): vLLM (runtime LoRA API) and the sim engine
+// load them at run time, llama.cpp at start (--lora, picked per request);
+// the others cannot, nor can a sim speaking one of them.
+func AdapterEngine(e *pb.EngineSpec) string {
+	if e.GetKind() == "" {
 		return ""
-	case "ollama":
-		return "engine ollama cannot load LoRA adapters at run time (an adapter is a separate Ollama model): use kind vllm, llamacpp or sim, or deploy the adapter as its own model"
-	case "command":
-		return "engine command has no adapter API the node can drive: use kind vllm, llamacpp or sim"
 	}
-	return fmt.Sprintf("engine %s cannot load LoRA adapters", kind)
+	r, ok := engines.Speaks(e)
+	switch {
+	case !ok:
+		return fmt.Sprintf("engine %s cannot load LoRA adapters", e.GetKind())
+	case r.Adapters != engines.AdaptersNone:
+		return ""
+	case e.GetKind() != r.Kind:
+		return fmt.Sprintf("a %s engine speaking %s cannot serve LoRA adapters, as %s cannot: use another dialect, or no adapters", e.GetKind(), r.Kind, r.Name)
+	case r.NoAdapters != "":
+		return r.NoAdapters
+	}
+	return fmt.Sprintf("engine %s cannot load LoRA adapters", r.Kind)
 }
 
 // CheckAdapterName says why name is not an acceptable adapter name, or "".
@@ -93,7 +101,7 @@ func ValidateAdapters(served string, e *pb.EngineSpec, ads []*pb.Adapter) []*pb.
 	if len(ads) == 0 {
 		return v
 	}
-	if why := AdapterEngine(e.GetKind()); why != "" {
+	if why := AdapterEngine(e); why != "" {
 		v.add("spec.adapters", "%s", why)
 	}
 	if len(ads) > MaxAdaptersPerDeployment {

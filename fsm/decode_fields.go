@@ -227,6 +227,7 @@ var engineSpecFields = fields[pb.EngineSpec]{
 	12: u32(func(m *pb.EngineSpec) *uint32 { return &m.MaxAdapters }),
 	13: u32(func(m *pb.EngineSpec) *uint32 { return &m.MaxInFlight }),
 	14: u32(func(m *pb.EngineSpec) *uint32 { return &m.SleepLevel }),
+	15: str(func(m *pb.EngineSpec) *string { return &m.Dialect }),
 }
 
 var hostResourcesFields = fields[pb.HostResources]{

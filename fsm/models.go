@@ -11,13 +11,14 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/gpuplane/gpuplane/internal/catalog"
-	"github.com/gpuplane/gpuplane/internal/enginemem"
+	"github.com/gpuplane/gpuplane/internal/engines"
 
 	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
 )
 
-// Engine kinds a deployment may name.
-var EngineKinds = []string{"vllm", "llamacpp", "ollama", "command", "sim"}
+// EngineKinds are the engine kinds a deployment may name (the table,
+// internal/engines).
+var EngineKinds = engines.Kinds()
 
 // MaxReplicas bounds one deployment's replica count.
 const MaxReplicas = 1024
@@ -67,7 +68,7 @@ func normalizeModelSpec(name string, out *pb.ModelSpec) *pb.ModelSpec {
 	}
 	e := out.Engine
 	if e.Kind == "" {
-		e.Kind = "vllm"
+		e.Kind = engines.Default
 	}
 	if e.TensorParallel == 0 {
 		e.TensorParallel = 1
@@ -111,8 +112,11 @@ func ValidateModelSpec(spec *pb.ModelSpec) []*pb.Violation {
 		v.add("spec.placement.accelerator", "is required: a deployment is placed on an accelerator, never on a device")
 	}
 	e := spec.GetEngine()
-	if k := e.GetKind(); k != "" && !slices.Contains(EngineKinds, k) {
+	if k := e.GetKind(); k != "" && !engines.Known(k) {
 		v.add("spec.engine.kind", "must be one of %s, got %q", strings.Join(EngineKinds, ", "), k)
+	}
+	if why := engines.CheckDialect(e); why != "" {
+		v.add("spec.engine.dialect", "%s", why)
 	}
 	if p := e.GetMemoryPercent(); p > 100 {
 		v.add("spec.engine.memoryPercent", "%s", PercentRange(int64(p)))
@@ -150,17 +154,20 @@ func ValidateModelSpec(spec *pb.ModelSpec) []*pb.Violation {
 	return v
 }
 
-// validateSleepLevel checks spec.engine.sleepLevel: vLLM's levels, for
-// engines that have them (vLLM, and the sim engine, which speaks vLLM's
-// sleep API unless its dialect is another engine's), on a model the
-// controller may put to sleep.
+// validateSleepLevel checks spec.engine.sleepLevel: the levels of the
+// engines that have them (engines.Engine.SleepLevels: vLLM, and the sim
+// engine, which speaks vLLM's sleep API unless its dialect is another
+// engine's), on a model the controller may put to sleep.
 func validateSleepLevel(v *violations, spec *pb.ModelSpec) {
 	e := spec.GetEngine()
+	r, _ := engines.Speaks(e)
 	switch l := e.GetSleepLevel(); {
 	case l == 0:
 	case l > 2:
 		v.add("spec.engine.sleepLevel", "must be 1 (the weights wait in host RAM) or 2 (the weights are discarded and a wake reloads them from disk), got %d", l)
-	case e.GetKind() != "vllm" && e.GetKind() != "sim":
+	case len(r.SleepLevels) == 0 && e.GetKind() != r.Kind:
+		v.add("spec.engine.sleepLevel", "only vLLM has sleep levels: a %s engine speaking %s sleeps as %s does (docs/engines.md)", e.GetKind(), r.Kind, r.Kind)
+	case len(r.SleepLevels) == 0:
 		v.add("spec.engine.sleepLevel", "only vLLM has sleep levels (kind is %q): the node puts other engines to sleep their own way (docs/engines.md)", e.GetKind())
 	case spec.GetResidency() != pb.Residency_RESIDENCY_WARM && spec.GetResidency() != pb.Residency_RESIDENCY_ON_DEMAND:
 		v.add("spec.engine.sleepLevel", "a pinned model never sleeps: only warm and onDemand deployments take a sleep level")
@@ -202,21 +209,22 @@ func validateStrings(v *violations, spec *pb.ModelSpec) {
 	}
 }
 
-// engineKeyArgs and engineKeyEnv are how vLLM and llama-server take an API
-// key (llama-server also from a file).
-var (
-	engineKeyArgs = []string{"--api-key", "--api-key-file"}
-	engineKeyEnv  = []string{"VLLM_API_KEY", "LLAMA_API_KEY", "LLAMA_ARG_API_KEY", "LLAMA_ARG_API_KEY_FILE"}
-)
-
 // validateEngineKey refuses an API key of the deployment's own for an
 // engine the node drives: every call the node makes (health, metrics,
 // controls, adapters, the gateway's requests) would be refused. The node
 // gives vLLM and llama.cpp engines a key of its own (docs/engines.md).
 func validateEngineKey(v *violations, spec *pb.ModelSpec) {
 	e := spec.GetEngine()
-	if e.GetKind() == "command" {
+	if e.GetKind() == engines.Command {
 		return
+	}
+	// How every engine of the table takes an API key (engines.Engine's
+	// KeyArgs and KeyEnv): a sim's arguments pass through to it, and a
+	// deployment may change its kind.
+	var engineKeyArgs, engineKeyEnv []string
+	for _, k := range engines.Kinds() {
+		r, _ := engines.Lookup(k)
+		engineKeyArgs, engineKeyEnv = append(engineKeyArgs, r.KeyArgs...), append(engineKeyEnv, r.KeyEnv...)
 	}
 	for i, a := range e.GetArgs() {
 		flag, _, _ := strings.Cut(a, "=")
@@ -237,7 +245,7 @@ func validateEngineKey(v *violations, spec *pb.ModelSpec) {
 // computed it, and holds host memory no share counts (docs/engines.md).
 func validateHostCache(v *violations, spec *pb.ModelSpec) {
 	e := spec.GetEngine()
-	if e.GetKind() != "llamacpp" {
+	if e.GetKind() != engines.LlamaCpp {
 		return
 	}
 	const why = "the node runs llama-server with --cache-ram 0: its host-RAM prompt cache serves one tenant's or adapter's prompt to another and holds host memory no share counts; remove it"
@@ -400,7 +408,7 @@ func CheckModelAgainst(spec *pb.ModelSpec, accName string, acc *pb.AcceleratorSp
 		if e.GetMemoryMib() > 0 {
 			field = "spec.engine.memory"
 		}
-		if err := enginemem.For(e).TooSmall(shareOf(spec, acc, cardMiB).memoryMiB); err != nil {
+		if err := engines.For(e).TooSmall(shareOf(spec, acc, cardMiB).memoryMiB); err != nil {
 			v.add(field, "%v", err)
 		}
 	}
@@ -509,10 +517,10 @@ func withoutMutable(spec *pb.ModelSpec) *pb.ModelSpec {
 }
 
 // adaptersAtStart says the engine takes its adapters at start: llama.cpp,
-// or a sim engine speaking it (its leading --dialect argument).
+// or a sim engine speaking it.
 func adaptersAtStart(e *pb.EngineSpec) bool {
-	a := e.GetArgs()
-	return e.GetKind() == "llamacpp" || e.GetKind() == "sim" && len(a) >= 2 && a[0] == "--dialect" && a[1] == "llamacpp"
+	r, _ := engines.Speaks(e)
+	return r.Adapters == engines.AdaptersAtStart
 }
 
 func withReplicas(spec *pb.ModelSpec, n uint32) *pb.ModelSpec {

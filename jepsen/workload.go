@@ -16,6 +16,7 @@ import (
 
 	"connectrpc.com/connect"
 
+	"github.com/gpuplane/gpuplane/internal/engines"
 	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
 )
 
@@ -147,7 +148,7 @@ func deploymentSpec(key string, replicas uint32) *pb.ModelSpec {
 	return &pb.ModelSpec{
 		Model: "/models/" + key, Replicas: replicas,
 		Placement: &pb.PlacementSpec{Accelerator: poolAccelerator},
-		Engine:    &pb.EngineSpec{Kind: "sim", MemoryPercent: deploymentMemory[i%len(deploymentMemory)], TensorParallel: 1, PipelineParallel: 1},
+		Engine:    &pb.EngineSpec{Kind: engines.Sim, MemoryPercent: deploymentMemory[i%len(deploymentMemory)], TensorParallel: 1, PipelineParallel: 1},
 	}
 }
 

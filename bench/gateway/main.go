@@ -41,6 +41,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/gpuplane/gpuplane/internal/engines"
 	"github.com/gpuplane/gpuplane/node/gateway"
 	"github.com/gpuplane/gpuplane/node/gateway/queue"
 	"github.com/gpuplane/gpuplane/node/sim"
@@ -93,7 +94,7 @@ func startGatewayOn(ctx context.Context, model, engineURL string, serve func(htt
 	g, err := gateway.New(gateway.Options{Node: "bench", MaxInFlight: 1 << 20, QueueLimit: 1 << 20,
 		Queue: queue.Config{ColdWait: time.Minute},
 		Cluster: fixed{[]gateway.Model{{Served: model, Deployment: model, Class: queue.Standard,
-			Replicas: []gateway.Replica{{Deployment: model, Node: "bench", Endpoint: engineURL, Kind: "sim", Running: true, Resident: true}}}}},
+			Replicas: []gateway.Replica{{Deployment: model, Node: "bench", Endpoint: engineURL, Kind: engines.Sim, Running: true, Resident: true}}}}},
 	})
 	if err != nil {
 		log.Fatal(err)

@@ -15,6 +15,7 @@ import (
 
 	"github.com/gpuplane/gpuplane/cluster/raftstore"
 	"github.com/gpuplane/gpuplane/fsm"
+	"github.com/gpuplane/gpuplane/internal/engines"
 	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
 )
 
@@ -163,7 +164,7 @@ func (w *Workload) refill() {
 	w.cmd(&pb.Envelope{Command: &pb.Envelope_ApplyModel{ApplyModel: &pb.ApplyModel{Name: name, Spec: &pb.ModelSpec{
 		Model: "/models/llama-3.1-8b-instruct", ServedModelName: name, Replicas: 4,
 		Placement: &pb.PlacementSpec{Accelerator: "l4-dedicated"},
-		Engine:    &pb.EngineSpec{Kind: "vllm", MaxModelLen: 8192, Args: []string{"--enable-prefix-caching"}},
+		Engine:    &pb.EngineSpec{Kind: engines.VLLM, MaxModelLen: 8192, Args: []string{"--enable-prefix-caching"}},
 		Resources: &pb.HostResources{CpuMilli: 4000, MemoryMib: 16384},
 	}}}})
 	place := &pb.PlaceReplicas{Policy: "binpack"}

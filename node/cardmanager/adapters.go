@@ -11,7 +11,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/gpuplane/gpuplane/internal/enginemem"
+	"github.com/gpuplane/gpuplane/internal/engines"
 	"github.com/gpuplane/gpuplane/node/engine"
 	"github.com/gpuplane/gpuplane/node/gateway/isolation"
 	"github.com/gpuplane/gpuplane/node/residency"
@@ -72,7 +72,7 @@ func specAdapters(spec *pb.ModelSpec) *adapterSpec {
 		return nil
 	}
 	s := &adapterSpec{served: spec.GetServedModelName(), byName: make(map[string]*pb.Adapter, len(ads)), max: 4,
-		pooled: enginemem.For(spec.GetEngine()).Adapters == enginemem.AdaptersPoolAtStart}
+		pooled: engines.For(spec.GetEngine()).Adapters == engines.AdaptersPoolAtStart}
 	if n := spec.GetEngine().GetMaxAdapters(); n > 0 {
 		s.max = int(n)
 	}

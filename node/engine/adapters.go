@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+
+	"github.com/gpuplane/gpuplane/internal/engines"
 )
 
 // AdapterControls load and unload LoRA adapters in a running engine (docs/engines.md): vLLM's runtime LoRA API (--enable-lora with
@@ -24,11 +26,15 @@ type AdapterControls interface {
 // AdaptersFor returns the adapter controls of an engine of kind, or an
 // error for a kind that cannot load adapters at run time.
 func AdaptersFor(kind string, t Target) (AdapterControls, error) {
-	switch kind {
-	case KindVLLM, KindSim: // (a sim's dialect, if any, is its kind: ControlKind)
-		return &vllmControls{caller: caller{t}}, nil
+	r, err := engines.Lookup(kind) // (a sim's dialect, if any, is its kind: ControlKind)
+	if err != nil {
+		return nil, err
 	}
-	return nil, fmt.Errorf("engine %s cannot load LoRA adapters at run time", kind)
+	switch {
+	case r.Adapters != engines.AdaptersAtRunTime:
+		return nil, fmt.Errorf("engine %s cannot load LoRA adapters at run time", kind)
+	}
+	return &vllmControls{caller: caller{t}}, nil
 }
 
 // LoadAdapter is POST /v1/load_lora_adapter {"lora_name","lora_path"}.

@@ -14,6 +14,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/gpuplane/gpuplane/internal/engines"
 	"github.com/gpuplane/gpuplane/internal/ollamaname"
 	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
 )
@@ -104,7 +105,11 @@ func ControlsFor(kind string, t Target) (Controls, error) {
 	case KindCommand:
 		return NewStartStopControls(t.Process)
 	}
-	return nil, fmt.Errorf("unknown engine kind %q; known kinds: %s", kind, strings.Join(Kinds, ", "))
+	_, err := engines.Lookup(kind)
+	if err == nil {
+		err = fmt.Errorf("engine kind %q has no controls on this node", kind)
+	}
+	return nil, err
 }
 
 // SleepLevel is the level the node's residency controller puts a replica
@@ -116,13 +121,14 @@ func ControlsFor(kind string, t Target) (Controls, error) {
 // the driver never runs, nor for command engines.
 func SleepLevel(spec *pb.ModelSpec) int {
 	e := spec.GetEngine()
-	switch ControlKind(e) {
-	case KindVLLM, KindSim:
+	r, _ := engines.Speaks(e)
+	switch r.Sleep {
+	case engines.SleepVLLM:
 		if e.GetSleepLevel() == SleepDiscard {
 			return SleepDiscard
 		}
 		return SleepOffload
-	case KindOllama:
+	case engines.SleepKeepAlive:
 		return SleepDiscard
 	}
 	return 0

@@ -459,7 +459,7 @@ func TestDriverAgainstStrictLlamaCppAdapters(t *testing.T) {
 
 // TestDriverLlamaCppHoldsNoHostCache: the driver starts llama.cpp (and the
 // sim in its dialect) with --cache-ram 0, so the engine holds no host RAM
-// of its own, as the ledger counts it (enginemem: "host: nothing"), and
+// of its own, as the ledger counts it (internal/engines: "host: nothing"), and
 // no request gets another's prompt back from host RAM. The control: a
 // --cache-ram in spec.engine.args turns llama-server's cache back on, and
 // the same requests leave host memory held and reuse the first prompt.

@@ -8,13 +8,14 @@ import (
 	"strings"
 	"text/template"
 
+	"github.com/gpuplane/gpuplane/internal/engines"
 	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
 )
 
 // vllm runs `vllm serve`. vLLM sizes its KV cache so that what it profiles
 // stays within --gpu-memory-utilization of each card, and its process then
 // goes above that by its overshoot (CUDA graphs, NCCL, allocator memory
-// outside the budget; internal/enginemem): the fraction is the share less
+// outside the budget; internal/engines): the fraction is the share less
 // that overshoot, so that the share is the most the process holds.
 type vllm struct{}
 
@@ -463,7 +464,13 @@ func (sim) Command(p Params) (Command, error) {
 	cmd := Command{Path: p.Self, HealthPath: "/health"}
 	// A dialect gets what its engine's driver gives that engine, so the
 	// strict sim refuses whatever the real engine would.
-	switch SimDialect(p.Spec.GetEngine()) {
+	d := engines.Dialect(p.Spec.GetEngine())
+	if f := p.Spec.GetEngine().GetDialect(); f != "" {
+		// spec.engine.dialect; a spec stored before the field carries
+		// it in its arguments, which come last.
+		args = append(args, "--dialect", f)
+	}
+	switch d {
 	case KindVLLM:
 		more, env := vllmControlFlags(p)
 		args = append(args, more...)

@@ -8,21 +8,18 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/gpuplane/gpuplane/internal/enginemem"
+	"github.com/gpuplane/gpuplane/internal/engines"
 	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
 )
 
-// Engine kinds, as a deployment's spec.engine.kind names them.
+// Engine kinds, as the table (internal/engines) names them.
 const (
-	KindVLLM     = "vllm"
-	KindLlamaCpp = "llamacpp"
-	KindOllama   = "ollama"
-	KindCommand  = "command"
-	KindSim      = "sim"
+	KindVLLM     = engines.VLLM
+	KindLlamaCpp = engines.LlamaCpp
+	KindOllama   = engines.Ollama
+	KindCommand  = engines.Command
+	KindSim      = engines.Sim
 )
-
-// Kinds lists every engine kind a node can run.
-var Kinds = []string{KindVLLM, KindLlamaCpp, KindOllama, KindCommand, KindSim}
 
 // Params is everything a driver needs to build one replica's command.
 type Params struct {
@@ -90,10 +87,13 @@ var drivers = map[string]Driver{
 
 // For returns the driver of kind, or an error naming the known kinds.
 func For(kind string) (Driver, error) {
+	if _, err := engines.Lookup(kind); err != nil {
+		return nil, err
+	}
 	if d, ok := drivers[kind]; ok {
 		return d, nil
 	}
-	return nil, fmt.Errorf("unknown engine kind %q; known kinds: %s", kind, strings.Join(Kinds, ", "))
+	return nil, fmt.Errorf("engine kind %q has no driver on this node", kind)
 }
 
 // Build returns the full command of a replica: the driver's command, then the
@@ -247,28 +247,11 @@ func (p Params) host() string {
 func u32(n uint32) string { return strconv.FormatUint(uint64(n), 10) }
 func u64(n uint64) string { return strconv.FormatUint(n, 10) }
 
-// SimDialect is the --dialect a sim engine's arguments give (the last
-// wins), "" for none or another kind.
-func SimDialect(e *pb.EngineSpec) string {
-	if e.GetKind() != KindSim {
-		return ""
-	}
-	d := ""
-	args := e.GetArgs()
-	for i, a := range args {
-		if v, ok := strings.CutPrefix(a, "--dialect="); ok {
-			d = v
-		} else if a == "--dialect" && i+1 < len(args) {
-			d = args[i+1]
-		}
-	}
-	return d
-}
-
 // ControlKind is the engine kind whose API a replica's engine speaks: its
-// kind, or for a sim engine with a --dialect the engine it stands for, so
-// that the controls, adapters and gateway treat it as that engine.
-func ControlKind(e *pb.EngineSpec) string { return enginemem.KindOf(e) }
+// kind, or for a sim engine with a dialect the engine it stands for, so
+// that the controls, adapters and gateway treat it as that engine
+// (engines.SpeaksKind).
+func ControlKind(e *pb.EngineSpec) string { return engines.SpeaksKind(e) }
 
 // EngineModel is the name the engine knows the base model by in requests
 // when it is not the served name: Ollama knows models only by their names

@@ -13,6 +13,7 @@ import (
 	"github.com/cockroachdb/datadriven"
 	"google.golang.org/protobuf/encoding/protojson"
 
+	"github.com/gpuplane/gpuplane/internal/engines"
 	"github.com/gpuplane/gpuplane/node/inventory"
 	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
 )
@@ -172,10 +173,20 @@ func TestParseMode(t *testing.T) {
 // kind's default, and that every kind has a default shorter for the sim and
 // command engines than for vLLM.
 func TestStartTimeout(t *testing.T) {
-	for _, kind := range Kinds {
-		if _, ok := DefaultStartTimeouts[kind]; !ok {
+	for _, kind := range engines.Kinds() {
+		if StartTimeout(&pb.EngineSpec{Kind: kind}) == fallbackStartTimeout {
 			t.Errorf("kind %s has no default start timeout", kind)
 		}
+		// Every kind of the table has a driver and controls here.
+		if _, err := For(kind); err != nil {
+			t.Errorf("kind %s: %v", kind, err)
+		}
+		if _, err := ControlsFor(kind, Target{Process: &execProcess{}}); err != nil {
+			t.Errorf("kind %s: %v", kind, err)
+		}
+	}
+	if _, err := For("tgi"); err == nil || !strings.Contains(err.Error(), `unknown engine kind "tgi"`) {
+		t.Errorf("an unknown kind: %v, want it refused by the table", err)
 	}
 	if sim, vllm := StartTimeout(&pb.EngineSpec{Kind: KindSim}), StartTimeout(&pb.EngineSpec{Kind: KindVLLM}); sim != 2*time.Minute || vllm != 30*time.Minute {
 		t.Errorf("default start timeouts: sim %s, vllm %s; want 2m0s and 30m0s", sim, vllm)

@@ -3,13 +3,13 @@ package engine
 import (
 	"fmt"
 
-	"github.com/gpuplane/gpuplane/internal/enginemem"
+	"github.com/gpuplane/gpuplane/internal/engines"
 )
 
 // MemoryRule is the memory rule of the engine a replica's spec runs
-// (internal/enginemem, docs/engines.md): a sim engine with a dialect
+// (internal/engines, docs/engines.md): a sim engine with a dialect
 // follows its engine's.
-func (p Params) MemoryRule() enginemem.Rule { return enginemem.For(p.Spec.GetEngine()) }
+func (p Params) MemoryRule() engines.Rule { return engines.For(p.Spec.GetEngine()) }
 
 // knobMiB is the memory the engine's own knob is given: the replica's
 // share less what the engine is known to use above its knob, so that the

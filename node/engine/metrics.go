@@ -8,6 +8,8 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+
+	"github.com/gpuplane/gpuplane/internal/engines"
 )
 
 // Load is what an engine's own Prometheus /metrics says of its requests:
@@ -18,20 +20,23 @@ type Load struct {
 	Running, Waiting float64
 }
 
-// loadSeries are, per engine API, the gauges of requests running and
-// waiting: vLLM's (vllm/v1/metrics/loggers.py), also the sim's without a
-// dialect; llama-server's with --metrics (tools/server/server.cpp).
-// Ollama has no /metrics.
-var loadSeries = map[string][2]string{
-	KindVLLM:     {"vllm:num_requests_running", "vllm:num_requests_waiting"},
-	KindSim:      {"vllm:num_requests_running", "vllm:num_requests_waiting"},
-	KindLlamaCpp: {"llamacpp:requests_processing", "llamacpp:requests_deferred"},
+// loadSeries are the gauges of requests running and waiting of an engine
+// speaking kind, from the table (engines.Engine.Running, Waiting): vLLM's
+// (vllm/v1/metrics/loggers.py), also the sim's without a dialect;
+// llama-server's with --metrics (tools/server/server.cpp). Ollama has no
+// /metrics: ok is false.
+func loadSeries(kind string) (series [2]string, ok bool) {
+	r, err := engines.Lookup(kind)
+	if err != nil || r.Running == "" {
+		return series, false
+	}
+	return [2]string{r.Running, r.Waiting}, true
 }
 
 // HasMetrics says whether an engine speaking kind (ControlKind) serves
 // the /metrics ReadLoad reads.
 func HasMetrics(kind string) bool {
-	_, ok := loadSeries[kind]
+	_, ok := loadSeries(kind)
 	return ok
 }
 
@@ -39,7 +44,7 @@ func HasMetrics(kind string) bool {
 // API key (Keys.For; "" for none), and sums each gauge over its label
 // sets (vLLM labels by model and engine core).
 func ReadLoad(ctx context.Context, client *http.Client, kind, base, key string) (Load, error) {
-	series, ok := loadSeries[kind]
+	series, ok := loadSeries(kind)
 	if !ok {
 		return Load{}, fmt.Errorf("engine %s has no /metrics", kind)
 	}

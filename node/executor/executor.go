@@ -18,7 +18,7 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/cenkalti/backoff/v5"
 
-	"github.com/gpuplane/gpuplane/internal/enginemem"
+	enginetable "github.com/gpuplane/gpuplane/internal/engines"
 	"github.com/gpuplane/gpuplane/node/engine"
 	"github.com/gpuplane/gpuplane/node/watchdog"
 	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
@@ -485,7 +485,7 @@ func (e *Executor) Exceeded(en watchdog.Engine, _ uint64, reason string) {
 // as d.
 func (e *Executor) engineOf(k key, d Desired, pid, port int) *watchdog.Engine {
 	en := &watchdog.Engine{Model: k.model, Replica: k.index, PID: pid, ShareMiB: d.Replica.GetMemoryMib(),
-		ToleranceMiB: enginemem.For(d.Spec.GetEngine()).ToleranceMiB, Kind: engine.ControlKind(d.Spec.GetEngine())}
+		ToleranceMiB: enginetable.For(d.Spec.GetEngine()).ToleranceMiB, Kind: engine.ControlKind(d.Spec.GetEngine())}
 	if port > 0 {
 		en.URL = "http://" + net.JoinHostPort(e.localHost(), itoa(port))
 	}

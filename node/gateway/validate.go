@@ -9,6 +9,8 @@ import (
 	"net/http"
 	"reflect"
 	"strings"
+
+	"github.com/gpuplane/gpuplane/internal/engines"
 )
 
 // body is what the gateway reads of a request's JSON: the fields it checks
@@ -307,7 +309,7 @@ func (req *request) checkFor(m *Model) *apiError {
 	}
 	if req.n > 1 {
 		for _, rp := range m.Replicas {
-			if rp.Kind != "vllm" {
+			if r, err := engines.Lookup(rp.Kind); err != nil || !r.Choices {
 				kind := rp.Kind
 				if kind == "" {
 					kind = "unknown"

@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/gpuplane/gpuplane/internal/engines"
 	"github.com/gpuplane/gpuplane/internal/ollamaname"
 )
 
@@ -17,9 +18,9 @@ import (
 // docs/engines.md names.
 const (
 	DialectAny      = ""
-	DialectVLLM     = "vllm"
-	DialectLlamaCpp = "llamacpp"
-	DialectOllama   = "ollama"
+	DialectVLLM     = engines.VLLM
+	DialectLlamaCpp = engines.LlamaCpp
+	DialectOllama   = engines.Ollama
 )
 
 // Dialects lists the values --dialect takes.

@@ -36,7 +36,7 @@ type Engine struct {
 	ShareMiB uint64
 	// ToleranceMiB, when set, is how far above its share this engine may
 	// go: its engine's measured spread above its memory knob
-	// (internal/enginemem), in place of the watchdog's default tolerance.
+	// (internal/engines), in place of the watchdog's default tolerance.
 	ToleranceMiB uint64
 	// Kind is the engine API the process speaks (engine.ControlKind) and
 	// URL where the agent reaches it: what reads the engine's own

@@ -20,6 +20,7 @@ import (
 
 	"github.com/gpuplane/gpuplane/cluster"
 	"github.com/gpuplane/gpuplane/fsm"
+	"github.com/gpuplane/gpuplane/internal/engines"
 	"github.com/gpuplane/gpuplane/internal/wireenum"
 	"github.com/gpuplane/gpuplane/node/cardmanager"
 	"github.com/gpuplane/gpuplane/node/engine"
@@ -279,7 +280,7 @@ func modelsOf(f *fsm.FSM) []gateway.Model {
 // size their pool from the model, which gpuplane does not read: 0
 // (unknown), and the gateway's flat in-flight cap alone holds.
 func kvTokensOf(e *pb.EngineSpec) int {
-	if e.GetKind() != "sim" {
+	if e.GetKind() != engines.Sim {
 		return 0
 	}
 	pool, perToken := argUint(e.GetArgs(), "--kv-pool-mib"), argUint(e.GetArgs(), "--kv-kib-per-token")
@@ -293,18 +294,20 @@ func kvTokensOf(e *pb.EngineSpec) int {
 // (vLLM, or sim, started with --scheduling-policy priority); without the
 // flag vLLM refuses a non-zero priority, so the gateway sends none.
 func priorityScheduling(e *pb.EngineSpec) bool {
-	if k := e.GetKind(); k != "vllm" && k != "sim" {
+	if r, err := engines.Lookup(e.GetKind()); err != nil || !r.VLLMArgs {
 		return false
 	}
 	return argValue(e.GetArgs(), "--scheduling-policy") == "priority"
 }
 
 // maxInFlightOf is how many requests an engine runs at once: the
-// deployment's spec.engine.maxInFlight where set, else where its
-// arguments or environment say it: vLLM's and sim's --max-num-seqs,
-// llama.cpp's slots, Ollama's OLLAMA_NUM_PARALLEL (1 unless set). 0:
-// unknown (vLLM sizes its default from the card; a command engine's is its
-// own), and the gateway's default cap holds.
+// deployment's spec.engine.maxInFlight where set, else where the
+// arguments or environment of the engine whose API it speaks say it (the
+// table's ConcurrencyFlag and ConcurrencyEnv: vLLM's and sim's
+// --max-num-seqs, llama.cpp's slots, Ollama's OLLAMA_NUM_PARALLEL, 1
+// unless set). A sim with a dialect is read as the engine it speaks, as
+// slotsOf reads it. 0: unknown (vLLM sizes its default from the card; a
+// command engine's is its own), and the gateway's default cap holds.
 func maxInFlightOf(e *pb.EngineSpec) int {
 	if n := e.GetMaxInFlight(); n > 0 {
 		return int(n)
@@ -313,24 +316,16 @@ func maxInFlightOf(e *pb.EngineSpec) int {
 		// llama.cpp, or a sim speaking it: its slots.
 		return n
 	}
-	switch e.GetKind() {
-	case "vllm", "sim":
-		return int(min(argUint(e.GetArgs(), "--max-num-seqs"), 1<<16))
-	case "ollama":
-		n, err := strconv.ParseUint(strings.TrimSpace(e.GetEnv()["OLLAMA_NUM_PARALLEL"]), 10, 32)
-		if err != nil || n == 0 {
-			return 1
-		}
-		return int(min(n, 1<<16))
-	}
-	return 0
+	r, _ := engines.Speaks(e)
+	return r.MaxInFlight(e)
 }
 
-// slotsOf is a llama.cpp engine's slot count (engine.LlamaSlots: its
-// --parallel, else llama-server's auto 4), also for a sim speaking
-// llama.cpp; 0 for other kinds.
+// slotsOf is the slot count of an engine that runs each request in a slot
+// (the table's Slots: llama.cpp, engine.LlamaSlots: its --parallel, else
+// llama-server's auto 4), also for a sim speaking llama.cpp; 0 for other
+// kinds.
 func slotsOf(e *pb.EngineSpec) int {
-	if engine.ControlKind(e) != engine.KindLlamaCpp {
+	if r, _ := engines.Speaks(e); !r.Slots {
 		return 0
 	}
 	return engine.LlamaSlots(e)
@@ -342,12 +337,13 @@ func slotsOf(e *pb.EngineSpec) int {
 // its slots. 0: unknown.
 func maxModelLenOf(e *pb.EngineSpec) int {
 	n := uint64(e.GetMaxModelLen())
-	switch e.GetKind() {
-	case "vllm", "sim":
+	r, _ := engines.Lookup(e.GetKind())
+	switch {
+	case r.VLLMArgs:
 		if v := argUint(e.GetArgs(), "--max-model-len"); v > 0 {
 			n = v
 		}
-	case "llamacpp":
+	case r.Slots:
 		// The driver sizes -c from maxModelLen so that each slot holds it;
 		// a -c of the deployment's own (flag or LLAMA_ARG_CTX_SIZE) is
 		// split between explicit slots (auto slots share one unified
@@ -366,8 +362,9 @@ func maxModelLenOf(e *pb.EngineSpec) int {
 // model's architecture): any, and the engine refuses what it cannot do.
 func taskOf(e *pb.EngineSpec) gateway.Task {
 	args := e.GetArgs()
-	switch e.GetKind() {
-	case "vllm", "sim":
+	r, _ := engines.Lookup(e.GetKind())
+	switch {
+	case r.VLLMArgs:
 		switch argValue(args, "--runner") {
 		case "pooling":
 			return gateway.TaskEmbed
@@ -380,7 +377,7 @@ func taskOf(e *pb.EngineSpec) gateway.Task {
 		case "generate":
 			return gateway.TaskGenerate
 		}
-	case "llamacpp":
+	case r.Slots:
 		if slices.Contains(args, "--embedding") || slices.Contains(args, "--embeddings") {
 			return gateway.TaskEmbed
 		}
@@ -398,17 +395,7 @@ func argUint(args []string, flag string) uint64 {
 
 // argValue is the value of flag in args (--flag V or --flag=V), "" if
 // absent.
-func argValue(args []string, flag string) string {
-	for i, a := range args {
-		if v, ok := strings.CutPrefix(a, flag+"="); ok {
-			return v
-		}
-		if a == flag && i+1 < len(args) {
-			return args[i+1]
-		}
-	}
-	return ""
-}
+func argValue(args []string, flag string) string { return engines.ArgValue(args, flag) }
 
 // trafficSource serves the gateway's request record in the wire's shapes.
 // Tenant names stay on the node: each answer names them t1, t2, ... in

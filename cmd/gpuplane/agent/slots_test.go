@@ -53,4 +53,25 @@ func TestMaxInFlightOf(t *testing.T) {
 			t.Errorf("maxInFlightOf(%s %v, maxInFlight %d) = %d, want %d", c.kind, c.args, c.mif, got, c.want)
 		}
 	}
+	// A sim speaking another engine is read as that engine, by its
+	// spec.engine.dialect as by a --dialect argument: Ollama runs
+	// OLLAMA_NUM_PARALLEL at once (1 unless set), whatever --max-num-seqs
+	// the sim's own arguments hold.
+	for _, c := range []struct {
+		e    *pb.EngineSpec
+		want int
+	}{
+		{&pb.EngineSpec{Kind: "sim", Dialect: "ollama", Args: []string{"--max-num-seqs", "8"}}, 1},
+		{&pb.EngineSpec{Kind: "sim", Dialect: "ollama", Env: map[string]string{"OLLAMA_NUM_PARALLEL": "3"}}, 3},
+		{&pb.EngineSpec{Kind: "sim", Args: []string{"--dialect", "ollama", "--max-num-seqs", "8"}}, 1},
+		{&pb.EngineSpec{Kind: "sim", Dialect: "llamacpp", Args: []string{"--max-num-seqs", "8"}}, 4},
+		{&pb.EngineSpec{Kind: "sim", Dialect: "vllm", Args: []string{"--max-num-seqs", "8"}}, 8},
+	} {
+		if got := maxInFlightOf(c.e); got != c.want {
+			t.Errorf("maxInFlightOf(%v) = %d, want %d", c.e, got, c.want)
+		}
+		if slots := slotsOf(c.e); slots > 0 && slots != maxInFlightOf(c.e) {
+			t.Errorf("%v: %d slots but %d in flight", c.e, slots, maxInFlightOf(c.e))
+		}
+	}
 }

@@ -7,7 +7,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/gpuplane/gpuplane/internal/enginemem"
+	"github.com/gpuplane/gpuplane/internal/engines"
 	"github.com/gpuplane/gpuplane/node/executor"
 	"github.com/gpuplane/gpuplane/node/inventory"
 	"github.com/gpuplane/gpuplane/node/sim"
@@ -91,7 +91,7 @@ loads it on the first request or keep_alive load.`,
 			}
 			if cfg.Dialect == sim.DialectVLLM && !cmd.Flags().Changed("overshoot-mib") {
 				// What vLLM holds above its budget (docs/engines.md).
-				cfg.OvershootMiB = enginemem.ForKind(sim.DialectVLLM).OvershootMiB
+				cfg.OvershootMiB = engines.ForKind(sim.DialectVLLM).OvershootMiB
 			}
 			if !cmd.Flags().Changed("sleep-residual-mib") {
 				cfg.ResidualMiB = cfg.OverheadMiB

@@ -20,6 +20,7 @@ import (
 
 	"github.com/gpuplane/gpuplane/cmd/gpuplane/descriptor"
 	"github.com/gpuplane/gpuplane/fsm"
+	"github.com/gpuplane/gpuplane/internal/engines"
 	"github.com/gpuplane/gpuplane/node/sim/simserve"
 	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
 )
@@ -370,12 +371,12 @@ func modelConfig(name string, spec *pb.ModelSpec, shareMiB uint64, profs []*pb.R
 	switch kind := spec.GetEngine().GetKind(); {
 	case spec.GetEngine().GetMaxInFlight() > 0:
 		mc.MaxInFlight = int(spec.GetEngine().GetMaxInFlight())
-	case (kind == "vllm" || kind == "sim") && flag("--max-num-seqs") > 0:
+	case (kind == engines.VLLM || kind == engines.Sim) && flag("--max-num-seqs") > 0:
 		mc.MaxInFlight = int(flag("--max-num-seqs"))
 	default:
 		mc.MaxInFlight = gatewayMaxInFlight
 	}
-	if spec.GetEngine().GetKind() == "sim" {
+	if spec.GetEngine().GetKind() == engines.Sim {
 		// A sim engine slows its streams only by its --batch-slowdown,
 		// sleeps at once (it copies nothing out) and stops as its process
 		// exits: not the simulator's default second each, which would

@@ -4,6 +4,7 @@ import (
 	"time"
 
 	"github.com/gpuplane/gpuplane/fsm"
+	"github.com/gpuplane/gpuplane/internal/engines"
 	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
 )
 
@@ -87,8 +88,11 @@ func ModelDeploymentSpecFromProto(p *pb.ModelSpec) ModelDeploymentSpec {
 	s.Engine.MaxAdapters = opt(e.GetMaxAdapters())
 	s.Engine.MaxInFlight = opt(e.GetMaxInFlight())
 	s.Engine.SleepLevel = opt(e.GetSleepLevel())
-	if a := e.GetArgs(); e.GetKind() == "sim" && len(a) >= 2 && a[0] == "--dialect" {
-		s.Engine.Dialect, s.Engine.Args = a[1], a[2:]
+	s.Engine.Dialect = e.GetDialect()
+	if a := e.GetArgs(); s.Engine.Dialect == "" && e.GetKind() == engines.Sim && len(a) >= 2 && a[0] == "--dialect" {
+		// A spec stored before spec.engine.dialect: the descriptor put
+		// the dialect first in the sim's arguments.
+		s.Engine.Dialect, s.Engine.Args = engines.Dialect(e), a[2:]
 		if len(s.Engine.Args) == 0 {
 			s.Engine.Args = nil
 		}

@@ -10,6 +10,7 @@ import (
 	"github.com/gpuplane/gpuplane/fsm"
 	"github.com/gpuplane/gpuplane/internal/cardfit"
 	"github.com/gpuplane/gpuplane/internal/class"
+	"github.com/gpuplane/gpuplane/internal/engines"
 	"github.com/gpuplane/gpuplane/internal/wireenum"
 	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
 )
@@ -136,8 +137,7 @@ type Engine struct {
 	// arguments (--max-num-seqs, llama.cpp slots, OLLAMA_NUM_PARALLEL).
 	MaxInFlight *int64 `json:"maxInFlight,omitempty"`
 	// Dialect, for a sim engine only, is the engine it answers as,
-	// strictly: vllm, llamacpp or ollama (docs/engines.md). It travels as
-	// the sim's leading `--dialect` argument.
+	// strictly: one of engines.Dialects() (docs/engines.md).
 	Dialect string `json:"dialect,omitempty"`
 	// SleepLevel is the vLLM sleep level a warm or onDemand replica
 	// sleeps at: 1 (the default) keeps the weights in host RAM, 2 discards
@@ -145,11 +145,12 @@ type Engine struct {
 	SleepLevel *int64 `json:"sleepLevel,omitempty"`
 }
 
-// SimDialects are the values spec.engine.dialect takes.
-var SimDialects = []string{"vllm", "llamacpp", "ollama"}
+// SimDialects are the values spec.engine.dialect takes (internal/engines).
+var SimDialects = engines.Dialects()
 
-// EngineKinds are the engines a deployment may name; the first is the default.
-var EngineKinds = []string{"vllm", "llamacpp", "ollama", "command", "sim"}
+// EngineKinds are the engines a deployment may name; the first is the
+// default (internal/engines).
+var EngineKinds = engines.Kinds()
 
 // Defaults for deployment fields the user left out.
 const (
@@ -394,17 +395,9 @@ func (s *ModelDeploymentSpec) check(failed func(path string) bool) []*pb.Violati
 			atLeast("spec.slo.ttftMs", s.SLO.TTFTMs, 1)
 		}
 	}
-	switch {
-	case e.Dialect == "":
-	case e.Kind != "sim":
-		add("spec.engine.dialect", "only a sim engine takes a dialect (kind is %q)", e.Kind)
-	case !slices.Contains(SimDialects, e.Dialect):
-		add("spec.engine.dialect", "must be one of %s, got %q", strings.Join(SimDialects, ", "), e.Dialect)
-	case e.Dialect == "ollama" && len(s.Adapters) > 0:
-		add("spec.engine.dialect", "a sim speaking ollama cannot serve LoRA adapters, as Ollama cannot: use dialect vllm or llamacpp, or no adapters")
-	case e.Dialect != "vllm" && e.SleepLevel != nil:
-		add("spec.engine.sleepLevel", "only vLLM has sleep levels: a sim speaking %s sleeps as %s does (docs/engines.md)", e.Dialect, e.Dialect)
-	}
+	// The dialect, and what a sim speaking another engine cannot do (its
+	// adapters, its sleep levels), are the state machine's checks below:
+	// the same table (internal/engines) decides for every kind.
 	if n := e.SleepLevel; n != nil && (*n < 1 || *n > 2) {
 		add("spec.engine.sleepLevel", "must be 1 (the weights wait in host RAM) or 2 (the weights are discarded and a wake reloads them from disk), got %d", *n)
 	}
@@ -541,10 +534,8 @@ func (s *ModelDeploymentSpec) Proto() *pb.ModelSpec {
 			Env:              e.Env,
 			Quantization:     e.Quantization,
 			SleepLevel:       u32(e.SleepLevel),
+			Dialect:          e.Dialect,
 		},
-	}
-	if e.Dialect != "" {
-		out.Engine.Args = append([]string{"--dialect", e.Dialect}, e.Args...)
 	}
 	// The defaults (pinned, standard) are sent as unspecified, the form the
 	// state machine stores them in.

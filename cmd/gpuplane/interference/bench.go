@@ -43,6 +43,7 @@ import (
 	"github.com/gpuplane/gpuplane/cmd/gpuplane/agent"
 	"github.com/gpuplane/gpuplane/cmd/gpuplane/descriptor"
 	"github.com/gpuplane/gpuplane/internal/catalog"
+	"github.com/gpuplane/gpuplane/internal/engines"
 	"github.com/gpuplane/gpuplane/node/gateway/queue"
 	"github.com/gpuplane/gpuplane/node/sim/simserve"
 	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
@@ -257,7 +258,7 @@ func benchSpec(cfg *simserve.Config, m *simserve.ModelConfig, accel string, scal
 	spec := &descriptor.ModelDeploymentSpec{
 		Model:     "/models/" + m.Name,
 		Placement: descriptor.Placement{Accelerator: accel},
-		Engine:    descriptor.Engine{Kind: "sim", Memory: &mem, Args: args, Quantization: m.Quantization},
+		Engine:    descriptor.Engine{Kind: engines.Sim, Memory: &mem, Args: args, Quantization: m.Quantization},
 		Residency: m.Residency,
 		Priority:  m.Class,
 	}

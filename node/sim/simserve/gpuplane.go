@@ -5,6 +5,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/gpuplane/gpuplane/internal/engines"
 	"github.com/gpuplane/gpuplane/node/gateway/queue"
 	"github.com/gpuplane/gpuplane/node/residency"
 )
@@ -103,7 +104,7 @@ func (p *gpuplane) start() {
 		d := residency.Deployment{
 			Model: residency.ModelID(m.Name), Residency: m.residency, Priority: residency.Priority(m.class),
 			Share: bytesOf(m.MemoryGiB), Footprint: bytesOf(m.MemoryGiB), Peak: bytesOf(m.PeakGiB), Residual: bytesOf(m.ResidualGiB),
-			CanSleep: *m.CanSleep, LoadTime: secs(m.LoadSeconds), WakeTime: secs(m.WakeSeconds), Engine: "sim",
+			CanSleep: *m.CanSleep, LoadTime: secs(m.LoadSeconds), WakeTime: secs(m.WakeSeconds), Engine: engines.Sim,
 		}
 		if p.s.agentPriors {
 			// What the agent's residency manager tells the controller

@@ -1246,7 +1246,7 @@ func (x *Accelerator) GetCreatedIndex() uint64 {
 // EngineSpec says how to run a replica and how large its share is.
 type EngineSpec struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// vllm | llamacpp | ollama | command | sim
+	// An engine kind of internal/engines (vllm, llamacpp, ollama, command, sim).
 	Kind string `protobuf:"bytes,1,opt,name=kind,proto3" json:"kind,omitempty"`
 	// Share of one card's memory, 1..100 (0 = not set).
 	MemoryPercent uint32 `protobuf:"varint,2,opt,name=memory_percent,json=memoryPercent,proto3" json:"memory_percent,omitempty"`
@@ -1277,7 +1277,11 @@ type EngineSpec struct {
 	// onDemand replica to sleep at (0 = the default, 1): 1 copies the
 	// weights to host RAM, 2 discards them and a wake reloads them from
 	// disk (for weights on fast local storage, or a host short of RAM).
-	SleepLevel    uint32 `protobuf:"varint,14,opt,name=sleep_level,json=sleepLevel,proto3" json:"sleep_level,omitempty"`
+	SleepLevel uint32 `protobuf:"varint,14,opt,name=sleep_level,json=sleepLevel,proto3" json:"sleep_level,omitempty"`
+	// For a sim engine only: the engine whose API it speaks (vllm,
+	// llamacpp, ollama; "" for none). Specs stored before this field carry
+	// it as a --dialect argument.
+	Dialect       string `protobuf:"bytes,15,opt,name=dialect,proto3" json:"dialect,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1408,6 +1412,13 @@ func (x *EngineSpec) GetSleepLevel() uint32 {
 		return x.SleepLevel
 	}
 	return 0
+}
+
+func (x *EngineSpec) GetDialect() string {
+	if x != nil {
+		return x.Dialect
+	}
+	return ""
 }
 
 // PlacementSpec says where replicas may go.
@@ -2428,7 +2439,7 @@ const file_gpuplane_v1_resources_proto_rawDesc = "" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x120\n" +
 	"\x04spec\x18\x02 \x01(\v2\x1c.gpuplane.v1.AcceleratorSpecR\x04spec\x126\n" +
 	"\x06status\x18\x03 \x01(\v2\x1e.gpuplane.v1.AcceleratorStatusR\x06status\x12#\n" +
-	"\rcreated_index\x18\x04 \x01(\x04R\fcreatedIndex\"\xc9\x04\n" +
+	"\rcreated_index\x18\x04 \x01(\x04R\fcreatedIndex\"\xe3\x04\n" +
 	"\n" +
 	"EngineSpec\x12\x12\n" +
 	"\x04kind\x18\x01 \x01(\tR\x04kind\x12%\n" +
@@ -2447,7 +2458,8 @@ const file_gpuplane_v1_resources_proto_rawDesc = "" +
 	"\fmax_adapters\x18\f \x01(\rR\vmaxAdapters\x12\"\n" +
 	"\rmax_in_flight\x18\r \x01(\rR\vmaxInFlight\x12\x1f\n" +
 	"\vsleep_level\x18\x0e \x01(\rR\n" +
-	"sleepLevel\x1a6\n" +
+	"sleepLevel\x12\x18\n" +
+	"\adialect\x18\x0f \x01(\tR\adialect\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xc5\x01\n" +

@@ -1,16 +1,14 @@
-// Package enginemem is the one table of what bounds each engine's memory
-// (docs/engines.md, "Memory: what bounds each engine"): per engine kind and
-// version, the knob the driver sets, how far the engine's process goes
-// above that knob (its overshoot, which the driver subtracts from the share
-// so that the share is the most it uses), the watchdog's tolerance above
-// the share, where its adapters' memory sits and what neither the knob nor
-// the ledger holds.
-//
-// It is a leaf so that the state machine (which refuses a share too small
-// for an engine at apply), the node's drivers, the executor's watchdog
-// targets and the card manager's ledger all read the same rule. It never
-// reads the clock, a file or the network.
-package enginemem
+package engines
+
+// Rules is the part of the table that says what bounds each engine's
+// memory (docs/engines.md, "Memory: what bounds each engine"): per engine
+// kind and version, the knob the driver sets, how far the engine's process
+// goes above that knob (its overshoot, which the driver subtracts from the
+// share so that the share is the most it uses), the watchdog's tolerance
+// above the share, where its adapters' memory sits and what neither the
+// knob nor the ledger holds. The state machine (which refuses a share too
+// small for an engine at apply), the node's drivers, the executor's
+// watchdog targets and the card manager's ledger all read the same rule.
 
 import (
 	"fmt"
@@ -74,7 +72,7 @@ type Rule struct {
 // of the versions it names (it does not probe an engine's version).
 var Rules = []Rule{
 	{
-		Kind: "vllm", Name: "vLLM", Versions: "0.21 to 0.28 and main (CUDA-graph memory profiling on)",
+		Kind: VLLM, Name: "vLLM", Versions: "0.21 to 0.28 and main (CUDA-graph memory profiling on)",
 		Knob: "--gpu-memory-utilization = (share − overshoot) / card memory (a --kv-cache-memory-bytes in spec.engine.args overrides it, and the watchdog alone holds the total)",
 		// vllm-project/vllm PR #51590: at v0.28 the process ends 1.37 GiB
 		// above the budget --gpu-memory-utilization requested (CUDA-graph
@@ -92,7 +90,7 @@ var Rules = []Rule{
 		NotEnforced:     "free memory moving while it profiles at start or sleeps (the node holds its neighbours' changes until then)",
 	},
 	{
-		Kind: "llamacpp", Name: "llama.cpp", Versions: "b6000 and later (llama-server)",
+		Kind: LlamaCpp, Name: "llama.cpp", Versions: "b6000 and later (llama-server)",
 		Knob:            "-c (the context: KV cache) with every layer on the GPU; no total-memory knob",
 		OvershootSource: "none measured: weights + KV(-c) + compute buffers, which -c does not bound",
 		Adapters:        AdaptersAllAtStart,
@@ -104,21 +102,21 @@ var Rules = []Rule{
 		NotEnforced: "compute buffers above -c (a --cache-ram other than 0 in spec.engine.args or LLAMA_ARG_CACHE_RAM is refused at apply)",
 	},
 	{
-		Kind: "ollama", Name: "Ollama", Versions: "0.30 to 0.33",
+		Kind: Ollama, Name: "Ollama", Versions: "0.30 to 0.33",
 		Knob:            "none on the GPU: the runner fits its layers and context to the free memory it sees; OLLAMA_GPU_OVERHEAD is only logged and sizes the default context",
 		OvershootSource: "unbounded: it takes what is free",
 		Ledger:          "GPU: the share; host: nothing (the layers it leaves on the CPU are not counted)",
 		NotEnforced:     "everything on a shared card without MPS or HAMi-core: the node refuses it there",
 	},
 	{
-		Kind: "sim", Name: "the sim engine", Versions: "this release, no dialect",
+		Kind: Sim, Name: "the sim engine", Versions: "this release, no dialect",
 		Knob:        "--memory-mib = the share",
 		Adapters:    AdaptersPerLoad,
 		Ledger:      "GPU: the share and each loaded adapter (rank × --lora-mib-per-rank)",
 		NotEnforced: "nothing: it holds what it is told",
 	},
 	{
-		Kind: "command", Name: "a command engine", Versions: "any",
+		Kind: Command, Name: "a command engine", Versions: "any",
 		Knob:        "what the command line does with {{.MemoryMiB}}",
 		Adapters:    AdaptersPerLoad,
 		Ledger:      "GPU: the share",
@@ -126,32 +124,11 @@ var Rules = []Rule{
 	},
 }
 
-// KindOf is the engine whose memory rule e follows: its kind, or for a
-// sim engine the dialect its arguments name (the last --dialect wins).
-func KindOf(e *pb.EngineSpec) string {
-	if e.GetKind() != "sim" {
-		return e.GetKind()
-	}
-	d := ""
-	args := e.GetArgs()
-	for i, a := range args {
-		if v, ok := strings.CutPrefix(a, "--dialect="); ok {
-			d = v
-		} else if a == "--dialect" && i+1 < len(args) {
-			d = args[i+1]
-		}
-	}
-	switch d {
-	case "vllm", "llamacpp", "ollama":
-		return d
-	}
-	return "sim"
-}
-
-// For returns the rule of the engine e describes; an unknown kind gets a
-// rule with no overshoot and the watchdog's default tolerance.
+// For returns the memory rule of the engine e describes (a sim engine
+// with a dialect follows its engine's); a kind without a rule gets one
+// with no overshoot and the watchdog's default tolerance.
 func For(e *pb.EngineSpec) Rule {
-	return ForKind(KindOf(e))
+	return ForKind(SpeaksKind(e))
 }
 
 // ForKind returns the rule of an engine kind.

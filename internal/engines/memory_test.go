@@ -1,4 +1,4 @@
-package enginemem
+package engines
 
 import (
 	"flag"
@@ -13,7 +13,7 @@ var rewrite = flag.Bool("rewrite", false, "rewrite docs/engines.md's memory tabl
 
 const (
 	docs       = "../../docs/engines.md"
-	tableStart = "<!-- memory table: go test ./internal/enginemem -rewrite -->\n"
+	tableStart = "<!-- memory table: go test ./internal/engines -rewrite -->\n"
 	tableEnd   = "<!-- end of memory table -->\n"
 )
 
@@ -38,7 +38,7 @@ func TestDocsShowTheRules(t *testing.T) {
 		}
 		return
 	}
-	t.Errorf("%s's memory table differs from Rules; rewrite it with go test ./internal/enginemem -rewrite", docs)
+	t.Errorf("%s's memory table differs from Rules; rewrite it with go test ./internal/engines -rewrite", docs)
 }
 
 // A share the engine's overshoot alone would fill is refused naming both
@@ -52,7 +52,7 @@ func TestKnobBelowTheShare(t *testing.T) {
 		t.Errorf("a 2303 MiB vLLM share: knob %d, %v; want %d", knob, err, 2303-1434)
 	}
 	sim := &pb.EngineSpec{Kind: "sim", Args: []string{"--dialect", "vllm", "--dialect=llamacpp"}}
-	if k := KindOf(sim); k != "llamacpp" {
+	if k := SpeaksKind(sim); k != "llamacpp" {
 		t.Errorf("a sim whose last --dialect is llamacpp follows %q's rule", k)
 	}
 	if knob, err := For(sim).KnobMiB(100); err != nil || knob != 100 {
