@@ -29,6 +29,7 @@ const (
 	VLLM     = "vllm"
 	LlamaCpp = "llamacpp"
 	Ollama   = "ollama"
+	SGLang   = "sglang"
 	Command  = "command"
 	Sim      = "sim"
 )
@@ -49,6 +50,12 @@ const (
 	// SleepKeepAlive: Ollama's keep_alive 0 unloads the model, a request
 	// loads it again.
 	SleepKeepAlive
+	// SleepMemoryOccupation: SGLang's /release_memory_occupation and
+	// /resume_memory_occupation, which free and restore its weights and
+	// KV cache only under --enable-memory-saver (else they answer 200 and
+	// free nothing) and keep the weights only with
+	// --enable-weights-cpu-backup.
+	SleepMemoryOccupation
 )
 
 // AdapterLoad is how an engine takes LoRA adapters.
@@ -149,7 +156,7 @@ var table = []Engine{
 	{
 		Kind: Ollama, Name: "Ollama",
 		Sleep:          SleepKeepAlive,
-		NoAdapters:     "engine ollama cannot load LoRA adapters at run time (an adapter is a separate Ollama model): use kind vllm, llamacpp or sim, or deploy the adapter as its own model",
+		NoAdapters:     "engine ollama cannot load LoRA adapters at run time (an adapter is a separate Ollama model): use kind vllm, sglang, llamacpp or sim, or deploy the adapter as its own model",
 		ConcurrencyEnv: "OLLAMA_NUM_PARALLEL", DefaultConcurrency: 1,
 		HealthPath: "/api/version",
 		// The start includes the preload: creating the model from a GGUF
@@ -158,8 +165,25 @@ var table = []Engine{
 		Dialect:      true,
 	},
 	{
+		// python/sglang/srt/entrypoints/http_server.py (routes),
+		// server_args.py (flags), managers/io_struct.py (bodies),
+		// metrics/collector.py (gauges, with --enable-metrics).
+		Kind: SGLang, Name: "SGLang", ShareFlag: "--mem-fraction-static",
+		Sleep: SleepMemoryOccupation, SleepFlags: []string{"--enable-memory-saver", "--enable-weights-cpu-backup"},
+		Adapters: AdaptersAtRunTime, LoadPath: "/load_lora_adapter", UnloadPath: "/unload_lora_adapter",
+		ConcurrencyFlag: "--max-running-requests",
+		Running:         "sglang:num_running_reqs", Waiting: "sglang:num_queue_reqs",
+		HealthPath: "/health",
+		// SGLang reads the weights, sizes its KV pool from what the card
+		// has free (mem-fraction-static counts everything on the card)
+		// and captures CUDA graphs.
+		StartTimeout: 30 * time.Minute, StartsAlone: true,
+		KeyArgs: []string{"--api-key"},
+		Dialect: true,
+	},
+	{
 		Kind: Command, Name: "a command engine",
-		NoAdapters: "engine command has no adapter API the node can drive: use kind vllm, llamacpp or sim",
+		NoAdapters: "engine command has no adapter API the node can drive: use kind vllm, sglang, llamacpp or sim",
 		// A user's program: long enough for a small model, short enough
 		// that one that never listens does not hold its cards for long.
 		StartTimeout: 5 * time.Minute,
@@ -321,9 +345,10 @@ func KindsMarkdown() string {
 	}
 	for _, e := range table {
 		sleep := map[SleepAPI]string{
-			SleepStartStop: "stop and start",
-			SleepVLLM:      "`/sleep?level=N`, `/wake_up`",
-			SleepKeepAlive: "`keep_alive` 0 unloads, a request loads",
+			SleepStartStop:        "stop and start",
+			SleepVLLM:             "`/sleep?level=N`, `/wake_up`",
+			SleepKeepAlive:        "`keep_alive` 0 unloads, a request loads",
+			SleepMemoryOccupation: "`/release_memory_occupation`, `/resume_memory_occupation`",
 		}[e.Sleep]
 		if len(e.SleepFlags) > 0 {
 			sleep += " (" + code(e.SleepFlags...) + ")"

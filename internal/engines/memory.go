@@ -109,6 +109,14 @@ var Rules = []Rule{
 		NotEnforced:     "everything on a shared card without MPS or HAMi-core: the node refuses it there",
 	},
 	{
+		Kind: SGLang, Name: "SGLang", Versions: "0.4.6 and later (python/sglang/srt/server_args.py, model_executor/model_runner.py)",
+		Knob:            "--mem-fraction-static = (share + the neighbours' reservations) / card memory: SGLang sizes its weights and KV pool so that everything on the card, its neighbours' memory included, stays within that fraction of the whole card",
+		OvershootSource: "none measured: CUDA graphs and activations outside the static pool, which SGLang leaves to 1 − mem-fraction-static of the card",
+		Adapters:        AdaptersPoolAtStart,
+		Ledger:          "GPU: the share, with the LoRA pool (--max-loras-per-batch × --max-lora-rank) inside it from the start; host: nothing (the weights --enable-weights-cpu-backup keeps in host RAM during a sleep are not counted)",
+		NotEnforced:     "neighbours holding less than their reservations while it starts (asleep): it then takes the difference too, and the watchdog stops it above its share",
+	},
+	{
 		Kind: Sim, Name: "the sim engine", Versions: "this release, no dialect",
 		Knob:        "--memory-mib = the share",
 		Adapters:    AdaptersPerLoad,

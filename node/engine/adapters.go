@@ -33,6 +33,8 @@ func AdaptersFor(kind string, t Target) (AdapterControls, error) {
 	switch {
 	case r.Adapters != engines.AdaptersAtRunTime:
 		return nil, fmt.Errorf("engine %s cannot load LoRA adapters at run time", kind)
+	case kind == KindSGLang:
+		return newSGLangAdapters(r, t), nil
 	}
 	return &vllmControls{caller: caller{t}}, nil
 }

@@ -102,6 +102,8 @@ func ControlsFor(kind string, t Target) (Controls, error) {
 		return NewLlamaCppControls(t), nil
 	case KindOllama:
 		return NewOllamaControls(t), nil
+	case KindSGLang:
+		return NewSGLangControls(t), nil
 	case KindCommand:
 		return NewStartStopControls(t.Process)
 	}
@@ -130,6 +132,8 @@ func SleepLevel(spec *pb.ModelSpec) int {
 		return SleepOffload
 	case engines.SleepKeepAlive:
 		return SleepDiscard
+	case engines.SleepMemoryOccupation:
+		return SleepOffload
 	}
 	return 0
 }

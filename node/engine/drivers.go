@@ -480,6 +480,15 @@ func (sim) Command(p Params) (Command, error) {
 		args = append(args, llamaNoHostCache...)
 		args = append(args, llamaContext(p.Spec.GetEngine())...)
 		args = append(args, llamaLoRAFlags(p.Spec)...)
+	case KindSGLang:
+		if !p.wholeCard() {
+			f, err := p.sglangFraction()
+			if err != nil {
+				return Command{}, err
+			}
+			args = append(args, "--mem-fraction-static", f)
+		}
+		args = append(args, sglangControlFlags(p)...)
 	case KindOllama:
 		// Ollama knows the model by its tag, not the served name.
 		args[slices.Index(args, "--served-model-name")+1] = p.ControlModel()

@@ -17,6 +17,7 @@ const (
 	KindVLLM     = engines.VLLM
 	KindLlamaCpp = engines.LlamaCpp
 	KindOllama   = engines.Ollama
+	KindSGLang   = engines.SGLang
 	KindCommand  = engines.Command
 	KindSim      = engines.Sim
 )
@@ -81,6 +82,7 @@ var drivers = map[string]Driver{
 	KindVLLM:     vllm{},
 	KindLlamaCpp: llamaCpp{},
 	KindOllama:   ollama{},
+	KindSGLang:   sglang{},
 	KindCommand:  command{},
 	KindSim:      sim{},
 }

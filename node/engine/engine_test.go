@@ -96,7 +96,7 @@ func render(c Command) string {
 }
 
 func TestForUnknownKind(t *testing.T) {
-	if _, err := For("tgi"); err == nil || !strings.Contains(err.Error(), "known kinds: vllm, llamacpp, ollama, command, sim") {
+	if _, err := For("tgi"); err == nil || !strings.Contains(err.Error(), "known kinds: vllm, llamacpp, ollama, sglang, command, sim") {
 		t.Fatalf("For(tgi) = %v, want an error naming the known kinds", err)
 	}
 }

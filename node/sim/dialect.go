@@ -21,10 +21,11 @@ const (
 	DialectVLLM     = engines.VLLM
 	DialectLlamaCpp = engines.LlamaCpp
 	DialectOllama   = engines.Ollama
+	DialectSGLang   = engines.SGLang
 )
 
 // Dialects lists the values --dialect takes.
-var Dialects = []string{DialectVLLM, DialectLlamaCpp, DialectOllama}
+var Dialects = []string{DialectVLLM, DialectLlamaCpp, DialectOllama, DialectSGLang}
 
 // llamaAutoSlots is what llama-server runs with when --parallel is not
 // given (tools/server/server.cpp: "n_parallel is set to auto, using
@@ -123,6 +124,8 @@ func (s *server) dialectRoutes(mux *http.ServeMux) {
 			mux.HandleFunc("POST /models/load", s.llamaLoad)
 			mux.HandleFunc("POST /models/unload", s.llamaUnload)
 		}
+	case DialectSGLang:
+		s.sglangRoutes(mux)
 	case DialectOllama:
 		mux.HandleFunc("GET /{$}", func(w http.ResponseWriter, _ *http.Request) {
 			w.Header().Set("Content-Type", "text/plain; charset=utf-8")
@@ -151,7 +154,8 @@ func (s *server) dialectRoutes(mux *http.ServeMux) {
 // router its default plain "404 page not found".
 func (s *server) noRoute(w http.ResponseWriter, _ *http.Request) {
 	switch s.cfg.Dialect {
-	case DialectVLLM:
+	case DialectVLLM, DialectSGLang:
+		// Both are FastAPI apps.
 		writeJSON(w, http.StatusNotFound, map[string]string{"detail": "Not Found"})
 	case DialectLlamaCpp:
 		llamaError(w, http.StatusNotFound, "File Not Found", "not_found_error", nil)

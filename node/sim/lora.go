@@ -113,8 +113,9 @@ func (s *server) maxLoRAs() int {
 // loraMiB is what the loaded (and loading) adapters hold on the card.
 // Callers hold s.mu.
 func (s *server) loraMiB() uint64 {
-	if s.cfg.vllmMemory() {
-		// vLLM's pool is inside its budget from the start.
+	if s.cfg.vllmMemory() || s.cfg.Dialect == DialectSGLang {
+		// vLLM's and SGLang's pools are inside their budgets from the
+		// start.
 		return 0
 	}
 	var n uint64
@@ -292,7 +293,7 @@ func (s *server) dropAdapters() {
 // memory goes with the weights' (footprintMiB counts them only awake).
 // The any dialect drops them, as the sim always did. Callers hold s.mu.
 func (s *server) sleepAdapters() {
-	if s.cfg.Dialect != DialectVLLM {
+	if s.cfg.Dialect != DialectVLLM && s.cfg.Dialect != DialectSGLang {
 		s.dropAdapters()
 	}
 }

@@ -121,6 +121,13 @@ type Config struct {
 	// --enable-lora, PromptTokensDetails --enable-prompt-tokens-details
 	// (usage reports cached_tokens).
 	VLLMDevMode, VLLMRuntimeLoRA, EnableSleepMode, EnableLoRA, PromptTokensDetails bool
+	// SGLang dialect (sglang.go): MemFractionStatic is
+	// --mem-fraction-static (0: --memory-mib), EnableMemorySaver
+	// --enable-memory-saver, WeightsCPUBackup --enable-weights-cpu-backup,
+	// EnableMetrics --enable-metrics (EnableLoRA is --enable-lora and
+	// MaxLoRAs --max-loras-per-batch).
+	MemFractionStatic                                  float64
+	EnableMemorySaver, WeightsCPUBackup, EnableMetrics bool
 	// MaxLoRARank is vLLM's --max-lora-rank: a load of an adapter of a
 	// larger rank fails (0: any).
 	MaxLoRARank int

@@ -359,6 +359,12 @@ func (s *server) load(ctx context.Context) error {
 		}
 	}
 	sized := s.ollamaSizeMiB()
+	if sized == 0 {
+		var err error
+		if sized, err = s.sglangSizeMiB(); err != nil {
+			return err
+		}
+	}
 	s.mu.Lock()
 	s.sizedMiB = sized
 	s.st.phase, s.st.level, s.st.weightsOn, s.st.kvOn = phAwake, 0, true, true
@@ -745,8 +751,12 @@ func (s *server) admit(ctx context.Context, promptTokens, priority int) (*reques
 			continue
 		case st.phase == phAwake && st.stale:
 			// vLLM would answer from uninitialised weights; the sim
-			// refuses, so that a wake missing its reload shows.
+			// refuses, so that a wake missing its reload shows (SGLang
+			// would, resumed without its weights' CPU backup).
 			s.mu.Unlock()
+			if s.cfg.Dialect == DialectSGLang {
+				return nil, errNoWeightsBackup
+			}
 			return nil, errStale
 		case st.phase == phAwake:
 			r := &request{id: s.nextReq, held: promptTokens, admitted: time.Now(), turn: t}

@@ -88,7 +88,7 @@ spec:
 		{[]string{"--adapter", "sql=/a,rank=513"}, exitFailure, `error: --adapter "sql=/a,rank=513": rank: must be between 1 and 512, got 513`},
 		{[]string{"--adapter", "sql=/a"}, exitFailure, `error: --adapter "sql=/a": rank: required: the adapter's LoRA rank, 1..512`},
 		{[]string{"--engine", "ollama", "--adapter", "sql=/a,rank=8"}, exitFailure,
-			"error: --adapter: engine ollama cannot load LoRA adapters at run time (an adapter is a separate Ollama model): use kind vllm, llamacpp or sim, or deploy the adapter as its own model"},
+			"error: --adapter: engine ollama cannot load LoRA adapters at run time (an adapter is a separate Ollama model): use kind vllm, sglang, llamacpp or sim, or deploy the adapter as its own model"},
 		{[]string{"--max-adapters", "0"}, exitFailure, "error: --max-adapters: must be between 1 and 256, got 0"},
 		{[]string{"--max-adapters", "300"}, exitFailure, "error: --max-adapters: must be between 1 and 256, got 300"},
 		{[]string{"--adapter", "sql=/a,rank=8,tenants=Acme"}, exitFailure, `error: --adapter "sql=/a,rank=8,tenants=Acme": tenants[0]: "Acme" must be a DNS label: at most 63 lowercase letters, digits or '-', starting and ending with a letter or digit`},

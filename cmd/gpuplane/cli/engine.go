@@ -57,13 +57,15 @@ Sim engines on one card share it: busy engines split its compute by
 --compute-percent, loads and wakes split its copy bandwidth. The executor
 starts it for deployments of engine kind sim, sized to their share.
 
---dialect vllm, llamacpp or ollama makes it answer only that engine's API
+--dialect vllm, llamacpp, ollama or sglang makes it answer only that engine's API
 and refuse what that engine refuses (docs/engines.md): vLLM's sleep routes
 need VLLM_SERVER_DEV_MODE=1 and --enable-sleep-mode, its LoRA routes
 VLLM_ALLOW_RUNTIME_LORA_UPDATING and --enable-lora, and adapters stay
 registered through a sleep; llama.cpp runs --parallel slots (else 4 over a
 unified cache) splitting --ctx-size; Ollama knows its model by its tag and
-loads it on the first request or keep_alive load.`,
+loads it on the first request or keep_alive load; SGLang's
+--mem-fraction-static counts the card's other processes, and its
+/release_memory_occupation frees memory only with --enable-memory-saver.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if cfg.ServedModelName == "" {
@@ -150,9 +152,16 @@ loads it on the first request or keep_alive load.`,
 	f.IntVar(&cfg.Parallel, "parallel", 1, "slots, as llama.cpp's --parallel: a request may name one in \"id_slot\" (0 to N-1, or -1 for any) and reuses the prompt it last ran unless \"cache_prompt\" is false; unset in the llamacpp dialect: llama-server's auto, 4 slots over a unified KV cache")
 	f.Float64Var(&idleSeconds, "sleep-idle-seconds", -1, "sleep after this many idle seconds, waking on the next request, as llama.cpp (negative: never)")
 	f.StringVar(&cards, "card-uuids", "", "cards to register the memory on, comma-separated UUIDs")
-	f.StringVar(&cfg.Dialect, "dialect", "", "answer and refuse as one engine does: vllm, llamacpp or ollama (none: every engine's API, without their preconditions)")
+	f.StringVar(&cfg.Dialect, "dialect", "", "answer and refuse as one engine does: vllm, llamacpp, ollama or sglang (none: every engine's API, without their preconditions)")
 	f.BoolVar(&cfg.EnableSleepMode, "enable-sleep-mode", false, "vllm dialect: the sleep routes work (they exist only with VLLM_SERVER_DEV_MODE=1)")
 	f.BoolVar(&cfg.EnableLoRA, "enable-lora", false, "vllm dialect: runtime LoRA loads work (the routes exist only with VLLM_ALLOW_RUNTIME_LORA_UPDATING)")
+	f.Float64Var(&cfg.MemFractionStatic, "mem-fraction-static", 0, "sglang dialect: the fraction of the whole card (--card-mib) its weights and KV pool may bring the card's use to, the other processes' memory included (0: --memory-mib)")
+	f.BoolVar(&cfg.EnableMemorySaver, "enable-memory-saver", false, "sglang dialect: /release_memory_occupation frees the memory (without it, it answers 200 and frees nothing, as SGLang's)")
+	f.BoolVar(&cfg.WeightsCPUBackup, "enable-weights-cpu-backup", false, "sglang dialect: a release keeps the weights in host RAM (without it a resume finds them gone and requests are refused)")
+	f.BoolVar(&cfg.EnableMetrics, "enable-metrics", false, "sglang dialect: serve /metrics (sglang:num_running_reqs, sglang:num_queue_reqs)")
+	f.IntVar(&cfg.MaxLoRAs, "max-loras-per-batch", sim.DefaultMaxLoRAs, "sglang dialect: SGLang's name for --max-loras")
+	f.IntVar(&cfg.MaxNumSeqs, "max-running-requests", 0, "sglang dialect: SGLang's name for --max-num-seqs")
+	f.StringSlice("lora-target-modules", nil, "sglang dialect: accepted, as SGLang's (the sim's adapters have no modules)")
 	f.IntVar(&cfg.MaxLoRARank, "max-lora-rank", 0, "vllm dialect: the largest adapter rank a load accepts, as vLLM's --max-lora-rank (0: any)")
 	f.BoolVar(&cfg.PromptTokensDetails, "enable-prompt-tokens-details", false, "vllm dialect: usage reports prompt_tokens_details.cached_tokens")
 	f.IntVarP(&cfg.CtxSize, "ctx-size", "c", 0, "llamacpp dialect: the context, split over explicit --parallel slots unless --kv-unified (0: unbounded)")

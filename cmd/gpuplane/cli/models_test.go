@@ -436,7 +436,7 @@ func TestModelsDeployFlagErrors(t *testing.T) {
 		{[]string{"--memory-percent", "101"}, exitFailure, "error: --memory-percent: must be between 1 and 100, got 101"},
 		{[]string{"--compute-percent", "50"}, exitFailure, "error: --compute-percent: needs a memory share: set memoryPercent or memory too (rule 10)"},
 		{[]string{"--memory-percent", "40", "--memory", "1Gi"}, exitFailure, "error: --memory: set memoryPercent or memory, not both"},
-		{[]string{"--engine", "tgi"}, exitFailure, `error: --engine: must be one of vllm, llamacpp, ollama, command, sim, got "tgi"`},
+		{[]string{"--engine", "tgi"}, exitFailure, `error: --engine: must be one of vllm, llamacpp, ollama, sglang, command, sim, got "tgi"`},
 		{[]string{"--replicas", "-1"}, exitFailure, "error: --replicas: must be at least 0, got -1"},
 		{[]string{"--tensor-parallel", "0"}, exitFailure, "error: --tensor-parallel: must be at least 1, got 0"},
 		{[]string{"--max-model-len", "0"}, exitFailure, "error: --max-model-len: must be at least 1, got 0"},

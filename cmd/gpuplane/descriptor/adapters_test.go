@@ -64,7 +64,7 @@ spec:
 	want := []string{
 		"document 1 (modeldeployment/chat): spec.engine.maxAdapters: must be between 1 and 256, got 0",
 		"document 1 (modeldeployment/chat): spec.adapters[2].rank: required: the adapter's LoRA rank, 1..512",
-		"document 1 (modeldeployment/chat): spec.adapters: engine ollama cannot load LoRA adapters at run time (an adapter is a separate Ollama model): use kind vllm, llamacpp or sim, or deploy the adapter as its own model",
+		"document 1 (modeldeployment/chat): spec.adapters: engine ollama cannot load LoRA adapters at run time (an adapter is a separate Ollama model): use kind vllm, sglang, llamacpp or sim, or deploy the adapter as its own model",
 		`document 1 (modeldeployment/chat): spec.adapters[1].name: "sql" is already the name of spec.adapters[0]: adapter names are unique per deployment`,
 		"document 1 (modeldeployment/chat): spec.adapters[1].rank: must be between 1 and 512, got 600",
 		`document 1 (modeldeployment/chat): spec.adapters[2].name: "a:b" must be letters, digits, '.', '_' or '-', starting with a letter or digit (requests name it as model NAME:ADAPTER)`,

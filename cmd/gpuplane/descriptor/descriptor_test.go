@@ -305,7 +305,7 @@ spec:
 				"document 1 (modeldeployment/chat): spec.model: is required: the path or URI of the weights",
 				"document 1 (modeldeployment/chat): spec.replicas: must be at least 0, got -1",
 				"document 1 (modeldeployment/chat): spec.placement.accelerator: is required: a deployment is placed on an accelerator, never on a device",
-				`document 1 (modeldeployment/chat): spec.engine.kind: must be one of vllm, llamacpp, ollama, command, sim, got "tgi"`,
+				`document 1 (modeldeployment/chat): spec.engine.kind: must be one of vllm, llamacpp, ollama, sglang, command, sim, got "tgi"`,
 				"document 1 (modeldeployment/chat): spec.engine.memoryPercent: must be between 1 and 100, got 0",
 				"document 1 (modeldeployment/chat): spec.engine.memory: set memoryPercent or memory, not both",
 				"document 1 (modeldeployment/chat): spec.engine.computePercent: must be between 1 and 100, got 101",

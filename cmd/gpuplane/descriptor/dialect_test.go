@@ -39,7 +39,7 @@ spec:
 	}
 	for doc, want := range map[string]string{
 		`engine: {kind: vllm, memoryPercent: 50, dialect: vllm}`:                                                  `spec.engine.dialect: only a sim engine takes a dialect (kind is "vllm")`,
-		`engine: {kind: sim, memoryPercent: 50, dialect: tgi}`:                                                    `spec.engine.dialect: must be one of vllm, llamacpp, ollama, got "tgi"`,
+		`engine: {kind: sim, memoryPercent: 50, dialect: tgi}`:                                                    `spec.engine.dialect: must be one of vllm, llamacpp, ollama, sglang, got "tgi"`,
 		"engine: {kind: sim, memoryPercent: 50, dialect: ollama}\n  adapters: [{name: sql, source: /a, rank: 8}]": "spec.adapters: a sim engine speaking ollama cannot serve LoRA adapters, as Ollama cannot",
 		"engine: {kind: sim, memoryPercent: 50, dialect: ollama, sleepLevel: 2}\n  residency: warm":               "spec.engine.sleepLevel: only vLLM has sleep levels: a sim engine speaking ollama sleeps as ollama does",
 		"engine: {kind: vllm, memoryPercent: 50, sleepLevel: 3}\n  residency: warm":                               "spec.engine.sleepLevel: must be 1 (the weights wait in host RAM) or 2",
