@@ -46,12 +46,14 @@ func (s *source) Watch(context.Context, string, uint64) (<-chan executor.Snapsho
 	return s.ch, nil
 }
 
-// reporter accepts every report; it keeps the residency transitions and
-// when each model's engine was reported failed.
+// reporter accepts every report; it keeps the residency transitions,
+// when each model's engine was reported failed, and the endpoint last
+// reported for each model (what the cluster's gateways send to).
 type reporter struct {
 	mu          sync.Mutex
 	transitions map[string][]string
 	failed      map[string][]time.Time
+	endpoints   map[string]string
 }
 
 func (r *reporter) Report(_ context.Context, st *pb.ReplicaStatus) error {
@@ -66,7 +68,18 @@ func (r *reporter) Report(_ context.Context, st *pb.ReplicaStatus) error {
 	if st.Residency != pb.ReplicaResidency_REPLICA_RESIDENCY_UNSPECIFIED {
 		r.transitions[st.Model] = append(r.transitions[st.Model], st.Residency.String()+": "+st.ResidencyReason)
 	}
+	if r.endpoints == nil {
+		r.endpoints = map[string]string{}
+	}
+	r.endpoints[st.Model] = st.Endpoint
 	return nil
+}
+
+// endpoint is the endpoint last reported for model.
+func (r *reporter) endpoint(model string) string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.endpoints[model]
 }
 
 // model is one deployment of the chaos test.

@@ -155,9 +155,9 @@ func TestFrontAnswersAfterTheReplicaLeft(t *testing.T) {
 	if resp, _ := post(0); resp.StatusCode != http.StatusOK {
 		t.Fatalf("request 0: %d, want 200", resp.StatusCode)
 	}
-	// The replica leaves: the node is placed without it (no loop runs
-	// here to do it).
-	m.placed(nil)
+	// The replica leaves: the node is placed without it (the fronts
+	// close as Placed is called; no loop runs here).
+	m.Placed(nil)
 	for i := 1; i <= 2; i++ {
 		resp, reused := post(i)
 		if resp.StatusCode != http.StatusServiceUnavailable || resp.Header.Get("Retry-After") == "" || !resp.Close {
@@ -281,7 +281,7 @@ func TestFrontAnswerAfterLeavingClosesItsConnection(t *testing.T) {
 		done <- answer{resp, err}
 	}()
 	<-got
-	m.placed(nil)
+	m.Placed(nil)
 	close(release)
 	a := <-done
 	if a.err != nil {

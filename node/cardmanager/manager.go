@@ -329,10 +329,33 @@ func (m *Manager) Hold(d executor.Desired) (string, bool) {
 	return f.url, !m.opts.Advise && onDemandOrWarm(d.Spec)
 }
 
-// Placed is executor.Gate's.
+// Placed is executor.Gate's. The fronts of the replicas ds no longer
+// fronts close now, in the order of the executor's calls, not on the loop:
+// Hold opens a front as the executor's supervisors call it, and a busy
+// loop that applied an older placement after a newer one's Hold would
+// close the front of a replica still placed here, whose endpoint (and the
+// gateway's dispatch) would then be a closed port for as long as it stays.
 func (m *Manager) Placed(ds []executor.Desired) {
 	ds = slices.Clone(ds)
+	m.closeFrontsGone(ds)
 	m.post(func() { m.placed(ds) })
+}
+
+// closeFrontsGone closes the fronts of the replicas that ds does not place
+// here, or does not front.
+func (m *Manager) closeFrontsGone(ds []executor.Desired) {
+	want := map[rkey]executor.Desired{}
+	for _, d := range ds {
+		want[rkey{d.Replica.GetModel(), d.Replica.GetIndex()}] = d
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for k, f := range m.fronts {
+		if d, ok := want[k]; !ok || !fronted(d) {
+			f.close(m.opts.LeaveGrace)
+			delete(m.fronts, k)
+		}
+	}
 }
 
 // Engine is executor.Gate's.
@@ -466,14 +489,8 @@ func (m *Manager) placed(ds []executor.Desired) {
 		// again starts from nothing.
 		delete(m.engines, k)
 	}
-	m.mu.Lock()
-	for k, f := range m.fronts {
-		if d, ok := want[k]; !ok || !fronted(d) {
-			f.close(m.opts.LeaveGrace)
-			delete(m.fronts, k)
-		}
-	}
-	m.mu.Unlock()
+	// The fronts of the replicas gone were closed as the executor called
+	// Placed (closeFrontsGone).
 	for c := range cardsWanted {
 		if m.ctrls[c] != nil {
 			continue

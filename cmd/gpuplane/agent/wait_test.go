@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
-	"os"
 	"regexp"
 	"strings"
 	"sync"
@@ -32,17 +31,7 @@ var waitCause = regexp.MustCompile(`the oldest for [^:]+: (waits for its backgro
 // requests wait, `residency plan`, `models get`, the dashboard and `gpuplane
 // ps` give the same cause and bound, and a `wait` decision is recorded once
 // with the oldest request's age.
-//
-// It runs only with GPUPLANE_LIVE_WAIT=1: under CPU load (make test's
-// parallel packages, or four busy loops beside it) its warm writer answers
-// 502 "engine: dial tcp …: connection refused" for the whole 90 s in about
-// half the runs, with the writer's engine process alive — a bug of warm
-// replicas under load that is not yet found (the closing note of this
-// stop has what is known), not of the waits this test is about.
 func TestBackgroundWaitIsExplainedEverywhere(t *testing.T) {
-	if os.Getenv("GPUPLANE_LIVE_WAIT") == "" {
-		t.Skip("GPUPLANE_LIVE_WAIT=1 runs it (a warm replica under CPU load can answer connection refused: see the comment)")
-	}
 	n := newNode(t, "waits", true, "l4=1")
 	n.cfg.Dev, n.cfg.BootstrapExpect = true, 0
 	n.cfg.ResidencyTimeScale = 30
