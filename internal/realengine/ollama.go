@@ -11,9 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
-	"syscall"
 	"testing"
-	"time"
 
 	"github.com/gpuplane/gpuplane/internal/porttest"
 )
@@ -21,8 +19,8 @@ import (
 // StartOllama runs `ollama serve` on a free loopback port with a model
 // store and home of its own (in t.TempDir(); env, KEY=VALUE entries, may
 // add to or override them), waits until /api/version answers 200 and
-// returns its base URL. It runs in a process group of its own, killed
-// whole when t ends: the runners `ollama serve` starts go with it.
+// returns its base URL. It runs as Start runs it: its process group is
+// killed whole when t ends, and the runners `ollama serve` starts go with it.
 func StartOllama(t testing.TB, env ...string) string {
 	t.Helper()
 	bin := Ollama(t)
@@ -33,37 +31,8 @@ func StartOllama(t testing.TB, env ...string) string {
 	cmd.Env = append(os.Environ(), "OLLAMA_HOST=127.0.0.1:"+strconv.Itoa(port),
 		"OLLAMA_MODELS="+filepath.Join(dir, "models"), "HOME="+dir, "OLLAMA_NUM_PARALLEL=1")
 	cmd.Env = append(cmd.Env, env...)
-	var out syncBuffer
-	cmd.Stdout, cmd.Stderr = &out, &out
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if err := cmd.Start(); err != nil {
-		t.Fatalf("start %s: %v", bin, err)
-	}
-	done := make(chan struct{})
-	go func() { cmd.Wait(); close(done) }()
-	t.Cleanup(func() {
-		syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
-		<-done
-		if t.Failed() {
-			t.Logf("ollama serve output:\n%s", out.String())
-		}
-	})
-	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		if resp, err := http.Get(base + "/api/version"); err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return base
-			}
-		}
-		select {
-		case <-done:
-			t.Fatalf("ollama serve exited before it was ready:\n%s", out.String())
-		default:
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("ollama serve not ready in 20s:\n%s", out.String())
-		}
-	}
+	Start(t, cmd, base+"/api/version")
+	return base
 }
 
 // CreateOllamaModel stores the GGUF file at path in the store of the

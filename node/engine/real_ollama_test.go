@@ -13,7 +13,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -34,26 +33,8 @@ type realOllama struct {
 	base  string
 	cmd   Command
 	proc  *exec.Cmd
-	done  chan struct{}
+	done  <-chan struct{}
 	store string
-	out   *lockedBuffer
-}
-
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }
 
 // ollamaSpec is an Ollama deployment of model whose engine keeps its
@@ -77,40 +58,13 @@ func startRealOllama(t *testing.T, spec *pb.ModelSpec) *realOllama {
 	if err != nil {
 		t.Fatal(err)
 	}
-	o := &realOllama{base: "http://127.0.0.1:" + strconv.Itoa(port), cmd: cmd, done: make(chan struct{}),
-		store: spec.GetEngine().GetEnv()["OLLAMA_MODELS"], out: &lockedBuffer{}}
-	o.proc = exec.Command(bin, cmd.Args...)
-	o.proc.Env = append(os.Environ(), cmd.Env...)
-	o.proc.Stdout, o.proc.Stderr = o.out, o.out
-	// Its own process group, as the executor starts engines: a kill
-	// reaches the runners `ollama serve` starts.
-	o.proc.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if err := o.proc.Start(); err != nil {
-		t.Fatal(err)
-	}
-	go func() { o.proc.Wait(); close(o.done) }()
-	t.Cleanup(func() {
-		syscall.Kill(-o.proc.Process.Pid, syscall.SIGKILL)
-		<-o.done
-		if t.Failed() {
-			t.Logf("ollama serve output:\n%s", o.out.String())
-		}
-	})
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		if code, _ := o.call(t, "GET", cmd.HealthPath, ""); code == http.StatusOK {
-			return o
-		}
-		select {
-		case <-o.done:
-			t.Fatalf("ollama serve exited before it answered %s:\n%s", cmd.HealthPath, o.out.String())
-		default:
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("GET %s never answered 200", cmd.HealthPath)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	// Start runs it in a process group of its own, as the executor starts
+	// engines: a kill reaches the runners `ollama serve` starts.
+	proc := exec.Command(bin, cmd.Args...)
+	proc.Env = append(os.Environ(), cmd.Env...)
+	base := "http://127.0.0.1:" + strconv.Itoa(port)
+	started := realengine.Start(t, proc, base+cmd.HealthPath)
+	return &realOllama{base: base, cmd: cmd, proc: proc, done: started.Done, store: spec.GetEngine().GetEnv()["OLLAMA_MODELS"]}
 }
 
 // call sends method path with a JSON body ("" for none); status 0 when
