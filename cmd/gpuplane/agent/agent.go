@@ -382,7 +382,7 @@ func (a *Agent) startAPI() error {
 		NodeName:   a.cfg.NodeName,
 		ReadLogs:   a.readLogs,
 		Residency:  a.rpcJournal(),
-		Traffic:    trafficSource{a.traffic},
+		Traffic:    a.traffic,
 		Metrics:    metrics,
 		Gatherer:   a.gatewayReg,
 		Outer:      []connect.Interceptor{newAPIMetrics(a.metricsReg)},

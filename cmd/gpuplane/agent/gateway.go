@@ -11,24 +11,16 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
 
-	"google.golang.org/protobuf/types/known/timestamppb"
-
 	"github.com/gpuplane/gpuplane/cluster"
 	"github.com/gpuplane/gpuplane/fsm"
-	"github.com/gpuplane/gpuplane/internal/engines"
-	"github.com/gpuplane/gpuplane/internal/wireenum"
 	"github.com/gpuplane/gpuplane/node/cardmanager"
-	"github.com/gpuplane/gpuplane/node/engine"
 	"github.com/gpuplane/gpuplane/node/gateway"
 	"github.com/gpuplane/gpuplane/node/gateway/isolation"
 	"github.com/gpuplane/gpuplane/node/gateway/queue"
-	"github.com/gpuplane/gpuplane/node/traffic"
-	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
 )
 
 // GatewayConfig tunes the gateway beyond its port; the zero value takes the
@@ -232,196 +224,12 @@ func (v *gatewayView) Gateway(node string) (string, bool) {
 	return v.a.sec.scheme() + "://" + m.Meta.Gateway, true
 }
 
-// modelsOf lists the deployments and replicas of a state.
+// modelsOf lists the deployments of a state and their placed replicas as
+// the gateway serves them (gateway.ModelOf).
 func modelsOf(f *fsm.FSM) []gateway.Model {
 	var out []gateway.Model
 	for _, d := range f.Models() {
-		spec := d.GetSpec()
-		m := gateway.Model{Deployment: d.GetName(), Served: spec.GetServedModelName(), Class: wireenum.Class(spec.GetPriority()),
-			Aliases: spec.GetAliases(), EngineModel: engine.EngineModel(spec), AdapterIDs: engine.LlamaAdapterIDs(spec), MaxModelLen: maxModelLenOf(spec.GetEngine()), Task: taskOf(spec.GetEngine()),
-			Created: d.GetCreatedUnix()}
-		if ads := spec.GetAdapters(); len(ads) > 0 {
-			m.Adapters = make(map[string][]string, len(ads))
-			for _, a := range ads {
-				m.Adapters[a.GetName()] = a.GetTenants()
-			}
-		}
-		if m.Served == "" {
-			m.Served = d.GetName()
-		}
-		res := spec.GetResidency()
-		fronted := res == pb.Residency_RESIDENCY_WARM || res == pb.Residency_RESIDENCY_ON_DEMAND
-		for _, r := range f.Replicas(d.GetName(), "") {
-			if r.GetNode() == "" || len(r.GetCards()) == 0 {
-				continue
-			}
-			running := r.GetState() == pb.ReplicaState_REPLICA_STATE_RUNNING
-			rp := gateway.Replica{Deployment: d.GetName(), Index: r.GetIndex(), Node: r.GetNode(), Card: r.GetCards()[0],
-				Endpoint: r.GetEndpoint(), Kind: engine.ControlKind(spec.GetEngine()), Running: running,
-				Fronted: fronted && len(r.GetCards()) == 1, KVTokens: kvTokensOf(spec.GetEngine()),
-				PriorityScheduling: priorityScheduling(spec.GetEngine()), Slots: slotsOf(spec.GetEngine()),
-				MaxInFlight: maxInFlightOf(spec.GetEngine())}
-			rp.Resident = running
-			if r.GetState() == pb.ReplicaState_REPLICA_STATE_FAILED && !rp.Fronted {
-				rp.Failed = r.GetReason()
-			}
-			if rp.Fronted {
-				rp.Resident = r.GetResidency() == pb.ReplicaResidency_REPLICA_RESIDENCY_RESIDENT
-			}
-			m.Replicas = append(m.Replicas, rp)
-		}
-		out = append(out, m)
-	}
-	return out
-}
-
-// kvTokensOf is an engine's KV budget in tokens where its arguments say it:
-// a sim engine's --kv-pool-mib over its --kv-kib-per-token. Other engines
-// size their pool from the model, which gpuplane does not read: 0
-// (unknown), and the gateway's flat in-flight cap alone holds.
-func kvTokensOf(e *pb.EngineSpec) int {
-	if e.GetKind() != engines.Sim {
-		return 0
-	}
-	pool, perToken := argUint(e.GetArgs(), "--kv-pool-mib"), argUint(e.GetArgs(), "--kv-kib-per-token")
-	if pool == 0 || perToken == 0 {
-		return 0
-	}
-	return int(min(pool*1024/perToken, 1<<30))
-}
-
-// priorityScheduling: the engine orders requests by their `priority` field
-// (vLLM, or sim, started with --scheduling-policy priority); without the
-// flag vLLM refuses a non-zero priority, so the gateway sends none.
-func priorityScheduling(e *pb.EngineSpec) bool {
-	if r, err := engines.Lookup(e.GetKind()); err != nil || !r.VLLMArgs {
-		return false
-	}
-	return argValue(e.GetArgs(), "--scheduling-policy") == "priority"
-}
-
-// maxInFlightOf is how many requests an engine runs at once: the
-// deployment's spec.engine.maxInFlight where set, else where the
-// arguments or environment of the engine whose API it speaks say it (the
-// table's ConcurrencyFlag and ConcurrencyEnv: vLLM's and sim's
-// --max-num-seqs, llama.cpp's slots, Ollama's OLLAMA_NUM_PARALLEL, 1
-// unless set). A sim with a dialect is read as the engine it speaks, as
-// slotsOf reads it. 0: unknown (vLLM sizes its default from the card; a
-// command engine's is its own), and the gateway's default cap holds.
-func maxInFlightOf(e *pb.EngineSpec) int {
-	if n := e.GetMaxInFlight(); n > 0 {
-		return int(n)
-	}
-	if n := slotsOf(e); n > 0 {
-		// llama.cpp, or a sim speaking it: its slots.
-		return n
-	}
-	r, _ := engines.Speaks(e)
-	return r.MaxInFlight(e)
-}
-
-// slotsOf is the slot count of an engine that runs each request in a slot
-// (the table's Slots: llama.cpp, engine.LlamaSlots: its --parallel, else
-// llama-server's auto 4), also for a sim speaking llama.cpp; 0 for other
-// kinds.
-func slotsOf(e *pb.EngineSpec) int {
-	if r, _ := engines.Speaks(e); !r.Slots {
-		return 0
-	}
-	return engine.LlamaSlots(e)
-}
-
-// maxModelLenOf is the context length of one request to an engine: its
-// spec's maxModelLen unless its arguments set another (they come after it
-// on the command line, so they win); a llama.cpp context (-c) is shared by
-// its slots. 0: unknown.
-func maxModelLenOf(e *pb.EngineSpec) int {
-	n := uint64(e.GetMaxModelLen())
-	r, _ := engines.Lookup(e.GetKind())
-	switch {
-	case r.VLLMArgs:
-		if v := argUint(e.GetArgs(), "--max-model-len"); v > 0 {
-			n = v
-		}
-	case r.Slots:
-		// The driver sizes -c from maxModelLen so that each slot holds it;
-		// a -c of the deployment's own (flag or LLAMA_ARG_CTX_SIZE) is
-		// split between explicit slots (auto slots share one unified
-		// cache, where one request may use all of it).
-		if v := engine.LlamaContext(e); v > 0 {
-			n = uint64(v)
-		}
-	}
-	return int(min(n, 1<<31))
-}
-
-// taskOf is what an engine answers where its arguments say it: vLLM (and
-// sim) with --runner pooling (or the older --task embed) embed only, with
-// --runner generate generate only; llama.cpp embeds only with
-// --embedding(s), else generates only. Others (and vLLM deciding by the
-// model's architecture): any, and the engine refuses what it cannot do.
-func taskOf(e *pb.EngineSpec) gateway.Task {
-	args := e.GetArgs()
-	r, _ := engines.Lookup(e.GetKind())
-	switch {
-	case r.VLLMArgs:
-		switch argValue(args, "--runner") {
-		case "pooling":
-			return gateway.TaskEmbed
-		case "generate":
-			return gateway.TaskGenerate
-		}
-		switch argValue(args, "--task") {
-		case "embed", "embedding":
-			return gateway.TaskEmbed
-		case "generate":
-			return gateway.TaskGenerate
-		}
-	case r.Slots:
-		if slices.Contains(args, "--embedding") || slices.Contains(args, "--embeddings") {
-			return gateway.TaskEmbed
-		}
-		return gateway.TaskGenerate
-	}
-	return gateway.TaskAny
-}
-
-// argUint is the value of flag in args (--flag N or --flag=N), 0 if absent
-// or not a number.
-func argUint(args []string, flag string) uint64 {
-	n, _ := strconv.ParseUint(argValue(args, flag), 10, 64)
-	return n
-}
-
-// argValue is the value of flag in args (--flag V or --flag=V), "" if
-// absent.
-func argValue(args []string, flag string) string { return engines.ArgValue(args, flag) }
-
-// trafficSource serves the gateway's request record in the wire's shapes.
-// Tenant names stay on the node: each answer names them t1, t2, ... in
-// the order first seen.
-type trafficSource struct{ l *traffic.Log }
-
-func (t trafficSource) Requests(card *uint32, since time.Time) []*pb.RequestRecord {
-	cards := t.l.Cards()
-	if card != nil {
-		cards = []uint32{*card}
-	}
-	var out []*pb.RequestRecord
-	pseudonym := map[string]string{}
-	for _, c := range cards {
-		for _, r := range t.l.Since(c, since) {
-			p, ok := pseudonym[r.Tenant]
-			if !ok {
-				p = fmt.Sprintf("t%d", len(pseudonym)+1)
-				pseudonym[r.Tenant] = p
-			}
-			out = append(out, &pb.RequestRecord{
-				Card: c, Arrived: timestamppb.New(r.Arrived), Deployment: r.Deployment, Replica: r.Replica,
-				Adapter: r.Adapter, Tenant: p, Class: r.Class, PromptTokens: int64(r.PromptTokens),
-				OutputTokens: int64(r.OutputTokens), TtftSeconds: r.TTFT.Seconds(), Outcome: r.Outcome.String(),
-			})
-		}
+		out = append(out, gateway.ModelOf(d, f.Replicas(d.GetName(), "")))
 	}
 	return out
 }

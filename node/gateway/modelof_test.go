@@ -1,4 +1,4 @@
-package agent
+package gateway
 
 import (
 	"testing"
@@ -7,7 +7,7 @@ import (
 )
 
 // A llama.cpp deployment's slot count is its --parallel (or -np), else
-// llama-server's auto, 4 (issue 33 point 6); a sim speaking llama.cpp
+// llama-server's auto, 4; a sim speaking llama.cpp
 // counts the same; other engines have none.
 func TestSlotsOf(t *testing.T) {
 	for _, c := range []struct {
@@ -73,5 +73,37 @@ func TestMaxInFlightOf(t *testing.T) {
 		if slots := slotsOf(c.e); slots > 0 && slots != maxInFlightOf(c.e) {
 			t.Errorf("%v: %d slots but %d in flight", c.e, slots, maxInFlightOf(c.e))
 		}
+	}
+}
+
+// ModelOf serves a deployment under its served name (its own name when
+// none), leaves out replicas on no node or card, and says of a warm
+// replica whether its node reports it resident, of a pinned one whether it
+// runs, and why a pinned one failed.
+func TestModelOf(t *testing.T) {
+	warm := &pb.ModelDeployment{Name: "chat", Spec: &pb.ModelSpec{Residency: pb.Residency_RESIDENCY_WARM,
+		Engine: &pb.EngineSpec{Kind: "sim", Args: []string{"--kv-pool-mib", "64", "--kv-kib-per-token", "128"}}}}
+	m := ModelOf(warm, []*pb.Replica{
+		{Index: 0, Node: "n1", Cards: []uint32{2}, State: pb.ReplicaState_REPLICA_STATE_RUNNING, Residency: pb.ReplicaResidency_REPLICA_RESIDENCY_RESIDENT},
+		{Index: 1, Node: "n2", Cards: []uint32{0}, State: pb.ReplicaState_REPLICA_STATE_RUNNING},
+		{Index: 2, Node: "", Cards: nil},
+	})
+	if m.Served != "chat" || len(m.Replicas) != 2 {
+		t.Fatalf("model %+v", m)
+	}
+	if r := m.Replicas[0]; !r.Fronted || !r.Resident || r.Card != 2 || r.KVTokens != 512 {
+		t.Errorf("resident warm replica %+v", r)
+	}
+	if r := m.Replicas[1]; !r.Fronted || r.Resident {
+		t.Errorf("warm replica not reported resident: %+v", r)
+	}
+	pinned := &pb.ModelDeployment{Name: "embed", Spec: &pb.ModelSpec{ServedModelName: "e5",
+		Engine: &pb.EngineSpec{Kind: "vllm", Args: []string{"--runner", "pooling"}}}}
+	m = ModelOf(pinned, []*pb.Replica{{Node: "n1", Cards: []uint32{0}, State: pb.ReplicaState_REPLICA_STATE_FAILED, Reason: "exited 1"}})
+	if m.Served != "e5" || m.Task != TaskEmbed || len(m.Replicas) != 1 {
+		t.Fatalf("model %+v", m)
+	}
+	if r := m.Replicas[0]; r.Fronted || r.Resident || r.Running || r.Failed != "exited 1" {
+		t.Errorf("failed pinned replica %+v", r)
 	}
 }
