@@ -198,7 +198,7 @@ jepsen-hollow:
 FUZZTIME ?= 300000x
 .PHONY: fuzz
 fuzz:
-	$(GO) test -run '^$$' -fuzz '^FuzzParse$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 2s ./cmd/gpuplane/descriptor/
+	$(GO) test -run '^$$' -fuzz '^FuzzParse$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 2s ./fsm/descriptor/
 	$(GO) test -run '^$$' -fuzz '^FuzzApplyBytes$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 2s ./fsm/
 	$(GO) test -run '^$$' -fuzz '^FuzzDecoder$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 2s ./fsm/
 	$(GO) test -run '^$$' -fuzz '^FuzzRequest$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 2s ./node/gateway/

@@ -48,7 +48,7 @@ func ValidateAccelerator(name string, spec *pb.AcceleratorSpec) []*pb.Violation 
 }
 
 // ValidateAcceleratorSpec is ValidateAccelerator without the name. The CLI's
-// offline checks (cmd/gpuplane/descriptor) call it too, so that a rule reads
+// offline checks (fsm/descriptor) call it too, so that a rule reads
 // the same whether the CLI or the server refuses.
 func ValidateAcceleratorSpec(spec *pb.AcceleratorSpec) []*pb.Violation {
 	var v violations

@@ -98,7 +98,7 @@ func ValidateModel(name string, spec *pb.ModelSpec) []*pb.Violation {
 }
 
 // ValidateModelSpec is ValidateModel without the name. The CLI's offline
-// checks (cmd/gpuplane/descriptor) call it too, so that a rule reads the
+// checks (fsm/descriptor) call it too, so that a rule reads the
 // same whether the CLI or the server refuses.
 func ValidateModelSpec(spec *pb.ModelSpec) []*pb.Violation {
 	var v violations

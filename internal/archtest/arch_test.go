@@ -159,6 +159,7 @@ func TestRulesCatchWrongWayImports(t *testing.T) {
 		{"cluster/scheduler", "node/inventory"},
 		{"node/gateway", "node/sim"},
 		{"node/cardmanager", "node/sim/simserve"},
+		{"fsm/descriptor", "cmd/gpuplane/cli"},
 	} {
 		if v := violations(map[string][]string{arrow[0]: {arrow[1]}}); len(v) != 1 {
 			t.Errorf("%s -> %s: got %q, want one violation", arrow[0], arrow[1], v)
@@ -174,6 +175,7 @@ func TestRulesCatchWrongWayImports(t *testing.T) {
 		{"cmd/gpuplane/agent", "rpc"},
 		{"node/sim/simserve", "node/residency"},
 		{"node/sim", "node/inventory"},
+		{"fsm/descriptor", "fsm"},
 	} {
 		if v := violations(map[string][]string{arrow[0]: {arrow[1]}}); len(v) != 0 {
 			t.Errorf("%s -> %s is allowed, got %q", arrow[0], arrow[1], v)

@@ -10,7 +10,7 @@ import (
 	"connectrpc.com/connect"
 	"github.com/spf13/cobra"
 
-	"github.com/gpuplane/gpuplane/cmd/gpuplane/descriptor"
+	"github.com/gpuplane/gpuplane/fsm/descriptor"
 	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
 )
 

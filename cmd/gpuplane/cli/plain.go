@@ -15,8 +15,8 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
 
-	"github.com/gpuplane/gpuplane/cmd/gpuplane/descriptor"
 	"github.com/gpuplane/gpuplane/fsm"
+	"github.com/gpuplane/gpuplane/fsm/descriptor"
 	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
 )
 

@@ -41,7 +41,7 @@ import (
 	"connectrpc.com/connect"
 
 	"github.com/gpuplane/gpuplane/cmd/gpuplane/agent"
-	"github.com/gpuplane/gpuplane/cmd/gpuplane/descriptor"
+	"github.com/gpuplane/gpuplane/fsm/descriptor"
 	"github.com/gpuplane/gpuplane/internal/catalog"
 	"github.com/gpuplane/gpuplane/internal/engines"
 	"github.com/gpuplane/gpuplane/node/gateway/queue"
