@@ -33,7 +33,7 @@ import (
 	"time"
 
 	"github.com/gpuplane/gpuplane/cluster/scheduler"
-	"github.com/gpuplane/gpuplane/cluster/scheduler/simulate"
+	"github.com/gpuplane/gpuplane/cluster/scheduler/placesim"
 )
 
 // PodLists is the openb family: its 24 pod lists, by the suffix of
@@ -77,10 +77,10 @@ type Key struct {
 // Cell is one policy's summary on one list, node list and inflation.
 type Cell struct {
 	Key
-	UnallocatedAt100        simulate.Stat `json:"unallocatedAt100"`
-	AllocatedAtFirstFailure simulate.Stat `json:"allocatedAtFirstFailure"`
-	AllocatedAtEnd          simulate.Stat `json:"allocatedAtEnd"`
-	Arrivals                simulate.Stat `json:"arrivals"`
+	UnallocatedAt100        placesim.Stat `json:"unallocatedAt100"`
+	AllocatedAtFirstFailure placesim.Stat `json:"allocatedAtFirstFailure"`
+	AllocatedAtEnd          placesim.Stat `json:"allocatedAtEnd"`
+	Arrivals                placesim.Stat `json:"arrivals"`
 	NeverPlaceable          int           `json:"neverPlaceable"`
 	Seconds                 float64       `json:"seconds"` // placing, summed over seeds
 }
@@ -252,15 +252,15 @@ func (c *config) run(log io.Writer) error {
 
 	// Scenarios are loaded once per (list, node list) and shared read-only.
 	var mu sync.Mutex
-	scen := map[[2]string]*simulate.Scenario{}
-	load := func(list, nodes string) (*simulate.Scenario, error) {
+	scen := map[[2]string]*placesim.Scenario{}
+	load := func(list, nodes string) (*placesim.Scenario, error) {
 		mu.Lock()
 		defer mu.Unlock()
 		k := [2]string{list, nodes}
 		if sc, ok := scen[k]; ok {
 			return sc, nil
 		}
-		sc, err := simulate.Load(filepath.Join(c.dir, NodeLists[nodes]), filepath.Join(c.dir, "openb_pod_list_"+list+".csv"))
+		sc, err := placesim.Load(filepath.Join(c.dir, NodeLists[nodes]), filepath.Join(c.dir, "openb_pod_list_"+list+".csv"))
 		if err != nil {
 			return nil, err
 		}
@@ -322,12 +322,12 @@ func (c *config) run(log io.Writer) error {
 	return c.writeTable(w, cells, start, time.Since(start))
 }
 
-func (c *config) cell(k Key, load func(list, nodes string) (*simulate.Scenario, error)) (Cell, error) {
+func (c *config) cell(k Key, load func(list, nodes string) (*placesim.Scenario, error)) (Cell, error) {
 	sc, err := load(k.List, k.Nodes)
 	if err != nil {
 		return Cell{}, err
 	}
-	s, err := simulate.RunInflated(sc, scheduler.Policy(k.Policy), k.Inflate, k.Seeds)
+	s, err := placesim.RunInflated(sc, scheduler.Policy(k.Policy), k.Inflate, k.Seeds)
 	if err != nil {
 		return Cell{}, fmt.Errorf("%s on %s nodes, %s: %w", k.List, k.Nodes, k.Policy, err)
 	}

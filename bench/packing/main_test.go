@@ -7,7 +7,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/gpuplane/gpuplane/cluster/scheduler/simulate"
+	"github.com/gpuplane/gpuplane/cluster/scheduler/placesim"
 )
 
 func TestTheSplitIsHalfTheFamily(t *testing.T) {
@@ -31,7 +31,7 @@ func TestTheSplitIsHalfTheFamily(t *testing.T) {
 // may be absent: the table has the present list's row, marked as a tune
 // list, and names what was absent. It skips where no openb folder exists.
 func TestTableFromTheListsAtHand(t *testing.T) {
-	dir := simulate.OpenBDir()
+	dir := placesim.OpenBDir()
 	if dir == "" {
 		t.Skip("no openb folder (set GPUPLANE_OPENB_DIR)")
 	}

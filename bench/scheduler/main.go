@@ -25,7 +25,7 @@ import (
 	"time"
 
 	"github.com/gpuplane/gpuplane/cluster/scheduler"
-	"github.com/gpuplane/gpuplane/cluster/scheduler/simulate"
+	"github.com/gpuplane/gpuplane/cluster/scheduler/placesim"
 	"github.com/gpuplane/gpuplane/internal/cputime"
 )
 
@@ -57,7 +57,7 @@ func (m measure) perCPU() float64  { return float64(m.decisions) / m.cpu.Seconds
 // place runs the requests through a fresh State packing for workload,
 // refilling the cluster (outside the timings) when a failure finds it 90 %
 // allocated.
-func place(sc *simulate.Scenario, reqs, workload []scheduler.Request, p scheduler.Policy, refill bool) (measure, error) {
+func place(sc *placesim.Scenario, reqs, workload []scheduler.Request, p scheduler.Policy, refill bool) (measure, error) {
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
 	fresh := func() (*scheduler.State, error) {
@@ -131,7 +131,7 @@ func run(nodes, cards, replicas int, policy, openb string, skipOpenB bool, repea
 		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%.0f\t%.0f\t%v\t%v\n", name, n, m.decisions, m.placed, m.failed,
 			m.perWall(), cpu, q(lat, 0.5).Round(time.Microsecond), q(lat, 0.99).Round(time.Microsecond))
 	}
-	c := simulate.Synthetic(nodes, cards, replicas)
+	c := placesim.Synthetic(nodes, cards, replicas)
 	var ms []measure
 	for i := 0; i < repeat; i++ {
 		m, err := place(c, c.Arrivals, c.Arrivals, p, true)
@@ -146,7 +146,7 @@ func run(nodes, cards, replicas int, policy, openb string, skipOpenB bool, repea
 		return tw.Flush()
 	}
 	if openb == "" {
-		openb = simulate.OpenBDir()
+		openb = placesim.OpenBDir()
 	}
 	if openb == "" {
 		tw.Flush()
@@ -159,13 +159,13 @@ func run(nodes, cards, replicas int, policy, openb string, skipOpenB bool, repea
 	}
 	slices.Sort(lists)
 	for _, l := range lists {
-		sc, err := simulate.Load(filepath.Join(openb, simulate.OpenBNodesFile), l)
+		sc, err := placesim.Load(filepath.Join(openb, placesim.OpenBNodesFile), l)
 		if err != nil {
 			return err
 		}
 		var ms []measure
 		for seed := 1; seed <= repeat; seed++ {
-			arr, err := simulate.Inflate(sc, simulate.DefaultInflatePercent, uint64(seed))
+			arr, err := placesim.Inflate(sc, placesim.DefaultInflatePercent, uint64(seed))
 			if err != nil {
 				return err
 			}

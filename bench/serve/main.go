@@ -16,7 +16,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/gpuplane/gpuplane/node/sim/simserve"
+	"github.com/gpuplane/gpuplane/node/servesim"
 )
 
 const (
@@ -70,23 +70,23 @@ func run(dir string, names, sweepNames []string, rateList string, seed uint64, o
 			return err
 		}
 	}
-	var sweeps []*simserve.SweepResult
-	summary := map[string][]simserve.Result{}
+	var sweeps []*servesim.SweepResult
+	summary := map[string][]servesim.Result{}
 	loaded := map[string]loadedConfig{}
 	for _, name := range names {
 		path := filepath.Join(dir, name+".yaml")
-		cfg, err := simserve.LoadConfig(path)
+		cfg, err := servesim.LoadConfig(path)
 		if err != nil {
 			return err
 		}
 		traces, missing := cfg.DefaultTraces()
 		loaded[name] = loadedConfig{cfg, traces}
-		w, err := simserve.NewWorkload(cfg, traces, seed)
+		w, err := servesim.NewWorkload(cfg, traces, seed)
 		if err != nil {
 			return err
 		}
 		start := time.Now()
-		res, err := simserve.RunAll(cfg, w, simserve.Policies, seed, nil)
+		res, err := servesim.RunAll(cfg, w, servesim.Policies, seed, nil)
 		if err != nil {
 			return err
 		}
@@ -109,7 +109,7 @@ func run(dir string, names, sweepNames []string, rateList string, seed uint64, o
 		writePerModel(&out, res)
 		if slices.Contains(sweepNames, name) {
 			start := time.Now()
-			sw, err := simserve.Sweep(cfg, traces, seed, simserve.Policies, rs)
+			sw, err := servesim.Sweep(cfg, traces, seed, servesim.Policies, rs)
 			if err != nil {
 				return err
 			}
@@ -145,7 +145,7 @@ func run(dir string, names, sweepNames []string, rateList string, seed uint64, o
 			return err
 		}
 		defer f.Close()
-		return simserve.WriteSweepHTML(f, "gpuplane simulate serve: SLO attainment against request rate", sweeps)
+		return servesim.WriteSweepHTML(f, "gpuplane simulate serve: SLO attainment against request rate", sweeps)
 	}
 	return nil
 }
@@ -153,12 +153,12 @@ func run(dir string, names, sweepNames []string, rateList string, seed uint64, o
 // writeFamily draws a family of configs, runs every policy on each and
 // writes one row per config, the goals' summary and the misses.
 func writeFamily(out *bytes.Buffer, n int, seed uint64) error {
-	fam, err := simserve.GenerateFamily(seed, n, simserve.FindAzureDir())
+	fam, err := servesim.GenerateFamily(seed, n, servesim.FindAzureDir())
 	if err != nil {
 		return err
 	}
 	start := time.Now()
-	fr, err := simserve.RunFamily(fam, seed, false, nil)
+	fr, err := servesim.RunFamily(fam, seed, false, nil)
 	if err != nil {
 		return err
 	}
@@ -166,7 +166,7 @@ func writeFamily(out *bytes.Buffer, n int, seed uint64) error {
 	fmt.Fprintf(os.Stderr, "bench-serve: family of %d configs in %.1f s\n", n, took)
 	fmt.Fprintf(out, "### A family of %d configs (seed %d)\n\n", n, seed)
 	fmt.Fprintf(out, "`gpuplane simulate serve --family %d --seed %d` (`--family-dir DIR` writes the configs; this run took %.0f s on the bench machine). Models at SLO per policy; `?`: static-best's search hit its cap (best found, not proven).\n\n", n, seed, took)
-	pols := []string{"gpuplane", "ollama", "ollama-np4", "llamaswap", "static", simserve.PolicyStaticBest, simserve.PolicyIdeal}
+	pols := []string{"gpuplane", "ollama", "ollama-np4", "llamaswap", "static", servesim.PolicyStaticBest, servesim.PolicyIdeal}
 	out.WriteString("| config | card GiB | models (GiB) |")
 	for _, p := range pols {
 		fmt.Fprintf(out, " %s |", p)
@@ -181,16 +181,16 @@ func writeFamily(out *bytes.Buffer, n int, seed uint64) error {
 		fmt.Fprintf(out, "| %s | %g | %d (%g) |", r.Config, r.CardGiB, r.Models, r.ModelsGiB)
 		for _, p := range pols {
 			c := fmt.Sprint(r.AtSLO[p])
-			if p == simserve.PolicyStaticBest && !r.StaticBestProven {
+			if p == servesim.PolicyStaticBest && !r.StaticBestProven {
 				c += "?"
 			}
-			if p == "gpuplane" && (r.AtSLO[p] < r.AtSLO[simserve.PolicyStaticBest] || r.AtSLO[p] < r.AtSLO[simserve.PolicyIdeal]-2) {
+			if p == "gpuplane" && (r.AtSLO[p] < r.AtSLO[servesim.PolicyStaticBest] || r.AtSLO[p] < r.AtSLO[servesim.PolicyIdeal]-2) {
 				c = "**" + c + "**"
 			}
 			fmt.Fprintf(out, " %s |", c)
 		}
 		fmt.Fprintf(out, " %s | %s | %s | %d |\n", dash(r.GpuplaneStarvedNames), dash(r.GpuplaneUnder10), dash(r.StaticBestUnder10), r.LedgerViolations)
-		g, sb, id := r.AtSLO["gpuplane"], r.AtSLO[simserve.PolicyStaticBest], r.AtSLO[simserve.PolicyIdeal]
+		g, sb, id := r.AtSLO["gpuplane"], r.AtSLO[servesim.PolicyStaticBest], r.AtSLO[servesim.PolicyIdeal]
 		if g < sb || g < id-2 {
 			misses = append(misses, fmt.Sprintf("%s: %d vs static-best %d, ideal %d", r.Config, g, sb, id))
 		}
@@ -224,7 +224,7 @@ func secs(v float64) string {
 	return fmt.Sprintf("%g", v)
 }
 
-func writeSummary(out *bytes.Buffer, res []simserve.Result) {
+func writeSummary(out *bytes.Buffer, res []servesim.Result) {
 	out.WriteString("| policy | models at SLO | starved | goodput req/s | offered | completed | rejected | failed | interactive SLO % | interactive TTFT p95 s | cold loads /h | wakes /h | ledger violations |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, r := range res {
 		starved := strings.Join(r.StarvedModels, ", ")
@@ -242,7 +242,7 @@ func writeSummary(out *bytes.Buffer, res []simserve.Result) {
 	out.WriteString("\n")
 }
 
-func writePerModel(out *bytes.Buffer, res []simserve.Result) {
+func writePerModel(out *bytes.Buffer, res []servesim.Result) {
 	out.WriteString("<details><summary>per model: SLO % / TTFT p95 s (done of offered)</summary>\n\n| model |")
 	for _, r := range res {
 		fmt.Fprintf(out, " %s |", r.Policy)
@@ -267,7 +267,7 @@ func writePerModel(out *bytes.Buffer, res []simserve.Result) {
 	out.WriteString("\n</details>\n\n")
 }
 
-func writeSweep(out *bytes.Buffer, sw *simserve.SweepResult) {
+func writeSweep(out *bytes.Buffer, sw *servesim.SweepResult) {
 	out.WriteString("Rate sweep: interactive SLO % over offered requests (models at SLO) at each multiple of the config's rates, and maxRateAt90:\n\n| policy |")
 	for _, r := range sw.Rates {
 		fmt.Fprintf(out, " ×%g |", r)
@@ -288,11 +288,11 @@ func writeSweep(out *bytes.Buffer, sw *simserve.SweepResult) {
 }
 
 // writeGoals checks issue 31's goals per config from the runs above.
-func writeGoals(out *bytes.Buffer, names []string, summary map[string][]simserve.Result, sweeps []*simserve.SweepResult) {
+func writeGoals(out *bytes.Buffer, names []string, summary map[string][]servesim.Result, sweeps []*servesim.SweepResult) {
 	out.WriteString("### Goals\n\n| config | modelsAtSLO ≥ every baseline's | ≥ ideal − 1 | no starved model | maxRateAt90 ≥ static-best | ≥ 1.5 × best of ollama/llamaswap | 0 ledger violations |\n|---|---|---|---|---|---|---|\n")
 	for _, name := range names {
 		res := summary[name]
-		by := map[string]simserve.Result{}
+		by := map[string]servesim.Result{}
 		for _, r := range res {
 			by[r.Policy] = r
 		}
@@ -325,13 +325,13 @@ func writeGoals(out *bytes.Buffer, names []string, summary map[string][]simserve
 
 // loadedConfig is a config as run(), which loaded it, hands it on.
 type loadedConfig struct {
-	cfg    *simserve.Config
+	cfg    *servesim.Config
 	traces []string
 }
 
 // bestBaseline is the most models at SLO among the baselines, and which
 // policy has it.
-func bestBaseline(res []simserve.Result) (best int, by string) {
+func bestBaseline(res []servesim.Result) (best int, by string) {
 	for _, r := range res {
 		switch r.Policy {
 		case "gpuplane", "ideal":
@@ -362,17 +362,17 @@ func writeSeeds(out *bytes.Buffer, names []string, loaded map[string]loadedConfi
 		cfg, traces := loaded[name].cfg, loaded[name].traces
 		fmt.Fprintf(out, "| %s |", name)
 		for _, seed := range seeds {
-			w, err := simserve.NewWorkload(cfg, traces, seed)
+			w, err := servesim.NewWorkload(cfg, traces, seed)
 			if err != nil {
 				return err
 			}
 			start := time.Now()
-			res, err := simserve.RunAll(cfg, w, simserve.Policies, seed, nil)
+			res, err := servesim.RunAll(cfg, w, servesim.Policies, seed, nil)
 			if err != nil {
 				return err
 			}
 			fmt.Fprintf(os.Stderr, "bench-serve: %s: seed %d in %.1f s\n", name, seed, time.Since(start).Seconds())
-			var g, ideal simserve.Result
+			var g, ideal servesim.Result
 			for _, r := range res {
 				switch r.Policy {
 				case "gpuplane":

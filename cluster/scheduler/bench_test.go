@@ -6,14 +6,14 @@ import (
 	"time"
 
 	"github.com/gpuplane/gpuplane/cluster/scheduler"
-	"github.com/gpuplane/gpuplane/cluster/scheduler/simulate"
+	"github.com/gpuplane/gpuplane/cluster/scheduler/placesim"
 )
 
 // benchmarkPlace measures one decision per iteration on a synthetic
 // cluster under the default policy, packing for the arrivals' workload, refilling the cluster from empty when it
 // is 90 % allocated, and reports placements/s and the p99 decision time.
 func benchmarkPlace(b *testing.B, nodes int) {
-	sc := simulate.Synthetic(nodes, 8, 50000)
+	sc := placesim.Synthetic(nodes, 8, 50000)
 	st, err := scheduler.NewState(sc.Nodes, sc.Accelerators)
 	if err != nil {
 		b.Fatal(err)

@@ -35,7 +35,7 @@ var rules = []rule{
 	{From: []string{"node/residency"}, To: []string{"..."}, Allow: []string{"internal/class", "internal/cardfit"},
 		Why: "the residency controller is pure: it imports nothing of the project but the shared vocabulary (priority classes, residency)"},
 	{From: []string{"node/engine/...", "node/executor/...", "node/inventory/...", "node/watchdog/...", "node/procfs/...",
-		"node/gateway/...", "node/residency/...", "node/cardmanager/..."}, To: []string{"node/sim/..."},
+		"node/gateway/...", "node/residency/...", "node/cardmanager/..."}, To: []string{"node/sim/...", "node/servesim/..."},
 		Why: "the node's running and serving rooms never depend on its simulation room (the sim engine, the serving simulator); their tests may"},
 	{From: []string{"node/..."}, To: []string{"fsm/...", "cluster/...", "rpc/...", "cmd/..."},
 		Why: "the node runs engines and serves requests; it learns the cluster's state through the agent, not by importing it"},
@@ -158,7 +158,7 @@ func TestRulesCatchWrongWayImports(t *testing.T) {
 		{"fsm", "cluster"},
 		{"cluster/scheduler", "node/inventory"},
 		{"node/gateway", "node/sim"},
-		{"node/cardmanager", "node/sim/simserve"},
+		{"node/cardmanager", "node/servesim"},
 		{"fsm/descriptor", "cmd/gpuplane/cli"},
 	} {
 		if v := violations(map[string][]string{arrow[0]: {arrow[1]}}); len(v) != 1 {
@@ -173,7 +173,7 @@ func TestRulesCatchWrongWayImports(t *testing.T) {
 		{"fsm", "internal/cardfit"},
 		{"cluster/scheduler", "internal/cardfit"},
 		{"cmd/gpuplane/agent", "rpc"},
-		{"node/sim/simserve", "node/residency"},
+		{"node/servesim", "node/residency"},
 		{"node/sim", "node/inventory"},
 		{"fsm/descriptor", "fsm"},
 	} {

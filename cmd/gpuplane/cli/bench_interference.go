@@ -11,7 +11,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/gpuplane/gpuplane/cmd/gpuplane/interference"
-	"github.com/gpuplane/gpuplane/node/sim/simserve"
+	"github.com/gpuplane/gpuplane/node/servesim"
 )
 
 // benchTransport, when set, carries the bench's requests (a test plants
@@ -103,7 +103,7 @@ variant's under "variants"); --html writes the report with the heatmaps.`,
 			if err != nil {
 				return usageErrorf(cmd, "%v", err)
 			}
-			variants, err := simserve.ParseVariants(o.variants)
+			variants, err := servesim.ParseVariants(o.variants)
 			if err != nil {
 				return usageErrorf(cmd, "%v", err)
 			}
@@ -111,7 +111,7 @@ variant's under "variants"); --html writes the report with the heatmaps.`,
 			if o.Via != interference.ViaFronts && o.Via != interference.ViaGateway {
 				return usageErrorf(cmd, "invalid --via %q: want fronts or gateway", o.Via)
 			}
-			cfg, err := simserve.LoadConfig(o.configPath)
+			cfg, err := servesim.LoadConfig(o.configPath)
 			if err != nil {
 				return fmt.Errorf("bench interference: %w", err)
 			}
@@ -156,7 +156,7 @@ variant's under "variants"); --html writes the report with the heatmaps.`,
 	f.Float64Var(&o.TimeScale, "time-scale", 10, "how many times faster than the config the engines and mixes run")
 	f.StringVar(&o.models, "models", "", "run the matrix over these of the config's models only, comma-separated (default: all)")
 	f.StringVar(&o.htmlPath, "html", "", "also write an HTML report with the heatmap to this file")
-	f.StringVar(&o.variants, "variants", "base", "repeat the matrix on these variants, comma-separated: "+strings.Join(simserve.VariantNames(), ", ")+", or all")
+	f.StringVar(&o.variants, "variants", "base", "repeat the matrix on these variants, comma-separated: "+strings.Join(servesim.VariantNames(), ", ")+", or all")
 	f.StringVar(&o.Via, "via", interference.ViaFronts, "send the matrix's requests to the replicas' fronts or through the node's gateway")
 	f.Uint64Var(&o.Seed, "seed", 1, "seed for the request streams")
 	_ = c.MarkFlagFilename("config", "yaml", "yml")

@@ -8,7 +8,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/gpuplane/gpuplane/cluster/scheduler"
-	"github.com/gpuplane/gpuplane/cluster/scheduler/simulate"
+	"github.com/gpuplane/gpuplane/cluster/scheduler/placesim"
 	example "github.com/gpuplane/gpuplane/examples/simulate"
 )
 
@@ -90,12 +90,12 @@ Tasks that no node could hold even empty are never drawn (NEVER PLACEABLE).`,
 				policies = []scheduler.Policy{p}
 			}
 			var (
-				sc  *simulate.Scenario
+				sc  *placesim.Scenario
 				err error
 			)
 			switch {
 			case nodesPath == "" && workloadPath == "":
-				dir := simulate.OpenBDir()
+				dir := placesim.OpenBDir()
 				if dir == "" {
 					fmt.Fprintf(g.stderr, "simulate: no --nodes or --workload given and no openb trace found (shared/data/openb, $GPUPLANE_OPENB_DIR): using the example in %s and %s\n",
 						example.NodesFile, example.WorkloadFile)
@@ -103,41 +103,41 @@ Tasks that no node could hold even empty are never drawn (NEVER PLACEABLE).`,
 					break
 				}
 				fmt.Fprintf(g.stderr, "simulate: no --nodes or --workload given: using the openb trace in %s\n", dir)
-				sc, err = simulate.LoadOpenB(dir)
+				sc, err = placesim.LoadOpenB(dir)
 			case nodesPath == "":
 				return usageErrorf(cmd, "required flag --nodes not set (it goes with --workload)")
 			case workloadPath == "":
 				return usageErrorf(cmd, "required flag --workload not set (it goes with --nodes)")
 			default:
-				sc, err = simulate.Load(nodesPath, workloadPath)
+				sc, err = placesim.Load(nodesPath, workloadPath)
 			}
 			if err != nil {
 				return fmt.Errorf("simulate: %w", err)
 			}
 			if cmd.Flags().Changed("inflate") || cmd.Flags().Changed("seeds") {
-				var sums []simulate.Summary
+				var sums []placesim.Summary
 				for _, p := range policies {
-					s, err := simulate.RunInflated(sc, p, inflate, seeds)
+					s, err := placesim.RunInflated(sc, p, inflate, seeds)
 					if err != nil {
 						return fmt.Errorf("simulate: %w", err)
 					}
 					sums = append(sums, s)
 				}
-				write := func(w io.Writer) error { return simulate.WriteSummaryTable(w, sums) }
+				write := func(w io.Writer) error { return placesim.WriteSummaryTable(w, sums) }
 				if len(sums) == 1 {
 					return g.printValue(sums[0], write)
 				}
 				return g.printValue(sums, write)
 			}
-			var results []simulate.Result
+			var results []placesim.Result
 			for _, p := range policies {
-				r, err := simulate.Run(sc, p)
+				r, err := placesim.Run(sc, p)
 				if err != nil {
 					return fmt.Errorf("simulate: %w", err)
 				}
 				results = append(results, r)
 			}
-			write := func(w io.Writer) error { return simulate.WriteTable(w, results) }
+			write := func(w io.Writer) error { return placesim.WriteTable(w, results) }
 			if len(results) == 1 {
 				return g.printValue(results[0], write)
 			}
@@ -150,7 +150,7 @@ Tasks that no node could hold even empty are never drawn (NEVER PLACEABLE).`,
 	f.StringVar(&nodesPath, "nodes", "", "nodes file: openb node list (.csv) or gpuplane YAML")
 	f.StringVar(&workloadPath, "workload", "", "arrivals: openb pod list (.csv) or gpuplane YAML")
 	f.StringVar(&policy, "policy", string(scheduler.PolicyDefault), "placement policy: "+policyChoices())
-	f.Float64Var(&inflate, "inflate", simulate.DefaultInflatePercent, "draw tasks until arrived GPU requests reach this % of capacity (the FGD paper's method)")
+	f.Float64Var(&inflate, "inflate", placesim.DefaultInflatePercent, "draw tasks until arrived GPU requests reach this % of capacity (the FGD paper's method)")
 	f.IntVar(&seeds, "seeds", 10, "inflated runs, seeds 1..N, summarised as mean ± standard deviation")
 	_ = c.MarkFlagFilename("nodes", "csv", "yaml", "yml")
 	_ = c.MarkFlagFilename("workload", "csv", "yaml", "yml")
@@ -160,13 +160,13 @@ Tasks that no node could hold even empty are never drawn (NEVER PLACEABLE).`,
 
 // exampleScenario is the example cluster and workload built into the
 // binary (examples/simulate).
-func exampleScenario() (*simulate.Scenario, error) {
-	sc := &simulate.Scenario{}
+func exampleScenario() (*placesim.Scenario, error) {
+	sc := &placesim.Scenario{}
 	var err error
-	if sc.Nodes, err = simulate.ParseNodesYAML(example.NodesFile, example.Nodes); err != nil {
+	if sc.Nodes, err = placesim.ParseNodesYAML(example.NodesFile, example.Nodes); err != nil {
 		return nil, err
 	}
-	if sc.Accelerators, sc.Arrivals, err = simulate.ParseWorkloadYAML(example.WorkloadFile, example.Workload); err != nil {
+	if sc.Accelerators, sc.Arrivals, err = placesim.ParseWorkloadYAML(example.WorkloadFile, example.Workload); err != nil {
 		return nil, err
 	}
 	return sc, nil

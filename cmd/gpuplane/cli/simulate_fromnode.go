@@ -21,7 +21,7 @@ import (
 	"github.com/gpuplane/gpuplane/fsm"
 	"github.com/gpuplane/gpuplane/fsm/descriptor"
 	"github.com/gpuplane/gpuplane/internal/engines"
-	"github.com/gpuplane/gpuplane/node/sim/simserve"
+	"github.com/gpuplane/gpuplane/node/servesim"
 	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
 )
 
@@ -103,9 +103,9 @@ func (g *globals) runFromNode(cmd *cobra.Command, f fromNode, configPath, policy
 	case f.since < 0:
 		return usageErrorf(cmd, "invalid --since %s: must be > 0", f.since)
 	}
-	p, err := simserve.ParsePolicy(policy)
+	p, err := servesim.ParsePolicy(policy)
 	if err != nil {
-		return usageErrorf(cmd, "invalid --policy %q: want %s", policy, strings.Join(simserve.Policies, ", "))
+		return usageErrorf(cmd, "invalid --policy %q: want %s", policy, strings.Join(servesim.Policies, ", "))
 	}
 	f.policy, f.seed = p, seed
 	api, err := g.api(cmd)
@@ -158,23 +158,23 @@ func (g *globals) simulateFromNode(c context.Context, api *apiClients, f fromNod
 		return err
 	}
 	cfg.DurationSeconds = seconds + 1
-	run := func(cfg *simserve.Config) (simserve.Result, error) {
+	run := func(cfg *servesim.Config) (servesim.Result, error) {
 		b, err := json.Marshal(cfg)
 		if err != nil {
-			return simserve.Result{}, err
+			return servesim.Result{}, err
 		}
-		parsed, err := simserve.ParseConfig(filepath.Join(dir, "card.yaml"), b)
+		parsed, err := servesim.ParseConfig(filepath.Join(dir, "card.yaml"), b)
 		if err != nil {
-			return simserve.Result{}, err
+			return servesim.Result{}, err
 		}
 		// As the agent runs: its controller learns the figures (no
 		// priors) and protects a set unless told not to.
 		parsed.ExactPriors, parsed.NoBestEffort = false, f.noBestEffort
-		w, err := simserve.NewWorkload(parsed, []string{trace}, f.seed)
+		w, err := servesim.NewWorkload(parsed, []string{trace}, f.seed)
 		if err != nil {
-			return simserve.Result{}, err
+			return servesim.Result{}, err
 		}
-		return simserve.Run(parsed, w, f.policy, f.seed)
+		return servesim.Run(parsed, w, f.policy, f.seed)
 	}
 	base, err := run(cfg)
 	if err != nil {
@@ -263,7 +263,7 @@ func mapsKeys[K comparable, V any](m map[K]V) func(func(K) bool) {
 // on it (and those the record names) with their classes, residencies,
 // shares and targets, and what the node learned of each (load and wake
 // times, footprint, tokens/s), as the controller knows them.
-func cardConfig(c context.Context, api *apiClients, node string, card uint32, recs []*pb.RequestRecord) (*simserve.Config, error) {
+func cardConfig(c context.Context, api *apiClients, node string, card uint32, recs []*pb.RequestRecord) (*servesim.Config, error) {
 	n, err := api.Nodes.GetNode(c, connect.NewRequest(&pb.GetNodeRequest{Name: node}))
 	if err != nil {
 		return nil, err
@@ -296,7 +296,7 @@ func cardConfig(c context.Context, api *apiClients, node string, card uint32, re
 	if err != nil {
 		return nil, err
 	}
-	cfg := &simserve.Config{Card: simserve.CardConfig{Name: fmt.Sprintf("%s/%d", node, card), MemoryGiB: float64(memMiB) / 1024}}
+	cfg := &servesim.Config{Card: servesim.CardConfig{Name: fmt.Sprintf("%s/%d", node, card), MemoryGiB: float64(memMiB) / 1024}}
 	for _, name := range slices.Sorted(mapsKeys(share)) {
 		m, err := api.Models.GetModel(c, connect.NewRequest(&pb.GetModelRequest{Name: name}))
 		if err != nil {
@@ -316,7 +316,7 @@ func cardConfig(c context.Context, api *apiClients, node string, card uint32, re
 		tenants[r.GetTenant()] = true
 	}
 	for _, t := range slices.Sorted(mapsKeys(tenants)) {
-		cfg.Tenants = append(cfg.Tenants, simserve.TenantConfig{Name: t, Weight: 1})
+		cfg.Tenants = append(cfg.Tenants, servesim.TenantConfig{Name: t, Weight: 1})
 	}
 	return cfg, nil
 }
@@ -343,8 +343,8 @@ const (
 // modelConfig maps a deployment onto the simulator's model: the learned
 // profile's figures where its node measured them, else the sim engine's
 // own flags, else the simulator's defaults.
-func modelConfig(name string, spec *pb.ModelSpec, shareMiB uint64, profs []*pb.ResidencyProfile) simserve.ModelConfig {
-	mc := simserve.ModelConfig{
+func modelConfig(name string, spec *pb.ModelSpec, shareMiB uint64, profs []*pb.ResidencyProfile) servesim.ModelConfig {
+	mc := servesim.ModelConfig{
 		Name: name, Class: fsm.PriorityName(spec.GetPriority()), Residency: fsm.ResidencyName(spec.GetResidency()),
 		MemoryGiB: float64(shareMiB) / 1024, SLOTTFTSeconds: float64(spec.GetSlo().GetTtftMs()) / 1000,
 	}
@@ -415,7 +415,7 @@ func modelConfig(name string, spec *pb.ModelSpec, shareMiB uint64, profs []*pb.R
 // times from the first request, each request's model (and adapter),
 // tenant and lengths. A request that got no answer is offered with its
 // model's mean output. It returns the file and the span in seconds.
-func writeRecordTrace(dir string, recs []*pb.RequestRecord, cfg *simserve.Config) (string, float64, error) {
+func writeRecordTrace(dir string, recs []*pb.RequestRecord, cfg *servesim.Config) (string, float64, error) {
 	mean := map[string][2]int64{}
 	for _, r := range recs {
 		if r.GetOutcome() == "served" {
@@ -441,7 +441,7 @@ func writeRecordTrace(dir string, recs []*pb.RequestRecord, cfg *simserve.Config
 			}
 		}
 		model := r.GetDeployment()
-		if r.GetAdapter() != "" && slices.ContainsFunc(cfg.Models, func(m simserve.ModelConfig) bool { return slices.Contains(m.Adapters, r.GetAdapter()) }) {
+		if r.GetAdapter() != "" && slices.ContainsFunc(cfg.Models, func(m servesim.ModelConfig) bool { return slices.Contains(m.Adapters, r.GetAdapter()) }) {
 			model += ":" + r.GetAdapter()
 		}
 		span = r.GetArrived().AsTime().Sub(start).Seconds()
@@ -460,7 +460,7 @@ func writeRecordTrace(dir string, recs []*pb.RequestRecord, cfg *simserve.Config
 // servedSLO is each model's share of its recorded requests that were
 // served within its TTFT target (served at all, where it has none): the
 // simulator's measure, on what the gateway measured.
-func servedSLO(recs []*pb.RequestRecord, cfg *simserve.Config) map[string]float64 {
+func servedSLO(recs []*pb.RequestRecord, cfg *servesim.Config) map[string]float64 {
 	slo := map[string]float64{}
 	for _, m := range cfg.Models {
 		slo[m.Name] = m.SLOTTFTSeconds
@@ -481,9 +481,9 @@ func servedSLO(recs []*pb.RequestRecord, cfg *simserve.Config) map[string]float6
 }
 
 // applyWhatIf is cfg changed as f asks, and the changes in words.
-func applyWhatIf(base *simserve.Config, f fromNode) (*simserve.Config, []string, error) {
+func applyWhatIf(base *servesim.Config, f fromNode) (*servesim.Config, []string, error) {
 	b, _ := json.Marshal(base)
-	cfg := &simserve.Config{}
+	cfg := &servesim.Config{}
 	_ = json.Unmarshal(b, cfg)
 	var what []string
 	if f.cardMemory != "" {
@@ -495,7 +495,7 @@ func applyWhatIf(base *simserve.Config, f fromNode) (*simserve.Config, []string,
 		cfg.Card.MemoryGiB = gib
 	}
 	for _, name := range f.remove {
-		i := slices.IndexFunc(cfg.Models, func(m simserve.ModelConfig) bool { return m.Name == name })
+		i := slices.IndexFunc(cfg.Models, func(m servesim.ModelConfig) bool { return m.Name == name })
 		if i < 0 {
 			return nil, nil, fmt.Errorf("--remove %s: no such model on the card (it has %s)", name, configModels(cfg))
 		}
@@ -508,7 +508,7 @@ func applyWhatIf(base *simserve.Config, f fromNode) (*simserve.Config, []string,
 		if !ok || !ok2 {
 			return nil, nil, fmt.Errorf("--set %q: want MODEL.FIELD=VALUE (FIELD class, residency or memoryGiB)", s)
 		}
-		i := slices.IndexFunc(cfg.Models, func(m simserve.ModelConfig) bool { return m.Name == name })
+		i := slices.IndexFunc(cfg.Models, func(m servesim.ModelConfig) bool { return m.Name == name })
 		if i < 0 {
 			return nil, nil, fmt.Errorf("--set %q: no model %s on the card (it has %s)", s, name, configModels(cfg))
 		}
@@ -553,7 +553,7 @@ func applyWhatIf(base *simserve.Config, f fromNode) (*simserve.Config, []string,
 	return cfg, what, nil
 }
 
-func configModels(cfg *simserve.Config) string {
+func configModels(cfg *servesim.Config) string {
 	var names []string
 	for _, m := range cfg.Models {
 		names = append(names, m.Name)

@@ -6,7 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/gpuplane/gpuplane/node/sim/simserve"
+	"github.com/gpuplane/gpuplane/node/servesim"
 	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
 )
 
@@ -36,7 +36,7 @@ spec:
 	if err := os.WriteFile(path, []byte(doc), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	base := &simserve.Config{Card: simserve.CardConfig{Name: "n/0", MemoryGiB: 23034.0 / 1024}}
+	base := &servesim.Config{Card: servesim.CardConfig{Name: "n/0", MemoryGiB: 23034.0 / 1024}}
 	cfg, what, err := applyWhatIf(base, fromNode{add: []string{path}})
 	if err != nil {
 		t.Fatal(err)

@@ -8,7 +8,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/gpuplane/gpuplane/node/sim/simserve"
+	"github.com/gpuplane/gpuplane/node/servesim"
 )
 
 // `gpuplane simulate interference`: the interference matrix of docs/simulate.md
@@ -45,15 +45,15 @@ first variant's matrix at the top and every variant's under "variants".`,
 			if seconds <= 0 {
 				return usageErrorf(cmd, "invalid --seconds %g: must be > 0", seconds)
 			}
-			cfg, err := simserve.LoadConfig(configPath)
+			cfg, err := servesim.LoadConfig(configPath)
 			if err != nil {
 				return fmt.Errorf("simulate interference: %w", err)
 			}
-			vs, err := simserve.ParseVariants(variants)
+			vs, err := servesim.ParseVariants(variants)
 			if err != nil {
 				return usageErrorf(cmd, "%v", err)
 			}
-			all, err := simserve.MatrixVariants(cfg, vs, seed, seconds)
+			all, err := servesim.MatrixVariants(cfg, vs, seed, seconds)
 			if err != nil {
 				return fmt.Errorf("simulate interference: %w", err)
 			}
@@ -62,7 +62,7 @@ first variant's matrix at the top and every variant's under "variants".`,
 				if err != nil {
 					return fmt.Errorf("simulate interference: %w", err)
 				}
-				if err := simserve.WriteMatricesHTML(f, all); err != nil {
+				if err := servesim.WriteMatricesHTML(f, all); err != nil {
 					f.Close()
 					return fmt.Errorf("simulate interference: %s: %w", htmlPath, err)
 				}
@@ -76,7 +76,7 @@ first variant's matrix at the top and every variant's under "variants".`,
 					if k > 0 {
 						fmt.Fprintln(w)
 					}
-					if err := simserve.WriteMatrix(w, r); err != nil {
+					if err := servesim.WriteMatrix(w, r); err != nil {
 						return err
 					}
 				}
@@ -88,7 +88,7 @@ first variant's matrix at the top and every variant's under "variants".`,
 	f.StringVar(&configPath, "config", "", "card and models (a simulate serve config, YAML)")
 	f.StringVar(&htmlPath, "html", "", "also write an HTML report with the heatmap to this file")
 	f.Uint64Var(&seed, "seed", 1, "seed for the request streams")
-	f.StringVar(&variants, "variants", "base", "repeat the matrix on these variants, comma-separated: "+strings.Join(simserve.VariantNames(), ", ")+", or all")
+	f.StringVar(&variants, "variants", "base", "repeat the matrix on these variants, comma-separated: "+strings.Join(servesim.VariantNames(), ", ")+", or all")
 	f.Float64Var(&seconds, "seconds", 600, "virtual seconds measured per cell (after a warm-up of a fifth of it)")
 	_ = c.MarkFlagFilename("config", "yaml", "yml")
 	return c
@@ -97,14 +97,14 @@ first variant's matrix at the top and every variant's under "variants".`,
 // variantMatrices is the first variant's matrix (what a run without
 // --variants prints) and every variant's.
 type variantMatrices struct {
-	*simserve.MatrixResult
-	Variants []*simserve.MatrixResult `json:"variants"`
+	*servesim.MatrixResult
+	Variants []*servesim.MatrixResult `json:"variants"`
 }
 
 // variantsHelp describes the variants for the commands' help.
 var variantsHelp = func() string {
 	var b strings.Builder
-	for _, v := range simserve.Variants {
+	for _, v := range servesim.Variants {
 		fmt.Fprintf(&b, "\n  %-15s %s", v.Name, v.Doc)
 	}
 	return b.String() + "\n"

@@ -11,7 +11,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/gpuplane/gpuplane/node/sim/simserve"
+	"github.com/gpuplane/gpuplane/node/servesim"
 )
 
 // `gpuplane simulate serve`: the residency controller and the gateway's
@@ -61,7 +61,7 @@ m or "m:adapter", "tenant": t (optional), "prompt_tokens": n,
 "output_tokens": n}, times in seconds, non-decreasing, unknown fields
 rejected.
 
-Policies (node/sim/simserve/baselines.go names each one's source):
+Policies (node/servesim/baselines.go names each one's source):
 gpuplane (node/residency + node/gateway/queue, the agent's code); ollama
 (its current scheduler: a loaded runner's requests take the fast path,
 loads are asynchronous, ≤3 loaded, keep_alive 5m, the idle runner with the
@@ -138,11 +138,11 @@ draws the curves.
 			if configPath == "" && family == 0 {
 				return usageErrorf(cmd, "required flag --config not set")
 			}
-			policies := simserve.Policies
+			policies := servesim.Policies
 			if !strings.EqualFold(policy, policyAll) {
-				p, err := simserve.ParsePolicy(policy)
+				p, err := servesim.ParsePolicy(policy)
 				if err != nil {
-					return usageErrorf(cmd, "invalid --policy %q: want %s or %s", policy, strings.Join(simserve.Policies, ", "), policyAll)
+					return usageErrorf(cmd, "invalid --policy %q: want %s or %s", policy, strings.Join(servesim.Policies, ", "), policyAll)
 				}
 				policies = []string{p}
 			}
@@ -163,7 +163,7 @@ draws the curves.
 				}
 				return runFamily(g, family, seed, familyDir, priors == "exact", staticBestCap, !bestEffort)
 			}
-			cfg, err := simserve.LoadConfig(configPath)
+			cfg, err := servesim.LoadConfig(configPath)
 			if err != nil {
 				return fmt.Errorf("simulate serve: %w", err)
 			}
@@ -189,7 +189,7 @@ draws the curves.
 					}
 				}
 				start := time.Now()
-				sw, err := simserve.Sweep(cfg, traces, seed, policies, sweepRates)
+				sw, err := servesim.Sweep(cfg, traces, seed, policies, sweepRates)
 				if err != nil {
 					return fmt.Errorf("simulate serve: %w", err)
 				}
@@ -199,17 +199,17 @@ draws the curves.
 						return fmt.Errorf("simulate serve: --html: %w", err)
 					}
 				}
-				return g.printValue(sw, func(w io.Writer) error { return simserve.WriteSweepTable(w, sw) })
+				return g.printValue(sw, func(w io.Writer) error { return servesim.WriteSweepTable(w, sw) })
 			}
 			if htmlPath != "" {
 				return usageErrorf(cmd, "--html draws a sweep: give --sweep-rate too")
 			}
-			w, err := simserve.NewWorkload(cfg, traces, seed)
+			w, err := servesim.NewWorkload(cfg, traces, seed)
 			if err != nil {
 				return fmt.Errorf("simulate serve: %w", err)
 			}
 			start := time.Now()
-			results, err := simserve.RunAll(cfg, w, policies, seed, func(r simserve.Result) {
+			results, err := servesim.RunAll(cfg, w, policies, seed, func(r servesim.Result) {
 				fmt.Fprintf(g.stderr, "simulate serve: %s: %d requests offered, %.0f s of trace\n", r.Policy, r.Requests, r.DurationSeconds)
 			})
 			if err != nil {
@@ -219,7 +219,7 @@ draws the curves.
 			if len(policies) == 1 {
 				what = "1 policy"
 			}
-			if !slices.Contains(policies, simserve.PolicyStaticBest) || !slices.Contains(policies, simserve.PolicyIdeal) {
+			if !slices.Contains(policies, servesim.PolicyStaticBest) || !slices.Contains(policies, servesim.PolicyIdeal) {
 				// The references ran (they judge starved models) but are not shown.
 				what += " (static-best and ideal also ran, as references, not shown)"
 			}
@@ -229,7 +229,7 @@ draws the curves.
 					fmt.Fprintf(g.stderr, "simulate serve: static-best's search: %d of %d sets in %.2f s (cap %d sets, proven %v)\n", x.Simulated, x.Candidates, x.Seconds, x.Cap, x.Proven)
 				}
 			}
-			write := func(w io.Writer) error { return simserve.WriteTable(w, results) }
+			write := func(w io.Writer) error { return servesim.WriteTable(w, results) }
 			if len(results) == 1 {
 				return g.printValue(results[0], write)
 			}
@@ -239,13 +239,13 @@ draws the curves.
 	f := c.Flags()
 	f.StringVar(&configPath, "config", "", "card, models, tenants and trace mapping (YAML)")
 	f.StringArrayVar(&traces, "trace", nil, "trace file: Azure LLM or GenTD26 CSV (.csv) or gpuplane JSONL (.jsonl); repeatable (default: the config's traces paths)")
-	f.StringVar(&policy, "policy", "gpuplane", "policy: "+strings.Join(simserve.Policies, ", ")+" or "+policyAll)
+	f.StringVar(&policy, "policy", "gpuplane", "policy: "+strings.Join(servesim.Policies, ", ")+" or "+policyAll)
 	f.Uint64Var(&seed, "seed", 1, "seed for tenants and synthetic streams")
 	f.Float64Var(&timeScale, "time-scale", 0, "override every traces entry's timeScale (1 = the trace's own rate)")
 	f.Float64SliceVar(&sweepRates, "sweep-rate", nil, "run at each of these multiples of every trace's and open-loop stream's rate and print interactive SLO attainment per policy per rate and each policy's maxRateAt90 (e.g. 0.5,1,2,4)")
 	f.StringVar(&htmlPath, "html", "", "with --sweep-rate, write the SLO-attainment-against-rate curves to this file (HTML with inline SVG)")
 	f.StringVar(&priors, "priors", "none", "what gpuplane's controller knows at the start: none (each model's share only; load and wake times, footprints and residuals learned as the agent learns them) or exact (the config's figures)")
-	f.IntVar(&staticBestCap, "static-best-cap", simserve.DefaultStaticBestCap, "the most sets static-best's exact search simulates; past it the best found is kept and reported as not proven")
+	f.IntVar(&staticBestCap, "static-best-cap", servesim.DefaultStaticBestCap, "the most sets static-best's exact search simulates; past it the best found is kept and reported as not proven")
 	f.BoolVar(&bestEffort, "best-effort", true, "gpuplane's controller protects the largest set of models the card can hold and serves the others best-effort (docs/residency.md), as the agent does by default; false: without it (gpuplane agent --best-effort=false)")
 	f.IntVar(&family, "family", 0, "draw this many configs from --seed (examples/serve/README.md gives the distributions), run every policy on each and print one row per config and the goals' summary")
 	f.StringVar(&familyDir, "family-dir", "", "with --family, also write each drawn config here (NAME.yaml), to run again with --config")
@@ -258,14 +258,14 @@ draws the curves.
 	f.StringArrayVar(&from.set, "set", nil, "with --from-node, what if MODEL.FIELD=VALUE (class, residency or memoryGiB), e.g. vision.class=standard; repeatable")
 	_ = c.MarkFlagFilename("config", "yaml", "yml")
 	_ = c.MarkFlagFilename("trace", "csv", "jsonl")
-	_ = c.RegisterFlagCompletionFunc("policy", cobra.FixedCompletions(append(append([]string(nil), simserve.Policies...), policyAll), cobra.ShellCompDirectiveNoFileComp))
+	_ = c.RegisterFlagCompletionFunc("policy", cobra.FixedCompletions(append(append([]string(nil), servesim.Policies...), policyAll), cobra.ShellCompDirectiveNoFileComp))
 	return c
 }
 
 // runFamily draws a family of configs, runs every policy on each and
 // prints the rows and the summary.
 func runFamily(g *globals, n int, seed uint64, dir string, exact bool, staticBestCap int, noBestEffort bool) error {
-	fam, err := simserve.GenerateFamily(seed, n, simserve.FindAzureDir())
+	fam, err := servesim.GenerateFamily(seed, n, servesim.FindAzureDir())
 	if err != nil {
 		return fmt.Errorf("simulate serve: %w", err)
 	}
@@ -285,22 +285,22 @@ func runFamily(g *globals, n int, seed uint64, dir string, exact bool, staticBes
 		fc.Cfg.NoBestEffort = noBestEffort
 	}
 	start := time.Now()
-	fr, err := simserve.RunFamily(fam, seed, false, func(r simserve.FamilyRow) {
+	fr, err := servesim.RunFamily(fam, seed, false, func(r servesim.FamilyRow) {
 		fmt.Fprintf(g.stderr, "simulate serve: %s: %d models on %g GiB in %.1f s\n", r.Config, r.Models, r.CardGiB, r.Seconds)
 	})
 	if err != nil {
 		return fmt.Errorf("simulate serve: %w", err)
 	}
 	fmt.Fprintf(g.stderr, "simulate serve: %d configs in %.1f s\n", n, time.Since(start).Seconds())
-	return g.printValue(fr, func(w io.Writer) error { return simserve.WriteFamilyTable(w, fr) })
+	return g.printValue(fr, func(w io.Writer) error { return servesim.WriteFamilyTable(w, fr) })
 }
 
-func writeSweepHTML(path string, cfg *simserve.Config, sw *simserve.SweepResult) error {
+func writeSweepHTML(path string, cfg *servesim.Config, sw *servesim.SweepResult) error {
 	f, err := os.Create(path)
 	if err != nil {
 		return err
 	}
-	if err := simserve.WriteSweepHTML(f, "gpuplane simulate serve: SLO attainment against request rate ("+cfg.Card.Name+")", []*simserve.SweepResult{sw}); err != nil {
+	if err := servesim.WriteSweepHTML(f, "gpuplane simulate serve: SLO attainment against request rate ("+cfg.Card.Name+")", []*servesim.SweepResult{sw}); err != nil {
 		f.Close()
 		return err
 	}

@@ -2,8 +2,8 @@
 // interference benchmark: the interference matrix of docs/simulate.md on
 // a real dev agent (in process) and real sim engine processes on one
 // simulated card, the live counterpart of `simulate interference`. Both
-// use the same mixes, sets and summary (simserve.Sets, Mix.Stream,
-// simserve.Summarize), so the reports read the same; this one adds, per
+// use the same mixes, sets and summary (servesim.Sets, Mix.Stream,
+// servesim.Summarize), so the reports read the same; this one adds, per
 // cell and model, the simulated p95 TTFT of the same cell.
 //
 // Time runs --time-scale times faster than the config's figures: the sim
@@ -15,7 +15,7 @@
 // numbers are in the config's seconds.
 //
 // The comparison with the simulator replays each set's live timeline
-// (simserve.ReplaySet): the requests sent, at the times sent, on the same
+// (servesim.ReplaySet): the requests sent, at the times sent, on the same
 // models, each with its own path to and from the engine measured on this
 // machine (the sim engine's timing headers) for what the simulator does
 // not model (HTTP, the node's front), which the time scale multiplies like
@@ -45,7 +45,7 @@ import (
 	"github.com/gpuplane/gpuplane/internal/catalog"
 	"github.com/gpuplane/gpuplane/internal/engines"
 	"github.com/gpuplane/gpuplane/node/gateway/queue"
-	"github.com/gpuplane/gpuplane/node/sim/simserve"
+	"github.com/gpuplane/gpuplane/node/servesim"
 	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
 	"github.com/gpuplane/gpuplane/proto/gpuplane/v1/gpuplanev1connect"
 )
@@ -115,7 +115,7 @@ type Result struct {
 // cells, with the comparison with the simulated matrix and the isolation
 // checks (MatrixResult.Isolation).
 type VariantResult struct {
-	*simserve.MatrixResult
+	*servesim.MatrixResult
 	// Via is where the requests went: fronts or gateway.
 	Via string `json:"via"`
 	// Error says why the variant did not run to the end (with
@@ -166,7 +166,7 @@ type Comparison struct {
 }
 
 // Subset keeps the config's models named in list, in config order.
-func Subset(cfg *simserve.Config, list string) (*simserve.Config, error) {
+func Subset(cfg *servesim.Config, list string) (*servesim.Config, error) {
 	c := *cfg
 	c.Models = nil
 	var known []string
@@ -189,20 +189,20 @@ func Subset(cfg *simserve.Config, list string) (*simserve.Config, error) {
 	return &c, nil
 }
 
-func ParseMixes(list string) ([]simserve.Mix, error) {
-	var out []simserve.Mix
+func ParseMixes(list string) ([]servesim.Mix, error) {
+	var out []servesim.Mix
 	for name := range strings.SplitSeq(list, ",") {
 		name = strings.TrimSpace(name)
-		i := slices.IndexFunc(simserve.Mixes, func(m simserve.Mix) bool { return m.Name == name })
+		i := slices.IndexFunc(servesim.Mixes, func(m servesim.Mix) bool { return m.Name == name })
 		if i < 0 {
 			var known []string
-			for _, m := range simserve.Mixes {
+			for _, m := range servesim.Mixes {
 				known = append(known, m.Name)
 			}
 			return nil, fmt.Errorf("invalid --mix %q: want a comma-separated list of %s", name, strings.Join(known, ", "))
 		}
-		if !slices.ContainsFunc(out, func(m simserve.Mix) bool { return m.Name == name }) {
-			out = append(out, simserve.Mixes[i])
+		if !slices.ContainsFunc(out, func(m servesim.Mix) bool { return m.Name == name }) {
+			out = append(out, servesim.Mixes[i])
 		}
 	}
 	return out, nil
@@ -210,7 +210,7 @@ func ParseMixes(list string) ([]simserve.Mix, error) {
 
 // benchDevice is the catalog kind whose memory is closest to the card's,
 // within 10%.
-func benchDevice(cfg *simserve.Config) (catalog.Device, error) {
+func benchDevice(cfg *servesim.Config) (catalog.Device, error) {
 	want := cfg.Card.MemoryGiB * 1024
 	var best catalog.Device
 	for _, slug := range catalog.Slugs() {
@@ -228,7 +228,7 @@ func benchDevice(cfg *simserve.Config) (catalog.Device, error) {
 // benchSpec is model m's deployment: the sim engine with the config's
 // figures, time-scaled, and what the config's variant changes: an engine
 // batch (--max-num-seqs), adapters, the weights' quantization.
-func benchSpec(cfg *simserve.Config, m *simserve.ModelConfig, accel string, scale float64) *descriptor.ModelDeploymentSpec {
+func benchSpec(cfg *servesim.Config, m *servesim.ModelConfig, accel string, scale float64) *descriptor.ModelDeploymentSpec {
 	mib := int64(math.Ceil(m.MemoryGiB * 1024))
 	mem, _ := descriptor.ParseQuantity(strconv.FormatInt(mib, 10) + "Mi")
 	f := func(x float64) string { return strconv.FormatFloat(x, 'g', 6, 64) }
@@ -294,7 +294,7 @@ func benchFreePort() (int, error) {
 
 // Run runs the matrix once per variant, each on an agent of its own;
 // connectTo returns the API clients of the agent at a URL.
-func Run(ctx context.Context, cfg *simserve.Config, mixes []simserve.Mix, variants []simserve.Variant, o Options, progress io.Writer, connectTo func(url string) (*Clients, error)) (*Result, error) {
+func Run(ctx context.Context, cfg *servesim.Config, mixes []servesim.Mix, variants []servesim.Variant, o Options, progress io.Writer, connectTo func(url string) (*Clients, error)) (*Result, error) {
 	if err := o.Validate(); err != nil {
 		return nil, err
 	}
@@ -317,7 +317,7 @@ func Run(ctx context.Context, cfg *simserve.Config, mixes []simserve.Mix, varian
 		if err != nil {
 			// The other variants still run: the report says which failed.
 			fmt.Fprintf(progress, "variant %s failed: %v\n", v.Name, err)
-			r = &VariantResult{MatrixResult: &simserve.MatrixResult{Card: cfg.Card.Name, Variant: v.Name}, Error: err.Error()}
+			r = &VariantResult{MatrixResult: &servesim.MatrixResult{Card: cfg.Card.Name, Variant: v.Name}, Error: err.Error()}
 			res.Failed++
 		}
 		res.Variants = append(res.Variants, r)
@@ -329,7 +329,7 @@ func Run(ctx context.Context, cfg *simserve.Config, mixes []simserve.Mix, varian
 
 // runVariant starts an agent, runs every set and mix of cfg (a variant's)
 // on it and reports.
-func runVariant(ctx context.Context, cfg *simserve.Config, v simserve.Variant, dev catalog.Device, mixes []simserve.Mix, o Options, progress io.Writer, connectTo func(url string) (*Clients, error)) (*VariantResult, error) {
+func runVariant(ctx context.Context, cfg *servesim.Config, v servesim.Variant, dev catalog.Device, mixes []servesim.Mix, o Options, progress io.Writer, connectTo func(url string) (*Clients, error)) (*VariantResult, error) {
 	dir, err := os.MkdirTemp("", "gpuplane-bench-")
 	if err != nil {
 		return nil, err
@@ -378,7 +378,7 @@ func runVariant(ctx context.Context, cfg *simserve.Config, v simserve.Variant, d
 	// A request waits at a front for at most the node's wait for a load
 	// (2 minutes); this only bounds a request that is never answered.
 	b := &bench{cfg: cfg, o: o, http: &http.Client{Timeout: 10 * time.Minute, Transport: o.Transport}, progress: progress,
-		via: via, gateway: a.GatewayURL(), iso: &simserve.Isolation{}}
+		via: via, gateway: a.GatewayURL(), iso: &servesim.Isolation{}}
 	for _, t := range cfg.Tenants[:min(2, len(cfg.Tenants))] {
 		b.tenants = append(b.tenants, t.Name)
 	}
@@ -392,12 +392,12 @@ func runVariant(ctx context.Context, cfg *simserve.Config, v simserve.Variant, d
 		Spec: (&descriptor.AcceleratorSpec{Device: dev.Slug, Tenancy: "shared", MaxModels: &maxModels}).Proto()})); err != nil {
 		return nil, fmt.Errorf("create the accelerator: %w", err)
 	}
-	res := &VariantResult{MatrixResult: &simserve.MatrixResult{Card: cfg.Card.Name, Variant: v.Name, Seconds: o.Duration.Seconds() * o.TimeScale,
-		Thrashing: simserve.MatrixThrash, Isolation: b.iso}, Via: via}
+	res := &VariantResult{MatrixResult: &servesim.MatrixResult{Card: cfg.Card.Name, Variant: v.Name, Seconds: o.Duration.Seconds() * o.TimeScale,
+		Thrashing: servesim.MatrixThrash, Isolation: b.iso}, Via: via}
 	for _, m := range cfg.Models {
 		res.Models = append(res.Models, m.Name)
 	}
-	sets := simserve.Sets(len(cfg.Models))
+	sets := servesim.Sets(len(cfg.Models))
 	for k, set := range sets {
 		began := time.Now()
 		cells, cmps, err := b.runSet(ctx, accel, k, set, mixes)
@@ -408,7 +408,7 @@ func runVariant(ctx context.Context, cfg *simserve.Config, v simserve.Variant, d
 		res.Compare = append(res.Compare, cmps...)
 		fmt.Fprintf(progress, "set %d/%d (%s): %d mixes in %s\n", k+1, len(sets), strings.Join(cells[0].Models, "+"), len(cells), time.Since(began).Round(100*time.Millisecond))
 	}
-	simserve.Summarize(cfg, res.MatrixResult)
+	servesim.Summarize(cfg, res.MatrixResult)
 	res.Requests, res.Answered = b.requests, b.answered
 	res.BackgroundRequests, res.BackgroundAnswered = b.asideRequests, b.asideAnswered
 	res.Within, res.Compared = res.agreement()
@@ -416,7 +416,7 @@ func runVariant(ctx context.Context, cfg *simserve.Config, v simserve.Variant, d
 }
 
 type bench struct {
-	cfg  *simserve.Config
+	cfg  *servesim.Config
 	o    Options
 	api  *Clients
 	http *http.Client
@@ -439,13 +439,13 @@ type bench struct {
 	// beside the models' own traffic (Config.Beside).
 	asideRequests, asideAnswered int
 	// iso records the isolation checks.
-	iso *simserve.Isolation
+	iso *servesim.Isolation
 }
 
 // runSet deploys the set's models, warms each with one request, measures
 // each model's per-request overhead, runs each mix, deletes the models
 // again and replays the set's timeline in the simulator.
-func (b *bench) runSet(ctx context.Context, accel string, setIdx int, set []int, mixes []simserve.Mix) ([]simserve.Cell, []Comparison, error) {
+func (b *bench) runSet(ctx context.Context, accel string, setIdx int, set []int, mixes []servesim.Mix) ([]servesim.Cell, []Comparison, error) {
 	var names []string
 	// The set's timeline starts as its models are deployed: pinned and
 	// warm ones load when placed, in the replay as live.
@@ -469,10 +469,10 @@ func (b *bench) runSet(ctx context.Context, accel string, setIdx int, set []int,
 	// warm-up does the same in virtual time).
 	var wg sync.WaitGroup
 	warm := make([]error, len(set))
-	var warmReqs []simserve.LiveRequest
+	var warmReqs []servesim.LiveRequest
 	for k, i := range set {
 		name := b.cfg.Models[i].Name
-		warmReqs = append(warmReqs, simserve.LiveRequest{Time: time.Since(b.setStart).Seconds() * scale, Model: name, PromptTokens: 16, OutputTokens: 4})
+		warmReqs = append(warmReqs, servesim.LiveRequest{Time: time.Since(b.setStart).Seconds() * scale, Model: name, PromptTokens: 16, OutputTokens: 4})
 		wg.Go(func() {
 			warm[k] = b.warm(ctx, endpoints[k], name)
 		})
@@ -503,8 +503,8 @@ func (b *bench) runSet(ctx context.Context, accel string, setIdx int, set []int,
 			}
 		}
 	}
-	var cells []simserve.Cell
-	var phases []simserve.LivePhase
+	var cells []servesim.Cell
+	var phases []servesim.LivePhase
 	// engineP95[cell][model] is the p95 of the engine's own part of the
 	// TTFT (config seconds).
 	var engineP95, lateP95 [][]float64
@@ -513,10 +513,10 @@ func (b *bench) runSet(ctx context.Context, accel string, setIdx int, set []int,
 		if err != nil {
 			return nil, nil, err
 		}
-		cell := simserve.Cell{Models: names, Mix: mix.Name}
+		cell := servesim.Cell{Models: names, Mix: mix.Name}
 		per := make([][]sample, len(set))
 		began := time.Now()
-		phase := simserve.LivePhase{Mix: mix.Name, Start: began.Sub(b.setStart).Seconds() * scale}
+		phase := servesim.LivePhase{Mix: mix.Name, Start: began.Sub(b.setStart).Seconds() * scale}
 		phase.End = phase.Start + b.o.Duration.Seconds()*scale
 		// aside[k] are the requests of the background batch beside model
 		// k's own traffic (Config.Beside), if it gets one.
@@ -525,7 +525,7 @@ func (b *bench) runSet(ctx context.Context, accel string, setIdx int, set []int,
 			m := &b.cfg.Models[i]
 			st := mix.Stream(m)
 			if st.Concurrency > 0 {
-				phase.Closed = append(phase.Closed, simserve.LiveClosed{Model: m.Name, Concurrency: st.Concurrency,
+				phase.Closed = append(phase.Closed, servesim.LiveClosed{Model: m.Name, Concurrency: st.Concurrency,
 					PromptTokens: st.PromptTokens, OutputTokens: st.OutputTokens})
 			}
 			wg.Go(func() {
@@ -543,7 +543,7 @@ func (b *bench) runSet(ctx context.Context, accel string, setIdx int, set []int,
 			if bg, ok := b.cfg.Beside(m); ok {
 				sent := slices.Clone(aside[k])
 				slices.SortStableFunc(sent, func(x, y sample) int { return cmpFloat(x.at, y.at) })
-				cl := simserve.LiveClosed{Model: m.Name, Concurrency: bg.Concurrency, PromptTokens: bg.PromptTokens, OutputTokens: bg.OutputTokens, Aside: true}
+				cl := servesim.LiveClosed{Model: m.Name, Concurrency: bg.Concurrency, PromptTokens: bg.PromptTokens, OutputTokens: bg.OutputTokens, Aside: true}
 				for _, s := range sent {
 					cl.Sent = append(cl.Sent, s.live(m.Name, scale))
 				}
@@ -555,8 +555,8 @@ func (b *bench) runSet(ctx context.Context, accel string, setIdx int, set []int,
 			return nil, nil, err
 		}
 		hours := time.Since(began).Hours() * scale
-		cell.ColdLoadsPerHour = simserve.Round(float64(loads)/hours, 1)
-		cell.WakesPerHour = simserve.Round(float64(wakes)/hours, 1)
+		cell.ColdLoadsPerHour = servesim.Round(float64(loads)/hours, 1)
+		cell.WakesPerHour = servesim.Round(float64(wakes)/hours, 1)
 		cell.Evictions = evictions
 		var eng, late []float64
 		for k, i := range set {
@@ -576,8 +576,8 @@ func (b *bench) runSet(ctx context.Context, accel string, setIdx int, set []int,
 			}
 			slices.Sort(own)
 			slices.Sort(lateness)
-			eng = append(eng, simserve.Round(simserve.Percentile(own, 95), 3))
-			late = append(late, simserve.Round(simserve.Percentile(lateness, 95), 3))
+			eng = append(eng, servesim.Round(servesim.Percentile(own, 95), 3))
+			late = append(late, servesim.Round(servesim.Percentile(lateness, 95), 3))
 			if mix.Stream(m).Concurrency > 0 {
 				sent := slices.Clone(per[k])
 				slices.SortStableFunc(sent, func(x, y sample) int { return cmpFloat(x.at, y.at) })
@@ -596,20 +596,20 @@ func (b *bench) runSet(ctx context.Context, accel string, setIdx int, set []int,
 		}
 		engineP95 = append(engineP95, eng)
 		lateP95 = append(lateP95, late)
-		slices.SortStableFunc(phase.Open, func(x, y simserve.LiveRequest) int { return cmpFloat(x.Time, y.Time) })
+		slices.SortStableFunc(phase.Open, func(x, y servesim.LiveRequest) int { return cmpFloat(x.Time, y.Time) })
 		cells = append(cells, cell)
 		phases = append(phases, phase)
 	}
 	if err := b.probeCaches(ctx, setIdx, names); err != nil {
 		return nil, nil, err
 	}
-	ro := simserve.ReplayOptions{Overhead: path, Seed: b.o.Seed, Gateway: b.via == ViaGateway}
-	withOv, err := simserve.ReplaySet(b.cfg, names, warmReqs, phases, ro)
+	ro := servesim.ReplayOptions{Overhead: path, Seed: b.o.Seed, Gateway: b.via == ViaGateway}
+	withOv, err := servesim.ReplaySet(b.cfg, names, warmReqs, phases, ro)
 	if err != nil {
 		return nil, nil, err
 	}
 	ro.Bare = true
-	bare, err := simserve.ReplaySet(b.cfg, names, warmReqs, phases, ro)
+	bare, err := servesim.ReplaySet(b.cfg, names, warmReqs, phases, ro)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -618,8 +618,8 @@ func (b *bench) runSet(ctx context.Context, accel string, setIdx int, set []int,
 		for j, ms := range c.PerModel {
 			cmp := Comparison{Models: c.Models, Mix: c.Mix, Model: ms.Model, LiveP95: ms.TTFTP95, Answered: ms.Completed,
 				SimP95: withOv[k][j].TTFTP95, SimBareP95: bare[k][j].TTFTP95, LiveEngineP95: engineP95[k][j], LiveLateP95: lateP95[k][j],
-				OverheadP50: simserve.Round(simserve.Percentile(overhead[ms.Model], 50), 4),
-				OverheadP95: simserve.Round(simserve.Percentile(overhead[ms.Model], 95), 4)}
+				OverheadP50: servesim.Round(servesim.Percentile(overhead[ms.Model], 50), 4),
+				OverheadP95: servesim.Round(servesim.Percentile(overhead[ms.Model], 95), 4)}
 			if cmp.SimP95 > 0 && ms.Completed > 0 && withOv[k][j].Completed > 0 {
 				// Three significant digits: a ratio far below 1 must not round
 				// to 0, which reads as "not compared".

@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/gpuplane/gpuplane/node/sim/simserve"
+	"github.com/gpuplane/gpuplane/node/servesim"
 )
 
 // Run refuses options it cannot run with, naming the field and the rule,
@@ -26,12 +26,12 @@ func TestRunRefusesBadOptions(t *testing.T) {
 		{Options{Duration: time.Second, TimeScale: 0.5, Via: ViaFronts}, "TimeScale"},
 		{Options{Duration: time.Second, TimeScale: 1, Via: "nowhere"}, "Via"},
 	} {
-		_, err := Run(context.Background(), &simserve.Config{}, nil, []simserve.Variant{{Name: "default"}}, c.o, io.Discard, nil)
+		_, err := Run(context.Background(), &servesim.Config{}, nil, []servesim.Variant{{Name: "default"}}, c.o, io.Discard, nil)
 		if err == nil || !strings.Contains(err.Error(), c.field) {
 			t.Errorf("Run with %+v: %v, want an error naming %s", c.o, err, c.field)
 		}
 	}
-	if _, err := Run(context.Background(), &simserve.Config{}, nil, nil, good, io.Discard, nil); err == nil || !strings.Contains(err.Error(), "no variant") {
+	if _, err := Run(context.Background(), &servesim.Config{}, nil, nil, good, io.Discard, nil); err == nil || !strings.Contains(err.Error(), "no variant") {
 		t.Errorf("Run with no variant: %v, want an error saying so", err)
 	}
 }

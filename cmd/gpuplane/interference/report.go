@@ -10,12 +10,12 @@ import (
 	"strings"
 	"text/tabwriter"
 
-	"github.com/gpuplane/gpuplane/node/sim/simserve"
+	"github.com/gpuplane/gpuplane/node/servesim"
 )
 
 // stats are a model's measures in the cell, in the config's seconds.
-func (b *bench) stats(m *simserve.ModelConfig, samples []sample) simserve.ModelStats {
-	ms := simserve.ModelStats{Model: m.Name, Class: m.Class, Requests: len(samples)}
+func (b *bench) stats(m *servesim.ModelConfig, samples []sample) servesim.ModelStats {
+	ms := servesim.ModelStats{Model: m.Name, Class: m.Class, Requests: len(samples)}
 	var ttft, tpot []float64
 	met := 0
 	for _, s := range samples {
@@ -34,12 +34,12 @@ func (b *bench) stats(m *simserve.ModelConfig, samples []sample) simserve.ModelS
 		}
 	}
 	if ms.Completed > 0 {
-		ms.SLO = simserve.Round(float64(met)/float64(ms.Completed), 3)
+		ms.SLO = servesim.Round(float64(met)/float64(ms.Completed), 3)
 	}
-	ms.TTFTP50 = simserve.Round(simserve.Percentile(ttft, 50), 3)
-	ms.TTFTP95 = simserve.Round(simserve.Percentile(ttft, 95), 3)
-	ms.TTFTP99 = simserve.Round(simserve.Percentile(ttft, 99), 3)
-	ms.TPOTP95 = simserve.Round(simserve.Percentile(tpot, 95), 4)
+	ms.TTFTP50 = servesim.Round(servesim.Percentile(ttft, 50), 3)
+	ms.TTFTP95 = servesim.Round(servesim.Percentile(ttft, 95), 3)
+	ms.TTFTP99 = servesim.Round(servesim.Percentile(ttft, 99), 3)
+	ms.TPOTP95 = servesim.Round(servesim.Percentile(tpot, 95), 4)
 	return ms
 }
 
@@ -92,7 +92,7 @@ func WriteReport(w io.Writer, res *Result) error {
 }
 
 func writeVariant(w io.Writer, res *VariantResult) error {
-	if err := simserve.WriteMatrix(w, res.MatrixResult); err != nil {
+	if err := servesim.WriteMatrix(w, res.MatrixResult); err != nil {
 		return err
 	}
 	fmt.Fprintln(w)
@@ -118,11 +118,11 @@ func writeVariant(w io.Writer, res *VariantResult) error {
 // live/replayed comparison added before its end.
 func WriteHTML(path string, res *Result) error {
 	var page bytes.Buffer
-	var all []*simserve.MatrixResult
+	var all []*servesim.MatrixResult
 	for _, v := range res.Variants {
 		all = append(all, v.MatrixResult)
 	}
-	if err := simserve.WriteMatricesHTML(&page, all); err != nil {
+	if err := servesim.WriteMatricesHTML(&page, all); err != nil {
 		return err
 	}
 	var table bytes.Buffer

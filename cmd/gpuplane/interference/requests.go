@@ -19,8 +19,8 @@ import (
 
 	"github.com/gpuplane/gpuplane/node/gateway"
 	"github.com/gpuplane/gpuplane/node/gateway/isolation"
+	"github.com/gpuplane/gpuplane/node/servesim"
 	"github.com/gpuplane/gpuplane/node/sim"
-	"github.com/gpuplane/gpuplane/node/sim/simserve"
 )
 
 // minArrivals is the fewest requests an open-loop mix is expected to send
@@ -53,8 +53,8 @@ type sample struct {
 }
 
 // live is the request as the replay takes it, in the config's seconds.
-func (s sample) live(model string, scale float64) simserve.LiveRequest {
-	return simserve.LiveRequest{Time: s.at * scale, Model: model, PromptTokens: s.in, OutputTokens: s.out,
+func (s sample) live(model string, scale float64) servesim.LiveRequest {
+	return servesim.LiveRequest{Time: s.at * scale, Model: model, PromptTokens: s.in, OutputTokens: s.out,
 		Timed: s.timed, In: s.toEngine * scale, Out: s.fromEngine * scale, Tenant: s.tenant}
 }
 
@@ -65,7 +65,7 @@ func (s sample) engineTTFT() float64 { return s.ttft - s.toEngine - s.fromEngine
 // loop (Poisson arrivals, bursty when the stream has on/off periods) or
 // closed loop (Concurrency always outstanding), then waits for every
 // request it sent.
-func (b *bench) drive(ctx context.Context, endpoint string, m *simserve.ModelConfig, st simserve.SyntheticStream, seed uint64) []sample {
+func (b *bench) drive(ctx context.Context, endpoint string, m *servesim.ModelConfig, st servesim.SyntheticStream, seed uint64) []sample {
 	rng := rand.New(rand.NewPCG(seed, 0x5eed))
 	scale := b.o.TimeScale
 	start := time.Now()
