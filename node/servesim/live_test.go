@@ -11,7 +11,7 @@ import (
 // cells it must reach the same ratios, worst mixes and flags as Matrix, so
 // that both reports mean the same thing.
 func TestSummarizeAgreesWithMatrix(t *testing.T) {
-	cfg, err := LoadConfig(filepath.Join("..", "..", "..", "examples", "serve", "home.yaml"))
+	cfg, err := LoadConfig(filepath.Join("..", "..", "examples", "serve", "home.yaml"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -40,7 +40,7 @@ func TestSummarizeAgreesWithMatrix(t *testing.T) {
 // loop only within its window, and the measured overhead added to every
 // request's TTFT from its send.
 func TestReplaySetRunsTheLiveTimeline(t *testing.T) {
-	cfg, err := LoadConfig(filepath.Join("..", "..", "..", "examples", "serve", "home.yaml"))
+	cfg, err := LoadConfig(filepath.Join("..", "..", "examples", "serve", "home.yaml"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -88,7 +88,7 @@ func TestReplaySetRunsTheLiveTimeline(t *testing.T) {
 // so that replay and live run differ only by the engine's part. Bare
 // replays without either.
 func TestReplaySetTimedRequestsCarryTheirOwnPaths(t *testing.T) {
-	cfg, err := LoadConfig(filepath.Join("..", "..", "..", "examples", "serve", "home.yaml"))
+	cfg, err := LoadConfig(filepath.Join("..", "..", "examples", "serve", "home.yaml"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -141,7 +141,7 @@ func TestReplaySetTimedRequestsCarryTheirOwnPaths(t *testing.T) {
 // their lengths (not draws around the means) and, timed, their paths to
 // and from the engine.
 func TestReplaySetClosedLoopSendsTheLiveRequests(t *testing.T) {
-	cfg, err := LoadConfig(filepath.Join("..", "..", "..", "examples", "serve", "home.yaml"))
+	cfg, err := LoadConfig(filepath.Join("..", "..", "examples", "serve", "home.yaml"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -178,7 +178,7 @@ func TestReplaySetClosedLoopSendsTheLiveRequests(t *testing.T) {
 // their KV pool, where the gateway's queue would reserve prompt + output
 // tokens and hold a request back.
 func TestReplaySetSendsAsTheFrontsDo(t *testing.T) {
-	cfg, err := LoadConfig(filepath.Join("..", "..", "..", "examples", "serve", "home.yaml"))
+	cfg, err := LoadConfig(filepath.Join("..", "..", "examples", "serve", "home.yaml"))
 	if err != nil {
 		t.Fatal(err)
 	}

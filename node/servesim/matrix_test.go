@@ -10,7 +10,7 @@ import (
 // The matrix runs every model alone, every pair and the full set under
 // every mix, and its report says which pair hurts whom.
 func TestMatrixOnTheHomeCard(t *testing.T) {
-	cfg, err := LoadConfig(filepath.Join("..", "..", "..", "examples", "serve", "home.yaml"))
+	cfg, err := LoadConfig(filepath.Join("..", "..", "examples", "serve", "home.yaml"))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -492,7 +492,7 @@ func TestWarmupIsNotMeasured(t *testing.T) {
 func TestExampleConfigsRun(t *testing.T) {
 	for _, name := range []string{"home.yaml", "team.yaml"} {
 		t.Run(name, func(t *testing.T) {
-			cfg, err := LoadConfig(filepath.Join("..", "..", "..", "examples", "serve", name))
+			cfg, err := LoadConfig(filepath.Join("..", "..", "examples", "serve", name))
 			if err != nil {
 				t.Fatal(err)
 			}
