@@ -17,7 +17,10 @@
 // request runs in, never one holding another tenant's cache (a llama.cpp
 // replica's slots are its in-flight cap in the scheduler, so requests wait
 // for a slot in the scheduler's queue, in its priority and fairness order);
-// and the gateway's Prometheus series.
+// the gateway's Prometheus series; and what a deployment's spec and
+// replicas mean for all of these (ModelOf: served names, class, task and
+// context length; each replica's in-flight cap, slots, KV budget and
+// residency), which the agent's view of the cluster builds its Models with.
 //
 // An idle stream (dispatched, its engine's first token not come) costs the
 // node what its handler goroutine holds while blocked on the engine's

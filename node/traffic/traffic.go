@@ -8,7 +8,8 @@
 // The record stays on its node: it is read only through the node's API
 // (ResidencyService.ListRequests), by a caller allowed to read, and tenant
 // names leave it only where the caller may see them (rpc). It never grows
-// past PerCard records a card; the oldest go first.
+// past PerCard records a card; the oldest go first. Log.Requests gives it
+// in the wire's shapes, tenants named t1, t2, ... per answer.
 package traffic
 
 import (
