@@ -7,6 +7,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"os"
+	"path/filepath"
 	"sync"
 	"testing"
 	"time"
@@ -138,7 +139,13 @@ spec:
 		ColdLoads, Evictions             int
 		WhatIfColdLoads, WhatIfEvictions *int
 	}
-	out := gpuplane(t, n, "simulate", "serve", "--from-node", "replay", "-o", "json")
+	// GPUPLANE_REPLAY_RECORD keeps the record in a file, to replay again
+	// offline with `simulate serve --record FILE`.
+	saved := os.Getenv("GPUPLANE_REPLAY_RECORD")
+	if saved == "" {
+		saved = filepath.Join(t.TempDir(), "record.json")
+	}
+	out := gpuplane(t, n, "simulate", "serve", "--from-node", "replay", "--save-record", saved, "-o", "json")
 	if err := json.Unmarshal([]byte(out), &base); err != nil {
 		t.Fatalf("%v: %s", err, out)
 	}

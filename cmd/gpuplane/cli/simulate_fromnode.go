@@ -16,6 +16,7 @@ import (
 
 	"connectrpc.com/connect"
 	"github.com/spf13/cobra"
+	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/gpuplane/gpuplane/fsm"
@@ -43,6 +44,10 @@ type fromNode struct {
 	seed       uint64
 	// noBestEffort replays without the protected set (--best-effort=false).
 	noBestEffort bool
+	// saveRecord: also write what was read to this file; record: replay
+	// such a file instead of asking a node.
+	saveRecord string
+	record     string
 }
 
 // whatIf reports whether any what-if is asked.
@@ -92,10 +97,14 @@ type replayResult struct {
 // runFromNode checks the --from-node flags and runs the replay.
 func (g *globals) runFromNode(cmd *cobra.Command, f fromNode, configPath, policy string, seed uint64) error {
 	switch {
-	case f.node == "":
-		return usageErrorf(cmd, "--card, --since, --card-memory, --add, --remove and --set need --from-node")
+	case f.node == "" && f.record == "":
+		return usageErrorf(cmd, "--card, --since, --card-memory, --add, --remove, --set and --save-record need --from-node (or --record)")
+	case f.node != "" && f.record != "":
+		return usageErrorf(cmd, "--record replays a saved record instead of --from-node: give one of them")
+	case f.record != "" && (f.card >= 0 || f.since > 0 || f.saveRecord != ""):
+		return usageErrorf(cmd, "--card, --since and --save-record read a node: give them with --from-node, not --record")
 	case configPath != "":
-		return usageErrorf(cmd, "--from-node replaces --config: give one of them")
+		return usageErrorf(cmd, "--from-node and --record replace --config: give one of them")
 	case strings.EqualFold(policy, policyAll):
 		return usageErrorf(cmd, "--from-node replays under one policy: give --policy gpuplane (the default) or one baseline")
 	case f.card < -1:
@@ -108,14 +117,59 @@ func (g *globals) runFromNode(cmd *cobra.Command, f fromNode, configPath, policy
 		return usageErrorf(cmd, "invalid --policy %q: want %s", policy, strings.Join(servesim.Policies, ", "))
 	}
 	f.policy, f.seed = p, seed
-	api, err := g.api(cmd)
-	if err != nil {
-		return err
+	var api *apiClients
+	if f.record == "" {
+		if api, err = g.api(cmd); err != nil {
+			return err
+		}
 	}
 	return g.simulateFromNode(ctx(cmd), api, f)
 }
 
 func (g *globals) simulateFromNode(c context.Context, api *apiClients, f fromNode) error {
+	var rec *cardRecord
+	var err error
+	if f.record != "" {
+		rec, err = loadCardRecord(f.record)
+	} else {
+		rec, err = fetchCardRecord(c, api, f)
+	}
+	if err != nil {
+		return err
+	}
+	if f.saveRecord != "" {
+		if err := rec.save(f.saveRecord); err != nil {
+			return err
+		}
+	}
+	out, err := replayRecord(rec, f)
+	if err != nil {
+		return err
+	}
+	return g.printValue(out, func(w io.Writer) error { return writeReplay(w, out) })
+}
+
+// cardRecord is what a replay reads from a node: one card's request record,
+// its memory, the deployments on it (their specs and the shares their
+// replicas hold) and the profiles the node learned. --save-record writes
+// it to a file and --record replays such a file without asking a node.
+type cardRecord struct {
+	Node      string
+	Card      uint32
+	MemoryMiB uint64
+	// Shares is each deployment's memory on the card in MiB (0: its spec's).
+	Shares   map[string]uint64
+	Specs    map[string]*pb.ModelSpec
+	Profiles []*pb.ResidencyProfile
+	Requests []*pb.RequestRecord
+	// LiveBestEffort is why, as the node's plan gave it when it was read,
+	// for each replica its controller served best-effort on the card
+	// (the plan's best_effort: "MODEL/N: needs …").
+	LiveBestEffort []string
+}
+
+// fetchCardRecord reads f's card's record and deployments from its node.
+func fetchCardRecord(c context.Context, api *apiClients, f fromNode) (*cardRecord, error) {
 	req := &pb.ListRequestsRequest{Node: f.node}
 	if f.card >= 0 {
 		card := uint32(f.card)
@@ -126,7 +180,7 @@ func (g *globals) simulateFromNode(c context.Context, api *apiClients, f fromNod
 	}
 	resp, err := api.Residency.ListRequests(c, connect.NewRequest(req))
 	if err != nil {
-		return err
+		return nil, err
 	}
 	recs := resp.Msg.GetRequests()
 	cards := map[uint32]bool{}
@@ -135,27 +189,33 @@ func (g *globals) simulateFromNode(c context.Context, api *apiClients, f fromNod
 	}
 	switch {
 	case len(recs) == 0:
-		return fmt.Errorf("simulate serve --from-node %s: no requests recorded on that node%s", f.node, sinceText(f.since))
+		return nil, fmt.Errorf("simulate serve --from-node %s: no requests recorded on that node%s", f.node, sinceText(f.since))
 	case len(cards) > 1:
 		var cs []string
 		for _, k := range slices.Sorted(mapsKeys(cards)) {
 			cs = append(cs, strconv.Itoa(int(k)))
 		}
-		return fmt.Errorf("simulate serve --from-node %s: requests recorded on cards %s: give --card", f.node, strings.Join(cs, ", "))
+		return nil, fmt.Errorf("simulate serve --from-node %s: requests recorded on cards %s: give --card", f.node, strings.Join(cs, ", "))
 	}
-	card := recs[0].GetCard()
-	cfg, err := cardConfig(c, api, f.node, card, recs)
+	rec, err := fetchCard(c, api, f.node, recs[0].GetCard(), recs)
 	if err != nil {
-		return fmt.Errorf("simulate serve --from-node %s: %w", f.node, err)
+		return nil, fmt.Errorf("simulate serve --from-node %s: %w", f.node, err)
 	}
+	return rec, nil
+}
+
+// replayRecord replays rec through the simulator, and under f's what-if.
+func replayRecord(rec *cardRecord, f fromNode) (replayResult, error) {
+	recs := rec.Requests
+	cfg := cardConfig(rec)
 	dir, err := os.MkdirTemp("", "gpuplane-replay-")
 	if err != nil {
-		return err
+		return replayResult{}, err
 	}
 	defer os.RemoveAll(dir)
 	trace, seconds, err := writeRecordTrace(dir, recs, cfg)
 	if err != nil {
-		return err
+		return replayResult{}, err
 	}
 	cfg.DurationSeconds = seconds + 1
 	run := func(cfg *servesim.Config) (servesim.Result, error) {
@@ -178,9 +238,9 @@ func (g *globals) simulateFromNode(c context.Context, api *apiClients, f fromNod
 	}
 	base, err := run(cfg)
 	if err != nil {
-		return fmt.Errorf("simulate serve --from-node %s: %w", f.node, err)
+		return replayResult{}, fmt.Errorf("simulate serve --from-node %s: %w", rec.Node, err)
 	}
-	out := replayResult{Node: f.node, Card: card, Requests: len(recs), Seconds: seconds, Policy: f.policy,
+	out := replayResult{Node: rec.Node, Card: rec.Card, Requests: len(recs), Seconds: seconds, Policy: f.policy,
 		ColdLoads: base.ColdLoads, Evictions: base.Evictions}
 	served := servedSLO(recs, cfg)
 	for _, m := range base.Models {
@@ -193,11 +253,11 @@ func (g *globals) simulateFromNode(c context.Context, api *apiClients, f fromNod
 	if f.whatIf() {
 		wcfg, what, err := applyWhatIf(cfg, f)
 		if err != nil {
-			return err
+			return replayResult{}, err
 		}
 		out.WhatIf = what
 		if final, err = run(wcfg); err != nil {
-			return fmt.Errorf("simulate serve --from-node %s: what-if: %w", f.node, err)
+			return replayResult{}, fmt.Errorf("simulate serve --from-node %s: what-if: %w", rec.Node, err)
 		}
 		out.WhatIfColdLoads, out.WhatIfEvictions = &final.ColdLoads, &final.Evictions
 		for i := range out.Models {
@@ -222,24 +282,106 @@ func (g *globals) simulateFromNode(c context.Context, api *apiClients, f fromNod
 		chosen = append(chosen, m)
 		out.Chosen = append(out.Chosen, why)
 	}
-	if p, err := api.Residency.GetPlan(c, connect.NewRequest(&pb.GetPlanRequest{Node: f.node})); err == nil {
-		for _, cp := range p.Msg.GetCards() {
-			if cp.GetNode() != f.node || cp.GetCard() != strconv.Itoa(int(card)) {
-				continue
-			}
-			for _, e := range cp.GetEntries() {
-				if e.GetBestEffort() != "" {
-					name, _, _ := strings.Cut(e.GetModel(), "/")
-					live = append(live, name)
-					out.Live = append(out.Live, e.GetBestEffort())
-				}
-			}
-		}
+	for _, why := range rec.LiveBestEffort {
+		m, _, _ := strings.Cut(why, ":")
+		name, _, _ := strings.Cut(m, "/")
+		live = append(live, name)
+		out.Live = append(out.Live, why)
 	}
 	slices.Sort(chosen)
 	slices.Sort(live)
 	out.SameChoice = slices.Equal(chosen, live)
-	return g.printValue(out, func(w io.Writer) error { return writeReplay(w, out) })
+	return out, nil
+}
+
+// savedRecord is a cardRecord as a file: the protos as protojson.
+type savedRecord struct {
+	Node      string                     `json:"node"`
+	Card      uint32                     `json:"card"`
+	MemoryMiB uint64                     `json:"memoryMiB"`
+	Shares    map[string]uint64          `json:"sharesMiB"`
+	Specs     map[string]json.RawMessage `json:"specs"`
+	Profiles  []json.RawMessage          `json:"profiles"`
+	Requests  []json.RawMessage          `json:"requests"`
+	// LiveBestEffort: cardRecord.LiveBestEffort.
+	LiveBestEffort []string `json:"liveBestEffort,omitempty"`
+}
+
+func (r *cardRecord) save(path string) error {
+	s := savedRecord{Node: r.Node, Card: r.Card, MemoryMiB: r.MemoryMiB, Shares: r.Shares, Specs: map[string]json.RawMessage{}, LiveBestEffort: r.LiveBestEffort}
+	var err error
+	for name, spec := range r.Specs {
+		if s.Specs[name], err = protojson.Marshal(spec); err != nil {
+			return err
+		}
+	}
+	for _, p := range r.Profiles {
+		b, err := protojson.Marshal(p)
+		if err != nil {
+			return err
+		}
+		s.Profiles = append(s.Profiles, b)
+	}
+	for _, q := range r.Requests {
+		b, err := protojson.Marshal(q)
+		if err != nil {
+			return err
+		}
+		s.Requests = append(s.Requests, b)
+	}
+	b, err := json.Marshal(s)
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(path, append(b, '\n'), 0o600); err != nil {
+		return fmt.Errorf("--save-record: %w", err)
+	}
+	return nil
+}
+
+func loadCardRecord(path string) (*cardRecord, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("--record: %w", err)
+	}
+	var s savedRecord
+	if err := json.Unmarshal(b, &s); err != nil {
+		return nil, fmt.Errorf("--record %s: %w", path, err)
+	}
+	r := &cardRecord{Node: s.Node, Card: s.Card, MemoryMiB: s.MemoryMiB, Shares: s.Shares, Specs: map[string]*pb.ModelSpec{}, LiveBestEffort: s.LiveBestEffort}
+	for name, raw := range s.Specs {
+		spec := &pb.ModelSpec{}
+		if err := protojson.Unmarshal(raw, spec); err != nil {
+			return nil, fmt.Errorf("--record %s: specs.%s: %w", path, name, err)
+		}
+		r.Specs[name] = spec
+	}
+	for i, raw := range s.Profiles {
+		p := &pb.ResidencyProfile{}
+		if err := protojson.Unmarshal(raw, p); err != nil {
+			return nil, fmt.Errorf("--record %s: profiles[%d]: %w", path, i, err)
+		}
+		r.Profiles = append(r.Profiles, p)
+	}
+	for i, raw := range s.Requests {
+		q := &pb.RequestRecord{}
+		if err := protojson.Unmarshal(raw, q); err != nil {
+			return nil, fmt.Errorf("--record %s: requests[%d]: %w", path, i, err)
+		}
+		r.Requests = append(r.Requests, q)
+	}
+	switch {
+	case len(r.Requests) == 0:
+		return nil, fmt.Errorf("--record %s: requests: none recorded", path)
+	case r.MemoryMiB == 0:
+		return nil, fmt.Errorf("--record %s: memoryMiB must be > 0", path)
+	}
+	for _, q := range r.Requests {
+		if _, ok := r.Specs[q.GetDeployment()]; !ok {
+			return nil, fmt.Errorf("--record %s: specs: no spec for deployment %s, which has requests", path, q.GetDeployment())
+		}
+	}
+	return r, nil
 }
 
 func sinceText(d time.Duration) string {
@@ -259,66 +401,87 @@ func mapsKeys[K comparable, V any](m map[K]V) func(func(K) bool) {
 	}
 }
 
-// cardConfig is the simulator's card: its memory, the deployments placed
-// on it (and those the record names) with their classes, residencies,
-// shares and targets, and what the node learned of each (load and wake
-// times, footprint, tokens/s), as the controller knows them.
-func cardConfig(c context.Context, api *apiClients, node string, card uint32, recs []*pb.RequestRecord) (*servesim.Config, error) {
+// fetchCard reads the card's memory, the deployments placed on it (and
+// those the record names) with their specs and shares, and the profiles
+// its node learned.
+func fetchCard(c context.Context, api *apiClients, node string, card uint32, recs []*pb.RequestRecord) (*cardRecord, error) {
 	n, err := api.Nodes.GetNode(c, connect.NewRequest(&pb.GetNodeRequest{Name: node}))
 	if err != nil {
 		return nil, err
 	}
-	var memMiB uint64
+	rec := &cardRecord{Node: node, Card: card, Shares: map[string]uint64{}, Specs: map[string]*pb.ModelSpec{}, Requests: recs}
 	for _, cd := range n.Msg.GetNode().GetCards() {
 		if cd.GetIndex() == card {
-			memMiB = cd.GetMemoryMib()
+			rec.MemoryMiB = cd.GetMemoryMib()
 		}
 	}
-	if memMiB == 0 {
+	if rec.MemoryMiB == 0 {
 		return nil, fmt.Errorf("node %s has no card %d", node, card)
 	}
 	reps, err := api.Models.ListReplicas(c, connect.NewRequest(&pb.ListReplicasRequest{Node: node}))
 	if err != nil {
 		return nil, err
 	}
-	share := map[string]uint64{}
 	for _, r := range reps.Msg.GetReplicas() {
 		if len(r.GetCards()) > 0 && r.GetCards()[0] == card {
-			share[r.GetModel()] = max(share[r.GetModel()], r.GetMemoryMib())
+			rec.Shares[r.GetModel()] = max(rec.Shares[r.GetModel()], r.GetMemoryMib())
 		}
 	}
 	for _, r := range recs {
-		if _, ok := share[r.GetDeployment()]; !ok {
-			share[r.GetDeployment()] = 0
+		if _, ok := rec.Shares[r.GetDeployment()]; !ok {
+			rec.Shares[r.GetDeployment()] = 0
 		}
 	}
 	profs, err := api.Residency.ListProfiles(c, connect.NewRequest(&pb.ListProfilesRequest{Node: node}))
 	if err != nil {
 		return nil, err
 	}
-	cfg := &servesim.Config{Card: servesim.CardConfig{Name: fmt.Sprintf("%s/%d", node, card), MemoryGiB: float64(memMiB) / 1024}}
-	for _, name := range slices.Sorted(mapsKeys(share)) {
+	rec.Profiles = profs.Msg.GetProfiles()
+	if p, err := api.Residency.GetPlan(c, connect.NewRequest(&pb.GetPlanRequest{Node: node})); err == nil {
+		for _, cp := range p.Msg.GetCards() {
+			if cp.GetNode() != node || cp.GetCard() != strconv.Itoa(int(card)) {
+				continue
+			}
+			for _, e := range cp.GetEntries() {
+				if e.GetBestEffort() != "" {
+					rec.LiveBestEffort = append(rec.LiveBestEffort, e.GetBestEffort())
+				}
+			}
+		}
+	}
+	for name := range rec.Shares {
 		m, err := api.Models.GetModel(c, connect.NewRequest(&pb.GetModelRequest{Name: name}))
 		if err != nil {
 			return nil, fmt.Errorf("deployment %s: %w", name, err)
 		}
-		spec := m.Msg.GetModel().GetSpec()
-		mib := share[name]
-		if mib == 0 {
+		rec.Specs[name] = m.Msg.GetModel().GetSpec()
+		if rec.Shares[name] == 0 {
 			// No replica on the card now: the share one would take, as
 			// the state machine computes it.
-			mib = perCard(m.Msg.GetModel())
+			rec.Shares[name] = perCard(m.Msg.GetModel())
 		}
-		cfg.Models = append(cfg.Models, modelConfig(name, spec, mib, profs.Msg.GetProfiles()))
+	}
+	return rec, nil
+}
+
+// cardConfig is the simulator's card: its memory, its deployments with
+// their classes, residencies, shares and targets, and what the node
+// learned of each (load and wake times, footprint, tokens/s), as the
+// controller knows them.
+func cardConfig(rec *cardRecord) *servesim.Config {
+	cfg := &servesim.Config{Card: servesim.CardConfig{Name: fmt.Sprintf("%s/%d", rec.Node, rec.Card), MemoryGiB: float64(rec.MemoryMiB) / 1024}}
+	for _, name := range slices.Sorted(mapsKeys(rec.Specs)) {
+		spec := rec.Specs[name]
+		cfg.Models = append(cfg.Models, modelConfig(name, spec, rec.Shares[name], rec.Profiles))
 	}
 	tenants := map[string]bool{}
-	for _, r := range recs {
+	for _, r := range rec.Requests {
 		tenants[r.GetTenant()] = true
 	}
 	for _, t := range slices.Sorted(mapsKeys(tenants)) {
 		cfg.Tenants = append(cfg.Tenants, servesim.TenantConfig{Name: t, Weight: 1})
 	}
-	return cfg, nil
+	return cfg
 }
 
 // perCard is the memory share of each card a replica of deployment m

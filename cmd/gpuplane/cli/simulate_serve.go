@@ -122,7 +122,7 @@ draws the curves.
   gpuplane simulate serve --config home.yaml --trace AzureLLMInferenceTrace_conv.csv --trace extra.jsonl -o json`,
 		Args: argsNamed(),
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if from.node != "" || from.whatIf() || cmd.Flags().Changed("card") || cmd.Flags().Changed("since") {
+			if from.node != "" || from.record != "" || from.saveRecord != "" || from.whatIf() || cmd.Flags().Changed("card") || cmd.Flags().Changed("since") {
 				from.noBestEffort = !bestEffort
 				return g.runFromNode(cmd, from, configPath, policy, seed)
 			}
@@ -250,6 +250,8 @@ draws the curves.
 	f.IntVar(&family, "family", 0, "draw this many configs from --seed (examples/serve/README.md gives the distributions), run every policy on each and print one row per config and the goals' summary")
 	f.StringVar(&familyDir, "family-dir", "", "with --family, also write each drawn config here (NAME.yaml), to run again with --config")
 	f.StringVar(&from.node, "from-node", "", "replay the requests this node's gateway served from one card (its request record), with that card's deployments and the profiles the node learned, instead of --config and --trace")
+	f.StringVar(&from.saveRecord, "save-record", "", "with --from-node, also write what was read from the node (the card's requests, deployments and learned profiles) to this file (JSON), to replay later with --record")
+	f.StringVar(&from.record, "record", "", "replay a record written by --save-record instead of asking a node (--card-memory, --add, --remove and --set apply)")
 	f.IntVar(&from.card, "card", -1, "with --from-node: the card (default: the only one with requests)")
 	f.DurationVar(&from.since, "since", 0, "with --from-node: only the requests of this last while, e.g. 24h (default: all the node kept)")
 	f.StringVar(&from.cardMemory, "card-memory", "", "with --from-node, what if the card had this much memory (e.g. 48GiB)")
