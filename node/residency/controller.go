@@ -71,9 +71,10 @@ type Config struct {
 	// SleepUnmeasuredFull counts a sleeping engine whose residual was
 	// never measured nor given at its whole footprint until its first
 	// memory sample. The serving simulator, which starts without priors,
-	// turns it on; the agent leaves it off: its samples of a sleeping
-	// engine do not always arrive and the card would look full of
-	// sleeping models (see the note in docs/residency.md).
+	// turns it on (not when it replays a node's own traffic: there it
+	// runs as the agent does); the agent leaves it off: its samples of a
+	// sleeping engine do not always arrive and the card would look full
+	// of sleeping models (see the note in docs/residency.md).
 	SleepUnmeasuredFull bool
 }
 

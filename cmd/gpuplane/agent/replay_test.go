@@ -149,6 +149,10 @@ spec:
 	if err := json.Unmarshal([]byte(out), &base); err != nil {
 		t.Fatalf("%v: %s", err, out)
 	}
+	// The saved record replays offline to the same answer.
+	if again := gpuplane(t, n, "simulate", "serve", "--record", saved, "-o", "json"); again != out {
+		t.Errorf("--record %s replays to\n%s\nwhere --from-node gave\n%s", saved, again, out)
+	}
 	t.Logf("replay:\n%s", gpuplane(t, n, "simulate", "serve", "--from-node", "replay"))
 	if base.Requests < 20 || len(base.Models) != 3 {
 		t.Fatalf("replay of %d requests over %d models, want the load's three models: %s", base.Requests, len(base.Models), out)
