@@ -548,6 +548,14 @@ func modelConfig(name string, spec *pb.ModelSpec, shareMiB uint64, profs []*pb.R
 		a := flag("--batch-slowdown")
 		mc.BatchSlowdown = &a
 		mc.SleepSeconds, mc.StopSeconds = simEngineSleepSeconds, simEngineStopSeconds
+		// Asleep it holds its --sleep-residual-mib, else its
+		// --overhead-mib (none unless given), not the simulator's default
+		// of 5 % of its footprint, which reads 0 as unset: at least 1 MiB.
+		res := flag("--sleep-residual-mib")
+		if res <= 0 {
+			res = flag("--overhead-mib")
+		}
+		mc.ResidualGiB = max(res, 1) / 1024
 	}
 	for _, p := range profs {
 		if p.GetModel() != spec.GetModel() || p.GetQuantization() != spec.GetEngine().GetQuantization() {
