@@ -18,7 +18,7 @@ import (
 // minute, all served (chat within its 400 ms).
 func savedCard(t *testing.T) string {
 	t.Helper()
-	rec := &cardRecord{Node: "vm", Card: 0, MemoryMiB: 23034, Shares: map[string]uint64{"chat": 9213, "batch": 0},
+	rec := &cardRecord{Node: "vm", Card: 0, MemoryMiB: 23034, Shares: map[string]uint64{"chat": 9213, "batch": 10365},
 		Specs: map[string]*pb.ModelSpec{
 			"chat": {Model: "/models/chat", Priority: pb.Priority_PRIORITY_INTERACTIVE, Residency: pb.Residency_RESIDENCY_PINNED,
 				Slo:    &pb.SLO{TtftMs: 400},
