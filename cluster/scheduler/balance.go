@@ -107,10 +107,11 @@ func (s *State) cpuPerCard() (cpu, milli int64) {
 	wl := &s.wl
 	if !s.rhoOK || s.rhoGen != wl.gen || s.rhoTot != wl.total[byCount] {
 		s.rhoOK, s.rhoGen, s.rhoTot = true, wl.gen, wl.total[byCount]
-		s.rhoCPU, s.rhoMilli = 0, 0
+		s.rhoCPU, s.rhoMilli, s.rhoAllCPU = 0, 0, 0
 		for i := range wl.types {
 			t := &wl.types[i]
 			g := &wl.groups[t.g]
+			s.rhoAllCPU += t.w[byCount] * t.cpu
 			if g.mode == modeHost {
 				continue
 			}
@@ -119,6 +120,41 @@ func (s *State) cpuPerCard() (cpu, milli int64) {
 		}
 	}
 	return s.rhoCPU, s.rhoMilli
+}
+
+// hostFitShare is how much CPU left free on the node counts in the blend
+// when the workload is CPU-bound: per core, hostFitShare/64 card for each
+// unit of cpuBound above 1.
+const hostFitShare = 46
+
+// cpuBound is how much CPU the workload asks for each card it asks, over
+// what the cluster has for each card, in 1/1024: the CPU of every task type
+// (host-only ones too) per milli-card of the types that ask for cards,
+// against the cluster's tracked CPU per milli-card. Above 1024 the host CPU
+// runs out before the cards do.
+func (s *State) cpuBound() int64 {
+	_, milli := s.cpuPerCard()
+	if milli <= 0 || s.cpuCapTotal <= 0 || s.rhoAllCPU <= 0 {
+		return 0
+	}
+	return mulDiv(mulDiv(s.rhoAllCPU, s.gpuCap, milli), 1024, s.cpuCapTotal)
+}
+
+// hostFitDelta packs host CPU on a CPU-bound workload: it charges the CPU
+// the placement leaves free on the node, in proportion to how far the
+// workload's CPU demand exceeds the cluster's CPU per card, so requests
+// fill nodes whose CPU is nearly taken and the CPU left when it runs out
+// is in fewer, larger pieces. Zero where the workload is not CPU-bound.
+func (ev *evaluator) hostFitDelta() int64 {
+	n := ev.n
+	if n.cpuCap <= 0 {
+		return 0
+	}
+	excess := ev.s.cpuBound() - 1024
+	if excess <= 0 {
+		return 0
+	}
+	return hostFitShare * excess * max(n.cpuFree()-ev.q.CPUMilli, 0) * (blendUnit / 65536)
 }
 
 // stranded is the free card capacity (milli) on a node that its free CPU

@@ -652,7 +652,7 @@ func (ev *evaluator) blendDelta(cards []int32) int64 {
 	ds, dp := ev.fragDeltas(cards, byScarcity, byCountPaper)
 	b := perUnit(ds, wl.total[byScarcity]) + paperShare*perUnit(dp, wl.total[byCountPaper]) +
 		deadShare*ev.deadDelta(cards, dp)*blendUnit
-	b += strandShare * ev.strandDelta(cards) * blendUnit
+	b += strandShare*ev.strandDelta(cards)*blendUnit + ev.hostFitDelta()
 	if len(cards) > 0 {
 		b += kindShare * int64(ev.q.reserve) * int64(len(cards)) * ev.s.kindPressure(ev.s.cards[cards[0]].kind) / pressureScale * blendUnit / 16
 	}

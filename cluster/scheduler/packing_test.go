@@ -154,8 +154,47 @@ func TestNodesOnlySomeTasksFitStayWhole(t *testing.T) {
 // could use. The default policy's scarcity measure alone prefers the small
 // node (the 8-card pods, most of its weight, saw its free cards as
 // fragment already, so filling it lowers the measure); charging dead
-// capacity in full sends the pod to an 8-card node.
+// capacity in full sends the pod to an 8-card node. The workload also has
+// 1-card pods asking one core, so it asks less CPU per card than the
+// cluster has and cards, not CPU, are what runs out
+// (TestCPUBoundWorkloadFillsHostCPU is the same cluster without them).
 func TestNoCardLeftWithoutHostRoom(t *testing.T) {
+	s, one := cardOrCPUCase(t, 12)
+	d := s.Place(one, PolicyDefault)
+	if !d.Placed() || d.Node == "small" {
+		t.Fatalf("default placed the 18.7-core pod on %q (%s), want an 8-card node: on small it strands a card", d.Node, d.Reason)
+	}
+	octoPod := Request{Replica: "octo-0", Deployment: "octo", Accelerator: "octo", CPUMilli: 88000, MemoryMiB: 327680}
+	if d := s.Place(octoPod, PolicyDefault); !d.Placed() {
+		t.Fatalf("the 8-card pod found no node: %s", d.Reason)
+	}
+}
+
+// TestCPUBoundWorkloadFillsHostCPU: the cluster of
+// TestNoCardLeftWithoutHostRoom with a workload of 18.7-core 1-card pods
+// and one 88-core 8-card pod only: it asks 1.4 times the cluster's CPU per
+// card, so CPU runs out before cards and a card left without cores is not
+// what limits it. The default policy then packs CPU: the 18.7-core pod
+// takes the small node's last 19 cores rather than leave them in a piece no
+// pod of the workload can use after the large nodes' CPU is spent, and the
+// 8-card pod still finds an 8-card node.
+func TestCPUBoundWorkloadFillsHostCPU(t *testing.T) {
+	s, one := cardOrCPUCase(t, 0)
+	d := s.Place(one, PolicyDefault)
+	if !d.Placed() || d.Node != "small" {
+		t.Fatalf("default placed the 18.7-core pod on %q (%s), want small: the workload is CPU-bound and small's 19 free cores fit it", d.Node, d.Reason)
+	}
+	octoPod := Request{Replica: "octo-0", Deployment: "octo", Accelerator: "octo", CPUMilli: 88000, MemoryMiB: 327680}
+	if d := s.Place(octoPod, PolicyDefault); !d.Placed() {
+		t.Fatalf("the 8-card pod found no node: %s", d.Reason)
+	}
+}
+
+// cardOrCPUCase builds the cluster of TestNoCardLeftWithoutHostRoom and a
+// workload of one 88-core 8-card pod, twelve 18.7-core 1-card pods and
+// light 1-core 1-card pods; it returns the State and the 18.7-core request.
+func cardOrCPUCase(t *testing.T, light int) (*State, Request) {
+	t.Helper()
 	octo := Accelerator{Name: "octo", Device: "l4", Tenancy: Dedicated, DevicesPerReplica: 8}
 	accs := []Accelerator{whole, octo}
 	var nodes []Node
@@ -184,13 +223,9 @@ func TestNoCardLeftWithoutHostRoom(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	for i := 0; i < light; i++ {
+		workload = append(workload, Request{Replica: "light", Deployment: "light", Accelerator: "whole", CPUMilli: 1000, MemoryMiB: 4096})
+	}
 	s.SetWorkload(workload)
-	d := s.Place(one, PolicyDefault)
-	if !d.Placed() || d.Node == "small" {
-		t.Fatalf("default placed the 18.7-core pod on %q (%s), want an 8-card node: on small it strands a card", d.Node, d.Reason)
-	}
-	octoPod := Request{Replica: "octo-0", Deployment: "octo", Accelerator: "octo", CPUMilli: 88000, MemoryMiB: 327680}
-	if d := s.Place(octoPod, PolicyDefault); !d.Placed() {
-		t.Fatalf("the 8-card pod found no node: %s", d.Reason)
-	}
+	return s, one
 }

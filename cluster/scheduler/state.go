@@ -51,6 +51,7 @@ type State struct {
 	pressGen, rhoGen uint64
 	pressTot, rhoTot int64
 	rhoCPU, rhoMilli int64
+	rhoAllCPU        int64   // CPU of every type, host-only ones too
 	usable           []int64 // per workload group: healthy cards of its kinds
 	usableGen        uint64
 	scarce           map[scarcityKey]int64 // see fgd.go
