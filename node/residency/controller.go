@@ -185,6 +185,11 @@ type replica struct {
 	// that turn ends at the latest (the wait's cause, wait.go).
 	yieldTo  ModelID
 	yieldEnd time.Time
+	// lowYielded is the lower-class or best-effort turn a warm owner
+	// yielded to in its current wait (zero: none yet): it yields to one
+	// turn per wait, so that turns granted one after another do not keep
+	// it asleep (lowturn.go).
+	lowYielded lowTurn
 	// waitSince is when r's current wait for the card began (zero while
 	// resident or without demand); demandAt when it last had requests
 	// waiting; slotBy, set each step, when it gets the card at the latest

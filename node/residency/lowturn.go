@@ -14,8 +14,14 @@ import "time"
 // lowest value per GiB first (busy ones after idle ones: a drain cuts
 // their work short); a load or wake in progress is not cancelled for it.
 // From the grant until the turn ends, nothing takes the holder's memory,
-// and warm owners that would not fit beside it yield (their requests wait
-// at the gateway, their share counted as lent). The turn ends lowerSlot
+// and warm owners that would not fit beside it yield, whatever their class
+// (their requests wait at the gateway, their share counted as lent; each
+// wait that yields is a serialize decision). An owner yields to one turn
+// per wait: one that already yielded to another turn, or to a borrower's
+// turn (turns.go), in this wait takes its share back instead, from the
+// holder too, so turns granted one after another never keep a warm model
+// asleep past one turn and the card never promises more than it holds.
+// The turn ends lowerSlot
 // after the holder is on the card, when its requests are done, or, when
 // it never got in, at lowerCap after the grant; owners then take their
 // share back at once, as from any lower-class borrower.
@@ -166,10 +172,17 @@ func (c *Controller) lowYield(now time.Time) {
 	}
 	for i := range c.reps {
 		r := &c.reps[i]
-		if r == h || r.removed || r.dep.Residency != Warm || r.active == 0 || r.pending != 0 || r.dep.Priority <= h.dep.Priority && !c.bestEffort(h) {
+		if r == h || r.removed || r.dep.Residency != Warm || r.active == 0 || r.pending != 0 {
 			continue
 		}
 		if r.state != Sleeping && r.state != Cold && r.state != Failed {
+			continue
+		}
+		// One turn per wait: an owner that yielded to an earlier turn in
+		// this wait takes its share back now, from this turn's holder too.
+		// So does one that yielded to a borrower's turn (turns.go).
+		first := r.lowYielded.model == ""
+		if !first && (r.lowYielded.model != h.dep.Model || !r.lowYielded.start.Equal(c.stepLow.start)) || first && !r.yieldCap.IsZero() {
 			continue
 		}
 		if _, committed := c.others(r); committed+extra+max(r.dep.Share, c.footprint(r)) <= c.usable {
@@ -179,9 +192,12 @@ func (c *Controller) lowYield(now time.Time) {
 			r.yielding = true
 			c.sumsOK = false
 		}
+		r.lowYielded = lowTurn{model: h.dep.Model, start: c.stepLow.start}
 		r.yieldTo, r.yieldEnd = h.dep.Model, end
 		r.slotBy = maxTime(r.slotBy, end.Add(c.reload(r)))
-		if _, ok := c.serialized[pairOf(r.dep.Model, h.dep.Model)]; !ok {
+		// Each wait that yields says so: the owner's requests wait for
+		// this turn.
+		if first {
 			c.emit(ActSerialize, r, h.dep.Model, TriggerPressure, h.dep.Model, Inputs{}, now,
 				"serialize %s and %s: %s's turn as a %s model that waited ≥ %v for the card; %s's %s wait for it, back by %s at the latest",
 				r.dep.Model, h.dep.Model, h.dep.Model, c.turnKind(h), c.turnWait(h), r.dep.Model, count(r.active, "request"), r.slotBy.Format(time.TimeOnly))

@@ -53,6 +53,10 @@ func (c *Controller) turns(now time.Time) {
 	for i := range c.reps {
 		r := &c.reps[i]
 		r.slotBy = time.Time{}
+		if r.state == Resident || r.state == Draining || r.active == 0 {
+			// The wait is over: a later one may yield to a turn again.
+			r.lowYielded = lowTurn{}
+		}
 		switch {
 		case r.state == Resident || r.state == Draining:
 			r.waitSince = time.Time{}
@@ -170,7 +174,9 @@ func (c *Controller) yieldTurn(r *replica, now time.Time) {
 	} else {
 		r.lentTo = ""
 	}
-	if peer == nil {
+	// One turn per wait: an owner that yielded to a lower-class or
+	// best-effort turn in this wait (lowturn.go) waits for no borrower's.
+	if peer == nil || r.lowYielded.model != "" {
 		if was {
 			c.sumsOK = false
 		}

@@ -85,8 +85,11 @@ type engine struct {
 	waitStart, upAt time.Time
 	// yieldTo is the borrower this warm owner yields its turn to, after a
 	// serialize decision (docs/residency.md, "No starvation"): its share
-	// stays lent while its requests wait, for at most yieldBound.
-	yieldTo residency.ModelID
+	// stays lent while its requests wait, for at most yieldBound; or the
+	// model in a lower-class or best-effort turn it yields to (yieldTurn),
+	// for at most turnBound.
+	yieldTo   residency.ModelID
+	yieldTurn bool
 }
 
 type timer struct {
@@ -405,7 +408,7 @@ func (w *world) exec(a residency.Action) {
 				return
 			}
 			e.state, e.mem = up, e.tr.foot
-			e.upAt, e.waitStart, e.yieldTo = w.now(), time.Time{}, ""
+			e.upAt, e.waitStart, e.yieldTo, e.yieldTurn = w.now(), time.Time{}, "", false
 			w.send(residency.LoadDone{Model: a.Model})
 			w.send(residency.MemorySample{Model: a.Model, Bytes: e.mem + e.adMem()})
 			w.dispatch(a.Model)
@@ -424,7 +427,7 @@ func (w *world) exec(a residency.Action) {
 				return
 			}
 			e.state = up
-			e.upAt, e.waitStart, e.yieldTo = w.now(), time.Time{}, ""
+			e.upAt, e.waitStart, e.yieldTo, e.yieldTurn = w.now(), time.Time{}, "", false
 			w.send(residency.WakeDone{Model: a.Model})
 			w.send(residency.MemorySample{Model: a.Model, Bytes: e.mem + e.adMem()})
 			w.dispatch(a.Model)
@@ -496,9 +499,12 @@ func (w *world) exec(a residency.Action) {
 		if a.Peer == "" || w.eng[a.Peer] == nil {
 			w.violate("%s %s with unknown peer %q", a.Kind, a.Model, a.Peer)
 		}
+		// A lower-class or best-effort turn's holder may be of any
+		// residency but pinned.
+		turn := strings.Contains(d.Reason, "'s turn as a ")
 		if a.Kind == residency.ActSerialize && e.dep.Residency == residency.Warm && e.state != up && w.eng[a.Peer] != nil &&
-			w.eng[a.Peer].dep.Residency == residency.OnDemand {
-			e.yieldTo = a.Peer
+			(w.eng[a.Peer].dep.Residency == residency.OnDemand || turn) {
+			e.yieldTo, e.yieldTurn = a.Peer, turn
 		}
 	case residency.ActLoadAdapter, residency.ActUnloadAdapter, residency.ActDropAdapter:
 		w.execAdapter(a, e)
@@ -527,7 +533,7 @@ func (w *world) claims() (claims, mem int64) {
 		case e.dep.Residency == residency.Pinned:
 			claims += max(e.dep.Share, em)
 		case e.dep.Residency == residency.Warm && (e.state == asleep || e.state == off && e.lent) &&
-			(len(e.queued) == 0 && len(e.inflight) == 0 || e.yieldTo != "" && (e.wantedAt.IsZero() || w.now().Sub(e.wantedAt) <= w.returnBound()+w.yieldBound())):
+			(len(e.queued) == 0 && len(e.inflight) == 0 || e.yieldTo != "" && (e.wantedAt.IsZero() || w.now().Sub(e.wantedAt) <= w.ownerBound(e))):
 			claims += em
 		case e.dep.Residency == residency.Warm:
 			claims += max(e.dep.Share, em)
@@ -563,11 +569,7 @@ func (w *world) checkState() {
 			nonPinned += e.mem
 		}
 		// I2: a warm owner asked for gets its memory back in bounded time.
-		bound := w.returnBound()
-		if e.yieldTo != "" {
-			bound += w.yieldBound()
-		}
-		if !e.wantedAt.IsZero() && w.now().Sub(e.wantedAt) > bound && e.state == asleep {
+		if bound := w.ownerBound(e); !e.wantedAt.IsZero() && w.now().Sub(e.wantedAt) > bound && e.state == asleep {
 			w.violate("I2: warm %s asked for %v ago and still asleep", m, w.now().Sub(e.wantedAt))
 			e.wantedAt = time.Time{}
 		}
@@ -579,14 +581,43 @@ func (w *world) checkState() {
 // load, drain to the deadline and stop, then the owner wakes.
 // yieldBound is how much longer a warm owner that yields its turn waits:
 // the borrower's load, its turn on the card (the minimum residency, or four
-// wakes), and the owner's drain before it.
-func (w *world) yieldBound() time.Duration {
+// wakes: an engine that cannot sleep comes back by a cold load), and the
+// owner's drain before it.
+func (w *world) yieldBound(b residency.ModelID) time.Duration {
 	var load, wake time.Duration
 	for _, e := range w.eng {
 		load = max(load, e.tr.load)
 		wake = max(wake, e.tr.wake)
 	}
+	if e := w.eng[b]; e != nil && !e.dep.CanSleep {
+		wake = max(wake, e.dep.LoadTime, e.tr.load)
+	}
 	return 2*load + max(w.minResidency(), 4*wake) + w.drainDeadline()
+}
+
+// turnBound is how much longer a warm owner that yields to a lower-class
+// or best-effort turn waits (docs/residency.md, "No starvation": warm
+// owners that would not fit beside the turn's holder yield until the turn
+// ends, and take their share back then): the owner's return may have begun
+// before the turn was granted (returnBound), then the turn at its longest
+// — the drain of what it takes memory from, a stop, the holder's reload
+// twice and its slot, max(3 min, 2 × its load). One turn per wait: an
+// owner kept asleep by two turns in a row exceeds it.
+func (w *world) turnBound(h residency.ModelID) time.Duration {
+	e := w.eng[h]
+	load := max(e.dep.LoadTime, e.tr.load)
+	return w.returnBound() + w.drainDeadline() + 10*time.Second + 2*load + max(3*time.Minute, 2*load)
+}
+
+// ownerBound is how long warm owner e, asked for, may stay asleep.
+func (w *world) ownerBound(e *engine) time.Duration {
+	switch {
+	case e.yieldTurn:
+		return w.returnBound() + w.turnBound(e.yieldTo)
+	case e.yieldTo != "":
+		return w.returnBound() + w.yieldBound(e.yieldTo)
+	}
+	return w.returnBound()
 }
 
 func (w *world) returnBound() time.Duration {
