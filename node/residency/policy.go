@@ -581,11 +581,12 @@ func (c *Controller) victims(b *replica, trig Trigger, need int64, bValue float6
 	}
 	for i := range c.reps {
 		x := &c.reps[i]
-		// Nothing takes a turn's holder's memory, but a reserved owner that
-		// does not yield to the turn (it yielded to one already in this
-		// wait, lowturn.go) takes its share back: no turn makes the card
-		// promise more than it holds.
-		if x == b || x.removed || x.pending != 0 || x.state == Cold || x.state == Failed || x.state == Draining || c.lowHolds(x) && !reclaim {
+		// Nothing takes a turn's holder's memory, but a reserved owner
+		// asked for that does not yield to the turn (it yielded to one
+		// already in this wait, lowturn.go) takes its share back: no turn
+		// makes the card promise more than it holds. A forecast does not.
+		if x == b || x.removed || x.pending != 0 || x.state == Cold || x.state == Failed || x.state == Draining ||
+			c.lowHolds(x) && !(reclaim && (b.active > 0 || trig == TriggerOwnerReturn)) {
 			continue
 		}
 		// A best-effort model's demand never takes a protected model's

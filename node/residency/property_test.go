@@ -155,12 +155,14 @@ func TestRandomEventsKeepInvariants(t *testing.T) {
 
 // regressionSeeds once broke an invariant (GPUPLANE_CHAOS_SEEDS=200 runs
 // 1–200): 27, an owner of a lower-class turn's holder's class that could
-// not take its share back (the card fell back to pinned-only); 19, 28, 32
-// and 35, a warm owner that yielded again to a turn without a serialize
-// decision saying so; 30, 33 and 36, warm owners waiting out a
-// lower-class turn (or a borrower's turn and then a lower-class one);
-// 60 and 127, a borrower that cannot sleep, whose slot is four cold loads.
-var regressionSeeds = []uint64{19, 27, 28, 30, 32, 33, 35, 36, 60, 127}
+// not take its share back (the card fell back to pinned-only); 16, 20 and
+// 38, an owner that had yielded to one turn in its wait and could not
+// take its share back from the next turn's holder; 19, 28, 32 and 35, a
+// warm owner that yielded again to a turn without a serialize decision
+// saying so; 30, 33 and 36, warm owners waiting out a lower-class turn
+// (or a borrower's turn and then a lower-class one); 60 and 127, a
+// borrower that cannot sleep, whose slot is four cold loads.
+var regressionSeeds = []uint64{16, 19, 20, 27, 28, 30, 32, 33, 35, 36, 38, 60, 127}
 
 func randomEventsKeepInvariants(t *testing.T, seed uint64, be bool) {
 	{
