@@ -176,6 +176,14 @@ func (c *Controller) keeps(r *replica) bool {
 	return c.be.on && c.protects(r) && !r.removed && r.dep.Residency == OnDemand && !c.pinnedOnly
 }
 
+// holdsAll reports whether r stays on the card when idle because the card
+// holds every model with demand (the protected set is every model): with
+// the best-effort policy on, sleeping or unloading an idle model frees
+// memory nobody needs and costs its next request a wake or a load.
+func (c *Controller) holdsAll(r *replica) bool {
+	return c.cfg.BestEffort && !c.be.on && !c.pinnedOnly && !r.removed && c.beDemand(r)
+}
+
 // shields reports whether b's demand may not take x's memory: b is
 // best-effort (and not in its bounded turn) and x protected and in use
 // (requests active, or asked for at least beBusyRate): a quiet protected

@@ -782,7 +782,7 @@ func (c *Controller) prewarms(now time.Time) {
 func (c *Controller) idle(now time.Time) {
 	for i := range c.reps {
 		r := &c.reps[i]
-		if r.removed || r.pending != 0 || r.active > 0 || r.dep.Residency == Pinned || c.keeps(r) {
+		if r.removed || r.pending != 0 || r.active > 0 || r.dep.Residency == Pinned || c.keeps(r) || c.holdsAll(r) {
 			continue
 		}
 		if c.pinnedOnly {
