@@ -178,10 +178,13 @@ func (c *Controller) keeps(r *replica) bool {
 
 // holdsAll reports whether r stays on the card when idle because the card
 // holds every model with demand (the protected set is every model): with
-// the best-effort policy on, sleeping or unloading an idle model frees
-// memory nobody needs and costs its next request a wake or a load.
+// the best-effort policy on, sleeping or unloading an idle model on the
+// card's idle timeouts frees memory nobody needs and costs its next
+// request a wake or a load. A deployment's own spec.idle and a request's
+// keep_alive still apply (the user asked for them).
 func (c *Controller) holdsAll(r *replica) bool {
-	return c.cfg.BestEffort && !c.be.on && !c.pinnedOnly && !r.removed && c.beDemand(r)
+	return c.cfg.BestEffort && !c.be.on && !c.pinnedOnly && !r.removed && c.beDemand(r) &&
+		!r.keepSet && r.dep.IdleSleep == 0 && r.dep.IdleUnload == 0
 }
 
 // shields reports whether b's demand may not take x's memory: b is

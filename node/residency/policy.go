@@ -857,7 +857,7 @@ func (c *Controller) next(r *replica, now time.Time) (ActionKind, time.Time, str
 	if c.lowHolds(r) && r.state == Resident {
 		return ActEvict, c.lowEnd(r), "turn ends"
 	}
-	if r.removed || r.pending != 0 || r.active > 0 || r.dep.Residency == Pinned {
+	if r.removed || r.pending != 0 || r.active > 0 || r.dep.Residency == Pinned || c.holdsAll(r) {
 		return 0, time.Time{}, ""
 	}
 	idleSleep, idleUnload, _, keep := c.idleLimits(r)
