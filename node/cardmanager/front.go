@@ -339,12 +339,16 @@ func (f *front) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	start := time.Now()
+	// answered: the request reached the engine (a best-effort model's
+	// turns follow the share of its requests answered).
+	answered := false
 	defer func() {
+		elapsed := time.Since(start)
 		f.m.post(func() {
 			if ar.adapter != "" {
 				f.m.request(f.k, residency.AdapterFinished{Model: id, Adapter: ar.adapter})
 			}
-			f.m.request(f.k, residency.RequestFinished{Model: id, Elapsed: time.Since(start)})
+			f.m.request(f.k, residency.RequestFinished{Model: id, Elapsed: elapsed, Answered: answered})
 		})
 	}()
 	for {
@@ -359,6 +363,7 @@ func (f *front) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			// and closes the engine's connection under the answer. HTTP/2
 			// is always full duplex (ErrNotSupported there).
 			_ = http.NewResponseController(w).EnableFullDuplex()
+			answered = true
 			f.proxy.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), targetKey{}, target)))
 			// A body the transport left unread (the engine could not be
 			// reached, or answered without reading it) is drained here,
@@ -585,7 +590,7 @@ func (m *Manager) Demand(model string, index uint32) (done func(tokens int64, el
 	return func(tokens int64, elapsed time.Duration) {
 		once.Do(func() {
 			m.post(func() {
-				m.request(k, residency.RequestFinished{Model: id, Tokens: tokens, Elapsed: elapsed})
+				m.request(k, residency.RequestFinished{Model: id, Tokens: tokens, Elapsed: elapsed, Answered: tokens > 0})
 			})
 		})
 	}

@@ -3,6 +3,7 @@ package residency
 import (
 	"cmp"
 	"fmt"
+	"math"
 	"slices"
 	"strings"
 	"time"
@@ -53,20 +54,79 @@ const (
 	// turn is due; beShare the most of the card's time its turns take.
 	beWait  = 5 * time.Minute
 	beShare = 0.05
+	// A best-effort model that answers under beShort of its offered
+	// requests (decayed over beDoneHalfLife, from beDoneMin offered) is
+	// short: its turn is due after beShortWait, takes up to beShortShare
+	// of the card's time and keeps the card up to beShortSlot once in,
+	// until it answers more; one that answers over beAmple takes
+	// beAmpleShare.
+	beShort        = 0.15
+	beShortWait    = time.Minute
+	beShortShare   = 0.25
+	beShortSlot    = 10 * time.Minute
+	beAmple        = 0.5
+	beAmpleShare   = 0.03
+	beDoneHalfLife = 30 * time.Minute
+	beDoneMin      = 2.0
 )
+
+// doneCount is a decayed count of a model's requests offered and
+// answered (half-life beDoneHalfLife).
+type doneCount struct {
+	offered, answered float64
+	at                time.Time
+}
+
+func (d *doneCount) add(now time.Time, offered, answered float64) {
+	if !d.at.IsZero() && now.After(d.at) {
+		f := math.Exp2(-now.Sub(d.at).Seconds() / beDoneHalfLife.Seconds())
+		d.offered *= f
+		d.answered *= f
+	}
+	d.at = maxTime(d.at, now)
+	d.offered += offered
+	d.answered += answered
+}
+
+// beDone is the share of r's offered requests it answered (decayed), and
+// whether enough were offered to judge.
+func (r *replica) beDone() (float64, bool) {
+	if r.done.offered < beDoneMin {
+		return 1, false
+	}
+	return r.done.answered / r.done.offered, true
+}
+
+// short reports whether r is best-effort and answers under beShort of
+// its requests: its turns come sooner, longer and more often.
+func (c *Controller) short(r *replica) bool {
+	f, ok := r.beDone()
+	return ok && f < beShort && c.bestEffort(r)
+}
 
 // turnWait, turnShare: a bounded turn's wait and share for r, a lower
 // class's or a best-effort model's.
 // A best-effort model of a class below a model on the card takes the
 // lower class's (it would wait for one anyway).
+// A short best-effort model (short) takes beShortWait and beShortShare
+// whatever its class; an ample one beAmpleShare.
 func (c *Controller) turnWait(r *replica) time.Duration {
-	if c.bestEffort(r) && !c.lowerClass(r) {
+	switch {
+	case c.short(r):
+		return beShortWait
+	case c.bestEffort(r) && !c.lowerClass(r):
 		return beWait
 	}
 	return lowerWait
 }
 
 func (c *Controller) turnShare(r *replica) float64 {
+	if c.short(r) {
+		return beShortShare
+	}
+	if f, ok := r.beDone(); ok && f > beAmple && c.bestEffort(r) {
+		return min(beAmpleShare, lowerShare)
+	}
 	if c.bestEffort(r) && !c.lowerClass(r) {
 		return beShare
 	}

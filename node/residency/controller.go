@@ -143,7 +143,10 @@ type replica struct {
 	resident time.Time
 	opStart  time.Time
 	// active counts requests queued or in flight.
-	active  int
+	active int
+	// done is the decayed count of its requests offered and answered
+	// (besteffort.go, beDone).
+	done    doneCount
 	lastUse time.Time
 	fc      forecast
 	// rate is fc's rate at the start of the current step.
@@ -542,6 +545,7 @@ func (c *Controller) observe(ev Event, now time.Time) error {
 			// A request without keep_alive takes the card's idle
 			// timeouts again, as Ollama's default does (keepalive.go).
 			r.keepSet = false
+			r.done.add(now, 1, 0)
 			c.arrived(r, now)
 			r.fc.observe(now, c.cfg.RateHalfLife)
 		}
@@ -567,6 +571,9 @@ func (c *Controller) observe(ev Event, now time.Time) error {
 			r.held = min(r.held, r.active)
 			r.lastUse = now
 			r.prof.tokens(e.Tokens, e.Elapsed)
+			if e.Answered {
+				r.done.add(now, 0, 1)
+			}
 		}
 	case RequestsActive:
 		if r := c.rep(e.Model); r != nil && e.Active >= 0 {

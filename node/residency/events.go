@@ -43,10 +43,14 @@ type RequestArrived struct{ Model ModelID }
 
 // RequestFinished: a request for Model ended (answered, failed, cut off or
 // rejected). Tokens and Elapsed, when known, feed the tokens/s profile.
+// Answered is true when the request was answered (not rejected, failed
+// or cut off): a best-effort model's share of answered requests sizes its
+// turns (besteffort.go).
 type RequestFinished struct {
-	Model   ModelID
-	Tokens  int64
-	Elapsed time.Duration
+	Model    ModelID
+	Tokens   int64
+	Elapsed  time.Duration
+	Answered bool
 }
 
 // RequestsActive resets Model's count of requests queued or in flight, for

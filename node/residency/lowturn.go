@@ -54,7 +54,11 @@ type lowTurn struct {
 
 // lowerSlot is how long h keeps the card in its turn once in: at least
 // lowerSlotMin, and twice its load (a turn is worth its load).
+// A short best-effort model (besteffort.go) keeps it up to beShortSlot.
 func (c *Controller) lowerSlot(h *replica) time.Duration {
+	if c.short(h) {
+		return max(beShortSlot, 2*c.loadTime(h))
+	}
 	return max(lowerSlotMin, 2*c.loadTime(h))
 }
 

@@ -318,7 +318,7 @@ func (p *gpuplane) finished(r *request) {
 	delete(p.reqs, r.qid)
 	p.handle(out)
 	p.send(residency.RequestFinished{Model: residency.ModelID(p.s.cfg.Models[r.a.Model].Name),
-		Tokens: int64(r.a.OutputTokens), Elapsed: secs(p.s.now - r.started)})
+		Tokens: int64(r.a.OutputTokens), Elapsed: secs(p.s.now - r.started), Answered: true})
 	p.flush()
 }
 
