@@ -67,7 +67,7 @@ const (
 	beAmple        = 0.5
 	beAmpleShare   = 0.03
 	beDoneHalfLife = 30 * time.Minute
-	beDoneMin      = 2.0
+	beDoneMin      = 1.0
 )
 
 // doneCount is a decayed count of a model's requests offered and

@@ -273,7 +273,7 @@ type Controller struct {
 	// earliest start of its next (lowturn.go); stepLow and stepLowNext
 	// (nil: unchanged) the step's copies, kept once the step is.
 	low, stepLow         lowTurn
-	lowNext, stepLowNext map[ModelID]time.Time
+	lowNext, stepLowNext map[ModelID]lastTurn
 
 	decisions []Decision
 	decNext   int
@@ -750,8 +750,8 @@ func (c *Controller) recordThrash(acts []Action, now time.Time) {
 	if c.stepLowNext != nil {
 		c.lowNext = c.stepLowNext
 	}
-	for k, at := range c.lowNext {
-		if now.After(at) {
+	for k, t := range c.lowNext {
+		if now.After(t.next(min(lowerShare, beAmpleShare))) {
 			delete(c.lowNext, k)
 		}
 	}

@@ -123,15 +123,11 @@ func (c *Controller) lowTurns(now time.Time) {
 		}
 		// The next turn starts no earlier than this one's length over
 		// lowerShare after its start.
-		c.stepLowNext = make(map[ModelID]time.Time, len(c.lowNext)+1)
+		c.stepLowNext = make(map[ModelID]lastTurn, len(c.lowNext)+1)
 		for k, v := range c.lowNext {
 			c.stepLowNext[k] = v
 		}
-		share := lowerShare
-		if h != nil {
-			share = c.turnShare(h)
-		}
-		c.stepLowNext[c.stepLow.model] = c.stepLow.start.Add(time.Duration(float64(now.Sub(c.stepLow.start)) / share))
+		c.stepLowNext[c.stepLow.model] = lastTurn{start: c.stepLow.start, length: now.Sub(c.stepLow.start)}
 		c.stepLow = lowTurn{}
 	}
 	if c.pinnedOnly {
@@ -242,10 +238,26 @@ func maxTime(a, b time.Time) time.Time {
 	return b
 }
 
-// nextLow is the earliest start of r's next turn.
+// lastTurn is a model's last turn: its start and length.
+type lastTurn struct {
+	start  time.Time
+	length time.Duration
+}
+
+// next is the earliest start of the turn after t at share.
+func (t lastTurn) next(share float64) time.Time {
+	if t.start.IsZero() {
+		return time.Time{}
+	}
+	return t.start.Add(time.Duration(float64(t.length) / share))
+}
+
+// nextLow is the earliest start of r's next turn: its last turn's length
+// over its share now (turnShare: a best-effort model answering few of its
+// requests has a larger share) after that turn's start.
 func (c *Controller) nextLow(r *replica) time.Time {
 	if c.stepLowNext != nil {
-		return c.stepLowNext[r.dep.Model]
+		return c.stepLowNext[r.dep.Model].next(c.turnShare(r))
 	}
-	return c.lowNext[r.dep.Model]
+	return c.lowNext[r.dep.Model].next(c.turnShare(r))
 }
