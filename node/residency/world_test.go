@@ -209,7 +209,7 @@ func (w *world) dispatch(m residency.ModelID) {
 			}
 			e.inflight = slices.Delete(e.inflight, i, i+1)
 			e.served++
-			w.send(residency.RequestFinished{Model: m, Tokens: 100, Elapsed: s})
+			w.send(residency.RequestFinished{Model: m, Tokens: 100, Elapsed: s, Answered: true})
 		})
 	}
 	e.queued = e.queued[:0]
