@@ -59,7 +59,10 @@ const (
 	// short: its turn is due after beShortWait, takes up to beShortShare
 	// of the card's time and keeps the card up to beShortSlot once in,
 	// until it answers more; one that answers over beAmple takes
-	// beAmpleShare.
+	// beAmpleShare. Whatever its share, a best-effort model's turn comes
+	// at most beLongWait after it was due (a client that sends one
+	// request at a time offers few, and answers most of them, while it
+	// waits).
 	beShort        = 0.15
 	beShortWait    = time.Minute
 	beShortShare   = 0.25
@@ -68,6 +71,7 @@ const (
 	beAmpleShare   = 0.03
 	beDoneHalfLife = 30 * time.Minute
 	beDoneMin      = 1.0
+	beLongWait     = 20 * time.Minute
 )
 
 // doneCount is a decayed count of a model's requests offered and
@@ -98,7 +102,8 @@ func (r *replica) beDone() (float64, bool) {
 }
 
 // short reports whether r is best-effort and answers under beShort of
-// its requests: its turns come sooner, longer and more often.
+// its requests or waited beLongWait: its turns come sooner, longer and
+// more often.
 func (c *Controller) short(r *replica) bool {
 	f, ok := r.beDone()
 	return ok && f < beShort && c.bestEffort(r)

@@ -21,10 +21,10 @@ import "time"
 // turn (turns.go), in this wait takes its share back instead, from the
 // holder too, so turns granted one after another never keep a warm model
 // asleep past one turn and the card never promises more than it holds.
-// The turn ends lowerSlot
-// after the holder is on the card, when its requests are done, or, when
-// it never got in, at lowerCap after the grant; owners then take their
-// share back at once, as from any lower-class borrower.
+// The turn ends lowerSlot after the holder is on the card, when its
+// requests are done and none came for lowerGrace, or, when it never got
+// in, at lowerCap after the grant; owners then take their share back at
+// once, as from any lower-class borrower.
 //
 // The card time a model's turns cost the higher classes (from the grant
 // to the end) is at most lowerShare of the time: its next turn starts no
@@ -43,6 +43,10 @@ const (
 	// lowerShare is the most of the card's time turns take from the
 	// higher classes (examples/serve/README.md measures the choice).
 	lowerShare = 0.03
+	// lowerGrace is how long a turn's holder stays with no requests
+	// before its turn ends: a client that sends its next request as the
+	// last one is answered (a batch loop) keeps its turn.
+	lowerGrace = 5 * time.Second
 )
 
 // lowTurn is a lower-class model's turn on the card.
@@ -110,7 +114,7 @@ func (c *Controller) lowTurns(now time.Time) {
 				end = true
 			}
 			switch {
-			case h.active == 0 && h.state != Loading && h.state != Waking:
+			case h.active == 0 && h.state != Loading && h.state != Waking && now.Sub(h.lastUse) >= lowerGrace:
 				end = true
 			case !c.stepLow.in.IsZero() && !now.Before(c.stepLow.in.Add(c.lowerSlot(h))):
 				end = true
@@ -256,8 +260,15 @@ func (t lastTurn) next(share float64) time.Time {
 // over its share now (turnShare: a best-effort model answering few of its
 // requests has a larger share) after that turn's start.
 func (c *Controller) nextLow(r *replica) time.Time {
+	last := c.lowNext[r.dep.Model]
 	if c.stepLowNext != nil {
-		return c.stepLowNext[r.dep.Model].next(c.turnShare(r))
+		last = c.stepLowNext[r.dep.Model]
 	}
-	return c.lowNext[r.dep.Model].next(c.turnShare(r))
+	next := last.next(c.turnShare(r))
+	if c.bestEffort(r) && !r.waitSince.IsZero() {
+		// A best-effort model waits at most beLongWait past its turn's
+		// due time, whatever its share.
+		next = minTime(next, r.waitSince.Add(c.turnWait(r)+beLongWait))
+	}
+	return next
 }
