@@ -62,7 +62,8 @@ const (
 	// beAmpleShare. Whatever its share, a best-effort model's turn comes
 	// at most beLongWait after it was due (a client that sends one
 	// request at a time offers few, and answers most of them, while it
-	// waits).
+	// waits), as long as its turns take at most beLongShare of the
+	// card's time.
 	beShort        = 0.15
 	beShortWait    = time.Minute
 	beShortShare   = 0.25
@@ -72,6 +73,7 @@ const (
 	beDoneHalfLife = 30 * time.Minute
 	beDoneMin      = 1.0
 	beLongWait     = 20 * time.Minute
+	beLongShare    = 0.10
 )
 
 // doneCount is a decayed count of a model's requests offered and

@@ -267,8 +267,8 @@ func (c *Controller) nextLow(r *replica) time.Time {
 	next := last.next(c.turnShare(r))
 	if c.bestEffort(r) && !r.waitSince.IsZero() {
 		// A best-effort model waits at most beLongWait past its turn's
-		// due time, whatever its share.
-		next = minTime(next, r.waitSince.Add(c.turnWait(r)+beLongWait))
+		// due time, whatever its share, within beLongShare.
+		next = minTime(next, maxTime(r.waitSince.Add(c.turnWait(r)+beLongWait), last.next(beLongShare)))
 	}
 	return next
 }
