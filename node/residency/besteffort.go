@@ -66,8 +66,8 @@ const (
 	// card's time.
 	beShort        = 0.15
 	beShortWait    = time.Minute
-	beShortShare   = 0.25
-	beShortSlot    = 10 * time.Minute
+	beShortShare   = 0.15
+	beShortSlot    = 5 * time.Minute
 	beAmple        = 0.5
 	beAmpleShare   = 0.03
 	beDoneHalfLife = 30 * time.Minute
