@@ -56,10 +56,9 @@ const (
 	beShare = 0.05
 	// A best-effort model that answers under beShort of its offered
 	// requests (decayed over beDoneHalfLife, from beDoneMin offered) is
-	// short: its turn is due after beShortWait, takes up to beShortShare
-	// of the card's time and keeps the card up to beShortSlot once in,
-	// until it answers more; one that answers over beAmple takes
-	// beAmpleShare. Whatever its share, a best-effort model's turn comes
+	// short: its turn is due after beShortWait and takes up to
+	// beShortShare of the card's time, whatever its class, until it
+	// answers more; one that answers over beAmple takes beAmpleShare. Whatever its share, a best-effort model's turn comes
 	// at most beLongWait after it was due (a client that sends one
 	// request at a time offers few, and answers most of them, while it
 	// waits), as long as its turns take at most beLongShare of the
@@ -67,7 +66,6 @@ const (
 	beShort        = 0.15
 	beShortWait    = time.Minute
 	beShortShare   = 0.15
-	beShortSlot    = 5 * time.Minute
 	beAmple        = 0.5
 	beAmpleShare   = 0.03
 	beDoneHalfLife = 30 * time.Minute

@@ -58,11 +58,7 @@ type lowTurn struct {
 
 // lowerSlot is how long h keeps the card in its turn once in: at least
 // lowerSlotMin, and twice its load (a turn is worth its load).
-// A short best-effort model (besteffort.go) keeps it up to beShortSlot.
 func (c *Controller) lowerSlot(h *replica) time.Duration {
-	if c.short(h) {
-		return max(beShortSlot, 2*c.loadTime(h))
-	}
 	return max(lowerSlotMin, 2*c.loadTime(h))
 }
 
@@ -110,7 +106,7 @@ func (c *Controller) lowTurns(now time.Time) {
 			if h.state == Resident && c.stepLow.in.IsZero() {
 				c.stepLow.in = now
 			}
-			if h.state == Draining || h.pending != 0 {
+			if h.state == Draining || h.pending != 0 || c.overClaimed() {
 				end = true
 			}
 			switch {
@@ -159,6 +155,17 @@ func (c *Controller) lowTurns(now time.Time) {
 	if pick != nil {
 		c.stepLow = lowTurn{model: pick.dep.Model, start: now}
 	}
+}
+
+// overClaimed reports whether the claims, counting the memory being
+// returned, exceed the usable memory: a model became warm (or pinned)
+// while a turn's holder uses its share, and the promise ends the turn.
+func (c *Controller) overClaimed() bool {
+	var committed int64
+	for i := range c.reps {
+		committed += c.claim(&c.reps[i], true)
+	}
+	return committed > c.usable
 }
 
 // lowYield makes warm owners that would not fit beside the turn's holder
