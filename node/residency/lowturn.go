@@ -106,7 +106,7 @@ func (c *Controller) lowTurns(now time.Time) {
 			if h.state == Resident && c.stepLow.in.IsZero() {
 				c.stepLow.in = now
 			}
-			if h.state == Draining || h.pending != 0 || c.overClaimed() {
+			if h.state == Draining || h.pending != 0 {
 				end = true
 			}
 			switch {
@@ -155,17 +155,6 @@ func (c *Controller) lowTurns(now time.Time) {
 	if pick != nil {
 		c.stepLow = lowTurn{model: pick.dep.Model, start: now}
 	}
-}
-
-// overClaimed reports whether the claims, counting the memory being
-// returned, exceed the usable memory: a model became warm (or pinned)
-// while a turn's holder uses its share, and the promise ends the turn.
-func (c *Controller) overClaimed() bool {
-	var committed int64
-	for i := range c.reps {
-		committed += c.claim(&c.reps[i], true)
-	}
-	return committed > c.usable
 }
 
 // lowYield makes warm owners that would not fit beside the turn's holder
