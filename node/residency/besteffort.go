@@ -58,11 +58,12 @@ const (
 	// requests (decayed over beDoneHalfLife, from beDoneMin offered) is
 	// short: its turn is due after beShortWait and takes up to
 	// beShortShare of the card's time, whatever its class, until it
-	// answers more; one that answers over beAmple takes beAmpleShare. Whatever its share, a best-effort model's turn comes
-	// at most beLongWait after it was due (a client that sends one
-	// request at a time offers few, and answers most of them, while it
-	// waits), as long as its turns take at most beLongShare of the
-	// card's time.
+	// answers more; one that answers over beAmple takes beAmpleShare.
+	// Whatever its share, a best-effort model not of a lower class
+	// (lowerClass) gets its turn at most beLongWait after it was due (a
+	// client that sends one request at a time offers few, and answers
+	// most of them, while it waits), as long as its turns take at most
+	// beLongShare of the card's time.
 	beShort        = 0.15
 	beShortWait    = time.Minute
 	beShortShare   = 0.15
@@ -102,8 +103,7 @@ func (r *replica) beDone() (float64, bool) {
 }
 
 // short reports whether r is best-effort and answers under beShort of
-// its requests or waited beLongWait: its turns come sooner, longer and
-// more often.
+// its requests: its turns come sooner, longer and more often.
 func (c *Controller) short(r *replica) bool {
 	f, ok := r.beDone()
 	return ok && f < beShort && c.bestEffort(r)
