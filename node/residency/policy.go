@@ -694,8 +694,16 @@ func (c *Controller) victims(b *replica, trig Trigger, need int64, bValue float6
 	for i := range order {
 		order[i] = i
 	}
+	// For a protected model, best-effort models make room first
+	// (besteffort.go): the card keeps the protected set whole.
+	beFirst := c.be.on && c.protects(b)
 	slices.SortFunc(order, func(p, q int) int {
 		x, y := &c.cands[p], &c.cands[q]
+		if beFirst {
+			if d := cmp.Compare(b2i(c.protects(&c.reps[x.idx])), b2i(c.protects(&c.reps[y.idx]))); d != 0 {
+				return d
+			}
+		}
 		return cmp.Or(cmp.Compare(x.value, y.value),
 			c.reps[x.idx].lastUse.Compare(c.reps[y.idx].lastUse),
 			cmp.Compare(c.reps[x.idx].dep.Model, c.reps[y.idx].dep.Model))
