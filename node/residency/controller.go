@@ -70,11 +70,12 @@ type Config struct {
 	BestEffort bool
 	// SleepUnmeasuredFull counts a sleeping engine whose residual was
 	// never measured nor given at its whole footprint until its first
-	// memory sample. The serving simulator, which starts without priors,
-	// turns it on (not when it replays a node's own traffic: there it
-	// runs as the agent does); the agent leaves it off: its samples of a
-	// sleeping engine do not always arrive and the card would look full
-	// of sleeping models (see the note in docs/residency.md).
+	// memory sample. The agent (whose card manager samples every engine
+	// it runs, a sleeping one NVML lists no process for at 0) and the
+	// serving simulator turn it on: counted as holding nothing, a sleep
+	// whose residual the sample then shows can leave the card's claims
+	// over its usable memory (a ledger violation: pinned-only) when a
+	// load was started into the memory it seemed to free.
 	SleepUnmeasuredFull bool
 }
 

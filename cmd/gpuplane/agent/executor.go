@@ -105,7 +105,11 @@ func (a *Agent) startExecutor() error {
 		a.residencyJournal = residency.NewJournal(a.cfg.NodeName, 0)
 	}
 	res := cardmanager.New(cardmanager.Options{
-		Config: residency.Config{BestEffort: !a.cfg.NoBestEffort},
+		// An unmeasured sleep counts its whole footprint until the card's
+		// next memory sample, as the simulator counts it (the card manager
+		// samples every engine it runs, a sleeping one NVML does not list
+		// at 0).
+		Config: residency.Config{BestEffort: !a.cfg.NoBestEffort, SleepUnmeasuredFull: true},
 		Node:   a.cfg.NodeName, Cards: node.Cards, Advise: advise, NVML: lib, Journal: a.residencyJournal, DataDir: a.cfg.DataDir,
 		BindHost: localHost, AdvertiseHost: localHost, FrontKey: a.frontKey, EngineKeys: a.engineKeys, Logger: a.cfg.Logger, TimeScale: a.cfg.ResidencyTimeScale,
 	})
