@@ -922,7 +922,9 @@ func (x *call) answer(resp *http.Response, err error) result {
 	x.status = resp.StatusCode
 	defer resp.Body.Close()
 	if req.stream && resp.StatusCode == http.StatusOK {
-		return g.relayStream(ctx, w, resp, req, m, x.labels, pd, c, x.rename)
+		// The slot is handed back once the engine's stream has been
+		// read to its end, before the client has read it all.
+		return g.relayStream(ctx, w, resp, req, m, x.labels, pd, c, x.rename, func() { x.freeSlot(true) })
 	}
 	data, err := io.ReadAll(io.LimitReader(resp.Body, 256<<20))
 	if (err != nil || resp.StatusCode >= 500) && x.requeued() {

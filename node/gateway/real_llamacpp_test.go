@@ -1,10 +1,14 @@
 package gateway
 
 import (
+	"bufio"
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
+	"net/http/httptest"
 	"strconv"
 	"strings"
 	"testing"
@@ -264,5 +268,112 @@ func TestRealLlamaCppEngineKeyThroughTheGateway(t *testing.T) {
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusUnauthorized {
 		t.Errorf("straight to the engine without its key: %d, want 401", resp.StatusCode)
+	}
+}
+
+// smallSendBuffers is a listener whose connections send through a small
+// kernel buffer (SO_SNDBUF): a client that stops reading blocks the
+// server's writes within tens of kilobytes, not the megabytes loopback's
+// autotuning lets a socket hold.
+type smallSendBuffers struct{ net.Listener }
+
+func (l smallSendBuffers) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if tc, ok := c.(*net.TCPConn); ok {
+		_ = tc.SetWriteBuffer(4 << 10)
+	}
+	return c, err
+}
+
+// TestRealLlamaCppSlowStreamHandsItsSlotBack: on the real llama-server
+// with one slot, a streamed answer (some 800 tokens, far more than the
+// sockets between the gateway and its client hold) whose client stops
+// reading after the first event does not keep the slot, nor the replica's
+// one place in the scheduler, once the engine has finished: another
+// tenant's request runs on the engine and is answered while the first
+// client has still not read its stream's end, and that client, reading
+// again, then gets the whole stream to its [DONE]. Before, the slot was
+// handed back only once the client had taken the last event, so the second
+// request waited for the first client (here until the gateway cut the
+// stalled stream off).
+func TestRealLlamaCppSlowStreamHandsItsSlotBack(t *testing.T) {
+	f := tinygguf.Write(t)
+	spec := &pb.ModelSpec{Model: f.Model, Engine: &pb.EngineSpec{Kind: engine.KindLlamaCpp, MaxModelLen: 1024, Args: []string{"--parallel", "1"}}}
+	eng := realLlama(t, spec)
+	g, err := New(Options{Node: "n1", StreamStall: 10 * time.Second, Cluster: fixedView{[]Model{{Served: "tiny", Deployment: "tiny", Class: queue.Standard, MaxModelLen: 1024,
+		Replicas: []Replica{{Deployment: "tiny", Node: "n1", Endpoint: eng, Kind: "llamacpp", Slots: engine.LlamaSlots(spec.GetEngine()), Running: true, Resident: true}}}}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	go g.Run(ctx)
+	srv := httptest.NewUnstartedServer(g)
+	srv.Listener = smallSendBuffers{srv.Listener}
+	srv.Start()
+	t.Cleanup(func() { srv.Close(); cancel() })
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		if code, _, _ := askAs(t, srv.URL, "warm-up", "tiny", "warm"); code == http.StatusOK {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the gateway never placed the replica")
+		}
+	}
+
+	// The slow client: a small receive buffer, and it stops reading after
+	// the stream's first event.
+	var conn *net.TCPConn
+	slow := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+		c, err := (&net.Dialer{}).DialContext(ctx, network, addr)
+		if tc, ok := c.(*net.TCPConn); ok {
+			_ = tc.SetReadBuffer(4 << 10)
+			conn = tc
+		}
+		return c, err
+	}}}
+	defer slow.CloseIdleConnections()
+	const tokens = 800
+	body := fmt.Sprintf(`{"model":"tiny","prompt":"once upon a time","max_tokens":%d,"temperature":0,"ignore_eos":true,"stream":true}`, tokens)
+	req, _ := http.NewRequest(http.MethodPost, srv.URL+"/v1/completions", strings.NewReader(body))
+	req.Header.Set(TenantHeader, "a")
+	resp, err := slow.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		data, _ := io.ReadAll(resp.Body)
+		t.Fatalf("the stream: %d %s", resp.StatusCode, data)
+	}
+	br := bufio.NewReader(resp.Body)
+	firstEvent, err := br.ReadString('\n')
+	if err != nil || !strings.HasPrefix(firstEvent, "data: {") {
+		t.Fatalf("the stream's first event: %q %v", firstEvent, err)
+	}
+
+	// Tenant b's request needs the one slot; the first client reads
+	// nothing more until it is answered.
+	code, text, _ := askAs(t, srv.URL, "b", "tiny", "hello there")
+	if code != http.StatusOK || text == "" {
+		t.Fatalf("tenant b's request while tenant a's stream is unread: %d %q", code, text)
+	}
+	// It reads the rest at full speed (a 4 KiB window is slow).
+	_ = conn.SetReadBuffer(1 << 20)
+	rest, err := io.ReadAll(br)
+	events, got := 0, 0
+	for l := range strings.Lines(firstEvent + string(rest)) {
+		if strings.HasPrefix(l, "data: ") {
+			events++
+			got += tokensIn([]byte(l))
+		}
+	}
+	if err != nil || !strings.HasSuffix(string(rest), "data: [DONE]\n\n") || got != tokens {
+		t.Fatalf("tenant a's stream, read after tenant b was answered: %d events, %d tokens, ends %q (%v); want %d tokens and [DONE]: the stream was cut off (stalled) while tenant b waited for the slot",
+			events, got, rest[max(0, len(rest)-80):], err, tokens)
+	}
+	// What the test stands on: the stream is far more than the sockets
+	// hold, so the gateway could not have written it all before b ran.
+	if len(firstEvent)+len(rest) < 100<<10 {
+		t.Fatalf("tenant a's stream is %d bytes: too short to fill the sockets between the gateway and its client", len(firstEvent)+len(rest))
 	}
 }
