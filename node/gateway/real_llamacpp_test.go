@@ -299,9 +299,16 @@ func (l smallSendBuffers) Accept() (net.Conn, error) {
 func TestRealLlamaCppSlowStreamHandsItsSlotBack(t *testing.T) {
 	f := tinygguf.Write(t)
 	spec := &pb.ModelSpec{Model: f.Model, Engine: &pb.EngineSpec{Kind: engine.KindLlamaCpp, MaxModelLen: 1024, Args: []string{"--parallel", "1"}}}
-	eng := realLlama(t, spec)
+	slowStreamHandsItsSlotBack(t, realLlama(t, spec))
+}
+
+// slowStreamHandsItsSlotBack runs TestRealLlamaCppSlowStreamHandsItsSlotBack
+// against the llama.cpp engine at eng (one slot, model "tiny", a context of
+// at least 1024 tokens).
+func slowStreamHandsItsSlotBack(t *testing.T, eng string) {
+	t.Helper()
 	g, err := New(Options{Node: "n1", StreamStall: 10 * time.Second, Cluster: fixedView{[]Model{{Served: "tiny", Deployment: "tiny", Class: queue.Standard, MaxModelLen: 1024,
-		Replicas: []Replica{{Deployment: "tiny", Node: "n1", Endpoint: eng, Kind: "llamacpp", Slots: engine.LlamaSlots(spec.GetEngine()), Running: true, Resident: true}}}}}})
+		Replicas: []Replica{{Deployment: "tiny", Node: "n1", Endpoint: eng, Kind: "llamacpp", Slots: 1, Running: true, Resident: true}}}}}})
 	if err != nil {
 		t.Fatal(err)
 	}

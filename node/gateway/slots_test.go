@@ -206,3 +206,10 @@ func TestGatewayLlamaCppSlotsGoInQueueOrder(t *testing.T) {
 		t.Errorf("the slot went to %v; want %v", order, want)
 	}
 }
+
+// TestGatewayLlamaCppSlowStreamHandsItsSlotBack is
+// TestRealLlamaCppSlowStreamHandsItsSlotBack against the sim engine in
+// llama.cpp's dialect, so it runs where the real engine is absent.
+func TestGatewayLlamaCppSlowStreamHandsItsSlotBack(t *testing.T) {
+	slowStreamHandsItsSlotBack(t, simEngineWith(t, sim.Config{ServedModelName: "tiny", Dialect: sim.DialectLlamaCpp, Parallel: 1}))
+}
