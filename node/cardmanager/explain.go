@@ -61,7 +61,8 @@ func askLoop[T any](m *Manager, fn func() T) (v T, ok bool) {
 // CardBy is when the replica, its requests waiting for the card, gets it
 // at the latest, as its controller promises (residency.Controller.CardBy,
 // what `residency plan` shows); ok is false where it promises nothing.
-// The gateway keeps background requests waiting until then.
+// The gateway keeps background requests waiting until then, and those of
+// every class of a best-effort or yielding replica (BestEffort, Yielding).
 func (m *Manager) CardBy(model string, index uint32) (by time.Time, ok bool) {
 	k := rkey{model, index}
 	type answer struct {
@@ -93,6 +94,23 @@ func (m *Manager) BestEffort(model string, index uint32) bool {
 		return !m.ctrls[r.card].ctrl.Protected(k.id())
 	})
 	return be
+}
+
+// Yielding reports whether the replica waits because its controller has
+// it yield its share of the card to another model's turn
+// (residency.Controller.Yielding): the `serialize` decision promises its
+// requests the card back by CardBy, and the gateway has them wait for it
+// whatever their class.
+func (m *Manager) Yielding(model string, index uint32) bool {
+	k := rkey{model, index}
+	y, _ := askLoop(m, func() bool {
+		r := m.reps[k]
+		if r == nil || m.ctrls[r.card] == nil {
+			return false
+		}
+		return m.ctrls[r.card].ctrl.Yielding(k.id())
+	})
+	return y
 }
 
 // KeepAlive passes a request's keep_alive (Ollama's meaning: how long to

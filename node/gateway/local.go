@@ -373,7 +373,9 @@ func (c *card) tick() {
 // requests wait for the card gets it at the latest (cardmanager.Manager,
 // the bound `residency plan` shows). The gateway keeps its background
 // requests waiting until then (queue.Scheduler.SetCardBy) rather than
-// refusing them after the background cold wait.
+// refusing them after the background cold wait, and its requests of
+// every class where it is best-effort (BestEffortTeller) or yields the
+// card to another model's turn (YieldTeller).
 type CardPromiser interface {
 	CardBy(model string, index uint32) (by time.Time, ok bool)
 }
@@ -385,6 +387,16 @@ type CardPromiser interface {
 // than giving up after their cold wait.
 type BestEffortTeller interface {
 	BestEffort(model string, index uint32) bool
+}
+
+// YieldTeller is what a Residency may also say: whether a replica waits
+// because its controller has it yield its share of the card to another
+// model's turn (cardmanager.Manager, residency.Controller.Yielding), with
+// the card promised back by CardBy. Its requests of every class then wait
+// for that (queue.Scheduler.SetYielding) rather than giving up after
+// their cold wait.
+type YieldTeller interface {
+	Yielding(model string, index uint32) bool
 }
 
 // promises tells the card's scheduler, before it judges the cold waits,
@@ -416,11 +428,18 @@ func (c *card) promises() {
 	}
 	c.mu.Unlock()
 	bt, _ := c.g.opts.Residency.(BestEffortTeller)
+	yt, _ := c.g.opts.Residency.(YieldTeller)
 	for _, a := range asks {
 		if bt != nil {
 			be := bt.BestEffort(a.model, a.index)
 			c.mu.Lock()
 			_ = c.s.SetBestEffort(a.key, be)
+			c.mu.Unlock()
+		}
+		if yt != nil {
+			y := yt.Yielding(a.model, a.index)
+			c.mu.Lock()
+			_ = c.s.SetYielding(a.key, y)
 			c.mu.Unlock()
 		}
 		if by, ok := cp.CardBy(a.model, a.index); ok {

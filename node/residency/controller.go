@@ -396,6 +396,18 @@ func (c *Controller) CardBy(m ModelID) (by time.Time, ok bool) {
 	return r.slotBy, true
 }
 
+// Yielding reports whether Model, a warm owner with requests waiting,
+// waits because it yields its share to another model's turn: a
+// borrower's once its return was cut short, or a lower-class or
+// best-effort model's bounded turn (turns.go, lowturn.go). The
+// `serialize` decision that says so promises its requests the card back
+// by CardBy, whatever their class; the gateway keeps them waiting until
+// then rather than refusing them after their cold wait.
+func (c *Controller) Yielding(m ModelID) bool {
+	r := c.rep(m)
+	return r != nil && r.yielding && !r.removed
+}
+
 func (c *Controller) rep(m ModelID) *replica {
 	if i, ok := c.index[m]; ok {
 		return &c.reps[i]

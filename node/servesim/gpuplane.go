@@ -374,11 +374,18 @@ func (p *gpuplane) tick() {
 	if next, ok := p.q.NextDeadline(); ok && !next.After(p.at()) {
 		// Before the cold waits are judged, the gateway hears when the
 		// controller promises each waiting model the card, as the node's
-		// gateway does (its background requests wait for that).
+		// gateway does (its background requests wait for that, and those
+		// of every class of a best-effort or yielding model).
 		for _, e := range p.s.engines {
 			// A best-effort model's requests wait for its turn, as the
 			// node's gateway has them do.
 			if err := p.q.SetBestEffort(e.m.Name, !p.c.Protected(residency.ModelID(e.m.Name))); err != nil {
+				p.anomaly("%v", err)
+			}
+			// A warm owner that yields the card to another model's turn
+			// has the card promised back: its requests of every class
+			// wait for it.
+			if err := p.q.SetYielding(e.m.Name, p.c.Yielding(residency.ModelID(e.m.Name))); err != nil {
 				p.anomaly("%v", err)
 			}
 			if e.state == up && !e.draining {

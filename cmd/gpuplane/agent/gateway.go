@@ -78,10 +78,12 @@ func (a *Agent) GatewayURL() string {
 // startGateway serves the gateway on the port listenGateway opened.
 // The residency manager does all a gateway's Residency may do.
 var (
-	_ gateway.Residency     = (*cardmanager.Manager)(nil)
-	_ gateway.KeepAliver    = (*cardmanager.Manager)(nil)
-	_ gateway.WaitExplainer = (*cardmanager.Manager)(nil)
-	_ gateway.CardPromiser  = (*cardmanager.Manager)(nil)
+	_ gateway.Residency        = (*cardmanager.Manager)(nil)
+	_ gateway.KeepAliver       = (*cardmanager.Manager)(nil)
+	_ gateway.WaitExplainer    = (*cardmanager.Manager)(nil)
+	_ gateway.CardPromiser     = (*cardmanager.Manager)(nil)
+	_ gateway.BestEffortTeller = (*cardmanager.Manager)(nil)
+	_ gateway.YieldTeller      = (*cardmanager.Manager)(nil)
 )
 
 func (a *Agent) startGateway(res *cardmanager.Manager) error {

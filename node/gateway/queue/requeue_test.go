@@ -166,3 +166,93 @@ func TestBestEffortRequestsWaitForTheirTurn(t *testing.T) {
 		t.Fatalf("unknown deployment: %v", err)
 	}
 }
+
+// TestYieldingOwnerWaitsForTheCardPromisedBack: a warm owner that yields
+// its share to another model's turn has the card promised back by a time
+// (its controller's serialize decision, "back by …"). Its interactive
+// requests, those queued before the promise and those that come after,
+// wait past their cold wait for it and are answered once the engine is
+// back; a full queue still refuses the next request at once. A model whose
+// controller promises it the card without yielding (it waits its turn)
+// keeps the plain cold wait: its interactive requests get their 503 after
+// ColdWait.
+func TestYieldingOwnerWaitsForTheCardPromisedBack(t *testing.T) {
+	cfg := queue.Config{ColdWait: time.Minute, ColdWaitBackground: 20 * time.Minute}
+	e := newEngine(t, cfg,
+		queue.Deployment{Name: "owner", MaxInFlight: 4, QueueLimit: 3},
+		queue.Deployment{Name: "other", MaxInFlight: 4, QueueLimit: 3})
+	for _, d := range []string{"owner", "other"} {
+		if err := e.s.SetCold(d, time.Time{}, e.now); err != nil {
+			t.Fatal(err)
+		}
+	}
+	fg := func(d string) queue.Request {
+		return queue.Request{Deployment: d, Tenant: "t", Class: queue.Interactive, PromptTokens: 1, MaxTokens: 4}
+	}
+	owner := []queue.ID{e.enqueue(fg("owner"), 4)}
+	other := []queue.ID{e.enqueue(fg("other"), 4)}
+	// The gateway's pass before it judges the cold waits, as the node's
+	// and the simulator's do: whether each yields, then the card promised.
+	back := epoch.Add(10 * time.Minute)
+	for d, y := range map[string]bool{"owner": true, "other": false} {
+		if err := e.s.SetYielding(d, y); err != nil {
+			t.Fatal(err)
+		}
+		if err := e.s.SetCardBy(d, back, e.now); err != nil {
+			t.Fatal(err)
+		}
+	}
+	e.now = epoch.Add(10 * time.Second)
+	owner = append(owner, e.enqueue(fg("owner"), 4), e.enqueue(fg("owner"), 4))
+	other = append(other, e.enqueue(fg("other"), 4))
+	full := e.enqueue(fg("owner"), 4)
+	if got := e.ended[full]; got.Outcome != queue.Rejected || got.Status != 429 {
+		t.Fatalf("a fourth request on a queue of 3 of a yielding model: %+v, want rejected at once with 429", got)
+	}
+
+	e.now = epoch.Add(2 * time.Minute)
+	e.apply(e.s.Tick(e.now))
+	for _, id := range other {
+		if got := e.ended[id]; got.Outcome != queue.Rejected || got.Status != 503 {
+			t.Fatalf("interactive request %d of a model that waits its turn, after 2 min: %+v, want rejected with 503 after its cold wait", id, got)
+		}
+	}
+	e.now = epoch.Add(9 * time.Minute)
+	e.apply(e.s.Tick(e.now))
+	for _, id := range owner {
+		if got, ended := e.ended[id]; ended {
+			t.Fatalf("interactive request %d of the yielding owner, 9 min in with the card promised back by 10 min: ended %+v, want it waiting", id, got)
+		}
+	}
+	o, err := e.s.SetReady("owner", e.now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.apply(o)
+	for range 10 {
+		e.step(time.Second)
+	}
+	for _, id := range owner {
+		if got := e.ended[id]; got.Outcome != queue.Finished {
+			t.Fatalf("interactive request %d of the owner, back on the card: %+v, want finished", id, got)
+		}
+	}
+
+	// Once back, the owner no longer yields: a later wait (no new word
+	// from its controller) gives up after the cold wait.
+	if err := e.s.SetCold("owner", time.Time{}, e.now); err != nil {
+		t.Fatal(err)
+	}
+	later := e.enqueue(fg("owner"), 4)
+	if err := e.s.SetCardBy("owner", e.now.Add(10*time.Minute), e.now); err != nil {
+		t.Fatal(err)
+	}
+	e.now = e.now.Add(61 * time.Second)
+	e.apply(e.s.Tick(e.now))
+	if got := e.ended[later]; got.Outcome != queue.Rejected || got.Status != 503 {
+		t.Fatalf("the owner's request in a later wait it does not yield in, after 61 s: %+v, want rejected with 503", got)
+	}
+	if err := e.s.SetYielding("x", true); err == nil || !strings.Contains(err.Error(), `"x"`) {
+		t.Fatalf("unknown deployment: %v", err)
+	}
+}

@@ -35,6 +35,10 @@ type dep struct {
 	// bestEffort: its controller serves it best-effort (SetBestEffort):
 	// requests of every class wait for its promised turn.
 	bestEffort bool
+	// yielding: its controller has it yield the card to another model's
+	// turn (SetYielding): requests of every class wait for the card
+	// promised back.
+	yielding bool
 	// recent dispatch times, a ring, for the drain-rate estimate
 	drains  [drainWindow]time.Time
 	nDrains int
@@ -165,7 +169,7 @@ func (s *Scheduler) SetReady(name string, now time.Time) (Output, error) {
 	}
 	if !d.d.Ready {
 		d.d.Ready = true
-		d.readyBy, d.cardBy = time.Time{}, time.Time{}
+		d.readyBy, d.cardBy, d.yielding = time.Time{}, time.Time{}, false
 		s.eachQueued(d, func(r *req) { r.coldBy = time.Time{}; s.dl.set(r) })
 	}
 	s.pump(d, now)
@@ -199,23 +203,35 @@ func (s *Scheduler) coldWait(c Class) time.Duration {
 }
 
 // coldBy is when q, waiting from now for its deployment that is not
-// ready, is rejected: after its class's cold wait, and for background
-// work not before the card promised to its deployment (SetCardBy) and
-// ColdWait more.
+// ready, is rejected: after its class's cold wait, and where the card
+// promised to its deployment (SetCardBy) binds q's class (waitsForCard)
+// not before that promise and ColdWait more.
 func (s *Scheduler) coldBy(q *req, now time.Time) time.Time {
 	by := now.Add(s.coldWait(q.r.Class))
-	if p := q.dep.cardBy; (q.r.Class == Background || q.dep.bestEffort) && !p.IsZero() {
+	if p := q.dep.cardBy; waitsForCard(q) && !p.IsZero() {
 		by = maxTime(by, p.Add(s.cfg.ColdWait))
 	}
 	return by
+}
+
+// waitsForCard reports whether q waits for the card its deployment's
+// controller promises (SetCardBy) rather than only its class's cold
+// wait: background work always; requests of every class when the
+// deployment is served best-effort (SetBestEffort) or yields the card to
+// another model's turn (SetYielding). An interactive request of a model
+// that merely waits its turn still gets its 503 after ColdWait.
+func waitsForCard(q *req) bool {
+	return q.r.Class == Background || q.dep.bestEffort || q.dep.yielding
 }
 
 // SetCardBy records when the deployment, not ready, gets its card at the
 // latest, as its residency controller promises (residency.Controller's
 // CardBy: a lower-class model's turn on a busy card comes within hours,
 // not minutes): its background requests wait for it and ColdWait more
-// instead of giving up after ColdWaitBackground. A zero by withdraws the
-// promise for requests that arrive from now; those waiting keep theirs.
+// instead of giving up after ColdWaitBackground, and so do its requests
+// of every class where it is best-effort (SetBestEffort) or yielding
+// (SetYielding); call those first. A zero by withdraws the promise for
+// requests that arrive from now; those waiting keep theirs.
 func (s *Scheduler) SetCardBy(name string, by, now time.Time) error {
 	d, ok := s.deps[name]
 	if !ok {
@@ -226,7 +242,7 @@ func (s *Scheduler) SetCardBy(name string, by, now time.Time) error {
 		return nil
 	}
 	s.eachQueued(d, func(q *req) {
-		if q.r.Class != Background && !d.bestEffort {
+		if !waitsForCard(q) {
 			return
 		}
 		if c := s.coldBy(q, now); c.After(q.coldBy) {
@@ -247,6 +263,21 @@ func (s *Scheduler) SetBestEffort(name string, on bool) error {
 		return fmt.Errorf("queue: deployment %q is not on this card", name)
 	}
 	d.bestEffort = on
+	return nil
+}
+
+// SetYielding records whether the deployment, not ready, waits because
+// its controller has it yield its share of the card to another model's
+// turn (residency.Controller.Yielding: a warm owner serialized with that
+// turn, promised the card back by its CardBy): its requests of every
+// class then wait for the card promised (SetCardBy) and ColdWait more
+// instead of giving up after their cold wait. SetReady clears it.
+func (s *Scheduler) SetYielding(name string, on bool) error {
+	d, ok := s.deps[name]
+	if !ok {
+		return fmt.Errorf("queue: deployment %q is not on this card", name)
+	}
+	d.yielding = on
 	return nil
 }
 

@@ -87,7 +87,10 @@ type Config struct {
 	InputPrice  float64
 	OutputPrice float64
 	// ColdWait is how long a request waits for a deployment that is not
-	// ready before it is rejected with 503 (default 60 s).
+	// ready before it is rejected with 503 (default 60 s); where the
+	// deployment is best-effort or yields the card to another model's
+	// turn, until the card its controller promises (SetCardBy) and
+	// ColdWait more.
 	ColdWait time.Duration
 	// ColdWaitBackground is the same wait for a background request
 	// (default 20 min): batch work waits for its model's turn on a busy
