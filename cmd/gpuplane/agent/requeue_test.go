@@ -2,7 +2,9 @@ package agent_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"net/http"
 	"strings"
 	"sync"
 	"testing"
@@ -60,23 +62,29 @@ func TestBackgroundRequestRunsAgainAfterItsEngineLeft(t *testing.T) {
 // tokens a second.
 func pairNode(t *testing.T, name string, qc queue.Config, batchTPS, chatTPS string) *node {
 	t.Helper()
+	return pairNodeWith(t, name, qc, batchTPS, chatTPS, "onDemand")
+}
+
+// pairNodeWith is pairNode with the chat's residency.
+func pairNodeWith(t *testing.T, name string, qc queue.Config, batchTPS, chatTPS, chatResidency string) *node {
+	t.Helper()
 	n := newNode(t, name, true, "l4=1")
 	n.cfg.Dev, n.cfg.BootstrapExpect = true, 0
 	n.cfg.ResidencyTimeScale = 30
 	n.cfg.Gateway.Queue = qc
 	n.start(t)
 	gpuplane(t, n, "accelerators", "create", "shared", "--device", "l4", "--tenancy", "shared", "--max-models", "4")
-	for _, m := range []struct{ name, priority, tps string }{{"batch", "background", batchTPS}, {"chat", "interactive", chatTPS}} {
+	for _, m := range []struct{ name, residency, priority, tps string }{{"batch", "onDemand", "background", batchTPS}, {"chat", chatResidency, "interactive", chatTPS}} {
 		applySpec(t, n, m.name, fmt.Sprintf(`resource: ModelDeployment
 resourceVersion: v1
 metadata: {name: %s}
 spec:
   model: /models/%s
-  residency: onDemand
+  residency: %s
   priority: %s
   placement: {accelerator: shared}
   engine: {kind: sim, memoryPercent: 60, args: ["--tokens-per-second", %q, "--load-seconds", "0.2"]}
-`, m.name, m.name, m.priority, m.tps))
+`, m.name, m.name, m.residency, m.priority, m.tps))
 	}
 	waitServed(t, n.a.GatewayURL(), "chat")
 	return n
@@ -155,4 +163,68 @@ func TestBackgroundRequestWaitsForItsPromisedTurn(t *testing.T) {
 	if took <= 2*time.Second || !strings.Contains(decisions, "turn as a background model") && !strings.Contains(decisions, "turn as a best-effort model") {
 		t.Errorf("answered after %v without a background turn: the test shows nothing", took)
 	}
+}
+
+// TestWarmOwnerWaitsForTheCardPromisedBack: the chat is warm and kept busy;
+// the batch model's request waits 10 min of the controller's clock (20 s)
+// and gets a lower-class turn, for which the chat is put to sleep. The
+// chat's requests that come during the turn find the warm owner yielding
+// to it (a serialize decision, "back by …"): the gateway keeps them
+// until the card promised back instead of a 503 after its 2 s cold wait,
+// and they are answered once the chat is back (without the gateway
+// asking whether the chat yields, 4 of them were refused).
+func TestWarmOwnerWaitsForTheCardPromisedBack(t *testing.T) {
+	n := pairNodeWith(t, "yield", queue.Config{ColdWait: 2 * time.Second, ColdWaitBackground: 4 * time.Second}, "10", "5", "warm")
+	waitReplica(t, n, "chat", "Resident")
+	c := openaiClient(n)
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var refused []string
+	answered := 0
+	for range 2 {
+		wg.Add(1)
+		go func() { // keep the chat busy: one 10-token request after another
+			defer wg.Done()
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+				_, err := c.Completions.New(ctx, openai.CompletionNewParams{Model: "chat",
+					Prompt: openai.CompletionNewParamsPromptUnion{OfString: openai.String("hi")}, MaxTokens: openai.Int(10)})
+				cancel()
+				mu.Lock()
+				// A drain for the turn cuts requests in flight off with
+				// an error after its deadline; a 503 model_not_loaded is
+				// a request refused while it waited for the card.
+				var e *openai.Error
+				if errors.As(err, &e) && e.StatusCode == http.StatusServiceUnavailable && e.Code == "model_not_loaded" {
+					refused = append(refused, e.Message)
+				} else if err == nil {
+					answered++
+				}
+				mu.Unlock()
+			}
+		}()
+	}
+	time.Sleep(time.Second)
+	a := <-askBatch(c)
+	time.Sleep(2 * time.Second)
+	close(stop)
+	wg.Wait()
+	decisions := gpuplane(t, n, "residency", "decisions")
+	if a.err != nil {
+		t.Fatalf("the background request: %v\n%s", a.err, decisions)
+	}
+	if !strings.Contains(decisions, "serialize chat/0 and batch/0") || !strings.Contains(decisions, "back by") {
+		t.Fatalf("the chat never yielded to the batch's turn: the test shows nothing\n%s", decisions)
+	}
+	if len(refused) > 0 {
+		t.Errorf("%d of the yielding chat's requests refused with 503 (%d answered), want them kept until the card promised back: %q\n%s",
+			len(refused), answered, refused[:min(3, len(refused))], decisions)
+	}
+	t.Logf("chat: %d answered, %d refused", answered, len(refused))
 }
