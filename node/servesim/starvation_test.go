@@ -565,9 +565,9 @@ func TestBatchLoopTurnsKeepTheLowerClassShare(t *testing.T) {
 // residency.Controller.Yielding, queue SetYielding) instead of a 503
 // after the 60 s cold wait: no request of a yielding model is rejected
 // before its promise and the cold wait are over, and requests that
-// waited past the cold wait for it are answered (469 on this trace).
-// Before, the gateway rejected 356 of the chat's requests in its 3 yields
-// before the card promised back (367 of its 4,258 in all).
+// waited past the cold wait for it are answered (336 on this trace, in
+// 4 yields). Before, the gateway rejected 356 of the chat's requests in
+// its 3 yields before the card promised back (367 of its 4,258 in all).
 func TestWarmOwnerThatYieldsKeepsItsRequests(t *testing.T) {
 	cfg, err := ParseConfig("desk16.yaml", []byte(desk16Loop))
 	if err != nil {

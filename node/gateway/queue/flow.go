@@ -31,7 +31,12 @@ type req struct {
 	protected bool
 	// coldBy is when a request waiting for a deployment that is not ready
 	// is rejected (zero while the deployment is ready).
-	coldBy     time.Time
+	coldBy time.Time
+	// since is when it was admitted; late is set when it had waited past
+	// its class's cold wait by the time its deployment became ready: it
+	// sits on its flow's late list, behind the flow's fresh requests.
+	since      time.Time
+	late       bool
 	dlIdx      int // index in the deadline heap, -1 when absent
 	prev, next *req
 }
@@ -99,9 +104,15 @@ type tenant struct {
 // virtual token counter: the service charged to it divided by its weight,
 // lifted when it becomes backlogged.
 type flow struct {
-	t        *tenant
-	counter  float64
+	t       *tenant
+	counter float64
+	// q holds its queued requests in order, and late those that waited
+	// past their cold wait for the card (kept for the card promised): they
+	// have missed what their class is for, so the flow serves its fresh
+	// requests first, and a backlog kept through another model's turn
+	// does not cost the requests that come after it their SLO too.
 	q        reqList
+	late     reqList
 	inFlight int
 	hidx     int    // index in the class heap, -1 when not backlogged
 	seq      uint64 // when it last became backlogged: ties go to the earlier
@@ -111,7 +122,28 @@ type flow struct {
 }
 
 // idle: the flow holds no request.
-func (f *flow) idle() bool { return f.q.n == 0 && f.inFlight == 0 }
+func (f *flow) idle() bool { return f.queued() == 0 && f.inFlight == 0 }
+
+// queued is how many of its requests are queued.
+func (f *flow) queued() int { return f.q.n + f.late.n }
+
+// head is the request it serves next: its oldest fresh one, else its
+// oldest late one.
+func (f *flow) head() *req {
+	if f.q.head != nil {
+		return f.q.head
+	}
+	return f.late.head
+}
+
+// newest is the request it sheds first: its newest fresh one, else its
+// newest late one.
+func (f *flow) newest() *req {
+	if f.q.tail != nil {
+		return f.q.tail
+	}
+	return f.late.tail
+}
 
 // classQ is one class of one deployment: the backlogged flows in a heap
 // by counter, and the floor's account.

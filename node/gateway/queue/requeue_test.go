@@ -256,3 +256,56 @@ func TestYieldingOwnerWaitsForTheCardPromisedBack(t *testing.T) {
 		t.Fatalf("unknown deployment: %v", err)
 	}
 }
+
+// TestLateRequestsGoAfterFreshOnes: requests kept past their cold wait
+// for the card promised back have missed what their class is for; once
+// the engine is ready, a tenant's fresh requests go first (the one that
+// came a minute before it was ready, and one that comes while the late
+// ones queue), then the late ones in their order, all answered. So a
+// backlog kept through another model's turn does not cost the requests
+// after it their SLO too.
+func TestLateRequestsGoAfterFreshOnes(t *testing.T) {
+	cfg := queue.Config{ColdWait: time.Minute, ColdWaitBackground: 20 * time.Minute}
+	e := newEngine(t, cfg, queue.Deployment{Name: "m", MaxInFlight: 1, QueueLimit: 10})
+	if err := e.s.SetCold("m", time.Time{}, e.now); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.s.SetYielding("m", true); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.s.SetCardBy("m", epoch.Add(10*time.Minute), e.now); err != nil {
+		t.Fatal(err)
+	}
+	fg := queue.Request{Deployment: "m", Tenant: "t", Class: queue.Interactive, PromptTokens: 1, MaxTokens: 2}
+	var late []queue.ID
+	for range 3 {
+		late = append(late, e.enqueue(fg, 2))
+		e.now = e.now.Add(time.Second)
+	}
+	e.now = epoch.Add(5 * time.Minute)
+	e.apply(e.s.Tick(e.now))
+	fresh := e.enqueue(fg, 2)
+	e.now = e.now.Add(30 * time.Second)
+	o, err := e.s.SetReady("m", e.now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.apply(o)
+	if !slices.Equal(o.Dispatched, []queue.ID{fresh}) {
+		t.Fatalf("engine ready: dispatched %v, want the fresh request %d first (late %v)", o.Dispatched, fresh, late)
+	}
+	e.step(time.Second)
+	fresh2 := e.enqueue(fg, 2) // comes while the late ones wait
+	for range 20 {
+		e.step(time.Second)
+	}
+	for _, id := range append(append([]queue.ID{fresh}, late...), fresh2) {
+		if got := e.ended[id]; got.Outcome != queue.Finished {
+			t.Fatalf("request %d: %+v, want finished", id, got)
+		}
+	}
+	want := []queue.ID{fresh, fresh2, late[0], late[1], late[2]}
+	if !slices.Equal(e.dispatchOrder, want) {
+		t.Fatalf("dispatch order %v, want %v: fresh requests before the late ones, these in their order", e.dispatchOrder, want)
+	}
+}

@@ -170,7 +170,21 @@ func (s *Scheduler) SetReady(name string, now time.Time) (Output, error) {
 	if !d.d.Ready {
 		d.d.Ready = true
 		d.readyBy, d.cardBy, d.yielding = time.Time{}, time.Time{}, false
-		s.eachQueued(d, func(r *req) { r.coldBy = time.Time{}; s.dl.set(r) })
+		var late []*req
+		s.eachQueued(d, func(r *req) {
+			r.coldBy = time.Time{}
+			s.dl.set(r)
+			if !r.late && !now.Before(r.since.Add(s.coldWait(r.r.Class))) {
+				late = append(late, r)
+			}
+		})
+		// Those that waited past their cold wait for the card go behind
+		// their flows' fresh requests (flow.late), in their order.
+		for _, r := range late {
+			r.fl.q.remove(r)
+			r.fl.late.pushBack(r)
+			r.late = true
+		}
 	}
 	s.pump(d, now)
 	return s.out, nil
@@ -294,6 +308,9 @@ func (s *Scheduler) eachQueued(d *dep, fn func(*req)) {
 			for r := f.q.head; r != nil; r = r.next {
 				fn(r)
 			}
+			for r := f.late.head; r != nil; r = r.next {
+				fn(r)
+			}
 		}
 	}
 }
@@ -342,6 +359,7 @@ func (s *Scheduler) Enqueue(r Request, now time.Time) (ID, Output, error) {
 	}
 	q := s.newReq()
 	q.id, q.r, q.dep, q.cost, q.state = id, r, d, r.PromptTokens+r.MaxTokens, stQueued
+	q.since = now
 	cq := &d.classes[r.Class]
 	t := s.tenant(r.Tenant)
 	f, ok := cq.flows[t]
@@ -386,7 +404,7 @@ func (s *Scheduler) shedFor(d *dep, c Class) *req {
 				worst = f
 			}
 		}
-		return worst.q.tail
+		return worst.newest()
 	}
 	return nil
 }
@@ -444,13 +462,18 @@ func (s *Scheduler) enqueue(q *req, front bool) {
 func (s *Scheduler) dequeue(q *req) {
 	f, d := q.fl, q.dep
 	cq := &d.classes[q.r.Class]
-	f.q.remove(q)
+	if q.late {
+		f.late.remove(q)
+		q.late = false
+	} else {
+		f.q.remove(q)
+	}
 	cq.queued--
 	d.queued--
 	if cq.queued == 0 {
 		cq.owed = 0 // a floor is owed only while the class waits
 	}
-	if f.q.n == 0 {
+	if f.queued() == 0 {
 		cq.removeAt(f.hidx)
 		if len(cq.heap) == 0 {
 			cq.lastLeft, cq.hasLastLeft = f.counter, true
@@ -483,7 +506,7 @@ func (s *Scheduler) pickClass(d *dep) (c Class, byFloor, ok bool) {
 	}
 	for c := Background; c < top; c++ {
 		cq := &d.classes[c]
-		if cq.queued > 0 && cq.owed > 0 && cq.owed >= (1-s.floors[c])*float64(cq.heap[0].q.head.cost) {
+		if cq.queued > 0 && cq.owed > 0 && cq.owed >= (1-s.floors[c])*float64(cq.heap[0].head().cost) {
 			return c, true, true
 		}
 	}
@@ -525,7 +548,7 @@ func (s *Scheduler) pump(d *dep, now time.Time) {
 		}
 		cq := &d.classes[c]
 		f := cq.heap[0]
-		q := f.q.head
+		q := f.head()
 		// An interactive head that does not fit takes the room of
 		// background work, and is dispatched into it at once.
 		if !d.fits(q) && (c != Interactive || s.cfg.NoPreemption || !d.yieldsTo(q) && !s.preemptFor(d, q)) {

@@ -38,6 +38,8 @@ type engine struct {
 	dispatchedTokens [3]float64
 	preemptions      int
 	queued           map[tenantClass]int
+	// dispatchOrder lists every dispatch in order.
+	dispatchOrder []queue.ID
 	// trace, when set, records every output in order.
 	trace *strings.Builder
 }
@@ -141,6 +143,7 @@ func (e *engine) apply(o queue.Output) {
 			e.served[q.r.Tenant] += float64(q.r.PromptTokens) * e.in.InputPrice
 		}
 		q.dispatchN++
+		e.dispatchOrder = append(e.dispatchOrder, id)
 		e.set(q, "inflight")
 		e.dispatchedTokens[q.r.Class] += float64(q.r.PromptTokens + q.r.MaxTokens)
 		e.inFlight = append(e.inFlight, id)

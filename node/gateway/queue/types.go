@@ -90,7 +90,8 @@ type Config struct {
 	// ready before it is rejected with 503 (default 60 s); where the
 	// deployment is best-effort or yields the card to another model's
 	// turn, until the card its controller promises (SetCardBy) and
-	// ColdWait more.
+	// ColdWait more. A request that waited past its cold wait goes after
+	// its tenant's fresh requests once the deployment is ready.
 	ColdWait time.Duration
 	// ColdWaitBackground is the same wait for a background request
 	// (default 20 min): batch work waits for its model's turn on a busy
