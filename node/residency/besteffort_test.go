@@ -21,26 +21,7 @@ func TestBestEffortProtectsTheLargestSetAndAnOperatorPinsIt(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var exec func(out residency.Output)
-	exec = func(out residency.Output) {
-		if out.Err != nil || len(out.Violations) > 0 {
-			t.Fatalf("err %v, violations %v", out.Err, out.Violations)
-		}
-		for _, a := range out.Actions {
-			switch a.Kind {
-			case residency.ActBestEffort:
-				t.Fatalf("a best-effort decision came back as an action: %+v", a)
-			case residency.ActLoad, residency.ActPrewarm:
-				defer func(m residency.ModelID) { exec(c.Handle(residency.LoadDone{Model: m})) }(a.Model)
-			case residency.ActWake:
-				defer func(m residency.ModelID) { exec(c.Handle(residency.WakeDone{Model: m})) }(a.Model)
-			case residency.ActSleep:
-				defer func(m residency.ModelID) { exec(c.Handle(residency.SleepDone{Model: m})) }(a.Model)
-			case residency.ActEvict, residency.ActUnload:
-				defer func(m residency.ModelID) { exec(c.Handle(residency.Unloaded{Model: m})) }(a.Model)
-			}
-		}
-	}
+	exec := instant(t, c, nil, nil)
 	add := func(m residency.ModelID, res residency.Residency, gib int64) {
 		exec(c.Handle(residency.DeploymentAdded{Deployment: residency.Deployment{Model: m, Residency: res, Priority: residency.Priority(2),
 			Share: gib << 30, CanSleep: true, LoadTime: 20 * time.Second, WakeTime: 2 * time.Second}}))

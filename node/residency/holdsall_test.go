@@ -19,24 +19,7 @@ func TestIdleModelsStayWhileTheCardHoldsThemAll(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		var exec func(out residency.Output)
-		exec = func(out residency.Output) {
-			if out.Err != nil || len(out.Violations) > 0 {
-				t.Fatalf("err %v, violations %v", out.Err, out.Violations)
-			}
-			for _, a := range out.Actions {
-				switch a.Kind {
-				case residency.ActLoad, residency.ActPrewarm:
-					defer func(m residency.ModelID) { exec(c.Handle(residency.LoadDone{Model: m})) }(a.Model)
-				case residency.ActWake:
-					defer func(m residency.ModelID) { exec(c.Handle(residency.WakeDone{Model: m})) }(a.Model)
-				case residency.ActSleep:
-					defer func(m residency.ModelID) { exec(c.Handle(residency.SleepDone{Model: m})) }(a.Model)
-				case residency.ActEvict, residency.ActUnload:
-					defer func(m residency.ModelID) { exec(c.Handle(residency.Unloaded{Model: m})) }(a.Model)
-				}
-			}
-		}
+		exec := instant(t, c, nil, nil)
 		for _, d := range []struct {
 			m   residency.ModelID
 			res residency.Residency

@@ -26,26 +26,11 @@ func TestAnUnmeasuredSleepHoldsItsFootprintUntilSampled(t *testing.T) {
 			t.Fatal(err)
 		}
 		var slept []residency.ModelID
-		var exec func(out residency.Output)
-		exec = func(out residency.Output) {
-			if out.Err != nil {
-				t.Fatal(out.Err)
+		exec := instant(t, c, func(a residency.Action) {
+			if a.Kind == residency.ActSleep {
+				slept = append(slept, a.Model)
 			}
-			violations += len(out.Violations)
-			for _, a := range out.Actions {
-				switch a.Kind {
-				case residency.ActLoad, residency.ActPrewarm:
-					defer func(m residency.ModelID) { exec(c.Handle(residency.LoadDone{Model: m})) }(a.Model)
-				case residency.ActWake:
-					defer func(m residency.ModelID) { exec(c.Handle(residency.WakeDone{Model: m})) }(a.Model)
-				case residency.ActSleep:
-					slept = append(slept, a.Model)
-					defer func(m residency.ModelID) { exec(c.Handle(residency.SleepDone{Model: m})) }(a.Model)
-				case residency.ActEvict, residency.ActUnload:
-					defer func(m residency.ModelID) { exec(c.Handle(residency.Unloaded{Model: m})) }(a.Model)
-				}
-			}
-		}
+		}, &violations)
 		add := func(m residency.ModelID, res residency.Residency, gib float64) {
 			exec(c.Handle(residency.DeploymentAdded{Deployment: residency.Deployment{Model: m, Residency: res, Priority: residency.Priority(2),
 				Share: int64(gib * (1 << 30)), CanSleep: true, LoadTime: 10 * time.Second, WakeTime: time.Second}}))
