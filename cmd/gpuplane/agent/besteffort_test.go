@@ -1,18 +1,15 @@
 package agent_test
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
 	"regexp"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/chromedp/chromedp"
-	"github.com/openai/openai-go/v3"
 
 	"github.com/gpuplane/gpuplane/internal/testutil"
 )
@@ -55,42 +52,20 @@ spec:
 	c := openaiClient(n)
 	models := []string{"chat", "coder", "vision"}
 	var offered, served [3]atomic.Int64
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
+	var halts []func()
 	for i, m := range models {
-		for range 2 {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				for {
-					select {
-					case <-stop:
-						return
-					default:
-					}
-					offered[i].Add(1)
-					ctx, cancel := context.WithTimeout(context.Background(), 45*time.Second)
-					_, err := c.Completions.New(ctx, openai.CompletionNewParams{Model: openai.CompletionNewParamsModel(m),
-						Prompt: openai.CompletionNewParamsPromptUnion{OfString: openai.String("hi")}, MaxTokens: openai.Int(10)})
-					cancel()
-					if err == nil {
-						served[i].Add(1)
-					} else {
-						select {
-						case <-stop:
-						case <-time.After(200 * time.Millisecond):
-						}
-					}
-				}
-			}()
-		}
+		halts = append(halts, keepBusy(c, m, 2, 45*time.Second, func(err error) {
+			offered[i].Add(1)
+			if err == nil {
+				served[i].Add(1)
+			} else {
+				time.Sleep(200 * time.Millisecond)
+			}
+		}))
 	}
-	stopped := false
 	halt := func() {
-		if !stopped {
-			stopped = true
-			close(stop)
-			wg.Wait()
+		for _, h := range halts {
+			h()
 		}
 	}
 	defer halt()

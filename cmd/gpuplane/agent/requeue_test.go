@@ -113,6 +113,34 @@ func askBatch(c openai.Client) <-chan answer {
 	return done
 }
 
+// keepBusy has clients callers each send model one 10-token completion
+// after another (each waiting at most timeout) until the returned halt is
+// called, which waits for them; each, when set, hears every outcome.
+func keepBusy(c openai.Client, model string, clients int, timeout time.Duration, each func(error)) (halt func()) {
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for range clients {
+		wg.Go(func() {
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				ctx, cancel := context.WithTimeout(context.Background(), timeout)
+				_, err := c.Completions.New(ctx, openai.CompletionNewParams{Model: openai.CompletionNewParamsModel(model),
+					Prompt: openai.CompletionNewParamsPromptUnion{OfString: openai.String("hi")}, MaxTokens: openai.Int(10)})
+				cancel()
+				if each != nil {
+					each(err)
+				}
+			}
+		})
+	}
+	var once sync.Once
+	return func() { once.Do(func() { close(stop); wg.Wait() }) }
+}
+
 // TestBackgroundRequestWaitsForItsPromisedTurn: the gateway's background
 // cold wait is 2 s here, and a busy interactive chat keeps the card; the
 // batch model, best-effort and answered none of its requests yet, gets its
@@ -126,26 +154,7 @@ func TestBackgroundRequestWaitsForItsPromisedTurn(t *testing.T) {
 	n := pairNode(t, "promise", queue.Config{ColdWait: time.Second, ColdWaitBackground: 2 * time.Second}, "40", "5")
 	waitReplica(t, n, "chat", "Resident")
 	c := openaiClient(n)
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	for range 2 {
-		wg.Add(1)
-		go func() { // keep the chat busy: one 10-token request after another
-			defer wg.Done()
-			for {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-				_, _ = c.Completions.New(ctx, openai.CompletionNewParams{Model: "chat",
-					Prompt: openai.CompletionNewParamsPromptUnion{OfString: openai.String("hi")}, MaxTokens: openai.Int(10)})
-				cancel()
-			}
-		}()
-	}
-	defer func() { close(stop); wg.Wait() }()
+	defer keepBusy(c, "chat", 2, 30*time.Second, nil)()
 	time.Sleep(time.Second)
 	start := time.Now()
 	a := <-askBatch(c)
@@ -177,44 +186,27 @@ func TestWarmOwnerWaitsForTheCardPromisedBack(t *testing.T) {
 	n := pairNodeWith(t, "yield", queue.Config{ColdWait: 2 * time.Second, ColdWaitBackground: 4 * time.Second}, "10", "5", "warm")
 	waitReplica(t, n, "chat", "Resident")
 	c := openaiClient(n)
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
 	var mu sync.Mutex
 	var refused []string
 	answered := 0
-	for range 2 {
-		wg.Add(1)
-		go func() { // keep the chat busy: one 10-token request after another
-			defer wg.Done()
-			for {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-				_, err := c.Completions.New(ctx, openai.CompletionNewParams{Model: "chat",
-					Prompt: openai.CompletionNewParamsPromptUnion{OfString: openai.String("hi")}, MaxTokens: openai.Int(10)})
-				cancel()
-				mu.Lock()
-				// A drain for the turn cuts requests in flight off with
-				// an error after its deadline; a 503 model_not_loaded is
-				// a request refused while it waited for the card.
-				var e *openai.Error
-				if errors.As(err, &e) && e.StatusCode == http.StatusServiceUnavailable && e.Code == "model_not_loaded" {
-					refused = append(refused, e.Message)
-				} else if err == nil {
-					answered++
-				}
-				mu.Unlock()
-			}
-		}()
-	}
+	halt := keepBusy(c, "chat", 2, time.Minute, func(err error) {
+		mu.Lock()
+		defer mu.Unlock()
+		// A drain for the turn cuts requests in flight off with an error
+		// after its deadline; a 503 model_not_loaded is a request refused
+		// while it waited for the card.
+		var e *openai.Error
+		if errors.As(err, &e) && e.StatusCode == http.StatusServiceUnavailable && e.Code == "model_not_loaded" {
+			refused = append(refused, e.Message)
+		} else if err == nil {
+			answered++
+		}
+	})
+	defer halt()
 	time.Sleep(time.Second)
 	a := <-askBatch(c)
 	time.Sleep(2 * time.Second)
-	close(stop)
-	wg.Wait()
+	halt()
 	decisions := gpuplane(t, n, "residency", "decisions")
 	if a.err != nil {
 		t.Fatalf("the background request: %v\n%s", a.err, decisions)

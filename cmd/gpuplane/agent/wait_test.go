@@ -55,7 +55,6 @@ spec:
 	}
 	waitServed(t, n.a.GatewayURL(), "writer")
 	c := openaiClient(n)
-	stop := make(chan struct{})
 	var wg sync.WaitGroup
 	ask := func(model string, tokens int64) {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -63,26 +62,12 @@ spec:
 		_, _ = c.Completions.New(ctx, openai.CompletionNewParams{Model: openai.CompletionNewParamsModel(model),
 			Prompt: openai.CompletionNewParamsPromptUnion{OfString: openai.String("hi")}, MaxTokens: openai.Int(tokens)})
 	}
-	for range 2 {
-		wg.Add(1)
-		go func() { // keep the writer busy
-			defer wg.Done()
-			for {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				ask("writer", 10)
-			}
-		}()
-	}
+	halt := keepBusy(c, "writer", 2, time.Minute, nil)
 	time.Sleep(time.Second)
 	for range 4 {
-		wg.Add(1)
-		go func() { defer wg.Done(); ask("batch", 5) }()
+		wg.Go(func() { ask("batch", 5) })
 	}
-	defer func() { close(stop); wg.Wait() }()
+	defer func() { halt(); wg.Wait() }()
 
 	// The plan explains the wait, with its bound.
 	var cause, by string
