@@ -70,12 +70,16 @@ type Config struct {
 	BestEffort bool
 	// SleepUnmeasuredFull counts a sleeping engine whose residual was
 	// never measured nor given at its whole footprint until its first
-	// memory sample. The agent (whose card manager samples every engine
-	// it runs, a sleeping one NVML lists no process for at 0) and the
-	// serving simulator turn it on: counted as holding nothing, a sleep
-	// whose residual the sample then shows can leave the card's claims
-	// over its usable memory (a ledger violation: pinned-only) when a
-	// load was started into the memory it seemed to free.
+	// memory sample. The serving simulator, which starts without priors,
+	// turns it on (not when it replays a node's own traffic: there it
+	// runs as the agent does). The agent leaves it off, and neither rule
+	// is right yet: counted in full, the sleeper is evicted for memory
+	// its sleep already freed before the sample comes (a cold load where
+	// a wake would do: the agent's e2e TestOnDemandModelsShareOneCard);
+	// counted as nothing, a load started into the memory it seemed to
+	// free can leave the claims over the usable memory once the sample
+	// shows the residual (TestAnUnmeasuredSleepHoldsItsFootprintUntilSampled).
+	// The fix is a sleep that reports its residual as it completes.
 	SleepUnmeasuredFull bool
 }
 

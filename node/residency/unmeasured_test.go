@@ -15,8 +15,8 @@ import (
 // until then (SleepUnmeasuredFull off), the waiting model's load starts
 // into memory the sleep did not free and the sample leaves the claims over
 // the usable memory: a ledger violation, and the card goes pinned-only.
-// Counted at its footprint until sampled (as the agent and the simulator
-// run it), the load waits for the sample, the sleeping model is unloaded
+// Counted at its footprint until sampled (as the simulator runs it), the
+// load waits for the sample, the sleeping model is unloaded
 // for the 512 MiB it still holds, and the big model comes on the card.
 func TestAnUnmeasuredSleepHoldsItsFootprintUntilSampled(t *testing.T) {
 	run := func(full bool) (violations int, big residency.State, pinnedOnly bool) {

@@ -105,11 +105,7 @@ func (a *Agent) startExecutor() error {
 		a.residencyJournal = residency.NewJournal(a.cfg.NodeName, 0)
 	}
 	res := cardmanager.New(cardmanager.Options{
-		// An unmeasured sleep counts its whole footprint until the card's
-		// next memory sample, as the simulator counts it (the card manager
-		// samples every engine it runs, a sleeping one NVML does not list
-		// at 0).
-		Config: residency.Config{BestEffort: !a.cfg.NoBestEffort, SleepUnmeasuredFull: true},
+		Config: residency.Config{BestEffort: !a.cfg.NoBestEffort},
 		Node:   a.cfg.NodeName, Cards: node.Cards, Advise: advise, NVML: lib, Journal: a.residencyJournal, DataDir: a.cfg.DataDir,
 		BindHost: localHost, AdvertiseHost: localHost, FrontKey: a.frontKey, EngineKeys: a.engineKeys, Logger: a.cfg.Logger, TimeScale: a.cfg.ResidencyTimeScale,
 	})

@@ -1,0 +1,66 @@
+package servesim
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+)
+
+// TestReplayCountsAnUnmeasuredSleepAsTheAgentDoes: a background batch
+// model the coder takes the card from is put to sleep; the agent's
+// controller counts that sleep as holding nothing until it is measured
+// (residency.Config.SleepUnmeasuredFull off), so the coder loads beside it
+// and batch's next turn is a wake. Replaying a node's traffic
+// (SleepUnmeasuredFree) must do the same; the simulator's own default
+// counts the unmeasured sleep at its whole footprint and evicts batch too,
+// so its next turn is a cold load.
+func TestReplayCountsAnUnmeasuredSleepAsTheAgentDoes(t *testing.T) {
+	const card = `
+card: {name: l4, memoryGiB: 22.5}
+models:
+  - {name: chat, class: interactive, residency: pinned, memoryGiB: 9, loadSeconds: 1, sleepSeconds: 0.05, stopSeconds: 0.2, tokensPerSecond: 100, sloTTFTSeconds: 0.4}
+  - {name: coder, class: standard, memoryGiB: 10.1, loadSeconds: 2, wakeSeconds: 0.5, sleepSeconds: 0.05, stopSeconds: 0.2, tokensPerSecond: 100, sloTTFTSeconds: 1.5}
+  - {name: batch, class: background, memoryGiB: 10.1, loadSeconds: 2, wakeSeconds: 0.5, sleepSeconds: 0.05, stopSeconds: 0.2, tokensPerSecond: 10}
+tenants: [{name: t1}]
+traces:
+  - {file: "*.jsonl"}
+`
+	// batch asks first and is loaded; the coder asks while batch runs and
+	// takes the card; a minute later, the coder quiet, batch asks again.
+	const trace = `{"time": 0, "model": "chat", "tenant": "t1", "prompt_tokens": 10, "output_tokens": 8}
+{"time": 1, "model": "batch", "tenant": "t1", "prompt_tokens": 10, "output_tokens": 200}
+{"time": 6, "model": "coder", "tenant": "t1", "prompt_tokens": 10, "output_tokens": 30}
+{"time": 90, "model": "batch", "tenant": "t1", "prompt_tokens": 10, "output_tokens": 20}
+`
+	dir := t.TempDir()
+	path := filepath.Join(dir, "trace.jsonl")
+	if err := os.WriteFile(path, []byte(trace), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	replay := func(free bool) Result {
+		cfg, err := ParseConfig(filepath.Join(dir, "cfg.yaml"), []byte(card))
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg.NoBestEffort, cfg.SleepUnmeasuredFree = true, free
+		w, err := NewWorkload(cfg, []string{path}, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return mustRun(t, cfg, w, "gpuplane", nil)
+	}
+	agent, own := replay(true), replay(false)
+	for _, r := range []Result{agent, own} {
+		if r.Completed != 4 || r.LedgerViolations != 0 {
+			t.Fatalf("want the 4 requests served without a ledger violation: %s", s0(r))
+		}
+	}
+	// chat, batch and coder loaded once each; batch woken for its second
+	// turn.
+	if agent.ColdLoads != 3 || agent.Wakes != 1 {
+		t.Errorf("as the agent counts sleeps: %d cold loads and %d wakes, want 3 and 1 (batch slept beside the coder): %s", agent.ColdLoads, agent.Wakes, s0(agent))
+	}
+	if own.ColdLoads != 4 || own.Wakes != 0 {
+		t.Errorf("counting an unmeasured sleep in full: %d cold loads and %d wakes, want 4 and 0 (batch evicted too): %s", own.ColdLoads, own.Wakes, s0(own))
+	}
+}
