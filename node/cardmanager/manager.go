@@ -864,7 +864,13 @@ func (m *Manager) act(c *cardCtrl, a residency.Action) {
 			}
 			switch {
 			case err == nil && a.Kind == residency.ActSleep:
-				m.post(func() { m.handle(m.ctrls[c.index], residency.SleepDone{Model: a.Model}, "asleep") })
+				m.post(func() {
+					// What the engine kept asleep, read now: the controller
+					// counts it in the same step (neither its footprint nor
+					// nothing until the next sample).
+					held, ok := m.engineBytes(c, k)
+					m.handle(m.ctrls[c.index], residency.SleepDone{Model: a.Model, Residual: held, Measured: ok}, "asleep")
+				})
 			case err == nil:
 				m.post(func() { m.handle(m.ctrls[c.index], residency.WakeDone{Model: a.Model}, "awake") })
 			default:
@@ -990,6 +996,39 @@ func (m *Manager) sample() {
 			}
 		}
 	}
+}
+
+// engineBytes is what k's engine processes hold on card c as NVML
+// reports it now (0 for an engine NVML lists no process for), and whether
+// NVML answered.
+func (m *Manager) engineBytes(c *cardCtrl, k rkey) (int64, bool) {
+	if m.opts.NVML == nil || m.ex == nil {
+		return 0, false
+	}
+	pids := map[uint32]bool{}
+	for _, e := range m.ex.Engines() {
+		if (rkey{e.Model, e.Replica}) == k {
+			pids[uint32(e.PID)] = true
+		}
+	}
+	if len(pids) == 0 {
+		return 0, false
+	}
+	dev, ret := m.opts.NVML.DeviceGetHandleByUUID(c.uuid)
+	if ret != nvml.SUCCESS {
+		return 0, false
+	}
+	procs, ret := dev.GetComputeRunningProcesses()
+	if ret != nvml.SUCCESS {
+		return 0, false
+	}
+	var held int64
+	for _, p := range procs {
+		if pids[p.Pid] {
+			held += int64(p.UsedGpuMemory)
+		}
+	}
+	return held, true
 }
 
 // byPIDKeys is the set of replicas with an engine process.

@@ -70,16 +70,15 @@ type Config struct {
 	BestEffort bool
 	// SleepUnmeasuredFull counts a sleeping engine whose residual was
 	// never measured nor given at its whole footprint until its first
-	// memory sample. The serving simulator, which starts without priors,
-	// turns it on (not when it replays a node's own traffic: there it
-	// runs as the agent does). The agent leaves it off, and neither rule
-	// is right yet: counted in full, the sleeper is evicted for memory
-	// its sleep already freed before the sample comes (a cold load where
-	// a wake would do: the agent's e2e TestOnDemandModelsShareOneCard);
-	// counted as nothing, a load started into the memory it seemed to
-	// free can leave the claims over the usable memory once the sample
-	// shows the residual (TestAnUnmeasuredSleepHoldsItsFootprintUntilSampled).
-	// The fix is a sleep that reports its residual as it completes.
+	// memory sample (the agent leaves it off: nothing until sampled). It
+	// matters only for a sleep that did not report what it kept
+	// (SleepDone.Measured): the agent's card manager reads that from NVML
+	// as the engine says it slept, the simulator from its engine. Counted
+	// in full, the sleeper is evicted in the same step for memory it
+	// already freed (a cold load where a wake would do); counted as
+	// nothing, a load started into the memory it seemed to free can
+	// leave the claims over the usable memory once the residual shows
+	// (TestAnUnmeasuredSleepHoldsItsFootprintUntilSampled).
 	SleepUnmeasuredFull bool
 }
 
@@ -628,6 +627,14 @@ func (c *Controller) observe(ev Event, now time.Time) error {
 		if r := c.rep(e.Model); r != nil && r.state == Draining && r.pending == ActSleep {
 			r.pending, r.issued, r.drainFor = 0, false, ""
 			c.setState(r, Sleeping, now)
+			if e.Measured && e.Residual >= 0 {
+				// Measured as it completed: the step that follows counts
+				// what the sleep really kept, neither its footprint nor
+				// nothing.
+				r.measured = e.Residual
+				r.unmeasuredSleep = false
+				r.prof.memory(r.state, e.Residual-c.loadedAdapterBytes(r), r.mem)
+			}
 		}
 	case Unloaded:
 		if r := c.rep(e.Model); r != nil && r.state != Cold {

@@ -74,7 +74,15 @@ type LoadFailed struct {
 type WakeDone struct{ Model ModelID }
 
 // SleepDone: a Sleep finished; the engine holds its residual.
-type SleepDone struct{ Model ModelID }
+type SleepDone struct {
+	Model ModelID
+	// Residual is what the engine keeps on the card asleep, as the node
+	// measured it when the sleep completed (NVML per process, the
+	// simulator's engine), when Measured; otherwise the card's next
+	// memory sample says it.
+	Residual int64
+	Measured bool
+}
 
 // Unloaded: an Evict or Unload finished; the engine holds nothing.
 type Unloaded struct{ Model ModelID }

@@ -13,6 +13,13 @@ import (
 // counts them. seen, when set, hears of each action first.
 func instant(t *testing.T, c *residency.Controller, seen func(residency.Action), violations *int) func(residency.Output) {
 	t.Helper()
+	return instantSleeping(t, c, seen, violations, 0, false)
+}
+
+// instantSleeping is instant whose sleeps report residual as what the
+// engine kept when measured is set.
+func instantSleeping(t *testing.T, c *residency.Controller, seen func(residency.Action), violations *int, residual int64, measured bool) func(residency.Output) {
+	t.Helper()
 	var exec func(out residency.Output)
 	exec = func(out residency.Output) {
 		if out.Err != nil {
@@ -35,7 +42,9 @@ func instant(t *testing.T, c *residency.Controller, seen func(residency.Action),
 			case residency.ActWake:
 				defer func(m residency.ModelID) { exec(c.Handle(residency.WakeDone{Model: m})) }(a.Model)
 			case residency.ActSleep:
-				defer func(m residency.ModelID) { exec(c.Handle(residency.SleepDone{Model: m})) }(a.Model)
+				defer func(m residency.ModelID) {
+					exec(c.Handle(residency.SleepDone{Model: m, Residual: residual, Measured: measured}))
+				}(a.Model)
 			case residency.ActEvict, residency.ActUnload:
 				defer func(m residency.ModelID) { exec(c.Handle(residency.Unloaded{Model: m})) }(a.Model)
 			}

@@ -344,8 +344,9 @@ func (p *gpuplane) copied(e *engine) {
 func (p *gpuplane) settled(e *engine) {
 	model := residency.ModelID(e.m.Name)
 	if e.state == asleep {
-		p.send(residency.SleepDone{Model: model})
-		p.send(residency.MemorySample{Model: model, Bytes: e.mem})
+		// The sleep reports what the engine keeps, as the agent's card
+		// manager reads it from NVML when the engine says it slept.
+		p.send(residency.SleepDone{Model: model, Residual: e.mem, Measured: true})
 	} else {
 		p.send(residency.Unloaded{Model: model})
 	}
