@@ -237,11 +237,6 @@ func New(opts Options) *Manager {
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
-	if opts.NVML == nil {
-		// Without NVML no memory sample ever comes: an unmeasured sleep
-		// counted at its whole footprint would stay so.
-		opts.Config.SleepUnmeasuredFull = false
-	}
 	if opts.Config.Profiler == nil {
 		// One per node: a variant's profile serves its replicas on every
 		// card and outlives a card's controller.
@@ -977,19 +972,6 @@ func (m *Manager) sample() {
 				used[k] += int64(p.UsedGpuMemory)
 			}
 		}
-		// A sleeping engine NVML lists no process for holds no memory on
-		// the card: that is its sample (without it an unmeasured sleep
-		// would count its whole footprint until it woke).
-		for _, k := range sortedKeys(byPIDKeys(byPID)) {
-			if _, ok := used[k]; ok {
-				continue
-			}
-			if r := m.reps[k]; r != nil && r.card == c.index && m.follows(r) {
-				if st, ok := c.ctrl.Replica(k.id()); ok && st.State == residency.Sleeping {
-					used[k] = 0
-				}
-			}
-		}
 		for _, k := range sortedKeys(used) {
 			if r := m.reps[k]; r != nil && r.card == c.index && m.follows(r) {
 				m.handle(c, residency.MemorySample{Model: k.id(), Bytes: used[k]}, "")
@@ -1029,15 +1011,6 @@ func (m *Manager) engineBytes(c *cardCtrl, k rkey) (int64, bool) {
 		}
 	}
 	return held, true
-}
-
-// byPIDKeys is the set of replicas with an engine process.
-func byPIDKeys(byPID map[uint32]rkey) map[rkey]bool {
-	keys := make(map[rkey]bool, len(byPID))
-	for _, k := range byPID {
-		keys[k] = true
-	}
-	return keys
 }
 
 // unloaded reports that a stop the Manager asked for is done.

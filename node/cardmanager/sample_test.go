@@ -5,77 +5,84 @@ import (
 	"testing"
 	"time"
 
-	"github.com/NVIDIA/go-nvml/pkg/nvml"
-
+	"github.com/gpuplane/gpuplane/node/executor"
 	"github.com/gpuplane/gpuplane/node/residency"
 	pb "github.com/gpuplane/gpuplane/proto/gpuplane/v1"
 )
 
-// contextless is NVML as the driver answers it: a process that holds no
-// memory on the card (no CUDA context) is not among its compute processes.
-type contextless struct{ nvml.Interface }
-
-func (c contextless) DeviceGetHandleByUUID(uuid string) (nvml.Device, nvml.Return) {
-	d, ret := c.Interface.DeviceGetHandleByUUID(uuid)
-	return contextlessDevice{d}, ret
-}
-
-type contextlessDevice struct{ nvml.Device }
-
-func (d contextlessDevice) GetComputeRunningProcesses() ([]nvml.ProcessInfo, nvml.Return) {
-	procs, ret := d.Device.GetComputeRunningProcesses()
-	var held []nvml.ProcessInfo
-	for _, p := range procs {
-		if p.UsedGpuMemory > 0 {
-			held = append(held, p)
+// TestASleepReportsWhatItKept: on a card packed to the last GiB — a pinned
+// model on 20 % and a big onDemand one on 74 % fill its usable 95 % — a
+// small onDemand model that keeps 300 MiB asleep is on the card when the
+// big one is asked for. The small one is put to sleep; when its engine says
+// it slept, the card manager reads from NVML what it kept and the sleep
+// reports it, so the controller sees the 300 MiB in the same step and
+// unloads the sleeper before the big load starts. Counted as holding
+// nothing until the next memory sample, the big load started at once and
+// the sample then left the card's claims over its usable memory: a ledger
+// violation, and the card went pinned-only.
+func TestASleepReportsWhatItKept(t *testing.T) {
+	n := newAdapterNodeWith(t, nil)
+	desired := func(model string, index uint64, percent uint32, res pb.Residency, args ...string) executor.Desired {
+		return executor.Desired{
+			Replica: &pb.Replica{Model: model, Generation: 1, Node: node, Accelerator: "shared",
+				Cards: []uint32{0}, MemoryMib: n.card.GetMemoryMib() * uint64(percent) / 100, PlacedIndex: index, State: pb.ReplicaState_REPLICA_STATE_PLACED},
+			Spec: &pb.ModelSpec{Model: "sim://" + model, ServedModelName: model, Replicas: 1, Residency: res,
+				Engine: &pb.EngineSpec{Kind: "sim", MemoryPercent: percent,
+					Args: append([]string{"--load-seconds", "0.2", "--tokens-per-second", "400"}, args...)}},
 		}
 	}
-	return held, ret
-}
-
-// TestASleepNVMLDoesNotListIsSampledEmpty: the agent counts a sleep whose
-// residual it never measured at the engine's whole footprint until the
-// card's next memory sample. An engine that keeps nothing on the card
-// asleep has no process in NVML's list; the card manager samples it at 0,
-// so the ledger frees its memory within a tick instead of counting it in
-// full until it wakes.
-func TestASleepNVMLDoesNotListIsSampledEmpty(t *testing.T) {
-	n := newAdapterNodeWith(t, func(c *residency.Config) {
-		c.IdleSleep = 300 * time.Millisecond
-		c.SleepUnmeasuredFull = true
-	})
-	done := make(chan struct{})
-	n.mgr.post(func() { n.mgr.opts.NVML = contextless{n.mgr.opts.NVML}; close(done) })
-	<-done
-	chat := n.deployment(pb.Residency_RESIDENCY_WARM, 0, nil)
-	chat.Spec.Engine.Args = append(chat.Spec.Engine.Args, "--sleep-residual-mib", "0")
-	n.publish(chat)
-	if code, _, msg := ask(t, n.front(), "chat", ""); code != http.StatusOK {
-		t.Fatalf("first request: %d %s", code, msg)
-	}
-	cost := func() (residency.State, int64) {
-		out := make(chan residency.LedgerEntry, 1)
-		n.mgr.post(func() {
-			for _, e := range n.mgr.ctrls[0].ctrl.Ledger().Entries {
-				if e.Model == (rkey{"chat", 0}).id() {
-					out <- e
-					return
-				}
+	n.publish(desired("pin", 1, 20, pb.Residency_RESIDENCY_PINNED),
+		desired("small", 2, 40, pb.Residency_RESIDENCY_ON_DEMAND, "--sleep-residual-mib", "300"),
+		desired("big", 3, 74, pb.Residency_RESIDENCY_ON_DEMAND))
+	frontOf := func(model string) string {
+		deadline := time.Now().Add(30 * time.Second)
+		for time.Now().Before(deadline) {
+			n.mgr.mu.Lock()
+			f := n.mgr.fronts[rkey{model, 0}]
+			n.mgr.mu.Unlock()
+			if f != nil {
+				return f.url
 			}
-			out <- residency.LedgerEntry{}
-		})
-		e := <-out
-		return e.State, e.Cost
-	}
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		st, c := cost()
-		if st == residency.Sleeping && c == 0 {
-			return
+			time.Sleep(20 * time.Millisecond)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("chat is %v and costs %d MiB on the card's ledger; want it asleep at 0 (its engine holds nothing asleep)", st, c>>20)
-		}
-		time.Sleep(50 * time.Millisecond)
+		t.Fatalf("%s's front never served", model)
+		return ""
 	}
+	if code, _, msg := ask(t, frontOf("small"), "small", ""); code != http.StatusOK {
+		t.Fatalf("small: %d %s", code, msg)
+	}
+	if code, _, msg := ask(t, frontOf("big"), "big", ""); code != http.StatusOK {
+		t.Errorf("big: %d %s, want it answered", code, msg)
+	}
+	done := make(chan [2]int, 1)
+	n.mgr.post(func() {
+		c := n.mgr.ctrls[0].ctrl
+		po := 0
+		if c.PinnedOnly() {
+			po = 1
+		}
+		done <- [2]int{c.ViolationCount(), po}
+	})
+	if got := <-done; got[0] != 0 || got[1] != 0 {
+		t.Errorf("%d ledger violations, pinned-only %v; want none (the sleep's 300 MiB counted before the big load)", got[0], got[1] == 1)
+	}
+	st, _ := residencyState(n, "small")
+	if st == residency.Resident {
+		t.Errorf("small is %v, want it off the card for the big one", st)
+	}
+}
+
+// residencyState is the controller's state of model's replica 0.
+func residencyState(n *adapterNode, model string) (residency.State, bool) {
+	type res struct {
+		st residency.State
+		ok bool
+	}
+	done := make(chan res, 1)
+	n.mgr.post(func() {
+		st, ok := n.mgr.ctrls[0].ctrl.Replica(rkey{model, 0}.id())
+		done <- res{st.State, ok}
+	})
+	r := <-done
+	return r.st, r.ok
 }

@@ -68,18 +68,6 @@ type Config struct {
 	// default: the simulator measures it (`simulate serve`), the agent
 	// does not run it yet.
 	BestEffort bool
-	// SleepUnmeasuredFull counts a sleeping engine whose residual was
-	// never measured nor given at its whole footprint until its first
-	// memory sample (the agent leaves it off: nothing until sampled). It
-	// matters only for a sleep that did not report what it kept
-	// (SleepDone.Measured): the agent's card manager reads that from NVML
-	// as the engine says it slept, the simulator from its engine. Counted
-	// in full, the sleeper is evicted in the same step for memory it
-	// already freed (a cold load where a wake would do); counted as
-	// nothing, a load started into the memory it seemed to free can
-	// leave the claims over the usable memory once the residual shows
-	// (TestAnUnmeasuredSleepHoldsItsFootprintUntilSampled).
-	SleepUnmeasuredFull bool
 }
 
 func (c Config) withDefaults() (Config, error) {
@@ -123,8 +111,6 @@ func (c Config) withDefaults() (Config, error) {
 // value so a step can be tried on a copy (advise mode, Plan, the fallback
 // after a violation).
 type replica struct {
-	// unmeasuredSleep: asleep with no residual known yet (setState).
-	unmeasuredSleep bool
 	// keep is the keep_alive of its last request, where it gave one
 	// (keepSet; keepalive.go).
 	keep    time.Duration
@@ -425,10 +411,6 @@ func (c *Controller) setState(r *replica, s State, now time.Time) {
 	r.state = s
 	r.since = now
 	r.measured = 0
-	// A sleep whose residual is not known yet (no prior, never measured
-	// asleep) counts its footprint until its first sample: taking it to
-	// hold nothing would lend memory it may keep.
-	r.unmeasuredSleep = c.cfg.SleepUnmeasuredFull && s == Sleeping && c.residual(r) == 0
 	r.held = 0
 	switch s {
 	case Sleeping:
@@ -629,10 +611,12 @@ func (c *Controller) observe(ev Event, now time.Time) error {
 			c.setState(r, Sleeping, now)
 			if e.Measured && e.Residual >= 0 {
 				// Measured as it completed: the step that follows counts
-				// what the sleep really kept, neither its footprint nor
-				// nothing.
+				// what the sleep really kept. Unmeasured, a sleep with no
+				// residual known counts nothing until the card's next
+				// memory sample (its footprint would evict the sleeper for
+				// memory it already freed; nothing lets a load start into
+				// memory it may keep: TestASleepReportsWhatItKept).
 				r.measured = e.Residual
-				r.unmeasuredSleep = false
 				r.prof.memory(r.state, e.Residual-c.loadedAdapterBytes(r), r.mem)
 			}
 		}
@@ -647,7 +631,6 @@ func (c *Controller) observe(ev Event, now time.Time) error {
 	case MemorySample:
 		if r := c.rep(e.Model); r != nil && e.Bytes >= 0 && r.state != Cold && r.state != Failed {
 			r.measured = e.Bytes
-			r.unmeasuredSleep = false
 			// The profile learns the base alone: its adapters come and go.
 			// Only adapters confirmed loaded are surely in the sample; one
 			// loading or unloading may or may not be, and counting it in

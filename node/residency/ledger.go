@@ -121,9 +121,6 @@ func (c *Controller) cost(r *replica) int64 {
 		v = c.footprint(r) + c.adapterBytes(r)
 	case Sleeping:
 		v = c.residual(r)
-		if r.unmeasuredSleep {
-			v = max(v, c.footprint(r))
-		}
 	}
 	return max(v, r.measured)
 }

@@ -65,13 +65,6 @@ type Config struct {
 	// NoBestEffort runs gpuplane's controller without its protected set
 	// (`--best-effort=false`; residency.Config.BestEffort).
 	NoBestEffort bool `json:"-"`
-	// SleepUnmeasuredFree runs gpuplane's controller as the agent's runs
-	// it: a sleeping engine whose residual was never measured counts as
-	// holding nothing until its first sample (residency.Config.
-	// SleepUnmeasuredFull off), so a model it just put to sleep is not
-	// also evicted for a load that fits beside its residual. By default
-	// the simulator counts such a sleep at its whole footprint.
-	SleepUnmeasuredFree bool `json:"-"`
 	// StaticBestCap bounds the sets static-best's search simulates
 	// (0: DefaultStaticBestCap).
 	StaticBestCap int `json:"-"`

@@ -36,7 +36,7 @@ type gpuplane struct {
 func newGpuplane(s *sim) (*gpuplane, error) {
 	clock := residency.NewManualClock(epoch)
 	c, err := residency.New(residency.Config{Card: s.cfg.Card.Name, Memory: bytesOf(s.cfg.Card.MemoryGiB), HeadroomPercent: s.cfg.Card.HeadroomPercent,
-		BestEffort: !s.cfg.NoBestEffort, SleepUnmeasuredFull: !s.cfg.SleepUnmeasuredFree}, clock)
+		BestEffort: !s.cfg.NoBestEffort}, clock)
 	if err != nil {
 		return nil, err
 	}

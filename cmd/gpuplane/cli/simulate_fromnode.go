@@ -228,9 +228,8 @@ func replayRecord(rec *cardRecord, f fromNode) (replayResult, error) {
 			return servesim.Result{}, err
 		}
 		// As the agent runs: its controller learns the figures (no
-		// priors), protects a set unless told not to and counts a sleep
-		// it has not measured yet as holding nothing.
-		parsed.ExactPriors, parsed.NoBestEffort, parsed.SleepUnmeasuredFree = false, f.noBestEffort, true
+		// priors) and protects a set unless told not to.
+		parsed.ExactPriors, parsed.NoBestEffort = false, f.noBestEffort
 		w, err := servesim.NewWorkload(parsed, []string{trace}, f.seed)
 		if err != nil {
 			return servesim.Result{}, err

@@ -9,11 +9,10 @@ import (
 // TestASleepCountsWhatItKept: a background batch model the coder takes
 // the card from is put to sleep. The sleep reports what the engine keeps
 // asleep as it completes (as the agent's card manager reads it from NVML),
-// so the controller counts the residual in that very step, whichever rule
-// it has for an unmeasured sleep: the coder loads beside the sleeping
-// batch and batch's next turn is a wake. Counted at its whole footprint
-// until the next sample, as the simulator did before, batch was evicted
-// too and came back by a cold load.
+// so the controller counts the residual in that very step: the coder
+// loads beside the sleeping batch and batch's next turn is a wake.
+// Counted at its whole footprint until the next sample, as the simulator
+// did before, batch was evicted too and came back by a cold load.
 func TestASleepCountsWhatItKept(t *testing.T) {
 	const card = `
 card: {name: l4, memoryGiB: 22.5}
@@ -37,29 +36,22 @@ traces:
 	if err := os.WriteFile(path, []byte(trace), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	replay := func(free bool) Result {
-		cfg, err := ParseConfig(filepath.Join(dir, "cfg.yaml"), []byte(card))
-		if err != nil {
-			t.Fatal(err)
-		}
-		cfg.NoBestEffort, cfg.SleepUnmeasuredFree = true, free
-		w, err := NewWorkload(cfg, []string{path}, 1)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return mustRun(t, cfg, w, "gpuplane", nil)
+	cfg, err := ParseConfig(filepath.Join(dir, "cfg.yaml"), []byte(card))
+	if err != nil {
+		t.Fatal(err)
 	}
-	agent, own := replay(true), replay(false)
-	for _, r := range []Result{agent, own} {
-		if r.Completed != 4 || r.LedgerViolations != 0 {
-			t.Fatalf("want the 4 requests served without a ledger violation: %s", s0(r))
-		}
+	cfg.NoBestEffort = true
+	w, err := NewWorkload(cfg, []string{path}, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := mustRun(t, cfg, w, "gpuplane", nil)
+	if r.Completed != 4 || r.LedgerViolations != 0 {
+		t.Fatalf("want the 4 requests served without a ledger violation: %s", s0(r))
 	}
 	// chat, batch and coder loaded once each; batch woken for its second
-	// turn, under either rule.
-	for name, r := range map[string]Result{"as the agent counts an unmeasured sleep": agent, "as the simulator does": own} {
-		if r.ColdLoads != 3 || r.Wakes != 1 {
-			t.Errorf("%s: %d cold loads and %d wakes, want 3 and 1 (batch slept beside the coder): %s", name, r.ColdLoads, r.Wakes, s0(r))
-		}
+	// turn.
+	if r.ColdLoads != 3 || r.Wakes != 1 {
+		t.Errorf("%d cold loads and %d wakes, want 3 and 1 (batch slept beside the coder): %s", r.ColdLoads, r.Wakes, s0(r))
 	}
 }
