@@ -146,18 +146,23 @@ func (n *adapterNode) deployment(res pb.Residency, maxOnCard uint32, adapters []
 	}
 }
 
-func (n *adapterNode) front() string {
+func (n *adapterNode) front() string { return waitFront(n.t, n.mgr, "chat") }
+
+// waitFront is the URL of model's replica 0's front on m, once it serves
+// (30 s at most).
+func waitFront(t *testing.T, m *Manager, model string) string {
+	t.Helper()
 	deadline := time.Now().Add(30 * time.Second)
 	for time.Now().Before(deadline) {
-		n.mgr.mu.Lock()
-		f := n.mgr.fronts[rkey{"chat", 0}]
-		n.mgr.mu.Unlock()
+		m.mu.Lock()
+		f := m.fronts[rkey{model, 0}]
+		m.mu.Unlock()
 		if f != nil {
 			return f.url
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	n.t.Fatal("chat's front never served")
+	t.Fatalf("%s's front never served", model)
 	return ""
 }
 

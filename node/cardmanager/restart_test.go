@@ -73,20 +73,7 @@ func TestRestartedAgentWaitsForTheMemoryOfAdoptedEngines(t *testing.T) {
 		}
 		src.ch <- snap
 	}
-	frontOf := func(ag *agent, name string) string {
-		deadline := time.Now().Add(30 * time.Second)
-		for time.Now().Before(deadline) {
-			ag.mgr.mu.Lock()
-			f := ag.mgr.fronts[rkey{name, 0}]
-			ag.mgr.mu.Unlock()
-			if f != nil {
-				return f.url
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
-		t.Fatalf("no front for %s", name)
-		return ""
-	}
+	frontOf := func(ag *agent, name string) string { return waitFront(t, ag.mgr, name) }
 	client := &http.Client{Timeout: 2 * time.Minute}
 	ask := func(url, name string) {
 		t.Helper()

@@ -3,7 +3,6 @@ package cardmanager
 import (
 	"net/http"
 	"testing"
-	"time"
 
 	"github.com/gpuplane/gpuplane/node/executor"
 	"github.com/gpuplane/gpuplane/node/residency"
@@ -34,20 +33,7 @@ func TestASleepReportsWhatItKept(t *testing.T) {
 	n.publish(desired("pin", 1, 20, pb.Residency_RESIDENCY_PINNED),
 		desired("small", 2, 40, pb.Residency_RESIDENCY_ON_DEMAND, "--sleep-residual-mib", "300"),
 		desired("big", 3, 74, pb.Residency_RESIDENCY_ON_DEMAND))
-	frontOf := func(model string) string {
-		deadline := time.Now().Add(30 * time.Second)
-		for time.Now().Before(deadline) {
-			n.mgr.mu.Lock()
-			f := n.mgr.fronts[rkey{model, 0}]
-			n.mgr.mu.Unlock()
-			if f != nil {
-				return f.url
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
-		t.Fatalf("%s's front never served", model)
-		return ""
-	}
+	frontOf := func(model string) string { return waitFront(t, n.mgr, model) }
 	if code, _, msg := ask(t, frontOf("small"), "small", ""); code != http.StatusOK {
 		t.Fatalf("small: %d %s", code, msg)
 	}
